@@ -1,0 +1,38 @@
+"""paralab: a visual lab for the parallel training of large models.
+
+    import paralab
+    run = paralab.run(strategy="ddp", world_size=4, steps=5)
+    run.losses, run.summary, run.trace
+
+Every strategy runs for real as torch.distributed processes and is traced; ``paralab.sim`` predicts
+the same runs (and much larger ones) with a cost model, as the same Trace type.
+"""
+
+from paralab.config import MODEL_PRESETS, STRATEGIES, ConfigError, ModelConfig, RunConfig
+from paralab.runtime.result import RunError, RunResult
+from paralab.trace import Span, Trace
+
+__version__ = "0.1.0"
+
+
+def run(strategy: str = "ddp", world_size: int = 1, steps: int = 5, model="tiny", *, progress=None,
+        trace_path: str | None = None, **options) -> RunResult:
+    """Run ``strategy`` on ``world_size`` local ranks and return a RunResult.
+
+    ``model`` is a preset name ("tiny", "small", ...), a ModelConfig or a dict of its fields; other
+    options are RunConfig fields (global_batch, seed, device, bucket_mb, pp, schedule, ...). A config
+    that cannot work raises ConfigError before any process starts; a failing rank raises RunError.
+    """
+    from paralab.runtime.launch import launch
+
+    cfg = RunConfig.build(model, strategy=strategy, world_size=world_size, steps=steps, **options)
+    result = launch(cfg, progress=progress)
+    if trace_path:
+        result.save_trace(trace_path)
+    return result
+
+
+__all__ = [
+    "run", "RunConfig", "ModelConfig", "MODEL_PRESETS", "STRATEGIES", "ConfigError", "RunError",
+    "RunResult", "Trace", "Span", "__version__",
+]

@@ -1,0 +1,170 @@
+"""``paralab run | merge | simulate | plan`` — the shell face of paralab.
+
+Exit codes (a contract, see DESIGN.md): 0 success; 2 invalid configuration or arguments (message on
+stderr, no process started); 1 a run that failed (which rank, what it raised).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from paralab.config import DEVICES, MODEL_PRESETS, STRATEGIES, ConfigError, RunConfig
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+
+
+def _kv(text: str) -> dict:
+    """Parse ``rank=1,step=3`` into {"rank": 1, "step": 3}."""
+    out = {}
+    for part in filter(None, text.split(",")):
+        key, _, value = part.partition("=")
+        if not value:
+            raise argparse.ArgumentTypeError(f"expected key=value pairs like rank=1,step=3, got {text!r}")
+        out[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else value.strip()
+    return out
+
+
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--strategy", default="ddp", help=f"one of {', '.join(STRATEGIES)}")
+    p.add_argument("--world-size", type=int, default=1, help="ranks to start (ignored under torchrun)")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--model", default="tiny", help=f"preset: {', '.join(MODEL_PRESETS)}")
+    p.add_argument("--global-batch", type=int, default=8, help="samples per step over all ranks")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", choices=DEVICES)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--optimizer", default="adam", choices=("adam", "sgd"))
+    p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket cap in MB (torch's default 25)")
+    p.add_argument("--dp", type=int, default=0, help="data-parallel degree (hybrid)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages")
+    p.add_argument("--schedule", default="", help="pipeline schedule (pp)")
+    p.add_argument("--microbatches", type=int, default=1)
+    p.add_argument("--virtual-stages", type=int, default=1)
+    p.add_argument("--sequence-parallel", action="store_true")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds a collective may hang before the run fails")
+    p.add_argument("--no-trace", action="store_true", help="do not record spans (to measure tracing overhead)")
+    p.add_argument("--trace", metavar="PATH", help="write the merged trace in Chrome trace format (Perfetto)")
+    p.add_argument("--trace-dir", metavar="DIR", help="write one paralab trace per rank (torchrun; merge later)")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.add_argument("--fail", type=_kv, metavar="rank=R,step=K", help="make rank R raise at step K (testing)")
+
+
+def config_from_args(args) -> RunConfig:
+    return RunConfig.build(
+        args.model,
+        strategy=args.strategy, world_size=args.world_size, steps=args.steps, global_batch=args.global_batch,
+        seed=args.seed, device=args.device, lr=args.lr, optimizer=args.optimizer, bucket_mb=args.bucket_mb,
+        dp=args.dp, tp=args.tp, pp=args.pp, schedule=args.schedule, microbatches=args.microbatches,
+        virtual_stages=args.virtual_stages, sequence_parallel=args.sequence_parallel, timeout_s=args.timeout,
+        trace=not args.no_trace, fault=args.fail,
+    )
+
+
+def cmd_run(args) -> int:
+    from paralab.runtime.result import RunError
+    from paralab.runtime.torchrun import run_under_torchrun, under_torchrun
+
+    try:
+        cfg = config_from_args(args)
+        if under_torchrun():
+            result = run_under_torchrun(cfg, args.trace_dir)
+        else:
+            cfg.validate()
+            from paralab.runtime.launch import launch
+
+            result = launch(cfg)
+            if args.trace_dir:
+                from pathlib import Path
+
+                result.trace.save(Path(args.trace_dir) / "merged.json")
+    except ConfigError as exc:
+        print(f"paralab: invalid configuration: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    except RunError as exc:
+        print(f"paralab: run failed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if result is None:  # a torchrun rank other than 0
+        return EXIT_OK
+    if args.trace:
+        result.save_trace(args.trace)
+    if args.json:
+        print(json.dumps(result.summary))
+    else:
+        print(format_summary(result.summary))
+    return EXIT_OK
+
+
+def format_summary(s: dict) -> str:
+    lines = [
+        f"{s['strategy']} on {s['world_size']} rank(s) ({s['device']}), model {s['model']}, {s['steps']} steps",
+        "losses: " + " ".join(f"{x:.4f}" for x in s["losses"]),
+        f"step time (median after the first): {s['step_time_s'] * 1e3:.1f} ms   tokens/s: {s['tokens_per_s']:.0f}",
+    ]
+    for op, nbytes in s["comm_bytes"].items():
+        lines.append(f"{op}: {nbytes / 2**20:.3f} MiB on the wire per step (all ranks)")
+    if s["bubble_fraction"]:
+        lines.append(f"pipeline bubble (measured idle fraction): {s['bubble_fraction']:.1%}")
+    lines.append("peak memory per rank (MiB): " + " ".join(f"{b / 2**20:.1f}" for b in s["peak_memory_bytes"]))
+    if s["trace"]:
+        lines.append(f"trace: {s['trace']} (open in https://ui.perfetto.dev)")
+    return "\n".join(lines)
+
+
+def cmd_merge(args) -> int:
+    from paralab.trace import Trace
+
+    try:
+        trace = Trace.load(args.path)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"paralab: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    if args.chrome:
+        trace.save_chrome(args.output)
+    else:
+        trace.save(args.output)
+    summary = trace.summary()
+    print(f"merged {len(trace.ranks)} rank(s), {len(trace.spans)} spans -> {args.output}; "
+          f"median step {summary['step_time_s'] * 1e3:.1f} ms")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # argparse itself exits 2 on bad arguments, which is paralab's 'invalid' code too.
+    parser = argparse.ArgumentParser(prog="paralab", description="Run, trace and simulate parallel training.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="train with a strategy on real ranks")
+    add_run_args(run)
+    run.set_defaults(func=cmd_run)
+    merge = sub.add_parser("merge", help="merge per-rank traces (a --trace-dir) into one file")
+    merge.add_argument("path", help="a directory of per-rank traces, or one trace file")
+    merge.add_argument("-o", "--output", required=True)
+    merge.add_argument("--chrome", action="store_true", help="write Chrome trace format (Perfetto)")
+    merge.set_defaults(func=cmd_merge)
+    _add_sim_commands(sub)
+    return parser
+
+
+def _add_sim_commands(sub) -> None:
+    """``simulate`` and ``plan`` come from paralab.sim.cli (no torch import on that path)."""
+    try:
+        from paralab.sim import cli as sim_cli
+    except ImportError:
+        return
+    simulate = sub.add_parser("simulate", help="predict a run with the cost model")
+    sim_cli.add_simulate_args(simulate)
+    simulate.set_defaults(func=sim_cli.simulate_main)
+    plan = sub.add_parser("plan", help="rank parallel layouts for a model on N GPUs")
+    sim_cli.add_plan_args(plan)
+    plan.set_defaults(func=sim_cli.plan_main)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

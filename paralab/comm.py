@@ -1,0 +1,149 @@
+"""Every collective and point-to-point call of paralab goes through here and is traced.
+
+Each call records a comm-lane span with the op, the tensor size given (``payload_bytes``) and the
+bytes this rank puts on the wire under a ring algorithm (``bytes``), using NCCL's bus-bandwidth
+accounting so numbers compare with nccl-tests:
+
+=================  ===================================  =========================================
+op                 payload                              wire bytes per rank
+=================  ===================================  =========================================
+all_reduce         the tensor                           2 (n-1)/n x tensor
+all_gather         the full (gathered) tensor           (n-1)/n x full tensor
+reduce_scatter     the full (input) tensor              (n-1)/n x full tensor
+broadcast          the tensor                           (n-1)/n x tensor (pipelined ring)
+send / recv        the tensor                           tensor for the sender, 0 for the receiver
+=================  ===================================  =========================================
+
+Async forms return a :class:`TracedWork` whose ``wait()`` closes the span, so a span runs from
+when the operation was issued to when its result was waited for: for an overlapped all-reduce that
+is the window in which communication could run beside compute.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from paralab.runtime import recorder as _recorder
+from paralab.trace import COMM
+
+ReduceOp = dist.ReduceOp
+
+
+def wire_bytes(op: str, payload: int, group_size: int) -> int:
+    """Bytes one rank sends for ``op`` on ``payload`` bytes in a ring of ``group_size`` ranks."""
+    n = group_size
+    if op == "send":
+        return payload
+    if n <= 1 or op == "recv":
+        return 0
+    if op == "all_reduce":
+        return payload * 2 * (n - 1) // n
+    if op in ("all_gather", "reduce_scatter", "broadcast"):
+        return payload * (n - 1) // n
+    raise ValueError(f"unknown communication op {op!r}")
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _group_ranks(group) -> list[int]:
+    if group is None or group is dist.group.WORLD:
+        return list(range(dist.get_world_size()))
+    return dist.get_process_group_ranks(group)
+
+
+class TracedWork:
+    """A pending async op; ``wait()`` finishes it and closes its span."""
+
+    def __init__(self, work, handle, recorder):
+        self._work, self._handle, self._recorder = work, handle, recorder
+
+    def wait(self) -> None:
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+        if self._recorder is not None and self._handle is not None:
+            self._recorder.close(self._handle)
+            self._handle = None
+
+    def is_completed(self) -> bool:
+        return self._work is None or self._work.is_completed()
+
+
+def _traced(op: str, payload: int, group, call, async_op: bool, peer: int | None = None, name: str = ""):
+    rec = _recorder.active()
+    handle = None
+    if rec is not None:
+        ranks = [dist.get_rank(), peer] if peer is not None else _group_ranks(group)
+        n = len(ranks) if peer is None else 2
+        handle = rec.open(
+            op,
+            lane=COMM,
+            name=name or op,
+            bytes=wire_bytes(op, payload, n),
+            payload_bytes=payload,
+            group_size=n,
+            peer=peer,
+            inter_node=len({rec.node_of(r) for r in ranks}) > 1,
+        )
+    work = call(async_op)
+    if async_op:
+        return TracedWork(work, handle, rec)
+    if rec is not None:
+        rec.close(handle)
+    return None
+
+
+def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, name: str = ""):
+    """Sum (or ``op``) ``tensor`` across the group, in place."""
+    return _traced(
+        "all_reduce", _nbytes(tensor), group,
+        lambda a: dist.all_reduce(tensor, op=op, group=group, async_op=a), async_op, name=name,
+    )
+
+
+def all_gather(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False, name: str = ""):
+    """Concatenate every rank's ``input`` along dim 0 into ``output`` (n x input)."""
+    return _traced(
+        "all_gather", _nbytes(output), group,
+        lambda a: dist.all_gather_into_tensor(output, input, group=group, async_op=a), async_op, name=name,
+    )
+
+
+def reduce_scatter(output: torch.Tensor, input: torch.Tensor, op=ReduceOp.SUM, group=None,
+                   async_op: bool = False, name: str = ""):
+    """Sum ``input`` (n x output) across ranks; rank i keeps the i-th slice in ``output``."""
+    return _traced(
+        "reduce_scatter", _nbytes(input), group,
+        lambda a: dist.reduce_scatter_tensor(output, input, op=op, group=group, async_op=a), async_op, name=name,
+    )
+
+
+def broadcast(tensor: torch.Tensor, src: int, group=None, async_op: bool = False, name: str = ""):
+    """Copy ``tensor`` from global rank ``src`` to every rank of the group."""
+    return _traced(
+        "broadcast", _nbytes(tensor), group,
+        lambda a: dist.broadcast(tensor, src=src, group=group, async_op=a), async_op, name=name,
+    )
+
+
+def isend(tensor: torch.Tensor, dst: int, group=None, name: str = "") -> TracedWork:
+    """Start sending ``tensor`` to global rank ``dst``; wait() on the result before reusing it."""
+    return _traced("send", _nbytes(tensor), group, lambda _: dist.isend(tensor, dst, group=group), True,
+                   peer=dst, name=name)
+
+
+def irecv(tensor: torch.Tensor, src: int, group=None, name: str = "") -> TracedWork:
+    """Start receiving into ``tensor`` from global rank ``src``."""
+    return _traced("recv", _nbytes(tensor), group, lambda _: dist.irecv(tensor, src, group=group), True,
+                   peer=src, name=name)
+
+
+def send(tensor: torch.Tensor, dst: int, group=None, name: str = "") -> None:
+    isend(tensor, dst, group, name).wait()
+
+
+def recv(tensor: torch.Tensor, src: int, group=None, name: str = "") -> None:
+    irecv(tensor, src, group, name).wait()

@@ -1,0 +1,94 @@
+"""Per-rank memory, accounted by kind from the tensors a rank actually holds.
+
+Why not the process RSS: on CPU it mixes the allocator, Python and torch's own caches, and it cannot
+say which bytes are parameters and which are activations. The ZeRO and sequence-parallel lessons are
+about exactly that split, so paralab counts it:
+
+- parameters, gradients and optimizer states: the bytes of the tensors the strategy holds;
+- activations: the bytes autograd saves for backward (via saved-tensor hooks), excluding parameters,
+  added when a microbatch's forward runs and removed when its backward has run.
+
+The peak is sampled after every forward and every backward, where the high-water marks lie. On CUDA
+``torch.cuda.max_memory_allocated`` is reported beside it as the allocator's view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from contextlib import contextmanager
+
+import torch
+
+KINDS = ("params", "grads", "optimizer", "activations")
+
+
+def tensor_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer | None) -> int:
+    if optimizer is None:
+        return 0
+    return sum(
+        tensor_bytes(v for v in state.values() if torch.is_tensor(v) and v.dim() > 0)
+        for state in optimizer.state.values()
+    )
+
+
+class MemoryMeter:
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.params: list[torch.Tensor] = []
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.extra_state_bytes = {"params": 0, "grads": 0, "optimizer": 0}
+        self._live: dict = {}
+        self.peak_total = 0
+        self.peak_by_kind = dict.fromkeys(KINDS, 0)
+
+    def watch(self, params: Iterable[torch.Tensor], optimizer: torch.optim.Optimizer | None = None) -> None:
+        """The tensors whose bytes count as this rank's model states."""
+        self.params = list(params)
+        self.optimizer = optimizer
+
+    def model_states(self) -> dict[str, int]:
+        return {
+            "params": tensor_bytes(self.params) + self.extra_state_bytes["params"],
+            "grads": tensor_bytes(p.grad for p in self.params) + self.extra_state_bytes["grads"],
+            "optimizer": optimizer_state_bytes(self.optimizer) + self.extra_state_bytes["optimizer"],
+        }
+
+    @contextmanager
+    def saving(self, key):
+        """Count what autograd saves for backward inside this block as activations of ``key``."""
+        param_ptrs = {p.data_ptr() for p in self.params}
+        seen: set[int] = set()
+        self._live.setdefault(key, 0)
+
+        def pack(t: torch.Tensor):
+            storage = t.untyped_storage()
+            ptr = storage.data_ptr()
+            if ptr not in param_ptrs and ptr not in seen:
+                seen.add(ptr)
+                self._live[key] += storage.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield
+        self.sample()
+
+    def release(self, key) -> None:
+        """The backward of ``key`` has run: its saved activations are gone."""
+        self.sample()
+        self._live.pop(key, None)
+
+    def sample(self) -> None:
+        now = {**self.model_states(), "activations": sum(self._live.values())}
+        total = sum(now.values())
+        if total > self.peak_total:
+            self.peak_total, self.peak_by_kind = total, now
+
+    def report(self) -> dict:
+        out = {"peak_bytes": self.peak_total, "peak_by_kind": dict(self.peak_by_kind), "final": self.model_states()}
+        if self.device.type == "cuda":
+            out["cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated(self.device))
+        return out

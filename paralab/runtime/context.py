@@ -1,0 +1,57 @@
+"""What a strategy sees on its rank: the config, who it is, its device, recorder and memory meter."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from paralab.config import RunConfig
+from paralab.memory import MemoryMeter
+from paralab.runtime.recorder import Recorder
+
+
+class InjectedFault(RuntimeError):
+    """Raised by the test-only fault hook (RunConfig.fault) to show how a failing rank is reported."""
+
+
+@dataclass
+class RankContext:
+    cfg: RunConfig
+    rank: int
+    world_size: int
+    local_rank: int
+    node: int
+    device: torch.device
+    recorder: Recorder
+    memory: MemoryMeter
+    extras: dict = field(default_factory=dict)
+
+    def check_fault(self, step: int) -> None:
+        """Test hook: ``fault={"rank": r, "step": k}`` makes rank r raise at step k;
+        ``"kind": "hang"`` makes it stop answering instead, to exercise the collective timeout."""
+        fault = self.cfg.fault
+        if not fault or int(fault["rank"]) != self.rank or int(fault.get("step", 0)) != step:
+            return
+        if fault.get("kind") == "hang":
+            time.sleep(10 * self.cfg.timeout_s + 3600)
+        raise InjectedFault(f"fault injected on rank {self.rank} at step {step}")
+
+    def result(self, losses: list[float] | None, loss_weight: float, state: dict | None = None) -> dict:
+        """This rank's contribution to the RunResult.
+
+        ``losses`` are this rank's per-step losses over the data it saw and ``loss_weight`` that
+        data's share of the global batch: the run's loss is the weighted sum over reporting ranks
+        (ranks that saw no loss, such as early pipeline stages, pass ``losses=None``).
+        ``state`` maps global parameter names to full tensors this rank vouches for
+        (``{"params": {...}, "grads": {...}}``), filled in only when ``cfg.collect_state``.
+        """
+        return {
+            "rank": self.rank,
+            "node": self.node,
+            "losses": losses,
+            "loss_weight": loss_weight,
+            "memory": self.memory.report(),
+            "state": state if self.cfg.collect_state else None,
+        }

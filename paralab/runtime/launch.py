@@ -1,0 +1,142 @@
+"""Start ``world_size`` ranks from a script or a Jupyter kernel, watch them, collect what they measured.
+
+Why a forkserver: starting a rank with plain ``spawn`` costs seconds (a fresh interpreter imports
+torch). The forkserver imports paralab and torch once, then forks each rank from that warm process,
+so the second and later runs in a notebook start in a fraction of a second. The rank target is an
+importable function (paralab.runtime.worker.spawn_entry), never one defined in a notebook.
+
+Why files: each rank writes its result, or its traceback, into a private run directory. The parent
+polls those files and the processes' exit codes, so a rank that raises is reported at once (naming
+the rank and carrying its traceback) and the other ranks, which would otherwise wait in a collective
+until the process-group timeout, are killed. Whatever happens (an error, a timeout, a
+KeyboardInterrupt in the notebook), every rank is gone when ``launch`` returns.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import shutil
+import socket
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+from paralab.config import RunConfig
+from paralab.runtime.result import RunError, RunResult
+from paralab.runtime.worker import spawn_entry, usable_cores
+
+POLL_S = 0.05
+STARTUP_GRACE_S = 120.0  # first run: the forkserver imports torch before any rank beats
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _context():
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["paralab.runtime.worker", "paralab.strategies"])
+    return ctx
+
+
+def launch(cfg: RunConfig, progress=None) -> RunResult:
+    """Validate ``cfg``, run it on ``cfg.world_size`` local ranks and return the RunResult.
+
+    ``progress(step, steps)`` is called as the slowest rank reaches each step (widgets use it).
+    Raises ConfigError before any process starts, RunError if a rank fails or the run hangs.
+    """
+    cfg.validate()
+    if cfg.world_size > usable_cores():
+        warnings.warn(
+            f"world size {cfg.world_size} exceeds the {usable_cores()} usable CPU cores: ranks will "
+            "time-share cores, so step times show contention, not scaling",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    run_dir = Path(tempfile.mkdtemp(prefix="paralab-run-"))
+    port = free_port()
+    ctx = _context()
+    procs = [
+        ctx.Process(target=spawn_entry, args=(rank, cfg.world_size, cfg.to_dict(), port, str(run_dir)),
+                    name=f"paralab-rank{rank}")
+        for rank in range(cfg.world_size)
+    ]
+    try:
+        for p in procs:
+            p.start()
+        _watch(cfg, procs, run_dir, progress)
+        return RunResult.collect(cfg, run_dir)
+    finally:
+        _stop(procs)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _watch(cfg: RunConfig, procs, run_dir: Path, progress) -> None:
+    """Poll until every rank has written its result; raise RunError on the first failure or hang."""
+    started = last_progress = time.monotonic()
+    last_step = -1
+    while True:
+        errors = sorted(run_dir.glob("rank*.error.json"))
+        if errors:
+            _raise_rank_error(errors)
+        done = [(run_dir / f"rank{r}.json").exists() for r in range(len(procs))]
+        if all(done):
+            return
+        for rank, p in enumerate(procs):
+            if p.exitcode is not None and not done[rank]:
+                time.sleep(0.2)  # the rank may be writing its error file
+                if sorted(run_dir.glob("rank*.error.json")):
+                    continue
+                how = f"signal {-p.exitcode}" if p.exitcode < 0 else f"exit code {p.exitcode}"
+                raise RunError(rank, f"rank {rank} died ({how}) without reporting a result", "")
+        step = _slowest_step(run_dir, len(procs))
+        now = time.monotonic()
+        if step > last_step:
+            last_step, last_progress = step, now
+            if progress is not None and step >= 0:
+                progress(step, cfg.steps)
+        grace = STARTUP_GRACE_S if last_step < 0 else 0.0
+        if now - last_progress > cfg.timeout_s + 30.0 + grace:
+            raise RunError(
+                None,
+                f"no rank made progress for {now - last_progress:.0f} s (timeout {cfg.timeout_s:.0f} s): "
+                f"the run hung at step {last_step}; started {now - started:.0f} s ago",
+                "",
+            )
+        time.sleep(POLL_S)
+
+
+def _slowest_step(run_dir: Path, world_size: int) -> int:
+    steps = []
+    for rank in range(world_size):
+        try:
+            steps.append(int((run_dir / f"rank{rank}.beat").read_text() or -1))
+        except (FileNotFoundError, ValueError):
+            steps.append(-1)
+    return min(steps)
+
+
+def _raise_rank_error(error_files: list[Path]) -> None:
+    """Report the first failing rank. A rank whose peer failed usually errors too (connection reset),
+    so prefer a rank whose error is not a communication failure caused by another rank."""
+    reports = [json.loads(f.read_text()) for f in error_files]
+    secondary = ("Connection closed by peer", "Connection reset", "Broken pipe", "connection refused")
+    primary = [r for r in reports if not any(s.lower() in r["error"].lower() for s in secondary)]
+    first = (primary or reports)[0]
+    raise RunError(first["rank"], first["error"], first["traceback"])
+
+
+def _stop(procs) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 5.0
+    for p in procs:
+        p.join(timeout=max(deadline - time.monotonic(), 0.1))
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=5.0)

@@ -1,0 +1,154 @@
+"""Per-rank span recorder: the measuring half of paralab's tracing.
+
+Each rank owns one :class:`Recorder`. Strategies wrap compute in ``recorder.span("forward")`` and
+paralab.comm wraps every collective, so the rank's timeline is complete without the strategy
+having to think about timing.
+
+Why two clocks: on CPU a host clock is the truth, but on CUDA the host only *enqueues* kernels, so
+host timestamps would show launch times, not execution. There, each span records a pair of CUDA
+events on the current stream and the times are resolved (one synchronisation) when the step ends.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+from paralab.trace import COMM, COMPUTE, STEP, Counter, Span, Trace
+
+_ACTIVE: Recorder | None = None
+
+
+def active() -> Recorder | None:
+    """The recorder of this process, if a paralab rank is running here (used by paralab.comm)."""
+    return _ACTIVE
+
+
+class Recorder:
+    def __init__(self, rank: int, *, enabled: bool = True, cuda: bool = False, node_of=None):
+        self.rank = rank
+        self.enabled = enabled
+        self.cuda = cuda
+        self.node_of = node_of or (lambda r: 0)
+        self.spans: list[Span] = []
+        self.counters: list[Counter] = []
+        self.context: dict = {"step": None, "microbatch": None, "stage": None}
+        self._t0 = time.perf_counter()
+        self._pending_cuda: list[tuple[Span, object, object]] = []
+        self._cuda_ref = None
+        self.on_step = None  # called with the step number as each step begins (progress, heartbeats)
+
+    # ------------------------------------------------------------------ clock
+    def start_clock(self) -> None:
+        """Zero the clock. Called by every rank right after the same barrier, which puts all ranks'
+        spans on one timeline (to within the barrier's exit skew, tens of microseconds locally)."""
+        self._t0 = time.perf_counter()
+        if self.cuda:
+            import torch
+
+            self._cuda_ref = torch.cuda.Event(enable_timing=True)
+            self._cuda_ref.record()
+            self._cuda_ref.synchronize()
+            self._t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def activate(self) -> Recorder:
+        global _ACTIVE
+        _ACTIVE = self
+        return self
+
+    def deactivate(self) -> None:
+        global _ACTIVE
+        if _ACTIVE is self:
+            _ACTIVE = None
+
+    # ------------------------------------------------------------------ spans
+    def set_context(self, **fields) -> None:
+        """Tag the following spans with step / microbatch / stage."""
+        self.context.update(fields)
+
+    def open(self, kind: str, lane: str = COMPUTE, **fields) -> _OpenSpan | None:
+        if not self.enabled:
+            return None
+        return _OpenSpan(self, kind, lane, fields)
+
+    def close(self, handle: _OpenSpan | None) -> None:
+        if handle is not None:
+            handle.close()
+
+    @contextmanager
+    def span(self, kind: str, lane: str = COMPUTE, **fields):
+        handle = self.open(kind, lane, **fields)
+        try:
+            yield handle
+        finally:
+            self.close(handle)
+
+    def _add(self, span: Span, start_event=None, end_event=None) -> None:
+        if start_event is not None:
+            self._pending_cuda.append((span, start_event, end_event))
+        self.spans.append(span)
+
+    def counter(self, name: str, value: float) -> None:
+        if self.enabled:
+            self.counters.append(Counter(self.rank, name, self.now(), float(value)))
+
+    @contextmanager
+    def step(self, step: int):
+        """The whole step on this rank: defines the step windows that summaries are computed over."""
+        self.set_context(step=step, microbatch=None, stage=None)
+        if self.on_step is not None:
+            self.on_step(step)
+        with self.span("step", lane=STEP, name=f"step {step}"):
+            yield
+        self.flush()
+
+    def flush(self) -> None:
+        """Resolve CUDA event times into the host clock (one sync per step, never per span)."""
+        if not self._pending_cuda:
+            return
+        import torch
+
+        torch.cuda.synchronize()
+        for span, start_ev, end_ev in self._pending_cuda:
+            span.start = self._cuda_ref.elapsed_time(start_ev) / 1e3
+            span.end = self._cuda_ref.elapsed_time(end_ev) / 1e3
+        self._pending_cuda.clear()
+
+    def trace(self, meta: dict | None = None) -> Trace:
+        self.flush()
+        return Trace(spans=list(self.spans), counters=list(self.counters), meta=dict(meta or {}))
+
+
+class _OpenSpan:
+    """A span that has started; closing it records the end (host time, or a CUDA event)."""
+
+    def __init__(self, recorder: Recorder, kind: str, lane: str, fields: dict):
+        self.recorder = recorder
+        self.kind, self.lane = kind, lane
+        self.fields = {**recorder.context, **fields}
+        self.start = recorder.now()
+        self.start_event = None
+        if recorder.cuda:
+            import torch
+
+            self.start_event = torch.cuda.Event(enable_timing=True)
+            self.start_event.record()
+
+    def close(self) -> None:
+        rec = self.recorder
+        end_event = None
+        if self.start_event is not None:
+            import torch
+
+            end_event = torch.cuda.Event(enable_timing=True)
+            end_event.record()
+        fields = dict(self.fields)
+        name = fields.pop("name", "") or self.kind
+        span = Span(rank=rec.rank, lane=self.lane, kind=self.kind, start=self.start, end=rec.now(), name=name, **fields)
+        rec._add(span, self.start_event, end_event)
+
+
+__all__ = ["Recorder", "active", "COMM", "COMPUTE", "STEP"]

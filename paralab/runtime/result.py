@@ -1,0 +1,137 @@
+"""What a run gives back: losses, the merged trace, the summary (the CLI's --json), and errors."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from paralab.config import RunConfig
+from paralab.trace import Trace
+
+
+class RunError(RuntimeError):
+    """A run failed on a rank. ``rank`` names it (None for a hang no rank reported);
+    ``remote_traceback`` is the rank's own traceback."""
+
+    def __init__(self, rank: int | None, message: str, remote_traceback: str):
+        self.rank = rank
+        self.remote_traceback = remote_traceback
+        where = f"rank {rank} failed: " if rank is not None else ""
+        text = where + message
+        if remote_traceback:
+            text += f"\n\n--- traceback on rank {rank} ---\n{remote_traceback}"
+        super().__init__(text)
+
+
+def combine_losses(rank_results: list[dict]) -> list[float]:
+    """The run's loss per step: the weighted sum of what each reporting rank saw (see RankContext.result)."""
+    reporting = [r for r in rank_results if r.get("losses") is not None]
+    if not reporting:
+        return []
+    steps = len(reporting[0]["losses"])
+    return [sum(r["loss_weight"] * r["losses"][k] for r in reporting) for k in range(steps)]
+
+
+@dataclass
+class RunResult:
+    config: RunConfig
+    losses: list[float]
+    trace: Trace
+    rank_results: list[dict]
+    params: dict | None = None
+    grads: dict | None = None
+    trace_path: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_rank_results(cls, cfg: RunConfig, rank_results: list[dict], states: list[dict | None]) -> RunResult:
+        rank_results = sorted(rank_results, key=lambda r: r["rank"])
+        trace = Trace.merge([Trace.from_dict(r.pop("trace")) for r in rank_results])
+        trace.meta.update(run_meta(cfg))
+        params, grads = _merge_states(states)
+        return cls(cfg, combine_losses(rank_results), trace, rank_results, params, grads)
+
+    @classmethod
+    def collect(cls, cfg: RunConfig, run_dir: Path) -> RunResult:
+        import torch
+
+        results, states = [], []
+        for rank in range(cfg.world_size):
+            results.append(json.loads((run_dir / f"rank{rank}.json").read_text()))
+            state_file = run_dir / f"rank{rank}.state.pt"
+            states.append(torch.load(state_file, weights_only=True) if state_file.exists() else None)
+        return cls.from_rank_results(cfg, results, states)
+
+    @property
+    def summary(self) -> dict:
+        """The JSON contract of ``paralab run --json`` (keys in DESIGN.md; never renamed)."""
+        cfg = self.config
+        metrics = self.trace.summary()
+        pipelined = cfg.strategy in ("mp", "pp") or (cfg.strategy == "hybrid" and cfg.pp > 1)
+        return {
+            "strategy": cfg.strategy,
+            "world_size": cfg.world_size,
+            "dp": cfg.data_parallel_size,
+            "tp": cfg.tp,
+            "pp": cfg.pp,
+            "schedule": cfg.schedule or None,
+            "microbatches": cfg.microbatches,
+            "steps": cfg.steps,
+            "model": cfg.model_name,
+            "global_batch": cfg.global_batch,
+            "device": cfg.resolved_device(),
+            "losses": self.losses,
+            "step_time_s": metrics["step_time_s"],
+            "step_times_s": metrics["step_times_s"],
+            "tokens_per_s": metrics["tokens_per_s"],
+            "comm_bytes": metrics["comm_bytes"],
+            "comm_payload_bytes": metrics["comm_payload_bytes"],
+            "comm_bytes_by_link": metrics["comm_bytes_by_link"],
+            "bubble_fraction": metrics["bubble_fraction"] if pipelined else 0.0,
+            "peak_memory_bytes": [r["memory"].get("cuda_max_allocated_bytes", r["memory"]["peak_bytes"])
+                                  for r in self.rank_results],
+            "memory_by_kind": [r["memory"]["peak_by_kind"] for r in self.rank_results],
+            "per_rank": metrics["per_rank"],
+            "trace": self.trace_path,
+            **self.extra,
+        }
+
+    def save_trace(self, path: str | Path) -> str:
+        """Write the merged trace in Chrome trace format (opens in Perfetto); remembered in the summary."""
+        self.trace_path = str(self.trace.save_chrome(path))
+        return self.trace_path
+
+    def __repr__(self) -> str:
+        s = self.summary
+        losses = ", ".join(f"{x:.4f}" for x in self.losses[:3]) + (" ..." if len(self.losses) > 3 else "")
+        return (f"RunResult(strategy={s['strategy']!r}, world_size={s['world_size']}, steps={s['steps']}, "
+                f"losses=[{losses}], step_time_s={s['step_time_s']:.4f})")
+
+
+def run_meta(cfg: RunConfig) -> dict:
+    return {
+        "source": "measured",
+        "strategy": cfg.strategy,
+        "world_size": cfg.world_size,
+        "dp": cfg.data_parallel_size,
+        "tp": cfg.tp,
+        "pp": cfg.pp,
+        "schedule": cfg.schedule,
+        "microbatches": cfg.microbatches,
+        "virtual_stages": cfg.virtual_stages,
+        "model": cfg.model_name,
+        "tokens_per_step": cfg.global_batch * cfg.model.seq_len,
+        "config": cfg.to_dict(),
+    }
+
+
+def _merge_states(states: list[dict | None]) -> tuple[dict | None, dict | None]:
+    present = [s for s in states if s]
+    if not present:
+        return None, None
+    params, grads = {}, {}
+    for s in present:
+        params.update(s.get("params", {}))
+        grads.update(s.get("grads", {}))
+    return params, grads

@@ -1,0 +1,42 @@
+"""Running under torchrun (or any launcher that sets RANK / WORLD_SIZE / LOCAL_RANK).
+
+The ranks already exist, so paralab only runs the same worker code in this process: rendezvous comes
+from the environment (``env://``), each rank can write its own trace file (``--trace-dir``, merged
+later by ``paralab merge``) and rank 0 gathers everyone's results to print the summary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from paralab.config import RunConfig
+from paralab.runtime.result import RunResult
+from paralab.trace import Trace
+
+ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def under_torchrun() -> bool:
+    return all(k in os.environ for k in ENV_KEYS)
+
+
+def run_under_torchrun(cfg: RunConfig, trace_dir: str | None = None) -> RunResult | None:
+    """Run this process's rank. Rank 0 returns the RunResult of the whole run; other ranks None."""
+    from paralab.runtime.worker import run_rank
+
+    world_size = int(os.environ["WORLD_SIZE"])
+    cfg = dataclasses.replace(cfg, world_size=world_size).validate()
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    result, trace, everyone = run_rank(cfg, rank, world_size, local_rank, local_world, "env://", gather=True)
+    if trace_dir:
+        Trace.from_dict(trace).save(Path(trace_dir) / f"rank{rank:05d}.json")
+    if rank != 0:
+        return None
+    results = []
+    for res, tr in everyone:
+        res.pop("state", None)
+        results.append({**res, "trace": tr})
+    return RunResult.from_rank_results(cfg, results, [None] * world_size)

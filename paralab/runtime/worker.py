@@ -1,0 +1,149 @@
+"""The code every rank runs, whoever started it (paralab's launcher or torchrun).
+
+``run_rank`` sets up one rank (threads, device, process group, recorder), calls the strategy's
+``train`` and returns what the rank measured. ``spawn_entry`` wraps it for ranks started by
+paralab.runtime.launch: it reports results and failures through files in a run directory, so the
+parent (a script or a Jupyter kernel) never needs to unpickle anything from a rank.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import json
+import os
+import signal
+import sys
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from paralab.config import RunConfig
+from paralab.memory import MemoryMeter
+from paralab.runtime.context import RankContext
+from paralab.runtime.recorder import Recorder
+
+PR_SET_PDEATHSIG = 1
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def threads_for(cfg: RunConfig, local_world_size: int) -> int:
+    """A fair share of this machine's cores for each rank on it (at least one)."""
+    if cfg.threads_per_rank > 0:
+        return cfg.threads_per_rank
+    return max(1, usable_cores() // max(local_world_size, 1))
+
+
+def backend_for(device: str) -> str:
+    return "nccl" if device == "cuda" else "gloo"
+
+
+def run_rank(cfg: RunConfig, rank: int, world_size: int, local_rank: int, local_world_size: int,
+             init_method: str, heartbeat=None, gather: bool = False):
+    """Run one rank to the end. Returns (rank result, rank trace as a dict); with ``gather`` (torchrun,
+    where no parent collects files) rank 0 also gets every rank's (result, trace) as a third item."""
+    from paralab.strategies import strategy_module
+
+    torch.set_num_threads(threads_for(cfg, local_world_size))
+    device_name = cfg.resolved_device()
+    device = torch.device("cuda", local_rank) if device_name == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch.manual_seed(cfg.seed)
+    dist.init_process_group(
+        backend_for(device_name), init_method=init_method, rank=rank, world_size=world_size,
+        timeout=timedelta(seconds=cfg.timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+    try:
+        nodes = _node_map(world_size)
+        recorder = Recorder(rank, enabled=cfg.trace, cuda=device.type == "cuda", node_of=lambda r: nodes[r])
+        if heartbeat is not None:
+            recorder.on_step = heartbeat
+        ctx = RankContext(cfg=cfg, rank=rank, world_size=world_size, local_rank=local_rank, node=nodes[rank],
+                          device=device, recorder=recorder, memory=MemoryMeter(device))
+        dist.barrier()
+        recorder.start_clock()
+        recorder.activate()
+        result = strategy_module(cfg.strategy).train(ctx)
+        recorder.deactivate()
+        trace = recorder.trace(
+            meta={"ranks": {rank: {"node": nodes[rank], "device": str(device), "host": os.uname().nodename}}}
+        ).to_dict()
+        if not gather:
+            return result, trace
+        everyone = [None] * world_size if rank == 0 else None
+        dist.gather_object((result, trace), everyone, dst=0)
+        return result, trace, everyone
+    finally:
+        gc.collect()  # seen with gloo: without it a rank may abort at exit after destroy
+        dist.destroy_process_group()
+
+
+def _node_map(world_size: int) -> list[int]:
+    """Node index of every rank: torchrun's GROUP_RANK when several agents run, else 0."""
+    mine = int(os.environ.get("GROUP_RANK", os.environ.get("PARALAB_NODE", "0")))
+    nodes: list[int] = [0] * world_size
+    dist.all_gather_object(nodes, mine)
+    return nodes
+
+
+# ---------------------------------------------------------------------------- spawned ranks
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this rank if the process that forked it dies, so no rank outlives a run
+    whose parent (a kernel, a test) was killed."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def describe(exc: BaseException, timeout_s: float) -> str:
+    """One line for the parent's RunError; a collective timeout says what it usually means."""
+    text = f"{type(exc).__name__}: {exc}"
+    if "timed out" in text.lower() or "timeout" in text.lower():
+        return (f"a collective timed out after {timeout_s:g} s: another rank stopped answering "
+                f"(hung, or much slower than this one). {text}")
+    return text
+
+
+def spawn_entry(rank: int, world_size: int, cfg_dict: dict, port: int, run_dir: str) -> None:
+    """Target of each rank process started by paralab.runtime.launch."""
+    _die_with_parent()
+    run_dir_path = Path(run_dir)
+    beat = run_dir_path / f"rank{rank}.beat"
+
+    def heartbeat(step: int) -> None:
+        beat.write_text(str(step))
+
+    try:
+        cfg = RunConfig.from_dict(cfg_dict)
+        result, trace = run_rank(cfg, rank, world_size, rank, world_size,
+                                 f"tcp://127.0.0.1:{port}", heartbeat=heartbeat)
+        state = result.pop("state", None)
+        if state is not None:
+            torch.save(state, run_dir_path / f"rank{rank}.state.pt")
+        result["trace"] = trace
+        _write_json(run_dir_path / f"rank{rank}.json", result)
+    except BaseException as exc:  # report everything, KeyboardInterrupt included
+        _write_json(
+            run_dir_path / f"rank{rank}.error.json",
+            {"rank": rank, "error": describe(exc, cfg_dict["timeout_s"]), "traceback": traceback.format_exc()},
+        )
+        sys.stdout.flush()
+        os._exit(1)

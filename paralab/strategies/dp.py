@@ -1,0 +1,28 @@
+"""Naive data parallel (数据并行): every rank holds the whole model and a slice of the global batch.
+
+After backward, every gradient is all-reduced (summed) and divided by the number of ranks, so all
+ranks hold the gradient of the whole global batch and take the same optimizer step. One all-reduce
+per parameter tensor, issued only after the whole backward is over: communication never overlaps
+compute, and many small messages pay the latency many times. DDP (ddp.py) fixes both.
+"""
+
+from __future__ import annotations
+
+from paralab import comm
+from paralab.strategies.common import GradSync, full_model, train_data_parallel
+
+
+class AllReduceEachGradient(GradSync):
+    def __init__(self, model, world_size: int):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.world_size = world_size
+
+    def after_backward(self) -> None:
+        for p in self.params:
+            p.grad.div_(self.world_size)
+            comm.all_reduce(p.grad, name="grad")
+
+
+def train(ctx):
+    model = full_model(ctx)
+    return train_data_parallel(ctx, model, AllReduceEachGradient(model, ctx.world_size), ctx.rank, ctx.world_size)

@@ -1,0 +1,82 @@
+"""The shell face: `paralab run --json` keys, exit codes, and torchrun with per-rank traces."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from paralab import cli
+from paralab.runtime import launch as launch_module
+
+CONTRACT_KEYS = {
+    "strategy", "world_size", "dp", "tp", "pp", "schedule", "microbatches", "steps", "losses", "step_time_s",
+    "tokens_per_s", "comm_bytes", "comm_payload_bytes", "bubble_fraction", "peak_memory_bytes", "trace",
+}
+
+
+def test_run_json_has_the_contract_keys(tmp_path, capsys, no_leftover_ranks):
+    trace_path = tmp_path / "t.json"
+    code = cli.main(["run", "--strategy", "ddp", "--world-size", "2", "--steps", "3", "--json",
+                     "--trace", str(trace_path), "--bucket-mb", "0.1"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert CONTRACT_KEYS <= set(summary)
+    assert len(summary["losses"]) == 3 and summary["world_size"] == 2 and summary["dp"] == 2
+    assert len(summary["peak_memory_bytes"]) == 2 and summary["comm_bytes"]["all_reduce"] > 0
+    assert summary["trace"] == str(trace_path)
+    chrome = json.loads(trace_path.read_text())
+    assert any(e.get("cat") == "all_reduce" for e in chrome["traceEvents"])
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--world-size", "0"], "world size"),
+        (["--world-size", "3", "--global-batch", "8"], "not divisible"),
+        (["--strategy", "nope"], "unknown strategy"),
+        (["--model", "huge"], "unknown model preset"),
+    ],
+)
+def test_invalid_arguments_exit_2_before_any_process(monkeypatch, capsys, argv, message):
+    monkeypatch.setattr(launch_module, "_context", lambda: pytest.fail("a process was about to start"))
+    assert cli.main(["run", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_failed_run_exits_1_naming_the_rank(capsys, no_leftover_ranks):
+    assert cli.main(["run", "--strategy", "dp", "--world-size", "2", "--steps", "3", "--fail", "rank=1,step=1"]) == 1
+    assert "rank 1 failed" in capsys.readouterr().err
+
+
+def test_unparseable_arguments_exit_2():
+    with pytest.raises(SystemExit) as info:
+        cli.main(["run", "--steps", "many"])
+    assert info.value.code == 2
+
+
+@pytest.mark.timeout(240)
+def test_torchrun_writes_per_rank_traces_that_merge(tmp_path):
+    trace_dir = tmp_path / "traces"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))}
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]
+    proc = subprocess.run(
+        [*torchrun, "--standalone", "--nproc-per-node", "2", "-m", "paralab", "run", "--strategy", "ddp",
+         "--steps", "3", "--bucket-mb", "0.1", "--trace-dir", str(trace_dir), "--json"],
+        capture_output=True, text=True, timeout=200, env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["world_size"] == 2 and len(summary["losses"]) == 3
+    assert sorted(p.name for p in trace_dir.iterdir()) == ["rank00000.json", "rank00001.json"]
+    merged = tmp_path / "merged.json"
+    assert cli.main(["merge", str(trace_dir), "-o", str(merged)]) == 0
+    from paralab.trace import Trace
+
+    trace = Trace.load(merged)
+    assert trace.ranks == [0, 1] and trace.select(kind="all_reduce")
+    import paralab
+
+    same = paralab.run("ddp", 2, steps=3, bucket_mb=0.1)
+    assert same.losses == pytest.approx(summary["losses"], rel=1e-6)
