@@ -12,13 +12,30 @@ MODULES = {
     "single": "paralab.strategies.single",
     "dp": "paralab.strategies.dp",
     "ddp": "paralab.strategies.ddp",
+    "mp": "paralab.strategies.pipeline",
+    "pp": "paralab.strategies.pipeline",
+    "tp": "paralab.strategies.tensor",
+    "zero1": "paralab.strategies.zero",
+    "zero2": "paralab.strategies.zero",
+    "zero3": "paralab.strategies.zero",
+    "hybrid": "paralab.strategies.hybrid",
     # torch's own implementations, the references that tests and benchmarks compare against
-    "torch_ddp": "paralab.strategies.reference",
+    "torch_ddp": "paralab.strategies.reference_ddp",
+    "torch_pp": "paralab.strategies.reference_pipeline",
+    "torch_tp": "paralab.strategies.reference_tensor",
+    "torch_fsdp": "paralab.strategies.reference_fsdp",
 }
 
 
 def strategy_module(name: str):
+    """The module of strategy ``name``; ConfigError if the name is unknown or not built yet."""
+    from paralab.config import ConfigError
+
+    if name not in MODULES:
+        raise ConfigError(f"unknown strategy {name!r}; available: {', '.join(sorted(MODULES))}")
     try:
         return importlib.import_module(MODULES[name])
-    except KeyError:
-        raise KeyError(f"strategy {name!r} is not implemented yet; available: {sorted(MODULES)}") from None
+    except ModuleNotFoundError as exc:
+        if exc.name != MODULES[name]:
+            raise
+        raise ConfigError(f"strategy {name!r} is not implemented in this version of paralab") from None
