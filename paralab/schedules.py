@@ -1,0 +1,587 @@
+"""Pipeline schedules as data: one list of actions per rank, a validator, and closed-form bubbles.
+
+A schedule says, for every rank, in which order it runs forwards, backwards and the point-to-point
+sends and receives that carry activations down the pipeline and gradients back up. The same lists
+are run three ways: by the executor on real ranks (paralab.strategies.pipeline), by the event
+simulator with modelled durations (paralab.sim.events), and by :func:`validate_schedule`, which
+proves that they are complete, respect every data dependency and cannot deadlock.
+
+Vocabulary. The model is cut into ``S = p x v`` *stages* (p ranks, v virtual stages or "model chunks"
+per rank); ``stage_to_rank`` says where each stage lives. A *microbatch* is one of the m slices of
+the batch. ``F`` is a forward, ``B`` a full backward (input and weight gradients), and zero-bubble
+schedules split it into ``Bi`` (backward_input, the gradient for the stage's input, which the
+previous stage waits for) and ``W`` (backward_weight, the weight gradient nobody waits for).
+
+Communication model. Sends never block (they are buffered, like ``isend``); a receive blocks until
+the matching send has been issued. Each compute action that needs another rank's data is preceded,
+in its rank's list, by the receive, and each output that another rank needs is followed by the send.
+Stages that follow each other on the same rank (zbv) hand over locally, without send or receive.
+Under this model a schedule is deadlock-free exactly when the per-rank orders admit a global order
+in which every action comes after what it waits for, which is what the validator searches for.
+
+Sources: GPipe (Huang et al., 2019); PipeDream-Flush / 1F1B and the interleaved schedule (Narayanan
+et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", 2021);
+zero-bubble ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", 2023) and the V-shape schedule
+(Qi et al., "Pipeline Parallelism with Controllable Memory", 2024).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+FORWARD, BACKWARD = "forward", "backward"
+BACKWARD_INPUT, BACKWARD_WEIGHT = "backward_input", "backward_weight"
+SEND_FORWARD, RECV_FORWARD = "send_forward", "recv_forward"
+SEND_BACKWARD, RECV_BACKWARD = "send_backward", "recv_backward"
+COMPUTE_OPS = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
+COMM_OPS = (SEND_FORWARD, RECV_FORWARD, SEND_BACKWARD, RECV_BACKWARD)
+OPS = COMPUTE_OPS + COMM_OPS
+
+SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "zbv")
+
+_LETTER = {FORWARD: "F", BACKWARD: "B", BACKWARD_INPUT: "Bi", BACKWARD_WEIGHT: "W"}
+# A send matches the receive of the neighbouring stage: (op on the peer, stage offset).
+_COUNTERPART = {
+    SEND_FORWARD: (RECV_FORWARD, +1),
+    RECV_FORWARD: (SEND_FORWARD, -1),
+    SEND_BACKWARD: (RECV_BACKWARD, -1),
+    RECV_BACKWARD: (SEND_BACKWARD, +1),
+}
+Key = tuple[str, int, int]  # (op, stage, microbatch): names one action of a complete schedule
+
+
+class ScheduleError(ValueError):
+    """A schedule that is incomplete, breaks a dependency, has unmatched send/recv, or deadlocks."""
+
+
+@dataclass(frozen=True)
+class Action:
+    """One step of one rank: a compute on ``stage`` for ``microbatch``, or a send/recv with ``peer``.
+
+    Send and receive actions carry the *local* stage they serve: ``send_forward`` the stage that
+    produced the activation, ``recv_forward`` the stage that consumes it (so ``send_forward`` of stage
+    s pairs with ``recv_forward`` of stage s+1 on the peer, and the backward pair the other way).
+    """
+
+    op: str
+    stage: int
+    microbatch: int
+    peer: int | None = None
+
+    def __post_init__(self):
+        if self.op not in OPS:
+            raise ValueError(f"unknown action op {self.op!r}; choose one of: {', '.join(OPS)}")
+
+    @property
+    def is_compute(self) -> bool:
+        return self.op in COMPUTE_OPS
+
+    def __str__(self) -> str:
+        if self.is_compute:
+            return f"{_LETTER[self.op]}{self.microbatch}@s{self.stage}"
+        letter = "F" if self.op.endswith("forward") else "B"
+        return f"{self.op} {letter}{self.microbatch}@s{self.stage}"
+
+
+def key_of(action: Action) -> Key:
+    return (action.op, action.stage, action.microbatch)
+
+
+@dataclass
+class Schedule:
+    """Per-rank action lists plus the shape they were built for (p = ``stages`` ranks)."""
+
+    name: str
+    stages: int
+    microbatches: int
+    virtual_stages: int
+    stage_to_rank: list[int]
+    actions: list[list[Action]]
+
+    @property
+    def ranks(self) -> list[int]:
+        return list(range(self.stages))
+
+    @property
+    def num_stages(self) -> int:
+        """S = p x v: the number of model pieces, each on one rank."""
+        return self.stages * self.virtual_stages
+
+    @property
+    def is_split_backward(self) -> bool:
+        """True for zero-bubble schedules, whose backward is Bi (input grad) then W (weight grad)."""
+        return any(a.op in (BACKWARD_INPUT, BACKWARD_WEIGHT) for acts in self.actions for a in acts)
+
+    def stages_on(self, rank: int) -> list[int]:
+        """The global stages (model chunks) that live on ``rank``, in model order."""
+        return [s for s, r in enumerate(self.stage_to_rank) if r == rank]
+
+
+@dataclass
+class ScheduleReport:
+    """What :func:`validate_schedule` proved.
+
+    ``peak_activations[r]``: the most (stage, microbatch) activations rank r holds at once. An
+    activation is stored by its forward and released when the last pass that reads it ends: the full
+    backward, or, for split schedules, the weight-gradient pass W (W multiplies the stored input by the
+    output gradient, so the input must survive B; Qi et al. 2023, Table 1 — B does free part of the
+    memory, which this whole-activation count does not credit).
+    ``order``: every (rank, index into that rank's list) in one valid global execution order.
+    """
+
+    peak_activations: list[int]
+    order: list[tuple[int, int]] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------- build
+def build_schedule(name: str, stages: int, microbatches: int, virtual_stages: int = 1) -> Schedule:
+    """Build the named schedule for ``stages`` ranks and ``microbatches`` microbatches.
+
+    ``naive``: layer-wise model parallelism, one microbatch through the whole model and back before
+    the next, so exactly one rank works at any time. ``gpipe``: all forwards, then all backwards.
+    ``1f1b``: PipeDream-Flush. ``interleaved``: Megatron's 1F1B over v model chunks per rank (needs
+    microbatches divisible by stages). ``zb-h1``: zero-bubble H1, 1F1B memory with split backward.
+    ``zbv``: the V-shape zero-bubble schedule with two chunks per rank.
+    """
+    _check_shape_args(name, stages, microbatches, virtual_stages)
+    p, m = stages, microbatches
+    if name == "interleaved":
+        v = virtual_stages
+        stage_to_rank = [s % p for s in range(p * v)]
+        compute = [_interleaved(p, m, v, r) for r in range(p)]
+    elif name == "zbv":
+        v = 2
+        stage_to_rank = list(range(p)) + list(reversed(range(p)))
+        compute = _zbv(p, m, stage_to_rank)
+    else:
+        v = 1
+        stage_to_rank = list(range(p))
+        builder = {"naive": _naive, "gpipe": _gpipe, "1f1b": _one_f_one_b, "zb-h1": _zb_h1}[name]
+        compute = [builder(p, m, r) for r in range(p)]
+    actions = [_with_p2p(order, stage_to_rank) for order in compute]
+    return Schedule(name, p, m, v, stage_to_rank, actions)
+
+
+def _check_shape_args(name: str, stages: int, microbatches: int, virtual_stages: int) -> None:
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown pipeline schedule {name!r}; choose one of: {', '.join(SCHEDULES)}")
+    for label, value in (
+        ("stages", stages),
+        ("microbatches", microbatches),
+        ("virtual_stages", virtual_stages),
+    ):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{label} must be an integer >= 1, got {value!r}")
+    if name == "interleaved":
+        if virtual_stages < 2:
+            raise ValueError("interleaved needs virtual_stages >= 2 (with one chunk per rank it is 1f1b)")
+        if microbatches % stages:
+            fits = [k * stages for k in range(1, 4)]
+            raise ValueError(
+                f"interleaved needs microbatches divisible by stages: {microbatches} % {stages} != 0; "
+                f"microbatch counts that fit: {fits}, ..."
+            )
+    elif name == "zbv":
+        if virtual_stages not in (1, 2):
+            raise ValueError(
+                f"zbv always runs 2 chunks per rank; virtual_stages must be 2 (or 1), got {virtual_stages}"
+            )
+    elif virtual_stages != 1:
+        raise ValueError(
+            f"{name} has one stage per rank; virtual_stages={virtual_stages} needs interleaved or zbv"
+        )
+
+
+def _naive(p: int, m: int, rank: int) -> list[Action]:
+    """Each microbatch's forward then backward: the next forward waits for the whole round trip."""
+    return [Action(op, rank, i) for i in range(m) for op in (FORWARD, BACKWARD)]
+
+
+def _gpipe(p: int, m: int, rank: int) -> list[Action]:
+    """GPipe: every forward, then every backward, so all m activations are held at the peak."""
+    return [Action(FORWARD, rank, i) for i in range(m)] + [Action(BACKWARD, rank, i) for i in range(m)]
+
+
+def _one_f_one_b(p: int, m: int, rank: int) -> list[Action]:
+    """PipeDream-Flush: a rank holds at most p - rank activations instead of GPipe's m."""
+    # warm-up: fill the pipeline so the last stage can start its first backward.
+    warmup = min(p - rank - 1, m)
+    order = [Action(FORWARD, rank, i) for i in range(warmup)]
+    for i in range(m - warmup):
+        # steady: one forward, one backward; each backward frees the activation of its microbatch.
+        order += [Action(FORWARD, rank, warmup + i), Action(BACKWARD, rank, i)]
+    # cool-down: drain the backwards still owed to the microbatches in flight.
+    order += [Action(BACKWARD, rank, i) for i in range(m - warmup, m)]
+    return order
+
+
+def _interleaved(p: int, m: int, v: int, rank: int) -> list[Action]:
+    """Megatron's interleaved 1F1B: rank r holds stages r, r + p, ..., r + (v-1)p.
+
+    Microbatches go through the chunks in groups of p: the k-th forward of a rank runs chunk
+    (k // p) % v on microbatch (k // pv) p + k % p, and backwards visit the chunks in reverse. The
+    warm-up is longer than 1F1B's, 2(p - rank - 1) + (v - 1)p forwards: microbatch 0 must pass
+    through all v chunks of every rank before the first backward can start, on the last chunk.
+    """
+    total = m * v
+
+    def action(op: str, k: int) -> Action:
+        chunk = (k // p) % v
+        if op == BACKWARD:
+            chunk = v - 1 - chunk
+        return Action(op, chunk * p + rank, (k // (p * v)) * p + k % p)
+
+    warmup = min(2 * (p - rank - 1) + (v - 1) * p, total)
+    order = [action(FORWARD, k) for k in range(warmup)]  # warm-up
+    for k in range(total - warmup):  # steady: one forward, one backward
+        order += [action(FORWARD, warmup + k), action(BACKWARD, k)]
+    order += [action(BACKWARD, k) for k in range(total - warmup, total)]  # cool-down
+    return order
+
+
+def _zb_h1(p: int, m: int, rank: int) -> list[Action]:
+    """Zero-bubble H1 (Qi et al. 2023): 1F1B with the backward split into Bi and W.
+
+    Bi is all the previous stage waits for, so it runs as early as 1F1B's backward would and the
+    gradient races up the pipeline; W is deferred. Rank r runs the W of microbatch j after the Bi of
+    j + r: the last rank defers the most, so its final Bi (which the whole cool-down waits on) comes
+    early, and every rank ends with its deferred Ws filling what was 1F1B's cool-down bubble. Each
+    rank holds at most p microbatches between F and W, the first rank's 1F1B peak.
+    """
+    warmup = min(p - rank, m)  # 1F1B's warm-up plus its first steady forward
+    order = [Action(FORWARD, rank, i) for i in range(warmup)]
+    for j in range(m):
+        # steady (and, once the forwards run out, cool-down): Bi, a deferred W, the next F.
+        order.append(Action(BACKWARD_INPUT, rank, j))
+        if j >= rank:
+            order.append(Action(BACKWARD_WEIGHT, rank, j - rank))
+        if warmup + j < m:
+            order.append(Action(FORWARD, rank, warmup + j))
+    # cool-down tail: the Ws still deferred fill the bubble 1F1B leaves here.
+    order += [Action(BACKWARD_WEIGHT, rank, j) for j in range(max(m - rank, 0), m)]
+    return order
+
+
+def _zbv(p: int, m: int, stage_to_rank: list[int]) -> list[list[Action]]:
+    """V-shape zero bubble (Qi et al. 2024): rank r holds stage r and stage 2p - 1 - r.
+
+    The forward runs down the ranks through chunk 0 and back up through chunk 1, so rank 0 holds
+    both the first and the last stage and the backward starts where the forward began. The order is
+    found by list scheduling in unit time (t_F = t_Bi = t_W per chunk): whenever a rank is free it runs, among the passes whose inputs are ready, a Bi first
+    (it unblocks the previous stage), else an F while it holds fewer than 2p chunk activations (p
+    whole-rank activations: 1F1B's first-rank peak), else a W to fill the gap; earlier microbatches
+    and deeper stages first. Consecutive passes of a stage run their microbatches in order.
+    """
+    num_stages, limit = 2 * p, 2 * p
+    next_mb = {(op, s): 0 for s in range(num_stages) for op in (FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)}
+    finished: dict[Key, int] = {}
+    orders: list[list[Action]] = [[] for _ in range(p)]
+    alive, free_at = [0] * p, [0] * p
+    rank_of_priority = {BACKWARD_INPUT: 0, FORWARD: 1, BACKWARD_WEIGHT: 2}
+    t = 0
+    while any(mb < m for mb in next_mb.values()):
+        for rank in range(p):
+            if free_at[rank] > t:
+                continue
+            ready = [
+                Action(op, s, next_mb[(op, s)])
+                for (op, s) in next_mb
+                if stage_to_rank[s] == rank
+                and next_mb[(op, s)] < m
+                and (op != FORWARD or alive[rank] < limit)
+            ]
+            ready = [
+                a
+                for a in ready
+                if all(finished.get(d, t + 1) <= t for d in _data_deps(a, num_stages, BACKWARD_INPUT))
+            ]
+            if not ready:
+                continue
+            action = min(ready, key=lambda a: (rank_of_priority[a.op], a.microbatch, -a.stage))
+            orders[rank].append(action)
+            next_mb[(action.op, action.stage)] += 1
+            finished[key_of(action)] = free_at[rank] = t + 1
+            alive[rank] += (action.op == FORWARD) - (action.op == BACKWARD_WEIGHT)
+        t += 1
+    return orders
+
+
+def _data_deps(action: Action, num_stages: int, grad_op: str) -> list[Key]:
+    """The computes whose results a compute reads (``grad_op``: the pass that makes input grads).
+
+    A forward reads the previous stage's output; a backward (or Bi) reads its own forward's stored
+    activation and the next stage's input gradient; W reads what its Bi left.
+    """
+    s, mb = action.stage, action.microbatch
+    if action.op == FORWARD:
+        return [(FORWARD, s - 1, mb)] if s > 0 else []
+    if action.op == BACKWARD_WEIGHT:
+        return [(BACKWARD_INPUT, s, mb)]
+    return [(FORWARD, s, mb)] + ([(grad_op, s + 1, mb)] if s < num_stages - 1 else [])
+
+
+def _input_stage(action: Action, num_stages: int) -> int | None:
+    """The stage whose output this compute consumes (None for the first forward or the loss end)."""
+    if action.op == FORWARD and action.stage > 0:
+        return action.stage - 1
+    if action.op in (BACKWARD, BACKWARD_INPUT) and action.stage < num_stages - 1:
+        return action.stage + 1
+    return None
+
+
+def _output_stage(action: Action, num_stages: int) -> int | None:
+    """The stage that consumes this compute's output (None when nothing flows on)."""
+    if action.op == FORWARD and action.stage < num_stages - 1:
+        return action.stage + 1
+    if action.op in (BACKWARD, BACKWARD_INPUT) and action.stage > 0:
+        return action.stage - 1
+    return None
+
+
+def _with_p2p(order: list[Action], stage_to_rank: list[int]) -> list[Action]:
+    """Put the recv right before each compute that needs remote data and the send right after.
+
+    Receiving as late as possible and sending as early as possible is what makes a compute order
+    that is itself consistent deadlock-free under buffered sends.
+    """
+    num_stages = len(stage_to_rank)
+    out: list[Action] = []
+    for action in order:
+        rank = stage_to_rank[action.stage]
+        src = _input_stage(action, num_stages)
+        if src is not None and stage_to_rank[src] != rank:
+            recv = RECV_FORWARD if action.op == FORWARD else RECV_BACKWARD
+            out.append(Action(recv, action.stage, action.microbatch, stage_to_rank[src]))
+        out.append(action)
+        dst = _output_stage(action, num_stages)
+        if dst is not None and stage_to_rank[dst] != rank:
+            send = SEND_FORWARD if action.op == FORWARD else SEND_BACKWARD
+            out.append(Action(send, action.stage, action.microbatch, stage_to_rank[dst]))
+    return out
+
+
+# ------------------------------------------------------------------------------------------- validate
+def _describe(key: Key) -> str:
+    return str(Action(*key))
+
+
+def validate_schedule(schedule: Schedule) -> ScheduleReport:
+    """Prove that ``schedule`` is complete, well paired, dependency-respecting and deadlock-free.
+
+    Runs the per-rank lists as the executor would (sends never block, a recv waits for its send,
+    a compute waits for its inputs) and raises :class:`ScheduleError` naming the rank and action at
+    the first problem found.
+    """
+    _check_placement(schedule)
+    _check_complete(schedule)
+    _check_pairs(schedule)
+    order = _execution_order(schedule)
+    return ScheduleReport(peak_activations=_peak_activations(schedule), order=order)
+
+
+def _check_placement(schedule: Schedule) -> None:
+    """Every action is on the rank that owns its stage, for a stage and microbatch that exist."""
+    p, num_stages = schedule.stages, schedule.num_stages
+    if len(schedule.stage_to_rank) != num_stages or any(not 0 <= r < p for r in schedule.stage_to_rank):
+        raise ScheduleError(
+            f"stage_to_rank must map {num_stages} stages to ranks 0..{p - 1}, got {schedule.stage_to_rank}"
+        )
+    if len(schedule.actions) != p:
+        raise ScheduleError(f"expected one action list per rank ({p}), got {len(schedule.actions)}")
+    for rank, actions in enumerate(schedule.actions):
+        for a in actions:
+            if not (0 <= a.stage < num_stages and 0 <= a.microbatch < schedule.microbatches):
+                raise ScheduleError(
+                    f"rank {rank}: {a} is outside {num_stages} stages x {schedule.microbatches} microbatches"
+                )
+            owner = schedule.stage_to_rank[a.stage]
+            if owner != rank:
+                raise ScheduleError(f"rank {rank}: {a} belongs to rank {owner}, which holds stage {a.stage}")
+
+
+def _check_complete(schedule: Schedule) -> None:
+    """Each stage runs each microbatch's forward and backward (or Bi and W) exactly once."""
+    backward_ops = (BACKWARD_INPUT, BACKWARD_WEIGHT) if schedule.is_split_backward else (BACKWARD,)
+    counts = Counter(key_of(a) for acts in schedule.actions for a in acts)
+    for key, n in counts.items():
+        rank = schedule.stage_to_rank[key[1]]
+        if n > 1:
+            raise ScheduleError(f"rank {rank}: {_describe(key)} appears {n} times")
+        if key[0] in COMPUTE_OPS and key[0] not in (FORWARD, *backward_ops):
+            raise ScheduleError(
+                f"rank {rank}: {_describe(key)} mixes a full backward with split Bi/W backwards"
+            )
+    for stage in range(schedule.num_stages):
+        for mb in range(schedule.microbatches):
+            for op in (FORWARD, *backward_ops):
+                if (op, stage, mb) not in counts:
+                    raise ScheduleError(
+                        f"rank {schedule.stage_to_rank[stage]}: missing {op} {_describe((op, stage, mb))}"
+                    )
+
+
+def _check_pairs(schedule: Schedule) -> None:
+    """Sends and recvs pair one to one with the right peers, and every cross-rank edge has a pair."""
+    num_stages, owner = schedule.num_stages, schedule.stage_to_rank
+    present = {key_of(a) for acts in schedule.actions for a in acts}
+    for rank, actions in enumerate(schedule.actions):
+        for a in actions:
+            if a.is_compute:
+                continue
+            op, offset = _COUNTERPART[a.op]
+            neighbour = a.stage + offset
+            if not 0 <= neighbour < num_stages:
+                raise ScheduleError(f"rank {rank}: {a} has no neighbouring stage to talk to")
+            if owner[neighbour] == rank:
+                raise ScheduleError(
+                    f"rank {rank}: {a} talks to stage {neighbour} on the same rank, which hands over locally"
+                )
+            if a.peer != owner[neighbour]:
+                raise ScheduleError(
+                    f"rank {rank}: {a} names peer {a.peer}, but stage {neighbour} is on rank {owner[neighbour]}"
+                )
+            if (op, neighbour, a.microbatch) not in present:
+                raise ScheduleError(f"rank {rank}: {a} has no matching {op} on rank {a.peer}")
+    for rank, actions in enumerate(schedule.actions):
+        for a in actions:
+            if a.is_compute:
+                for needed in _remote_edges(a, owner, num_stages):
+                    if needed not in present:
+                        raise ScheduleError(
+                            f"rank {rank}: {a} needs {_describe(needed)}, which rank {rank} never issues"
+                        )
+
+
+def _remote_edges(action: Action, owner: list[int], num_stages: int) -> list[Key]:
+    """The recv before and the send after ``action`` that cross-rank data flow requires."""
+    rank, edges = owner[action.stage], []
+    forward = action.op == FORWARD
+    src = _input_stage(action, num_stages)
+    if src is not None and owner[src] != rank:
+        edges.append((RECV_FORWARD if forward else RECV_BACKWARD, action.stage, action.microbatch))
+    dst = _output_stage(action, num_stages)
+    if dst is not None and owner[dst] != rank:
+        edges.append((SEND_FORWARD if forward else SEND_BACKWARD, action.stage, action.microbatch))
+    return edges
+
+
+def dependencies_of(schedule: Schedule) -> Callable[[Action], list[Key]]:
+    """A function giving what an action of ``schedule`` waits for, as (op, stage, microbatch) keys.
+
+    A compute waits for the computes it reads (:func:`_data_deps`), through the recv on its own rank
+    when the producer is remote; a send waits for the compute that made its tensor, and a recv for
+    the matching send. Built once per schedule, so looking up one action costs O(1).
+    """
+    owner, num_stages = schedule.stage_to_rank, schedule.num_stages
+    grad_op = BACKWARD_INPUT if schedule.is_split_backward else BACKWARD
+
+    def waits_for(action: Action) -> list[Key]:
+        s, mb = action.stage, action.microbatch
+        if action.op in (RECV_FORWARD, RECV_BACKWARD):
+            op, offset = _COUNTERPART[action.op]
+            return [(op, s + offset, mb)]
+        if action.op == SEND_FORWARD:
+            return [(FORWARD, s, mb)]
+        if action.op == SEND_BACKWARD:
+            return [(grad_op, s, mb)]
+        deps = []
+        for op, stage, _ in _data_deps(action, num_stages, grad_op):
+            if owner[stage] == owner[s]:
+                deps.append((op, stage, mb))
+            else:
+                deps.append((RECV_FORWARD if op == FORWARD else RECV_BACKWARD, s, mb))
+        return deps
+
+    return waits_for
+
+
+def _execution_order(schedule: Schedule) -> list[tuple[int, int]]:
+    """Run every rank as far as its dependencies allow; a rank left waiting means deadlock.
+
+    A worklist wakes a rank only when the action it waits for completes, so the cost is linear in
+    the number of actions.
+    """
+    waits_for = dependencies_of(schedule)
+    done: set[Key] = set()
+    position = [0] * schedule.stages
+    waiting: dict[Key, list[int]] = {}
+    blocked_on: dict[int, Key] = {}
+    order: list[tuple[int, int]] = []
+    ready = deque(schedule.ranks)
+    while ready:
+        rank = ready.popleft()
+        actions = schedule.actions[rank]
+        while position[rank] < len(actions):
+            action = actions[position[rank]]
+            missing = next((d for d in waits_for(action) if d not in done), None)
+            if missing is not None:
+                waiting.setdefault(missing, []).append(rank)
+                blocked_on[rank] = missing
+                break
+            blocked_on.pop(rank, None)
+            done.add(key_of(action))
+            order.append((rank, position[rank]))
+            position[rank] += 1
+            ready.extend(waiting.pop(key_of(action), []))
+    if blocked_on:
+        raise ScheduleError(_stuck_message(schedule, position, blocked_on))
+    return order
+
+
+def _stuck_message(schedule: Schedule, position: list[int], blocked_on: dict[int, Key]) -> str:
+    """Name an action that waits for something later on its own rank, else the cycle of waits."""
+    waits = []
+    for rank, key in sorted(blocked_on.items()):
+        action = schedule.actions[rank][position[rank]]
+        owner = schedule.stage_to_rank[key[1]]
+        if owner == rank:
+            return f"rank {rank}: {action} waits for {_describe(key)}, which comes after it on rank {rank}"
+        waits.append(f"rank {rank} waits at {action} for {_describe(key)} on rank {owner}")
+    return "deadlock: " + "; ".join(waits)
+
+
+def _peak_activations(schedule: Schedule) -> list[int]:
+    """Per rank: most activations alive at once (+1 at F, -1 at the pass that last reads them)."""
+    release = BACKWARD_WEIGHT if schedule.is_split_backward else BACKWARD
+    peaks = []
+    for actions in schedule.actions:
+        alive = peak = 0
+        for a in actions:
+            alive += (a.op == FORWARD) - (a.op == release)
+            peak = max(peak, alive)
+        peaks.append(peak)
+    return peaks
+
+
+# -------------------------------------------------------------------------------------------- bubbles
+def theoretical_bubble(name: str, stages: int, microbatches: int, virtual_stages: int = 1) -> float:
+    """Idle fraction of a step, ``idle / (p x step time)``, for equal-time stages and free p2p.
+
+    Conventions: every stage takes t_F per forward and t_B = 2 t_F per full backward (Megatron's
+    convention; the fractions below do not depend on the ratio except for the split schedules).
+    - naive: (p - 1) / p, one rank busy at a time.
+    - gpipe, 1f1b: (p - 1) / (m + p - 1) (GPipe, Huang et al. 2019; 1F1B has the same bubble and
+      lower memory, Narayanan et al. 2021): a ramp of p - 1 stage times at each end.
+    - interleaved: (p - 1) / (v m + p - 1): the ramp is made of chunks 1/v as long (Narayanan et al.).
+    - zb-h1, assuming t_F = t_Bi = t_W (Qi et al. 2023): the ramp shrinks from 1F1B's
+      (p - 1)(t_F + t_Bi + t_W) to (p - 1)(t_F + t_Bi - t_W) = (p - 1) t_F against 3m t_F of work, so
+      (p - 1) / (3m + p - 1) for m >= p. With m < p the gradient's trip back up the pipeline
+      dominates and the step takes (2m + 2p - 1) t_F.
+    - zbv, assuming t_F = t_Bi = t_W per chunk (Qi et al. 2024): only the start-up ramp is left (rank
+      p - 1 cannot start before p - 1 chunk forwards have run, and no single-step schedule can hide
+      that), so (p - 1) / (6m + p - 1) in chunk times for m >= p; a lower bound for m < p.
+    """
+    _check_shape_args(name, stages, microbatches, virtual_stages)
+    p, m, v = stages, microbatches, virtual_stages
+    ramp = p - 1
+    if name == "naive":
+        return ramp / p
+    if name in ("gpipe", "1f1b"):
+        return ramp / (m + ramp)
+    if name == "interleaved":
+        return ramp / (v * m + ramp)
+    if name == "zb-h1":
+        return 1 - 3 * m / max(3 * m + ramp, 2 * m + 2 * p - 1)
+    return ramp / (6 * m + ramp)

@@ -1,0 +1,351 @@
+"""Pipeline schedules as data: every schedule validates, has the memory and bubble its paper claims,
+and the validator catches broken schedules with messages that name the rank and the action."""
+
+import pytest
+
+from paralab.schedules import (
+    SCHEDULES,
+    Action,
+    Schedule,
+    ScheduleError,
+    build_schedule,
+    theoretical_bubble,
+    validate_schedule,
+)
+from paralab.sim.events import simulate_schedule, simulated_bubble
+
+# Megatron's convention: a full backward costs two forwards; the zero-bubble split is F = Bi = W.
+TIMES = {"forward": 1.0, "backward": 2.0, "backward_input": 1.0, "backward_weight": 1.0}
+
+
+def shapes(name):
+    """(p, m, v) combinations a schedule supports among p in {2, 4}, m in {1, 2, 4, 8}."""
+    v = 2 if name in ("interleaved", "zbv") else 1
+    for p in (2, 4):
+        for m in (1, 2, 4, 8):
+            if name != "interleaved" or m % p == 0:
+                yield p, m, v
+
+
+ALL = [(name, p, m, v) for name in SCHEDULES for p, m, v in shapes(name)]
+
+
+def find(schedule, rank, text):
+    return next(i for i, a in enumerate(schedule.actions[rank]) if str(a) == text)
+
+
+# ------------------------------------------------------------------------------------ valid schedules
+@pytest.mark.parametrize(("name", "p", "m", "v"), ALL)
+def test_every_schedule_validates(name, p, m, v):
+    schedule = build_schedule(name, p, m, v)
+    report = validate_schedule(schedule)
+    assert (schedule.stages, schedule.microbatches, schedule.virtual_stages) == (p, m, v)
+    assert len(schedule.stage_to_rank) == schedule.num_stages == p * v
+    assert sorted(report.order) == sorted(
+        (r, i) for r in schedule.ranks for i in range(len(schedule.actions[r]))
+    )
+    computes = [a for acts in schedule.actions for a in acts if a.is_compute]
+    per_pass = 3 if schedule.is_split_backward else 2
+    assert len(computes) == per_pass * p * v * m
+    assert schedule.is_split_backward == (name in ("zb-h1", "zbv"))
+
+
+@pytest.mark.parametrize(("name", "p", "m", "v"), ALL)
+def test_order_respects_each_rank_list(name, p, m, v):
+    schedule = build_schedule(name, p, m, v)
+    order = validate_schedule(schedule).order
+    for rank in schedule.ranks:
+        assert [i for r, i in order if r == rank] == list(range(len(schedule.actions[rank])))
+
+
+@pytest.mark.parametrize(("name", "p", "m", "v"), ALL)
+def test_recv_right_before_and_send_right_after_compute(name, p, m, v):
+    schedule = build_schedule(name, p, m, v)
+    for rank, actions in enumerate(schedule.actions):
+        for i, a in enumerate(actions):
+            if a.op.startswith("recv"):
+                consumer = actions[i + 1]
+                assert consumer.is_compute and (consumer.stage, consumer.microbatch) == (
+                    a.stage,
+                    a.microbatch,
+                )
+            if a.op.startswith("send"):
+                producer = actions[i - 1]
+                assert producer.is_compute and (producer.stage, producer.microbatch) == (
+                    a.stage,
+                    a.microbatch,
+                )
+                assert a.peer != rank
+
+
+def test_interleaved_places_stage_s_on_rank_s_mod_p():
+    schedule = build_schedule("interleaved", 4, 8, 2)
+    assert schedule.stage_to_rank == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert schedule.stages_on(1) == [1, 5]
+
+
+def test_zbv_is_a_v_with_local_handover_at_the_tip():
+    p = 4
+    schedule = build_schedule("zbv", p, 8)
+    assert schedule.virtual_stages == 2
+    assert schedule.stage_to_rank == [0, 1, 2, 3, 3, 2, 1, 0]
+    assert schedule.stage_to_rank[-1] == 0  # the loss is on rank 0, where the batch came in
+    tip = [a for a in schedule.actions[p - 1] if not a.is_compute and a.stage in (p - 1, p)]
+    # stage p-1 only sends backward (to rank p-2) and receives forward; stage p the mirror image
+    assert {a.op for a in tip if a.stage == p - 1} == {"recv_forward", "send_backward"}
+    assert {a.op for a in tip if a.stage == p} == {"send_forward", "recv_backward"}
+
+
+# ------------------------------------------------------------------------------------------- memory
+@pytest.mark.parametrize(("p", "m"), [(2, 1), (2, 8), (4, 2), (4, 8)])
+def test_peak_activations(p, m):
+    gpipe = validate_schedule(build_schedule("gpipe", p, m)).peak_activations
+    one_f_one_b = validate_schedule(build_schedule("1f1b", p, m)).peak_activations
+    zb_h1 = validate_schedule(build_schedule("zb-h1", p, m)).peak_activations
+    assert gpipe == [m] * p
+    assert one_f_one_b == [min(p - rank, m) for rank in range(p)]
+    # ZB-H1 keeps 1F1B's peak: no rank holds more than the first rank does in 1F1B.
+    assert max(zb_h1) == max(one_f_one_b)
+    assert all(peak <= p for peak in zb_h1)
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 2), (2, 8), (4, 4), (4, 8)])
+def test_interleaved_warm_up_is_megatrons(p, m):
+    v = 2
+    peaks = validate_schedule(build_schedule("interleaved", p, m, v)).peak_activations
+    assert peaks == [min(2 * (p - rank - 1) + (v - 1) * p + 1, m * v) for rank in range(p)]
+
+
+def test_zbv_holds_first_rank_1f1b_memory_in_half_size_chunks():
+    p = 4
+    peaks = validate_schedule(build_schedule("zbv", p, 8)).peak_activations
+    assert max(peaks) == 2 * p  # 2p chunks of half a rank's layers = 1F1B's p whole activations
+
+
+# ------------------------------------------------------------------------------------------- bubbles
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize(("p", "m", "v"), list(shapes("gpipe")))
+def test_gpipe_and_1f1b_bubble_is_exact(name, p, m, v):
+    assert simulated_bubble(build_schedule(name, p, m), TIMES) == pytest.approx(
+        (p - 1) / (m + p - 1), abs=1e-9
+    )
+
+
+@pytest.mark.parametrize(("name", "p", "m", "v"), [c for c in ALL if c[0] != "zbv" or c[2] >= c[1]])
+def test_simulated_bubble_matches_the_closed_form(name, p, m, v):
+    simulated = simulated_bubble(build_schedule(name, p, m, v), TIMES)
+    assert simulated == pytest.approx(theoretical_bubble(name, p, m, v), abs=1e-9)
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 1), (4, 2)])
+def test_zbv_closed_form_is_a_lower_bound_for_few_microbatches(p, m):
+    simulated = simulated_bubble(build_schedule("zbv", p, m), TIMES)
+    assert simulated >= theoretical_bubble("zbv", p, m) - 1e-9
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 2), (2, 8), (4, 4), (4, 8)])
+def test_interleaving_shrinks_the_bubble_by_about_one_over_v(p, m):
+    v = 2
+    plain = simulated_bubble(build_schedule("1f1b", p, m), TIMES)
+    interleaved = simulated_bubble(build_schedule("interleaved", p, m, v), TIMES)
+    assert interleaved < plain
+    # bubble time over ideal time is (p-1)/m for 1F1B and (p-1)/(v m) interleaved (Narayanan et al.)
+    assert interleaved / (1 - interleaved) == pytest.approx(plain / (1 - plain) / v)
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 1), (2, 8), (4, 2), (4, 4), (4, 8)])
+def test_zero_bubble_beats_1f1b(p, m):
+    assert simulated_bubble(build_schedule("zb-h1", p, m), TIMES) < simulated_bubble(
+        build_schedule("1f1b", p, m), TIMES
+    )
+
+
+def test_zb_h1_bubble_is_a_third_of_1f1b_in_ramp_time():
+    p, m = 4, 8
+    trace_1f1b = simulate_schedule(build_schedule("1f1b", p, m), TIMES)
+    trace_zb = simulate_schedule(build_schedule("zb-h1", p, m), TIMES)
+    work = 3 * m  # per rank, in forward times
+    assert trace_1f1b.step_times()[0] - work == pytest.approx(3 * (p - 1))
+    assert trace_zb.step_times()[0] - work == pytest.approx(p - 1)
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 1), (2, 4), (4, 1), (4, 8)])
+def test_naive_runs_one_rank_at_a_time(p, m):
+    trace = simulate_schedule(build_schedule("naive", p, m), TIMES)
+    spans = sorted(trace.select(lane="compute"), key=lambda s: s.start)
+    for before, after in zip(spans, spans[1:]):
+        assert after.start >= before.end - 1e-12
+    assert trace.bubble_fraction() == pytest.approx((p - 1) / p)
+
+
+def test_theoretical_bubble_formulas():
+    assert theoretical_bubble("naive", 4, 1) == pytest.approx(3 / 4)
+    assert theoretical_bubble("gpipe", 4, 8) == pytest.approx(3 / 11)
+    assert theoretical_bubble("1f1b", 4, 8) == pytest.approx(3 / 11)
+    assert theoretical_bubble("interleaved", 4, 8, 2) == pytest.approx(3 / 19)
+    assert theoretical_bubble("zb-h1", 4, 8) == pytest.approx(3 / 27)
+    assert theoretical_bubble("zbv", 4, 8) == pytest.approx(3 / 51)
+    assert theoretical_bubble("1f1b", 1, 8) == 0.0
+
+
+# ---------------------------------------------------------------------------------- broken schedules
+def one_f_one_b():
+    """p=2, m=2: rank 0 = F0 sF0 F1 sF1 rB0 B0 rB1 B1; rank 1 = rF0 F0 B0 sB0 rF1 F1 B1 sB1."""
+    return build_schedule("1f1b", 2, 2)
+
+
+def test_rejects_a_missing_backward():
+    schedule = one_f_one_b()
+    del schedule.actions[0][find(schedule, 0, "B1@s0")]
+    with pytest.raises(ScheduleError, match=r"rank 0: missing backward B1@s0"):
+        validate_schedule(schedule)
+
+
+def test_rejects_a_recv_without_its_send():
+    schedule = one_f_one_b()
+    del schedule.actions[0][find(schedule, 0, "send_forward F1@s0")]
+    with pytest.raises(ScheduleError) as err:
+        validate_schedule(schedule)
+    assert str(err.value) == "rank 1: recv_forward F1@s1 has no matching send_forward on rank 0"
+
+
+def test_rejects_a_send_without_its_recv():
+    schedule = one_f_one_b()
+    del schedule.actions[0][find(schedule, 0, "recv_backward B0@s0")]
+    with pytest.raises(
+        ScheduleError, match=r"rank 1: send_backward B0@s1 has no matching recv_backward on rank 0"
+    ):
+        validate_schedule(schedule)
+
+
+def test_rejects_a_compute_whose_remote_input_is_never_received():
+    schedule = one_f_one_b()
+    del schedule.actions[0][find(schedule, 0, "send_forward F1@s0")]
+    del schedule.actions[1][find(schedule, 1, "recv_forward F1@s1")]
+    with pytest.raises(
+        ScheduleError, match=r"rank 0: F1@s0 needs send_forward F1@s0, which rank 0 never issues"
+    ):
+        validate_schedule(schedule)
+
+
+def test_rejects_a_deadlock_and_names_every_waiting_rank():
+    schedule = one_f_one_b()
+    rank0 = schedule.actions[0]
+    # rank 0 now waits for microbatch 0's gradient before it has sent microbatch 0's activation
+    rank0.insert(1, rank0.pop(find(schedule, 0, "recv_backward B0@s0")))
+    with pytest.raises(ScheduleError) as err:
+        validate_schedule(schedule)
+    assert str(err.value) == (
+        "deadlock: rank 0 waits at recv_backward B0@s0 for send_backward B0@s1 on rank 1; "
+        "rank 1 waits at recv_forward F0@s1 for send_forward F0@s0 on rank 0"
+    )
+
+
+def test_rejects_a_send_before_the_compute_that_makes_its_tensor():
+    schedule = one_f_one_b()
+    rank0 = schedule.actions[0]
+    rank0[0], rank0[1] = rank0[1], rank0[0]
+    with pytest.raises(
+        ScheduleError, match=r"rank 0: send_forward F0@s0 waits for F0@s0, which comes after it on rank 0"
+    ):
+        validate_schedule(schedule)
+
+
+def test_rejects_a_compute_that_runs_before_its_recv():
+    schedule = one_f_one_b()
+    rank1 = schedule.actions[1]
+    rank1[0], rank1[1] = rank1[1], rank1[0]  # F0@s1 before recv_forward F0@s1
+    with pytest.raises(
+        ScheduleError, match=r"rank 1: F0@s1 waits for recv_forward F0@s1, which comes after it on rank 1"
+    ):
+        validate_schedule(schedule)
+
+
+def test_rejects_a_weight_gradient_before_its_input_gradient():
+    schedule = build_schedule("zb-h1", 2, 2)
+    rank1 = schedule.actions[1]
+    bi, w = find(schedule, 1, "Bi0@s1"), find(schedule, 1, "W0@s1")
+    rank1[bi], rank1[w] = rank1[w], rank1[bi]
+    with pytest.raises(
+        ScheduleError, match=r"rank 1: W0@s1 waits for Bi0@s1, which comes after it on rank 1"
+    ):
+        validate_schedule(schedule)
+
+
+def test_rejects_duplicates_misplaced_actions_wrong_peers_and_mixed_backwards():
+    schedule = one_f_one_b()
+    schedule.actions[0].append(Action("forward", 0, 1))
+    with pytest.raises(ScheduleError, match=r"rank 0: F1@s0 appears 2 times"):
+        validate_schedule(schedule)
+
+    schedule = one_f_one_b()
+    schedule.actions[1].append(Action("forward", 0, 1))
+    with pytest.raises(ScheduleError, match=r"rank 1: F1@s0 belongs to rank 0"):
+        validate_schedule(schedule)
+
+    schedule = one_f_one_b()
+    i = find(schedule, 0, "send_forward F0@s0")
+    schedule.actions[0][i] = Action("send_forward", 0, 0, peer=0)
+    with pytest.raises(
+        ScheduleError, match=r"rank 0: send_forward F0@s0 names peer 0, but stage 1 is on rank 1"
+    ):
+        validate_schedule(schedule)
+
+    schedule = build_schedule("zbv", 2, 2)  # stages 1 and 2 both live on rank 1
+    schedule.actions[1].insert(find(schedule, 1, "F0@s1") + 1, Action("send_forward", 1, 0, peer=1))
+    with pytest.raises(ScheduleError, match=r"rank 1: send_forward F0@s1 talks to stage 2 on the same rank"):
+        validate_schedule(schedule)
+
+    schedule = build_schedule("zb-h1", 2, 2)
+    i = find(schedule, 0, "W1@s0")
+    schedule.actions[0][i] = Action("backward", 0, 1)
+    with pytest.raises(ScheduleError, match=r"rank 0: B1@s0 mixes a full backward"):
+        validate_schedule(schedule)
+
+
+def test_rejects_a_schedule_with_the_wrong_number_of_ranks():
+    schedule = one_f_one_b()
+    broken = Schedule(schedule.name, 2, 2, 1, schedule.stage_to_rank, schedule.actions[:1])
+    with pytest.raises(ScheduleError, match="one action list per rank"):
+        validate_schedule(broken)
+
+
+# ------------------------------------------------------------------------------------- bad arguments
+def test_unknown_schedule_lists_the_choices():
+    with pytest.raises(ValueError, match=r"unknown pipeline schedule 'pipedream'.*gpipe, 1f1b, interleaved"):
+        build_schedule("pipedream", 2, 4)
+    with pytest.raises(ValueError, match="choose one of"):
+        theoretical_bubble("pipedream", 2, 4)
+
+
+def test_interleaved_needs_divisible_microbatches_and_several_chunks():
+    with pytest.raises(
+        ValueError, match=r"divisible by stages: 6 % 4 != 0; microbatch counts that fit: \[4, 8, 12\]"
+    ):
+        build_schedule("interleaved", 4, 6, 2)
+    with pytest.raises(ValueError, match="virtual_stages >= 2"):
+        build_schedule("interleaved", 4, 8, 1)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("1f1b", 0, 4), "stages must be an integer >= 1, got 0"),
+        (("1f1b", 2, 0), "microbatches must be an integer >= 1, got 0"),
+        (("gpipe", 2, 4, 0), "virtual_stages must be an integer >= 1, got 0"),
+        (("gpipe", 2, 4, 2), "gpipe has one stage per rank; virtual_stages=2 needs interleaved or zbv"),
+        (("zbv", 2, 4, 3), "zbv always runs 2 chunks per rank"),
+    ],
+)
+def test_bad_arguments(args, message):
+    with pytest.raises(ValueError, match=message):
+        build_schedule(*args)
+
+
+def test_action_names_and_ops():
+    assert str(Action("forward", 1, 3)) == "F3@s1"
+    assert str(Action("backward_input", 1, 3)) == "Bi3@s1"
+    assert str(Action("backward_weight", 1, 3)) == "W3@s1"
+    assert str(Action("recv_backward", 0, 2, peer=1)) == "recv_backward B2@s0"
+    with pytest.raises(ValueError, match="unknown action op 'fwd'"):
+        Action("fwd", 0, 0)
