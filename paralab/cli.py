@@ -7,6 +7,7 @@ stderr, no process started); 1 a run that failed (which rank, what it raised).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -37,6 +38,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--optimizer", default="adam", choices=("adam", "sgd"))
     p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket cap in MB (torch's default 25)")
+    p.add_argument("--hierarchical", action="store_true",
+                   help="ddp: reduce-scatter in the node, all-reduce across nodes, all-gather in the node")
+    p.add_argument("--nodes", type=int, default=1, help="emulated nodes for local launches (torchrun: real nodes)")
     p.add_argument("--dp", type=int, default=0, help="data-parallel degree (hybrid)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
     p.add_argument("--pp", type=int, default=1, help="pipeline stages")
@@ -57,7 +61,7 @@ def config_from_args(args) -> RunConfig:
         args.model,
         strategy=args.strategy, world_size=args.world_size, steps=args.steps, global_batch=args.global_batch,
         seed=args.seed, device=args.device, lr=args.lr, optimizer=args.optimizer, bucket_mb=args.bucket_mb,
-        dp=args.dp, tp=args.tp, pp=args.pp, schedule=args.schedule, microbatches=args.microbatches,
+        hierarchical=args.hierarchical, nodes=args.nodes, dp=args.dp, tp=args.tp, pp=args.pp, schedule=args.schedule, microbatches=args.microbatches,
         virtual_stages=args.virtual_stages, sequence_parallel=args.sequence_parallel, timeout_s=args.timeout,
         trace=not args.no_trace, fault=args.fail,
     )
@@ -131,6 +135,25 @@ def cmd_merge(args) -> int:
     return EXIT_OK
 
 
+def cmd_nodes(args) -> int:
+    from paralab.runtime.multinode import run_local_nodes
+    from paralab.runtime.result import RunError
+
+    run_args = args.run_args[1:] if args.run_args[:1] == ["--"] else args.run_args
+    try:
+        cfg = config_from_args(build_parser().parse_args(["run", *run_args]))
+        dataclasses.replace(cfg, world_size=args.nnodes * args.nproc_per_node, nodes=args.nnodes).validate()
+        run = run_local_nodes(run_args, args.nnodes, args.nproc_per_node, trace_dir=args.trace_dir)
+    except ConfigError as exc:
+        print(f"paralab: invalid configuration: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    except RunError as exc:
+        print(f"paralab: run failed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(json.dumps(run.summary) if args.json else format_summary(run.summary))
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     # argparse itself exits 2 on bad arguments, which is paralab's 'invalid' code too.
     parser = argparse.ArgumentParser(prog="paralab", description="Run, trace and simulate parallel training.")
@@ -143,6 +166,14 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("-o", "--output", required=True)
     merge.add_argument("--chrome", action="store_true", help="write Chrome trace format (Perfetto)")
     merge.set_defaults(func=cmd_merge)
+    nodes = sub.add_parser("nodes", help="run as several local torchrun agents, one per emulated node",
+                           description="paralab nodes --nnodes 2 --nproc-per-node 2 -- --strategy ddp --hierarchical")
+    nodes.add_argument("--nnodes", type=int, default=2)
+    nodes.add_argument("--nproc-per-node", type=int, default=2)
+    nodes.add_argument("--trace-dir", help="where the per-rank traces go (default: a temporary directory)")
+    nodes.add_argument("--json", action="store_true")
+    nodes.add_argument("run_args", nargs=argparse.REMAINDER, help="options of `paralab run` after --")
+    nodes.set_defaults(func=cmd_nodes)
     _add_sim_commands(sub)
     return parser
 

@@ -28,6 +28,9 @@ from paralab.runtime import recorder as _recorder
 from paralab.trace import COMM
 
 ReduceOp = dist.ReduceOp
+# torch 2.13 renamed the flat-tensor collectives; older releases (2.4+) have only the first names.
+_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def wire_bytes(op: str, payload: int, group_size: int) -> int:
@@ -46,6 +49,16 @@ def wire_bytes(op: str, payload: int, group_size: int) -> int:
 
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
+
+
+def ring_successor(rank: int, group=None) -> int:
+    """The rank this rank sends to in a ring over the group (ranks in ascending order).
+
+    In a ring collective every rank sends all its wire bytes to its successor, so a span's bytes cross
+    nodes exactly when the successor lives on another node: a flat ring over two nodes of L ranks
+    crosses at 2 of its 2L links, a ring over one rank per node crosses at every link."""
+    ranks = sorted(_group_ranks(group))
+    return ranks[(ranks.index(rank) + 1) % len(ranks)]
 
 
 def _group_ranks(group) -> list[int]:
@@ -76,8 +89,8 @@ def _traced(op: str, payload: int, group, call, async_op: bool, peer: int | None
     rec = _recorder.active()
     handle = None
     if rec is not None:
-        ranks = [dist.get_rank(), peer] if peer is not None else _group_ranks(group)
-        n = len(ranks) if peer is None else 2
+        me = dist.get_rank()
+        n = 2 if peer is not None else len(_group_ranks(group))
         handle = rec.open(
             op,
             lane=COMM,
@@ -86,7 +99,7 @@ def _traced(op: str, payload: int, group, call, async_op: bool, peer: int | None
             payload_bytes=payload,
             group_size=n,
             peer=peer,
-            inter_node=len({rec.node_of(r) for r in ranks}) > 1,
+            inter_node=rec.node_of(me) != rec.node_of(peer if peer is not None else ring_successor(me, group)),
         )
     work = call(async_op)
     if async_op:
@@ -108,7 +121,7 @@ def all_gather(output: torch.Tensor, input: torch.Tensor, group=None, async_op: 
     """Concatenate every rank's ``input`` along dim 0 into ``output`` (n x input)."""
     return _traced(
         "all_gather", _nbytes(output), group,
-        lambda a: dist.all_gather_into_tensor(output, input, group=group, async_op=a), async_op, name=name,
+        lambda a: _all_gather_flat(output, input, group=group, async_op=a), async_op, name=name,
     )
 
 
@@ -117,7 +130,7 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor, op=ReduceOp.SUM, g
     """Sum ``input`` (n x output) across ranks; rank i keeps the i-th slice in ``output``."""
     return _traced(
         "reduce_scatter", _nbytes(input), group,
-        lambda a: dist.reduce_scatter_tensor(output, input, op=op, group=group, async_op=a), async_op, name=name,
+        lambda a: _reduce_scatter_flat(output, input, op=op, group=group, async_op=a), async_op, name=name,
     )
 
 

@@ -95,6 +95,8 @@ class RunConfig:
     optimizer: str = "adam"
     # data parallel
     bucket_mb: float = 25.0  # DDP bucket cap, torch's default
+    hierarchical: bool = False  # ddp: reduce-scatter in the node, all-reduce across nodes, all-gather
+    nodes: int = 1  # local launches: ranks split into this many emulated nodes (torchrun: real nodes)
     # pipeline / tensor / hybrid degrees (later strategies fill these in)
     dp: int = 0
     tp: int = 1
@@ -180,6 +182,10 @@ class RunConfig:
                 f"global batch {self.global_batch} is not divisible by the {dp} data-parallel ranks; "
                 f"global batches that fit: {fits}"
             )
+        if self.nodes < 1 or self.world_size % self.nodes:
+            raise ConfigError(f"{self.nodes} node(s) cannot split world size {self.world_size} evenly")
+        if self.hierarchical and self.strategy != "ddp":
+            raise ConfigError(f"hierarchical all-reduce is a ddp option, not {self.strategy!r}")
         if self.fault is not None and not 0 <= int(self.fault.get("rank", -1)) < self.world_size:
             raise ConfigError(f"fault rank must be in [0, {self.world_size}), got {self.fault}")
         from paralab.strategies import strategy_module

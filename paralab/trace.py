@@ -45,7 +45,7 @@ class Span:
     step: int | None = None
     microbatch: int | None = None
     stage: int | None = None
-    inter_node: bool = False
+    inter_node: bool = False  # the wire bytes leave the node (ring successor or peer on another node)
 
     @property
     def duration(self) -> float:

@@ -65,7 +65,7 @@ def run_rank(cfg: RunConfig, rank: int, world_size: int, local_rank: int, local_
         device_id=device if device.type == "cuda" else None,
     )
     try:
-        nodes = _node_map(world_size)
+        nodes = _node_map(cfg, rank, world_size)
         recorder = Recorder(rank, enabled=cfg.trace, cuda=device.type == "cuda", node_of=lambda r: nodes[r])
         if heartbeat is not None:
             recorder.on_step = heartbeat
@@ -89,9 +89,13 @@ def run_rank(cfg: RunConfig, rank: int, world_size: int, local_rank: int, local_
         dist.destroy_process_group()
 
 
-def _node_map(world_size: int) -> list[int]:
-    """Node index of every rank: torchrun's GROUP_RANK when several agents run, else 0."""
-    mine = int(os.environ.get("GROUP_RANK", os.environ.get("PARALAB_NODE", "0")))
+def _node_map(cfg: RunConfig, rank: int, world_size: int) -> list[int]:
+    """Node index of every rank: torchrun's GROUP_RANK (the agent's node rank) when torchrun started
+    us, else ``cfg.nodes`` emulated nodes of consecutive ranks on this machine."""
+    if "GROUP_RANK" in os.environ:
+        mine = int(os.environ["GROUP_RANK"])
+    else:
+        mine = rank // (world_size // cfg.nodes)
     nodes: list[int] = [0] * world_size
     dist.all_gather_object(nodes, mine)
     return nodes

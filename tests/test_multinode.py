@@ -1,0 +1,60 @@
+"""Multi-node DDP: nodes known per rank, intra/inter-node byte split, hierarchical all-reduce."""
+
+import pytest
+
+import paralab
+from paralab.runtime.multinode import run_local_nodes
+from tests.conftest import assert_close_rel
+
+
+def expected_inter_node_bytes(grad_bytes: int, nodes: int, per_node: int, hierarchical: bool) -> int:
+    """Bytes leaving nodes per step, over all ranks, under ring accounting.
+
+    Flat ring over N = nodes x per_node ranks (node-major order): each rank sends 2(N-1)/N of the
+    gradient to its successor, and exactly ``nodes`` of the N links cross a node boundary.
+    Hierarchical: the inter-node all-reduce runs on shards of 1/per_node, in per_node rings of
+    ``nodes`` ranks whose every link crosses nodes: per_node x nodes x 2(nodes-1)/nodes x grad/per_node.
+    """
+    n = nodes * per_node
+    if hierarchical:
+        return 2 * (nodes - 1) * grad_bytes
+    return nodes * 2 * (n - 1) * grad_bytes // n
+
+
+def test_hierarchical_all_reduce_same_losses_fewer_inter_node_bytes(no_leftover_ranks):
+    flat = paralab.run("ddp", 4, steps=3, nodes=2, bucket_mb=0.2)
+    tiered = paralab.run("ddp", 4, steps=3, nodes=2, bucket_mb=0.2, hierarchical=True)
+    assert_close_rel(tiered.losses, flat.losses)
+    grad_bytes = flat.config.model.param_count() * 4
+    flat_inter = flat.summary["comm_bytes_by_link"]["inter_node"]
+    tiered_inter = tiered.summary["comm_bytes_by_link"]["inter_node"]
+    assert flat_inter == pytest.approx(expected_inter_node_bytes(grad_bytes, 2, 2, False), abs=64)
+    assert tiered_inter == pytest.approx(expected_inter_node_bytes(grad_bytes, 2, 2, True), abs=64)
+    assert flat_inter / tiered_inter == pytest.approx(1.5, rel=1e-3)
+    assert set(tiered.summary["comm_bytes"]) == {"reduce_scatter", "all_reduce", "all_gather"}
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(world_size=2, hierarchical=True), "at least 2 nodes"),
+        (dict(world_size=4, nodes=3), "cannot split world size 4"),
+        (dict(world_size=4, nodes=2, hierarchical=True, strategy="dp"), "ddp option"),
+    ],
+)
+def test_bad_node_layouts_are_refused(kwargs, message):
+    kwargs = {"strategy": "ddp", **kwargs}
+    with pytest.raises(paralab.ConfigError, match=message):
+        paralab.run(**kwargs)
+
+
+@pytest.mark.timeout(300)
+def test_two_torchrun_agents_act_as_two_nodes(tmp_path):
+    run = run_local_nodes(["--strategy", "ddp", "--steps", "3", "--bucket-mb", "0.2", "--hierarchical"],
+                          nnodes=2, nproc_per_node=2, timeout_s=240, trace_dir=str(tmp_path))
+    nodes = {rank: info["node"] for rank, info in run.trace.meta["ranks"].items()}
+    assert sorted(nodes) == [0, 1, 2, 3] and sorted(set(nodes.values())) == [0, 1]
+    assert run.summary["comm_bytes_by_link"]["inter_node"] > 0
+    local = paralab.run("ddp", 4, steps=3, nodes=2, bucket_mb=0.2, hierarchical=True)
+    assert_close_rel(run.losses, local.losses)
+    assert all("--rdzv-backend" in cmd for cmd in run.commands)
