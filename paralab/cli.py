@@ -1,4 +1,4 @@
-"""``paralab run | merge | simulate | plan`` — the shell face of paralab.
+"""``paralab run | nodes | merge | bench | simulate | plan`` — the shell face of paralab.
 
 Exit codes (a contract, see DESIGN.md): 0 success; 2 invalid configuration or arguments (message on
 stderr, no process started); 1 a run that failed (which rank, what it raised).
@@ -174,6 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
     nodes.add_argument("--json", action="store_true")
     nodes.add_argument("run_args", nargs=argparse.REMAINDER, help="options of `paralab run` after --")
     nodes.set_defaults(func=cmd_nodes)
+    from paralab import bench
+
+    bench_parser = sub.add_parser("bench", help="compare strategies' speed: interleaved runs, median ratios")
+    bench.add_bench_args(bench_parser)
+    bench_parser.set_defaults(func=bench.bench_main)
     _add_sim_commands(sub)
     return parser
 

@@ -1,0 +1,89 @@
+"""Speed comparisons that survive a noisy machine: interleaved runs, medians, ratios.
+
+Timings of the same run drift by 10-40% from launch to launch on a shared machine, so paralab never
+compares two numbers measured at different times. :func:`compare` runs every variant once per round,
+in turn (A, B, C, A, B, C, ...), takes each run's median step time (steps after the first), then the
+median over rounds, and reports every variant as a ratio against the first one.
+
+    paralab bench --variants ddp torch_ddp --world-size 2 --model small --rounds 3
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Variant:
+    label: str
+    options: dict  # arguments of paralab.run
+
+    @classmethod
+    def of(cls, label: str | None = None, **options) -> Variant:
+        return cls(label or options.get("strategy", "run"), options)
+
+
+@dataclass
+class Comparison:
+    variants: list[Variant]
+    step_times: dict[str, list[float]] = field(default_factory=dict)  # label -> one median per round
+    summaries: dict[str, dict] = field(default_factory=dict)  # label -> summary of its last run
+
+    def median(self, label: str) -> float:
+        return statistics.median(self.step_times[label])
+
+    def ratio(self, label: str, reference: str | None = None) -> float:
+        return self.median(label) / self.median(reference or self.variants[0].label)
+
+    def table(self) -> str:
+        """A markdown table: median step time and the ratio to the first variant."""
+        ref = self.variants[0].label
+        rows = ["| variant | median step (s) | rounds | ratio to " + ref + " |", "|---|---|---|---|"]
+        for v in self.variants:
+            rows.append(f"| {v.label} | {self.median(v.label):.4f} | {len(self.step_times[v.label])} | "
+                        f"{self.ratio(v.label):.3f}x |")
+        return "\n".join(rows)
+
+
+def compare(variants: list[Variant], rounds: int = 3, common: dict | None = None) -> Comparison:
+    """Run each variant ``rounds`` times, interleaved; ``common`` options apply to every run."""
+    import paralab
+
+    labels = [v.label for v in variants]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"variant labels must differ, got {labels}")
+    result = Comparison(variants, {v.label: [] for v in variants})
+    for _ in range(rounds):
+        for v in variants:
+            run = paralab.run(**{**(common or {}), **v.options})
+            result.step_times[v.label].append(run.summary["step_time_s"])
+            result.summaries[v.label] = run.summary
+    return result
+
+
+def add_bench_args(parser) -> None:
+    parser.add_argument("--variants", nargs="+", required=True, metavar="STRATEGY",
+                        help="strategies to compare; the first is the reference of the ratios")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--global-batch", type=int, default=8)
+
+
+def bench_main(args) -> int:
+    from paralab.config import ConfigError, RunConfig
+
+    common = dict(world_size=args.world_size, steps=args.steps, model=args.model, global_batch=args.global_batch)
+    try:
+        for strategy in args.variants:
+            opts = {k: v for k, v in common.items() if k != "model"}
+            RunConfig.build(args.model, strategy=strategy, **opts).validate()
+    except ConfigError as exc:
+        import sys
+
+        print(f"paralab: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    print(compare([Variant.of(strategy=s) for s in args.variants], args.rounds, common).table())
+    return 0
