@@ -1,0 +1,161 @@
+"""``paralab simulate`` and ``paralab plan``: argparse wiring around predict and plan.
+
+Both print a short report, or one JSON object with ``--json`` (keys per docs DESIGN.md). Bad input
+(degrees that do not divide, a model that fits nowhere, an unknown preset or hardware) prints what
+is wrong and what would fit on stderr and returns 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+from paralab.sim import cost, counting, planner
+from paralab.sim.hardware import NAMES as HARDWARE_NAMES
+from paralab.sim.hardware import get_hardware
+from paralab.sim.presets import MODELS, get_model
+from paralab.sim.specs import DTYPE_BYTES, RECOMPUTE, SCHEDULES, ModelSpec, ParallelSpec, SpecError
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("model (a preset, or a shape)")
+    g.add_argument("--model", help=f"preset: {', '.join(MODELS)}")
+    for flag in ("layers", "hidden", "heads", "ffn", "vocab", "seq", "kv-heads"):
+        g.add_argument(f"--{flag}", type=int, help="overrides the preset's value" if flag != "kv-heads" else "GQA KV heads")
+    g.add_argument("--dtype", choices=sorted(DTYPE_BYTES), help="training dtype (default bf16)")
+    parser.add_argument("--hardware", default="a100", help=f"one of {', '.join(HARDWARE_NAMES)} (default a100)")
+    parser.add_argument("--global-batch", type=int, help="sequences per step")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def add_simulate_args(parser: argparse.ArgumentParser) -> None:
+    _add_model_args(parser)
+    parser.add_argument("--gpus", type=int, help="total GPUs; dp defaults to gpus / (tp x pp)")
+    parser.add_argument("--micro-batch", type=int, default=1)
+    parser.add_argument("--dp", type=int)
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--pp", type=int, default=1)
+    parser.add_argument("--virtual-stages", type=int, default=1)
+    parser.add_argument("--schedule", default="1f1b", help=f"one of {', '.join(SCHEDULES)}")
+    parser.add_argument("--microbatches", type=int, help="per data-parallel rank (default from --global-batch)")
+    parser.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
+    parser.add_argument("--sequence-parallel", action="store_true")
+    parser.add_argument("--recompute", default="none", choices=RECOMPUTE)
+
+
+def add_plan_args(parser: argparse.ArgumentParser) -> None:
+    _add_model_args(parser)
+    parser.add_argument("--gpus", type=int, required=True, help="total GPUs to plan for")
+    parser.add_argument("--top", type=int, default=10, help="how many configurations to list")
+
+
+def _model(args) -> ModelSpec:
+    shape = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "ffn", "vocab", "seq")}
+    shape["kv_heads"] = args.kv_heads
+    given = {k: v for k, v in shape.items() if v is not None}
+    if args.dtype:
+        given["dtype"] = args.dtype
+    if args.model:
+        return get_model(args.model).replace(**given)
+    missing = [k for k in ("layers", "hidden", "heads") if k not in given]
+    if missing:
+        raise SpecError(f"give --model PRESET or a shape; missing --{', --'.join(missing)} (presets: {', '.join(MODELS)})")
+    return ModelSpec(**given)
+
+
+def _fail(message: str) -> int:
+    print(f"paralab: {message}", file=sys.stderr)
+    return 2
+
+
+def _fits_hint(model: ModelSpec, gpus: int, hw, global_batch: int | None) -> str:
+    """What would fit: the planner's best few on these GPUs, or how many GPUs the model needs."""
+    ranked = planner.plan(model, gpus, hw, global_batch, top=3, refine=0)
+    if ranked:
+        return "configurations that fit on {} GPUs:\n  {}".format(gpus, "\n  ".join(planner.describe(p.parallel) for p in ranked))
+    return _needs(model, hw)
+
+
+def _needs(model: ModelSpec, hw) -> str:
+    """Lower bound on GPUs: fully sharded model states (16 bytes per parameter) must fit in usable memory."""
+    states = 16 * counting.parameter_counts(model)["total"]
+    least = 2 ** math.ceil(math.log2(max(states / cost.usable_memory(hw), 1)))
+    return (f"{model.name} needs at least {least} {hw.name} GPUs: its model states alone are "
+            f"{states / 1e9:.0f} GB against {cost.usable_memory(hw) / 1e9:.0f} GB usable per GPU")
+
+
+def simulate_main(args) -> int:
+    try:
+        model, hw = _model(args), get_hardware(args.hardware)
+    except SpecError as err:
+        return _fail(str(err))
+    tp, pp = args.tp, args.pp
+    dp = args.dp or (args.gpus // (tp * pp) if args.gpus and args.gpus % (tp * pp) == 0 else 1)
+    gpus = args.gpus or dp * tp * pp
+    parallel = ParallelSpec(
+        dp=dp, tp=tp, pp=pp, virtual_stages=args.virtual_stages, schedule=args.schedule,
+        microbatches=args.microbatches or 0, micro_batch=args.micro_batch, global_batch=args.global_batch or 0,
+        zero=args.zero, sequence_parallel=args.sequence_parallel, recompute=args.recompute,
+    )  # fmt: skip
+    problems = model.problems() or parallel.problems(model, gpus)
+    if problems:
+        hint = _fits_hint(model, gpus, hw, args.global_batch) if not model.problems() else ""
+        return _fail("invalid configuration: " + "; ".join(problems) + (f"\n{hint}" if hint else ""))
+    pred = cost.predict(model, parallel, hw)
+    if not pred.fits:
+        need = pred.memory_bytes_per_gpu["total"] / 2**30
+        return _fail(
+            f"does not fit: {need:.1f} GiB per GPU > {cost.usable_memory(hw) / 2**30:.1f} GiB usable on {hw.name}\n"
+            + _fits_hint(model, gpus, hw, args.global_batch)
+        )
+    out = pred.to_dict()
+    out.update(model=model.name, hardware=hw.name, gpus=gpus, config=planner.describe(pred.parallel),
+               dp=dp, tp=tp, pp=pp, schedule=parallel.schedule, microbatches=pred.parallel.microbatches,
+               global_batch=pred.parallel.global_batch)  # fmt: skip
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(_report(out))
+    return 0
+
+
+def _report(out: dict) -> str:
+    mem = out["memory_bytes_per_gpu"]
+    return "\n".join([
+        f"{out['model']} on {out['gpus']} x {out['hardware']}: {out['config']}",
+        f"  step {out['step_time_s']:.3f} s, {out['tokens_per_s']:,.0f} tokens/s, {out['tflops_per_gpu']:.1f} TFLOP/s per GPU, "
+        f"MFU {out['mfu']:.1%}, HFU {out['hfu']:.1%}, bubble {out['bubble_fraction']:.1%}",
+        "  memory per GPU (GiB): " + ", ".join(f"{k} {v / 2**30:.1f}" for k, v in mem.items()),
+        "  wire bytes per GPU per step (GB): " + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in out["comm_bytes_per_gpu"].items()),
+    ])  # fmt: skip
+
+
+def plan_main(args) -> int:
+    try:
+        model, hw = _model(args), get_hardware(args.hardware)
+    except SpecError as err:
+        return _fail(str(err))
+    if model.problems():
+        return _fail("invalid model: " + "; ".join(model.problems()))
+    if args.gpus < 1:
+        return _fail(f"--gpus must be >= 1, got {args.gpus}")
+    ranked = planner.plan(model, args.gpus, hw, args.global_batch, top=args.top)
+    if not ranked:
+        return _fail(f"nothing fits on {args.gpus} {hw.name} GPUs; " + _needs(model, hw))
+    sentences = planner.explain(ranked)
+    if args.json:
+        rows = [dict(p.to_dict(), config=planner.describe(p.parallel), **_degrees(p.parallel)) for p in ranked]
+        print(json.dumps({"model": model.name, "gpus": args.gpus, "hardware": hw.name, "ranked": rows, "explain": sentences}))
+        return 0
+    for i, p in enumerate(ranked, 1):
+        print(f"{i:2d}. {p.tflops_per_gpu:6.1f} TFLOP/s/GPU  {p.memory_bytes_per_gpu['total'] / 2**30:5.1f} GiB  {planner.describe(p.parallel)}")
+    print("\n".join(sentences))
+    return 0
+
+
+def _degrees(p: ParallelSpec) -> dict:
+    keys = ("dp", "tp", "pp", "virtual_stages", "schedule", "microbatches", "micro_batch", "global_batch",
+            "zero", "sequence_parallel", "recompute")  # fmt: skip
+    return {k: getattr(p, k) for k in keys}

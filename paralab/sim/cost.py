@@ -1,0 +1,399 @@
+"""The cost model: one training step's time, memory and traffic, predicted from shapes and hardware.
+
+How a step is timed, bottom up:
+
+1. Matmuls (the FLOPs of :mod:`paralab.sim.counting`) run at a shape-dependent share of peak: each
+   dimension d costs a factor d / (d + d_half) (small GEMMs cannot fill the machine), capped by the
+   roofline of their memory traffic. Elementwise work (norms, activation, softmax, dropout) is
+   memory-bound: it writes each stored activation of Korthikanti et al. 2022 Table 2 once in the
+   forward and reads it back, twice that in the backward.
+2. Collectives cost alpha-beta on the link they cross: ``steps x latency + wire bytes / bandwidth``
+   with ring wire bytes. Ranks are laid out as Megatron-LM does (tp fastest, then dp, then pp), so a
+   group of stride k has gpus_per_node / k members per node; a group that spans nodes gets one NIC
+   per member per node. Tensor-parallel collectives sit on the critical path of every layer.
+3. Per-stage forward and backward durations (a chunk's layers, plus the embedding on the first stage
+   and the output layer and loss on the last) drive the schedule event simulator of
+   :mod:`paralab.sim.events` on the real schedule data, so bubbles come from the schedule itself.
+4. The data-parallel gradient reduction overlaps the last microbatch's backward (only that one: with
+   gradient accumulation the earlier ones are not final), the optimizer step is memory-bound, and
+   ZeRO-1/2 all-gather the updated parameters after it.
+
+``predict`` returns the headline numbers; ``predict_trace`` the simulated timeline as a Trace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from paralab.schedules import build_schedule, theoretical_bubble
+from paralab.sim import counting
+from paralab.sim.events import simulate_schedule
+from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec, SpecError
+from paralab.trace import COMM, COMPUTE, STEP, Span, Trace
+
+OPTIMIZER_BYTES_TOUCHED = 28  # per parameter: read grad, read/write master, m and v, write the 16-bit copy
+
+
+# --------------------------------------------------------------------------------------- primitives
+
+
+def gemm_time(hw: HardwareSpec, flops_peak: float, m: float, n: float, k: float, batch: float = 1, nbytes: int = 2) -> float:
+    """Seconds for ``batch`` (m x k) @ (k x n) matmuls: shape-scaled peak, memory roofline, launch cost."""
+    half = hw.matmul_half_dim
+    efficiency = hw.matmul_max_efficiency * (m / (m + half)) * (n / (n + half)) * (k / (k + half))
+    compute = 2 * batch * m * n * k / (flops_peak * efficiency)
+    memory = batch * (m * k + k * n + m * n) * nbytes / hw.memory_bandwidth
+    return max(compute, memory) + hw.kernel_overhead_s
+
+
+def collective_time(hw: HardwareSpec, op: str, payload: float, group: int, stride: int) -> float:
+    """Alpha-beta time of a ring collective among ``group`` ranks spaced ``stride`` apart."""
+    if group <= 1:
+        return 0.0
+    per_node = max(1, min(group, hw.gpus_per_node // stride))
+    inter = per_node < group
+    bandwidth = min(hw.intra_bw, per_node * hw.inter_bw) if inter else hw.intra_bw
+    latency = hw.inter_latency if inter else hw.intra_latency
+    steps = 2 * (group - 1) if op == "all_reduce" else group - 1
+    return steps * latency + counting.ring_wire_bytes(op, payload, group) / bandwidth
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    """Seconds per microbatch of one pipeline stage (model chunk) on one GPU.
+
+    ``backward`` is the full backward (recompute included); zero-bubble schedules split it into
+    ``backward_input`` (recompute, input gradients, tp collectives) and ``backward_weight`` (the
+    weight-gradient GEMMs), which add up to it. ``tp_comm`` is the tensor-parallel share of F + B.
+    """
+
+    forward: float
+    backward_input: float
+    backward_weight: float
+    tp_comm: float = 0.0
+
+    @property
+    def backward(self) -> float:
+        return self.backward_input + self.backward_weight
+
+
+def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> list[StageTimes]:
+    """Per-microbatch durations of every stage (pp x v of them), from the layer's GEMMs, traffic and collectives."""
+    p = parallel.resolved()
+    world = p.world_size
+    peak = hw.peak(model.dtype) / (world if hw.shared_compute else 1)
+    bw_share = world if hw.shared_compute else 1
+    t, b, s, h = p.tp, p.micro_batch, model.seq, model.hidden
+    tokens, nbytes = b * s, model.dtype_bytes
+    mlp_in = 2 * model.ffn if model.gated_mlp else model.ffn
+    heads = model.heads // t
+
+    def gemm(m_, n_, k_, batch=1):
+        return gemm_time(hw, peak, m_, n_, k_, batch, nbytes)
+
+    linear = (
+        gemm(tokens, (h + 2 * model.kv_dim) / t, h)
+        + gemm(tokens, h, h / t)
+        + gemm(tokens, mlp_in / t, h)
+        + gemm(tokens, h, model.ffn / t)
+    )
+    core = gemm(s, s, model.head_dim, b * heads) + gemm(s, model.head_dim, s, b * heads)
+    act = counting.activation_bytes_per_layer(model, b, t, p.sequence_parallel, "none")
+    act_no_core = counting.activation_bytes_per_layer(model, b, t, p.sequence_parallel, "selective")
+    mem_bw = hw.memory_bandwidth / bw_share
+    elementwise, elementwise_core = 2 * act / mem_bw, 2 * (act - act_no_core) / mem_bw
+    ops = ("all_gather", "reduce_scatter") if p.sequence_parallel else ("all_reduce",)
+    tp_pair = 2 * sum(collective_time(hw, op, tokens * h * nbytes, t, 1) for op in ops)  # two per pass
+
+    forward = linear + core + elementwise + tp_pair
+    recompute = {"none": 0.0, "selective": core + elementwise_core, "full": forward}[p.recompute]
+    weight = linear  # one weight-gradient GEMM per forward weight GEMM
+    backward_input = recompute + linear + 2 * core + 2 * elementwise + tp_pair
+    tp_layer = tp_pair * (3 if p.recompute == "full" else 2)
+
+    chunks = p.pp * p.virtual_stages
+    per_chunk = model.layers // chunks
+    embed = 2 * tokens * h * nbytes / mem_bw
+    logits = gemm(tokens, model.vocab / t, h)
+    loss = 3 * tokens * model.vocab / t * 4 / mem_bw  # fp32 logits: write, softmax read and write
+    times = []
+    for stage in range(chunks):
+        f, bi, w = per_chunk * forward, per_chunk * backward_input, per_chunk * weight
+        if stage == 0:
+            f, bi = f + embed, bi + embed
+        if stage == chunks - 1:
+            f, bi, w = f + logits + loss, bi + logits + loss, w + logits
+        times.append(StageTimes(f, bi, w, per_chunk * tp_layer))
+    if p.pp == 1 and p.zero >= 2 and p.dp > 1:  # ZeRO-2/3 collectives per microbatch, prefetched under compute
+        times = [_zero_overlapped(st, model, p, hw) for st in times]
+    return times
+
+
+def _zero_overlapped(st: StageTimes, model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> StageTimes:
+    pb, gb, _ = counting.OPTIMIZER_BYTES[p.optimizer]
+    params = counting.stage_params(model, p, 0)
+    rs = collective_time(hw, "reduce_scatter", params * gb, p.dp, p.tp)
+    ag = collective_time(hw, "all_gather", params * pb, p.dp, p.tp) if p.zero == 3 else 0.0
+    forward = max(st.forward, ag)
+    backward = max(st.backward, ag + rs)
+    return StageTimes(forward, backward - st.backward_weight, st.backward_weight, st.tp_comm)
+
+
+def p2p_time(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> float:
+    """Seconds from a stage's send to the next stage holding the activation (Narayanan et al. 2021).
+
+    With tp > 1 each of the t GPUs sends 1/t of it over its own link and the receivers all-gather it
+    over NVLink (their scatter/gather optimisation). The pipeline crosses nodes when t x dp x pp
+    ranks do not fit in one node.
+    """
+    p = parallel.resolved()
+    act = model.seq * p.micro_batch * model.hidden * model.dtype_bytes
+    inter = p.tp * p.dp * p.pp > hw.gpus_per_node
+    bandwidth, latency = (hw.inter_bw, hw.inter_latency) if inter else (hw.intra_bw, hw.intra_latency)
+    return latency + act / p.tp / bandwidth + collective_time(hw, "all_gather", act, p.tp, 1)
+
+
+# -------------------------------------------------------------------------------------------- predict
+
+
+@dataclass
+class Prediction:
+    """Headline numbers of one predicted step (``to_dict`` gives the ``paralab simulate --json`` keys).
+
+    ``tflops_per_gpu`` counts hardware FLOPs (recompute included), as Narayanan et al. 2021 report it;
+    ``mfu`` uses model FLOPs and ``hfu`` hardware FLOPs (Korthikanti et al. 2022, sec. 5).
+    ``flops_per_step`` is the hardware count.
+    """
+
+    step_time_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    mfu: float
+    hfu: float
+    bubble_fraction: float
+    memory_bytes_per_gpu: dict[str, float]
+    comm_bytes_per_gpu: dict[str, float]
+    params: int
+    model_flops_per_step: float
+    hardware_flops_per_step: float
+    breakdown_s: dict[str, float] = field(default_factory=dict)
+    parallel: ParallelSpec | None = None
+    fits: bool = True
+
+    @property
+    def flops_per_step(self) -> float:
+        return self.hardware_flops_per_step
+
+    def to_dict(self) -> dict:
+        out = {k: v for k, v in self.__dict__.items() if k != "parallel"}
+        out["flops_per_step"] = self.flops_per_step
+        out["memory_bytes_per_gpu"] = {k: int(v) for k, v in self.memory_bytes_per_gpu.items()}
+        out["comm_bytes_per_gpu"] = {k: int(v) for k, v in self.comm_bytes_per_gpu.items()}
+        return out
+
+
+def memory_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]:
+    """Bytes per GPU at the peak: model states (ZeRO) of the heavier end stage plus first-rank activations."""
+    p = parallel.resolved()
+    params = max(counting.stage_params(model, p, 0), counting.stage_params(model, p, p.pp - 1))
+    states = counting.model_state_bytes(params, p.dp, p.zero, p.optimizer)
+    states["activations"] = counting.activation_bytes_per_gpu(model, p)
+    states["total"] = sum(states.values())
+    return states
+
+
+def check(model: ModelSpec, parallel: ParallelSpec, gpus: int | None = None) -> ParallelSpec:
+    """The resolved spec, or SpecError listing every conflict."""
+    problems = model.problems() or parallel.problems(model, gpus)
+    if problems:
+        raise SpecError("; ".join(problems))
+    return parallel.resolved()
+
+
+def predict(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec, simulate: bool = True) -> Prediction:
+    """Predict one training step. ``simulate=False`` uses closed-form bubbles (fast, for the planner)."""
+    p = check(model, parallel)
+    times = stage_times(model, p, hw)
+    if simulate:
+        trace = _pipeline_trace(model, p, hw, times)
+        finish, bubble = _finish_times(trace, p), _pipeline_bubble(trace, p)
+    else:
+        finish, bubble = _estimate_finish(model, p, hw, times)
+    return _assemble(model, p, hw, times, finish, bubble)
+
+
+def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> Trace:
+    """The simulated step as a Trace: pipeline spans, data-parallel reduction, optimizer, step windows.
+
+    Rank r of the trace is pipeline rank r (first tensor- and data-parallel replica; the others run
+    the same timeline). Tensor-parallel collectives are inside the compute spans.
+    """
+    p = check(model, parallel)
+    times = stage_times(model, p, hw)
+    trace = _pipeline_trace(model, p, hw, times)
+    finish = _finish_times(trace, p)
+    prediction = _assemble(model, p, hw, times, finish, _pipeline_bubble(trace, p))
+    spans = [s for s in trace.spans if s.lane != STEP]
+    for rank, (last_start, last_end) in enumerate(finish):
+        sync = _grad_sync(model, p, hw, rank)
+        start, end = _sync_window(p, sync, last_start, last_end)
+        if sync["reduce"][0]:
+            spans.append(Span(rank, COMM, sync["reduce"][1], start, end, name="gradient reduction", step=0,
+                              bytes=int(sync["reduce"][2]), group_size=p.dp, inter_node=sync["inter"]))
+        opt_end = end + sync["optimizer"]
+        spans.append(Span(rank, COMPUTE, "optimizer", end, opt_end, name="optimizer step", step=0))
+        if sync["gather"][0]:
+            spans.append(Span(rank, COMM, "all_gather", opt_end, opt_end + sync["gather"][0], name="parameter all-gather",
+                              step=0, bytes=int(sync["gather"][1]), group_size=p.dp, inter_node=sync["inter"]))
+    makespan = prediction.step_time_s
+    spans += [Span(r, STEP, "step", 0.0, makespan, name="step 0", step=0) for r in range(p.pp)]
+    meta = dict(trace.meta, tokens_per_step=p.global_batch * model.seq, prediction=prediction.to_dict())
+    return Trace(spans=sorted(spans, key=lambda s: (s.start, s.rank)), meta=meta)
+
+
+def _schedule_name(p: ParallelSpec) -> str:
+    if p.schedule == "interleaved" and p.virtual_stages == 1:
+        return "1f1b"  # one chunk per rank: the interleaved schedule is 1F1B
+    return p.schedule
+
+
+@lru_cache(maxsize=16)
+def _schedule(name: str, pp: int, microbatches: int, virtual_stages: int):
+    """Schedules are read-only data here, so one build serves every prediction with the same shape."""
+    return build_schedule(name, pp, microbatches, virtual_stages)
+
+
+def _pipeline_trace(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, times: list[StageTimes]) -> Trace:
+    schedule = _schedule(_schedule_name(p), p.pp, p.microbatches, p.virtual_stages)
+
+    def duration(action) -> float:
+        return getattr(times[action.stage], action.op)
+
+    act = model.seq * p.micro_batch * model.hidden * model.dtype_bytes
+    return simulate_schedule(schedule, duration, p2p_time(model, p, hw), activation_bytes=act // p.tp)
+
+
+def _finish_times(trace: Trace, p: ParallelSpec) -> list[tuple[float, float]]:
+    """Per pipeline rank: (start, end) of its last backward (or weight-gradient) pass."""
+    last: dict[int, Span] = {}
+    for s in trace.spans:
+        if s.lane == COMPUTE and s.kind in ("backward", "backward_weight"):
+            if s.rank not in last or s.end > last[s.rank].end:
+                last[s.rank] = s
+    return [(last[r].start, last[r].end) for r in range(p.pp)]
+
+
+def _pipeline_bubble(trace: Trace, p: ParallelSpec) -> float:
+    """Idle share of the pipeline part of the step (before the gradient reduction), over all ranks."""
+    if p.pp == 1:
+        return 0.0
+    compute = [s for s in trace.spans if s.lane == COMPUTE]
+    makespan = max(s.end for s in compute)
+    return 1.0 - sum(s.duration for s in compute) / (p.pp * makespan)
+
+
+def _estimate_finish(model, p: ParallelSpec, hw, times: list[StageTimes]) -> tuple[list[tuple[float, float]], float]:
+    """Closed-form pipeline: the slowest rank's work m times, plus the schedule's ramp (its bubble).
+
+    With equal stages and free p2p this is exactly :func:`paralab.schedules.theoretical_bubble`:
+    1F1B/GPipe ramp (p-1)(F+B), interleaved (p-1)(F+B)/v (chunks are 1/v long), ZB-H1 (p-1)(F+Bi-W)
+    (Qi et al. 2023), naive no overlap at all; other schedules use their closed-form bubble.
+    """
+    pp, m, name = p.pp, p.microbatches, _schedule_name(p)
+    work = [0.0] * pp
+    for stage, st in enumerate(times):
+        work[stage % pp] += st.forward + st.backward
+    hop = 2 * p2p_time(model, p, hw) if pp > 1 else 0.0
+    mean = sum(st.forward + st.backward for st in times) / len(times)
+    if name == "naive":
+        makespan = m * (sum(work) + (pp - 1) * hop)
+    elif name == "zb-h1":
+        makespan = m * max(work) + (pp - 1) * (hop + sum(st.forward + st.backward_input - st.backward_weight for st in times) / len(times))
+    elif name in ("gpipe", "1f1b", "interleaved"):
+        makespan = m * max(work) + (pp - 1) * (mean + hop)
+    else:
+        makespan = m * max(work) / (1.0 - theoretical_bubble(name, pp, m, p.virtual_stages)) + (pp - 1) * hop
+    bubble = 1.0 - m * sum(work) / (pp * makespan) if pp > 1 else 0.0
+    return [(makespan - times[0].backward, makespan)] * pp, bubble
+
+
+def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int) -> dict:
+    """End-of-step data-parallel work of one pipeline rank: (seconds, op, wire bytes) rows and optimizer time."""
+    pb, gb, _ = counting.OPTIMIZER_BYTES[p.optimizer]
+    params = counting.stage_params(model, p, rank)
+    reduce_op = "all_reduce" if p.zero == 0 else "reduce_scatter"
+    reduce = (0.0, reduce_op, 0.0)
+    gather = (0.0, 0.0)
+    if p.dp > 1 and p.zero <= 1:
+        reduce = (collective_time(hw, reduce_op, params * gb, p.dp, p.tp), reduce_op,
+                  counting.ring_wire_bytes(reduce_op, params * gb, p.dp))
+    if p.dp > 1 and p.zero in (1, 2):
+        gather = (collective_time(hw, "all_gather", params * pb, p.dp, p.tp),
+                  counting.ring_wire_bytes("all_gather", params * pb, p.dp))
+    local = params / (p.dp if p.zero >= 1 else 1)
+    share = p.world_size if hw.shared_compute else 1
+    optimizer = OPTIMIZER_BYTES_TOUCHED * local / (hw.memory_bandwidth / share) + hw.kernel_overhead_s
+    inter = p.dp * p.tp > hw.gpus_per_node
+    return {"reduce": reduce, "gather": gather, "optimizer": optimizer, "inter": inter, "params": params}
+
+
+def _sync_window(p: ParallelSpec, sync: dict, last_start: float, last_end: float) -> tuple[float, float]:
+    """When the gradient reduction runs: under the last backward when overlapped, else after it.
+
+    Overlapped reduction starts with the last backward (buckets fill from the last layer down) and
+    cannot finish before that backward ends plus the last bucket's share (a 1/8 tail, as with a
+    few DDP buckets).
+    """
+    seconds = sync["reduce"][0]
+    if not seconds:
+        return last_end, last_end
+    if p.overlap_grad_reduce:
+        return last_start, max(last_start + seconds, last_end + seconds / 8)
+    return last_end, last_end + seconds
+
+
+def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: float) -> Prediction:
+    step = 0.0
+    exposed = optimizer = 0.0
+    for rank, (last_start, last_end) in enumerate(finish):
+        sync = _grad_sync(model, p, hw, rank)
+        _, end = _sync_window(p, sync, last_start, last_end)
+        rank_end = end + sync["optimizer"] + sync["gather"][0]
+        if rank_end > step:
+            step = rank_end
+            exposed = end - last_end + sync["gather"][0]
+            optimizer = sync["optimizer"]
+    pipeline = max(e for _, e in finish)
+    flops = counting.flops_per_step(model, p.global_batch, p.recompute)
+    world = p.world_size
+    peak = hw.peak(model.dtype) * (1 if hw.shared_compute else world)
+    memory = memory_per_gpu(model, p)
+    per_rank_tp = p.microbatches * sum(st.tp_comm for st in times[:: p.pp])
+    return Prediction(
+        step_time_s=step,
+        tokens_per_s=p.global_batch * model.seq / step,
+        tflops_per_gpu=flops["hardware"] / step / world / 1e12,
+        mfu=flops["model"] / (step * peak),
+        hfu=flops["hardware"] / (step * peak),
+        bubble_fraction=bubble,
+        memory_bytes_per_gpu=memory,
+        comm_bytes_per_gpu=counting.comm_bytes_per_gpu(model, p),
+        params=counting.parameter_counts(model)["total"],
+        model_flops_per_step=flops["model"],
+        hardware_flops_per_step=flops["hardware"],
+        breakdown_s={
+            "pipeline": pipeline,
+            "bubble": bubble * pipeline,
+            "tp_comm": per_rank_tp,
+            "dp_comm_exposed": exposed,
+            "optimizer": optimizer,
+        },
+        parallel=p,
+        fits=memory["total"] <= usable_memory(hw),
+    )
+
+
+def usable_memory(hw: HardwareSpec) -> float:
+    """What a plan may fill: 90% of capacity (allocator fragmentation, workspaces, the CUDA context)."""
+    return 0.9 * hw.memory_bytes

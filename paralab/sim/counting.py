@@ -1,0 +1,277 @@
+"""Exact counts behind the cost model: parameters, FLOPs, memory and bytes on the wire.
+
+Every function says which paper its formula comes from. For GPT shapes they reduce exactly to the
+published closed forms (the tests check that); for Llama shapes (SwiGLU, GQA, RMSNorm, RoPE, untied
+embeddings) the same term-by-term counting is applied to the extra matrices, so nothing is
+approximated by "12 l h^2".
+
+Conventions: ``b`` micro-batch size (sequences), ``s`` sequence length, ``h`` hidden, ``a`` heads,
+``l`` layers, ``V`` vocabulary, ``t`` tensor-parallel degree. A FLOP is a multiply or an add, so a
+matmul of (m x k) by (k x n) costs 2mkn.
+"""
+
+from __future__ import annotations
+
+from paralab.sim.specs import ModelSpec, ParallelSpec
+
+# ------------------------------------------------------------------------------------------ parameters
+
+
+def layer_params(model: ModelSpec) -> dict[str, int]:
+    """Parameters of one transformer layer, by part.
+
+    GPT (Narayanan et al. 2021, eq. 2): QKV 3h^2 + 3h, output projection h^2 + h, MLP 8h^2 + 5h, two
+    LayerNorms 4h: 12h^2 + 13h. GQA narrows K and V to kv_heads x head_dim; a gated MLP has three
+    matrices (gate, up, down); RMSNorm has one vector per norm.
+    """
+    h, kv, f = model.hidden, model.kv_dim, model.ffn
+    bias = 1 if model.biases else 0
+    mlp_in = 2 * f if model.gated_mlp else f
+    return {
+        "attention": h * (h + 2 * kv) + bias * (h + 2 * kv) + h * h + bias * h,
+        "mlp": h * mlp_in + bias * mlp_in + f * h + bias * h,
+        "norms": 2 * model.norm_params * h,
+    }
+
+
+def parameter_counts(model: ModelSpec) -> dict[str, int]:
+    """All parameters by part; ``total`` is their sum.
+
+    Narayanan et al. 2021, eq. 2: P = 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)), i.e. layers, the
+    token embedding V h (tied with the output layer) and learned positions s h. The paper leaves out
+    the final norm; it is counted here as ``final_norm`` so ``total`` is the real model, and
+    ``total - final_norm`` is the paper's P.
+    """
+    h = model.hidden
+    counts = {
+        "embedding": model.vocab * h,
+        "positions": model.seq * h if model.learned_positions else 0,
+        "layers": model.layers * sum(layer_params(model).values()),
+        "output": 0 if model.tied_embeddings else model.vocab * h,
+        "final_norm": model.norm_params * h,
+    }
+    counts["total"] = sum(counts.values())
+    return counts
+
+
+def stage_params(model: ModelSpec, parallel: ParallelSpec, stage: int) -> float:
+    """Parameters one GPU of pipeline rank ``stage`` holds (before ZeRO sharding).
+
+    Layers split evenly over pp ranks and tp shards; the first rank also holds the embedding (and
+    positions), the last the output layer, or a second copy of the tied embedding when pp > 1, as
+    Megatron-LM does (Shoeybi et al. 2019).
+    """
+    counts = parameter_counts(model)
+    t, p = parallel.tp, parallel.pp
+    total = counts["layers"] / p
+    if stage == 0:
+        total += counts["embedding"] + counts["positions"]
+    if stage == p - 1:
+        total += counts["final_norm"] + (counts["output"] or (counts["embedding"] if p > 1 else 0))
+    return total / t
+
+
+# ----------------------------------------------------------------------------------------------- FLOPs
+
+
+def layer_forward_flops(model: ModelSpec, sequences: float = 1) -> dict[str, float]:
+    """Forward FLOPs of one layer for ``sequences`` sequences, by part (matmuls only).
+
+    Narayanan et al. 2021, Appendix: a GPT layer's forward costs 24 B s h^2 (the four weight matmuls)
+    + 4 B s^2 h (Q K^T and attention-weighted V). With GQA the K/V projections shrink; a gated MLP
+    adds one ffn-wide matmul.
+    """
+    tokens = sequences * model.seq
+    h, kv, f = model.hidden, model.kv_dim, model.ffn
+    mlp_matrices = 3 if model.gated_mlp else 2
+    return {
+        "linear": 2 * tokens * (h * (h + 2 * kv) + h * h + mlp_matrices * h * f),
+        "attention": 4 * tokens * model.seq * h,
+    }
+
+
+def logits_forward_flops(model: ModelSpec, sequences: float = 1) -> float:
+    """Forward FLOPs of the output layer: 2 B s h V (Narayanan et al. 2021, Appendix)."""
+    return 2 * sequences * model.seq * model.hidden * model.vocab
+
+
+def flops_per_step(model: ModelSpec, sequences: float, recompute: str = "none") -> dict[str, float]:
+    """Model FLOPs (what the math needs) and hardware FLOPs (what runs, recompute included).
+
+    Backward costs twice the forward (Narayanan et al. 2021), so model FLOPs are 3 x forward:
+    72 B s l h^2 (1 + s/(6h) + V/(12 l h)) for GPT (Korthikanti et al. 2022, eq. for model FLOPs).
+    Full recompute runs every layer's forward again: 96 B s l h^2 (1 + s/(6h) + V/(16 l h))
+    (Narayanan et al. 2021, eq. 3). Selective recompute, as Korthikanti et al. 2022 account it
+    (sec. 5, giving the HFU of their Table 5), adds 72 B s l h^2 x s/(6h): hardware FLOPs
+    72 B s l h^2 (1 + s/(3h) + V/(12 l h)).
+    """
+    layer = layer_forward_flops(model, sequences)
+    layer_fwd = model.layers * (layer["linear"] + layer["attention"])
+    model_flops = 3 * (layer_fwd + logits_forward_flops(model, sequences))
+    extra = {"none": 0.0, "full": layer_fwd, "selective": 3 * model.layers * layer["attention"]}[recompute]
+    return {"model": model_flops, "hardware": model_flops + extra}
+
+
+# ---------------------------------------------------------------------------------------------- memory
+
+
+def activation_bytes_per_layer(
+    model: ModelSpec, micro_batch: int = 1, tp: int = 1, sequence_parallel: bool = False, recompute: str = "none"
+) -> float:
+    """Bytes one layer keeps for backward on one GPU (16-bit activations, 1-byte dropout masks).
+
+    Korthikanti et al. 2022, Table 2 (per layer):
+      no parallelism            s b h (34 + 5 a s / h)
+      tensor parallel           s b h (10 + 24/t + 5 a s / (h t))
+      tensor + sequence par.    s b h (34/t + 5 a s / (h t))
+      + selective recompute     drops the 5 a s / h attention-core term
+      full recompute            2 s b h (the layer input only; / t with sequence parallelism)
+    The 34 is the sum of the stored tensors: attention 11 (input 2, Q 2, K 2, V 2, projection input
+    2, dropout mask 1), MLP 19 (input 2, activation input 8, activation output 8, mask 1), norms 4;
+    the 5 a s / h is softmax output 2, its dropout mask 1 and dropout output 2. Without dropout
+    (Llama) the masks and dropout output are gone; with GQA K and V are kv_dim wide; a gated MLP
+    keeps gate, up and product (2 bytes each) of width ffn.
+    """
+    s, b, h, a, t = model.seq, micro_batch, model.hidden, model.heads, tp
+    sbh = s * b * h
+    if recompute == "full":
+        return 2 * sbh / (t if sequence_parallel else 1)
+    mask = 1 if model.dropout else 0
+    kv = 2 * s * b * model.kv_dim
+    # not split by tp: norm inputs (4), attention and MLP inputs (2 + 2), the two dropout masks
+    replicated = 4 * sbh + 2 * sbh + 2 * sbh + 2 * mask * sbh
+    ffn_stored = (3 if model.gated_mlp else 2) * 2 * s * b * model.ffn
+    split = 2 * sbh + 2 * kv + 2 * sbh + ffn_stored  # Q, K and V, projection input, MLP inner tensors
+    core = 0.0 if recompute == "selective" else (2 + 3 * mask) * a * s * s * b
+    return (replicated / (t if sequence_parallel else 1)) + (split + core) / t
+
+
+def peak_inflight_chunks(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1) -> int:
+    """Most (chunk, microbatch) activations the first pipeline rank holds at once.
+
+    GPipe keeps all m (Huang et al. 2019); 1F1B at most p (Narayanan et al. 2021); the interleaved
+    schedule's warm-up of 2(p-1) + (v-1)p forwards plus one, i.e. Korthikanti et al.'s (2022, sec.
+    4.2.3) factor 1 + (p-1)/(p v) over 1F1B in layers; ZB-H1 and ZB-V keep 1F1B's peak (Qi et al.
+    2023, 2024; the V counts its 2 chunks). The first rank holds the most in every one of them.
+    """
+    p, m, v = pp, microbatches, virtual_stages
+    if p == 1 or schedule == "naive":
+        return 1
+    if schedule == "gpipe":
+        return m
+    if schedule == "interleaved":
+        return min(m * v, 2 * (p - 1) + (v - 1) * p + 1)
+    if schedule == "zbv":
+        return min(2 * m, 2 * p)
+    return min(m, p)
+
+
+def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> float:
+    """Activation bytes at the peak on the first pipeline rank (which stashes the most).
+
+    Per-layer bytes (Korthikanti et al. 2022, Table 2) x layers per chunk x chunks in flight, plus the
+    embedding output the first rank keeps per microbatch in flight (2 s b h, / t with sequence
+    parallelism; Korthikanti et al. sec. 4.3), plus, with full recompute, the one layer being
+    rematerialised in full during its backward.
+    """
+    p = parallel.resolved()
+    layers_per_chunk = model.layers // (p.pp * p.virtual_stages)
+    inflight = peak_inflight_chunks(p.schedule, p.pp, p.microbatches, p.virtual_stages)
+    per_layer = activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, p.recompute)
+    sbh = model.seq * p.micro_batch * model.hidden
+    embedding = 2 * sbh / (p.tp if p.sequence_parallel else 1) * min(inflight, p.microbatches)
+    working = 0.0
+    if p.recompute == "full":
+        working = activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, "none")
+    return inflight * layers_per_chunk * per_layer + embedding + working
+
+
+OPTIMIZER_BYTES = {
+    # bytes per parameter: (params, grads, optimizer states)
+    "adam-mixed": (2, 2, 12),  # fp16/bf16 params and grads; fp32 master copy, momentum, variance
+    "adam-fp32": (4, 4, 8),  # fp32 params and grads; momentum, variance
+}
+
+
+def model_state_bytes(params: float, dp: int, zero: int, optimizer: str = "adam-mixed") -> dict[str, float]:
+    """Parameter, gradient and optimizer bytes per GPU under ZeRO stage 0..3.
+
+    Rajbhandari et al. 2020, sec. 5 and Figure 1: mixed-precision Adam holds 2 + 2 + K bytes per
+    parameter with K = 12; stage 1 (P_os) shards the optimizer states over N_d, stage 2 (P_os+g)
+    the gradients too, stage 3 (P_os+g+p) the parameters too. Example (their Figure 1): 7.5B
+    parameters, N_d = 64: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB.
+    """
+    pb, gb, ob = OPTIMIZER_BYTES[optimizer]
+    return {
+        "params": params * pb / (dp if zero >= 3 else 1),
+        "grads": params * gb / (dp if zero >= 2 else 1),
+        "optimizer": params * ob / (dp if zero >= 1 else 1),
+    }
+
+
+# ------------------------------------------------------------------------------------- communication
+
+
+def ring_wire_bytes(op: str, payload: float, group: int) -> float:
+    """Bytes one rank puts on the wire for a collective on ``payload`` bytes among ``group`` ranks.
+
+    Ring algorithms (Patarasuk & Yuan 2009; NCCL's bus-bandwidth convention): all-reduce sends
+    2(n-1)/n of the tensor, all-gather and reduce-scatter (n-1)/n of the full tensor; a
+    point-to-point send sends the tensor.
+    """
+    if op == "send":
+        return payload
+    if group <= 1:
+        return 0.0
+    factor = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0}[op]
+    return payload * factor * (group - 1) / group
+
+
+def comm_payloads(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[str, str, float, int, float]]:
+    """Every collective one GPU issues per step (the first pipeline rank; for pp, a middle one).
+
+    Rows of (family, op, payload bytes, group size, count per step), family one of tp, pp, dp, zero:
+    - tp (Shoeybi et al. 2019): per layer and microbatch, 2 all-reduces of b s h in the forward and 2
+      in the backward (+2 when full recompute reruns the forward); with sequence parallelism each
+      all-reduce becomes an all-gather plus a reduce-scatter of the same tensor (Korthikanti et al.
+      2022, sec. 4.2.2), same wire bytes.
+    - pp (Narayanan et al. 2021): per chunk and microbatch one activation sent forward and one
+      gradient sent back, b s h each, or b s h / t with their scatter/gather optimisation (tp > 1).
+    - dp / zero (Rajbhandari et al. 2020, sec. 7): stage 0 all-reduces the gradients once per step;
+      stage 1 reduce-scatters gradients and all-gathers updated parameters (same volume); stage 2
+      must reduce-scatter every microbatch's gradients, since it keeps only its shard; stage 3 also
+      all-gathers the parameters for every microbatch's forward and again for its backward.
+    """
+    p = parallel.resolved()
+    m, b, t = p.microbatches, p.micro_batch, p.tp
+    act = model.seq * b * model.hidden * model.dtype_bytes
+    layers = model.layers // p.pp
+    rows: list[tuple[str, str, float, int, float]] = []
+    if t > 1:
+        per_mb = 4 + (2 if p.recompute == "full" else 0)
+        calls = per_mb * layers * m
+        if p.sequence_parallel:
+            rows += [("tp", "all_gather", act, t, calls), ("tp", "reduce_scatter", act, t, calls)]
+        else:
+            rows.append(("tp", "all_reduce", act, t, calls))
+    if p.pp > 1:
+        rows.append(("pp", "send", act / t, 2, 2 * m * p.virtual_stages))
+    if p.dp > 1:
+        pb, gb, _ = OPTIMIZER_BYTES[p.optimizer]
+        params = stage_params(model, p, 0)
+        grads, weights = params * gb, params * pb
+        if p.zero == 0:
+            rows.append(("dp", "all_reduce", grads, p.dp, 1))
+        else:
+            rows.append(("zero", "reduce_scatter", grads, p.dp, 1 if p.zero == 1 else m))
+            rows.append(("zero", "all_gather", weights, p.dp, 1 if p.zero < 3 else 2 * m))
+    return rows
+
+
+def comm_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]:
+    """Wire bytes per step one GPU (first pipeline rank) sends, keyed ``family_op`` (e.g. tp_all_reduce)."""
+    out: dict[str, float] = {}
+    for family, op, payload, group, count in comm_payloads(model, parallel):
+        key = f"{family}_{op}"
+        out[key] = out.get(key, 0.0) + count * ring_wire_bytes(op, payload, group)
+    return out

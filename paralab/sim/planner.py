@@ -1,0 +1,125 @@
+"""The planner: every way to split a model over N GPUs that divides and fits, ranked by throughput.
+
+Search space: tp (powers of two up to the node size, so tensor parallelism stays on NVLink, as
+Narayanan et al. 2021 advise), pp (divisors of the layer count), dp (what is left), micro-batch size,
+schedule (1F1B, ZB-H1, interleaved with v = 2 or 4), ZeRO stage (0..3 without pp, 0..1 with it),
+recompute (none, selective, full) and sequence parallelism (always on with tp > 1: same wire bytes,
+less memory and less elementwise traffic under the cost model, so it never loses).
+
+Ranking is two-pass so 1,024 GPUs plan in well under 5 s: every candidate that fits is scored with
+the closed-form pipeline (:func:`paralab.sim.cost.predict` with ``simulate=False``), then the best
+few are re-scored with the schedule event simulator and re-sorted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from paralab.sim import cost
+from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec
+
+MICRO_BATCHES = (1, 2, 4, 8)
+RECOMPUTE = ("none", "selective", "full")
+
+
+def default_global_batch(gpus: int) -> int:
+    """Sequences per step when none is given: one per GPU, at least 512 (GPT-3's smallest batch is 0.5M tokens)."""
+    return max(gpus, 512)
+
+
+def candidates(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int) -> Iterator[ParallelSpec]:
+    """Every ParallelSpec for ``gpus`` GPUs whose degrees divide the model and the batch."""
+    tps = [t for t in (1, 2, 4, 8, 16, 32) if t <= hw.gpus_per_node and gpus % t == 0]
+    for tp in tps:
+        if model.heads % tp or model.kv_heads % tp or model.ffn % tp:
+            continue
+        for pp in (d for d in range(1, gpus // tp + 1) if (gpus // tp) % d == 0 and model.layers % d == 0):
+            dp = gpus // (tp * pp)
+            for mb in MICRO_BATCHES:
+                if global_batch % (dp * mb):
+                    continue
+                m = global_batch // (dp * mb)
+                for schedule, v in _schedules(model, pp, m):
+                    for zero in (0, 1, 2, 3) if pp == 1 and dp > 1 else (0, 1) if dp > 1 else (0,):
+                        for recompute in RECOMPUTE:
+                            yield ParallelSpec(
+                                dp=dp, tp=tp, pp=pp, virtual_stages=v, schedule=schedule, microbatches=m,
+                                micro_batch=mb, global_batch=global_batch, zero=zero,
+                                sequence_parallel=tp > 1, recompute=recompute,
+                            )  # fmt: skip
+
+
+def _schedules(model: ModelSpec, pp: int, m: int) -> list[tuple[str, int]]:
+    if pp == 1:
+        return [("1f1b", 1)]
+    out = [("1f1b", 1), ("zb-h1", 1)]
+    out += [("interleaved", v) for v in (2, 4) if model.layers % (pp * v) == 0 and m % pp == 0]
+    return out
+
+
+def plan(
+    model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int | None = None, top: int = 10, refine: int = 3
+) -> list[cost.Prediction]:
+    """Configurations that fit, fastest first (at most ``top``); empty when nothing fits."""
+    batch = global_batch or default_global_batch(gpus)
+    limit = cost.usable_memory(hw)
+    scored = []
+    for spec in candidates(model, gpus, hw, batch):
+        if cost.memory_per_gpu(model, spec)["total"] > limit:
+            continue
+        scored.append(cost.predict(model, spec, hw, simulate=False))
+    scored.sort(key=_rank)
+    refined = [cost.predict(model, pred.parallel, hw) for pred in scored[:refine]]
+    return sorted(refined + scored[refine:top], key=_rank)[:top]
+
+
+def _rank(pred: cost.Prediction) -> tuple[float, float]:
+    return (-pred.tokens_per_s, pred.memory_bytes_per_gpu["total"])
+
+
+def describe(p: ParallelSpec) -> str:
+    """One line naming every choice of a configuration."""
+    sched = f"{p.schedule} v={p.virtual_stages}" if p.virtual_stages > 1 else p.schedule
+    parts = [f"tp {p.tp} x pp {p.pp} x dp {p.dp}"]
+    if p.pp > 1:
+        parts.append(sched)
+    parts += [f"{p.microbatches} microbatch(es) of {p.micro_batch}", f"ZeRO-{p.zero}", f"recompute {p.recompute}"]
+    if p.sequence_parallel:
+        parts.append("sequence parallel")
+    return ", ".join(parts)
+
+
+LOSSES = {
+    "bubble": "the pipeline bubble",
+    "tp_comm": "tensor-parallel communication",
+    "dp_comm_exposed": "the exposed gradient reduction",
+    "optimizer": "the optimizer step",
+}
+
+
+def explain(ranked: list[cost.Prediction]) -> list[str]:
+    """One sentence for the winner and one for the runner-up, naming what decides between them."""
+    if not ranked:
+        return []
+    win = ranked[0]
+    biggest = max(LOSSES, key=lambda k: win.breakdown_s.get(k, 0.0))
+    share = win.breakdown_s.get(biggest, 0.0) / win.step_time_s
+    out = [
+        f"Winner: {describe(win.parallel)} - {win.tflops_per_gpu:.0f} TFLOP/s per GPU ({win.mfu:.0%} MFU), "
+        f"{win.memory_bytes_per_gpu['total'] / 2**30:.0f} GiB per GPU; its largest loss is {LOSSES[biggest]} "
+        f"({share:.0%} of the step)."
+    ]
+    if len(ranked) > 1:
+        run = ranked[1]
+        slower = win.tokens_per_s / run.tokens_per_s - 1
+        deltas = {k: run.breakdown_s.get(k, 0.0) - win.breakdown_s.get(k, 0.0) for k in LOSSES}
+        deltas["compute"] = (run.breakdown_s["pipeline"] - run.breakdown_s["bubble"]) - (
+            win.breakdown_s["pipeline"] - win.breakdown_s["bubble"]
+        )
+        cause = max(deltas, key=deltas.get)
+        reason = "more compute per step (recompute or smaller GEMMs)" if cause == "compute" else f"more time in {LOSSES[cause]}"
+        out.append(
+            f"Runner-up: {describe(run.parallel)} - {slower:.1%} slower, mainly {reason} "
+            f"({abs(deltas[cause]) * 1e3:.0f} ms per step), at {run.memory_bytes_per_gpu['total'] / 2**30:.0f} GiB per GPU."
+        )
+    return out

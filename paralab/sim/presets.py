@@ -1,0 +1,71 @@
+"""Model shapes from the papers, by name (``paralab simulate --model NAME``).
+
+- ``gpt3-*``: Brown et al. 2020, Table 2.1 (vocabulary 50257, sequence 2048). The table's XL row
+  lists 24 heads of 128 for d_model 2048, which cannot both hold; we keep head size 128 (16 heads),
+  and 13B's d_model 5140 is read as 5120 (40 heads of 128).
+- ``megatron-*``: Narayanan et al. 2021, Table 1 (vocabulary 51200, sequence 2048), named by their
+  parameter count; ``megatron-22b`` and ``megatron-175b`` are the 22B and GPT-3 175B shapes of
+  Korthikanti et al. 2022, Table 3.
+- ``llama2-*`` (Touvron et al. 2023, sequence 4096, vocabulary 32000) and ``llama3-*`` (Llama 3
+  herd, 2024: sequence 8192, vocabulary 128256): SwiGLU MLP, grouped-query attention (70B models
+  and Llama 3 8B use 8 KV heads), RMSNorm, RoPE, untied embeddings, no biases, no dropout. These are
+  modelled exactly (see :class:`paralab.sim.specs.ModelSpec`).
+"""
+
+from __future__ import annotations
+
+from paralab.sim.specs import ModelSpec, SpecError
+
+
+def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
+    return ModelSpec(layers=layers, hidden=hidden, heads=heads, vocab=50257, seq=2048, name=name)
+
+
+def _megatron(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
+    return ModelSpec(layers=layers, hidden=hidden, heads=heads, vocab=51200, seq=2048, name=name)
+
+
+def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int, seq: int) -> ModelSpec:
+    return ModelSpec(
+        layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, vocab=vocab, seq=seq,
+        gated_mlp=True, biases=False, norm_params=1, learned_positions=False, tied_embeddings=False,
+        dropout=False, name=name,
+    )  # fmt: skip
+
+
+_ALL = [
+    _gpt3("gpt3-125m", 12, 768, 12),
+    _gpt3("gpt3-350m", 24, 1024, 16),
+    _gpt3("gpt3-760m", 24, 1536, 16),
+    _gpt3("gpt3-1.3b", 24, 2048, 16),
+    _gpt3("gpt3-2.7b", 32, 2560, 32),
+    _gpt3("gpt3-6.7b", 32, 4096, 32),
+    _gpt3("gpt3-13b", 40, 5120, 40),
+    _gpt3("gpt3-175b", 96, 12288, 96),
+    _megatron("megatron-1.7b", 24, 2304, 24),
+    _megatron("megatron-3.6b", 30, 3072, 32),
+    _megatron("megatron-7.5b", 36, 4096, 32),
+    _megatron("megatron-18b", 40, 6144, 48),
+    _megatron("megatron-22b", 48, 6144, 64),
+    _megatron("megatron-39b", 48, 8192, 64),
+    _megatron("megatron-76b", 60, 10240, 80),
+    _megatron("megatron-145b", 80, 12288, 96),
+    _megatron("megatron-175b", 96, 12288, 96),
+    _megatron("megatron-310b", 96, 16384, 128),
+    _megatron("megatron-530b", 105, 20480, 128),
+    _megatron("megatron-1t", 128, 25600, 160),
+    _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
+    _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
+    _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
+    _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
+    _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
+]
+MODELS: dict[str, ModelSpec] = {m.name: m for m in _ALL}
+
+
+def get_model(name: str) -> ModelSpec:
+    """A preset by name (case-insensitive); SpecError lists the names when it is unknown."""
+    key = name.lower()
+    if key not in MODELS:
+        raise SpecError(f"unknown model preset {name!r}; choose from {', '.join(MODELS)}")
+    return MODELS[key]

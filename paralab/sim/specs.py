@@ -1,0 +1,199 @@
+"""What the simulator is asked about: a model shape, a way to parallelise it, and the hardware.
+
+Three frozen dataclasses, validated once, shared by the counting formulas, the cost model, the
+planner and the CLI. Presets live elsewhere: model shapes in :mod:`paralab.sim.presets`, machines in
+:mod:`paralab.sim.hardware`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+RECOMPUTE = ("none", "selective", "full")
+SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "zbv")
+OPTIMIZERS = ("adam-mixed", "adam-fp32")
+
+
+class SpecError(ValueError):
+    """A specification that cannot describe a run (the CLI turns it into exit code 2)."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer's shape.
+
+    GPT-style defaults (LayerNorm with bias, biased linears, learned positions, tied embeddings, MLP of
+    4h) match the models of Narayanan et al. 2021 and Brown et al. 2020. Llama sets ``gated_mlp``
+    (SwiGLU: three MLP matrices), ``kv_heads`` (grouped-query attention), ``biases=False``,
+    ``norm_params=1`` (RMSNorm has a weight only), ``learned_positions=False`` (RoPE) and
+    ``tied_embeddings=False`` and ``dropout=False``, so its parameters and FLOPs are counted exactly, not approximated.
+    """
+
+    layers: int
+    hidden: int
+    heads: int
+    ffn: int = 0  # 0: 4 x hidden
+    vocab: int = 51200
+    seq: int = 2048
+    kv_heads: int = 0  # 0: same as heads (multi-head attention)
+    gated_mlp: bool = False
+    biases: bool = True
+    norm_params: int = 2  # per hidden unit per norm: LayerNorm weight+bias = 2, RMSNorm = 1
+    learned_positions: bool = True
+    tied_embeddings: bool = True
+    dropout: bool = True
+    dtype: str = "bf16"
+    name: str = "custom"
+
+    def __post_init__(self):
+        if self.ffn == 0:
+            object.__setattr__(self, "ffn", 4 * self.hidden)
+        if self.kv_heads == 0:
+            object.__setattr__(self, "kv_heads", self.heads)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of K (and of V): kv_heads x head_dim; equals hidden without GQA."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    def replace(self, **changes) -> ModelSpec:
+        return dataclasses.replace(self, **changes)
+
+    def problems(self) -> list[str]:
+        out = [f"model {n} must be >= 1" for n in ("layers", "hidden", "heads", "vocab", "seq") if getattr(self, n) < 1]
+        if out:
+            return out
+        if self.hidden % self.heads:
+            out.append(f"hidden {self.hidden} is not divisible by heads {self.heads}")
+        if self.heads % self.kv_heads:
+            out.append(f"heads {self.heads} is not divisible by kv_heads {self.kv_heads}")
+        if self.dtype not in DTYPE_BYTES:
+            out.append(f"unknown dtype {self.dtype!r}; choose from {sorted(DTYPE_BYTES)}")
+        return out
+
+
+@dataclass(frozen=True)
+class ParallelSpec:
+    """How one training step is split: degrees, pipeline schedule, batch split, memory savers.
+
+    ``global_batch = dp x micro_batch x microbatches`` (sequences per step). Give either
+    ``microbatches`` or ``global_batch``; :meth:`resolved` fills in the other.
+    """
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    virtual_stages: int = 1
+    schedule: str = "1f1b"
+    microbatches: int = 0
+    micro_batch: int = 1
+    global_batch: int = 0
+    zero: int = 0
+    sequence_parallel: bool = False
+    recompute: str = "none"
+    optimizer: str = "adam-mixed"
+    overlap_grad_reduce: bool = True  # bucketed data-parallel reduction during the last backward
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def replace(self, **changes) -> ParallelSpec:
+        return dataclasses.replace(self, **changes)
+
+    def resolved(self) -> ParallelSpec:
+        """Fill ``microbatches`` from ``global_batch`` (or the reverse); default one microbatch per stage."""
+        per_step = self.dp * self.micro_batch
+        if self.microbatches:
+            return self.replace(global_batch=per_step * self.microbatches)
+        if self.global_batch:
+            return self.replace(microbatches=max(self.global_batch // per_step, 0))
+        m = self.pp * self.virtual_stages if self.pp > 1 else 1
+        return self.replace(microbatches=m, global_batch=per_step * m)
+
+    def problems(self, model: ModelSpec, gpus: int | None = None) -> list[str]:
+        """Every reason this split cannot run ``model`` (empty when it can); each names the numbers."""
+        p = self.resolved()
+        out: list[str] = []
+        for name in ("dp", "tp", "pp", "virtual_stages", "micro_batch"):
+            if getattr(p, name) < 1:
+                out.append(f"{name} must be >= 1, got {getattr(p, name)}")
+        if out:
+            return out
+        if gpus is not None and p.world_size != gpus:
+            out.append(f"dp x tp x pp = {p.dp} x {p.tp} x {p.pp} = {p.world_size} != {gpus} GPUs")
+        if p.global_batch and p.global_batch % (p.dp * p.micro_batch):
+            out.append(f"global batch {p.global_batch} is not divisible by dp x micro-batch = {p.dp * p.micro_batch}")
+        if p.microbatches < 1:
+            out.append(f"global batch {p.global_batch} gives no microbatch per data-parallel rank")
+        if model.heads % p.tp or model.kv_heads % p.tp:
+            out.append(f"tp {p.tp} does not divide heads {model.heads} / kv_heads {model.kv_heads}")
+        if model.ffn % p.tp:
+            out.append(f"tp {p.tp} does not divide the MLP width {model.ffn}")
+        chunks = p.pp * p.virtual_stages
+        if model.layers % chunks:
+            out.append(f"pp x virtual stages = {chunks} does not divide {model.layers} layers")
+        if p.schedule not in SCHEDULES:
+            out.append(f"unknown schedule {p.schedule!r}; choose from {', '.join(SCHEDULES)}")
+        if p.virtual_stages > 1 and p.schedule not in ("interleaved", "zbv"):
+            out.append(f"virtual stages {p.virtual_stages} need the interleaved (or zbv) schedule, not {p.schedule}")
+        if p.schedule == "interleaved" and p.pp > 1 and p.microbatches % p.pp:
+            out.append(f"the interleaved schedule needs microbatches ({p.microbatches}) divisible by pp ({p.pp})")
+        if p.zero not in (0, 1, 2, 3):
+            out.append(f"zero stage must be 0..3, got {p.zero}")
+        elif p.zero >= 2 and p.pp > 1:
+            out.append(f"zero stage {p.zero} shards gradients per microbatch and does not combine with pp {p.pp}; use zero <= 1")
+        if p.sequence_parallel and p.tp == 1:
+            out.append("sequence parallelism needs tp > 1")
+        if p.recompute not in RECOMPUTE:
+            out.append(f"unknown recompute {p.recompute!r}; choose from {', '.join(RECOMPUTE)}")
+        if p.optimizer not in OPTIMIZERS:
+            out.append(f"unknown optimizer {p.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
+        return out
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """One accelerator and the links between accelerators.
+
+    Link bandwidths are per GPU per direction as NCCL's bus bandwidth sees them; ``inter_bw`` is what
+    one GPU gets through its own NIC (DGX nodes have one NIC per GPU). ``matmul_max_efficiency`` is the
+    share of peak a large GEMM reaches; ``matmul_half_dim`` is the matrix side at which a dimension
+    costs half of that efficiency (small GEMMs cannot fill the machine).
+    """
+
+    name: str
+    peak_flops: dict[str, float]
+    memory_bytes: float
+    memory_bandwidth: float
+    gpus_per_node: int
+    intra_bw: float
+    intra_latency: float
+    inter_bw: float
+    inter_latency: float
+    matmul_max_efficiency: float = 0.8
+    matmul_half_dim: float = 64.0
+    kernel_overhead_s: float = 4e-6
+    shared_compute: bool = False  # True when all ranks share one processor (the local CPU machine)
+    notes: str = ""
+    calibration: dict = field(default_factory=dict)
+
+    def peak(self, dtype: str) -> float:
+        return self.peak_flops.get(dtype) or self.peak_flops["fp32"]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> HardwareSpec:
+        return cls(**data)

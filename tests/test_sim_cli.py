@@ -1,0 +1,64 @@
+"""`paralab simulate` / `paralab plan`: JSON keys, and exit code 2 with what would fit on bad input."""
+
+import argparse
+import json
+
+import pytest
+
+from paralab.sim import cli
+
+
+def run(argv, capsys):
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    cli.add_simulate_args(sub.add_parser("simulate"))
+    cli.add_plan_args(sub.add_parser("plan"))
+    args = parser.parse_args(argv)
+    rc = cli.simulate_main(args) if args.command == "simulate" else cli.plan_main(args)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_simulate_json_has_the_design_keys(capsys):
+    rc, out, _ = run(["simulate", "--model", "gpt3-175b", "--gpus", "1024", "--tp", "8", "--pp", "16",
+                      "--global-batch", "1536", "--recompute", "selective", "--sequence-parallel", "--json"], capsys)  # fmt: skip
+    assert rc == 0
+    data = json.loads(out)
+    for key in ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "bubble_fraction", "memory_bytes_per_gpu",
+                "comm_bytes_per_gpu", "params", "flops_per_step", "model_flops_per_step", "hardware_flops_per_step"):  # fmt: skip
+        assert key in data
+    assert data["dp"] == 8 and data["microbatches"] == 192
+
+
+def test_simulate_custom_shape_text_report(capsys):
+    rc, out, _ = run(["simulate", "--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "1000", "--seq", "128",
+                      "--dp", "2", "--pp", "2", "--microbatches", "4", "--hardware", "h100"], capsys)  # fmt: skip
+    assert rc == 0 and "TFLOP/s per GPU" in out
+
+
+def test_non_dividing_degrees_exit_2_with_what_fits(capsys):
+    rc, out, err = run(["simulate", "--model", "gpt3-175b", "--gpus", "1024", "--tp", "8", "--pp", "5"], capsys)
+    assert rc == 2 and not out
+    assert "does not divide 96 layers" in err and "configurations that fit on 1024 GPUs" in err
+
+
+def test_model_that_fits_nowhere_exits_2(capsys):
+    rc, _, err = run(["plan", "--model", "megatron-1t", "--gpus", "8"], capsys)
+    assert rc == 2 and "needs at least 256 a100 GPUs" in err
+    rc, _, err = run(["simulate", "--model", "gpt3-175b", "--gpus", "8"], capsys)
+    assert rc == 2 and "does not fit" in err
+
+
+@pytest.mark.parametrize("flag,value,word", [("--model", "gpt-9", "unknown model preset"), ("--hardware", "tpu-v9", "unknown hardware")])
+def test_unknown_names_exit_2_listing_choices(capsys, flag, value, word):
+    argv = ["simulate", "--model", "gpt3-125m", flag, value]
+    rc, _, err = run(argv, capsys)
+    assert rc == 2 and word in err and ("llama3-8b" in err or "h100" in err)
+
+
+def test_plan_json_lists_ranked_configurations(capsys):
+    rc, out, _ = run(["plan", "--model", "llama3-8b", "--gpus", "16", "--hardware", "h100", "--top", "3", "--json"], capsys)
+    assert rc == 0
+    data = json.loads(out)
+    assert 1 <= len(data["ranked"]) <= 3 and len(data["explain"]) == min(2, len(data["ranked"]))
+    assert all(r["dp"] * r["tp"] * r["pp"] == 16 for r in data["ranked"])

@@ -1,0 +1,119 @@
+"""The cost model end to end: bubbles, published throughput, the simulated trace, local calibration."""
+
+import pytest
+
+from paralab.schedules import build_schedule
+from paralab.sim import cost
+from paralab.sim.events import simulate_schedule
+from paralab.sim.hardware import get_hardware, local
+from paralab.sim.presets import get_model
+from paralab.sim.specs import ModelSpec, ParallelSpec, SpecError
+from paralab.trace import COMPUTE
+
+A100 = get_hardware("a100")
+
+
+@pytest.mark.parametrize(
+    "name,p,m,v,times,expected",
+    [
+        # Narayanan et al. 2021 sec. 2.2: bubble time / ideal time = (p-1)/m for GPipe and 1F1B,
+        # (p-1)/(v m) interleaved; as a share of the step: (p-1)/(m+p-1) and (p-1)/(v m+p-1).
+        ("gpipe", 4, 8, 1, {"forward": 1, "backward": 2}, 3 / 11),
+        ("1f1b", 8, 16, 1, {"forward": 1, "backward": 2}, 7 / 23),
+        ("interleaved", 4, 8, 2, {"forward": 0.5, "backward": 1}, 3 / 19),
+        # Qi et al. 2023: ZB-H1 bubble (p-1)(T_F + T_B - T_W) with T_F = T_B = T_W against 3m of work.
+        ("zb-h1", 4, 8, 1, {"forward": 1, "backward_input": 1, "backward_weight": 1}, 3 / 27),
+    ],
+)
+def test_simulated_bubbles_match_published_closed_forms(name, p, m, v, times, expected):
+    trace = simulate_schedule(build_schedule(name, p, m, v), times)
+    assert trace.bubble_fraction() == pytest.approx(expected, abs=1e-9)
+
+
+# Narayanan et al. 2021, Table 1 (A100, full recompute; micro-batch size and schedule are not in the
+# table: we assume micro-batch 1 and plain 1F1B), and the PTD-P row of their ZeRO-3 comparison.
+MEGATRON_RUNS = [
+    ("megatron-145b", 8, 8, 1536, 2304, 148),
+    ("megatron-310b", 8, 16, 1920, 2160, 155),
+    ("megatron-530b", 8, 35, 2520, 2520, 163),
+    ("megatron-1t", 8, 64, 3072, 3072, 163),
+    ("megatron-530b", 8, 35, 2240, 2240, 159),
+]
+
+
+@pytest.mark.parametrize("preset,tp,pp,gpus,batch,published", MEGATRON_RUNS)
+def test_tflops_per_gpu_within_20_percent_of_narayanan(preset, tp, pp, gpus, batch, published):
+    parallel = ParallelSpec(dp=gpus // (tp * pp), tp=tp, pp=pp, global_batch=batch, recompute="full")
+    predicted = cost.predict(get_model(preset), parallel, A100, simulate=pp <= 16).tflops_per_gpu
+    assert abs(predicted / published - 1) < 0.20, f"{preset}: predicted {predicted:.0f} vs {published} TFLOP/s"
+
+
+# Korthikanti et al. 2022, Table 5: selective recompute + sequence parallelism, dp = 1, micro-batch 1.
+@pytest.mark.parametrize(
+    "preset,pp,batch,mfu", [("megatron-22b", 1, 4, 41.5), ("megatron-175b", 8, 64, 51.4), ("megatron-530b", 35, 280, 56.0)]
+)
+def test_mfu_within_20_percent_of_korthikanti(preset, pp, batch, mfu):
+    parallel = ParallelSpec(tp=8, pp=pp, global_batch=batch, sequence_parallel=True, recompute="selective")
+    predicted = cost.predict(get_model(preset), parallel, A100, simulate=False).mfu * 100
+    assert abs(predicted / mfu - 1) < 0.20
+
+
+def test_closed_form_pipeline_agrees_with_event_simulation():
+    model = get_model("gpt3-175b")
+    for schedule, v in (("1f1b", 1), ("interleaved", 2), ("zb-h1", 1)):
+        p = ParallelSpec(dp=8, tp=8, pp=16, virtual_stages=v, schedule=schedule, microbatches=64,
+                         sequence_parallel=True, recompute="selective")  # fmt: skip
+        fast, slow = cost.predict(model, p, A100, simulate=False), cost.predict(model, p, A100)
+        assert fast.step_time_s == pytest.approx(slow.step_time_s, rel=0.03)
+        assert fast.bubble_fraction == pytest.approx(slow.bubble_fraction, abs=0.02)
+
+
+def test_prediction_has_the_design_keys_and_consistent_numbers():
+    model = get_model("gpt3-1.3b")
+    pred = cost.predict(model, ParallelSpec(dp=4, tp=2, pp=2, global_batch=64, micro_batch=2), A100)
+    out = pred.to_dict()
+    for key in ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "bubble_fraction", "params",
+                "flops_per_step", "model_flops_per_step", "hardware_flops_per_step"):  # fmt: skip
+        assert key in out
+    assert set(out["memory_bytes_per_gpu"]) == {"params", "grads", "optimizer", "activations", "total"}
+    assert set(out["comm_bytes_per_gpu"]) == {"tp_all_reduce", "pp_send", "dp_all_reduce"}
+    assert out["tokens_per_s"] == pytest.approx(64 * model.seq / out["step_time_s"])
+    assert 0 < out["mfu"] <= out["hfu"] < 1
+
+
+def test_zero_stages_and_recompute_shrink_memory():
+    model, base = get_model("llama2-7b"), ParallelSpec(dp=8, global_batch=64, micro_batch=1)
+    totals = [cost.memory_per_gpu(model, base.replace(zero=z))["total"] for z in range(4)]
+    assert totals == sorted(totals, reverse=True) and len(set(totals)) == 4
+    acts = [cost.memory_per_gpu(model, base.replace(recompute=r))["activations"] for r in ("none", "selective", "full")]
+    assert acts == sorted(acts, reverse=True)
+
+
+def test_bad_spec_is_refused_with_the_numbers():
+    with pytest.raises(SpecError, match="does not divide 96 layers"):
+        cost.predict(get_model("gpt3-175b"), ParallelSpec(tp=8, pp=5), A100)
+
+
+def test_trace_has_the_schedule_spans_without_overlap():
+    model = get_model("gpt3-1.3b")
+    p = ParallelSpec(dp=2, tp=2, pp=4, microbatches=8, schedule="1f1b")
+    trace = cost.predict_trace(model, p, A100)
+    computes = [s for s in trace.spans if s.lane == COMPUTE and s.kind != "optimizer"]
+    assert len(computes) == 4 * 8 * 2  # a forward and a backward per stage and microbatch
+    for rank in range(4):
+        spans = sorted((s for s in trace.spans if s.lane == COMPUTE and s.rank == rank), key=lambda s: s.start)
+        assert all(a.end <= b.start + 1e-12 for a, b in zip(spans, spans[1:]))
+        assert spans[-1].kind == "optimizer"
+    assert trace.median_step_time() == pytest.approx(cost.predict(model, p, A100).step_time_s)
+    assert trace.summary()["tokens_per_s"] > 0
+    assert {s.kind for s in trace.spans if s.lane == "comm"} >= {"send", "recv", "all_reduce"}
+
+
+def test_local_calibration_is_cached_and_drives_predictions(tmp_path, monkeypatch):
+    monkeypatch.setenv("PARALAB_CACHE", str(tmp_path))
+    hw = local(matmul_size=128, gloo=False)
+    assert (tmp_path / "local_hardware.json").exists()
+    assert local() == hw  # the second call reads the cache
+    model = ModelSpec(layers=4, hidden=64, heads=4, vocab=128, seq=32, dtype="fp32")
+    pred = cost.predict(model, ParallelSpec(pp=2, microbatches=4), hw)
+    assert 0 < pred.step_time_s < 10 and pred.bubble_fraction > 0

@@ -1,0 +1,115 @@
+"""The counting formulas against the closed forms and tables of the papers they come from."""
+
+import pytest
+
+from paralab.schedules import build_schedule, validate_schedule
+from paralab.sim import counting
+from paralab.sim.presets import get_model
+from paralab.sim.specs import ModelSpec, ParallelSpec
+
+V, S = 51200, 2048
+
+# Narayanan et al. 2021, Table 1: (billions of parameters as printed, heads, hidden, layers)
+MEGATRON_TABLE_1 = [
+    (1.7, 24, 2304, 24),
+    (18.4, 48, 6144, 40),
+    (145.6, 96, 12288, 80),
+    (310.1, 128, 16384, 96),
+    (529.6, 128, 20480, 105),
+    (1008.0, 160, 25600, 128),
+]
+
+
+@pytest.mark.parametrize("billions,heads,hidden,layers", MEGATRON_TABLE_1)
+def test_parameters_match_megatron_eq2_and_table1(billions, heads, hidden, layers):
+    model = ModelSpec(layers=layers, hidden=hidden, heads=heads, vocab=V, seq=S)
+    counts = counting.parameter_counts(model)
+    L, h = layers, hidden
+    closed_form = 12 * L * h**2 * (1 + 13 / (12 * h) + (V + S) / (12 * L * h))  # eq. 2
+    assert counts["total"] - counts["final_norm"] == pytest.approx(closed_form, rel=1e-12)
+    assert round(counts["total"] / 1e9, 1) == billions
+
+
+@pytest.mark.parametrize("billions,heads,hidden,layers", MEGATRON_TABLE_1)
+def test_flops_match_megatron_eq3_and_korthikanti(billions, heads, hidden, layers):
+    model = ModelSpec(layers=layers, hidden=hidden, heads=heads, vocab=V, seq=S)
+    B, L, h = 1536, layers, hidden
+    full = counting.flops_per_step(model, B, "full")
+    none = counting.flops_per_step(model, B, "none")
+    selective = counting.flops_per_step(model, B, "selective")
+    # Narayanan et al. 2021, eq. 3 (with recompute)
+    assert full["hardware"] == pytest.approx(96 * B * S * L * h**2 * (1 + S / (6 * h) + V / (16 * L * h)), rel=1e-12)
+    # Korthikanti et al. 2022, sec. 5: model FLOPs, and hardware FLOPs with selective recompute
+    model_flops = 72 * B * S * L * h**2 * (1 + S / (6 * h) + V / (12 * L * h))
+    for counted in (none["model"], none["hardware"], full["model"], selective["model"]):
+        assert counted == pytest.approx(model_flops, rel=1e-12)
+    assert selective["hardware"] == pytest.approx(72 * B * S * L * h**2 * (1 + S / (3 * h) + V / (12 * L * h)), rel=1e-12)
+
+
+# Korthikanti et al. 2022, Table 5 (selective recompute + sequence parallelism): MFU %, HFU %.
+@pytest.mark.parametrize(
+    "preset,mfu,hfu",
+    [("megatron-22b", 41.5, 43.7), ("megatron-175b", 51.4, 52.8), ("megatron-530b", 56.0, 57.0), ("megatron-1t", 56.3, 57.0)],
+)
+def test_hfu_over_mfu_matches_korthikanti_table5(preset, mfu, hfu):
+    flops = counting.flops_per_step(get_model(preset), 1, "selective")
+    ratio = flops["hardware"] / flops["model"]
+    assert (hfu - 0.05) / (mfu + 0.05) <= ratio <= (hfu + 0.05) / (mfu - 0.05)  # within the table's rounding
+
+
+def test_activation_memory_matches_korthikanti_table2():
+    model = get_model("megatron-175b")
+    s, b, h, a, t = S, 1, 12288, 96, 8
+    sbh = s * b * h
+
+    def act(**kw):
+        return counting.activation_bytes_per_layer(model, b, **kw)
+
+    assert act() == pytest.approx(sbh * (34 + 5 * a * s / h))
+    assert act(tp=t) == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)))
+    assert act(tp=t, sequence_parallel=True) == pytest.approx(sbh / t * (34 + 5 * a * s / h))
+    assert act(tp=t, recompute="selective") == pytest.approx(sbh * (10 + 24 / t))
+    assert act(tp=t, sequence_parallel=True, recompute="selective") == pytest.approx(sbh * 34 / t)
+    assert act(tp=t, recompute="full") == pytest.approx(2 * sbh)
+
+
+def test_zero_model_states_match_rajbhandari_figure1():
+    # ZeRO paper, Figure 1: Psi = 7.5B, N_d = 64, K = 12 -> 120 GB, 31.4 GB, 16.6 GB, 1.9 GB
+    totals = [sum(counting.model_state_bytes(7.5e9, 64, zero).values()) / 1e9 for zero in range(4)]
+    assert [round(x, 1) for x in totals] == [120.0, 31.4, 16.6, 1.9]
+    fp32 = counting.model_state_bytes(1e9, 1, 0, "adam-fp32")
+    assert (fp32["params"], fp32["grads"], fp32["optimizer"]) == (4e9, 4e9, 8e9)
+
+
+def test_llama_parameters_are_exact():
+    # SwiGLU + GQA + RMSNorm + untied embeddings, counted term by term (published checkpoints' sizes)
+    assert counting.parameter_counts(get_model("llama2-7b"))["total"] == 6_738_415_616
+    assert counting.parameter_counts(get_model("llama3-8b"))["total"] == 8_030_261_248
+    assert counting.parameter_counts(get_model("llama2-70b"))["total"] == 68_976_648_192
+
+
+def test_ring_wire_bytes_agree_with_comm_module():
+    from paralab.comm import wire_bytes
+
+    for op in ("all_reduce", "all_gather", "reduce_scatter", "send"):
+        for n in (1, 2, 8, 64):
+            assert counting.ring_wire_bytes(op, 1 << 20, n) == pytest.approx(wire_bytes(op, 1 << 20, n), abs=1)
+
+
+def test_tensor_parallel_bytes_match_narayanan():
+    # Narayanan et al. 2021 sec. 3.3: tp moves 8 b s h (t-1)/t elements per layer per microbatch per GPU
+    model = get_model("megatron-175b")
+    p = ParallelSpec(tp=8, pp=8, microbatches=16, micro_batch=2)
+    b, h, t, layers = 2, 12288, 8, 96 // 8
+    expected = 16 * layers * 8 * b * S * h * (t - 1) / t * 2
+    assert counting.comm_bytes_per_gpu(model, p)["tp_all_reduce"] == pytest.approx(expected)
+    sp = counting.comm_bytes_per_gpu(model, p.replace(sequence_parallel=True))
+    assert sp["tp_all_gather"] + sp["tp_reduce_scatter"] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "name,p,m,v", [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("1f1b", 8, 4, 1), ("interleaved", 4, 8, 2), ("zb-h1", 4, 8, 1)]
+)
+def test_peak_inflight_matches_schedule_data(name, p, m, v):
+    peak = validate_schedule(build_schedule(name, p, m, v)).peak_activations[0]
+    assert counting.peak_inflight_chunks(name, p, m, v) == peak
