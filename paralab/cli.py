@@ -52,6 +52,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-trace", action="store_true", help="do not record spans (to measure tracing overhead)")
     p.add_argument("--trace", metavar="PATH", help="write the merged trace in Chrome trace format (Perfetto)")
     p.add_argument("--trace-dir", metavar="DIR", help="write one paralab trace per rank (torchrun; merge later)")
+    p.add_argument("--report", metavar="PATH", help="write a standalone HTML report of the run")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--fail", type=_kv, metavar="rank=R,step=K", help="make rank R raise at step K (testing)")
 
@@ -94,6 +95,10 @@ def cmd_run(args) -> int:
         return EXIT_OK
     if args.trace:
         result.save_trace(args.trace)
+    if args.report:
+        from paralab.report import write_report
+
+        write_report(result, args.report)
     if args.json:
         print(json.dumps(result.summary))
     else:
@@ -174,7 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
     nodes.add_argument("--json", action="store_true")
     nodes.add_argument("run_args", nargs=argparse.REMAINDER, help="options of `paralab run` after --")
     nodes.set_defaults(func=cmd_nodes)
-    from paralab import bench
+    from paralab import bench, report
+
+    report_parser = sub.add_parser("report", help="write a standalone HTML report of a trace")
+    report.add_report_args(report_parser)
+    report_parser.set_defaults(func=report.report_main)
 
     bench_parser = sub.add_parser("bench", help="compare strategies' speed: interleaved runs, median ratios")
     bench.add_bench_args(bench_parser)

@@ -106,16 +106,27 @@ class Trace:
 
     @classmethod
     def from_dict(cls, data: dict) -> Trace:
+        """A paralab trace dict, or a Chrome trace export written by :meth:`to_chrome`."""
+        if "traceEvents" in data:
+            return cls.from_chrome(data)
         if data.get("format") != "paralab-trace":
-            raise ValueError("not a paralab trace (missing format: paralab-trace)")
-        meta = data.get("meta", {})
-        if "ranks" in meta:  # JSON object keys are strings
-            meta["ranks"] = {int(k): v for k, v in meta["ranks"].items()}
+            raise ValueError("not a paralab trace (no 'format: paralab-trace', no 'traceEvents')")
         return cls(
             spans=[Span(**s) for s in data.get("spans", [])],
             counters=[Counter(**c) for c in data.get("counters", [])],
-            meta=meta,
+            meta=_int_rank_keys(data.get("meta", {})),
         )
+
+    @classmethod
+    def from_chrome(cls, data: dict) -> Trace:
+        """Rebuild the trace from :meth:`to_chrome` output: every span field travels in the event's args."""
+        fields = {f.name for f in dataclasses.fields(Span)}
+        spans = [Span(**{k: v for k, v in e["args"].items() if k in fields})
+                 for e in data["traceEvents"] if e.get("ph") == "X" and "lane" in e.get("args", {})]
+        counters = [Counter(e["pid"], e["name"], e["ts"] / 1e6, float(e["args"][e["name"]]))
+                    for e in data["traceEvents"] if e.get("ph") == "C"]
+        meta = _int_rank_keys(dict(data.get("otherData", {}).get("paralab", {})))
+        return cls(spans=sorted(spans, key=lambda s: (s.start, s.rank)), counters=counters, meta=meta)
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -143,7 +154,7 @@ class Trace:
             for lane, tid in lane_tid.items():
                 events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": lane}})
         for s in self.spans:
-            args = {k: v for k, v in dataclasses.asdict(s).items() if v not in (None, 0, "", False)}
+            args = {k: v for k, v in dataclasses.asdict(s).items() if v is not None}
             events.append(
                 {
                     "ph": "X",
@@ -188,25 +199,20 @@ class Trace:
 
     def busy_time(self, rank: int, lane: str = COMPUTE, window: tuple[float, float] | None = None) -> float:
         """Time covered by the rank's spans on a lane (overlaps counted once), clipped to a window."""
-        intervals = []
-        for s in self.spans:
-            if s.rank != rank or s.lane != lane:
-                continue
-            lo, hi = s.start, s.end
-            if window is not None:
-                lo, hi = max(lo, window[0]), min(hi, window[1])
-            if hi > lo:
-                intervals.append((lo, hi))
-        return _union_length(intervals)
+        return _clipped_union([s for s in self.spans if s.rank == rank and s.lane == lane], window)
 
     def idle_fraction(self, steps: list[int] | None = None) -> dict[int, float]:
         """Per rank: share of the step windows in which the rank computes nothing (waits or talks)."""
         windows = self.step_windows()
         chosen = [windows[k] for k in (steps if steps is not None else _after_first(list(windows)))]
         total = sum(hi - lo for lo, hi in chosen)
+        by_rank: dict[int, list[Span]] = {rank: [] for rank in self.ranks}
+        for s in self.spans:
+            if s.lane == COMPUTE:
+                by_rank[s.rank].append(s)
         out = {}
-        for rank in self.ranks:
-            busy = sum(self.busy_time(rank, COMPUTE, w) for w in chosen)
+        for rank, spans in by_rank.items():
+            busy = sum(_clipped_union(spans, w) for w in chosen)
             out[rank] = 1.0 - busy / total if total > 0 else 0.0
         return out
 
@@ -257,8 +263,25 @@ class Trace:
         }
 
 
+def _int_rank_keys(meta: dict) -> dict:
+    if "ranks" in meta:  # JSON object keys are strings
+        meta["ranks"] = {int(k): v for k, v in meta["ranks"].items()}
+    return meta
+
+
 def _after_first(steps: list[int]) -> list[int]:
     return steps[1:] if len(steps) > 1 else steps
+
+
+def _clipped_union(spans: list[Span], window: tuple[float, float] | None) -> float:
+    intervals = []
+    for s in spans:
+        lo, hi = s.start, s.end
+        if window is not None:
+            lo, hi = max(lo, window[0]), min(hi, window[1])
+        if hi > lo:
+            intervals.append((lo, hi))
+    return _union_length(intervals)
 
 
 def _union_length(intervals: list[tuple[float, float]]) -> float:

@@ -1,0 +1,186 @@
+"""One standalone HTML report of a run, for people who are not in Jupyter.
+
+``write_report(run_or_trace, "report.html")`` writes a single file with plotly.js embedded inline
+(it opens offline, from a mail attachment or a CI artifact, and fetches nothing): a summary table,
+the timeline (with a prediction stacked under it when given), bubbles on pipeline runs,
+communication by op, rank by rank and by link, memory per rank, losses and throughput per step,
+and the elastic view when the trace has world-size samples or events.
+
+The CLI wires ``paralab report TRACE.json -o report.html`` with :func:`add_report_args` and
+:func:`report_main`, and ``paralab run ... --report report.html`` by calling :func:`write_report`
+on the RunResult. TRACE.json may be a paralab trace, a directory of per-rank traces (torchrun
+``--trace-dir``), or the Chrome/Perfetto export ``RunResult.save_trace`` writes.
+
+This module imports plotly only inside the functions that draw (DESIGN principle 6).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import html
+import sys
+from pathlib import Path
+
+from paralab.trace import Trace
+
+
+# ------------------------------------------------------------------------------------------- content
+def _summary_of(obj) -> tuple[Trace, dict, list[float] | None]:
+    """(trace, summary dict, losses or None) from a RunResult or a Trace."""
+    from paralab.viz.bubble import schedule_of
+
+    if isinstance(obj, Trace):
+        summary = obj.summary()
+        for key in ("strategy", "world_size", "schedule", "microbatches", "model", "source"):
+            if obj.meta.get(key) not in (None, ""):
+                summary[key] = obj.meta[key]
+        summary.setdefault("world_size", len(obj.ranks))
+        if schedule_of(obj) is None:
+            summary.pop("bubble_fraction", None)  # idle time of a non-pipeline run is not a bubble
+        return obj, summary, None
+    trace = getattr(obj, "trace", None)
+    if not isinstance(trace, Trace):
+        raise TypeError(f"write_report needs a Trace or a RunResult, got {type(obj).__name__}")
+    return trace, obj.summary, list(getattr(obj, "losses", []) or []) or None
+
+
+def _fmt(value) -> str:
+    from paralab.viz._common import fmt_bytes
+
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {fmt_bytes(v) if isinstance(v, (int, float)) else v}" for k, v in value.items()) or "—"
+    if isinstance(value, list):
+        shown = ", ".join(_fmt(v) if not isinstance(v, int) or v < 10**6 else fmt_bytes(v) for v in value[:16])
+        return shown + (" …" if len(value) > 16 else "")
+    return str(value)
+
+
+SUMMARY_KEYS = ("strategy", "source", "world_size", "dp", "tp", "pp", "schedule", "microbatches", "model", "device",
+                "steps", "step_time_s", "tokens_per_s", "bubble_fraction", "comm_bytes", "comm_payload_bytes",
+                "comm_bytes_by_link", "peak_memory_bytes", "losses")
+
+
+def summary_table(summary: dict) -> str:
+    """HTML tables: headline numbers, then compute / comm / idle seconds per rank."""
+    rows = "".join(
+        f"<tr><th>{html.escape(k)}</th><td>{html.escape(_fmt(summary[k]))}</td></tr>"
+        for k in SUMMARY_KEYS if k in summary and summary[k] not in (None, "")
+    )
+    out = f'<table class="summary">{rows}</table>'
+    per_rank = summary.get("per_rank") or {}
+    if per_rank:
+        body = "".join(
+            f"<tr><td>r{r}</td><td>{v['compute_s'] * 1e3:.2f}</td><td>{v['comm_s'] * 1e3:.2f}</td>"
+            f"<td>{v['idle_s'] * 1e3:.2f}</td></tr>"
+            for r, v in sorted(per_rank.items(), key=lambda kv: int(kv[0]))
+        )
+        out += ('<table class="ranks"><tr><th>rank</th><th>compute ms/step</th><th>comm ms/step</th>'
+                f"<th>idle ms/step</th></tr>{body}</table>")
+    return out
+
+
+def report_figures(obj, predicted: Trace | None = None) -> list[tuple[str, object]]:
+    """(section title, plotly Figure) pairs for everything the run has data for."""
+    from paralab import viz
+    from paralab.trace import COMM, EVENT
+    from paralab.viz.bubble import schedule_of
+
+    trace, summary, losses = _summary_of(obj)
+    figs = [("Timeline", viz.timeline(trace, predicted=predicted))]
+    if schedule_of(trace) is not None or (summary.get("pp") or 1) > 1:
+        figs.append(("Pipeline bubble", viz.bubble(trace)))
+    if trace.select(lane=COMM):
+        figs += [("Communication by op and step", viz.comm_by_op(trace)),
+                 ("Bytes exchanged, rank by rank", viz.comm_matrix(trace)),
+                 ("Intra- vs inter-node traffic", viz.comm_link_split(trace))]
+    if summary.get("memory_by_kind"):
+        figs.append(("Memory per rank", viz.memory(summary)))
+    if losses:
+        figs.append(("Loss", viz.loss_curves({summary.get("strategy", "run"): losses})))
+    if len(trace.step_windows()) > 1:
+        figs.append(("Throughput per step", viz.speedup_timeline(trace)))
+    if trace.select(lane=EVENT) or any(c.name == "world_size" for c in trace.counters):
+        figs.append(("Elastic", viz.elastic(trace)))
+    return figs
+
+
+PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 1.5rem auto; max-width: 1200px; color: #222; }}
+h1 {{ font-size: 1.5rem; margin-bottom: .2rem; }} h2 {{ font-size: 1.15rem; margin-top: 2rem; }}
+.sub {{ color: #666; margin-top: 0; }}
+table {{ border-collapse: collapse; margin: .6rem 0 1rem; font-size: .9rem; }}
+th, td {{ border: 1px solid #ddd; padding: .25rem .6rem; text-align: left; vertical-align: top; }}
+table.summary th {{ background: #f6f6f6; width: 14rem; }}
+</style>
+<script type="text/javascript">{plotlyjs}</script>
+</head><body>
+<h1>{title}</h1>
+<p class="sub">{subtitle}</p>
+<h2>Summary</h2>
+{table}
+{figures}
+</body></html>
+"""
+
+
+def write_report(trace_or_result, path: str | Path, *, predicted=None, title: str | None = None) -> Path:
+    """Write one standalone HTML file (plotly.js inline, no network) and return its path.
+
+    ``trace_or_result``: a RunResult (summary, losses and memory included) or a Trace.
+    ``predicted``: a simulated Trace to stack under the measured timeline.
+    """
+    import plotly.io as pio
+    from plotly.offline import get_plotlyjs
+
+    from paralab.viz._common import as_trace
+
+    trace, summary, _ = _summary_of(trace_or_result)
+    predicted = as_trace(predicted) if predicted is not None else None
+    sections = []
+    for i, (heading, fig) in enumerate(report_figures(trace_or_result, predicted)):
+        div = pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=f"figure-{i}",
+                          config={"displaylogo": False, "responsive": True})
+        sections.append(f'<section class="figure"><h2>{html.escape(heading)}</h2>{div}</section>')
+    ranks = len(trace.ranks)
+    title = title or f"paralab report: {summary.get('strategy') or trace.meta.get('source') or 'trace'} on {ranks} ranks"
+    subtitle = (f"{ranks} ranks · {len(trace.spans)} spans · {len(trace.step_windows())} steps · "
+                f"written {datetime.datetime.now().isoformat(timespec='seconds')}")
+    page = PAGE.format(title=html.escape(title), subtitle=html.escape(subtitle), table=summary_table(summary),
+                       figures="\n".join(sections), plotlyjs=get_plotlyjs().replace("</script", "<\\/script"))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+def add_report_args(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``paralab report``: TRACE [-o OUT] [--predicted TRACE] [--title TEXT]."""
+    parser.add_argument("trace", help="paralab trace JSON, a --trace-dir directory, or a Chrome trace export")
+    parser.add_argument("-o", "--output", default="report.html", help="HTML file to write (default: report.html)")
+    parser.add_argument("--predicted", default=None, help="a simulated trace to stack under the measured timeline")
+    parser.add_argument("--title", default=None, help="report title")
+
+
+def report_main(args) -> int:
+    """``paralab report``: 0 when written, 2 when a trace file is missing or not a trace (message on stderr)."""
+    traces = []
+    for label, name in (("trace", args.trace), ("predicted trace", getattr(args, "predicted", None))):
+        if name is None:
+            traces.append(None)
+            continue
+        try:
+            traces.append(Trace.load(name))
+        except (OSError, ValueError, TypeError, KeyError) as exc:  # JSONDecodeError is a ValueError
+            print(f"paralab report: cannot read {label} {name}: {exc}", file=sys.stderr)
+            return 2
+    out = write_report(traces[0], args.output, predicted=traces[1], title=getattr(args, "title", None))
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,111 @@
+"""Shared helpers of the figure builders: lazy plotly import, colours, byte formatting, inputs.
+
+plotly is imported inside :func:`go` so that ``import paralab.viz`` (and the headless core that may
+import it for type names) works on a machine without plotly; only drawing needs it.
+"""
+
+from __future__ import annotations
+
+from paralab.trace import Trace
+
+# One colour per span kind, so the same operation looks the same in every figure.
+KIND_COLORS = {
+    "forward": "#4C78A8",
+    "backward": "#F58518",
+    "backward_input": "#E45756",
+    "backward_weight": "#72B7B2",
+    "optimizer": "#555555",  # dark grey: never mistaken for a microbatch colour
+    "all_reduce": "#B279A2",
+    "all_gather": "#9D755D",
+    "reduce_scatter": "#FF9DA6",
+    "broadcast": "#BAB0AC",
+    "send": "#EECA3B",
+    "recv": "#D4A6C8",
+    "failure": "#D62728",
+    "rescale": "#1F77B4",
+}
+EXTRA_COLORS = ["#8C564B", "#17BECF", "#BCBD22", "#7F7F7F", "#393B79", "#637939", "#8C6D31", "#843C39"]
+MEMORY_KINDS = ("params", "grads", "optimizer", "activations")
+MEMORY_COLORS = {"params": "#4C78A8", "grads": "#F58518", "optimizer": "#54A24B", "activations": "#E45756"}
+# Microbatch shades for pipeline timelines: qualitative, repeats after 12.
+MICROBATCH_COLORS = [
+    "#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B",
+    "#B279A2", "#FF9DA6", "#9D755D", "#BAB0AC", "#17BECF", "#BCBD22",
+]  # fmt: skip
+
+
+def go():
+    """plotly.graph_objects, imported on first use with a message that says how to get it."""
+    try:
+        import plotly.graph_objects as graph_objects
+    except ImportError as exc:  # pragma: no cover - exercised only without plotly
+        raise ImportError("paralab.viz needs plotly: pip install 'paralab[lab]' (or pip install plotly)") from exc
+    return graph_objects
+
+
+def make_subplots(**kwargs):
+    go()  # same friendly error
+    from plotly.subplots import make_subplots as _make
+
+    return _make(**kwargs)
+
+
+def kind_color(kind: str) -> str:
+    if kind in KIND_COLORS:
+        return KIND_COLORS[kind]
+    return EXTRA_COLORS[sum(map(ord, kind)) % len(EXTRA_COLORS)]
+
+
+def fmt_bytes(n: float) -> str:
+    """Human bytes with binary prefixes: 100608 -> '98.2 KiB'."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def as_trace(obj) -> Trace:
+    """Accept a Trace or anything carrying one (RunResult)."""
+    if isinstance(obj, Trace):
+        return obj
+    trace = getattr(obj, "trace", None)
+    if isinstance(trace, Trace):
+        return trace
+    raise TypeError(f"expected a paralab Trace or RunResult, got {type(obj).__name__}")
+
+
+def as_summary(obj) -> dict:
+    """The summary dict of a RunResult, a Prediction (to_dict) or a plain dict."""
+    if isinstance(obj, dict):
+        return obj
+    summary = getattr(obj, "summary", None)
+    if isinstance(summary, dict):
+        return summary
+    if hasattr(obj, "to_dict"):
+        out = obj.to_dict()
+        parallel = getattr(obj, "parallel", None)
+        if parallel is not None and "world_size" not in out:
+            out["world_size"] = parallel.world_size
+        return out
+    if isinstance(obj, Trace):
+        return dict(obj.summary(), world_size=obj.meta.get("world_size", len(obj.ranks)))
+    raise TypeError(f"expected a RunResult, Prediction or summary dict, got {type(obj).__name__}")
+
+
+def style(fig, title: str | None = None, height: int | None = None):
+    """The house look: white background; title, then legend, then (subplot titles and) the plot.
+
+    Title and legend are pinned in pixels from the top of the figure (container coordinates), so
+    they never sit on subplot titles whatever the height.
+    """
+    height = height or fig.layout.height or 450
+    fig.update_layout(
+        template="plotly_white",
+        height=height,
+        title=dict(text=title, y=1 - 8 / height, yref="container", yanchor="top", x=0.01, xanchor="left"),
+        margin=dict(l=60, r=20, t=95, b=45),
+        legend=dict(orientation="h", yref="container", y=1 - 38 / height, yanchor="top", x=0),
+    )
+    return fig

@@ -1,0 +1,109 @@
+"""Pipeline bubbles: how much of each step every rank sits idle, against what the schedule promises.
+
+The measured (or simulated) idle fraction comes from :meth:`Trace.idle_fraction` (steps after the
+first); the theoretical bubble from :func:`paralab.schedules.theoretical_bubble`, which assumes
+equal stages and free point-to-point transfers, so the gap between bars and line is what real
+stage imbalance and communication cost.
+"""
+
+from __future__ import annotations
+
+from paralab.schedules import ScheduleError, build_schedule, theoretical_bubble
+from paralab.sim.events import simulate_schedule
+from paralab.viz._common import as_trace, go, kind_color, style
+
+DEFAULT_TIMES = {"forward": 1.0, "backward": 2.0, "backward_input": 1.0, "backward_weight": 1.0}
+SCHEDULE_COLORS = {"naive": "#7F7F7F", "gpipe": "#4C78A8", "1f1b": "#F58518", "interleaved": "#54A24B",
+                   "zb-h1": "#E45756", "zbv": "#B279A2"}
+
+
+def schedule_of(trace) -> tuple[str, int, int, int] | None:
+    """(schedule, stages, microbatches, virtual stages) recorded in a trace's meta, if it is a pipeline."""
+    m = trace.meta
+    name = m.get("schedule")
+    stages = m.get("stages") or m.get("pp") or 0
+    if not name or stages < 2:
+        return None
+    return name, int(stages), int(m.get("microbatches") or 1), int(m.get("virtual_stages") or 1)
+
+
+def bubble(trace, schedule: tuple[str, int, int, int] | None = None, title: str | None = None):
+    """Per-rank idle fraction bars; dashed line at the schedule's theoretical bubble, dotted at the mean.
+
+    ``schedule`` = (name, stages, microbatches, virtual_stages) overrides what the trace's meta says.
+    ``fig.layout.meta`` holds ``idle`` (rank -> fraction) and ``theoretical`` (or None).
+    """
+    graph = go()
+    trace = as_trace(trace)
+    idle = trace.idle_fraction()
+    ranks = sorted(idle)
+    fig = graph.Figure(graph.Bar(
+        x=[f"r{r}" for r in ranks], y=[idle[r] for r in ranks], name="idle fraction",
+        marker_color=kind_color("recv"), text=[f"{idle[r]:.0%}" for r in ranks], textposition="outside",
+        hovertemplate="%{x}: idle %{y:.1%} of the step<extra></extra>",
+    ))
+    mean = sum(idle.values()) / len(idle) if idle else 0.0
+    fig.add_hline(y=mean, line_dash="dot", line_color="#555", annotation_text=f"mean {mean:.1%}",
+                  annotation_position="top left")
+    theory = None
+    schedule = schedule or schedule_of(trace)
+    if schedule is not None:
+        try:
+            theory = theoretical_bubble(*schedule)
+        except (ScheduleError, ValueError):
+            theory = None
+    if theory is not None:
+        fig.add_hline(y=theory, line_dash="dash", line_color="#D62728",
+                      annotation_text=f"{schedule[0]} theory {theory:.1%}", annotation_position="top right")
+    fig.update_yaxes(title_text="idle fraction of step", tickformat=".0%", rangemode="tozero")
+    fig.update_xaxes(title_text="rank")
+    fig.update_layout(meta={"idle": {str(r): idle[r] for r in ranks}, "theoretical": theory})
+    return style(fig, title or "pipeline bubble per rank", 360)
+
+
+def bubble_curve(name: str, stages: int, microbatches, virtual_stages: int = 1,
+                 compute_time=None, p2p_time: float = 0.0) -> tuple[list[int], list[float], list[float]]:
+    """(microbatches, simulated bubble, theoretical bubble) for one schedule, skipping invalid m.
+
+    Chunk times are divided by the schedule's virtual stages, so every schedule does the same work
+    per microbatch and the curves compare schedules, not model sizes.
+    """
+    ms, sim, theory = [], [], []
+    base = dict(DEFAULT_TIMES, **(compute_time or {}))
+    for m in microbatches:
+        try:
+            sched = build_schedule(name, stages, m, virtual_stages)
+        except (ScheduleError, ValueError):
+            continue
+        v = sched.virtual_stages
+        times = {op: t / v for op, t in base.items()}
+        ms.append(m)
+        sim.append(simulate_schedule(sched, times, p2p_time).bubble_fraction())
+        theory.append(theoretical_bubble(name, stages, m, v))
+    return ms, sim, theory
+
+
+def bubble_vs_microbatches(schedules=("gpipe", "1f1b", "interleaved", "zb-h1", "zbv"), stages: int = 4,
+                           microbatches=(1, 2, 4, 8, 16, 32), virtual_stages: int = 2, compute_time=None,
+                           p2p_time: float = 0.0, title: str | None = None):
+    """Bubble fraction against microbatches for several schedules: simulated (solid) and theory (dashed).
+
+    Combinations a schedule cannot build (interleaved needs m divisible by the stages, ...) are left
+    out of its curve. ``virtual_stages`` applies to the interleaved schedule (zbv always has 2).
+    """
+    graph = go()
+    fig = graph.Figure()
+    for name in schedules:
+        v = virtual_stages if name == "interleaved" else 1
+        ms, sim, theory = bubble_curve(name, stages, microbatches, v, compute_time, p2p_time)
+        color = SCHEDULE_COLORS.get(name, kind_color(name))
+        label = f"{name} (v={v})" if name == "interleaved" else name
+        fig.add_trace(graph.Scatter(x=ms, y=sim, mode="lines+markers", name=label, legendgroup=name,
+                                    line=dict(color=color),
+                                    hovertemplate=f"{label}, m=%{{x}}: simulated %{{y:.1%}}<extra></extra>"))
+        fig.add_trace(graph.Scatter(x=ms, y=theory, mode="lines", name=f"{label} theory", legendgroup=name,
+                                    line=dict(color=color, dash="dash"), showlegend=False,
+                                    hovertemplate=f"{label}, m=%{{x}}: theory %{{y:.1%}}<extra></extra>"))
+    fig.update_xaxes(title_text="microbatches per step", type="log", dtick=0.30103)
+    fig.update_yaxes(title_text="bubble fraction", tickformat=".0%", rangemode="tozero")
+    return style(fig, title or f"bubble vs microbatches, {stages} stages (dashed: closed form)", 420)

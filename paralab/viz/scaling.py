@@ -1,0 +1,125 @@
+"""Speedup and scaling: does adding ranks pay, and how far from ideal is it?
+
+Speedup is measured in throughput (tokens per second) relative to the smallest world size shown,
+which is right for both strong scaling (fixed global batch: throughput ratio = step time ratio)
+and weak scaling (batch grows with ranks). When a point has no throughput, step times are used.
+The ideal line is world size / smallest world size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from paralab.viz._common import as_summary, as_trace, go, make_subplots, style
+
+MEASURED, PREDICTED = "#4C78A8", "#F58518"
+
+
+def scaling_points(runs) -> list[dict]:
+    """Normalise runs to sorted points {world_size, step_time_s, tokens_per_s}.
+
+    ``runs``: RunResults, Predictions, summary dicts, or a mapping world_size -> step time (seconds)
+    or -> any of those.
+    """
+    items = []
+    if isinstance(runs, Mapping):
+        for w, v in runs.items():
+            if isinstance(v, (int, float)):
+                items.append({"world_size": int(w), "step_time_s": float(v), "tokens_per_s": 0.0})
+            else:
+                s = as_summary(v)
+                items.append({"world_size": int(w), "step_time_s": s["step_time_s"],
+                              "tokens_per_s": s.get("tokens_per_s") or 0.0})
+    else:
+        for v in runs:
+            s = as_summary(v)
+            items.append({"world_size": int(s["world_size"]), "step_time_s": s["step_time_s"],
+                          "tokens_per_s": s.get("tokens_per_s") or 0.0})
+    return sorted(items, key=lambda p: p["world_size"])
+
+
+def speedups(points: list[dict]) -> list[float]:
+    """Speedup of each point over the first (smallest world size); see the module docstring."""
+    if not points:
+        return []
+    base = points[0]
+    if all(p["tokens_per_s"] > 0 for p in points):
+        return [p["tokens_per_s"] / base["tokens_per_s"] for p in points]
+    return [base["step_time_s"] / p["step_time_s"] if p["step_time_s"] > 0 else 0.0 for p in points]
+
+
+def scaling(measured=None, predicted=None, title: str | None = None):
+    """Two panels sharing the world-size axis: step time, and speedup with the ideal line."""
+    graph = go()
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("step time", "speedup"), horizontal_spacing=0.12)
+    all_ws: set[int] = set()
+    meta = {}
+    for label, runs, color, dash in (("measured", measured, MEASURED, "solid"), ("predicted", predicted, PREDICTED, "dash")):
+        if runs is None:
+            continue
+        pts = scaling_points(runs)
+        ws = [p["world_size"] for p in pts]
+        all_ws.update(ws)
+        sp = speedups(pts)
+        meta[label] = {"world_size": ws, "step_time_s": [p["step_time_s"] for p in pts], "speedup": sp}
+        line = dict(color=color, dash=dash)
+        fig.add_trace(graph.Scatter(x=ws, y=[p["step_time_s"] * 1e3 for p in pts], mode="lines+markers", name=label,
+                                    legendgroup=label, line=line,
+                                    hovertemplate=f"{label}: %{{x}} ranks, %{{y:.2f}} ms/step<extra></extra>"), 1, 1)
+        fig.add_trace(graph.Scatter(x=ws, y=sp, mode="lines+markers", name=label, legendgroup=label, line=line,
+                                    showlegend=False,
+                                    hovertemplate=f"{label}: %{{x}} ranks, speedup %{{y:.2f}}x<extra></extra>"), 1, 2)
+    if all_ws:
+        ws = sorted(all_ws)
+        fig.add_trace(graph.Scatter(x=ws, y=[w / ws[0] for w in ws], mode="lines", name="ideal",
+                                    line=dict(color="#999", dash="dot"), hoverinfo="skip"), 1, 2)
+    fig.update_xaxes(title_text="world size (ranks)", type="log", dtick=0.30103)
+    fig.update_yaxes(title_text="ms per step", row=1, col=1, rangemode="tozero")
+    fig.update_yaxes(title_text="speedup (x)", row=1, col=2, rangemode="tozero")
+    fig.update_layout(meta=meta)
+    return style(fig, title or "scaling with world size", 380)
+
+
+def speedup_timeline(runs, baseline=None, title: str | None = None):
+    """Per training step: throughput of each run and, given a baseline, speedup over it.
+
+    ``runs``: a Trace/RunResult or {label: Trace/RunResult}. ``baseline``: a Trace/RunResult (its
+    median step time) or a step time in seconds. Step 0 pays for warm-up; it is shown, not hidden.
+    """
+    graph = go()
+    if not isinstance(runs, Mapping):
+        runs = {as_trace(runs).meta.get("strategy") or "run": runs}
+    base_time = None
+    if baseline is not None:
+        base_time = float(baseline) if isinstance(baseline, (int, float)) else as_trace(baseline).median_step_time()
+    rows = 2 if base_time else 1
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.1,
+                        subplot_titles=("throughput", "speedup over baseline")[:rows])
+    meta = {}
+    for i, (label, run) in enumerate(runs.items()):
+        trace = as_trace(run)
+        times = trace.step_times()
+        steps = list(trace.step_windows())
+        tokens = trace.meta.get("tokens_per_step", 0)
+        color = f"hsl({(i * 67) % 360},60%,45%)"
+        y = [tokens / t if t > 0 and tokens else (1 / t if t > 0 else 0) for t in times]
+        unit = "tokens/s" if tokens else "steps/s"
+        fig.add_trace(graph.Scatter(x=steps, y=y, mode="lines+markers", name=label, legendgroup=label,
+                                    line=dict(color=color),
+                                    hovertemplate=f"{label} step %{{x}}: %{{y:.0f}} {unit}<extra></extra>"), 1, 1)
+        meta[label] = {"steps": steps, "step_time_s": times}
+        if base_time:
+            sp = [base_time / t if t > 0 else 0 for t in times]
+            meta[label]["speedup"] = sp
+            fig.add_trace(graph.Scatter(x=steps, y=sp, mode="lines+markers", name=label, legendgroup=label,
+                                        showlegend=False, line=dict(color=color),
+                                        hovertemplate=f"{label} step %{{x}}: %{{y:.2f}}x<extra></extra>"), 2, 1)
+    if base_time:
+        fig.add_hline(y=1.0, line_dash="dot", line_color="#999", row=2, col=1)
+        fig.update_yaxes(title_text="speedup (x)", row=2, col=1)
+    unit = "tokens/s" if any(as_trace(r).meta.get("tokens_per_step") for r in runs.values()) else "steps/s"
+    fig.update_yaxes(title_text=f"throughput ({unit})", row=1, col=1, rangemode="tozero")
+    fig.update_xaxes(dtick=1)
+    fig.update_xaxes(title_text="training step", row=rows, col=1)
+    fig.update_layout(meta=meta)
+    return style(fig, title or "throughput over training steps", 320 + 180 * (rows - 1))

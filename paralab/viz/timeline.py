@@ -1,0 +1,234 @@
+"""The timeline: what every rank did, when, on its compute and communication lanes.
+
+Each span is one horizontal bar (``go.Bar`` with ``base`` = start and ``x`` = duration,
+``orientation='h'``). One plotly trace per span kind keeps the legend meaningful and the figure
+fast: a 64-rank pipeline has tens of thousands of spans but only a handful of traces, and the
+browser draws bars far faster than it draws thousands of shapes. Gaps between bars are idle time.
+
+Rows are ``r{rank} {lane}`` and sorted rank-major, so a rank's compute and comm lanes sit together
+and rank 0 is on top. Times are shown in milliseconds from the start of the shown spans, so a
+measured step and a simulated one line up when stacked (``predicted=``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from functools import lru_cache
+
+from paralab.trace import COMM, COMPUTE, EVENT, Span, Trace
+from paralab.viz._common import (
+    KIND_COLORS,
+    MICROBATCH_COLORS,
+    as_trace,
+    fmt_bytes,
+    go,
+    kind_color,
+    make_subplots,
+    style,
+)
+
+DEFAULT_LANES = (COMPUTE, COMM, EVENT)
+TEXT_LIMIT = 2000  # above this many bars, labels on bars cost more than they tell
+MICROBATCH_SCALE = [[k / (len(MICROBATCH_COLORS) - 1), c] for k, c in enumerate(MICROBATCH_COLORS)]
+_PATTERNS = {"backward": "/", "backward_input": "\\", "backward_weight": "x"}
+HOVER = "%{hovertext}<extra></extra>"
+
+
+def row_label(rank: int, lane: str) -> str:
+    return f"r{rank} {lane}"
+
+
+def select_spans(trace: Trace, lanes=DEFAULT_LANES, steps=None) -> list[Span]:
+    """The spans a timeline draws: chosen lanes, and (if ``steps`` is given) chosen steps only."""
+    wanted = set(steps) if steps is not None else None
+    return [s for s in trace.spans if s.lane in lanes and (wanted is None or s.step in wanted)]
+
+
+def kind_order(kinds) -> list[str]:
+    """Known kinds in a fixed order (stable legends and widget traces), then the rest sorted."""
+    known = [k for k in KIND_COLORS if k in kinds]
+    return known + sorted(k for k in kinds if k not in KIND_COLORS)
+
+
+def bars_by_kind(spans: list[Span], color_by: str = "kind", suffix: str = "", t0: float | None = None,
+                 text: bool = False) -> dict[str, dict]:
+    """kind -> columns of one bar trace as numpy arrays (y, base, x, hovertext, color, text); ms.
+
+    Split out of :func:`timeline` so widgets can push new columns into an existing FigureWidget
+    instead of building a new figure. The column shapes are chosen for speed: plotly validates
+    Python lists element by element but takes numpy arrays whole, numeric arrays travel to the
+    browser as binary buffers, and one hover string per bar serialises several times faster than a
+    per-bar customdata row. ``color`` is a colour string for the whole kind, or microbatch numbers
+    on :data:`MICROBATCH_SCALE` when compute spans are coloured by microbatch.
+    """
+    import numpy as np
+
+    if t0 is None:
+        t0 = min((s.start for s in spans), default=0.0)
+    groups: dict[str, list[Span]] = defaultdict(list)
+    for s in spans:
+        groups[s.kind].append(s)
+    out = {}
+    for kind in kind_order(groups):
+        group = groups[kind]
+        by_microbatch = color_by == "microbatch" and all(s.lane == COMPUTE and s.microbatch is not None for s in group)
+        rows = [row_label(s.rank, s.lane) + suffix for s in group]
+        out[kind] = {
+            "y": np.array(rows),
+            "base": np.array([(s.start - t0) * 1e3 for s in group]),
+            "x": np.array([(s.end - s.start) * 1e3 for s in group]),
+            "hovertext": np.array([_hover(s, row, t0) for s, row in zip(group, rows)]),
+            "color": (np.array([s.microbatch % len(MICROBATCH_COLORS) for s in group]) if by_microbatch
+                      else kind_color(kind)),
+            "text": np.array([_bar_text(s) for s in group]) if text else None,
+        }
+    return out
+
+
+def _hover(s: Span, row: str, t0: float) -> str:
+    """Hover text of one bar: name, kind and row, start and duration (ms), bytes (human and exact)."""
+    out = (f"<b>{s.name or s.kind}</b><br>{s.kind} on {row}<br>start {(s.start - t0) * 1e3:.3f} ms, "
+           f"duration {(s.end - s.start) * 1e3:.3f} ms<br>bytes {_bytes_label(s.bytes)}")
+    if s.microbatch is not None:
+        out += f"<br>microbatch {s.microbatch}" + (f", stage {s.stage}" if s.stage is not None else "")
+    if s.peer is not None:
+        out += f"<br>peer r{s.peer}"
+    if s.group_size:
+        out += f"<br>group of {s.group_size}"
+    if s.payload_bytes and s.payload_bytes != s.bytes:
+        out += f"<br>payload {_bytes_label(s.payload_bytes)}"
+    if s.inter_node:
+        out += "<br>crosses nodes"
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _bytes_label(n: int) -> str:
+    return f"{fmt_bytes(n)} ({n} B)"
+
+
+def marker_of(kind: str, color) -> dict:
+    """Bar marker: one colour, or microbatch numbers on the discrete microbatch scale (+ hatching)."""
+    if isinstance(color, str):
+        return dict(color=color, line=dict(width=0))
+    marker = dict(color=color, colorscale=MICROBATCH_SCALE, cmin=0, cmax=len(MICROBATCH_COLORS) - 1,
+                  line=dict(width=0))
+    if kind in _PATTERNS:
+        marker["pattern"] = dict(shape=_PATTERNS[kind], fillmode="overlay", fgcolor="rgba(0,0,0,0.35)")
+    return marker
+
+
+def _bar_text(s: Span) -> str:
+    if s.lane == COMPUTE and s.microbatch is not None:
+        return s.name or f"{s.kind[0].upper()}{s.microbatch}"
+    return ""
+
+
+def rows_of(trace: Trace, spans: list[Span], suffix: str = "") -> list[str]:
+    """Row labels rank-major (every rank of the trace appears, even one with nothing to show)."""
+    lanes_present = [lane for lane in (COMPUTE, COMM, EVENT) if any(s.lane == lane for s in spans)]
+    lanes_present += sorted({s.lane for s in spans} - set(lanes_present))
+    return [row_label(r, lane) + suffix for r in trace.ranks for lane in (lanes_present or [COMPUTE])]
+
+
+def resolve_color_by(spans: list[Span], color_by: str) -> str:
+    if color_by == "auto":
+        return "microbatch" if any(s.microbatch is not None and s.lane == COMPUTE for s in spans) else "kind"
+    if color_by not in ("kind", "microbatch"):
+        raise ValueError(f"color_by must be 'auto', 'kind' or 'microbatch', got {color_by!r}")
+    return color_by
+
+
+def bar_traces(trace: Trace, *, lanes=DEFAULT_LANES, steps=None, color_by: str = "auto", text="auto",
+               suffix: str = "", opacity: float = 1.0, legend: bool = True) -> tuple[list[dict], list[str]]:
+    """(bar traces as plotly dicts, row labels) for one Trace; the building block of :func:`timeline`."""
+    spans = select_spans(trace, lanes, steps)
+    mode = resolve_color_by(spans, color_by)
+    show_text = (len(spans) <= TEXT_LIMIT) if text == "auto" else bool(text)
+    out = []
+    for kind, c in bars_by_kind(spans, mode, suffix, text=show_text and mode == "microbatch").items():
+        out.append(dict(
+            type="bar", name=kind, y=c["y"], x=c["x"], base=c["base"], orientation="h", hovertext=c["hovertext"],
+            marker=marker_of(kind, c["color"]), opacity=opacity, hovertemplate=HOVER, text=c["text"],
+            textposition="inside", insidetextanchor="middle", legendgroup=kind, showlegend=legend, width=0.8,
+        ))
+    return out, rows_of(trace, spans, suffix)
+
+
+def timeline(trace, predicted=None, *, lanes=DEFAULT_LANES, steps=None, predicted_steps=None,
+             color_by: str = "auto", text="auto", layout: str = "stacked", title: str | None = None,
+             height: int | None = None):
+    """Timeline figure of a Trace (or RunResult), optionally with a predicted Trace beside it.
+
+    ``layout="stacked"``: measured on top, predicted below, two subplots sharing the time axis.
+    ``layout="overlay"``: one axis; each rank's predicted rows (suffix " pred", faded) sit right under
+    its measured rows. ``steps`` restricts the measured spans to those steps (``predicted_steps`` the
+    predicted ones), e.g. ``steps=[2]`` to compare one warm step with a simulated step.
+    ``color_by``: "kind", "microbatch" (pipeline runs; kinds then differ by hatching), or "auto".
+    ``fig.layout.meta`` records ``ranks`` and ``rows`` (and ``predicted_rows``) for callers and tests.
+    """
+    graph = go()
+    trace = as_trace(trace)
+    kwargs = dict(lanes=lanes, color_by=color_by, text=text)
+    bars, rows = bar_traces(trace, steps=steps, **kwargs)
+    meta = {"ranks": len(trace.ranks), "rows": rows, "source": trace.meta.get("source", "")}
+    if predicted is None:
+        fig = graph.Figure(bars)
+        _rows_axis(fig, rows, "yaxis")
+        fig.update_xaxes(title_text="time (ms)")
+    else:
+        predicted = as_trace(predicted)
+        if layout == "overlay":
+            pbars, prows = bar_traces(predicted, steps=predicted_steps, suffix=" pred", opacity=0.55, **kwargs)
+            _legend_once(bars, pbars)
+            fig = graph.Figure(bars + pbars)
+            _rows_axis(fig, _interleave(rows, prows), "yaxis")
+            fig.update_xaxes(title_text="time (ms)")
+        elif layout == "stacked":
+            pbars, prows = bar_traces(predicted, steps=predicted_steps, **kwargs)
+            _legend_once(bars, pbars)
+            fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                                row_heights=[max(len(rows), 1), max(len(prows), 1)],
+                                subplot_titles=("measured", "predicted"))
+            fig.add_traces(bars + pbars, rows=[1] * len(bars) + [2] * len(pbars), cols=[1] * (len(bars) + len(pbars)))
+            _rows_axis(fig, rows, "yaxis")
+            _rows_axis(fig, prows, "yaxis2")
+            fig.update_xaxes(title_text="time (ms)", row=2, col=1)
+        else:
+            raise ValueError(f"layout must be 'stacked' or 'overlay', got {layout!r}")
+        meta["predicted_rows"] = prows
+        meta["predicted_ranks"] = len(predicted.ranks)
+    fig.update_layout(barmode="overlay", bargap=0.15, meta=meta, uniformtext=dict(minsize=7, mode="hide"))
+    n_rows = len(rows) + len(meta.get("predicted_rows", []))
+    return style(fig, title or _default_title(trace), height or min(200 + 22 * n_rows, 1600))
+
+
+def _legend_once(bars: list[dict], pbars: list[dict]) -> None:
+    """A kind drawn in both traces gets one legend entry (legendgroup toggles both)."""
+    shown = {b["name"] for b in bars}
+    for b in pbars:
+        b["showlegend"] = b["name"] not in shown
+
+
+def _rows_axis(fig, rows: list[str], axis: str) -> None:
+    fig.layout[axis].update(type="category", categoryorder="array", categoryarray=rows, autorange="reversed",
+                            range=None)
+
+
+def _interleave(rows: list[str], prows: list[str]) -> list[str]:
+    """Measured rows of each rank followed by its predicted rows (ranks missing on one side kept)."""
+    def rank_of(label: str) -> int:
+        return int(label.split()[0][1:])
+
+    by_rank: dict[int, list[str]] = defaultdict(list)
+    for label in rows + prows:
+        by_rank[rank_of(label)].append(label)
+    return [label for r in sorted(by_rank) for label in by_rank[r]]
+
+
+def _default_title(trace: Trace) -> str:
+    m = trace.meta
+    parts = [m.get("source", "") or "trace", m.get("strategy", "")]
+    if m.get("schedule"):
+        parts.append(f"{m['schedule']} p={m.get('stages', m.get('pp', '?'))} m={m.get('microbatches', '?')}")
+    return "timeline: " + " · ".join(p for p in parts if p)

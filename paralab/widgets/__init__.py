@@ -1,0 +1,41 @@
+"""Interactive apps for the notebooks, built from paralab.viz and paralab.sim.
+
+Each function returns an ipywidgets container; ipywidgets and plotly are imported when an app is
+built, not when this package is imported.
+"""
+
+
+def pipeline_explorer(*args, **kwargs):
+    from paralab.widgets.pipeline import pipeline_explorer as app
+
+    return app(*args, **kwargs)
+
+
+def scaling_explorer(*args, **kwargs):
+    from paralab.widgets.explorers import scaling_explorer as app
+
+    return app(*args, **kwargs)
+
+
+def comm_explorer(*args, **kwargs):
+    from paralab.widgets.explorers import comm_explorer as app
+
+    return app(*args, **kwargs)
+
+
+def memory_explorer(*args, **kwargs):
+    from paralab.widgets.explorers import memory_explorer as app
+
+    return app(*args, **kwargs)
+
+
+def elastic_monitor(*args, **kwargs):
+    from paralab.widgets.elastic import elastic_monitor as app
+
+    return app(*args, **kwargs)
+
+
+for _f in (pipeline_explorer, scaling_explorer, comm_explorer, memory_explorer, elastic_monitor):
+    _f.__doc__ = f"Build the {_f.__name__.replace('_', ' ')} (see paralab.widgets.{'pipeline' if _f is pipeline_explorer else 'elastic' if _f is elastic_monitor else 'explorers'})."
+
+__all__ = ["pipeline_explorer", "scaling_explorer", "comm_explorer", "memory_explorer", "elastic_monitor"]

@@ -1,0 +1,55 @@
+"""Widget plumbing shared by the apps: lazy imports, message boxes, in-place figure updates.
+
+ipywidgets and plotly are imported inside functions (DESIGN principle 6). Apps are plain ipywidgets
+containers; the pieces a notebook or a test drives (``controls``, ``figure``, ``message``, methods)
+are attached as attributes, so ``app.controls["microbatches"].value = 16`` redraws the figure.
+"""
+
+from __future__ import annotations
+
+import html
+
+
+def widgets():
+    try:
+        import ipywidgets
+    except ImportError as exc:  # pragma: no cover - exercised only without ipywidgets
+        raise ImportError("paralab.widgets needs ipywidgets: pip install 'paralab[lab]'") from exc
+    return ipywidgets
+
+
+def figure_widget(fig):
+    """A plotly FigureWidget (live in the notebook, updated in place) from a Figure."""
+    import plotly.graph_objects as go
+
+    return go.FigureWidget(fig)
+
+
+def replace_figure(fw, fig) -> None:
+    """Make FigureWidget ``fw`` show ``fig``: update traces in place when they line up, else swap them.
+
+    In-place updates send only the changed arrays to the browser, and keep zoom and legend state.
+    """
+    new = list(fig.data)
+    with fw.batch_update():
+        if [(t.type, t.name) for t in fw.data] == [(t.type, t.name) for t in new]:
+            for old, trace in zip(fw.data, new):
+                old.update(trace.to_plotly_json(), overwrite=True)
+        else:
+            fw.data = ()
+            fw.add_traces(new)
+        fw.layout.update(fig.layout.to_plotly_json(), overwrite=True)
+
+
+def message(text: str = "", kind: str = "info") -> str:
+    """HTML for a message line: info (grey), error (red), ok (green)."""
+    color = {"info": "#555", "error": "#B00020", "ok": "#2E7D32"}[kind]
+    body = html.escape(text).replace("\n", "<br>")
+    return f'<div style="color:{color};font-family:monospace;white-space:pre-wrap">{body}</div>' if text else ""
+
+
+def attach(box, **parts):
+    """Hang the app's parts on its container (see the module docstring)."""
+    for name, value in parts.items():
+        setattr(box, name, value)
+    return box

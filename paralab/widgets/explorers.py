@@ -1,0 +1,234 @@
+"""Scaling, communication and memory explorers: sliders over the cost model, figures from paralab.viz.
+
+Each explorer predicts with :mod:`paralab.sim` (instant, any size) and can show measured runs beside
+the prediction (``measured=`` arguments). A split the cost model refuses (SpecError: tp not dividing
+the heads, a batch that does not split, ...) shows its message; the figure keeps the last good state.
+"""
+
+from __future__ import annotations
+
+from paralab.widgets._common import attach, figure_widget, message, replace_figure, widgets
+
+POW2 = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+
+
+def _sim():
+    from paralab.sim import cost, hardware, presets, specs
+
+    return cost, hardware, presets, specs
+
+
+# ------------------------------------------------------------------------------------------ scaling
+def scaling_points(model_name: str, hw_name: str, dim: str, max_gpus: int, global_batch: int,
+                   base: dict | None = None) -> tuple[list[dict], list[str]]:
+    """Predicted points along one parallel dimension (dp, tp or pp = 1, 2, 4 ... max_gpus).
+
+    Returns (points for paralab.viz.scaling, reasons for the sizes the cost model refused).
+    """
+    cost, hardware, presets, specs = _sim()
+    model, hw = presets.get_model(model_name), hardware.get_hardware(hw_name)
+    points, skipped = [], []
+    for n in [g for g in POW2 if g <= max_gpus]:
+        spec = specs.ParallelSpec(**{**(base or {}), dim: n, "global_batch": global_batch})
+        try:
+            pred = cost.predict(model, spec, hw)
+        except specs.SpecError as exc:
+            skipped.append(f"{dim}={n}: {exc}")
+            continue
+        points.append({"world_size": spec.world_size, "step_time_s": pred.step_time_s,
+                       "tokens_per_s": pred.tokens_per_s})
+    return points, skipped
+
+
+def scaling_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dim: str = "dp", max_gpus: int = 64,
+                     global_batch: int = 512, measured=None):
+    """Predicted step time and speedup against world size; ``measured`` runs (RunResults, summaries or
+    {world_size: step time}) drawn beside. Attributes: ``controls``, ``figure``, ``message``, ``redraw()``."""
+    from paralab.sim import hardware as hw_mod
+    from paralab.sim import presets
+    from paralab.viz.scaling import scaling
+
+    w = widgets()
+    controls = {
+        "model": w.Dropdown(options=list(presets.MODELS), value=model, description="model"),
+        "hardware": w.Dropdown(options=list(hw_mod.PRESETS), value=hardware, description="hardware"),
+        "dim": w.ToggleButtons(options=["dp", "tp", "pp"], value=dim, description="scale"),
+        "max_gpus": w.SelectionSlider(options=POW2[1:], value=max_gpus, description="up to"),
+        "global_batch": w.IntText(value=global_batch, description="global batch"),
+    }
+    msg = w.HTML()
+    fw = figure_widget(scaling(measured=measured, predicted={1: 1.0}))
+
+    def redraw(*_):
+        c = {k: v.value for k, v in controls.items()}
+        try:
+            points, skipped = scaling_points(c["model"], c["hardware"], c["dim"], c["max_gpus"], c["global_batch"])
+        except Exception as exc:  # an unknown preset or a cost-model error: say it, keep the figure
+            msg.value = message(f"{type(exc).__name__}: {exc}", "error")
+            return
+        msg.value = message("not predicted: " + "; ".join(skipped), "info") if skipped else ""
+        if points:
+            title = f"{c['model']} on {c['hardware']}, scaling {c['dim']} (global batch {c['global_batch']})"
+            replace_figure(fw, scaling(measured=measured, predicted=points, title=title))
+
+    for c in controls.values():
+        c.observe(redraw, names="value")
+    app = w.VBox([w.HBox([controls["model"], controls["hardware"], controls["dim"]]),
+                  w.HBox([controls["max_gpus"], controls["global_batch"]]), msg, fw])
+    attach(app, controls=controls, figure=fw, message=msg, redraw=redraw)
+    redraw()
+    return app
+
+
+# ------------------------------------------------------------------------------------------- memory
+def memory_by_zero(model_name: str, dp: int, tp: int, pp: int, micro_batch: int, recompute: str,
+                   microbatches: int) -> dict[str, dict]:
+    """ZeRO stage label -> predicted bytes per GPU by kind, for the stages the split allows."""
+    cost, _hardware, presets, specs = _sim()
+    model = presets.get_model(model_name)
+    out = {}
+    for zero in (0, 1, 2, 3):
+        spec = specs.ParallelSpec(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=micro_batch, recompute=recompute,
+                                  microbatches=microbatches)
+        if spec.problems(model):
+            continue
+        out[f"ZeRO-{zero}" if zero else "no ZeRO"] = cost.memory_per_gpu(model, spec)
+    return out
+
+
+def memory_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dp: int = 8, tp: int = 1, pp: int = 1,
+                    measured: dict | None = None):
+    """Predicted memory per GPU for each ZeRO stage of a split, against the GPU's memory line.
+
+    ``measured``: {label: RunResult or summary} of real runs (one per strategy or ZeRO stage), drawn
+    per rank in a second figure. Attributes: ``controls``, ``figure``, ``measured_figure``, ``message``.
+    """
+    from paralab.sim import hardware as hw_mod
+    from paralab.sim import presets
+    from paralab.viz.memory import memory
+
+    w = widgets()
+    controls = {
+        "model": w.Dropdown(options=list(presets.MODELS), value=model, description="model"),
+        "hardware": w.Dropdown(options=list(hw_mod.PRESETS), value=hardware, description="hardware"),
+        "dp": w.SelectionSlider(options=POW2, value=dp, description="dp"),
+        "tp": w.SelectionSlider(options=POW2[:5], value=tp, description="tp"),
+        "pp": w.SelectionSlider(options=POW2[:7], value=pp, description="pp"),
+        "micro_batch": w.SelectionSlider(options=POW2[:6], value=1, description="micro-batch"),
+        "recompute": w.ToggleButtons(options=["none", "selective", "full"], value="none", description="recompute"),
+    }
+    msg = w.HTML()
+    fw = figure_widget(memory({"no ZeRO": {"params": 0}}))
+    measured_fw = figure_widget(memory(measured, title="measured peak memory per rank")) if measured else None
+
+    def redraw(*_):
+        c = {k: v.value for k, v in controls.items()}
+        try:
+            bars = memory_by_zero(c["model"], c["dp"], c["tp"], c["pp"], c["micro_batch"], c["recompute"],
+                                  microbatches=max(c["pp"], 1) * 2 if c["pp"] > 1 else 1)
+        except Exception as exc:
+            msg.value = message(f"{type(exc).__name__}: {exc}", "error")
+            return
+        if not bars:
+            from paralab.sim.presets import get_model
+            from paralab.sim.specs import ParallelSpec
+
+            spec = ParallelSpec(dp=c["dp"], tp=c["tp"], pp=c["pp"], micro_batch=c["micro_batch"])
+            msg.value = message("; ".join(spec.problems(get_model(c["model"]))), "error")
+            return
+        capacity = hw_mod.get_hardware(c["hardware"]).memory_bytes
+        msg.value = ""
+        fig = memory(bars, unit="GiB", title=f"{c['model']}: predicted memory per GPU, dp={c['dp']} tp={c['tp']} pp={c['pp']}")
+        fig.add_hline(y=capacity / 2**30, line_dash="dash", line_color="#D62728",
+                      annotation_text=f"{c['hardware']} {capacity / 2**30:.0f} GiB")
+        replace_figure(fw, fig)
+
+    for c in controls.values():
+        c.observe(redraw, names="value")
+    children = [w.HBox([controls["model"], controls["hardware"], controls["recompute"]]),
+                w.HBox([controls["dp"], controls["tp"], controls["pp"], controls["micro_batch"]]), msg, fw]
+    app = w.VBox(children + ([measured_fw] if measured_fw else []))
+    attach(app, controls=controls, figure=fw, measured_figure=measured_fw, message=msg, redraw=redraw)
+    redraw()
+    return app
+
+
+# -------------------------------------------------------------------------------------------- comm
+def collective_rows(op: str, payload: float, max_group: int, hw_name: str) -> list[dict]:
+    """Per group size: wire bytes per rank and predicted time inside one node and across nodes."""
+    cost, hardware, _presets, _specs = _sim()
+    from paralab.sim.counting import ring_wire_bytes
+
+    hw = hardware.get_hardware(hw_name)
+    rows = []
+    for n in [g for g in POW2 if 2 <= g <= max_group]:
+        rows.append({
+            "group": n,
+            "wire_bytes": ring_wire_bytes(op, payload, n),
+            "intra_s": cost.collective_time(hw, op, payload, min(n, hw.gpus_per_node), 1),
+            "inter_s": cost.collective_time(hw, op, payload, n, max(hw.gpus_per_node, 1)),
+        })
+    return rows
+
+
+def comm_explorer(trace=None, hardware: str = "h100"):
+    """Communication of a run (if ``trace`` is given: by op / rank matrix / intra vs inter, wire or
+    payload bytes) and a ring-collective calculator (bytes and time against group size).
+
+    Attributes: ``controls``, ``figure`` (the trace view, or None), ``calculator`` (FigureWidget),
+    ``message``, ``redraw()``.
+    """
+    from paralab.sim import hardware as hw_mod
+    from paralab.viz import comm as viz_comm
+    from paralab.viz._common import as_trace, fmt_bytes, go, make_subplots, style
+
+    w = widgets()
+    controls = {
+        "view": w.ToggleButtons(options=["by op", "rank matrix", "intra vs inter"], value="by op", description="view"),
+        "payload": w.Checkbox(value=False, description="payload bytes (not wire)"),
+        "op": w.Dropdown(options=["all_reduce", "all_gather", "reduce_scatter"], value="all_reduce", description="op"),
+        "size_mb": w.FloatLogSlider(value=100.0, base=10, min=-2, max=4, description="tensor MiB"),
+        "max_group": w.SelectionSlider(options=POW2[1:], value=64, description="up to"),
+        "hardware": w.Dropdown(options=list(hw_mod.PRESETS), value=hardware, description="hardware"),
+    }
+    msg = w.HTML()
+    trace = as_trace(trace) if trace is not None else None
+    views = {"by op": viz_comm.comm_by_op, "rank matrix": viz_comm.comm_matrix, "intra vs inter": viz_comm.comm_link_split}
+    trace_fw = figure_widget(viz_comm.comm_by_op(trace)) if trace is not None else None
+
+    def calc_figure(c):
+        rows = collective_rows(c["op"], c["size_mb"] * 2**20, c["max_group"], c["hardware"])
+        groups = [r["group"] for r in rows]
+        fig = make_subplots(rows=1, cols=2, subplot_titles=("bytes each rank sends", "time"))
+        fig.add_trace(go().Bar(x=groups, y=[r["wire_bytes"] for r in rows], name="wire bytes per rank",
+                               customdata=[fmt_bytes(r["wire_bytes"]) for r in rows],
+                               hovertemplate="group %{x}: %{customdata}<extra></extra>"), 1, 1)
+        fig.add_trace(go().Scatter(x=groups, y=[r["intra_s"] * 1e3 for r in rows], name="inside a node (capped at node size)",
+                                   mode="lines+markers"), 1, 2)
+        fig.add_trace(go().Scatter(x=groups, y=[r["inter_s"] * 1e3 for r in rows], name="one rank per node",
+                                   mode="lines+markers"), 1, 2)
+        fig.update_xaxes(type="log", dtick=0.30103, title_text="group size")
+        fig.update_yaxes(title_text="ms", row=1, col=2)
+        return style(fig, f"ring {c['op']} of {c['size_mb']:.2f} MiB on {c['hardware']}", 360)
+
+    calc_fw = figure_widget(calc_figure({k: v.value for k, v in controls.items()}))
+
+    def redraw(*_):
+        c = {k: v.value for k, v in controls.items()}
+        try:
+            if trace_fw is not None:
+                replace_figure(trace_fw, views[c["view"]](trace, payload=c["payload"]))
+            replace_figure(calc_fw, calc_figure(c))
+            msg.value = ""
+        except Exception as exc:
+            msg.value = message(f"{type(exc).__name__}: {exc}", "error")
+
+    for c in controls.values():
+        c.observe(redraw, names="value")
+    parts = []
+    if trace_fw is not None:
+        parts += [w.HBox([controls["view"], controls["payload"]]), trace_fw]
+    parts += [w.HBox([controls["op"], controls["size_mb"], controls["max_group"], controls["hardware"]]), msg, calc_fw]
+    app = w.VBox(parts)
+    attach(app, controls=controls, figure=trace_fw, calculator=calc_fw, message=msg, redraw=redraw)
+    return app

@@ -1,0 +1,178 @@
+"""The pipeline explorer: pick a schedule and shape, see the simulated step at once, then run it.
+
+Sliders drive :func:`paralab.sim.events.simulate_schedule` on the same schedule data the real
+executor runs; the timeline redraws in place (new bar columns pushed into the FigureWidget, no new
+figure), which keeps a 64-rank pipeline interactive. Combinations a schedule cannot build show the
+schedule's own error text instead of raising. "Run for real" launches the pp strategy on local ranks
+with a progress bar, then draws the measured last step above a prediction re-timed with the
+durations it measured (so the two share real units).
+"""
+
+from __future__ import annotations
+
+import time
+from functools import lru_cache
+
+from paralab.schedules import SCHEDULES, ScheduleError, build_schedule, theoretical_bubble
+from paralab.sim.events import simulate_schedule
+from paralab.trace import COMPUTE, Trace
+from paralab.widgets._common import attach, figure_widget, message, replace_figure, widgets
+
+UNIT_TIMES = {"forward": 1.0, "backward": 2.0, "backward_input": 1.0, "backward_weight": 1.0}
+
+
+@lru_cache(maxsize=128)
+def simulate(name: str, stages: int, microbatches: int, virtual_stages: int, p2p: float) -> Trace:
+    """Simulated step in forward-time units (F = 1 ms per chunk of one whole stage, B = 2, Bi = W = 1).
+
+    Cached: going back to a shape seen before costs nothing. Raises ScheduleError/ValueError for
+    shapes the schedule cannot build.
+    """
+    sched = build_schedule(name, stages, microbatches, virtual_stages)
+    v = sched.virtual_stages
+    times = {op: t * 1e-3 / v for op, t in UNIT_TIMES.items()}
+    return simulate_schedule(sched, times, p2p * 1e-3)
+
+
+def fast_bubble(trace: Trace) -> float:
+    """Idle fraction of a one-step simulated trace in one pass over its spans.
+
+    Same number as ``Trace.bubble_fraction`` for a simulated step (one window, compute spans of a rank
+    never overlap), but linear in the spans: the general method rescans every span per rank, which
+    alone costs about a second on a 64-rank, 64-microbatch pipeline.
+    """
+    lo = min((s.start for s in trace.spans), default=0.0)
+    hi = max((s.end for s in trace.spans), default=0.0)
+    busy: dict[int, float] = {r: 0.0 for r in trace.ranks}
+    for s in trace.spans:
+        if s.lane == COMPUTE:
+            busy[s.rank] += s.end - s.start
+    if hi <= lo or not busy:
+        return 0.0
+    return 1.0 - sum(busy.values()) / (len(busy) * (hi - lo))
+
+
+def measured_times(trace: Trace) -> dict[str, float]:
+    """Mean seconds per compute op in a measured trace (steps after the first), for re-timing the sim."""
+    steps = sorted({s.step for s in trace.spans if s.step is not None})
+    later = set(steps[1:]) or set(steps)
+    sums: dict[str, list[float]] = {}
+    for s in trace.select(lane=COMPUTE):
+        if s.step in later and s.kind in UNIT_TIMES:
+            sums.setdefault(s.kind, []).append(s.duration)
+    out = {k: sum(v) / len(v) for k, v in sums.items()}
+    if "forward" in out:  # fill ops the run did not have (e.g. no split backward) from the forward
+        for op, unit in UNIT_TIMES.items():
+            out.setdefault(op, out["forward"] * unit)
+    return out
+
+
+def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int = 8, virtual_stages: int = 2,
+                      p2p: float = 0.05, max_stages: int = 64, max_microbatches: int = 128, steps: int = 3,
+                      model: str = "tiny", run_options: dict | None = None):
+    """Schedule dropdown and stages / microbatches / virtual-stages / p2p sliders over a simulated timeline.
+
+    Attributes: ``controls`` (dict of widgets), ``figure`` (prediction FigureWidget), ``measured``
+    (FigureWidget after a real run, else None), ``message``, ``progress``, ``redraw()``,
+    ``run_for_real()``, ``last_update_ms``. ``p2p`` is the transfer latency in forward times.
+    """
+    import paralab
+    from paralab.viz.timeline import bar_traces, timeline
+
+    w = widgets()
+    controls = {
+        "schedule": w.Dropdown(options=list(SCHEDULES), value=schedule, description="schedule"),
+        "stages": w.IntSlider(value=stages, min=2, max=max_stages, description="stages", continuous_update=False),
+        "microbatches": w.IntSlider(value=microbatches, min=1, max=max_microbatches, description="microbatches",
+                                    continuous_update=False),
+        "virtual_stages": w.IntSlider(value=virtual_stages, min=1, max=8, description="virtual", continuous_update=False),
+        "p2p": w.FloatSlider(value=p2p, min=0.0, max=2.0, step=0.05, description="p2p / F", continuous_update=False),
+    }
+    info = w.HTML()
+    msg = w.HTML()
+    button = w.Button(description="Run for real", button_style="primary", icon="play")
+    progress = w.IntProgress(value=0, min=0, max=steps, description="steps", layout=w.Layout(visibility="hidden"))
+    measured_box = w.VBox([])
+
+    def shape():
+        c = {k: v.value for k, v in controls.items()}
+        v = c["virtual_stages"] if c["schedule"] == "interleaved" else (2 if c["schedule"] == "zbv" else 1)
+        return c["schedule"], c["stages"], c["microbatches"], v, c["p2p"]
+
+    try:
+        first = simulate(*shape())
+    except (ScheduleError, ValueError):
+        first = Trace()
+    fw = figure_widget(timeline(first, title="predicted step (time in forward units: F = 1 ms)"))
+
+    def redraw(*_):
+        started = time.perf_counter()
+        name, p, m, v, lat = shape()
+        controls["virtual_stages"].disabled = name != "interleaved"
+        try:
+            sim = simulate(name, p, m, v, lat)
+        except (ScheduleError, ValueError) as exc:
+            msg.value = message(f"{name} with {p} stages, {m} microbatches, v={v}: {exc}", "error")
+            return
+        msg.value = ""
+        bars, rows = bar_traces(sim)
+        with fw.batch_update():
+            if [t.name for t in fw.data] == [b["name"] for b in bars]:
+                for trace, b in zip(fw.data, bars):
+                    trace.update(y=b["y"], x=b["x"], base=b["base"], hovertext=b["hovertext"],
+                                 marker=b["marker"], text=b["text"])
+            else:
+                fw.data = ()
+                fw.add_traces(bars)
+            fw.layout.yaxis.categoryarray = rows
+            fw.layout.height = min(200 + 22 * len(rows), 1600)
+            fw.layout.meta = {"ranks": p, "rows": rows, "source": "simulated"}
+        theory = theoretical_bubble(name, p, m, v)
+        app.last_update_ms = (time.perf_counter() - started) * 1e3
+        info.value = (f"<b>{name}</b> p={p} m={m} v={v}: bubble simulated {fast_bubble(sim):.1%}, "
+                      f"closed form {theory:.1%} · {len(sim.spans)} spans · update {app.last_update_ms:.0f} ms")
+
+    def on_progress(step: int, total: int) -> None:
+        progress.max = total
+        progress.value = step + 1
+
+    def run_for_real(*_):
+        name, p, m, v, _lat = shape()
+        progress.value, progress.layout.visibility = 0, "visible"
+        msg.value = message(f"running {name} on {p} local ranks ...")
+        try:
+            result = paralab.run(strategy="pp", world_size=p, pp=p, schedule=name, microbatches=m,
+                                 virtual_stages=v, steps=steps, model=model, progress=on_progress,
+                                 **{"global_batch": m, **(run_options or {})})
+        except Exception as exc:  # ConfigError (e.g. pp not available), RunError: show, don't raise
+            msg.value = message(f"{type(exc).__name__}: {exc}", "error")
+            return None
+        trace = result.trace
+        last = max((s.step for s in trace.spans if s.step is not None), default=None)
+        unit = measured_times(trace)
+        sched = build_schedule(name, p, m, v)
+        predicted = simulate_schedule(sched, unit or UNIT_TIMES)
+        fig = timeline(trace, predicted=predicted, steps=[last] if last is not None else None,
+                       title=f"measured step {last} vs prediction re-timed with measured op times")
+        if app.measured is None:
+            app.measured = figure_widget(fig)
+            measured_box.children = [app.measured]
+        else:
+            replace_figure(app.measured, fig)
+        app.result = result
+        msg.value = message(f"measured step time {result.summary['step_time_s'] * 1e3:.1f} ms, "
+                            f"bubble {result.summary['bubble_fraction']:.1%}", "ok")
+        return result
+
+    for c in controls.values():
+        c.observe(redraw, names="value")
+    button.on_click(run_for_real)
+    app = w.VBox([
+        w.HBox([controls["schedule"], controls["stages"], controls["microbatches"]]),
+        w.HBox([controls["virtual_stages"], controls["p2p"], button, progress]),
+        info, msg, fw, measured_box,
+    ])
+    attach(app, controls=controls, figure=fw, measured=None, message=msg, info=info, progress=progress,
+           button=button, redraw=redraw, run_for_real=run_for_real, last_update_ms=0.0, result=None)
+    redraw()
+    return app

@@ -1,0 +1,149 @@
+"""The standalone HTML report: content checks on the file, the CLI entry, and a real browser.
+
+The browser test opens the report from disk in headless Chromium (Debian's package, driven by
+Python playwright with executable_path; never a downloaded browser), blocks every request that is
+not the file itself, and checks that each figure rendered bars or cells.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+import paralab
+from paralab.schedules import build_schedule
+from paralab.sim.events import simulate_schedule
+from paralab.trace import Trace
+
+pytest.importorskip("plotly")
+
+from paralab.report import add_report_args, report_main, write_report  # noqa: E402
+
+CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/lib/chromium/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def ddp_run():
+    return paralab.run(strategy="ddp", world_size=2, steps=3, bucket_mb=0.1, global_batch=4)
+
+
+@pytest.fixture(scope="module")
+def report(ddp_run, tmp_path_factory):
+    predicted = simulate_schedule(build_schedule("1f1b", 2, 4), {"forward": 0.002, "backward": 0.004}, 1e-4)
+    return write_report(ddp_run, tmp_path_factory.mktemp("report") / "report.html", predicted=predicted)
+
+
+def figure_divs(text: str) -> list[str]:
+    return re.findall(r'<div id="(figure-\d+)" class="plotly-graph-div"', text)
+
+
+def test_report_content(report, ddp_run):
+    text = report.read_text()
+    assert text.startswith("<!DOCTYPE html>")
+    divs = figure_divs(text)
+    for heading in ("Timeline", "Communication by op and step", "Bytes exchanged, rank by rank",
+                    "Intra- vs inter-node traffic", "Memory per rank", "Loss", "Summary"):
+        assert f"<h2>{heading}</h2>" in text, heading
+    assert "Pipeline bubble" not in text  # a DDP run has no pipeline bubble
+    assert len(divs) >= 6 and text.count("Plotly.newPlot") == len(divs)
+    assert "on 2 ranks" in text and "<td>r1</td>" in text and "<td>r2</td>" not in text
+    assert '"r0 compute"' in text and '"r1 comm"' in text and '"r0 comm"' in text
+    assert ddp_run.summary["strategy"] in text and "all_reduce: " in text
+    # standalone: plotly.js inline, nothing fetched from the network
+    assert len(text) > 3_000_000 and not re.search(r'<script[^>]+src=', text)
+    assert "cdn.plot.ly" not in text.split("</head>")[1]
+
+
+def test_report_from_trace_and_chrome_export(ddp_run, tmp_path):
+    chrome = ddp_run.save_trace(tmp_path / "trace.chrome.json")  # what `paralab run --trace` writes
+    back = Trace.load(chrome)
+    assert len(back.spans) == len(ddp_run.trace.spans) and back.summary() == ddp_run.trace.summary()
+    plain = ddp_run.trace.save(tmp_path / "trace.json")
+    out = write_report(Trace.load(plain), tmp_path / "t.html")
+    text = out.read_text()
+    assert "Memory per rank" not in text and "<h2>Timeline</h2>" in text and "bubble_fraction" not in text
+
+
+def _parser():
+    parser = argparse.ArgumentParser()
+    add_report_args(parser)
+    return parser
+
+
+def test_report_main_exit_codes(ddp_run, tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    notrace = tmp_path / "other.json"
+    notrace.write_text(json.dumps({"hello": 1}))
+    for path in (tmp_path / "missing.json", bad, notrace):
+        assert report_main(_parser().parse_args([str(path), "-o", str(tmp_path / "x.html")])) == 2
+        assert "cannot read trace" in capsys.readouterr().err
+    assert not (tmp_path / "x.html").exists()
+    trace = ddp_run.trace.save(tmp_path / "good.json")
+    out = tmp_path / "sub" / "r.html"
+    assert report_main(_parser().parse_args([str(trace), "-o", str(out), "--title", "my run"])) == 0
+    assert out.exists() and "<h1>my run</h1>" in out.read_text()
+
+
+def _chromium() -> str | None:
+    log = Path("/tmp/chromium.log")
+    deadline = time.monotonic() + 120  # the Debian package may still be installing
+    while log.exists() and not log.read_text(errors="replace").rstrip().endswith("done") and time.monotonic() < deadline:
+        time.sleep(2)
+    for path in CHROMIUM_CANDIDATES:
+        if os.access(path, os.X_OK):
+            return path
+    return shutil.which("chromium")
+
+
+@pytest.mark.browser
+def test_report_renders_in_chromium(report):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    executable = _chromium()
+    if executable is None:
+        pytest.skip("no chromium binary (install Debian's chromium package)")
+    expected = len(figure_divs(report.read_text()))
+    url = report.resolve().as_uri()
+    outside = []
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            errors = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+
+            def gate(route):
+                if route.request.url == url:
+                    route.continue_()
+                else:
+                    outside.append(route.request.url)
+                    route.abort()
+
+            page.route("**/*", gate)
+            page.goto(url)
+            page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {expected}",
+                                   timeout=30_000)
+            plots = page.locator(".js-plotly-plot")
+            assert plots.count() == expected
+            timeline = page.locator("#figure-0")
+            bar_paths = timeline.locator("g.barlayer path").count()
+            assert bar_paths > 0
+            rows = timeline.locator("g.ytick text").all_text_contents()
+            assert {"r0 compute", "r1 comm"} <= set(rows)
+            for i in range(expected):
+                fig = page.locator(f"#figure-{i}")
+                drawn = fig.locator("g.barlayer path, g.scatterlayer path.js-line, g.hm image, g.heatmaplayer image").count()
+                assert drawn > 0, f"figure {i} drew nothing"
+            assert not errors, errors
+        finally:
+            browser.close()
+    assert outside == []

@@ -1,0 +1,205 @@
+"""Figure builders on small real traces: the figures must show what the trace holds.
+
+One real 2-rank DDP run per module (small buckets, so several all-reduce spans per step) and
+simulated pipeline steps (instant) feed every test; tests read the figure's data arrays and
+``layout.meta`` (rows, ranks, totals) rather than only checking that a figure came back.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import paralab
+from paralab.schedules import build_schedule, theoretical_bubble
+from paralab.sim.events import simulate_schedule
+from paralab.trace import Counter, Span, Trace
+
+pytest.importorskip("plotly")
+
+from paralab import viz  # noqa: E402
+from paralab.viz.comm import comm_matrix_data, group_of  # noqa: E402
+
+TIMES = {"forward": 1e-3, "backward": 2e-3, "backward_input": 1e-3, "backward_weight": 1e-3}
+
+
+@pytest.fixture(scope="module")
+def ddp_run():
+    return paralab.run(strategy="ddp", world_size=2, steps=3, bucket_mb=0.1, global_batch=4)
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    """A simulated 1F1B step: 4 ranks, 8 microbatches, 1 KiB activations."""
+    return simulate_schedule(build_schedule("1f1b", 4, 8), TIMES, 1e-4, activation_bytes=1024)
+
+
+def bars(fig) -> int:
+    return sum(len(t.x) for t in fig.data if t.type == "bar")
+
+
+def test_import_does_not_pull_plotly():
+    code = "import sys, paralab.viz, paralab.widgets, paralab.report; print(any(m.split('.')[0] in ('plotly', 'ipywidgets') for m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_timeline_measured_rows_spans_and_bytes(ddp_run):
+    trace = ddp_run.trace
+    fig = viz.timeline(ddp_run)
+    assert fig.layout.meta["ranks"] == 2
+    assert fig.layout.meta["rows"] == ["r0 compute", "r0 comm", "r1 compute", "r1 comm"]
+    assert list(fig.layout.yaxis.categoryarray) == fig.layout.meta["rows"]
+    drawn = [s for s in trace.spans if s.lane in ("compute", "comm")]
+    assert bars(fig) == len(drawn)
+    by_name = {t.name: t for t in fig.data}
+    assert len(by_name["all_reduce"].x) == len(trace.select(lane="comm", kind="all_reduce")) > 2 * 3
+    # each bar is one span: durations (ms) and hover bytes match the spans, in order
+    ar = trace.select(lane="comm", kind="all_reduce")
+    t0 = min(s.start for s in drawn)
+    assert by_name["all_reduce"].x[0] == pytest.approx(ar[0].duration * 1e3)
+    assert by_name["all_reduce"].base[0] == pytest.approx((ar[0].start - t0) * 1e3)
+    assert f"({ar[0].bytes} B)" in by_name["all_reduce"].hovertext[0]
+    assert set(by_name["all_reduce"].y) == {"r0 comm", "r1 comm"}
+
+
+def test_timeline_steps_filter(ddp_run):
+    fig = viz.timeline(ddp_run.trace, steps=[2])
+    assert bars(fig) == len([s for s in ddp_run.trace.spans if s.step == 2 and s.lane in ("compute", "comm")])
+
+
+def test_timeline_pipeline_microbatch_colours_and_labels(pipe):
+    fig = viz.timeline(pipe)
+    assert fig.layout.meta["ranks"] == 4 and len(fig.layout.meta["rows"]) == 8
+    fwd = next(t for t in fig.data if t.name == "forward")
+    assert len(fwd.x) == 4 * 8
+    assert sorted(set(fwd.marker.color)) == list(range(8))  # coloured by microbatch
+    assert "F0 s0" in list(fwd.text)
+    send = next(t for t in fig.data if t.name == "send")
+    assert isinstance(send.marker.color, str)  # comm stays coloured by kind
+    assert "(1024 B)" in send.hovertext[0] and "peer r" in send.hovertext[0]
+    # idle is visible as gaps: rank 3's compute bars cover less than the step
+    span = max(b + x for t in fig.data for b, x in zip(t.base, t.x))
+    busy3 = sum(x for t in fig.data if t.name in ("forward", "backward") for y, x in zip(t.y, t.x) if y == "r3 compute")
+    assert busy3 < span * 0.95
+
+
+def test_timeline_measured_with_prediction(ddp_run, pipe):
+    stacked = viz.timeline(ddp_run, predicted=pipe)
+    assert len(stacked.layout.meta["predicted_rows"]) == 8
+    assert stacked.layout.yaxis2.categoryarray == tuple(stacked.layout.meta["predicted_rows"])
+    assert {t.yaxis for t in stacked.data} == {"y", "y2"}
+    assert bars(stacked) == bars(viz.timeline(ddp_run)) + bars(viz.timeline(pipe))
+    overlay = viz.timeline(ddp_run, predicted=pipe, layout="overlay")
+    rows = list(overlay.layout.yaxis.categoryarray)
+    assert rows[:4] == ["r0 compute", "r0 comm", "r0 compute pred", "r0 comm pred"]
+    with pytest.raises(ValueError):
+        viz.timeline(ddp_run, predicted=pipe, layout="sideways")
+
+
+def test_bubble_bars_and_theory(pipe):
+    fig = viz.bubble(pipe)
+    assert len(fig.data[0].x) == 4
+    assert fig.layout.meta["theoretical"] == pytest.approx(theoretical_bubble("1f1b", 4, 8))
+    idle = pipe.idle_fraction()
+    assert list(fig.data[0].y) == pytest.approx([idle[r] for r in range(4)])
+
+
+def test_bubble_vs_microbatches_curves():
+    fig = viz.bubble_vs_microbatches(("gpipe", "interleaved", "zb-h1"), stages=4, microbatches=(2, 4, 6, 8))
+    by_name = {t.name: t for t in fig.data}
+    assert list(by_name["gpipe"].x) == [2, 4, 6, 8]
+    assert list(by_name["interleaved (v=2)"].x) == [4, 8]  # m must divide by the stages
+    # with free p2p and equal stages the simulated gpipe bubble is the closed form
+    assert list(by_name["gpipe"].y) == pytest.approx(list(by_name["gpipe theory"].y))
+    assert by_name["gpipe"].y[0] > by_name["gpipe"].y[-1]  # more microbatches, smaller bubble
+
+
+def test_comm_by_op_and_matrix_bytes(ddp_run):
+    trace = ddp_run.trace
+    fig = viz.comm_by_op(trace)
+    ar = next(t for t in fig.data if t.name == "all_reduce")
+    assert list(ar.x) == ["step 0", "step 1", "step 2"]
+    per_step = sum(s.bytes for s in trace.select(lane="comm") if s.step == 1)
+    assert ar.y[1] == per_step and str(per_step) in str(ar.customdata[1][1])
+    total = sum(s.bytes for s in trace.select(lane="comm"))
+    matrix = comm_matrix_data(trace)
+    assert matrix[0][0] == matrix[1][1] == 0
+    assert matrix[0][1] + matrix[1][0] == pytest.approx(total)
+    heat = viz.comm_matrix(trace)
+    assert heat.layout.meta["ranks"] == 2 and heat.layout.meta["total_bytes"] == pytest.approx(total)
+    split = viz.comm_link_split(trace)
+    assert {t.name: list(t.y) for t in split.data} == {"intra-node": [total], "inter-node": [0]}
+
+
+def test_comm_matrix_p2p_counts_sends_once(pipe):
+    m = comm_matrix_data(pipe)
+    # 1F1B, 8 microbatches: stage s sends 8 activations forward and 8 gradients back
+    assert m[0][1] == 8 * 1024 and m[1][0] == 8 * 1024 and m[0][2] == 0
+    assert m[3][2] == 8 * 1024 and m[3][0] == 0
+
+
+def test_comm_matrix_group_inference():
+    meta = {"tp": 2, "dp": 2, "pp": 2}
+    tp_span = Span(5, "comm", "all_reduce", 0, 1, bytes=100, group_size=2)
+    assert group_of(tp_span, 8, meta) == [4, 5]  # tp fastest
+    dp_meta = {"tp": 2, "dp": 4, "pp": 1}
+    assert group_of(Span(3, "comm", "all_reduce", 0, 1, group_size=4), 8, dp_meta) == [1, 3, 5, 7]
+    t = Trace(spans=[Span(r, "comm", "all_gather", 0, 1, bytes=300, group_size=4) for r in range(4)])
+    m = comm_matrix_data(t)
+    assert m[0] == [0, 100, 100, 100]
+
+
+def test_scaling_speedup_and_ideal():
+    fig = viz.scaling({1: 0.4, 2: 0.25, 4: 0.1}, predicted=[{"world_size": 1, "step_time_s": 1.0, "tokens_per_s": 10},
+                                                          {"world_size": 8, "step_time_s": 1.0, "tokens_per_s": 70}])
+    meta = fig.layout.meta
+    assert meta["measured"]["speedup"] == pytest.approx([1.0, 1.6, 4.0])
+    assert meta["predicted"]["speedup"] == pytest.approx([1.0, 7.0])  # throughput ratio (weak scaling)
+    ideal = next(t for t in fig.data if t.name == "ideal")
+    assert list(ideal.x) == [1, 2, 4, 8] and list(ideal.y) == [1, 2, 4, 8]
+
+
+def test_speedup_timeline(ddp_run):
+    fig = viz.speedup_timeline({"ddp": ddp_run}, baseline=ddp_run)
+    meta = fig.layout.meta["ddp"]
+    assert meta["steps"] == [0, 1, 2]
+    median = ddp_run.trace.median_step_time()
+    assert meta["speedup"] == pytest.approx([median / t for t in ddp_run.trace.step_times()])
+    assert len(fig.data) == 2
+
+
+def test_memory_stacked_per_rank(ddp_run):
+    kinds = ddp_run.summary["memory_by_kind"]
+    fig = viz.memory(ddp_run)
+    assert [t.name for t in fig.data] == ["params", "grads", "optimizer", "activations"]
+    assert fig.layout.barmode == "stack" and list(fig.data[0].x) == ["r0", "r1"]
+    assert fig.data[0].customdata[0][1] == kinds[0]["params"]
+    assert fig.layout.meta["totals"][1] == sum(kinds[1].values())
+    two = viz.memory({"ddp": ddp_run, "other": ddp_run.summary})
+    assert two.layout.meta["bars"] == 4 and list(two.data[0].x[0]) == ["ddp", "ddp", "other", "other"]
+
+
+def test_elastic_counters_and_events():
+    counters = [Counter(r, "world_size", t, 4 if t < 3 else 3) for t in range(6) for r in range(3)]
+    counters += [Counter(r, "cpu_percent", t, 50.0 + 10 * r) for t in range(6) for r in range(3)]
+    spans = [Span(2, "event", "failure", 2.5, 2.5, name="rank 2 lost"), Span(0, "event", "rescale", 3.0, 3.2)]
+    fig = viz.elastic(Trace(spans=spans, counters=counters))
+    assert list(fig.layout.meta["world_size"]) == [4, 4, 4, 3, 3, 3]
+    assert [e[0] for e in fig.layout.meta["events"]] == ["failure", "rescale"]
+    util = next(t for t in fig.data if t.name == "cpu_percent")
+    assert list(util.y) == pytest.approx([60.0] * 6)  # mean over ranks
+    assert sum(1 for s in fig.layout.shapes if s.x0 == 2.5) == 3  # a line in every panel
+
+
+def test_elastic_step_time_from_windows(ddp_run):
+    fig = viz.elastic(ddp_run.trace)
+    st = next(t for t in fig.data if t.name == "step time")
+    assert list(st.y) == pytest.approx([t * 1e3 for t in ddp_run.trace.step_times()])
+
+
+def test_loss_curves(ddp_run):
+    fig = viz.loss_curves({"ddp": ddp_run, "flat": [3.0, 3.0]})
+    assert list(fig.data[0].y) == pytest.approx(ddp_run.losses) and len(fig.data[1].y) == 2
