@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 FORWARD, BACKWARD = "forward", "backward"
 BACKWARD_INPUT, BACKWARD_WEIGHT = "backward_input", "backward_weight"
@@ -379,6 +380,21 @@ def validate_schedule(schedule: Schedule) -> ScheduleReport:
     _check_pairs(schedule)
     order = _execution_order(schedule)
     return ScheduleReport(peak_activations=_peak_activations(schedule), order=order)
+
+
+@lru_cache(maxsize=32)
+def validated_schedule(
+    name: str, stages: int, microbatches: int, virtual_stages: int = 1
+) -> tuple[Schedule, ScheduleReport]:
+    """A built-in schedule built and proved once per shape, for callers that run it many times.
+
+    Proving a schedule costs as much as simulating it, and the simulator and planner ask for the same
+    few shapes again and again. Built-in schedules are a pure function of (name, stages, microbatches,
+    virtual stages), so the proof of one build holds for every later request of that shape. Both
+    results are shared: treat them as read-only (build your own with :func:`build_schedule` to edit).
+    """
+    schedule = build_schedule(name, stages, microbatches, virtual_stages)
+    return schedule, validate_schedule(schedule)
 
 
 def _check_placement(schedule: Schedule) -> None:

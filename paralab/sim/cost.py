@@ -24,11 +24,9 @@ How a step is timed, bottom up:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
-
-from paralab.schedules import build_schedule, theoretical_bubble
+from paralab.schedules import theoretical_bubble
 from paralab.sim import counting
-from paralab.sim.events import simulate_schedule
+from paralab.sim.events import COMPUTE_KIND, SEND, Plan, builtin_plan, run_plan, simulate_schedule
 from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec, SpecError
 from paralab.trace import COMM, COMPUTE, STEP, Span, Trace
 
@@ -47,8 +45,10 @@ def gemm_time(hw: HardwareSpec, flops_peak: float, m: float, n: float, k: float,
     return max(compute, memory) + hw.kernel_overhead_s
 
 
-def collective_time(hw: HardwareSpec, op: str, payload: float, group: int, stride: int) -> float:
-    """Alpha-beta time of a ring collective among ``group`` ranks spaced ``stride`` apart."""
+def collective_time(hw: HardwareSpec, op: str, payload: float, group: int, stride: int, messages: int = 1) -> float:
+    """Alpha-beta time of a ring collective among ``group`` ranks spaced ``stride`` apart.
+
+    ``messages``: the payload goes as that many separate collectives, each paying the latency."""
     if group <= 1:
         return 0.0
     per_node = max(1, min(group, hw.gpus_per_node // stride))
@@ -56,7 +56,7 @@ def collective_time(hw: HardwareSpec, op: str, payload: float, group: int, strid
     bandwidth = min(hw.intra_bw, per_node * hw.inter_bw) if inter else hw.intra_bw
     latency = hw.inter_latency if inter else hw.intra_latency
     steps = 2 * (group - 1) if op == "all_reduce" else group - 1
-    return steps * latency + counting.ring_wire_bytes(op, payload, group) / bandwidth
+    return messages * steps * latency + counting.ring_wire_bytes(op, payload, group) / bandwidth
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,9 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
     def gemm(m_, n_, k_, batch=1):
         return gemm_time(hw, peak, m_, n_, k_, batch, nbytes)
 
+    def host(part: str) -> float:  # framework time per call (CPU); 0 on the GPU presets
+        return hw.host_overhead_s.get(part, 0.0)
+
     linear = (
         gemm(tokens, (h + 2 * model.kv_dim) / t, h)
         + gemm(tokens, h, h / t)
@@ -102,14 +105,15 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
     act = counting.activation_bytes_per_layer(model, b, t, p.sequence_parallel, "none")
     act_no_core = counting.activation_bytes_per_layer(model, b, t, p.sequence_parallel, "selective")
     mem_bw = hw.memory_bandwidth / bw_share
-    elementwise, elementwise_core = 2 * act / mem_bw, 2 * (act - act_no_core) / mem_bw
+    width = nbytes / 2  # Table 2 counts 16-bit activations; fp32 moves twice the bytes
+    elementwise, elementwise_core = 2 * act * width / mem_bw, 2 * (act - act_no_core) * width / mem_bw
     ops = ("all_gather", "reduce_scatter") if p.sequence_parallel else ("all_reduce",)
     tp_pair = 2 * sum(collective_time(hw, op, tokens * h * nbytes, t, 1) for op in ops)  # two per pass
 
-    forward = linear + core + elementwise + tp_pair
+    forward = linear + core + elementwise + tp_pair + host("layer_forward")
     recompute = {"none": 0.0, "selective": core + elementwise_core, "full": forward}[p.recompute]
     weight = linear  # one weight-gradient GEMM per forward weight GEMM
-    backward_input = recompute + linear + 2 * core + 2 * elementwise + tp_pair
+    backward_input = recompute + linear + 2 * core + 2 * elementwise + tp_pair + host("layer_backward")
     tp_layer = tp_pair * (3 if p.recompute == "full" else 2)
 
     chunks = p.pp * p.virtual_stages
@@ -117,14 +121,23 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
     embed = 2 * tokens * h * nbytes / mem_bw
     logits = gemm(tokens, model.vocab / t, h)
     loss = 3 * tokens * model.vocab / t * 4 / mem_bw  # fp32 logits: write, softmax read and write
+    # tp at the ends (Megatron-LM): the vocabulary-parallel embedding all-reduces its partial lookups;
+    # the output layer's input operator f all-reduces its gradient in backward; the vocabulary-parallel
+    # cross-entropy all-reduces three numbers per token (max logit, sum of exponentials, target logit)
+    tp_embed = collective_time(hw, "all_reduce", tokens * h * nbytes, t, 1)
+    tp_loss = 3 * collective_time(hw, "all_reduce", tokens * 4, t, 1)
     times = []
     for stage in range(chunks):
         f, bi, w = per_chunk * forward, per_chunk * backward_input, per_chunk * weight
+        tp = per_chunk * tp_layer
         if stage == 0:
-            f, bi = f + embed, bi + embed
+            f, bi = f + embed + tp_embed + host("embed_forward"), bi + embed + host("embed_backward")
+            tp += tp_embed
         if stage == chunks - 1:
-            f, bi, w = f + logits + loss, bi + logits + loss, w + logits
-        times.append(StageTimes(f, bi, w, per_chunk * tp_layer))
+            f = f + logits + loss + tp_loss + host("head_forward")
+            bi, w = bi + logits + loss + tp_embed + host("head_backward"), w + logits
+            tp += tp_loss + tp_embed
+        times.append(StageTimes(f, bi, w, tp))
     if p.pp == 1 and p.zero >= 2 and p.dp > 1:  # ZeRO-2/3 collectives per microbatch, prefetched under compute
         times = [_zero_overlapped(st, model, p, hw) for st in times]
     return times
@@ -151,6 +164,8 @@ def p2p_time(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> floa
     act = model.seq * p.micro_batch * model.hidden * model.dtype_bytes
     inter = p.tp * p.dp * p.pp > hw.gpus_per_node
     bandwidth, latency = (hw.inter_bw, hw.inter_latency) if inter else (hw.intra_bw, hw.intra_latency)
+    if hw.p2p_bw and not inter:  # measured point-to-point figures (local calibration)
+        bandwidth, latency = hw.p2p_bw, hw.p2p_latency
     return latency + act / p.tp / bandwidth + collective_time(hw, "all_gather", act, p.tp, 1)
 
 
@@ -216,8 +231,7 @@ def predict(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec, simulate
     p = check(model, parallel)
     times = stage_times(model, p, hw)
     if simulate:
-        trace = _pipeline_trace(model, p, hw, times)
-        finish, bubble = _finish_times(trace, p), _pipeline_bubble(trace, p)
+        finish, bubble = _simulated_finish(model, p, hw, times)
     else:
         finish, bubble = _estimate_finish(model, p, hw, times)
     return _assemble(model, p, hw, times, finish, bubble)
@@ -258,20 +272,44 @@ def _schedule_name(p: ParallelSpec) -> str:
     return p.schedule
 
 
-@lru_cache(maxsize=16)
-def _schedule(name: str, pp: int, microbatches: int, virtual_stages: int):
-    """Schedules are read-only data here, so one build serves every prediction with the same shape."""
-    return build_schedule(name, pp, microbatches, virtual_stages)
+def _plan(p: ParallelSpec) -> Plan:
+    """Schedules are read-only data here, so one build and proof serves every prediction of a shape."""
+    return builtin_plan(_schedule_name(p), p.pp, p.microbatches, p.virtual_stages)
+
+
+def _plan_seconds(plan: Plan, model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, times: list[StageTimes]) -> list[float]:
+    """Per action of the plan: its compute time, or its send's latency (0 for a recv)."""
+    by_op = {(op, stage): getattr(st, op) for stage, st in enumerate(times)
+             for op in ("forward", "backward", "backward_input", "backward_weight")}
+    hop = p2p_time(model, p, hw)
+    return [by_op[(a.op, a.stage)] if k == COMPUTE_KIND else hop if k == SEND else 0.0
+            for a, k in zip(plan.actions, plan.kinds)]
 
 
 def _pipeline_trace(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, times: list[StageTimes]) -> Trace:
-    schedule = _schedule(_schedule_name(p), p.pp, p.microbatches, p.virtual_stages)
-
-    def duration(action) -> float:
-        return getattr(times[action.stage], action.op)
-
+    plan = _plan(p)
+    seconds = dict(zip(map(id, plan.actions), _plan_seconds(plan, model, p, hw, times)))
     act = model.seq * p.micro_batch * model.hidden * model.dtype_bytes
-    return simulate_schedule(schedule, duration, p2p_time(model, p, hw), activation_bytes=act // p.tp)
+    return simulate_schedule(plan.schedule, lambda a: seconds[id(a)], lambda a: seconds[id(a)],
+                             activation_bytes=act // p.tp, plan=plan)
+
+
+def _simulated_finish(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, times: list[StageTimes]):
+    """Finish times and bubble from the event simulator, without building spans (the fast path)."""
+    plan = _plan(p)
+    seconds = _plan_seconds(plan, model, p, hw, times)
+    starts, ends = run_plan(plan, seconds)
+    last: dict[int, tuple[float, float]] = {}
+    busy, makespan = 0.0, 0.0
+    for a, rank, kind, start, end in zip(plan.actions, plan.ranks, plan.kinds, starts, ends):
+        if kind != COMPUTE_KIND:
+            continue
+        busy += end - start
+        makespan = max(makespan, end)
+        if a.op in ("backward", "backward_weight") and (rank not in last or end > last[rank][1]):
+            last[rank] = (start, end)
+    bubble = 1.0 - busy / (p.pp * makespan) if p.pp > 1 else 0.0
+    return [last[r] for r in range(p.pp)], bubble
 
 
 def _finish_times(trace: Trace, p: ParallelSpec) -> list[tuple[float, float]]:
@@ -325,15 +363,17 @@ def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int) -
     reduce_op = "all_reduce" if p.zero == 0 else "reduce_scatter"
     reduce = (0.0, reduce_op, 0.0)
     gather = (0.0, 0.0)
+    messages = max(p.grad_buckets, 1)
     if p.dp > 1 and p.zero <= 1:
-        reduce = (collective_time(hw, reduce_op, params * gb, p.dp, p.tp), reduce_op,
+        reduce = (collective_time(hw, reduce_op, params * gb, p.dp, p.tp, messages), reduce_op,
                   counting.ring_wire_bytes(reduce_op, params * gb, p.dp))
     if p.dp > 1 and p.zero in (1, 2):
-        gather = (collective_time(hw, "all_gather", params * pb, p.dp, p.tp),
+        gather = (collective_time(hw, "all_gather", params * pb, p.dp, p.tp, messages),
                   counting.ring_wire_bytes("all_gather", params * pb, p.dp))
     local = params / (p.dp if p.zero >= 1 else 1)
     share = p.world_size if hw.shared_compute else 1
     optimizer = OPTIMIZER_BYTES_TOUCHED * local / (hw.memory_bandwidth / share) + hw.kernel_overhead_s
+    optimizer += counting.stage_tensors(model, p, rank) * hw.host_overhead_s.get("tensor_update", 0.0)
     inter = p.dp * p.tp > hw.gpus_per_node
     return {"reduce": reduce, "gather": gather, "optimizer": optimizer, "inter": inter, "params": params}
 
@@ -342,14 +382,14 @@ def _sync_window(p: ParallelSpec, sync: dict, last_start: float, last_end: float
     """When the gradient reduction runs: under the last backward when overlapped, else after it.
 
     Overlapped reduction starts with the last backward (buckets fill from the last layer down) and
-    cannot finish before that backward ends plus the last bucket's share (a 1/8 tail, as with a
-    few DDP buckets).
+    cannot finish before that backward ends plus the last bucket's share: 1/grad_buckets of it, or
+    a 1/8 tail (a few DDP buckets) when the bucket count is not given.
     """
     seconds = sync["reduce"][0]
     if not seconds:
         return last_end, last_end
     if p.overlap_grad_reduce:
-        return last_start, max(last_start + seconds, last_end + seconds / 8)
+        return last_start, max(last_start + seconds, last_end + seconds / (p.grad_buckets or 8))
     return last_end, last_end + seconds
 
 

@@ -47,7 +47,7 @@ def parameter_counts(model: ModelSpec) -> dict[str, int]:
         "embedding": model.vocab * h,
         "positions": model.seq * h if model.learned_positions else 0,
         "layers": model.layers * sum(layer_params(model).values()),
-        "output": 0 if model.tied_embeddings else model.vocab * h,
+        "output": 0 if model.tied_embeddings else model.vocab * h + (model.vocab if model.output_bias else 0),
         "final_norm": model.norm_params * h,
     }
     counts["total"] = sum(counts.values())
@@ -69,6 +69,22 @@ def stage_params(model: ModelSpec, parallel: ParallelSpec, stage: int) -> float:
     if stage == p - 1:
         total += counts["final_norm"] + (counts["output"] or (counts["embedding"] if p > 1 else 0))
     return total / t
+
+
+def stage_tensors(model: ModelSpec, parallel: ParallelSpec, stage: int) -> int:
+    """Parameter tensors (not elements) on pipeline rank ``stage``: what a per-tensor optimizer loops over.
+
+    A GPT layer has a fused QKV, an output projection and two MLP matrices (three gated), each with a
+    bias when ``biases``, plus ``norm_params`` vectors per norm; the first rank adds the token (and
+    position) embedding, the last the final norm and the output layer (weight, and bias if any).
+    """
+    per_layer = (2 + (3 if model.gated_mlp else 2)) * (2 if model.biases else 1) + 2 * model.norm_params
+    total = per_layer * model.layers // parallel.pp
+    if stage == 0:
+        total += 1 + (1 if model.learned_positions else 0)
+    if stage == parallel.pp - 1:
+        total += model.norm_params + (0 if model.tied_embeddings else 1 + (1 if model.output_bias else 0))
+    return total
 
 
 # ----------------------------------------------------------------------------------------------- FLOPs

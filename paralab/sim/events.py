@@ -16,6 +16,8 @@ lanes), so every figure can draw, and compare, either.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
 
 from paralab.schedules import (
     RECV_BACKWARD,
@@ -28,10 +30,89 @@ from paralab.schedules import (
     dependencies_of,
     key_of,
     validate_schedule,
+    validated_schedule,
 )
 from paralab.trace import COMM, COMPUTE, STEP, Span, Trace
 
 Seconds = float | Callable[[Action], float]
+
+
+RECV, SEND, COMPUTE_KIND = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A schedule flattened for timing: its actions in one valid global order, dependencies as indices.
+
+    Compiling (proving the order, resolving every dependency to the position of what it waits for)
+    is the expensive part of a simulation and depends only on the schedule, so built-in schedules are
+    compiled once per shape (:func:`builtin_plan`) and each prediction is a single pass over lists.
+    """
+
+    schedule: Schedule
+    actions: list[Action]
+    ranks: list[int]
+    kinds: list[int]  # RECV, SEND or COMPUTE_KIND
+    deps: list[tuple[int, ...]]  # positions (earlier in the order) each action waits for
+
+
+def compile_schedule(schedule: Schedule, order: list[tuple[int, int]] | None = None) -> Plan:
+    """Validate ``schedule`` (unless its proved ``order`` is given) and flatten it into a :class:`Plan`."""
+    if order is None:
+        order = validate_schedule(schedule).order
+    waits_for = dependencies_of(schedule)
+    position: dict[Key, int] = {}
+    actions, ranks, kinds, deps = [], [], [], []
+    for rank, index in order:
+        action = schedule.actions[rank][index]
+        deps.append(tuple(position[d] for d in waits_for(action)))
+        position[key_of(action)] = len(actions)
+        actions.append(action)
+        ranks.append(rank)
+        if action.op in (RECV_FORWARD, RECV_BACKWARD):
+            kinds.append(RECV)
+        elif action.op in (SEND_FORWARD, SEND_BACKWARD):
+            kinds.append(SEND)
+        else:
+            kinds.append(COMPUTE_KIND)
+    return Plan(schedule, actions, ranks, kinds, deps)
+
+
+@lru_cache(maxsize=32)
+def builtin_plan(name: str, stages: int, microbatches: int, virtual_stages: int = 1) -> Plan:
+    """The compiled plan of a built-in schedule, built and proved once per shape (read-only)."""
+    schedule, report = validated_schedule(name, stages, microbatches, virtual_stages)
+    return compile_schedule(schedule, report.order)
+
+
+def run_plan(plan: Plan, seconds: list[float], t0: float = 0.0) -> tuple[list[float], list[float]]:
+    """Start and end of every action of ``plan``; ``seconds[i]`` is action i's compute time, or its
+    send's latency (ignored for a recv). The rules are those of the module docstring."""
+    free_at = [t0] * plan.schedule.stages
+    finished = [0.0] * len(plan.actions)  # compute: its end; send: when its tensor lands
+    starts = [0.0] * len(plan.actions)
+    for i, (rank, kind, deps) in enumerate(zip(plan.ranks, plan.kinds, plan.deps)):
+        free = free_at[rank]
+        ready = free
+        for d in deps:
+            if finished[d] > ready:
+                ready = finished[d]
+        if kind == RECV:  # blocking: held from reaching the recv until the tensor has landed
+            starts[i], finished[i] = free, ready
+            free_at[rank] = ready
+        elif kind == SEND:  # buffered: the transfer runs on while the rank goes on
+            starts[i], finished[i] = ready, ready + seconds[i]
+        else:
+            starts[i] = ready
+            finished[i] = free_at[rank] = ready + seconds[i]
+    return starts, finished
+
+
+def plan_seconds(plan: Plan, compute_time: Callable[[Action], float], p2p_time: Callable[[Action], float]) -> list[float]:
+    return [
+        (compute_time(a) if k == COMPUTE_KIND else p2p_time(a) if k == SEND else 0.0)
+        for a, k in zip(plan.actions, plan.kinds)
+    ]
 
 
 def simulate_schedule(
@@ -41,6 +122,7 @@ def simulate_schedule(
     step: int = 0,
     t0: float = 0.0,
     activation_bytes: int = 0,
+    plan: Plan | None = None,
 ) -> Trace:
     """Time one training step of ``schedule`` and return it as a Trace.
 
@@ -49,31 +131,21 @@ def simulate_schedule(
     the latency from a send's start to when the receiver can use the tensor (seconds, or a callable
     of the send action). ``activation_bytes`` is the size of each activation or gradient sent:
     a send puts it on the wire, a recv puts nothing (its payload is still the tensor).
+    ``plan``: the schedule already compiled (:func:`builtin_plan`), to skip validating it again.
     The step window is t0..makespan on every rank, so idle time at either end counts as bubble.
     """
-    duration = _as_callable(compute_time, "compute_time")
-    latency = _as_callable(p2p_time, "p2p_time")
-    free_at = [t0] * schedule.stages  # when each rank can start its next action
-    finished: dict[Key, float] = {}  # compute: when it ends; send: when its tensor lands on the peer
+    plan = plan or compile_schedule(schedule)
+    seconds = plan_seconds(plan, _as_callable(compute_time, "compute_time"), _as_callable(p2p_time, "p2p_time"))
+    starts, ends = run_plan(plan, seconds, t0)
     spans: list[Span] = []
-    waits_for = dependencies_of(schedule)
-    for rank, index in validate_schedule(schedule).order:
-        action = schedule.actions[rank][index]
-        ready = max([free_at[rank]] + [finished[d] for d in waits_for(action)])
-        if action.op in (RECV_FORWARD, RECV_BACKWARD):
-            # blocking: the rank is held from reaching the recv until the tensor has landed
-            span = _comm_span(action, rank, "recv", free_at[rank], ready, 0, activation_bytes, step)
-            finished[key_of(action)] = free_at[rank] = ready
-        elif action.op in (SEND_FORWARD, SEND_BACKWARD):
-            # buffered: the transfer runs on while the rank goes on to its next action
-            landed = ready + latency(action)
-            span = _comm_span(action, rank, "send", ready, landed, activation_bytes, activation_bytes, step)
-            finished[key_of(action)] = landed
+    for action, rank, kind, start, end in zip(plan.actions, plan.ranks, plan.kinds, starts, ends):
+        if kind == RECV:
+            spans.append(_comm_span(action, rank, "recv", start, end, 0, activation_bytes, step))
+        elif kind == SEND:
+            spans.append(_comm_span(action, rank, "send", start, end, activation_bytes, activation_bytes, step))
         else:
-            span = _compute_span(action, rank, ready, duration(action), step)
-            finished[key_of(action)] = free_at[rank] = span.end
-        spans.append(span)
-    makespan = max(free_at + [s.end for s in spans])
+            spans.append(_compute_span(action, rank, start, end - start, step))
+    makespan = max([t0, *ends])
     spans += [
         Span(rank, STEP, "step", t0, makespan, name=f"step {step}", step=step) for rank in schedule.ranks
     ]

@@ -7,19 +7,17 @@ bf16, 2.0 TB/s HBM2e, NVLink 3 at 600 GB/s both ways), DGX A100 user guide (8 x 
 InfiniBand for compute), NVIDIA H100 / H200 datasheets (989 TFLOP/s bf16 dense, 3.35 / 4.8 TB/s,
 NVLink 4 at 900 GB/s both ways), DGX H100 (8 x 400 Gb/s NDR).
 
-``local`` is calibrated by microbenchmarks so the same cost model predicts the CPU runs of this lab:
-torch matmul throughput, memory copy bandwidth, and a gloo all-reduce between two local processes
-(latency from a tiny tensor, bandwidth from a larger one). The result is cached as JSON in
-``$PARALAB_CACHE`` (default ``~/.cache/paralab``); torch is imported only here, only when calibrating.
+``local`` is calibrated by microbenchmarks (:mod:`paralab.sim.calibration`) so the same cost model
+predicts the CPU runs of this lab: matmul throughput at the lab models' shapes, copy bandwidth, host
+time per module call, and gloo all-reduce and send/recv between two local processes. The result is
+cached as JSON in ``$PARALAB_CACHE`` (default ``~/.cache/paralab``); torch is imported only when
+calibrating.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -86,60 +84,83 @@ def cache_dir() -> Path:
     return Path(os.environ.get("PARALAB_CACHE") or Path.home() / ".cache" / "paralab")
 
 
-def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True) -> HardwareSpec:
-    """This machine as seen by CPU ranks, from the cache when present, else measured (< 30 s) and cached."""
-    path = cache_dir() / "local_hardware.json"
+CALIBRATION_VERSION = 2  # bump when what calibrate() measures changes: older caches are measured again
+
+
+def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True, threads: int | None = None) -> HardwareSpec:
+    """This machine as seen by CPU ranks, from the cache when present, else measured (< 30 s) and cached.
+
+    ``threads=None``: the whole machine, shared by the ranks (``shared_compute``). ``threads=k``: one
+    rank running with k torch threads, as ``paralab.runtime.worker.threads_for`` gives it (each cached
+    separately), which is what the bridge from real runs uses.
+    """
+    path = cache_dir() / ("local_hardware.json" if threads is None else f"local_hardware_t{threads}.json")
     if path.exists() and not recalibrate:
-        return HardwareSpec.from_dict(json.loads(path.read_text()))
-    spec = calibrate(matmul_size=matmul_size, gloo=gloo)
+        data = json.loads(path.read_text())
+        if data.get("calibration", {}).get("version") == CALIBRATION_VERSION:
+            return HardwareSpec.from_dict(data)
+    spec = calibrate(matmul_size=matmul_size, gloo=gloo, threads=threads)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(spec.to_dict(), indent=1))
     return spec
 
 
-def calibrate(matmul_size: int = 1024, gloo: bool = True, allreduce_bytes: int = 4 * 2**20) -> HardwareSpec:
-    """Measure this machine: fp32 matmul FLOP/s, copy bandwidth, and (optionally) gloo all-reduce alpha-beta.
+def calibrate(
+    matmul_size: int = 1024, gloo: bool = True, allreduce_bytes: int = 4 * 2**20, threads: int | None = None,
+    ranks: int = 2,
+) -> HardwareSpec:
+    """Measure this machine (see :mod:`paralab.sim.calibration`): matmul rate and shape law at the lab
+    models' shapes plus one ``matmul_size`` square, copy bandwidth, host time per module call and per
+    optimizer tensor, and (optionally) gloo all-reduce and send/recv alpha-beta.
 
-    The matmul rate is the best of a few repeats with every thread, so it is the whole machine's rate;
-    CPU ranks share it (``shared_compute``), which is how the lab runs them. Without ``gloo`` the link
-    figures are a loopback guess (20 us, 1 GB/s) so tests can calibrate in well under a second.
+    With ``threads`` the figures are one rank's, measured with that many torch threads; without, the
+    whole machine's (every thread), shared by the ranks. With ``threads`` and ``gloo``, ``ranks``
+    processes run the compute benchmarks at the same time, as the ranks of a run do. Without ``gloo`` the link figures are a
+    loopback guess (20 us, 1 GB/s) so tests can calibrate in about a second.
     """
     import torch
 
+    from paralab.sim import calibration as bench
+
     n = matmul_size
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(a, b)
-    best = min(_timed(lambda: torch.mm(a, b)) for _ in range(5))
-    flops = 2 * n**3 / best
-    src = torch.empty(16 * 2**20 // 4)
-    dst = torch.empty_like(src)
-    copy = min(_timed(lambda: dst.copy_(src)) for _ in range(5))
-    latency, bandwidth = _gloo_alpha_beta(allreduce_bytes) if gloo else (20e-6, 1e9)
+    shapes = (*bench.MODEL_SHAPES, (n, n, n))
+    links = {"allreduce_latency": 20e-6, "allreduce_bw": 1e9, "p2p_latency": 20e-6, "p2p_bw": 1e9}
+    if gloo and threads is not None:  # ranks measure side by side, as they will run
+        figures, links = bench.concurrent_figures(threads, ranks, allreduce_bytes, shapes)
+    else:
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads or before)
+        try:
+            figures = bench.compute_figures(shapes)
+        finally:
+            torch.set_num_threads(before)
+        if gloo:
+            links = bench.gloo_alpha_beta(allreduce_bytes)
+    rate, half, rows = bench.matmul_law(rows=figures["matmul_rows"])
+    bandwidth, host = figures["copy_bw"], figures["host"]
     cores = os.cpu_count() or 1
+    who = f"one rank with {threads} thread(s)" if threads else f"all {cores} cores, shared by the ranks"
     return HardwareSpec(
         name="local",
-        peak_flops={"fp32": flops, "bf16": flops, "fp16": flops},
+        peak_flops={"fp32": rate, "bf16": rate, "fp16": rate},
         memory_bytes=_total_memory(),
-        memory_bandwidth=2 * src.numel() * 4 / copy,
+        memory_bandwidth=bandwidth,
         gpus_per_node=max(cores, 2),
-        intra_bw=bandwidth,
-        intra_latency=latency,
-        inter_bw=bandwidth,
-        inter_latency=latency,
-        # the cost model's shape factor (n / (n + 32))^3 gives exactly the measured rate at size n
-        matmul_max_efficiency=((n + 32.0) / n) ** 3,
-        matmul_half_dim=32.0,
-        kernel_overhead_s=10e-6,
-        shared_compute=True,
-        notes=f"this machine ({cores} cores), torch {torch.__version__}, calibrated {time.strftime('%Y-%m-%d %H:%M')}",
-        calibration={"matmul_size": n, "matmul_s": best, "gloo": gloo, "allreduce_bytes": allreduce_bytes},
+        intra_bw=links["allreduce_bw"],
+        intra_latency=links["allreduce_latency"],
+        inter_bw=links["allreduce_bw"],
+        inter_latency=links["allreduce_latency"],
+        matmul_max_efficiency=1.0,  # ``rate`` is already the fitted asymptote of these shapes
+        matmul_half_dim=half,
+        kernel_overhead_s=0.0,  # the host time per call is measured per module in host_overhead_s
+        shared_compute=threads is None,
+        host_overhead_s=host,
+        p2p_latency=links["p2p_latency"],
+        p2p_bw=links["p2p_bw"],
+        notes=f"this machine ({who}), torch {torch.__version__}, calibrated {time.strftime('%Y-%m-%d %H:%M')}",
+        calibration={"version": CALIBRATION_VERSION, "threads": threads, "matmul_s": [list(r) for r in rows],
+                     "gloo": gloo, "allreduce_bytes": allreduce_bytes},
     )
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def _total_memory() -> float:
@@ -147,50 +168,3 @@ def _total_memory() -> float:
         return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
         return 16.0 * GiB
-
-
-def _gloo_alpha_beta(nbytes: int, timeout: float = 25.0) -> tuple[float, float]:
-    """All-reduce a tiny and a large tensor between two local gloo processes; fit t = alpha + wire/beta.
-
-    Ring accounting: a 2-rank all-reduce puts 2(n-1)/n = 1 x the tensor on the wire per rank. The
-    workers are fresh interpreters (``python -m paralab.sim.hardware``), so calibrating works from a
-    notebook or a script without a ``__main__`` guard.
-    """
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "paralab.sim.hardware", str(port), str(nbytes)]
-    procs = [subprocess.Popen([*cmd, str(r)], stdout=subprocess.PIPE, text=True) for r in range(2)]
-    try:
-        outputs = [p.communicate(timeout=timeout)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    if any(p.returncode for p in procs):
-        raise RuntimeError(f"gloo calibration failed (exit codes {[p.returncode for p in procs]})")
-    small, large = json.loads(outputs[0])
-    return small, nbytes / max(large - small, 1e-9)
-
-
-def _gloo_worker(port: int, nbytes: int, rank: int) -> None:
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        times = []
-        for numel in (1, nbytes // 4):
-            t = torch.ones(numel)
-            for _ in range(3):
-                dist.all_reduce(t)
-            dist.barrier()
-            times.append(min(_timed(lambda t=t: dist.all_reduce(t)) for _ in range(10)))
-        print(json.dumps(times))
-    finally:
-        dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    _gloo_worker(*(int(a) for a in sys.argv[1:4]))

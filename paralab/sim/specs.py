@@ -43,6 +43,7 @@ class ModelSpec:
     norm_params: int = 2  # per hidden unit per norm: LayerNorm weight+bias = 2, RMSNorm = 1
     learned_positions: bool = True
     tied_embeddings: bool = True
+    output_bias: bool = False  # untied output layer with a bias (paralab's own GPT has one)
     dropout: bool = True
     dtype: str = "bf16"
     name: str = "custom"
@@ -103,6 +104,9 @@ class ParallelSpec:
     recompute: str = "none"
     optimizer: str = "adam-mixed"
     overlap_grad_reduce: bool = True  # bucketed data-parallel reduction during the last backward
+    # separate gradient messages per step (each pays the link latency): 0 models one bucketed stream
+    # whose last 1/8 is exposed; naive dp sends one per parameter tensor, DDP one per bucket
+    grad_buckets: int = 0
 
     @property
     def world_size(self) -> int:
@@ -153,6 +157,8 @@ class ParallelSpec:
             out.append(f"zero stage must be 0..3, got {p.zero}")
         elif p.zero >= 2 and p.pp > 1:
             out.append(f"zero stage {p.zero} shards gradients per microbatch and does not combine with pp {p.pp}; use zero <= 1")
+        if p.grad_buckets < 0:
+            out.append(f"grad_buckets must be >= 0, got {p.grad_buckets}")
         if p.sequence_parallel and p.tp == 1:
             out.append("sequence parallelism needs tp > 1")
         if p.recompute not in RECOMPUTE:
@@ -185,6 +191,14 @@ class HardwareSpec:
     matmul_half_dim: float = 64.0
     kernel_overhead_s: float = 4e-6
     shared_compute: bool = False  # True when all ranks share one processor (the local CPU machine)
+    # Host time per module call that no FLOP or byte count explains: on a CPU every op runs
+    # synchronously after its dispatch, so a small model pays the framework's per-op cost in full (on
+    # a GPU launches are asynchronous and hide it; the presets leave this empty). Keys:
+    # embed_/layer_/head_ + forward/backward (seconds per call of that part) and tensor_update
+    # (optimizer seconds per parameter tensor).
+    host_overhead_s: dict = field(default_factory=dict)
+    p2p_latency: float = 0.0  # point-to-point send/recv; 0: the intra/inter link figures
+    p2p_bw: float = 0.0
     notes: str = ""
     calibration: dict = field(default_factory=dict)
 

@@ -1,0 +1,49 @@
+"""How fast the simulator answers: GPT-3 175B on 1,024 A100s, and ``paralab plan`` for 1,024 GPUs.
+
+    python benchmarks/bench_sim_speed.py
+
+Goals (issue 7): one prediction of the 1,024-GPU configuration (tp 8, pp 16, dp 8, 64+ microbatches)
+in under 100 ms end to end, and planning 1,024 GPUs in under 5 s. "Cold" is the first request of a
+schedule shape in this process (it builds and proves the schedule); "warm" repeats it (the proof is
+cached per shape). Medians of a few repeats; a shared machine inflates every figure.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    from paralab.schedules import validated_schedule
+    from paralab.sim import ParallelSpec, get_hardware, get_model, plan, predict
+    from paralab.sim.events import builtin_plan
+
+    model, hw = get_model("gpt3-175b"), get_hardware("a100")
+    rows = ["| what | cold (ms) | warm median (ms) |", "|---|---|---|"]
+    for schedule, v, m in (("1f1b", 1, 64), ("interleaved", 2, 64), ("1f1b", 1, 128)):
+        spec = ParallelSpec(dp=8, tp=8, pp=16, virtual_stages=v, schedule=schedule, microbatches=m,
+                            sequence_parallel=True, recompute="selective")
+        validated_schedule.cache_clear()
+        builtin_plan.cache_clear()
+        cold = _timed(lambda spec=spec: predict(model, spec, hw))
+        warm = statistics.median(_timed(lambda spec=spec: predict(model, spec, hw)) for _ in range(5))
+        rows.append(f"| predict 175B, 1,024 GPUs, {schedule} v={v}, m={m} | {cold * 1e3:.1f} | {warm * 1e3:.1f} |")
+    planned = _timed(lambda: plan(model, 1024, hw))
+    rows.append(f"| plan 175B on 1,024 GPUs (in process) | {planned * 1e3:.0f} | |")
+    cli = [sys.executable, "-m", "paralab", "plan", "--model", "gpt3-175b", "--gpus", "1024", "--hardware", "a100"]
+    whole = _timed(lambda: subprocess.run(cli, check=True, capture_output=True))
+    rows.append(f"| `paralab plan` 175B on 1,024 GPUs (whole command, interpreter start included) | {whole * 1e3:.0f} | |")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""From a real run's config to the simulator: the same run, predicted, as numbers and as a Trace.
+
+``paralab.run`` measures a :class:`paralab.RunConfig`; this module describes that very run in the
+simulator's vocabulary so the two can be laid side by side:
+
+- :func:`specs_from_run` maps paralab's GPT (untied embeddings with a biased output layer, learned
+  positions, biases, LayerNorm, GELU MLP of ``ffn``, fp32, dropout only when asked) and the strategy
+  to a :class:`ModelSpec` and a :class:`ParallelSpec`;
+- :func:`predict_run` predicts its step; :func:`predict_run_trace` gives the simulated timeline with
+  the measured trace's shape: the same ranks, ``cfg.steps`` steps, and compute spans of the same
+  kinds (forward / backward / optimizer for data- and tensor-parallel runs, one span per schedule
+  action for pipelines), so a figure can overlay them.
+
+Rank layout of the simulated trace: Megatron's order (tp fastest, then dp, then pp), which is also
+what each single-axis strategy uses (its rank is its dp, tp or pp index).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from paralab.config import RunConfig
+from paralab.sim import cost, counting
+from paralab.sim.hardware import get_hardware, local
+from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec, SpecError
+from paralab.trace import COMM, COMPUTE, STEP, Span, Trace
+
+ZERO_STAGE = {"zero1": 1, "zero2": 2, "zero3": 3, "torch_fsdp": 3}
+DATA_PARALLEL = ("dp", "ddp", "zero1", "zero2", "zero3", "torch_ddp", "torch_fsdp")
+PIPELINE = ("mp", "pp", "torch_pp")
+TENSOR = ("tp", "torch_tp")
+
+
+def model_spec(cfg: RunConfig) -> ModelSpec:
+    """paralab.models.gpt.GPT as the simulator sees it (its parameter count is ModelConfig.param_count())."""
+    m = cfg.model
+    return ModelSpec(
+        layers=m.layers, hidden=m.hidden, heads=m.heads, ffn=m.ffn, vocab=m.vocab, seq=m.seq_len,
+        biases=True, norm_params=2, learned_positions=True, tied_embeddings=False, output_bias=True,
+        dropout=m.dropout > 0, dtype="fp32", name=cfg.model_name,
+    )
+
+
+def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
+    """The (model, parallel) specs of a run config, without mutating it or starting anything.
+
+    Batch split as the strategies run it: data-parallel strategies give each of ``world_size`` ranks
+    ``global_batch / world_size`` sequences in one pass; ``mp`` is the naive schedule with one
+    microbatch; ``pp`` cuts the batch into ``microbatches``; ``tp`` runs the whole batch on every rank;
+    ``hybrid`` uses its dp / tp / pp degrees. Gradients are fp32 Adam's (``adam-fp32``; SGD runs are
+    costed as Adam). Naive ``dp`` all-reduces every parameter tensor after backward (one message
+    each, no overlap); ``ddp`` one message per ``bucket_mb`` bucket, overlapped with backward.
+    """
+    s = cfg.strategy
+    world, batch = cfg.world_size, cfg.global_batch
+    dp = tp = pp = m = v = 1
+    schedule, sp, zero = "1f1b", False, ZERO_STAGE.get(s, 0)
+    if s in DATA_PARALLEL:
+        dp = world
+    elif s in PIPELINE:
+        pp = world
+        schedule = "naive" if s == "mp" else (cfg.schedule or "1f1b")
+        m = 1 if s == "mp" else cfg.microbatches
+        v = 2 if schedule == "zbv" else cfg.virtual_stages
+    elif s in TENSOR:
+        tp, sp = world, cfg.sequence_parallel
+    elif s == "hybrid":
+        tp, pp = cfg.tp, cfg.pp
+        dp = cfg.dp or world // (tp * pp)
+        sp = cfg.sequence_parallel and tp > 1
+        if pp > 1:
+            schedule, m = cfg.schedule or "1f1b", cfg.microbatches
+            v = 2 if schedule == "zbv" else cfg.virtual_stages
+    elif s != "single":
+        raise SpecError(f"no simulator mapping for strategy {s!r}")
+    if batch % (dp * m):
+        raise SpecError(f"global batch {batch} does not split into dp {dp} x {m} microbatches")
+    model = model_spec(cfg)
+    tensors = counting.stage_tensors(model, ParallelSpec(), 0)  # 12 per block, 2 embeddings, 4 in the head
+    buckets = 0
+    if dp > 1 and zero == 0:
+        buckets = tensors if s == "dp" else max(1, -(-_param_bytes(model) // int(cfg.bucket_mb * 2**20)))
+    parallel = ParallelSpec(
+        dp=dp, tp=tp, pp=pp, virtual_stages=v, schedule=schedule, microbatches=m, micro_batch=batch // (dp * m),
+        zero=zero, sequence_parallel=sp, recompute="none", optimizer="adam-fp32",
+        overlap_grad_reduce=s not in ("dp",), grad_buckets=buckets,
+    )
+    return model, parallel
+
+
+def _param_bytes(model: ModelSpec) -> int:
+    from paralab.sim.counting import parameter_counts
+
+    return 4 * parameter_counts(model)["total"]
+
+
+def hardware_for_run(cfg: RunConfig, hardware: str | HardwareSpec = "local") -> HardwareSpec:
+    """The hardware one rank of this run sees. ``local``: calibrated with the threads the rank gets
+    (``paralab.runtime.worker.threads_for``), slowed by the share of a core it really has when the
+    ranks want more threads than the machine has cores."""
+    if isinstance(hardware, HardwareSpec):
+        return hardware
+    if hardware.lower() != "local":
+        return get_hardware(hardware)
+    from paralab.runtime.worker import threads_for, usable_cores
+
+    threads = threads_for(cfg, cfg.world_size)
+    hw = local(threads=threads)
+    share = min(1.0, usable_cores() / (threads * cfg.world_size))
+    if share < 1.0:
+        hw = dataclasses.replace(
+            hw, peak_flops={k: v * share for k, v in hw.peak_flops.items()},
+            memory_bandwidth=hw.memory_bandwidth * share,
+            host_overhead_s={k: v / share for k, v in hw.host_overhead_s.items()},
+        )
+    return hw
+
+
+def predict_run(cfg: RunConfig, hardware: str | HardwareSpec = "local") -> cost.Prediction:
+    """Predicted step of the run ``cfg`` describes (``hardware``: a preset name or a HardwareSpec)."""
+    model, parallel = specs_from_run(cfg)
+    return cost.predict(model, parallel, hardware_for_run(cfg, hardware))
+
+
+def predict_run_trace(cfg: RunConfig, hardware: str | HardwareSpec = "local") -> Trace:
+    """The simulated run as a Trace shaped like the measured one: every rank, ``cfg.steps`` steps back
+    to back, spans named as the strategies name theirs."""
+    model, parallel = specs_from_run(cfg)
+    one = cost.predict_trace(model, parallel, hardware_for_run(cfg, hardware))
+    p = parallel.resolved()
+    step_time = one.meta["prediction"]["step_time_s"]
+    spans = []
+    for step in range(cfg.steps):
+        shift = step * step_time
+        for span in one.spans:
+            for rank in _global_ranks(p, span.rank):
+                spans.append(_measured_style(span, rank, step, shift))
+    meta = dict(one.meta, source="simulated", strategy=cfg.strategy, world_size=cfg.world_size,
+                dp=p.dp, tp=p.tp, pp=p.pp, schedule=p.schedule if p.pp > 1 else "", microbatches=p.microbatches,
+                virtual_stages=p.virtual_stages, model=cfg.model_name,
+                tokens_per_step=cfg.global_batch * cfg.model.seq_len)
+    return Trace(spans=sorted(spans, key=lambda s: (s.start, s.rank)), meta=meta)
+
+
+def _global_ranks(p: ParallelSpec, pipeline_rank: int) -> list[int]:
+    """Every global rank that runs pipeline rank ``pipeline_rank``'s timeline (tp fastest, then dp)."""
+    base = pipeline_rank * p.dp * p.tp
+    return list(range(base, base + p.dp * p.tp))
+
+
+def _measured_style(span: Span, rank: int, step: int, shift: float) -> Span:
+    """A copy on ``rank`` and ``step``, named as the recorder names the measured spans."""
+    name = span.name
+    if span.lane == COMPUTE:
+        name = span.kind  # the recorder names compute spans by kind: forward, backward, optimizer
+    elif span.lane == COMM and span.kind in ("send", "recv") and span.microbatch is not None:
+        letter = "F" if "forward" in span.name else "B"
+        name = f"{span.kind} {letter}{span.microbatch} s{span.stage}"
+    elif span.lane == STEP:
+        name = f"step {step}"
+    return dataclasses.replace(span, rank=rank, step=step, start=span.start + shift, end=span.end + shift,
+                               name=name)

@@ -1,0 +1,110 @@
+"""The bridge from a real run to the simulator: exact model mapping, strategy mapping, trace shape.
+
+No timing is asserted anywhere: the hardware is written out here, not calibrated.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+import paralab
+from paralab.config import MODEL_PRESETS, RunConfig
+from paralab.schedules import build_schedule
+from paralab.sim import counting
+from paralab.sim.bridge import predict_run, predict_run_trace, specs_from_run
+from paralab.sim.specs import HardwareSpec
+from paralab.trace import COMPUTE, STEP
+
+# a plausible CPU rank, written out so the tests never calibrate (values are not asserted)
+CPU = HardwareSpec(
+    name="test-cpu", peak_flops={"fp32": 50e9}, memory_bytes=16 * 2**30, memory_bandwidth=10e9,
+    gpus_per_node=2, intra_bw=1e9, intra_latency=100e-6, inter_bw=1e9, inter_latency=100e-6,
+    matmul_max_efficiency=1.0, matmul_half_dim=16.0, kernel_overhead_s=0.0,
+    host_overhead_s={"layer_forward": 2e-4, "layer_backward": 3e-4, "tensor_update": 3e-5},
+    p2p_latency=200e-6, p2p_bw=1e9,
+)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small"])
+def test_parameter_count_matches_the_real_gpt(preset):
+    model, _ = specs_from_run(RunConfig.build(preset, strategy="single"))
+    assert counting.parameter_counts(model)["total"] == MODEL_PRESETS[preset].param_count()
+    # a whole model on one rank: the per-tensor count is the GPT's 12 per block + 2 embeddings + 4 in the head
+    assert counting.stage_tensors(model, specs_from_run(RunConfig.build(preset))[1], 0) == 12 * model.layers + 6
+
+
+def test_model_mapping():
+    model, _ = specs_from_run(RunConfig.build("small", strategy="single"))
+    m = MODEL_PRESETS["small"]
+    assert (model.layers, model.hidden, model.heads, model.ffn, model.vocab, model.seq) == (
+        m.layers, m.hidden, m.heads, m.ffn, m.vocab, m.seq_len)
+    assert model.dtype == "fp32" and not model.tied_embeddings and model.output_bias and model.biases
+    assert model.learned_positions and model.norm_params == 2 and not model.gated_mlp and not model.dropout
+
+
+@pytest.mark.parametrize(
+    "options, expect",
+    [
+        (dict(strategy="single", world_size=1), dict(dp=1, tp=1, pp=1, micro_batch=8, microbatches=1)),
+        (dict(strategy="dp", world_size=2), dict(dp=2, micro_batch=4, overlap_grad_reduce=False, grad_buckets=54)),
+        (dict(strategy="ddp", world_size=4), dict(dp=4, micro_batch=2, overlap_grad_reduce=True, grad_buckets=1)),
+        (dict(strategy="mp", world_size=2), dict(pp=2, schedule="naive", microbatches=1, micro_batch=8)),
+        (dict(strategy="pp", world_size=2, pp=2, schedule="gpipe", microbatches=4),
+         dict(pp=2, schedule="gpipe", microbatches=4, micro_batch=2)),
+        (dict(strategy="pp", world_size=2, pp=2, schedule="interleaved", microbatches=4, virtual_stages=2),
+         dict(pp=2, schedule="interleaved", virtual_stages=2, microbatches=4)),
+        (dict(strategy="pp", world_size=2, pp=2, schedule="zbv", microbatches=2), dict(schedule="zbv", virtual_stages=2)),
+        (dict(strategy="tp", world_size=2, tp=2), dict(tp=2, dp=1, micro_batch=8, sequence_parallel=False)),
+        (dict(strategy="tp", world_size=2, tp=2, sequence_parallel=True), dict(tp=2, sequence_parallel=True)),
+        (dict(strategy="zero1", world_size=2), dict(dp=2, zero=1, grad_buckets=0)),
+        (dict(strategy="zero2", world_size=2), dict(dp=2, zero=2)),
+        (dict(strategy="zero3", world_size=2), dict(dp=2, zero=3)),
+        (dict(strategy="hybrid", world_size=8, dp=2, tp=2, pp=2, microbatches=2, sequence_parallel=True),
+         dict(dp=2, tp=2, pp=2, microbatches=2, micro_batch=2, sequence_parallel=True)),
+    ],
+)
+def test_strategy_mapping(options, expect):
+    _, parallel = specs_from_run(RunConfig.build("tiny", global_batch=8, **options))
+    assert {k: getattr(parallel, k) for k in expect} == expect
+    assert parallel.world_size == options["world_size"]
+    assert parallel.optimizer == "adam-fp32"
+
+
+def test_pipeline_trace_has_the_schedules_spans():
+    cfg = RunConfig.build("tiny", strategy="pp", world_size=2, pp=2, schedule="1f1b", microbatches=4, steps=3)
+    trace = predict_run_trace(cfg, CPU)
+    schedule = build_schedule("1f1b", 2, 4)
+    for step in range(3):
+        for rank in range(2):
+            got = [(s.kind, s.stage, s.microbatch) for s in sorted(trace.spans, key=lambda s: s.start)
+                   if s.rank == rank and s.step == step and s.lane == COMPUTE and s.kind != "optimizer"]
+            want = [(a.op, a.stage, a.microbatch) for a in schedule.actions[rank] if a.is_compute]
+            assert got == want
+    assert {s.name for s in trace.spans if s.lane == COMPUTE} == {"forward", "backward", "optimizer"}
+    assert "send F0 s0" in {s.name for s in trace.spans if s.rank == 0}
+    assert len(trace.step_windows()) == 3 and trace.meta["source"] == "simulated"
+    assert trace.median_step_time() == pytest.approx(predict_run(cfg, CPU).step_time_s)
+
+
+def _structure(trace) -> dict:
+    """rank -> step -> compute kinds in order (what an overlay lines up)."""
+    out: dict = {}
+    for s in sorted(trace.spans, key=lambda s: s.start):
+        if s.lane == COMPUTE:
+            out.setdefault(s.rank, {}).setdefault(s.step, []).append(s.kind)
+    return out
+
+
+def test_measured_and_predicted_traces_line_up():
+    """One real 2-rank ddp run and its prediction: same ranks, steps and compute spans per step."""
+    run = paralab.run(strategy="ddp", world_size=2, steps=3, model="tiny", global_batch=8, device="cpu")
+    predicted = predict_run_trace(run.config, CPU)
+    measured = run.trace
+    assert predicted.ranks == measured.ranks == [0, 1]
+    assert list(predicted.step_windows()) == list(measured.step_windows()) == [0, 1, 2]
+    assert _structure(predicted) == _structure(measured)
+    assert Counter(s.kind for s in predicted.spans if s.lane == STEP) == Counter({"step": 6})
+    assert {s.kind for s in predicted.spans if s.lane == "comm"} <= {s.kind for s in measured.spans if s.lane == "comm"}
+    assert predicted.summary()["step_time_s"] > 0 and measured.summary()["step_time_s"] > 0
