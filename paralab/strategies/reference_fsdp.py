@@ -1,0 +1,74 @@
+"""torch's own FSDP2 (``fully_shard``), run through paralab's loop: the reference that zero3's losses are
+tested against and that benchmarks time zero3 against.
+
+Each part of the model (embed, every block, the head) and then the root is wrapped with
+``fully_shard``, the same units zero3 gathers, so both do the same collectives on the same buffers.
+FSDP2's all-gathers and reduce-scatters happen inside torch, so they do not appear in paralab's
+trace; the step and compute spans do. Its parameters are DTensors: memory is counted from their
+local shards (the parameters FSDP2 gathers for a part's forward and that autograd saves show up
+as activations).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+
+from paralab.memory import MemoryMeter, tensor_bytes
+from paralab.strategies.common import GradSync, full_model, train_data_parallel
+from paralab.strategies.zero import validate  # same rules: data-parallel ranks only
+
+try:
+    from torch.distributed.fsdp import fully_shard
+except ImportError:  # torch < 2.6
+    from torch.distributed._composable.fsdp import fully_shard
+
+__all__ = ["train", "validate"]
+
+
+def _local(t: torch.Tensor | None) -> torch.Tensor | None:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+class LocalShardMeter(MemoryMeter):
+    """Counts the bytes of the DTensors' local shards, which is what a rank holds."""
+
+    def watch(self, params, optimizer=None) -> None:
+        self.sharded = list(params)
+        super().watch([_local(p) for p in self.sharded], optimizer)
+
+    def model_states(self) -> dict[str, int]:
+        states = [v for s in (self.optimizer.state.values() if self.optimizer else ()) for v in s.values()]
+        return {
+            "params": tensor_bytes(_local(p) for p in self.sharded),
+            "grads": tensor_bytes(_local(p.grad) for p in self.sharded),
+            "optimizer": tensor_bytes(_local(v) for v in states if torch.is_tensor(v) and v.dim() > 0),
+        }
+
+
+def full_state(model: torch.nn.Module, rank: int) -> dict | None:
+    """Full parameters and gradients (every rank takes part in the gathers; rank 0 keeps them)."""
+    params, grads = {}, {}
+    for name, p in model.named_parameters():
+        params[name] = p.full_tensor().detach().cpu().clone()
+        if p.grad is not None:
+            grads[name] = p.grad.full_tensor().cpu().clone()
+    return {"params": params, "grads": grads} if rank == 0 else None
+
+
+def train(ctx):
+    model = full_model(ctx)
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    for part in (model.embed, *model.blocks, model.head):
+        fully_shard(part, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    ctx.memory = LocalShardMeter(ctx.device)
+    # the shared loop would read DTensors on rank 0 alone; gather the state here with every rank instead
+    loop_ctx = dataclasses.replace(ctx, cfg=dataclasses.replace(ctx.cfg, collect_state=False))
+    result = train_data_parallel(loop_ctx, model, GradSync(), ctx.rank, ctx.world_size)
+    if ctx.cfg.collect_state:
+        result["state"] = full_state(model, ctx.rank)
+    return result

@@ -1,0 +1,254 @@
+"""ZeRO: data parallel (数据并行) without every rank holding a copy of every model state.
+
+Rajbhandari et al. (2020) observe that plain data parallelism keeps the *model states* (parameters,
+gradients, optimizer states) replicated on all Nd ranks, although each rank only needs its share of
+them at any moment. With fp32 Adam a model of P parameters holds 4P bytes of parameters, 4P of
+gradients and 8P of optimizer states (momentum and variance) per rank. ZeRO partitions them in three
+stages, each a strategy here:
+
+=========  ===========  ============================================  ===============================
+strategy   paper        bytes per rank (fp32 Adam)                    communication per step
+=========  ===========  ============================================  ===============================
+zero1      P_os         4P + 4P + 8P/Nd                               reduce-scatter grads, all-gather
+                                                                      params: 2P (as DDP's all-reduce)
+zero2      P_os+g       4P + (4P + 8P)/Nd                             the same 2P
+zero3      P_os+g+p     (4P + 4P + 8P)/Nd = 16P/Nd                    all-gather params in forward and
+                                                                      again in backward, reduce-scatter
+                                                                      grads: 3P, 1.5x DDP
+=========  ===========  ============================================  ===============================
+
+"P of communication" means P parameter elements x 4 bytes x (Nd-1)/Nd on the wire from each rank,
+the ring accounting of paralab.comm: an all-reduce is a reduce-scatter plus an all-gather, which is
+why stages 1 and 2 cost exactly what DDP does. (Counts are padded: each unit is rounded up to a
+multiple of Nd elements, see zero_shards.py.)
+
+How each stage runs, per step, on every rank:
+
+- **zero1**: backward accumulates the full local gradient into one flat buffer (the paper keeps
+  full gradients in stage 1); one reduce-scatter leaves the averaged gradient of this rank's shard;
+  Adam updates the shard with the shard's optimizer state; one all-gather rebuilds the parameters.
+- **zero2**: each gradient, as backward produces it (post-accumulate-grad hooks), is moved into
+  its bucket's flat buffer (DDP's buckets, ddp.py); a complete bucket is reduce-scattered
+  asynchronously, overlapping the rest of backward, and then dropped: only the shard's gradient stays.
+- **zero3**: only the shards stay. A forward pre-hook all-gathers each part (embed, each block, the
+  head) just before it runs and a forward hook frees it; a hook on the part's output gathers it again
+  when backward reaches it; when the part's last gradient has arrived its gradients are
+  reduce-scattered and its parameters freed again.
+
+Memory is measured, not computed: the rank's meter (zero_shards.HeldMemory) counts the distinct
+storages it holds by kind, so the summary's ``memory_by_kind`` and the trace's ``memory.*`` counters
+include the transient ones (a gathered part, a bucket's gradients) and the rank result's
+``memory["final"]`` shows what stays resident between steps, the quantity the table above gives.
+
+Adam runs over nn.Parameter views of the rank's shards (foreach=False), so every element goes
+through the same arithmetic as in single-device training; the tests hold the losses and final
+parameters to single-device training within 1e-5, and zero3's losses to torch's FSDP2.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from paralab import comm
+from paralab.config import ConfigError
+from paralab.models.gpt import lm_loss, part_names
+from paralab.strategies.common import full_model, make_loader, make_optimizer
+from paralab.strategies.ddp import make_buckets
+from paralab.strategies.zero_shards import HeldMemory, ShardedModel
+
+STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
+IN_FLIGHT = 2  # reduce-scatters running beside backward; more would keep more full gradient buffers alive
+
+
+def validate(cfg) -> None:
+    """ZeRO shards over data-parallel ranks only; say so rather than ignore other degrees."""
+    if cfg.dp not in (0, cfg.world_size):
+        raise ConfigError(f"{cfg.strategy} shards over all {cfg.world_size} ranks (dp = world size); got dp={cfg.dp}. "
+                          f"Use strategy 'hybrid' for dp smaller than the world size.")
+    for name, value in (("tp", cfg.tp), ("pp", cfg.pp), ("virtual_stages", cfg.virtual_stages)):
+        if value != 1:
+            raise ConfigError(
+                f"{cfg.strategy} shards model states over data-parallel ranks only (world size "
+                f"{cfg.world_size} = dp); it does not take {name}={value}. Use strategy 'hybrid' to "
+                f"combine a zero stage with tensor or pipeline parallelism."
+            )
+    if cfg.microbatches != 1:
+        raise ConfigError(f"{cfg.strategy} takes one batch per step (microbatches=1), got microbatches="
+                          f"{cfg.microbatches}: it has no gradient accumulation; raise global_batch instead")
+    if cfg.schedule or cfg.sequence_parallel or cfg.stage_layers:
+        raise ConfigError(f"{cfg.strategy} takes no pipeline schedule, stage layers or sequence parallelism")
+
+
+def unit_groups(model: torch.nn.Module, cfg, stage: int) -> list[tuple[str, list[str]]]:
+    """How parameters are grouped into flat units: the whole model (stage 1: one flat buffer, one
+    reduce-scatter), DDP's gradient buckets (stage 2: reduced as backward produces them), the model's
+    parts (stage 3: gathered just before each part runs)."""
+    named = list(model.named_parameters())
+    if stage == 1:
+        return [("model", [n for n, _ in named])]
+    if stage == 3:
+        return [(part, [n for n, _ in named if n.startswith(part + ".")]) for part in part_names(cfg.model)]
+    name_of = {id(p): n for n, p in named}
+    buckets = make_buckets([p for _, p in named], cfg.bucket_mb * 2**20)  # backward order
+    return [(f"bucket {i}", [name_of[id(p)] for p in reversed(b)]) for i, b in reversed(list(enumerate(buckets)))]
+
+
+class Zero:
+    """One ZeRO stage on one rank: where gradients go in backward, how they are reduced, how
+    parameters come back. ``held()`` lists every tensor it keeps, for the memory meter."""
+
+    def __init__(self, ctx, model: torch.nn.Module, stage: int):
+        self.stage, self.world = stage, ctx.world_size
+        self.sharded = ShardedModel(model, unit_groups(model, ctx.cfg, stage), ctx.rank, ctx.world_size,
+                                    resident_full=stage < 3)
+        self.units = self.sharded.units
+        self.meter = HeldMemory(ctx.device, self.held, ctx.recorder)
+        ctx.memory = self.meter
+        self.pending: list[tuple[comm.TracedWork, torch.Tensor]] = []  # reduce-scatters in flight
+        self.buffers: dict[str, torch.Tensor] = {}  # units whose gradients are arriving
+        self.offsets = {id(p): p.storage_offset() - u.full.storage_offset() for u in self.units for p in u.params}
+        self.arrived = dict.fromkeys((u.name for u in self.units), 0)
+        if stage == 1:
+            self._bind_full_gradients()
+        else:
+            self._bind_shard_gradients()
+            for u in self.units:
+                for p in u.params:
+                    p.register_post_accumulate_grad_hook(lambda p, u=u: self._grad_ready(u, p))
+        if stage == 3:
+            for u in self.units:
+                part = model.get_submodule(u.name)
+                part.register_forward_pre_hook(lambda _m, _args, u=u: self._gather(u, "forward"))
+                part.register_forward_hook(lambda _m, _args, out, u=u: self._after_forward(u, out))
+
+    # ------------------------------------------------------------------ gradient buffers
+    def _bind_full_gradients(self) -> None:
+        """Stage 1: every gradient is a view of one flat buffer laid out like the parameters, so
+        autograd accumulates straight into it and the shard's gradient is its slice of it."""
+        self.grad_flat = torch.zeros_like(self.sharded.flat)
+        for u in self.units:
+            for t in (*u.params, u.shard):
+                t.grad = self.grad_flat.as_strided(t.shape, t.stride(), t.storage_offset())
+
+    def _bind_shard_gradients(self) -> None:
+        """Stages 2 and 3: only the shards' gradients are kept, in one flat buffer."""
+        self.grad_shards = torch.zeros(sum(u.shard.numel() for u in self.units), device=self.sharded.flat.device)
+        offset = 0
+        for u in self.units:
+            u.shard.grad = self.grad_shards[offset : offset + u.shard.numel()]
+            offset += u.shard.numel()
+
+    def held(self) -> dict:
+        grads = ([p.grad for u in self.units for p in (*u.params, u.shard)] + list(self.buffers.values())
+                 + [buf for _, buf in self.pending])
+        return {"params": [self.sharded.flat] + [u.full for u in self.units], "grads": grads}
+
+    # ------------------------------------------------------------------ the step
+    def zero_grad(self) -> None:
+        if self.stage == 1:
+            self.grad_flat.zero_()
+        self.arrived = dict.fromkeys(self.arrived, 0)
+
+    def _grad_ready(self, u, p) -> None:
+        """Stages 2 and 3: move the gradient that just arrived into the unit's flat buffer (made at the
+        unit's first gradient) and drop it, so a unit's gradients are held once, not twice."""
+        if u.name not in self.buffers:
+            self.buffers[u.name] = torch.zeros(u.padded, device=p.device)
+        offset = self.offsets[id(p)]
+        self.buffers[u.name][offset : offset + p.numel()].copy_(p.grad.reshape(-1))
+        self.meter.sample()  # the high-water mark: this gradient and the unit's buffer
+        p.grad = None
+        self.arrived[u.name] += 1
+        if self.arrived[u.name] == len(u.params):
+            self._reduce_scatter(u)
+
+    def _reduce_scatter(self, u) -> None:
+        """The unit's gradients are complete: pre-divide by Nd and start the reduce-scatter into this
+        rank's shard gradient (zero3 also frees the part's parameters). At most IN_FLIGHT buffers wait
+        on the wire, so full gradients never pile up to the whole model."""
+        while len(self.pending) >= IN_FLIGHT:
+            work, _ = self.pending.pop(0)
+            work.wait()
+        flat = self.buffers.pop(u.name).div_(self.world)
+        self.pending.append((comm.reduce_scatter(u.shard.grad, flat, async_op=True, name=f"grads {u.name}"), flat))
+        if self.stage == 3:
+            self.sharded.free(u)
+
+    def reduce_gradients(self) -> None:
+        """After backward: every rank's shard gradient is the average over the global batch."""
+        if self.stage == 1:
+            u = self.units[0]
+            self.grad_flat.div_(self.world)
+            reduced = torch.empty_like(u.shard)
+            comm.reduce_scatter(reduced, self.grad_flat, name="grads")
+            u.shard.grad.copy_(reduced)
+            return
+        missing = [u.name for u in self.units if self.arrived[u.name] != len(u.params)]
+        if missing:
+            raise RuntimeError(f"{missing} got no gradient for every parameter this step; ZeRO here expects all")
+        for work, _ in self.pending:
+            work.wait()
+        self.pending.clear()
+
+    def gather_parameters(self) -> None:
+        """Stages 1 and 2: after the update, all-gather the shards back into the full parameters.
+        (In place: the shard is this rank's slice of the buffer it gathers into.) Stage 3 gathers
+        each part when it is next used instead."""
+        if self.stage == 3:
+            return
+        for u in self.units:
+            comm.all_gather(u.full, u.shard.detach(), name=f"params {u.name}")
+
+    # ------------------------------------------------------------------ stage 3 hooks
+    def _gather(self, u, phase: str) -> None:
+        """Refill the part's freed buffer from every rank's shard. Backward's saved tensors alias this
+        buffer, so its version counter is kept: the gather restores the values autograd saved."""
+        self.sharded.allocate(u)
+        with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(u.full):
+            comm.all_gather(u.full, u.shard.detach(), name=f"{phase} gather {u.name}")
+        self.meter.sample()
+
+    def _after_forward(self, u, out: torch.Tensor) -> None:
+        self.sharded.free(u)
+        if out.requires_grad:
+            out.register_hook(lambda _grad: self._gather(u, "backward"))
+
+    def describe(self) -> dict:
+        return {
+            "stage": self.stage,
+            "units": [u.name for u in self.units],
+            "param_count": sum(u.numel for u in self.units),
+            "padded_count": sum(u.padded for u in self.units),
+            "shard_count": sum(u.shard.numel() for u in self.units),
+        }
+
+
+def train(ctx):
+    cfg, rec = ctx.cfg, ctx.recorder
+    model = full_model(ctx)
+    zero = Zero(ctx, model, STAGES[cfg.strategy])
+    optimizer = make_optimizer(cfg, [u.shard for u in zero.units])
+    meter = ctx.memory
+    meter.watch([], optimizer)
+    loader = make_loader(ctx)
+    losses = []
+    for step in range(cfg.steps):
+        with rec.step(step):
+            ctx.check_fault(step)
+            inputs, targets = loader.rank_batch(step, ctx.rank, ctx.world_size)
+            zero.zero_grad()
+            with rec.span("forward"), meter.saving(step):
+                loss = lm_loss(model(inputs), targets)
+            with rec.span("backward"):
+                loss.backward()
+            meter.release(step)
+            zero.reduce_gradients()
+            with rec.span("optimizer"):
+                optimizer.step()
+            zero.gather_parameters()
+            meter.sample()
+        losses.append(loss.item())
+    state = zero.sharded.full_state() if cfg.collect_state else None
+    result = ctx.result(losses, loss_weight=1.0 / ctx.world_size, state=state)
+    result["zero"] = zero.describe()
+    return result

@@ -1,0 +1,186 @@
+"""The bookkeeping under ZeRO (zero.py): flat parameter units, each rank's shard of them, and a memory
+meter that counts the storages a rank really holds.
+
+A *unit* is a group of parameters that is communicated as one flat fp32 buffer: the whole model for
+stage 1, a gradient bucket for stage 2, one part of the model (embed, a block, the head) for stage 3.
+Each unit is padded with zeros to a multiple of Nd elements, so rank i owns the i-th contiguous
+slice of every unit: a reduce-scatter of the unit's gradient hands each rank exactly its slice, and
+an all-gather of the slices rebuilds the unit. With one unit (stage 1) this is the plain picture of
+one flat buffer cut into Nd shards.
+
+The module's parameters become views into the unit's flat buffer, so the model code (GPT) runs
+unchanged, and each rank's shard is an ``nn.Parameter`` that the optimizer updates element by element
+exactly as single-device training would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from paralab.memory import MemoryMeter, optimizer_state_bytes
+
+
+@dataclass
+class Unit:
+    """Parameters gathered and reduced together. ``full`` is the unit's flat buffer (padded to a
+    multiple of Nd); ``shard`` this rank's slice of it, the tensor the optimizer owns."""
+
+    name: str
+    names: list[str]
+    params: list[nn.Parameter] = field(default_factory=list)
+    numel: int = 0
+    padded: int = 0
+    full: torch.Tensor | None = None
+    shard: nn.Parameter | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.padded * self.full.element_size()
+
+
+def _replace_parameter(model: nn.Module, name: str, value: nn.Parameter) -> None:
+    owner, _, leaf = name.rpartition(".")
+    setattr(model.get_submodule(owner) if owner else model, leaf, value)
+
+
+class ShardedModel:
+    """The model's parameters laid out as flat units and sharded over ``world`` data-parallel ranks.
+
+    ``resident_full``: stages 1 and 2 keep every unit's full buffer (one flat buffer for the model)
+    and the rank's shard is a view into it; stage 3 keeps only the shards (one flat buffer of this
+    rank's slices) and each unit's full buffer has its storage freed until it is gathered for use.
+    """
+
+    def __init__(self, model: nn.Module, groups: list[tuple[str, list[str]]], rank: int, world: int,
+                 resident_full: bool):
+        self.rank = rank
+        named = dict(model.named_parameters())
+        self.units = [Unit(name, names, [named[n] for n in names]) for name, names in groups]
+        for u in self.units:
+            u.numel = sum(p.numel() for p in u.params)
+            u.padded = -(-u.numel // world) * world
+        device = next(model.parameters()).device
+        shard_total = sum(u.padded // world for u in self.units)
+        # stages 1-2: the whole model, padded; stage 3: only this rank's slices of every unit
+        self.flat = torch.zeros(sum(u.padded for u in self.units) if resident_full else shard_total,
+                                device=device)
+        offset = shard_offset = 0
+        for u in self.units:
+            s = u.padded // world
+            if resident_full:
+                u.full = self.flat[offset : offset + u.padded]
+                shard_view = u.full[rank * s : (rank + 1) * s]
+            else:
+                u.full = torch.zeros(u.padded, device=device)
+                shard_view = self.flat[shard_offset : shard_offset + s]
+            self._adopt(model, u)
+            if not resident_full:
+                shard_view.copy_(u.full[rank * s : (rank + 1) * s])
+                self.free(u)
+            u.shard = nn.Parameter(shard_view)
+            offset += u.padded
+            shard_offset += s
+
+    @staticmethod
+    @torch.no_grad()
+    def _adopt(model: nn.Module, u: Unit) -> None:
+        """Copy the unit's parameters into its flat buffer and make the module's parameters views of it."""
+        offset, views = 0, []
+        for name, p in zip(u.names, u.params):
+            view = u.full[offset : offset + p.numel()].view_as(p)
+            view.copy_(p)
+            new = nn.Parameter(view, requires_grad=p.requires_grad)
+            _replace_parameter(model, name, new)
+            views.append(new)
+            offset += p.numel()
+        u.params = views
+
+    # ------------------------------------------------------------------ stage 3: gather / free
+    @staticmethod
+    def free(u: Unit) -> None:
+        """Release the unit's full buffer (the module's parameter views keep pointing at its storage,
+        which is refilled by the next gather)."""
+        u.full.untyped_storage().resize_(0)
+
+    @staticmethod
+    def allocate(u: Unit) -> None:
+        u.full.untyped_storage().resize_(u.nbytes)
+
+    # ------------------------------------------------------------------ whole-model views (untraced)
+    def full_state(self) -> dict | None:
+        """Every parameter and its averaged gradient under the model's global names, gathered with plain
+        torch.distributed outside the traced steps; rank 0 gets them, the other ranks None."""
+        params, grads = {}, {}
+        for u in self.units:
+            shard_grad = u.shard.grad if u.shard.grad is not None else torch.zeros_like(u.shard)
+            for out, piece in ((params, u.shard.detach()), (grads, shard_grad)):
+                full = torch.empty(u.padded, device=piece.device)
+                dist.all_gather_into_tensor(full, piece.contiguous())
+                offset = 0
+                for name, p in zip(u.names, u.params):
+                    out[name] = full[offset : offset + p.numel()].view(p.shape).cpu().clone()
+                    offset += p.numel()
+        return {"params": params, "grads": grads} if self.rank == 0 else None
+
+
+class HeldMemory(MemoryMeter):
+    """A MemoryMeter that counts the distinct storages a strategy reports holding, by kind.
+
+    ``held()`` returns ``{"params": [...], "grads": [...]}``: every tensor alive on the rank. Views
+    share a storage and a freed buffer has none, so a parameter view, the shard that aliases it and
+    a gathered-then-freed unit are each counted for the bytes they really occupy. Samples also go to
+    the trace as counters (``memory.params``, ...), so memory can be drawn beside the spans."""
+
+    def __init__(self, device: torch.device, held: Callable[[], dict], recorder=None):
+        super().__init__(device)
+        self.held = held
+        self.recorder = recorder
+
+    def _storages(self, tensors) -> dict[int, int]:
+        out = {}
+        for t in tensors:
+            if t is None:
+                continue
+            storage = t.untyped_storage()
+            if storage.nbytes():
+                out[storage.data_ptr()] = storage.nbytes()
+        return out
+
+    def model_states(self) -> dict[str, int]:
+        held = self.held()
+        params = self._storages(held["params"])
+        grads = {k: v for k, v in self._storages(held["grads"]).items() if k not in params}
+        return {"params": sum(params.values()), "grads": sum(grads.values()),
+                "optimizer": optimizer_state_bytes(self.optimizer)}
+
+    @contextmanager
+    def saving(self, key):
+        """As MemoryMeter.saving, but a saved tensor is recognised as a parameter when it is saved, not
+        when the block starts: stage 3 gathers each part's parameters inside the forward."""
+        seen: set[int] = set()
+        self._live.setdefault(key, 0)
+
+        def pack(t: torch.Tensor):
+            storage = t.untyped_storage()
+            ptr = storage.data_ptr()
+            if ptr not in seen and ptr not in self._storages(self.held()["params"]):
+                seen.add(ptr)
+                self._live[key] += storage.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield
+        self.sample()
+
+    def sample(self) -> None:
+        super().sample()
+        if self.recorder is not None and self.recorder.enabled:
+            now = {**self.model_states(), "activations": sum(self._live.values())}
+            for kind, value in now.items():
+                self.recorder.counter(f"memory.{kind}", value)
