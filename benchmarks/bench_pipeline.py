@@ -1,0 +1,67 @@
+"""paralab's pipeline executor against torch.distributed.pipelining, and measured against theoretical bubbles.
+
+For each (schedule, pp) the two implementations run the same split, microbatches and world size;
+their runs alternate (paralab, torch, paralab, torch, ...) so that a change in machine load hits
+both, and the table reports the ratio of median step times (paralab / torch; below 1 is faster).
+A second table sets paralab's measured bubble (idle compute time inside the step) beside the
+schedule's closed form for equal-time stages.
+
+    .venv/bin/python benchmarks/bench_pipeline.py [--model small] [--microbatches 8] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import paralab
+
+CASES = [("gpipe", 2), ("gpipe", 4), ("1f1b", 2), ("1f1b", 4)]
+BUBBLE_CASES = [("gpipe", 2, 1, 1), ("gpipe", 2, 8, 1), ("1f1b", 4, 8, 1), ("interleaved", 2, 8, 2),
+                ("zb-h1", 2, 8, 1), ("zbv", 2, 8, 2)]
+
+
+def step_times(strategy: str, schedule: str, pp: int, m: int, v: int, args) -> tuple[list[float], dict]:
+    run = paralab.run(strategy, pp, steps=args.steps, model=args.model, global_batch=args.global_batch, pp=pp,
+                      schedule=schedule, microbatches=m, virtual_stages=v)
+    return run.trace.step_times()[1:], run.summary  # the first step pays for warm-up
+
+
+def compare(args) -> list[str]:
+    rows = ["| schedule | pp | microbatches | paralab step (ms) | torch step (ms) | ratio |",
+            "|---|---|---|---|---|---|"]
+    for schedule, pp in CASES:
+        ours, theirs = [], []
+        for _ in range(args.repeats):
+            ours += step_times("pp", schedule, pp, args.microbatches, 1, args)[0]
+            theirs += step_times("torch_pp", schedule, pp, args.microbatches, 1, args)[0]
+        a, b = statistics.median(ours), statistics.median(theirs)
+        rows.append(f"| {schedule} | {pp} | {args.microbatches} | {a * 1e3:.1f} | {b * 1e3:.1f} | {a / b:.2f}x |")
+    return rows
+
+
+def bubbles(args) -> list[str]:
+    rows = ["| schedule | pp | microbatches | v | measured bubble | theoretical |", "|---|---|---|---|---|---|"]
+    for schedule, pp, m, v in BUBBLE_CASES:
+        _, s = step_times("pp", schedule, pp, m, v, args)
+        rows.append(f"| {schedule} | {pp} | {m} | {v} | {s['bubble_fraction']:.3f} | {s['bubble_theoretical']:.3f} |")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="small")
+    parser.add_argument("--global-batch", type=int, default=16)
+    parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--repeats", type=int, default=2, help="alternating runs per implementation")
+    args = parser.parse_args()
+    print(f"model {args.model}, global batch {args.global_batch}, {args.steps} steps per run "
+          f"(first dropped), {args.repeats} alternating runs each\n")
+    print("\n".join(compare(args)))
+    print()
+    print("\n".join(bubbles(args)))
+
+
+if __name__ == "__main__":
+    main()

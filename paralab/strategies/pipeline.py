@@ -1,0 +1,268 @@
+"""Layer-wise model parallel (模型并行) and pipeline parallel (流水线并行): one executor for every schedule.
+
+The model's blocks are cut into S = p x v stages over p ranks (v model chunks per rank for the
+interleaved and V-shaped schedules). A schedule (paralab.schedules) is plain data: for each rank, the
+ordered forwards, backwards and the sends and receives that carry activations down the pipeline
+and gradients back up. This executor runs whatever list it is given:
+
+- ``mp`` is the naive schedule: one batch, no microbatches, so only one rank works at a time;
+- ``pp`` runs gpipe, 1f1b, interleaved, zb-h1 or zbv over ``microbatches`` slices of the batch.
+
+Each microbatch's loss is divided by m, so the gradients that accumulate over the microbatches are
+those of the whole batch and the optimizer step equals single-device training. Activations and
+gradients travel with plain isend/irecv (shapes are known statically: microbatch x seq x hidden),
+each stage boundary on its own two-rank process group: a boundary carries its microbatches in order,
+but two boundaries between the same ranks need not interleave their messages the same way on both
+sides, and messages on one group match in issue order. An output is sent and then dropped: backward
+needs only its autograd edge, not its data. Zero-bubble schedules split the backward into
+backward_input (the gradient the previous stage waits for) and backward_weight (deferred into the
+bubble).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+import torch.distributed as dist
+from torch.autograd.graph import get_gradient_edge
+
+from paralab import comm
+from paralab.config import ConfigError, RunConfig
+from paralab.models.gpt import lm_loss
+from paralab.schedules import (
+    BACKWARD,
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    FORWARD,
+    RECV_BACKWARD,
+    RECV_FORWARD,
+    SCHEDULES,
+    Schedule,
+    build_schedule,
+    theoretical_bubble,
+)
+from paralab.strategies.common import make_loader, make_optimizer
+from paralab.strategies.pipeline_stage import build_stages, check_pipeline, named_stage_state
+
+
+# ------------------------------------------------------------------------------------------ validate
+def validate(cfg: RunConfig) -> None:
+    """Refuse a pipeline that cannot run, before any process starts; fills in what ``mp`` implies."""
+    if cfg.strategy == "mp":
+        if cfg.microbatches != 1:
+            raise ConfigError(f"mp runs the whole batch through the layers with no microbatches, got "
+                              f"microbatches={cfg.microbatches}; for microbatches use strategy 'pp'")
+        if cfg.schedule not in ("", "naive"):
+            raise ConfigError(f"mp is the naive schedule; for schedule {cfg.schedule!r} use strategy 'pp'")
+        if cfg.pp not in (1, cfg.world_size):
+            raise ConfigError(f"mp puts one stage on each rank: pp={cfg.pp} but world size {cfg.world_size}")
+        cfg.pp, cfg.schedule = cfg.world_size, "naive"
+    check_pipeline(cfg, SCHEDULES)
+
+
+
+# ------------------------------------------------------------------------------------------ executor
+class PipelineExecutor:
+    """Runs one rank's action list of a schedule, one training step at a time.
+
+    Per (stage, microbatch) it keeps what backward needs: the stage input (a leaf, whose gradient is
+    sent up the pipeline) and the autograd edge of the output (or the loss on the last stage).
+    ``inbox`` holds tensors that arrived (received, or handed over by a stage on this rank) and
+    ``outbox`` tensors waiting for their send action.
+    """
+
+    def __init__(self, ctx, schedule: Schedule, stages: dict, groups: dict[int, dist.ProcessGroup]):
+        self.ctx, self.schedule, self.stages, self.groups = ctx, schedule, stages, groups
+        cfg = ctx.cfg
+        self.m = schedule.microbatches
+        self.shape = (cfg.global_batch // self.m, cfg.model.seq_len, cfg.model.hidden)
+        self.owner = schedule.stage_to_rank
+        self.last = schedule.num_stages - 1
+        self.params = {s: list(stage.parameters()) for s, stage in stages.items()}
+        self.peak_activations = 0
+
+    def run_step(self, tokens: list[torch.Tensor] | None, targets: list[torch.Tensor] | None) -> float | None:
+        """Run every action of this rank for one step; returns the step's loss on the last stage."""
+        self.tokens, self.targets = tokens, targets
+        self.inbox, self.outbox, self.saved, self.out_grads = {}, {}, {}, {}
+        self.sending: list[tuple[comm.TracedWork, torch.Tensor]] = []
+        self.live: set[tuple[int, int]] = set()
+        self.loss = None
+        rec, actions = self.ctx.recorder, self.schedule.actions[self.ctx.rank]
+        self.recvs = deque(a for a in actions if a.op in (RECV_FORWARD, RECV_BACKWARD))
+        self.posted: deque = deque()
+        for action in actions:
+            rec.set_context(stage=action.stage, microbatch=action.microbatch)
+            if action.is_compute:
+                self._post_next_recv()
+            getattr(self, action.op)(action)
+            self._reap_sends()
+        rec.set_context(stage=None, microbatch=None)
+        for work, _ in self.sending:
+            work.wait()
+        self.sending.clear()
+        return None if self.loss is None else self.loss.item()
+
+    # --------------------------------------------------------------------------------- compute
+    def forward(self, a) -> None:
+        s, mb = a.stage, a.microbatch
+        x = self.tokens[mb] if s == 0 else self.inbox.pop(("act", s, mb)).requires_grad_()
+        with self.ctx.recorder.span(FORWARD), self.ctx.memory.saving((s, mb)):
+            y = self.stages[s](x)
+            if s == self.last:
+                y = lm_loss(y, self.targets[mb]) / self.m  # the batch's mean loss is the sum over microbatches
+        self.live.add((s, mb))
+        self.peak_activations = max(self.peak_activations, len(self.live))
+        if s == self.last:
+            self.saved[(s, mb)] = (x, y)
+            self.loss = y.detach() if self.loss is None else self.loss + y.detach()
+            return
+        self.saved[(s, mb)] = (x, get_gradient_edge(y))  # the edge, not the tensor: y can go once sent
+        self._deliver("act", s + 1, mb, y.detach())
+
+    def backward(self, a) -> None:
+        s, mb = a.stage, a.microbatch
+        x, out = self.saved.pop((s, mb))
+        with self.ctx.recorder.span(BACKWARD):
+            torch.autograd.backward([out], self._grad_of(s, mb))
+        self._release(s, mb)
+        if s > 0:
+            self._deliver("grad", s - 1, mb, x.grad)
+
+    def backward_input(self, a) -> None:
+        """Bi: only the gradient of the stage input, which the previous stage is waiting for; the
+        graph is kept for W."""
+        s, mb = a.stage, a.microbatch
+        x, out = self.saved[(s, mb)]
+        grad = self._grad_of(s, mb)
+        self.out_grads[(s, mb)] = grad
+        with self.ctx.recorder.span(BACKWARD_INPUT):
+            if s > 0:
+                (gx,) = torch.autograd.grad([out], [x], grad, retain_graph=True)
+        if s > 0:
+            self._deliver("grad", s - 1, mb, gx)
+
+    def backward_weight(self, a) -> None:
+        """W: the weight gradients, accumulated into .grad; nobody waits for them.
+
+        Correctness first: W walks the stage's graph again from the output, restricted to the
+        weights, so it recomputes the activation gradients Bi already made and costs about a full
+        backward (the paper's W reuses them and costs about one forward)."""
+        s, mb = a.stage, a.microbatch
+        _, out = self.saved.pop((s, mb))
+        with self.ctx.recorder.span(BACKWARD_WEIGHT):
+            torch.autograd.backward([out], self.out_grads.pop((s, mb)), inputs=self.params[s])
+        self._release(s, mb)
+
+    # ------------------------------------------------------------------------------ p2p
+    def send_forward(self, a) -> None:
+        self._send(self.outbox.pop(("act", a.stage + 1, a.microbatch)), a.peer, boundary=a.stage,
+                   name=f"send F{a.microbatch} s{a.stage}")
+
+    def send_backward(self, a) -> None:
+        self._send(self.outbox.pop(("grad", a.stage - 1, a.microbatch)), a.peer, boundary=a.stage - 1,
+                   name=f"send B{a.microbatch} s{a.stage}")
+
+    def recv_forward(self, a) -> None:
+        self.inbox[("act", a.stage, a.microbatch)] = self._take_recv(a)
+
+    def recv_backward(self, a) -> None:
+        self.inbox[("grad", a.stage, a.microbatch)] = self._take_recv(a)
+
+    def _send(self, tensor: torch.Tensor, peer: int, boundary: int, name: str) -> None:
+        self.sending.append((comm.isend(tensor, peer, group=self.groups[boundary], name=name), tensor))
+
+    def _post_next_recv(self) -> None:
+        """Post the rank's next receive before a compute, so the transfer overlaps the compute
+        (one receive ahead at most: one extra buffer)."""
+        if self.recvs and not self.posted:
+            a = self.recvs.popleft()
+            forward = a.op == RECV_FORWARD
+            boundary = a.stage - 1 if forward else a.stage
+            buffer = torch.empty(self.shape, device=self.ctx.device)
+            name = f"recv {'F' if forward else 'B'}{a.microbatch} s{a.stage}"
+            self.posted.append((a, comm.irecv(buffer, a.peer, group=self.groups[boundary], name=name), buffer))
+
+    def _take_recv(self, a) -> torch.Tensor:
+        """Wait for the receive of action ``a`` (posted now if no compute came before it)."""
+        self._post_next_recv()
+        posted, work, buffer = self.posted.popleft()
+        assert posted == a, f"receives out of order: expected {posted}, reached {a}"
+        work.wait()
+        return buffer
+
+    def _reap_sends(self) -> None:
+        """Close finished sends and drop their tensors: an output is freed once it is on its way."""
+        still = []
+        for work, tensor in self.sending:
+            if work.is_completed():
+                work.wait()
+            else:
+                still.append((work, tensor))
+        self.sending = still
+
+    # ---------------------------------------------------------------------------- helpers
+    def _deliver(self, kind: str, stage: int, mb: int, tensor: torch.Tensor) -> None:
+        """Hand a tensor to the stage that consumes it: locally, or through a later send action."""
+        box = self.inbox if self.owner[stage] == self.ctx.rank else self.outbox
+        box[(kind, stage, mb)] = tensor  # keyed by the consuming stage, in both boxes
+
+    def _grad_of(self, s: int, mb: int) -> list[torch.Tensor] | None:
+        """The gradient of the stage output (None on the last stage, whose output is the loss)."""
+        return None if s == self.last else [self.inbox.pop(("grad", s, mb))]
+
+    def _release(self, s: int, mb: int) -> None:
+        self.live.discard((s, mb))
+        self.ctx.memory.release((s, mb))
+
+
+def stage_groups(schedule: Schedule) -> dict[int, dist.ProcessGroup]:
+    """One two-rank group per stage boundary that crosses ranks (boundary b: stage b to b + 1).
+    Every rank creates every group, in the same order, as torch requires."""
+    groups = {}
+    for b in range(schedule.num_stages - 1):
+        pair = sorted({schedule.stage_to_rank[b], schedule.stage_to_rank[b + 1]})
+        if len(pair) == 2:
+            groups[b] = dist.new_group(pair)
+    return groups
+
+
+def _microbatched_batch(loader, step: int, m: int, needs_tokens: bool, needs_targets: bool):
+    """The step's global batch cut into m microbatches: token ids for the first stage, targets for
+    the last (None for a rank that owns neither)."""
+    if loader is None:
+        return None, None
+    inputs, labels = loader.rank_batch(step)
+    return (list(inputs.chunk(m)) if needs_tokens else None), (list(labels.chunk(m)) if needs_targets else None)
+
+
+def train(ctx) -> dict:
+    cfg, rec = ctx.cfg, ctx.recorder
+    schedule = build_schedule(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages)
+    owned = schedule.stages_on(ctx.rank)
+    stages = build_stages(cfg.model, schedule.num_stages, owned, cfg.seed, cfg.stage_layers, ctx.device)
+    params = [p for s in owned for p in stages[s].parameters()]
+    optimizer = make_optimizer(cfg, params)
+    ctx.memory.watch(params, optimizer)
+    executor = PipelineExecutor(ctx, schedule, stages, stage_groups(schedule))
+    needs_tokens, needs_targets = 0 in owned, schedule.num_stages - 1 in owned
+    loader = make_loader(ctx) if needs_tokens or needs_targets else None
+    losses = []
+    for step in range(cfg.steps):
+        # the batch is made before the step begins, so the step window holds only the pipeline
+        tokens, targets = _microbatched_batch(loader, step, schedule.microbatches, needs_tokens, needs_targets)
+        with rec.step(step):
+            ctx.check_fault(step)
+            optimizer.zero_grad(set_to_none=True)
+            loss = executor.run_step(tokens, targets)
+            with rec.span("optimizer"):
+                optimizer.step()
+            ctx.memory.sample()
+        if loss is not None:
+            losses.append(loss)
+    state = named_stage_state(stages) if cfg.collect_state else None
+    result = ctx.result(losses if needs_targets else None, loss_weight=1.0, state=state)
+    result["peak_activations"] = executor.peak_activations
+    result["bubble_theoretical"] = theoretical_bubble(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages)
+    return result

@@ -1,0 +1,141 @@
+"""The model cut into pipeline stages: which parts each stage owns, and the stage as a module.
+
+The GPT is a list of parts ``[embed, blocks.0 .. blocks.L-1, head]`` (paralab.models.gpt). A pipeline
+of S stages hands each stage a contiguous run of blocks; the first stage also owns the embedding and
+the last the head, so token ids enter at stage 0 and the loss is computed at stage S-1. Every stage
+builds only its own parts, each from its own seed, so the split starts from exactly the weights of
+single-device training. paralab's executor and the torch.distributed.pipelining reference both use
+this split, which is what makes their losses comparable. ``check_pipeline`` holds the checks both
+run before any process starts.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from paralab.config import ConfigError, ModelConfig, RunConfig
+from paralab.models.gpt import build_part, part_names
+from paralab.schedules import Schedule, ScheduleError, build_schedule, validate_schedule
+
+
+def layers_per_stage(layers: int, num_stages: int, override: list[int] | None = None) -> list[int]:
+    """Blocks per stage: ``override`` when given, else as even as possible (earlier stages take the
+    remainder, one block each)."""
+    if override is not None:
+        return list(override)
+    base, extra = divmod(layers, num_stages)
+    return [base + (1 if s < extra else 0) for s in range(num_stages)]
+
+
+def stage_part_indices(cfg: ModelConfig, num_stages: int, override: list[int] | None = None) -> list[list[int]]:
+    """The part indices (0 = embed, 1..L = blocks, L+1 = head) each stage owns, in model order."""
+    counts = layers_per_stage(cfg.layers, num_stages, override)
+    out, first_block = [], 1
+    for s, count in enumerate(counts):
+        parts = list(range(first_block, first_block + count))
+        first_block += count
+        if s == 0:
+            parts.insert(0, 0)
+        if s == num_stages - 1:
+            parts.append(cfg.layers + 1)
+        out.append(parts)
+    return out
+
+
+class Stage(nn.Module):
+    """One pipeline stage: its parts run in order. Stage 0 takes token ids, the others the hidden
+    states (microbatch x seq x hidden) of the stage before; the last stage returns logits."""
+
+    def __init__(self, cfg: ModelConfig, index: int, num_stages: int, parts: list[int], seed: int):
+        super().__init__()
+        self.index, self.num_stages = index, num_stages
+        self.is_first, self.is_last = index == 0, index == num_stages - 1
+        names = part_names(cfg)
+        self.part_names = [names[i] for i in parts]
+        self.parts = nn.ModuleList(build_part(cfg, i, seed) for i in parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for part in self.parts:
+            x = part(x)
+        return x
+
+    def global_named_parameters(self):
+        """Parameters under the names of paralab.models.gpt.GPT (embed.*, blocks.i.*, head.*)."""
+        for name, part in zip(self.part_names, self.parts):
+            for local, param in part.named_parameters():
+                yield f"{name}.{local}", param
+
+
+def build_stages(cfg: ModelConfig, num_stages: int, owned: list[int], seed: int,
+                 override: list[int] | None, device: torch.device) -> dict[int, Stage]:
+    """The stages in ``owned`` (global stage indices), built on ``device``."""
+    parts = stage_part_indices(cfg, num_stages, override)
+    return {s: Stage(cfg, s, num_stages, parts[s], seed).to(device) for s in owned}
+
+
+def named_stage_state(stages: dict[int, Stage]) -> dict:
+    """Final parameters and gradients of this rank's stages under global names, on the CPU."""
+    named = [item for stage in stages.values() for item in stage.global_named_parameters()]
+    return {
+        "params": {n: p.detach().cpu().clone() for n, p in named},
+        "grads": {n: p.grad.detach().cpu().clone() for n, p in named if p.grad is not None},
+    }
+
+
+# ------------------------------------------------------------------------------------------ checks
+def check_pipeline(cfg: RunConfig, schedules: tuple[str, ...]) -> Schedule:
+    """The checks every pipeline run needs; returns the schedule, built and proved deadlock-free.
+
+    ``schedule`` defaults to 1f1b; zbv always runs two chunks per rank."""
+    cfg.schedule = cfg.schedule or "1f1b"
+    p, m, layers, batch = cfg.pp, cfg.microbatches, cfg.model.layers, cfg.global_batch
+    if cfg.schedule not in schedules:
+        raise ConfigError(f"unknown pipeline schedule {cfg.schedule!r} for {cfg.strategy}; "
+                          f"choose one of: {', '.join(schedules)}")
+    if p != cfg.world_size:
+        raise ConfigError(f"{cfg.strategy} puts one pipeline rank in each process: pp={p} but world size "
+                          f"{cfg.world_size}; use pp={cfg.world_size} or world size {p}")
+    if m < 1 or batch % m:
+        fits = [d for d in range(1, batch + 1) if batch % d == 0]
+        raise ConfigError(f"global batch {batch} is not divisible by {m} microbatches; "
+                          f"microbatch counts that fit: {fits}")
+    if cfg.schedule == "zbv":
+        cfg.virtual_stages = 2
+    v = cfg.virtual_stages
+    if cfg.schedule == "interleaved" and v < 2:
+        raise ConfigError("interleaved needs virtual_stages >= 2 model chunks per rank (with one it is 1f1b)")
+    if cfg.schedule not in ("interleaved", "zbv") and v != 1:
+        raise ConfigError(f"{cfg.schedule} runs one stage per rank: virtual_stages={v} needs interleaved")
+    stages = p * v
+    if stages > layers:
+        raise ConfigError(f"{p} ranks x {v} chunks = {stages} stages but the model has only {layers} layers; "
+                          f"every stage needs a layer: use pp x virtual_stages <= {layers}")
+    if cfg.schedule == "interleaved":
+        if m % p:
+            fits = [k for k in range(p, batch + 1, p) if batch % k == 0]
+            raise ConfigError(f"interleaved runs microbatches in groups of pp={p}: {m} is not a multiple "
+                              f"of {p}; microbatch counts that fit: {fits}")
+        if cfg.stage_layers is None and layers % stages:
+            fits = [k for k in range(2, layers // p + 1) if layers % (p * k) == 0]
+            raise ConfigError(f"interleaved gives every chunk the same number of layers: {layers} layers "
+                              f"over {p} x {v} = {stages} chunks does not divide; virtual_stages that "
+                              f"fit: {fits}, or give stage_layers")
+    _check_stage_layers(cfg, stages)
+    try:
+        schedule = build_schedule(cfg.schedule, p, m, v)
+        validate_schedule(schedule)
+    except (ValueError, ScheduleError) as exc:
+        raise ConfigError(f"pipeline schedule {cfg.schedule!r} (pp={p}, microbatches={m}, "
+                          f"virtual_stages={v}) cannot run: {exc}") from None
+    return schedule
+
+
+def _check_stage_layers(cfg: RunConfig, stages: int) -> None:
+    counts = cfg.stage_layers
+    if counts is None:
+        return
+    if len(counts) != stages or any(not isinstance(c, int) or c < 1 for c in counts) \
+            or sum(counts) != cfg.model.layers:
+        raise ConfigError(f"stage_layers={counts} must give each of the {stages} stages at least one "
+                          f"layer and sum to the model's {cfg.model.layers} layers")

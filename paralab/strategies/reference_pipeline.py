@@ -1,0 +1,62 @@
+"""torch.distributed.pipelining run on paralab's split: the reference for pipeline parallel (流水线并行).
+
+Strategy ``torch_pp`` builds the same stages as paralab's ``pp`` (paralab.strategies.pipeline_stage:
+same blocks per stage, same weights), wraps each in torch's ``PipelineStage`` and runs torch's own
+schedule class over the same microbatches: ``ScheduleGPipe``, ``Schedule1F1B`` or
+``ScheduleInterleaved1F1B`` (which, like paralab, puts stage s on rank s mod p). Tests compare its
+losses with paralab's; benchmarks time the two side by side.
+
+torch runs the whole schedule inside ``step``, so only the step spans appear in paralab's trace.
+torch averages the microbatch gradients after the step (``scale_grads``) where paralab divides each
+microbatch's loss by m first; the two agree to rounding.
+"""
+
+from __future__ import annotations
+
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+from paralab.config import ConfigError, RunConfig
+from paralab.models.gpt import lm_loss
+from paralab.strategies.common import make_loader, make_optimizer
+from paralab.strategies.pipeline_stage import build_stages, check_pipeline, named_stage_state
+
+TORCH_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
+
+
+def validate(cfg: RunConfig) -> None:
+    check_pipeline(cfg, tuple(TORCH_SCHEDULES))
+    if cfg.schedule == "1f1b" and cfg.microbatches < cfg.pp:
+        raise ConfigError(f"torch's Schedule1F1B needs microbatches >= stages: {cfg.microbatches} < {cfg.pp}")
+
+
+def train(ctx) -> dict:
+    cfg, rec = ctx.cfg, ctx.recorder
+    p, v, m = cfg.pp, cfg.virtual_stages, cfg.microbatches
+    num_stages = p * v
+    owned = [s for s in range(num_stages) if s % p == ctx.rank]
+    stages = build_stages(cfg.model, num_stages, owned, cfg.seed, cfg.stage_layers, ctx.device)
+    pipe = [PipelineStage(stages[s], s, num_stages, ctx.device) for s in owned]
+    schedule_cls = TORCH_SCHEDULES[cfg.schedule]
+    schedule = schedule_cls(pipe if cfg.schedule == "interleaved" else pipe[0], n_microbatches=m, loss_fn=lm_loss)
+    params = [param for s in owned for param in stages[s].parameters()]
+    optimizer = make_optimizer(cfg, params)
+    ctx.memory.watch(params, optimizer)
+    first, last = 0 in owned, num_stages - 1 in owned
+    loader = make_loader(ctx) if first or last else None
+    losses = []
+    for step in range(cfg.steps):
+        inputs, targets = loader.rank_batch(step) if loader is not None else (None, None)
+        microbatch_losses: list = []
+        with rec.step(step):
+            ctx.check_fault(step)
+            optimizer.zero_grad(set_to_none=True)
+            args = (inputs,) if first else ()
+            kwargs = {"target": targets, "losses": microbatch_losses} if last else {}
+            schedule.step(*args, **kwargs)
+            with rec.span("optimizer"):
+                optimizer.step()
+            ctx.memory.sample()
+        if last:
+            losses.append(sum(loss.item() for loss in microbatch_losses) / m)
+    state = named_stage_state(stages) if cfg.collect_state else None
+    return ctx.result(losses if last else None, loss_weight=1.0, state=state)

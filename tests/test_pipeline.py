@@ -1,0 +1,163 @@
+"""mp and pp (every schedule) against single-device training, against torch.distributed.pipelining,
+and against what the schedule validator predicts; configs that cannot run are refused up front.
+
+Launches are the cost here (1-3 s each), so each pipeline run is made once (``pipeline_run`` caches
+it) and every check that can read the same run does.
+"""
+
+import pytest
+
+import paralab
+from paralab.config import ConfigError, RunConfig
+from paralab.models.gpt import build_part
+from paralab.schedules import build_schedule, theoretical_bubble, validate_schedule
+from paralab.strategies.pipeline_stage import stage_part_indices
+from tests.conftest import assert_close_rel, assert_same_params
+
+# eight layers, so that pp = 4 has room for two chunks per rank (interleaved, zbv); small and cheap
+MODEL = dict(layers=8, hidden=32, heads=2, vocab=64, seq_len=16)
+STEPS, BATCH = 3, 8
+LR = {"sgd": 0.05, "adam": 3e-3}
+
+# (schedule, pp, microbatches, virtual_stages, optimizer): every schedule at pp = 2 and 4, several
+# microbatch counts, some below the number of stages. SGD runs also compare parameters (see
+# tests/test_data_parallel.py for why Adam runs compare losses only).
+CASES = [
+    ("naive", 4, 1, 1, "sgd"),
+    ("naive", 2, 1, 1, "adam"),
+    ("gpipe", 2, 1, 1, "sgd"),
+    ("gpipe", 4, 8, 1, "sgd"),
+    ("1f1b", 2, 4, 1, "sgd"),
+    ("1f1b", 4, 2, 1, "adam"),
+    ("interleaved", 4, 4, 2, "sgd"),
+    ("interleaved", 2, 2, 4, "adam"),
+    ("zb-h1", 2, 8, 1, "sgd"),
+    ("zb-h1", 4, 2, 1, "sgd"),
+    ("zbv", 4, 4, 2, "sgd"),
+    ("zbv", 2, 1, 2, "adam"),
+]
+STAGE_LAYERS = {("1f1b", 2): [3, 5]}  # one case runs an uneven, user-given split (torch_pp gets it too)
+_runs: dict = {}
+
+
+def pipeline_run(schedule, pp, microbatches, virtual_stages, optimizer, strategy=None):
+    key = (strategy, schedule, pp, microbatches, virtual_stages, optimizer)
+    if key not in _runs:
+        strategy = strategy or ("mp" if schedule == "naive" else "pp")
+        options = {} if strategy == "mp" else dict(pp=pp, schedule=schedule, microbatches=microbatches,
+                                                   virtual_stages=virtual_stages)
+        _runs[key] = paralab.run(strategy, pp, steps=STEPS, model=MODEL, global_batch=BATCH, optimizer=optimizer,
+                                 lr=LR[optimizer], collect_state=True,
+                                 stage_layers=STAGE_LAYERS.get((schedule, pp)), **options)
+    return _runs[key]
+
+
+@pytest.fixture(scope="module")
+def references():
+    return {opt: paralab.run("single", 1, steps=STEPS, model=MODEL, global_batch=BATCH, optimizer=opt,
+                             lr=LR[opt], collect_state=True)
+            for opt in ("adam", "sgd")}
+
+
+@pytest.mark.parametrize("schedule, pp, microbatches, virtual_stages, optimizer", CASES)
+def test_same_losses_and_parameters_as_single_device(references, schedule, pp, microbatches, virtual_stages,
+                                                     optimizer, no_leftover_ranks):
+    run = pipeline_run(schedule, pp, microbatches, virtual_stages, optimizer)
+    what = f"{schedule} pp={pp} m={microbatches} v={virtual_stages}"
+    reference = references[optimizer]
+    assert len(run.losses) == STEPS
+    assert_close_rel(run.losses, reference.losses, what=f"{what} losses")
+    if optimizer == "sgd":
+        assert_same_params(run.params, reference.params)
+        assert set(run.grads) == set(reference.grads)
+    if (schedule, pp) in STAGE_LAYERS:  # each rank holds the parameters of the split it was given
+        cfg = paralab.ModelConfig(**MODEL)
+        parts = stage_part_indices(cfg, pp, STAGE_LAYERS[(schedule, pp)])
+        held = [r["memory"]["final"]["params"] for r in run.rank_results]
+        assert held == [4 * sum(p.numel() for i in ps for p in build_part(cfg, i, 0).parameters()) for ps in parts]
+
+
+@pytest.mark.parametrize("schedule, pp, microbatches, virtual_stages, optimizer", CASES)
+def test_trace_and_memory_agree_with_the_schedule(schedule, pp, microbatches, virtual_stages, optimizer,
+                                                  no_leftover_ranks):
+    """One compute span per compute action (tagged with its stage and microbatch), the measured peak
+    of held activations equals the validator's, and the summary carries the closed-form bubble."""
+    run = pipeline_run(schedule, pp, microbatches, virtual_stages, optimizer)
+    plan = build_schedule(schedule, pp, microbatches, virtual_stages)
+    predicted = validate_schedule(plan).peak_activations
+    assert [r["peak_activations"] for r in run.rank_results] == predicted
+    if schedule == "gpipe":
+        assert predicted == [microbatches] * pp
+    if schedule == "1f1b":
+        assert all(predicted[r] <= pp - r for r in range(pp))
+    for rank, actions in enumerate(plan.actions):
+        expected = sorted((a.op, a.stage, a.microbatch) for a in actions if a.is_compute)
+        for step in range(STEPS):
+            spans = [s for s in run.trace.select(lane="compute", rank=rank)
+                     if s.step == step and s.kind != "optimizer"]
+            assert sorted((s.kind, s.stage, s.microbatch) for s in spans) == expected
+    sends = [s for s in run.trace.select(kind="send") if s.step == 0]
+    assert len(sends) == sum(a.op.startswith("send") for acts in plan.actions for a in acts)
+    hidden = MODEL["hidden"] * MODEL["seq_len"] * (BATCH // microbatches) * 4
+    assert all(s.payload_bytes == hidden for s in sends)
+    summary = run.summary
+    assert summary["bubble_theoretical"] == pytest.approx(theoretical_bubble(schedule, pp, microbatches, virtual_stages))
+    assert 0.0 < summary["bubble_fraction"] < 1.0
+
+
+@pytest.mark.parametrize("schedule, pp, microbatches, virtual_stages, optimizer", [
+    ("gpipe", 4, 8, 1, "sgd"),
+    ("1f1b", 2, 4, 1, "sgd"),
+    ("interleaved", 4, 4, 2, "sgd"),
+])
+def test_same_losses_as_torch_pipelining(schedule, pp, microbatches, virtual_stages, optimizer, no_leftover_ranks):
+    ours = pipeline_run(schedule, pp, microbatches, virtual_stages, optimizer)
+    torchs = pipeline_run(schedule, pp, microbatches, virtual_stages, optimizer, strategy="torch_pp")
+    assert_close_rel(ours.losses, torchs.losses, what=f"{schedule} losses vs torch")
+    assert_same_params(ours.params, torchs.params)
+
+
+def test_measured_bubble_falls_as_microbatches_rise(no_leftover_ranks):
+    """gpipe on 2 ranks: theory says 1/2 with one microbatch, 1/9 with eight. The model is wide enough
+    that compute, not p2p latency, fills the step; the check is a fraction, not a time."""
+    model = dict(layers=4, hidden=128, heads=4, vocab=128, seq_len=64)
+    bubbles = {m: paralab.run("pp", 2, steps=4, model=model, global_batch=32, pp=2, schedule="gpipe",
+                              microbatches=m).summary["bubble_fraction"] for m in (1, 8)}
+    assert bubbles[1] > 0.4, bubbles  # one rank idles while the other works
+    assert bubbles[8] < bubbles[1] - 0.05, bubbles
+
+
+def test_stage_split_is_balanced_and_overridable():
+    cfg = paralab.ModelConfig(**MODEL)
+    assert stage_part_indices(cfg, 2) == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    assert stage_part_indices(cfg, 3) == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    assert stage_part_indices(cfg, 2, [1, 7]) == [[0, 1], [2, 3, 4, 5, 6, 7, 8, 9]]
+
+
+def _refused(match, strategy="pp", world_size=2, global_batch=BATCH, **options):
+    cfg = RunConfig.build(MODEL, strategy=strategy, world_size=world_size, global_batch=global_batch, **options)
+    with pytest.raises(ConfigError, match=match):
+        cfg.validate()
+
+
+def test_configs_that_cannot_run_are_refused_before_any_process_starts():
+    _refused(r"16 stages but the model has only 8 layers", world_size=8, pp=8, schedule="interleaved",
+             microbatches=8, virtual_stages=2)
+    _refused(r"9 stages but the model has only 8 layers", strategy="mp", world_size=9, global_batch=9)
+    _refused(r"not divisible by 3 microbatches; microbatch counts that fit: \[1, 2, 4, 8\]", pp=2,
+             schedule="gpipe", microbatches=3)
+    _refused(r"3 is not a multiple of 2", pp=2, schedule="interleaved", microbatches=3, virtual_stages=2,
+             global_batch=6)
+    _refused(r"8 layers over 2 x 3 = 6 chunks does not divide", pp=2, schedule="interleaved", microbatches=2,
+             virtual_stages=3)
+    _refused(r"unknown pipeline schedule 'pipedream'.*gpipe", pp=2, schedule="pipedream")
+    _refused(r"pp=2 but world size 4", world_size=4, pp=2, schedule="1f1b")
+    _refused(r"stage_layers=\[3, 3\]", pp=2, schedule="1f1b", stage_layers=[3, 3])
+    _refused(r"mp runs the whole batch", strategy="mp", microbatches=2)
+    _refused(r"virtual_stages=2 needs interleaved", pp=2, schedule="1f1b", virtual_stages=2)
+    _refused(r"unknown pipeline schedule 'zbv' for torch_pp", strategy="torch_pp", pp=2, schedule="zbv")
+
+
+def test_mp_is_the_naive_schedule_on_every_rank():
+    cfg = RunConfig.build(MODEL, strategy="mp", world_size=4).validate()
+    assert (cfg.pp, cfg.schedule, cfg.microbatches) == (4, "naive", 1)
