@@ -15,8 +15,11 @@ $(STAMP): pyproject.toml constraints-ci.txt
 
 install: $(STAMP)
 
+# JupyterLab on notebooks/, bound to 127.0.0.1 with a token, configured by lab/ (see
+# lab/jupyter_server_config.py). Extra jupyter options: make lab LAB_ARGS="--port=8899 --no-browser".
+LAB_ARGS ?=
 lab: $(STAMP)
-	$(BIN)/python -m paralab.lab
+	JUPYTER_CONFIG_PATH="$(CURDIR)/lab$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" $(BIN)/jupyter lab $(LAB_ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -1,0 +1,194 @@
+"""`make lab` starts a real JupyterLab on notebooks/, bound to 127.0.0.1, with a token.
+
+The test starts it exactly the way a user does (`make lab`, with the install step marked as done and
+`--no-browser --port=N` passed through LAB_ARGS), but with its own Jupyter data, runtime, settings,
+config and workspaces dirs, so nothing of the user's is read or written. It fetches the lab page and
+the welcome notebook through the REST API with its token, checks the lab/ settings and workspace
+took effect, then stops the server and checks that no process it started is left.
+
+``LabServer`` is shared with tests/test_browser.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+START_TIMEOUT_S = 60
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LabServer:
+    """JupyterLab started through `make lab` in private Jupyter dirs; a context manager."""
+
+    def __init__(self, tmp: Path, extra_args: tuple[str, ...] = ()):
+        self.tmp = Path(tmp)
+        self.port = free_port()
+        self.token = secrets.token_hex(16)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.extra_args = extra_args
+        self.proc: subprocess.Popen | None = None
+        self.log_path = self.tmp / "lab.log"
+
+    def env(self) -> dict:
+        env = dict(os.environ)
+        for var, sub in [("JUPYTER_DATA_DIR", "data"), ("JUPYTER_RUNTIME_DIR", "runtime"),
+                         ("JUPYTERLAB_SETTINGS_DIR", "user-settings"), ("JUPYTER_CONFIG_DIR", "config"),
+                         ("JUPYTERLAB_WORKSPACES_DIR", "workspaces")]:
+            path = self.tmp / sub
+            path.mkdir(parents=True, exist_ok=True)
+            env[var] = str(path)
+        env.pop("JUPYTER_CONFIG_PATH", None)
+        env["JUPYTER_TOKEN"] = self.token
+        env["JUPYTER_PLATFORM_DIRS"] = "1"
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def command(self) -> list[str]:
+        venv = Path(sys.prefix)
+        lab_args = " ".join([f"--port={self.port}", "--no-browser", *self.extra_args])
+        # -o: treat the install stamp as up to date, so the test never reinstalls anything.
+        return ["make", "--no-print-directory", "-C", str(REPO), "-o", f"{venv}/.installed", "lab",
+                f"VENV={venv}", f"LAB_ARGS={lab_args}"]
+
+    def __enter__(self) -> LabServer:
+        if shutil.which("make") is None:
+            pytest.skip("make is not installed")
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.command(), env=self.env(), stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"`make lab` exited with {self.proc.returncode}:\n{self.read_log()}")
+            try:
+                if self.get("/api/status", raw=True).status == 200:
+                    return self
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise AssertionError(f"JupyterLab did not answer within {START_TIMEOUT_S} s:\n{self.read_log()}")
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def read_log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def get(self, path: str, token: bool = True, raw: bool = False):
+        headers = {"Authorization": f"token {self.token}"} if token else {}
+        req = urllib.request.Request(self.url + path, headers=headers)
+        resp = urllib.request.urlopen(req, timeout=10)
+        return resp if raw else resp.read()
+
+    def get_json(self, path: str):
+        return json.loads(self.get(path))
+
+    def processes(self) -> list[psutil.Process]:
+        """make, the shell, jupyter lab and everything they started (kernels, ranks)."""
+        try:
+            root = psutil.Process(self.proc.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self) -> None:
+        """Ask the server to shut down (it stops its kernels), then make sure nothing is left."""
+        if self.proc is None:
+            return
+        procs = self.processes()
+        if self.proc.poll() is None:
+            try:
+                req = urllib.request.Request(self.url + "/api/shutdown", method="POST", data=b"",
+                                             headers={"Authorization": f"token {self.token}"})
+                urllib.request.urlopen(req, timeout=10).read()
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+        _, alive = psutil.wait_procs(procs, timeout=15)
+        for p in alive:  # only processes this server started
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        try:
+            self.proc.wait(timeout=5)
+        finally:
+            self.log.close()
+        self.leftovers = [p.pid for p in alive]
+        self.proc_pids = [p.pid for p in procs]
+        self.proc = None
+
+
+def test_make_lab_serves_the_welcome_notebook(tmp_path):
+    server = LabServer(tmp_path)
+    with server:
+        # Bound to loopback only: the listening socket of the server process is on 127.0.0.1.
+        listening = [c.laddr for p in server.processes() for c in _connections(p)
+                     if c.status == psutil.CONN_LISTEN and c.laddr.port == server.port]
+        assert listening and all(addr.ip == "127.0.0.1" for addr in listening), listening
+
+        # A token is required: without it the API answers 403, with it 200.
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            server.get("/api/contents/00_welcome.ipynb", token=False)
+        assert refused.value.code == 403
+
+        page = server.get(f"/lab?token={server.token}", token=False).decode()
+        assert "jupyter-config-data" in page and "JupyterLab" in page
+        match = re.search(r'<script id="jupyter-config-data"[^>]*>(.*?)</script>', page, re.S)
+        assert match, "no page config in the lab page"
+        config = json.loads(match.group(1))
+        assert config["news"] == {"disabled": True}
+        assert Path(config["serverRoot"]).resolve() == REPO / "notebooks"
+
+        welcome = server.get_json("/api/contents/00_welcome.ipynb?content=1")
+        assert welcome["type"] == "notebook" and welcome["content"]["cells"], "welcome notebook is empty"
+        assert any("paralab" in "".join(c["source"]) for c in welcome["content"]["cells"])
+
+        # lab/settings/overrides.json is applied: no news, no update check.
+        notif = server.get_json("/lab/api/settings/@jupyterlab/apputils-extension:notification")
+        defaults = notif["schema"]["properties"]
+        assert defaults["fetchNews"]["default"] == "false" and defaults["checkForUpdates"]["default"] is False
+
+        # The default URL is the paralab workspace, which opens the welcome notebook.
+        resp = urllib.request.urlopen(f"{server.url}/?token={server.token}", timeout=10)
+        assert "/lab/workspaces/paralab" in resp.url
+        workspace = server.get_json("/lab/api/workspaces/paralab")
+        assert workspace["data"]["layout-restorer:data"]["main"]["current"] == "notebook:00_welcome.ipynb"
+        # and it went to this test's own workspaces dir, not the user's
+        assert list((tmp_path / "workspaces").glob("paralab-*.jupyterlab-workspace"))
+
+    assert server.leftovers == [], f"processes outlived the lab: {server.leftovers}"
+    assert not [pid for pid in server.proc_pids if psutil.pid_exists(pid) and
+                psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+
+
+def _connections(proc: psutil.Process):
+    try:
+        return proc.net_connections(kind="inet")
+    except (psutil.AccessDenied, psutil.NoSuchProcess):
+        return []
