@@ -1,0 +1,256 @@
+"""Tensor parallel (张量并行) as in Megatron-LM, with optional sequence parallelism.
+
+Every rank holds a slice of every layer. In attention, each rank owns heads/tp heads: the fused QKV
+projection is column-parallel (each rank gets its heads' q, k and v) and the output projection
+row-parallel, so a block's attention needs one all-reduce in forward (g) and one in backward (f).
+The MLP is the same pair: the first linear column-parallel, the second row-parallel. The embedding is
+split along the vocabulary, and so is the language-model head, whose logits are never gathered: the
+vocabulary-parallel cross-entropy all-reduces three numbers per token instead.
+
+The position embedding and the LayerNorms are replicated. Without sequence parallelism every rank
+computes the same values and gets the same gradients for them. With sequence parallelism
+(``sequence_parallel``) the LayerNorm and dropout regions work on a slice of the sequence, so those
+parameters, the row-parallel biases (added after g) and the position embedding see only their slice:
+their gradients are all-reduced after backward. Activation memory per rank in those regions falls by
+the tensor-parallel degree. (A column-parallel linear still saves its gathered input for the weight
+gradient; Megatron-LM saves the slice instead and gathers it again in backward, one more all-gather
+for that memory.)
+
+Dropout draws from each rank's generator, seeded alike, so replicated regions drop the same elements
+on every rank, as they must; inside split regions (attention heads, sequence slices) the ranks'
+masks repeat one another, where Megatron-LM forks a generator per rank.
+
+Every rank sees the whole batch and computes the same loss; tp rank 0 reports it. The layers are in
+paralab.strategies.tensor_layers.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from paralab import comm
+from paralab.config import ConfigError, ModelConfig, RunConfig
+from paralab.models.gpt import build_part
+from paralab.strategies.common import make_loader, make_optimizer
+from paralab.strategies.tensor_layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    TensorParallelGroup,
+    VocabParallelEmbedding,
+    vocab_parallel_cross_entropy,
+)
+
+
+def validate(cfg: RunConfig) -> None:
+    """Refuse layouts that cannot split evenly, before any process starts."""
+    tp, m = cfg.tp, cfg.model
+    sizes = {"hidden size": m.hidden, "attention heads": m.heads, "MLP size": m.ffn, "vocabulary": m.vocab}
+    if cfg.sequence_parallel:
+        sizes["sequence length that sequence parallel splits"] = m.seq_len
+    fits = [d for d in range(1, 17) if all(size % d == 0 for size in sizes.values())]
+    if tp != cfg.world_size:
+        raise ConfigError(
+            f"strategy {cfg.strategy!r} runs one tensor-parallel group: tp ({tp}) must equal the world "
+            f"size ({cfg.world_size}); use tp={cfg.world_size}" + (f" or world size {tp}" if tp in fits else "")
+            + f" (tp degrees that fit this model: {fits})"
+        )
+    for what, size in sizes.items():
+        if size % tp:
+            raise ConfigError(f"tp {tp} does not divide the {what}, {size}; tp degrees that fit: {fits}")
+
+
+# ---------------------------------------------------------------------------- the model
+class ParallelEmbedding(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TensorParallelGroup):
+        super().__init__()
+        self.tp = tp
+        self.tok = VocabParallelEmbedding(cfg.vocab, cfg.hidden, tp)
+        self.pos = nn.Embedding(cfg.seq_len, cfg.hidden)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """(seq, batch) token ids -> (seq, batch, hidden), or this rank's sequence slice of it."""
+        x = self.tok(idx)
+        start = self.tp.rank * x.shape[0] if self.tp.sequence_parallel else 0
+        positions = torch.arange(start, start + x.shape[0], device=idx.device)
+        return self.drop(x + self.pos(positions).unsqueeze(1))
+
+
+class ParallelAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TensorParallelGroup):
+        super().__init__()
+        self.head_dim = cfg.head_dim
+        self.dropout = cfg.dropout
+        self.qkv = ColumnParallelLinear(cfg.hidden, 3 * cfg.hidden, tp, "attn", groups=3)
+        self.proj = RowParallelLinear(cfg.hidden, cfg.hidden, tp, "attn")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)  # (seq, batch, local heads x head_dim) each
+        s, b = q.shape[:2]
+        q, k, v = (t.view(s, b, -1, self.head_dim).permute(1, 2, 0, 3) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        return self.proj(y.permute(2, 0, 1, 3).reshape(s, b, -1))
+
+
+class ParallelMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TensorParallelGroup):
+        super().__init__()
+        self.fc = ColumnParallelLinear(cfg.hidden, cfg.ffn, tp, "mlp")
+        self.proj = RowParallelLinear(cfg.ffn, cfg.hidden, tp, "mlp")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class ParallelBlock(nn.Module):
+    """The pre-LayerNorm block of paralab.models.gpt.Block, its attention and MLP split over tp ranks."""
+
+    def __init__(self, cfg: ModelConfig, tp: TensorParallelGroup):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.hidden)
+        self.attn = ParallelAttention(cfg, tp)
+        self.ln2 = nn.LayerNorm(cfg.hidden)
+        self.mlp = ParallelMLP(cfg, tp)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.ln1(x)))
+        return x + self.drop(self.mlp(self.ln2(x)))
+
+
+class ParallelHead(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TensorParallelGroup):
+        super().__init__()
+        self.ln = nn.LayerNorm(cfg.hidden)
+        self.lm = ColumnParallelLinear(cfg.hidden, cfg.vocab, tp, "head")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's vocabulary slice of the logits."""
+        return self.lm(self.ln(x))
+
+
+class ParallelGPT(nn.Module):
+    """paralab.models.gpt.GPT split over a tensor-parallel group, with the same parameter names."""
+
+    def __init__(self, cfg: ModelConfig, tp: TensorParallelGroup):
+        super().__init__()
+        self.tp = tp
+        self.embed = ParallelEmbedding(cfg, tp)
+        self.blocks = nn.ModuleList(ParallelBlock(cfg, tp) for _ in range(cfg.layers))
+        self.head = ParallelHead(cfg, tp)
+        if tp.sequence_parallel:
+            for param in self.parameters():
+                if split_of(param)[0] is None:  # replicated, but used on a sequence slice
+                    param.sequence_parallel = True
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean next-token loss of (batch, seq) ids; the same on every rank."""
+        x = self.embed(idx.t())
+        for block in self.blocks:
+            x = block(x)
+        return vocab_parallel_cross_entropy(self.head(x), targets.t(), self.tp).mean()
+
+
+# ---------------------------------------------------------------------------- shards of the full model
+def shard(full: torch.Tensor, dim: int | None, groups: int, rank: int, size: int) -> torch.Tensor:
+    """Rank ``rank``'s slice of ``full`` (see tensor_layers.split_param)."""
+    if dim is None:
+        return full
+    return torch.cat([block.chunk(size, dim)[rank] for block in full.chunk(groups, dim)], dim)
+
+
+def unshard(shards: list[torch.Tensor], dim: int, groups: int) -> torch.Tensor:
+    """The full tensor from every rank's slice, the inverse of :func:`shard`."""
+    blocks = [s.chunk(groups, dim) for s in shards]
+    return torch.cat([torch.cat([b[i] for b in blocks], dim) for i in range(groups)], dim)
+
+
+def split_of(param: torch.Tensor) -> tuple[int | None, int]:
+    return getattr(param, "tp_split", (None, 1))
+
+
+@torch.no_grad()
+def build_model(cfg: RunConfig, tp: TensorParallelGroup, device: torch.device) -> ParallelGPT:
+    """The parallel model, each shard cut from the single-device part built with the same seed."""
+    model = ParallelGPT(cfg.model, tp)
+    for index, part in enumerate([model.embed, *model.blocks, model.head]):
+        full = dict(build_part(cfg.model, index, cfg.seed).named_parameters())
+        for name, param in part.named_parameters():
+            param.copy_(shard(full[name], *split_of(param), tp.rank, tp.size))
+    return model.to(device)
+
+
+def gather_state(model: ParallelGPT, tp: TensorParallelGroup) -> dict | None:
+    """Full parameters and gradients under GPT's names on tp rank 0 (None elsewhere). Plain
+    torch.distributed calls after training, so the trace holds only the training steps."""
+    state: dict = {"params": {}, "grads": {}}
+    for name, param in model.named_parameters():
+        for kind, tensor in (("params", param.detach()), ("grads", param.grad)):
+            dim, groups = split_of(param)
+            if dim is not None:
+                shards = [torch.empty_like(tensor) for _ in range(tp.size)] if tp.rank == 0 else None
+                dist.gather(tensor.contiguous(), shards, group=tp.group, group_dst=0)
+                tensor = unshard(shards, dim, groups) if tp.rank == 0 else None
+            if tp.rank == 0:
+                state[kind][name] = tensor.cpu().clone()
+    return state if tp.rank == 0 else None
+
+
+class SequenceParallelGrads:
+    """After backward: all-reduce, in one flat buffer, the gradients of replicated parameters that saw
+    only this rank's sequence slice (LayerNorms, row-parallel biases, the position embedding)."""
+
+    def __init__(self, model: nn.Module, tp: TensorParallelGroup):
+        self.tp = tp
+        self.params = [p for p in model.parameters() if getattr(p, "sequence_parallel", False)]
+
+    def __call__(self) -> None:
+        if not self.params:
+            return
+        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+        comm.all_reduce(flat, group=self.tp.group, name="sequence-parallel grads")
+        for p, g in zip(self.params, flat.split([p.numel() for p in self.params])):
+            p.grad.copy_(g.view_as(p))
+
+
+# ---------------------------------------------------------------------------- training
+def train_steps(ctx, model: nn.Module, loss_of, after_backward=None, measure_memory: bool = True) -> list[float]:
+    """The loop of tp and torch_tp: every rank runs the whole global batch through its slice of the
+    model; ``after_backward`` finishes the gradients before the optimizer step. torch_tp passes
+    ``measure_memory=False``: the memory meter reads tensor storages, which DTensors do not expose."""
+    cfg, rec, meter = ctx.cfg, ctx.recorder, ctx.memory
+    optimizer = make_optimizer(cfg, model.parameters())
+    if measure_memory:
+        meter.watch(model.parameters(), optimizer)
+    loader = make_loader(ctx)
+    losses = []
+    for step in range(cfg.steps):
+        with rec.step(step):
+            ctx.check_fault(step)
+            inputs, targets = loader.rank_batch(step)
+            optimizer.zero_grad(set_to_none=True)
+            with rec.span("forward"), meter.saving(step) if measure_memory else nullcontext():
+                loss = loss_of(inputs, targets)
+            with rec.span("backward"):
+                loss.backward()
+            meter.release(step)
+            if after_backward is not None:
+                after_backward()
+            with rec.span("optimizer"):
+                optimizer.step()
+            meter.sample()
+        losses.append(loss.item())
+    return losses
+
+
+def train(ctx):
+    tp = TensorParallelGroup(None, ctx.rank, ctx.world_size, ctx.cfg.sequence_parallel)
+    model = build_model(ctx.cfg, tp, ctx.device)
+    losses = train_steps(ctx, model, model, SequenceParallelGrads(model, tp))
+    state = gather_state(model, tp) if ctx.cfg.collect_state else None
+    return ctx.result(losses if tp.rank == 0 else None, loss_weight=1.0, state=state)

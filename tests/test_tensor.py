@@ -1,0 +1,140 @@
+"""Tensor parallel (tp) and sequence parallel against single-device training, torch's DTensor tensor
+parallel (torch_tp) and the analytic communication volume.
+
+Each launch is shared by several checks (the ``runs`` cache): the SGD run of a layout gives its
+losses, parameters, gradients, traced bytes and memory; the Adam run its losses (see
+tests/test_data_parallel.py for why parameters are compared after SGD only).
+"""
+
+import pytest
+
+import paralab
+from paralab.config import ConfigError
+from tests.conftest import assert_close_rel, assert_same_params
+
+STEPS, BATCH = 3, 8
+# tiny's shape, halved, so that each launch stays short on a shared 2-core machine; 4 heads split 2 and 4 ways
+MODEL = dict(layers=2, hidden=32, heads=4, vocab=64, seq_len=16)
+LR = {"sgd": 0.05, "adam": 3e-3}
+LAYOUTS = [(2, False), (2, True), (4, False), (4, True)]
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """runs(strategy, tp, sequence_parallel, optimizer) -> RunResult, each launched once per module."""
+    cache = {}
+
+    def get(strategy, tp, sequence_parallel, optimizer):
+        key = (strategy, tp, sequence_parallel, optimizer)
+        if key not in cache:
+            options = dict(tp=tp, sequence_parallel=sequence_parallel) if strategy != "single" else {}
+            cache[key] = paralab.run(strategy, tp, steps=STEPS, model=MODEL, global_batch=BATCH, optimizer=optimizer,
+                                     lr=LR[optimizer], collect_state=strategy == "tp" or strategy == "single",
+                                     **options)
+        return cache[key]
+
+    return get
+
+
+@pytest.mark.parametrize("tp, sp", LAYOUTS)
+def test_same_losses_parameters_and_gradients_as_single_device(runs, tp, sp, no_leftover_ranks):
+    for optimizer in ("sgd", "adam"):
+        ours, single = runs("tp", tp, sp, optimizer), runs("single", 1, False, optimizer)
+        assert_close_rel(ours.losses, single.losses, what=f"tp={tp} sp={sp} {optimizer} losses")
+    sgd, single_sgd = runs("tp", tp, sp, "sgd"), runs("single", 1, False, "sgd")
+    assert_same_params(sgd.params, single_sgd.params)
+    assert_same_params(sgd.grads, single_sgd.grads, atol=1e-7)
+    assert len(sgd.losses) == STEPS and sgd.rank_results[1]["losses"] is None, "only tp rank 0 reports the loss"
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_same_losses_as_torch_dtensor_tensor_parallel(runs, sp, no_leftover_ranks):
+    ours, torchs = runs("tp", 2, sp, "adam"), runs("torch_tp", 2, sp, "adam")
+    assert_close_rel(torchs.losses, ours.losses, what=f"torch_tp sp={sp} losses")
+
+
+def expected_payload(cfg) -> dict[str, int]:
+    """Payload bytes per step, summed over ranks, from the config alone (fp32 activations).
+
+    Per block, attention and MLP each put one b x s x h collective in forward (g) and one in backward
+    (f); the vocabulary-parallel embedding adds one (its g) and the column-parallel head one (its f).
+    The loss all-reduces three numbers per token (max, target logit, sum of exponentials). Without
+    sequence parallelism each activation collective is an all-reduce; with it, an all-gather and a
+    reduce-scatter each move the full activation, and the replicated parameters that saw a sequence
+    slice (2 LayerNorms and 2 row-parallel biases per block, the final LayerNorm, the position
+    embedding) have their gradients all-reduced."""
+    m, t = cfg.model, cfg.tp
+    activation = cfg.global_batch * m.seq_len * m.hidden * 4
+    activation_collectives = 4 * m.layers + 2
+    loss = 3 * cfg.global_batch * m.seq_len * 4
+    if not cfg.sequence_parallel:
+        return {"all_reduce": t * (activation_collectives * activation + loss)}
+    replicated = (m.layers * (2 * 2 * m.hidden + 2 * m.hidden) + 2 * m.hidden + m.seq_len * m.hidden) * 4
+    return {
+        "all_gather": t * activation_collectives * activation,
+        "reduce_scatter": t * activation_collectives * activation,
+        "all_reduce": t * (loss + replicated),
+    }
+
+
+def ring_wire(op: str, payload: int, t: int) -> int:
+    """What a ring puts on the wire: all-reduce 2(t-1)/t of the tensor, the others (t-1)/t."""
+    return payload * (2 if op == "all_reduce" else 1) * (t - 1) // t
+
+
+@pytest.mark.parametrize("tp, sp", LAYOUTS)
+def test_traced_communication_equals_the_analytic_count(runs, tp, sp, no_leftover_ranks):
+    run = runs("tp", tp, sp, "sgd")
+    expected = expected_payload(run.config)
+    assert run.summary["comm_payload_bytes"] == expected
+    assert run.summary["comm_bytes"] == {op: ring_wire(op, b, tp) for op, b in expected.items()}
+
+    # where each operator's collective sits: f opens a tensor-parallel region, g closes it
+    in_forward = {("f", "all_gather"), ("g", "all_reduce"), ("g", "reduce_scatter")}
+    layers = run.config.model.layers
+    for rank in range(tp):
+        for step in range(STEPS):
+            spans = [s for s in run.trace.select(lane="comm", rank=rank) if s.step == step]
+            counts = {name: sum(s.name == name for s in spans) for name in {s.name for s in spans}}
+            per_region = 2 if sp else 1  # with sequence parallel f and g also communicate in backward
+            for name in ("attn f", "attn g", "mlp f", "mlp g"):
+                assert counts[name] == per_region * layers, (name, counts)
+            assert counts["embed g"] == counts["head f"] == per_region
+            assert counts["loss max"] == counts["loss sum-exp"] == counts["loss target"] == 1
+            forward = [s for s in run.trace.select(kind="forward", rank=rank) if s.step == step][0]
+            backward = [s for s in run.trace.select(kind="backward", rank=rank) if s.step == step][0]
+            for s in spans:
+                if s.name.endswith((" f", " g")):
+                    phase = forward if (s.name[-1], s.kind) in in_forward else backward
+                    assert phase.start <= s.start <= phase.end, f"{s.name} ({s.kind}) outside its {phase.kind}"
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_sequence_parallel_moves_the_same_bytes_and_holds_fewer_activations(runs, tp, no_leftover_ranks):
+    plain, sp = runs("tp", tp, False, "sgd"), runs("tp", tp, True, "sgd")
+    loss_wire = sum(s.bytes for s in plain.trace.select(lane="comm") if s.name.startswith("loss")) // STEPS
+    assert sp.summary["comm_bytes"]["all_gather"] + sp.summary["comm_bytes"]["reduce_scatter"] == \
+        plain.summary["comm_bytes"]["all_reduce"] - loss_wire
+    for rank in range(tp):
+        with_sp = sp.rank_results[rank]["memory"]["peak_by_kind"]["activations"]
+        without = plain.rank_results[rank]["memory"]["peak_by_kind"]["activations"]
+        assert 0 < with_sp < without, f"rank {rank}: {with_sp} activation bytes with sequence parallel, {without} without"
+
+
+@pytest.mark.parametrize(
+    "world_size, options, message",
+    [
+        (2, dict(), "tp \\(1\\) must equal the world size \\(2\\)"),
+        (2, dict(tp=4), "tp \\(4\\) must equal the world size \\(2\\)"),
+        (3, dict(tp=3), "does not divide the hidden size, 64"),
+        (3, dict(tp=3, model=dict(hidden=48, heads=4)), "does not divide the attention heads, 4"),
+        (4, dict(tp=4, model=dict(ffn=66)), "does not divide the MLP size, 66; tp degrees that fit: \\[1, 2\\]"),
+        (4, dict(tp=4, model=dict(vocab=130)), "does not divide the vocabulary, 130"),
+        (4, dict(tp=4, model=dict(seq_len=30), sequence_parallel=True), "sequence length .* 30"),
+    ],
+)
+@pytest.mark.parametrize("strategy", ["tp", "torch_tp"])
+def test_layouts_that_cannot_split_are_refused_before_any_process_starts(strategy, world_size, options, message,
+                                                                          no_leftover_ranks):
+    with pytest.raises(ConfigError, match=message):
+        paralab.run(strategy, world_size, **options)
