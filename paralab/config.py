@@ -205,7 +205,7 @@ class RunConfig:
                     f"device='cuda' needs one GPU per rank: world size {self.world_size} but "
                     f"{gpus} CUDA device(s) visible; use device='cpu' or world size <= {gpus}"
                     if gpus
-                    else f"device='cuda' asked for, but no CUDA device is visible; use device='cpu'"
+                    else "device='cuda' asked for, but no CUDA device is visible; use device='cpu'"
                 )
 
 

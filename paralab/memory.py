@@ -22,8 +22,13 @@ import torch
 KINDS = ("params", "grads", "optimizer", "activations")
 
 
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The part of ``t`` this rank holds: a DTensor's local shard, else the tensor itself."""
+    return getattr(t, "_local_tensor", t)
+
+
 def tensor_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+    return sum(local(t).numel() * local(t).element_size() for t in tensors if t is not None)
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer | None) -> int:
@@ -60,12 +65,15 @@ class MemoryMeter:
     @contextmanager
     def saving(self, key):
         """Count what autograd saves for backward inside this block as activations of ``key``."""
-        param_ptrs = {p.data_ptr() for p in self.params}
+        param_ptrs = {local(p).data_ptr() for p in self.params}
         seen: set[int] = set()
         self._live.setdefault(key, 0)
 
         def pack(t: torch.Tensor):
-            storage = t.untyped_storage()
+            try:
+                storage = local(t).untyped_storage()
+            except (RuntimeError, NotImplementedError):  # a tensor subclass with no storage of its own
+                return t
             ptr = storage.data_ptr()
             if ptr not in param_ptrs and ptr not in seen:
                 seen.add(ptr)

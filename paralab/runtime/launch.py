@@ -131,6 +131,7 @@ def _raise_rank_error(error_files: list[Path]) -> None:
 
 
 def _stop(procs) -> None:
+    procs = [p for p in procs if p.pid is not None]  # a start that failed left nothing to stop
     for p in procs:
         if p.is_alive():
             p.terminate()

@@ -24,6 +24,7 @@ How a step is timed, bottom up:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 from paralab.schedules import theoretical_bubble
 from paralab.sim import counting
 from paralab.sim.events import COMPUTE_KIND, SEND, Plan, builtin_plan, run_plan, simulate_schedule

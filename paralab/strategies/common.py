@@ -53,13 +53,14 @@ class GradSync:
         """Called after backward, before the optimizer: gradients must be averaged when it returns."""
 
 
-def train_data_parallel(ctx: RankContext, model: torch.nn.Module, sync: GradSync, dp_rank: int,
-                        dp_size: int) -> dict:
-    """The training loop of single, dp and ddp: each rank runs forward and backward on its slice of the
-    global batch, ``sync`` averages the gradients, every rank takes the same optimizer step."""
+def run_steps(ctx: RankContext, params, loss_of, sync: GradSync, dp_rank: int = 0, dp_size: int = 1) -> list[float]:
+    """The training loop every non-pipelined strategy shares: each step, this rank runs forward and
+    backward on its slice of the global batch (``loss_of(inputs, targets)``), ``sync`` finishes the
+    gradients, and the optimizer steps. Returns this rank's loss per step."""
     cfg, rec, meter = ctx.cfg, ctx.recorder, ctx.memory
-    optimizer = make_optimizer(cfg, model.parameters())
-    meter.watch(model.parameters(), optimizer)
+    params = list(params)
+    optimizer = make_optimizer(cfg, params)
+    meter.watch(params, optimizer)
     loader = make_loader(ctx)
     losses = []
     for step in range(cfg.steps):
@@ -68,7 +69,7 @@ def train_data_parallel(ctx: RankContext, model: torch.nn.Module, sync: GradSync
             inputs, targets = loader.rank_batch(step, dp_rank, dp_size)
             optimizer.zero_grad(set_to_none=True)
             with rec.span("forward"), meter.saving(step):
-                loss = lm_loss(model(inputs), targets)
+                loss = loss_of(inputs, targets)
             sync.before_backward()
             with rec.span("backward"):
                 loss.backward()
@@ -78,5 +79,13 @@ def train_data_parallel(ctx: RankContext, model: torch.nn.Module, sync: GradSync
                 optimizer.step()
             meter.sample()
         losses.append(loss.item())
-    state = named_state(model) if cfg.collect_state and dp_rank == 0 else None
+    return losses
+
+
+def train_data_parallel(ctx: RankContext, model: torch.nn.Module, sync: GradSync, dp_rank: int,
+                        dp_size: int) -> dict:
+    """single, dp and ddp: the whole model on every rank, a slice of the batch each, ``sync`` averages
+    the gradients, every rank takes the same optimizer step."""
+    losses = run_steps(ctx, model.parameters(), lambda x, y: lm_loss(model(x), y), sync, dp_rank, dp_size)
+    state = named_state(model) if ctx.cfg.collect_state and dp_rank == 0 else None
     return ctx.result(losses, loss_weight=1.0 / dp_size, state=state)

@@ -24,8 +24,8 @@ from torch.distributed.tensor.parallel import (
 )
 
 from paralab.models.gpt import lm_loss
-from paralab.strategies.common import full_model
-from paralab.strategies.tensor import train_steps, validate  # noqa: F401  (same layout rules as tp)
+from paralab.strategies.common import GradSync, full_model, run_steps
+from paralab.strategies.tensor import validate  # noqa: F401  (same layout rules as tp)
 
 
 class SplitQKVAttention(nn.Module):
@@ -88,6 +88,6 @@ def train(ctx):
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
     parallelize_module(model, mesh, tensor_parallel_plan(cfg.model.layers, cfg.sequence_parallel))
     with loss_parallel():  # the vocabulary-parallel cross-entropy, in forward and in backward
-        losses = train_steps(ctx, model, lambda inputs, targets: lm_loss(model(inputs), targets),
-                             measure_memory=False)
+        losses = run_steps(ctx, model.parameters(), lambda inputs, targets: lm_loss(model(inputs), targets),
+                           GradSync())
     return ctx.result(losses if ctx.rank == 0 else None, loss_weight=1.0)

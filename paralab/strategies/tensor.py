@@ -26,8 +26,6 @@ paralab.strategies.tensor_layers.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -36,7 +34,7 @@ import torch.nn.functional as F
 from paralab import comm
 from paralab.config import ConfigError, ModelConfig, RunConfig
 from paralab.models.gpt import build_part
-from paralab.strategies.common import make_loader, make_optimizer
+from paralab.strategies.common import GradSync, run_steps
 from paralab.strategies.tensor_layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -201,7 +199,7 @@ def gather_state(model: ParallelGPT, tp: TensorParallelGroup) -> dict | None:
     return state if tp.rank == 0 else None
 
 
-class SequenceParallelGrads:
+class SequenceParallelGrads(GradSync):
     """After backward: all-reduce, in one flat buffer, the gradients of replicated parameters that saw
     only this rank's sequence slice (LayerNorms, row-parallel biases, the position embedding)."""
 
@@ -209,7 +207,7 @@ class SequenceParallelGrads:
         self.tp = tp
         self.params = [p for p in model.parameters() if getattr(p, "sequence_parallel", False)]
 
-    def __call__(self) -> None:
+    def after_backward(self) -> None:
         if not self.params:
             return
         flat = torch.cat([p.grad.reshape(-1) for p in self.params])
@@ -219,38 +217,9 @@ class SequenceParallelGrads:
 
 
 # ---------------------------------------------------------------------------- training
-def train_steps(ctx, model: nn.Module, loss_of, after_backward=None, measure_memory: bool = True) -> list[float]:
-    """The loop of tp and torch_tp: every rank runs the whole global batch through its slice of the
-    model; ``after_backward`` finishes the gradients before the optimizer step. torch_tp passes
-    ``measure_memory=False``: the memory meter reads tensor storages, which DTensors do not expose."""
-    cfg, rec, meter = ctx.cfg, ctx.recorder, ctx.memory
-    optimizer = make_optimizer(cfg, model.parameters())
-    if measure_memory:
-        meter.watch(model.parameters(), optimizer)
-    loader = make_loader(ctx)
-    losses = []
-    for step in range(cfg.steps):
-        with rec.step(step):
-            ctx.check_fault(step)
-            inputs, targets = loader.rank_batch(step)
-            optimizer.zero_grad(set_to_none=True)
-            with rec.span("forward"), meter.saving(step) if measure_memory else nullcontext():
-                loss = loss_of(inputs, targets)
-            with rec.span("backward"):
-                loss.backward()
-            meter.release(step)
-            if after_backward is not None:
-                after_backward()
-            with rec.span("optimizer"):
-                optimizer.step()
-            meter.sample()
-        losses.append(loss.item())
-    return losses
-
-
 def train(ctx):
     tp = TensorParallelGroup(None, ctx.rank, ctx.world_size, ctx.cfg.sequence_parallel)
     model = build_model(ctx.cfg, tp, ctx.device)
-    losses = train_steps(ctx, model, model, SequenceParallelGrads(model, tp))
+    losses = run_steps(ctx, model.parameters(), model, SequenceParallelGrads(model, tp))
     state = gather_state(model, tp) if ctx.cfg.collect_state else None
     return ctx.result(losses if tp.rank == 0 else None, loss_weight=1.0, state=state)
