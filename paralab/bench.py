@@ -73,17 +73,12 @@ def add_bench_args(parser) -> None:
 
 
 def bench_main(args) -> int:
-    from paralab.config import ConfigError, RunConfig
+    """``paralab bench``: every variant is validated before the first run starts (ConfigError: exit 2)."""
+    from paralab.config import RunConfig
 
     common = dict(world_size=args.world_size, steps=args.steps, model=args.model, global_batch=args.global_batch)
-    try:
-        for strategy in args.variants:
-            opts = {k: v for k, v in common.items() if k != "model"}
-            RunConfig.build(args.model, strategy=strategy, **opts).validate()
-    except ConfigError as exc:
-        import sys
-
-        print(f"paralab: invalid configuration: {exc}", file=sys.stderr)
-        return 2
+    for strategy in args.variants:
+        opts = {k: v for k, v in common.items() if k != "model"}
+        RunConfig.build(args.model, strategy=strategy, **opts).validate()
     print(compare([Variant.of(strategy=s) for s in args.variants], args.rounds, common).table())
     return 0

@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from pathlib import Path
 
 from paralab.config import DEVICES, MODEL_PRESETS, STRATEGIES, ConfigError, RunConfig
 
@@ -62,35 +63,24 @@ def config_from_args(args) -> RunConfig:
         args.model,
         strategy=args.strategy, world_size=args.world_size, steps=args.steps, global_batch=args.global_batch,
         seed=args.seed, device=args.device, lr=args.lr, optimizer=args.optimizer, bucket_mb=args.bucket_mb,
-        hierarchical=args.hierarchical, nodes=args.nodes, dp=args.dp, tp=args.tp, pp=args.pp, schedule=args.schedule, microbatches=args.microbatches,
-        virtual_stages=args.virtual_stages, sequence_parallel=args.sequence_parallel, timeout_s=args.timeout,
+        hierarchical=args.hierarchical, nodes=args.nodes, dp=args.dp, tp=args.tp, pp=args.pp,
+        schedule=args.schedule, microbatches=args.microbatches, virtual_stages=args.virtual_stages, sequence_parallel=args.sequence_parallel, timeout_s=args.timeout,
         trace=not args.no_trace, fault=args.fail,
     )
 
 
 def cmd_run(args) -> int:
-    from paralab.runtime.result import RunError
     from paralab.runtime.torchrun import run_under_torchrun, under_torchrun
 
-    try:
-        cfg = config_from_args(args)
-        if under_torchrun():
-            result = run_under_torchrun(cfg, args.trace_dir)
-        else:
-            cfg.validate()
-            from paralab.runtime.launch import launch
+    cfg = config_from_args(args)
+    if under_torchrun():
+        result = run_under_torchrun(cfg, args.trace_dir)
+    else:
+        from paralab.runtime.launch import launch
 
-            result = launch(cfg)
-            if args.trace_dir:
-                from pathlib import Path
-
-                result.trace.save(Path(args.trace_dir) / "merged.json")
-    except ConfigError as exc:
-        print(f"paralab: invalid configuration: {exc}", file=sys.stderr)
-        return EXIT_INVALID
-    except RunError as exc:
-        print(f"paralab: run failed: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        result = launch(cfg)
+        if args.trace_dir:
+            result.trace.save(Path(args.trace_dir) / "merged.json")
     if result is None:  # a torchrun rank other than 0
         return EXIT_OK
     if args.trace:
@@ -142,19 +132,11 @@ def cmd_merge(args) -> int:
 
 def cmd_nodes(args) -> int:
     from paralab.runtime.multinode import run_local_nodes
-    from paralab.runtime.result import RunError
 
     run_args = args.run_args[1:] if args.run_args[:1] == ["--"] else args.run_args
-    try:
-        cfg = config_from_args(build_parser().parse_args(["run", *run_args]))
-        dataclasses.replace(cfg, world_size=args.nnodes * args.nproc_per_node, nodes=args.nnodes).validate()
-        run = run_local_nodes(run_args, args.nnodes, args.nproc_per_node, trace_dir=args.trace_dir)
-    except ConfigError as exc:
-        print(f"paralab: invalid configuration: {exc}", file=sys.stderr)
-        return EXIT_INVALID
-    except RunError as exc:
-        print(f"paralab: run failed: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+    cfg = config_from_args(build_parser().parse_args(["run", *run_args]))
+    dataclasses.replace(cfg, world_size=args.nnodes * args.nproc_per_node, nodes=args.nnodes).validate()
+    run = run_local_nodes(run_args, args.nnodes, args.nproc_per_node, trace_dir=args.trace_dir)
     print(json.dumps(run.summary) if args.json else format_summary(run.summary))
     return EXIT_OK
 
@@ -179,36 +161,40 @@ def build_parser() -> argparse.ArgumentParser:
     nodes.add_argument("--json", action="store_true")
     nodes.add_argument("run_args", nargs=argparse.REMAINDER, help="options of `paralab run` after --")
     nodes.set_defaults(func=cmd_nodes)
-    from paralab import bench, report
-
-    report_parser = sub.add_parser("report", help="write a standalone HTML report of a trace")
-    report.add_report_args(report_parser)
-    report_parser.set_defaults(func=report.report_main)
-
-    bench_parser = sub.add_parser("bench", help="compare strategies' speed: interleaved runs, median ratios")
-    bench.add_bench_args(bench_parser)
-    bench_parser.set_defaults(func=bench.bench_main)
-    _add_sim_commands(sub)
+    for name, help_text, add_args, command in _subcommands():
+        sub_parser = sub.add_parser(name, help=help_text)
+        add_args(sub_parser)
+        sub_parser.set_defaults(func=command)
     return parser
 
 
-def _add_sim_commands(sub) -> None:
-    """``simulate`` and ``plan`` come from paralab.sim.cli (no torch import on that path)."""
-    try:
-        from paralab.sim import cli as sim_cli
-    except ImportError:
-        return
-    simulate = sub.add_parser("simulate", help="predict a run with the cost model")
-    sim_cli.add_simulate_args(simulate)
-    simulate.set_defaults(func=sim_cli.simulate_main)
-    plan = sub.add_parser("plan", help="rank parallel layouts for a model on N GPUs")
-    sim_cli.add_plan_args(plan)
-    plan.set_defaults(func=sim_cli.plan_main)
+def _subcommands():
+    """Commands whose arguments live with their code: (name, help, add_args, main)."""
+    from paralab import bench, report
+    from paralab.sim import cli as sim_cli
+
+    return [
+        ("report", "write a standalone HTML report of a trace", report.add_report_args, report.report_main),
+        ("bench", "compare strategies' speed: interleaved runs, median ratios", bench.add_bench_args,
+         bench.bench_main),
+        ("simulate", "predict a run with the cost model", sim_cli.add_simulate_args, sim_cli.simulate_main),
+        ("plan", "rank parallel layouts for a model on N GPUs", sim_cli.add_plan_args, sim_cli.plan_main),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; a ConfigError anywhere is exit 2 (nothing started), a RunError exit 1."""
+    from paralab.runtime.result import RunError
+
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"paralab: invalid configuration: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    except RunError as exc:
+        print(f"paralab: run failed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":  # pragma: no cover
