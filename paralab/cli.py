@@ -1,4 +1,4 @@
-"""``paralab run | nodes | merge | bench | simulate | plan`` — the shell face of paralab.
+"""``paralab run | nodes | elastic | merge | report | bench | simulate | plan`` — the shell face of paralab.
 
 Exit codes (a contract, see DESIGN.md): 0 success; 2 invalid configuration or arguments (message on
 stderr, no process started); 1 a run that failed (which rank, what it raised).
@@ -17,14 +17,23 @@ from paralab.config import DEVICES, MODEL_PRESETS, STRATEGIES, ConfigError, RunC
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
 
-def _kv(text: str) -> dict:
-    """Parse ``rank=1,step=3`` into {"rank": 1, "step": 3}."""
+def _number(text: str):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def key_values(text: str) -> dict:
+    """Parse ``rank=1,factor=1.5`` into {"rank": 1, "factor": 1.5} (for --fail, --slow)."""
     out = {}
     for part in filter(None, text.split(",")):
         key, _, value = part.partition("=")
         if not value:
             raise argparse.ArgumentTypeError(f"expected key=value pairs like rank=1,step=3, got {text!r}")
-        out[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else value.strip()
+        out[key.strip()] = _number(value.strip())
     return out
 
 
@@ -55,7 +64,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace-dir", metavar="DIR", help="write one paralab trace per rank (torchrun; merge later)")
     p.add_argument("--report", metavar="PATH", help="write a standalone HTML report of the run")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    p.add_argument("--fail", type=_kv, metavar="rank=R,step=K", help="make rank R raise at step K (testing)")
+    p.add_argument("--fail", type=key_values, metavar="rank=R,step=K", help="make rank R raise at step K (testing)")
 
 
 def config_from_args(args) -> RunConfig:
@@ -171,9 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _subcommands():
     """Commands whose arguments live with their code: (name, help, add_args, main)."""
     from paralab import bench, report
+    from paralab.elastic import cli as elastic_cli
     from paralab.sim import cli as sim_cli
 
     return [
+        ("elastic", "elastic training: failures, rescaling, load balancing", elastic_cli.add_elastic_args,
+         elastic_cli.elastic_main),
         ("report", "write a standalone HTML report of a trace", report.add_report_args, report.report_main),
         ("bench", "compare strategies' speed: interleaved runs, median ratios", bench.add_bench_args,
          bench.bench_main),

@@ -1,0 +1,74 @@
+"""Elastic training: recovery after a SIGKILL, and what load balancing buys with a slow rank.
+
+1. Recovery: ``--nodes`` local nodes, the worker of rank 1 is SIGKILLed at ``--fail-step``. Reported:
+   kill -> first survivor noticing (detection), detection -> first resumed step completed (recovery,
+   which includes the keep-alive expiry, the rendezvous's last call and the new workers' start-up),
+   and the steps redone from the last checkpoint.
+2. Balancing: 2 nodes, rank 1 slowed by each factor; median step time with the even split over the
+   median with ``--balance``, from runs interleaved in the same invocation (``--rounds`` of each; the
+   median over rounds), reported as a ratio so that a machine shared with other work compares fairly.
+
+    python benchmarks/bench_elastic.py --model small --global-batch 24 --micro-batch 4 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from paralab import elastic
+
+
+def recovery(args) -> None:
+    res = elastic.run(nodes=args.nodes, min_nodes=args.nodes - 1, max_nodes=args.nodes, steps=args.steps,
+                      model=args.model, global_batch=args.global_batch, checkpoint_every=args.checkpoint_every,
+                      fail={"rank": 1, "step": args.fail_step})
+    (t,) = res.transitions
+    print(f"\n### recovery: {args.nodes} nodes -> {t['world_size']}, SIGKILL at step {args.fail_step}, "
+          f"checkpoint every {args.checkpoint_every} steps\n")
+    print("| kill -> detection (s) | detection -> first resumed step (s) | steps redone | resumed from |")
+    print("|---:|---:|---:|---|")
+    print(f"| {t.get('detection_s', float('nan')):.2f} | {t.get('recovery_s', float('nan')):.2f} "
+          f"| {t['steps_redone']} | {t['checkpoint']} |")
+
+
+def balancing(args) -> None:
+    print(f"\n### balancing: 2 nodes, rank 1 slowed, model {args.model}, global batch {args.global_batch}\n")
+    print("| slow factor | even split step (ms) | balanced step (ms) | gain (even / balanced) | ideal (1+F)/2 |"
+          " slow rank's share |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    common = dict(nodes=2, min_nodes=2, max_nodes=2, steps=args.steps, model=args.model,
+                  global_batch=args.global_batch, micro_batch=args.micro_batch, trace=False)
+    for factor in args.factors:
+        slow = {"rank": 1, "factor": factor}
+        even, balanced, share = [], [], 0.0
+        for _ in range(args.rounds):
+            even.append(elastic.run(slow=slow, **common).summary["step_time_s"])
+            summary = elastic.run(slow=slow, balance=True, **common).summary
+            balanced.append(summary["step_time_s"])
+            share = summary["samples_per_rank"][-1][1] / args.global_batch
+        e, b = statistics.median(even), statistics.median(balanced)
+        print(f"| {factor:g} | {e * 1e3:.1f} | {b * 1e3:.1f} | {e / b:.2f}x | {(1 + factor) / 2:.2f}x | {share:.0%} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--global-batch", type=int, default=48)
+    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--checkpoint-every", type=int, default=2)
+    parser.add_argument("--fail-step", type=int, default=5)
+    parser.add_argument("--factors", type=float, nargs="+", default=[1.5, 2.0, 3.0])
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved runs of each variant (balancing)")
+    parser.add_argument("--skip", choices=("recovery", "balancing"), help="leave one part out")
+    args = parser.parse_args()
+    if args.skip != "recovery":
+        recovery(args)
+    if args.skip != "balancing":
+        balancing(args)
+
+
+if __name__ == "__main__":
+    main()

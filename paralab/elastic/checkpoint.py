@@ -1,0 +1,163 @@
+"""Checkpoints that survive the crash of any worker, at any moment, and load at any world size.
+
+Why torch.distributed.checkpoint (DCP): every rank writes its own files in parallel and the loader
+reads whatever pieces it needs, so a checkpoint written by 4 workers loads on 2 or 3 (resharding).
+paralab's elastic workers replicate the model (DDP), so DCP de-duplicates the copies on save and every
+rank reads the full tensors on load; a sharded strategy would go through the same two calls.
+
+Why a temporary directory and a rename: DCP writes many files, and a worker killed half-way leaves
+some of them behind. Every save goes to ``.tmp-step-N``; only when all ranks have written their part
+(a barrier) does rank 0 add ``manifest.json`` and rename the directory to ``step-N`` in one atomic
+``os.rename``. A loader only ever considers ``step-*`` directories holding a manifest, so a crash
+mid-save leaves the previous checkpoint as the latest one, untouched. Old checkpoints are retired the
+same way (renamed out of sight, then deleted).
+
+The manifest is small JSON (never pickle): the model signature (model config, strategy, optimizer,
+global batch, seed), the step, the sampler position and the RNG state, so a directory that holds
+another model's checkpoint is refused before anything is loaded.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from paralab.config import ConfigError
+
+MANIFEST = "manifest.json"
+PREFIX, TMP_PREFIX, TRASH_PREFIX = "step-", ".tmp-step-", ".trash-step-"
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _barrier() -> None:
+    if _distributed():
+        dist.barrier()
+
+
+def _is_rank0() -> bool:
+    return not _distributed() or dist.get_rank() == 0
+
+
+def step_dir(root: Path, step: int, prefix: str = PREFIX) -> Path:
+    return root / f"{prefix}{step:08d}"
+
+
+def committed(root: str | Path) -> list[Path]:
+    """Checkpoints that finished saving (a manifest exists), oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.glob(f"{PREFIX}*") if (p / MANIFEST).is_file())
+
+
+def latest(root: str | Path) -> Path | None:
+    done = committed(root)
+    return done[-1] if done else None
+
+
+def read_manifest(path: str | Path) -> dict:
+    return json.loads((Path(path) / MANIFEST).read_text())
+
+
+def check_signature(root: str | Path, signature: dict) -> None:
+    """Refuse a directory whose latest checkpoint was written by another model or training setup."""
+    last = latest(root)
+    if last is None:
+        return
+    theirs = read_manifest(last)["signature"]
+    differ = sorted(k for k in set(theirs) | set(signature) if theirs.get(k) != signature.get(k))
+    if differ:
+        detail = "; ".join(f"{k}: checkpoint {theirs.get(k)!r}, this run {signature.get(k)!r}" for k in differ)
+        raise ConfigError(f"checkpoint directory {root} holds another model's checkpoint ({last.name}): {detail}. "
+                          "Use another --checkpoint-dir, or the settings it was trained with.")
+
+
+def _rng_state() -> dict:
+    state = {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = base64.b64encode(torch.cuda.get_rng_state().numpy().tobytes()).decode()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["cuda"])), dtype=torch.uint8))
+
+
+def _quiet(call, *args, **kwargs):
+    """DCP warns that it runs in one process when no process group exists; that is the intent here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to.*single process")
+        return call(*args, **kwargs)
+
+
+def save(root: str | Path, step: int, model, optimizer, signature: dict, sampler_position: dict,
+         keep: int = 2, before_commit=None) -> Path:
+    """Collective: every rank calls it. Writes checkpoint ``step`` (the number of steps completed).
+
+    ``before_commit`` runs on every rank after its files are written and before the commit barrier:
+    the failure injector uses it to kill a worker in the middle of a save.
+    """
+    root = Path(root)
+    tmp, final = step_dir(root, step, TMP_PREFIX), step_dir(root, step)
+    if _is_rank0():
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(f"{TMP_PREFIX}*"):  # left by a save that crashed
+            shutil.rmtree(stale, ignore_errors=True)
+    _barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    _quiet(dcp.save, {"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+    if before_commit is not None:
+        before_commit()
+    _barrier()  # every rank's files are on disk
+    if _is_rank0():
+        manifest = {"format": "paralab-elastic-checkpoint", "version": 1, "signature": signature, "step": step,
+                    "sampler": sampler_position, "rng": _rng_state(),
+                    "world_size": dist.get_world_size() if _distributed() else 1}
+        (tmp / MANIFEST).write_text(json.dumps(manifest))
+        _fsync_dir(tmp)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+        _retire(root, keep)
+    _barrier()
+    return final
+
+
+def _retire(root: Path, keep: int) -> None:
+    for old in committed(root)[:-keep]:
+        trash = root / (TRASH_PREFIX + old.name[len(PREFIX):])
+        os.rename(old, trash)  # out of sight first: a crash mid-delete must not leave a half checkpoint
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def load(path: str | Path, model, optimizer) -> dict:
+    """Collective: load checkpoint ``path`` into ``model`` and ``optimizer`` (whatever world size wrote
+    it) and restore the RNG state. Returns its manifest."""
+    manifest = read_manifest(path)
+    model_sd, optim_sd = get_state_dict(model, optimizer)  # the shapes DCP fills in
+    state = {"model": model_sd, "optim": optim_sd}
+    _quiet(dcp.load, state, checkpoint_id=str(path))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    _set_rng_state(manifest["rng"])
+    return manifest

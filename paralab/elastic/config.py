@@ -1,0 +1,145 @@
+"""One validated description of an elastic run, shared by the launcher, the CLI and every worker.
+
+The launcher checks it before any process starts (a bad run is a ConfigError, exit 2), then hands it
+to each worker as command-line arguments, so ``torchrun ... -m paralab.elastic.train ARGS`` on a
+cluster reads exactly the same options as ``paralab elastic ARGS`` on one machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from paralab.config import MODEL_PRESETS, ConfigError, ModelConfig
+
+STRATEGY = "elastic-ddp"  # what a checkpoint's signature calls the way its weights were trained
+
+
+@dataclass
+class ElasticConfig:
+    model: str = "tiny"
+    steps: int = 8
+    global_batch: int = 12
+    micro_batch: int = 4  # gradient accumulation: at most this many samples per forward on a rank
+    seed: int = 0
+    lr: float = 3e-3
+    optimizer: str = "adam"
+    device: str = "cpu"
+    # membership: torchrun's --nnodes MIN:MAX; `nodes` agents start at once
+    min_nodes: int = 1
+    max_nodes: int = 4
+    nodes: int = 0  # 0: max_nodes
+    max_restarts: int = 3
+    join_after_step: int | None = None  # start one more agent once this step has completed
+    # checkpoints
+    checkpoint_dir: str | None = None  # None: a fresh directory inside the run directory
+    checkpoint_every: int = 2
+    keep_checkpoints: int = 2
+    # failure injection and load balancing
+    fail: dict | None = None  # {"rank": R, "step": K, "during": "step" | "save"}
+    slow: dict | None = None  # {"rank": R, "factor": F}
+    balance: bool = False
+    # time limits and threads
+    timeout_s: float = 60.0  # a collective hung longer than this fails the worker
+    run_timeout_s: float = 600.0  # the whole run, launcher side
+    last_call_s: int = 2  # rendezvous: seconds to wait for more nodes once min_nodes are in (torchrun: whole s)
+    threads: int = 0  # torch threads per worker; 0: torch's default
+    trace: bool = True
+
+    def __post_init__(self):
+        if not self.nodes:
+            self.nodes = self.max_nodes
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return MODEL_PRESETS[self.model]
+
+    def signature(self) -> dict:
+        """What a checkpoint must match to be resumed by this run: the model, how it is trained and
+        the data order (global batch and seed fix which samples each step holds)."""
+        return {"model": dataclasses.asdict(self.model_config), "strategy": STRATEGY,
+                "optimizer": self.optimizer, "global_batch": self.global_batch, "seed": self.seed}
+
+    def validate(self) -> ElasticConfig:
+        if self.model not in MODEL_PRESETS:
+            raise ConfigError(f"unknown model preset {self.model!r}; choose one of {sorted(MODEL_PRESETS)}")
+        for name in ("steps", "global_batch", "micro_batch", "checkpoint_every", "keep_checkpoints", "min_nodes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name.replace('_', ' ')} must be >= 1, got {getattr(self, name)}")
+        if self.min_nodes > self.max_nodes:
+            raise ConfigError(f"min nodes {self.min_nodes} > max nodes {self.max_nodes}: --nnodes takes MIN:MAX "
+                              f"with MIN <= MAX, e.g. {self.max_nodes}:{self.min_nodes}")
+        if not self.min_nodes <= self.nodes <= self.max_nodes:
+            raise ConfigError(f"{self.nodes} starting nodes is outside --nnodes {self.min_nodes}:{self.max_nodes}")
+        if self.global_batch < self.max_nodes:
+            raise ConfigError(f"global batch {self.global_batch} is smaller than max nodes {self.max_nodes}: "
+                              "every worker needs at least one sample")
+        if self.optimizer not in ("adam", "sgd"):
+            raise ConfigError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
+        if self.lr <= 0 or self.timeout_s <= 0 or self.run_timeout_s <= 0 or self.last_call_s < 1:
+            raise ConfigError("learning rate and timeouts must be > 0 (last call: a whole number of seconds >= 1)")
+        if self.max_restarts < 0:
+            raise ConfigError(f"max restarts must be >= 0, got {self.max_restarts}")
+        self._validate_fail()
+        self._validate_join()
+        self._validate_slow()
+        return self
+
+    def _validate_fail(self) -> None:
+        if self.fail is None:
+            return
+        rank, step, during = self.fail.get("rank"), self.fail.get("step"), self.fail.get("during", "step")
+        if not isinstance(rank, int) or not 0 <= rank < self.nodes:
+            raise ConfigError(f"fail rank must be in [0, {self.nodes}) (one worker per node), got {rank!r}")
+        if not isinstance(step, int) or not 0 <= step < self.steps:
+            raise ConfigError(f"fail step {step!r} is beyond the run: steps are 0..{self.steps - 1}")
+        if during not in ("step", "save"):
+            raise ConfigError(f"fail 'during' must be 'step' or 'save', got {during!r}")
+        if during == "save" and (step + 1) % self.checkpoint_every and step != self.steps - 1:
+            saves = [k for k in range(self.steps) if (k + 1) % self.checkpoint_every == 0]
+            raise ConfigError(f"no checkpoint is saved after step {step} (every {self.checkpoint_every} steps: "
+                              f"after steps {saves})")
+        if self.nodes - 1 < self.min_nodes:
+            raise ConfigError(f"after the failure {self.nodes - 1} node(s) remain, fewer than min nodes "
+                              f"{self.min_nodes}: lower MIN in --nnodes {self.min_nodes}:{self.max_nodes}")
+        if self.max_restarts < 1:
+            raise ConfigError("a failure needs --max-restarts >= 1 for the survivors to restart")
+
+    def _validate_join(self) -> None:
+        if self.join_after_step is None:
+            return
+        if not 0 <= self.join_after_step < self.steps - 1:
+            raise ConfigError(f"join after step {self.join_after_step} is beyond the run: steps are "
+                              f"0..{self.steps - 1} and the new node needs a step left to join")
+        if self.nodes - (self.fail is not None) >= self.max_nodes:  # a planned failure makes room
+            raise ConfigError(f"no room to join: {self.nodes} nodes already run and max nodes is {self.max_nodes}")
+
+    def _validate_slow(self) -> None:
+        if self.slow is None:
+            return
+        rank, factor = self.slow.get("rank"), self.slow.get("factor")
+        if not isinstance(rank, int) or not 0 <= rank < self.max_nodes:
+            raise ConfigError(f"slow rank must be in [0, {self.max_nodes}), got {rank!r}")
+        if not isinstance(factor, (int, float)) or factor < 1:
+            raise ConfigError(f"slow factor must be >= 1 (1 = normal speed, 3 = three times slower), got {factor!r}")
+
+    # ------------------------------------------------------------------ to and from workers
+    def to_argv(self) -> list[str]:
+        """Options for ``python -m paralab.elastic.train`` (parsed back by cli.config_from_args)."""
+        argv = ["--model", self.model, "--steps", str(self.steps), "--global-batch", str(self.global_batch),
+                "--micro-batch", str(self.micro_batch), "--seed", str(self.seed), "--lr", repr(self.lr),
+                "--optimizer", self.optimizer, "--device", self.device,
+                "--nnodes", f"{self.min_nodes}:{self.max_nodes}", "--nodes", str(self.nodes),
+                "--checkpoint-every", str(self.checkpoint_every), "--keep-checkpoints", str(self.keep_checkpoints),
+                "--timeout", repr(self.timeout_s), "--threads", str(self.threads)]
+        if self.checkpoint_dir:
+            argv += ["--checkpoint-dir", self.checkpoint_dir]
+        if self.fail:
+            argv += ["--fail", ",".join(f"{k}={v}" for k, v in self.fail.items())]
+        if self.slow:
+            argv += ["--slow", ",".join(f"{k}={v}" for k, v in self.slow.items())]
+        if self.balance:
+            argv.append("--balance")
+        if not self.trace:
+            argv.append("--no-trace")
+        return argv

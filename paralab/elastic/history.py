@@ -1,0 +1,192 @@
+"""What an elastic run did, read back from the files its workers streamed into the run directory.
+
+A run is a sequence of generations: one per world the rendezvous formed (``gen-000``, ``gen-001``, ...).
+Each generation resumed from a checkpoint and completed some steps; a step counts as completed in a
+generation when every rank of it recorded the step. When a later generation redoes a step (it resumed
+from a checkpoint older than the failure), the later one is the step's final record: the final
+history is what the model was actually trained on, and it is there that every sample of an epoch
+must appear exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from paralab.elastic.config import ElasticConfig
+from paralab.trace import Counter, Span, Trace
+
+
+@dataclass
+class Generation:
+    name: str
+    meta: dict
+    steps: dict[int, dict]  # completed steps: step -> merged record
+    errors: list[dict]
+    trace_lines: list[dict]
+
+
+def _jsonl(path: Path) -> list[dict]:
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:  # a line cut short by a kill
+            break
+    return out
+
+
+def read_generation(gen_dir: Path) -> Generation | None:
+    meta_file = gen_dir / "meta.json"
+    if not meta_file.exists():  # the world broke up before it resumed
+        return None
+    meta = json.loads(meta_file.read_text())
+    by_step: dict[int, dict[int, dict]] = {}
+    for f in gen_dir.glob("rank*.steps.jsonl"):
+        rank = int(f.name[4:].split(".")[0])
+        for rec in _jsonl(f):
+            by_step.setdefault(rec["step"], {})[rank] = rec
+    steps = {}
+    for step, ranks in sorted(by_step.items()):
+        if len(ranks) < meta["world_size"]:
+            continue
+        recs = [ranks[r] for r in sorted(ranks)]
+        steps[step] = {
+            "step": step, "world_size": meta["world_size"], "loss": recs[0]["loss"], "generation": gen_dir.name,
+            "sample_ids": [i for r in recs for i in r["ids"]], "ids_per_rank": [r["ids"] for r in recs],
+            "compute_s": [r["compute_s"] for r in recs],
+            "t_start": min(r["t_start"] for r in recs), "t_end": max(r["t_end"] for r in recs),
+        }
+    errors = [json.loads(f.read_text()) for f in sorted(gen_dir.glob("rank*.error.json"))]
+    trace_lines = [line for f in sorted(gen_dir.glob("rank*.trace.jsonl")) for line in _jsonl(f)]
+    return Generation(gen_dir.name, meta, steps, errors, trace_lines)
+
+
+@dataclass
+class ElasticResult:
+    config: ElasticConfig
+    generations: list[Generation]
+    history: list[dict]  # the final record of each step, in step order
+    transitions: list[dict]  # one per generation after the first: why and what it cost
+    failure: dict | None
+    trace: Trace
+    trace_path: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def collect(cls, cfg: ElasticConfig, run_dir: Path) -> ElasticResult:
+        gens = [g for g in map(read_generation, sorted(run_dir.glob("gen-*"))) if g is not None]
+        final: dict[int, dict] = {}
+        for g in gens:  # later generations overwrite the steps they redid
+            final.update(g.steps)
+        history = [final[k] for k in sorted(final)]
+        fault_file = run_dir / "fault.json"
+        failure = json.loads(fault_file.read_text()) if fault_file.exists() else None
+        return cls(cfg, gens, history, _transitions(gens, failure), failure, _merged_trace(cfg, gens, final))
+
+    @property
+    def losses(self) -> list[float]:
+        return [h["loss"] for h in self.history]
+
+    @property
+    def summary(self) -> dict:
+        cfg = self.config
+        times = [h["t_end"] - h["t_start"] for h in self.history]
+        return {
+            "strategy": "elastic",
+            "model": cfg.model,
+            "steps": cfg.steps,
+            "first_step": self.history[0]["step"] if self.history else None,
+            "global_batch": cfg.global_batch,
+            "micro_batch": cfg.micro_batch,
+            "nnodes": f"{cfg.min_nodes}:{cfg.max_nodes}",
+            "losses": self.losses,
+            "world_sizes": [h["world_size"] for h in self.history],
+            "sample_ids": [h["sample_ids"] for h in self.history],
+            "samples_per_rank": [[len(ids) for ids in h["ids_per_rank"]] for h in self.history],
+            "restarts": len(self.generations) - 1,
+            "steps_redone": [t["steps_redone"] for t in self.transitions],
+            "transitions": self.transitions,
+            "failure": self.failure,
+            "generations": [{"name": g.name, **g.meta, "completed_steps": sorted(g.steps)} for g in self.generations],
+            "step_time_s": statistics.median(times[1:] if len(times) > 1 else times) if times else 0.0,
+            "step_times_s": times,
+            "balance": cfg.balance,
+            "slow": cfg.slow,
+            "trace": self.trace_path,
+            **self.extra,
+        }
+
+    def save_trace(self, path: str | Path) -> str:
+        """Write the merged trace in Chrome trace format (Perfetto draws the counters as tracks)."""
+        self.trace_path = str(self.trace.save_chrome(path))
+        return self.trace_path
+
+    def describe(self) -> str:
+        s = self.summary
+        lines = [f"elastic training, model {s['model']}, {s['steps']} steps, global batch {s['global_batch']}",
+                 "world size per step: " + " ".join(map(str, s["world_sizes"])),
+                 "losses: " + " ".join(f"{x:.4f}" for x in s["losses"])]
+        for t in s["transitions"]:
+            lines.append(f"{t['generation']}: {t['reason']}, world {t['world_size_before']} -> {t['world_size']}, "
+                         f"resumed at step {t['resumed_at_step']}, {t['steps_redone']} step(s) redone"
+                         + (f", recovered {t['recovery_s']:.1f} s after detection" if t.get("recovery_s") else ""))
+        lines.append(f"step time (median after the first): {s['step_time_s'] * 1e3:.1f} ms")
+        if s["trace"]:
+            lines.append(f"trace: {s['trace']} (open in https://ui.perfetto.dev)")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (f"ElasticResult(steps={len(self.history)}, world_sizes={self.summary['world_sizes']}, "
+                f"restarts={len(self.generations) - 1})")
+
+
+def _transitions(gens: list[Generation], failure: dict | None) -> list[dict]:
+    out = []
+    for prev, gen in zip(gens, gens[1:]):
+        before, after = prev.meta["world_size"], gen.meta["world_size"]
+        last_done = max(prev.steps, default=prev.meta["start_step"] - 1)
+        start = gen.meta["start_step"]
+        failed_here = failure is not None and prev.meta["wall_start"] <= failure["t"] <= gen.meta["wall_start"]
+        reason = "failure" if failed_here else "scale-out" if after > before else "scale-in" if after < before \
+            else "restart"
+        item = {"generation": gen.name, "reason": reason, "world_size_before": before, "world_size": after,
+                "last_completed_step": last_done, "resumed_at_step": start, "checkpoint": gen.meta["checkpoint"],
+                "steps_redone": max(0, last_done + 1 - start)}
+        first = gen.steps.get(start)
+        detected = min((e["t"] for e in prev.errors), default=None)
+        if first is not None and detected is not None:
+            item["recovery_s"] = first["t_end"] - detected  # detection to the first resumed step done
+        if failed_here and detected is not None:
+            item["detection_s"] = detected - failure["t"]  # kill to the first survivor noticing
+        out.append(item)
+    return out
+
+
+def _merged_trace(cfg: ElasticConfig, gens: list[Generation], final: dict[int, dict]) -> Trace:
+    """All generations on one clock (the first generation's), with redone steps renamed and taken out
+    of the step windows, so the trace's step metrics describe the final history."""
+    t0 = gens[0].meta["wall_start"] if gens else 0.0
+    traces = []
+    for g in gens:
+        shift = g.meta["wall_start"] - t0
+        spans, counters = [], []
+        for line in g.trace_lines:
+            if "span" in line:
+                s = Span(**line["span"])
+                s = replace(s, start=s.start + shift, end=s.end + shift)
+                if s.step is not None and final.get(s.step, {}).get("generation") != g.name:
+                    s = replace(s, step=None, name=f"{s.name or s.kind} (redone later)")
+                spans.append(s)
+            else:
+                c = Counter(**line["counter"])
+                counters.append(replace(c, t=c.t + shift))
+        traces.append(Trace(spans=spans, counters=counters))
+    trace = Trace.merge(traces)
+    m = cfg.model_config
+    trace.meta.update({"source": "measured", "strategy": "elastic", "model": cfg.model,
+                       "tokens_per_step": cfg.global_batch * m.seq_len, "world_size": cfg.max_nodes,
+                       "generations": [{"name": g.name, **g.meta} for g in gens]})
+    return trace

@@ -1,0 +1,174 @@
+"""Start local "nodes" as torchrun elastic agents, watch them, and read back what happened.
+
+Each node is one ``torch.distributed.run`` agent (``--nnodes MIN:MAX --nproc-per-node 1``) running
+``python -m paralab.elastic.train``: the membership logic is torchrun's own, not paralab's. When a
+worker dies its peers' collectives fail, their agents restart them, and the c10d rendezvous forms a new
+world from the nodes still alive (once the dead node's keep-alive has lapsed); a node started later is
+seen as waiting and the agents restart into a larger world. The joining node (``--join-after-step K``)
+boots with the others but holds before its rendezvous until the launcher releases it after step K, like a
+standby node: starting a Python with torch takes seconds, and a late node must not miss a short run.
+
+Three choices make that work on one machine and keep tests short:
+
+- the rendezvous store is hosted here, in the launcher (agents get ``is_host=false``), so killing any
+  node, even the first, leaves the rendezvous alive, as a dedicated rendezvous host does on a cluster;
+- ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: each new world bootstraps its process group from a fresh
+  store on its rank 0, not from the store of whichever agent was rank 0 before (and may be dead now);
+- short keep-alives and a short last call (``--rdzv-conf``), so a dead node is noticed in seconds (5 s
+  of silence: shorter misreads a live agent on a loaded machine as dead).
+
+Every agent dies with the launcher (PR_SET_PDEATHSIG) and every worker with its agent, and ``launch``
+stops them all on every exit path, so no process outlives a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from paralab.elastic import checkpoint
+from paralab.elastic.config import ElasticConfig
+from paralab.elastic.history import ElasticResult
+from paralab.runtime.worker import usable_cores
+
+POLL_S = 0.1
+# An agent is torchrun's own main, started through a bootstrap that first asks Linux to kill it if the
+# launcher dies (the agent in turn takes its worker along, see train.die_with_agent). A standby agent
+# imports torchrun, then waits for a line on stdin before it joins the rendezvous.
+AGENT_BOOTSTRAP = (
+    "import ctypes, os, runpy, signal, sys; ctypes.CDLL('libc.so.6').prctl(1, signal.SIGKILL); "
+    "import torch.distributed.run; "
+    "os.environ.pop('PARALAB_STANDBY', None) and sys.stdin.readline(); "
+    "runpy.run_module('torch.distributed.run', run_name='__main__', alter_sys=True)"
+)
+
+
+class ElasticError(RuntimeError):
+    """The elastic run did not finish: what the workers reported and the agents' last log lines."""
+
+
+def launch(cfg: ElasticConfig, run_dir: str | Path | None = None, progress=None) -> ElasticResult:
+    """Validate ``cfg``, run it on ``cfg.nodes`` local agents and return what happened.
+
+    Raises ConfigError before any process starts; ElasticError if the run fails or times out.
+    ``run_dir`` keeps the step records, traces and agent logs (default: a temporary directory, removed).
+    ``progress(step, steps)`` is called as steps complete.
+    """
+    cfg.validate()
+    if cfg.checkpoint_dir:
+        checkpoint.check_signature(cfg.checkpoint_dir, cfg.signature())
+    keep = run_dir is not None
+    run_dir = Path(run_dir) if keep else Path(tempfile.mkdtemp(prefix="paralab-elastic-"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg = dataclasses.replace(
+        cfg, checkpoint_dir=cfg.checkpoint_dir or str(run_dir / "checkpoints"),
+        threads=cfg.threads or max(1, usable_cores() // cfg.max_nodes),
+    )
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True, wait_for_workers=False)
+    agents: list[subprocess.Popen] = []
+    standby = None
+    try:
+        start = _agent_starter(cfg, run_dir, store.port, f"paralab-{uuid.uuid4().hex[:12]}")
+        agents.extend(start(node) for node in range(cfg.nodes))
+        standby = start(cfg.nodes, standby=True) if cfg.join_after_step is not None else None
+        _watch(cfg, run_dir, agents, standby, progress)
+        return ElasticResult.collect(cfg, run_dir)
+    finally:
+        _stop(agents + [standby] if standby is not None and standby not in agents else agents)
+        del store
+        if not keep:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _agent_starter(cfg: ElasticConfig, run_dir: Path, port: int, run_id: str):
+    rdzv_conf = (f"is_host=false,join_timeout={max(30, int(cfg.run_timeout_s))},last_call_timeout={cfg.last_call_s},"
+                 "close_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=5")
+    cmd = [
+        sys.executable, "-c", AGENT_BOOTSTRAP,
+        "--nnodes", f"{cfg.min_nodes}:{cfg.max_nodes}", "--nproc-per-node", "1",
+        "--max-restarts", str(cfg.max_restarts), "--monitor-interval", "0.1",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id,
+        "--rdzv-conf", rdzv_conf, "--local-addr", "127.0.0.1",
+        "-m", "paralab.elastic.train", *cfg.to_argv(), "--run-dir", str(run_dir),
+    ]
+
+    def start(node: int, standby: bool = False) -> subprocess.Popen:
+        env = {**os.environ, "PARALAB_NODE": str(node), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+               "OMP_NUM_THREADS": str(cfg.threads), "PYTHONUNBUFFERED": "1"}
+        if standby:
+            env["PARALAB_STANDBY"] = "1"
+        log = open(run_dir / f"agent{node}.log", "w")
+        with log:
+            return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.PIPE if standby else subprocess.DEVNULL, text=True)
+
+    return start
+
+
+def _progress_step(run_dir: Path) -> int:
+    try:
+        return json.loads((run_dir / "progress.json").read_text())["step"]
+    except (FileNotFoundError, ValueError, KeyError):
+        return -1
+
+
+def _watch(cfg: ElasticConfig, run_dir: Path, agents: list, standby, progress) -> None:
+    """Poll until every agent has exited; release the standby node once its step has completed."""
+    deadline = time.monotonic() + cfg.run_timeout_s
+    last_step = -1
+    while any(a.poll() is None for a in agents):
+        step = _progress_step(run_dir)
+        if step != last_step:
+            last_step = step
+            if progress is not None:
+                progress(step, cfg.steps)
+        if standby is not None and step >= cfg.join_after_step:
+            standby.stdin.write("join\n")
+            standby.stdin.close()
+            agents.append(standby)
+            standby = None
+        if time.monotonic() > deadline:
+            raise ElasticError(f"the run did not finish within {cfg.run_timeout_s:g} s (last step {last_step})"
+                               + _diagnosis(run_dir))
+        time.sleep(POLL_S)
+    if not any(run_dir.glob("gen-*/done.json")):
+        codes = ", ".join(f"node {n}: {a.returncode}" for n, a in enumerate(agents))
+        raise ElasticError(f"every agent exited ({codes}) before training finished (last step {last_step})"
+                           + _diagnosis(run_dir))
+
+
+def _diagnosis(run_dir: Path) -> str:
+    """The first worker error and the tail of each agent's log, for the error message."""
+    parts = []
+    for err in sorted(run_dir.glob("gen-*/rank*.error.json"))[:1]:
+        report = json.loads(err.read_text())
+        parts.append(f"{err.parent.name}/{err.name}: {report['error']}")
+    for log in sorted(run_dir.glob("agent*.log")):
+        tail = log.read_text(errors="replace").strip().splitlines()[-6:]
+        parts.append(f"--- {log.name} (last lines) ---\n" + "\n".join(tail))
+    return ("\n" + "\n".join(parts)) if parts else ""
+
+
+def _stop(agents: list[subprocess.Popen]) -> None:
+    """SIGTERM every agent still running (it stops its worker), then SIGKILL what is left."""
+    for a in agents:
+        if a.poll() is None:
+            a.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10.0
+    for a in agents:
+        try:
+            a.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            a.kill()
+            a.wait(timeout=5.0)

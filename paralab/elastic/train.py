@@ -1,0 +1,294 @@
+"""The elastic worker: what each process started by torchrun's elastic agent runs.
+
+    torchrun --nnodes 2:4 --nproc-per-node 1 --max-restarts 3 --rdzv-backend c10d \\
+             --rdzv-endpoint HOST:PORT -m paralab.elastic.train --steps 100 --checkpoint-dir /shared/ckpt
+
+It is data parallel over whatever world the last rendezvous formed, and it is written so that the
+world may change between any two steps without changing the training:
+
+- the global batch of step k is a fixed list of sample ids (paralab.data), cut into one slice per rank
+  (evenly, or in proportion to measured speed with ``--balance``); each rank runs its slice in
+  micro-batches (gradient accumulation), every sample's loss weighted by 1 / global batch, and the
+  gradients are summed over ranks: the update is the global-batch mean whatever the world size;
+- every ``--checkpoint-every`` steps the model, optimizer, step and RNG state are checkpointed
+  (paralab.elastic.checkpoint); a new world resumes from the last checkpoint, so the steps after it
+  are redone by the new world and every sample is trained on exactly once in the final history;
+- each rank streams its step records (sample ids, loss, world size) and its trace into a run
+  directory, so what a killed worker did survives it (paralab.elastic.history reads them back).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import json
+import os
+import signal
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from paralab import comm
+from paralab.data import DataLoader
+from paralab.elastic import checkpoint
+from paralab.elastic.balance import Balancer, Slowdown
+from paralab.elastic.config import ElasticConfig
+from paralab.elastic.monitor import Monitor
+from paralab.models.gpt import GPT, lm_loss
+from paralab.runtime.recorder import Recorder
+from paralab.runtime.worker import backend_for
+from paralab.strategies.common import make_optimizer
+from paralab.strategies.ddp import make_buckets
+
+PR_SET_PDEATHSIG = 1
+BUCKET_BYTES = 25 * 2**20
+
+
+def die_with_agent() -> None:
+    """Ask Linux to SIGKILL this worker when its agent dies: a node whose agent is gone is gone."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+
+
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+class FaultInjector:
+    """``--fail rank=R,step=K``: the worker that is rank R at step K loses its node. It SIGKILLs its
+    agent and then itself (a real SIGKILL: no exception, no cleanup), so the node leaves the job and the
+    survivors rescale without it. ``during=save`` does it in the middle of the checkpoint saved after
+    step K. It fires once per run: a marker in the run directory stops a redone step K from firing again.
+    """
+
+    def __init__(self, fail: dict | None, rank: int, run_dir: Path, monitor: Monitor):
+        self.fail, self.rank, self.monitor = fail, rank, monitor
+        self.marker = run_dir / "fault.json"
+
+    def _armed(self, step: int, during: str) -> bool:
+        f = self.fail
+        return (f is not None and int(f["rank"]) == self.rank and int(f["step"]) == step
+                and f.get("during", "step") == during and not self.marker.exists())
+
+    def at_step(self, step: int) -> None:
+        if self._armed(step, "step"):
+            self._kill(step, "step")
+
+    def during_save(self, step: int):
+        return (lambda: self._kill(step, "save")) if self._armed(step, "save") else None
+
+    def _kill(self, step: int, during: str) -> None:
+        self.monitor.mark("failure", f"SIGKILL (node lost) at step {step}, during {during}",
+                          self.monitor.rec.now(), self.monitor.rec.now())
+        self.monitor.flush()
+        write_json(self.marker, {"rank": self.rank, "step": step, "during": during, "t": time.time()})
+        if "TORCHELASTIC_RUN_ID" in os.environ:
+            os.kill(os.getppid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class GradReducer:
+    """Sums the accumulated gradients over ranks in buckets (one all-reduce per bucket). The losses
+    were already weighted by 1 / global batch, so the sum is the global-batch mean."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.buckets = make_buckets([p for p in model.parameters() if p.requires_grad], BUCKET_BYTES)
+
+    def sync(self) -> None:
+        flats, works = [], []
+        for i, bucket in enumerate(self.buckets):
+            for p in bucket:
+                if p.grad is None:  # this rank had no samples
+                    p.grad = torch.zeros_like(p)
+            flat = torch.cat([p.grad.reshape(-1) for p in bucket])
+            flats.append(flat)
+            works.append(comm.all_reduce(flat, async_op=True, name=f"bucket {i}"))
+        for bucket, flat, work in zip(self.buckets, flats, works):
+            work.wait()
+            offset = 0
+            for p in bucket:
+                p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
+                offset += p.numel()
+
+
+class Worker:
+    def __init__(self, cfg: ElasticConfig, run_dir: Path):
+        self.cfg, self.run_dir = cfg, run_dir
+        self.ckpt_dir = Path(cfg.checkpoint_dir)
+        self.device = torch.device("cpu")
+        if cfg.device == "cuda":  # local "nodes" share one machine's GPUs: spread them by node index
+            local = int(os.environ.get("PARALAB_NODE", os.environ.get("LOCAL_RANK", 0)))
+            self.device = torch.device("cuda", local % torch.cuda.device_count())
+
+    # ------------------------------------------------------------------ setup
+    def join(self) -> None:
+        """Join the world the rendezvous formed; name this generation (one per membership)."""
+        entered = time.time()
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        dist.init_process_group(backend_for(self.device.type), init_method="env://",
+                                timeout=timedelta(seconds=self.cfg.timeout_s),
+                                device_id=self.device if self.device.type == "cuda" else None)
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        node = os.environ.get("PARALAB_NODE", os.environ.get("GROUP_RANK", "0"))
+        self.nodes: list = [None] * self.world
+        dist.all_gather_object(self.nodes, node)
+        self.rec = Recorder(self.rank, enabled=self.cfg.trace, cuda=self.device.type == "cuda",
+                            node_of=lambda r: self.nodes[r])
+        dist.barrier()
+        self.rec.start_clock()
+        shared = [None, time.time()]
+        if self.rank == 0:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            shared[0] = f"gen-{len(list(self.run_dir.glob('gen-*'))):03d}"
+            (self.run_dir / shared[0]).mkdir()
+        dist.broadcast_object_list(shared, src=0)
+        self.gen_dir, self.wall_start = self.run_dir / shared[0], shared[1]
+        self.monitor = Monitor(self.rec, self.device, self.gen_dir / f"rank{self.rank}.trace.jsonl")
+        self.monitor.mark("rendezvous", f"rendezvous: world of {self.world}", entered - self.wall_start, 0.0)
+        self.rec.activate()
+
+    def resume(self, model, optimizer) -> int:
+        """Load the latest complete checkpoint, whatever world size wrote it; the step to start at."""
+        checkpoint.check_signature(self.ckpt_dir, self.cfg.signature())
+        chosen = [str(checkpoint.latest(self.ckpt_dir) or "")]
+        dist.broadcast_object_list(chosen, src=0)  # every rank loads the same one
+        start, saved_world = 0, None
+        if chosen[0]:
+            path = Path(chosen[0])
+            with self.monitor.event("checkpoint_load", f"load {path.name}"):
+                manifest = checkpoint.load(path, model, optimizer)
+            start, saved_world = manifest["step"], manifest["world_size"]
+        if self.rank == 0:
+            write_json(self.gen_dir / "meta.json", {
+                "world_size": self.world, "start_step": start, "checkpoint": Path(chosen[0]).name or None,
+                "checkpoint_world_size": saved_world, "wall_start": self.wall_start, "nodes": self.nodes,
+                "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+            })
+        return start
+
+    # ------------------------------------------------------------------ training
+    def train(self) -> None:
+        cfg, rec, rank = self.cfg, self.rec, self.rank
+        model = GPT(cfg.model_config, cfg.seed).to(self.device)
+        optimizer = make_optimizer(cfg, model.parameters())
+        start = self.resume(model, optimizer)
+        m = cfg.model_config
+        data = DataLoader(m.vocab, m.seq_len, cfg.global_batch, cfg.seed, self.device)
+        reducer, balancer = GradReducer(model), Balancer(self.world, cfg.balance)
+        slowdown = Slowdown(cfg.slow, rank)
+        injector = FaultInjector(cfg.fail, rank, self.run_dir, self.monitor)
+        records = open(self.gen_dir / f"rank{rank}.steps.jsonl", "a")
+        for step in range(start, cfg.steps):
+            began, t0 = time.time(), rec.now()
+            with rec.step(step):
+                injector.at_step(step)
+                ids = balancer.shard(data.global_ids(step), rank)
+                optimizer.zero_grad(set_to_none=True)
+                loss, compute_s = self.accumulate(model, data, ids, slowdown)
+                reducer.sync()
+                total = torch.tensor([loss], dtype=torch.float64)
+                comm.all_reduce(total, name="loss")
+                with rec.span("optimizer"):
+                    optimizer.step()
+            step_time = rec.now() - t0
+            balancer.observe(len(ids), compute_s)
+            records.write(json.dumps({"step": step, "world_size": self.world, "loss": total.item(), "ids": ids,
+                                      "compute_s": compute_s, "t_start": began, "t_end": time.time()}) + "\n")
+            records.flush()
+            self.monitor.sample(step_time)
+            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+                self.save(step, model, optimizer, data, injector)
+            if rank == 0:
+                write_json(self.run_dir / "progress.json", {"step": step, "generation": self.gen_dir.name})
+            self.monitor.flush()
+        records.close()
+        if rank == 0:
+            write_json(self.gen_dir / "done.json", {"steps": cfg.steps, "t": time.time()})
+
+    def accumulate(self, model, data: DataLoader, ids: list[int], slowdown: Slowdown) -> tuple[float, float]:
+        """Forward and backward over this rank's slice in micro-batches; gradients accumulate.
+        Returns (this rank's part of the global-batch loss, seconds of compute)."""
+        cfg, rec = self.cfg, self.rec
+        loss_part, compute_s = 0.0, 0.0
+        for mb, lo in enumerate(range(0, len(ids), cfg.micro_batch)):
+            chunk = ids[lo : lo + cfg.micro_batch]
+            began = time.perf_counter()
+            rec.set_context(microbatch=mb)
+            inputs, targets = data.corpus.batch(chunk, self.device)
+            with rec.span("forward"):
+                loss = lm_loss(model(inputs), targets) * (len(chunk) / cfg.global_batch)
+            with rec.span("backward"):
+                loss.backward()
+            loss_part += loss.item()
+            if slowdown.factor > 1.0:
+                with rec.span("slowdown", name=f"slowdown x{slowdown.factor:g}"):
+                    slowdown.after(time.perf_counter() - began)
+            compute_s += time.perf_counter() - began
+        rec.set_context(microbatch=None)
+        return loss_part, compute_s
+
+    def save(self, step: int, model, optimizer, data: DataLoader, injector: FaultInjector) -> None:
+        done = step + 1
+        epoch, index = divmod(done, data.sampler.steps_per_epoch)
+        with self.monitor.event("checkpoint_save", f"save step-{done:08d}"):
+            checkpoint.save(self.ckpt_dir, done, model, optimizer, self.cfg.signature(),
+                            {"next_step": done, "epoch": epoch, "step_in_epoch": index},
+                            keep=self.cfg.keep_checkpoints, before_commit=injector.during_save(step))
+
+    def report_error(self, exc: BaseException) -> None:
+        """Survivors of a failure land here (a collective with a dead peer raises): the time is when
+        the failure was detected."""
+        gen_dir = getattr(self, "gen_dir", None)
+        if gen_dir is not None:
+            write_json(gen_dir / f"rank{self.rank}.error.json",
+                       {"t": time.time(), "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+            self.monitor.mark("failure_detected", f"peer lost: {type(exc).__name__}", self.rec.now(), self.rec.now())
+            self.monitor.flush()
+
+    def close(self) -> None:
+        self.rec.deactivate()
+        gc.collect()  # as in paralab.runtime.worker: gloo may abort at exit without it
+        dist.destroy_process_group()
+
+
+def default_run_dir(cfg: ElasticConfig) -> Path:
+    return Path(cfg.checkpoint_dir) / f"run-{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from paralab.elastic.cli import add_elastic_args, config_from_args
+
+    parser = argparse.ArgumentParser(prog="python -m paralab.elastic.train", description=__doc__.splitlines()[0])
+    add_elastic_args(parser)
+    parser.add_argument("--run-dir", help="where step records and traces go (default: inside --checkpoint-dir)")
+    args = parser.parse_args(argv)
+    cfg = config_from_args(args).validate()
+    if not cfg.checkpoint_dir:
+        parser.error("--checkpoint-dir is required (a directory every node can reach)")
+    die_with_agent()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    worker = Worker(cfg, Path(args.run_dir) if args.run_dir else default_run_dir(cfg))
+    worker.join()
+    try:
+        worker.train()
+    except BaseException as exc:
+        worker.report_error(exc)
+        raise
+    finally:
+        worker.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

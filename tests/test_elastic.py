@@ -1,0 +1,217 @@
+"""Elastic training: real SIGKILLs, rescaling, atomic resharding checkpoints, load balancing.
+
+Every run here goes through torchrun's elastic agents on local "nodes" (2 processes each, which is what
+makes these tests slow) and is checked against single-device training: whatever the world did, the
+final history must have the same losses and every sample of each global batch exactly once.
+"""
+
+import json
+import os
+import shutil
+import time
+from contextlib import contextmanager
+
+import psutil
+import pytest
+import torch
+
+import paralab
+from paralab import elastic
+from paralab.data import GlobalBatchSampler, SyntheticCorpus
+from paralab.elastic import checkpoint, cli
+from paralab.elastic import launch as launch_module
+from paralab.elastic.config import ElasticConfig
+from paralab.models.gpt import GPT, lm_loss
+from paralab.strategies.common import make_optimizer
+from tests.conftest import assert_close_rel
+
+STEPS, BATCH = 8, 12
+QUICK = dict(global_batch=BATCH, micro_batch=4, run_timeout_s=170, timeout_s=30)
+
+
+def _tagged(tag: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["environ"]):
+        try:
+            if p.pid != os.getpid() and (p.info["environ"] or {}).get("PARALAB_TEST_TAG") == tag:
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+@contextmanager
+def nothing_left_behind():
+    """Puts a tag in the environment every agent and worker inherits; fails if a tagged process
+    outlives the block."""
+    tag = f"elastic-{os.getpid()}-{time.time_ns()}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PARALAB_TEST_TAG", tag)
+        try:
+            yield
+        finally:
+            deadline = time.time() + 10
+            while time.time() < deadline and _tagged(tag):
+                time.sleep(0.2)
+            assert not _tagged(tag), "agents or workers outlived the elastic run"
+
+
+def run_tagged(**options) -> elastic.ElasticResult:
+    with nothing_left_behind():
+        return elastic.run(**QUICK, **options)
+
+
+def expected_ids(step: int) -> list[int]:
+    return GlobalBatchSampler(SyntheticCorpus(128, 32).num_samples, BATCH).step_ids(step)
+
+
+def assert_exact_history(result, reference_losses, steps=STEPS, first_step=0):
+    """Same losses as single-device training; each step trained on its global batch exactly once."""
+    assert [h["step"] for h in result.history] == list(range(first_step, steps))
+    assert_close_rel(result.losses, reference_losses[first_step:steps], what="losses")
+    for h in result.history:
+        assert sorted(h["sample_ids"]) == sorted(expected_ids(h["step"])), f"step {h['step']}: samples lost/repeated"
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """Single-device training, the uninterrupted run every elastic history must reproduce."""
+    return paralab.run("single", 1, steps=STEPS, global_batch=BATCH).losses
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory):
+    """4 nodes; the worker that is rank 2 is SIGKILLed (with its agent) at step 5; every checkpoint kept."""
+    ckpt = tmp_path_factory.mktemp("killed") / "ckpt"
+    result = run_tagged(nodes=4, min_nodes=3, max_nodes=4, steps=STEPS, checkpoint_every=2, keep_checkpoints=10,
+                        checkpoint_dir=str(ckpt), fail={"rank": 2, "step": 5}, last_call_s=4)
+    return result, ckpt
+
+
+# ---------------------------------------------------------------------------- before any process
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--nnodes", "4:2"], "min nodes 4 > max nodes 2"),
+        (["--nnodes", "2:4", "--steps", "5", "--fail", "rank=1,step=5"], "fail step 5 is beyond the run"),
+        (["--nnodes", "1:2", "--slow", "rank=1,factor=0"], "slow factor must be >= 1"),
+        (["--nnodes", "1:2", "--slow", "rank=0,factor=-2"], "slow factor must be >= 1"),
+        (["--nnodes", "3:4", "--fail", "rank=0,step=1", "--nodes", "3"], "fewer than min nodes 3"),
+    ],
+)
+def test_invalid_runs_exit_2_before_any_process(monkeypatch, capsys, argv, message):
+    monkeypatch.setattr(launch_module, "_agent_starter", lambda *a: pytest.fail("an agent was about to start"))
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def _tiny_trained(steps: int = 1, seed: int = 0):
+    cfg = ElasticConfig()
+    model = GPT(cfg.model_config, seed)
+    optimizer = make_optimizer(cfg, model.parameters())
+    tokens = torch.randint(0, 128, (2, 33), generator=torch.Generator().manual_seed(seed))
+    for _ in range(steps):
+        optimizer.zero_grad()
+        lm_loss(model(tokens[:, :-1]), tokens[:, 1:]).backward()
+        optimizer.step()
+    return cfg, model, optimizer
+
+
+def test_another_models_checkpoint_is_refused_with_exit_2(tmp_path, monkeypatch, capsys):
+    cfg, model, optimizer = _tiny_trained()
+    theirs = ElasticConfig(model="small").signature()  # the manifest says another model wrote it
+    checkpoint.save(tmp_path, 1, model, optimizer, theirs, {"next_step": 1})
+    monkeypatch.setattr(launch_module, "_agent_starter", lambda *a: pytest.fail("an agent was about to start"))
+    assert cli.main(["--nnodes", "1:2", "--checkpoint-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "holds another model's checkpoint" in err and "model:" in err
+
+
+def test_a_crash_mid_save_leaves_the_previous_checkpoint_loadable(tmp_path):
+    cfg, model, optimizer = _tiny_trained(steps=1)
+    checkpoint.save(tmp_path, 2, model, optimizer, cfg.signature(), {"next_step": 2})
+    saved = {n: p.detach().clone() for n, p in model.named_parameters()}
+    _, later, later_opt = _tiny_trained(steps=3)
+
+    def crash():
+        raise RuntimeError("worker killed mid-save")
+
+    with pytest.raises(RuntimeError, match="mid-save"):
+        checkpoint.save(tmp_path, 4, later, later_opt, cfg.signature(), {"next_step": 4}, before_commit=crash)
+    assert (tmp_path / ".tmp-step-00000004" / ".metadata").exists(), "the crash left a complete-looking save"
+    assert checkpoint.latest(tmp_path).name == "step-00000002"
+    _, fresh, fresh_opt = _tiny_trained(steps=0, seed=7)
+    assert checkpoint.load(checkpoint.latest(tmp_path), fresh, fresh_opt)["step"] == 2
+    for name, p in fresh.named_parameters():
+        assert torch.equal(p, saved[name]), name
+    checkpoint.save(tmp_path, 4, later, later_opt, cfg.signature(), {"next_step": 4})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000002", "step-00000004"]
+
+
+# ---------------------------------------------------------------------------- real runs
+@pytest.mark.timeout(240)
+def test_a_killed_worker_is_survived_by_three_with_identical_losses(killed, reference):
+    result, _ = killed
+    assert result.failure["rank"] == 2 and result.failure["step"] == 5
+    (t,) = result.transitions
+    assert t["reason"] == "failure" and (t["world_size_before"], t["world_size"]) == (4, 3)
+    assert t["checkpoint"] == "step-00000004" and t["steps_redone"] == 1  # step 4 ran in both worlds
+    assert result.summary["world_sizes"] == [4, 4, 4, 4, 3, 3, 3, 3]
+    assert_exact_history(result, reference)
+    every_id = [i for h in result.history for i in h["sample_ids"]]
+    assert len(every_id) == len(set(every_id)) == STEPS * BATCH
+
+
+@pytest.mark.timeout(240)
+def test_a_checkpoint_saved_at_world_4_resumes_at_2_and_3(killed, reference, tmp_path):
+    result, ckpt = killed
+    resumed = result.summary["generations"][1]
+    assert (resumed["checkpoint_world_size"], resumed["world_size"], resumed["start_step"]) == (4, 3, 4)
+    shutil.copytree(ckpt / "step-00000004", tmp_path / "step-00000004")
+    at_two = run_tagged(nodes=2, min_nodes=1, max_nodes=2, steps=STEPS, checkpoint_dir=str(tmp_path))
+    assert at_two.summary["generations"][0]["checkpoint_world_size"] == 4
+    assert at_two.summary["world_sizes"] == [2, 2, 2, 2]
+    assert_exact_history(at_two, reference, first_step=4)
+
+
+def test_the_trace_carries_counters_and_membership_events(killed, tmp_path):
+    trace = killed[0].trace
+    assert {"step_time_s", "cpu_percent", "rss_bytes"} <= {c.name for c in trace.counters}
+    events = {s.kind for s in trace.select(lane="event")}
+    assert {"rendezvous", "checkpoint_save", "checkpoint_load", "failure", "failure_detected"} <= events
+    redone = [s for s in trace.select(lane="step") if "redone" in s.name]
+    assert redone and all(s.step is None for s in redone)
+    assert sorted(trace.step_windows()) == list(range(STEPS))
+    chrome = trace.to_chrome()["traceEvents"]
+    assert any(e["ph"] == "C" and e["name"] == "cpu_percent" for e in chrome)
+
+
+@pytest.mark.timeout(240)
+def test_a_crash_during_a_save_resumes_from_the_previous_checkpoint_then_a_node_joins(reference):
+    """Scale-in by a SIGKILL in the middle of a save, then scale-out by a standby node released once the
+    survivor has redone step 3 (rank 0 is slowed 10x so the short run is still going when it arrives)."""
+    result = run_tagged(nodes=2, min_nodes=1, max_nodes=2, steps=STEPS, checkpoint_every=2,
+                        fail={"rank": 1, "step": 3, "during": "save"}, join_after_step=3,
+                        slow={"rank": 0, "factor": 10})
+    crash, *_, join = result.transitions
+    assert crash["reason"] == "failure" and crash["checkpoint"] == "step-00000002"
+    assert crash["resumed_at_step"] == 2 and crash["steps_redone"] == 2  # steps 2 and 3 ran twice
+    assert join["reason"] == "scale-out" and join["world_size"] == 2
+    sizes = result.summary["world_sizes"]
+    assert sizes[:4] == [2, 2, 1, 1] and sizes[-1] == 2
+    assert_exact_history(result, reference)
+
+
+@pytest.mark.timeout(240)
+def test_balancing_a_3x_slower_rank_keeps_single_device_losses(reference, capsys):
+    with nothing_left_behind():
+        code = cli.main(["--nnodes", "2:2", "--steps", "5", "--global-batch", str(BATCH), "--slow", "rank=1,factor=3",
+                         "--balance", "--json", "--run-timeout", "170"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert_close_rel(summary["losses"], reference[:5], what="losses")
+    shares = summary["samples_per_rank"]
+    assert shares[0] == [6, 6] and all(sum(s) == BATCH for s in shares)
+    assert sum(s[1] for s in shares[1:]) < sum(s[0] for s in shares[1:]), "the slow rank was not given less work"
+    for step, ids in enumerate(summary["sample_ids"]):
+        assert sorted(ids) == sorted(expected_ids(step))
