@@ -92,7 +92,11 @@ def _watch(cfg: RunConfig, procs, run_dir: Path, progress) -> None:
                 if sorted(run_dir.glob("rank*.error.json")):
                     continue
                 how = f"signal {-p.exitcode}" if p.exitcode < 0 else f"exit code {p.exitcode}"
-                raise RunError(rank, f"rank {rank} died ({how}) without reporting a result", "")
+                hint = ""
+                if last_step < 0 and p.exitcode == 1:
+                    hint = ("; it never reached a step: a script that calls paralab.run must do so under "
+                            "`if __name__ == '__main__':`, since ranks re-import the main module")
+                raise RunError(rank, f"rank {rank} died ({how}) without reporting a result{hint}", "")
         step = _slowest_step(run_dir, len(procs))
         now = time.monotonic()
         if step > last_step:

@@ -53,6 +53,17 @@ def agent_command(nnodes: int, nproc_per_node: int, endpoint: str, run_id: str, 
     ]
 
 
+def _gpus_of_node(node: int, nnodes: int, nproc_per_node: int) -> dict:
+    """Each emulated node sees its own GPUs: ranks pick cuda:LOCAL_RANK, and LOCAL_RANK restarts at 0
+    on every node, so without this two nodes on one machine would share GPUs."""
+    from paralab.config import cuda_device_count
+
+    if cuda_device_count() < nnodes * nproc_per_node:
+        return {}
+    first = node * nproc_per_node
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(first, first + nproc_per_node))}
+
+
 def run_local_nodes(run_args: list[str], nnodes: int = 2, nproc_per_node: int = 2, timeout_s: float = 600.0,
                     trace_dir: str | None = None) -> MultiNodeRun:
     """Run ``paralab run <run_args>`` as ``nnodes`` torchrun agents of ``nproc_per_node`` ranks each.
@@ -70,8 +81,9 @@ def run_local_nodes(run_args: list[str], nnodes: int = 2, nproc_per_node: int = 
     args = [*run_args, "--json", "--trace-dir", trace_dir]
     commands = [agent_command(nnodes, nproc_per_node, endpoint, run_id, args) for _ in range(nnodes)]
     env = {k: v for k, v in os.environ.items() if k not in _RANK_ENV}
-    agents = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                               start_new_session=True) for cmd in commands]
+    agents = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**env, **_gpus_of_node(node, nnodes, nproc_per_node)}, start_new_session=True)
+              for node, cmd in enumerate(commands)]
     outputs = []
     try:
         for agent in agents:

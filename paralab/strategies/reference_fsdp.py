@@ -12,12 +12,11 @@ as activations).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor
 
-from paralab.memory import MemoryMeter, tensor_bytes
 from paralab.strategies.common import GradSync, full_model, train_data_parallel
 from paralab.strategies.zero import validate  # same rules: data-parallel ranks only
 
@@ -27,26 +26,6 @@ except ImportError:  # torch < 2.6
     from torch.distributed._composable.fsdp import fully_shard
 
 __all__ = ["train", "validate"]
-
-
-def _local(t: torch.Tensor | None) -> torch.Tensor | None:
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
-class LocalShardMeter(MemoryMeter):
-    """Counts the bytes of the DTensors' local shards, which is what a rank holds."""
-
-    def watch(self, params, optimizer=None) -> None:
-        self.sharded = list(params)
-        super().watch([_local(p) for p in self.sharded], optimizer)
-
-    def model_states(self) -> dict[str, int]:
-        states = [v for s in (self.optimizer.state.values() if self.optimizer else ()) for v in s.values()]
-        return {
-            "params": tensor_bytes(_local(p) for p in self.sharded),
-            "grads": tensor_bytes(_local(p.grad) for p in self.sharded),
-            "optimizer": tensor_bytes(_local(v) for v in states if torch.is_tensor(v) and v.dim() > 0),
-        }
 
 
 def full_state(model: torch.nn.Module, rank: int) -> dict | None:
@@ -60,12 +39,14 @@ def full_state(model: torch.nn.Module, rank: int) -> dict | None:
 
 
 def train(ctx):
+    # The head's logits come out of a matmul as a view; nothing here changes them in place, which is
+    # the only case FSDP2's warning is about.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
     model = full_model(ctx)
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
     for part in (model.embed, *model.blocks, model.head):
         fully_shard(part, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    ctx.memory = LocalShardMeter(ctx.device)
     # the shared loop would read DTensors on rank 0 alone; gather the state here with every rank instead
     loop_ctx = dataclasses.replace(ctx, cfg=dataclasses.replace(ctx.cfg, collect_state=False))
     result = train_data_parallel(loop_ctx, model, GradSync(), ctx.rank, ctx.world_size)
