@@ -12,38 +12,34 @@ schedule's closed form for equal-time stages.
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import paralab
+from paralab.bench import Variant, compare
 
 CASES = [("gpipe", 2), ("gpipe", 4), ("1f1b", 2), ("1f1b", 4)]
 BUBBLE_CASES = [("gpipe", 2, 1, 1), ("gpipe", 2, 8, 1), ("1f1b", 4, 8, 1), ("interleaved", 2, 8, 2),
                 ("zb-h1", 2, 8, 1), ("zbv", 2, 8, 2)]
 
 
-def step_times(strategy: str, schedule: str, pp: int, m: int, v: int, args) -> tuple[list[float], dict]:
-    run = paralab.run(strategy, pp, steps=args.steps, model=args.model, global_batch=args.global_batch, pp=pp,
-                      schedule=schedule, microbatches=m, virtual_stages=v)
-    return run.trace.step_times()[1:], run.summary  # the first step pays for warm-up
-
-
-def compare(args) -> list[str]:
+def compare_speed(args) -> list[str]:
     rows = ["| schedule | pp | microbatches | paralab step (ms) | torch step (ms) | ratio |",
             "|---|---|---|---|---|---|"]
     for schedule, pp in CASES:
-        ours, theirs = [], []
-        for _ in range(args.repeats):
-            ours += step_times("pp", schedule, pp, args.microbatches, 1, args)[0]
-            theirs += step_times("torch_pp", schedule, pp, args.microbatches, 1, args)[0]
-        a, b = statistics.median(ours), statistics.median(theirs)
-        rows.append(f"| {schedule} | {pp} | {args.microbatches} | {a * 1e3:.1f} | {b * 1e3:.1f} | {a / b:.2f}x |")
+        common = dict(world_size=pp, pp=pp, schedule=schedule, microbatches=args.microbatches, steps=args.steps,
+                      model=args.model, global_batch=args.global_batch)
+        result = compare([Variant.of("torch", strategy="torch_pp"), Variant.of("paralab", strategy="pp")],
+                         args.repeats, common)
+        a, b = result.median("paralab"), result.median("torch")
+        rows.append(f"| {schedule} | {pp} | {args.microbatches} | {a * 1e3:.1f} | {b * 1e3:.1f} | "
+                    f"{result.ratio('paralab', 'torch'):.2f}x |")
     return rows
 
 
 def bubbles(args) -> list[str]:
     rows = ["| schedule | pp | microbatches | v | measured bubble | theoretical |", "|---|---|---|---|---|---|"]
     for schedule, pp, m, v in BUBBLE_CASES:
-        _, s = step_times("pp", schedule, pp, m, v, args)
+        s = paralab.run("pp", pp, steps=args.steps, model=args.model, global_batch=args.global_batch, pp=pp,
+                        schedule=schedule, microbatches=m, virtual_stages=v).summary
         rows.append(f"| {schedule} | {pp} | {m} | {v} | {s['bubble_fraction']:.3f} | {s['bubble_theoretical']:.3f} |")
     return rows
 
@@ -58,7 +54,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"model {args.model}, global batch {args.global_batch}, {args.steps} steps per run "
           f"(first dropped), {args.repeats} alternating runs each\n")
-    print("\n".join(compare(args)))
+    print("\n".join(compare_speed(args)))
     print()
     print("\n".join(bubbles(args)))
 

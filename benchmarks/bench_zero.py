@@ -15,21 +15,18 @@ markdown tables.
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import paralab
+from paralab.bench import Variant, compare
 
 
 def speed(model: str, sizes: list[int], repeats: int, steps: int, batch: int) -> list[str]:
     rows = ["| dp | zero3 step (s) | torch_fsdp step (s) | zero3 / fsdp |", "|---:|---:|---:|---:|"]
     for n in sizes:
-        times: dict[str, list[float]] = {"zero3": [], "torch_fsdp": []}
-        for _ in range(repeats):
-            for strategy in times:
-                run = paralab.run(strategy, n, steps=steps, model=model, global_batch=batch, trace=True)
-                times[strategy].append(run.summary["step_time_s"])
-        ours, theirs = statistics.median(times["zero3"]), statistics.median(times["torch_fsdp"])
-        rows.append(f"| {n} | {ours:.4f} | {theirs:.4f} | {ours / theirs:.2f}x |")
+        result = compare([Variant.of(strategy="torch_fsdp"), Variant.of(strategy="zero3")], repeats,
+                         dict(world_size=n, steps=steps, model=model, global_batch=batch))
+        rows.append(f"| {n} | {result.median('zero3'):.4f} | {result.median('torch_fsdp'):.4f} | "
+                    f"{result.ratio('zero3'):.2f}x |")
     return rows
 
 
