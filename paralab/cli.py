@@ -58,6 +58,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--microbatches", type=int, default=1)
     p.add_argument("--virtual-stages", type=int, default=1)
     p.add_argument("--sequence-parallel", action="store_true")
+    p.add_argument("--zero", type=int, default=0, choices=(0, 1, 2), help="hybrid: ZeRO stage over the dp dimension")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a collective may hang before the run fails")
     p.add_argument("--no-trace", action="store_true", help="do not record spans (to measure tracing overhead)")
     p.add_argument("--trace", metavar="PATH", help="write the merged trace in Chrome trace format (Perfetto)")
@@ -73,7 +74,8 @@ def config_from_args(args) -> RunConfig:
         strategy=args.strategy, world_size=args.world_size, steps=args.steps, global_batch=args.global_batch,
         seed=args.seed, device=args.device, lr=args.lr, optimizer=args.optimizer, bucket_mb=args.bucket_mb,
         hierarchical=args.hierarchical, nodes=args.nodes, dp=args.dp, tp=args.tp, pp=args.pp,
-        schedule=args.schedule, microbatches=args.microbatches, virtual_stages=args.virtual_stages, sequence_parallel=args.sequence_parallel, timeout_s=args.timeout,
+        schedule=args.schedule, microbatches=args.microbatches, virtual_stages=args.virtual_stages,
+        sequence_parallel=args.sequence_parallel, zero=args.zero, timeout_s=args.timeout,
         trace=not args.no_trace, fault=args.fail,
     )
 

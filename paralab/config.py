@@ -74,7 +74,7 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
 }
 
 STRATEGIES = ("single", "dp", "ddp", "mp", "pp", "tp", "zero1", "zero2", "zero3", "hybrid")
-REFERENCE_STRATEGIES = ("torch_ddp", "torch_pp", "torch_tp", "torch_fsdp")  # torch's own, for tests and benchmarks
+REFERENCE_STRATEGIES = ("torch_ddp", "torch_pp", "torch_tp", "torch_fsdp", "torch_hybrid")  # torch's own, for tests and benchmarks
 NON_DATA_PARALLEL = ("single", "mp", "pp", "tp", "torch_pp", "torch_tp")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -106,6 +106,7 @@ class RunConfig:
     virtual_stages: int = 1
     sequence_parallel: bool = False
     stage_layers: list[int] | None = None
+    zero: int = 0  # hybrid: ZeRO stage over the dp dimension (0: ddp-style all-reduce)
     # run control
     trace: bool = True
     timeout_s: float = 300.0  # a collective hung longer than this ends the run with an error
@@ -144,7 +145,7 @@ class RunConfig:
         """How many ranks take different slices of each global batch."""
         if self.strategy in NON_DATA_PARALLEL:
             return 1
-        if self.strategy == "hybrid":
+        if self.strategy in ("hybrid", "torch_hybrid"):
             return self.dp
         return self.world_size
 
@@ -186,6 +187,9 @@ class RunConfig:
             raise ConfigError(f"{self.nodes} node(s) cannot split world size {self.world_size} evenly")
         if self.hierarchical and self.strategy != "ddp":
             raise ConfigError(f"hierarchical all-reduce is a ddp option, not {self.strategy!r}")
+        if self.zero and self.strategy != "hybrid":
+            raise ConfigError(f"zero={self.zero} is a hybrid option; for ZeRO over all ranks use strategy "
+                              f"'zero{self.zero}' instead of {self.strategy!r}")
         if self.fault is not None and not 0 <= int(self.fault.get("rank", -1)) < self.world_size:
             raise ConfigError(f"fault rank must be in [0, {self.world_size}), got {self.fault}")
         from paralab.strategies import strategy_module

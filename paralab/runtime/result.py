@@ -112,7 +112,7 @@ class RunResult:
 
 
 def run_meta(cfg: RunConfig) -> dict:
-    return {
+    meta = {
         "source": "measured",
         "strategy": cfg.strategy,
         "world_size": cfg.world_size,
@@ -126,6 +126,11 @@ def run_meta(cfg: RunConfig) -> dict:
         "tokens_per_step": cfg.global_batch * cfg.model.seq_len,
         "config": cfg.to_dict(),
     }
+    if cfg.strategy == "hybrid":  # which global rank holds which (pp, dp, tp) coordinate, for figures
+        from paralab.strategies.mesh import rank_layout
+
+        meta["mesh"] = rank_layout(cfg.data_parallel_size, cfg.tp, cfg.pp).to_dict()
+    return meta
 
 
 def _merge_states(states: list[dict | None]) -> tuple[dict | None, dict | None]:

@@ -67,7 +67,7 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
     elif s == "hybrid":
         tp, pp = cfg.tp, cfg.pp
         dp = cfg.dp or world // (tp * pp)
-        sp = cfg.sequence_parallel and tp > 1
+        sp, zero = cfg.sequence_parallel and tp > 1, cfg.zero
         if pp > 1:
             schedule, m = cfg.schedule or "1f1b", cfg.microbatches
             v = 2 if schedule == "zbv" else cfg.virtual_stages

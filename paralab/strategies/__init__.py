@@ -24,6 +24,7 @@ MODULES = {
     "torch_pp": "paralab.strategies.reference_pipeline",
     "torch_tp": "paralab.strategies.reference_tensor",
     "torch_fsdp": "paralab.strategies.reference_fsdp",
+    "torch_hybrid": "paralab.strategies.reference_hybrid",
 }
 
 

@@ -45,8 +45,16 @@ def make_buckets(params: list[torch.nn.Parameter], bucket_bytes: float) -> list[
 
 
 class BucketedReducer(GradSync):
-    def __init__(self, model: torch.nn.Module, world_size: int, bucket_mb: float):
-        self.world_size = world_size
+    """``group``: the data-parallel ranks (default: all). ``accumulations``: backward passes that add
+    into each gradient per step (microbatches, in hybrid): a bucket is launched once, when the last
+    of them has arrived, so gradients cross the wire once per step, not once per microbatch.
+    ``memory``: the rank's MemoryMeter, told about the flat bucket buffers, a second copy of the
+    gradients while their all-reduce is in flight."""
+
+    def __init__(self, model: torch.nn.Module, world_size: int, bucket_mb: float, group=None,
+                 accumulations: int = 1, memory=None):
+        self.world_size, self.group, self.accumulations = world_size, group, accumulations
+        self.memory = memory
         params = [p for p in model.parameters() if p.requires_grad]
         self.buckets = make_buckets(params, bucket_mb * 2**20)
         self.bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
@@ -57,7 +65,7 @@ class BucketedReducer(GradSync):
             p.register_post_accumulate_grad_hook(self._grad_ready)
 
     def before_backward(self) -> None:
-        self.pending = [len(b) for b in self.buckets]
+        self.pending = [len(b) * self.accumulations for b in self.buckets]
         self.works = [None] * len(self.buckets)
 
     def _grad_ready(self, param: torch.nn.Parameter) -> None:
@@ -70,8 +78,13 @@ class BucketedReducer(GradSync):
         """The bucket is full: flatten its gradients, pre-divide by the world size, all-reduce async."""
         buffer = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]])
         buffer.div_(self.world_size)
+        self._hold(buffer)
         self.buffers[i] = buffer
-        self.works[i] = comm.all_reduce(buffer, async_op=True, name=f"bucket {i}")
+        self.works[i] = comm.all_reduce(buffer, group=self.group, async_op=True, name=f"bucket {i}")
+
+    def _hold(self, buffer: torch.Tensor, sign: int = 1) -> None:
+        if self.memory is not None:
+            self.memory.extra_state_bytes["grads"] += sign * buffer.numel() * buffer.element_size()
 
     def _finish_bucket(self, i: int) -> None:
         self.works[i].wait()
@@ -89,14 +102,15 @@ class BucketedReducer(GradSync):
                 n = p.numel()
                 p.grad.copy_(self.buffers[i][offset : offset + n].view_as(p))
                 offset += n
+            self._hold(self.buffers[i], -1)
             self.buffers[i] = None
 
 
 class HierarchicalReducer(BucketedReducer):
     """Buckets reduced node by node: intra-node reduce-scatter, inter-node all-reduce, intra all-gather."""
 
-    def __init__(self, model, world_size: int, bucket_mb: float, node_of):
-        super().__init__(model, world_size, bucket_mb)
+    def __init__(self, model, world_size: int, bucket_mb: float, node_of, memory=None):
+        super().__init__(model, world_size, bucket_mb, memory=memory)
         nodes = sorted({node_of(r) for r in range(world_size)})
         members = {n: [r for r in range(world_size) if node_of(r) == n] for n in nodes}
         self.local_size = len(members[nodes[0]])
@@ -119,9 +133,14 @@ class HierarchicalReducer(BucketedReducer):
         flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]]).div_(self.world_size)
         padded = -flat.numel() % self.local_size
         self.buffers[i] = torch.nn.functional.pad(flat, (0, padded)) if padded else flat
+        self._hold(self.buffers[i])
         self.shards[i] = torch.empty(self.buffers[i].numel() // self.local_size, dtype=flat.dtype, device=flat.device)
         self.works[i] = comm.reduce_scatter(self.shards[i], self.buffers[i], group=self.intra, async_op=True,
                                             name=f"bucket {i} intra")
+
+    def _hold(self, buffer: torch.Tensor, sign: int = 1) -> None:
+        if self.memory is not None:
+            self.memory.extra_state_bytes["grads"] += sign * buffer.numel() * buffer.element_size()
 
     def _finish_bucket(self, i: int) -> None:
         self.works[i].wait()
@@ -139,7 +158,7 @@ def validate(cfg) -> None:
 def train(ctx):
     model = full_model(ctx)
     if ctx.cfg.hierarchical:
-        reducer = HierarchicalReducer(model, ctx.world_size, ctx.cfg.bucket_mb, ctx.recorder.node_of)
+        reducer = HierarchicalReducer(model, ctx.world_size, ctx.cfg.bucket_mb, ctx.recorder.node_of, ctx.memory)
     else:
-        reducer = BucketedReducer(model, ctx.world_size, ctx.cfg.bucket_mb)
+        reducer = BucketedReducer(model, ctx.world_size, ctx.cfg.bucket_mb, memory=ctx.memory)
     return train_data_parallel(ctx, model, reducer, ctx.rank, ctx.world_size)

@@ -70,13 +70,22 @@ class PipelineExecutor:
     sent up the pipeline) and the autograd edge of the output (or the loss on the last stage).
     ``inbox`` holds tensors that arrived (received, or handed over by a stage on this rank) and
     ``outbox`` tensors waiting for their send action.
+
+    Composed into a larger layout (hybrid), the pipeline is one line of ranks: ``line`` lists the
+    global rank of each pipeline rank (default: ranks 0..p-1), ``shape`` is what crosses a stage
+    boundary (default: microbatch x seq x hidden) and ``loss_fn(output, targets)`` turns the last
+    stage's output into the microbatch's mean loss (default: cross-entropy on full logits).
     """
 
-    def __init__(self, ctx, schedule: Schedule, stages: dict, groups: dict[int, dist.ProcessGroup]):
+    def __init__(self, ctx, schedule: Schedule, stages: dict, groups: dict[int, dist.ProcessGroup],
+                 line: list[int] | None = None, shape: tuple[int, ...] | None = None, loss_fn=lm_loss):
         self.ctx, self.schedule, self.stages, self.groups = ctx, schedule, stages, groups
         cfg = ctx.cfg
         self.m = schedule.microbatches
-        self.shape = (cfg.global_batch // self.m, cfg.model.seq_len, cfg.model.hidden)
+        self.shape = shape or (cfg.global_batch // self.m, cfg.model.seq_len, cfg.model.hidden)
+        self.line = line or schedule.ranks
+        self.pp_rank = self.line.index(ctx.rank)
+        self.loss_fn = loss_fn
         self.owner = schedule.stage_to_rank
         self.last = schedule.num_stages - 1
         self.params = {s: list(stage.parameters()) for s, stage in stages.items()}
@@ -89,7 +98,7 @@ class PipelineExecutor:
         self.sending: list[tuple[comm.TracedWork, torch.Tensor]] = []
         self.live: set[tuple[int, int]] = set()
         self.loss = None
-        rec, actions = self.ctx.recorder, self.schedule.actions[self.ctx.rank]
+        rec, actions = self.ctx.recorder, self.schedule.actions[self.pp_rank]
         self.recvs = deque(a for a in actions if a.op in (RECV_FORWARD, RECV_BACKWARD))
         self.posted: deque = deque()
         for action in actions:
@@ -111,7 +120,7 @@ class PipelineExecutor:
         with self.ctx.recorder.span(FORWARD), self.ctx.memory.saving((s, mb)):
             y = self.stages[s](x)
             if s == self.last:
-                y = lm_loss(y, self.targets[mb]) / self.m  # the batch's mean loss is the sum over microbatches
+                y = self.loss_fn(y, self.targets[mb]) / self.m  # the batch's mean loss is the sum over microbatches
         self.live.add((s, mb))
         self.peak_activations = max(self.peak_activations, len(self.live))
         if s == self.last:
@@ -171,7 +180,8 @@ class PipelineExecutor:
         self.inbox[("grad", a.stage, a.microbatch)] = self._take_recv(a)
 
     def _send(self, tensor: torch.Tensor, peer: int, boundary: int, name: str) -> None:
-        self.sending.append((comm.isend(tensor, peer, group=self.groups[boundary], name=name), tensor))
+        work = comm.isend(tensor, self.line[peer], group=self.groups[boundary], name=name)
+        self.sending.append((work, tensor))
 
     def _post_next_recv(self) -> None:
         """Post the rank's next receive before a compute, so the transfer overlaps the compute
@@ -182,7 +192,8 @@ class PipelineExecutor:
             boundary = a.stage - 1 if forward else a.stage
             buffer = torch.empty(self.shape, device=self.ctx.device)
             name = f"recv {'F' if forward else 'B'}{a.microbatch} s{a.stage}"
-            self.posted.append((a, comm.irecv(buffer, a.peer, group=self.groups[boundary], name=name), buffer))
+            work = comm.irecv(buffer, self.line[a.peer], group=self.groups[boundary], name=name)
+            self.posted.append((a, work, buffer))
 
     def _take_recv(self, a) -> torch.Tensor:
         """Wait for the receive of action ``a`` (posted now if no compute came before it)."""
@@ -205,7 +216,7 @@ class PipelineExecutor:
     # ---------------------------------------------------------------------------- helpers
     def _deliver(self, kind: str, stage: int, mb: int, tensor: torch.Tensor) -> None:
         """Hand a tensor to the stage that consumes it: locally, or through a later send action."""
-        box = self.inbox if self.owner[stage] == self.ctx.rank else self.outbox
+        box = self.inbox if self.owner[stage] == self.pp_rank else self.outbox
         box[(kind, stage, mb)] = tensor  # keyed by the consuming stage, in both boxes
 
     def _grad_of(self, s: int, mb: int) -> list[torch.Tensor] | None:
@@ -217,23 +228,29 @@ class PipelineExecutor:
         self.ctx.memory.release((s, mb))
 
 
-def stage_groups(schedule: Schedule) -> dict[int, dist.ProcessGroup]:
-    """One two-rank group per stage boundary that crosses ranks (boundary b: stage b to b + 1).
-    Every rank creates every group, in the same order, as torch requires."""
-    groups = {}
-    for b in range(schedule.num_stages - 1):
-        pair = sorted({schedule.stage_to_rank[b], schedule.stage_to_rank[b + 1]})
-        if len(pair) == 2:
-            groups[b] = dist.new_group(pair)
+def stage_groups(schedule: Schedule, lines: list[list[int]] | None = None) -> dict[int, dist.ProcessGroup]:
+    """One two-rank group per stage boundary that crosses ranks (boundary b: stage b to b + 1), for
+    this rank's pipeline. ``lines`` holds the global ranks of every pipeline when there are several
+    (hybrid); by default one pipeline over ranks 0..p-1. Every rank creates every group of every
+    pipeline, in the same order, as torch requires."""
+    me, groups = dist.get_rank(), {}
+    for line in lines or [schedule.ranks]:
+        for b in range(schedule.num_stages - 1):
+            pair = sorted({line[schedule.stage_to_rank[b]], line[schedule.stage_to_rank[b + 1]]})
+            if len(pair) == 2:
+                group = dist.new_group(pair)
+                if me in line:
+                    groups[b] = group
     return groups
 
 
-def _microbatched_batch(loader, step: int, m: int, needs_tokens: bool, needs_targets: bool):
-    """The step's global batch cut into m microbatches: token ids for the first stage, targets for
-    the last (None for a rank that owns neither)."""
+def microbatched_batch(loader, step: int, m: int, needs_tokens: bool, needs_targets: bool,
+                       dp_rank: int = 0, dp_size: int = 1):
+    """This data-parallel replica's slice of the step's global batch cut into m microbatches: token
+    ids for the first stage, targets for the last (None for a rank that owns neither)."""
     if loader is None:
         return None, None
-    inputs, labels = loader.rank_batch(step)
+    inputs, labels = loader.rank_batch(step, dp_rank, dp_size)
     return (list(inputs.chunk(m)) if needs_tokens else None), (list(labels.chunk(m)) if needs_targets else None)
 
 
@@ -251,7 +268,7 @@ def train(ctx) -> dict:
     losses = []
     for step in range(cfg.steps):
         # the batch is made before the step begins, so the step window holds only the pipeline
-        tokens, targets = _microbatched_batch(loader, step, schedule.microbatches, needs_tokens, needs_targets)
+        tokens, targets = microbatched_batch(loader, step, schedule.microbatches, needs_tokens, needs_targets)
         with rec.step(step):
             ctx.check_fault(step)
             optimizer.zero_grad(set_to_none=True)

@@ -45,15 +45,18 @@ def stage_part_indices(cfg: ModelConfig, num_stages: int, override: list[int] | 
 
 class Stage(nn.Module):
     """One pipeline stage: its parts run in order. Stage 0 takes token ids, the others the hidden
-    states (microbatch x seq x hidden) of the stage before; the last stage returns logits."""
+    states (microbatch x seq x hidden) of the stage before; the last stage returns logits.
+    ``build(cfg, index, seed)`` makes each part: the single-device part by default, a
+    tensor-parallel one in hybrid."""
 
-    def __init__(self, cfg: ModelConfig, index: int, num_stages: int, parts: list[int], seed: int):
+    def __init__(self, cfg: ModelConfig, index: int, num_stages: int, parts: list[int], seed: int,
+                 build=build_part):
         super().__init__()
         self.index, self.num_stages = index, num_stages
         self.is_first, self.is_last = index == 0, index == num_stages - 1
         names = part_names(cfg)
         self.part_names = [names[i] for i in parts]
-        self.parts = nn.ModuleList(build_part(cfg, i, seed) for i in parts)
+        self.parts = nn.ModuleList(build(cfg, i, seed) for i in parts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for part in self.parts:
@@ -68,10 +71,10 @@ class Stage(nn.Module):
 
 
 def build_stages(cfg: ModelConfig, num_stages: int, owned: list[int], seed: int,
-                 override: list[int] | None, device: torch.device) -> dict[int, Stage]:
-    """The stages in ``owned`` (global stage indices), built on ``device``."""
+                 override: list[int] | None, device: torch.device, build=build_part) -> dict[int, Stage]:
+    """The stages in ``owned`` (global stage indices), built on ``device`` (parts made by ``build``)."""
     parts = stage_part_indices(cfg, num_stages, override)
-    return {s: Stage(cfg, s, num_stages, parts[s], seed).to(device) for s in owned}
+    return {s: Stage(cfg, s, num_stages, parts[s], seed, build).to(device) for s in owned}
 
 
 def named_stage_state(stages: dict[int, Stage]) -> dict:

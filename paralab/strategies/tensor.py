@@ -141,10 +141,7 @@ class ParallelGPT(nn.Module):
         self.embed = ParallelEmbedding(cfg, tp)
         self.blocks = nn.ModuleList(ParallelBlock(cfg, tp) for _ in range(cfg.layers))
         self.head = ParallelHead(cfg, tp)
-        if tp.sequence_parallel:
-            for param in self.parameters():
-                if split_of(param)[0] is None:  # replicated, but used on a sequence slice
-                    param.sequence_parallel = True
+        mark_sequence_parallel(self, tp)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token loss of (batch, seq) ids; the same on every rank."""
@@ -172,22 +169,47 @@ def split_of(param: torch.Tensor) -> tuple[int | None, int]:
     return getattr(param, "tp_split", (None, 1))
 
 
+def mark_sequence_parallel(module: nn.Module, tp: TensorParallelGroup) -> None:
+    """With sequence parallelism, tag the replicated parameters: they see only a sequence slice, so
+    their gradients are partial sums over the tp ranks (SequenceParallelGrads adds them up)."""
+    if tp.sequence_parallel:
+        for param in module.parameters():
+            if split_of(param)[0] is None:
+                param.sequence_parallel = True
+
+
 @torch.no_grad()
+def copy_shards(part: nn.Module, cfg: ModelConfig, index: int, seed: int, tp: TensorParallelGroup) -> None:
+    """Fill a parallel part with this rank's slices of single-device part ``index`` (same seed)."""
+    full = dict(build_part(cfg, index, seed).named_parameters())
+    for name, param in part.named_parameters():
+        param.copy_(shard(full[name], *split_of(param), tp.rank, tp.size))
+
+
+def parallel_part(cfg: ModelConfig, index: int, seed: int, tp: TensorParallelGroup) -> nn.Module:
+    """Part ``index`` of the GPT (0 = embed, 1..L = blocks, L+1 = head) split over ``tp``: the
+    building block of a pipeline stage whose layers are tensor-parallel (hybrid)."""
+    kind = ParallelEmbedding if index == 0 else ParallelHead if index == cfg.layers + 1 else ParallelBlock
+    part = kind(cfg, tp)
+    copy_shards(part, cfg, index, seed, tp)
+    mark_sequence_parallel(part, tp)
+    return part
+
+
 def build_model(cfg: RunConfig, tp: TensorParallelGroup, device: torch.device) -> ParallelGPT:
     """The parallel model, each shard cut from the single-device part built with the same seed."""
     model = ParallelGPT(cfg.model, tp)
     for index, part in enumerate([model.embed, *model.blocks, model.head]):
-        full = dict(build_part(cfg.model, index, cfg.seed).named_parameters())
-        for name, param in part.named_parameters():
-            param.copy_(shard(full[name], *split_of(param), tp.rank, tp.size))
+        copy_shards(part, cfg.model, index, cfg.seed, tp)
     return model.to(device)
 
 
-def gather_state(model: ParallelGPT, tp: TensorParallelGroup) -> dict | None:
-    """Full parameters and gradients under GPT's names on tp rank 0 (None elsewhere). Plain
-    torch.distributed calls after training, so the trace holds only the training steps."""
+def gather_state(named_params, tp: TensorParallelGroup) -> dict | None:
+    """Full parameters and gradients under GPT's names on tp rank 0 (None elsewhere), from this
+    rank's ``(global name, parameter)`` pairs. Plain torch.distributed calls after training, so the
+    trace holds only the training steps."""
     state: dict = {"params": {}, "grads": {}}
-    for name, param in model.named_parameters():
+    for name, param in named_params:
         for kind, tensor in (("params", param.detach()), ("grads", param.grad)):
             dim, groups = split_of(param)
             if dim is not None:
@@ -221,5 +243,5 @@ def train(ctx):
     tp = TensorParallelGroup(None, ctx.rank, ctx.world_size, ctx.cfg.sequence_parallel)
     model = build_model(ctx.cfg, tp, ctx.device)
     losses = run_steps(ctx, model.parameters(), model, SequenceParallelGrads(model, tp))
-    state = gather_state(model, tp) if ctx.cfg.collect_state else None
+    state = gather_state(model.named_parameters(), tp) if ctx.cfg.collect_state else None
     return ctx.result(losses if tp.rank == 0 else None, loss_weight=1.0, state=state)

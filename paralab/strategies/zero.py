@@ -48,6 +48,7 @@ parameters to single-device training within 1e-5, and zero3's losses to torch's 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from paralab import comm
 from paralab.config import ConfigError
@@ -95,12 +96,19 @@ def unit_groups(model: torch.nn.Module, cfg, stage: int) -> list[tuple[str, list
 
 class Zero:
     """One ZeRO stage on one rank: where gradients go in backward, how they are reduced, how
-    parameters come back. ``held()`` lists every tensor it keeps, for the memory meter."""
+    parameters come back. ``held()`` lists every tensor it keeps, for the memory meter.
 
-    def __init__(self, ctx, model: torch.nn.Module, stage: int):
-        self.stage, self.world = stage, ctx.world_size
-        self.sharded = ShardedModel(model, unit_groups(model, ctx.cfg, stage), ctx.rank, ctx.world_size,
-                                    resident_full=stage < 3)
+    ``group``: the data-parallel ranks that shard the states (default: all). ``accumulations``:
+    backward passes per step (microbatches, in hybrid); stage 2 sums them in the unit's buffer and
+    reduce-scatters it once, after the last."""
+
+    def __init__(self, ctx, model: torch.nn.Module, stage: int, group=None, accumulations: int = 1):
+        self.stage, self.group, self.accumulations = stage, group, accumulations
+        rank, self.world = ctx.rank, ctx.world_size
+        if group is not None:
+            rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        self.sharded = ShardedModel(model, unit_groups(model, ctx.cfg, stage), rank, self.world,
+                                    resident_full=stage < 3, group=group)
         self.units = self.sharded.units
         self.meter = HeldMemory(ctx.device, self.held, ctx.recorder)
         ctx.memory = self.meter
@@ -150,16 +158,16 @@ class Zero:
         self.arrived = dict.fromkeys(self.arrived, 0)
 
     def _grad_ready(self, u, p) -> None:
-        """Stages 2 and 3: move the gradient that just arrived into the unit's flat buffer (made at the
+        """Stages 2 and 3: add the gradient that just arrived into the unit's flat buffer (made at the
         unit's first gradient) and drop it, so a unit's gradients are held once, not twice."""
         if u.name not in self.buffers:
             self.buffers[u.name] = torch.zeros(u.padded, device=p.device)
         offset = self.offsets[id(p)]
-        self.buffers[u.name][offset : offset + p.numel()].copy_(p.grad.reshape(-1))
+        self.buffers[u.name][offset : offset + p.numel()].add_(p.grad.reshape(-1))
         self.meter.sample()  # the high-water mark: this gradient and the unit's buffer
         p.grad = None
         self.arrived[u.name] += 1
-        if self.arrived[u.name] == len(u.params):
+        if self.arrived[u.name] == len(u.params) * self.accumulations:
             self._reduce_scatter(u)
 
     def _reduce_scatter(self, u) -> None:
@@ -170,7 +178,8 @@ class Zero:
             work, _ = self.pending.pop(0)
             work.wait()
         flat = self.buffers.pop(u.name).div_(self.world)
-        self.pending.append((comm.reduce_scatter(u.shard.grad, flat, async_op=True, name=f"grads {u.name}"), flat))
+        self.pending.append((comm.reduce_scatter(u.shard.grad, flat, group=self.group, async_op=True,
+                                                name=f"grads {u.name}"), flat))
         if self.stage == 3:
             self.sharded.free(u)
 
@@ -180,10 +189,10 @@ class Zero:
             u = self.units[0]
             self.grad_flat.div_(self.world)
             reduced = torch.empty_like(u.shard)
-            comm.reduce_scatter(reduced, self.grad_flat, name="grads")
+            comm.reduce_scatter(reduced, self.grad_flat, group=self.group, name="grads")
             u.shard.grad.copy_(reduced)
             return
-        missing = [u.name for u in self.units if self.arrived[u.name] != len(u.params)]
+        missing = [u.name for u in self.units if self.arrived[u.name] != len(u.params) * self.accumulations]
         if missing:
             raise RuntimeError(f"{missing} got no gradient for every parameter this step; ZeRO here expects all")
         for work, _ in self.pending:
@@ -197,7 +206,7 @@ class Zero:
         if self.stage == 3:
             return
         for u in self.units:
-            comm.all_gather(u.full, u.shard.detach(), name=f"params {u.name}")
+            comm.all_gather(u.full, u.shard.detach(), group=self.group, name=f"params {u.name}")
 
     # ------------------------------------------------------------------ stage 3 hooks
     def _gather(self, u, phase: str) -> None:
@@ -205,7 +214,7 @@ class Zero:
         buffer, so its version counter is kept: the gather restores the values autograd saved."""
         self.sharded.allocate(u)
         with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(u.full):
-            comm.all_gather(u.full, u.shard.detach(), name=f"{phase} gather {u.name}")
+            comm.all_gather(u.full, u.shard.detach(), group=self.group, name=f"{phase} gather {u.name}")
         self.meter.sample()
 
     def _after_forward(self, u, out: torch.Tensor) -> None:

@@ -58,8 +58,8 @@ class ShardedModel:
     """
 
     def __init__(self, model: nn.Module, groups: list[tuple[str, list[str]]], rank: int, world: int,
-                 resident_full: bool):
-        self.rank = rank
+                 resident_full: bool, group=None):
+        self.rank, self.group = rank, group
         named = dict(model.named_parameters())
         self.units = [Unit(name, names, [named[n] for n in names]) for name, names in groups]
         for u in self.units:
@@ -90,12 +90,14 @@ class ShardedModel:
     @staticmethod
     @torch.no_grad()
     def _adopt(model: nn.Module, u: Unit) -> None:
-        """Copy the unit's parameters into its flat buffer and make the module's parameters views of it."""
+        """Copy the unit's parameters into its flat buffer and make the module's parameters views of it
+        (keeping the attributes other layers tag them with, such as tensor parallel's ``tp_split``)."""
         offset, views = 0, []
         for name, p in zip(u.names, u.params):
             view = u.full[offset : offset + p.numel()].view_as(p)
             view.copy_(p)
             new = nn.Parameter(view, requires_grad=p.requires_grad)
+            new.__dict__.update(p.__dict__)
             _replace_parameter(model, name, new)
             views.append(new)
             offset += p.numel()
@@ -115,13 +117,13 @@ class ShardedModel:
     # ------------------------------------------------------------------ whole-model views (untraced)
     def full_state(self) -> dict | None:
         """Every parameter and its averaged gradient under the model's global names, gathered with plain
-        torch.distributed outside the traced steps; rank 0 gets them, the other ranks None."""
+        torch.distributed outside the traced steps; shard rank 0 gets them, the other ranks None."""
         params, grads = {}, {}
         for u in self.units:
             shard_grad = u.shard.grad if u.shard.grad is not None else torch.zeros_like(u.shard)
             for out, piece in ((params, u.shard.detach()), (grads, shard_grad)):
                 full = torch.empty(u.padded, device=piece.device)
-                dist.all_gather_into_tensor(full, piece.contiguous())
+                dist.all_gather_into_tensor(full, piece.contiguous(), group=self.group)
                 offset = 0
                 for name, p in zip(u.names, u.params):
                     out[name] = full[offset : offset + p.numel()].view(p.shape).cpu().clone()

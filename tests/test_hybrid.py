@@ -1,0 +1,139 @@
+"""hybrid (dp x tp x pp) against single-device training; gradients synchronised over dp once per step;
+the rank layout and its figure; configs refused before any process starts.
+
+Launches dominate (an 8-rank run on two cores takes tens of seconds), so every run is made once per
+module (``runs``) and read by several checks. SGD runs compare final parameters and gradients, the
+Adam run losses (see tests/test_data_parallel.py for why).
+"""
+
+import pytest
+
+import paralab
+from paralab.config import ConfigError, RunConfig
+from paralab.strategies.hybrid import rank_layout
+from tests.conftest import assert_close_rel, assert_same_params
+
+# four layers and four heads: splits two ways along tp and pp, and into 2 x 2 interleaved chunks
+MODEL = dict(layers=4, hidden=32, heads=4, vocab=64, seq_len=16)
+STEPS, BATCH, MICROBATCHES = 3, 8, 2
+LR = {"sgd": 0.05, "adam": 3e-3}
+BUCKET_MB = 0.02  # several ddp buckets per stage of this model
+
+# label -> (dp, tp, pp, optimizer, options); every run has 2 microbatches, so a sync per microbatch
+# would show as two per step
+CASES = {
+    "2x2x2 ddp": (2, 2, 2, "sgd", {}),
+    "2x2x2 zero1 + sequence parallel": (2, 2, 2, "sgd", dict(zero=1, sequence_parallel=True)),
+    "2x2x2 zero2 adam": (2, 2, 2, "adam", dict(zero=2)),
+    "2x2x1 ddp + sequence parallel": (2, 2, 1, "sgd", dict(sequence_parallel=True)),
+    "2x1x2 zero2 interleaved": (2, 1, 2, "sgd", dict(zero=2, schedule="interleaved", virtual_stages=2)),
+}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    common = dict(steps=STEPS, model=MODEL, global_batch=BATCH, collect_state=True, bucket_mb=BUCKET_MB)
+    out = {opt: paralab.run("single", 1, optimizer=opt, lr=lr, **common) for opt, lr in LR.items()}
+    for label, (dp, tp, pp, opt, options) in CASES.items():
+        out[label] = paralab.run("hybrid", dp * tp * pp, dp=dp, tp=tp, pp=pp, microbatches=MICROBATCHES,
+                                 optimizer=opt, lr=LR[opt], **common, **options)
+    return out
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("label", CASES)
+def test_same_losses_and_parameters_as_single_device(runs, label, no_leftover_ranks):
+    dp, tp, pp, opt, _ = CASES[label]
+    run, reference = runs[label], runs[opt]
+    assert_close_rel(run.losses, reference.losses, what=f"{label} losses")
+    if opt == "sgd":
+        assert_same_params(run.params, reference.params)
+        assert_same_params(run.grads, reference.grads, atol=1e-7)
+    reporting = [r["rank"] for r in run.rank_results if r["losses"] is not None]
+    assert len(reporting) == dp, "one loss per dp replica: the last stage's tp rank 0"
+    assert all(r["loss_weight"] == 1 / dp for r in run.rank_results)
+
+
+@pytest.mark.parametrize("label", ["2x2x2 ddp", "2x2x1 ddp + sequence parallel"])
+def test_ddp_buckets_all_reduced_over_dp_once_per_step(runs, label, no_leftover_ranks):
+    """Each bucket's all-reduce appears once per step on every rank (not once per microbatch), on a
+    group of dp ranks, and together they carry the rank's parameters exactly once."""
+    run = runs[label]
+    dp = CASES[label][0]
+    for result in run.rank_results:
+        rank = result["rank"]
+        for step in range(STEPS):
+            spans = [s for s in run.trace.select(kind="all_reduce", rank=rank)
+                     if s.step == step and s.name.startswith("bucket")]
+            names = [s.name for s in spans]
+            assert len(names) > 1 and len(set(names)) == len(names), f"rank {rank} step {step}: {names}"
+            assert {s.group_size for s in spans} == {dp}
+            assert sum(s.payload_bytes for s in spans) == result["memory"]["final"]["params"]
+
+
+@pytest.mark.parametrize("label", ["2x2x2 zero1 + sequence parallel", "2x2x2 zero2 adam", "2x1x2 zero2 interleaved"])
+def test_zero_reduce_scatters_over_dp_once_per_step(runs, label, no_leftover_ranks):
+    """ZeRO over dp: each unit's gradients are reduce-scattered once per step and the parameters
+    all-gathered once, on groups of dp ranks."""
+    run = runs[label]
+    dp = CASES[label][0]
+    for result in run.rank_results:
+        rank = result["rank"]
+        units = result["zero"]["units"]
+        for step in range(STEPS):
+            for kind, prefix in (("reduce_scatter", "grads"), ("all_gather", "params")):
+                spans = [s for s in run.trace.select(kind=kind, rank=rank) if s.step == step and s.name.startswith(prefix)]
+                assert len(spans) == len(units), f"rank {rank} step {step} {kind}: {[s.name for s in spans]}"
+                assert {s.group_size for s in spans} == {dp}
+
+
+def test_rank_layout_puts_tp_innermost(runs, no_leftover_ranks):
+    layout = rank_layout(dp=2, tp=2, pp=2)
+    assert layout.coords == {(p * 2 + d) * 2 + t: (p, d, t) for p in range(2) for d in range(2) for t in range(2)}
+    assert layout.groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert layout.groups("dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert layout.groups("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    text = layout.text().splitlines()
+    assert text[2].split() == ["pp0", "dp0", "0", "1"] and text[5].split() == ["dp1", "6", "7"]
+    # every rank of the run sat where the layout says, and rank 0 reports the whole layout
+    run = runs["2x2x2 ddp"]
+    for result in run.rank_results:
+        coord = result["mesh"]["coord"]
+        assert (coord["pp"], coord["dp"], coord["tp"]) == layout.coords[result["rank"]]
+    assert run.rank_results[0]["mesh"]["layout"] == layout.to_dict()
+
+
+def test_mesh_figure_draws_every_rank_at_its_coordinate(runs):
+    pytest.importorskip("plotly")
+    from paralab.viz.mesh import mesh
+
+    fig = mesh(runs["2x2x2 ddp"])  # the layout follows from the run's dp, tp and pp
+    assert fig.layout.meta["shape"] == [2, 2, 2]
+    cells = {}
+    for trace in fig.data:
+        for text, coord in zip(trace.text, trace.customdata):
+            cells[int(text)] = tuple(coord)
+    assert cells == rank_layout(2, 2, 2).coords
+    assert len(fig.data) == 2, "one colour per pipeline stage"
+
+
+@pytest.mark.parametrize("options, match", [
+    (dict(world_size=8, dp=2, tp=2, pp=1), r"2 x 2 x 1 = 4, but world size is 8.*2x2x2"),
+    (dict(world_size=4, dp=1, tp=3, pp=1), r"world size is 4"),
+    (dict(world_size=6, dp=2, tp=3, pp=1), r"tp 3 does not divide the hidden size"),
+    (dict(world_size=8, dp=1, tp=1, pp=8), r"every stage needs a layer"),
+    (dict(world_size=4, dp=2, tp=1, pp=2, microbatches=3), r"does not split into dp=2 replicas x 3 microbatches"),
+    (dict(world_size=4, dp=2, tp=1, pp=2, zero=3), r"not supported: zero3 in hybrid \(with pp=2\)"),
+    (dict(world_size=4, dp=2, tp=2, pp=1, zero=2, sequence_parallel=True), r"not supported: zero=2 with sequence"),
+    (dict(world_size=2, dp=2, tp=1, pp=1, sequence_parallel=True), r"needs tp > 1"),
+    (dict(world_size=2, strategy="ddp", zero=1), r"zero=1 is a hybrid option"),
+])
+def test_refuses_what_cannot_run_before_starting(options, match):
+    cfg = RunConfig.build(MODEL, **{"strategy": "hybrid", "global_batch": BATCH, **options})
+    with pytest.raises(ConfigError, match=match):
+        cfg.validate()
+
+
+def test_dp_is_inferred_from_the_world_size():
+    cfg = RunConfig.build(MODEL, strategy="hybrid", world_size=8, tp=2, pp=2, global_batch=BATCH).validate()
+    assert (cfg.dp, cfg.data_parallel_size, cfg.schedule) == (2, 2, "1f1b")
