@@ -97,7 +97,7 @@ def cmd_run(args) -> int:
     if args.trace:
         result.save_trace(args.trace)
     if args.report:
-        from paralab.report import write_report
+        from paralab.viz.report import write_report
 
         write_report(result, args.report)
     if args.json:
@@ -181,9 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _subcommands():
     """Commands whose arguments live with their code: (name, help, add_args, main)."""
-    from paralab import bench, report
+    from paralab import bench
     from paralab.elastic import cli as elastic_cli
     from paralab.sim import cli as sim_cli
+    from paralab.viz import report
 
     return [
         ("elastic", "elastic training: failures, rescaling, load balancing", elastic_cli.add_elastic_args,

@@ -24,7 +24,7 @@ from paralab.trace import Trace
 
 pytest.importorskip("plotly")
 
-from paralab.report import add_report_args, report_main, write_report  # noqa: E402
+from paralab.viz.report import add_report_args, report_main, write_report  # noqa: E402
 
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/lib/chromium/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

@@ -41,7 +41,7 @@ def bars(fig) -> int:
 
 
 def test_import_does_not_pull_plotly():
-    code = "import sys, paralab.viz, paralab.widgets, paralab.report; print(any(m.split('.')[0] in ('plotly', 'ipywidgets') for m in sys.modules))"
+    code = "import sys, paralab.viz, paralab.widgets, paralab.viz.report; print(any(m.split('.')[0] in ('plotly', 'ipywidgets') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
