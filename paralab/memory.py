@@ -45,6 +45,7 @@ class MemoryMeter:
         self.device = device
         self.params: list[torch.Tensor] = []
         self.optimizer: torch.optim.Optimizer | None = None
+        self._param_ptrs: set[int] = set()
         self.extra_state_bytes = {"params": 0, "grads": 0, "optimizer": 0}
         self._live: dict = {}
         self.peak_total = 0
@@ -54,6 +55,7 @@ class MemoryMeter:
         """The tensors whose bytes count as this rank's model states."""
         self.params = list(params)
         self.optimizer = optimizer
+        self._param_ptrs = {local(p).untyped_storage().data_ptr() for p in self.params}
 
     def model_states(self) -> dict[str, int]:
         return {
@@ -62,10 +64,14 @@ class MemoryMeter:
             "optimizer": optimizer_state_bytes(self.optimizer) + self.extra_state_bytes["optimizer"],
         }
 
+    def param_storages(self) -> set[int]:
+        """Storage addresses of the parameters: a saved parameter is not an activation. Asked at every
+        save, since a strategy may gather parameters inside the forward (ZeRO-3)."""
+        return self._param_ptrs
+
     @contextmanager
     def saving(self, key):
         """Count what autograd saves for backward inside this block as activations of ``key``."""
-        param_ptrs = {local(p).data_ptr() for p in self.params}
         seen: set[int] = set()
         self._live.setdefault(key, 0)
 
@@ -75,7 +81,7 @@ class MemoryMeter:
             except (RuntimeError, NotImplementedError):  # a tensor subclass with no storage of its own
                 return t
             ptr = storage.data_ptr()
-            if ptr not in param_ptrs and ptr not in seen:
+            if ptr not in seen and ptr not in self.param_storages():
                 seen.add(ptr)
                 self._live[key] += storage.nbytes()
             return t

@@ -16,7 +16,6 @@ exactly as single-device training would.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -161,24 +160,8 @@ class HeldMemory(MemoryMeter):
         return {"params": sum(params.values()), "grads": sum(grads.values()),
                 "optimizer": optimizer_state_bytes(self.optimizer)}
 
-    @contextmanager
-    def saving(self, key):
-        """As MemoryMeter.saving, but a saved tensor is recognised as a parameter when it is saved, not
-        when the block starts: stage 3 gathers each part's parameters inside the forward."""
-        seen: set[int] = set()
-        self._live.setdefault(key, 0)
-
-        def pack(t: torch.Tensor):
-            storage = t.untyped_storage()
-            ptr = storage.data_ptr()
-            if ptr not in seen and ptr not in self._storages(self.held()["params"]):
-                seen.add(ptr)
-                self._live[key] += storage.nbytes()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            yield
-        self.sample()
+    def param_storages(self) -> set[int]:
+        return set(self._storages(self.held()["params"]))
 
     def sample(self) -> None:
         super().sample()
