@@ -90,7 +90,8 @@ def _traced(op: str, payload: int, group, call, async_op: bool, peer: int | None
     handle = None
     if rec is not None:
         me = dist.get_rank()
-        n = 2 if peer is not None else len(_group_ranks(group))
+        members = _group_ranks(group) if peer is None else None
+        n = 2 if peer is not None else len(members)
         handle = rec.open(
             op,
             lane=COMM,
@@ -100,6 +101,7 @@ def _traced(op: str, payload: int, group, call, async_op: bool, peer: int | None
             group_size=n,
             peer=peer,
             inter_node=rec.node_of(me) != rec.node_of(peer if peer is not None else ring_successor(me, group)),
+            group_ranks=members if members is not None and len(members) < dist.get_world_size() else None,
         )
     work = call(async_op)
     if async_op:

@@ -46,6 +46,7 @@ class Span:
     microbatch: int | None = None
     stage: int | None = None
     inter_node: bool = False  # the wire bytes leave the node (ring successor or peer on another node)
+    group_ranks: list[int] | None = None  # a collective on a subgroup: its global ranks
 
     @property
     def duration(self) -> float:

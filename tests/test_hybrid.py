@@ -103,6 +103,20 @@ def test_rank_layout_puts_tp_innermost(runs, no_leftover_ranks):
     assert run.rank_results[0]["mesh"]["layout"] == layout.to_dict()
 
 
+def test_collectives_record_their_mesh_group_and_the_matrix_uses_it(runs):
+    """tp and dp groups have the same size in 2x2x1: only the recorded ranks tell them apart."""
+    from paralab.viz.comm import comm_matrix_data
+
+    run = runs["2x2x1 ddp + sequence parallel"]
+    layout = rank_layout(dp=2, tp=2, pp=1)
+    groups = {tuple(g) for dim in ("tp", "dp") for g in layout.groups(dim)}
+    spans = run.trace.select(lane="comm")
+    assert spans and all(tuple(s.group_ranks) in groups for s in spans)
+    assert any(tuple(s.group_ranks) == (0, 2) for s in spans if s.name.startswith("bucket"))
+    matrix = comm_matrix_data(run.trace)
+    assert matrix[0][2] > 0 and matrix[0][3] == 0  # dp traffic 0<->2, none to the other replica's tp peer
+
+
 def test_mesh_figure_draws_every_rank_at_its_coordinate(runs):
     pytest.importorskip("plotly")
     from paralab.viz.mesh import mesh

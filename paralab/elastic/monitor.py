@@ -51,10 +51,12 @@ class Monitor:
         self._written_counters = 0
         self._last = (time.perf_counter(), _cpu_seconds())
 
-    def sample(self, step_time_s: float | None = None) -> None:
+    def sample(self, step_time_s: float | None = None, world_size: int | None = None) -> None:
         """Counters for the stretch since the last sample (a step, usually)."""
         wall, cpu = time.perf_counter(), _cpu_seconds()
         (last_wall, last_cpu), self._last = self._last, (wall, cpu)
+        if world_size is not None:
+            self.rec.counter("world_size", world_size)
         if step_time_s is not None:
             self.rec.counter("step_time_s", step_time_s)
         if wall > last_wall:

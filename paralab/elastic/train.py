@@ -205,7 +205,7 @@ class Worker:
             records.write(json.dumps({"step": step, "world_size": self.world, "loss": total.item(), "ids": ids,
                                       "compute_s": compute_s, "t_start": began, "t_end": time.time()}) + "\n")
             records.flush()
-            self.monitor.sample(step_time)
+            self.monitor.sample(step_time, self.world)
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
                 self.save(step, model, optimizer, data, injector)
             if rank == 0:
