@@ -54,21 +54,34 @@ def parameter_counts(model: ModelSpec) -> dict[str, int]:
     return counts
 
 
+def replicated_layer_params(model: ModelSpec) -> int:
+    """Parameters of one layer that every tensor-parallel rank holds whole: the norms and the biases of
+    the row-parallel output projections (attention and MLP), which are added after the all-reduce
+    (Shoeybi et al. 2019, sec. 3)."""
+    return layer_params(model)["norms"] + (2 * model.hidden if model.biases else 0)
+
+
 def stage_params(model: ModelSpec, parallel: ParallelSpec, stage: int) -> float:
     """Parameters one GPU of pipeline rank ``stage`` holds (before ZeRO sharding).
 
-    Layers split evenly over pp ranks and tp shards; the first rank also holds the embedding (and
-    positions), the last the output layer, or a second copy of the tied embedding when pp > 1, as
+    Layers split evenly over pp ranks; inside a layer the matrices and column-parallel biases are split
+    over the tp ranks and the norms and row-parallel biases are replicated. The first rank also holds
+    the vocabulary-parallel embedding and the (replicated) positions, the last the final norm
+    (replicated) and the output layer, or a second copy of the tied embedding when pp > 1, as
     Megatron-LM does (Shoeybi et al. 2019).
     """
     counts = parameter_counts(model)
     t, p = parallel.tp, parallel.pp
-    total = counts["layers"] / p
+    layers_here = model.layers / p
+    replicated = layers_here * replicated_layer_params(model)
+    split = counts["layers"] / p - replicated
     if stage == 0:
-        total += counts["embedding"] + counts["positions"]
+        split += counts["embedding"]
+        replicated += counts["positions"]
     if stage == p - 1:
-        total += counts["final_norm"] + (counts["output"] or (counts["embedding"] if p > 1 else 0))
-    return total / t
+        split += counts["output"] or (counts["embedding"] if p > 1 else 0)
+        replicated += counts["final_norm"]
+    return split / t + replicated
 
 
 def stage_tensors(model: ModelSpec, parallel: ParallelSpec, stage: int) -> int:
