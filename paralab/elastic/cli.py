@@ -11,8 +11,8 @@ import argparse
 import json
 import sys
 
-from paralab.cli import EXIT_FAILED, EXIT_INVALID, EXIT_OK, key_values
-from paralab.config import MODEL_PRESETS, ConfigError
+from paralab.cli import EXIT_OK, key_values
+from paralab.config import MODEL_PRESETS
 from paralab.elastic.config import ElasticConfig
 
 
@@ -71,16 +71,11 @@ def config_from_args(args) -> ElasticConfig:
 
 
 def elastic_main(args) -> int:
-    from paralab.elastic.launch import ElasticError, launch
+    """``paralab elastic``: ConfigError (exit 2) and ElasticError, a RunError (exit 1), are reported by
+    paralab.cli.main like every other command's."""
+    from paralab.elastic.launch import launch
 
-    try:
-        result = launch(config_from_args(args))
-    except ConfigError as exc:
-        print(f"paralab elastic: invalid configuration: {exc}", file=sys.stderr)
-        return EXIT_INVALID
-    except ElasticError as exc:
-        print(f"paralab elastic: run failed: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+    result = launch(config_from_args(args))
     if args.trace:
         result.save_trace(args.trace)
     print(json.dumps(result.summary) if args.json else result.describe())
@@ -88,10 +83,7 @@ def elastic_main(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="paralab elastic", description="Elastic training on local nodes.")
-    add_elastic_args(parser)
-    return elastic_main(parser.parse_args(argv))
+    """``python -m paralab.elastic ...`` is ``paralab elastic ...``."""
+    from paralab.cli import main as paralab_main
 
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    return paralab_main(["elastic", *(sys.argv[1:] if argv is None else argv)])

@@ -38,6 +38,7 @@ from pathlib import Path
 from paralab.elastic import checkpoint
 from paralab.elastic.config import ElasticConfig
 from paralab.elastic.history import ElasticResult
+from paralab.runtime.result import RunError
 from paralab.runtime.worker import usable_cores
 
 POLL_S = 0.1
@@ -52,8 +53,11 @@ AGENT_BOOTSTRAP = (
 )
 
 
-class ElasticError(RuntimeError):
+class ElasticError(RunError):
     """The elastic run did not finish: what the workers reported and the agents' last log lines."""
+
+    def __init__(self, message: str):
+        super().__init__(None, message, "")
 
 
 def launch(cfg: ElasticConfig, run_dir: str | Path | None = None, progress=None) -> ElasticResult:

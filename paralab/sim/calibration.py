@@ -134,21 +134,9 @@ def concurrent_figures(threads: int, ranks: int = 2, nbytes: int = 4 * 2**20, sh
     """Compute figures measured by ``ranks`` processes at once (as the ranks of a run share the
     machine: its cores, caches, memory bus and whatever else is running), averaged over them, and
     the gloo link figures between the first two."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    spec = json.dumps({"port": port, "nbytes": nbytes, "threads": threads, "ranks": ranks, "shapes": shapes})
-    procs = [subprocess.Popen([sys.executable, "-m", "paralab.sim.calibration", spec, str(r)],
-                              stdout=subprocess.PIPE, text=True) for r in range(ranks)]
-    try:
-        outputs = [p.communicate(timeout=timeout)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    if any(p.returncode for p in procs):
-        raise RuntimeError(f"calibration workers failed (exit codes {[p.returncode for p in procs]})")
-    results = [json.loads(o) for o in outputs]
+    spec = json.dumps({"port": _free_port(), "nbytes": nbytes, "threads": threads, "ranks": ranks,
+                       "shapes": shapes})
+    results = _run_workers([spec], ranks, timeout)
     rows = [(*r[:3], statistics.mean(res["matmul_rows"][i][3] for res in results))
             for i, r in enumerate(results[0]["matmul_rows"])]
     compute = {
@@ -167,11 +155,19 @@ def gloo_alpha_beta(nbytes: int = 4 * 2**20, timeout: float = 25.0) -> dict[str,
     are fresh interpreters (``python -m paralab.sim.calibration``), so calibrating works from a
     notebook or a script without a ``__main__`` guard.
     """
+    return _links(_run_workers([str(_free_port()), str(nbytes)], 2, timeout)[0], nbytes)
+
+
+def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "paralab.sim.calibration", str(port), str(nbytes)]
-    procs = [subprocess.Popen([*cmd, str(r)], stdout=subprocess.PIPE, text=True) for r in range(2)]
+        return s.getsockname()[1]
+
+
+def _run_workers(args: list[str], ranks: int, timeout: float) -> list[dict]:
+    """Run ``python -m paralab.sim.calibration ARGS RANK`` for each rank; their JSON outputs, by rank."""
+    procs = [subprocess.Popen([sys.executable, "-m", "paralab.sim.calibration", *args, str(r)],
+                              stdout=subprocess.PIPE, text=True) for r in range(ranks)]
     try:
         outputs = [p.communicate(timeout=timeout)[0] for p in procs]
     finally:
@@ -179,8 +175,8 @@ def gloo_alpha_beta(nbytes: int = 4 * 2**20, timeout: float = 25.0) -> dict[str,
             if p.poll() is None:
                 p.kill()
     if any(p.returncode for p in procs):
-        raise RuntimeError(f"gloo calibration failed (exit codes {[p.returncode for p in procs]})")
-    return _links(json.loads(outputs[0]), nbytes)
+        raise RuntimeError(f"calibration workers failed (exit codes {[p.returncode for p in procs]})")
+    return [json.loads(o) for o in outputs]
 
 
 def _links(times: list[float], nbytes: int) -> dict[str, float]:
