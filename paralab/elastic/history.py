@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from paralab.elastic.config import ElasticConfig
@@ -73,7 +73,6 @@ class ElasticResult:
     failure: dict | None
     trace: Trace
     trace_path: str | None = None
-    extra: dict = field(default_factory=dict)
 
     @classmethod
     def collect(cls, cfg: ElasticConfig, run_dir: Path) -> ElasticResult:
@@ -116,7 +115,6 @@ class ElasticResult:
             "balance": cfg.balance,
             "slow": cfg.slow,
             "trace": self.trace_path,
-            **self.extra,
         }
 
     def save_trace(self, path: str | Path) -> str:

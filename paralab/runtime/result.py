@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from paralab.config import RunConfig
@@ -42,7 +42,6 @@ class RunResult:
     params: dict | None = None
     grads: dict | None = None
     trace_path: str | None = None
-    extra: dict = field(default_factory=dict)
 
     @classmethod
     def from_rank_results(cls, cfg: RunConfig, rank_results: list[dict], states: list[dict | None]) -> RunResult:
@@ -96,7 +95,6 @@ class RunResult:
             "memory_by_kind": [r["memory"]["peak_by_kind"] for r in self.rank_results],
             "per_rank": metrics["per_rank"],
             "trace": self.trace_path,
-            **self.extra,
         }
 
     def save_trace(self, path: str | Path) -> str:
