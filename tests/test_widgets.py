@@ -1,18 +1,14 @@
 """Widgets driven from Python: moving a control must change the figure's data.
 
-No browser here (tests/test_report.py and the notebook browser test cover rendering); the real run
-behind "Run for real" is replaced by a stand-in, so these tests cost no rank processes.
+No browser here (tests/test_report.py and the notebook browser test cover rendering). "Run for real"
+starts real ranks once (2 pipeline stages of the tiny model); its error path uses a stand-in.
 """
 
 from __future__ import annotations
 
-import types
-
 import pytest
 
 from paralab.config import ConfigError
-from paralab.schedules import build_schedule
-from paralab.sim.events import simulate_schedule
 from paralab.trace import Counter, Span, Trace
 
 pytest.importorskip("ipywidgets")
@@ -66,27 +62,16 @@ def test_pipeline_explorer_run_for_real_error(monkeypatch):
     assert app.measured is None
 
 
-def test_pipeline_explorer_run_for_real_shows_measured(monkeypatch):
-    import paralab
-
-    calls = {}
-    fake_trace = simulate_schedule(build_schedule("1f1b", 2, 4), {"forward": 0.01, "backward": 0.02}, 0.001)
-    fake_trace.meta["source"] = "measured"
-
-    def fake_run(**kwargs):
-        calls.update(kwargs)
-        for step in range(kwargs["steps"]):
-            kwargs["progress"](step, kwargs["steps"])
-        summary = {"step_time_s": 0.1, "bubble_fraction": 0.2}
-        return types.SimpleNamespace(trace=fake_trace, summary=summary)
-
-    monkeypatch.setattr(paralab, "run", fake_run)
+def test_pipeline_explorer_run_for_real_shows_measured(no_leftover_ranks):
+    """The button launches real pipeline ranks (2 stages, tiny model) and draws what they measured
+    above the prediction, with the progress bar following the steps."""
     app = widgets.pipeline_explorer(schedule="1f1b", stages=2, microbatches=4, steps=3)
     app.button.click()
-    assert calls["strategy"] == "pp" and calls["pp"] == 2 and calls["microbatches"] == 4
     assert app.progress.value == app.progress.max == 3
     assert app.measured is not None and "predicted_rows" in app.measured.layout.meta
     assert len(app.measured.layout.meta["rows"]) == 4 and "step time" in app.message.value
+    forwards = [t for t in app.measured.data if t.name == "forward" and t.yaxis in (None, "y")]
+    assert forwards and sum(len(t.x) for t in forwards) >= 2 * 4  # each stage ran 4 forwards in the step shown
 
 
 def test_scaling_explorer_redraws():
