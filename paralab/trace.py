@@ -202,20 +202,26 @@ class Trace:
         """Time covered by the rank's spans on a lane (overlaps counted once), clipped to a window."""
         return _clipped_union([s for s in self.spans if s.rank == rank and s.lane == lane], window)
 
-    def idle_fraction(self, steps: list[int] | None = None) -> dict[int, float]:
-        """Per rank: share of the step windows in which the rank computes nothing (waits or talks)."""
+    def _chosen_windows(self, steps: list[int] | None = None) -> list[tuple[float, float]]:
         windows = self.step_windows()
-        chosen = [windows[k] for k in (steps if steps is not None else _after_first(list(windows)))]
-        total = sum(hi - lo for lo, hi in chosen)
+        return [windows[k] for k in (steps if steps is not None else _after_first(list(windows)))]
+
+    def _mean_busy(self, lane: str, windows: list[tuple[float, float]]) -> dict[int, float]:
+        """Per rank: time covered by its spans on ``lane`` per window, averaged over the windows
+        (spans are grouped by rank once, so large simulated traces stay fast)."""
         by_rank: dict[int, list[Span]] = {rank: [] for rank in self.ranks}
         for s in self.spans:
-            if s.lane == COMPUTE:
+            if s.lane == lane:
                 by_rank[s.rank].append(s)
-        out = {}
-        for rank, spans in by_rank.items():
-            busy = sum(_clipped_union(spans, w) for w in chosen)
-            out[rank] = 1.0 - busy / total if total > 0 else 0.0
-        return out
+        n = max(len(windows), 1)
+        return {rank: sum(_clipped_union(spans, w) for w in windows) / n for rank, spans in by_rank.items()}
+
+    def idle_fraction(self, steps: list[int] | None = None) -> dict[int, float]:
+        """Per rank: share of the step windows in which the rank computes nothing (waits or talks)."""
+        chosen = self._chosen_windows(steps)
+        mean_window = sum(hi - lo for lo, hi in chosen) / max(len(chosen), 1)
+        busy = self._mean_busy(COMPUTE, chosen)
+        return {rank: 1.0 - b / mean_window if mean_window > 0 else 0.0 for rank, b in busy.items()}
 
     def bubble_fraction(self) -> float:
         """Idle time inside the steps / (ranks x step time), over the steps after the first."""
@@ -243,15 +249,12 @@ class Trace:
         """Headline metrics of the run: the numbers the CLI's --json and the notebooks show."""
         step_time = self.median_step_time()
         tokens = self.meta.get("tokens_per_step", 0)
-        windows = self.step_windows()
-        chosen = [windows[k] for k in _after_first(list(windows))]
-        per_rank = {}
-        for rank in self.ranks:
-            per_rank[rank] = {
-                "compute_s": sum(self.busy_time(rank, COMPUTE, w) for w in chosen) / max(len(chosen), 1),
-                "comm_s": sum(self.busy_time(rank, COMM, w) for w in chosen) / max(len(chosen), 1),
-            }
-            per_rank[rank]["idle_s"] = max(step_time - per_rank[rank]["compute_s"], 0.0)
+        chosen = self._chosen_windows()
+        compute, comm = self._mean_busy(COMPUTE, chosen), self._mean_busy(COMM, chosen)
+        per_rank = {
+            rank: {"compute_s": compute[rank], "comm_s": comm[rank], "idle_s": max(step_time - compute[rank], 0.0)}
+            for rank in self.ranks
+        }
         return {
             "step_time_s": step_time,
             "step_times_s": self.step_times(),

@@ -46,11 +46,18 @@ class GradSync:
     """How a strategy makes gradients agree across data-parallel ranks. The default does nothing
     (single device)."""
 
+    def clear_grads(self, optimizer: torch.optim.Optimizer) -> None:
+        """Called before each step's forward: forget the last step's gradients."""
+        optimizer.zero_grad(set_to_none=True)
+
     def before_backward(self) -> None:
         """Called before each backward (DDP arms its bucket hooks here)."""
 
     def after_backward(self) -> None:
         """Called after backward, before the optimizer: gradients must be averaged when it returns."""
+
+    def after_step(self) -> None:
+        """Called after the optimizer step (ZeRO gathers the updated parameter shards here)."""
 
 
 def run_steps(ctx: RankContext, params, loss_of, sync: GradSync, dp_rank: int = 0, dp_size: int = 1) -> list[float]:
@@ -67,7 +74,7 @@ def run_steps(ctx: RankContext, params, loss_of, sync: GradSync, dp_rank: int = 
         with rec.step(step):
             ctx.check_fault(step)
             inputs, targets = loader.rank_batch(step, dp_rank, dp_size)
-            optimizer.zero_grad(set_to_none=True)
+            sync.clear_grads(optimizer)
             with rec.span("forward"), meter.saving(step):
                 loss = loss_of(inputs, targets)
             sync.before_backward()
@@ -77,6 +84,7 @@ def run_steps(ctx: RankContext, params, loss_of, sync: GradSync, dp_rank: int = 
             sync.after_backward()
             with rec.span("optimizer"):
                 optimizer.step()
+            sync.after_step()
             meter.sample()
         losses.append(loss.item())
     return losses

@@ -183,17 +183,17 @@ class ShardedStates:
         ctx.memory.watch([], self.optimizer)
 
     def begin_step(self) -> None:
-        self.zero.zero_grad()
+        self.zero.clear_grads()
 
     def reduce(self) -> None:
         """Stage 1 keeps full gradients: sum the sequence-parallel ones over tp before the dp
         reduce-scatter (stage 2 with sequence parallel is refused in validate)."""
         self.sp_grads.after_backward()
-        self.zero.reduce_gradients()
+        self.zero.after_backward()
 
     def step(self) -> None:
         self.optimizer.step()
-        self.zero.gather_parameters()
+        self.zero.after_step()
 
     def averaged_grads(self, module: nn.Module) -> dict | None:
         """Every parameter's averaged gradient, gathered over dp (dp rank 0 gets them)."""

@@ -53,7 +53,7 @@ import torch.distributed as dist
 from paralab import comm
 from paralab.config import ConfigError
 from paralab.models.gpt import lm_loss, part_names
-from paralab.strategies.common import full_model, make_loader, make_optimizer
+from paralab.strategies.common import GradSync, full_model, run_steps
 from paralab.strategies.ddp import make_buckets
 from paralab.strategies.zero_shards import HeldMemory, ShardedModel
 
@@ -94,7 +94,7 @@ def unit_groups(model: torch.nn.Module, cfg, stage: int) -> list[tuple[str, list
     return [(f"bucket {i}", [name_of[id(p)] for p in reversed(b)]) for i, b in reversed(list(enumerate(buckets)))]
 
 
-class Zero:
+class Zero(GradSync):
     """One ZeRO stage on one rank: where gradients go in backward, how they are reduced, how
     parameters come back. ``held()`` lists every tensor it keeps, for the memory meter.
 
@@ -152,7 +152,8 @@ class Zero:
         return {"params": [self.sharded.flat] + [u.full for u in self.units], "grads": grads}
 
     # ------------------------------------------------------------------ the step
-    def zero_grad(self) -> None:
+    def clear_grads(self, optimizer=None) -> None:
+        """Zero the flat gradient buffers in place: the shards' gradients are views into them."""
         if self.stage == 1:
             self.grad_flat.zero_()
         self.arrived = dict.fromkeys(self.arrived, 0)
@@ -183,7 +184,7 @@ class Zero:
         if self.stage == 3:
             self.sharded.free(u)
 
-    def reduce_gradients(self) -> None:
+    def after_backward(self) -> None:
         """After backward: every rank's shard gradient is the average over the global batch."""
         if self.stage == 1:
             u = self.units[0]
@@ -199,7 +200,7 @@ class Zero:
             work.wait()
         self.pending.clear()
 
-    def gather_parameters(self) -> None:
+    def after_step(self) -> None:
         """Stages 1 and 2: after the update, all-gather the shards back into the full parameters.
         (In place: the shard is this rank's slice of the buffer it gathers into.) Stage 3 gathers
         each part when it is next used instead."""
@@ -233,31 +234,11 @@ class Zero:
 
 
 def train(ctx):
-    cfg, rec = ctx.cfg, ctx.recorder
     model = full_model(ctx)
-    zero = Zero(ctx, model, STAGES[cfg.strategy])
-    optimizer = make_optimizer(cfg, [u.shard for u in zero.units])
-    meter = ctx.memory
-    meter.watch([], optimizer)
-    loader = make_loader(ctx)
-    losses = []
-    for step in range(cfg.steps):
-        with rec.step(step):
-            ctx.check_fault(step)
-            inputs, targets = loader.rank_batch(step, ctx.rank, ctx.world_size)
-            zero.zero_grad()
-            with rec.span("forward"), meter.saving(step):
-                loss = lm_loss(model(inputs), targets)
-            with rec.span("backward"):
-                loss.backward()
-            meter.release(step)
-            zero.reduce_gradients()
-            with rec.span("optimizer"):
-                optimizer.step()
-            zero.gather_parameters()
-            meter.sample()
-        losses.append(loss.item())
-    state = zero.sharded.full_state() if cfg.collect_state else None
+    zero = Zero(ctx, model, STAGES[ctx.cfg.strategy])
+    losses = run_steps(ctx, [u.shard for u in zero.units], lambda x, y: lm_loss(model(x), y), zero,
+                       ctx.rank, ctx.world_size)
+    state = zero.sharded.full_state() if ctx.cfg.collect_state else None
     result = ctx.result(losses, loss_weight=1.0 / ctx.world_size, state=state)
     result["zero"] = zero.describe()
     return result
