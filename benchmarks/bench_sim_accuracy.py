@@ -1,9 +1,9 @@
 """Measured vs predicted: real 2-rank CPU runs against the simulator with ``local`` calibrated now.
 
-    python benchmarks/bench_sim_accuracy.py [--model small] [--steps 5] [--no-recalibrate]
+    python benchmarks/bench_sim_accuracy.py [--model small] [--world-size 2] [--steps 10] [--no-recalibrate]
 
 Calibrates the ``local`` hardware for the thread count a rank gets (unless told not to), runs dp,
-ddp, pp (gpipe, 1f1b) and tp (when ``paralab.strategies.tensor`` exists) for real, and prints a
+ddp, pp (gpipe, 1f1b) and tp for real, and prints a
 markdown table of each run's median step time (steps after the first), the predicted step time and
 the error. The issue's goal is within 30%. Nothing here is fitted per case: the same calibrated
 machine predicts every row.
@@ -12,7 +12,6 @@ machine predicts every row.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import time
 
 
@@ -20,11 +19,10 @@ def cases(args) -> list[tuple[str, dict]]:
     rows = [
         ("dp", dict(strategy="dp")),
         ("ddp", dict(strategy="ddp")),
-        ("pp gpipe", dict(strategy="pp", pp=2, schedule="gpipe", microbatches=args.microbatches)),
-        ("pp 1f1b", dict(strategy="pp", pp=2, schedule="1f1b", microbatches=args.microbatches)),
+        ("pp gpipe", dict(strategy="pp", pp=args.world_size, schedule="gpipe", microbatches=args.microbatches)),
+        ("pp 1f1b", dict(strategy="pp", pp=args.world_size, schedule="1f1b", microbatches=args.microbatches)),
     ]
-    if importlib.util.find_spec("paralab.strategies.tensor") is not None:
-        rows.append(("tp", dict(strategy="tp", tp=2)))
+    rows.append(("tp", dict(strategy="tp", tp=args.world_size)))
     return rows
 
 
@@ -35,12 +33,13 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="small")
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--global-batch", type=int, default=8)
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--no-recalibrate", action="store_true")
     args = parser.parse_args()
-    common = dict(world_size=2, steps=args.steps, global_batch=args.global_batch, device="cpu")
+    common = dict(world_size=args.world_size, steps=args.steps, global_batch=args.global_batch, device="cpu")
     todo = cases(args)
     if not args.no_recalibrate:
         from paralab.runtime.worker import threads_for
@@ -57,7 +56,7 @@ def main() -> None:
         measured = paralab.run(model=args.model, **common, **options).summary["step_time_s"]
         rows.append(f"| {label} | {measured:.4f} | {predicted:.4f} | {predicted / measured - 1:+.0%} |")
         print(rows[-1], flush=True)
-    print(f"\n{args.model} preset, world size 2, global batch {args.global_batch}, "
+    print(f"\n{args.model} preset, world size {args.world_size}, global batch {args.global_batch}, "
           f"{args.microbatches} microbatches for pp, {args.steps} steps\n")
     print("\n".join(rows))
 

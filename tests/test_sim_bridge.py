@@ -23,7 +23,8 @@ CPU = HardwareSpec(
     gpus_per_node=2, intra_bw=1e9, intra_latency=100e-6, inter_bw=1e9, inter_latency=100e-6,
     matmul_max_efficiency=1.0, matmul_half_dim=16.0, kernel_overhead_s=0.0,
     host_overhead_s={"layer_forward": 2e-4, "layer_backward": 3e-4, "tensor_update": 3e-5},
-    p2p_latency=200e-6, p2p_bw=1e9,
+    p2p_curve=[[4, 200e-6], [2**20, 1.2e-3]], allreduce_curve=[[4, 300e-6], [2**20, 2e-3]],
+    elementwise_bw=5e9, optimizer_bw=8e9,
 )
 
 

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from paralab.config import MODEL_PRESETS
 from paralab.sim import cli
 
 
@@ -62,3 +63,27 @@ def test_plan_json_lists_ranked_configurations(capsys):
     data = json.loads(out)
     assert 1 <= len(data["ranked"]) <= 3 and len(data["explain"]) == min(2, len(data["ranked"]))
     assert all(r["dp"] * r["tp"] * r["pp"] == 16 for r in data["ranked"])
+
+
+def test_lab_presets_simulate_as_fp32_with_the_batch_split_given(capsys):
+    rc, out, _ = run(["simulate", "--model", "small", "--hardware", "a100", "--dp", "2", "--global-batch", "8",
+                      "--microbatches", "2", "--json"], capsys)  # fmt: skip
+    assert rc == 0
+    data = json.loads(out)
+    assert data["params"] == MODEL_PRESETS["small"].param_count()
+    assert (data["global_batch"], data["microbatches"]) == (8, 2) and "2 microbatch(es) of 2" in data["config"]
+    # fp32 Adam: 4 bytes of weights, 4 of gradients, 8 of moments per parameter
+    memory = data["memory_bytes_per_gpu"]
+    assert memory["params"] == memory["grads"] == pytest.approx(4 * data["params"], abs=1)
+    assert memory["optimizer"] == pytest.approx(8 * data["params"], abs=1)
+
+
+def test_a_batch_split_that_does_not_multiply_out_exits_2(capsys):
+    rc, _, err = run(["simulate", "--model", "small", "--hardware", "a100", "--dp", "2", "--global-batch", "8",
+                      "--microbatches", "2", "--micro-batch", "4"], capsys)  # fmt: skip
+    assert rc == 2 and "global batch 8 != dp 2 x micro-batch 4 x 2 microbatches = 16" in err
+
+
+def test_cpu_rates_print_in_gflops():
+    assert cli.planner.flops_text(0.0551) == "55.1 GFLOP/s" and cli.planner.flops_text(199.4) == "199 TFLOP/s"
+    assert cli.planner.bytes_text(111 * 2**20) == "111.0 MiB" and cli.planner.bytes_text(40.8 * 2**30) == "40.8 GiB"

@@ -22,6 +22,7 @@ import dataclasses
 from paralab.config import RunConfig
 from paralab.sim import cost, counting
 from paralab.sim.hardware import get_hardware, local
+from paralab.sim.presets import lab_model
 from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec, SpecError
 from paralab.trace import COMM, COMPUTE, STEP, Span, Trace
 
@@ -33,12 +34,7 @@ TENSOR = ("tp", "torch_tp")
 
 def model_spec(cfg: RunConfig) -> ModelSpec:
     """paralab.models.gpt.GPT as the simulator sees it (its parameter count is ModelConfig.param_count())."""
-    m = cfg.model
-    return ModelSpec(
-        layers=m.layers, hidden=m.hidden, heads=m.heads, ffn=m.ffn, vocab=m.vocab, seq=m.seq_len,
-        biases=True, norm_params=2, learned_positions=True, tied_embeddings=False, output_bias=True,
-        dropout=m.dropout > 0, dtype="fp32", name=cfg.model_name,
-    )
+    return lab_model(cfg.model, cfg.model_name)
 
 
 def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
@@ -97,7 +93,8 @@ def _param_bytes(model: ModelSpec) -> int:
 def hardware_for_run(cfg: RunConfig, hardware: str | HardwareSpec = "local") -> HardwareSpec:
     """The hardware one rank of this run sees. ``local``: calibrated with the threads the rank gets
     (``paralab.runtime.worker.threads_for``), slowed by the share of a core it really has when the
-    ranks want more threads than the machine has cores."""
+    ranks want more threads than the machine has cores: its compute, and its gloo calls too (each
+    step of a ring waits for the next rank to be scheduled)."""
     if isinstance(hardware, HardwareSpec):
         return hardware
     if hardware.lower() != "local":
@@ -111,7 +108,10 @@ def hardware_for_run(cfg: RunConfig, hardware: str | HardwareSpec = "local") -> 
         hw = dataclasses.replace(
             hw, peak_flops={k: v * share for k, v in hw.peak_flops.items()},
             memory_bandwidth=hw.memory_bandwidth * share,
+            elementwise_bw=hw.elementwise_bw * share, optimizer_bw=hw.optimizer_bw * share,
             host_overhead_s={k: v / share for k, v in hw.host_overhead_s.items()},
+            allreduce_curve=[[n, t / share] for n, t in hw.allreduce_curve],
+            p2p_curve=[[n, t / share] for n, t in hw.p2p_curve],
         )
     return hw
 

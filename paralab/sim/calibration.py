@@ -1,7 +1,8 @@
-"""Microbenchmarks behind the ``local`` hardware: what a tiny fp32 model on CPU ranks actually pays.
+"""Microbenchmarks behind the ``local`` hardware: what a small fp32 model on CPU ranks actually pays.
 
-A small GPT on a CPU is not a GPU in miniature. Its step time has three parts of similar size, and
-each is measured here with the thread count a rank will get (ranks share the cores):
+A small GPT on a CPU is not a GPU in miniature. Each part of its step is measured here with the
+thread count a rank will get, by as many processes at once as the run has ranks (they share the
+cores, caches and memory bus):
 
 1. **Matmul throughput at the model's shapes.** (tokens x hidden) @ (hidden x 3 hidden) and the like,
    a few hundred wide: far from a large GEMM's rate. We time a handful of such shapes and fit the cost
@@ -10,9 +11,16 @@ each is measured here with the thread count a rank will get (ranks share the cor
    a node per op, and the lab's memory meter sees every saved tensor. We time paralab's own
    embedding, one transformer block and the head with loss, forward and backward, at a shape so small
    that their FLOPs are negligible: what is left is the fixed cost of calling them. Likewise Adam
-   (``foreach=False``, as the strategies use it) per parameter tensor.
-3. **gloo between two processes**: all-reduce and send/recv, each at a tiny and a large size, giving
-   latency (alpha) and bandwidth (beta) by difference.
+   (``foreach=False``, as the strategies use it) per parameter tensor, and the training loop's own
+   time per step and per token loaded (:func:`loop_overheads`).
+3. **Everything in a block that is not a GEMM.** LayerNorm, GELU, CPU flash attention and the
+   residual adds are far slower than a memory copy on one core. We time paralab's block forward and
+   backward at the lab models' shapes, take away the GEMM law's share and the host time, and fit
+   the bytes per second at which the rest gets through the activations it moves
+   (:func:`elementwise_bandwidth`). Adam on a million parameters gives the optimizer's rate.
+4. **gloo between two processes**: all-reduce and one-way send/recv on a ladder of sizes (4 B to
+   8 MiB), mean times. On shared cores a call often waits for its I/O thread to be scheduled, so
+   the cost is far from ``latency + bytes / bandwidth``: the cost model reads these curves.
 
 Medians, not minima: the runs the model predicts report median step times on the same shared machine.
 """
@@ -26,6 +34,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+from paralab.trace import STEP
 
 # (tokens, out, in) of the linears of the tiny (h 64) and small (h 256) presets with 128-1024 tokens
 MODEL_SHAPES = ((128, 192, 64), (128, 64, 256), (512, 768, 256), (512, 256, 1024), (1024, 1024, 256), (256, 512, 512))
@@ -82,6 +92,28 @@ def copy_bandwidth(nbytes: int = 16 * 2**20) -> float:
     return 2 * nbytes / median_time(lambda: dst.copy_(src), repeats=5)
 
 
+# (micro-batch, hidden, heads, seq) of blocks as the lab presets run them: tiny at b 8, small at b 2 and 4
+BLOCK_SHAPES = ((8, 64, 4, 32), (2, 256, 8, 128), (4, 256, 8, 128))
+
+
+def _part_times(meter, part, call, repeats: int, skip: int) -> tuple[float, float]:
+    """Median forward and backward seconds of ``call(part)`` under the memory meter."""
+    import torch
+
+    forward, backward = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        with meter.saving(0):
+            y = call(part)
+        mid = time.perf_counter()
+        y.backward(torch.ones_like(y))
+        end = time.perf_counter()
+        meter.release(0)
+        forward.append(mid - start)
+        backward.append(end - mid)
+    return statistics.median(forward[skip:]), statistics.median(backward[skip:])
+
+
 def host_overheads() -> dict[str, float]:
     """Seconds per call of paralab's embedding, block and head + loss (forward, backward) at a shape
     whose FLOPs are negligible, under the memory meter the strategies wrap forwards in; and Adam's
@@ -103,59 +135,169 @@ def host_overheads() -> dict[str, float]:
     }
     out: dict[str, float] = {}
     for name, (part, call) in parts.items():
-        forward, backward = [], []
-        for _ in range(60):
-            start = time.perf_counter()
-            with meter.saving(0):
-                y = call(part)
-            mid = time.perf_counter()
-            y.backward(torch.ones_like(y))
-            end = time.perf_counter()
-            meter.release(0)
-            forward.append(mid - start)
-            backward.append(end - mid)
-        out[f"{name}_forward"] = statistics.median(forward[10:])
-        out[f"{name}_backward"] = statistics.median(backward[10:])
+        out[f"{name}_forward"], out[f"{name}_backward"] = _part_times(meter, part, call, 60, 10)
     params = [torch.nn.Parameter(torch.randn(8)) for _ in range(24)]
     for p in params:
         p.grad = torch.randn(8)
     adam = torch.optim.Adam(params, lr=1e-3, foreach=False)
     out["tensor_update"] = median_time(adam.step, repeats=7) / len(params)
-    return out
+    return {**out, **loop_overheads()}
 
 
-def compute_figures(shapes=MODEL_SHAPES) -> dict:
-    """The compute microbenchmarks of one process: matmul rows, copy bandwidth, host overheads."""
-    return {"matmul_rows": matmul_rows(shapes), "copy_bw": copy_bandwidth(), "host": host_overheads()}
+def loop_overheads(steps: int = 12) -> dict[str, float]:
+    """The training loop's own seconds per step, outside forward, backward and the optimizer: a fixed
+    part ("step": recorder, memory meter, clearing gradients, the loss's ``.item()``) and a part per
+    token of the rank's batch ("data_token": the synthetic corpus draws each token in Python).
+
+    Runs the real loop (``run_steps``) of a one-rank model with negligible FLOPs at two sequence
+    lengths and reads its own trace: per step, the step span minus the spans inside it."""
+    import torch
+
+    from paralab.config import ModelConfig, RunConfig
+    from paralab.memory import MemoryMeter
+    from paralab.models.gpt import GPT, lm_loss
+    from paralab.runtime.context import RankContext
+    from paralab.runtime.recorder import Recorder
+    from paralab.strategies.common import GradSync, run_steps
+
+    cpu, batch, points = torch.device("cpu"), 4, []
+    for seq in (8, 128):
+        model_cfg = ModelConfig(layers=1, hidden=8, heads=2, ffn=32, vocab=16, seq_len=seq)
+        cfg = RunConfig.build(model_cfg, strategy="single", world_size=1, steps=steps, global_batch=batch)
+        ctx = RankContext(cfg, 0, 1, 0, 0, cpu, Recorder(0), MemoryMeter(cpu))
+        model = GPT(model_cfg, 0)
+        run_steps(ctx, model.parameters(), lambda x, y, model=model: lm_loss(model(x), y), GradSync())
+        outside = {}
+        for span in ctx.recorder.spans:
+            sign = 1 if span.lane == STEP else -1
+            outside[span.step] = outside.get(span.step, 0.0) + sign * (span.end - span.start)
+        points.append((batch * seq, statistics.median(v for k, v in outside.items() if k >= 2)))
+    (n0, t0), (n1, t1) = points
+    per_token = max(t1 - t0, 0.0) / (n1 - n0)
+    return {"step": max(t0 - n0 * per_token, 0.0), "data_token": per_token}
 
 
-def concurrent_figures(threads: int, ranks: int = 2, nbytes: int = 4 * 2**20, shapes=MODEL_SHAPES,
-                       timeout: float = 60.0) -> tuple[dict, dict]:
+def block_times(shapes=BLOCK_SHAPES) -> list[list[float]]:
+    """[micro-batch, hidden, heads, seq, forward s, backward s] of one paralab block per shape."""
+    import torch
+
+    from paralab.config import ModelConfig
+    from paralab.memory import MemoryMeter
+    from paralab.models.gpt import build_part
+
+    meter = MemoryMeter(torch.device("cpu"))
+    rows = []
+    for b, h, heads, s in shapes:
+        cfg = ModelConfig(layers=1, hidden=h, heads=heads, vocab=16, seq_len=s)
+        x0 = torch.randn(b, s, h)
+        times = _part_times(meter, build_part(cfg, 1, 0), lambda part, x0=x0: part(x0.clone().requires_grad_()), 14, 4)
+        rows.append([b, h, heads, s, *times])
+    return rows
+
+
+def adam_seconds(params: int = 2**20, tensors: int = 4) -> float:
+    """Median seconds of one Adam step (``foreach=False``) over ``params`` parameters in ``tensors`` tensors."""
+    import torch
+
+    weights = [torch.nn.Parameter(torch.randn(params // tensors)) for _ in range(tensors)]
+    for w in weights:
+        w.grad = torch.randn_like(w)
+    return median_time(torch.optim.Adam(weights, lr=1e-3, foreach=False).step, repeats=5)
+
+
+def compute_figures(shapes=MODEL_SHAPES, sync=lambda: None, rounds: int = 3) -> dict:
+    """The compute microbenchmarks of one process: matmul rows, copy bandwidth, host overheads,
+    block timings and Adam's step time on 2^20 parameters.
+
+    The block fit subtracts the matmul law from block times, so the two must see the same machine:
+    they alternate for ``rounds`` rounds and each figure is the median over rounds. ``sync`` (a
+    barrier when several ranks calibrate together) keeps the ranks on the same benchmark."""
+    matmuls, blocks = [], []
+    for _ in range(rounds):
+        sync()
+        matmuls.append(matmul_rows(shapes))
+        sync()
+        blocks.append(block_times())
+    figures = {
+        "matmul_rows": [(*rows[0][:3], statistics.median(r[3] for r in rows)) for rows in zip(*matmuls)],
+        "blocks": [[*rows[0][:4], *(statistics.median(r[j] for r in rows) for j in (4, 5))] for rows in zip(*blocks)],
+    }
+    sync()
+    figures["copy_bw"] = copy_bandwidth()
+    sync()
+    figures["host"] = host_overheads()
+    sync()
+    figures["adam_1m"] = adam_seconds()
+    return figures
+
+
+def elementwise_bandwidth(hw, blocks: list[list[float]]) -> float:
+    """Bytes/s of a block's non-GEMM work, fitted to timed blocks against the cost model itself.
+
+    For each timed block the cost model's GEMM time (forward: linear + core; backward twice that)
+    and the calibrated host time are taken away; what is left is fitted, through the origin, to the
+    activation bytes the model says those kernels move (forward once, backward twice). 0 when
+    nothing is left (the memory bandwidth then stands).
+    """
+    from paralab.config import ModelConfig
+    from paralab.sim.cost import layer_work
+    from paralab.sim.presets import lab_model
+    from paralab.sim.specs import ParallelSpec
+
+    host = hw.host_overhead_s
+    num = den = 0.0
+    for b, h, heads, s, forward, backward in blocks:
+        model = lab_model(ModelConfig(layers=1, hidden=int(h), heads=int(heads), vocab=16, seq_len=int(s)))
+        work = layer_work(model, ParallelSpec(micro_batch=int(b), microbatches=1).resolved(), hw)
+        left = forward + backward - host.get("layer_forward", 0.0) - host.get("layer_backward", 0.0)
+        left -= 3 * (work.linear + work.core)
+        moved = 3 * work.elementwise_bytes
+        num, den = num + left * moved, den + moved * moved
+    return den / num if num > 0 else 0.0
+
+
+def optimizer_bandwidth(adam_1m: float, tensor_update: float, params: int = 2**20, tensors: int = 4) -> float:
+    """Optimizer bytes/s in the cost model's accounting (OPTIMIZER_BYTES_TOUCHED per parameter)."""
+    from paralab.sim.cost import OPTIMIZER_BYTES_TOUCHED
+
+    return OPTIMIZER_BYTES_TOUCHED * params / max(adam_1m - tensors * tensor_update, 1e-9)
+
+
+def concurrent_figures(threads: int, ranks: int = 2, shapes=MODEL_SHAPES, timeout: float = 90.0) -> tuple[dict, dict]:
     """Compute figures measured by ``ranks`` processes at once (as the ranks of a run share the
     machine: its cores, caches, memory bus and whatever else is running), averaged over them, and
-    the gloo link figures between the first two."""
-    spec = json.dumps({"port": _free_port(), "nbytes": nbytes, "threads": threads, "ranks": ranks,
-                       "shapes": shapes})
+    the gloo curves between the first two."""
+    spec = json.dumps({"port": _free_port(), "threads": threads, "ranks": ranks, "shapes": shapes})
     results = _run_workers([spec], ranks, timeout)
     rows = [(*r[:3], statistics.mean(res["matmul_rows"][i][3] for res in results))
             for i, r in enumerate(results[0]["matmul_rows"])]
+    blocks = [[*r[:4], *(statistics.mean(res["blocks"][i][j] for res in results) for j in (4, 5))]
+              for i, r in enumerate(results[0]["blocks"])]
     compute = {
         "matmul_rows": rows,
         "copy_bw": statistics.mean(res["copy_bw"] for res in results),
         "host": {k: statistics.mean(res["host"][k] for res in results) for k in results[0]["host"]},
+        "blocks": blocks,
+        "adam_1m": statistics.mean(res["adam_1m"] for res in results),
     }
-    return compute, _links(results[0]["gloo"], nbytes)
+    return compute, results[0]["gloo"]
 
 
-def gloo_alpha_beta(nbytes: int = 4 * 2**20, timeout: float = 25.0) -> dict[str, float]:
-    """All-reduce and send/recv a tiny and a large tensor between two fresh local gloo processes.
+def gloo_curves(timeout: float = 40.0) -> dict[str, list]:
+    """All-reduce and one-way send/recv curves between two fresh local gloo processes (1 thread each).
 
-    Ring accounting: a 2-rank all-reduce puts 2(n-1)/n = 1 x the tensor on the wire per rank, so
-    both fits are ``t = alpha + bytes / beta``. Send/recv is timed as a ping-pong, halved. The workers
-    are fresh interpreters (``python -m paralab.sim.calibration``), so calibrating works from a
-    notebook or a script without a ``__main__`` guard.
-    """
-    return _links(_run_workers([str(_free_port()), str(nbytes)], 2, timeout)[0], nbytes)
+    The workers are fresh interpreters (``python -m paralab.sim.calibration``), so calibrating works
+    from a notebook or a script without a ``__main__`` guard."""
+    spec = json.dumps({"port": _free_port(), "threads": 1, "ranks": 2, "compute": False})
+    return _run_workers([spec], 2, timeout)[0]["gloo"]
+
+
+def link_summary(curves: dict[str, list]) -> dict[str, float]:
+    """Alpha-beta of the all-reduce curve for the fields every preset has: per ring step latency (a
+    2-rank all-reduce is two steps) and bandwidth between its smallest and largest points (a 2-rank
+    ring puts the whole tensor on the wire)."""
+    (small, t_small), (large, t_large) = curves["allreduce"][0], curves["allreduce"][-1]
+    return {"latency": t_small / 2, "bw": (large - small) / max(t_large - t_small, 1e-9)}
 
 
 def _free_port() -> int:
@@ -179,20 +321,8 @@ def _run_workers(args: list[str], ranks: int, timeout: float) -> list[dict]:
     return [json.loads(o) for o in outputs]
 
 
-def _links(times: list[float], nbytes: int) -> dict[str, float]:
-    small, large, p2p_small, p2p_large = times
-    allreduce_bw = nbytes / max(large - small, 1e-9)
-    # a loaded machine's wake-up latency can swamp the transfer itself: when the large send/recv is
-    # not clearly slower than the tiny one, its bandwidth is unresolved and the all-reduce's stands in
-    resolved = p2p_large - p2p_small > 0.1 * p2p_large
-    return {
-        "allreduce_latency": small, "allreduce_bw": allreduce_bw,
-        "p2p_latency": p2p_small, "p2p_bw": nbytes / (p2p_large - p2p_small) if resolved else allreduce_bw,
-    }
-
-
-def _concurrent_worker(spec: dict, rank: int) -> None:
-    """One calibration rank: compute figures in step with the others, then (first two) gloo figures."""
+def _worker(spec: dict, rank: int) -> None:
+    """One calibration rank: compute figures in step with the others, then (first two) gloo curves."""
     import torch
     import torch.distributed as dist
 
@@ -200,58 +330,66 @@ def _concurrent_worker(spec: dict, rank: int) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['port']}", rank=rank,
                             world_size=spec["ranks"])
     try:
-        dist.barrier()
-        out = compute_figures([tuple(s) for s in spec["shapes"]])
+        out = {}
+        if spec.get("compute", True):
+            out = compute_figures([tuple(s) for s in spec["shapes"]], sync=dist.barrier)
         dist.barrier()
         torch.set_num_threads(1)
         pair = dist.new_group([0, 1])
         if rank < 2:
-            out["gloo"] = _gloo_times(spec["nbytes"], rank, pair)
+            out["gloo"] = _gloo_curves(rank, pair)
         print(json.dumps(out))
     finally:
         dist.destroy_process_group()
 
 
-def _gloo_worker(port: int, nbytes: int, rank: int) -> None:
+LADDER = (4, *(2**k for k in range(12, 24)))  # bytes: one float, then 4 KiB to 8 MiB
+
+
+def _gloo_curves(rank: int, group, rounds: int = 8, calls: int = 3) -> dict[str, list]:
+    """{"allreduce": [[bytes, s]...], "p2p": [[bytes, s]...]}, p2p one way (a ping-pong, halved).
+
+    On a few shared cores a gloo call is bimodal: it finishes at once, or waits a millisecond or
+    more for its I/O thread to be scheduled, and which one varies from call to call more than with
+    the size. A run's step pays the sum of its calls, so each point is a mean, over ``rounds``
+    passes up the ladder (spreading any burst of load over every size), made non-decreasing in the
+    size (:func:`monotone`).
+    """
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        print(json.dumps(_gloo_times(nbytes, rank, None)))
-    finally:
-        dist.destroy_process_group()
+    peer = 1 - rank
+
+    def ping_pong(t):
+        if rank == 0:
+            dist.send(t, peer, group=group)
+            dist.recv(t, peer, group=group)
+        else:
+            dist.recv(t, peer, group=group)
+            dist.send(t, peer, group=group)
+
+    tensors = [torch.ones(max(n // 4, 1)) for n in LADDER]
+    calls_of = {"allreduce": lambda t: dist.all_reduce(t, group=group), "p2p": ping_pong}
+    samples = {name: [[] for _ in LADDER] for name in calls_of}
+    for _ in range(rounds):
+        for i, t in enumerate(tensors):
+            for name, call in calls_of.items():
+                dist.barrier(group=group)
+                samples[name][i] += [_timed(lambda call=call, t=t: call(t)) for _ in range(calls)]
+    scale = {"allreduce": 1.0, "p2p": 0.5}
+    return {name: [[n, y] for n, y in zip(LADDER, monotone([scale[name] * statistics.mean(x) for x in rows]))]
+            for name, rows in samples.items()}
 
 
-def _gloo_times(nbytes: int, rank: int, group) -> list[float]:
-    """[all-reduce tiny, all-reduce large, one-way send/recv tiny, large] seconds, medians."""
-    import torch
-    import torch.distributed as dist
-
-    if True:
-        times = []
-        tensors = [torch.ones(1), torch.ones(nbytes // 4)]
-        for t in tensors:
-            for _ in range(3):
-                dist.all_reduce(t, group=group)
-            dist.barrier(group=group)
-            times.append(statistics.median(_timed(lambda t=t: dist.all_reduce(t, group=group)) for _ in range(15)))
-
-        def ping_pong(t):
-            peer = 1 - rank
-            if rank == 0:
-                dist.send(t, peer, group=group)
-                dist.recv(t, peer, group=group)
-            else:
-                dist.recv(t, peer, group=group)
-                dist.send(t, peer, group=group)
-
-        for t in tensors:
-            ping_pong(t)
-            dist.barrier(group=group)
-            times.append(statistics.median(_timed(lambda t=t: ping_pong(t)) for _ in range(15)) / 2)
-    return times
+def monotone(values: list[float]) -> list[float]:
+    """The non-decreasing sequence closest to ``values`` in least squares (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, c1), (m2, c2) = blocks.pop(-2), blocks.pop()
+            blocks.append([(m1 * c1 + m2 * c2) / (c1 + c2), c1 + c2])
+    return [m for m, c in blocks for _ in range(c)]
 
 
 def _timed(fn) -> float:
@@ -261,7 +399,4 @@ def _timed(fn) -> float:
 
 
 if __name__ == "__main__":
-    if sys.argv[1].startswith("{"):
-        _concurrent_worker(json.loads(sys.argv[1]), int(sys.argv[2]))
-    else:
-        _gloo_worker(*(int(a) for a in sys.argv[1:4]))
+    _worker(json.loads(sys.argv[1]), int(sys.argv[2]))

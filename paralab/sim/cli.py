@@ -33,7 +33,7 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
 def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     _add_model_args(parser)
     parser.add_argument("--gpus", type=int, help="total GPUs; dp defaults to gpus / (tp x pp)")
-    parser.add_argument("--micro-batch", type=int, default=1)
+    parser.add_argument("--micro-batch", type=int, help="sequences per microbatch (default: what --global-batch and --microbatches leave, else 1)")
     parser.add_argument("--dp", type=int)
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--pp", type=int, default=1)
@@ -94,10 +94,15 @@ def simulate_main(args) -> int:
     tp, pp = args.tp, args.pp
     dp = args.dp or (args.gpus // (tp * pp) if args.gpus and args.gpus % (tp * pp) == 0 else 1)
     gpus = args.gpus or dp * tp * pp
+    micro_batch = args.micro_batch
+    if micro_batch is None:
+        split = args.global_batch and args.microbatches and dp * args.microbatches
+        micro_batch = max(args.global_batch // split, 1) if split else 1
     parallel = ParallelSpec(
         dp=dp, tp=tp, pp=pp, virtual_stages=args.virtual_stages, schedule=args.schedule,
-        microbatches=args.microbatches or 0, micro_batch=args.micro_batch, global_batch=args.global_batch or 0,
+        microbatches=args.microbatches or 0, micro_batch=micro_batch, global_batch=args.global_batch or 0,
         zero=args.zero, sequence_parallel=args.sequence_parallel, recompute=args.recompute,
+        optimizer=counting.optimizer_for(model),
     )  # fmt: skip
     problems = model.problems() or parallel.problems(model, gpus)
     if problems:
@@ -125,9 +130,9 @@ def _report(out: dict) -> str:
     mem = out["memory_bytes_per_gpu"]
     return "\n".join([
         f"{out['model']} on {out['gpus']} x {out['hardware']}: {out['config']}",
-        f"  step {out['step_time_s']:.3f} s, {out['tokens_per_s']:,.0f} tokens/s, {out['tflops_per_gpu']:.1f} TFLOP/s per GPU, "
+        f"  step {out['step_time_s']:.3f} s, {out['tokens_per_s']:,.0f} tokens/s, {planner.flops_text(out['tflops_per_gpu'])} per GPU, "
         f"MFU {out['mfu']:.1%}, HFU {out['hfu']:.1%}, bubble {out['bubble_fraction']:.1%}",
-        "  memory per GPU (GiB): " + ", ".join(f"{k} {v / 2**30:.1f}" for k, v in mem.items()),
+        "  memory per GPU: " + ", ".join(f"{k} {planner.bytes_text(v)}" for k, v in mem.items()),
         "  wire bytes per GPU per step (GB): " + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in out["comm_bytes_per_gpu"].items()),
     ])  # fmt: skip
 
@@ -150,7 +155,8 @@ def plan_main(args) -> int:
         print(json.dumps({"model": model.name, "gpus": args.gpus, "hardware": hw.name, "ranked": rows, "explain": sentences}))
         return 0
     for i, p in enumerate(ranked, 1):
-        print(f"{i:2d}. {p.tflops_per_gpu:6.1f} TFLOP/s/GPU  {p.memory_bytes_per_gpu['total'] / 2**30:5.1f} GiB  {planner.describe(p.parallel)}")
+        rate, memory = planner.flops_text(p.tflops_per_gpu), planner.bytes_text(p.memory_bytes_per_gpu["total"])
+        print(f"{i:2d}. {rate:>13} per GPU  {memory:>10}  {planner.describe(p.parallel)}")
     print("\n".join(sentences))
     return 0
 

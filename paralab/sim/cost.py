@@ -23,6 +23,7 @@ How a step is timed, bottom up:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from paralab.schedules import theoretical_bubble
@@ -37,27 +38,48 @@ OPTIMIZER_BYTES_TOUCHED = 28  # per parameter: read grad, read/write master, m a
 # --------------------------------------------------------------------------------------- primitives
 
 
-def gemm_time(hw: HardwareSpec, flops_peak: float, m: float, n: float, k: float, batch: float = 1, nbytes: int = 2) -> float:
-    """Seconds for ``batch`` (m x k) @ (k x n) matmuls: shape-scaled peak, memory roofline, launch cost."""
+def gemm_time(hw: HardwareSpec, flops_peak: float, m: float, n: float, k: float, batch: float = 1, nbytes: int = 2,
+              share: int = 1) -> float:
+    """Seconds for ``batch`` (m x k) @ (k x n) matmuls: shape-scaled peak, memory roofline (memory
+    bandwidth split ``share`` ways), launch cost."""
     half = hw.matmul_half_dim
     efficiency = hw.matmul_max_efficiency * (m / (m + half)) * (n / (n + half)) * (k / (k + half))
     compute = 2 * batch * m * n * k / (flops_peak * efficiency)
-    memory = batch * (m * k + k * n + m * n) * nbytes / hw.memory_bandwidth
+    memory = batch * (m * k + k * n + m * n) * nbytes * share / hw.memory_bandwidth
     return max(compute, memory) + hw.kernel_overhead_s
 
 
 def collective_time(hw: HardwareSpec, op: str, payload: float, group: int, stride: int, messages: int = 1) -> float:
-    """Alpha-beta time of a ring collective among ``group`` ranks spaced ``stride`` apart.
+    """Time of a ring collective among ``group`` ranks spaced ``stride`` apart.
 
-    ``messages``: the payload goes as that many separate collectives, each paying the latency."""
+    Alpha-beta on the link it crosses, ``steps x latency + wire bytes / bandwidth``; on a machine
+    with a measured all-reduce curve (``local``), each of the ring's steps costs what half of a
+    2-rank all-reduce of two chunks costs. ``messages``: the payload goes as that many separate
+    collectives, each paying the latency."""
     if group <= 1:
         return 0.0
     per_node = max(1, min(group, hw.gpus_per_node // stride))
     inter = per_node < group
+    steps = 2 * (group - 1) if op == "all_reduce" else group - 1
+    if hw.allreduce_curve and not inter:
+        chunk = payload / messages / group
+        return messages * steps * interpolate(hw.allreduce_curve, 2 * chunk) / 2
     bandwidth = min(hw.intra_bw, per_node * hw.inter_bw) if inter else hw.intra_bw
     latency = hw.inter_latency if inter else hw.intra_latency
-    steps = 2 * (group - 1) if op == "all_reduce" else group - 1
     return messages * steps * latency + counting.ring_wire_bytes(op, payload, group) / bandwidth
+
+
+def interpolate(curve: list, nbytes: float) -> float:
+    """Seconds at ``nbytes`` on a measured (bytes, seconds) curve: log-log between its points, the
+    smallest's time below it, and the last segment's bandwidth beyond the largest."""
+    if nbytes <= curve[0][0]:
+        return curve[0][1]
+    for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
+        if nbytes <= x1:
+            w = math.log(nbytes / x0) / math.log(x1 / x0)
+            return math.exp((1 - w) * math.log(y0) + w * math.log(y1))
+    (x0, y0), (x1, y1) = curve[-2], curve[-1]
+    return y1 + (nbytes - x1) * max(y1 - y0, 0.0) / (x1 - x0)
 
 
 @dataclass(frozen=True)
@@ -79,22 +101,29 @@ class StageTimes:
         return self.backward_input + self.backward_weight
 
 
-def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> list[StageTimes]:
-    """Per-microbatch durations of every stage (pp x v of them), from the layer's GEMMs, traffic and collectives."""
-    p = parallel.resolved()
-    world = p.world_size
-    peak = hw.peak(model.dtype) / (world if hw.shared_compute else 1)
-    bw_share = world if hw.shared_compute else 1
+@dataclass(frozen=True)
+class LayerWork:
+    """One transformer layer's forward on one GPU, by what limits it: GEMMs (seconds), the attention
+    core's batched GEMMs (seconds) and the activations its non-GEMM kernels move (bytes, Korthikanti
+    et al. 2022 Table 2 at the model's width; the backward moves twice as many)."""
+
+    linear: float
+    core: float
+    elementwise_bytes: float
+    core_elementwise_bytes: float  # the share of the attention core (softmax, its dropout)
+
+
+def layer_work(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> LayerWork:
+    """The per-layer pieces of :func:`stage_times` (``p`` resolved), also what calibration fits against."""
+    share = p.world_size if hw.shared_compute else 1
+    peak = hw.peak(model.dtype) / share
     t, b, s, h = p.tp, p.micro_batch, model.seq, model.hidden
     tokens, nbytes = b * s, model.dtype_bytes
     mlp_in = 2 * model.ffn if model.gated_mlp else model.ffn
     heads = model.heads // t
 
     def gemm(m_, n_, k_, batch=1):
-        return gemm_time(hw, peak, m_, n_, k_, batch, nbytes)
-
-    def host(part: str) -> float:  # framework time per call (CPU); 0 on the GPU presets
-        return hw.host_overhead_s.get(part, 0.0)
+        return gemm_time(hw, peak, m_, n_, k_, batch, nbytes, share)
 
     linear = (
         gemm(tokens, (h + 2 * model.kv_dim) / t, h)
@@ -105,9 +134,32 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
     core = gemm(s, s, model.head_dim, b * heads) + gemm(s, model.head_dim, s, b * heads)
     act = counting.activation_bytes_per_layer(model, b, t, p.sequence_parallel, "none")
     act_no_core = counting.activation_bytes_per_layer(model, b, t, p.sequence_parallel, "selective")
-    mem_bw = hw.memory_bandwidth / bw_share
     width = nbytes / 2  # Table 2 counts 16-bit activations; fp32 moves twice the bytes
-    elementwise, elementwise_core = 2 * act * width / mem_bw, 2 * (act - act_no_core) * width / mem_bw
+    return LayerWork(linear, core, 2 * act * width, 2 * (act - act_no_core) * width)
+
+
+def elementwise_bandwidth(hw: HardwareSpec, share: int = 1) -> float:
+    """Bytes/s of non-GEMM kernels: measured on the local CPU (``elementwise_bw``), else memory-bound."""
+    return (hw.elementwise_bw or hw.memory_bandwidth) / share
+
+
+def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> list[StageTimes]:
+    """Per-microbatch durations of every stage (pp x v of them), from the layer's GEMMs, traffic and collectives."""
+    p = parallel.resolved()
+    share = p.world_size if hw.shared_compute else 1
+    t, b, s, h = p.tp, p.micro_batch, model.seq, model.hidden
+    tokens, nbytes = b * s, model.dtype_bytes
+    ew_bw = elementwise_bandwidth(hw, share)
+
+    def gemm(m_, n_, k_):
+        return gemm_time(hw, hw.peak(model.dtype) / share, m_, n_, k_, 1, nbytes, share)
+
+    def host(part: str) -> float:  # framework time per call (CPU); 0 on the GPU presets
+        return hw.host_overhead_s.get(part, 0.0)
+
+    work = layer_work(model, p, hw)
+    linear, core = work.linear, work.core
+    elementwise, elementwise_core = work.elementwise_bytes / ew_bw, work.core_elementwise_bytes / ew_bw
     ops = ("all_gather", "reduce_scatter") if p.sequence_parallel else ("all_reduce",)
     tp_pair = 2 * sum(collective_time(hw, op, tokens * h * nbytes, t, 1) for op in ops)  # two per pass
 
@@ -119,9 +171,9 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
 
     chunks = p.pp * p.virtual_stages
     per_chunk = model.layers // chunks
-    embed = 2 * tokens * h * nbytes / mem_bw
+    embed = 2 * tokens * h * nbytes / ew_bw
     logits = gemm(tokens, model.vocab / t, h)
-    loss = 3 * tokens * model.vocab / t * 4 / mem_bw  # fp32 logits: write, softmax read and write
+    loss = 3 * tokens * model.vocab / t * 4 / ew_bw  # fp32 logits: write, softmax read and write
     # tp at the ends (Megatron-LM): the vocabulary-parallel embedding all-reduces its partial lookups;
     # the output layer's input operator f all-reduces its gradient in backward; the vocabulary-parallel
     # cross-entropy all-reduces three numbers per token (max logit, sum of exponentials, target logit)
@@ -164,10 +216,11 @@ def p2p_time(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> floa
     p = parallel.resolved()
     act = model.seq * p.micro_batch * model.hidden * model.dtype_bytes
     inter = p.tp * p.dp * p.pp > hw.gpus_per_node
+    gather = collective_time(hw, "all_gather", act, p.tp, 1)
+    if hw.p2p_curve and not inter:  # measured point-to-point times (local calibration)
+        return interpolate(hw.p2p_curve, act / p.tp) + gather
     bandwidth, latency = (hw.inter_bw, hw.inter_latency) if inter else (hw.intra_bw, hw.intra_latency)
-    if hw.p2p_bw and not inter:  # measured point-to-point figures (local calibration)
-        bandwidth, latency = hw.p2p_bw, hw.p2p_latency
-    return latency + act / p.tp / bandwidth + collective_time(hw, "all_gather", act, p.tp, 1)
+    return latency + act / p.tp / bandwidth + gather
 
 
 # -------------------------------------------------------------------------------------------- predict
@@ -373,7 +426,7 @@ def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int) -
                   counting.ring_wire_bytes("all_gather", params * pb, p.dp))
     local = params / (p.dp if p.zero >= 1 else 1)
     share = p.world_size if hw.shared_compute else 1
-    optimizer = OPTIMIZER_BYTES_TOUCHED * local / (hw.memory_bandwidth / share) + hw.kernel_overhead_s
+    optimizer = OPTIMIZER_BYTES_TOUCHED * local * share / (hw.optimizer_bw or hw.memory_bandwidth) + hw.kernel_overhead_s
     optimizer += counting.stage_tensors(model, p, rank) * hw.host_overhead_s.get("tensor_update", 0.0)
     inter = p.dp * p.tp > hw.gpus_per_node
     return {"reduce": reduce, "gather": gather, "optimizer": optimizer, "inter": inter, "params": params}
@@ -405,6 +458,8 @@ def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: f
             step = rank_end
             exposed = end - last_end + sync["gather"][0]
             optimizer = sync["optimizer"]
+    loop = training_loop_time(model, p, hw)
+    step += loop
     pipeline = max(e for _, e in finish)
     flops = counting.flops_per_step(model, p.global_batch, p.recompute)
     world = p.world_size
@@ -429,10 +484,18 @@ def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: f
             "tp_comm": per_rank_tp,
             "dp_comm_exposed": exposed,
             "optimizer": optimizer,
+            "loop": loop,
         },
         parallel=p,
         fits=memory["total"] <= usable_memory(hw),
     )
+
+
+def training_loop_time(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> float:
+    """Seconds per step of the training loop itself (loading the rank's batch, bookkeeping): measured
+    on the local CPU, where nothing hides it; 0 on the GPU presets, where it overlaps queued kernels."""
+    tokens = p.global_batch // p.dp * model.seq
+    return hw.host_overhead_s.get("step", 0.0) + tokens * hw.host_overhead_s.get("data_token", 0.0)
 
 
 def usable_memory(hw: HardwareSpec) -> float:

@@ -222,6 +222,11 @@ OPTIMIZER_BYTES = {
 }
 
 
+def optimizer_for(model: ModelSpec) -> str:
+    """Adam as this model trains: all fp32 for an fp32 model (the lab's CPU runs), mixed precision otherwise."""
+    return "adam-fp32" if model.dtype == "fp32" else "adam-mixed"
+
+
 def model_state_bytes(params: float, dp: int, zero: int, optimizer: str = "adam-mixed") -> dict[str, float]:
     """Parameter, gradient and optimizer bytes per GPU under ZeRO stage 0..3.
 

@@ -9,13 +9,15 @@ NVLink 4 at 900 GB/s both ways), DGX H100 (8 x 400 Gb/s NDR).
 
 ``local`` is calibrated by microbenchmarks (:mod:`paralab.sim.calibration`) so the same cost model
 predicts the CPU runs of this lab: matmul throughput at the lab models' shapes, copy bandwidth, host
-time per module call, and gloo all-reduce and send/recv between two local processes. The result is
+time per module call, the rate of a block's non-GEMM kernels and of Adam, and gloo all-reduce and
+send/recv curves between two local processes. The result is
 cached as JSON in ``$PARALAB_CACHE`` (default ``~/.cache/paralab``); torch is imported only when
 calibrating.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -84,7 +86,8 @@ def cache_dir() -> Path:
     return Path(os.environ.get("PARALAB_CACHE") or Path.home() / ".cache" / "paralab")
 
 
-CALIBRATION_VERSION = 2  # bump when what calibrate() measures changes: older caches are measured again
+LOCAL_RANKS = 64  # ranks the local machine is taken to hold: one 'node', however many cores it has
+CALIBRATION_VERSION = 3  # bump when what calibrate() measures changes: older caches are measured again
 
 
 def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True, threads: int | None = None) -> HardwareSpec:
@@ -105,18 +108,15 @@ def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True,
     return spec
 
 
-def calibrate(
-    matmul_size: int = 1024, gloo: bool = True, allreduce_bytes: int = 4 * 2**20, threads: int | None = None,
-    ranks: int = 2,
-) -> HardwareSpec:
+def calibrate(matmul_size: int = 1024, gloo: bool = True, threads: int | None = None, ranks: int = 2) -> HardwareSpec:
     """Measure this machine (see :mod:`paralab.sim.calibration`): matmul rate and shape law at the lab
     models' shapes plus one ``matmul_size`` square, copy bandwidth, host time per module call and per
-    optimizer tensor, and (optionally) gloo all-reduce and send/recv alpha-beta.
+    optimizer tensor, the non-GEMM rate of real blocks, Adam's rate, and (optionally) gloo curves.
 
     With ``threads`` the figures are one rank's, measured with that many torch threads; without, the
     whole machine's (every thread), shared by the ranks. With ``threads`` and ``gloo``, ``ranks``
-    processes run the compute benchmarks at the same time, as the ranks of a run do. Without ``gloo`` the link figures are a
-    loopback guess (20 us, 1 GB/s) so tests can calibrate in about a second.
+    processes run the compute benchmarks at the same time, as the ranks of a run do. Without ``gloo`` the
+    link figures are a loopback guess (20 us, 1 GB/s, no curves) so tests can calibrate in seconds.
     """
     import torch
 
@@ -124,9 +124,9 @@ def calibrate(
 
     n = matmul_size
     shapes = (*bench.MODEL_SHAPES, (n, n, n))
-    links = {"allreduce_latency": 20e-6, "allreduce_bw": 1e9, "p2p_latency": 20e-6, "p2p_bw": 1e9}
+    curves = {"allreduce": [], "p2p": []}
     if gloo and threads is not None:  # ranks measure side by side, as they will run
-        figures, links = bench.concurrent_figures(threads, ranks, allreduce_bytes, shapes)
+        figures, curves = bench.concurrent_figures(threads, ranks, shapes)
     else:
         before = torch.get_num_threads()
         torch.set_num_threads(threads or before)
@@ -135,32 +135,37 @@ def calibrate(
         finally:
             torch.set_num_threads(before)
         if gloo:
-            links = bench.gloo_alpha_beta(allreduce_bytes)
+            curves = bench.gloo_curves()
+    links = bench.link_summary(curves) if curves["allreduce"] else {"latency": 20e-6, "bw": 1e9}
     rate, half, rows = bench.matmul_law(rows=figures["matmul_rows"])
-    bandwidth, host = figures["copy_bw"], figures["host"]
+    host = figures["host"]
     cores = os.cpu_count() or 1
     who = f"one rank with {threads} thread(s)" if threads else f"all {cores} cores, shared by the ranks"
-    return HardwareSpec(
+    spec = HardwareSpec(
         name="local",
         peak_flops={"fp32": rate, "bf16": rate, "fp16": rate},
         memory_bytes=_total_memory(),
-        memory_bandwidth=bandwidth,
-        gpus_per_node=max(cores, 2),
-        intra_bw=links["allreduce_bw"],
-        intra_latency=links["allreduce_latency"],
-        inter_bw=links["allreduce_bw"],
-        inter_latency=links["allreduce_latency"],
+        memory_bandwidth=figures["copy_bw"],
+        gpus_per_node=LOCAL_RANKS,  # every rank of a local run is a process on this machine
+        intra_bw=links["bw"],
+        intra_latency=links["latency"],
+        inter_bw=links["bw"],
+        inter_latency=links["latency"],
         matmul_max_efficiency=1.0,  # ``rate`` is already the fitted asymptote of these shapes
         matmul_half_dim=half,
         kernel_overhead_s=0.0,  # the host time per call is measured per module in host_overhead_s
         shared_compute=threads is None,
         host_overhead_s=host,
-        p2p_latency=links["p2p_latency"],
-        p2p_bw=links["p2p_bw"],
+        optimizer_bw=bench.optimizer_bandwidth(figures["adam_1m"], host["tensor_update"]),
+        allreduce_curve=curves["allreduce"],
+        p2p_curve=curves["p2p"],
         notes=f"this machine ({who}), torch {torch.__version__}, calibrated {time.strftime('%Y-%m-%d %H:%M')}",
         calibration={"version": CALIBRATION_VERSION, "threads": threads, "matmul_s": [list(r) for r in rows],
-                     "gloo": gloo, "allreduce_bytes": allreduce_bytes},
+                     "blocks": figures["blocks"], "adam_1m_s": figures["adam_1m"], "gloo": gloo},
     )
+    # the blocks ran as one rank's (with every core when ``threads`` is None): fit them as such
+    fitted = bench.elementwise_bandwidth(dataclasses.replace(spec, shared_compute=False), figures["blocks"])
+    return dataclasses.replace(spec, elementwise_bw=fitted)
 
 
 def _total_memory() -> float:

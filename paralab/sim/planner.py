@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from paralab.sim import cost
+from paralab.sim import cost, counting
 from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec
 
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -45,7 +45,7 @@ def candidates(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int)
                             yield ParallelSpec(
                                 dp=dp, tp=tp, pp=pp, virtual_stages=v, schedule=schedule, microbatches=m,
                                 micro_batch=mb, global_batch=global_batch, zero=zero,
-                                sequence_parallel=tp > 1, recompute=recompute,
+                                sequence_parallel=tp > 1, recompute=recompute, optimizer=counting.optimizer_for(model),
                             )  # fmt: skip
 
 
@@ -105,8 +105,8 @@ def explain(ranked: list[cost.Prediction]) -> list[str]:
     biggest = max(LOSSES, key=lambda k: win.breakdown_s.get(k, 0.0))
     share = win.breakdown_s.get(biggest, 0.0) / win.step_time_s
     out = [
-        f"Winner: {describe(win.parallel)} - {win.tflops_per_gpu:.0f} TFLOP/s per GPU ({win.mfu:.0%} MFU), "
-        f"{win.memory_bytes_per_gpu['total'] / 2**30:.0f} GiB per GPU; its largest loss is {LOSSES[biggest]} "
+        f"Winner: {describe(win.parallel)} - {flops_text(win.tflops_per_gpu)} per GPU ({win.mfu:.0%} MFU), "
+        f"{bytes_text(win.memory_bytes_per_gpu['total'])} per GPU; its largest loss is {LOSSES[biggest]} "
         f"({share:.0%} of the step)."
     ]
     if len(ranked) > 1:
@@ -120,6 +120,16 @@ def explain(ranked: list[cost.Prediction]) -> list[str]:
         reason = "more compute per step (recompute or smaller GEMMs)" if cause == "compute" else f"more time in {LOSSES[cause]}"
         out.append(
             f"Runner-up: {describe(run.parallel)} - {slower:.1%} slower, mainly {reason} "
-            f"({abs(deltas[cause]) * 1e3:.0f} ms per step), at {run.memory_bytes_per_gpu['total'] / 2**30:.0f} GiB per GPU."
+            f"({abs(deltas[cause]) * 1e3:.0f} ms per step), at {bytes_text(run.memory_bytes_per_gpu['total'])} per GPU."
         )
     return out
+
+
+def flops_text(tflops: float) -> str:
+    """A FLOP rate in the unit that keeps 3 digits: TFLOP/s on GPUs, GFLOP/s on a CPU."""
+    return f"{tflops:.0f} TFLOP/s" if tflops >= 10 else f"{tflops:.1f} TFLOP/s" if tflops >= 1 else f"{tflops * 1e3:.1f} GFLOP/s"
+
+
+def bytes_text(nbytes: float) -> str:
+    """A memory size in GiB, or MiB below one GiB (the lab's models)."""
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"

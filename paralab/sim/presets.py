@@ -10,11 +10,24 @@
   herd, 2024: sequence 8192, vocabulary 128256): SwiGLU MLP, grouped-query attention (70B models
   and Llama 3 8B use 8 KV heads), RMSNorm, RoPE, untied embeddings, no biases, no dropout. These are
   modelled exactly (see :class:`paralab.sim.specs.ModelSpec`).
+- ``tiny``, ``small``, ``medium``: the lab's own GPT presets (:data:`paralab.config.MODEL_PRESETS`),
+  so ``paralab simulate --model small --hardware local`` predicts the runs the lab makes.
 """
 
 from __future__ import annotations
 
+from paralab.config import MODEL_PRESETS, ModelConfig
 from paralab.sim.specs import ModelSpec, SpecError
+
+
+def lab_model(m: ModelConfig, name: str = "") -> ModelSpec:
+    """paralab.models.gpt.GPT with this ModelConfig: untied embeddings, a biased output layer, learned
+    positions, biases, LayerNorm, GELU MLP, fp32 (the counted parameters equal ``m.param_count()``)."""
+    return ModelSpec(
+        layers=m.layers, hidden=m.hidden, heads=m.heads, ffn=m.ffn, vocab=m.vocab, seq=m.seq_len,
+        biases=True, norm_params=2, learned_positions=True, tied_embeddings=False, output_bias=True,
+        dropout=m.dropout > 0, dtype="fp32", name=name,
+    )
 
 
 def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
@@ -59,6 +72,7 @@ _ALL = [
     _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
     _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
     _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
+    *(lab_model(config, name) for name, config in MODEL_PRESETS.items()),
 ]
 MODELS: dict[str, ModelSpec] = {m.name: m for m in _ALL}
 

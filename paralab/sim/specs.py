@@ -134,6 +134,9 @@ class ParallelSpec:
                 out.append(f"{name} must be >= 1, got {getattr(p, name)}")
         if out:
             return out
+        if self.global_batch and self.microbatches and p.global_batch != self.global_batch:
+            out.append(f"global batch {self.global_batch} != dp {p.dp} x micro-batch {p.micro_batch} x "
+                       f"{p.microbatches} microbatches = {p.global_batch}")
         if gpus is not None and p.world_size != gpus:
             out.append(f"dp x tp x pp = {p.dp} x {p.tp} x {p.pp} = {p.world_size} != {gpus} GPUs")
         if p.global_batch and p.global_batch % (p.dp * p.micro_batch):
@@ -197,8 +200,15 @@ class HardwareSpec:
     # embed_/layer_/head_ + forward/backward (seconds per call of that part) and tensor_update
     # (optimizer seconds per parameter tensor).
     host_overhead_s: dict = field(default_factory=dict)
-    p2p_latency: float = 0.0  # point-to-point send/recv; 0: the intra/inter link figures
-    p2p_bw: float = 0.0
+    # Measured on the local CPU, where the datasheet model misses (0 or empty: the model above).
+    # elementwise_bw: bytes/s at which non-GEMM kernels (norms, GELU, attention core, softmax, loss)
+    # get through the activations they move; optimizer_bw: bytes/s of the optimizer's per-parameter
+    # traffic (OPTIMIZER_BYTES_TOUCHED a parameter). The curves are [bytes, seconds] points of a
+    # 2-rank all-reduce and of a one-way send/recv: gloo's cost is not linear in the size.
+    elementwise_bw: float = 0.0
+    optimizer_bw: float = 0.0
+    allreduce_curve: list = field(default_factory=list)
+    p2p_curve: list = field(default_factory=list)
     notes: str = ""
     calibration: dict = field(default_factory=dict)
 

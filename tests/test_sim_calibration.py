@@ -1,0 +1,95 @@
+"""The local calibration's fits: they must give back what generated the data, and curves must cost
+collectives the way a ring runs them. No timing of this machine is asserted."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from paralab.config import ModelConfig
+from paralab.sim import calibration, cost
+from paralab.sim.hardware import calibrate
+from paralab.sim.presets import lab_model
+from paralab.sim.specs import HardwareSpec, ParallelSpec
+
+CPU = HardwareSpec(
+    name="test-cpu", peak_flops={"fp32": 80e9}, memory_bytes=16 * 2**30, memory_bandwidth=30e9,
+    gpus_per_node=2, intra_bw=1e9, intra_latency=100e-6, inter_bw=1e9, inter_latency=100e-6,
+    matmul_max_efficiency=1.0, matmul_half_dim=4.0, kernel_overhead_s=0.0,
+    host_overhead_s={"layer_forward": 3e-4, "layer_backward": 4e-4, "tensor_update": 2e-5},
+)
+CURVE = [[4, 2e-4], [2**16, 1e-3], [2**20, 3e-3], [2**22, 6e-3]]
+
+
+def test_interpolate_is_exact_at_points_log_linear_between_and_extends_by_the_last_bandwidth():
+    for n, t in CURVE:
+        assert cost.interpolate(CURVE, n) == pytest.approx(t)
+    assert cost.interpolate(CURVE, 1) == CURVE[0][1]
+    mid = math.sqrt(2**16 * 2**20)  # halfway in log size: geometric mean in time
+    assert cost.interpolate(CURVE, mid) == pytest.approx(math.sqrt(1e-3 * 3e-3))
+    bw = (2**22 - 2**20) / (6e-3 - 3e-3)
+    assert cost.interpolate(CURVE, 2**23) == pytest.approx(6e-3 + 2**22 / bw)
+
+
+def test_a_measured_curve_costs_every_ring_step_as_half_a_two_rank_all_reduce():
+    hw = dataclasses.replace(CPU, gpus_per_node=8, allreduce_curve=CURVE)
+    n = 2**20
+    assert cost.collective_time(hw, "all_reduce", n, 2, 1) == pytest.approx(cost.interpolate(CURVE, n))
+    # 4 ranks: 2 x 3 steps, each moving a quarter of the tensor
+    step = cost.interpolate(CURVE, 2 * n / 4) / 2
+    assert cost.collective_time(hw, "all_reduce", n, 4, 1) == pytest.approx(6 * step)
+    assert cost.collective_time(hw, "all_gather", n, 4, 1) == pytest.approx(3 * step)
+    # ten messages pay the small-message cost ten times
+    assert cost.collective_time(hw, "all_reduce", n, 2, 1, messages=10) == pytest.approx(
+        10 * cost.interpolate(CURVE, n / 10))
+    # without a curve: alpha-beta
+    assert cost.collective_time(CPU, "all_reduce", n, 2, 1) == pytest.approx(2 * 100e-6 + n / 1e9)
+
+
+def test_monotone_pools_adjacent_violators():
+    assert calibration.monotone([1, 3, 2, 4, 0, 5]) == pytest.approx([1, 2.25, 2.25, 2.25, 2.25, 5])
+    assert calibration.monotone([1, 2, 3]) == [1, 2, 3]
+    values = [5.0, 1.0, 4.0, 2.0, 9.0]
+    fitted = calibration.monotone(values)
+    assert all(a <= b for a, b in zip(fitted, fitted[1:]))
+    assert sum(fitted) == pytest.approx(sum(values))  # pooling keeps the mean
+
+
+def block_rows(hw: HardwareSpec, elementwise_bw: float) -> list[list[float]]:
+    """Block timings as the cost model says a machine with this non-GEMM rate would show them."""
+    rows = []
+    for b, h, heads, s in calibration.BLOCK_SHAPES:
+        model = lab_model(ModelConfig(layers=1, hidden=h, heads=heads, vocab=16, seq_len=s))
+        work = cost.layer_work(model, ParallelSpec(micro_batch=b, microbatches=1).resolved(), hw)
+        gemms, moved = work.linear + work.core, work.elementwise_bytes / elementwise_bw
+        rows.append([b, h, heads, s, gemms + moved + hw.host_overhead_s["layer_forward"],
+                     2 * gemms + 2 * moved + hw.host_overhead_s["layer_backward"]])
+    return rows
+
+
+def test_elementwise_fit_recovers_the_rate_that_made_the_timings():
+    assert calibration.elementwise_bandwidth(CPU, block_rows(CPU, 7e9)) == pytest.approx(7e9)
+
+
+def test_elementwise_fit_falls_back_when_gemms_explain_everything():
+    rows = [[*r[:4], r[4] / 100, r[5] / 100] for r in block_rows(CPU, 7e9)]
+    assert calibration.elementwise_bandwidth(CPU, rows) == 0.0
+
+
+def test_fitted_rates_drive_the_prediction():
+    model = lab_model(ModelConfig(layers=2, hidden=64, heads=4, vocab=128, seq_len=32))
+    p = ParallelSpec(dp=2, micro_batch=4, microbatches=1)
+    fast, slow = (dataclasses.replace(CPU, elementwise_bw=bw, optimizer_bw=bw) for bw in (30e9, 3e9))
+    assert cost.predict(model, p, slow).step_time_s > cost.predict(model, p, fast).step_time_s
+    params = 2**20
+    adam = 4 * 2e-5 + cost.OPTIMIZER_BYTES_TOUCHED * params / 5e9
+    assert calibration.optimizer_bandwidth(adam, 2e-5, params, 4) == pytest.approx(5e9)
+
+
+def test_calibration_without_gloo_measures_every_rate():
+    hw = calibrate(matmul_size=128, gloo=False, threads=1)
+    assert hw.elementwise_bw > 0 and hw.optimizer_bw > 0 and hw.peak_flops["fp32"] > 0
+    assert len(hw.calibration["blocks"]) == len(calibration.BLOCK_SHAPES)
+    assert hw.allreduce_curve == [] and hw.intra_bw == 1e9  # the loopback guess
