@@ -87,3 +87,12 @@ def test_a_batch_split_that_does_not_multiply_out_exits_2(capsys):
 def test_cpu_rates_print_in_gflops():
     assert cli.planner.flops_text(0.0551) == "55.1 GFLOP/s" and cli.planner.flops_text(199.4) == "199 TFLOP/s"
     assert cli.planner.bytes_text(111 * 2**20) == "111.0 MiB" and cli.planner.bytes_text(40.8 * 2**30) == "40.8 GiB"
+
+
+def test_any_two_of_the_batch_numbers_give_the_third():
+    from paralab.sim.specs import ParallelSpec
+
+    assert ParallelSpec(dp=2, global_batch=64, microbatches=8).resolved().micro_batch == 4
+    assert ParallelSpec(dp=2, global_batch=64, micro_batch=4).resolved().microbatches == 8
+    assert ParallelSpec(dp=2, microbatches=8, micro_batch=4).resolved().global_batch == 64
+    assert ParallelSpec(dp=2, pp=4).resolved().micro_batch == 1

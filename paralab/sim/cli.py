@@ -94,13 +94,9 @@ def simulate_main(args) -> int:
     tp, pp = args.tp, args.pp
     dp = args.dp or (args.gpus // (tp * pp) if args.gpus and args.gpus % (tp * pp) == 0 else 1)
     gpus = args.gpus or dp * tp * pp
-    micro_batch = args.micro_batch
-    if micro_batch is None:
-        split = args.global_batch and args.microbatches and dp * args.microbatches
-        micro_batch = max(args.global_batch // split, 1) if split else 1
     parallel = ParallelSpec(
         dp=dp, tp=tp, pp=pp, virtual_stages=args.virtual_stages, schedule=args.schedule,
-        microbatches=args.microbatches or 0, micro_batch=micro_batch, global_batch=args.global_batch or 0,
+        microbatches=args.microbatches or 0, micro_batch=args.micro_batch or 0, global_batch=args.global_batch or 0,
         zero=args.zero, sequence_parallel=args.sequence_parallel, recompute=args.recompute,
         optimizer=counting.optimizer_for(model),
     )  # fmt: skip

@@ -87,8 +87,9 @@ class ModelSpec:
 class ParallelSpec:
     """How one training step is split: degrees, pipeline schedule, batch split, memory savers.
 
-    ``global_batch = dp x micro_batch x microbatches`` (sequences per step). Give either
-    ``microbatches`` or ``global_batch``; :meth:`resolved` fills in the other.
+    ``global_batch = dp x micro_batch x microbatches`` (sequences per step). Give any two of
+    ``global_batch``, ``microbatches`` and ``micro_batch``; :meth:`resolved` fills in the third
+    (``micro_batch`` 0, the default, means "what the other two leave", else 1).
     """
 
     dp: int = 1
@@ -97,7 +98,7 @@ class ParallelSpec:
     virtual_stages: int = 1
     schedule: str = "1f1b"
     microbatches: int = 0
-    micro_batch: int = 1
+    micro_batch: int = 0
     global_batch: int = 0
     zero: int = 0
     sequence_parallel: bool = False
@@ -117,6 +118,9 @@ class ParallelSpec:
 
     def resolved(self) -> ParallelSpec:
         """Fill ``microbatches`` from ``global_batch`` (or the reverse); default one microbatch per stage."""
+        if not self.micro_batch:
+            split = self.global_batch and self.microbatches and self.dp * self.microbatches
+            return self.replace(micro_batch=max(self.global_batch // split, 1) if split else 1).resolved()
         per_step = self.dp * self.micro_batch
         if self.microbatches:
             return self.replace(global_batch=per_step * self.microbatches)
