@@ -43,7 +43,7 @@ from paralab.models.gpt import GPT, lm_loss
 from paralab.runtime.recorder import Recorder
 from paralab.runtime.worker import backend_for
 from paralab.strategies.common import make_optimizer
-from paralab.strategies.ddp import make_buckets
+from paralab.strategies.ddp import flatten_grads, make_buckets, unflatten_grads
 
 PR_SET_PDEATHSIG = 1
 BUCKET_BYTES = 25 * 2**20
@@ -104,20 +104,11 @@ class GradReducer:
         self.buckets = make_buckets([p for p in model.parameters() if p.requires_grad], BUCKET_BYTES)
 
     def sync(self) -> None:
-        flats, works = [], []
-        for i, bucket in enumerate(self.buckets):
-            for p in bucket:
-                if p.grad is None:  # this rank had no samples
-                    p.grad = torch.zeros_like(p)
-            flat = torch.cat([p.grad.reshape(-1) for p in bucket])
-            flats.append(flat)
-            works.append(comm.all_reduce(flat, async_op=True, name=f"bucket {i}"))
+        flats = [flatten_grads(bucket) for bucket in self.buckets]
+        works = [comm.all_reduce(flat, async_op=True, name=f"bucket {i}") for i, flat in enumerate(flats)]
         for bucket, flat, work in zip(self.buckets, flats, works):
             work.wait()
-            offset = 0
-            for p in bucket:
-                p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
+            unflatten_grads(bucket, flat)
 
 
 class Worker:

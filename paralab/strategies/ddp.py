@@ -44,6 +44,23 @@ def make_buckets(params: list[torch.nn.Parameter], bucket_bytes: float) -> list[
     return buckets
 
 
+def flatten_grads(bucket: list[torch.nn.Parameter]) -> torch.Tensor:
+    """One contiguous copy of a bucket's gradients (a parameter with none, whose rank saw no data
+    or whose branch was unused this step, contributes zeros), ready for one collective."""
+    for p in bucket:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    return torch.cat([p.grad.reshape(-1) for p in bucket])
+
+
+def unflatten_grads(bucket: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
+    """Copy a reduced flat buffer back into the bucket's gradients, in :func:`flatten_grads` order."""
+    offset = 0
+    for p in bucket:
+        p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
+
+
 class BucketedReducer(GradSync):
     """``group``: the data-parallel ranks (default: all). ``accumulations``: backward passes that add
     into each gradient per step (microbatches, in hybrid): a bucket is launched once, when the last
@@ -76,7 +93,7 @@ class BucketedReducer(GradSync):
 
     def _launch(self, i: int) -> None:
         """The bucket is full: flatten its gradients, pre-divide by the world size, all-reduce async."""
-        buffer = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]])
+        buffer = flatten_grads(self.buckets[i])
         buffer.div_(self.world_size)
         self._hold(buffer)
         self.buffers[i] = buffer
@@ -92,16 +109,9 @@ class BucketedReducer(GradSync):
     def after_backward(self) -> None:
         for i, bucket in enumerate(self.buckets):
             if self.works[i] is None:  # a parameter got no gradient this step: reduce what there is
-                for p in bucket:
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
                 self._launch(i)
             self._finish_bucket(i)
-            offset = 0
-            for p in bucket:
-                n = p.numel()
-                p.grad.copy_(self.buffers[i][offset : offset + n].view_as(p))
-                offset += n
+            unflatten_grads(bucket, self.buffers[i])
             self._hold(self.buffers[i], -1)
             self.buffers[i] = None
 
