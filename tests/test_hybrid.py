@@ -27,6 +27,8 @@ CASES = {
     "2x2x2 zero2 adam": (2, 2, 2, "adam", dict(zero=2)),
     "2x2x1 ddp + sequence parallel": (2, 2, 1, "sgd", dict(sequence_parallel=True)),
     "2x1x2 zero2 interleaved": (2, 1, 2, "sgd", dict(zero=2, schedule="interleaved", virtual_stages=2)),
+    # zero bubble: W's deferred weight gradients must still reach the ddp bucket hooks
+    "2x1x2 ddp zb-h1": (2, 1, 2, "sgd", dict(schedule="zb-h1")),
 }
 
 
@@ -54,7 +56,7 @@ def test_same_losses_and_parameters_as_single_device(runs, label, no_leftover_ra
     assert all(r["loss_weight"] == 1 / dp for r in run.rank_results)
 
 
-@pytest.mark.parametrize("label", ["2x2x2 ddp", "2x2x1 ddp + sequence parallel"])
+@pytest.mark.parametrize("label", ["2x2x2 ddp", "2x2x1 ddp + sequence parallel", "2x1x2 ddp zb-h1"])
 def test_ddp_buckets_all_reduced_over_dp_once_per_step(runs, label, no_leftover_ranks):
     """Each bucket's all-reduce appears once per step on every rank (not once per microbatch), on a
     group of dp ranks, and together they carry the rank's parameters exactly once."""
@@ -151,3 +153,15 @@ def test_refuses_what_cannot_run_before_starting(options, match):
 def test_dp_is_inferred_from_the_world_size():
     cfg = RunConfig.build(MODEL, strategy="hybrid", world_size=8, tp=2, pp=2, global_batch=BATCH).validate()
     assert (cfg.dp, cfg.data_parallel_size, cfg.schedule) == (2, 2, "1f1b")
+
+
+def test_zero_bubble_weight_gradients_launch_ddp_buckets_from_their_hooks(runs, no_leftover_ranks):
+    """W hands its deferred weight gradients to autograd, so the bucket hooks fire inside W: every
+    bucket's all-reduce starts before the step's last W ends (a fallback after the pipeline would not)."""
+    run = runs["2x1x2 ddp zb-h1"]
+    for rank in range(4):
+        for step in range(STEPS):
+            last_w = max(s.end for s in run.trace.select(kind="backward_weight", rank=rank) if s.step == step)
+            last_bucket = max(s.start for s in run.trace.select(kind="all_reduce", rank=rank)
+                              if s.step == step and s.name.startswith("bucket"))
+            assert last_bucket < last_w, f"rank {rank} step {step}"

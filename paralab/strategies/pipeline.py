@@ -22,6 +22,7 @@ bubble).
 from __future__ import annotations
 
 from collections import deque
+from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
@@ -44,6 +45,7 @@ from paralab.schedules import (
 )
 from paralab.strategies.common import make_loader, make_optimizer
 from paralab.strategies.pipeline_stage import build_stages, check_pipeline, named_stage_state
+from paralab.strategies.weight_grads import DeferredWeightGrads
 
 
 # ------------------------------------------------------------------------------------------ validate
@@ -88,13 +90,14 @@ class PipelineExecutor:
         self.loss_fn = loss_fn
         self.owner = schedule.stage_to_rank
         self.last = schedule.num_stages - 1
-        self.params = {s: list(stage.parameters()) for s, stage in stages.items()}
+        split = any(a.op == BACKWARD_INPUT for a in schedule.actions[self.pp_rank])
+        self.weight_grads = DeferredWeightGrads(stages) if split else None
         self.peak_activations = 0
 
     def run_step(self, tokens: list[torch.Tensor] | None, targets: list[torch.Tensor] | None) -> float | None:
         """Run every action of this rank for one step; returns the step's loss on the last stage."""
         self.tokens, self.targets = tokens, targets
-        self.inbox, self.outbox, self.saved, self.out_grads = {}, {}, {}, {}
+        self.inbox, self.outbox, self.saved = {}, {}, {}
         self.sending: list[tuple[comm.TracedWork, torch.Tensor]] = []
         self.live: set[tuple[int, int]] = set()
         self.loss = None
@@ -117,7 +120,7 @@ class PipelineExecutor:
     def forward(self, a) -> None:
         s, mb = a.stage, a.microbatch
         x = self.tokens[mb] if s == 0 else self.inbox.pop(("act", s, mb)).requires_grad_()
-        with self.ctx.recorder.span(FORWARD), self.ctx.memory.saving((s, mb)):
+        with self.ctx.recorder.span(FORWARD), self.ctx.memory.saving((s, mb)), self._recording(s, mb):
             y = self.stages[s](x)
             if s == self.last:
                 y = self.loss_fn(y, self.targets[mb]) / self.m  # the batch's mean loss is the sum over microbatches
@@ -140,29 +143,24 @@ class PipelineExecutor:
             self._deliver("grad", s - 1, mb, x.grad)
 
     def backward_input(self, a) -> None:
-        """Bi: only the gradient of the stage input, which the previous stage is waiting for; the
-        graph is kept for W."""
+        """Bi: the gradient of the stage input, which the previous stage is waiting for (see
+        weight_grads.py: the linear layers' weight gradients wait for W)."""
         s, mb = a.stage, a.microbatch
-        x, out = self.saved[(s, mb)]
-        grad = self._grad_of(s, mb)
-        self.out_grads[(s, mb)] = grad
+        x, out = self.saved.pop((s, mb))
         with self.ctx.recorder.span(BACKWARD_INPUT):
-            if s > 0:
-                (gx,) = torch.autograd.grad([out], [x], grad, retain_graph=True)
+            self.weight_grads.backward_input((s, mb), out, self._grad_of(s, mb), x if s > 0 else None)
         if s > 0:
-            self._deliver("grad", s - 1, mb, gx)
+            self._deliver("grad", s - 1, mb, x.grad)
 
     def backward_weight(self, a) -> None:
-        """W: the weight gradients, accumulated into .grad; nobody waits for them.
-
-        Correctness first: W walks the stage's graph again from the output, restricted to the
-        weights, so it recomputes the activation gradients Bi already made and costs about a full
-        backward (the paper's W reuses them and costs about one forward)."""
+        """W: the weight gradients, accumulated into .grad; nobody waits for them."""
         s, mb = a.stage, a.microbatch
-        _, out = self.saved.pop((s, mb))
         with self.ctx.recorder.span(BACKWARD_WEIGHT):
-            torch.autograd.backward([out], self.out_grads.pop((s, mb)), inputs=self.params[s])
+            self.weight_grads.backward_weight((s, mb))
         self._release(s, mb)
+
+    def _recording(self, s: int, mb: int):
+        return self.weight_grads.recording((s, mb)) if self.weight_grads else nullcontext()
 
     # ------------------------------------------------------------------------------ p2p
     def send_forward(self, a) -> None:
