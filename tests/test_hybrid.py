@@ -29,6 +29,8 @@ CASES = {
     "2x1x2 zero2 interleaved": (2, 1, 2, "sgd", dict(zero=2, schedule="interleaved", virtual_stages=2)),
     # zero bubble: W's deferred weight gradients must still reach the ddp bucket hooks
     "2x1x2 ddp zb-h1": (2, 1, 2, "sgd", dict(schedule="zb-h1")),
+    # and the tensor-parallel layers' weight gradients too, with f and g left in Bi
+    "1x2x2 zb-h1 + sequence parallel": (1, 2, 2, "sgd", dict(schedule="zb-h1", sequence_parallel=True)),
 }
 
 

@@ -29,8 +29,11 @@ def test_interpolate_is_exact_at_points_log_linear_between_and_extends_by_the_la
     assert cost.interpolate(CURVE, 1) == CURVE[0][1]
     mid = math.sqrt(2**16 * 2**20)  # halfway in log size: geometric mean in time
     assert cost.interpolate(CURVE, mid) == pytest.approx(math.sqrt(1e-3 * 3e-3))
-    bw = (2**22 - 2**20) / (6e-3 - 3e-3)
+    bw = (2**22 - 2**16) / (6e-3 - 1e-3)  # over the last three points
     assert cost.interpolate(CURVE, 2**23) == pytest.approx(6e-3 + 2**22 / bw)
+    flat_top = [[4, 2e-4], [2**16, 3e-3], [2**20, 3e-3], [2**22, 3e-3]]  # monotone() flattened a noisy top
+    assert cost.interpolate(flat_top, 2**23) == pytest.approx(6e-3)
+    assert cost.interpolate(flat_top, 2**23) > cost.interpolate(flat_top, 2**22)
 
 
 def test_a_measured_curve_costs_every_ring_step_as_half_a_two_rank_all_reduce():

@@ -96,3 +96,9 @@ def test_any_two_of_the_batch_numbers_give_the_third():
     assert ParallelSpec(dp=2, global_batch=64, micro_batch=4).resolved().microbatches == 8
     assert ParallelSpec(dp=2, microbatches=8, micro_batch=4).resolved().global_batch == 64
     assert ParallelSpec(dp=2, pp=4).resolved().micro_batch == 1
+
+
+@pytest.mark.parametrize("flag", ["--tp", "--pp", "--dp", "--gpus"])
+def test_degrees_below_one_exit_2(capsys, flag):
+    rc, out, err = run(["simulate", "--model", "tiny", "--gpus", "8", flag, "0"], capsys)
+    assert rc == 2 and not out and f"{flag} must be >= 1, got 0" in err

@@ -1,9 +1,11 @@
 """The cost model end to end: bubbles, published throughput, the simulated trace, local calibration."""
 
+import dataclasses
+
 import pytest
 
 from paralab.schedules import build_schedule
-from paralab.sim import cost
+from paralab.sim import cost, hardware
 from paralab.sim.events import simulate_schedule
 from paralab.sim.hardware import get_hardware, local
 from paralab.sim.presets import get_model
@@ -113,7 +115,11 @@ def test_local_calibration_is_cached_and_drives_predictions(tmp_path, monkeypatc
     monkeypatch.setenv("PARALAB_CACHE", str(tmp_path))
     hw = local(matmul_size=128, gloo=False)
     assert (tmp_path / "local_hardware.json").exists()
-    assert local() == hw  # the second call reads the cache
+    assert local(gloo=False) == hw  # the second call reads the cache
+    # ... but a cache made without gloo does not serve a caller who wants measured links
+    linked = dataclasses.replace(hw, allreduce_curve=[[4, 1e-4], [2**20, 1e-3]], calibration={**hw.calibration, "gloo": True})
+    monkeypatch.setattr(hardware, "calibrate", lambda **kwargs: linked)
+    assert local() == linked and local(gloo=False) == linked  # measured again, then cached
     model = ModelSpec(layers=4, hidden=64, heads=4, vocab=128, seq=32, dtype="fp32")
     pred = cost.predict(model, ParallelSpec(pp=2, microbatches=4), hw)
     assert 0 < pred.step_time_s < 10 and pred.bubble_fraction > 0

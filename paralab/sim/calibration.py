@@ -19,7 +19,7 @@ cores, caches and memory bus):
    the bytes per second at which the rest gets through the activations it moves
    (:func:`elementwise_bandwidth`). Adam on a million parameters gives the optimizer's rate.
 4. **gloo between two processes**: all-reduce and one-way send/recv on a ladder of sizes (4 B to
-   8 MiB), mean times. On shared cores a call often waits for its I/O thread to be scheduled, so
+   32 MiB), mean times. On shared cores a call often waits for its I/O thread to be scheduled, so
    the cost is far from ``latency + bytes / bandwidth``: the cost model reads these curves.
 
 Medians, not minima: the runs the model predicts report median step times on the same shared machine.
@@ -146,7 +146,7 @@ def host_overheads() -> dict[str, float]:
 
 def loop_overheads(steps: int = 12) -> dict[str, float]:
     """The training loop's own seconds per step, outside forward, backward and the optimizer: a fixed
-    part ("step": recorder, memory meter, clearing gradients, the loss's ``.item()``) and a part per
+    part ("step": recorder, memory meter, clearing gradients, the gradient-sync calls) and a part per
     token of the rank's batch ("data_token": the synthetic corpus draws each token in Python).
 
     Runs the real loop (``run_steps``) of a one-rank model with negligible FLOPs at two sequence
@@ -343,7 +343,7 @@ def _worker(spec: dict, rank: int) -> None:
         dist.destroy_process_group()
 
 
-LADDER = (4, *(2**k for k in range(12, 24)))  # bytes: one float, then 4 KiB to 8 MiB
+LADDER = (4, *(2**k for k in range(12, 26)))  # bytes: one float, then 4 KiB to 32 MiB (a DDP bucket is 25 MiB)
 
 
 def _gloo_curves(rank: int, group, rounds: int = 8, calls: int = 3) -> dict[str, list]:

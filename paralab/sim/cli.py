@@ -1,6 +1,6 @@
 """``paralab simulate`` and ``paralab plan``: argparse wiring around predict and plan.
 
-Both print a short report, or one JSON object with ``--json`` (keys per docs DESIGN.md). Bad input
+Both print a short report, or one JSON object with ``--json`` (keys as the project design fixes them, plus ``model_flops_per_step``, ``hardware_flops_per_step``, ``hfu``). Bad input
 (degrees that do not divide, a model that fits nowhere, an unknown preset or hardware) prints what
 is wrong and what would fit on stderr and returns 2.
 """
@@ -92,6 +92,10 @@ def simulate_main(args) -> int:
     except SpecError as err:
         return _fail(str(err))
     tp, pp = args.tp, args.pp
+    for flag in ("tp", "pp", "dp", "gpus", "virtual_stages"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            return _fail(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
     dp = args.dp or (args.gpus // (tp * pp) if args.gpus and args.gpus % (tp * pp) == 0 else 1)
     gpus = args.gpus or dp * tp * pp
     parallel = ParallelSpec(

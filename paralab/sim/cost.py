@@ -71,15 +71,17 @@ def collective_time(hw: HardwareSpec, op: str, payload: float, group: int, strid
 
 def interpolate(curve: list, nbytes: float) -> float:
     """Seconds at ``nbytes`` on a measured (bytes, seconds) curve: log-log between its points, the
-    smallest's time below it, and the last segment's bandwidth beyond the largest."""
+    smallest's time below it, and beyond the largest the bandwidth over its last three points (one
+    noisy top point must not make larger messages free), or its average rate if they are flat."""
     if nbytes <= curve[0][0]:
         return curve[0][1]
     for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
         if nbytes <= x1:
             w = math.log(nbytes / x0) / math.log(x1 / x0)
             return math.exp((1 - w) * math.log(y0) + w * math.log(y1))
-    (x0, y0), (x1, y1) = curve[-2], curve[-1]
-    return y1 + (nbytes - x1) * max(y1 - y0, 0.0) / (x1 - x0)
+    (x0, y0), (x1, y1) = curve[max(len(curve) - 3, 0)], curve[-1]
+    per_byte = (y1 - y0) / (x1 - x0) if y1 > y0 else y1 / x1
+    return y1 + (nbytes - x1) * per_byte
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,7 @@ def cache_dir() -> Path:
 
 
 LOCAL_RANKS = 64  # ranks the local machine is taken to hold: one 'node', however many cores it has
-CALIBRATION_VERSION = 3  # bump when what calibrate() measures changes: older caches are measured again
+CALIBRATION_VERSION = 4  # bump when what calibrate() measures changes: older caches are measured again
 
 
 def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True, threads: int | None = None) -> HardwareSpec:
@@ -100,7 +100,9 @@ def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True,
     path = cache_dir() / ("local_hardware.json" if threads is None else f"local_hardware_t{threads}.json")
     if path.exists() and not recalibrate:
         data = json.loads(path.read_text())
-        if data.get("calibration", {}).get("version") == CALIBRATION_VERSION:
+        made = data.get("calibration", {})
+        # a cache made without gloo (the quick test calibration) does not serve a caller who wants links
+        if made.get("version") == CALIBRATION_VERSION and (made.get("gloo") or not gloo):
             return HardwareSpec.from_dict(data)
     spec = calibrate(matmul_size=matmul_size, gloo=gloo, threads=threads)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -98,6 +98,8 @@ class PipelineExecutor:
         """Run every action of this rank for one step; returns the step's loss on the last stage."""
         self.tokens, self.targets = tokens, targets
         self.inbox, self.outbox, self.saved = {}, {}, {}
+        if self.weight_grads:
+            self.weight_grads.reset()
         self.sending: list[tuple[comm.TracedWork, torch.Tensor]] = []
         self.live: set[tuple[int, int]] = set()
         self.loss = None

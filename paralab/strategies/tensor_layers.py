@@ -25,6 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from paralab import comm
+from paralab.strategies.weight_grads import linear
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,8 @@ class ColumnParallelLinear(nn.Module):
     """Y = X A + b with A split by columns (output features): f, then a local matmul whose output
     stays split; it feeds a row-parallel layer or the vocabulary-parallel loss, never gathered."""
 
+    DEFERRED_PARAMS = ("weight", "bias")  # a zero-bubble W may compute these later (weight_grads.py)
+
     def __init__(self, in_features: int, out_features: int, tp: TensorParallelGroup, name: str, groups: int = 1):
         super().__init__()
         self.tp, self.name = tp, name
@@ -141,12 +144,14 @@ class ColumnParallelLinear(nn.Module):
         self.bias = split_param((out_features // tp.size,), 0, groups)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(f(x, self.tp, f"{self.name} f"), self.weight, self.bias)
+        return linear(self, f(x, self.tp, f"{self.name} f"), self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
     """Y = X A + b with A split by rows (input features): each rank's matmul gives a partial sum, g
     adds them up, then the bias (replicated) is added once."""
+
+    DEFERRED_PARAMS = ("weight",)  # the bias is added after g: its gradient comes in Bi
 
     def __init__(self, in_features: int, out_features: int, tp: TensorParallelGroup, name: str):
         super().__init__()
@@ -155,7 +160,7 @@ class RowParallelLinear(nn.Module):
         self.bias = split_param((out_features,), None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return g(F.linear(x, self.weight), self.tp, f"{self.name} g") + self.bias
+        return g(linear(self, x, self.weight), self.tp, f"{self.name} g") + self.bias
 
 
 class VocabParallelEmbedding(nn.Module):

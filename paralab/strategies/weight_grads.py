@@ -4,15 +4,16 @@ A zero-bubble schedule (Qi et al. 2023) runs a stage's backward in two parts. ``
 what the previous stage is waiting for, the gradient of the stage input; ``W`` computes the weight
 gradients later, in what would have been a bubble. W must not walk the stage's graph again: that
 would recompute every activation gradient Bi already made and cost a whole backward. Instead, for
-every ``nn.Linear`` in the stage (where nearly all the weight-gradient FLOPs are), the forward keeps
-the layer's input and Bi catches the gradient of its output; W is then one GEMM per layer,
+every linear layer in the stage (where nearly all the weight-gradient FLOPs are), the forward keeps
+the matmul's input and Bi catches the gradient of its output; W is then one GEMM per layer,
 ``dW = dYᵀ X`` (and ``db = Σ dY``), the same work as one forward GEMM.
 
-Every other parameter (LayerNorm, embeddings, tensor-parallel layers with collectives in their
-backward) gets its gradient in Bi: cheap, and exactly what autograd computes. W hands its gradients
-to autograd as the gradient of the weight itself, so they accumulate into ``.grad`` through the
-usual AccumulateGrad, and the data-parallel bucket hooks (hybrid) fire as they would for any
-backward.
+Linear layers are ``nn.Linear`` and the tensor-parallel column/row layers, which route their local
+matmul through :func:`linear` (their dW is local too: the collectives of f and g stay in Bi, on the
+input-gradient path). Every other parameter (LayerNorm, embeddings, a row layer's bias added after
+g) gets its gradient in Bi, from autograd. W hands its gradients to autograd as the gradient of the
+weights themselves, in one call, so they accumulate into ``.grad`` through the usual AccumulateGrad
+and the data-parallel bucket hooks (hybrid) fire once per parameter, as for any backward.
 """
 
 from __future__ import annotations
@@ -21,10 +22,22 @@ from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
+
+
+def linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` for a layer whose weight gradient a zero-bubble W may defer (it declares which
+    parameters in ``DEFERRED_PARAMS``): an attached :class:`DeferredWeightGrads` sees the call."""
+    y = F.linear(x, weight, bias)
+    recorder = getattr(module, "_weight_grads", None)
+    if recorder is not None:
+        recorder.seen(weight, bias, x, y)
+    return y
 
 
 class DeferredWeightGrads:
-    """The pieces W needs, per (stage, microbatch): each linear layer's input and output gradient."""
+    """What W needs, per (stage, microbatch): each linear call's weight, bias, input and output
+    (replaced by the output's gradient once Bi has run)."""
 
     def __init__(self, stages: dict[int, nn.Module]):
         self.key = None
@@ -33,9 +46,20 @@ class DeferredWeightGrads:
         for stage in stages.values():
             for module in stage.modules():
                 if type(module) is nn.Linear:
-                    module.register_forward_hook(self._seen)
-                    deferred.update(id(p) for p in module.parameters())
-        self.eager = {s: [p for p in stage.parameters() if id(p) not in deferred] for s, stage in stages.items()}
+                    module.register_forward_hook(lambda m, args, out: self.seen(m.weight, m.bias, args[0], out))
+                    names = ("weight", "bias")
+                elif hasattr(type(module), "DEFERRED_PARAMS"):
+                    module._weight_grads = self
+                    names = type(module).DEFERRED_PARAMS
+                else:
+                    continue
+                deferred.update(id(getattr(module, n)) for n in names if getattr(module, n) is not None)
+        self.eager = {s: [p for p in stage.parameters() if id(p) not in deferred and p.requires_grad]
+                      for s, stage in stages.items()}
+
+    def reset(self) -> None:
+        """Forget what a step left behind (a step that raised between Bi and W)."""
+        self.pending.clear()
 
     @contextmanager
     def recording(self, key: tuple[int, int]):
@@ -46,28 +70,36 @@ class DeferredWeightGrads:
         finally:
             self.key = None
 
-    def _seen(self, module: nn.Linear, args, output: torch.Tensor) -> None:
-        if self.key is None or not output.requires_grad:
+    def seen(self, weight, bias, x: torch.Tensor, y: torch.Tensor) -> None:
+        if self.key is None or not y.requires_grad or not weight.requires_grad:
             return
-        entry = [module, args[0], None]
+        entry = [weight, bias if bias is not None and bias.requires_grad else None, x, y]
         self.pending.setdefault(self.key, []).append(entry)
-        output.register_hook(lambda grad, entry=entry: entry.__setitem__(2, grad))
+        y.register_hook(lambda grad, entry=entry: entry.__setitem__(3, grad))
 
     def backward_input(self, key: tuple[int, int], out: torch.Tensor, grad, x: torch.Tensor | None) -> None:
-        """Bi: gradients of the stage input ``x`` (None on the first stage) and of the eager
-        parameters; the graph is freed, the linear layers' inputs and output gradients are kept."""
-        inputs = ([x] if x is not None else []) + self.eager[key[0]]
+        """Bi: gradients of the stage input ``x`` (None on the first stage), of the eager parameters
+        and of every linear output (so each one's hook fires even where nothing upstream asks for
+        it); the graph is freed, the linear inputs and output gradients are kept."""
+        entries = self.pending.get(key, [])
+        outputs = [e[3] for e in entries]
+        inputs = ([x] if x is not None else []) + self.eager[key[0]] + outputs
         torch.autograd.backward([out], grad, inputs=inputs)
+        for entry, y in zip(entries, outputs):
+            y.grad = None  # the hook holds the gradient; drop the output itself
+            if entry[3] is y:
+                raise RuntimeError(f"no output gradient reached a linear layer in Bi of stage {key[0]}")
 
     def backward_weight(self, key: tuple[int, int]) -> None:
-        """W: every linear layer's weight (and bias) gradient from what Bi left, one GEMM each."""
-        for module, x, dy in self.pending.pop(key, []):
-            if dy is None:
-                raise RuntimeError(f"no output gradient reached {module} in Bi of stage {key[0]}: "
-                                   "its weight gradient cannot be deferred")
+        """W: every linear call's weight (and bias) gradient from what Bi left, one GEMM each, handed
+        to autograd in one call (a layer called twice gets the sum, and its hooks fire once)."""
+        params, grads = [], []
+        for weight, bias, x, dy in self.pending.pop(key, []):
             x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
-            params, grads = [module.weight], [dy2.t() @ x2]
-            if module.bias is not None:
-                params.append(module.bias)
+            params.append(weight)
+            grads.append(dy2.t() @ x2)
+            if bias is not None:
+                params.append(bias)
                 grads.append(dy2.sum(0))
+        if params:
             torch.autograd.backward(params, grads)
