@@ -90,6 +90,12 @@ class MemoryMeter:
             yield
         self.sample()
 
+    def shrink(self, key, nbytes: int) -> None:
+        """Part of ``key``'s activations is gone: what it still holds is ``nbytes`` (a zero-bubble
+        Bi frees the graph and keeps only what W needs)."""
+        self.sample()
+        self._live[key] = nbytes
+
     def release(self, key) -> None:
         """The backward of ``key`` has run: its saved activations are gone."""
         self.sample()

@@ -77,3 +77,17 @@ def test_split_backward_equals_one_backward(x_requires_grad):
         torch.testing.assert_close(split_x, plain_x)
     # Bi left exactly the linear weights (and column biases) for W; the rest came from autograd in Bi
     assert {name for name, had in before_w.items() if not had} == {"a.weight", "a.bias", "b.weight", "b.bias", "row.weight"}
+
+
+def test_bytes_held_for_w_are_the_linear_inputs_and_output_gradients():
+    torch.manual_seed(0)
+    stage = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8))
+    deferred = DeferredWeightGrads({0: stage})
+    x = torch.randn(4, 8, requires_grad=True)
+    with deferred.recording((0, 0)):
+        loss = stage(x).square().sum()  # a real output gradient (sum alone gives an expanded scalar)
+    deferred.backward_input((0, 0), loss, None, x)
+    # inputs: x (4x8) and the GELU output (4x32); output gradients: 4x32 and 4x8; fp32
+    assert deferred.held_bytes((0, 0)) == 4 * 4 * (8 + 32 + 32 + 8)
+    deferred.backward_weight((0, 0))
+    assert deferred.held_bytes((0, 0)) == 0

@@ -151,6 +151,7 @@ class PipelineExecutor:
         x, out = self.saved.pop((s, mb))
         with self.ctx.recorder.span(BACKWARD_INPUT):
             self.weight_grads.backward_input((s, mb), out, self._grad_of(s, mb), x if s > 0 else None)
+        self.ctx.memory.shrink((s, mb), self.weight_grads.held_bytes((s, mb)))
         if s > 0:
             self._deliver("grad", s - 1, mb, x.grad)
 

@@ -90,6 +90,15 @@ class DeferredWeightGrads:
             if entry[3] is y:
                 raise RuntimeError(f"no output gradient reached a linear layer in Bi of stage {key[0]}")
 
+    def held_bytes(self, key: tuple[int, int]) -> int:
+        """Bytes kept for W after Bi: the linear inputs and output gradients (each storage once)."""
+        storages = {}
+        for _, _, x, dy in self.pending.get(key, []):
+            for t in (x, dy):
+                storage = t.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+        return sum(storages.values())
+
     def backward_weight(self, key: tuple[int, int]) -> None:
         """W: every linear call's weight (and bias) gradient from what Bi left, one GEMM each, handed
         to autograd in one call (a layer called twice gets the sum, and its hooks fire once)."""
