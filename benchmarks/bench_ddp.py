@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import argparse
 
-from paralab.bench import Variant, compare
+from paralab.bench import Variant, add_run_args, compare
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="small")
+    add_run_args(parser, model="small", steps=6, global_batch=8, rounds=3)
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--global-batch", type=int, default=8)
     parser.add_argument("--bucket-mb", type=float, default=25.0)
-    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     for ws in args.world_sizes:
         common = dict(world_size=ws, steps=args.steps, model=args.model, global_batch=args.global_batch,

@@ -17,6 +17,7 @@ import argparse
 import statistics
 
 from paralab import elastic
+from paralab.bench import add_run_args
 
 
 def recovery(args) -> None:
@@ -53,15 +54,12 @@ def balancing(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny")
+    add_run_args(parser, model="tiny", steps=10, global_batch=48, rounds=1)
     parser.add_argument("--nodes", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--global-batch", type=int, default=48)
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--checkpoint-every", type=int, default=2)
     parser.add_argument("--fail-step", type=int, default=5)
     parser.add_argument("--factors", type=float, nargs="+", default=[1.5, 2.0, 3.0])
-    parser.add_argument("--rounds", type=int, default=1, help="interleaved runs of each variant (balancing)")
     parser.add_argument("--skip", choices=("recovery", "balancing"), help="leave one part out")
     args = parser.parse_args()
     if args.skip != "recovery":

@@ -12,18 +12,15 @@ from __future__ import annotations
 
 import argparse
 
-from paralab.bench import Variant, compare
+from paralab.bench import Variant, add_run_args, compare
 from paralab.strategies.hybrid import rank_layout
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="small")
+    add_run_args(parser, model="small", steps=6, global_batch=8, rounds=3)
     parser.add_argument("--dp", type=int, default=2)
     parser.add_argument("--tp", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--global-batch", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     world = args.dp * args.tp
     common = dict(world_size=world, dp=args.dp, tp=args.tp, steps=args.steps, model=args.model,

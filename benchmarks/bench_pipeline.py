@@ -6,7 +6,7 @@ both, and the table reports the ratio of median step times (paralab / torch; bel
 A second table sets paralab's measured bubble (idle compute time inside the step) beside the
 schedule's closed form for equal-time stages.
 
-    .venv/bin/python benchmarks/bench_pipeline.py [--model small] [--microbatches 8] [--repeats 3]
+    .venv/bin/python benchmarks/bench_pipeline.py [--model small] [--microbatches 8] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 import paralab
-from paralab.bench import Variant, compare
+from paralab.bench import Variant, add_run_args, compare
 
 CASES = [("gpipe", 2), ("gpipe", 4), ("1f1b", 2), ("1f1b", 4)]
 BUBBLE_CASES = [("gpipe", 2, 1, 1), ("gpipe", 2, 8, 1), ("1f1b", 4, 8, 1), ("interleaved", 2, 8, 2),
@@ -28,7 +28,7 @@ def compare_speed(args) -> list[str]:
         common = dict(world_size=pp, pp=pp, schedule=schedule, microbatches=args.microbatches, steps=args.steps,
                       model=args.model, global_batch=args.global_batch)
         result = compare([Variant.of("torch", strategy="torch_pp"), Variant.of("paralab", strategy="pp")],
-                         args.repeats, common)
+                         args.rounds, common)
         a, b = result.median("paralab"), result.median("torch")
         rows.append(f"| {schedule} | {pp} | {args.microbatches} | {a * 1e3:.1f} | {b * 1e3:.1f} | "
                     f"{result.ratio('paralab', 'torch'):.2f}x |")
@@ -46,14 +46,11 @@ def bubbles(args) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="small")
-    parser.add_argument("--global-batch", type=int, default=16)
+    add_run_args(parser, model="small", steps=6, global_batch=16, rounds=2)
     parser.add_argument("--microbatches", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--repeats", type=int, default=2, help="alternating runs per implementation")
     args = parser.parse_args()
     print(f"model {args.model}, global batch {args.global_batch}, {args.steps} steps per run "
-          f"(first dropped), {args.repeats} alternating runs each\n")
+          f"(first dropped), {args.rounds} alternating runs each\n")
     print("\n".join(compare_speed(args)))
     print()
     print("\n".join(bubbles(args)))

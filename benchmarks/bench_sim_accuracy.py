@@ -14,28 +14,27 @@ from __future__ import annotations
 import argparse
 import time
 
+from paralab.bench import add_run_args
+
 
 def cases(args) -> list[tuple[str, dict]]:
-    rows = [
+    return [
         ("dp", dict(strategy="dp")),
         ("ddp", dict(strategy="ddp")),
         ("pp gpipe", dict(strategy="pp", pp=args.world_size, schedule="gpipe", microbatches=args.microbatches)),
         ("pp 1f1b", dict(strategy="pp", pp=args.world_size, schedule="1f1b", microbatches=args.microbatches)),
+        ("tp", dict(strategy="tp", tp=args.world_size)),
     ]
-    rows.append(("tp", dict(strategy="tp", tp=args.world_size)))
-    return rows
 
 
 def main() -> None:
     import paralab
     from paralab.config import RunConfig
-    from paralab.sim.bridge import hardware_for_run, predict_run
+    from paralab.sim.bridge import predict_run
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="small")
-    parser.add_argument("--steps", type=int, default=10)
+    add_run_args(parser, model="small", steps=10, global_batch=8, rounds=None)
     parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--global-batch", type=int, default=8)
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--no-recalibrate", action="store_true")
     args = parser.parse_args()
@@ -52,7 +51,7 @@ def main() -> None:
     rows = ["| run | measured median step (s) | predicted (s) | error |", "|---|---|---|---|"]
     for label, options in todo:
         cfg = RunConfig.build(args.model, **common, **options)
-        predicted = predict_run(cfg, hardware_for_run(cfg)).step_time_s
+        predicted = predict_run(cfg).step_time_s
         measured = paralab.run(model=args.model, **common, **options).summary["step_time_s"]
         rows.append(f"| {label} | {measured:.4f} | {predicted:.4f} | {predicted / measured - 1:+.0%} |")
         print(rows[-1], flush=True)

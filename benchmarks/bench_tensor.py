@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from paralab.bench import Variant, compare
+from paralab.bench import Variant, add_run_args, compare
 
 
 def comm_table(result, labels: list[str]) -> str:
@@ -26,11 +26,8 @@ def comm_table(result, labels: list[str]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="small")
+    add_run_args(parser, model="small", steps=6, global_batch=8, rounds=3)
     parser.add_argument("--tp", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--global-batch", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     for tp in args.tp:
         common = dict(world_size=tp, tp=tp, steps=args.steps, model=args.model, global_batch=args.global_batch)

@@ -1,6 +1,6 @@
 """ZeRO benchmark: paralab's zero3 against torch's FSDP2, and per-rank memory of zero1/2/3 against ddp.
 
-    .venv/bin/python benchmarks/bench_zero.py [--model tiny] [--sizes 2 4] [--repeats 3] [--steps 6]
+    .venv/bin/python benchmarks/bench_zero.py [--model tiny] [--sizes 2 4] [--rounds 3] [--steps 6]
 
 Speed: zero3 and torch_fsdp run alternately (zero3, fsdp, zero3, fsdp, ...) in one invocation, so
 a machine that gets busier or quieter during the benchmark affects both alike; each run's step time
@@ -17,13 +17,13 @@ from __future__ import annotations
 import argparse
 
 import paralab
-from paralab.bench import Variant, compare
+from paralab.bench import Variant, add_run_args, compare
 
 
-def speed(model: str, sizes: list[int], repeats: int, steps: int, batch: int) -> list[str]:
+def speed(model: str, sizes: list[int], rounds: int, steps: int, batch: int) -> list[str]:
     rows = ["| dp | zero3 step (s) | torch_fsdp step (s) | zero3 / fsdp |", "|---:|---:|---:|---:|"]
     for n in sizes:
-        result = compare([Variant.of(strategy="torch_fsdp"), Variant.of(strategy="zero3")], repeats,
+        result = compare([Variant.of(strategy="torch_fsdp"), Variant.of(strategy="zero3")], rounds,
                          dict(world_size=n, steps=steps, model=model, global_batch=batch))
         rows.append(f"| {n} | {result.median('zero3'):.4f} | {result.median('torch_fsdp'):.4f} | "
                     f"{result.ratio('zero3'):.2f}x |")
@@ -47,19 +47,16 @@ def memory(model: str, sizes: list[int], steps: int, batch: int, bucket_mb: floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny")
+    add_run_args(parser, model="tiny", steps=6, global_batch=16, rounds=3)
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--bucket-mb", type=float, default=0.25,
                         help="ddp and zero2 bucket cap; small, so zero2 holds a bucket's full gradients, not the model's")
     args = parser.parse_args()
     params = paralab.MODEL_PRESETS[args.model].param_count()
-    print(f"model {args.model} ({params:,} parameters), global batch {args.batch}, {args.steps} steps per run\n")
-    print("\n".join(speed(args.model, args.sizes, args.repeats, args.steps, args.batch)))
+    print(f"model {args.model} ({params:,} parameters), global batch {args.global_batch}, {args.steps} steps per run\n")
+    print("\n".join(speed(args.model, args.sizes, args.rounds, args.steps, args.global_batch)))
     print()
-    print("\n".join(memory(args.model, args.sizes, args.steps, args.batch, args.bucket_mb)))
+    print("\n".join(memory(args.model, args.sizes, args.steps, args.global_batch, args.bucket_mb)))
 
 
 if __name__ == "__main__":

@@ -57,7 +57,11 @@ def ring_successor(rank: int, group=None) -> int:
     In a ring collective every rank sends all its wire bytes to its successor, so a span's bytes cross
     nodes exactly when the successor lives on another node: a flat ring over two nodes of L ranks
     crosses at 2 of its 2L links, a ring over one rank per node crosses at every link."""
-    ranks = sorted(_group_ranks(group))
+    return _successor(rank, _group_ranks(group))
+
+
+def _successor(rank: int, members: list[int]) -> int:
+    ranks = sorted(members)
     return ranks[(ranks.index(rank) + 1) % len(ranks)]
 
 
@@ -100,7 +104,7 @@ def _traced(op: str, payload: int, group, call, async_op: bool, peer: int | None
             payload_bytes=payload,
             group_size=n,
             peer=peer,
-            inter_node=rec.node_of(me) != rec.node_of(peer if peer is not None else ring_successor(me, group)),
+            inter_node=rec.node_of(me) != rec.node_of(peer if peer is not None else _successor(me, members)),
             group_ranks=members if members is not None and len(members) < dist.get_world_size() else None,
         )
     work = call(async_op)

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from paralab.config import ModelConfig
-from paralab.sim import calibration, cost
+from paralab.sim import calibration, cost, counting
 from paralab.sim.hardware import calibrate
 from paralab.sim.presets import lab_model
 from paralab.sim.specs import HardwareSpec, ParallelSpec
@@ -86,13 +86,20 @@ def test_fitted_rates_drive_the_prediction():
     p = ParallelSpec(dp=2, micro_batch=4, microbatches=1)
     fast, slow = (dataclasses.replace(CPU, elementwise_bw=bw, optimizer_bw=bw) for bw in (30e9, 3e9))
     assert cost.predict(model, p, slow).step_time_s > cost.predict(model, p, fast).step_time_s
-    params = 2**20
-    adam = 4 * 2e-5 + cost.OPTIMIZER_BYTES_TOUCHED * params / 5e9
-    assert calibration.optimizer_bandwidth(adam, 2e-5, params, 4) == pytest.approx(5e9)
+    # the optimizer's traffic term scales as 1 / optimizer_bw; its per-tensor host time does not
+    per_tensor = counting.stage_tensors(model, p, 0) * CPU.host_overhead_s["tensor_update"]
+    fast_opt, slow_opt = (cost.predict(model, p, hw).breakdown_s["optimizer"] - per_tensor for hw in (fast, slow))
+    assert slow_opt == pytest.approx(10 * fast_opt)
+    assert fast_opt == pytest.approx(cost.OPTIMIZER_BYTES_TOUCHED * counting.parameter_counts(model)["total"] / 30e9)
 
 
 def test_calibration_without_gloo_measures_every_rate():
     hw = calibrate(matmul_size=128, gloo=False, threads=1)
-    assert hw.elementwise_bw > 0 and hw.optimizer_bw > 0 and hw.peak_flops["fp32"] > 0
+    # every fitted rate is the fit of what was measured, recorded with it
+    assert hw.elementwise_bw == calibration.elementwise_bandwidth(
+        dataclasses.replace(hw, shared_compute=False), hw.calibration["blocks"])
+    assert hw.optimizer_bw == pytest.approx(
+        calibration.optimizer_bandwidth(hw.calibration["adam_1m_s"], hw.host_overhead_s["tensor_update"]))
+    assert hw.peak_flops["fp32"] == pytest.approx(calibration.matmul_law(rows=hw.calibration["matmul_s"])[0])
     assert len(hw.calibration["blocks"]) == len(calibration.BLOCK_SHAPES)
     assert hw.allreduce_curve == [] and hw.intra_bw == 1e9  # the loopback guess

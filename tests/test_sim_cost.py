@@ -118,8 +118,10 @@ def test_local_calibration_is_cached_and_drives_predictions(tmp_path, monkeypatc
     assert local(gloo=False) == hw  # the second call reads the cache
     # ... but a cache made without gloo does not serve a caller who wants measured links
     linked = dataclasses.replace(hw, allreduce_curve=[[4, 1e-4], [2**20, 1e-3]], calibration={**hw.calibration, "gloo": True})
-    monkeypatch.setattr(hardware, "calibrate", lambda **kwargs: linked)
-    assert local() == linked and local(gloo=False) == linked  # measured again, then cached
+    calls = []
+    monkeypatch.setattr(hardware, "calibrate", lambda **kwargs: calls.append(kwargs) or linked)
+    assert local() == linked and calls[-1]["gloo"] is True  # measured again, with links
+    assert local(gloo=False) == linked and len(calls) == 1  # then served from the cache
     model = ModelSpec(layers=4, hidden=64, heads=4, vocab=128, seq=32, dtype="fp32")
     pred = cost.predict(model, ParallelSpec(pp=2, microbatches=4), hw)
-    assert 0 < pred.step_time_s < 10 and pred.bubble_fraction > 0
+    assert pred.step_time_s > 0 and pred.bubble_fraction > 0

@@ -43,7 +43,7 @@ from paralab.runtime.worker import usable_cores
 
 POLL_S = 0.1
 # An agent is torchrun's own main, started through a bootstrap that first asks Linux to kill it if the
-# launcher dies (the agent in turn takes its worker along, see train.die_with_agent). A standby agent
+# launcher dies (the agent in turn takes its worker along, see worker.die_with_parent). A standby agent
 # imports torchrun, then waits for a line on stdin before it joins the rendezvous.
 AGENT_BOOTSTRAP = (
     "import ctypes, os, runpy, signal, sys; ctypes.CDLL('libc.so.6').prctl(1, signal.SIGKILL); "

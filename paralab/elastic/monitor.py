@@ -52,7 +52,10 @@ class Monitor:
         self._last = (time.perf_counter(), _cpu_seconds())
 
     def sample(self, step_time_s: float | None = None, world_size: int | None = None) -> None:
-        """Counters for the stretch since the last sample (a step, usually)."""
+        """Counters for the stretch since the last sample (a step, usually); nothing when the
+        recorder is off (its counters would be dropped)."""
+        if not self.rec.enabled:
+            return
         wall, cpu = time.perf_counter(), _cpu_seconds()
         (last_wall, last_cpu), self._last = self._last, (wall, cpu)
         if world_size is not None:

@@ -20,7 +20,6 @@ world may change between any two steps without changing the training:
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
 import os
@@ -41,26 +40,11 @@ from paralab.elastic.config import ElasticConfig
 from paralab.elastic.monitor import Monitor
 from paralab.models.gpt import GPT, lm_loss
 from paralab.runtime.recorder import Recorder
-from paralab.runtime.worker import backend_for
+from paralab.runtime.worker import backend_for, die_with_parent, write_json
 from paralab.strategies.common import make_optimizer
 from paralab.strategies.ddp import flatten_grads, make_buckets, unflatten_grads
 
-PR_SET_PDEATHSIG = 1
 BUCKET_BYTES = 25 * 2**20
-
-
-def die_with_agent() -> None:
-    """Ask Linux to SIGKILL this worker when its agent dies: a node whose agent is gone is gone."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # pragma: no cover - not Linux
-        pass
-
-
-def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
 
 
 class FaultInjector:
@@ -266,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = config_from_args(args).validate()
     if not cfg.checkpoint_dir:
         parser.error("--checkpoint-dir is required (a directory every node can reach)")
-    die_with_agent()
+    die_with_parent()  # a node whose agent is gone is gone
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     worker = Worker(cfg, Path(args.run_dir) if args.run_dir else default_run_dir(cfg))

@@ -102,17 +102,18 @@ def _node_map(cfg: RunConfig, rank: int, world_size: int) -> list[int]:
 
 
 # ---------------------------------------------------------------------------- spawned ranks
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this rank if the process that forked it dies, so no rank outlives a run
-    whose parent (a kernel, a test) was killed."""
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process if the one that started it dies, so no rank outlives a run
+    whose parent (a kernel, a test, an elastic agent) was killed."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):  # pragma: no cover - not Linux
         pass
 
 
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
+def write_json(path: Path, data: dict) -> None:
+    """Write atomically: a reader polling the file sees the old content or the new, never half."""
+    tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
 
@@ -128,7 +129,7 @@ def describe(exc: BaseException, timeout_s: float) -> str:
 
 def spawn_entry(rank: int, world_size: int, cfg_dict: dict, port: int, run_dir: str) -> None:
     """Target of each rank process started by paralab.runtime.launch."""
-    _die_with_parent()
+    die_with_parent()
     run_dir_path = Path(run_dir)
     beat = run_dir_path / f"rank{rank}.beat"
 
@@ -143,9 +144,9 @@ def spawn_entry(rank: int, world_size: int, cfg_dict: dict, port: int, run_dir: 
         if state is not None:
             torch.save(state, run_dir_path / f"rank{rank}.state.pt")
         result["trace"] = trace
-        _write_json(run_dir_path / f"rank{rank}.json", result)
+        write_json(run_dir_path / f"rank{rank}.json", result)
     except BaseException as exc:  # report everything, KeyboardInterrupt included
-        _write_json(
+        write_json(
             run_dir_path / f"rank{rank}.error.json",
             {"rank": rank, "error": describe(exc, cfg_dict["timeout_s"]), "traceback": traceback.format_exc()},
         )

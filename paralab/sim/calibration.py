@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import statistics
 import subprocess
 import sys
@@ -141,7 +140,7 @@ def host_overheads() -> dict[str, float]:
         p.grad = torch.randn(8)
     adam = torch.optim.Adam(params, lr=1e-3, foreach=False)
     out["tensor_update"] = median_time(adam.step, repeats=7) / len(params)
-    return {**out, **loop_overheads()}
+    return out
 
 
 def loop_overheads(steps: int = 12) -> dict[str, float]:
@@ -225,7 +224,7 @@ def compute_figures(shapes=MODEL_SHAPES, sync=lambda: None, rounds: int = 3) -> 
     sync()
     figures["copy_bw"] = copy_bandwidth()
     sync()
-    figures["host"] = host_overheads()
+    figures["host"] = {**host_overheads(), **loop_overheads()}
     sync()
     figures["adam_1m"] = adam_seconds()
     return figures
@@ -267,7 +266,9 @@ def concurrent_figures(threads: int, ranks: int = 2, shapes=MODEL_SHAPES, timeou
     """Compute figures measured by ``ranks`` processes at once (as the ranks of a run share the
     machine: its cores, caches, memory bus and whatever else is running), averaged over them, and
     the gloo curves between the first two."""
-    spec = json.dumps({"port": _free_port(), "threads": threads, "ranks": ranks, "shapes": shapes})
+    from paralab.runtime.launch import free_port
+
+    spec = json.dumps({"port": free_port(), "threads": threads, "ranks": ranks, "shapes": shapes})
     results = _run_workers([spec], ranks, timeout)
     rows = [(*r[:3], statistics.mean(res["matmul_rows"][i][3] for res in results))
             for i, r in enumerate(results[0]["matmul_rows"])]
@@ -288,7 +289,9 @@ def gloo_curves(timeout: float = 40.0) -> dict[str, list]:
 
     The workers are fresh interpreters (``python -m paralab.sim.calibration``), so calibrating works
     from a notebook or a script without a ``__main__`` guard."""
-    spec = json.dumps({"port": _free_port(), "threads": 1, "ranks": 2, "compute": False})
+    from paralab.runtime.launch import free_port
+
+    spec = json.dumps({"port": free_port(), "threads": 1, "ranks": 2, "compute": False})
     return _run_workers([spec], 2, timeout)[0]["gloo"]
 
 
@@ -298,12 +301,6 @@ def link_summary(curves: dict[str, list]) -> dict[str, float]:
     ring puts the whole tensor on the wire)."""
     (small, t_small), (large, t_large) = curves["allreduce"][0], curves["allreduce"][-1]
     return {"latency": t_small / 2, "bw": (large - small) / max(t_large - t_small, 1e-9)}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run_workers(args: list[str], ranks: int, timeout: float) -> list[dict]:

@@ -140,17 +140,13 @@ class HierarchicalReducer(BucketedReducer):
         self.shards: list[torch.Tensor | None] = [None] * len(self.buckets)
 
     def _launch(self, i: int) -> None:
-        flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]]).div_(self.world_size)
+        flat = flatten_grads(self.buckets[i]).div_(self.world_size)
         padded = -flat.numel() % self.local_size
         self.buffers[i] = torch.nn.functional.pad(flat, (0, padded)) if padded else flat
         self._hold(self.buffers[i])
         self.shards[i] = torch.empty(self.buffers[i].numel() // self.local_size, dtype=flat.dtype, device=flat.device)
         self.works[i] = comm.reduce_scatter(self.shards[i], self.buffers[i], group=self.intra, async_op=True,
                                             name=f"bucket {i} intra")
-
-    def _hold(self, buffer: torch.Tensor, sign: int = 1) -> None:
-        if self.memory is not None:
-            self.memory.extra_state_bytes["grads"] += sign * buffer.numel() * buffer.element_size()
 
     def _finish_bucket(self, i: int) -> None:
         self.works[i].wait()

@@ -45,10 +45,11 @@ class RankLayout:
         """The ranks that vary only along ``dim`` (the other two coordinates fixed), each list in
         that dimension's order: the tp groups, the dp groups, or the pipelines (pp)."""
         axis = DIMS.index(dim)
+        coords = self.coords
         lines: dict[tuple, list[int]] = {}
-        for rank, coord in self.coords.items():
+        for rank, coord in coords.items():
             lines.setdefault(coord[:axis] + coord[axis + 1:], []).append(rank)
-        return [sorted(line, key=lambda r: self.coords[r][axis]) for line in lines.values()]
+        return [sorted(line, key=lambda r: coords[r][axis]) for line in lines.values()]
 
     def text(self) -> str:
         """One row per (pp, dp), one column per tp rank: the global rank in each cell."""

@@ -35,6 +35,7 @@ from paralab import comm
 from paralab.config import ConfigError, ModelConfig, RunConfig
 from paralab.models.gpt import build_part
 from paralab.strategies.common import GradSync, run_steps
+from paralab.strategies.ddp import flatten_grads, unflatten_grads
 from paralab.strategies.tensor_layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -232,10 +233,9 @@ class SequenceParallelGrads(GradSync):
     def after_backward(self) -> None:
         if not self.params:
             return
-        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+        flat = flatten_grads(self.params)
         comm.all_reduce(flat, group=self.tp.group, name="sequence-parallel grads")
-        for p, g in zip(self.params, flat.split([p.numel() for p in self.params])):
-            p.grad.copy_(g.view_as(p))
+        unflatten_grads(self.params, flat)
 
 
 # ---------------------------------------------------------------------------- training
