@@ -67,10 +67,10 @@ def test_model_mapping():
     ],
 )
 def test_strategy_mapping(options, expect):
-    _, parallel = specs_from_run(RunConfig.build("tiny", global_batch=8, **options))
+    model, parallel = specs_from_run(RunConfig.build("tiny", global_batch=8, **options))
     assert {k: getattr(parallel, k) for k in expect} == expect
     assert parallel.world_size == options["world_size"]
-    assert parallel.optimizer == "adam-fp32"
+    assert counting.optimizer_of(model, parallel) == "adam-fp32"
 
 
 def test_pipeline_trace_has_the_schedules_spans():

@@ -73,12 +73,12 @@ def block_rows(hw: HardwareSpec, elementwise_bw: float) -> list[list[float]]:
 
 
 def test_elementwise_fit_recovers_the_rate_that_made_the_timings():
-    assert calibration.elementwise_bandwidth(CPU, block_rows(CPU, 7e9)) == pytest.approx(7e9)
+    assert calibration.fit_elementwise_bandwidth(CPU, block_rows(CPU, 7e9)) == pytest.approx(7e9)
 
 
 def test_elementwise_fit_falls_back_when_gemms_explain_everything():
     rows = [[*r[:4], r[4] / 100, r[5] / 100] for r in block_rows(CPU, 7e9)]
-    assert calibration.elementwise_bandwidth(CPU, rows) == 0.0
+    assert calibration.fit_elementwise_bandwidth(CPU, rows) == 0.0
 
 
 def test_fitted_rates_drive_the_prediction():
@@ -96,7 +96,7 @@ def test_fitted_rates_drive_the_prediction():
 def test_calibration_without_gloo_measures_every_rate():
     hw = calibrate(matmul_size=128, gloo=False, threads=1)
     # every fitted rate is the fit of what was measured, recorded with it
-    assert hw.elementwise_bw == calibration.elementwise_bandwidth(
+    assert hw.elementwise_bw == calibration.fit_elementwise_bandwidth(
         dataclasses.replace(hw, shared_compute=False), hw.calibration["blocks"])
     assert hw.optimizer_bw == pytest.approx(
         calibration.optimizer_bandwidth(hw.calibration["adam_1m_s"], hw.host_overhead_s["tensor_update"]))

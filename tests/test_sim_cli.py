@@ -102,3 +102,14 @@ def test_any_two_of_the_batch_numbers_give_the_third():
 def test_degrees_below_one_exit_2(capsys, flag):
     rc, out, err = run(["simulate", "--model", "tiny", "--gpus", "8", flag, "0"], capsys)
     assert rc == 2 and not out and f"{flag} must be >= 1, got 0" in err
+
+
+def test_the_default_optimizer_follows_the_model_dtype():
+    from paralab.sim import cost
+    from paralab.sim.presets import get_model
+    from paralab.sim.specs import ParallelSpec
+
+    for name, param_bytes in (("small", 4), ("gpt3-125m", 2)):  # fp32 Adam for the lab's fp32 model
+        model = get_model(name)
+        memory = cost.memory_per_gpu(model, ParallelSpec())
+        assert memory["params"] == pytest.approx(param_bytes * cli.counting.parameter_counts(model)["total"])

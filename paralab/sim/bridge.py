@@ -43,7 +43,7 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
     Batch split as the strategies run it: data-parallel strategies give each of ``world_size`` ranks
     ``global_batch / world_size`` sequences in one pass; ``mp`` is the naive schedule with one
     microbatch; ``pp`` cuts the batch into ``microbatches``; ``tp`` runs the whole batch on every rank;
-    ``hybrid`` uses its dp / tp / pp degrees. Gradients are fp32 Adam's (``adam-fp32``; SGD runs are
+    ``hybrid`` uses its dp / tp / pp degrees. Gradients are fp32 Adam's (``adam-fp32``, the default for an fp32 model; SGD runs are
     costed as Adam). Naive ``dp`` all-reduces every parameter tensor after backward (one message
     each, no overlap); ``ddp`` one message per ``bucket_mb`` bucket, overlapped with backward.
     """
@@ -78,7 +78,7 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
         buckets = tensors if s == "dp" else max(1, -(-_param_bytes(model) // int(cfg.bucket_mb * 2**20)))
     parallel = ParallelSpec(
         dp=dp, tp=tp, pp=pp, virtual_stages=v, schedule=schedule, microbatches=m, micro_batch=batch // (dp * m),
-        zero=zero, sequence_parallel=sp, recompute="none", optimizer="adam-fp32",
+        zero=zero, sequence_parallel=sp, recompute="none",
         overlap_grad_reduce=s not in ("dp",), grad_buckets=buckets,
     )
     return model, parallel

@@ -17,7 +17,7 @@ cores, caches and memory bus):
    residual adds are far slower than a memory copy on one core. We time paralab's block forward and
    backward at the lab models' shapes, take away the GEMM law's share and the host time, and fit
    the bytes per second at which the rest gets through the activations it moves
-   (:func:`elementwise_bandwidth`). Adam on a million parameters gives the optimizer's rate.
+   (:func:`fit_elementwise_bandwidth`). Adam on a million parameters gives the optimizer's rate.
 4. **gloo between two processes**: all-reduce and one-way send/recv on a ladder of sizes (4 B to
    32 MiB), mean times. On shared cores a call often waits for its I/O thread to be scheduled, so
    the cost is far from ``latency + bytes / bandwidth``: the cost model reads these curves.
@@ -230,7 +230,7 @@ def compute_figures(shapes=MODEL_SHAPES, sync=lambda: None, rounds: int = 3) -> 
     return figures
 
 
-def elementwise_bandwidth(hw, blocks: list[list[float]]) -> float:
+def fit_elementwise_bandwidth(hw, blocks: list[list[float]]) -> float:
     """Bytes/s of a block's non-GEMM work, fitted to timed blocks against the cost model itself.
 
     For each timed block the cost model's GEMM time (forward: linear + core; backward twice that)

@@ -102,7 +102,6 @@ def simulate_main(args) -> int:
         dp=dp, tp=tp, pp=pp, virtual_stages=args.virtual_stages, schedule=args.schedule,
         microbatches=args.microbatches or 0, micro_batch=args.micro_batch or 0, global_batch=args.global_batch or 0,
         zero=args.zero, sequence_parallel=args.sequence_parallel, recompute=args.recompute,
-        optimizer=counting.optimizer_for(model),
     )  # fmt: skip
     problems = model.problems() or parallel.problems(model, gpus)
     if problems:

@@ -23,6 +23,7 @@ How a step is timed, bottom up:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -38,14 +39,12 @@ OPTIMIZER_BYTES_TOUCHED = 28  # per parameter: read grad, read/write master, m a
 # --------------------------------------------------------------------------------------- primitives
 
 
-def gemm_time(hw: HardwareSpec, flops_peak: float, m: float, n: float, k: float, batch: float = 1, nbytes: int = 2,
-              share: int = 1) -> float:
-    """Seconds for ``batch`` (m x k) @ (k x n) matmuls: shape-scaled peak, memory roofline (memory
-    bandwidth split ``share`` ways), launch cost."""
+def gemm_time(hw: HardwareSpec, flops_peak: float, m: float, n: float, k: float, batch: float = 1, nbytes: int = 2) -> float:
+    """Seconds for ``batch`` (m x k) @ (k x n) matmuls: shape-scaled peak, memory roofline, launch cost."""
     half = hw.matmul_half_dim
     efficiency = hw.matmul_max_efficiency * (m / (m + half)) * (n / (n + half)) * (k / (k + half))
     compute = 2 * batch * m * n * k / (flops_peak * efficiency)
-    memory = batch * (m * k + k * n + m * n) * nbytes * share / hw.memory_bandwidth
+    memory = batch * (m * k + k * n + m * n) * nbytes / hw.memory_bandwidth
     return max(compute, memory) + hw.kernel_overhead_s
 
 
@@ -116,16 +115,16 @@ class LayerWork:
 
 
 def layer_work(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> LayerWork:
-    """The per-layer pieces of :func:`stage_times` (``p`` resolved), also what calibration fits against."""
-    share = p.world_size if hw.shared_compute else 1
-    peak = hw.peak(model.dtype) / share
+    """The per-layer pieces of :func:`stage_times` (``p`` resolved, ``hw`` one rank's: see
+    :func:`per_rank`), also what calibration fits against."""
+    peak = hw.peak(model.dtype)
     t, b, s, h = p.tp, p.micro_batch, model.seq, model.hidden
     tokens, nbytes = b * s, model.dtype_bytes
     mlp_in = 2 * model.ffn if model.gated_mlp else model.ffn
     heads = model.heads // t
 
     def gemm(m_, n_, k_, batch=1):
-        return gemm_time(hw, peak, m_, n_, k_, batch, nbytes, share)
+        return gemm_time(hw, peak, m_, n_, k_, batch, nbytes)
 
     linear = (
         gemm(tokens, (h + 2 * model.kv_dim) / t, h)
@@ -140,21 +139,30 @@ def layer_work(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> LayerWork
     return LayerWork(linear, core, 2 * act * width, 2 * (act - act_no_core) * width)
 
 
-def elementwise_bandwidth(hw: HardwareSpec, share: int = 1) -> float:
+def per_rank(hw: HardwareSpec, world: int) -> HardwareSpec:
+    """What one of ``world`` ranks gets of a machine they all share (``shared_compute``: the local
+    CPU seen whole): its slice of every compute and memory rate. Already per rank: ``hw`` itself."""
+    if not hw.shared_compute:
+        return hw
+    return dataclasses.replace(
+        hw, shared_compute=False, peak_flops={k: v / world for k, v in hw.peak_flops.items()},
+        memory_bandwidth=hw.memory_bandwidth / world, elementwise_bw=hw.elementwise_bw / world,
+        optimizer_bw=hw.optimizer_bw / world,
+    )
+
+
+def elementwise_bandwidth(hw: HardwareSpec) -> float:
     """Bytes/s of non-GEMM kernels: measured on the local CPU (``elementwise_bw``), else memory-bound."""
-    return (hw.elementwise_bw or hw.memory_bandwidth) / share
+    return hw.elementwise_bw or hw.memory_bandwidth
 
 
 def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> list[StageTimes]:
     """Per-microbatch durations of every stage (pp x v of them), from the layer's GEMMs, traffic and collectives."""
     p = parallel.resolved()
-    share = p.world_size if hw.shared_compute else 1
+    hw = per_rank(hw, p.world_size)
     t, b, s, h = p.tp, p.micro_batch, model.seq, model.hidden
     tokens, nbytes = b * s, model.dtype_bytes
-    ew_bw = elementwise_bandwidth(hw, share)
-
-    def gemm(m_, n_, k_):
-        return gemm_time(hw, hw.peak(model.dtype) / share, m_, n_, k_, 1, nbytes, share)
+    ew_bw = elementwise_bandwidth(hw)
 
     def host(part: str) -> float:  # framework time per call (CPU); 0 on the GPU presets
         return hw.host_overhead_s.get(part, 0.0)
@@ -174,7 +182,7 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
     chunks = p.pp * p.virtual_stages
     per_chunk = model.layers // chunks
     embed = 2 * tokens * h * nbytes / ew_bw
-    logits = gemm(tokens, model.vocab / t, h)
+    logits = gemm_time(hw, hw.peak(model.dtype), tokens, model.vocab / t, h, 1, nbytes)
     loss = 3 * tokens * model.vocab / t * 4 / ew_bw  # fp32 logits: write, softmax read and write
     # tp at the ends (Megatron-LM): the vocabulary-parallel embedding all-reduces its partial lookups;
     # the output layer's input operator f all-reduces its gradient in backward; the vocabulary-parallel
@@ -199,7 +207,7 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
 
 
 def _zero_overlapped(st: StageTimes, model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> StageTimes:
-    pb, gb, _ = counting.OPTIMIZER_BYTES[p.optimizer]
+    pb, gb, _ = counting.OPTIMIZER_BYTES[counting.optimizer_of(model, p)]
     params = counting.stage_params(model, p, 0)
     rs = collective_time(hw, "reduce_scatter", params * gb, p.dp, p.tp)
     ag = collective_time(hw, "all_gather", params * pb, p.dp, p.tp) if p.zero == 3 else 0.0
@@ -268,7 +276,7 @@ def memory_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]
     """Bytes per GPU at the peak: model states (ZeRO) of the heavier end stage plus first-rank activations."""
     p = parallel.resolved()
     params = max(counting.stage_params(model, p, 0), counting.stage_params(model, p, p.pp - 1))
-    states = counting.model_state_bytes(params, p.dp, p.zero, p.optimizer)
+    states = counting.model_state_bytes(params, p.dp, p.zero, counting.optimizer_of(model, p))
     states["activations"] = counting.activation_bytes_per_gpu(model, p)
     states["total"] = sum(states.values())
     return states
@@ -414,7 +422,7 @@ def _estimate_finish(model, p: ParallelSpec, hw, times: list[StageTimes]) -> tup
 
 def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int) -> dict:
     """End-of-step data-parallel work of one pipeline rank: (seconds, op, wire bytes) rows and optimizer time."""
-    pb, gb, _ = counting.OPTIMIZER_BYTES[p.optimizer]
+    pb, gb, _ = counting.OPTIMIZER_BYTES[counting.optimizer_of(model, p)]
     params = counting.stage_params(model, p, rank)
     reduce_op = "all_reduce" if p.zero == 0 else "reduce_scatter"
     reduce = (0.0, reduce_op, 0.0)
@@ -427,8 +435,8 @@ def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int) -
         gather = (collective_time(hw, "all_gather", params * pb, p.dp, p.tp, messages),
                   counting.ring_wire_bytes("all_gather", params * pb, p.dp))
     local = params / (p.dp if p.zero >= 1 else 1)
-    share = p.world_size if hw.shared_compute else 1
-    optimizer = OPTIMIZER_BYTES_TOUCHED * local * share / (hw.optimizer_bw or hw.memory_bandwidth) + hw.kernel_overhead_s
+    rank_hw = per_rank(hw, p.world_size)
+    optimizer = OPTIMIZER_BYTES_TOUCHED * local / (rank_hw.optimizer_bw or rank_hw.memory_bandwidth) + hw.kernel_overhead_s
     optimizer += counting.stage_tensors(model, p, rank) * hw.host_overhead_s.get("tensor_update", 0.0)
     inter = p.dp * p.tp > hw.gpus_per_node
     return {"reduce": reduce, "gather": gather, "optimizer": optimizer, "inter": inter, "params": params}

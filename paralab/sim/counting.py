@@ -222,9 +222,10 @@ OPTIMIZER_BYTES = {
 }
 
 
-def optimizer_for(model: ModelSpec) -> str:
-    """Adam as this model trains: all fp32 for an fp32 model (the lab's CPU runs), mixed precision otherwise."""
-    return "adam-fp32" if model.dtype == "fp32" else "adam-mixed"
+def optimizer_of(model: ModelSpec, p: ParallelSpec) -> str:
+    """The optimizer ``p`` names or, when it names none, Adam as this model trains: all fp32 for an
+    fp32 model (the lab's CPU runs), mixed precision otherwise."""
+    return p.optimizer or ("adam-fp32" if model.dtype == "fp32" else "adam-mixed")
 
 
 def model_state_bytes(params: float, dp: int, zero: int, optimizer: str = "adam-mixed") -> dict[str, float]:
@@ -291,7 +292,7 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[str, s
     if p.pp > 1:
         rows.append(("pp", "send", act / t, 2, 2 * m * p.virtual_stages))
     if p.dp > 1:
-        pb, gb, _ = OPTIMIZER_BYTES[p.optimizer]
+        pb, gb, _ = OPTIMIZER_BYTES[optimizer_of(model, p)]
         params = stage_params(model, p, 0)
         grads, weights = params * gb, params * pb
         if p.zero == 0:

@@ -166,7 +166,7 @@ def calibrate(matmul_size: int = 1024, gloo: bool = True, threads: int | None = 
                      "blocks": figures["blocks"], "adam_1m_s": figures["adam_1m"], "gloo": gloo},
     )
     # the blocks ran as one rank's (with every core when ``threads`` is None): fit them as such
-    fitted = bench.elementwise_bandwidth(dataclasses.replace(spec, shared_compute=False), figures["blocks"])
+    fitted = bench.fit_elementwise_bandwidth(dataclasses.replace(spec, shared_compute=False), figures["blocks"])
     return dataclasses.replace(spec, elementwise_bw=fitted)
 
 

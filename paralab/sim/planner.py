@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from paralab.sim import cost, counting
+from paralab.sim import cost
 from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec
 
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -45,7 +45,7 @@ def candidates(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int)
                             yield ParallelSpec(
                                 dp=dp, tp=tp, pp=pp, virtual_stages=v, schedule=schedule, microbatches=m,
                                 micro_batch=mb, global_batch=global_batch, zero=zero,
-                                sequence_parallel=tp > 1, recompute=recompute, optimizer=counting.optimizer_for(model),
+                                sequence_parallel=tp > 1, recompute=recompute,
                             )  # fmt: skip
 
 

@@ -103,7 +103,7 @@ class ParallelSpec:
     zero: int = 0
     sequence_parallel: bool = False
     recompute: str = "none"
-    optimizer: str = "adam-mixed"
+    optimizer: str = ""  # "": as the model trains (counting.optimizer_of: fp32 Adam for fp32, mixed otherwise)
     overlap_grad_reduce: bool = True  # bucketed data-parallel reduction during the last backward
     # separate gradient messages per step (each pays the link latency): 0 models one bucketed stream
     # whose last 1/8 is exposed; naive dp sends one per parameter tensor, DDP one per bucket
@@ -170,7 +170,7 @@ class ParallelSpec:
             out.append("sequence parallelism needs tp > 1")
         if p.recompute not in RECOMPUTE:
             out.append(f"unknown recompute {p.recompute!r}; choose from {', '.join(RECOMPUTE)}")
-        if p.optimizer not in OPTIMIZERS:
+        if p.optimizer and p.optimizer not in OPTIMIZERS:
             out.append(f"unknown optimizer {p.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
         return out
 
