@@ -97,6 +97,10 @@ def killed(tmp_path_factory):
         (["--nnodes", "1:2", "--slow", "rank=1,factor=0"], "slow factor must be >= 1"),
         (["--nnodes", "1:2", "--slow", "rank=0,factor=-2"], "slow factor must be >= 1"),
         (["--nnodes", "3:4", "--fail", "rank=0,step=1", "--nodes", "3"], "fewer than min nodes 3"),
+        (["--nnodes", "2:4", "--steps", "5", "--checkpoint-every", "2", "--fail", "rank=1,step=2,during=save"],
+         "no checkpoint is saved after step 2 (every 2 steps: after steps [1, 3, 4])"),
+        pytest.param(["--nnodes", "1:2", "--device", "cuda"], "no CUDA device is visible",
+                     marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")),
     ],
 )
 def test_invalid_runs_exit_2_before_any_process(monkeypatch, capsys, argv, message):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from paralab.config import MODEL_PRESETS, ConfigError, ModelConfig
+from paralab.config import MODEL_PRESETS, ConfigError, ModelConfig, cuda_device_count
 
 STRATEGY = "elastic-ddp"  # what a checkpoint's signature calls the way its weights were trained
 
@@ -80,10 +80,18 @@ class ElasticConfig:
             raise ConfigError("learning rate and timeouts must be > 0 (last call: a whole number of seconds >= 1)")
         if self.max_restarts < 0:
             raise ConfigError(f"max restarts must be >= 0, got {self.max_restarts}")
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        if self.device == "cuda" and cuda_device_count() == 0:
+            raise ConfigError("device='cuda' asked for, but no CUDA device is visible; use device='cpu'")
         self._validate_fail()
         self._validate_join()
         self._validate_slow()
         return self
+
+    def saves_after(self, step: int) -> bool:
+        """A checkpoint is saved after step ``step``: every ``checkpoint_every`` steps, and after the last."""
+        return (step + 1) % self.checkpoint_every == 0 or step + 1 == self.steps
 
     def _validate_fail(self) -> None:
         if self.fail is None:
@@ -95,8 +103,8 @@ class ElasticConfig:
             raise ConfigError(f"fail step {step!r} is beyond the run: steps are 0..{self.steps - 1}")
         if during not in ("step", "save"):
             raise ConfigError(f"fail 'during' must be 'step' or 'save', got {during!r}")
-        if during == "save" and (step + 1) % self.checkpoint_every and step != self.steps - 1:
-            saves = [k for k in range(self.steps) if (k + 1) % self.checkpoint_every == 0]
+        if during == "save" and not self.saves_after(step):
+            saves = [k for k in range(self.steps) if self.saves_after(k)]
             raise ConfigError(f"no checkpoint is saved after step {step} (every {self.checkpoint_every} steps: "
                               f"after steps {saves})")
         if self.nodes - 1 < self.min_nodes:

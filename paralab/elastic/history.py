@@ -54,7 +54,7 @@ def read_generation(gen_dir: Path) -> Generation | None:
             continue
         recs = [ranks[r] for r in sorted(ranks)]
         steps[step] = {
-            "step": step, "world_size": meta["world_size"], "loss": recs[0]["loss"], "generation": gen_dir.name,
+            "step": step, "world_size": meta["world_size"], "loss": sum(r["loss"] for r in recs), "generation": gen_dir.name,
             "sample_ids": [i for r in recs for i in r["ids"]], "ids_per_rank": [r["ids"] for r in recs],
             "compute_s": [r["compute_s"] for r in recs],
             "t_start": min(r["t_start"] for r in recs), "t_end": max(r["t_end"] for r in recs),

@@ -171,17 +171,15 @@ class Worker:
                 optimizer.zero_grad(set_to_none=True)
                 loss, compute_s = self.accumulate(model, data, ids, slowdown)
                 reducer.sync()
-                total = torch.tensor([loss], dtype=torch.float64)
-                comm.all_reduce(total, name="loss")
                 with rec.span("optimizer"):
                     optimizer.step()
             step_time = rec.now() - t0
             balancer.observe(len(ids), compute_s)
-            records.write(json.dumps({"step": step, "world_size": self.world, "loss": total.item(), "ids": ids,
+            records.write(json.dumps({"step": step, "world_size": self.world, "loss": loss, "ids": ids,
                                       "compute_s": compute_s, "t_start": began, "t_end": time.time()}) + "\n")
             records.flush()
             self.monitor.sample(step_time, self.world)
-            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+            if cfg.saves_after(step):
                 self.save(step, model, optimizer, data, injector)
             if rank == 0:
                 write_json(self.run_dir / "progress.json", {"step": step, "generation": self.gen_dir.name})
