@@ -3,7 +3,7 @@
 Chromium is the Debian package (/usr/bin/chromium, installed by .ci/run when missing), driven by
 Python playwright through ``executable_path``; playwright's own browser download is never used. The
 test opens tests/browser/widgets.ipynb (a copy, in the server's private root), runs all its cells
-from the Run menu, and checks that the plotly figures and the widgets rendered (and no "Error
+with JupyterLab's Run All Cells command, and checks that the plotly figures and the widgets rendered (and no "Error
 displaying widget"), then drags the slider with the keyboard and checks that the figure changed.
 It skips cleanly when there is no Chromium or no playwright.
 """
@@ -18,7 +18,9 @@ from test_lab import LabServer
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+                 "--disable-component-update", "--disable-sync",
+                 # a container's /dev/shm can be 64 MB, too small for a JupyterLab page
+                 "--disable-dev-shm-usage"]
 NOTEBOOK = Path(__file__).resolve().parent / "browser" / "widgets.ipynb"
 
 pytestmark = [
@@ -27,12 +29,25 @@ pytestmark = [
 ]
 
 # The y values of the figure-widget plot in the last output cell (plotly keeps them on the graph div).
-STARTED = """() => [...document.querySelectorAll('.jp-NotebookPanel .jp-InputArea-prompt')]
-  .some(p => /\\[(\\*|\\d+)\\]/.test(p.textContent))"""
 PLOT_YS = """() => {
   const plots = [...document.querySelectorAll('.jp-Cell .js-plotly-plot')];
   return plots.map(p => (p.data && p.data[0] && Array.from(p.data[0].y || [])) || null);
 }"""
+
+
+EXECUTED = """() => {
+  const prompts = [...document.querySelectorAll('.jp-NotebookPanel .jp-CodeCell .jp-InputArea-prompt')];
+  return prompts.length > 0 && prompts.every(p => /\\[\\d+\\]/.test(p.textContent));
+}"""
+KERNEL_READY = """() => {
+  const panel = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+  const context = panel && panel.sessionContext;
+  const kernel = context && context.session && context.session.kernel;
+  return Boolean(context && context.isReady && kernel && kernel.connectionStatus === 'connected'
+                 && kernel.status === 'idle');
+}"""
+PROMPTS = """() => [...document.querySelectorAll('.jp-NotebookPanel .jp-CodeCell .jp-InputArea-prompt')]
+  .map(p => p.textContent.trim())"""
 
 
 @pytest.fixture
@@ -46,48 +61,71 @@ def browser():
             browser.close()
 
 
-@pytest.mark.timeout(240)
-def test_notebook_widgets_and_figures_render_and_respond(tmp_path, browser):
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+class PageState:
+    """What the page showed, for a failure message that says why (CI cannot be watched)."""
 
+    def __init__(self, page, server: LabServer):
+        self.page, self.server = page, server
+        self.errors: list[str] = []
+        self.console: list[str] = []
+        page.on("pageerror", lambda exc: self.errors.append(str(exc)))
+        page.on("crash", lambda _page: self.errors.append("the page crashed"))
+        page.on("console", lambda msg: self.console.append(f"{msg.type}: {msg.text}") if msg.type == "error" else None)
+
+    def __str__(self) -> str:
+        try:
+            prompts = self.page.evaluate(PROMPTS)
+            text = self.page.locator(".jp-NotebookPanel").inner_text(timeout=5_000)[-2000:]
+        except Exception as exc:  # the page may be the thing that broke
+            prompts, text = "?", f"(page unreadable: {exc})"
+        log = self.server.log_path.read_text(errors="replace")[-2000:] if self.server.log_path.exists() else ""
+        return (f"prompts {prompts}\npage errors {self.errors}\nconsole errors {self.console[-10:]}\n"
+                f"notebook text:\n{text}\nlab log:\n{log}")
+
+
+def run_all_cells(page, state: PageState) -> None:
+    """Run every cell through JupyterLab's own "Run All Cells" command, once the kernel is ready.
+
+    Clicking Run > Run All Cells raced the kernel connection (a click could be dropped, or run only
+    the first cell, while the session was still settling), so the command is run through the app
+    the server exposes (--LabApp.expose_app_in_browser), after the notebook's session says ready.
+    """
+    page.wait_for_function(KERNEL_READY, timeout=90_000)
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    try:
+        page.wait_for_function(EXECUTED, timeout=120_000)
+    except Exception as exc:
+        pytest.fail(f"Run All Cells did not run the notebook: {exc}\n{state}")
+
+
+@pytest.mark.timeout(420)
+def test_notebook_widgets_and_figures_render_and_respond(tmp_path, browser):
     root = tmp_path / "root"
     root.mkdir()
     shutil.copy(NOTEBOOK, root / NOTEBOOK.name)
-    server = LabServer(tmp_path / "lab", extra_args=(f"--ServerApp.root_dir={root}",))
+    server = LabServer(tmp_path / "lab", extra_args=(f"--ServerApp.root_dir={root}",
+                                                              "--LabApp.expose_app_in_browser=True"))
     (tmp_path / "lab").mkdir()
-    errors: list[str] = []
     with server:
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        state = PageState(page, server)
         page.set_default_timeout(60_000)
         page.goto(f"{server.url}/lab/tree/{NOTEBOOK.name}?token={server.token}")
         page.wait_for_selector(".jp-NotebookPanel .jp-Cell", state="attached")
-        # the kernel must be up before "Run All" (it would queue anyway, but this makes failures clearer)
-        page.wait_for_selector(".jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status='idle']",
-                               state="attached", timeout=90_000)
-
-        # Run > Run All Cells. A click that lands while the kernel connection is still settling can be
-        # dropped, so try again until the input prompts show that cells were queued or ran.
-        for _attempt in range(4):
-            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-            page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
-            try:
-                page.wait_for_function(STARTED, timeout=15_000)
-                break
-            except PlaywrightTimeout:
-                page.keyboard.press("Escape")
-        else:
-            pytest.fail("Run All Cells did not start the notebook")
+        run_all_cells(page, state)
 
         slider = page.locator(".jp-OutputArea .widget-slider").first
-        slider.wait_for(state="visible", timeout=90_000)
-        page.wait_for_function(f"({PLOT_YS})().filter(y => y && y.length).length >= 2", timeout=90_000)
+        try:
+            slider.wait_for(state="visible", timeout=60_000)
+            page.wait_for_function(f"({PLOT_YS})().filter(y => y && y.length).length >= 2", timeout=60_000)
+        except Exception as exc:
+            pytest.fail(f"{exc}\n{state}")
 
         text = page.locator(".jp-NotebookPanel").inner_text()
-        assert "Error displaying widget" not in text
-        assert "Traceback" not in text, text[-2000:]
+        assert "Error displaying widget" not in text, state
+        assert "Traceback" not in text, state
         assert page.locator(".jp-OutputArea-output.jp-RenderedError, .jp-OutputArea-output[data-mime-type="
-                            "'application/vnd.jupyter.stderr']").count() == 0
+                            "'application/vnd.jupyter.stderr']").count() == 0, state
         before = page.evaluate(PLOT_YS)
         assert len(before[-1]) == 2, before
 
@@ -100,6 +138,6 @@ def test_notebook_widgets_and_figures_render_and_respond(tmp_path, browser):
         after = page.evaluate(PLOT_YS)
         assert after[-1] != before[-1] and len(after[-1]) == 5
         assert after[0] == before[0], "the static figure must not change"
-        assert not [e for e in errors if "widget" in e.lower()], errors
+        assert not [e for e in state.errors if "widget" in e.lower() or "crash" in e], state
         page.close()
     assert server.leftovers == [], f"processes outlived the lab: {server.leftovers}"
