@@ -5,6 +5,7 @@ No timing is asserted anywhere: the hardware is written out here, not calibrated
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 import paralab
 from paralab.config import MODEL_PRESETS, RunConfig
 from paralab.schedules import build_schedule
-from paralab.sim import counting
+from paralab.sim import bridge, counting
 from paralab.sim.bridge import predict_run, predict_run_trace, specs_from_run
 from paralab.sim.specs import HardwareSpec
 from paralab.trace import COMPUTE, STEP
@@ -71,6 +72,18 @@ def test_strategy_mapping(options, expect):
     assert {k: getattr(parallel, k) for k in expect} == expect
     assert parallel.world_size == options["world_size"]
     assert counting.optimizer_of(model, parallel) == "adam-fp32"
+
+
+@pytest.mark.parametrize("strategy, pays_data", [("ddp", True), ("tp", True), ("pp", False), ("hybrid", False)])
+def test_only_runs_that_load_inside_the_step_window_pay_for_loading(monkeypatch, strategy, pays_data):
+    loop = {"step": 1e-3, "data_token": 1e-5}
+    monkeypatch.setattr(bridge, "local", lambda threads: dataclasses.replace(CPU, host_overhead_s=loop))
+    monkeypatch.setattr("paralab.runtime.worker.usable_cores", lambda: 2)  # no oversubscription: no scaling
+    extra = dict(pp=2, microbatches=2) if strategy in ("pp", "hybrid") else {}
+    cfg = RunConfig.build("tiny", strategy=strategy, world_size=2, global_batch=8, **extra)
+    tokens = 8 // (2 if strategy == "ddp" else 1) * cfg.model.seq_len
+    expected = loop["step"] + (tokens * loop["data_token"] if pays_data else 0.0)
+    assert predict_run(cfg, "local").breakdown_s["loop"] == pytest.approx(expected)
 
 
 def test_pipeline_trace_has_the_schedules_spans():

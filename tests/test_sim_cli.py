@@ -98,6 +98,17 @@ def test_any_two_of_the_batch_numbers_give_the_third():
     assert ParallelSpec(dp=2, pp=4).resolved().micro_batch == 1
 
 
+def test_a_global_batch_alone_accumulates_only_in_a_pipeline():
+    from paralab.sim.presets import get_model
+    from paralab.sim.specs import ParallelSpec
+
+    flat = ParallelSpec(dp=2, global_batch=64).resolved()
+    assert (flat.micro_batch, flat.microbatches) == (32, 1)
+    piped = ParallelSpec(dp=2, pp=4, global_batch=64).resolved()
+    assert (piped.micro_batch, piped.microbatches) == (1, 32)
+    assert ParallelSpec(dp=3, global_batch=64).problems(get_model("tiny")), "64 does not split over 3 replicas"
+
+
 @pytest.mark.parametrize("flag", ["--tp", "--pp", "--dp", "--gpus"])
 def test_degrees_below_one_exit_2(capsys, flag):
     rc, out, err = run(["simulate", "--model", "tiny", "--gpus", "8", flag, "0"], capsys)

@@ -30,6 +30,7 @@ ZERO_STAGE = {"zero1": 1, "zero2": 2, "zero3": 3, "torch_fsdp": 3}
 DATA_PARALLEL = ("dp", "ddp", "zero1", "zero2", "zero3", "torch_ddp", "torch_fsdp")
 PIPELINE = ("mp", "pp", "torch_pp")
 TENSOR = ("tp", "torch_tp")
+LOADS_BEFORE_STEP = ("mp", "pp", "torch_pp", "hybrid")  # the step window holds the schedule alone (bubbles are read from it)
 
 
 def model_spec(cfg: RunConfig) -> ModelSpec:
@@ -94,7 +95,8 @@ def hardware_for_run(cfg: RunConfig, hardware: str | HardwareSpec = "local") -> 
     """The hardware one rank of this run sees. ``local``: calibrated with the threads the rank gets
     (``paralab.runtime.worker.threads_for``), slowed by the share of a core it really has when the
     ranks want more threads than the machine has cores: its compute, and its gloo calls too (each
-    step of a ring waits for the next rank to be scheduled)."""
+    step of a ring waits for the next rank to be scheduled). Pipelined runs (and hybrid ones) cut
+    their batch before the step window opens, so their step pays no data loading."""
     if isinstance(hardware, HardwareSpec):
         return hardware
     if hardware.lower() != "local":
@@ -113,6 +115,8 @@ def hardware_for_run(cfg: RunConfig, hardware: str | HardwareSpec = "local") -> 
             allreduce_curve=[[n, t / share] for n, t in hw.allreduce_curve],
             p2p_curve=[[n, t / share] for n, t in hw.p2p_curve],
         )
+    if cfg.strategy in LOADS_BEFORE_STEP:
+        hw = dataclasses.replace(hw, host_overhead_s={**hw.host_overhead_s, "data_token": 0.0})
     return hw
 
 

@@ -88,8 +88,10 @@ class ParallelSpec:
     """How one training step is split: degrees, pipeline schedule, batch split, memory savers.
 
     ``global_batch = dp x micro_batch x microbatches`` (sequences per step). Give any two of
-    ``global_batch``, ``microbatches`` and ``micro_batch``; :meth:`resolved` fills in the third
-    (``micro_batch`` 0, the default, means "what the other two leave", else 1).
+    ``global_batch``, ``microbatches`` and ``micro_batch``; :meth:`resolved` fills in the third.
+    ``micro_batch`` 0, the default, means "what the other two leave"; with only a global batch it is
+    the whole per-replica batch at pp 1 (no accumulation unless asked) and 1 in a pipeline (many
+    small microbatches shrink the bubble, Megatron-LM's default).
     """
 
     dp: int = 1
@@ -119,8 +121,9 @@ class ParallelSpec:
     def resolved(self) -> ParallelSpec:
         """Fill ``microbatches`` from ``global_batch`` (or the reverse); default one microbatch per stage."""
         if not self.micro_batch:
-            split = self.global_batch and self.microbatches and self.dp * self.microbatches
-            return self.replace(micro_batch=max(self.global_batch // split, 1) if split else 1).resolved()
+            split = self.dp * (self.microbatches or (1 if self.pp == 1 else 0))
+            micro_batch = max(self.global_batch // split, 1) if self.global_batch and split else 1
+            return self.replace(micro_batch=micro_batch).resolved()
         per_step = self.dp * self.micro_batch
         if self.microbatches:
             return self.replace(global_batch=per_step * self.microbatches)
