@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -210,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     except RunError as exc:
         print(f"paralab: run failed: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except BrokenPipeError:  # the reader went away (`paralab plan ... | head`): not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush cannot fail
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

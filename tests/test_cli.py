@@ -56,6 +56,16 @@ def test_unparseable_arguments_exit_2():
     assert info.value.code == 2
 
 
+def test_a_reader_that_goes_away_is_not_an_error(monkeypatch, capsys):
+    """`paralab plan ... | head -1`: the pipe closes before the output is written."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with open(write_end, "w", buffering=1) as closed_pipe:  # line-buffered, as on a terminal
+        monkeypatch.setattr(sys, "stdout", closed_pipe)
+        assert cli.main(["plan", "--model", "gpt3-13b", "--gpus", "64", "--hardware", "a100"]) == 0
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.timeout(240)
 def test_torchrun_writes_per_rank_traces_that_merge(tmp_path):
     trace_dir = tmp_path / "traces"

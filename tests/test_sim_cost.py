@@ -1,6 +1,7 @@
 """The cost model end to end: bubbles, published throughput, the simulated trace, local calibration."""
 
 import dataclasses
+import itertools
 
 import pytest
 
@@ -35,6 +36,8 @@ def test_simulated_bubbles_match_published_closed_forms(name, p, m, v, times, ex
 # Narayanan et al. 2021, Table 1 (A100, full recompute; micro-batch size and schedule are not in the
 # table: we assume micro-batch 1 and plain 1F1B), and the PTD-P row of their ZeRO-3 comparison.
 MEGATRON_RUNS = [
+    ("megatron-1.7b", 1, 1, 32, 512, 137),
+    ("megatron-18b", 8, 1, 256, 1024, 135),
     ("megatron-145b", 8, 8, 1536, 2304, 148),
     ("megatron-310b", 8, 16, 1920, 2160, 155),
     ("megatron-530b", 8, 35, 2520, 2520, 163),
@@ -45,17 +48,19 @@ MEGATRON_RUNS = [
 
 @pytest.mark.parametrize("preset,tp,pp,gpus,batch,published", MEGATRON_RUNS)
 def test_tflops_per_gpu_within_20_percent_of_narayanan(preset, tp, pp, gpus, batch, published):
-    parallel = ParallelSpec(dp=gpus // (tp * pp), tp=tp, pp=pp, global_batch=batch, recompute="full")
+    parallel = ParallelSpec(dp=gpus // (tp * pp), tp=tp, pp=pp, global_batch=batch, micro_batch=1, recompute="full")
     predicted = cost.predict(get_model(preset), parallel, A100, simulate=pp <= 16).tflops_per_gpu
     assert abs(predicted / published - 1) < 0.20, f"{preset}: predicted {predicted:.0f} vs {published} TFLOP/s"
 
 
 # Korthikanti et al. 2022, Table 5: selective recompute + sequence parallelism, dp = 1, micro-batch 1.
 @pytest.mark.parametrize(
-    "preset,pp,batch,mfu", [("megatron-22b", 1, 4, 41.5), ("megatron-175b", 8, 64, 51.4), ("megatron-530b", 35, 280, 56.0)]
+    "preset,pp,batch,mfu",
+    [("megatron-22b", 1, 4, 41.5), ("megatron-175b", 8, 64, 51.4), ("megatron-530b", 35, 280, 56.0),
+     ("megatron-1t", 64, 512, 56.3)],
 )
 def test_mfu_within_20_percent_of_korthikanti(preset, pp, batch, mfu):
-    parallel = ParallelSpec(tp=8, pp=pp, global_batch=batch, sequence_parallel=True, recompute="selective")
+    parallel = ParallelSpec(tp=8, pp=pp, global_batch=batch, micro_batch=1, sequence_parallel=True, recompute="selective")
     predicted = cost.predict(get_model(preset), parallel, A100, simulate=False).mfu * 100
     assert abs(predicted / mfu - 1) < 0.20
 
@@ -89,6 +94,38 @@ def test_zero_stages_and_recompute_shrink_memory():
     assert totals == sorted(totals, reverse=True) and len(set(totals)) == 4
     acts = [cost.memory_per_gpu(model, base.replace(recompute=r))["activations"] for r in ("none", "selective", "full")]
     assert acts == sorted(acts, reverse=True)
+
+
+@pytest.mark.parametrize(
+    "compute, gather, scatter, prefetch, expected",
+    [
+        (1.0, 0.5, 0.0, True, 10.5),  # gathers hide under compute but the first
+        (1.0, 2.0, 0.0, True, 21.0),  # the link is the bottleneck; the last layer's compute sticks out
+        (1.0, 0.5, 0.0, False, 15.0),  # every gather waited for
+        (1.0, 0.0, 0.5, True, 10.5),  # ZeRO-2: reduce-scatters hide but the last
+        (1.0, 0.3, 0.3, True, 10.6),  # first gather + last reduce-scatter stick out
+        (1.0, 0.5, 0.3, False, 18.0),  # waited gathers queue behind the previous layer's reduce-scatter
+    ],
+)
+def test_zero_collectives_layer_by_layer(compute, gather, scatter, prefetch, expected):
+    """Ten equal layers, worked by hand from FSDP's order (compute waits for its gather; the link
+    sends in the order it is asked; prefetch asks one layer ahead)."""
+    assert cost.layer_by_layer(10, compute, gather, scatter, prefetch) == pytest.approx(expected)
+
+
+def test_prefetch_is_never_slower_and_never_beats_either_resource():
+    values = [0.0, 0.1, 0.5, 1.0, 3.0]
+    for layers, compute, gather, scatter in itertools.product([1, 3, 96], [0.2, 1.0], values, values):
+        ahead = cost.layer_by_layer(layers, compute, gather, scatter, True)
+        waited = cost.layer_by_layer(layers, compute, gather, scatter, False)
+        assert max(layers * compute, layers * (gather + scatter)) <= ahead + 1e-12 <= waited + 2e-12
+
+
+def test_zero3_runs_predict_the_gathers_they_wait_for():
+    model = get_model("gpt3-13b")
+    spec = ParallelSpec(dp=64, zero=3, global_batch=64, micro_batch=1)
+    waited, ahead = (cost.predict(model, spec.replace(prefetch_params=f), A100, simulate=False) for f in (False, True))
+    assert waited.step_time_s > ahead.step_time_s
 
 
 def test_bad_spec_is_refused_with_the_numbers():

@@ -47,6 +47,7 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
     ``hybrid`` uses its dp / tp / pp degrees. Gradients are fp32 Adam's (``adam-fp32``, the default for an fp32 model; SGD runs are
     costed as Adam). Naive ``dp`` all-reduces every parameter tensor after backward (one message
     each, no overlap); ``ddp`` one message per ``bucket_mb`` bucket, overlapped with backward.
+    paralab's ``zero3`` gathers each part just before it runs (no prefetch), as FSDP does on CPU.
     """
     s = cfg.strategy
     world, batch = cfg.world_size, cfg.global_batch
@@ -81,6 +82,7 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
         dp=dp, tp=tp, pp=pp, virtual_stages=v, schedule=schedule, microbatches=m, micro_batch=batch // (dp * m),
         zero=zero, sequence_parallel=sp, recompute="none",
         overlap_grad_reduce=s not in ("dp",), grad_buckets=buckets,
+        prefetch_params=not (s == "zero3" or (s == "torch_fsdp" and cfg.device == "cpu")),
     )
     return model, parallel
 

@@ -201,19 +201,49 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
             bi, w = bi + logits + loss + tp_embed + host("head_backward"), w + logits
             tp += tp_loss + tp_embed
         times.append(StageTimes(f, bi, w, tp))
-    if p.pp == 1 and p.zero >= 2 and p.dp > 1:  # ZeRO-2/3 collectives per microbatch, prefetched under compute
+    if p.pp == 1 and p.zero >= 2 and p.dp > 1:  # ZeRO-2/3 collectives per microbatch, layer by layer
         times = [_zero_overlapped(st, model, p, hw) for st in times]
     return times
 
 
 def _zero_overlapped(st: StageTimes, model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> StageTimes:
+    """A microbatch's F and B with ZeRO-2/3's per-layer collectives (:func:`layer_by_layer`)."""
     pb, gb, _ = counting.OPTIMIZER_BYTES[counting.optimizer_of(model, p)]
     params = counting.stage_params(model, p, 0)
-    rs = collective_time(hw, "reduce_scatter", params * gb, p.dp, p.tp)
-    ag = collective_time(hw, "all_gather", params * pb, p.dp, p.tp) if p.zero == 3 else 0.0
-    forward = max(st.forward, ag)
-    backward = max(st.backward, ag + rs)
+    layers = max(model.layers, 1)
+    rs = collective_time(hw, "reduce_scatter", params * gb, p.dp, p.tp) / layers
+    ag = collective_time(hw, "all_gather", params * pb, p.dp, p.tp) / layers if p.zero == 3 else 0.0
+    forward = layer_by_layer(layers, st.forward / layers, ag, 0.0, p.prefetch_params)
+    backward = layer_by_layer(layers, st.backward / layers, ag, rs, p.prefetch_params)
     return StageTimes(forward, backward - st.backward_weight, st.backward_weight, st.tp_comm)
+
+
+def layer_by_layer(layers: int, compute: float, gather: float, scatter: float, prefetch: bool) -> float:
+    """Seconds for ``layers`` equal layers whose parameters are gathered and gradients scattered, as
+    FSDP and ZeRO-3 run them: one compute stream and one link that sends in the order it is asked.
+
+    A layer computes once its gather has arrived; its reduce-scatter is asked for when its compute
+    ends. With ``prefetch`` the next layer's gather is asked for when this layer's compute starts
+    (one layer ahead), so it hides under the compute; without, when the compute reaches that layer.
+    """
+    link = cpu = 0.0
+
+    def send(asked: float, seconds: float) -> float:
+        nonlocal link
+        link = max(link, asked) + seconds
+        return link
+
+    arrived = send(0.0, gather)
+    for layer in range(layers):
+        start = max(cpu, arrived)
+        if prefetch and layer + 1 < layers:
+            arrived = send(start, gather)
+        cpu = start + compute
+        if scatter:
+            send(cpu, scatter)
+        if not prefetch and layer + 1 < layers:
+            arrived = send(cpu, gather)
+    return max(cpu, link)
 
 
 def p2p_time(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> float:

@@ -110,6 +110,9 @@ class ParallelSpec:
     # separate gradient messages per step (each pays the link latency): 0 models one bucketed stream
     # whose last 1/8 is exposed; naive dp sends one per parameter tensor, DDP one per bucket
     grad_buckets: int = 0
+    # ZeRO-3 gathers the next layer's parameters while this one computes (DeepSpeed, FSDP on GPUs);
+    # False: each layer's gather waits just before it runs (paralab's zero3, FSDP on CPU)
+    prefetch_params: bool = True
 
     @property
     def world_size(self) -> int:
