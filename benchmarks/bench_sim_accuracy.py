@@ -3,9 +3,9 @@
     python benchmarks/bench_sim_accuracy.py [--model small] [--world-size 2] [--steps 10] [--no-recalibrate]
 
 Calibrates the ``local`` hardware for the thread count a rank gets (unless told not to), runs dp,
-ddp, pp (gpipe, 1f1b) and tp for real, and prints a
+ddp, pp (gpipe, 1f1b), tp, zero2 and zero3 for real, and prints a
 markdown table of each run's median step time (steps after the first), the predicted step time and
-the error. The issue's goal is within 30%. Nothing here is fitted per case: the same calibrated
+the error. The issue's goal is within 30% for dp, ddp, pp and tp. Nothing here is fitted per case: the same calibrated
 machine predicts every row.
 """
 
@@ -24,6 +24,8 @@ def cases(args) -> list[tuple[str, dict]]:
         ("pp gpipe", dict(strategy="pp", pp=args.world_size, schedule="gpipe", microbatches=args.microbatches)),
         ("pp 1f1b", dict(strategy="pp", pp=args.world_size, schedule="1f1b", microbatches=args.microbatches)),
         ("tp", dict(strategy="tp", tp=args.world_size)),
+        ("zero2", dict(strategy="zero2")),
+        ("zero3", dict(strategy="zero3")),
     ]
 
 

@@ -46,8 +46,15 @@ def test_non_dividing_degrees_exit_2_with_what_fits(capsys):
 def test_model_that_fits_nowhere_exits_2(capsys):
     rc, _, err = run(["plan", "--model", "megatron-1t", "--gpus", "8"], capsys)
     assert rc == 2 and "needs at least 256 a100 GPUs" in err
+    assert "GiB per GPU against 72.0 GiB usable" in err
     rc, _, err = run(["simulate", "--model", "gpt3-175b", "--gpus", "8"], capsys)
     assert rc == 2 and "does not fit" in err
+
+
+def test_a_batch_that_no_split_divides_is_named_as_the_cause(capsys):
+    rc, out, err = run(["plan", "--model", "gpt3-1.3b", "--gpus", "1024", "--global-batch", "100"], capsys)
+    assert rc == 2 and not out
+    assert "divides a global batch of 100" in err and "try a global batch of 112" in err and "GPUs: its model" not in err
 
 
 @pytest.mark.parametrize("flag,value,word", [("--model", "gpt-9", "unknown model preset"), ("--hardware", "tpu-v9", "unknown hardware")])
@@ -116,11 +123,11 @@ def test_degrees_below_one_exit_2(capsys, flag):
 
 
 def test_the_default_optimizer_follows_the_model_dtype():
-    from paralab.sim import cost
+    from paralab.sim import cost, counting
     from paralab.sim.presets import get_model
     from paralab.sim.specs import ParallelSpec
 
     for name, param_bytes in (("small", 4), ("gpt3-125m", 2)):  # fp32 Adam for the lab's fp32 model
         model = get_model(name)
         memory = cost.memory_per_gpu(model, ParallelSpec())
-        assert memory["params"] == pytest.approx(param_bytes * cli.counting.parameter_counts(model)["total"])
+        assert memory["params"] == pytest.approx(param_bytes * counting.parameter_counts(model)["total"])

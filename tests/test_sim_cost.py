@@ -75,6 +75,14 @@ def test_closed_form_pipeline_agrees_with_event_simulation():
         assert fast.bubble_fraction == pytest.approx(slow.bubble_fraction, abs=0.02)
 
 
+@pytest.mark.parametrize("m", [1, 2, 4, 8])
+def test_closed_form_zb_h1_with_fewer_microbatches_than_stages(m):
+    """m < p: the gradient's trip back up the pipeline, not the 3m ramp, sets ZB-H1's step."""
+    p = ParallelSpec(tp=8, pp=8, schedule="zb-h1", microbatches=m, micro_batch=1, sequence_parallel=True)
+    fast, slow = (cost.predict(get_model("gpt3-13b"), p, A100, simulate=s) for s in (False, True))
+    assert fast.step_time_s == pytest.approx(slow.step_time_s, rel=0.03)
+
+
 def test_prediction_has_the_design_keys_and_consistent_numbers():
     model = get_model("gpt3-1.3b")
     pred = cost.predict(model, ParallelSpec(dp=4, tp=2, pp=2, global_batch=64, micro_batch=2), A100)
@@ -126,6 +134,16 @@ def test_zero3_runs_predict_the_gathers_they_wait_for():
     spec = ParallelSpec(dp=64, zero=3, global_batch=64, micro_batch=1)
     waited, ahead = (cost.predict(model, spec.replace(prefetch_params=f), A100, simulate=False) for f in (False, True))
     assert waited.step_time_s > ahead.step_time_s
+
+
+def test_a_sequence_parallel_pipeline_sends_its_shard_and_gathers_nothing():
+    model = get_model("gpt3-1.3b")
+    spec = ParallelSpec(tp=4, pp=2, micro_batch=2, microbatches=4)  # 8 GPUs: one node
+    shard = model.seq * 2 * model.hidden * 2 / 4
+    sp = cost.p2p_time(model, spec.replace(sequence_parallel=True), A100)
+    assert sp == pytest.approx(A100.intra_latency + shard / A100.intra_bw)
+    gather = cost.collective_time(A100, "all_gather", 4 * shard, 4, 1)
+    assert cost.p2p_time(model, spec, A100) == pytest.approx(sp + gather)
 
 
 def test_bad_spec_is_refused_with_the_numbers():

@@ -73,6 +73,43 @@ def test_activation_memory_matches_korthikanti_table2():
     assert act(tp=t, recompute="full") == pytest.approx(2 * sbh)
 
 
+def test_activation_memory_scales_with_batch_and_dtype():
+    """Table 2 is linear in b; an fp32 model stores every tensor at 4 bytes, its 1-byte masks at 1."""
+    model = get_model("megatron-175b")
+    per_layer = counting.activation_bytes_per_layer
+    for kw in ({}, {"tp": 8}, {"tp": 8, "sequence_parallel": True}, {"tp": 8, "recompute": "selective"}):
+        assert per_layer(model, 4, **kw) == pytest.approx(4 * per_layer(model, 1, **kw))
+    masks = 2 * S * 12288 + 96 * S * S  # the two dropout masks (s b h) and the attention one (a s s b), 1 byte
+    fp32 = model.replace(dtype="fp32")
+    assert per_layer(fp32, 1) == pytest.approx(2 * per_layer(model, 1) - masks)
+    no_dropout = model.replace(dropout=False)
+    assert per_layer(no_dropout.replace(dtype="fp32"), 2, tp=8) == pytest.approx(2 * per_layer(no_dropout, 2, tp=8))
+
+
+def test_the_last_stage_keeps_fp32_logits_and_zbv_keeps_both_ends_on_rank_0():
+    """Korthikanti et al. 2022 sec. 4.3: the loss keeps 4 s b V / t bytes of fp32 logits."""
+    model = get_model("llama3-8b")
+    flat = ParallelSpec(tp=2, micro_batch=2, microbatches=1)
+    logits = 4 * model.seq * 2 * model.vocab / 2
+    embedding = 2 * model.seq * 2 * model.hidden
+    assert counting.activation_bytes_per_gpu(model, flat) == pytest.approx(
+        model.layers * counting.activation_bytes_per_layer(model, 2, tp=2) + embedding + logits)
+    piped = ParallelSpec(pp=4, microbatches=8, micro_batch=1)
+    for schedule, last in (("1f1b", 3), ("zbv", 0)):
+        spec = piped.replace(schedule=schedule, virtual_stages=2 if schedule == "zbv" else 1)
+        assert counting.last_stage_rank(spec) == last
+        assert [counting.stage_rank(spec, st) for st in range(spec.pp * spec.virtual_stages)] == \
+            build_schedule(schedule, 4, 8, spec.virtual_stages).stage_to_rank
+        ends = model.vocab * model.hidden * (2 if last == 0 else 1)  # the output layer (and the embedding)
+        assert counting.stage_params(model, spec, last) - counting.stage_params(model, spec, 1) >= ends
+        chunk = model.layers // 8 if schedule == "zbv" else model.layers // 4
+        stashed = counting.peak_inflight_chunks(schedule, 4, 8, spec.virtual_stages, last) * chunk
+        one_mb_logits = 4 * model.seq * model.vocab
+        first_extra = 2 * model.seq * model.hidden * min(stashed // chunk, 8) if last == 0 else 0
+        assert counting.activation_bytes_per_gpu(model, spec, last) == pytest.approx(
+            stashed * counting.activation_bytes_per_layer(model, 1) + one_mb_logits + first_extra)
+
+
 def test_zero_model_states_match_rajbhandari_figure1():
     # ZeRO paper, Figure 1: Psi = 7.5B, N_d = 64, K = 12 -> 120 GB, 31.4 GB, 16.6 GB, 1.9 GB
     totals = [sum(counting.model_state_bytes(7.5e9, 64, zero).values()) / 1e9 for zero in range(4)]
@@ -108,8 +145,20 @@ def test_tensor_parallel_bytes_match_narayanan():
 
 
 @pytest.mark.parametrize(
-    "name,p,m,v", [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("1f1b", 8, 4, 1), ("interleaved", 4, 8, 2), ("zb-h1", 4, 8, 1)]
+    "name,p,m,v",
+    [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("1f1b", 8, 4, 1), ("1f1b", 4, 2, 1), ("interleaved", 4, 8, 2),
+     ("interleaved", 4, 4, 3), ("zb-h1", 4, 8, 1), ("zb-h1", 8, 4, 1), ("zbv", 4, 8, 2), ("zbv", 4, 2, 2)],
 )
-def test_peak_inflight_matches_schedule_data(name, p, m, v):
-    peak = validate_schedule(build_schedule(name, p, m, v)).peak_activations[0]
-    assert counting.peak_inflight_chunks(name, p, m, v) == peak
+def test_peak_inflight_matches_schedule_data_on_every_rank(name, p, m, v):
+    peaks = validate_schedule(build_schedule(name, p, m, v)).peak_activations
+    assert [counting.peak_inflight_chunks(name, p, m, v, rank) for rank in range(p)] == peaks
+
+
+def test_zero_traffic_matches_rajbhandari_section_7():
+    """ZeRO paper sec. 7: stages 1 and 2 move 2 Psi per step, as DDP's all-reduce; stage 3 moves 3 Psi
+    (a reduce-scatter and two all-gathers, one for forward and one for backward)."""
+    model, n = get_model("gpt3-1.3b"), 64
+    psi = counting.stage_params(model, ParallelSpec(), 0) * 2 * (n - 1) / n  # fp16 bytes, ring share
+    volume = [sum(counting.comm_bytes_per_gpu(model, ParallelSpec(dp=n, zero=z, micro_batch=1)).values())
+              for z in range(4)]
+    assert volume == pytest.approx([2 * psi, 2 * psi, 2 * psi, 3 * psi])

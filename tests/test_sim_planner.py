@@ -39,3 +39,15 @@ def test_candidates_respect_divisibility_and_node_size():
     for p in specs:
         assert p.tp <= 8 and 8 % p.tp == 0 and 80 % (p.pp * p.virtual_stages) == 0
         assert not p.problems(model, 64)
+
+
+def test_the_two_pass_ranking_finds_what_simulating_every_candidate_finds():
+    """Brute force on a small case: every dividing split that fits, each through the event simulator."""
+    model, h100 = get_model("llama3-8b"), get_hardware("h100")
+    fitting = [s for s in planner.candidates(model, 16, h100, 64)
+               if cost.memory_per_gpu(model, s)["total"] <= cost.usable_memory(h100)]
+    assert len(fitting) > 100
+    brute = sorted((cost.predict(model, s, h100) for s in fitting), key=lambda p: -p.tokens_per_s)
+    ranked = planner.plan(model, 16, h100, 64, top=3)
+    assert [p.parallel for p in ranked] == [p.parallel for p in brute[:3]]
+    assert all(p.fits for p in ranked)

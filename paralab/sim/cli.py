@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 
-from paralab.sim import cost, counting, planner
+from paralab.sim import cost, planner
 from paralab.sim.hardware import NAMES as HARDWARE_NAMES
 from paralab.sim.hardware import get_hardware
 from paralab.sim.presets import MODELS, get_model
@@ -75,15 +74,7 @@ def _fits_hint(model: ModelSpec, gpus: int, hw, global_batch: int | None) -> str
     ranked = planner.plan(model, gpus, hw, global_batch, top=3, refine=0)
     if ranked:
         return "configurations that fit on {} GPUs:\n  {}".format(gpus, "\n  ".join(planner.describe(p.parallel) for p in ranked))
-    return _needs(model, hw)
-
-
-def _needs(model: ModelSpec, hw) -> str:
-    """Lower bound on GPUs: fully sharded model states (16 bytes per parameter) must fit in usable memory."""
-    states = 16 * counting.parameter_counts(model)["total"]
-    least = 2 ** math.ceil(math.log2(max(states / cost.usable_memory(hw), 1)))
-    return (f"{model.name} needs at least {least} {hw.name} GPUs: its model states alone are "
-            f"{states / 1e9:.0f} GB against {cost.usable_memory(hw) / 1e9:.0f} GB usable per GPU")
+    return planner.why_nothing_fits(model, gpus, hw, global_batch)
 
 
 def simulate_main(args) -> int:
@@ -147,15 +138,17 @@ def plan_main(args) -> int:
         return _fail(f"--gpus must be >= 1, got {args.gpus}")
     ranked = planner.plan(model, args.gpus, hw, args.global_batch, top=args.top)
     if not ranked:
-        return _fail(f"nothing fits on {args.gpus} {hw.name} GPUs; " + _needs(model, hw))
+        return _fail(f"nothing fits on {args.gpus} {hw.name} GPUs: " + planner.why_nothing_fits(model, args.gpus, hw, args.global_batch))
     sentences = planner.explain(ranked)
     if args.json:
         rows = [dict(p.to_dict(), config=planner.describe(p.parallel), **_degrees(p.parallel)) for p in ranked]
         print(json.dumps({"model": model.name, "gpus": args.gpus, "hardware": hw.name, "ranked": rows, "explain": sentences}))
         return 0
+    # ranked by tokens/s, which MFU follows; hardware TFLOP/s also counts recompute, so it need not
+    print(f"    {'tokens/s':>10} {'MFU':>6} {'hardware rate':>15} {'memory':>10}  layout")
     for i, p in enumerate(ranked, 1):
         rate, memory = planner.flops_text(p.tflops_per_gpu), planner.bytes_text(p.memory_bytes_per_gpu["total"])
-        print(f"{i:2d}. {rate:>13} per GPU  {memory:>10}  {planner.describe(p.parallel)}")
+        print(f"{i:2d}. {p.tokens_per_s:>10,.0f} {p.mfu:>6.1%} {rate:>15} {memory:>10}  {planner.describe(p.parallel)}")
     print("\n".join(sentences))
     return 0
 

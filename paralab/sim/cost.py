@@ -135,8 +135,7 @@ def layer_work(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> LayerWork
     core = gemm(s, s, model.head_dim, b * heads) + gemm(s, model.head_dim, s, b * heads)
     act = counting.activation_bytes_per_layer(model, b, t, p.sequence_parallel, "none")
     act_no_core = counting.activation_bytes_per_layer(model, b, t, p.sequence_parallel, "selective")
-    width = nbytes / 2  # Table 2 counts 16-bit activations; fp32 moves twice the bytes
-    return LayerWork(linear, core, 2 * act * width, 2 * (act - act_no_core) * width)
+    return LayerWork(linear, core, 2 * act, 2 * (act - act_no_core))
 
 
 def per_rank(hw: HardwareSpec, world: int) -> HardwareSpec:
@@ -250,13 +249,14 @@ def p2p_time(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> floa
     """Seconds from a stage's send to the next stage holding the activation (Narayanan et al. 2021).
 
     With tp > 1 each of the t GPUs sends 1/t of it over its own link and the receivers all-gather it
-    over NVLink (their scatter/gather optimisation). The pipeline crosses nodes when t x dp x pp
+    over NVLink (their scatter/gather optimisation); with sequence parallelism the activation is
+    already split by sequence, so nothing is gathered. The pipeline crosses nodes when t x dp x pp
     ranks do not fit in one node.
     """
     p = parallel.resolved()
     act = model.seq * p.micro_batch * model.hidden * model.dtype_bytes
     inter = p.tp * p.dp * p.pp > hw.gpus_per_node
-    gather = collective_time(hw, "all_gather", act, p.tp, 1)
+    gather = 0.0 if p.sequence_parallel else collective_time(hw, "all_gather", act, p.tp, 1)
     if hw.p2p_curve and not inter:  # measured point-to-point times (local calibration)
         return interpolate(hw.p2p_curve, act / p.tp) + gather
     bandwidth, latency = (hw.inter_bw, hw.inter_latency) if inter else (hw.intra_bw, hw.intra_latency)
@@ -303,11 +303,25 @@ class Prediction:
 
 
 def memory_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]:
-    """Bytes per GPU at the peak: model states (ZeRO) of the heavier end stage plus first-rank activations."""
+    """Bytes per GPU at the peak, on the fuller of the pipeline's end ranks (the ones between hold less):
+    model states (ZeRO) plus activations, plus what ZeRO-2/3 hold unsharded for a moment."""
     p = parallel.resolved()
-    params = max(counting.stage_params(model, p, 0), counting.stage_params(model, p, p.pp - 1))
-    states = counting.model_state_bytes(params, p.dp, p.zero, counting.optimizer_of(model, p))
-    states["activations"] = counting.activation_bytes_per_gpu(model, p)
+    return max((_rank_memory(model, p, rank) for rank in {0, p.pp - 1}), key=lambda m: m["total"])
+
+
+def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int) -> dict[str, float]:
+    """ZeRO-3 gathers a unit's parameters whole (two units with prefetch: the one computing and the
+    next), ZeRO-2/3 fill a unit's whole gradient before reduce-scattering it; a unit is a layer, or
+    the embedding when that is larger."""
+    optimizer = counting.optimizer_of(model, p)
+    states = counting.model_state_bytes(counting.stage_params(model, p, rank), p.dp, p.zero, optimizer)
+    states["activations"] = counting.activation_bytes_per_gpu(model, p, rank)
+    if p.zero >= 2 and p.dp > 1:
+        pb, gb, _ = counting.OPTIMIZER_BYTES[optimizer]
+        unit = max(sum(counting.layer_params(model).values()), model.vocab * model.hidden) / p.tp
+        states["grads"] += unit * gb
+        if p.zero == 3:
+            states["params"] += unit * pb * (2 if p.prefetch_params else 1)
     states["total"] = sum(states.values())
     return states
 
@@ -430,18 +444,23 @@ def _estimate_finish(model, p: ParallelSpec, hw, times: list[StageTimes]) -> tup
 
     With equal stages and free p2p this is exactly :func:`paralab.schedules.theoretical_bubble`:
     1F1B/GPipe ramp (p-1)(F+B), interleaved (p-1)(F+B)/v (chunks are 1/v long), ZB-H1 (p-1)(F+Bi-W)
-    (Qi et al. 2023), naive no overlap at all; other schedules use their closed-form bubble.
+    (Qi et al. 2023) or, with m < p, the gradient's trip back (m+p-1)(F+Bi) + W, naive no overlap at
+    all; other schedules use their closed-form bubble.
     """
     pp, m, name = p.pp, p.microbatches, _schedule_name(p)
     work = [0.0] * pp
     for stage, st in enumerate(times):
-        work[stage % pp] += st.forward + st.backward
+        work[counting.stage_rank(p, stage)] += st.forward + st.backward
     hop = 2 * p2p_time(model, p, hw) if pp > 1 else 0.0
     mean = sum(st.forward + st.backward for st in times) / len(times)
     if name == "naive":
         makespan = m * (sum(work) + (pp - 1) * hop)
     elif name == "zb-h1":
-        makespan = m * max(work) + (pp - 1) * (hop + sum(st.forward + st.backward_input - st.backward_weight for st in times) / len(times))
+        ramp = sum(st.forward + st.backward_input - st.backward_weight for st in times) / len(times)
+        # with m < p the gradient's trip back up the pipeline is the longer path (theoretical_bubble)
+        trip = sum(st.forward + st.backward_input for st in times) / len(times)
+        last_w = sum(st.backward_weight for st in times) / len(times)
+        makespan = max(m * max(work) + (pp - 1) * (hop + ramp), (m + pp - 1) * trip + last_w + (pp - 1) * hop)
     elif name in ("gpipe", "1f1b", "interleaved"):
         makespan = m * max(work) + (pp - 1) * (mean + hop)
     else:
@@ -505,7 +524,7 @@ def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: f
     world = p.world_size
     peak = hw.peak(model.dtype) * (1 if hw.shared_compute else world)
     memory = memory_per_gpu(model, p)
-    per_rank_tp = p.microbatches * sum(st.tp_comm for st in times[:: p.pp])
+    per_rank_tp = p.microbatches * sum(st.tp_comm for stage, st in enumerate(times) if counting.stage_rank(p, stage) == 0)
     return Prediction(
         step_time_s=step,
         tokens_per_s=p.global_batch * model.seq / step,

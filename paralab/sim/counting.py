@@ -61,31 +61,45 @@ def replicated_layer_params(model: ModelSpec) -> int:
     return layer_params(model)["norms"] + (2 * model.hidden if model.biases else 0)
 
 
-def stage_params(model: ModelSpec, parallel: ParallelSpec, stage: int) -> float:
-    """Parameters one GPU of pipeline rank ``stage`` holds (before ZeRO sharding).
+def last_stage_rank(parallel: ParallelSpec) -> int:
+    """The pipeline rank that holds the last stage (output layer and loss): pp - 1, or rank 0 in ZB-V,
+    whose V puts the first and the last chunk on the same rank (Qi et al. 2024)."""
+    return 0 if parallel.schedule == "zbv" and parallel.pp > 1 else parallel.pp - 1
+
+
+def stage_rank(parallel: ParallelSpec, stage: int) -> int:
+    """The pipeline rank of model chunk ``stage``: round robin (interleaved), or down and back up the V."""
+    p = parallel.pp
+    if parallel.schedule == "zbv" and p > 1:
+        return stage if stage < p else 2 * p - 1 - stage
+    return stage % p
+
+
+def stage_params(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
+    """Parameters one GPU of pipeline rank ``rank`` holds (before ZeRO sharding).
 
     Layers split evenly over pp ranks; inside a layer the matrices and column-parallel biases are split
     over the tp ranks and the norms and row-parallel biases are replicated. The first rank also holds
-    the vocabulary-parallel embedding and the (replicated) positions, the last the final norm
-    (replicated) and the output layer, or a second copy of the tied embedding when pp > 1, as
-    Megatron-LM does (Shoeybi et al. 2019).
+    the vocabulary-parallel embedding and the (replicated) positions, the last stage's rank the final
+    norm (replicated) and the output layer, or a second copy of the tied embedding when that is
+    another rank, as Megatron-LM does (Shoeybi et al. 2019).
     """
     counts = parameter_counts(model)
-    t, p = parallel.tp, parallel.pp
+    t, p, last = parallel.tp, parallel.pp, last_stage_rank(parallel)
     layers_here = model.layers / p
     replicated = layers_here * replicated_layer_params(model)
     split = counts["layers"] / p - replicated
-    if stage == 0:
+    if rank == 0:
         split += counts["embedding"]
         replicated += counts["positions"]
-    if stage == p - 1:
-        split += counts["output"] or (counts["embedding"] if p > 1 else 0)
+    if rank == last:
+        split += counts["output"] or (counts["embedding"] if last != 0 else 0)
         replicated += counts["final_norm"]
     return split / t + replicated
 
 
-def stage_tensors(model: ModelSpec, parallel: ParallelSpec, stage: int) -> int:
-    """Parameter tensors (not elements) on pipeline rank ``stage``: what a per-tensor optimizer loops over.
+def stage_tensors(model: ModelSpec, parallel: ParallelSpec, rank: int) -> int:
+    """Parameter tensors (not elements) on pipeline rank ``rank``: what a per-tensor optimizer loops over.
 
     A GPT layer has a fused QKV, an output projection and two MLP matrices (three gated), each with a
     bias when ``biases``, plus ``norm_params`` vectors per norm; the first rank adds the token (and
@@ -93,9 +107,9 @@ def stage_tensors(model: ModelSpec, parallel: ParallelSpec, stage: int) -> int:
     """
     per_layer = (2 + (3 if model.gated_mlp else 2)) * (2 if model.biases else 1) + 2 * model.norm_params
     total = per_layer * model.layers // parallel.pp
-    if stage == 0:
+    if rank == 0:
         total += 1 + (1 if model.learned_positions else 0)
-    if stage == parallel.pp - 1:
+    if rank == last_stage_rank(parallel):
         total += model.norm_params + (0 if model.tied_embeddings else 1 + (1 if model.output_bias else 0))
     return total
 
@@ -147,9 +161,9 @@ def flops_per_step(model: ModelSpec, sequences: float, recompute: str = "none") 
 def activation_bytes_per_layer(
     model: ModelSpec, micro_batch: int = 1, tp: int = 1, sequence_parallel: bool = False, recompute: str = "none"
 ) -> float:
-    """Bytes one layer keeps for backward on one GPU (16-bit activations, 1-byte dropout masks).
+    """Bytes one layer keeps for backward on one GPU (activations in the model's dtype, 1-byte masks).
 
-    Korthikanti et al. 2022, Table 2 (per layer):
+    Korthikanti et al. 2022, Table 2 (per layer, 16-bit activations):
       no parallelism            s b h (34 + 5 a s / h)
       tensor parallel           s b h (10 + 24/t + 5 a s / (h t))
       tensor + sequence par.    s b h (34/t + 5 a s / (h t))
@@ -159,29 +173,31 @@ def activation_bytes_per_layer(
     2, dropout mask 1), MLP 19 (input 2, activation input 8, activation output 8, mask 1), norms 4;
     the 5 a s / h is softmax output 2, its dropout mask 1 and dropout output 2. Without dropout
     (Llama) the masks and dropout output are gone; with GQA K and V are kv_dim wide; a gated MLP
-    keeps gate, up and product (2 bytes each) of width ffn.
+    keeps gate, up and product (2 bytes each) of width ffn. An fp32 model keeps 4 bytes where the
+    table counts 2 (the lab's CPU models).
     """
-    s, b, h, a, t = model.seq, micro_batch, model.hidden, model.heads, tp
+    s, b, h, a, t, e = model.seq, micro_batch, model.hidden, model.heads, tp, model.dtype_bytes
     sbh = s * b * h
     if recompute == "full":
-        return 2 * sbh / (t if sequence_parallel else 1)
+        return e * sbh / (t if sequence_parallel else 1)
     mask = 1 if model.dropout else 0
     kv = 2 * s * b * model.kv_dim
-    # not split by tp: norm inputs (4), attention and MLP inputs (2 + 2), the two dropout masks
-    replicated = 4 * sbh + 2 * sbh + 2 * sbh + 2 * mask * sbh
-    ffn_stored = (3 if model.gated_mlp else 2) * 2 * s * b * model.ffn
-    split = 2 * sbh + 2 * kv + 2 * sbh + ffn_stored  # Q, K and V, projection input, MLP inner tensors
-    core = 0.0 if recompute == "selective" else (2 + 3 * mask) * a * s * s * b
+    # not split by tp: norm inputs (2 tensors), attention and MLP inputs, the two dropout masks
+    replicated = 2 * e * sbh + e * sbh + e * sbh + 2 * mask * sbh
+    ffn_stored = (3 if model.gated_mlp else 2) * e * s * b * model.ffn
+    split = e * sbh + e * kv + e * sbh + ffn_stored  # Q, K and V, projection input, MLP inner tensors
+    core = 0.0 if recompute == "selective" else (e + mask * (1 + e)) * a * s * s * b  # softmax, mask, dropout
     return (replicated / (t if sequence_parallel else 1)) + (split + core) / t
 
 
-def peak_inflight_chunks(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1) -> int:
-    """Most (chunk, microbatch) activations the first pipeline rank holds at once.
+def peak_inflight_chunks(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1, rank: int = 0) -> int:
+    """Most (chunk, microbatch) activations pipeline rank ``rank`` holds at once.
 
-    GPipe keeps all m (Huang et al. 2019); 1F1B at most p (Narayanan et al. 2021); the interleaved
-    schedule's warm-up of 2(p-1) + (v-1)p forwards plus one, i.e. Korthikanti et al.'s (2022, sec.
-    4.2.3) factor 1 + (p-1)/(p v) over 1F1B in layers; ZB-H1 and ZB-V keep 1F1B's peak (Qi et al.
-    2023, 2024; the V counts its 2 chunks). The first rank holds the most in every one of them.
+    GPipe keeps all m (Huang et al. 2019); 1F1B its warm-up p - rank plus none (Narayanan et al.
+    2021), so p on the first rank; the interleaved schedule's warm-up 2(p - rank - 1) + (v-1)p plus
+    one, on the first rank Korthikanti et al.'s (2022, sec. 4.2.3) factor 1 + (p-1)/(p v) over 1F1B
+    in layers; ZB-H1 and ZB-V keep 1F1B's first-rank peak on every rank (Qi et al. 2023, 2024; a
+    deferred W holds its inputs; the V counts its 2 chunks). The first rank holds the most in all.
     """
     p, m, v = pp, microbatches, virtual_stages
     if p == 1 or schedule == "naive":
@@ -189,30 +205,37 @@ def peak_inflight_chunks(schedule: str, pp: int, microbatches: int, virtual_stag
     if schedule == "gpipe":
         return m
     if schedule == "interleaved":
-        return min(m * v, 2 * (p - 1) + (v - 1) * p + 1)
+        return min(m * v, 2 * (p - rank - 1) + (v - 1) * p + 1)
     if schedule == "zbv":
         return min(2 * m, 2 * p)
-    return min(m, p)
+    if schedule == "zb-h1":
+        return min(m, p)
+    return min(m, p - rank)
 
 
-def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> float:
-    """Activation bytes at the peak on the first pipeline rank (which stashes the most).
+def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int = 0) -> float:
+    """Activation bytes at the peak on pipeline rank ``rank``.
 
-    Per-layer bytes (Korthikanti et al. 2022, Table 2) x layers per chunk x chunks in flight, plus the
-    embedding output the first rank keeps per microbatch in flight (2 s b h, / t with sequence
-    parallelism; Korthikanti et al. sec. 4.3), plus, with full recompute, the one layer being
-    rematerialised in full during its backward.
+    Per-layer bytes (Korthikanti et al. 2022, Table 2) x layers per chunk x chunks in flight, plus, on
+    the first rank, the embedding output it keeps per microbatch in flight (2 s b h, / t with sequence
+    parallelism) and, on the last stage's rank, the fp32 logits the cross-entropy keeps, 4 s b V / t
+    (Korthikanti et al. sec. 4.3; one microbatch's at a time, all m under GPipe), plus, with full
+    recompute, the one layer being rematerialised in full during its backward.
     """
     p = parallel.resolved()
     layers_per_chunk = model.layers // (p.pp * p.virtual_stages)
-    inflight = peak_inflight_chunks(p.schedule, p.pp, p.microbatches, p.virtual_stages)
+    inflight = peak_inflight_chunks(p.schedule, p.pp, p.microbatches, p.virtual_stages, rank)
     per_layer = activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, p.recompute)
+    total = inflight * layers_per_chunk * per_layer
     sbh = model.seq * p.micro_batch * model.hidden
-    embedding = 2 * sbh / (p.tp if p.sequence_parallel else 1) * min(inflight, p.microbatches)
-    working = 0.0
+    if rank == 0:
+        total += model.dtype_bytes * sbh / (p.tp if p.sequence_parallel else 1) * min(inflight, p.microbatches)
+    if rank == last_stage_rank(p):
+        logits_inflight = p.microbatches if p.schedule == "gpipe" and p.pp > 1 else 1
+        total += 4 * model.seq * p.micro_batch * model.vocab / p.tp * logits_inflight
     if p.recompute == "full":
-        working = activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, "none")
-    return inflight * layers_per_chunk * per_layer + embedding + working
+        total += activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, "none")
+    return total
 
 
 OPTIMIZER_BYTES = {

@@ -13,9 +13,10 @@ few are re-scored with the schedule event simulator and re-sorted.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
-from paralab.sim import cost
+from paralab.sim import cost, counting
 from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec
 
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -27,26 +28,31 @@ def default_global_batch(gpus: int) -> int:
     return max(gpus, 512)
 
 
-def candidates(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int) -> Iterator[ParallelSpec]:
-    """Every ParallelSpec for ``gpus`` GPUs whose degrees divide the model and the batch."""
+def layouts(model: ModelSpec, gpus: int, hw: HardwareSpec) -> Iterator[tuple[int, int, int]]:
+    """Every (tp, pp, dp) for ``gpus`` GPUs whose degrees divide the model (tp inside a node)."""
     tps = [t for t in (1, 2, 4, 8, 16, 32) if t <= hw.gpus_per_node and gpus % t == 0]
     for tp in tps:
         if model.heads % tp or model.kv_heads % tp or model.ffn % tp:
             continue
         for pp in (d for d in range(1, gpus // tp + 1) if (gpus // tp) % d == 0 and model.layers % d == 0):
-            dp = gpus // (tp * pp)
-            for mb in MICRO_BATCHES:
-                if global_batch % (dp * mb):
-                    continue
-                m = global_batch // (dp * mb)
-                for schedule, v in _schedules(model, pp, m):
-                    for zero in (0, 1, 2, 3) if pp == 1 and dp > 1 else (0, 1) if dp > 1 else (0,):
-                        for recompute in RECOMPUTE:
-                            yield ParallelSpec(
-                                dp=dp, tp=tp, pp=pp, virtual_stages=v, schedule=schedule, microbatches=m,
-                                micro_batch=mb, global_batch=global_batch, zero=zero,
-                                sequence_parallel=tp > 1, recompute=recompute,
-                            )  # fmt: skip
+            yield tp, pp, gpus // (tp * pp)
+
+
+def candidates(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int) -> Iterator[ParallelSpec]:
+    """Every ParallelSpec for ``gpus`` GPUs whose degrees divide the model and the batch."""
+    for tp, pp, dp in layouts(model, gpus, hw):
+        for mb in MICRO_BATCHES:
+            if global_batch % (dp * mb):
+                continue
+            m = global_batch // (dp * mb)
+            for schedule, v in _schedules(model, pp, m):
+                for zero in (0, 1, 2, 3) if pp == 1 and dp > 1 else (0, 1) if dp > 1 else (0,):
+                    for recompute in RECOMPUTE:
+                        yield ParallelSpec(
+                            dp=dp, tp=tp, pp=pp, virtual_stages=v, schedule=schedule, microbatches=m,
+                            micro_batch=mb, global_batch=global_batch, zero=zero,
+                            sequence_parallel=tp > 1, recompute=recompute,
+                        )  # fmt: skip
 
 
 def _schedules(model: ModelSpec, pp: int, m: int) -> list[tuple[str, int]]:
@@ -71,6 +77,30 @@ def plan(
     scored.sort(key=_rank)
     refined = [cost.predict(model, pred.parallel, hw) for pred in scored[:refine]]
     return sorted(refined + scored[refine:top], key=_rank)[:top]
+
+
+def why_nothing_fits(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int | None = None) -> str:
+    """Why :func:`plan` came back empty, and what would do: a batch that splits, or more GPUs."""
+    batch = global_batch or default_global_batch(gpus)
+    replicas = [dp for _, _, dp in layouts(model, gpus, hw)]
+    if not replicas:
+        return f"no tp x pp x dp split of {gpus} GPUs divides {model.name}'s heads ({model.heads}) and layers ({model.layers})"
+    specs = list(candidates(model, gpus, hw, batch))
+    if not specs:
+        fewest = min(replicas)
+        return (f"no split of {gpus} GPUs divides a global batch of {batch} (dp x micro-batch must divide it); "
+                f"the fewest replicas a split here has is dp {fewest}: try a global batch of {-(-batch // fewest) * fewest}")
+    smallest = min(cost.memory_per_gpu(model, spec)["total"] for spec in specs)
+    return (f"the leanest of {len(specs)} splits needs {bytes_text(smallest)} per GPU against "
+            f"{bytes_text(cost.usable_memory(hw))} usable; " + gpus_needed(model, hw))
+
+
+def gpus_needed(model: ModelSpec, hw: HardwareSpec) -> str:
+    """Lower bound on GPUs: fully sharded model states (16 bytes per parameter) must fit in usable memory."""
+    states = 16 * counting.parameter_counts(model)["total"]
+    least = 2 ** math.ceil(math.log2(max(states / cost.usable_memory(hw), 1)))
+    return (f"{model.name} needs at least {least} {hw.name} GPUs: its model states alone are "
+            f"{bytes_text(states)} against {bytes_text(cost.usable_memory(hw))} usable per GPU")
 
 
 def _rank(pred: cost.Prediction) -> tuple[float, float]:
@@ -108,6 +138,8 @@ def explain(ranked: list[cost.Prediction]) -> list[str]:
         f"Winner: {describe(win.parallel)} - {flops_text(win.tflops_per_gpu)} per GPU ({win.mfu:.0%} MFU), "
         f"{bytes_text(win.memory_bytes_per_gpu['total'])} per GPU; its largest loss is {LOSSES[biggest]} "
         f"({share:.0%} of the step)."
+        + (" It counts on ZeRO-3's gathers hiding under compute, which large runs have not shown:"
+           " an upper bound (docs/simulator.md)." if win.parallel.zero == 3 else "")
     ]
     if len(ranked) > 1:
         run = ranked[1]
