@@ -210,8 +210,9 @@ def _zero_overlapped(st: StageTimes, model: ModelSpec, p: ParallelSpec, hw: Hard
     pb, gb, _ = counting.OPTIMIZER_BYTES[counting.optimizer_of(model, p)]
     params = counting.stage_params(model, p, 0)
     layers = max(model.layers, 1)
-    rs = collective_time(hw, "reduce_scatter", params * gb, p.dp, p.tp) / layers
-    ag = collective_time(hw, "all_gather", params * pb, p.dp, p.tp) / layers if p.zero == 3 else 0.0
+    # one collective per layer: each pays the latency (and on a measured curve, a small message's cost)
+    rs = collective_time(hw, "reduce_scatter", params * gb / layers, p.dp, p.tp)
+    ag = collective_time(hw, "all_gather", params * pb / layers, p.dp, p.tp) if p.zero == 3 else 0.0
     forward = layer_by_layer(layers, st.forward / layers, ag, 0.0, p.prefetch_params)
     backward = layer_by_layer(layers, st.backward / layers, ag, rs, p.prefetch_params)
     return StageTimes(forward, backward - st.backward_weight, st.backward_weight, st.tp_comm)
