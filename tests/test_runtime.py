@@ -91,3 +91,13 @@ def test_keyboard_interrupt_leaves_no_rank_behind():
     while time.time() < deadline and _processes_with(tag):
         time.sleep(0.2)
     assert not _processes_with(tag), "processes outlived the interrupted run"
+
+
+@pytest.mark.timeout(120)
+def test_a_script_piped_to_python_runs(tmp_path):
+    """`python - <<EOF`: the main module is '<stdin>', which the ranks must not try to re-import."""
+    script = "import paralab\nprint(len(paralab.run('ddp', 2, steps=1, global_batch=4).losses))\n"
+    done = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=100,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "1"

@@ -14,10 +14,13 @@ KeyboardInterrupt in the notebook), every rank is gone when ``launch`` returns.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
+import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
 import warnings
@@ -66,13 +69,31 @@ def launch(cfg: RunConfig, progress=None) -> RunResult:
         for rank in range(cfg.world_size)
     ]
     try:
-        for p in procs:
-            p.start()
+        with _main_module_not_reimported():
+            for p in procs:
+                p.start()
         _watch(cfg, procs, run_dir, progress)
         return RunResult.collect(cfg, run_dir)
     finally:
         _stop(procs)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _main_module_not_reimported():
+    """A script piped in (`python - <<EOF`) names its main module '<stdin>', a file the ranks would try
+    and fail to re-import. Hide the name while they start, as in an interactive session: the ranks'
+    entry point lives in paralab, never in the main module."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path is None or os.path.exists(path):
+        yield
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = path
 
 
 def _watch(cfg: RunConfig, procs, run_dir: Path, progress) -> None:
