@@ -146,6 +146,22 @@ def test_a_sequence_parallel_pipeline_sends_its_shard_and_gathers_nothing():
     assert cost.p2p_time(model, spec, A100) == pytest.approx(sp + gather)
 
 
+@pytest.mark.parametrize(
+    "tp, dp, pp, share",
+    [(8, 1, 4, 1.0), (2, 1, 4, 0.0), (2, 1, 8, 1 / 7), (1, 2, 8, 1 / 7), (1, 1, 16, 1 / 15), (4, 4, 2, 1.0), (1, 3, 4, 1 / 3)],
+)
+def test_pipeline_hops_cross_nodes_only_at_node_boundaries(tp, dp, pp, share):
+    """8 GPUs per node. tp 2 x pp 8: stages 0-3 on node 0, 4-7 on node 1, one hop of 7 crosses.
+    dp 3 x pp 4: every rank sends to rank + 3; of the nine sends 5 -> 8, 6 -> 9 and 7 -> 10 cross."""
+    spec = ParallelSpec(tp=tp, dp=dp, pp=pp, micro_batch=1, microbatches=pp)
+    assert cost.crossing_share(spec, 8) == pytest.approx(share)
+    model = get_model("gpt3-1.3b")
+    act = model.seq * model.hidden * 2 / tp
+    hop = share * (A100.inter_latency + act / A100.inter_bw) + (1 - share) * (A100.intra_latency + act / A100.intra_bw)
+    gather = cost.collective_time(A100, "all_gather", act * tp, tp, 1)
+    assert cost.p2p_time(model, spec, A100) == pytest.approx(hop + gather)
+
+
 def test_bad_spec_is_refused_with_the_numbers():
     with pytest.raises(SpecError, match="does not divide 96 layers"):
         cost.predict(get_model("gpt3-175b"), ParallelSpec(tp=8, pp=5), A100)

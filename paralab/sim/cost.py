@@ -251,17 +251,30 @@ def p2p_time(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> floa
 
     With tp > 1 each of the t GPUs sends 1/t of it over its own link and the receivers all-gather it
     over NVLink (their scatter/gather optimisation); with sequence parallelism the activation is
-    already split by sequence, so nothing is gathered. The pipeline crosses nodes when t x dp x pp
-    ranks do not fit in one node.
+    already split by sequence, so nothing is gathered. One time serves every hop: the mean over the
+    pipeline's hops, of which :func:`crossing_share` go over the NIC.
     """
     p = parallel.resolved()
     act = model.seq * p.micro_batch * model.hidden * model.dtype_bytes
-    inter = p.tp * p.dp * p.pp > hw.gpus_per_node
     gather = 0.0 if p.sequence_parallel else collective_time(hw, "all_gather", act, p.tp, 1)
-    if hw.p2p_curve and not inter:  # measured point-to-point times (local calibration)
+    crossing = crossing_share(p, hw.gpus_per_node)
+    if hw.p2p_curve and not crossing:  # measured point-to-point times (local calibration)
         return interpolate(hw.p2p_curve, act / p.tp) + gather
-    bandwidth, latency = (hw.inter_bw, hw.inter_latency) if inter else (hw.intra_bw, hw.intra_latency)
-    return latency + act / p.tp / bandwidth + gather
+    intra = hw.intra_latency + act / p.tp / hw.intra_bw
+    inter = hw.inter_latency + act / p.tp / hw.inter_bw
+    return crossing * inter + (1 - crossing) * intra + gather
+
+
+def crossing_share(p: ParallelSpec, gpus_per_node: int) -> float:
+    """The share of pipeline sends that leave their node, in Megatron's rank order (tp fastest, then
+    dp, then pp): each of a stage's t x dp ranks sends to the rank t x dp further on."""
+    stride = p.tp * p.dp
+    if p.pp == 1 or stride * p.pp <= gpus_per_node:
+        return 0.0
+    if stride >= gpus_per_node:
+        return 1.0
+    sends = [(k * stride + j, (k + 1) * stride + j) for k in range(p.pp - 1) for j in range(stride)]
+    return sum(a // gpus_per_node != b // gpus_per_node for a, b in sends) / len(sends)
 
 
 # -------------------------------------------------------------------------------------------- predict
