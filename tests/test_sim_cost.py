@@ -162,6 +162,24 @@ def test_pipeline_hops_cross_nodes_only_at_node_boundaries(tp, dp, pp, share):
     assert cost.p2p_time(model, spec, A100) == pytest.approx(hop + gather)
 
 
+@pytest.mark.parametrize("sp, recompute", [(False, "none"), (True, "full"), (True, "selective")])
+def test_predicted_trace_draws_tensor_parallel_collectives_inside_the_compute_they_block(sp, recompute):
+    model = get_model("gpt3-1.3b")
+    p = ParallelSpec(tp=2, pp=2, microbatches=4, micro_batch=2, sequence_parallel=sp, recompute=recompute)
+    trace = cost.predict_trace(model, p, A100)
+    compute = [s for s in trace.spans if s.lane == COMPUTE and s.kind in ("forward", "backward")]
+    tp_spans = [s for s in trace.spans if s.lane == "comm" and s.name.startswith("tensor parallel")]
+    assert tp_spans and all(any(c.rank == s.rank and c.start <= s.start and s.end <= c.end for c in compute)
+                            for s in tp_spans)
+    for rank in (0, 1):  # each pipeline rank moves what the counting says a GPU of it moves
+        wire = {}
+        for s in tp_spans:
+            if s.rank == rank:
+                wire[f"tp_{s.kind}"] = wire.get(f"tp_{s.kind}", 0) + s.bytes
+        expected = {k: v for k, v in cost.counting.comm_bytes_per_gpu(model, p).items() if k.startswith("tp_")}
+        assert wire == pytest.approx(expected, rel=1e-6)
+
+
 def test_bad_spec_is_refused_with_the_numbers():
     with pytest.raises(SpecError, match="does not divide 96 layers"):
         cost.predict(get_model("gpt3-175b"), ParallelSpec(tp=8, pp=5), A100)

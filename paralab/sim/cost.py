@@ -363,7 +363,8 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
     """The simulated step as a Trace: pipeline spans, data-parallel reduction, optimizer, step windows.
 
     Rank r of the trace is pipeline rank r (first tensor- and data-parallel replica; the others run
-    the same timeline). Tensor-parallel collectives are inside the compute spans.
+    the same timeline). Tensor-parallel collectives block the compute that issues them, so they are
+    drawn inside it (:func:`_tensor_parallel_spans`), as a measured run records them.
     """
     p = check(model, parallel)
     times = stage_times(model, p, hw)
@@ -371,6 +372,8 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
     finish = _finish_times(trace, p)
     prediction = _assemble(model, p, hw, times, finish, _pipeline_bubble(trace, p))
     spans = [s for s in trace.spans if s.lane != STEP]
+    if p.tp > 1:
+        spans += _tensor_parallel_spans(model, p, times, spans)
     for rank, (last_start, last_end) in enumerate(finish):
         sync = _grad_sync(model, p, hw, rank)
         start, end = _sync_window(p, sync, last_start, last_end)
@@ -386,6 +389,32 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
     spans += [Span(r, STEP, "step", 0.0, makespan, name="step 0", step=0) for r in range(p.pp)]
     meta = dict(trace.meta, tokens_per_step=p.global_batch * model.seq, prediction=prediction.to_dict())
     return Trace(spans=sorted(spans, key=lambda s: (s.start, s.rank)), meta=meta)
+
+
+def _tensor_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageTimes], spans: list[Span]) -> list[Span]:
+    """One comm span per collective kind at the end of each forward and backward: a forward pays one
+    of the layer's pairs of blocking collectives per layer (all-reduces; all-gather + reduce-scatter
+    with sp), a backward the other (and the rerun forward's with full recompute)."""
+    ops = ("all_gather", "reduce_scatter") if p.sequence_parallel else ("all_reduce",)
+    payload = p.micro_batch * model.seq * model.hidden * model.dtype_bytes
+    layers = model.layers // (p.pp * p.virtual_stages)
+    passes = {"forward": 1, "backward": 2 if p.recompute == "full" else 1}
+    out = []
+    for span in spans:
+        phase = "backward" if span.kind in ("backward", "backward_input") else span.kind
+        if span.lane != COMPUTE or phase not in passes or span.stage is None:
+            continue
+        seconds = times[span.stage].tp_comm * passes[phase] / (passes["forward"] + passes["backward"])
+        end = span.end
+        for op in ops:
+            start = max(span.start, end - seconds / len(ops))
+            calls = 2 * layers * passes[phase]
+            out.append(Span(span.rank, COMM, op, start, end, name=f"tensor parallel {op} x{calls}", step=span.step,
+                            bytes=int(calls * counting.ring_wire_bytes(op, payload, p.tp)),
+                            payload_bytes=int(calls * payload), group_size=p.tp, stage=span.stage,
+                            microbatch=span.microbatch))
+            end = start
+    return out
 
 
 def _schedule_name(p: ParallelSpec) -> str:
