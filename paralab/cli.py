@@ -10,12 +10,14 @@ import argparse
 import dataclasses
 import json
 import os
+import select
 import sys
 from pathlib import Path
 
 from paralab.config import DEVICES, MODEL_PRESETS, STRATEGIES, ConfigError, RunConfig
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+EXIT_SIGPIPE = 141  # the reader of stdout went away, as shells report a program killed by SIGPIPE
 
 
 def _number(text: str):
@@ -211,9 +213,26 @@ def main(argv: list[str] | None = None) -> int:
     except RunError as exc:
         print(f"paralab: run failed: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    except BrokenPipeError:  # the reader went away (`paralab plan ... | head`): not an error of ours
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush cannot fail
-        return 0
+    except BrokenPipeError:
+        if not _stdout_reader_gone():  # some other pipe broke: a real error
+            raise
+        # `paralab plan ... | head`: the reader went away. Point stdout at /dev/null so the flush at
+        # exit cannot fail again, and exit as a program killed by SIGPIPE would (128 + 13).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_SIGPIPE
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reading end has been closed (poll reports an error on it)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
 
 
 if __name__ == "__main__":  # pragma: no cover

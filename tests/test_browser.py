@@ -90,15 +90,19 @@ def run_all_cells(page, state: PageState) -> None:
     the first cell, while the session was still settling), so the command is run through the app
     the server exposes (--LabApp.expose_app_in_browser), after the notebook's session says ready.
     """
-    page.wait_for_function(KERNEL_READY, timeout=90_000)
-    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    try:
+        page.wait_for_function(KERNEL_READY, timeout=90_000)
+    except Exception as exc:
+        pytest.fail(f"the notebook's kernel never became ready: {exc}\n{state}")
+    # started, not awaited: the command's promise settles only when every cell has run
+    page.evaluate("() => { void window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
     try:
         page.wait_for_function(EXECUTED, timeout=120_000)
     except Exception as exc:
         pytest.fail(f"Run All Cells did not run the notebook: {exc}\n{state}")
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(600)  # the sum of the waits below, and the server's shutdown
 def test_notebook_widgets_and_figures_render_and_respond(tmp_path, browser):
     root = tmp_path / "root"
     root.mkdir()

@@ -62,8 +62,17 @@ def test_a_reader_that_goes_away_is_not_an_error(monkeypatch, capsys):
     os.close(read_end)
     with open(write_end, "w", buffering=1) as closed_pipe:  # line-buffered, as on a terminal
         monkeypatch.setattr(sys, "stdout", closed_pipe)
-        assert cli.main(["plan", "--model", "gpt3-13b", "--gpus", "64", "--hardware", "a100"]) == 0
+        assert cli.main(["plan", "--model", "gpt3-13b", "--gpus", "64", "--hardware", "a100"]) == cli.EXIT_SIGPIPE
     assert capsys.readouterr().err == ""
+
+
+def test_a_broken_pipe_elsewhere_is_still_an_error(monkeypatch):
+    def broken(args):
+        raise BrokenPipeError("a worker's stdin closed")
+
+    monkeypatch.setattr("paralab.sim.cli.plan_main", broken)
+    with pytest.raises(BrokenPipeError):
+        cli.main(["plan", "--model", "gpt3-13b", "--gpus", "64"])
 
 
 @pytest.mark.timeout(240)

@@ -93,11 +93,15 @@ def test_keyboard_interrupt_leaves_no_rank_behind():
     assert not _processes_with(tag), "processes outlived the interrupted run"
 
 
-@pytest.mark.timeout(120)
-def test_a_script_piped_to_python_runs(tmp_path):
-    """`python - <<EOF`: the main module is '<stdin>', which the ranks must not try to re-import."""
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("how", ["piped", "file", "module"])
+def test_a_script_runs_without_a_main_guard_however_python_got_it(tmp_path, how):
+    """Ranks never re-run the main module: a script piped in ('<stdin>'), a file and `python -m`
+    module, none with `if __name__ == '__main__':`, each start their ranks once."""
     script = "import paralab\nprint(len(paralab.run('ddp', 2, steps=1, global_batch=4).losses))\n"
-    done = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=100,
-                          cwd=tmp_path)
+    (tmp_path / "unguarded.py").write_text(script)
+    argv = {"piped": ["-"], "file": [str(tmp_path / "unguarded.py")], "module": ["-m", "unguarded"]}[how]
+    done = subprocess.run([sys.executable, *argv], input=script if how == "piped" else None, capture_output=True,
+                          text=True, timeout=150, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "1"

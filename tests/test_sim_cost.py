@@ -113,6 +113,8 @@ def test_zero_stages_and_recompute_shrink_memory():
         (1.0, 0.0, 0.5, True, 10.5),  # ZeRO-2: reduce-scatters hide but the last
         (1.0, 0.3, 0.3, True, 10.6),  # first gather + last reduce-scatter stick out
         (1.0, 0.5, 0.3, False, 18.0),  # waited gathers queue behind the previous layer's reduce-scatter
+        (1.0, 0.0, 0.5, False, 10.5),  # ZeRO-2 gathers nothing: prefetch or not, the same
+        (1.0, 0.0, 3.0, False, 31.0),  # the link is the bottleneck: ten reduce-scatters after the first compute
     ],
 )
 def test_zero_collectives_layer_by_layer(compute, gather, scatter, prefetch, expected):
@@ -178,6 +180,22 @@ def test_predicted_trace_draws_tensor_parallel_collectives_inside_the_compute_th
                 wire[f"tp_{s.kind}"] = wire.get(f"tp_{s.kind}", 0) + s.bytes
         expected = {k: v for k, v in cost.counting.comm_bytes_per_gpu(model, p).items() if k.startswith("tp_")}
         assert wire == pytest.approx(expected, rel=1e-6)
+
+
+def test_zero_memory_counts_the_unit_it_holds_unsharded():
+    """ZeRO-2/3 hold one unit's whole gradient before its reduce-scatter; ZeRO-3 also the gathered
+    parameters of the unit computing and, with prefetch, of the next (a unit: a layer, here smaller
+    than the embedding, so the embedding)."""
+    model = get_model("gpt3-1.3b")
+    unit = max(sum(cost.counting.layer_params(model).values()), model.vocab * model.hidden)
+    assert unit == model.vocab * model.hidden
+    spec = ParallelSpec(dp=8, global_batch=8, micro_batch=1)
+    for zero, prefetch, extra in ((1, True, 0), (2, True, 2 * unit), (3, True, 2 * unit + 2 * 2 * unit),
+                                  (3, False, 2 * unit + 2 * unit)):
+        p = spec.replace(zero=zero, prefetch_params=prefetch)
+        states = cost.counting.model_state_bytes(cost.counting.stage_params(model, p, 0), 8, zero)
+        memory = cost.memory_per_gpu(model, p)
+        assert memory["params"] + memory["grads"] + memory["optimizer"] == pytest.approx(sum(states.values()) + extra)
 
 
 def test_bad_spec_is_refused_with_the_numbers():

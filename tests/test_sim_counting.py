@@ -162,3 +162,8 @@ def test_zero_traffic_matches_rajbhandari_section_7():
     volume = [sum(counting.comm_bytes_per_gpu(model, ParallelSpec(dp=n, zero=z, micro_batch=1)).values())
               for z in range(4)]
     assert volume == pytest.approx([2 * psi, 2 * psi, 2 * psi, 3 * psi])
+    # with 4 microbatches of accumulation ZeRO-2 reduce-scatters every microbatch (it keeps only its
+    # gradient shard) and ZeRO-3 also gathers every microbatch: (m + 1) psi and 3 m psi
+    accumulated = [sum(counting.comm_bytes_per_gpu(model, ParallelSpec(dp=n, zero=z, micro_batch=1, microbatches=4))
+                       .values()) for z in range(4)]
+    assert accumulated == pytest.approx([2 * psi, 2 * psi, 5 * psi, 12 * psi])

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import json
 import multiprocessing as mp
-import os
 import shutil
 import socket
 import sys
@@ -81,19 +80,25 @@ def launch(cfg: RunConfig, progress=None) -> RunResult:
 
 @contextlib.contextmanager
 def _main_module_not_reimported():
-    """A script piped in (`python - <<EOF`) names its main module '<stdin>', a file the ranks would try
-    and fail to re-import. Hide the name while they start, as in an interactive session: the ranks'
-    entry point lives in paralab, never in the main module."""
+    """Start ranks as from an interactive session: without re-running the user's main module.
+
+    multiprocessing re-imports ``__main__`` in every child (by file, or by name under ``python -m``)
+    so that functions defined there can be targets. The ranks' entry point lives in paralab and their
+    arguments are plain data, so nothing of the main module is needed; re-running it would call
+    ``paralab.run`` again in each rank (a script without ``if __name__ == '__main__':``) or fail
+    outright (a script piped in, whose file is '<stdin>'). So its name is hidden while ranks start.
+    """
     main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    if path is None or os.path.exists(path):
-        yield
-        return
-    del main.__file__
+    saved = {name: getattr(main, name) for name in ("__file__", "__spec__") if hasattr(main, name)}
+    if "__file__" in saved:
+        del main.__file__
+    if "__spec__" in saved:
+        main.__spec__ = None
     try:
         yield
     finally:
-        main.__file__ = path
+        for name, value in saved.items():
+            setattr(main, name, value)
 
 
 def _watch(cfg: RunConfig, procs, run_dir: Path, progress) -> None:
@@ -113,11 +118,7 @@ def _watch(cfg: RunConfig, procs, run_dir: Path, progress) -> None:
                 if sorted(run_dir.glob("rank*.error.json")):
                     continue
                 how = f"signal {-p.exitcode}" if p.exitcode < 0 else f"exit code {p.exitcode}"
-                hint = ""
-                if last_step < 0 and p.exitcode == 1:
-                    hint = ("; it never reached a step: a script that calls paralab.run must do so under "
-                            "`if __name__ == '__main__':`, since ranks re-import the main module")
-                raise RunError(rank, f"rank {rank} died ({how}) without reporting a result{hint}", "")
+                raise RunError(rank, f"rank {rank} died ({how}) without reporting a result", "")
         step = _slowest_step(run_dir, len(procs))
         now = time.monotonic()
         if step > last_step:

@@ -32,7 +32,7 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
 def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     _add_model_args(parser)
     parser.add_argument("--gpus", type=int, help="total GPUs; dp defaults to gpus / (tp x pp)")
-    parser.add_argument("--micro-batch", type=int, help="sequences per microbatch (default: what --global-batch and --microbatches leave, else 1)")
+    parser.add_argument("--micro-batch", type=int, help="sequences per microbatch (default: what --global-batch and --microbatches leave; with only --global-batch, all of a replica's share at pp 1, 1 in a pipeline)")
     parser.add_argument("--dp", type=int)
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--pp", type=int, default=1)

@@ -233,15 +233,15 @@ def layer_by_layer(layers: int, compute: float, gather: float, scatter: float, p
         link = max(link, asked) + seconds
         return link
 
-    arrived = send(0.0, gather)
+    arrived = send(0.0, gather) if gather else 0.0
     for layer in range(layers):
         start = max(cpu, arrived)
-        if prefetch and layer + 1 < layers:
+        if gather and prefetch and layer + 1 < layers:
             arrived = send(start, gather)
         cpu = start + compute
         if scatter:
             send(cpu, scatter)
-        if not prefetch and layer + 1 < layers:
+        if gather and not prefetch and layer + 1 < layers:
             arrived = send(cpu, gather)
     return max(cpu, link)
 

@@ -91,16 +91,15 @@ def why_nothing_fits(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch
         return (f"no split of {gpus} GPUs divides a global batch of {batch} (dp x micro-batch must divide it); "
                 f"the fewest replicas a split here has is dp {fewest}: try a global batch of {-(-batch // fewest) * fewest}")
     smallest = min(cost.memory_per_gpu(model, spec)["total"] for spec in specs)
-    return (f"the leanest of {len(specs)} splits needs {bytes_text(smallest)} per GPU against "
-            f"{bytes_text(cost.usable_memory(hw))} usable; " + gpus_needed(model, hw))
-
-
-def gpus_needed(model: ModelSpec, hw: HardwareSpec) -> str:
-    """Lower bound on GPUs: fully sharded model states (16 bytes per parameter) must fit in usable memory."""
-    states = 16 * counting.parameter_counts(model)["total"]
-    least = 2 ** math.ceil(math.log2(max(states / cost.usable_memory(hw), 1)))
-    return (f"{model.name} needs at least {least} {hw.name} GPUs: its model states alone are "
-            f"{bytes_text(states)} against {bytes_text(cost.usable_memory(hw))} usable per GPU")
+    usable = cost.usable_memory(hw)
+    states = 16 * counting.parameter_counts(model)["total"]  # mixed-precision Adam, fully sharded
+    least = 2 ** math.ceil(math.log2(max(states / usable, 1)))
+    leanest = f"the leanest of {len(specs)} splits needs {bytes_text(smallest)} per GPU against {bytes_text(usable)} usable; "
+    if least > gpus:
+        return leanest + (f"{model.name} needs at least {least} {hw.name} GPUs: its model states alone are "
+                          f"{bytes_text(states)}")
+    return leanest + ("the activations are what does not fit: try more GPUs, a shorter sequence or a "
+                      "smaller micro-batch")
 
 
 def _rank(pred: cost.Prediction) -> tuple[float, float]:

@@ -122,7 +122,10 @@ class ParallelSpec:
         return dataclasses.replace(self, **changes)
 
     def resolved(self) -> ParallelSpec:
-        """Fill ``microbatches`` from ``global_batch`` (or the reverse); default one microbatch per stage."""
+        """Fill ``microbatches`` from ``global_batch`` (or the reverse); default one microbatch per stage.
+        ZB-V always runs two chunks per rank (its V), so it gets two virtual stages unless told otherwise."""
+        if self.schedule == "zbv" and self.pp > 1 and self.virtual_stages == 1:
+            return self.replace(virtual_stages=2).resolved()
         if not self.micro_batch:
             split = self.dp * (self.microbatches or (1 if self.pp == 1 else 0))
             micro_batch = max(self.global_batch // split, 1) if self.global_batch and split else 1
@@ -164,6 +167,8 @@ class ParallelSpec:
             out.append(f"unknown schedule {p.schedule!r}; choose from {', '.join(SCHEDULES)}")
         if p.virtual_stages > 1 and p.schedule not in ("interleaved", "zbv"):
             out.append(f"virtual stages {p.virtual_stages} need the interleaved (or zbv) schedule, not {p.schedule}")
+        if p.schedule == "zbv" and p.pp > 1 and p.virtual_stages != 2:
+            out.append(f"zbv runs exactly 2 chunks per rank (its V), not {p.virtual_stages} virtual stages")
         if p.schedule == "interleaved" and p.pp > 1 and p.microbatches % p.pp:
             out.append(f"the interleaved schedule needs microbatches ({p.microbatches}) divisible by pp ({p.pp})")
         if p.zero not in (0, 1, 2, 3):
