@@ -65,6 +65,7 @@ def test_model_mapping():
         (dict(strategy="zero3", world_size=2), dict(dp=2, zero=3)),
         (dict(strategy="hybrid", world_size=8, dp=2, tp=2, pp=2, microbatches=2, sequence_parallel=True),
          dict(dp=2, tp=2, pp=2, microbatches=2, micro_batch=2, sequence_parallel=True)),
+        (dict(strategy="torch_hybrid", world_size=4, tp=2), dict(dp=2, tp=2, pp=1, micro_batch=4, grad_buckets=1)),
     ],
 )
 def test_strategy_mapping(options, expect):

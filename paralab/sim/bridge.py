@@ -44,7 +44,7 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
     Batch split as the strategies run it: data-parallel strategies give each of ``world_size`` ranks
     ``global_batch / world_size`` sequences in one pass; ``mp`` is the naive schedule with one
     microbatch; ``pp`` cuts the batch into ``microbatches``; ``tp`` runs the whole batch on every rank;
-    ``hybrid`` uses its dp / tp / pp degrees. Gradients are fp32 Adam's (``adam-fp32``, the default for an fp32 model; SGD runs are
+    ``hybrid`` and ``torch_hybrid`` use their dp / tp / pp degrees. Gradients are fp32 Adam's (``adam-fp32``, the default for an fp32 model; SGD runs are
     costed as Adam). Naive ``dp`` all-reduces every parameter tensor after backward (one message
     each, no overlap); ``ddp`` one message per ``bucket_mb`` bucket, overlapped with backward.
     paralab's ``zero3`` gathers each part just before it runs (no prefetch), as FSDP does on CPU.
@@ -62,7 +62,7 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
         v = 2 if schedule == "zbv" else cfg.virtual_stages
     elif s in TENSOR:
         tp, sp = world, cfg.sequence_parallel
-    elif s == "hybrid":
+    elif s in ("hybrid", "torch_hybrid"):  # torch's: DDP over DTensor tp, pp 1
         tp, pp = cfg.tp, cfg.pp
         dp = cfg.dp or world // (tp * pp)
         sp, zero = cfg.sequence_parallel and tp > 1, cfg.zero
