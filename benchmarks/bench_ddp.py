@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 
-from paralab.bench import Variant, add_run_args, compare
+from paralab.bench import Variant, add_benchmark_args, compare
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_run_args(parser, model="small", steps=6, global_batch=8, rounds=3)
+    add_benchmark_args(parser, model="small", steps=6, global_batch=8, rounds=3)
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--bucket-mb", type=float, default=25.0)
     args = parser.parse_args()

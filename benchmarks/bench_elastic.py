@@ -17,7 +17,7 @@ import argparse
 import statistics
 
 from paralab import elastic
-from paralab.bench import add_run_args
+from paralab.bench import add_benchmark_args
 
 
 def recovery(args) -> None:
@@ -54,7 +54,7 @@ def balancing(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_run_args(parser, model="tiny", steps=10, global_batch=48, rounds=1)
+    add_benchmark_args(parser, model="tiny", steps=10, global_batch=48, rounds=1)
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--checkpoint-every", type=int, default=2)

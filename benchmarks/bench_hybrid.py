@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 
-from paralab.bench import Variant, add_run_args, compare
+from paralab.bench import Variant, add_benchmark_args, compare
 from paralab.strategies.hybrid import rank_layout
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_run_args(parser, model="small", steps=6, global_batch=8, rounds=3)
+    add_benchmark_args(parser, model="small", steps=6, global_batch=8, rounds=3)
     parser.add_argument("--dp", type=int, default=2)
     parser.add_argument("--tp", type=int, default=2)
     args = parser.parse_args()

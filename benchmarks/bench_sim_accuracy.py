@@ -14,10 +14,9 @@ machine predicts every row.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
-from paralab.bench import add_run_args
+from paralab.bench import Variant, add_benchmark_args, compare
 
 
 def cases(args) -> list[tuple[str, dict]]:
@@ -33,12 +32,11 @@ def cases(args) -> list[tuple[str, dict]]:
 
 
 def main() -> None:
-    import paralab
     from paralab.config import RunConfig
     from paralab.sim.bridge import predict_run
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_run_args(parser, model="small", steps=10, global_batch=8, rounds=2)
+    add_benchmark_args(parser, model="small", steps=10, global_batch=8, rounds=2)
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--no-recalibrate", action="store_true")
@@ -53,16 +51,12 @@ def main() -> None:
         cfg = RunConfig.build(args.model, strategy="ddp", **common)
         local(recalibrate=True, threads=threads_for(cfg, cfg.world_size))
         print(f"calibrated local hardware in {time.perf_counter() - start:.1f} s")
-    measured: dict[str, list[float]] = {label: [] for label, _ in todo}
-    for round_ in range(args.rounds):
-        for label, options in todo:
-            step = paralab.run(model=args.model, **common, **options).summary["step_time_s"]
-            measured[label].append(step)
-            print(f"round {round_ + 1}: {label} {step:.4f} s", flush=True)
+    measured = compare([Variant.of(label, **options) for label, options in todo], args.rounds,
+                       dict(common, model=args.model))
     rows = ["| run | measured median step (s) | predicted (s) | error |", "|---|---|---|---|"]
     for label, options in todo:
         predicted = predict_run(RunConfig.build(args.model, **common, **options)).step_time_s
-        median = statistics.median(measured[label])
+        median = measured.median(label)
         rows.append(f"| {label} | {median:.4f} | {predicted:.4f} | {predicted / median - 1:+.0%} |")
     print(f"\n{args.model} preset, world size {args.world_size}, global batch {args.global_batch}, "
           f"{args.microbatches} microbatches for pp, {args.steps} steps, {args.rounds} round(s)\n")

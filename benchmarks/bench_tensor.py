@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from paralab.bench import Variant, add_run_args, compare
+from paralab.bench import Variant, add_benchmark_args, compare
 
 
 def comm_table(result, labels: list[str]) -> str:
@@ -26,7 +26,7 @@ def comm_table(result, labels: list[str]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_run_args(parser, model="small", steps=6, global_batch=8, rounds=3)
+    add_benchmark_args(parser, model="small", steps=6, global_batch=8, rounds=3)
     parser.add_argument("--tp", type=int, nargs="+", default=[2, 4])
     args = parser.parse_args()
     for tp in args.tp:

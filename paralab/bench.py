@@ -62,21 +62,20 @@ def compare(variants: list[Variant], rounds: int = 3, common: dict | None = None
     return result
 
 
-def add_run_args(parser, model: str = "tiny", steps: int = 6, global_batch: int = 8, rounds: int | None = 3) -> None:
+def add_benchmark_args(parser, model: str = "tiny", steps: int = 6, global_batch: int = 8, rounds: int = 3) -> None:
     """The options every benchmark shares, with its own defaults: --model, --steps, --global-batch
-    and (unless ``rounds`` is None) --rounds of interleaved runs."""
+    and --rounds of interleaved runs."""
     parser.add_argument("--model", default=model)
     parser.add_argument("--steps", type=int, default=steps)
     parser.add_argument("--global-batch", type=int, default=global_batch)
-    if rounds is not None:
-        parser.add_argument("--rounds", type=int, default=rounds, help="interleaved runs of each variant")
+    parser.add_argument("--rounds", type=int, default=rounds, help="interleaved runs of each variant")
 
 
 def add_bench_args(parser) -> None:
     parser.add_argument("--variants", nargs="+", required=True, metavar="STRATEGY",
                         help="strategies to compare; the first is the reference of the ratios")
     parser.add_argument("--world-size", type=int, default=2)
-    add_run_args(parser)
+    add_benchmark_args(parser)
 
 
 def bench_main(args) -> int:

@@ -173,7 +173,7 @@ class RunConfig:
         if self.timeout_s <= 0:
             raise ConfigError(f"timeout must be > 0 s, got {self.timeout_s}")
         self.model.validate()
-        self._validate_device()
+        check_device(self.device, self.world_size)
         if self.strategy == "single" and self.world_size != 1:
             raise ConfigError(f"strategy 'single' runs on one rank, got world size {self.world_size}")
         dp = self.data_parallel_size
@@ -199,18 +199,21 @@ class RunConfig:
             check(self)
         return self
 
-    def _validate_device(self) -> None:
-        if self.device not in DEVICES:
-            raise ConfigError(f"device must be one of {DEVICES}, got {self.device!r}")
-        if self.device == "cuda":
-            gpus = cuda_device_count()
-            if gpus < self.world_size:
-                raise ConfigError(
-                    f"device='cuda' needs one GPU per rank: world size {self.world_size} but "
-                    f"{gpus} CUDA device(s) visible; use device='cpu' or world size <= {gpus}"
-                    if gpus
-                    else "device='cuda' asked for, but no CUDA device is visible; use device='cpu'"
-                )
+
+def check_device(device: str, ranks: int, choices: tuple[str, ...] = DEVICES) -> None:
+    """ConfigError unless ``device`` is one of ``choices`` and, for 'cuda', each of the ``ranks``
+    local ranks has a GPU of its own."""
+    if device not in choices:
+        raise ConfigError(f"device must be one of {choices}, got {device!r}")
+    if device == "cuda":
+        gpus = cuda_device_count()
+        if gpus < ranks:
+            raise ConfigError(
+                f"device='cuda' needs one GPU per rank: world size {ranks} but "
+                f"{gpus} CUDA device(s) visible; use device='cpu' or world size <= {gpus}"
+                if gpus
+                else "device='cuda' asked for, but no CUDA device is visible; use device='cpu'"
+            )
 
 
 def cuda_device_count() -> int:

@@ -33,12 +33,10 @@ PLOT_YS = """() => {
   const plots = [...document.querySelectorAll('.jp-Cell .js-plotly-plot')];
   return plots.map(p => (p.data && p.data[0] && Array.from(p.data[0].y || [])) || null);
 }"""
-
-
-EXECUTED = """() => {
-  const prompts = [...document.querySelectorAll('.jp-NotebookPanel .jp-CodeCell .jp-InputArea-prompt')];
-  return prompts.length > 0 && prompts.every(p => /\\[\\d+\\]/.test(p.textContent));
-}"""
+# every code cell's input prompt text ("[ ]:", "[*]:", "[3]:"); all cells have run when each shows a count
+PROMPTS = """() => [...document.querySelectorAll('.jp-NotebookPanel .jp-CodeCell .jp-InputArea-prompt')]
+  .map(p => p.textContent.trim())"""
+EXECUTED = f"""() => {{ const prompts = ({PROMPTS})(); return prompts.length > 0 && prompts.every(p => /\\[\\d+\\]/.test(p)); }}"""
 KERNEL_READY = """() => {
   const panel = window.jupyterapp && window.jupyterapp.shell.currentWidget;
   const context = panel && panel.sessionContext;
@@ -46,8 +44,6 @@ KERNEL_READY = """() => {
   return Boolean(context && context.isReady && kernel && kernel.connectionStatus === 'connected'
                  && kernel.status === 'idle');
 }"""
-PROMPTS = """() => [...document.querySelectorAll('.jp-NotebookPanel .jp-CodeCell .jp-InputArea-prompt')]
-  .map(p => p.textContent.trim())"""
 
 
 @pytest.fixture

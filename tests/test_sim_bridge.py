@@ -85,6 +85,8 @@ def test_only_runs_that_load_inside_the_step_window_pay_for_loading(monkeypatch,
     tokens = 8 // (2 if strategy == "ddp" else 1) * cfg.model.seq_len
     expected = loop["step"] + (tokens * loop["data_token"] if pays_data else 0.0)
     assert predict_run(cfg, "local").breakdown_s["loop"] == pytest.approx(expected)
+    # a fact of the run, not of the hardware: the same with the hardware given as a spec
+    assert predict_run(cfg, bridge.local(1)).breakdown_s["loop"] == pytest.approx(expected)
 
 
 def test_pipeline_trace_has_the_schedules_spans():

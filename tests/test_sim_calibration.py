@@ -9,10 +9,10 @@ import math
 import pytest
 
 from paralab.config import ModelConfig
-from paralab.sim import calibration, cost, counting
-from paralab.sim.hardware import calibrate
+from paralab.sim import calibration, cost, counting, hardware
+from paralab.sim.hardware import local
 from paralab.sim.presets import lab_model
-from paralab.sim.specs import HardwareSpec, ParallelSpec
+from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec
 
 CPU = HardwareSpec(
     name="test-cpu", peak_flops={"fp32": 80e9}, memory_bytes=16 * 2**30, memory_bandwidth=30e9,
@@ -64,7 +64,7 @@ def block_rows(hw: HardwareSpec, elementwise_bw: float) -> list[list[float]]:
     """Block timings as the cost model says a machine with this non-GEMM rate would show them."""
     rows = []
     for b, h, heads, s in calibration.BLOCK_SHAPES:
-        model = lab_model(ModelConfig(layers=1, hidden=h, heads=heads, vocab=16, seq_len=s))
+        model = lab_model(calibration.block_config(h, heads, s))
         work = cost.layer_work(model, ParallelSpec(micro_batch=b, microbatches=1).resolved(), hw)
         gemms, moved = work.linear + work.core, work.elementwise_bytes / elementwise_bw
         rows.append([b, h, heads, s, gemms + moved + hw.host_overhead_s["layer_forward"],
@@ -93,8 +93,10 @@ def test_fitted_rates_drive_the_prediction():
     assert fast_opt == pytest.approx(cost.OPTIMIZER_BYTES_TOUCHED * counting.parameter_counts(model)["total"] / 30e9)
 
 
-def test_calibration_without_gloo_measures_every_rate():
-    hw = calibrate(matmul_size=128, gloo=False, threads=1)
+def test_local_calibration_measures_every_rate_and_is_cached(tmp_path, monkeypatch):
+    """One real calibration (no gloo), then the cache and its rule for callers who want links."""
+    monkeypatch.setenv("PARALAB_CACHE", str(tmp_path))
+    hw = local(matmul_size=128, gloo=False)
     # every fitted rate is the fit of what was measured, recorded with it
     assert hw.elementwise_bw == calibration.fit_elementwise_bandwidth(
         dataclasses.replace(hw, shared_compute=False), hw.calibration["blocks"])
@@ -103,3 +105,14 @@ def test_calibration_without_gloo_measures_every_rate():
     assert hw.peak_flops["fp32"] == pytest.approx(calibration.matmul_law(rows=hw.calibration["matmul_s"])[0])
     assert len(hw.calibration["blocks"]) == len(calibration.BLOCK_SHAPES)
     assert hw.allreduce_curve == [] and hw.intra_bw == 1e9  # the loopback guess
+    assert (tmp_path / "local_hardware.json").exists()
+    assert local(gloo=False) == hw  # the second call reads the cache
+    # ... but a cache made without gloo does not serve a caller who wants measured links
+    linked = dataclasses.replace(hw, allreduce_curve=[[4, 1e-4], [2**20, 1e-3]], calibration={**hw.calibration, "gloo": True})
+    calls = []
+    monkeypatch.setattr(hardware, "calibrate", lambda **kwargs: calls.append(kwargs) or linked)
+    assert local() == linked and calls[-1]["gloo"] is True  # measured again, with links
+    assert local(gloo=False) == linked and len(calls) == 1  # then served from the cache
+    model = ModelSpec(layers=4, hidden=64, heads=4, vocab=128, seq=32, dtype="fp32")
+    pred = cost.predict(model, ParallelSpec(pp=2, microbatches=4), hw)
+    assert pred.step_time_s > 0 and pred.bubble_fraction > 0

@@ -1,16 +1,15 @@
 """The cost model end to end: bubbles, published throughput, the simulated trace, local calibration."""
 
-import dataclasses
 import itertools
 
 import pytest
 
 from paralab.schedules import build_schedule
-from paralab.sim import cost, hardware
+from paralab.sim import cost
 from paralab.sim.events import simulate_schedule
-from paralab.sim.hardware import get_hardware, local
+from paralab.sim.hardware import get_hardware
 from paralab.sim.presets import get_model
-from paralab.sim.specs import ModelSpec, ParallelSpec, SpecError
+from paralab.sim.specs import ParallelSpec, SpecError
 from paralab.trace import COMPUTE
 
 A100 = get_hardware("a100")
@@ -216,19 +215,3 @@ def test_trace_has_the_schedule_spans_without_overlap():
     assert trace.median_step_time() == pytest.approx(cost.predict(model, p, A100).step_time_s)
     assert trace.summary()["tokens_per_s"] > 0
     assert {s.kind for s in trace.spans if s.lane == "comm"} >= {"send", "recv", "all_reduce"}
-
-
-def test_local_calibration_is_cached_and_drives_predictions(tmp_path, monkeypatch):
-    monkeypatch.setenv("PARALAB_CACHE", str(tmp_path))
-    hw = local(matmul_size=128, gloo=False)
-    assert (tmp_path / "local_hardware.json").exists()
-    assert local(gloo=False) == hw  # the second call reads the cache
-    # ... but a cache made without gloo does not serve a caller who wants measured links
-    linked = dataclasses.replace(hw, allreduce_curve=[[4, 1e-4], [2**20, 1e-3]], calibration={**hw.calibration, "gloo": True})
-    calls = []
-    monkeypatch.setattr(hardware, "calibrate", lambda **kwargs: calls.append(kwargs) or linked)
-    assert local() == linked and calls[-1]["gloo"] is True  # measured again, with links
-    assert local(gloo=False) == linked and len(calls) == 1  # then served from the cache
-    model = ModelSpec(layers=4, hidden=64, heads=4, vocab=128, seq=32, dtype="fp32")
-    pred = cost.predict(model, ParallelSpec(pp=2, microbatches=4), hw)
-    assert pred.step_time_s > 0 and pred.bubble_fraction > 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from paralab.config import MODEL_PRESETS, ConfigError, ModelConfig, cuda_device_count
+from paralab.config import MODEL_PRESETS, ConfigError, ModelConfig, check_device
 
 STRATEGY = "elastic-ddp"  # what a checkpoint's signature calls the way its weights were trained
 
@@ -80,10 +80,7 @@ class ElasticConfig:
             raise ConfigError("learning rate and timeouts must be > 0 (last call: a whole number of seconds >= 1)")
         if self.max_restarts < 0:
             raise ConfigError(f"max restarts must be >= 0, got {self.max_restarts}")
-        if self.device not in ("cpu", "cuda"):
-            raise ConfigError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
-        if self.device == "cuda" and cuda_device_count() == 0:
-            raise ConfigError("device='cuda' asked for, but no CUDA device is visible; use device='cpu'")
+        check_device(self.device, 1, ("cpu", "cuda"))  # one worker per node
         self._validate_fail()
         self._validate_join()
         self._validate_slow()

@@ -33,11 +33,6 @@ TENSOR = ("tp", "torch_tp")
 LOADS_BEFORE_STEP = ("mp", "pp", "torch_pp", "hybrid")  # the step window holds the schedule alone (bubbles are read from it)
 
 
-def model_spec(cfg: RunConfig) -> ModelSpec:
-    """paralab.models.gpt.GPT as the simulator sees it (its parameter count is ModelConfig.param_count())."""
-    return lab_model(cfg.model, cfg.model_name)
-
-
 def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
     """The (model, parallel) specs of a run config, without mutating it or starting anything.
 
@@ -59,7 +54,7 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
         pp = world
         schedule = "naive" if s == "mp" else (cfg.schedule or "1f1b")
         m = 1 if s == "mp" else cfg.microbatches
-        v = 2 if schedule == "zbv" else cfg.virtual_stages
+        v = cfg.virtual_stages
     elif s in TENSOR:
         tp, sp = world, cfg.sequence_parallel
     elif s in ("hybrid", "torch_hybrid"):  # torch's: DDP over DTensor tp, pp 1
@@ -67,13 +62,12 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
         dp = cfg.dp or world // (tp * pp)
         sp, zero = cfg.sequence_parallel and tp > 1, cfg.zero
         if pp > 1:
-            schedule, m = cfg.schedule or "1f1b", cfg.microbatches
-            v = 2 if schedule == "zbv" else cfg.virtual_stages
+            schedule, m, v = cfg.schedule or "1f1b", cfg.microbatches, cfg.virtual_stages
     elif s != "single":
         raise SpecError(f"no simulator mapping for strategy {s!r}")
     if batch % (dp * m):
         raise SpecError(f"global batch {batch} does not split into dp {dp} x {m} microbatches")
-    model = model_spec(cfg)
+    model = lab_model(cfg.model, cfg.model_name)
     tensors = counting.stage_tensors(model, ParallelSpec(), 0)  # 12 per block, 2 embeddings, 4 in the head
     buckets = 0
     if dp > 1 and zero == 0:
@@ -83,7 +77,8 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
         zero=zero, sequence_parallel=sp, recompute="none",
         overlap_grad_reduce=s not in ("dp",), grad_buckets=buckets,
         prefetch_params=not (s == "zero3" or (s == "torch_fsdp" and cfg.device == "cpu")),
-    )
+        loads_batch_in_step=s not in LOADS_BEFORE_STEP,
+    ).resolved()
     return model, parallel
 
 
@@ -97,8 +92,7 @@ def hardware_for_run(cfg: RunConfig, hardware: str | HardwareSpec = "local") -> 
     """The hardware one rank of this run sees. ``local``: calibrated with the threads the rank gets
     (``paralab.runtime.worker.threads_for``), slowed by the share of a core it really has when the
     ranks want more threads than the machine has cores: its compute, and its gloo calls too (each
-    step of a ring waits for the next rank to be scheduled). Pipelined runs (and hybrid ones) cut
-    their batch before the step window opens, so their step pays no data loading."""
+    step of a ring waits for the next rank to be scheduled)."""
     if isinstance(hardware, HardwareSpec):
         return hardware
     if hardware.lower() != "local":
@@ -110,15 +104,11 @@ def hardware_for_run(cfg: RunConfig, hardware: str | HardwareSpec = "local") -> 
     share = min(1.0, usable_cores() / (threads * cfg.world_size))
     if share < 1.0:
         hw = dataclasses.replace(
-            hw, peak_flops={k: v * share for k, v in hw.peak_flops.items()},
-            memory_bandwidth=hw.memory_bandwidth * share,
-            elementwise_bw=hw.elementwise_bw * share, optimizer_bw=hw.optimizer_bw * share,
+            cost.scale_rates(hw, share),
             host_overhead_s={k: v / share for k, v in hw.host_overhead_s.items()},
             allreduce_curve=[[n, t / share] for n, t in hw.allreduce_curve],
             p2p_curve=[[n, t / share] for n, t in hw.p2p_curve],
         )
-    if cfg.strategy in LOADS_BEFORE_STEP:
-        hw = dataclasses.replace(hw, host_overhead_s={**hw.host_overhead_s, "data_token": 0.0})
     return hw
 
 

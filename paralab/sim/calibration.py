@@ -34,8 +34,6 @@ import subprocess
 import sys
 import time
 
-from paralab.trace import STEP
-
 # (tokens, out, in) of the linears of the tiny (h 64) and small (h 256) presets with 128-1024 tokens
 MODEL_SHAPES = ((128, 192, 64), (128, 64, 256), (512, 768, 256), (512, 256, 1024), (1024, 1024, 256), (256, 512, 512))
 
@@ -93,6 +91,15 @@ def copy_bandwidth(nbytes: int = 16 * 2**20) -> float:
 
 # (micro-batch, hidden, heads, seq) of blocks as the lab presets run them: tiny at b 8, small at b 2 and 4
 BLOCK_SHAPES = ((8, 64, 4, 32), (2, 256, 8, 128), (4, 256, 8, 128))
+# Adam's rate is timed on this many parameters in this many tensors (and fitted with the same numbers)
+ADAM_PARAMS, ADAM_TENSORS = 2**20, 4
+
+
+def block_config(hidden: int, heads: int, seq: int):
+    """A one-block lab model of this width: what the block timings run and the fit prices."""
+    from paralab.config import ModelConfig
+
+    return ModelConfig(layers=1, hidden=int(hidden), heads=int(heads), vocab=16, seq_len=int(seq))
 
 
 def _part_times(meter, part, call, repeats: int, skip: int) -> tuple[float, float]:
@@ -135,11 +142,7 @@ def host_overheads() -> dict[str, float]:
     out: dict[str, float] = {}
     for name, (part, call) in parts.items():
         out[f"{name}_forward"], out[f"{name}_backward"] = _part_times(meter, part, call, 60, 10)
-    params = [torch.nn.Parameter(torch.randn(8)) for _ in range(24)]
-    for p in params:
-        p.grad = torch.randn(8)
-    adam = torch.optim.Adam(params, lr=1e-3, foreach=False)
-    out["tensor_update"] = median_time(adam.step, repeats=7) / len(params)
+    out["tensor_update"] = adam_seconds(24 * 8, 24, repeats=7) / 24  # 24 tiny tensors: per-tensor cost
     return out
 
 
@@ -158,6 +161,7 @@ def loop_overheads(steps: int = 12) -> dict[str, float]:
     from paralab.runtime.context import RankContext
     from paralab.runtime.recorder import Recorder
     from paralab.strategies.common import GradSync, run_steps
+    from paralab.trace import COMPUTE
 
     cpu, batch, points = torch.device("cpu"), 4, []
     for seq in (8, 128):
@@ -166,11 +170,9 @@ def loop_overheads(steps: int = 12) -> dict[str, float]:
         ctx = RankContext(cfg, 0, 1, 0, 0, cpu, Recorder(0), MemoryMeter(cpu))
         model = GPT(model_cfg, 0)
         run_steps(ctx, model.parameters(), lambda x, y, model=model: lm_loss(model(x), y), GradSync())
-        outside = {}
-        for span in ctx.recorder.spans:
-            sign = 1 if span.lane == STEP else -1
-            outside[span.step] = outside.get(span.step, 0.0) + sign * (span.end - span.start)
-        points.append((batch * seq, statistics.median(v for k, v in outside.items() if k >= 2)))
+        trace = ctx.recorder.trace()
+        outside = [hi - lo - trace.busy_time(0, COMPUTE, (lo, hi)) for k, (lo, hi) in trace.step_windows().items() if k >= 2]
+        points.append((batch * seq, statistics.median(outside)))
     (n0, t0), (n1, t1) = points
     per_token = max(t1 - t0, 0.0) / (n1 - n0)
     return {"step": max(t0 - n0 * per_token, 0.0), "data_token": per_token}
@@ -180,28 +182,27 @@ def block_times(shapes=BLOCK_SHAPES) -> list[list[float]]:
     """[micro-batch, hidden, heads, seq, forward s, backward s] of one paralab block per shape."""
     import torch
 
-    from paralab.config import ModelConfig
     from paralab.memory import MemoryMeter
     from paralab.models.gpt import build_part
 
     meter = MemoryMeter(torch.device("cpu"))
     rows = []
     for b, h, heads, s in shapes:
-        cfg = ModelConfig(layers=1, hidden=h, heads=heads, vocab=16, seq_len=s)
+        cfg = block_config(h, heads, s)
         x0 = torch.randn(b, s, h)
         times = _part_times(meter, build_part(cfg, 1, 0), lambda part, x0=x0: part(x0.clone().requires_grad_()), 14, 4)
         rows.append([b, h, heads, s, *times])
     return rows
 
 
-def adam_seconds(params: int = 2**20, tensors: int = 4) -> float:
+def adam_seconds(params: int = ADAM_PARAMS, tensors: int = ADAM_TENSORS, repeats: int = 5) -> float:
     """Median seconds of one Adam step (``foreach=False``) over ``params`` parameters in ``tensors`` tensors."""
     import torch
 
     weights = [torch.nn.Parameter(torch.randn(params // tensors)) for _ in range(tensors)]
     for w in weights:
         w.grad = torch.randn_like(w)
-    return median_time(torch.optim.Adam(weights, lr=1e-3, foreach=False).step, repeats=5)
+    return median_time(torch.optim.Adam(weights, lr=1e-3, foreach=False).step, repeats=repeats)
 
 
 def compute_figures(shapes=MODEL_SHAPES, sync=lambda: None, rounds: int = 3) -> dict:
@@ -217,10 +218,7 @@ def compute_figures(shapes=MODEL_SHAPES, sync=lambda: None, rounds: int = 3) -> 
         matmuls.append(matmul_rows(shapes))
         sync()
         blocks.append(block_times())
-    figures = {
-        "matmul_rows": [(*rows[0][:3], statistics.median(r[3] for r in rows)) for rows in zip(*matmuls)],
-        "blocks": [[*rows[0][:4], *(statistics.median(r[j] for r in rows) for j in (4, 5))] for rows in zip(*blocks)],
-    }
+    figures = {"matmul_rows": _merge(matmuls, 3, statistics.median), "blocks": _merge(blocks, 4, statistics.median)}
     sync()
     figures["copy_bw"] = copy_bandwidth()
     sync()
@@ -238,7 +236,6 @@ def fit_elementwise_bandwidth(hw, blocks: list[list[float]]) -> float:
     activation bytes the model says those kernels move (forward once, backward twice). 0 when
     nothing is left (the memory bandwidth then stands).
     """
-    from paralab.config import ModelConfig
     from paralab.sim.cost import layer_work
     from paralab.sim.presets import lab_model
     from paralab.sim.specs import ParallelSpec
@@ -246,7 +243,7 @@ def fit_elementwise_bandwidth(hw, blocks: list[list[float]]) -> float:
     host = hw.host_overhead_s
     num = den = 0.0
     for b, h, heads, s, forward, backward in blocks:
-        model = lab_model(ModelConfig(layers=1, hidden=int(h), heads=int(heads), vocab=16, seq_len=int(s)))
+        model = lab_model(block_config(h, heads, s))
         work = layer_work(model, ParallelSpec(micro_batch=int(b), microbatches=1).resolved(), hw)
         left = forward + backward - host.get("layer_forward", 0.0) - host.get("layer_backward", 0.0)
         left -= 3 * (work.linear + work.core)
@@ -255,7 +252,7 @@ def fit_elementwise_bandwidth(hw, blocks: list[list[float]]) -> float:
     return den / num if num > 0 else 0.0
 
 
-def optimizer_bandwidth(adam_1m: float, tensor_update: float, params: int = 2**20, tensors: int = 4) -> float:
+def optimizer_bandwidth(adam_1m: float, tensor_update: float, params: int = ADAM_PARAMS, tensors: int = ADAM_TENSORS) -> float:
     """Optimizer bytes/s in the cost model's accounting (OPTIMIZER_BYTES_TOUCHED per parameter)."""
     from paralab.sim.cost import OPTIMIZER_BYTES_TOUCHED
 
@@ -269,19 +266,22 @@ def concurrent_figures(threads: int, ranks: int = 2, shapes=MODEL_SHAPES, timeou
     from paralab.runtime.launch import free_port
 
     spec = json.dumps({"port": free_port(), "threads": threads, "ranks": ranks, "shapes": shapes})
-    results = _run_workers([spec], ranks, timeout)
-    rows = [(*r[:3], statistics.mean(res["matmul_rows"][i][3] for res in results))
-            for i, r in enumerate(results[0]["matmul_rows"])]
-    blocks = [[*r[:4], *(statistics.mean(res["blocks"][i][j] for res in results) for j in (4, 5))]
-              for i, r in enumerate(results[0]["blocks"])]
+    results = _run_workers(spec, ranks, timeout)
     compute = {
-        "matmul_rows": rows,
+        "matmul_rows": _merge([res["matmul_rows"] for res in results], 3, statistics.mean),
         "copy_bw": statistics.mean(res["copy_bw"] for res in results),
         "host": {k: statistics.mean(res["host"][k] for res in results) for k in results[0]["host"]},
-        "blocks": blocks,
+        "blocks": _merge([res["blocks"] for res in results], 4, statistics.mean),
         "adam_1m": statistics.mean(res["adam_1m"] for res in results),
     }
     return compute, results[0]["gloo"]
+
+
+def _merge(tables: list[list], keys: int, aggregate) -> list[list]:
+    """Tables of the same shapes (rounds, or ranks) as one: each row's first ``keys`` columns, then
+    every other column aggregated over the tables."""
+    return [[*rows[0][:keys], *(aggregate(r[j] for r in rows) for j in range(keys, len(rows[0])))]
+            for rows in zip(*tables)]
 
 
 def gloo_curves(timeout: float = 40.0) -> dict[str, list]:
@@ -292,7 +292,7 @@ def gloo_curves(timeout: float = 40.0) -> dict[str, list]:
     from paralab.runtime.launch import free_port
 
     spec = json.dumps({"port": free_port(), "threads": 1, "ranks": 2, "compute": False})
-    return _run_workers([spec], 2, timeout)[0]["gloo"]
+    return _run_workers(spec, 2, timeout)[0]["gloo"]
 
 
 def link_summary(curves: dict[str, list]) -> dict[str, float]:
@@ -303,9 +303,9 @@ def link_summary(curves: dict[str, list]) -> dict[str, float]:
     return {"latency": t_small / 2, "bw": (large - small) / max(t_large - t_small, 1e-9)}
 
 
-def _run_workers(args: list[str], ranks: int, timeout: float) -> list[dict]:
-    """Run ``python -m paralab.sim.calibration ARGS RANK`` for each rank; their JSON outputs, by rank."""
-    procs = [subprocess.Popen([sys.executable, "-m", "paralab.sim.calibration", *args, str(r)],
+def _run_workers(spec: str, ranks: int, timeout: float) -> list[dict]:
+    """Run ``python -m paralab.sim.calibration SPEC RANK`` for each rank; their JSON outputs, by rank."""
+    procs = [subprocess.Popen([sys.executable, "-m", "paralab.sim.calibration", spec, str(r)],
                               stdout=subprocess.PIPE, text=True) for r in range(ranks)]
     try:
         outputs = [p.communicate(timeout=timeout)[0] for p in procs]

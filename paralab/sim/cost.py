@@ -143,10 +143,16 @@ def per_rank(hw: HardwareSpec, world: int) -> HardwareSpec:
     CPU seen whole): its slice of every compute and memory rate. Already per rank: ``hw`` itself."""
     if not hw.shared_compute:
         return hw
+    return dataclasses.replace(scale_rates(hw, 1 / world), shared_compute=False)
+
+
+def scale_rates(hw: HardwareSpec, factor: float) -> HardwareSpec:
+    """``hw`` with every compute and memory rate (FLOP/s, bytes/s) multiplied by ``factor``: the one
+    list of them, for a machine shared by ranks or a core shared by threads."""
     return dataclasses.replace(
-        hw, shared_compute=False, peak_flops={k: v / world for k, v in hw.peak_flops.items()},
-        memory_bandwidth=hw.memory_bandwidth / world, elementwise_bw=hw.elementwise_bw / world,
-        optimizer_bw=hw.optimizer_bw / world,
+        hw, peak_flops={k: v * factor for k, v in hw.peak_flops.items()},
+        memory_bandwidth=hw.memory_bandwidth * factor, elementwise_bw=hw.elementwise_bw * factor,
+        optimizer_bw=hw.optimizer_bw * factor,
     )
 
 
@@ -169,14 +175,14 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
     work = layer_work(model, p, hw)
     linear, core = work.linear, work.core
     elementwise, elementwise_core = work.elementwise_bytes / ew_bw, work.core_elementwise_bytes / ew_bw
-    ops = ("all_gather", "reduce_scatter") if p.sequence_parallel else ("all_reduce",)
-    tp_pair = 2 * sum(collective_time(hw, op, tokens * h * nbytes, t, 1) for op in ops)  # two per pass
+    ops, payload, passes = counting.tp_collectives(model, p)
+    tp_pair = 2 * sum(collective_time(hw, op, payload, t, 1) for op in ops)  # two per pass
 
     forward = linear + core + elementwise + tp_pair + host("layer_forward")
     recompute = {"none": 0.0, "selective": core + elementwise_core, "full": forward}[p.recompute]
     weight = linear  # one weight-gradient GEMM per forward weight GEMM
     backward_input = recompute + linear + 2 * core + 2 * elementwise + tp_pair + host("layer_backward")
-    tp_layer = tp_pair * (3 if p.recompute == "full" else 2)
+    tp_layer = tp_pair * sum(passes.values())
 
     chunks = p.pp * p.virtual_stages
     per_chunk = model.layers // chunks
@@ -395,16 +401,14 @@ def _tensor_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageT
     """One comm span per collective kind at the end of each forward and backward: a forward pays one
     of the layer's pairs of blocking collectives per layer (all-reduces; all-gather + reduce-scatter
     with sp), a backward the other (and the rerun forward's with full recompute)."""
-    ops = ("all_gather", "reduce_scatter") if p.sequence_parallel else ("all_reduce",)
-    payload = p.micro_batch * model.seq * model.hidden * model.dtype_bytes
+    ops, payload, passes = counting.tp_collectives(model, p)
     layers = model.layers // (p.pp * p.virtual_stages)
-    passes = {"forward": 1, "backward": 2 if p.recompute == "full" else 1}
     out = []
     for span in spans:
         phase = "backward" if span.kind in ("backward", "backward_input") else span.kind
         if span.lane != COMPUTE or phase not in passes or span.stage is None:
             continue
-        seconds = times[span.stage].tp_comm * passes[phase] / (passes["forward"] + passes["backward"])
+        seconds = times[span.stage].tp_comm * passes[phase] / sum(passes.values())
         end = span.end
         for op in ops:
             start = max(span.start, end - seconds / len(ops))
@@ -495,17 +499,14 @@ def _estimate_finish(model, p: ParallelSpec, hw, times: list[StageTimes]) -> tup
     for stage, st in enumerate(times):
         work[counting.stage_rank(p, stage)] += st.forward + st.backward
     hop = 2 * p2p_time(model, p, hw) if pp > 1 else 0.0
-    mean = sum(st.forward + st.backward for st in times) / len(times)
+    f, bi, w = (sum(getattr(st, part) for st in times) / len(times) for part in ("forward", "backward_input", "backward_weight"))
     if name == "naive":
         makespan = m * (sum(work) + (pp - 1) * hop)
     elif name == "zb-h1":
-        ramp = sum(st.forward + st.backward_input - st.backward_weight for st in times) / len(times)
         # with m < p the gradient's trip back up the pipeline is the longer path (theoretical_bubble)
-        trip = sum(st.forward + st.backward_input for st in times) / len(times)
-        last_w = sum(st.backward_weight for st in times) / len(times)
-        makespan = max(m * max(work) + (pp - 1) * (hop + ramp), (m + pp - 1) * trip + last_w + (pp - 1) * hop)
+        makespan = max(m * max(work) + (pp - 1) * (hop + f + bi - w), (m + pp - 1) * (f + bi) + w + (pp - 1) * hop)
     elif name in ("gpipe", "1f1b", "interleaved"):
-        makespan = m * max(work) + (pp - 1) * (mean + hop)
+        makespan = m * max(work) + (pp - 1) * (f + bi + w + hop)
     else:
         makespan = m * max(work) / (1.0 - theoretical_bubble(name, pp, m, p.virtual_stages)) + (pp - 1) * hop
     bubble = 1.0 - m * sum(work) / (pp * makespan) if pp > 1 else 0.0
@@ -595,8 +596,10 @@ def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: f
 
 def training_loop_time(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> float:
     """Seconds per step of the training loop itself (loading the rank's batch, bookkeeping): measured
-    on the local CPU, where nothing hides it; 0 on the GPU presets, where it overlaps queued kernels."""
-    tokens = p.global_batch // p.dp * model.seq
+    on the local CPU, where nothing hides it; 0 on the GPU presets, where it overlaps queued kernels.
+    A run that loads its batch before the step window opens (``loads_batch_in_step`` off) pays only
+    the bookkeeping."""
+    tokens = p.global_batch // p.dp * model.seq if p.loads_batch_in_step else 0
     return hw.host_overhead_s.get("step", 0.0) + tokens * hw.host_overhead_s.get("data_token", 0.0)
 
 

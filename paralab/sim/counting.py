@@ -285,6 +285,16 @@ def ring_wire_bytes(op: str, payload: float, group: int) -> float:
     return payload * factor * (group - 1) / group
 
 
+def tp_collectives(model: ModelSpec, p: ParallelSpec) -> tuple[tuple[str, ...], float, dict[str, int]]:
+    """What tensor parallelism blocks on in a layer: its collective ops, their payload b s h, and the
+    passes that issue them. Each pass (forward, backward, and the forward rerun by full recompute)
+    issues two all-reduces (Shoeybi et al. 2019) or, with sequence parallelism, two all-gathers and
+    two reduce-scatters of the same bytes (Korthikanti et al. 2022, sec. 4.2.2)."""
+    ops = ("all_gather", "reduce_scatter") if p.sequence_parallel else ("all_reduce",)
+    passes = {"forward": 1, "backward": 2 if p.recompute == "full" else 1}
+    return ops, p.micro_batch * model.seq * model.hidden * model.dtype_bytes, passes
+
+
 def comm_payloads(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[str, str, float, int, float]]:
     """Every collective one GPU issues per step (the first pipeline rank; for pp, a middle one).
 
@@ -306,12 +316,8 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[str, s
     layers = model.layers // p.pp
     rows: list[tuple[str, str, float, int, float]] = []
     if t > 1:
-        per_mb = 4 + (2 if p.recompute == "full" else 0)
-        calls = per_mb * layers * m
-        if p.sequence_parallel:
-            rows += [("tp", "all_gather", act, t, calls), ("tp", "reduce_scatter", act, t, calls)]
-        else:
-            rows.append(("tp", "all_reduce", act, t, calls))
+        ops, payload, passes = tp_collectives(model, p)
+        rows += [("tp", op, payload, t, 2 * sum(passes.values()) * layers * m) for op in ops]
     if p.pp > 1:
         rows.append(("pp", "send", act / t, 2, 2 * m * p.virtual_stages))
     if p.dp > 1:

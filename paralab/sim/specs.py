@@ -113,6 +113,9 @@ class ParallelSpec:
     # ZeRO-3 gathers the next layer's parameters while this one computes (DeepSpeed, FSDP on GPUs);
     # False: each layer's gather waits just before it runs (paralab's zero3, FSDP on CPU)
     prefetch_params: bool = True
+    # the step's time includes loading its batch (False: loaded before the step window opens, as
+    # paralab's pipelines do so that the window, which bubbles are read from, holds the schedule alone)
+    loads_batch_in_step: bool = True
 
     @property
     def world_size(self) -> int:

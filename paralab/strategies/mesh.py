@@ -13,6 +13,7 @@ the process groups of the run from this grid.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 DIMS = ("pp", "dp", "tp")  # outermost first
 
@@ -33,7 +34,7 @@ class RankLayout:
     def world_size(self) -> int:
         return self.pp * self.dp * self.tp
 
-    @property
+    @cached_property
     def coords(self) -> dict[int, tuple[int, int, int]]:
         return {self.rank_of(p, d, t): (p, d, t)
                 for p in range(self.pp) for d in range(self.dp) for t in range(self.tp)}
@@ -45,11 +46,10 @@ class RankLayout:
         """The ranks that vary only along ``dim`` (the other two coordinates fixed), each list in
         that dimension's order: the tp groups, the dp groups, or the pipelines (pp)."""
         axis = DIMS.index(dim)
-        coords = self.coords
         lines: dict[tuple, list[int]] = {}
-        for rank, coord in coords.items():
+        for rank, coord in self.coords.items():  # in rank order, so each line is in that dimension's order
             lines.setdefault(coord[:axis] + coord[axis + 1:], []).append(rank)
-        return [sorted(line, key=lambda r: coords[r][axis]) for line in lines.values()]
+        return list(lines.values())
 
     def text(self) -> str:
         """One row per (pp, dp), one column per tp rank: the global rank in each cell."""

@@ -90,16 +90,13 @@ class PipelineExecutor:
         self.loss_fn = loss_fn
         self.owner = schedule.stage_to_rank
         self.last = schedule.num_stages - 1
-        split = any(a.op == BACKWARD_INPUT for a in schedule.actions[self.pp_rank])
-        self.weight_grads = DeferredWeightGrads(stages) if split else None
+        self.weight_grads = DeferredWeightGrads(stages) if schedule.is_split_backward else None
         self.peak_activations = 0
 
     def run_step(self, tokens: list[torch.Tensor] | None, targets: list[torch.Tensor] | None) -> float | None:
         """Run every action of this rank for one step; returns the step's loss on the last stage."""
         self.tokens, self.targets = tokens, targets
         self.inbox, self.outbox, self.saved = {}, {}, {}
-        if self.weight_grads:
-            self.weight_grads.reset()
         self.sending: list[tuple[comm.TracedWork, torch.Tensor]] = []
         self.live: set[tuple[int, int]] = set()
         self.loss = None

@@ -57,10 +57,6 @@ class DeferredWeightGrads:
         self.eager = {s: [p for p in stage.parameters() if id(p) not in deferred and p.requires_grad]
                       for s, stage in stages.items()}
 
-    def reset(self) -> None:
-        """Forget what a step left behind (a step that raised between Bi and W)."""
-        self.pending.clear()
-
     @contextmanager
     def recording(self, key: tuple[int, int]):
         """Forwards inside this block belong to (stage, microbatch) ``key``."""
@@ -75,20 +71,19 @@ class DeferredWeightGrads:
             return
         entry = [weight, bias if bias is not None and bias.requires_grad else None, x, y]
         self.pending.setdefault(self.key, []).append(entry)
-        y.register_hook(lambda grad, entry=entry: entry.__setitem__(3, grad))
 
     def backward_input(self, key: tuple[int, int], out: torch.Tensor, grad, x: torch.Tensor | None) -> None:
         """Bi: gradients of the stage input ``x`` (None on the first stage), of the eager parameters
-        and of every linear output (so each one's hook fires even where nothing upstream asks for
-        it); the graph is freed, the linear inputs and output gradients are kept."""
+        and of every linear output (asked for by name, so each one is computed even where nothing
+        upstream needs it); the graph is freed, the linear inputs and output gradients are kept."""
         entries = self.pending.get(key, [])
         outputs = [e[3] for e in entries]
         inputs = ([x] if x is not None else []) + self.eager[key[0]] + outputs
         torch.autograd.backward([out], grad, inputs=inputs)
         for entry, y in zip(entries, outputs):
-            y.grad = None  # the hook holds the gradient; drop the output itself
-            if entry[3] is y:
+            if y.grad is None:
                 raise RuntimeError(f"no output gradient reached a linear layer in Bi of stage {key[0]}")
+            entry[3], y.grad = y.grad, None  # keep the gradient, drop the output itself
 
     def held_bytes(self, key: tuple[int, int]) -> int:
         """Bytes kept for W after Bi: the linear inputs and output gradients (each storage once)."""
