@@ -23,7 +23,7 @@ from paralab.bench import add_benchmark_args
 def recovery(args) -> None:
     res = elastic.run(nodes=args.nodes, min_nodes=args.nodes - 1, max_nodes=args.nodes, steps=args.steps,
                       model=args.model, global_batch=args.global_batch, checkpoint_every=args.checkpoint_every,
-                      fail={"rank": 1, "step": args.fail_step})
+                      fault={"rank": 1, "step": args.fail_step})
     (t,) = res.transitions
     print(f"\n### recovery: {args.nodes} nodes -> {t['world_size']}, SIGKILL at step {args.fail_step}, "
           f"checkpoint every {args.checkpoint_every} steps\n")

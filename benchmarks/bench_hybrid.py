@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 from paralab.bench import Variant, add_benchmark_args, compare
-from paralab.strategies.hybrid import rank_layout
+from paralab.layout import mesh_layout
 
 
 def main() -> None:
@@ -28,7 +28,7 @@ def main() -> None:
     variants = [Variant.of("torch_hybrid", strategy="torch_hybrid"), Variant.of("paralab hybrid", strategy="hybrid")]
     result = compare(variants, args.rounds, common)
     print(f"### hybrid {args.dp}x{args.tp}x1, model {args.model}, global batch {args.global_batch}\n")
-    print(rank_layout(args.dp, args.tp, 1).text() + "\n")
+    print(mesh_layout(dp=args.dp, tp=args.tp).text() + "\n")
     print(result.table() + "\n")
     print(f"paralab hybrid / torch_hybrid: {result.ratio('paralab hybrid', 'torch_hybrid'):.3f}x\n")
     summary = result.summaries["paralab hybrid"]

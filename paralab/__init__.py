@@ -8,7 +8,8 @@ Every strategy runs for real as torch.distributed processes and is traced; ``par
 the same runs (and much larger ones) with a cost model, as the same Trace type.
 """
 
-from paralab.config import MODEL_PRESETS, STRATEGIES, ConfigError, ModelConfig, RunConfig
+from paralab.config import MODEL_PRESETS, ConfigError, ModelConfig, RunConfig
+from paralab.layout import Layout, resolve_layout
 from paralab.runtime.result import RunError, RunResult
 from paralab.trace import Span, Trace
 
@@ -33,6 +34,6 @@ def run(strategy: str = "ddp", world_size: int = 1, steps: int = 5, model="tiny"
 
 
 __all__ = [
-    "run", "RunConfig", "ModelConfig", "MODEL_PRESETS", "STRATEGIES", "ConfigError", "RunError",
+    "run", "RunConfig", "ModelConfig", "MODEL_PRESETS", "Layout", "resolve_layout", "ConfigError", "RunError",
     "RunResult", "Trace", "Span", "__version__",
 ]

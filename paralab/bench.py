@@ -81,10 +81,11 @@ def add_bench_args(parser) -> None:
 def bench_main(args) -> int:
     """``paralab bench``: every variant is validated before the first run starts (ConfigError: exit 2)."""
     from paralab.config import RunConfig
+    from paralab.layout import resolve_layout
 
     common = dict(world_size=args.world_size, steps=args.steps, model=args.model, global_batch=args.global_batch)
     for strategy in args.variants:
         opts = {k: v for k, v in common.items() if k != "model"}
-        RunConfig.build(args.model, strategy=strategy, **opts).validate()
+        resolve_layout(RunConfig.build(args.model, strategy=strategy, **opts))
     print(compare([Variant.of(strategy=s) for s in args.variants], args.rounds, common).table())
     return 0

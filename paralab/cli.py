@@ -14,72 +14,44 @@ import select
 import sys
 from pathlib import Path
 
-from paralab.config import DEVICES, MODEL_PRESETS, STRATEGIES, ConfigError, RunConfig
-
-EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
-EXIT_SIGPIPE = 141  # the reader of stdout went away, as shells report a program killed by SIGPIPE
-
-
-def _number(text: str):
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def key_values(text: str) -> dict:
-    """Parse ``rank=1,factor=1.5`` into {"rank": 1, "factor": 1.5} (for --fail, --slow)."""
-    out = {}
-    for part in filter(None, text.split(",")):
-        key, _, value = part.partition("=")
-        if not value:
-            raise argparse.ArgumentTypeError(f"expected key=value pairs like rank=1,step=3, got {text!r}")
-        out[key.strip()] = _number(value.strip())
-    return out
+from paralab.cli_args import (
+    EXIT_FAILED,
+    EXIT_INVALID,
+    EXIT_OK,
+    EXIT_SIGPIPE,
+    add_training_args,
+    training_options,
+)
+from paralab.config import ConfigError, RunConfig
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--strategy", default="ddp", help=f"one of {', '.join(STRATEGIES)}")
-    p.add_argument("--world-size", type=int, default=1, help="ranks to start (ignored under torchrun)")
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--model", default="tiny", help=f"preset: {', '.join(MODEL_PRESETS)}")
-    p.add_argument("--global-batch", type=int, default=8, help="samples per step over all ranks")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto", choices=DEVICES)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--optimizer", default="adam", choices=("adam", "sgd"))
-    p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket cap in MB (torch's default 25)")
+    d = RunConfig()
+    p.add_argument("--strategy", default=d.strategy, help="a strategy name; `paralab strategies` lists them")
+    p.add_argument("--world-size", type=int, default=d.world_size, help="ranks to start (ignored under torchrun)")
+    add_training_args(p, d)
+    p.add_argument("--bucket-mb", type=float, default=d.bucket_mb, help="DDP bucket cap in MB (torch's default 25)")
     p.add_argument("--hierarchical", action="store_true",
                    help="ddp: reduce-scatter in the node, all-reduce across nodes, all-gather in the node")
-    p.add_argument("--nodes", type=int, default=1, help="emulated nodes for local launches (torchrun: real nodes)")
-    p.add_argument("--dp", type=int, default=0, help="data-parallel degree (hybrid)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
-    p.add_argument("--pp", type=int, default=1, help="pipeline stages")
-    p.add_argument("--schedule", default="", help="pipeline schedule (pp)")
-    p.add_argument("--microbatches", type=int, default=1)
-    p.add_argument("--virtual-stages", type=int, default=1)
+    p.add_argument("--nodes", type=int, default=d.nodes, help="emulated nodes for local launches (torchrun: real nodes)")
+    p.add_argument("--dp", type=int, default=d.dp, help="data-parallel degree (0: from the world size)")
+    p.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel degree (0: the strategy's default)")
+    p.add_argument("--pp", type=int, default=d.pp, help="pipeline stages (0: the strategy's default)")
+    p.add_argument("--schedule", default=d.schedule, help="pipeline schedule (pp, hybrid)")
+    p.add_argument("--microbatches", type=int, default=d.microbatches)
+    p.add_argument("--virtual-stages", type=int, default=d.virtual_stages)
     p.add_argument("--sequence-parallel", action="store_true")
-    p.add_argument("--zero", type=int, default=0, choices=(0, 1, 2), help="hybrid: ZeRO stage over the dp dimension")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds a collective may hang before the run fails")
-    p.add_argument("--no-trace", action="store_true", help="do not record spans (to measure tracing overhead)")
-    p.add_argument("--trace", metavar="PATH", help="write the merged trace in Chrome trace format (Perfetto)")
+    p.add_argument("--zero", type=int, default=d.zero, help="hybrid: ZeRO stage over the dp dimension")
     p.add_argument("--trace-dir", metavar="DIR", help="write one paralab trace per rank (torchrun; merge later)")
     p.add_argument("--report", metavar="PATH", help="write a standalone HTML report of the run")
-    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    p.add_argument("--fail", type=key_values, metavar="rank=R,step=K", help="make rank R raise at step K (testing)")
 
 
 def config_from_args(args) -> RunConfig:
     return RunConfig.build(
-        args.model,
-        strategy=args.strategy, world_size=args.world_size, steps=args.steps, global_batch=args.global_batch,
-        seed=args.seed, device=args.device, lr=args.lr, optimizer=args.optimizer, bucket_mb=args.bucket_mb,
-        hierarchical=args.hierarchical, nodes=args.nodes, dp=args.dp, tp=args.tp, pp=args.pp,
-        schedule=args.schedule, microbatches=args.microbatches, virtual_stages=args.virtual_stages,
-        sequence_parallel=args.sequence_parallel, zero=args.zero, timeout_s=args.timeout,
-        trace=not args.no_trace, fault=args.fail,
+        args.model, **training_options(args), strategy=args.strategy, world_size=args.world_size,
+        bucket_mb=args.bucket_mb, hierarchical=args.hierarchical, nodes=args.nodes, dp=args.dp, tp=args.tp,
+        pp=args.pp, schedule=args.schedule, microbatches=args.microbatches, virtual_stages=args.virtual_stages,
+        sequence_parallel=args.sequence_parallel, zero=args.zero,
     )
 
 
@@ -113,6 +85,9 @@ def cmd_run(args) -> int:
 def format_summary(s: dict) -> str:
     lines = [
         f"{s['strategy']} on {s['world_size']} rank(s) ({s['device']}), model {s['model']}, {s['steps']} steps",
+        f"layout: dp {s['dp']} x tp {s['tp']} x pp {s['pp']}"
+        + (f", schedule {s['schedule']}" if s["schedule"] else "") + f", {s['microbatches']} microbatch(es)"
+        + (f", ZeRO-{s['zero']}" if s.get("zero") else ""),
         "losses: " + " ".join(f"{x:.4f}" for x in s["losses"]),
         f"step time (median after the first): {s['step_time_s'] * 1e3:.1f} ms   tokens/s: {s['tokens_per_s']:.0f}",
     ]
@@ -121,9 +96,24 @@ def format_summary(s: dict) -> str:
     if s["bubble_fraction"]:
         lines.append(f"pipeline bubble (measured idle fraction): {s['bubble_fraction']:.1%}")
     lines.append("peak memory per rank (MiB): " + " ".join(f"{b / 2**20:.1f}" for b in s["peak_memory_bytes"]))
+    if s.get("unused_options"):
+        lines.append(f"unused by {s['strategy']}: {', '.join(s['unused_options'])}")
     if s["trace"]:
         lines.append(f"trace: {s['trace']} (open in https://ui.perfetto.dev)")
     return "\n".join(lines)
+
+
+def cmd_strategies(args) -> int:
+    """``paralab strategies``: what every --strategy name runs, and its mesh axes."""
+    from paralab.strategies.registry import strategies, strategy_table
+
+    if args.json:
+        print(json.dumps({name: {"title": s.title, "summary": s.summary, "axes": list(s.axes),
+                                 "options": list(s.options), "reference_for": s.reference_for or None}
+                          for name, s in strategies().items()}))
+    else:
+        print(strategy_table())
+    return EXIT_OK
 
 
 def cmd_merge(args) -> int:
@@ -145,11 +135,12 @@ def cmd_merge(args) -> int:
 
 
 def cmd_nodes(args) -> int:
+    from paralab.layout import resolve_layout
     from paralab.runtime.multinode import run_local_nodes
 
     run_args = args.run_args[1:] if args.run_args[:1] == ["--"] else args.run_args
     cfg = config_from_args(build_parser().parse_args(["run", *run_args]))
-    dataclasses.replace(cfg, world_size=args.nnodes * args.nproc_per_node, nodes=args.nnodes).validate()
+    resolve_layout(dataclasses.replace(cfg, world_size=args.nnodes * args.nproc_per_node, nodes=args.nnodes))
     run = run_local_nodes(run_args, args.nnodes, args.nproc_per_node, trace_dir=args.trace_dir)
     print(json.dumps(run.summary) if args.json else format_summary(run.summary))
     return EXIT_OK
@@ -175,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     nodes.add_argument("--json", action="store_true")
     nodes.add_argument("run_args", nargs=argparse.REMAINDER, help="options of `paralab run` after --")
     nodes.set_defaults(func=cmd_nodes)
+    listing = sub.add_parser("strategies", help="list the strategies: what each runs, its mesh axes")
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(func=cmd_strategies)
     for name, help_text, add_args, command in _subcommands():
         sub_parser = sub.add_parser(name, help=help_text)
         add_args(sub_parser)

@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from paralab.runtime import recorder as _recorder
 from paralab.trace import COMM
+from paralab.wire import ring_wire_bytes
 
 ReduceOp = dist.ReduceOp
 # torch 2.13 renamed the flat-tensor collectives; older releases (2.4+) have only the first names.
@@ -35,16 +36,7 @@ _reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.redu
 
 def wire_bytes(op: str, payload: int, group_size: int) -> int:
     """Bytes one rank sends for ``op`` on ``payload`` bytes in a ring of ``group_size`` ranks."""
-    n = group_size
-    if op == "send":
-        return payload
-    if n <= 1 or op == "recv":
-        return 0
-    if op == "all_reduce":
-        return payload * 2 * (n - 1) // n
-    if op in ("all_gather", "reduce_scatter", "broadcast"):
-        return payload * (n - 1) // n
-    raise ValueError(f"unknown communication op {op!r}")
+    return int(ring_wire_bytes(op, payload, group_size))
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

@@ -1,15 +1,16 @@
 """One validated description of a run.
 
 Every face of paralab (``paralab.run`` in Python, ``paralab run`` in the shell, ``torchrun -m paralab
-run`` on a cluster) builds a :class:`RunConfig` and calls :meth:`RunConfig.validate` before any
-process starts, so a configuration that cannot work is refused with a message that says which numbers
-conflict and what would fit. Strategy-specific checks live with each strategy (``validate`` in its
-module) and are called from here.
+run`` on a cluster) builds a :class:`RunConfig`; before any process starts its fields are checked here
+(:meth:`RunConfig.validate`) and what they mean together for a strategy is resolved into a Layout by
+paralab.layout, so a configuration that cannot work is refused with a message that says which numbers
+conflict and what would fit.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -40,15 +41,15 @@ class ModelConfig:
 
     def validate(self) -> None:
         for name in ("layers", "hidden", "heads", "ffn", "vocab", "seq_len"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"model {name} must be >= 1, got {getattr(self, name)}")
+            check_int(f"model {name}", getattr(self, name), low=1)
         if self.hidden % self.heads:
             divisors = [h for h in range(1, self.hidden + 1) if self.hidden % h == 0 and h <= 64]
             raise ConfigError(
                 f"model hidden size {self.hidden} is not divisible by heads {self.heads}; "
                 f"head counts that fit: {divisors}"
             )
-        if not 0.0 <= self.dropout < 1.0:
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) \
+                or not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
 
     def param_count(self) -> int:
@@ -73,57 +74,43 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     "medium": ModelConfig(layers=16, hidden=1024, heads=16, vocab=8192, seq_len=512),
 }
 
-STRATEGIES = ("single", "dp", "ddp", "mp", "pp", "tp", "zero1", "zero2", "zero3", "hybrid")
-REFERENCE_STRATEGIES = ("torch_ddp", "torch_pp", "torch_tp", "torch_fsdp", "torch_hybrid")  # torch's own, for tests and benchmarks
-NON_DATA_PARALLEL = ("single", "mp", "pp", "tp", "torch_pp", "torch_tp")
 DEVICES = ("auto", "cpu", "cuda")
+OPTIMIZERS = ("adam", "sgd")
 
 
 @dataclass
-class RunConfig:
-    """Everything a run needs. Plain data: it travels to every rank as a dict."""
+class TrainingConfig:
+    """What every training run has, whatever splits it: the model, the data, the optimizer, the
+    device and the limits. RunConfig (``paralab run``) and ElasticConfig (``paralab elastic``) both
+    extend it, so these fields, their checks and their command-line flags are written once."""
 
-    strategy: str = "ddp"
-    world_size: int = 1
-    steps: int = 5
     model: ModelConfig = field(default_factory=lambda: MODEL_PRESETS["tiny"])
     model_name: str = "tiny"
+    steps: int = 5
     global_batch: int = 8
     seed: int = 0
     device: str = "auto"
     lr: float = 3e-3
     optimizer: str = "adam"
-    # data parallel
-    bucket_mb: float = 25.0  # DDP bucket cap, torch's default
-    hierarchical: bool = False  # ddp: reduce-scatter in the node, all-reduce across nodes, all-gather
-    nodes: int = 1  # local launches: ranks split into this many emulated nodes (torchrun: real nodes)
-    # pipeline / tensor / hybrid degrees (later strategies fill these in)
-    dp: int = 0
-    tp: int = 1
-    pp: int = 1
-    schedule: str = ""
-    microbatches: int = 1
-    virtual_stages: int = 1
-    sequence_parallel: bool = False
-    stage_layers: list[int] | None = None
-    zero: int = 0  # hybrid: ZeRO stage over the dp dimension (0: ddp-style all-reduce)
-    # run control
-    trace: bool = True
     timeout_s: float = 300.0  # a collective hung longer than this ends the run with an error
     threads_per_rank: int = 0  # 0: share the cores fairly
-    fault: dict | None = None  # test hook: {"rank": r, "step": k} makes that rank raise
-    collect_state: bool = False  # return final parameters and gradients (parity tests)
+    trace: bool = True
+    fault: dict | None = None  # testing: {"rank": r, "step": k, ...} makes rank r fail at step k
 
-    # ------------------------------------------------------------------ helpers
+    FAULT_OPTIONS = {"kind": ("raise", "hang")}  # what a fault may say besides rank and step
+
     @classmethod
-    def build(cls, model: str | ModelConfig | dict = "tiny", **kwargs) -> RunConfig:
+    def build(cls, model: str | ModelConfig | dict = "tiny", **kwargs):
         """Make a config from a preset name (or a ModelConfig / dict of its fields) and options."""
         if isinstance(model, str):
             if model not in MODEL_PRESETS:
                 raise ConfigError(f"unknown model preset {model!r}; choose one of {sorted(MODEL_PRESETS)}")
             model_cfg, name = MODEL_PRESETS[model], model
         elif isinstance(model, dict):
-            model_cfg, name = ModelConfig(**model), "custom"
+            try:
+                model_cfg, name = ModelConfig(**model), "custom"
+            except TypeError as exc:
+                raise ConfigError(f"model: {exc}") from None
         else:
             model_cfg, name = model, "custom"
         unknown = set(kwargs) - {f.name for f in dataclasses.fields(cls)}
@@ -135,69 +122,109 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> RunConfig:
+    def from_dict(cls, data: dict):
         data = dict(data)
         data["model"] = ModelConfig(**data["model"])
         return cls(**data)
 
-    @property
-    def data_parallel_size(self) -> int:
-        """How many ranks take different slices of each global batch."""
-        if self.strategy in NON_DATA_PARALLEL:
-            return 1
-        if self.strategy in ("hybrid", "torch_hybrid"):
-            return self.dp
-        return self.world_size
-
-    def resolved_device(self) -> str:
-        if self.device != "auto":
-            return self.device
-        return "cuda" if cuda_device_count() >= self.world_size else "cpu"
-
-    # ------------------------------------------------------------------ checks
-    def validate(self) -> RunConfig:
-        if self.strategy not in STRATEGIES + REFERENCE_STRATEGIES:
-            raise ConfigError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}")
-        if not isinstance(self.world_size, int) or self.world_size < 1:
-            raise ConfigError(f"world size must be an integer >= 1, got {self.world_size!r}")
-        if self.steps < 1:
-            raise ConfigError(f"steps must be >= 1, got {self.steps}")
-        if self.global_batch < 1:
-            raise ConfigError(f"global batch must be >= 1, got {self.global_batch}")
-        if self.lr <= 0:
-            raise ConfigError(f"learning rate must be > 0, got {self.lr}")
-        if self.optimizer not in ("adam", "sgd"):
-            raise ConfigError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
-        if self.bucket_mb <= 0:
-            raise ConfigError(f"bucket size must be > 0 MB, got {self.bucket_mb}")
-        if self.timeout_s <= 0:
-            raise ConfigError(f"timeout must be > 0 s, got {self.timeout_s}")
+    def validate(self):
+        """Check every field on its own (types and ranges); returns self. What the fields mean
+        together for a strategy is checked by paralab.layout.resolve_layout."""
+        for name in ("steps", "global_batch"):
+            check_int(name, getattr(self, name), low=1)
+        check_int("seed", self.seed, low=0, high=2**63 - 1)
+        check_int("threads_per_rank", self.threads_per_rank, low=0)
+        check_positive("learning rate", self.lr)
+        check_positive("timeout", self.timeout_s, low=1.0, unit=" s")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.device not in DEVICES:
+            raise ConfigError(f"device must be one of {DEVICES}, got {self.device!r}")
         self.model.validate()
-        check_device(self.device, self.world_size)
-        if self.strategy == "single" and self.world_size != 1:
-            raise ConfigError(f"strategy 'single' runs on one rank, got world size {self.world_size}")
-        dp = self.data_parallel_size
-        if dp >= 1 and self.global_batch % dp:
-            fits = [b for b in range(dp, 4 * dp + 1, dp)]
-            raise ConfigError(
-                f"global batch {self.global_batch} is not divisible by the {dp} data-parallel ranks; "
-                f"global batches that fit: {fits}"
-            )
-        if self.nodes < 1 or self.world_size % self.nodes:
-            raise ConfigError(f"{self.nodes} node(s) cannot split world size {self.world_size} evenly")
-        if self.hierarchical and self.strategy != "ddp":
-            raise ConfigError(f"hierarchical all-reduce is a ddp option, not {self.strategy!r}")
-        if self.zero and self.strategy != "hybrid":
-            raise ConfigError(f"zero={self.zero} is a hybrid option; for ZeRO over all ranks use strategy "
-                              f"'zero{self.zero}' instead of {self.strategy!r}")
-        if self.fault is not None and not 0 <= int(self.fault.get("rank", -1)) < self.world_size:
-            raise ConfigError(f"fault rank must be in [0, {self.world_size}), got {self.fault}")
-        from paralab.strategies import strategy_module
-
-        check = getattr(strategy_module(self.strategy), "validate", None)  # ConfigError if not built
-        if check is not None:
-            check(self)
+        self._validate_fault()
         return self
+
+    def _validate_fault(self) -> None:
+        if self.fault is None:
+            return
+        if not isinstance(self.fault, dict):
+            raise ConfigError(f"fault must be a dict like {{'rank': 1, 'step': 3}}, got {self.fault!r}")
+        unknown = set(self.fault) - {"rank", "step", *self.FAULT_OPTIONS}
+        if unknown:
+            raise ConfigError(f"fault takes rank, step and {', '.join(self.FAULT_OPTIONS)}; unknown: {sorted(unknown)}")
+        for key in ("rank", "step"):
+            check_int(f"fault {key}", self.fault.get(key), low=0)
+        for key, choices in self.FAULT_OPTIONS.items():
+            if key in self.fault and self.fault[key] not in choices:
+                raise ConfigError(f"fault {key} must be one of {choices}, got {self.fault[key]!r}")
+
+
+@dataclass
+class RunConfig(TrainingConfig):
+    """Everything ``paralab.run`` / ``paralab run`` needs. Plain data: it travels to every rank as a dict.
+
+    The parallel options say what the user asked for; 0 (or the default) means "not asked for".
+    paralab.layout.resolve_layout turns them, with the strategy, into the run's Layout."""
+
+    strategy: str = "ddp"
+    world_size: int = 1
+    # data parallel
+    bucket_mb: float = 25.0  # DDP bucket cap, torch's default
+    hierarchical: bool = False  # ddp: reduce-scatter in the node, all-reduce across nodes, all-gather
+    nodes: int = 1  # local launches: ranks split into this many emulated nodes (torchrun: real nodes)
+    # degrees (0: from the strategy and the world size) and the pipeline's shape
+    dp: int = 0
+    tp: int = 0
+    pp: int = 0
+    schedule: str = ""
+    microbatches: int = 1
+    virtual_stages: int = 1
+    sequence_parallel: bool = False
+    stage_layers: list[int] | None = None
+    zero: int = 0  # hybrid: ZeRO stage over the dp dimension (0: ddp-style all-reduce)
+    # run control
+    collect_state: bool = False  # return final parameters and gradients (parity tests)
+
+    def validate(self) -> RunConfig:
+        super().validate()
+        if not isinstance(self.strategy, str):
+            raise ConfigError(f"strategy must be a name, got {self.strategy!r}")
+        check_int("world size", self.world_size, low=1)
+        for name in ("dp", "tp", "pp", "zero"):
+            check_int(name, getattr(self, name), low=0)  # 0: not asked for
+        for name in ("microbatches", "virtual_stages", "nodes"):
+            check_int(name, getattr(self, name), low=1)
+        check_positive("bucket size", self.bucket_mb, unit=" MB")
+        if self.fault is not None and self.fault["rank"] >= self.world_size:
+            raise ConfigError(f"fault rank must be in [0, {self.world_size}), got {self.fault}")
+        if self.fault is not None and self.fault["step"] >= self.steps:
+            raise ConfigError(f"fault step {self.fault['step']} is beyond the run: steps are 0..{self.steps - 1}")
+        return self
+
+
+def check_int(name: str, value, low: int, high: int | None = None) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"{name} must be a whole number, got {value!r}")
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ConfigError(f"{name} must be {bound}, got {value}")
+
+
+def check_positive(name: str, value, low: float = 0.0, unit: str = "") -> None:
+    """A finite number above ``low`` (nan and inf are refused: they would only fail later)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"{name} must be a finite number, got {value!r}")
+    if value <= 0 or value < low:
+        raise ConfigError(f"{name} must be {'> 0' if not low else f'>= {low:g}'}{unit}, got {value:g}{unit}")
+
+
+def resolve_device(device: str, local_ranks: int) -> str:
+    """The device the ranks on this machine run on: 'auto' is CUDA when each of the ``local_ranks``
+    has a GPU of its own, else the CPU. ConfigError when 'cuda' cannot be honoured."""
+    check_device(device, local_ranks)
+    if device != "auto":
+        return device
+    return "cuda" if cuda_device_count() >= local_ranks else "cpu"
 
 
 def check_device(device: str, ranks: int, choices: tuple[str, ...] = DEVICES) -> None:

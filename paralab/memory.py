@@ -14,7 +14,7 @@ The peak is sampled after every forward and every backward, where the high-water
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 
 import torch
@@ -41,32 +41,58 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer | None) -> int:
 
 
 class MemoryMeter:
-    def __init__(self, device: torch.device):
+    """One rank's memory by kind, its peak, and (with a recorder) ``memory.*`` counters in the trace.
+
+    Model states come from what the strategy says it holds: by default the parameters given to
+    :meth:`watch` and their gradients; a strategy that manages its own flat buffers (ZeRO) hands
+    :meth:`count_held` a function listing every tensor it keeps, and those are counted by distinct
+    storage (a view and the buffer it aliases once, a freed buffer not at all). Transient buffers,
+    such as DDP's flat buckets while their all-reduce is in flight, are announced with :meth:`hold`.
+    """
+
+    def __init__(self, device: torch.device, recorder=None):
         self.device = device
+        self.recorder = recorder
         self.params: list[torch.Tensor] = []
         self.optimizer: torch.optim.Optimizer | None = None
         self._param_ptrs: set[int] = set()
-        self.extra_state_bytes = {"params": 0, "grads": 0, "optimizer": 0}
+        self._held = None
+        self._extra = {"params": 0, "grads": 0, "optimizer": 0}
         self._live: dict = {}
         self.peak_total = 0
         self.peak_by_kind = dict.fromkeys(KINDS, 0)
 
     def watch(self, params: Iterable[torch.Tensor], optimizer: torch.optim.Optimizer | None = None) -> None:
-        """The tensors whose bytes count as this rank's model states."""
+        """The tensors whose bytes count as this rank's model states, and the optimizer whose states do."""
         self.params = list(params)
         self.optimizer = optimizer
         self._param_ptrs = {local(p).untyped_storage().data_ptr() for p in self.params}
 
+    def count_held(self, held: Callable[[], dict]) -> None:
+        """Count model states from ``held()`` = {"params": [...], "grads": [...]}, every tensor alive on
+        the rank, by distinct storage."""
+        self._held = held
+
+    def hold(self, kind: str, nbytes: int) -> None:
+        """``nbytes`` more (or, negative, fewer) bytes of ``kind`` held outside the watched tensors."""
+        self._extra[kind] += nbytes
+
     def model_states(self) -> dict[str, int]:
-        return {
-            "params": tensor_bytes(self.params) + self.extra_state_bytes["params"],
-            "grads": tensor_bytes(p.grad for p in self.params) + self.extra_state_bytes["grads"],
-            "optimizer": optimizer_state_bytes(self.optimizer) + self.extra_state_bytes["optimizer"],
-        }
+        if self._held is not None:
+            held = self._held()
+            params = _storages(held["params"])
+            grads = {k: v for k, v in _storages(held["grads"]).items() if k not in params}
+            states = {"params": sum(params.values()), "grads": sum(grads.values())}
+        else:
+            states = {"params": tensor_bytes(self.params), "grads": tensor_bytes(p.grad for p in self.params)}
+        states["optimizer"] = optimizer_state_bytes(self.optimizer)
+        return {kind: n + self._extra[kind] for kind, n in states.items()}
 
     def param_storages(self) -> set[int]:
         """Storage addresses of the parameters: a saved parameter is not an activation. Asked at every
         save, since a strategy may gather parameters inside the forward (ZeRO-3)."""
+        if self._held is not None:
+            return set(_storages(self._held()["params"]))
         return self._param_ptrs
 
     @contextmanager
@@ -106,9 +132,24 @@ class MemoryMeter:
         total = sum(now.values())
         if total > self.peak_total:
             self.peak_total, self.peak_by_kind = total, now
+        if self.recorder is not None and self.recorder.enabled:
+            for kind, value in now.items():
+                self.recorder.counter(f"memory.{kind}", value)
 
     def report(self) -> dict:
         out = {"peak_bytes": self.peak_total, "peak_by_kind": dict(self.peak_by_kind), "final": self.model_states()}
         if self.device.type == "cuda":
             out["cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated(self.device))
         return out
+
+
+def _storages(tensors) -> dict[int, int]:
+    """Address -> bytes of each distinct, allocated storage behind ``tensors``."""
+    out = {}
+    for t in tensors:
+        if t is None:
+            continue
+        storage = t.untyped_storage()
+        if storage.nbytes():
+            out[storage.data_ptr()] = storage.nbytes()
+    return out

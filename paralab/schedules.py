@@ -41,6 +41,7 @@ COMM_OPS = (SEND_FORWARD, RECV_FORWARD, SEND_BACKWARD, RECV_BACKWARD)
 OPS = COMPUTE_OPS + COMM_OPS
 
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "zbv")
+DEFAULT_SCHEDULE = "1f1b"  # what a pipeline runs when no schedule is named
 
 _LETTER = {FORWARD: "F", BACKWARD: "B", BACKWARD_INPUT: "Bi", BACKWARD_WEIGHT: "W"}
 # A send matches the receive of the neighbouring stage: (op on the peer, stage offset).
@@ -92,10 +93,11 @@ def key_of(action: Action) -> Key:
 
 @dataclass
 class Schedule:
-    """Per-rank action lists plus the shape they were built for (p = ``stages`` ranks)."""
+    """Per-rank action lists plus the shape they were built for: ``pp`` ranks, ``microbatches``,
+    ``virtual_stages`` chunks per rank (so ``num_stages`` = pp x virtual_stages stages)."""
 
     name: str
-    stages: int
+    pp: int
     microbatches: int
     virtual_stages: int
     stage_to_rank: list[int]
@@ -103,12 +105,12 @@ class Schedule:
 
     @property
     def ranks(self) -> list[int]:
-        return list(range(self.stages))
+        return list(range(self.pp))
 
     @property
     def num_stages(self) -> int:
         """S = p x v: the number of model pieces, each on one rank."""
-        return self.stages * self.virtual_stages
+        return self.pp * self.virtual_stages
 
     @property
     def is_split_backward(self) -> bool:
@@ -137,17 +139,17 @@ class ScheduleReport:
 
 
 # ---------------------------------------------------------------------------------------------- build
-def build_schedule(name: str, stages: int, microbatches: int, virtual_stages: int = 1) -> Schedule:
-    """Build the named schedule for ``stages`` ranks and ``microbatches`` microbatches.
+def build_schedule(name: str, pp: int, microbatches: int, virtual_stages: int = 1) -> Schedule:
+    """Build the named schedule for ``pp`` ranks and ``microbatches`` microbatches.
 
     ``naive``: layer-wise model parallelism, one microbatch through the whole model and back before
     the next, so exactly one rank works at any time. ``gpipe``: all forwards, then all backwards.
     ``1f1b``: PipeDream-Flush. ``interleaved``: Megatron's 1F1B over v model chunks per rank (needs
-    microbatches divisible by stages). ``zb-h1``: zero-bubble H1, 1F1B memory with split backward.
+    microbatches divisible by pp). ``zb-h1``: zero-bubble H1, 1F1B memory with split backward.
     ``zbv``: the V-shape zero-bubble schedule with two chunks per rank.
     """
-    _check_shape_args(name, stages, microbatches, virtual_stages)
-    p, m = stages, microbatches
+    _check_shape_args(name, pp, microbatches, virtual_stages)
+    p, m = pp, microbatches
     if name == "interleaved":
         v = virtual_stages
         stage_to_rank = [s % p for s in range(p * v)]
@@ -165,34 +167,43 @@ def build_schedule(name: str, stages: int, microbatches: int, virtual_stages: in
     return Schedule(name, p, m, v, stage_to_rank, actions)
 
 
-def _check_shape_args(name: str, stages: int, microbatches: int, virtual_stages: int) -> None:
+def chunks_per_rank(name: str, virtual_stages: int = 1) -> int:
+    """Model chunks each rank holds under schedule ``name``: zbv always two (its V), interleaved the
+    ``virtual_stages`` asked for, every other schedule one."""
+    return 2 if name == "zbv" else virtual_stages
+
+
+def shape_problems(name: str, pp: int, microbatches: int, virtual_stages: int = 1) -> list[str]:
+    """Every reason schedule ``name`` cannot be built for ``pp`` ranks, ``microbatches`` and
+    ``virtual_stages`` chunks per rank (empty when it can). The one statement of the schedules'
+    shape rules: the builder, the run configuration, the simulator and the widgets all ask it."""
     if name not in SCHEDULES:
-        raise ValueError(f"unknown pipeline schedule {name!r}; choose one of: {', '.join(SCHEDULES)}")
-    for label, value in (
-        ("stages", stages),
-        ("microbatches", microbatches),
-        ("virtual_stages", virtual_stages),
-    ):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{label} must be an integer >= 1, got {value!r}")
+        return [f"unknown pipeline schedule {name!r}; choose one of: {', '.join(SCHEDULES)}"]
+    out = [f"{label} must be an integer >= 1, got {value!r}"
+           for label, value in (("stages", pp), ("microbatches", microbatches),
+                                ("virtual_stages", virtual_stages))
+           if not isinstance(value, int) or value < 1]
+    if out:
+        return out
     if name == "interleaved":
         if virtual_stages < 2:
-            raise ValueError("interleaved needs virtual_stages >= 2 (with one chunk per rank it is 1f1b)")
-        if microbatches % stages:
-            fits = [k * stages for k in range(1, 4)]
-            raise ValueError(
-                f"interleaved needs microbatches divisible by stages: {microbatches} % {stages} != 0; "
-                f"microbatch counts that fit: {fits}, ..."
-            )
+            out.append("interleaved needs virtual_stages >= 2 (with one chunk per rank it is 1f1b)")
+        if microbatches % pp:
+            fits = [k * pp for k in range(1, 4)]
+            out.append(f"interleaved needs microbatches divisible by stages: {microbatches} % {pp} != 0; "
+                       f"microbatch counts that fit: {fits}, ...")
     elif name == "zbv":
         if virtual_stages not in (1, 2):
-            raise ValueError(
-                f"zbv always runs 2 chunks per rank; virtual_stages must be 2 (or 1), got {virtual_stages}"
-            )
+            out.append(f"zbv always runs 2 chunks per rank; virtual_stages must be 2 (or 1), got {virtual_stages}")
     elif virtual_stages != 1:
-        raise ValueError(
-            f"{name} has one stage per rank; virtual_stages={virtual_stages} needs interleaved or zbv"
-        )
+        out.append(f"{name} has one stage per rank; virtual_stages={virtual_stages} needs interleaved or zbv")
+    return out
+
+
+def _check_shape_args(name: str, pp: int, microbatches: int, virtual_stages: int) -> None:
+    problems = shape_problems(name, pp, microbatches, virtual_stages)
+    if problems:
+        raise ValueError(problems[0])
 
 
 def _naive(p: int, m: int, rank: int) -> list[Action]:
@@ -384,22 +395,22 @@ def validate_schedule(schedule: Schedule) -> ScheduleReport:
 
 @lru_cache(maxsize=32)
 def validated_schedule(
-    name: str, stages: int, microbatches: int, virtual_stages: int = 1
+    name: str, pp: int, microbatches: int, virtual_stages: int = 1
 ) -> tuple[Schedule, ScheduleReport]:
     """A built-in schedule built and proved once per shape, for callers that run it many times.
 
     Proving a schedule costs as much as simulating it, and the simulator and planner ask for the same
-    few shapes again and again. Built-in schedules are a pure function of (name, stages, microbatches,
+    few shapes again and again. Built-in schedules are a pure function of (name, pp, microbatches,
     virtual stages), so the proof of one build holds for every later request of that shape. Both
     results are shared: treat them as read-only (build your own with :func:`build_schedule` to edit).
     """
-    schedule = build_schedule(name, stages, microbatches, virtual_stages)
+    schedule = build_schedule(name, pp, microbatches, virtual_stages)
     return schedule, validate_schedule(schedule)
 
 
 def _check_placement(schedule: Schedule) -> None:
     """Every action is on the rank that owns its stage, for a stage and microbatch that exist."""
-    p, num_stages = schedule.stages, schedule.num_stages
+    p, num_stages = schedule.pp, schedule.num_stages
     if len(schedule.stage_to_rank) != num_stages or any(not 0 <= r < p for r in schedule.stage_to_rank):
         raise ScheduleError(
             f"stage_to_rank must map {num_stages} stages to ranks 0..{p - 1}, got {schedule.stage_to_rank}"
@@ -521,7 +532,7 @@ def _execution_order(schedule: Schedule) -> list[tuple[int, int]]:
     """
     waits_for = dependencies_of(schedule)
     done: set[Key] = set()
-    position = [0] * schedule.stages
+    position = [0] * schedule.pp
     waiting: dict[Key, list[int]] = {}
     blocked_on: dict[int, Key] = {}
     order: list[tuple[int, int]] = []
@@ -572,7 +583,7 @@ def _peak_activations(schedule: Schedule) -> list[int]:
 
 
 # -------------------------------------------------------------------------------------------- bubbles
-def theoretical_bubble(name: str, stages: int, microbatches: int, virtual_stages: int = 1) -> float:
+def theoretical_bubble(name: str, pp: int, microbatches: int, virtual_stages: int = 1) -> float:
     """Idle fraction of a step, ``idle / (p x step time)``, for equal-time stages and free p2p.
 
     Conventions: every stage takes t_F per forward and t_B = 2 t_F per full backward (Megatron's
@@ -589,8 +600,8 @@ def theoretical_bubble(name: str, stages: int, microbatches: int, virtual_stages
       p - 1 cannot start before p - 1 chunk forwards have run, and no single-step schedule can hide
       that), so (p - 1) / (6m + p - 1) in chunk times for m >= p; a lower bound for m < p.
     """
-    _check_shape_args(name, stages, microbatches, virtual_stages)
-    p, m, v = stages, microbatches, virtual_stages
+    _check_shape_args(name, pp, microbatches, virtual_stages)
+    p, m, v = pp, microbatches, virtual_stages
     ramp = p - 1
     if name == "naive":
         return ramp / p

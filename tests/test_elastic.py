@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import paralab
-from paralab import elastic
+from paralab import cli, elastic
 from paralab.data import GlobalBatchSampler, SyntheticCorpus
-from paralab.elastic import checkpoint, cli
+from paralab.elastic import checkpoint
 from paralab.elastic import launch as launch_module
 from paralab.elastic.config import ElasticConfig
 from paralab.models.gpt import GPT, lm_loss
@@ -84,7 +84,7 @@ def killed(tmp_path_factory):
     """4 nodes; the worker that is rank 2 is SIGKILLed (with its agent) at step 5; every checkpoint kept."""
     ckpt = tmp_path_factory.mktemp("killed") / "ckpt"
     result = run_tagged(nodes=4, min_nodes=3, max_nodes=4, steps=STEPS, checkpoint_every=2, keep_checkpoints=10,
-                        checkpoint_dir=str(ckpt), fail={"rank": 2, "step": 5}, last_call_s=4)
+                        checkpoint_dir=str(ckpt), fault={"rank": 2, "step": 5}, last_call_s=4)
     return result, ckpt
 
 
@@ -105,13 +105,13 @@ def killed(tmp_path_factory):
 )
 def test_invalid_runs_exit_2_before_any_process(monkeypatch, capsys, argv, message):
     monkeypatch.setattr(launch_module, "_agent_starter", lambda *a: pytest.fail("an agent was about to start"))
-    assert cli.main(argv) == 2
+    assert cli.main(["elastic", *argv]) == 2
     assert message in capsys.readouterr().err
 
 
 def _tiny_trained(steps: int = 1, seed: int = 0):
     cfg = ElasticConfig()
-    model = GPT(cfg.model_config, seed)
+    model = GPT(cfg.model, seed)
     optimizer = make_optimizer(cfg, model.parameters())
     tokens = torch.randint(0, 128, (2, 33), generator=torch.Generator().manual_seed(seed))
     for _ in range(steps):
@@ -123,10 +123,10 @@ def _tiny_trained(steps: int = 1, seed: int = 0):
 
 def test_another_models_checkpoint_is_refused_with_exit_2(tmp_path, monkeypatch, capsys):
     cfg, model, optimizer = _tiny_trained()
-    theirs = ElasticConfig(model="small").signature()  # the manifest says another model wrote it
+    theirs = ElasticConfig.build("small").signature()  # the manifest says another model wrote it
     checkpoint.save(tmp_path, 1, model, optimizer, theirs, {"next_step": 1})
     monkeypatch.setattr(launch_module, "_agent_starter", lambda *a: pytest.fail("an agent was about to start"))
-    assert cli.main(["--nnodes", "1:2", "--checkpoint-dir", str(tmp_path)]) == 2
+    assert cli.main(["elastic", "--nnodes", "1:2", "--checkpoint-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "holds another model's checkpoint" in err and "model:" in err
 
@@ -197,7 +197,7 @@ def test_a_crash_during_a_save_resumes_from_the_previous_checkpoint_then_a_node_
     the new node's workers have started (they import torch afresh); if the join only lands after the
     last step, the new world has nothing left to train, and what is checked is that it was formed."""
     result = run_tagged(nodes=2, min_nodes=1, max_nodes=2, steps=STEPS, checkpoint_every=2,
-                        fail={"rank": 1, "step": 3, "during": "save"}, join_after_step=3,
+                        fault={"rank": 1, "step": 3, "during": "save"}, join_after_step=3,
                         slow={"rank": 0, "factor": 40})
     crash, *_, join = result.transitions
     assert crash["reason"] == "failure" and crash["checkpoint"] == "step-00000002"
@@ -212,7 +212,7 @@ def test_a_crash_during_a_save_resumes_from_the_previous_checkpoint_then_a_node_
 @pytest.mark.timeout(240)
 def test_balancing_a_3x_slower_rank_keeps_single_device_losses(reference, capsys):
     with nothing_left_behind():
-        code = cli.main(["--nnodes", "2:2", "--steps", "5", "--global-batch", str(BATCH), "--slow", "rank=1,factor=3",
+        code = cli.main(["elastic", "--nnodes", "2:2", "--steps", "5", "--global-batch", str(BATCH), "--slow", "rank=1,factor=3",
                          "--balance", "--json", "--run-timeout", "170"])
     assert code == 0
     summary = json.loads(capsys.readouterr().out)

@@ -10,7 +10,7 @@ import pytest
 
 import paralab
 from paralab.config import ConfigError, RunConfig
-from paralab.strategies.hybrid import rank_layout
+from paralab.layout import mesh_layout, resolve_layout
 from tests.conftest import assert_close_rel, assert_same_params
 
 # four layers and four heads: splits two ways along tp and pp, and into 2 x 2 interleaved chunks
@@ -92,19 +92,19 @@ def test_zero_reduce_scatters_over_dp_once_per_step(runs, label, no_leftover_ran
 
 
 def test_rank_layout_puts_tp_innermost(runs, no_leftover_ranks):
-    layout = rank_layout(dp=2, tp=2, pp=2)
+    layout = mesh_layout(dp=2, tp=2, pp=2)
     assert layout.coords == {(p * 2 + d) * 2 + t: (p, d, t) for p in range(2) for d in range(2) for t in range(2)}
     assert layout.groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert layout.groups("dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
     assert layout.groups("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
     text = layout.text().splitlines()
     assert text[2].split() == ["pp0", "dp0", "0", "1"] and text[5].split() == ["dp1", "6", "7"]
-    # every rank of the run sat where the layout says, and rank 0 reports the whole layout
+    # every rank of the run sat where the layout says, and the run reports the whole layout
     run = runs["2x2x2 ddp"]
     for result in run.rank_results:
         coord = result["mesh"]["coord"]
         assert (coord["pp"], coord["dp"], coord["tp"]) == layout.coords[result["rank"]]
-    assert run.rank_results[0]["mesh"]["layout"] == layout.to_dict()
+    assert run.trace.meta["mesh"] == layout.to_dict()["mesh"] and run.layout.coords == layout.coords
 
 
 def test_collectives_record_their_mesh_group_and_the_matrix_uses_it(runs):
@@ -112,7 +112,7 @@ def test_collectives_record_their_mesh_group_and_the_matrix_uses_it(runs):
     from paralab.viz.comm import comm_matrix_data
 
     run = runs["2x2x1 ddp + sequence parallel"]
-    layout = rank_layout(dp=2, tp=2, pp=1)
+    layout = mesh_layout(dp=2, tp=2, pp=1)
     groups = {tuple(g) for dim in ("tp", "dp") for g in layout.groups(dim)}
     spans = run.trace.select(lane="comm")
     assert spans and all(tuple(s.group_ranks) in groups for s in spans)
@@ -131,7 +131,7 @@ def test_mesh_figure_draws_every_rank_at_its_coordinate(runs):
     for trace in fig.data:
         for text, coord in zip(trace.text, trace.customdata):
             cells[int(text)] = tuple(coord)
-    assert cells == rank_layout(2, 2, 2).coords
+    assert cells == mesh_layout(dp=2, tp=2, pp=2).coords
     assert len(fig.data) == 2, "one colour per pipeline stage"
 
 
@@ -149,12 +149,12 @@ def test_mesh_figure_draws_every_rank_at_its_coordinate(runs):
 def test_refuses_what_cannot_run_before_starting(options, match):
     cfg = RunConfig.build(MODEL, **{"strategy": "hybrid", "global_batch": BATCH, **options})
     with pytest.raises(ConfigError, match=match):
-        cfg.validate()
+        resolve_layout(cfg)
 
 
 def test_dp_is_inferred_from_the_world_size():
-    cfg = RunConfig.build(MODEL, strategy="hybrid", world_size=8, tp=2, pp=2, global_batch=BATCH).validate()
-    assert (cfg.dp, cfg.data_parallel_size, cfg.schedule) == (2, 2, "1f1b")
+    layout = resolve_layout(RunConfig.build(MODEL, strategy="hybrid", world_size=8, tp=2, pp=2, global_batch=BATCH))
+    assert (layout.dp, layout.batch_per_replica, layout.schedule) == (2, BATCH // 2, "1f1b")
 
 
 def test_zero_bubble_weight_gradients_launch_ddp_buckets_from_their_hooks(runs, no_leftover_ranks):

@@ -9,6 +9,7 @@ import pytest
 
 import paralab
 from paralab.config import ConfigError, RunConfig
+from paralab.layout import resolve_layout
 from paralab.models.gpt import build_part
 from paralab.schedules import build_schedule, theoretical_bubble, validate_schedule
 from paralab.strategies.pipeline_stage import stage_part_indices
@@ -137,7 +138,7 @@ def test_stage_split_is_balanced_and_overridable():
 def _refused(match, strategy="pp", world_size=2, global_batch=BATCH, **options):
     cfg = RunConfig.build(MODEL, strategy=strategy, world_size=world_size, global_batch=global_batch, **options)
     with pytest.raises(ConfigError, match=match):
-        cfg.validate()
+        resolve_layout(cfg)
 
 
 def test_configs_that_cannot_run_are_refused_before_any_process_starts():
@@ -146,7 +147,7 @@ def test_configs_that_cannot_run_are_refused_before_any_process_starts():
     _refused(r"9 stages but the model has only 8 layers", strategy="mp", world_size=9, global_batch=9)
     _refused(r"not divisible by 3 microbatches; microbatch counts that fit: \[1, 2, 4, 8\]", pp=2,
              schedule="gpipe", microbatches=3)
-    _refused(r"3 is not a multiple of 2", pp=2, schedule="interleaved", microbatches=3, virtual_stages=2,
+    _refused(r"microbatches divisible by stages: 3 % 2 != 0", pp=2, schedule="interleaved", microbatches=3, virtual_stages=2,
              global_batch=6)
     _refused(r"8 layers over 2 x 3 = 6 chunks does not divide", pp=2, schedule="interleaved", microbatches=2,
              virtual_stages=3)
@@ -159,5 +160,5 @@ def test_configs_that_cannot_run_are_refused_before_any_process_starts():
 
 
 def test_mp_is_the_naive_schedule_on_every_rank():
-    cfg = RunConfig.build(MODEL, strategy="mp", world_size=4).validate()
-    assert (cfg.pp, cfg.schedule, cfg.microbatches) == (4, "naive", 1)
+    layout = resolve_layout(RunConfig.build(MODEL, strategy="mp", world_size=4))
+    assert (layout.pp, layout.schedule, layout.microbatches) == (4, "naive", 1)

@@ -39,7 +39,7 @@ def find(schedule, rank, text):
 def test_every_schedule_validates(name, p, m, v):
     schedule = build_schedule(name, p, m, v)
     report = validate_schedule(schedule)
-    assert (schedule.stages, schedule.microbatches, schedule.virtual_stages) == (p, m, v)
+    assert (schedule.pp, schedule.microbatches, schedule.virtual_stages) == (p, m, v)
     assert len(schedule.stage_to_rank) == schedule.num_stages == p * v
     assert sorted(report.order) == sorted(
         (r, i) for r in schedule.ranks for i in range(len(schedule.actions[r]))

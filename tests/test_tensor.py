@@ -124,8 +124,8 @@ def test_sequence_parallel_moves_the_same_bytes_and_holds_fewer_activations(runs
 @pytest.mark.parametrize(
     "world_size, options, message",
     [
-        (2, dict(), "tp \\(1\\) must equal the world size \\(2\\)"),
-        (2, dict(tp=4), "tp \\(4\\) must equal the world size \\(2\\)"),
+        (2, dict(tp=4), "tp=4 but world size 2"),
+        (3, dict(), "does not divide the hidden size, 64"),
         (3, dict(tp=3), "does not divide the hidden size, 64"),
         (3, dict(tp=3, model=dict(hidden=48, heads=4)), "does not divide the attention heads, 4"),
         (4, dict(tp=4, model=dict(ffn=66)), "does not divide the MLP size, 66; tp degrees that fit: \\[1, 2\\]"),
@@ -138,3 +138,10 @@ def test_layouts_that_cannot_split_are_refused_before_any_process_starts(strateg
                                                                           no_leftover_ranks):
     with pytest.raises(ConfigError, match=message):
         paralab.run(strategy, world_size, **options)
+
+
+@pytest.mark.parametrize("strategy", ["tp", "torch_tp"])
+def test_the_tensor_parallel_degree_is_the_world_size_when_not_given(strategy):
+    """`paralab run --strategy tp --world-size 2` needs no --tp 2: a single-axis strategy takes the world."""
+    layout = paralab.resolve_layout(paralab.RunConfig.build("tiny", strategy=strategy, world_size=2))
+    assert (layout.tp, layout.dp, layout.pp) == (2, 1, 1)

@@ -10,6 +10,7 @@ import pytest
 
 import paralab
 from paralab import ConfigError, RunConfig
+from paralab.layout import resolve_layout
 from tests.conftest import assert_close_rel, assert_same_params
 
 STEPS, BATCH = 3, 8
@@ -123,4 +124,4 @@ def test_zero2_reduce_scatters_during_backward(runs, no_leftover_ranks):
 def test_refuses_what_it_cannot_do_before_starting(strategy, option, value, advice):
     cfg = RunConfig.build("tiny", strategy=strategy, world_size=2, global_batch=8, **{option: value})
     with pytest.raises(ConfigError, match=f"{option}={value}.*{advice}"):
-        cfg.validate()
+        resolve_layout(cfg)

@@ -1,7 +1,7 @@
 """Elastic training (弹性并行): training that survives workers coming and going.
 
     from paralab import elastic
-    res = elastic.run(nodes=4, min_nodes=3, steps=8, fail={"rank": 2, "step": 5})
+    res = elastic.run(nodes=4, min_nodes=3, steps=8, fault={"rank": 2, "step": 5})
     res.losses, res.summary["world_sizes"], res.trace
 
 Built on torchrun's elastic agent (paralab.elastic.launch starts one agent per local "node"), with
@@ -16,23 +16,18 @@ from paralab.elastic.config import ElasticConfig
 from paralab.elastic.history import ElasticResult
 
 
-def run(*, progress=None, trace_path: str | None = None, run_dir: str | None = None, **options) -> ElasticResult:
+def run(*, model="tiny", progress=None, trace_path: str | None = None, run_dir: str | None = None,
+        **options) -> ElasticResult:
     """Run elastic training on local agents and return what happened.
 
-    ``options`` are ElasticConfig fields: nodes, min_nodes, max_nodes, steps, global_batch, micro_batch,
-    checkpoint_dir, checkpoint_every, fail={"rank": R, "step": K}, join_after_step, slow={"rank": R,
-    "factor": F}, balance, ... A run that cannot work raises ConfigError before any process starts; a run
-    that fails raises paralab.elastic.launch.ElasticError.
+    ``model`` is a preset name; ``options`` are ElasticConfig fields: nodes, min_nodes, max_nodes,
+    steps, global_batch, micro_batch, checkpoint_dir, checkpoint_every, fault={"rank": R, "step": K},
+    join_after_step, slow={"rank": R, "factor": F}, balance, ... A run that cannot work raises
+    ConfigError before any process starts; a run that fails raises paralab.elastic.launch.ElasticError.
     """
-    import dataclasses
-
-    from paralab.config import ConfigError
     from paralab.elastic.launch import launch
 
-    unknown = set(options) - {f.name for f in dataclasses.fields(ElasticConfig)}
-    if unknown:
-        raise ConfigError(f"unknown elastic option(s): {sorted(unknown)}")
-    result = launch(ElasticConfig(**options), run_dir=run_dir, progress=progress)
+    result = launch(ElasticConfig.build(model, **options), run_dir=run_dir, progress=progress)
     if trace_path:
         result.save_trace(trace_path)
     return result

@@ -2,6 +2,6 @@
 
 import sys
 
-from paralab.elastic.cli import main
+from paralab.cli import main
 
-sys.exit(main())
+sys.exit(main(["elastic", *sys.argv[1:]]))

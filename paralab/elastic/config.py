@@ -8,23 +8,34 @@ cluster reads exactly the same options as ``paralab elastic ARGS`` on one machin
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
-from paralab.config import MODEL_PRESETS, ConfigError, ModelConfig, check_device
+from paralab.config import (
+    MODEL_PRESETS,
+    ConfigError,
+    TrainingConfig,
+    check_int,
+    check_positive,
+    resolve_device,
+)
 
 STRATEGY = "elastic-ddp"  # what a checkpoint's signature calls the way its weights were trained
 
 
 @dataclass
-class ElasticConfig:
-    model: str = "tiny"
+class ElasticConfig(TrainingConfig):
+    """An elastic run: TrainingConfig's fields (model, steps, batch, optimizer, device, limits, fault)
+    plus membership, checkpoints and load balancing. ``fault`` here takes a whole node away: the
+    worker that is rank R at step K is SIGKILLed with its agent (``during="save"``: in the middle of
+    the checkpoint saved after step K)."""
+
+    # defaults that suit elastic runs: room for a failure and a recovery, a batch that 1-4 nodes
+    # split evenly, and a hung peer noticed within a minute
     steps: int = 8
     global_batch: int = 12
+    timeout_s: float = 60.0
     micro_batch: int = 4  # gradient accumulation: at most this many samples per forward on a rank
-    seed: int = 0
-    lr: float = 3e-3
-    optimizer: str = "adam"
-    device: str = "cpu"
     # membership: torchrun's --nnodes MIN:MAX; `nodes` agents start at once
     min_nodes: int = 1
     max_nodes: int = 4
@@ -35,37 +46,34 @@ class ElasticConfig:
     checkpoint_dir: str | None = None  # None: a fresh directory inside the run directory
     checkpoint_every: int = 2
     keep_checkpoints: int = 2
-    # failure injection and load balancing
-    fail: dict | None = None  # {"rank": R, "step": K, "during": "step" | "save"}
+    # load balancing
     slow: dict | None = None  # {"rank": R, "factor": F}
     balance: bool = False
-    # time limits and threads
-    timeout_s: float = 60.0  # a collective hung longer than this fails the worker
     run_timeout_s: float = 600.0  # the whole run, launcher side
     last_call_s: int = 2  # rendezvous: seconds to wait for more nodes once min_nodes are in (torchrun: whole s)
-    threads: int = 0  # torch threads per worker; 0: torch's default
-    trace: bool = True
+
+    FAULT_OPTIONS = {"during": ("step", "save")}
 
     def __post_init__(self):
         if not self.nodes:
             self.nodes = self.max_nodes
 
-    @property
-    def model_config(self) -> ModelConfig:
-        return MODEL_PRESETS[self.model]
-
     def signature(self) -> dict:
         """What a checkpoint must match to be resumed by this run: the model, how it is trained and
         the data order (global batch and seed fix which samples each step holds)."""
-        return {"model": dataclasses.asdict(self.model_config), "strategy": STRATEGY,
+        return {"model": dataclasses.asdict(self.model), "strategy": STRATEGY,
                 "optimizer": self.optimizer, "global_batch": self.global_batch, "seed": self.seed}
 
     def validate(self) -> ElasticConfig:
-        if self.model not in MODEL_PRESETS:
-            raise ConfigError(f"unknown model preset {self.model!r}; choose one of {sorted(MODEL_PRESETS)}")
-        for name in ("steps", "global_batch", "micro_batch", "checkpoint_every", "keep_checkpoints", "min_nodes"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name.replace('_', ' ')} must be >= 1, got {getattr(self, name)}")
+        super().validate()
+        if self.model_name not in MODEL_PRESETS:
+            raise ConfigError(f"elastic workers build the model from a preset name; choose one of "
+                              f"{sorted(MODEL_PRESETS)}, not a custom model")
+        for name in ("micro_batch", "checkpoint_every", "keep_checkpoints", "min_nodes", "max_nodes", "nodes",
+                     "last_call_s"):
+            check_int(name.replace("_", " "), getattr(self, name), low=1)
+        check_int("max restarts", self.max_restarts, low=0)
+        check_positive("run timeout", self.run_timeout_s, unit=" s")
         if self.min_nodes > self.max_nodes:
             raise ConfigError(f"min nodes {self.min_nodes} > max nodes {self.max_nodes}: --nnodes takes MIN:MAX "
                               f"with MIN <= MAX, e.g. {self.max_nodes}:{self.min_nodes}")
@@ -74,13 +82,7 @@ class ElasticConfig:
         if self.global_batch < self.max_nodes:
             raise ConfigError(f"global batch {self.global_batch} is smaller than max nodes {self.max_nodes}: "
                               "every worker needs at least one sample")
-        if self.optimizer not in ("adam", "sgd"):
-            raise ConfigError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
-        if self.lr <= 0 or self.timeout_s <= 0 or self.run_timeout_s <= 0 or self.last_call_s < 1:
-            raise ConfigError("learning rate and timeouts must be > 0 (last call: a whole number of seconds >= 1)")
-        if self.max_restarts < 0:
-            raise ConfigError(f"max restarts must be >= 0, got {self.max_restarts}")
-        check_device(self.device, 1, ("cpu", "cuda"))  # one worker per node
+        resolve_device(self.device, self.max_nodes)  # one worker per node, every local node its own GPU
         self._validate_fail()
         self._validate_join()
         self._validate_slow()
@@ -91,15 +93,13 @@ class ElasticConfig:
         return (step + 1) % self.checkpoint_every == 0 or step + 1 == self.steps
 
     def _validate_fail(self) -> None:
-        if self.fail is None:
+        if self.fault is None:
             return
-        rank, step, during = self.fail.get("rank"), self.fail.get("step"), self.fail.get("during", "step")
-        if not isinstance(rank, int) or not 0 <= rank < self.nodes:
+        rank, step, during = self.fault["rank"], self.fault["step"], self.fault.get("during", "step")
+        if rank >= self.nodes:
             raise ConfigError(f"fail rank must be in [0, {self.nodes}) (one worker per node), got {rank!r}")
-        if not isinstance(step, int) or not 0 <= step < self.steps:
+        if step >= self.steps:
             raise ConfigError(f"fail step {step!r} is beyond the run: steps are 0..{self.steps - 1}")
-        if during not in ("step", "save"):
-            raise ConfigError(f"fail 'during' must be 'step' or 'save', got {during!r}")
         if during == "save" and not self.saves_after(step):
             saves = [k for k in range(self.steps) if self.saves_after(k)]
             raise ConfigError(f"no checkpoint is saved after step {step} (every {self.checkpoint_every} steps: "
@@ -116,7 +116,7 @@ class ElasticConfig:
         if not 0 <= self.join_after_step < self.steps - 1:
             raise ConfigError(f"join after step {self.join_after_step} is beyond the run: steps are "
                               f"0..{self.steps - 1} and the new node needs a step left to join")
-        if self.nodes - (self.fail is not None) >= self.max_nodes:  # a planned failure makes room
+        if self.nodes - (self.fault is not None) >= self.max_nodes:  # a planned failure makes room
             raise ConfigError(f"no room to join: {self.nodes} nodes already run and max nodes is {self.max_nodes}")
 
     def _validate_slow(self) -> None:
@@ -125,22 +125,23 @@ class ElasticConfig:
         rank, factor = self.slow.get("rank"), self.slow.get("factor")
         if not isinstance(rank, int) or not 0 <= rank < self.max_nodes:
             raise ConfigError(f"slow rank must be in [0, {self.max_nodes}), got {rank!r}")
-        if not isinstance(factor, (int, float)) or factor < 1:
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) \
+                or factor < 1:
             raise ConfigError(f"slow factor must be >= 1 (1 = normal speed, 3 = three times slower), got {factor!r}")
 
     # ------------------------------------------------------------------ to and from workers
     def to_argv(self) -> list[str]:
         """Options for ``python -m paralab.elastic.train`` (parsed back by cli.config_from_args)."""
-        argv = ["--model", self.model, "--steps", str(self.steps), "--global-batch", str(self.global_batch),
+        argv = ["--model", self.model_name, "--steps", str(self.steps), "--global-batch", str(self.global_batch),
                 "--micro-batch", str(self.micro_batch), "--seed", str(self.seed), "--lr", repr(self.lr),
                 "--optimizer", self.optimizer, "--device", self.device,
                 "--nnodes", f"{self.min_nodes}:{self.max_nodes}", "--nodes", str(self.nodes),
                 "--checkpoint-every", str(self.checkpoint_every), "--keep-checkpoints", str(self.keep_checkpoints),
-                "--timeout", repr(self.timeout_s), "--threads", str(self.threads)]
+                "--timeout", repr(self.timeout_s), "--threads", str(self.threads_per_rank)]
         if self.checkpoint_dir:
             argv += ["--checkpoint-dir", self.checkpoint_dir]
-        if self.fail:
-            argv += ["--fail", ",".join(f"{k}={v}" for k, v in self.fail.items())]
+        if self.fault:
+            argv += ["--fail", ",".join(f"{k}={v}" for k, v in self.fault.items())]
         if self.slow:
             argv += ["--slow", ",".join(f"{k}={v}" for k, v in self.slow.items())]
         if self.balance:

@@ -95,7 +95,7 @@ class ElasticResult:
         times = [h["t_end"] - h["t_start"] for h in self.history]
         return {
             "strategy": "elastic",
-            "model": cfg.model,
+            "model": cfg.model_name,
             "steps": cfg.steps,
             "first_step": self.history[0]["step"] if self.history else None,
             "global_batch": cfg.global_batch,
@@ -183,8 +183,8 @@ def _merged_trace(cfg: ElasticConfig, gens: list[Generation], final: dict[int, d
                 counters.append(replace(c, t=c.t + shift))
         traces.append(Trace(spans=spans, counters=counters))
     trace = Trace.merge(traces)
-    m = cfg.model_config
-    trace.meta.update({"source": "measured", "strategy": "elastic", "model": cfg.model,
+    m = cfg.model
+    trace.meta.update({"source": "measured", "strategy": "elastic", "model": cfg.model_name,
                        "tokens_per_step": cfg.global_batch * m.seq_len, "world_size": cfg.max_nodes,
                        "generations": [{"name": g.name, **g.meta} for g in gens]})
     return trace

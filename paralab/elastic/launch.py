@@ -35,6 +35,7 @@ import time
 import uuid
 from pathlib import Path
 
+from paralab.config import cuda_device_count, resolve_device
 from paralab.elastic import checkpoint
 from paralab.elastic.config import ElasticConfig
 from paralab.elastic.history import ElasticResult
@@ -75,7 +76,8 @@ def launch(cfg: ElasticConfig, run_dir: str | Path | None = None, progress=None)
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = dataclasses.replace(
         cfg, checkpoint_dir=cfg.checkpoint_dir or str(run_dir / "checkpoints"),
-        threads=cfg.threads or max(1, usable_cores() // cfg.max_nodes),
+        threads_per_rank=cfg.threads_per_rank or max(1, usable_cores() // cfg.max_nodes),
+        device=resolve_device(cfg.device, cfg.max_nodes),
     )
     from torch.distributed import TCPStore
 
@@ -109,7 +111,9 @@ def _agent_starter(cfg: ElasticConfig, run_dir: Path, port: int, run_id: str):
 
     def start(node: int, standby: bool = False) -> subprocess.Popen:
         env = {**os.environ, "PARALAB_NODE": str(node), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-               "OMP_NUM_THREADS": str(cfg.threads), "PYTHONUNBUFFERED": "1"}
+               "OMP_NUM_THREADS": str(cfg.threads_per_rank), "PYTHONUNBUFFERED": "1"}
+        if cfg.device == "cuda":  # local "nodes" share this machine's GPUs: one each, by node index
+            env["CUDA_VISIBLE_DEVICES"] = str(node % cuda_device_count())
         if standby:
             env["PARALAB_STANDBY"] = "1"
         log = open(run_dir / f"agent{node}.log", "w")

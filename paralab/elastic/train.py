@@ -20,29 +20,33 @@ world may change between any two steps without changing the training:
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import signal
 import time
 import traceback
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from paralab import comm
-from paralab.data import DataLoader
 from paralab.elastic import checkpoint
 from paralab.elastic.balance import Balancer, Slowdown
 from paralab.elastic.config import ElasticConfig
 from paralab.elastic.monitor import Monitor
+from paralab.layout import Layout
 from paralab.models.gpt import GPT, lm_loss
-from paralab.runtime.recorder import Recorder
-from paralab.runtime.worker import backend_for, die_with_parent, write_json
-from paralab.strategies.common import make_optimizer
-from paralab.strategies.ddp import flatten_grads, make_buckets, unflatten_grads
+from paralab.runtime.worker import die_with_parent, rank_session, write_json
+from paralab.strategies.common import (
+    GradSync,
+    flatten_grads,
+    make_buckets,
+    make_loader,
+    make_optimizer,
+    train_loop,
+    unflatten_grads,
+)
 
 BUCKET_BYTES = 25 * 2**20
 
@@ -54,12 +58,12 @@ class FaultInjector:
     step K. It fires once per run: a marker in the run directory stops a redone step K from firing again.
     """
 
-    def __init__(self, fail: dict | None, rank: int, run_dir: Path, monitor: Monitor):
-        self.fail, self.rank, self.monitor = fail, rank, monitor
+    def __init__(self, fault: dict | None, rank: int, run_dir: Path, monitor: Monitor):
+        self.fault, self.rank, self.monitor = fault, rank, monitor
         self.marker = run_dir / "fault.json"
 
     def _armed(self, step: int, during: str) -> bool:
-        f = self.fail
+        f = self.fault
         return (f is not None and int(f["rank"]) == self.rank and int(f["step"]) == step
                 and f.get("during", "step") == during and not self.marker.exists())
 
@@ -80,14 +84,15 @@ class FaultInjector:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-class GradReducer:
+class SumGradients(GradSync):
     """Sums the accumulated gradients over ranks in buckets (one all-reduce per bucket). The losses
-    were already weighted by 1 / global batch, so the sum is the global-batch mean."""
+    were already weighted by 1 / global batch, so the sum is the global-batch mean whatever each
+    rank's share of the batch."""
 
     def __init__(self, model: torch.nn.Module):
         self.buckets = make_buckets([p for p in model.parameters() if p.requires_grad], BUCKET_BYTES)
 
-    def sync(self) -> None:
+    def after_backward(self) -> None:
         flats = [flatten_grads(bucket) for bucket in self.buckets]
         works = [comm.all_reduce(flat, async_op=True, name=f"bucket {i}") for i, flat in enumerate(flats)]
         for bucket, flat, work in zip(self.buckets, flats, works):
@@ -96,41 +101,24 @@ class GradReducer:
 
 
 class Worker:
-    def __init__(self, cfg: ElasticConfig, run_dir: Path):
-        self.cfg, self.run_dir = cfg, run_dir
-        self.ckpt_dir = Path(cfg.checkpoint_dir)
-        self.device = torch.device("cpu")
-        if cfg.device == "cuda":  # local "nodes" share one machine's GPUs: spread them by node index
-            local = int(os.environ.get("PARALAB_NODE", os.environ.get("LOCAL_RANK", 0)))
-            self.device = torch.device("cuda", local % torch.cuda.device_count())
+    """One elastic worker in the world its rendezvous formed (``ctx``: its rank session)."""
 
-    # ------------------------------------------------------------------ setup
-    def join(self) -> None:
-        """Join the world the rendezvous formed; name this generation (one per membership)."""
-        entered = time.time()
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-        dist.init_process_group(backend_for(self.device.type), init_method="env://",
-                                timeout=timedelta(seconds=self.cfg.timeout_s),
-                                device_id=self.device if self.device.type == "cuda" else None)
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        node = os.environ.get("PARALAB_NODE", os.environ.get("GROUP_RANK", "0"))
-        self.nodes: list = [None] * self.world
-        dist.all_gather_object(self.nodes, node)
-        self.rec = Recorder(self.rank, enabled=self.cfg.trace, cuda=self.device.type == "cuda",
-                            node_of=lambda r: self.nodes[r])
-        dist.barrier()
-        self.rec.start_clock()
+    def __init__(self, cfg: ElasticConfig, run_dir: Path, ctx, entered: float):
+        self.cfg, self.run_dir, self.ctx = cfg, run_dir, ctx
+        self.ckpt_dir = Path(cfg.checkpoint_dir)
+        self.rank, self.world, self.rec = ctx.rank, ctx.world_size, ctx.recorder
         shared = [None, time.time()]
-        if self.rank == 0:
+        if self.rank == 0:  # name this generation (one per membership)
             self.run_dir.mkdir(parents=True, exist_ok=True)
             shared[0] = f"gen-{len(list(self.run_dir.glob('gen-*'))):03d}"
             (self.run_dir / shared[0]).mkdir()
         dist.broadcast_object_list(shared, src=0)
         self.gen_dir, self.wall_start = self.run_dir / shared[0], shared[1]
-        self.monitor = Monitor(self.rec, self.device, self.gen_dir / f"rank{self.rank}.trace.jsonl")
+        self.nodes = [ctx.recorder.node_of(r) for r in range(self.world)]
+        self.monitor = Monitor(self.rec, ctx.device, self.gen_dir / f"rank{self.rank}.trace.jsonl")
         self.monitor.mark("rendezvous", f"rendezvous: world of {self.world}", entered - self.wall_start, 0.0)
-        self.rec.activate()
+        self.injector = FaultInjector(cfg.fault, self.rank, run_dir, self.monitor)
+        ctx.faults = self.injector  # an elastic failure takes the whole node, not just this rank
 
     def resume(self, model, optimizer) -> int:
         """Load the latest complete checkpoint, whatever world size wrote it; the step to start at."""
@@ -153,85 +141,80 @@ class Worker:
 
     # ------------------------------------------------------------------ training
     def train(self) -> None:
-        cfg, rec, rank = self.cfg, self.rec, self.rank
-        model = GPT(cfg.model_config, cfg.seed).to(self.device)
+        """The shared training loop (paralab.strategies.common.train_loop), with this rank's slice of
+        each global batch cut by the balancer, gradients summed over ranks, and after each step the
+        step record, the monitor's sample and, every few steps, a checkpoint."""
+        cfg, ctx = self.cfg, self.ctx
+        model = GPT(cfg.model, cfg.seed).to(ctx.device)
         optimizer = make_optimizer(cfg, model.parameters())
+        ctx.memory.watch(list(model.parameters()), optimizer)
         start = self.resume(model, optimizer)
-        m = cfg.model_config
-        data = DataLoader(m.vocab, m.seq_len, cfg.global_batch, cfg.seed, self.device)
-        reducer, balancer = GradReducer(model), Balancer(self.world, cfg.balance)
-        slowdown = Slowdown(cfg.slow, rank)
-        injector = FaultInjector(cfg.fail, rank, self.run_dir, self.monitor)
-        records = open(self.gen_dir / f"rank{rank}.steps.jsonl", "a")
-        for step in range(start, cfg.steps):
-            began, t0 = time.time(), rec.now()
-            with rec.step(step):
-                injector.at_step(step)
-                ids = balancer.shard(data.global_ids(step), rank)
-                optimizer.zero_grad(set_to_none=True)
-                loss, compute_s = self.accumulate(model, data, ids, slowdown)
-                reducer.sync()
-                with rec.span("optimizer"):
-                    optimizer.step()
-            step_time = rec.now() - t0
-            balancer.observe(len(ids), compute_s)
+        data = make_loader(ctx)
+        balancer, slowdown = Balancer(self.world, cfg.balance), Slowdown(cfg.slow, self.rank)
+        records = open(self.gen_dir / f"rank{self.rank}.steps.jsonl", "a")
+        this_step: dict = {}
+
+        def batch_of(step: int) -> list[list[int]]:
+            ids = balancer.shard(data.global_ids(step), self.rank)
+            this_step.update(ids=ids, began=time.time(), t0=self.rec.now(), compute_s=0.0)
+            return [ids[lo : lo + cfg.micro_batch] for lo in range(0, len(ids), cfg.micro_batch)]
+
+        def forward_backward(chunks: list[list[int]]) -> float:
+            """Each micro-batch's loss weighted by its share of the global batch: the gradients
+            accumulate to this rank's part of the global-batch mean."""
+            loss_part = 0.0
+            for mb, chunk in enumerate(chunks):
+                began = time.perf_counter()
+                self.rec.set_context(microbatch=mb)
+                inputs, targets = data.corpus.batch(chunk, ctx.device)
+                with self.rec.span("forward"):
+                    loss = lm_loss(model(inputs), targets) * (len(chunk) / cfg.global_batch)
+                with self.rec.span("backward"):
+                    loss.backward()
+                loss_part += loss.item()
+                if slowdown.factor > 1.0:
+                    with self.rec.span("slowdown", name=f"slowdown x{slowdown.factor:g}"):
+                        slowdown.after(time.perf_counter() - began)
+                this_step["compute_s"] += time.perf_counter() - began
+            self.rec.set_context(microbatch=None)
+            return loss_part
+
+        def after_step(step: int, loss: float) -> None:
+            step_time = self.rec.now() - this_step["t0"]
+            ids = this_step["ids"]
+            balancer.observe(len(ids), this_step["compute_s"])
             records.write(json.dumps({"step": step, "world_size": self.world, "loss": loss, "ids": ids,
-                                      "compute_s": compute_s, "t_start": began, "t_end": time.time()}) + "\n")
+                                      "compute_s": this_step["compute_s"], "t_start": this_step["began"],
+                                      "t_end": time.time()}) + "\n")
             records.flush()
             self.monitor.sample(step_time, self.world)
             if cfg.saves_after(step):
-                self.save(step, model, optimizer, data, injector)
-            if rank == 0:
+                self.save(step, model, optimizer, data)
+            if self.rank == 0:
                 write_json(self.run_dir / "progress.json", {"step": step, "generation": self.gen_dir.name})
             self.monitor.flush()
+
+        train_loop(ctx, optimizer, SumGradients(model), forward_backward, batch_of, first_step=start,
+                   after_step=after_step)
         records.close()
-        if rank == 0:
+        if self.rank == 0:
             write_json(self.gen_dir / "done.json", {"steps": cfg.steps, "t": time.time()})
 
-    def accumulate(self, model, data: DataLoader, ids: list[int], slowdown: Slowdown) -> tuple[float, float]:
-        """Forward and backward over this rank's slice in micro-batches; gradients accumulate.
-        Returns (this rank's part of the global-batch loss, seconds of compute)."""
-        cfg, rec = self.cfg, self.rec
-        loss_part, compute_s = 0.0, 0.0
-        for mb, lo in enumerate(range(0, len(ids), cfg.micro_batch)):
-            chunk = ids[lo : lo + cfg.micro_batch]
-            began = time.perf_counter()
-            rec.set_context(microbatch=mb)
-            inputs, targets = data.corpus.batch(chunk, self.device)
-            with rec.span("forward"):
-                loss = lm_loss(model(inputs), targets) * (len(chunk) / cfg.global_batch)
-            with rec.span("backward"):
-                loss.backward()
-            loss_part += loss.item()
-            if slowdown.factor > 1.0:
-                with rec.span("slowdown", name=f"slowdown x{slowdown.factor:g}"):
-                    slowdown.after(time.perf_counter() - began)
-            compute_s += time.perf_counter() - began
-        rec.set_context(microbatch=None)
-        return loss_part, compute_s
-
-    def save(self, step: int, model, optimizer, data: DataLoader, injector: FaultInjector) -> None:
+    def save(self, step: int, model, optimizer, data) -> None:
         done = step + 1
         epoch, index = divmod(done, data.sampler.steps_per_epoch)
         with self.monitor.event("checkpoint_save", f"save step-{done:08d}"):
             checkpoint.save(self.ckpt_dir, done, model, optimizer, self.cfg.signature(),
                             {"next_step": done, "epoch": epoch, "step_in_epoch": index},
-                            keep=self.cfg.keep_checkpoints, before_commit=injector.during_save(step))
+                            keep=self.cfg.keep_checkpoints, before_commit=self.injector.during_save(step))
 
     def report_error(self, exc: BaseException) -> None:
         """Survivors of a failure land here (a collective with a dead peer raises): the time is when
         the failure was detected."""
-        gen_dir = getattr(self, "gen_dir", None)
-        if gen_dir is not None:
-            write_json(gen_dir / f"rank{self.rank}.error.json",
-                       {"t": time.time(), "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
-            self.monitor.mark("failure_detected", f"peer lost: {type(exc).__name__}", self.rec.now(), self.rec.now())
-            self.monitor.flush()
-
-    def close(self) -> None:
-        self.rec.deactivate()
-        gc.collect()  # as in paralab.runtime.worker: gloo may abort at exit without it
-        dist.destroy_process_group()
+        write_json(self.gen_dir / f"rank{self.rank}.error.json",
+                   {"t": time.time(), "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+        self.monitor.mark("failure_detected", f"peer lost: {type(exc).__name__}", self.rec.now(), self.rec.now())
+        self.monitor.flush()
 
 
 def default_run_dir(cfg: ElasticConfig) -> Path:
@@ -249,17 +232,18 @@ def main(argv: list[str] | None = None) -> int:
     if not cfg.checkpoint_dir:
         parser.error("--checkpoint-dir is required (a directory every node can reach)")
     die_with_parent()  # a node whose agent is gone is gone
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    worker = Worker(cfg, Path(args.run_dir) if args.run_dir else default_run_dir(cfg))
-    worker.join()
-    try:
-        worker.train()
-    except BaseException as exc:
-        worker.report_error(exc)
-        raise
-    finally:
-        worker.close()
+    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
+    entered = time.time()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    layout = Layout("elastic", world, cfg.global_batch, dp=world)  # data parallel over whoever is here
+    with rank_session(cfg, layout, rank, world, int(os.environ.get("LOCAL_RANK", 0)),
+                      int(os.environ.get("LOCAL_WORLD_SIZE", 1)), "env://") as ctx:
+        worker = Worker(cfg, run_dir, ctx, entered)
+        try:
+            worker.train()
+        except BaseException as exc:
+            worker.report_error(exc)
+            raise
     return 0
 
 

@@ -1,13 +1,15 @@
-"""What a strategy sees on its rank: the config, who it is, its device, recorder and memory meter."""
+"""What a strategy sees on its rank: the config and its resolved layout, who it is, its device,
+recorder and memory meter."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from paralab.config import RunConfig
+from paralab.config import TrainingConfig
+from paralab.layout import Layout
 from paralab.memory import MemoryMeter
 from paralab.runtime.recorder import Recorder
 
@@ -16,9 +18,27 @@ class InjectedFault(RuntimeError):
     """Raised by the test-only fault hook (RunConfig.fault) to show how a failing rank is reported."""
 
 
+class RaiseOrHang:
+    """The fault hook of ``paralab run``: ``fault={"rank": r, "step": k}`` makes rank r raise at step
+    k; ``"kind": "hang"`` makes it stop answering instead, to exercise the collective timeout.
+    (Elastic training has its own: its failures take a whole node away.)"""
+
+    def __init__(self, cfg, rank: int):
+        self.fault, self.rank, self.timeout_s = getattr(cfg, "fault", None), rank, cfg.timeout_s
+
+    def at_step(self, step: int) -> None:
+        fault = self.fault
+        if not fault or int(fault["rank"]) != self.rank or int(fault.get("step", 0)) != step:
+            return
+        if fault.get("kind") == "hang":
+            time.sleep(10 * self.timeout_s + 3600)
+        raise InjectedFault(f"fault injected on rank {self.rank} at step {step}")
+
+
 @dataclass
 class RankContext:
-    cfg: RunConfig
+    cfg: TrainingConfig
+    layout: Layout
     rank: int
     world_size: int
     local_rank: int
@@ -26,17 +46,10 @@ class RankContext:
     device: torch.device
     recorder: Recorder
     memory: MemoryMeter
-    extras: dict = field(default_factory=dict)
+    faults: RaiseOrHang  # anything with at_step(step), called as each step begins
 
     def check_fault(self, step: int) -> None:
-        """Test hook: ``fault={"rank": r, "step": k}`` makes rank r raise at step k;
-        ``"kind": "hang"`` makes it stop answering instead, to exercise the collective timeout."""
-        fault = self.cfg.fault
-        if not fault or int(fault["rank"]) != self.rank or int(fault.get("step", 0)) != step:
-            return
-        if fault.get("kind") == "hang":
-            time.sleep(10 * self.cfg.timeout_s + 3600)
-        raise InjectedFault(f"fault injected on rank {self.rank} at step {step}")
+        self.faults.at_step(step)
 
     def result(self, losses: list[float] | None, loss_weight: float, state: dict | None = None) -> dict:
         """This rank's contribution to the RunResult.

@@ -15,6 +15,7 @@ KeyboardInterrupt in the notebook), every rank is gone when ``launch`` returns.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import multiprocessing as mp
 import shutil
@@ -25,9 +26,11 @@ import time
 import warnings
 from pathlib import Path
 
-from paralab.config import RunConfig
+from paralab.config import RunConfig, resolve_device
+from paralab.layout import resolve_layout
 from paralab.runtime.result import RunError, RunResult
 from paralab.runtime.worker import spawn_entry, usable_cores
+from paralab.strategies.registry import MODULES as STRATEGY_MODULES
 
 POLL_S = 0.05
 STARTUP_GRACE_S = 120.0  # first run: the forkserver imports torch before any rank beats
@@ -41,17 +44,18 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def _context():
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["paralab.runtime.worker", "paralab.strategies"])
+    ctx.set_forkserver_preload(["paralab.runtime.worker", *(f"paralab.strategies.{m}" for m in STRATEGY_MODULES)])
     return ctx
 
 
 def launch(cfg: RunConfig, progress=None) -> RunResult:
-    """Validate ``cfg``, run it on ``cfg.world_size`` local ranks and return the RunResult.
+    """Resolve ``cfg``'s layout, run it on ``cfg.world_size`` local ranks and return the RunResult.
 
     ``progress(step, steps)`` is called as the slowest rank reaches each step (widgets use it).
     Raises ConfigError before any process starts, RunError if a rank fails or the run hangs.
     """
-    cfg.validate()
+    layout = resolve_layout(cfg)
+    cfg = dataclasses.replace(cfg, device=resolve_device(cfg.device, cfg.world_size))
     if cfg.world_size > usable_cores():
         warnings.warn(
             f"world size {cfg.world_size} exceeds the {usable_cores()} usable CPU cores: ranks will "
@@ -63,7 +67,8 @@ def launch(cfg: RunConfig, progress=None) -> RunResult:
     port = free_port()
     ctx = _context()
     procs = [
-        ctx.Process(target=spawn_entry, args=(rank, cfg.world_size, cfg.to_dict(), port, str(run_dir)),
+        ctx.Process(target=spawn_entry,
+                    args=(rank, cfg.world_size, cfg.to_dict(), layout.to_dict(), port, str(run_dir)),
                     name=f"paralab-rank{rank}")
         for rank in range(cfg.world_size)
     ]
@@ -72,7 +77,7 @@ def launch(cfg: RunConfig, progress=None) -> RunResult:
             for p in procs:
                 p.start()
         _watch(cfg, procs, run_dir, progress)
-        return RunResult.collect(cfg, run_dir)
+        return RunResult.collect(cfg, layout, run_dir)
     finally:
         _stop(procs)
         shutil.rmtree(run_dir, ignore_errors=True)

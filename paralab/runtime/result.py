@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paralab.config import RunConfig
+from paralab.layout import Layout
 from paralab.trace import Trace
 
 
@@ -36,6 +37,7 @@ def combine_losses(rank_results: list[dict]) -> list[float]:
 @dataclass
 class RunResult:
     config: RunConfig
+    layout: Layout
     losses: list[float]
     trace: Trace
     rank_results: list[dict]
@@ -44,15 +46,16 @@ class RunResult:
     trace_path: str | None = None
 
     @classmethod
-    def from_rank_results(cls, cfg: RunConfig, rank_results: list[dict], states: list[dict | None]) -> RunResult:
+    def from_rank_results(cls, cfg: RunConfig, layout: Layout, rank_results: list[dict],
+                          states: list[dict | None]) -> RunResult:
         rank_results = sorted(rank_results, key=lambda r: r["rank"])
         trace = Trace.merge([Trace.from_dict(r.pop("trace")) for r in rank_results])
-        trace.meta.update(run_meta(cfg))
+        trace.meta.update(run_meta(cfg, layout))
         params, grads = _merge_states(states)
-        return cls(cfg, combine_losses(rank_results), trace, rank_results, params, grads)
+        return cls(cfg, layout, combine_losses(rank_results), trace, rank_results, params, grads)
 
     @classmethod
-    def collect(cls, cfg: RunConfig, run_dir: Path) -> RunResult:
+    def collect(cls, cfg: RunConfig, layout: Layout, run_dir: Path) -> RunResult:
         import torch
 
         results, states = [], []
@@ -60,26 +63,30 @@ class RunResult:
             results.append(json.loads((run_dir / f"rank{rank}.json").read_text()))
             state_file = run_dir / f"rank{rank}.state.pt"
             states.append(torch.load(state_file, weights_only=True) if state_file.exists() else None)
-        return cls.from_rank_results(cfg, results, states)
+        return cls.from_rank_results(cfg, layout, results, states)
 
     @property
     def summary(self) -> dict:
         """The JSON contract of ``paralab run --json`` (keys in DESIGN.md; never renamed)."""
-        cfg = self.config
+        cfg, layout = self.config, self.layout
         metrics = self.trace.summary()
-        pipelined = cfg.strategy in ("mp", "pp") or (cfg.strategy == "hybrid" and cfg.pp > 1)
         return {
             "strategy": cfg.strategy,
             "world_size": cfg.world_size,
-            "dp": cfg.data_parallel_size,
-            "tp": cfg.tp,
-            "pp": cfg.pp,
-            "schedule": cfg.schedule or None,
-            "microbatches": cfg.microbatches,
+            "dp": layout.dp,
+            "tp": layout.tp,
+            "pp": layout.pp,
+            "schedule": layout.schedule or None,
+            "microbatches": layout.microbatches,
+            "virtual_stages": layout.virtual_stages,
+            "zero": layout.zero,
+            "sequence_parallel": layout.sequence_parallel,
             "steps": cfg.steps,
             "model": cfg.model_name,
             "global_batch": cfg.global_batch,
-            "device": cfg.resolved_device(),
+            "micro_batch": layout.micro_batch,
+            "device": cfg.device,
+            "unused_options": list(layout.unused_options),
             "losses": self.losses,
             "step_time_s": metrics["step_time_s"],
             "step_times_s": metrics["step_times_s"],
@@ -87,7 +94,7 @@ class RunResult:
             "comm_bytes": metrics["comm_bytes"],
             "comm_payload_bytes": metrics["comm_payload_bytes"],
             "comm_bytes_by_link": metrics["comm_bytes_by_link"],
-            "bubble_fraction": metrics["bubble_fraction"] if pipelined else 0.0,
+            "bubble_fraction": metrics["bubble_fraction"] if layout.pipelined else 0.0,
             # the schedule's bubble for equal-time stages (pipeline strategies put it in their rank results)
             "bubble_theoretical": max((r.get("bubble_theoretical", 0.0) for r in self.rank_results), default=0.0),
             "peak_memory_bytes": [r["memory"].get("cuda_max_allocated_bytes", r["memory"]["peak_bytes"])
@@ -109,26 +116,25 @@ class RunResult:
                 f"losses=[{losses}], step_time_s={s['step_time_s']:.4f})")
 
 
-def run_meta(cfg: RunConfig) -> dict:
-    meta = {
+def run_meta(cfg: RunConfig, layout: Layout) -> dict:
+    """The trace's description of its run: the config, and the layout every figure reads (degrees,
+    schedule, which global rank holds which mesh coordinate)."""
+    return {
         "source": "measured",
         "strategy": cfg.strategy,
         "world_size": cfg.world_size,
-        "dp": cfg.data_parallel_size,
-        "tp": cfg.tp,
-        "pp": cfg.pp,
-        "schedule": cfg.schedule,
-        "microbatches": cfg.microbatches,
-        "virtual_stages": cfg.virtual_stages,
+        "dp": layout.dp,
+        "tp": layout.tp,
+        "pp": layout.pp,
+        "schedule": layout.schedule,
+        "microbatches": layout.microbatches,
+        "virtual_stages": layout.virtual_stages,
         "model": cfg.model_name,
         "tokens_per_step": cfg.global_batch * cfg.model.seq_len,
         "config": cfg.to_dict(),
+        "layout": layout.to_dict(),
+        "mesh": layout.to_dict()["mesh"],
     }
-    if cfg.strategy == "hybrid":  # which global rank holds which (pp, dp, tp) coordinate, for figures
-        from paralab.strategies.mesh import rank_layout
-
-        meta["mesh"] = rank_layout(cfg.data_parallel_size, cfg.tp, cfg.pp).to_dict()
-    return meta
 
 
 def _merge_states(states: list[dict | None]) -> tuple[dict | None, dict | None]:

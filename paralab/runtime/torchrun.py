@@ -11,7 +11,8 @@ import dataclasses
 import os
 from pathlib import Path
 
-from paralab.config import RunConfig
+from paralab.config import RunConfig, resolve_device
+from paralab.layout import resolve_layout
 from paralab.runtime.result import RunResult
 from paralab.trace import Trace
 
@@ -27,10 +28,12 @@ def run_under_torchrun(cfg: RunConfig, trace_dir: str | None = None) -> RunResul
     from paralab.runtime.worker import run_rank
 
     world_size = int(os.environ["WORLD_SIZE"])
-    cfg = dataclasses.replace(cfg, world_size=world_size).validate()
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    result, trace, everyone = run_rank(cfg, rank, world_size, local_rank, local_world, "env://", gather=True)
+    cfg = dataclasses.replace(cfg, world_size=world_size)
+    layout = resolve_layout(cfg)
+    cfg = dataclasses.replace(cfg, device=resolve_device(cfg.device, local_world))  # GPUs per node, not per world
+    result, trace, everyone = run_rank(cfg, layout, rank, world_size, local_rank, local_world, "env://", gather=True)
     if trace_dir:
         Trace.from_dict(trace).save(Path(trace_dir) / f"rank{rank:05d}.json")
     if rank != 0:
@@ -39,4 +42,4 @@ def run_under_torchrun(cfg: RunConfig, trace_dir: str | None = None) -> RunResul
     for res, tr in everyone:
         res.pop("state", None)
         results.append({**res, "trace": tr})
-    return RunResult.from_rank_results(cfg, results, [None] * world_size)
+    return RunResult.from_rank_results(cfg, layout, results, [None] * world_size)

@@ -1,7 +1,8 @@
 """The code every rank runs, whoever started it (paralab's launcher or torchrun).
 
-``run_rank`` sets up one rank (threads, device, process group, recorder), calls the strategy's
-``train`` and returns what the rank measured. ``spawn_entry`` wraps it for ranks started by
+``rank_session`` sets up one rank (threads, device, process group, recorder), for ``paralab run``
+(``run_rank`` calls the strategy's ``train`` and returns what the rank measured) and for elastic
+training alike. ``spawn_entry`` wraps it for ranks started by
 paralab.runtime.launch: it reports results and failures through files in a run directory, so the
 parent (a script or a Jupyter kernel) never needs to unpickle anything from a rank.
 """
@@ -15,16 +16,19 @@ import os
 import signal
 import sys
 import traceback
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from paralab.config import RunConfig
+from paralab.config import RunConfig, TrainingConfig
+from paralab.layout import Layout
 from paralab.memory import MemoryMeter
-from paralab.runtime.context import RankContext
+from paralab.runtime.context import RaiseOrHang, RankContext
 from paralab.runtime.recorder import Recorder
+from paralab.strategies.registry import get_strategy
 
 PR_SET_PDEATHSIG = 1
 
@@ -36,7 +40,7 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def threads_for(cfg: RunConfig, local_world_size: int) -> int:
+def threads_for(cfg: TrainingConfig, local_world_size: int) -> int:
     """A fair share of this machine's cores for each rank on it (at least one)."""
     if cfg.threads_per_rank > 0:
         return cfg.threads_per_rank
@@ -47,58 +51,70 @@ def backend_for(device: str) -> str:
     return "nccl" if device == "cuda" else "gloo"
 
 
-def run_rank(cfg: RunConfig, rank: int, world_size: int, local_rank: int, local_world_size: int,
-             init_method: str, heartbeat=None, gather: bool = False):
-    """Run one rank to the end. Returns (rank result, rank trace as a dict); with ``gather`` (torchrun,
-    where no parent collects files) rank 0 also gets every rank's (result, trace) as a third item."""
-    from paralab.strategies import strategy_module
+@contextmanager
+def rank_session(cfg: TrainingConfig, layout: Layout, rank: int, world_size: int, local_rank: int,
+                 local_world_size: int, init_method: str, nodes: int = 1, faults=None):
+    """Set up one rank and yield its RankContext: threads, device, process group, every rank's node,
+    recorder and memory meter; the shared clock starts right after a barrier, so all ranks' spans
+    sit on one timeline. The process group is destroyed on the way out, whatever happened.
 
+    ``cfg.device`` must be concrete ('cpu' or 'cuda'; the launcher resolves 'auto'): rank r uses
+    cuda:LOCAL_RANK. ``nodes`` emulated nodes split a local launch (see :func:`_node_map`)."""
     torch.set_num_threads(threads_for(cfg, local_world_size))
-    device_name = cfg.resolved_device()
-    device = torch.device("cuda", local_rank) if device_name == "cuda" else torch.device("cpu")
+    device = torch.device("cuda", local_rank) if cfg.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     torch.manual_seed(cfg.seed)
     dist.init_process_group(
-        backend_for(device_name), init_method=init_method, rank=rank, world_size=world_size,
-        timeout=timedelta(seconds=cfg.timeout_s),
-        device_id=device if device.type == "cuda" else None,
+        backend_for(device.type), init_method=init_method, rank=rank, world_size=world_size,
+        timeout=timedelta(seconds=cfg.timeout_s), device_id=device if device.type == "cuda" else None,
     )
     try:
-        nodes = _node_map(cfg, rank, world_size)
-        recorder = Recorder(rank, enabled=cfg.trace, cuda=device.type == "cuda", node_of=lambda r: nodes[r])
-        if heartbeat is not None:
-            recorder.on_step = heartbeat
-        ctx = RankContext(cfg=cfg, rank=rank, world_size=world_size, local_rank=local_rank, node=nodes[rank],
-                          device=device, recorder=recorder, memory=MemoryMeter(device))
+        node_of = _node_map(rank, world_size, nodes)
+        recorder = Recorder(rank, enabled=cfg.trace, cuda=device.type == "cuda", node_of=node_of.__getitem__)
+        ctx = RankContext(cfg=cfg, layout=layout, rank=rank, world_size=world_size, local_rank=local_rank,
+                          node=node_of[rank], device=device, recorder=recorder,
+                          memory=MemoryMeter(device, recorder), faults=faults or RaiseOrHang(cfg, rank))
         dist.barrier()
         recorder.start_clock()
         recorder.activate()
-        result = strategy_module(cfg.strategy).train(ctx)
-        recorder.deactivate()
-        trace = recorder.trace(
-            meta={"ranks": {rank: {"node": nodes[rank], "device": str(device), "host": os.uname().nodename}}}
+        try:
+            yield ctx
+        finally:
+            recorder.deactivate()
+    finally:
+        gc.collect()  # seen with gloo: without it a rank may abort at exit after destroy
+        dist.destroy_process_group()
+
+
+def run_rank(cfg: RunConfig, layout: Layout, rank: int, world_size: int, local_rank: int,
+             local_world_size: int, init_method: str, heartbeat=None, gather: bool = False):
+    """Run one rank of a ``paralab run`` to the end. Returns (rank result, rank trace as a dict); with
+    ``gather`` (torchrun, where no parent collects files) rank 0 also gets every rank's (result,
+    trace) as a third item."""
+    with rank_session(cfg, layout, rank, world_size, local_rank, local_world_size, init_method,
+                      nodes=cfg.nodes) as ctx:
+        ctx.recorder.on_step = heartbeat
+        result = get_strategy(cfg.strategy).train(ctx)
+        trace = ctx.recorder.trace(
+            meta={"ranks": {rank: {"node": ctx.node, "device": str(ctx.device), "host": os.uname().nodename}}}
         ).to_dict()
         if not gather:
             return result, trace
         everyone = [None] * world_size if rank == 0 else None
         dist.gather_object((result, trace), everyone, dst=0)
         return result, trace, everyone
-    finally:
-        gc.collect()  # seen with gloo: without it a rank may abort at exit after destroy
-        dist.destroy_process_group()
 
 
-def _node_map(cfg: RunConfig, rank: int, world_size: int) -> list[int]:
-    """Node index of every rank: torchrun's GROUP_RANK (the agent's node rank) when torchrun started
-    us, else ``cfg.nodes`` emulated nodes of consecutive ranks on this machine."""
-    if "GROUP_RANK" in os.environ:
-        mine = int(os.environ["GROUP_RANK"])
-    else:
-        mine = rank // (world_size // cfg.nodes)
-    nodes: list[int] = [0] * world_size
-    dist.all_gather_object(nodes, mine)
-    return nodes
+def _node_map(rank: int, world_size: int, nodes: int) -> list[int]:
+    """Node index of every rank: the node a launcher names (elastic's PARALAB_NODE, which stays with
+    an agent across restarts, or torchrun's GROUP_RANK), else ``nodes`` emulated nodes of
+    consecutive ranks on this machine."""
+    named = os.environ.get("PARALAB_NODE", os.environ.get("GROUP_RANK"))
+    mine = int(named) if named is not None else rank // (world_size // nodes)
+    everyone: list[int] = [0] * world_size
+    dist.all_gather_object(everyone, mine)
+    return everyone
 
 
 # ---------------------------------------------------------------------------- spawned ranks
@@ -127,7 +143,7 @@ def describe(exc: BaseException, timeout_s: float) -> str:
     return text
 
 
-def spawn_entry(rank: int, world_size: int, cfg_dict: dict, port: int, run_dir: str) -> None:
+def spawn_entry(rank: int, world_size: int, cfg_dict: dict, layout_dict: dict, port: int, run_dir: str) -> None:
     """Target of each rank process started by paralab.runtime.launch."""
     die_with_parent()
     run_dir_path = Path(run_dir)
@@ -137,8 +153,8 @@ def spawn_entry(rank: int, world_size: int, cfg_dict: dict, port: int, run_dir: 
         beat.write_text(str(step))
 
     try:
-        cfg = RunConfig.from_dict(cfg_dict)
-        result, trace = run_rank(cfg, rank, world_size, rank, world_size,
+        cfg, layout = RunConfig.from_dict(cfg_dict), Layout.from_dict(layout_dict)
+        result, trace = run_rank(cfg, layout, rank, world_size, rank, world_size,
                                  f"tcp://127.0.0.1:{port}", heartbeat=heartbeat)
         state = result.pop("state", None)
         if state is not None:

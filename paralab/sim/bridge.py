@@ -19,65 +19,45 @@ from __future__ import annotations
 
 import dataclasses
 
-from paralab.config import RunConfig
+from paralab.config import ConfigError, RunConfig
+from paralab.layout import resolve_layout
+from paralab.schedules import DEFAULT_SCHEDULE
 from paralab.sim import cost, counting
 from paralab.sim.hardware import get_hardware, local
 from paralab.sim.presets import lab_model
 from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec, SpecError
+from paralab.strategies.registry import get_strategy
 from paralab.trace import COMM, COMPUTE, STEP, Span, Trace
-
-ZERO_STAGE = {"zero1": 1, "zero2": 2, "zero3": 3, "torch_fsdp": 3}
-DATA_PARALLEL = ("dp", "ddp", "zero1", "zero2", "zero3", "torch_ddp", "torch_fsdp")
-PIPELINE = ("mp", "pp", "torch_pp")
-TENSOR = ("tp", "torch_tp")
-LOADS_BEFORE_STEP = ("mp", "pp", "torch_pp", "hybrid")  # the step window holds the schedule alone (bubbles are read from it)
 
 
 def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
     """The (model, parallel) specs of a run config, without mutating it or starting anything.
 
-    Batch split as the strategies run it: data-parallel strategies give each of ``world_size`` ranks
-    ``global_batch / world_size`` sequences in one pass; ``mp`` is the naive schedule with one
-    microbatch; ``pp`` cuts the batch into ``microbatches``; ``tp`` runs the whole batch on every rank;
-    ``hybrid`` and ``torch_hybrid`` use their dp / tp / pp degrees. Gradients are fp32 Adam's (``adam-fp32``, the default for an fp32 model; SGD runs are
-    costed as Adam). Naive ``dp`` all-reduces every parameter tensor after backward (one message
-    each, no overlap); ``ddp`` one message per ``bucket_mb`` bucket, overlapped with backward.
-    paralab's ``zero3`` gathers each part just before it runs (no prefetch), as FSDP does on CPU.
+    The parallel shape is the run's own Layout (paralab.layout), converted field by field; what the
+    cost model also needs to know is how the strategy moves gradients: naive ``dp`` all-reduces every
+    parameter tensor after backward (one message each, no overlap); ``ddp`` one message per
+    ``bucket_mb`` bucket, overlapped with backward; paralab's ``zero3`` gathers each part just before
+    it runs (no prefetch), as FSDP does on CPU. Gradients are fp32 Adam's (``adam-fp32``, the default
+    for an fp32 model; SGD runs are costed as Adam). Strategies that run the pipeline executor (a pp
+    axis) make their batch before the step window opens (``train_loop(batch_in_window=False)``), so
+    their predicted step holds no data loading; the others load inside it.
     """
-    s = cfg.strategy
-    world, batch = cfg.world_size, cfg.global_batch
-    dp = tp = pp = m = v = 1
-    schedule, sp, zero = "1f1b", False, ZERO_STAGE.get(s, 0)
-    if s in DATA_PARALLEL:
-        dp = world
-    elif s in PIPELINE:
-        pp = world
-        schedule = "naive" if s == "mp" else (cfg.schedule or "1f1b")
-        m = 1 if s == "mp" else cfg.microbatches
-        v = cfg.virtual_stages
-    elif s in TENSOR:
-        tp, sp = world, cfg.sequence_parallel
-    elif s in ("hybrid", "torch_hybrid"):  # torch's: DDP over DTensor tp, pp 1
-        tp, pp = cfg.tp, cfg.pp
-        dp = cfg.dp or world // (tp * pp)
-        sp, zero = cfg.sequence_parallel and tp > 1, cfg.zero
-        if pp > 1:
-            schedule, m, v = cfg.schedule or "1f1b", cfg.microbatches, cfg.virtual_stages
-    elif s != "single":
-        raise SpecError(f"no simulator mapping for strategy {s!r}")
-    if batch % (dp * m):
-        raise SpecError(f"global batch {batch} does not split into dp {dp} x {m} microbatches")
+    try:
+        layout = resolve_layout(cfg)
+    except ConfigError as exc:
+        raise SpecError(str(exc)) from None
     model = lab_model(cfg.model, cfg.model_name)
     tensors = counting.stage_tensors(model, ParallelSpec(), 0)  # 12 per block, 2 embeddings, 4 in the head
     buckets = 0
-    if dp > 1 and zero == 0:
-        buckets = tensors if s == "dp" else max(1, -(-_param_bytes(model) // int(cfg.bucket_mb * 2**20)))
+    if layout.dp > 1 and layout.zero == 0:
+        buckets = tensors if cfg.strategy == "dp" else max(1, -(-_param_bytes(model) // int(cfg.bucket_mb * 2**20)))
     parallel = ParallelSpec(
-        dp=dp, tp=tp, pp=pp, virtual_stages=v, schedule=schedule, microbatches=m, micro_batch=batch // (dp * m),
-        zero=zero, sequence_parallel=sp, recompute="none",
-        overlap_grad_reduce=s not in ("dp",), grad_buckets=buckets,
-        prefetch_params=not (s == "zero3" or (s == "torch_fsdp" and cfg.device == "cpu")),
-        loads_batch_in_step=s not in LOADS_BEFORE_STEP,
+        dp=layout.dp, tp=layout.tp, pp=layout.pp, virtual_stages=layout.virtual_stages,
+        schedule=layout.schedule or DEFAULT_SCHEDULE, microbatches=layout.microbatches, micro_batch=layout.micro_batch,
+        zero=layout.zero, sequence_parallel=layout.sequence_parallel, recompute="none",
+        overlap_grad_reduce=cfg.strategy != "dp", grad_buckets=buckets,
+        prefetch_params=not (cfg.strategy == "zero3" or (cfg.strategy == "torch_fsdp" and cfg.device == "cpu")),
+        loads_batch_in_step="pp" not in get_strategy(cfg.strategy).axes,
     ).resolved()
     return model, parallel
 

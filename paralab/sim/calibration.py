@@ -151,25 +151,26 @@ def loop_overheads(steps: int = 12) -> dict[str, float]:
     part ("step": recorder, memory meter, clearing gradients, the gradient-sync calls) and a part per
     token of the rank's batch ("data_token": the synthetic corpus draws each token in Python).
 
-    Runs the real loop (``run_steps``) of a one-rank model with negligible FLOPs at two sequence
+    Runs the real loop (``train_model``) of a one-rank model with negligible FLOPs at two sequence
     lengths and reads its own trace: per step, the step span minus the spans inside it."""
     import torch
 
     from paralab.config import ModelConfig, RunConfig
+    from paralab.layout import resolve_layout
     from paralab.memory import MemoryMeter
-    from paralab.models.gpt import GPT, lm_loss
-    from paralab.runtime.context import RankContext
+    from paralab.models.gpt import GPT
+    from paralab.runtime.context import RaiseOrHang, RankContext
     from paralab.runtime.recorder import Recorder
-    from paralab.strategies.common import GradSync, run_steps
+    from paralab.strategies.common import GradSync, train_model
     from paralab.trace import COMPUTE
 
     cpu, batch, points = torch.device("cpu"), 4, []
     for seq in (8, 128):
         model_cfg = ModelConfig(layers=1, hidden=8, heads=2, ffn=32, vocab=16, seq_len=seq)
         cfg = RunConfig.build(model_cfg, strategy="single", world_size=1, steps=steps, global_batch=batch)
-        ctx = RankContext(cfg, 0, 1, 0, 0, cpu, Recorder(0), MemoryMeter(cpu))
-        model = GPT(model_cfg, 0)
-        run_steps(ctx, model.parameters(), lambda x, y, model=model: lm_loss(model(x), y), GradSync())
+        ctx = RankContext(cfg, resolve_layout(cfg), 0, 1, 0, 0, cpu, Recorder(0), MemoryMeter(cpu),
+                          RaiseOrHang(cfg, 0))
+        train_model(ctx, GPT(model_cfg, 0), GradSync())
         trace = ctx.recorder.trace()
         outside = [hi - lo - trace.busy_time(0, COMPUTE, (lo, hi)) for k, (lo, hi) in trace.step_windows().items() if k >= 2]
         points.append((batch * seq, statistics.median(outside)))

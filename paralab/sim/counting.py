@@ -13,6 +13,7 @@ matmul of (m x k) by (k x n) costs 2mkn.
 from __future__ import annotations
 
 from paralab.sim.specs import ModelSpec, ParallelSpec
+from paralab.wire import ring_wire_bytes
 
 # ------------------------------------------------------------------------------------------ parameters
 
@@ -268,21 +269,6 @@ def model_state_bytes(params: float, dp: int, zero: int, optimizer: str = "adam-
 
 
 # ------------------------------------------------------------------------------------- communication
-
-
-def ring_wire_bytes(op: str, payload: float, group: int) -> float:
-    """Bytes one rank puts on the wire for a collective on ``payload`` bytes among ``group`` ranks.
-
-    Ring algorithms (Patarasuk & Yuan 2009; NCCL's bus-bandwidth convention): all-reduce sends
-    2(n-1)/n of the tensor, all-gather and reduce-scatter (n-1)/n of the full tensor; a
-    point-to-point send sends the tensor.
-    """
-    if op == "send":
-        return payload
-    if group <= 1:
-        return 0.0
-    factor = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0}[op]
-    return payload * factor * (group - 1) / group
 
 
 def tp_collectives(model: ModelSpec, p: ParallelSpec) -> tuple[tuple[str, ...], float, dict[str, int]]:

@@ -88,7 +88,7 @@ def builtin_plan(name: str, stages: int, microbatches: int, virtual_stages: int 
 def run_plan(plan: Plan, seconds: list[float], t0: float = 0.0) -> tuple[list[float], list[float]]:
     """Start and end of every action of ``plan``; ``seconds[i]`` is action i's compute time, or its
     send's latency (ignored for a recv). The rules are those of the module docstring."""
-    free_at = [t0] * plan.schedule.stages
+    free_at = [t0] * plan.schedule.pp
     finished = [0.0] * len(plan.actions)  # compute: its end; send: when its tensor lands
     starts = [0.0] * len(plan.actions)
     for i, (rank, kind, deps) in enumerate(zip(plan.ranks, plan.kinds, plan.deps)):
@@ -152,7 +152,7 @@ def simulate_schedule(
     meta = {
         "source": "simulated",
         "schedule": schedule.name,
-        "stages": schedule.stages,
+        "stages": schedule.pp,
         "microbatches": schedule.microbatches,
         "virtual_stages": schedule.virtual_stages,
     }

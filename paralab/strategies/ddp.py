@@ -25,40 +25,15 @@ import torch.distributed as dist
 
 from paralab import comm
 from paralab.config import ConfigError
-from paralab.strategies.common import GradSync, full_model, train_data_parallel
-
-
-def make_buckets(params: list[torch.nn.Parameter], bucket_bytes: float) -> list[list[torch.nn.Parameter]]:
-    """Group parameters, last layer first (backward order), into buckets of at most ``bucket_bytes``
-    (a parameter larger than that gets a bucket of its own)."""
-    buckets, current, size = [], [], 0
-    for p in reversed(params):
-        nbytes = p.numel() * p.element_size()
-        if current and size + nbytes > bucket_bytes:
-            buckets.append(current)
-            current, size = [], 0
-        current.append(p)
-        size += nbytes
-    if current:
-        buckets.append(current)
-    return buckets
-
-
-def flatten_grads(bucket: list[torch.nn.Parameter]) -> torch.Tensor:
-    """One contiguous copy of a bucket's gradients (a parameter with none, whose rank saw no data
-    or whose branch was unused this step, contributes zeros), ready for one collective."""
-    for p in bucket:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    return torch.cat([p.grad.reshape(-1) for p in bucket])
-
-
-def unflatten_grads(bucket: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
-    """Copy a reduced flat buffer back into the bucket's gradients, in :func:`flatten_grads` order."""
-    offset = 0
-    for p in bucket:
-        p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
-        offset += p.numel()
+from paralab.strategies.common import (
+    GradSync,
+    flatten_grads,
+    full_model,
+    make_buckets,
+    train_model,
+    unflatten_grads,
+)
+from paralab.strategies.registry import Strategy
 
 
 class BucketedReducer(GradSync):
@@ -81,7 +56,9 @@ class BucketedReducer(GradSync):
         for p in params:
             p.register_post_accumulate_grad_hook(self._grad_ready)
 
-    def before_backward(self) -> None:
+    def clear_grads(self, optimizer) -> None:
+        """Forget last step's gradients and re-arm every bucket's count of gradients to wait for."""
+        optimizer.zero_grad(set_to_none=True)
         self.pending = [len(b) * self.accumulations for b in self.buckets]
         self.works = [None] * len(self.buckets)
 
@@ -101,7 +78,7 @@ class BucketedReducer(GradSync):
 
     def _hold(self, buffer: torch.Tensor, sign: int = 1) -> None:
         if self.memory is not None:
-            self.memory.extra_state_bytes["grads"] += sign * buffer.numel() * buffer.element_size()
+            self.memory.hold("grads", sign * buffer.numel() * buffer.element_size())
 
     def _finish_bucket(self, i: int) -> None:
         self.works[i].wait()
@@ -155,8 +132,8 @@ class HierarchicalReducer(BucketedReducer):
         self.shards[i] = None
 
 
-def validate(cfg) -> None:
-    if cfg.hierarchical and cfg.nodes < 2 and "GROUP_RANK" not in os.environ:
+def check(cfg, layout) -> None:
+    if cfg.hierarchical and layout.nodes < 2 and "GROUP_RANK" not in os.environ:
         raise ConfigError("hierarchical all-reduce needs ranks on at least 2 nodes: set nodes=2 (emulated "
                           "nodes on this machine) or start the run with torchrun on several nodes")
 
@@ -167,4 +144,9 @@ def train(ctx):
         reducer = HierarchicalReducer(model, ctx.world_size, ctx.cfg.bucket_mb, ctx.recorder.node_of, ctx.memory)
     else:
         reducer = BucketedReducer(model, ctx.world_size, ctx.cfg.bucket_mb, memory=ctx.memory)
-    return train_data_parallel(ctx, model, reducer, ctx.rank, ctx.world_size)
+    return train_model(ctx, model, reducer)
+
+
+STRATEGIES = [Strategy("ddp", "bucketed all-reduce overlapped with backward; `--hierarchical` across nodes",
+                       axes=("dp",), options=("bucket_mb", "hierarchical"), check=check, train=train,
+                       title="distributed data parallel (分布式数据并行)")]

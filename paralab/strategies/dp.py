@@ -9,7 +9,8 @@ compute, and many small messages pay the latency many times. DDP (ddp.py) fixes 
 from __future__ import annotations
 
 from paralab import comm
-from paralab.strategies.common import GradSync, full_model, train_data_parallel
+from paralab.strategies.common import GradSync, full_model, train_model
+from paralab.strategies.registry import Strategy
 
 
 class AllReduceEachGradient(GradSync):
@@ -25,4 +26,8 @@ class AllReduceEachGradient(GradSync):
 
 def train(ctx):
     model = full_model(ctx)
-    return train_data_parallel(ctx, model, AllReduceEachGradient(model, ctx.world_size), ctx.rank, ctx.world_size)
+    return train_model(ctx, model, AllReduceEachGradient(model, ctx.layout.dp))
+
+
+STRATEGIES = [Strategy("dp", "all-reduce of every gradient after backward", axes=("dp",), train=train,
+                       title="data parallel (数据并行)")]

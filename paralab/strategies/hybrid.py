@@ -1,8 +1,8 @@
 """Hybrid 3D parallelism (混合并行): data x tensor x pipeline parallel on one device mesh.
 
-``dp x tp x pp`` ranks form a torch DeviceMesh with named dims ("pp", "dp", "tp"), tensor parallel
-innermost (the layout is in paralab.strategies.mesh; ``rank_layout(dp, tp, pp)`` prints it). Each
-parallelism is a small function over its dim of the mesh, and they compose:
+``dp x tp x pp`` ranks form a torch DeviceMesh with the named dims of paralab.layout.AXES, tensor
+parallel innermost (``print(run.layout)`` shows which rank sits where). Each parallelism is a small
+function over its dim of the mesh, and they compose:
 
 - ``parallelize_tensor``: the stages' parts are Megatron tensor-parallel layers over the tp group
   (tensor.py), with or without sequence parallel; with tp = 1 they are the plain GPT parts.
@@ -13,125 +13,95 @@ parallelism is a small function over its dim of the mesh, and they compose:
   after each): DDP's buckets (ddp.py), launched when the last microbatch's gradient lands, or a ZeRO
   stage 1 or 2 over dp (``zero`` option; zero.py).
 
-The degrees are validated once, before any process starts, by reusing the pipeline's and the
-tensor-parallel validators. The loss of each replica is reported by the tp rank 0 of the stage that
-computes it, weighted 1/dp.
+The degrees are resolved and checked once, before any process starts (paralab.layout, then
+:func:`check`, which reuses the pipeline's and the tensor-parallel checks). The loss of each replica
+is reported by the tp rank 0 of the stage that computes it, weighted 1/dp.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 
 import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from paralab.config import ConfigError, RunConfig
+from paralab.layout import AXES
 from paralab.models.gpt import build_part, lm_loss
-from paralab.schedules import SCHEDULES, build_schedule, theoretical_bubble
+from paralab.schedules import DEFAULT_SCHEDULE, SCHEDULES, build_schedule, theoretical_bubble
 from paralab.strategies import tensor
-from paralab.strategies.common import make_loader, make_optimizer
+from paralab.strategies.common import SyncChain, make_loader, make_optimizer, train_loop
 from paralab.strategies.ddp import BucketedReducer
-from paralab.strategies.mesh import DIMS, RankLayout, rank_layout
 from paralab.strategies.pipeline import PipelineExecutor, microbatched_batch, stage_groups
 from paralab.strategies.pipeline_stage import build_stages, check_pipeline
+from paralab.strategies.registry import PIPELINE_OPTIONS, Strategy
 from paralab.strategies.tensor_layers import TensorParallelGroup, vocab_parallel_cross_entropy
 from paralab.strategies.zero import Zero
 
-__all__ = ["rank_layout", "validate", "train"]
 
-
-# ------------------------------------------------------------------------------------------ validate
-def validate(cfg: RunConfig) -> None:
-    """Check the degrees once, before any process starts; fills in dp (world / (tp x pp)) if 0."""
-    world, tp, pp = cfg.world_size, cfg.tp, cfg.pp
-    if tp < 1 or pp < 1 or cfg.dp < 0:
-        raise ConfigError(f"hybrid degrees must be >= 1, got dp={cfg.dp}, tp={tp}, pp={pp}")
-    dp = cfg.dp or max(world // (tp * pp), 1)
-    if dp * tp * pp != world:
-        fits = [f"{d}x{t}x{p}" for d in _divisors(world) for t in _divisors(world // d)
-                for p in [world // (d * t)]]
-        raise ConfigError(f"hybrid needs dp x tp x pp = world size: {dp} x {tp} x {pp} = {dp * tp * pp}, but "
-                          f"world size is {world}; use world size {dp * tp * pp}, or dp x tp x pp that fit "
-                          f"{world} ranks: {', '.join(fits)}")
-    cfg.dp = dp
-    if cfg.zero not in (0, 1, 2, 3):
-        raise ConfigError(f"zero must be 0 (ddp), 1 or 2, got {cfg.zero}")
-    if cfg.zero == 3:
+# ------------------------------------------------------------------------------------------ checks
+def check(cfg: RunConfig, layout) -> None:
+    """What the composition cannot do, and each axis's own rules (tensor.check, check_pipeline)."""
+    if layout.zero == 3:
         raise ConfigError(
-            f"not supported: zero3 in hybrid ({'with pp=' + str(pp) if pp > 1 else 'over dp'}): stage 3 "
-            "gathers each part for its forward and again for its backward, once per microbatch, and frees "
-            "it in between, which the pipeline executor does not do; use zero=1 or 2, or strategy 'zero3' "
-            "for pure data parallel")
-    if cfg.sequence_parallel and tp == 1:
+            f"not supported: zero3 in hybrid ({'with pp=' + str(layout.pp) if layout.pp > 1 else 'over dp'}): "
+            "stage 3 gathers each part for its forward and again for its backward, once per microbatch, and "
+            "frees it in between, which the pipeline executor does not do; use zero=1 or 2, or strategy "
+            "'zero3' for pure data parallel")
+    if layout.zero not in (0, 1, 2):
+        raise ConfigError(f"zero must be 0 (ddp), 1 or 2, got {layout.zero}")
+    if layout.sequence_parallel and layout.tp == 1:
         raise ConfigError("sequence_parallel splits the sequence over the tp ranks: it needs tp > 1")
-    if cfg.zero == 2 and cfg.sequence_parallel:
+    if layout.zero == 2 and layout.sequence_parallel:
         raise ConfigError("not supported: zero=2 with sequence_parallel (the sequence-parallel gradients "
                           "are summed over tp after backward, but zero2 has reduce-scattered them during "
                           "backward); use zero=1 or ddp (zero=0)")
-    m = cfg.microbatches
-    if m < 1 or cfg.global_batch % (dp * m):
-        fits = [b for b in range(dp * max(m, 1), 4 * dp * max(m, 1) + 1, dp * max(m, 1))]
-        raise ConfigError(f"global batch {cfg.global_batch} does not split into dp={dp} replicas x {m} "
-                          f"microbatches; global batches that fit: {fits}")
-    if tp > 1:
-        tensor.validate(dataclasses.replace(cfg, world_size=tp))
-    if pp > 1:  # the pipeline of one dp replica: pp ranks, that replica's slice of the batch
-        line = dataclasses.replace(cfg, world_size=pp, global_batch=cfg.global_batch // dp)
-        check_pipeline(line, SCHEDULES)
-        cfg.schedule, cfg.virtual_stages = line.schedule, line.virtual_stages
-    elif cfg.schedule or cfg.virtual_stages != 1 or cfg.stage_layers:
-        raise ConfigError("a pipeline schedule, virtual_stages or stage_layers needs pp > 1; with pp=1 "
-                          "the microbatches simply accumulate gradients")
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    if layout.tp > 1:
+        tensor.check(cfg, layout)
+    if layout.pipelined:
+        check_pipeline(cfg, layout)
 
 
 # ------------------------------------------------------------------------------------------ the mesh
 @dataclasses.dataclass
-class Place:
-    """This rank on the mesh: its coordinate, its tp group, its dp group and its pipeline."""
+class MeshPosition:
+    """This rank on the mesh: its pp and dp coordinates, its tp group, its dp group and the global
+    ranks of its pipeline (by pipeline rank)."""
 
-    layout: RankLayout
     pp: int
     dp: int
     tp: TensorParallelGroup
     dp_group: object
-    line: list[int]  # global ranks of this rank's pipeline, by stage rank
+    pipeline_ranks: list[int]
 
 
-def place_on_mesh(ctx) -> Place:
-    cfg = ctx.cfg
-    layout = rank_layout(cfg.dp, cfg.tp, cfg.pp)
-    mesh = init_device_mesh(ctx.device.type, layout.shape, mesh_dim_names=DIMS)
-    pp, dp, tp = mesh.get_coordinate()
-    line = next(line for line in layout.groups("pp") if ctx.rank in line)
-    tp_group = TensorParallelGroup(mesh.get_group("tp"), tp, cfg.tp, cfg.sequence_parallel)
-    return Place(layout, pp, dp, tp_group, mesh.get_group("dp"), line)
+def place_on_mesh(ctx) -> MeshPosition:
+    layout = ctx.layout
+    mesh = init_device_mesh(ctx.device.type, layout.shape, mesh_dim_names=AXES)
+    coord = dict(zip(AXES, mesh.get_coordinate()))
+    tp_group = TensorParallelGroup(mesh.get_group("tp"), coord["tp"], layout.tp, layout.sequence_parallel)
+    return MeshPosition(coord["pp"], coord["dp"], tp_group, mesh.get_group("dp"), layout.group_of("pp", ctx.rank))
 
 
 # ------------------------------------------------------------------------------------------ composition
-def parallelize_tensor(cfg: RunConfig, schedule, place: Place, device) -> dict[int, nn.Module]:
+def parallelize_tensor(cfg: RunConfig, layout, schedule, position: MeshPosition, device) -> dict[int, nn.Module]:
     """This rank's pipeline stages, their parts split over the tp group (plain parts when tp = 1)."""
-    tp = place.tp
+    tp = position.tp
 
     def build(model, index, seed):
         return build_part(model, index, seed) if tp.size == 1 else tensor.parallel_part(model, index, seed, tp)
 
-    return build_stages(cfg.model, schedule.num_stages, schedule.stages_on(place.pp), cfg.seed,
-                        cfg.stage_layers, device, build)
+    return build_stages(cfg.model, schedule.num_stages, schedule.stages_on(position.pp), cfg.seed,
+                        layout.stage_layers, device, build)
 
 
-def parallelize_pipeline(ctx, schedule, stages: dict, place: Place) -> PipelineExecutor:
+def parallelize_pipeline(ctx, schedule, stages: dict, position: MeshPosition) -> PipelineExecutor:
     """The executor for this rank's pipeline. With tp > 1 the activations are sequence-first, and a
     sequence-parallel boundary carries only this rank's slice of the sequence; the loss is the
     vocabulary-parallel cross-entropy on the head's slice of the logits."""
-    cfg, tp = ctx.cfg, place.tp
-    micro = cfg.global_batch // cfg.dp // schedule.microbatches
-    seq, hidden = cfg.model.seq_len, cfg.model.hidden
+    cfg, tp = ctx.cfg, position.tp
+    micro, seq, hidden = ctx.layout.micro_batch, cfg.model.seq_len, cfg.model.hidden
     if tp.size == 1:
         shape, loss_fn = (micro, seq, hidden), lm_loss
     else:
@@ -139,128 +109,85 @@ def parallelize_pipeline(ctx, schedule, stages: dict, place: Place) -> PipelineE
 
         def loss_fn(logits, targets):
             return vocab_parallel_cross_entropy(logits, targets, tp).mean()
-    groups = stage_groups(schedule, place.layout.groups("pp"))
-    return PipelineExecutor(ctx, schedule, stages, groups, line=place.line, shape=shape, loss_fn=loss_fn)
+    groups = stage_groups(schedule, ctx.layout.groups("pp"))
+    return PipelineExecutor(ctx, schedule, stages, groups, pipeline_ranks=position.pipeline_ranks, shape=shape,
+                            loss_fn=loss_fn)
 
 
-class ReplicatedStates:
-    """ddp over dp: every replica keeps full states of its shard of the model; DDP's buckets are
-    all-reduced over the dp group once per step, each launched when the last microbatch's gradient
-    of its parameters lands (so the last backward still overlaps it)."""
-
-    def __init__(self, ctx, module: nn.Module, place: Place, accumulations: int, sp_grads):
-        self.reducer = BucketedReducer(module, ctx.cfg.dp, ctx.cfg.bucket_mb, place.dp_group, accumulations,
-                                       memory=ctx.memory)
-        self.optimizer = make_optimizer(ctx.cfg, module.parameters())
-        self.sp_grads = sp_grads
-        ctx.memory.watch(list(module.parameters()), self.optimizer)
-
-    def begin_step(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-        self.reducer.before_backward()
-
-    def reduce(self) -> None:
-        """Average over dp, then sum the sequence-parallel partial gradients over tp (sums commute;
-        the buckets hold the gradients as backward left them, so dp goes first)."""
-        self.reducer.after_backward()
-        self.sp_grads.after_backward()
-
-    def step(self) -> None:
-        self.optimizer.step()
-
-    def averaged_grads(self, module: nn.Module) -> dict:
-        return {name: p.grad for name, p in module.named_parameters()}
-
-
-class ShardedStates:
-    """ZeRO stage 1 or 2 over dp: each replica's optimizer states (and, stage 2, gradients) are
-    sharded over the dp group; one reduce-scatter per step, then one all-gather of the parameters."""
-
-    def __init__(self, ctx, module: nn.Module, place: Place, accumulations: int, stage: int, sp_grads_of):
-        self.zero = Zero(ctx, module, stage, group=place.dp_group, accumulations=accumulations)
-        self.optimizer = make_optimizer(ctx.cfg, [u.shard for u in self.zero.units])
-        self.sp_grads = sp_grads_of(module)  # after Zero: it replaced the parameters with views
-        ctx.memory.watch([], self.optimizer)
-
-    def begin_step(self) -> None:
-        self.zero.clear_grads()
-
-    def reduce(self) -> None:
-        """Stage 1 keeps full gradients: sum the sequence-parallel ones over tp before the dp
-        reduce-scatter (stage 2 with sequence parallel is refused in validate)."""
-        self.sp_grads.after_backward()
-        self.zero.after_backward()
-
-    def step(self) -> None:
-        self.optimizer.step()
-        self.zero.after_step()
-
-    def averaged_grads(self, module: nn.Module) -> dict | None:
-        """Every parameter's averaged gradient, gathered over dp (dp rank 0 gets them)."""
-        state = self.zero.sharded.full_state()
-        return None if state is None else state["grads"]
-
-
-def parallelize_data(ctx, module: nn.Module, place: Place, accumulations: int):
-    def sp_grads_of(mod):
-        return tensor.SequenceParallelGrads(mod, place.tp)
-
-    if ctx.cfg.zero:
-        return ShardedStates(ctx, module, place, accumulations, ctx.cfg.zero, sp_grads_of)
-    return ReplicatedStates(ctx, module, place, accumulations, sp_grads_of(module))
+def parallelize_data(ctx, module: nn.Module, position: MeshPosition):
+    """(gradient sync, optimizer) over the dp group: DDP's buckets over dp then the sequence-parallel
+    sums over tp (sums commute; the buckets hold the gradients as backward left them, so dp goes
+    first), or the sequence-parallel sums then a ZeRO stage 1 or 2 whose optimizer holds only this
+    rank's shards (stage 1 keeps full gradients, so they are summed over tp before the reduce-scatter;
+    stage 2 with sequence parallel is refused by check)."""
+    layout = ctx.layout
+    if layout.zero:
+        zero = Zero(ctx, module, layout.zero, group=position.dp_group, accumulations=layout.microbatches)
+        sp_grads = tensor.SequenceParallelGrads(module, position.tp)  # after Zero: it made the parameter views
+        optimizer = make_optimizer(ctx.cfg, [u.shard for u in zero.units])
+        ctx.memory.watch([], optimizer)
+        return SyncChain(sp_grads, zero), optimizer
+    reducer = BucketedReducer(module, layout.dp, ctx.cfg.bucket_mb, position.dp_group, layout.microbatches,
+                              memory=ctx.memory)
+    optimizer = make_optimizer(ctx.cfg, module.parameters())
+    ctx.memory.watch(list(module.parameters()), optimizer)
+    return SyncChain(reducer, tensor.SequenceParallelGrads(module, position.tp)), optimizer
 
 
 # ------------------------------------------------------------------------------------------ training
 def train(ctx) -> dict:
-    cfg, rec = ctx.cfg, ctx.recorder
-    place = place_on_mesh(ctx)
-    if ctx.rank == 0:  # stderr: stdout carries `paralab run --json`
-        print(f"hybrid rank layout\n{place.layout.text()}", file=sys.stderr, flush=True)
-    schedule = build_schedule(cfg.schedule or "1f1b", cfg.pp, cfg.microbatches, cfg.virtual_stages)
-    stages = parallelize_tensor(cfg, schedule, place, ctx.device)
+    cfg, layout = ctx.cfg, ctx.layout
+    position = place_on_mesh(ctx)
+    schedule = build_schedule(layout.schedule or DEFAULT_SCHEDULE, layout.pp, layout.microbatches,
+                              layout.virtual_stages)
+    stages = parallelize_tensor(cfg, layout, schedule, position, ctx.device)
     module = nn.ModuleDict({str(s): stage for s, stage in stages.items()})
-    states = parallelize_data(ctx, module, place, schedule.microbatches)
-    executor = parallelize_pipeline(ctx, schedule, stages, place)
-    owned = schedule.stages_on(place.pp)
+    sync, optimizer = parallelize_data(ctx, module, position)
+    executor = parallelize_pipeline(ctx, schedule, stages, position)
+    owned = schedule.stages_on(position.pp)
     needs_tokens, needs_targets = 0 in owned, schedule.num_stages - 1 in owned
     loader = make_loader(ctx) if needs_tokens or needs_targets else None
-    losses = []
-    for step in range(cfg.steps):
+
+    def batch_of(step):
         tokens, targets = microbatched_batch(loader, step, schedule.microbatches, needs_tokens, needs_targets,
-                                             place.dp, cfg.dp)
-        if place.tp.size > 1:  # tensor-parallel layers are sequence-first
+                                             position.dp, layout.dp)
+        if position.tp.size > 1:  # tensor-parallel layers are sequence-first
             tokens, targets = (None if b is None else [t.t() for t in b] for b in (tokens, targets))
-        with rec.step(step):
-            ctx.check_fault(step)
-            states.begin_step()
-            loss = executor.run_step(tokens, targets)
-            states.reduce()
-            with rec.span("optimizer"):
-                states.step()
-            ctx.memory.sample()
-        if loss is not None:
-            losses.append(loss)
-    reports = needs_targets and place.tp.rank == 0
-    state = gather_state(module, stages, states, place) if cfg.collect_state else None
-    result = ctx.result(losses if reports else None, loss_weight=1.0 / cfg.dp, state=state)
-    result["mesh"] = {"coord": {"pp": place.pp, "dp": place.dp, "tp": place.tp.rank},
-                      **({"layout": place.layout.to_dict()} if ctx.rank == 0 else {})}
+        return tokens, targets
+
+    losses = train_loop(ctx, optimizer, sync, lambda batch: executor.run_step(*batch), batch_of,
+                        batch_in_window=False)
+    reports = needs_targets and position.tp.rank == 0
+    state = gather_state(module, stages, sync, position) if cfg.collect_state else None
+    result = ctx.result(losses if reports else None, loss_weight=1.0 / layout.dp, state=state)
+    result["mesh"] = {"coord": {"pp": position.pp, "dp": position.dp, "tp": position.tp.rank}}
     result["peak_activations"] = executor.peak_activations
-    if cfg.zero:
-        result["zero"] = states.zero.describe()
-    if cfg.pp > 1:
-        result["bubble_theoretical"] = theoretical_bubble(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages)
+    if layout.zero:
+        result["zero"] = sync.syncs[-1].describe()
+    if layout.pipelined:
+        result["bubble_theoretical"] = theoretical_bubble(layout.schedule, layout.pp, layout.microbatches,
+                                                          layout.virtual_stages)
     return result
 
 
-def gather_state(module: nn.Module, stages: dict, states, place: Place) -> dict | None:
+def gather_state(module: nn.Module, stages: dict, sync: SyncChain, position: MeshPosition) -> dict | None:
     """Full parameters and averaged gradients under GPT's names, on the tp rank 0 of dp replica 0 of
     every stage; gathered over dp (ZeRO's shards) and tp after training, outside the traced steps."""
-    grads = states.averaged_grads(module)  # every dp rank takes part; dp rank 0 gets them
-    if place.dp != 0:
+    zero = sync.syncs[-1] if isinstance(sync.syncs[-1], Zero) else None
+    if zero is not None:  # every dp rank takes part; dp rank 0 gets them
+        full = zero.sharded.full_state()
+        grads = None if full is None else full["grads"]
+    else:
+        grads = {name: p.grad for name, p in module.named_parameters()}
+    if position.dp != 0:
         return None
     named = [item for stage in stages.values() for item in stage.global_named_parameters()]
     with torch.no_grad():
         for (local, _), (_, param) in zip(module.named_parameters(), named):
             param.grad = grads[local].to(param.device).view_as(param)
-    return tensor.gather_state(named, place.tp)
+    return tensor.gather_state(named, position.tp)
+
+
+STRATEGIES = [Strategy("hybrid", "`--dp D --tp T --pp P` on a device mesh, `--zero 1/2` over dp", axes=("dp", "tp", "pp"),
+                       options=(*PIPELINE_OPTIONS, "sequence_parallel", "zero", "bucket_mb"), schedules=SCHEDULES,
+                       check=check, train=train, title="hybrid 3D parallel (混合并行)")]

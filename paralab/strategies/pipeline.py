@@ -43,25 +43,21 @@ from paralab.schedules import (
     build_schedule,
     theoretical_bubble,
 )
-from paralab.strategies.common import make_loader, make_optimizer
+from paralab.strategies.common import GradSync, make_loader, make_optimizer, train_loop
 from paralab.strategies.pipeline_stage import build_stages, check_pipeline, named_stage_state
+from paralab.strategies.registry import PIPELINE_OPTIONS, Strategy
 from paralab.strategies.weight_grads import DeferredWeightGrads
 
 
-# ------------------------------------------------------------------------------------------ validate
-def validate(cfg: RunConfig) -> None:
-    """Refuse a pipeline that cannot run, before any process starts; fills in what ``mp`` implies."""
-    if cfg.strategy == "mp":
-        if cfg.microbatches != 1:
-            raise ConfigError(f"mp runs the whole batch through the layers with no microbatches, got "
-                              f"microbatches={cfg.microbatches}; for microbatches use strategy 'pp'")
-        if cfg.schedule not in ("", "naive"):
-            raise ConfigError(f"mp is the naive schedule; for schedule {cfg.schedule!r} use strategy 'pp'")
-        if cfg.pp not in (1, cfg.world_size):
-            raise ConfigError(f"mp puts one stage on each rank: pp={cfg.pp} but world size {cfg.world_size}")
-        cfg.pp, cfg.schedule = cfg.world_size, "naive"
-    check_pipeline(cfg, SCHEDULES)
-
+# ------------------------------------------------------------------------------------------ checks
+def check_mp(cfg: RunConfig, layout) -> None:
+    """mp is the naive schedule over one batch: say so rather than run something else."""
+    if layout.microbatches != 1:
+        raise ConfigError(f"mp runs the whole batch through the layers with no microbatches, got "
+                          f"microbatches={layout.microbatches}; for microbatches use strategy 'pp'")
+    if layout.schedule != "naive":
+        raise ConfigError(f"mp is the naive schedule; for schedule {layout.schedule!r} use strategy 'pp'")
+    check_pipeline(cfg, layout)
 
 
 # ------------------------------------------------------------------------------------------ executor
@@ -73,20 +69,21 @@ class PipelineExecutor:
     ``inbox`` holds tensors that arrived (received, or handed over by a stage on this rank) and
     ``outbox`` tensors waiting for their send action.
 
-    Composed into a larger layout (hybrid), the pipeline is one line of ranks: ``line`` lists the
-    global rank of each pipeline rank (default: ranks 0..p-1), ``shape`` is what crosses a stage
-    boundary (default: microbatch x seq x hidden) and ``loss_fn(output, targets)`` turns the last
-    stage's output into the microbatch's mean loss (default: cross-entropy on full logits).
+    Composed into a larger layout (hybrid), the pipeline is one of several: ``pipeline_ranks`` lists
+    the global rank of each of its stages' ranks (default: ranks 0..p-1), ``shape`` is what crosses a
+    stage boundary (default: micro-batch x seq x hidden) and ``loss_fn(output, targets)`` turns the
+    last stage's output into the microbatch's mean loss (default: cross-entropy on full logits).
     """
 
     def __init__(self, ctx, schedule: Schedule, stages: dict, groups: dict[int, dist.ProcessGroup],
-                 line: list[int] | None = None, shape: tuple[int, ...] | None = None, loss_fn=lm_loss):
+                 pipeline_ranks: list[int] | None = None, shape: tuple[int, ...] | None = None,
+                 loss_fn=lm_loss):
         self.ctx, self.schedule, self.stages, self.groups = ctx, schedule, stages, groups
         cfg = ctx.cfg
         self.m = schedule.microbatches
-        self.shape = shape or (cfg.global_batch // self.m, cfg.model.seq_len, cfg.model.hidden)
-        self.line = line or schedule.ranks
-        self.pp_rank = self.line.index(ctx.rank)
+        self.shape = shape or (ctx.layout.micro_batch, cfg.model.seq_len, cfg.model.hidden)
+        self.pipeline_ranks = pipeline_ranks or schedule.ranks
+        self.pp_rank = self.pipeline_ranks.index(ctx.rank)
         self.loss_fn = loss_fn
         self.owner = schedule.stage_to_rank
         self.last = schedule.num_stages - 1
@@ -178,7 +175,7 @@ class PipelineExecutor:
         self.inbox[("grad", a.stage, a.microbatch)] = self._take_recv(a)
 
     def _send(self, tensor: torch.Tensor, peer: int, boundary: int, name: str) -> None:
-        work = comm.isend(tensor, self.line[peer], group=self.groups[boundary], name=name)
+        work = comm.isend(tensor, self.pipeline_ranks[peer], group=self.groups[boundary], name=name)
         self.sending.append((work, tensor))
 
     def _post_next_recv(self) -> None:
@@ -190,7 +187,7 @@ class PipelineExecutor:
             boundary = a.stage - 1 if forward else a.stage
             buffer = torch.empty(self.shape, device=self.ctx.device)
             name = f"recv {'F' if forward else 'B'}{a.microbatch} s{a.stage}"
-            work = comm.irecv(buffer, self.line[a.peer], group=self.groups[boundary], name=name)
+            work = comm.irecv(buffer, self.pipeline_ranks[a.peer], group=self.groups[boundary], name=name)
             self.posted.append((a, work, buffer))
 
     def _take_recv(self, a) -> torch.Tensor:
@@ -226,18 +223,18 @@ class PipelineExecutor:
         self.ctx.memory.release((s, mb))
 
 
-def stage_groups(schedule: Schedule, lines: list[list[int]] | None = None) -> dict[int, dist.ProcessGroup]:
+def stage_groups(schedule: Schedule, pipelines: list[list[int]] | None = None) -> dict[int, dist.ProcessGroup]:
     """One two-rank group per stage boundary that crosses ranks (boundary b: stage b to b + 1), for
-    this rank's pipeline. ``lines`` holds the global ranks of every pipeline when there are several
-    (hybrid); by default one pipeline over ranks 0..p-1. Every rank creates every group of every
-    pipeline, in the same order, as torch requires."""
+    this rank's pipeline. ``pipelines`` holds the global ranks of every pipeline when there are
+    several (hybrid); by default one pipeline over ranks 0..p-1. Every rank creates every group of
+    every pipeline, in the same order, as torch requires."""
     me, groups = dist.get_rank(), {}
-    for line in lines or [schedule.ranks]:
+    for ranks in pipelines or [schedule.ranks]:
         for b in range(schedule.num_stages - 1):
-            pair = sorted({line[schedule.stage_to_rank[b]], line[schedule.stage_to_rank[b + 1]]})
+            pair = sorted({ranks[schedule.stage_to_rank[b]], ranks[schedule.stage_to_rank[b + 1]]})
             if len(pair) == 2:
                 group = dist.new_group(pair)
-                if me in line:
+                if me in ranks:
                     groups[b] = group
     return groups
 
@@ -253,31 +250,32 @@ def microbatched_batch(loader, step: int, m: int, needs_tokens: bool, needs_targ
 
 
 def train(ctx) -> dict:
-    cfg, rec = ctx.cfg, ctx.recorder
-    schedule = build_schedule(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages)
+    cfg, layout = ctx.cfg, ctx.layout
+    schedule = build_schedule(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages)
     owned = schedule.stages_on(ctx.rank)
-    stages = build_stages(cfg.model, schedule.num_stages, owned, cfg.seed, cfg.stage_layers, ctx.device)
+    stages = build_stages(cfg.model, schedule.num_stages, owned, cfg.seed, layout.stage_layers, ctx.device)
     params = [p for s in owned for p in stages[s].parameters()]
     optimizer = make_optimizer(cfg, params)
     ctx.memory.watch(params, optimizer)
     executor = PipelineExecutor(ctx, schedule, stages, stage_groups(schedule))
     needs_tokens, needs_targets = 0 in owned, schedule.num_stages - 1 in owned
     loader = make_loader(ctx) if needs_tokens or needs_targets else None
-    losses = []
-    for step in range(cfg.steps):
-        # the batch is made before the step begins, so the step window holds only the pipeline
-        tokens, targets = microbatched_batch(loader, step, schedule.microbatches, needs_tokens, needs_targets)
-        with rec.step(step):
-            ctx.check_fault(step)
-            optimizer.zero_grad(set_to_none=True)
-            loss = executor.run_step(tokens, targets)
-            with rec.span("optimizer"):
-                optimizer.step()
-            ctx.memory.sample()
-        if loss is not None:
-            losses.append(loss)
+    losses = train_loop(ctx, optimizer, GradSync(), lambda batch: executor.run_step(*batch),
+                        lambda step: microbatched_batch(loader, step, schedule.microbatches, needs_tokens,
+                                                        needs_targets), batch_in_window=False)
     state = named_stage_state(stages) if cfg.collect_state else None
     result = ctx.result(losses if needs_targets else None, loss_weight=1.0, state=state)
     result["peak_activations"] = executor.peak_activations
-    result["bubble_theoretical"] = theoretical_bubble(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual_stages)
+    result["bubble_theoretical"] = theoretical_bubble(layout.schedule, layout.pp, layout.microbatches,
+                                                      layout.virtual_stages)
     return result
+
+
+STRATEGIES = [
+    Strategy("mp", "layers split over ranks, one batch, one rank busy at a time", axes=("pp",),
+             options=("microbatches", "schedule", "stage_layers"), schedule="naive", check=check_mp, train=train,
+             title="layer-wise model parallel (模型并行)"),
+    Strategy("pp", "`--schedule gpipe / 1f1b / interleaved / zb-h1 / zbv`, microbatches", axes=("pp",),
+             options=PIPELINE_OPTIONS, schedules=SCHEDULES, check=check_pipeline, train=train,
+             title="pipeline parallel (流水线并行)"),
+]

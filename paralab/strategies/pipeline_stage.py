@@ -5,8 +5,8 @@ of S stages hands each stage a contiguous run of blocks; the first stage also ow
 the last the head, so token ids enter at stage 0 and the loss is computed at stage S-1. Every stage
 builds only its own parts, each from its own seed, so the split starts from exactly the weights of
 single-device training. paralab's executor and the torch.distributed.pipelining reference both use
-this split, which is what makes their losses comparable. ``check_pipeline`` holds the checks both
-run before any process starts.
+this split, which is what makes their losses comparable. ``check_pipeline`` holds what both need
+of the model before any process starts (the schedule's own shape rules are paralab.schedules').
 """
 
 from __future__ import annotations
@@ -87,58 +87,29 @@ def named_stage_state(stages: dict[int, Stage]) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ checks
-def check_pipeline(cfg: RunConfig, schedules: tuple[str, ...]) -> Schedule:
-    """The checks every pipeline run needs; returns the schedule, built and proved deadlock-free.
-
-    ``schedule`` defaults to 1f1b; zbv always runs two chunks per rank."""
-    cfg.schedule = cfg.schedule or "1f1b"
-    p, m, layers, batch = cfg.pp, cfg.microbatches, cfg.model.layers, cfg.global_batch
-    if cfg.schedule not in schedules:
-        raise ConfigError(f"unknown pipeline schedule {cfg.schedule!r} for {cfg.strategy}; "
-                          f"choose one of: {', '.join(schedules)}")
-    if p != cfg.world_size:
-        raise ConfigError(f"{cfg.strategy} puts one pipeline rank in each process: pp={p} but world size "
-                          f"{cfg.world_size}; use pp={cfg.world_size} or world size {p}")
-    if m < 1 or batch % m:
-        fits = [d for d in range(1, batch + 1) if batch % d == 0]
-        raise ConfigError(f"global batch {batch} is not divisible by {m} microbatches; "
-                          f"microbatch counts that fit: {fits}")
-    if cfg.schedule == "zbv":
-        cfg.virtual_stages = 2
-    v = cfg.virtual_stages
-    if cfg.schedule == "interleaved" and v < 2:
-        raise ConfigError("interleaved needs virtual_stages >= 2 model chunks per rank (with one it is 1f1b)")
-    if cfg.schedule not in ("interleaved", "zbv") and v != 1:
-        raise ConfigError(f"{cfg.schedule} runs one stage per rank: virtual_stages={v} needs interleaved")
-    stages = p * v
+def check_pipeline(cfg: RunConfig, layout) -> Schedule:
+    """What a pipeline needs of the model, before any process starts: every stage gets a layer, the
+    chunks of the interleaved schedule divide the layers evenly (or ``stage_layers`` says how), and
+    the schedule, built for this shape, is proved deadlock-free. Returns the schedule."""
+    p, v, m, layers = layout.pp, layout.virtual_stages, layout.microbatches, cfg.model.layers
+    stages = layout.num_stages
     if stages > layers:
         raise ConfigError(f"{p} ranks x {v} chunks = {stages} stages but the model has only {layers} layers; "
                           f"every stage needs a layer: use pp x virtual_stages <= {layers}")
-    if cfg.schedule == "interleaved":
-        if m % p:
-            fits = [k for k in range(p, batch + 1, p) if batch % k == 0]
-            raise ConfigError(f"interleaved runs microbatches in groups of pp={p}: {m} is not a multiple "
-                              f"of {p}; microbatch counts that fit: {fits}")
-        if cfg.stage_layers is None and layers % stages:
-            fits = [k for k in range(2, layers // p + 1) if layers % (p * k) == 0]
-            raise ConfigError(f"interleaved gives every chunk the same number of layers: {layers} layers "
-                              f"over {p} x {v} = {stages} chunks does not divide; virtual_stages that "
-                              f"fit: {fits}, or give stage_layers")
-    _check_stage_layers(cfg, stages)
+    if layout.schedule == "interleaved" and layout.stage_layers is None and layers % stages:
+        fits = [k for k in range(2, layers // p + 1) if layers % (p * k) == 0]
+        raise ConfigError(f"interleaved gives every chunk the same number of layers: {layers} layers "
+                          f"over {p} x {v} = {stages} chunks does not divide; virtual_stages that "
+                          f"fit: {fits}, or give stage_layers")
+    counts = layout.stage_layers
+    if counts is not None and (len(counts) != stages or any(not isinstance(c, int) or c < 1 for c in counts)
+                               or sum(counts) != layers):
+        raise ConfigError(f"stage_layers={list(counts)} must give each of the {stages} stages at least one "
+                          f"layer and sum to the model's {layers} layers")
     try:
-        schedule = build_schedule(cfg.schedule, p, m, v)
+        schedule = build_schedule(layout.schedule, p, m, v)
         validate_schedule(schedule)
     except (ValueError, ScheduleError) as exc:
-        raise ConfigError(f"pipeline schedule {cfg.schedule!r} (pp={p}, microbatches={m}, "
+        raise ConfigError(f"pipeline schedule {layout.schedule!r} (pp={p}, microbatches={m}, "
                           f"virtual_stages={v}) cannot run: {exc}") from None
     return schedule
-
-
-def _check_stage_layers(cfg: RunConfig, stages: int) -> None:
-    counts = cfg.stage_layers
-    if counts is None:
-        return
-    if len(counts) != stages or any(not isinstance(c, int) or c < 1 for c in counts) \
-            or sum(counts) != cfg.model.layers:
-        raise ConfigError(f"stage_layers={counts} must give each of the {stages} stages at least one "
-                          f"layer and sum to the model's {cfg.model.layers} layers")

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from torch.nn.parallel import DistributedDataParallel
 
-from paralab.strategies.common import GradSync, full_model, train_data_parallel
+from paralab.strategies.common import GradSync, full_model, train_model
+from paralab.strategies.registry import Strategy
 
 
 class _Wrapped(DistributedDataParallel):
@@ -26,4 +27,8 @@ def train(ctx):
         device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
         bucket_cap_mb=ctx.cfg.bucket_mb,
     )
-    return train_data_parallel(ctx, ddp, GradSync(), ctx.rank, ctx.world_size)
+    return train_model(ctx, ddp, GradSync())
+
+
+STRATEGIES = [Strategy("torch_ddp", "torch's DistributedDataParallel", axes=("dp",), options=("bucket_mb",),
+                       train=train, reference_for="ddp")]

@@ -11,22 +11,18 @@ as activations).
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 
-from paralab.strategies.common import GradSync, full_model, train_data_parallel
-from paralab.strategies.zero import validate  # same rules: data-parallel ranks only
+from paralab.strategies.common import GradSync, full_model, train_model
+from paralab.strategies.registry import Strategy
 
 try:
     from torch.distributed.fsdp import fully_shard
 except ImportError:  # torch < 2.6
     from torch.distributed._composable.fsdp import fully_shard
-
-__all__ = ["train", "validate"]
-
 
 def full_state(model: torch.nn.Module, rank: int) -> dict | None:
     """Full parameters and gradients (every rank takes part in the gathers; rank 0 keeps them)."""
@@ -47,9 +43,9 @@ def train(ctx):
     for part in (model.embed, *model.blocks, model.head):
         fully_shard(part, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    # the shared loop would read DTensors on rank 0 alone; gather the state here with every rank instead
-    loop_ctx = dataclasses.replace(ctx, cfg=dataclasses.replace(ctx.cfg, collect_state=False))
-    result = train_data_parallel(loop_ctx, model, GradSync(), ctx.rank, ctx.world_size)
-    if ctx.cfg.collect_state:
-        result["state"] = full_state(model, ctx.rank)
-    return result
+    # the parameters are DTensors: every rank takes part in gathering the full state
+    return train_model(ctx, model, GradSync(), state_of=lambda: full_state(model, ctx.rank))
+
+
+STRATEGIES = [Strategy("torch_fsdp", "torch's FSDP2 (fully_shard)", axes=("dp",), zero=3, train=train,
+                       reference_for="zero3")]

@@ -17,46 +17,47 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 
 from paralab.config import ConfigError, RunConfig
 from paralab.models.gpt import lm_loss
-from paralab.strategies.common import make_loader, make_optimizer
+from paralab.strategies.common import GradSync, make_loader, make_optimizer, train_loop
 from paralab.strategies.pipeline_stage import build_stages, check_pipeline, named_stage_state
+from paralab.strategies.registry import PIPELINE_OPTIONS, Strategy
 
 TORCH_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
 
 
-def validate(cfg: RunConfig) -> None:
-    check_pipeline(cfg, tuple(TORCH_SCHEDULES))
-    if cfg.schedule == "1f1b" and cfg.microbatches < cfg.pp:
-        raise ConfigError(f"torch's Schedule1F1B needs microbatches >= stages: {cfg.microbatches} < {cfg.pp}")
+def check(cfg: RunConfig, layout) -> None:
+    check_pipeline(cfg, layout)
+    if layout.schedule == "1f1b" and layout.microbatches < layout.pp:
+        raise ConfigError(f"torch's Schedule1F1B needs microbatches >= stages: {layout.microbatches} < {layout.pp}")
 
 
 def train(ctx) -> dict:
-    cfg, rec = ctx.cfg, ctx.recorder
-    p, v, m = cfg.pp, cfg.virtual_stages, cfg.microbatches
-    num_stages = p * v
+    cfg, layout = ctx.cfg, ctx.layout
+    p, m, num_stages = layout.pp, layout.microbatches, layout.num_stages
     owned = [s for s in range(num_stages) if s % p == ctx.rank]
-    stages = build_stages(cfg.model, num_stages, owned, cfg.seed, cfg.stage_layers, ctx.device)
+    stages = build_stages(cfg.model, num_stages, owned, cfg.seed, layout.stage_layers, ctx.device)
     pipe = [PipelineStage(stages[s], s, num_stages, ctx.device) for s in owned]
-    schedule_cls = TORCH_SCHEDULES[cfg.schedule]
-    schedule = schedule_cls(pipe if cfg.schedule == "interleaved" else pipe[0], n_microbatches=m, loss_fn=lm_loss)
+    schedule_cls = TORCH_SCHEDULES[layout.schedule]
+    schedule = schedule_cls(pipe if layout.schedule == "interleaved" else pipe[0], n_microbatches=m, loss_fn=lm_loss)
     params = [param for s in owned for param in stages[s].parameters()]
     optimizer = make_optimizer(cfg, params)
     ctx.memory.watch(params, optimizer)
     first, last = 0 in owned, num_stages - 1 in owned
     loader = make_loader(ctx) if first or last else None
-    losses = []
-    for step in range(cfg.steps):
-        inputs, targets = loader.rank_batch(step) if loader is not None else (None, None)
+
+    def forward_backward(batch):
+        inputs, targets = batch
         microbatch_losses: list = []
-        with rec.step(step):
-            ctx.check_fault(step)
-            optimizer.zero_grad(set_to_none=True)
-            args = (inputs,) if first else ()
-            kwargs = {"target": targets, "losses": microbatch_losses} if last else {}
-            schedule.step(*args, **kwargs)
-            with rec.span("optimizer"):
-                optimizer.step()
-            ctx.memory.sample()
-        if last:
-            losses.append(sum(loss.item() for loss in microbatch_losses) / m)
+        kwargs = {"target": targets, "losses": microbatch_losses} if last else {}
+        schedule.step(*((inputs,) if first else ()), **kwargs)
+        return sum(loss.item() for loss in microbatch_losses) / m if last else None
+
+    losses = train_loop(ctx, optimizer, GradSync(), forward_backward,
+                        lambda step: loader.rank_batch(step) if loader is not None else (None, None),
+                        batch_in_window=False)
     state = named_stage_state(stages) if cfg.collect_state else None
     return ctx.result(losses if last else None, loss_weight=1.0, state=state)
+
+
+STRATEGIES = [Strategy("torch_pp", "torch.distributed.pipelining on paralab's stages", axes=("pp",),
+                       options=PIPELINE_OPTIONS, schedules=tuple(TORCH_SCHEDULES), check=check, train=train,
+                       reference_for="pp")]

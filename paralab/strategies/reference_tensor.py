@@ -23,9 +23,9 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from paralab.models.gpt import lm_loss
-from paralab.strategies.common import GradSync, full_model, run_steps
-from paralab.strategies.tensor import validate  # noqa: F401  (same layout rules as tp)
+from paralab.strategies.common import GradSync, full_model, train_model
+from paralab.strategies.registry import Strategy
+from paralab.strategies.tensor import check
 
 
 class SplitQKVAttention(nn.Module):
@@ -86,8 +86,10 @@ def train(ctx):
     for block in model.blocks:
         block.attn = SplitQKVAttention(block.attn)
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
-    parallelize_module(model, mesh, tensor_parallel_plan(cfg.model.layers, cfg.sequence_parallel))
+    parallelize_module(model, mesh, tensor_parallel_plan(cfg.model.layers, ctx.layout.sequence_parallel))
     with loss_parallel():  # the vocabulary-parallel cross-entropy, in forward and in backward
-        losses = run_steps(ctx, model.parameters(), lambda inputs, targets: lm_loss(model(inputs), targets),
-                           GradSync())
-    return ctx.result(losses if ctx.rank == 0 else None, loss_weight=1.0)
+        return train_model(ctx, model, GradSync(), state_of=lambda: None)  # DTensor names differ from GPT's
+
+
+STRATEGIES = [Strategy("torch_tp", "torch's DTensor tensor parallel (parallelize_module)", axes=("tp",),
+                       options=("sequence_parallel",), check=check, train=train, reference_for="tp")]

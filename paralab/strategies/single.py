@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from paralab.strategies.common import GradSync, full_model, train_data_parallel
+from paralab.strategies.common import GradSync, full_model, train_model
+from paralab.strategies.registry import Strategy
 
 
 def train(ctx):
-    return train_data_parallel(ctx, full_model(ctx), GradSync(), dp_rank=0, dp_size=1)
+    return train_model(ctx, full_model(ctx), GradSync())
+
+
+STRATEGIES = [Strategy("single", "plain training", axes=(), train=train, title="single device (the baseline)")]

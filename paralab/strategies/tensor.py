@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from paralab import comm
 from paralab.config import ConfigError, ModelConfig, RunConfig
 from paralab.models.gpt import build_part
-from paralab.strategies.common import GradSync, run_steps
-from paralab.strategies.ddp import flatten_grads, unflatten_grads
+from paralab.strategies.common import GradSync, SyncChain, flatten_grads, train_model, unflatten_grads
+from paralab.strategies.registry import Strategy
 from paralab.strategies.tensor_layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -45,19 +45,13 @@ from paralab.strategies.tensor_layers import (
 )
 
 
-def validate(cfg: RunConfig) -> None:
-    """Refuse layouts that cannot split evenly, before any process starts."""
-    tp, m = cfg.tp, cfg.model
+def check(cfg: RunConfig, layout) -> None:
+    """Refuse a tp degree that does not split every sliced size evenly, before any process starts."""
+    tp, m = layout.tp, cfg.model
     sizes = {"hidden size": m.hidden, "attention heads": m.heads, "MLP size": m.ffn, "vocabulary": m.vocab}
-    if cfg.sequence_parallel:
+    if layout.sequence_parallel:
         sizes["sequence length that sequence parallel splits"] = m.seq_len
     fits = [d for d in range(1, 17) if all(size % d == 0 for size in sizes.values())]
-    if tp != cfg.world_size:
-        raise ConfigError(
-            f"strategy {cfg.strategy!r} runs one tensor-parallel group: tp ({tp}) must equal the world "
-            f"size ({cfg.world_size}); use tp={cfg.world_size}" + (f" or world size {tp}" if tp in fits else "")
-            + f" (tp degrees that fit this model: {fits})"
-        )
     for what, size in sizes.items():
         if size % tp:
             raise ConfigError(f"tp {tp} does not divide the {what}, {size}; tp degrees that fit: {fits}")
@@ -224,11 +218,15 @@ def gather_state(named_params, tp: TensorParallelGroup) -> dict | None:
 
 class SequenceParallelGrads(GradSync):
     """After backward: all-reduce, in one flat buffer, the gradients of replicated parameters that saw
-    only this rank's sequence slice (LayerNorms, row-parallel biases, the position embedding)."""
+    only this rank's sequence slice (LayerNorms, row-parallel biases, the position embedding). It
+    owns no gradients, so it clears none: it runs beside the sync that does (see SyncChain)."""
 
     def __init__(self, model: nn.Module, tp: TensorParallelGroup):
         self.tp = tp
         self.params = [p for p in model.parameters() if getattr(p, "sequence_parallel", False)]
+
+    def clear_grads(self, optimizer) -> None:
+        pass
 
     def after_backward(self) -> None:
         if not self.params:
@@ -240,8 +238,12 @@ class SequenceParallelGrads(GradSync):
 
 # ---------------------------------------------------------------------------- training
 def train(ctx):
-    tp = TensorParallelGroup(None, ctx.rank, ctx.world_size, ctx.cfg.sequence_parallel)
+    tp = TensorParallelGroup(None, ctx.rank, ctx.layout.tp, ctx.layout.sequence_parallel)
     model = build_model(ctx.cfg, tp, ctx.device)
-    losses = run_steps(ctx, model.parameters(), model, SequenceParallelGrads(model, tp))
-    state = gather_state(model.named_parameters(), tp) if ctx.cfg.collect_state else None
-    return ctx.result(losses if tp.rank == 0 else None, loss_weight=1.0, state=state)
+    sync = SyncChain(GradSync(), SequenceParallelGrads(model, tp))
+    return train_model(ctx, model, sync, loss_of=model, state_of=lambda: gather_state(model.named_parameters(), tp))
+
+
+STRATEGIES = [Strategy("tp", "Megatron column/row parallel, vocab-parallel loss, `--sequence-parallel`",
+                       axes=("tp",), options=("sequence_parallel",), check=check, train=train,
+                       title="tensor parallel (张量并行)")]

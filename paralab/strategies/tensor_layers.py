@@ -25,7 +25,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from paralab import comm
-from paralab.strategies.weight_grads import linear
 
 
 @dataclass(frozen=True)
@@ -109,14 +108,16 @@ def _reduce_scatter(x: torch.Tensor, tp: TensorParallelGroup, name: str) -> torc
     return out
 
 
-def f(x: torch.Tensor, tp: TensorParallelGroup, name: str) -> torch.Tensor:
-    """Enter a tensor-parallel region."""
+def enter_parallel_region(x: torch.Tensor, tp: TensorParallelGroup, name: str) -> torch.Tensor:
+    """The paper's f: enter a tensor-parallel region (identity forward, all-reduce backward; with
+    sequence parallelism, all-gather the sequence forward, reduce-scatter backward)."""
     op = _GatherFromSequence if tp.sequence_parallel else _CopyToRegion
     return op.apply(x, tp, name)
 
 
-def g(x: torch.Tensor, tp: TensorParallelGroup, name: str) -> torch.Tensor:
-    """Leave a tensor-parallel region."""
+def leave_parallel_region(x: torch.Tensor, tp: TensorParallelGroup, name: str) -> torch.Tensor:
+    """The paper's g: leave a tensor-parallel region (all-reduce forward, identity backward; with
+    sequence parallelism, reduce-scatter to the sequence slices forward, all-gather backward)."""
     op = _ScatterToSequence if tp.sequence_parallel else _ReduceFromRegion
     return op.apply(x, tp, name)
 
@@ -135,8 +136,6 @@ class ColumnParallelLinear(nn.Module):
     """Y = X A + b with A split by columns (output features): f, then a local matmul whose output
     stays split; it feeds a row-parallel layer or the vocabulary-parallel loss, never gathered."""
 
-    DEFERRED_PARAMS = ("weight", "bias")  # a zero-bubble W may compute these later (weight_grads.py)
-
     def __init__(self, in_features: int, out_features: int, tp: TensorParallelGroup, name: str, groups: int = 1):
         super().__init__()
         self.tp, self.name = tp, name
@@ -144,14 +143,12 @@ class ColumnParallelLinear(nn.Module):
         self.bias = split_param((out_features // tp.size,), 0, groups)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(self, f(x, self.tp, f"{self.name} f"), self.weight, self.bias)
+        return F.linear(enter_parallel_region(x, self.tp, f"{self.name} f"), self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
     """Y = X A + b with A split by rows (input features): each rank's matmul gives a partial sum, g
     adds them up, then the bias (replicated) is added once."""
-
-    DEFERRED_PARAMS = ("weight",)  # the bias is added after g: its gradient comes in Bi
 
     def __init__(self, in_features: int, out_features: int, tp: TensorParallelGroup, name: str):
         super().__init__()
@@ -160,7 +157,7 @@ class RowParallelLinear(nn.Module):
         self.bias = split_param((out_features,), None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return g(linear(self, x, self.weight), self.tp, f"{self.name} g") + self.bias
+        return leave_parallel_region(F.linear(x, self.weight), self.tp, f"{self.name} g") + self.bias
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -177,7 +174,7 @@ class VocabParallelEmbedding(nn.Module):
         local = idx - self.vocab_start
         outside = (local < 0) | (local >= self.weight.shape[0])
         partial = F.embedding(local.masked_fill(outside, 0), self.weight)
-        return g(partial.masked_fill(outside.unsqueeze(-1), 0.0), self.tp, "embed g")
+        return leave_parallel_region(partial.masked_fill(outside.unsqueeze(-1), 0.0), self.tp, "embed g")
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):

@@ -4,16 +4,18 @@ A zero-bubble schedule (Qi et al. 2023) runs a stage's backward in two parts. ``
 what the previous stage is waiting for, the gradient of the stage input; ``W`` computes the weight
 gradients later, in what would have been a bubble. W must not walk the stage's graph again: that
 would recompute every activation gradient Bi already made and cost a whole backward. Instead, for
-every linear layer in the stage (where nearly all the weight-gradient FLOPs are), the forward keeps
-the matmul's input and Bi catches the gradient of its output; W is then one GEMM per layer,
+every linear map in the stage (where nearly all the weight-gradient FLOPs are), the forward keeps
+the matmul's input and Bi catches the gradient of its output; W is then one GEMM per call,
 ``dW = dYᵀ X`` (and ``db = Σ dY``), the same work as one forward GEMM.
 
-Linear layers are ``nn.Linear`` and the tensor-parallel column/row layers, which route their local
-matmul through :func:`linear` (their dW is local too: the collectives of f and g stay in Bi, on the
-input-gradient path). Every other parameter (LayerNorm, embeddings, a row layer's bias added after
-g) gets its gradient in Bi, from autograd. W hands its gradients to autograd as the gradient of the
-weights themselves, in one call, so they accumulate into ``.grad`` through the usual AccumulateGrad
-and the data-parallel bucket hooks (hybrid) fire once per parameter, as for any backward.
+The pipeline installs this from its side: while a stage's forward runs, a torch function mode sees
+every ``F.linear`` call (``nn.Linear`` and the tensor-parallel column/row layers alike, whose local
+matmuls are plain ``F.linear``; the collectives of f and g stay in Bi, on the input-gradient path),
+so no layer needs to know about zero-bubble schedules. Every other parameter (LayerNorm, embeddings,
+a row layer's bias added after g) gets its gradient in Bi, from autograd. W hands its gradients to
+autograd as the gradient of the weights themselves, in one call, so they accumulate into ``.grad``
+through the usual AccumulateGrad and the data-parallel bucket hooks (hybrid) fire once per
+parameter, as for any backward.
 """
 
 from __future__ import annotations
@@ -23,16 +25,23 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 
-def linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` for a layer whose weight gradient a zero-bubble W may defer (it declares which
-    parameters in ``DEFERRED_PARAMS``): an attached :class:`DeferredWeightGrads` sees the call."""
-    y = F.linear(x, weight, bias)
-    recorder = getattr(module, "_weight_grads", None)
-    if recorder is not None:
-        recorder.seen(weight, bias, x, y)
-    return y
+class _LinearCalls(TorchFunctionMode):
+    """Sees every F.linear of a stage's forward and hands (weight, bias, input, output) to ``seen``."""
+
+    def __init__(self, seen):
+        super().__init__()
+        self.seen = seen
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is F.linear:
+            x, weight = args[0], args[1]
+            bias = args[2] if len(args) > 2 else (kwargs or {}).get("bias")
+            self.seen(weight, bias, x, out)
+        return out
 
 
 class DeferredWeightGrads:
@@ -40,29 +49,17 @@ class DeferredWeightGrads:
     (replaced by the output's gradient once Bi has run)."""
 
     def __init__(self, stages: dict[int, nn.Module]):
+        self.stages = stages
         self.key = None
         self.pending: dict[tuple[int, int], list[list]] = {}
-        deferred: set[int] = set()
-        for stage in stages.values():
-            for module in stage.modules():
-                if type(module) is nn.Linear:
-                    module.register_forward_hook(lambda m, args, out: self.seen(m.weight, m.bias, args[0], out))
-                    names = ("weight", "bias")
-                elif hasattr(type(module), "DEFERRED_PARAMS"):
-                    module._weight_grads = self
-                    names = type(module).DEFERRED_PARAMS
-                else:
-                    continue
-                deferred.update(id(getattr(module, n)) for n in names if getattr(module, n) is not None)
-        self.eager = {s: [p for p in stage.parameters() if id(p) not in deferred and p.requires_grad]
-                      for s, stage in stages.items()}
 
     @contextmanager
     def recording(self, key: tuple[int, int]):
         """Forwards inside this block belong to (stage, microbatch) ``key``."""
         self.key = key
         try:
-            yield
+            with _LinearCalls(self.seen):
+                yield
         finally:
             self.key = None
 
@@ -73,12 +70,15 @@ class DeferredWeightGrads:
         self.pending.setdefault(self.key, []).append(entry)
 
     def backward_input(self, key: tuple[int, int], out: torch.Tensor, grad, x: torch.Tensor | None) -> None:
-        """Bi: gradients of the stage input ``x`` (None on the first stage), of the eager parameters
-        and of every linear output (asked for by name, so each one is computed even where nothing
-        upstream needs it); the graph is freed, the linear inputs and output gradients are kept."""
+        """Bi: gradients of the stage input ``x`` (None on the first stage), of the parameters no
+        linear call deferred, and of every linear output (asked for by name, so each one is computed
+        even where nothing upstream needs it); the graph is freed, the linear inputs and output
+        gradients are kept."""
         entries = self.pending.get(key, [])
+        deferred = {id(p) for e in entries for p in e[:2] if p is not None}
+        eager = [p for p in self.stages[key[0]].parameters() if p.requires_grad and id(p) not in deferred]
         outputs = [e[3] for e in entries]
-        inputs = ([x] if x is not None else []) + self.eager[key[0]] + outputs
+        inputs = ([x] if x is not None else []) + eager + outputs
         torch.autograd.backward([out], grad, inputs=inputs)
         for entry, y in zip(entries, outputs):
             if y.grad is None:

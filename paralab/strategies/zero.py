@@ -35,8 +35,8 @@ How each stage runs, per step, on every rank:
   when backward reaches it; when the part's last gradient has arrived its gradients are
   reduce-scattered and its parameters freed again.
 
-Memory is measured, not computed: the rank's meter (zero_shards.HeldMemory) counts the distinct
-storages it holds by kind, so the summary's ``memory_by_kind`` and the trace's ``memory.*`` counters
+Memory is measured, not computed: the rank's meter counts the distinct storages ZeRO says it holds
+(``Zero.held``), by kind, so the summary's ``memory_by_kind`` and the trace's ``memory.*`` counters
 include the transient ones (a gathered part, a bucket's gradients) and the rank result's
 ``memory["final"]`` shows what stays resident between steps, the quantity the table above gives.
 
@@ -51,33 +51,13 @@ import torch
 import torch.distributed as dist
 
 from paralab import comm
-from paralab.config import ConfigError
-from paralab.models.gpt import lm_loss, part_names
-from paralab.strategies.common import GradSync, full_model, run_steps
-from paralab.strategies.ddp import make_buckets
-from paralab.strategies.zero_shards import HeldMemory, ShardedModel
+from paralab.models.gpt import part_names
+from paralab.strategies.common import GradSync, full_model, make_buckets, train_model
+from paralab.strategies.registry import Strategy
+from paralab.strategies.zero_shards import ShardedModel
 
 STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
 IN_FLIGHT = 2  # reduce-scatters running beside backward; more would keep more full gradient buffers alive
-
-
-def validate(cfg) -> None:
-    """ZeRO shards over data-parallel ranks only; say so rather than ignore other degrees."""
-    if cfg.dp not in (0, cfg.world_size):
-        raise ConfigError(f"{cfg.strategy} shards over all {cfg.world_size} ranks (dp = world size); got dp={cfg.dp}. "
-                          f"Use strategy 'hybrid' for dp smaller than the world size.")
-    for name, value in (("tp", cfg.tp), ("pp", cfg.pp), ("virtual_stages", cfg.virtual_stages)):
-        if value != 1:
-            raise ConfigError(
-                f"{cfg.strategy} shards model states over data-parallel ranks only (world size "
-                f"{cfg.world_size} = dp); it does not take {name}={value}. Use strategy 'hybrid' to "
-                f"combine a zero stage with tensor or pipeline parallelism."
-            )
-    if cfg.microbatches != 1:
-        raise ConfigError(f"{cfg.strategy} takes one batch per step (microbatches=1), got microbatches="
-                          f"{cfg.microbatches}: it has no gradient accumulation; raise global_batch instead")
-    if cfg.schedule or cfg.sequence_parallel or cfg.stage_layers:
-        raise ConfigError(f"{cfg.strategy} takes no pipeline schedule, stage layers or sequence parallelism")
 
 
 def unit_groups(model: torch.nn.Module, cfg, stage: int) -> list[tuple[str, list[str]]]:
@@ -110,8 +90,8 @@ class Zero(GradSync):
         self.sharded = ShardedModel(model, unit_groups(model, ctx.cfg, stage), rank, self.world,
                                     resident_full=stage < 3, group=group)
         self.units = self.sharded.units
-        self.meter = HeldMemory(ctx.device, self.held, ctx.recorder)
-        ctx.memory = self.meter
+        self.meter = ctx.memory
+        self.meter.count_held(self.held)
         self.pending: list[tuple[comm.TracedWork, torch.Tensor]] = []  # reduce-scatters in flight
         self.buffers: dict[str, torch.Tensor] = {}  # units whose gradients are arriving
         self.offsets = {id(p): p.storage_offset() - u.full.storage_offset() for u in self.units for p in u.params}
@@ -236,9 +216,15 @@ class Zero(GradSync):
 def train(ctx):
     model = full_model(ctx)
     zero = Zero(ctx, model, STAGES[ctx.cfg.strategy])
-    losses = run_steps(ctx, [u.shard for u in zero.units], lambda x, y: lm_loss(model(x), y), zero,
-                       ctx.rank, ctx.world_size)
-    state = zero.sharded.full_state() if ctx.cfg.collect_state else None
-    result = ctx.result(losses, loss_weight=1.0 / ctx.world_size, state=state)
+    result = train_model(ctx, model, zero, params=[u.shard for u in zero.units], state_of=zero.sharded.full_state)
     result["zero"] = zero.describe()
     return result
+
+
+STRATEGIES = [
+    Strategy(f"zero{stage}", summary, axes=("dp",), options=("bucket_mb",) if stage == 2 else (), zero=stage,
+             train=train, title=f"sharded data parallel, ZeRO-{stage}")
+    for stage, summary in ((1, "optimizer states sharded over the data-parallel ranks"),
+                           (2, "optimizer states and gradients sharded"),
+                           (3, "optimizer states, gradients and parameters sharded"))
+]

@@ -1,5 +1,4 @@
-"""The bookkeeping under ZeRO (zero.py): flat parameter units, each rank's shard of them, and a memory
-meter that counts the storages a rank really holds.
+"""The bookkeeping under ZeRO (zero.py): flat parameter units and each rank's shard of them.
 
 A *unit* is a group of parameters that is communicated as one flat fp32 buffer: the whole model for
 stage 1, a gradient bucket for stage 2, one part of the model (embed, a block, the head) for stage 3.
@@ -15,14 +14,11 @@ exactly as single-device training would.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch import nn
-
-from paralab.memory import MemoryMeter, optimizer_state_bytes
 
 
 @dataclass
@@ -128,44 +124,3 @@ class ShardedModel:
                     out[name] = full[offset : offset + p.numel()].view(p.shape).cpu().clone()
                     offset += p.numel()
         return {"params": params, "grads": grads} if self.rank == 0 else None
-
-
-class HeldMemory(MemoryMeter):
-    """A MemoryMeter that counts the distinct storages a strategy reports holding, by kind.
-
-    ``held()`` returns ``{"params": [...], "grads": [...]}``: every tensor alive on the rank. Views
-    share a storage and a freed buffer has none, so a parameter view, the shard that aliases it and
-    a gathered-then-freed unit are each counted for the bytes they really occupy. Samples also go to
-    the trace as counters (``memory.params``, ...), so memory can be drawn beside the spans."""
-
-    def __init__(self, device: torch.device, held: Callable[[], dict], recorder=None):
-        super().__init__(device)
-        self.held = held
-        self.recorder = recorder
-
-    def _storages(self, tensors) -> dict[int, int]:
-        out = {}
-        for t in tensors:
-            if t is None:
-                continue
-            storage = t.untyped_storage()
-            if storage.nbytes():
-                out[storage.data_ptr()] = storage.nbytes()
-        return out
-
-    def model_states(self) -> dict[str, int]:
-        held = self.held()
-        params = self._storages(held["params"])
-        grads = {k: v for k, v in self._storages(held["grads"]).items() if k not in params}
-        return {"params": sum(params.values()), "grads": sum(grads.values()),
-                "optimizer": optimizer_state_bytes(self.optimizer)}
-
-    def param_storages(self) -> set[int]:
-        return set(self._storages(self.held()["params"]))
-
-    def sample(self) -> None:
-        super().sample()
-        if self.recorder is not None and self.recorder.enabled:
-            now = {**self.model_states(), "activations": sum(self._live.values())}
-            for kind, value in now.items():
-                self.recorder.counter(f"memory.{kind}", value)

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from paralab.layout import AXES
 from paralab.trace import COMM, Span, Trace
 from paralab.viz._common import as_trace, fmt_bytes, go, kind_color, style
+from paralab.viz.mesh import layout_of
 
 
 def _span_bytes(s: Span, payload: bool) -> int:
@@ -57,13 +59,6 @@ def comm_by_op(trace, payload: bool = False, title: str | None = None):
     return style(fig, title or f"communication by op and step ({kind} bytes)", 380)
 
 
-def _layout(meta: dict, world: int) -> tuple[int, int, int]:
-    tp = int(meta.get("tp") or 1)
-    pp = int(meta.get("pp") or 1)
-    dp = int(meta.get("dp") or max(world // max(tp * pp, 1), 1))
-    return tp, dp, pp
-
-
 def group_of(s: Span, world: int, meta: dict) -> list[int]:
     """The ranks a collective span ran among (see the module docstring for the convention)."""
     recorded = getattr(s, "group_ranks", None)
@@ -72,16 +67,14 @@ def group_of(s: Span, world: int, meta: dict) -> list[int]:
     n = s.group_size or world
     if n >= world:
         return list(range(world))
-    tp, dp, pp = _layout(meta, world)
-    if tp * dp * pp == world:
-        r = s.rank
-        t, d, p = r % tp, (r // tp) % dp, r // (tp * dp)
-        if n == tp:
-            return [p * tp * dp + d * tp + i for i in range(tp)]
-        if n == dp:
-            return [p * tp * dp + i * tp + t for i in range(dp)]
-        if n == pp:
-            return [i * tp * dp + d * tp + t for i in range(pp)]
+    try:
+        layout = layout_of(meta)
+    except TypeError:
+        layout = None
+    if layout is not None and layout.world_size == world:
+        for axis in reversed(AXES):  # innermost first: tp, then dp, then the pipeline
+            if layout.degree(axis) == n:
+                return layout.group_of(axis, s.rank)
     start = (s.rank // n) * n
     return list(range(start, min(start + n, world)))
 

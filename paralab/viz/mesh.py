@@ -7,24 +7,27 @@ ranks), a column of a block a data-parallel group, and the same cell in every bl
 
 from __future__ import annotations
 
-from paralab.strategies.mesh import RankLayout, rank_layout
+from paralab.layout import Layout, mesh_layout
 from paralab.viz._common import EXTRA_COLORS, MICROBATCH_COLORS, go, style
 
 
-def layout_of(obj) -> RankLayout:
-    """A RankLayout from a RankLayout, its ``to_dict()``, or a RunResult / Trace of a hybrid run (the
-    layout is a function of its dp, tp and pp, which the trace's meta records)."""
-    if isinstance(obj, RankLayout):
+def layout_of(obj) -> Layout:
+    """A Layout from a Layout, a RunResult, a Trace or a trace's meta dict that holds one (measured
+    runs) or records dp, tp and pp (simulated runs), or a mesh dict (``{"shape": [pp, dp, tp]}``)."""
+    if isinstance(obj, Layout):
         return obj
+    if isinstance(getattr(obj, "layout", None), Layout):
+        return obj.layout
     if isinstance(obj, dict) and "shape" in obj:
         pp, dp, tp = obj["shape"]
-        return rank_layout(dp, tp, pp)
-    meta = getattr(getattr(obj, "trace", obj), "meta", None)
-    if isinstance(meta, dict) and "mesh" in meta:
-        return layout_of(meta["mesh"])
+        return mesh_layout(dp=dp, tp=tp, pp=pp)
+    meta = obj if isinstance(obj, dict) else getattr(getattr(obj, "trace", obj), "meta", None)
+    if isinstance(meta, dict) and "layout" in meta:
+        return Layout.from_dict(meta["layout"])
     if isinstance(meta, dict) and all(k in meta for k in ("dp", "tp", "pp")):
-        return rank_layout(max(int(meta["dp"]), 1), int(meta["tp"]), int(meta["pp"]))
-    raise TypeError(f"expected a RankLayout, its dict, or a hybrid RunResult / Trace, got {type(obj).__name__}")
+        return mesh_layout(dp=max(int(meta["dp"] or 1), 1), tp=max(int(meta["tp"] or 1), 1),
+                           pp=max(int(meta["pp"] or 1), 1))
+    raise TypeError(f"expected a Layout, a RunResult or Trace, or a mesh dict, got {type(obj).__name__}")
 
 
 def mesh(obj, title: str | None = None):

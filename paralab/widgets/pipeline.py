@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from functools import lru_cache
 
-from paralab.schedules import SCHEDULES, ScheduleError, build_schedule, theoretical_bubble
+from paralab.schedules import SCHEDULES, ScheduleError, build_schedule, chunks_per_rank, theoretical_bubble
 from paralab.sim.events import simulate_schedule
 from paralab.trace import COMPUTE, Trace
 from paralab.widgets._common import attach, figure_widget, message, replace_figure, widgets
@@ -96,7 +96,7 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
 
     def shape():
         c = {k: v.value for k, v in controls.items()}
-        v = c["virtual_stages"] if c["schedule"] == "interleaved" else (2 if c["schedule"] == "zbv" else 1)
+        v = chunks_per_rank(c["schedule"], c["virtual_stages"] if c["schedule"] == "interleaved" else 1)
         return c["schedule"], c["stages"], c["microbatches"], v, c["p2p"]
 
     try:

@@ -1,0 +1,65 @@
+"""What paralab's commands share on the command line: exit codes, ``key=value`` options, and the
+flags of every training run (``paralab run`` and ``paralab elastic`` declare them once, here).
+
+Exit codes (a contract, see DESIGN.md): 0 success; 2 invalid configuration or arguments (message on
+stderr, no process started); 1 a run that failed (which rank, what it raised).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from paralab.config import DEVICES, MODEL_PRESETS, OPTIMIZERS, TrainingConfig
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+EXIT_SIGPIPE = 141  # the reader of stdout went away, as shells report a program killed by SIGPIPE
+
+
+def _number(text: str):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def key_values(text: str) -> dict:
+    """Parse ``rank=1,factor=1.5`` into {"rank": 1, "factor": 1.5} (for --fail, --slow)."""
+    out = {}
+    for part in filter(None, text.split(",")):
+        key, _, value = part.partition("=")
+        if not value:
+            raise argparse.ArgumentTypeError(f"expected key=value pairs like rank=1,step=3, got {text!r}")
+        out[key.strip()] = _number(value.strip())
+    return out
+
+
+def add_training_args(p: argparse.ArgumentParser, defaults: TrainingConfig) -> None:
+    """The flags of TrainingConfig's fields, with ``defaults``' values (RunConfig or ElasticConfig)."""
+    p.add_argument("--model", default=defaults.model_name, help=f"preset: {', '.join(MODEL_PRESETS)}")
+    p.add_argument("--steps", type=int, default=defaults.steps)
+    p.add_argument("--global-batch", type=int, default=defaults.global_batch,
+                   help="samples per step over all ranks, whatever the world size")
+    p.add_argument("--seed", type=int, default=defaults.seed)
+    p.add_argument("--device", default=defaults.device, choices=DEVICES,
+                   help="auto: CUDA when every local rank has a GPU of its own, else the CPU")
+    p.add_argument("--lr", type=float, default=defaults.lr)
+    p.add_argument("--optimizer", default=defaults.optimizer, choices=OPTIMIZERS)
+    p.add_argument("--timeout", type=float, default=defaults.timeout_s,
+                   help="seconds a collective may hang before the run fails")
+    p.add_argument("--threads", type=int, default=defaults.threads_per_rank,
+                   help="torch threads per rank (0: a fair share of the cores)")
+    p.add_argument("--no-trace", action="store_true", help="record step spans only")
+    p.add_argument("--trace", metavar="PATH", help="write the merged trace in Chrome trace format (Perfetto)")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.add_argument("--fail", type=key_values, metavar="rank=R,step=K",
+                   help="make rank R fail at step K (testing): a run's rank raises (kind=hang: stops "
+                        "answering); an elastic run loses R's node (during=save: in the middle of a checkpoint)")
+
+
+def training_options(args) -> dict:
+    """TrainingConfig keyword arguments (all but the model) from parsed :func:`add_training_args` flags."""
+    return dict(steps=args.steps, global_batch=args.global_batch, seed=args.seed, device=args.device, lr=args.lr,
+                optimizer=args.optimizer, timeout_s=args.timeout, threads_per_rank=args.threads,
+                trace=not args.no_trace, fault=args.fail)

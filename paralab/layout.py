@@ -1,0 +1,295 @@
+"""A run's parallel shape, resolved once: the :class:`Layout`.
+
+``resolve_layout(cfg)`` is the only place where a strategy name and the options a user gave become
+degrees on each axis of the device mesh, a pipeline schedule and a batch split. It is a pure
+function of the :class:`~paralab.config.RunConfig` (it writes nothing back and asks nothing of the
+machine) and it refuses, with the numbers that conflict and what would fit, every shape that
+cannot run. Everything downstream — the strategies on every rank, the run summary, the trace's
+metadata, the simulator bridge, the widgets — reads the Layout instead of deriving it again.
+
+The mesh. Ranks sit on a grid with one dimension per axis, outermost first (``AXES``)::
+
+    global rank = (pp_index x dp + dp_index) x tp + tp_index
+
+Tensor parallelism talks in every layer, forward and backward, so its ranks are neighbours (the
+same node, the fastest links); data parallelism talks once per step (the gradient reduction);
+pipeline parallelism sends one activation per microbatch to the next stage, the least traffic, so
+it is outermost and its stages are the ranks farthest apart. It is the order of torch's
+``init_device_mesh(device, layout.shape, mesh_dim_names=AXES)``, which builds the run's process
+groups from this grid. A single-axis strategy is the same grid with every other degree 1.
+
+Adding an axis is local: a field, its place in ``AXES``, and the rule that sets its degree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+from paralab.config import ConfigError, RunConfig
+from paralab.schedules import DEFAULT_SCHEDULE, chunks_per_rank, shape_problems
+from paralab.strategies.registry import OPTION_DEFAULTS, TUNING_OPTIONS, Strategy, get_strategy
+
+AXES = ("pp", "dp", "tp")  # mesh dimensions, outermost first
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The resolved parallel shape of one run (see the module docstring)."""
+
+    strategy: str
+    world_size: int
+    global_batch: int
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    schedule: str = ""  # the pipeline schedule; "" when the run has no pipeline
+    virtual_stages: int = 1  # model chunks per pipeline rank (interleaved: v; zbv: 2)
+    microbatches: int = 1  # per data-parallel replica and step: pipeline microbatches or accumulation
+    zero: int = 0  # ZeRO stage over the dp axis
+    sequence_parallel: bool = False
+    stage_layers: tuple[int, ...] | None = None  # blocks per pipeline stage, when not even
+    nodes: int = 1
+    unused_options: tuple[str, ...] = ()  # tuning knobs given that this strategy has no use for
+
+    # ------------------------------------------------------------------ batch split
+    @property
+    def batch_per_replica(self) -> int:
+        """Sequences each data-parallel replica trains on per step."""
+        return self.global_batch // self.dp
+
+    @property
+    def micro_batch(self) -> int:
+        """Sequences in one forward and backward pass of a replica."""
+        return self.batch_per_replica // self.microbatches
+
+    @property
+    def pipelined(self) -> bool:
+        return bool(self.schedule)
+
+    @property
+    def num_stages(self) -> int:
+        """Pipeline stages S = pp x virtual stages (model chunks), each on one rank."""
+        return self.pp * self.virtual_stages
+
+    # ------------------------------------------------------------------ the mesh
+    def degree(self, axis: str) -> int:
+        return getattr(self, axis)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.degree(axis) for axis in AXES)
+
+    @cached_property
+    def coords(self) -> dict[int, tuple[int, ...]]:
+        """Every global rank's coordinate on the mesh, in AXES order."""
+        out = {}
+        for rank in range(self.world_size):
+            coord, rest = [], rank
+            for size in reversed(self.shape):  # innermost axis varies fastest
+                rest, index = divmod(rest, size)
+                coord.append(index)
+            out[rank] = tuple(reversed(coord))
+        return out
+
+    def coord(self, rank: int) -> dict[str, int]:
+        """``rank``'s index on each axis."""
+        return dict(zip(AXES, self.coords[rank]))
+
+    def rank_of(self, **coord: int) -> int:
+        """The global rank at a coordinate (axes left out are 0)."""
+        rank = 0
+        for axis, size in zip(AXES, self.shape):
+            rank = rank * size + coord.get(axis, 0)
+        return rank
+
+    def groups(self, axis: str) -> list[list[int]]:
+        """The ranks that vary only along ``axis`` (every other coordinate fixed), each list in that
+        axis's order: the tp groups, the dp groups, or the pipelines (pp)."""
+        i = AXES.index(axis)
+        lines: dict[tuple, list[int]] = {}
+        for rank, coord in self.coords.items():  # rank order, so each line is in the axis's order
+            lines.setdefault(coord[:i] + coord[i + 1:], []).append(rank)
+        return list(lines.values())
+
+    def group_of(self, axis: str, rank: int) -> list[int]:
+        """The ``axis`` group that ``rank`` belongs to."""
+        return next(group for group in self.groups(axis) if rank in group)
+
+    def text(self) -> str:
+        """The grid as a table: one row per (pp, dp), one column per tp rank, the global rank in each cell."""
+        head = (f"dp={self.dp} x tp={self.tp} x pp={self.pp} = {self.world_size} ranks "
+                f"(global rank = (pp * {self.dp} + dp) * {self.tp} + tp)")
+        width = max(len(str(self.world_size - 1)), 3)
+        rows = [head, " " * 9 + " ".join(f"tp{t}".rjust(width) for t in range(self.tp))]
+        for p in range(self.pp):
+            for d in range(self.dp):
+                label = (f"pp{p}" if d == 0 else "").ljust(5) + f"dp{d}".ljust(4)
+                rows.append(label + " ".join(str(self.rank_of(pp=p, dp=d, tp=t)).rjust(width)
+                                             for t in range(self.tp)))
+        return "\n".join(rows)
+
+    def __str__(self) -> str:
+        return self.text()
+
+    # ------------------------------------------------------------------ plain data
+    def to_dict(self) -> dict:
+        """JSON data for a trace's meta, a rank's arguments or a figure: the fields, and the mesh."""
+        out = dataclasses.asdict(self)
+        out["mesh"] = {"dims": list(AXES), "shape": list(self.shape),
+                       "coords": {str(rank): list(coord) for rank, coord in self.coords.items()}}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Layout:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in fields}
+        for name in ("stage_layers", "unused_options"):
+            if values.get(name) is not None:
+                values[name] = tuple(values[name])
+        return cls(**values)
+
+
+def mesh_layout(dp: int = 1, tp: int = 1, pp: int = 1) -> Layout:
+    """The grid of a dp x tp x pp mesh alone (for figures and lessons; ``print`` it for the table)."""
+    if min(dp, tp, pp) < 1:
+        raise ValueError(f"every degree must be >= 1, got dp={dp}, tp={tp}, pp={pp}")
+    return Layout("hybrid", dp * tp * pp, global_batch=dp, dp=dp, tp=tp, pp=pp)
+
+
+# ---------------------------------------------------------------------------------------- resolving
+def resolve_layout(cfg: RunConfig) -> Layout:
+    """The Layout of ``cfg``, or ConfigError naming what conflicts and what would fit.
+
+    Order of the checks: the config's own fields, options the strategy does not use, the degree of
+    every axis, the pipeline's shape, the batch split, then the strategy's own rules (its ``check``).
+    """
+    cfg.validate()
+    strategy = get_strategy(cfg.strategy)
+    unused = _unused_options(cfg, strategy)
+    degrees = _degrees(cfg, strategy)
+    schedule, virtual_stages, microbatches = _pipeline_shape(cfg, strategy, degrees["pp"])
+    _check_batch_split(cfg.global_batch, degrees["dp"], microbatches)
+    if cfg.world_size % cfg.nodes:
+        raise ConfigError(f"{cfg.nodes} node(s) cannot split world size {cfg.world_size} evenly")
+    layout = Layout(
+        strategy=cfg.strategy, world_size=cfg.world_size, global_batch=cfg.global_batch, **degrees,
+        schedule=schedule, virtual_stages=virtual_stages, microbatches=microbatches,
+        zero=strategy.zero or cfg.zero, sequence_parallel=cfg.sequence_parallel,
+        stage_layers=tuple(cfg.stage_layers) if cfg.stage_layers else None, nodes=cfg.nodes,
+        unused_options=unused,
+    )
+    if strategy.check is not None:
+        strategy.check(cfg, layout)
+    return layout
+
+
+def _unused_options(cfg: RunConfig, strategy: Strategy) -> tuple[str, ...]:
+    """An option the strategy does not use is refused, never silently ignored and echoed back as if
+    applied; a tuning knob is returned as unused (the summary reports it)."""
+    unused = []
+    for option, default in OPTION_DEFAULTS.items():
+        value = getattr(cfg, option)
+        if value in (default, None) or option in strategy.options:
+            continue
+        name = strategy.name
+        if option in TUNING_OPTIONS:
+            unused.append(option)
+            continue
+        if option in AXES:
+            axes = " x ".join(strategy.axes) or "no axis (one rank)"
+            raise ConfigError(f"{name} splits over {axes} only; it does not take {option}={value}. Use "
+                              f"strategy 'hybrid' to combine data, tensor and pipeline parallelism.")
+        if option == "zero":
+            raise ConfigError(f"zero={value} is a hybrid option; for ZeRO over all ranks use strategy "
+                              f"'zero{value}' instead of {name!r}")
+        if option == "hierarchical":
+            raise ConfigError(f"hierarchical all-reduce is a ddp option, not {name!r}")
+        if option == "microbatches":
+            raise ConfigError(f"{name} takes one batch per step (microbatches=1), got microbatches={value}: "
+                              f"it has no gradient accumulation; raise global_batch instead")
+        if option == "sequence_parallel":
+            raise ConfigError(f"sequence_parallel splits the sequence over tensor-parallel ranks; {name} has "
+                              f"no tp axis")
+        raise ConfigError(f"{name} has no pipeline: {option}={value} needs strategy 'pp' or 'hybrid' with pp > 1")
+    return tuple(unused)
+
+
+def _degrees(cfg: RunConfig, strategy: Strategy) -> dict[str, int]:
+    """The degree of every axis. A single-axis strategy's degree is the world size (given or not); a
+    multi-axis one fills dp from the others (world / product); every unused axis is 1."""
+    world = cfg.world_size
+    given = {axis: getattr(cfg, axis) for axis in AXES}
+    for axis, value in given.items():
+        if value < 0:
+            raise ConfigError(f"{axis} must be >= 1 (or 0: from the world size), got {value}")
+    if not strategy.axes:
+        if world != 1:
+            raise ConfigError(f"strategy {strategy.name!r} runs on one rank, got world size {world}")
+        return dict.fromkeys(AXES, 1)
+    if len(strategy.axes) == 1:
+        (axis,) = strategy.axes
+        if given[axis] not in (0, world):
+            raise ConfigError(f"{strategy.name} puts all ranks on its {axis} axis: {axis}={given[axis]} but "
+                              f"world size {world}; use {axis}={world} (or leave it out), world size "
+                              f"{given[axis]}, or strategy 'hybrid' to combine {axis} with other axes")
+        return {a: world if a == axis else 1 for a in AXES}
+    degrees = {a: (given[a] or 1) if a in strategy.axes else 1 for a in AXES}
+    others = math.prod(d for a, d in degrees.items() if a != "dp")
+    degrees["dp"] = given["dp"] or max(world // others, 1)
+    if math.prod(degrees.values()) != world:
+        names = [a for a in ("dp", "tp", "pp") if a in strategy.axes]
+        shown = " x ".join(str(degrees[a]) for a in names)
+        fits = ["x".join(str(d) for d in combo) for combo in _factorisations(world, len(names))]
+        raise ConfigError(f"{strategy.name} needs {' x '.join(names)} = world size: {shown} = "
+                          f"{math.prod(degrees.values())}, but world size is {world}; use world size "
+                          f"{math.prod(degrees.values())}, or {' x '.join(names)} that fit {world} ranks: "
+                          f"{', '.join(fits)}")
+    return degrees
+
+
+def _factorisations(n: int, parts: int) -> list[tuple[int, ...]]:
+    if parts == 1:
+        return [(n,)]
+    return [(d, *rest) for d in range(1, n + 1) if n % d == 0 for rest in _factorisations(n // d, parts - 1)]
+
+
+def _pipeline_shape(cfg: RunConfig, strategy: Strategy, pp: int) -> tuple[str, int, int]:
+    """(schedule, virtual stages, microbatches). A pipeline exists when the strategy pipelines (its
+    schedule rules come from paralab.schedules); otherwise microbatches accumulate gradients."""
+    pipelines = "pp" in strategy.axes and (pp > 1 or len(strategy.axes) == 1)
+    if not pipelines:
+        if cfg.schedule or cfg.virtual_stages != 1 or cfg.stage_layers:
+            raise ConfigError("a pipeline schedule, virtual_stages or stage_layers needs pp > 1; with pp=1 "
+                              "the microbatches simply accumulate gradients")
+        return "", 1, cfg.microbatches
+    schedule = cfg.schedule or strategy.schedule or DEFAULT_SCHEDULE
+    if strategy.schedules and schedule not in strategy.schedules:
+        raise ConfigError(f"unknown pipeline schedule {schedule!r} for {strategy.name}; choose one of: "
+                          f"{', '.join(strategy.schedules)}")
+    virtual_stages = chunks_per_rank(schedule, cfg.virtual_stages)
+    problems = shape_problems(schedule, pp, cfg.microbatches, virtual_stages)
+    if problems:
+        raise ConfigError(f"pipeline schedule {schedule!r} (pp={pp}, microbatches={cfg.microbatches}, "
+                          f"virtual_stages={virtual_stages}) cannot run: {problems[0]}")
+    return schedule, virtual_stages, cfg.microbatches
+
+
+def _check_batch_split(batch: int, dp: int, microbatches: int) -> None:
+    if microbatches < 1:
+        raise ConfigError(f"microbatches must be >= 1, got {microbatches}")
+    if batch % (dp * microbatches) == 0:
+        return
+    if microbatches == 1:
+        fits = list(range(dp, 4 * dp + 1, dp))
+        raise ConfigError(f"global batch {batch} is not divisible by the {dp} data-parallel ranks; "
+                          f"global batches that fit: {fits}")
+    if dp == 1:
+        fits = [d for d in range(1, batch + 1) if batch % d == 0]
+        raise ConfigError(f"global batch {batch} is not divisible by {microbatches} microbatches; "
+                          f"microbatch counts that fit: {fits}")
+    step = dp * microbatches
+    raise ConfigError(f"global batch {batch} does not split into dp={dp} replicas x {microbatches} "
+                      f"microbatches; global batches that fit: {list(range(step, 4 * step + 1, step))}")

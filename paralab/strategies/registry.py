@@ -1,0 +1,99 @@
+"""The strategy registry: what each ``--strategy`` name means, declared in the strategy's own file.
+
+Each strategy module ends with ``STRATEGIES = [Strategy(...)]``: its name, a one-line summary, the
+mesh axes it splits the ranks over, the options it honours and its ``train(ctx)``. The registry
+reads those declarations; the layout resolver (paralab.layout), the CLI's ``paralab strategies``
+table, error messages and the docs table all come from them, so a strategy's meaning is written
+once. Modules are imported when the registry is first asked, so ``import paralab`` and the
+simulator's commands stay free of torch.distributed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from paralab.config import ConfigError
+
+# The files that declare strategies, in the order the docs table lists them.
+MODULES = ("single", "dp", "ddp", "pipeline", "tensor", "zero", "hybrid", "reference_ddp", "reference_pipeline",
+           "reference_tensor", "reference_fsdp", "reference_hybrid")
+
+# Options a strategy may or may not use, with the value that means "not asked for". Everything else
+# in RunConfig (model, batch, steps, optimizer, device, tracing, ...) applies to every strategy. A
+# strategy that does not use an option refuses it; a tuning knob it has no use for (TUNING_OPTIONS:
+# a benchmark may pass one to several strategies) is reported as unused instead.
+OPTION_DEFAULTS = {"dp": 0, "tp": 0, "pp": 0, "schedule": "", "microbatches": 1, "virtual_stages": 1,
+                   "stage_layers": None, "sequence_parallel": False, "zero": 0, "bucket_mb": 25.0,
+                   "hierarchical": False}
+TUNING_OPTIONS = ("bucket_mb",)
+PIPELINE_OPTIONS = ("schedule", "microbatches", "virtual_stages", "stage_layers")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One ``--strategy``. ``axes``: the mesh axes its ranks spread over (a single axis takes the whole
+    world; none means one rank). ``options``: the OPTION_DEFAULTS it honours (its axes always).
+    ``check(cfg, layout)``: its own refusals, after the layout is resolved. ``schedule``: the only
+    schedule it runs (mp: naive); ``schedules``: those it can run (empty: every one). ``zero``: the
+    ZeRO stage it is. ``title``: its name in the docs, in English and, once, in Chinese.
+    ``reference_for``: the paralab strategy this torch implementation is the reference of."""
+
+    name: str
+    summary: str
+    axes: tuple[str, ...]
+    train: Callable
+    options: tuple[str, ...] = ()
+    check: Callable | None = None
+    schedule: str = ""
+    schedules: tuple[str, ...] = ()
+    zero: int = 0
+    title: str = ""
+    reference_for: str = ""
+
+    def __post_init__(self):
+        object.__setattr__(self, "options", tuple(dict.fromkeys(self.axes + self.options)))
+
+
+@dataclass
+class _Registry:
+    entries: dict[str, Strategy] = field(default_factory=dict)
+
+    def load(self) -> dict[str, Strategy]:
+        if not self.entries:
+            for module in MODULES:
+                for entry in importlib.import_module(f"paralab.strategies.{module}").STRATEGIES:
+                    self.entries[entry.name] = entry
+        return self.entries
+
+
+_REGISTRY = _Registry()
+
+
+def strategies() -> dict[str, Strategy]:
+    """Every strategy, by name, in the docs table's order."""
+    return dict(_REGISTRY.load())
+
+
+def get_strategy(name: str) -> Strategy:
+    """The strategy called ``name``, or ConfigError listing the names there are."""
+    entries = _REGISTRY.load()
+    if name not in entries:
+        ours = [n for n, s in entries.items() if not s.reference_for]
+        raise ConfigError(f"unknown strategy {name!r}; choose one of {', '.join(ours)} (or torch's own: "
+                          f"{', '.join(n for n, s in entries.items() if s.reference_for)})")
+    return entries[name]
+
+
+def strategy_table() -> str:
+    """The strategies as a Markdown table (README's and ``paralab strategies``)."""
+    rows = ["| strategy | `--strategy` | mesh axes | what runs | torch reference |", "|---|---|---|---|---|"]
+    entries = _REGISTRY.load()
+    for s in entries.values():
+        if s.reference_for:
+            continue
+        title = s.title or s.name
+        refs = ", ".join(f"`{r.name}`" for r in entries.values() if r.reference_for == s.name) or "—"
+        rows.append(f"| {title} | `{s.name}` | {' x '.join(s.axes) or '—'} | {s.summary} | {refs} |")
+    return "\n".join(rows)

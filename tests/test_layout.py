@@ -1,0 +1,170 @@
+"""The resolved Layout: one pure function from a RunConfig to degrees, schedule and batch split; the
+strategy registry it reads; and the shape of the code around it (no import cycles)."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+import paralab
+from paralab import cli
+from paralab.config import ConfigError, RunConfig
+from paralab.layout import AXES, Layout, mesh_layout, resolve_layout
+from paralab.runtime import launch as launch_module
+from paralab.strategies.registry import strategies, strategy_table
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """paralab module -> the paralab modules it imports anywhere in its source (function bodies too)."""
+    modules = {}
+    for path in (ROOT / "paralab").rglob("*.py"):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                deps.add(node.module)
+                deps.update(f"{node.module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.Import):
+                deps.update(alias.name for alias in node.names)
+        modules[name] = deps
+    return {m: {d for d in deps if d in modules and d != m and not m.startswith(d + ".")}
+            for m, deps in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of imports in ``graph`` (depth-first search), or None."""
+    state: dict[str, str] = {}
+
+    def visit(module, stack):
+        state[module] = "open"
+        for dep in sorted(graph[module]):
+            if state.get(dep) == "open":
+                return stack[stack.index(dep):] + [dep]
+            if dep not in state and (found := visit(dep, stack + [dep])):
+                return found
+        state[module] = "done"
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (found := visit(module, [module])):
+            return found
+    return None
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = _import_graph()
+    assert len(graph) > 40, "the graph should hold every paralab module"
+    assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph))}"
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+# ------------------------------------------------------------------------------------- the docs table
+def test_the_readme_table_is_the_registry():
+    """README's strategy table is generated from the registry (`paralab strategies` prints it)."""
+    assert strategy_table() in (ROOT / "README.md").read_text()
+
+
+def _world_for(strategy) -> int:
+    return {0: 1, 1: 4, 2: 4, 3: 8}[len(strategy.axes)]
+
+
+@pytest.mark.parametrize("name", list(strategies()))
+def test_every_strategy_resolves_to_the_degrees_its_table_row_says(name):
+    """The table's mesh axes: a single-axis strategy takes the whole world on its axis; a multi-axis
+    one splits it (dp fills what the others leave); every other axis is 1."""
+    strategy = strategies()[name]
+    world = _world_for(strategy)
+    extra = {"tp": 2} if len(strategy.axes) > 1 else {}
+    extra.update({"pp": 2} if len(strategy.axes) == 3 else {})
+    extra.update({"microbatches": 4} if "pp" in strategy.axes and name != "mp" else {})
+    layout = resolve_layout(RunConfig.build(dict(layers=4, hidden=64, heads=4, vocab=128), strategy=name,
+                                            world_size=world, global_batch=8, **extra))
+    degrees = {axis: layout.degree(axis) for axis in AXES}
+    assert degrees["dp"] * degrees["tp"] * degrees["pp"] == world
+    for axis in AXES:
+        if axis not in strategy.axes:
+            assert degrees[axis] == 1, f"{name} does not split over {axis}"
+    if len(strategy.axes) == 1:
+        assert degrees[strategy.axes[0]] == world
+    assert layout.zero == strategy.zero or name == "hybrid"
+    assert layout.pipelined == ("pp" in strategy.axes and degrees["pp"] > 1)
+
+
+@pytest.mark.parametrize("name, world, options, expected", [
+    ("pp", 4, dict(microbatches=8), dict(pp=4, schedule="1f1b", microbatches=8, micro_batch=1)),
+    ("pp", 2, dict(schedule="zbv", microbatches=4), dict(pp=2, schedule="zbv", virtual_stages=2)),
+    ("mp", 4, {}, dict(pp=4, schedule="naive", microbatches=1)),
+    ("hybrid", 8, dict(tp=2, pp=2), dict(dp=2, tp=2, pp=2, schedule="1f1b", batch_per_replica=4)),
+    ("hybrid", 4, dict(tp=2, microbatches=2), dict(dp=2, tp=2, pp=1, schedule="", microbatches=2)),
+    ("zero2", 2, {}, dict(dp=2, zero=2)),
+    ("torch_hybrid", 4, dict(tp=2), dict(dp=2, tp=2)),
+])
+def test_the_resolved_shapes_of_the_lab_strategies(name, world, options, expected):
+    layout = resolve_layout(RunConfig.build("tiny", strategy=name, world_size=world, **options))
+    assert {k: getattr(layout, k) for k in expected} == expected
+
+
+# ------------------------------------------------------------------------------------- refusals
+@pytest.mark.parametrize("options, message", [
+    (dict(strategy="ddp", tp=3), r"ddp splits over dp only; it does not take tp=3"),
+    (dict(strategy="ddp", schedule="bogus"), r"ddp has no pipeline: schedule=bogus"),
+    (dict(strategy="ddp", virtual_stages=3), r"ddp has no pipeline: virtual_stages=3"),
+    (dict(strategy="pp", dp=2), r"pp splits over pp only; it does not take dp=2"),
+    (dict(strategy="pp", microbatches=0), r"microbatches must be >= 1"),
+    (dict(strategy="tp", zero=1), r"zero=1 is a hybrid option"),
+    (dict(strategy="dp", sequence_parallel=True), r"sequence_parallel .* dp has no tp axis"),
+    (dict(strategy="pp", pp=3), r"pp=3 but world size 2"),
+    (dict(strategy="hybrid", tp=3), r"hybrid needs dp x tp x pp = world size"),
+    (dict(strategy="ddp", steps="3"), r"steps must be a whole number, got '3'"),
+    (dict(strategy="ddp", lr=float("nan")), r"learning rate must be a finite number"),
+    (dict(strategy="ddp", timeout_s=float("inf")), r"timeout must be a finite number"),
+    (dict(strategy="ddp", timeout_s=1e-6), r"timeout must be >= 1 s"),
+    (dict(strategy="ddp", seed=2**64), r"seed must be in \[0, "),
+    (dict(strategy="ddp", threads_per_rank=-4), r"threads_per_rank must be >= 0"),
+    (dict(strategy="ddp", fault={"rank": "a", "step": 1}), r"fault rank must be a whole number"),
+    (dict(strategy="ddp", fault={"rank": 1, "step": "x"}), r"fault step must be a whole number"),
+    (dict(strategy="ddp", fault={"rank": 1, "step": 1, "kind": "explode"}), r"fault kind must be one of"),
+])
+def test_shapes_that_cannot_run_are_refused_before_any_process(monkeypatch, options, message):
+    monkeypatch.setattr(launch_module, "_context", lambda: pytest.fail("a process was about to start"))
+    with pytest.raises(ConfigError, match=message):
+        paralab.run(world_size=2, **options)
+
+
+def test_the_unused_tuning_knob_is_reported_not_echoed(monkeypatch):
+    layout = resolve_layout(RunConfig.build("tiny", strategy="zero1", world_size=2, bucket_mb=1.0))
+    assert layout.unused_options == ("bucket_mb",)
+    assert resolve_layout(RunConfig.build("tiny", strategy="ddp", world_size=2, bucket_mb=1.0)).unused_options == ()
+
+
+def test_resolving_writes_nothing_back_into_the_config():
+    cfg = RunConfig.build("tiny", strategy="hybrid", world_size=8, tp=2, pp=2)
+    before = cfg.to_dict()
+    resolve_layout(cfg)
+    assert cfg.to_dict() == before
+
+
+# ------------------------------------------------------------------------------------- the mesh
+def test_mesh_coordinates_groups_and_json_round_trip():
+    layout = mesh_layout(dp=2, tp=2, pp=2)
+    assert layout.rank_of(pp=1, dp=0, tp=1) == 5 and layout.coord(5) == {"pp": 1, "dp": 0, "tp": 1}
+    assert layout.group_of("dp", 5) == [5, 7]
+    data = json.loads(json.dumps(layout.to_dict()))
+    assert Layout.from_dict(data) == layout
+    assert data["mesh"]["dims"] == list(AXES) and data["mesh"]["coords"]["5"] == [1, 0, 1]
+
+
+def test_paralab_strategies_lists_every_strategy(capsys):
+    assert cli.main(["strategies", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed.keys() == strategies().keys()
+    assert listed["hybrid"]["axes"] == ["dp", "tp", "pp"] and listed["torch_tp"]["reference_for"] == "tp"
