@@ -11,6 +11,7 @@ the same runs (and much larger ones) with a cost model, as the same Trace type.
 from paralab.config import MODEL_PRESETS, STRATEGIES, ConfigError, ModelConfig, RunConfig
 from paralab.runtime.result import RunError, RunResult
 from paralab.trace import Span, Trace
+from paralab.trace_import import import_profile
 
 __version__ = "0.1.0"
 
@@ -34,5 +35,5 @@ def run(strategy: str = "ddp", world_size: int = 1, steps: int = 5, model="tiny"
 
 __all__ = [
     "run", "RunConfig", "ModelConfig", "MODEL_PRESETS", "STRATEGIES", "ConfigError", "RunError",
-    "RunResult", "Trace", "Span", "__version__",
+    "RunResult", "Trace", "Span", "import_profile", "__version__",
 ]

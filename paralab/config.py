@@ -113,6 +113,7 @@ class RunConfig:
     threads_per_rank: int = 0  # 0: share the cores fairly
     fault: dict | None = None  # test hook: {"rank": r, "step": k} makes that rank raise
     collect_state: bool = False  # return final parameters and gradients (parity tests)
+    profile_dir: str | None = None  # each rank writes a torch.profiler trace here (paralab.profiling)
 
     # ------------------------------------------------------------------ helpers
     @classmethod

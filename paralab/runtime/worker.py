@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from paralab.config import RunConfig
 from paralab.memory import MemoryMeter
+from paralab.profiling import profile_rank
 from paralab.runtime.context import RankContext
 from paralab.runtime.recorder import Recorder
 
@@ -74,7 +75,8 @@ def run_rank(cfg: RunConfig, rank: int, world_size: int, local_rank: int, local_
         dist.barrier()
         recorder.start_clock()
         recorder.activate()
-        result = strategy_module(cfg.strategy).train(ctx)
+        with profile_rank(cfg, recorder):
+            result = strategy_module(cfg.strategy).train(ctx)
         recorder.deactivate()
         trace = recorder.trace(
             meta={"ranks": {rank: {"node": nodes[rank], "device": str(device), "host": os.uname().nodename}}}
