@@ -310,7 +310,7 @@ def _meta(profiles: list[RankProfile], ranks: list[int], world: int, node_of: di
                      for r, p in zip(ranks, profiles)}
     if all(p.peak_memory for p in profiles):
         order = sorted(zip(ranks, profiles))
-        peaks = [p.peak_memory.get(1 if p.on_gpu else 0, max(p.peak_memory.values())) for _, p in order]
+        peaks = [int(p.peak_memory.get(1 if p.on_gpu else 0, max(p.peak_memory.values()))) for _, p in order]
         meta["peak_memory_bytes"] = peaks
         meta["memory_by_kind"] = [{"allocated": peak} for peak in peaks]
     return meta

@@ -12,10 +12,11 @@ decided from the outside in:
   0), and ranges (``DistributedDataParallel.forward``, ``nn.Module: ...``) that hold only such ops;
 - ``other``: the rest (making the batch, bookkeeping); a range holding several kinds is looked into.
 
-Consecutive operators of one kind on one thread, in one step, make one span: the Python between them
-is that kind's work too. On the GPU, kernels of one kind on one stream closer than ``MERGE_GAP_S``
-make one span; gaps longer than that are the GPU idling. GPU memory copies and sets are ``memcpy``
-and ``memset`` spans whose payload is the bytes they moved.
+Consecutive operators of one kind on one thread, in one step, less than ``HOST_GAP_S`` apart make one
+span: the Python between them is that kind's work too. A longer gap is the thread blocked (DDP
+waiting for its all-reduces records no operator) or not running, and stays a gap. On the GPU, kernels
+of one kind on one stream closer than ``DEVICE_GAP_S`` make one span; longer gaps are the GPU idling.
+GPU memory copies and sets are ``memcpy`` and ``memset`` spans whose payload is the bytes they moved.
 
 Communication. What ran is the span: an NCCL kernel, or gloo's ``gloo:<op>`` range on its worker
 thread (send and recv run inline). The call that asked for it supplies what the run asked for: the
@@ -40,7 +41,7 @@ HOST_CATS = ("cpu_op", "user_annotation")
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
 FORWARD, BACKWARD, OPTIMIZER, OTHER = "forward", "backward", "optimizer", "other"
 _CALL, _MIXED = "communication call", "mixed"
-MERGE_GAP_S = 2e-6
+HOST_GAP_S, DEVICE_GAP_S = 100e-6, 2e-6
 EPS_S = 1e-9
 
 # Element sizes by the names torch writes: dtype().name() in "Input type" (record_shapes), and
@@ -162,7 +163,7 @@ def compute_spans(host_events: list[Event], device_events: list[Event], rank: in
     kernels = [e for e in device_events if e.cat != "gpu_user_annotation" and not _is_nccl(e)]
     if not kernels:
         return [span for runs in regions.values() for span in _merge(
-            ((e.start, e.end, kind, e.name, 0) for e, kind in runs), rank, steps, gap=math.inf)]
+            ((e.start, e.end, kind, e.name, 0) for e, kind in runs), rank, steps, gap=HOST_GAP_S)]
     kinds: dict = {}
     for runs in regions.values():
         for e, kind in runs:
@@ -174,7 +175,7 @@ def compute_spans(host_events: list[Event], device_events: list[Event], rank: in
     for stream in by_stream.values():
         items = ((k.start, k.end, _kernel_kind(k, kinds), k.name.split("(")[0], int(k.args.get("bytes") or 0))
                  for k in sorted(stream, key=lambda k: k.start))
-        spans += _merge(items, rank, steps, gap=MERGE_GAP_S)
+        spans += _merge(items, rank, steps, gap=DEVICE_GAP_S)
     return spans
 
 
