@@ -202,10 +202,11 @@ def torch_spans(profile: RankProfile, rank: int, world_size: int) -> list[Span]:
 def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> Trace:
     """A Trace from torch.profiler traces, one file per rank (see the module docstring).
 
-    ``names``: "auto" reads paralab's named ranges when a profile has them, else torch's operators;
-    "paralab" or "torch" insists on one. ``meta`` adds facts the profiles lack (``schedule``, ``pp``,
-    ``microbatches`` for the bubble; ``tokens_per_step`` for throughput). Raises ProfileError for a
-    file that is missing, malformed or not a torch.profiler trace.
+    ``names``: "auto" reads paralab's named ranges when every profile has them, else torch's
+    operators; "paralab" or "torch" insists on one. ``meta`` adds facts the profiles lack
+    (``schedule``, ``pp``, ``microbatches`` for the bubble figure; ``tokens_per_step`` for
+    throughput). Raises ProfileError for a file that is missing, malformed or not a torch.profiler
+    trace.
     """
     if names not in NAMES:
         raise ConfigError(f"names must be one of {NAMES}, got {names!r}")
@@ -258,7 +259,8 @@ def _align(spans_by_rank: dict[int, list[Span]], profiles: list[RankProfile], ra
     """Shift every rank onto one timeline (module docstring); returns what was done, for the meta."""
     ref_ns = min(p.base_ns for p in profiles)
     shift = {rank: (p.base_ns - ref_ns) * 1e-9 for rank, p in zip(ranks, profiles)}
-    if paralab_clock and all(offsets[r] is not None for r in ranks):
+    on_paralab_clock = paralab_clock and all(offsets[r] is not None for r in ranks)
+    if on_paralab_clock:
         shift = {r: -offsets[r] for r in ranks}
         method = "paralab: every rank's clock starts as it leaves the barrier before training"
     else:
@@ -273,7 +275,7 @@ def _align(spans_by_rank: dict[int, list[Span]], profiles: list[RankProfile], ra
         for s in spans:
             s.start += shift[rank]
             s.end += shift[rank]
-    if not paralab_clock:  # start the timeline at the first step
+    if not on_paralab_clock:  # start the timeline at the first step
         t0 = min((s.start for spans in spans_by_rank.values() for s in spans if s.lane == STEP), default=0.0)
         for spans in spans_by_rank.values():
             for s in spans:
@@ -318,9 +320,7 @@ def _meta(profiles: list[RankProfile], ranks: list[int], world: int, node_of: di
 
 # ---------------------------------------------------------------------------------------------- CLI
 def add_import_args(parser) -> None:
-    """Arguments of ``paralab import PROFILE [PROFILE ...] -o OUT``."""
-    from paralab.cli import key_values
-
+    """Arguments of ``paralab import PROFILE [PROFILE ...] -o OUT [--schedule ...]``."""
     parser.add_argument("profiles", nargs="+", metavar="PROFILE",
                         help="torch.profiler traces, one per rank (.json or .json.gz), or their directory")
     parser.add_argument("-o", "--output", required=True, help="the paralab trace to write (JSON)")
@@ -328,14 +328,18 @@ def add_import_args(parser) -> None:
     parser.add_argument("--names", choices=NAMES, default="auto",
                         help="paralab: the spans a paralab run --profile named; torch: torch's operators; "
                              "auto: paralab's names where every profile has them")
-    parser.add_argument("--meta", type=key_values, default={}, metavar="KEY=VALUE,...",
-                        help="what the profiles lack: schedule=1f1b,pp=4,microbatches=8,tokens_per_step=4096")
+    # what a profile cannot say, for the bubble figure and throughput
+    parser.add_argument("--schedule", help="the pipeline schedule the job ran (gpipe, 1f1b, ...)")
+    parser.add_argument("--pp", type=int, help="pipeline stages")
+    parser.add_argument("--microbatches", type=int, help="microbatches per step")
+    parser.add_argument("--tokens-per-step", type=int, help="tokens the job trains on per step")
 
 
 def import_main(args) -> int:
     """``paralab import``: 0 when written; 2 (one line on stderr) for a file that cannot be imported."""
     try:
-        trace = import_profile(args.profiles, names=args.names, meta=args.meta)
+        facts = {k: getattr(args, k) for k in ("schedule", "pp", "microbatches", "tokens_per_step")}
+        trace = import_profile(args.profiles, names=args.names, meta={k: v for k, v in facts.items() if v})
     except ProfileError as exc:
         print(f"paralab import: {exc}", file=sys.stderr)
         return 2

@@ -35,6 +35,7 @@ import math
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
+from paralab.profiling import PREFIX
 from paralab.trace import COMM, COMPUTE, Span
 
 HOST_CATS = ("cpu_op", "user_annotation")
@@ -150,7 +151,7 @@ def _host_regions(host_events: list[Event]) -> dict[object, list[tuple[Event, st
     span everything, and gloo's executions, which are communication, left out)."""
     threads: dict[object, list[Event]] = defaultdict(list)
     for e in host_events:
-        if not e.name.startswith(("ProfilerStep#", "paralab ", "gloo:")):
+        if not e.name.startswith(("ProfilerStep#", PREFIX, "gloo:")):
             threads[e.tid].append(e)
     return {tid: sorted(_regions(_forest(events)), key=lambda r: r[0].start)
             for tid, events in threads.items()}

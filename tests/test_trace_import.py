@@ -172,15 +172,16 @@ def test_every_figure_and_the_report_take_an_imported_trace(gpu_trace, tmp_path)
     assert viz.speedup_timeline(gpu_trace).layout.meta
     assert viz.memory(gpu_trace.meta["memory_by_kind"]).layout.meta["totals"] == [3 << 20, (3 << 20) + 4096]
     viz.elastic(gpu_trace)
-    report = tmp_path / "report.html"
-    assert cli_main(["report", str(_saved(gpu_trace, tmp_path)), "-o", str(report)]) == 0
+    # from the shell, with what a profile cannot say: the schedule, for the bubble against its theory
+    imported, report = tmp_path / "imported.json", tmp_path / "report.html"
+    assert cli_main(["import", str(GPU_FIXTURE), "-o", str(imported), "--schedule", "1f1b", "--pp", "2",
+                     "--microbatches", "4", "--tokens-per-step", "4096"]) == 0
+    assert Trace.load(imported).meta["schedule"] == "1f1b"
+    assert cli_main(["report", str(imported), "-o", str(report)]) == 0
     page = report.read_text()
-    for section in ("Timeline", "Communication by op and step", "Memory per rank", "exposed comm ms/step"):
+    for section in ("Timeline", "Pipeline bubble", "Communication by op and step", "Memory per rank",
+                    "exposed comm ms/step", "tokens_per_s"):
         assert section in page
-
-
-def _saved(trace: Trace, tmp_path: Path) -> Path:
-    return trace.save(tmp_path / "imported.json")
 
 
 # ------------------------------------------------------------------------------------------ bad files
