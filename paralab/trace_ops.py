@@ -31,6 +31,7 @@ accounting for the group size. A group size the trace does not state is 0 (read:
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
@@ -288,12 +289,16 @@ def _pair(executions: list[Event], calls: list[Event]) -> dict[int, Event]:
     recv run inline), else the earliest open call of its op (or of an op gloo runs as it)."""
     paired: dict[int, Event] = {}
     used: set[int] = set()
+    by_thread: dict[object, list[Event]] = defaultdict(list)  # calls in start order, per thread
+    for c in calls:
+        by_thread[c.tid].append(c)
+    starts = {tid: [c.start for c in thread] for tid, thread in by_thread.items()}
     for e in executions:
-        inside = next((c for c in calls if c.tid == e.tid and c.start <= e.start and e.end <= c.end + EPS_S
-                       and id(c) not in used), None)
-        if inside is not None:
-            paired[id(e)] = inside
-            used.add(id(inside))
+        i = bisect.bisect_right(starts.get(e.tid, []), e.start) - 1  # the last call on its thread before it
+        call = by_thread[e.tid][i] if i >= 0 else None
+        if call is not None and e.end <= call.end + EPS_S and id(call) not in used:
+            paired[id(e)] = call
+            used.add(id(call))
     queues: dict[str, deque] = defaultdict(deque)
     for c in calls:
         if id(c) not in used:

@@ -24,7 +24,7 @@ from paralab.cli import main as cli_main
 from paralab.profiling import parse_label, run_torchrun, span_label
 from paralab.trace import COMM, COMPUTE, STEP, Span, Trace
 from paralab.trace_import import ProfileError, import_profile
-from paralab.trace_ops import op_name
+from paralab.trace_ops import Event, compute_spans, op_name
 
 HERE = Path(__file__).parent
 GPU_FIXTURE = HERE / "data" / "kineto_gpu"
@@ -57,6 +57,23 @@ def test_torch_names_become_paralab_ops():
              "ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclWorkElem)": "all_gather",
              "ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)": "send_recv", "aten::mm": ""}
     assert {name: op_name(name) for name in cases} == cases
+
+
+def test_host_operators_become_runs_of_one_kind_and_a_blocked_thread_stays_a_gap():
+    """One thread's top-level operators, times in us: a forward pass with bookkeeping inside it, the
+    autograd engine's backward, 2 ms blocked (DDP waiting for its all-reduce records no operator), the
+    reducer's copies, the optimizer."""
+    forward, engine = {"Sequence number": 3, "Fwd thread id": 0}, "autograd::engine::evaluate_function: "
+    ops = [("aten::linear", 0, 40, forward), ("aten::view", 45, 50, {}), ("aten::relu", 55, 70, forward),
+           (engine + "AddmmBackward0", 80, 150, {"Sequence number": 3, "Fwd thread id": 1}),
+           ("c10d::allreduce_", 150, 160, {}), (engine + "ReluBackward0", 165, 200, {}),
+           ("aten::copy_", 2200, 2230, {}), ("Optimizer.step#SGD.step", 2240, 2300, {})]
+    events = [Event(name, "cpu_op", 1, 1, t0 * 1e-6, t1 * 1e-6, args) for name, t0, t1, args in ops]
+    events.append(Event("aten::mm", "cpu_op", 1, 1, 10e-6, 30e-6, {}))  # inside aten::linear
+    spans = compute_spans(events, [], rank=0, steps=lambda t: 0)
+    got = [(s.kind, round(s.start * 1e6), round(s.end * 1e6)) for s in spans]
+    assert got == [("forward", 0, 70), ("backward", 80, 150), ("backward", 165, 200), ("other", 2200, 2230),
+                   ("optimizer", 2240, 2300)]  # the call ends a run; 200-2200 us is a gap, not compute
 
 
 # ------------------------------------------------------------------------------------------ summary
