@@ -12,6 +12,7 @@ from paralab.config import MODEL_PRESETS, ConfigError, ModelConfig, RunConfig
 from paralab.layout import Layout, resolve_layout
 from paralab.runtime.result import RunError, RunResult
 from paralab.trace import Span, Trace
+from paralab.trace_import import import_profile
 
 __version__ = "0.1.0"
 
@@ -35,5 +36,5 @@ def run(strategy: str = "ddp", world_size: int = 1, steps: int = 5, model="tiny"
 
 __all__ = [
     "run", "RunConfig", "ModelConfig", "MODEL_PRESETS", "Layout", "resolve_layout", "ConfigError", "RunError",
-    "RunResult", "Trace", "Span", "__version__",
+    "RunResult", "Trace", "Span", "import_profile", "__version__",
 ]

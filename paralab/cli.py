@@ -44,6 +44,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--zero", type=int, default=d.zero, help="hybrid: ZeRO stage over the dp dimension")
     p.add_argument("--trace-dir", metavar="DIR", help="write one paralab trace per rank (torchrun; merge later)")
     p.add_argument("--report", metavar="PATH", help="write a standalone HTML report of the run")
+    p.add_argument("--profile", metavar="DIR", help="record every rank with torch.profiler: DIR/rankN.json")
 
 
 def config_from_args(args) -> RunConfig:
@@ -51,7 +52,7 @@ def config_from_args(args) -> RunConfig:
         args.model, **training_options(args), strategy=args.strategy, world_size=args.world_size,
         bucket_mb=args.bucket_mb, hierarchical=args.hierarchical, nodes=args.nodes, dp=args.dp, tp=args.tp,
         pp=args.pp, schedule=args.schedule, microbatches=args.microbatches, virtual_stages=args.virtual_stages,
-        sequence_parallel=args.sequence_parallel, zero=args.zero,
+        sequence_parallel=args.sequence_parallel, zero=args.zero, profile_dir=args.profile,
     )
 
 
@@ -178,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _subcommands():
     """Commands whose arguments live with their code: (name, help, add_args, main)."""
-    from paralab import bench
+    from paralab import bench, trace_import
     from paralab.elastic import cli as elastic_cli
     from paralab.sim import cli as sim_cli
     from paralab.viz import report
@@ -191,6 +192,8 @@ def _subcommands():
          bench.bench_main),
         ("simulate", "predict a run with the cost model", sim_cli.add_simulate_args, sim_cli.simulate_main),
         ("plan", "rank parallel layouts for a model on N GPUs", sim_cli.add_plan_args, sim_cli.plan_main),
+        ("import", "read torch.profiler traces, one per rank, into a paralab trace",
+         trace_import.add_import_args, trace_import.import_main),
     ]
 
 

@@ -184,6 +184,7 @@ class RunConfig(TrainingConfig):
     zero: int = 0  # hybrid: ZeRO stage over the dp dimension (0: ddp-style all-reduce)
     # run control
     collect_state: bool = False  # return final parameters and gradients (parity tests)
+    profile_dir: str | None = None  # each rank writes a torch.profiler trace here (paralab.profiling)
 
     def validate(self) -> RunConfig:
         super().validate()

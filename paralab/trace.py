@@ -206,12 +206,15 @@ class Trace:
         windows = self.step_windows()
         return [windows[k] for k in (steps if steps is not None else _after_first(list(windows)))]
 
-    def _mean_busy(self, lane: str, windows: list[tuple[float, float]]) -> dict[int, float]:
-        """Per rank: time covered by its spans on ``lane`` per window, averaged over the windows
-        (spans are grouped by rank once, so large simulated traces stay fast)."""
+    def _mean_busy(self, lanes: str | tuple[str, ...], windows: list[tuple[float, float]]
+                   ) -> dict[int, float]:
+        """Per rank: time covered by its spans on ``lanes`` (one lane or several, overlaps counted
+        once) per window, averaged over the windows (spans are grouped by rank once, so large
+        simulated traces stay fast)."""
+        lanes = (lanes,) if isinstance(lanes, str) else lanes
         by_rank: dict[int, list[Span]] = {rank: [] for rank in self.ranks}
         for s in self.spans:
-            if s.lane == lane:
+            if s.lane in lanes:
                 by_rank[s.rank].append(s)
         n = max(len(windows), 1)
         return {rank: sum(_clipped_union(spans, w) for w in windows) / n for rank, spans in by_rank.items()}
@@ -245,16 +248,40 @@ class Trace:
             split["inter_node" if s.inter_node else "intra_node"] += s.bytes
         return {k: v // steps for k, v in split.items()}
 
-    def summary(self) -> dict:
-        """Headline metrics of the run: the numbers the CLI's --json and the notebooks show."""
+    def time_breakdown(self) -> dict[int, dict[str, float]]:
+        """Per rank, seconds per step (steps after the first): where the step's time went.
+
+        ``compute_s`` computing; ``comm_s`` communicating, split into ``overlapped_comm_s`` (while
+        also computing) and ``exposed_comm_s`` (nothing computed meanwhile); ``idle_s`` not computing
+        (step time - compute: exposed communication included); ``wait_s`` neither computing nor
+        communicating: waiting on another rank, the host or the data, with nothing recorded.
+        """
         step_time = self.median_step_time()
-        tokens = self.meta.get("tokens_per_step", 0)
         chosen = self._chosen_windows()
         compute, comm = self._mean_busy(COMPUTE, chosen), self._mean_busy(COMM, chosen)
-        per_rank = {
-            rank: {"compute_s": compute[rank], "comm_s": comm[rank], "idle_s": max(step_time - compute[rank], 0.0)}
+        either = self._mean_busy((COMPUTE, COMM), chosen)
+        return {
+            rank: {
+                "compute_s": compute[rank],
+                "comm_s": comm[rank],
+                "overlapped_comm_s": max(compute[rank] + comm[rank] - either[rank], 0.0),
+                "exposed_comm_s": max(either[rank] - compute[rank], 0.0),
+                "idle_s": max(step_time - compute[rank], 0.0),
+                "wait_s": max(step_time - either[rank], 0.0),
+            }
             for rank in self.ranks
         }
+
+    def summary(self) -> dict:
+        """Headline metrics of the run: the numbers the CLI's --json and the notebooks show.
+
+        ``per_rank`` holds :meth:`time_breakdown`; the same keys at the top level are its means over
+        the ranks."""
+        step_time = self.median_step_time()
+        tokens = self.meta.get("tokens_per_step", 0)
+        per_rank = self.time_breakdown()
+        keys = next(iter(per_rank.values()), {})
+        means = {key: sum(r[key] for r in per_rank.values()) / len(per_rank) for key in keys}
         return {
             "step_time_s": step_time,
             "step_times_s": self.step_times(),
@@ -264,6 +291,7 @@ class Trace:
             "comm_bytes_by_link": self.comm_bytes_by_link(),
             "per_rank": per_rank,
             "bubble_fraction": self.bubble_fraction(),
+            **means,
         }
 
 

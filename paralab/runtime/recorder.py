@@ -37,6 +37,9 @@ class Recorder:
         self._pending_cuda: list[tuple[Span, object, object]] = []
         self._cuda_ref = None
         self.on_step = None  # called with the step number as each step begins (progress, heartbeats)
+        # While torch.profiler records (paralab.profiling.profile_rank): (kind, lane, fields, start) ->
+        # the name of a record_function range opened and closed with each span, so profiles carry spans.
+        self.range_label = None
 
     # ------------------------------------------------------------------ clock
     def start_clock(self) -> None:
@@ -131,6 +134,12 @@ class _OpenSpan:
         self.kind, self.lane = kind, lane
         self.fields = {**recorder.context, **fields}
         self.start = recorder.now()
+        self.range = None
+        if recorder.range_label is not None:
+            from torch.profiler import record_function
+
+            label = recorder.range_label(kind, lane, self.fields, self.start)
+            self.range = record_function(label).__enter__()
         self.start_event = None
         if recorder.cuda:
             import torch
@@ -150,6 +159,8 @@ class _OpenSpan:
         name = fields.pop("name", "") or self.kind
         span = Span(rank=rec.rank, lane=self.lane, kind=self.kind, start=self.start, end=rec.now(), name=name, **fields)
         rec._add(span, self.start_event, end_event)
+        if self.range is not None:
+            self.range.__exit__(None, None, None)
 
 
 __all__ = ["Recorder", "active", "COMM", "COMPUTE", "STEP"]

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 from paralab.config import RunConfig, resolve_device
 from paralab.layout import resolve_layout
-from paralab.runtime.result import RunResult
+from paralab.runtime.launch import free_port
+from paralab.runtime.result import RunError, RunResult
 from paralab.trace import Trace
 
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -43,3 +47,28 @@ def run_under_torchrun(cfg: RunConfig, trace_dir: str | None = None) -> RunResul
         res.pop("state", None)
         results.append({**res, "trace": tr})
     return RunResult.from_rank_results(cfg, layout, results, [None] * world_size)
+
+
+def run_torchrun(script, *args, nproc: int = 2, timeout_s: float = 300.0) -> str:
+    """Run ``torchrun --nproc-per-node NPROC SCRIPT ARGS`` on one node (rendezvous on 127.0.0.1) and
+    return what it printed. RunError (with its stderr) if it fails or runs past ``timeout_s``. torchrun
+    and its ranks run in a session of their own, killed whole however the call ends, so no rank
+    outlives it."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(script),
+           *map(str, args)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise RunError(None, f"torchrun {script} did not finish within {timeout_s:.0f} s", "") from None
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # ranks torchrun left behind, if any
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    if proc.returncode != 0:
+        raise RunError(None, f"torchrun {script} exited with {proc.returncode}", err[-4000:])
+    return out

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from paralab.config import RunConfig, TrainingConfig
 from paralab.layout import Layout
 from paralab.memory import MemoryMeter
+from paralab.profiling import profile_rank
 from paralab.runtime.context import RaiseOrHang, RankContext
 from paralab.runtime.recorder import Recorder
 from paralab.strategies.registry import get_strategy
@@ -95,7 +96,8 @@ def run_rank(cfg: RunConfig, layout: Layout, rank: int, world_size: int, local_r
     with rank_session(cfg, layout, rank, world_size, local_rank, local_world_size, init_method,
                       nodes=cfg.nodes) as ctx:
         ctx.recorder.on_step = heartbeat
-        result = get_strategy(cfg.strategy).train(ctx)
+        with profile_rank(ctx):
+            result = get_strategy(cfg.strategy).train(ctx)
         trace = ctx.recorder.trace(
             meta={"ranks": {rank: {"node": ctx.node, "device": str(ctx.device), "host": os.uname().nodename}}}
         ).to_dict()

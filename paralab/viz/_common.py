@@ -23,6 +23,12 @@ KIND_COLORS = {
     "recv": "#D4A6C8",
     "failure": "#D62728",
     "rescale": "#1F77B4",
+    # imported torch.profiler traces (paralab.trace_import)
+    "other": "#C7C7C7",  # light grey: work that is none of the above (making the batch, bookkeeping)
+    "memcpy": "#54A24B",
+    "memset": "#A0D88F",
+    "all_to_all": "#D67195",
+    "barrier": "#79706E",
 }
 EXTRA_COLORS = ["#8C564B", "#17BECF", "#BCBD22", "#7F7F7F", "#393B79", "#637939", "#8C6D31", "#843C39"]
 MEMORY_KINDS = ("params", "grads", "optimizer", "activations")

@@ -54,7 +54,8 @@ def comm_by_op(trace, payload: bool = False, title: str | None = None):
             hovertemplate=f"{op}, %{{x}}: %{{customdata[0]}} (%{{customdata[1]}} B)<extra></extra>",
         ))
     kind = "payload" if payload else "wire"
-    fig.update_layout(barmode="stack", meta={"bytes": {op: sum(per.values()) for op, per in data.items()}})
+    fig.update_layout(barmode="stack", showlegend=True,  # the legend names the op even when there is one
+                      meta={"bytes": {op: sum(per.values()) for op, per in data.items()}})
     fig.update_yaxes(title_text=f"{kind} bytes (all ranks)")
     return style(fig, title or f"communication by op and step ({kind} bytes)", 380)
 

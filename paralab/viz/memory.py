@@ -60,6 +60,7 @@ def memory(runs, title: str | None = None, unit: str = "MiB"):
             hovertemplate=f"{kind}: %{{customdata[0]}} (%{{customdata[1]}} B)<extra></extra>",
         ))
     totals = [sum(v for k, v in b.items() if k != "total") for b in per_bar]
-    fig.update_layout(barmode="stack", meta={"totals": totals, "bars": len(per_bar)})
+    fig.update_layout(barmode="stack", showlegend=True,  # name the kind even when there is one
+                      meta={"totals": totals, "bars": len(per_bar)})
     fig.update_yaxes(title_text=f"peak memory ({unit})")
     return style(fig, title or "memory per rank by kind", 380)

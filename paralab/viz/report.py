@@ -32,7 +32,8 @@ def _summary_of(obj) -> tuple[Trace, dict, list[float] | None]:
 
     if isinstance(obj, Trace):
         summary = obj.summary()
-        for key in ("strategy", "world_size", "schedule", "microbatches", "model", "source"):
+        for key in ("strategy", "world_size", "schedule", "microbatches", "model", "source", "memory_by_kind",
+                    "peak_memory_bytes"):
             if obj.meta.get(key) not in (None, ""):
                 summary[key] = obj.meta[key]
         summary.setdefault("world_size", len(obj.ranks))
@@ -63,8 +64,14 @@ SUMMARY_KEYS = ("strategy", "source", "world_size", "dp", "tp", "pp", "schedule"
                 "comm_bytes_by_link", "peak_memory_bytes", "losses")
 
 
+# Columns of the per-rank table: Trace.time_breakdown keys and their headings (ms per step).
+RANK_COLUMNS = (("compute_s", "compute"), ("comm_s", "comm"), ("overlapped_comm_s", "comm beside compute"),
+                ("exposed_comm_s", "exposed comm"), ("idle_s", "idle (not computing)"),
+                ("wait_s", "waiting (nothing recorded)"))
+
+
 def summary_table(summary: dict) -> str:
-    """HTML tables: headline numbers, then compute / comm / idle seconds per rank."""
+    """HTML tables: headline numbers, then where each rank's step time went (ms per step)."""
     rows = "".join(
         f"<tr><th>{html.escape(k)}</th><td>{html.escape(_fmt(summary[k]))}</td></tr>"
         for k in SUMMARY_KEYS if k in summary and summary[k] not in (None, "")
@@ -73,12 +80,11 @@ def summary_table(summary: dict) -> str:
     per_rank = summary.get("per_rank") or {}
     if per_rank:
         body = "".join(
-            f"<tr><td>r{r}</td><td>{v['compute_s'] * 1e3:.2f}</td><td>{v['comm_s'] * 1e3:.2f}</td>"
-            f"<td>{v['idle_s'] * 1e3:.2f}</td></tr>"
+            f"<tr><td>r{r}</td>{''.join(f'<td>{v[key] * 1e3:.2f}</td>' for key, _ in RANK_COLUMNS)}</tr>"
             for r, v in sorted(per_rank.items(), key=lambda kv: int(kv[0]))
         )
-        out += ('<table class="ranks"><tr><th>rank</th><th>compute ms/step</th><th>comm ms/step</th>'
-                f"<th>idle ms/step</th></tr>{body}</table>")
+        head = "".join(f"<th>{html.escape(label)} ms/step</th>" for _, label in RANK_COLUMNS)
+        out += f'<table class="ranks"><tr><th>rank</th>{head}</tr>{body}</table>'
     return out
 
 

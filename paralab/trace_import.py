@@ -1,0 +1,353 @@
+"""Bring your own trace: torch.profiler (Kineto) traces in, a paralab :class:`~paralab.trace.Trace` out.
+
+    paralab import rank0.json rank1.json.gz -o trace.json        # then: paralab report trace.json
+    trace = paralab.import_profile(["rank0.json", "rank1.json"])  # every figure of paralab.viz takes it
+
+One file per rank, as torch.profiler writes them (``export_chrome_trace``, or the ``*.pt.trace.json``
+of ``tensorboard_trace_handler``), plain or gzipped; a directory stands for the traces in it. What
+becomes what (the mapping of torch's operators lives in :mod:`paralab.trace_ops`):
+
+- ranks: each file's ``distributedInfo.rank`` (torch writes it once a process group exists), else the
+  order of the files; a rank's node is its ``host_name``.
+- steps: ``ProfilerStep#N`` ranges (``prof.step()`` every iteration) are step N, their projection on
+  the GPU included; a trace without them is one step.
+- spans: forward, backward, optimizer and other compute, memcpy, and communication with its bytes;
+  idle time is the gaps, which ``Trace.summary()`` measures (idle, exposed and overlapped
+  communication, waiting).
+- clocks: every rank is first put on one clock (Kineto's ``ts`` + ``baseTimeNanoseconds``, Unix
+  time). Then, as paralab starts every rank's clock on leaving one barrier, each rank is shifted so
+  that the first collective over all ranks ends at the same instant everywhere (ranks leave a
+  collective together): ranks on hosts whose clocks disagree line up too. Without such a collective
+  in every file the shared clock stands. ``meta["clock"]`` says which was done, and how far each
+  rank (in rank order) was moved against the first beyond what the profilers' clocks said
+  (``correction_s``).
+
+A profile of a paralab run (``paralab run --profile DIR``, see :mod:`paralab.profiling`) carries
+paralab's own spans as named ranges. With ``names="auto"`` (the default) those ranges are the spans,
+so the import agrees with paralab's own trace, and each rank goes on paralab's own clock by the
+``clock`` of its step ranges; ``names="torch"`` reads such a profile like any other.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from paralab.config import ConfigError
+from paralab.profiling import METADATA_KEY, PREFIX, parse_label
+from paralab.trace import COMM, STEP, Span, Trace
+from paralab.trace_ops import DEVICE_CATS, HOST_CATS, Event, comm_spans, compute_spans
+
+NAMES = ("auto", "paralab", "torch")
+STEP_RE = re.compile(r"ProfilerStep#(\d+)")
+
+
+class ProfileError(ConfigError):
+    """A file that is not a torch.profiler trace paralab can read; says which file and what is missing
+    (the CLI exits 2)."""
+
+
+@dataclass
+class RankProfile:
+    """What one file holds: its rank, host and clock, and its timed events (seconds, the file's clock)."""
+
+    path: Path
+    rank: int | None
+    world_size: int | None
+    host: str
+    base_ns: int
+    paralab_meta: dict
+    host_events: list[Event] = field(default_factory=list)
+    device_events: list[Event] = field(default_factory=list)
+    peak_memory: dict[int, float] = field(default_factory=dict)  # device type (0 CPU, 1 CUDA) -> bytes
+
+    @property
+    def on_gpu(self) -> bool:
+        return any(e.cat != "gpu_user_annotation" for e in self.device_events)
+
+
+# ---------------------------------------------------------------------------------------------- files
+def expand(paths) -> list[Path]:
+    """Files in the order given; a directory stands for its *.json and *.json.gz files, sorted."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    files: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir() if p.name.endswith((".json", ".json.gz")))
+            if not found:
+                raise ProfileError(f"{path}: no .json or .json.gz traces in this directory")
+            files += found
+        else:
+            files.append(path)
+    if not files:
+        raise ProfileError("no profile given")
+    return files
+
+
+def read_profile(path: Path) -> RankProfile:
+    """Parse one torch.profiler trace; ProfileError (one line: the file and what is missing) otherwise."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        data = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    except (OSError, EOFError, ValueError) as exc:
+        raise ProfileError(f"{path}: not a JSON trace ({str(exc).splitlines()[0]})") from None
+    paralab_export = isinstance(data, dict) and "paralab" in (data.get("otherData") or {})  # Trace.to_chrome
+    if isinstance(data, dict) and (data.get("format") == "paralab-trace" or paralab_export):
+        raise ProfileError(f"{path}: a paralab trace already, not a torch.profiler one (for paralab report)")
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        raise ProfileError(f"{path}: no traceEvents list, so not a Chrome trace from torch.profiler")
+    info = data.get("distributedInfo") if isinstance(data.get("distributedInfo"), dict) else {}
+    profile = RankProfile(
+        path=path, rank=_int_or_none(info.get("rank")), world_size=_int_or_none(info.get("world_size")),
+        host=str(data.get("host_name") or ""), base_ns=int(data.get("baseTimeNanoseconds") or 0),
+        paralab_meta=data.get(METADATA_KEY) if isinstance(data.get(METADATA_KEY), dict) else {},
+    )
+    for i, e in enumerate(data["traceEvents"]):
+        if not isinstance(e, dict):
+            raise ProfileError(f"{path}: traceEvents[{i}] is not an event object")
+        if e.get("ph") == "i" and e.get("name") == "[memory]":
+            _note_memory(profile, e.get("args") or {})
+        if e.get("ph") != "X" or e.get("cat") not in HOST_CATS + DEVICE_CATS:
+            continue
+        ts, dur = e.get("ts"), e.get("dur")
+        if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
+            raise ProfileError(f"{path}: traceEvents[{i}] ({e.get('name')!r}) has no numeric ts and dur")
+        event = Event(str(e.get("name", "")), e["cat"], e.get("pid"), e.get("tid"), ts * 1e-6,
+                      (ts + max(dur, 0)) * 1e-6, e.get("args") or {})
+        (profile.host_events if e["cat"] in HOST_CATS else profile.device_events).append(event)
+    if not profile.host_events and not profile.device_events:
+        raise ProfileError(f"{path}: no torch.profiler operators or kernels (events of category "
+                           f"{', '.join(HOST_CATS + DEVICE_CATS)}), so not a torch.profiler trace")
+    return profile
+
+
+def _note_memory(profile: RankProfile, args: dict) -> None:
+    total = args.get("Total Allocated")
+    if isinstance(total, (int, float)):
+        device = int(args.get("Device Type") or 0)
+        profile.peak_memory[device] = max(profile.peak_memory.get(device, 0.0), float(total))
+
+
+def _int_or_none(value) -> int | None:
+    if isinstance(value, (int, float)) or (isinstance(value, str) and value.isdigit()):
+        return int(value)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- steps
+def step_windows(profile: RankProfile) -> dict[int, tuple[float, float]]:
+    """step -> (start, end) on the file's clock, from ProfilerStep#N on the host and its GPU projection;
+    the whole trace as step 0 when the profile has no steps."""
+    windows: dict[int, tuple[float, float]] = {}
+    for e in profile.host_events + profile.device_events:
+        match = STEP_RE.fullmatch(e.name)
+        if match:
+            n = int(match[1])
+            lo, hi = windows.get(n, (e.start, e.end))
+            windows[n] = (min(lo, e.start), max(hi, e.end))
+    if not windows:
+        events = profile.host_events + profile.device_events
+        windows[0] = (min(e.start for e in events), max(e.end for e in events))
+    return dict(sorted(windows.items()))
+
+
+def step_of(windows: dict[int, tuple[float, float]], t: float) -> int | None:
+    return next((n for n, (lo, hi) in windows.items() if lo <= t <= hi), None)
+
+
+# ---------------------------------------------------------------------------------------------- spans
+def paralab_spans(profile: RankProfile, rank: int) -> tuple[list[Span], float | None]:
+    """The spans of a profiled paralab run, from its named ranges (device time where the GPU shows
+    the range), and the offset that puts the file's clock on paralab's own (None without clocks)."""
+    on_device = {(e.name, e.args.get("External id")): e for e in profile.device_events
+                 if e.cat == "gpu_user_annotation" and e.name.startswith(PREFIX)}
+    spans, offsets = [], []
+    for e in profile.host_events:
+        fields = parse_label(e.name) if e.cat == "user_annotation" else None
+        if fields is None:
+            continue
+        clock = fields.pop("clock", None)
+        if clock is not None:
+            offsets.append(e.start - clock)
+        timed = on_device.get((e.name, e.args.get("External id")), e)
+        lane, kind = fields.pop("lane"), fields.pop("kind")
+        name = fields.pop("name", "") or kind
+        spans.append(Span(rank, lane, kind, timed.start, timed.end, name=name, **fields))
+    return spans, (statistics.median(offsets) if offsets else None)
+
+
+def torch_spans(profile: RankProfile, rank: int, world_size: int) -> list[Span]:
+    """Spans from torch's own operators, kernels and communication (paralab.trace_ops), with step
+    spans from the profiler's steps."""
+    windows = step_windows(profile)
+    spans = [Span(rank, STEP, "step", lo, hi, name=f"step {n}", step=n) for n, (lo, hi) in windows.items()]
+    at = lambda t: step_of(windows, t)  # noqa: E731
+    for span in (compute_spans(profile.host_events, profile.device_events, rank, at)
+                 + comm_spans(profile.host_events, profile.device_events, rank, world_size)):
+        span.step = at(span.start)
+        spans.append(span)
+    return spans
+
+
+# ---------------------------------------------------------------------------------------------- import
+def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> Trace:
+    """A Trace from torch.profiler traces, one file per rank (see the module docstring).
+
+    ``names``: "auto" reads paralab's named ranges when every profile has them, else torch's
+    operators; "paralab" or "torch" insists on one. ``meta`` adds facts the profiles lack
+    (``schedule``, ``pp``, ``microbatches`` for the bubble figure; ``tokens_per_step`` for
+    throughput). Raises ProfileError for a file that is missing, malformed or not a torch.profiler
+    trace.
+    """
+    if names not in NAMES:
+        raise ConfigError(f"names must be one of {NAMES}, got {names!r}")
+    files = expand(paths)
+    profiles = [read_profile(f) for f in files]
+    ranks = _assign_ranks(profiles)
+    world = max([p.world_size or 0 for p in profiles] + [max(ranks) + 1, len(profiles)])
+    use_paralab = names == "paralab" or (names == "auto" and all(_has_paralab_ranges(p) for p in profiles))
+    spans_by_rank, offsets = {}, {}
+    for rank, profile in zip(ranks, profiles):
+        if use_paralab:
+            if not _has_paralab_ranges(profile):
+                raise ProfileError(f"{profile.path}: no paralab ranges (paralab run --profile writes them)")
+            spans_by_rank[rank], offsets[rank] = paralab_spans(profile, rank)
+        else:
+            spans_by_rank[rank] = torch_spans(profile, rank, world)
+            offsets[rank] = None
+    clock = _align(spans_by_rank, profiles, ranks, offsets, world, paralab_clock=use_paralab)
+    hosts = sorted({p.host for p in profiles})
+    node_of = {rank: hosts.index(p.host) for rank, p in zip(ranks, profiles)}
+    spans = [s for rank in sorted(spans_by_rank) for s in spans_by_rank[rank]]
+    for s in spans:
+        if s.lane == COMM:
+            s.inter_node = _crosses_nodes(s, node_of, world)
+    trace = Trace(sorted(spans, key=lambda s: (s.start, s.rank)), meta=_meta(profiles, ranks, world, node_of))
+    trace.meta.update(names="paralab" if use_paralab else "torch", clock=clock, **(meta or {}))
+    return trace
+
+
+def _has_paralab_ranges(profile: RankProfile) -> bool:
+    return any(e.cat == "user_annotation" and e.name.startswith(PREFIX) for e in profile.host_events)
+
+
+def _assign_ranks(profiles: list[RankProfile]) -> list[int]:
+    """distributedInfo's ranks when every file has one, else the order of the files; no rank twice."""
+    if all(p.rank is not None for p in profiles):
+        ranks = [p.rank for p in profiles]
+    else:
+        ranks = list(range(len(profiles)))
+    seen: dict[int, Path] = {}
+    for rank, p in zip(ranks, profiles):
+        if rank in seen:
+            raise ProfileError(f"{p.path}: rank {rank} again (also {seen[rank]}); give one file per rank")
+        seen[rank] = p.path
+    return ranks
+
+
+def _align(spans_by_rank: dict[int, list[Span]], profiles: list[RankProfile], ranks: list[int], offsets: dict,
+           world: int, paralab_clock: bool) -> dict:
+    """Shift every rank onto one timeline (module docstring); returns what was done, for the meta."""
+    ref_ns = min(p.base_ns for p in profiles)
+    shift = {rank: (p.base_ns - ref_ns) * 1e-9 for rank, p in zip(ranks, profiles)}
+    on_paralab_clock = paralab_clock and all(offsets[r] is not None for r in ranks)
+    if on_paralab_clock:
+        shift = {r: -offsets[r] for r in ranks}
+        method = "paralab: every rank's clock starts as it leaves the barrier before training"
+    else:
+        ends = {r: _first_world_collective_end(spans_by_rank[r], world) for r in ranks}
+        if len(ranks) > 1 and all(end is not None for end in ends.values()):
+            ref = min(ranks)
+            shift = {r: shift[r] - (ends[r] + shift[r] - ends[ref] - shift[ref]) for r in ranks}
+            method = "collective: the first collective over all ranks ends at the same instant on every rank"
+        else:
+            method = "clock: the profiler's own clocks (Unix time)"
+    for rank, spans in spans_by_rank.items():
+        for s in spans:
+            s.start += shift[rank]
+            s.end += shift[rank]
+    if not on_paralab_clock:  # start the timeline at the first step
+        t0 = min((s.start for spans in spans_by_rank.values() for s in spans if s.lane == STEP), default=0.0)
+        for spans in spans_by_rank.values():
+            for s in spans:
+                s.start -= t0
+                s.end -= t0
+    moved = {r: shift[r] - (p.base_ns - ref_ns) * 1e-9 for r, p in zip(ranks, profiles)}
+    first = min(ranks)
+    return {"method": method, "correction_s": [moved[r] - moved[first] for r in sorted(ranks)]}
+
+
+def _first_world_collective_end(spans: list[Span], world: int) -> float | None:
+    """End of the rank's first collective over every rank, in the first step that has one."""
+    first = [s for s in spans if s.lane == COMM and s.kind not in ("send", "recv") and s.group_size == world
+             and s.group_ranks is None and s.step is not None]
+    return min(first, key=lambda s: (s.step, s.start)).end if first else None
+
+
+def _crosses_nodes(s: Span, node_of: dict[int, int], world: int) -> bool:
+    """Whether the span's wire bytes leave the node: the peer's node, or the ring successor's (as
+    paralab.comm marks its own spans); unknown peers and groups stay on the node."""
+    if s.peer is not None:
+        return node_of.get(s.peer, node_of[s.rank]) != node_of[s.rank]
+    members = sorted(s.group_ranks or (range(world) if s.group_size == world else []))
+    if s.rank not in members:
+        return False
+    successor = members[(members.index(s.rank) + 1) % len(members)]
+    return node_of.get(successor, node_of[s.rank]) != node_of[s.rank]
+
+
+def _meta(profiles: list[RankProfile], ranks: list[int], world: int, node_of: dict[int, int]) -> dict:
+    meta = {k: v for p in profiles for k, v in p.paralab_meta.items()}  # a profiled paralab run's own meta
+    meta.update(source="imported", world_size=world, files=[str(p.path) for p in profiles])
+    meta["ranks"] = {r: {"node": node_of[r], "host": p.host, "device": "cuda" if p.on_gpu else "cpu"}
+                     for r, p in zip(ranks, profiles)}
+    if all(p.peak_memory for p in profiles):
+        order = sorted(zip(ranks, profiles))
+        peaks = [int(p.peak_memory.get(1 if p.on_gpu else 0, max(p.peak_memory.values()))) for _, p in order]
+        meta["peak_memory_bytes"] = peaks
+        meta["memory_by_kind"] = [{"allocated": peak} for peak in peaks]
+    return meta
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+def add_import_args(parser) -> None:
+    """Arguments of ``paralab import PROFILE [PROFILE ...] -o OUT [--schedule ...]``."""
+    parser.add_argument("profiles", nargs="+", metavar="PROFILE",
+                        help="torch.profiler traces, one per rank (.json or .json.gz), or their directory")
+    parser.add_argument("-o", "--output", required=True, help="the paralab trace to write (JSON)")
+    parser.add_argument("--chrome", action="store_true", help="write Chrome trace format instead (Perfetto)")
+    parser.add_argument("--names", choices=NAMES, default="auto",
+                        help="paralab: the spans a paralab run --profile named; torch: torch's operators; "
+                             "auto: paralab's names where every profile has them")
+    # what a profile cannot say, for the bubble figure and throughput
+    parser.add_argument("--schedule", help="the pipeline schedule the job ran (gpipe, 1f1b, ...)")
+    parser.add_argument("--pp", type=int, help="pipeline stages")
+    parser.add_argument("--microbatches", type=int, help="microbatches per step")
+    parser.add_argument("--tokens-per-step", type=int, help="tokens the job trains on per step")
+
+
+def import_main(args) -> int:
+    """``paralab import``: 0 when written; 2 (one line on stderr) for a file that cannot be imported."""
+    try:
+        facts = {k: getattr(args, k) for k in ("schedule", "pp", "microbatches", "tokens_per_step")}
+        trace = import_profile(args.profiles, names=args.names, meta={k: v for k, v in facts.items() if v})
+    except ProfileError as exc:
+        print(f"paralab import: {exc}", file=sys.stderr)
+        return 2
+    out = trace.save_chrome(args.output) if args.chrome else trace.save(args.output)
+    summary = trace.summary()
+    print(f"imported {len(trace.ranks)} rank(s), {len(trace.step_windows())} step(s), "
+          f"{len(trace.spans)} spans -> {out}; median step {summary['step_time_s'] * 1e3:.1f} ms")
+    for op, nbytes in summary["comm_payload_bytes"].items():
+        print(f"  {op}: {nbytes / 2**20:.3f} MiB of tensors per step (all ranks), "
+              f"{summary['comm_bytes'].get(op, 0) / 2**20:.3f} MiB on the wire")
+    return 0

@@ -1,0 +1,324 @@
+"""Bring your own trace: torch.profiler traces in, paralab's Trace out (paralab.trace_import).
+
+Real traces made here: torch's DistributedDataParallel on 2 gloo ranks profiling itself under
+torchrun, and a paralab pipeline run with --profile, whose import must agree with paralab's own
+trace. The CUDA parts (kernels, NCCL kernels, memcpy, streams, clocks of two hosts) read the Kineto
+fixture of tests/data/kineto_gpu/ (written by tests/kineto_gpu.py, which documents its structure).
+"""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import json
+import statistics
+from pathlib import Path
+
+import kineto_gpu  # tests/ is on sys.path under pytest (no __init__.py)
+import psutil
+import pytest
+
+import paralab
+from paralab import viz
+from paralab.cli import main as cli_main
+from paralab.profiling import parse_label, span_label
+from paralab.runtime.torchrun import run_torchrun
+from paralab.trace import COMM, COMPUTE, STEP, Span, Trace
+from paralab.trace_import import ProfileError, import_profile
+from paralab.trace_ops import Event, compute_spans, op_name
+
+HERE = Path(__file__).parent
+GPU_FIXTURE = HERE / "data" / "kineto_gpu"
+DDP_JOB = HERE / "ddp_profiled_job.py"
+
+
+# ------------------------------------------------------------------------------------------ names
+def test_span_labels_round_trip_every_field():
+    fields = dict(step=0, microbatch=0, stage=3, name="bucket 0", bytes=10528, payload_bytes=5264, peer=0,
+                  group_size=2, inter_node=True, group_ranks=[0, 2])
+    label = span_label("all_reduce", COMM, fields, 0.25)
+    assert label.startswith("paralab comm:all_reduce ") and "clock" not in label  # only steps carry the clock
+    assert parse_label(label) == {"lane": COMM, "kind": "all_reduce", **fields}
+    step = span_label("step", STEP, {"step": 4, "name": "step 4", "microbatch": None}, 1.5)
+    assert parse_label(step) == {"lane": STEP, "kind": "step", "step": 4, "name": "step 4", "clock": 1.5}
+    assert span_label("forward", COMPUTE, {"name": "forward", "step": None, "peer": None}, 0.0) == \
+        "paralab compute:forward"
+    for foreign in ("aten::mm", "ProfilerStep#3", "paralab", "paralab nolane"):
+        assert parse_label(foreign) is None
+
+
+def test_torch_names_become_paralab_ops():
+    cases = {"c10d::allreduce_": "all_reduce", "gloo:all_reduce": "all_reduce", "allreduce": "all_reduce",
+             "c10d::_allgather_base_": "all_gather", "_allgather_base": "all_gather",
+             "c10d::_reduce_scatter_base_": "reduce_scatter",
+             "reduce_scatter_tensor_coalesced": "reduce_scatter", "c10d::broadcast_": "broadcast",
+             "c10d::send": "send", "c10d::recv_": "recv", "gloo:barrier": "barrier",
+             "c10d::alltoall_base_": "all_to_all", "nccl:all_reduce": "all_reduce",
+             "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)": "all_reduce",
+             "ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclWorkElem)": "all_gather",
+             "ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)": "send_recv", "aten::mm": ""}
+    assert {name: op_name(name) for name in cases} == cases
+
+
+def test_host_operators_become_runs_of_one_kind_and_a_blocked_thread_stays_a_gap():
+    """One thread's top-level operators, times in us: a forward pass with bookkeeping inside it, the
+    autograd engine's backward, 2 ms blocked (DDP waiting for its all-reduce records no operator), the
+    reducer's copies, the optimizer."""
+    forward, engine = {"Sequence number": 3, "Fwd thread id": 0}, "autograd::engine::evaluate_function: "
+    ops = [("aten::linear", 0, 40, forward), ("aten::view", 45, 50, {}), ("aten::relu", 55, 70, forward),
+           (engine + "AddmmBackward0", 80, 150, {"Sequence number": 3, "Fwd thread id": 1}),
+           ("c10d::allreduce_", 150, 160, {}), (engine + "ReluBackward0", 165, 200, {}),
+           ("aten::copy_", 2200, 2230, {}), ("Optimizer.step#SGD.step", 2240, 2300, {})]
+    events = [Event(name, "cpu_op", 1, 1, t0 * 1e-6, t1 * 1e-6, args) for name, t0, t1, args in ops]
+    events.append(Event("aten::mm", "cpu_op", 1, 1, 10e-6, 30e-6, {}))  # inside aten::linear
+    spans = compute_spans(events, [], rank=0, steps=lambda t: 0)
+    got = [(s.kind, round(s.start * 1e6), round(s.end * 1e6)) for s in spans]
+    assert got == [("forward", 0, 70), ("backward", 80, 150), ("backward", 165, 200), ("other", 2200, 2230),
+                   ("optimizer", 2240, 2300)]  # the call ends a run; 200-2200 us is a gap, not compute
+
+
+# ------------------------------------------------------------------------------------------ summary
+def test_time_breakdown_splits_communication_into_overlapped_and_exposed():
+    """Per step: compute 0-8, communication 5-9 of a 10 s step -> 3 s beside compute, 1 s exposed,
+    2 s idle (not computing), 1 s waiting with nothing recorded."""
+    spans = []
+    for step in (0, 1, 2):
+        t = 10.0 * step
+        spans += [Span(0, STEP, "step", t, t + 10, step=step),
+                  Span(0, COMPUTE, "forward", t, t + 3, step=step),
+                  Span(0, COMPUTE, "backward", t + 3, t + 8, step=step),
+                  Span(0, COMM, "all_reduce", t + 5, t + 9, step=step)]
+    s = Trace(spans=spans).summary()
+    expected = {"compute_s": 8.0, "comm_s": 4.0, "overlapped_comm_s": 3.0, "exposed_comm_s": 1.0,
+                "idle_s": 2.0, "wait_s": 1.0}
+    assert s["per_rank"][0] == pytest.approx(expected)
+    assert {k: s[k] for k in expected} == pytest.approx(expected)  # means over ranks at the top level
+
+
+# ------------------------------------------------------------------------------------------ GPU fixture
+@pytest.fixture(scope="module")
+def gpu_trace() -> Trace:
+    return paralab.import_profile(GPU_FIXTURE)  # a directory stands for its files
+
+
+def spans_of(trace: Trace, rank: int, step: int, lane: str | None = None) -> list[Span]:
+    return [s for s in trace.spans if s.rank == rank and s.step == step and (lane is None or s.lane == lane)]
+
+
+def test_gpu_fixture_ranks_steps_and_device_time(gpu_trace):
+    assert gpu_trace.ranks == [0, 1] and list(gpu_trace.step_windows()) == [5, 6]
+    assert gpu_trace.meta["ranks"][1] == {"node": 1, "host": "gpu-node-1", "device": "cuda"}
+    # rank 0, step 6 (from 1000 us): kernels are the compute spans, in device time, kind from their launcher
+    got = [(round(s.start * 1e6), round(s.end * 1e6), s.kind, s.payload_bytes)
+           for s in spans_of(gpu_trace, 0, 6, COMPUTE)]
+    assert got == [(1060, 1080, "memcpy", 65536), (1100, 1300, "forward", 0), (1305, 1315, "forward", 0),
+                   (1318, 1320, "memset", 4096), (1330, 1520, "backward", 0), (1530, 1650, "backward", 0),
+                   (1850, 1950, "optimizer", 0)]
+    step = spans_of(gpu_trace, 0, 6, STEP)[0]
+    assert (step.start, step.end) == pytest.approx((1000e-6, 2000e-6))
+
+
+def test_gpu_fixture_nccl_kernels_with_their_bytes(gpu_trace):
+    elements = kineto_gpu.ALLREDUCE_ELEMENTS
+    for rank in (0, 1):
+        comm = spans_of(gpu_trace, rank, 6, COMM)
+        all_reduce = [s for s in comm if s.kind == "all_reduce"]
+        assert len(all_reduce) == 1
+        ar = all_reduce[0]
+        # fp32, group of 2: payload the tensor, wire 2 (n-1)/n of it; two hosts, so it crosses nodes
+        assert (ar.payload_bytes, ar.bytes) == (4 * elements, 4 * elements)
+        assert ar.group_size == 2 and ar.inter_node
+        assert ar.name.startswith("ncclDevKernel_AllReduce")
+    sent = 4 * kineto_gpu.SEND_ELEMENTS
+    send = [s for s in spans_of(gpu_trace, 0, 6, COMM) if s.kind == "send"][0]
+    recv = [s for s in spans_of(gpu_trace, 1, 6, COMM) if s.kind == "recv"][0]
+    assert (send.peer, send.payload_bytes, send.bytes) == (1, sent, sent)
+    assert (recv.peer, recv.payload_bytes, recv.bytes) == (0, sent, 0)  # the sender counts the transfer
+    assert gpu_trace.comm_bytes() == {"all_reduce": 2 * 4 * elements, "recv": 0, "send": sent}
+
+
+def test_gpu_fixture_clocks_of_two_hosts_are_aligned_on_a_collective(gpu_trace):
+    """Rank 1's clock reads 3 ms ahead: the import moves it back, so both ranks leave the all-reduce at
+    one instant."""
+    clock = gpu_trace.meta["clock"]
+    assert clock["method"].startswith("collective")
+    assert clock["correction_s"][1] == pytest.approx(-kineto_gpu.SKEW_US * 1e-6, abs=1e-9)
+    ends = [[s.end for s in spans_of(gpu_trace, r, 6, COMM) if s.kind == "all_reduce"][0] for r in (0, 1)]
+    assert ends[0] == pytest.approx(ends[1], abs=1e-9)
+    lag = spans_of(gpu_trace, 1, 6, STEP)[0].start - spans_of(gpu_trace, 0, 6, STEP)[0].start
+    assert lag == pytest.approx(kineto_gpu.LAG_US * 1e-6, abs=1e-9)  # what really differs stays
+
+
+def test_gpu_fixture_summary_overlap_and_memory(gpu_trace):
+    r0 = gpu_trace.summary()["per_rank"][0]  # step 6, rank 0, in us: see kineto_gpu's docstring
+    assert r0["compute_s"] == pytest.approx(642e-6)
+    assert r0["overlapped_comm_s"] == pytest.approx(120e-6)  # the all-reduce beside the second weight GEMM
+    assert r0["exposed_comm_s"] == pytest.approx(185e-6)  # 1650-1800 and 1525-1530, and the send
+    step = 1040e-6  # the step over both ranks: rank 1 ends 40 us after rank 0
+    assert r0["idle_s"] == pytest.approx(step - 642e-6)
+    assert r0["wait_s"] == pytest.approx(step - 642e-6 - 185e-6)
+    assert gpu_trace.meta["memory_by_kind"] == [{"allocated": 3 << 20}, {"allocated": (3 << 20) + 4096}]
+
+
+def test_gpu_profile_of_a_paralab_run_takes_device_time_and_paralab_clock(tmp_path):
+    """A profiled paralab run on a GPU: its ranges are the spans, timed where the GPU shows them, and
+    each rank lands on paralab's own clock (rank 1 left the barrier 40 us later, its clock is 3 ms off)."""
+    for rank in (0, 1):
+        profile = kineto_gpu.gpu_profile(rank, paralab_ranges=True)
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(profile))
+    trace = import_profile(tmp_path)
+    assert trace.meta["names"] == "paralab" and trace.meta["clock"]["method"].startswith("paralab")
+    assert collections.Counter(s.kind for s in trace.spans) == {"step": 4, "forward": 4}
+    forward = [s for s in trace.spans if s.kind == "forward" and s.rank == 0 and s.step == 6][0]
+    assert (forward.start, forward.end) == pytest.approx((1100e-6, 1315e-6))  # device time, not 1050-1295
+    steps = {s.rank: s.start for s in trace.spans if s.kind == "step" and s.step == 6}
+    assert steps == pytest.approx({0: 1001e-6, 1: 1041e-6})  # the recorder's clock: since the barrier
+
+
+def test_every_figure_and_the_report_take_an_imported_trace(gpu_trace, tmp_path):
+    timeline = viz.timeline(gpu_trace)
+    assert timeline.layout.meta["rows"] == ["r0 compute", "r0 comm", "r1 compute", "r1 comm"]
+    drawn = {t.name for t in timeline.data}
+    assert {"forward", "backward", "optimizer", "memcpy", "all_reduce", "send", "recv"} <= drawn
+    all_reduce = 4 * 4 * kineto_gpu.ALLREDUCE_ELEMENTS  # fp32, 2 ranks, 2 steps
+    assert viz.comm_by_op(gpu_trace).layout.meta["bytes"]["all_reduce"] == all_reduce
+    matrix = viz.comm_matrix_data(gpu_trace)
+    assert matrix[0][1] == 2 * 4 * kineto_gpu.ALLREDUCE_ELEMENTS + 2 * 4 * kineto_gpu.SEND_ELEMENTS
+    viz.comm_matrix(gpu_trace)
+    viz.comm_link_split(gpu_trace)
+    assert viz.bubble(gpu_trace).layout.meta["idle"].keys() == {"0", "1"}
+    assert viz.speedup_timeline(gpu_trace).layout.meta
+    assert viz.memory(gpu_trace.meta["memory_by_kind"]).layout.meta["totals"] == [3 << 20, (3 << 20) + 4096]
+    viz.elastic(gpu_trace)
+    # from the shell, with what a profile cannot say: the schedule, for the bubble against its theory
+    imported, report = tmp_path / "imported.json", tmp_path / "report.html"
+    assert cli_main(["import", str(GPU_FIXTURE), "-o", str(imported), "--schedule", "1f1b", "--pp", "2",
+                     "--microbatches", "4", "--tokens-per-step", "4096"]) == 0
+    assert Trace.load(imported).meta["schedule"] == "1f1b"
+    assert cli_main(["report", str(imported), "-o", str(report)]) == 0
+    page = report.read_text()
+    for section in ("Timeline", "Pipeline bubble", "Communication by op and step", "Memory per rank",
+                    "exposed comm ms/step", "tokens_per_s"):
+        assert section in page
+
+
+# ------------------------------------------------------------------------------------------ bad files
+def _event(name="aten::mm", cat="cpu_op", **extra):
+    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": 10.0, "dur": 5.0, **extra}
+
+
+BAD_FILES = {
+    "missing.json": (None, "cannot read"),
+    "broken.json": ('{"traceEvents": [', "not a JSON trace"),
+    "list.json": ("[1, 2]", "no traceEvents"),
+    "no_events.json": ('{"schemaVersion": 1}', "no traceEvents"),
+    "foreign.json": (json.dumps({"traceEvents": [_event("draw", "blink")]}), "no torch.profiler operators"),
+    "no_time.json": (json.dumps({"traceEvents": [_event(ts="soon")]}), "no numeric ts and dur"),
+    "paralab.json": (json.dumps(Trace().to_dict()), "a paralab trace already"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_FILES))
+def test_malformed_or_foreign_files_exit_2_saying_what_is_missing(tmp_path, capsys, name):
+    text, reason = BAD_FILES[name]
+    path = tmp_path / name
+    if text is not None:
+        path.write_text(text)
+    assert cli_main(["import", str(path), "-o", str(tmp_path / "out.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(path) in err and reason in err
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_gzip_and_duplicate_ranks(tmp_path, capsys):
+    rank0 = tmp_path / "a.json.gz"
+    rank0.write_bytes(gzip.compress((GPU_FIXTURE / "rank0.json").read_bytes()))
+    assert import_profile([rank0, GPU_FIXTURE / "rank1.json.gz"]).ranks == [0, 1]
+    twice = [str(rank0), str(GPU_FIXTURE / "rank0.json")]
+    assert cli_main(["import", *twice, "-o", str(tmp_path / "o.json")]) == 2
+    assert "rank 0 again" in capsys.readouterr().err
+    with pytest.raises(ProfileError, match="no paralab ranges"):
+        import_profile(GPU_FIXTURE, names="paralab")
+
+
+# ------------------------------------------------------------------------------------------ real runs
+def _no_processes_running(path_part: str) -> bool:
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if path_part in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.Error:
+            continue
+    return True
+
+
+@pytest.fixture(scope="module")
+def ddp_profiles(tmp_path_factory) -> Path:
+    """torch DDP on 2 gloo ranks under torchrun, profiling itself (tests/ddp_profiled_job.py)."""
+    out = tmp_path_factory.mktemp("ddp_profiles")
+    run_torchrun(DDP_JOB, out, nproc=2, timeout_s=240)
+    assert _no_processes_running(str(DDP_JOB))
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_torch_ddp_profile_every_rank_step_and_all_reduce(ddp_profiles, tmp_path, capsys):
+    import ddp_profiled_job as job
+
+    out = tmp_path / "trace.json"
+    assert cli_main(["import", str(ddp_profiles / "rank0.json.gz"), str(ddp_profiles / "rank1.json.gz"),
+                     "-o", str(out)]) == 0
+    assert "imported 2 rank(s), 3 step(s)" in capsys.readouterr().out
+    trace = Trace.load(out)
+    assert trace.ranks == [0, 1] and list(trace.step_windows()) == [2, 3, 4]  # ProfilerStep#2..4 recorded
+    param_bytes = 4 * sum(p.numel() for p in job.model().parameters())
+    for rank in (0, 1):
+        for step in (2, 3, 4):
+            spans = spans_of(trace, rank, step)
+            all_reduce = [s for s in spans if s.kind == "all_reduce"]
+            assert len(all_reduce) >= 2  # a 0.05 MB bucket cap: the gradients go in several buckets
+            # every gradient once per step; two ranks: the wire carries 2 (n-1)/n = 1 x the payload
+            assert sum(s.payload_bytes for s in all_reduce) == param_bytes
+            assert sum(s.bytes for s in all_reduce) == param_bytes
+            kinds = collections.Counter(s.kind for s in spans if s.lane == COMPUTE)
+            assert kinds["forward"] >= 1 and kinds["backward"] >= 1 and kinds["optimizer"] >= 1
+            forward = min(s.start for s in spans if s.kind == "forward")
+            backward = min(s.start for s in spans if s.kind == "backward")
+            assert forward < backward < min(s.start for s in all_reduce)  # DDP reduces during backward
+    assert trace.comm_bytes(payload=True)["all_reduce"] == 2 * param_bytes  # per step, both ranks
+    assert trace.meta["clock"]["method"].startswith("collective")  # one host, and the world's all-reduces
+    assert abs(trace.meta["clock"]["correction_s"][1]) < 0.05  # one host: the clocks already agreed
+    assert len(trace.meta["memory_by_kind"]) == 2
+
+
+@pytest.mark.timeout(300)
+def test_profile_of_a_paralab_pipeline_agrees_with_its_own_trace(tmp_path, no_leftover_ranks):
+    """paralab run --profile: the profile carries paralab's spans, and importing it gives paralab's own
+    trace back: the same spans by kind, the same bytes, on the same clock."""
+    profile_dir, own_path = tmp_path / "profile", tmp_path / "own.json"
+    assert cli_main(["run", "--strategy", "pp", "--world-size", "2", "--pp", "2", "--schedule", "1f1b",
+                     "--microbatches", "4", "--steps", "3", "--profile", str(profile_dir),
+                     "--trace", str(own_path), "--json"]) == 0
+    own = Trace.load(own_path)
+    imported = import_profile(sorted(profile_dir.glob("rank*.json")))
+    assert imported.meta["names"] == "paralab" and imported.meta["schedule"] == "1f1b"
+
+    def key(s: Span):
+        return s.rank, s.lane, s.kind, s.name, s.step, s.microbatch, s.stage, s.peer, s.bytes, s.payload_bytes
+
+    assert collections.Counter(map(key, imported.spans)) == collections.Counter(map(key, own.spans))
+    assert imported.comm_bytes() == own.comm_bytes()
+    assert imported.comm_bytes(payload=True) == own.comm_bytes(payload=True)
+
+    def in_order(trace: Trace) -> list[Span]:
+        return sorted(trace.spans, key=lambda s: (key(s), s.start))
+
+    pairs = zip(in_order(own), in_order(imported))
+    assert statistics.median(abs(a.start - b.start) for a, b in pairs) < 1e-3  # paralab's own clock, both
+    # the same profile read as any torch profile: gloo's sends and receives, with their bytes
+    as_torch = import_profile(profile_dir, names="torch")
+    steps = len(own.step_windows())
+    for op in ("send", "recv"):
+        moved = sum(s.payload_bytes for s in as_torch.spans if s.kind == op)
+        assert moved == own.comm_bytes(payload=True)[op] * steps
+        assert {s.peer for s in as_torch.spans if s.kind == op} == {0, 1}
