@@ -20,6 +20,7 @@ from paralab.cli_args import (
     EXIT_OK,
     EXIT_SIGPIPE,
     add_training_args,
+    json_text,
     training_options,
 )
 from paralab.config import ConfigError, RunConfig
@@ -77,7 +78,7 @@ def cmd_run(args) -> int:
 
         write_report(result, args.report)
     if args.json:
-        print(json.dumps(result.summary))
+        print(json_text(result.summary))
     else:
         print(format_summary(result.summary))
     return EXIT_OK
@@ -143,7 +144,7 @@ def cmd_nodes(args) -> int:
     cfg = config_from_args(build_parser().parse_args(["run", *run_args]))
     resolve_layout(dataclasses.replace(cfg, world_size=args.nnodes * args.nproc_per_node, nodes=args.nnodes))
     run = run_local_nodes(run_args, args.nnodes, args.nproc_per_node, trace_dir=args.trace_dir)
-    print(json.dumps(run.summary) if args.json else format_summary(run.summary))
+    print(json_text(run.summary) if args.json else format_summary(run.summary))
     return EXIT_OK
 
 

@@ -8,11 +8,29 @@ stderr, no process started); 1 a run that failed (which rank, what it raised).
 from __future__ import annotations
 
 import argparse
+import json
+import math
 
 from paralab.config import DEVICES, MODEL_PRESETS, OPTIMIZERS, TrainingConfig
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 EXIT_SIGPIPE = 141  # the reader of stdout went away, as shells report a program killed by SIGPIPE
+
+
+def json_text(obj) -> str:
+    """``obj`` as JSON that any reader accepts: a non-finite number (nan, inf) becomes null, where
+    ``json.dumps`` would write a bare ``NaN`` that is not JSON."""
+
+    def finite(value):
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {k: finite(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [finite(v) for v in value]
+        return value
+
+    return json.dumps(finite(obj), allow_nan=False)
 
 
 def _number(text: str):
@@ -53,6 +71,8 @@ def add_training_args(p: argparse.ArgumentParser, defaults: TrainingConfig) -> N
     p.add_argument("--no-trace", action="store_true", help="record step spans only")
     p.add_argument("--trace", metavar="PATH", help="write the merged trace in Chrome trace format (Perfetto)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="start more local ranks than the cores and memory hold (refused otherwise)")
     p.add_argument("--fail", type=key_values, metavar="rank=R,step=K",
                    help="make rank R fail at step K (testing): a run's rank raises (kind=hang: stops "
                         "answering); an elastic run loses R's node (during=save: in the middle of a checkpoint)")
@@ -62,4 +82,4 @@ def training_options(args) -> dict:
     """TrainingConfig keyword arguments (all but the model) from parsed :func:`add_training_args` flags."""
     return dict(steps=args.steps, global_batch=args.global_batch, seed=args.seed, device=args.device, lr=args.lr,
                 optimizer=args.optimizer, timeout_s=args.timeout, threads_per_rank=args.threads,
-                trace=not args.no_trace, fault=args.fail)
+                trace=not args.no_trace, fault=args.fail, oversubscribe=args.oversubscribe)

@@ -96,6 +96,7 @@ class TrainingConfig:
     threads_per_rank: int = 0  # 0: share the cores fairly
     trace: bool = True
     fault: dict | None = None  # testing: {"rank": r, "step": k, ...} makes rank r fail at step k
+    oversubscribe: bool = False  # start more local ranks than the machine holds (runtime.worker.check_capacity)
 
     FAULT_OPTIONS = {"kind": ("raise", "hang")}  # what a fault may say besides rank and step
 

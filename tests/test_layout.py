@@ -168,3 +168,25 @@ def test_paralab_strategies_lists_every_strategy(capsys):
     listed = json.loads(capsys.readouterr().out)
     assert listed.keys() == strategies().keys()
     assert listed["hybrid"]["axes"] == ["dp", "tp", "pp"] and listed["torch_tp"]["reference_for"] == "tp"
+
+
+def test_a_world_the_machine_cannot_hold_is_refused_unless_forced(monkeypatch):
+    from paralab.runtime import worker
+
+    monkeypatch.setattr(launch_module, "_context", lambda: pytest.fail("a process was about to start"))
+    monkeypatch.setattr(worker, "usable_cores", lambda: 2)
+    with pytest.raises(ConfigError, match=r"64 ranks do not fit this machine: 2 core\(s\).*world size <= 16"):
+        paralab.run("ddp", 64, global_batch=64)
+    worker.check_capacity(64, oversubscribe=True)  # forced: no refusal
+
+
+def test_a_diverging_loss_stops_the_run_naming_the_step(no_leftover_ranks):
+    with pytest.raises(paralab.RunError, match=r"loss became (nan|inf) at step \d"):
+        paralab.run("ddp", 2, steps=6, global_batch=4, lr=1e6, optimizer="sgd")
+
+
+def test_the_run_json_is_valid_even_for_non_finite_numbers():
+    from paralab.cli_args import json_text
+
+    assert json.loads(json_text({"losses": [float("nan"), 1.0], "x": {"y": float("inf")}})) == \
+        {"losses": [None, 1.0], "x": {"y": None}}

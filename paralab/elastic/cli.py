@@ -8,9 +8,8 @@ what the launcher checks is what the workers run.
 from __future__ import annotations
 
 import argparse
-import json
 
-from paralab.cli_args import EXIT_OK, add_training_args, key_values, training_options
+from paralab.cli_args import EXIT_OK, add_training_args, json_text, key_values, training_options
 from paralab.elastic.config import ElasticConfig
 
 
@@ -61,5 +60,5 @@ def elastic_main(args) -> int:
     result = launch(config_from_args(args))
     if args.trace:
         result.save_trace(args.trace)
-    print(json.dumps(result.summary) if args.json else result.describe())
+    print(json_text(result.summary) if args.json else result.describe())
     return EXIT_OK

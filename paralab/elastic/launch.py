@@ -40,7 +40,7 @@ from paralab.elastic import checkpoint
 from paralab.elastic.config import ElasticConfig
 from paralab.elastic.history import ElasticResult
 from paralab.runtime.result import RunError
-from paralab.runtime.worker import usable_cores
+from paralab.runtime.worker import check_capacity, usable_cores
 
 POLL_S = 0.1
 # An agent is torchrun's own main, started through a bootstrap that first asks Linux to kill it if the
@@ -69,6 +69,7 @@ def launch(cfg: ElasticConfig, run_dir: str | Path | None = None, progress=None)
     ``progress(step, steps)`` is called as steps complete.
     """
     cfg.validate()
+    check_capacity(cfg.max_nodes, cfg.oversubscribe)
     if cfg.checkpoint_dir:
         checkpoint.check_signature(cfg.checkpoint_dir, cfg.signature())
     keep = run_dir is not None

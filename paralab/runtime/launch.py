@@ -29,7 +29,7 @@ from pathlib import Path
 from paralab.config import RunConfig, resolve_device
 from paralab.layout import resolve_layout
 from paralab.runtime.result import RunError, RunResult
-from paralab.runtime.worker import spawn_entry, usable_cores
+from paralab.runtime.worker import check_capacity, spawn_entry, usable_cores
 from paralab.strategies.registry import MODULES as STRATEGY_MODULES
 
 POLL_S = 0.05
@@ -56,6 +56,7 @@ def launch(cfg: RunConfig, progress=None) -> RunResult:
     """
     layout = resolve_layout(cfg)
     cfg = dataclasses.replace(cfg, device=resolve_device(cfg.device, cfg.world_size))
+    check_capacity(cfg.world_size, cfg.oversubscribe)
     if cfg.world_size > usable_cores():
         warnings.warn(
             f"world size {cfg.world_size} exceeds the {usable_cores()} usable CPU cores: ranks will "

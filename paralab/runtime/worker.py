@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from paralab.config import RunConfig, TrainingConfig
+from paralab.config import ConfigError, RunConfig, TrainingConfig
 from paralab.layout import Layout
 from paralab.memory import MemoryMeter
 from paralab.profiling import profile_rank
@@ -39,6 +39,36 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
+
+
+MAX_RANKS_PER_CORE = 8  # beyond this, a local run is mostly ranks waiting for a time slice
+RANK_MEMORY_BYTES = 256 * 2**20  # a forked CPU rank's own memory (USS), measured with the small model
+
+
+def available_memory_bytes() -> int:
+    """Memory the kernel says new processes can take (MemAvailable), or 0 where it cannot say."""
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):  # pragma: no cover - not Linux
+        return 0
+
+
+def check_capacity(ranks: int, oversubscribe: bool = False) -> None:
+    """ConfigError, before any process starts, when this machine cannot hold ``ranks`` local CPU
+    ranks: more than MAX_RANKS_PER_CORE on each core, or more memory than is available. Says what
+    would fit; ``oversubscribe`` (``--oversubscribe``) runs anyway."""
+    cores, memory = usable_cores(), available_memory_bytes()
+    fits = MAX_RANKS_PER_CORE * cores
+    if memory:
+        fits = min(fits, memory // RANK_MEMORY_BYTES)
+    if ranks <= fits or oversubscribe:
+        return
+    raise ConfigError(
+        f"{ranks} ranks do not fit this machine: {cores} core(s) and {memory / 2**30:.1f} GiB available hold "
+        f"about {fits} (at most {MAX_RANKS_PER_CORE} ranks per core, about {RANK_MEMORY_BYTES >> 20} MiB "
+        f"each); use a world size <= {fits}, or oversubscribe=True (--oversubscribe) to start them anyway")
 
 
 def threads_for(cfg: TrainingConfig, local_world_size: int) -> int:

@@ -8,6 +8,7 @@ and in how gradients are synchronised (a :class:`GradSync`). Elastic training ru
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -45,6 +46,9 @@ def train_loop(ctx: RankContext, optimizer: torch.optim.Optimizer, sync: GradSyn
             sync.after_step()
             meter.sample()
         losses.append(None if loss is None else float(loss))
+        if losses[-1] is not None and not math.isfinite(losses[-1]):
+            raise FloatingPointError(f"loss became {losses[-1]} at step {step}: training diverged "
+                                     f"(try a lower learning rate than {ctx.cfg.lr:g})")
         if after_step is not None:
             after_step(step, losses[-1])
     return losses
