@@ -20,8 +20,8 @@ from paralab.cli_args import (
     EXIT_OK,
     EXIT_SIGPIPE,
     add_training_args,
+    build_config,
     json_text,
-    training_options,
 )
 from paralab.config import ConfigError, RunConfig
 
@@ -39,7 +39,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel degree (0: the strategy's default)")
     p.add_argument("--pp", type=int, default=d.pp, help="pipeline stages (0: the strategy's default)")
     p.add_argument("--schedule", default=d.schedule, help="pipeline schedule (pp, hybrid)")
-    p.add_argument("--microbatches", type=int, default=d.microbatches)
+    p.add_argument("--microbatches", "--accumulate", type=int, default=d.microbatches, metavar="K",
+                   help="microbatches per replica per step: gradient accumulation (a pipeline's microbatches)")
     p.add_argument("--virtual-stages", type=int, default=d.virtual_stages)
     p.add_argument("--sequence-parallel", action="store_true")
     p.add_argument("--zero", type=int, default=d.zero, help="hybrid: ZeRO stage over the dp dimension")
@@ -49,8 +50,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args) -> RunConfig:
-    return RunConfig.build(
-        args.model, **training_options(args), strategy=args.strategy, world_size=args.world_size,
+    return build_config(
+        RunConfig, args, strategy=args.strategy, world_size=args.world_size,
         bucket_mb=args.bucket_mb, hierarchical=args.hierarchical, nodes=args.nodes, dp=args.dp, tp=args.tp,
         pp=args.pp, schedule=args.schedule, microbatches=args.microbatches, virtual_stages=args.virtual_stages,
         sequence_parallel=args.sequence_parallel, zero=args.zero, profile_dir=args.profile,

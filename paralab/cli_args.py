@@ -8,10 +8,19 @@ stderr, no process started); 1 a run that failed (which rank, what it raised).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 
-from paralab.config import DEVICES, MODEL_PRESETS, OPTIMIZERS, TrainingConfig
+from paralab.config import (
+    ATTENTION_KERNELS,
+    DEVICES,
+    DTYPES,
+    MODEL_PRESETS,
+    OPTIMIZERS,
+    RECOMPUTE,
+    TrainingConfig,
+)
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 EXIT_SIGPIPE = 141  # the reader of stdout went away, as shells report a program killed by SIGPIPE
@@ -71,6 +80,16 @@ def add_training_args(p: argparse.ArgumentParser, defaults: TrainingConfig) -> N
     p.add_argument("--no-trace", action="store_true", help="record step spans only")
     p.add_argument("--trace", metavar="PATH", help="write the merged trace in Chrome trace format (Perfetto)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.add_argument("--dtype", default=defaults.dtype, choices=DTYPES,
+                   help="parameters and activations for compute; master weights and optimizer states stay fp32")
+    p.add_argument("--reduce-dtype", default=defaults.reduce_dtype, choices=DTYPES,
+                   help="dtype gradients are reduced in across ranks (fp32, as FSDP2's default)")
+    p.add_argument("--loss-scale", type=float, default=defaults.loss_scale,
+                   help="fp16: where the dynamic loss scale starts (halved on overflow, doubled after 200 good steps)")
+    p.add_argument("--recompute", default=defaults.recompute, choices=RECOMPUTE,
+                   help="activation recomputation: selective (attention cores) or full (every block)")
+    p.add_argument("--attention", default=defaults.model.attention, choices=ATTENTION_KERNELS,
+                   help="sdpa: torch's fused attention; math: the s x s scores written out")
     p.add_argument("--oversubscribe", action="store_true",
                    help="start more local ranks than the cores and memory hold (refused otherwise)")
     p.add_argument("--fail", type=key_values, metavar="rank=R,step=K",
@@ -78,8 +97,16 @@ def add_training_args(p: argparse.ArgumentParser, defaults: TrainingConfig) -> N
                         "answering); an elastic run loses R's node (during=save: in the middle of a checkpoint)")
 
 
+def build_config(cls, args, **options):
+    """A ``cls`` (RunConfig or ElasticConfig) from parsed :func:`add_training_args` flags and the
+    command's own ``options``: the preset model, with the attention kernel asked for."""
+    cfg = cls.build(args.model, **training_options(args), **options)
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attention=args.attention))
+
+
 def training_options(args) -> dict:
     """TrainingConfig keyword arguments (all but the model) from parsed :func:`add_training_args` flags."""
     return dict(steps=args.steps, global_batch=args.global_batch, seed=args.seed, device=args.device, lr=args.lr,
                 optimizer=args.optimizer, timeout_s=args.timeout, threads_per_rank=args.threads,
-                trace=not args.no_trace, fault=args.fail, oversubscribe=args.oversubscribe)
+                trace=not args.no_trace, fault=args.fail, oversubscribe=args.oversubscribe, dtype=args.dtype,
+                reduce_dtype=args.reduce_dtype, recompute=args.recompute, loss_scale=args.loss_scale)

@@ -30,6 +30,10 @@ class ModelConfig:
     vocab: int = 128
     seq_len: int = 32
     dropout: float = 0.0
+    # the attention core: "sdpa" is torch's fused scaled_dot_product_attention (flash attention on
+    # CPU and GPU: it keeps the output and one log-sum-exp per row, never the s x s scores); "math"
+    # writes softmax(QK^T / sqrt(d)) V out and keeps the s x s probabilities for backward
+    attention: str = "sdpa"
 
     def __post_init__(self):
         if self.ffn == 0:
@@ -51,6 +55,8 @@ class ModelConfig:
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) \
                 or not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.attention not in ATTENTION_KERNELS:
+            raise ConfigError(f"attention must be one of {ATTENTION_KERNELS}, got {self.attention!r}")
 
     def param_count(self) -> int:
         """Exact number of parameters of paralab.models.gpt.GPT (untied embeddings, biases, LayerNorms)."""
@@ -70,12 +76,16 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(layers=4, hidden=64, heads=4, vocab=128, seq_len=32),
     # A workstation CPU or one GPU: big enough for compute to dominate per-call overheads.
     "small": ModelConfig(layers=8, hidden=256, heads=8, vocab=512, seq_len=128),
-    # GPUs: communication and compute both matter.
+    # A GPU workstation (about 210 M parameters, trained in bf16): communication and compute both
+    # matter. Notebooks pick it when GPUs are present.
     "medium": ModelConfig(layers=16, hidden=1024, heads=16, vocab=8192, seq_len=512),
 }
 
 DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("adam", "sgd")
+DTYPES = ("fp32", "bf16", "fp16")
+RECOMPUTE = ("none", "selective", "full")
+ATTENTION_KERNELS = ("sdpa", "math")
 
 
 @dataclass
@@ -97,6 +107,14 @@ class TrainingConfig:
     trace: bool = True
     fault: dict | None = None  # testing: {"rank": r, "step": k, ...} makes rank r fail at step k
     oversubscribe: bool = False  # start more local ranks than the machine holds (runtime.worker.check_capacity)
+    # mixed precision (paralab.precision): parameters and activations in ``dtype`` for compute, fp32
+    # master weights and optimizer states, gradients reduced in ``reduce_dtype``; fp16 scales the loss
+    dtype: str = "fp32"
+    reduce_dtype: str = "fp32"
+    loss_scale: float = 2.0**16  # fp16: where the dynamic loss scale starts
+    # activation recomputation: "selective" recomputes each attention core in backward, "full" each
+    # block (Korthikanti et al. 2022); paralab.recompute
+    recompute: str = "none"
 
     FAULT_OPTIONS = {"kind": ("raise", "hang")}  # what a fault may say besides rank and step
 
@@ -137,10 +155,13 @@ class TrainingConfig:
         check_int("threads_per_rank", self.threads_per_rank, low=0)
         check_positive("learning rate", self.lr)
         check_positive("timeout", self.timeout_s, low=1.0, unit=" s")
+        check_positive("loss scale", self.loss_scale)
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
-        if self.device not in DEVICES:
-            raise ConfigError(f"device must be one of {DEVICES}, got {self.device!r}")
+        for name, choices in (("device", DEVICES), ("dtype", DTYPES), ("reduce_dtype", DTYPES),
+                              ("recompute", RECOMPUTE)):
+            if getattr(self, name) not in choices:
+                raise ConfigError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
         self.model.validate()
         self._validate_fault()
         return self

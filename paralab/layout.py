@@ -47,7 +47,7 @@ class Layout:
     pp: int = 1
     schedule: str = ""  # the pipeline schedule; "" when the run has no pipeline
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved: v; zbv: 2)
-    microbatches: int = 1  # per data-parallel replica and step: pipeline microbatches or accumulation
+    microbatches: int = 1  # per data-parallel replica and step: gradient accumulation (a pipeline's microbatches)
     zero: int = 0  # ZeRO stage over the dp axis
     sequence_parallel: bool = False
     stage_layers: tuple[int, ...] | None = None  # blocks per pipeline stage, when not even
@@ -207,9 +207,6 @@ def _unused_options(cfg: RunConfig, strategy: Strategy) -> tuple[str, ...]:
                               f"'zero{value}' instead of {name!r}")
         if option == "hierarchical":
             raise ConfigError(f"hierarchical all-reduce is a ddp option, not {name!r}")
-        if option == "microbatches":
-            raise ConfigError(f"{name} takes one batch per step (microbatches=1), got microbatches={value}: "
-                              f"it has no gradient accumulation; raise global_batch instead")
         if option == "sequence_parallel":
             raise ConfigError(f"sequence_parallel splits the sequence over tensor-parallel ranks; {name} has "
                               f"no tp axis")

@@ -119,8 +119,7 @@ def test_zero2_reduce_scatters_during_backward(runs, no_leftover_ranks):
 
 
 @pytest.mark.parametrize("strategy", [*STAGES, "torch_fsdp"])
-@pytest.mark.parametrize("option, value, advice", [("pp", 2, "hybrid"), ("tp", 2, "hybrid"), ("dp", 1, "hybrid"),
-                                                  ("microbatches", 4, "global_batch")])
+@pytest.mark.parametrize("option, value, advice", [("pp", 2, "hybrid"), ("tp", 2, "hybrid"), ("dp", 1, "hybrid")])
 def test_refuses_what_it_cannot_do_before_starting(strategy, option, value, advice):
     cfg = RunConfig.build("tiny", strategy=strategy, world_size=2, global_batch=8, **{option: value})
     with pytest.raises(ConfigError, match=f"{option}={value}.*{advice}"):

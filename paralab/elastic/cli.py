@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from paralab.cli_args import EXIT_OK, add_training_args, json_text, key_values, training_options
+from paralab.cli_args import EXIT_OK, add_training_args, build_config, json_text, key_values
 from paralab.elastic.config import ElasticConfig
 
 
@@ -43,8 +43,8 @@ def add_elastic_args(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args) -> ElasticConfig:
     (lo, hi) = args.nnodes
-    return ElasticConfig.build(
-        args.model, **training_options(args), micro_batch=args.micro_batch, min_nodes=lo, max_nodes=hi,
+    return build_config(
+        ElasticConfig, args, micro_batch=args.micro_batch, min_nodes=lo, max_nodes=hi,
         nodes=args.nodes, max_restarts=args.max_restarts, join_after_step=args.join_after_step,
         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
         keep_checkpoints=args.keep_checkpoints, slow=args.slow, balance=args.balance,

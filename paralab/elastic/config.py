@@ -83,6 +83,10 @@ class ElasticConfig(TrainingConfig):
             raise ConfigError(f"global batch {self.global_batch} is smaller than max nodes {self.max_nodes}: "
                               "every worker needs at least one sample")
         resolve_device(self.device, self.max_nodes)  # one worker per node, every local node its own GPU
+        if self.dtype != "fp32":
+            raise ConfigError(f"elastic training runs fp32: its checkpoints reshard the model and optimizer with "
+                              f"torch.distributed.checkpoint, which does not hold paralab's fp32 master weights "
+                              f"beside {self.dtype} parameters; dtype={self.dtype!r} is for paralab run")
         self._validate_fail()
         self._validate_join()
         self._validate_slow()

@@ -37,6 +37,7 @@ from paralab.elastic.config import ElasticConfig
 from paralab.elastic.monitor import Monitor
 from paralab.layout import Layout
 from paralab.models.gpt import GPT, lm_loss
+from paralab.precision import torch_dtype
 from paralab.runtime.worker import die_with_parent, rank_session, write_json
 from paralab.strategies.common import (
     GradSync,
@@ -44,6 +45,7 @@ from paralab.strategies.common import (
     make_buckets,
     make_loader,
     make_optimizer,
+    prepare,
     train_loop,
     unflatten_grads,
 )
@@ -89,11 +91,12 @@ class SumGradients(GradSync):
     were already weighted by 1 / global batch, so the sum is the global-batch mean whatever each
     rank's share of the batch."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, reduce_dtype: torch.dtype = torch.float32):
         self.buckets = make_buckets([p for p in model.parameters() if p.requires_grad], BUCKET_BYTES)
+        self.reduce_dtype = reduce_dtype
 
     def after_backward(self) -> None:
-        flats = [flatten_grads(bucket) for bucket in self.buckets]
+        flats = [flatten_grads(bucket).to(self.reduce_dtype) for bucket in self.buckets]
         works = [comm.all_reduce(flat, async_op=True, name=f"bucket {i}") for i, flat in enumerate(flats)]
         for bucket, flat, work in zip(self.buckets, flats, works):
             work.wait()
@@ -145,8 +148,8 @@ class Worker:
         each global batch cut by the balancer, gradients summed over ranks, and after each step the
         step record, the monitor's sample and, every few steps, a checkpoint."""
         cfg, ctx = self.cfg, self.ctx
-        model = GPT(cfg.model, cfg.seed).to(ctx.device)
-        optimizer = make_optimizer(cfg, model.parameters())
+        model = prepare(ctx, GPT(cfg.model, cfg.seed))
+        optimizer = make_optimizer(cfg, model.parameters(), ctx)
         ctx.memory.watch(list(model.parameters()), optimizer)
         start = self.resume(model, optimizer)
         data = make_loader(ctx)
@@ -170,7 +173,7 @@ class Worker:
                 with self.rec.span("forward"):
                     loss = lm_loss(model(inputs), targets) * (len(chunk) / cfg.global_batch)
                 with self.rec.span("backward"):
-                    loss.backward()
+                    ctx.scaler.scale(loss).backward()
                 loss_part += loss.item()
                 if slowdown.factor > 1.0:
                     with self.rec.span("slowdown", name=f"slowdown x{slowdown.factor:g}"):
@@ -194,8 +197,8 @@ class Worker:
                 write_json(self.run_dir / "progress.json", {"step": step, "generation": self.gen_dir.name})
             self.monitor.flush()
 
-        train_loop(ctx, optimizer, SumGradients(model), forward_backward, batch_of, first_step=start,
-                   after_step=after_step)
+        train_loop(ctx, optimizer, SumGradients(model, torch_dtype(cfg.reduce_dtype)), forward_backward, batch_of,
+                   first_step=start, after_step=after_step)
         records.close()
         if self.rank == 0:
             write_json(self.gen_dir / "done.json", {"steps": cfg.steps, "t": time.time()})

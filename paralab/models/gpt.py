@@ -37,6 +37,29 @@ class Embedding(nn.Module):
         return self.drop(self.tok(idx) + self.pos(positions))
 
 
+class AttentionCore(nn.Module):
+    """softmax(Q K^T / sqrt(d)) V over causal positions, for (batch, heads, seq, head_dim) Q, K, V.
+
+    ``kind="sdpa"``: torch's fused scaled_dot_product_attention, which keeps only its output and one
+    log-sum-exp per row for backward. ``kind="math"``: the scores written out, which keeps the s x s
+    probabilities of every head, the term that grows with the square of the sequence. A module of its
+    own (without parameters) so that selective recomputation can recompute exactly this."""
+
+    def __init__(self, kind: str = "sdpa", dropout: float = 0.0):
+        super().__init__()
+        self.kind, self.dropout = kind, dropout
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        p = self.dropout if self.training else 0.0
+        if self.kind == "sdpa":
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+        s = q.shape[-2]
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+        causal = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+        probs = F.dropout(scores.masked_fill(~causal, float("-inf")).softmax(dim=-1), p)
+        return probs @ v
+
+
 class Attention(nn.Module):
     """Causal multi-head self-attention with a fused QKV projection."""
 
@@ -44,15 +67,14 @@ class Attention(nn.Module):
         super().__init__()
         self.head_dim = cfg.head_dim
         self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
+        self.core = AttentionCore(cfg.attention, cfg.dropout)
         self.proj = nn.Linear(cfg.hidden, cfg.hidden)
-        self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         q, k, v = self.qkv(x).split(self.qkv.out_features // 3, dim=-1)
         q, k, v = (t.view(b, s, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
-        return self.proj(y.transpose(1, 2).reshape(b, s, -1))
+        return self.proj(self.core(q, k, v).transpose(1, 2).reshape(b, s, -1))
 
 
 class MLP(nn.Module):
@@ -67,6 +89,8 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
     """Pre-LayerNorm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x))."""
+
+    IS_TRANSFORMER_BLOCK = True  # the unit that full recomputation checkpoints
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -145,5 +169,6 @@ class GPT(nn.Module):
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy over every position of the batch."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    """Mean next-token cross-entropy over every position of the batch, computed in fp32 whatever the
+    logits' dtype (a 16-bit softmax over the vocabulary loses the small probabilities)."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))

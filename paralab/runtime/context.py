@@ -11,6 +11,7 @@ import torch
 from paralab.config import TrainingConfig
 from paralab.layout import Layout
 from paralab.memory import MemoryMeter
+from paralab.precision import LossScaler
 from paralab.runtime.recorder import Recorder
 
 
@@ -47,6 +48,7 @@ class RankContext:
     recorder: Recorder
     memory: MemoryMeter
     faults: RaiseOrHang  # anything with at_step(step), called as each step begins
+    scaler: LossScaler  # fp16's dynamic loss scale (inert otherwise): backward passes scale the loss by it
 
     def check_fault(self, step: int) -> None:
         self.faults.at_step(step)
@@ -66,5 +68,7 @@ class RankContext:
             "losses": losses,
             "loss_weight": loss_weight,
             "memory": self.memory.report(),
+            "loss_scale": self.scaler.value,
+            "skipped_steps": list(self.scaler.skipped),
             "state": state if self.cfg.collect_state else None,
         }

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from paralab.config import RunConfig, resolve_device
 from paralab.layout import resolve_layout
+from paralab.precision import check_dtype
 from paralab.runtime.result import RunError, RunResult
 from paralab.runtime.worker import check_capacity, spawn_entry, usable_cores
 from paralab.strategies.registry import MODULES as STRATEGY_MODULES
@@ -56,6 +57,7 @@ def launch(cfg: RunConfig, progress=None) -> RunResult:
     """
     layout = resolve_layout(cfg)
     cfg = dataclasses.replace(cfg, device=resolve_device(cfg.device, cfg.world_size))
+    check_dtype(cfg.dtype, cfg.device)
     check_capacity(cfg.world_size, cfg.oversubscribe)
     if cfg.world_size > usable_cores():
         warnings.warn(

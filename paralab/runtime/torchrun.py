@@ -16,6 +16,7 @@ from pathlib import Path
 
 from paralab.config import RunConfig, resolve_device
 from paralab.layout import resolve_layout
+from paralab.precision import check_dtype
 from paralab.runtime.launch import free_port
 from paralab.runtime.result import RunError, RunResult
 from paralab.trace import Trace
@@ -37,6 +38,7 @@ def run_under_torchrun(cfg: RunConfig, trace_dir: str | None = None) -> RunResul
     cfg = dataclasses.replace(cfg, world_size=world_size)
     layout = resolve_layout(cfg)
     cfg = dataclasses.replace(cfg, device=resolve_device(cfg.device, local_world))  # GPUs per node, not per world
+    check_dtype(cfg.dtype, cfg.device)
     result, trace, everyone = run_rank(cfg, layout, rank, world_size, local_rank, local_world, "env://", gather=True)
     if trace_dir:
         Trace.from_dict(trace).save(Path(trace_dir) / f"rank{rank:05d}.json")

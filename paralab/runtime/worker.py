@@ -26,6 +26,7 @@ import torch.distributed as dist
 from paralab.config import ConfigError, RunConfig, TrainingConfig
 from paralab.layout import Layout
 from paralab.memory import MemoryMeter
+from paralab.precision import LossScaler
 from paralab.profiling import profile_rank
 from paralab.runtime.context import RaiseOrHang, RankContext
 from paralab.runtime.recorder import Recorder
@@ -105,7 +106,8 @@ def rank_session(cfg: TrainingConfig, layout: Layout, rank: int, world_size: int
         recorder = Recorder(rank, enabled=cfg.trace, cuda=device.type == "cuda", node_of=node_of.__getitem__)
         ctx = RankContext(cfg=cfg, layout=layout, rank=rank, world_size=world_size, local_rank=local_rank,
                           node=node_of[rank], device=device, recorder=recorder,
-                          memory=MemoryMeter(device, recorder), faults=faults or RaiseOrHang(cfg, rank))
+                          memory=MemoryMeter(device, recorder), faults=faults or RaiseOrHang(cfg, rank),
+                          scaler=LossScaler(cfg.dtype, cfg.loss_scale))
         dist.barrier()
         recorder.start_clock()
         recorder.activate()

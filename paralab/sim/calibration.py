@@ -159,6 +159,7 @@ def loop_overheads(steps: int = 12) -> dict[str, float]:
     from paralab.layout import resolve_layout
     from paralab.memory import MemoryMeter
     from paralab.models.gpt import GPT
+    from paralab.precision import LossScaler
     from paralab.runtime.context import RaiseOrHang, RankContext
     from paralab.runtime.recorder import Recorder
     from paralab.strategies.common import GradSync, train_model
@@ -169,7 +170,7 @@ def loop_overheads(steps: int = 12) -> dict[str, float]:
         model_cfg = ModelConfig(layers=1, hidden=8, heads=2, ffn=32, vocab=16, seq_len=seq)
         cfg = RunConfig.build(model_cfg, strategy="single", world_size=1, steps=steps, global_batch=batch)
         ctx = RankContext(cfg, resolve_layout(cfg), 0, 1, 0, 0, cpu, Recorder(0), MemoryMeter(cpu),
-                          RaiseOrHang(cfg, 0))
+                          RaiseOrHang(cfg, 0), LossScaler(cfg.dtype))
         train_model(ctx, GPT(model_cfg, 0), GradSync())
         trace = ctx.recorder.trace()
         outside = [hi - lo - trace.busy_time(0, COMPUTE, (lo, hi)) for k, (lo, hi) in trace.step_windows().items() if k >= 2]

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import torch
 
 from paralab.data import DataLoader
 from paralab.models.gpt import GPT, lm_loss
+from paralab.precision import LossScaler, MasterWeights, torch_dtype
 from paralab.runtime.context import RankContext
+from paralab.strategies.recompute import apply_recompute
 
 
 # ------------------------------------------------------------------------------------ the loop
@@ -54,19 +57,24 @@ def train_loop(ctx: RankContext, optimizer: torch.optim.Optimizer, sync: GradSyn
     return losses
 
 
-def forward_backward(ctx: RankContext, loss_of: Callable, batch: list[tuple[torch.Tensor, torch.Tensor]]):
-    """Forward and backward over each microbatch of ``batch`` (a list of (inputs, targets)); the
-    gradients add up in ``.grad``. Each loss is divided by the number of microbatches, so the
-    gradients are those of the whole batch. Returns the batch's mean loss (a tensor, not synced)."""
+def forward_backward(ctx: RankContext, loss_of: Callable, batch: list[tuple[torch.Tensor, torch.Tensor]],
+                     microbatch_context: Callable | None = None):
+    """Forward and backward over each microbatch of ``batch`` (a list of (inputs, targets)): gradient
+    accumulation. The gradients add up in ``.grad``; each loss is divided by the number of
+    microbatches, so they are those of the whole batch (and scaled for fp16, see paralab.precision).
+    ``microbatch_context(mb, last)`` may wrap each pass (torch's DDP skips its all-reduce with
+    ``no_sync`` until the last). Returns the batch's mean loss (a tensor, not synced)."""
     rec, meter = ctx.recorder, ctx.memory
     total = None
     for mb, (inputs, targets) in enumerate(batch):
         if len(batch) > 1:
             rec.set_context(microbatch=mb)
-        with rec.span("forward"), meter.saving(mb):
-            loss = loss_of(inputs, targets) / len(batch)
-        with rec.span("backward"):
-            loss.backward()
+        around = microbatch_context(mb, mb == len(batch) - 1) if microbatch_context else nullcontext()
+        with around:
+            with rec.span("forward"), meter.saving(mb):
+                loss = loss_of(inputs, targets) / len(batch)
+            with rec.span("backward"):
+                ctx.scaler.scale(loss).backward()
         meter.release(mb)
         total = loss.detach() if total is None else total + loss.detach()
     rec.set_context(microbatch=None)
@@ -144,15 +152,32 @@ def unflatten_grads(bucket: list[torch.nn.Parameter], flat: torch.Tensor) -> Non
 
 
 # ------------------------------------------------------------------------------------ a rank's pieces
-def make_optimizer(cfg, params) -> torch.optim.Optimizer:
-    """Adam (fp32 states, as the ZeRO paper's accounting assumes) or plain SGD.
+def make_optimizer(cfg, params, ctx: RankContext | None = None):
+    """Adam (fp32 states, as the ZeRO paper's accounting assumes) or plain SGD; over fp32 master
+    weights when the parameters are 16-bit (paralab.precision.MasterWeights, using the rank's loss
+    scaler and recorder).
 
     ``foreach=False`` keeps the per-parameter arithmetic identical whatever the parameters' grouping
     or sharding, so every layout updates parameters exactly as single-device training does."""
+
+    def plain(params):
+        if cfg.optimizer == "sgd":
+            return torch.optim.SGD(params, lr=cfg.lr, foreach=False)
+        return torch.optim.Adam(params, lr=cfg.lr, foreach=False)
+
     params = list(params)
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, foreach=False)
-    return torch.optim.Adam(params, lr=cfg.lr, foreach=False)
+    if cfg.dtype == "fp32":
+        return plain(params)
+    scaler = ctx.scaler if ctx is not None else LossScaler(cfg.dtype, cfg.loss_scale)
+    return MasterWeights(params, plain, scaler, ctx.recorder if ctx is not None else None)
+
+
+def prepare(ctx: RankContext, module: torch.nn.Module) -> torch.nn.Module:
+    """A model (or stage) as the run trains it: on the rank's device, in the run's dtype, with
+    activation recomputation installed (paralab.strategies.recompute)."""
+    module = module.to(ctx.device, torch_dtype(ctx.cfg.dtype))
+    apply_recompute(module, ctx.cfg.recompute, ctx.recorder)
+    return module
 
 
 def make_loader(ctx: RankContext) -> DataLoader:
@@ -168,7 +193,7 @@ def replica_batches(loader: DataLoader, step: int, microbatches: int, dp_rank: i
 
 
 def full_model(ctx: RankContext) -> GPT:
-    return GPT(ctx.cfg.model, ctx.cfg.seed).to(ctx.device)
+    return prepare(ctx, GPT(ctx.cfg.model, ctx.cfg.seed))
 
 
 def named_state(model: torch.nn.Module) -> dict:
@@ -180,7 +205,7 @@ def named_state(model: torch.nn.Module) -> dict:
 
 
 def train_model(ctx: RankContext, model: torch.nn.Module, sync: GradSync, loss_of: Callable | None = None,
-                params=None, state_of: Callable | None = None) -> dict:
+                params=None, state_of: Callable | None = None, microbatch_context: Callable | None = None) -> dict:
     """Every strategy without a pipeline: each data-parallel replica (one rank, or a tensor-parallel
     group) runs forward and backward on its slice of the batch, ``sync`` makes the gradients agree
     and every rank takes the optimizer step. ``loss_of(inputs, targets)`` defaults to the model's
@@ -191,10 +216,10 @@ def train_model(ctx: RankContext, model: torch.nn.Module, sync: GradSync, loss_o
     coord = layout.coord(ctx.rank)
     params = list(model.parameters() if params is None else params)
     loss_of = loss_of or (lambda x, y: lm_loss(model(x), y))
-    optimizer = make_optimizer(ctx.cfg, params)
+    optimizer = make_optimizer(ctx.cfg, params, ctx)
     ctx.memory.watch(params, optimizer)
     loader = make_loader(ctx)
-    losses = train_loop(ctx, optimizer, sync, lambda batch: forward_backward(ctx, loss_of, batch),
+    losses = train_loop(ctx, optimizer, sync, lambda batch: forward_backward(ctx, loss_of, batch, microbatch_context),
                         lambda step: replica_batches(loader, step, layout.microbatches, coord["dp"], layout.dp))
     state = None
     if ctx.cfg.collect_state:

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from paralab import comm
 from paralab.config import ConfigError
+from paralab.precision import torch_dtype
 from paralab.strategies.common import (
     GradSync,
     flatten_grads,
@@ -44,9 +45,9 @@ class BucketedReducer(GradSync):
     gradients while their all-reduce is in flight."""
 
     def __init__(self, model: torch.nn.Module, world_size: int, bucket_mb: float, group=None,
-                 accumulations: int = 1, memory=None):
+                 accumulations: int = 1, memory=None, reduce_dtype: torch.dtype = torch.float32):
         self.world_size, self.group, self.accumulations = world_size, group, accumulations
-        self.memory = memory
+        self.memory, self.reduce_dtype = memory, reduce_dtype
         params = [p for p in model.parameters() if p.requires_grad]
         self.buckets = make_buckets(params, bucket_mb * 2**20)
         self.bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
@@ -70,7 +71,7 @@ class BucketedReducer(GradSync):
 
     def _launch(self, i: int) -> None:
         """The bucket is full: flatten its gradients, pre-divide by the world size, all-reduce async."""
-        buffer = flatten_grads(self.buckets[i])
+        buffer = flatten_grads(self.buckets[i]).to(self.reduce_dtype)  # widened (a copy) for 16-bit grads
         buffer.div_(self.world_size)
         self._hold(buffer)
         self.buffers[i] = buffer
@@ -96,8 +97,9 @@ class BucketedReducer(GradSync):
 class HierarchicalReducer(BucketedReducer):
     """Buckets reduced node by node: intra-node reduce-scatter, inter-node all-reduce, intra all-gather."""
 
-    def __init__(self, model, world_size: int, bucket_mb: float, node_of, memory=None):
-        super().__init__(model, world_size, bucket_mb, memory=memory)
+    def __init__(self, model, world_size: int, bucket_mb: float, node_of, memory=None,
+                 reduce_dtype: torch.dtype = torch.float32):
+        super().__init__(model, world_size, bucket_mb, memory=memory, reduce_dtype=reduce_dtype)
         nodes = sorted({node_of(r) for r in range(world_size)})
         members = {n: [r for r in range(world_size) if node_of(r) == n] for n in nodes}
         self.local_size = len(members[nodes[0]])
@@ -117,7 +119,7 @@ class HierarchicalReducer(BucketedReducer):
         self.shards: list[torch.Tensor | None] = [None] * len(self.buckets)
 
     def _launch(self, i: int) -> None:
-        flat = flatten_grads(self.buckets[i]).div_(self.world_size)
+        flat = flatten_grads(self.buckets[i]).to(self.reduce_dtype).div_(self.world_size)
         padded = -flat.numel() % self.local_size
         self.buffers[i] = torch.nn.functional.pad(flat, (0, padded)) if padded else flat
         self._hold(self.buffers[i])
@@ -139,11 +141,13 @@ def check(cfg, layout) -> None:
 
 
 def train(ctx):
-    model = full_model(ctx)
+    model, reduce_dtype = full_model(ctx), torch_dtype(ctx.cfg.reduce_dtype)
     if ctx.cfg.hierarchical:
-        reducer = HierarchicalReducer(model, ctx.world_size, ctx.cfg.bucket_mb, ctx.recorder.node_of, ctx.memory)
+        reducer = HierarchicalReducer(model, ctx.world_size, ctx.cfg.bucket_mb, ctx.recorder.node_of, ctx.memory,
+                                      reduce_dtype)
     else:
-        reducer = BucketedReducer(model, ctx.world_size, ctx.cfg.bucket_mb, memory=ctx.memory)
+        reducer = BucketedReducer(model, ctx.world_size, ctx.cfg.bucket_mb, accumulations=ctx.layout.microbatches,
+                                  memory=ctx.memory, reduce_dtype=reduce_dtype)
     return train_model(ctx, model, reducer)
 
 

@@ -8,25 +8,32 @@ compute, and many small messages pay the latency many times. DDP (ddp.py) fixes 
 
 from __future__ import annotations
 
+import torch
+
 from paralab import comm
+from paralab.precision import torch_dtype
 from paralab.strategies.common import GradSync, full_model, train_model
 from paralab.strategies.registry import Strategy
 
 
 class AllReduceEachGradient(GradSync):
-    def __init__(self, model, world_size: int):
+    """Each gradient, divided by the world size, all-reduced on its own in ``reduce_dtype``."""
+
+    def __init__(self, model, world_size: int, reduce_dtype: torch.dtype = torch.float32):
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.world_size = world_size
+        self.world_size, self.reduce_dtype = world_size, reduce_dtype
 
     def after_backward(self) -> None:
         for p in self.params:
-            p.grad.div_(self.world_size)
-            comm.all_reduce(p.grad, name="grad")
+            grad = p.grad.to(self.reduce_dtype).div_(self.world_size)  # a widened copy for 16-bit grads
+            comm.all_reduce(grad, name="grad")
+            if grad is not p.grad:
+                p.grad.copy_(grad)
 
 
 def train(ctx):
     model = full_model(ctx)
-    return train_model(ctx, model, AllReduceEachGradient(model, ctx.layout.dp))
+    return train_model(ctx, model, AllReduceEachGradient(model, ctx.layout.dp, torch_dtype(ctx.cfg.reduce_dtype)))
 
 
 STRATEGIES = [Strategy("dp", "all-reduce of every gradient after backward", axes=("dp",), train=train,

@@ -21,6 +21,7 @@ is reported by the tp rank 0 of the stage that computes it, weighted 1/dp.
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import torch
 import torch.nn as nn
@@ -29,9 +30,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from paralab.config import ConfigError, RunConfig
 from paralab.layout import AXES
 from paralab.models.gpt import build_part, lm_loss
+from paralab.precision import torch_dtype
 from paralab.schedules import DEFAULT_SCHEDULE, SCHEDULES, build_schedule, theoretical_bubble
 from paralab.strategies import tensor
-from paralab.strategies.common import SyncChain, make_loader, make_optimizer, train_loop
+from paralab.strategies.common import SyncChain, make_loader, make_optimizer, prepare, train_loop
 from paralab.strategies.ddp import BucketedReducer
 from paralab.strategies.pipeline import PipelineExecutor, microbatched_batch, stage_groups
 from paralab.strategies.pipeline_stage import build_stages, check_pipeline
@@ -85,15 +87,15 @@ def place_on_mesh(ctx) -> MeshPosition:
 
 
 # ------------------------------------------------------------------------------------------ composition
-def parallelize_tensor(cfg: RunConfig, layout, schedule, position: MeshPosition, device) -> dict[int, nn.Module]:
+def parallelize_tensor(ctx, schedule, position: MeshPosition) -> dict[int, nn.Module]:
     """This rank's pipeline stages, their parts split over the tp group (plain parts when tp = 1)."""
-    tp = position.tp
+    cfg, layout, tp = ctx.cfg, ctx.layout, position.tp
 
     def build(model, index, seed):
         return build_part(model, index, seed) if tp.size == 1 else tensor.parallel_part(model, index, seed, tp)
 
     return build_stages(cfg.model, schedule.num_stages, schedule.stages_on(position.pp), cfg.seed,
-                        layout.stage_layers, device, build)
+                        layout.stage_layers, partial(prepare, ctx), build)
 
 
 def parallelize_pipeline(ctx, schedule, stages: dict, position: MeshPosition) -> PipelineExecutor:
@@ -120,18 +122,19 @@ def parallelize_data(ctx, module: nn.Module, position: MeshPosition):
     first), or the sequence-parallel sums then a ZeRO stage 1 or 2 whose optimizer holds only this
     rank's shards (stage 1 keeps full gradients, so they are summed over tp before the reduce-scatter;
     stage 2 with sequence parallel is refused by check)."""
-    layout = ctx.layout
+    layout, reduce_dtype = ctx.layout, torch_dtype(ctx.cfg.reduce_dtype)
     if layout.zero:
-        zero = Zero(ctx, module, layout.zero, group=position.dp_group, accumulations=layout.microbatches)
-        sp_grads = tensor.SequenceParallelGrads(module, position.tp)  # after Zero: it made the parameter views
-        optimizer = make_optimizer(ctx.cfg, [u.shard for u in zero.units])
+        zero = Zero(ctx, module, layout.zero, group=position.dp_group, passes=layout.microbatches,
+                    accumulations=layout.microbatches)
+        sp_grads = tensor.SequenceParallelGrads(module, position.tp, reduce_dtype)  # after Zero: its views
+        optimizer = make_optimizer(ctx.cfg, [u.shard for u in zero.units], ctx)
         ctx.memory.watch([], optimizer)
         return SyncChain(sp_grads, zero), optimizer
     reducer = BucketedReducer(module, layout.dp, ctx.cfg.bucket_mb, position.dp_group, layout.microbatches,
-                              memory=ctx.memory)
-    optimizer = make_optimizer(ctx.cfg, module.parameters())
+                              memory=ctx.memory, reduce_dtype=reduce_dtype)
+    optimizer = make_optimizer(ctx.cfg, module.parameters(), ctx)
     ctx.memory.watch(list(module.parameters()), optimizer)
-    return SyncChain(reducer, tensor.SequenceParallelGrads(module, position.tp)), optimizer
+    return SyncChain(reducer, tensor.SequenceParallelGrads(module, position.tp, reduce_dtype)), optimizer
 
 
 # ------------------------------------------------------------------------------------------ training
@@ -140,7 +143,7 @@ def train(ctx) -> dict:
     position = place_on_mesh(ctx)
     schedule = build_schedule(layout.schedule or DEFAULT_SCHEDULE, layout.pp, layout.microbatches,
                               layout.virtual_stages)
-    stages = parallelize_tensor(cfg, layout, schedule, position, ctx.device)
+    stages = parallelize_tensor(ctx, schedule, position)
     module = nn.ModuleDict({str(s): stage for s, stage in stages.items()})
     sync, optimizer = parallelize_data(ctx, module, position)
     executor = parallelize_pipeline(ctx, schedule, stages, position)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from contextlib import nullcontext
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -31,6 +32,7 @@ from torch.autograd.graph import get_gradient_edge
 from paralab import comm
 from paralab.config import ConfigError, RunConfig
 from paralab.models.gpt import lm_loss
+from paralab.precision import torch_dtype
 from paralab.schedules import (
     BACKWARD,
     BACKWARD_INPUT,
@@ -43,7 +45,7 @@ from paralab.schedules import (
     build_schedule,
     theoretical_bubble,
 )
-from paralab.strategies.common import GradSync, make_loader, make_optimizer, train_loop
+from paralab.strategies.common import GradSync, make_loader, make_optimizer, prepare, train_loop
 from paralab.strategies.pipeline_stage import build_stages, check_pipeline, named_stage_state
 from paralab.strategies.registry import PIPELINE_OPTIONS, Strategy
 from paralab.strategies.weight_grads import DeferredWeightGrads
@@ -82,6 +84,7 @@ class PipelineExecutor:
         cfg = ctx.cfg
         self.m = schedule.microbatches
         self.shape = shape or (ctx.layout.micro_batch, cfg.model.seq_len, cfg.model.hidden)
+        self.dtype = torch_dtype(cfg.dtype)  # activations and their gradients cross in the run's dtype
         self.pipeline_ranks = pipeline_ranks or schedule.ranks
         self.pp_rank = self.pipeline_ranks.index(ctx.rank)
         self.loss_fn = loss_fn
@@ -123,7 +126,7 @@ class PipelineExecutor:
         self.live.add((s, mb))
         self.peak_activations = max(self.peak_activations, len(self.live))
         if s == self.last:
-            self.saved[(s, mb)] = (x, y)
+            self.saved[(s, mb)] = (x, self.ctx.scaler.scale(y))  # backward starts from the (fp16-scaled) loss
             self.loss = y.detach() if self.loss is None else self.loss + y.detach()
             return
         self.saved[(s, mb)] = (x, get_gradient_edge(y))  # the edge, not the tensor: y can go once sent
@@ -185,7 +188,7 @@ class PipelineExecutor:
             a = self.recvs.popleft()
             forward = a.op == RECV_FORWARD
             boundary = a.stage - 1 if forward else a.stage
-            buffer = torch.empty(self.shape, device=self.ctx.device)
+            buffer = torch.empty(self.shape, device=self.ctx.device, dtype=self.dtype)
             name = f"recv {'F' if forward else 'B'}{a.microbatch} s{a.stage}"
             work = comm.irecv(buffer, self.pipeline_ranks[a.peer], group=self.groups[boundary], name=name)
             self.posted.append((a, work, buffer))
@@ -253,9 +256,10 @@ def train(ctx) -> dict:
     cfg, layout = ctx.cfg, ctx.layout
     schedule = build_schedule(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages)
     owned = schedule.stages_on(ctx.rank)
-    stages = build_stages(cfg.model, schedule.num_stages, owned, cfg.seed, layout.stage_layers, ctx.device)
+    stages = build_stages(cfg.model, schedule.num_stages, owned, cfg.seed, layout.stage_layers,
+                          partial(prepare, ctx))
     params = [p for s in owned for p in stages[s].parameters()]
-    optimizer = make_optimizer(cfg, params)
+    optimizer = make_optimizer(cfg, params, ctx)
     ctx.memory.watch(params, optimizer)
     executor = PipelineExecutor(ctx, schedule, stages, stage_groups(schedule))
     needs_tokens, needs_targets = 0 in owned, schedule.num_stages - 1 in owned
@@ -273,7 +277,7 @@ def train(ctx) -> dict:
 
 STRATEGIES = [
     Strategy("mp", "layers split over ranks, one batch, one rank busy at a time", axes=("pp",),
-             options=("microbatches", "schedule", "stage_layers"), schedule="naive", check=check_mp, train=train,
+             options=("schedule", "stage_layers"), schedule="naive", check=check_mp, train=train,
              title="layer-wise model parallel (模型并行)"),
     Strategy("pp", "`--schedule gpipe / 1f1b / interleaved / zb-h1 / zbv`, microbatches", axes=("pp",),
              options=PIPELINE_OPTIONS, schedules=SCHEDULES, check=check_pipeline, train=train,

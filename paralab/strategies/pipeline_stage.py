@@ -71,10 +71,11 @@ class Stage(nn.Module):
 
 
 def build_stages(cfg: ModelConfig, num_stages: int, owned: list[int], seed: int,
-                 override: list[int] | None, device: torch.device, build=build_part) -> dict[int, Stage]:
-    """The stages in ``owned`` (global stage indices), built on ``device`` (parts made by ``build``)."""
+                 override: list[int] | None, prepare, build=build_part) -> dict[int, Stage]:
+    """The stages in ``owned`` (global stage indices), parts made by ``build``, each stage handed to
+    ``prepare`` (common.prepare: the rank's device and dtype, recomputation)."""
     parts = stage_part_indices(cfg, num_stages, override)
-    return {s: Stage(cfg, s, num_stages, parts[s], seed, build).to(device) for s in owned}
+    return {s: prepare(Stage(cfg, s, num_stages, parts[s], seed, build)) for s in owned}
 
 
 def named_stage_state(stages: dict[int, Stage]) -> dict:
@@ -112,4 +113,8 @@ def check_pipeline(cfg: RunConfig, layout) -> Schedule:
     except (ValueError, ScheduleError) as exc:
         raise ConfigError(f"pipeline schedule {layout.schedule!r} (pp={p}, microbatches={m}, "
                           f"virtual_stages={v}) cannot run: {exc}") from None
+    if cfg.recompute == "full" and schedule.is_split_backward:
+        raise ConfigError(f"{layout.schedule} splits each backward into Bi and W by keeping every linear layer's "
+                          f"input for W, which full recomputation would throw away: use recompute='selective' "
+                          f"(attention cores only), or full recomputation with gpipe, 1f1b or interleaved")
     return schedule

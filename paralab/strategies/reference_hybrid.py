@@ -14,10 +14,10 @@ from __future__ import annotations
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
 from torch.distributed.tensor.parallel.ddp import _pre_dp_module_transform
-from torch.nn.parallel import DistributedDataParallel
 
 from paralab.strategies import tensor
 from paralab.strategies.common import GradSync, full_model, train_model
+from paralab.strategies.reference_ddp import wrap_ddp
 from paralab.strategies.reference_tensor import SplitQKVAttention, tensor_parallel_plan
 from paralab.strategies.registry import Strategy
 
@@ -30,10 +30,9 @@ def train(ctx):
         block.attn = SplitQKVAttention(block.attn)
     parallelize_module(model, mesh["tp"], tensor_parallel_plan(cfg.model.layers, layout.sequence_parallel))
     _pre_dp_module_transform(model)
-    ddp = DistributedDataParallel(model, process_group=mesh.get_group("dp"), bucket_cap_mb=cfg.bucket_mb,
-                                  device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
-    with loss_parallel():
-        return train_model(ctx, ddp, GradSync(), state_of=lambda: None)  # DTensor names differ from GPT's
+    ddp, microbatch = wrap_ddp(ctx, model, mesh.get_group("dp"))
+    with loss_parallel():  # state_of: DTensor names differ from GPT's
+        return train_model(ctx, ddp, GradSync(), state_of=lambda: None, microbatch_context=microbatch)
 
 
 STRATEGIES = [Strategy("torch_hybrid", "DDP over DTensor tensor parallel on a 2-D mesh", axes=("dp", "tp"),

@@ -13,11 +13,13 @@ microbatch's loss by m first; the two agree to rounding.
 
 from __future__ import annotations
 
+from functools import partial
+
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from paralab.config import ConfigError, RunConfig
 from paralab.models.gpt import lm_loss
-from paralab.strategies.common import GradSync, make_loader, make_optimizer, train_loop
+from paralab.strategies.common import GradSync, make_loader, make_optimizer, prepare, train_loop
 from paralab.strategies.pipeline_stage import build_stages, check_pipeline, named_stage_state
 from paralab.strategies.registry import PIPELINE_OPTIONS, Strategy
 
@@ -34,12 +36,14 @@ def train(ctx) -> dict:
     cfg, layout = ctx.cfg, ctx.layout
     p, m, num_stages = layout.pp, layout.microbatches, layout.num_stages
     owned = [s for s in range(num_stages) if s % p == ctx.rank]
-    stages = build_stages(cfg.model, num_stages, owned, cfg.seed, layout.stage_layers, ctx.device)
+    stages = build_stages(cfg.model, num_stages, owned, cfg.seed, layout.stage_layers,
+                          partial(prepare, ctx))
     pipe = [PipelineStage(stages[s], s, num_stages, ctx.device) for s in owned]
     schedule_cls = TORCH_SCHEDULES[layout.schedule]
-    schedule = schedule_cls(pipe if layout.schedule == "interleaved" else pipe[0], n_microbatches=m, loss_fn=lm_loss)
+    schedule = schedule_cls(pipe if layout.schedule == "interleaved" else pipe[0], n_microbatches=m,
+                            loss_fn=lambda out, targets: ctx.scaler.scale(lm_loss(out, targets)))
     params = [param for s in owned for param in stages[s].parameters()]
-    optimizer = make_optimizer(cfg, params)
+    optimizer = make_optimizer(cfg, params, ctx)
     ctx.memory.watch(params, optimizer)
     first, last = 0 in owned, num_stages - 1 in owned
     loader = make_loader(ctx) if first or last else None
@@ -49,7 +53,7 @@ def train(ctx) -> dict:
         microbatch_losses: list = []
         kwargs = {"target": targets, "losses": microbatch_losses} if last else {}
         schedule.step(*((inputs,) if first else ()), **kwargs)
-        return sum(loss.item() for loss in microbatch_losses) / m if last else None
+        return sum(loss.item() for loss in microbatch_losses) / m / ctx.scaler.value if last else None
 
     losses = train_loop(ctx, optimizer, GradSync(), forward_backward,
                         lambda step: loader.rank_batch(step) if loader is not None else (None, None),

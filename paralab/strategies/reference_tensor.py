@@ -37,7 +37,7 @@ class SplitQKVAttention(nn.Module):
 
     def __init__(self, fused):
         super().__init__()
-        self.head_dim, self.dropout, self.proj = fused.head_dim, fused.dropout, fused.proj
+        self.head_dim, self.core, self.proj = fused.head_dim, fused.core, fused.proj
         hidden = fused.proj.in_features
         weights, biases = fused.qkv.weight.chunk(3), fused.qkv.bias.chunk(3)
         for name, w, b in zip("qkv", weights, biases):
@@ -48,9 +48,7 @@ class SplitQKVAttention(nn.Module):
     def forward(self, x):
         b, s = x.shape[:2]
         q, k, v = (getattr(self, n)(x).view(b, s, -1, self.head_dim).transpose(1, 2) for n in "qkv")
-        y = nn.functional.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
-        return self.proj(y.transpose(1, 2).reshape(b, s, -1))
+        return self.proj(self.core(q, k, v).transpose(1, 2).reshape(b, s, -1))
 
 
 def tensor_parallel_plan(layers: int, sequence_parallel: bool) -> dict:

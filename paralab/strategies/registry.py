@@ -21,14 +21,14 @@ MODULES = ("single", "dp", "ddp", "pipeline", "tensor", "zero", "hybrid", "refer
            "reference_tensor", "reference_fsdp", "reference_hybrid")
 
 # Options a strategy may or may not use, with the value that means "not asked for". Everything else
-# in RunConfig (model, batch, steps, optimizer, device, tracing, ...) applies to every strategy. A
-# strategy that does not use an option refuses it; a tuning knob it has no use for (TUNING_OPTIONS:
-# a benchmark may pass one to several strategies) is reported as unused instead.
-OPTION_DEFAULTS = {"dp": 0, "tp": 0, "pp": 0, "schedule": "", "microbatches": 1, "virtual_stages": 1,
-                   "stage_layers": None, "sequence_parallel": False, "zero": 0, "bucket_mb": 25.0,
-                   "hierarchical": False}
+# in RunConfig (model, batch, steps, optimizer, device, precision, recomputation, microbatches:
+# gradient accumulation, tracing, ...) applies to every strategy. A strategy that does not use an
+# option refuses it; a tuning knob it has no use for (TUNING_OPTIONS: a benchmark may pass one to
+# several strategies) is reported as unused instead.
+OPTION_DEFAULTS = {"dp": 0, "tp": 0, "pp": 0, "schedule": "", "virtual_stages": 1, "stage_layers": None,
+                   "sequence_parallel": False, "zero": 0, "bucket_mb": 25.0, "hierarchical": False}
 TUNING_OPTIONS = ("bucket_mb",)
-PIPELINE_OPTIONS = ("schedule", "microbatches", "virtual_stages", "stage_layers")
+PIPELINE_OPTIONS = ("schedule", "virtual_stages", "stage_layers")
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,16 @@ import torch.nn.functional as F
 
 from paralab import comm
 from paralab.config import ConfigError, ModelConfig, RunConfig
-from paralab.models.gpt import build_part
-from paralab.strategies.common import GradSync, SyncChain, flatten_grads, train_model, unflatten_grads
+from paralab.models.gpt import AttentionCore, build_part
+from paralab.precision import torch_dtype
+from paralab.strategies.common import (
+    GradSync,
+    SyncChain,
+    flatten_grads,
+    prepare,
+    train_model,
+    unflatten_grads,
+)
 from paralab.strategies.registry import Strategy
 from paralab.strategies.tensor_layers import (
     ColumnParallelLinear,
@@ -78,16 +86,15 @@ class ParallelAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, tp: TensorParallelGroup):
         super().__init__()
         self.head_dim = cfg.head_dim
-        self.dropout = cfg.dropout
         self.qkv = ColumnParallelLinear(cfg.hidden, 3 * cfg.hidden, tp, "attn", groups=3)
+        self.core = AttentionCore(cfg.attention, cfg.dropout)  # this rank's heads only
         self.proj = RowParallelLinear(cfg.hidden, cfg.hidden, tp, "attn")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(x).chunk(3, dim=-1)  # (seq, batch, local heads x head_dim) each
         s, b = q.shape[:2]
         q, k, v = (t.view(s, b, -1, self.head_dim).permute(1, 2, 0, 3) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
-        return self.proj(y.permute(2, 0, 1, 3).reshape(s, b, -1))
+        return self.proj(self.core(q, k, v).permute(2, 0, 1, 3).reshape(s, b, -1))
 
 
 class ParallelMLP(nn.Module):
@@ -102,6 +109,8 @@ class ParallelMLP(nn.Module):
 
 class ParallelBlock(nn.Module):
     """The pre-LayerNorm block of paralab.models.gpt.Block, its attention and MLP split over tp ranks."""
+
+    IS_TRANSFORMER_BLOCK = True
 
     def __init__(self, cfg: ModelConfig, tp: TensorParallelGroup):
         super().__init__()
@@ -191,12 +200,13 @@ def parallel_part(cfg: ModelConfig, index: int, seed: int, tp: TensorParallelGro
     return part
 
 
-def build_model(cfg: RunConfig, tp: TensorParallelGroup, device: torch.device) -> ParallelGPT:
+def build_model(ctx, tp: TensorParallelGroup) -> ParallelGPT:
     """The parallel model, each shard cut from the single-device part built with the same seed."""
+    cfg = ctx.cfg
     model = ParallelGPT(cfg.model, tp)
     for index, part in enumerate([model.embed, *model.blocks, model.head]):
         copy_shards(part, cfg.model, index, cfg.seed, tp)
-    return model.to(device)
+    return prepare(ctx, model)
 
 
 def gather_state(named_params, tp: TensorParallelGroup) -> dict | None:
@@ -221,8 +231,8 @@ class SequenceParallelGrads(GradSync):
     only this rank's sequence slice (LayerNorms, row-parallel biases, the position embedding). It
     owns no gradients, so it clears none: it runs beside the sync that does (see SyncChain)."""
 
-    def __init__(self, model: nn.Module, tp: TensorParallelGroup):
-        self.tp = tp
+    def __init__(self, model: nn.Module, tp: TensorParallelGroup, reduce_dtype: torch.dtype = torch.float32):
+        self.tp, self.reduce_dtype = tp, reduce_dtype
         self.params = [p for p in model.parameters() if getattr(p, "sequence_parallel", False)]
 
     def clear_grads(self, optimizer) -> None:
@@ -231,7 +241,7 @@ class SequenceParallelGrads(GradSync):
     def after_backward(self) -> None:
         if not self.params:
             return
-        flat = flatten_grads(self.params)
+        flat = flatten_grads(self.params).to(self.reduce_dtype)
         comm.all_reduce(flat, group=self.tp.group, name="sequence-parallel grads")
         unflatten_grads(self.params, flat)
 
@@ -239,8 +249,8 @@ class SequenceParallelGrads(GradSync):
 # ---------------------------------------------------------------------------- training
 def train(ctx):
     tp = TensorParallelGroup(None, ctx.rank, ctx.layout.tp, ctx.layout.sequence_parallel)
-    model = build_model(ctx.cfg, tp, ctx.device)
-    sync = SyncChain(GradSync(), SequenceParallelGrads(model, tp))
+    model = build_model(ctx, tp)
+    sync = SyncChain(GradSync(), SequenceParallelGrads(model, tp, torch_dtype(ctx.cfg.reduce_dtype)))
     return train_model(ctx, model, sync, loss_of=model, state_of=lambda: gather_state(model.named_parameters(), tp))
 
 

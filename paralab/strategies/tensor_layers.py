@@ -210,5 +210,6 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
 
 def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, tp: TensorParallelGroup) -> torch.Tensor:
-    """Per-token loss from this rank's vocabulary slice of the logits; the same on every rank."""
-    return _VocabParallelCrossEntropy.apply(logits, targets, tp)
+    """Per-token loss from this rank's vocabulary slice of the logits; the same on every rank.
+    Computed in fp32 whatever the logits' dtype, as paralab.models.gpt.lm_loss is."""
+    return _VocabParallelCrossEntropy.apply(logits.float(), targets, tp)

@@ -52,6 +52,7 @@ import torch.distributed as dist
 
 from paralab import comm
 from paralab.models.gpt import part_names
+from paralab.precision import torch_dtype
 from paralab.strategies.common import GradSync, full_model, make_buckets, train_model
 from paralab.strategies.registry import Strategy
 from paralab.strategies.zero_shards import ShardedModel
@@ -78,12 +79,17 @@ class Zero(GradSync):
     """One ZeRO stage on one rank: where gradients go in backward, how they are reduced, how
     parameters come back. ``held()`` lists every tensor it keeps, for the memory meter.
 
-    ``group``: the data-parallel ranks that shard the states (default: all). ``accumulations``:
-    backward passes per step (microbatches, in hybrid); stage 2 sums them in the unit's buffer and
-    reduce-scatters it once, after the last."""
+    ``group``: the data-parallel ranks that shard the states (default: all). ``passes``: backward
+    passes per step (microbatches). ``accumulations``: how many of them stages 2 and 3 sum in a
+    unit's buffer before each reduce-scatter. The zero strategies reduce every microbatch's gradients
+    as the paper does (1: stage 2 then moves (m + 1) P per step, stage 3 3mP); hybrid sums them all
+    first (m: one reduce-scatter per step, the full-size buffer kept meanwhile). Gradients are
+    reduced in ``ctx.cfg.reduce_dtype``; with 16-bit parameters the reduced fp32 shard gradient is
+    the master weights' ``main_grad`` (paralab.precision)."""
 
-    def __init__(self, ctx, model: torch.nn.Module, stage: int, group=None, accumulations: int = 1):
-        self.stage, self.group, self.accumulations = stage, group, accumulations
+    def __init__(self, ctx, model: torch.nn.Module, stage: int, group=None, passes: int = 1, accumulations: int = 1):
+        self.stage, self.group, self.passes, self.accumulations = stage, group, passes, accumulations
+        self.reduce_dtype = torch_dtype(ctx.cfg.reduce_dtype)
         rank, self.world = ctx.rank, ctx.world_size
         if group is not None:
             rank, self.world = dist.get_rank(group), dist.get_world_size(group)
@@ -92,10 +98,12 @@ class Zero(GradSync):
         self.units = self.sharded.units
         self.meter = ctx.memory
         self.meter.count_held(self.held)
-        self.pending: list[tuple[comm.TracedWork, torch.Tensor]] = []  # reduce-scatters in flight
+        self.pending: list[tuple[comm.TracedWork, torch.Tensor, torch.Tensor, object]] = []  # in flight
         self.buffers: dict[str, torch.Tensor] = {}  # units whose gradients are arriving
         self.offsets = {id(p): p.storage_offset() - u.full.storage_offset() for u in self.units for p in u.params}
         self.arrived = dict.fromkeys((u.name for u in self.units), 0)
+        self.reduced = dict.fromkeys((u.name for u in self.units), 0)
+        self.mixed = self.sharded.flat.dtype != self.reduce_dtype  # 16-bit parameters, gradients reduced wider
         if stage == 1:
             self._bind_full_gradients()
         else:
@@ -119,16 +127,30 @@ class Zero(GradSync):
                 t.grad = self.grad_flat.as_strided(t.shape, t.stride(), t.storage_offset())
 
     def _bind_shard_gradients(self) -> None:
-        """Stages 2 and 3: only the shards' gradients are kept, in one flat buffer."""
-        self.grad_shards = torch.zeros(sum(u.shard.numel() for u in self.units), device=self.sharded.flat.device)
+        """Stages 2 and 3: only the shards' gradients are kept, in one flat buffer (in the reduce dtype)."""
+        self.grad_shards = torch.zeros(sum(u.shard.numel() for u in self.units), device=self.sharded.flat.device,
+                                       dtype=self.reduce_dtype)
         offset = 0
         for u in self.units:
-            u.shard.grad = self.grad_shards[offset : offset + u.shard.numel()]
+            self._bind_shard_grad(u, self.grad_shards[offset : offset + u.shard.numel()])
             offset += u.shard.numel()
+
+    def _bind_shard_grad(self, u, grad: torch.Tensor) -> None:
+        """The gradient the optimizer steps the shard with: ``.grad``, or the master weights'
+        ``main_grad`` when it is wider than the 16-bit shard."""
+        if self.mixed:
+            u.shard.main_grad = grad
+        else:
+            u.shard.grad = grad
+
+    def shard_grad(self, u) -> torch.Tensor:
+        return u.shard.main_grad if self.mixed else u.shard.grad
 
     def held(self) -> dict:
         grads = ([p.grad for u in self.units for p in (*u.params, u.shard)] + list(self.buffers.values())
-                 + [buf for _, buf in self.pending])
+                 + [t for _, flat, out, _ in self.pending for t in (flat, out)])
+        if self.mixed:
+            grads += [getattr(u.shard, "main_grad", None) for u in self.units]
         return {"params": [self.sharded.flat] + [u.full for u in self.units], "grads": grads}
 
     # ------------------------------------------------------------------ the step
@@ -136,48 +158,62 @@ class Zero(GradSync):
         """Zero the flat gradient buffers in place: the shards' gradients are views into them."""
         if self.stage == 1:
             self.grad_flat.zero_()
+        else:
+            self.grad_shards.zero_()  # every microbatch's reduced gradient is added into it
         self.arrived = dict.fromkeys(self.arrived, 0)
+        self.reduced = dict.fromkeys(self.reduced, 0)
 
     def _grad_ready(self, u, p) -> None:
         """Stages 2 and 3: add the gradient that just arrived into the unit's flat buffer (made at the
         unit's first gradient) and drop it, so a unit's gradients are held once, not twice."""
         if u.name not in self.buffers:
-            self.buffers[u.name] = torch.zeros(u.padded, device=p.device)
+            self.buffers[u.name] = torch.zeros(u.padded, device=p.device, dtype=self.reduce_dtype)
         offset = self.offsets[id(p)]
         self.buffers[u.name][offset : offset + p.numel()].add_(p.grad.reshape(-1))
         self.meter.sample()  # the high-water mark: this gradient and the unit's buffer
         p.grad = None
         self.arrived[u.name] += 1
         if self.arrived[u.name] == len(u.params) * self.accumulations:
+            self.arrived[u.name] = 0
             self._reduce_scatter(u)
 
     def _reduce_scatter(self, u) -> None:
-        """The unit's gradients are complete: pre-divide by Nd and start the reduce-scatter into this
-        rank's shard gradient (zero3 also frees the part's parameters). At most IN_FLIGHT buffers wait
-        on the wire, so full gradients never pile up to the whole model."""
+        """The unit's gradients are complete: pre-divide by Nd and start the reduce-scatter of this
+        rank's slice, which is added into its shard gradient when it lands (zero3 also frees the
+        part's parameters). At most IN_FLIGHT buffers wait on the wire, so full gradients never pile
+        up to the whole model."""
         while len(self.pending) >= IN_FLIGHT:
-            work, _ = self.pending.pop(0)
-            work.wait()
+            self._land(*self.pending.pop(0))
         flat = self.buffers.pop(u.name).div_(self.world)
-        self.pending.append((comm.reduce_scatter(u.shard.grad, flat, group=self.group, async_op=True,
-                                                name=f"grads {u.name}"), flat))
+        out = torch.empty(u.shard.numel(), device=flat.device, dtype=flat.dtype)
+        work = comm.reduce_scatter(out, flat, group=self.group, async_op=True, name=f"grads {u.name}")
+        self.pending.append((work, flat, out, u))
+        self.reduced[u.name] += 1
         if self.stage == 3:
             self.sharded.free(u)
 
+    def _land(self, work, flat, out, u) -> None:
+        work.wait()
+        self.shard_grad(u).add_(out)
+
     def after_backward(self) -> None:
-        """After backward: every rank's shard gradient is the average over the global batch."""
+        """After the step's last backward: every rank's shard gradient is the average over the global batch."""
         if self.stage == 1:
             u = self.units[0]
-            self.grad_flat.div_(self.world)
-            reduced = torch.empty_like(u.shard)
-            comm.reduce_scatter(reduced, self.grad_flat, group=self.group, name="grads")
-            u.shard.grad.copy_(reduced)
+            flat = self.grad_flat.to(self.reduce_dtype).div_(self.world)  # a copy when it widens
+            reduced = torch.empty(u.shard.numel(), device=flat.device, dtype=flat.dtype)
+            comm.reduce_scatter(reduced, flat, group=self.group, name="grads")
+            if self.mixed:
+                u.shard.main_grad = reduced
+            else:
+                u.shard.grad.copy_(reduced)
             return
-        missing = [u.name for u in self.units if self.arrived[u.name] != len(u.params) * self.accumulations]
+        expected = self.passes // self.accumulations
+        missing = [u.name for u in self.units if self.reduced[u.name] != expected]
         if missing:
             raise RuntimeError(f"{missing} got no gradient for every parameter this step; ZeRO here expects all")
-        for work, _ in self.pending:
-            work.wait()
+        for pending in self.pending:
+            self._land(*pending)
         self.pending.clear()
 
     def after_step(self) -> None:
@@ -215,7 +251,7 @@ class Zero(GradSync):
 
 def train(ctx):
     model = full_model(ctx)
-    zero = Zero(ctx, model, STAGES[ctx.cfg.strategy])
+    zero = Zero(ctx, model, STAGES[ctx.cfg.strategy], passes=ctx.layout.microbatches)
     result = train_model(ctx, model, zero, params=[u.shard for u in zero.units], state_of=zero.sharded.full_state)
     result["zero"] = zero.describe()
     return result

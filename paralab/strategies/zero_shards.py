@@ -60,11 +60,12 @@ class ShardedModel:
         for u in self.units:
             u.numel = sum(p.numel() for p in u.params)
             u.padded = -(-u.numel // world) * world
-        device = next(model.parameters()).device
+        first = next(model.parameters())
+        device, dtype = first.device, first.dtype
         shard_total = sum(u.padded // world for u in self.units)
         # stages 1-2: the whole model, padded; stage 3: only this rank's slices of every unit
         self.flat = torch.zeros(sum(u.padded for u in self.units) if resident_full else shard_total,
-                                device=device)
+                                device=device, dtype=dtype)
         offset = shard_offset = 0
         for u in self.units:
             s = u.padded // world
@@ -72,7 +73,7 @@ class ShardedModel:
                 u.full = self.flat[offset : offset + u.padded]
                 shard_view = u.full[rank * s : (rank + 1) * s]
             else:
-                u.full = torch.zeros(u.padded, device=device)
+                u.full = torch.zeros(u.padded, device=device, dtype=dtype)
                 shard_view = self.flat[shard_offset : shard_offset + s]
             self._adopt(model, u)
             if not resident_full:
@@ -115,9 +116,11 @@ class ShardedModel:
         torch.distributed outside the traced steps; shard rank 0 gets them, the other ranks None."""
         params, grads = {}, {}
         for u in self.units:
-            shard_grad = u.shard.grad if u.shard.grad is not None else torch.zeros_like(u.shard)
+            shard_grad = getattr(u.shard, "main_grad", None)  # wider than the 16-bit shard (precision.py)
+            shard_grad = u.shard.grad if shard_grad is None else shard_grad
+            shard_grad = torch.zeros_like(u.shard) if shard_grad is None else shard_grad
             for out, piece in ((params, u.shard.detach()), (grads, shard_grad)):
-                full = torch.empty(u.padded, device=piece.device)
+                full = torch.empty(u.padded, device=piece.device, dtype=piece.dtype)
                 dist.all_gather_into_tensor(full, piece.contiguous(), group=self.group)
                 offset = 0
                 for name, p in zip(u.names, u.params):

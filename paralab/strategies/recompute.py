@@ -1,0 +1,54 @@
+"""Activation recomputation (Chen et al. 2016; Korthikanti et al. 2022): keep less for backward and
+compute it again when backward needs it.
+
+- ``full``: each transformer block keeps only its input; its forward runs a second time at the start
+  of its backward. Activation memory per layer falls from about 16 copies of the layer input (plus
+  the attention core) to one, for about a third more compute.
+- ``selective``: only each attention core is recomputed: the term that grows with the sequence
+  squared (the s x s probabilities of the ``math`` kernel; the output and log-sum-exp of the fused
+  one) is dropped, for a few percent more compute.
+
+Installed from the strategy's side, on whatever model it built (paralab's GPT, the tensor-parallel
+blocks, torch's DTensor and FSDP2 wrappings of them), by swapping in a checkpointed ``forward`` on
+each block or core, so parameter names and hooks stay as they were. The second run of a forward,
+inside backward, is a ``recompute`` span on the compute lane: the timeline shows the extra work.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
+
+from paralab.models.gpt import AttentionCore
+
+
+def _is_block(module: nn.Module) -> bool:
+    """A transformer block of any of paralab's models (each block class declares itself)."""
+    return getattr(type(module), "IS_TRANSFORMER_BLOCK", False)
+
+
+def apply_recompute(model: nn.Module, mode: str, recorder=None) -> int:
+    """Checkpoint every block (``full``) or every attention core (``selective``) of ``model``;
+    returns how many modules were wrapped (0 for ``none``)."""
+    if mode == "none":
+        return 0
+    chosen = [m for m in model.modules() if (_is_block(m) if mode == "full" else isinstance(m, AttentionCore))]
+    for module in chosen:
+        module.forward = _checkpointed(module.forward, recorder)
+    return len(chosen)
+
+
+def _checkpointed(forward, recorder):
+    def rerun(*args):
+        if recorder is not None and torch._C._current_graph_task_id() != -1:  # inside backward
+            with recorder.span("recompute"):
+                return forward(*args)
+        return forward(*args)
+
+    def run(*args):
+        if not torch.is_grad_enabled():
+            return forward(*args)
+        return checkpoint(rerun, *args, use_reentrant=False)
+
+    return run
