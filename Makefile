@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install lab test lint clean
+.PHONY: install lab test lint gpu-check clean
 
 $(STAMP): pyproject.toml constraints-ci.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ lab: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Every strategy on the visible GPUs (bf16, recomputation on) and the CUDA tests; says so and exits 0
+# on a machine without CUDA.
+gpu-check: $(STAMP)
+	$(BIN)/python -m paralab.gpu_check
 
 lint: $(STAMP)
 	$(BIN)/ruff check paralab tests benchmarks
