@@ -75,7 +75,8 @@ def main() -> int:
     code = 0
     if tests.exists():
         print("\ngpu-check: the CUDA tests")
-        code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", str(tests)])
+        code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider",
+                                str(tests)])
     failed = [r["strategy"] for r in rows if not r["ok"]]
     print(f"\ngpu-check: {len(rows) - len(failed)} of {len(rows)} strategies passed"
           + (f"; failed: {', '.join(failed)}" if failed else "") + ("; CUDA tests failed" if code else ""))

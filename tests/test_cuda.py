@@ -7,6 +7,7 @@ import torch
 import paralab
 from tests.conftest import assert_close_rel, requires_cuda
 
+
 @requires_cuda
 @pytest.mark.cuda
 def test_ddp_on_gpus_matches_cpu_losses(no_leftover_ranks):
