@@ -60,7 +60,8 @@ class MemoryMeter:
         self._extra = {"params": 0, "grads": 0, "optimizer": 0}
         self._live: dict = {}
         self.peak_total = 0
-        self.peak_by_kind = dict.fromkeys(KINDS, 0)
+        self.peak_by_kind = dict.fromkeys(KINDS, 0)  # the breakdown at the moment of the total's peak
+        self.max_by_kind = dict.fromkeys(KINDS, 0)  # each kind's own high-water mark
 
     def watch(self, params: Iterable[torch.Tensor], optimizer: torch.optim.Optimizer | None = None) -> None:
         """The tensors whose bytes count as this rank's model states, and the optimizer whose states do."""
@@ -132,12 +133,14 @@ class MemoryMeter:
         total = sum(now.values())
         if total > self.peak_total:
             self.peak_total, self.peak_by_kind = total, now
+        self.max_by_kind = {kind: max(self.max_by_kind[kind], now[kind]) for kind in KINDS}
         if self.recorder is not None and self.recorder.enabled:
             for kind, value in now.items():
                 self.recorder.counter(f"memory.{kind}", value)
 
     def report(self) -> dict:
-        out = {"peak_bytes": self.peak_total, "peak_by_kind": dict(self.peak_by_kind), "final": self.model_states()}
+        out = {"peak_bytes": self.peak_total, "peak_by_kind": dict(self.peak_by_kind),
+               "max_by_kind": dict(self.max_by_kind), "final": self.model_states()}
         if self.device.type == "cuda":
             out["cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated(self.device))
         return out

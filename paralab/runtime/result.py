@@ -107,6 +107,7 @@ class RunResult:
             "peak_memory_bytes": [r["memory"].get("cuda_max_allocated_bytes", r["memory"]["peak_bytes"])
                                   for r in self.rank_results],
             "memory_by_kind": [r["memory"]["peak_by_kind"] for r in self.rank_results],
+            "memory_max_by_kind": [r["memory"]["max_by_kind"] for r in self.rank_results],
             "per_rank": metrics["per_rank"],
             "trace": self.trace_path,
         }

@@ -38,7 +38,8 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
     parameter tensor after backward (one message each, no overlap); ``ddp`` one message per
     ``bucket_mb`` bucket, overlapped with backward; paralab's ``zero3`` gathers each part just before
     it runs (no prefetch), as FSDP does on CPU. Gradients are fp32 Adam's (``adam-fp32``, the default
-    for an fp32 model; SGD runs are costed as Adam). Strategies that run the pipeline executor (a pp
+    for an fp32 model, mixed-precision Adam otherwise; SGD runs are costed as Adam). The model is
+    priced in the run's dtype, with its recomputation. Strategies that run the pipeline executor (a pp
     axis) make their batch before the step window opens (``train_loop(batch_in_window=False)``), so
     their predicted step holds no data loading; the others load inside it.
     """
@@ -46,7 +47,7 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
         layout = resolve_layout(cfg)
     except ConfigError as exc:
         raise SpecError(str(exc)) from None
-    model = lab_model(cfg.model, cfg.model_name)
+    model = lab_model(cfg.model, cfg.model_name).replace(dtype=cfg.dtype)
     tensors = counting.stage_tensors(model, ParallelSpec(), 0)  # 12 per block, 2 embeddings, 4 in the head
     buckets = 0
     if layout.dp > 1 and layout.zero == 0:
@@ -54,7 +55,7 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
     parallel = ParallelSpec(
         dp=layout.dp, tp=layout.tp, pp=layout.pp, virtual_stages=layout.virtual_stages,
         schedule=layout.schedule or DEFAULT_SCHEDULE, microbatches=layout.microbatches, micro_batch=layout.micro_batch,
-        zero=layout.zero, sequence_parallel=layout.sequence_parallel, recompute="none",
+        zero=layout.zero, sequence_parallel=layout.sequence_parallel, recompute=cfg.recompute,
         overlap_grad_reduce=cfg.strategy != "dp", grad_buckets=buckets,
         prefetch_params=not (cfg.strategy == "zero3" or (cfg.strategy == "torch_fsdp" and cfg.device == "cpu")),
         loads_batch_in_step="pp" not in get_strategy(cfg.strategy).axes,

@@ -10,13 +10,13 @@ from paralab.viz.bubble import bubble, bubble_vs_microbatches
 from paralab.viz.comm import comm_by_op, comm_link_split, comm_matrix, comm_matrix_data
 from paralab.viz.elastic import elastic
 from paralab.viz.loss import loss_curves
-from paralab.viz.memory import memory
+from paralab.viz.memory import measured_vs_predicted, memory, memory_vs
 from paralab.viz.mesh import mesh
 from paralab.viz.scaling import scaling, speedup_timeline
 from paralab.viz.timeline import timeline
 
 __all__ = [
     "timeline", "bubble", "bubble_vs_microbatches", "comm_by_op", "comm_matrix", "comm_matrix_data",
-    "comm_link_split", "scaling", "speedup_timeline", "memory", "elastic", "loss_curves",
-    "mesh",
+    "comm_link_split", "scaling", "speedup_timeline", "memory", "measured_vs_predicted", "memory_vs", "elastic",
+    "loss_curves", "mesh",
 ]

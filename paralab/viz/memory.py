@@ -64,3 +64,51 @@ def memory(runs, title: str | None = None, unit: str = "MiB"):
                       meta={"totals": totals, "bars": len(per_bar)})
     fig.update_yaxes(title_text=f"peak memory ({unit})")
     return style(fig, title or "memory per rank by kind", 380)
+
+
+def measured_vs_predicted(rows: list[dict], title: str, unit: str = "MiB", y_title: str = "bytes"):
+    """Grouped bars, one pair per row: what a run measured beside what the simulator predicts.
+
+    ``rows``: dicts with ``label``, ``measured`` and ``predicted`` (bytes). The hover and
+    ``fig.layout.meta["ratios"]`` give measured / predicted per row, the number a reader checks."""
+    graph = go()
+    scale = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]
+    labels = [r["label"] for r in rows]
+    ratios = [r["measured"] / r["predicted"] if r["predicted"] else float("nan") for r in rows]
+    fig = graph.Figure()
+    for key, color in (("measured", MEMORY_COLORS["activations"]), ("predicted", "#BAB0AC")):
+        values = [r[key] for r in rows]
+        fig.add_trace(graph.Bar(
+            x=labels, y=[v / scale for v in values], name=key, marker_color=color,
+            customdata=[[fmt_bytes(v), ratio] for v, ratio in zip(values, ratios)],
+            hovertemplate=f"%{{x}}, {key}: %{{customdata[0]}} (measured / predicted %{{customdata[1]:.2f}})"
+                          "<extra></extra>",
+        ))
+    fig.update_layout(barmode="group", meta={"labels": labels, "ratios": ratios})
+    fig.update_yaxes(title_text=f"{y_title} ({unit})")
+    return style(fig, title, 400)
+
+
+def memory_vs(points: dict[str, list[tuple[float, float, float]]], x_title: str, title: str, unit: str = "MiB",
+              y_title: str = "activations per layer"):
+    """How memory grows with one quantity (sequence length, micro-batch): per series, measured points
+    over the predicted line. ``points``: {series: [(x, measured bytes, predicted bytes), ...]}."""
+    graph = go()
+    scale = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]
+    fig = graph.Figure()
+    palette = [MEMORY_COLORS["activations"], MEMORY_COLORS["params"], MEMORY_COLORS["optimizer"],
+               MEMORY_COLORS["grads"], "#9467BD", "#8C564B"]
+    for i, (series, rows) in enumerate(points.items()):
+        color = palette[i % len(palette)]
+        xs = [r[0] for r in rows]
+        fig.add_trace(graph.Scatter(x=xs, y=[r[2] / scale for r in rows], mode="lines", name=f"{series}, predicted",
+                                    line=dict(color=color, dash="dash")))
+        fig.add_trace(graph.Scatter(
+            x=xs, y=[r[1] / scale for r in rows], mode="markers", name=f"{series}, measured",
+            marker=dict(color=color, size=10), customdata=[fmt_bytes(r[1]) for r in rows],
+            hovertemplate=f"{series}: %{{x}} -> %{{customdata}} measured<extra></extra>"))
+    fig.update_xaxes(title_text=x_title, type="log")
+    fig.update_yaxes(title_text=f"{y_title} ({unit})", type="log")
+    fig.update_layout(meta={"series": list(points)})
+    return style(fig, title, 420)
+
