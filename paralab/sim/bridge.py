@@ -93,6 +93,11 @@ def hardware_for_run(cfg: RunConfig, hardware: str | HardwareSpec = "local") -> 
     return hw
 
 
+def predict_memory(cfg: RunConfig) -> dict[str, float]:
+    """Predicted bytes per kind on the fullest rank of the run ``cfg`` describes (no hardware needed)."""
+    return cost.memory_per_gpu(*specs_from_run(cfg))
+
+
 def predict_run(cfg: RunConfig, hardware: str | HardwareSpec = "local") -> cost.Prediction:
     """Predicted step of the run ``cfg`` describes (``hardware``: a preset name or a HardwareSpec)."""
     model, parallel = specs_from_run(cfg)

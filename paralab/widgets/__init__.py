@@ -29,13 +29,21 @@ def memory_explorer(*args, **kwargs):
     return app(*args, **kwargs)
 
 
+def levers_explorer(*args, **kwargs):
+    from paralab.widgets.levers import levers_explorer as app
+
+    return app(*args, **kwargs)
+
+
 def elastic_monitor(*args, **kwargs):
     from paralab.widgets.elastic import elastic_monitor as app
 
     return app(*args, **kwargs)
 
 
-for _f in (pipeline_explorer, scaling_explorer, comm_explorer, memory_explorer, elastic_monitor):
-    _f.__doc__ = f"Build the {_f.__name__.replace('_', ' ')} (see paralab.widgets.{'pipeline' if _f is pipeline_explorer else 'elastic' if _f is elastic_monitor else 'explorers'})."
+_HOMES = {pipeline_explorer: "pipeline", elastic_monitor: "elastic", levers_explorer: "levers"}
+for _f in (pipeline_explorer, scaling_explorer, comm_explorer, memory_explorer, levers_explorer, elastic_monitor):
+    _f.__doc__ = f"Build the {_f.__name__.replace('_', ' ')} (see paralab.widgets.{_HOMES.get(_f, 'explorers')})."
 
-__all__ = ["pipeline_explorer", "scaling_explorer", "comm_explorer", "memory_explorer", "elastic_monitor"]
+__all__ = ["pipeline_explorer", "scaling_explorer", "comm_explorer", "memory_explorer", "levers_explorer",
+           "elastic_monitor"]

@@ -1,0 +1,96 @@
+"""The memory levers explorer: change the model, the sequence and the levers, see the predicted memory
+by kind at once, and measure the same settings on this machine beside it.
+
+Predictions come from the cost model's memory formulas (paralab.sim.bridge.predict_memory, the same
+numbers ``paralab simulate`` prints); "Measure" runs one step of single-device training with those
+settings and draws each kind's high-water mark, so a learner sees which formula each lever changes
+and whether the measurement agrees.
+"""
+
+from __future__ import annotations
+
+from paralab.widgets._common import attach, figure_widget, message, replace_figure, widgets
+
+KINDS = ("params", "grads", "optimizer", "activations")
+
+
+def run_config(c: dict, vocab: int = 128):
+    """The single-device RunConfig of the explorer's control values."""
+    from paralab import RunConfig
+
+    model = dict(layers=c["layers"], hidden=c["hidden"], heads=max(1, c["hidden"] // 16), vocab=vocab,
+                 seq_len=c["seq"], attention=c["attention"])
+    return RunConfig.build(model, strategy="single", world_size=1, steps=1, global_batch=c["micro_batch"],
+                           dtype=c["dtype"], recompute=c["recompute"])
+
+
+def levers_explorer(layers: int = 4, hidden: int = 64, seq: int = 128, micro_batch: int = 4, vocab: int = 128):
+    """Sliders (layers, hidden, sequence, micro-batch) and toggles (dtype, recompute, attention) over
+    the predicted memory by kind; a button measures the same run. Attributes: ``controls``,
+    ``figure``, ``measure()``, ``measured`` (the last measured per-kind peaks), ``message``."""
+    from paralab.sim.bridge import predict_memory
+    from paralab.viz.memory import memory
+
+    w = widgets()
+    controls = {
+        "layers": w.SelectionSlider(options=[1, 2, 4, 8, 16], value=layers, description="layers"),
+        "hidden": w.SelectionSlider(options=[32, 64, 128, 256, 512], value=hidden, description="hidden"),
+        "seq": w.SelectionSlider(options=[32, 64, 128, 256, 512, 1024], value=seq, description="sequence"),
+        "micro_batch": w.SelectionSlider(options=[1, 2, 4, 8, 16], value=micro_batch, description="micro-batch"),
+        "dtype": w.ToggleButtons(options=["fp32", "bf16"], value="fp32", description="dtype"),
+        "recompute": w.ToggleButtons(options=["none", "selective", "full"], value="none", description="recompute"),
+        "attention": w.ToggleButtons(options=["sdpa", "math"], value="sdpa", description="attention"),
+    }
+    msg = w.HTML()
+    button = w.Button(description="Measure on this machine", button_style="primary", icon="play")
+    state: dict = {"measured": None}
+
+    def values() -> dict:
+        return {k: v.value for k, v in controls.items()}
+
+    def draw() -> None:
+        bars = {"predicted": {k: v for k, v in predict_memory(run_config(values(), vocab)).items() if k in KINDS}}
+        if state["measured"] is not None:
+            bars["measured"] = state["measured"]
+        c = values()
+        title = (f"memory by kind, one device: {c['layers']} layers, hidden {c['hidden']}, sequence {c['seq']}, "
+                 f"micro-batch {c['micro_batch']}, {c['dtype']}, recompute {c['recompute']}, {c['attention']}")
+        replace_figure(fw, memory(bars, title=title))
+
+    def redraw(*_) -> None:
+        state["measured"] = None  # a measurement of other settings no longer applies
+        msg.value = ""
+        try:
+            draw()
+        except Exception as exc:  # a shape the model refuses: say so, keep the last figure
+            msg.value = message(f"{type(exc).__name__}: {exc}", "error")
+
+    def measure(*_) -> dict | None:
+        from paralab.runtime.launch import launch
+
+        msg.value = message("measuring one step ...")
+        try:
+            run = launch(run_config(values(), vocab))
+        except Exception as exc:
+            msg.value = message(f"{type(exc).__name__}: {exc}", "error")
+            return None
+        state["measured"] = {k: run.summary["memory_max_by_kind"][0][k] for k in KINDS}
+        msg.value = message("measured: each kind's high-water mark during the step (tensors kept for backward; "
+                            "with full recomputation the one block rebuilt during its backward is transient "
+                            "and not in the count, while the prediction holds it)", "ok")
+        draw()
+        return state["measured"]
+
+    fw = figure_widget(memory({"predicted": dict.fromkeys(KINDS, 0)}))
+    for control in controls.values():
+        control.observe(redraw, names="value")
+    button.on_click(measure)
+    app = w.VBox([
+        w.HBox([controls["layers"], controls["hidden"]]), w.HBox([controls["seq"], controls["micro_batch"]]),
+        w.HBox([controls["dtype"]]), w.HBox([controls["recompute"]]), w.HBox([controls["attention"], button]),
+        msg, fw,
+    ])
+    attach(app, controls=controls, figure=fw, message=msg, measure=measure, redraw=redraw,
+           measured=lambda: state["measured"])
+    redraw()
+    return app
