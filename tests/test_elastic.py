@@ -8,8 +8,12 @@ final history must have the same losses and every sample of each global batch ex
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import psutil
 import pytest
@@ -23,7 +27,15 @@ from paralab.elastic import launch as launch_module
 from paralab.elastic.config import ElasticConfig
 from paralab.models.gpt import GPT, lm_loss
 from paralab.strategies.common import make_optimizer
-from tests.conftest import assert_close_rel
+from tests.conftest import (
+    TAG,
+    assert_close_rel,
+    assert_nothing_left,
+    beyond_loopback,
+    listening_addresses,
+    tagged_processes,
+    wait_for,
+)
 
 STEPS, BATCH = 8, 12
 QUICK = dict(global_batch=BATCH, micro_batch=4, run_timeout_s=170, timeout_s=30)
@@ -222,3 +234,96 @@ def test_balancing_a_3x_slower_rank_keeps_single_device_losses(reference, capsys
     assert sum(s[1] for s in shares[1:]) < sum(s[0] for s in shares[1:]), "the slow rank was not given less work"
     for step, ids in enumerate(summary["sample_ids"]):
         assert sorted(ids) == sorted(expected_ids(step))
+
+
+# ---------------------------------------------------------------------------- from outside
+LAUNCH = "import json; from paralab import elastic; print(json.dumps(elastic.run(**{options!r}).summary))"
+
+
+def start_launcher(tmp: Path, tag: str, **options) -> subprocess.Popen:
+    """An elastic launcher in a Python of its own, with TMPDIR ``tmp``; it prints the summary."""
+    tmp.mkdir(exist_ok=True)
+    return subprocess.Popen([sys.executable, "-c", LAUNCH.format(options={**QUICK, **options})],
+                            env={**os.environ, TAG: tag, "TMPDIR": str(tmp)}, stdout=subprocess.PIPE, text=True)
+
+
+def agent_of_node(launcher: subprocess.Popen, tag: str, node: int) -> psutil.Process:
+    (agent,) = [p for p in tagged_processes(tag) if p.ppid() == launcher.pid and p.environ().get("PARALAB_NODE") == str(node)]
+    return agent
+
+
+def progress(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "progress.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {"step": -1, "generation": None}
+
+
+def finish(launcher: subprocess.Popen) -> dict:
+    out, _ = launcher.communicate(timeout=200)
+    assert launcher.returncode == 0, f"the launcher failed (exit {launcher.returncode})"
+    return json.loads(out)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_agents_workers_and_checkpoints_listen_on_loopback_and_go_with_their_launcher(tmp_path, sig):
+    tag = f"elastic-launcher-{os.getpid()}-{time.time_ns()}"
+    tmp = tmp_path / "tmp"
+    launcher = start_launcher(tmp, tag, nodes=2, min_nodes=1, max_nodes=2, steps=100000, checkpoint_every=1)
+    try:
+        saved = wait_for(lambda: any(tmp.glob("paralab-elastic-*/checkpoints/step-*")), 150)
+        addresses = listening_addresses(tagged_processes(tag))
+    finally:
+        launcher.send_signal(sig)
+        launcher.wait(timeout=30)
+    assert saved, "the run never saved a checkpoint"
+    assert addresses, "the stores and gloo sockets were not seen"
+    assert not beyond_loopback(addresses), f"listening beyond loopback: {sorted(addresses)}"
+    assert_nothing_left(tag, tmp)
+
+
+@pytest.mark.timeout(240)
+def test_a_node_lost_after_the_last_step_does_not_fail_a_finished_run(tmp_path, reference):
+    """Node 1's agent is frozen early (its worker trains on), then killed once every step is done: the
+    other agent waits for it at torchrun's exit barrier, which would time out after minutes."""
+    tag = f"elastic-late-loss-{os.getpid()}-{time.time_ns()}"
+    run_dir = tmp_path / "run"
+    launcher = start_launcher(tmp_path / "tmp", tag, nodes=2, min_nodes=1, max_nodes=2, steps=STEPS,
+                              run_dir=str(run_dir), run_timeout_s=150, slow={"rank": 0, "factor": 10})
+    try:
+        assert wait_for(lambda: progress(run_dir)["step"] >= 1, 150), "training never started"
+        frozen = agent_of_node(launcher, tag, 1)
+        frozen.suspend()
+        assert wait_for(lambda: any(run_dir.glob("gen-*/done.json")), 150), "training never finished"
+        frozen.kill()
+        summary = finish(launcher)
+    finally:
+        launcher.kill()
+    assert summary["restarts"] == 0 and summary["world_sizes"] == [2] * STEPS
+    assert_close_rel(summary["losses"], reference, what="losses")
+
+
+@pytest.mark.timeout(300)
+def test_a_second_failure_from_outside_is_a_failure_with_a_detection_time(tmp_path, reference):
+    """The injected failure takes node 2 at step 2; then node 1 is SIGKILLed from outside (agent and,
+    by its parent-death signal, its worker): both transitions are failures, each with its detection."""
+    tag = f"elastic-outside-{os.getpid()}-{time.time_ns()}"
+    run_dir = tmp_path / "run"
+    launcher = start_launcher(tmp_path / "tmp", tag, nodes=3, min_nodes=1, max_nodes=3, steps=STEPS,
+                              run_dir=str(run_dir), fail={"rank": 2, "step": 2}, slow={"rank": 0, "factor": 10},
+                              last_call_s=4)
+    try:
+        assert wait_for(lambda: progress(run_dir)["generation"] == "gen-001" and progress(run_dir)["step"] >= 4, 200)
+        agent_of_node(launcher, tag, 1).kill()
+        summary = finish(launcher)
+    finally:
+        launcher.kill()
+    injected, outside = summary["transitions"]
+    assert (injected["reason"], injected["cause"], injected["failed_node"]) == ("failure", "injected", "2")
+    assert (outside["reason"], outside["cause"], outside["failed_node"]) == ("failure", "node lost", "1")
+    assert (outside["world_size_before"], outside["world_size"]) == (2, 1)
+    assert injected["detection_s"] >= 0 and outside["detection_s"] >= 0
+    assert_close_rel(summary["losses"], reference, what="losses")
+    assert [ids for ids in summary["sample_ids"]] and all(
+        sorted(ids) == sorted(expected_ids(step)) for step, ids in enumerate(summary["sample_ids"]))
