@@ -7,6 +7,7 @@ final history must have the same losses and every sample of each global batch ex
 
 import json
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -162,6 +163,43 @@ def test_a_crash_mid_save_leaves_the_previous_checkpoint_loadable(tmp_path):
         assert torch.equal(p, saved[name]), name
     checkpoint.save(tmp_path, 4, later, later_opt, cfg.signature(), {"next_step": 4})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000002", "step-00000004"]
+
+
+class _Payload:
+    """Whoever unpickles this runs ``open(marker, "w")``: the marker file is the proof that code ran."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+def test_crafted_checkpoint_metadata_is_refused_with_nothing_executed(tmp_path, monkeypatch, capsys):
+    cfg, model, optimizer = _tiny_trained()
+    ckpt = checkpoint.save(tmp_path / "ckpt", 1, model, optimizer, cfg.signature(), {"next_step": 1})
+    crafted = pickle.dumps(_Payload(tmp_path / "pwned"))
+    pickle.loads(pickle.dumps(_Payload(tmp_path / "unpickled")))
+    assert (tmp_path / "unpickled").exists(), "the payload does run when unpickled"
+    (ckpt / ".metadata").write_bytes(crafted)
+    monkeypatch.setattr(launch_module, "_agent_starter", lambda *a: pytest.fail("an agent was about to start"))
+    assert cli.main(["--nnodes", "1:2", "--checkpoint-dir", str(tmp_path / "ckpt")]) == 2
+    assert "is not plain checkpoint metadata (it refers to io.open" in capsys.readouterr().err
+    _, fresh, fresh_opt = _tiny_trained(steps=0, seed=7)
+    with pytest.raises(checkpoint.UnsafeCheckpoint, match="io.open"):
+        checkpoint.load(ckpt, fresh, fresh_opt)  # a worker resuming from it refuses it too
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_crafted_optimizer_entry_is_refused_with_nothing_executed(tmp_path):
+    cfg, model, optimizer = _tiny_trained()
+    optimizer.param_groups[0]["lr"] = _Payload(tmp_path / "pwned")  # saved as a pickled non-tensor entry
+    ckpt = checkpoint.save(tmp_path / "ckpt", 1, model, optimizer, cfg.signature(), {"next_step": 1})
+    checkpoint.check_metadata(ckpt)  # the metadata itself is plain
+    _, fresh, fresh_opt = _tiny_trained(steps=0, seed=7)
+    with pytest.raises(checkpoint.UnsafeCheckpoint, match="param_groups.*lr.* is not plain data"):
+        checkpoint.load(ckpt, fresh, fresh_opt)
+    assert not (tmp_path / "pwned").exists()
 
 
 # ---------------------------------------------------------------------------- real runs

@@ -68,7 +68,7 @@ def launch(cfg: ElasticConfig, run_dir: str | Path | None = None, progress=None)
     """
     cfg.validate()
     if cfg.checkpoint_dir:
-        checkpoint.check_signature(cfg.checkpoint_dir, cfg.signature())
+        checkpoint.check_resumable(cfg.checkpoint_dir, cfg.signature())
     janitor = Janitor()
     try:
         scratch = Path(tempfile.mkdtemp(prefix="paralab-elastic-"))
