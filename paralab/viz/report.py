@@ -170,7 +170,16 @@ def add_report_args(parser: argparse.ArgumentParser) -> None:
 
 
 def report_main(args) -> int:
-    """``paralab report``: 0 when written, 2 when a trace file is missing or not a trace (message on stderr)."""
+    """``paralab report``: 0 when written, 2 when a trace file is missing or not a trace, or the output
+    cannot be written (message on stderr, checked before any trace is read)."""
+    from paralab.config import ConfigError
+    from paralab.outputs import check_file
+
+    try:
+        check_file(args.output, "output")
+    except ConfigError as exc:
+        print(f"paralab report: {exc}", file=sys.stderr)
+        return 2
     traces = []
     for label, name in (("trace", args.trace), ("predicted trace", getattr(args, "predicted", None))):
         if name is None:
@@ -178,8 +187,8 @@ def report_main(args) -> int:
             continue
         try:
             traces.append(Trace.load(name))
-        except (OSError, ValueError, TypeError, KeyError) as exc:  # JSONDecodeError is a ValueError
-            print(f"paralab report: cannot read {label} {name}: {exc}", file=sys.stderr)
+        except (OSError, ValueError) as exc:  # TraceFormatError names the file and what is wrong
+            print(f"paralab report: cannot read {label}: {exc}", file=sys.stderr)  # exc names the file
             return 2
     out = write_report(traces[0], args.output, predicted=traces[1], title=getattr(args, "title", None))
     print(f"wrote {out}")
