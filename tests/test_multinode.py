@@ -98,23 +98,41 @@ def _workers(tag: str) -> list[psutil.Process]:
     return out
 
 
+def start_nodes(tag: str, tmp, **popen) -> subprocess.Popen:
+    """`paralab nodes` (2 x 1 ranks, a long run) in a Python of its own, once its workers formed their
+    process group (each worker's gloo sockets listen then)."""
+    launcher = subprocess.Popen([sys.executable, "-m", "paralab", "nodes", "--nnodes", "2", "--nproc-per-node", "1",
+                                 "--", "--strategy", "ddp", "--steps", "100000"],
+                                env={**os.environ, TAG: tag, "TMPDIR": str(tmp)}, **popen)
+    if not wait_for(lambda: len(_workers(tag)) == 2 and all(listening_addresses([w]) for w in _workers(tag)), 150):
+        launcher.kill()
+        pytest.fail("the two workers never formed their process group")
+    return launcher
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_agents_and_workers_listen_on_loopback_only_and_die_with_their_launcher(tmp_path, sig):
     tag = f"nodes-{os.getpid()}-{time.time_ns()}"
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    launcher = subprocess.Popen([sys.executable, "-m", "paralab", "nodes", "--nnodes", "2", "--nproc-per-node", "1",
-                                 "--", "--strategy", "ddp", "--steps", "100000"],
-                                env={**os.environ, TAG: tag, "TMPDIR": str(tmp)})
+    launcher = start_nodes(tag, tmp_path)
     try:
-        # each worker's gloo sockets listen once the process group is formed
-        training = wait_for(lambda: len(_workers(tag)) == 2 and all(listening_addresses([w]) for w in _workers(tag)),
-                            150)
         addresses = listening_addresses(tagged_processes(tag))
     finally:
         launcher.send_signal(sig)
         launcher.wait(timeout=30)
-    assert training, "the two workers never formed their process group"
     assert not beyond_loopback(addresses), f"listening beyond loopback: {sorted(addresses)}"
-    assert_nothing_left(tag, tmp)
+    assert_nothing_left(tag, tmp_path)
+
+
+@pytest.mark.timeout(240)
+def test_a_rank_killed_from_outside_is_named_with_its_signal_not_its_peer(tmp_path):
+    tag = f"nodes-kill-{os.getpid()}-{time.time_ns()}"
+    launcher = start_nodes(tag, tmp_path, stderr=subprocess.PIPE, text=True)
+    try:
+        (rank1,) = [w for w in _workers(tag) if w.environ()["RANK"] == "1"]
+        rank1.kill()
+        _, err = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 1
+    assert "rank 1 failed: died (signal 9, SIGKILL) without reporting a result; then rank 0 reported" in err, err

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -101,7 +102,7 @@ def run_local_nodes(run_args: list[str], nnodes: int = 2, nproc_per_node: int = 
         outputs = _run_agents(commands, env, nnodes, nproc_per_node, timeout_s, janitor)
         failed = [(node, err) for node, (code, _, err) in enumerate(outputs) if code != 0]
         if failed:
-            raise _failure(reports, *failed[0])
+            raise _failure(reports, failed)
         summaries = [json.loads(line) for _, out, _ in outputs for line in out.splitlines() if line.startswith("{")]
         if not summaries:
             raise RunError(None, "no agent printed a summary",
@@ -135,10 +136,16 @@ def _run_agents(commands, env: dict, nnodes: int, nproc_per_node: int, timeout_s
                 proc.wait()
 
 
-def _failure(reports: Path, node: int, agent_stderr: str) -> RunError:
-    """The failing rank's own report when it left one (paralab.runtime.torchrun), else the agent's
-    account of it, C++ stack cut."""
+_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+
+
+def _failure(reports: Path, failed: list[tuple[int, str]]) -> RunError:
+    """The failing rank's own report when it left one (paralab.runtime.torchrun); a rank that left
+    none (killed) from its agent's account of it (torchrun's root cause: rank and exit code); else
+    the first failing agent's own words, C++ stack cut."""
     found = sorted((json.loads(f.read_text()) for f in reports.glob("rank*.error.json")), key=lambda r: r["rank"])
-    if found:
-        return blame(found, {}, [], {})
-    return RunError(None, f"the torchrun agent of node {node} failed", cut_native_frames(agent_stderr)[-4000:])
+    ended = {int(rank): int(code) for _, err in failed for rank, code in _ROOT_CAUSE.findall(err)}
+    if found or ended:
+        return blame(found, ended, [], {})
+    node, err = failed[0]
+    return RunError(None, f"the torchrun agent of node {node} failed", cut_native_frames(err)[-4000:])
