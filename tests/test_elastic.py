@@ -42,31 +42,20 @@ STEPS, BATCH = 8, 12
 QUICK = dict(global_batch=BATCH, micro_batch=4, run_timeout_s=170, timeout_s=30)
 
 
-def _tagged(tag: str) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter(["environ"]):
-        try:
-            if p.pid != os.getpid() and (p.info["environ"] or {}).get("PARALAB_TEST_TAG") == tag:
-                found.append(p)
-        except psutil.Error:
-            continue
-    return found
-
-
 @contextmanager
 def nothing_left_behind():
     """Puts a tag in the environment every agent and worker inherits; fails if a tagged process
     outlives the block."""
     tag = f"elastic-{os.getpid()}-{time.time_ns()}"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PARALAB_TEST_TAG", tag)
+        mp.setenv(TAG, tag)
         try:
             yield
         finally:
             deadline = time.time() + 10
-            while time.time() < deadline and _tagged(tag):
+            while time.time() < deadline and tagged_processes(tag):
                 time.sleep(0.2)
-            assert not _tagged(tag), "agents or workers outlived the elastic run"
+            assert not tagged_processes(tag), "agents or workers outlived the elastic run"
 
 
 def run_tagged(**options) -> elastic.ElasticResult:

@@ -7,7 +7,6 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
 import paralab
@@ -69,27 +68,16 @@ def test_more_ranks_than_cores_warns(monkeypatch, no_leftover_ranks):
         paralab.run("dp", 2, steps=1, global_batch=4)
 
 
-def _processes_with(tag: str) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter(["environ"]):
-        try:
-            if (p.info["environ"] or {}).get("PARALAB_TEST_TAG") == tag:
-                found.append(p)
-        except psutil.Error:
-            continue
-    return found
-
-
 @pytest.mark.timeout(120)
 def test_keyboard_interrupt_leaves_no_rank_behind():
     tag = f"interrupt-{os.getpid()}-{time.time()}"
     script = "import paralab; paralab.run('ddp', 2, steps=100000, global_batch=8)"
-    parent = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PARALAB_TEST_TAG": tag})
+    parent = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, TAG: tag})
     try:
         deadline = time.time() + 60
-        while time.time() < deadline and len(_processes_with(tag)) < 4:  # parent, forkserver, 2 ranks
+        while time.time() < deadline and len(tagged_processes(tag)) < 4:  # parent, forkserver, 2 ranks
             time.sleep(0.2)
-        assert len(_processes_with(tag)) >= 4, "the ranks never started"
+        assert len(tagged_processes(tag)) >= 4, "the ranks never started"
         time.sleep(1.0)
         parent.send_signal(signal.SIGINT)
         parent.wait(timeout=30)
@@ -97,9 +85,9 @@ def test_keyboard_interrupt_leaves_no_rank_behind():
         if parent.poll() is None:
             parent.kill()
     deadline = time.time() + 10
-    while time.time() < deadline and _processes_with(tag):
+    while time.time() < deadline and tagged_processes(tag):
         time.sleep(0.2)
-    assert not _processes_with(tag), "processes outlived the interrupted run"
+    assert not tagged_processes(tag), "processes outlived the interrupted run"
 
 
 @pytest.mark.timeout(200)

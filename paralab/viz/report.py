@@ -84,11 +84,14 @@ def summary_table(summary: dict) -> str:
 
 def report_figures(obj, predicted: Trace | None = None) -> list[tuple[str, object]]:
     """(section title, plotly Figure) pairs for everything the run has data for."""
+    return _figures(*_summary_of(obj), predicted)
+
+
+def _figures(trace: Trace, summary: dict, losses: list[float] | None, predicted: Trace | None):
     from paralab import viz
     from paralab.trace import COMM, EVENT
     from paralab.viz.bubble import schedule_of
 
-    trace, summary, losses = _summary_of(obj)
     figs = [("Timeline", viz.timeline(trace, predicted=predicted))]
     if schedule_of(trace) is not None or (summary.get("pp") or 1) > 1:
         figs.append(("Pipeline bubble", viz.bubble(trace)))
@@ -141,10 +144,10 @@ def write_report(trace_or_result, path: str | Path, *, predicted=None, title: st
 
     from paralab.viz._common import as_trace
 
-    trace, summary, _ = _summary_of(trace_or_result)
+    trace, summary, losses = _summary_of(trace_or_result)  # once: a large trace's summary takes seconds
     predicted = as_trace(predicted) if predicted is not None else None
     sections = []
-    for i, (heading, fig) in enumerate(report_figures(trace_or_result, predicted)):
+    for i, (heading, fig) in enumerate(_figures(trace, summary, losses, predicted)):
         div = pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=f"figure-{i}",
                           config={"displaylogo": False, "responsive": True})
         sections.append(f'<section class="figure"><h2>{html.escape(heading)}</h2>{div}</section>')
