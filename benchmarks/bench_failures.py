@@ -38,7 +38,8 @@ def watch():
     while True:
         for f in glob.glob(os.environ["TMPDIR"] + "/paralab-run-*/rank1.*"):
             try:
-                seen.setdefault(os.path.basename(f) + (":" + open(f).read() if f.endswith(".beat") else ""), time.time())
+                key = os.path.basename(f) + (":" + open(f).read() if f.endswith(".beat") else "")
+                seen.setdefault(key, time.time())
             except OSError:
                 pass
         time.sleep(0.005)
@@ -48,7 +49,8 @@ import paralab
 try:
     paralab.run("ddp", 2, steps=100000, global_batch=8, {options})
 except paralab.RunError as e:
-    print(json.dumps({{"rank": e.rank, "raised": time.time(), "seen": seen, "killed": globals().get("killed")}}))
+    killed = globals().get("killed")
+    print(json.dumps({{"rank": e.rank, "raised": time.time(), "seen": seen, "killed": killed}}))
 """
 KILL_RANK_1 = """
 import multiprocessing, signal
@@ -62,8 +64,9 @@ def kill_rank_1(step, steps):
 
 
 def _failed_run(tmp: Path, setup: str, options: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", RUN.format(setup=setup, options=options)], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "TMPDIR": str(tmp)})
+    script = RUN.format(setup=setup, options=options)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TMPDIR": str(tmp)})
     (line,) = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert line["rank"] == 1, line
     return line
@@ -135,7 +138,8 @@ def main() -> None:
         for _ in range(args.repeats):
             with tempfile.TemporaryDirectory() as tmp:
                 figures.append(case(Path(tmp)))
-        print(f"| {name} | {statistics.median(figures):.2f} | {', '.join(f'{x:.2f}' for x in figures)} |", flush=True)
+        runs = ", ".join(f"{x:.2f}" for x in figures)
+        print(f"| {name} | {statistics.median(figures):.2f} | {runs} |", flush=True)
 
 
 if __name__ == "__main__":

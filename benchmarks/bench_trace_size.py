@@ -29,7 +29,8 @@ def write_trace_dir(spans: int, out: Path) -> int:
         rows = []
         for step in range(steps):
             t = step * 0.1
-            rows.append({"rank": rank, "lane": "step", "kind": "step", "start": t, "end": t + 0.1, "step": step})
+            rows.append({"rank": rank, "lane": "step", "kind": "step", "start": t, "end": t + 0.1,
+                         "step": step})
             for k in range(COMPUTE):
                 rows.append({"rank": rank, "lane": "compute", "kind": "forward" if k < 3 else "backward",
                              "start": t + 0.01 * k, "end": t + 0.01 * k + 0.008, "step": step})
@@ -58,8 +59,8 @@ def main() -> None:
     parser.add_argument("--spans", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--report", action="store_true", help="time `paralab report` on the merged trace too")
     args = parser.parse_args()
-    rows = ["| spans | steps | trace files (MB) | merge (s) | merge peak RSS (MiB) | report (s) | report peak RSS (MiB) |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| spans | steps | trace files (MB) | merge (s) | merge peak RSS (MiB) | report (s) "
+            "| report peak RSS (MiB) |", "|---|---|---|---|---|---|---|"]
     for spans in args.spans:
         with tempfile.TemporaryDirectory() as tmp:
             traces, merged = Path(tmp) / "traces", Path(tmp) / "merged.json"
@@ -69,7 +70,8 @@ def main() -> None:
             merge_s, merge_rss = timed(["merge", str(traces), "-o", str(merged)])
             report = timed(["report", str(merged), "-o", str(Path(tmp) / "r.html")]) if args.report else None
             report_cells = f"{report[0]:.1f} | {report[1]:.0f}" if report else "— | —"
-            rows.append(f"| {spans:,} | {steps:,} | {size:.0f} | {merge_s:.1f} | {merge_rss:.0f} | {report_cells} |")
+            rows.append(f"| {spans:,} | {steps:,} | {size:.0f} | {merge_s:.1f} | {merge_rss:.0f} "
+                        f"| {report_cells} |")
             print(rows[-1], flush=True)
     print("\n".join(rows))
 

@@ -43,16 +43,17 @@ def refusal(argv: list[str], env=os.environ) -> str | None:
     """Why the lab must not start with this command line and environment, or None."""
     config = command_line_config(argv)
     for section in ("ServerApp", "NotebookApp"):
-        if "ip" in config[section] and not is_loopback(str(config[section].ip)) and env.get(ALLOW_REMOTE) != "1":
-            return (f"paralab lab: refusing to listen on {str(config[section].ip)!r}: the lab would be reachable "
-                    "from the network. Keep the default (127.0.0.1) and reach it through an SSH tunnel, or "
-                    f"opt in with {ALLOW_REMOTE}=1 (make lab LAB_ARGS=... {ALLOW_REMOTE}=1) and keep the token.")
+        ip = str(config[section].ip) if "ip" in config[section] else None
+        if ip is not None and not is_loopback(ip) and env.get(ALLOW_REMOTE) != "1":
+            return (f"paralab lab: refusing to listen on {ip!r}: the lab would be reachable from the "
+                    "network. Keep the default (127.0.0.1) and reach it through an SSH tunnel, or opt in "
+                    f"with {ALLOW_REMOTE}=1 (make lab LAB_ARGS=... {ALLOW_REMOTE}=1) and keep the token.")
     empty = [f"--{section}.{name}" for section, name in TOKEN_SETTINGS
              if name in config[section] and str(config[section][name]) == ""]
     if env.get("JUPYTER_TOKEN") == "":
         empty.append("JUPYTER_TOKEN")
     if empty and env.get(ALLOW_NO_TOKEN) != "1":
-        return (f"paralab lab: refusing to run without a token ({', '.join(empty)} is empty): anyone who reaches "
-                "the port could run code as you. Leave the token out (a random one is printed at start-up) or "
-                f"opt in with {ALLOW_NO_TOKEN}=1.")
+        return (f"paralab lab: refusing to run without a token ({', '.join(empty)} is empty): anyone who "
+                "reaches the port could run code as you. Leave the token out (a random one is printed at "
+                f"start-up) or opt in with {ALLOW_NO_TOKEN}=1.")
     return None

@@ -150,13 +150,15 @@ class Trace:
             if not isinstance(args, dict):
                 raise TraceFormatError(f"{where}.args: expected an object, got {_json_kind(args)}")
             if e.get("ph") == "X" and "lane" in args:
-                spans.append(_build(Span, {k: v for k, v in args.items() if k in _KINDS[Span]}, f"{where}.args"))
+                fields = {k: v for k, v in args.items() if k in _KINDS[Span]}
+                spans.append(_build(Span, fields, f"{where}.args"))
             elif e.get("ph") == "C":
                 name = e.get("name")
                 if name not in args:
                     raise TraceFormatError(f"{where}: counter event without its value (args.{name})")
-                counters.append(_build(Counter, {"rank": e.get("pid"), "name": name, "t": _number(e.get("ts"), where) / 1e6,
-                                                 "value": args[name]}, where))
+                fields = {"rank": e.get("pid"), "name": name, "t": _number(e.get("ts"), where) / 1e6,
+                          "value": args[name]}
+                counters.append(_build(Counter, fields, where))
         meta = _checked_meta(dict(_object_in(data, "otherData").get("paralab", {})), "otherData.paralab")
         spans.sort(key=lambda s: (s.start, s.rank))
         return cls(spans=spans, counters=counters, meta=meta)
@@ -201,8 +203,8 @@ class Trace:
         for s in self.spans:
             args = {k: v for k, v in _fields_of(s).items() if v is not None}
             yield {"ph": "X", "name": s.name or s.kind, "cat": s.kind, "pid": s.rank,
-                   "tid": lane_tid.get(s.lane, len(LANES)), "ts": s.start * 1e6, "dur": max(s.duration, 0.0) * 1e6,
-                   "args": args}
+                   "tid": lane_tid.get(s.lane, len(LANES)), "ts": s.start * 1e6,
+                   "dur": max(s.duration, 0.0) * 1e6, "args": args}
         for c in self.counters:
             yield {"ph": "C", "name": c.name, "pid": c.rank, "ts": c.t * 1e6, "args": {c.name: c.value}}
 
@@ -309,7 +311,8 @@ def _field_kinds(cls) -> dict[str, tuple[type, type | None, bool]]:
     for name, hint in typing.get_type_hints(cls).items():
         options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
         (base,) = [o for o in options if o is not type(None)]
-        kinds[name] = (typing.get_origin(base) or base, (typing.get_args(base) or (None,))[0], type(None) in options)
+        item = (typing.get_args(base) or (None,))[0]
+        kinds[name] = (typing.get_origin(base) or base, item, type(None) in options)
     return kinds
 
 
@@ -341,7 +344,8 @@ def _build(cls, data, where: str, index: int | None = None):
             ok = type(value) is kind
         if not ok:
             expected = {float: "a finite number", int: "an integer", str: "a string", bool: "true or false",
-                        list: f"a list of {getattr(item, '__name__', item)}"}[kind] + (" or null" if nullable else "")
+                        list: f"a list of {getattr(item, '__name__', item)}"}[kind]
+            expected += " or null" if nullable else ""
             raise TraceFormatError(f"{_at(where, index)}.{key}: expected {expected}, got {_json_kind(value)} "
                                    f"{json.dumps(value)[:40]}")
     return cls(**data)
@@ -377,7 +381,8 @@ def _object_in(data: dict, key: str) -> dict:
 
 def _number(value, where: str) -> float:
     if type(value) not in (int, float) or not math.isfinite(value):
-        raise TraceFormatError(f"{where}: expected a finite number, got {_json_kind(value)} {json.dumps(value)[:40]}")
+        raise TraceFormatError(f"{where}: expected a finite number, got {_json_kind(value)} "
+                               f"{json.dumps(value)[:40]}")
     return value
 
 

@@ -46,7 +46,8 @@ def tagged_processes(tag: str) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["environ"]):
         try:
-            if p.pid != os.getpid() and (p.info["environ"] or {}).get(TAG) == tag and p.status() != psutil.STATUS_ZOMBIE:
+            mine = p.pid != os.getpid() and (p.info["environ"] or {}).get(TAG) == tag
+            if mine and p.status() != psutil.STATUS_ZOMBIE:
                 found.append(p)
         except psutil.Error:
             continue

@@ -54,7 +54,8 @@ def test_invalid_arguments_exit_2_before_any_process(monkeypatch, capsys, argv, 
         ("--trace", lambda tmp: tmp / "file.txt" / "t.json", "is not a directory"),
     ],
 )
-def test_unwritable_output_paths_exit_2_before_any_process(monkeypatch, capsys, tmp_path, option, make, message):
+def test_unwritable_output_paths_exit_2_before_any_process(monkeypatch, capsys, tmp_path, option, make,
+                                                           message):
     (tmp_path / "file.txt").write_text("in the way")
     monkeypatch.setattr(launch_module, "_context", lambda: pytest.fail("a process was about to start"))
     path = make(tmp_path)

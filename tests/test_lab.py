@@ -220,12 +220,14 @@ def test_the_lab_refuses_the_network_and_an_empty_token_unless_asked(argv, env, 
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("args, message", [(("--ip=0.0.0.0",), "refusing to listen on '0.0.0.0'"),
-                                           (("--IdentityProvider.token=",), "refusing to run without a token")])
+@pytest.mark.parametrize("args, message", [
+    (("--ip=0.0.0.0",), "refusing to listen on '0.0.0.0'"),
+    (("--IdentityProvider.token=",), "refusing to run without a token"),
+])
 def test_make_lab_refuses_to_start_and_says_how_to_opt_in(tmp_path, args, message):
     server = LabServer(tmp_path, extra_args=args)
-    proc = subprocess.Popen(server.command(), env=server.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(server.command(), env=server.env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=90)
     finally:

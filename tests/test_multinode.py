@@ -101,10 +101,15 @@ def _workers(tag: str) -> list[psutil.Process]:
 def start_nodes(tag: str, tmp, **popen) -> subprocess.Popen:
     """`paralab nodes` (2 x 1 ranks, a long run) in a Python of its own, once its workers formed their
     process group (each worker's gloo sockets listen then)."""
-    launcher = subprocess.Popen([sys.executable, "-m", "paralab", "nodes", "--nnodes", "2", "--nproc-per-node", "1",
-                                 "--", "--strategy", "ddp", "--steps", "100000"],
+    launcher = subprocess.Popen([sys.executable, "-m", "paralab", "nodes", "--nnodes", "2",
+                                 "--nproc-per-node", "1", "--", "--strategy", "ddp", "--steps", "100000"],
                                 env={**os.environ, TAG: tag, "TMPDIR": str(tmp)}, **popen)
-    if not wait_for(lambda: len(_workers(tag)) == 2 and all(listening_addresses([w]) for w in _workers(tag)), 150):
+
+    def formed() -> bool:
+        workers = _workers(tag)
+        return len(workers) == 2 and all(listening_addresses([w]) for w in workers)
+
+    if not wait_for(formed, 150):
         launcher.kill()
         pytest.fail("the two workers never formed their process group")
     return launcher
@@ -135,4 +140,5 @@ def test_a_rank_killed_from_outside_is_named_with_its_signal_not_its_peer(tmp_pa
     finally:
         launcher.kill()
     assert launcher.returncode == 1
-    assert "rank 1 failed: died (signal 9, SIGKILL) without reporting a result; then rank 0 reported" in err, err
+    blamed = "rank 1 failed: died (signal 9, SIGKILL) without reporting a result; then rank 0 reported"
+    assert blamed in err, err

@@ -112,7 +112,8 @@ def start_parent(script: str, tmp_path, tag: str) -> subprocess.Popen:
     """A launcher in a Python of its own, with a private TMPDIR, once its 2 ranks are at step 1."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    parent = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, TAG: tag, "TMPDIR": str(tmp)})
+    parent = subprocess.Popen([sys.executable, "-c", script],
+                              env={**os.environ, TAG: tag, "TMPDIR": str(tmp)})
 
     def ranks_at_step_1():
         beats = [b.read_text() for b in tmp.glob("paralab-run-*/rank*.beat")]
@@ -124,8 +125,11 @@ def start_parent(script: str, tmp_path, tag: str) -> subprocess.Popen:
     return parent
 
 
+HANG = ", fault={'rank': 1, 'step': 1, 'kind': 'hang'}"
+
+
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("sig, fault", [(signal.SIGKILL, ""), (signal.SIGTERM, ", fault={'rank': 1, 'step': 1, 'kind': 'hang'}")],
+@pytest.mark.parametrize("sig, fault", [(signal.SIGKILL, ""), (signal.SIGTERM, HANG)],
                          ids=["SIGKILL", "SIGTERM-hung-rank"])
 def test_a_killed_parent_takes_its_ranks_and_temporary_dirs_with_it(tmp_path, sig, fault):
     """As a kernel restart, an out-of-memory kill or a closed terminal would: the parent gets no say."""
@@ -179,8 +183,8 @@ except paralab.RunError as exc:
 
 
 def run_to_blame(options: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", BLAME.format(options=options)], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([sys.executable, "-c", BLAME.format(options=options)], capture_output=True,
+                          text=True, timeout=120)
     assert done.stdout.strip(), done.stderr[-3000:]
     return json.loads(done.stdout)
 

@@ -93,9 +93,11 @@ BAD_INPUTS = {
                                     "traceEvents[0]: counter event without its value (args.cpu)"),
     "chrome-args-not-an-object": ({"traceEvents": [{"ph": "X", "name": "f", "pid": 0, "ts": 1, "args": [1]}]},
                                   "traceEvents[0].args: expected an object, got a list"),
-    "chrome-string-ts": ({"traceEvents": [{"ph": "C", "name": "cpu", "pid": 0, "ts": "1", "args": {"cpu": 1}}]},
+    "chrome-string-ts": ({"traceEvents": [{"ph": "C", "name": "cpu", "pid": 0, "ts": "1",
+                                           "args": {"cpu": 1}}]},
                          "traceEvents[0]: expected a finite number, got a string"),
-    "bad-rank-keys": ({**_good(), "meta": {"ranks": {"zero": {}}}}, "meta.ranks: expected an object keyed by rank"),
+    "bad-rank-keys": ({**_good(), "meta": {"ranks": {"zero": {}}}},
+                      "meta.ranks: expected an object keyed by rank"),
 }
 
 
@@ -105,7 +107,8 @@ def test_bad_traces_exit_2_naming_the_file_and_what_is_wrong(tmp_path, capsys, c
     if name == "deeply-nested":
         bad, text, reason = tmp_path / "t.json", "[" * 100_000 + "]" * 100_000, "nested too deeply"
     elif name == "bad-file-in-a-folder":  # one good rank file, one bad: the bad one is named
-        bad, text, reason = tmp_path / "traces" / "rank1.json", json.dumps(_with_span(start="x")), "spans[0].start"
+        bad, reason = tmp_path / "traces" / "rank1.json", "spans[0].start"
+        text = json.dumps(_with_span(start="x"))
         bad.parent.mkdir()
         (bad.parent / "rank0.json").write_text(json.dumps(_good()))
     else:
@@ -132,4 +135,5 @@ def test_spans_and_counters_round_trip_through_the_streaming_writers(tmp_path):
     trace = Trace(spans=spans, counters=[Counter(0, "cpu", 0.5, 12.0)], meta={"ranks": {0: {"node": 0}}})
     assert Trace.load(trace.save(tmp_path / "t.json")).spans == spans
     again = Trace.load(trace.save_chrome(tmp_path / "c.json"))
-    assert again.spans == spans and again.counters == trace.counters and again.meta["ranks"] == {0: {"node": 0}}
+    assert again.spans == spans and again.counters == trace.counters
+    assert again.meta["ranks"] == {0: {"node": 0}}

@@ -135,8 +135,10 @@ def check_metadata(path: str | Path) -> None:
     try:
         with open(file, "rb") as f:
             _MetadataUnpickler(f).load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
-        raise UnsafeCheckpoint(f"checkpoint {path} is refused: {file.name} is not plain checkpoint metadata ({exc}). "
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, KeyError,
+            IndexError) as exc:
+        raise UnsafeCheckpoint(f"checkpoint {path} is refused: {file.name} is not plain checkpoint metadata "
+                               f"({exc}). "
                                "Only load checkpoints from a directory no one else can write to.") from None
 
 
@@ -150,7 +152,8 @@ class _PlainDataLoadPlanner(DefaultLoadPlanner):
         except pickle.UnpicklingError as exc:
             lines = str(exc).splitlines()
             reason = next((line.strip() for line in lines if "Unsupported global" in line), lines[0])
-            raise UnsafeCheckpoint(f"checkpoint entry {read_item.dest_index.fqn} is not plain data ({reason})") from None
+            raise UnsafeCheckpoint(
+                f"checkpoint entry {read_item.dest_index.fqn} is not plain data ({reason})") from None
         value.seek(0)
         super().load_bytes(read_item, value)
 

@@ -70,7 +70,8 @@ def read_generation(gen_dir: Path) -> Generation | None:
             "compute_s": [r["compute_s"] for r in recs],
             "t_start": min(r["t_start"] for r in recs), "t_end": max(r["t_end"] for r in recs),
         }
-    errors = [{"rank": _rank_of(f), **json.loads(f.read_text())} for f in sorted(gen_dir.glob("rank*.error.json"))]
+    errors = [{"rank": _rank_of(f), **json.loads(f.read_text())}
+              for f in sorted(gen_dir.glob("rank*.error.json"))]
     trace_lines = [line for f in sorted(gen_dir.glob("rank*.trace.jsonl")) for line in _jsonl(f)]
     return Generation(gen_dir.name, meta, steps, errors, trace_lines, last_seen)
 
@@ -179,7 +180,8 @@ def _transitions(gens: list[Generation], failure: dict | None) -> list[dict]:
             item.update(failed_rank=rank, failed_node=prev.meta["nodes"][rank] if rank < before else None,
                         cause="injected" if injected else "node lost")
             if detected is not None:
-                item["detection_s"] = detected - since  # the kill (or last sign of life) to the first survivor noticing
+                # the kill (or the last sign of life) to the first survivor noticing
+                item["detection_s"] = detected - since
         out.append(item)
     return out
 

@@ -107,7 +107,8 @@ def _agent_starter(cfg: ElasticConfig, run_dir: Path, env: dict, port: int, run_
     ])
 
     def start(node: int, standby: bool = False) -> subprocess.Popen:
-        node_env = {**env, "PARALAB_NODE": str(node), "OMP_NUM_THREADS": str(cfg.threads), "PYTHONUNBUFFERED": "1"}
+        node_env = {**env, "PARALAB_NODE": str(node), "OMP_NUM_THREADS": str(cfg.threads),
+                    "PYTHONUNBUFFERED": "1"}
         if standby:
             node_env["PARALAB_STANDBY"] = "1"
         log = open(run_dir / f"agent{node}.log", "w")

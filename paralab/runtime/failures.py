@@ -58,12 +58,14 @@ def cut_native_frames(text: str) -> str:
     return "\n".join(out)
 
 
-def blame(reports: list[dict], ended: dict[int, int], silent: list[int], stacks: dict[int, str]) -> RunError:
-    """The RunError for a failed run.
+def blame(reports: list[dict], ended: dict[int, int], silent: list[int],
+          stack_of=lambda rank: "") -> RunError:
+    """The RunError for a failed run (at least one report, or one rank that ended).
 
     ``reports``: the ranks' error reports ({"rank", "error", "traceback"}), in rank order;
     ``ended``: rank -> exit code of ranks that ended without a result; ``silent``: ranks still running
-    without a result or a report; ``stacks``: rank -> Python stack dumped by a silent rank.
+    without a result or a report; ``stack_of(rank)``: the Python stack of a silent rank, asked for
+    only when that rank is the one blamed.
     """
     causes = [r for r in reports if not is_consequence(r["error"])]
     if causes:
@@ -80,6 +82,6 @@ def blame(reports: list[dict], ended: dict[int, int], silent: list[int], stacks:
         rank = silent[0]
         others = f" (so did rank(s) {', '.join(map(str, silent[1:]))})" if silent[1:] else ""
         return RunError(rank, f"stopped answering (hung, or much slower than the others){others}{seen}",
-                        stacks.get(rank, ""))
+                        stack_of(rank))
     first = reports[0]
     return RunError(first["rank"], first["error"], first["traceback"])

@@ -168,28 +168,24 @@ def _failure(procs, run_dir: Path) -> RunError:
         reports.sort(key=lambda r: r["rank"])
         ended = _ended_without_result(procs, run_dir)
         reported = {r["rank"] for r in reports}
-        silent = [rank for rank, p in enumerate(procs)
-                  if rank not in reported and rank not in ended and not (run_dir / f"rank{rank}.json").exists()]
+        silent = [rank for rank in range(len(procs)) if rank not in reported and rank not in ended
+                  and not (run_dir / f"rank{rank}.json").exists()]
         settled = (not silent or any(not is_consequence(r["error"]) for r in reports)
                    or any(rank not in reported for rank in ended))
         if settled or time.monotonic() > deadline:
-            return blame(reports, ended, silent, _stacks(procs, silent, run_dir) if reports else {})
+            return blame(reports, ended, silent, lambda rank: _stack(procs[rank], rank, run_dir))
         time.sleep(POLL_S)
 
 
-def _stacks(procs, ranks: list[int], run_dir: Path) -> dict[int, str]:
-    """Ask ranks that stopped answering where they are (worker.dump_stack_on_request)."""
-    for rank in ranks:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(procs[rank].pid, signal.SIGUSR1)
+def _stack(proc, rank: int, run_dir: Path) -> str:
+    """Ask a rank that stopped answering where it is (worker.dump_stack_on_request)."""
+    stack_file = run_dir / f"rank{rank}.stack"
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGUSR1)
     deadline = time.monotonic() + 2.0
-    stacks = {}
-    for rank in ranks:
-        stack_file = run_dir / f"rank{rank}.stack"
-        while time.monotonic() < deadline and not _read(stack_file):
-            time.sleep(POLL_S)
-        stacks[rank] = f"(Python stack of rank {rank}, which stopped answering)\n{_read(stack_file)}"
-    return stacks
+    while time.monotonic() < deadline and not _read(stack_file):
+        time.sleep(POLL_S)
+    return f"(Python stack of rank {rank}, which stopped answering)\n{_read(stack_file)}"
 
 
 def _read(path: Path) -> str:

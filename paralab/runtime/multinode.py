@@ -96,14 +96,16 @@ def run_local_nodes(run_args: list[str], nnodes: int = 2, nproc_per_node: int = 
         options = ("--rdzv-conf", "is_host=false", *agents.LOCAL_RENDEZVOUS)
         args = [*run_args, "--json", "--trace-dir", trace_dir]
         endpoint, run_id = f"{loopback.HOST}:{store.port}", uuid.uuid4().hex[:8]
-        commands = [agent_command(nnodes, nproc_per_node, endpoint, run_id, args, options) for _ in range(nnodes)]
+        commands = [agent_command(nnodes, nproc_per_node, endpoint, run_id, args, options)
+                    for _ in range(nnodes)]
         env = {k: v for k, v in agents.environment(scratch).items() if k not in _RANK_ENV}
         env[agents.REPORT_DIR] = str(reports)
         outputs = _run_agents(commands, env, nnodes, nproc_per_node, timeout_s, janitor)
         failed = [(node, err) for node, (code, _, err) in enumerate(outputs) if code != 0]
         if failed:
             raise _failure(reports, failed)
-        summaries = [json.loads(line) for _, out, _ in outputs for line in out.splitlines() if line.startswith("{")]
+        summaries = [json.loads(line) for _, out, _ in outputs
+                     for line in out.splitlines() if line.startswith("{")]
         if not summaries:
             raise RunError(None, "no agent printed a summary",
                            "\n".join(cut_native_frames(err)[-2000:] for _, _, err in outputs))
@@ -118,8 +120,9 @@ def _run_agents(commands, env: dict, nnodes: int, nproc_per_node: int, timeout_s
     procs = []
     try:
         for node, cmd in enumerate(commands):
-            procs.append(subprocess.Popen(agents.command(cmd[3:]), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          text=True, env={**env, **_gpus_of_node(node, nnodes, nproc_per_node)},
+            node_env = {**env, **_gpus_of_node(node, nnodes, nproc_per_node)}
+            procs.append(subprocess.Popen(agents.command(cmd[3:]), stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True, env=node_env,
                                           start_new_session=True))
             janitor.kill_at_end(procs[-1].pid)
         outputs = []
@@ -136,16 +139,18 @@ def _run_agents(commands, env: dict, nnodes: int, nproc_per_node: int, timeout_s
                 proc.wait()
 
 
-_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+_ROOT_CAUSE = re.compile(
+    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
 
 
 def _failure(reports: Path, failed: list[tuple[int, str]]) -> RunError:
     """The failing rank's own report when it left one (paralab.runtime.torchrun); a rank that left
     none (killed) from its agent's account of it (torchrun's root cause: rank and exit code); else
     the first failing agent's own words, C++ stack cut."""
-    found = sorted((json.loads(f.read_text()) for f in reports.glob("rank*.error.json")), key=lambda r: r["rank"])
+    found = sorted((json.loads(f.read_text()) for f in reports.glob("rank*.error.json")),
+                   key=lambda r: r["rank"])
     ended = {int(rank): int(code) for _, err in failed for rank, code in _ROOT_CAUSE.findall(err)}
     if found or ended:
-        return blame(found, ended, [], {})
+        return blame(found, ended, [])
     node, err = failed[0]
     return RunError(None, f"the torchrun agent of node {node} failed", cut_native_frames(err)[-4000:])

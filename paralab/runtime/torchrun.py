@@ -36,7 +36,8 @@ def run_under_torchrun(cfg: RunConfig, trace_dir: str | None = None) -> RunResul
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     try:
-        result, trace, everyone = run_rank(cfg, rank, world_size, local_rank, local_world, "env://", gather=True)
+        result, trace, everyone = run_rank(cfg, rank, world_size, local_rank, local_world, "env://",
+                                           gather=True)
     except BaseException as exc:  # the launcher of local nodes reads the report (paralab.runtime.multinode)
         if REPORT_DIR in os.environ:
             write_error_report(Path(os.environ[REPORT_DIR]), rank, exc, cfg.timeout_s)

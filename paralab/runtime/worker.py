@@ -136,7 +136,8 @@ def describe(exc: BaseException, timeout_s: float) -> str:
 def write_error_report(report_dir: Path, rank: int, exc: BaseException, timeout_s: float) -> None:
     """What a failing rank leaves for whoever started it: ``rankN.error.json`` (error and traceback)."""
     write_json(report_dir / f"rank{rank}.error.json", {
-        "rank": rank, "error": describe(exc, timeout_s), "traceback": cut_native_frames(traceback.format_exc()),
+        "rank": rank, "error": describe(exc, timeout_s),
+        "traceback": cut_native_frames(traceback.format_exc()),
     })
 
 
