@@ -17,6 +17,8 @@ install: $(STAMP)
 
 # JupyterLab on notebooks/, bound to 127.0.0.1 with a token, configured by lab/ (see
 # lab/jupyter_server_config.py). Extra jupyter options: make lab LAB_ARGS="--port=8899 --no-browser".
+# A non-loopback --ip or an empty token is refused (lab/guard.py) unless you opt in explicitly:
+# make lab LAB_ARGS="--ip=0.0.0.0" PARALAB_LAB_ALLOW_REMOTE=1 (or PARALAB_LAB_ALLOW_NO_TOKEN=1).
 LAB_ARGS ?=
 lab: $(STAMP)
 	JUPYTER_CONFIG_PATH="$(CURDIR)/lab$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" $(BIN)/jupyter lab $(LAB_ARGS)

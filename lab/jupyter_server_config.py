@@ -3,7 +3,9 @@
 `make lab` puts this directory on JUPYTER_CONFIG_PATH, so `jupyter lab` reads this file:
 
 - the server listens on 127.0.0.1 only, and always asks for a token (a random one, printed in the
-  URL at start-up, or the value of JUPYTER_TOKEN when it is set and not empty);
+  URL at start-up, or the value of JUPYTER_TOKEN when it is set and not empty); a command line or
+  environment that would change either is refused unless the user opts in (lab/guard.py:
+  PARALAB_LAB_ALLOW_REMOTE=1, PARALAB_LAB_ALLOW_NO_TOKEN=1);
 - it serves notebooks/ and opens the "paralab" workspace (lab/workspaces/paralab.jupyterlab-workspace),
   which shows notebooks/00_welcome.ipynb;
 - JupyterLab settings defaults come from lab/settings/overrides.json (no news pop-up, no update
@@ -14,7 +16,8 @@ The tests start JupyterLab exactly this way, with their own data, runtime, setti
 """
 
 import json
-import os
+import runpy
+import sys
 from pathlib import Path
 
 LAB = Path(__file__).resolve().parent
@@ -27,8 +30,9 @@ c.ServerApp.ip = "127.0.0.1"
 c.ServerApp.root_dir = str(REPO / "notebooks")
 c.ServerApp.allow_remote_access = False
 c.ServerApp.allow_root = True  # containers and CI often run as root; the server still binds loopback only
-if os.environ.get("JUPYTER_TOKEN", None) == "":
-    raise SystemExit("paralab lab: JUPYTER_TOKEN is set but empty; the lab always runs with a token")
+refused = runpy.run_path(str(LAB / "guard.py"))["refusal"](sys.argv[1:])
+if refused:
+    raise SystemExit(refused)
 
 c.LabApp.app_settings_dir = str(LAB / "settings")
 c.LabApp.default_url = f"/lab/workspaces/{WORKSPACE}"

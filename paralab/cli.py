@@ -59,9 +59,11 @@ def config_from_args(args) -> RunConfig:
 
 
 def cmd_run(args) -> int:
+    from paralab.outputs import check_run_outputs
     from paralab.runtime.torchrun import run_under_torchrun, under_torchrun
 
     cfg = config_from_args(args)
+    check_run_outputs(args)
     if under_torchrun():
         result = run_under_torchrun(cfg, args.trace_dir)
     else:
@@ -120,12 +122,14 @@ def cmd_strategies(args) -> int:
 
 
 def cmd_merge(args) -> int:
+    from paralab.outputs import check_file
     from paralab.trace import Trace
 
+    check_file(args.output, "output")
     try:
         trace = Trace.load(args.path)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"paralab: {exc}", file=sys.stderr)
+    except (OSError, ValueError) as exc:  # TraceFormatError names the file and what is wrong
+        print(f"paralab merge: {exc}", file=sys.stderr)
         return EXIT_INVALID
     if args.chrome:
         trace.save_chrome(args.output)

@@ -6,14 +6,26 @@ shared by all ranks: every rank starts its clock when it leaves the same barrier
 different ranks (and from files written by different torchrun workers) line up when merged.
 
 Traces save as plain JSON (never pickle) and export to the Chrome trace event format, which Perfetto
-(ui.perfetto.dev) and chrome://tracing open.
+(ui.perfetto.dev) and chrome://tracing open. A file is checked as it loads: every span and counter
+field must have its type (times finite numbers), and anything else is a TraceFormatError that names
+the file and the place (``spans[3].start: expected a number, got '1.0'``).
+
+Size: loading, merging and the summary metrics take time and memory in proportion to the number of
+spans (the busy time per step window comes from one sorted union of each rank's spans and a binary
+search per window), so a million spans merge in seconds (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
 import json
+import math
+import operator
 import statistics
+import types
+import typing
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +35,11 @@ LANES = (COMPUTE, COMM, STEP, EVENT)
 FORMAT_VERSION = 1
 
 
-@dataclass
+class TraceFormatError(ValueError):
+    """A trace file, or trace data, that is not what a trace must be (says where and what)."""
+
+
+@dataclass(slots=True)
 class Span:
     """One timed piece of work on one rank.
 
@@ -53,7 +69,7 @@ class Span:
         return self.end - self.start
 
 
-@dataclass
+@dataclass(slots=True)
 class Counter:
     """A sampled value on one rank (CPU %, memory bytes, ...), drawn as a counter track."""
 
@@ -101,82 +117,100 @@ class Trace:
             "format": "paralab-trace",
             "version": FORMAT_VERSION,
             "meta": self.meta,
-            "spans": [dataclasses.asdict(s) for s in self.spans],
-            "counters": [dataclasses.asdict(c) for c in self.counters],
+            "spans": [_fields_of(s) for s in self.spans],
+            "counters": [_fields_of(c) for c in self.counters],
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> Trace:
-        """A paralab trace dict, or a Chrome trace export written by :meth:`to_chrome`."""
+        """A paralab trace dict, or a Chrome trace export written by :meth:`to_chrome`; TraceFormatError
+        if it is neither, or a field has the wrong type."""
+        if not isinstance(data, dict):
+            raise TraceFormatError(f"expected a JSON object at the top, got {_json_kind(data)}")
         if "traceEvents" in data:
             return cls.from_chrome(data)
         if data.get("format") != "paralab-trace":
-            raise ValueError("not a paralab trace (no 'format: paralab-trace', no 'traceEvents')")
+            raise TraceFormatError("not a paralab trace (no 'format: paralab-trace', no 'traceEvents')")
         return cls(
-            spans=[Span(**s) for s in data.get("spans", [])],
-            counters=[Counter(**c) for c in data.get("counters", [])],
-            meta=_int_rank_keys(data.get("meta", {})),
+            spans=_build_all(Span, _list_in(data, "spans"), "spans"),
+            counters=_build_all(Counter, _list_in(data, "counters"), "counters"),
+            meta=_checked_meta(data.get("meta", {}), "meta"),
         )
 
     @classmethod
     def from_chrome(cls, data: dict) -> Trace:
-        """Rebuild the trace from :meth:`to_chrome` output: every span field travels in the event's args."""
-        fields = {f.name for f in dataclasses.fields(Span)}
-        spans = [Span(**{k: v for k, v in e["args"].items() if k in fields})
-                 for e in data["traceEvents"] if e.get("ph") == "X" and "lane" in e.get("args", {})]
-        counters = [Counter(e["pid"], e["name"], e["ts"] / 1e6, float(e["args"][e["name"]]))
-                    for e in data["traceEvents"] if e.get("ph") == "C"]
-        meta = _int_rank_keys(dict(data.get("otherData", {}).get("paralab", {})))
-        return cls(spans=sorted(spans, key=lambda s: (s.start, s.rank)), counters=counters, meta=meta)
+        """Rebuild the trace from :meth:`to_chrome` output: every span field travels in the event's args.
+        Complete events without paralab's args (another tool's) are skipped."""
+        spans, counters = [], []
+        for i, e in enumerate(_list_in(data, "traceEvents")):
+            where = f"traceEvents[{i}]"
+            if not isinstance(e, dict):
+                raise TraceFormatError(f"{where}: expected an object, got {_json_kind(e)}")
+            args = e.get("args", {})
+            if not isinstance(args, dict):
+                raise TraceFormatError(f"{where}.args: expected an object, got {_json_kind(args)}")
+            if e.get("ph") == "X" and "lane" in args:
+                fields = {k: v for k, v in args.items() if k in _KINDS[Span]}
+                spans.append(_build(Span, fields, f"{where}.args"))
+            elif e.get("ph") == "C":
+                name = e.get("name")
+                if name not in args:
+                    raise TraceFormatError(f"{where}: counter event without its value (args.{name})")
+                fields = {"rank": e.get("pid"), "name": name, "t": _number(e.get("ts"), where) / 1e6,
+                          "value": args[name]}
+                counters.append(_build(Counter, fields, where))
+        meta = _checked_meta(dict(_object_in(data, "otherData").get("paralab", {})), "otherData.paralab")
+        spans.sort(key=lambda s: (s.start, s.rank))
+        return cls(spans=spans, counters=counters, meta=meta)
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict()))
-        return path
+        return _write_json(path, {"format": "paralab-trace", "version": FORMAT_VERSION, "meta": self.meta},
+                           spans=map(_fields_of, self.spans), counters=map(_fields_of, self.counters))
 
     @classmethod
     def load(cls, path: str | Path) -> Trace:
-        """Load a paralab trace file, or merge every ``*.json`` trace in a directory (torchrun --trace-dir)."""
+        """Load a paralab trace file, or merge every ``*.json`` trace in a directory (torchrun --trace-dir).
+        A file that is not a trace raises TraceFormatError naming it."""
         path = Path(path)
         if path.is_dir():
             files = sorted(path.glob("*.json"))
             if not files:
                 raise FileNotFoundError(f"no trace files (*.json) in {path}")
             return cls.merge([cls.load(f) for f in files])
-        return cls.from_dict(json.loads(path.read_text()))
+        text = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            data = json.loads(text)
+        except RecursionError:
+            raise TraceFormatError(f"{path}: JSON nested too deeply to be a trace") from None
+        except ValueError as exc:
+            raise TraceFormatError(f"{path}: not JSON ({exc})") from None
+        try:
+            return cls.from_dict(data)
+        except TraceFormatError as exc:
+            raise TraceFormatError(f"{path}: {exc}") from None
 
     def to_chrome(self) -> dict:
         """Chrome trace event format: one process per rank, one thread per lane, counters as 'C' events."""
+        return {"traceEvents": list(self._chrome_events()), "displayTimeUnit": "ms",
+                "otherData": {"paralab": self.meta}}
+
+    def _chrome_events(self):
         lane_tid = {lane: i for i, lane in enumerate(LANES)}
-        events: list[dict] = []
         for rank in self.ranks:
-            events.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}})
+            yield {"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}}
             for lane, tid in lane_tid.items():
-                events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": lane}})
+                yield {"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": lane}}
         for s in self.spans:
-            args = {k: v for k, v in dataclasses.asdict(s).items() if v is not None}
-            events.append(
-                {
-                    "ph": "X",
-                    "name": s.name or s.kind,
-                    "cat": s.kind,
-                    "pid": s.rank,
-                    "tid": lane_tid.get(s.lane, len(LANES)),
-                    "ts": s.start * 1e6,
-                    "dur": max(s.duration, 0.0) * 1e6,
-                    "args": args,
-                }
-            )
+            args = {k: v for k, v in _fields_of(s).items() if v is not None}
+            yield {"ph": "X", "name": s.name or s.kind, "cat": s.kind, "pid": s.rank,
+                   "tid": lane_tid.get(s.lane, len(LANES)), "ts": s.start * 1e6,
+                   "dur": max(s.duration, 0.0) * 1e6, "args": args}
         for c in self.counters:
-            events.append({"ph": "C", "name": c.name, "pid": c.rank, "ts": c.t * 1e6, "args": {c.name: c.value}})
-        return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"paralab": self.meta}}
+            yield {"ph": "C", "name": c.name, "pid": c.rank, "ts": c.t * 1e6, "args": {c.name: c.value}}
 
     def save_chrome(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_chrome()))
-        return path
+        return _write_json(path, {"displayTimeUnit": "ms", "otherData": {"paralab": self.meta}},
+                           traceEvents=self._chrome_events())
 
     # ------------------------------------------------------------------ metrics
     def step_windows(self) -> dict[int, tuple[float, float]]:
@@ -200,7 +234,8 @@ class Trace:
 
     def busy_time(self, rank: int, lane: str = COMPUTE, window: tuple[float, float] | None = None) -> float:
         """Time covered by the rank's spans on a lane (overlaps counted once), clipped to a window."""
-        return _clipped_union([s for s in self.spans if s.rank == rank and s.lane == lane], window)
+        union = _Union([s for s in self.spans if s.rank == rank and s.lane == lane])
+        return union.length if window is None else union.covered(*window)
 
     def _chosen_windows(self, steps: list[int] | None = None) -> list[tuple[float, float]]:
         windows = self.step_windows()
@@ -209,15 +244,16 @@ class Trace:
     def _mean_busy(self, lanes: str | tuple[str, ...], windows: list[tuple[float, float]]
                    ) -> dict[int, float]:
         """Per rank: time covered by its spans on ``lanes`` (one lane or several, overlaps counted
-        once) per window, averaged over the windows (spans are grouped by rank once, so large
-        simulated traces stay fast)."""
+        once) per window, averaged over the windows. Linear in spans: each rank's spans are grouped
+        and merged into one union, once."""
         lanes = (lanes,) if isinstance(lanes, str) else lanes
         by_rank: dict[int, list[Span]] = {rank: [] for rank in self.ranks}
         for s in self.spans:
             if s.lane in lanes:
                 by_rank[s.rank].append(s)
         n = max(len(windows), 1)
-        return {rank: sum(_clipped_union(spans, w) for w in windows) / n for rank, spans in by_rank.items()}
+        unions = {rank: _Union(spans) for rank, spans in by_rank.items()}
+        return {rank: sum(union.covered(lo, hi) for lo, hi in windows) / n for rank, union in unions.items()}
 
     def idle_fraction(self, steps: list[int] | None = None) -> dict[int, float]:
         """Per rank: share of the step windows in which the rank computes nothing (waits or talks)."""
@@ -295,36 +331,157 @@ class Trace:
         }
 
 
-def _int_rank_keys(meta: dict) -> dict:
-    if "ranks" in meta:  # JSON object keys are strings
-        meta["ranks"] = {int(k): v for k, v in meta["ranks"].items()}
+# ---------------------------------------------------------------------------------- reading files
+def _field_kinds(cls) -> dict[str, tuple[type, type | None, bool]]:
+    """field -> (its JSON kind, the kind of a list's items, whether null is allowed), from the
+    dataclass's annotations: what a trace file must hold is said once, in Span and Counter."""
+    kinds = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        (base,) = [o for o in options if o is not type(None)]
+        item = (typing.get_args(base) or (None,))[0]
+        kinds[name] = (typing.get_origin(base) or base, item, type(None) in options)
+    return kinds
+
+
+_KINDS = {cls: _field_kinds(cls) for cls in (Span, Counter)}
+_REQUIRED = {cls: {f.name for f in dataclasses.fields(cls)
+                   if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+             for cls in (Span, Counter)}
+
+
+def _build(cls, data, where: str, index: int | None = None):
+    """``cls(**data)`` once every key is known and every value has its field's kind."""
+    if type(data) is not dict:
+        raise TraceFormatError(f"{_at(where, index)}: expected an object, got {_json_kind(data)}")
+    kinds = _KINDS[cls]
+    if data.keys() - kinds.keys() or _REQUIRED[cls] - data.keys():
+        unknown, missing = sorted(data.keys() - kinds.keys()), sorted(_REQUIRED[cls] - data.keys())
+        raise TraceFormatError(f"{_at(where, index)}: " + "; ".join(
+            ([f"unknown key(s) {', '.join(map(repr, unknown))}"] if unknown else [])
+            + ([f"missing {', '.join(map(repr, missing))}"] if missing else [])))
+    for key, value in data.items():
+        kind, item, nullable = kinds[key]
+        if value is None:
+            ok = nullable
+        elif kind is float:
+            ok = (type(value) is float or type(value) is int) and math.isfinite(value)
+        elif kind is list:
+            ok = type(value) is list and all(type(v) is item for v in value)
+        else:
+            ok = type(value) is kind
+        if not ok:
+            expected = {float: "a finite number", int: "an integer", str: "a string", bool: "true or false",
+                        list: f"a list of {getattr(item, '__name__', item)}"}[kind]
+            expected += " or null" if nullable else ""
+            raise TraceFormatError(f"{_at(where, index)}.{key}: expected {expected}, got {_json_kind(value)} "
+                                   f"{json.dumps(value)[:40]}")
+    return cls(**data)
+
+
+def _build_all(cls, items: list, where: str) -> list:
+    return [_build(cls, data, where, i) for i, data in enumerate(items)]
+
+
+def _at(where: str, index: int | None) -> str:
+    return where if index is None else f"{where}[{index}]"
+
+
+def _json_kind(value) -> str:
+    kinds = {dict: "an object", list: "a list", str: "a string", bool: "true/false", int: "a number",
+             float: "a number", type(None): "null"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def _list_in(data: dict, key: str) -> list:
+    value = data.get(key, [])
+    if type(value) is not list:
+        raise TraceFormatError(f"{key}: expected a list, got {_json_kind(value)}")
+    return value
+
+
+def _object_in(data: dict, key: str) -> dict:
+    value = data.get(key, {})
+    if type(value) is not dict:
+        raise TraceFormatError(f"{key}: expected an object, got {_json_kind(value)}")
+    return value
+
+
+def _number(value, where: str) -> float:
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise TraceFormatError(f"{where}: expected a finite number, got {_json_kind(value)} "
+                               f"{json.dumps(value)[:40]}")
+    return value
+
+
+def _checked_meta(meta, where: str) -> dict:
+    """The meta object, with its per-rank map keyed by int again (JSON object keys are strings)."""
+    if type(meta) is not dict:
+        raise TraceFormatError(f"{where}: expected an object, got {_json_kind(meta)}")
+    if "ranks" in meta:
+        ranks = meta["ranks"]
+        if type(ranks) is not dict or not all(str(k).lstrip("-").isdigit() for k in ranks):
+            raise TraceFormatError(f"{where}.ranks: expected an object keyed by rank numbers")
+        meta["ranks"] = {int(k): v for k, v in ranks.items()}
     return meta
+
+
+def _write_json(path: str | Path, head: dict, **arrays) -> Path:
+    """Write ``{**head, name: [items...]}`` to ``path`` a thousand items at a time, so that writing a
+    large trace never holds a second copy of it (as dicts and as one string) in memory."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(json.dumps(head)[:-1])
+        for name, items in arrays.items():
+            f.write(f", {json.dumps(name)}: [")
+            first = True
+            while chunk := list(itertools.islice(items, 1000)):
+                f.write(("" if first else ", ") + json.dumps(chunk)[1:-1])
+                first = False
+            f.write("]")
+        f.write("}")
+    return path
+
+
+_FIELD_VALUES = {cls: (cls.__slots__, operator.attrgetter(*cls.__slots__)) for cls in (Span, Counter)}
+
+
+def _fields_of(obj) -> dict:
+    """A Span's or Counter's fields as a dict (dataclasses.asdict, without its deep copy: 10x faster)."""
+    names, values = _FIELD_VALUES[type(obj)]
+    return dict(zip(names, values(obj)))
 
 
 def _after_first(steps: list[int]) -> list[int]:
     return steps[1:] if len(steps) > 1 else steps
 
 
-def _clipped_union(spans: list[Span], window: tuple[float, float] | None) -> float:
-    intervals = []
-    for s in spans:
-        lo, hi = s.start, s.end
-        if window is not None:
-            lo, hi = max(lo, window[0]), min(hi, window[1])
-        if hi > lo:
-            intervals.append((lo, hi))
-    return _union_length(intervals)
+class _Union:
+    """The time covered by some spans (overlaps counted once), as sorted disjoint intervals with
+    running totals, so the time covered inside any window is two binary searches away."""
 
+    def __init__(self, spans: list[Span]):
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+        self.before: list[float] = []  # covered time before each interval
+        total = 0.0
+        for lo, hi in sorted((s.start, s.end) for s in spans if s.end > s.start):
+            if self.ends and lo <= self.ends[-1]:
+                if hi > self.ends[-1]:
+                    total += hi - self.ends[-1]
+                    self.ends[-1] = hi
+                continue
+            self.starts.append(lo)
+            self.ends.append(hi)
+            self.before.append(total)
+            total += hi - lo
+        self.length = total
 
-def _union_length(intervals: list[tuple[float, float]]) -> float:
-    total, cur_lo, cur_hi = 0.0, None, None
-    for lo, hi in sorted(intervals):
-        if cur_hi is None or lo > cur_hi:
-            if cur_hi is not None:
-                total += cur_hi - cur_lo
-            cur_lo, cur_hi = lo, hi
-        else:
-            cur_hi = max(cur_hi, hi)
-    if cur_hi is not None:
-        total += cur_hi - cur_lo
-    return total
+    def _until(self, t: float) -> float:
+        """Time covered before ``t``."""
+        i = bisect.bisect_right(self.starts, t) - 1
+        return 0.0 if i < 0 else self.before[i] + min(t, self.ends[i]) - self.starts[i]
+
+    def covered(self, lo: float, hi: float) -> float:
+        return max(self._until(hi) - self._until(lo), 0.0)

@@ -3,7 +3,10 @@ for ranks left behind."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -33,6 +36,60 @@ def no_leftover_ranks():
     if leftovers:
         _, alive = psutil.wait_procs(leftovers, timeout=5)
         assert not alive, f"rank processes outlived the run: {[p.pid for p in alive]}"
+
+
+TAG = "PARALAB_TEST_TAG"  # put in a launcher's environment: every process it starts inherits it
+
+
+def tagged_processes(tag: str) -> list[psutil.Process]:
+    """Live processes, other than this one, whose environment carries PARALAB_TEST_TAG=tag."""
+    found = []
+    for p in psutil.process_iter(["environ"]):
+        try:
+            mine = p.pid != os.getpid() and (p.info["environ"] or {}).get(TAG) == tag
+            if mine and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_for(predicate, timeout_s: float, poll_s: float = 0.1) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout_s`` passes; whether it held."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll_s)
+    return True
+
+
+def assert_nothing_left(tag: str, tmp: Path, within_s: float = 15.0) -> None:
+    """Within a few seconds, no tagged process is alive and the run's TMPDIR ``tmp`` holds nothing
+    but torch's compile cache (``torchinductor_<user>``, kept across runs by design)."""
+
+    def left() -> list[str]:
+        return sorted(p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor_"))
+
+    wait_for(lambda: not tagged_processes(tag) and not left(), within_s)
+    alive = [(p.pid, " ".join(p.cmdline())[:120]) for p in tagged_processes(tag)]
+    assert not alive, f"processes outlived their launcher: {alive}"
+    assert not left(), f"left in the temporary directory: {left()}"
+
+
+def listening_addresses(procs: list[psutil.Process]) -> set[str]:
+    """The IP addresses these processes listen on (TCP)."""
+    found = set()
+    for p in procs:
+        try:
+            found |= {c.laddr.ip for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+        except psutil.Error:
+            continue
+    return found
+
+
+def beyond_loopback(addresses: set[str]) -> set[str]:
+    return {a for a in addresses if not ipaddress.ip_address(a.split("%")[0]).is_loopback}
 
 
 def assert_close_rel(a, b, rel=1e-5, what="value"):

@@ -45,6 +45,24 @@ def test_invalid_arguments_exit_2_before_any_process(monkeypatch, capsys, argv, 
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "option, make, message",
+    [
+        ("--trace", lambda tmp: tmp, "--trace {} is a directory"),
+        ("--report", lambda tmp: tmp, "--report {} is a directory"),
+        ("--trace-dir", lambda tmp: tmp / "file.txt", "--trace-dir {} exists and is not a directory"),
+        ("--trace", lambda tmp: tmp / "file.txt" / "t.json", "is not a directory"),
+    ],
+)
+def test_unwritable_output_paths_exit_2_before_any_process(monkeypatch, capsys, tmp_path, option, make,
+                                                           message):
+    (tmp_path / "file.txt").write_text("in the way")
+    monkeypatch.setattr(launch_module, "_context", lambda: pytest.fail("a process was about to start"))
+    path = make(tmp_path)
+    assert cli.main(["run", option, str(path)]) == 2
+    assert message.format(path) in capsys.readouterr().err
+
+
 def test_a_failed_run_exits_1_naming_the_rank(capsys, no_leftover_ranks):
     assert cli.main(["run", "--strategy", "dp", "--world-size", "2", "--steps", "3", "--fail", "rank=1,step=1"]) == 1
     assert "rank 1 failed" in capsys.readouterr().err

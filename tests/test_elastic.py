@@ -7,9 +7,14 @@ final history must have the same losses and every sample of each global batch ex
 
 import json
 import os
+import pickle
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import psutil
 import pytest
@@ -23,21 +28,18 @@ from paralab.elastic import launch as launch_module
 from paralab.elastic.config import ElasticConfig
 from paralab.models.gpt import GPT, lm_loss
 from paralab.strategies.common import make_optimizer
-from tests.conftest import assert_close_rel
+from tests.conftest import (
+    TAG,
+    assert_close_rel,
+    assert_nothing_left,
+    beyond_loopback,
+    listening_addresses,
+    tagged_processes,
+    wait_for,
+)
 
 STEPS, BATCH = 8, 12
 QUICK = dict(global_batch=BATCH, micro_batch=4, run_timeout_s=170, timeout_s=30)
-
-
-def _tagged(tag: str) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter(["environ"]):
-        try:
-            if p.pid != os.getpid() and (p.info["environ"] or {}).get("PARALAB_TEST_TAG") == tag:
-                found.append(p)
-        except psutil.Error:
-            continue
-    return found
 
 
 @contextmanager
@@ -46,14 +48,14 @@ def nothing_left_behind():
     outlives the block."""
     tag = f"elastic-{os.getpid()}-{time.time_ns()}"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PARALAB_TEST_TAG", tag)
+        mp.setenv(TAG, tag)
         try:
             yield
         finally:
             deadline = time.time() + 10
-            while time.time() < deadline and _tagged(tag):
+            while time.time() < deadline and tagged_processes(tag):
                 time.sleep(0.2)
-            assert not _tagged(tag), "agents or workers outlived the elastic run"
+            assert not tagged_processes(tag), "agents or workers outlived the elastic run"
 
 
 def run_tagged(**options) -> elastic.ElasticResult:
@@ -152,6 +154,43 @@ def test_a_crash_mid_save_leaves_the_previous_checkpoint_loadable(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000002", "step-00000004"]
 
 
+class _Payload:
+    """Whoever unpickles this runs ``open(marker, "w")``: the marker file is the proof that code ran."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+def test_crafted_checkpoint_metadata_is_refused_with_nothing_executed(tmp_path, monkeypatch, capsys):
+    cfg, model, optimizer = _tiny_trained()
+    ckpt = checkpoint.save(tmp_path / "ckpt", 1, model, optimizer, cfg.signature(), {"next_step": 1})
+    crafted = pickle.dumps(_Payload(tmp_path / "pwned"))
+    pickle.loads(pickle.dumps(_Payload(tmp_path / "unpickled")))
+    assert (tmp_path / "unpickled").exists(), "the payload does run when unpickled"
+    (ckpt / ".metadata").write_bytes(crafted)
+    monkeypatch.setattr(launch_module, "_agent_starter", lambda *a: pytest.fail("an agent started"))
+    assert cli.main(["elastic", "--nnodes", "1:2", "--checkpoint-dir", str(tmp_path / "ckpt")]) == 2
+    assert "is not plain checkpoint metadata (it refers to io.open" in capsys.readouterr().err
+    _, fresh, fresh_opt = _tiny_trained(steps=0, seed=7)
+    with pytest.raises(checkpoint.UnsafeCheckpoint, match="io.open"):
+        checkpoint.load(ckpt, fresh, fresh_opt)  # a worker resuming from it refuses it too
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_crafted_optimizer_entry_is_refused_with_nothing_executed(tmp_path):
+    cfg, model, optimizer = _tiny_trained()
+    optimizer.param_groups[0]["lr"] = _Payload(tmp_path / "pwned")  # saved as a pickled non-tensor entry
+    ckpt = checkpoint.save(tmp_path / "ckpt", 1, model, optimizer, cfg.signature(), {"next_step": 1})
+    checkpoint.check_metadata(ckpt)  # the metadata itself is plain
+    _, fresh, fresh_opt = _tiny_trained(steps=0, seed=7)
+    with pytest.raises(checkpoint.UnsafeCheckpoint, match="param_groups.*lr.* is not plain data"):
+        checkpoint.load(ckpt, fresh, fresh_opt)
+    assert not (tmp_path / "pwned").exists()
+
+
 # ---------------------------------------------------------------------------- real runs
 @pytest.mark.timeout(240)
 def test_a_killed_worker_is_survived_by_three_with_identical_losses(killed, reference):
@@ -222,3 +261,103 @@ def test_balancing_a_3x_slower_rank_keeps_single_device_losses(reference, capsys
     assert sum(s[1] for s in shares[1:]) < sum(s[0] for s in shares[1:]), "the slow rank was not given less work"
     for step, ids in enumerate(summary["sample_ids"]):
         assert sorted(ids) == sorted(expected_ids(step))
+
+
+# ---------------------------------------------------------------------------- from outside
+LAUNCH = "import json; from paralab import elastic; print(json.dumps(elastic.run(**{options!r}).summary))"
+
+
+def start_launcher(tmp: Path, tag: str, **options) -> subprocess.Popen:
+    """An elastic launcher in a Python of its own, with TMPDIR ``tmp``; it prints the summary."""
+    tmp.mkdir(exist_ok=True)
+    return subprocess.Popen([sys.executable, "-c", LAUNCH.format(options={**QUICK, **options})],
+                            env={**os.environ, TAG: tag, "TMPDIR": str(tmp)}, stdout=subprocess.PIPE,
+                            text=True)
+
+
+def agent_of_node(launcher: subprocess.Popen, tag: str, node: int) -> psutil.Process:
+    (agent,) = [p for p in tagged_processes(tag)
+                if p.ppid() == launcher.pid and p.environ().get("PARALAB_NODE") == str(node)]
+    return agent
+
+
+def progress(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "progress.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {"step": -1, "generation": None}
+
+
+def finish(launcher: subprocess.Popen) -> dict:
+    out, _ = launcher.communicate(timeout=200)
+    assert launcher.returncode == 0, f"the launcher failed (exit {launcher.returncode})"
+    return json.loads(out)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_agents_workers_and_checkpoints_listen_on_loopback_and_go_with_their_launcher(tmp_path, sig):
+    tag = f"elastic-launcher-{os.getpid()}-{time.time_ns()}"
+    tmp = tmp_path / "tmp"
+    launcher = start_launcher(tmp, tag, nodes=2, min_nodes=1, max_nodes=2, steps=100000, checkpoint_every=1)
+    try:
+        saved = wait_for(lambda: any(tmp.glob("paralab-elastic-*/checkpoints/step-*")), 150)
+        addresses = listening_addresses(tagged_processes(tag))
+    finally:
+        launcher.send_signal(sig)
+        launcher.wait(timeout=30)
+    assert saved, "the run never saved a checkpoint"
+    assert addresses, "the stores and gloo sockets were not seen"
+    assert not beyond_loopback(addresses), f"listening beyond loopback: {sorted(addresses)}"
+    assert_nothing_left(tag, tmp)
+
+
+@pytest.mark.timeout(240)
+def test_a_node_lost_after_the_last_step_does_not_fail_a_finished_run(tmp_path, reference):
+    """Node 1's agent is frozen early (its worker trains on), then killed once every step is done: the
+    other agent waits for it at torchrun's exit barrier, which would time out after minutes."""
+    tag = f"elastic-late-loss-{os.getpid()}-{time.time_ns()}"
+    run_dir = tmp_path / "run"
+    launcher = start_launcher(tmp_path / "tmp", tag, nodes=2, min_nodes=1, max_nodes=2, steps=STEPS,
+                              run_dir=str(run_dir), run_timeout_s=150, slow={"rank": 0, "factor": 10})
+    try:
+        assert wait_for(lambda: progress(run_dir)["step"] >= 1, 150), "training never started"
+        frozen = agent_of_node(launcher, tag, 1)
+        frozen.suspend()
+        assert wait_for(lambda: any(run_dir.glob("gen-*/done.json")), 150), "training never finished"
+        frozen.kill()
+        summary = finish(launcher)
+    finally:
+        launcher.kill()
+    assert summary["restarts"] == 0 and summary["world_sizes"] == [2] * STEPS
+    assert_close_rel(summary["losses"], reference, what="losses")
+
+
+@pytest.mark.timeout(300)
+def test_a_second_failure_from_outside_is_a_failure_with_a_detection_time(tmp_path, reference):
+    """The injected failure takes node 2 at step 2; then node 1 is SIGKILLed from outside (agent and,
+    by its parent-death signal, its worker): both transitions are failures, each with its detection."""
+    tag = f"elastic-outside-{os.getpid()}-{time.time_ns()}"
+    run_dir = tmp_path / "run"
+    launcher = start_launcher(tmp_path / "tmp", tag, nodes=3, min_nodes=1, max_nodes=3, steps=STEPS,
+                              run_dir=str(run_dir), fault={"rank": 2, "step": 2},
+                              slow={"rank": 0, "factor": 10}, last_call_s=4)
+    try:
+        second_world_at_step_4 = ("gen-001", True)
+        assert wait_for(lambda: (progress(run_dir)["generation"], progress(run_dir)["step"] >= 4)
+                        == second_world_at_step_4, 200), "the second world never reached step 4"
+        agent_of_node(launcher, tag, 1).kill()
+        summary = finish(launcher)
+    finally:
+        launcher.kill()
+    injected, outside = summary["transitions"]
+    first_world = summary["generations"][0]["nodes"]  # node ids as the workers recorded them, by rank
+    assert (injected["reason"], injected["cause"]) == ("failure", "injected")
+    assert injected["failed_node"] == first_world[2]
+    node_1 = type(first_world[0])(1)
+    assert (outside["reason"], outside["cause"], outside["failed_node"]) == ("failure", "node lost", node_1)
+    assert (outside["world_size_before"], outside["world_size"]) == (2, 1)
+    assert injected["detection_s"] >= 0 and outside["detection_s"] >= 0
+    assert_close_rel(summary["losses"], reference, what="losses")
+    assert [ids for ids in summary["sample_ids"]] and all(
+        sorted(ids) == sorted(expected_ids(step)) for step, ids in enumerate(summary["sample_ids"]))

@@ -4,7 +4,8 @@ The test starts it exactly the way a user does (`make lab`, with the install ste
 `--no-browser --port=N` passed through LAB_ARGS), but with its own Jupyter data, runtime, settings,
 config and workspaces dirs, so nothing of the user's is read or written. It fetches the lab page and
 the welcome notebook through the REST API with its token, checks the lab/ settings and workspace
-took effect, then stops the server and checks that no process it started is left.
+took effect, then stops the server and checks that no process it started is left. A non-loopback
+address or an empty token is refused before the server starts (lab/guard.py).
 
 ``LabServer`` is shared with tests/test_browser.py.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import runpy
 import secrets
 import shutil
 import signal
@@ -192,3 +194,44 @@ def _connections(proc: psutil.Process):
         return proc.net_connections(kind="inet")
     except (psutil.AccessDenied, psutil.NoSuchProcess):
         return []
+
+
+GUARD = runpy.run_path(str(REPO / "lab" / "guard.py"))
+
+
+@pytest.mark.parametrize(
+    "argv, env, refused",
+    [
+        (["--port=8899", "--no-browser"], {}, None),
+        (["--ip=127.0.0.1"], {}, None),
+        (["--ip", "::1"], {}, None),
+        (["--ip=0.0.0.0"], {}, "PARALAB_LAB_ALLOW_REMOTE=1"),
+        (["--ServerApp.ip="], {}, "refusing to listen on ''"),
+        (["--ip=0.0.0.0"], {"PARALAB_LAB_ALLOW_REMOTE": "1"}, None),
+        (["--IdentityProvider.token="], {}, "PARALAB_LAB_ALLOW_NO_TOKEN=1"),
+        (["--ServerApp.token", ""], {}, "--ServerApp.token is empty"),
+        ([], {"JUPYTER_TOKEN": ""}, "JUPYTER_TOKEN is empty"),
+        (["--IdentityProvider.token="], {"PARALAB_LAB_ALLOW_NO_TOKEN": "1"}, None),
+    ],
+)
+def test_the_lab_refuses_the_network_and_an_empty_token_unless_asked(argv, env, refused):
+    answer = GUARD["refusal"](argv, env)
+    assert answer is None if refused is None else refused in answer
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("args, message", [
+    (("--ip=0.0.0.0",), "refusing to listen on '0.0.0.0'"),
+    (("--IdentityProvider.token=",), "refusing to run without a token"),
+])
+def test_make_lab_refuses_to_start_and_says_how_to_opt_in(tmp_path, args, message):
+    server = LabServer(tmp_path, extra_args=args)
+    proc = subprocess.Popen(server.command(), env=server.env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:  # it started after all: stop it, and fail below
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+    assert proc.returncode != 0 and message in out and "PARALAB_LAB_ALLOW_" in out, out[-2000:]

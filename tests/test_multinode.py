@@ -1,10 +1,27 @@
-"""Multi-node DDP: nodes known per rank, intra/inter-node byte split, hierarchical all-reduce."""
+"""Multi-node DDP: nodes known per rank, intra/inter-node byte split, hierarchical all-reduce; local
+torchrun agents that name a failing rank, listen on loopback only and die with their launcher."""
 
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
 import pytest
 
 import paralab
+from paralab import cli
 from paralab.runtime.multinode import run_local_nodes
-from tests.conftest import assert_close_rel
+from tests.conftest import (
+    TAG,
+    assert_close_rel,
+    assert_nothing_left,
+    beyond_loopback,
+    listening_addresses,
+    tagged_processes,
+    wait_for,
+)
 
 
 def expected_inter_node_bytes(grad_bytes: int, nodes: int, per_node: int, hierarchical: bool) -> int:
@@ -58,3 +75,70 @@ def test_two_torchrun_agents_act_as_two_nodes(tmp_path):
     local = paralab.run("ddp", 4, steps=3, nodes=2, bucket_mb=0.2, hierarchical=True)
     assert_close_rel(run.losses, local.losses)
     assert all("--rdzv-backend" in cmd for cmd in run.commands)
+
+
+def test_a_failing_rank_is_named_with_its_own_traceback_not_the_agents_stack(capsys):
+    code = cli.main(["nodes", "--nnodes", "2", "--nproc-per-node", "1", "--",
+                     "--strategy", "ddp", "--steps", "3", "--fail", "rank=1,step=1"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "rank 1 failed: InjectedFault: fault injected on rank 1 at step 1" in err
+    assert "--- traceback on rank 1 ---" in err and "in check_fault" in err
+    assert "frame #" not in err and "agent of node" not in err
+
+
+def _workers(tag: str) -> list[psutil.Process]:
+    out = []
+    for p in tagged_processes(tag):
+        try:
+            if "RANK" in p.environ():
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+def start_nodes(tag: str, tmp, **popen) -> subprocess.Popen:
+    """`paralab nodes` (2 x 1 ranks, a long run) in a Python of its own, once its workers formed their
+    process group (each worker's gloo sockets listen then)."""
+    launcher = subprocess.Popen([sys.executable, "-m", "paralab", "nodes", "--nnodes", "2",
+                                 "--nproc-per-node", "1", "--", "--strategy", "ddp", "--steps", "100000"],
+                                env={**os.environ, TAG: tag, "TMPDIR": str(tmp)}, **popen)
+
+    def formed() -> bool:
+        workers = _workers(tag)
+        return len(workers) == 2 and all(listening_addresses([w]) for w in workers)
+
+    if not wait_for(formed, 150):
+        launcher.kill()
+        pytest.fail("the two workers never formed their process group")
+    return launcher
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_agents_and_workers_listen_on_loopback_only_and_die_with_their_launcher(tmp_path, sig):
+    tag = f"nodes-{os.getpid()}-{time.time_ns()}"
+    launcher = start_nodes(tag, tmp_path)
+    try:
+        addresses = listening_addresses(tagged_processes(tag))
+    finally:
+        launcher.send_signal(sig)
+        launcher.wait(timeout=30)
+    assert not beyond_loopback(addresses), f"listening beyond loopback: {sorted(addresses)}"
+    assert_nothing_left(tag, tmp_path)
+
+
+@pytest.mark.timeout(240)
+def test_a_rank_killed_from_outside_is_named_with_its_signal_not_its_peer(tmp_path):
+    tag = f"nodes-kill-{os.getpid()}-{time.time_ns()}"
+    launcher = start_nodes(tag, tmp_path, stderr=subprocess.PIPE, text=True)
+    try:
+        (rank1,) = [w for w in _workers(tag) if w.environ()["RANK"] == "1"]
+        rank1.kill()
+        _, err = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 1
+    blamed = "rank 1 failed: died (signal 9, SIGKILL) without reporting a result; then rank 0 reported"
+    assert blamed in err, err

@@ -1,16 +1,24 @@
 """The launcher: errors before any process, failing and hung ranks, interrupts, nothing left behind."""
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
 import paralab
 from paralab.runtime import launch as launch_module
+from tests.conftest import (
+    TAG,
+    assert_nothing_left,
+    beyond_loopback,
+    listening_addresses,
+    tagged_processes,
+    wait_for,
+)
 
 
 @pytest.fixture
@@ -60,27 +68,16 @@ def test_more_ranks_than_cores_warns(monkeypatch, no_leftover_ranks):
         paralab.run("dp", 2, steps=1, global_batch=4)
 
 
-def _processes_with(tag: str) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter(["environ"]):
-        try:
-            if (p.info["environ"] or {}).get("PARALAB_TEST_TAG") == tag:
-                found.append(p)
-        except psutil.Error:
-            continue
-    return found
-
-
 @pytest.mark.timeout(120)
 def test_keyboard_interrupt_leaves_no_rank_behind():
     tag = f"interrupt-{os.getpid()}-{time.time()}"
     script = "import paralab; paralab.run('ddp', 2, steps=100000, global_batch=8)"
-    parent = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PARALAB_TEST_TAG": tag})
+    parent = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, TAG: tag})
     try:
         deadline = time.time() + 60
-        while time.time() < deadline and len(_processes_with(tag)) < 4:  # parent, forkserver, 2 ranks
+        while time.time() < deadline and len(tagged_processes(tag)) < 4:  # parent, forkserver, 2 ranks
             time.sleep(0.2)
-        assert len(_processes_with(tag)) >= 4, "the ranks never started"
+        assert len(tagged_processes(tag)) >= 4, "the ranks never started"
         time.sleep(1.0)
         parent.send_signal(signal.SIGINT)
         parent.wait(timeout=30)
@@ -88,9 +85,9 @@ def test_keyboard_interrupt_leaves_no_rank_behind():
         if parent.poll() is None:
             parent.kill()
     deadline = time.time() + 10
-    while time.time() < deadline and _processes_with(tag):
+    while time.time() < deadline and tagged_processes(tag):
         time.sleep(0.2)
-    assert not _processes_with(tag), "processes outlived the interrupted run"
+    assert not tagged_processes(tag), "processes outlived the interrupted run"
 
 
 @pytest.mark.timeout(200)
@@ -105,3 +102,104 @@ def test_a_script_runs_without_a_main_guard_however_python_got_it(tmp_path, how)
                           text=True, timeout=150, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "1"
+
+
+# ---------------------------------------------------------------------------- the parent dies
+LONG_RUN = "import paralab; paralab.run('ddp', 2, steps=100000, global_batch=8, timeout_s=600{fault})"
+
+
+def start_parent(script: str, tmp_path, tag: str) -> subprocess.Popen:
+    """A launcher in a Python of its own, with a private TMPDIR, once its 2 ranks are at step 1."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    parent = subprocess.Popen([sys.executable, "-c", script],
+                              env={**os.environ, TAG: tag, "TMPDIR": str(tmp)})
+
+    def ranks_at_step_1():
+        beats = [b.read_text() for b in tmp.glob("paralab-run-*/rank*.beat")]
+        return len(beats) == 2 and all(b and int(b) >= 1 for b in beats)
+
+    if not wait_for(ranks_at_step_1, 90):
+        parent.kill()
+        pytest.fail("the ranks never reached step 1")
+    return parent
+
+
+HANG = ", fault={'rank': 1, 'step': 1, 'kind': 'hang'}"
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("sig, fault", [(signal.SIGKILL, ""), (signal.SIGTERM, HANG)],
+                         ids=["SIGKILL", "SIGTERM-hung-rank"])
+def test_a_killed_parent_takes_its_ranks_and_temporary_dirs_with_it(tmp_path, sig, fault):
+    """As a kernel restart, an out-of-memory kill or a closed terminal would: the parent gets no say."""
+    tag = f"killed-parent-{os.getpid()}-{time.time_ns()}"
+    parent = start_parent(LONG_RUN.format(fault=fault), tmp_path, tag)
+    assert len(tagged_processes(tag)) >= 4, "expected the parent, its janitor, the forkserver and 2 ranks"
+    parent.send_signal(sig)
+    parent.wait(timeout=30)
+    assert_nothing_left(tag, tmp_path / "tmp")
+
+
+@pytest.mark.timeout(150)
+def test_ctrl_c_again_and_again_during_clean_up_still_cleans_up(tmp_path):
+    tag = f"ctrl-c-{os.getpid()}-{time.time_ns()}"
+    parent = start_parent(LONG_RUN.format(fault=""), tmp_path, tag)
+    for _ in range(6):  # the first interrupts the run, the others land somewhere in its clean-up
+        parent.send_signal(signal.SIGINT)
+        time.sleep(0.03)
+    parent.wait(timeout=60)
+    assert_nothing_left(tag, tmp_path / "tmp")
+
+
+@pytest.mark.timeout(150)
+def test_a_local_run_listens_on_loopback_only(tmp_path):
+    tag = f"listen-{os.getpid()}-{time.time_ns()}"
+    parent = start_parent(LONG_RUN.format(fault=""), tmp_path, tag)
+    try:
+        addresses = listening_addresses(tagged_processes(tag))
+    finally:
+        parent.kill()
+        parent.wait(timeout=30)
+    assert addresses, "the ranks' gloo sockets were not seen"
+    assert not beyond_loopback(addresses), f"listening beyond loopback: {sorted(addresses)}"
+    assert_nothing_left(tag, tmp_path / "tmp")
+
+
+# ---------------------------------------------------------------------------- the right rank blamed
+BLAME = """
+import json, multiprocessing, os, signal, paralab
+
+def kill_rank_1(step, steps):
+    rank1 = [p for p in multiprocessing.active_children() if p.name == "paralab-rank1"]
+    if step >= 2 and rank1:
+        os.kill(rank1[0].pid, signal.SIGKILL)
+
+try:
+    paralab.run("ddp", 2, steps=100000, global_batch=8, timeout_s=4, **{options})
+except paralab.RunError as exc:
+    print(json.dumps({{"rank": exc.rank, "error": str(exc), "traceback": exc.remote_traceback}}))
+"""
+
+
+def run_to_blame(options: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", BLAME.format(options=options)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.stdout.strip(), done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+@pytest.mark.timeout(150)
+def test_a_rank_killed_from_outside_is_named_with_its_signal_not_its_peer():
+    failure = run_to_blame("{'progress': kill_rank_1}")
+    assert failure["rank"] == 1, failure["error"]
+    assert "rank 1 failed: died (signal 9, SIGKILL)" in failure["error"]
+
+
+@pytest.mark.timeout(150)
+def test_a_hung_rank_is_named_as_stopped_answering_with_its_python_stack():
+    failure = run_to_blame("{'fault': {'rank': 1, 'step': 1, 'kind': 'hang'}}")
+    assert failure["rank"] == 1, failure["error"]
+    assert "rank 1 failed: stopped answering" in failure["error"]
+    assert "rank 0 reported: a collective timed out after 4 s" in failure["error"]
+    assert "in check_fault" in failure["traceback"], failure["traceback"]  # where rank 1 sleeps

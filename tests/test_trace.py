@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from paralab import cli
 from paralab.trace import COMM, COMPUTE, STEP, Counter, Span, Trace
 
 
@@ -68,3 +69,71 @@ def test_chrome_export_has_every_span_and_counter():
     ar = next(e for e in complete if e["cat"] == "all_reduce")
     assert ar["ts"] == pytest.approx(5e6) and ar["dur"] == pytest.approx(4e6) and ar["args"]["bytes"] == 100
     assert [e for e in events if e["ph"] == "C"][0]["args"] == {"cpu_percent": 50.0}
+
+
+# ---------------------------------------------------------------------------- bad files in, bad paths out
+def _good() -> dict:
+    return two_rank_trace().to_dict()
+
+
+def _with_span(**changes) -> dict:
+    data = _good()
+    data["spans"][0].update(changes)
+    return data
+
+
+BAD_INPUTS = {
+    "list-at-top": ([1, 2], "expected a JSON object at the top, got a list"),
+    "unknown-span-key": (_with_span(colour="red"), "spans[0]: unknown key(s) 'colour'"),
+    "string-time": (_with_span(start="1.0"), 'spans[0].start: expected a finite number, got a string "1.0"'),
+    "nan-time": (_with_span(end=float("nan")), "spans[0].end: expected a finite number, got a number NaN"),
+    "bool-rank": (_with_span(rank=True), "spans[0].rank: expected an integer, got true/false"),
+    "spans-not-a-list": ({**_good(), "spans": {"a": 1}}, "spans: expected a list, got an object"),
+    "chrome-counter-without-args": ({"traceEvents": [{"ph": "C", "name": "cpu", "pid": 0, "ts": 1}]},
+                                    "traceEvents[0]: counter event without its value (args.cpu)"),
+    "chrome-args-not-an-object": ({"traceEvents": [{"ph": "X", "name": "f", "pid": 0, "ts": 1, "args": [1]}]},
+                                  "traceEvents[0].args: expected an object, got a list"),
+    "chrome-string-ts": ({"traceEvents": [{"ph": "C", "name": "cpu", "pid": 0, "ts": "1",
+                                           "args": {"cpu": 1}}]},
+                         "traceEvents[0]: expected a finite number, got a string"),
+    "bad-rank-keys": ({**_good(), "meta": {"ranks": {"zero": {}}}},
+                      "meta.ranks: expected an object keyed by rank"),
+}
+
+
+@pytest.mark.parametrize("command", ["merge", "report"])
+@pytest.mark.parametrize("name", [*BAD_INPUTS, "deeply-nested", "bad-file-in-a-folder"])
+def test_bad_traces_exit_2_naming_the_file_and_what_is_wrong(tmp_path, capsys, command, name):
+    if name == "deeply-nested":
+        bad, text, reason = tmp_path / "t.json", "[" * 100_000 + "]" * 100_000, "nested too deeply"
+    elif name == "bad-file-in-a-folder":  # one good rank file, one bad: the bad one is named
+        bad, reason = tmp_path / "traces" / "rank1.json", "spans[0].start"
+        text = json.dumps(_with_span(start="x"))
+        bad.parent.mkdir()
+        (bad.parent / "rank0.json").write_text(json.dumps(_good()))
+    else:
+        data, reason = BAD_INPUTS[name]
+        bad, text = tmp_path / "t.json", json.dumps(data)
+    bad.write_text(text)
+    target = bad.parent if name == "bad-file-in-a-folder" else bad
+    assert cli.main([command, str(target), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}: " in err and reason in err, err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["merge", "report"])
+def test_an_output_path_that_is_a_directory_exits_2_before_reading(tmp_path, capsys, command):
+    two_rank_trace().save(tmp_path / "t.json")
+    assert cli.main([command, str(tmp_path / "t.json"), "-o", str(tmp_path)]) == 2
+    assert f"output {tmp_path} is a directory" in capsys.readouterr().err
+
+
+def test_spans_and_counters_round_trip_through_the_streaming_writers(tmp_path):
+    spans = [Span(r % 8, COMPUTE, "forward", i * 1e-3, i * 1e-3 + 5e-4, step=i // 1000, group_ranks=[0, 1])
+             for i, r in enumerate(range(20_000))]
+    trace = Trace(spans=spans, counters=[Counter(0, "cpu", 0.5, 12.0)], meta={"ranks": {0: {"node": 0}}})
+    assert Trace.load(trace.save(tmp_path / "t.json")).spans == spans
+    again = Trace.load(trace.save_chrome(tmp_path / "c.json"))
+    assert again.spans == spans and again.counters == trace.counters
+    assert again.meta["ranks"] == {0: {"node": 0}}

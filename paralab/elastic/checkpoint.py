@@ -15,6 +15,15 @@ same way (renamed out of sight, then deleted).
 The manifest is small JSON (never pickle): the model signature (model config, strategy, optimizer,
 global batch, seed), the step, the sampler position and the RNG state, so a directory that holds
 another model's checkpoint is refused before anything is loaded.
+
+Why loading never unpickles arbitrary objects: DCP reads its ``.metadata`` file with pickle, and the
+state dict's non-tensor entries (the optimizer's hyper-parameters) with ``torch.load(weights_only=
+False)``; a crafted checkpoint could run code in every worker that resumes from it. So before DCP
+reads ``.metadata``, :func:`check_metadata` unpickles it with an unpickler that knows only DCP's own
+metadata classes, torch sizes, dtypes and layouts, paths and plain builtins, and refuses anything
+else; and each non-tensor entry is first read with torch's weights-only unpickler (plain data and
+tensors). Tensors DCP reads weights-only itself. What remains trusted is the directory: no one else
+may write to it while a run loads from it (see docs/failures.md).
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import pickle
 import shutil
 import warnings
 from pathlib import Path
@@ -29,11 +39,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import CheckpointException, DefaultLoadPlanner
+from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from paralab.config import ConfigError
 
 MANIFEST = "manifest.json"
+METADATA = ".metadata"  # DCP's own file: pickled
 PREFIX, TMP_PREFIX, TRASH_PREFIX = "step-", ".tmp-step-", ".trash-step-"
 
 
@@ -82,6 +95,76 @@ def check_signature(root: str | Path, signature: dict) -> None:
         detail = "; ".join(f"{k}: checkpoint {theirs.get(k)!r}, this run {signature.get(k)!r}" for k in differ)
         raise ConfigError(f"checkpoint directory {root} holds another model's checkpoint ({last.name}): {detail}. "
                           "Use another --checkpoint-dir, or the settings it was trained with.")
+
+
+class UnsafeCheckpoint(ConfigError):
+    """A checkpoint holds more than a checkpoint needs: objects whose unpickling could run code."""
+
+
+# What DCP's metadata is made of, besides the classes of torch.distributed.checkpoint.metadata
+_METADATA_GLOBALS = {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+    ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
+    ("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "complex"),
+    ("builtins", "bytearray"),
+}
+
+
+def _is_metadata_global(module: str, name: str) -> bool:
+    if "." in name:  # no attribute paths (SomeClass.__init__.__globals__ ...)
+        return False
+    if (module, name) in _METADATA_GLOBALS:
+        return True
+    if module == dcp_metadata.__name__:
+        found = getattr(dcp_metadata, name, None)
+        return isinstance(found, type) and found.__module__ == module  # defined there, not imported
+    return module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if not _is_metadata_global(module, name):
+            raise pickle.UnpicklingError(f"it refers to {module}.{name}, which no checkpoint metadata holds")
+        return super().find_class(module, name)
+
+
+def check_metadata(path: str | Path) -> None:
+    """Refuse checkpoint ``path`` unless its DCP metadata is made of metadata classes and plain data
+    (read without running any other code)."""
+    file = Path(path) / METADATA
+    try:
+        with open(file, "rb") as f:
+            _MetadataUnpickler(f).load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, KeyError,
+            IndexError) as exc:
+        raise UnsafeCheckpoint(f"checkpoint {path} is refused: {file.name} is not plain checkpoint metadata "
+                               f"({exc}). "
+                               "Only load checkpoints from a directory no one else can write to.") from None
+
+
+class _PlainDataLoadPlanner(DefaultLoadPlanner):
+    """DCP's planner unpickles the non-tensor entries of a state dict without restriction; these are
+    first read weights-only (plain data and tensors, nothing that runs code), then handed over."""
+
+    def load_bytes(self, read_item, value) -> None:
+        try:
+            torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as exc:
+            lines = str(exc).splitlines()
+            reason = next((line.strip() for line in lines if "Unsupported global" in line), lines[0])
+            raise UnsafeCheckpoint(
+                f"checkpoint entry {read_item.dest_index.fqn} is not plain data ({reason})") from None
+        value.seek(0)
+        super().load_bytes(read_item, value)
+
+
+def check_resumable(root: str | Path, signature: dict) -> None:
+    """Before any process starts: the latest checkpoint in ``root`` (if any) was written by this
+    model and training setup, and holds nothing but checkpoint metadata and plain data."""
+    check_signature(root, signature)
+    last = latest(root)
+    if last is not None:
+        check_metadata(last)
 
 
 def _rng_state() -> dict:
@@ -153,11 +236,19 @@ def _fsync_dir(path: Path) -> None:
 
 def load(path: str | Path, model, optimizer) -> dict:
     """Collective: load checkpoint ``path`` into ``model`` and ``optimizer`` (whatever world size wrote
-    it) and restore the RNG state. Returns its manifest."""
+    it) and restore the RNG state. Returns its manifest. Refuses (UnsafeCheckpoint) a checkpoint
+    that holds anything but checkpoint metadata, plain data and tensors."""
     manifest = read_manifest(path)
+    check_metadata(path)
     model_sd, optim_sd = get_state_dict(model, optimizer)  # the shapes DCP fills in
     state = {"model": model_sd, "optim": optim_sd}
-    _quiet(dcp.load, state, checkpoint_id=str(path))
+    try:
+        _quiet(dcp.load, state, checkpoint_id=str(path), planner=_PlainDataLoadPlanner())
+    except CheckpointException as exc:  # DCP gathers every rank's exception into one
+        refused = [err for err, _ in exc.failures.values() if isinstance(err, UnsafeCheckpoint)]
+        if refused:
+            raise refused[0] from None
+        raise
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     _set_rng_state(manifest["rng"])
     return manifest

@@ -6,6 +6,14 @@ generation when every rank of it recorded the step. When a later generation redo
 from a checkpoint older than the failure), the later one is the step's final record: the final
 history is what the model was actually trained on, and it is there that every sample of an epoch
 must appear exactly once.
+
+Between two generations is a transition, and its reason: a **failure** when the injected fault fired
+in between (``--fail``) or a node of the old world is missing from the new one (killed from outside,
+its machine lost: paralab never takes a node away on purpose); a **scale-out** when the world grew;
+else a **restart**. A failure's detection time runs from the kill to the first survivor that noticed
+(its error report). For a failure from outside the moment of the kill is not known: it is measured
+from the lost rank's last sign of life (the end of its last recorded step), so it may exceed the true
+figure by up to one step time.
 """
 
 from __future__ import annotations
@@ -24,8 +32,9 @@ class Generation:
     name: str
     meta: dict
     steps: dict[int, dict]  # completed steps: step -> merged record
-    errors: list[dict]
+    errors: list[dict]  # survivors' reports: rank, t (when it noticed), error, traceback
     trace_lines: list[dict]
+    last_seen: dict[int, float]  # rank -> end of its last recorded step (the world's start if none)
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -44,10 +53,12 @@ def read_generation(gen_dir: Path) -> Generation | None:
         return None
     meta = json.loads(meta_file.read_text())
     by_step: dict[int, dict[int, dict]] = {}
+    last_seen = {rank: meta["wall_start"] for rank in range(meta["world_size"])}
     for f in gen_dir.glob("rank*.steps.jsonl"):
-        rank = int(f.name[4:].split(".")[0])
+        rank = _rank_of(f)
         for rec in _jsonl(f):
             by_step.setdefault(rec["step"], {})[rank] = rec
+            last_seen[rank] = max(last_seen[rank], rec["t_end"])
     steps = {}
     for step, ranks in sorted(by_step.items()):
         if len(ranks) < meta["world_size"]:
@@ -59,9 +70,15 @@ def read_generation(gen_dir: Path) -> Generation | None:
             "compute_s": [r["compute_s"] for r in recs],
             "t_start": min(r["t_start"] for r in recs), "t_end": max(r["t_end"] for r in recs),
         }
-    errors = [json.loads(f.read_text()) for f in sorted(gen_dir.glob("rank*.error.json"))]
+    errors = [{"rank": _rank_of(f), **json.loads(f.read_text())}
+              for f in sorted(gen_dir.glob("rank*.error.json"))]
     trace_lines = [line for f in sorted(gen_dir.glob("rank*.trace.jsonl")) for line in _jsonl(f)]
-    return Generation(gen_dir.name, meta, steps, errors, trace_lines)
+    return Generation(gen_dir.name, meta, steps, errors, trace_lines, last_seen)
+
+
+def _rank_of(path: Path) -> int:
+    """rankN.steps.jsonl, rankN.error.json -> N"""
+    return int(path.name[4:].split(".")[0])
 
 
 @dataclass
@@ -130,6 +147,7 @@ class ElasticResult:
         for t in s["transitions"]:
             lines.append(f"{t['generation']}: {t['reason']}, world {t['world_size_before']} -> {t['world_size']}, "
                          f"resumed at step {t['resumed_at_step']}, {t['steps_redone']} step(s) redone"
+                         + (f", detected {t['detection_s']:.1f} s after it" if "detection_s" in t else "")
                          + (f", recovered {t['recovery_s']:.1f} s after detection" if t.get("recovery_s") else ""))
         lines.append(f"step time (median after the first): {s['step_time_s'] * 1e3:.1f} ms")
         if s["trace"]:
@@ -147,9 +165,9 @@ def _transitions(gens: list[Generation], failure: dict | None) -> list[dict]:
         before, after = prev.meta["world_size"], gen.meta["world_size"]
         last_done = max(prev.steps, default=prev.meta["start_step"] - 1)
         start = gen.meta["start_step"]
-        failed_here = failure is not None and prev.meta["wall_start"] <= failure["t"] <= gen.meta["wall_start"]
-        reason = "failure" if failed_here else "scale-out" if after > before else "scale-in" if after < before \
-            else "restart"
+        injected = failure is not None and prev.meta["wall_start"] <= failure["t"] <= gen.meta["wall_start"]
+        lost = [rank for rank, node in enumerate(prev.meta["nodes"]) if node not in gen.meta["nodes"]]
+        reason = "failure" if injected or lost else "scale-out" if after > before else "restart"
         item = {"generation": gen.name, "reason": reason, "world_size_before": before, "world_size": after,
                 "last_completed_step": last_done, "resumed_at_step": start, "checkpoint": gen.meta["checkpoint"],
                 "steps_redone": max(0, last_done + 1 - start)}
@@ -157,8 +175,13 @@ def _transitions(gens: list[Generation], failure: dict | None) -> list[dict]:
         detected = min((e["t"] for e in prev.errors), default=None)
         if first is not None and detected is not None:
             item["recovery_s"] = first["t_end"] - detected  # detection to the first resumed step done
-        if failed_here and detected is not None:
-            item["detection_s"] = detected - failure["t"]  # kill to the first survivor noticing
+        if reason == "failure":
+            rank, since = (failure["rank"], failure["t"]) if injected else (lost[0], prev.last_seen[lost[0]])
+            item.update(failed_rank=rank, failed_node=prev.meta["nodes"][rank] if rank < before else None,
+                        cause="injected" if injected else "node lost")
+            if detected is not None:
+                # the kill (or the last sign of life) to the first survivor noticing
+                item["detection_s"] = detected - since
         out.append(item)
     return out
 

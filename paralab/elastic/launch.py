@@ -10,26 +10,31 @@ standby node: starting a Python with torch takes seconds, and a late node must n
 
 Three choices make that work on one machine and keep tests short:
 
-- the rendezvous store is hosted here, in the launcher (agents get ``is_host=false``), so killing any
-  node, even the first, leaves the rendezvous alive, as a dedicated rendezvous host does on a cluster;
+- the rendezvous store is hosted here, in the launcher, on 127.0.0.1 (agents get ``is_host=false``),
+  so killing any node, even the first, leaves the rendezvous alive, as a dedicated rendezvous host
+  does on a cluster;
 - ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: each new world bootstraps its process group from a fresh
-  store on its rank 0, not from the store of whichever agent was rank 0 before (and may be dead now);
+  store on its rank 0 (on 127.0.0.1 too), not from the store of whichever agent was rank 0 before (and
+  may be dead now);
 - short keep-alives and a short last call (``--rdzv-conf``), so a dead node is noticed in seconds (5 s
   of silence: shorter misreads a live agent on a loaded machine as dead).
 
-Every agent dies with the launcher (PR_SET_PDEATHSIG) and every worker with its agent, and ``launch``
-stops them all on every exit path, so no process outlives a run.
+Agents and workers start as paralab.runtime.agents describes: every agent dies with the launcher and
+every worker with its agent, their temporary files live in the run's scratch directory, and nothing
+listens beyond loopback. ``launch`` stops them all on every exit path, and the janitor
+(paralab.runtime.janitor) does if the launcher itself is killed, so no process or temporary directory
+outlives a run (the checkpoints too, unless a checkpoint or run directory was given).
+
+A run whose every step completed is a success, even if a node is lost afterwards: the survivors'
+agents would wait for it at torchrun's exit barrier (minutes), so they are stopped instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -39,19 +44,13 @@ from paralab.config import cuda_device_count, resolve_device
 from paralab.elastic import checkpoint
 from paralab.elastic.config import ElasticConfig
 from paralab.elastic.history import ElasticResult
+from paralab.runtime import agents, loopback
+from paralab.runtime.janitor import Janitor
 from paralab.runtime.result import RunError
 from paralab.runtime.worker import check_capacity, usable_cores
 
 POLL_S = 0.1
-# An agent is torchrun's own main, started through a bootstrap that first asks Linux to kill it if the
-# launcher dies (the agent in turn takes its worker along, see worker.die_with_parent). A standby agent
-# imports torchrun, then waits for a line on stdin before it joins the rendezvous.
-AGENT_BOOTSTRAP = (
-    "import ctypes, os, runpy, signal, sys; ctypes.CDLL('libc.so.6').prctl(1, signal.SIGKILL); "
-    "import torch.distributed.run; "
-    "os.environ.pop('PARALAB_STANDBY', None) and sys.stdin.readline(); "
-    "runpy.run_module('torch.distributed.run', run_name='__main__', alter_sys=True)"
-)
+EXIT_GRACE_S = 5.0  # once every step is done: how long agents may take to leave torchrun's exit barrier
 
 
 class ElasticError(RunError):
@@ -71,56 +70,59 @@ def launch(cfg: ElasticConfig, run_dir: str | Path | None = None, progress=None)
     cfg.validate()
     check_capacity(cfg.max_nodes, cfg.oversubscribe)
     if cfg.checkpoint_dir:
-        checkpoint.check_signature(cfg.checkpoint_dir, cfg.signature())
-    keep = run_dir is not None
-    run_dir = Path(run_dir) if keep else Path(tempfile.mkdtemp(prefix="paralab-elastic-"))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cfg = dataclasses.replace(
-        cfg, checkpoint_dir=cfg.checkpoint_dir or str(run_dir / "checkpoints"),
-        threads_per_rank=cfg.threads_per_rank or max(1, usable_cores() // cfg.max_nodes),
-        device=resolve_device(cfg.device, cfg.max_nodes),
-    )
-    from torch.distributed import TCPStore
-
-    store = TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True, wait_for_workers=False)
-    agents: list[subprocess.Popen] = []
-    standby = None
+        checkpoint.check_resumable(cfg.checkpoint_dir, cfg.signature())
+    janitor = Janitor()
     try:
-        start = _agent_starter(cfg, run_dir, store.port, f"paralab-{uuid.uuid4().hex[:12]}")
-        agents.extend(start(node) for node in range(cfg.nodes))
-        standby = start(cfg.nodes, standby=True) if cfg.join_after_step is not None else None
-        _watch(cfg, run_dir, agents, standby, progress)
-        return ElasticResult.collect(cfg, run_dir)
+        scratch = Path(tempfile.mkdtemp(prefix="paralab-elastic-"))
+        janitor.remove_at_end(scratch)
+        run_dir = Path(run_dir) if run_dir is not None else scratch
+        run_dir.mkdir(parents=True, exist_ok=True)
+        cfg = dataclasses.replace(
+            cfg, checkpoint_dir=cfg.checkpoint_dir or str(run_dir / "checkpoints"),
+            threads_per_rank=cfg.threads_per_rank or max(1, usable_cores() // cfg.max_nodes),
+            device=resolve_device(cfg.device, cfg.max_nodes),
+        )
+        store = loopback.serve_store()  # the rendezvous, hosted here
+        started: list[subprocess.Popen] = []
+        try:
+            start = _agent_starter(cfg, run_dir, agents.environment(scratch), store.port,
+                                   f"paralab-{uuid.uuid4().hex[:12]}", janitor, started)
+            nodes = [start(node) for node in range(cfg.nodes)]
+            standby = start(cfg.nodes, standby=True) if cfg.join_after_step is not None else None
+            _watch(cfg, run_dir, nodes, standby, progress)
+            return ElasticResult.collect(cfg, run_dir)
+        finally:
+            _stop(started)
     finally:
-        _stop(agents + [standby] if standby is not None and standby not in agents else agents)
-        del store
-        if not keep:
-            shutil.rmtree(run_dir, ignore_errors=True)
+        janitor.finish()
 
 
-def _agent_starter(cfg: ElasticConfig, run_dir: Path, port: int, run_id: str):
+def _agent_starter(cfg: ElasticConfig, run_dir: Path, env: dict, port: int, run_id: str, janitor: Janitor,
+                   started: list):
     rdzv_conf = (f"is_host=false,join_timeout={max(30, int(cfg.run_timeout_s))},last_call_timeout={cfg.last_call_s},"
                  "close_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=5")
-    cmd = [
-        sys.executable, "-c", AGENT_BOOTSTRAP,
+    cmd = agents.command([
         "--nnodes", f"{cfg.min_nodes}:{cfg.max_nodes}", "--nproc-per-node", "1",
         "--max-restarts", str(cfg.max_restarts), "--monitor-interval", "0.1",
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id,
-        "--rdzv-conf", rdzv_conf, "--local-addr", "127.0.0.1",
-        "-m", "paralab.elastic.train", *cfg.to_argv(), "--run-dir", str(run_dir),
-    ]
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{loopback.HOST}:{port}", "--rdzv-id", run_id,
+        "--rdzv-conf", rdzv_conf, *agents.LOCAL_RENDEZVOUS,
+        "-m", "paralab.runtime.agents", "paralab.elastic.train", *cfg.to_argv(), "--run-dir", str(run_dir),
+    ])
 
     def start(node: int, standby: bool = False) -> subprocess.Popen:
-        env = {**os.environ, "PARALAB_NODE": str(node), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-               "OMP_NUM_THREADS": str(cfg.threads_per_rank), "PYTHONUNBUFFERED": "1"}
+        node_env = {**env, "PARALAB_NODE": str(node), "OMP_NUM_THREADS": str(cfg.threads_per_rank),
+                    "PYTHONUNBUFFERED": "1"}
         if cfg.device == "cuda":  # local "nodes" share this machine's GPUs: one each, by node index
-            env["CUDA_VISIBLE_DEVICES"] = str(node % cuda_device_count())
+            node_env["CUDA_VISIBLE_DEVICES"] = str(node % cuda_device_count())
         if standby:
-            env["PARALAB_STANDBY"] = "1"
+            node_env["PARALAB_STANDBY"] = "1"
         log = open(run_dir / f"agent{node}.log", "w")
         with log:
-            return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.PIPE if standby else subprocess.DEVNULL, text=True)
+            agent = subprocess.Popen(cmd, env=node_env, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.PIPE if standby else subprocess.DEVNULL, text=True)
+        started.append(agent)
+        janitor.kill_at_end(agent.pid)
+        return agent
 
     return start
 
@@ -133,9 +135,10 @@ def _progress_step(run_dir: Path) -> int:
 
 
 def _watch(cfg: ElasticConfig, run_dir: Path, agents: list, standby, progress) -> None:
-    """Poll until every agent has exited; release the standby node once its step has completed."""
+    """Poll until every agent has exited, or every step is done and the agents had time to leave;
+    release the standby node once its step has completed."""
     deadline = time.monotonic() + cfg.run_timeout_s
-    last_step = -1
+    last_step, finished = -1, None
     while any(a.poll() is None for a in agents):
         step = _progress_step(run_dir)
         if step != last_step:
@@ -147,14 +150,23 @@ def _watch(cfg: ElasticConfig, run_dir: Path, agents: list, standby, progress) -
             standby.stdin.close()
             agents.append(standby)
             standby = None
+        if finished is None and _every_step_done(run_dir):
+            finished = time.monotonic()
+        if finished is not None and time.monotonic() - finished > EXIT_GRACE_S:
+            return  # agents left waiting at torchrun's exit barrier wait for a node that is gone
         if time.monotonic() > deadline:
             raise ElasticError(f"the run did not finish within {cfg.run_timeout_s:g} s (last step {last_step})"
                                + _diagnosis(run_dir))
         time.sleep(POLL_S)
-    if not any(run_dir.glob("gen-*/done.json")):
+    if not _every_step_done(run_dir):
         codes = ", ".join(f"node {n}: {a.returncode}" for n, a in enumerate(agents))
         raise ElasticError(f"every agent exited ({codes}) before training finished (last step {last_step})"
                            + _diagnosis(run_dir))
+
+
+def _every_step_done(run_dir: Path) -> bool:
+    """A generation's rank 0 wrote done.json: it completed the last step (paralab.elastic.train)."""
+    return any(run_dir.glob("gen-*/done.json"))
 
 
 def _diagnosis(run_dir: Path) -> str:

@@ -8,8 +8,13 @@ importable function (paralab.runtime.worker.spawn_entry), never one defined in a
 Why files: each rank writes its result, or its traceback, into a private run directory. The parent
 polls those files and the processes' exit codes, so a rank that raises is reported at once (naming
 the rank and carrying its traceback) and the other ranks, which would otherwise wait in a collective
-until the process-group timeout, are killed. Whatever happens (an error, a timeout, a
-KeyboardInterrupt in the notebook), every rank is gone when ``launch`` returns.
+until the process-group timeout, are killed. The rank at fault is named, not a peer that saw it fail
+(paralab.runtime.failures). Whatever happens (an error, a timeout, a KeyboardInterrupt in the
+notebook), every rank is gone when ``launch`` returns; and if the parent itself is killed, its
+janitor (paralab.runtime.janitor) kills the ranks and removes the run directory.
+
+Nothing listens beyond loopback: ranks meet through a file store in the run directory, and gloo's
+(or NCCL's) sockets are kept on the loopback interface (paralab.runtime.loopback).
 """
 
 from __future__ import annotations
@@ -18,23 +23,28 @@ import contextlib
 import dataclasses
 import json
 import multiprocessing as mp
-import shutil
+import os
+import signal
 import socket
 import sys
 import tempfile
 import time
 import warnings
+from multiprocessing import util as mp_util
 from pathlib import Path
 
 from paralab.config import RunConfig, resolve_device
 from paralab.layout import resolve_layout
 from paralab.precision import check_dtype
+from paralab.runtime.failures import blame, is_consequence
+from paralab.runtime.janitor import Janitor
 from paralab.runtime.result import RunError, RunResult
 from paralab.runtime.worker import check_capacity, spawn_entry, usable_cores
 from paralab.strategies.registry import MODULES as STRATEGY_MODULES
 
 POLL_S = 0.05
 STARTUP_GRACE_S = 120.0  # first run: the forkserver imports torch before any rank beats
+SETTLE_S = 3.0  # after a first failure: how long to wait for the rest of the evidence
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -66,24 +76,29 @@ def launch(cfg: RunConfig, progress=None) -> RunResult:
             RuntimeWarning,
             stacklevel=2,
         )
-    run_dir = Path(tempfile.mkdtemp(prefix="paralab-run-"))
-    port = free_port()
-    ctx = _context()
-    procs = [
-        ctx.Process(target=spawn_entry,
-                    args=(rank, cfg.world_size, cfg.to_dict(), layout.to_dict(), port, str(run_dir)),
-                    name=f"paralab-rank{rank}")
-        for rank in range(cfg.world_size)
-    ]
+    janitor = Janitor()
     try:
-        with _main_module_not_reimported():
-            for p in procs:
-                p.start()
-        _watch(cfg, procs, run_dir, progress)
-        return RunResult.collect(cfg, layout, run_dir)
-    finally:
-        _stop(procs)
-        shutil.rmtree(run_dir, ignore_errors=True)
+        run_dir = Path(tempfile.mkdtemp(prefix="paralab-run-"))
+        janitor.remove_at_end(run_dir)
+        ctx = _context()
+        procs = [
+            ctx.Process(target=spawn_entry,
+                        args=(rank, cfg.world_size, cfg.to_dict(), layout.to_dict(), str(run_dir)),
+                        name=f"paralab-rank{rank}")
+            for rank in range(cfg.world_size)
+        ]
+        try:
+            with _main_module_not_reimported():
+                for p in procs:
+                    p.start()
+                    janitor.kill_at_end(p.pid)
+            janitor.remove_if_launcher_dies(mp_util.get_temp_dir())  # the forkserver's socket is there
+            _watch(cfg, procs, run_dir, progress)
+            return RunResult.collect(cfg, layout, run_dir)
+        finally:
+            _stop(procs)
+    finally:  # even if a second Ctrl-C cut the stop short: the janitor finishes the job
+        janitor.finish()
 
 
 @contextlib.contextmanager
@@ -114,19 +129,10 @@ def _watch(cfg: RunConfig, procs, run_dir: Path, progress) -> None:
     started = last_progress = time.monotonic()
     last_step = -1
     while True:
-        errors = sorted(run_dir.glob("rank*.error.json"))
-        if errors:
-            _raise_rank_error(errors)
-        done = [(run_dir / f"rank{r}.json").exists() for r in range(len(procs))]
-        if all(done):
+        if any(run_dir.glob("rank*.error.json")) or _ended_without_result(procs, run_dir):
+            raise _failure(procs, run_dir)
+        if all((run_dir / f"rank{r}.json").exists() for r in range(len(procs))):
             return
-        for rank, p in enumerate(procs):
-            if p.exitcode is not None and not done[rank]:
-                time.sleep(0.2)  # the rank may be writing its error file
-                if sorted(run_dir.glob("rank*.error.json")):
-                    continue
-                how = f"signal {-p.exitcode}" if p.exitcode < 0 else f"exit code {p.exitcode}"
-                raise RunError(rank, f"rank {rank} died ({how}) without reporting a result", "")
         step = _slowest_step(run_dir, len(procs))
         now = time.monotonic()
         if step > last_step:
@@ -154,14 +160,47 @@ def _slowest_step(run_dir: Path, world_size: int) -> int:
     return min(steps)
 
 
-def _raise_rank_error(error_files: list[Path]) -> None:
-    """Report the first failing rank. A rank whose peer failed usually errors too (connection reset),
-    so prefer a rank whose error is not a communication failure caused by another rank."""
-    reports = [json.loads(f.read_text()) for f in error_files]
-    secondary = ("Connection closed by peer", "Connection reset", "Broken pipe", "connection refused")
-    primary = [r for r in reports if not any(s.lower() in r["error"].lower() for s in secondary)]
-    first = (primary or reports)[0]
-    raise RunError(first["rank"], first["error"], first["traceback"])
+def _ended_without_result(procs, run_dir: Path) -> dict[int, int]:
+    """rank -> exit code of each rank that ended without writing its result."""
+    return {rank: p.exitcode for rank, p in enumerate(procs)
+            if p.exitcode is not None and not (run_dir / f"rank{rank}.json").exists()}
+
+
+def _failure(procs, run_dir: Path) -> RunError:
+    """Gather the evidence for paralab.runtime.failures.blame. A killed rank's exit reaches us a
+    moment after its peers' reports, and the peers of a hung rank time out within moments of each
+    other: so wait, up to SETTLE_S, for a cause, a rank that ended silently, or every rank's word."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        reports = [json.loads(f.read_text()) for f in run_dir.glob("rank*.error.json")]
+        reports.sort(key=lambda r: r["rank"])
+        ended = _ended_without_result(procs, run_dir)
+        reported = {r["rank"] for r in reports}
+        silent = [rank for rank in range(len(procs)) if rank not in reported and rank not in ended
+                  and not (run_dir / f"rank{rank}.json").exists()]
+        settled = (not silent or any(not is_consequence(r["error"]) for r in reports)
+                   or any(rank not in reported for rank in ended))
+        if settled or time.monotonic() > deadline:
+            return blame(reports, ended, silent, lambda rank: _stack(procs[rank], rank, run_dir))
+        time.sleep(POLL_S)
+
+
+def _stack(proc, rank: int, run_dir: Path) -> str:
+    """Ask a rank that stopped answering where it is (worker.dump_stack_on_request)."""
+    stack_file = run_dir / f"rank{rank}.stack"
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGUSR1)
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline and not _read(stack_file):
+        time.sleep(POLL_S)
+    return f"(Python stack of rank {rank}, which stopped answering)\n{_read(stack_file)}"
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
 
 
 def _stop(procs) -> None:

@@ -9,15 +9,20 @@ A real cluster runs one ``torchrun`` per node, all meeting at a c10d rendezvous 
     srun --nodes 2 --ntasks-per-node 1 torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
         --rdzv-endpoint $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1):29500 -m paralab run ...
 
-:func:`run_local_nodes` starts exactly those commands, with the endpoint on 127.0.0.1, so that a
-notebook on one machine shows the same thing: every rank knows its node (torchrun's GROUP_RANK), and
-the trace splits communication bytes into intra-node and inter-node traffic.
+:func:`run_local_nodes` starts exactly those commands (plus ``--local-addr 127.0.0.1`` and a
+rendezvous store that it hosts itself on 127.0.0.1), so that a notebook on one machine shows the same
+thing: every rank knows its node (torchrun's GROUP_RANK), and the trace splits communication bytes
+into intra-node and inter-node traffic. Each agent goes through paralab.runtime.agents' bootstrap: it
+dies with the launcher, keeps its temporary files in the run's scratch directory and listens on
+loopback only. A rank that fails leaves an error report, so the failure names the rank and carries
+its own traceback, not the agents' C++ stack.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,7 +31,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from paralab.runtime.launch import free_port
+from paralab.runtime import agents, loopback
+from paralab.runtime.failures import blame, cut_native_frames
+from paralab.runtime.janitor import Janitor
 from paralab.runtime.result import RunError
 from paralab.trace import Trace
 
@@ -44,11 +51,13 @@ class MultiNodeRun:
         return self.summary["losses"]
 
 
-def agent_command(nnodes: int, nproc_per_node: int, endpoint: str, run_id: str, run_args: list[str]) -> list[str]:
+def agent_command(nnodes: int, nproc_per_node: int, endpoint: str, run_id: str, run_args: list[str],
+                  options: tuple[str, ...] = ()) -> list[str]:
+    """The torchrun command of one node; ``options``: more torchrun options (before the module)."""
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id,
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, *options,
         "-m", "paralab", "run", *run_args,
     ]
 
@@ -68,39 +77,80 @@ def run_local_nodes(run_args: list[str], nnodes: int = 2, nproc_per_node: int = 
                     trace_dir: str | None = None) -> MultiNodeRun:
     """Run ``paralab run <run_args>`` as ``nnodes`` torchrun agents of ``nproc_per_node`` ranks each.
 
-    Returns rank 0's summary and the merged per-rank traces. Every agent runs in its own process
-    group, killed with everything under it if the run fails or times out.
+    Returns rank 0's summary and the merged per-rank traces (kept in ``trace_dir`` when given). The
+    agents die with this process, and every process and temporary file of the run is gone when it
+    returns or raises (paralab.runtime.agents, paralab.runtime.janitor).
     """
     if nnodes < 1 or nproc_per_node < 1:
         from paralab.config import ConfigError
 
         raise ConfigError(f"need at least one node and one rank per node, got {nnodes} x {nproc_per_node}")
-    trace_dir = trace_dir or tempfile.mkdtemp(prefix="paralab-nodes-")
-    endpoint = f"127.0.0.1:{free_port()}"
-    run_id = uuid.uuid4().hex[:8]
-    args = [*run_args, "--json", "--trace-dir", trace_dir]
-    commands = [agent_command(nnodes, nproc_per_node, endpoint, run_id, args) for _ in range(nnodes)]
-    env = {k: v for k, v in os.environ.items() if k not in _RANK_ENV}
-    agents = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**env, **_gpus_of_node(node, nnodes, nproc_per_node)}, start_new_session=True)
-              for node, cmd in enumerate(commands)]
-    outputs = []
+    janitor = Janitor()
     try:
-        for agent in agents:
-            out, err = agent.communicate(timeout=timeout_s)
-            outputs.append((agent.returncode, out, err))
+        scratch = Path(tempfile.mkdtemp(prefix="paralab-nodes-"))
+        janitor.remove_at_end(scratch)
+        trace_dir = trace_dir or str(scratch / "traces")
+        reports = scratch / "reports"
+        reports.mkdir()
+        store = loopback.serve_store()  # the rendezvous, hosted here
+        options = ("--rdzv-conf", "is_host=false", *agents.LOCAL_RENDEZVOUS)
+        args = [*run_args, "--json", "--trace-dir", trace_dir]
+        endpoint, run_id = f"{loopback.HOST}:{store.port}", uuid.uuid4().hex[:8]
+        commands = [agent_command(nnodes, nproc_per_node, endpoint, run_id, args, options)
+                    for _ in range(nnodes)]
+        env = {k: v for k, v in agents.environment(scratch).items() if k not in _RANK_ENV}
+        env[agents.REPORT_DIR] = str(reports)
+        outputs = _run_agents(commands, env, nnodes, nproc_per_node, timeout_s, janitor)
+        failed = [(node, err) for node, (code, _, err) in enumerate(outputs) if code != 0]
+        if failed:
+            raise _failure(reports, failed)
+        summaries = [json.loads(line) for _, out, _ in outputs
+                     for line in out.splitlines() if line.startswith("{")]
+        if not summaries:
+            raise RunError(None, "no agent printed a summary",
+                           "\n".join(cut_native_frames(err)[-2000:] for _, _, err in outputs))
+        return MultiNodeRun(summaries[0], Trace.load(Path(trace_dir)), commands)
+    finally:
+        janitor.finish()
+
+
+def _run_agents(commands, env: dict, nnodes: int, nproc_per_node: int, timeout_s: float,
+                janitor: Janitor) -> list[tuple[int, str, str]]:
+    """Start one agent per node (each in its own process group), wait for all; (exit code, out, err)."""
+    procs = []
+    try:
+        for node, cmd in enumerate(commands):
+            node_env = {**env, **_gpus_of_node(node, nnodes, nproc_per_node)}
+            procs.append(subprocess.Popen(agents.command(cmd[3:]), stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True, env=node_env,
+                                          start_new_session=True))
+            janitor.kill_at_end(procs[-1].pid)
+        outputs = []
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout_s)
+            outputs.append((proc.returncode, out, err))
+        return outputs
     except subprocess.TimeoutExpired:
         raise RunError(None, f"the {nnodes}-node run did not finish within {timeout_s:.0f} s", "") from None
     finally:
-        for agent in agents:
-            if agent.poll() is None:
-                os.killpg(agent.pid, signal.SIGKILL)
-                agent.wait()
-    failed = [(i, err) for i, (code, _, err) in enumerate(outputs) if code != 0]
-    if failed:
-        node, err = failed[0]
-        raise RunError(None, f"the torchrun agent of node {node} failed", err[-4000:])
-    summaries = [json.loads(line) for _, out, _ in outputs for line in out.splitlines() if line.startswith("{")]
-    if not summaries:
-        raise RunError(None, "no agent printed a summary", "\n".join(err[-2000:] for _, _, err in outputs))
-    return MultiNodeRun(summaries[0], Trace.load(Path(trace_dir)), commands)
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+_ROOT_CAUSE = re.compile(
+    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+
+
+def _failure(reports: Path, failed: list[tuple[int, str]]) -> RunError:
+    """The failing rank's own report when it left one (paralab.runtime.torchrun); a rank that left
+    none (killed) from its agent's account of it (torchrun's root cause: rank and exit code); else
+    the first failing agent's own words, C++ stack cut."""
+    found = sorted((json.loads(f.read_text()) for f in reports.glob("rank*.error.json")),
+                   key=lambda r: r["rank"])
+    ended = {int(rank): int(code) for _, err in failed for rank, code in _ROOT_CAUSE.findall(err)}
+    if found or ended:
+        return blame(found, ended, [])
+    node, err = failed[0]
+    return RunError(None, f"the torchrun agent of node {node} failed", cut_native_frames(err)[-4000:])

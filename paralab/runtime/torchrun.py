@@ -2,7 +2,10 @@
 
 The ranks already exist, so paralab only runs the same worker code in this process: rendezvous comes
 from the environment (``env://``), each rank can write its own trace file (``--trace-dir``, merged
-later by ``paralab merge``) and rank 0 gathers everyone's results to print the summary.
+later by ``paralab merge``) and rank 0 gathers everyone's results to print the summary. Under
+paralab's own local agents (``paralab nodes``), a rank first ties its life to its agent and keeps its
+store on loopback (paralab.runtime.agents), and a rank that fails leaves an error report for the
+launcher.
 """
 
 from __future__ import annotations
@@ -30,16 +33,24 @@ def under_torchrun() -> bool:
 
 def run_under_torchrun(cfg: RunConfig, trace_dir: str | None = None) -> RunResult | None:
     """Run this process's rank. Rank 0 returns the RunResult of the whole run; other ranks None."""
-    from paralab.runtime.worker import run_rank
+    from paralab.runtime.agents import REPORT_DIR, worker_setup
+    from paralab.runtime.worker import run_rank, write_error_report
 
+    worker_setup()
     world_size = int(os.environ["WORLD_SIZE"])
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     cfg = dataclasses.replace(cfg, world_size=world_size)
-    layout = resolve_layout(cfg)
-    cfg = dataclasses.replace(cfg, device=resolve_device(cfg.device, local_world))  # GPUs per node, not per world
-    check_dtype(cfg.dtype, cfg.device)
-    result, trace, everyone = run_rank(cfg, layout, rank, world_size, local_rank, local_world, "env://", gather=True)
+    try:
+        layout = resolve_layout(cfg)
+        cfg = dataclasses.replace(cfg, device=resolve_device(cfg.device, local_world))  # GPUs per node, not world
+        check_dtype(cfg.dtype, cfg.device)
+        result, trace, everyone = run_rank(cfg, layout, rank, world_size, local_rank, local_world, "env://",
+                                           gather=True)
+    except BaseException as exc:  # the launcher of local nodes reads the report (paralab.runtime.multinode)
+        if REPORT_DIR in os.environ:
+            write_error_report(Path(os.environ[REPORT_DIR]), rank, exc, cfg.timeout_s)
+        raise
     if trace_dir:
         Trace.from_dict(trace).save(Path(trace_dir) / f"rank{rank:05d}.json")
     if rank != 0:

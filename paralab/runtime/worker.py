@@ -10,6 +10,7 @@ parent (a script or a Jupyter kernel) never needs to unpickle anything from a ra
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import gc
 import json
 import os
@@ -29,6 +30,8 @@ from paralab.memory import MemoryMeter
 from paralab.precision import LossScaler
 from paralab.profiling import profile_rank
 from paralab.runtime.context import RaiseOrHang, RankContext
+from paralab.runtime.failures import cut_native_frames
+from paralab.runtime.loopback import transport_env
 from paralab.runtime.recorder import Recorder
 from paralab.strategies.registry import get_strategy
 
@@ -152,13 +155,16 @@ def _node_map(rank: int, world_size: int, nodes: int) -> list[int]:
 
 
 # ---------------------------------------------------------------------------- spawned ranks
-def die_with_parent() -> None:
+def die_with_parent(expected_parent: int | None = None) -> None:
     """Ask Linux to SIGKILL this process if the one that started it dies, so no rank outlives a run
-    whose parent (a kernel, a test, an elastic agent) was killed."""
+    whose parent (a kernel, a test, an elastic agent) was killed. ``expected_parent``: the PID the
+    parent had; if it died before the request was made, this process is gone at once."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):  # pragma: no cover - not Linux
-        pass
+        return
+    if expected_parent is not None and os.getppid() != int(expected_parent):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -169,19 +175,41 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def describe(exc: BaseException, timeout_s: float) -> str:
-    """One line for the parent's RunError; a collective timeout says what it usually means."""
-    text = f"{type(exc).__name__}: {exc}"
+    """One line for the parent's RunError (C++ stack cut); a collective timeout says what it usually means."""
+    text = cut_native_frames(f"{type(exc).__name__}: {exc}")
     if "timed out" in text.lower() or "timeout" in text.lower():
         return (f"a collective timed out after {timeout_s:g} s: another rank stopped answering "
                 f"(hung, or much slower than this one). {text}")
     return text
 
 
-def spawn_entry(rank: int, world_size: int, cfg_dict: dict, layout_dict: dict, port: int, run_dir: str) -> None:
-    """Target of each rank process started by paralab.runtime.launch."""
+def write_error_report(report_dir: Path, rank: int, exc: BaseException, timeout_s: float) -> None:
+    """What a failing rank leaves for whoever started it: ``rankN.error.json`` (error and traceback)."""
+    write_json(report_dir / f"rank{rank}.error.json", {
+        "rank": rank, "error": describe(exc, timeout_s),
+        "traceback": cut_native_frames(traceback.format_exc()),
+    })
+
+
+_STACK_FILES = []  # kept open for faulthandler, which writes to them from a signal handler
+
+
+def dump_stack_on_request(path: Path) -> None:
+    """On SIGUSR1, write every thread's Python stack to ``path``: how the launcher shows where a rank
+    that stopped answering is stuck (it works while the rank sits in C++ code too)."""
+    stack_file = open(path, "w")
+    _STACK_FILES.append(stack_file)
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+
+
+def spawn_entry(rank: int, world_size: int, cfg_dict: dict, layout_dict: dict, run_dir: str) -> None:
+    """Target of each rank process started by paralab.runtime.launch. Ranks meet through a file store
+    in the private run directory, and talk over loopback (paralab.runtime.loopback)."""
     die_with_parent()
+    os.environ.update(transport_env())
     run_dir_path = Path(run_dir)
     beat = run_dir_path / f"rank{rank}.beat"
+    dump_stack_on_request(run_dir_path / f"rank{rank}.stack")
 
     def heartbeat(step: int) -> None:
         beat.write_text(str(step))
@@ -189,16 +217,13 @@ def spawn_entry(rank: int, world_size: int, cfg_dict: dict, layout_dict: dict, p
     try:
         cfg, layout = RunConfig.from_dict(cfg_dict), Layout.from_dict(layout_dict)
         result, trace = run_rank(cfg, layout, rank, world_size, rank, world_size,
-                                 f"tcp://127.0.0.1:{port}", heartbeat=heartbeat)
+                                 f"file://{run_dir_path / 'store'}", heartbeat=heartbeat)
         state = result.pop("state", None)
         if state is not None:
             torch.save(state, run_dir_path / f"rank{rank}.state.pt")
         result["trace"] = trace
         write_json(run_dir_path / f"rank{rank}.json", result)
     except BaseException as exc:  # report everything, KeyboardInterrupt included
-        write_json(
-            run_dir_path / f"rank{rank}.error.json",
-            {"rank": rank, "error": describe(exc, cfg_dict["timeout_s"]), "traceback": traceback.format_exc()},
-        )
+        write_error_report(run_dir_path, rank, exc, cfg_dict["timeout_s"])
         sys.stdout.flush()
         os._exit(1)

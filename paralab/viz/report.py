@@ -90,11 +90,14 @@ def summary_table(summary: dict) -> str:
 
 def report_figures(obj, predicted: Trace | None = None) -> list[tuple[str, object]]:
     """(section title, plotly Figure) pairs for everything the run has data for."""
+    return _figures(*_summary_of(obj), predicted)
+
+
+def _figures(trace: Trace, summary: dict, losses: list[float] | None, predicted: Trace | None):
     from paralab import viz
     from paralab.trace import COMM, EVENT
     from paralab.viz.bubble import schedule_of
 
-    trace, summary, losses = _summary_of(obj)
     figs = [("Timeline", viz.timeline(trace, predicted=predicted))]
     if schedule_of(trace) is not None or (summary.get("pp") or 1) > 1:
         figs.append(("Pipeline bubble", viz.bubble(trace)))
@@ -147,10 +150,10 @@ def write_report(trace_or_result, path: str | Path, *, predicted=None, title: st
 
     from paralab.viz._common import as_trace
 
-    trace, summary, _ = _summary_of(trace_or_result)
+    trace, summary, losses = _summary_of(trace_or_result)  # once: a large trace's summary takes seconds
     predicted = as_trace(predicted) if predicted is not None else None
     sections = []
-    for i, (heading, fig) in enumerate(report_figures(trace_or_result, predicted)):
+    for i, (heading, fig) in enumerate(_figures(trace, summary, losses, predicted)):
         div = pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=f"figure-{i}",
                           config={"displaylogo": False, "responsive": True})
         sections.append(f'<section class="figure"><h2>{html.escape(heading)}</h2>{div}</section>')
@@ -176,7 +179,16 @@ def add_report_args(parser: argparse.ArgumentParser) -> None:
 
 
 def report_main(args) -> int:
-    """``paralab report``: 0 when written, 2 when a trace file is missing or not a trace (message on stderr)."""
+    """``paralab report``: 0 when written, 2 when a trace file is missing or not a trace, or the output
+    cannot be written (message on stderr, checked before any trace is read)."""
+    from paralab.config import ConfigError
+    from paralab.outputs import check_file
+
+    try:
+        check_file(args.output, "output")
+    except ConfigError as exc:
+        print(f"paralab report: {exc}", file=sys.stderr)
+        return 2
     traces = []
     for label, name in (("trace", args.trace), ("predicted trace", getattr(args, "predicted", None))):
         if name is None:
@@ -184,8 +196,8 @@ def report_main(args) -> int:
             continue
         try:
             traces.append(Trace.load(name))
-        except (OSError, ValueError, TypeError, KeyError) as exc:  # JSONDecodeError is a ValueError
-            print(f"paralab report: cannot read {label} {name}: {exc}", file=sys.stderr)
+        except (OSError, ValueError) as exc:  # TraceFormatError names the file and what is wrong
+            print(f"paralab report: cannot read {label}: {exc}", file=sys.stderr)  # exc names the file
             return 2
     out = write_report(traces[0], args.output, predicted=traces[1], title=getattr(args, "title", None))
     print(f"wrote {out}")

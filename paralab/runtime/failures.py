@@ -1,0 +1,87 @@
+"""Which rank failed, and why: one RunError that names the rank at fault, not a rank that saw it.
+
+When one rank fails, the others fail soon after, for its sake: a rank SIGKILLed from outside (or by
+the out-of-memory killer) leaves its peers with "Connection closed by peer"; a rank that hangs leaves
+them with a collective timeout. Those peers write error reports; the rank at fault may write none. So
+the reports are read as evidence, most telling first:
+
+1. a report that is not a consequence of another rank's failure (an exception the rank raised);
+2. a rank that ended without a result or a report: killed, with its signal;
+3. a rank still running that neither reported nor finished while its peers timed out waiting:
+   it stopped answering (hung, or much slower than the others);
+4. else the first report.
+
+torch's errors carry the C++ stack they were raised from (dozens of ``frame #N:`` lines); those are
+cut from what is shown, the Python traceback kept.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+
+from paralab.runtime.result import RunError
+
+# what a rank reports when a peer died or stopped answering: a consequence, not a cause
+_CONSEQUENCES = ("connection closed by peer", "connection reset", "broken pipe", "connection refused",
+                 "timed out", "timeout")
+_NATIVE_FRAME = re.compile(r"^\s*(frame #\d+:|Exception raised from )")
+
+
+def is_consequence(error: str) -> bool:
+    text = error.lower()
+    return any(marker in text for marker in _CONSEQUENCES)
+
+
+def how_it_ended(exitcode: int) -> str:
+    if exitcode < 0:
+        try:
+            return f"signal {-exitcode}, {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+def cut_native_frames(text: str) -> str:
+    """Replace each run of C++ stack lines ('Exception raised from ...', 'frame #N: ...') by one line."""
+    out, cut = [], 0
+    for line in text.splitlines():
+        if _NATIVE_FRAME.match(line):
+            cut += 1
+            continue
+        if cut:
+            out.append(f"[{cut} lines of C++ stack cut]")
+            cut = 0
+        out.append(line)
+    if cut:
+        out.append(f"[{cut} lines of C++ stack cut]")
+    return "\n".join(out)
+
+
+def blame(reports: list[dict], ended: dict[int, int], silent: list[int],
+          stack_of=lambda rank: "") -> RunError:
+    """The RunError for a failed run (at least one report, or one rank that ended).
+
+    ``reports``: the ranks' error reports ({"rank", "error", "traceback"}), in rank order;
+    ``ended``: rank -> exit code of ranks that ended without a result; ``silent``: ranks still running
+    without a result or a report; ``stack_of(rank)``: the Python stack of a silent rank, asked for
+    only when that rank is the one blamed.
+    """
+    causes = [r for r in reports if not is_consequence(r["error"])]
+    if causes:
+        first = causes[0]
+        return RunError(first["rank"], first["error"], first["traceback"])
+    reported = {r["rank"] for r in reports}
+    seen = (f"; then rank {reports[0]['rank']} reported: {reports[0]['error'].splitlines()[0]}"
+            if reports else "")
+    killed = [rank for rank in sorted(ended) if rank not in reported]
+    if killed:
+        rank = killed[0]
+        return RunError(rank, f"died ({how_it_ended(ended[rank])}) without reporting a result{seen}", "")
+    if silent and reports:
+        rank = silent[0]
+        others = f" (so did rank(s) {', '.join(map(str, silent[1:]))})" if silent[1:] else ""
+        return RunError(rank, f"stopped answering (hung, or much slower than the others){others}{seen}",
+                        stack_of(rank))
+    first = reports[0]
+    return RunError(first["rank"], first["error"], first["traceback"])
