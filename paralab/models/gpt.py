@@ -33,8 +33,12 @@ class Embedding(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(idx.shape[1], device=idx.device)
-        return self.drop(self.tok(idx) + self.pos(positions))
+        return self.drop(self.tok(idx) + self.pos(self.positions(idx.shape[1], idx.device)))
+
+    def positions(self, length: int, device) -> torch.Tensor:
+        """The positions of the ``length`` tokens given: 0, 1, ... (a context-parallel rank holds
+        others; paralab.strategies.context replaces this)."""
+        return torch.arange(length, device=device)
 
 
 class Attention(nn.Module):
@@ -51,8 +55,12 @@ class Attention(nn.Module):
         b, s, _ = x.shape
         q, k, v = self.qkv(x).split(self.qkv.out_features // 3, dim=-1)
         q, k, v = (t.view(b, s, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
-        return self.proj(y.transpose(1, 2).reshape(b, s, -1))
+        return self.proj(self.attend(q, k, v).transpose(1, 2).reshape(b, s, -1))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention of (batch, heads, seq, head_dim) q, k, v (context parallelism replaces it
+        with attention over a sequence split across ranks: paralab.strategies.context)."""
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
 
 
 class MLP(nn.Module):

@@ -69,9 +69,14 @@ class ParallelEmbedding(nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """(seq, batch) token ids -> (seq, batch, hidden), or this rank's sequence slice of it."""
         x = self.tok(idx)
-        start = self.tp.rank * x.shape[0] if self.tp.sequence_parallel else 0
-        positions = torch.arange(start, start + x.shape[0], device=idx.device)
+        positions = self.positions(idx.shape[0], idx.device)
+        if self.tp.sequence_parallel:  # x holds this rank's slice of the sequence
+            positions = positions.chunk(self.tp.size)[self.tp.rank]
         return self.drop(x + self.pos(positions).unsqueeze(1))
+
+    def positions(self, length: int, device) -> torch.Tensor:
+        """The positions of the ``length`` tokens given (see paralab.models.gpt.Embedding.positions)."""
+        return torch.arange(length, device=device)
 
 
 class ParallelAttention(nn.Module):
@@ -86,8 +91,12 @@ class ParallelAttention(nn.Module):
         q, k, v = self.qkv(x).chunk(3, dim=-1)  # (seq, batch, local heads x head_dim) each
         s, b = q.shape[:2]
         q, k, v = (t.view(s, b, -1, self.head_dim).permute(1, 2, 0, 3) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
-        return self.proj(y.permute(2, 0, 1, 3).reshape(s, b, -1))
+        return self.proj(self.attend(q, k, v).permute(2, 0, 1, 3).reshape(s, b, -1))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention of this rank's heads, (batch, heads, seq, head_dim) (see
+        paralab.models.gpt.Attention.attend)."""
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
 
 
 class ParallelMLP(nn.Module):
