@@ -201,9 +201,9 @@ class RunConfig(TrainingConfig):
         for name in ("microbatches", "virtual_stages", "nodes"):
             check_int(name, getattr(self, name), low=1)
         check_positive("bucket size", self.bucket_mb, unit=" MB")
-        for name, value, choices in (("cp_mode", self.cp_mode, CP_MODES), ("cp_split", self.cp_split, CP_SPLITS)):
-            if value not in choices:
-                raise ConfigError(f"{name} must be one of {choices}, got {value!r}")
+        for name, choices in (("cp_mode", CP_MODES), ("cp_split", CP_SPLITS)):
+            if getattr(self, name) not in choices:
+                raise ConfigError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
         if self.fault is not None and self.fault["rank"] >= self.world_size:
             raise ConfigError(f"fault rank must be in [0, {self.world_size}), got {self.fault}")
         if self.fault is not None and self.fault["step"] >= self.steps:

@@ -132,7 +132,8 @@ class Layout:
         if self.cp > 1:
             rank = f"((pp * {self.dp} + dp) * {self.cp} + cp) * {self.tp} + tp"
         cp = f" x cp={self.cp}" if self.cp > 1 else ""
-        head = f"dp={self.dp}{cp} x tp={self.tp} x pp={self.pp} = {self.world_size} ranks (global rank = {rank})"
+        head = (f"dp={self.dp}{cp} x tp={self.tp} x pp={self.pp} = {self.world_size} ranks "
+                f"(global rank = {rank})")
         columns = [(c, t) for c in range(self.cp) for t in range(self.tp)]
         names = [f"tp{t}" if self.cp == 1 else f"cp{c}tp{t}" for c, t in columns]
         width = max(len(str(self.world_size - 1)), *map(len, names))
@@ -258,7 +259,8 @@ def _degrees(cfg: RunConfig, strategy: Strategy) -> dict[str, int]:
     others = math.prod(d for a, d in degrees.items() if a != "dp")
     degrees["dp"] = given["dp"] or max(world // others, 1)
     if math.prod(degrees.values()) != world:
-        names = [a for a in ("dp", "cp", "tp", "pp") if a in strategy.axes and (a != "cp" or degrees["cp"] > 1)]
+        names = [a for a in ("dp", "cp", "tp", "pp")
+                 if a in strategy.axes and (a != "cp" or degrees["cp"] > 1)]  # cp named when used
         shown = " x ".join(str(degrees[a]) for a in names)
         fits = ["x".join(str(d) for d in combo) for combo in _factorisations(world, len(names))]
         raise ConfigError(f"{strategy.name} needs {' x '.join(names)} = world size: {shown} = "

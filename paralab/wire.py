@@ -10,7 +10,8 @@ other) sends the (n-1)/n of its input that is meant for the others, nccl-tests' 
 
 from __future__ import annotations
 
-RING_FACTOR = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "broadcast": 1.0, "all_to_all": 1.0}
+RING_FACTOR = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "broadcast": 1.0,
+               "all_to_all": 1.0}
 
 
 def ring_wire_bytes(op: str, payload: float, group: int) -> float:

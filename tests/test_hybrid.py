@@ -93,7 +93,8 @@ def test_zero_reduce_scatters_over_dp_once_per_step(runs, label, no_leftover_ran
 
 def test_rank_layout_puts_tp_innermost(runs, no_leftover_ranks):
     layout = mesh_layout(dp=2, tp=2, pp=2)
-    assert layout.coords == {(p * 2 + d) * 2 + t: (p, d, 0, t) for p in range(2) for d in range(2) for t in range(2)}
+    assert layout.coords == {(p * 2 + d) * 2 + t: (p, d, 0, t)  # cp 0: no context parallelism
+                             for p in range(2) for d in range(2) for t in range(2)}
     assert layout.groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert layout.groups("dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
     assert layout.groups("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]

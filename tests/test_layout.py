@@ -168,4 +168,5 @@ def test_paralab_strategies_lists_every_strategy(capsys):
     assert cli.main(["strategies", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert listed.keys() == strategies().keys()
-    assert listed["hybrid"]["axes"] == ["dp", "cp", "tp", "pp"] and listed["torch_tp"]["reference_for"] == "tp"
+    assert listed["hybrid"]["axes"] == ["dp", "cp", "tp", "pp"]
+    assert listed["torch_tp"]["reference_for"] == "tp"

@@ -60,7 +60,8 @@ class Attention(nn.Module):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Causal attention of (batch, heads, seq, head_dim) q, k, v (context parallelism replaces it
         with attention over a sequence split across ranks: paralab.strategies.context)."""
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        dropout = self.dropout if self.training else 0.0
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
 
 
 class MLP(nn.Module):

@@ -196,4 +196,5 @@ def train_model(ctx: RankContext, model: torch.nn.Module, sync: GradSync, loss_o
     state = None
     if ctx.cfg.collect_state:
         state = state_of() if state_of is not None else named_state(model) if coord["dp"] == 0 else None
-    return ctx.result(losses if coord["tp"] == 0 else None, loss_weight=1.0 / (layout.dp * layout.cp), state=state)
+    weight = 1.0 / (layout.dp * layout.cp)
+    return ctx.result(losses if coord["tp"] == 0 else None, loss_weight=weight, state=state)

@@ -46,26 +46,28 @@ def check(cfg: RunConfig, layout) -> None:
     """Refuse, before any process starts, a sequence or head count the cp degree cannot split."""
     n, m = layout.cp, cfg.model
     if m.dropout:
-        raise ConfigError(f"context parallel does not run attention dropout (its masks would have to follow the "
-                          f"sequence across ranks): use dropout 0, got {m.dropout}")
+        raise ConfigError(f"context parallel does not run attention dropout (its masks would have to follow "
+                          f"the sequence across ranks): use dropout 0, got {m.dropout}")
     ring, zigzag = layout.cp_mode == "ring", layout.cp_split == "zigzag"
     pieces = 2 * n if ring or zigzag else n
     if m.seq_len % pieces:
         why = ("zig-zag cuts it into 2 x cp chunks, rank i holding chunks i and 2cp-1-i" if zigzag else
-               "ring attention cuts each rank's slice into two chunks" if ring else "each rank holds seq / cp tokens")
+               "ring attention cuts each rank's slice into two chunks" if ring else
+               "each rank holds seq / cp tokens")
         fits = [pieces * k for k in range(max(m.seq_len // pieces - 2, 1), m.seq_len // pieces + 3)]
-        raise ConfigError(f"cp {n} ({layout.cp_mode}, {layout.cp_split}) needs the sequence length divisible by "
-                          f"{pieces}, got {m.seq_len}: {why}; sequence lengths that fit: {fits}")
+        raise ConfigError(f"cp {n} ({layout.cp_mode}, {layout.cp_split}) needs the sequence length divisible "
+                          f"by {pieces}, got {m.seq_len}: {why}; sequence lengths that fit: {fits}")
     if layout.sequence_parallel and (m.seq_len // n) % layout.tp:
-        raise ConfigError(f"sequence parallel splits each cp rank's {m.seq_len // n} tokens (sequence {m.seq_len} / cp "
-                          f"{n}) over tp {layout.tp} ranks, which does not divide them; use a sequence length "
-                          f"divisible by {n * math.lcm(pieces // n, layout.tp)}")
+        raise ConfigError(f"sequence parallel splits each cp rank's {m.seq_len // n} tokens (sequence "
+                          f"{m.seq_len} / cp {n}) over tp {layout.tp} ranks, which does not divide them; use "
+                          f"a sequence length divisible by {n * math.lcm(pieces // n, layout.tp)}")
     heads = m.heads // layout.tp
     if not ring and heads % n:
         per = f" per tensor-parallel rank (heads {m.heads} / tp {layout.tp})" if layout.tp > 1 else ""
         fits = [d for d in range(1, heads + 1) if heads % d == 0]
         raise ConfigError(f"all-to-all (Ulysses) gives each of the cp {n} ranks heads / cp of the heads: "
-                          f"{heads} heads{per} do not divide by {n}; cp degrees that fit: {fits}, or cp_mode 'ring'")
+                          f"{heads} heads{per} do not divide by {n}; cp degrees that fit: {fits}, or cp_mode "
+                          f"'ring'")
 
 
 # ---------------------------------------------------------------------------- all-to-all (Ulysses)
@@ -110,7 +112,7 @@ def ulysses_attention(q, k, v, ring: ContextParallelGroup, name: str) -> torch.T
     all-to-all to heads, attention in position order (a zig-zag gathers chunks out of order), back."""
     q, k, v = (_Reshard.apply(t.contiguous(), ring, f"{name} {n}", True) for n, t in zip("qkv", (q, k, v)))
     length = q.shape[-2]
-    held = torch.cat([ring.positions(length, r) for r in range(ring.size)]).to(q.device)  # position of each row
+    held = torch.cat([ring.positions(length, r) for r in range(ring.size)]).to(q.device)  # each row's
     in_order = torch.argsort(held)
     q, k, v = (t.index_select(-2, in_order) for t in (q, k, v))
     y = F.scaled_dot_product_attention(q, k, v, is_causal=True).index_select(-2, torch.argsort(in_order))
@@ -156,6 +158,6 @@ def train(ctx):
     return result
 
 
-STRATEGIES = [Strategy("cp", "`--cp-mode ring` (K/V round a ring) or `alltoall` (Ulysses), `--cp-split zigzag`",
-                       axes=("cp",), options=(*CONTEXT_OPTIONS, "bucket_mb"), check=check, train=train,
-                       title="context parallel (上下文并行)")]
+STRATEGIES = [Strategy("cp", "`--cp-mode ring` (K/V round a ring) or `alltoall` (Ulysses), "
+                              "`--cp-split zigzag`", axes=("cp",), options=(*CONTEXT_OPTIONS, "bucket_mb"),
+                       check=check, train=train, title="context parallel (上下文并行)")]

@@ -100,7 +100,8 @@ def place_on_mesh(ctx) -> MeshPosition:
             group = dist.new_group(ranks)
             if ctx.rank in ranks:
                 grad_group = group
-    return MeshPosition(coord["pp"], coord["dp"], tp_group, cp_group, grad_group, layout.group_of("pp", ctx.rank))
+    pipeline = layout.group_of("pp", ctx.rank)
+    return MeshPosition(coord["pp"], coord["dp"], tp_group, cp_group, grad_group, pipeline)
 
 
 # ------------------------------------------------------------------------------------------ composition
@@ -110,8 +111,10 @@ def parallelize_tensor(cfg: RunConfig, layout, schedule, position: MeshPosition,
     tp, cp = position.tp, position.cp
 
     def build(model, index, seed):
-        part = build_part(model, index, seed) if tp.size == 1 else tensor.parallel_part(model, index, seed, tp)
-        return context.parallelize_context(part, cp, model.seq_len, first_layer=index - 1) if cp.size > 1 else part
+        part = tensor.parallel_part(model, index, seed, tp) if tp.size > 1 else build_part(model, index, seed)
+        if cp.size > 1:
+            context.parallelize_context(part, cp, model.seq_len, first_layer=index - 1)
+        return part
 
     return build_stages(cfg.model, schedule.num_stages, schedule.stages_on(position.pp), cfg.seed,
                         layout.stage_layers, device, build)
@@ -137,8 +140,8 @@ def parallelize_pipeline(ctx, schedule, stages: dict, position: MeshPosition) ->
 
 def parallelize_data(ctx, module: nn.Module, position: MeshPosition):
     """(gradient sync, optimizer) over the dp (and cp) ranks: DDP's buckets over them then the
-    sequence-parallel sums over tp (sums commute; the buckets hold the gradients as backward left them, so dp goes
-    first), or the sequence-parallel sums then a ZeRO stage 1 or 2 whose optimizer holds only this
+    sequence-parallel sums over tp (sums commute; the buckets hold the gradients as backward left them, so
+    dp goes first), or the sequence-parallel sums then a ZeRO stage 1 or 2 whose optimizer holds only this
     rank's shards (stage 1 keeps full gradients, so they are summed over tp before the reduce-scatter;
     stage 2 with sequence parallel is refused by check)."""
     layout = ctx.layout
@@ -183,7 +186,8 @@ def train(ctx) -> dict:
     reports = needs_targets and position.tp.rank == 0
     state = gather_state(module, stages, sync, position) if cfg.collect_state else None
     result = ctx.result(losses if reports else None, loss_weight=1.0 / (layout.dp * layout.cp), state=state)
-    result["mesh"] = {"coord": {"pp": position.pp, "dp": position.dp, "cp": position.cp.index, "tp": position.tp.rank}}
+    result["mesh"] = {"coord": {"pp": position.pp, "dp": position.dp, "cp": position.cp.index,
+                                "tp": position.tp.rank}}
     result["peak_activations"] = executor.peak_activations
     if layout.zero:
         result["zero"] = sync.syncs[-1].describe()
@@ -214,5 +218,6 @@ def gather_state(module: nn.Module, stages: dict, sync: SyncChain, position: Mes
 
 STRATEGIES = [Strategy("hybrid", "`--dp D --cp C --tp T --pp P` on a device mesh, `--zero 1/2` over dp",
                        axes=("dp", "cp", "tp", "pp"),
-                       options=(*PIPELINE_OPTIONS, *CONTEXT_OPTIONS, "sequence_parallel", "zero", "bucket_mb"),
+                       options=(*PIPELINE_OPTIONS, *CONTEXT_OPTIONS, "sequence_parallel", "zero",
+                                "bucket_mb"),
                        schedules=SCHEDULES, check=check, train=train, title="hybrid 3D parallel (混合并行)")]

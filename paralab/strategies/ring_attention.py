@@ -152,7 +152,8 @@ def _merge(out, lse, block_out, block_lse):
 
 # ---------------------------------------------------------------------------- the ring
 def _tiles(ring: ContextParallelGroup, step: int, local_len: int) -> list[Tile]:
-    return step_tiles(ring.index, ring_source(ring.index, step, ring.size), ring.size, ring.split, local_len // 2)
+    source = ring_source(ring.index, step, ring.size)
+    return step_tiles(ring.index, source, ring.size, ring.split, local_len // 2)
 
 
 def _rows(t: torch.Tensor, tile: Tile) -> torch.Tensor:
@@ -161,13 +162,15 @@ def _rows(t: torch.Tensor, tile: Tile) -> torch.Tensor:
 
 def ring_forward(q, k, v, ring: ContextParallelGroup, name: str):
     """Attention output and log-sum-exp of this rank's queries, (batch, heads, local seq, head_dim)."""
-    out, lse = torch.zeros_like(q), torch.full((*q.shape[:-1], 1), float("-inf"), dtype=q.dtype, device=q.device)
+    out = torch.zeros_like(q)
+    lse = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=q.dtype, device=q.device)
     kv = torch.stack([k, v])  # one message per hop
     for step in range(ring.size):
         hop = ring.pass_on(kv, f"{name} kv") if step < ring.size - 1 else None
         with ring.work.block(f"{name} forward {step}"):
             for tile in _tiles(ring, step, q.shape[-2]):
-                part = tile_forward(_rows(q, tile), kv[0][..., :tile.keys, :], kv[1][..., :tile.keys, :], tile)
+                keys = slice(0, tile.keys)
+                part = tile_forward(_rows(q, tile), kv[0][..., keys, :], kv[1][..., keys, :], tile)
                 rows = slice(tile.row, tile.row + tile.rows)
                 out[..., rows, :], lse[..., rows, :] = _merge(out[..., rows, :], lse[..., rows, :], *part)
         if hop is not None:
@@ -186,8 +189,8 @@ def ring_backward(q, k, v, out, lse, grad_out, ring: ContextParallelGroup, name:
         with ring.work.block(f"{name} backward {step}"):
             for tile in _tiles(ring, step, q.shape[-2]):
                 keys = slice(0, tile.keys)
-                dq, dk, dv = tile_backward(_rows(q, tile), kv[0][..., keys, :], kv[1][..., keys, :], _rows(lse, tile),
-                                           _rows(grad_out, tile), _rows(delta, tile), tile)
+                dq, dk, dv = tile_backward(_rows(q, tile), kv[0][..., keys, :], kv[1][..., keys, :],
+                                           _rows(lse, tile), _rows(grad_out, tile), _rows(delta, tile), tile)
                 _rows(grad_q, tile).add_(dq)
                 grad_kv[0][..., keys, :] += dk
                 grad_kv[1][..., keys, :] += dv

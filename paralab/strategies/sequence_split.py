@@ -85,7 +85,8 @@ def step_tiles(rank: int, source: int, size: int, split: str, chunk: int) -> lis
             tiles.append(Tile(i * chunk, chunk, seen * chunk, False))
             continue
         step = chunk // diagonal_tiles(chunk)
-        tiles += [Tile(i * chunk + row, step, (seen - 1) * chunk + row + step, True) for row in range(0, chunk, step)]
+        tiles += [Tile(i * chunk + row, step, (seen - 1) * chunk + row + step, True)
+                  for row in range(0, chunk, step)]
     return tiles
 
 

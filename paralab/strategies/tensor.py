@@ -96,7 +96,8 @@ class ParallelAttention(nn.Module):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Causal attention of this rank's heads, (batch, heads, seq, head_dim) (see
         paralab.models.gpt.Attention.attend)."""
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        dropout = self.dropout if self.training else 0.0
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
 
 
 class ParallelMLP(nn.Module):

@@ -58,7 +58,8 @@ def mesh(obj, title: str | None = None):
             hovertemplate="rank %{text}: " + where + "tp %{customdata[3]}<extra></extra>",
         ))
         fig.add_annotation(x=p * (columns + 1) + (columns - 1) / 2, y=-0.8, text=f"pp{p}", showarrow=False)
-    names = [f"tp{t}" if layout.cp == 1 else f"cp{c} tp{t}" for c in range(layout.cp) for t in range(layout.tp)]
+    pairs = [(c, t) for c in range(layout.cp) for t in range(layout.tp)]
+    names = [f"tp{t}" if layout.cp == 1 else f"cp{c} tp{t}" for c, t in pairs]
     ticks = [(p * (columns + 1) + i, name) for p in range(layout.pp) for i, name in enumerate(names)]
     fig.update_xaxes(tickvals=[x for x, _ in ticks], ticktext=[t for _, t in ticks], showgrid=False, zeroline=False)
     fig.update_yaxes(tickvals=list(range(layout.dp)), ticktext=[f"dp{d}" for d in range(layout.dp)],
