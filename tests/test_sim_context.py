@@ -105,4 +105,4 @@ def test_simulate_takes_cp_and_the_timeline_is_refused_not_faked(capsys):
     with pytest.raises(SpecError, match="not drawn"):
         cost.predict_trace(LLAMA, spec(cp=2), H100)
     trace = context.ring_trace(LLAMA, spec(cp=4, tp=8), H100)
-    assert {s.kind for s in trace.spans} == {"attention", "send"} and trace.ranks == [0, 1, 2, 3]
+    assert {s.kind for s in trace.spans} == {"forward", "backward", "send"} and trace.ranks == [0, 1, 2, 3]

@@ -122,35 +122,44 @@ class RingSteps:
 
 
 def ring_steps(compute: list[list[float]], hop: float, backward: bool = False) -> RingSteps:
-    """Run the ring of ``compute[rank][step]`` forward seconds with hops of ``hop`` seconds.
-
-    A rank starts step j once its step j-1 is done, its own send has arrived and the block from the
-    rank before it has arrived (sent when that rank started step j-1). Backward a step computes twice
-    the forward, and the block's dK/dV accumulator, sent when the rank before finished its step, must
-    arrive before this rank can add its part and pass it on; the last hop brings each block's home."""
+    """Run the ring of ``compute[rank][step]`` forward seconds with hops of ``hop`` seconds, as
+    ring_attention.py runs it: a rank posts its block's send, computes, then waits for the block from
+    the rank before it and for its own send. Backward a step computes twice the forward, then waits
+    for the block's dK/dV accumulator (sent by the rank before when it finished its step) and passes
+    it on; the last pass brings each block's home. A rank's link to the next sends one message at a
+    time, in the order they were posted (backward, K/V and dK/dV share it)."""
     n = len(compute)
     hop = hop if n > 1 else 0.0
-    starts, done = [[0.0] * n for _ in range(n)], [[0.0] * n for _ in range(n)]
-    spans = [[] for _ in range(n)]
-    hops = [[] for _ in range(n)]
     factor = 2.0 if backward else 1.0
+    spans: list[list[tuple[float, float]]] = [[] for _ in range(n)]
+    hops: list[list[tuple[float, float, str]]] = [[] for _ in range(n)]
+    link = [0.0] * n  # when each rank's link to the next is free
+    ready = [0.0] * n  # when each rank may start its next step
+    accumulator = [0.0] * n  # when the dK/dV accumulator it needs next has arrived (and its own has left)
+
+    def send(rank: int, at: float, what: str) -> float:
+        link[rank] = max(at, link[rank]) + hop
+        hops[rank].append((link[rank] - hop, link[rank], what))
+        return link[rank]
+
     for j in range(n):
+        kv_arrived, acc_arrived = list(ready), list(accumulator)
         for r in range(n):
-            before = (r - 1) % n
-            arrived = 0.0 if j == 0 else max(starts[r][j - 1], starts[before][j - 1]) + hop  # ours, theirs
-            start = max(arrived, done[r][j - 1] if j else 0.0)
+            start = ready[r]
             end = start + factor * compute[r][j]
-            starts[r][j] = start
             spans[r].append((start, end))
             if j < n - 1:
-                hops[r].append((start, start + hop, "kv"))
-            if backward and n > 1:
-                end = end if j == 0 else max(end, done[before][j - 1] + hop)  # the accumulator has arrived
-                hops[r].append((end, end + hop, "dkv"))
-            done[r][j] = end
-    # backward ends when this rank's last accumulator has left and its own block's has come home
-    last = [done[r][n - 1] for r in range(n)]
-    finish = [max(last[r], last[r - 1]) + hop for r in range(n)] if backward else last
+                landed = send(r, start, "kv")  # the next rank's block for step j + 1, and our own send done
+                kv_arrived[(r + 1) % n] = max(kv_arrived[(r + 1) % n], landed)
+                kv_arrived[r] = max(kv_arrived[r], landed)
+            if backward:
+                end = max(end, accumulator[r])
+                landed = send(r, end, "dkv")
+                acc_arrived[(r + 1) % n] = max(acc_arrived[(r + 1) % n], landed)
+                acc_arrived[r] = max(acc_arrived[r], landed)
+            kv_arrived[r] = max(kv_arrived[r], end)
+        ready, accumulator = kv_arrived, acc_arrived
+    finish = [max(ready[r], accumulator[r]) for r in range(n)]
     return RingSteps(spans, hops, finish)
 
 
@@ -233,8 +242,8 @@ cost.CONTEXT_PARALLEL.update(predict=predict, memory_per_gpu=memory_per_gpu)
 
 def ring_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> Trace:
     """One layer's ring, forward then backward, on the cp ranks of one group, as a Trace: each step's
-    attention on the compute lane, each hop (K/V, dK/dV) on the comm lane, so hidden and exposed
-    hops show (paralab.viz.timeline draws it)."""
+    attention on the compute lane (kind forward or backward), each hop (K/V, dK/dV) on the comm lane,
+    so hidden and exposed hops show (paralab.viz.timeline draws it)."""
     p = cost.check(model, parallel)
     compute, hop = ring_step_compute(model, p, hw), hop_time(model, p, hw)
     spans: list[Span] = []
@@ -242,8 +251,8 @@ def ring_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> Tr
     for phase, steps in (("forward", ring_steps(compute, hop)), ("backward", ring_steps(compute, hop, True))):
         for rank in range(p.cp):
             for j, (start, end) in enumerate(steps.compute[rank]):
-                spans.append(Span(rank, COMPUTE, "attention", offset + start, offset + end,
-                                  name=f"{phase} step {j}", step=0))
+                spans.append(Span(rank, COMPUTE, phase, offset + start, offset + end,
+                                  name=f"attention, ring step {j}", step=0))
             for start, end, what in steps.hops[rank]:
                 spans.append(Span(rank, COMM, "send", offset + start, offset + end, name=f"{what} ({phase})",
                                   bytes=int(hop_bytes(model, p)), peer=(rank + 1) % p.cp, step=0))

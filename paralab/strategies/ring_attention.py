@@ -161,8 +161,10 @@ def _rows(t: torch.Tensor, tile: Tile) -> torch.Tensor:
 
 
 def ring_forward(q, k, v, ring: ContextParallelGroup, name: str):
-    """Attention output and log-sum-exp of this rank's queries, (batch, heads, local seq, head_dim)."""
-    out = torch.zeros_like(q)
+    """Attention output and log-sum-exp of this rank's queries, (batch, heads, local seq, head_dim). The
+    output is laid out (batch, seq, heads, head_dim) in memory, as the projection after it reads it,
+    so the tensor kept for backward and the projection's input are one (as with torch's kernel)."""
+    out = q.new_zeros(q.shape[0], q.shape[2], q.shape[1], q.shape[3]).transpose(1, 2)
     lse = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=q.dtype, device=q.device)
     kv = torch.stack([k, v])  # one message per hop
     for step in range(ring.size):
