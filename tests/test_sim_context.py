@@ -93,6 +93,7 @@ def test_the_planner_takes_cp_for_long_sequences_and_says_why():
 def test_specs_that_cannot_split_are_refused(options, message):
     with pytest.raises(SpecError, match=message):
         cost.predict(LLAMA, spec(**options), H100)
+    assert spec().problems(LLAMA.replace(seq=8191)) == [], "without cp any sequence length runs"
 
 
 def test_simulate_takes_cp_and_the_timeline_is_refused_not_faked(capsys):

@@ -200,6 +200,8 @@ class ParallelSpec:
         if self.cp_mode not in CP_MODES or self.cp_split not in CP_SPLITS:
             return [f"cp mode {self.cp_mode!r} / split {self.cp_split!r}: choose from {CP_MODES} / "
                     f"{CP_SPLITS}"]
+        if self.cp == 1:
+            return []
         pieces = self.cp if self.cp_mode == "alltoall" and self.cp_split == "contiguous" else 2 * self.cp
         out = [] if model.seq % pieces == 0 else [
             f"cp {self.cp} needs the sequence ({model.seq}) divisible by {pieces}"]

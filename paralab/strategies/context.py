@@ -39,7 +39,6 @@ from paralab.strategies.common import full_model, named_state, train_model
 from paralab.strategies.ddp import BucketedReducer
 from paralab.strategies.registry import CONTEXT_OPTIONS, Strategy
 from paralab.strategies.ring_attention import ContextParallelGroup, ring_attention
-from paralab.strategies.sequence_split import rank_positions
 
 
 def check(cfg: RunConfig, layout) -> None:
@@ -128,7 +127,7 @@ def parallelize_context(module: torch.nn.Module, ring: ContextParallelGroup, seq
     """Make ``module`` (a GPT, or parts of one: plain or tensor-parallel) context parallel: every
     attention attends across the cp group (its spans named L0, L1, ... from ``first_layer``), every
     embedding looks up this rank's positions. Parameters are untouched."""
-    positions = torch.tensor(rank_positions(seq_len, ring.index, ring.size, ring.split))
+    positions = ring.positions(seq_len)
     layer = first_layer
     for sub in module.modules():
         if hasattr(sub, "attend"):
