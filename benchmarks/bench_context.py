@@ -44,11 +44,13 @@ def main() -> None:
         peak = max(s["peak_memory_bytes"]) / 2**20
         activations = max(m["activations"] for m in s["memory_by_kind"]) / 2**20
         wire = s["comm_bytes"].get("send", 0) + s["comm_bytes"].get("all_to_all", 0)
-        rows.append(f"| {v.label} | {result.median(v.label):.4f} | {tokens / result.median(v.label):,.0f} | "
-                    f"{result.ratio(v.label):.3f}x | {peak:.1f} | {activations:.1f} | {wire:,} |")
+        step = result.median(v.label)
+        rows.append(f"| {v.label} | {step:.4f} | {tokens / step:,.0f} | {result.ratio(v.label):.3f}x | "
+                    f"{peak:.1f} | {activations:.1f} | {wire:,} |")
     print("\n".join(rows))
     for n in args.cp:
-        print(f"\ncp {n}: all-to-all / ring step time {result.ratio(f'cp {n} alltoall', f'cp {n} ring'):.3f}x")
+        ratio = result.ratio(f"cp {n} alltoall", f"cp {n} ring")
+        print(f"\ncp {n}: all-to-all / ring step time {ratio:.3f}x")
 
 
 if __name__ == "__main__":

@@ -65,6 +65,26 @@ def test_the_work_model_zigzag_balanced_contiguous_close_to_2n_minus_1():
         assert 0.85 * (2 * n - 1) <= imbalance(n, "contiguous", 64 * n) < 2 * n - 1
 
 
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_ring_attention_computes_in_fp32_whatever_travels(dtype, tolerance):
+    """One rank's ring (no hops): its tiles, merge and backward against torch's attention in fp32;
+    16-bit inputs keep their dtype outside (output and gradients) and lose only their own rounding."""
+    from paralab.strategies.ring_attention import ContextParallelGroup, ring_attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 32, 8) for _ in range(3))
+    reference = [t.clone().requires_grad_() for t in (q, k, v)]
+    expected = torch.nn.functional.scaled_dot_product_attention(*reference, is_causal=True)
+    grad = torch.randn_like(expected)
+    expected.backward(grad)
+    ours = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+    out = ring_attention(*ours, ContextParallelGroup(None, (0,), 0), "L0")
+    out.backward(grad.to(dtype))
+    assert out.dtype == dtype and all(t.grad.dtype == dtype for t in ours)
+    for got, want in [(out, expected)] + [(t.grad, r.grad) for t, r in zip(ours, reference)]:
+        assert (got.float() - want).abs().max() <= tolerance * want.abs().max()
+
+
 def test_cp_sits_between_dp_and_tp_on_the_mesh():
     layout = mesh_layout(dp=2, cp=2, tp=2)
     assert layout.coord(3) == {"pp": 0, "dp": 0, "cp": 1, "tp": 1}

@@ -163,46 +163,53 @@ def _rows(t: torch.Tensor, tile: Tile) -> torch.Tensor:
 def ring_forward(q, k, v, ring: ContextParallelGroup, name: str):
     """Attention output and log-sum-exp of this rank's queries, (batch, heads, local seq, head_dim). The
     output is laid out (batch, seq, heads, head_dim) in memory, as the projection after it reads it,
-    so the tensor kept for backward and the projection's input are one (as with torch's kernel)."""
-    out = q.new_zeros(q.shape[0], q.shape[2], q.shape[1], q.shape[3]).transpose(1, 2)
-    lse = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=q.dtype, device=q.device)
+    so the tensor kept for backward and the projection's input are one (as with torch's kernel).
+
+    Whatever the inputs' dtype, the blocks travel in it and the tiles, the merge and the log-sum-exp
+    are computed in fp32 (a 16-bit running softmax would lose the small blocks' share)."""
+    out = torch.zeros(q.shape[0], q.shape[2], q.shape[1], q.shape[3], device=q.device).transpose(1, 2)
+    lse = torch.full((*q.shape[:-1], 1), float("-inf"), device=q.device)
     kv = torch.stack([k, v])  # one message per hop
     for step in range(ring.size):
         hop = ring.pass_on(kv, f"{name} kv") if step < ring.size - 1 else None
         with ring.work.block(f"{name} forward {step}"):
             for tile in _tiles(ring, step, q.shape[-2]):
-                keys = slice(0, tile.keys)
-                part = tile_forward(_rows(q, tile), kv[0][..., keys, :], kv[1][..., keys, :], tile)
+                k_tile, v_tile = (t[..., :tile.keys, :].float() for t in kv)
+                part = tile_forward(_rows(q, tile).float(), k_tile, v_tile, tile)
                 rows = slice(tile.row, tile.row + tile.rows)
                 out[..., rows, :], lse[..., rows, :] = _merge(out[..., rows, :], lse[..., rows, :], *part)
         if hop is not None:
             kv = hop.wait()
-    return out, lse
+    return out.to(q.dtype), lse
 
 
 def ring_backward(q, k, v, out, lse, grad_out, ring: ContextParallelGroup, name: str):
-    """(dq, dk, dv) of this rank's slice: K/V go round again, each block's dK/dV one hop behind."""
-    delta = (grad_out * out).sum(dim=-1, keepdim=True)
-    grad_q = torch.zeros_like(q)
+    """(dq, dk, dv) of this rank's slice: K/V go round again, each block's dK/dV one hop behind.
+    Computed in fp32; the dK/dV accumulators travel in the inputs' dtype, as the K/V blocks do."""
+    q32, grad_out = q.float(), grad_out.float()
+    delta = (grad_out * out.float()).sum(dim=-1, keepdim=True)
+    grad_q = torch.zeros_like(q32)
     kv, arriving = torch.stack([k, v]), None
     for step in range(ring.size):
         hop = ring.pass_on(kv, f"{name} kv") if step < ring.size - 1 else None
-        grad_kv = torch.zeros_like(kv)
+        grad_kv = torch.zeros_like(kv, dtype=torch.float32)
         with ring.work.block(f"{name} backward {step}"):
             for tile in _tiles(ring, step, q.shape[-2]):
                 keys = slice(0, tile.keys)
-                dq, dk, dv = tile_backward(_rows(q, tile), kv[0][..., keys, :], kv[1][..., keys, :],
-                                           _rows(lse, tile), _rows(grad_out, tile), _rows(delta, tile), tile)
+                k_tile, v_tile = (t[..., keys, :].float() for t in kv)
+                dq, dk, dv = tile_backward(_rows(q32, tile), k_tile, v_tile, _rows(lse, tile),
+                                           _rows(grad_out, tile), _rows(delta, tile), tile)
                 _rows(grad_q, tile).add_(dq)
                 grad_kv[0][..., keys, :] += dk
                 grad_kv[1][..., keys, :] += dv
         if arriving is not None:  # the block's accumulator, from the rank that held it last step
             grad_kv += arriving.wait()
-        arriving = ring.pass_on(grad_kv, f"{name} dkv")  # the last step's hop brings our own block's home
+        # the last step's hop brings our own block's accumulator home
+        arriving = ring.pass_on(grad_kv.to(kv.dtype), f"{name} dkv")
         if hop is not None:
             kv = hop.wait()
     grad_kv = arriving.wait()
-    return grad_q, grad_kv[0], grad_kv[1]
+    return grad_q.to(q.dtype), grad_kv[0], grad_kv[1]
 
 
 class _RingAttention(torch.autograd.Function):
