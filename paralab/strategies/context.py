@@ -150,7 +150,8 @@ def train(ctx):
     ring = ContextParallelGroup(None, tuple(range(ctx.world_size)), ctx.rank, layout.cp_split, layout.cp_mode)
     model = parallelize_context(full_model(ctx), ring, cfg.model.seq_len)
     mine = slice_tokens(ring, cfg.model.seq_len, ctx.device)
-    reducer = BucketedReducer(model, layout.cp, cfg.bucket_mb, memory=ctx.memory)
+    reducer = BucketedReducer(model, layout.cp, cfg.bucket_mb, accumulations=layout.microbatches,
+                              memory=ctx.memory)
     result = train_model(ctx, model, reducer, loss_of=lambda x, y: lm_loss(model(mine(x)), mine(y)),
                          state_of=lambda: named_state(model) if ring.index == 0 else None)
     result["attention_cpu_s"] = {str(step): s for step, s in ring.work.cpu_s.items()}
