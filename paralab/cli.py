@@ -23,7 +23,7 @@ from paralab.cli_args import (
     build_config,
     json_text,
 )
-from paralab.config import ConfigError, RunConfig
+from paralab.config import CP_MODES, CP_SPLITS, ConfigError, RunConfig
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
@@ -38,6 +38,11 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dp", type=int, default=d.dp, help="data-parallel degree (0: from the world size)")
     p.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel degree (0: the strategy's default)")
     p.add_argument("--pp", type=int, default=d.pp, help="pipeline stages (0: the strategy's default)")
+    p.add_argument("--cp", type=int, default=d.cp, help="context-parallel degree (0: the strategy's default)")
+    p.add_argument("--cp-mode", default=d.cp_mode, choices=CP_MODES,
+                   help="context parallel: K/V round a ring, or all-to-all to heads (Ulysses)")
+    p.add_argument("--cp-split", default=d.cp_split, choices=CP_SPLITS,
+                   help="how the sequence is cut over cp ranks (zigzag balances causal attention)")
     p.add_argument("--schedule", default=d.schedule, help="pipeline schedule (pp, hybrid)")
     p.add_argument("--microbatches", "--accumulate", type=int, default=d.microbatches, metavar="K",
                    help="microbatches per replica per step: gradient accumulation (a pipeline's microbatches)")
@@ -53,7 +58,8 @@ def config_from_args(args) -> RunConfig:
     return build_config(
         RunConfig, args, strategy=args.strategy, world_size=args.world_size,
         bucket_mb=args.bucket_mb, hierarchical=args.hierarchical, nodes=args.nodes, dp=args.dp, tp=args.tp,
-        pp=args.pp, schedule=args.schedule, microbatches=args.microbatches, virtual_stages=args.virtual_stages,
+        pp=args.pp, cp=args.cp, cp_mode=args.cp_mode, cp_split=args.cp_split, schedule=args.schedule,
+        microbatches=args.microbatches, virtual_stages=args.virtual_stages,
         sequence_parallel=args.sequence_parallel, zero=args.zero, profile_dir=args.profile,
     )
 
@@ -88,9 +94,10 @@ def cmd_run(args) -> int:
 
 
 def format_summary(s: dict) -> str:
+    cp = f" x cp {s['cp']} ({s['cp_mode']}, {s['cp_split']})" if s.get("cp", 1) > 1 else ""
     lines = [
         f"{s['strategy']} on {s['world_size']} rank(s) ({s['device']}), model {s['model']}, {s['steps']} steps",
-        f"layout: dp {s['dp']} x tp {s['tp']} x pp {s['pp']}"
+        f"layout: dp {s['dp']}{cp} x tp {s['tp']} x pp {s['pp']}"
         + (f", schedule {s['schedule']}" if s["schedule"] else "") + f", {s['microbatches']} microbatch(es)"
         + (f", ZeRO-{s['zero']}" if s.get("zero") else ""),
         "losses: " + " ".join(f"{x:.4f}" for x in s["losses"]),

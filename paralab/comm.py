@@ -11,6 +11,7 @@ all_reduce         the tensor                           2 (n-1)/n x tensor
 all_gather         the full (gathered) tensor           (n-1)/n x full tensor
 reduce_scatter     the full (input) tensor              (n-1)/n x full tensor
 broadcast          the tensor                           (n-1)/n x tensor (pipelined ring)
+all_to_all         the input tensor                     (n-1)/n x input (the slices for the others)
 send / recv        the tensor                           tensor for the sender, 0 for the receiver
 =================  ===================================  =========================================
 
@@ -137,6 +138,15 @@ def broadcast(tensor: torch.Tensor, src: int, group=None, async_op: bool = False
     return _traced(
         "broadcast", _nbytes(tensor), group,
         lambda a: dist.broadcast(tensor, src=src, group=group, async_op=a), async_op, name=name,
+    )
+
+
+def all_to_all(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False, name: str = ""):
+    """Rank i sends the j-th of n equal slices (along dim 0) of ``input`` to rank j and receives rank
+    j's i-th slice into the j-th slice of ``output``."""
+    return _traced(
+        "all_to_all", _nbytes(input), group,
+        lambda a: dist.all_to_all_single(output, input, group=group, async_op=a), async_op, name=name,
     )
 
 

@@ -82,6 +82,8 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
 }
 
 DEVICES = ("auto", "cpu", "cuda")
+CP_MODES = ("ring", "alltoall")  # context parallel: K/V round a ring, or all-to-all to heads (Ulysses)
+CP_SPLITS = ("zigzag", "contiguous")  # how the sequence is cut over context-parallel ranks
 OPTIMIZERS = ("adam", "sgd")
 DTYPES = ("fp32", "bf16", "fp16")
 RECOMPUTE = ("none", "selective", "full")
@@ -204,6 +206,9 @@ class RunConfig(TrainingConfig):
     sequence_parallel: bool = False
     stage_layers: list[int] | None = None
     zero: int = 0  # hybrid: ZeRO stage over the dp dimension (0: ddp-style all-reduce)
+    cp: int = 0  # context-parallel degree (0: from the strategy and the world size)
+    cp_mode: str = "ring"
+    cp_split: str = "zigzag"
     # run control
     collect_state: bool = False  # return final parameters and gradients (parity tests)
     profile_dir: str | None = None  # each rank writes a torch.profiler trace here (paralab.profiling)
@@ -213,11 +218,14 @@ class RunConfig(TrainingConfig):
         if not isinstance(self.strategy, str):
             raise ConfigError(f"strategy must be a name, got {self.strategy!r}")
         check_int("world size", self.world_size, low=1)
-        for name in ("dp", "tp", "pp", "zero"):
+        for name in ("dp", "tp", "pp", "cp", "zero"):
             check_int(name, getattr(self, name), low=0)  # 0: not asked for
         for name in ("microbatches", "virtual_stages", "nodes"):
             check_int(name, getattr(self, name), low=1)
         check_positive("bucket size", self.bucket_mb, unit=" MB")
+        for name, choices in (("cp_mode", CP_MODES), ("cp_split", CP_SPLITS)):
+            if getattr(self, name) not in choices:
+                raise ConfigError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
         if self.fault is not None and self.fault["rank"] >= self.world_size:
             raise ConfigError(f"fault rank must be in [0, {self.world_size}), got {self.fault}")
         if self.fault is not None and self.fault["step"] >= self.steps:

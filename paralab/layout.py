@@ -9,12 +9,15 @@ metadata, the simulator bridge, the widgets — reads the Layout instead of deri
 
 The mesh. Ranks sit on a grid with one dimension per axis, outermost first (``AXES``)::
 
-    global rank = (pp_index x dp + dp_index) x tp + tp_index
+    global rank = ((pp_index x dp + dp_index) x cp + cp_index) x tp + tp_index
 
 Tensor parallelism talks in every layer, forward and backward, so its ranks are neighbours (the
-same node, the fastest links); data parallelism talks once per step (the gradient reduction);
-pipeline parallelism sends one activation per microbatch to the next stage, the least traffic, so
-it is outermost and its stages are the ranks farthest apart. It is the order of torch's
+same node, the fastest links); context parallelism talks in every layer too (K/V blocks round a ring,
+or four all-to-alls), but each message overlaps a block's attention or is a fraction of the layer's
+activations, so it sits next to tp, just outside it (torchtitan's order: dp, cp, tp); data
+parallelism talks once per step (the gradient reduction, over dp and cp together); pipeline
+parallelism sends one activation per microbatch to the next stage, the least traffic, so it is
+outermost and its stages are the ranks farthest apart. It is the order of torch's
 ``init_device_mesh(device, layout.shape, mesh_dim_names=AXES)``, which builds the run's process
 groups from this grid. A single-axis strategy is the same grid with every other degree 1.
 
@@ -32,7 +35,7 @@ from paralab.config import ConfigError, RunConfig
 from paralab.schedules import DEFAULT_SCHEDULE, chunks_per_rank, shape_problems
 from paralab.strategies.registry import OPTION_DEFAULTS, TUNING_OPTIONS, Strategy, get_strategy
 
-AXES = ("pp", "dp", "tp")  # mesh dimensions, outermost first
+AXES = ("pp", "dp", "cp", "tp")  # mesh dimensions, outermost first
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,9 @@ class Layout:
     dp: int = 1
     tp: int = 1
     pp: int = 1
+    cp: int = 1
+    cp_mode: str = ""  # context parallel: "ring" or "alltoall"; "" when the strategy has no cp axis
+    cp_split: str = ""  # how the sequence is cut over cp ranks: "zigzag" or "contiguous"
     schedule: str = ""  # the pipeline schedule; "" when the run has no pipeline
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved: v; zbv: 2)
     microbatches: int = 1  # per data-parallel replica and step: gradient accumulation (a pipeline's microbatches)
@@ -105,13 +111,14 @@ class Layout:
             rank = rank * size + coord.get(axis, 0)
         return rank
 
-    def groups(self, axis: str) -> list[list[int]]:
-        """The ranks that vary only along ``axis`` (every other coordinate fixed), each list in that
-        axis's order: the tp groups, the dp groups, or the pipelines (pp)."""
-        i = AXES.index(axis)
+    def groups(self, *axes: str) -> list[list[int]]:
+        """The ranks that vary only along ``axes`` (every other coordinate fixed), each list in rank
+        order: the tp groups, the dp groups, the pipelines (pp), or with two axes the ranks that
+        reduce gradients together (``groups("dp", "cp")``)."""
+        fixed = [i for i, axis in enumerate(AXES) if axis not in axes]
         lines: dict[tuple, list[int]] = {}
-        for rank, coord in self.coords.items():  # rank order, so each line is in the axis's order
-            lines.setdefault(coord[:i] + coord[i + 1:], []).append(rank)
+        for rank, coord in self.coords.items():  # rank order, so each line is in the axes' order
+            lines.setdefault(tuple(coord[i] for i in fixed), []).append(rank)
         return list(lines.values())
 
     def group_of(self, axis: str, rank: int) -> list[int]:
@@ -119,16 +126,23 @@ class Layout:
         return next(group for group in self.groups(axis) if rank in group)
 
     def text(self) -> str:
-        """The grid as a table: one row per (pp, dp), one column per tp rank, the global rank in each cell."""
-        head = (f"dp={self.dp} x tp={self.tp} x pp={self.pp} = {self.world_size} ranks "
-                f"(global rank = (pp * {self.dp} + dp) * {self.tp} + tp)")
-        width = max(len(str(self.world_size - 1)), 3)
-        rows = [head, " " * 9 + " ".join(f"tp{t}".rjust(width) for t in range(self.tp))]
+        """The grid as a table: one row per (pp, dp), one column per tp rank (per (cp, tp) pair with
+        context parallelism), the global rank in each cell."""
+        rank = f"(pp * {self.dp} + dp) * {self.tp} + tp"
+        if self.cp > 1:
+            rank = f"((pp * {self.dp} + dp) * {self.cp} + cp) * {self.tp} + tp"
+        cp = f" x cp={self.cp}" if self.cp > 1 else ""
+        head = (f"dp={self.dp}{cp} x tp={self.tp} x pp={self.pp} = {self.world_size} ranks "
+                f"(global rank = {rank})")
+        columns = [(c, t) for c in range(self.cp) for t in range(self.tp)]
+        names = [f"tp{t}" if self.cp == 1 else f"cp{c}tp{t}" for c, t in columns]
+        width = max(len(str(self.world_size - 1)), *map(len, names))
+        rows = [head, " " * 9 + " ".join(name.rjust(width) for name in names)]
         for p in range(self.pp):
             for d in range(self.dp):
                 label = (f"pp{p}" if d == 0 else "").ljust(5) + f"dp{d}".ljust(4)
-                rows.append(label + " ".join(str(self.rank_of(pp=p, dp=d, tp=t)).rjust(width)
-                                             for t in range(self.tp)))
+                rows.append(label + " ".join(str(self.rank_of(pp=p, dp=d, cp=c, tp=t)).rjust(width)
+                                             for c, t in columns))
         return "\n".join(rows)
 
     def __str__(self) -> str:
@@ -152,11 +166,11 @@ class Layout:
         return cls(**values)
 
 
-def mesh_layout(dp: int = 1, tp: int = 1, pp: int = 1) -> Layout:
-    """The grid of a dp x tp x pp mesh alone (for figures and lessons; ``print`` it for the table)."""
-    if min(dp, tp, pp) < 1:
-        raise ValueError(f"every degree must be >= 1, got dp={dp}, tp={tp}, pp={pp}")
-    return Layout("hybrid", dp * tp * pp, global_batch=dp, dp=dp, tp=tp, pp=pp)
+def mesh_layout(dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1) -> Layout:
+    """The grid of a dp x cp x tp x pp mesh alone (for figures and lessons; ``print`` it for the table)."""
+    if min(dp, tp, pp, cp) < 1:
+        raise ValueError(f"every degree must be >= 1, got dp={dp}, cp={cp}, tp={tp}, pp={pp}")
+    return Layout("hybrid", dp * cp * tp * pp, global_batch=dp, dp=dp, tp=tp, pp=pp, cp=cp)
 
 
 # ---------------------------------------------------------------------------------------- resolving
@@ -174,9 +188,11 @@ def resolve_layout(cfg: RunConfig) -> Layout:
     _check_batch_split(cfg.global_batch, degrees["dp"], microbatches)
     if cfg.world_size % cfg.nodes:
         raise ConfigError(f"{cfg.nodes} node(s) cannot split world size {cfg.world_size} evenly")
+    context = "cp" in strategy.axes
     layout = Layout(
         strategy=cfg.strategy, world_size=cfg.world_size, global_batch=cfg.global_batch, **degrees,
-        schedule=schedule, virtual_stages=virtual_stages, microbatches=microbatches,
+        cp_mode=cfg.cp_mode if context else "", cp_split=cfg.cp_split if context else "", schedule=schedule,
+        virtual_stages=virtual_stages, microbatches=microbatches,
         zero=strategy.zero or cfg.zero, sequence_parallel=cfg.sequence_parallel,
         stage_layers=tuple(cfg.stage_layers) if cfg.stage_layers else None, nodes=cfg.nodes,
         unused_options=unused,
@@ -201,7 +217,10 @@ def _unused_options(cfg: RunConfig, strategy: Strategy) -> tuple[str, ...]:
         if option in AXES:
             axes = " x ".join(strategy.axes) or "no axis (one rank)"
             raise ConfigError(f"{name} splits over {axes} only; it does not take {option}={value}. Use "
-                              f"strategy 'hybrid' to combine data, tensor and pipeline parallelism.")
+                              f"strategy 'hybrid' to combine data, context, tensor and pipeline parallelism.")
+        if option in ("cp_mode", "cp_split"):
+            raise ConfigError(f"{option}={value} is a context-parallel option; {name} has no cp axis (use "
+                              f"strategy 'cp', or 'hybrid' with cp > 1)")
         if option == "zero":
             raise ConfigError(f"zero={value} is a hybrid option; for ZeRO over all ranks use strategy "
                               f"'zero{value}' instead of {name!r}")
@@ -237,7 +256,8 @@ def _degrees(cfg: RunConfig, strategy: Strategy) -> dict[str, int]:
     others = math.prod(d for a, d in degrees.items() if a != "dp")
     degrees["dp"] = given["dp"] or max(world // others, 1)
     if math.prod(degrees.values()) != world:
-        names = [a for a in ("dp", "tp", "pp") if a in strategy.axes]
+        names = [a for a in ("dp", "cp", "tp", "pp")
+                 if a in strategy.axes and (a != "cp" or degrees["cp"] > 1)]  # cp named when used
         shown = " x ".join(str(degrees[a]) for a in names)
         fits = ["x".join(str(d) for d in combo) for combo in _factorisations(world, len(names))]
         raise ConfigError(f"{strategy.name} needs {' x '.join(names)} = world size: {shown} = "

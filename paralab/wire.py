@@ -4,12 +4,14 @@
 Ring algorithms (Patarasuk & Yuan 2009; NCCL's bus-bandwidth convention): in a group of n ranks an
 all-reduce sends 2(n-1)/n of the tensor from each rank (a reduce-scatter then an all-gather), an
 all-gather, reduce-scatter or broadcast (n-1)/n of the full tensor; a point-to-point send sends the
-tensor and its receive sends nothing.
+tensor and its receive sends nothing. An all-to-all (not a ring: every rank sends a slice to every
+other) sends the (n-1)/n of its input that is meant for the others, nccl-tests' convention too.
 """
 
 from __future__ import annotations
 
-RING_FACTOR = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "broadcast": 1.0}
+RING_FACTOR = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "broadcast": 1.0,
+               "all_to_all": 1.0}
 
 
 def ring_wire_bytes(op: str, payload: float, group: int) -> float:

@@ -93,7 +93,8 @@ def test_zero_reduce_scatters_over_dp_once_per_step(runs, label, no_leftover_ran
 
 def test_rank_layout_puts_tp_innermost(runs, no_leftover_ranks):
     layout = mesh_layout(dp=2, tp=2, pp=2)
-    assert layout.coords == {(p * 2 + d) * 2 + t: (p, d, t) for p in range(2) for d in range(2) for t in range(2)}
+    assert layout.coords == {(p * 2 + d) * 2 + t: (p, d, 0, t)  # cp 0: no context parallelism
+                             for p in range(2) for d in range(2) for t in range(2)}
     assert layout.groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert layout.groups("dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
     assert layout.groups("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
@@ -103,7 +104,7 @@ def test_rank_layout_puts_tp_innermost(runs, no_leftover_ranks):
     run = runs["2x2x2 ddp"]
     for result in run.rank_results:
         coord = result["mesh"]["coord"]
-        assert (coord["pp"], coord["dp"], coord["tp"]) == layout.coords[result["rank"]]
+        assert (coord["pp"], coord["dp"], coord["cp"], coord["tp"]) == layout.coords[result["rank"]]
     assert run.trace.meta["mesh"] == layout.to_dict()["mesh"] and run.layout.coords == layout.coords
 
 
@@ -126,7 +127,7 @@ def test_mesh_figure_draws_every_rank_at_its_coordinate(runs):
     from paralab.viz.mesh import mesh
 
     fig = mesh(runs["2x2x2 ddp"])  # the layout follows from the run's dp, tp and pp
-    assert fig.layout.meta["shape"] == [2, 2, 2]
+    assert fig.layout.meta["shape"] == [2, 2, 1, 2]
     cells = {}
     for trace in fig.data:
         for text, coord in zip(trace.text, trace.customdata):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -74,7 +75,7 @@ def test_the_readme_table_is_the_registry():
 
 
 def _world_for(strategy) -> int:
-    return {0: 1, 1: 4, 2: 4, 3: 8}[len(strategy.axes)]
+    return {0: 1, 1: 4, 2: 4, 3: 8, 4: 8}[len(strategy.axes)]
 
 
 @pytest.mark.parametrize("name", list(strategies()))
@@ -84,12 +85,12 @@ def test_every_strategy_resolves_to_the_degrees_its_table_row_says(name):
     strategy = strategies()[name]
     world = _world_for(strategy)
     extra = {"tp": 2} if len(strategy.axes) > 1 else {}
-    extra.update({"pp": 2} if len(strategy.axes) == 3 else {})
+    extra.update({"pp": 2} if len(strategy.axes) >= 3 else {})
     extra.update({"microbatches": 4} if "pp" in strategy.axes and name != "mp" else {})
     layout = resolve_layout(RunConfig.build(dict(layers=4, hidden=64, heads=4, vocab=128), strategy=name,
                                             world_size=world, global_batch=8, **extra))
     degrees = {axis: layout.degree(axis) for axis in AXES}
-    assert degrees["dp"] * degrees["tp"] * degrees["pp"] == world
+    assert math.prod(degrees.values()) == world
     for axis in AXES:
         if axis not in strategy.axes:
             assert degrees[axis] == 1, f"{name} does not split over {axis}"
@@ -156,18 +157,19 @@ def test_resolving_writes_nothing_back_into_the_config():
 # ------------------------------------------------------------------------------------- the mesh
 def test_mesh_coordinates_groups_and_json_round_trip():
     layout = mesh_layout(dp=2, tp=2, pp=2)
-    assert layout.rank_of(pp=1, dp=0, tp=1) == 5 and layout.coord(5) == {"pp": 1, "dp": 0, "tp": 1}
+    assert layout.rank_of(pp=1, dp=0, tp=1) == 5 and layout.coord(5) == {"pp": 1, "dp": 0, "cp": 0, "tp": 1}
     assert layout.group_of("dp", 5) == [5, 7]
     data = json.loads(json.dumps(layout.to_dict()))
     assert Layout.from_dict(data) == layout
-    assert data["mesh"]["dims"] == list(AXES) and data["mesh"]["coords"]["5"] == [1, 0, 1]
+    assert data["mesh"]["dims"] == list(AXES) and data["mesh"]["coords"]["5"] == [1, 0, 0, 1]
 
 
 def test_paralab_strategies_lists_every_strategy(capsys):
     assert cli.main(["strategies", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert listed.keys() == strategies().keys()
-    assert listed["hybrid"]["axes"] == ["dp", "tp", "pp"] and listed["torch_tp"]["reference_for"] == "tp"
+    assert listed["hybrid"]["axes"] == ["dp", "cp", "tp", "pp"]
+    assert listed["torch_tp"]["reference_for"] == "tp"
 
 
 def test_a_world_the_machine_cannot_hold_is_refused_unless_forced(monkeypatch):

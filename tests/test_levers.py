@@ -22,6 +22,7 @@ STRATEGIES = {
     "zero1": (2, {}), "zero2": (2, dict(bucket_mb=0.05)), "zero3": (2, {}),
     "hybrid": (4, dict(tp=2, pp=2, microbatches=2)),
     "torch_ddp": (2, {}), "torch_fsdp": (2, {}), "torch_tp": (2, {}), "torch_pp": (2, dict(microbatches=2)),
+    "cp": (2, {}),
 }
 STATELESS = ("torch_tp", "torch_hybrid")  # DTensor names differ from GPT's: losses only
 

@@ -33,8 +33,12 @@ class Embedding(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(idx.shape[1], device=idx.device)
-        return self.drop(self.tok(idx) + self.pos(positions))
+        return self.drop(self.tok(idx) + self.pos(self.positions(idx.shape[1], idx.device)))
+
+    def positions(self, length: int, device) -> torch.Tensor:
+        """The positions of the ``length`` tokens given: 0, 1, ... (a context-parallel rank holds
+        others; paralab.strategies.context replaces this)."""
+        return torch.arange(length, device=device)
 
 
 class AttentionCore(nn.Module):

@@ -4,6 +4,7 @@ Everything here predicts what a run would do without starting processes, and the
 returns the same :class:`paralab.trace.Trace` a measured run produces, so the two can be overlaid.
 """
 
+from paralab.sim import context  # noqa: F401  (installs the context-parallel predictions in cost)
 from paralab.sim.cost import Prediction, predict, predict_trace
 from paralab.sim.events import simulate_schedule, simulated_bubble
 from paralab.sim.hardware import get_hardware

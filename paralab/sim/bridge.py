@@ -55,7 +55,8 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
     parallel = ParallelSpec(
         dp=layout.dp, tp=layout.tp, pp=layout.pp, virtual_stages=layout.virtual_stages,
         schedule=layout.schedule or DEFAULT_SCHEDULE, microbatches=layout.microbatches, micro_batch=layout.micro_batch,
-        zero=layout.zero, sequence_parallel=layout.sequence_parallel, recompute=cfg.recompute,
+        zero=layout.zero, sequence_parallel=layout.sequence_parallel, recompute=cfg.recompute, cp=layout.cp,
+        cp_mode=layout.cp_mode or "ring", cp_split=layout.cp_split or "zigzag",
         overlap_grad_reduce=cfg.strategy != "dp", grad_buckets=buckets,
         prefetch_params=not (cfg.strategy == "zero3" or (cfg.strategy == "torch_fsdp" and cfg.device == "cpu")),
         loads_batch_in_step="pp" not in get_strategy(cfg.strategy).axes,

@@ -15,7 +15,16 @@ from paralab.sim import cost, planner
 from paralab.sim.hardware import NAMES as HARDWARE_NAMES
 from paralab.sim.hardware import get_hardware
 from paralab.sim.presets import MODELS, get_model
-from paralab.sim.specs import DTYPE_BYTES, RECOMPUTE, SCHEDULES, ModelSpec, ParallelSpec, SpecError
+from paralab.sim.specs import (
+    CP_MODES,
+    CP_SPLITS,
+    DTYPE_BYTES,
+    RECOMPUTE,
+    SCHEDULES,
+    ModelSpec,
+    ParallelSpec,
+    SpecError,
+)
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -42,6 +51,9 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
     parser.add_argument("--sequence-parallel", action="store_true")
     parser.add_argument("--recompute", default="none", choices=RECOMPUTE)
+    parser.add_argument("--cp", type=int, default=1, help="context parallel: each sequence over cp GPUs")
+    parser.add_argument("--cp-mode", default="ring", choices=CP_MODES)
+    parser.add_argument("--cp-split", default="zigzag", choices=CP_SPLITS)
 
 
 def add_plan_args(parser: argparse.ArgumentParser) -> None:
@@ -82,17 +94,18 @@ def simulate_main(args) -> int:
         model, hw = _model(args), get_hardware(args.hardware)
     except SpecError as err:
         return _fail(str(err))
-    tp, pp = args.tp, args.pp
-    for flag in ("tp", "pp", "dp", "gpus", "virtual_stages"):
+    tp, pp, cp = args.tp, args.pp, args.cp
+    for flag in ("tp", "pp", "cp", "dp", "gpus", "virtual_stages"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             return _fail(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
-    dp = args.dp or (args.gpus // (tp * pp) if args.gpus and args.gpus % (tp * pp) == 0 else 1)
-    gpus = args.gpus or dp * tp * pp
+    dp = args.dp or (args.gpus // (tp * pp * cp) if args.gpus and args.gpus % (tp * pp * cp) == 0 else 1)
+    gpus = args.gpus or dp * tp * pp * cp
     parallel = ParallelSpec(
         dp=dp, tp=tp, pp=pp, virtual_stages=args.virtual_stages, schedule=args.schedule,
         microbatches=args.microbatches or 0, micro_batch=args.micro_batch or 0, global_batch=args.global_batch or 0,
-        zero=args.zero, sequence_parallel=args.sequence_parallel, recompute=args.recompute,
+        zero=args.zero, sequence_parallel=args.sequence_parallel, recompute=args.recompute, cp=cp,
+        cp_mode=args.cp_mode, cp_split=args.cp_split,
     )  # fmt: skip
     problems = model.problems() or parallel.problems(model, gpus)
     if problems:
@@ -107,7 +120,8 @@ def simulate_main(args) -> int:
         )
     out = pred.to_dict()
     out.update(model=model.name, hardware=hw.name, gpus=gpus, config=planner.describe(pred.parallel),
-               dp=dp, tp=tp, pp=pp, schedule=parallel.schedule, microbatches=pred.parallel.microbatches,
+               dp=dp, tp=tp, pp=pp, cp=cp, schedule=parallel.schedule,
+               microbatches=pred.parallel.microbatches,
                global_batch=pred.parallel.global_batch)  # fmt: skip
     if args.json:
         print(json.dumps(out))
@@ -139,7 +153,7 @@ def plan_main(args) -> int:
     ranked = planner.plan(model, args.gpus, hw, args.global_batch, top=args.top)
     if not ranked:
         return _fail(f"nothing fits on {args.gpus} {hw.name} GPUs: " + planner.why_nothing_fits(model, args.gpus, hw, args.global_batch))
-    sentences = planner.explain(ranked)
+    sentences = planner.explain(ranked, model, hw)
     if args.json:
         rows = [dict(p.to_dict(), config=planner.describe(p.parallel), **_degrees(p.parallel)) for p in ranked]
         print(json.dumps({"model": model.name, "gpus": args.gpus, "hardware": hw.name, "ranked": rows, "explain": sentences}))
@@ -155,5 +169,5 @@ def plan_main(args) -> int:
 
 def _degrees(p: ParallelSpec) -> dict:
     keys = ("dp", "tp", "pp", "virtual_stages", "schedule", "microbatches", "micro_batch", "global_batch",
-            "zero", "sequence_parallel", "recompute")  # fmt: skip
+            "zero", "sequence_parallel", "recompute", "cp", "cp_mode")  # fmt: skip
     return {k: getattr(p, k) for k in keys}

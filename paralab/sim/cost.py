@@ -34,6 +34,9 @@ from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec, SpecError
 from paralab.trace import COMM, COMPUTE, STEP, Span, Trace
 
 OPTIMIZER_BYTES_TOUCHED = 28  # per parameter: read grad, read/write master, m and v, write the 16-bit copy
+# A context-parallel spec (cp > 1) is predicted by paralab.sim.context, which builds on this module
+# and puts its predict and memory_per_gpu here when imported (paralab.sim imports it).
+CONTEXT_PARALLEL: dict = {}
 
 
 # --------------------------------------------------------------------------------------- primitives
@@ -325,6 +328,8 @@ class Prediction:
 def memory_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]:
     """Bytes per GPU at the peak, on the fuller of the pipeline's end ranks (the ones between hold less):
     model states (ZeRO) plus activations, plus what ZeRO-2/3 hold unsharded for a moment."""
+    if parallel.cp > 1:
+        return CONTEXT_PARALLEL["memory_per_gpu"](model, parallel)
     p = parallel.resolved()
     return max((_rank_memory(model, p, rank) for rank in {0, p.pp - 1}), key=lambda m: m["total"])
 
@@ -356,6 +361,8 @@ def check(model: ModelSpec, parallel: ParallelSpec, gpus: int | None = None) -> 
 
 def predict(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec, simulate: bool = True) -> Prediction:
     """Predict one training step. ``simulate=False`` uses closed-form bubbles (fast, for the planner)."""
+    if parallel.cp > 1:
+        return CONTEXT_PARALLEL["predict"](model, parallel, hw, simulate)
     p = check(model, parallel)
     times = stage_times(model, p, hw)
     if simulate:
@@ -372,6 +379,9 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
     the same timeline). Tensor-parallel collectives block the compute that issues them, so they are
     drawn inside it (:func:`_tensor_parallel_spans`), as a measured run records them.
     """
+    if parallel.cp > 1:
+        raise SpecError("the simulated step of a context-parallel run is not drawn; predict() gives its "
+                        "numbers and paralab.sim.context.ring_trace one layer's ring")
     p = check(model, parallel)
     times = stage_times(model, p, hw)
     trace = _pipeline_trace(model, p, hw, times)

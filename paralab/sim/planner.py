@@ -3,8 +3,11 @@
 Search space: tp (powers of two up to the node size, so tensor parallelism stays on NVLink, as
 Narayanan et al. 2021 advise), pp (divisors of the layer count), dp (what is left), micro-batch size,
 schedule (1F1B, ZB-H1, interleaved with v = 2 or 4), ZeRO stage (0..3 without pp, 0..1 with it),
-recompute (none, selective, full) and sequence parallelism (always on with tp > 1: same wire bytes,
-less memory and less elementwise traffic under the cost model, so it never loses).
+recompute (none, selective, full), sequence parallelism (always on with tp > 1: same wire bytes,
+less memory and less elementwise traffic under the cost model, so it never loses) and, for long
+sequences (from paralab.sim.context.LONG_SEQUENCE tokens), context parallelism: cp taken out of
+what would be dp, ring (zig-zag) or all-to-all where the heads allow; :func:`explain` says what it
+bought.
 
 Ranking is two-pass so 1,024 GPUs plan in well under 5 s: every candidate that fits is scored with
 the closed-form pipeline (:func:`paralab.sim.cost.predict` with ``simulate=False``), then the best
@@ -16,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from paralab.sim import cost, counting
+from paralab.sim import context, cost, counting
 from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec
 
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -40,19 +43,34 @@ def layouts(model: ModelSpec, gpus: int, hw: HardwareSpec) -> Iterator[tuple[int
 
 def candidates(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int) -> Iterator[ParallelSpec]:
     """Every ParallelSpec for ``gpus`` GPUs whose degrees divide the model and the batch."""
-    for tp, pp, dp in layouts(model, gpus, hw):
-        for mb in MICRO_BATCHES:
-            if global_batch % (dp * mb):
-                continue
-            m = global_batch // (dp * mb)
-            for schedule, v in _schedules(model, pp, m):
-                for zero in (0, 1, 2, 3) if pp == 1 and dp > 1 else (0, 1) if dp > 1 else (0,):
-                    for recompute in RECOMPUTE:
-                        yield ParallelSpec(
-                            dp=dp, tp=tp, pp=pp, virtual_stages=v, schedule=schedule, microbatches=m,
-                            micro_batch=mb, global_batch=global_batch, zero=zero,
-                            sequence_parallel=tp > 1, recompute=recompute,
-                        )  # fmt: skip
+    for tp, pp, replicas in layouts(model, gpus, hw):
+        for cp, cp_mode in _context_parallel(model, tp, replicas):
+            dp = replicas // cp
+            for mb in MICRO_BATCHES:
+                if global_batch % (dp * mb):
+                    continue
+                m = global_batch // (dp * mb)
+                for schedule, v in _schedules(model, pp, m):
+                    for zero in (0, 1, 2, 3) if pp == 1 and dp > 1 else (0, 1) if dp > 1 else (0,):
+                        for recompute in RECOMPUTE:
+                            yield ParallelSpec(
+                                dp=dp, tp=tp, pp=pp, virtual_stages=v, schedule=schedule, microbatches=m,
+                                micro_batch=mb, global_batch=global_batch, zero=zero,
+                                sequence_parallel=tp > 1, recompute=recompute, cp=cp, cp_mode=cp_mode,
+                            )  # fmt: skip
+
+
+def _context_parallel(model: ModelSpec, tp: int, replicas: int) -> list[tuple[int, str]]:
+    """(cp, mode) to try: none for short sequences; for long ones every degree that divides the
+    replicas and the sequence, as a zig-zag ring, and as all-to-all where the heads divide too."""
+    out = [(1, "ring")]
+    if model.seq < context.LONG_SEQUENCE:
+        return out
+    for cp in (c for c in context.CP_DEGREES if replicas % c == 0 and model.seq % (2 * c) == 0):
+        out.append((cp, "ring"))
+        if (model.heads // tp) % cp == 0 and (model.kv_heads // tp) % cp == 0:
+            out.append((cp, "alltoall"))
+    return out
 
 
 def _schedules(model: ModelSpec, pp: int, m: int) -> list[tuple[str, int]]:
@@ -109,7 +127,7 @@ def _rank(pred: cost.Prediction) -> tuple[float, float]:
 def describe(p: ParallelSpec) -> str:
     """One line naming every choice of a configuration."""
     sched = f"{p.schedule} v={p.virtual_stages}" if p.virtual_stages > 1 else p.schedule
-    parts = [f"tp {p.tp} x pp {p.pp} x dp {p.dp}"]
+    parts = [f"tp {p.tp} x pp {p.pp} x dp {p.dp}" + (f" x cp {p.cp} {p.cp_mode}" if p.cp > 1 else "")]
     if p.pp > 1:
         parts.append(sched)
     parts += [f"{p.microbatches} microbatch(es) of {p.micro_batch}", f"ZeRO-{p.zero}", f"recompute {p.recompute}"]
@@ -123,11 +141,14 @@ LOSSES = {
     "tp_comm": "tensor-parallel communication",
     "dp_comm_exposed": "the exposed gradient reduction",
     "optimizer": "the optimizer step",
+    "cp_comm_exposed": "the exposed context-parallel communication",
 }
 
 
-def explain(ranked: list[cost.Prediction]) -> list[str]:
-    """One sentence for the winner and one for the runner-up, naming what decides between them."""
+def explain(ranked: list[cost.Prediction], model: ModelSpec | None = None,
+            hw: HardwareSpec | None = None) -> list[str]:
+    """One sentence for the winner and one for the runner-up, naming what decides between them; with
+    the model and hardware, one more when the winner is context parallel, saying why."""
     if not ranked:
         return []
     win = ranked[0]
@@ -140,6 +161,8 @@ def explain(ranked: list[cost.Prediction]) -> list[str]:
         + (" It counts on ZeRO-3's gathers hiding under compute, which large runs have not shown:"
            " an upper bound (docs/simulator.md)." if win.parallel.zero == 3 else "")
     ]
+    if win.parallel.cp > 1 and model is not None and hw is not None:
+        out.append(why_context_parallel(win, model, hw))
     if len(ranked) > 1:
         run = ranked[1]
         slower = win.tokens_per_s / run.tokens_per_s - 1
@@ -164,3 +187,21 @@ def flops_text(tflops: float) -> str:
 def bytes_text(nbytes: float) -> str:
     """A memory size in GiB, or MiB below one GiB (the lab's models)."""
     return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
+def why_context_parallel(win: cost.Prediction, model: ModelSpec, hw: HardwareSpec) -> str:
+    """Why the winner splits its sequences: its activations per GPU against the same layout's without
+    cp (does that fit?), and what the split costs in exposed communication."""
+    p = win.parallel
+    # the same layout on whole sequences, its attention scores not kept either (as the ring keeps none)
+    recompute = "selective" if p.recompute == "none" else p.recompute
+    unsplit = cost.memory_per_gpu(model, p.replace(cp=1, recompute=recompute))
+    verdict = "would not fit" if unsplit["total"] > cost.usable_memory(hw) else "would fit"
+    how = "K/V blocks travel a ring beside the attention" if p.cp_mode == "ring" else \
+        "all-to-alls swap sequence and heads around the attention"
+    exposed = win.breakdown_s.get("cp_comm_exposed", 0.0) / win.step_time_s
+    return (f"Context parallel cp {p.cp} ({p.cp_mode}): each GPU holds {model.seq // p.cp:,} of each "
+            f"sequence's {model.seq:,} tokens, so its activations are "
+            f"{bytes_text(win.memory_bytes_per_gpu['activations'])} "
+            f"where the same layout unsplit keeps {bytes_text(unsplit['activations'])} ({verdict}: "
+            f"{bytes_text(unsplit['total'])} per GPU in all); {how}, {exposed:.1%} of the step exposed.")

@@ -14,6 +14,8 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "zbv")
 OPTIMIZERS = ("adam-mixed", "adam-fp32")
+CP_MODES = ("ring", "alltoall")  # paralab.config's, kept here so the simulator stays free of the run config
+CP_SPLITS = ("zigzag", "contiguous")
 
 
 class SpecError(ValueError):
@@ -116,10 +118,14 @@ class ParallelSpec:
     # the step's time includes loading its batch (False: loaded before the step window opens, as
     # paralab's pipelines do so that the window, which bubbles are read from, holds the schedule alone)
     loads_batch_in_step: bool = True
+    # context parallel: each sequence split over cp ranks (paralab.sim.context predicts it)
+    cp: int = 1
+    cp_mode: str = "ring"
+    cp_split: str = "zigzag"
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
 
     def replace(self, **changes) -> ParallelSpec:
         return dataclasses.replace(self, **changes)
@@ -145,7 +151,7 @@ class ParallelSpec:
         """Every reason this split cannot run ``model`` (empty when it can); each names the numbers."""
         p = self.resolved()
         out: list[str] = []
-        for name in ("dp", "tp", "pp", "virtual_stages", "micro_batch"):
+        for name in ("dp", "tp", "pp", "cp", "virtual_stages", "micro_batch"):
             if getattr(p, name) < 1:
                 out.append(f"{name} must be >= 1, got {getattr(p, name)}")
         if out:
@@ -154,7 +160,8 @@ class ParallelSpec:
             out.append(f"global batch {self.global_batch} != dp {p.dp} x micro-batch {p.micro_batch} x "
                        f"{p.microbatches} microbatches = {p.global_batch}")
         if gpus is not None and p.world_size != gpus:
-            out.append(f"dp x tp x pp = {p.dp} x {p.tp} x {p.pp} = {p.world_size} != {gpus} GPUs")
+            names, degrees = ("dp x tp x pp x cp", f" x {p.cp}") if p.cp > 1 else ("dp x tp x pp", "")
+            out.append(f"{names} = {p.dp} x {p.tp} x {p.pp}{degrees} = {p.world_size} != {gpus} GPUs")
         if p.global_batch and p.global_batch % (p.dp * p.micro_batch):
             out.append(f"global batch {p.global_batch} is not divisible by dp x micro-batch = {p.dp * p.micro_batch}")
         if p.microbatches < 1:
@@ -186,6 +193,22 @@ class ParallelSpec:
             out.append(f"unknown recompute {p.recompute!r}; choose from {', '.join(RECOMPUTE)}")
         if p.optimizer and p.optimizer not in OPTIMIZERS:
             out.append(f"unknown optimizer {p.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
+        return out + self._context_problems(model)
+
+    def _context_problems(self, model: ModelSpec) -> list[str]:
+        """What a cp degree needs (paralab.strategies.context checks the same of a real run)."""
+        if self.cp_mode not in CP_MODES or self.cp_split not in CP_SPLITS:
+            return [f"cp mode {self.cp_mode!r} / split {self.cp_split!r}: choose from {CP_MODES} / "
+                    f"{CP_SPLITS}"]
+        if self.cp == 1:
+            return []
+        pieces = self.cp if self.cp_mode == "alltoall" and self.cp_split == "contiguous" else 2 * self.cp
+        out = [] if model.seq % pieces == 0 else [
+            f"cp {self.cp} needs the sequence ({model.seq}) divisible by {pieces}"]
+        heads = (model.heads // self.tp, model.kv_heads // self.tp)
+        if self.cp_mode == "alltoall" and any(h % self.cp for h in heads):
+            out.append(f"all-to-all (Ulysses) cp {self.cp} needs the heads per tp rank ({heads[0]}, "
+                       f"kv {heads[1]}) divisible by {self.cp}")
         return out
 
 

@@ -211,7 +211,8 @@ def train_model(ctx: RankContext, model: torch.nn.Module, sync: GradSync, loss_o
     and every rank takes the optimizer step. ``loss_of(inputs, targets)`` defaults to the model's
     cross-entropy, ``params`` (what the optimizer updates) to the model's parameters, ``state_of()``
     (final parameters and gradients for parity tests) to the model's named state on the first replica.
-    Tensor-parallel ranks all compute the replica's loss; tp rank 0 reports it."""
+    Tensor-parallel ranks all compute the replica's loss; tp rank 0 reports it. Context-parallel ranks
+    each compute the loss of their slice of the sequence and report it, weighted 1/(dp x cp)."""
     layout = ctx.layout
     coord = layout.coord(ctx.rank)
     params = list(model.parameters() if params is None else params)
@@ -224,4 +225,5 @@ def train_model(ctx: RankContext, model: torch.nn.Module, sync: GradSync, loss_o
     state = None
     if ctx.cfg.collect_state:
         state = state_of() if state_of is not None else named_state(model) if coord["dp"] == 0 else None
-    return ctx.result(losses if coord["tp"] == 0 else None, loss_weight=1.0 / layout.dp, state=state)
+    weight = 1.0 / (layout.dp * layout.cp)
+    return ctx.result(losses if coord["tp"] == 0 else None, loss_weight=weight, state=state)

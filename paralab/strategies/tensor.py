@@ -77,9 +77,14 @@ class ParallelEmbedding(nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """(seq, batch) token ids -> (seq, batch, hidden), or this rank's sequence slice of it."""
         x = self.tok(idx)
-        start = self.tp.rank * x.shape[0] if self.tp.sequence_parallel else 0
-        positions = torch.arange(start, start + x.shape[0], device=idx.device)
+        positions = self.positions(idx.shape[0], idx.device)
+        if self.tp.sequence_parallel:  # x holds this rank's slice of the sequence
+            positions = positions.chunk(self.tp.size)[self.tp.rank]
         return self.drop(x + self.pos(positions).unsqueeze(1))
+
+    def positions(self, length: int, device) -> torch.Tensor:
+        """The positions of the ``length`` tokens given (see paralab.models.gpt.Embedding.positions)."""
+        return torch.arange(length, device=device)
 
 
 class ParallelAttention(nn.Module):

@@ -8,6 +8,7 @@ package imports on a machine without it. Each figure records what it drew in ``f
 
 from paralab.viz.bubble import bubble, bubble_vs_microbatches
 from paralab.viz.comm import comm_by_op, comm_link_split, comm_matrix, comm_matrix_data
+from paralab.viz.context import activation_growth, attention_per_rank, cp_modes
 from paralab.viz.elastic import elastic
 from paralab.viz.loss import loss_curves
 from paralab.viz.memory import measured_vs_predicted, memory, memory_vs
@@ -18,5 +19,5 @@ from paralab.viz.timeline import timeline
 __all__ = [
     "timeline", "bubble", "bubble_vs_microbatches", "comm_by_op", "comm_matrix", "comm_matrix_data",
     "comm_link_split", "scaling", "speedup_timeline", "memory", "measured_vs_predicted", "memory_vs", "elastic",
-    "loss_curves", "mesh",
+    "loss_curves", "mesh", "attention_per_rank", "activation_growth", "cp_modes",
 ]

@@ -73,7 +73,7 @@ def group_of(s: Span, world: int, meta: dict) -> list[int]:
     except TypeError:
         layout = None
     if layout is not None and layout.world_size == world:
-        for axis in reversed(AXES):  # innermost first: tp, then dp, then the pipeline
+        for axis in reversed(AXES):  # innermost first: tp, cp, dp, then the pipeline
             if layout.degree(axis) == n:
                 return layout.group_of(axis, s.rank)
     start = (s.rank // n) * n

@@ -1,0 +1,262 @@
+"""Context parallelism in the simulator: what splitting every sequence over cp GPUs costs and saves.
+
+Every part of a layer but attention works token by token, so a cp run is, attention aside, a
+data-parallel run over dp x cp replicas whose sequences are s / cp tokens long (:func:`slice_run`):
+its linear layers, norms, MLP, loss and their activations see a slice; the gradients are averaged,
+and ZeRO shards, over dp x cp. :func:`predict` predicts that run with the cost model, then adds
+what attention adds:
+
+- compute: a rank's queries meet every key of the sequence, so its attention core (QK^T, PV and
+  the softmax traffic) is cp times the slice's; a contiguous split gives the ranks unequal shares
+  of the causal work (paralab.strategies.sequence_split), and the ring waits for the slowest;
+- communication. Ring: per layer and microbatch, cp-1 K/V hops forward, cp-1 K/V and cp dK/dV hops
+  backward (2 x the slice's K or V each), every hop beside one step's attention; :func:`ring_steps`
+  runs the ring step by step, so a hop is hidden while its step computes longer than it travels
+  and exposed when the block is too small or the link too slow. All-to-all (Ulysses): q, k, v and
+  the output forward, their gradients backward, each (cp-1)/cp of the slice's tensor, blocking;
+- memory: the ring keeps no attention scores (its tiles are recomputed in backward, as a
+  flash-attention kernel does); the all-to-all's attention keeps its scores for heads / cp heads of
+  the whole sequence, 1/cp of what the unsplit model keeps.
+
+Model states are the whole model's (the learned position table is not split); the slice run's
+optimizer time counts it / cp, a rounding error. With a pipeline the extra attention time is added
+to every stage's passes as (microbatches + pp - 1) of them, the 1F1B critical path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from paralab.sim import cost, counting  # cost hands cp > 1 here (cost.CONTEXT_PARALLEL, below)
+from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec
+from paralab.strategies.sequence_split import ring_source, step_tiles
+from paralab.trace import COMM, COMPUTE, Span, Trace
+from paralab.wire import ring_wire_bytes
+
+LONG_SEQUENCE = 16384  # tokens from which the planner considers cp (Llama 3: cp 16 at 131,072, none at 8,192)
+CP_DEGREES = (2, 4, 8, 16, 32)
+
+
+def slice_run(model: ModelSpec, parallel: ParallelSpec) -> tuple[ModelSpec, ParallelSpec]:
+    """The data-parallel run a cp run is for everything but attention: dp x cp replicas, each with
+    the same sequences per microbatch, s / cp tokens long."""
+    p = parallel.resolved()
+    return (model.replace(seq=model.seq // p.cp),
+            p.replace(dp=p.dp * p.cp, cp=1, global_batch=p.global_batch * p.cp))
+
+
+def hop_bytes(model: ModelSpec, p: ParallelSpec) -> float:
+    """One ring hop: the K and V of a slice (this tp rank's heads)."""
+    return 2 * p.micro_batch * model.seq // p.cp * model.kv_dim / p.tp * model.dtype_bytes
+
+
+def alltoall_payloads(model: ModelSpec, p: ParallelSpec) -> list[float]:
+    """The four tensors of a layer's forward all-to-alls (q, k, v, output), the slice's, this tp rank's
+    heads; backward sends their gradients, the same sizes."""
+    token_bytes = p.micro_batch * model.seq // p.cp * model.dtype_bytes / p.tp
+    return [token_bytes * width for width in (model.hidden, model.kv_dim, model.kv_dim, model.hidden)]
+
+
+def comm_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]:
+    """Wire bytes per step one GPU sends for context parallelism, keyed as counting's (cp_send,
+    cp_all_to_all); the rest of its traffic is the slice run's (counting.comm_bytes_per_gpu)."""
+    p = parallel.resolved()
+    passes = model.layers // p.pp * p.microbatches
+    if p.cp_mode == "ring":
+        return {"cp_send": passes * (3 * p.cp - 2) * hop_bytes(model, p)}
+    wire = sum(ring_wire_bytes("all_to_all", b, p.cp) for b in alltoall_payloads(model, p))
+    return {"cp_all_to_all": passes * 2 * wire}
+
+
+# ------------------------------------------------------------------------------------------- time
+def _link_time(hw: HardwareSpec, nbytes: float, inter: bool) -> float:
+    if hw.p2p_curve and not inter:
+        return cost.interpolate(hw.p2p_curve, nbytes)
+    return (hw.inter_latency + nbytes / hw.inter_bw) if inter else (hw.intra_latency + nbytes / hw.intra_bw)
+
+
+def hop_time(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> float:
+    """Seconds for one K/V block to reach the next rank: its cp group is tp x cp consecutive ranks,
+    inside a node when they fit."""
+    return _link_time(hw, hop_bytes(model, p), p.tp * p.cp > hw.gpus_per_node)
+
+
+def block_time(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> float:
+    """Forward seconds of one (s/cp x s/cp) attention block on one rank: the slice run's attention core
+    and its softmax traffic (the cost model's convention: whole squares)."""
+    sm, sp = slice_run(model, p)
+    rank_hw = cost.per_rank(hw, p.world_size)
+    work = cost.layer_work(sm, sp.resolved(), rank_hw)
+    return work.core + work.core_elementwise_bytes / cost.elementwise_bandwidth(rank_hw)
+
+
+def ring_step_compute(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> list[list[float]]:
+    """Forward seconds of each rank's attention at each ring step, [rank][step]: a block's time scaled
+    by the query-key pairs of that step's tiles over the mean (so a balanced ring spends one block
+    per step, cp blocks in all, and a contiguous split loads the later ranks)."""
+    n, chunk = p.cp, model.seq // (2 * p.cp)
+    pairs = [[sum(t.pairs for t in step_tiles(r, ring_source(r, j, n), n, p.cp_split, chunk))
+              for j in range(n)] for r in range(n)]
+    mean = sum(map(sum, pairs)) / n**2
+    block = block_time(model, p, hw)
+    return [[block * x / mean for x in row] for row in pairs]
+
+
+@dataclasses.dataclass
+class RingSteps:
+    """One layer's ring, forward or backward, step by step: per rank the attention and hop spans
+    (start, end) and when it finishes."""
+
+    compute: list[list[tuple[float, float]]]
+    hops: list[list[tuple[float, float, str]]]
+    finish: list[float]
+
+    @property
+    def makespan(self) -> float:
+        return max(self.finish)
+
+    @property
+    def busy(self) -> float:
+        """The busiest rank's attention seconds: what the layer costs with every hop hidden."""
+        return max(sum(e - s for s, e in spans) for spans in self.compute)
+
+
+def ring_steps(compute: list[list[float]], hop: float, backward: bool = False) -> RingSteps:
+    """Run the ring of ``compute[rank][step]`` forward seconds with hops of ``hop`` seconds, as
+    ring_attention.py runs it: a rank posts its block's send, computes, then waits for the block from
+    the rank before it and for its own send. Backward a step computes twice the forward, then waits
+    for the block's dK/dV accumulator (sent by the rank before when it finished its step) and passes
+    it on; the last pass brings each block's home. A rank's link to the next sends one message at a
+    time, in the order they were posted (backward, K/V and dK/dV share it)."""
+    n = len(compute)
+    hop = hop if n > 1 else 0.0
+    factor = 2.0 if backward else 1.0
+    spans: list[list[tuple[float, float]]] = [[] for _ in range(n)]
+    hops: list[list[tuple[float, float, str]]] = [[] for _ in range(n)]
+    link = [0.0] * n  # when each rank's link to the next is free
+    ready = [0.0] * n  # when each rank may start its next step
+    accumulator = [0.0] * n  # when the dK/dV accumulator it needs next has arrived (and its own has left)
+
+    def send(rank: int, at: float, what: str) -> float:
+        link[rank] = max(at, link[rank]) + hop
+        hops[rank].append((link[rank] - hop, link[rank], what))
+        return link[rank]
+
+    for j in range(n):
+        kv_arrived, acc_arrived = list(ready), list(accumulator)
+        for r in range(n):
+            start = ready[r]
+            end = start + factor * compute[r][j]
+            spans[r].append((start, end))
+            if j < n - 1:
+                landed = send(r, start, "kv")  # the next rank's block for step j + 1, and our own send done
+                kv_arrived[(r + 1) % n] = max(kv_arrived[(r + 1) % n], landed)
+                kv_arrived[r] = max(kv_arrived[r], landed)
+            if backward:
+                end = max(end, accumulator[r])
+                landed = send(r, end, "dkv")
+                acc_arrived[(r + 1) % n] = max(acc_arrived[(r + 1) % n], landed)
+                acc_arrived[r] = max(acc_arrived[r], landed)
+            kv_arrived[r] = max(kv_arrived[r], end)
+        ready, accumulator = kv_arrived, acc_arrived
+    finish = [max(ready[r], accumulator[r]) for r in range(n)]
+    return RingSteps(spans, hops, finish)
+
+
+def alltoall_time(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> float:
+    """Seconds of a layer's four forward all-to-alls (backward: the same again), over cp ranks spaced
+    tp apart."""
+    return sum(cost.collective_time(hw, "all_to_all", b, p.cp, p.tp) for b in alltoall_payloads(model, p))
+
+
+def ulysses_core_time(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> float:
+    """Forward seconds of the all-to-all's attention: heads / (tp x cp) heads over the whole sequence
+    (QK^T and PV), with the softmax traffic of cp blocks."""
+    sm, sp = slice_run(model, p)
+    rank_hw = cost.per_rank(hw, p.world_size)
+    peak, s, d = rank_hw.peak(model.dtype), model.seq, model.head_dim
+    batch = p.micro_batch * model.heads / (p.tp * p.cp)
+    gemms = (cost.gemm_time(rank_hw, peak, s, s, d, batch, model.dtype_bytes)
+             + cost.gemm_time(rank_hw, peak, s, d, s, batch, model.dtype_bytes))
+    work = cost.layer_work(sm, sp.resolved(), rank_hw)
+    return gemms + p.cp * work.core_elementwise_bytes / cost.elementwise_bandwidth(rank_hw)
+
+
+def layer_extra(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> tuple[float, float]:
+    """(extra seconds, exposed communication seconds) one layer's forward and backward of one
+    microbatch take beyond the slice run's: attention across the split and its traffic."""
+    p = parallel.resolved()
+    block = block_time(model, p, hw)
+    if p.cp_mode == "ring":
+        compute, hop = ring_step_compute(model, p, hw), hop_time(model, p, hw)
+        forward, backward = ring_steps(compute, hop), ring_steps(compute, hop, backward=True)
+        exposed = forward.makespan - forward.busy + backward.makespan - backward.busy
+        return forward.makespan + backward.makespan - 3 * block, exposed
+    comm = 2 * alltoall_time(model, p, hw)
+    return 3 * (ulysses_core_time(model, p, hw) - block) + comm, comm
+
+
+# ------------------------------------------------------------------------------------------- predict
+def memory_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]:
+    """The whole model's states over dp x cp replicas, the slice's activations, attention's kept as
+    the module docstring says."""
+    sm, sp = slice_run(model, parallel)
+    memory = cost.memory_per_gpu(model, sp)
+    activations = cost.memory_per_gpu(sm, sp)["activations"]
+    if sp.recompute == "none":  # what the slice run keeps of attention scores
+        scores = activations - cost.memory_per_gpu(sm, sp.replace(recompute="selective"))["activations"]
+        activations += -scores if parallel.cp_mode == "ring" else (parallel.cp - 1) * scores
+    memory["activations"] = activations
+    memory["total"] = sum(v for k, v in memory.items() if k != "total")
+    return memory
+
+
+def predict(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec, simulate: bool = True
+            ) -> cost.Prediction:
+    """Predict one step of a cp run (cost.predict hands cp > 1 here): the slice run's prediction, with
+    every layer's attention across the split and its exposed traffic added (module docstring)."""
+    p = cost.check(model, parallel)
+    sm, sp = slice_run(model, p)
+    base = cost.predict(sm, sp, hw, simulate)
+    extra, exposed = layer_extra(model, p, hw)
+    passes = model.layers // p.pp * (p.microbatches + p.pp - 1)
+    step = base.step_time_s + passes * extra
+    flops = counting.flops_per_step(model, p.global_batch, p.recompute)
+    peak = hw.peak(model.dtype) * (1 if hw.shared_compute else p.world_size)
+    memory = memory_per_gpu(model, p)
+    breakdown = dict(base.breakdown_s, pipeline=base.breakdown_s["pipeline"] + passes * extra,
+                     cp_comm_exposed=passes * exposed)
+    return dataclasses.replace(
+        base, step_time_s=step, tokens_per_s=p.global_batch * model.seq / step,
+        tflops_per_gpu=flops["hardware"] / step / p.world_size / 1e12, mfu=flops["model"] / (step * peak),
+        hfu=flops["hardware"] / (step * peak), memory_bytes_per_gpu=memory,
+        comm_bytes_per_gpu={**base.comm_bytes_per_gpu, **comm_bytes_per_gpu(model, p)},
+        params=counting.parameter_counts(model)["total"], model_flops_per_step=flops["model"],
+        hardware_flops_per_step=flops["hardware"], breakdown_s=breakdown, parallel=p,
+        fits=memory["total"] <= cost.usable_memory(hw),
+    )
+
+
+cost.CONTEXT_PARALLEL.update(predict=predict, memory_per_gpu=memory_per_gpu)
+
+
+def ring_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> Trace:
+    """One layer's ring, forward then backward, on the cp ranks of one group, as a Trace: each step's
+    attention on the compute lane (kind forward or backward), each hop (K/V, dK/dV) on the comm lane,
+    so hidden and exposed hops show (paralab.viz.timeline draws it)."""
+    p = cost.check(model, parallel)
+    compute, hop = ring_step_compute(model, p, hw), hop_time(model, p, hw)
+    spans: list[Span] = []
+    offset = 0.0
+    for phase, steps in (("forward", ring_steps(compute, hop)), ("backward", ring_steps(compute, hop, True))):
+        for rank in range(p.cp):
+            for j, (start, end) in enumerate(steps.compute[rank]):
+                spans.append(Span(rank, COMPUTE, phase, offset + start, offset + end,
+                                  name=f"attention, ring step {j}", step=0))
+            for start, end, what in steps.hops[rank]:
+                spans.append(Span(rank, COMM, "send", offset + start, offset + end, name=f"{what} ({phase})",
+                                  bytes=int(hop_bytes(model, p)), peer=(rank + 1) % p.cp, step=0))
+        offset += steps.makespan
+    meta = {"source": "simulated", "strategy": "cp", "world_size": p.cp, "cp": p.cp, "cp_mode": "ring",
+            "cp_split": p.cp_split, "hop_s": hop, "block_s": block_time(model, p, hw)}
+    return Trace(spans=sorted(spans, key=lambda s: (s.start, s.rank)), meta=meta)

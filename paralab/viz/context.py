@@ -1,0 +1,99 @@
+"""Context-parallel figures: attention work per rank (the causal balance), activation memory against
+the sequence length, and ring against all-to-all as the cp degree grows (bytes, predicted time)."""
+
+from __future__ import annotations
+
+import statistics
+
+from paralab.viz._common import EXTRA_COLORS, MICROBATCH_COLORS, fmt_bytes, go, make_subplots, style
+
+MODE_COLORS = {"ring": MICROBATCH_COLORS[0], "alltoall": MICROBATCH_COLORS[1]}
+
+
+def attention_seconds(run) -> list[float]:
+    """Per rank of a cp run: its attention CPU seconds per step, the median over the steps after the
+    first (``attention_cpu_s`` of each rank's result: its own thread's time, waits for a core excluded)."""
+    out = []
+    for result in run.rank_results:
+        per_step = result["attention_cpu_s"]
+        steps = sorted(per_step, key=int)
+        out.append(statistics.median(per_step[s] for s in (steps[1:] or steps)))
+    return out
+
+
+def attention_per_rank(runs: dict, title: str | None = None):
+    """Grouped bars: attention milliseconds per step on each rank, one colour per run (``{label: run}``).
+    ``fig.layout.meta``: ``seconds`` per label and rank, ``imbalance`` (max over min) per label."""
+    graph = go()
+    fig = graph.Figure()
+    seconds = {label: attention_seconds(run) for label, run in runs.items()}
+    colors = MICROBATCH_COLORS + EXTRA_COLORS
+    for i, (label, values) in enumerate(seconds.items()):
+        fig.add_trace(graph.Bar(x=[f"r{r}" for r in range(len(values))], y=[v * 1e3 for v in values],
+                                name=label, marker_color=colors[i % len(colors)],
+                                hovertemplate=f"{label}, %{{x}}: %{{y:.2f}} ms per step<extra></extra>"))
+    imbalance = {label: max(v) / min(v) for label, v in seconds.items()}
+    fig.update_layout(barmode="group", meta={"seconds": seconds, "imbalance": imbalance})
+    fig.update_xaxes(title_text="rank (its place in the sequence: first to last)")
+    fig.update_yaxes(title_text="attention CPU time per step (ms)")
+    return style(fig, title or "attention work per rank", 380)
+
+
+def activation_growth(model, seqs: list[int], cps: tuple[int, ...] = (2, 4, 8), micro_batch: int = 1,
+                      title: str | None = None):
+    """Activation bytes one layer keeps on one GPU against the sequence length (log-log), from
+    paralab.sim.counting (Korthikanti et al. 2022, Table 2): the whole sequence with the attention
+    scores kept (standard attention: grows as s^2), without them (a flash kernel: grows as s), and
+    split over cp GPUs (ring attention keeps no scores: s / cp). ``fig.layout.meta["bytes"]``: per line."""
+    from paralab.sim import counting
+
+    graph = go()
+
+    def per_layer(seq: int, recompute: str) -> float:
+        return counting.activation_bytes_per_layer(model.replace(seq=seq), micro_batch, recompute=recompute)
+
+    lines = {"whole sequence, scores kept": [per_layer(s, "none") for s in seqs],
+             "whole sequence, no scores (flash)": [per_layer(s, "selective") for s in seqs]}
+    lines.update({f"cp {cp} (ring)": [per_layer(s // cp, "selective") for s in seqs] for cp in cps})
+    fig = graph.Figure()
+    for i, (name, values) in enumerate(lines.items()):
+        fig.add_trace(graph.Scatter(
+            x=seqs, y=values, name=name, mode="lines+markers", line=dict(dash="dot" if i == 0 else "solid"),
+            customdata=[fmt_bytes(v) for v in values],
+            hovertemplate=f"{name}: %{{x:,}} tokens, %{{customdata}} per layer<extra></extra>"))
+    fig.update_xaxes(title_text="sequence length (tokens)", type="log")
+    fig.update_yaxes(title_text="activation bytes per layer per GPU", type="log")
+    fig.update_layout(meta={"bytes": lines, "seqs": list(seqs)})
+    return style(fig, title or f"{model.name}: activations per layer against the sequence", 420)
+
+
+def cp_modes(model, hw, cps: list[int], title: str | None = None, **spec):
+    """Ring against all-to-all for each cp degree: wire bytes one GPU sends per step for context
+    parallelism (left) and the predicted step time (right), from paralab.sim. ``spec``: the other
+    ParallelSpec fields. ``fig.layout.meta``: ``bytes`` and ``step_s`` per mode, a list per degree."""
+    from paralab.sim import context, cost
+    from paralab.sim.specs import ParallelSpec
+
+    graph = go()
+    titles = ("cp wire bytes per GPU per step", "predicted step time")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=titles)
+    meta = {"cps": list(cps), "bytes": {}, "step_s": {}}
+    for mode in ("ring", "alltoall"):
+        specs = [ParallelSpec(**{**spec, "cp": cp, "cp_mode": mode}) for cp in cps]
+        sent = [sum(context.comm_bytes_per_gpu(model, p).values()) for p in specs]
+        steps = [cost.predict(model, p, hw).step_time_s for p in specs]
+        meta["bytes"][mode], meta["step_s"][mode] = sent, steps
+        x = [f"cp {cp}" for cp in cps]
+        fig.add_trace(graph.Bar(x=x, y=sent, name=mode, marker_color=MODE_COLORS[mode],
+                                legendgroup=mode, customdata=[fmt_bytes(v) for v in sent],
+                                hovertemplate=f"{mode} %{{x}}: %{{customdata}}<extra></extra>"), row=1, col=1)
+        fig.add_trace(graph.Scatter(x=x, y=steps, name=mode, mode="lines+markers",
+                                    marker_color=MODE_COLORS[mode],
+                                    line=dict(dash="dash" if mode == "alltoall" else "solid"),
+                                    legendgroup=mode, showlegend=False,
+                                    hovertemplate=f"{mode} %{{x}}: %{{y:.3f}} s<extra></extra>"),
+                      row=1, col=2)
+    fig.update_layout(barmode="group", meta=meta)
+    fig.update_yaxes(title_text="bytes", row=1, col=1)
+    fig.update_yaxes(title_text="seconds", row=1, col=2)
+    return style(fig, title or f"{model.name}: ring against all-to-all on {hw.name}", 400)

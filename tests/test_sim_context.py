@@ -1,0 +1,109 @@
+"""Context parallelism in the simulator: its traffic, the ring's hidden and exposed hops, memory,
+the planner's choice for long sequences, and the refusals (paralab.sim.context)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from paralab.sim import context, cost, planner
+from paralab.sim.hardware import get_hardware
+from paralab.sim.presets import get_model
+from paralab.sim.specs import ParallelSpec, SpecError
+from paralab.strategies.sequence_split import imbalance
+
+H100 = get_hardware("h100")
+LLAMA = get_model("llama3-8b")
+
+
+def spec(**options) -> ParallelSpec:
+    return ParallelSpec(**{"tp": 1, "global_batch": 1, "micro_batch": 1, **options})
+
+
+def test_wire_bytes_per_gpu_ring_and_all_to_all():
+    """Ring: 3cp-2 hops per layer and microbatch (cp-1 K/V forward; cp-1 K/V and cp dK/dV backward),
+    each the slice's K and V. All-to-all: q, k, v and output forward and their gradients backward,
+    (cp-1)/cp of each."""
+    model, cp = LLAMA.replace(seq=32768), 4
+    slice_tokens, e = 32768 // cp, model.dtype_bytes
+    ring = context.comm_bytes_per_gpu(model, spec(cp=cp))
+    assert ring == {"cp_send": model.layers * (3 * cp - 2) * 2 * slice_tokens * model.kv_dim * e}
+    ulysses = context.comm_bytes_per_gpu(model, spec(cp=cp, cp_mode="alltoall", tp=2))
+    widths = 2 * (2 * model.hidden + 2 * model.kv_dim) / 2  # q, k, v, out; both passes; half the heads
+    assert ulysses["cp_all_to_all"] == pytest.approx(model.layers * widths * slice_tokens * e * (cp - 1) / cp)
+
+
+def test_the_ring_hides_a_hop_shorter_than_its_step_and_exposes_a_longer_one():
+    compute = [[1.0] * 4 for _ in range(4)]
+    hidden = context.ring_steps(compute, hop=0.5)
+    assert hidden.makespan == pytest.approx(4.0) and hidden.busy == pytest.approx(4.0)
+    exposed = context.ring_steps(compute, hop=2.0)
+    assert exposed.makespan == pytest.approx(3 * 2.0 + 1.0)  # three hops, then the last block
+    backward = context.ring_steps(compute, hop=0.5, backward=True)
+    assert backward.makespan == pytest.approx(4 * 2.0 + 0.5)  # every block twice, then dK/dV home
+    assert all(len(h) == 3 + 4 for h in backward.hops), "3 K/V hops and 4 dK/dV hops per rank"
+
+
+def test_a_contiguous_split_waits_for_its_slowest_rank():
+    model = LLAMA.replace(seq=65536)
+    zigzag = cost.predict(model, spec(cp=4, tp=8), H100)
+    contiguous = cost.predict(model, spec(cp=4, tp=8, cp_split="contiguous"), H100)
+    assert contiguous.step_time_s > zigzag.step_time_s
+    rows = context.ring_step_compute(model, spec(cp=4, tp=8, cp_split="contiguous").resolved(), H100)
+    assert max(map(sum, rows)) / min(map(sum, rows)) == pytest.approx(imbalance(4, "contiguous", model.seq))
+
+
+def test_long_blocks_hide_the_ring_and_small_ones_expose_it():
+    long_run = cost.predict(LLAMA.replace(seq=131072), spec(cp=16, tp=8), H100)
+    assert long_run.breakdown_s["cp_comm_exposed"] / long_run.step_time_s < 0.01
+    short = cost.predict(LLAMA.replace(seq=4096), spec(cp=32, tp=1), H100)  # 128-token slices, 4 nodes
+    assert short.breakdown_s["cp_comm_exposed"] / short.step_time_s > 0.05
+
+
+def test_activations_per_gpu_fall_as_one_over_cp():
+    """The ring keeps no attention scores: against the unsplit model without them (selective
+    recompute drops exactly those), activations are 1/cp; all-to-all keeps 1/cp of the scores."""
+    model = LLAMA.replace(seq=32768)
+    unsplit = cost.memory_per_gpu(model, spec(recompute="selective"))["activations"]
+    scores = cost.memory_per_gpu(model, spec())["activations"] - unsplit
+    for cp in (2, 4, 8):
+        ring = cost.memory_per_gpu(model, spec(cp=cp))
+        assert ring["activations"] == pytest.approx(unsplit / cp)
+        assert ring["params"] == cost.memory_per_gpu(model, spec())["params"], "the model states are whole"
+        ulysses = cost.memory_per_gpu(model, spec(cp=cp, cp_mode="alltoall"))["activations"]
+        assert ulysses == pytest.approx((unsplit + scores) / cp)
+
+
+def test_the_planner_takes_cp_for_long_sequences_and_says_why():
+    model = LLAMA.replace(seq=131072)
+    ranked = planner.plan(model, 64, H100, global_batch=8, top=3)
+    assert ranked and ranked[0].parallel.cp > 1
+    sentences = planner.explain(ranked, model, H100)
+    why = f"Context parallel cp {ranked[0].parallel.cp}"
+    assert any(s.startswith(why) and "would not fit" in s for s in sentences), sentences
+    assert any(c.cp > 1 for c in planner.candidates(LLAMA.replace(seq=16384), 64, H100, 64))
+    assert all(c.cp == 1 for c in planner.candidates(LLAMA, 64, H100, 64)), "8,192 tokens are not long"
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(cp=4, cp_mode="alltoall", tp=4), r"heads per tp rank \(8, kv 2\) divisible by 4"),
+    (dict(cp=3), r"sequence \(8192\) divisible by 6"),
+])
+def test_specs_that_cannot_split_are_refused(options, message):
+    with pytest.raises(SpecError, match=message):
+        cost.predict(LLAMA, spec(**options), H100)
+    assert spec().problems(LLAMA.replace(seq=8191)) == [], "without cp any sequence length runs"
+
+
+def test_simulate_takes_cp_and_the_timeline_is_refused_not_faked(capsys):
+    from paralab import cli
+
+    code = cli.main(["simulate", "--model", "llama3-8b", "--seq", "131072", "--gpus", "128", "--tp", "8",
+                     "--cp", "16", "--global-batch", "1", "--hardware", "h100", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["cp"] == 16 and out["comm_bytes_per_gpu"]["cp_send"] > 0 and out["fits"]
+    with pytest.raises(SpecError, match="not drawn"):
+        cost.predict_trace(LLAMA, spec(cp=2), H100)
+    trace = context.ring_trace(LLAMA, spec(cp=4, tp=8), H100)
+    assert {s.kind for s in trace.spans} == {"forward", "backward", "send"} and trace.ranks == [0, 1, 2, 3]
