@@ -37,6 +37,12 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dp", type=int, default=d.dp, help="data-parallel degree (0: from the world size)")
     p.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel degree (0: the strategy's default)")
     p.add_argument("--pp", type=int, default=d.pp, help="pipeline stages (0: the strategy's default)")
+    p.add_argument("--ep", type=int, default=d.ep, help="expert parallel, inside dp (ep, hybrid; 0: the strategy's default)")
+    g = p.add_argument_group("mixture of experts (override the model preset's)")
+    g.add_argument("--experts", type=int, help="experts per block (0: dense)")
+    g.add_argument("--top-k", type=int, help="experts each token goes to")
+    g.add_argument("--capacity-factor", type=float,
+                   help="tokens an expert takes per sequence, x seq x k / experts (0 or less is refused; omit: dropless)")
     p.add_argument("--schedule", default=d.schedule, help="pipeline schedule (pp, hybrid)")
     p.add_argument("--microbatches", type=int, default=d.microbatches)
     p.add_argument("--virtual-stages", type=int, default=d.virtual_stages)
@@ -48,12 +54,18 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args) -> RunConfig:
-    return RunConfig.build(
+    cfg = RunConfig.build(
         args.model, **training_options(args), strategy=args.strategy, world_size=args.world_size,
         bucket_mb=args.bucket_mb, hierarchical=args.hierarchical, nodes=args.nodes, dp=args.dp, tp=args.tp,
-        pp=args.pp, schedule=args.schedule, microbatches=args.microbatches, virtual_stages=args.virtual_stages,
-        sequence_parallel=args.sequence_parallel, zero=args.zero, profile_dir=args.profile,
+        pp=args.pp, ep=args.ep, schedule=args.schedule, microbatches=args.microbatches,
+        virtual_stages=args.virtual_stages, sequence_parallel=args.sequence_parallel, zero=args.zero,
+        profile_dir=args.profile,
     )
+    experts = {k: v for k, v in (("experts", args.experts), ("top_k", args.top_k),
+                                 ("capacity_factor", args.capacity_factor)) if v is not None}
+    if experts:
+        cfg.model = dataclasses.replace(cfg.model, **experts)
+    return cfg
 
 
 def cmd_run(args) -> int:
@@ -86,7 +98,7 @@ def cmd_run(args) -> int:
 def format_summary(s: dict) -> str:
     lines = [
         f"{s['strategy']} on {s['world_size']} rank(s) ({s['device']}), model {s['model']}, {s['steps']} steps",
-        f"layout: dp {s['dp']} x tp {s['tp']} x pp {s['pp']}"
+        f"layout: dp {s['dp']} x tp {s['tp']} x pp {s['pp']}" + (f" (ep {s['ep']} inside dp)" if s.get("ep", 1) > 1 else "")
         + (f", schedule {s['schedule']}" if s["schedule"] else "") + f", {s['microbatches']} microbatch(es)"
         + (f", ZeRO-{s['zero']}" if s.get("zero") else ""),
         "losses: " + " ".join(f"{x:.4f}" for x in s["losses"]),

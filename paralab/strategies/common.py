@@ -14,6 +14,7 @@ import torch
 
 from paralab.data import DataLoader
 from paralab.models.gpt import GPT, lm_loss
+from paralab.models.moe import set_aux_loss_scale
 from paralab.runtime.context import RankContext
 
 
@@ -185,6 +186,7 @@ def train_model(ctx: RankContext, model: torch.nn.Module, sync: GradSync, loss_o
     Tensor-parallel ranks all compute the replica's loss; tp rank 0 reports it."""
     layout = ctx.layout
     coord = layout.coord(ctx.rank)
+    set_aux_loss_scale([model], 1.0 / layout.microbatches)
     params = list(model.parameters() if params is None else params)
     loss_of = loss_of or (lambda x, y: lm_loss(model(x), y))
     optimizer = make_optimizer(ctx.cfg, params)

@@ -11,7 +11,9 @@ function over its dim of the mesh, and they compose:
 - ``parallelize_data``: each dp replica takes 1/dp of the global batch, cut into microbatches, and
   its gradients are synchronised over the dp group once per step, after the last microbatch (not
   after each): DDP's buckets (ddp.py), launched when the last microbatch's gradient lands, or a ZeRO
-  stage 1 or 2 over dp (``zero`` option; zero.py).
+  stage 1 or 2 over dp (``zero`` option; zero.py). With ``ep`` > 1 (a mixture-of-experts model) the
+  experts are sharded over ep of the dp ranks and reduced over the ranks holding the same ones
+  (expert.py; paralab.layout says where they sit).
 
 The degrees are resolved and checked once, before any process starts (paralab.layout, then
 :func:`check`, which reuses the pipeline's and the tensor-parallel checks). The loss of each replica
@@ -29,10 +31,12 @@ from torch.distributed.device_mesh import init_device_mesh
 from paralab.config import ConfigError, RunConfig
 from paralab.layout import AXES
 from paralab.models.gpt import build_part, lm_loss
+from paralab.models.moe import ExpertGroup, set_aux_loss_scale
 from paralab.schedules import DEFAULT_SCHEDULE, SCHEDULES, build_schedule, theoretical_bubble
 from paralab.strategies import tensor
 from paralab.strategies.common import SyncChain, make_loader, make_optimizer, train_loop
 from paralab.strategies.ddp import BucketedReducer
+from paralab.strategies.expert import expert_process_groups, parallelize_experts
 from paralab.strategies.pipeline import PipelineExecutor, microbatched_batch, stage_groups
 from paralab.strategies.pipeline_stage import build_stages, check_pipeline
 from paralab.strategies.registry import PIPELINE_OPTIONS, Strategy
@@ -49,6 +53,9 @@ def check(cfg: RunConfig, layout) -> None:
             "stage 3 gathers each part for its forward and again for its backward, once per microbatch, and "
             "frees it in between, which the pipeline executor does not do; use zero=1 or 2, or strategy "
             "'zero3' for pure data parallel")
+    if layout.zero and layout.ep > 1:
+        raise ConfigError(f"not supported: zero={layout.zero} with ep={layout.ep}: ZeRO would shard every parameter "
+                          "over all dp ranks, but an expert lives only on its expert-data-parallel ranks; use zero=0")
     if layout.zero not in (0, 1, 2):
         raise ConfigError(f"zero must be 0 (ddp), 1 or 2, got {layout.zero}")
     if layout.sequence_parallel and layout.tp == 1:
@@ -66,14 +73,16 @@ def check(cfg: RunConfig, layout) -> None:
 # ------------------------------------------------------------------------------------------ the mesh
 @dataclasses.dataclass
 class MeshPosition:
-    """This rank on the mesh: its pp and dp coordinates, its tp group, its dp group and the global
-    ranks of its pipeline (by pipeline rank)."""
+    """This rank on the mesh: its pp and dp coordinates, its tp group, its dp group, the global ranks of
+    its pipeline (by pipeline rank) and, with ep > 1, its expert group and expert-data-parallel group."""
 
     pp: int
     dp: int
     tp: TensorParallelGroup
     dp_group: object
     pipeline_ranks: list[int]
+    ep: ExpertGroup | None = None
+    expert_data_group: object = None
 
 
 def place_on_mesh(ctx) -> MeshPosition:
@@ -81,7 +90,9 @@ def place_on_mesh(ctx) -> MeshPosition:
     mesh = init_device_mesh(ctx.device.type, layout.shape, mesh_dim_names=AXES)
     coord = dict(zip(AXES, mesh.get_coordinate()))
     tp_group = TensorParallelGroup(mesh.get_group("tp"), coord["tp"], layout.tp, layout.sequence_parallel)
-    return MeshPosition(coord["pp"], coord["dp"], tp_group, mesh.get_group("dp"), layout.group_of("pp", ctx.rank))
+    ep, expert_data_group = expert_process_groups(layout, ctx.rank) if layout.ep > 1 else (None, None)
+    return MeshPosition(coord["pp"], coord["dp"], tp_group, mesh.get_group("dp"), layout.group_of("pp", ctx.rank),
+                        ep, expert_data_group)
 
 
 # ------------------------------------------------------------------------------------------ composition
@@ -90,7 +101,7 @@ def parallelize_tensor(cfg: RunConfig, layout, schedule, position: MeshPosition,
     tp = position.tp
 
     def build(model, index, seed):
-        return build_part(model, index, seed) if tp.size == 1 else tensor.parallel_part(model, index, seed, tp)
+        return build_part(model, index, seed, position.ep) if tp.size == 1 else tensor.parallel_part(model, index, seed, tp)
 
     return build_stages(cfg.model, schedule.num_stages, schedule.stages_on(position.pp), cfg.seed,
                         layout.stage_layers, device, build)
@@ -121,6 +132,10 @@ def parallelize_data(ctx, module: nn.Module, position: MeshPosition):
     rank's shards (stage 1 keeps full gradients, so they are summed over tp before the reduce-scatter;
     stage 2 with sequence parallel is refused by check)."""
     layout = ctx.layout
+    if layout.ep > 1:
+        optimizer = make_optimizer(ctx.cfg, module.parameters())
+        ctx.memory.watch(list(module.parameters()), optimizer)
+        return parallelize_experts(ctx, module, position.dp_group, position.expert_data_group), optimizer
     if layout.zero:
         zero = Zero(ctx, module, layout.zero, group=position.dp_group, accumulations=layout.microbatches)
         sp_grads = tensor.SequenceParallelGrads(module, position.tp)  # after Zero: it made the parameter views
@@ -141,6 +156,7 @@ def train(ctx) -> dict:
     schedule = build_schedule(layout.schedule or DEFAULT_SCHEDULE, layout.pp, layout.microbatches,
                               layout.virtual_stages)
     stages = parallelize_tensor(cfg, layout, schedule, position, ctx.device)
+    set_aux_loss_scale(stages.values(), 1.0 / layout.microbatches)
     module = nn.ModuleDict({str(s): stage for s, stage in stages.items()})
     sync, optimizer = parallelize_data(ctx, module, position)
     executor = parallelize_pipeline(ctx, schedule, stages, position)
@@ -172,14 +188,15 @@ def train(ctx) -> dict:
 
 def gather_state(module: nn.Module, stages: dict, sync: SyncChain, position: MeshPosition) -> dict | None:
     """Full parameters and averaged gradients under GPT's names, on the tp rank 0 of dp replica 0 of
-    every stage; gathered over dp (ZeRO's shards) and tp after training, outside the traced steps."""
+    every stage (with ep > 1, of the first expert group, which holds every expert once); gathered over
+    dp (ZeRO's shards) and tp after training, outside the traced steps."""
     zero = sync.syncs[-1] if isinstance(sync.syncs[-1], Zero) else None
     if zero is not None:  # every dp rank takes part; dp rank 0 gets them
         full = zero.sharded.full_state()
         grads = None if full is None else full["grads"]
     else:
         grads = {name: p.grad for name, p in module.named_parameters()}
-    if position.dp != 0:
+    if position.dp >= (position.ep.size if position.ep is not None else 1):
         return None
     named = [item for stage in stages.values() for item in stage.global_named_parameters()]
     with torch.no_grad():
@@ -188,6 +205,7 @@ def gather_state(module: nn.Module, stages: dict, sync: SyncChain, position: Mes
     return tensor.gather_state(named, position.tp)
 
 
-STRATEGIES = [Strategy("hybrid", "`--dp D --tp T --pp P` on a device mesh, `--zero 1/2` over dp", axes=("dp", "tp", "pp"),
-                       options=(*PIPELINE_OPTIONS, "sequence_parallel", "zero", "bucket_mb"), schedules=SCHEDULES,
+STRATEGIES = [Strategy("hybrid", "`--dp D --tp T --pp P` on a device mesh, `--zero 1/2` over dp, `--ep E` inside dp",
+                       axes=("dp", "tp", "pp"), options=(*PIPELINE_OPTIONS, "sequence_parallel", "zero", "bucket_mb", "ep"),
+                       schedules=SCHEDULES,
                        check=check, train=train, title="hybrid 3D parallel (混合并行)")]

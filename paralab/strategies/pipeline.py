@@ -31,6 +31,7 @@ from torch.autograd.graph import get_gradient_edge
 from paralab import comm
 from paralab.config import ConfigError, RunConfig
 from paralab.models.gpt import lm_loss
+from paralab.models.moe import set_aux_loss_scale
 from paralab.schedules import (
     BACKWARD,
     BACKWARD_INPUT,
@@ -254,6 +255,7 @@ def train(ctx) -> dict:
     schedule = build_schedule(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages)
     owned = schedule.stages_on(ctx.rank)
     stages = build_stages(cfg.model, schedule.num_stages, owned, cfg.seed, layout.stage_layers, ctx.device)
+    set_aux_loss_scale(stages.values(), 1.0 / schedule.microbatches)
     params = [p for s in owned for p in stages[s].parameters()]
     optimizer = make_optimizer(cfg, params)
     ctx.memory.watch(params, optimizer)
