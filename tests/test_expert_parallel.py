@@ -28,6 +28,9 @@ CASES = {
     "hybrid dp 2 ep 2 x pp 2": ("hybrid", 4, "dropless", dict(pp=2, ep=2, microbatches=2)),
     "hybrid dp 2 ep 2 x pp 2 zbv capacity": ("hybrid", 4, "capacity", dict(pp=2, ep=2, microbatches=2,
                                                                           schedule="zbv")),
+    # DualPipeV, whose F&B slots are meant for exactly this: full and split backwards through all-to-alls
+    "hybrid dp 2 ep 2 x pp 2 dualpipev": ("hybrid", 4, "dropless", dict(pp=2, ep=2, microbatches=4,
+                                                                       schedule="dualpipev")),
 }
 
 

@@ -36,6 +36,8 @@ CASES = [
     ("zb-h1", 4, 2, 1, "sgd"),
     ("zbv", 4, 4, 2, "sgd"),
     ("zbv", 2, 1, 2, "adam"),
+    ("dualpipev", 2, 4, 2, "sgd"),
+    ("dualpipev", 4, 8, 2, "sgd"),
 ]
 STAGE_LAYERS = {("1f1b", 2): [3, 5]}  # one case runs an uneven, user-given split (torch_pp gets it too)
 _runs: dict = {}

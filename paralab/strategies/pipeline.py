@@ -6,7 +6,10 @@ ordered forwards, backwards and the sends and receives that carry activations do
 and gradients back up. This executor runs whatever list it is given:
 
 - ``mp`` is the naive schedule: one batch, no microbatches, so only one rank works at a time;
-- ``pp`` runs gpipe, 1f1b, interleaved, zb-h1 or zbv over ``microbatches`` slices of the batch.
+- ``pp`` runs gpipe, 1f1b, interleaved, zb-h1, zbv or dualpipev over ``microbatches`` slices of the
+  batch. DualPipeV's F&B slots run here as their forward then their backward: the schedule, its
+  order and its proofs are the same; the overlap inside a slot (one microbatch's all-to-all hidden
+  behind the other's compute, on separate GPU streams) is what the simulator times.
 
 Each microbatch's loss is divided by m, so the gradients that accumulate over the microbatches are
 those of the whole batch and the optimizer step equals single-device training. Activations and
@@ -89,6 +92,7 @@ class PipelineExecutor:
         self.owner = schedule.stage_to_rank
         self.last = schedule.num_stages - 1
         self.weight_grads = DeferredWeightGrads(stages) if schedule.is_split_backward else None
+        self.split = schedule.split_backwards  # (stage, microbatch) whose backward is Bi then W
         self.peak_activations = 0
 
     def run_step(self, tokens: list[torch.Tensor] | None, targets: list[torch.Tensor] | None) -> float | None:
@@ -158,7 +162,9 @@ class PipelineExecutor:
         self._release(s, mb)
 
     def _recording(self, s: int, mb: int):
-        return self.weight_grads.recording((s, mb)) if self.weight_grads else nullcontext()
+        """Keep what W will need, for the forwards whose backward is split (only those: DualPipeV runs
+        some backwards whole)."""
+        return self.weight_grads.recording((s, mb)) if (s, mb) in self.split else nullcontext()
 
     # ------------------------------------------------------------------------------ p2p
     def send_forward(self, a) -> None:
@@ -277,7 +283,7 @@ STRATEGIES = [
     Strategy("mp", "layers split over ranks, one batch, one rank busy at a time", axes=("pp",),
              options=("microbatches", "schedule", "stage_layers"), schedule="naive", check=check_mp, train=train,
              title="layer-wise model parallel (模型并行)"),
-    Strategy("pp", "`--schedule gpipe / 1f1b / interleaved / zb-h1 / zbv`, microbatches", axes=("pp",),
+    Strategy("pp", "`--schedule gpipe / 1f1b / interleaved / zb-h1 / zbv / dualpipev`, microbatches", axes=("pp",),
              options=PIPELINE_OPTIONS, schedules=SCHEDULES, check=check_pipeline, train=train,
              title="pipeline parallel (流水线并行)"),
 ]
