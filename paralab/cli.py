@@ -46,6 +46,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedule", default=d.schedule, help="pipeline schedule (pp, hybrid)")
     p.add_argument("--microbatches", type=int, default=d.microbatches)
     p.add_argument("--virtual-stages", type=int, default=d.virtual_stages)
+    p.add_argument("--stage-layers", type=_int_list, metavar="N,N,...",
+                   help="blocks per pipeline stage in model order, e.g. 1,3,3,1 (lighter ends; default: even)")
     p.add_argument("--sequence-parallel", action="store_true")
     p.add_argument("--zero", type=int, default=d.zero, help="hybrid: ZeRO stage over the dp dimension")
     p.add_argument("--trace-dir", metavar="DIR", help="write one paralab trace per rank (torchrun; merge later)")
@@ -53,13 +55,20 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", metavar="DIR", help="record every rank with torch.profiler: DIR/rankN.json")
 
 
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected whole numbers separated by commas, like 1,3,3,1, got {text!r}") from None
+
+
 def config_from_args(args) -> RunConfig:
     cfg = RunConfig.build(
         args.model, **training_options(args), strategy=args.strategy, world_size=args.world_size,
         bucket_mb=args.bucket_mb, hierarchical=args.hierarchical, nodes=args.nodes, dp=args.dp, tp=args.tp,
         pp=args.pp, ep=args.ep, schedule=args.schedule, microbatches=args.microbatches,
-        virtual_stages=args.virtual_stages, sequence_parallel=args.sequence_parallel, zero=args.zero,
-        profile_dir=args.profile,
+        virtual_stages=args.virtual_stages, stage_layers=args.stage_layers, sequence_parallel=args.sequence_parallel,
+        zero=args.zero, profile_dir=args.profile,
     )
     experts = {k: v for k, v in (("experts", args.experts), ("top_k", args.top_k),
                                  ("capacity_factor", args.capacity_factor)) if v is not None}

@@ -157,7 +157,8 @@ def build_schedule(name: str, pp: int, microbatches: int, virtual_stages: int = 
 
     ``naive``: layer-wise model parallelism, one microbatch through the whole model and back before
     the next, so exactly one rank works at any time. ``gpipe``: all forwards, then all backwards.
-    ``1f1b``: PipeDream-Flush. ``interleaved``: Megatron's 1F1B over v model chunks per rank.
+    ``1f1b``: PipeDream-Flush. ``interleaved``: Megatron's 1F1B over v model chunks per rank (in rounds
+    of p microbatches, or of m / max(1, m // p) when p does not divide m).
     ``zb-h1``: zero-bubble H1, 1F1B memory with split backward. ``zbv``: the V-shape zero-bubble
     schedule with two chunks per rank. ``dualpipev``: DeepSeek's DualPipeV on the same V, a forward
     and a backward of two microbatches sharing each steady-state slot (needs microbatches >= 2 pp).
@@ -202,10 +203,11 @@ def shape_problems(name: str, pp: int, microbatches: int, virtual_stages: int = 
     if name == "interleaved":
         if virtual_stages < 2:
             out.append("interleaved needs virtual_stages >= 2 (with one chunk per rank it is 1f1b)")
-        if microbatches % pp:
-            fits = [k * pp for k in range(1, 4)]
-            out.append(f"interleaved needs microbatches divisible by stages: {microbatches} % {pp} != 0; "
-                       f"microbatch counts that fit: {fits}, ...")
+        rounds = max(1, microbatches // pp)
+        if microbatches % rounds:
+            fits = [k for k in range(max(1, microbatches - pp), microbatches + pp + 1) if k % max(1, k // pp) == 0]
+            out.append(f"interleaved runs the microbatches in max(1, m // stages) = {rounds} equal rounds: "
+                       f"{microbatches} % {rounds} != 0; microbatch counts that fit: {fits}")
     elif name in V_SHAPED:
         if virtual_stages not in (1, 2):
             out.append(f"{name} always runs 2 chunks per rank; virtual_stages must be 2 (or 1), got {virtual_stages}")
@@ -246,23 +248,31 @@ def _one_f_one_b(p: int, m: int, rank: int) -> list[Action]:
     return order
 
 
+def interleaved_round(pp: int, microbatches: int) -> int:
+    """Microbatches that go through the chunks together in the interleaved schedule: the stages (p),
+    Megatron's round, when they divide the microbatches; else the microbatches split into
+    max(1, m // p) equal rounds (torch's relaxation: m = 1, 2, p - 1, 10 on 4 ranks all run)."""
+    return microbatches // max(1, microbatches // pp)
+
+
 def _interleaved(p: int, m: int, v: int, rank: int) -> list[Action]:
     """Megatron's interleaved 1F1B: rank r holds stages r, r + p, ..., r + (v-1)p.
 
-    Microbatches go through the chunks in groups of p: the k-th forward of a rank runs chunk
-    (k // p) % v on microbatch (k // pv) p + k % p, and backwards visit the chunks in reverse. The
-    warm-up is longer than 1F1B's, 2(p - rank - 1) + (v - 1)p forwards: microbatch 0 must pass
-    through all v chunks of every rank before the first backward can start, on the last chunk.
+    Microbatches go through the chunks in rounds of g (:func:`interleaved_round`, p when p divides m):
+    the k-th forward of a rank runs chunk (k // g) % v on microbatch (k // gv) g + k % g, and
+    backwards visit the chunks in reverse. The warm-up is longer than 1F1B's, 2(p - rank - 1) + (v - 1)g
+    forwards: microbatch 0 must pass through all v chunks of every rank before the first backward can
+    start, on the last chunk.
     """
-    total = m * v
+    total, g = m * v, interleaved_round(p, m)
 
     def action(op: str, k: int) -> Action:
-        chunk = (k // p) % v
+        chunk = (k // g) % v
         if op == BACKWARD:
             chunk = v - 1 - chunk
-        return Action(op, chunk * p + rank, (k // (p * v)) * p + k % p)
+        return Action(op, chunk * p + rank, (k // (g * v)) * g + k % g)
 
-    warmup = min(2 * (p - rank - 1) + (v - 1) * p, total)
+    warmup = min(2 * (p - rank - 1) + (v - 1) * g, total)
     order = [action(FORWARD, k) for k in range(warmup)]  # warm-up
     for k in range(total - warmup):  # steady: one forward, one backward
         order += [action(FORWARD, warmup + k), action(BACKWARD, k)]
@@ -695,7 +705,10 @@ def theoretical_bubble(name: str, pp: int, microbatches: int, virtual_stages: in
     - naive: (p - 1) / p, one rank busy at a time.
     - gpipe, 1f1b: (p - 1) / (m + p - 1) (GPipe, Huang et al. 2019; 1F1B has the same bubble and
       lower memory, Narayanan et al. 2021): a ramp of p - 1 stage times at each end.
-    - interleaved: (p - 1) / (v m + p - 1): the ramp is made of chunks 1/v as long (Narayanan et al.).
+    - interleaved: (p - 1) / (v m + p - 1) for m >= p: the ramp is made of chunks 1/v as long
+      (Narayanan et al.), whether or not p divides m. With m < p a round is shorter than the pipeline:
+      one microbatch's trip through all p v chunks and back sets the step, each other microbatch adds
+      a chunk time, 1 - m / (p + (m - 1) / v). Both are 1 - m / (max(m, p) + (min(m, p) - 1) / v).
     - zb-h1, assuming t_F = t_Bi = t_W (Qi et al. 2023): the ramp shrinks from 1F1B's
       (p - 1)(t_F + t_Bi + t_W) to (p - 1)(t_F + t_Bi - t_W) = (p - 1) t_F against 3m t_F of work, so
       (p - 1) / (3m + p - 1) for m >= p. With m < p the gradient's trip back up the pipeline
@@ -716,7 +729,7 @@ def theoretical_bubble(name: str, pp: int, microbatches: int, virtual_stages: in
     if name in ("gpipe", "1f1b"):
         return ramp / (m + ramp)
     if name == "interleaved":
-        return ramp / (v * m + ramp)
+        return 1 - m / (max(m, p) + (min(m, p) - 1) / v)
     if name == "zb-h1":
         return 1 - 3 * m / max(3 * m + ramp, 2 * m + 2 * p - 1)
     if name == "dualpipev":

@@ -19,11 +19,12 @@ TIMES = {"forward": 1.0, "backward": 2.0, "backward_input": 1.0, "backward_weigh
 
 
 def shapes(name):
-    """(p, m, v) combinations a schedule supports among p in {2, 4}, m in {1, 2, 4, 8}."""
+    """(p, m, v) combinations a schedule supports among p in {2, 4}, m in {1, 2, 4, 6, 8} (interleaved
+    runs them all: m below p, and m = 6 that 4 does not divide)."""
     v = 2 if name in ("interleaved", "zbv", "dualpipev") else 1
     for p in (2, 4):
-        for m in (1, 2, 4, 8):
-            if (name != "interleaved" or m % p == 0) and (name != "dualpipev" or m >= 2 * p):
+        for m in (1, 2, 4, 6, 8):
+            if name != "dualpipev" or m >= 2 * p:
                 yield p, m, v
 
 
@@ -81,6 +82,17 @@ def test_recv_right_before_and_send_right_after_compute(name, p, m, v):
                 assert all(b.op.startswith("send") for b in actions[j + len(slot_at(actions, j)):i])
                 assert (a.stage, a.microbatch) in [(c.stage, c.microbatch) for c in slot_at(actions, j)]
                 assert a.peer != rank
+
+
+@pytest.mark.parametrize(("p", "m", "v"), [(4, 1, 2), (4, 3, 2), (4, 6, 2), (4, 10, 3), (3, 5, 2), (5, 12, 2)])
+def test_interleaved_runs_microbatch_counts_the_stages_do_not_divide(p, m, v):
+    """torch's relaxation of Megatron's rule: rounds of m / max(1, m // p) microbatches. The closed form
+    holds for every such shape; with m >= p it is Megatron's (p - 1) / (v m + p - 1)."""
+    schedule = build_schedule("interleaved", p, m, v)
+    validate_schedule(schedule)
+    assert simulated_bubble(schedule, TIMES) == pytest.approx(theoretical_bubble("interleaved", p, m, v), abs=1e-9)
+    if m >= p:
+        assert theoretical_bubble("interleaved", p, m, v) == pytest.approx((p - 1) / (v * m + p - 1))
 
 
 def test_interleaved_places_stage_s_on_rank_s_mod_p():
@@ -323,11 +335,12 @@ def test_unknown_schedule_lists_the_choices():
         theoretical_bubble("pipedream", 2, 4)
 
 
-def test_interleaved_needs_divisible_microbatches_and_several_chunks():
+def test_interleaved_needs_equal_rounds_and_several_chunks():
     with pytest.raises(
-        ValueError, match=r"divisible by stages: 6 % 4 != 0; microbatch counts that fit: \[4, 8, 12\]"
+        ValueError, match=r"max\(1, m // stages\) = 2 equal rounds: 9 % 2 != 0; microbatch counts that fit: "
+                          r"\[5, 6, 7, 8, 10, 12\]"
     ):
-        build_schedule("interleaved", 4, 6, 2)
+        build_schedule("interleaved", 4, 9, 2)
     with pytest.raises(ValueError, match="virtual_stages >= 2"):
         build_schedule("interleaved", 4, 8, 1)
 

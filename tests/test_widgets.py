@@ -56,8 +56,8 @@ def test_pipeline_explorer_offers_dualpipev_and_its_overlap():
 def test_pipeline_explorer_invalid_combination_shows_message():
     app = widgets.pipeline_explorer(schedule="interleaved", stages=4, microbatches=8, virtual_stages=2)
     before = bars(app.figure)
-    app.controls["microbatches"].value = 6  # interleaved needs m divisible by the stages
-    assert "divisible" in app.message.value
+    app.controls["microbatches"].value = 9  # interleaved needs equal rounds of microbatches (2 rounds of 4.5)
+    assert "equal rounds" in app.message.value
     assert bars(app.figure) == before  # the last good timeline stays
     app.controls["microbatches"].value = 12
     assert app.message.value == "" and bars(app.figure) > before

@@ -51,8 +51,9 @@ def check(cfg: RunConfig, layout) -> None:
         raise ConfigError(
             f"not supported: zero3 in hybrid ({'with pp=' + str(layout.pp) if layout.pp > 1 else 'over dp'}): "
             "stage 3 gathers each part for its forward and again for its backward, once per microbatch, and "
-            "frees it in between, which the pipeline executor does not do; use zero=1 or 2, or strategy "
-            "'zero3' for pure data parallel")
+            "frees it in between, which the pipeline executor does not do; with m microbatches a stage would "
+            "all-gather its parameters 2m times a step, m times the traffic of zero1, to shard the parameters "
+            "too; use zero=1 or 2, or strategy 'zero3' for pure data parallel")
     if layout.zero and layout.ep > 1:
         raise ConfigError(f"not supported: zero={layout.zero} with ep={layout.ep}: ZeRO would shard every parameter "
                           "over all dp ranks, but an expert lives only on its expert-data-parallel ranks; use zero=0")
