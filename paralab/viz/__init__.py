@@ -12,11 +12,12 @@ from paralab.viz.elastic import elastic
 from paralab.viz.loss import loss_curves
 from paralab.viz.memory import memory
 from paralab.viz.mesh import mesh
+from paralab.viz.moe import expert_cost, expert_load
 from paralab.viz.scaling import scaling, speedup_timeline
 from paralab.viz.timeline import timeline
 
 __all__ = [
     "timeline", "bubble", "bubble_vs_microbatches", "comm_by_op", "comm_matrix", "comm_matrix_data",
     "comm_link_split", "scaling", "speedup_timeline", "memory", "elastic", "loss_curves",
-    "mesh",
+    "mesh", "expert_load", "expert_cost",
 ]
