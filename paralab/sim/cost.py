@@ -645,7 +645,9 @@ def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: f
     world = p.world_size
     peak = hw.peak(model.dtype) * (1 if hw.shared_compute else world)
     memory = memory_per_gpu(model, p)
-    per_rank_tp = p.microbatches * sum(st.tp_comm for stage, st in enumerate(times) if counting.stage_rank(p, stage) == 0)
+    first_rank = [st for stage, st in enumerate(times) if counting.stage_rank(p, stage) == 0]
+    per_rank_tp = p.microbatches * sum(st.tp_comm for st in first_rank)
+    per_rank_a2a = p.microbatches * sum(2 * st.a2a for st in first_rank)  # forward and backward
     return Prediction(
         step_time_s=step,
         tokens_per_s=p.global_batch * model.seq / step,
@@ -663,6 +665,7 @@ def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: f
             "pipeline": pipeline,
             "bubble": bubble * pipeline,
             "tp_comm": per_rank_tp,
+            "ep_comm": per_rank_a2a,
             "dp_comm_exposed": exposed,
             "optimizer": optimizer,
             "loop": loop,

@@ -135,6 +135,7 @@ def describe(p: ParallelSpec) -> str:
 LOSSES = {
     "bubble": "the pipeline bubble",
     "tp_comm": "tensor-parallel communication",
+    "ep_comm": "the expert-parallel all-to-alls",
     "dp_comm_exposed": "the exposed gradient reduction",
     "optimizer": "the optimizer step",
 }
