@@ -30,8 +30,9 @@ def expert_load(trace, title: str | None = None):
     tokens = [load.tokens_per_expert(step) for step in steps]
     dropped = load.dropped_per_step()
     imbalance = [load.imbalance(step) for step in steps]
+    drops = "dropped assignments" if any(dropped) else "dropped assignments: none (dropless, or all within capacity)"
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.72, 0.28], vertical_spacing=0.08,
-                        subplot_titles=("tokens per expert (all layers and ranks)", "dropped assignments"))
+                        subplot_titles=("tokens per expert (all layers and ranks)", drops))
     fig.add_trace(go().Heatmap(
         x=steps, y=[f"expert {e}" for e in range(load.experts)], z=[list(col) for col in zip(*tokens)],
         colorscale="Blues", colorbar=dict(title="tokens", len=0.7, y=0.64),

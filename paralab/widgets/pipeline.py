@@ -138,8 +138,10 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
         theory = theoretical_bubble(name, p, m, v)
         app.last_update_ms = (time.perf_counter() - started) * 1e3
         hidden = f", F&B hides {overlap:g} F" if name == "dualpipev" else ""
-        info.value = (f"<b>{name}</b> p={p} m={m} v={v}{hidden}: bubble simulated {fast_bubble(sim):.1%}, "
-                      f"closed form {theory:.1%} · {len(sim.spans)} spans · update {app.last_update_ms:.0f} ms")
+        step = max((s.end for s in sim.spans), default=0.0) * 1e3
+        info.value = (f"<b>{name}</b> p={p} m={m} v={v}{hidden}: step {step:.1f} F, bubble simulated "
+                      f"{fast_bubble(sim):.1%}, closed form {theory:.1%} · {len(sim.spans)} spans · "
+                      f"update {app.last_update_ms:.0f} ms")
 
     def on_progress(step: int, total: int) -> None:
         progress.max = total
