@@ -43,10 +43,18 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help="context parallel: K/V round a ring, or all-to-all to heads (Ulysses)")
     p.add_argument("--cp-split", default=d.cp_split, choices=CP_SPLITS,
                    help="how the sequence is cut over cp ranks (zigzag balances causal attention)")
+    p.add_argument("--ep", type=int, default=d.ep, help="expert parallel, inside dp (ep, hybrid; 0: the strategy's default)")
+    g = p.add_argument_group("mixture of experts (override the model preset's)")
+    g.add_argument("--experts", type=int, help="experts per block (0: dense)")
+    g.add_argument("--top-k", type=int, help="experts each token goes to")
+    g.add_argument("--capacity-factor", type=float,
+                   help="tokens an expert takes per sequence, x seq x k / experts (0 or less is refused; omit: dropless)")
     p.add_argument("--schedule", default=d.schedule, help="pipeline schedule (pp, hybrid)")
     p.add_argument("--microbatches", "--accumulate", type=int, default=d.microbatches, metavar="K",
                    help="microbatches per replica per step: gradient accumulation (a pipeline's microbatches)")
     p.add_argument("--virtual-stages", type=int, default=d.virtual_stages)
+    p.add_argument("--stage-layers", type=_int_list, metavar="N,N,...",
+                   help="blocks per pipeline stage in model order, e.g. 1,3,3,1 (lighter ends; default: even)")
     p.add_argument("--sequence-parallel", action="store_true")
     p.add_argument("--zero", type=int, default=d.zero, help="hybrid: ZeRO stage over the dp dimension")
     p.add_argument("--trace-dir", metavar="DIR", help="write one paralab trace per rank (torchrun; merge later)")
@@ -54,14 +62,26 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", metavar="DIR", help="record every rank with torch.profiler: DIR/rankN.json")
 
 
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected whole numbers separated by commas, like 1,3,3,1, got {text!r}") from None
+
+
 def config_from_args(args) -> RunConfig:
-    return build_config(
+    cfg = build_config(
         RunConfig, args, strategy=args.strategy, world_size=args.world_size,
         bucket_mb=args.bucket_mb, hierarchical=args.hierarchical, nodes=args.nodes, dp=args.dp, tp=args.tp,
-        pp=args.pp, cp=args.cp, cp_mode=args.cp_mode, cp_split=args.cp_split, schedule=args.schedule,
-        microbatches=args.microbatches, virtual_stages=args.virtual_stages,
+        pp=args.pp, cp=args.cp, cp_mode=args.cp_mode, cp_split=args.cp_split, ep=args.ep, schedule=args.schedule,
+        microbatches=args.microbatches, virtual_stages=args.virtual_stages, stage_layers=args.stage_layers,
         sequence_parallel=args.sequence_parallel, zero=args.zero, profile_dir=args.profile,
     )
+    experts = {k: v for k, v in (("experts", args.experts), ("top_k", args.top_k),
+                                 ("capacity_factor", args.capacity_factor)) if v is not None}
+    if experts:
+        cfg.model = dataclasses.replace(cfg.model, **experts)
+    return cfg
 
 
 def cmd_run(args) -> int:
@@ -98,6 +118,7 @@ def format_summary(s: dict) -> str:
     lines = [
         f"{s['strategy']} on {s['world_size']} rank(s) ({s['device']}), model {s['model']}, {s['steps']} steps",
         f"layout: dp {s['dp']}{cp} x tp {s['tp']} x pp {s['pp']}"
+        + (f" (ep {s['ep']} inside dp)" if s.get("ep", 1) > 1 else "")
         + (f", schedule {s['schedule']}" if s["schedule"] else "") + f", {s['microbatches']} microbatch(es)"
         + (f", ZeRO-{s['zero']}" if s.get("zero") else ""),
         "losses: " + " ".join(f"{x:.4f}" for x in s["losses"]),

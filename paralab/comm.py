@@ -11,7 +11,7 @@ all_reduce         the tensor                           2 (n-1)/n x tensor
 all_gather         the full (gathered) tensor           (n-1)/n x full tensor
 reduce_scatter     the full (input) tensor              (n-1)/n x full tensor
 broadcast          the tensor                           (n-1)/n x tensor (pipelined ring)
-all_to_all         the input tensor                     (n-1)/n x input (the slices for the others)
+all_to_all         the input (every slice sent)         the slices sent to the other ranks
 send / recv        the tensor                           tensor for the sender, 0 for the receiver
 =================  ===================================  =========================================
 
@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from paralab.runtime import recorder as _recorder
 from paralab.trace import COMM
-from paralab.wire import ring_wire_bytes
+from paralab.wire import all_to_all_wire_bytes, ring_wire_bytes
 
 ReduceOp = dist.ReduceOp
 # torch 2.13 renamed the flat-tensor collectives; older releases (2.4+) have only the first names.
@@ -82,22 +82,31 @@ class TracedWork:
         return self._work is None or self._work.is_completed()
 
 
-def _traced(op: str, payload: int, group, call, async_op: bool, peer: int | None = None, name: str = ""):
+def _traced(op: str, payload: int, group, call, async_op: bool, peer: int | None = None, name: str = "",
+            sends: list[int] | None = None):
+    """``sends``: bytes to each group rank, for an all-to-all (its wire bytes and whether they leave
+    the node follow from them, not from a ring)."""
     rec = _recorder.active()
     handle = None
     if rec is not None:
         me = dist.get_rank()
         members = _group_ranks(group) if peer is None else None
         n = 2 if peer is not None else len(members)
+        if sends is not None:
+            wire = all_to_all_wire_bytes(sends, members.index(me))
+            inter = any(b and rec.node_of(r) != rec.node_of(me) for r, b in zip(members, sends))
+        else:
+            wire = wire_bytes(op, payload, n)
+            inter = rec.node_of(me) != rec.node_of(peer if peer is not None else _successor(me, members))
         handle = rec.open(
             op,
             lane=COMM,
             name=name or op,
-            bytes=wire_bytes(op, payload, n),
+            bytes=int(wire),
             payload_bytes=payload,
             group_size=n,
             peer=peer,
-            inter_node=rec.node_of(me) != rec.node_of(peer if peer is not None else _successor(me, members)),
+            inter_node=inter,
             group_ranks=members if members is not None and len(members) < dist.get_world_size() else None,
         )
     work = call(async_op)
@@ -141,12 +150,18 @@ def broadcast(tensor: torch.Tensor, src: int, group=None, async_op: bool = False
     )
 
 
-def all_to_all(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False, name: str = ""):
-    """Rank i sends the j-th of n equal slices (along dim 0) of ``input`` to rank j and receives rank
-    j's i-th slice into the j-th slice of ``output``."""
+def all_to_all(output: torch.Tensor, input: torch.Tensor, output_splits: list[int] | None = None,
+               input_splits: list[int] | None = None, group=None, async_op: bool = False, name: str = ""):
+    """Rank i sends the i-th slice of ``input`` (along dim 0) to each rank and receives each rank's
+    slice for it into ``output``; ``input_splits`` / ``output_splits`` give uneven slice sizes in
+    rows (None: even). Expert parallel's dispatch and combine, Ulysses's sequence/head exchange."""
+    members = _group_ranks(group)
+    row = _nbytes(input) // max(input.shape[0], 1) if input.dim() else 0
+    splits = input_splits or [input.shape[0] // len(members)] * len(members)
     return _traced(
         "all_to_all", _nbytes(input), group,
-        lambda a: dist.all_to_all_single(output, input, group=group, async_op=a), async_op, name=name,
+        lambda a: dist.all_to_all_single(output, input, output_splits, input_splits, group=group, async_op=a),
+        async_op, name=name, sends=[rows * row for rows in splits],
     )
 
 

@@ -34,6 +34,14 @@ class ModelConfig:
     # CPU and GPU: it keeps the output and one log-sum-exp per row, never the s x s scores); "math"
     # writes softmax(QK^T / sqrt(d)) V out and keeps the s x s probabilities for backward
     attention: str = "sdpa"
+    # mixture of experts (paralab.models.moe): every block's MLP becomes ``experts`` FFNs of width ffn,
+    # each token routed to ``top_k`` of them; 0 experts is the dense GPT
+    experts: int = 0
+    top_k: int = 1
+    capacity_factor: float | None = None  # None: dropless; else ceil(factor x seq x k / experts) per sequence
+    aux_loss: float = 0.01  # load-balancing loss coefficient (Switch / GShard form)
+    z_loss: float = 0.0  # router z-loss coefficient (ST-MoE)
+    shared_expert: bool = False  # one FFN every token also goes through (DeepSeek style)
 
     def __post_init__(self):
         if self.ffn == 0:
@@ -57,16 +65,33 @@ class ModelConfig:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.attention not in ATTENTION_KERNELS:
             raise ConfigError(f"attention must be one of {ATTENTION_KERNELS}, got {self.attention!r}")
+        if self.experts:
+            self._validate_experts()
+
+    def _validate_experts(self) -> None:
+        check_int("model experts", self.experts, low=0)
+        check_int("model top_k", self.top_k, low=1)
+        if self.top_k > self.experts:
+            raise ConfigError(f"top_k {self.top_k} is above the number of experts {self.experts}: a token cannot "
+                              f"go to more experts than there are; use top_k <= {self.experts}")
+        if self.capacity_factor is not None:
+            check_positive("capacity factor (None: dropless)", self.capacity_factor)
+        for name in ("aux_loss", "z_loss"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise ConfigError(f"model {name} coefficient must be a finite number >= 0, got {value!r}")
 
     def param_count(self) -> int:
-        """Exact number of parameters of paralab.models.gpt.GPT (untied embeddings, biases, LayerNorms)."""
+        """Exact number of parameters of paralab.models.gpt.GPT (untied embeddings, biases, LayerNorms;
+        a mixture of experts: the router, every expert and the shared expert)."""
         h, f, v, s, layer_count = self.hidden, self.ffn, self.vocab, self.seq_len, self.layers
+        ffn = h * f + f + f * h + h  # MLP up and down
+        mlp = ffn if not self.experts else h * self.experts + (self.experts + self.shared_expert) * ffn
         per_block = (
             2 * 2 * h  # two LayerNorms (weight + bias)
             + 3 * h * h + 3 * h  # fused QKV
             + h * h + h  # attention output projection
-            + h * f + f  # MLP up
-            + f * h + h  # MLP down
+            + mlp
         )
         return v * h + s * h + layer_count * per_block + 2 * h + h * v + v
 
@@ -79,6 +104,11 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     # A GPU workstation (about 210 M parameters, trained in bf16): communication and compute both
     # matter. Notebooks pick it when GPUs are present.
     "medium": ModelConfig(layers=16, hidden=1024, heads=16, vocab=8192, seq_len=512),
+    # mixture of experts (notebook 11): tiny's shape, 4 experts, top-2, dropless
+    "tiny-moe": ModelConfig(layers=4, hidden=64, heads=4, vocab=128, seq_len=32, experts=4, top_k=2),
+    # small's shape with 8 experts, top-1 (Switch), a capacity of 1.25 and a shared expert
+    "small-moe": ModelConfig(layers=8, hidden=256, heads=8, vocab=512, seq_len=128, experts=8, top_k=1,
+                             capacity_factor=1.25, shared_expert=True),
 }
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -200,6 +230,7 @@ class RunConfig(TrainingConfig):
     dp: int = 0
     tp: int = 0
     pp: int = 0
+    ep: int = 0  # expert parallel: experts sharded over ep of the data-parallel ranks (paralab.layout)
     schedule: str = ""
     microbatches: int = 1
     virtual_stages: int = 1
@@ -218,7 +249,7 @@ class RunConfig(TrainingConfig):
         if not isinstance(self.strategy, str):
             raise ConfigError(f"strategy must be a name, got {self.strategy!r}")
         check_int("world size", self.world_size, low=1)
-        for name in ("dp", "tp", "pp", "cp", "zero"):
+        for name in ("dp", "tp", "pp", "cp", "ep", "zero"):
             check_int(name, getattr(self, name), low=0)  # 0: not asked for
         for name in ("microbatches", "virtual_stages", "nodes"):
             check_int(name, getattr(self, name), low=1)

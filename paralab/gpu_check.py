@@ -19,32 +19,40 @@ STEPS = 4
 TOLERANCE = 2e-2  # 16-bit runs of one strategy against one GPU: reductions in another order round otherwise
 
 
-def shapes(gpus: int) -> dict[str, dict]:
-    """Each strategy's options at ``gpus`` ranks (the hybrids need at least 2 and 4)."""
+def shapes(gpus: int, model: str) -> dict[str, dict]:
+    """Each strategy's options at ``gpus`` ranks (the hybrids need at least 2 and 4), with the model it
+    trains: the preset, or for expert parallel the preset with a mixture of experts in every block
+    (dropless, no balancing loss, so that it matches its own single-GPU run step for step)."""
+    from paralab import MODEL_PRESETS
+
     pipeline = dict(microbatches=max(2, gpus))
-    out = {name: {} for name in ("dp", "ddp", "tp", "zero1", "zero2", "zero3", "torch_ddp", "torch_fsdp",
+    out = {name: {} for name in ("dp", "ddp", "tp", "zero1", "zero2", "zero3", "cp", "torch_ddp", "torch_fsdp",
                                  "torch_tp")}
     out.update(mp={}, pp=pipeline, torch_pp=pipeline)
+    moe = {**MODEL_PRESETS[model].__dict__, "experts": max(8, gpus), "top_k": 2, "aux_loss": 0.0}
+    out["ep"] = dict(model=moe)
     if gpus >= 2:
         out["torch_hybrid"] = dict(tp=2)
         out["hybrid"] = dict(tp=2, pp=2 if gpus >= 4 else 1, **pipeline)
-    return out
+    return {name: {"model": model, **options} for name, options in out.items()}
 
 
 def run_all(gpus: int, model: str, dtype: str, device: str = "cuda") -> list[dict]:
-    """Every strategy at ``gpus`` ranks against one rank; a row per strategy. (``device="cpu"``
-    runs the same check on CPU ranks: the test suite exercises it so, without a GPU.)"""
+    """Every strategy at ``gpus`` ranks against its model on one rank; a row per strategy.
+    (``device="cpu"`` runs the same check on CPU ranks: the test suite exercises it so, without a GPU.)"""
     import paralab
 
-    rows = []
-    reference = paralab.run("single", 1, steps=STEPS, model=model, device=device, dtype=dtype, global_batch=8 * gpus)
-    for name, options in shapes(gpus).items():
+    rows, references = [], {}
+    common = dict(steps=STEPS, device=device, dtype=dtype, global_batch=8 * gpus)
+    for name, options in shapes(gpus, model).items():
         recompute = "selective" if name in ("pp", "torch_pp") else "full"
         started = time.perf_counter()
         try:
-            result = paralab.run(name, gpus, steps=STEPS, model=model, device=device, dtype=dtype,
-                                 recompute=recompute, global_batch=8 * gpus, **options)
-            worst = max(abs(a - b) / abs(b) for a, b in zip(result.losses, reference.losses))
+            key = repr(options["model"])
+            if key not in references:
+                references[key] = paralab.run("single", 1, model=options["model"], **common).losses
+            result = paralab.run(name, gpus, recompute=recompute, **common, **options)
+            worst = max(abs(a - b) / abs(b) for a, b in zip(result.losses, references[key]))
             s = result.summary
             rows.append(dict(strategy=name, ok=worst <= TOLERANCE, note=f"max rel. loss diff {worst:.1e}",
                              step_ms=s["step_time_s"] * 1e3, tokens_per_s=s["tokens_per_s"],

@@ -21,6 +21,16 @@ outermost and its stages are the ranks farthest apart. It is the order of torch'
 ``init_device_mesh(device, layout.shape, mesh_dim_names=AXES)``, which builds the run's process
 groups from this grid. A single-axis strategy is the same grid with every other degree 1.
 
+Expert parallel (ep) is carved out of the data-parallel ranks, as Megatron and DeepSpeed-MoE do, so
+it is no dimension of its own and the grid keeps its shape: each dp group is cut into groups of ``ep``
+consecutive dp ranks (neighbours, so a token's all-to-all stays close), and each such *expert group*
+holds every expert once, E / ep on each rank. A mixture-of-experts model has two kinds of
+parameters: attention, norms, embeddings and the router are replicated on every dp rank and their
+gradients are reduced over the whole dp group; an expert lives on the dp ranks at the same place of
+every expert group (the *expert-data-parallel* group, dp / ep of them), and only they reduce it::
+
+    dp index = expert-data-parallel index x ep + ep index
+
 Adding an axis is local: a field, its place in ``AXES``, and the rule that sets its degree.
 """
 
@@ -51,6 +61,7 @@ class Layout:
     cp: int = 1
     cp_mode: str = ""  # context parallel: "ring" or "alltoall"; "" when the strategy has no cp axis
     cp_split: str = ""  # how the sequence is cut over cp ranks: "zigzag" or "contiguous"
+    ep: int = 1  # expert parallel, inside dp (see the module docstring): experts sharded over ep dp ranks
     schedule: str = ""  # the pipeline schedule; "" when the run has no pipeline
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved: v; zbv: 2)
     microbatches: int = 1  # per data-parallel replica and step: gradient accumulation (a pipeline's microbatches)
@@ -125,6 +136,16 @@ class Layout:
         """The ``axis`` group that ``rank`` belongs to."""
         return next(group for group in self.groups(axis) if rank in group)
 
+    def expert_groups(self) -> list[list[int]]:
+        """The expert-parallel groups: ``ep`` consecutive ranks of each dp group, which between them
+        hold every expert once (their all-to-all carries the tokens)."""
+        return [dp[i:i + self.ep] for dp in self.groups("dp") for i in range(0, self.dp, self.ep)]
+
+    def expert_data_groups(self) -> list[list[int]]:
+        """The expert-data-parallel groups: the ranks of a dp group that hold the same experts (every
+        ep-th one), over which those experts' gradients are reduced."""
+        return [dp[i::self.ep] for dp in self.groups("dp") for i in range(self.ep)]
+
     def text(self) -> str:
         """The grid as a table: one row per (pp, dp), one column per tp rank (per (cp, tp) pair with
         context parallelism), the global rank in each cell."""
@@ -143,6 +164,9 @@ class Layout:
                 label = (f"pp{p}" if d == 0 else "").ljust(5) + f"dp{d}".ljust(4)
                 rows.append(label + " ".join(str(self.rank_of(pp=p, dp=d, cp=c, tp=t)).rjust(width)
                                              for c, t in columns))
+        if self.ep > 1:
+            rows.append(f"expert groups (ep={self.ep}, every expert once): {self.expert_groups()}")
+            rows.append(f"expert-data-parallel groups (same experts): {self.expert_data_groups()}")
         return "\n".join(rows)
 
     def __str__(self) -> str:
@@ -166,11 +190,13 @@ class Layout:
         return cls(**values)
 
 
-def mesh_layout(dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1) -> Layout:
-    """The grid of a dp x cp x tp x pp mesh alone (for figures and lessons; ``print`` it for the table)."""
-    if min(dp, tp, pp, cp) < 1:
-        raise ValueError(f"every degree must be >= 1, got dp={dp}, cp={cp}, tp={tp}, pp={pp}")
-    return Layout("hybrid", dp * cp * tp * pp, global_batch=dp, dp=dp, tp=tp, pp=pp, cp=cp)
+def mesh_layout(dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1) -> Layout:
+    """The grid of a dp x cp x tp x pp mesh alone, with ep carved from dp (for figures and lessons;
+    ``print`` it for the table)."""
+    if min(dp, tp, pp, cp, ep) < 1 or dp % ep:
+        raise ValueError(f"every degree must be >= 1 and ep must divide dp, got dp={dp}, cp={cp}, tp={tp}, "
+                         f"pp={pp}, ep={ep}")
+    return Layout("hybrid", dp * cp * tp * pp, global_batch=dp, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
 
 
 # ---------------------------------------------------------------------------------------- resolving
@@ -184,6 +210,7 @@ def resolve_layout(cfg: RunConfig) -> Layout:
     strategy = get_strategy(cfg.strategy)
     unused = _unused_options(cfg, strategy)
     degrees = _degrees(cfg, strategy)
+    degrees["ep"] = _expert_degree(cfg, strategy, degrees)
     schedule, virtual_stages, microbatches = _pipeline_shape(cfg, strategy, degrees["pp"])
     _check_batch_split(cfg.global_batch, degrees["dp"], microbatches)
     if cfg.world_size % cfg.nodes:
@@ -226,6 +253,9 @@ def _unused_options(cfg: RunConfig, strategy: Strategy) -> tuple[str, ...]:
                               f"'zero{value}' instead of {name!r}")
         if option == "hierarchical":
             raise ConfigError(f"hierarchical all-reduce is a ddp option, not {name!r}")
+        if option == "ep":
+            raise ConfigError(f"ep={value} shards the experts of a mixture-of-experts model over data-parallel "
+                              f"ranks; {name} has no expert parallel: use strategy 'ep' or 'hybrid'")
         if option == "sequence_parallel":
             raise ConfigError(f"sequence_parallel splits the sequence over tensor-parallel ranks; {name} has "
                               f"no tp axis")
@@ -265,6 +295,29 @@ def _degrees(cfg: RunConfig, strategy: Strategy) -> dict[str, int]:
                           f"{math.prod(degrees.values())}, or {' x '.join(names)} that fit {world} ranks: "
                           f"{', '.join(fits)}")
     return degrees
+
+
+def _expert_degree(cfg: RunConfig, strategy: Strategy, degrees: dict[str, int]) -> int:
+    """ep: given, or for the ep strategy the whole dp axis; it must divide dp (it is carved out of it)
+    and the experts (each rank holds E / ep of them), and it needs experts to shard."""
+    dp, experts = degrees["dp"], cfg.model.experts
+    if experts and degrees["tp"] > 1:
+        raise ConfigError(f"not supported: a mixture-of-experts model ({experts} experts) with tp={degrees['tp']}: "
+                          "paralab's tensor-parallel blocks split a dense MLP; use dp, pp and ep for it")
+    if "ep" not in strategy.options:
+        return 1
+    ep = cfg.ep or (dp if strategy.name == "ep" else 1)
+    if ep > 1 and not experts:
+        raise ConfigError(f"ep={ep} shards experts, but model {cfg.model_name!r} is dense (experts=0); use a "
+                          f"mixture-of-experts model such as 'tiny-moe'")
+    if dp % ep:
+        fits = [d for d in range(1, dp + 1) if dp % d == 0 and (not experts or experts % d == 0)]
+        raise ConfigError(f"ep={ep} must divide the {dp} data-parallel ranks it is carved from; ep that fit: {fits}")
+    if experts % ep:
+        fits = [d for d in range(1, dp + 1) if dp % d == 0 and experts % d == 0]
+        raise ConfigError(f"{experts} experts are not divisible by ep={ep}: every rank of an expert group holds "
+                          f"the same number of experts; ep that fit: {fits}")
+    return ep
 
 
 def _factorisations(n: int, parts: int) -> list[tuple[int, ...]]:

@@ -21,8 +21,9 @@ in which every action comes after what it waits for, which is what the validator
 
 Sources: GPipe (Huang et al., 2019); PipeDream-Flush / 1F1B and the interleaved schedule (Narayanan
 et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", 2021);
-zero-bubble ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", 2023) and the V-shape schedule
-(Qi et al., "Pipeline Parallelism with Controllable Memory", 2024).
+zero-bubble ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", 2023), the V-shape schedule
+(Qi et al., "Pipeline Parallelism with Controllable Memory", 2024) and DualPipeV, the V-placed half of
+DeepSeek-V3's DualPipe (DeepSeek-AI, "DeepSeek-V3 Technical Report", 2024, sec. 3.2.1).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ COMPUTE_OPS = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
 COMM_OPS = (SEND_FORWARD, RECV_FORWARD, SEND_BACKWARD, RECV_BACKWARD)
 OPS = COMPUTE_OPS + COMM_OPS
 
-SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "zbv")
+SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipev")
+V_SHAPED = ("zbv", "dualpipev")  # two chunks per rank, placed down the ranks and back up
 DEFAULT_SCHEDULE = "1f1b"  # what a pipeline runs when no schedule is named
 
 _LETTER = {FORWARD: "F", BACKWARD: "B", BACKWARD_INPUT: "Bi", BACKWARD_WEIGHT: "W"}
@@ -65,12 +67,17 @@ class Action:
     Send and receive actions carry the *local* stage they serve: ``send_forward`` the stage that
     produced the activation, ``recv_forward`` the stage that consumes it (so ``send_forward`` of stage
     s pairs with ``recv_forward`` of stage s+1 on the peer, and the backward pair the other way).
+
+    ``overlapped``: a backward that shares one slot with the forward right before it on its rank
+    (DualPipeV's F&B): the slot waits for both inputs, and one pass's communication can hide behind
+    the other's compute. It runs after that forward, so the order, and every proof, is unchanged.
     """
 
     op: str
     stage: int
     microbatch: int
     peer: int | None = None
+    overlapped: bool = False
 
     def __post_init__(self):
         if self.op not in OPS:
@@ -114,8 +121,14 @@ class Schedule:
 
     @property
     def is_split_backward(self) -> bool:
-        """True for zero-bubble schedules, whose backward is Bi (input grad) then W (weight grad)."""
-        return any(a.op in (BACKWARD_INPUT, BACKWARD_WEIGHT) for acts in self.actions for a in acts)
+        """True when any backward is split into Bi (input grad) then W (weight grad): zero-bubble
+        schedules, and DualPipeV, which splits some and runs the others whole."""
+        return bool(self.split_backwards)
+
+    @property
+    def split_backwards(self) -> set[tuple[int, int]]:
+        """The (stage, microbatch) pairs whose backward is split into Bi and W."""
+        return {(a.stage, a.microbatch) for acts in self.actions for a in acts if a.op == BACKWARD_INPUT}
 
     def stages_on(self, rank: int) -> list[int]:
         """The global stages (model chunks) that live on ``rank``, in model order."""
@@ -144,9 +157,11 @@ def build_schedule(name: str, pp: int, microbatches: int, virtual_stages: int = 
 
     ``naive``: layer-wise model parallelism, one microbatch through the whole model and back before
     the next, so exactly one rank works at any time. ``gpipe``: all forwards, then all backwards.
-    ``1f1b``: PipeDream-Flush. ``interleaved``: Megatron's 1F1B over v model chunks per rank (needs
-    microbatches divisible by pp). ``zb-h1``: zero-bubble H1, 1F1B memory with split backward.
-    ``zbv``: the V-shape zero-bubble schedule with two chunks per rank.
+    ``1f1b``: PipeDream-Flush. ``interleaved``: Megatron's 1F1B over v model chunks per rank (in rounds
+    of p microbatches, or of m / max(1, m // p) when p does not divide m).
+    ``zb-h1``: zero-bubble H1, 1F1B memory with split backward. ``zbv``: the V-shape zero-bubble
+    schedule with two chunks per rank. ``dualpipev``: DeepSeek's DualPipeV on the same V, a forward
+    and a backward of two microbatches sharing each steady-state slot (needs microbatches >= 2 pp).
     """
     _check_shape_args(name, pp, microbatches, virtual_stages)
     p, m = pp, microbatches
@@ -154,10 +169,10 @@ def build_schedule(name: str, pp: int, microbatches: int, virtual_stages: int = 
         v = virtual_stages
         stage_to_rank = [s % p for s in range(p * v)]
         compute = [_interleaved(p, m, v, r) for r in range(p)]
-    elif name == "zbv":
+    elif name in V_SHAPED:
         v = 2
         stage_to_rank = list(range(p)) + list(reversed(range(p)))
-        compute = _zbv(p, m, stage_to_rank)
+        compute = _zbv(p, m, stage_to_rank) if name == "zbv" else [_dualpipev(p, m, r) for r in range(p)]
     else:
         v = 1
         stage_to_rank = list(range(p))
@@ -168,9 +183,9 @@ def build_schedule(name: str, pp: int, microbatches: int, virtual_stages: int = 
 
 
 def chunks_per_rank(name: str, virtual_stages: int = 1) -> int:
-    """Model chunks each rank holds under schedule ``name``: zbv always two (its V), interleaved the
-    ``virtual_stages`` asked for, every other schedule one."""
-    return 2 if name == "zbv" else virtual_stages
+    """Model chunks each rank holds under schedule ``name``: the V-shaped ones (zbv, dualpipev) always
+    two, interleaved the ``virtual_stages`` asked for, every other schedule one."""
+    return 2 if name in V_SHAPED else virtual_stages
 
 
 def shape_problems(name: str, pp: int, microbatches: int, virtual_stages: int = 1) -> list[str]:
@@ -188,13 +203,17 @@ def shape_problems(name: str, pp: int, microbatches: int, virtual_stages: int = 
     if name == "interleaved":
         if virtual_stages < 2:
             out.append("interleaved needs virtual_stages >= 2 (with one chunk per rank it is 1f1b)")
-        if microbatches % pp:
-            fits = [k * pp for k in range(1, 4)]
-            out.append(f"interleaved needs microbatches divisible by stages: {microbatches} % {pp} != 0; "
-                       f"microbatch counts that fit: {fits}, ...")
-    elif name == "zbv":
+        rounds = max(1, microbatches // pp)
+        if microbatches % rounds:
+            fits = [k for k in range(max(1, microbatches - pp), microbatches + pp + 1) if k % max(1, k // pp) == 0]
+            out.append(f"interleaved runs the microbatches in max(1, m // stages) = {rounds} equal rounds: "
+                       f"{microbatches} % {rounds} != 0; microbatch counts that fit: {fits}")
+    elif name in V_SHAPED:
         if virtual_stages not in (1, 2):
-            out.append(f"zbv always runs 2 chunks per rank; virtual_stages must be 2 (or 1), got {virtual_stages}")
+            out.append(f"{name} always runs 2 chunks per rank; virtual_stages must be 2 (or 1), got {virtual_stages}")
+        if name == "dualpipev" and microbatches < 2 * pp:
+            out.append(f"dualpipev needs at least as many microbatches as stages (2 x pp = {2 * pp}), got "
+                       f"{microbatches}: its warm-up fills both arms of the V before the first overlapped slot")
     elif virtual_stages != 1:
         out.append(f"{name} has one stage per rank; virtual_stages={virtual_stages} needs interleaved or zbv")
     return out
@@ -229,23 +248,31 @@ def _one_f_one_b(p: int, m: int, rank: int) -> list[Action]:
     return order
 
 
+def interleaved_round(pp: int, microbatches: int) -> int:
+    """Microbatches that go through the chunks together in the interleaved schedule: the stages (p),
+    Megatron's round, when they divide the microbatches; else the microbatches split into
+    max(1, m // p) equal rounds (torch's relaxation: m = 1, 2, p - 1, 10 on 4 ranks all run)."""
+    return microbatches // max(1, microbatches // pp)
+
+
 def _interleaved(p: int, m: int, v: int, rank: int) -> list[Action]:
     """Megatron's interleaved 1F1B: rank r holds stages r, r + p, ..., r + (v-1)p.
 
-    Microbatches go through the chunks in groups of p: the k-th forward of a rank runs chunk
-    (k // p) % v on microbatch (k // pv) p + k % p, and backwards visit the chunks in reverse. The
-    warm-up is longer than 1F1B's, 2(p - rank - 1) + (v - 1)p forwards: microbatch 0 must pass
-    through all v chunks of every rank before the first backward can start, on the last chunk.
+    Microbatches go through the chunks in rounds of g (:func:`interleaved_round`, p when p divides m):
+    the k-th forward of a rank runs chunk (k // g) % v on microbatch (k // gv) g + k % g, and
+    backwards visit the chunks in reverse. The warm-up is longer than 1F1B's, 2(p - rank - 1) + (v - 1)g
+    forwards: microbatch 0 must pass through all v chunks of every rank before the first backward can
+    start, on the last chunk.
     """
-    total = m * v
+    total, g = m * v, interleaved_round(p, m)
 
     def action(op: str, k: int) -> Action:
-        chunk = (k // p) % v
+        chunk = (k // g) % v
         if op == BACKWARD:
             chunk = v - 1 - chunk
-        return Action(op, chunk * p + rank, (k // (p * v)) * p + k % p)
+        return Action(op, chunk * p + rank, (k // (g * v)) * g + k % g)
 
-    warmup = min(2 * (p - rank - 1) + (v - 1) * p, total)
+    warmup = min(2 * (p - rank - 1) + (v - 1) * g, total)
     order = [action(FORWARD, k) for k in range(warmup)]  # warm-up
     for k in range(total - warmup):  # steady: one forward, one backward
         order += [action(FORWARD, warmup + k), action(BACKWARD, k)]
@@ -320,6 +347,76 @@ def _zbv(p: int, m: int, stage_to_rank: list[int]) -> list[list[Action]]:
     return orders
 
 
+def _dualpipev(p: int, m: int, rank: int) -> list[Action]:
+    """DualPipeV (DeepSeek-V3 report; torch's ScheduleDualPipeV): the V of zbv, rank r holding chunk
+    0 = stage r and chunk 1 = stage 2p - 1 - r, run in eight phases. Each steady slot pairs the
+    forward of one chunk with the full backward of the other, on two different microbatches (F&B), so
+    that one's communication (expert parallel's all-to-all, above all) hides behind the other's
+    compute. The ends split their backwards as zero-bubble schedules do: Bi as soon as it can run, W
+    (first in, first out) where the rank would otherwise wait. Needs m >= 2p.
+    """
+    down, up = rank, 2 * p - 1 - rank
+    order: list[Action] = []
+    done = {(op, s): 0 for op in (FORWARD, BACKWARD_INPUT) for s in (down, up)}  # next microbatch per pass
+    weights: deque = deque()  # Bi's whose W is still owed
+
+    def take(op: str, stage: int) -> int:
+        mb = done[(FORWARD if op == FORWARD else BACKWARD_INPUT, stage)]
+        done[(FORWARD if op == FORWARD else BACKWARD_INPUT, stage)] += 1
+        return mb
+
+    def forward(stage):
+        order.append(Action(FORWARD, stage, take(FORWARD, stage)))
+
+    def backward(stage, split: bool, overlapped: bool = False):
+        mb = take(BACKWARD, stage)
+        order.append(Action(BACKWARD_INPUT if split else BACKWARD, stage, mb, overlapped=overlapped))
+        if split:
+            weights.append((stage, mb))
+
+    def weight():
+        if weights:
+            order.append(Action(BACKWARD_WEIGHT, *weights.popleft()))
+
+    def slot(forward_stage, backward_stage):  # F&B: a forward and another microbatch's backward
+        forward(forward_stage)
+        backward(backward_stage, split=False, overlapped=True)
+
+    for _ in range(2 * (p - rank - 1)):  # 1: the first arm fills, deepest ranks last
+        forward(down)
+    for _ in range(rank + 1):  # 2: both arms fill
+        forward(down)
+        forward(up)
+    for _ in range(p - rank - 1):  # 3: the first backwards come back up the V, zero-bubble style
+        backward(up, split=True)
+        weight()
+        forward(up)
+    for i in range(m - 2 * p + rank + 1):  # 4: steady state, two F&B slots per round
+        if i == 0 and rank == p - 1:  # the tip's first pair has nothing to overlap yet
+            forward(down)
+            backward(up, split=False)
+        else:
+            slot(down, up)
+        slot(up, down)
+    for _ in range(p - rank - 1):  # 5: the forwards run out
+        backward(up, split=False)
+        slot(up, down)
+    split = False
+    for i in range(rank + 1):  # 6: cool-down; from half-way on, backwards split to fill the tail
+        if i == (rank + 1) // 2 and rank % 2:
+            split = True
+        backward(up, split)
+        if i == (rank + 1) // 2 and rank % 2 == 0:
+            split = True
+        backward(down, split)
+    for _ in range(p - rank - 1):  # 7: deferred weights between the last input gradients
+        weight()
+        backward(down, split)
+    while weights:  # 8: the weights still owed
+        weight()
+    return order
+
+
 def _data_deps(action: Action, num_stages: int, grad_op: str) -> list[Key]:
     """The computes whose results a compute reads (``grad_op``: the pass that makes input grads).
 
@@ -356,22 +453,32 @@ def _with_p2p(order: list[Action], stage_to_rank: list[int]) -> list[Action]:
     """Put the recv right before each compute that needs remote data and the send right after.
 
     Receiving as late as possible and sending as early as possible is what makes a compute order
-    that is itself consistent deadlock-free under buffered sends.
+    that is itself consistent deadlock-free under buffered sends. An overlapped slot (F, then a
+    backward marked ``overlapped``) receives both inputs before it and sends both outputs after it.
     """
     num_stages = len(stage_to_rank)
     out: list[Action] = []
-    for action in order:
-        rank = stage_to_rank[action.stage]
-        src = _input_stage(action, num_stages)
-        if src is not None and stage_to_rank[src] != rank:
-            recv = RECV_FORWARD if action.op == FORWARD else RECV_BACKWARD
-            out.append(Action(recv, action.stage, action.microbatch, stage_to_rank[src]))
-        out.append(action)
-        dst = _output_stage(action, num_stages)
-        if dst is not None and stage_to_rank[dst] != rank:
-            send = SEND_FORWARD if action.op == FORWARD else SEND_BACKWARD
-            out.append(Action(send, action.stage, action.microbatch, stage_to_rank[dst]))
+    for i, action in enumerate(order):
+        if action.overlapped:
+            continue  # placed with the forward it shares a slot with
+        slot = [action] + ([order[i + 1]] if i + 1 < len(order) and order[i + 1].overlapped else [])
+        out += [a for a in map(lambda a: _p2p_of(a, stage_to_rank, num_stages, receive=True), slot) if a]
+        out += slot
+        out += [a for a in map(lambda a: _p2p_of(a, stage_to_rank, num_stages, receive=False), slot) if a]
     return out
+
+
+def _p2p_of(action: Action, stage_to_rank: list[int], num_stages: int, receive: bool) -> Action | None:
+    """The recv before ``action`` (``receive``) or the send after it, when its data crosses ranks."""
+    rank = stage_to_rank[action.stage]
+    other = _input_stage(action, num_stages) if receive else _output_stage(action, num_stages)
+    if other is None or stage_to_rank[other] == rank:
+        return None
+    if receive:
+        op = RECV_FORWARD if action.op == FORWARD else RECV_BACKWARD
+    else:
+        op = SEND_FORWARD if action.op == FORWARD else SEND_BACKWARD
+    return Action(op, action.stage, action.microbatch, stage_to_rank[other])
 
 
 # ------------------------------------------------------------------------------------------- validate
@@ -429,20 +536,23 @@ def _check_placement(schedule: Schedule) -> None:
 
 
 def _check_complete(schedule: Schedule) -> None:
-    """Each stage runs each microbatch's forward and backward (or Bi and W) exactly once."""
-    backward_ops = (BACKWARD_INPUT, BACKWARD_WEIGHT) if schedule.is_split_backward else (BACKWARD,)
+    """Each stage runs each microbatch's forward and backward exactly once: a full backward, or Bi and
+    W. A schedule may split some backwards and not others (DualPipeV; torch's merged zero-bubble
+    orders), never one (stage, microbatch)'s both ways."""
     counts = Counter(key_of(a) for acts in schedule.actions for a in acts)
     for key, n in counts.items():
         rank = schedule.stage_to_rank[key[1]]
         if n > 1:
             raise ScheduleError(f"rank {rank}: {_describe(key)} appears {n} times")
-        if key[0] in COMPUTE_OPS and key[0] not in (FORWARD, *backward_ops):
+        if key[0] == BACKWARD and any((op, *key[1:]) in counts for op in (BACKWARD_INPUT, BACKWARD_WEIGHT)):
             raise ScheduleError(
-                f"rank {rank}: {_describe(key)} mixes a full backward with split Bi/W backwards"
+                f"rank {rank}: {_describe(key)} mixes a full backward with a split Bi/W backward of the same "
+                f"stage and microbatch"
             )
     for stage in range(schedule.num_stages):
         for mb in range(schedule.microbatches):
-            for op in (FORWARD, *backward_ops):
+            split = any((op, stage, mb) in counts for op in (BACKWARD_INPUT, BACKWARD_WEIGHT))
+            for op in (FORWARD, *((BACKWARD_INPUT, BACKWARD_WEIGHT) if split else (BACKWARD,))):
                 if (op, stage, mb) not in counts:
                     raise ScheduleError(
                         f"rank {schedule.stage_to_rank[stage]}: missing {op} {_describe((op, stage, mb))}"
@@ -502,7 +612,10 @@ def dependencies_of(schedule: Schedule) -> Callable[[Action], list[Key]]:
     the matching send. Built once per schedule, so looking up one action costs O(1).
     """
     owner, num_stages = schedule.stage_to_rank, schedule.num_stages
-    grad_op = BACKWARD_INPUT if schedule.is_split_backward else BACKWARD
+    split = schedule.split_backwards
+
+    def grad_op(stage: int, mb: int) -> str:  # the pass that makes the input gradient of (stage, mb)
+        return BACKWARD_INPUT if (stage, mb) in split else BACKWARD
 
     def waits_for(action: Action) -> list[Key]:
         s, mb = action.stage, action.microbatch
@@ -512,9 +625,10 @@ def dependencies_of(schedule: Schedule) -> Callable[[Action], list[Key]]:
         if action.op == SEND_FORWARD:
             return [(FORWARD, s, mb)]
         if action.op == SEND_BACKWARD:
-            return [(grad_op, s, mb)]
+            return [(grad_op(s, mb), s, mb)]
         deps = []
-        for op, stage, _ in _data_deps(action, num_stages, grad_op):
+        next_grad = grad_op(s + 1, mb) if s + 1 < num_stages else BACKWARD
+        for op, stage, _ in _data_deps(action, num_stages, next_grad):
             if owner[stage] == owner[s]:
                 deps.append((op, stage, mb))
             else:
@@ -570,13 +684,13 @@ def _stuck_message(schedule: Schedule, position: list[int], blocked_on: dict[int
 
 
 def _peak_activations(schedule: Schedule) -> list[int]:
-    """Per rank: most activations alive at once (+1 at F, -1 at the pass that last reads them)."""
-    release = BACKWARD_WEIGHT if schedule.is_split_backward else BACKWARD
+    """Per rank: most activations alive at once (+1 at F, -1 at the pass that last reads them: the
+    full backward, or W of a split one)."""
     peaks = []
     for actions in schedule.actions:
         alive = peak = 0
         for a in actions:
-            alive += (a.op == FORWARD) - (a.op == release)
+            alive += (a.op == FORWARD) - (a.op in (BACKWARD, BACKWARD_WEIGHT))
             peak = max(peak, alive)
         peaks.append(peak)
     return peaks
@@ -591,7 +705,10 @@ def theoretical_bubble(name: str, pp: int, microbatches: int, virtual_stages: in
     - naive: (p - 1) / p, one rank busy at a time.
     - gpipe, 1f1b: (p - 1) / (m + p - 1) (GPipe, Huang et al. 2019; 1F1B has the same bubble and
       lower memory, Narayanan et al. 2021): a ramp of p - 1 stage times at each end.
-    - interleaved: (p - 1) / (v m + p - 1): the ramp is made of chunks 1/v as long (Narayanan et al.).
+    - interleaved: (p - 1) / (v m + p - 1) for m >= p: the ramp is made of chunks 1/v as long
+      (Narayanan et al.), whether or not p divides m. With m < p a round is shorter than the pipeline:
+      one microbatch's trip through all p v chunks and back sets the step, each other microbatch adds
+      a chunk time, 1 - m / (p + (m - 1) / v). Both are 1 - m / (max(m, p) + (min(m, p) - 1) / v).
     - zb-h1, assuming t_F = t_Bi = t_W (Qi et al. 2023): the ramp shrinks from 1F1B's
       (p - 1)(t_F + t_Bi + t_W) to (p - 1)(t_F + t_Bi - t_W) = (p - 1) t_F against 3m t_F of work, so
       (p - 1) / (3m + p - 1) for m >= p. With m < p the gradient's trip back up the pipeline
@@ -599,6 +716,10 @@ def theoretical_bubble(name: str, pp: int, microbatches: int, virtual_stages: in
     - zbv, assuming t_F = t_Bi = t_W per chunk (Qi et al. 2024): only the start-up ramp is left (rank
       p - 1 cannot start before p - 1 chunk forwards have run, and no single-step schedule can hide
       that), so (p - 1) / (6m + p - 1) in chunk times for m >= p; a lower bound for m < p.
+    - dualpipev: DualPipe's bubble (DeepSeek-V3 report, Table 2; for PP stages on PP/2 ranks)
+      (PP/2 - 1)(F&B + B - 3W) per rank in chunk times, here (p - 1)(F&B + B - 3W). With t_F = t_W,
+      t_B = 2 t_F and nothing hidden in a slot (F&B = F + B) that is 2(p - 1) against 6m of work:
+      (p - 1) / (3m + p - 1), the same as ZB-H1's, with twice the chunks in flight (2p + 1).
     """
     _check_shape_args(name, pp, microbatches, virtual_stages)
     p, m, v = pp, microbatches, virtual_stages
@@ -608,7 +729,9 @@ def theoretical_bubble(name: str, pp: int, microbatches: int, virtual_stages: in
     if name in ("gpipe", "1f1b"):
         return ramp / (m + ramp)
     if name == "interleaved":
-        return ramp / (v * m + ramp)
+        return 1 - m / (max(m, p) + (min(m, p) - 1) / v)
     if name == "zb-h1":
         return 1 - 3 * m / max(3 * m + ramp, 2 * m + 2 * p - 1)
+    if name == "dualpipev":
+        return ramp / (3 * m + ramp)
     return ramp / (6 * m + ramp)

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import paralab
+import paralab.strategies.registry
 from tests.conftest import assert_close_rel, requires_cuda
 
 
@@ -26,8 +27,9 @@ def test_ddp_on_gpus_matches_cpu_losses(no_leftover_ranks):
 def test_gpu_check_shapes_resolve_on_the_gpu_preset(gpus):
     from paralab.gpu_check import shapes
 
-    for name, options in shapes(gpus).items():
-        paralab.resolve_layout(paralab.RunConfig.build("medium", strategy=name, world_size=gpus,
+    for name, options in shapes(gpus, "medium").items():
+        options = dict(options)
+        paralab.resolve_layout(paralab.RunConfig.build(options.pop("model"), strategy=name, world_size=gpus,
                                                        global_batch=8 * gpus, **options))
 
 
@@ -44,4 +46,6 @@ def test_gpu_check_passes_every_strategy_on_cpu_ranks(no_leftover_ranks):
     from paralab.gpu_check import run_all
 
     rows = run_all(2, "tiny", "bf16", device="cpu")
-    assert len(rows) == 14 and all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
+    registry = {name for name, s in paralab.strategies.registry.strategies().items() if name != "single"}
+    assert {r["strategy"] for r in rows} == registry, "gpu-check runs every strategy"
+    assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]

@@ -87,8 +87,8 @@ def test_every_strategy_resolves_to_the_degrees_its_table_row_says(name):
     extra = {"tp": 2} if len(strategy.axes) > 1 else {}
     extra.update({"pp": 2} if len(strategy.axes) >= 3 else {})
     extra.update({"microbatches": 4} if "pp" in strategy.axes and name != "mp" else {})
-    layout = resolve_layout(RunConfig.build(dict(layers=4, hidden=64, heads=4, vocab=128), strategy=name,
-                                            world_size=world, global_batch=8, **extra))
+    model = dict(layers=4, hidden=64, heads=4, vocab=128, experts=4 if name == "ep" else 0)  # ep needs experts
+    layout = resolve_layout(RunConfig.build(model, strategy=name, world_size=world, global_batch=8, **extra))
     degrees = {axis: layout.degree(axis) for axis in AXES}
     assert math.prod(degrees.values()) == world
     for axis in AXES:
@@ -108,9 +108,13 @@ def test_every_strategy_resolves_to_the_degrees_its_table_row_says(name):
     ("hybrid", 4, dict(tp=2, microbatches=2), dict(dp=2, tp=2, pp=1, schedule="", microbatches=2)),
     ("zero2", 2, {}, dict(dp=2, zero=2)),
     ("torch_hybrid", 4, dict(tp=2), dict(dp=2, tp=2)),
+    ("ep", 4, dict(model="tiny-moe"), dict(dp=4, ep=4, tp=1, pp=1)),
+    ("ep", 4, dict(model="tiny-moe", ep=2), dict(dp=4, ep=2)),
+    ("hybrid", 8, dict(model="tiny-moe", pp=2, ep=2), dict(dp=4, pp=2, ep=2, schedule="1f1b")),
 ])
 def test_the_resolved_shapes_of_the_lab_strategies(name, world, options, expected):
-    layout = resolve_layout(RunConfig.build("tiny", strategy=name, world_size=world, **options))
+    options = {"model": "tiny", **options}
+    layout = resolve_layout(RunConfig.build(options.pop("model"), strategy=name, world_size=world, **options))
     assert {k: getattr(layout, k) for k in expected} == expected
 
 
@@ -134,6 +138,11 @@ def test_the_resolved_shapes_of_the_lab_strategies(name, world, options, expecte
     (dict(strategy="ddp", fault={"rank": "a", "step": 1}), r"fault rank must be a whole number"),
     (dict(strategy="ddp", fault={"rank": 1, "step": "x"}), r"fault step must be a whole number"),
     (dict(strategy="ddp", fault={"rank": 1, "step": 1, "kind": "explode"}), r"fault kind must be one of"),
+    (dict(strategy="ddp", ep=2, model="tiny-moe"), r"ddp has no expert parallel: use strategy 'ep' or 'hybrid'"),
+    (dict(strategy="ep"), r"ep=2 shards experts, but model 'tiny' is dense"),
+    (dict(strategy="hybrid", ep=2), r"ep=2 shards experts, but model 'tiny' is dense"),
+    (dict(strategy="hybrid", tp=2, model="tiny-moe"), r"not supported: a mixture-of-experts model .* with tp=2"),
+    (dict(strategy="hybrid", ep=2, zero=1, model="tiny-moe"), r"not supported: zero=1 with ep=2"),
 ])
 def test_shapes_that_cannot_run_are_refused_before_any_process(monkeypatch, options, message):
     monkeypatch.setattr(launch_module, "_context", lambda: pytest.fail("a process was about to start"))
@@ -192,3 +201,21 @@ def test_the_run_json_is_valid_even_for_non_finite_numbers():
 
     assert json.loads(json_text({"losses": [float("nan"), 1.0], "x": {"y": float("inf")}})) == \
         {"losses": [None, 1.0], "x": {"y": None}}
+
+
+
+def test_expert_groups_are_carved_from_each_dp_group():
+    """ep consecutive dp ranks hold every expert once; the ranks at the same place of each expert group
+    (every ep-th dp rank) hold the same experts and reduce them; pipelines and tp do not mix in."""
+    layout = mesh_layout(dp=4, tp=2, pp=2, ep=2)
+    assert layout.group_of("dp", 0) == [0, 2, 4, 6]
+    assert [g for g in layout.expert_groups() if 0 in g] == [[0, 2]]
+    assert [g for g in layout.expert_data_groups() if 0 in g] == [[0, 4]]
+    for groups in (layout.expert_groups(), layout.expert_data_groups()):
+        assert sorted(r for g in groups for r in g) == list(range(16))  # every rank in exactly one group
+        assert all(len({layout.coord(r)["pp"] for r in g}) == 1 for g in groups)
+        assert all(len({layout.coord(r)["tp"] for r in g}) == 1 for g in groups)
+    assert Layout.from_dict(json.loads(json.dumps(layout.to_dict()))) == layout
+    assert "expert groups (ep=2" in layout.text()
+    with pytest.raises(ValueError, match="ep must divide dp"):
+        mesh_layout(dp=3, ep=2)

@@ -12,6 +12,8 @@ from paralab.config import ConfigError, RunConfig
 from paralab.layout import resolve_layout
 from paralab.models.gpt import build_part
 from paralab.schedules import build_schedule, theoretical_bubble, validate_schedule
+from paralab.sim.events import simulate_schedule
+from paralab.stage_split import balanced_split
 from paralab.strategies.pipeline_stage import stage_part_indices
 from tests.conftest import assert_close_rel, assert_same_params
 
@@ -36,8 +38,17 @@ CASES = [
     ("zb-h1", 4, 2, 1, "sgd"),
     ("zbv", 4, 4, 2, "sgd"),
     ("zbv", 2, 1, 2, "adam"),
+    ("dualpipev", 2, 4, 2, "sgd"),
+    ("dualpipev", 4, 8, 2, "sgd"),
+    # interleaved with microbatches the stages do not divide: fewer than p, and 4 on 3 ranks
+    ("interleaved", 4, 2, 2, "sgd"),
+    ("interleaved", 3, 4, 2, "sgd"),
+    ("1f1b", 4, 4, 1, "sgd"),
 ]
-STAGE_LAYERS = {("1f1b", 2): [3, 5]}  # one case runs an uneven, user-given split (torch_pp gets it too)
+# uneven, user-given splits (torch_pp gets them too): lighter first and last stages, as Megatron's
+# first/last-stage layer options make them; 8 layers over 3 x 2 chunks cannot split evenly at all
+STAGE_LAYERS = {("1f1b", 2, 4): [3, 5], ("1f1b", 4, 4): balanced_split(8, 4, first=1, last=1),
+                ("interleaved", 3, 4): balanced_split(8, 6, first=1, last=1)}
 _runs: dict = {}
 
 
@@ -49,7 +60,7 @@ def pipeline_run(schedule, pp, microbatches, virtual_stages, optimizer, strategy
                                                    virtual_stages=virtual_stages)
         _runs[key] = paralab.run(strategy, pp, steps=STEPS, model=MODEL, global_batch=BATCH, optimizer=optimizer,
                                  lr=LR[optimizer], collect_state=True,
-                                 stage_layers=STAGE_LAYERS.get((schedule, pp)), **options)
+                                 stage_layers=STAGE_LAYERS.get((schedule, pp, microbatches)), **options)
     return _runs[key]
 
 
@@ -71,11 +82,14 @@ def test_same_losses_and_parameters_as_single_device(references, schedule, pp, m
     if optimizer == "sgd":
         assert_same_params(run.params, reference.params)
         assert set(run.grads) == set(reference.grads)
-    if (schedule, pp) in STAGE_LAYERS:  # each rank holds the parameters of the split it was given
+    if (schedule, pp, microbatches) in STAGE_LAYERS:  # each rank holds the parameters of the split it was given
         cfg = paralab.ModelConfig(**MODEL)
-        parts = stage_part_indices(cfg, pp, STAGE_LAYERS[(schedule, pp)])
+        stages = pp * virtual_stages
+        parts = stage_part_indices(cfg, stages, STAGE_LAYERS[(schedule, pp, microbatches)])
+        owner = build_schedule(schedule, pp, microbatches, virtual_stages).stage_to_rank
         held = [r["memory"]["final"]["params"] for r in run.rank_results]
-        assert held == [4 * sum(p.numel() for i in ps for p in build_part(cfg, i, 0).parameters()) for ps in parts]
+        assert held == [4 * sum(p.numel() for s in range(stages) if owner[s] == rank for i in parts[s]
+                                for p in build_part(cfg, i, 0).parameters()) for rank in range(pp)]
 
 
 @pytest.mark.parametrize("schedule, pp, microbatches, virtual_stages, optimizer", CASES)
@@ -118,6 +132,32 @@ def test_same_losses_as_torch_pipelining(schedule, pp, microbatches, virtual_sta
     assert_same_params(ours.params, torchs.params)
 
 
+@pytest.mark.parametrize("schedule, pp, microbatches, virtual_stages", [
+    ("interleaved", 4, 2, 2), ("interleaved", 3, 4, 2), ("1f1b", 4, 4, 1), ("dualpipev", 2, 4, 2),
+])
+def test_executor_simulator_and_validator_agree_on_the_order(schedule, pp, microbatches, virtual_stages,
+                                                             no_leftover_ranks):
+    """Each rank's computes, in time order, as the executor ran them (every step), as the event
+    simulator times them with stage times in proportion to each stage's blocks (uneven splits too),
+    and as the validator's proved global order visits them: the schedule's own list, every time."""
+    run = pipeline_run(schedule, pp, microbatches, virtual_stages, "sgd")
+    plan = build_schedule(schedule, pp, microbatches, virtual_stages)
+    counts = STAGE_LAYERS.get((schedule, pp, microbatches)) or [MODEL["layers"] // plan.num_stages] * plan.num_stages
+    unit = {"forward": 1.0, "backward": 2.0, "backward_input": 1.0, "backward_weight": 1.0}
+    simulated = simulate_schedule(plan, lambda a: unit[a.op] * counts[a.stage], 0.1)
+    proved = validate_schedule(plan).order
+    for rank, actions in enumerate(plan.actions):
+        listed = [(a.op, a.stage, a.microbatch) for a in actions if a.is_compute]
+        assert [key for r, i in proved if r == rank for key in [(actions[i].op, actions[i].stage,
+                                                                 actions[i].microbatch)] if actions[i].is_compute] == listed
+        assert [(s.kind, s.stage, s.microbatch) for s in sorted(simulated.select(lane="compute", rank=rank),
+                                                                key=lambda s: s.start)] == listed
+        for step in range(STEPS):
+            spans = sorted((s for s in run.trace.select(lane="compute", rank=rank)
+                            if s.step == step and s.kind != "optimizer"), key=lambda s: s.start)
+            assert [(s.kind, s.stage, s.microbatch) for s in spans] == listed
+
+
 def test_measured_bubble_falls_as_microbatches_rise(no_leftover_ranks):
     """gpipe on 2 ranks: theory says 1/2 with one microbatch, 1/9 with eight. The model is wide enough
     that compute, not p2p latency, fills the step; the check is a fraction, not a time."""
@@ -135,6 +175,30 @@ def test_stage_split_is_balanced_and_overridable():
     assert stage_part_indices(cfg, 2, [1, 7]) == [[0, 1], [2, 3, 4, 5, 6, 7, 8, 9]]
 
 
+def test_balanced_split_makes_the_ends_lighter_by_what_they_cost():
+    assert balanced_split(8, 4, first=1, last=1) == [1, 3, 3, 1]
+    assert balanced_split(8, 4, first=0, last=0) == [2, 2, 2, 2]
+    assert balanced_split(10, 4, first=0, last=0) == [2, 3, 3, 2]
+    assert balanced_split(16, 4, first=1, last=3) == [4, 5, 5, 2]  # a large vocabulary: the loss end lightest
+    def most_work(counts, first, last):
+        return max(c + (first if s == 0 else 0) + (last if s == len(counts) - 1 else 0) for s, c in enumerate(counts))
+
+    def splits(layers, stages):  # every way to give each stage at least one block
+        if stages == 1:
+            yield [layers]
+            return
+        for c in range(1, layers - stages + 2):
+            yield from ([c, *rest] for rest in splits(layers - c, stages - 1))
+
+    for layers, stages, first, last in ((8, 4, 1, 1), (16, 4, 1, 3), (14, 5, 2.5, 4.0), (7, 3, 0.5, 0.5)):
+        counts = balanced_split(layers, stages, first, last)
+        assert sum(counts) == layers and min(counts) >= 1
+        best = min(most_work(c, first, last) for c in splits(layers, stages))
+        assert most_work(counts, first, last) == best
+    with pytest.raises(ValueError, match="5 stages but the model has only 4 layers"):
+        balanced_split(4, 5)
+
+
 def _refused(match, strategy="pp", world_size=2, global_batch=BATCH, **options):
     cfg = RunConfig.build(MODEL, strategy=strategy, world_size=world_size, global_batch=global_batch, **options)
     with pytest.raises(ConfigError, match=match):
@@ -147,8 +211,8 @@ def test_configs_that_cannot_run_are_refused_before_any_process_starts():
     _refused(r"9 stages but the model has only 8 layers", strategy="mp", world_size=9, global_batch=9)
     _refused(r"not divisible by 3 microbatches; microbatch counts that fit: \[1, 2, 4, 8\]", pp=2,
              schedule="gpipe", microbatches=3)
-    _refused(r"microbatches divisible by stages: 3 % 2 != 0", pp=2, schedule="interleaved", microbatches=3, virtual_stages=2,
-             global_batch=6)
+    _refused(r"2 equal rounds: 5 % 2 != 0", pp=2, schedule="interleaved", microbatches=5, virtual_stages=2,
+             global_batch=10)
     _refused(r"8 layers over 2 x 3 = 6 chunks does not divide", pp=2, schedule="interleaved", microbatches=2,
              virtual_stages=3)
     _refused(r"unknown pipeline schedule 'pipedream'.*gpipe", pp=2, schedule="pipedream")

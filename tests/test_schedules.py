@@ -19,11 +19,12 @@ TIMES = {"forward": 1.0, "backward": 2.0, "backward_input": 1.0, "backward_weigh
 
 
 def shapes(name):
-    """(p, m, v) combinations a schedule supports among p in {2, 4}, m in {1, 2, 4, 8}."""
-    v = 2 if name in ("interleaved", "zbv") else 1
+    """(p, m, v) combinations a schedule supports among p in {2, 4}, m in {1, 2, 4, 6, 8} (interleaved
+    runs them all: m below p, and m = 6 that 4 does not divide)."""
+    v = 2 if name in ("interleaved", "zbv", "dualpipev") else 1
     for p in (2, 4):
-        for m in (1, 2, 4, 8):
-            if name != "interleaved" or m % p == 0:
+        for m in (1, 2, 4, 6, 8):
+            if name != "dualpipev" or m >= 2 * p:
                 yield p, m, v
 
 
@@ -45,9 +46,11 @@ def test_every_schedule_validates(name, p, m, v):
         (r, i) for r in schedule.ranks for i in range(len(schedule.actions[r]))
     )
     computes = [a for acts in schedule.actions for a in acts if a.is_compute]
-    per_pass = 3 if schedule.is_split_backward else 2
-    assert len(computes) == per_pass * p * v * m
-    assert schedule.is_split_backward == (name in ("zb-h1", "zbv"))
+    # a forward and a backward per (stage, microbatch), and a W where the backward is split
+    assert len(computes) == 2 * p * v * m + len(schedule.split_backwards)
+    assert schedule.is_split_backward == (name in ("zb-h1", "zbv", "dualpipev"))
+    if name in ("zb-h1", "zbv"):
+        assert len(schedule.split_backwards) == p * v * m
 
 
 @pytest.mark.parametrize(("name", "p", "m", "v"), ALL)
@@ -58,24 +61,38 @@ def test_order_respects_each_rank_list(name, p, m, v):
         assert [i for r, i in order if r == rank] == list(range(len(schedule.actions[rank])))
 
 
+def slot_at(actions, i):
+    """The computes of the slot starting at compute i: it alone, or an F and the overlapped B after it."""
+    return actions[i:i + 2] if i + 1 < len(actions) and actions[i + 1].overlapped else actions[i:i + 1]
+
+
 @pytest.mark.parametrize(("name", "p", "m", "v"), ALL)
 def test_recv_right_before_and_send_right_after_compute(name, p, m, v):
+    """Receives come right before the slot that consumes them, sends right after the slot that made
+    them (a slot: one compute, or DualPipeV's F&B pair, which receives both inputs first)."""
     schedule = build_schedule(name, p, m, v)
     for rank, actions in enumerate(schedule.actions):
         for i, a in enumerate(actions):
             if a.op.startswith("recv"):
-                consumer = actions[i + 1]
-                assert consumer.is_compute and (consumer.stage, consumer.microbatch) == (
-                    a.stage,
-                    a.microbatch,
-                )
+                j = next(k for k in range(i, len(actions)) if actions[k].is_compute)
+                assert all(b.op.startswith("recv") for b in actions[i:j])
+                assert (a.stage, a.microbatch) in [(c.stage, c.microbatch) for c in slot_at(actions, j)]
             if a.op.startswith("send"):
-                producer = actions[i - 1]
-                assert producer.is_compute and (producer.stage, producer.microbatch) == (
-                    a.stage,
-                    a.microbatch,
-                )
+                j = next(k for k in range(i, -1, -1) if actions[k].is_compute and not actions[k].overlapped)
+                assert all(b.op.startswith("send") for b in actions[j + len(slot_at(actions, j)):i])
+                assert (a.stage, a.microbatch) in [(c.stage, c.microbatch) for c in slot_at(actions, j)]
                 assert a.peer != rank
+
+
+@pytest.mark.parametrize(("p", "m", "v"), [(4, 1, 2), (4, 3, 2), (4, 6, 2), (4, 10, 3), (3, 5, 2), (5, 12, 2)])
+def test_interleaved_runs_microbatch_counts_the_stages_do_not_divide(p, m, v):
+    """torch's relaxation of Megatron's rule: rounds of m / max(1, m // p) microbatches. The closed form
+    holds for every such shape; with m >= p it is Megatron's (p - 1) / (v m + p - 1)."""
+    schedule = build_schedule("interleaved", p, m, v)
+    validate_schedule(schedule)
+    assert simulated_bubble(schedule, TIMES) == pytest.approx(theoretical_bubble("interleaved", p, m, v), abs=1e-9)
+    if m >= p:
+        assert theoretical_bubble("interleaved", p, m, v) == pytest.approx((p - 1) / (v * m + p - 1))
 
 
 def test_interleaved_places_stage_s_on_rank_s_mod_p():
@@ -318,11 +335,12 @@ def test_unknown_schedule_lists_the_choices():
         theoretical_bubble("pipedream", 2, 4)
 
 
-def test_interleaved_needs_divisible_microbatches_and_several_chunks():
+def test_interleaved_needs_equal_rounds_and_several_chunks():
     with pytest.raises(
-        ValueError, match=r"divisible by stages: 6 % 4 != 0; microbatch counts that fit: \[4, 8, 12\]"
+        ValueError, match=r"max\(1, m // stages\) = 2 equal rounds: 9 % 2 != 0; microbatch counts that fit: "
+                          r"\[5, 6, 7, 8, 10, 12\]"
     ):
-        build_schedule("interleaved", 4, 6, 2)
+        build_schedule("interleaved", 4, 9, 2)
     with pytest.raises(ValueError, match="virtual_stages >= 2"):
         build_schedule("interleaved", 4, 8, 1)
 
@@ -349,3 +367,92 @@ def test_action_names_and_ops():
     assert str(Action("recv_backward", 0, 2, peer=1)) == "recv_backward B2@s0"
     with pytest.raises(ValueError, match="unknown action op 'fwd'"):
         Action("fwd", 0, 0)
+
+
+# ------------------------------------------------------------------------------------------ DualPipeV
+@pytest.mark.parametrize(("p", "m"), [(2, 4), (2, 9), (3, 6), (4, 8), (4, 13), (8, 16)])
+def test_dualpipev_bubble_at_unit_times_is_the_papers(p, m):
+    """DeepSeek-V3's Table 2: DualPipe idles (PP/2 - 1)(F&B + B - 3W) per device, PP stages on PP/2
+    devices (DualPipeV): (p - 1)(F&B + B - 3W) here, in chunk times, on every rank."""
+    trace = simulate_schedule(build_schedule("dualpipev", p, m), TIMES)
+    f, b, w = TIMES["forward"], TIMES["backward"], TIMES["backward_weight"]
+    makespan = trace.step_times()[0]
+    for rank in trace.ranks:
+        assert makespan - trace.busy_time(rank) == pytest.approx((p - 1) * ((f + b) + b - 3 * w))
+    assert simulated_bubble(build_schedule("dualpipev", p, m), TIMES) == pytest.approx(
+        theoretical_bubble("dualpipev", p, m))
+
+
+@pytest.mark.parametrize("saving", [0.5, 1.0])
+@pytest.mark.parametrize(("p", "m"), [(2, 6), (4, 8), (4, 12)])
+def test_dualpipev_slots_that_hide_communication_shrink_its_bubble_as_the_formula_says(p, m, saving):
+    """With F&B shorter than F + B (what a slot hides), the busiest ranks idle exactly (p - 1)(F&B + B - 3W);
+    ranks with fewer overlapped slots work longer and idle less."""
+    schedule = build_schedule("dualpipev", p, m)
+    trace = simulate_schedule(schedule, TIMES, overlap_saving=saving)
+    f, b, w = TIMES["forward"], TIMES["backward"], TIMES["backward_weight"]
+    idle = [trace.step_times()[0] - trace.busy_time(rank) for rank in trace.ranks]
+    assert max(idle) == pytest.approx((p - 1) * ((f + b - saving) + b - 3 * w))
+    slots = [sum(a.overlapped for a in actions) for actions in schedule.actions]
+    assert idle == pytest.approx([max(idle) - saving * (max(slots) - n) for n in slots])
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8), (4, 10)])
+def test_dualpipev_shape_memory_and_slots(p, m):
+    schedule = build_schedule("dualpipev", p, m)
+    assert schedule.stage_to_rank == list(range(p)) + list(reversed(range(p)))
+    report = validate_schedule(schedule)
+    # DeepSeek-V3's Table 2: PP + 1 chunk activations per device (2p stages on p ranks)
+    assert report.peak_activations == [2 * p + 1] * p
+    keys = {(a.stage, a.microbatch) for acts in schedule.actions for a in acts if a.op == "backward"}
+    assert keys and schedule.split_backwards and not keys & schedule.split_backwards  # mixed, never both
+    for rank, actions in enumerate(schedule.actions):
+        computes = [a for a in actions if a.is_compute]
+        for i, a in enumerate(computes):
+            if a.overlapped:  # F&B: a forward of one chunk, a full backward of the other, two microbatches
+                before = computes[i - 1]
+                assert a.op == "backward" and before.op == "forward" and before.stage != a.stage
+                assert before.microbatch != a.microbatch
+        slots = sum(a.overlapped for a in actions)
+        assert slots == 2 * m - 3 * p + rank + 1 - (rank == p - 1)
+
+
+def test_dualpipev_needs_twice_as_many_microbatches_as_ranks():
+    with pytest.raises(ValueError, match=r"dualpipev needs at least as many microbatches as stages \(2 x pp = 8\)"):
+        build_schedule("dualpipev", 4, 6)
+
+
+def test_the_validator_accepts_full_and_split_backwards_in_one_schedule_but_not_for_one_pass():
+    """Each (stage, microbatch) is run whole (B) or split (Bi, W): a 1F1B whose last backwards are split,
+    as a zero-bubble cool-down would, is valid; a pass both ways, or with Bi and no W, is not."""
+    schedule = one_f_one_b()
+    for rank, text in ((0, "B1@s0"), (1, "B1@s1")):
+        i = find(schedule, rank, text)
+        b = schedule.actions[rank][i]
+        schedule.actions[rank][i:i + 1] = [Action("backward_input", b.stage, 1), Action("backward_weight", b.stage, 1)]
+    assert validate_schedule(schedule).peak_activations == [2, 1]
+    assert simulated_bubble(schedule, TIMES) > 0
+    del schedule.actions[1][find(schedule, 1, "W1@s1")]
+    with pytest.raises(ScheduleError, match=r"rank 1: missing backward_weight W1@s1"):
+        validate_schedule(schedule)
+
+
+def test_dualpipev_is_torchs_order():
+    """paralab's DualPipeV runs, rank by rank, the order torch.distributed.pipelining's ScheduleDualPipeV
+    computes (its overlapped F&B as a forward then an overlapped full backward)."""
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    if not hasattr(schedules, "ScheduleDualPipeV"):
+        pytest.skip("this torch has no ScheduleDualPipeV")
+    ops = {"FORWARD": "forward", "FULL_BACKWARD": "backward", "BACKWARD_INPUT": "backward_input",
+           "BACKWARD_WEIGHT": "backward_weight"}
+    for p, m in ((2, 4), (4, 8), (4, 11)):
+        ours = build_schedule("dualpipev", p, m)
+        for rank in range(p):
+            fake = type("Shape", (), {"pp_group_size": p, "_n_microbatches": m})()
+            theirs = []
+            for a in schedules.ScheduleDualPipeV._calculate_single_rank_operations(fake, rank):
+                for sub, overlapped in ((a.sub_actions[0], False), (a.sub_actions[1], True)) if a.sub_actions \
+                        else ((a, False),):
+                    theirs.append((ops[sub.computation_type.name], sub.stage_index, sub.microbatch_index, overlapped))
+            mine = [(a.op, a.stage, a.microbatch, a.overlapped) for a in ours.actions[rank] if a.is_compute]
+            assert mine == theirs, f"p={p} m={m} rank {rank}"

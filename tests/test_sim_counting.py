@@ -147,7 +147,9 @@ def test_tensor_parallel_bytes_match_narayanan():
 @pytest.mark.parametrize(
     "name,p,m,v",
     [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("1f1b", 8, 4, 1), ("1f1b", 4, 2, 1), ("interleaved", 4, 8, 2),
-     ("interleaved", 4, 4, 3), ("zb-h1", 4, 8, 1), ("zb-h1", 8, 4, 1), ("zbv", 4, 8, 2), ("zbv", 4, 2, 2)],
+     ("interleaved", 4, 4, 3), ("zb-h1", 4, 8, 1), ("zb-h1", 8, 4, 1), ("zbv", 4, 8, 2), ("zbv", 4, 2, 2),
+     ("interleaved", 4, 2, 2), ("interleaved", 4, 6, 2), ("interleaved", 4, 10, 3), ("dualpipev", 4, 8, 2),
+     ("dualpipev", 2, 9, 2)],
 )
 def test_peak_inflight_matches_schedule_data_on_every_rank(name, p, m, v):
     peaks = validate_schedule(build_schedule(name, p, m, v)).peak_activations

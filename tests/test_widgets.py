@@ -39,11 +39,28 @@ def test_pipeline_explorer_sliders_redraw():
     assert {t.name for t in app.figure.data} >= {"backward_input", "backward_weight"}
 
 
+def test_pipeline_explorer_offers_dualpipev_and_its_overlap():
+    app = widgets.pipeline_explorer(schedule="1f1b", stages=4, microbatches=8)
+    assert app.controls["overlap"].disabled
+    app.controls["schedule"].value = "dualpipev"
+    assert not app.controls["overlap"].disabled and app.message.value == ""
+    assert {t.name for t in app.figure.data} >= {"backward", "backward_input", "backward_weight"}
+    def number(after):
+        return float(app.info.value.split(after)[1].split("%")[0].split(" ")[0])
+
+    bubble, step = number("bubble simulated "), number("step ")
+    app.controls["overlap"].value = 1.0  # each F&B slot one forward time shorter: a shorter step, a smaller bubble
+    assert "F&B hides 1 F" in app.info.value
+    assert number("step ") < step and number("bubble simulated ") < bubble
+    app.controls["microbatches"].value = 6  # fewer than 2 x 4 stages
+    assert "at least as many microbatches as stages" in app.message.value
+
+
 def test_pipeline_explorer_invalid_combination_shows_message():
     app = widgets.pipeline_explorer(schedule="interleaved", stages=4, microbatches=8, virtual_stages=2)
     before = bars(app.figure)
-    app.controls["microbatches"].value = 6  # interleaved needs m divisible by the stages
-    assert "divisible" in app.message.value
+    app.controls["microbatches"].value = 9  # interleaved needs equal rounds of microbatches (2 rounds of 4.5)
+    assert "equal rounds" in app.message.value
     assert bars(app.figure) == before  # the last good timeline stays
     app.controls["microbatches"].value = 12
     assert app.message.value == "" and bars(app.figure) > before

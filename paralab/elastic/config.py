@@ -69,6 +69,9 @@ class ElasticConfig(TrainingConfig):
         if self.model_name not in MODEL_PRESETS:
             raise ConfigError(f"elastic workers build the model from a preset name; choose one of "
                               f"{sorted(MODEL_PRESETS)}, not a custom model")
+        if self.model.experts:
+            raise ConfigError(f"not supported: elastic training of a mixture of experts ({self.model_name!r}): its "
+                              "load-balancing loss is not weighted by each worker's share of the batch; use a dense model")
         for name in ("micro_batch", "checkpoint_every", "keep_checkpoints", "min_nodes", "max_nodes", "nodes",
                      "last_call_s"):
             check_int(name.replace("_", " "), getattr(self, name), low=1)

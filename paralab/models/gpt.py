@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from paralab.config import ModelConfig
+from paralab.models.moe import ExpertGroup, MoELayer, expert_seed
 
 INIT_STD = 0.02
 
@@ -92,16 +93,18 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x))."""
+    """Pre-LayerNorm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)). With ``cfg.experts``
+    the MLP is a mixture of experts (paralab.models.moe) of MLPs, this rank's share of them under
+    expert parallel (``ep``); ``layer`` is the block's index."""
 
     IS_TRANSFORMER_BLOCK = True  # the unit that full recomputation checkpoints
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int = 0, ep: ExpertGroup | None = None):
         super().__init__()
         self.ln1 = nn.LayerNorm(cfg.hidden)
         self.attn = Attention(cfg)
         self.ln2 = nn.LayerNorm(cfg.hidden)
-        self.mlp = MLP(cfg)
+        self.mlp = MoELayer(cfg, MLP, layer, ep) if cfg.experts else MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -126,17 +129,21 @@ def part_names(cfg: ModelConfig) -> list[str]:
     return ["embed"] + [f"blocks.{i}" for i in range(cfg.layers)] + ["head"]
 
 
-def build_part(cfg: ModelConfig, index: int, seed: int) -> nn.Module:
-    """Build and initialise part ``index`` (0 = embedding, 1..L = blocks, L+1 = head)."""
+def build_part(cfg: ModelConfig, index: int, seed: int, ep: ExpertGroup | None = None) -> nn.Module:
+    """Build and initialise part ``index`` (0 = embedding, 1..L = blocks, L+1 = head); a block of a
+    mixture of experts holds the experts of ``ep`` (all of them when None), each from its own seed."""
     if index == 0:
         part = Embedding(cfg)
     elif index <= cfg.layers:
-        part = Block(cfg)
+        part = Block(cfg, index - 1, ep)
     elif index == cfg.layers + 1:
         part = Head(cfg)
     else:
         raise IndexError(f"part {index} does not exist: the model has {cfg.layers + 2} parts")
-    init_part(part, cfg, torch.Generator().manual_seed(seed * 1_000_003 + index))
+    part_seed = seed * 1_000_003 + index
+    init_part(part, cfg, torch.Generator().manual_seed(part_seed))
+    for j, expert in getattr(getattr(part, "mlp", None), "experts", {}).items():
+        init_part(expert, cfg, torch.Generator().manual_seed(expert_seed(part_seed, int(j))))
     return part
 
 
@@ -158,11 +165,11 @@ def init_part(part: nn.Module, cfg: ModelConfig, gen: torch.Generator) -> None:
 class GPT(nn.Module):
     """The whole model on one device, with parameter names shared by every parallel layout."""
 
-    def __init__(self, cfg: ModelConfig, seed: int = 0):
+    def __init__(self, cfg: ModelConfig, seed: int = 0, ep: ExpertGroup | None = None):
         super().__init__()
         self.cfg = cfg
         self.embed = build_part(cfg, 0, seed)
-        self.blocks = nn.ModuleList(build_part(cfg, i + 1, seed) for i in range(cfg.layers))
+        self.blocks = nn.ModuleList(build_part(cfg, i + 1, seed, ep) for i in range(cfg.layers))
         self.head = build_part(cfg, cfg.layers + 1, seed)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:

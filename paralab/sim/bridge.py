@@ -53,7 +53,8 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
     if layout.dp > 1 and layout.zero == 0:
         buckets = tensors if cfg.strategy == "dp" else max(1, -(-_param_bytes(model) // int(cfg.bucket_mb * 2**20)))
     parallel = ParallelSpec(
-        dp=layout.dp, tp=layout.tp, pp=layout.pp, virtual_stages=layout.virtual_stages,
+        dp=layout.dp, tp=layout.tp, pp=layout.pp, ep=layout.ep, virtual_stages=layout.virtual_stages,
+        stage_layers=layout.stage_layers,
         schedule=layout.schedule or DEFAULT_SCHEDULE, microbatches=layout.microbatches, micro_batch=layout.micro_batch,
         zero=layout.zero, sequence_parallel=layout.sequence_parallel, recompute=cfg.recompute, cp=layout.cp,
         cp_mode=layout.cp_mode or "ring", cp_split=layout.cp_split or "zigzag",

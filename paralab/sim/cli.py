@@ -45,7 +45,12 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dp", type=int)
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--pp", type=int, default=1)
+    parser.add_argument("--ep", type=int, default=1, help="expert parallel, carved out of dp (a mixture of experts)")
+    parser.add_argument("--expert-imbalance", type=float, default=1.0,
+                        help="busiest expert's tokens over the mean (1: balanced; a measured run's: paralab.moe_load)")
     parser.add_argument("--virtual-stages", type=int, default=1)
+    parser.add_argument("--stage-layers", type=lambda t: tuple(int(x) for x in t.split(",")), metavar="N,N,...",
+                        help="blocks per pipeline chunk in model order (default: even)")
     parser.add_argument("--schedule", default="1f1b", help=f"one of {', '.join(SCHEDULES)}")
     parser.add_argument("--microbatches", type=int, help="per data-parallel rank (default from --global-batch)")
     parser.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
@@ -102,7 +107,8 @@ def simulate_main(args) -> int:
     dp = args.dp or (args.gpus // (tp * pp * cp) if args.gpus and args.gpus % (tp * pp * cp) == 0 else 1)
     gpus = args.gpus or dp * tp * pp * cp
     parallel = ParallelSpec(
-        dp=dp, tp=tp, pp=pp, virtual_stages=args.virtual_stages, schedule=args.schedule,
+        dp=dp, tp=tp, pp=pp, ep=args.ep, virtual_stages=args.virtual_stages, schedule=args.schedule,
+        stage_layers=args.stage_layers, expert_imbalance=args.expert_imbalance,
         microbatches=args.microbatches or 0, micro_batch=args.micro_batch or 0, global_batch=args.global_batch or 0,
         zero=args.zero, sequence_parallel=args.sequence_parallel, recompute=args.recompute, cp=cp,
         cp_mode=args.cp_mode, cp_split=args.cp_split,
@@ -120,7 +126,7 @@ def simulate_main(args) -> int:
         )
     out = pred.to_dict()
     out.update(model=model.name, hardware=hw.name, gpus=gpus, config=planner.describe(pred.parallel),
-               dp=dp, tp=tp, pp=pp, cp=cp, schedule=parallel.schedule,
+               dp=dp, tp=tp, pp=pp, cp=cp, ep=parallel.ep, schedule=parallel.schedule,
                microbatches=pred.parallel.microbatches,
                global_batch=pred.parallel.global_batch)  # fmt: skip
     if args.json:
@@ -136,6 +142,8 @@ def _report(out: dict) -> str:
         f"{out['model']} on {out['gpus']} x {out['hardware']}: {out['config']}",
         f"  step {out['step_time_s']:.3f} s, {out['tokens_per_s']:,.0f} tokens/s, {planner.flops_text(out['tflops_per_gpu'])} per GPU, "
         f"MFU {out['mfu']:.1%}, HFU {out['hfu']:.1%}, bubble {out['bubble_fraction']:.1%}",
+        *([f"  parameters {out['params'] / 1e9:.1f}B, {out['active_params'] / 1e9:.1f}B active per token"]
+          if out["active_params"] != out["params"] else []),
         "  memory per GPU: " + ", ".join(f"{k} {planner.bytes_text(v)}" for k, v in mem.items()),
         "  wire bytes per GPU per step (GB): " + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in out["comm_bytes_per_gpu"].items()),
     ])  # fmt: skip
@@ -168,6 +176,6 @@ def plan_main(args) -> int:
 
 
 def _degrees(p: ParallelSpec) -> dict:
-    keys = ("dp", "tp", "pp", "virtual_stages", "schedule", "microbatches", "micro_batch", "global_batch",
+    keys = ("dp", "tp", "pp", "ep", "virtual_stages", "schedule", "microbatches", "micro_batch", "global_batch",
             "zero", "sequence_parallel", "recompute", "cp", "cp_mode")  # fmt: skip
     return {k: getattr(p, k) for k in keys}

@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass, field
 
 from paralab.schedules import theoretical_bubble
-from paralab.sim import counting
+from paralab.sim import counting, moe
 from paralab.sim.events import COMPUTE_KIND, SEND, Plan, builtin_plan, run_plan, simulate_schedule
 from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec, SpecError
 from paralab.trace import COMM, COMPUTE, STEP, Span, Trace
@@ -71,6 +71,22 @@ def collective_time(hw: HardwareSpec, op: str, payload: float, group: int, strid
     return messages * steps * latency + counting.ring_wire_bytes(op, payload, group) / bandwidth
 
 
+def all_to_all_time(hw: HardwareSpec, payload: float, group: int, stride: int) -> float:
+    """One all-to-all among ``group`` ranks ``stride`` apart, each handing it ``payload`` bytes. No
+    ring: every rank sends 1/group of it to each peer directly, those in its node over NVLink and the
+    rest through its own NIC, both at once, each peer costing a latency. On a machine with a measured
+    send curve (``local``), one gloo send per peer."""
+    if group <= 1:
+        return 0.0
+    per_node = max(1, min(group, hw.gpus_per_node // stride))
+    piece = payload / group
+    if hw.p2p_curve and per_node == group:
+        return (group - 1) * interpolate(hw.p2p_curve, piece)
+    inside, outside = (per_node - 1) * piece, (group - per_node) * piece
+    latency = (group - 1) * (hw.inter_latency if outside else hw.intra_latency)
+    return latency + max(inside / hw.intra_bw, outside / hw.inter_bw)
+
+
 def interpolate(curve: list, nbytes: float) -> float:
     """Seconds at ``nbytes`` on a measured (bytes, seconds) curve: log-log between its points, the
     smallest's time below it, and beyond the largest the bandwidth over its last three points (one
@@ -92,13 +108,15 @@ class StageTimes:
 
     ``backward`` is the full backward (recompute included); zero-bubble schedules split it into
     ``backward_input`` (recompute, input gradients, tp collectives) and ``backward_weight`` (the
-    weight-gradient GEMMs), which add up to it. ``tp_comm`` is the tensor-parallel share of F + B.
+    weight-gradient GEMMs), which add up to it. ``tp_comm`` is the tensor-parallel share of F + B;
+    ``a2a`` the expert-parallel all-to-alls of one pass (F, or the input-gradient part of B).
     """
 
     forward: float
     backward_input: float
     backward_weight: float
     tp_comm: float = 0.0
+    a2a: float = 0.0
 
     @property
     def backward(self) -> float:
@@ -188,7 +206,12 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
     tp_layer = tp_pair * sum(passes.values())
 
     chunks = p.pp * p.virtual_stages
-    per_chunk = model.layers // chunks
+    blocks = counting.chunk_layers(model, p)
+    moe_blocks, first = [], 0
+    for count in blocks:  # the MoE layers of each chunk
+        moe_blocks.append(sum(b >= model.dense_layers for b in range(first, first + count)) if model.experts else 0)
+        first += count
+    experts, a2a = _moe_mlp(model, p, hw)
     embed = 2 * tokens * h * nbytes / ew_bw
     logits = gemm_time(hw, hw.peak(model.dtype), tokens, model.vocab / t, h, 1, nbytes)
     loss = 3 * tokens * model.vocab / t * 4 / ew_bw  # fp32 logits: write, softmax read and write
@@ -199,7 +222,9 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
     tp_loss = 3 * collective_time(hw, "all_reduce", tokens * 4, t, 1)
     times = []
     for stage in range(chunks):
+        per_chunk, moe_here = blocks[stage], moe_blocks[stage]
         f, bi, w = per_chunk * forward, per_chunk * backward_input, per_chunk * weight
+        f, bi, w = f + moe_here * (experts + a2a), bi + moe_here * (experts + a2a), w + moe_here * experts
         tp = per_chunk * tp_layer
         if stage == 0:
             f, bi = f + embed + tp_embed + host("embed_forward"), bi + embed + host("embed_backward")
@@ -208,10 +233,35 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
             f = f + logits + loss + tp_loss + host("head_forward")
             bi, w = bi + logits + loss + tp_embed + host("head_backward"), w + logits
             tp += tp_loss + tp_embed
-        times.append(StageTimes(f, bi, w, tp))
+        times.append(StageTimes(f, bi, w, tp, moe_here * a2a))
     if p.pp == 1 and p.zero >= 2 and p.dp > 1:  # ZeRO-2/3 collectives per microbatch, layer by layer
         times = [_zero_overlapped(st, model, p, hw) for st in times]
     return times
+
+
+def _moe_mlp(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tuple[float, float]:
+    """What a MoE layer's MLP adds to one pass of the dense layer :func:`layer_work` times (seconds):
+    the router, shared and routed experts' GEMMs in place of the dense MLP's, the routed ones on the
+    hot expert's rank (``imbalance`` x an even share: E / ep experts, tokens x k x ep / E rows each);
+    and its dispatch plus combine all-to-all (stride tp: ep ranks are dp neighbours)."""
+    if not model.experts:
+        return 0.0, 0.0
+    hw = per_rank(hw, p.world_size)
+    peak, nbytes = hw.peak(model.dtype), model.dtype_bytes
+    tokens, h, t = p.micro_batch * model.seq, model.hidden, p.tp
+
+    def mlp(rows, width, split=1, batch=1):
+        up = (2 if model.gated_mlp else 1) * width / split
+        return (gemm_time(hw, peak, rows, up, h, batch, nbytes)
+                + gemm_time(hw, peak, rows, h, width / split, batch, nbytes))
+
+    local = model.experts // p.ep
+    routed = mlp(tokens * model.top_k * p.ep / model.experts, model.expert_ffn, batch=local)
+    shared = mlp(tokens, model.expert_ffn, t, model.shared_experts) if model.shared_experts else 0.0
+    router = gemm_time(hw, peak, tokens, model.experts, h, 1, nbytes)
+    added = router + shared + routed * moe.imbalance(model, p) - mlp(tokens, model.ffn, t)
+    one = all_to_all_time(hw, moe.all_to_all_payload(model, p), p.ep, p.tp)
+    return added, 2 * one * moe.imbalance(model, p)
 
 
 def _zero_overlapped(st: StageTimes, model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> StageTimes:
@@ -224,7 +274,7 @@ def _zero_overlapped(st: StageTimes, model: ModelSpec, p: ParallelSpec, hw: Hard
     ag = collective_time(hw, "all_gather", params * pb / layers, p.dp, p.tp) if p.zero == 3 else 0.0
     forward = layer_by_layer(layers, st.forward / layers, ag, 0.0, p.prefetch_params)
     backward = layer_by_layer(layers, st.backward / layers, ag, rs, p.prefetch_params)
-    return StageTimes(forward, backward - st.backward_weight, st.backward_weight, st.tp_comm)
+    return StageTimes(forward, backward - st.backward_weight, st.backward_weight, st.tp_comm, st.a2a)
 
 
 def layer_by_layer(layers: int, compute: float, gather: float, scatter: float, prefetch: bool) -> float:
@@ -307,6 +357,7 @@ class Prediction:
     memory_bytes_per_gpu: dict[str, float]
     comm_bytes_per_gpu: dict[str, float]
     params: int
+    active_params: int
     model_flops_per_step: float
     hardware_flops_per_step: float
     breakdown_s: dict[str, float] = field(default_factory=dict)
@@ -326,12 +377,13 @@ class Prediction:
 
 
 def memory_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]:
-    """Bytes per GPU at the peak, on the fuller of the pipeline's end ranks (the ones between hold less):
+    """Bytes per GPU at the peak, on the fullest pipeline rank (with even stages an end rank):
     model states (ZeRO) plus activations, plus what ZeRO-2/3 hold unsharded for a moment."""
     if parallel.cp > 1:
         return CONTEXT_PARALLEL["memory_per_gpu"](model, parallel)
     p = parallel.resolved()
-    return max((_rank_memory(model, p, rank) for rank in {0, p.pp - 1}), key=lambda m: m["total"])
+    ranks = range(p.pp) if p.stage_layers is not None else {0, p.pp - 1}
+    return max((_rank_memory(model, p, rank) for rank in ranks), key=lambda m: m["total"])
 
 
 def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int) -> dict[str, float]:
@@ -339,7 +391,10 @@ def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int) -> dict[str, floa
     next), ZeRO-2/3 fill a unit's whole gradient before reduce-scattering it; a unit is a layer, or
     the embedding when that is larger."""
     optimizer = counting.optimizer_of(model, p)
-    states = counting.model_state_bytes(counting.stage_params(model, p, rank), p.dp, p.zero, optimizer)
+    experts = counting.expert_params(model, p, rank)  # sharded over the dp / ep ranks that hold them
+    states = counting.model_state_bytes(counting.stage_params(model, p, rank) - experts, p.dp, p.zero, optimizer)
+    for kind, nbytes in counting.model_state_bytes(experts, p.dp // p.ep, p.zero, optimizer).items():
+        states[kind] += nbytes
     states["activations"] = counting.activation_bytes_per_gpu(model, p, rank)
     if p.zero >= 2 and p.dp > 1:
         pb, gb, _ = counting.OPTIMIZER_BYTES[optimizer]
@@ -412,12 +467,13 @@ def _tensor_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageT
     of the layer's pairs of blocking collectives per layer (all-reduces; all-gather + reduce-scatter
     with sp), a backward the other (and the rerun forward's with full recompute)."""
     ops, payload, passes = counting.tp_collectives(model, p)
-    layers = model.layers // (p.pp * p.virtual_stages)
+    blocks = counting.chunk_layers(model, p)
     out = []
     for span in spans:
         phase = "backward" if span.kind in ("backward", "backward_input") else span.kind
         if span.lane != COMPUTE or phase not in passes or span.stage is None:
             continue
+        layers = blocks[span.stage]
         seconds = times[span.stage].tp_comm * passes[phase] / sum(passes.values())
         end = span.end
         for op in ops:
@@ -443,12 +499,33 @@ def _plan(p: ParallelSpec) -> Plan:
 
 
 def _plan_seconds(plan: Plan, model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, times: list[StageTimes]) -> list[float]:
-    """Per action of the plan: its compute time, or its send's latency (0 for a recv)."""
+    """Per action of the plan: its compute time, or its send's latency (0 for a recv). A backward
+    sharing a DualPipeV slot with a forward is shorter by what the slot hides: each pass's all-to-alls
+    behind the other's compute (:func:`overlap_saving`)."""
     by_op = {(op, stage): getattr(st, op) for stage, st in enumerate(times)
              for op in ("forward", "backward", "backward_input", "backward_weight")}
     hop = p2p_time(model, p, hw)
-    return [by_op[(a.op, a.stage)] if k == COMPUTE_KIND else hop if k == SEND else 0.0
-            for a, k in zip(plan.actions, plan.kinds)]
+    last_forward: dict[int, int] = {}  # rank -> stage of its latest forward
+    out = []
+    for a, rank, k in zip(plan.actions, plan.ranks, plan.kinds):
+        if k != COMPUTE_KIND:
+            out.append(hop if k == SEND else 0.0)
+            continue
+        seconds = by_op[(a.op, a.stage)]
+        if a.op == "forward":
+            last_forward[rank] = a.stage
+        elif a.overlapped:
+            seconds -= overlap_saving(times[last_forward[rank]], times[a.stage])
+        out.append(seconds)
+    return out
+
+
+def overlap_saving(forward: StageTimes, backward: StageTimes) -> float:
+    """Seconds an F&B slot saves over running its forward then its backward: the forward's all-to-alls
+    hidden behind the backward's compute and the backward's behind the forward's (DeepSeek-V3 report,
+    sec. 3.2.1), each no more than the compute there is to hide it."""
+    return (min(forward.a2a, backward.backward - backward.a2a)
+            + min(backward.a2a, forward.forward - forward.a2a))
 
 
 def _pipeline_trace(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, times: list[StageTimes]) -> Trace:
@@ -578,7 +655,9 @@ def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: f
     world = p.world_size
     peak = hw.peak(model.dtype) * (1 if hw.shared_compute else world)
     memory = memory_per_gpu(model, p)
-    per_rank_tp = p.microbatches * sum(st.tp_comm for stage, st in enumerate(times) if counting.stage_rank(p, stage) == 0)
+    first_rank = [st for stage, st in enumerate(times) if counting.stage_rank(p, stage) == 0]
+    per_rank_tp = p.microbatches * sum(st.tp_comm for st in first_rank)
+    per_rank_a2a = p.microbatches * sum(2 * st.a2a for st in first_rank)  # forward and backward
     return Prediction(
         step_time_s=step,
         tokens_per_s=p.global_batch * model.seq / step,
@@ -589,12 +668,14 @@ def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: f
         memory_bytes_per_gpu=memory,
         comm_bytes_per_gpu=counting.comm_bytes_per_gpu(model, p),
         params=counting.parameter_counts(model)["total"],
+        active_params=counting.active_parameters(model),
         model_flops_per_step=flops["model"],
         hardware_flops_per_step=flops["hardware"],
         breakdown_s={
             "pipeline": pipeline,
             "bubble": bubble * pipeline,
             "tp_comm": per_rank_tp,
+            "ep_comm": per_rank_a2a,
             "dp_comm_exposed": exposed,
             "optimizer": optimizer,
             "loop": loop,

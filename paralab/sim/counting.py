@@ -12,7 +12,10 @@ matmul of (m x k) by (k x n) costs 2mkn.
 
 from __future__ import annotations
 
+from paralab.schedules import V_SHAPED, interleaved_round
+from paralab.sim import moe
 from paralab.sim.specs import ModelSpec, ParallelSpec
+from paralab.stage_split import layers_per_stage
 from paralab.wire import ring_wire_bytes
 
 # ------------------------------------------------------------------------------------------ parameters
@@ -25,12 +28,11 @@ def layer_params(model: ModelSpec) -> dict[str, int]:
     LayerNorms 4h: 12h^2 + 13h. GQA narrows K and V to kv_heads x head_dim; a gated MLP has three
     matrices (gate, up, down); RMSNorm has one vector per norm.
     """
-    h, kv, f = model.hidden, model.kv_dim, model.ffn
+    h, kv = model.hidden, model.kv_dim
     bias = 1 if model.biases else 0
-    mlp_in = 2 * f if model.gated_mlp else f
     return {
         "attention": h * (h + 2 * kv) + bias * (h + 2 * kv) + h * h + bias * h,
-        "mlp": h * mlp_in + bias * mlp_in + f * h + bias * h,
+        "mlp": moe.ffn_params(model, model.ffn),
         "norms": 2 * model.norm_params * h,
     }
 
@@ -41,18 +43,25 @@ def parameter_counts(model: ModelSpec) -> dict[str, int]:
     Narayanan et al. 2021, eq. 2: P = 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)), i.e. layers, the
     token embedding V h (tied with the output layer) and learned positions s h. The paper leaves out
     the final norm; it is counted here as ``final_norm`` so ``total`` is the real model, and
-    ``total - final_norm`` is the paper's P.
+    ``total - final_norm`` is the paper's P. A mixture of experts counts every expert
+    (:func:`active_parameters`: those a token meets).
     """
     h = model.hidden
     counts = {
         "embedding": model.vocab * h,
         "positions": model.seq * h if model.learned_positions else 0,
-        "layers": model.layers * sum(layer_params(model).values()),
+        "layers": model.layers * sum(layer_params(model).values()) + moe.extra_layer_params(model),
         "output": 0 if model.tied_embeddings else model.vocab * h + (model.vocab if model.output_bias else 0),
         "final_norm": model.norm_params * h,
     }
     counts["total"] = sum(counts.values())
     return counts
+
+
+def active_parameters(model: ModelSpec) -> int:
+    """Parameters one token meets: all of a dense model; of a mixture of experts, the router, top_k
+    routed experts and the shared ones in each MoE layer (Mixtral 8x7B: 12.9B of 46.7B)."""
+    return parameter_counts(model)["total"] - moe.extra_layer_params(model) + moe.extra_layer_params(model, active=True)
 
 
 def replicated_layer_params(model: ModelSpec) -> int:
@@ -63,40 +72,69 @@ def replicated_layer_params(model: ModelSpec) -> int:
 
 
 def last_stage_rank(parallel: ParallelSpec) -> int:
-    """The pipeline rank that holds the last stage (output layer and loss): pp - 1, or rank 0 in ZB-V,
-    whose V puts the first and the last chunk on the same rank (Qi et al. 2024)."""
-    return 0 if parallel.schedule == "zbv" and parallel.pp > 1 else parallel.pp - 1
+    """The pipeline rank that holds the last stage (output layer and loss): pp - 1, or rank 0 in the V
+    of ZB-V and DualPipeV, which puts the first and the last chunk on the same rank (Qi et al. 2024)."""
+    return 0 if parallel.schedule in V_SHAPED and parallel.pp > 1 else parallel.pp - 1
 
 
 def stage_rank(parallel: ParallelSpec, stage: int) -> int:
     """The pipeline rank of model chunk ``stage``: round robin (interleaved), or down and back up the V."""
     p = parallel.pp
-    if parallel.schedule == "zbv" and p > 1:
+    if parallel.schedule in V_SHAPED and p > 1:
         return stage if stage < p else 2 * p - 1 - stage
     return stage % p
+
+
+def chunk_layers(model: ModelSpec, parallel: ParallelSpec) -> list[int]:
+    """Blocks of every model chunk (pp x v of them, in model order): even, or ``stage_layers``
+    (paralab.stage_split, the executor's rule)."""
+    return layers_per_stage(model.layers, parallel.pp * parallel.virtual_stages, parallel.stage_layers)
+
+
+def rank_layers(model: ModelSpec, parallel: ParallelSpec, rank: int, moe_only: bool = False) -> int:
+    """Blocks on pipeline rank ``rank`` (``moe_only``: those whose MLP is a mixture of experts)."""
+    out, first = 0, 0
+    for stage, count in enumerate(chunk_layers(model, parallel)):
+        if stage_rank(parallel, stage) == rank:
+            blocks = range(first, first + count)
+            out += sum(b >= model.dense_layers for b in blocks) if moe_only else count
+        first += count
+    return out if not moe_only or model.experts else 0
+
+
+def expert_params(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
+    """Routed-expert parameters one GPU of pipeline rank ``rank`` holds: E / ep of each MoE layer's."""
+    return moe.expert_params_per_gpu(model, parallel, rank_layers(model, parallel, rank, moe_only=True))
 
 
 def stage_params(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
     """Parameters one GPU of pipeline rank ``rank`` holds (before ZeRO sharding).
 
-    Layers split evenly over pp ranks; inside a layer the matrices and column-parallel biases are split
-    over the tp ranks and the norms and row-parallel biases are replicated. The first rank also holds
-    the vocabulary-parallel embedding and the (replicated) positions, the last stage's rank the final
-    norm (replicated) and the output layer, or a second copy of the tied embedding when that is
-    another rank, as Megatron-LM does (Shoeybi et al. 2019).
+    The rank's chunks hold their blocks (:func:`chunk_layers`); inside a layer the matrices and
+    column-parallel biases are split over the tp ranks and the norms and row-parallel biases are
+    replicated. The first rank also holds the vocabulary-parallel embedding and the (replicated)
+    positions, the last stage's rank the final norm (replicated) and the output layer, or a second
+    copy of the tied embedding when that is another rank, as Megatron-LM does (Shoeybi et al. 2019).
+    A MoE layer's MLP is its router (replicated), shared experts (split over tp) and E / ep routed
+    experts (:func:`expert_params`; experts are not split over tp here).
     """
     counts = parameter_counts(model)
-    t, p, last = parallel.tp, parallel.pp, last_stage_rank(parallel)
-    layers_here = model.layers / p
+    t, last = parallel.tp, last_stage_rank(parallel)
+    layers_here = rank_layers(model, parallel, rank)
+    moe_here = rank_layers(model, parallel, rank, moe_only=True)
     replicated = layers_here * replicated_layer_params(model)
-    split = counts["layers"] / p - replicated
+    split = layers_here * sum(layer_params(model).values()) - replicated
+    if moe_here:
+        mlp = moe.moe_mlp_params(model)
+        replicated += moe_here * mlp["router"]
+        split += moe_here * (mlp["shared"] - layer_params(model)["mlp"])
     if rank == 0:
         split += counts["embedding"]
         replicated += counts["positions"]
     if rank == last:
         split += counts["output"] or (counts["embedding"] if last != 0 else 0)
         replicated += counts["final_norm"]
-    return split / t + replicated
+    return split / t + replicated + expert_params(model, parallel, rank)
 
 
 def stage_tensors(model: ModelSpec, parallel: ParallelSpec, rank: int) -> int:
@@ -106,8 +144,11 @@ def stage_tensors(model: ModelSpec, parallel: ParallelSpec, rank: int) -> int:
     bias when ``biases``, plus ``norm_params`` vectors per norm; the first rank adds the token (and
     position) embedding, the last the final norm and the output layer (weight, and bias if any).
     """
-    per_layer = (2 + (3 if model.gated_mlp else 2)) * (2 if model.biases else 1) + 2 * model.norm_params
-    total = per_layer * model.layers // parallel.pp
+    matrices, bias = 3 if model.gated_mlp else 2, 2 if model.biases else 1
+    per_layer = (2 + matrices) * bias + 2 * model.norm_params
+    total = per_layer * rank_layers(model, parallel, rank)
+    experts_here = model.experts // parallel.ep + model.shared_experts
+    total += rank_layers(model, parallel, rank, moe_only=True) * (1 + (experts_here - 1) * matrices * bias)
     if rank == 0:
         total += 1 + (1 if model.learned_positions else 0)
     if rank == last_stage_rank(parallel):
@@ -150,7 +191,7 @@ def flops_per_step(model: ModelSpec, sequences: float, recompute: str = "none") 
     72 B s l h^2 (1 + s/(3h) + V/(12 l h)).
     """
     layer = layer_forward_flops(model, sequences)
-    layer_fwd = model.layers * (layer["linear"] + layer["attention"])
+    layer_fwd = model.layers * (layer["linear"] + layer["attention"]) + moe.extra_forward_flops(model, sequences)
     model_flops = 3 * (layer_fwd + logits_forward_flops(model, sequences))
     extra = {"none": 0.0, "full": layer_fwd, "selective": 3 * model.layers * layer["attention"]}[recompute]
     return {"model": model_flops, "hardware": model_flops + extra}
@@ -197,8 +238,10 @@ def peak_inflight_chunks(schedule: str, pp: int, microbatches: int, virtual_stag
     GPipe keeps all m (Huang et al. 2019); 1F1B its warm-up p - rank plus none (Narayanan et al.
     2021), so p on the first rank; the interleaved schedule's warm-up 2(p - rank - 1) + (v-1)p plus
     one, on the first rank Korthikanti et al.'s (2022, sec. 4.2.3) factor 1 + (p-1)/(p v) over 1F1B
-    in layers; ZB-H1 and ZB-V keep 1F1B's first-rank peak on every rank (Qi et al. 2023, 2024; a
-    deferred W holds its inputs; the V counts its 2 chunks). The first rank holds the most in all.
+    in layers (where p does not divide m, the schedule's round g in place of p); ZB-H1 and ZB-V keep
+    1F1B's first-rank peak on every rank (Qi et al. 2023, 2024; a deferred W holds its inputs; the V
+    counts its 2 chunks); DualPipeV holds 2p + 1 chunks, PP + 1 in the DeepSeek-V3 report's stages
+    (Table 2). The first rank holds the most in all.
     """
     p, m, v = pp, microbatches, virtual_stages
     if p == 1 or schedule == "naive":
@@ -206,9 +249,11 @@ def peak_inflight_chunks(schedule: str, pp: int, microbatches: int, virtual_stag
     if schedule == "gpipe":
         return m
     if schedule == "interleaved":
-        return min(m * v, 2 * (p - rank - 1) + (v - 1) * p + 1)
+        return min(m * v, 2 * (p - rank - 1) + (v - 1) * interleaved_round(p, m) + 1)
     if schedule == "zbv":
         return min(2 * m, 2 * p)
+    if schedule == "dualpipev":
+        return min(2 * m, 2 * p + 1)
     if schedule == "zb-h1":
         return min(m, p)
     return min(m, p - rank)
@@ -224,10 +269,14 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
     recompute, the one layer being rematerialised in full during its backward.
     """
     p = parallel.resolved()
-    layers_per_chunk = model.layers // (p.pp * p.virtual_stages)
+    chunks_here = p.virtual_stages if p.pp > 1 else 1
+    layers_per_chunk = rank_layers(model, p, rank) / chunks_here
     inflight = peak_inflight_chunks(p.schedule, p.pp, p.microbatches, p.virtual_stages, rank)
     per_layer = activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, p.recompute)
     total = inflight * layers_per_chunk * per_layer
+    if p.recompute != "full":  # a mixture of experts keeps k copies of each token at its experts
+        moe_per_chunk = rank_layers(model, p, rank, moe_only=True) / chunks_here
+        total += inflight * moe_per_chunk * moe.extra_activation_bytes(model, p.micro_batch, p.tp)
     sbh = model.seq * p.micro_batch * model.hidden
     if rank == 0:
         total += model.dtype_bytes * sbh / (p.tp if p.sequence_parallel else 1) * min(inflight, p.microbatches)
@@ -294,27 +343,36 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[str, s
     - dp / zero (Rajbhandari et al. 2020, sec. 7): stage 0 all-reduces the gradients once per step;
       stage 1 reduce-scatters gradients and all-gathers updated parameters (same volume); stage 2
       must reduce-scatter every microbatch's gradients, since it keeps only its shard; stage 3 also
-      all-gathers the parameters for every microbatch's forward and again for its backward.
+      all-gathers the parameters for every microbatch's forward and again for its backward. A mixture of
+      experts reduces its routed experts over the dp / ep ranks that hold the same ones.
+    - ep (paralab.sim.moe): per MoE layer and microbatch, dispatch and combine all-to-alls in the
+      forward and again in the backward, tokens x k x h each.
     """
     p = parallel.resolved()
     m, b, t = p.microbatches, p.micro_batch, p.tp
     act = model.seq * b * model.hidden * model.dtype_bytes
-    layers = model.layers // p.pp
+    layers = rank_layers(model, p, 0)
     rows: list[tuple[str, str, float, int, float]] = []
     if t > 1:
         ops, payload, passes = tp_collectives(model, p)
         rows += [("tp", op, payload, t, 2 * sum(passes.values()) * layers * m) for op in ops]
     if p.pp > 1:
         rows.append(("pp", "send", act / t, 2, 2 * m * p.virtual_stages))
-    if p.dp > 1:
-        pb, gb, _ = OPTIMIZER_BYTES[optimizer_of(model, p)]
-        params = stage_params(model, p, 0)
+    if p.ep > 1:  # dispatch and combine, forward and backward, per MoE layer and microbatch
+        moe_here = rank_layers(model, p, 0, moe_only=True)
+        rows.append(("ep", "all_to_all", moe.all_to_all_payload(model, p), p.ep, 4 * moe_here * m))
+    pb, gb, _ = OPTIMIZER_BYTES[optimizer_of(model, p)]
+    experts = expert_params(model, p, 0)
+    # replicated parameters reduce over dp; experts over the dp / ep ranks that hold the same ones
+    for params, group in ((stage_params(model, p, 0) - experts, p.dp), (experts, p.dp // p.ep)):
+        if group <= 1 or not params:
+            continue
         grads, weights = params * gb, params * pb
         if p.zero == 0:
-            rows.append(("dp", "all_reduce", grads, p.dp, 1))
+            rows.append(("dp", "all_reduce", grads, group, 1))
         else:
-            rows.append(("zero", "reduce_scatter", grads, p.dp, 1 if p.zero == 1 else m))
-            rows.append(("zero", "all_gather", weights, p.dp, 1 if p.zero < 3 else 2 * m))
+            rows.append(("zero", "reduce_scatter", grads, group, 1 if p.zero == 1 else m))
+            rows.append(("zero", "all_gather", weights, group, 1 if p.zero < 3 else 2 * m))
     return rows
 
 

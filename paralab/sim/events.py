@@ -7,7 +7,9 @@ so every action is timed after everything it waits for. Each rank runs one actio
 - a send is issued when the rank reaches it and does not hold the rank (buffered, like ``isend``);
   its tensor lands on the peer ``p2p_time(action)`` later;
 - a recv holds the rank from when it is reached until the tensor has landed:
-  it completes at max(recv issued, send issued + p2p time).
+  it completes at max(recv issued, send issued + p2p time);
+- a backward that shares a slot with the forward before it (``Action.overlapped``, DualPipeV's F&B)
+  is ``overlap_saving(action)`` shorter: the communication one pass hides behind the other's compute.
 
 The result is a :class:`paralab.trace.Trace` shaped like a measured one (compute, comm and step
 lanes), so every figure can draw, and compare, either.
@@ -108,9 +110,13 @@ def run_plan(plan: Plan, seconds: list[float], t0: float = 0.0) -> tuple[list[fl
     return starts, finished
 
 
-def plan_seconds(plan: Plan, compute_time: Callable[[Action], float], p2p_time: Callable[[Action], float]) -> list[float]:
+def plan_seconds(plan: Plan, compute_time: Callable[[Action], float], p2p_time: Callable[[Action], float],
+                 overlap_saving: Callable[[Action], float] = lambda a: 0.0) -> list[float]:
+    """Per action of ``plan``: compute seconds (an overlapped backward less what its slot hides), a
+    send's latency, or 0 for a recv."""
     return [
-        (compute_time(a) if k == COMPUTE_KIND else p2p_time(a) if k == SEND else 0.0)
+        (max(compute_time(a) - (overlap_saving(a) if a.overlapped else 0.0), 0.0) if k == COMPUTE_KIND
+         else p2p_time(a) if k == SEND else 0.0)
         for a, k in zip(plan.actions, plan.kinds)
     ]
 
@@ -123,6 +129,7 @@ def simulate_schedule(
     t0: float = 0.0,
     activation_bytes: int = 0,
     plan: Plan | None = None,
+    overlap_saving: Seconds = 0.0,
 ) -> Trace:
     """Time one training step of ``schedule`` and return it as a Trace.
 
@@ -132,10 +139,12 @@ def simulate_schedule(
     of the send action). ``activation_bytes`` is the size of each activation or gradient sent:
     a send puts it on the wire, a recv puts nothing (its payload is still the tensor).
     ``plan``: the schedule already compiled (:func:`builtin_plan`), to skip validating it again.
+    ``overlap_saving``: seconds an overlapped F&B slot saves (seconds, or a callable of its backward).
     The step window is t0..makespan on every rank, so idle time at either end counts as bubble.
     """
     plan = plan or compile_schedule(schedule)
-    seconds = plan_seconds(plan, _as_callable(compute_time, "compute_time"), _as_callable(p2p_time, "p2p_time"))
+    seconds = plan_seconds(plan, _as_callable(compute_time, "compute_time"), _as_callable(p2p_time, "p2p_time"),
+                           _as_callable(overlap_saving, "overlap_saving"))
     starts, ends = run_plan(plan, seconds, t0)
     spans: list[Span] = []
     for action, rank, kind, start, end in zip(plan.actions, plan.ranks, plan.kinds, starts, ends):

@@ -2,12 +2,14 @@
 
 Search space: tp (powers of two up to the node size, so tensor parallelism stays on NVLink, as
 Narayanan et al. 2021 advise), pp (divisors of the layer count), dp (what is left), micro-batch size,
-schedule (1F1B, ZB-H1, interleaved with v = 2 or 4), ZeRO stage (0..3 without pp, 0..1 with it),
-recompute (none, selective, full), sequence parallelism (always on with tp > 1: same wire bytes,
-less memory and less elementwise traffic under the cost model, so it never loses) and, for long
-sequences (from paralab.sim.context.LONG_SEQUENCE tokens), context parallelism: cp taken out of
-what would be dp, ring (zig-zag) or all-to-all where the heads allow; :func:`explain` says what it
-bought.
+schedule (1F1B, ZB-H1, interleaved with v = 2 or 4, and for a mixture of experts DualPipeV), ZeRO
+stage (0..3 without pp, 0..1 with it), recompute (none, selective, full), sequence parallelism
+(always on with tp > 1: same wire bytes, less memory and less elementwise traffic under the cost
+model, so it never loses), for a mixture of experts ep (every power of two dividing dp and the
+experts: more ep holds fewer experts per GPU but sends more of each all-to-all across nodes) and,
+for long sequences (from paralab.sim.context.LONG_SEQUENCE tokens), context parallelism: cp taken
+out of what would be dp, ring (zig-zag) or all-to-all where the heads allow; :func:`explain` says
+what it bought.
 
 Ranking is two-pass so 1,024 GPUs plan in well under 5 s: every candidate that fits is scored with
 the closed-form pipeline (:func:`paralab.sim.cost.predict` with ``simulate=False``), then the best
@@ -19,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
+from paralab.schedules import shape_problems
 from paralab.sim import context, cost, counting
 from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec
 
@@ -52,12 +55,13 @@ def candidates(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int)
                 m = global_batch // (dp * mb)
                 for schedule, v in _schedules(model, pp, m):
                     for zero in (0, 1, 2, 3) if pp == 1 and dp > 1 else (0, 1) if dp > 1 else (0,):
-                        for recompute in RECOMPUTE:
-                            yield ParallelSpec(
-                                dp=dp, tp=tp, pp=pp, virtual_stages=v, schedule=schedule, microbatches=m,
-                                micro_batch=mb, global_batch=global_batch, zero=zero,
-                                sequence_parallel=tp > 1, recompute=recompute, cp=cp, cp_mode=cp_mode,
-                            )  # fmt: skip
+                        for ep in _expert_degrees(model, dp) if cp == 1 else (1,):
+                            for recompute in RECOMPUTE:
+                                yield ParallelSpec(
+                                    dp=dp, tp=tp, pp=pp, ep=ep, virtual_stages=v, schedule=schedule,
+                                    microbatches=m, micro_batch=mb, global_batch=global_batch, zero=zero,
+                                    sequence_parallel=tp > 1, recompute=recompute, cp=cp, cp_mode=cp_mode,
+                                )  # fmt: skip
 
 
 def _context_parallel(model: ModelSpec, tp: int, replicas: int) -> list[tuple[int, str]]:
@@ -77,8 +81,18 @@ def _schedules(model: ModelSpec, pp: int, m: int) -> list[tuple[str, int]]:
     if pp == 1:
         return [("1f1b", 1)]
     out = [("1f1b", 1), ("zb-h1", 1)]
-    out += [("interleaved", v) for v in (2, 4) if model.layers % (pp * v) == 0 and m % pp == 0]
+    out += [("interleaved", v) for v in (2, 4)
+            if model.layers % (pp * v) == 0 and not shape_problems("interleaved", pp, m, v)]
+    if model.experts and model.layers % (2 * pp) == 0 and not shape_problems("dualpipev", pp, m, 2):
+        out.append(("dualpipev", 2))
     return out
+
+
+def _expert_degrees(model: ModelSpec, dp: int) -> list[int]:
+    """ep for a mixture of experts: powers of two dividing dp and the experts (1 for a dense model)."""
+    if not model.experts:
+        return [1]
+    return [e for e in (2**i for i in range(12)) if e <= dp and dp % e == 0 and model.experts % e == 0]
 
 
 def plan(
@@ -127,7 +141,8 @@ def _rank(pred: cost.Prediction) -> tuple[float, float]:
 def describe(p: ParallelSpec) -> str:
     """One line naming every choice of a configuration."""
     sched = f"{p.schedule} v={p.virtual_stages}" if p.virtual_stages > 1 else p.schedule
-    parts = [f"tp {p.tp} x pp {p.pp} x dp {p.dp}" + (f" x cp {p.cp} {p.cp_mode}" if p.cp > 1 else "")]
+    parts = [f"tp {p.tp} x pp {p.pp} x dp {p.dp}" + (f" (ep {p.ep})" if p.ep > 1 else "")
+             + (f" x cp {p.cp} {p.cp_mode}" if p.cp > 1 else "")]
     if p.pp > 1:
         parts.append(sched)
     parts += [f"{p.microbatches} microbatch(es) of {p.micro_batch}", f"ZeRO-{p.zero}", f"recompute {p.recompute}"]
@@ -139,6 +154,7 @@ def describe(p: ParallelSpec) -> str:
 LOSSES = {
     "bubble": "the pipeline bubble",
     "tp_comm": "tensor-parallel communication",
+    "ep_comm": "the expert-parallel all-to-alls",
     "dp_comm_exposed": "the exposed gradient reduction",
     "optimizer": "the optimizer step",
     "cp_comm_exposed": "the exposed context-parallel communication",

@@ -10,8 +10,18 @@
   herd, 2024: sequence 8192, vocabulary 128256): SwiGLU MLP, grouped-query attention (70B models
   and Llama 3 8B use 8 KV heads), RMSNorm, RoPE, untied embeddings, no biases, no dropout. These are
   modelled exactly (see :class:`paralab.sim.specs.ModelSpec`).
-- ``tiny``, ``small``, ``medium``: the lab's own GPT presets (:data:`paralab.config.MODEL_PRESETS`),
-  so ``paralab simulate --model small --hardware local`` predicts the runs the lab makes.
+- ``mixtral-8x7b``: Jiang et al. 2024, "Mixtral of Experts", Table 1 (dim 4096, 32 layers, 32 heads,
+  8 KV heads, expert width 14336, 8 experts, top-2, vocabulary 32000; Llama-style blocks). Context
+  32768; modelled at sequence 4096. 46.7B parameters, 12.9B active.
+- ``deepseek-v3``: DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", sec. 4.2 (61 layers, hidden
+  7168, 128 heads, the first 3 layers dense with width 18432, then 1 shared and 256 routed experts of
+  width 2048, 8 routed per token, vocabulary 129280, sequence 4096). A DeepSeek-V3-*like* shape: its
+  multi-head latent attention is modelled as multi-head attention of the model's width (about 10%
+  more attention parameters than MLA's low-rank projections) and the multi-token-prediction module
+  is left out: about 672B parameters, 38B active (the report: 671B, 37B).
+- ``tiny``, ``small``, ``medium`` and ``tiny-moe``, ``small-moe``: the lab's own GPT presets
+  (:data:`paralab.config.MODEL_PRESETS`), so ``paralab simulate --model small --hardware local``
+  predicts the runs the lab makes.
 """
 
 from __future__ import annotations
@@ -22,11 +32,13 @@ from paralab.sim.specs import ModelSpec, SpecError
 
 def lab_model(m: ModelConfig, name: str = "") -> ModelSpec:
     """paralab.models.gpt.GPT with this ModelConfig: untied embeddings, a biased output layer, learned
-    positions, biases, LayerNorm, GELU MLP, fp32 (the counted parameters equal ``m.param_count()``)."""
+    positions, biases, LayerNorm, GELU MLP, fp32, and its experts if it has some (the counted
+    parameters equal ``m.param_count()``)."""
     return ModelSpec(
         layers=m.layers, hidden=m.hidden, heads=m.heads, ffn=m.ffn, vocab=m.vocab, seq=m.seq_len,
         biases=True, norm_params=2, learned_positions=True, tied_embeddings=False, output_bias=True,
-        dropout=m.dropout > 0, dtype="fp32", name=name,
+        dropout=m.dropout > 0, dtype="fp32", name=name, experts=m.experts, top_k=m.top_k if m.experts else 1,
+        shared_experts=int(m.shared_expert) if m.experts else 0, capacity_factor=m.capacity_factor or 0.0,
     )
 
 
@@ -44,6 +56,12 @@ def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: 
         gated_mlp=True, biases=False, norm_params=1, learned_positions=False, tied_embeddings=False,
         dropout=False, name=name,
     )  # fmt: skip
+
+
+def _moe(name: str, source: str, **shape) -> ModelSpec:
+    """A Llama-style mixture of experts (SwiGLU experts, GQA, RMSNorm, RoPE, untied, no biases)."""
+    return ModelSpec(gated_mlp=True, biases=False, norm_params=1, learned_positions=False, tied_embeddings=False,
+                     dropout=False, name=name, source=source, **shape)
 
 
 _ALL = [
@@ -72,6 +90,11 @@ _ALL = [
     _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
     _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
     _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
+    _moe("mixtral-8x7b", "Jiang et al. 2024, Mixtral of Experts, Table 1", layers=32, hidden=4096, heads=32,
+         kv_heads=8, ffn=14336, vocab=32000, seq=4096, experts=8, top_k=2),
+    _moe("deepseek-v3", "DeepSeek-AI 2024, DeepSeek-V3 Technical Report, sec. 4.2 (MLA as MHA)", layers=61,
+         hidden=7168, heads=128, ffn=18432, vocab=129280, seq=4096, experts=256, top_k=8, expert_ffn=2048,
+         shared_experts=1, dense_layers=3),
     *(lab_model(config, name) for name, config in MODEL_PRESETS.items()),
 ]
 MODELS: dict[str, ModelSpec] = {m.name: m for m in _ALL}

@@ -10,9 +10,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from paralab.schedules import SCHEDULES, V_SHAPED, shape_problems
+from paralab.stage_split import split_problems
+
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 RECOMPUTE = ("none", "selective", "full")
-SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "zbv")
 OPTIMIZERS = ("adam-mixed", "adam-fp32")
 CP_MODES = ("ring", "alltoall")  # paralab.config's, kept here so the simulator stays free of the run config
 CP_SPLITS = ("zigzag", "contiguous")
@@ -31,6 +33,9 @@ class ModelSpec:
     (SwiGLU: three MLP matrices), ``kv_heads`` (grouped-query attention), ``biases=False``,
     ``norm_params=1`` (RMSNorm has a weight only), ``learned_positions=False`` (RoPE) and
     ``tied_embeddings=False`` and ``dropout=False``, so its parameters and FLOPs are counted exactly, not approximated.
+    A mixture of experts (paralab.sim.moe) sets ``experts`` routed experts of width ``expert_ffn`` (0:
+    ffn), ``top_k`` per token, ``shared_experts``, ``dense_layers`` leading layers left dense and a
+    ``capacity_factor`` (0: dropless).
     """
 
     layers: int
@@ -49,12 +54,21 @@ class ModelSpec:
     dropout: bool = True
     dtype: str = "bf16"
     name: str = "custom"
+    experts: int = 0
+    top_k: int = 1
+    expert_ffn: int = 0
+    shared_experts: int = 0
+    dense_layers: int = 0
+    capacity_factor: float = 0.0
+    source: str = ""  # where a preset's numbers come from
 
     def __post_init__(self):
         if self.ffn == 0:
             object.__setattr__(self, "ffn", 4 * self.hidden)
         if self.kv_heads == 0:
             object.__setattr__(self, "kv_heads", self.heads)
+        if self.expert_ffn == 0:
+            object.__setattr__(self, "expert_ffn", self.ffn)
 
     @property
     def head_dim(self) -> int:
@@ -82,6 +96,12 @@ class ModelSpec:
             out.append(f"heads {self.heads} is not divisible by kv_heads {self.kv_heads}")
         if self.dtype not in DTYPE_BYTES:
             out.append(f"unknown dtype {self.dtype!r}; choose from {sorted(DTYPE_BYTES)}")
+        if self.experts and not 1 <= self.top_k <= self.experts:
+            out.append(f"top_k {self.top_k} must be in 1..{self.experts} (the experts)")
+        if self.experts and not 0 <= self.dense_layers < self.layers:
+            out.append(f"dense_layers {self.dense_layers} must leave some of the {self.layers} layers to experts")
+        if self.capacity_factor < 0:
+            out.append(f"capacity factor must be > 0 (or 0: dropless), got {self.capacity_factor}")
         return out
 
 
@@ -99,8 +119,11 @@ class ParallelSpec:
     dp: int = 1
     tp: int = 1
     pp: int = 1
+    ep: int = 1  # expert parallel, carved out of dp (paralab.layout): experts sharded over ep ranks
     virtual_stages: int = 1
     schedule: str = "1f1b"
+    stage_layers: tuple[int, ...] | None = None  # blocks per chunk (pp x v, model order); None: even
+    expert_imbalance: float = 1.0  # the busiest expert's tokens over the mean (paralab.moe_load measures it)
     microbatches: int = 0
     micro_batch: int = 0
     global_batch: int = 0
@@ -132,8 +155,9 @@ class ParallelSpec:
 
     def resolved(self) -> ParallelSpec:
         """Fill ``microbatches`` from ``global_batch`` (or the reverse); default one microbatch per stage.
-        ZB-V always runs two chunks per rank (its V), so it gets two virtual stages unless told otherwise."""
-        if self.schedule == "zbv" and self.pp > 1 and self.virtual_stages == 1:
+        The V-shaped schedules (ZB-V, DualPipeV) always run two chunks per rank, so they get two virtual
+        stages unless told otherwise."""
+        if self.schedule in V_SHAPED and self.pp > 1 and self.virtual_stages == 1:
             return self.replace(virtual_stages=2).resolved()
         if not self.micro_batch:
             split = self.dp * (self.microbatches or (1 if self.pp == 1 else 0))
@@ -171,16 +195,17 @@ class ParallelSpec:
         if model.ffn % p.tp:
             out.append(f"tp {p.tp} does not divide the MLP width {model.ffn}")
         chunks = p.pp * p.virtual_stages
-        if model.layers % chunks:
-            out.append(f"pp x virtual stages = {chunks} does not divide {model.layers} layers")
+        if p.stage_layers is None and model.layers % chunks:
+            out.append(f"pp x virtual stages = {chunks} does not divide {model.layers} layers; give stage_layers "
+                       f"(paralab.stage_split.balanced_split makes one)")
+        out += split_problems(model.layers, chunks, p.stage_layers)
         if p.schedule not in SCHEDULES:
             out.append(f"unknown schedule {p.schedule!r}; choose from {', '.join(SCHEDULES)}")
-        if p.virtual_stages > 1 and p.schedule not in ("interleaved", "zbv"):
-            out.append(f"virtual stages {p.virtual_stages} need the interleaved (or zbv) schedule, not {p.schedule}")
-        if p.schedule == "zbv" and p.pp > 1 and p.virtual_stages != 2:
-            out.append(f"zbv runs exactly 2 chunks per rank (its V), not {p.virtual_stages} virtual stages")
-        if p.schedule == "interleaved" and p.pp > 1 and p.microbatches % p.pp:
-            out.append(f"the interleaved schedule needs microbatches ({p.microbatches}) divisible by pp ({p.pp})")
+        elif p.pp > 1:
+            out += shape_problems(p.schedule, p.pp, p.microbatches, p.virtual_stages)
+        elif p.virtual_stages > 1:
+            out.append(f"virtual stages {p.virtual_stages} need a pipeline (pp > 1)")
+        out += self._expert_problems(model)
         if p.zero not in (0, 1, 2, 3):
             out.append(f"zero stage must be 0..3, got {p.zero}")
         elif p.zero >= 2 and p.pp > 1:
@@ -209,6 +234,20 @@ class ParallelSpec:
         if self.cp_mode == "alltoall" and any(h % self.cp for h in heads):
             out.append(f"all-to-all (Ulysses) cp {self.cp} needs the heads per tp rank ({heads[0]}, "
                        f"kv {heads[1]}) divisible by {self.cp}")
+        return out
+
+    def _expert_problems(self, model: ModelSpec) -> list[str]:
+        if self.ep < 1:
+            return [f"ep must be >= 1, got {self.ep}"]
+        out = []
+        if self.ep > 1 and not model.experts:
+            out.append(f"ep {self.ep} shards experts, but {model.name} is dense")
+        elif self.dp % self.ep:
+            out.append(f"ep {self.ep} must divide dp {self.dp} (expert parallel is carved out of it)")
+        elif model.experts % self.ep:
+            out.append(f"ep {self.ep} does not divide the {model.experts} experts")
+        if self.expert_imbalance < 1.0:
+            out.append(f"expert imbalance is the busiest expert's load over the mean, >= 1, got {self.expert_imbalance}")
         return out
 
 

@@ -16,7 +16,9 @@ small function over its dim of the mesh, and they compose:
   its gradients are synchronised over the dp and cp ranks together (every one of them saw other
   tokens) once per step, after the last microbatch (not after each): DDP's buckets (ddp.py),
   launched when the last microbatch's gradient lands, or a ZeRO stage 1 or 2 over those ranks
-  (``zero`` option; zero.py).
+  (``zero`` option; zero.py). With ``ep`` > 1 (a mixture-of-experts model) the
+  experts are sharded over ep of the dp ranks and reduced over the ranks holding the same ones
+  (expert.py; paralab.layout says where they sit).
 
 The degrees are resolved and checked once, before any process starts (paralab.layout, then
 :func:`check`, which reuses the pipeline's and the tensor-parallel checks). The loss of each replica
@@ -36,11 +38,13 @@ from torch.distributed.device_mesh import init_device_mesh
 from paralab.config import ConfigError, RunConfig
 from paralab.layout import AXES
 from paralab.models.gpt import build_part, lm_loss
+from paralab.models.moe import ExpertGroup, set_aux_loss_scale
 from paralab.precision import torch_dtype
 from paralab.schedules import DEFAULT_SCHEDULE, SCHEDULES, build_schedule, theoretical_bubble
 from paralab.strategies import context, tensor
 from paralab.strategies.common import SyncChain, make_loader, make_optimizer, prepare, train_loop
 from paralab.strategies.ddp import BucketedReducer
+from paralab.strategies.expert import expert_process_groups, parallelize_experts
 from paralab.strategies.pipeline import PipelineExecutor, microbatched_batch, stage_groups
 from paralab.strategies.pipeline_stage import build_stages, check_pipeline
 from paralab.strategies.registry import CONTEXT_OPTIONS, PIPELINE_OPTIONS, Strategy
@@ -56,8 +60,15 @@ def check(cfg: RunConfig, layout) -> None:
         raise ConfigError(
             f"not supported: zero3 in hybrid ({'with pp=' + str(layout.pp) if layout.pp > 1 else 'over dp'}): "
             "stage 3 gathers each part for its forward and again for its backward, once per microbatch, and "
-            "frees it in between, which the pipeline executor does not do; use zero=1 or 2, or strategy "
-            "'zero3' for pure data parallel")
+            "frees it in between, which the pipeline executor does not do; with m microbatches a stage would "
+            "all-gather its parameters 2m times a step, m times the traffic of zero1, to shard the parameters "
+            "too; use zero=1 or 2, or strategy 'zero3' for pure data parallel")
+    if layout.zero and layout.ep > 1:
+        raise ConfigError(f"not supported: zero={layout.zero} with ep={layout.ep}: ZeRO would shard every parameter "
+                          "over all dp ranks, but an expert lives only on its expert-data-parallel ranks; use zero=0")
+    if layout.ep > 1 and layout.cp > 1:
+        raise ConfigError(f"not supported: ep={layout.ep} with cp={layout.cp}: an expert's gradients would have to "
+                          "be reduced over its expert-data-parallel ranks and the cp ranks together; use one of them")
     if layout.zero not in (0, 1, 2):
         raise ConfigError(f"zero must be 0 (ddp), 1 or 2, got {layout.zero}")
     if layout.sequence_parallel and layout.tp == 1:
@@ -78,8 +89,8 @@ def check(cfg: RunConfig, layout) -> None:
 @dataclasses.dataclass
 class MeshPosition:
     """This rank on the mesh: its pp and dp coordinates, its tp and cp groups, the group that averages
-    its gradients (the dp ranks, with cp > 1 the dp and cp ranks) and the global ranks of its
-    pipeline (by pipeline rank)."""
+    its gradients (the dp ranks, with cp > 1 the dp and cp ranks), the global ranks of its pipeline
+    (by pipeline rank) and, with ep > 1, its expert group and expert-data-parallel group."""
 
     pp: int
     dp: int
@@ -87,6 +98,8 @@ class MeshPosition:
     cp: ContextParallelGroup
     grad_group: object
     pipeline_ranks: list[int]
+    ep: ExpertGroup | None = None
+    expert_data_group: object = None
 
 
 def place_on_mesh(ctx) -> MeshPosition:
@@ -103,7 +116,9 @@ def place_on_mesh(ctx) -> MeshPosition:
             if ctx.rank in ranks:
                 grad_group = group
     pipeline = layout.group_of("pp", ctx.rank)
-    return MeshPosition(coord["pp"], coord["dp"], tp_group, cp_group, grad_group, pipeline)
+    ep, expert_data_group = expert_process_groups(layout, ctx.rank) if layout.ep > 1 else (None, None)
+    return MeshPosition(coord["pp"], coord["dp"], tp_group, cp_group, grad_group, pipeline, ep,
+                        expert_data_group)
 
 
 # ------------------------------------------------------------------------------------------ composition
@@ -113,7 +128,7 @@ def parallelize_tensor(ctx, schedule, position: MeshPosition) -> dict[int, nn.Mo
     cfg, layout, tp, cp = ctx.cfg, ctx.layout, position.tp, position.cp
 
     def build(model, index, seed):
-        part = tensor.parallel_part(model, index, seed, tp) if tp.size > 1 else build_part(model, index, seed)
+        part = tensor.parallel_part(model, index, seed, tp) if tp.size > 1 else build_part(model, index, seed, position.ep)
         if cp.size > 1:
             context.parallelize_context(part, cp, model.seq_len, first_layer=index - 1)
         return part
@@ -147,6 +162,10 @@ def parallelize_data(ctx, module: nn.Module, position: MeshPosition):
     rank's shards (stage 1 keeps full gradients, so they are summed over tp before the reduce-scatter;
     stage 2 with sequence parallel is refused by check)."""
     layout, reduce_dtype = ctx.layout, torch_dtype(ctx.cfg.reduce_dtype)
+    if layout.ep > 1:
+        optimizer = make_optimizer(ctx.cfg, module.parameters(), ctx)
+        ctx.memory.watch(list(module.parameters()), optimizer)
+        return parallelize_experts(ctx, module, position.grad_group, position.expert_data_group), optimizer
     if layout.zero:
         zero = Zero(ctx, module, layout.zero, group=position.grad_group, passes=layout.microbatches,
                     accumulations=layout.microbatches)
@@ -168,6 +187,7 @@ def train(ctx) -> dict:
     schedule = build_schedule(layout.schedule or DEFAULT_SCHEDULE, layout.pp, layout.microbatches,
                               layout.virtual_stages)
     stages = parallelize_tensor(ctx, schedule, position)
+    set_aux_loss_scale(stages.values(), 1.0 / layout.microbatches)
     module = nn.ModuleDict({str(s): stage for s, stage in stages.items()})
     sync, optimizer = parallelize_data(ctx, module, position)
     executor = parallelize_pipeline(ctx, schedule, stages, position)
@@ -202,15 +222,15 @@ def train(ctx) -> dict:
 
 def gather_state(module: nn.Module, stages: dict, sync: SyncChain, position: MeshPosition) -> dict | None:
     """Full parameters and averaged gradients under GPT's names, on the tp rank 0 of dp replica 0 (cp
-    rank 0) of every stage; gathered over dp (ZeRO's shards) and tp after training, outside the traced
-    steps."""
+    rank 0) of every stage (with ep > 1, of the first expert group, which holds every expert once);
+    gathered over dp (ZeRO's shards) and tp after training, outside the traced steps."""
     zero = sync.syncs[-1] if isinstance(sync.syncs[-1], Zero) else None
     if zero is not None:  # every dp rank takes part; dp rank 0 gets them
         full = zero.sharded.full_state()
         grads = None if full is None else full["grads"]
     else:
         grads = {name: p.grad for name, p in module.named_parameters()}
-    if position.dp != 0 or position.cp.index != 0:
+    if position.dp >= (position.ep.size if position.ep is not None else 1) or position.cp.index != 0:
         return None
     named = [item for stage in stages.values() for item in stage.global_named_parameters()]
     with torch.no_grad():
@@ -219,8 +239,7 @@ def gather_state(module: nn.Module, stages: dict, sync: SyncChain, position: Mes
     return tensor.gather_state(named, position.tp)
 
 
-STRATEGIES = [Strategy("hybrid", "`--dp D --cp C --tp T --pp P` on a device mesh, `--zero 1/2` over dp",
-                       axes=("dp", "cp", "tp", "pp"),
-                       options=(*PIPELINE_OPTIONS, *CONTEXT_OPTIONS, "sequence_parallel", "zero",
-                                "bucket_mb"),
-                       schedules=SCHEDULES, check=check, train=train, title="hybrid 3D parallel (混合并行)")]
+STRATEGIES = [Strategy("hybrid", "`--dp D --cp C --tp T --pp P` on a device mesh, `--zero 1/2` over dp, "
+                                  "`--ep E` inside dp", axes=("dp", "cp", "tp", "pp"),
+                       options=(*PIPELINE_OPTIONS, *CONTEXT_OPTIONS, "sequence_parallel", "zero", "bucket_mb", "ep"),
+                       schedules=SCHEDULES, check=check, train=train, title="hybrid parallel (混合并行)")]

@@ -6,7 +6,10 @@ ordered forwards, backwards and the sends and receives that carry activations do
 and gradients back up. This executor runs whatever list it is given:
 
 - ``mp`` is the naive schedule: one batch, no microbatches, so only one rank works at a time;
-- ``pp`` runs gpipe, 1f1b, interleaved, zb-h1 or zbv over ``microbatches`` slices of the batch.
+- ``pp`` runs gpipe, 1f1b, interleaved, zb-h1, zbv or dualpipev over ``microbatches`` slices of the
+  batch. DualPipeV's F&B slots run here as their forward then their backward: the schedule, its
+  order and its proofs are the same; the overlap inside a slot (one microbatch's all-to-all hidden
+  behind the other's compute, on separate GPU streams) is what the simulator times.
 
 Each microbatch's loss is divided by m, so the gradients that accumulate over the microbatches are
 those of the whole batch and the optimizer step equals single-device training. Activations and
@@ -32,6 +35,7 @@ from torch.autograd.graph import get_gradient_edge
 from paralab import comm
 from paralab.config import ConfigError, RunConfig
 from paralab.models.gpt import lm_loss
+from paralab.models.moe import set_aux_loss_scale
 from paralab.precision import torch_dtype
 from paralab.schedules import (
     BACKWARD,
@@ -91,6 +95,7 @@ class PipelineExecutor:
         self.owner = schedule.stage_to_rank
         self.last = schedule.num_stages - 1
         self.weight_grads = DeferredWeightGrads(stages) if schedule.is_split_backward else None
+        self.split = schedule.split_backwards  # (stage, microbatch) whose backward is Bi then W
         self.peak_activations = 0
 
     def run_step(self, tokens: list[torch.Tensor] | None, targets: list[torch.Tensor] | None) -> float | None:
@@ -160,7 +165,9 @@ class PipelineExecutor:
         self._release(s, mb)
 
     def _recording(self, s: int, mb: int):
-        return self.weight_grads.recording((s, mb)) if self.weight_grads else nullcontext()
+        """Keep what W will need, for the forwards whose backward is split (only those: DualPipeV runs
+        some backwards whole)."""
+        return self.weight_grads.recording((s, mb)) if (s, mb) in self.split else nullcontext()
 
     # ------------------------------------------------------------------------------ p2p
     def send_forward(self, a) -> None:
@@ -258,6 +265,7 @@ def train(ctx) -> dict:
     owned = schedule.stages_on(ctx.rank)
     stages = build_stages(cfg.model, schedule.num_stages, owned, cfg.seed, layout.stage_layers,
                           partial(prepare, ctx))
+    set_aux_loss_scale(stages.values(), 1.0 / schedule.microbatches)
     params = [p for s in owned for p in stages[s].parameters()]
     optimizer = make_optimizer(cfg, params, ctx)
     ctx.memory.watch(params, optimizer)
@@ -279,7 +287,7 @@ STRATEGIES = [
     Strategy("mp", "layers split over ranks, one batch, one rank busy at a time", axes=("pp",),
              options=("schedule", "stage_layers"), schedule="naive", check=check_mp, train=train,
              title="layer-wise model parallel (模型并行)"),
-    Strategy("pp", "`--schedule gpipe / 1f1b / interleaved / zb-h1 / zbv`, microbatches", axes=("pp",),
+    Strategy("pp", "`--schedule gpipe / 1f1b / interleaved / zb-h1 / zbv / dualpipev`, microbatches", axes=("pp",),
              options=PIPELINE_OPTIONS, schedules=SCHEDULES, check=check_pipeline, train=train,
              title="pipeline parallel (流水线并行)"),
 ]

@@ -5,8 +5,10 @@ of S stages hands each stage a contiguous run of blocks; the first stage also ow
 the last the head, so token ids enter at stage 0 and the loss is computed at stage S-1. Every stage
 builds only its own parts, each from its own seed, so the split starts from exactly the weights of
 single-device training. paralab's executor and the torch.distributed.pipelining reference both use
-this split, which is what makes their losses comparable. ``check_pipeline`` holds what both need
-of the model before any process starts (the schedule's own shape rules are paralab.schedules').
+this split, which is what makes their losses comparable; how many blocks each stage gets is
+paralab.stage_split's rule (even, given, or lighter at the ends), shared with the simulator.
+``check_pipeline`` holds what both need of the model before any process starts (the schedule's own
+shape rules are paralab.schedules').
 """
 
 from __future__ import annotations
@@ -17,15 +19,7 @@ import torch.nn as nn
 from paralab.config import ConfigError, ModelConfig, RunConfig
 from paralab.models.gpt import build_part, part_names
 from paralab.schedules import Schedule, ScheduleError, build_schedule, validate_schedule
-
-
-def layers_per_stage(layers: int, num_stages: int, override: list[int] | None = None) -> list[int]:
-    """Blocks per stage: ``override`` when given, else as even as possible (earlier stages take the
-    remainder, one block each)."""
-    if override is not None:
-        return list(override)
-    base, extra = divmod(layers, num_stages)
-    return [base + (1 if s < extra else 0) for s in range(num_stages)]
+from paralab.stage_split import layers_per_stage, split_problems
 
 
 def stage_part_indices(cfg: ModelConfig, num_stages: int, override: list[int] | None = None) -> list[list[int]]:
@@ -101,12 +95,10 @@ def check_pipeline(cfg: RunConfig, layout) -> Schedule:
         fits = [k for k in range(2, layers // p + 1) if layers % (p * k) == 0]
         raise ConfigError(f"interleaved gives every chunk the same number of layers: {layers} layers "
                           f"over {p} x {v} = {stages} chunks does not divide; virtual_stages that "
-                          f"fit: {fits}, or give stage_layers")
-    counts = layout.stage_layers
-    if counts is not None and (len(counts) != stages or any(not isinstance(c, int) or c < 1 for c in counts)
-                               or sum(counts) != layers):
-        raise ConfigError(f"stage_layers={list(counts)} must give each of the {stages} stages at least one "
-                          f"layer and sum to the model's {layers} layers")
+                          f"fit: {fits}, or give stage_layers (paralab.stage_split.balanced_split makes one)")
+    problems = split_problems(layers, stages, layout.stage_layers)
+    if problems:
+        raise ConfigError(problems[0])
     try:
         schedule = build_schedule(layout.schedule, p, m, v)
         validate_schedule(schedule)

@@ -17,15 +17,15 @@ from dataclasses import dataclass, field
 from paralab.config import ConfigError
 
 # The files that declare strategies, in the order the docs table lists them.
-MODULES = ("single", "dp", "ddp", "pipeline", "tensor", "zero", "context", "hybrid", "reference_ddp",
-           "reference_pipeline", "reference_tensor", "reference_fsdp", "reference_hybrid")
+MODULES = ("single", "dp", "ddp", "pipeline", "tensor", "zero", "context", "expert", "hybrid",
+           "reference_ddp", "reference_pipeline", "reference_tensor", "reference_fsdp", "reference_hybrid")
 
 # Options a strategy may or may not use, with the value that means "not asked for". Everything else
 # in RunConfig (model, batch, steps, optimizer, device, precision, recomputation, microbatches:
 # gradient accumulation, tracing, ...) applies to every strategy. A strategy that does not use an
 # option refuses it; a tuning knob it has no use for (TUNING_OPTIONS: a benchmark may pass one to
 # several strategies) is reported as unused instead.
-OPTION_DEFAULTS = {"dp": 0, "tp": 0, "pp": 0, "schedule": "", "virtual_stages": 1, "stage_layers": None,
+OPTION_DEFAULTS = {"dp": 0, "tp": 0, "pp": 0, "ep": 0, "schedule": "", "virtual_stages": 1, "stage_layers": None,
                    "sequence_parallel": False, "zero": 0, "bucket_mb": 25.0, "hierarchical": False,
                    "cp": 0, "cp_mode": "ring", "cp_split": "zigzag"}
 TUNING_OPTIONS = ("bucket_mb",)

@@ -14,7 +14,7 @@ from paralab.viz._common import as_trace, go, kind_color, style
 
 DEFAULT_TIMES = {"forward": 1.0, "backward": 2.0, "backward_input": 1.0, "backward_weight": 1.0}
 SCHEDULE_COLORS = {"naive": "#7F7F7F", "gpipe": "#4C78A8", "1f1b": "#F58518", "interleaved": "#54A24B",
-                   "zb-h1": "#E45756", "zbv": "#B279A2"}
+                   "zb-h1": "#E45756", "zbv": "#B279A2", "dualpipev": "#9D755D"}
 
 
 def schedule_of(trace) -> tuple[str, int, int, int] | None:

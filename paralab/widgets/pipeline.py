@@ -3,7 +3,9 @@
 Sliders drive :func:`paralab.sim.events.simulate_schedule` on the same schedule data the real
 executor runs; the timeline redraws in place (new bar columns pushed into the FigureWidget, no new
 figure), which keeps a 64-rank pipeline interactive. Combinations a schedule cannot build show the
-schedule's own error text instead of raising. "Run for real" launches the pp strategy on local ranks
+schedule's own error text instead of raising. For DualPipeV an "F&B hides" slider says how much of a
+slot's time the overlap of one microbatch's forward with another's backward saves (the communication
+one hides behind the other's compute), and the bubble follows. "Run for real" launches the pp strategy on local ranks
 with a progress bar, then draws the measured last step above a prediction re-timed with the
 durations it measured (so the two share real units).
 """
@@ -22,8 +24,10 @@ UNIT_TIMES = {"forward": 1.0, "backward": 2.0, "backward_input": 1.0, "backward_
 
 
 @lru_cache(maxsize=128)
-def simulate(name: str, stages: int, microbatches: int, virtual_stages: int, p2p: float) -> Trace:
-    """Simulated step in forward-time units (F = 1 ms per chunk of one whole stage, B = 2, Bi = W = 1).
+def simulate(name: str, stages: int, microbatches: int, virtual_stages: int, p2p: float,
+             overlap: float = 0.0) -> Trace:
+    """Simulated step in forward-time units (F = 1 ms per chunk of one whole stage, B = 2, Bi = W = 1);
+    ``overlap``: what an F&B slot saves, in the same units (DualPipeV).
 
     Cached: going back to a shape seen before costs nothing. Raises ScheduleError/ValueError for
     shapes the schedule cannot build.
@@ -31,7 +35,7 @@ def simulate(name: str, stages: int, microbatches: int, virtual_stages: int, p2p
     sched = build_schedule(name, stages, microbatches, virtual_stages)
     v = sched.virtual_stages
     times = {op: t * 1e-3 / v for op, t in UNIT_TIMES.items()}
-    return simulate_schedule(sched, times, p2p * 1e-3)
+    return simulate_schedule(sched, times, p2p * 1e-3, overlap_saving=overlap * 1e-3 / v)
 
 
 def fast_bubble(trace: Trace) -> float:
@@ -69,12 +73,13 @@ def measured_times(trace: Trace) -> dict[str, float]:
 
 def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int = 8, virtual_stages: int = 2,
                       p2p: float = 0.05, max_stages: int = 64, max_microbatches: int = 128, steps: int = 3,
-                      model: str = "tiny", run_options: dict | None = None):
+                      model: str = "tiny", run_options: dict | None = None, overlap: float = 0.0):
     """Schedule dropdown and stages / microbatches / virtual-stages / p2p sliders over a simulated timeline.
 
     Attributes: ``controls`` (dict of widgets), ``figure`` (prediction FigureWidget), ``measured``
     (FigureWidget after a real run, else None), ``message``, ``progress``, ``redraw()``,
-    ``run_for_real()``, ``last_update_ms``. ``p2p`` is the transfer latency in forward times.
+    ``run_for_real()``, ``last_update_ms``. ``p2p`` is the transfer latency in forward times,
+    ``overlap`` what a DualPipeV F&B slot saves, in forward times.
     """
     import paralab
     from paralab.viz.timeline import bar_traces, timeline
@@ -87,6 +92,8 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
                                     continuous_update=False),
         "virtual_stages": w.IntSlider(value=virtual_stages, min=1, max=8, description="virtual", continuous_update=False),
         "p2p": w.FloatSlider(value=p2p, min=0.0, max=2.0, step=0.05, description="p2p / F", continuous_update=False),
+        "overlap": w.FloatSlider(value=overlap, min=0.0, max=2.0, step=0.1, description="F&B hides",
+                                 continuous_update=False),
     }
     info = w.HTML()
     msg = w.HTML()
@@ -97,7 +104,7 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
     def shape():
         c = {k: v.value for k, v in controls.items()}
         v = chunks_per_rank(c["schedule"], c["virtual_stages"] if c["schedule"] == "interleaved" else 1)
-        return c["schedule"], c["stages"], c["microbatches"], v, c["p2p"]
+        return c["schedule"], c["stages"], c["microbatches"], v, c["p2p"], c["overlap"] * (c["schedule"] == "dualpipev")
 
     try:
         first = simulate(*shape())
@@ -107,10 +114,11 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
 
     def redraw(*_):
         started = time.perf_counter()
-        name, p, m, v, lat = shape()
+        name, p, m, v, lat, overlap = shape()
         controls["virtual_stages"].disabled = name != "interleaved"
+        controls["overlap"].disabled = name != "dualpipev"
         try:
-            sim = simulate(name, p, m, v, lat)
+            sim = simulate(name, p, m, v, lat, overlap)
         except (ScheduleError, ValueError) as exc:
             msg.value = message(f"{name} with {p} stages, {m} microbatches, v={v}: {exc}", "error")
             return
@@ -129,15 +137,18 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
             fw.layout.meta = {"ranks": p, "rows": rows, "source": "simulated"}
         theory = theoretical_bubble(name, p, m, v)
         app.last_update_ms = (time.perf_counter() - started) * 1e3
-        info.value = (f"<b>{name}</b> p={p} m={m} v={v}: bubble simulated {fast_bubble(sim):.1%}, "
-                      f"closed form {theory:.1%} · {len(sim.spans)} spans · update {app.last_update_ms:.0f} ms")
+        hidden = f", F&B hides {overlap:g} F" if name == "dualpipev" else ""
+        step = max((s.end for s in sim.spans), default=0.0) * 1e3
+        info.value = (f"<b>{name}</b> p={p} m={m} v={v}{hidden}: step {step:.1f} F, bubble simulated "
+                      f"{fast_bubble(sim):.1%}, closed form {theory:.1%} · {len(sim.spans)} spans · "
+                      f"update {app.last_update_ms:.0f} ms")
 
     def on_progress(step: int, total: int) -> None:
         progress.max = total
         progress.value = step + 1
 
     def run_for_real(*_):
-        name, p, m, v, _lat = shape()
+        name, p, m, v, _lat, _overlap = shape()
         progress.value, progress.layout.visibility = 0, "visible"
         msg.value = message(f"running {name} on {p} local ranks ...")
         try:
@@ -169,7 +180,8 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
     button.on_click(run_for_real)
     app = w.VBox([
         w.HBox([controls["schedule"], controls["stages"], controls["microbatches"]]),
-        w.HBox([controls["virtual_stages"], controls["p2p"], button, progress]),
+        w.HBox([controls["virtual_stages"], controls["p2p"], controls["overlap"]]),
+        w.HBox([button, progress]),
         info, msg, fw, measured_box,
     ])
     attach(app, controls=controls, figure=fw, measured=None, message=msg, info=info, progress=progress,

@@ -1,0 +1,81 @@
+"""A mixture of experts' load and what it costs: where the tokens went, and who waited for whom.
+
+Both figures read the ``moe.*`` counters a run's MoE layers record in its trace
+(:func:`paralab.moe_load.expert_load`) and, for the cost, the all-to-all spans beside them.
+
+- :func:`expert_load`: tokens per expert over the steps (a heatmap, summed over layers and ranks),
+  and the token-to-expert assignments dropped for lack of capacity.
+- :func:`expert_cost`: per rank, the tokens its own experts computed beside the time it spent in
+  all-to-alls. An all-to-all ends on every rank when the slowest has sent; the rank whose experts
+  got the most tokens computes longest, so the others wait for it inside their combine: the
+  straggler waits least and makes everyone else wait.
+"""
+
+from __future__ import annotations
+
+from paralab.moe_load import expert_load as load_of
+from paralab.viz._common import as_trace, go, kind_color, make_subplots, style
+
+
+def expert_load(trace, title: str | None = None):
+    """Heatmap of tokens per expert per step, and dropped assignments per step below it.
+
+    ``fig.layout.meta``: ``tokens`` ([step][expert]), ``dropped`` (per step), ``imbalance`` (per step:
+    the busiest expert over the mean, averaged over layers), ``steps``."""
+    go()
+    load = load_of(as_trace(trace))
+    if not load.routed:
+        raise ValueError("this trace has no mixture-of-experts counters (a dense model, or tracing was off)")
+    steps = load.steps
+    tokens = [load.tokens_per_expert(step) for step in steps]
+    dropped = load.dropped_per_step()
+    imbalance = [load.imbalance(step) for step in steps]
+    drops = "dropped assignments" if any(dropped) else "dropped assignments: none (dropless, or all within capacity)"
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.72, 0.28], vertical_spacing=0.08,
+                        subplot_titles=("tokens per expert (all layers and ranks)", drops))
+    fig.add_trace(go().Heatmap(
+        x=steps, y=[f"expert {e}" for e in range(load.experts)], z=[list(col) for col in zip(*tokens)],
+        colorscale="Blues", colorbar=dict(title="tokens", len=0.7, y=0.64),
+        hovertemplate="step %{x}, %{y}: %{z} tokens<extra></extra>"), row=1, col=1)
+    fig.add_trace(go().Bar(
+        x=steps, y=dropped, name="dropped", marker_color="#D62728", showlegend=False,
+        customdata=imbalance, hovertemplate="step %{x}: %{y} dropped, imbalance %{customdata:.2f}<extra></extra>"),
+        row=2, col=1)
+    fig.update_xaxes(title_text="step", row=2, col=1, dtick=1)
+    fig.update_yaxes(rangemode="tozero", row=2, col=1)
+    fig.layout.meta = {"tokens": tokens, "dropped": dropped, "imbalance": imbalance, "steps": steps}
+    mean = sum(imbalance) / len(imbalance)
+    return style(fig, title or f"expert load: busiest expert {mean:.2f}x the mean, {sum(dropped)} dropped", 460)
+
+
+def expert_cost(trace, title: str | None = None):
+    """Per rank, over the steps after the first: the tokens its experts computed (bars, left axis) and
+    the seconds it spent in all-to-alls (bars, right axis).
+
+    ``fig.layout.meta``: ``received`` and ``all_to_all_s`` per rank (means per step), ``ranks`` and
+    ``straggler`` (the rank whose experts computed the most)."""
+    graph = go()
+    trace = as_trace(trace)
+    load = load_of(trace)
+    if not load.routed:
+        raise ValueError("this trace has no mixture-of-experts counters (a dense model, or tracing was off)")
+    steps = load.steps[1:] or load.steps
+    ranks = load.ranks
+    received = [sum(load.received_per_rank(step)[i] for step in steps) / len(steps) for i in range(len(ranks))]
+    waits = []
+    for rank in ranks:
+        spans = [s for s in trace.select(kind="all_to_all", rank=rank) if s.step in steps]
+        waits.append(sum(s.duration for s in spans) / len(steps))
+    straggler = ranks[max(range(len(ranks)), key=received.__getitem__)]
+    fig = graph.Figure()
+    labels = [f"rank {r}" for r in ranks]
+    fig.add_trace(graph.Bar(x=labels, y=received, name="tokens its experts computed", offsetgroup=0,
+                            marker_color="#4C78A8", hovertemplate="%{x}: %{y:.0f} tokens per step<extra></extra>"))
+    fig.add_trace(graph.Bar(x=labels, y=[w * 1e3 for w in waits], name="time in all-to-all (ms)", offsetgroup=1,
+                            yaxis="y2", marker_color=kind_color("all_to_all"),
+                            hovertemplate="%{x}: %{y:.2f} ms per step in all-to-all<extra></extra>"))
+    fig.update_layout(barmode="group", yaxis=dict(title="tokens per step", rangemode="tozero"),
+                      yaxis2=dict(title="ms per step", overlaying="y", side="right", rangemode="tozero"))
+    fig.layout.meta = {"received": received, "all_to_all_s": waits, "ranks": ranks, "straggler": straggler}
+    return style(fig, title or f"the cost of the load: rank {straggler}'s experts compute the most, "
+                               f"the others wait for it", 420)
