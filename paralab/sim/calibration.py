@@ -231,7 +231,8 @@ def compute_figures(shapes=MODEL_SHAPES, sync=lambda: None, rounds: int = 3) -> 
 def fit_elementwise_bandwidth(hw, blocks: list[list[float]]) -> float:
     """Bytes/s of a block's non-GEMM work, fitted to timed blocks against the cost model itself.
 
-    For each timed block the cost model's GEMM time (forward: linear + core; backward twice that)
+    For each timed block the cost model's GEMM time (forward: linear + core; backward twice the
+    linear and the core's backward)
     and the calibrated host time are taken away; what is left is fitted, through the origin, to the
     activation bytes the model says those kernels move (forward once, backward twice). 0 when
     nothing is left (the memory bandwidth then stands).
@@ -246,7 +247,7 @@ def fit_elementwise_bandwidth(hw, blocks: list[list[float]]) -> float:
         model = lab_model(block_config(h, heads, s))
         work = layer_work(model, ParallelSpec(micro_batch=int(b), microbatches=1).resolved(), hw)
         left = forward + backward - host.get("layer_forward", 0.0) - host.get("layer_backward", 0.0)
-        left -= 3 * (work.linear + work.core)
+        left -= 3 * work.linear + work.core + work.core_backward
         moved = 3 * work.elementwise_bytes
         num, den = num + left * moved, den + moved * moved
     return den / num if num > 0 else 0.0

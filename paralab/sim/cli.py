@@ -1,8 +1,12 @@
 """``paralab simulate`` and ``paralab plan``: argparse wiring around predict and plan.
 
-Both print a short report, or one JSON object with ``--json`` (keys as the project design fixes them, plus ``model_flops_per_step``, ``hardware_flops_per_step``, ``hfu``). Bad input
-(degrees that do not divide, a model that fits nowhere, an unknown preset or hardware) prints what
-is wrong and what would fit on stderr and returns 2.
+Both print a short report, or one JSON object with ``--json`` (keys as the project design fixes
+them, plus ``model_flops_per_step``, ``hardware_flops_per_step``, ``hfu``). ``simulate`` always
+prints its prediction once the configuration can be built, and exits 0: one that does not fit in
+memory says so (``fits: false``, by how much it is over, and the layouts that fit on the same GPUs).
+Input that cannot describe a run (degrees that do not divide, an unknown preset or hardware, a bad
+hardware file) prints what is wrong, and what would fit, on stderr and returns 2; so does ``plan``
+when nothing fits, saying why.
 """
 
 from __future__ import annotations
@@ -14,8 +18,8 @@ import sys
 from paralab.sim import cost, planner
 from paralab.sim.hardware import NAMES as HARDWARE_NAMES
 from paralab.sim.hardware import get_hardware
-from paralab.sim.presets import MODELS, get_model
-from paralab.sim.specs import DTYPE_BYTES, RECOMPUTE, SCHEDULES, ModelSpec, ParallelSpec, SpecError
+from paralab.sim.presets import MODELS, SHAPE, get_model, override
+from paralab.sim.specs import ATTENTION, DTYPE_BYTES, RECOMPUTE, SCHEDULES, ModelSpec, ParallelSpec, SpecError
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -24,7 +28,11 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     for flag in ("layers", "hidden", "heads", "ffn", "vocab", "seq", "kv-heads"):
         g.add_argument(f"--{flag}", type=int, help="overrides the preset's value" if flag != "kv-heads" else "GQA KV heads")
     g.add_argument("--dtype", choices=sorted(DTYPE_BYTES), help="training dtype (default bf16)")
-    parser.add_argument("--hardware", default="a100", help=f"one of {', '.join(HARDWARE_NAMES)} (default a100)")
+    g.add_argument("--attention", choices=ATTENTION, help="standard keeps the s x s scores; fused (flash) does not")
+    g.add_argument("--parallel-blocks", action="store_true", default=None, help="attention and MLP side by side (PaLM)")
+    g.add_argument("--fp8", action="store_true", default=None, help="linear layers' GEMMs in FP8 (Transformer Engine)")
+    parser.add_argument("--hardware", default="a100",
+                        help=f"one of {', '.join(HARDWARE_NAMES)}, or FILE.json (docs/simulator.md) (default a100)")
     parser.add_argument("--global-batch", type=int, help="sequences per step")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -42,6 +50,11 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
     parser.add_argument("--sequence-parallel", action="store_true")
     parser.add_argument("--recompute", default="none", choices=RECOMPUTE)
+    parser.add_argument("--first-stage-layers", type=int, help="an uneven pipeline split: layers of the first stage")
+    parser.add_argument("--last-stage-layers", type=int, help="an uneven pipeline split: layers of the last stage")
+    parser.add_argument("--fp32-grads", action="store_true",
+                        help="accumulate and reduce gradients in fp32 (Megatron's main_grad; with --zero 1, its "
+                             "distributed optimizer)")
 
 
 def add_plan_args(parser: argparse.ArgumentParser) -> None:
@@ -51,13 +64,13 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _model(args) -> ModelSpec:
-    shape = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "ffn", "vocab", "seq")}
-    shape["kv_heads"] = args.kv_heads
-    given = {k: v for k, v in shape.items() if v is not None}
-    if args.dtype:
-        given["dtype"] = args.dtype
+    """The preset with what the flags override (re-deriving what follows, see presets.override), or
+    a shape built from the flags alone."""
+    given = {k: getattr(args, k) for k in SHAPE if getattr(args, k) is not None}
+    given.update({k: getattr(args, k) for k in ("dtype", "attention", "parallel_blocks", "fp8")
+                  if getattr(args, k) is not None})
     if args.model:
-        return get_model(args.model).replace(**given)
+        return override(get_model(args.model), **given)
     missing = [k for k in ("layers", "hidden", "heads") if k not in given]
     if missing:
         raise SpecError(f"give --model PRESET or a shape; missing --{', --'.join(missing)} (presets: {', '.join(MODELS)})")
@@ -70,11 +83,15 @@ def _fail(message: str) -> int:
 
 
 def _fits_hint(model: ModelSpec, gpus: int, hw, global_batch: int | None) -> str:
-    """What would fit: the planner's best few on these GPUs, or how many GPUs the model needs."""
-    ranked = planner.plan(model, gpus, hw, global_batch, top=3, refine=0)
+    """What would fit: the planner's best few on these GPUs, or why nothing does."""
+    ranked = _alternatives(model, gpus, hw, global_batch)
     if ranked:
         return "configurations that fit on {} GPUs:\n  {}".format(gpus, "\n  ".join(planner.describe(p.parallel) for p in ranked))
     return planner.why_nothing_fits(model, gpus, hw, global_batch)
+
+
+def _alternatives(model: ModelSpec, gpus: int, hw, global_batch: int | None) -> list[cost.Prediction]:
+    return planner.plan(model, gpus, hw, global_batch, top=3, refine=0)
 
 
 def simulate_main(args) -> int:
@@ -93,38 +110,51 @@ def simulate_main(args) -> int:
         dp=dp, tp=tp, pp=pp, virtual_stages=args.virtual_stages, schedule=args.schedule,
         microbatches=args.microbatches or 0, micro_batch=args.micro_batch or 0, global_batch=args.global_batch or 0,
         zero=args.zero, sequence_parallel=args.sequence_parallel, recompute=args.recompute,
+        first_stage_layers=args.first_stage_layers, last_stage_layers=args.last_stage_layers,
+        fp32_grads=args.fp32_grads,
     )  # fmt: skip
-    problems = model.problems() or parallel.problems(model, gpus)
+    unrunnable = model.problems() or hw.problems_for(model)
+    problems = unrunnable or parallel.problems(model, gpus)
     if problems:
-        hint = _fits_hint(model, gpus, hw, args.global_batch) if not model.problems() else ""
+        hint = "" if unrunnable else _fits_hint(model, gpus, hw, args.global_batch)
         return _fail("invalid configuration: " + "; ".join(problems) + (f"\n{hint}" if hint else ""))
     pred = cost.predict(model, parallel, hw)
-    if not pred.fits:
-        need = pred.memory_bytes_per_gpu["total"] / 2**30
-        return _fail(
-            f"does not fit: {need:.1f} GiB per GPU > {cost.usable_memory(hw) / 2**30:.1f} GiB usable on {hw.name}\n"
-            + _fits_hint(model, gpus, hw, args.global_batch)
-        )
     out = pred.to_dict()
     out.update(model=model.name, hardware=hw.name, gpus=gpus, config=planner.describe(pred.parallel),
                dp=dp, tp=tp, pp=pp, schedule=parallel.schedule, microbatches=pred.parallel.microbatches,
                global_batch=pred.parallel.global_batch)  # fmt: skip
-    if args.json:
-        print(json.dumps(out))
-    else:
-        print(_report(out))
+    usable = cost.usable_memory(hw)
+    out.update(memory_usable_bytes=int(usable), memory_over_bytes=int(max(0.0, pred.memory_bytes_per_gpu["total"] - usable)))
+    if not pred.fits:
+        ranked = _alternatives(model, gpus, hw, args.global_batch)
+        out["alternatives"] = [dict(config=planner.describe(p.parallel), tokens_per_s=p.tokens_per_s, mfu=p.mfu,
+                                    memory_bytes_per_gpu=int(p.memory_bytes_per_gpu["total"]), **_degrees(p.parallel))
+                               for p in ranked]
+        out["advice"] = "" if ranked else planner.why_nothing_fits(model, gpus, hw, args.global_batch)
+    print(json.dumps(out) if args.json else _report(out))
     return 0
 
 
 def _report(out: dict) -> str:
     mem = out["memory_bytes_per_gpu"]
-    return "\n".join([
+    lines = [
         f"{out['model']} on {out['gpus']} x {out['hardware']}: {out['config']}",
         f"  step {out['step_time_s']:.3f} s, {out['tokens_per_s']:,.0f} tokens/s, {planner.flops_text(out['tflops_per_gpu'])} per GPU, "
         f"MFU {out['mfu']:.1%}, HFU {out['hfu']:.1%}, bubble {out['bubble_fraction']:.1%}",
         "  memory per GPU: " + ", ".join(f"{k} {planner.bytes_text(v)}" for k, v in mem.items()),
         "  wire bytes per GPU per step (GB): " + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in out["comm_bytes_per_gpu"].items()),
-    ])  # fmt: skip
+    ]  # fmt: skip
+    if not out["fits"]:
+        over, usable = out["memory_over_bytes"], out["memory_usable_bytes"]
+        lines.append(f"  does not fit: {planner.bytes_text(mem['total'])} per GPU > {planner.bytes_text(usable)} usable on "
+                     f"{out['hardware']}, over by {planner.bytes_text(over)} ({over / usable:.0%})")
+        if out["alternatives"]:
+            lines.append(f"  layouts that fit on {out['gpus']} GPUs:")
+            lines += [f"    {a['config']} ({planner.bytes_text(a['memory_bytes_per_gpu'])}, {a['tokens_per_s']:,.0f} tokens/s)"
+                      for a in out["alternatives"]]
+        else:
+            lines.append(f"  nothing fits on {out['gpus']} GPUs: {out['advice']}")
+    return "\n".join(lines)
 
 
 def plan_main(args) -> int:
@@ -132,8 +162,8 @@ def plan_main(args) -> int:
         model, hw = _model(args), get_hardware(args.hardware)
     except SpecError as err:
         return _fail(str(err))
-    if model.problems():
-        return _fail("invalid model: " + "; ".join(model.problems()))
+    if model.problems() or hw.problems_for(model):
+        return _fail("invalid model: " + "; ".join(model.problems() or hw.problems_for(model)))
     if args.gpus < 1:
         return _fail(f"--gpus must be >= 1, got {args.gpus}")
     ranked = planner.plan(model, args.gpus, hw, args.global_batch, top=args.top)
@@ -155,5 +185,5 @@ def plan_main(args) -> int:
 
 def _degrees(p: ParallelSpec) -> dict:
     keys = ("dp", "tp", "pp", "virtual_stages", "schedule", "microbatches", "micro_batch", "global_batch",
-            "zero", "sequence_parallel", "recompute")  # fmt: skip
+            "zero", "sequence_parallel", "recompute", "first_stage_layers", "last_stage_layers")  # fmt: skip
     return {k: getattr(p, k) for k in keys}

@@ -22,7 +22,7 @@ def layer_params(model: ModelSpec) -> dict[str, int]:
 
     GPT (Narayanan et al. 2021, eq. 2): QKV 3h^2 + 3h, output projection h^2 + h, MLP 8h^2 + 5h, two
     LayerNorms 4h: 12h^2 + 13h. GQA narrows K and V to kv_heads x head_dim; a gated MLP has three
-    matrices (gate, up, down); RMSNorm has one vector per norm.
+    matrices (gate, up, down); RMSNorm has one vector per norm; parallel blocks have one norm.
     """
     h, kv, f = model.hidden, model.kv_dim, model.ffn
     bias = 1 if model.biases else 0
@@ -30,8 +30,14 @@ def layer_params(model: ModelSpec) -> dict[str, int]:
     return {
         "attention": h * (h + 2 * kv) + bias * (h + 2 * kv) + h * h + bias * h,
         "mlp": h * mlp_in + bias * mlp_in + f * h + bias * h,
-        "norms": 2 * model.norm_params * h,
+        "norms": norms_per_layer(model) * model.norm_params * h,
     }
+
+
+def norms_per_layer(model: ModelSpec) -> int:
+    """Pre-norm layers normalise before attention and before the MLP; parallel blocks (GPT-J, PaLM)
+    feed both from one norm."""
+    return 1 if model.parallel_blocks else 2
 
 
 def parameter_counts(model: ModelSpec) -> dict[str, int]:
@@ -75,27 +81,48 @@ def stage_rank(parallel: ParallelSpec, stage: int) -> int:
     return stage % p
 
 
-def stage_params(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
-    """Parameters one GPU of pipeline rank ``rank`` holds (before ZeRO sharding).
+def chunk_layers(model: ModelSpec, parallel: ParallelSpec) -> list[int]:
+    """Layers of each model chunk (pp x v of them, in model order): an even split, or the first and
+    last chunk as ``first_stage_layers`` / ``last_stage_layers`` say and the rest shared evenly (the
+    spec's problems() has checked that they divide)."""
+    chunks = parallel.chunks
+    if not parallel.uneven or chunks == 1:
+        return [model.layers // chunks] * chunks
+    first, last = parallel.first_stage_layers or 0, parallel.last_stage_layers or 0
+    middle = (model.layers - first - last) // (chunks - 2) if chunks > 2 else 0
+    return [first, *[middle] * (chunks - 2), last]
 
-    Layers split evenly over pp ranks; inside a layer the matrices and column-parallel biases are split
-    over the tp ranks and the norms and row-parallel biases are replicated. The first rank also holds
-    the vocabulary-parallel embedding and the (replicated) positions, the last stage's rank the final
-    norm (replicated) and the output layer, or a second copy of the tied embedding when that is
-    another rank, as Megatron-LM does (Shoeybi et al. 2019).
+
+def rank_layers(model: ModelSpec, parallel: ParallelSpec, rank: int) -> int:
+    """Layers pipeline rank ``rank`` holds, over all its chunks."""
+    return sum(n for chunk, n in enumerate(chunk_layers(model, parallel)) if stage_rank(parallel, chunk) == rank)
+
+
+def chunk_params(model: ModelSpec, parallel: ParallelSpec, chunk: int) -> float:
+    """Parameters one GPU holds of model chunk ``chunk`` (before ZeRO sharding).
+
+    Inside a layer the matrices and column-parallel biases are split over the tp ranks and the norms
+    and row-parallel biases are replicated. The first chunk also holds the vocabulary-parallel
+    embedding and the (replicated) positions, the last the final norm (replicated) and the output
+    layer, or a second copy of the tied embedding when that is on another rank, as Megatron-LM does
+    (Shoeybi et al. 2019).
     """
     counts = parameter_counts(model)
-    t, p, last = parallel.tp, parallel.pp, last_stage_rank(parallel)
-    layers_here = model.layers / p
-    replicated = layers_here * replicated_layer_params(model)
-    split = counts["layers"] / p - replicated
-    if rank == 0:
+    layers = chunk_layers(model, parallel)[chunk]
+    replicated = layers * replicated_layer_params(model)
+    split = layers * sum(layer_params(model).values()) - replicated
+    if chunk == 0:
         split += counts["embedding"]
         replicated += counts["positions"]
-    if rank == last:
-        split += counts["output"] or (counts["embedding"] if last != 0 else 0)
+    if chunk == parallel.chunks - 1:
+        split += counts["output"] or (counts["embedding"] if last_stage_rank(parallel) != 0 else 0)
         replicated += counts["final_norm"]
-    return split / t + replicated
+    return split / parallel.tp + replicated
+
+
+def stage_params(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
+    """Parameters one GPU of pipeline rank ``rank`` holds (before ZeRO sharding): its chunks'."""
+    return sum(chunk_params(model, parallel, c) for c in range(parallel.chunks) if stage_rank(parallel, c) == rank)
 
 
 def stage_tensors(model: ModelSpec, parallel: ParallelSpec, rank: int) -> int:
@@ -105,8 +132,8 @@ def stage_tensors(model: ModelSpec, parallel: ParallelSpec, rank: int) -> int:
     bias when ``biases``, plus ``norm_params`` vectors per norm; the first rank adds the token (and
     position) embedding, the last the final norm and the output layer (weight, and bias if any).
     """
-    per_layer = (2 + (3 if model.gated_mlp else 2)) * (2 if model.biases else 1) + 2 * model.norm_params
-    total = per_layer * model.layers // parallel.pp
+    per_layer = (2 + (3 if model.gated_mlp else 2)) * (2 if model.biases else 1) + norms_per_layer(model) * model.norm_params
+    total = per_layer * rank_layers(model, parallel, rank)
     if rank == 0:
         total += 1 + (1 if model.learned_positions else 0)
     if rank == last_stage_rank(parallel):
@@ -138,7 +165,14 @@ def logits_forward_flops(model: ModelSpec, sequences: float = 1) -> float:
     return 2 * sequences * model.seq * model.hidden * model.vocab
 
 
-def flops_per_step(model: ModelSpec, sequences: float, recompute: str = "none") -> dict[str, float]:
+def recompute_share(model: ModelSpec, p: ParallelSpec) -> float:
+    """The share of layers full recompute reruns: all, or ``recompute_layers`` of each stage's."""
+    if p.recompute != "full":
+        return 0.0
+    return min(1.0, p.recompute_layers * p.pp / model.layers) if p.recompute_layers else 1.0
+
+
+def flops_per_step(model: ModelSpec, sequences: float, recompute: str = "none", share: float = 1.0) -> dict[str, float]:
     """Model FLOPs (what the math needs) and hardware FLOPs (what runs, recompute included).
 
     Backward costs twice the forward (Narayanan et al. 2021), so model FLOPs are 3 x forward:
@@ -146,12 +180,18 @@ def flops_per_step(model: ModelSpec, sequences: float, recompute: str = "none") 
     Full recompute runs every layer's forward again: 96 B s l h^2 (1 + s/(6h) + V/(16 l h))
     (Narayanan et al. 2021, eq. 3). Selective recompute, as Korthikanti et al. 2022 account it
     (sec. 5, giving the HFU of their Table 5), adds 72 B s l h^2 x s/(6h): hardware FLOPs
-    72 B s l h^2 (1 + s/(3h) + V/(12 l h)).
+    72 B s l h^2 (1 + s/(3h) + V/(12 l h)). A fused (flash) attention recomputes Q K^T in its
+    backward (five matmuls instead of four, Dao 2023): half the attention core's forward again; it
+    keeps nothing that selective recompute could drop. ``share``: the share of layers full
+    recompute reruns (:func:`recompute_share`).
     """
     layer = layer_forward_flops(model, sequences)
     layer_fwd = model.layers * (layer["linear"] + layer["attention"])
     model_flops = 3 * (layer_fwd + logits_forward_flops(model, sequences))
-    extra = {"none": 0.0, "full": layer_fwd, "selective": 3 * model.layers * layer["attention"]}[recompute]
+    fused = model.attention == "fused"
+    selective = 0.0 if fused else 3 * model.layers * layer["attention"]
+    extra = {"none": 0.0, "full": share * layer_fwd, "selective": selective}[recompute]
+    extra += 0.5 * model.layers * layer["attention"] if fused else 0.0
     return {"model": model_flops, "hardware": model_flops + extra}
 
 
@@ -174,20 +214,37 @@ def activation_bytes_per_layer(
     the 5 a s / h is softmax output 2, its dropout mask 1 and dropout output 2. Without dropout
     (Llama) the masks and dropout output are gone; with GQA K and V are kv_dim wide; a gated MLP
     keeps gate, up and product (2 bytes each) of width ffn. An fp32 model keeps 4 bytes where the
-    table counts 2 (the lab's CPU models).
+    table counts 2 (the lab's CPU models). A fused (flash) attention keeps no s x s tensor, only each
+    row's fp32 log-sum-exp, 4 a s b bytes (its dropout mask is regenerated from the seed); parallel
+    blocks keep one norm input and one normalised input, which attention and MLP share.
     """
-    s, b, h, a, t, e = model.seq, micro_batch, model.hidden, model.heads, tp, model.dtype_bytes
+    s, b, h, t, e = model.seq, micro_batch, model.hidden, tp, model.dtype_bytes
     sbh = s * b * h
     if recompute == "full":
         return e * sbh / (t if sequence_parallel else 1)
     mask = 1 if model.dropout else 0
     kv = 2 * s * b * model.kv_dim
-    # not split by tp: norm inputs (2 tensors), attention and MLP inputs, the two dropout masks
-    replicated = 2 * e * sbh + e * sbh + e * sbh + 2 * mask * sbh
+    # not split by tp: norm inputs, attention and MLP inputs (one shared with parallel blocks), the
+    # two dropout masks
+    norms = norms_per_layer(model)
+    replicated = norms * e * sbh + norms * e * sbh + 2 * mask * sbh
     ffn_stored = (3 if model.gated_mlp else 2) * e * s * b * model.ffn
     split = e * sbh + e * kv + e * sbh + ffn_stored  # Q, K and V, projection input, MLP inner tensors
-    core = 0.0 if recompute == "selective" else (e + mask * (1 + e)) * a * s * s * b  # softmax, mask, dropout
-    return (replicated / (t if sequence_parallel else 1)) + (split + core) / t
+    return (replicated / (t if sequence_parallel else 1)) + (split + attention_core_bytes(model, b, recompute)) / t
+
+
+def attention_core_bytes(model: ModelSpec, micro_batch: int = 1, recompute: str = "none") -> float:
+    """What the attention core keeps for backward, on one GPU without tensor parallelism: the s x s
+    softmax output, its dropout mask and output (Korthikanti et al. 2022, Table 2: 5 a s^2 b with
+    16-bit activations), none under selective recompute; a fused kernel's 4 a s b of fp32 row
+    statistics instead."""
+    a, s, b = model.heads, model.seq, micro_batch
+    if model.attention == "fused":
+        return 4 * a * s * b
+    if recompute == "selective":
+        return 0.0
+    mask = 1 if model.dropout else 0
+    return (model.dtype_bytes + mask * (1 + model.dtype_bytes)) * a * s * s * b
 
 
 def peak_inflight_chunks(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1, rank: int = 0) -> int:
@@ -223,9 +280,13 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
     recompute, the one layer being rematerialised in full during its backward.
     """
     p = parallel.resolved()
-    layers_per_chunk = model.layers // (p.pp * p.virtual_stages)
+    layers_per_chunk = rank_layers(model, p, rank) / p.virtual_stages  # the mean over the rank's chunks
     inflight = peak_inflight_chunks(p.schedule, p.pp, p.microbatches, p.virtual_stages, rank)
     per_layer = activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, p.recompute)
+    share = recompute_share(model, p)
+    if p.recompute == "full" and share < 1:  # the layers not recomputed keep everything
+        kept = activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, "none")
+        per_layer = share * per_layer + (1 - share) * kept
     total = inflight * layers_per_chunk * per_layer
     sbh = model.seq * p.micro_batch * model.hidden
     if rank == 0:
@@ -251,15 +312,25 @@ def optimizer_of(model: ModelSpec, p: ParallelSpec) -> str:
     return p.optimizer or ("adam-fp32" if model.dtype == "fp32" else "adam-mixed")
 
 
-def model_state_bytes(params: float, dp: int, zero: int, optimizer: str = "adam-mixed") -> dict[str, float]:
-    """Parameter, gradient and optimizer bytes per GPU under ZeRO stage 0..3.
+def bytes_per_param(model: ModelSpec, p: ParallelSpec) -> tuple[int, int, int]:
+    """(parameter, gradient, optimizer-state) bytes per parameter of this run: the optimizer's, with
+    gradients kept in fp32 when ``fp32_grads`` (Megatron-LM's main_grad; Llama 3's FSDP accumulates
+    and reduce-scatters in fp32 too)."""
+    pb, gb, ob = OPTIMIZER_BYTES[optimizer_of(model, p)]
+    return pb, 4 if p.fp32_grads else gb, ob
+
+
+def model_state_bytes(params: float, dp: int, zero: int, optimizer: str | tuple = "adam-mixed") -> dict[str, float]:
+    """Parameter, gradient and optimizer bytes per GPU under ZeRO stage 0..3 (``optimizer``: a name of
+    OPTIMIZER_BYTES or a (param, grad, state) bytes tuple, see :func:`bytes_per_param`).
 
     Rajbhandari et al. 2020, sec. 5 and Figure 1: mixed-precision Adam holds 2 + 2 + K bytes per
     parameter with K = 12; stage 1 (P_os) shards the optimizer states over N_d, stage 2 (P_os+g)
     the gradients too, stage 3 (P_os+g+p) the parameters too. Example (their Figure 1): 7.5B
-    parameters, N_d = 64: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB.
+    parameters, N_d = 64: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB. Megatron-LM's distributed optimizer is
+    stage 1 with fp32 gradients: 6 + 12/N_d bytes per parameter (its docs' table).
     """
-    pb, gb, ob = OPTIMIZER_BYTES[optimizer]
+    pb, gb, ob = OPTIMIZER_BYTES[optimizer] if isinstance(optimizer, str) else optimizer
     return {
         "params": params * pb / (dp if zero >= 3 else 1),
         "grads": params * gb / (dp if zero >= 2 else 1),
@@ -285,14 +356,16 @@ def ring_wire_bytes(op: str, payload: float, group: int) -> float:
     return payload * factor * (group - 1) / group
 
 
-def tp_collectives(model: ModelSpec, p: ParallelSpec) -> tuple[tuple[str, ...], float, dict[str, int]]:
-    """What tensor parallelism blocks on in a layer: its collective ops, their payload b s h, and the
-    passes that issue them. Each pass (forward, backward, and the forward rerun by full recompute)
-    issues two all-reduces (Shoeybi et al. 2019) or, with sequence parallelism, two all-gathers and
-    two reduce-scatters of the same bytes (Korthikanti et al. 2022, sec. 4.2.2)."""
+def tp_collectives(model: ModelSpec, p: ParallelSpec) -> tuple[tuple[str, ...], float, int, dict[str, float]]:
+    """What tensor parallelism blocks on in a layer: its collective ops, their payload b s h, how many
+    each pass issues, and the passes. Each pass (forward, backward, and the forward rerun by full
+    recompute) issues two all-reduces (Shoeybi et al. 2019) or, with sequence parallelism, two
+    all-gathers and two reduce-scatters of the same bytes (Korthikanti et al. 2022, sec. 4.2.2);
+    parallel blocks sum attention and MLP before one all-reduce, so one (Chowdhery et al. 2022)."""
     ops = ("all_gather", "reduce_scatter") if p.sequence_parallel else ("all_reduce",)
-    passes = {"forward": 1, "backward": 2 if p.recompute == "full" else 1}
-    return ops, p.micro_batch * model.seq * model.hidden * model.dtype_bytes, passes
+    passes = {"forward": 1, "backward": 1 + recompute_share(model, p)}
+    per_pass = 1 if model.parallel_blocks else 2
+    return ops, p.micro_batch * model.seq * model.hidden * model.dtype_bytes, per_pass, passes
 
 
 def comm_payloads(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[str, str, float, int, float]]:
@@ -313,15 +386,15 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[str, s
     p = parallel.resolved()
     m, b, t = p.microbatches, p.micro_batch, p.tp
     act = model.seq * b * model.hidden * model.dtype_bytes
-    layers = model.layers // p.pp
+    layers = rank_layers(model, p, 0)
     rows: list[tuple[str, str, float, int, float]] = []
     if t > 1:
-        ops, payload, passes = tp_collectives(model, p)
-        rows += [("tp", op, payload, t, 2 * sum(passes.values()) * layers * m) for op in ops]
+        ops, payload, per_pass, passes = tp_collectives(model, p)
+        rows += [("tp", op, payload, t, per_pass * sum(passes.values()) * layers * m) for op in ops]
     if p.pp > 1:
         rows.append(("pp", "send", act / t, 2, 2 * m * p.virtual_stages))
     if p.dp > 1:
-        pb, gb, _ = OPTIMIZER_BYTES[optimizer_of(model, p)]
+        pb, gb, _ = bytes_per_param(model, p)
         params = stage_params(model, p, 0)
         grads, weights = params * gb, params * pb
         if p.zero == 0:

@@ -1,10 +1,11 @@
 """The planner: every way to split a model over N GPUs that divides and fits, ranked by throughput.
 
 Search space: tp (powers of two up to the node size, so tensor parallelism stays on NVLink, as
-Narayanan et al. 2021 advise), pp (divisors of the layer count), dp (what is left), micro-batch size,
-schedule (1F1B, ZB-H1, interleaved with v = 2 or 4), ZeRO stage (0..3 without pp, 0..1 with it),
-recompute (none, selective, full) and sequence parallelism (always on with tp > 1: same wire bytes,
-less memory and less elementwise traffic under the cost model, so it never loses).
+Narayanan et al. 2021 advise), pp (dividing the layers, or an uneven split with lighter end stages
+where they do not: :func:`paralab.sim.specs.uneven_split`), dp (what is left), micro-batch size,
+schedule (1F1B, ZB-H1, interleaved with v = 2 or 4), ZeRO stage 0..3, recompute (none, selective,
+full) and sequence parallelism (always on with tp > 1: same wire bytes, less memory and less
+elementwise traffic under the cost model, so it never loses).
 
 Ranking is two-pass so 1,024 GPUs plan in well under 5 s: every candidate that fits is scored with
 the closed-form pipeline (:func:`paralab.sim.cost.predict` with ``simulate=False``), then the best
@@ -17,7 +18,7 @@ import math
 from collections.abc import Iterator
 
 from paralab.sim import cost, counting
-from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec
+from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec, uneven_split
 
 MICRO_BATCHES = (1, 2, 4, 8)
 RECOMPUTE = ("none", "selective", "full")
@@ -29,13 +30,23 @@ def default_global_batch(gpus: int) -> int:
 
 
 def layouts(model: ModelSpec, gpus: int, hw: HardwareSpec) -> Iterator[tuple[int, int, int]]:
-    """Every (tp, pp, dp) for ``gpus`` GPUs whose degrees divide the model (tp inside a node)."""
+    """Every (tp, pp, dp) for ``gpus`` GPUs whose degrees divide the model (tp inside a node; pp
+    dividing the layers, or with an uneven split)."""
     tps = [t for t in (1, 2, 4, 8, 16, 32) if t <= hw.gpus_per_node and gpus % t == 0]
     for tp in tps:
         if model.heads % tp or model.kv_heads % tp or model.ffn % tp:
             continue
-        for pp in (d for d in range(1, gpus // tp + 1) if (gpus // tp) % d == 0 and model.layers % d == 0):
+        for pp in (d for d in range(1, gpus // tp + 1) if (gpus // tp) % d == 0 and _split(model.layers, d) is not None):
             yield tp, pp, gpus // (tp * pp)
+
+
+def _split(layers: int, chunks: int) -> dict | None:
+    """The ParallelSpec fields that lay ``layers`` over ``chunks`` model chunks: {} when they divide,
+    the first / last stage layers of an uneven split, None when neither works."""
+    if layers % chunks == 0:
+        return {}
+    ends = uneven_split(layers, chunks)
+    return dict(first_stage_layers=ends[0], last_stage_layers=ends[1]) if ends else None
 
 
 def candidates(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int) -> Iterator[ParallelSpec]:
@@ -45,21 +56,25 @@ def candidates(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int)
             if global_batch % (dp * mb):
                 continue
             m = global_batch // (dp * mb)
-            for schedule, v in _schedules(model, pp, m):
-                for zero in (0, 1, 2, 3) if pp == 1 and dp > 1 else (0, 1) if dp > 1 else (0,):
+            for schedule, v, split in _schedules(model, pp, m):
+                for zero in (0, 1, 2, 3) if dp > 1 else (0,):
                     for recompute in RECOMPUTE:
                         yield ParallelSpec(
                             dp=dp, tp=tp, pp=pp, virtual_stages=v, schedule=schedule, microbatches=m,
                             micro_batch=mb, global_batch=global_batch, zero=zero,
-                            sequence_parallel=tp > 1, recompute=recompute,
+                            sequence_parallel=tp > 1, recompute=recompute, **split,
                         )  # fmt: skip
 
 
-def _schedules(model: ModelSpec, pp: int, m: int) -> list[tuple[str, int]]:
+def _schedules(model: ModelSpec, pp: int, m: int) -> list[tuple[str, int, dict]]:
     if pp == 1:
-        return [("1f1b", 1)]
-    out = [("1f1b", 1), ("zb-h1", 1)]
-    out += [("interleaved", v) for v in (2, 4) if model.layers % (pp * v) == 0 and m % pp == 0]
+        return [("1f1b", 1, {})]
+    split = _split(model.layers, pp)
+    out = [("1f1b", 1, split), ("zb-h1", 1, split)]
+    for v in (2, 4) if m % pp == 0 else ():
+        split = _split(model.layers, pp * v)
+        if split is not None:
+            out.append(("interleaved", v, split))
     return out
 
 
@@ -84,7 +99,8 @@ def why_nothing_fits(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch
     batch = global_batch or default_global_batch(gpus)
     replicas = [dp for _, _, dp in layouts(model, gpus, hw)]
     if not replicas:
-        return f"no tp x pp x dp split of {gpus} GPUs divides {model.name}'s heads ({model.heads}) and layers ({model.layers})"
+        return (f"no tp x pp x dp split of {gpus} GPUs divides {model.name}'s heads ({model.heads}, "
+                f"{model.kv_heads} KV) and MLP width ({model.ffn}) with tp <= {hw.gpus_per_node}")
     specs = list(candidates(model, gpus, hw, batch))
     if not specs:
         fewest = min(replicas)
@@ -112,6 +128,8 @@ def describe(p: ParallelSpec) -> str:
     parts = [f"tp {p.tp} x pp {p.pp} x dp {p.dp}"]
     if p.pp > 1:
         parts.append(sched)
+    if p.uneven:
+        parts.append(f"first/last stage {p.first_stage_layers or 0}/{p.last_stage_layers or 0} layers")
     parts += [f"{p.microbatches} microbatch(es) of {p.micro_batch}", f"ZeRO-{p.zero}", f"recompute {p.recompute}"]
     if p.sequence_parallel:
         parts.append("sequence parallel")
@@ -121,7 +139,7 @@ def describe(p: ParallelSpec) -> str:
 LOSSES = {
     "bubble": "the pipeline bubble",
     "tp_comm": "tensor-parallel communication",
-    "dp_comm_exposed": "the exposed gradient reduction",
+    "dp_comm_exposed": "exposed data-parallel communication",
     "optimizer": "the optimizer step",
 }
 
@@ -143,10 +161,7 @@ def explain(ranked: list[cost.Prediction]) -> list[str]:
     if len(ranked) > 1:
         run = ranked[1]
         slower = win.tokens_per_s / run.tokens_per_s - 1
-        deltas = {k: run.breakdown_s.get(k, 0.0) - win.breakdown_s.get(k, 0.0) for k in LOSSES}
-        deltas["compute"] = (run.breakdown_s["pipeline"] - run.breakdown_s["bubble"]) - (
-            win.breakdown_s["pipeline"] - win.breakdown_s["bubble"]
-        )
+        deltas = {k: run.breakdown_s.get(k, 0.0) - win.breakdown_s.get(k, 0.0) for k in (*LOSSES, "compute")}
         cause = max(deltas, key=deltas.get)
         reason = "more compute per step (recompute or smaller GEMMs)" if cause == "compute" else f"more time in {LOSSES[cause]}"
         out.append(

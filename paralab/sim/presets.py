@@ -7,9 +7,16 @@
   parameter count; ``megatron-22b`` and ``megatron-175b`` are the 22B and GPT-3 175B shapes of
   Korthikanti et al. 2022, Table 3.
 - ``llama2-*`` (Touvron et al. 2023, sequence 4096, vocabulary 32000) and ``llama3-*`` (Llama 3
-  herd, 2024: sequence 8192, vocabulary 128256): SwiGLU MLP, grouped-query attention (70B models
-  and Llama 3 8B use 8 KV heads), RMSNorm, RoPE, untied embeddings, no biases, no dropout. These are
-  modelled exactly (see :class:`paralab.sim.specs.ModelSpec`).
+  herd, 2024, Table 3: sequence 8192, vocabulary 128256): SwiGLU MLP, grouped-query attention (70B
+  models and Llama 3 use 8 KV heads), RMSNorm, RoPE, untied embeddings, no biases, no dropout, fused
+  (flash) attention as they were trained. These are modelled exactly (see
+  :class:`paralab.sim.specs.ModelSpec`).
+- ``bloom-176b`` (BigScience 2022: 70 layers, hidden 14336, 112 heads, vocabulary 250880, sequence
+  2048): ALiBi instead of learned positions, tied embeddings, LayerNorm and biases, GELU MLP of 4h.
+
+A shape override (:func:`override`) re-derives what follows from it, as the model's family does:
+the MLP width from the hidden size (4h for GPT; the Llama rule, see :data:`FFN_RULES`) and the KV
+heads from the heads (equal, or the preset's query-group size under grouped-query attention).
 - ``tiny``, ``small``, ``medium``: the lab's own GPT presets (:data:`paralab.config.MODEL_PRESETS`),
   so ``paralab simulate --model small --hardware local`` predicts the runs the lab makes.
 """
@@ -38,12 +45,26 @@ def _megatron(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
     return ModelSpec(layers=layers, hidden=hidden, heads=heads, vocab=51200, seq=2048, name=name)
 
 
-def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int, seq: int) -> ModelSpec:
+def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, vocab: int, seq: int) -> ModelSpec:
     return ModelSpec(
-        layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, vocab=vocab, seq=seq,
-        gated_mlp=True, biases=False, norm_params=1, learned_positions=False, tied_embeddings=False,
-        dropout=False, name=name,
+        layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=llama_ffn(name, hidden), vocab=vocab,
+        seq=seq, gated_mlp=True, biases=False, norm_params=1, learned_positions=False, tied_embeddings=False,
+        dropout=False, attention="fused", name=name,
     )  # fmt: skip
+
+
+# The Llama reference code sizes its SwiGLU MLP from the hidden size: 2/3 of 4h, times
+# ffn_dim_multiplier, rounded up to a multiple of multiple_of (each model's params.json gives the two).
+FFN_RULES = {  # name: (ffn_dim_multiplier, multiple_of)
+    "llama2-7b": (1.0, 256), "llama2-13b": (1.0, 256), "llama2-70b": (1.3, 4096),
+    "llama3-8b": (1.3, 1024), "llama3-70b": (1.3, 4096), "llama3-405b": (1.2, 4096),
+}
+
+
+def llama_ffn(name: str, hidden: int) -> int:
+    multiplier, multiple = FFN_RULES[name]
+    width = int(multiplier * int(2 * 4 * hidden / 3))
+    return multiple * -(-width // multiple)
 
 
 _ALL = [
@@ -67,14 +88,41 @@ _ALL = [
     _megatron("megatron-310b", 96, 16384, 128),
     _megatron("megatron-530b", 105, 20480, 128),
     _megatron("megatron-1t", 128, 25600, 160),
-    _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
-    _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
-    _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
-    _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
-    _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
+    _llama("llama2-7b", 32, 4096, 32, 32, 32000, 4096),
+    _llama("llama2-13b", 40, 5120, 40, 40, 32000, 4096),
+    _llama("llama2-70b", 80, 8192, 64, 8, 32000, 4096),
+    _llama("llama3-8b", 32, 4096, 32, 8, 128256, 8192),
+    _llama("llama3-70b", 80, 8192, 64, 8, 128256, 8192),
+    _llama("llama3-405b", 126, 16384, 128, 8, 128256, 8192),
+    ModelSpec(layers=70, hidden=14336, heads=112, vocab=250880, seq=2048, learned_positions=False, name="bloom-176b"),
     *(lab_model(config, name) for name, config in MODEL_PRESETS.items()),
 ]
 MODELS: dict[str, ModelSpec] = {m.name: m for m in _ALL}
+
+
+SHAPE = ("layers", "hidden", "heads", "ffn", "vocab", "seq", "kv_heads")
+
+
+def override(base: ModelSpec, **given) -> ModelSpec:
+    """``base`` with the fields ``given`` (shape fields and any other ModelSpec field), named
+    "custom (from <base>)", re-deriving what follows from an override unless that is given too:
+
+    - the MLP width from ``hidden``: 4 x hidden (GPT), or the Llama rule of :data:`FFN_RULES`;
+    - ``kv_heads`` from ``heads``: equal for multi-head attention; under grouped-query attention the
+      preset's group size is kept (heads / kv_heads), and heads it does not divide raise SpecError.
+    """
+    if not given:
+        return base
+    derived = dict(given)
+    if "hidden" in given and "ffn" not in given:
+        derived["ffn"] = llama_ffn(base.name, given["hidden"]) if base.name in FFN_RULES else 4 * given["hidden"]
+    if "heads" in given and "kv_heads" not in given:
+        group = base.heads // base.kv_heads
+        if given["heads"] % group:
+            raise SpecError(f"{base.name} uses grouped-query attention ({group} query heads per KV head): heads "
+                            f"{given['heads']} is not a multiple of {group}; give --kv-heads")
+        derived["kv_heads"] = given["heads"] // group
+    return base.replace(**derived, name=f"custom (from {base.name})")
 
 
 def get_model(name: str) -> ModelSpec:

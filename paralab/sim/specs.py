@@ -8,11 +8,15 @@ planner and the CLI. Presets live elsewhere: model shapes in :mod:`paralab.sim.p
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+ATTENTION = ("standard", "fused")
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "zbv")
+# how ranks are numbered, innermost first: Megatron-LM's tp, dp, pp; or tp, pp, dp (Llama 3, torchtitan)
+RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp")
 OPTIMIZERS = ("adam-mixed", "adam-fp32")
 
 
@@ -29,6 +33,14 @@ class ModelSpec:
     (SwiGLU: three MLP matrices), ``kv_heads`` (grouped-query attention), ``biases=False``,
     ``norm_params=1`` (RMSNorm has a weight only), ``learned_positions=False`` (RoPE) and
     ``tied_embeddings=False`` and ``dropout=False``, so its parameters and FLOPs are counted exactly, not approximated.
+
+    ``attention``: "standard" keeps the s x s attention scores for backward (Korthikanti et al. 2022,
+    Table 2); "fused" is a flash-attention kernel (Dao et al. 2022): it keeps only each row's softmax
+    statistics and recomputes the scores in backward. ``parallel_blocks``: attention and MLP read the
+    same normalised input and their outputs are summed (GPT-J, PaLM): one norm and one pair of
+    tensor-parallel collectives per pass instead of two. ``fp8``: the linear layers' GEMMs run in FP8
+    (Transformer Engine) at the hardware's fp8 peak, with an fp8 copy of each weight; activations and
+    the attention core stay in ``dtype``.
     """
 
     layers: int
@@ -47,6 +59,9 @@ class ModelSpec:
     dropout: bool = True
     dtype: str = "bf16"
     name: str = "custom"
+    attention: str = "standard"
+    parallel_blocks: bool = False
+    fp8: bool = False
 
     def __post_init__(self):
         if self.ffn == 0:
@@ -80,6 +95,8 @@ class ModelSpec:
             out.append(f"heads {self.heads} is not divisible by kv_heads {self.kv_heads}")
         if self.dtype not in DTYPE_BYTES:
             out.append(f"unknown dtype {self.dtype!r}; choose from {sorted(DTYPE_BYTES)}")
+        if self.attention not in ATTENTION:
+            out.append(f"unknown attention {self.attention!r}; choose from {', '.join(ATTENTION)}")
         return out
 
 
@@ -116,6 +133,22 @@ class ParallelSpec:
     # the step's time includes loading its batch (False: loaded before the step window opens, as
     # paralab's pipelines do so that the window, which bubbles are read from, holds the schedule alone)
     loads_batch_in_step: bool = True
+    # an uneven pipeline split (Megatron-LM's first / last pipeline stage layers): the first and the
+    # last model chunk hold these many layers (0: only the embedding, or only the output layer and
+    # loss) and the others share the rest evenly; None: an even split
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
+    # gradients accumulated and reduced in fp32 whatever the model's dtype (Megatron-LM's main_grad):
+    # 4 bytes per parameter; with zero=1 this is Megatron's distributed optimizer (6 + 12/d bytes)
+    fp32_grads: bool = False
+    rank_order: str = "tp-dp-pp"
+    # with recompute "full": the layers of each pipeline stage that are recomputed (Megatron-LM's
+    # --recompute-num-layers, block method; every second layer is torchtitan's layer-selective AC);
+    # 0: all of them
+    recompute_layers: int = 0
+    # pipeline sends run beside compute (False: each send holds its rank until it lands, as the
+    # pipeline schedules of Megatron-LM before 2023 and of DeepSpeed did)
+    overlap_p2p: bool = True
 
     @property
     def world_size(self) -> int:
@@ -123,6 +156,21 @@ class ParallelSpec:
 
     def replace(self, **changes) -> ParallelSpec:
         return dataclasses.replace(self, **changes)
+
+    @property
+    def chunks(self) -> int:
+        """Model chunks (pipeline stages in the schedule's sense): pp x virtual stages."""
+        return self.pp * self.virtual_stages
+
+    def stride(self, axis: str) -> int:
+        """Ranks between two neighbours of a group along ``axis`` ("tp", "dp" or "pp"): the product of
+        the degrees numbered inside it (``rank_order``)."""
+        inner = self.rank_order.split("-")
+        return math.prod(getattr(self, a) for a in inner[: inner.index(axis)])
+
+    @property
+    def uneven(self) -> bool:
+        return self.first_stage_layers is not None or self.last_stage_layers is not None
 
     def resolved(self) -> ParallelSpec:
         """Fill ``microbatches`` from ``global_batch`` (or the reverse); default one microbatch per stage.
@@ -163,9 +211,7 @@ class ParallelSpec:
             out.append(f"tp {p.tp} does not divide heads {model.heads} / kv_heads {model.kv_heads}")
         if model.ffn % p.tp:
             out.append(f"tp {p.tp} does not divide the MLP width {model.ffn}")
-        chunks = p.pp * p.virtual_stages
-        if model.layers % chunks:
-            out.append(f"pp x virtual stages = {chunks} does not divide {model.layers} layers")
+        out += _split_problems(model.layers, p)
         if p.schedule not in SCHEDULES:
             out.append(f"unknown schedule {p.schedule!r}; choose from {', '.join(SCHEDULES)}")
         if p.virtual_stages > 1 and p.schedule not in ("interleaved", "zbv"):
@@ -176,17 +222,57 @@ class ParallelSpec:
             out.append(f"the interleaved schedule needs microbatches ({p.microbatches}) divisible by pp ({p.pp})")
         if p.zero not in (0, 1, 2, 3):
             out.append(f"zero stage must be 0..3, got {p.zero}")
-        elif p.zero >= 2 and p.pp > 1:
-            out.append(f"zero stage {p.zero} shards gradients per microbatch and does not combine with pp {p.pp}; use zero <= 1")
         if p.grad_buckets < 0:
             out.append(f"grad_buckets must be >= 0, got {p.grad_buckets}")
         if p.sequence_parallel and p.tp == 1:
             out.append("sequence parallelism needs tp > 1")
         if p.recompute not in RECOMPUTE:
             out.append(f"unknown recompute {p.recompute!r}; choose from {', '.join(RECOMPUTE)}")
+        if p.recompute_layers < 0 or (p.recompute_layers and p.recompute != "full"):
+            out.append(f"recompute_layers {p.recompute_layers} needs recompute 'full' and must be >= 0")
+        if p.rank_order not in RANK_ORDERS:
+            out.append(f"unknown rank order {p.rank_order!r}; choose from {', '.join(RANK_ORDERS)}")
         if p.optimizer and p.optimizer not in OPTIMIZERS:
             out.append(f"unknown optimizer {p.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
         return out
+
+
+def uneven_split(layers: int, chunks: int) -> tuple[int, int] | None:
+    """(first, last) chunk layers for ``layers`` that do not divide into ``chunks``: the middle chunks
+    get the fewest equal layers that leave the two end chunks no more than they hold, and the ends
+    (which also carry the embedding, and the output layer and loss) share the rest, the last the
+    lighter. Llama 3 405B: 126 layers on 16 stages give 7 + 14 x 8 + 7 (Llama 3 herd, sec. 3.3.2).
+    None when no such split exists."""
+    if chunks < 3 or layers < chunks - 2:
+        return None
+    for middle in range(max(1, -(-layers // chunks)), layers // (chunks - 2) + 1):
+        rest = layers - (chunks - 2) * middle
+        if 0 <= rest <= 2 * middle:
+            return rest - rest // 2, rest // 2
+    return None
+
+
+def _split_problems(layers: int, p: ParallelSpec) -> list[str]:
+    """Why ``layers`` cannot be laid over ``p``'s model chunks (evenly, or with the ends it names)."""
+    chunks = p.chunks
+    if not p.uneven:
+        if layers % chunks == 0:
+            return []
+        hint = uneven_split(layers, chunks)
+        how = (f"; for an uneven split give first/last stage layers, e.g. {hint[0]} + {chunks - 2} x "
+               f"{(layers - sum(hint)) // (chunks - 2)} + {hint[1]}" if hint else "")
+        return [f"pp x virtual stages = {chunks} does not divide {layers} layers{how}"]
+    first, last = p.first_stage_layers or 0, p.last_stage_layers or 0
+    rest, middle = layers - first - last, chunks - 2
+    if chunks < 2 or first < 0 or last < 0:
+        return [f"an uneven split needs at least 2 stages and no negative layers (first {first}, last {last}, "
+                f"{chunks} stages)"]
+    if middle == 0:
+        return [] if rest == 0 else [f"first {first} + last {last} layers != {layers} layers on 2 stages"]
+    if rest < middle or rest % middle:
+        return [f"the {rest} layers left by first {first} and last {last} do not divide into the {middle} "
+                f"middle stages"]
+    return []
 
 
 @dataclass(frozen=True)
@@ -229,9 +315,63 @@ class HardwareSpec:
     p2p_curve: list = field(default_factory=list)
     notes: str = ""
     calibration: dict = field(default_factory=dict)
+    # Memory a plan may fill: (memory_bytes - memory_reserved_bytes) x (1 - allocator_overhead).
+    # memory_reserved_bytes: held outside the framework's allocator (CUDA context, NCCL buffers,
+    # library workspaces); allocator_overhead: the share the caching allocator loses to fragmentation.
+    memory_reserved_bytes: float = 0.0
+    allocator_overhead: float = 0.1
+    # A power-capped part: compute runs at (power_limit_w / tdp_w) ** (1/3) of its peak (dynamic power
+    # ~ C V^2 f with V ~ f over the DVFS range, so f ~ P^(1/3)); memory bandwidth is unchanged. 0: no cap.
+    power_limit_w: float = 0.0
+    tdp_w: float = 0.0
+    # NVLink SHARP (in-switch reduction, NVSwitch 3): bus bandwidth of an all-reduce inside a node
+    # that the switch reduces (one hop whatever the group size). 0: not available.
+    nvls_bw: float = 0.0
+    # The network above the nodes: pod_gpus GPUs have full bisection bandwidth among them (0: the
+    # whole machine does); between pods each link carries 1/oversubscription of its share.
+    pod_gpus: int = 0
+    oversubscription: float = 1.0
+    # Coefficient of variation of one GPU's compute speed (manufacturing and power management): a
+    # synchronous step waits for the slowest of its GPUs (cost.straggler_factor). 0: identical GPUs.
+    straggler_cv: float = 0.0
+
+    def datasheet_peak(self, dtype: str) -> float:
+        """The part's rated peak FLOP/s for ``dtype`` (fp32's for a dtype it does not list): what MFU
+        divides by."""
+        return self.peak_flops.get(dtype) or self.peak_flops["fp32"]
 
     def peak(self, dtype: str) -> float:
-        return self.peak_flops.get(dtype) or self.peak_flops["fp32"]
+        """The peak it computes at: the rated one, slowed by a power cap (:attr:`clock_scale`)."""
+        return self.datasheet_peak(dtype) * self.clock_scale
+
+    @property
+    def clock_scale(self) -> float:
+        """The share of its peak a power-capped part computes at (1 without a cap)."""
+        if self.power_limit_w and self.tdp_w and self.power_limit_w < self.tdp_w:
+            return (self.power_limit_w / self.tdp_w) ** (1 / 3)
+        return 1.0
+
+    def problems_for(self, model: ModelSpec) -> list[str]:
+        """What this machine cannot run of ``model`` (FP8 GEMMs without FP8 tensor cores)."""
+        if model.fp8 and "fp8" not in self.peak_flops:
+            return [f"fp8 needs hardware with FP8 tensor cores; {self.name} lists {', '.join(self.peak_flops)}"]
+        return []
+
+    def problems(self) -> list[str]:
+        """Every field that cannot describe a machine, with its value."""
+        positive = ("memory_bytes", "memory_bandwidth", "gpus_per_node", "intra_bw", "inter_bw")
+        out = [f"hardware {n} must be > 0, got {getattr(self, n)}" for n in positive if not getattr(self, n) > 0]
+        if not self.peak_flops or any(not v > 0 for v in self.peak_flops.values()):
+            out.append(f"hardware peak_flops must be positive FLOP/s per dtype, got {self.peak_flops}")
+        if "fp32" not in self.peak_flops:
+            out.append("hardware peak_flops needs an fp32 entry (the fallback for dtypes it does not list)")
+        if not 0 <= self.allocator_overhead < 1:
+            out.append(f"allocator_overhead is a share of memory in [0, 1), got {self.allocator_overhead}")
+        if self.oversubscription < 1:
+            out.append(f"oversubscription must be >= 1 (1: non-blocking), got {self.oversubscription}")
+        negative = ("memory_reserved_bytes", "power_limit_w", "tdp_w", "nvls_bw", "pod_gpus", "straggler_cv")
+        out += [f"hardware {n} must be >= 0, got {getattr(self, n)}" for n in negative if getattr(self, n) < 0]
+        return out
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
