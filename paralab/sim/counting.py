@@ -275,8 +275,9 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
 
     Per-layer bytes (Korthikanti et al. 2022, Table 2) x layers per chunk x chunks in flight, plus, on
     the first rank, the embedding output it keeps per microbatch in flight (2 s b h, / t with sequence
-    parallelism) and, on the last stage's rank, the fp32 logits the cross-entropy keeps, 4 s b V / t
-    (Korthikanti et al. sec. 4.3; one microbatch's at a time, all m under GPipe), plus, with full
+    parallelism) and, on the last stage's rank, what the cross-entropy keeps, 4 s b V / t with a fused
+    kernel (Korthikanti et al. sec. 4.3; :func:`loss_bytes_per_logit`; one microbatch's at a time,
+    all m under GPipe), plus, with full
     recompute, the one layer being rematerialised in full during its backward.
     """
     p = parallel.resolved()
@@ -293,10 +294,17 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
         total += model.dtype_bytes * sbh / (p.tp if p.sequence_parallel else 1) * min(inflight, p.microbatches)
     if rank == last_stage_rank(p):
         logits_inflight = p.microbatches if p.schedule == "gpipe" and p.pp > 1 else 1
-        total += 4 * model.seq * p.micro_batch * model.vocab / p.tp * logits_inflight
+        total += loss_bytes_per_logit(model) * model.seq * p.micro_batch * model.vocab / p.tp * logits_inflight
     if p.recompute == "full":
         total += activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, "none")
     return total
+
+
+def loss_bytes_per_logit(model: ModelSpec) -> int:
+    """Bytes the loss holds per logit at its peak: the fp32 logits of a fused cross-entropy
+    (Korthikanti et al. 2022 sec. 4.3), or, unfused, the model's logits, the fp32 log-softmax it
+    keeps for backward and that one's gradient."""
+    return 4 if model.fused_loss else model.dtype_bytes + 4 + 4
 
 
 OPTIMIZER_BYTES = {

@@ -40,7 +40,10 @@ class ModelSpec:
     same normalised input and their outputs are summed (GPT-J, PaLM): one norm and one pair of
     tensor-parallel collectives per pass instead of two. ``fp8``: the linear layers' GEMMs run in FP8
     (Transformer Engine) at the hardware's fp8 peak, with an fp8 copy of each weight; activations and
-    the attention core stay in ``dtype``.
+    the attention core stay in ``dtype``. ``fused_loss``: the cross-entropy keeps only the fp32
+    logits (Megatron-LM's vocabulary-parallel kernel, Korthikanti et al. 2022 sec. 4.3); False is
+    PyTorch's cross-entropy on upcast logits, which holds the model's logits, the fp32 log-softmax
+    and its gradient at once (2 + 4 + 4 bytes per logit with 16-bit logits).
     """
 
     layers: int
@@ -62,6 +65,7 @@ class ModelSpec:
     attention: str = "standard"
     parallel_blocks: bool = False
     fp8: bool = False
+    fused_loss: bool = True
 
     def __post_init__(self):
         if self.ffn == 0:
