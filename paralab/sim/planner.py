@@ -164,10 +164,9 @@ def explain(ranked: list[cost.Prediction]) -> list[str]:
         deltas = {k: run.breakdown_s.get(k, 0.0) - win.breakdown_s.get(k, 0.0) for k in (*LOSSES, "compute")}
         cause = max(deltas, key=deltas.get)
         reason = "more compute per step (recompute or smaller GEMMs)" if cause == "compute" else f"more time in {LOSSES[cause]}"
-        out.append(
-            f"Runner-up: {describe(run.parallel)} - {slower:.1%} slower, mainly {reason} "
-            f"({abs(deltas[cause]) * 1e3:.0f} ms per step), at {bytes_text(run.memory_bytes_per_gpu['total'])} per GPU."
-        )
+        why = (f"{slower:.1%} slower, mainly {reason} ({abs(deltas[cause]) * 1e3:.0f} ms per step)" if slower > 5e-4
+               else "as fast: what differs costs nothing here")  # e.g. selective recompute with fused attention
+        out.append(f"Runner-up: {describe(run.parallel)} - {why}, at {bytes_text(run.memory_bytes_per_gpu['total'])} per GPU.")
     return out
 
 
