@@ -109,13 +109,21 @@ def pod_share(hw: HardwareSpec, group: int, stride: int) -> float:
     return min(1.0, members / hw.oversubscription)
 
 
+def expected_max(n: int) -> float:
+    """E[max of n standard normals] (Blom's approximation; 0 for one)."""
+    return NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) if n > 1 else 0.0
+
+
 def straggler_factor(hw: HardwareSpec, gpus: int) -> float:
     """How much longer a synchronous step's compute takes than one GPU's: the expected slowest of
-    ``gpus`` GPUs whose speeds vary with coefficient ``straggler_cv`` (1 + cv E[max of N standard
-    normals], Blom's approximation of the expected maximum)."""
-    if gpus <= 1 or not hw.straggler_cv:
-        return 1.0
-    return 1.0 + hw.straggler_cv * NormalDist().inv_cdf((gpus - 0.375) / (gpus + 0.25))
+    ``gpus`` GPUs whose speeds vary with coefficient ``straggler_cv`` (1 + cv E[max of N])."""
+    return 1.0 + hw.straggler_cv * expected_max(gpus)
+
+
+def sync_wait(hw: HardwareSpec, seconds: float, ranks: int) -> float:
+    """What a synchronisation of ``ranks`` ranks after ``seconds`` of compute waits beyond the median
+    rank: the expected maximum of their jitter, ``sync_jitter x sqrt(seconds) x E[max of N]``."""
+    return hw.sync_jitter * math.sqrt(max(seconds, 0.0)) * expected_max(ranks)
 
 
 def interpolate(curve: list, nbytes: float) -> float:
@@ -243,12 +251,17 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
     ops, payload, per_pass, passes = counting.tp_collectives(model, p)
     tp_pass = per_pass * sum(collective_time(hw, op, payload, t, p.stride("tp")) for op in ops)
 
-    forward = linear + core + elementwise + tp_pass + host("layer_forward")
+    forward_compute = linear + core + elementwise + host("layer_forward")
+    backward_compute = linear + work.core_backward + 2 * elementwise + host("layer_backward") + linear
+    # each tensor-parallel collective also waits for the slowest rank of its group (sync_wait)
+    tp_forward = tp_pass + (per_pass * sync_wait(hw, forward_compute / per_pass, t) if t > 1 else 0.0)
+    tp_backward = tp_pass + (per_pass * sync_wait(hw, backward_compute / per_pass, t) if t > 1 else 0.0)
+    forward = forward_compute + tp_forward
     selective = core + elementwise_core if model.attention == "standard" else 0.0  # fused keeps no scores
     recompute = {"none": 0.0, "selective": selective, "full": counting.recompute_share(model, p) * forward}[p.recompute]
     weight = linear  # one weight-gradient GEMM per forward weight GEMM
-    backward_input = recompute + linear + work.core_backward + 2 * elementwise + tp_pass + host("layer_backward")
-    tp_layer = tp_pass * sum(passes.values())
+    backward_input = recompute + backward_compute - weight + tp_backward
+    tp_layer = tp_forward * passes["forward"] + tp_backward + (passes["backward"] - 1) * tp_forward
 
     embed = 2 * tokens * h * nbytes / ew_bw
     logits = gemm_time(hw, hw.peak(model.dtype), tokens, model.vocab / t, h, 1, nbytes)
@@ -270,6 +283,8 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
             f = f + logits + loss + tp_loss + host("head_forward")
             bi, w = bi + logits + loss + tp_embed + host("head_backward"), w + logits
             tp += tp_loss + tp_embed
+        if p.pp > 1:  # a stage's pass ends in a send the neighbour waits for: it waits for the later rank
+            f, bi = f + sync_wait(hw, f, 2), bi + sync_wait(hw, bi + w, 2)
         st = StageTimes(slowest * f, slowest * bi, slowest * w, slowest * tp)
         if p.zero >= 2 and p.dp > 1:  # ZeRO-2/3 collectives per microbatch, layer by layer
             st = _zero_overlapped(st, model, p, hw, stage, layers)
@@ -287,8 +302,14 @@ def _zero_overlapped(st: StageTimes, model: ModelSpec, p: ParallelSpec, hw: Hard
     # one collective per layer: each pays the latency (and on a measured curve, a small message's cost)
     rs = collective_time(hw, "reduce_scatter", params * gb / units, p.dp, p.stride("dp"))
     ag = collective_time(hw, "all_gather", params * pb / units, p.dp, p.stride("dp")) if p.zero == 3 else 0.0
-    forward = layer_by_layer(units, st.forward / units, ag, 0.0, p.prefetch_params)
-    backward = layer_by_layer(units, st.backward / units, ag, rs, p.prefetch_params)
+    # each layer's collective also waits for the slowest data-parallel rank (sync_wait)
+    rs += sync_wait(hw, st.backward / units, p.dp)
+    ag += sync_wait(hw, st.forward / units, p.dp) if ag else 0.0
+    if hw.overlaps_comm:
+        forward = layer_by_layer(units, st.forward / units, ag, 0.0, p.prefetch_params)
+        backward = layer_by_layer(units, st.backward / units, ag, rs, p.prefetch_params)
+    else:  # the collectives need the cores the compute uses: one after the other
+        forward, backward = st.forward + units * ag, st.backward + units * (ag + rs)
     added = forward + backward - st.forward - st.backward
     return StageTimes(forward, backward - st.backward_weight, st.backward_weight, st.tp_comm, added)
 
@@ -459,7 +480,7 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
     if p.tp > 1:
         spans += _tensor_parallel_spans(model, p, times, spans)
     for rank, (last_start, last_end) in enumerate(finish):
-        sync = _grad_sync(model, p, hw, rank)
+        sync = _grad_sync(model, p, hw, rank, last_end)
         start, end = _sync_window(p, sync, last_start, last_end)
         if sync["reduce"][0]:
             spans.append(Span(rank, COMM, sync["reduce"][1], start, end, name="gradient reduction", step=0,
@@ -594,8 +615,10 @@ def _estimate_finish(model, p: ParallelSpec, hw, times: list[StageTimes]) -> tup
     return [(makespan - times[0].backward, makespan)] * pp, bubble
 
 
-def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int) -> dict:
-    """End-of-step data-parallel work of one pipeline rank: (seconds, op, wire bytes) rows and optimizer time."""
+def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int, computed: float = 0.0) -> dict:
+    """End-of-step data-parallel work of one pipeline rank: (seconds, op, wire bytes) rows and optimizer
+    time. The gradient reduction also waits for the slowest replica after ``computed`` seconds of
+    compute (:func:`sync_wait`)."""
     pb, gb, _ = counting.bytes_per_param(model, p)
     params = counting.stage_params(model, p, rank)
     reduce_op = "all_reduce" if p.zero == 0 else "reduce_scatter"
@@ -603,8 +626,8 @@ def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int) -
     gather = (0.0, 0.0)
     messages = max(p.grad_buckets, 1)
     if p.dp > 1 and p.zero <= 1:
-        reduce = (collective_time(hw, reduce_op, params * gb, p.dp, p.stride("dp"), messages), reduce_op,
-                  counting.ring_wire_bytes(reduce_op, params * gb, p.dp))
+        seconds = collective_time(hw, reduce_op, params * gb, p.dp, p.stride("dp"), messages)
+        reduce = (seconds + sync_wait(hw, computed, p.dp), reduce_op, counting.ring_wire_bytes(reduce_op, params * gb, p.dp))
     if p.dp > 1 and p.zero in (1, 2):
         gather = (collective_time(hw, "all_gather", params * pb, p.dp, p.stride("dp"), messages),
                   counting.ring_wire_bytes("all_gather", params * pb, p.dp))
@@ -613,11 +636,14 @@ def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int) -
     optimizer = OPTIMIZER_BYTES_TOUCHED * local / (rank_hw.optimizer_bw or rank_hw.memory_bandwidth) + hw.kernel_overhead_s
     optimizer += counting.stage_tensors(model, p, rank) * hw.host_overhead_s.get("tensor_update", 0.0)
     inter = p.dp * p.stride("dp") > hw.gpus_per_node
-    return {"reduce": reduce, "gather": gather, "optimizer": optimizer, "inter": inter, "params": params}
+    overlap = p.overlap_grad_reduce and hw.overlaps_comm
+    return {"reduce": reduce, "gather": gather, "optimizer": optimizer, "inter": inter, "params": params,
+            "overlap": overlap}
 
 
 def _sync_window(p: ParallelSpec, sync: dict, last_start: float, last_end: float) -> tuple[float, float]:
-    """When the gradient reduction runs: under the last backward when overlapped, else after it.
+    """When the gradient reduction runs: under the last backward when overlapped (and the hardware
+    overlaps communication with compute), else after it.
 
     Overlapped reduction starts with the last backward (buckets fill from the last layer down) and
     cannot finish before that backward ends plus the last bucket's share: 1/grad_buckets of it, or
@@ -626,7 +652,7 @@ def _sync_window(p: ParallelSpec, sync: dict, last_start: float, last_end: float
     seconds = sync["reduce"][0]
     if not seconds:
         return last_end, last_end
-    if p.overlap_grad_reduce:
+    if sync["overlap"]:
         return last_start, max(last_start + seconds, last_end + seconds / (p.grad_buckets or 8))
     return last_end, last_end + seconds
 
@@ -635,7 +661,7 @@ def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: f
     step = 0.0
     exposed = optimizer = 0.0
     for rank, (last_start, last_end) in enumerate(finish):
-        sync = _grad_sync(model, p, hw, rank)
+        sync = _grad_sync(model, p, hw, rank, last_end)
         _, end = _sync_window(p, sync, last_start, last_end)
         rank_end = end + sync["optimizer"] + sync["gather"][0]
         if rank_end > step:

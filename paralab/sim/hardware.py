@@ -187,7 +187,7 @@ def cache_dir() -> Path:
 
 
 LOCAL_RANKS = 64  # ranks the local machine is taken to hold: one 'node', however many cores it has
-CALIBRATION_VERSION = 4  # bump when what calibrate() measures changes: older caches are measured again
+CALIBRATION_VERSION = 5  # bump when what calibrate() measures changes: older caches are measured again
 
 
 def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True, threads: int | None = None) -> HardwareSpec:
@@ -267,7 +267,8 @@ def calibrate(matmul_size: int = 1024, gloo: bool = True, threads: int | None = 
     )
     # the blocks ran as one rank's (with every core when ``threads`` is None): fit them as such
     fitted = bench.fit_elementwise_bandwidth(dataclasses.replace(spec, shared_compute=False), figures["blocks"])
-    return dataclasses.replace(spec, elementwise_bw=fitted)
+    return dataclasses.replace(spec, elementwise_bw=fitted, sync_jitter=bench.fit_sync_jitter(figures["blocks"]),
+                               overlaps_comm=False)
 
 
 def _total_memory() -> float:

@@ -338,6 +338,13 @@ class HardwareSpec:
     # Coefficient of variation of one GPU's compute speed (manufacturing and power management): a
     # synchronous step waits for the slowest of its GPUs (cost.straggler_factor). 0: identical GPUs.
     straggler_cv: float = 0.0
+    # Jitter of a rank's compute on a shared machine (seconds^0.5): over T seconds its standard
+    # deviation is sync_jitter x sqrt(T), and each synchronisation waits for the slowest rank
+    # (cost.sync_wait). Measured on the local CPU; 0 on the GPU presets (their variation is straggler_cv).
+    sync_jitter: float = 0.0
+    # Communication runs beside compute (GPUs: copy engines, NIC, a few SMs). False: it needs the cores
+    # the compute uses (CPU ranks with one core each), so it does not hide under compute.
+    overlaps_comm: bool = True
 
     def datasheet_peak(self, dtype: str) -> float:
         """The part's rated peak FLOP/s for ``dtype`` (fp32's for a dtype it does not list): what MFU
@@ -373,7 +380,8 @@ class HardwareSpec:
             out.append(f"allocator_overhead is a share of memory in [0, 1), got {self.allocator_overhead}")
         if self.oversubscription < 1:
             out.append(f"oversubscription must be >= 1 (1: non-blocking), got {self.oversubscription}")
-        negative = ("memory_reserved_bytes", "power_limit_w", "tdp_w", "nvls_bw", "pod_gpus", "straggler_cv")
+        negative = ("memory_reserved_bytes", "power_limit_w", "tdp_w", "nvls_bw", "pod_gpus", "straggler_cv",
+                    "sync_jitter")
         out += [f"hardware {n} must be >= 0, got {getattr(self, n)}" for n in negative if getattr(self, n) < 0]
         return out
 
