@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from statistics import NormalDist
 
 from paralab.schedules import theoretical_bubble
@@ -109,6 +110,7 @@ def pod_share(hw: HardwareSpec, group: int, stride: int) -> float:
     return min(1.0, members / hw.oversubscription)
 
 
+@lru_cache(maxsize=256)
 def expected_max(n: int) -> float:
     """E[max of n standard normals] (Blom's approximation; 0 for one)."""
     return NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) if n > 1 else 0.0
@@ -123,6 +125,8 @@ def straggler_factor(hw: HardwareSpec, gpus: int) -> float:
 def sync_wait(hw: HardwareSpec, seconds: float, ranks: int) -> float:
     """What a synchronisation of ``ranks`` ranks after ``seconds`` of compute waits beyond the median
     rank: the expected maximum of their jitter, ``sync_jitter x sqrt(seconds) x E[max of N]``."""
+    if not hw.sync_jitter:
+        return 0.0
     return hw.sync_jitter * math.sqrt(max(seconds, 0.0)) * expected_max(ranks)
 
 

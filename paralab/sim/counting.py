@@ -85,21 +85,48 @@ def chunk_layers(model: ModelSpec, parallel: ParallelSpec) -> list[int]:
     """Layers of each model chunk (pp x v of them, in model order): an even split, or the first and
     last chunk as ``first_stage_layers`` / ``last_stage_layers`` say and the rest shared evenly (the
     spec's problems() has checked that they divide)."""
+    first, middle, last = _split_sizes(model, parallel)
+    chunks = parallel.chunks
+    return [first] if chunks == 1 else [first, *[middle] * (chunks - 2), last]
+
+
+def _split_sizes(model: ModelSpec, parallel: ParallelSpec) -> tuple[int, int, int]:
+    """Layers of the first chunk, of each middle one, and of the last."""
     chunks = parallel.chunks
     if not parallel.uneven or chunks == 1:
-        return [model.layers // chunks] * chunks
+        even = model.layers // chunks
+        return even, even, even
     first, last = parallel.first_stage_layers or 0, parallel.last_stage_layers or 0
-    middle = (model.layers - first - last) // (chunks - 2) if chunks > 2 else 0
-    return [first, *[middle] * (chunks - 2), last]
+    return first, (model.layers - first - last) // (chunks - 2) if chunks > 2 else 0, last
+
+
+def _ends_on(parallel: ParallelSpec, rank: int) -> tuple[bool, bool]:
+    """Whether pipeline rank ``rank`` holds the first model chunk, and the last."""
+    return rank == stage_rank(parallel, 0), rank == last_stage_rank(parallel)
 
 
 def rank_layers(model: ModelSpec, parallel: ParallelSpec, rank: int) -> int:
-    """Layers pipeline rank ``rank`` holds, over all its chunks."""
-    return sum(n for chunk, n in enumerate(chunk_layers(model, parallel)) if stage_rank(parallel, chunk) == rank)
+    """Layers pipeline rank ``rank`` holds, over all its chunks (``virtual_stages`` of them)."""
+    first, middle, last = _split_sizes(model, parallel)
+    if parallel.chunks == 1:
+        return first
+    has_first, has_last = _ends_on(parallel, rank)
+    return (parallel.virtual_stages - has_first - has_last) * middle + has_first * first + has_last * last
 
 
 def chunk_params(model: ModelSpec, parallel: ParallelSpec, chunk: int) -> float:
-    """Parameters one GPU holds of model chunk ``chunk`` (before ZeRO sharding).
+    """Parameters one GPU holds of model chunk ``chunk`` (before ZeRO sharding)."""
+    chunks = parallel.chunks
+    return _params_of(model, parallel, chunk_layers(model, parallel)[chunk], chunk == 0, chunk == chunks - 1)
+
+
+def stage_params(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
+    """Parameters one GPU of pipeline rank ``rank`` holds (before ZeRO sharding): its chunks'."""
+    return _params_of(model, parallel, rank_layers(model, parallel, rank), *_ends_on(parallel, rank))
+
+
+def _params_of(model: ModelSpec, parallel: ParallelSpec, layers: int, first: bool, last: bool) -> float:
+    """Parameters one GPU holds of ``layers`` layers, and of the ends when it holds them.
 
     Inside a layer the matrices and column-parallel biases are split over the tp ranks and the norms
     and row-parallel biases are replicated. The first chunk also holds the vocabulary-parallel
@@ -108,21 +135,15 @@ def chunk_params(model: ModelSpec, parallel: ParallelSpec, chunk: int) -> float:
     (Shoeybi et al. 2019).
     """
     counts = parameter_counts(model)
-    layers = chunk_layers(model, parallel)[chunk]
     replicated = layers * replicated_layer_params(model)
     split = layers * sum(layer_params(model).values()) - replicated
-    if chunk == 0:
+    if first:
         split += counts["embedding"]
         replicated += counts["positions"]
-    if chunk == parallel.chunks - 1:
+    if last:
         split += counts["output"] or (counts["embedding"] if last_stage_rank(parallel) != 0 else 0)
         replicated += counts["final_norm"]
     return split / parallel.tp + replicated
-
-
-def stage_params(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
-    """Parameters one GPU of pipeline rank ``rank`` holds (before ZeRO sharding): its chunks'."""
-    return sum(chunk_params(model, parallel, c) for c in range(parallel.chunks) if stage_rank(parallel, c) == rank)
 
 
 def stage_tensors(model: ModelSpec, parallel: ParallelSpec, rank: int) -> int:

@@ -186,8 +186,9 @@ class ParallelSpec:
             micro_batch = max(self.global_batch // split, 1) if self.global_batch and split else 1
             return self.replace(micro_batch=micro_batch).resolved()
         per_step = self.dp * self.micro_batch
-        if self.microbatches:
-            return self.replace(global_batch=per_step * self.microbatches)
+        if self.microbatches:  # already whole: itself (the cost model resolves a spec many times)
+            total = per_step * self.microbatches
+            return self if self.global_batch == total else self.replace(global_batch=total)
         if self.global_batch:
             return self.replace(microbatches=max(self.global_batch // per_step, 0))
         m = self.pp * self.virtual_stages if self.pp > 1 else 1
