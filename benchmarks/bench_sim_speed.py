@@ -42,12 +42,15 @@ def main() -> None:
     planned = _timed(lambda: plan(model, 1024, hw))
     rows.append(f"| plan 175B on 1,024 GPUs (in process) | {planned * 1e3:.0f} | |")
     big, h100 = get_model("llama3-405b"), get_hardware("h100")
-    spec = ParallelSpec(dp=128, tp=8, pp=16, virtual_stages=8, schedule="interleaved", micro_batch=1, global_batch=2048,
-                        sequence_parallel=True, zero=1, first_stage_layers=0, last_stage_layers=0)
+    spec = ParallelSpec(dp=128, tp=8, pp=16, virtual_stages=8, schedule="interleaved", micro_batch=1,
+                        global_batch=2048, sequence_parallel=True, zero=1, first_stage_layers=0,
+                        last_stage_layers=0)
     cold = _timed(lambda: predict(big, spec, h100))
     warm = statistics.median(_timed(lambda: predict(big, spec, h100)) for _ in range(5))
-    rows.append(f"| predict Llama 3 405B, 16,384 GPUs, interleaved v=8, m=16 | {cold * 1e3:.1f} | {warm * 1e3:.1f} |")
-    rows.append(f"| plan 405B on 16,384 GPUs (in process) | {_timed(lambda: plan(big, 16384, h100, 2048)) * 1e3:.0f} | |")
+    rows.append(f"| predict Llama 3 405B, 16,384 GPUs, interleaved v=8, m=16 | {cold * 1e3:.1f} | "
+                f"{warm * 1e3:.1f} |")
+    planned = _timed(lambda: plan(big, 16384, h100, 2048))
+    rows.append(f"| plan 405B on 16,384 GPUs (in process) | {planned * 1e3:.0f} | |")
     cli = [sys.executable, "-m", "paralab", "plan", "--model", "gpt3-175b", "--gpus", "1024", "--hardware", "a100"]
     whole = _timed(lambda: subprocess.run(cli, check=True, capture_output=True))
     rows.append(f"| `paralab plan` 175B on 1,024 GPUs (whole command, interpreter start included) | {whole * 1e3:.0f} | |")

@@ -139,13 +139,15 @@ def test_synchronisations_wait_for_the_slowest_rank_and_cpu_communication_does_n
     ranks' spread; on a CPU whose cores all compute, the gradient reduction runs after the backward."""
     model = lab_model(ModelConfig(layers=2, hidden=64, heads=4, vocab=128, seq_len=32))
     jittery = dataclasses.replace(CPU, sync_jitter=0.002)
-    for spec in (ParallelSpec(tp=2, micro_batch=4, microbatches=1), ParallelSpec(pp=2, micro_batch=1, microbatches=4),
+    for spec in (ParallelSpec(tp=2, micro_batch=4, microbatches=1),
+                 ParallelSpec(pp=2, micro_batch=1, microbatches=4),
                  ParallelSpec(dp=2, micro_batch=4, microbatches=1)):
         assert cost.predict(model, spec, jittery).step_time_s > cost.predict(model, spec, CPU).step_time_s
     assert cost.sync_wait(jittery, 0.01, 1) == 0 and cost.sync_wait(jittery, 0.01, 2) == pytest.approx(
         0.002 * 0.1 * cost.expected_max(2))
     ddp = ParallelSpec(dp=2, micro_batch=4, microbatches=1, grad_buckets=1)
-    hidden, serial = (cost.predict(model, ddp, dataclasses.replace(CPU, overlaps_comm=o)) for o in (True, False))
+    hidden, serial = (cost.predict(model, ddp, dataclasses.replace(CPU, overlaps_comm=o))
+                      for o in (True, False))
     reduce = cost.collective_time(CPU, "all_reduce", 4 * counting.parameter_counts(model)["total"], 2, 1)
     assert serial.breakdown_s["dp_comm_exposed"] == pytest.approx(reduce)
     assert hidden.step_time_s <= serial.step_time_s

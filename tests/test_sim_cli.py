@@ -136,7 +136,8 @@ def test_the_default_optimizer_follows_the_model_dtype():
 
 def test_a_configuration_that_does_not_fit_is_still_estimated(capsys):
     """Issue 17: the estimate, by how much it is over, and what fits on the same GPUs; exit 0."""
-    rc, out, err = run(["simulate", "--model", "gpt3-13b", "--gpus", "8", "--global-batch", "64", "--json"], capsys)
+    argv = ["simulate", "--model", "gpt3-13b", "--gpus", "8", "--global-batch", "64"]
+    rc, out, err = run([*argv, "--json"], capsys)
     assert rc == 0 and not err
     data = json.loads(out)
     total, usable = data["memory_bytes_per_gpu"]["total"], data["memory_usable_bytes"]
@@ -144,10 +145,9 @@ def test_a_configuration_that_does_not_fit_is_still_estimated(capsys):
     assert data["memory_over_bytes"] == pytest.approx(total - usable, abs=2)
     assert data["alternatives"] and all(a["memory_bytes_per_gpu"] <= usable for a in data["alternatives"])
     assert all(a["dp"] * a["tp"] * a["pp"] == 8 for a in data["alternatives"])
-    rc, text, _ = run(["simulate", "--model", "gpt3-13b", "--gpus", "8", "--global-batch", "64"], capsys)
+    rc, text, _ = run(argv, capsys)
     assert rc == 0 and "does not fit" in text and "over by" in text and "layouts that fit on 8 GPUs" in text
-    rc, out, _ = run(["simulate", "--model", "gpt3-13b", "--gpus", "8", "--tp", "8", "--global-batch", "64", "--micro-batch",
-                      "1", "--json"], capsys)  # fmt: skip
+    rc, out, _ = run([*argv, "--tp", "8", "--micro-batch", "1", "--json"], capsys)
     fitting = json.loads(out)
     assert fitting["fits"] and fitting["memory_over_bytes"] == 0 and "alternatives" not in fitting
 
@@ -155,13 +155,15 @@ def test_a_configuration_that_does_not_fit_is_still_estimated(capsys):
 @pytest.mark.parametrize(
     "argv, expect",
     [
-        (["--model", "gpt3-175b", "--hidden", "14336"], dict(hidden=14336, ffn=4 * 14336, heads=96, kv_heads=96)),
+        (["--model", "gpt3-175b", "--hidden", "14336"],
+         dict(hidden=14336, ffn=4 * 14336, heads=96, kv_heads=96)),
         (["--model", "gpt3-175b", "--heads", "128"], dict(heads=128, kv_heads=128)),
         (["--model", "gpt3-175b", "--heads", "192"], dict(heads=192, kv_heads=192)),  # no silent GQA
         (["--model", "gpt3-175b", "--hidden", "14336", "--ffn", "50000"], dict(ffn=50000)),
         (["--model", "llama3-70b", "--heads", "128"], dict(heads=128, kv_heads=16)),  # groups of 8 kept
-        (["--model", "llama3-8b", "--hidden", "5120"], dict(ffn=18432)),  # int(1.3 int(8 x 5120 / 3)) up to 1024s
-        (["--model", "llama2-7b", "--hidden", "5120"], dict(ffn=13824)),  # llama2-13b's width, by the same rule
+        # int(1.3 int(8 x 5120 / 3)) rounded up to 1024s; and llama2-13b's width, by Llama 2's rule
+        (["--model", "llama3-8b", "--hidden", "5120"], dict(ffn=18432)),
+        (["--model", "llama2-7b", "--hidden", "5120"], dict(ffn=13824)),
     ],
 )
 def test_shape_overrides_rederive_what_follows_from_them(argv, expect):
@@ -181,8 +183,8 @@ def test_the_llama_rule_gives_every_preset_its_published_mlp_width():
 
 
 def test_an_override_reports_a_custom_model_and_a_bad_group_is_refused(capsys):
-    rc, out, _ = run(["simulate", "--model", "gpt3-175b", "--hidden", "14336", "--heads", "112", "--gpus", "1024",
-                      "--tp", "8", "--pp", "16", "--global-batch", "1536", "--json"], capsys)  # fmt: skip
+    rc, out, _ = run(["simulate", "--model", "gpt3-175b", "--hidden", "14336", "--heads", "112", "--gpus",
+                      "1024", "--tp", "8", "--pp", "16", "--global-batch", "1536", "--json"], capsys)
     assert rc == 0 and json.loads(out)["model"] == "custom (from gpt3-175b)"
     rc, out, err = run(["simulate", "--model", "llama3-70b", "--heads", "100"], capsys)
     assert rc == 2 and not out and "8 query heads per KV head" in err and "--kv-heads" in err
@@ -204,7 +206,8 @@ def test_hardware_comes_from_a_file(capsys, tmp_path):
 def test_layers_that_do_not_divide_into_the_stages_are_named_as_the_cause(capsys):
     """BLOOM's 70 layers on 12 stages: the layers are the problem, not the batch; an uneven split
     (5 + 10 x 6 + 5, as BLOOM ran it) is offered, and given, it runs."""
-    argv = ["simulate", "--model", "bloom-176b", "--gpus", "384", "--tp", "4", "--pp", "12", "--global-batch", "2048"]
+    argv = ["simulate", "--model", "bloom-176b", "--gpus", "384", "--tp", "4", "--pp", "12",
+            "--global-batch", "2048"]
     rc, out, err = run(argv, capsys)
     assert rc == 2 and not out
     assert "does not divide 70 layers" in err and "5 + 10 x 6 + 5" in err and "global batch" not in err

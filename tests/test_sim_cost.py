@@ -255,7 +255,8 @@ def test_fp8_gemms_run_at_the_fp8_peak():
     assert fp8.linear < 0.6 * bf16.linear and fp8.core == bf16.core  # the attention core stays in bf16
     with pytest.raises(SpecError, match="FP8 tensor cores"):
         cost.predict(model.replace(fp8=True), p, A100)
-    states = cost.memory_per_gpu(model.replace(fp8=True), p)["params"] - cost.memory_per_gpu(model, p)["params"]
+    states = (cost.memory_per_gpu(model.replace(fp8=True), p)["params"]
+              - cost.memory_per_gpu(model, p)["params"])
     assert states == pytest.approx(cost.counting.stage_params(model, p, 0))  # a 1-byte copy of every weight
 
 
@@ -266,7 +267,8 @@ def test_blocking_sends_hold_their_rank():
     overlapped, blocking = (cost.predict(model, spec.replace(overlap_p2p=o), A100) for o in (True, False))
     hop = cost.p2p_time(model, spec, A100)
     # at most every send of a rank (two per microbatch, and the ramp's) lands on the critical path
-    assert overlapped.step_time_s + 16 * hop / 2 < blocking.step_time_s < overlapped.step_time_s + 2 * (16 + 3) * hop
+    base = overlapped.step_time_s
+    assert base + 16 * hop / 2 < blocking.step_time_s < base + 2 * (16 + 3) * hop
     fast = cost.predict(model, spec.replace(overlap_p2p=False), A100, simulate=False)
     assert fast.step_time_s == pytest.approx(blocking.step_time_s, rel=0.01)
 

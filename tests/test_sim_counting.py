@@ -181,7 +181,8 @@ def test_zero_traffic_matches_rajbhandari_section_7():
 def test_an_uneven_pipeline_split_lays_the_layers_as_asked(layers, pp, v, ends, expect):
     model = ModelSpec(layers=layers, hidden=1024, heads=16)
     split = dict(first_stage_layers=ends[0], last_stage_layers=ends[1]) if ends else {}
-    p = ParallelSpec(pp=pp, virtual_stages=v, schedule="interleaved" if v > 1 else "1f1b", microbatches=pp, **split)
+    schedule = "interleaved" if v > 1 else "1f1b"
+    p = ParallelSpec(pp=pp, virtual_stages=v, schedule=schedule, microbatches=pp, **split)
     assert not p.problems(model)
     assert counting.chunk_layers(model, p) == expect
     assert sum(counting.rank_layers(model, p, r) for r in range(pp)) == layers
@@ -194,13 +195,15 @@ def test_an_uneven_pipeline_split_lays_the_layers_as_asked(layers, pp, v, ends, 
 def test_uneven_splits_are_suggested_and_checked():
     from paralab.sim.specs import uneven_split
 
-    assert uneven_split(70, 12) == (5, 5) and uneven_split(126, 16) == (7, 7) and uneven_split(126, 128) == (0, 0)
+    assert uneven_split(70, 12) == (5, 5) and uneven_split(126, 16) == (7, 7)
+    assert uneven_split(126, 128) == (0, 0)
     assert uneven_split(7, 8) == (1, 0)  # the last stage holds only the output layer and loss
     assert uneven_split(7, 10) is None and uneven_split(96, 64) is None  # ends would outweigh the middle
     model = ModelSpec(layers=70, hidden=1024, heads=16)
     (problem,) = ParallelSpec(pp=12, microbatches=12).problems(model)
     assert "does not divide 70 layers" in problem and "5 + 10 x 6 + 5" in problem
-    (problem,) = ParallelSpec(pp=12, microbatches=12, first_stage_layers=4, last_stage_layers=5).problems(model)
+    ends = dict(first_stage_layers=4, last_stage_layers=5)
+    (problem,) = ParallelSpec(pp=12, microbatches=12, **ends).problems(model)
     assert "61 layers left by first 4 and last 5 do not divide into the 10 middle stages" in problem
 
 
@@ -213,14 +216,15 @@ def test_fused_attention_keeps_no_scores():
     per_layer = counting.activation_bytes_per_layer
     assert per_layer(model, b) == pytest.approx(34 * sbh + 4 * a * s * b)
     assert per_layer(model, b, tp=t) == pytest.approx(sbh * (10 + 24 / t) + 4 * a * s * b / t)
-    assert per_layer(model, b, tp=t, sequence_parallel=True) == pytest.approx(34 * sbh / t + 4 * a * s * b / t)
-    assert per_layer(model, b, tp=t, recompute="selective") == per_layer(model, b, tp=t)  # nothing left to drop
+    sp = per_layer(model, b, tp=t, sequence_parallel=True)
+    assert sp == pytest.approx(34 * sbh / t + 4 * a * s * b / t)
+    assert per_layer(model, b, tp=t, recompute="selective") == per_layer(model, b, tp=t)  # nothing to drop
     standard = model.replace(attention="standard")
     assert per_layer(standard, b) - per_layer(model, b) == pytest.approx(5 * a * s * s * b - 4 * a * s * b)
     # the kernel recomputes Q K^T in backward: half the forward attention core again, in hardware FLOPs
     core = model.layers * counting.layer_forward_flops(model, 1)["attention"]
-    assert counting.flops_per_step(model, 1)["hardware"] - counting.flops_per_step(standard, 1)["hardware"] == \
-        pytest.approx(0.5 * core)
+    extra = counting.flops_per_step(model, 1)["hardware"] - counting.flops_per_step(standard, 1)["hardware"]
+    assert extra == pytest.approx(0.5 * core)
     assert counting.flops_per_step(model, 1)["model"] == counting.flops_per_step(standard, 1)["model"]
 
 
@@ -230,9 +234,11 @@ def test_parallel_blocks_share_one_norm_and_one_tensor_parallel_reduction():
     sbh, e = S * 12288, 2
     assert counting.layer_params(model)["norms"] == 2 * counting.layer_params(parallel)["norms"]
     # one norm input and one normalised input fewer (2 bytes each)
-    assert counting.activation_bytes_per_layer(model) - counting.activation_bytes_per_layer(parallel) == 2 * e * sbh
+    saved = counting.activation_bytes_per_layer(model) - counting.activation_bytes_per_layer(parallel)
+    assert saved == 2 * e * sbh
     p = ParallelSpec(tp=8, microbatches=4, micro_batch=1)
-    assert counting.comm_bytes_per_gpu(model, p)["tp_all_reduce"] == 2 * counting.comm_bytes_per_gpu(parallel, p)["tp_all_reduce"]
+    serial, side_by_side = (counting.comm_bytes_per_gpu(m, p)["tp_all_reduce"] for m in (model, parallel))
+    assert serial == 2 * side_by_side
 
 
 def test_fp32_gradients_and_megatrons_distributed_optimizer():
@@ -241,9 +247,11 @@ def test_fp32_gradients_and_megatrons_distributed_optimizer():
     model = get_model("gpt3-1.3b")
     for zero, d, expect in ((0, 8, 18), (1, 8, 6 + 12 / 8), (1, 64, 6 + 12 / 64)):
         p = ParallelSpec(dp=d, zero=zero, fp32_grads=True)
-        assert sum(counting.model_state_bytes(1.0, d, zero, counting.bytes_per_param(model, p)).values()) == expect
+        states = counting.model_state_bytes(1.0, d, zero, counting.bytes_per_param(model, p))
+        assert sum(states.values()) == expect
     p = ParallelSpec(dp=8, zero=1, micro_batch=1)
-    plain, fp32 = (counting.comm_bytes_per_gpu(model, p.replace(fp32_grads=f))["zero_reduce_scatter"] for f in (False, True))
+    plain, fp32 = (counting.comm_bytes_per_gpu(model, p.replace(fp32_grads=f))["zero_reduce_scatter"]
+                   for f in (False, True))
     assert fp32 == 2 * plain  # the gradients travel in fp32 too
 
 

@@ -21,9 +21,36 @@ GiB = 2**30
 # up to 700 W; DGX H100: one 400 Gb/s NDR NIC per GPU. NVIDIA H200 SXM: H100's compute, 141 GB HBM3e at
 # 4.8 TB/s, up to 700 W.
 DATASHEETS = {
-    "a100": dict(bf16=312e12, fp32=19.5e12, fp8=None, memory_gb=80, bandwidth=2.039e12, nvlink=600e9, nic_gbit=200, watts=400),
-    "h100": dict(bf16=989.5e12, fp32=67e12, fp8=1979e12, memory_gb=80, bandwidth=3.35e12, nvlink=900e9, nic_gbit=400, watts=700),
-    "h200": dict(bf16=989.5e12, fp32=67e12, fp8=1979e12, memory_gb=141, bandwidth=4.8e12, nvlink=900e9, nic_gbit=400, watts=700),
+    "a100": dict(
+        bf16=312e12,
+        fp32=19.5e12,
+        fp8=None,
+        memory_gb=80,
+        bandwidth=2.039e12,
+        nvlink=600e9,
+        nic_gbit=200,
+        watts=400,
+    ),
+    "h100": dict(
+        bf16=989.5e12,
+        fp32=67e12,
+        fp8=1979e12,
+        memory_gb=80,
+        bandwidth=3.35e12,
+        nvlink=900e9,
+        nic_gbit=400,
+        watts=700,
+    ),
+    "h200": dict(
+        bf16=989.5e12,
+        fp32=67e12,
+        fp8=1979e12,
+        memory_gb=141,
+        bandwidth=4.8e12,
+        nvlink=900e9,
+        nic_gbit=400,
+        watts=700,
+    ),
 }
 
 
@@ -96,13 +123,18 @@ def test_a_bad_hardware_file_is_refused_naming_what_is_wrong(tmp_path, data, wor
 def test_a_power_cap_slows_compute_by_the_cube_root_of_the_power_share(tmp_path):
     capped = load_hardware_file(write(tmp_path, {"base": "h100", "power_limit_w": 350}))
     assert capped.peak("bf16") == pytest.approx(989e12 * 0.5 ** (1 / 3))
-    assert capped.datasheet_peak("bf16") == 989e12 and capped.memory_bandwidth == PRESETS["h100"].memory_bandwidth
+    assert (
+        capped.datasheet_peak("bf16") == 989e12
+        and capped.memory_bandwidth == PRESETS["h100"].memory_bandwidth
+    )
     from paralab.sim.presets import get_model
     from paralab.sim.specs import ParallelSpec
 
     spec = ParallelSpec(tp=8, global_batch=8, micro_batch=1, sequence_parallel=True)
     full, slow = (cost.predict(get_model("gpt3-13b"), spec, hw) for hw in (PRESETS["h100"], capped))
-    assert full.step_time_s < slow.step_time_s < full.step_time_s / 0.5 ** (1 / 3)  # memory-bound work keeps its pace
+    assert (
+        full.step_time_s < slow.step_time_s < full.step_time_s / 0.5 ** (1 / 3)
+    )  # memory-bound work keeps its pace
     assert slow.mfu < full.mfu  # MFU stays against the rated peak
 
 
@@ -112,8 +144,12 @@ def test_a_power_cap_slows_compute_by_the_cube_root_of_the_power_share(tmp_path)
 def test_a_small_all_reduce_on_many_nodes_takes_the_tree():
     """NCCL's tuning model: a ring pays 2(n-1) steps of latency, a tree 2 log2(nodes) hops."""
     hw, n, payload = PRESETS["a100"], 1024, 1 << 20  # one member per node (stride 8): 1024 nodes
-    ring = 2 * (n - 1) * hw.inter_latency + cost.counting.ring_wire_bytes("all_reduce", payload, n) / hw.inter_bw
-    tree = 2 * math.ceil(math.log2(n)) * hw.inter_latency + payload / (cost.TREE_BANDWIDTH_SHARE * hw.inter_bw)
+    ring = (
+        2 * (n - 1) * hw.inter_latency + cost.counting.ring_wire_bytes("all_reduce", payload, n) / hw.inter_bw
+    )
+    tree = 2 * math.ceil(math.log2(n)) * hw.inter_latency + payload / (
+        cost.TREE_BANDWIDTH_SHARE * hw.inter_bw
+    )
     assert tree < ring / 10
     assert cost.collective_time(hw, "all_reduce", payload, n, 8) == pytest.approx(tree)
     big = 8 << 30  # bandwidth-bound: the ring wins
@@ -126,8 +162,12 @@ def test_inside_a_node_nvlink_sharp_reduces_in_one_hop():
     hw, payload = PRESETS["h100"], 64 << 20
     nvls = dataclasses.replace(hw, nvls_bw=480e9)
     wire = cost.counting.ring_wire_bytes("all_reduce", payload, 8)
-    assert cost.collective_time(nvls, "all_reduce", payload, 8, 1) == pytest.approx(hw.intra_latency + wire / 480e9)
-    assert cost.collective_time(nvls, "all_gather", payload, 8, 1) == cost.collective_time(hw, "all_gather", payload, 8, 1)
+    assert cost.collective_time(nvls, "all_reduce", payload, 8, 1) == pytest.approx(
+        hw.intra_latency + wire / 480e9
+    )
+    assert cost.collective_time(nvls, "all_gather", payload, 8, 1) == cost.collective_time(
+        hw, "all_gather", payload, 8, 1
+    )
 
 
 @pytest.mark.parametrize("stride, share", [(128, 1.0), (512, 6 / 7), (4096, 1 / 7)])
@@ -150,4 +190,6 @@ def expected_max_of_normals(n: int) -> float:
 def test_a_step_waits_for_the_expected_slowest_of_its_gpus(n):
     hw = PRESETS["h100"]
     assert cost.straggler_factor(hw, 1) == 1.0
-    assert cost.straggler_factor(hw, n) - 1 == pytest.approx(hw.straggler_cv * expected_max_of_normals(n), rel=0.06)
+    assert cost.straggler_factor(hw, n) - 1 == pytest.approx(
+        hw.straggler_cv * expected_max_of_normals(n), rel=0.06
+    )

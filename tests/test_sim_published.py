@@ -26,7 +26,9 @@ def ident(run) -> str:
 def test_each_published_run_within_20_percent(run):
     e = error(run)
     if run.known_miss:
-        assert abs(e) > 0.20, f"{ident(run)} is now within 20% ({e:+.1%}): drop its known_miss and update the docs"
+        assert abs(e) > 0.20, (
+            f"{ident(run)} is now within 20% ({e:+.1%}): drop its known_miss and update the docs"
+        )
     else:
         assert abs(e) < 0.20, f"{ident(run)}: predicted {e:+.1%} against {run.source}"
 
@@ -47,13 +49,23 @@ def test_the_runs_span_what_the_issue_asks():
 
 
 # what a run's machine may differ in from its preset: what its source states of the machine
-STATED = {"name", "inter_bw", "pod_gpus", "oversubscription", "memory_bytes", "memory_bandwidth", "power_limit_w"}
+STATED = {
+    "name",
+    "inter_bw",
+    "pod_gpus",
+    "oversubscription",
+    "memory_bytes",
+    "memory_bandwidth",
+    "power_limit_w",
+}
 
 
 @pytest.mark.parametrize("run", RUNS, ids=ident)
 def test_no_constant_is_fitted_to_a_run(run):
     preset = next(p for p in PRESETS.values() if p.peak_flops == run.hardware.peak_flops)
-    changed = {f.name for f in dataclasses.fields(preset) if getattr(preset, f.name) != getattr(run.hardware, f.name)}
+    changed = {
+        f.name for f in dataclasses.fields(preset) if getattr(preset, f.name) != getattr(run.hardware, f.name)
+    }
     assert changed <= STATED
 
 
@@ -65,8 +77,11 @@ def test_memory_agrees_where_the_source_states_it(run):
     prediction = run.predict()
     gib = prediction.memory_bytes_per_gpu["total"] / 2**30
     agrees = (run.fits is None or prediction.fits == run.fits) and (
-        run.memory_gib is None or abs(gib / run.memory_gib - 1) < 0.15)
-    assert agrees != bool(run.memory_miss), f"{ident(run)}: {gib:.1f} GiB, fits {prediction.fits}; {run.memory_miss}"
+        run.memory_gib is None or abs(gib / run.memory_gib - 1) < 0.15
+    )
+    assert agrees != bool(run.memory_miss), (
+        f"{ident(run)}: {gib:.1f} GiB, fits {prediction.fits}; {run.memory_miss}"
+    )
 
 
 @pytest.mark.parametrize("name, first, last, miss", published.SCALING, ids=[s[0] for s in published.SCALING])
@@ -74,6 +89,10 @@ def test_the_loss_from_the_fewest_to_the_most_gpus_is_within_a_third(name, first
     a, b = published.find(name, first), published.find(name, last)
     was = published.per_gpu(a, a.published)
     loss = 1 - published.per_gpu(b, b.published) / was
-    predicted = 1 - published.per_gpu(b, b.predicted(b.predict())) / published.per_gpu(a, a.predicted(a.predict()))
+    predicted = 1 - published.per_gpu(b, b.predicted(b.predict())) / published.per_gpu(
+        a, a.predicted(a.predict())
+    )
     assert loss > 0.01
-    assert (abs(predicted - loss) <= loss / 3) != bool(miss), f"{name}: published {loss:.1%}, predicted {predicted:.1%}"
+    assert (abs(predicted - loss) <= loss / 3) != bool(miss), (
+        f"{name}: published {loss:.1%}, predicted {predicted:.1%}"
+    )

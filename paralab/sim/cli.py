@@ -28,11 +28,15 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     for flag in ("layers", "hidden", "heads", "ffn", "vocab", "seq", "kv-heads"):
         g.add_argument(f"--{flag}", type=int, help="overrides the preset's value" if flag != "kv-heads" else "GQA KV heads")
     g.add_argument("--dtype", choices=sorted(DTYPE_BYTES), help="training dtype (default bf16)")
-    g.add_argument("--attention", choices=ATTENTION, help="standard keeps the s x s scores; fused (flash) does not")
-    g.add_argument("--parallel-blocks", action="store_true", default=None, help="attention and MLP side by side (PaLM)")
-    g.add_argument("--fp8", action="store_true", default=None, help="linear layers' GEMMs in FP8 (Transformer Engine)")
+    g.add_argument("--attention", choices=ATTENTION,
+                   help="standard keeps the s x s scores; fused (flash) does not")
+    g.add_argument("--parallel-blocks", action="store_true", default=None,
+                   help="attention and MLP side by side (PaLM)")
+    g.add_argument("--fp8", action="store_true", default=None,
+                   help="linear layers' GEMMs in FP8 (Transformer Engine)")
     parser.add_argument("--hardware", default="a100",
-                        help=f"one of {', '.join(HARDWARE_NAMES)}, or FILE.json (docs/simulator.md) (default a100)")
+                        help=f"one of {', '.join(HARDWARE_NAMES)}, or FILE.json (docs/simulator.md) "
+                             "(default a100)")
     parser.add_argument("--global-batch", type=int, help="sequences per step")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -50,11 +54,13 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
     parser.add_argument("--sequence-parallel", action="store_true")
     parser.add_argument("--recompute", default="none", choices=RECOMPUTE)
-    parser.add_argument("--first-stage-layers", type=int, help="an uneven pipeline split: layers of the first stage")
-    parser.add_argument("--last-stage-layers", type=int, help="an uneven pipeline split: layers of the last stage")
+    parser.add_argument("--first-stage-layers", type=int,
+                        help="an uneven pipeline split: layers of the first stage")
+    parser.add_argument("--last-stage-layers", type=int,
+                        help="an uneven pipeline split: layers of the last stage")
     parser.add_argument("--fp32-grads", action="store_true",
-                        help="accumulate and reduce gradients in fp32 (Megatron's main_grad; with --zero 1, its "
-                             "distributed optimizer)")
+                        help="accumulate and reduce gradients in fp32 (Megatron's main_grad; with --zero 1, "
+                             "its distributed optimizer)")
 
 
 def add_plan_args(parser: argparse.ArgumentParser) -> None:
@@ -124,12 +130,13 @@ def simulate_main(args) -> int:
                dp=dp, tp=tp, pp=pp, schedule=parallel.schedule, microbatches=pred.parallel.microbatches,
                global_batch=pred.parallel.global_batch)  # fmt: skip
     usable = cost.usable_memory(hw)
-    out.update(memory_usable_bytes=int(usable), memory_over_bytes=int(max(0.0, pred.memory_bytes_per_gpu["total"] - usable)))
+    over = max(0.0, pred.memory_bytes_per_gpu["total"] - usable)
+    out.update(memory_usable_bytes=int(usable), memory_over_bytes=int(over))
     if not pred.fits:
         ranked = _alternatives(model, gpus, hw, args.global_batch)
-        out["alternatives"] = [dict(config=planner.describe(p.parallel), tokens_per_s=p.tokens_per_s, mfu=p.mfu,
-                                    memory_bytes_per_gpu=int(p.memory_bytes_per_gpu["total"]), **_degrees(p.parallel))
-                               for p in ranked]
+        out["alternatives"] = [dict(config=planner.describe(p.parallel), tokens_per_s=p.tokens_per_s,
+                                    mfu=p.mfu, memory_bytes_per_gpu=int(p.memory_bytes_per_gpu["total"]),
+                                    **_degrees(p.parallel)) for p in ranked]
         out["advice"] = "" if ranked else planner.why_nothing_fits(model, gpus, hw, args.global_batch)
     print(json.dumps(out) if args.json else _report(out))
     return 0
@@ -146,12 +153,13 @@ def _report(out: dict) -> str:
     ]  # fmt: skip
     if not out["fits"]:
         over, usable = out["memory_over_bytes"], out["memory_usable_bytes"]
-        lines.append(f"  does not fit: {planner.bytes_text(mem['total'])} per GPU > {planner.bytes_text(usable)} usable on "
-                     f"{out['hardware']}, over by {planner.bytes_text(over)} ({over / usable:.0%})")
+        lines.append(f"  does not fit: {planner.bytes_text(mem['total'])} per GPU > "
+                     f"{planner.bytes_text(usable)} usable on {out['hardware']}, over by "
+                     f"{planner.bytes_text(over)} ({over / usable:.0%})")
         if out["alternatives"]:
             lines.append(f"  layouts that fit on {out['gpus']} GPUs:")
-            lines += [f"    {a['config']} ({planner.bytes_text(a['memory_bytes_per_gpu'])}, {a['tokens_per_s']:,.0f} tokens/s)"
-                      for a in out["alternatives"]]
+            lines += [f"    {a['config']} ({planner.bytes_text(a['memory_bytes_per_gpu'])}, "
+                      f"{a['tokens_per_s']:,.0f} tokens/s)" for a in out["alternatives"]]
         else:
             lines.append(f"  nothing fits on {out['gpus']} GPUs: {out['advice']}")
     return "\n".join(lines)

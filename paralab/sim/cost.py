@@ -60,7 +60,8 @@ def gemm_time(hw: HardwareSpec, flops_peak: float, m: float, n: float, k: float,
 TREE_BANDWIDTH_SHARE = 0.9 * 0.5
 
 
-def collective_time(hw: HardwareSpec, op: str, payload: float, group: int, stride: int, messages: int = 1) -> float:
+def collective_time(hw: HardwareSpec, op: str, payload: float, group: int, stride: int,
+                    messages: int = 1) -> float:
     """Time of a collective among ``group`` ranks spaced ``stride`` apart, by the fastest algorithm.
 
     - ring: ``steps x latency + wire bytes / bandwidth``; of its steps, those between nodes pay the
@@ -89,7 +90,8 @@ def collective_time(hw: HardwareSpec, op: str, payload: float, group: int, strid
     nodes = -(-group // per_node)
     inter_steps = 2 * (nodes - 1) if op == "all_reduce" else nodes - 1
     bandwidth = min(hw.intra_bw, per_node * hw.inter_bw * pod_share(hw, group, stride))
-    ring = messages * ((steps - inter_steps) * hw.intra_latency + inter_steps * hw.inter_latency) + wire / bandwidth
+    latency = (steps - inter_steps) * hw.intra_latency + inter_steps * hw.inter_latency
+    ring = messages * latency + wire / bandwidth
     if op != "all_reduce":
         return ring
     hops = 2 * ((per_node - 1) * hw.intra_latency + math.ceil(math.log2(nodes)) * hw.inter_latency)
@@ -262,7 +264,8 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
     tp_backward = tp_pass + (per_pass * sync_wait(hw, backward_compute / per_pass, t) if t > 1 else 0.0)
     forward = forward_compute + tp_forward
     selective = core + elementwise_core if model.attention == "standard" else 0.0  # fused keeps no scores
-    recompute = {"none": 0.0, "selective": selective, "full": counting.recompute_share(model, p) * forward}[p.recompute]
+    full = counting.recompute_share(model, p) * forward
+    recompute = {"none": 0.0, "selective": selective, "full": full}[p.recompute]
     weight = linear  # one weight-gradient GEMM per forward weight GEMM
     backward_input = recompute + backward_compute - weight + tp_backward
     tp_layer = tp_forward * passes["forward"] + tp_backward + (passes["backward"] - 1) * tp_forward
@@ -376,7 +379,8 @@ def crossing_share(p: ParallelSpec, gpus_per_node: int) -> float:
     if step >= gpus_per_node:
         return 1.0
     starts = range(0, min(p.world_size, block * gpus_per_node), block)  # the node pattern repeats after these
-    sends = [(b + k * step + j, b + (k + 1) * step + j) for b in starts for k in range(p.pp - 1) for j in range(step)]
+    sends = [(b + k * step + j, b + (k + 1) * step + j)
+             for b in starts for k in range(p.pp - 1) for j in range(step)]
     return sum(a // gpus_per_node != c // gpus_per_node for a, c in sends) / len(sends)
 
 
@@ -449,7 +453,8 @@ def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int) -> dict[str, floa
     return states
 
 
-def check(model: ModelSpec, parallel: ParallelSpec, gpus: int | None = None, hw: HardwareSpec | None = None) -> ParallelSpec:
+def check(model: ModelSpec, parallel: ParallelSpec, gpus: int | None = None,
+          hw: HardwareSpec | None = None) -> ParallelSpec:
     """The resolved spec, or SpecError listing every conflict."""
     problems = model.problems() or parallel.problems(model, gpus) or (hw.problems_for(model) if hw else [])
     if problems:
@@ -516,7 +521,8 @@ def _tensor_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageT
         for op in ops:
             start = max(span.start, end - seconds / len(ops))
             calls = per_pass * chunk_layers[span.stage] * passes[phase]
-            out.append(Span(span.rank, COMM, op, start, end, name=f"tensor parallel {op} x{calls:g}", step=span.step,
+            out.append(Span(span.rank, COMM, op, start, end, name=f"tensor parallel {op} x{calls:g}",
+                            step=span.step,
                             bytes=int(calls * counting.ring_wire_bytes(op, payload, p.tp)),
                             payload_bytes=int(calls * payload), group_size=p.tp, stage=span.stage,
                             microbatch=span.microbatch))
@@ -604,8 +610,9 @@ def _estimate_finish(model, p: ParallelSpec, hw, times: list[StageTimes]) -> tup
     for stage, st in enumerate(times):
         work[counting.stage_rank(p, stage)] += st.forward + st.backward + 2 * blocking
     hop = 2 * p2p_time(model, p, hw) if pp > 1 else 0.0
-    f, bi, w = (sum(getattr(st, part) for st in times) / len(times) + (blocking if part != "backward_weight" else 0.0)
-                for part in ("forward", "backward_input", "backward_weight"))
+    mean = {part: sum(getattr(st, part) for st in times) / len(times)
+            for part in ("forward", "backward_input", "backward_weight")}
+    f, bi, w = mean["forward"] + blocking, mean["backward_input"] + blocking, mean["backward_weight"]
     if name == "naive":
         makespan = m * (sum(work) + (pp - 1) * hop)
     elif name == "zb-h1":
@@ -631,7 +638,8 @@ def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int, c
     messages = max(p.grad_buckets, 1)
     if p.dp > 1 and p.zero <= 1:
         seconds = collective_time(hw, reduce_op, params * gb, p.dp, p.stride("dp"), messages)
-        reduce = (seconds + sync_wait(hw, computed, p.dp), reduce_op, counting.ring_wire_bytes(reduce_op, params * gb, p.dp))
+        wire = counting.ring_wire_bytes(reduce_op, params * gb, p.dp)
+        reduce = (seconds + sync_wait(hw, computed, p.dp), reduce_op, wire)
     if p.dp > 1 and p.zero in (1, 2):
         gather = (collective_time(hw, "all_gather", params * pb, p.dp, p.stride("dp"), messages),
                   counting.ring_wire_bytes("all_gather", params * pb, p.dp))

@@ -153,7 +153,8 @@ def stage_tensors(model: ModelSpec, parallel: ParallelSpec, rank: int) -> int:
     bias when ``biases``, plus ``norm_params`` vectors per norm; the first rank adds the token (and
     position) embedding, the last the final norm and the output layer (weight, and bias if any).
     """
-    per_layer = (2 + (3 if model.gated_mlp else 2)) * (2 if model.biases else 1) + norms_per_layer(model) * model.norm_params
+    matrices = 2 + (3 if model.gated_mlp else 2)
+    per_layer = matrices * (2 if model.biases else 1) + norms_per_layer(model) * model.norm_params
     total = per_layer * rank_layers(model, parallel, rank)
     if rank == 0:
         total += 1 + (1 if model.learned_positions else 0)
@@ -193,7 +194,8 @@ def recompute_share(model: ModelSpec, p: ParallelSpec) -> float:
     return min(1.0, p.recompute_layers * p.pp / model.layers) if p.recompute_layers else 1.0
 
 
-def flops_per_step(model: ModelSpec, sequences: float, recompute: str = "none", share: float = 1.0) -> dict[str, float]:
+def flops_per_step(model: ModelSpec, sequences: float, recompute: str = "none",
+                   share: float = 1.0) -> dict[str, float]:
     """Model FLOPs (what the math needs) and hardware FLOPs (what runs, recompute included).
 
     Backward costs twice the forward (Narayanan et al. 2021), so model FLOPs are 3 x forward:
@@ -251,7 +253,8 @@ def activation_bytes_per_layer(
     replicated = norms * e * sbh + norms * e * sbh + 2 * mask * sbh
     ffn_stored = (3 if model.gated_mlp else 2) * e * s * b * model.ffn
     split = e * sbh + e * kv + e * sbh + ffn_stored  # Q, K and V, projection input, MLP inner tensors
-    return (replicated / (t if sequence_parallel else 1)) + (split + attention_core_bytes(model, b, recompute)) / t
+    core = attention_core_bytes(model, b, recompute)
+    return (replicated / (t if sequence_parallel else 1)) + (split + core) / t
 
 
 def attention_core_bytes(model: ModelSpec, micro_batch: int = 1, recompute: str = "none") -> float:
@@ -315,7 +318,8 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
         total += model.dtype_bytes * sbh / (p.tp if p.sequence_parallel else 1) * min(inflight, p.microbatches)
     if rank == last_stage_rank(p):
         logits_inflight = p.microbatches if p.schedule == "gpipe" and p.pp > 1 else 1
-        total += loss_bytes_per_logit(model) * model.seq * p.micro_batch * model.vocab / p.tp * logits_inflight
+        logits = model.seq * p.micro_batch * model.vocab / p.tp
+        total += loss_bytes_per_logit(model) * logits * logits_inflight
     if p.recompute == "full":
         total += activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, "none")
     return total
@@ -349,7 +353,8 @@ def bytes_per_param(model: ModelSpec, p: ParallelSpec) -> tuple[int, int, int]:
     return pb, 4 if p.fp32_grads else gb, ob
 
 
-def model_state_bytes(params: float, dp: int, zero: int, optimizer: str | tuple = "adam-mixed") -> dict[str, float]:
+def model_state_bytes(params: float, dp: int, zero: int,
+                      optimizer: str | tuple = "adam-mixed") -> dict[str, float]:
     """Parameter, gradient and optimizer bytes per GPU under ZeRO stage 0..3 (``optimizer``: a name of
     OPTIMIZER_BYTES or a (param, grad, state) bytes tuple, see :func:`bytes_per_param`).
 

@@ -87,7 +87,8 @@ def builtin_plan(name: str, stages: int, microbatches: int, virtual_stages: int 
     return compile_schedule(schedule, report.order)
 
 
-def run_plan(plan: Plan, seconds: list[float], t0: float = 0.0, blocking_sends: bool = False) -> tuple[list[float], list[float]]:
+def run_plan(plan: Plan, seconds: list[float], t0: float = 0.0,
+             blocking_sends: bool = False) -> tuple[list[float], list[float]]:
     """Start and end of every action of ``plan``; ``seconds[i]`` is action i's compute time, or its
     send's latency (ignored for a recv). The rules are those of the module docstring."""
     free_at = [t0] * plan.schedule.stages

@@ -137,8 +137,8 @@ def load_hardware_file(path: str | Path) -> HardwareSpec:
     fields = {f.name for f in dataclasses.fields(HardwareSpec)}
     unknown = sorted(set(data) - fields - set(FILE_UNITS) - set(NIC_KEYS) - {"base"})
     if unknown:
-        raise SpecError(f"hardware file {str(path)!r}: unknown key(s) {', '.join(unknown)}; use HardwareSpec fields "
-                        f"(SI units), {', '.join(FILE_UNITS)}, {', '.join(NIC_KEYS)} or base")
+        raise SpecError(f"hardware file {str(path)!r}: unknown key(s) {', '.join(unknown)}; use HardwareSpec "
+                        f"fields (SI units), {', '.join(FILE_UNITS)}, {', '.join(NIC_KEYS)} or base")
     try:
         spec = _file_spec(data, fields, path)
         problems = spec.problems()
@@ -153,15 +153,17 @@ def _file_spec(data: dict, fields: set, path: Path) -> HardwareSpec:
     values = {k: v for k, v in data.items() if k in fields}
     kinds = {f.name: f.type for f in dataclasses.fields(HardwareSpec)}
     for key, value in values.items():
-        if kinds[key] in ("float", "int") and not (isinstance(value, int | float) and not isinstance(value, bool)):
+        if kinds[key] in ("float", "int") and not _number(value):
             raise SpecError(f"hardware file {str(path)!r}: {key} must be a number, got {value!r}")
     for key, (name, factor) in FILE_UNITS.items():
         if key in data:
             value = data[key]
             numbers = value.values() if isinstance(value, dict) else [value]
-            if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in numbers):
-                raise SpecError(f"hardware file {str(path)!r}: {key} must be a number (or numbers by dtype), got {value!r}")
-            values[name] = {k: v * factor for k, v in value.items()} if isinstance(value, dict) else value * factor
+            if not all(map(_number, numbers)):
+                raise SpecError(f"hardware file {str(path)!r}: {key} must be a number (or numbers by dtype), "
+                                f"got {value!r}")
+            scaled = {k: v * factor for k, v in value.items()} if isinstance(value, dict) else value * factor
+            values[name] = scaled
     values.setdefault("name", path.stem)
     base = data.get("base")
     if base is not None and str(base).lower() not in PRESETS:
@@ -171,6 +173,10 @@ def _file_spec(data: dict, fields: set, path: Path) -> HardwareSpec:
         gpus = values.get("gpus_per_node", start.get("gpus_per_node", 0)) or 1
         values["inter_bw"] = data["nic_gbit_s"] * 1e9 / 8 * data.get("nics_per_node", gpus) / gpus
     return _from_fields({**start, **values}, path)
+
+
+def _number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _from_fields(values: dict, path: Path) -> HardwareSpec:
@@ -267,8 +273,8 @@ def calibrate(matmul_size: int = 1024, gloo: bool = True, threads: int | None = 
     )
     # the blocks ran as one rank's (with every core when ``threads`` is None): fit them as such
     fitted = bench.fit_elementwise_bandwidth(dataclasses.replace(spec, shared_compute=False), figures["blocks"])
-    return dataclasses.replace(spec, elementwise_bw=fitted, sync_jitter=bench.fit_sync_jitter(figures["blocks"]),
-                               overlaps_comm=False)
+    jitter = bench.fit_sync_jitter(figures["blocks"])
+    return dataclasses.replace(spec, elementwise_bw=fitted, sync_jitter=jitter, overlaps_comm=False)
 
 
 def _total_memory() -> float:

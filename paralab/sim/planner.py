@@ -36,7 +36,8 @@ def layouts(model: ModelSpec, gpus: int, hw: HardwareSpec) -> Iterator[tuple[int
     for tp in tps:
         if model.heads % tp or model.kv_heads % tp or model.ffn % tp:
             continue
-        for pp in (d for d in range(1, gpus // tp + 1) if (gpus // tp) % d == 0 and _split(model.layers, d) is not None):
+        rest = gpus // tp
+        for pp in (d for d in range(1, rest + 1) if rest % d == 0 and _split(model.layers, d) is not None):
             yield tp, pp, gpus // (tp * pp)
 
 
@@ -164,9 +165,11 @@ def explain(ranked: list[cost.Prediction]) -> list[str]:
         deltas = {k: run.breakdown_s.get(k, 0.0) - win.breakdown_s.get(k, 0.0) for k in (*LOSSES, "compute")}
         cause = max(deltas, key=deltas.get)
         reason = "more compute per step (recompute or smaller GEMMs)" if cause == "compute" else f"more time in {LOSSES[cause]}"
-        why = (f"{slower:.1%} slower, mainly {reason} ({abs(deltas[cause]) * 1e3:.0f} ms per step)" if slower > 5e-4
-               else "as fast: what differs costs nothing here")  # e.g. selective recompute with fused attention
-        out.append(f"Runner-up: {describe(run.parallel)} - {why}, at {bytes_text(run.memory_bytes_per_gpu['total'])} per GPU.")
+        # as fast, e.g. selective recompute with fused attention (nothing to drop)
+        why = (f"{slower:.1%} slower, mainly {reason} ({abs(deltas[cause]) * 1e3:.0f} ms per step)"
+               if slower > 5e-4 else "as fast: what differs costs nothing here")
+        memory = bytes_text(run.memory_bytes_per_gpu["total"])
+        out.append(f"Runner-up: {describe(run.parallel)} - {why}, at {memory} per GPU.")
     return out
 
 

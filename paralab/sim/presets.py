@@ -47,9 +47,9 @@ def _megatron(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
 
 def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, vocab: int, seq: int) -> ModelSpec:
     return ModelSpec(
-        layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=llama_ffn(name, hidden), vocab=vocab,
-        seq=seq, gated_mlp=True, biases=False, norm_params=1, learned_positions=False, tied_embeddings=False,
-        dropout=False, attention="fused", name=name,
+        layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=llama_ffn(name, hidden),
+        vocab=vocab, seq=seq, gated_mlp=True, biases=False, norm_params=1, learned_positions=False,
+        tied_embeddings=False, dropout=False, attention="fused", name=name,
     )  # fmt: skip
 
 
@@ -94,7 +94,8 @@ _ALL = [
     _llama("llama3-8b", 32, 4096, 32, 8, 128256, 8192),
     _llama("llama3-70b", 80, 8192, 64, 8, 128256, 8192),
     _llama("llama3-405b", 126, 16384, 128, 8, 128256, 8192),
-    ModelSpec(layers=70, hidden=14336, heads=112, vocab=250880, seq=2048, learned_positions=False, name="bloom-176b"),
+    ModelSpec(layers=70, hidden=14336, heads=112, vocab=250880, seq=2048, learned_positions=False,
+              name="bloom-176b"),
     *(lab_model(config, name) for name, config in MODEL_PRESETS.items()),
 ]
 MODELS: dict[str, ModelSpec] = {m.name: m for m in _ALL}
@@ -115,12 +116,13 @@ def override(base: ModelSpec, **given) -> ModelSpec:
         return base
     derived = dict(given)
     if "hidden" in given and "ffn" not in given:
-        derived["ffn"] = llama_ffn(base.name, given["hidden"]) if base.name in FFN_RULES else 4 * given["hidden"]
+        hidden = given["hidden"]
+        derived["ffn"] = llama_ffn(base.name, hidden) if base.name in FFN_RULES else 4 * hidden
     if "heads" in given and "kv_heads" not in given:
         group = base.heads // base.kv_heads
         if given["heads"] % group:
-            raise SpecError(f"{base.name} uses grouped-query attention ({group} query heads per KV head): heads "
-                            f"{given['heads']} is not a multiple of {group}; give --kv-heads")
+            raise SpecError(f"{base.name} uses grouped-query attention ({group} query heads per KV head): "
+                            f"heads {given['heads']} is not a multiple of {group}; give --kv-heads")
         derived["kv_heads"] = given["heads"] // group
     return base.replace(**derived, name=f"custom (from {base.name})")
 

@@ -270,8 +270,8 @@ def _split_problems(layers: int, p: ParallelSpec) -> list[str]:
     first, last = p.first_stage_layers or 0, p.last_stage_layers or 0
     rest, middle = layers - first - last, chunks - 2
     if chunks < 2 or first < 0 or last < 0:
-        return [f"an uneven split needs at least 2 stages and no negative layers (first {first}, last {last}, "
-                f"{chunks} stages)"]
+        return [f"an uneven split needs at least 2 stages and no negative layers (first {first}, "
+                f"last {last}, {chunks} stages)"]
     if middle == 0:
         return [] if rest == 0 else [f"first {first} + last {last} layers != {layers} layers on 2 stages"]
     if rest < middle or rest % middle:
@@ -366,13 +366,15 @@ class HardwareSpec:
     def problems_for(self, model: ModelSpec) -> list[str]:
         """What this machine cannot run of ``model`` (FP8 GEMMs without FP8 tensor cores)."""
         if model.fp8 and "fp8" not in self.peak_flops:
-            return [f"fp8 needs hardware with FP8 tensor cores; {self.name} lists {', '.join(self.peak_flops)}"]
+            listed = ", ".join(self.peak_flops)
+            return [f"fp8 needs hardware with FP8 tensor cores; {self.name} lists {listed}"]
         return []
 
     def problems(self) -> list[str]:
         """Every field that cannot describe a machine, with its value."""
         positive = ("memory_bytes", "memory_bandwidth", "gpus_per_node", "intra_bw", "inter_bw")
-        out = [f"hardware {n} must be > 0, got {getattr(self, n)}" for n in positive if not getattr(self, n) > 0]
+        out = [f"hardware {n} must be > 0, got {getattr(self, n)}"
+               for n in positive if not getattr(self, n) > 0]
         if not self.peak_flops or any(not v > 0 for v in self.peak_flops.values()):
             out.append(f"hardware peak_flops must be positive FLOP/s per dtype, got {self.peak_flops}")
         if "fp32" not in self.peak_flops:
@@ -383,7 +385,8 @@ class HardwareSpec:
             out.append(f"oversubscription must be >= 1 (1: non-blocking), got {self.oversubscription}")
         negative = ("memory_reserved_bytes", "power_limit_w", "tdp_w", "nvls_bw", "pod_gpus", "straggler_cv",
                     "sync_jitter")
-        out += [f"hardware {n} must be >= 0, got {getattr(self, n)}" for n in negative if getattr(self, n) < 0]
+        out += [f"hardware {n} must be >= 0, got {getattr(self, n)}"
+                for n in negative if getattr(self, n) < 0]
         return out
 
     def to_dict(self) -> dict:
