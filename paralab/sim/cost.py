@@ -258,7 +258,7 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
     tp_pass = per_pass * sum(collective_time(hw, op, payload, t, p.stride("tp")) for op in ops)
 
     forward_compute = linear + core + elementwise + host("layer_forward")
-    backward_compute = linear + work.core_backward + 2 * elementwise + host("layer_backward") + linear
+    backward_compute = 2 * linear + work.core_backward + 2 * elementwise + host("layer_backward")
     # each tensor-parallel collective also waits for the slowest rank of its group (sync_wait)
     tp_forward = tp_pass + (per_pass * sync_wait(hw, forward_compute / per_pass, t) if t > 1 else 0.0)
     tp_backward = tp_pass + (per_pass * sync_wait(hw, backward_compute / per_pass, t) if t > 1 else 0.0)
