@@ -14,6 +14,7 @@ machine predicts every row.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 from paralab.bench import Variant, add_benchmark_args, compare
@@ -43,6 +44,7 @@ def main() -> None:
     args = parser.parse_args()
     common = dict(world_size=args.world_size, steps=args.steps, global_batch=args.global_batch, device="cpu")
     todo = cases(args)
+    started = os.getloadavg()[0]  # the machine is shared: say how busy it was
     if not args.no_recalibrate:
         from paralab.runtime.worker import threads_for
         from paralab.sim.hardware import local
@@ -59,7 +61,8 @@ def main() -> None:
         median = measured.median(label)
         rows.append(f"| {label} | {median:.4f} | {predicted:.4f} | {predicted / median - 1:+.0%} |")
     print(f"\n{args.model} preset, world size {args.world_size}, global batch {args.global_batch}, "
-          f"{args.microbatches} microbatches for pp, {args.steps} steps, {args.rounds} round(s)\n")
+          f"{args.microbatches} microbatches for pp, {args.steps} steps, {args.rounds} round(s); load average "
+          f"{started:.1f} at the start, {os.getloadavg()[0]:.1f} at the end\n")
     print("\n".join(rows))
 
 
