@@ -281,3 +281,18 @@ def test_the_fullest_rank_of_an_uneven_split_may_sit_next_to_an_end():
                      first_stage_layers=7, last_stage_layers=7).resolved()  # fmt: skip
     ranks = [cost._rank_memory(model, p, r)["total"] for r in range(16)]
     assert cost.memory_per_gpu(model, p)["total"] == max(ranks) == ranks[1]
+
+
+def test_step_window_adds_the_spread_of_the_pipeline_ranks_ends():
+    """A measured step is the first rank's start to the last rank's end; in the steady state a rank
+    that ends early starts the next step early, so the window is the step plus that spread (0
+    without a pipeline)."""
+    model = get_model("gpt3-1.3b")
+    p = ParallelSpec(pp=4, micro_batch=1, global_batch=16)
+    trace = cost.predict_trace(model, p, A100)
+    ends = [max(s.end for s in trace.spans if s.rank == r and s.kind == "optimizer") for r in range(4)]
+    pred = cost.predict(model, p, A100)
+    assert ends[0] == pytest.approx(pred.step_time_s) and min(ends) < ends[0]
+    assert pred.step_window_s == pytest.approx(pred.step_time_s + max(ends) - min(ends))
+    flat = cost.predict(model, ParallelSpec(dp=4, micro_batch=1, global_batch=16), A100)
+    assert flat.step_window_s == flat.step_time_s

@@ -15,7 +15,10 @@ cores, caches and memory bus):
    time per step and per token loaded (:func:`loop_overheads`).
 3. **Everything in a block that is not a GEMM.** LayerNorm, GELU, CPU flash attention and the
    residual adds are far slower than a memory copy on one core. We time paralab's block forward and
-   backward at the lab models' shapes, take away the GEMM law's share and the host time, and fit
+   backward at the lab models' shapes, among others as a model runs them (a chain of CHAIN_BLOCKS
+   distinct blocks: a lone block timed over and over finds its weights and buffers still in cache
+   and ran 10-20% faster than the same block inside a stage), take away the GEMM law's share and
+   the host time, and fit
    the bytes per second at which the rest gets through the activations it moves
    (:func:`fit_elementwise_bandwidth`). Adam on four million parameters in tensors the size of the
    small preset's MLP matrices gives the optimizer's rate (a million, which stays in cache, ran
@@ -100,6 +103,9 @@ BLOCK_SHAPES = ((8, 64, 4, 32), (2, 256, 8, 128), (4, 256, 8, 128))
 # Adam's rate is timed on this many parameters in this many tensors (and fitted with the same numbers):
 # tensors of 2^18, as the small preset's MLP matrices, and a working set past the caches, as its Adam
 ADAM_PARAMS, ADAM_TENSORS = 2**22, 16
+# blocks are timed in a chain of this many (half the small preset's 8 layers: one stage of pp 2), each
+# call following other blocks' weights and activations through the caches, as in a model's step
+CHAIN_BLOCKS = 4
 
 
 def block_config(hidden: int, heads: int, seq: int):
@@ -195,9 +201,10 @@ def loop_overheads(steps: int = 12) -> dict[str, float]:
     return {"step": max(t0 - n0 * per_token, 0.0), "data_token": per_token}
 
 
-def block_times(shapes=BLOCK_SHAPES) -> list[list[float]]:
+def block_times(shapes=BLOCK_SHAPES, chain: int = CHAIN_BLOCKS) -> list[list[float]]:
     """[micro-batch, hidden, heads, seq, forward s, backward s, forward sigma, backward sigma] of one
-    paralab block per shape."""
+    paralab block per shape, timed in a chain of ``chain`` distinct blocks (per block: the chain's
+    medians / chain, its spreads / sqrt(chain), as independent delays add in quadrature)."""
     import torch
 
     from paralab.memory import MemoryMeter
@@ -208,8 +215,11 @@ def block_times(shapes=BLOCK_SHAPES) -> list[list[float]]:
     for b, h, heads, s in shapes:
         cfg = block_config(h, heads, s)
         x0 = torch.randn(b, s, h)
-        times = _part_times(meter, build_part(cfg, 1, 0), lambda part, x0=x0: part(x0.clone().requires_grad_()), 14, 4)
-        rows.append([b, h, heads, s, *times])
+        blocks = torch.nn.Sequential(*(build_part(cfg, 1, seed) for seed in range(chain)))
+        f, bw, f_sigma, b_sigma = _part_times(
+            meter, blocks, lambda part, x0=x0: part(x0.clone().requires_grad_()), 10, 3)
+        root = math.sqrt(chain)
+        rows.append([b, h, heads, s, f / chain, bw / chain, f_sigma / root, b_sigma / root])
     return rows
 
 

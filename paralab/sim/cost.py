@@ -394,6 +394,12 @@ class Prediction:
     ``tflops_per_gpu`` counts hardware FLOPs (recompute included), as Narayanan et al. 2021 report it;
     ``mfu`` uses model FLOPs and ``hfu`` hardware FLOPs (Korthikanti et al. 2022, sec. 5).
     ``flops_per_step`` is the hardware count.
+
+    ``step_window_s`` is what a measured trace calls a step (``Trace.step_windows``: the first rank's
+    start to the last rank's end): in the steady state a rank that ends its step early starts the
+    next one early (the last stage of a pipeline, which then waits for its first input), so the
+    window is the step plus the spread of the ranks' ends. It equals ``step_time_s`` without
+    pipeline parallelism; ``step_time_s`` is the period (what throughput divides by).
     """
 
     step_time_s: float
@@ -410,6 +416,7 @@ class Prediction:
     breakdown_s: dict[str, float] = field(default_factory=dict)
     parallel: ParallelSpec | None = None
     fits: bool = True
+    step_window_s: float = 0.0
 
     @property
     def flops_per_step(self) -> float:
@@ -672,10 +679,12 @@ def _sync_window(p: ParallelSpec, sync: dict, last_start: float, last_end: float
 def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: float) -> Prediction:
     step = 0.0
     exposed = optimizer = 0.0
+    first_end = math.inf
     for rank, (last_start, last_end) in enumerate(finish):
         sync = _grad_sync(model, p, hw, rank, last_end)
         _, end = _sync_window(p, sync, last_start, last_end)
         rank_end = end + sync["optimizer"] + sync["gather"][0]
+        first_end = min(first_end, rank_end)
         if rank_end > step:
             step = rank_end
             exposed = end - last_end + sync["gather"][0]
@@ -714,6 +723,7 @@ def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: f
         },
         parallel=p,
         fits=memory["total"] <= usable_memory(hw),
+        step_window_s=2 * step - loop - first_end,
     )
 
 

@@ -193,7 +193,7 @@ def cache_dir() -> Path:
 
 
 LOCAL_RANKS = 64  # ranks the local machine is taken to hold: one 'node', however many cores it has
-CALIBRATION_VERSION = 5  # bump when what calibrate() measures changes: older caches are measured again
+CALIBRATION_VERSION = 6  # bump when what calibrate() measures changes: older caches are measured again
 
 
 def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True, threads: int | None = None) -> HardwareSpec:
