@@ -22,13 +22,19 @@ def layers_per_stage(layers: int, num_stages: int, override: list[int] | tuple[i
 
 
 def split_problems(layers: int, num_stages: int, override=None) -> list[str]:
-    """Why ``override`` cannot split ``layers`` blocks over ``num_stages`` stages (empty when it can)."""
-    if num_stages > layers:
-        return [f"{num_stages} stages but the model has only {layers} layers; every stage needs a layer"]
-    if override is not None and (len(override) != num_stages or sum(override) != layers
-                                 or any(not isinstance(c, int) or isinstance(c, bool) or c < 1 for c in override)):
-        return [f"stage_layers={list(override)} must give each of the {num_stages} stages at least one layer and "
-                f"sum to the model's {layers} layers"]
+    """Why ``override`` cannot split ``layers`` blocks over ``num_stages`` stages (empty when it can).
+    The first and last stage may hold no block (the embedding, or the output layer and the loss, are
+    work enough: Megatron-LM's first/last stage layers of 0); every other stage needs one."""
+    if override is None:
+        if num_stages > layers:
+            return [f"{num_stages} stages but the model has only {layers} layers; every stage needs a layer"]
+        return []
+    least = [0 if s in (0, num_stages - 1) else 1 for s in range(num_stages)]
+    if len(override) != num_stages or sum(override) != layers or any(
+            not isinstance(c, int) or isinstance(c, bool) or c < low for c, low in zip(override, least)):
+        return [f"stage_layers={list(override)} must give each of the {num_stages} stages a whole number of "
+                f"layers, at least one on every stage but the first and last, and sum to the model's {layers} "
+                "layers"]
     return []
 
 
@@ -48,3 +54,38 @@ def balanced_split(layers: int, num_stages: int, first: float = 1.0, last: float
         s = min(range(num_stages), key=lambda i: (counts[i] + extra[i], i in (0, num_stages - 1), i))
         counts[s] += 1
     return counts
+
+
+def megatron_split(layers: int, num_stages: int) -> tuple[int, ...] | None:
+    """The split Megatron-LM's first/last pipeline-stage layer options give ``layers`` that do not
+    divide into ``num_stages``: the middle stages get the fewest equal layers that leave the two end
+    stages no more than they hold, and the ends (which also carry the embedding, and the output layer
+    and loss) share the rest, the last the lighter. Llama 3 405B: 126 layers on 16 stages give 7 +
+    14 x 8 + 7 (Llama 3 herd, sec. 3.3.2). None when no such split exists."""
+    if num_stages < 3 or layers < num_stages - 2:
+        return None
+    for middle in range(max(1, -(-layers // num_stages)), layers // (num_stages - 2) + 1):
+        rest = layers - (num_stages - 2) * middle
+        if 0 <= rest <= 2 * middle:
+            return ends_split(layers, num_stages, rest - rest // 2, rest // 2)
+    return None
+
+
+def ends_split(layers: int, num_stages: int, first: int, last: int) -> tuple[int, ...]:
+    """Blocks per stage with ``first`` on the first stage, ``last`` on the last and the rest shared
+    evenly over the middle ones (Megatron-LM's first/last pipeline-stage layers; check it with
+    :func:`split_problems`)."""
+    middle = num_stages - 2
+    share = (layers - first - last) // middle if middle > 0 else 0
+    return (first, *[share] * middle, last) if num_stages > 1 else (layers,)
+
+
+def split_text(split) -> str:
+    """A split in a few words, runs of equal stages counted: (7, 8, ..., 8, 7) is "7 + 14 x 8 + 7"."""
+    runs: list[list[int]] = []
+    for count in split:
+        if runs and runs[-1][1] == count:
+            runs[-1][0] += 1
+        else:
+            runs.append([1, count])
+    return " + ".join(f"{n} x {c}" if n > 1 else str(c) for n, c in runs)

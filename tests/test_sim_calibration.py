@@ -66,9 +66,9 @@ def block_rows(hw: HardwareSpec, elementwise_bw: float) -> list[list[float]]:
     for b, h, heads, s in calibration.BLOCK_SHAPES:
         model = lab_model(calibration.block_config(h, heads, s))
         work = cost.layer_work(model, ParallelSpec(micro_batch=b, microbatches=1).resolved(), hw)
-        gemms, moved = work.linear + work.core, work.elementwise_bytes / elementwise_bw
-        rows.append([b, h, heads, s, gemms + moved + hw.host_overhead_s["layer_forward"],
-                     2 * gemms + 2 * moved + hw.host_overhead_s["layer_backward"]])
+        moved = work.elementwise_bytes / elementwise_bw
+        rows.append([b, h, heads, s, work.linear + work.core + moved + hw.host_overhead_s["layer_forward"],
+                     2 * work.linear + work.core_backward + 2 * moved + hw.host_overhead_s["layer_backward"]])
     return rows
 
 
@@ -116,3 +116,38 @@ def test_local_calibration_measures_every_rate_and_is_cached(tmp_path, monkeypat
     model = ModelSpec(layers=4, hidden=64, heads=4, vocab=128, seq=32, dtype="fp32")
     pred = cost.predict(model, ParallelSpec(pp=2, microbatches=4), hw)
     assert pred.step_time_s > 0 and pred.bubble_fraction > 0
+
+
+def test_the_spread_of_normal_samples_is_their_sigma_and_one_stall_barely_moves_it():
+    from statistics import NormalDist
+
+    samples = NormalDist(1.0, 0.1).samples(2000, seed=3)
+    assert calibration.spread(samples) == pytest.approx(0.1, rel=0.05)
+    stalled = samples[:-1] + [50.0]  # one call preempted for a long time
+    assert calibration.spread(stalled) < 0.2
+
+
+def test_the_jitter_fit_recovers_the_square_root_law_that_made_the_spreads():
+    c = 0.004  # seconds^0.5
+    rows = [[b, h, heads, s, f, 2 * f, c * math.sqrt(f), c * math.sqrt(2 * f)]
+            for (b, h, heads, s), f in zip(calibration.BLOCK_SHAPES, (0.001, 0.015, 0.03))]
+    assert calibration.fit_sync_jitter(rows) == pytest.approx(c)
+
+
+def test_synchronisations_wait_for_the_slowest_rank_and_cpu_communication_does_not_hide():
+    """Measured jitter: every collective (and a pipeline send) waits the expected maximum of the
+    ranks' spread; on a CPU whose cores all compute, the gradient reduction runs after the backward."""
+    model = lab_model(ModelConfig(layers=2, hidden=64, heads=4, vocab=128, seq_len=32))
+    jittery = dataclasses.replace(CPU, sync_jitter=0.002)
+    for spec in (ParallelSpec(tp=2, micro_batch=4, microbatches=1),
+                 ParallelSpec(pp=2, micro_batch=1, microbatches=4),
+                 ParallelSpec(dp=2, micro_batch=4, microbatches=1)):
+        assert cost.predict(model, spec, jittery).step_time_s > cost.predict(model, spec, CPU).step_time_s
+    assert cost.sync_wait(jittery, 0.01, 1) == 0 and cost.sync_wait(jittery, 0.01, 2) == pytest.approx(
+        0.002 * 0.1 * cost.expected_max(2))
+    ddp = ParallelSpec(dp=2, micro_batch=4, microbatches=1, grad_buckets=1)
+    hidden, serial = (cost.predict(model, ddp, dataclasses.replace(CPU, overlaps_comm=o))
+                      for o in (True, False))
+    reduce = cost.collective_time(CPU, "all_reduce", 4 * counting.parameter_counts(model)["total"], 2, 1)
+    assert serial.breakdown_s["dp_comm_exposed"] == pytest.approx(reduce)
+    assert hidden.step_time_s <= serial.step_time_s

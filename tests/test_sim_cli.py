@@ -47,8 +47,9 @@ def test_model_that_fits_nowhere_exits_2(capsys):
     rc, _, err = run(["plan", "--model", "megatron-1t", "--gpus", "8"], capsys)
     assert rc == 2 and "needs at least 256 a100 GPUs" in err
     assert "GiB per GPU against 72.0 GiB usable" in err
-    rc, _, err = run(["simulate", "--model", "gpt3-175b", "--gpus", "8"], capsys)
-    assert rc == 2 and "does not fit" in err
+    # issue 17: simulate still prints its estimate when it does not fit (it used to exit 2 without one)
+    rc, out, _ = run(["simulate", "--model", "gpt3-175b", "--gpus", "8"], capsys)
+    assert rc == 0 and "does not fit" in out
 
 
 def test_a_batch_that_no_split_divides_is_named_as_the_cause(capsys):
@@ -131,3 +132,97 @@ def test_the_default_optimizer_follows_the_model_dtype():
         model = get_model(name)
         memory = cost.memory_per_gpu(model, ParallelSpec())
         assert memory["params"] == pytest.approx(param_bytes * counting.parameter_counts(model)["total"])
+
+
+def test_a_configuration_that_does_not_fit_is_still_estimated(capsys):
+    """Issue 17: the estimate, by how much it is over, and what fits on the same GPUs; exit 0."""
+    argv = ["simulate", "--model", "gpt3-13b", "--gpus", "8", "--global-batch", "64"]
+    rc, out, err = run([*argv, "--json"], capsys)
+    assert rc == 0 and not err
+    data = json.loads(out)
+    total, usable = data["memory_bytes_per_gpu"]["total"], data["memory_usable_bytes"]
+    assert data["fits"] is False and data["step_time_s"] > 0 and data["tokens_per_s"] > 0
+    assert data["memory_over_bytes"] == pytest.approx(total - usable, abs=2)
+    assert data["alternatives"] and all(a["memory_bytes_per_gpu"] <= usable for a in data["alternatives"])
+    assert all(a["dp"] * a["tp"] * a["pp"] == 8 for a in data["alternatives"])
+    rc, text, _ = run(argv, capsys)
+    assert rc == 0 and "does not fit" in text and "over by" in text and "layouts that fit on 8 GPUs" in text
+    rc, out, _ = run([*argv, "--tp", "8", "--micro-batch", "1", "--json"], capsys)
+    fitting = json.loads(out)
+    assert fitting["fits"] and fitting["memory_over_bytes"] == 0 and "alternatives" not in fitting
+
+
+@pytest.mark.parametrize(
+    "argv, expect",
+    [
+        (["--model", "gpt3-175b", "--hidden", "14336"],
+         dict(hidden=14336, ffn=4 * 14336, heads=96, kv_heads=96)),
+        (["--model", "gpt3-175b", "--heads", "128"], dict(heads=128, kv_heads=128)),
+        (["--model", "gpt3-175b", "--heads", "192"], dict(heads=192, kv_heads=192)),  # no silent GQA
+        (["--model", "gpt3-175b", "--hidden", "14336", "--ffn", "50000"], dict(ffn=50000)),
+        (["--model", "llama3-70b", "--heads", "128"], dict(heads=128, kv_heads=16)),  # groups of 8 kept
+        # int(1.3 int(8 x 5120 / 3)) rounded up to 1024s; and llama2-13b's width, by Llama 2's rule
+        (["--model", "llama3-8b", "--hidden", "5120"], dict(ffn=18432)),
+        (["--model", "llama2-7b", "--hidden", "5120"], dict(ffn=13824)),
+    ],
+)
+def test_shape_overrides_rederive_what_follows_from_them(argv, expect):
+    parser = argparse.ArgumentParser()
+    cli.add_simulate_args(parser)
+    model = cli._model(parser.parse_args(argv))
+    assert {k: getattr(model, k) for k in expect} == expect
+    assert model.name == f"custom (from {argv[1]})"
+
+
+def test_the_llama_rule_gives_every_preset_its_published_mlp_width():
+    from paralab.sim.presets import FFN_RULES, MODELS, llama_ffn
+
+    published = {"llama2-7b": 11008, "llama2-13b": 13824, "llama2-70b": 28672, "llama3-8b": 14336,
+                 "llama3-70b": 28672, "llama3-405b": 53248}  # the released checkpoints' intermediate sizes
+    assert {name: llama_ffn(name, MODELS[name].hidden) for name in FFN_RULES} == published
+
+
+def test_an_override_reports_a_custom_model_and_a_bad_group_is_refused(capsys):
+    rc, out, _ = run(["simulate", "--model", "gpt3-175b", "--hidden", "14336", "--heads", "112", "--gpus",
+                      "1024", "--tp", "8", "--pp", "16", "--global-batch", "1536", "--json"], capsys)
+    assert rc == 0 and json.loads(out)["model"] == "custom (from gpt3-175b)"
+    rc, out, err = run(["simulate", "--model", "llama3-70b", "--heads", "100"], capsys)
+    assert rc == 2 and not out and "8 query heads per KV head" in err and "--kv-heads" in err
+
+
+def test_hardware_comes_from_a_file(capsys, tmp_path):
+    path = tmp_path / "slow-nic.json"
+    path.write_text(json.dumps({"base": "a100", "nic_gbit_s": 100, "nics_per_node": 4}))
+    argv = ["simulate", "--model", "gpt3-13b", "--gpus", "64", "--tp", "8", "--global-batch", "512", "--json"]
+    rc, fast, _ = run(argv, capsys)
+    rc2, slow, _ = run([*argv, "--hardware", str(path)], capsys)
+    assert rc == rc2 == 0 and json.loads(slow)["hardware"] == "slow-nic"
+    assert json.loads(slow)["step_time_s"] > json.loads(fast)["step_time_s"]
+    path.write_text("{not json")
+    rc, out, err = run([*argv, "--hardware", str(path)], capsys)
+    assert rc == 2 and not out and "cannot read hardware file" in err
+
+
+def test_layers_that_do_not_divide_into_the_stages_are_named_as_the_cause(capsys):
+    """BLOOM's 70 layers on 12 stages: the layers are the problem, not the batch; an uneven split
+    (5 + 10 x 6 + 5, as BLOOM ran it) is offered, and given, it runs."""
+    argv = ["simulate", "--model", "bloom-176b", "--gpus", "384", "--tp", "4", "--pp", "12",
+            "--global-batch", "2048"]
+    rc, out, err = run(argv, capsys)
+    assert rc == 2 and not out
+    assert "does not divide 70 layers" in err and "5 + 10 x 6 + 5" in err and "global batch" not in err
+    rc, out, _ = run([*argv, "--first-stage-layers", "5", "--last-stage-layers", "5", "--json"], capsys)
+    assert rc == 0 and "layers per stage 5 + 10 x 6 + 5" in json.loads(out)["config"]
+    rc, out, _ = run([*argv, "--first-stage-layers", "4", "--json"], capsys)  # the last shares the rest
+    assert rc == 0 and "layers per stage 4 + 11 x 6" in json.loads(out)["config"]
+    rc, _, err = run([*argv, "--first-stage-layers", "4", "--last-stage-layers", "5"], capsys)
+    assert rc == 2 and "sum to the model's 70 layers" in err
+
+
+def test_fp8_needs_fp8_hardware(capsys):
+    rc, out, err = run(["simulate", "--model", "gpt3-13b", "--gpus", "8", "--tp", "8", "--fp8"], capsys)
+    assert rc == 2 and not out and "FP8 tensor cores" in err
+    argv = ["simulate", "--model", "gpt3-13b", "--gpus", "8", "--tp", "8", "--hardware", "h100", "--json"]
+    rc, bf16, _ = run(argv, capsys)
+    rc2, fp8, _ = run([*argv, "--fp8"], capsys)
+    assert rc == rc2 == 0 and json.loads(fp8)["step_time_s"] < json.loads(bf16)["step_time_s"]

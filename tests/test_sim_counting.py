@@ -6,6 +6,7 @@ from paralab.schedules import build_schedule, validate_schedule
 from paralab.sim import counting
 from paralab.sim.presets import get_model
 from paralab.sim.specs import ModelSpec, ParallelSpec
+from paralab.stage_split import ends_split, megatron_split
 
 V, S = 51200, 2048
 
@@ -169,3 +170,98 @@ def test_zero_traffic_matches_rajbhandari_section_7():
     accumulated = [sum(counting.comm_bytes_per_gpu(model, ParallelSpec(dp=n, zero=z, micro_batch=1, microbatches=4))
                        .values()) for z in range(4)]
     assert accumulated == pytest.approx([2 * psi, 2 * psi, 5 * psi, 12 * psi])
+
+
+@pytest.mark.parametrize(
+    "layers, pp, v, ends, expect",
+    [
+        (70, 12, 1, (5, 5), [5, *[6] * 10, 5]),  # BLOOM-176B as it ran (BigScience tr11 README)
+        (126, 16, 1, (7, 7), [7, *[8] * 14, 7]),  # Llama 3 405B: one layer fewer on each end stage
+        (126, 16, 8, (0, 0), [0, *[1] * 126, 0]),  # ... and its V=8 chunks: embedding alone, head alone
+        (96, 8, 1, None, [12] * 8),
+    ],
+)
+def test_an_uneven_pipeline_split_lays_the_layers_as_asked(layers, pp, v, ends, expect):
+    model = ModelSpec(layers=layers, hidden=1024, heads=16)
+    split = dict(stage_layers=ends_split(layers, pp * v, *ends)) if ends else {}
+    schedule = "interleaved" if v > 1 else "1f1b"
+    p = ParallelSpec(pp=pp, virtual_stages=v, schedule=schedule, microbatches=pp, **split)
+    assert not p.problems(model)
+    assert counting.chunk_layers(model, p) == expect
+    assert sum(counting.rank_layers(model, p, r) for r in range(pp)) == layers
+    # every parameter is held by exactly one pipeline rank (tp 1, untied output on the last)
+    untied = model.replace(tied_embeddings=False)
+    assert sum(counting.stage_params(untied, p, r) for r in range(pp)) == pytest.approx(
+        counting.parameter_counts(untied)["total"])
+
+
+def test_uneven_splits_are_suggested_and_checked():
+    assert megatron_split(70, 12) == (5, *[6] * 10, 5) and megatron_split(126, 16) == (7, *[8] * 14, 7)
+    assert megatron_split(126, 128) == (0, *[1] * 126, 0)
+    assert megatron_split(7, 8) == (1, *[1] * 6, 0)  # the last stage holds only the output layer and loss
+    assert megatron_split(7, 10) is None and megatron_split(96, 64) is None  # ends would outweigh the middle
+    model = ModelSpec(layers=70, hidden=1024, heads=16)
+    (problem,) = ParallelSpec(pp=12, microbatches=12).problems(model)
+    assert "= 12 does not divide 70 layers" in problem and "5 + 10 x 6 + 5" in problem
+    (problem,) = ParallelSpec(pp=12, microbatches=12, stage_layers=ends_split(70, 12, 4, 5)).problems(model)
+    assert "sum to the model's 70 layers" in problem  # 61 layers do not share evenly over 10 stages
+
+
+def test_fused_attention_keeps_no_scores():
+    """A flash kernel keeps Q, K, V and its output (in the Table 2 count) and each row's fp32
+    log-sum-exp, 4 a s b bytes, instead of the 5 a s^2 b of softmax, mask and dropout output."""
+    model = get_model("megatron-175b").replace(attention="fused")
+    s, b, h, a, t = S, 2, 12288, 96, 8
+    sbh = s * b * h
+    per_layer = counting.activation_bytes_per_layer
+    assert per_layer(model, b) == pytest.approx(34 * sbh + 4 * a * s * b)
+    assert per_layer(model, b, tp=t) == pytest.approx(sbh * (10 + 24 / t) + 4 * a * s * b / t)
+    sp = per_layer(model, b, tp=t, sequence_parallel=True)
+    assert sp == pytest.approx(34 * sbh / t + 4 * a * s * b / t)
+    assert per_layer(model, b, tp=t, recompute="selective") == per_layer(model, b, tp=t)  # nothing to drop
+    standard = model.replace(attention="standard")
+    assert per_layer(standard, b) - per_layer(model, b) == pytest.approx(5 * a * s * s * b - 4 * a * s * b)
+    # the kernel recomputes Q K^T in backward: half the forward attention core again, in hardware FLOPs
+    core = model.layers * counting.layer_forward_flops(model, 1)["attention"]
+    extra = counting.flops_per_step(model, 1)["hardware"] - counting.flops_per_step(standard, 1)["hardware"]
+    assert extra == pytest.approx(0.5 * core)
+    assert counting.flops_per_step(model, 1)["model"] == counting.flops_per_step(standard, 1)["model"]
+
+
+def test_parallel_blocks_share_one_norm_and_one_tensor_parallel_reduction():
+    model = get_model("megatron-175b")
+    parallel = model.replace(parallel_blocks=True)
+    sbh, e = S * 12288, 2
+    assert counting.layer_params(model)["norms"] == 2 * counting.layer_params(parallel)["norms"]
+    # one norm input and one normalised input fewer (2 bytes each)
+    saved = counting.activation_bytes_per_layer(model) - counting.activation_bytes_per_layer(parallel)
+    assert saved == 2 * e * sbh
+    p = ParallelSpec(tp=8, microbatches=4, micro_batch=1)
+    serial, side_by_side = (counting.comm_bytes_per_gpu(m, p)["tp_all_reduce"] for m in (model, parallel))
+    assert serial == 2 * side_by_side
+
+
+def test_fp32_gradients_and_megatrons_distributed_optimizer():
+    """Megatron-LM's distributed optimizer docs: bf16 parameters with fp32 gradients take 18 bytes per
+    parameter, 6 + 12/d with the distributed optimizer (ZeRO-1 over d data-parallel ranks)."""
+    model = get_model("gpt3-1.3b")
+    for zero, d, expect in ((0, 8, 18), (1, 8, 6 + 12 / 8), (1, 64, 6 + 12 / 64)):
+        p = ParallelSpec(dp=d, zero=zero, fp32_grads=True)
+        states = counting.model_state_bytes(1.0, d, zero, counting.bytes_per_param(model, p))
+        assert sum(states.values()) == expect
+    p = ParallelSpec(dp=8, zero=1, micro_batch=1)
+    plain, fp32 = (counting.comm_bytes_per_gpu(model, p.replace(fp32_grads=f))["zero_reduce_scatter"]
+                   for f in (False, True))
+    assert fp32 == 2 * plain  # the gradients travel in fp32 too
+
+
+def test_recomputing_some_layers_keeps_the_others_whole():
+    model = get_model("llama3-8b")
+    full, half, none = (ParallelSpec(micro_batch=1, recompute=r, recompute_layers=k)
+                        for r, k in (("full", 0), ("full", 16), ("none", 0)))  # fmt: skip
+    acts = [counting.activation_bytes_per_gpu(model, p) for p in (full, half, none)]
+    assert acts[0] < acts[1] < acts[2]
+    extra = [counting.flops_per_step(model, 1, p.recompute, counting.recompute_share(model, p))["hardware"] -
+             counting.flops_per_step(model, 1)["hardware"] for p in (full, half)]  # fmt: skip
+    assert extra[1] == pytest.approx(extra[0] / 2)
+    assert ParallelSpec(recompute_layers=4).problems(model)  # only with full recompute

@@ -51,3 +51,12 @@ def test_the_two_pass_ranking_finds_what_simulating_every_candidate_finds():
     ranked = planner.plan(model, 16, h100, 64, top=3)
     assert [p.parallel for p in ranked] == [p.parallel for p in brute[:3]]
     assert all(p.fits for p in ranked)
+
+
+def test_a_runner_up_as_fast_as_the_winner_is_not_blamed_on_anything():
+    """Fused attention keeps nothing that selective recompute drops: the two plans take the same time."""
+    model, h100 = get_model("llama3-8b"), get_hardware("h100")
+    spec = planner.ParallelSpec(tp=8, micro_batch=1, microbatches=1, sequence_parallel=True)
+    none, selective = (cost.predict(model, spec.replace(recompute=r), h100) for r in ("none", "selective"))
+    assert none.step_time_s == selective.step_time_s
+    assert "as fast" in planner.explain([none, selective])[1]

@@ -15,10 +15,19 @@ cores, caches and memory bus):
    time per step and per token loaded (:func:`loop_overheads`).
 3. **Everything in a block that is not a GEMM.** LayerNorm, GELU, CPU flash attention and the
    residual adds are far slower than a memory copy on one core. We time paralab's block forward and
-   backward at the lab models' shapes, take away the GEMM law's share and the host time, and fit
+   backward at the lab models' shapes, among others as a model runs them (a chain of CHAIN_BLOCKS
+   distinct blocks: a lone block timed over and over finds its weights and buffers still in cache
+   and ran 10-20% faster than the same block inside a stage), take away the GEMM law's share and
+   the host time, and fit
    the bytes per second at which the rest gets through the activations it moves
-   (:func:`fit_elementwise_bandwidth`). Adam on a million parameters gives the optimizer's rate.
-4. **gloo between two processes**: all-reduce and one-way send/recv on a ladder of sizes (4 B to
+   (:func:`fit_elementwise_bandwidth`). Adam on four million parameters in tensors the size of the
+   small preset's MLP matrices gives the optimizer's rate (a million, which stays in cache, ran
+   twice as fast as the lab models' Adam does).
+4. **How much a rank's compute jitters.** The repeated block timings also give the spread of one
+   call's duration; on a shared machine it grows like the square root of the duration (independent
+   preemptions add up), and every synchronisation of the ranks waits for the slowest of them
+   (:func:`fit_sync_jitter`).
+5. **gloo between two processes**: all-reduce and one-way send/recv on a ladder of sizes (4 B to
    32 MiB), mean times. On shared cores a call often waits for its I/O thread to be scheduled, so
    the cost is far from ``latency + bytes / bandwidth``: the cost model reads these curves.
 
@@ -91,8 +100,12 @@ def copy_bandwidth(nbytes: int = 16 * 2**20) -> float:
 
 # (micro-batch, hidden, heads, seq) of blocks as the lab presets run them: tiny at b 8, small at b 2 and 4
 BLOCK_SHAPES = ((8, 64, 4, 32), (2, 256, 8, 128), (4, 256, 8, 128))
-# Adam's rate is timed on this many parameters in this many tensors (and fitted with the same numbers)
-ADAM_PARAMS, ADAM_TENSORS = 2**20, 4
+# Adam's rate is timed on this many parameters in this many tensors (and fitted with the same numbers):
+# tensors of 2^18, as the small preset's MLP matrices, and a working set past the caches, as its Adam
+ADAM_PARAMS, ADAM_TENSORS = 2**22, 16
+# blocks are timed in a chain of this many (half the small preset's 8 layers: one stage of pp 2), each
+# call following other blocks' weights and activations through the caches, as in a model's step
+CHAIN_BLOCKS = 4
 
 
 def block_config(hidden: int, heads: int, seq: int):
@@ -102,8 +115,9 @@ def block_config(hidden: int, heads: int, seq: int):
     return ModelConfig(layers=1, hidden=int(hidden), heads=int(heads), vocab=16, seq_len=int(seq))
 
 
-def _part_times(meter, part, call, repeats: int, skip: int) -> tuple[float, float]:
-    """Median forward and backward seconds of ``call(part)`` under the memory meter."""
+def _part_times(meter, part, call, repeats: int, skip: int) -> tuple[float, float, float, float]:
+    """Median forward and backward seconds of ``call(part)`` under the memory meter, and the standard
+    deviation of each (:func:`spread`)."""
     import torch
 
     forward, backward = [], []
@@ -117,7 +131,16 @@ def _part_times(meter, part, call, repeats: int, skip: int) -> tuple[float, floa
         meter.release(0)
         forward.append(mid - start)
         backward.append(end - mid)
-    return statistics.median(forward[skip:]), statistics.median(backward[skip:])
+    kept = forward[skip:], backward[skip:]
+    return (*map(statistics.median, kept), *map(spread, kept))
+
+
+def spread(samples: list[float]) -> float:
+    """A standard deviation that one long stall cannot inflate much: Gini's mean difference (the mean
+    |x - y| over pairs) x sqrt(pi) / 2, which is sigma for normal samples."""
+    n = len(samples)
+    pairs = sum(abs(x - y) for i, x in enumerate(samples) for y in samples[i + 1:])
+    return pairs / (n * (n - 1) / 2) * math.sqrt(math.pi) / 2 if n > 1 else 0.0
 
 
 def host_overheads() -> dict[str, float]:
@@ -141,7 +164,7 @@ def host_overheads() -> dict[str, float]:
     }
     out: dict[str, float] = {}
     for name, (part, call) in parts.items():
-        out[f"{name}_forward"], out[f"{name}_backward"] = _part_times(meter, part, call, 60, 10)
+        out[f"{name}_forward"], out[f"{name}_backward"], *_ = _part_times(meter, part, call, 60, 10)
     out["tensor_update"] = adam_seconds(24 * 8, 24, repeats=7) / 24  # 24 tiny tensors: per-tensor cost
     return out
 
@@ -180,8 +203,10 @@ def loop_overheads(steps: int = 12) -> dict[str, float]:
     return {"step": max(t0 - n0 * per_token, 0.0), "data_token": per_token}
 
 
-def block_times(shapes=BLOCK_SHAPES) -> list[list[float]]:
-    """[micro-batch, hidden, heads, seq, forward s, backward s] of one paralab block per shape."""
+def block_times(shapes=BLOCK_SHAPES, chain: int = CHAIN_BLOCKS) -> list[list[float]]:
+    """[micro-batch, hidden, heads, seq, forward s, backward s, forward sigma, backward sigma] of one
+    paralab block per shape, timed in a chain of ``chain`` distinct blocks (per block: the chain's
+    medians / chain, its spreads / sqrt(chain), as independent delays add in quadrature)."""
     import torch
 
     from paralab.memory import MemoryMeter
@@ -192,8 +217,11 @@ def block_times(shapes=BLOCK_SHAPES) -> list[list[float]]:
     for b, h, heads, s in shapes:
         cfg = block_config(h, heads, s)
         x0 = torch.randn(b, s, h)
-        times = _part_times(meter, build_part(cfg, 1, 0), lambda part, x0=x0: part(x0.clone().requires_grad_()), 14, 4)
-        rows.append([b, h, heads, s, *times])
+        blocks = torch.nn.Sequential(*(build_part(cfg, 1, seed) for seed in range(chain)))
+        f, bw, f_sigma, b_sigma = _part_times(
+            meter, blocks, lambda part, x0=x0: part(x0.clone().requires_grad_()), 10, 3)
+        root = math.sqrt(chain)
+        rows.append([b, h, heads, s, f / chain, bw / chain, f_sigma / root, b_sigma / root])
     return rows
 
 
@@ -209,7 +237,7 @@ def adam_seconds(params: int = ADAM_PARAMS, tensors: int = ADAM_TENSORS, repeats
 
 def compute_figures(shapes=MODEL_SHAPES, sync=lambda: None, rounds: int = 3) -> dict:
     """The compute microbenchmarks of one process: matmul rows, copy bandwidth, host overheads,
-    block timings and Adam's step time on 2^20 parameters.
+    block timings and Adam's step time on ADAM_PARAMS parameters (kept as "adam_1m", its first size).
 
     The block fit subtracts the matmul law from block times, so the two must see the same machine:
     they alternate for ``rounds`` rounds and each figure is the median over rounds. ``sync`` (a
@@ -233,7 +261,8 @@ def compute_figures(shapes=MODEL_SHAPES, sync=lambda: None, rounds: int = 3) -> 
 def fit_elementwise_bandwidth(hw, blocks: list[list[float]]) -> float:
     """Bytes/s of a block's non-GEMM work, fitted to timed blocks against the cost model itself.
 
-    For each timed block the cost model's GEMM time (forward: linear + core; backward twice that)
+    For each timed block the cost model's GEMM time (forward: linear + core; backward twice the
+    linear and the core's backward)
     and the calibrated host time are taken away; what is left is fitted, through the origin, to the
     activation bytes the model says those kernels move (forward once, backward twice). 0 when
     nothing is left (the memory bandwidth then stands).
@@ -244,14 +273,24 @@ def fit_elementwise_bandwidth(hw, blocks: list[list[float]]) -> float:
 
     host = hw.host_overhead_s
     num = den = 0.0
-    for b, h, heads, s, forward, backward in blocks:
+    for b, h, heads, s, forward, backward, *_ in blocks:
         model = lab_model(block_config(h, heads, s))
         work = layer_work(model, ParallelSpec(micro_batch=int(b), microbatches=1).resolved(), hw)
         left = forward + backward - host.get("layer_forward", 0.0) - host.get("layer_backward", 0.0)
-        left -= 3 * (work.linear + work.core)
+        left -= 3 * work.linear + work.core + work.core_backward
         moved = 3 * work.elementwise_bytes
         num, den = num + left * moved, den + moved * moved
     return den / num if num > 0 else 0.0
+
+
+def fit_sync_jitter(blocks: list[list[float]]) -> float:
+    """c (seconds^0.5) in sigma = c sqrt(T): the spread of a rank's compute over T seconds, fitted
+    through the origin to the timed blocks' spreads (forward and backward) against their durations.
+    Independent preemptions on a shared machine add their delays like a random walk, so the spread
+    grows with the square root of the time, not in proportion to it."""
+    points = [(t, sigma) for *_, forward, backward, f_sigma, b_sigma in blocks
+              for t, sigma in ((forward, f_sigma), (backward, b_sigma))]
+    return sum(sigma * math.sqrt(t) for t, sigma in points) / sum(t for t, _ in points)
 
 
 def optimizer_bandwidth(adam_1m: float, tensor_update: float, params: int = ADAM_PARAMS, tensors: int = ADAM_TENSORS) -> float:

@@ -1,8 +1,12 @@
 """``paralab simulate`` and ``paralab plan``: argparse wiring around predict and plan.
 
-Both print a short report, or one JSON object with ``--json`` (keys as the project design fixes them, plus ``model_flops_per_step``, ``hardware_flops_per_step``, ``hfu``). Bad input
-(degrees that do not divide, a model that fits nowhere, an unknown preset or hardware) prints what
-is wrong and what would fit on stderr and returns 2.
+Both print a short report, or one JSON object with ``--json`` (keys as the project design fixes
+them, plus ``model_flops_per_step``, ``hardware_flops_per_step``, ``hfu``). ``simulate`` always
+prints its prediction once the configuration can be built, and exits 0: one that does not fit in
+memory says so (``fits: false``, by how much it is over, and the layouts that fit on the same GPUs).
+Input that cannot describe a run (degrees that do not divide, an unknown preset or hardware, a bad
+hardware file) prints what is wrong, and what would fit, on stderr and returns 2; so does ``plan``
+when nothing fits, saying why.
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ import sys
 from paralab.sim import cost, planner
 from paralab.sim.hardware import NAMES as HARDWARE_NAMES
 from paralab.sim.hardware import get_hardware
-from paralab.sim.presets import MODELS, get_model
+from paralab.sim.presets import MODELS, SHAPE, get_model, override
 from paralab.sim.specs import (
+    ATTENTION,
     CP_MODES,
     CP_SPLITS,
     DTYPE_BYTES,
@@ -25,6 +30,7 @@ from paralab.sim.specs import (
     ParallelSpec,
     SpecError,
 )
+from paralab.stage_split import ends_split
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +39,15 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     for flag in ("layers", "hidden", "heads", "ffn", "vocab", "seq", "kv-heads"):
         g.add_argument(f"--{flag}", type=int, help="overrides the preset's value" if flag != "kv-heads" else "GQA KV heads")
     g.add_argument("--dtype", choices=sorted(DTYPE_BYTES), help="training dtype (default bf16)")
-    parser.add_argument("--hardware", default="a100", help=f"one of {', '.join(HARDWARE_NAMES)} (default a100)")
+    g.add_argument("--attention", choices=ATTENTION,
+                   help="standard keeps the s x s scores; fused (flash) does not")
+    g.add_argument("--parallel-blocks", action="store_true", default=None,
+                   help="attention and MLP side by side (PaLM)")
+    g.add_argument("--fp8", action="store_true", default=None,
+                   help="linear layers' GEMMs in FP8 (Transformer Engine)")
+    parser.add_argument("--hardware", default="a100",
+                        help=f"one of {', '.join(HARDWARE_NAMES)}, or FILE.json (docs/simulator.md) "
+                             "(default a100)")
     parser.add_argument("--global-batch", type=int, help="sequences per step")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -56,6 +70,14 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
     parser.add_argument("--sequence-parallel", action="store_true")
     parser.add_argument("--recompute", default="none", choices=RECOMPUTE)
+    parser.add_argument("--first-stage-layers", type=int,
+                        help="an uneven pipeline split: layers of the first stage, the rest shared evenly "
+                             "(Megatron-LM's option; --stage-layers says it in full)")
+    parser.add_argument("--last-stage-layers", type=int,
+                        help="an uneven pipeline split: layers of the last stage")
+    parser.add_argument("--fp32-grads", action="store_true",
+                        help="accumulate and reduce gradients in fp32 (Megatron's main_grad; with --zero 1, "
+                             "its distributed optimizer)")
     parser.add_argument("--cp", type=int, default=1, help="context parallel: each sequence over cp GPUs")
     parser.add_argument("--cp-mode", default="ring", choices=CP_MODES)
     parser.add_argument("--cp-split", default="zigzag", choices=CP_SPLITS)
@@ -68,17 +90,33 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _model(args) -> ModelSpec:
-    shape = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "ffn", "vocab", "seq")}
-    shape["kv_heads"] = args.kv_heads
-    given = {k: v for k, v in shape.items() if v is not None}
-    if args.dtype:
-        given["dtype"] = args.dtype
+    """The preset with what the flags override (re-deriving what follows, see presets.override), or
+    a shape built from the flags alone."""
+    given = {k: getattr(args, k) for k in SHAPE if getattr(args, k) is not None}
+    given.update({k: getattr(args, k) for k in ("dtype", "attention", "parallel_blocks", "fp8")
+                  if getattr(args, k) is not None})
     if args.model:
-        return get_model(args.model).replace(**given)
+        return override(get_model(args.model), **given)
     missing = [k for k in ("layers", "hidden", "heads") if k not in given]
     if missing:
         raise SpecError(f"give --model PRESET or a shape; missing --{', --'.join(missing)} (presets: {', '.join(MODELS)})")
     return ModelSpec(**given)
+
+
+def _stage_layers(args, model: ModelSpec) -> tuple[int, ...] | None:
+    """--stage-layers, or the split Megatron-LM's --first/--last-stage-layers give: the given end(s)
+    as asked, the other stages sharing the rest evenly (ParallelSpec.problems says when they cannot)."""
+    first, last = args.first_stage_layers, args.last_stage_layers
+    if first is None and last is None or args.pp < 2:
+        return args.stage_layers
+    if args.stage_layers is not None:
+        raise SpecError("give --stage-layers or --first/--last-stage-layers, not both")
+    if args.virtual_stages != 1:
+        raise SpecError("--first/--last-stage-layers split one chunk per stage; give --stage-layers for virtual stages")
+    if first is None or last is None:  # the missing end is one more even share
+        share = (model.layers - (first if last is None else last)) // (args.pp - 1)
+        first, last = (first, share) if last is None else (share, last)
+    return ends_split(model.layers, args.pp, first, last)
 
 
 def _fail(message: str) -> int:
@@ -87,16 +125,21 @@ def _fail(message: str) -> int:
 
 
 def _fits_hint(model: ModelSpec, gpus: int, hw, global_batch: int | None) -> str:
-    """What would fit: the planner's best few on these GPUs, or how many GPUs the model needs."""
-    ranked = planner.plan(model, gpus, hw, global_batch, top=3, refine=0)
+    """What would fit: the planner's best few on these GPUs, or why nothing does."""
+    ranked = _alternatives(model, gpus, hw, global_batch)
     if ranked:
         return "configurations that fit on {} GPUs:\n  {}".format(gpus, "\n  ".join(planner.describe(p.parallel) for p in ranked))
     return planner.why_nothing_fits(model, gpus, hw, global_batch)
 
 
+def _alternatives(model: ModelSpec, gpus: int, hw, global_batch: int | None) -> list[cost.Prediction]:
+    return planner.plan(model, gpus, hw, global_batch, top=3, refine=0)
+
+
 def simulate_main(args) -> int:
     try:
         model, hw = _model(args), get_hardware(args.hardware)
+        stage_layers = _stage_layers(args, model)
     except SpecError as err:
         return _fail(str(err))
     tp, pp, cp = args.tp, args.pp, args.cp
@@ -108,37 +151,38 @@ def simulate_main(args) -> int:
     gpus = args.gpus or dp * tp * pp * cp
     parallel = ParallelSpec(
         dp=dp, tp=tp, pp=pp, ep=args.ep, virtual_stages=args.virtual_stages, schedule=args.schedule,
-        stage_layers=args.stage_layers, expert_imbalance=args.expert_imbalance,
+        stage_layers=stage_layers, expert_imbalance=args.expert_imbalance,
         microbatches=args.microbatches or 0, micro_batch=args.micro_batch or 0, global_batch=args.global_batch or 0,
         zero=args.zero, sequence_parallel=args.sequence_parallel, recompute=args.recompute, cp=cp,
-        cp_mode=args.cp_mode, cp_split=args.cp_split,
+        cp_mode=args.cp_mode, cp_split=args.cp_split, fp32_grads=args.fp32_grads,
     )  # fmt: skip
-    problems = model.problems() or parallel.problems(model, gpus)
+    unrunnable = model.problems() or hw.problems_for(model)
+    problems = unrunnable or parallel.problems(model, gpus)
     if problems:
-        hint = _fits_hint(model, gpus, hw, args.global_batch) if not model.problems() else ""
+        hint = "" if unrunnable else _fits_hint(model, gpus, hw, args.global_batch)
         return _fail("invalid configuration: " + "; ".join(problems) + (f"\n{hint}" if hint else ""))
     pred = cost.predict(model, parallel, hw)
-    if not pred.fits:
-        need = pred.memory_bytes_per_gpu["total"] / 2**30
-        return _fail(
-            f"does not fit: {need:.1f} GiB per GPU > {cost.usable_memory(hw) / 2**30:.1f} GiB usable on {hw.name}\n"
-            + _fits_hint(model, gpus, hw, args.global_batch)
-        )
     out = pred.to_dict()
     out.update(model=model.name, hardware=hw.name, gpus=gpus, config=planner.describe(pred.parallel),
                dp=dp, tp=tp, pp=pp, cp=cp, ep=parallel.ep, schedule=parallel.schedule,
                microbatches=pred.parallel.microbatches,
                global_batch=pred.parallel.global_batch)  # fmt: skip
-    if args.json:
-        print(json.dumps(out))
-    else:
-        print(_report(out))
+    usable = cost.usable_memory(hw)
+    over = max(0.0, pred.memory_bytes_per_gpu["total"] - usable)
+    out.update(memory_usable_bytes=int(usable), memory_over_bytes=int(over))
+    if not pred.fits:
+        ranked = _alternatives(model, gpus, hw, args.global_batch)
+        out["alternatives"] = [dict(config=planner.describe(p.parallel), tokens_per_s=p.tokens_per_s,
+                                    mfu=p.mfu, memory_bytes_per_gpu=int(p.memory_bytes_per_gpu["total"]),
+                                    **_degrees(p.parallel)) for p in ranked]
+        out["advice"] = "" if ranked else planner.why_nothing_fits(model, gpus, hw, args.global_batch)
+    print(json.dumps(out) if args.json else _report(out))
     return 0
 
 
 def _report(out: dict) -> str:
     mem = out["memory_bytes_per_gpu"]
-    return "\n".join([
+    lines = [
         f"{out['model']} on {out['gpus']} x {out['hardware']}: {out['config']}",
         f"  step {out['step_time_s']:.3f} s, {out['tokens_per_s']:,.0f} tokens/s, {planner.flops_text(out['tflops_per_gpu'])} per GPU, "
         f"MFU {out['mfu']:.1%}, HFU {out['hfu']:.1%}, bubble {out['bubble_fraction']:.1%}",
@@ -146,7 +190,19 @@ def _report(out: dict) -> str:
           if out["active_params"] != out["params"] else []),
         "  memory per GPU: " + ", ".join(f"{k} {planner.bytes_text(v)}" for k, v in mem.items()),
         "  wire bytes per GPU per step (GB): " + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in out["comm_bytes_per_gpu"].items()),
-    ])  # fmt: skip
+    ]  # fmt: skip
+    if not out["fits"]:
+        over, usable = out["memory_over_bytes"], out["memory_usable_bytes"]
+        lines.append(f"  does not fit: {planner.bytes_text(mem['total'])} per GPU > "
+                     f"{planner.bytes_text(usable)} usable on {out['hardware']}, over by "
+                     f"{planner.bytes_text(over)} ({over / usable:.0%})")
+        if out["alternatives"]:
+            lines.append(f"  layouts that fit on {out['gpus']} GPUs:")
+            lines += [f"    {a['config']} ({planner.bytes_text(a['memory_bytes_per_gpu'])}, "
+                      f"{a['tokens_per_s']:,.0f} tokens/s)" for a in out["alternatives"]]
+        else:
+            lines.append(f"  nothing fits on {out['gpus']} GPUs: {out['advice']}")
+    return "\n".join(lines)
 
 
 def plan_main(args) -> int:
@@ -154,8 +210,8 @@ def plan_main(args) -> int:
         model, hw = _model(args), get_hardware(args.hardware)
     except SpecError as err:
         return _fail(str(err))
-    if model.problems():
-        return _fail("invalid model: " + "; ".join(model.problems()))
+    if model.problems() or hw.problems_for(model):
+        return _fail("invalid model: " + "; ".join(model.problems() or hw.problems_for(model)))
     if args.gpus < 1:
         return _fail(f"--gpus must be >= 1, got {args.gpus}")
     ranked = planner.plan(model, args.gpus, hw, args.global_batch, top=args.top)
@@ -177,5 +233,5 @@ def plan_main(args) -> int:
 
 def _degrees(p: ParallelSpec) -> dict:
     keys = ("dp", "tp", "pp", "ep", "virtual_stages", "schedule", "microbatches", "micro_batch", "global_batch",
-            "zero", "sequence_parallel", "recompute", "cp", "cp_mode")  # fmt: skip
+            "zero", "sequence_parallel", "recompute", "cp", "cp_mode", "stage_layers", "fp32_grads")  # fmt: skip
     return {k: getattr(p, k) for k in keys}

@@ -7,16 +7,21 @@ How a step is timed, bottom up:
    roofline of their memory traffic. Elementwise work (norms, activation, softmax, dropout) is
    memory-bound: it writes each stored activation of Korthikanti et al. 2022 Table 2 once in the
    forward and reads it back, twice that in the backward.
-2. Collectives cost alpha-beta on the link they cross: ``steps x latency + wire bytes / bandwidth``
-   with ring wire bytes. Ranks are laid out as Megatron-LM does (tp fastest, then dp, then pp), so a
-   group of stride k has gpus_per_node / k members per node; a group that spans nodes gets one NIC
-   per member per node. Tensor-parallel collectives sit on the critical path of every layer.
+2. Collectives cost alpha-beta on the links they cross, by the algorithm NCCL would pick
+   (:func:`collective_time`): a ring (``steps x latency + wire bytes / bandwidth``), a tree for
+   all-reduces across nodes (latency in log2 of the nodes), NVLink SHARP inside a node where the
+   switch reduces; rings that leave a pod share its oversubscribed uplinks. Ranks are numbered as
+   the spec's ``rank_order`` says (Megatron-LM's tp, dp, pp by default), so a group of stride k has
+   gpus_per_node / k members per node; a group that spans nodes gets one NIC per member per node.
+   Tensor-parallel collectives sit on the critical path of every layer.
 3. Per-stage forward and backward durations (a chunk's layers, plus the embedding on the first stage
    and the output layer and loss on the last) drive the schedule event simulator of
    :mod:`paralab.sim.events` on the real schedule data, so bubbles come from the schedule itself.
 4. The data-parallel gradient reduction overlaps the last microbatch's backward (only that one: with
    gradient accumulation the earlier ones are not final), the optimizer step is memory-bound, and
    ZeRO-1/2 all-gather the updated parameters after it.
+5. A synchronous step waits for its slowest GPU: compute stretches by the expected maximum of the
+   world's per-GPU speed variation (:func:`straggler_factor`).
 
 ``predict`` returns the headline numbers; ``predict_trace`` the simulated timeline as a Trace.
 """
@@ -26,6 +31,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
+from statistics import NormalDist
 
 from paralab.schedules import theoretical_bubble
 from paralab.sim import counting, moe
@@ -51,24 +58,81 @@ def gemm_time(hw: HardwareSpec, flops_peak: float, m: float, n: float, k: float,
     return max(compute, memory) + hw.kernel_overhead_s
 
 
-def collective_time(hw: HardwareSpec, op: str, payload: float, group: int, stride: int, messages: int = 1) -> float:
-    """Time of a ring collective among ``group`` ranks spaced ``stride`` apart.
+# NCCL's tree all-reduce reaches 0.9 of the bus bandwidth and moves the whole payload up and down the
+# tree (its tuning model, src/graph/tuning.cc: busBw * .9, algorithm bandwidth = busBw * .5)
+TREE_BANDWIDTH_SHARE = 0.9 * 0.5
 
-    Alpha-beta on the link it crosses, ``steps x latency + wire bytes / bandwidth``; on a machine
-    with a measured all-reduce curve (``local``), each of the ring's steps costs what half of a
-    2-rank all-reduce of two chunks costs. ``messages``: the payload goes as that many separate
+
+def collective_time(hw: HardwareSpec, op: str, payload: float, group: int, stride: int,
+                    messages: int = 1) -> float:
+    """Time of a collective among ``group`` ranks spaced ``stride`` apart, by the fastest algorithm.
+
+    - ring: ``steps x latency + wire bytes / bandwidth``; of its steps, those between nodes pay the
+      inter-node latency (NCCL's tuning model: nInterSteps = nodes - 1, twice for an all-reduce);
+    - tree (all-reduce across nodes, NCCL's double binary tree): latency 2 (ranks per node - 1 +
+      log2 nodes) hops, the payload at TREE_BANDWIDTH_SHARE of the bus bandwidth: slower for large
+      payloads, far faster for small ones on many nodes (a 10k-GPU gradient bucket);
+    - NVLink SHARP (all-reduce inside a node with ``nvls_bw``): one hop, the switch reduces.
+    Across pods the rings share oversubscribed uplinks (:func:`pod_share`). On a machine with a
+    measured all-reduce curve (``local``), each of the ring's steps costs what half of a 2-rank
+    all-reduce of two chunks costs. ``messages``: the payload goes as that many separate
     collectives, each paying the latency."""
     if group <= 1:
         return 0.0
     per_node = max(1, min(group, hw.gpus_per_node // stride))
-    inter = per_node < group
     steps = 2 * (group - 1) if op == "all_reduce" else group - 1
-    if hw.allreduce_curve and not inter:
-        chunk = payload / messages / group
-        return messages * steps * interpolate(hw.allreduce_curve, 2 * chunk) / 2
-    bandwidth = min(hw.intra_bw, per_node * hw.inter_bw) if inter else hw.intra_bw
-    latency = hw.inter_latency if inter else hw.intra_latency
-    return messages * steps * latency + counting.ring_wire_bytes(op, payload, group) / bandwidth
+    wire = counting.ring_wire_bytes(op, payload, group)
+    if per_node == group:  # inside one node
+        if hw.allreduce_curve:
+            chunk = payload / messages / group
+            return messages * steps * interpolate(hw.allreduce_curve, 2 * chunk) / 2
+        ring = messages * steps * hw.intra_latency + wire / hw.intra_bw
+        if op == "all_reduce" and hw.nvls_bw:
+            return min(ring, messages * hw.intra_latency + wire / hw.nvls_bw)
+        return ring
+    nodes = -(-group // per_node)
+    inter_steps = 2 * (nodes - 1) if op == "all_reduce" else nodes - 1
+    bandwidth = min(hw.intra_bw, per_node * hw.inter_bw * pod_share(hw, group, stride))
+    latency = (steps - inter_steps) * hw.intra_latency + inter_steps * hw.inter_latency
+    ring = messages * latency + wire / bandwidth
+    if op != "all_reduce":
+        return ring
+    hops = 2 * ((per_node - 1) * hw.intra_latency + math.ceil(math.log2(nodes)) * hw.inter_latency)
+    return min(ring, messages * hops + payload / (TREE_BANDWIDTH_SHARE * bandwidth))
+
+
+def pod_share(hw: HardwareSpec, group: int, stride: int) -> float:
+    """The share of its NIC bandwidth a group's ring keeps when it leaves its pod.
+
+    Every group of the kind runs at once (all data-parallel replicas reduce together). A ring's
+    members inside one pod are contiguous, so it leaves the pod once: per GPU of the pod that is
+    1/members-in-pod of a link's traffic against the 1/oversubscription each GPU's uplink share
+    carries. Groups inside a pod, or with at least ``oversubscription`` members per pod, keep it all.
+    """
+    if not hw.pod_gpus or group * stride <= hw.pod_gpus:
+        return 1.0
+    members = max(1, min(group, hw.pod_gpus // stride))
+    return min(1.0, members / hw.oversubscription)
+
+
+@lru_cache(maxsize=256)
+def expected_max(n: int) -> float:
+    """E[max of n standard normals] (Blom's approximation; 0 for one)."""
+    return NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) if n > 1 else 0.0
+
+
+def straggler_factor(hw: HardwareSpec, gpus: int) -> float:
+    """How much longer a synchronous step's compute takes than one GPU's: the expected slowest of
+    ``gpus`` GPUs whose speeds vary with coefficient ``straggler_cv`` (1 + cv E[max of N])."""
+    return 1.0 + hw.straggler_cv * expected_max(gpus)
+
+
+def sync_wait(hw: HardwareSpec, seconds: float, ranks: int) -> float:
+    """What a synchronisation of ``ranks`` ranks after ``seconds`` of compute waits beyond the median
+    rank: the expected maximum of their jitter, ``sync_jitter x sqrt(seconds) x E[max of N]``."""
+    if not hw.sync_jitter:
+        return 0.0
+    return hw.sync_jitter * math.sqrt(max(seconds, 0.0)) * expected_max(ranks)
 
 
 def all_to_all_time(hw: HardwareSpec, payload: float, group: int, stride: int) -> float:
@@ -108,7 +172,8 @@ class StageTimes:
 
     ``backward`` is the full backward (recompute included); zero-bubble schedules split it into
     ``backward_input`` (recompute, input gradients, tp collectives) and ``backward_weight`` (the
-    weight-gradient GEMMs), which add up to it. ``tp_comm`` is the tensor-parallel share of F + B;
+    weight-gradient GEMMs), which add up to it. ``tp_comm`` is the tensor-parallel share of F + B,
+    ``zero_comm`` what ZeRO-2/3's per-layer collectives add to F + B beyond the compute they overlap,
     ``a2a`` the expert-parallel all-to-alls of one pass (F, or the input-gradient part of B).
     """
 
@@ -116,6 +181,7 @@ class StageTimes:
     backward_input: float
     backward_weight: float
     tp_comm: float = 0.0
+    zero_comm: float = 0.0
     a2a: float = 0.0
 
     @property
@@ -126,26 +192,34 @@ class StageTimes:
 @dataclass(frozen=True)
 class LayerWork:
     """One transformer layer's forward on one GPU, by what limits it: GEMMs (seconds), the attention
-    core's batched GEMMs (seconds) and the activations its non-GEMM kernels move (bytes, Korthikanti
-    et al. 2022 Table 2 at the model's width; the backward moves twice as many)."""
+    core's batched GEMMs (seconds, forward and backward) and the activations its non-GEMM kernels
+    move (bytes, Korthikanti et al. 2022 Table 2 at the model's width; the backward moves twice as
+    many)."""
 
     linear: float
     core: float
     elementwise_bytes: float
     core_elementwise_bytes: float  # the share of the attention core (softmax, its dropout)
+    core_backward: float = 0.0
 
 
 def layer_work(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> LayerWork:
     """The per-layer pieces of :func:`stage_times` (``p`` resolved, ``hw`` one rank's: see
-    :func:`per_rank`), also what calibration fits against."""
+    :func:`per_rank`), also what calibration fits against.
+
+    FP8 runs the linear layers' GEMMs at the fp8 peak on 1-byte operands. A fused (flash) attention
+    skips the score blocks a causal mask hides (half of them) and recomputes Q K^T in backward:
+    2.5 times its forward there against the standard core's 2 (five matmuls instead of four).
+    """
     peak = hw.peak(model.dtype)
     t, b, s, h = p.tp, p.micro_batch, model.seq, model.hidden
     tokens, nbytes = b * s, model.dtype_bytes
     mlp_in = 2 * model.ffn if model.gated_mlp else model.ffn
     heads = model.heads // t
+    linear_peak, linear_bytes = (hw.peak("fp8"), 1) if model.fp8 else (peak, nbytes)
 
-    def gemm(m_, n_, k_, batch=1):
-        return gemm_time(hw, peak, m_, n_, k_, batch, nbytes)
+    def gemm(m_, n_, k_):
+        return gemm_time(hw, linear_peak, m_, n_, k_, 1, linear_bytes)
 
     linear = (
         gemm(tokens, (h + 2 * model.kv_dim) / t, h)
@@ -153,10 +227,14 @@ def layer_work(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> LayerWork
         + gemm(tokens, mlp_in / t, h)
         + gemm(tokens, h, model.ffn / t)
     )
-    core = gemm(s, s, model.head_dim, b * heads) + gemm(s, model.head_dim, s, b * heads)
+    core = (gemm_time(hw, peak, s, s, model.head_dim, b * heads, nbytes)
+            + gemm_time(hw, peak, s, model.head_dim, s, b * heads, nbytes))
+    fused = model.attention == "fused"
+    if fused:
+        core *= 0.5
     act = counting.activation_bytes_per_layer(model, b, t, p.sequence_parallel, "none")
-    act_no_core = counting.activation_bytes_per_layer(model, b, t, p.sequence_parallel, "selective")
-    return LayerWork(linear, core, 2 * act, 2 * (act - act_no_core))
+    core_bytes = counting.attention_core_bytes(model, b) / t
+    return LayerWork(linear, core, 2 * act, 2 * core_bytes, (2.5 if fused else 2.0) * core)
 
 
 def per_rank(hw: HardwareSpec, world: int) -> HardwareSpec:
@@ -183,7 +261,8 @@ def elementwise_bandwidth(hw: HardwareSpec) -> float:
 
 
 def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> list[StageTimes]:
-    """Per-microbatch durations of every stage (pp x v of them), from the layer's GEMMs, traffic and collectives."""
+    """Per-microbatch durations of every stage (pp x v of them), from the layer's GEMMs, traffic and
+    collectives, stretched by the world's slowest GPU (:func:`straggler_factor`)."""
     p = parallel.resolved()
     hw = per_rank(hw, p.world_size)
     t, b, s, h = p.tp, p.micro_batch, model.seq, model.hidden
@@ -196,21 +275,24 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
     work = layer_work(model, p, hw)
     linear, core = work.linear, work.core
     elementwise, elementwise_core = work.elementwise_bytes / ew_bw, work.core_elementwise_bytes / ew_bw
-    ops, payload, passes = counting.tp_collectives(model, p)
-    tp_pair = 2 * sum(collective_time(hw, op, payload, t, 1) for op in ops)  # two per pass
+    ops, payload, per_pass, passes = counting.tp_collectives(model, p)
+    tp_pass = per_pass * sum(collective_time(hw, op, payload, t, p.stride("tp")) for op in ops)
 
-    forward = linear + core + elementwise + tp_pair + host("layer_forward")
-    recompute = {"none": 0.0, "selective": core + elementwise_core, "full": forward}[p.recompute]
+    forward_compute = linear + core + elementwise + host("layer_forward")
+    backward_compute = 2 * linear + work.core_backward + 2 * elementwise + host("layer_backward")
+    # each tensor-parallel collective also waits for the slowest rank of its group (sync_wait)
+    tp_forward = tp_pass + (per_pass * sync_wait(hw, forward_compute / per_pass, t) if t > 1 else 0.0)
+    tp_backward = tp_pass + (per_pass * sync_wait(hw, backward_compute / per_pass, t) if t > 1 else 0.0)
+    forward = forward_compute + tp_forward
+    selective = core + elementwise_core if model.attention == "standard" else 0.0  # fused keeps no scores
+    full = counting.recompute_share(model, p) * forward
+    recompute = {"none": 0.0, "selective": selective, "full": full}[p.recompute]
     weight = linear  # one weight-gradient GEMM per forward weight GEMM
-    backward_input = recompute + linear + 2 * core + 2 * elementwise + tp_pair + host("layer_backward")
-    tp_layer = tp_pair * sum(passes.values())
+    backward_input = recompute + backward_compute - weight + tp_backward
+    tp_layer = tp_forward * passes["forward"] + tp_backward + (passes["backward"] - 1) * tp_forward
 
-    chunks = p.pp * p.virtual_stages
     blocks = counting.chunk_layers(model, p)
-    moe_blocks, first = [], 0
-    for count in blocks:  # the MoE layers of each chunk
-        moe_blocks.append(sum(b >= model.dense_layers for b in range(first, first + count)) if model.experts else 0)
-        first += count
+    moe_blocks = [counting.moe_blocks(model, sum(blocks[:c]), n) for c, n in enumerate(blocks)]
     experts, a2a = _moe_mlp(model, p, hw)
     embed = 2 * tokens * h * nbytes / ew_bw
     logits = gemm_time(hw, hw.peak(model.dtype), tokens, model.vocab / t, h, 1, nbytes)
@@ -218,24 +300,28 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
     # tp at the ends (Megatron-LM): the vocabulary-parallel embedding all-reduces its partial lookups;
     # the output layer's input operator f all-reduces its gradient in backward; the vocabulary-parallel
     # cross-entropy all-reduces three numbers per token (max logit, sum of exponentials, target logit)
-    tp_embed = collective_time(hw, "all_reduce", tokens * h * nbytes, t, 1)
-    tp_loss = 3 * collective_time(hw, "all_reduce", tokens * 4, t, 1)
+    tp_embed = collective_time(hw, "all_reduce", tokens * h * nbytes, t, p.stride("tp"))
+    tp_loss = 3 * collective_time(hw, "all_reduce", tokens * 4, t, p.stride("tp"))
+    slowest = straggler_factor(hw, p.world_size)
     times = []
-    for stage in range(chunks):
-        per_chunk, moe_here = blocks[stage], moe_blocks[stage]
-        f, bi, w = per_chunk * forward, per_chunk * backward_input, per_chunk * weight
+    for stage, layers in enumerate(blocks):
+        moe_here = moe_blocks[stage]
+        f, bi, w = layers * forward, layers * backward_input, layers * weight
         f, bi, w = f + moe_here * (experts + a2a), bi + moe_here * (experts + a2a), w + moe_here * experts
-        tp = per_chunk * tp_layer
+        tp = layers * tp_layer
         if stage == 0:
             f, bi = f + embed + tp_embed + host("embed_forward"), bi + embed + host("embed_backward")
             tp += tp_embed
-        if stage == chunks - 1:
+        if stage == p.chunks - 1:
             f = f + logits + loss + tp_loss + host("head_forward")
             bi, w = bi + logits + loss + tp_embed + host("head_backward"), w + logits
             tp += tp_loss + tp_embed
-        times.append(StageTimes(f, bi, w, tp, moe_here * a2a))
-    if p.pp == 1 and p.zero >= 2 and p.dp > 1:  # ZeRO-2/3 collectives per microbatch, layer by layer
-        times = [_zero_overlapped(st, model, p, hw) for st in times]
+        if p.pp > 1:  # a stage's pass ends in a send the neighbour waits for: it waits for the later rank
+            f, bi = f + sync_wait(hw, f, 2), bi + sync_wait(hw, bi + w, 2)
+        st = StageTimes(slowest * f, slowest * bi, slowest * w, slowest * tp, a2a=moe_here * a2a)
+        if p.zero >= 2 and p.dp > 1:  # ZeRO-2/3 collectives per microbatch, layer by layer
+            st = _zero_overlapped(st, model, p, hw, stage, layers)
+        times.append(st)
     return times
 
 
@@ -264,17 +350,27 @@ def _moe_mlp(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tuple[float
     return added, 2 * one * moe.imbalance(model, p)
 
 
-def _zero_overlapped(st: StageTimes, model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> StageTimes:
-    """A microbatch's F and B with ZeRO-2/3's per-layer collectives (:func:`layer_by_layer`)."""
-    pb, gb, _ = counting.OPTIMIZER_BYTES[counting.optimizer_of(model, p)]
-    params = counting.stage_params(model, p, 0)
-    layers = max(model.layers, 1)
+def _zero_overlapped(st: StageTimes, model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, stage: int,
+                     layers: int) -> StageTimes:
+    """A microbatch's F and B of one stage with ZeRO-2/3's per-layer collectives (:func:`layer_by_layer`);
+    ``zero_comm`` keeps what they add beyond the compute."""
+    pb, gb, _ = counting.bytes_per_param(model, p)
+    params = counting.chunk_params(model, p, stage)
+    units = max(layers, 1)  # a chunk of only the embedding or the head is one unit
     # one collective per layer: each pays the latency (and on a measured curve, a small message's cost)
-    rs = collective_time(hw, "reduce_scatter", params * gb / layers, p.dp, p.tp)
-    ag = collective_time(hw, "all_gather", params * pb / layers, p.dp, p.tp) if p.zero == 3 else 0.0
-    forward = layer_by_layer(layers, st.forward / layers, ag, 0.0, p.prefetch_params)
-    backward = layer_by_layer(layers, st.backward / layers, ag, rs, p.prefetch_params)
-    return StageTimes(forward, backward - st.backward_weight, st.backward_weight, st.tp_comm, st.a2a)
+    rs = collective_time(hw, "reduce_scatter", params * gb / units, p.dp, p.stride("dp"))
+    ag = collective_time(hw, "all_gather", params * pb / units, p.dp, p.stride("dp")) if p.zero == 3 else 0.0
+    # each layer's collective also waits for the slowest data-parallel rank (sync_wait)
+    rs += sync_wait(hw, st.backward / units, p.dp)
+    ag += sync_wait(hw, st.forward / units, p.dp) if ag else 0.0
+    if hw.overlaps_comm:
+        forward = layer_by_layer(units, st.forward / units, ag, 0.0, p.prefetch_params)
+        backward = layer_by_layer(units, st.backward / units, ag, rs, p.prefetch_params)
+    else:  # the collectives need the cores the compute uses: one after the other
+        forward, backward = st.forward + units * ag, st.backward + units * (ag + rs)
+    added = forward + backward - st.forward - st.backward
+    return StageTimes(forward, backward - st.backward_weight, st.backward_weight, st.tp_comm, zero_comm=added,
+                      a2a=st.a2a)
 
 
 def layer_by_layer(layers: int, compute: float, gather: float, scatter: float, prefetch: bool) -> float:
@@ -315,7 +411,7 @@ def p2p_time(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> floa
     """
     p = parallel.resolved()
     act = model.seq * p.micro_batch * model.hidden * model.dtype_bytes
-    gather = 0.0 if p.sequence_parallel else collective_time(hw, "all_gather", act, p.tp, 1)
+    gather = 0.0 if p.sequence_parallel else collective_time(hw, "all_gather", act, p.tp, p.stride("tp"))
     crossing = crossing_share(p, hw.gpus_per_node)
     if hw.p2p_curve and not crossing:  # measured point-to-point times (local calibration)
         return interpolate(hw.p2p_curve, act / p.tp) + gather
@@ -325,15 +421,19 @@ def p2p_time(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> floa
 
 
 def crossing_share(p: ParallelSpec, gpus_per_node: int) -> float:
-    """The share of pipeline sends that leave their node, in Megatron's rank order (tp fastest, then
-    dp, then pp): each of a stage's t x dp ranks sends to the rank t x dp further on."""
-    stride = p.tp * p.dp
-    if p.pp == 1 or stride * p.pp <= gpus_per_node:
+    """The share of pipeline sends that leave their node, in the spec's rank order: each rank of a
+    stage sends to the rank ``p.stride("pp")`` further on (t x dp in Megatron's order, t in Llama 3's,
+    where each pipeline's ranks are numbered together)."""
+    step = p.stride("pp")
+    block = step * p.pp  # the ranks numbered as one pipeline group; the order repeats it
+    if p.pp == 1 or (block <= gpus_per_node and gpus_per_node % block == 0):
         return 0.0
-    if stride >= gpus_per_node:
+    if step >= gpus_per_node:
         return 1.0
-    sends = [(k * stride + j, (k + 1) * stride + j) for k in range(p.pp - 1) for j in range(stride)]
-    return sum(a // gpus_per_node != b // gpus_per_node for a, b in sends) / len(sends)
+    starts = range(0, min(p.world_size, block * gpus_per_node), block)  # the node pattern repeats after these
+    sends = [(b + k * step + j, b + (k + 1) * step + j)
+             for b in starts for k in range(p.pp - 1) for j in range(step)]
+    return sum(a // gpus_per_node != c // gpus_per_node for a, c in sends) / len(sends)
 
 
 # -------------------------------------------------------------------------------------------- predict
@@ -346,6 +446,12 @@ class Prediction:
     ``tflops_per_gpu`` counts hardware FLOPs (recompute included), as Narayanan et al. 2021 report it;
     ``mfu`` uses model FLOPs and ``hfu`` hardware FLOPs (Korthikanti et al. 2022, sec. 5).
     ``flops_per_step`` is the hardware count.
+
+    ``step_window_s`` is what a measured trace calls a step (``Trace.step_windows``: the first rank's
+    start to the last rank's end): in the steady state a rank that ends its step early starts the
+    next one early (the last stage of a pipeline, which then waits for its first input), so the
+    window is the step plus the spread of the ranks' ends. It equals ``step_time_s`` without
+    pipeline parallelism; ``step_time_s`` is the period (what throughput divides by).
     """
 
     step_time_s: float
@@ -363,6 +469,7 @@ class Prediction:
     breakdown_s: dict[str, float] = field(default_factory=dict)
     parallel: ParallelSpec | None = None
     fits: bool = True
+    step_window_s: float = 0.0
 
     @property
     def flops_per_step(self) -> float:
@@ -377,8 +484,10 @@ class Prediction:
 
 
 def memory_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]:
-    """Bytes per GPU at the peak, on the fullest pipeline rank (with even stages an end rank):
-    model states (ZeRO) plus activations, plus what ZeRO-2/3 hold unsharded for a moment."""
+    """Bytes per GPU at the peak, on the fullest pipeline rank: model states (ZeRO) plus activations,
+    plus what ZeRO-2/3 hold unsharded for a moment. With an even split the end ranks are the fullest
+    (the first stashes the most microbatches, the last keeps the logits); with an uneven split any
+    rank can be, so every one is weighed."""
     if parallel.cp > 1:
         return CONTEXT_PARALLEL["memory_per_gpu"](model, parallel)
     p = parallel.resolved()
@@ -389,15 +498,19 @@ def memory_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]
 def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int) -> dict[str, float]:
     """ZeRO-3 gathers a unit's parameters whole (two units with prefetch: the one computing and the
     next), ZeRO-2/3 fill a unit's whole gradient before reduce-scattering it; a unit is a layer, or
-    the embedding when that is larger."""
-    optimizer = counting.optimizer_of(model, p)
-    experts = counting.expert_params(model, p, rank)  # sharded over the dp / ep ranks that hold them
-    states = counting.model_state_bytes(counting.stage_params(model, p, rank) - experts, p.dp, p.zero, optimizer)
-    for kind, nbytes in counting.model_state_bytes(experts, p.dp // p.ep, p.zero, optimizer).items():
+    the embedding when that is larger. FP8 GEMMs keep a 1-byte copy of the weights they read. A
+    mixture of experts' routed experts are sharded over the dp / ep ranks that hold them."""
+    per_param = counting.bytes_per_param(model, p)
+    params = counting.stage_params(model, p, rank)
+    experts = counting.expert_params(model, p, rank)
+    states = counting.model_state_bytes(params - experts, p.dp, p.zero, per_param)
+    for kind, nbytes in counting.model_state_bytes(experts, p.dp // p.ep, p.zero, per_param).items():
         states[kind] += nbytes
+    if model.fp8:
+        states["params"] += params / (p.dp if p.zero >= 3 else 1)
     states["activations"] = counting.activation_bytes_per_gpu(model, p, rank)
     if p.zero >= 2 and p.dp > 1:
-        pb, gb, _ = counting.OPTIMIZER_BYTES[optimizer]
+        pb, gb, _ = per_param
         unit = max(sum(counting.layer_params(model).values()), model.vocab * model.hidden) / p.tp
         states["grads"] += unit * gb
         if p.zero == 3:
@@ -406,9 +519,10 @@ def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int) -> dict[str, floa
     return states
 
 
-def check(model: ModelSpec, parallel: ParallelSpec, gpus: int | None = None) -> ParallelSpec:
+def check(model: ModelSpec, parallel: ParallelSpec, gpus: int | None = None,
+          hw: HardwareSpec | None = None) -> ParallelSpec:
     """The resolved spec, or SpecError listing every conflict."""
-    problems = model.problems() or parallel.problems(model, gpus)
+    problems = model.problems() or parallel.problems(model, gpus) or (hw.problems_for(model) if hw else [])
     if problems:
         raise SpecError("; ".join(problems))
     return parallel.resolved()
@@ -418,7 +532,7 @@ def predict(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec, simulate
     """Predict one training step. ``simulate=False`` uses closed-form bubbles (fast, for the planner)."""
     if parallel.cp > 1:
         return CONTEXT_PARALLEL["predict"](model, parallel, hw, simulate)
-    p = check(model, parallel)
+    p = check(model, parallel, hw=hw)
     times = stage_times(model, p, hw)
     if simulate:
         finish, bubble = _simulated_finish(model, p, hw, times)
@@ -437,7 +551,7 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
     if parallel.cp > 1:
         raise SpecError("the simulated step of a context-parallel run is not drawn; predict() gives its "
                         "numbers and paralab.sim.context.ring_trace one layer's ring")
-    p = check(model, parallel)
+    p = check(model, parallel, hw=hw)
     times = stage_times(model, p, hw)
     trace = _pipeline_trace(model, p, hw, times)
     finish = _finish_times(trace, p)
@@ -446,7 +560,7 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
     if p.tp > 1:
         spans += _tensor_parallel_spans(model, p, times, spans)
     for rank, (last_start, last_end) in enumerate(finish):
-        sync = _grad_sync(model, p, hw, rank)
+        sync = _grad_sync(model, p, hw, rank, last_end)
         start, end = _sync_window(p, sync, last_start, last_end)
         if sync["reduce"][0]:
             spans.append(Span(rank, COMM, sync["reduce"][1], start, end, name="gradient reduction", step=0,
@@ -464,22 +578,22 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
 
 def _tensor_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageTimes], spans: list[Span]) -> list[Span]:
     """One comm span per collective kind at the end of each forward and backward: a forward pays one
-    of the layer's pairs of blocking collectives per layer (all-reduces; all-gather + reduce-scatter
-    with sp), a backward the other (and the rerun forward's with full recompute)."""
-    ops, payload, passes = counting.tp_collectives(model, p)
-    blocks = counting.chunk_layers(model, p)
+    pass of the layer's blocking collectives per layer (all-reduces; all-gather + reduce-scatter with
+    sp), a backward the other (and the rerun forward's with full recompute)."""
+    ops, payload, per_pass, passes = counting.tp_collectives(model, p)
+    chunk_layers = counting.chunk_layers(model, p)
     out = []
     for span in spans:
         phase = "backward" if span.kind in ("backward", "backward_input") else span.kind
         if span.lane != COMPUTE or phase not in passes or span.stage is None:
             continue
-        layers = blocks[span.stage]
         seconds = times[span.stage].tp_comm * passes[phase] / sum(passes.values())
         end = span.end
         for op in ops:
             start = max(span.start, end - seconds / len(ops))
-            calls = 2 * layers * passes[phase]
-            out.append(Span(span.rank, COMM, op, start, end, name=f"tensor parallel {op} x{calls}", step=span.step,
+            calls = per_pass * chunk_layers[span.stage] * passes[phase]
+            out.append(Span(span.rank, COMM, op, start, end, name=f"tensor parallel {op} x{calls:g}",
+                            step=span.step,
                             bytes=int(calls * counting.ring_wire_bytes(op, payload, p.tp)),
                             payload_bytes=int(calls * payload), group_size=p.tp, stage=span.stage,
                             microbatch=span.microbatch))
@@ -533,14 +647,14 @@ def _pipeline_trace(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, times: 
     seconds = dict(zip(map(id, plan.actions), _plan_seconds(plan, model, p, hw, times)))
     act = model.seq * p.micro_batch * model.hidden * model.dtype_bytes
     return simulate_schedule(plan.schedule, lambda a: seconds[id(a)], lambda a: seconds[id(a)],
-                             activation_bytes=act // p.tp, plan=plan)
+                             activation_bytes=act // p.tp, plan=plan, blocking_sends=not p.overlap_p2p)
 
 
 def _simulated_finish(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, times: list[StageTimes]):
     """Finish times and bubble from the event simulator, without building spans (the fast path)."""
     plan = _plan(p)
     seconds = _plan_seconds(plan, model, p, hw, times)
-    starts, ends = run_plan(plan, seconds)
+    starts, ends = run_plan(plan, seconds, blocking_sends=not p.overlap_p2p)
     last: dict[int, tuple[float, float]] = {}
     busy, makespan = 0.0, 0.0
     for a, rank, kind, start, end in zip(plan.actions, plan.ranks, plan.kinds, starts, ends):
@@ -579,14 +693,18 @@ def _estimate_finish(model, p: ParallelSpec, hw, times: list[StageTimes]) -> tup
     With equal stages and free p2p this is exactly :func:`paralab.schedules.theoretical_bubble`:
     1F1B/GPipe ramp (p-1)(F+B), interleaved (p-1)(F+B)/v (chunks are 1/v long), ZB-H1 (p-1)(F+Bi-W)
     (Qi et al. 2023) or, with m < p, the gradient's trip back (m+p-1)(F+Bi) + W, naive no overlap at
-    all; other schedules use their closed-form bubble.
+    all; other schedules use their closed-form bubble. Blocking sends (``overlap_p2p`` off) add each
+    chunk's two sends per microbatch to its rank's work.
     """
     pp, m, name = p.pp, p.microbatches, _schedule_name(p)
+    blocking = p2p_time(model, p, hw) if pp > 1 and not p.overlap_p2p else 0.0
     work = [0.0] * pp
     for stage, st in enumerate(times):
-        work[counting.stage_rank(p, stage)] += st.forward + st.backward
+        work[counting.stage_rank(p, stage)] += st.forward + st.backward + 2 * blocking
     hop = 2 * p2p_time(model, p, hw) if pp > 1 else 0.0
-    f, bi, w = (sum(getattr(st, part) for st in times) / len(times) for part in ("forward", "backward_input", "backward_weight"))
+    mean = {part: sum(getattr(st, part) for st in times) / len(times)
+            for part in ("forward", "backward_input", "backward_weight")}
+    f, bi, w = mean["forward"] + blocking, mean["backward_input"] + blocking, mean["backward_weight"]
     if name == "naive":
         makespan = m * (sum(work) + (pp - 1) * hop)
     elif name == "zb-h1":
@@ -600,30 +718,36 @@ def _estimate_finish(model, p: ParallelSpec, hw, times: list[StageTimes]) -> tup
     return [(makespan - times[0].backward, makespan)] * pp, bubble
 
 
-def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int) -> dict:
-    """End-of-step data-parallel work of one pipeline rank: (seconds, op, wire bytes) rows and optimizer time."""
-    pb, gb, _ = counting.OPTIMIZER_BYTES[counting.optimizer_of(model, p)]
+def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int, computed: float = 0.0) -> dict:
+    """End-of-step data-parallel work of one pipeline rank: (seconds, op, wire bytes) rows and optimizer
+    time. The gradient reduction also waits for the slowest replica after ``computed`` seconds of
+    compute (:func:`sync_wait`)."""
+    pb, gb, _ = counting.bytes_per_param(model, p)
     params = counting.stage_params(model, p, rank)
     reduce_op = "all_reduce" if p.zero == 0 else "reduce_scatter"
     reduce = (0.0, reduce_op, 0.0)
     gather = (0.0, 0.0)
     messages = max(p.grad_buckets, 1)
     if p.dp > 1 and p.zero <= 1:
-        reduce = (collective_time(hw, reduce_op, params * gb, p.dp, p.tp, messages), reduce_op,
-                  counting.ring_wire_bytes(reduce_op, params * gb, p.dp))
+        seconds = collective_time(hw, reduce_op, params * gb, p.dp, p.stride("dp"), messages)
+        wire = counting.ring_wire_bytes(reduce_op, params * gb, p.dp)
+        reduce = (seconds + sync_wait(hw, computed, p.dp), reduce_op, wire)
     if p.dp > 1 and p.zero in (1, 2):
-        gather = (collective_time(hw, "all_gather", params * pb, p.dp, p.tp, messages),
+        gather = (collective_time(hw, "all_gather", params * pb, p.dp, p.stride("dp"), messages),
                   counting.ring_wire_bytes("all_gather", params * pb, p.dp))
     local = params / (p.dp if p.zero >= 1 else 1)
     rank_hw = per_rank(hw, p.world_size)
     optimizer = OPTIMIZER_BYTES_TOUCHED * local / (rank_hw.optimizer_bw or rank_hw.memory_bandwidth) + hw.kernel_overhead_s
     optimizer += counting.stage_tensors(model, p, rank) * hw.host_overhead_s.get("tensor_update", 0.0)
-    inter = p.dp * p.tp > hw.gpus_per_node
-    return {"reduce": reduce, "gather": gather, "optimizer": optimizer, "inter": inter, "params": params}
+    inter = p.dp * p.stride("dp") > hw.gpus_per_node
+    overlap = p.overlap_grad_reduce and hw.overlaps_comm
+    return {"reduce": reduce, "gather": gather, "optimizer": optimizer, "inter": inter, "params": params,
+            "overlap": overlap}
 
 
 def _sync_window(p: ParallelSpec, sync: dict, last_start: float, last_end: float) -> tuple[float, float]:
-    """When the gradient reduction runs: under the last backward when overlapped, else after it.
+    """When the gradient reduction runs: under the last backward when overlapped (and the hardware
+    overlaps communication with compute), else after it.
 
     Overlapped reduction starts with the last backward (buckets fill from the last layer down) and
     cannot finish before that backward ends plus the last bucket's share: 1/grad_buckets of it, or
@@ -632,7 +756,7 @@ def _sync_window(p: ParallelSpec, sync: dict, last_start: float, last_end: float
     seconds = sync["reduce"][0]
     if not seconds:
         return last_end, last_end
-    if p.overlap_grad_reduce:
+    if sync["overlap"]:
         return last_start, max(last_start + seconds, last_end + seconds / (p.grad_buckets or 8))
     return last_end, last_end + seconds
 
@@ -640,10 +764,12 @@ def _sync_window(p: ParallelSpec, sync: dict, last_start: float, last_end: float
 def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: float) -> Prediction:
     step = 0.0
     exposed = optimizer = 0.0
+    first_end = math.inf
     for rank, (last_start, last_end) in enumerate(finish):
-        sync = _grad_sync(model, p, hw, rank)
+        sync = _grad_sync(model, p, hw, rank, last_end)
         _, end = _sync_window(p, sync, last_start, last_end)
         rank_end = end + sync["optimizer"] + sync["gather"][0]
+        first_end = min(first_end, rank_end)
         if rank_end > step:
             step = rank_end
             exposed = end - last_end + sync["gather"][0]
@@ -651,13 +777,15 @@ def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: f
     loop = training_loop_time(model, p, hw)
     step += loop
     pipeline = max(e for _, e in finish)
-    flops = counting.flops_per_step(model, p.global_batch, p.recompute)
+    flops = counting.flops_per_step(model, p.global_batch, p.recompute, counting.recompute_share(model, p))
     world = p.world_size
-    peak = hw.peak(model.dtype) * (1 if hw.shared_compute else world)
+    peak = hw.datasheet_peak(model.dtype) * (1 if hw.shared_compute else world)
     memory = memory_per_gpu(model, p)
     first_rank = [st for stage, st in enumerate(times) if counting.stage_rank(p, stage) == 0]
     per_rank_tp = p.microbatches * sum(st.tp_comm for st in first_rank)
     per_rank_a2a = p.microbatches * sum(2 * st.a2a for st in first_rank)  # forward and backward
+    # ZeRO-2/3 collectives run inside the forward and backward passes; what they add is data-parallel time
+    per_rank_zero = p.microbatches * sum(st.zero_comm for st in first_rank)
     return Prediction(
         step_time_s=step,
         tokens_per_s=p.global_batch * model.seq / step,
@@ -673,15 +801,17 @@ def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: f
         hardware_flops_per_step=flops["hardware"],
         breakdown_s={
             "pipeline": pipeline,
+            "compute": pipeline * (1 - bubble) - per_rank_tp - per_rank_zero,
             "bubble": bubble * pipeline,
             "tp_comm": per_rank_tp,
             "ep_comm": per_rank_a2a,
-            "dp_comm_exposed": exposed,
+            "dp_comm_exposed": exposed + per_rank_zero,
             "optimizer": optimizer,
             "loop": loop,
         },
         parallel=p,
         fits=memory["total"] <= usable_memory(hw),
+        step_window_s=2 * step - loop - first_end,
     )
 
 
@@ -695,5 +825,7 @@ def training_loop_time(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> f
 
 
 def usable_memory(hw: HardwareSpec) -> float:
-    """What a plan may fill: 90% of capacity (allocator fragmentation, workspaces, the CUDA context)."""
-    return 0.9 * hw.memory_bytes
+    """What a plan may fill: capacity less what is held outside the allocator (``memory_reserved_bytes``:
+    CUDA context, NCCL buffers, workspaces), less the allocator's fragmentation share of the rest
+    (``allocator_overhead``, 10% unless the hardware says otherwise)."""
+    return (hw.memory_bytes - hw.memory_reserved_bytes) * (1 - hw.allocator_overhead)

@@ -26,15 +26,21 @@ def layer_params(model: ModelSpec) -> dict[str, int]:
 
     GPT (Narayanan et al. 2021, eq. 2): QKV 3h^2 + 3h, output projection h^2 + h, MLP 8h^2 + 5h, two
     LayerNorms 4h: 12h^2 + 13h. GQA narrows K and V to kv_heads x head_dim; a gated MLP has three
-    matrices (gate, up, down); RMSNorm has one vector per norm.
+    matrices (gate, up, down); RMSNorm has one vector per norm; parallel blocks have one norm.
     """
     h, kv = model.hidden, model.kv_dim
     bias = 1 if model.biases else 0
     return {
         "attention": h * (h + 2 * kv) + bias * (h + 2 * kv) + h * h + bias * h,
         "mlp": moe.ffn_params(model, model.ffn),
-        "norms": 2 * model.norm_params * h,
+        "norms": norms_per_layer(model) * model.norm_params * h,
     }
+
+
+def norms_per_layer(model: ModelSpec) -> int:
+    """Pre-norm layers normalise before attention and before the MLP; parallel blocks (GPT-J, PaLM)
+    feed both from one norm."""
+    return 1 if model.parallel_blocks else 2
 
 
 def parameter_counts(model: ModelSpec) -> dict[str, int]:
@@ -87,19 +93,24 @@ def stage_rank(parallel: ParallelSpec, stage: int) -> int:
 
 def chunk_layers(model: ModelSpec, parallel: ParallelSpec) -> list[int]:
     """Blocks of every model chunk (pp x v of them, in model order): even, or ``stage_layers``
-    (paralab.stage_split, the executor's rule)."""
-    return layers_per_stage(model.layers, parallel.pp * parallel.virtual_stages, parallel.stage_layers)
+    (paralab.stage_split, the executor's rule; Megatron-LM's first/last stage layers are one such)."""
+    return layers_per_stage(model.layers, parallel.chunks, parallel.stage_layers)
+
+
+def moe_blocks(model: ModelSpec, first: int, count: int) -> int:
+    """How many of blocks first .. first + count - 1 have a mixture of experts for an MLP."""
+    return sum(b >= model.dense_layers for b in range(first, first + count)) if model.experts else 0
 
 
 def rank_layers(model: ModelSpec, parallel: ParallelSpec, rank: int, moe_only: bool = False) -> int:
-    """Blocks on pipeline rank ``rank`` (``moe_only``: those whose MLP is a mixture of experts)."""
+    """Blocks on pipeline rank ``rank``, over all its chunks (``moe_only``: those whose MLP is a
+    mixture of experts)."""
     out, first = 0, 0
     for stage, count in enumerate(chunk_layers(model, parallel)):
         if stage_rank(parallel, stage) == rank:
-            blocks = range(first, first + count)
-            out += sum(b >= model.dense_layers for b in blocks) if moe_only else count
+            out += moe_blocks(model, first, count) if moe_only else count
         first += count
-    return out if not moe_only or model.experts else 0
+    return out
 
 
 def expert_params(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
@@ -107,34 +118,47 @@ def expert_params(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
     return moe.expert_params_per_gpu(model, parallel, rank_layers(model, parallel, rank, moe_only=True))
 
 
-def stage_params(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
-    """Parameters one GPU of pipeline rank ``rank`` holds (before ZeRO sharding).
+def chunk_params(model: ModelSpec, parallel: ParallelSpec, chunk: int) -> float:
+    """Parameters one GPU holds of model chunk ``chunk`` (before ZeRO sharding)."""
+    layers = chunk_layers(model, parallel)
+    first = sum(layers[:chunk])
+    return _params_of(model, parallel, layers[chunk], moe_blocks(model, first, layers[chunk]), chunk == 0,
+                      chunk == parallel.chunks - 1)
 
-    The rank's chunks hold their blocks (:func:`chunk_layers`); inside a layer the matrices and
-    column-parallel biases are split over the tp ranks and the norms and row-parallel biases are
-    replicated. The first rank also holds the vocabulary-parallel embedding and the (replicated)
-    positions, the last stage's rank the final norm (replicated) and the output layer, or a second
-    copy of the tied embedding when that is another rank, as Megatron-LM does (Shoeybi et al. 2019).
-    A MoE layer's MLP is its router (replicated), shared experts (split over tp) and E / ep routed
-    experts (:func:`expert_params`; experts are not split over tp here).
+
+def stage_params(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
+    """Parameters one GPU of pipeline rank ``rank`` holds (before ZeRO sharding): its chunks'."""
+    return _params_of(model, parallel, rank_layers(model, parallel, rank),
+                      rank_layers(model, parallel, rank, moe_only=True), rank == stage_rank(parallel, 0),
+                      rank == last_stage_rank(parallel))
+
+
+def _params_of(model: ModelSpec, parallel: ParallelSpec, layers: int, moe_layers: int, first: bool,
+               last: bool) -> float:
+    """Parameters one GPU holds of ``layers`` blocks (``moe_layers`` of them mixtures of experts), and
+    of the ends when it holds them.
+
+    Inside a layer the matrices and column-parallel biases are split over the tp ranks and the norms
+    and row-parallel biases are replicated. The first chunk also holds the vocabulary-parallel
+    embedding and the (replicated) positions, the last the final norm (replicated) and the output
+    layer, or a second copy of the tied embedding when that is on another rank, as Megatron-LM does
+    (Shoeybi et al. 2019). A MoE layer's MLP is its router (replicated), shared experts (split over
+    tp) and E / ep routed experts (experts are not split over tp here).
     """
     counts = parameter_counts(model)
-    t, last = parallel.tp, last_stage_rank(parallel)
-    layers_here = rank_layers(model, parallel, rank)
-    moe_here = rank_layers(model, parallel, rank, moe_only=True)
-    replicated = layers_here * replicated_layer_params(model)
-    split = layers_here * sum(layer_params(model).values()) - replicated
-    if moe_here:
+    replicated = layers * replicated_layer_params(model)
+    split = layers * sum(layer_params(model).values()) - replicated
+    if moe_layers:
         mlp = moe.moe_mlp_params(model)
-        replicated += moe_here * mlp["router"]
-        split += moe_here * (mlp["shared"] - layer_params(model)["mlp"])
-    if rank == 0:
+        replicated += moe_layers * mlp["router"]
+        split += moe_layers * (mlp["shared"] - layer_params(model)["mlp"])
+    if first:
         split += counts["embedding"]
         replicated += counts["positions"]
-    if rank == last:
-        split += counts["output"] or (counts["embedding"] if last != 0 else 0)
+    if last:
+        split += counts["output"] or (counts["embedding"] if last_stage_rank(parallel) != 0 else 0)
         replicated += counts["final_norm"]
-    return split / t + replicated + expert_params(model, parallel, rank)
+    return split / parallel.tp + replicated + moe.expert_params_per_gpu(model, parallel, moe_layers)
 
 
 def stage_tensors(model: ModelSpec, parallel: ParallelSpec, rank: int) -> int:
@@ -145,7 +169,7 @@ def stage_tensors(model: ModelSpec, parallel: ParallelSpec, rank: int) -> int:
     position) embedding, the last the final norm and the output layer (weight, and bias if any).
     """
     matrices, bias = 3 if model.gated_mlp else 2, 2 if model.biases else 1
-    per_layer = (2 + matrices) * bias + 2 * model.norm_params
+    per_layer = (2 + matrices) * bias + norms_per_layer(model) * model.norm_params
     total = per_layer * rank_layers(model, parallel, rank)
     experts_here = model.experts // parallel.ep + model.shared_experts
     total += rank_layers(model, parallel, rank, moe_only=True) * (1 + (experts_here - 1) * matrices * bias)
@@ -180,7 +204,15 @@ def logits_forward_flops(model: ModelSpec, sequences: float = 1) -> float:
     return 2 * sequences * model.seq * model.hidden * model.vocab
 
 
-def flops_per_step(model: ModelSpec, sequences: float, recompute: str = "none") -> dict[str, float]:
+def recompute_share(model: ModelSpec, p: ParallelSpec) -> float:
+    """The share of layers full recompute reruns: all, or ``recompute_layers`` of each stage's."""
+    if p.recompute != "full":
+        return 0.0
+    return min(1.0, p.recompute_layers * p.pp / model.layers) if p.recompute_layers else 1.0
+
+
+def flops_per_step(model: ModelSpec, sequences: float, recompute: str = "none",
+                   share: float = 1.0) -> dict[str, float]:
     """Model FLOPs (what the math needs) and hardware FLOPs (what runs, recompute included).
 
     Backward costs twice the forward (Narayanan et al. 2021), so model FLOPs are 3 x forward:
@@ -188,12 +220,18 @@ def flops_per_step(model: ModelSpec, sequences: float, recompute: str = "none") 
     Full recompute runs every layer's forward again: 96 B s l h^2 (1 + s/(6h) + V/(16 l h))
     (Narayanan et al. 2021, eq. 3). Selective recompute, as Korthikanti et al. 2022 account it
     (sec. 5, giving the HFU of their Table 5), adds 72 B s l h^2 x s/(6h): hardware FLOPs
-    72 B s l h^2 (1 + s/(3h) + V/(12 l h)).
+    72 B s l h^2 (1 + s/(3h) + V/(12 l h)). A fused (flash) attention recomputes Q K^T in its
+    backward (five matmuls instead of four, Dao 2023): half the attention core's forward again; it
+    keeps nothing that selective recompute could drop. ``share``: the share of layers full
+    recompute reruns (:func:`recompute_share`).
     """
     layer = layer_forward_flops(model, sequences)
     layer_fwd = model.layers * (layer["linear"] + layer["attention"]) + moe.extra_forward_flops(model, sequences)
     model_flops = 3 * (layer_fwd + logits_forward_flops(model, sequences))
-    extra = {"none": 0.0, "full": layer_fwd, "selective": 3 * model.layers * layer["attention"]}[recompute]
+    fused = model.attention == "fused"
+    selective = 0.0 if fused else 3 * model.layers * layer["attention"]
+    extra = {"none": 0.0, "full": share * layer_fwd, "selective": selective}[recompute]
+    extra += 0.5 * model.layers * layer["attention"] if fused else 0.0
     return {"model": model_flops, "hardware": model_flops + extra}
 
 
@@ -216,20 +254,38 @@ def activation_bytes_per_layer(
     the 5 a s / h is softmax output 2, its dropout mask 1 and dropout output 2. Without dropout
     (Llama) the masks and dropout output are gone; with GQA K and V are kv_dim wide; a gated MLP
     keeps gate, up and product (2 bytes each) of width ffn. An fp32 model keeps 4 bytes where the
-    table counts 2 (the lab's CPU models).
+    table counts 2 (the lab's CPU models). A fused (flash) attention keeps no s x s tensor, only each
+    row's fp32 log-sum-exp, 4 a s b bytes (its dropout mask is regenerated from the seed); parallel
+    blocks keep one norm input and one normalised input, which attention and MLP share.
     """
-    s, b, h, a, t, e = model.seq, micro_batch, model.hidden, model.heads, tp, model.dtype_bytes
+    s, b, h, t, e = model.seq, micro_batch, model.hidden, tp, model.dtype_bytes
     sbh = s * b * h
     if recompute == "full":
         return e * sbh / (t if sequence_parallel else 1)
     mask = 1 if model.dropout else 0
     kv = 2 * s * b * model.kv_dim
-    # not split by tp: norm inputs (2 tensors), attention and MLP inputs, the two dropout masks
-    replicated = 2 * e * sbh + e * sbh + e * sbh + 2 * mask * sbh
+    # not split by tp: norm inputs, attention and MLP inputs (one shared with parallel blocks), the
+    # two dropout masks
+    norms = norms_per_layer(model)
+    replicated = norms * e * sbh + norms * e * sbh + 2 * mask * sbh
     ffn_stored = (3 if model.gated_mlp else 2) * e * s * b * model.ffn
     split = e * sbh + e * kv + e * sbh + ffn_stored  # Q, K and V, projection input, MLP inner tensors
-    core = 0.0 if recompute == "selective" else (e + mask * (1 + e)) * a * s * s * b  # softmax, mask, dropout
+    core = attention_core_bytes(model, b, recompute)
     return (replicated / (t if sequence_parallel else 1)) + (split + core) / t
+
+
+def attention_core_bytes(model: ModelSpec, micro_batch: int = 1, recompute: str = "none") -> float:
+    """What the attention core keeps for backward, on one GPU without tensor parallelism: the s x s
+    softmax output, its dropout mask and output (Korthikanti et al. 2022, Table 2: 5 a s^2 b with
+    16-bit activations), none under selective recompute; a fused kernel's 4 a s b of fp32 row
+    statistics instead."""
+    a, s, b = model.heads, model.seq, micro_batch
+    if model.attention == "fused":
+        return 4 * a * s * b
+    if recompute == "selective":
+        return 0.0
+    mask = 1 if model.dropout else 0
+    return (model.dtype_bytes + mask * (1 + model.dtype_bytes)) * a * s * s * b
 
 
 def peak_inflight_chunks(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1, rank: int = 0) -> int:
@@ -264,8 +320,9 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
 
     Per-layer bytes (Korthikanti et al. 2022, Table 2) x layers per chunk x chunks in flight, plus, on
     the first rank, the embedding output it keeps per microbatch in flight (2 s b h, / t with sequence
-    parallelism) and, on the last stage's rank, the fp32 logits the cross-entropy keeps, 4 s b V / t
-    (Korthikanti et al. sec. 4.3; one microbatch's at a time, all m under GPipe), plus, with full
+    parallelism) and, on the last stage's rank, what the cross-entropy keeps, 4 s b V / t with a fused
+    kernel (Korthikanti et al. sec. 4.3; :func:`loss_bytes_per_logit`; one microbatch's at a time,
+    all m under GPipe), plus, with full
     recompute, the one layer being rematerialised in full during its backward.
     """
     p = parallel.resolved()
@@ -273,6 +330,10 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
     layers_per_chunk = rank_layers(model, p, rank) / chunks_here
     inflight = peak_inflight_chunks(p.schedule, p.pp, p.microbatches, p.virtual_stages, rank)
     per_layer = activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, p.recompute)
+    share = recompute_share(model, p)
+    if p.recompute == "full" and share < 1:  # the layers not recomputed keep everything
+        kept = activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, "none")
+        per_layer = share * per_layer + (1 - share) * kept
     total = inflight * layers_per_chunk * per_layer
     if p.recompute != "full":  # a mixture of experts keeps k copies of each token at its experts
         moe_per_chunk = rank_layers(model, p, rank, moe_only=True) / chunks_here
@@ -282,10 +343,18 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
         total += model.dtype_bytes * sbh / (p.tp if p.sequence_parallel else 1) * min(inflight, p.microbatches)
     if rank == last_stage_rank(p):
         logits_inflight = p.microbatches if p.schedule == "gpipe" and p.pp > 1 else 1
-        total += 4 * model.seq * p.micro_batch * model.vocab / p.tp * logits_inflight
+        logits = model.seq * p.micro_batch * model.vocab / p.tp
+        total += loss_bytes_per_logit(model) * logits * logits_inflight
     if p.recompute == "full":
         total += activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, "none")
     return total
+
+
+def loss_bytes_per_logit(model: ModelSpec) -> int:
+    """Bytes the loss holds per logit at its peak: the fp32 logits of a fused cross-entropy
+    (Korthikanti et al. 2022 sec. 4.3), or, unfused, the model's logits, the fp32 log-softmax it
+    keeps for backward and that one's gradient."""
+    return 4 if model.fused_loss else model.dtype_bytes + 4 + 4
 
 
 OPTIMIZER_BYTES = {
@@ -301,15 +370,26 @@ def optimizer_of(model: ModelSpec, p: ParallelSpec) -> str:
     return p.optimizer or ("adam-fp32" if model.dtype == "fp32" else "adam-mixed")
 
 
-def model_state_bytes(params: float, dp: int, zero: int, optimizer: str = "adam-mixed") -> dict[str, float]:
-    """Parameter, gradient and optimizer bytes per GPU under ZeRO stage 0..3.
+def bytes_per_param(model: ModelSpec, p: ParallelSpec) -> tuple[int, int, int]:
+    """(parameter, gradient, optimizer-state) bytes per parameter of this run: the optimizer's, with
+    gradients kept in fp32 when ``fp32_grads`` (Megatron-LM's main_grad; Llama 3's FSDP accumulates
+    and reduce-scatters in fp32 too)."""
+    pb, gb, ob = OPTIMIZER_BYTES[optimizer_of(model, p)]
+    return pb, 4 if p.fp32_grads else gb, ob
+
+
+def model_state_bytes(params: float, dp: int, zero: int,
+                      optimizer: str | tuple = "adam-mixed") -> dict[str, float]:
+    """Parameter, gradient and optimizer bytes per GPU under ZeRO stage 0..3 (``optimizer``: a name of
+    OPTIMIZER_BYTES or a (param, grad, state) bytes tuple, see :func:`bytes_per_param`).
 
     Rajbhandari et al. 2020, sec. 5 and Figure 1: mixed-precision Adam holds 2 + 2 + K bytes per
     parameter with K = 12; stage 1 (P_os) shards the optimizer states over N_d, stage 2 (P_os+g)
     the gradients too, stage 3 (P_os+g+p) the parameters too. Example (their Figure 1): 7.5B
-    parameters, N_d = 64: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB.
+    parameters, N_d = 64: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB. Megatron-LM's distributed optimizer is
+    stage 1 with fp32 gradients: 6 + 12/N_d bytes per parameter (its docs' table).
     """
-    pb, gb, ob = OPTIMIZER_BYTES[optimizer]
+    pb, gb, ob = OPTIMIZER_BYTES[optimizer] if isinstance(optimizer, str) else optimizer
     return {
         "params": params * pb / (dp if zero >= 3 else 1),
         "grads": params * gb / (dp if zero >= 2 else 1),
@@ -320,14 +400,16 @@ def model_state_bytes(params: float, dp: int, zero: int, optimizer: str = "adam-
 # ------------------------------------------------------------------------------------- communication
 
 
-def tp_collectives(model: ModelSpec, p: ParallelSpec) -> tuple[tuple[str, ...], float, dict[str, int]]:
-    """What tensor parallelism blocks on in a layer: its collective ops, their payload b s h, and the
-    passes that issue them. Each pass (forward, backward, and the forward rerun by full recompute)
-    issues two all-reduces (Shoeybi et al. 2019) or, with sequence parallelism, two all-gathers and
-    two reduce-scatters of the same bytes (Korthikanti et al. 2022, sec. 4.2.2)."""
+def tp_collectives(model: ModelSpec, p: ParallelSpec) -> tuple[tuple[str, ...], float, int, dict[str, float]]:
+    """What tensor parallelism blocks on in a layer: its collective ops, their payload b s h, how many
+    each pass issues, and the passes. Each pass (forward, backward, and the forward rerun by full
+    recompute) issues two all-reduces (Shoeybi et al. 2019) or, with sequence parallelism, two
+    all-gathers and two reduce-scatters of the same bytes (Korthikanti et al. 2022, sec. 4.2.2);
+    parallel blocks sum attention and MLP before one all-reduce, so one (Chowdhery et al. 2022)."""
     ops = ("all_gather", "reduce_scatter") if p.sequence_parallel else ("all_reduce",)
-    passes = {"forward": 1, "backward": 2 if p.recompute == "full" else 1}
-    return ops, p.micro_batch * model.seq * model.hidden * model.dtype_bytes, passes
+    passes = {"forward": 1, "backward": 1 + recompute_share(model, p)}
+    per_pass = 1 if model.parallel_blocks else 2
+    return ops, p.micro_batch * model.seq * model.hidden * model.dtype_bytes, per_pass, passes
 
 
 def comm_payloads(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[str, str, float, int, float]]:
@@ -354,14 +436,14 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[str, s
     layers = rank_layers(model, p, 0)
     rows: list[tuple[str, str, float, int, float]] = []
     if t > 1:
-        ops, payload, passes = tp_collectives(model, p)
-        rows += [("tp", op, payload, t, 2 * sum(passes.values()) * layers * m) for op in ops]
+        ops, payload, per_pass, passes = tp_collectives(model, p)
+        rows += [("tp", op, payload, t, per_pass * sum(passes.values()) * layers * m) for op in ops]
     if p.pp > 1:
         rows.append(("pp", "send", act / t, 2, 2 * m * p.virtual_stages))
     if p.ep > 1:  # dispatch and combine, forward and backward, per MoE layer and microbatch
         moe_here = rank_layers(model, p, 0, moe_only=True)
         rows.append(("ep", "all_to_all", moe.all_to_all_payload(model, p), p.ep, 4 * moe_here * m))
-    pb, gb, _ = OPTIMIZER_BYTES[optimizer_of(model, p)]
+    pb, gb, _ = bytes_per_param(model, p)
     experts = expert_params(model, p, 0)
     # replicated parameters reduce over dp; experts over the dp / ep ranks that hold the same ones
     for params, group in ((stage_params(model, p, 0) - experts, p.dp), (experts, p.dp // p.ep)):

@@ -5,7 +5,9 @@ so every action is timed after everything it waits for. Each rank runs one actio
 
 - a compute starts when the rank is free and its inputs exist, and takes ``compute_time(action)``;
 - a send is issued when the rank reaches it and does not hold the rank (buffered, like ``isend``);
-  its tensor lands on the peer ``p2p_time(action)`` later;
+  its tensor lands on the peer ``p2p_time(action)`` later; with ``blocking_sends`` it holds the
+  rank until then (a schedule that waits for each exchange, as Megatron-LM's and DeepSpeed's
+  pipeline engines did before they overlapped point-to-point communication);
 - a recv holds the rank from when it is reached until the tensor has landed:
   it completes at max(recv issued, send issued + p2p time);
 - a backward that shares a slot with the forward before it (``Action.overlapped``, DualPipeV's F&B)
@@ -87,7 +89,8 @@ def builtin_plan(name: str, stages: int, microbatches: int, virtual_stages: int 
     return compile_schedule(schedule, report.order)
 
 
-def run_plan(plan: Plan, seconds: list[float], t0: float = 0.0) -> tuple[list[float], list[float]]:
+def run_plan(plan: Plan, seconds: list[float], t0: float = 0.0,
+             blocking_sends: bool = False) -> tuple[list[float], list[float]]:
     """Start and end of every action of ``plan``; ``seconds[i]`` is action i's compute time, or its
     send's latency (ignored for a recv). The rules are those of the module docstring."""
     free_at = [t0] * plan.schedule.pp
@@ -102,8 +105,10 @@ def run_plan(plan: Plan, seconds: list[float], t0: float = 0.0) -> tuple[list[fl
         if kind == RECV:  # blocking: held from reaching the recv until the tensor has landed
             starts[i], finished[i] = free, ready
             free_at[rank] = ready
-        elif kind == SEND:  # buffered: the transfer runs on while the rank goes on
+        elif kind == SEND:  # buffered: the transfer runs on while the rank goes on (unless blocking)
             starts[i], finished[i] = ready, ready + seconds[i]
+            if blocking_sends:
+                free_at[rank] = finished[i]
         else:
             starts[i] = ready
             finished[i] = free_at[rank] = ready + seconds[i]
@@ -130,6 +135,7 @@ def simulate_schedule(
     activation_bytes: int = 0,
     plan: Plan | None = None,
     overlap_saving: Seconds = 0.0,
+    blocking_sends: bool = False,
 ) -> Trace:
     """Time one training step of ``schedule`` and return it as a Trace.
 
@@ -140,12 +146,13 @@ def simulate_schedule(
     a send puts it on the wire, a recv puts nothing (its payload is still the tensor).
     ``plan``: the schedule already compiled (:func:`builtin_plan`), to skip validating it again.
     ``overlap_saving``: seconds an overlapped F&B slot saves (seconds, or a callable of its backward).
+    ``blocking_sends``: a send holds its rank until its tensor has landed.
     The step window is t0..makespan on every rank, so idle time at either end counts as bubble.
     """
     plan = plan or compile_schedule(schedule)
     seconds = plan_seconds(plan, _as_callable(compute_time, "compute_time"), _as_callable(p2p_time, "p2p_time"),
                            _as_callable(overlap_saving, "overlap_saving"))
-    starts, ends = run_plan(plan, seconds, t0)
+    starts, ends = run_plan(plan, seconds, t0, blocking_sends)
     spans: list[Span] = []
     for action, rank, kind, start, end in zip(plan.actions, plan.ranks, plan.kinds, starts, ends):
         if kind == RECV:

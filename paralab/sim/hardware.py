@@ -1,11 +1,21 @@
-"""Hardware presets: datasheet GPUs in their usual nodes, and ``local`` (this machine, measured).
+"""Hardware presets: datasheet GPUs in their usual nodes, ``local`` (this machine, measured), and
+custom parts described in a JSON file (:func:`load_hardware_file`).
 
 GPU figures are dense (no 2:4 sparsity) datasheet peaks; link bandwidths are the per-GPU,
 per-direction bus bandwidths NCCL reaches (about 3/4 of the NVLink datasheet figure), and the
 inter-node bandwidth is one NIC per GPU as in DGX nodes. Sources: NVIDIA A100 datasheet (312 TFLOP/s
-bf16, 2.0 TB/s HBM2e, NVLink 3 at 600 GB/s both ways), DGX A100 user guide (8 x 200 Gb/s HDR
-InfiniBand for compute), NVIDIA H100 / H200 datasheets (989 TFLOP/s bf16 dense, 3.35 / 4.8 TB/s,
-NVLink 4 at 900 GB/s both ways), DGX H100 (8 x 400 Gb/s NDR).
+bf16, 2.0 TB/s HBM2e, NVLink 3 at 600 GB/s both ways, 400 W), DGX A100 user guide (8 x 200 Gb/s HDR
+InfiniBand for compute), NVIDIA H100 / H200 datasheets (989 TFLOP/s bf16 and 1,979 fp8 dense, 3.35 /
+4.8 TB/s, NVLink 4 at 900 GB/s both ways, 700 W), DGX H100 (8 x 400 Gb/s NDR). Memory is what the
+driver reports as the part's total (nvidia-smi memory.total: 81920, 81559 and 143771 MiB), within
+0.5% of the datasheet's 80, 80 and 141 GB read as GiB; ``tests/test_sim_hardware.py`` holds every
+preset against the datasheet figures, so a unit slip (141e9 bytes is 131 GiB) fails there.
+
+Every GPU preset's compute speed varies from part to part by ``straggler_cv`` = 1% (one standard
+deviation): Sinha et al. 2022 ("Not All GPUs Are Created Equal", SC22) measured 8% average
+performance variation (slowest to fastest) across the several thousand identical GPUs of each
+cluster they studied, about what a 1% spread gives over that many GPUs (2 x 3.5 sigma). A step
+waits for the slowest of its GPUs (:func:`paralab.sim.cost.straggler_factor`).
 
 ``local`` is calibrated by microbenchmarks (:mod:`paralab.sim.calibration`) so the same cost model
 predicts the CPU runs of this lab: matmul throughput at the lab models' shapes, copy bandwidth, host
@@ -26,12 +36,13 @@ from pathlib import Path
 from paralab.sim.specs import HardwareSpec, SpecError
 
 GiB = 1024**3
+MiB = 1024**2
 
 PRESETS: dict[str, HardwareSpec] = {
     "a100": HardwareSpec(
         name="a100",
         peak_flops={"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
-        memory_bytes=80 * GiB,
+        memory_bytes=81920 * MiB,
         memory_bandwidth=2.039e12,
         gpus_per_node=8,
         intra_bw=230e9,
@@ -39,12 +50,14 @@ PRESETS: dict[str, HardwareSpec] = {
         inter_bw=23e9,
         inter_latency=10e-6,
         matmul_max_efficiency=0.8,
+        tdp_w=400,
+        straggler_cv=0.01,
         notes="A100 80GB SXM in DGX A100 nodes: NVLink 3 / NVSwitch inside, 8 x HDR 200 Gb/s between",
     ),
     "h100": HardwareSpec(
         name="h100",
-        peak_flops={"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
-        memory_bytes=80 * GiB,
+        peak_flops={"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "fp32": 67e12},
+        memory_bytes=81559 * MiB,
         memory_bandwidth=3.35e12,
         gpus_per_node=8,
         intra_bw=360e9,
@@ -52,12 +65,14 @@ PRESETS: dict[str, HardwareSpec] = {
         inter_bw=45e9,
         inter_latency=10e-6,
         matmul_max_efficiency=0.7,
+        tdp_w=700,
+        straggler_cv=0.01,
         notes="H100 SXM in DGX H100 nodes: NVLink 4 / NVSwitch inside, 8 x NDR 400 Gb/s between",
     ),
     "h200": HardwareSpec(
         name="h200",
-        peak_flops={"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
-        memory_bytes=141e9,
+        peak_flops={"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "fp32": 67e12},
+        memory_bytes=143771 * MiB,
         memory_bandwidth=4.8e12,
         gpus_per_node=8,
         intra_bw=360e9,
@@ -65,6 +80,8 @@ PRESETS: dict[str, HardwareSpec] = {
         inter_bw=45e9,
         inter_latency=10e-6,
         matmul_max_efficiency=0.7,
+        tdp_w=700,
+        straggler_cv=0.01,
         notes="H200 SXM (H100 compute, 141 GB HBM3e) in 8-GPU HGX nodes, 8 x NDR 400 Gb/s between",
     ),
 }
@@ -73,13 +90,102 @@ NAMES = (*PRESETS, "local")
 
 
 def get_hardware(name: str, recalibrate: bool = False) -> HardwareSpec:
-    """A preset by name (case-insensitive); ``local`` loads the cached calibration or measures it."""
+    """A preset by name (case-insensitive), ``local`` (the cached calibration, or measured now), or
+    a hardware file (a path ending in ``.json``, see :func:`load_hardware_file`)."""
+    if name.lower().endswith(".json"):
+        return load_hardware_file(name)
     key = ALIASES.get(name.lower(), name.lower())
     if key == "local":
         return local(recalibrate=recalibrate)
     if key not in PRESETS:
-        raise SpecError(f"unknown hardware {name!r}; choose from {', '.join(NAMES)}")
+        raise SpecError(f"unknown hardware {name!r}; choose from {', '.join(NAMES)} or give a FILE.json")
     return PRESETS[key]
+
+
+# Hardware-file keys in the units datasheets use: key -> (HardwareSpec field, factor to SI units).
+# Any HardwareSpec field may also be given by its own name, in SI units (bytes, FLOP/s, bytes/s, s).
+FILE_UNITS = {
+    "memory_gib": ("memory_bytes", GiB),
+    "memory_reserved_gib": ("memory_reserved_bytes", GiB),
+    "peak_tflops": ("peak_flops", 1e12),
+    "memory_bandwidth_gb_s": ("memory_bandwidth", 1e9),
+    "nvlink_gb_s": ("intra_bw", 1e9),
+    "nvlink_latency_us": ("intra_latency", 1e-6),
+    "nvls_gb_s": ("nvls_bw", 1e9),
+    "nic_gb_s": ("inter_bw", 1e9),
+    "nic_latency_us": ("inter_latency", 1e-6),
+}
+# a NIC's line rate as vendors state it (Gb/s) and how many a node has: inter_bw is its per-GPU share
+NIC_KEYS = ("nic_gbit_s", "nics_per_node")
+
+
+def load_hardware_file(path: str | Path) -> HardwareSpec:
+    """A custom part from a JSON object (docs/simulator.md lists the fields).
+
+    ``base`` names a preset to start from (default: every field must be given); the other keys are
+    HardwareSpec fields in SI units or the unit-named keys of :data:`FILE_UNITS`, and ``nic_gbit_s``
+    (with ``nics_per_node``, default one per GPU) sets the per-GPU inter-node bandwidth from a NIC's
+    line rate. Unknown keys, bad values and missing fields raise SpecError naming them.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise SpecError(f"cannot read hardware file {str(path)!r}: {err}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"hardware file {str(path)!r} must hold one JSON object")
+    fields = {f.name for f in dataclasses.fields(HardwareSpec)}
+    unknown = sorted(set(data) - fields - set(FILE_UNITS) - set(NIC_KEYS) - {"base"})
+    if unknown:
+        raise SpecError(f"hardware file {str(path)!r}: unknown key(s) {', '.join(unknown)}; use HardwareSpec "
+                        f"fields (SI units), {', '.join(FILE_UNITS)}, {', '.join(NIC_KEYS)} or base")
+    try:
+        spec = _file_spec(data, fields, path)
+        problems = spec.problems()
+    except (TypeError, ValueError) as err:  # a string where a number belongs, and the like
+        raise SpecError(f"hardware file {str(path)!r}: {err}") from None
+    if problems:
+        raise SpecError(f"hardware file {str(path)!r}: " + "; ".join(problems))
+    return spec
+
+
+def _file_spec(data: dict, fields: set, path: Path) -> HardwareSpec:
+    values = {k: v for k, v in data.items() if k in fields}
+    kinds = {f.name: f.type for f in dataclasses.fields(HardwareSpec)}
+    for key, value in values.items():
+        if kinds[key] in ("float", "int") and not _number(value):
+            raise SpecError(f"hardware file {str(path)!r}: {key} must be a number, got {value!r}")
+    for key, (name, factor) in FILE_UNITS.items():
+        if key in data:
+            value = data[key]
+            numbers = value.values() if isinstance(value, dict) else [value]
+            if not all(map(_number, numbers)):
+                raise SpecError(f"hardware file {str(path)!r}: {key} must be a number (or numbers by dtype), "
+                                f"got {value!r}")
+            scaled = {k: v * factor for k, v in value.items()} if isinstance(value, dict) else value * factor
+            values[name] = scaled
+    values.setdefault("name", path.stem)
+    base = data.get("base")
+    if base is not None and str(base).lower() not in PRESETS:
+        raise SpecError(f"hardware file {str(path)!r}: base {base!r} is not a preset ({', '.join(PRESETS)})")
+    start = dataclasses.asdict(PRESETS[str(base).lower()]) if base else {}
+    if "nic_gbit_s" in data:
+        gpus = values.get("gpus_per_node", start.get("gpus_per_node", 0)) or 1
+        values["inter_bw"] = data["nic_gbit_s"] * 1e9 / 8 * data.get("nics_per_node", gpus) / gpus
+    return _from_fields({**start, **values}, path)
+
+
+def _number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _from_fields(values: dict, path: Path) -> HardwareSpec:
+    required = [f.name for f in dataclasses.fields(HardwareSpec)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [n for n in required if n not in values]
+    if missing:
+        raise SpecError(f"hardware file {str(path)!r}: missing {', '.join(missing)} (or give base: a preset)")
+    return HardwareSpec(**values)
 
 
 def cache_dir() -> Path:
@@ -87,7 +193,7 @@ def cache_dir() -> Path:
 
 
 LOCAL_RANKS = 64  # ranks the local machine is taken to hold: one 'node', however many cores it has
-CALIBRATION_VERSION = 4  # bump when what calibrate() measures changes: older caches are measured again
+CALIBRATION_VERSION = 6  # bump when what calibrate() measures changes: older caches are measured again
 
 
 def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True, threads: int | None = None) -> HardwareSpec:
@@ -167,7 +273,8 @@ def calibrate(matmul_size: int = 1024, gloo: bool = True, threads: int | None = 
     )
     # the blocks ran as one rank's (with every core when ``threads`` is None): fit them as such
     fitted = bench.fit_elementwise_bandwidth(dataclasses.replace(spec, shared_compute=False), figures["blocks"])
-    return dataclasses.replace(spec, elementwise_bw=fitted)
+    jitter = bench.fit_sync_jitter(figures["blocks"])
+    return dataclasses.replace(spec, elementwise_bw=fitted, sync_jitter=jitter, overlaps_comm=False)
 
 
 def _total_memory() -> float:

@@ -1,15 +1,16 @@
 """The planner: every way to split a model over N GPUs that divides and fits, ranked by throughput.
 
 Search space: tp (powers of two up to the node size, so tensor parallelism stays on NVLink, as
-Narayanan et al. 2021 advise), pp (divisors of the layer count), dp (what is left), micro-batch size,
-schedule (1F1B, ZB-H1, interleaved with v = 2 or 4, and for a mixture of experts DualPipeV), ZeRO
-stage (0..3 without pp, 0..1 with it), recompute (none, selective, full), sequence parallelism
-(always on with tp > 1: same wire bytes, less memory and less elementwise traffic under the cost
-model, so it never loses), for a mixture of experts ep (every power of two dividing dp and the
-experts: more ep holds fewer experts per GPU but sends more of each all-to-all across nodes) and,
-for long sequences (from paralab.sim.context.LONG_SEQUENCE tokens), context parallelism: cp taken
-out of what would be dp, ring (zig-zag) or all-to-all where the heads allow; :func:`explain` says
-what it bought.
+Narayanan et al. 2021 advise), pp (dividing the layers, or where they do not, Megatron-LM's split
+with lighter end stages: :func:`paralab.stage_split.megatron_split`), dp (what is left),
+micro-batch size, schedule (1F1B, ZB-H1, interleaved with v = 2 or 4, and for a mixture of experts
+DualPipeV), ZeRO stage 0..3 (with a pipeline too, as FSDP under pipelining does), recompute (none,
+selective, full), sequence parallelism (always on with tp > 1: same wire bytes, less memory and
+less elementwise traffic under the cost model, so it never loses), for a mixture of experts ep
+(every power of two dividing dp and the experts: more ep holds fewer experts per GPU but sends more
+of each all-to-all across nodes) and, for long sequences (from paralab.sim.context.LONG_SEQUENCE
+tokens), context parallelism: cp taken out of what would be dp, ring (zig-zag) or all-to-all where
+the heads allow; :func:`explain` says what it bought.
 
 Ranking is two-pass so 1,024 GPUs plan in well under 5 s: every candidate that fits is scored with
 the closed-form pipeline (:func:`paralab.sim.cost.predict` with ``simulate=False``), then the best
@@ -24,6 +25,7 @@ from collections.abc import Iterator
 from paralab.schedules import shape_problems
 from paralab.sim import context, cost, counting
 from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec
+from paralab.stage_split import megatron_split, split_text
 
 MICRO_BATCHES = (1, 2, 4, 8)
 RECOMPUTE = ("none", "selective", "full")
@@ -35,13 +37,24 @@ def default_global_batch(gpus: int) -> int:
 
 
 def layouts(model: ModelSpec, gpus: int, hw: HardwareSpec) -> Iterator[tuple[int, int, int]]:
-    """Every (tp, pp, dp) for ``gpus`` GPUs whose degrees divide the model (tp inside a node)."""
+    """Every (tp, pp, dp) for ``gpus`` GPUs whose degrees divide the model (tp inside a node; pp
+    dividing the layers, or with an uneven split)."""
     tps = [t for t in (1, 2, 4, 8, 16, 32) if t <= hw.gpus_per_node and gpus % t == 0]
     for tp in tps:
         if model.heads % tp or model.kv_heads % tp or model.ffn % tp:
             continue
-        for pp in (d for d in range(1, gpus // tp + 1) if (gpus // tp) % d == 0 and model.layers % d == 0):
+        rest = gpus // tp
+        for pp in (d for d in range(1, rest + 1) if rest % d == 0 and _split(model.layers, d) is not None):
             yield tp, pp, gpus // (tp * pp)
+
+
+def _split(layers: int, chunks: int) -> dict | None:
+    """The ParallelSpec fields that lay ``layers`` over ``chunks`` model chunks: {} when they divide,
+    Megatron-LM's uneven split with lighter ends when they do not, None when neither works."""
+    if layers % chunks == 0:
+        return {}
+    split = megatron_split(layers, chunks)
+    return dict(stage_layers=split) if split else None
 
 
 def candidates(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int) -> Iterator[ParallelSpec]:
@@ -53,14 +66,15 @@ def candidates(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int)
                 if global_batch % (dp * mb):
                     continue
                 m = global_batch // (dp * mb)
-                for schedule, v in _schedules(model, pp, m):
-                    for zero in (0, 1, 2, 3) if pp == 1 and dp > 1 else (0, 1) if dp > 1 else (0,):
+                for schedule, v, split in _schedules(model, pp, m):
+                    for zero in (0, 1, 2, 3) if dp > 1 else (0,):
                         for ep in _expert_degrees(model, dp) if cp == 1 else (1,):
                             for recompute in RECOMPUTE:
                                 yield ParallelSpec(
                                     dp=dp, tp=tp, pp=pp, ep=ep, virtual_stages=v, schedule=schedule,
                                     microbatches=m, micro_batch=mb, global_batch=global_batch, zero=zero,
                                     sequence_parallel=tp > 1, recompute=recompute, cp=cp, cp_mode=cp_mode,
+                                    **split,
                                 )  # fmt: skip
 
 
@@ -77,14 +91,17 @@ def _context_parallel(model: ModelSpec, tp: int, replicas: int) -> list[tuple[in
     return out
 
 
-def _schedules(model: ModelSpec, pp: int, m: int) -> list[tuple[str, int]]:
+def _schedules(model: ModelSpec, pp: int, m: int) -> list[tuple[str, int, dict]]:
     if pp == 1:
-        return [("1f1b", 1)]
-    out = [("1f1b", 1), ("zb-h1", 1)]
-    out += [("interleaved", v) for v in (2, 4)
-            if model.layers % (pp * v) == 0 and not shape_problems("interleaved", pp, m, v)]
+        return [("1f1b", 1, {})]
+    split = _split(model.layers, pp)
+    out = [("1f1b", 1, split), ("zb-h1", 1, split)]
+    for v in (2, 4):
+        split = _split(model.layers, pp * v)
+        if split is not None and not shape_problems("interleaved", pp, m, v):
+            out.append(("interleaved", v, split))
     if model.experts and model.layers % (2 * pp) == 0 and not shape_problems("dualpipev", pp, m, 2):
-        out.append(("dualpipev", 2))
+        out.append(("dualpipev", 2, {}))
     return out
 
 
@@ -116,7 +133,8 @@ def why_nothing_fits(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch
     batch = global_batch or default_global_batch(gpus)
     replicas = [dp for _, _, dp in layouts(model, gpus, hw)]
     if not replicas:
-        return f"no tp x pp x dp split of {gpus} GPUs divides {model.name}'s heads ({model.heads}) and layers ({model.layers})"
+        return (f"no tp x pp x dp split of {gpus} GPUs divides {model.name}'s heads ({model.heads}, "
+                f"{model.kv_heads} KV) and MLP width ({model.ffn}) with tp <= {hw.gpus_per_node}")
     specs = list(candidates(model, gpus, hw, batch))
     if not specs:
         fewest = min(replicas)
@@ -145,6 +163,8 @@ def describe(p: ParallelSpec) -> str:
              + (f" x cp {p.cp} {p.cp_mode}" if p.cp > 1 else "")]
     if p.pp > 1:
         parts.append(sched)
+    if p.stage_layers is not None:
+        parts.append(f"layers per stage {split_text(p.stage_layers)}")
     parts += [f"{p.microbatches} microbatch(es) of {p.micro_batch}", f"ZeRO-{p.zero}", f"recompute {p.recompute}"]
     if p.sequence_parallel:
         parts.append("sequence parallel")
@@ -155,7 +175,7 @@ LOSSES = {
     "bubble": "the pipeline bubble",
     "tp_comm": "tensor-parallel communication",
     "ep_comm": "the expert-parallel all-to-alls",
-    "dp_comm_exposed": "the exposed gradient reduction",
+    "dp_comm_exposed": "exposed data-parallel communication",
     "optimizer": "the optimizer step",
     "cp_comm_exposed": "the exposed context-parallel communication",
 }
@@ -182,16 +202,14 @@ def explain(ranked: list[cost.Prediction], model: ModelSpec | None = None,
     if len(ranked) > 1:
         run = ranked[1]
         slower = win.tokens_per_s / run.tokens_per_s - 1
-        deltas = {k: run.breakdown_s.get(k, 0.0) - win.breakdown_s.get(k, 0.0) for k in LOSSES}
-        deltas["compute"] = (run.breakdown_s["pipeline"] - run.breakdown_s["bubble"]) - (
-            win.breakdown_s["pipeline"] - win.breakdown_s["bubble"]
-        )
+        deltas = {k: run.breakdown_s.get(k, 0.0) - win.breakdown_s.get(k, 0.0) for k in (*LOSSES, "compute")}
         cause = max(deltas, key=deltas.get)
         reason = "more compute per step (recompute or smaller GEMMs)" if cause == "compute" else f"more time in {LOSSES[cause]}"
-        out.append(
-            f"Runner-up: {describe(run.parallel)} - {slower:.1%} slower, mainly {reason} "
-            f"({abs(deltas[cause]) * 1e3:.0f} ms per step), at {bytes_text(run.memory_bytes_per_gpu['total'])} per GPU."
-        )
+        # as fast, e.g. selective recompute with fused attention (nothing to drop)
+        why = (f"{slower:.1%} slower, mainly {reason} ({abs(deltas[cause]) * 1e3:.0f} ms per step)"
+               if slower > 5e-4 else "as fast: what differs costs nothing here")
+        memory = bytes_text(run.memory_bytes_per_gpu["total"])
+        out.append(f"Runner-up: {describe(run.parallel)} - {why}, at {memory} per GPU.")
     return out
 
 

@@ -7,9 +7,13 @@
   parameter count; ``megatron-22b`` and ``megatron-175b`` are the 22B and GPT-3 175B shapes of
   Korthikanti et al. 2022, Table 3.
 - ``llama2-*`` (Touvron et al. 2023, sequence 4096, vocabulary 32000) and ``llama3-*`` (Llama 3
-  herd, 2024: sequence 8192, vocabulary 128256): SwiGLU MLP, grouped-query attention (70B models
-  and Llama 3 8B use 8 KV heads), RMSNorm, RoPE, untied embeddings, no biases, no dropout. These are
-  modelled exactly (see :class:`paralab.sim.specs.ModelSpec`).
+  herd, 2024, Table 3: sequence 8192, vocabulary 128256): SwiGLU MLP, grouped-query attention (70B
+  models and Llama 3 use 8 KV heads), RMSNorm, RoPE, untied embeddings, no biases, no dropout, fused
+  (flash) attention as they were trained. These are modelled exactly (see
+  :class:`paralab.sim.specs.ModelSpec`).
+- ``bloom-176b`` (BigScience 2022: 70 layers, hidden 14336, 112 heads, vocabulary 250880, sequence
+  2048): ALiBi instead of learned positions, tied embeddings, LayerNorm and biases, GELU MLP of 4h.
+
 - ``mixtral-8x7b``: Jiang et al. 2024, "Mixtral of Experts", Table 1 (dim 4096, 32 layers, 32 heads,
   8 KV heads, expert width 14336, 8 experts, top-2, vocabulary 32000; Llama-style blocks). Context
   32768; modelled at sequence 4096. 46.7B parameters, 12.9B active.
@@ -19,6 +23,9 @@
   multi-head latent attention is modelled as multi-head attention of the model's width (about 10%
   more attention parameters than MLA's low-rank projections) and the multi-token-prediction module
   is left out: about 672B parameters, 38B active (the report: 671B, 37B).
+A shape override (:func:`override`) re-derives what follows from it, as the model's family does:
+the MLP width from the hidden size (4h for GPT; the Llama rule, see :data:`FFN_RULES`) and the KV
+heads from the heads (equal, or the preset's query-group size under grouped-query attention).
 - ``tiny``, ``small``, ``medium`` and ``tiny-moe``, ``small-moe``: the lab's own GPT presets
   (:data:`paralab.config.MODEL_PRESETS`), so ``paralab simulate --model small --hardware local``
   predicts the runs the lab makes.
@@ -29,12 +36,15 @@ from __future__ import annotations
 from paralab.config import MODEL_PRESETS, ModelConfig
 from paralab.sim.specs import ModelSpec, SpecError
 
+LAB_ATTENTION = {"sdpa": "fused", "math": "standard"}  # the lab's attention kernels, as the simulator names them
+
 
 def lab_model(m: ModelConfig, name: str = "") -> ModelSpec:
     """paralab.models.gpt.GPT with this ModelConfig: untied embeddings, a biased output layer, learned
-    positions, biases, LayerNorm, GELU MLP, fp32, and its experts if it has some (the counted
-    parameters equal ``m.param_count()``)."""
-    return ModelSpec(
+    positions, biases, LayerNorm, GELU MLP, fp32, its attention kernel (torch's fused
+    scaled_dot_product_attention keeps no scores, the written-out ``math`` core does) and its
+    experts if it has some (the counted parameters equal ``m.param_count()``)."""
+    return ModelSpec(attention=LAB_ATTENTION[m.attention],
         layers=m.layers, hidden=m.hidden, heads=m.heads, ffn=m.ffn, vocab=m.vocab, seq=m.seq_len,
         biases=True, norm_params=2, learned_positions=True, tied_embeddings=False, output_bias=True,
         dropout=m.dropout > 0, dtype="fp32", name=name, experts=m.experts, top_k=m.top_k if m.experts else 1,
@@ -50,18 +60,32 @@ def _megatron(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
     return ModelSpec(layers=layers, hidden=hidden, heads=heads, vocab=51200, seq=2048, name=name)
 
 
-def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int, seq: int) -> ModelSpec:
+def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, vocab: int, seq: int) -> ModelSpec:
     return ModelSpec(
-        layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, vocab=vocab, seq=seq,
-        gated_mlp=True, biases=False, norm_params=1, learned_positions=False, tied_embeddings=False,
-        dropout=False, name=name,
+        layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=llama_ffn(name, hidden),
+        vocab=vocab, seq=seq, gated_mlp=True, biases=False, norm_params=1, learned_positions=False,
+        tied_embeddings=False, dropout=False, attention="fused", name=name,
     )  # fmt: skip
 
 
 def _moe(name: str, source: str, **shape) -> ModelSpec:
     """A Llama-style mixture of experts (SwiGLU experts, GQA, RMSNorm, RoPE, untied, no biases)."""
     return ModelSpec(gated_mlp=True, biases=False, norm_params=1, learned_positions=False, tied_embeddings=False,
-                     dropout=False, name=name, source=source, **shape)
+                     dropout=False, attention="fused", name=name, source=source, **shape)
+
+
+# The Llama reference code sizes its SwiGLU MLP from the hidden size: 2/3 of 4h, times
+# ffn_dim_multiplier, rounded up to a multiple of multiple_of (each model's params.json gives the two).
+FFN_RULES = {  # name: (ffn_dim_multiplier, multiple_of)
+    "llama2-7b": (1.0, 256), "llama2-13b": (1.0, 256), "llama2-70b": (1.3, 4096),
+    "llama3-8b": (1.3, 1024), "llama3-70b": (1.3, 4096), "llama3-405b": (1.2, 4096),
+}
+
+
+def llama_ffn(name: str, hidden: int) -> int:
+    multiplier, multiple = FFN_RULES[name]
+    width = int(multiplier * int(2 * 4 * hidden / 3))
+    return multiple * -(-width // multiple)
 
 
 _ALL = [
@@ -85,11 +109,14 @@ _ALL = [
     _megatron("megatron-310b", 96, 16384, 128),
     _megatron("megatron-530b", 105, 20480, 128),
     _megatron("megatron-1t", 128, 25600, 160),
-    _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
-    _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
-    _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
-    _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
-    _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
+    _llama("llama2-7b", 32, 4096, 32, 32, 32000, 4096),
+    _llama("llama2-13b", 40, 5120, 40, 40, 32000, 4096),
+    _llama("llama2-70b", 80, 8192, 64, 8, 32000, 4096),
+    _llama("llama3-8b", 32, 4096, 32, 8, 128256, 8192),
+    _llama("llama3-70b", 80, 8192, 64, 8, 128256, 8192),
+    _llama("llama3-405b", 126, 16384, 128, 8, 128256, 8192),
+    ModelSpec(layers=70, hidden=14336, heads=112, vocab=250880, seq=2048, learned_positions=False,
+              name="bloom-176b"),
     _moe("mixtral-8x7b", "Jiang et al. 2024, Mixtral of Experts, Table 1", layers=32, hidden=4096, heads=32,
          kv_heads=8, ffn=14336, vocab=32000, seq=4096, experts=8, top_k=2),
     _moe("deepseek-v3", "DeepSeek-AI 2024, DeepSeek-V3 Technical Report, sec. 4.2 (MLA as MHA)", layers=61,
@@ -98,6 +125,32 @@ _ALL = [
     *(lab_model(config, name) for name, config in MODEL_PRESETS.items()),
 ]
 MODELS: dict[str, ModelSpec] = {m.name: m for m in _ALL}
+
+
+SHAPE = ("layers", "hidden", "heads", "ffn", "vocab", "seq", "kv_heads")
+
+
+def override(base: ModelSpec, **given) -> ModelSpec:
+    """``base`` with the fields ``given`` (shape fields and any other ModelSpec field), named
+    "custom (from <base>)", re-deriving what follows from an override unless that is given too:
+
+    - the MLP width from ``hidden``: 4 x hidden (GPT), or the Llama rule of :data:`FFN_RULES`;
+    - ``kv_heads`` from ``heads``: equal for multi-head attention; under grouped-query attention the
+      preset's group size is kept (heads / kv_heads), and heads it does not divide raise SpecError.
+    """
+    if not given:
+        return base
+    derived = dict(given)
+    if "hidden" in given and "ffn" not in given:
+        hidden = given["hidden"]
+        derived["ffn"] = llama_ffn(base.name, hidden) if base.name in FFN_RULES else 4 * hidden
+    if "heads" in given and "kv_heads" not in given:
+        group = base.heads // base.kv_heads
+        if given["heads"] % group:
+            raise SpecError(f"{base.name} uses grouped-query attention ({group} query heads per KV head): "
+                            f"heads {given['heads']} is not a multiple of {group}; give --kv-heads")
+        derived["kv_heads"] = given["heads"] // group
+    return base.replace(**derived, name=f"custom (from {base.name})")
 
 
 def get_model(name: str) -> ModelSpec:

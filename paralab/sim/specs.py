@@ -8,13 +8,17 @@ planner and the CLI. Presets live elsewhere: model shapes in :mod:`paralab.sim.p
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from paralab.schedules import SCHEDULES, V_SHAPED, shape_problems
-from paralab.stage_split import split_problems
+from paralab.stage_split import megatron_split, split_problems, split_text
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+ATTENTION = ("standard", "fused")
 RECOMPUTE = ("none", "selective", "full")
+# how ranks are numbered, innermost first: Megatron-LM's tp, dp, pp; or tp, pp, dp (Llama 3, torchtitan)
+RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp")
 OPTIMIZERS = ("adam-mixed", "adam-fp32")
 CP_MODES = ("ring", "alltoall")  # paralab.config's, kept here so the simulator stays free of the run config
 CP_SPLITS = ("zigzag", "contiguous")
@@ -36,6 +40,17 @@ class ModelSpec:
     A mixture of experts (paralab.sim.moe) sets ``experts`` routed experts of width ``expert_ffn`` (0:
     ffn), ``top_k`` per token, ``shared_experts``, ``dense_layers`` leading layers left dense and a
     ``capacity_factor`` (0: dropless).
+
+    ``attention``: "standard" keeps the s x s attention scores for backward (Korthikanti et al. 2022,
+    Table 2); "fused" is a flash-attention kernel (Dao et al. 2022): it keeps only each row's softmax
+    statistics and recomputes the scores in backward. ``parallel_blocks``: attention and MLP read the
+    same normalised input and their outputs are summed (GPT-J, PaLM): one norm and one pair of
+    tensor-parallel collectives per pass instead of two. ``fp8``: the linear layers' GEMMs run in FP8
+    (Transformer Engine) at the hardware's fp8 peak, with an fp8 copy of each weight; activations and
+    the attention core stay in ``dtype``. ``fused_loss``: the cross-entropy keeps only the fp32
+    logits (Megatron-LM's vocabulary-parallel kernel, Korthikanti et al. 2022 sec. 4.3); False is
+    PyTorch's cross-entropy on upcast logits, which holds the model's logits, the fp32 log-softmax
+    and its gradient at once (2 + 4 + 4 bytes per logit with 16-bit logits).
     """
 
     layers: int
@@ -61,6 +76,10 @@ class ModelSpec:
     dense_layers: int = 0
     capacity_factor: float = 0.0
     source: str = ""  # where a preset's numbers come from
+    attention: str = "standard"
+    parallel_blocks: bool = False
+    fp8: bool = False
+    fused_loss: bool = True
 
     def __post_init__(self):
         if self.ffn == 0:
@@ -102,6 +121,8 @@ class ModelSpec:
             out.append(f"dense_layers {self.dense_layers} must leave some of the {self.layers} layers to experts")
         if self.capacity_factor < 0:
             out.append(f"capacity factor must be > 0 (or 0: dropless), got {self.capacity_factor}")
+        if self.attention not in ATTENTION:
+            out.append(f"unknown attention {self.attention!r}; choose from {', '.join(ATTENTION)}")
         return out
 
 
@@ -145,6 +166,17 @@ class ParallelSpec:
     cp: int = 1
     cp_mode: str = "ring"
     cp_split: str = "zigzag"
+    # gradients accumulated and reduced in fp32 whatever the model's dtype (Megatron-LM's main_grad):
+    # 4 bytes per parameter; with zero=1 this is Megatron's distributed optimizer (6 + 12/d bytes)
+    fp32_grads: bool = False
+    rank_order: str = "tp-dp-pp"
+    # with recompute "full": the layers of each pipeline stage that are recomputed (Megatron-LM's
+    # --recompute-num-layers, block method; every second layer is torchtitan's layer-selective AC);
+    # 0: all of them
+    recompute_layers: int = 0
+    # pipeline sends run beside compute (False: each send holds its rank until it lands, as the
+    # pipeline schedules of Megatron-LM before 2023 and of DeepSpeed did)
+    overlap_p2p: bool = True
 
     @property
     def world_size(self) -> int:
@@ -152,6 +184,17 @@ class ParallelSpec:
 
     def replace(self, **changes) -> ParallelSpec:
         return dataclasses.replace(self, **changes)
+
+    @property
+    def chunks(self) -> int:
+        """Model chunks (pipeline stages in the schedule's sense): pp x virtual stages."""
+        return self.pp * self.virtual_stages
+
+    def stride(self, axis: str) -> int:
+        """Ranks between two neighbours of a group along ``axis`` ("tp", "dp" or "pp"): the product of
+        the degrees numbered inside it (``rank_order``)."""
+        inner = self.rank_order.split("-")
+        return math.prod(getattr(self, a) for a in inner[: inner.index(axis)])
 
     def resolved(self) -> ParallelSpec:
         """Fill ``microbatches`` from ``global_batch`` (or the reverse); default one microbatch per stage.
@@ -164,8 +207,9 @@ class ParallelSpec:
             micro_batch = max(self.global_batch // split, 1) if self.global_batch and split else 1
             return self.replace(micro_batch=micro_batch).resolved()
         per_step = self.dp * self.micro_batch
-        if self.microbatches:
-            return self.replace(global_batch=per_step * self.microbatches)
+        if self.microbatches:  # already whole: itself (the cost model resolves a spec many times)
+            total = per_step * self.microbatches
+            return self if self.global_batch == total else self.replace(global_batch=total)
         if self.global_batch:
             return self.replace(microbatches=max(self.global_batch // per_step, 0))
         m = self.pp * self.virtual_stages if self.pp > 1 else 1
@@ -196,8 +240,10 @@ class ParallelSpec:
             out.append(f"tp {p.tp} does not divide the MLP width {model.ffn}")
         chunks = p.pp * p.virtual_stages
         if p.stage_layers is None and model.layers % chunks:
-            out.append(f"pp x virtual stages = {chunks} does not divide {model.layers} layers; give stage_layers "
-                       f"(paralab.stage_split.balanced_split makes one)")
+            ends = megatron_split(model.layers, chunks)
+            how = f", e.g. {split_text(ends)} (paralab.stage_split.megatron_split)" if ends else ""
+            out.append(f"pp x virtual stages = {chunks} does not divide {model.layers} layers; give "
+                       f"stage_layers{how}")
         out += split_problems(model.layers, chunks, p.stage_layers)
         if p.schedule not in SCHEDULES:
             out.append(f"unknown schedule {p.schedule!r}; choose from {', '.join(SCHEDULES)}")
@@ -208,14 +254,16 @@ class ParallelSpec:
         out += self._expert_problems(model)
         if p.zero not in (0, 1, 2, 3):
             out.append(f"zero stage must be 0..3, got {p.zero}")
-        elif p.zero >= 2 and p.pp > 1:
-            out.append(f"zero stage {p.zero} shards gradients per microbatch and does not combine with pp {p.pp}; use zero <= 1")
         if p.grad_buckets < 0:
             out.append(f"grad_buckets must be >= 0, got {p.grad_buckets}")
         if p.sequence_parallel and p.tp == 1:
             out.append("sequence parallelism needs tp > 1")
         if p.recompute not in RECOMPUTE:
             out.append(f"unknown recompute {p.recompute!r}; choose from {', '.join(RECOMPUTE)}")
+        if p.recompute_layers < 0 or (p.recompute_layers and p.recompute != "full"):
+            out.append(f"recompute_layers {p.recompute_layers} needs recompute 'full' and must be >= 0")
+        if p.rank_order not in RANK_ORDERS:
+            out.append(f"unknown rank order {p.rank_order!r}; choose from {', '.join(RANK_ORDERS)}")
         if p.optimizer and p.optimizer not in OPTIMIZERS:
             out.append(f"unknown optimizer {p.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
         return out + self._context_problems(model)
@@ -291,9 +339,74 @@ class HardwareSpec:
     p2p_curve: list = field(default_factory=list)
     notes: str = ""
     calibration: dict = field(default_factory=dict)
+    # Memory a plan may fill: (memory_bytes - memory_reserved_bytes) x (1 - allocator_overhead).
+    # memory_reserved_bytes: held outside the framework's allocator (CUDA context, NCCL buffers,
+    # library workspaces); allocator_overhead: the share the caching allocator loses to fragmentation.
+    memory_reserved_bytes: float = 0.0
+    allocator_overhead: float = 0.1
+    # A power-capped part: compute runs at (power_limit_w / tdp_w) ** (1/3) of its peak (dynamic power
+    # ~ C V^2 f with V ~ f over the DVFS range, so f ~ P^(1/3)); memory bandwidth is unchanged. 0: no cap.
+    power_limit_w: float = 0.0
+    tdp_w: float = 0.0
+    # NVLink SHARP (in-switch reduction, NVSwitch 3): bus bandwidth of an all-reduce inside a node
+    # that the switch reduces (one hop whatever the group size). 0: not available.
+    nvls_bw: float = 0.0
+    # The network above the nodes: pod_gpus GPUs have full bisection bandwidth among them (0: the
+    # whole machine does); between pods each link carries 1/oversubscription of its share.
+    pod_gpus: int = 0
+    oversubscription: float = 1.0
+    # Coefficient of variation of one GPU's compute speed (manufacturing and power management): a
+    # synchronous step waits for the slowest of its GPUs (cost.straggler_factor). 0: identical GPUs.
+    straggler_cv: float = 0.0
+    # Jitter of a rank's compute on a shared machine (seconds^0.5): over T seconds its standard
+    # deviation is sync_jitter x sqrt(T), and each synchronisation waits for the slowest rank
+    # (cost.sync_wait). Measured on the local CPU; 0 on the GPU presets (their variation is straggler_cv).
+    sync_jitter: float = 0.0
+    # Communication runs beside compute (GPUs: copy engines, NIC, a few SMs). False: it needs the cores
+    # the compute uses (CPU ranks with one core each), so it does not hide under compute.
+    overlaps_comm: bool = True
+
+    def datasheet_peak(self, dtype: str) -> float:
+        """The part's rated peak FLOP/s for ``dtype`` (fp32's for a dtype it does not list): what MFU
+        divides by."""
+        return self.peak_flops.get(dtype) or self.peak_flops["fp32"]
 
     def peak(self, dtype: str) -> float:
-        return self.peak_flops.get(dtype) or self.peak_flops["fp32"]
+        """The peak it computes at: the rated one, slowed by a power cap (:attr:`clock_scale`)."""
+        return self.datasheet_peak(dtype) * self.clock_scale
+
+    @property
+    def clock_scale(self) -> float:
+        """The share of its peak a power-capped part computes at (1 without a cap)."""
+        if self.power_limit_w and self.tdp_w and self.power_limit_w < self.tdp_w:
+            return (self.power_limit_w / self.tdp_w) ** (1 / 3)
+        return 1.0
+
+    def problems_for(self, model: ModelSpec) -> list[str]:
+        """What this machine cannot run of ``model`` (FP8 GEMMs without FP8 tensor cores)."""
+        if model.fp8 and "fp8" not in self.peak_flops:
+            listed = ", ".join(self.peak_flops)
+            return [f"fp8 needs hardware with FP8 tensor cores; {self.name} lists {listed}"]
+        return []
+
+    def problems(self) -> list[str]:
+        """Every field that cannot describe a machine, with its value."""
+        positive = ("memory_bytes", "memory_bandwidth", "gpus_per_node", "intra_bw", "inter_bw")
+        out = [f"hardware {n} must be > 0, got {getattr(self, n)}"
+               for n in positive if not getattr(self, n) > 0]
+        if not self.peak_flops or any(not v > 0 for v in self.peak_flops.values()):
+            out.append(f"hardware peak_flops must be positive FLOP/s per dtype, got {self.peak_flops}")
+        if "fp32" not in self.peak_flops:
+            out.append("hardware peak_flops needs an fp32 entry (the fallback for dtypes it does not list)")
+        if not 0 <= self.allocator_overhead < 1:
+            out.append(f"allocator_overhead is a share of memory in [0, 1), got {self.allocator_overhead}")
+        if self.oversubscription < 1:
+            out.append(f"oversubscription must be >= 1 (1: non-blocking), got {self.oversubscription}")
+        negative = ("memory_reserved_bytes", "power_limit_w", "tdp_w", "nvls_bw", "pod_gpus", "straggler_cv",
+                    "sync_jitter")
+        out += [f"hardware {n} must be >= 0, got {getattr(self, n)}"
+                for n in negative if getattr(self, n) < 0]
+        return out
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

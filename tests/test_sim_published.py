@@ -1,0 +1,98 @@
+"""Published training runs beyond Narayanan et al. 2021 and Korthikanti et al. 2022 (paralab.sim.published):
+throughput within 20% each and 10% on average, memory where the source states it, scaling losses
+within a third of the published ones. Runs the model does not reproduce are marked with the reason,
+and their tests expect the miss (so an improvement asks for the docs to be updated)."""
+
+import dataclasses
+
+import pytest
+
+from paralab.sim import published
+from paralab.sim.hardware import PRESETS
+
+RUNS = published.RUNS
+COVERED = [r for r in RUNS if not r.known_miss]
+
+
+def error(run) -> float:
+    return run.predicted(run.predict()) / run.published - 1
+
+
+def ident(run) -> str:
+    return f"{run.label} @{run.gpus} {run.hardware.name}"
+
+
+@pytest.mark.parametrize("run", RUNS, ids=ident)
+def test_each_published_run_within_20_percent(run):
+    e = error(run)
+    if run.known_miss:
+        assert abs(e) > 0.20, (
+            f"{ident(run)} is now within 20% ({e:+.1%}): drop its known_miss and update the docs"
+        )
+    else:
+        assert abs(e) < 0.20, f"{ident(run)}: predicted {e:+.1%} against {run.source}"
+
+
+def test_mean_absolute_error_within_10_percent():
+    errors = [abs(error(r)) for r in COVERED]
+    assert sum(errors) / len(errors) < 0.10
+    assert len(COVERED) >= 10
+
+
+def test_the_runs_span_what_the_issue_asks():
+    assert len({r.organisation for r in RUNS}) >= 4
+    assert {r.hardware.name for r in RUNS} >= {"a100", "h100"}
+    params = [r.predict().params for r in RUNS]
+    assert min(params) < 8e9 and max(params) > 500e9
+    assert any(r.parallel.zero >= 1 for r in RUNS) and any(r.parallel.zero == 0 for r in RUNS)
+    assert min(r.gpus for r in RUNS) == 8 and max(r.gpus for r in RUNS) > 10_000
+
+
+# what a run's machine may differ in from its preset: what its source states of the machine
+STATED = {
+    "name",
+    "inter_bw",
+    "pod_gpus",
+    "oversubscription",
+    "memory_bytes",
+    "memory_bandwidth",
+    "power_limit_w",
+}
+
+
+@pytest.mark.parametrize("run", RUNS, ids=ident)
+def test_no_constant_is_fitted_to_a_run(run):
+    preset = next(p for p in PRESETS.values() if p.peak_flops == run.hardware.peak_flops)
+    changed = {
+        f.name for f in dataclasses.fields(preset) if getattr(preset, f.name) != getattr(run.hardware, f.name)
+    }
+    assert changed <= STATED
+
+
+MEMORY = [r for r in RUNS if r.fits is not None or r.memory_gib is not None]
+
+
+@pytest.mark.parametrize("run", MEMORY, ids=ident)
+def test_memory_agrees_where_the_source_states_it(run):
+    prediction = run.predict()
+    gib = prediction.memory_bytes_per_gpu["total"] / 2**30
+    agrees = (run.fits is None or prediction.fits == run.fits) and (
+        run.memory_gib is None or abs(gib / run.memory_gib - 1) < 0.15
+    )
+    assert agrees != bool(run.memory_miss), (
+        f"{ident(run)}: {gib:.1f} GiB, fits {prediction.fits}; {run.memory_miss}"
+    )
+
+
+@pytest.mark.parametrize("name, first, last, miss", published.SCALING, ids=[s[0] for s in published.SCALING])
+def test_the_loss_from_the_fewest_to_the_most_gpus_is_within_a_third(name, first, last, miss):
+    a, b = published.find(name, first), published.find(name, last)
+    was = published.per_gpu(a, a.published)
+    loss = 1 - published.per_gpu(b, b.published) / was
+    predicted = 1 - published.per_gpu(b, b.predicted(b.predict())) / published.per_gpu(
+        a, a.predicted(a.predict())
+    )
+    assert loss > 0.01
+    assert (abs(predicted - loss) <= loss / 3) != bool(miss), (
+        f"{name}: published {loss:.1%}, predicted {predicted:.1%}"
+    )
