@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from paralab.config import ConfigError, RunConfig
+from paralab.config import ConfigError, RunConfig, cuda_device_count
 from paralab.layout import resolve_layout
 from paralab.schedules import DEFAULT_SCHEDULE
 from paralab.sim import cost, counting
@@ -47,7 +47,7 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
         layout = resolve_layout(cfg)
     except ConfigError as exc:
         raise SpecError(str(exc)) from None
-    model = lab_model(cfg.model, cfg.model_name).replace(dtype=cfg.dtype)
+    model = _as_run(lab_model(cfg.model, cfg.model_name).replace(dtype=cfg.dtype), cfg)
     tensors = counting.stage_tensors(model, ParallelSpec(), 0)  # 12 per block, 2 embeddings, 4 in the head
     buckets = 0
     if layout.dp > 1 and layout.zero == 0:
@@ -63,6 +63,15 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
         loads_batch_in_step="pp" not in get_strategy(cfg.strategy).axes,
     ).resolved()
     return model, parallel
+
+
+def _as_run(model: ModelSpec, cfg: RunConfig) -> ModelSpec:
+    """The model as the run's device keeps it: torch's CPU dropout keeps masks in the activations'
+    dtype, and its fused attention has no dropout, so with dropout it writes the scores out."""
+    on_cpu = cfg.device == "cpu" or (cfg.device == "auto" and cuda_device_count() < cfg.world_size)
+    if not on_cpu or not model.dropout:
+        return model
+    return model.replace(mask_bytes=model.dtype_bytes, attention="standard")
 
 
 def _param_bytes(model: ModelSpec) -> int:

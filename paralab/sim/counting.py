@@ -241,7 +241,8 @@ def flops_per_step(model: ModelSpec, sequences: float, recompute: str = "none",
 def activation_bytes_per_layer(
     model: ModelSpec, micro_batch: int = 1, tp: int = 1, sequence_parallel: bool = False, recompute: str = "none"
 ) -> float:
-    """Bytes one layer keeps for backward on one GPU (activations in the model's dtype, 1-byte masks).
+    """Bytes one layer keeps for backward on one GPU (activations in the model's dtype, dropout masks
+    of ``model.mask_bytes``).
 
     Korthikanti et al. 2022, Table 2 (per layer, 16-bit activations):
       no parallelism            s b h (34 + 5 a s / h)
@@ -262,7 +263,7 @@ def activation_bytes_per_layer(
     sbh = s * b * h
     if recompute == "full":
         return e * sbh / (t if sequence_parallel else 1)
-    mask = 1 if model.dropout else 0
+    mask = model.mask_bytes if model.dropout else 0
     kv = 2 * s * b * model.kv_dim
     # not split by tp: norm inputs, attention and MLP inputs (one shared with parallel blocks), the
     # two dropout masks
@@ -284,8 +285,8 @@ def attention_core_bytes(model: ModelSpec, micro_batch: int = 1, recompute: str 
         return 4 * a * s * b
     if recompute == "selective":
         return 0.0
-    mask = 1 if model.dropout else 0
-    return (model.dtype_bytes + mask * (1 + model.dtype_bytes)) * a * s * s * b
+    mask = model.mask_bytes if model.dropout else 0
+    return (model.dtype_bytes + (mask + model.dtype_bytes if mask else 0)) * a * s * s * b
 
 
 def peak_inflight_chunks(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1, rank: int = 0) -> int:

@@ -50,7 +50,9 @@ class ModelSpec:
     the attention core stay in ``dtype``. ``fused_loss``: the cross-entropy keeps only the fp32
     logits (Megatron-LM's vocabulary-parallel kernel, Korthikanti et al. 2022 sec. 4.3); False is
     PyTorch's cross-entropy on upcast logits, which holds the model's logits, the fp32 log-softmax
-    and its gradient at once (2 + 4 + 4 bytes per logit with 16-bit logits).
+    and its gradient at once (2 + 4 + 4 bytes per logit with 16-bit logits). ``mask_bytes``: bytes
+    per element of a kept dropout mask, 1 on a GPU (a byte mask); torch's CPU dropout keeps a mask in
+    the activations' dtype (the bridge sets it for the lab's CPU runs).
     """
 
     layers: int
@@ -77,6 +79,7 @@ class ModelSpec:
     capacity_factor: float = 0.0
     source: str = ""  # where a preset's numbers come from
     attention: str = "standard"
+    mask_bytes: int = 1
     parallel_blocks: bool = False
     fp8: bool = False
     fused_loss: bool = True

@@ -1,0 +1,75 @@
+"""The simulator's activation count against what autograd really keeps.
+
+``counting.activation_bytes_per_layer`` (Korthikanti et al. 2022, Table 2, with the lab's kernels)
+is what every memory prediction stands on. Here it meets the bytes one of the lab's GPT blocks
+saves for backward, counted by the same saved-tensor hooks a run's MemoryMeter uses, for each
+attention kernel, recomputation mode and dtype, and with dropout (whose CPU masks the bridge knows
+are full width). One layer's share is the difference between three blocks and two, so the input of
+the first block (which the previous layer owns) is not counted twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from paralab.config import MODEL_PRESETS, RunConfig
+from paralab.memory import MemoryMeter
+from paralab.models.gpt import Block
+from paralab.precision import TORCH_DTYPES
+from paralab.sim import counting
+from paralab.sim.bridge import specs_from_run
+from paralab.strategies.recompute import apply_recompute
+
+MICRO_BATCH = 2
+
+
+def saved_bytes(model_cfg, layers: int, recompute: str, dtype: torch.dtype) -> int:
+    torch.manual_seed(0)
+    blocks = torch.nn.Sequential(*[Block(model_cfg, i) for i in range(layers)]).to(dtype)
+    apply_recompute(blocks, recompute)
+    meter = MemoryMeter(torch.device("cpu"))
+    meter.watch(blocks.parameters())
+    x = torch.randn(MICRO_BATCH, model_cfg.seq_len, model_cfg.hidden, dtype=dtype, requires_grad=True)
+    with meter.saving("microbatch"):
+        blocks(x)
+    return meter.report()["max_by_kind"]["activations"]
+
+
+# torch's CPU attention has no fused kernel with dropout: it falls back to a math path that computes
+# a 16-bit attention in fp32 (its scores, mask and dropout output at 4 bytes, and fp32 copies of Q, K
+# and V). The simulator prices the kernels a GPU runs, so this one CPU corner is counted short.
+CPU_FALLBACK = pytest.mark.xfail(strict=True, reason="CPU sdpa with dropout computes bf16 attention in fp32")
+CASES = [
+    pytest.param(attention, recompute, dtype, dropout, marks=CPU_FALLBACK
+                 if (attention, recompute, dtype, dropout) == ("sdpa", "none", "bf16", 0.1) else ())
+    for attention in ("math", "sdpa") for recompute in ("none", "selective", "full")
+    for dtype in ("fp32", "bf16") for dropout in (0.0, 0.1)
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("attention, recompute, dtype, dropout", CASES)
+def test_predicted_activations_per_layer_match_what_autograd_keeps(attention, recompute, dtype, dropout):
+    model_cfg = dataclasses.replace(MODEL_PRESETS["small"], attention=attention, dropout=dropout)
+    cfg = RunConfig(model=model_cfg, model_name="small", device="cpu", dtype=dtype, recompute=recompute)
+    model, parallel = specs_from_run(cfg)
+    torch_dtype = TORCH_DTYPES[dtype]
+    measured = saved_bytes(model_cfg, 3, recompute, torch_dtype) - saved_bytes(model_cfg, 2, recompute, torch_dtype)
+    predicted = counting.activation_bytes_per_layer(model, MICRO_BATCH, recompute=parallel.recompute)
+    assert measured == pytest.approx(predicted, rel=0.05)
+
+
+def test_the_attention_kernel_and_recomputation_order_the_activations_as_the_lessons_say():
+    """The figures notebook 09 draws: the written-out scores cost the most, the fused kernel or
+    selective recomputation drop them, full recomputation keeps only the block's input."""
+    def per_layer(attention, recompute):
+        model_cfg = dataclasses.replace(MODEL_PRESETS["small"], attention=attention)
+        return saved_bytes(model_cfg, 2, recompute, torch.float32) - saved_bytes(model_cfg, 1, recompute, torch.float32)
+
+    math_none, sdpa_none = per_layer("math", "none"), per_layer("sdpa", "none")
+    math_selective, full = per_layer("math", "selective"), per_layer("math", "full")
+    assert math_none > sdpa_none > full and math_none > math_selective > full
+    cfg = MODEL_PRESETS["small"]
+    assert full == 4 * MICRO_BATCH * cfg.seq_len * cfg.hidden  # one fp32 copy of the block's input
