@@ -7,11 +7,13 @@ Several runs side by side (one per strategy or ZeRO stage) use a two-level x axi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from paralab.viz._common import MEMORY_COLORS, MEMORY_KINDS, as_summary, fmt_bytes, go, style
 
 _RUN_KEYS = ("memory_by_kind", "memory_bytes_per_gpu")
+UNIT_BYTES = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 
 
 def memory_by_rank(run) -> list[dict[str, float]]:
@@ -34,7 +36,7 @@ def memory(runs, title: str | None = None, unit: str = "MiB"):
     ``fig.layout.meta["totals"]`` lists the per-bar totals in bytes, in drawing order.
     """
     graph = go()
-    scale = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]
+    scale = UNIT_BYTES[unit]
     single = not isinstance(runs, Mapping) or any(k in runs for k in (*MEMORY_KINDS, *_RUN_KEYS))
     labelled = {"": runs} if single else dict(runs)
     runs_x, ranks_x, per_bar = [], [], []
@@ -72,7 +74,7 @@ def measured_vs_predicted(rows: list[dict], title: str, unit: str = "MiB", y_tit
     ``rows``: dicts with ``label``, ``measured`` and ``predicted`` (bytes). The hover and
     ``fig.layout.meta["ratios"]`` give measured / predicted per row, the number a reader checks."""
     graph = go()
-    scale = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]
+    scale = UNIT_BYTES[unit]
     labels = [r["label"] for r in rows]
     ratios = [r["measured"] / r["predicted"] if r["predicted"] else float("nan") for r in rows]
     fig = graph.Figure()
@@ -94,7 +96,7 @@ def memory_vs(points: dict[str, list[tuple[float, float, float]]], x_title: str,
     """How memory grows with one quantity (sequence length, micro-batch): per series, measured points
     over the predicted line. ``points``: {series: [(x, measured bytes, predicted bytes), ...]}."""
     graph = go()
-    scale = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]
+    scale = UNIT_BYTES[unit]
     fig = graph.Figure()
     palette = [MEMORY_COLORS["activations"], MEMORY_COLORS["params"], MEMORY_COLORS["optimizer"],
                MEMORY_COLORS["grads"], "#9467BD", "#8C564B"]
@@ -107,8 +109,20 @@ def memory_vs(points: dict[str, list[tuple[float, float, float]]], x_title: str,
             x=xs, y=[r[1] / scale for r in rows], mode="markers", name=f"{series}, measured",
             marker=dict(color=color, size=10), customdata=[fmt_bytes(r[1]) for r in rows],
             hovertemplate=f"{series}: %{{x}} -> %{{customdata}} measured<extra></extra>"))
-    fig.update_xaxes(title_text=x_title, type="log")
-    fig.update_yaxes(title_text=f"{y_title} ({unit})", type="log")
+    xs = sorted({r[0] for rows in points.values() for r in rows})
+    ys = [v / scale for rows in points.values() for r in rows for v in r[1:]]
+    fig.update_xaxes(title_text=x_title, type="log", tickvals=xs, ticktext=[f"{x:,g}" for x in xs])
+    fig.update_yaxes(title_text=f"{y_title} ({unit})", type="log", tickvals=_log_ticks(min(ys), max(ys)),
+                     tickformat=",~g")
     fig.update_layout(meta={"series": list(points)})
     return style(fig, title, 420)
 
+
+def _log_ticks(low: float, high: float) -> list[float]:
+    """1, 2, 5 times the powers of ten from below ``low`` to above ``high``: a log axis read in whole
+    numbers rather than plotly's bare 2, 3, 4 between the decades."""
+    ticks, decade = [], 10 ** math.floor(math.log10(low))
+    while decade <= high * 10:
+        ticks += [m * decade for m in (1, 2, 5) if low / 2 <= m * decade <= high * 2]
+        decade *= 10
+    return ticks
