@@ -66,7 +66,8 @@ SUMMARY_KEYS = ("strategy", "source", "world_size", "dp", "tp", "pp", "schedule"
 
 # Columns of the per-rank table: Trace.time_breakdown keys and their headings (ms per step).
 RANK_COLUMNS = (("compute_s", "compute"), ("comm_s", "comm"), ("overlapped_comm_s", "comm beside compute"),
-                ("exposed_comm_s", "exposed comm"), ("idle_s", "idle (not computing)"),
+                ("exposed_comm_s", "exposed comm"), ("comm_waiting_s", "comm waiting for peers"),
+                ("comm_transfer_s", "comm moving data"), ("idle_s", "idle (not computing)"),
                 ("wait_s", "waiting (nothing recorded)"))
 
 
