@@ -319,7 +319,7 @@ class Trace:
         whole world (recorded without ``group_ranks``). None when the trace cannot name the group: a
         subgroup recorded by its size alone (simulated traces), or a world smaller than the trace's
         (an elastic run after it lost a node)."""
-        return _group_of(span, self._world_size())
+        return span_group(span, self._world_size())
 
     def _world_size(self) -> int:
         return max(int(self.meta.get("world_size") or 0), max(self.ranks, default=-1) + 1)
@@ -332,7 +332,7 @@ class Trace:
         totals: dict[tuple[int, ...] | None, int] = defaultdict(int)
         for s in self.spans:
             if s.lane == COMM:
-                totals[_group_of(s, world)] += s.payload_bytes if payload else s.bytes
+                totals[span_group(s, world)] += s.payload_bytes if payload else s.bytes
         return {group: v // steps for group, v in totals.items()}
 
     def comm_arrivals(self) -> list[Arrival]:
@@ -355,7 +355,7 @@ class Trace:
                 elif s.kind == "recv":
                     recvs[(s.peer, s.rank)].append(s)
                 continue
-            group = _group_of(s, world)
+            group = span_group(s, world)
             if group is not None and s.rank in group:
                 calls[group][s.rank].append(s)
         last: dict[int, float] = {}  # id(span) -> when its last participant entered
@@ -560,8 +560,8 @@ def _fields_of(obj) -> dict:
     return dict(zip(names, values(obj)))
 
 
-def _group_of(span: Span, world: int) -> tuple[int, ...] | None:
-    """See Trace.group_of."""
+def span_group(span: Span, world: int) -> tuple[int, ...] | None:
+    """The ranks a communication span ran among, in a world of ``world`` ranks (see Trace.group_of)."""
     if span.group_ranks:
         return tuple(span.group_ranks)
     if span.peer is not None:

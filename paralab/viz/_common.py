@@ -6,7 +6,10 @@ import it for type names) works on a machine without plotly; only drawing needs 
 
 from __future__ import annotations
 
+from paralab.layout import Layout, mesh_layout
 from paralab.trace import Trace
+
+WAITING = "waiting"  # the part of a communication call spent waiting for the last participant
 
 # One colour per span kind, so the same operation looks the same in every figure.
 KIND_COLORS = {
@@ -31,6 +34,9 @@ KIND_COLORS = {
     "memset": "#A0D88F",
     "all_to_all": "#D67195",
     "barrier": "#79706E",
+    # drawn over the first part of a collective or receive: waiting for its last participant (last in
+    # this order, so it lies on top of the call it belongs to)
+    WAITING: "rgba(255,255,255,0.6)",
 }
 EXTRA_COLORS = ["#8C564B", "#17BECF", "#BCBD22", "#7F7F7F", "#393B79", "#637939", "#8C6D31", "#843C39"]
 MEMORY_KINDS = ("params", "grads", "optimizer", "activations")
@@ -74,6 +80,15 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.1f} TiB"  # pragma: no cover
 
 
+def byte_scale(largest: float) -> tuple[int, str]:
+    """(divisor, unit) that draws sizes up to ``largest`` bytes as numbers below 1024: an axis in
+    KiB reads as the text beside it does, where plotly's own "100k" would mean 100,000."""
+    for power, unit in enumerate(("B", "KiB", "MiB", "GiB")):
+        if largest < 1024 ** (power + 1) or unit == "GiB":
+            return 1024**power, unit
+    return 1, "B"  # pragma: no cover
+
+
 def as_trace(obj) -> Trace:
     """Accept a Trace or anything carrying one (RunResult)."""
     if isinstance(obj, Trace):
@@ -100,6 +115,26 @@ def as_summary(obj) -> dict:
     if isinstance(obj, Trace):
         return dict(obj.summary(), world_size=obj.meta.get("world_size", len(obj.ranks)))
     raise TypeError(f"expected a RunResult, Prediction or summary dict, got {type(obj).__name__}")
+
+
+def layout_of(obj) -> Layout:
+    """A Layout from a Layout, a RunResult, a Trace or a trace's meta dict that holds one (measured
+    runs) or records dp, tp and pp (simulated runs), or a mesh dict (``{"shape": [pp, dp, cp, tp]}``, or
+    ``[pp, dp, tp]`` as traces made before the cp axis have it)."""
+    if isinstance(obj, Layout):
+        return obj
+    if isinstance(getattr(obj, "layout", None), Layout):
+        return obj.layout
+    if isinstance(obj, dict) and "shape" in obj:
+        pp, dp, *cp, tp = obj["shape"]
+        return mesh_layout(dp=dp, tp=tp, pp=pp, cp=cp[0] if cp else 1)
+    meta = obj if isinstance(obj, dict) else getattr(getattr(obj, "trace", obj), "meta", None)
+    if isinstance(meta, dict) and "layout" in meta:
+        return Layout.from_dict(meta["layout"])
+    if isinstance(meta, dict) and all(k in meta for k in ("dp", "tp", "pp")):
+        degrees = {axis: max(int(meta.get(axis) or 1), 1) for axis in ("dp", "tp", "pp", "cp")}
+        return mesh_layout(**degrees)
+    raise TypeError(f"expected a Layout, a RunResult or Trace, or a mesh dict, got {type(obj).__name__}")
 
 
 def style(fig, title: str | None = None, height: int | None = None):

@@ -75,6 +75,8 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
                       p2p: float = 0.05, max_stages: int = 64, max_microbatches: int = 128, steps: int = 3,
                       model: str = "tiny", run_options: dict | None = None, overlap: float = 0.0):
     """Schedule dropdown and stages / microbatches / virtual-stages / p2p sliders over a simulated timeline.
+    A control that does not apply to the chosen schedule (virtual stages outside interleaved, what an
+    F&B slot hides outside DualPipeV) is hidden.
 
     Attributes: ``controls`` (dict of widgets), ``figure`` (prediction FigureWidget), ``measured``
     (FigureWidget after a real run, else None), ``message``, ``progress``, ``redraw()``,
@@ -85,16 +87,22 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
     from paralab.viz.timeline import bar_traces, timeline
 
     w = widgets()
+    whole = dict(style={"description_width": "initial"})  # labels in full, never "microbatc…"
     controls = {
-        "schedule": w.Dropdown(options=list(SCHEDULES), value=schedule, description="schedule"),
-        "stages": w.IntSlider(value=stages, min=2, max=max_stages, description="stages", continuous_update=False),
+        "schedule": w.Dropdown(options=list(SCHEDULES), value=schedule, description="schedule", **whole),
+        "stages": w.IntSlider(value=stages, min=2, max=max_stages, description="stages", continuous_update=False,
+                              **whole),
         "microbatches": w.IntSlider(value=microbatches, min=1, max=max_microbatches, description="microbatches",
-                                    continuous_update=False),
-        "virtual_stages": w.IntSlider(value=virtual_stages, min=1, max=8, description="virtual", continuous_update=False),
-        "p2p": w.FloatSlider(value=p2p, min=0.0, max=2.0, step=0.05, description="p2p / F", continuous_update=False),
-        "overlap": w.FloatSlider(value=overlap, min=0.0, max=2.0, step=0.1, description="F&B hides",
-                                 continuous_update=False),
+                                    continuous_update=False, **whole),
+        "virtual_stages": w.IntSlider(value=virtual_stages, min=1, max=8, description="virtual stages per rank",
+                                      continuous_update=False, **whole),
+        "p2p": w.FloatSlider(value=p2p, min=0.0, max=2.0, step=0.05, description="p2p time / forward time",
+                             continuous_update=False, **whole),
+        "overlap": w.FloatSlider(value=overlap, min=0.0, max=2.0, step=0.1, description="F&B slot hides (forward times)",
+                                 continuous_update=False, **whole),
     }
+    # the schedules each control applies to; for the others it is hidden (its value would mean nothing)
+    applies = {"virtual_stages": ("interleaved",), "overlap": ("dualpipev",)}
     info = w.HTML()
     msg = w.HTML()
     button = w.Button(description="Run for real", button_style="primary", icon="play")
@@ -115,8 +123,8 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
     def redraw(*_):
         started = time.perf_counter()
         name, p, m, v, lat, overlap = shape()
-        controls["virtual_stages"].disabled = name != "interleaved"
-        controls["overlap"].disabled = name != "dualpipev"
+        for key, schedules in applies.items():
+            controls[key].layout.display = None if name in schedules else "none"
         try:
             sim = simulate(name, p, m, v, lat, overlap)
         except (ScheduleError, ValueError) as exc:
