@@ -185,14 +185,14 @@ def comm_by_dimension(trace, payload: bool = False, title: str | None = None):
 
 # ------------------------------------------------------------------------------------- rank matrix
 def comm_matrix_data(trace, payload: bool = False) -> list[list[float]]:
-    """matrix[src][dst] = bytes per step from rank src to rank dst (see the module docstring)."""
+    """matrix[src][dst] = bytes from rank src to rank dst over the whole trace (see the module
+    docstring); :func:`comm_matrix` draws it per step."""
     trace = as_trace(trace)
     world = max(trace.ranks, default=-1) + 1
     world = max(world, int(trace.meta.get("world_size") or 0))
     matrix = [[0.0] * world for _ in range(world)]
-    steps = _steps(trace)
     for s in trace.select(lane=COMM):
-        b = _span_bytes(s, payload) / steps
+        b = _span_bytes(s, payload)
         if not b:
             continue
         if s.peer is not None:
@@ -210,7 +210,8 @@ def comm_matrix_data(trace, payload: bool = False) -> list[list[float]]:
 def comm_matrix(trace, payload: bool = False, title: str | None = None):
     """Heatmap of bytes per step sent from each rank (rows) to each rank (columns)."""
     graph = go()
-    matrix = comm_matrix_data(trace, payload)
+    steps = _steps(as_trace(trace))
+    matrix = [[v / steps for v in row] for row in comm_matrix_data(trace, payload)]
     scale, unit = byte_scale(max((max(row) for row in matrix), default=0))
     labels = [f"r{r}" for r in range(len(matrix))]
     text = [[fmt_bytes(v) if v else "" for v in row] for row in matrix]

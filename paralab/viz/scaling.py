@@ -80,14 +80,11 @@ def scaling(measured=None, predicted=None, title: str | None = None):
     return style(fig, title or "scaling with world size", 380)
 
 
-def speedup_timeline(runs, baseline=None, title: str | None = None, ideal: float | None = None,
-                     ideal_note: str = ""):
+def speedup_timeline(runs, baseline=None, title: str | None = None):
     """Per training step: throughput of each run and, given a baseline, speedup over it.
 
     ``runs``: a Trace/RunResult or {label: Trace/RunResult}. ``baseline``: a Trace/RunResult (its
     median step time) or a step time in seconds. Step 0 pays for warm-up; it is shown, not hidden.
-    ``ideal``: the best speedup the hardware allows (world size on as many GPUs; on CPU ranks that
-    share cores, what the cores allow), drawn as a line labelled ``ideal_note``.
     """
     graph = go()
     if not isinstance(runs, Mapping):
@@ -119,12 +116,7 @@ def speedup_timeline(runs, baseline=None, title: str | None = None, ideal: float
                                         hovertemplate=f"{label} step %{{x}}: %{{y:.2f}}x<extra></extra>"), 2, 1)
     if base_time:
         fig.add_hline(y=1.0, line_dash="dot", line_color="#999", row=2, col=1)
-        if ideal is not None:
-            fig.add_hline(y=ideal, line_dash="dash", line_color="#2E7D32", row=2, col=1,
-                          annotation_text=f"ideal {ideal:g}x{': ' + ideal_note if ideal_note else ''}",
-                          annotation_position="top left")
-            meta["ideal"] = ideal
-        fig.update_yaxes(title_text="speedup (x)", rangemode="tozero", row=2, col=1)
+        fig.update_yaxes(title_text="speedup (x)", row=2, col=1)
     unit = "tokens/s" if any(as_trace(r).meta.get("tokens_per_step") for r in runs.values()) else "steps/s"
     fig.update_yaxes(title_text=f"throughput ({unit})", row=1, col=1, rangemode="tozero")
     fig.update_xaxes(dtick=1)
