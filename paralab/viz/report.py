@@ -104,8 +104,10 @@ def _figures(trace: Trace, summary: dict, losses: list[float] | None, predicted:
         figs.append(("Pipeline bubble", viz.bubble(trace)))
     if trace.select(lane=COMM):
         figs += [("Communication by op and step", viz.comm_by_op(trace)),
-                 ("Bytes exchanged, rank by rank", viz.comm_matrix(trace)),
-                 ("Intra- vs inter-node traffic", viz.comm_link_split(trace))]
+                 ("Communication by parallel dimension and link", viz.comm_by_dimension(trace)),
+                 ("Bytes exchanged, rank by rank", viz.comm_matrix(trace))]
+    if "layout" in trace.meta and trace.meta["layout"].get("world_size", 1) > 1:
+        figs.append(("Device mesh", viz.mesh(trace)))
     if summary.get("memory_by_kind"):
         figs.append(("Memory per rank", viz.memory(summary)))
     if losses:

@@ -167,12 +167,14 @@ def waiting_spans(trace: Trace, spans: list[Span]) -> tuple[list[Span], dict[int
 
 
 def bar_traces(trace: Trace, *, lanes=DEFAULT_LANES, steps=None, color_by: str = "auto", text="auto",
-               suffix: str = "", opacity: float = 1.0, legend: bool = True) -> tuple[list[dict], list[str]]:
-    """(bar traces as plotly dicts, row labels) for one Trace; the building block of :func:`timeline`."""
+               suffix: str = "", opacity: float = 1.0, legend: bool = True, waits: bool = True
+               ) -> tuple[list[dict], list[str]]:
+    """(bar traces as plotly dicts, row labels) for one Trace; the building block of :func:`timeline`.
+    ``waits=False`` leaves out the hatched waits (a third more bars on a long pipeline)."""
     spans = select_spans(trace, lanes, steps)
     mode = resolve_color_by(spans, color_by)
     show_text = (len(spans) <= TEXT_LIMIT) if text == "auto" else bool(text)
-    extra, waits = waiting_spans(trace, spans)
+    extra, waits = waiting_spans(trace, spans) if waits else ([], {})
     out = []
     for kind, c in bars_by_kind(spans + extra, mode, suffix, t0=min((s.start for s in spans), default=0.0),
                                 text=show_text and mode == "microbatch", waits=waits).items():
@@ -187,7 +189,7 @@ def bar_traces(trace: Trace, *, lanes=DEFAULT_LANES, steps=None, color_by: str =
 
 def timeline(trace, predicted=None, *, lanes=DEFAULT_LANES, steps=None, predicted_steps=None,
              color_by: str = "auto", text="auto", layout: str = "stacked", title: str | None = None,
-             height: int | None = None):
+             height: int | None = None, waits: bool = True):
     """Timeline figure of a Trace (or RunResult), optionally with a predicted Trace beside it.
 
     ``layout="stacked"``: measured on top, predicted below, two subplots sharing the time axis.
@@ -195,11 +197,12 @@ def timeline(trace, predicted=None, *, lanes=DEFAULT_LANES, steps=None, predicte
     its measured rows. ``steps`` restricts the measured spans to those steps (``predicted_steps`` the
     predicted ones), e.g. ``steps=[2]`` to compare one warm step with a simulated step.
     ``color_by``: "kind", "microbatch" (pipeline runs; kinds then differ by hatching), or "auto".
+    ``waits``: hatch each call's wait for its last participant (see the module docstring).
     ``fig.layout.meta`` records ``ranks`` and ``rows`` (and ``predicted_rows``) for callers and tests.
     """
     graph = go()
     trace = as_trace(trace)
-    kwargs = dict(lanes=lanes, color_by=color_by, text=text)
+    kwargs = dict(lanes=lanes, color_by=color_by, text=text, waits=waits)
     bars, rows = bar_traces(trace, steps=steps, **kwargs)
     meta = {"ranks": len(trace.ranks), "rows": rows, "source": trace.meta.get("source", "")}
     if predicted is None:

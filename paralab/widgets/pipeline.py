@@ -118,7 +118,8 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
         first = simulate(*shape())
     except (ScheduleError, ValueError):
         first = Trace()
-    fw = figure_widget(timeline(first, title="predicted step (time in forward units: F = 1 ms)"))
+    # the schedule's shape, redrawn live: without the hatched waits on the comm lanes (a third more bars)
+    fw = figure_widget(timeline(first, title="predicted step (time in forward units: F = 1 ms)", waits=False))
 
     def redraw(*_):
         started = time.perf_counter()
@@ -131,7 +132,7 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
             msg.value = message(f"{name} with {p} stages, {m} microbatches, v={v}: {exc}", "error")
             return
         msg.value = ""
-        bars, rows = bar_traces(sim)
+        bars, rows = bar_traces(sim, waits=False)
         with fw.batch_update():
             if [t.name for t in fw.data] == [b["name"] for b in bars]:
                 for trace, b in zip(fw.data, bars):
