@@ -117,6 +117,9 @@ def test_bubble_vs_microbatches_curves():
     # with free p2p and equal stages the simulated gpipe bubble is the closed form
     assert list(by_name["gpipe"].y) == pytest.approx(list(by_name["gpipe theory"].y))
     assert by_name["gpipe"].y[0] > by_name["gpipe"].y[-1]  # more microbatches, smaller bubble
+    # the figure says which curves lie on top of one another: gpipe is its closed form
+    assert any({"gpipe", "gpipe theory"} <= set(g["lines"]) for g in fig.layout.meta["overlap"])
+    assert "gpipe, gpipe theory" in fig.layout.annotations[0].text
 
 
 def test_comm_by_op_and_matrix_bytes_per_step(ddp_run):

@@ -137,6 +137,58 @@ def layout_of(obj) -> Layout:
     raise TypeError(f"expected a Layout, a RunResult or Trace, or a mesh dict, got {type(obj).__name__}")
 
 
+# ------------------------------------------------------------------ lines that coincide
+# Lines closer than this fraction of the plot's height everywhere cannot be told apart by eye.
+OVERLAP = 0.005
+NUMBERS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+
+
+def overlapping(runs: dict[str, list[float]], xs: dict[str, list] | None = None) -> list[dict]:
+    """Groups of curves that coincide on the plot: ``lines`` (labels, at least two) and
+    ``max_rel_diff`` (the largest relative difference between any two of them at any point). Curves
+    are compared point by point: with ``xs`` (label -> x values) only curves drawn at the same x."""
+    values = [v for losses in runs.values() for v in losses]
+    span = (max(values) - min(values)) if values else 0.0
+    groups: list[list[str]] = []
+    for label, losses in runs.items():
+        for group in groups:
+            first = runs[group[0]]
+            same_x = xs is None or xs[group[0]] == xs[label]
+            if same_x and len(first) == len(losses) and all(abs(a - b) <= OVERLAP * span
+                                                            for a, b in zip(first, losses)):
+                group.append(label)
+                break
+        else:
+            groups.append([label])
+    out = []
+    for group in groups:
+        if len(group) > 1:
+            rel = max(abs(a - b) / max(abs(b), 1e-30) for x in group for y in group
+                      for a, b in zip(runs[x], runs[y]))
+            out.append({"lines": group, "max_rel_diff": rel})
+    return out
+
+
+def note_overlaps(fig, groups: list[dict], total: int) -> None:
+    """Say on the figure which lines overlap (see :func:`overlap_note`); nothing when none do."""
+    note = overlap_note(groups, total)
+    if note:  # top right, inside the plot: where falling curves leave room
+        fig.add_annotation(text=note.replace("; ", "<br>"), xref="paper", yref="paper", x=1, y=1, xanchor="right",
+                           yanchor="top", align="right", showarrow=False, font=dict(size=12, color="#333"),
+                           bgcolor="rgba(247,247,247,0.9)")
+
+
+def overlap_note(groups: list[dict], total: int) -> str:
+    """'all four lines overlap: max relative difference 3e-08', or which ones do."""
+    notes = []
+    for g in groups:
+        n = len(g["lines"])
+        who = (f"all {NUMBERS[n] if n < len(NUMBERS) else n} lines" if n == total
+               else ", ".join(g["lines"][:-1]) + " and " + g["lines"][-1])
+        notes.append(f"{who} overlap: max relative difference {g['max_rel_diff']:.0e}")
+    return "; ".join(notes)
+
+
 def style(fig, title: str | None = None, height: int | None = None):
     """The house look: white background; title, then legend, then (subplot titles and) the plot.
 
