@@ -71,6 +71,10 @@ def _title(figure: dict) -> str:
     return title.get("text", "") if isinstance(title, dict) else str(title)
 
 
+def _count(figures: list) -> str:
+    return f"{len(figures)} figure{'' if len(figures) == 1 else 's'}"
+
+
 def page(sections: list[tuple[str, list[tuple[int, dict]]]]) -> str:
     """The HTML: a table of contents, then per notebook its figures, each under its cell and title."""
     from plotly.offline import get_plotlyjs
@@ -78,7 +82,7 @@ def page(sections: list[tuple[str, list[tuple[int, dict]]]]) -> str:
     toc, body, number = [], [], 0
     for name, figures in sections:
         anchor = html.escape(name.replace(" ", "-"))
-        toc.append(f'<li><a href="#{anchor}">{html.escape(name)}</a>: {len(figures)} figures</li>')
+        toc.append(f'<li><a href="#{anchor}">{html.escape(name)}</a>: {_count(figures)}</li>')
         body.append(f'<h2 id="{anchor}">{html.escape(name)}</h2>')
         for cell, figure in figures:
             number += 1
@@ -108,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         nb = nbformat.read(args.executed / path.name, as_version=4) if args.executed else run_notebook(path)
         figures = figures_of(nb)
-        print(f"{path.name}: {len(figures)} figures ({time.perf_counter() - started:.0f} s)")
+        print(f"{path.name}: {_count(figures)} ({time.perf_counter() - started:.0f} s)")
         sections.append((path.stem, figures))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(page(sections), encoding="utf-8")
