@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install lab test lint gpu-check clean
+.PHONY: install lab test lint gpu-check gallery clean
 
 $(STAMP): pyproject.toml constraints-ci.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ test: $(STAMP)
 # on a machine without CUDA.
 gpu-check: $(STAMP)
 	$(BIN)/python -m paralab.gpu_check
+
+# Every figure the notebooks draw, one after another on one page (runs every notebook: minutes).
+gallery: $(STAMP)
+	$(BIN)/python docs/gallery.py -o docs/_build/gallery.html
 
 lint: $(STAMP)
 	$(BIN)/ruff check paralab tests benchmarks

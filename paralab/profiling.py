@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote, unquote
@@ -101,6 +102,9 @@ def profile_rank(ctx):
 
     from paralab.runtime.result import run_meta
 
+    # kineto prints a "USDT: ... profiler_start" line on stderr for every profile unless told not to:
+    # in a notebook that is a red box per rank for no news
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if recorder.cuda else [])
     # record_shapes: torch's own communication ops then carry their tensor sizes, so an import that
     # ignores paralab's names (names="torch") still finds the bytes

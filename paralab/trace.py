@@ -5,6 +5,11 @@ A trace is a list of :class:`Span` (a stretch of time on one rank's compute or c
 shared by all ranks: every rank starts its clock when it leaves the same barrier, so spans from
 different ranks (and from files written by different torchrun workers) line up when merged.
 
+Waiting against moving: a collective cannot move data before every member has entered it, nor a
+receive before its sender has sent. The merged timeline knows when each rank entered, so
+:meth:`Trace.comm_arrivals` splits each collective and receive into the wait for the last participant
+and the transfer itself (what a straggler, or ranks time-sharing cores, cost the others).
+
 Traces save as plain JSON (never pickle) and export to the Chrome trace event format, which Perfetto
 (ui.perfetto.dev) and chrome://tracing open. A file is checked as it loads: every span and counter
 field must have its type (times finite numbers), and anything else is a TraceFormatError that names
@@ -77,6 +82,33 @@ class Counter:
     name: str
     t: float
     value: float
+
+
+# A collective is matched across its members in issue order; a match is refused (and the rest of that
+# group's calls left unsplit) when its last member entered after another member had already finished,
+# by more than this: the calls are then not the same operation (clocks agree to well under a millisecond).
+CLOCK_SLACK_S = 1e-3
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """A communication span and when the last participant entered it: every member of a collective,
+    or the sender of a receive. ``last_entry`` is None when the trace cannot say (a send, a group it
+    cannot name, a partner missing from the trace): the whole span then counts as transfer."""
+
+    span: Span
+    last_entry: float | None
+
+    @property
+    def wait_s(self) -> float:
+        """Time from entering the call until the last participant entered (0 when it was the last)."""
+        if self.last_entry is None:
+            return 0.0
+        return min(max(self.last_entry - self.span.start, 0.0), self.span.duration)
+
+    @property
+    def transfer_s(self) -> float:
+        return self.span.duration - self.wait_s
 
 
 @dataclass
@@ -234,7 +266,7 @@ class Trace:
 
     def busy_time(self, rank: int, lane: str = COMPUTE, window: tuple[float, float] | None = None) -> float:
         """Time covered by the rank's spans on a lane (overlaps counted once), clipped to a window."""
-        union = _Union([s for s in self.spans if s.rank == rank and s.lane == lane])
+        union = _Union([(s.start, s.end) for s in self.spans if s.rank == rank and s.lane == lane])
         return union.length if window is None else union.covered(*window)
 
     def _chosen_windows(self, steps: list[int] | None = None) -> list[tuple[float, float]]:
@@ -244,16 +276,13 @@ class Trace:
     def _mean_busy(self, lanes: str | tuple[str, ...], windows: list[tuple[float, float]]
                    ) -> dict[int, float]:
         """Per rank: time covered by its spans on ``lanes`` (one lane or several, overlaps counted
-        once) per window, averaged over the windows. Linear in spans: each rank's spans are grouped
-        and merged into one union, once."""
+        once) per window, averaged over the windows."""
         lanes = (lanes,) if isinstance(lanes, str) else lanes
-        by_rank: dict[int, list[Span]] = {rank: [] for rank in self.ranks}
+        by_rank: dict[int, list[tuple[float, float]]] = {rank: [] for rank in self.ranks}
         for s in self.spans:
             if s.lane in lanes:
-                by_rank[s.rank].append(s)
-        n = max(len(windows), 1)
-        unions = {rank: _Union(spans) for rank, spans in by_rank.items()}
-        return {rank: sum(union.covered(lo, hi) for lo, hi in windows) / n for rank, union in unions.items()}
+                by_rank[s.rank].append((s.start, s.end))
+        return _mean_covered(by_rank, windows)
 
     def idle_fraction(self, steps: list[int] | None = None) -> dict[int, float]:
         """Per rank: share of the step windows in which the rank computes nothing (waits or talks)."""
@@ -284,29 +313,107 @@ class Trace:
             split["inter_node" if s.inter_node else "intra_node"] += s.bytes
         return {k: v // steps for k, v in split.items()}
 
+    def group_of(self, span: Span) -> tuple[int, ...] | None:
+        """The global ranks a communication span ran among: its recorded group (comm.py records a
+        subgroup's ranks), sender and receiver for a point-to-point call, every rank for a call on the
+        whole world (recorded without ``group_ranks``). None when the trace cannot name the group: a
+        subgroup recorded by its size alone (simulated traces), or a world smaller than the trace's
+        (an elastic run after it lost a node)."""
+        return span_group(span, self._world_size())
+
+    def _world_size(self) -> int:
+        return max(int(self.meta.get("world_size") or 0), max(self.ranks, default=-1) + 1)
+
+    def comm_bytes_by_group(self, payload: bool = False) -> dict[tuple[int, ...] | None, int]:
+        """group (see :meth:`group_of`) -> bytes per step summed over its members (wire bytes, or
+        payload bytes with payload=True), the per-group view of :meth:`comm_bytes`."""
+        steps = max(len(self.step_windows()), 1)
+        world = self._world_size()
+        totals: dict[tuple[int, ...] | None, int] = defaultdict(int)
+        for s in self.spans:
+            if s.lane == COMM:
+                totals[span_group(s, world)] += s.payload_bytes if payload else s.bytes
+        return {group: v // steps for group, v in totals.items()}
+
+    def comm_arrivals(self) -> list[Arrival]:
+        """Every communication span, in the trace's order, with when its last participant entered.
+
+        A collective is matched across the members of its group in issue order (the k-th call on a
+        group is the same operation on every member); a receive with the sends from its peer, in order
+        (messages between two ranks arrive in the order they were sent: gloo and NCCL match them so
+        per group), of the same size. A send is not split: it leaves when its rank says so. See
+        :class:`Arrival` and :data:`CLOCK_SLACK_S` for what is left unsplit."""
+        world = self._world_size()
+        comm = [s for s in self.spans if s.lane == COMM]
+        calls: dict[tuple, dict[int, list[Span]]] = defaultdict(lambda: defaultdict(list))
+        sends: dict[tuple, list[Span]] = defaultdict(list)
+        recvs: dict[tuple, list[Span]] = defaultdict(list)
+        for s in sorted(comm, key=lambda s: s.start):
+            if s.peer is not None:
+                if s.kind == "send":
+                    sends[(s.rank, s.peer)].append(s)
+                elif s.kind == "recv":
+                    recvs[(s.peer, s.rank)].append(s)
+                continue
+            group = span_group(s, world)
+            if group is not None and s.rank in group:
+                calls[group][s.rank].append(s)
+        last: dict[int, float] = {}  # id(span) -> when its last participant entered
+        for group, by_rank in calls.items():
+            for ops in zip(*(by_rank.get(rank, []) for rank in group)):  # a member missing: none match
+                entry = max(o.start for o in ops)
+                if len({o.kind for o in ops}) > 1 or entry > min(o.end for o in ops) + CLOCK_SLACK_S:
+                    break  # not one operation: the issue orders differ from here on
+                for o in ops:
+                    last[id(o)] = entry
+        for key, received in recvs.items():
+            for send, recv in zip(sends.get(key, []), received):
+                if send.payload_bytes != recv.payload_bytes or send.start > recv.end + CLOCK_SLACK_S:
+                    break
+                last[id(recv)] = send.start
+        return [Arrival(s, last.get(id(s))) for s in comm]
+
     def time_breakdown(self) -> dict[int, dict[str, float]]:
         """Per rank, seconds per step (steps after the first): where the step's time went.
 
-        ``compute_s`` computing; ``comm_s`` communicating, split into ``overlapped_comm_s`` (while
-        also computing) and ``exposed_comm_s`` (nothing computed meanwhile); ``idle_s`` not computing
-        (step time - compute: exposed communication included); ``wait_s`` neither computing nor
-        communicating: waiting on another rank, the host or the data, with nothing recorded.
+        ``compute_s`` computing; ``comm_s`` communicating, split two ways: into ``overlapped_comm_s``
+        (while also computing) and ``exposed_comm_s`` (nothing computed meanwhile), and into
+        ``comm_waiting_s`` (inside calls that wait for their last participant, see
+        :meth:`comm_arrivals`, with no call moving data) and ``comm_transfer_s`` (data moving). The
+        exposed part splits the same way: ``exposed_waiting_s`` (a straggler's cost, or a peer not yet
+        scheduled) and ``exposed_transfer_s`` (what faster links would shorten). ``idle_s`` not
+        computing (step time - compute: exposed communication included); ``wait_s`` neither computing
+        nor communicating: waiting on another rank, the host or the data, with nothing recorded.
         """
         step_time = self.median_step_time()
         chosen = self._chosen_windows()
         compute, comm = self._mean_busy(COMPUTE, chosen), self._mean_busy(COMM, chosen)
         either = self._mean_busy((COMPUTE, COMM), chosen)
-        return {
-            rank: {
+        moving: dict[int, list[tuple[float, float]]] = {rank: [] for rank in self.ranks}
+        for a in self.comm_arrivals():
+            moving[a.span.rank].append((a.span.start + a.wait_s, a.span.end))
+        transfer = _mean_covered(moving, chosen)
+        for s in self.spans:
+            if s.lane == COMPUTE:
+                moving[s.rank].append((s.start, s.end))
+        computing_or_moving = _mean_covered(moving, chosen)
+        out = {}
+        for rank in self.ranks:
+            exposed = max(either[rank] - compute[rank], 0.0)
+            exposed_transfer = min(max(computing_or_moving[rank] - compute[rank], 0.0), exposed)
+            out[rank] = {
                 "compute_s": compute[rank],
                 "comm_s": comm[rank],
                 "overlapped_comm_s": max(compute[rank] + comm[rank] - either[rank], 0.0),
-                "exposed_comm_s": max(either[rank] - compute[rank], 0.0),
+                "exposed_comm_s": exposed,
+                "comm_waiting_s": max(comm[rank] - transfer[rank], 0.0),
+                "comm_transfer_s": min(transfer[rank], comm[rank]),
+                "exposed_waiting_s": exposed - exposed_transfer,
+                "exposed_transfer_s": exposed_transfer,
                 "idle_s": max(step_time - compute[rank], 0.0),
                 "wait_s": max(step_time - either[rank], 0.0),
             }
-            for rank in self.ranks
-        }
+        return out
 
     def summary(self) -> dict:
         """Headline metrics of the run: the numbers the CLI's --json and the notebooks show.
@@ -453,20 +560,40 @@ def _fields_of(obj) -> dict:
     return dict(zip(names, values(obj)))
 
 
+def span_group(span: Span, world: int) -> tuple[int, ...] | None:
+    """The ranks a communication span ran among, in a world of ``world`` ranks (see Trace.group_of)."""
+    if span.group_ranks:
+        return tuple(span.group_ranks)
+    if span.peer is not None:
+        return tuple(sorted((span.rank, span.peer)))
+    if span.group_size >= world:
+        return tuple(range(world))
+    return None
+
+
+def _mean_covered(intervals: dict[int, list[tuple[float, float]]], windows: list[tuple[float, float]]
+                  ) -> dict[int, float]:
+    """Per rank: the time its intervals cover (overlaps counted once) per window, averaged over the
+    windows. Linear in intervals: each rank's are merged into one union, once."""
+    n = max(len(windows), 1)
+    unions = {rank: _Union(pairs) for rank, pairs in intervals.items()}
+    return {rank: sum(union.covered(lo, hi) for lo, hi in windows) / n for rank, union in unions.items()}
+
+
 def _after_first(steps: list[int]) -> list[int]:
     return steps[1:] if len(steps) > 1 else steps
 
 
 class _Union:
-    """The time covered by some spans (overlaps counted once), as sorted disjoint intervals with
+    """The time covered by some intervals (overlaps counted once), as sorted disjoint intervals with
     running totals, so the time covered inside any window is two binary searches away."""
 
-    def __init__(self, spans: list[Span]):
+    def __init__(self, intervals: list[tuple[float, float]]):
         self.starts: list[float] = []
         self.ends: list[float] = []
         self.before: list[float] = []  # covered time before each interval
         total = 0.0
-        for lo, hi in sorted((s.start, s.end) for s in spans if s.end > s.start):
+        for lo, hi in sorted(pair for pair in intervals if pair[1] > pair[0]):
             if self.ends and lo <= self.ends[-1]:
                 if hi > self.ends[-1]:
                     total += hi - self.ends[-1]

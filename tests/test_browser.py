@@ -2,15 +2,17 @@
 
 Chromium is the Debian package (/usr/bin/chromium, installed by .ci/run when missing), driven by
 Python playwright through ``executable_path``; playwright's own browser download is never used. The
-test opens tests/browser/widgets.ipynb (a copy, in the server's private root), runs all its cells
+first test opens tests/browser/widgets.ipynb (a copy, in the server's private root), runs all its cells
 with JupyterLab's Run All Cells command, and checks that the plotly figures and the widgets rendered (and no "Error
-displaying widget"), then drags the slider with the keyboard and checks that the figure changed.
-It skips cleanly when there is no Chromium or no playwright.
+displaying widget"), then drags the slider with the keyboard and checks that the figure changed. The
+second runs the elastic tutorial (notebooks/07_elastic.ipynb) and reads its story figure's phase labels
+off the drawn page. They skip cleanly when there is no Chromium or no playwright.
 """
 
 from __future__ import annotations
 
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,9 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  # a container's /dev/shm can be 64 MB, too small for a JupyterLab page
                  "--disable-dev-shm-usage"]
 NOTEBOOK = Path(__file__).resolve().parent / "browser" / "widgets.ipynb"
+ELASTIC = Path(__file__).resolve().parent.parent / "notebooks" / "07_elastic.ipynb"
+PHASES = ["1. start", "2. training at 3 ranks", "3. failure", "4. detected", "5. rendezvous", "6. restore",
+          "7. training at 2 ranks"]
 
 pytestmark = [
     pytest.mark.browser,
@@ -79,7 +84,7 @@ class PageState:
                 f"notebook text:\n{text}\nlab log:\n{log}")
 
 
-def run_all_cells(page, state: PageState) -> None:
+def run_all_cells(page, state: PageState, timeout_ms: int = 120_000) -> None:
     """Run every cell through JupyterLab's own "Run All Cells" command, once the kernel is ready.
 
     Clicking Run > Run All Cells raced the kernel connection (a click could be dropped, or run only
@@ -93,27 +98,42 @@ def run_all_cells(page, state: PageState) -> None:
     # started, not awaited: the command's promise settles only when every cell has run
     page.evaluate("() => { void window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
     try:
-        page.wait_for_function(EXECUTED, timeout=120_000)
+        page.wait_for_function(EXECUTED, timeout=timeout_ms)
     except Exception as exc:
         pytest.fail(f"Run All Cells did not run the notebook: {exc}\n{state}")
 
 
-@pytest.mark.timeout(600)  # the sum of the waits below, and the server's shutdown
-def test_notebook_widgets_and_figures_render_and_respond(tmp_path, browser):
+@contextmanager
+def notebook_run_in_lab(tmp_path: Path, browser, notebook: Path, timeout_ms: int = 120_000):
+    """A copy of ``notebook`` opened in a fresh lab and run whole: yields (page, state). Checks that no
+    process outlives the lab."""
     root = tmp_path / "root"
     root.mkdir()
-    shutil.copy(NOTEBOOK, root / NOTEBOOK.name)
+    shutil.copy(notebook, root / notebook.name)
     server = LabServer(tmp_path / "lab", extra_args=(f"--ServerApp.root_dir={root}",
-                                                              "--LabApp.expose_app_in_browser=True"))
+                                                     "--LabApp.expose_app_in_browser=True"))
     (tmp_path / "lab").mkdir()
     with server:
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         state = PageState(page, server)
         page.set_default_timeout(60_000)
-        page.goto(f"{server.url}/lab/tree/{NOTEBOOK.name}?token={server.token}")
+        page.goto(f"{server.url}/lab/tree/{notebook.name}?token={server.token}")
         page.wait_for_selector(".jp-NotebookPanel .jp-Cell", state="attached")
-        run_all_cells(page, state)
+        run_all_cells(page, state, timeout_ms)
+        yield page, state
+        page.close()
+    assert server.leftovers == [], f"processes outlived the lab: {server.leftovers}"
 
+
+def assert_no_error_or_stderr(page, state: PageState) -> None:
+    assert "Traceback" not in page.locator(".jp-NotebookPanel").inner_text(), state
+    assert page.locator(".jp-OutputArea-output.jp-RenderedError, .jp-OutputArea-output[data-mime-type="
+                        "'application/vnd.jupyter.stderr']").count() == 0, state
+
+
+@pytest.mark.timeout(600)  # the sum of the waits below, and the server's shutdown
+def test_notebook_widgets_and_figures_render_and_respond(tmp_path, browser):
+    with notebook_run_in_lab(tmp_path, browser, NOTEBOOK) as (page, state):
         slider = page.locator(".jp-OutputArea .widget-slider").first
         try:
             slider.wait_for(state="visible", timeout=60_000)
@@ -121,11 +141,8 @@ def test_notebook_widgets_and_figures_render_and_respond(tmp_path, browser):
         except Exception as exc:
             pytest.fail(f"{exc}\n{state}")
 
-        text = page.locator(".jp-NotebookPanel").inner_text()
-        assert "Error displaying widget" not in text, state
-        assert "Traceback" not in text, state
-        assert page.locator(".jp-OutputArea-output.jp-RenderedError, .jp-OutputArea-output[data-mime-type="
-                            "'application/vnd.jupyter.stderr']").count() == 0, state
+        assert "Error displaying widget" not in page.locator(".jp-NotebookPanel").inner_text(), state
+        assert_no_error_or_stderr(page, state)
         before = page.evaluate(PLOT_YS)
         assert len(before[-1]) == 2, before
 
@@ -139,5 +156,26 @@ def test_notebook_widgets_and_figures_render_and_respond(tmp_path, browser):
         assert after[-1] != before[-1] and len(after[-1]) == 5
         assert after[0] == before[0], "the static figure must not change"
         assert not [e for e in state.errors if "widget" in e.lower() or "crash" in e], state
-        page.close()
-    assert server.leftovers == [], f"processes outlived the lab: {server.leftovers}"
+
+
+# the y-axis tick labels of the figure whose title holds the text (plotly draws them as SVG text), top
+# to bottom as a reader sees them
+FIGURE_TICKS = """title => {
+  const plots = [...document.querySelectorAll('.jp-Cell .js-plotly-plot')];
+  const plot = plots.find(p => (p.querySelector('.gtitle') || {}).textContent?.includes(title));
+  if (!plot) return null;
+  return [...plot.querySelectorAll('.ytick text')]
+    .map(t => [t.getBoundingClientRect().top, t.textContent]).sort((a, b) => a[0] - b[0]).map(t => t[1]);
+}"""
+
+
+@pytest.mark.timeout(600)  # the notebook's elastic runs (a recovery waits out a 5 s keep-alive), and the server
+def test_the_elastic_notebook_draws_its_story_as_labelled_phases(tmp_path, browser):
+    with notebook_run_in_lab(tmp_path, browser, ELASTIC, timeout_ms=300_000) as (page, state):
+        try:
+            page.wait_for_function(f"({FIGURE_TICKS})('the run as it happened') !== null", timeout=60_000)
+        except Exception as exc:
+            pytest.fail(f"the elastic figure never appeared: {exc}\n{state}")
+        ticks = page.evaluate(f"({FIGURE_TICKS})('the run as it happened')")
+        assert [t for t in ticks if t in PHASES] == PHASES, (ticks, str(state))
+        assert_no_error_or_stderr(page, state)

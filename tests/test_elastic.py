@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import paralab
-from paralab import cli, elastic
+from paralab import cli, elastic, viz
 from paralab.data import GlobalBatchSampler, SyntheticCorpus
 from paralab.elastic import checkpoint
 from paralab.elastic import launch as launch_module
@@ -217,6 +217,43 @@ def test_a_checkpoint_saved_at_world_4_resumes_at_2_and_3(killed, reference, tmp
     assert_exact_history(at_two, reference, first_step=4)
 
 
+def phase_labels(fig) -> list[str]:
+    return [label for label, _, _ in fig.layout.meta["phases"]]
+
+
+def assert_no_line_across_a_gap(fig) -> None:
+    """In the wall-clock panels, two points are joined only inside one training phase: where no step
+    ran, a line has a gap (None), never a segment."""
+    training = [(lo, hi) for label, lo, hi in fig.layout.meta["phases"] if label.startswith("training")]
+    wall_clock = {fig.get_subplot(row, 1).xaxis.plotly_name.replace("axis", "") for row in (2, 3, 4)}
+    lines = [t for t in fig.data if t.type == "scatter" and t.xaxis in wall_clock and "lines" in (t.mode or "")]
+    assert lines
+    for t in lines:
+        for a, b in zip(t.x, t.x[1:]):
+            if a is not None and b is not None:
+                assert any(lo - 1e-3 <= a and b <= hi + 1e-3 for lo, hi in training), (t.name, a, b, training)
+
+
+def test_the_elastic_figure_tells_the_story_in_phases(killed):
+    result, _ = killed
+    fig = viz.elastic(result.trace)
+    assert phase_labels(fig) == ["start", "training at 4 ranks", "failure", "detected", "rendezvous", "restore",
+                                 "training at 3 ranks"]
+    starts = [lo for _, lo, _ in fig.layout.meta["phases"]]
+    assert starts == sorted(starts) and all(lo <= hi for _, lo, hi in fig.layout.meta["phases"])
+    failure = next(lo for label, lo, _ in fig.layout.meta["phases"] if label == "failure")
+    assert failure == pytest.approx(next(s.start for s in result.trace.select(lane="event") if s.kind == "failure"))
+    assert_no_line_across_a_gap(fig)
+    step_time = next(t for t in fig.data if t.name == "step time")
+    assert None in step_time.x, "the recovery is a gap in the step-time line"
+    # the step-indexed panels: one bar per step, world 4 then 3, each step's samples over the ranks
+    assert fig.layout.meta["steps"] == list(range(STEPS)) and fig.layout.meta["world_size"] == result.summary["world_sizes"]
+    samples = [t for t in fig.data if t.type == "bar" and (t.name or "").startswith("rank ")]
+    assert [sum(t.y[k] for t in samples) for k in range(STEPS)] == [BATCH] * STEPS
+    lost = next(t for t in fig.data if t.name == "step lost (redone later)")
+    assert list(lost.x) and len(lost.x) == result.transitions[0]["steps_redone"]
+
+
 def test_the_trace_carries_counters_and_membership_events(killed, tmp_path):
     trace = killed[0].trace
     assert {"step_time_s", "cpu_percent", "rss_bytes"} <= {c.name for c in trace.counters}
@@ -239,6 +276,10 @@ def test_a_crash_during_a_save_resumes_from_the_previous_checkpoint_then_a_node_
                         fault={"rank": 1, "step": 3, "during": "save"}, join_after_step=3,
                         slow={"rank": 0, "factor": 40})
     crash, *_, join = result.transitions
+    labels = phase_labels(viz.elastic(result.trace))
+    assert labels[:4] == ["start", "training at 2 ranks", "failure", "detected"]
+    assert labels[-3:] == ["rendezvous", "restore", "training at 2 ranks"]  # the node that joined
+    assert "training at 1 ranks" in labels
     assert crash["reason"] == "failure" and crash["checkpoint"] == "step-00000002"
     assert crash["resumed_at_step"] == 2 and crash["steps_redone"] == 2  # steps 2 and 3 ran twice
     assert join["reason"] == "scale-out" and join["world_size"] == 2
@@ -249,10 +290,10 @@ def test_a_crash_during_a_save_resumes_from_the_previous_checkpoint_then_a_node_
 
 
 @pytest.mark.timeout(240)
-def test_balancing_a_3x_slower_rank_keeps_single_device_losses(reference, capsys):
+def test_balancing_a_3x_slower_rank_keeps_single_device_losses(reference, capsys, tmp_path):
     with nothing_left_behind():
         code = cli.main(["elastic", "--nnodes", "2:2", "--steps", "5", "--global-batch", str(BATCH), "--slow", "rank=1,factor=3",
-                         "--balance", "--json", "--run-timeout", "170"])
+                         "--balance", "--json", "--run-timeout", "170", "--trace", str(tmp_path / "balanced.json")])
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
     assert_close_rel(summary["losses"], reference[:5], what="losses")
@@ -261,6 +302,13 @@ def test_balancing_a_3x_slower_rank_keeps_single_device_losses(reference, capsys
     assert sum(s[1] for s in shares[1:]) < sum(s[0] for s in shares[1:]), "the slow rank was not given less work"
     for step, ids in enumerate(summary["sample_ids"]):
         assert sorted(ids) == sorted(expected_ids(step))
+    # the figure: each rank's batch share per step, beside its share of the throughput
+    meta = viz.elastic_balance(paralab.Trace.load(tmp_path / "balanced.json")).layout.meta
+    assert meta["steps"] == list(range(5)) and meta["share"] == [[n / BATCH for n in s] for s in shares]
+    assert meta["share"][0] == [0.5, 0.5] and all(t[1] < 0.5 for t in meta["throughput_share"])
+    # the slow rank's share approaches its throughput share: closer in the last step than in the first
+    gap = [abs(s[1] - t[1]) for s, t in zip(meta["share"], meta["throughput_share"])]
+    assert gap[-1] < gap[0]
 
 
 # ---------------------------------------------------------------------------- from outside

@@ -128,12 +128,12 @@ def test_mesh_figure_draws_every_rank_at_its_coordinate(runs):
 
     fig = mesh(runs["2x2x2 ddp"])  # the layout follows from the run's dp, tp and pp
     assert fig.layout.meta["shape"] == [2, 2, 1, 2]
-    cells = {}
-    for trace in fig.data:
-        for text, coord in zip(trace.text, trace.customdata):
-            cells[int(text)] = tuple(coord)
-    assert cells == mesh_layout(dp=2, tp=2, pp=2).coords
-    assert len(fig.data) == 2, "one colour per pipeline stage"
+    layout = mesh_layout(dp=2, tp=2, pp=2)
+    assert {int(r): tuple(c) for r, c in fig.layout.meta["coords"].items()} == layout.coords
+    for axis in ("dp", "tp", "pp"):  # every rank drawn once per panel, in its group
+        cells = [int(text) for t in fig.data if t.meta and t.meta["axis"] == axis for text in t.text]
+        assert sorted(cells) == list(range(8))
+        assert [t.meta["ranks"] for t in fig.data if t.meta and t.meta["axis"] == axis] == layout.groups(axis)
 
 
 @pytest.mark.parametrize("options, match", [

@@ -51,7 +51,7 @@ def test_report_content(report, ddp_run):
     assert text.startswith("<!DOCTYPE html>")
     divs = figure_divs(text)
     for heading in ("Timeline", "Communication by op and step", "Bytes exchanged, rank by rank",
-                    "Intra- vs inter-node traffic", "Memory per rank", "Loss", "Summary"):
+                    "Communication by parallel dimension and link", "Device mesh", "Memory per rank", "Loss", "Summary"):
         assert f"<h2>{heading}</h2>" in text, heading
     assert "Pipeline bubble" not in text  # a DDP run has no pipeline bubble
     assert len(divs) >= 6 and text.count("Plotly.newPlot") == len(divs)

@@ -80,7 +80,7 @@ def test_host_operators_become_runs_of_one_kind_and_a_blocked_thread_stays_a_gap
 # ------------------------------------------------------------------------------------------ summary
 def test_time_breakdown_splits_communication_into_overlapped_and_exposed():
     """Per step: compute 0-8, communication 5-9 of a 10 s step -> 3 s beside compute, 1 s exposed,
-    2 s idle (not computing), 1 s waiting with nothing recorded."""
+    2 s idle (not computing), 1 s waiting with nothing recorded. One rank: its call waits for nobody."""
     spans = []
     for step in (0, 1, 2):
         t = 10.0 * step
@@ -90,6 +90,7 @@ def test_time_breakdown_splits_communication_into_overlapped_and_exposed():
                   Span(0, COMM, "all_reduce", t + 5, t + 9, step=step)]
     s = Trace(spans=spans).summary()
     expected = {"compute_s": 8.0, "comm_s": 4.0, "overlapped_comm_s": 3.0, "exposed_comm_s": 1.0,
+                "comm_waiting_s": 0.0, "comm_transfer_s": 4.0, "exposed_waiting_s": 0.0, "exposed_transfer_s": 1.0,
                 "idle_s": 2.0, "wait_s": 1.0}
     assert s["per_rank"][0] == pytest.approx(expected)
     assert {k: s[k] for k in expected} == pytest.approx(expected)  # means over ranks at the top level

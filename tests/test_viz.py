@@ -15,11 +15,12 @@ import pytest
 import paralab
 from paralab.schedules import build_schedule, theoretical_bubble
 from paralab.sim.events import simulate_schedule
-from paralab.trace import Counter, Span, Trace
+from paralab.trace import Span, Trace
 
 pytest.importorskip("plotly")
 
 from paralab import viz  # noqa: E402
+from paralab.viz._common import fmt_bytes  # noqa: E402
 from paralab.viz.comm import comm_matrix_data, group_of  # noqa: E402
 
 TIMES = {"forward": 1e-3, "backward": 2e-3, "backward_input": 1e-3, "backward_weight": 1e-3}
@@ -37,7 +38,8 @@ def pipe():
 
 
 def bars(fig) -> int:
-    return sum(len(t.x) for t in fig.data if t.type == "bar")
+    """Bars of spans (not the hatched waits drawn over calls)."""
+    return sum(len(t.x) for t in fig.data if t.type == "bar" and t.name != "waiting for peers")
 
 
 def test_import_does_not_pull_plotly():
@@ -115,23 +117,28 @@ def test_bubble_vs_microbatches_curves():
     # with free p2p and equal stages the simulated gpipe bubble is the closed form
     assert list(by_name["gpipe"].y) == pytest.approx(list(by_name["gpipe theory"].y))
     assert by_name["gpipe"].y[0] > by_name["gpipe"].y[-1]  # more microbatches, smaller bubble
+    # the figure says which curves lie on top of one another: gpipe is its closed form
+    assert any({"gpipe", "gpipe theory"} <= set(g["lines"]) for g in fig.layout.meta["overlap"])
+    assert fig.layout.annotations[0].text.startswith("gpipe and gpipe theory overlap")
 
 
-def test_comm_by_op_and_matrix_bytes(ddp_run):
+def test_comm_by_op_and_matrix_bytes_per_step(ddp_run):
     trace = ddp_run.trace
     fig = viz.comm_by_op(trace)
     ar = next(t for t in fig.data if t.name == "all_reduce")
     assert list(ar.x) == ["step 0", "step 1", "step 2"]
     per_step = sum(s.bytes for s in trace.select(lane="comm") if s.step == 1)
-    assert ar.y[1] == per_step and str(per_step) in str(ar.customdata[1][1])
-    total = sum(s.bytes for s in trace.select(lane="comm"))
-    matrix = comm_matrix_data(trace)
+    assert ar.customdata[1][1] == per_step and fig.layout.meta["unit"] == "MiB"
+    assert ar.y[1] == pytest.approx(per_step / 2**20)  # the axis in MiB, as a text beside it would say
+    total = sum(s.bytes for s in trace.select(lane="comm")) / 3
+    matrix = comm_matrix_data(trace)  # the whole trace: three steps
     assert matrix[0][0] == matrix[1][1] == 0
-    assert matrix[0][1] + matrix[1][0] == pytest.approx(total)
-    heat = viz.comm_matrix(trace)
+    assert matrix[0][1] + matrix[1][0] == pytest.approx(3 * total)
+    heat = viz.comm_matrix(trace)  # per step
     assert heat.layout.meta["ranks"] == 2 and heat.layout.meta["total_bytes"] == pytest.approx(total)
     split = viz.comm_link_split(trace)
-    assert {t.name: list(t.y) for t in split.data} == {"intra-node": [total], "inter-node": [0]}
+    assert split.layout.meta["bytes"] == {"all_reduce": {"intra_node": total, "inter_node": 0}}
+    assert split.layout.meta["bytes"]["all_reduce"]["intra_node"] == trace.comm_bytes_by_link()["intra_node"]
 
 
 def test_comm_matrix_p2p_counts_sends_once(pipe):
@@ -182,24 +189,86 @@ def test_memory_stacked_per_rank(ddp_run):
     assert two.layout.meta["bars"] == 4 and list(two.data[0].x[0]) == ["ddp", "ddp", "other", "other"]
 
 
-def test_elastic_counters_and_events():
-    counters = [Counter(r, "world_size", t, 4 if t < 3 else 3) for t in range(6) for r in range(3)]
-    counters += [Counter(r, "cpu_percent", t, 50.0 + 10 * r) for t in range(6) for r in range(3)]
-    spans = [Span(2, "event", "failure", 2.5, 2.5, name="rank 2 lost"), Span(0, "event", "rescale", 3.0, 3.2)]
-    fig = viz.elastic(Trace(spans=spans, counters=counters))
-    assert list(fig.layout.meta["world_size"]) == [4, 4, 4, 3, 3, 3]
-    assert [e[0] for e in fig.layout.meta["events"]] == ["failure", "rescale"]
-    util = next(t for t in fig.data if t.name == "cpu_percent")
-    assert list(util.y) == pytest.approx([60.0] * 6)  # mean over ranks
-    assert sum(1 for s in fig.layout.shapes if s.x0 == 2.5) == 3  # a line in every panel
-
-
-def test_elastic_step_time_from_windows(ddp_run):
+def test_elastic_without_records_reads_steps_from_the_trace(ddp_run):
     fig = viz.elastic(ddp_run.trace)
     st = next(t for t in fig.data if t.name == "step time")
     assert list(st.y) == pytest.approx([t * 1e3 for t in ddp_run.trace.step_times()])
+    assert [label for label, _, _ in fig.layout.meta["phases"]] == ["training at 2 ranks"]
+    assert fig.layout.meta["world_size"] == [2, 2, 2]
 
 
 def test_loss_curves(ddp_run):
     fig = viz.loss_curves({"ddp": ddp_run, "flat": [3.0, 3.0]})
     assert list(fig.data[0].y) == pytest.approx(ddp_run.losses) and len(fig.data[1].y) == 2
+    assert fig.layout.meta["overlap"] == [] and not fig.layout.annotations
+
+
+def test_loss_curves_say_which_lines_overlap():
+    losses = [4.8, 4.5, 4.2]
+    runs = {"one": losses, "two": [4.8, 4.5 * (1 + 3e-8), 4.2], "three": losses, "four": [4.8, 4.5, 4.2 * (1 - 1e-8)]}
+    fig = viz.loss_curves(runs)
+    assert fig.layout.annotations[0].text == "all four lines overlap: max relative difference 3e-08"
+    widths = [t.line.width for t in fig.data]
+    assert widths == sorted(widths, reverse=True) and len(set(widths)) == 4  # each visible around the next
+    fig = viz.loss_curves({"a": losses, "b": losses, "c": [4.8, 4.6, 4.4]})
+    assert fig.layout.meta["overlap"] == [{"lines": ["a", "b"], "max_rel_diff": 0.0}]
+    assert fig.layout.annotations[0].text.startswith("a and b overlap")
+
+
+# ------------------------------------------------------------------ a real hybrid run on two nodes
+@pytest.fixture(scope="module")
+def hybrid():
+    """dp 2 x tp 2 x pp 2 on 8 ranks in two emulated nodes of 4: every dimension, both links."""
+    return paralab.run("hybrid", 8, dp=2, tp=2, pp=2, microbatches=2, nodes=2, steps=2, global_batch=8)
+
+
+@pytest.mark.timeout(300)
+def test_comm_by_dimension_totals_equal_the_traces_bytes_per_group(hybrid, no_leftover_ranks):
+    trace, layout = hybrid.trace, hybrid.layout
+    fig = viz.comm_by_dimension(hybrid)
+    per_group = trace.comm_bytes_by_group()
+    assert None not in per_group, "a measured trace names every group"
+    expected = {axis: sum(b for g, b in per_group.items() if list(g) in layout.groups(axis) or (
+        axis == "pp" and len(g) == 2 and any(set(g) <= set(line) for line in layout.groups("pp"))))
+        for axis in ("dp", "tp", "pp")}
+    assert fig.layout.meta["bytes"] == expected
+    assert list(fig.layout.meta["bytes"]) == ["dp", "tp", "pp"]  # dp, cp, tp, pp, ep order
+    assert sum(expected.values()) == sum(trace.comm_bytes().values())
+    by_link = fig.layout.meta["by_link"]
+    assert sum(v["inter_node"] for v in by_link.values()) == trace.comm_bytes_by_link()["inter_node"]
+    assert by_link["tp"]["inter_node"] == 0 and by_link["pp"]["intra_node"] == 0  # tp inside, pp across
+    bars = {t.name: t for t in fig.data if t.xaxis == "x"}
+    assert [c[1] for c in bars["all_reduce"].customdata][:2] == [expected["dp"], expected["tp"]]
+
+
+@pytest.mark.timeout(300)
+def test_mesh_draws_the_layouts_groups_nodes_and_their_traffic(hybrid, no_leftover_ranks):
+    layout = hybrid.layout
+    fig = viz.mesh(hybrid)
+    drawn = fig.layout.meta["groups"]
+    assert drawn == {axis: layout.groups(axis) for axis in ("dp", "tp", "pp")}
+    by_trace = {(t.meta["axis"], tuple(t.meta["ranks"])) for t in fig.data if t.meta}
+    assert by_trace == {(axis, tuple(g)) for axis, groups in drawn.items() for g in groups}
+    assert fig.layout.meta["nodes"] == {"0": [0, 1, 2, 3], "1": [4, 5, 6, 7]}
+    assert sum(1 for s in fig.layout.shapes if s.line.dash == "dash") == 2 * 3  # two nodes in each panel
+    tp0 = next(t for t in fig.data if t.meta and t.meta["axis"] == "tp" and t.meta["ranks"] == [0, 1])
+    own = hybrid.trace.comm_bytes_by_group()[(0, 1)]
+    assert f"all_reduce: {fmt_bytes(own)} per step" in tp0.hovertext[0] and "inside node 0" in tp0.hovertext[0]
+    pipe = next(t for t in fig.data if t.meta and t.meta["axis"] == "pp" and t.meta["ranks"] == [0, 4])
+    assert "across nodes 0, 1" in pipe.hovertext[0] and "send:" in pipe.hovertext[0]
+
+
+@pytest.mark.timeout(300)
+def test_a_real_runs_calls_wait_for_peers_that_entered_before_they_left(hybrid, no_leftover_ranks):
+    """Ranks of one machine share one clock: no collective is entered by its last member after
+    another member had left it, no receive ends before its send began; and the timeline draws each
+    wait over its call."""
+    arrivals = hybrid.trace.comm_arrivals()
+    matched = [a for a in arrivals if a.last_entry is not None]
+    assert len(matched) == sum(1 for a in arrivals if a.span.kind != "send")  # every collective and receive
+    for a in matched:
+        assert a.last_entry <= a.span.end, a
+    fig = viz.timeline(hybrid, steps=[1])
+    waits = next(t for t in fig.data if t.name == "waiting for peers")
+    shown = [a for a in matched if a.span.step == 1 and a.wait_s > 0]
+    assert len(waits.x) == len(shown) and sorted(waits.x) == pytest.approx(sorted(a.wait_s * 1e3 for a in shown))

@@ -20,7 +20,8 @@ from paralab import widgets  # noqa: E402
 
 
 def bars(fig) -> int:
-    return sum(len(t.x) for t in fig.data if t.type == "bar")
+    """Bars of spans (not the hatched waits drawn over calls)."""
+    return sum(len(t.x) for t in fig.data if t.type == "bar" and t.name != "waiting for peers")
 
 
 def test_pipeline_explorer_sliders_redraw():
@@ -39,11 +40,25 @@ def test_pipeline_explorer_sliders_redraw():
     assert {t.name for t in app.figure.data} >= {"backward_input", "backward_weight"}
 
 
+def shown(control) -> bool:
+    return control.layout.display != "none"
+
+
+def test_pipeline_explorer_shows_only_the_controls_of_the_chosen_schedule_with_whole_labels():
+    app = widgets.pipeline_explorer(schedule="1f1b", stages=4, microbatches=8)
+    assert not shown(app.controls["virtual_stages"]) and not shown(app.controls["overlap"])
+    app.controls["schedule"].value = "interleaved"
+    assert shown(app.controls["virtual_stages"]) and not shown(app.controls["overlap"])
+    app.controls["schedule"].value = "zbv"  # two chunks per rank, fixed: no slider for them
+    assert not shown(app.controls["virtual_stages"])
+    for control in app.controls.values():  # a label is never cut to fit a fixed width
+        assert control.style.description_width == "initial", control.description
+
+
 def test_pipeline_explorer_offers_dualpipev_and_its_overlap():
     app = widgets.pipeline_explorer(schedule="1f1b", stages=4, microbatches=8)
-    assert app.controls["overlap"].disabled
     app.controls["schedule"].value = "dualpipev"
-    assert not app.controls["overlap"].disabled and app.message.value == ""
+    assert shown(app.controls["overlap"]) and app.message.value == ""
     assert {t.name for t in app.figure.data} >= {"backward", "backward_input", "backward_weight"}
     def number(after):
         return float(app.info.value.split(after)[1].split("%")[0].split(" ")[0])
@@ -117,9 +132,9 @@ def test_comm_explorer_views_and_calculator():
     t = Trace(spans=[Span(r, "comm", "all_reduce", 0, 1, bytes=1000, payload_bytes=750, group_size=4, step=0)
                      for r in range(4)], meta={"world_size": 4})
     app = widgets.comm_explorer(t)
-    assert list(app.figure.data[0].y) == [4000]
+    assert app.figure.data[0].customdata[0][1] == 4000  # exact bytes (the axis is in KiB)
     app.controls["payload"].value = True
-    assert list(app.figure.data[0].y) == [3000]
+    assert app.figure.data[0].customdata[0][1] == 3000
     app.controls["view"].value = "rank matrix"
     assert app.figure.data[0].type == "heatmap" and app.figure.layout.meta["ranks"] == 4
     before = list(app.calculator.data[0].y)
@@ -128,12 +143,18 @@ def test_comm_explorer_views_and_calculator():
 
 
 def test_elastic_monitor_updates_as_samples_arrive():
+    def step(k, ranks, t):
+        return [Span(r, "step", "step", t, t + 0.5, step=k) for r in range(ranks)]
+
     app = widgets.elastic_monitor()
-    app.push(counters=[Counter(0, "world_size", 0.0, 4), Counter(0, "world_size", 1.0, 4)])
+    app.push(counters=[Counter(0, "world_size", 0.5, 4), Counter(0, "world_size", 1.5, 4)],
+             spans=step(0, 4, 0.0) + step(1, 4, 1.0))
     ws = next(t for t in app.figure.data if t.name == "world size")
     assert list(ws.y) == [4, 4]
-    app.push(counters=[Counter(0, "world_size", 2.0, 3)], spans=[Span(3, "event", "failure", 1.5, 1.5, name="r3")])
+    app.push(counters=[Counter(0, "world_size", 2.5, 3)],
+             spans=[Span(3, "event", "failure", 1.7, 1.7, name="r3")] + step(2, 3, 2.0))
     ws = next(t for t in app.figure.data if t.name == "world size")
-    assert list(ws.y) == [4, 4, 3]
+    assert [y for y in ws.y if y is not None] == [4, 4, 3]
+    assert None in ws.y, "no line across the failure"
     assert "world size 3" in app.status.value and "failure" in app.status.value
-    assert any(t.name == "failure" for t in app.figure.data)
+    assert "failure" in [label for label, _, _ in app.figure.layout.meta["phases"]]

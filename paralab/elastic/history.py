@@ -209,5 +209,17 @@ def _merged_trace(cfg: ElasticConfig, gens: list[Generation], final: dict[int, d
     m = cfg.model
     trace.meta.update({"source": "measured", "strategy": "elastic", "model": cfg.model_name,
                        "tokens_per_step": cfg.global_batch * m.seq_len, "world_size": cfg.max_nodes,
-                       "generations": [{"name": g.name, **g.meta} for g in gens]})
+                       "generations": [{"name": g.name, **g.meta} for g in gens],
+                       "step_records": _step_records(gens, final, t0)})
     return trace
+
+
+def _step_records(gens: list[Generation], final: dict[int, dict], t0: float) -> list[dict]:
+    """Every step every world completed, in the order they ran (a redone step twice, ``final`` on the
+    record the history keeps), with each rank's samples and compute seconds, times on the trace's
+    clock: what the figures need that spans and counters do not hold (the balancer's shares)."""
+    return [{"step": step, "generation": g.name, "world_size": rec["world_size"],
+             "samples": [len(ids) for ids in rec["ids_per_rank"]], "compute_s": rec["compute_s"],
+             "start": rec["t_start"] - t0, "end": rec["t_end"] - t0,
+             "final": final.get(step, {}).get("generation") == g.name}
+            for g in gens for step, rec in sorted(g.steps.items())]

@@ -36,15 +36,18 @@ class Recorder:
         self._t0 = time.perf_counter()
         self._pending_cuda: list[tuple[Span, object, object]] = []
         self._cuda_ref = None
+        self._cuda_shift = 0.0
         self.on_step = None  # called with the step number as each step begins (progress, heartbeats)
         # While torch.profiler records (paralab.profiling.profile_rank): (kind, lane, fields, start) ->
         # the name of a record_function range opened and closed with each span, so profiles carry spans.
         self.range_label = None
 
     # ------------------------------------------------------------------ clock
-    def start_clock(self) -> None:
+    def start_clock(self, align=None) -> None:
         """Zero the clock. Called by every rank right after the same barrier, which puts all ranks'
-        spans on one timeline (to within the barrier's exit skew, tens of microseconds locally)."""
+        spans on one timeline to within the barrier's exit skew: tens of microseconds on idle cores,
+        milliseconds when ranks share cores. ``align(t0)`` (every rank calls it: it may be collective)
+        returns the zero to use instead, on the same perf_counter clock (see worker.rank_session)."""
         self._t0 = time.perf_counter()
         if self.cuda:
             import torch
@@ -53,6 +56,10 @@ class Recorder:
             self._cuda_ref.record()
             self._cuda_ref.synchronize()
             self._t0 = time.perf_counter()
+        if align is not None:
+            origin = align(self._t0)
+            self._cuda_shift = self._t0 - origin  # CUDA times count from the reference event, at _t0
+            self._t0 = origin
 
     def now(self) -> float:
         return time.perf_counter() - self._t0
@@ -117,8 +124,8 @@ class Recorder:
 
         torch.cuda.synchronize()
         for span, start_ev, end_ev in self._pending_cuda:
-            span.start = self._cuda_ref.elapsed_time(start_ev) / 1e3
-            span.end = self._cuda_ref.elapsed_time(end_ev) / 1e3
+            span.start = self._cuda_ref.elapsed_time(start_ev) / 1e3 + self._cuda_shift
+            span.end = self._cuda_ref.elapsed_time(end_ev) / 1e3 + self._cuda_shift
         self._pending_cuda.clear()
 
     def trace(self, meta: dict | None = None) -> Trace:

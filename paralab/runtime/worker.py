@@ -15,6 +15,7 @@ import gc
 import json
 import os
 import signal
+import socket
 import sys
 import traceback
 from contextlib import contextmanager
@@ -112,7 +113,7 @@ def rank_session(cfg: TrainingConfig, layout: Layout, rank: int, world_size: int
                           memory=MemoryMeter(device, recorder), faults=faults or RaiseOrHang(cfg, rank),
                           scaler=LossScaler(cfg.dtype, cfg.loss_scale))
         dist.barrier()
-        recorder.start_clock()
+        recorder.start_clock(align=_earliest_on_this_machine)
         recorder.activate()
         try:
             yield ctx
@@ -121,6 +122,17 @@ def rank_session(cfg: TrainingConfig, layout: Layout, rank: int, world_size: int
     finally:
         gc.collect()  # seen with gloo: without it a rank may abort at exit after destroy
         dist.destroy_process_group()
+
+
+def _earliest_on_this_machine(t0: float) -> float:
+    """The clock zero of the ranks on this machine: the earliest of theirs. perf_counter reads one
+    monotonic clock for every process of a machine, so its ranks share one zero exactly instead of each
+    taking its own on leaving the barrier, whose exits differ by milliseconds when ranks share cores
+    (which would put a receive before its send). Machines still meet at the barrier."""
+    host = socket.gethostname()
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (host, t0))
+    return min(t for h, t in everyone if h == host)
 
 
 def run_rank(cfg: RunConfig, layout: Layout, rank: int, world_size: int, local_rank: int,

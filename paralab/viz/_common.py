@@ -6,7 +6,10 @@ import it for type names) works on a machine without plotly; only drawing needs 
 
 from __future__ import annotations
 
+from paralab.layout import Layout, mesh_layout
 from paralab.trace import Trace
+
+WAITING = "waiting"  # the part of a communication call spent waiting for the last participant
 
 # One colour per span kind, so the same operation looks the same in every figure.
 KIND_COLORS = {
@@ -31,6 +34,9 @@ KIND_COLORS = {
     "memset": "#A0D88F",
     "all_to_all": "#D67195",
     "barrier": "#79706E",
+    # drawn over the first part of a collective or receive: waiting for its last participant (last in
+    # this order, so it lies on top of the call it belongs to)
+    WAITING: "rgba(255,255,255,0.6)",
 }
 EXTRA_COLORS = ["#8C564B", "#17BECF", "#BCBD22", "#7F7F7F", "#393B79", "#637939", "#8C6D31", "#843C39"]
 MEMORY_KINDS = ("params", "grads", "optimizer", "activations")
@@ -74,6 +80,15 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.1f} TiB"  # pragma: no cover
 
 
+def byte_scale(largest: float) -> tuple[int, str]:
+    """(divisor, unit) that draws sizes up to ``largest`` bytes as numbers below 1024: an axis in
+    KiB reads as the text beside it does, where plotly's own "100k" would mean 100,000."""
+    for power, unit in enumerate(("B", "KiB", "MiB", "GiB")):
+        if largest < 1024 ** (power + 1) or unit == "GiB":
+            return 1024**power, unit
+    return 1, "B"  # pragma: no cover
+
+
 def as_trace(obj) -> Trace:
     """Accept a Trace or anything carrying one (RunResult)."""
     if isinstance(obj, Trace):
@@ -100,6 +115,78 @@ def as_summary(obj) -> dict:
     if isinstance(obj, Trace):
         return dict(obj.summary(), world_size=obj.meta.get("world_size", len(obj.ranks)))
     raise TypeError(f"expected a RunResult, Prediction or summary dict, got {type(obj).__name__}")
+
+
+def layout_of(obj) -> Layout:
+    """A Layout from a Layout, a RunResult, a Trace or a trace's meta dict that holds one (measured
+    runs) or records dp, tp and pp (simulated runs), or a mesh dict (``{"shape": [pp, dp, cp, tp]}``, or
+    ``[pp, dp, tp]`` as traces made before the cp axis have it)."""
+    if isinstance(obj, Layout):
+        return obj
+    if isinstance(getattr(obj, "layout", None), Layout):
+        return obj.layout
+    if isinstance(obj, dict) and "shape" in obj:
+        pp, dp, *cp, tp = obj["shape"]
+        return mesh_layout(dp=dp, tp=tp, pp=pp, cp=cp[0] if cp else 1)
+    meta = obj if isinstance(obj, dict) else getattr(getattr(obj, "trace", obj), "meta", None)
+    if isinstance(meta, dict) and "layout" in meta:
+        return Layout.from_dict(meta["layout"])
+    if isinstance(meta, dict) and all(k in meta for k in ("dp", "tp", "pp")):
+        degrees = {axis: max(int(meta.get(axis) or 1), 1) for axis in ("dp", "tp", "pp", "cp")}
+        return mesh_layout(**degrees)
+    raise TypeError(f"expected a Layout, a RunResult or Trace, or a mesh dict, got {type(obj).__name__}")
+
+
+# ------------------------------------------------------------------ lines that coincide
+# Lines closer than this fraction of the plot's height everywhere cannot be told apart by eye.
+OVERLAP = 0.005
+NUMBERS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+
+
+def overlapping(runs: dict[str, list[float]], xs: dict[str, list] | None = None) -> list[dict]:
+    """Groups of curves that coincide on the plot: ``lines`` (labels, at least two) and
+    ``max_rel_diff`` (the largest relative difference between any two of them at any point). Curves
+    are compared point by point: with ``xs`` (label -> x values) only curves drawn at the same x."""
+    values = [v for losses in runs.values() for v in losses]
+    span = (max(values) - min(values)) if values else 0.0
+    groups: list[list[str]] = []
+    for label, losses in runs.items():
+        for group in groups:
+            first = runs[group[0]]
+            same_x = xs is None or xs[group[0]] == xs[label]
+            if same_x and len(first) == len(losses) and all(abs(a - b) <= OVERLAP * span
+                                                            for a, b in zip(first, losses)):
+                group.append(label)
+                break
+        else:
+            groups.append([label])
+    out = []
+    for group in groups:
+        if len(group) > 1:
+            rel = max(abs(a - b) / max(abs(b), 1e-30) for x in group for y in group
+                      for a, b in zip(runs[x], runs[y]))
+            out.append({"lines": group, "max_rel_diff": rel})
+    return out
+
+
+def note_overlaps(fig, groups: list[dict], total: int) -> None:
+    """Say on the figure which lines overlap (see :func:`overlap_note`); nothing when none do."""
+    note = overlap_note(groups, total)
+    if note:  # top right, inside the plot: where falling curves leave room
+        fig.add_annotation(text=note.replace("; ", "<br>"), xref="paper", yref="paper", x=1, y=1, xanchor="right",
+                           yanchor="top", align="right", showarrow=False, font=dict(size=12, color="#333"),
+                           bgcolor="rgba(247,247,247,0.9)")
+
+
+def overlap_note(groups: list[dict], total: int) -> str:
+    """'all four lines overlap: max relative difference 3e-08', or which ones do."""
+    notes = []
+    for g in groups:
+        n = len(g["lines"])
+        who = (f"all {NUMBERS[n] if n < len(NUMBERS) else n} lines" if n == total
+               else ", ".join(g["lines"][:-1]) + " and " + g["lines"][-1])
+        notes.append(f"{who} overlap: max relative difference {g['max_rel_diff']:.0e}")
+    return "; ".join(notes)
 
 
 def style(fig, title: str | None = None, height: int | None = None):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from paralab.schedules import ScheduleError, build_schedule, theoretical_bubble
 from paralab.sim.events import simulate_schedule
-from paralab.viz._common import as_trace, go, kind_color, style
+from paralab.viz._common import as_trace, go, kind_color, note_overlaps, overlapping, style
 
 DEFAULT_TIMES = {"forward": 1.0, "backward": 2.0, "backward_input": 1.0, "backward_weight": 1.0}
 SCHEDULE_COLORS = {"naive": "#7F7F7F", "gpipe": "#4C78A8", "1f1b": "#F58518", "interleaved": "#54A24B",
@@ -89,10 +89,14 @@ def bubble_vs_microbatches(schedules=("gpipe", "1f1b", "interleaved", "zb-h1", "
     """Bubble fraction against microbatches for several schedules: simulated (solid) and theory (dashed).
 
     Combinations a schedule cannot build (interleaved needs m divisible by the stages, ...) are left
-    out of its curve. ``virtual_stages`` applies to the interleaved schedule (zbv always has 2).
+    out of its curve. ``virtual_stages`` applies to the interleaved schedule (zbv always has 2). Curves
+    that coincide (a simulation equal to its closed form, two schedules with one bubble) are said to
+    on the figure; ``fig.layout.meta["overlap"]`` lists them.
     """
     graph = go()
     fig = graph.Figure()
+    ys: dict[str, list[float]] = {}
+    xs: dict[str, list[int]] = {}
     for name in schedules:
         v = virtual_stages if name == "interleaved" else 1
         ms, sim, theory = bubble_curve(name, stages, microbatches, v, compute_time, p2p_time)
@@ -104,6 +108,11 @@ def bubble_vs_microbatches(schedules=("gpipe", "1f1b", "interleaved", "zb-h1", "
         fig.add_trace(graph.Scatter(x=ms, y=theory, mode="lines", name=f"{label} theory", legendgroup=name,
                                     line=dict(color=color, dash="dash"), showlegend=False,
                                     hovertemplate=f"{label}, m=%{{x}}: theory %{{y:.1%}}<extra></extra>"))
+        ys.update({label: sim, f"{label} theory": theory})
+        xs.update({label: ms, f"{label} theory": ms})
+    groups = overlapping(ys, xs)
+    note_overlaps(fig, groups, len(ys))
+    fig.update_layout(meta={"overlap": groups})
     fig.update_xaxes(title_text="microbatches per step", type="log", dtick=0.30103)
     fig.update_yaxes(title_text="bubble fraction", tickformat=".0%", rangemode="tozero")
     return style(fig, title or f"bubble vs microbatches, {stages} stages (dashed: closed form)", 420)

@@ -1,7 +1,15 @@
-"""Communication figures: bytes by op and step, who talks to whom, and what crosses nodes.
+"""Communication figures: bytes by op and step, by parallel dimension, who talks to whom, and what
+crosses nodes.
 
-Bytes are wire bytes (ring accounting, what each rank puts on the network) unless ``payload=True``,
-in which case they are the tensor sizes the calls were given; see :class:`paralab.trace.Span`.
+Units: bytes per training step, summed over the ranks (as ``Trace.comm_bytes`` and the run summary
+count them), shown in KiB, MiB or GiB as the sizes call for, exact bytes on hover. Bytes are wire
+bytes (ring accounting, what each rank puts on the network) unless ``payload=True``, in which case
+they are the tensor sizes the calls were given; see :class:`paralab.trace.Span`.
+
+Parallel dimension: the mesh axis of a span's process group, read from the run's layout: the axes
+along which the group's members' coordinates vary (``tp`` for a tensor-parallel pair, ``dp×cp`` for
+gradients reduced over both, ``pp`` for a send between two stages), ``ep`` for an expert-parallel
+group. A trace without a layout names its groups by size.
 
 Rank-by-rank matrix convention (``comm_matrix_data``), row = sender, column = receiver:
 
@@ -10,24 +18,44 @@ Rank-by-rank matrix convention (``comm_matrix_data``), row = sender, column = re
 - collectives: a rank's wire bytes are spread evenly over the other members of its group. That is
   an algorithm-neutral picture of "who exchanged with whom" (a ring sends everything to one
   neighbour, a tree to two); row sums are exact, individual cells are the even-spread view.
-  The group is taken from ``span.group_ranks`` when a trace records it; otherwise it is inferred
-  from the run's layout in ``trace.meta`` (tp fastest, then dp, then pp, as Megatron lays ranks out),
-  matching ``group_size`` against tp, then dp, then pp, then the whole world, and falling back to
-  the aligned block of ``group_size`` ranks that holds the rank.
+  The group is the one the trace records (``Trace.group_of``); a simulated trace records only a
+  group's size, and the group is then inferred from the run's layout in ``trace.meta`` (tp fastest,
+  then cp, dp, pp, as paralab lays ranks out), matching ``group_size`` against each axis's degree,
+  and falling back to the aligned block of ``group_size`` ranks that holds the rank.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
-from paralab.layout import AXES
-from paralab.trace import COMM, Span, Trace
-from paralab.viz._common import as_trace, fmt_bytes, go, kind_color, style
-from paralab.viz.mesh import layout_of
+from paralab.layout import AXES, Layout
+from paralab.trace import COMM, Span, Trace, span_group
+from paralab.viz._common import (
+    as_trace,
+    byte_scale,
+    fmt_bytes,
+    go,
+    kind_color,
+    layout_of,
+    make_subplots,
+    style,
+)
+
+LINKS = (("intra_node", "inside a node", "#4C78A8"), ("inter_node", "across nodes", "#D62728"))
+# the order dimensions are listed in: data, context, tensor, pipeline, expert, then combinations
+DIMENSION_ORDER = ("dp", "cp", "tp", "pp", "ep")
 
 
 def _span_bytes(s: Span, payload: bool) -> int:
     return s.payload_bytes if payload else s.bytes
+
+
+def _steps(trace: Trace) -> int:
+    return max(len(trace.step_windows()), 1)
+
+
+def _unit_label(payload: bool) -> str:
+    return "payload" if payload else "wire"
 
 
 def bytes_by_op_and_step(trace: Trace, payload: bool = False) -> dict[str, dict[int | None, int]]:
@@ -39,39 +67,36 @@ def bytes_by_op_and_step(trace: Trace, payload: bool = False) -> dict[str, dict[
 
 
 def comm_by_op(trace, payload: bool = False, title: str | None = None):
-    """Stacked bars: bytes per step, one colour per op; hover gives exact bytes."""
+    """Stacked bars: bytes of each step, one colour per op; hover gives exact bytes."""
     graph = go()
     trace = as_trace(trace)
     data = bytes_by_op_and_step(trace, payload)
     steps = sorted({k for per in data.values() for k in per}, key=lambda k: (k is None, k if k is not None else 0))
     labels = [f"step {k}" if k is not None else "outside steps" for k in steps]
+    scale, unit = byte_scale(max((sum(per.get(k, 0) for per in data.values()) for k in steps), default=0))
     fig = graph.Figure()
     for op, per in data.items():
         values = [per.get(k, 0) for k in steps]
         fig.add_trace(graph.Bar(
-            x=labels, y=values, name=op, marker_color=kind_color(op),
+            x=labels, y=[v / scale for v in values], name=op, marker_color=kind_color(op),
             customdata=[[fmt_bytes(v), v] for v in values],
             hovertemplate=f"{op}, %{{x}}: %{{customdata[0]}} (%{{customdata[1]}} B)<extra></extra>",
         ))
-    kind = "payload" if payload else "wire"
+    kind = _unit_label(payload)
     fig.update_layout(barmode="stack", showlegend=True,  # the legend names the op even when there is one
-                      meta={"bytes": {op: sum(per.values()) for op, per in data.items()}})
-    fig.update_yaxes(title_text=f"{kind} bytes (all ranks)")
+                      meta={"bytes": {op: sum(per.values()) for op, per in data.items()}, "unit": unit})
+    fig.update_yaxes(title_text=f"{kind} {unit} in the step (all ranks)")
     return style(fig, title or f"communication by op and step ({kind} bytes)", 380)
 
 
+# ------------------------------------------------------------------------------ groups and dimensions
 def group_of(s: Span, world: int, meta: dict) -> list[int]:
     """The ranks a collective span ran among (see the module docstring for the convention)."""
-    recorded = getattr(s, "group_ranks", None)
-    if recorded:
-        return list(recorded)
+    known = span_group(s, world)
+    if known is not None:
+        return list(known)
     n = s.group_size or world
-    if n >= world:
-        return list(range(world))
-    try:
-        layout = layout_of(meta)
-    except TypeError:
-        layout = None
+    layout = _layout_or_none(meta)
     if layout is not None and layout.world_size == world:
         for axis in reversed(AXES):  # innermost first: tp, cp, dp, then the pipeline
             if layout.degree(axis) == n:
@@ -80,8 +105,88 @@ def group_of(s: Span, world: int, meta: dict) -> list[int]:
     return list(range(start, min(start + n, world)))
 
 
+def _layout_or_none(meta: dict) -> Layout | None:
+    try:
+        return layout_of(meta)
+    except TypeError:
+        return None
+
+
+def dimension_of(group: list[int] | tuple[int, ...], layout: Layout | None) -> str:
+    """The parallel dimension of a process group (see the module docstring)."""
+    if layout is None or max(group, default=0) >= layout.world_size:
+        return f"group of {len(group)}"
+    if layout.ep > 1 and sorted(group) in layout.expert_groups():
+        return "ep"
+    coords = [layout.coords[r] for r in group]
+    varying = [axis for i, axis in enumerate(AXES) if len({c[i] for c in coords}) > 1]
+    varying.sort(key=lambda axis: DIMENSION_ORDER.index(axis))
+    return "×".join(varying) or "self"
+
+
+def _dimension_rank(name: str) -> tuple:
+    first = name.split("×")[0]
+    return (DIMENSION_ORDER.index(first) if first in DIMENSION_ORDER else len(DIMENSION_ORDER), name)
+
+
+def bytes_by_dimension(trace, payload: bool = False) -> dict[str, dict[str, dict[str, int]]]:
+    """dimension -> op -> {"intra_node": bytes, "inter_node": bytes}, per step summed over ranks,
+    dimensions in the order dp, cp, tp, pp, ep (then combinations)."""
+    trace = as_trace(trace)
+    world = max(max(trace.ranks, default=-1) + 1, int(trace.meta.get("world_size") or 0))
+    layout = _layout_or_none(trace.meta)
+    found: dict[str, dict[str, dict[str, int]]] = defaultdict(
+        lambda: defaultdict(lambda: {"intra_node": 0, "inter_node": 0}))
+    for s in trace.select(lane=COMM):
+        dimension = dimension_of(group_of(s, world, trace.meta), layout)
+        found[dimension][s.kind]["inter_node" if s.inter_node else "intra_node"] += _span_bytes(s, payload)
+    steps = _steps(trace)
+    return {dim: {op: {link: b // steps for link, b in links.items()} for op, links in sorted(ops.items())}
+            for dim, ops in sorted(found.items(), key=lambda kv: _dimension_rank(kv[0]))}
+
+
+def comm_by_dimension(trace, payload: bool = False, title: str | None = None):
+    """Bytes per step by parallel dimension: split by op (left) and by link (right).
+
+    ``fig.layout.meta``: ``bytes`` (dimension -> bytes per step, all ranks), ``by_op``, ``by_link``
+    (dimension -> op or link -> bytes per step) and ``unit`` (of the y axes)."""
+    graph = go()
+    data = bytes_by_dimension(trace, payload)
+    dims = list(data)
+    totals = {d: sum(sum(links.values()) for links in ops.values()) for d, ops in data.items()}
+    by_op = {d: {op: sum(links.values()) for op, links in ops.items()} for d, ops in data.items()}
+    by_link = {d: {link: sum(links[link] for links in ops.values()) for link, _, _ in LINKS} for d, ops in data.items()}
+    scale, unit = byte_scale(max(totals.values(), default=0))
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
+                        subplot_titles=("by operation", "by link: inside a node or across nodes"))
+    ops = sorted({op for per in by_op.values() for op in per})
+    for op in ops:
+        values = [by_op[d].get(op, 0) for d in dims]
+        fig.add_trace(graph.Bar(
+            x=dims, y=[v / scale for v in values], name=op, marker_color=kind_color(op), legendgroup="op",
+            legendgrouptitle_text="operation", customdata=[[fmt_bytes(v), v] for v in values],
+            text=[fmt_bytes(v) if v else "" for v in values], textposition="inside",
+            hovertemplate=f"%{{x}} {op}: %{{customdata[0]}} per step (%{{customdata[1]}} B)<extra></extra>"), 1, 1)
+    for link, label, color in LINKS:
+        values = [by_link[d][link] for d in dims]
+        fig.add_trace(graph.Bar(
+            x=dims, y=[v / scale for v in values], name=label, marker_color=color, legendgroup="link",
+            legendgrouptitle_text="link", customdata=[[fmt_bytes(v), v] for v in values],
+            text=[fmt_bytes(v) if v else "" for v in values], textposition="inside",
+            hovertemplate=f"%{{x}} {label}: %{{customdata[0]}} per step (%{{customdata[1]}} B)<extra></extra>"), 1, 2)
+    kind = _unit_label(payload)
+    fig.update_layout(barmode="stack", meta={"bytes": totals, "by_op": by_op, "by_link": by_link, "unit": unit})
+    fig.update_yaxes(title_text=f"{kind} {unit} per step (all ranks)", row=1, col=1)
+    fig.update_xaxes(title_text="parallel dimension (mesh axis of the group)")
+    fig = style(fig, title or f"communication by parallel dimension ({kind} bytes per step)", 430)
+    fig.update_layout(margin=dict(t=135), legend=dict(traceorder="grouped"))
+    return fig
+
+
+# ------------------------------------------------------------------------------------- rank matrix
 def comm_matrix_data(trace, payload: bool = False) -> list[list[float]]:
-    """matrix[src][dst] = bytes per run from rank src to rank dst (see the module docstring)."""
+    """matrix[src][dst] = bytes from rank src to rank dst over the whole trace (see the module
+    docstring); :func:`comm_matrix` draws it per step."""
     trace = as_trace(trace)
     world = max(trace.ranks, default=-1) + 1
     world = max(world, int(trace.meta.get("world_size") or 0))
@@ -103,43 +208,62 @@ def comm_matrix_data(trace, payload: bool = False) -> list[list[float]]:
 
 
 def comm_matrix(trace, payload: bool = False, title: str | None = None):
-    """Heatmap of bytes sent from each rank (rows) to each rank (columns), over the whole trace."""
+    """Heatmap of bytes per step sent from each rank (rows) to each rank (columns)."""
     graph = go()
-    matrix = comm_matrix_data(trace, payload)
+    steps = _steps(as_trace(trace))
+    matrix = [[v / steps for v in row] for row in comm_matrix_data(trace, payload)]
+    scale, unit = byte_scale(max((max(row) for row in matrix), default=0))
     labels = [f"r{r}" for r in range(len(matrix))]
     text = [[fmt_bytes(v) if v else "" for v in row] for row in matrix]
     fig = graph.Figure(graph.Heatmap(
-        z=matrix, x=labels, y=labels, colorscale="Blues", text=text,
-        texttemplate="%{text}" if len(matrix) <= 16 else None,
-        hovertemplate="r%{y} → %{x}: %{text} (%{z:.0f} B)<extra></extra>", colorbar=dict(title="bytes"),
+        z=[[v / scale for v in row] for row in matrix], x=labels, y=labels, colorscale="Blues", text=text,
+        customdata=matrix, texttemplate="%{text}" if len(matrix) <= 16 else None,
+        hovertemplate="r%{y} → %{x}: %{text} per step (%{customdata:.0f} B)<extra></extra>",
+        colorbar=dict(title=f"{unit}/step"),
     ))
     fig.update_yaxes(title_text="from rank", autorange="reversed")
     fig.update_xaxes(title_text="to rank", side="top")
-    fig.update_layout(meta={"ranks": len(matrix), "total_bytes": sum(map(sum, matrix))})
-    return style(fig, title or "bytes exchanged, rank by rank", max(320, 40 + 28 * len(matrix)))
+    fig.update_layout(meta={"ranks": len(matrix), "total_bytes": sum(map(sum, matrix)), "unit": unit})
+    return style(fig, title or f"{_unit_label(payload)} bytes per step, rank to rank", max(320, 40 + 28 * len(matrix)))
 
 
+# -------------------------------------------------------------------------------------------- links
 def link_split_data(trace, payload: bool = False) -> dict[str, dict[str, int]]:
-    """op -> {"intra_node": bytes, "inter_node": bytes} over the whole trace."""
+    """op -> {"intra_node": bytes, "inter_node": bytes} per step, summed over ranks."""
+    trace = as_trace(trace)
     out: dict[str, dict[str, int]] = defaultdict(lambda: {"intra_node": 0, "inter_node": 0})
-    for s in as_trace(trace).select(lane=COMM):
+    for s in trace.select(lane=COMM):
         out[s.kind]["inter_node" if s.inter_node else "intra_node"] += _span_bytes(s, payload)
-    return dict(sorted(out.items()))
+    steps = _steps(trace)
+    return {op: {link: b // steps for link, b in links.items()} for op, links in sorted(out.items())}
 
 
 def comm_link_split(trace, payload: bool = False, title: str | None = None):
-    """Grouped bars per op: bytes that stay inside a node against bytes that cross nodes."""
+    """Grouped bars per op: bytes per step that stay inside a node against bytes that cross nodes."""
     graph = go()
     data = link_split_data(trace, payload)
     ops = list(data)
+    scale, unit = byte_scale(max((max(links.values()) for links in data.values()), default=0))
     fig = graph.Figure()
-    for link, color in (("intra_node", "#4C78A8"), ("inter_node", "#D62728")):
+    for link, label, color in LINKS:
         values = [data[op][link] for op in ops]
         fig.add_trace(graph.Bar(
-            x=ops, y=values, name=link.replace("_", "-"), marker_color=color,
+            x=ops, y=[v / scale for v in values], name=label, marker_color=color,
             customdata=[[fmt_bytes(v), v] for v in values],
-            hovertemplate=f"%{{x}} {link}: %{{customdata[0]}} (%{{customdata[1]}} B)<extra></extra>",
+            hovertemplate=f"%{{x}} {label}: %{{customdata[0]}} per step (%{{customdata[1]}} B)<extra></extra>",
         ))
-    fig.update_layout(barmode="group")
-    fig.update_yaxes(title_text="bytes (all ranks, whole trace)")
-    return style(fig, title or "intra-node vs inter-node traffic", 340)
+    fig.update_layout(barmode="group", meta={"bytes": data, "unit": unit})
+    fig.update_yaxes(title_text=f"{_unit_label(payload)} {unit} per step (all ranks)")
+    return style(fig, title or "inside a node against across nodes", 340)
+
+
+def bytes_by_group(trace, payload: bool = False) -> dict[tuple[int, ...], dict[str, int]]:
+    """group (its ranks, as :func:`group_of` resolves them) -> op -> bytes per step summed over its
+    members: the traffic the mesh figure shows on hover."""
+    trace = as_trace(trace)
+    world = max(max(trace.ranks, default=-1) + 1, int(trace.meta.get("world_size") or 0))
+    found: dict[tuple[int, ...], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for s in trace.select(lane=COMM):
+        found[tuple(sorted(group_of(s, world, trace.meta)))][s.kind] += _span_bytes(s, payload)
+    steps = _steps(trace)
+    return {group: {op: b // steps for op, b in ops.items()} for group, ops in found.items()}

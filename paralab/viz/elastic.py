@@ -1,19 +1,36 @@
-"""Elastic training over time: world size, step time and utilisation, with failures and rescales.
+"""Elastic training as a story: phases on the wall clock, and what each step did.
 
-Reads the trace's counters (``world_size``, ``step_time_s``, ``cpu_percent`` or ``gpu_percent``,
-sampled per rank) and its event lane (spans on lane ``"event"``: kind ``failure``, ``rescale``, ...).
-When no ``step_time_s`` counter exists, step times come from the step windows; utilisation is
-averaged over the ranks that report at each instant.
+An elastic run is a sequence of worlds (generations); between two of them the membership changed. A
+figure of world size and step time against wall-clock time squeezes the steps into clusters at the
+ends of a recovery that lasts seconds, and a line drawn from the last step before a failure to the
+first after it claims steps that never ran. So :func:`elastic` draws
+
+- on top, the **phases** in order, one row each, with their durations: start, training at n ranks,
+  failure, detected, rendezvous, restore, training at n-1 ranks (a node joining adds a rendezvous
+  and a restore, no failure);
+- below on the left, world size, step time and utilisation against wall-clock time, lines only
+  inside a training phase: where no step ran there is a gap;
+- below on the right, the same run step by step: world size, step time, and each rank's samples.
+
+:func:`elastic_balance` draws a balanced run: each rank's share of the global batch per step against
+its share of the measured throughput, which the shares converge to.
+
+Reads the trace's meta (``generations``, ``step_records``: paralab.elastic.history), its event lane
+(``failure``, ``failure_detected``, ``rendezvous``, ``checkpoint_load``) and its counters
+(``cpu_percent`` or ``gpu_percent``). A trace without generations is one world: its step windows.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
-from paralab.trace import EVENT
-from paralab.viz._common import as_trace, go, kind_color, make_subplots, style
+from paralab.trace import EVENT, STEP, Trace
+from paralab.viz._common import EXTRA_COLORS, MICROBATCH_COLORS, as_trace, go, make_subplots, style
 
 UTILISATION = ("cpu_percent", "gpu_percent", "utilisation", "utilization")
+PHASE_COLORS = {"start": "#BAB0AC", "training": "#54A24B", "failure": "#D62728", "detected": "#F58518",
+                "rendezvous": "#B279A2", "restore": "#4C78A8"}
+RANK_COLORS = MICROBATCH_COLORS + EXTRA_COLORS
 
 
 def counter_series(trace, name: str, reduce: str = "mean") -> tuple[list[float], list[float]]:
@@ -27,43 +44,279 @@ def counter_series(trace, name: str, reduce: str = "mean") -> tuple[list[float],
     return ts, [pick(at[t]) for t in ts]
 
 
+# ------------------------------------------------------------------------------------- the data
+def step_records(trace: Trace) -> list[dict]:
+    """Every step each world completed, in the order they ran: step, generation, world_size, start
+    and end (trace clock), samples and compute_s per rank (None when the trace has no records) and
+    ``final`` (False for a step a later world redid)."""
+    if trace.meta.get("step_records"):
+        return sorted(trace.meta["step_records"], key=lambda r: r["start"])
+    ranks = defaultdict(set)  # without records, a step's world is the ranks that recorded it
+    for s in trace.select(lane=STEP):
+        ranks[s.step].add(s.rank)
+    return [{"step": k, "generation": "", "world_size": len(ranks[k]), "start": lo, "end": hi, "samples": None,
+             "compute_s": None, "final": True} for k, (lo, hi) in trace.step_windows().items()]
+
+
+def _generations(trace: Trace, records: list[dict]) -> list[dict]:
+    """name, world_size and start on the trace clock of each world, in order."""
+    gens = trace.meta.get("generations") or []
+    if not gens:
+        start = min((r["start"] for r in records), default=0.0)
+        return [{"name": "", "world_size": records[0]["world_size"] if records else len(trace.ranks), "start": start}]
+    t0 = gens[0]["wall_start"]
+    return [{"name": g["name"], "world_size": g["world_size"], "start": g["wall_start"] - t0} for g in gens]
+
+
+def elastic_phases(trace) -> list[dict]:
+    """The run's story in order: dicts with ``phase`` (start, training, failure, detected,
+    rendezvous, restore), ``label``, ``start``, ``end`` (seconds, trace clock; equal for an instant),
+    ``world_size`` (training phases) and ``detail`` (what happened, for the figure)."""
+    trace = as_trace(trace)
+    records = step_records(trace)
+    gens = _generations(trace, records)
+    events = sorted(trace.select(lane=EVENT), key=lambda e: e.start)
+    phases: list[dict] = []
+    first = min((e.start for e in events if e.kind == "rendezvous"), default=None)
+    if first is not None and records and first < records[0]["start"]:
+        phases.append(_phase("start", "start", first, records[0]["start"],
+                             f"{gens[0]['world_size']} ranks meet, build the model"))
+    for i, gen in enumerate(gens):
+        end = gens[i + 1]["start"] if i + 1 < len(gens) else float("inf")
+        mine = [r for r in records if (r["generation"] == gen["name"]) or not gen["name"]]
+        kill = next((e for e in events if e.kind == "failure" and gen["start"] <= e.start < end), None)
+        if i > 0:
+            phases += _transition(gen, events, phases[-1]["end"] if phases else gen["start"], mine)
+        if mine:
+            stop = kill.start if kill is not None else max(r["end"] for r in mine)
+            steps = sorted(r["step"] for r in mine)
+            detail = f"steps {steps[0]}–{steps[-1]}" if len(steps) > 1 else f"step {steps[0]}"
+            lost = [r["step"] for r in mine if not r["final"]]
+            if lost:
+                detail += f" (step {', '.join(map(str, lost))} lost: redone later)"
+            phases.append(_phase("training", f"training at {gen['world_size']} ranks", mine[0]["start"], stop,
+                                 detail, world_size=gen["world_size"]))
+        if kill is not None:
+            detected = [e for e in events if e.kind == "failure_detected" and kill.start <= e.start < end]
+            phases.append(_phase("failure", "failure", kill.start, kill.start, f"rank {kill.rank}: {kill.name}"))
+            if detected:
+                last = detected[-1].start
+                phases.append(_phase("detected", "detected", kill.start, last,
+                                     f"first survivor after {(detected[0].start - kill.start) * 1e3:.0f} ms, "
+                                     f"last of {len(detected)} after {(last - kill.start) * 1e3:.0f} ms"))
+    return phases
+
+
+def _transition(gen: dict, events, since: float, mine: list[dict]) -> list[dict]:
+    """Rendezvous and restore phases from the end of the previous phase to the new world's first step."""
+    rendezvous = [e for e in events if e.kind == "rendezvous" and f"world of {gen['world_size']}" in e.name
+                  and e.end >= gen["start"] - 1e-3 and e.start >= since - 1e-3]
+    formed = max((e.end for e in rendezvous), default=gen["start"])
+    first_step = mine[0]["start"] if mine else formed
+    loads = [e for e in events if e.kind == "checkpoint_load" and formed <= e.start <= first_step]
+    out = [_phase("rendezvous", "rendezvous", since, formed, f"a world of {gen['world_size']} forms")]
+    what = f"workers start, load {loads[-1].name.removeprefix('load ')}" if loads else "workers start"
+    out.append(_phase("restore", "restore", formed, first_step, what))
+    return out
+
+
+def _phase(phase: str, label: str, start: float, end: float, detail: str, world_size: int | None = None) -> dict:
+    return {"phase": phase, "label": label, "start": start, "end": max(end, start), "detail": detail,
+            "world_size": world_size}
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1e3:.0f} ms"
+
+
+def _gapped(records: list[dict], phases: list[dict], value) -> tuple[list, list]:
+    """(x, y) at each record's end, with None between records of different training phases: no line
+    is drawn across a stretch in which no step ran."""
+    training = [p for p in phases if p["phase"] == "training"]
+
+    def phase_of(r):
+        return next((i for i, p in enumerate(training) if p["start"] - 1e-3 <= r["end"] <= p["end"] + 1e-3), -1)
+
+    xs, ys, last = [], [], None
+    for r in records:
+        which = phase_of(r)
+        if last is not None and (which != last or which == -1):  # a point outside training stands alone
+            xs.append(None)
+            ys.append(None)
+        xs.append(r["end"])
+        ys.append(value(r))
+        last = which
+    return xs, ys
+
+
+# ------------------------------------------------------------------------------------- figures
 def elastic(trace, title: str | None = None):
-    """Three panels over time (s): world size, step time, utilisation; events as vertical lines."""
+    """Phases on top; wall-clock panels (left) and step-indexed panels (right) below (see the module
+    docstring). ``fig.layout.meta``: ``phases`` (label, start, end), ``world_size`` (per final step),
+    ``steps`` (the final steps, in order)."""
     graph = go()
     trace = as_trace(trace)
-    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                        subplot_titles=("world size", "step time", "utilisation"))
-    t, ws = counter_series(trace, "world_size", "max")
-    fig.add_trace(graph.Scatter(x=t, y=ws, mode="lines+markers", line_shape="hv", name="world size",
-                                line=dict(color="#4C78A8")), 1, 1)
-    t, st = counter_series(trace, "step_time_s", "max")
-    if not t:
-        windows = trace.step_windows()
-        t, st = [hi for _, hi in windows.values()], [hi - lo for lo, hi in windows.values()]
-    fig.add_trace(graph.Scatter(x=t, y=[v * 1e3 for v in st], mode="lines+markers", name="step time",
-                                line=dict(color="#F58518"), hovertemplate="%{y:.1f} ms at %{x:.2f} s<extra></extra>"), 2, 1)
-    util_name = next((n for n in UTILISATION if any(c.name == n for c in trace.counters)), None)
-    if util_name:
-        t, u = counter_series(trace, util_name)
-        fig.add_trace(graph.Scatter(x=t, y=u, mode="lines", name=util_name, line=dict(color="#54A24B")), 3, 1)
-    events = trace.select(lane=EVENT)
-    for e in events:
-        color = kind_color(e.kind)
-        for row in (1, 2, 3):
-            fig.add_vline(x=e.start, line_color=color, line_dash="dash", row=row, col=1)
-        if e.end > e.start:
-            fig.add_vrect(x0=e.start, x1=e.end, fillcolor=color, opacity=0.12, line_width=0, row=1, col=1)
-    # one invisible marker per event, so events have hover text and a legend entry per kind
-    shown = set()
-    for e in events:
+    records = step_records(trace)
+    phases = elastic_phases(trace)
+    final = sorted((r for r in records if r["final"]), key=lambda r: r["step"])
+    fig = make_subplots(
+        rows=4, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.1, vertical_spacing=0.07,
+        row_heights=[0.34, 0.22, 0.22, 0.22], specs=[[{}, None], [{}, {}], [{}, {}], [{}, {}]],
+        subplot_titles=("what happened, in order", "world size", "world size per step",
+                        "step time", "step time per step", "utilisation", "samples per rank per step"))
+    _draw_phases(fig, graph, phases)
+    _draw_wall_clock(fig, graph, trace, records, phases)
+    _draw_steps(fig, graph, records, final)
+    fig.update_layout(barmode="stack", legend=dict(traceorder="normal"), meta={
+        "phases": [(p["label"], p["start"], p["end"]) for p in phases],
+        "world_size": [r["world_size"] for r in final], "steps": [r["step"] for r in final]})
+    fig.add_annotation(text="<br>".join(_gaps_said(phases, final)), xref="paper", yref="paper", x=1.0, y=1.0,
+                       xanchor="right", yanchor="top", align="left", showarrow=False, bgcolor="#F7F7F7",
+                       font=dict(size=12))
+    return style(fig, title or "elastic training", 820)
+
+
+def _gaps_said(phases: list[dict], final: list[dict]) -> list[str]:
+    """One line per stretch between two training phases: how long no step ran, in steps' worth."""
+    times = sorted(r["end"] - r["start"] for r in final)
+    step = times[len(times) // 2] if times else 0.0
+    training = [p for p in phases if p["phase"] == "training"]
+    lines = [f"<b>{training[0]['label']}</b>" if training else "no step recorded"]
+    for before, after in zip(training, training[1:]):
+        gap = after["start"] - before["end"]
+        worth = f": {gap / step:,.0f} steps' worth" if step > 0 else ""
+        lines.append(f"then no step for {_duration(gap)}{worth}")
+        lines.append(f"<b>{after['label']}</b>")
+    return lines
+
+
+def _draw_phases(fig, graph, phases: list[dict]) -> None:
+    """One row per phase, top to bottom in order: a bar for a stretch, a diamond for an instant."""
+    labels = [f"{i + 1}. {p['label']}" for i, p in enumerate(phases)]
+    for p, label in zip(phases, labels):
+        color = PHASE_COLORS[p["phase"]]
+        length = p["end"] - p["start"]
+        text = f"{_duration(length)}: {p['detail']}" if length > 0 else p["detail"]
+        hover = f"<b>{label}</b><br>{p['start']:.3f} s → {p['end']:.3f} s ({_duration(length)})<br>{p['detail']}"
+        fig.add_trace(graph.Bar(
+            y=[label], x=[max(length, 0.0)], base=[p["start"]], orientation="h", marker_color=color, width=0.7,
+            showlegend=False, name=label, hovertext=[hover], hovertemplate="%{hovertext}<extra></extra>"), 1, 1)
         fig.add_trace(graph.Scatter(
-            x=[e.start], y=[max(ws) if ws else 1], mode="markers", marker=dict(symbol="x", size=11, color=kind_color(e.kind)),
-            name=e.kind, legendgroup=e.kind, showlegend=e.kind not in shown,
-            hovertemplate=f"{e.kind}: {e.name or ''} (rank {e.rank}) at %{{x:.2f}} s<extra></extra>"), 1, 1)
-        shown.add(e.kind)
-    fig.update_yaxes(title_text="ranks", row=1, col=1, rangemode="tozero")
-    fig.update_yaxes(title_text="ms", row=2, col=1, rangemode="tozero")
-    fig.update_yaxes(title_text="%", row=3, col=1, rangemode="tozero")
-    fig.update_xaxes(title_text="time (s)", row=3, col=1)
-    fig.update_layout(meta={"events": [(e.kind, e.start) for e in events], "world_size": ws})
-    return style(fig, title or "elastic training", 620)
+            y=[label], x=[p["end"]], mode="markers+text", text=[f"  {text}"], textposition="middle right",
+            marker=dict(symbol="diamond", size=11 if length == 0 else 7, color=color), cliponaxis=False,
+            showlegend=False, hovertext=[hover], hovertemplate="%{hovertext}<extra></extra>"), 1, 1)
+    fig.update_yaxes(type="category", categoryorder="array", categoryarray=labels, autorange="reversed", row=1, col=1)
+    for p in phases:  # the gaps, shaded in the wall-clock panels below
+        if p["phase"] != "training" and p["end"] > p["start"]:
+            for row in (2, 3, 4):
+                fig.add_vrect(x0=p["start"], x1=p["end"], fillcolor=PHASE_COLORS[p["phase"]], opacity=0.12,
+                              line_width=0, row=row, col=1, exclude_empty_subplots=False)
+
+
+def _draw_wall_clock(fig, graph, trace: Trace, records: list[dict], phases: list[dict]) -> None:
+    final = [r for r in records if r["final"]]
+    lost = [r for r in records if not r["final"]]
+    x, y = _gapped(final, phases, lambda r: r["world_size"])
+    fig.add_trace(graph.Scatter(x=x, y=y, mode="lines+markers", line_shape="hv", name="world size",
+                                line=dict(color="#4C78A8"), showlegend=False,
+                                hovertemplate="world of %{y} at %{x:.2f} s<extra></extra>"), 2, 1)
+    x, y = _gapped(final, phases, lambda r: (r["end"] - r["start"]) * 1e3)
+    fig.add_trace(graph.Scatter(x=x, y=y, mode="lines+markers", name="step time", line=dict(color="#F58518"),
+                                showlegend=False, hovertemplate="step ending at %{x:.2f} s: %{y:.1f} ms<extra></extra>"), 3, 1)
+    if lost:
+        fig.add_trace(graph.Scatter(
+            x=[r["end"] for r in lost], y=[(r["end"] - r["start"]) * 1e3 for r in lost], mode="markers",
+            name="step lost (redone later)", marker=dict(symbol="x", size=9, color="#D62728"),
+            hovertemplate="lost step ending at %{x:.2f} s: %{y:.1f} ms<extra></extra>"), 3, 1)
+    name = next((n for n in UTILISATION if any(c.name == n for c in trace.counters)), None)
+    if name:  # one line per rank: ranks sample at their own instants
+        for rank in sorted({c.rank for c in trace.counters if c.name == name}):
+            points = [{"end": c.t, "value": c.value} for c in sorted(trace.counters, key=lambda c: c.t)
+                      if c.name == name and c.rank == rank]
+            x, y = _gapped(points, phases, lambda r: r["value"])
+            fig.add_trace(graph.Scatter(x=x, y=y, mode="lines+markers", name=f"rank {rank}", legendgroup="ranks",
+                                        line=dict(color=RANK_COLORS[rank % len(RANK_COLORS)], width=1.5),
+                                        marker=dict(size=4), showlegend=False,
+                                        hovertemplate=f"rank {rank}: %{{y:.0f}}% at %{{x:.2f}} s<extra></extra>"), 4, 1)
+    fig.update_yaxes(title_text="ranks", rangemode="tozero", dtick=1, row=2, col=1)
+    fig.update_yaxes(title_text="ms", rangemode="tozero", row=3, col=1)
+    fig.update_yaxes(title_text="% of a core" if name == "cpu_percent" else "%", rangemode="tozero", row=4, col=1)
+    for row in (2, 3, 4):  # one wall clock, the phases' own
+        fig.update_xaxes(matches="x", row=row, col=1)
+    fig.update_xaxes(title_text="seconds since the first world formed; shaded: no step ran", row=4, col=1)
+
+
+def _draw_steps(fig, graph, records: list[dict], final: list[dict]) -> None:
+    steps = [r["step"] for r in final]
+    fig.add_trace(graph.Bar(x=steps, y=[r["world_size"] for r in final], marker_color="#4C78A8", showlegend=False,
+                            hovertemplate="step %{x}: %{y} ranks<extra></extra>"), 2, 2)
+    fig.add_trace(graph.Bar(x=steps, y=[(r["end"] - r["start"]) * 1e3 for r in final], marker_color="#F58518",
+                            showlegend=False, hovertemplate="step %{x}: %{y:.1f} ms<extra></extra>"), 3, 2)
+    lost = [r for r in records if not r["final"]]
+    if lost:
+        fig.add_trace(graph.Scatter(x=[r["step"] for r in lost], y=[(r["end"] - r["start"]) * 1e3 for r in lost],
+                                    mode="markers", marker=dict(symbol="x", size=9, color="#D62728"), showlegend=False,
+                                    hovertemplate="step %{x}, lost: %{y:.1f} ms<extra></extra>"), 3, 2)
+    if final and final[0]["samples"] is not None:
+        ranks = max(len(r["samples"]) for r in final)
+        for rank in range(ranks):
+            fig.add_trace(graph.Bar(
+                x=steps, y=[r["samples"][rank] if rank < len(r["samples"]) else 0 for r in final],
+                name=f"rank {rank}", marker_color=RANK_COLORS[rank % len(RANK_COLORS)], legendgroup="ranks",
+                hovertemplate=f"step %{{x}}: rank {rank} trained on %{{y}} "
+                "samples<extra></extra>"), 4, 2)
+    fig.update_yaxes(title_text="ranks", dtick=1, row=2, col=2)
+    fig.update_yaxes(title_text="ms", row=3, col=2)
+    fig.update_yaxes(title_text="samples", row=4, col=2)
+    steps_axis = fig.get_subplot(2, 2).xaxis.plotly_name.replace("axis", "")
+    for row in (2, 3, 4):
+        fig.update_xaxes(dtick=1, matches=None if row == 2 else steps_axis, row=row, col=2)
+    fig.update_xaxes(title_text="training step", row=4, col=2)
+
+
+def balance_shares(trace) -> list[dict]:
+    """Per final step: ``step``, each rank's ``share`` of the global batch and its ``throughput_share``
+    (its samples per compute second over the sum of all ranks'), and ``compute_s`` per rank."""
+    out = []
+    for r in sorted((r for r in step_records(as_trace(trace)) if r["final"]), key=lambda r: r["step"]):
+        if r["samples"] is None:
+            continue
+        total = sum(r["samples"])
+        rates = [n / s if s > 0 else 0.0 for n, s in zip(r["samples"], r["compute_s"])]
+        out.append({"step": r["step"], "share": [n / total for n in r["samples"]],
+                    "throughput_share": [v / sum(rates) for v in rates], "compute_s": r["compute_s"]})
+    return out
+
+
+def elastic_balance(trace, title: str | None = None):
+    """Left: each rank's share of the global batch per step (solid) and its share of the throughput
+    measured in that step (dashed), which the balancer's shares converge to. Right: each rank's
+    compute time per step, which balancing evens out. ``fig.layout.meta``: ``steps``, ``share`` and
+    ``throughput_share`` (per step, per rank)."""
+    graph = go()
+    rows = balance_shares(trace)
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
+                        subplot_titles=("share of the global batch (solid) vs share of the throughput (dashed)",
+                                        "compute time per step"))
+    steps = [r["step"] for r in rows]
+    ranks = max((len(r["share"]) for r in rows), default=0)
+    for rank in range(ranks):
+        color = RANK_COLORS[rank % len(RANK_COLORS)]
+        fig.add_trace(graph.Scatter(x=steps, y=[r["share"][rank] for r in rows], mode="lines+markers",
+                                    name=f"rank {rank}: batch share", line=dict(color=color), legendgroup=str(rank),
+                                    hovertemplate=f"step %{{x}}: rank {rank} trained on %{{y:.0%}} of the batch"
+                                                  "<extra></extra>"), 1, 1)
+        fig.add_trace(graph.Scatter(x=steps, y=[r["throughput_share"][rank] for r in rows], mode="lines+markers",
+                                    name=f"rank {rank}: throughput share", legendgroup=str(rank),
+                                    line=dict(color=color, dash="dash"), marker=dict(symbol="circle-open"),
+                                    hovertemplate=f"step %{{x}}: rank {rank} did %{{y:.0%}} of the samples per "
+                                                  "second<extra></extra>"), 1, 1)
+        fig.add_trace(graph.Bar(x=steps, y=[r["compute_s"][rank] * 1e3 for r in rows], name=f"rank {rank}",
+                                marker_color=color, legendgroup=str(rank), showlegend=False,
+                                hovertemplate=f"step %{{x}}: rank {rank} computed %{{y:.1f}} ms<extra></extra>"), 1, 2)
+    fig.update_yaxes(title_text="share", tickformat=".0%", range=[0, 1], row=1, col=1)
+    fig.update_yaxes(title_text="ms", rangemode="tozero", row=1, col=2)
+    fig.update_xaxes(title_text="training step", dtick=1)
+    fig.update_layout(barmode="group", meta={"steps": steps, "share": [r["share"] for r in rows],
+                                             "throughput_share": [r["throughput_share"] for r in rows]})
+    return style(fig, title or "load balancing: each rank's batch share follows its throughput", 400)

@@ -66,7 +66,8 @@ SUMMARY_KEYS = ("strategy", "source", "world_size", "dp", "tp", "pp", "schedule"
 
 # Columns of the per-rank table: Trace.time_breakdown keys and their headings (ms per step).
 RANK_COLUMNS = (("compute_s", "compute"), ("comm_s", "comm"), ("overlapped_comm_s", "comm beside compute"),
-                ("exposed_comm_s", "exposed comm"), ("idle_s", "idle (not computing)"),
+                ("exposed_comm_s", "exposed comm"), ("comm_waiting_s", "comm waiting for peers"),
+                ("comm_transfer_s", "comm moving data"), ("idle_s", "idle (not computing)"),
                 ("wait_s", "waiting (nothing recorded)"))
 
 
@@ -103,8 +104,10 @@ def _figures(trace: Trace, summary: dict, losses: list[float] | None, predicted:
         figs.append(("Pipeline bubble", viz.bubble(trace)))
     if trace.select(lane=COMM):
         figs += [("Communication by op and step", viz.comm_by_op(trace)),
-                 ("Bytes exchanged, rank by rank", viz.comm_matrix(trace)),
-                 ("Intra- vs inter-node traffic", viz.comm_link_split(trace))]
+                 ("Communication by parallel dimension and link", viz.comm_by_dimension(trace)),
+                 ("Bytes exchanged, rank by rank", viz.comm_matrix(trace))]
+    if "layout" in trace.meta and trace.meta["layout"].get("world_size", 1) > 1:
+        figs.append(("Device mesh", viz.mesh(trace)))
     if summary.get("memory_by_kind"):
         figs.append(("Memory per rank", viz.memory(summary)))
     if losses:

@@ -5,6 +5,9 @@ Each span is one horizontal bar (``go.Bar`` with ``base`` = start and ``x`` = du
 fast: a 64-rank pipeline has tens of thousands of spans but only a handful of traces, and the
 browser draws bars far faster than it draws thousands of shapes. Gaps between bars are idle time.
 
+Each collective and receive is split where its last participant entered (Trace.comm_arrivals): the
+part before is drawn over the call, whitened and hatched ("waiting"), the part after is the transfer.
+
 Rows are ``r{rank} {lane}`` and sorted rank-major, so a rank's compute and comm lanes sit together
 and rank 0 is on top. Times are shown in milliseconds from the start of the shown spans, so a
 measured step and a simulated one line up when stacked (``predicted=``).
@@ -19,6 +22,7 @@ from paralab.trace import COMM, COMPUTE, EVENT, Span, Trace
 from paralab.viz._common import (
     KIND_COLORS,
     MICROBATCH_COLORS,
+    WAITING,
     as_trace,
     fmt_bytes,
     go,
@@ -51,7 +55,7 @@ def kind_order(kinds) -> list[str]:
 
 
 def bars_by_kind(spans: list[Span], color_by: str = "kind", suffix: str = "", t0: float | None = None,
-                 text: bool = False) -> dict[str, dict]:
+                 text: bool = False, waits: dict[int, float] | None = None) -> dict[str, dict]:
     """kind -> columns of one bar trace as numpy arrays (y, base, x, hovertext, color, text); ms.
 
     Split out of :func:`timeline` so widgets can push new columns into an existing FigureWidget
@@ -59,7 +63,8 @@ def bars_by_kind(spans: list[Span], color_by: str = "kind", suffix: str = "", t0
     Python lists element by element but takes numpy arrays whole, numeric arrays travel to the
     browser as binary buffers, and one hover string per bar serialises several times faster than a
     per-bar customdata row. ``color`` is a colour string for the whole kind, or microbatch numbers
-    on :data:`MICROBATCH_SCALE` when compute spans are coloured by microbatch.
+    on :data:`MICROBATCH_SCALE` when compute spans are coloured by microbatch. ``waits`` (id of a
+    span -> seconds it waited for its last participant, see :func:`waiting_spans`) goes into the hover.
     """
     import numpy as np
 
@@ -77,7 +82,7 @@ def bars_by_kind(spans: list[Span], color_by: str = "kind", suffix: str = "", t0
             "y": np.array(rows),
             "base": np.array([(s.start - t0) * 1e3 for s in group]),
             "x": np.array([(s.end - s.start) * 1e3 for s in group]),
-            "hovertext": np.array([_hover(s, row, t0) for s, row in zip(group, rows)]),
+            "hovertext": np.array([_hover(s, row, t0, (waits or {}).get(id(s))) for s, row in zip(group, rows)]),
             "color": (np.array([s.microbatch % len(MICROBATCH_COLORS) for s in group]) if by_microbatch
                       else kind_color(kind)),
             "text": np.array([_bar_text(s) for s in group]) if text else None,
@@ -85,10 +90,17 @@ def bars_by_kind(spans: list[Span], color_by: str = "kind", suffix: str = "", t0
     return out
 
 
-def _hover(s: Span, row: str, t0: float) -> str:
-    """Hover text of one bar: name, kind and row, start and duration (ms), bytes (human and exact)."""
+def _hover(s: Span, row: str, t0: float, wait: float | None = None) -> str:
+    """Hover text of one bar: name, kind and row, start and duration (ms), bytes (human and exact),
+    and for a split call its wait and transfer."""
+    if s.kind == WAITING:
+        return (f"<b>{s.name}</b><br>on {row}, from {(s.start - t0) * 1e3:.3f} ms for "
+                f"{(s.end - s.start) * 1e3:.3f} ms: the others had not all entered yet")
     out = (f"<b>{s.name or s.kind}</b><br>{s.kind} on {row}<br>start {(s.start - t0) * 1e3:.3f} ms, "
            f"duration {(s.end - s.start) * 1e3:.3f} ms<br>bytes {_bytes_label(s.bytes)}")
+    if wait is not None:
+        out += (f"<br>waited {wait * 1e3:.3f} ms for the last participant, then moved data for "
+                f"{(s.end - s.start - wait) * 1e3:.3f} ms")
     if s.microbatch is not None:
         out += f"<br>microbatch {s.microbatch}" + (f", stage {s.stage}" if s.stage is not None else "")
     if s.peer is not None:
@@ -109,6 +121,8 @@ def _bytes_label(n: int) -> str:
 
 def marker_of(kind: str, color) -> dict:
     """Bar marker: one colour, or microbatch numbers on the discrete microbatch scale (+ hatching)."""
+    if kind == WAITING:  # whitens and hatches the call it lies on
+        return dict(color=color, line=dict(width=0), pattern=dict(shape="/", fgcolor="#444", size=6, solidity=0.2))
     if isinstance(color, str):
         return dict(color=color, line=dict(width=0))
     marker = dict(color=color, colorscale=MICROBATCH_SCALE, cmin=0, cmax=len(MICROBATCH_COLORS) - 1,
@@ -139,25 +153,43 @@ def resolve_color_by(spans: list[Span], color_by: str) -> str:
     return color_by
 
 
+def waiting_spans(trace: Trace, spans: list[Span]) -> tuple[list[Span], dict[int, float]]:
+    """For the communication spans among ``spans`` that waited for a last participant: one
+    ``waiting`` span each over the wait, and id(span) -> its wait in seconds (for the hover)."""
+    shown = {id(s) for s in spans if s.lane == COMM}
+    if not shown:
+        return [], {}
+    waits = {id(a.span): a.wait_s for a in trace.comm_arrivals() if id(a.span) in shown and a.last_entry is not None}
+    by_id = {id(s): s for s in spans if id(s) in waits}
+    extra = [Span(s.rank, s.lane, WAITING, s.start, s.start + waits[key], name=f"{s.name or s.kind}: waiting",
+                  step=s.step) for key, s in by_id.items() if waits[key] > 0]
+    return extra, waits
+
+
 def bar_traces(trace: Trace, *, lanes=DEFAULT_LANES, steps=None, color_by: str = "auto", text="auto",
-               suffix: str = "", opacity: float = 1.0, legend: bool = True) -> tuple[list[dict], list[str]]:
-    """(bar traces as plotly dicts, row labels) for one Trace; the building block of :func:`timeline`."""
+               suffix: str = "", opacity: float = 1.0, legend: bool = True, waits: bool = True
+               ) -> tuple[list[dict], list[str]]:
+    """(bar traces as plotly dicts, row labels) for one Trace; the building block of :func:`timeline`.
+    ``waits=False`` leaves out the hatched waits (a third more bars on a long pipeline)."""
     spans = select_spans(trace, lanes, steps)
     mode = resolve_color_by(spans, color_by)
     show_text = (len(spans) <= TEXT_LIMIT) if text == "auto" else bool(text)
+    extra, waits = waiting_spans(trace, spans) if waits else ([], {})
     out = []
-    for kind, c in bars_by_kind(spans, mode, suffix, text=show_text and mode == "microbatch").items():
+    for kind, c in bars_by_kind(spans + extra, mode, suffix, t0=min((s.start for s in spans), default=0.0),
+                                text=show_text and mode == "microbatch", waits=waits).items():
         out.append(dict(
-            type="bar", name=kind, y=c["y"], x=c["x"], base=c["base"], orientation="h", hovertext=c["hovertext"],
-            marker=marker_of(kind, c["color"]), opacity=opacity, hovertemplate=HOVER, text=c["text"],
-            textposition="inside", insidetextanchor="middle", legendgroup=kind, showlegend=legend, width=0.8,
+            type="bar", name="waiting for peers" if kind == WAITING else kind, y=c["y"], x=c["x"], base=c["base"],
+            orientation="h", hovertext=c["hovertext"], marker=marker_of(kind, c["color"]), opacity=opacity,
+            hovertemplate=HOVER, text=c["text"], textposition="inside", insidetextanchor="middle", legendgroup=kind,
+            showlegend=legend, width=0.8,
         ))
     return out, rows_of(trace, spans, suffix)
 
 
 def timeline(trace, predicted=None, *, lanes=DEFAULT_LANES, steps=None, predicted_steps=None,
              color_by: str = "auto", text="auto", layout: str = "stacked", title: str | None = None,
-             height: int | None = None):
+             height: int | None = None, waits: bool = True):
     """Timeline figure of a Trace (or RunResult), optionally with a predicted Trace beside it.
 
     ``layout="stacked"``: measured on top, predicted below, two subplots sharing the time axis.
@@ -165,11 +197,12 @@ def timeline(trace, predicted=None, *, lanes=DEFAULT_LANES, steps=None, predicte
     its measured rows. ``steps`` restricts the measured spans to those steps (``predicted_steps`` the
     predicted ones), e.g. ``steps=[2]`` to compare one warm step with a simulated step.
     ``color_by``: "kind", "microbatch" (pipeline runs; kinds then differ by hatching), or "auto".
+    ``waits``: hatch each call's wait for its last participant (see the module docstring).
     ``fig.layout.meta`` records ``ranks`` and ``rows`` (and ``predicted_rows``) for callers and tests.
     """
     graph = go()
     trace = as_trace(trace)
-    kwargs = dict(lanes=lanes, color_by=color_by, text=text)
+    kwargs = dict(lanes=lanes, color_by=color_by, text=text, waits=waits)
     bars, rows = bar_traces(trace, steps=steps, **kwargs)
     meta = {"ranks": len(trace.ranks), "rows": rows, "source": trace.meta.get("source", "")}
     if predicted is None:

@@ -38,24 +38,6 @@ def simulate(name: str, stages: int, microbatches: int, virtual_stages: int, p2p
     return simulate_schedule(sched, times, p2p * 1e-3, overlap_saving=overlap * 1e-3 / v)
 
 
-def fast_bubble(trace: Trace) -> float:
-    """Idle fraction of a one-step simulated trace in one pass over its spans.
-
-    Same number as ``Trace.bubble_fraction`` for a simulated step (one window, compute spans of a rank
-    never overlap), but linear in the spans: the general method rescans every span per rank, which
-    alone costs about a second on a 64-rank, 64-microbatch pipeline.
-    """
-    lo = min((s.start for s in trace.spans), default=0.0)
-    hi = max((s.end for s in trace.spans), default=0.0)
-    busy: dict[int, float] = {r: 0.0 for r in trace.ranks}
-    for s in trace.spans:
-        if s.lane == COMPUTE:
-            busy[s.rank] += s.end - s.start
-    if hi <= lo or not busy:
-        return 0.0
-    return 1.0 - sum(busy.values()) / (len(busy) * (hi - lo))
-
-
 def measured_times(trace: Trace) -> dict[str, float]:
     """Mean seconds per compute op in a measured trace (steps after the first), for re-timing the sim."""
     steps = sorted({s.step for s in trace.spans if s.step is not None})
@@ -75,6 +57,8 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
                       p2p: float = 0.05, max_stages: int = 64, max_microbatches: int = 128, steps: int = 3,
                       model: str = "tiny", run_options: dict | None = None, overlap: float = 0.0):
     """Schedule dropdown and stages / microbatches / virtual-stages / p2p sliders over a simulated timeline.
+    A control that does not apply to the chosen schedule (virtual stages outside interleaved, what an
+    F&B slot hides outside DualPipeV) is hidden.
 
     Attributes: ``controls`` (dict of widgets), ``figure`` (prediction FigureWidget), ``measured``
     (FigureWidget after a real run, else None), ``message``, ``progress``, ``redraw()``,
@@ -85,16 +69,22 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
     from paralab.viz.timeline import bar_traces, timeline
 
     w = widgets()
+    whole = dict(style={"description_width": "initial"})  # labels in full, never "microbatc…"
     controls = {
-        "schedule": w.Dropdown(options=list(SCHEDULES), value=schedule, description="schedule"),
-        "stages": w.IntSlider(value=stages, min=2, max=max_stages, description="stages", continuous_update=False),
+        "schedule": w.Dropdown(options=list(SCHEDULES), value=schedule, description="schedule", **whole),
+        "stages": w.IntSlider(value=stages, min=2, max=max_stages, description="stages", continuous_update=False,
+                              **whole),
         "microbatches": w.IntSlider(value=microbatches, min=1, max=max_microbatches, description="microbatches",
-                                    continuous_update=False),
-        "virtual_stages": w.IntSlider(value=virtual_stages, min=1, max=8, description="virtual", continuous_update=False),
-        "p2p": w.FloatSlider(value=p2p, min=0.0, max=2.0, step=0.05, description="p2p / F", continuous_update=False),
-        "overlap": w.FloatSlider(value=overlap, min=0.0, max=2.0, step=0.1, description="F&B hides",
-                                 continuous_update=False),
+                                    continuous_update=False, **whole),
+        "virtual_stages": w.IntSlider(value=virtual_stages, min=1, max=8, description="virtual stages per rank",
+                                      continuous_update=False, **whole),
+        "p2p": w.FloatSlider(value=p2p, min=0.0, max=2.0, step=0.05, description="p2p time / forward time",
+                             continuous_update=False, **whole),
+        "overlap": w.FloatSlider(value=overlap, min=0.0, max=2.0, step=0.1, description="F&B slot hides (forward times)",
+                                 continuous_update=False, **whole),
     }
+    # the schedules each control applies to; for the others it is hidden (its value would mean nothing)
+    applies = {"virtual_stages": ("interleaved",), "overlap": ("dualpipev",)}
     info = w.HTML()
     msg = w.HTML()
     button = w.Button(description="Run for real", button_style="primary", icon="play")
@@ -110,20 +100,21 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
         first = simulate(*shape())
     except (ScheduleError, ValueError):
         first = Trace()
-    fw = figure_widget(timeline(first, title="predicted step (time in forward units: F = 1 ms)"))
+    # the schedule's shape, redrawn live: without the hatched waits on the comm lanes (a third more bars)
+    fw = figure_widget(timeline(first, title="predicted step (time in forward units: F = 1 ms)", waits=False))
 
     def redraw(*_):
         started = time.perf_counter()
         name, p, m, v, lat, overlap = shape()
-        controls["virtual_stages"].disabled = name != "interleaved"
-        controls["overlap"].disabled = name != "dualpipev"
+        for key, schedules in applies.items():
+            controls[key].layout.display = None if name in schedules else "none"
         try:
             sim = simulate(name, p, m, v, lat, overlap)
         except (ScheduleError, ValueError) as exc:
             msg.value = message(f"{name} with {p} stages, {m} microbatches, v={v}: {exc}", "error")
             return
         msg.value = ""
-        bars, rows = bar_traces(sim)
+        bars, rows = bar_traces(sim, waits=False)
         with fw.batch_update():
             if [t.name for t in fw.data] == [b["name"] for b in bars]:
                 for trace, b in zip(fw.data, bars):
@@ -140,7 +131,7 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
         hidden = f", F&B hides {overlap:g} F" if name == "dualpipev" else ""
         step = max((s.end for s in sim.spans), default=0.0) * 1e3
         info.value = (f"<b>{name}</b> p={p} m={m} v={v}{hidden}: step {step:.1f} F, bubble simulated "
-                      f"{fast_bubble(sim):.1%}, closed form {theory:.1%} · {len(sim.spans)} spans · "
+                      f"{sim.bubble_fraction():.1%}, closed form {theory:.1%} · {len(sim.spans)} spans · "
                       f"update {app.last_update_ms:.0f} ms")
 
     def on_progress(step: int, total: int) -> None:
