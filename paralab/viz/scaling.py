@@ -211,4 +211,4 @@ def speedup_steps(runs: Mapping, baseline, predicted: Mapping | None = None, cur
     fig.update_yaxes(title_text="speedup over one rank (x)", type="log", tickvals=ticks,
                      ticktext=[f"{t:g}" for t in ticks], row=1, col=2)
     fig.update_layout(meta=meta)
-    return style(fig, title or "speedup: step by step, and against world size", 560)
+    return style(fig, title or "speedup: step by step, and against world size", 640)
