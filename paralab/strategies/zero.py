@@ -291,5 +291,5 @@ STRATEGIES = [
              zero=stage, train=train, title=f"sharded data parallel, ZeRO-{stage}")
     for stage, summary in ((1, "optimizer states sharded over the data-parallel ranks"),
                            (2, "optimizer states and gradients sharded"),
-                           (3, "optimizer states, gradients and parameters sharded"))
+                           (3, "optimizer states, gradients and parameters sharded; `--zero-prefetch`"))
 ]
