@@ -141,3 +141,65 @@ def test_notebook_widgets_and_figures_render_and_respond(tmp_path, browser):
         assert not [e for e in state.errors if "widget" in e.lower() or "crash" in e], state
         page.close()
     assert server.leftovers == [], f"processes outlived the lab: {server.leftovers}"
+
+
+TUTORIAL = Path(__file__).resolve().parent.parent / "notebooks" / "01_data_parallel.ipynb"
+# The data of the first figure in the output that holds a control labelled LABEL: each trace's y
+# (or, when a figure stores it, its layout meta), so a redraw is seen whatever it changed.
+FIGURE_OF = """([label]) => {
+  const outputs = [...document.querySelectorAll('.jp-OutputArea-output')].filter(o =>
+      [...o.querySelectorAll('.widget-label')].some(l => l.textContent.trim() === label));
+  const plot = outputs.length ? outputs[0].querySelector('.js-plotly-plot') : null;
+  if (!plot || !plot.data || !plot.querySelector('.main-svg')) return null;
+  return JSON.stringify([plot.data.map(t => [t.name, Array.from(t.y || [])]), (plot.layout || {}).title]);
+}"""
+
+
+def _slider(page, app_label: str, label: str):
+    """The handle of the slider described ``label`` in the first output that has a control ``app_label``."""
+    output = page.locator(".jp-OutputArea-output", has=page.locator(".widget-label", has_text=app_label)).first
+    return output.locator(".widget-slider", has=page.locator(".widget-label", has_text=label)).first.locator(".noUi-handle")
+
+
+@pytest.mark.timeout(600)
+def test_a_tutorial_runs_and_its_explorers_respond(tmp_path, browser):
+    """Notebook 01, as a learner runs it: the communication explorer and the speedup explorer
+    render, and each figure changes when one of its sliders is moved with the keyboard."""
+    root = tmp_path / "root"
+    root.mkdir()
+    shutil.copy(TUTORIAL, root / TUTORIAL.name)
+    server = LabServer(tmp_path / "lab", extra_args=(f"--ServerApp.root_dir={root}",
+                                                              "--LabApp.expose_app_in_browser=True"))
+    (tmp_path / "lab").mkdir()
+    with server:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        state = PageState(page, server)
+        page.set_default_timeout(60_000)
+        page.goto(f"{server.url}/lab/tree/{TUTORIAL.name}?token={server.token}")
+        page.wait_for_selector(".jp-NotebookPanel .jp-Cell", state="attached")
+        try:
+            page.wait_for_function(KERNEL_READY, timeout=90_000)
+            page.evaluate("() => { void window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+            page.wait_for_function(EXECUTED, timeout=400_000, polling=1000)
+        except Exception as exc:
+            pytest.fail(f"the tutorial did not run: {exc}\n{state}")
+        text = page.locator(".jp-NotebookPanel").inner_text()
+        assert "Error displaying widget" not in text and "Traceback" not in text, state
+
+        for label, moved in (("world size", "world size"), ("predict on", "up to")):
+            try:
+                page.wait_for_function(f"({FIGURE_OF})([{label!r}]) !== null", timeout=60_000)
+            except Exception as exc:
+                pytest.fail(f"the explorer with {label!r} did not render: {exc}\n{state}")
+            before = page.evaluate(f"({FIGURE_OF})([{label!r}])")
+            handle = _slider(page, label, moved)
+            handle.scroll_into_view_if_needed()
+            handle.focus()
+            handle.press("ArrowRight" if moved == "world size" else "ArrowLeft")
+            try:
+                page.wait_for_function(f"({FIGURE_OF})([{label!r}]) !== {before!r}", timeout=60_000)
+            except Exception as exc:
+                pytest.fail(f"moving {moved!r} did not redraw the {label!r} explorer: {exc}\n{state}")
+        assert not [e for e in state.errors if "widget" in e.lower() or "crash" in e], state
+        page.close()
+    assert server.leftovers == [], f"processes outlived the lab: {server.leftovers}"
