@@ -5,12 +5,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install lab test lint gpu-check gallery clean
+.PHONY: install lab test lint gpu-check gallery book clean
 
 $(STAMP): pyproject.toml constraints-ci.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints-ci.txt -e ".[lab,dev]"
+	$(BIN)/python -m pip install --quiet -c constraints-ci.txt -e ".[lab,dev,book]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -35,8 +35,14 @@ gpu-check: $(STAMP)
 gallery: $(STAMP)
 	$(BIN)/python docs/gallery.py -o docs/_build/gallery.html
 
+# Every notebook executed and laid out as a static HTML site in book/_build (open index.html): figures
+# interactive, widgets as snapshots with a link to the live notebook. Options: make book BOOK_ARGS="--only 08_planning_at_scale".
+BOOK_ARGS ?=
+book: $(STAMP)
+	$(BIN)/python book/build.py $(BOOK_ARGS)
+
 lint: $(STAMP)
-	$(BIN)/ruff check paralab tests benchmarks
+	$(BIN)/ruff check paralab tests benchmarks book
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache book/_build

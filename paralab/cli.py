@@ -34,6 +34,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bucket-mb", type=float, default=d.bucket_mb, help="DDP bucket cap in MB (torch's default 25)")
     p.add_argument("--hierarchical", action="store_true",
                    help="ddp: reduce-scatter in the node, all-reduce across nodes, all-gather in the node")
+    p.add_argument("--zero-prefetch", action="store_true",
+                   help="zero3: all-gather the next part while this one computes (one more part held)")
     p.add_argument("--nodes", type=int, default=d.nodes, help="emulated nodes for local launches (torchrun: real nodes)")
     p.add_argument("--dp", type=int, default=d.dp, help="data-parallel degree (0: from the world size)")
     p.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel degree (0: the strategy's default)")
@@ -75,7 +77,8 @@ def config_from_args(args) -> RunConfig:
         bucket_mb=args.bucket_mb, hierarchical=args.hierarchical, nodes=args.nodes, dp=args.dp, tp=args.tp,
         pp=args.pp, cp=args.cp, cp_mode=args.cp_mode, cp_split=args.cp_split, ep=args.ep, schedule=args.schedule,
         microbatches=args.microbatches, virtual_stages=args.virtual_stages, stage_layers=args.stage_layers,
-        sequence_parallel=args.sequence_parallel, zero=args.zero, profile_dir=args.profile,
+        sequence_parallel=args.sequence_parallel, zero=args.zero, zero_prefetch=args.zero_prefetch,
+        profile_dir=args.profile,
     )
     experts = {k: v for k, v in (("experts", args.experts), ("top_k", args.top_k),
                                  ("capacity_factor", args.capacity_factor)) if v is not None}

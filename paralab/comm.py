@@ -44,16 +44,12 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def ring_successor(rank: int, group=None) -> int:
-    """The rank this rank sends to in a ring over the group (ranks in ascending order).
+def ring_next(rank: int, members: list[int]) -> int:
+    """``rank``'s successor in a ring over ``members`` (ascending order): where its wire bytes go.
 
     In a ring collective every rank sends all its wire bytes to its successor, so a span's bytes cross
     nodes exactly when the successor lives on another node: a flat ring over two nodes of L ranks
     crosses at 2 of its 2L links, a ring over one rank per node crosses at every link."""
-    return _successor(rank, _group_ranks(group))
-
-
-def _successor(rank: int, members: list[int]) -> int:
     ranks = sorted(members)
     return ranks[(ranks.index(rank) + 1) % len(ranks)]
 
@@ -97,7 +93,7 @@ def _traced(op: str, payload: int, group, call, async_op: bool, peer: int | None
             inter = any(b and rec.node_of(r) != rec.node_of(me) for r, b in zip(members, sends))
         else:
             wire = wire_bytes(op, payload, n)
-            inter = rec.node_of(me) != rec.node_of(peer if peer is not None else _successor(me, members))
+            inter = rec.node_of(me) != rec.node_of(peer if peer is not None else ring_next(me, members))
         handle = rec.open(
             op,
             lane=COMM,

@@ -237,6 +237,7 @@ class RunConfig(TrainingConfig):
     sequence_parallel: bool = False
     stage_layers: list[int] | None = None
     zero: int = 0  # hybrid: ZeRO stage over the dp dimension (0: ddp-style all-reduce)
+    zero_prefetch: bool = False  # zero3: gather the next part while this one computes (strategies/zero.py)
     cp: int = 0  # context-parallel degree (0: from the strategy and the world size)
     cp_mode: str = "ring"
     cp_split: str = "zigzag"

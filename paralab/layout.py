@@ -253,6 +253,8 @@ def _unused_options(cfg: RunConfig, strategy: Strategy) -> tuple[str, ...]:
                               f"'zero{value}' instead of {name!r}")
         if option == "hierarchical":
             raise ConfigError(f"hierarchical all-reduce is a ddp option, not {name!r}")
+        if option == "zero_prefetch":
+            raise ConfigError(f"zero_prefetch gathers ZeRO-3's next part ahead: a zero3 option, not {name!r}")
         if option == "ep":
             raise ConfigError(f"ep={value} shards the experts of a mixture-of-experts model over data-parallel "
                               f"ranks; {name} has no expert parallel: use strategy 'ep' or 'hybrid'")

@@ -179,3 +179,45 @@ def test_the_elastic_notebook_draws_its_story_as_labelled_phases(tmp_path, brows
         ticks = page.evaluate(f"({FIGURE_TICKS})('the run as it happened')")
         assert [t for t in ticks if t in PHASES] == PHASES, (ticks, str(state))
         assert_no_error_or_stderr(page, state)
+
+
+TUTORIAL = Path(__file__).resolve().parent.parent / "notebooks" / "01_data_parallel.ipynb"
+# The data of the first figure in the output that holds a control labelled LABEL: each trace's y
+# (or, when a figure stores it, its layout meta), so a redraw is seen whatever it changed.
+FIGURE_OF = """([label]) => {
+  const outputs = [...document.querySelectorAll('.jp-OutputArea-output')].filter(o =>
+      [...o.querySelectorAll('.widget-label')].some(l => l.textContent.trim() === label));
+  const plot = outputs.length ? outputs[0].querySelector('.js-plotly-plot') : null;
+  if (!plot || !plot.data || !plot.querySelector('.main-svg')) return null;
+  return JSON.stringify([plot.data.map(t => [t.name, Array.from(t.y || [])]), (plot.layout || {}).title]);
+}"""
+
+
+def _slider(page, app_label: str, label: str):
+    """The handle of the slider described ``label`` in the first output that has a control ``app_label``."""
+    output = page.locator(".jp-OutputArea-output", has=page.locator(".widget-label", has_text=app_label)).first
+    return output.locator(".widget-slider", has=page.locator(".widget-label", has_text=label)).first.locator(".noUi-handle")
+
+
+@pytest.mark.timeout(600)
+def test_a_tutorial_runs_and_its_explorers_respond(tmp_path, browser):
+    """Notebook 01, as a learner runs it: the communication explorer and the speedup explorer
+    render, and each figure changes when one of its sliders is moved with the keyboard."""
+    with notebook_run_in_lab(tmp_path, browser, TUTORIAL, timeout_ms=400_000) as (page, state):
+        assert "Error displaying widget" not in page.locator(".jp-NotebookPanel").inner_text(), state
+        assert_no_error_or_stderr(page, state)
+        for label, moved in (("world size", "world size"), ("predict on", "up to")):
+            try:
+                page.wait_for_function(f"({FIGURE_OF})([{label!r}]) !== null", timeout=60_000)
+            except Exception as exc:
+                pytest.fail(f"the explorer with {label!r} did not render: {exc}\n{state}")
+            before = page.evaluate(f"({FIGURE_OF})([{label!r}])")
+            handle = _slider(page, label, moved)
+            handle.scroll_into_view_if_needed()
+            handle.focus()
+            handle.press("ArrowRight" if moved == "world size" else "ArrowLeft")
+            try:
+                page.wait_for_function(f"({FIGURE_OF})([{label!r}]) !== {before!r}", timeout=60_000)
+            except Exception as exc:
+                pytest.fail(f"moving {moved!r} did not redraw the {label!r} explorer: {exc}\n{state}")
+        assert not [e for e in state.errors if "widget" in e.lower() or "crash" in e], state

@@ -74,6 +74,20 @@ def test_the_readme_table_is_the_registry():
     assert strategy_table() in (ROOT / "README.md").read_text()
 
 
+def test_a_paralab_strategy_is_found_without_importing_torchs_references():
+    """A fresh process (a torchrun worker) that runs ddp never imports the reference modules, which
+    bring torch's pipelining and compiler stack (about 80 MB a process); asking for a torch_* name does."""
+    import subprocess
+    import sys
+
+    probe = ("import sys; from paralab.strategies.registry import get_strategy; get_strategy({!r}); "
+             "print(sorted(m.rsplit('.', 1)[-1] for m in sys.modules if m.startswith('paralab.strategies.reference')))")
+    for name, expected in (("ddp", "[]"), ("hybrid", "[]"), ("torch_fsdp", "['reference_ddp', 'reference_fsdp', "
+                                                                          "'reference_pipeline', 'reference_tensor']")):
+        out = subprocess.run([sys.executable, "-c", probe.format(name)], capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == expected, (name, out.stdout, out.stderr)
+
+
 def _world_for(strategy) -> int:
     return {0: 1, 1: 4, 2: 4, 3: 8, 4: 8}[len(strategy.axes)]
 

@@ -142,3 +142,21 @@ def test_a_rank_killed_from_outside_is_named_with_its_signal_not_its_peer(tmp_pa
     assert launcher.returncode == 1
     blamed = "rank 1 failed: died (signal 9, SIGKILL) without reporting a result; then rank 0 reported"
     assert blamed in err, err
+
+
+def _forkservers() -> list[int]:
+    return [p.pid for p in psutil.Process().children() if "forkserver" in " ".join(p.cmdline())]
+
+
+@pytest.mark.timeout(300)
+def test_agents_release_the_warm_forkserver_and_a_later_run_warms_a_new_one(no_leftover_ranks):
+    """torchrun's workers import torch afresh, so the launcher stops its idle forkserver (about 230 MB)
+    before starting agents; the next local run starts a new one and trains exactly as before."""
+    first = paralab.run("ddp", 2, steps=2, global_batch=8)
+    assert _forkservers(), "a local run leaves its forkserver warm"
+    agents = run_local_nodes(["--strategy", "ddp", "--model", "tiny", "--device", "cpu", "--steps", "2",
+                              "--global-batch", "8"], nnodes=2, nproc_per_node=1)
+    assert _forkservers() == []
+    assert_close_rel(agents.losses, first.losses, what="two agents against one launch")
+    again = paralab.run("ddp", 2, steps=2, global_batch=8)
+    assert again.losses == first.losses and len(_forkservers()) == 1

@@ -129,17 +129,98 @@ def test_memory_explorer_redraws():
 
 
 def test_comm_explorer_views_and_calculator():
+    """A bare trace: the measured views (per rank and step; all ranks by step) and the calculator."""
     t = Trace(spans=[Span(r, "comm", "all_reduce", 0, 1, bytes=1000, payload_bytes=750, group_size=4, step=0)
                      for r in range(4)], meta={"world_size": 4})
     app = widgets.comm_explorer(t)
-    assert app.figure.data[0].customdata[0][1] == 4000  # exact bytes (the axis is in KiB)
+    assert list(app.figure.data[0].y) == [1000]
     app.controls["payload"].value = True
-    assert app.figure.data[0].customdata[0][1] == 3000
+    assert list(app.figure.data[0].y) == [750]
+    app.controls["view"].value = "by step"
+    assert app.figure.data[0].customdata[0][1] == 3000  # exact bytes (the axis is in KiB)
     app.controls["view"].value = "rank matrix"
-    assert app.figure.data[0].type == "heatmap" and app.figure.layout.meta["ranks"] == 4
+    assert app.figure.data[0].type == "heatmap" and app.figure.layout.meta["measured, 4 ranks"]["ranks"] == 4
     before = list(app.calculator.data[0].y)
     app.controls["op"].value = "all_gather"
     assert list(app.calculator.data[0].y) == pytest.approx([b / 2 for b in before])
+
+
+def test_predicted_comm_follows_the_cost_model_on_the_mesh():
+    """Every rank carries the cost model's bytes per family, on its own mesh group; with 2 GPUs per
+    node the tp pairs stay inside a node and the dp and pipeline traffic crosses."""
+    from paralab.layout import mesh_layout
+    from paralab.sim import counting
+    from paralab.sim.presets import get_model
+    from paralab.sim.specs import ParallelSpec
+    from paralab.viz.comm_compare import links_per_rank_step, predicted_comm_trace
+
+    model, spec = get_model("gpt3-1.3b"), ParallelSpec(dp=2, tp=2, pp=2, global_batch=8, microbatches=4)
+    trace = predicted_comm_trace(model, spec, gpus_per_node=2)
+    layout, counted = mesh_layout(dp=2, tp=2, pp=2), counting.comm_bytes_per_gpu(model, spec)
+    for rank in range(8):
+        spans = trace.select(rank=rank)
+        for family, axis in (("tp", "tp"), ("dp", "dp")):
+            mine = [s for s in spans if s.name == f"{family} all_reduce"]
+            assert sum(s.bytes for s in mine) == pytest.approx(counted[f"{family}_all_reduce"], abs=1)
+            assert all(s.group_ranks == layout.group_of(axis, rank) for s in mine)
+            assert all(s.inter_node == (family == "dp") for s in mine)
+        sends = [s for s in spans if s.kind == "send"]
+        assert [s.peer for s in sends] == [r for r in (rank + 4, rank - 4) if 0 <= r < 8]
+        assert all(s.inter_node for s in sends)
+    links = links_per_rank_step(trace)
+    assert links["inter_node"] == pytest.approx(counted["dp_all_reduce"] + counted["pp_send"] / 2, rel=1e-6)
+
+
+def test_comm_explorer_puts_the_run_beside_its_prediction_and_grows_it(no_leftover_ranks):
+    import paralab
+
+    run = paralab.run("ddp", 2, steps=2, global_batch=8)
+    app = widgets.comm_explorer(run, world_size=16, gpus_per_node=4)
+    measured, same, grown = app.sources()
+    meta = app.figure.layout.meta["bytes"]
+    assert meta[measured] == meta[same] == {"all_reduce": pytest.approx(run.summary["comm_bytes"]["all_reduce"] / 2)}
+    assert meta[grown]["all_reduce"] == pytest.approx(meta[same]["all_reduce"] * (2 * 15 / 16) / (2 * 1 / 2))
+    app.controls["view"].value = "intra vs inter"
+    links = app.figure.layout.meta["bytes"]
+    assert links[measured]["inter_node"] == 0 and links[grown]["inter_node"] > 0  # 16 ranks on 4 nodes
+    app.controls["tp"].value = 8  # the tiny model has 4 heads: refused, the figure stays
+    assert "tp 8 does not divide heads" in app.message.value
+    assert app.figure.layout.meta["bytes"] == links
+    app.controls["tp"].value = 2
+    assert app.message.value == "" and "8 dp x 2 tp" in list(app.sources())[2]
+
+
+def test_speedup_explorer_draws_runs_prediction_and_ideals(monkeypatch, no_leftover_ranks):
+    """Measured step by step and against world size; the prediction follows the controls. (The
+    measuring machine is priced as an A100 here, so the test never calibrates this one.)"""
+    import paralab
+    from paralab.widgets import speedup
+
+    monkeypatch.setattr(speedup, "this_machine", lambda: "a100")
+    common = dict(steps=3, global_batch=8, threads_per_rank=1)
+    runs = {1: paralab.run("single", 1, **common), 2: paralab.run("ddp", 2, **common)}
+    app = widgets.speedup_explorer(runs, max_world=8)
+    meta = app.figure.layout.meta
+    assert meta["runs"][2]["step_time_s"] == runs[2].trace.step_times()
+    assert meta["measured"][2] == pytest.approx(runs[1].trace.median_step_time() / runs[2].trace.median_step_time())
+    assert sorted(meta["predicted"]) == [1, 2, 4, 8] and "ideal_here" not in meta  # priced as GPUs
+    before = dict(meta["predicted"])
+    app.controls["model"].value = "medium"
+    assert app.figure.layout.meta["predicted"] != before
+    app.controls["max_world"].value = 16  # the global batch of 8 does not split over 16 ranks
+    assert sorted(app.figure.layout.meta["predicted"]) == [1, 2, 4, 8] and "16 ranks" in app.message.value
+
+
+def test_the_cores_bound_what_cpu_ranks_can_speed_up(monkeypatch):
+    from paralab import RunConfig
+    from paralab.runtime import worker
+    from paralab.widgets.speedup import machine_allows
+
+    monkeypatch.setattr(worker, "usable_cores", lambda: 2)
+    one_thread = RunConfig.build("tiny", strategy="ddp", threads_per_rank=1)
+    assert machine_allows(one_thread, [1, 2, 4, 8]) == {1: 1.0, 2: 2.0, 4: 2.0, 8: 2.0}
+    fair_share = RunConfig.build("tiny", strategy="ddp")  # one rank takes both cores: nothing to gain
+    assert machine_allows(fair_share, [1, 2, 4]) == {1: 1.0, 2: 1.0, 4: 1.0}
 
 
 def test_elastic_monitor_updates_as_samples_arrive():

@@ -33,6 +33,8 @@ def runs():
             for opt in LR:
                 out[(stage, n, opt)] = launch(stage, n, opt)
     out[("torch_fsdp", 2, "adam")] = launch("torch_fsdp", 2, "adam")
+    for opt in LR:
+        out[("zero3 prefetch", 2, opt)] = launch("zero3", 2, opt, zero_prefetch=True)
     return out
 
 
@@ -123,4 +125,53 @@ def test_zero2_reduce_scatters_during_backward(runs, no_leftover_ranks):
 def test_refuses_what_it_cannot_do_before_starting(strategy, option, value, advice):
     cfg = RunConfig.build("tiny", strategy=strategy, world_size=2, global_batch=8, **{option: value})
     with pytest.raises(ConfigError, match=f"{option}={value}.*{advice}"):
+        resolve_layout(cfg)
+
+
+def test_zero3_prefetch_trains_as_one_device_with_the_same_bytes(runs, no_leftover_ranks):
+    """Gathering ahead changes when the parameters arrive, not what they are or how many bytes move."""
+    for opt in LR:
+        ahead, reference = runs[("zero3 prefetch", 2, opt)], runs[("single", 1, opt)]
+        assert_close_rel(ahead.losses, reference.losses, what=f"zero3 prefetch {opt} losses")
+        assert ahead.summary["comm_bytes"] == runs[("zero3", 2, opt)].summary["comm_bytes"]
+    sgd = runs[("zero3 prefetch", 2, "sgd")]
+    assert_same_params(sgd.params, runs[("single", 1, "sgd")].params)
+    assert_same_params(sgd.grads, runs[("single", 1, "sgd")].grads, atol=1e-7)
+
+
+def _gathers(run, rank: int, step: int, phase: str) -> list:
+    spans = [s for s in run.trace.select(kind="all_gather", rank=rank) if s.step == step and s.name.startswith(phase)]
+    return sorted(spans, key=lambda s: s.start)
+
+
+@pytest.mark.parametrize("phase", ["forward", "backward"])
+def test_zero3_prefetch_puts_the_next_gather_in_flight_before_waiting(runs, phase, no_leftover_ranks):
+    """Without prefetch each part's gather is launched after the previous one was waited for (and the
+    previous part has computed); with it, the next part's gather is launched before the current one is
+    waited for, so it is in flight while the current part computes: consecutive gathers overlap in the
+    trace. Each forward part is gathered once, each backward one once, in pass order either way."""
+    parts = runs[("zero3", 2, "adam")].rank_results[0]["zero"]["units"]
+    order = parts if phase == "forward" else parts[::-1]
+    for prefetch, key in ((False, "zero3"), (True, "zero3 prefetch")):
+        run = runs[(key, 2, "adam")]
+        for rank in (0, 1):
+            for step in range(STEPS):
+                spans = _gathers(run, rank, step, phase)
+                assert [s.name for s in spans] == [f"{phase} gather {p}" for p in order]
+                overlapping = [b.start < a.end for a, b in zip(spans, spans[1:])]
+                assert all(overlapping) if prefetch else not any(overlapping), (key, rank, step, overlapping)
+
+
+def test_zero3_prefetch_holds_a_second_part_at_its_peak(runs, no_leftover_ranks):
+    """The price of gathering ahead: two parts' full parameters at once instead of one."""
+    waited, ahead = runs[("zero3", 2, "adam")], runs[("zero3 prefetch", 2, "adam")]
+    for rank in (0, 1):
+        assert ahead.summary["memory_by_kind"][rank]["params"] > waited.summary["memory_by_kind"][rank]["params"]
+        assert ahead.rank_results[rank]["memory"]["final"] == waited.rank_results[rank]["memory"]["final"]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero2", "hybrid"])
+def test_zero_prefetch_is_a_zero3_option(strategy):
+    cfg = RunConfig.build("tiny", strategy=strategy, world_size=2, global_batch=8, zero_prefetch=True)
+    with pytest.raises(ConfigError, match="zero_prefetch .*zero3 option"):
         resolve_layout(cfg)

@@ -46,6 +46,7 @@ from paralab.elastic.config import ElasticConfig
 from paralab.elastic.history import ElasticResult
 from paralab.runtime import agents, loopback
 from paralab.runtime.janitor import Janitor
+from paralab.runtime.launch import release_forkserver
 from paralab.runtime.result import RunError
 from paralab.runtime.worker import check_capacity, usable_cores
 
@@ -83,6 +84,7 @@ def launch(cfg: ElasticConfig, run_dir: str | Path | None = None, progress=None)
             device=resolve_device(cfg.device, cfg.max_nodes),
         )
         store = loopback.serve_store()  # the rendezvous, hosted here
+        release_forkserver()  # the agents' workers import torch afresh: the idle forkserver's copy can go
         started: list[subprocess.Popen] = []
         try:
             start = _agent_starter(cfg, run_dir, agents.environment(scratch), store.port,

@@ -34,6 +34,7 @@ from pathlib import Path
 from paralab.runtime import agents, loopback
 from paralab.runtime.failures import blame, cut_native_frames
 from paralab.runtime.janitor import Janitor
+from paralab.runtime.launch import release_forkserver
 from paralab.runtime.result import RunError
 from paralab.trace import Trace
 
@@ -100,6 +101,7 @@ def run_local_nodes(run_args: list[str], nnodes: int = 2, nproc_per_node: int = 
                     for _ in range(nnodes)]
         env = {k: v for k, v in agents.environment(scratch).items() if k not in _RANK_ENV}
         env[agents.REPORT_DIR] = str(reports)
+        release_forkserver()  # the agents' workers import torch afresh: the idle forkserver's copy can go
         outputs = _run_agents(commands, env, nnodes, nproc_per_node, timeout_s, janitor)
         failed = [(node, err) for node, (code, _, err) in enumerate(outputs) if code != 0]
         if failed:

@@ -37,7 +37,7 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
     cost model also needs to know is how the strategy moves gradients: naive ``dp`` all-reduces every
     parameter tensor after backward (one message each, no overlap); ``ddp`` one message per
     ``bucket_mb`` bucket, overlapped with backward; paralab's ``zero3`` gathers each part just before
-    it runs (no prefetch), as FSDP does on CPU. Gradients are fp32 Adam's (``adam-fp32``, the default
+    it runs (no prefetch) unless ``zero_prefetch`` is set, as FSDP does on CPU. Gradients are fp32 Adam's (``adam-fp32``, the default
     for an fp32 model, mixed-precision Adam otherwise; SGD runs are costed as Adam). The model is
     priced in the run's dtype, with its recomputation. Strategies that run the pipeline executor (a pp
     axis) make their batch before the step window opens (``train_loop(batch_in_window=False)``), so
@@ -59,7 +59,8 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
         zero=layout.zero, sequence_parallel=layout.sequence_parallel, recompute=cfg.recompute, cp=layout.cp,
         cp_mode=layout.cp_mode or "ring", cp_split=layout.cp_split or "zigzag",
         overlap_grad_reduce=cfg.strategy != "dp", grad_buckets=buckets,
-        prefetch_params=not (cfg.strategy == "zero3" or (cfg.strategy == "torch_fsdp" and cfg.device == "cpu")),
+        prefetch_params=not ((cfg.strategy == "zero3" and not cfg.zero_prefetch)
+                             or (cfg.strategy == "torch_fsdp" and cfg.device == "cpu")),
         loads_batch_in_step="pp" not in get_strategy(cfg.strategy).axes,
     ).resolved()
     return model, parallel

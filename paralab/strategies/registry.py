@@ -27,7 +27,7 @@ MODULES = ("single", "dp", "ddp", "pipeline", "tensor", "zero", "context", "expe
 # several strategies) is reported as unused instead.
 OPTION_DEFAULTS = {"dp": 0, "tp": 0, "pp": 0, "ep": 0, "schedule": "", "virtual_stages": 1, "stage_layers": None,
                    "sequence_parallel": False, "zero": 0, "bucket_mb": 25.0, "hierarchical": False,
-                   "cp": 0, "cp_mode": "ring", "cp_split": "zigzag"}
+                   "cp": 0, "cp_mode": "ring", "cp_split": "zigzag", "zero_prefetch": False}
 TUNING_OPTIONS = ("bucket_mb",)
 PIPELINE_OPTIONS = ("schedule", "virtual_stages", "stage_layers")
 CONTEXT_OPTIONS = ("cp_mode", "cp_split")
@@ -60,13 +60,20 @@ class Strategy:
 
 @dataclass
 class _Registry:
-    entries: dict[str, Strategy] = field(default_factory=dict)
+    """Modules are imported in MODULES order, and only as far as a lookup needs: paralab's own
+    strategies come first, so a rank that runs one never imports torch's references (pipelining,
+    DTensor and FSDP2 bring sympy and the compiler's modules: about 80 MB more in every process that
+    starts afresh, as torchrun's workers do)."""
 
-    def load(self) -> dict[str, Strategy]:
-        if not self.entries:
-            for module in MODULES:
-                for entry in importlib.import_module(f"paralab.strategies.{module}").STRATEGIES:
-                    self.entries[entry.name] = entry
+    entries: dict[str, Strategy] = field(default_factory=dict)
+    loaded: int = 0  # how many of MODULES are imported
+
+    def load(self, until: str | None = None) -> dict[str, Strategy]:
+        """Import modules until ``until`` is declared (all of them when it is None or unknown)."""
+        while self.loaded < len(MODULES) and (until is None or until not in self.entries):
+            for entry in importlib.import_module(f"paralab.strategies.{MODULES[self.loaded]}").STRATEGIES:
+                self.entries[entry.name] = entry
+            self.loaded += 1
         return self.entries
 
 
@@ -80,7 +87,7 @@ def strategies() -> dict[str, Strategy]:
 
 def get_strategy(name: str) -> Strategy:
     """The strategy called ``name``, or ConfigError listing the names there are."""
-    entries = _REGISTRY.load()
+    entries = _REGISTRY.load(until=name)
     if name not in entries:
         ours = [n for n, s in entries.items() if not s.reference_for]
         raise ConfigError(f"unknown strategy {name!r}; choose one of {', '.join(ours)} (or torch's own: "

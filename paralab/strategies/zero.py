@@ -33,7 +33,11 @@ How each stage runs, per step, on every rank:
 - **zero3**: only the shards stay. A forward pre-hook all-gathers each part (embed, each block, the
   head) just before it runs and a forward hook frees it; a hook on the part's output gathers it again
   when backward reaches it; when the part's last gradient has arrived its gradients are
-  reduce-scattered and its parameters freed again.
+  reduce-scattered and its parameters freed again. Each gather waits: the part cannot compute before
+  its parameters arrive. With ``zero_prefetch`` (``--zero-prefetch``) the hook that needs part k also
+  starts the gather of the part that runs next (k + 1 in forward, k - 1 in backward) before it waits
+  for k's, so that gather travels while part k computes, as FSDP's and DeepSpeed's prefetch do; the
+  price is a second gathered part held at once.
 
 Memory is measured, not computed: the rank's meter counts the distinct storages ZeRO says it holds
 (``Zero.held``), by kind, so the summary's ``memory_by_kind`` and the trace's ``memory.*`` counters
@@ -87,8 +91,10 @@ class Zero(GradSync):
     reduced in ``ctx.cfg.reduce_dtype``; with 16-bit parameters the reduced fp32 shard gradient is
     the master weights' ``main_grad`` (paralab.precision)."""
 
-    def __init__(self, ctx, model: torch.nn.Module, stage: int, group=None, passes: int = 1, accumulations: int = 1):
+    def __init__(self, ctx, model: torch.nn.Module, stage: int, group=None, passes: int = 1, accumulations: int = 1,
+                 prefetch: bool = False):
         self.stage, self.group, self.passes, self.accumulations = stage, group, passes, accumulations
+        self.prefetch = prefetch
         self.reduce_dtype = torch_dtype(ctx.cfg.reduce_dtype)
         rank, self.world = ctx.rank, ctx.world_size
         if group is not None:
@@ -99,8 +105,10 @@ class Zero(GradSync):
         self.meter = ctx.memory
         self.meter.count_held(self.held)
         self.pending: list[tuple[comm.TracedWork, torch.Tensor, torch.Tensor, object]] = []  # in flight
+        self.gathering: dict[str, comm.TracedWork] = {}  # stage 3: parts whose gather is in flight
         self.buffers: dict[str, torch.Tensor] = {}  # units whose gradients are arriving
         self.offsets = {id(p): p.storage_offset() - u.full.storage_offset() for u in self.units for p in u.params}
+        self.index = {u.name: i for i, u in enumerate(self.units)}  # stage 3: the parts in forward order
         self.arrived = dict.fromkeys((u.name for u in self.units), 0)
         self.reduced = dict.fromkeys((u.name for u in self.units), 0)
         self.mixed = self.sharded.flat.dtype != self.reduce_dtype  # 16-bit parameters, gradients reduced wider
@@ -215,6 +223,9 @@ class Zero(GradSync):
         for pending in self.pending:
             self._land(*pending)
         self.pending.clear()
+        for name in list(self.gathering):  # a prefetch nobody used (none in a plain step): land it, free it
+            self.gathering.pop(name).wait()
+            self.sharded.free(self.unit(name))
 
     def after_step(self) -> None:
         """Stages 1 and 2: after the update, all-gather the shards back into the full parameters.
@@ -226,13 +237,30 @@ class Zero(GradSync):
             comm.all_gather(u.full, u.shard.detach(), group=self.group, name=f"params {u.name}")
 
     # ------------------------------------------------------------------ stage 3 hooks
+    def unit(self, name: str):
+        return self.units[self.index[name]]
+
     def _gather(self, u, phase: str) -> None:
-        """Refill the part's freed buffer from every rank's shard. Backward's saved tensors alias this
-        buffer, so its version counter is kept: the gather restores the values autograd saved."""
+        """Make part ``u``'s full parameters ready: with prefetch, first start the gather of the part
+        that runs after it in this pass, then wait for ``u``'s (started earlier by its neighbour's
+        hook, or now). Backward's saved tensors alias the part's buffer, so its version counter is
+        kept: the gather restores the values autograd saved."""
+        self._start_gather(u, phase)
+        if self.prefetch:
+            following = self.index[u.name] + (1 if phase == "forward" else -1)
+            if 0 <= following < len(self.units):
+                self._start_gather(self.units[following], phase)
+        self.gathering.pop(u.name).wait()
+        self.meter.sample()
+
+    def _start_gather(self, u, phase: str) -> None:
+        """Launch the all-gather that refills the part's freed buffer, unless it is already in flight."""
+        if u.name in self.gathering:
+            return
         self.sharded.allocate(u)
         with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(u.full):
-            comm.all_gather(u.full, u.shard.detach(), group=self.group, name=f"{phase} gather {u.name}")
-        self.meter.sample()
+            self.gathering[u.name] = comm.all_gather(u.full, u.shard.detach(), group=self.group, async_op=True,
+                                                     name=f"{phase} gather {u.name}")
 
     def _after_forward(self, u, out: torch.Tensor) -> None:
         self.sharded.free(u)
@@ -251,16 +279,17 @@ class Zero(GradSync):
 
 def train(ctx):
     model = full_model(ctx)
-    zero = Zero(ctx, model, STAGES[ctx.cfg.strategy], passes=ctx.layout.microbatches)
+    zero = Zero(ctx, model, STAGES[ctx.cfg.strategy], passes=ctx.layout.microbatches,
+                prefetch=ctx.cfg.zero_prefetch)
     result = train_model(ctx, model, zero, params=[u.shard for u in zero.units], state_of=zero.sharded.full_state)
     result["zero"] = zero.describe()
     return result
 
 
 STRATEGIES = [
-    Strategy(f"zero{stage}", summary, axes=("dp",), options=("bucket_mb",) if stage == 2 else (), zero=stage,
-             train=train, title=f"sharded data parallel, ZeRO-{stage}")
+    Strategy(f"zero{stage}", summary, axes=("dp",), options={2: ("bucket_mb",), 3: ("zero_prefetch",)}.get(stage, ()),
+             zero=stage, train=train, title=f"sharded data parallel, ZeRO-{stage}")
     for stage, summary in ((1, "optimizer states sharded over the data-parallel ranks"),
                            (2, "optimizer states and gradients sharded"),
-                           (3, "optimizer states, gradients and parameters sharded"))
+                           (3, "optimizer states, gradients and parameters sharded; `--zero-prefetch`"))
 ]

@@ -123,3 +123,92 @@ def speedup_timeline(runs, baseline=None, title: str | None = None):
     fig.update_xaxes(title_text="training step", row=rows, col=1)
     fig.update_layout(meta=meta)
     return style(fig, title or "throughput over training steps", 320 + 180 * (rows - 1))
+
+
+IDEAL, HERE = "#999", "#54A24B"
+RUN_COLORS = ["#7F7F7F", "#9467BD", "#D62728", "#17BECF", "#8C564B", "#BCBD22", "#E377C2"]
+
+
+def speedup_steps(runs: Mapping, baseline, predicted: Mapping | None = None, curve=None,
+                  ideal_here: Mapping | None = None, curve_label: str = "predicted", title: str | None = None):
+    """Step time and speedup over the steps of each run, and speedup against world size.
+
+    ``runs``: {world size: RunResult or Trace}; ``baseline``: the one-rank run (its median step time is
+    what every speedup divides). ``predicted``: {world size: predicted step time (s)} on the measuring
+    machine, drawn as a dashed line in the step panels. ``curve``: predicted points against world size
+    (anything :func:`scaling_points` reads), its speedups over its own smallest size. ``ideal_here``:
+    {world size: speedup} that the measuring machine allows (on CPU, the cores the ranks can use).
+    The ideal line, n devices, n times faster, is always drawn. In the step panels each run's predicted
+    step is a dashed line, its predicted speedup the predicted one-rank step over it. Step 0 pays for
+    warm-up; it is shown.
+    """
+    graph = go()
+    fig = make_subplots(rows=2, cols=2, specs=[[{}, {"rowspan": 2}], [{}, None]], shared_xaxes=False,
+                        column_widths=[0.55, 0.45], horizontal_spacing=0.1, vertical_spacing=0.14,
+                        subplot_titles=("step time, step by step", "speedup against world size",
+                                        "speedup over one rank, step by step"))
+    base = as_trace(baseline).median_step_time()
+    sizes = sorted(runs)
+    predicted = dict(predicted or {})
+    base_predicted = predicted.get(min(sizes))
+    meta: dict = {"baseline_s": base, "runs": {}}
+    for i, n in enumerate(sizes):
+        trace = as_trace(runs[n])
+        times = trace.step_times()
+        steps = list(trace.step_windows())
+        color = RUN_COLORS[i % len(RUN_COLORS)]
+        label = f"{n} rank{'s' if n > 1 else ''}"
+        speedup = [base / t if t > 0 else 0.0 for t in times]
+        fig.add_trace(graph.Scatter(x=steps, y=[t * 1e3 for t in times], mode="lines+markers", name=label,
+                                    legendgroup=label, line=dict(color=color),
+                                    hovertemplate=f"{label}, step %{{x}}: %{{y:.1f}} ms<extra></extra>"), 1, 1)
+        fig.add_trace(graph.Scatter(x=steps, y=speedup, mode="lines+markers", name=label, legendgroup=label,
+                                    showlegend=False, line=dict(color=color),
+                                    hovertemplate=f"{label}, step %{{x}}: %{{y:.2f}}x<extra></extra>"), 2, 1)
+        run_meta = {"steps": steps, "step_time_s": times, "speedup": speedup}
+        if n in predicted:
+            t = predicted[n]
+            run_meta["predicted_s"] = t
+            rows = [(1, t * 1e3, "ms")] + ([(2, base_predicted / t, "x")] if base_predicted else [])
+            for row, y, unit in rows:
+                fig.add_trace(graph.Scatter(x=[steps[0], steps[-1]], y=[y, y], mode="lines", name=f"{label}, predicted",
+                                            legendgroup=label, showlegend=False, line=dict(color=color, dash="dash"),
+                                            hovertemplate=f"{label}, predicted: %{{y:.2f}} {unit}<extra></extra>"),
+                              row, 1)
+        meta["runs"][n] = run_meta
+    if predicted:  # one legend entry says what the dashed lines are
+        fig.add_trace(graph.Scatter(x=[None], y=[None], mode="lines", name="dashed: each run as predicted",
+                                    line=dict(color="#777", dash="dash")), 1, 1)
+    medians = [base / as_trace(runs[n]).median_step_time() for n in sizes]
+    fig.add_trace(graph.Scatter(x=sizes, y=medians, mode="lines+markers", name="measured (median step)",
+                                line=dict(color=MEASURED), marker=dict(size=9),
+                                hovertemplate="measured: %{x} ranks, %{y:.2f}x<extra></extra>"), 1, 2)
+    meta["measured"] = dict(zip(sizes, medians))
+    every = set(sizes)
+    if curve is not None:
+        pts = scaling_points(curve)
+        ws, sp = [p["world_size"] for p in pts], speedups(pts)
+        every.update(ws)
+        fig.add_trace(graph.Scatter(x=ws, y=sp, mode="lines+markers", name=curve_label, line=dict(color=PREDICTED, dash="dash"),
+                                    hovertemplate=f"{curve_label}: %{{x}} ranks, %{{y:.2f}}x<extra></extra>"), 1, 2)
+        meta["predicted"] = dict(zip(ws, sp))
+    if ideal_here:
+        xs = sorted(ideal_here)
+        fig.add_trace(graph.Scatter(x=xs, y=[ideal_here[x] for x in xs], mode="lines", name="what this machine allows",
+                                    line=dict(color=HERE, dash="dot", width=3),
+                                    hovertemplate="this machine allows at most %{y:.2f}x at %{x} ranks<extra></extra>"), 1, 2)
+        meta["ideal_here"] = dict(ideal_here)
+        every.update(xs)
+    xs = sorted(every)
+    fig.add_trace(graph.Scatter(x=xs, y=[x / xs[0] for x in xs], mode="lines", name="ideal: n devices, n x",
+                                line=dict(color=IDEAL, dash="dot"), hoverinfo="skip"), 1, 2)
+    fig.update_xaxes(title_text="training step", dtick=1, row=2, col=1)
+    fig.update_xaxes(dtick=1, row=1, col=1)
+    fig.update_xaxes(title_text="world size (ranks)", type="log", dtick=0.30103, row=1, col=2)
+    fig.update_yaxes(title_text="ms per step", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="speedup (x)", rangemode="tozero", row=2, col=1)
+    ticks = [2.0**k for k in range(-6, 8)]
+    fig.update_yaxes(title_text="speedup over one rank (x)", type="log", tickvals=ticks,
+                     ticktext=[f"{t:g}" for t in ticks], row=1, col=2)
+    fig.update_layout(meta=meta)
+    return style(fig, title or "speedup: step by step, and against world size", 640)

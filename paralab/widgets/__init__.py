@@ -23,6 +23,18 @@ def comm_explorer(*args, **kwargs):
     return app(*args, **kwargs)
 
 
+def speedup_explorer(*args, **kwargs):
+    from paralab.widgets.speedup import speedup_explorer as app
+
+    return app(*args, **kwargs)
+
+
+def collectives_explorer(*args, **kwargs):
+    from paralab.widgets.collectives import collectives_explorer as app
+
+    return app(*args, **kwargs)
+
+
 def memory_explorer(*args, **kwargs):
     from paralab.widgets.explorers import memory_explorer as app
 
@@ -41,9 +53,11 @@ def elastic_monitor(*args, **kwargs):
     return app(*args, **kwargs)
 
 
-_HOMES = {pipeline_explorer: "pipeline", elastic_monitor: "elastic", levers_explorer: "levers"}
-for _f in (pipeline_explorer, scaling_explorer, comm_explorer, memory_explorer, levers_explorer, elastic_monitor):
+_HOMES = {pipeline_explorer: "pipeline", elastic_monitor: "elastic", levers_explorer: "levers",
+          speedup_explorer: "speedup", collectives_explorer: "collectives"}
+for _f in (pipeline_explorer, scaling_explorer, comm_explorer, speedup_explorer, collectives_explorer, memory_explorer,
+           levers_explorer, elastic_monitor):
     _f.__doc__ = f"Build the {_f.__name__.replace('_', ' ')} (see paralab.widgets.{_HOMES.get(_f, 'explorers')})."
 
-__all__ = ["pipeline_explorer", "scaling_explorer", "comm_explorer", "memory_explorer", "levers_explorer",
-           "elastic_monitor"]
+__all__ = ["pipeline_explorer", "scaling_explorer", "comm_explorer", "speedup_explorer", "collectives_explorer",
+           "memory_explorer", "levers_explorer", "elastic_monitor"]

@@ -26,7 +26,8 @@ def figure_widget(fig):
 
 
 def replace_figure(fw, fig) -> None:
-    """Make FigureWidget ``fw`` show ``fig``: update traces in place when they line up, else swap them.
+    """Make FigureWidget ``fw`` show ``fig``: update traces in place when they line up, else swap them
+    and the layout.
 
     In-place updates send only the changed arrays to the browser, and keep zoom and legend state.
     """
@@ -35,10 +36,11 @@ def replace_figure(fw, fig) -> None:
         if [(t.type, t.name) for t in fw.data] == [(t.type, t.name) for t in new]:
             for old, trace in zip(fw.data, new):
                 old.update(trace.to_plotly_json(), overwrite=True)
-        else:
+            fw.layout.update(fig.layout.to_plotly_json(), overwrite=True)
+        else:  # another kind of figure: its layout replaces the old one whole (subplots, axes, titles)
             fw.data = ()
+            fw.layout = fig.layout
             fw.add_traces(new)
-        fw.layout.update(fig.layout.to_plotly_json(), overwrite=True)
 
 
 def message(text: str = "", kind: str = "info") -> str:

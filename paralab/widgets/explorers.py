@@ -171,20 +171,27 @@ def collective_rows(op: str, payload: float, max_group: int, hw_name: str) -> li
     return rows
 
 
-def comm_explorer(trace=None, hardware: str = "h100"):
-    """Communication of a run (if ``trace`` is given: by op / rank matrix / intra vs inter, wire or
-    payload bytes) and a ring-collective calculator (bytes and time against group size).
+def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = None, gpus_per_node: int = 8):
+    """Communication of a run, measured beside predicted, and a ring-collective calculator.
 
-    Attributes: ``controls``, ``figure`` (the trace view, or None), ``calculator`` (FigureWidget),
-    ``message``, ``redraw()``.
+    ``run``: a RunResult (measured views and the cost model's prediction of the same run and of the
+    run grown to another size: sliders for world size, tp, pp, GPUs per node and the model; the
+    per-rank batch is kept), a Trace (measured views only) or None (the calculator alone). Views: bytes
+    by op (measured beside predicted, per rank and step), by step (measured), the rank-by-rank matrix
+    and inside against across nodes. ``world_size``: where the size slider starts (default 4x the run).
+
+    Attributes: ``controls``, ``figure`` (the run's view, or None), ``calculator`` (FigureWidget),
+    ``message``, ``sources()`` (label -> Trace drawn), ``redraw()``.
     """
     from paralab.sim import hardware as hw_mod
     from paralab.viz import comm as viz_comm
-    from paralab.viz._common import as_trace, fmt_bytes, go, make_subplots, style
+    from paralab.viz import comm_compare
+    from paralab.viz._common import as_trace
 
     w = widgets()
     controls = {
-        "view": w.ToggleButtons(options=["by op", "rank matrix", "intra vs inter"], value="by op", description="view"),
+        "view": w.ToggleButtons(options=["by op", "by step", "rank matrix", "intra vs inter"], value="by op",
+                                description="view"),
         "payload": w.Checkbox(value=False, description="payload bytes (not wire)"),
         "op": w.Dropdown(options=["all_reduce", "all_gather", "reduce_scatter"], value="all_reduce", description="op"),
         "size_mb": w.FloatLogSlider(value=100.0, base=10, min=-2, max=4, description="tensor MiB"),
@@ -192,43 +199,140 @@ def comm_explorer(trace=None, hardware: str = "h100"):
         "hardware": w.Dropdown(options=list(hw_mod.PRESETS), value=hardware, description="hardware"),
     }
     msg = w.HTML()
-    trace = as_trace(trace) if trace is not None else None
-    views = {"by op": viz_comm.comm_by_op, "rank matrix": viz_comm.comm_matrix, "intra vs inter": viz_comm.comm_link_split}
-    trace_fw = figure_widget(viz_comm.comm_by_op(trace)) if trace is not None else None
+    trace = as_trace(run) if run is not None else None
+    predictor = _RunPredictor(run.config) if getattr(run, "config", None) is not None else None
+    if predictor is not None:
+        start = world_size or min(4 * predictor.world_size, 64)
+        controls.update(
+            world_size=w.SelectionSlider(options=POW2[1:7], value=start, description="world size"),
+            tp=w.SelectionSlider(options=POW2[:5], value=predictor.parallel.tp, description="tp"),
+            pp=w.SelectionSlider(options=POW2[:5], value=predictor.parallel.pp, description="pp"),
+            gpus_per_node=w.SelectionSlider(options=POW2[:4], value=gpus_per_node, description="GPUs/node"),
+            model=w.Dropdown(options=predictor.models(), value=predictor.model_name, description="model"),
+        )
+    state: dict = {"sources": {}}
 
-    def calc_figure(c):
-        rows = collective_rows(c["op"], c["size_mb"] * 2**20, c["max_group"], c["hardware"])
-        groups = [r["group"] for r in rows]
-        fig = make_subplots(rows=1, cols=2, subplot_titles=("bytes each rank sends", "time"))
-        fig.add_trace(go().Bar(x=groups, y=[r["wire_bytes"] for r in rows], name="wire bytes per rank",
-                               customdata=[fmt_bytes(r["wire_bytes"]) for r in rows],
-                               hovertemplate="group %{x}: %{customdata}<extra></extra>"), 1, 1)
-        fig.add_trace(go().Scatter(x=groups, y=[r["intra_s"] * 1e3 for r in rows], name="inside a node (capped at node size)",
-                                   mode="lines+markers"), 1, 2)
-        fig.add_trace(go().Scatter(x=groups, y=[r["inter_s"] * 1e3 for r in rows], name="one rank per node",
-                                   mode="lines+markers"), 1, 2)
-        fig.update_xaxes(type="log", dtick=0.30103, title_text="group size")
-        fig.update_yaxes(title_text="ms", row=1, col=2)
-        return style(fig, f"ring {c['op']} of {c['size_mb']:.2f} MiB on {c['hardware']}", 360)
+    def sources(c) -> dict:
+        """The traces the view draws: the run, its prediction, the prediction at the sliders' size."""
+        out = {f"measured, {trace.meta.get('world_size') or len(trace.ranks)} ranks": trace}
+        if predictor is not None:
+            out[f"predicted, {predictor.world_size} ranks"] = predictor.same_run()
+            grown = predictor.grown(c["model"], c["world_size"], c["tp"], c["pp"], c["gpus_per_node"])
+            label = (f"predicted, {c['world_size']} ranks ({c['world_size'] // (c['tp'] * c['pp'])} dp x {c['tp']} tp"
+                     f" x {c['pp']} pp, {c['model']}, {c['gpus_per_node']}/node)")
+            out[label] = grown
+        return out
 
-    calc_fw = figure_widget(calc_figure({k: v.value for k, v in controls.items()}))
+    def view_figure(c):
+        if c["view"] == "by step":
+            return viz_comm.comm_by_op(trace, payload=c["payload"], title="measured: bytes by op and step, all ranks")
+        figure = {"by op": comm_compare.compare_by_op, "rank matrix": comm_compare.compare_matrix,
+                  "intra vs inter": comm_compare.compare_links}[c["view"]]
+        return figure(state["sources"], payload=c["payload"])
+
+    trace_fw = None
+    if trace is not None:
+        state["sources"] = sources({k: v.value for k, v in controls.items()})
+        trace_fw = figure_widget(view_figure({k: v.value for k, v in controls.items()}))
+    calc_fw = figure_widget(_collective_figure({k: v.value for k, v in controls.items()}))
 
     def redraw(*_):
         c = {k: v.value for k, v in controls.items()}
+        msg.value = ""
         try:
             if trace_fw is not None:
-                replace_figure(trace_fw, views[c["view"]](trace, payload=c["payload"]))
-            replace_figure(calc_fw, calc_figure(c))
-            msg.value = ""
-        except Exception as exc:
+                state["sources"] = sources(c)
+                replace_figure(trace_fw, view_figure(c))
+            replace_figure(calc_fw, _collective_figure(c))
+        except Exception as exc:  # a split the cost model refuses: say it, keep the figures
             msg.value = message(f"{type(exc).__name__}: {exc}", "error")
 
     for c in controls.values():
         c.observe(redraw, names="value")
     parts = []
     if trace_fw is not None:
-        parts += [w.HBox([controls["view"], controls["payload"]]), trace_fw]
-    parts += [w.HBox([controls["op"], controls["size_mb"], controls["max_group"], controls["hardware"]]), msg, calc_fw]
+        parts.append(w.HBox([controls["view"], controls["payload"]]))
+        if predictor is not None:
+            parts += [w.HBox([controls["world_size"], controls["tp"], controls["pp"]]),
+                      w.HBox([controls["gpus_per_node"], controls["model"]])]
+        parts += [msg, trace_fw]
+    parts += [w.HTML("<b>A ring collective, calculated</b>"),
+              w.HBox([controls["op"], controls["size_mb"], controls["max_group"], controls["hardware"]]), calc_fw]
+    if trace_fw is None:
+        parts.insert(-1, msg)
     app = w.VBox(parts)
-    attach(app, controls=controls, figure=trace_fw, calculator=calc_fw, message=msg, redraw=redraw)
+    attach(app, controls=controls, figure=trace_fw, calculator=calc_fw, message=msg, redraw=redraw,
+           sources=lambda: dict(state["sources"]))
     return app
+
+
+class _RunPredictor:
+    """The cost model's communication for a run's config, and for the same run on another mesh or
+    model with the per-rank batch kept (paralab.viz.comm_compare draws them)."""
+
+    def __init__(self, cfg):
+        from paralab.layout import resolve_layout
+        from paralab.sim.bridge import specs_from_run
+
+        self.cfg, self.model_name = cfg, cfg.model_name
+        self.model, self.parallel = specs_from_run(cfg)
+        layout = resolve_layout(cfg)
+        self.world_size = layout.world_size
+        self.gpus_per_node = max(layout.world_size // max(layout.nodes, 1), 1)
+
+    def models(self) -> list[str]:
+        from paralab.config import MODEL_PRESETS
+        from paralab.sim.presets import MODELS
+
+        return list(dict.fromkeys([self.model_name, *MODEL_PRESETS, *MODELS]))
+
+    def model_spec(self, name: str):
+        from paralab.config import MODEL_PRESETS
+        from paralab.sim.presets import get_model, lab_model
+
+        if name == self.model_name:
+            return self.model
+        spec = lab_model(MODEL_PRESETS[name], name) if name in MODEL_PRESETS else get_model(name)
+        return spec.replace(dtype=self.model.dtype)
+
+    def same_run(self):
+        from paralab.viz.comm_compare import predicted_comm_trace
+
+        return predicted_comm_trace(self.model, self.parallel, self.gpus_per_node)
+
+    def grown(self, model_name: str, world_size: int, tp: int, pp: int, gpus_per_node: int):
+        from paralab.sim.specs import SpecError
+        from paralab.viz.comm_compare import predicted_comm_trace
+
+        if world_size % (tp * pp):
+            raise SpecError(f"world size {world_size} is not a multiple of tp x pp = {tp * pp}")
+        p = self.parallel.resolved()
+        dp = world_size // (tp * pp)
+        spec = p.replace(dp=dp, tp=tp, pp=pp, global_batch=0, ep=p.ep if dp % p.ep == 0 else 1,
+                         sequence_parallel=p.sequence_parallel and tp > 1,
+                         microbatches=p.microbatches if pp == p.pp else max(p.microbatches, 2 * pp) if pp > 1 else 1)
+        model = self.model_spec(model_name)
+        problems = spec.problems(model)
+        if problems:
+            raise SpecError("; ".join(problems))
+        return predicted_comm_trace(model, spec, gpus_per_node)
+
+
+def _collective_figure(c):
+    """Bytes each rank sends and predicted time of one ring collective against the group size."""
+    from paralab.viz._common import fmt_bytes, go, make_subplots, style
+
+    rows = collective_rows(c["op"], c["size_mb"] * 2**20, c["max_group"], c["hardware"])
+    groups = [r["group"] for r in rows]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("bytes each rank sends", "time"))
+    fig.add_trace(go().Bar(x=groups, y=[r["wire_bytes"] for r in rows], name="wire bytes per rank",
+                           customdata=[fmt_bytes(r["wire_bytes"]) for r in rows],
+                           hovertemplate="group %{x}: %{customdata}<extra></extra>"), 1, 1)
+    fig.add_trace(go().Scatter(x=groups, y=[r["intra_s"] * 1e3 for r in rows], name="inside a node (capped at node size)",
+                               mode="lines+markers"), 1, 2)
+    fig.add_trace(go().Scatter(x=groups, y=[r["inter_s"] * 1e3 for r in rows], name="one rank per node",
+                               mode="lines+markers"), 1, 2)
+    fig.update_xaxes(type="category", title_text="group size", row=1, col=1)
+    fig.update_xaxes(type="log", dtick=0.30103, title_text="group size", row=1, col=2)
+    fig.update_yaxes(title_text="ms", row=1, col=2)
+    return style(fig, f"ring {c['op']} of {c['size_mb']:.2f} MiB on {c['hardware']}", 360)

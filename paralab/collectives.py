@@ -1,0 +1,87 @@
+"""Collectives by the alpha-beta model: ring against tree, and the two bandwidths NCCL's tests report.
+
+A message of w bytes over a link of latency alpha and bandwidth B takes alpha + w / B (Hockney's
+model; Thakur, Rabenseifner and Gropp 2005 for the collectives). An all-reduce of S bytes over n ranks:
+
+- **ring** (Patarasuk and Yuan 2009): a reduce-scatter, then an all-gather, round a ring; 2(n-1)
+  steps, each rank sending 2(n-1)/n S in all. Bandwidth-optimal, latency linear in n. paralab's cost
+  model prices it (``paralab.sim.cost.collective_time``) and ``paralab.wire`` counts its bytes.
+- **tree**: NCCL's double binary tree (Sanders, Speck and Traff 2009): reduce up a binary tree, then
+  broadcast down it, pipelined in small chunks, over two complementary trees that each carry half of
+  the tensor, so every rank is a leaf in one and an inner node in the other and sends about S up and
+  S down: 2 log2(n) latencies, about 2S / B of transfer. Latency logarithmic in n, bandwidth a little
+  below the ring's at small n and equal to it at large n — so trees win small messages on many
+  ranks, rings large messages (NCCL picks per size).
+
+nccl-tests reports two bandwidths per measurement: **algorithm bandwidth** S / t (what the caller
+sees) and **bus bandwidth**, the bytes each rank put on the wire over t (the ring's 2(n-1)/n S for an
+all-reduce, (n-1)/n S for a reduce-scatter or all-gather): comparable across ops and group sizes,
+and at its best equal to the link's bandwidth.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from paralab.wire import ring_wire_bytes
+
+
+def ring_steps(op: str, group: int) -> int:
+    """Messages each rank sends in a ring ``op``: 2(n-1) for an all-reduce, n-1 for its halves."""
+    return 2 * (group - 1) if op == "all_reduce" else group - 1
+
+
+def ring_time(op: str, payload: float, group: int, alpha: float, bandwidth: float) -> float:
+    """Seconds of a ring ``op`` of ``payload`` bytes among ``group`` ranks: steps x alpha + wire / B."""
+    if group <= 1:
+        return 0.0
+    return ring_steps(op, group) * alpha + ring_wire_bytes(op, payload, group) / bandwidth
+
+
+def tree_time(payload: float, group: int, alpha: float, bandwidth: float) -> float:
+    """Seconds of a pipelined double-binary-tree all-reduce (module docstring): 2 log2(n) alpha + 2S / B."""
+    if group <= 1:
+        return 0.0
+    return 2 * math.ceil(math.log2(group)) * alpha + 2 * payload / bandwidth
+
+
+def algorithm_bandwidth(payload: float, seconds: float) -> float:
+    """nccl-tests' algbw: the tensor's bytes over the time."""
+    return payload / seconds
+
+
+def bus_bandwidth(op: str, payload: float, group: int, seconds: float) -> float:
+    """nccl-tests' busbw: the bytes each rank put on the wire (ring accounting) over the time."""
+    return ring_wire_bytes(op, payload, group) / seconds
+
+
+def fit_alpha_beta(points: list[tuple[float, float]], op: str, group: int) -> tuple[float, float]:
+    """(alpha, bandwidth) of the ring model that fits measured (payload bytes, seconds) points best,
+    by least squares of t = steps x alpha + wire bytes / bandwidth."""
+    if len({p for p, _ in points}) < 2:
+        raise ValueError("fitting alpha and beta needs at least two different sizes")
+    steps = ring_steps(op, group)
+    xs = [ring_wire_bytes(op, p, group) for p, _ in points]
+    ys = [t for _, t in points]
+    slope, intercept = statistics.linear_regression(xs, ys)
+    return max(intercept, 0.0) / steps, 1 / slope if slope > 0 else math.inf
+
+
+def traced_points(trace, op: str) -> dict[int, list[tuple[int, float]]]:
+    """Group size -> (payload bytes, seconds) of every ``op`` span a trace holds, in steps after the
+    first (the first pays for warm-up), each span's time as the caller saw it."""
+    first = min((s.step for s in trace.spans if s.step is not None), default=0)
+    out: dict[int, list[tuple[int, float]]] = {}
+    for s in trace.select(kind=op):
+        if s.step is not None and s.step > first and s.payload_bytes:
+            out.setdefault(s.group_size, []).append((s.payload_bytes, s.end - s.start))
+    return out
+
+
+def median_by_size(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The median time of each payload size, by size."""
+    sizes: dict[int, list[float]] = {}
+    for payload, seconds in points:
+        sizes.setdefault(payload, []).append(seconds)
+    return [(p, statistics.median(ts)) for p, ts in sorted(sizes.items())]

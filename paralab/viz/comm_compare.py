@@ -1,0 +1,167 @@
+"""Communication measured beside predicted: bytes by op, rank by rank, and inside against across nodes,
+for a run's trace and for the cost model's count of the same run, or of the run grown to another size.
+
+The prediction is a Trace too (one trace type): :func:`predicted_comm_trace` lays the collectives the
+cost model counts for one GPU (``paralab.sim.counting.comm_payloads``: family, op, payload, group size,
+count per step) on every rank of the mesh, each on its own group (tp innermost, then dp, then pp, as
+``paralab.layout`` lays ranks out), inter-node when the rank's ring successor (its peer, for a send)
+sits on another node of ``gpus_per_node`` ranks, the rule paralab.comm applies to measured spans. So
+one figure draws both, with the same conventions as :mod:`paralab.viz.comm`.
+
+Units: bytes per rank and per step (wire bytes unless ``payload=True``), so a two-rank run and a
+64-rank prediction share one axis. The cost model counts what a transformer block, the pipeline and
+the gradient reduction move; what a real run adds around them (the embedding's and the loss's
+collectives under tensor parallel, for example) shows as the difference between the two bars.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from paralab.comm import ring_next
+from paralab.layout import mesh_layout
+from paralab.trace import COMM, Span, Trace
+from paralab.viz._common import as_trace, byte_scale, fmt_bytes, go, make_subplots, style
+from paralab.viz.comm import LINKS, comm_matrix_data
+
+FAMILY_AXIS = {"tp": "tp", "dp": "dp", "zero": "dp"}  # the cost model's collective families on the mesh
+
+
+def predicted_comm_trace(model, parallel, gpus_per_node: int = 8) -> Trace:
+    """One predicted step of communication: a comm span per rank and collective the cost model
+    counts, on the rank's group of the mesh (see the module docstring). ``model``, ``parallel``: the
+    simulator's ModelSpec and ParallelSpec (``paralab.sim.bridge.specs_from_run`` makes them from a
+    run's config)."""
+    from paralab.sim.counting import comm_payloads, ring_wire_bytes
+
+    p = parallel.resolved()
+    layout = mesh_layout(dp=p.dp, tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep if p.dp % p.ep == 0 else 1)
+    world = layout.world_size
+
+    def node(rank: int) -> int:
+        return rank // max(gpus_per_node, 1)
+
+    spans = []
+    for family, op, payload, size, count in comm_payloads(model, p):
+        if family == "pp":  # per rank: one activation forward to the next stage and one gradient back
+            for line in layout.groups("pp"):
+                for at, rank in enumerate(line):
+                    for peer in line[at + 1 : at + 2] + line[max(at - 1, 0) : at]:
+                        spans.append(Span(rank, COMM, op, 0.0, 0.0, name=f"{family} {op}", step=0,
+                                          bytes=int(count / 2 * ring_wire_bytes(op, payload, 2)),
+                                          payload_bytes=int(count / 2 * payload), group_size=2, peer=peer,
+                                          inter_node=node(peer) != node(rank)))
+            continue
+        for group in _groups(layout, family, size):
+            for rank in group:
+                spans.append(Span(rank, COMM, op, 0.0, 0.0, name=f"{family} {op}", step=0,
+                                  bytes=int(count * ring_wire_bytes(op, payload, size)),
+                                  payload_bytes=int(count * payload), group_size=size,
+                                  group_ranks=group if len(group) < world else None,
+                                  inter_node=node(ring_next(rank, group)) != node(rank)))
+    meta = {"source": "predicted", "world_size": world, "dp": p.dp, "tp": p.tp, "pp": p.pp,
+            "model": getattr(model, "name", ""), "gpus_per_node": gpus_per_node}
+    return Trace(spans=spans, meta=meta)
+
+
+def _groups(layout, family: str, size: int) -> list[list[int]]:
+    """The groups a family's collectives run on: its mesh axis's, or for a mixture of experts the
+    expert groups (all-to-all) and the expert-data groups (the experts' own gradient reduction)."""
+    if family == "ep":
+        return layout.expert_groups()
+    groups = layout.groups(FAMILY_AXIS.get(family, "dp"))
+    return groups if len(groups[0]) == size else layout.expert_data_groups()
+
+
+def _steps(trace: Trace) -> list[int]:
+    return sorted({s.step for s in trace.select(lane=COMM) if s.step is not None}) or [0]
+
+
+def _ranks(trace: Trace) -> int:
+    return max(int(trace.meta.get("world_size") or 0), max(trace.ranks, default=-1) + 1, 1)
+
+
+def per_rank_step(trace, payload: bool = False) -> dict[str, float]:
+    """op -> bytes per rank and per step (the mean over ranks and the steps that communicated)."""
+    trace = as_trace(trace)
+    out: dict[str, int] = defaultdict(int)
+    for s in trace.select(lane=COMM):
+        if s.step is not None:
+            out[s.kind] += s.payload_bytes if payload else s.bytes
+    return {op: total / (_ranks(trace) * len(_steps(trace))) for op, total in sorted(out.items())}
+
+
+def links_per_rank_step(trace, payload: bool = False) -> dict[str, float]:
+    """{"intra_node": bytes, "inter_node": bytes} per rank and per step."""
+    trace = as_trace(trace)
+    out = {"intra_node": 0, "inter_node": 0}
+    for s in trace.select(lane=COMM):
+        if s.step is not None:
+            out["inter_node" if s.inter_node else "intra_node"] += s.payload_bytes if payload else s.bytes
+    return {link: total / (_ranks(trace) * len(_steps(trace))) for link, total in out.items()}
+
+
+def compare_by_op(sources: dict, payload: bool = False, title: str | None = None):
+    """Grouped bars, one group per op and one bar per source ({label: Trace or RunResult})."""
+    graph = go()
+    data = {label: per_rank_step(t, payload) for label, t in sources.items()}
+    ops = sorted({op for per in data.values() for op in per})
+    scale, unit = byte_scale(max((v for per in data.values() for v in per.values()), default=0))
+    fig = graph.Figure()
+    for i, (label, per) in enumerate(data.items()):
+        values = [per.get(op, 0.0) for op in ops]
+        fig.add_trace(graph.Bar(
+            x=ops, y=[v / scale for v in values], name=label, marker_color=_source_color(i), marker_pattern_shape="/" if i else "",
+            customdata=[fmt_bytes(v) for v in values],
+            hovertemplate=f"{label}<br>%{{x}}: %{{customdata}} per rank and step<extra></extra>",
+        ))
+    kind = "payload" if payload else "wire"
+    fig.update_layout(barmode="group", meta={"bytes": data, "unit": unit})
+    fig.update_yaxes(title_text=f"{kind} {unit} per rank and step")
+    return style(fig, title or f"communication by op: measured beside predicted ({kind} bytes)", 380)
+
+
+def compare_matrix(sources: dict, payload: bool = False, title: str | None = None):
+    """One rank-by-rank heatmap per source (row = sender, column = receiver), bytes per step."""
+    graph = go()
+    fig = make_subplots(rows=1, cols=len(sources), subplot_titles=list(sources), horizontal_spacing=0.08)
+    meta = {}
+    for i, (label, t) in enumerate(sources.items(), 1):
+        trace = as_trace(t)
+        steps = len(_steps(trace))
+        matrix = [[v / steps for v in row] for row in comm_matrix_data(trace, payload)]
+        labels = [f"r{r}" for r in range(len(matrix))]
+        text = [[fmt_bytes(v) if v else "" for v in row] for row in matrix]
+        fig.add_trace(graph.Heatmap(
+            z=matrix, x=labels, y=labels, colorscale="Blues", text=text, showscale=False, name=label,
+            texttemplate="%{text}" if len(matrix) <= 8 else None,
+            hovertemplate=f"{label}<br>r%{{y}} → %{{x}}: %{{text}} per step<extra></extra>",
+        ), 1, i)
+        fig.update_yaxes(autorange="reversed", row=1, col=i, title_text="from rank" if i == 1 else None)
+        fig.update_xaxes(title_text="to rank", row=1, col=i)
+        meta[label] = {"ranks": len(matrix), "bytes_per_step": sum(map(sum, matrix))}
+    fig.update_layout(meta=meta)
+    size = max(m["ranks"] for m in meta.values()) if meta else 1
+    return style(fig, title or "bytes per step, rank by rank: measured beside predicted", max(380, 120 + 14 * size))
+
+
+def compare_links(sources: dict, payload: bool = False, title: str | None = None):
+    """Per source, the bytes each rank sends per step inside its node and across nodes (stacked)."""
+    graph = go()
+    data = {label: links_per_rank_step(t, payload) for label, t in sources.items()}
+    scale, unit = byte_scale(max((sum(per.values()) for per in data.values()), default=0))
+    fig = graph.Figure()
+    for link, name, color in LINKS:
+        values = [per[link] for per in data.values()]
+        fig.add_trace(graph.Bar(
+            x=list(data), y=[v / scale for v in values], name=name, marker_color=color,
+            customdata=[fmt_bytes(v) for v in values],
+            hovertemplate=f"%{{x}}<br>{name}: %{{customdata}} per rank and step<extra></extra>",
+        ))
+    fig.update_layout(barmode="stack", meta={"bytes": data, "unit": unit})
+    fig.update_yaxes(title_text=f"{'payload' if payload else 'wire'} {unit} per rank and step")
+    return style(fig, title or "inside a node against across nodes: measured beside predicted", 360)
+
+
+def _source_color(i: int) -> str:
+    return ("#4C78A8", "#F58518", "#54A24B", "#B279A2")[i % 4]

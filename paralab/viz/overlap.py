@@ -1,0 +1,27 @@
+"""The overlap lesson's figure (notebook 14): how much of a step's communication can hide behind its
+compute, against the tokens each GPU computes per step."""
+
+from __future__ import annotations
+
+from paralab.viz._common import go, style
+
+COLORS = ["#4C78A8", "#F58518", "#54A24B", "#B279A2"]
+
+
+def hiding(curves: dict, tokens: list[float], thresholds: dict | None = None, title: str | None = None):
+    """``curves`` {label: [compute over communication time at each of ``tokens``]}: the share of the
+    communication that can hide, min(1, ratio), against tokens per GPU per step; ``thresholds``
+    {label: tokens} where each curve reaches 1, marked."""
+    graph = go()
+    fig = graph.Figure()
+    for i, (label, ratios) in enumerate(curves.items()):
+        fig.add_trace(graph.Scatter(x=tokens, y=[min(1.0, r) for r in ratios], mode="lines", name=label,
+                                    line=dict(color=COLORS[i % len(COLORS)], width=3),
+                                    hovertemplate=f"{label}: %{{x:,.0f}} tokens per GPU, %{{y:.0%}} can hide<extra></extra>"))
+        if thresholds and label in thresholds:
+            fig.add_vline(x=thresholds[label], line_dash="dot", line_color=COLORS[i % len(COLORS)],
+                          annotation_text=f"{thresholds[label]:,.0f}", annotation_position="top")
+    fig.update_xaxes(type="log", title_text="tokens each GPU computes per step")
+    fig.update_yaxes(title_text="share of the communication that can hide", tickformat=".0%", range=[0, 1.05])
+    fig.update_layout(meta={"curves": curves, "tokens": tokens, "thresholds": thresholds or {}})
+    return style(fig, title or "when communication can hide behind compute", 380)

@@ -1,0 +1,73 @@
+"""The alpha-beta model of the collectives lesson (paralab.collectives) and its explorer."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from paralab import collectives
+from paralab.sim import cost
+from paralab.sim.hardware import get_hardware
+from paralab.trace import Span, Trace
+from paralab.wire import ring_wire_bytes
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter"])
+@pytest.mark.parametrize("group", [2, 4, 8])
+def test_the_ring_is_the_cost_models_ring(op, group):
+    """One ring: the lesson's formula is the cost model's, inside an H100 node."""
+    h100 = get_hardware("h100")
+    for payload in (4.0, 2.0**20, 2.0**30):
+        assert collectives.ring_time(op, payload, group, h100.intra_latency, h100.intra_bw) == pytest.approx(
+            cost.collective_time(h100, op, payload, group, 1), rel=1e-12)
+
+
+def test_tree_against_ring_crosses_where_the_algebra_says():
+    """2(n-1) a + 2(n-1)/n S/B = 2 log2(n) a + 2S/B at S* = a B (n - 1 - log2 n) n."""
+    alpha, bandwidth, n = 10e-6, 45e9, 8
+    crossing = alpha * bandwidth * (n - 1 - math.log2(n)) * n
+    for payload, ring_faster in ((crossing / 2, False), (crossing * 2, True)):
+        ring = collectives.ring_time("all_reduce", payload, n, alpha, bandwidth)
+        assert (ring < collectives.tree_time(payload, n, alpha, bandwidth)) == ring_faster
+    assert collectives.ring_time("all_reduce", crossing, n, alpha, bandwidth) == pytest.approx(
+        collectives.tree_time(crossing, n, alpha, bandwidth))
+    assert collectives.tree_time(1.0, 1, alpha, bandwidth) == collectives.ring_time("all_reduce", 1.0, 1, alpha, bandwidth) == 0
+
+
+def test_bandwidths_as_nccl_tests_report_them():
+    assert collectives.algorithm_bandwidth(2**20, 1e-3) == 2**20 / 1e-3
+    assert collectives.bus_bandwidth("all_reduce", 2**20, 4, 1e-3) == 1.5 * 2**20 / 1e-3
+    assert collectives.bus_bandwidth("all_gather", 2**20, 4, 1e-3) == ring_wire_bytes("all_gather", 2**20, 4) / 1e-3
+    # a ring at link speed: busbw tends to the link's bandwidth, whatever the group
+    for n in (2, 8, 64):
+        t = collectives.ring_time("all_reduce", 2.0**34, n, 1e-6, 1e9)
+        assert collectives.bus_bandwidth("all_reduce", 2.0**34, n, t) == pytest.approx(1e9, rel=1e-3)
+
+
+def test_the_fit_recovers_alpha_and_beta():
+    points = [(s, collectives.ring_time("all_reduce", s, 4, 2e-4, 3e9)) for s in (4.0, 2.0**12, 2.0**20, 2.0**25)]
+    alpha, bandwidth = collectives.fit_alpha_beta(points, "all_reduce", 4)
+    assert alpha == pytest.approx(2e-4, rel=1e-9) and bandwidth == pytest.approx(3e9, rel=1e-9)
+    with pytest.raises(ValueError, match="two different sizes"):
+        collectives.fit_alpha_beta([(4.0, 1e-3), (4.0, 2e-3)], "all_reduce", 4)
+
+
+def test_traced_points_leave_out_the_warm_up_step():
+    spans = [Span(0, "comm", "all_reduce", t, t + d, step=step, payload_bytes=p, group_size=2)
+             for step, (t, d, p) in enumerate([(0.0, 9.0, 100), (10.0, 1.0, 100), (20.0, 3.0, 100), (30.0, 2.0, 400)])]
+    points = collectives.traced_points(Trace(spans=spans), "all_reduce")
+    assert points == {2: [(100, 1.0), (100, 3.0), (400, 2.0)]}
+    assert collectives.median_by_size(points[2]) == [(100, 2.0), (400, 2.0)]
+
+
+def test_the_collectives_explorer_says_where_the_tree_wins():
+    pytest.importorskip("ipywidgets")
+    from paralab import widgets
+
+    app = widgets.collectives_explorer(size_mb=1 / 64, link="h100 InfiniBand")
+    assert "from 4 ranks" in app.message.value
+    ring = app.figure.layout.meta["h100 InfiniBand, ring"]
+    app.controls["size_mb"].value = 512
+    assert app.figure.layout.meta["h100 InfiniBand, ring"][0] > ring[0]  # a bigger message takes longer
+    assert "from 4 ranks" not in app.message.value
