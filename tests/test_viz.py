@@ -272,3 +272,16 @@ def test_a_real_runs_calls_wait_for_peers_that_entered_before_they_left(hybrid, 
     waits = next(t for t in fig.data if t.name == "waiting for peers")
     shown = [a for a in matched if a.span.step == 1 and a.wait_s > 0]
     assert len(waits.x) == len(shown) and sorted(waits.x) == pytest.approx(sorted(a.wait_s * 1e3 for a in shown))
+
+
+def test_activation_growth_draws_both_kernels_whatever_the_preset_trains_with():
+    """The scores line is standard attention and the flash line a fused kernel, even for a preset that
+    trained with flash attention (llama3-8b): quadratic against linear, and cp N keeps 1/N of flash."""
+    from paralab.sim.presets import get_model
+
+    model = get_model("llama3-8b")
+    assert model.attention == "fused"
+    lines = viz.activation_growth(model, [4096, 8192], cps=(4,)).layout.meta["bytes"]
+    kept, flash = lines["whole sequence, scores kept"], lines["whole sequence, no scores (flash)"]
+    assert flash[1] == pytest.approx(2 * flash[0]) and kept[1] > 2 * kept[0] and kept[0] > flash[0]
+    assert lines["cp 4 (ring)"] == pytest.approx([f / 4 for f in flash])

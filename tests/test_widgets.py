@@ -123,9 +123,12 @@ def test_memory_explorer_redraws():
     app = widgets.memory_explorer(model="gpt3-1.3b", dp=8)
     totals = list(app.figure.layout.meta["totals"])
     assert len(totals) == 4 and totals[0] > totals[1] > totals[2] > totals[3]  # ZeRO 0..3
-    app.controls["pp"].value = 4  # ZeRO-2/3 do not combine with pp
-    assert app.figure.layout.meta["bars"] == 2
-    assert list(app.figure.data[0].x) == ["no ZeRO", "ZeRO-1"]
+    app.controls["pp"].value = 4  # every ZeRO stage beside a pipeline (as DeepSpeed and FSDP run them)
+    assert list(app.figure.data[0].x) == ["no ZeRO", "ZeRO-1", "ZeRO-2", "ZeRO-3"]
+    staged = list(app.figure.layout.meta["totals"])
+    assert staged[0] > staged[1] > staged[2] > staged[3] and staged[0] < totals[0]  # a quarter of the layers each
+    app.controls["pp"].value = 64  # gpt3-1.3b has 24 layers: refused, said, the last figure kept
+    assert "layers" in app.message.value and list(app.figure.layout.meta["totals"]) == staged
 
 
 def test_comm_explorer_views_and_calculator():

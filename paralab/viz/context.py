@@ -49,12 +49,12 @@ def activation_growth(model, seqs: list[int], cps: tuple[int, ...] = (2, 4, 8), 
 
     graph = go()
 
-    def per_layer(seq: int, recompute: str) -> float:
-        return counting.activation_bytes_per_layer(model.replace(seq=seq), micro_batch, recompute=recompute)
+    def per_layer(seq: int, attention: str) -> float:  # no recomputation: what the kernel itself keeps
+        return counting.activation_bytes_per_layer(model.replace(seq=seq, attention=attention), micro_batch)
 
-    lines = {"whole sequence, scores kept": [per_layer(s, "none") for s in seqs],
-             "whole sequence, no scores (flash)": [per_layer(s, "selective") for s in seqs]}
-    lines.update({f"cp {cp} (ring)": [per_layer(s // cp, "selective") for s in seqs] for cp in cps})
+    lines = {"whole sequence, scores kept": [per_layer(s, "standard") for s in seqs],
+             "whole sequence, no scores (flash)": [per_layer(s, "fused") for s in seqs]}
+    lines.update({f"cp {cp} (ring)": [per_layer(s // cp, "fused") for s in seqs] for cp in cps})
     fig = graph.Figure()
     for i, (name, values) in enumerate(lines.items()):
         fig.add_trace(graph.Scatter(
