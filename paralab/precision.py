@@ -119,7 +119,7 @@ class MasterWeights:
             if self.recorder is not None:  # a mark on the event lane, where the timeline shows it
                 with self.recorder.span("overflow", lane=EVENT,
                                         name=f"fp16 overflow: step skipped, loss scale "
-                                        f"{scale:g} -> {self.scaler.value:g}"):
+                                             f"{scale:g} -> {self.scaler.value:g}"):
                     pass
         else:
             self.inner.step()
