@@ -23,7 +23,8 @@ LAB_ARGS ?=
 lab: $(STAMP)
 	JUPYTER_CONFIG_PATH="$(CURDIR)/lab$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" $(BIN)/jupyter lab $(LAB_ARGS)
 
-test: $(STAMP)
+# Lint first (ruff, lines of 110 characters at most), so that a long line fails CI too.
+test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Every strategy on the visible GPUs (bf16, recomputation on) and the CUDA tests; says so and exits 0
@@ -42,7 +43,7 @@ book: $(STAMP)
 	$(BIN)/python book/build.py $(BOOK_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check paralab tests benchmarks book
+	$(BIN)/ruff check paralab tests benchmarks book docs
 
 clean:
 	rm -rf $(VENV) .pytest_cache book/_build

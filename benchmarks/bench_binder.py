@@ -43,7 +43,8 @@ import sys, nbformat
 from nbclient import NotebookClient
 path = sys.argv[1]
 nb = nbformat.read(path, as_version=4)
-NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(__import__('pathlib').Path(path).parent)}}).execute()
+NotebookClient(nb, timeout=600, kernel_name="python3",
+               resources={"metadata": {"path": str(__import__('pathlib').Path(path).parent)}}).execute()
 """
 
 
@@ -54,7 +55,8 @@ def run(cmd: list[str], env: dict, cwd: Path) -> None:
 
 def copy_repository(dest: Path) -> Path:
     """The files git tracks, as they are in the working tree (what a clone of this state would hold)."""
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True, capture_output=True).stdout.split(b"\0")
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True,
+                           capture_output=True).stdout.split(b"\0")
     for name in filter(None, files):
         source = ROOT / name.decode()
         if source.is_file():
@@ -67,8 +69,9 @@ def copy_repository(dest: Path) -> Path:
 def private_env(home: Path, venv: Path) -> dict:
     """A HOME and Jupyter directories of its own, and the environment's bin first on PATH."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "VIRTUAL_ENV", "PYTHON"))}
-    for var, sub in (("HOME", "home"), ("JUPYTER_CONFIG_DIR", "jupyter-config"), ("JUPYTER_DATA_DIR", "jupyter-data"),
-                     ("JUPYTER_RUNTIME_DIR", "jupyter-runtime"), ("JUPYTERLAB_WORKSPACES_DIR", "workspaces"),
+    for var, sub in (("HOME", "home"), ("JUPYTER_CONFIG_DIR", "jupyter-config"),
+                     ("JUPYTER_DATA_DIR", "jupyter-data"), ("JUPYTER_RUNTIME_DIR", "jupyter-runtime"),
+                     ("JUPYTERLAB_WORKSPACES_DIR", "workspaces"),
                      ("JUPYTERLAB_SETTINGS_DIR", "lab-settings")):
         (home / sub).mkdir(parents=True, exist_ok=True)
         env[var] = str(home / sub)
@@ -82,7 +85,8 @@ def build(repo: Path, venv: Path, env: dict) -> float:
     wanted = (repo / "binder" / "runtime.txt").read_text().strip().removeprefix("python-")
     have = f"{sys.version_info.major}.{sys.version_info.minor}"
     if wanted != have:
-        raise SystemExit(f"binder/runtime.txt asks for Python {wanted}; run this script with Python {wanted} (this is {have})")
+        raise SystemExit(f"binder/runtime.txt asks for Python {wanted}; run this script with Python {wanted} "
+                         f"(this is {have})")
     start = time.perf_counter()
     run([sys.executable, "-m", "venv", str(venv)], env, repo)
     run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-cache-dir", "--quiet", "-r",
@@ -135,7 +139,8 @@ def run_notebook(path: Path, venv: Path, env: dict, core: int) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| notebook | seconds on one core | peak memory (GiB, PSS of all its processes) | within 2 min and 2 GB |",
+    lines = ["| notebook | seconds on one core | peak memory (GiB, PSS of all its processes) "
+             "| within 2 min and 2 GB |",
              "|---|---:|---:|---|"]
     for r in rows:
         fits = r["ok"] and r["seconds"] <= LIMITS["seconds"] and r["peak_bytes"] <= LIMITS["bytes"]
@@ -148,7 +153,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", help="the environment's directory: built there if missing, kept after")
     parser.add_argument("--only", nargs="*", help="notebook names (stems) to run; default: all")
-    parser.add_argument("--repeats", type=int, default=1, help="runs of each notebook (the largest peak is kept)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of each notebook (the largest peak is kept)")
     parser.add_argument("--core", type=int, default=0, help="the CPU the notebooks run on")
     parser.add_argument("--json", help="write the rows here too")
     args = parser.parse_args()

@@ -22,8 +22,8 @@ from paralab.bench import add_benchmark_args
 
 def recovery(args) -> None:
     res = elastic.run(nodes=args.nodes, min_nodes=args.nodes - 1, max_nodes=args.nodes, steps=args.steps,
-                      model=args.model, global_batch=args.global_batch, checkpoint_every=args.checkpoint_every,
-                      fault={"rank": 1, "step": args.fail_step})
+                      model=args.model, global_batch=args.global_batch,
+                      checkpoint_every=args.checkpoint_every, fault={"rank": 1, "step": args.fail_step})
     (t,) = res.transitions
     print(f"\n### recovery: {args.nodes} nodes -> {t['world_size']}, SIGKILL at step {args.fail_step}, "
           f"checkpoint every {args.checkpoint_every} steps\n")
@@ -35,8 +35,8 @@ def recovery(args) -> None:
 
 def balancing(args) -> None:
     print(f"\n### balancing: 2 nodes, rank 1 slowed, model {args.model}, global batch {args.global_batch}\n")
-    print("| slow factor | even split step (ms) | balanced step (ms) | gain (even / balanced) | ideal (1+F)/2 |"
-          " slow rank's share |")
+    print("| slow factor | even split step (ms) | balanced step (ms) | gain (even / balanced) "
+          "| ideal (1+F)/2 | slow rank's share |")
     print("|---:|---:|---:|---:|---:|---:|")
     common = dict(nodes=2, min_nodes=2, max_nodes=2, steps=args.steps, model=args.model,
                   global_batch=args.global_batch, micro_batch=args.micro_batch, trace=False)
@@ -49,7 +49,8 @@ def balancing(args) -> None:
             balanced.append(summary["step_time_s"])
             share = summary["samples_per_rank"][-1][1] / args.global_batch
         e, b = statistics.median(even), statistics.median(balanced)
-        print(f"| {factor:g} | {e * 1e3:.1f} | {b * 1e3:.1f} | {e / b:.2f}x | {(1 + factor) / 2:.2f}x | {share:.0%} |")
+        print(f"| {factor:g} | {e * 1e3:.1f} | {b * 1e3:.1f} | {e / b:.2f}x | {(1 + factor) / 2:.2f}x | "
+              f"{share:.0%} |")
 
 
 def main() -> None:

@@ -25,7 +25,8 @@ def main() -> None:
     world = args.dp * args.tp
     common = dict(world_size=world, dp=args.dp, tp=args.tp, steps=args.steps, model=args.model,
                   global_batch=args.global_batch)
-    variants = [Variant.of("torch_hybrid", strategy="torch_hybrid"), Variant.of("paralab hybrid", strategy="hybrid")]
+    variants = [Variant.of("torch_hybrid", strategy="torch_hybrid"),
+                Variant.of("paralab hybrid", strategy="hybrid")]
     result = compare(variants, args.rounds, common)
     print(f"### hybrid {args.dp}x{args.tp}x1, model {args.model}, global batch {args.global_batch}\n")
     print(mesh_layout(dp=args.dp, tp=args.tp).text() + "\n")

@@ -31,8 +31,9 @@ def memory_table(result, common: dict) -> str:
         options = {k: val for k, val in {**common, **v.options}.items() if k not in ("model",)}
         predicted = predict_memory(RunConfig.build(common["model"], **options))
         states = [sum(d[k] for k in ("params", "grads", "optimizer")) for d in (measured, predicted)]
-        rows.append(f"| {v.label} | {measured['activations'] / 2**20:.1f} | {predicted['activations'] / 2**20:.1f} | "
-                    f"{states[0] / 2**20:.1f} | {states[1] / 2**20:.1f} |")
+        rows.append(f"| {v.label} | {measured['activations'] / 2**20:.1f} | "
+                    f"{predicted['activations'] / 2**20:.1f} | {states[0] / 2**20:.1f} | "
+                    f"{states[1] / 2**20:.1f} |")
     return "\n".join(rows)
 
 

@@ -44,11 +44,13 @@ def dropless_against_capacity(args) -> list[str]:
               "capacity 1.25": dataclasses.replace(base, capacity_factor=1.25)}
     common = dict(strategy="ep", world_size=2, steps=args.steps, global_batch=args.global_batch)
     result = compare([Variant.of(label, model=model) for label, model in models.items()], args.rounds, common)
-    rows = ["| ep 2 | median step (ms) | ratio to dropless | dropped assignments per step |", "|---|---|---|---|"]
+    rows = ["| ep 2 | median step (ms) | ratio to dropless | dropped assignments per step |",
+            "|---|---|---|---|"]
     for label, model in models.items():
         run_dropped = _dropped(args, model)
-        rows.append(f"| {label} | {result.median(label) * 1e3:.1f} | {result.ratio(label, 'dropless'):.2f}x | "
-                    f"{run_dropped:.0f} of {args.global_batch * model.seq_len * model.top_k * model.layers} |")
+        rows.append(f"| {label} | {result.median(label) * 1e3:.1f} | "
+                    f"{result.ratio(label, 'dropless'):.2f}x | {run_dropped:.0f} of "
+                    f"{args.global_batch * model.seq_len * model.top_k * model.layers} |")
     return rows
 
 
@@ -61,8 +63,8 @@ def _dropped(args, model) -> float:
 
 
 def schedules(args) -> list[str]:
-    common = dict(strategy="pp", world_size=args.pp, pp=args.pp, microbatches=args.microbatches, steps=args.steps,
-                  model=args.model, global_batch=args.global_batch)
+    common = dict(strategy="pp", world_size=args.pp, pp=args.pp, microbatches=args.microbatches,
+                  steps=args.steps, model=args.model, global_batch=args.global_batch)
     names = ("dualpipev", "zbv", "1f1b")
     result = compare([Variant.of(name, schedule=name) for name in names], args.rounds, common)
     rows = [f"| schedule (pp {args.pp}, m {args.microbatches}) | median step (ms) | ratio to dualpipev | "
@@ -80,8 +82,8 @@ def main() -> None:
     parser.add_argument("--pp", type=int, default=2)
     parser.add_argument("--microbatches", type=int, default=8)
     args = parser.parse_args()
-    print(f"model {args.model}, global batch {args.global_batch}, {args.steps} steps per run (first dropped), "
-          f"{args.rounds} interleaved rounds\n")
+    print(f"model {args.model}, global batch {args.global_batch}, "
+          f"{args.steps} steps per run (first dropped), {args.rounds} interleaved rounds\n")
     for table in (ep_against_single, dropless_against_capacity, schedules):
         print("\n".join(table(args)))
         print()

@@ -25,8 +25,8 @@ def compare_speed(args) -> list[str]:
     rows = ["| schedule | pp | microbatches | paralab step (ms) | torch step (ms) | ratio |",
             "|---|---|---|---|---|---|"]
     for schedule, pp in CASES:
-        common = dict(world_size=pp, pp=pp, schedule=schedule, microbatches=args.microbatches, steps=args.steps,
-                      model=args.model, global_batch=args.global_batch)
+        common = dict(world_size=pp, pp=pp, schedule=schedule, microbatches=args.microbatches,
+                      steps=args.steps, model=args.model, global_batch=args.global_batch)
         result = compare([Variant.of("torch", strategy="torch_pp"), Variant.of("paralab", strategy="pp")],
                          args.rounds, common)
         a, b = result.median("paralab"), result.median("torch")
@@ -36,11 +36,13 @@ def compare_speed(args) -> list[str]:
 
 
 def bubbles(args) -> list[str]:
-    rows = ["| schedule | pp | microbatches | v | measured bubble | theoretical |", "|---|---|---|---|---|---|"]
+    rows = ["| schedule | pp | microbatches | v | measured bubble | theoretical |",
+            "|---|---|---|---|---|---|"]
     for schedule, pp, m, v in BUBBLE_CASES:
         s = paralab.run("pp", pp, steps=args.steps, model=args.model, global_batch=args.global_batch, pp=pp,
                         schedule=schedule, microbatches=m, virtual_stages=v).summary
-        rows.append(f"| {schedule} | {pp} | {m} | {v} | {s['bubble_fraction']:.3f} | {s['bubble_theoretical']:.3f} |")
+        rows.append(f"| {schedule} | {pp} | {m} | {v} | {s['bubble_fraction']:.3f} | "
+                    f"{s['bubble_theoretical']:.3f} |")
     return rows
 
 

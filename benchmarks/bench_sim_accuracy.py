@@ -29,7 +29,8 @@ def cases(args) -> list[tuple[str, dict]]:
     return [
         ("dp", dict(strategy="dp")),
         ("ddp", dict(strategy="ddp")),
-        ("pp gpipe", dict(strategy="pp", pp=args.world_size, schedule="gpipe", microbatches=args.microbatches)),
+        ("pp gpipe",
+         dict(strategy="pp", pp=args.world_size, schedule="gpipe", microbatches=args.microbatches)),
         ("pp 1f1b", dict(strategy="pp", pp=args.world_size, schedule="1f1b", microbatches=args.microbatches)),
         ("tp", dict(strategy="tp", tp=args.world_size)),
         ("zero2", dict(strategy="zero2")),

@@ -39,7 +39,8 @@ def main() -> None:
         builtin_plan.cache_clear()
         cold = _timed(lambda spec=spec: predict(model, spec, hw))
         warm = statistics.median(_timed(lambda spec=spec: predict(model, spec, hw)) for _ in range(5))
-        rows.append(f"| predict 175B, 1,024 GPUs, {schedule} v={v}, m={m} | {cold * 1e3:.1f} | {warm * 1e3:.1f} |")
+        rows.append(f"| predict 175B, 1,024 GPUs, {schedule} v={v}, m={m} "
+                    f"| {cold * 1e3:.1f} | {warm * 1e3:.1f} |")
     planned = _timed(lambda: plan(model, 1024, hw))
     rows.append(f"| plan 175B on 1,024 GPUs (in process) | {planned * 1e3:.0f} | |")
     big, h100 = get_model("llama3-405b"), get_hardware("h100")
@@ -52,9 +53,11 @@ def main() -> None:
                 f"{warm * 1e3:.1f} |")
     planned = _timed(lambda: plan(big, 16384, h100, 2048))
     rows.append(f"| plan 405B on 16,384 GPUs (in process) | {planned * 1e3:.0f} | |")
-    cli = [sys.executable, "-m", "paralab", "plan", "--model", "gpt3-175b", "--gpus", "1024", "--hardware", "a100"]
+    cli = [sys.executable, "-m", "paralab", "plan", "--model", "gpt3-175b", "--gpus", "1024",
+           "--hardware", "a100"]
     whole = _timed(lambda: subprocess.run(cli, check=True, capture_output=True))
-    rows.append(f"| `paralab plan` 175B on 1,024 GPUs (whole command, interpreter start included) | {whole * 1e3:.0f} | |")
+    rows.append("| `paralab plan` 175B on 1,024 GPUs (whole command, interpreter start included) "
+                f"| {whole * 1e3:.0f} | |")
     print("\n".join(rows))
 
 

@@ -30,7 +30,8 @@ def main() -> None:
     parser.add_argument("--tp", type=int, nargs="+", default=[2, 4])
     args = parser.parse_args()
     for tp in args.tp:
-        common = dict(world_size=tp, tp=tp, steps=args.steps, model=args.model, global_batch=args.global_batch)
+        common = dict(world_size=tp, tp=tp, steps=args.steps, model=args.model,
+                      global_batch=args.global_batch)
         variants = [
             Variant.of("torch_tp", strategy="torch_tp"),
             Variant.of("paralab tp", strategy="tp"),

@@ -32,7 +32,8 @@ def speed(model: str, sizes: list[int], rounds: int, steps: int, batch: int) -> 
 
 def memory(model: str, sizes: list[int], steps: int, batch: int, bucket_mb: float) -> list[str]:
     mib = 2**20
-    rows = ["| dp | strategy | params (MiB) | grads (MiB) | optimizer (MiB) | activations (MiB) | peak (MiB) |",
+    rows = ["| dp | strategy | params (MiB) | grads (MiB) | optimizer (MiB) | activations (MiB) "
+            "| peak (MiB) |",
             "|---:|---|---:|---:|---:|---:|---:|"]
     for n in sizes:
         for strategy in ("ddp", "zero1", "zero2", "zero3"):
@@ -40,7 +41,8 @@ def memory(model: str, sizes: list[int], steps: int, batch: int, bucket_mb: floa
             s = run.summary
             worst = max(range(n), key=lambda r: s["peak_memory_bytes"][r])
             kinds = s["memory_by_kind"][worst]
-            cells = " | ".join(f"{kinds[k] / mib:.2f}" for k in ("params", "grads", "optimizer", "activations"))
+            cells = " | ".join(f"{kinds[k] / mib:.2f}"
+                               for k in ("params", "grads", "optimizer", "activations"))
             rows.append(f"| {n} | {strategy} | {cells} | {s['peak_memory_bytes'][worst] / mib:.2f} |")
     return rows
 
@@ -50,10 +52,12 @@ def main() -> None:
     add_benchmark_args(parser, model="tiny", steps=6, global_batch=16, rounds=3)
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--bucket-mb", type=float, default=0.25,
-                        help="ddp and zero2 bucket cap; small, so zero2 holds a bucket's full gradients, not the model's")
+                        help="ddp and zero2 bucket cap; small, so zero2 holds a bucket's full gradients, "
+                             "not the model's")
     args = parser.parse_args()
     params = paralab.MODEL_PRESETS[args.model].param_count()
-    print(f"model {args.model} ({params:,} parameters), global batch {args.global_batch}, {args.steps} steps per run\n")
+    print(f"model {args.model} ({params:,} parameters), global batch {args.global_batch}, "
+          f"{args.steps} steps per run\n")
     print("\n".join(speed(args.model, args.sizes, args.rounds, args.steps, args.global_batch)))
     print()
     print("\n".join(memory(args.model, args.sizes, args.steps, args.global_batch, args.bucket_mb)))

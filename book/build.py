@@ -43,10 +43,12 @@ body { margin: 0; }
             font: 14px/1.4 system-ui, sans-serif; display: flex; gap: 18px; align-items: center; }
 .book-bar a { color: #80cbc4; text-decoration: none; }
 .book-bar .live { margin-left: auto; }
-.book-page { max-width: 1150px; margin: 0 auto; padding: 10px 24px 60px; font: 15px/1.55 system-ui, sans-serif; }
+.book-page { max-width: 1150px; margin: 0 auto; padding: 10px 24px 60px;
+  font: 15px/1.55 system-ui, sans-serif; }
 .book-page img { max-width: 100%; }
 .book-page pre { background: #f5f5f5; padding: 8px; overflow-x: auto; }
-.book-page table { border-collapse: collapse; } .book-page td, .book-page th { border: 1px solid #ddd; padding: 4px 8px; }
+.book-page table { border-collapse: collapse; }
+.book-page td, .book-page th { border: 1px solid #ddd; padding: 4px 8px; }
 .widget-snapshot { border: 1px dashed #90a4ae; border-radius: 6px; padding: 8px 10px; margin: 6px 0; }
 .widget-snapshot .note { font: 13px/1.4 system-ui, sans-serif; color: #455a64; margin-bottom: 6px; }
 .widget-snapshot .controls { font: 12px/1.4 monospace; color: #37474f; margin-bottom: 6px; }
@@ -91,8 +93,8 @@ def figure_html(figure: dict, height: int | None = None) -> str:
     layout = dict(figure.get("layout", {}))
     if height and "height" not in layout:
         layout["height"] = height
-    return pio.to_html({"data": figure.get("data", []), "layout": layout}, include_plotlyjs=False, full_html=False,
-                       config={"responsive": True})
+    return pio.to_html({"data": figure.get("data", []), "layout": layout}, include_plotlyjs=False,
+                       full_html=False, config={"responsive": True})
 
 
 def widget_snapshot(model_id: str, state: dict, live: str) -> str:
@@ -120,8 +122,8 @@ def widget_snapshot(model_id: str, state: dict, live: str) -> str:
             walk(child.removeprefix("IPY_MODEL_"))
 
     walk(model_id)
-    note = (f'Interactive in the live notebook: <a href="{live}">open it on Binder</a>, or in JupyterLab with '
-            "<code>make lab</code>. Here: what it showed when the notebook had run.")
+    note = (f'Interactive in the live notebook: <a href="{live}">open it on Binder</a>, '
+            "or in JupyterLab with <code>make lab</code>. Here: what it showed when the notebook had run.")
     parts = [f'<div class="note">{note}</div>']
     if controls:
         parts.append(f'<div class="controls">{html.escape("; ".join(controls))}</div>')
@@ -132,7 +134,8 @@ def static_outputs(nb, live: str) -> None:
     """Replace plotly outputs by drawn figures, widget views by snapshots; fold answers."""
     import nbformat
 
-    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    state = (nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
+             .get("state", {}))
     cells = []
     for cell in nb.cells:
         for out in cell.get("outputs", []):
@@ -150,15 +153,17 @@ def static_outputs(nb, live: str) -> None:
 
 
 def answer_html(cell) -> str:
-    printed = "".join(out.get("text", "") for out in cell.get("outputs", []) if out.get("output_type") == "stream")
+    printed = "".join(out.get("text", "") for out in cell.get("outputs", [])
+                      if out.get("output_type") == "stream")
     return ('<details class="answer"><summary>Answer (the check and its reasoning)</summary>\n\n'
             f"<pre>{html.escape(cell.source)}</pre>\n<pre>{html.escape(printed)}</pre>\n</details>")
 
 
 # ------------------------------------------------------------------------------------------ pages
 def page(title: str, body: str, nav: str, head: str = "") -> str:
-    return (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{html.escape(title)} — paralab</title>'
-            f'<script src="assets/plotly.min.js"></script><style>{CSS}</style>{head}</head>'
+    return (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
+            f'<title>{html.escape(title)} — paralab</title><script src="assets/plotly.min.js"></script>'
+            f'<style>{CSS}</style>{head}</head>'
             f'<body>{nav}<div class="book-page">{body}</div></body></html>\n')
 
 
@@ -180,7 +185,8 @@ def notebook_page(nb, pages: list[dict], i: int) -> str:
     from nbconvert import HTMLExporter
 
     exporter = HTMLExporter(template_name="lab", exclude_input_prompt=False)
-    for trait in ("mathjax_url", "require_js_url", "mermaid_js_url", "mermaid_layout_elk_js_url", "jquery_url"):
+    for trait in ("mathjax_url", "require_js_url", "mermaid_js_url", "mermaid_layout_elk_js_url",
+                  "jquery_url"):
         if exporter.has_trait(trait):
             setattr(exporter, trait, OFFLINE_JS)
     full, _ = exporter.from_notebook_node(nb)
@@ -204,7 +210,8 @@ def markdown_page(path: Path, title: str, nav: str, site: Path) -> str:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(source, target)
     body = mistune.html(text)
-    body = re.sub(r'<img src="https?://[^"]*" alt="([^"]*)"\s*/?>', r"\1", body)  # offline: a remote image by its name
+    # offline: a remote image by its name
+    body = re.sub(r'<img src="https?://[^"]*" alt="([^"]*)"\s*/?>', r"\1", body)
     body = re.sub(r'href="((?!https?:)[^"#]+)\.md(#[^"]*)?"',
                   lambda m: f'href="{md_file(path.parent / (m.group(1) + ".md"))}{m.group(2) or ""}"', body)
     body = re.sub(r'src="((?!https?:)[^"]+)"',
@@ -234,7 +241,8 @@ def first_heading(nb) -> str:
 
 
 # ------------------------------------------------------------------------------------------ the site
-def build(out: Path, only: list[str] | None = None, executed: Path | None = None, timeout_s: int = 900) -> list[dict]:
+def build(out: Path, only: list[str] | None = None, executed: Path | None = None,
+          timeout_s: int = 900) -> list[dict]:
     """Write the site into ``out`` and return its pages ({name, title, file, seconds})."""
     import nbformat
     from plotly.offline import get_plotlyjs
@@ -294,7 +302,8 @@ def build(out: Path, only: list[str] | None = None, executed: Path | None = None
     for doc in re.findall(r"\]\(((?:docs|benchmarks)/[^)#\s]+\.md)", (ROOT / "README.md").read_text()):
         (out / md_file(ROOT / doc)).write_text(markdown_page(ROOT / doc, doc, tour_nav, out))
     (out / "index.html").write_text(index_page(pages))
-    (out / "pages.json").write_text(json.dumps([{k: v for k, v in p.items() if k != "path"} for p in pages], indent=1))
+    (out / "pages.json").write_text(json.dumps([{k: v for k, v in p.items() if k != "path"}
+                                                for p in pages], indent=1))
     return pages
 
 
@@ -304,9 +313,9 @@ def index_page(pages: list[dict]) -> str:
         f'<li><a href="{p["file"]}"><b>{html.escape(p["title"])}</b></a> <code>{p["name"]}</code>'
         + (f"<br><span>{lines[p['name']]}</span>" if p["name"] in lines else "") + "</li>"
         for p in pages)
-    body = ("<h1>paralab, the book</h1><p>Every notebook of the lab, run top to bottom on the machine that built "
-            "this site, with its figures (hover and zoom them). Widgets are shown as they were drawn; open a "
-            "notebook live to move their controls. Start with <a href=\"tour.html\">the tour</a>.</p>"
+    body = ("<h1>paralab, the book</h1><p>Every notebook of the lab, run top to bottom on the machine that "
+            "built this site, with its figures (hover and zoom them). Widgets are shown as they were drawn; "
+            "open a notebook live to move their controls. Start with <a href=\"tour.html\">the tour</a>.</p>"
             f'<ol class="toc">{items}</ol>')
     return page("contents", body, nav_bar(pages, None, None))
 

@@ -48,7 +48,8 @@ def figures_of(nb) -> list[tuple[int, dict]]:
                 figure = data[PLOTLY_MIME]
                 found.append((index, {"data": figure.get("data", []), "layout": figure.get("layout", {})}))
             elif WIDGET_MIME in data:
-                found += [(index, fig) for fig in _widget_figures(data[WIDGET_MIME]["model_id"], state, set())]
+                found += [(index, fig) for fig in _widget_figures(data[WIDGET_MIME]["model_id"],
+                                                                  state, set())]
     return found
 
 
@@ -94,8 +95,8 @@ def page(sections: list[tuple[str, list[tuple[int, dict]]]]) -> str:
             "<style>body{font-family:sans-serif;max-width:1150px;margin:2em auto}"
             ".where{color:#555;margin:2em 0 0.3em}.figure{border-bottom:1px solid #ddd}</style>"
             f"<script>{get_plotlyjs()}</script></head><body><h1>paralab: every figure the notebooks draw</h1>"
-            f"<p>{number} figures from {len(sections)} notebooks, as a learner sees them (hover for details).</p>"
-            f"<ul>{''.join(toc)}</ul>{''.join(body)}</body></html>")
+            f"<p>{number} figures from {len(sections)} notebooks, as a learner sees them "
+            f"(hover for details).</p><ul>{''.join(toc)}</ul>{''.join(body)}</body></html>")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -62,7 +62,8 @@ def compare(variants: list[Variant], rounds: int = 3, common: dict | None = None
     return result
 
 
-def add_benchmark_args(parser, model: str = "tiny", steps: int = 6, global_batch: int = 8, rounds: int = 3) -> None:
+def add_benchmark_args(parser, model: str = "tiny", steps: int = 6, global_batch: int = 8,
+                       rounds: int = 3) -> None:
     """The options every benchmark shares, with its own defaults: --model, --steps, --global-batch
     and --rounds of interleaved runs."""
     parser.add_argument("--model", default=model)
@@ -83,7 +84,8 @@ def bench_main(args) -> int:
     from paralab.config import RunConfig
     from paralab.layout import resolve_layout
 
-    common = dict(world_size=args.world_size, steps=args.steps, model=args.model, global_batch=args.global_batch)
+    common = dict(world_size=args.world_size, steps=args.steps, model=args.model,
+                  global_batch=args.global_batch)
     for strategy in args.variants:
         opts = {k: v for k, v in common.items() if k != "model"}
         resolve_layout(RunConfig.build(args.model, strategy=strategy, **opts))

@@ -29,14 +29,17 @@ from paralab.config import CP_MODES, CP_SPLITS, ConfigError, RunConfig
 def add_run_args(p: argparse.ArgumentParser) -> None:
     d = RunConfig()
     p.add_argument("--strategy", default=d.strategy, help="a strategy name; `paralab strategies` lists them")
-    p.add_argument("--world-size", type=int, default=d.world_size, help="ranks to start (ignored under torchrun)")
+    p.add_argument("--world-size", type=int, default=d.world_size,
+                   help="ranks to start (ignored under torchrun)")
     add_training_args(p, d)
-    p.add_argument("--bucket-mb", type=float, default=d.bucket_mb, help="DDP bucket cap in MB (torch's default 25)")
+    p.add_argument("--bucket-mb", type=float, default=d.bucket_mb,
+                   help="DDP bucket cap in MB (torch's default 25)")
     p.add_argument("--hierarchical", action="store_true",
                    help="ddp: reduce-scatter in the node, all-reduce across nodes, all-gather in the node")
     p.add_argument("--zero-prefetch", action="store_true",
                    help="zero3: all-gather the next part while this one computes (one more part held)")
-    p.add_argument("--nodes", type=int, default=d.nodes, help="emulated nodes for local launches (torchrun: real nodes)")
+    p.add_argument("--nodes", type=int, default=d.nodes,
+                   help="emulated nodes for local launches (torchrun: real nodes)")
     p.add_argument("--dp", type=int, default=d.dp, help="data-parallel degree (0: from the world size)")
     p.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel degree (0: the strategy's default)")
     p.add_argument("--pp", type=int, default=d.pp, help="pipeline stages (0: the strategy's default)")
@@ -45,21 +48,26 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help="context parallel: K/V round a ring, or all-to-all to heads (Ulysses)")
     p.add_argument("--cp-split", default=d.cp_split, choices=CP_SPLITS,
                    help="how the sequence is cut over cp ranks (zigzag balances causal attention)")
-    p.add_argument("--ep", type=int, default=d.ep, help="expert parallel, inside dp (ep, hybrid; 0: the strategy's default)")
+    p.add_argument("--ep", type=int, default=d.ep,
+                   help="expert parallel, inside dp (ep, hybrid; 0: the strategy's default)")
     g = p.add_argument_group("mixture of experts (override the model preset's)")
     g.add_argument("--experts", type=int, help="experts per block (0: dense)")
     g.add_argument("--top-k", type=int, help="experts each token goes to")
     g.add_argument("--capacity-factor", type=float,
-                   help="tokens an expert takes per sequence, x seq x k / experts (0 or less is refused; omit: dropless)")
+                   help="tokens an expert takes per sequence, x seq x k / experts (0 or less is refused; "
+                        "omit: dropless)")
     p.add_argument("--schedule", default=d.schedule, help="pipeline schedule (pp, hybrid)")
     p.add_argument("--microbatches", "--accumulate", type=int, default=d.microbatches, metavar="K",
-                   help="microbatches per replica per step: gradient accumulation (a pipeline's microbatches)")
+                   help="microbatches per replica per step: gradient accumulation "
+                        "(a pipeline's microbatches)")
     p.add_argument("--virtual-stages", type=int, default=d.virtual_stages)
     p.add_argument("--stage-layers", type=_int_list, metavar="N,N,...",
-                   help="blocks per pipeline stage in model order, e.g. 1,3,3,1 (lighter ends; default: even)")
+                   help="blocks per pipeline stage in model order, e.g. 1,3,3,1 "
+                        "(lighter ends; default: even)")
     p.add_argument("--sequence-parallel", action="store_true")
     p.add_argument("--zero", type=int, default=d.zero, help="hybrid: ZeRO stage over the dp dimension")
-    p.add_argument("--trace-dir", metavar="DIR", help="write one paralab trace per rank (torchrun; merge later)")
+    p.add_argument("--trace-dir", metavar="DIR",
+                   help="write one paralab trace per rank (torchrun; merge later)")
     p.add_argument("--report", metavar="PATH", help="write a standalone HTML report of the run")
     p.add_argument("--profile", metavar="DIR", help="record every rank with torch.profiler: DIR/rankN.json")
 
@@ -68,15 +76,17 @@ def _int_list(text: str) -> list[int]:
     try:
         return [int(part) for part in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected whole numbers separated by commas, like 1,3,3,1, got {text!r}") from None
+        raise argparse.ArgumentTypeError("expected whole numbers separated by commas, like 1,3,3,1, "
+                                         f"got {text!r}") from None
 
 
 def config_from_args(args) -> RunConfig:
     cfg = build_config(
         RunConfig, args, strategy=args.strategy, world_size=args.world_size,
         bucket_mb=args.bucket_mb, hierarchical=args.hierarchical, nodes=args.nodes, dp=args.dp, tp=args.tp,
-        pp=args.pp, cp=args.cp, cp_mode=args.cp_mode, cp_split=args.cp_split, ep=args.ep, schedule=args.schedule,
-        microbatches=args.microbatches, virtual_stages=args.virtual_stages, stage_layers=args.stage_layers,
+        pp=args.pp, cp=args.cp, cp_mode=args.cp_mode, cp_split=args.cp_split, ep=args.ep,
+        schedule=args.schedule, microbatches=args.microbatches, virtual_stages=args.virtual_stages,
+        stage_layers=args.stage_layers,
         sequence_parallel=args.sequence_parallel, zero=args.zero, zero_prefetch=args.zero_prefetch,
         profile_dir=args.profile,
     )
@@ -119,19 +129,22 @@ def cmd_run(args) -> int:
 def format_summary(s: dict) -> str:
     cp = f" x cp {s['cp']} ({s['cp_mode']}, {s['cp_split']})" if s.get("cp", 1) > 1 else ""
     lines = [
-        f"{s['strategy']} on {s['world_size']} rank(s) ({s['device']}), model {s['model']}, {s['steps']} steps",
+        f"{s['strategy']} on {s['world_size']} rank(s) ({s['device']}), model {s['model']}, "
+        f"{s['steps']} steps",
         f"layout: dp {s['dp']}{cp} x tp {s['tp']} x pp {s['pp']}"
         + (f" (ep {s['ep']} inside dp)" if s.get("ep", 1) > 1 else "")
         + (f", schedule {s['schedule']}" if s["schedule"] else "") + f", {s['microbatches']} microbatch(es)"
         + (f", ZeRO-{s['zero']}" if s.get("zero") else ""),
         "losses: " + " ".join(f"{x:.4f}" for x in s["losses"]),
-        f"step time (median after the first): {s['step_time_s'] * 1e3:.1f} ms   tokens/s: {s['tokens_per_s']:.0f}",
+        f"step time (median after the first): {s['step_time_s'] * 1e3:.1f} ms   tokens/s: "
+        f"{s['tokens_per_s']:.0f}",
     ]
     for op, nbytes in s["comm_bytes"].items():
         lines.append(f"{op}: {nbytes / 2**20:.3f} MiB on the wire per step (all ranks)")
     if s["bubble_fraction"]:
         lines.append(f"pipeline bubble (measured idle fraction): {s['bubble_fraction']:.1%}")
-    lines.append("peak memory per rank (MiB): " + " ".join(f"{b / 2**20:.1f}" for b in s["peak_memory_bytes"]))
+    lines.append("peak memory per rank (MiB): "
+                 + " ".join(f"{b / 2**20:.1f}" for b in s["peak_memory_bytes"]))
     if s.get("unused_options"):
         lines.append(f"unused by {s['strategy']}: {', '.join(s['unused_options'])}")
     if s["trace"]:
@@ -197,7 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("--chrome", action="store_true", help="write Chrome trace format (Perfetto)")
     merge.set_defaults(func=cmd_merge)
     nodes = sub.add_parser("nodes", help="run as several local torchrun agents, one per emulated node",
-                           description="paralab nodes --nnodes 2 --nproc-per-node 2 -- --strategy ddp --hierarchical")
+                           description="paralab nodes --nnodes 2 --nproc-per-node 2 "
+                                       "-- --strategy ddp --hierarchical")
     nodes.add_argument("--nnodes", type=int, default=2)
     nodes.add_argument("--nproc-per-node", type=int, default=2)
     nodes.add_argument("--trace-dir", help="where the per-rank traces go (default: a temporary directory)")

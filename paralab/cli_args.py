@@ -81,11 +81,13 @@ def add_training_args(p: argparse.ArgumentParser, defaults: TrainingConfig) -> N
     p.add_argument("--trace", metavar="PATH", help="write the merged trace in Chrome trace format (Perfetto)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--dtype", default=defaults.dtype, choices=DTYPES,
-                   help="parameters and activations for compute; master weights and optimizer states stay fp32")
+                   help="parameters and activations for compute; "
+                        "master weights and optimizer states stay fp32")
     p.add_argument("--reduce-dtype", default=defaults.reduce_dtype, choices=DTYPES,
                    help="dtype gradients are reduced in across ranks (fp32, as FSDP2's default)")
     p.add_argument("--loss-scale", type=float, default=defaults.loss_scale,
-                   help="fp16: where the dynamic loss scale starts (halved on overflow, doubled after 200 good steps)")
+                   help="fp16: where the dynamic loss scale starts (halved on overflow, "
+                        "doubled after 200 good steps)")
     p.add_argument("--recompute", default=defaults.recompute, choices=RECOMPUTE,
                    help="activation recomputation: selective (attention cores) or full (every block)")
     p.add_argument("--attention", default=defaults.model.attention, choices=ATTENTION_KERNELS,
@@ -94,7 +96,8 @@ def add_training_args(p: argparse.ArgumentParser, defaults: TrainingConfig) -> N
                    help="start more local ranks than the cores and memory hold (refused otherwise)")
     p.add_argument("--fail", type=key_values, metavar="rank=R,step=K",
                    help="make rank R fail at step K (testing): a run's rank raises (kind=hang: stops "
-                        "answering); an elastic run loses R's node (during=save: in the middle of a checkpoint)")
+                        "answering); an elastic run loses R's node (during=save: "
+                        "in the middle of a checkpoint)")
 
 
 def build_config(cls, args, **options):
@@ -106,7 +109,7 @@ def build_config(cls, args, **options):
 
 def training_options(args) -> dict:
     """TrainingConfig keyword arguments (all but the model) from parsed :func:`add_training_args` flags."""
-    return dict(steps=args.steps, global_batch=args.global_batch, seed=args.seed, device=args.device, lr=args.lr,
-                optimizer=args.optimizer, timeout_s=args.timeout, threads_per_rank=args.threads,
+    return dict(steps=args.steps, global_batch=args.global_batch, seed=args.seed, device=args.device,
+                lr=args.lr, optimizer=args.optimizer, timeout_s=args.timeout, threads_per_rank=args.threads,
                 trace=not args.no_trace, fault=args.fail, oversubscribe=args.oversubscribe, dtype=args.dtype,
                 reduce_dtype=args.reduce_dtype, recompute=args.recompute, loss_scale=args.loss_scale)

@@ -72,8 +72,9 @@ class ModelConfig:
         check_int("model experts", self.experts, low=0)
         check_int("model top_k", self.top_k, low=1)
         if self.top_k > self.experts:
-            raise ConfigError(f"top_k {self.top_k} is above the number of experts {self.experts}: a token cannot "
-                              f"go to more experts than there are; use top_k <= {self.experts}")
+            raise ConfigError(f"top_k {self.top_k} is above the number of experts {self.experts}: "
+                              "a token cannot go to more experts than there are; "
+                              f"use top_k <= {self.experts}")
         if self.capacity_factor is not None:
             check_positive("capacity factor (None: dropless)", self.capacity_factor)
         for name in ("aux_loss", "z_loss"):
@@ -138,7 +139,8 @@ class TrainingConfig:
     threads_per_rank: int = 0  # 0: share the cores fairly
     trace: bool = True
     fault: dict | None = None  # testing: {"rank": r, "step": k, ...} makes rank r fail at step k
-    oversubscribe: bool = False  # start more local ranks than the machine holds (runtime.worker.check_capacity)
+    # start more local ranks than the machine holds (runtime.worker.check_capacity)
+    oversubscribe: bool = False
     # mixed precision (paralab.precision): parameters and activations in ``dtype`` for compute, fp32
     # master weights and optimizer states, gradients reduced in ``reduce_dtype``; fp16 scales the loss
     dtype: str = "fp32"
@@ -205,7 +207,8 @@ class TrainingConfig:
             raise ConfigError(f"fault must be a dict like {{'rank': 1, 'step': 3}}, got {self.fault!r}")
         unknown = set(self.fault) - {"rank", "step", *self.FAULT_OPTIONS}
         if unknown:
-            raise ConfigError(f"fault takes rank, step and {', '.join(self.FAULT_OPTIONS)}; unknown: {sorted(unknown)}")
+            raise ConfigError(f"fault takes rank, step and {', '.join(self.FAULT_OPTIONS)}; unknown: "
+                              f"{sorted(unknown)}")
         for key in ("rank", "step"):
             check_int(f"fault {key}", self.fault.get(key), low=0)
         for key, choices in self.FAULT_OPTIONS.items():
@@ -261,7 +264,8 @@ class RunConfig(TrainingConfig):
         if self.fault is not None and self.fault["rank"] >= self.world_size:
             raise ConfigError(f"fault rank must be in [0, {self.world_size}), got {self.fault}")
         if self.fault is not None and self.fault["step"] >= self.steps:
-            raise ConfigError(f"fault step {self.fault['step']} is beyond the run: steps are 0..{self.steps - 1}")
+            raise ConfigError(f"fault step {self.fault['step']} is beyond the run: "
+                              f"steps are 0..{self.steps - 1}")
         return self
 
 

@@ -26,8 +26,8 @@ def shapes(gpus: int, model: str) -> dict[str, dict]:
     from paralab import MODEL_PRESETS
 
     pipeline = dict(microbatches=max(2, gpus))
-    out = {name: {} for name in ("dp", "ddp", "tp", "zero1", "zero2", "zero3", "cp", "torch_ddp", "torch_fsdp",
-                                 "torch_tp")}
+    out = {name: {} for name in ("dp", "ddp", "tp", "zero1", "zero2", "zero3", "cp", "torch_ddp",
+                                 "torch_fsdp", "torch_tp")}
     out.update(mp={}, pp=pipeline, torch_pp=pipeline)
     moe = {**MODEL_PRESETS[model].__dict__, "experts": max(8, gpus), "top_k": 2, "aux_loss": 0.0}
     out["ep"] = dict(model=moe)
@@ -68,17 +68,20 @@ def main() -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("gpu-check: no CUDA device is visible; nothing to check (CPU-only machines pass make test alone)")
+        print("gpu-check: no CUDA device is visible; nothing to check "
+              "(CPU-only machines pass make test alone)")
         return 0
     gpus = torch.cuda.device_count()
     dtype = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     model = "medium"
-    print(f"gpu-check: {gpus} x {torch.cuda.get_device_name(0)}, model {model}, {dtype}, {STEPS} steps per run")
+    print(f"gpu-check: {gpus} x {torch.cuda.get_device_name(0)}, model {model}, {dtype}, "
+          f"{STEPS} steps per run")
     rows = run_all(gpus, model, dtype)
     print(f"\n{'strategy':<14}{'result':<8}{'step ms':>9}{'tokens/s':>11}{'peak GiB':>10}{'wall s':>8}  note")
     for r in rows:
-        print(f"{r['strategy']:<14}{'pass' if r['ok'] else 'FAIL':<8}{r['step_ms']:>9.1f}{r['tokens_per_s']:>11.0f}"
-              f"{r['peak_gib']:>10.2f}{r['wall_s']:>8.1f}  {r['note']}")
+        print(f"{r['strategy']:<14}{'pass' if r['ok'] else 'FAIL':<8}"
+              f"{r['step_ms']:>9.1f}{r['tokens_per_s']:>11.0f}{r['peak_gib']:>10.2f}{r['wall_s']:>8.1f}"
+              f"  {r['note']}")
     tests = Path(__file__).resolve().parents[1] / "tests" / "test_cuda.py"
     code = 0
     if tests.exists():

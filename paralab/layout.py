@@ -64,7 +64,8 @@ class Layout:
     ep: int = 1  # expert parallel, inside dp (see the module docstring): experts sharded over ep dp ranks
     schedule: str = ""  # the pipeline schedule; "" when the run has no pipeline
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved: v; zbv: 2)
-    microbatches: int = 1  # per data-parallel replica and step: gradient accumulation (a pipeline's microbatches)
+    # per data-parallel replica and step: gradient accumulation (a pipeline's microbatches)
+    microbatches: int = 1
     zero: int = 0  # ZeRO stage over the dp axis
     sequence_parallel: bool = False
     stage_layers: tuple[int, ...] | None = None  # blocks per pipeline stage, when not even
@@ -256,12 +257,14 @@ def _unused_options(cfg: RunConfig, strategy: Strategy) -> tuple[str, ...]:
         if option == "zero_prefetch":
             raise ConfigError(f"zero_prefetch gathers ZeRO-3's next part ahead: a zero3 option, not {name!r}")
         if option == "ep":
-            raise ConfigError(f"ep={value} shards the experts of a mixture-of-experts model over data-parallel "
-                              f"ranks; {name} has no expert parallel: use strategy 'ep' or 'hybrid'")
+            raise ConfigError(f"ep={value} shards the experts of a mixture-of-experts model over "
+                              f"data-parallel ranks; {name} has no expert parallel: "
+                              "use strategy 'ep' or 'hybrid'")
         if option == "sequence_parallel":
             raise ConfigError(f"sequence_parallel splits the sequence over tensor-parallel ranks; {name} has "
                               f"no tp axis")
-        raise ConfigError(f"{name} has no pipeline: {option}={value} needs strategy 'pp' or 'hybrid' with pp > 1")
+        raise ConfigError(f"{name} has no pipeline: {option}={value} needs strategy 'pp' or 'hybrid' "
+                          "with pp > 1")
     return tuple(unused)
 
 
@@ -304,8 +307,9 @@ def _expert_degree(cfg: RunConfig, strategy: Strategy, degrees: dict[str, int]) 
     and the experts (each rank holds E / ep of them), and it needs experts to shard."""
     dp, experts = degrees["dp"], cfg.model.experts
     if experts and degrees["tp"] > 1:
-        raise ConfigError(f"not supported: a mixture-of-experts model ({experts} experts) with tp={degrees['tp']}: "
-                          "paralab's tensor-parallel blocks split a dense MLP; use dp, pp and ep for it")
+        raise ConfigError(f"not supported: a mixture-of-experts model ({experts} experts) "
+                          f"with tp={degrees['tp']}: paralab's tensor-parallel blocks split a dense MLP; "
+                          "use dp, pp and ep for it")
     if "ep" not in strategy.options:
         return 1
     ep = cfg.ep or (dp if strategy.name == "ep" else 1)
@@ -314,11 +318,13 @@ def _expert_degree(cfg: RunConfig, strategy: Strategy, degrees: dict[str, int]) 
                           f"mixture-of-experts model such as 'tiny-moe'")
     if dp % ep:
         fits = [d for d in range(1, dp + 1) if dp % d == 0 and (not experts or experts % d == 0)]
-        raise ConfigError(f"ep={ep} must divide the {dp} data-parallel ranks it is carved from; ep that fit: {fits}")
+        raise ConfigError(f"ep={ep} must divide the {dp} data-parallel ranks it is carved from; ep that fit: "
+                          f"{fits}")
     if experts % ep:
         fits = [d for d in range(1, dp + 1) if dp % d == 0 and experts % d == 0]
-        raise ConfigError(f"{experts} experts are not divisible by ep={ep}: every rank of an expert group holds "
-                          f"the same number of experts; ep that fit: {fits}")
+        raise ConfigError(f"{experts} experts are not divisible by ep={ep}: "
+                          "every rank of an expert group holds the same number of experts; ep that fit: "
+                          f"{fits}")
     return ep
 
 

@@ -39,7 +39,8 @@ def check_dtype(name: str, device: str) -> None:
     """ConfigError, before any process starts, when this torch cannot train in ``name`` on ``device``."""
     if not dtype_supported(name, device):
         raise ConfigError(f"dtype={name!r} does not train on {device} with this torch "
-                          f"({torch.__version__}); use dtype='fp32'" + (" or 'fp16'" if device == "cuda" else ""))
+                          f"({torch.__version__}); use dtype='fp32'"
+                          + (" or 'fp16'" if device == "cuda" else ""))
 
 
 def dtype_supported(name: str, device: str) -> bool:
@@ -116,8 +117,9 @@ class MasterWeights:
         if self.scaler.dynamic and self._overflowed():
             self.scaler.update(True, self.steps)
             if self.recorder is not None:  # a mark on the event lane, where the timeline shows it
-                with self.recorder.span("overflow", lane=EVENT, name=f"fp16 overflow: step skipped, loss scale "
-                                        f"{scale:g} -> {self.scaler.value:g}"):
+                with self.recorder.span("overflow", lane=EVENT,
+                                        name=f"fp16 overflow: step skipped, loss scale "
+                                             f"{scale:g} -> {self.scaler.value:g}"):
                     pass
         else:
             self.inner.step()

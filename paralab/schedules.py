@@ -205,15 +205,18 @@ def shape_problems(name: str, pp: int, microbatches: int, virtual_stages: int = 
             out.append("interleaved needs virtual_stages >= 2 (with one chunk per rank it is 1f1b)")
         rounds = max(1, microbatches // pp)
         if microbatches % rounds:
-            fits = [k for k in range(max(1, microbatches - pp), microbatches + pp + 1) if k % max(1, k // pp) == 0]
+            fits = [k for k in range(max(1, microbatches - pp), microbatches + pp + 1)
+                    if k % max(1, k // pp) == 0]
             out.append(f"interleaved runs the microbatches in max(1, m // stages) = {rounds} equal rounds: "
                        f"{microbatches} % {rounds} != 0; microbatch counts that fit: {fits}")
     elif name in V_SHAPED:
         if virtual_stages not in (1, 2):
-            out.append(f"{name} always runs 2 chunks per rank; virtual_stages must be 2 (or 1), got {virtual_stages}")
+            out.append(f"{name} always runs 2 chunks per rank; virtual_stages must be 2 (or 1), "
+                       f"got {virtual_stages}")
         if name == "dualpipev" and microbatches < 2 * pp:
             out.append(f"dualpipev needs at least as many microbatches as stages (2 x pp = {2 * pp}), got "
-                       f"{microbatches}: its warm-up fills both arms of the V before the first overlapped slot")
+                       f"{microbatches}: its warm-up fills both arms of the V "
+                       "before the first overlapped slot")
     elif virtual_stages != 1:
         out.append(f"{name} has one stage per rank; virtual_stages={virtual_stages} needs interleaved or zbv")
     return out
@@ -308,10 +311,11 @@ def _zbv(p: int, m: int, stage_to_rank: list[int]) -> list[list[Action]]:
 
     The forward runs down the ranks through chunk 0 and back up through chunk 1, so rank 0 holds
     both the first and the last stage and the backward starts where the forward began. The order is
-    found by list scheduling in unit time (t_F = t_Bi = t_W per chunk): whenever a rank is free it runs, among the passes whose inputs are ready, a Bi first
-    (it unblocks the previous stage), else an F while it holds fewer than 2p chunk activations (p
-    whole-rank activations: 1F1B's first-rank peak), else a W to fill the gap; earlier microbatches
-    and deeper stages first. Consecutive passes of a stage run their microbatches in order.
+    found by list scheduling in unit time (t_F = t_Bi = t_W per chunk): whenever a rank is free it
+    runs, among the passes whose inputs are ready, a Bi first (it unblocks the previous stage), else an
+    F while it holds fewer than 2p chunk activations (p whole-rank activations: 1F1B's first-rank
+    peak), else a W to fill the gap; earlier microbatches and deeper stages first. Consecutive passes
+    of a stage run their microbatches in order.
     """
     num_stages, limit = 2 * p, 2 * p
     next_mb = {(op, s): 0 for s in range(num_stages) for op in (FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)}
@@ -577,7 +581,8 @@ def _check_pairs(schedule: Schedule) -> None:
                 )
             if a.peer != owner[neighbour]:
                 raise ScheduleError(
-                    f"rank {rank}: {a} names peer {a.peer}, but stage {neighbour} is on rank {owner[neighbour]}"
+                    f"rank {rank}: {a} names peer {a.peer}, "
+                    f"but stage {neighbour} is on rank {owner[neighbour]}"
                 )
             if (op, neighbour, a.microbatch) not in present:
                 raise ScheduleError(f"rank {rank}: {a} has no matching {op} on rank {a.peer}")

@@ -12,7 +12,8 @@ options). :func:`balanced_split` gives such a split from what the two ends cost,
 from __future__ import annotations
 
 
-def layers_per_stage(layers: int, num_stages: int, override: list[int] | tuple[int, ...] | None = None) -> list[int]:
+def layers_per_stage(layers: int, num_stages: int,
+                     override: list[int] | tuple[int, ...] | None = None) -> list[int]:
     """Blocks per stage: ``override`` when given, else as even as possible (earlier stages take the
     remainder, one block each)."""
     if override is not None:
@@ -33,8 +34,8 @@ def split_problems(layers: int, num_stages: int, override=None) -> list[str]:
     if len(override) != num_stages or sum(override) != layers or any(
             not isinstance(c, int) or isinstance(c, bool) or c < low for c, low in zip(override, least)):
         return [f"stage_layers={list(override)} must give each of the {num_stages} stages a whole number of "
-                f"layers, at least one on every stage but the first and last, and sum to the model's {layers} "
-                "layers"]
+                "layers, at least one on every stage but the first and last, "
+                f"and sum to the model's {layers} layers"]
     return []
 
 

@@ -140,7 +140,9 @@ class Trace:
         return [
             s
             for s in self.spans
-            if (lane is None or s.lane == lane) and (kind is None or s.kind == kind) and (rank is None or s.rank == rank)
+            if (lane is None or s.lane == lane)
+            and (kind is None or s.kind == kind)
+            and (rank is None or s.rank == rank)
         ]
 
     # ------------------------------------------------------------------ files

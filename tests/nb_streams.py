@@ -22,6 +22,7 @@ def pytest_runtest_call(item):
     stderr = "".join(o.get("text", "") for o in outputs
                      if o.get("output_type") == "stream" and o.get("name") == "stderr")
     if stderr and EXPLAINED not in tags:
-        raise AssertionError(f"the cell wrote to stderr (a red box in JupyterLab); print information to stdout, "
-                             f"or tag the cell {EXPLAINED!r} where the notebook explains the warning:\n{stderr[:2000]}")
+        raise AssertionError("the cell wrote to stderr (a red box in JupyterLab); "
+                             f"print information to stdout, or tag the cell {EXPLAINED!r} where the notebook "
+                             f"explains the warning:\n{stderr[:2000]}")
     return result

@@ -56,7 +56,8 @@ def test_predicted_activations_per_layer_match_what_autograd_keeps(attention, re
     cfg = RunConfig(model=model_cfg, model_name="small", device="cpu", dtype=dtype, recompute=recompute)
     model, parallel = specs_from_run(cfg)
     torch_dtype = TORCH_DTYPES[dtype]
-    measured = saved_bytes(model_cfg, 3, recompute, torch_dtype) - saved_bytes(model_cfg, 2, recompute, torch_dtype)
+    measured = (saved_bytes(model_cfg, 3, recompute, torch_dtype)
+                - saved_bytes(model_cfg, 2, recompute, torch_dtype))
     predicted = counting.activation_bytes_per_layer(model, MICRO_BATCH, recompute=parallel.recompute)
     assert measured == pytest.approx(predicted, rel=0.05)
 
@@ -66,7 +67,8 @@ def test_the_attention_kernel_and_recomputation_order_the_activations_as_the_les
     selective recomputation drop them, full recomputation keeps only the block's input."""
     def per_layer(attention, recompute):
         model_cfg = dataclasses.replace(MODEL_PRESETS["small"], attention=attention)
-        return saved_bytes(model_cfg, 2, recompute, torch.float32) - saved_bytes(model_cfg, 1, recompute, torch.float32)
+        return (saved_bytes(model_cfg, 2, recompute, torch.float32)
+                - saved_bytes(model_cfg, 1, recompute, torch.float32))
 
     math_none, sdpa_none = per_layer("math", "none"), per_layer("sdpa", "none")
     math_selective, full = per_layer("math", "selective"), per_layer("math", "full")

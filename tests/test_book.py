@@ -26,8 +26,10 @@ def _state(models: dict) -> dict:
 
 def test_a_widget_becomes_a_snapshot_of_its_figures_controls_and_messages():
     state = _state({
-        "box": ("VBoxModel", {"children": ["IPY_MODEL_size", "IPY_MODEL_link", "IPY_MODEL_msg", "IPY_MODEL_fig"]}),
-        "size": ("SelectionSliderModel", {"description": "up to", "index": 2, "_options_labels": ["2", "4", "8"]}),
+        "box": ("VBoxModel",
+                {"children": ["IPY_MODEL_size", "IPY_MODEL_link", "IPY_MODEL_msg", "IPY_MODEL_fig"]}),
+        "size": ("SelectionSliderModel",
+                 {"description": "up to", "index": 2, "_options_labels": ["2", "4", "8"]}),
         "link": ("DropdownModel", {"description": "link", "index": 0, "_options_labels": ["h100 NVLink"]}),
         "msg": ("HTMLModel", {"value": "<div>the tree is faster from 4 ranks on</div>"}),
         "fig": ("AnyModel", {"_widget_data": [{"type": "bar", "x": [1, 2], "y": [3, 4]}],
@@ -36,28 +38,35 @@ def test_a_widget_becomes_a_snapshot_of_its_figures_controls_and_messages():
     html = BOOK["widget_snapshot"]("box", state, "https://live/nb.ipynb")
     assert "up to = 8; link = h100 NVLink" in html
     assert "the tree is faster from 4 ranks on" in html
-    assert 'href="https://live/nb.ipynb"' in html and html.count("plotly-graph-div") == 1 and "redrawn" in html
+    assert ('href="https://live/nb.ipynb"' in html and html.count("plotly-graph-div") == 1
+            and "redrawn" in html)
 
 
 def test_figures_are_drawn_widgets_snapshotted_answers_folded():
     nb = nbformat.v4.new_notebook()
     figure = nbformat.v4.new_code_cell("fig")
-    figure.outputs = [nbformat.v4.new_output("display_data", data={BOOK["PLOTLY"]: {"data": [{"type": "bar"}], "layout": {}}})]
+    figure.outputs = [nbformat.v4.new_output("display_data",
+                                             data={BOOK["PLOTLY"]: {"data": [{"type": "bar"}],
+                                                                    "layout": {}}})]
     widget = nbformat.v4.new_code_cell("app")
-    widget.outputs = [nbformat.v4.new_output("execute_result", data={BOOK["WIDGET_VIEW"]: {"model_id": "box"}})]
+    widget.outputs = [nbformat.v4.new_output("execute_result",
+                                             data={BOOK["WIDGET_VIEW"]: {"model_id": "box"}})]
     answer = nbformat.v4.new_code_cell("assert x == 2\nprint('answer: 2')", metadata={"tags": ["answer"]})
     answer.outputs = [nbformat.v4.new_output("stream", name="stdout", text="answer: 2\n")]
     nb.cells = [figure, widget, answer]
-    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": _state({"box": ("VBoxModel", {"children": []})})}}
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json":
+                              {"state": _state({"box": ("VBoxModel", {"children": []})})}}
     BOOK["static_outputs"](nb, "https://live")
     assert "Plotly.newPlot" in nb.cells[0].outputs[0]["data"]["text/html"]
     assert "widget-snapshot" in nb.cells[1].outputs[0]["data"]["text/html"]
-    assert nb.cells[2].cell_type == "markdown" and "<details" in nb.cells[2].source and "answer: 2" in nb.cells[2].source
+    assert (nb.cells[2].cell_type == "markdown" and "<details" in nb.cells[2].source
+            and "answer: 2" in nb.cells[2].source)
     assert "widgets" not in nb.metadata
 
 
 # Every plot div of the page, and whether plotly drew its SVG in it.
-DRAWN = """() => [...document.querySelectorAll('.plotly-graph-div')].map(d => d.querySelector('.main-svg') !== null)"""
+DRAWN = """() => [...document.querySelectorAll('.plotly-graph-div')]
+  .map(d => d.querySelector('.main-svg') !== null)"""
 
 
 @pytest.mark.browser
@@ -90,7 +99,8 @@ def test_the_built_book_renders_offline_in_chromium(tmp_path, no_leftover_ranks)
                     images = page.evaluate("() => [...document.images].map(i => i.naturalWidth)")
                     assert images and all(images), f"a figure of the tour did not load: {images}"
                 if name == "index.html":
-                    links = page.evaluate("() => [...document.querySelectorAll('.toc a')].map(a => a.getAttribute('href'))")
+                    links = page.evaluate("() => [...document.querySelectorAll('.toc a')].map(a => "
+                                          "a.getAttribute('href'))")
                     assert links == [p["file"] for p in pages]
             welcome = page.goto((site / "08_planning_at_scale.html").as_uri()) and page.content()
         finally:

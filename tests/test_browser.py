@@ -3,10 +3,11 @@
 Chromium is the Debian package (/usr/bin/chromium, installed by .ci/run when missing), driven by
 Python playwright through ``executable_path``; playwright's own browser download is never used. The
 first test opens tests/browser/widgets.ipynb (a copy, in the server's private root), runs all its cells
-with JupyterLab's Run All Cells command, and checks that the plotly figures and the widgets rendered (and no "Error
-displaying widget"), then drags the slider with the keyboard and checks that the figure changed. The
-second runs the elastic tutorial (notebooks/07_elastic.ipynb) and reads its story figure's phase labels
-off the drawn page. They skip cleanly when there is no Chromium or no playwright.
+with JupyterLab's Run All Cells command, and checks that the plotly figures and the widgets rendered
+(and no "Error displaying widget"), then drags the slider with the keyboard and checks that the
+figure changed. The second runs the elastic tutorial (notebooks/07_elastic.ipynb) and reads its story
+figure's phase labels off the drawn page. They skip cleanly when there is no Chromium or no
+playwright.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ PHASES = ["1. start", "2. training at 3 ranks", "3. failure", "4. detected", "5.
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="no Chromium at /usr/bin/chromium (apt-get install chromium)"),
+    pytest.mark.skipif(not CHROMIUM.exists(),
+                       reason="no Chromium at /usr/bin/chromium (apt-get install chromium)"),
 ]
 
 # The y values of the figure-widget plot in the last output cell (plotly keeps them on the graph div).
@@ -41,7 +43,8 @@ PLOT_YS = """() => {
 # every code cell's input prompt text ("[ ]:", "[*]:", "[3]:"); all cells have run when each shows a count
 PROMPTS = """() => [...document.querySelectorAll('.jp-NotebookPanel .jp-CodeCell .jp-InputArea-prompt')]
   .map(p => p.textContent.trim())"""
-EXECUTED = f"""() => {{ const prompts = ({PROMPTS})(); return prompts.length > 0 && prompts.every(p => /\\[\\d+\\]/.test(p)); }}"""
+EXECUTED = f"""() => {{ const prompts = ({PROMPTS})();
+  return prompts.length > 0 && prompts.every(p => /\\[\\d+\\]/.test(p)); }}"""
 KERNEL_READY = """() => {
   const panel = window.jupyterapp && window.jupyterapp.shell.currentWidget;
   const context = panel && panel.sessionContext;
@@ -71,7 +74,8 @@ class PageState:
         self.console: list[str] = []
         page.on("pageerror", lambda exc: self.errors.append(str(exc)))
         page.on("crash", lambda _page: self.errors.append("the page crashed"))
-        page.on("console", lambda msg: self.console.append(f"{msg.type}: {msg.text}") if msg.type == "error" else None)
+        page.on("console",
+                lambda msg: self.console.append(f"{msg.type}: {msg.text}") if msg.type == "error" else None)
 
     def __str__(self) -> str:
         try:
@@ -79,7 +83,8 @@ class PageState:
             text = self.page.locator(".jp-NotebookPanel").inner_text(timeout=5_000)[-2000:]
         except Exception as exc:  # the page may be the thing that broke
             prompts, text = "?", f"(page unreadable: {exc})"
-        log = self.server.log_path.read_text(errors="replace")[-2000:] if self.server.log_path.exists() else ""
+        log = (self.server.log_path.read_text(errors="replace")[-2000:] if self.server.log_path.exists()
+               else "")
         return (f"prompts {prompts}\npage errors {self.errors}\nconsole errors {self.console[-10:]}\n"
                 f"notebook text:\n{text}\nlab log:\n{log}")
 
@@ -150,7 +155,8 @@ def test_notebook_widgets_and_figures_render_and_respond(tmp_path, browser):
         handle.focus()
         for _ in range(3):
             handle.press("ArrowRight")
-        page.wait_for_function(f"(() => {{ const ys = ({PLOT_YS})(); return ys[ys.length - 1].length === 5; }})()",
+        page.wait_for_function(f"(() => {{ const ys = ({PLOT_YS})(); "
+                               "return ys[ys.length - 1].length === 5; })()",
                                timeout=30_000)
         after = page.evaluate(PLOT_YS)
         assert after[-1] != before[-1] and len(after[-1]) == 5
@@ -169,7 +175,8 @@ FIGURE_TICKS = """title => {
 }"""
 
 
-@pytest.mark.timeout(600)  # the notebook's elastic runs (a recovery waits out a 5 s keep-alive), and the server
+# the notebook's elastic runs (a recovery waits out a 5 s keep-alive), and the server
+@pytest.mark.timeout(600)
 def test_the_elastic_notebook_draws_its_story_as_labelled_phases(tmp_path, browser):
     with notebook_run_in_lab(tmp_path, browser, ELASTIC, timeout_ms=300_000) as (page, state):
         try:
@@ -195,8 +202,10 @@ FIGURE_OF = """([label]) => {
 
 def _slider(page, app_label: str, label: str):
     """The handle of the slider described ``label`` in the first output that has a control ``app_label``."""
-    output = page.locator(".jp-OutputArea-output", has=page.locator(".widget-label", has_text=app_label)).first
-    return output.locator(".widget-slider", has=page.locator(".widget-label", has_text=label)).first.locator(".noUi-handle")
+    output = page.locator(".jp-OutputArea-output",
+                          has=page.locator(".widget-label", has_text=app_label)).first
+    return output.locator(".widget-slider",
+                          has=page.locator(".widget-label", has_text=label)).first.locator(".noUi-handle")
 
 
 @pytest.mark.timeout(600)

@@ -64,7 +64,8 @@ def test_unwritable_output_paths_exit_2_before_any_process(monkeypatch, capsys, 
 
 
 def test_a_failed_run_exits_1_naming_the_rank(capsys, no_leftover_ranks):
-    assert cli.main(["run", "--strategy", "dp", "--world-size", "2", "--steps", "3", "--fail", "rank=1,step=1"]) == 1
+    assert cli.main(["run", "--strategy", "dp", "--world-size", "2", "--steps", "3",
+                     "--fail", "rank=1,step=1"]) == 1
     assert "rank 1 failed" in capsys.readouterr().err
 
 
@@ -80,7 +81,8 @@ def test_a_reader_that_goes_away_is_not_an_error(monkeypatch, capsys):
     os.close(read_end)
     with open(write_end, "w", buffering=1) as closed_pipe:  # line-buffered, as on a terminal
         monkeypatch.setattr(sys, "stdout", closed_pipe)
-        assert cli.main(["plan", "--model", "gpt3-13b", "--gpus", "64", "--hardware", "a100"]) == cli.EXIT_SIGPIPE
+        assert (cli.main(["plan", "--model", "gpt3-13b", "--gpus", "64", "--hardware", "a100"])
+                == cli.EXIT_SIGPIPE)
     assert capsys.readouterr().err == ""
 
 
@@ -96,7 +98,8 @@ def test_a_broken_pipe_elsewhere_is_still_an_error(monkeypatch):
 @pytest.mark.timeout(240)
 def test_torchrun_writes_per_rank_traces_that_merge(tmp_path):
     trace_dir = tmp_path / "traces"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))}
     torchrun = [sys.executable, "-m", "torch.distributed.run"]
     proc = subprocess.run(
         [*torchrun, "--standalone", "--nproc-per-node", "2", "-m", "paralab", "run", "--strategy", "ddp",

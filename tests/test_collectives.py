@@ -32,13 +32,15 @@ def test_tree_against_ring_crosses_where_the_algebra_says():
         assert (ring < collectives.tree_time(payload, n, alpha, bandwidth)) == ring_faster
     assert collectives.ring_time("all_reduce", crossing, n, alpha, bandwidth) == pytest.approx(
         collectives.tree_time(crossing, n, alpha, bandwidth))
-    assert collectives.tree_time(1.0, 1, alpha, bandwidth) == collectives.ring_time("all_reduce", 1.0, 1, alpha, bandwidth) == 0
+    assert (collectives.tree_time(1.0, 1, alpha, bandwidth)
+            == collectives.ring_time("all_reduce", 1.0, 1, alpha, bandwidth) == 0)
 
 
 def test_bandwidths_as_nccl_tests_report_them():
     assert collectives.algorithm_bandwidth(2**20, 1e-3) == 2**20 / 1e-3
     assert collectives.bus_bandwidth("all_reduce", 2**20, 4, 1e-3) == 1.5 * 2**20 / 1e-3
-    assert collectives.bus_bandwidth("all_gather", 2**20, 4, 1e-3) == ring_wire_bytes("all_gather", 2**20, 4) / 1e-3
+    assert (collectives.bus_bandwidth("all_gather", 2**20, 4, 1e-3)
+            == ring_wire_bytes("all_gather", 2**20, 4) / 1e-3)
     # a ring at link speed: busbw tends to the link's bandwidth, whatever the group
     for n in (2, 8, 64):
         t = collectives.ring_time("all_reduce", 2.0**34, n, 1e-6, 1e9)
@@ -46,7 +48,8 @@ def test_bandwidths_as_nccl_tests_report_them():
 
 
 def test_the_fit_recovers_alpha_and_beta():
-    points = [(s, collectives.ring_time("all_reduce", s, 4, 2e-4, 3e9)) for s in (4.0, 2.0**12, 2.0**20, 2.0**25)]
+    points = [(s, collectives.ring_time("all_reduce", s, 4, 2e-4, 3e9))
+              for s in (4.0, 2.0**12, 2.0**20, 2.0**25)]
     alpha, bandwidth = collectives.fit_alpha_beta(points, "all_reduce", 4)
     assert alpha == pytest.approx(2e-4, rel=1e-9) and bandwidth == pytest.approx(3e9, rel=1e-9)
     with pytest.raises(ValueError, match="two different sizes"):
@@ -55,7 +58,8 @@ def test_the_fit_recovers_alpha_and_beta():
 
 def test_traced_points_leave_out_the_warm_up_step():
     spans = [Span(0, "comm", "all_reduce", t, t + d, step=step, payload_bytes=p, group_size=2)
-             for step, (t, d, p) in enumerate([(0.0, 9.0, 100), (10.0, 1.0, 100), (20.0, 3.0, 100), (30.0, 2.0, 400)])]
+             for step, (t, d, p) in enumerate([(0.0, 9.0, 100), (10.0, 1.0, 100), (20.0, 3.0, 100),
+                                               (30.0, 2.0, 400)])]
     points = collectives.traced_points(Trace(spans=spans), "all_reduce")
     assert points == {2: [(100, 1.0), (100, 3.0), (400, 2.0)]}
     assert collectives.median_by_size(points[2]) == [(100, 2.0), (400, 2.0)]

@@ -72,7 +72,8 @@ def assert_exact_history(result, reference_losses, steps=STEPS, first_step=0):
     assert [h["step"] for h in result.history] == list(range(first_step, steps))
     assert_close_rel(result.losses, reference_losses[first_step:steps], what="losses")
     for h in result.history:
-        assert sorted(h["sample_ids"]) == sorted(expected_ids(h["step"])), f"step {h['step']}: samples lost/repeated"
+        assert sorted(h["sample_ids"]) == sorted(expected_ids(h["step"])), (
+            f"step {h['step']}: samples lost/repeated")
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +86,9 @@ def reference():
 def killed(tmp_path_factory):
     """4 nodes; the worker that is rank 2 is SIGKILLed (with its agent) at step 5; every checkpoint kept."""
     ckpt = tmp_path_factory.mktemp("killed") / "ckpt"
-    result = run_tagged(nodes=4, min_nodes=3, max_nodes=4, steps=STEPS, checkpoint_every=2, keep_checkpoints=10,
-                        checkpoint_dir=str(ckpt), fault={"rank": 2, "step": 5}, last_call_s=4)
+    result = run_tagged(nodes=4, min_nodes=3, max_nodes=4, steps=STEPS, checkpoint_every=2,
+                        keep_checkpoints=10, checkpoint_dir=str(ckpt), fault={"rank": 2, "step": 5},
+                        last_call_s=4)
     return result, ckpt
 
 
@@ -99,14 +101,16 @@ def killed(tmp_path_factory):
         (["--nnodes", "1:2", "--slow", "rank=1,factor=0"], "slow factor must be >= 1"),
         (["--nnodes", "1:2", "--slow", "rank=0,factor=-2"], "slow factor must be >= 1"),
         (["--nnodes", "3:4", "--fail", "rank=0,step=1", "--nodes", "3"], "fewer than min nodes 3"),
-        (["--nnodes", "2:4", "--steps", "5", "--checkpoint-every", "2", "--fail", "rank=1,step=2,during=save"],
+        (["--nnodes", "2:4", "--steps", "5", "--checkpoint-every", "2",
+          "--fail", "rank=1,step=2,during=save"],
          "no checkpoint is saved after step 2 (every 2 steps: after steps [1, 3, 4])"),
         pytest.param(["--nnodes", "1:2", "--device", "cuda"], "no CUDA device is visible",
                      marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")),
     ],
 )
 def test_invalid_runs_exit_2_before_any_process(monkeypatch, capsys, argv, message):
-    monkeypatch.setattr(launch_module, "_agent_starter", lambda *a: pytest.fail("an agent was about to start"))
+    monkeypatch.setattr(launch_module, "_agent_starter",
+                        lambda *a: pytest.fail("an agent was about to start"))
     assert cli.main(["elastic", *argv]) == 2
     assert message in capsys.readouterr().err
 
@@ -127,7 +131,8 @@ def test_another_models_checkpoint_is_refused_with_exit_2(tmp_path, monkeypatch,
     cfg, model, optimizer = _tiny_trained()
     theirs = ElasticConfig.build("small").signature()  # the manifest says another model wrote it
     checkpoint.save(tmp_path, 1, model, optimizer, theirs, {"next_step": 1})
-    monkeypatch.setattr(launch_module, "_agent_starter", lambda *a: pytest.fail("an agent was about to start"))
+    monkeypatch.setattr(launch_module, "_agent_starter",
+                        lambda *a: pytest.fail("an agent was about to start"))
     assert cli.main(["elastic", "--nnodes", "1:2", "--checkpoint-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "holds another model's checkpoint" in err and "model:" in err
@@ -226,7 +231,8 @@ def assert_no_line_across_a_gap(fig) -> None:
     ran, a line has a gap (None), never a segment."""
     training = [(lo, hi) for label, lo, hi in fig.layout.meta["phases"] if label.startswith("training")]
     wall_clock = {fig.get_subplot(row, 1).xaxis.plotly_name.replace("axis", "") for row in (2, 3, 4)}
-    lines = [t for t in fig.data if t.type == "scatter" and t.xaxis in wall_clock and "lines" in (t.mode or "")]
+    lines = [t for t in fig.data
+             if t.type == "scatter" and t.xaxis in wall_clock and "lines" in (t.mode or "")]
     assert lines
     for t in lines:
         for a, b in zip(t.x, t.x[1:]):
@@ -237,17 +243,19 @@ def assert_no_line_across_a_gap(fig) -> None:
 def test_the_elastic_figure_tells_the_story_in_phases(killed):
     result, _ = killed
     fig = viz.elastic(result.trace)
-    assert phase_labels(fig) == ["start", "training at 4 ranks", "failure", "detected", "rendezvous", "restore",
-                                 "training at 3 ranks"]
+    assert phase_labels(fig) == ["start", "training at 4 ranks", "failure", "detected",
+                                 "rendezvous", "restore", "training at 3 ranks"]
     starts = [lo for _, lo, _ in fig.layout.meta["phases"]]
     assert starts == sorted(starts) and all(lo <= hi for _, lo, hi in fig.layout.meta["phases"])
     failure = next(lo for label, lo, _ in fig.layout.meta["phases"] if label == "failure")
-    assert failure == pytest.approx(next(s.start for s in result.trace.select(lane="event") if s.kind == "failure"))
+    assert (failure
+            == pytest.approx(next(s.start for s in result.trace.select(lane="event") if s.kind == "failure")))
     assert_no_line_across_a_gap(fig)
     step_time = next(t for t in fig.data if t.name == "step time")
     assert None in step_time.x, "the recovery is a gap in the step-time line"
     # the step-indexed panels: one bar per step, world 4 then 3, each step's samples over the ranks
-    assert fig.layout.meta["steps"] == list(range(STEPS)) and fig.layout.meta["world_size"] == result.summary["world_sizes"]
+    assert (fig.layout.meta["steps"] == list(range(STEPS))
+            and fig.layout.meta["world_size"] == result.summary["world_sizes"])
     samples = [t for t in fig.data if t.type == "bar" and (t.name or "").startswith("rank ")]
     assert [sum(t.y[k] for t in samples) for k in range(STEPS)] == [BATCH] * STEPS
     lost = next(t for t in fig.data if t.name == "step lost (redone later)")
@@ -292,14 +300,17 @@ def test_a_crash_during_a_save_resumes_from_the_previous_checkpoint_then_a_node_
 @pytest.mark.timeout(240)
 def test_balancing_a_3x_slower_rank_keeps_single_device_losses(reference, capsys, tmp_path):
     with nothing_left_behind():
-        code = cli.main(["elastic", "--nnodes", "2:2", "--steps", "5", "--global-batch", str(BATCH), "--slow", "rank=1,factor=3",
-                         "--balance", "--json", "--run-timeout", "170", "--trace", str(tmp_path / "balanced.json")])
+        code = cli.main(["elastic", "--nnodes", "2:2", "--steps", "5", "--global-batch", str(BATCH),
+                         "--slow", "rank=1,factor=3",
+                         "--balance", "--json", "--run-timeout", "170", "--trace",
+                         str(tmp_path / "balanced.json")])
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
     assert_close_rel(summary["losses"], reference[:5], what="losses")
     shares = summary["samples_per_rank"]
     assert shares[0] == [6, 6] and all(sum(s) == BATCH for s in shares)
-    assert sum(s[1] for s in shares[1:]) < sum(s[0] for s in shares[1:]), "the slow rank was not given less work"
+    assert sum(s[1] for s in shares[1:]) < sum(s[0] for s in shares[1:]), (
+        "the slow rank was not given less work")
     for step, ids in enumerate(summary["sample_ids"]):
         assert sorted(ids) == sorted(expected_ids(step))
     # the figure: each rank's batch share per step, beside its share of the throughput

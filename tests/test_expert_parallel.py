@@ -36,7 +36,8 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def runs():
-    common = dict(steps=STEPS, global_batch=BATCH, optimizer="sgd", lr=0.05, collect_state=True, bucket_mb=0.01)
+    common = dict(steps=STEPS, global_batch=BATCH, optimizer="sgd", lr=0.05, collect_state=True,
+                  bucket_mb=0.01)
     out = {name: paralab.run("single", 1, model=model, **common) for name, model in MODELS.items()}
     for label, (strategy, world, model, options) in CASES.items():
         out[label] = paralab.run(strategy, world, model=MODELS[model], **common, **options)
@@ -123,7 +124,8 @@ def test_expert_gradients_are_reduced_over_their_own_group_only(runs):
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("strategy, options", [("ddp", {}), ("pp", dict(schedule="zb-h1", microbatches=2))])
-def test_a_mixture_of_experts_trains_under_the_other_strategies_too(runs, strategy, options, no_leftover_ranks):
+def test_a_mixture_of_experts_trains_under_the_other_strategies_too(runs, strategy, options,
+                                                                    no_leftover_ranks):
     """Without ep the experts are plain parameters: replicated by ddp, cut into stages by pp (where each
     microbatch's auxiliary loss is scaled as its loss is)."""
     reference = runs["dropless"]

@@ -20,7 +20,8 @@ def test_the_gallery_shows_a_notebooks_figure_and_its_figure_widget(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     assert "widgets.ipynb: 2 figures" in run.stdout
     page = out.read_text()
-    plots = re.findall(r'Plotly\.newPlot\("fig(\d+)", (\[.*?\]), (\{.*?\}), \{responsive: true\}\);</script>', page)
+    plots = re.findall(r'Plotly\.newPlot\("fig(\d+)", (\[.*?\]), (\{.*?\}), '
+                       r'\{responsive: true\}\);</script>', page)
     assert [n for n, _, _ in plots] == ["1", "2"]
     static, widget = (json.loads(layout)["title"]["text"] for _, _, layout in plots)
     assert static == "tiny model: gradient bytes" and widget == "all-reduce bytes on the wire per rank"

@@ -75,7 +75,8 @@ def test_ddp_buckets_all_reduced_over_dp_once_per_step(runs, label, no_leftover_
             assert sum(s.payload_bytes for s in spans) == result["memory"]["final"]["params"]
 
 
-@pytest.mark.parametrize("label", ["2x2x2 zero1 + sequence parallel", "2x2x2 zero2 adam", "2x1x2 zero2 interleaved"])
+@pytest.mark.parametrize("label",
+                         ["2x2x2 zero1 + sequence parallel", "2x2x2 zero2 adam", "2x1x2 zero2 interleaved"])
 def test_zero_reduce_scatters_over_dp_once_per_step(runs, label, no_leftover_ranks):
     """ZeRO over dp: each unit's gradients are reduce-scattered once per step and the parameters
     all-gathered once, on groups of dp ranks."""
@@ -86,7 +87,8 @@ def test_zero_reduce_scatters_over_dp_once_per_step(runs, label, no_leftover_ran
         units = result["zero"]["units"]
         for step in range(STEPS):
             for kind, prefix in (("reduce_scatter", "grads"), ("all_gather", "params")):
-                spans = [s for s in run.trace.select(kind=kind, rank=rank) if s.step == step and s.name.startswith(prefix)]
+                spans = [s for s in run.trace.select(kind=kind, rank=rank)
+                         if s.step == step and s.name.startswith(prefix)]
                 assert len(spans) == len(units), f"rank {rank} step {step} {kind}: {[s.name for s in spans]}"
                 assert {s.group_size for s in spans} == {dp}
 
@@ -141,9 +143,11 @@ def test_mesh_figure_draws_every_rank_at_its_coordinate(runs):
     (dict(world_size=4, dp=1, tp=3, pp=1), r"world size is 4"),
     (dict(world_size=6, dp=2, tp=3, pp=1), r"tp 3 does not divide the hidden size"),
     (dict(world_size=8, dp=1, tp=1, pp=8), r"every stage needs a layer"),
-    (dict(world_size=4, dp=2, tp=1, pp=2, microbatches=3), r"does not split into dp=2 replicas x 3 microbatches"),
+    (dict(world_size=4, dp=2, tp=1, pp=2, microbatches=3),
+     r"does not split into dp=2 replicas x 3 microbatches"),
     (dict(world_size=4, dp=2, tp=1, pp=2, zero=3), r"not supported: zero3 in hybrid \(with pp=2\)"),
-    (dict(world_size=4, dp=2, tp=2, pp=1, zero=2, sequence_parallel=True), r"not supported: zero=2 with sequence"),
+    (dict(world_size=4, dp=2, tp=2, pp=1, zero=2, sequence_parallel=True),
+     r"not supported: zero=2 with sequence"),
     (dict(world_size=2, dp=2, tp=1, pp=1, sequence_parallel=True), r"needs tp > 1"),
     (dict(world_size=2, strategy="ddp", zero=1), r"zero=1 is a hybrid option"),
 ])
@@ -154,7 +158,8 @@ def test_refuses_what_cannot_run_before_starting(options, match):
 
 
 def test_dp_is_inferred_from_the_world_size():
-    layout = resolve_layout(RunConfig.build(MODEL, strategy="hybrid", world_size=8, tp=2, pp=2, global_batch=BATCH))
+    layout = resolve_layout(RunConfig.build(MODEL, strategy="hybrid", world_size=8, tp=2, pp=2,
+                                            global_batch=BATCH))
     assert (layout.dp, layout.batch_per_replica, layout.schedule) == (2, BATCH // 2, "1f1b")
 
 

@@ -77,8 +77,9 @@ class LabServer:
         if shutil.which("make") is None:
             pytest.skip("make is not installed")
         self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.command(), env=self.env(), stdout=self.log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(self.command(), env=self.env(), stdout=self.log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

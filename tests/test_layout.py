@@ -81,10 +81,13 @@ def test_a_paralab_strategy_is_found_without_importing_torchs_references():
     import sys
 
     probe = ("import sys; from paralab.strategies.registry import get_strategy; get_strategy({!r}); "
-             "print(sorted(m.rsplit('.', 1)[-1] for m in sys.modules if m.startswith('paralab.strategies.reference')))")
-    for name, expected in (("ddp", "[]"), ("hybrid", "[]"), ("torch_fsdp", "['reference_ddp', 'reference_fsdp', "
-                                                                          "'reference_pipeline', 'reference_tensor']")):
-        out = subprocess.run([sys.executable, "-c", probe.format(name)], capture_output=True, text=True, check=True)
+             "print(sorted(m.rsplit('.', 1)[-1] "
+             "for m in sys.modules if m.startswith('paralab.strategies.reference')))")
+    for name, expected in (("ddp", "[]"), ("hybrid", "[]"),
+                           ("torch_fsdp", "['reference_ddp', 'reference_fsdp', "
+                                          "'reference_pipeline', 'reference_tensor']")):
+        out = subprocess.run([sys.executable, "-c", probe.format(name)], capture_output=True,
+                             text=True, check=True)
         assert out.stdout.strip() == expected, (name, out.stdout, out.stderr)
 
 
@@ -101,7 +104,8 @@ def test_every_strategy_resolves_to_the_degrees_its_table_row_says(name):
     extra = {"tp": 2} if len(strategy.axes) > 1 else {}
     extra.update({"pp": 2} if len(strategy.axes) >= 3 else {})
     extra.update({"microbatches": 4} if "pp" in strategy.axes and name != "mp" else {})
-    model = dict(layers=4, hidden=64, heads=4, vocab=128, experts=4 if name == "ep" else 0)  # ep needs experts
+    # ep needs experts
+    model = dict(layers=4, hidden=64, heads=4, vocab=128, experts=4 if name == "ep" else 0)
     layout = resolve_layout(RunConfig.build(model, strategy=name, world_size=world, global_batch=8, **extra))
     degrees = {axis: layout.degree(axis) for axis in AXES}
     assert math.prod(degrees.values()) == world
@@ -152,10 +156,12 @@ def test_the_resolved_shapes_of_the_lab_strategies(name, world, options, expecte
     (dict(strategy="ddp", fault={"rank": "a", "step": 1}), r"fault rank must be a whole number"),
     (dict(strategy="ddp", fault={"rank": 1, "step": "x"}), r"fault step must be a whole number"),
     (dict(strategy="ddp", fault={"rank": 1, "step": 1, "kind": "explode"}), r"fault kind must be one of"),
-    (dict(strategy="ddp", ep=2, model="tiny-moe"), r"ddp has no expert parallel: use strategy 'ep' or 'hybrid'"),
+    (dict(strategy="ddp", ep=2, model="tiny-moe"),
+     r"ddp has no expert parallel: use strategy 'ep' or 'hybrid'"),
     (dict(strategy="ep"), r"ep=2 shards experts, but model 'tiny' is dense"),
     (dict(strategy="hybrid", ep=2), r"ep=2 shards experts, but model 'tiny' is dense"),
-    (dict(strategy="hybrid", tp=2, model="tiny-moe"), r"not supported: a mixture-of-experts model .* with tp=2"),
+    (dict(strategy="hybrid", tp=2, model="tiny-moe"),
+     r"not supported: a mixture-of-experts model .* with tp=2"),
     (dict(strategy="hybrid", ep=2, zero=1, model="tiny-moe"), r"not supported: zero=1 with ep=2"),
 ])
 def test_shapes_that_cannot_run_are_refused_before_any_process(monkeypatch, options, message):
@@ -167,7 +173,8 @@ def test_shapes_that_cannot_run_are_refused_before_any_process(monkeypatch, opti
 def test_the_unused_tuning_knob_is_reported_not_echoed(monkeypatch):
     layout = resolve_layout(RunConfig.build("tiny", strategy="zero1", world_size=2, bucket_mb=1.0))
     assert layout.unused_options == ("bucket_mb",)
-    assert resolve_layout(RunConfig.build("tiny", strategy="ddp", world_size=2, bucket_mb=1.0)).unused_options == ()
+    assert resolve_layout(RunConfig.build("tiny", strategy="ddp", world_size=2,
+                                          bucket_mb=1.0)).unused_options == ()
 
 
 def test_resolving_writes_nothing_back_into_the_config():

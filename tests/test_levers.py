@@ -32,7 +32,8 @@ STATELESS = ("torch_tp", "torch_hybrid")  # DTensor names differ from GPT's: los
 
 def run(strategy, steps=2, **options):
     world, shape = STRATEGIES[strategy] if strategy in STRATEGIES else (1, {})
-    return paralab.run(strategy, world, steps=steps, global_batch=BATCH, **{"model": MODEL, **shape, **options})
+    return paralab.run(strategy, world, steps=steps, global_batch=BATCH,
+                       **{"model": MODEL, **shape, **options})
 
 
 # ------------------------------------------------------------------------------------- precision
@@ -90,7 +91,8 @@ def test_an_fp16_overflow_skips_the_step_lowers_the_scale_and_is_reported(no_lef
     assert len(marks) == 3 * 2 and "loss scale" in marks[0].name
     initial = GPT(paralab.ModelConfig(**MODEL), seed=0).to(torch.float16)
     for name, param in initial.named_parameters():
-        assert torch.equal(result.params[name], param.detach()), f"{name} changed though every step overflowed"
+        assert torch.equal(result.params[name], param.detach()), (
+            f"{name} changed though every step overflowed")
 
 
 # ------------------------------------------------------------------------------------- recomputation
@@ -121,7 +123,8 @@ def test_recomputation_changes_nothing_but_memory_and_time(strategy, mode, plain
 def test_k_microbatches_of_b_equal_one_batch_of_k_times_b(strategy, plain, no_leftover_ranks):
     k = 2 if strategy in ("pp", "hybrid", "torch_pp") else 4  # pipelines: 4 microbatches against 2
     if strategy == "mp":
-        pytest.skip("mp is the naive schedule over one batch (it refuses microbatches; tested in test_pipeline)")
+        pytest.skip("mp is the naive schedule over one batch (it refuses microbatches; "
+                    "tested in test_pipeline)")
     result = run(strategy, optimizer="sgd", lr=0.05, collect_state=strategy not in STATELESS,
                  microbatches=k * (2 if strategy in ("pp", "hybrid", "torch_pp") else 1))
     reference = plain[strategy]
@@ -147,7 +150,8 @@ def test_zero_traffic_under_accumulation_follows_the_paper(plain, no_leftover_ra
     for strategy, scatter, gather in (("zero1", 1, 1), ("zero2", m, 1), ("zero3", m, m)):
         accumulated = run(strategy, optimizer="sgd", lr=0.05, microbatches=m)
         one = plain[strategy]
-        assert _bytes_per_step(accumulated, "reduce_scatter") == scatter * _bytes_per_step(one, "reduce_scatter")
+        assert (_bytes_per_step(accumulated, "reduce_scatter")
+                == scatter * _bytes_per_step(one, "reduce_scatter"))
         assert _bytes_per_step(accumulated, "all_gather") == gather * _bytes_per_step(one, "all_gather")
 
 
@@ -155,10 +159,12 @@ def test_zero_traffic_under_accumulation_follows_the_paper(plain, no_leftover_ra
 @pytest.mark.parametrize("options, message", [
     (dict(strategy="pp", world_size=2, schedule="zb-h1", microbatches=2, recompute="full"), r"zb-h1 splits"),
     (dict(strategy="torch_fsdp", world_size=2, dtype="fp16"), r"torch_fsdp runs bf16"),
-    (dict(strategy="ddp", world_size=2, microbatches=3), r"does not split into dp=2 replicas x 3 microbatches"),
+    (dict(strategy="ddp", world_size=2, microbatches=3),
+     r"does not split into dp=2 replicas x 3 microbatches"),
     (dict(strategy="ddp", world_size=2, dtype="fp8"), r"dtype must be one of"),
     (dict(strategy="ddp", world_size=2, recompute="half"), r"recompute must be one of"),
-    (dict(strategy="ddp", world_size=2, model=dict(attention="flash"), global_batch=8), r"attention must be one of"),
+    (dict(strategy="ddp", world_size=2, model=dict(attention="flash"), global_batch=8),
+     r"attention must be one of"),
 ])
 def test_levers_a_run_cannot_honour_are_refused_before_any_process(monkeypatch, options, message):
     monkeypatch.setattr(launch_module, "_context", lambda: pytest.fail("a process was about to start"))
@@ -190,4 +196,5 @@ def test_the_levers_are_flags_and_keys_of_the_run_json(capsys, no_leftover_ranks
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
     assert {k: summary[k] for k in ("dtype", "reduce_dtype", "recompute", "accumulate", "attention")} == \
-        {"dtype": "bf16", "reduce_dtype": "fp32", "recompute": "selective", "accumulate": 2, "attention": "math"}
+        {"dtype": "bf16", "reduce_dtype": "fp32", "recompute": "selective", "accumulate": 2,
+         "attention": "math"}

@@ -71,7 +71,8 @@ def test_load_balancing_loss_equals_its_closed_form_on_a_constructed_routing():
                           [0.25, 0.25, 0.25, 0.25], [0.1, 0.1, 0.1, 0.7]])  # sequence 1
     experts = torch.tensor([[0, 1], [0, 1], [2, 0], [3, 0]])
     # sequence 0: f = (2, 2, 0, 0) / 4, P = (0.65, 0.15, 0.1, 0.1) -> 4 x (0.5 x 0.65 + 0.5 x 0.15) = 1.6
-    # sequence 1: f = (2, 0, 1, 1) / 4, P = (0.175, 0.175, 0.175, 0.475) -> 4 x (0.0875 + 0.04375 + 0.11875) = 1.0
+    # sequence 1: f = (2, 0, 1, 1) / 4, P = (0.175, 0.175, 0.175, 0.475)
+    #   -> 4 x (0.0875 + 0.04375 + 0.11875) = 1.0
     assert load_balancing_loss(probs, experts, seq_len=2).item() == pytest.approx((1.6 + 1.0) / 2)
     uniform = torch.full((8, 4), 0.25)
     assert load_balancing_loss(uniform, torch.tensor([[0, 1], [2, 3]] * 4), 8).item() == pytest.approx(1.0)
@@ -152,7 +153,8 @@ def test_presets_and_parameter_count():
 
 # ------------------------------------------------------------------------------------------ refusals
 @pytest.mark.parametrize("strategy, world, model, options, message", [
-    ("ep", 4, dict(MOE, experts=6), dict(ep=4), r"6 experts are not divisible by ep=4.* ep that fit: \[1, 2\]"),
+    ("ep", 4, dict(MOE, experts=6), dict(ep=4),
+     r"6 experts are not divisible by ep=4.* ep that fit: \[1, 2\]"),
     ("hybrid", 4, dict(MOE, experts=6), dict(ep=4), r"6 experts are not divisible by ep=4"),
     ("ep", 2, dict(MOE, top_k=5), {}, r"top_k 5 is above the number of experts 4"),
     ("ep", 2, dict(MOE, capacity_factor=0.0), {}, r"capacity factor .* must be > 0, got 0"),
@@ -179,8 +181,9 @@ def test_the_cli_refuses_them_with_exit_code_2(capsys, monkeypatch, flags, messa
 
 
 def test_cli_flags_override_the_preset():
-    args = cli.build_parser().parse_args(["run", "--strategy", "ep", "--world-size", "2", "--model", "tiny-moe",
-                                          "--top-k", "1", "--capacity-factor", "1.25", "--ep", "2"])
+    args = cli.build_parser().parse_args(["run", "--strategy", "ep", "--world-size", "2",
+                                          "--model", "tiny-moe", "--top-k", "1", "--capacity-factor", "1.25",
+                                          "--ep", "2"])
     cfg = cli.config_from_args(args)
     assert (cfg.model.experts, cfg.model.top_k, cfg.model.capacity_factor) == (4, 1, 1.25)
     assert resolve_layout(cfg).ep == 2

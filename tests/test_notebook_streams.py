@@ -16,12 +16,13 @@ REPO = Path(__file__).resolve().parent.parent
 def test_information_on_stderr_fails_the_cell_an_explained_warning_does_not(tmp_path):
     cells = [nbformat.v4.new_code_cell("print('layout: 2 x 2')"),
              nbformat.v4.new_code_cell("import sys\nprint('layout: 2 x 2', file=sys.stderr)"),
-             nbformat.v4.new_code_cell("import warnings\nwarnings.warn('more ranks than cores', RuntimeWarning)",
+             nbformat.v4.new_code_cell("import warnings\n"
+                                       "warnings.warn('more ranks than cores', RuntimeWarning)",
                                        metadata={"tags": ["warning-explained"]})]
     path = tmp_path / "streams.ipynb"
     nbformat.write(nbformat.v4.new_notebook(cells=cells), path)
-    out = subprocess.run([sys.executable, "-m", "pytest", "-c", str(REPO / "pyproject.toml"), "-p", "tests.nb_streams",
-                          "-p", "no:cacheprovider", "-q", "-rf", str(path)], cwd=REPO, capture_output=True, text=True,
-                         timeout=240)
+    out = subprocess.run([sys.executable, "-m", "pytest", "-c", str(REPO / "pyproject.toml"),
+                          "-p", "tests.nb_streams", "-p", "no:cacheprovider", "-q", "-rf", str(path)],
+                         cwd=REPO, capture_output=True, text=True, timeout=240)
     assert "1 failed, 2 passed" in out.stdout, out.stdout + out.stderr
     assert "Cell 1 - pytest plugin exception: the cell wrote to stderr" in out.stdout, out.stdout

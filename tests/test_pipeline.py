@@ -58,8 +58,8 @@ def pipeline_run(schedule, pp, microbatches, virtual_stages, optimizer, strategy
         strategy = strategy or ("mp" if schedule == "naive" else "pp")
         options = {} if strategy == "mp" else dict(pp=pp, schedule=schedule, microbatches=microbatches,
                                                    virtual_stages=virtual_stages)
-        _runs[key] = paralab.run(strategy, pp, steps=STEPS, model=MODEL, global_batch=BATCH, optimizer=optimizer,
-                                 lr=LR[optimizer], collect_state=True,
+        _runs[key] = paralab.run(strategy, pp, steps=STEPS, model=MODEL, global_batch=BATCH,
+                                 optimizer=optimizer, lr=LR[optimizer], collect_state=True,
                                  stage_layers=STAGE_LAYERS.get((schedule, pp, microbatches)), **options)
     return _runs[key]
 
@@ -82,7 +82,8 @@ def test_same_losses_and_parameters_as_single_device(references, schedule, pp, m
     if optimizer == "sgd":
         assert_same_params(run.params, reference.params)
         assert set(run.grads) == set(reference.grads)
-    if (schedule, pp, microbatches) in STAGE_LAYERS:  # each rank holds the parameters of the split it was given
+    # each rank holds the parameters of the split it was given
+    if (schedule, pp, microbatches) in STAGE_LAYERS:
         cfg = paralab.ModelConfig(**MODEL)
         stages = pp * virtual_stages
         parts = stage_part_indices(cfg, stages, STAGE_LAYERS[(schedule, pp, microbatches)])
@@ -116,7 +117,8 @@ def test_trace_and_memory_agree_with_the_schedule(schedule, pp, microbatches, vi
     hidden = MODEL["hidden"] * MODEL["seq_len"] * (BATCH // microbatches) * 4
     assert all(s.payload_bytes == hidden for s in sends)
     summary = run.summary
-    assert summary["bubble_theoretical"] == pytest.approx(theoretical_bubble(schedule, pp, microbatches, virtual_stages))
+    assert (summary["bubble_theoretical"]
+            == pytest.approx(theoretical_bubble(schedule, pp, microbatches, virtual_stages)))
     assert 0.0 < summary["bubble_fraction"] < 1.0
 
 
@@ -125,7 +127,8 @@ def test_trace_and_memory_agree_with_the_schedule(schedule, pp, microbatches, vi
     ("1f1b", 2, 4, 1, "sgd"),
     ("interleaved", 4, 4, 2, "sgd"),
 ])
-def test_same_losses_as_torch_pipelining(schedule, pp, microbatches, virtual_stages, optimizer, no_leftover_ranks):
+def test_same_losses_as_torch_pipelining(schedule, pp, microbatches, virtual_stages, optimizer,
+                                         no_leftover_ranks):
     ours = pipeline_run(schedule, pp, microbatches, virtual_stages, optimizer)
     torchs = pipeline_run(schedule, pp, microbatches, virtual_stages, optimizer, strategy="torch_pp")
     assert_close_rel(ours.losses, torchs.losses, what=f"{schedule} losses vs torch")
@@ -142,14 +145,16 @@ def test_executor_simulator_and_validator_agree_on_the_order(schedule, pp, micro
     and as the validator's proved global order visits them: the schedule's own list, every time."""
     run = pipeline_run(schedule, pp, microbatches, virtual_stages, "sgd")
     plan = build_schedule(schedule, pp, microbatches, virtual_stages)
-    counts = STAGE_LAYERS.get((schedule, pp, microbatches)) or [MODEL["layers"] // plan.num_stages] * plan.num_stages
+    counts = (STAGE_LAYERS.get((schedule, pp, microbatches))
+              or [MODEL["layers"] // plan.num_stages] * plan.num_stages)
     unit = {"forward": 1.0, "backward": 2.0, "backward_input": 1.0, "backward_weight": 1.0}
     simulated = simulate_schedule(plan, lambda a: unit[a.op] * counts[a.stage], 0.1)
     proved = validate_schedule(plan).order
     for rank, actions in enumerate(plan.actions):
         listed = [(a.op, a.stage, a.microbatch) for a in actions if a.is_compute]
-        assert [key for r, i in proved if r == rank for key in [(actions[i].op, actions[i].stage,
-                                                                 actions[i].microbatch)] if actions[i].is_compute] == listed
+        assert [key for r, i in proved if r == rank
+                for key in [(actions[i].op, actions[i].stage, actions[i].microbatch)]
+                if actions[i].is_compute] == listed
         assert [(s.kind, s.stage, s.microbatch) for s in sorted(simulated.select(lane="compute", rank=rank),
                                                                 key=lambda s: s.start)] == listed
         for step in range(STEPS):
@@ -181,7 +186,8 @@ def test_balanced_split_makes_the_ends_lighter_by_what_they_cost():
     assert balanced_split(10, 4, first=0, last=0) == [2, 3, 3, 2]
     assert balanced_split(16, 4, first=1, last=3) == [4, 5, 5, 2]  # a large vocabulary: the loss end lightest
     def most_work(counts, first, last):
-        return max(c + (first if s == 0 else 0) + (last if s == len(counts) - 1 else 0) for s, c in enumerate(counts))
+        return max(c + (first if s == 0 else 0) + (last if s == len(counts) - 1 else 0)
+                   for s, c in enumerate(counts))
 
     def splits(layers, stages):  # every way to give each stage at least one block
         if stages == 1:
@@ -200,7 +206,8 @@ def test_balanced_split_makes_the_ends_lighter_by_what_they_cost():
 
 
 def _refused(match, strategy="pp", world_size=2, global_batch=BATCH, **options):
-    cfg = RunConfig.build(MODEL, strategy=strategy, world_size=world_size, global_batch=global_batch, **options)
+    cfg = RunConfig.build(MODEL, strategy=strategy, world_size=world_size,
+                          global_batch=global_batch, **options)
     with pytest.raises(ConfigError, match=match):
         resolve_layout(cfg)
 

@@ -51,7 +51,8 @@ def test_report_content(report, ddp_run):
     assert text.startswith("<!DOCTYPE html>")
     divs = figure_divs(text)
     for heading in ("Timeline", "Communication by op and step", "Bytes exchanged, rank by rank",
-                    "Communication by parallel dimension and link", "Device mesh", "Memory per rank", "Loss", "Summary"):
+                    "Communication by parallel dimension and link", "Device mesh", "Memory per rank",
+                    "Loss", "Summary"):
         assert f"<h2>{heading}</h2>" in text, heading
     assert "Pipeline bubble" not in text  # a DDP run has no pipeline bubble
     assert len(divs) >= 6 and text.count("Plotly.newPlot") == len(divs)
@@ -97,7 +98,8 @@ def test_report_main_exit_codes(ddp_run, tmp_path, capsys):
 def _chromium() -> str | None:
     log = Path("/tmp/chromium.log")
     deadline = time.monotonic() + 120  # the Debian package may still be installing
-    while log.exists() and not log.read_text(errors="replace").rstrip().endswith("done") and time.monotonic() < deadline:
+    while (log.exists() and not log.read_text(errors="replace").rstrip().endswith("done")
+           and time.monotonic() < deadline):
         time.sleep(2)
     for path in CHROMIUM_CANDIDATES:
         if os.access(path, os.X_OK):
@@ -130,7 +132,8 @@ def test_report_renders_in_chromium(report):
 
             page.route("**/*", gate)
             page.goto(url)
-            page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {expected}",
+            page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= "
+                                   f"{expected}",
                                    timeout=30_000)
             plots = page.locator(".js-plotly-plot")
             assert plots.count() == expected
@@ -141,7 +144,8 @@ def test_report_renders_in_chromium(report):
             assert {"r0 compute", "r1 comm"} <= set(rows)
             for i in range(expected):
                 fig = page.locator(f"#figure-{i}")
-                drawn = fig.locator("g.barlayer path, g.scatterlayer path.js-line, g.hm image, g.heatmaplayer image").count()
+                drawn = fig.locator("g.barlayer path, g.scatterlayer path.js-line, g.hm image, "
+                                    "g.heatmaplayer image").count()
                 assert drawn > 0, f"figure {i} drew nothing"
             assert not errors, errors
         finally:

@@ -59,7 +59,8 @@ def test_a_raising_rank_is_named_promptly(no_leftover_ranks):
 @pytest.mark.timeout(90)
 def test_a_hung_collective_ends_in_a_clear_timeout(no_leftover_ranks):
     with pytest.raises(paralab.RunError, match="timed out after 4 s"):
-        paralab.run("ddp", 2, steps=3, global_batch=8, timeout_s=4, fault={"rank": 1, "step": 1, "kind": "hang"})
+        paralab.run("ddp", 2, steps=3, global_batch=8, timeout_s=4,
+                    fault={"rank": 1, "step": 1, "kind": "hang"})
 
 
 def test_more_ranks_than_cores_warns(monkeypatch, no_leftover_ranks):
@@ -98,8 +99,8 @@ def test_a_script_runs_without_a_main_guard_however_python_got_it(tmp_path, how)
     script = "import paralab\nprint(len(paralab.run('ddp', 2, steps=1, global_batch=4).losses))\n"
     (tmp_path / "unguarded.py").write_text(script)
     argv = {"piped": ["-"], "file": [str(tmp_path / "unguarded.py")], "module": ["-m", "unguarded"]}[how]
-    done = subprocess.run([sys.executable, *argv], input=script if how == "piped" else None, capture_output=True,
-                          text=True, timeout=150, cwd=tmp_path)
+    done = subprocess.run([sys.executable, *argv], input=script if how == "piped" else None,
+                          capture_output=True, text=True, timeout=150, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "1"
 

@@ -84,13 +84,15 @@ def test_recv_right_before_and_send_right_after_compute(name, p, m, v):
                 assert a.peer != rank
 
 
-@pytest.mark.parametrize(("p", "m", "v"), [(4, 1, 2), (4, 3, 2), (4, 6, 2), (4, 10, 3), (3, 5, 2), (5, 12, 2)])
+@pytest.mark.parametrize(("p", "m", "v"),
+                         [(4, 1, 2), (4, 3, 2), (4, 6, 2), (4, 10, 3), (3, 5, 2), (5, 12, 2)])
 def test_interleaved_runs_microbatch_counts_the_stages_do_not_divide(p, m, v):
     """torch's relaxation of Megatron's rule: rounds of m / max(1, m // p) microbatches. The closed form
     holds for every such shape; with m >= p it is Megatron's (p - 1) / (v m + p - 1)."""
     schedule = build_schedule("interleaved", p, m, v)
     validate_schedule(schedule)
-    assert simulated_bubble(schedule, TIMES) == pytest.approx(theoretical_bubble("interleaved", p, m, v), abs=1e-9)
+    assert (simulated_bubble(schedule, TIMES)
+            == pytest.approx(theoretical_bubble("interleaved", p, m, v), abs=1e-9))
     if m >= p:
         assert theoretical_bubble("interleaved", p, m, v) == pytest.approx((p - 1) / (v * m + p - 1))
 
@@ -418,7 +420,8 @@ def test_dualpipev_shape_memory_and_slots(p, m):
 
 
 def test_dualpipev_needs_twice_as_many_microbatches_as_ranks():
-    with pytest.raises(ValueError, match=r"dualpipev needs at least as many microbatches as stages \(2 x pp = 8\)"):
+    with pytest.raises(ValueError,
+                       match=r"dualpipev needs at least as many microbatches as stages \(2 x pp = 8\)"):
         build_schedule("dualpipev", 4, 6)
 
 
@@ -429,7 +432,8 @@ def test_the_validator_accepts_full_and_split_backwards_in_one_schedule_but_not_
     for rank, text in ((0, "B1@s0"), (1, "B1@s1")):
         i = find(schedule, rank, text)
         b = schedule.actions[rank][i]
-        schedule.actions[rank][i:i + 1] = [Action("backward_input", b.stage, 1), Action("backward_weight", b.stage, 1)]
+        schedule.actions[rank][i:i + 1] = [Action("backward_input", b.stage, 1),
+                                           Action("backward_weight", b.stage, 1)]
     assert validate_schedule(schedule).peak_activations == [2, 1]
     assert simulated_bubble(schedule, TIMES) > 0
     del schedule.actions[1][find(schedule, 1, "W1@s1")]
@@ -451,8 +455,9 @@ def test_dualpipev_is_torchs_order():
             fake = type("Shape", (), {"pp_group_size": p, "_n_microbatches": m})()
             theirs = []
             for a in schedules.ScheduleDualPipeV._calculate_single_rank_operations(fake, rank):
-                for sub, overlapped in ((a.sub_actions[0], False), (a.sub_actions[1], True)) if a.sub_actions \
-                        else ((a, False),):
-                    theirs.append((ops[sub.computation_type.name], sub.stage_index, sub.microbatch_index, overlapped))
+                for sub, overlapped in ((a.sub_actions[0], False), (a.sub_actions[1], True)) \
+                        if a.sub_actions else ((a, False),):
+                    theirs.append((ops[sub.computation_type.name], sub.stage_index,
+                                   sub.microbatch_index, overlapped))
             mine = [(a.op, a.stage, a.microbatch, a.overlapped) for a in ours.actions[rank] if a.is_compute]
             assert mine == theirs, f"p={p} m={m} rank {rank}"

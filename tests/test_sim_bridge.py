@@ -34,7 +34,8 @@ def test_parameter_count_matches_the_real_gpt(preset):
     model, _ = specs_from_run(RunConfig.build(preset, strategy="single"))
     assert counting.parameter_counts(model)["total"] == MODEL_PRESETS[preset].param_count()
     # a whole model on one rank: the per-tensor count is the GPT's 12 per block + 2 embeddings + 4 in the head
-    assert counting.stage_tensors(model, specs_from_run(RunConfig.build(preset))[1], 0) == 12 * model.layers + 6
+    assert (counting.stage_tensors(model, specs_from_run(RunConfig.build(preset))[1], 0)
+            == 12 * model.layers + 6)
 
 
 def test_model_mapping():
@@ -50,14 +51,17 @@ def test_model_mapping():
     "options, expect",
     [
         (dict(strategy="single", world_size=1), dict(dp=1, tp=1, pp=1, micro_batch=8, microbatches=1)),
-        (dict(strategy="dp", world_size=2), dict(dp=2, micro_batch=4, overlap_grad_reduce=False, grad_buckets=54)),
-        (dict(strategy="ddp", world_size=4), dict(dp=4, micro_batch=2, overlap_grad_reduce=True, grad_buckets=1)),
+        (dict(strategy="dp", world_size=2),
+         dict(dp=2, micro_batch=4, overlap_grad_reduce=False, grad_buckets=54)),
+        (dict(strategy="ddp", world_size=4),
+         dict(dp=4, micro_batch=2, overlap_grad_reduce=True, grad_buckets=1)),
         (dict(strategy="mp", world_size=2), dict(pp=2, schedule="naive", microbatches=1, micro_batch=8)),
         (dict(strategy="pp", world_size=2, pp=2, schedule="gpipe", microbatches=4),
          dict(pp=2, schedule="gpipe", microbatches=4, micro_batch=2)),
         (dict(strategy="pp", world_size=2, pp=2, schedule="interleaved", microbatches=4, virtual_stages=2),
          dict(pp=2, schedule="interleaved", virtual_stages=2, microbatches=4)),
-        (dict(strategy="pp", world_size=2, pp=2, schedule="zbv", microbatches=2), dict(schedule="zbv", virtual_stages=2)),
+        (dict(strategy="pp", world_size=2, pp=2, schedule="zbv", microbatches=2),
+         dict(schedule="zbv", virtual_stages=2)),
         (dict(strategy="tp", world_size=2, tp=2), dict(tp=2, dp=1, micro_batch=8, sequence_parallel=False)),
         (dict(strategy="tp", world_size=2, tp=2, sequence_parallel=True), dict(tp=2, sequence_parallel=True)),
         (dict(strategy="zero1", world_size=2), dict(dp=2, zero=1, grad_buckets=0)),
@@ -66,7 +70,8 @@ def test_model_mapping():
         (dict(strategy="zero3", world_size=2, zero_prefetch=True), dict(dp=2, zero=3, prefetch_params=True)),
         (dict(strategy="hybrid", world_size=8, dp=2, tp=2, pp=2, microbatches=2, sequence_parallel=True),
          dict(dp=2, tp=2, pp=2, microbatches=2, micro_batch=2, sequence_parallel=True)),
-        (dict(strategy="torch_hybrid", world_size=4, tp=2), dict(dp=2, tp=2, pp=1, micro_batch=4, grad_buckets=1)),
+        (dict(strategy="torch_hybrid", world_size=4, tp=2),
+         dict(dp=2, tp=2, pp=1, micro_batch=4, grad_buckets=1)),
     ],
 )
 def test_strategy_mapping(options, expect):
@@ -76,7 +81,8 @@ def test_strategy_mapping(options, expect):
     assert counting.optimizer_of(model, parallel) == "adam-fp32"
 
 
-@pytest.mark.parametrize("strategy, pays_data", [("ddp", True), ("tp", True), ("pp", False), ("hybrid", False)])
+@pytest.mark.parametrize("strategy, pays_data",
+                         [("ddp", True), ("tp", True), ("pp", False), ("hybrid", False)])
 def test_only_runs_that_load_inside_the_step_window_pay_for_loading(monkeypatch, strategy, pays_data):
     loop = {"step": 1e-3, "data_token": 1e-5}
     monkeypatch.setattr(bridge, "local", lambda threads: dataclasses.replace(CPU, host_overhead_s=loop))
@@ -124,5 +130,6 @@ def test_measured_and_predicted_traces_line_up():
     assert list(predicted.step_windows()) == list(measured.step_windows()) == [0, 1, 2]
     assert _structure(predicted) == _structure(measured)
     assert Counter(s.kind for s in predicted.spans if s.lane == STEP) == Counter({"step": 6})
-    assert {s.kind for s in predicted.spans if s.lane == "comm"} <= {s.kind for s in measured.spans if s.lane == "comm"}
+    assert ({s.kind for s in predicted.spans if s.lane == "comm"}
+            <= {s.kind for s in measured.spans if s.lane == "comm"})
     assert predicted.summary()["step_time_s"] > 0 and measured.summary()["step_time_s"] > 0

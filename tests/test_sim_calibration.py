@@ -88,9 +88,11 @@ def test_fitted_rates_drive_the_prediction():
     assert cost.predict(model, p, slow).step_time_s > cost.predict(model, p, fast).step_time_s
     # the optimizer's traffic term scales as 1 / optimizer_bw; its per-tensor host time does not
     per_tensor = counting.stage_tensors(model, p, 0) * CPU.host_overhead_s["tensor_update"]
-    fast_opt, slow_opt = (cost.predict(model, p, hw).breakdown_s["optimizer"] - per_tensor for hw in (fast, slow))
+    fast_opt, slow_opt = (cost.predict(model, p, hw).breakdown_s["optimizer"] - per_tensor
+                          for hw in (fast, slow))
     assert slow_opt == pytest.approx(10 * fast_opt)
-    assert fast_opt == pytest.approx(cost.OPTIMIZER_BYTES_TOUCHED * counting.parameter_counts(model)["total"] / 30e9)
+    assert (fast_opt
+            == pytest.approx(cost.OPTIMIZER_BYTES_TOUCHED * counting.parameter_counts(model)["total"] / 30e9))
 
 
 def test_local_calibration_measures_every_rate_and_is_cached(tmp_path, monkeypatch):
@@ -108,7 +110,8 @@ def test_local_calibration_measures_every_rate_and_is_cached(tmp_path, monkeypat
     assert (tmp_path / "local_hardware.json").exists()
     assert local(gloo=False) == hw  # the second call reads the cache
     # ... but a cache made without gloo does not serve a caller who wants measured links
-    linked = dataclasses.replace(hw, allreduce_curve=[[4, 1e-4], [2**20, 1e-3]], calibration={**hw.calibration, "gloo": True})
+    linked = dataclasses.replace(hw, allreduce_curve=[[4, 1e-4], [2**20, 1e-3]],
+                                 calibration={**hw.calibration, "gloo": True})
     calls = []
     monkeypatch.setattr(hardware, "calibrate", lambda **kwargs: calls.append(kwargs) or linked)
     assert local() == linked and calls[-1]["gloo"] is True  # measured again, with links

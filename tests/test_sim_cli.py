@@ -22,23 +22,27 @@ def run(argv, capsys):
 
 def test_simulate_json_has_the_design_keys(capsys):
     rc, out, _ = run(["simulate", "--model", "gpt3-175b", "--gpus", "1024", "--tp", "8", "--pp", "16",
-                      "--global-batch", "1536", "--recompute", "selective", "--sequence-parallel", "--json"], capsys)  # fmt: skip
+                      "--global-batch", "1536", "--recompute", "selective", "--sequence-parallel",
+                      "--json"], capsys)  # fmt: skip
     assert rc == 0
     data = json.loads(out)
-    for key in ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "bubble_fraction", "memory_bytes_per_gpu",
-                "comm_bytes_per_gpu", "params", "flops_per_step", "model_flops_per_step", "hardware_flops_per_step"):  # fmt: skip
+    for key in ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "bubble_fraction",
+                "memory_bytes_per_gpu", "comm_bytes_per_gpu", "params", "flops_per_step",
+                "model_flops_per_step", "hardware_flops_per_step"):  # fmt: skip
         assert key in data
     assert data["dp"] == 8 and data["microbatches"] == 192
 
 
 def test_simulate_custom_shape_text_report(capsys):
-    rc, out, _ = run(["simulate", "--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "1000", "--seq", "128",
-                      "--dp", "2", "--pp", "2", "--microbatches", "4", "--hardware", "h100"], capsys)  # fmt: skip
+    rc, out, _ = run(["simulate", "--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "1000",
+                      "--seq", "128", "--dp", "2", "--pp", "2", "--microbatches", "4",
+                      "--hardware", "h100"], capsys)  # fmt: skip
     assert rc == 0 and "TFLOP/s per GPU" in out
 
 
 def test_non_dividing_degrees_exit_2_with_what_fits(capsys):
-    rc, out, err = run(["simulate", "--model", "gpt3-175b", "--gpus", "1024", "--tp", "8", "--pp", "5"], capsys)
+    rc, out, err = run(["simulate", "--model", "gpt3-175b", "--gpus", "1024", "--tp", "8",
+                        "--pp", "5"], capsys)
     assert rc == 2 and not out
     assert "does not divide 96 layers" in err and "configurations that fit on 1024 GPUs" in err
 
@@ -55,10 +59,12 @@ def test_model_that_fits_nowhere_exits_2(capsys):
 def test_a_batch_that_no_split_divides_is_named_as_the_cause(capsys):
     rc, out, err = run(["plan", "--model", "gpt3-1.3b", "--gpus", "1024", "--global-batch", "100"], capsys)
     assert rc == 2 and not out
-    assert "divides a global batch of 100" in err and "try a global batch of 112" in err and "GPUs: its model" not in err
+    assert ("divides a global batch of 100" in err and "try a global batch of 112" in err
+            and "GPUs: its model" not in err)
 
 
-@pytest.mark.parametrize("flag,value,word", [("--model", "gpt-9", "unknown model preset"), ("--hardware", "tpu-v9", "unknown hardware")])
+@pytest.mark.parametrize("flag,value,word", [("--model", "gpt-9", "unknown model preset"),
+                                             ("--hardware", "tpu-v9", "unknown hardware")])
 def test_unknown_names_exit_2_listing_choices(capsys, flag, value, word):
     argv = ["simulate", "--model", "gpt3-125m", flag, value]
     rc, _, err = run(argv, capsys)
@@ -66,7 +72,8 @@ def test_unknown_names_exit_2_listing_choices(capsys, flag, value, word):
 
 
 def test_plan_json_lists_ranked_configurations(capsys):
-    rc, out, _ = run(["plan", "--model", "llama3-8b", "--gpus", "16", "--hardware", "h100", "--top", "3", "--json"], capsys)
+    rc, out, _ = run(["plan", "--model", "llama3-8b", "--gpus", "16", "--hardware", "h100", "--top", "3",
+                      "--json"], capsys)
     assert rc == 0
     data = json.loads(out)
     assert 1 <= len(data["ranked"]) <= 3 and len(data["explain"]) == min(2, len(data["ranked"]))
@@ -74,12 +81,13 @@ def test_plan_json_lists_ranked_configurations(capsys):
 
 
 def test_lab_presets_simulate_as_fp32_with_the_batch_split_given(capsys):
-    rc, out, _ = run(["simulate", "--model", "small", "--hardware", "a100", "--dp", "2", "--global-batch", "8",
-                      "--microbatches", "2", "--json"], capsys)  # fmt: skip
+    rc, out, _ = run(["simulate", "--model", "small", "--hardware", "a100", "--dp", "2",
+                      "--global-batch", "8", "--microbatches", "2", "--json"], capsys)  # fmt: skip
     assert rc == 0
     data = json.loads(out)
     assert data["params"] == MODEL_PRESETS["small"].param_count()
-    assert (data["global_batch"], data["microbatches"]) == (8, 2) and "2 microbatch(es) of 2" in data["config"]
+    assert ((data["global_batch"], data["microbatches"]) == (8, 2)
+            and "2 microbatch(es) of 2" in data["config"])
     # fp32 Adam: 4 bytes of weights, 4 of gradients, 8 of moments per parameter
     memory = data["memory_bytes_per_gpu"]
     assert memory["params"] == memory["grads"] == pytest.approx(4 * data["params"], abs=1)
@@ -87,14 +95,16 @@ def test_lab_presets_simulate_as_fp32_with_the_batch_split_given(capsys):
 
 
 def test_a_batch_split_that_does_not_multiply_out_exits_2(capsys):
-    rc, _, err = run(["simulate", "--model", "small", "--hardware", "a100", "--dp", "2", "--global-batch", "8",
-                      "--microbatches", "2", "--micro-batch", "4"], capsys)  # fmt: skip
+    rc, _, err = run(["simulate", "--model", "small", "--hardware", "a100", "--dp", "2",
+                      "--global-batch", "8", "--microbatches", "2",
+                      "--micro-batch", "4"], capsys)  # fmt: skip
     assert rc == 2 and "global batch 8 != dp 2 x micro-batch 4 x 2 microbatches = 16" in err
 
 
 def test_cpu_rates_print_in_gflops():
     assert cli.planner.flops_text(0.0551) == "55.1 GFLOP/s" and cli.planner.flops_text(199.4) == "199 TFLOP/s"
-    assert cli.planner.bytes_text(111 * 2**20) == "111.0 MiB" and cli.planner.bytes_text(40.8 * 2**30) == "40.8 GiB"
+    assert (cli.planner.bytes_text(111 * 2**20) == "111.0 MiB"
+            and cli.planner.bytes_text(40.8 * 2**30) == "40.8 GiB")
 
 
 def test_any_two_of_the_batch_numbers_give_the_third():
@@ -114,7 +124,8 @@ def test_a_global_batch_alone_accumulates_only_in_a_pipeline():
     assert (flat.micro_batch, flat.microbatches) == (32, 1)
     piped = ParallelSpec(dp=2, pp=4, global_batch=64).resolved()
     assert (piped.micro_batch, piped.microbatches) == (1, 32)
-    assert ParallelSpec(dp=3, global_batch=64).problems(get_model("tiny")), "64 does not split over 3 replicas"
+    assert ParallelSpec(dp=3, global_batch=64).problems(get_model("tiny")), (
+        "64 does not split over 3 replicas")
 
 
 @pytest.mark.parametrize("flag", ["--tp", "--pp", "--dp", "--gpus"])

@@ -49,9 +49,11 @@ MEGATRON_RUNS = [
 
 @pytest.mark.parametrize("preset,tp,pp,gpus,batch,published", MEGATRON_RUNS)
 def test_tflops_per_gpu_within_20_percent_of_narayanan(preset, tp, pp, gpus, batch, published):
-    parallel = ParallelSpec(dp=gpus // (tp * pp), tp=tp, pp=pp, global_batch=batch, micro_batch=1, recompute="full")
+    parallel = ParallelSpec(dp=gpus // (tp * pp), tp=tp, pp=pp, global_batch=batch, micro_batch=1,
+                            recompute="full")
     predicted = cost.predict(get_model(preset), parallel, A100, simulate=pp <= 16).tflops_per_gpu
-    assert abs(predicted / published - 1) < 0.20, f"{preset}: predicted {predicted:.0f} vs {published} TFLOP/s"
+    assert abs(predicted / published - 1) < 0.20, (
+        f"{preset}: predicted {predicted:.0f} vs {published} TFLOP/s")
 
 
 # Korthikanti et al. 2022, Table 5: selective recompute + sequence parallelism, dp = 1, micro-batch 1.
@@ -61,7 +63,8 @@ def test_tflops_per_gpu_within_20_percent_of_narayanan(preset, tp, pp, gpus, bat
      ("megatron-1t", 64, 512, 56.3)],
 )
 def test_mfu_within_20_percent_of_korthikanti(preset, pp, batch, mfu):
-    parallel = ParallelSpec(tp=8, pp=pp, global_batch=batch, micro_batch=1, sequence_parallel=True, recompute="selective")
+    parallel = ParallelSpec(tp=8, pp=pp, global_batch=batch, micro_batch=1, sequence_parallel=True,
+                            recompute="selective")
     predicted = cost.predict(get_model(preset), parallel, A100, simulate=False).mfu * 100
     assert abs(predicted / mfu - 1) < 0.20
 
@@ -101,7 +104,8 @@ def test_zero_stages_and_recompute_shrink_memory():
     model, base = get_model("llama2-7b"), ParallelSpec(dp=8, global_batch=64, micro_batch=1)
     totals = [cost.memory_per_gpu(model, base.replace(zero=z))["total"] for z in range(4)]
     assert totals == sorted(totals, reverse=True) and len(set(totals)) == 4
-    acts = [cost.memory_per_gpu(model, base.replace(recompute=r))["activations"] for r in ("none", "selective", "full")]
+    acts = [cost.memory_per_gpu(model, base.replace(recompute=r))["activations"]
+            for r in ("none", "selective", "full")]
     assert acts == sorted(acts, reverse=True)
 
 
@@ -115,7 +119,8 @@ def test_zero_stages_and_recompute_shrink_memory():
         (1.0, 0.3, 0.3, True, 10.6),  # first gather + last reduce-scatter stick out
         (1.0, 0.5, 0.3, False, 18.0),  # waited gathers queue behind the previous layer's reduce-scatter
         (1.0, 0.0, 0.5, False, 10.5),  # ZeRO-2 gathers nothing: prefetch or not, the same
-        (1.0, 0.0, 3.0, False, 31.0),  # the link is the bottleneck: ten reduce-scatters after the first compute
+        # the link is the bottleneck: ten reduce-scatters after the first compute
+        (1.0, 0.0, 3.0, False, 31.0),
     ],
 )
 def test_zero_collectives_layer_by_layer(compute, gather, scatter, prefetch, expected):
@@ -135,7 +140,8 @@ def test_prefetch_is_never_slower_and_never_beats_either_resource():
 def test_zero3_runs_predict_the_gathers_they_wait_for():
     model = get_model("gpt3-13b")
     spec = ParallelSpec(dp=64, zero=3, global_batch=64, micro_batch=1)
-    waited, ahead = (cost.predict(model, spec.replace(prefetch_params=f), A100, simulate=False) for f in (False, True))
+    waited, ahead = (cost.predict(model, spec.replace(prefetch_params=f), A100, simulate=False)
+                     for f in (False, True))
     assert waited.step_time_s > ahead.step_time_s
 
 
@@ -151,7 +157,8 @@ def test_a_sequence_parallel_pipeline_sends_its_shard_and_gathers_nothing():
 
 @pytest.mark.parametrize(
     "tp, dp, pp, share",
-    [(8, 1, 4, 1.0), (2, 1, 4, 0.0), (2, 1, 8, 1 / 7), (1, 2, 8, 1 / 7), (1, 1, 16, 1 / 15), (4, 4, 2, 1.0), (1, 3, 4, 1 / 3)],
+    [(8, 1, 4, 1.0), (2, 1, 4, 0.0), (2, 1, 8, 1 / 7), (1, 2, 8, 1 / 7), (1, 1, 16, 1 / 15), (4, 4, 2, 1.0),
+     (1, 3, 4, 1 / 3)],
 )
 def test_pipeline_hops_cross_nodes_only_at_node_boundaries(tp, dp, pp, share):
     """8 GPUs per node. tp 2 x pp 8: stages 0-3 on node 0, 4-7 on node 1, one hop of 7 crosses.
@@ -160,7 +167,8 @@ def test_pipeline_hops_cross_nodes_only_at_node_boundaries(tp, dp, pp, share):
     assert cost.crossing_share(spec, 8) == pytest.approx(share)
     model = get_model("gpt3-1.3b")
     act = model.seq * model.hidden * 2 / tp
-    hop = share * (A100.inter_latency + act / A100.inter_bw) + (1 - share) * (A100.intra_latency + act / A100.intra_bw)
+    hop = (share * (A100.inter_latency + act / A100.inter_bw)
+           + (1 - share) * (A100.intra_latency + act / A100.intra_bw))
     gather = cost.collective_time(A100, "all_gather", act * tp, tp, 1)
     assert cost.p2p_time(model, spec, A100) == pytest.approx(hop + gather)
 
@@ -179,7 +187,8 @@ def test_predicted_trace_draws_tensor_parallel_collectives_inside_the_compute_th
         for s in tp_spans:
             if s.rank == rank:
                 wire[f"tp_{s.kind}"] = wire.get(f"tp_{s.kind}", 0) + s.bytes
-        expected = {k: v for k, v in cost.counting.comm_bytes_per_gpu(model, p).items() if k.startswith("tp_")}
+        expected = {k: v for k, v in cost.counting.comm_bytes_per_gpu(model, p).items()
+                    if k.startswith("tp_")}
         assert wire == pytest.approx(expected, rel=1e-6)
 
 
@@ -196,7 +205,8 @@ def test_zero_memory_counts_the_unit_it_holds_unsharded():
         p = spec.replace(zero=zero, prefetch_params=prefetch)
         states = cost.counting.model_state_bytes(cost.counting.stage_params(model, p, 0), 8, zero)
         memory = cost.memory_per_gpu(model, p)
-        assert memory["params"] + memory["grads"] + memory["optimizer"] == pytest.approx(sum(states.values()) + extra)
+        assert (memory["params"] + memory["grads"] + memory["optimizer"]
+                == pytest.approx(sum(states.values()) + extra))
 
 
 def test_bad_spec_is_refused_with_the_numbers():
@@ -211,7 +221,8 @@ def test_trace_has_the_schedule_spans_without_overlap():
     computes = [s for s in trace.spans if s.lane == COMPUTE and s.kind != "optimizer"]
     assert len(computes) == 4 * 8 * 2  # a forward and a backward per stage and microbatch
     for rank in range(4):
-        spans = sorted((s for s in trace.spans if s.lane == COMPUTE and s.rank == rank), key=lambda s: s.start)
+        spans = sorted((s for s in trace.spans if s.lane == COMPUTE and s.rank == rank),
+                       key=lambda s: s.start)
         assert all(a.end <= b.start + 1e-12 for a, b in zip(spans, spans[1:]))
         assert spans[-1].kind == "optimizer"
     assert trace.median_step_time() == pytest.approx(cost.predict(model, p, A100).step_time_s)

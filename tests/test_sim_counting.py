@@ -39,18 +39,21 @@ def test_flops_match_megatron_eq3_and_korthikanti(billions, heads, hidden, layer
     none = counting.flops_per_step(model, B, "none")
     selective = counting.flops_per_step(model, B, "selective")
     # Narayanan et al. 2021, eq. 3 (with recompute)
-    assert full["hardware"] == pytest.approx(96 * B * S * L * h**2 * (1 + S / (6 * h) + V / (16 * L * h)), rel=1e-12)
+    assert (full["hardware"]
+            == pytest.approx(96 * B * S * L * h**2 * (1 + S / (6 * h) + V / (16 * L * h)), rel=1e-12))
     # Korthikanti et al. 2022, sec. 5: model FLOPs, and hardware FLOPs with selective recompute
     model_flops = 72 * B * S * L * h**2 * (1 + S / (6 * h) + V / (12 * L * h))
     for counted in (none["model"], none["hardware"], full["model"], selective["model"]):
         assert counted == pytest.approx(model_flops, rel=1e-12)
-    assert selective["hardware"] == pytest.approx(72 * B * S * L * h**2 * (1 + S / (3 * h) + V / (12 * L * h)), rel=1e-12)
+    assert (selective["hardware"]
+            == pytest.approx(72 * B * S * L * h**2 * (1 + S / (3 * h) + V / (12 * L * h)), rel=1e-12))
 
 
 # Korthikanti et al. 2022, Table 5 (selective recompute + sequence parallelism): MFU %, HFU %.
 @pytest.mark.parametrize(
     "preset,mfu,hfu",
-    [("megatron-22b", 41.5, 43.7), ("megatron-175b", 51.4, 52.8), ("megatron-530b", 56.0, 57.0), ("megatron-1t", 56.3, 57.0)],
+    [("megatron-22b", 41.5, 43.7), ("megatron-175b", 51.4, 52.8), ("megatron-530b", 56.0, 57.0),
+     ("megatron-1t", 56.3, 57.0)],
 )
 def test_hfu_over_mfu_matches_korthikanti_table5(preset, mfu, hfu):
     flops = counting.flops_per_step(get_model(preset), 1, "selective")
@@ -80,11 +83,13 @@ def test_activation_memory_scales_with_batch_and_dtype():
     per_layer = counting.activation_bytes_per_layer
     for kw in ({}, {"tp": 8}, {"tp": 8, "sequence_parallel": True}, {"tp": 8, "recompute": "selective"}):
         assert per_layer(model, 4, **kw) == pytest.approx(4 * per_layer(model, 1, **kw))
-    masks = 2 * S * 12288 + 96 * S * S  # the two dropout masks (s b h) and the attention one (a s s b), 1 byte
+    # the two dropout masks (s b h) and the attention one (a s s b), 1 byte
+    masks = 2 * S * 12288 + 96 * S * S
     fp32 = model.replace(dtype="fp32")
     assert per_layer(fp32, 1) == pytest.approx(2 * per_layer(model, 1) - masks)
     no_dropout = model.replace(dropout=False)
-    assert per_layer(no_dropout.replace(dtype="fp32"), 2, tp=8) == pytest.approx(2 * per_layer(no_dropout, 2, tp=8))
+    assert (per_layer(no_dropout.replace(dtype="fp32"), 2, tp=8)
+            == pytest.approx(2 * per_layer(no_dropout, 2, tp=8)))
 
 
 def test_the_last_stage_keeps_fp32_logits_and_zbv_keeps_both_ends_on_rank_0():
@@ -131,7 +136,8 @@ def test_ring_wire_bytes_agree_with_comm_module():
 
     for op in ("all_reduce", "all_gather", "reduce_scatter", "send"):
         for n in (1, 2, 8, 64):
-            assert counting.ring_wire_bytes(op, 1 << 20, n) == pytest.approx(wire_bytes(op, 1 << 20, n), abs=1)
+            assert (counting.ring_wire_bytes(op, 1 << 20, n)
+                    == pytest.approx(wire_bytes(op, 1 << 20, n), abs=1))
 
 
 def test_tensor_parallel_bytes_match_narayanan():
@@ -167,8 +173,9 @@ def test_zero_traffic_matches_rajbhandari_section_7():
     assert volume == pytest.approx([2 * psi, 2 * psi, 2 * psi, 3 * psi])
     # with 4 microbatches of accumulation ZeRO-2 reduce-scatters every microbatch (it keeps only its
     # gradient shard) and ZeRO-3 also gathers every microbatch: (m + 1) psi and 3 m psi
-    accumulated = [sum(counting.comm_bytes_per_gpu(model, ParallelSpec(dp=n, zero=z, micro_batch=1, microbatches=4))
-                       .values()) for z in range(4)]
+    accumulated = [sum(counting.comm_bytes_per_gpu(
+                       model, ParallelSpec(dp=n, zero=z, micro_batch=1, microbatches=4)).values())
+                   for z in range(4)]
     assert accumulated == pytest.approx([2 * psi, 2 * psi, 5 * psi, 12 * psi])
 
 

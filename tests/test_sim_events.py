@@ -94,7 +94,8 @@ def test_a_recv_holds_its_rank_until_the_tensor_lands():
     schedule = build_schedule("1f1b", 2, 2)  # rank 1: rF0 F0 B0 sB0 rF1 F1 B1 sB1
     rank1 = schedule.actions[1]
     rank1.insert(2, rank1.pop(4))  # receive microbatch 1 early, before B0
-    slow_f1 = lambda a: 5.0 if (a.op, a.stage, a.microbatch) == ("forward", 0, 1) else TIMES[a.op]  # noqa: E731
+    slow_f1 = lambda a: (5.0 if (a.op, a.stage, a.microbatch) == ("forward", 0, 1)  # noqa: E731
+                         else TIMES[a.op])
     spans = compute_by_key(simulate_schedule(schedule, slow_f1))
     assert spans[("forward", 1, 0)].end == pytest.approx(2.0)
     assert spans[("backward", 1, 0)].start == pytest.approx(6.0)  # F1 on rank 0 ends at 1 + 5

@@ -40,7 +40,8 @@ def test_the_lab_moe_presets_count_as_the_real_model(name):
     assert counting.parameter_counts(spec)["total"] == MODEL_PRESETS[name].param_count()
     cfg = MODEL_PRESETS[name]
     ffn = 2 * cfg.hidden * cfg.ffn + cfg.ffn + cfg.hidden
-    assert counting.active_parameters(spec) == cfg.param_count() - cfg.layers * (cfg.experts - cfg.top_k) * ffn
+    assert (counting.active_parameters(spec)
+            == cfg.param_count() - cfg.layers * (cfg.experts - cfg.top_k) * ffn)
 
 
 # ------------------------------------------------------------------------------------------- counting
@@ -66,8 +67,10 @@ def test_expert_parallel_divides_the_experts_each_gpu_holds_and_reduces_them_ove
     zero1 = [cost.memory_per_gpu(m, ParallelSpec(dp=8, ep=ep, zero=1, micro_batch=1)) for ep in (1, 8)]
     assert zero1[0]["optimizer"] == pytest.approx(zero1[1]["optimizer"])
     assert zero1[0]["params"] - zero1[1]["params"] == pytest.approx(2 * m.layers * per_layer * 7 / 8)
-    rows = {(f, op, group): payload for f, op, payload, group, _ in counting.comm_payloads(m, ParallelSpec(dp=8, ep=4))}
-    assert rows[("dp", "all_reduce", 2)] == pytest.approx(m.layers * per_layer / 4 * 2)  # bf16 grads, dp/ep = 2
+    rows = {(f, op, group): payload
+            for f, op, payload, group, _ in counting.comm_payloads(m, ParallelSpec(dp=8, ep=4))}
+    # bf16 grads, dp/ep = 2
+    assert rows[("dp", "all_reduce", 2)] == pytest.approx(m.layers * per_layer / 4 * 2)
 
 
 @pytest.mark.parametrize("ep, tp, sp", [(2, 1, False), (8, 1, False), (4, 2, True)])
@@ -77,7 +80,8 @@ def test_all_to_all_bytes_are_tokens_times_k_times_hidden(ep, tp, sp):
     m = get_model("mixtral-8x7b")
     p = ParallelSpec(dp=8, tp=tp, ep=ep, micro_batch=2, microbatches=3, sequence_parallel=sp)
     payload = 2 * m.seq / (tp if sp else 1) * m.top_k * m.hidden * 2
-    assert counting.comm_bytes_per_gpu(m, p)["ep_all_to_all"] == pytest.approx(4 * m.layers * 3 * payload * (ep - 1) / ep)
+    assert (counting.comm_bytes_per_gpu(m, p)["ep_all_to_all"]
+            == pytest.approx(4 * m.layers * 3 * payload * (ep - 1) / ep))
 
 
 def test_an_all_to_all_that_leaves_the_node_costs_the_nic():
@@ -105,7 +109,8 @@ def test_dualpipev_hides_the_all_to_all_that_1f1b_and_zbv_wait_for():
     p = ParallelSpec(dp=8, tp=2, pp=4, ep=8, global_batch=256, micro_batch=1, sequence_parallel=True)
     steps = {s: cost.predict(m, p.replace(schedule=s), H100) for s in ("1f1b", "zbv", "dualpipev")}
     assert steps["dualpipev"].step_time_s < min(steps["1f1b"].step_time_s, steps["zbv"].step_time_s)
-    assert steps["dualpipev"].memory_bytes_per_gpu["activations"] > steps["1f1b"].memory_bytes_per_gpu["activations"]
+    assert (steps["dualpipev"].memory_bytes_per_gpu["activations"]
+            > steps["1f1b"].memory_bytes_per_gpu["activations"])
     times = cost.stage_times(m, p.replace(schedule="dualpipev"), H100)
     f, b = times[0], times[-1]
     assert f.a2a > 0 and cost.overlap_saving(f, b) == pytest.approx(2 * f.a2a)  # both hide fully here
@@ -115,7 +120,8 @@ def test_dualpipev_of_a_dense_model_has_a_smaller_bubble_than_1f1b_and_twice_the
     m = ModelSpec(layers=16, hidden=1024, heads=16, vocab=1024, seq=512)
     p = ParallelSpec(pp=4, schedule="dualpipev", microbatches=8, micro_batch=1)
     assert p.resolved().virtual_stages == 2 and counting.last_stage_rank(p) == 0
-    assert 0 < cost.predict(m, p, H100).bubble_fraction < cost.predict(m, p.replace(schedule="1f1b"), H100).bubble_fraction
+    assert (0 < cost.predict(m, p, H100).bubble_fraction
+            < cost.predict(m, p.replace(schedule="1f1b"), H100).bubble_fraction)
     assert "at least as many microbatches as stages" in "; ".join(p.replace(microbatches=6).problems(m))
 
 
@@ -131,15 +137,16 @@ def test_uneven_stages_in_the_simulator_lighter_ends_pay_for_the_loss():
     per_block = times[3].forward / lighter.stage_layers[3]
     assert times[4].forward == pytest.approx(per_block * lighter.stage_layers[4])
     assert counting.stage_params(m, lighter, 1) > counting.stage_params(m, even, 1)
-    assert "must give each of the 8 stages" in "; ".join(even.replace(stage_layers=(4,) * 7 + (5,)).problems(m))
+    assert ("must give each of the 8 stages"
+            in "; ".join(even.replace(stage_layers=(4,) * 7 + (5,)).problems(m)))
 
 
 def test_interleaved_with_microbatches_the_stages_do_not_divide_is_simulated():
     m = get_model("gpt3-1.3b")
     p = ParallelSpec(pp=4, virtual_stages=2, schedule="interleaved", microbatches=6, micro_batch=1)
     assert p.problems(m) == []
-    assert 0 < cost.predict(m, p, H100).bubble_fraction < cost.predict(m, p.replace(schedule="1f1b",
-                                                                                     virtual_stages=1), H100).bubble_fraction
+    assert (0 < cost.predict(m, p, H100).bubble_fraction
+            < cost.predict(m, p.replace(schedule="1f1b", virtual_stages=1), H100).bubble_fraction)
 
 
 # ------------------------------------------------------------------------------------------- planner
@@ -157,7 +164,8 @@ def test_bad_expert_splits_are_refused_with_the_numbers():
     m = get_model("mixtral-8x7b")
     assert "ep 3 must divide dp 8" in "; ".join(ParallelSpec(dp=8, ep=3).problems(m))
     assert "ep 16 does not divide the 8 experts" in "; ".join(ParallelSpec(dp=16, ep=16).problems(m))
-    assert "shards experts, but llama2-7b is dense" in "; ".join(ParallelSpec(dp=2, ep=2).problems(get_model("llama2-7b")))
+    assert ("shards experts, but llama2-7b is dense"
+            in "; ".join(ParallelSpec(dp=2, ep=2).problems(get_model("llama2-7b"))))
     assert "top_k 9 must be in 1..8" in "; ".join(m.replace(top_k=9).problems())
 
 

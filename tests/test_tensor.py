@@ -28,8 +28,9 @@ def runs():
         key = (strategy, tp, sequence_parallel, optimizer)
         if key not in cache:
             options = dict(tp=tp, sequence_parallel=sequence_parallel) if strategy != "single" else {}
-            cache[key] = paralab.run(strategy, tp, steps=STEPS, model=MODEL, global_batch=BATCH, optimizer=optimizer,
-                                     lr=LR[optimizer], collect_state=strategy == "tp" or strategy == "single",
+            cache[key] = paralab.run(strategy, tp, steps=STEPS, model=MODEL, global_batch=BATCH,
+                                     optimizer=optimizer, lr=LR[optimizer],
+                                     collect_state=strategy == "tp" or strategy == "single",
                                      **options)
         return cache[key]
 
@@ -44,7 +45,8 @@ def test_same_losses_parameters_and_gradients_as_single_device(runs, tp, sp, no_
     sgd, single_sgd = runs("tp", tp, sp, "sgd"), runs("single", 1, False, "sgd")
     assert_same_params(sgd.params, single_sgd.params)
     assert_same_params(sgd.grads, single_sgd.grads, atol=1e-7)
-    assert len(sgd.losses) == STEPS and sgd.rank_results[1]["losses"] is None, "only tp rank 0 reports the loss"
+    assert len(sgd.losses) == STEPS and sgd.rank_results[1]["losses"] is None, (
+        "only tp rank 0 reports the loss")
 
 
 @pytest.mark.parametrize("sp", [False, True])
@@ -106,7 +108,8 @@ def test_traced_communication_equals_the_analytic_count(runs, tp, sp, no_leftove
             for s in spans:
                 if s.name.endswith((" f", " g")):
                     phase = forward if (s.name[-1], s.kind) in in_forward else backward
-                    assert phase.start <= s.start <= phase.end, f"{s.name} ({s.kind}) outside its {phase.kind}"
+                    assert phase.start <= s.start <= phase.end, (
+                        f"{s.name} ({s.kind}) outside its {phase.kind}")
 
 
 @pytest.mark.parametrize("tp", [2, 4])
@@ -118,7 +121,8 @@ def test_sequence_parallel_moves_the_same_bytes_and_holds_fewer_activations(runs
     for rank in range(tp):
         with_sp = sp.rank_results[rank]["memory"]["peak_by_kind"]["activations"]
         without = plain.rank_results[rank]["memory"]["peak_by_kind"]["activations"]
-        assert 0 < with_sp < without, f"rank {rank}: {with_sp} activation bytes with sequence parallel, {without} without"
+        assert 0 < with_sp < without, (f"rank {rank}: {with_sp} activation bytes with sequence parallel, "
+                                       f"{without} without")
 
 
 @pytest.mark.parametrize(
@@ -128,14 +132,15 @@ def test_sequence_parallel_moves_the_same_bytes_and_holds_fewer_activations(runs
         (3, dict(), "does not divide the hidden size, 64"),
         (3, dict(tp=3), "does not divide the hidden size, 64"),
         (3, dict(tp=3, model=dict(hidden=48, heads=4)), "does not divide the attention heads, 4"),
-        (4, dict(tp=4, model=dict(ffn=66)), "does not divide the MLP size, 66; tp degrees that fit: \\[1, 2\\]"),
+        (4, dict(tp=4, model=dict(ffn=66)),
+         "does not divide the MLP size, 66; tp degrees that fit: \\[1, 2\\]"),
         (4, dict(tp=4, model=dict(vocab=130)), "does not divide the vocabulary, 130"),
         (4, dict(tp=4, model=dict(seq_len=30), sequence_parallel=True), "sequence length .* 30"),
     ],
 )
 @pytest.mark.parametrize("strategy", ["tp", "torch_tp"])
-def test_layouts_that_cannot_split_are_refused_before_any_process_starts(strategy, world_size, options, message,
-                                                                          no_leftover_ranks):
+def test_layouts_that_cannot_split_are_refused_before_any_process_starts(strategy, world_size, options,
+                                                                         message, no_leftover_ranks):
     with pytest.raises(ConfigError, match=message):
         paralab.run(strategy, world_size, **options)
 

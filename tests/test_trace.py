@@ -35,7 +35,8 @@ def test_metrics_of_a_known_trace():
 
 
 def test_overlapping_spans_are_counted_once():
-    t = Trace(spans=[Span(0, STEP, "step", 0, 10, step=0), Span(0, COMPUTE, "a", 0, 6), Span(0, COMPUTE, "b", 4, 8)])
+    t = Trace(spans=[Span(0, STEP, "step", 0, 10, step=0), Span(0, COMPUTE, "a", 0, 6),
+                     Span(0, COMPUTE, "b", 4, 8)])
     assert t.busy_time(0) == pytest.approx(8.0)
     assert t.busy_time(0, window=(5, 7)) == pytest.approx(2.0)
 
@@ -44,7 +45,8 @@ def test_json_round_trip_and_directory_merge(tmp_path):
     trace = two_rank_trace()
     trace.counters.append(Counter(0, "cpu_percent", 1.0, 50.0))
     for rank in (0, 1):
-        Trace(spans=trace.select(rank=rank), meta={"ranks": {rank: {"node": rank}}}).save(tmp_path / f"r{rank}.json")
+        Trace(spans=trace.select(rank=rank),
+              meta={"ranks": {rank: {"node": rank}}}).save(tmp_path / f"r{rank}.json")
     merged = Trace.load(tmp_path)
     assert len(merged.spans) == len(trace.spans)
     assert merged.meta["ranks"] == {0: {"node": 0}, 1: {"node": 1}}
@@ -151,7 +153,8 @@ def splits(trace: Trace) -> list[tuple[int, str, float | None, float, float]]:
 def test_a_collective_waits_for_its_last_member_then_moves():
     """Three ranks enter one all-reduce at 0, 2 and 5 s and all leave at 6 s: the first waits 5 s, the
     second 3 s, the last not at all, and each spends the last second moving data."""
-    trace = Trace(spans=[comm(r, "all_reduce", t, 6.0, group_size=3) for r, t in ((0, 0.0), (1, 2.0), (2, 5.0))])
+    trace = Trace(spans=[comm(r, "all_reduce", t, 6.0, group_size=3)
+                         for r, t in ((0, 0.0), (1, 2.0), (2, 5.0))])
     assert splits(trace) == [(0, "all_reduce", 5.0, 5.0, 1.0), (1, "all_reduce", 5.0, 3.0, 1.0),
                              (2, "all_reduce", 5.0, 0.0, 1.0)]
 
@@ -159,13 +162,17 @@ def test_a_collective_waits_for_its_last_member_then_moves():
 def test_calls_are_matched_per_group_in_issue_order():
     """Two groups of a 4-rank world, two calls each: the k-th call of a group on each member is one
     operation, whatever the other group does meanwhile."""
-    spans = [comm(0, "all_reduce", 0.0, 2.0, group_ranks=[0, 1]), comm(1, "all_reduce", 1.5, 2.0, group_ranks=[0, 1]),
-             comm(0, "all_gather", 3.0, 4.0, group_ranks=[0, 1]), comm(1, "all_gather", 2.5, 4.0, group_ranks=[0, 1]),
-             comm(2, "all_reduce", 0.0, 1.0, group_ranks=[2, 3]), comm(3, "all_reduce", 0.2, 1.0, group_ranks=[2, 3]),
+    spans = [comm(0, "all_reduce", 0.0, 2.0, group_ranks=[0, 1]),
+             comm(1, "all_reduce", 1.5, 2.0, group_ranks=[0, 1]),
+             comm(0, "all_gather", 3.0, 4.0, group_ranks=[0, 1]),
+             comm(1, "all_gather", 2.5, 4.0, group_ranks=[0, 1]),
+             comm(2, "all_reduce", 0.0, 1.0, group_ranks=[2, 3]),
+             comm(3, "all_reduce", 0.2, 1.0, group_ranks=[2, 3]),
              comm(3, "all_reduce", 9.0, 9.5, group_ranks=[2, 3])]  # rank 2 never makes the second call
     got = {(r, kind, last) for r, kind, last, _, _ in splits(Trace(spans=spans))}
-    assert got == {(0, "all_reduce", 1.5), (1, "all_reduce", 1.5), (0, "all_gather", 3.0), (1, "all_gather", 3.0),
-                   (2, "all_reduce", 0.2), (3, "all_reduce", 0.2), (3, "all_reduce", None)}
+    assert got == {(0, "all_reduce", 1.5), (1, "all_reduce", 1.5), (0, "all_gather", 3.0),
+                   (1, "all_gather", 3.0), (2, "all_reduce", 0.2), (3, "all_reduce", 0.2),
+                   (3, "all_reduce", None)}
 
 
 def test_a_receive_waits_for_its_send_and_a_send_is_not_split():
@@ -188,7 +195,8 @@ def test_calls_that_cannot_be_one_operation_are_left_unsplit(second):
 
 def test_a_group_the_trace_cannot_name_is_left_unsplit():
     """A world of 2 inside a trace of 3 ranks (an elastic run after a node was lost)."""
-    spans = [comm(r, "all_reduce", 0.5 * r, 2.0, group_size=2) for r in (0, 1)] + [Span(2, COMPUTE, "forward", 0, 1)]
+    spans = [comm(r, "all_reduce", 0.5 * r, 2.0, group_size=2)
+             for r in (0, 1)] + [Span(2, COMPUTE, "forward", 0, 1)]
     trace = Trace(spans=spans, meta={"world_size": 3})
     assert trace.group_of(spans[0]) is None
     assert [last for _, _, last, _, _ in splits(trace)] == [None, None]
@@ -202,15 +210,17 @@ def test_time_breakdown_splits_communication_into_waiting_and_moving():
     for step in (0, 1):
         t = 10.0 * step
         spans += [Span(r, STEP, "step", t, t + 10, step=step) for r in (0, 1)]
-        spans += [Span(0, COMPUTE, "forward", t, t + 4, step=step), Span(1, COMPUTE, "forward", t, t + 7, step=step),
+        spans += [Span(0, COMPUTE, "forward", t, t + 4, step=step),
+                  Span(1, COMPUTE, "forward", t, t + 7, step=step),
                   comm(0, "all_gather", t + 0.5, t + 3, group_size=2, step=step),
                   comm(1, "all_gather", t + 1, t + 3, group_size=2, step=step),
                   comm(0, "all_reduce", t + 4, t + 9, group_size=2, step=step),
                   comm(1, "all_reduce", t + 7, t + 9, group_size=2, step=step)]
     per_rank = Trace(spans=spans).time_breakdown()
     expected = {
-        0: {"compute_s": 4, "comm_s": 7.5, "overlapped_comm_s": 2.5, "exposed_comm_s": 5, "comm_waiting_s": 3.5,
-            "comm_transfer_s": 4, "exposed_waiting_s": 3, "exposed_transfer_s": 2, "idle_s": 6, "wait_s": 1},
+        0: {"compute_s": 4, "comm_s": 7.5, "overlapped_comm_s": 2.5, "exposed_comm_s": 5,
+            "comm_waiting_s": 3.5, "comm_transfer_s": 4, "exposed_waiting_s": 3, "exposed_transfer_s": 2,
+            "idle_s": 6, "wait_s": 1},
         1: {"compute_s": 7, "comm_s": 4, "overlapped_comm_s": 2, "exposed_comm_s": 2, "comm_waiting_s": 0,
             "comm_transfer_s": 4, "exposed_waiting_s": 0, "exposed_transfer_s": 2, "idle_s": 3, "wait_s": 1},
     }
@@ -221,8 +231,10 @@ def test_time_breakdown_splits_communication_into_waiting_and_moving():
 
 
 def test_bytes_by_group_per_step():
-    spans = [Span(r, STEP, "step", 0, 1, step=0) for r in range(4)] + [Span(r, STEP, "step", 1, 2, step=1) for r in range(4)]
-    spans += [comm(r, "all_reduce", 0, 1, bytes=100, group_ranks=[r - r % 2, r - r % 2 + 1], step=0) for r in range(4)]
+    spans = ([Span(r, STEP, "step", 0, 1, step=0) for r in range(4)]
+             + [Span(r, STEP, "step", 1, 2, step=1) for r in range(4)])
+    spans += [comm(r, "all_reduce", 0, 1, bytes=100, group_ranks=[r - r % 2, r - r % 2 + 1], step=0)
+              for r in range(4)]
     spans += [comm(r, "all_reduce", 1, 2, bytes=30, group_size=4, step=1) for r in range(4)]
     spans += [comm(0, "send", 1, 2, bytes=8, peer=2, step=1), comm(2, "recv", 1, 2, peer=0, step=1)]
     assert Trace(spans=spans).comm_bytes_by_group() == {(0, 1): 100, (2, 3): 100, (0, 1, 2, 3): 60, (0, 2): 4}

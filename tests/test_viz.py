@@ -43,7 +43,8 @@ def bars(fig) -> int:
 
 
 def test_import_does_not_pull_plotly():
-    code = "import sys, paralab.viz, paralab.widgets, paralab.viz.report; print(any(m.split('.')[0] in ('plotly', 'ipywidgets') for m in sys.modules))"
+    code = ("import sys, paralab.viz, paralab.widgets, paralab.viz.report; "
+            "print(any(m.split('.')[0] in ('plotly', 'ipywidgets') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -84,7 +85,8 @@ def test_timeline_pipeline_microbatch_colours_and_labels(pipe):
     assert "(1024 B)" in send.hovertext[0] and "peer r" in send.hovertext[0]
     # idle is visible as gaps: rank 3's compute bars cover less than the step
     span = max(b + x for t in fig.data for b, x in zip(t.base, t.x))
-    busy3 = sum(x for t in fig.data if t.name in ("forward", "backward") for y, x in zip(t.y, t.x) if y == "r3 compute")
+    busy3 = sum(x for t in fig.data if t.name in ("forward", "backward")
+                for y, x in zip(t.y, t.x) if y == "r3 compute")
     assert busy3 < span * 0.95
 
 
@@ -110,7 +112,8 @@ def test_bubble_bars_and_theory(pipe):
 
 
 def test_bubble_vs_microbatches_curves():
-    fig = viz.bubble_vs_microbatches(("gpipe", "interleaved", "zb-h1"), stages=4, microbatches=(2, 4, 6, 8, 9))
+    fig = viz.bubble_vs_microbatches(("gpipe", "interleaved", "zb-h1"), stages=4,
+                                     microbatches=(2, 4, 6, 8, 9))
     by_name = {t.name: t for t in fig.data}
     assert list(by_name["gpipe"].x) == [2, 4, 6, 8, 9]
     assert list(by_name["interleaved (v=2)"].x) == [2, 4, 6, 8]  # 9 does not split into equal rounds
@@ -160,8 +163,9 @@ def test_comm_matrix_group_inference():
 
 
 def test_scaling_speedup_and_ideal():
-    fig = viz.scaling({1: 0.4, 2: 0.25, 4: 0.1}, predicted=[{"world_size": 1, "step_time_s": 1.0, "tokens_per_s": 10},
-                                                          {"world_size": 8, "step_time_s": 1.0, "tokens_per_s": 70}])
+    fig = viz.scaling({1: 0.4, 2: 0.25, 4: 0.1},
+                      predicted=[{"world_size": 1, "step_time_s": 1.0, "tokens_per_s": 10},
+                                 {"world_size": 8, "step_time_s": 1.0, "tokens_per_s": 70}])
     meta = fig.layout.meta
     assert meta["measured"]["speedup"] == pytest.approx([1.0, 1.6, 4.0])
     assert meta["predicted"]["speedup"] == pytest.approx([1.0, 7.0])  # throughput ratio (weak scaling)
@@ -205,7 +209,8 @@ def test_loss_curves(ddp_run):
 
 def test_loss_curves_say_which_lines_overlap():
     losses = [4.8, 4.5, 4.2]
-    runs = {"one": losses, "two": [4.8, 4.5 * (1 + 3e-8), 4.2], "three": losses, "four": [4.8, 4.5, 4.2 * (1 - 1e-8)]}
+    runs = {"one": losses, "two": [4.8, 4.5 * (1 + 3e-8), 4.2], "three": losses,
+            "four": [4.8, 4.5, 4.2 * (1 - 1e-8)]}
     fig = viz.loss_curves(runs)
     assert fig.layout.annotations[0].text == "all four lines overlap: max relative difference 3e-08"
     widths = [t.line.width for t in fig.data]
@@ -253,7 +258,8 @@ def test_mesh_draws_the_layouts_groups_nodes_and_their_traffic(hybrid, no_leftov
     assert sum(1 for s in fig.layout.shapes if s.line.dash == "dash") == 2 * 3  # two nodes in each panel
     tp0 = next(t for t in fig.data if t.meta and t.meta["axis"] == "tp" and t.meta["ranks"] == [0, 1])
     own = hybrid.trace.comm_bytes_by_group()[(0, 1)]
-    assert f"all_reduce: {fmt_bytes(own)} per step" in tp0.hovertext[0] and "inside node 0" in tp0.hovertext[0]
+    assert (f"all_reduce: {fmt_bytes(own)} per step" in tp0.hovertext[0]
+            and "inside node 0" in tp0.hovertext[0])
     pipe = next(t for t in fig.data if t.meta and t.meta["axis"] == "pp" and t.meta["ranks"] == [0, 4])
     assert "across nodes 0, 1" in pipe.hovertext[0] and "send:" in pipe.hovertext[0]
 
@@ -271,7 +277,8 @@ def test_a_real_runs_calls_wait_for_peers_that_entered_before_they_left(hybrid, 
     fig = viz.timeline(hybrid, steps=[1])
     waits = next(t for t in fig.data if t.name == "waiting for peers")
     shown = [a for a in matched if a.span.step == 1 and a.wait_s > 0]
-    assert len(waits.x) == len(shown) and sorted(waits.x) == pytest.approx(sorted(a.wait_s * 1e3 for a in shown))
+    assert (len(waits.x) == len(shown)
+            and sorted(waits.x) == pytest.approx(sorted(a.wait_s * 1e3 for a in shown)))
 
 
 def test_activation_growth_draws_both_kernels_whatever_the_preset_trains_with():

@@ -29,7 +29,8 @@ def hand_written_trace() -> Trace:
                               name="combine", step=step))
             for layer, tokens in layers.items():
                 t = start + 0.2 + 0.1 * layer
-                counters += [Counter(rank, counter_name(layer, "routed", e), t, n) for e, n in enumerate(tokens)]
+                counters += [Counter(rank, counter_name(layer, "routed", e), t, n)
+                             for e, n in enumerate(tokens)]
                 counters.append(Counter(rank, counter_name(layer, "dropped"), t, DROPPED[step] * (rank == 1)))
                 mine = range(2 * rank, 2 * rank + 2)
                 received = sum(ROUTED[step][src][layer][e] for src in ROUTED[step] for e in mine)
@@ -54,7 +55,8 @@ def test_expert_load_draws_tokens_per_expert_over_steps_and_the_drops():
     meta = fig.layout.meta
     assert meta["tokens"] == [[17, 15, 16, 16], [39, 15, 6, 4]] and meta["dropped"] == [0, 6]
     heat = fig.data[0]
-    assert [list(row) for row in heat.z] == [[17, 39], [15, 15], [16, 6], [16, 4]]  # expert rows, step columns
+    # expert rows, step columns
+    assert [list(row) for row in heat.z] == [[17, 39], [15, 15], [16, 6], [16, 4]]
     assert list(fig.data[1].y) == [0, 6]
 
 

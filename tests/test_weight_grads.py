@@ -48,7 +48,8 @@ def grads_and_hook_counts(split: bool, x_requires_grad: bool):
     counts = {name: 0 for name, p in stage.named_parameters() if p.requires_grad}
     for name, p in stage.named_parameters():
         if p.requires_grad:
-            p.register_post_accumulate_grad_hook(lambda p, name=name: counts.__setitem__(name, counts[name] + 1))
+            p.register_post_accumulate_grad_hook(
+                lambda p, name=name: counts.__setitem__(name, counts[name] + 1))
     x = torch.randn(3, 5, 8, requires_grad=x_requires_grad)
     if split:
         deferred = DeferredWeightGrads({0: stage})
@@ -76,7 +77,8 @@ def test_split_backward_equals_one_backward(x_requires_grad):
     if x_requires_grad:
         torch.testing.assert_close(split_x, plain_x)
     # Bi left exactly the linear weights (and column biases) for W; the rest came from autograd in Bi
-    assert {name for name, had in before_w.items() if not had} == {"a.weight", "a.bias", "b.weight", "b.bias", "row.weight"}
+    assert ({name for name, had in before_w.items() if not had}
+            == {"a.weight", "a.bias", "b.weight", "b.bias", "row.weight"})
 
 
 def test_bytes_held_for_w_are_the_linear_inputs_and_output_gradients():

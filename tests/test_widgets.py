@@ -64,7 +64,8 @@ def test_pipeline_explorer_offers_dualpipev_and_its_overlap():
         return float(app.info.value.split(after)[1].split("%")[0].split(" ")[0])
 
     bubble, step = number("bubble simulated "), number("step ")
-    app.controls["overlap"].value = 1.0  # each F&B slot one forward time shorter: a shorter step, a smaller bubble
+    # each F&B slot one forward time shorter: a shorter step, a smaller bubble
+    app.controls["overlap"].value = 1.0
     assert "F&B hides 1 F" in app.info.value
     assert number("step ") < step and number("bubble simulated ") < bubble
     app.controls["microbatches"].value = 6  # fewer than 2 x 4 stages
@@ -103,7 +104,8 @@ def test_pipeline_explorer_run_for_real_shows_measured(no_leftover_ranks):
     assert app.measured is not None and "predicted_rows" in app.measured.layout.meta
     assert len(app.measured.layout.meta["rows"]) == 4 and "step time" in app.message.value
     forwards = [t for t in app.measured.data if t.name == "forward" and t.yaxis in (None, "y")]
-    assert forwards and sum(len(t.x) for t in forwards) == 2 * 4  # each stage ran 4 forwards in the step shown
+    # each stage ran 4 forwards in the step shown
+    assert forwards and sum(len(t.x) for t in forwards) == 2 * 4
 
 
 def test_scaling_explorer_redraws():
@@ -126,7 +128,8 @@ def test_memory_explorer_redraws():
     app.controls["pp"].value = 4  # every ZeRO stage beside a pipeline (as DeepSpeed and FSDP run them)
     assert list(app.figure.data[0].x) == ["no ZeRO", "ZeRO-1", "ZeRO-2", "ZeRO-3"]
     staged = list(app.figure.layout.meta["totals"])
-    assert staged[0] > staged[1] > staged[2] > staged[3] and staged[0] < totals[0]  # a quarter of the layers each
+    # a quarter of the layers each
+    assert staged[0] > staged[1] > staged[2] > staged[3] and staged[0] < totals[0]
     app.controls["pp"].value = 64  # gpt3-1.3b has 24 layers: refused, said, the last figure kept
     assert "layers" in app.message.value and list(app.figure.layout.meta["totals"]) == staged
 
@@ -181,7 +184,8 @@ def test_comm_explorer_puts_the_run_beside_its_prediction_and_grows_it(no_leftov
     app = widgets.comm_explorer(run, world_size=16, gpus_per_node=4)
     measured, same, grown = app.sources()
     meta = app.figure.layout.meta["bytes"]
-    assert meta[measured] == meta[same] == {"all_reduce": pytest.approx(run.summary["comm_bytes"]["all_reduce"] / 2)}
+    assert (meta[measured] == meta[same]
+            == {"all_reduce": pytest.approx(run.summary["comm_bytes"]["all_reduce"] / 2)})
     assert meta[grown]["all_reduce"] == pytest.approx(meta[same]["all_reduce"] * (2 * 15 / 16) / (2 * 1 / 2))
     app.controls["view"].value = "intra vs inter"
     links = app.figure.layout.meta["bytes"]
@@ -205,7 +209,8 @@ def test_speedup_explorer_draws_runs_prediction_and_ideals(monkeypatch, no_lefto
     app = widgets.speedup_explorer(runs, max_world=8)
     meta = app.figure.layout.meta
     assert meta["runs"][2]["step_time_s"] == runs[2].trace.step_times()
-    assert meta["measured"][2] == pytest.approx(runs[1].trace.median_step_time() / runs[2].trace.median_step_time())
+    assert (meta["measured"][2]
+            == pytest.approx(runs[1].trace.median_step_time() / runs[2].trace.median_step_time()))
     assert sorted(meta["predicted"]) == [1, 2, 4, 8] and "ideal_here" not in meta  # priced as GPUs
     before = dict(meta["predicted"])
     app.controls["model"].value = "medium"

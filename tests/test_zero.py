@@ -73,7 +73,8 @@ def test_model_state_bytes_follow_the_paper(runs, world_size, no_leftover_ranks)
             slack = 8 * n * len(zero["units"])  # bytes: padding of every unit, 8 bytes per Adam element
             for kind, bytes_ in expected[stage].items():
                 measured = rank_result["memory"]["final"][kind]
-                assert abs(measured - bytes_) <= slack, f"{stage} x{n} rank {rank_result['rank']} {kind}: {measured} vs {bytes_:.0f}"
+                assert abs(measured - bytes_) <= slack, (
+                    f"{stage} x{n} rank {rank_result['rank']} {kind}: {measured} vs {bytes_:.0f}")
 
 
 def test_zero3_notes_the_parts_it_gathers(runs, no_leftover_ranks):
@@ -105,7 +106,8 @@ def test_communication_per_rank_follows_the_paper(runs, world_size, no_leftover_
             per_step = sum(s.bytes for s in spans) / STEPS
             calls = len(spans) / STEPS
             tolerance = 4 * n * calls
-            assert abs(per_step - f * ddp_bytes) <= tolerance, f"{strategy} x{n} rank {rank}: {per_step} vs {f * ddp_bytes}"
+            assert abs(per_step - f * ddp_bytes) <= tolerance, (
+                f"{strategy} x{n} rank {rank}: {per_step} vs {f * ddp_bytes}")
     kinds = {s.kind for s in runs[("zero3", n, "adam")].trace.select(lane="comm")}
     assert kinds == {"all_gather", "reduce_scatter"}
 
@@ -121,7 +123,8 @@ def test_zero2_reduce_scatters_during_backward(runs, no_leftover_ranks):
 
 
 @pytest.mark.parametrize("strategy", [*STAGES, "torch_fsdp"])
-@pytest.mark.parametrize("option, value, advice", [("pp", 2, "hybrid"), ("tp", 2, "hybrid"), ("dp", 1, "hybrid")])
+@pytest.mark.parametrize("option, value, advice",
+                         [("pp", 2, "hybrid"), ("tp", 2, "hybrid"), ("dp", 1, "hybrid")])
 def test_refuses_what_it_cannot_do_before_starting(strategy, option, value, advice):
     cfg = RunConfig.build("tiny", strategy=strategy, world_size=2, global_batch=8, **{option: value})
     with pytest.raises(ConfigError, match=f"{option}={value}.*{advice}"):
@@ -140,7 +143,8 @@ def test_zero3_prefetch_trains_as_one_device_with_the_same_bytes(runs, no_leftov
 
 
 def _gathers(run, rank: int, step: int, phase: str) -> list:
-    spans = [s for s in run.trace.select(kind="all_gather", rank=rank) if s.step == step and s.name.startswith(phase)]
+    spans = [s for s in run.trace.select(kind="all_gather", rank=rank)
+             if s.step == step and s.name.startswith(phase)]
     return sorted(spans, key=lambda s: s.start)
 
 
@@ -166,7 +170,8 @@ def test_zero3_prefetch_holds_a_second_part_at_its_peak(runs, no_leftover_ranks)
     """The price of gathering ahead: two parts' full parameters at once instead of one."""
     waited, ahead = runs[("zero3", 2, "adam")], runs[("zero3 prefetch", 2, "adam")]
     for rank in (0, 1):
-        assert ahead.summary["memory_by_kind"][rank]["params"] > waited.summary["memory_by_kind"][rank]["params"]
+        assert (ahead.summary["memory_by_kind"][rank]["params"]
+                > waited.summary["memory_by_kind"][rank]["params"])
         assert ahead.rank_results[rank]["memory"]["final"] == waited.rank_results[rank]["memory"]["final"]
 
 

@@ -27,8 +27,10 @@ def figures() -> dict:
     pp = paralab.run("pp", 4, steps=2, pp=4, schedule="1f1b", microbatches=8, global_batch=16)
     zero = {s: paralab.run(s, 4, steps=2, bucket_mb=0.25) for s in ("ddp", "zero1", "zero2", "zero3")}
     return {
-        "timeline_ddp": viz.timeline(ddp, steps=[2], title="ddp on 2 ranks: bucket all-reduces overlap backward"),
-        "timeline_pp": viz.timeline(pp, predicted=predict_run_trace(pp.config), steps=[1], predicted_steps=[1],
+        "timeline_ddp": viz.timeline(ddp, steps=[2],
+                                     title="ddp on 2 ranks: bucket all-reduces overlap backward"),
+        "timeline_pp": viz.timeline(pp, predicted=predict_run_trace(pp.config), steps=[1],
+                                    predicted_steps=[1],
                                     title="1F1B, 4 stages, 8 microbatches: measured (top) and simulated"),
         "bubbles": viz.bubble_vs_microbatches(stages=4),
         "memory_zero": viz.memory(zero, title="peak memory per rank by kind: ddp and ZeRO 1/2/3 on 4 ranks"),

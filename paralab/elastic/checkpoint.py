@@ -92,9 +92,10 @@ def check_signature(root: str | Path, signature: dict) -> None:
     theirs = read_manifest(last)["signature"]
     differ = sorted(k for k in set(theirs) | set(signature) if theirs.get(k) != signature.get(k))
     if differ:
-        detail = "; ".join(f"{k}: checkpoint {theirs.get(k)!r}, this run {signature.get(k)!r}" for k in differ)
-        raise ConfigError(f"checkpoint directory {root} holds another model's checkpoint ({last.name}): {detail}. "
-                          "Use another --checkpoint-dir, or the settings it was trained with.")
+        detail = "; ".join(f"{k}: checkpoint {theirs.get(k)!r}, this run {signature.get(k)!r}"
+                           for k in differ)
+        raise ConfigError(f"checkpoint directory {root} holds another model's checkpoint ({last.name}): "
+                          f"{detail}. Use another --checkpoint-dir, or the settings it was trained with.")
 
 
 class UnsafeCheckpoint(ConfigError):
@@ -177,7 +178,8 @@ def _rng_state() -> dict:
 def _set_rng_state(state: dict) -> None:
     torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["cuda"])), dtype=torch.uint8))
+        torch.cuda.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["cuda"])),
+                                                  dtype=torch.uint8))
 
 
 def _quiet(call, *args, **kwargs):
@@ -207,8 +209,8 @@ def save(root: str | Path, step: int, model, optimizer, signature: dict, sampler
         before_commit()
     _barrier()  # every rank's files are on disk
     if _is_rank0():
-        manifest = {"format": "paralab-elastic-checkpoint", "version": 1, "signature": signature, "step": step,
-                    "sampler": sampler_position, "rng": _rng_state(),
+        manifest = {"format": "paralab-elastic-checkpoint", "version": 1,
+                    "signature": signature, "step": step, "sampler": sampler_position, "rng": _rng_state(),
                     "world_size": dist.get_world_size() if _distributed() else 1}
         (tmp / MANIFEST).write_text(json.dumps(manifest))
         _fsync_dir(tmp)

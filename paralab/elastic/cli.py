@@ -29,14 +29,18 @@ def add_elastic_args(p: argparse.ArgumentParser) -> None:
                    help="node range of the rendezvous (torchrun's --nnodes); one worker per node")
     p.add_argument("--nodes", type=int, default=0, help="nodes (agents) to start with (default: MAX)")
     p.add_argument("--max-restarts", type=int, default=d.max_restarts, help="restarts each agent allows")
-    p.add_argument("--micro-batch", type=int, default=d.micro_batch, help="samples per forward (gradient accumulation)")
+    p.add_argument("--micro-batch", type=int, default=d.micro_batch,
+                   help="samples per forward (gradient accumulation)")
     p.add_argument("--checkpoint-dir", help="where checkpoints go (default: a fresh directory per run)")
-    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="steps between checkpoints")
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
+                   help="steps between checkpoints")
     p.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints)
-    p.add_argument("--join-after-step", type=int, metavar="K", help="start one more node after step K (scale-out)")
+    p.add_argument("--join-after-step", type=int, metavar="K",
+                   help="start one more node after step K (scale-out)")
     p.add_argument("--slow", type=key_values, metavar="rank=R,factor=F", help="make rank R F times slower")
     p.add_argument("--balance", action="store_true", help="split each global batch by measured throughput")
-    p.add_argument("--run-timeout", type=float, default=d.run_timeout_s, help="seconds the whole run may take")
+    p.add_argument("--run-timeout", type=float, default=d.run_timeout_s,
+                   help="seconds the whole run may take")
     p.add_argument("--last-call", type=int, default=d.last_call_s,
                    help="rendezvous: seconds to wait for more nodes once MIN have joined")
 

@@ -50,7 +50,8 @@ class ElasticConfig(TrainingConfig):
     slow: dict | None = None  # {"rank": R, "factor": F}
     balance: bool = False
     run_timeout_s: float = 600.0  # the whole run, launcher side
-    last_call_s: int = 2  # rendezvous: seconds to wait for more nodes once min_nodes are in (torchrun: whole s)
+    # rendezvous: seconds to wait for more nodes once min_nodes are in (torchrun: whole s)
+    last_call_s: int = 2
 
     FAULT_OPTIONS = {"during": ("step", "save")}
 
@@ -70,26 +71,30 @@ class ElasticConfig(TrainingConfig):
             raise ConfigError(f"elastic workers build the model from a preset name; choose one of "
                               f"{sorted(MODEL_PRESETS)}, not a custom model")
         if self.model.experts:
-            raise ConfigError(f"not supported: elastic training of a mixture of experts ({self.model_name!r}): its "
-                              "load-balancing loss is not weighted by each worker's share of the batch; use a dense model")
+            raise ConfigError("not supported: elastic training of a mixture of experts "
+                              f"({self.model_name!r}): its load-balancing loss is not weighted by each "
+                              "worker's share of the batch; use a dense model")
         for name in ("micro_batch", "checkpoint_every", "keep_checkpoints", "min_nodes", "max_nodes", "nodes",
                      "last_call_s"):
             check_int(name.replace("_", " "), getattr(self, name), low=1)
         check_int("max restarts", self.max_restarts, low=0)
         check_positive("run timeout", self.run_timeout_s, unit=" s")
         if self.min_nodes > self.max_nodes:
-            raise ConfigError(f"min nodes {self.min_nodes} > max nodes {self.max_nodes}: --nnodes takes MIN:MAX "
-                              f"with MIN <= MAX, e.g. {self.max_nodes}:{self.min_nodes}")
+            raise ConfigError(f"min nodes {self.min_nodes} > max nodes {self.max_nodes}: "
+                              "--nnodes takes MIN:MAX with MIN <= MAX, "
+                              f"e.g. {self.max_nodes}:{self.min_nodes}")
         if not self.min_nodes <= self.nodes <= self.max_nodes:
-            raise ConfigError(f"{self.nodes} starting nodes is outside --nnodes {self.min_nodes}:{self.max_nodes}")
+            raise ConfigError(f"{self.nodes} starting nodes is outside --nnodes "
+                              f"{self.min_nodes}:{self.max_nodes}")
         if self.global_batch < self.max_nodes:
             raise ConfigError(f"global batch {self.global_batch} is smaller than max nodes {self.max_nodes}: "
                               "every worker needs at least one sample")
         resolve_device(self.device, self.max_nodes)  # one worker per node, every local node its own GPU
         if self.dtype != "fp32":
-            raise ConfigError(f"elastic training runs fp32: its checkpoints reshard the model and optimizer with "
-                              f"torch.distributed.checkpoint, which does not hold paralab's fp32 master weights "
-                              f"beside {self.dtype} parameters; dtype={self.dtype!r} is for paralab run")
+            raise ConfigError("elastic training runs fp32: its checkpoints reshard the model and optimizer "
+                              "with torch.distributed.checkpoint, which does not hold paralab's fp32 master "
+                              f"weights beside {self.dtype} parameters; "
+                              f"dtype={self.dtype!r} is for paralab run")
         self._validate_fail()
         self._validate_join()
         self._validate_slow()
@@ -109,8 +114,8 @@ class ElasticConfig(TrainingConfig):
             raise ConfigError(f"fail step {step!r} is beyond the run: steps are 0..{self.steps - 1}")
         if during == "save" and not self.saves_after(step):
             saves = [k for k in range(self.steps) if self.saves_after(k)]
-            raise ConfigError(f"no checkpoint is saved after step {step} (every {self.checkpoint_every} steps: "
-                              f"after steps {saves})")
+            raise ConfigError(f"no checkpoint is saved after step {step} (every {self.checkpoint_every} "
+                              f"steps: after steps {saves})")
         if self.nodes - 1 < self.min_nodes:
             raise ConfigError(f"after the failure {self.nodes - 1} node(s) remain, fewer than min nodes "
                               f"{self.min_nodes}: lower MIN in --nnodes {self.min_nodes}:{self.max_nodes}")
@@ -124,7 +129,8 @@ class ElasticConfig(TrainingConfig):
             raise ConfigError(f"join after step {self.join_after_step} is beyond the run: steps are "
                               f"0..{self.steps - 1} and the new node needs a step left to join")
         if self.nodes - (self.fault is not None) >= self.max_nodes:  # a planned failure makes room
-            raise ConfigError(f"no room to join: {self.nodes} nodes already run and max nodes is {self.max_nodes}")
+            raise ConfigError(f"no room to join: {self.nodes} nodes already run and max nodes is "
+                              f"{self.max_nodes}")
 
     def _validate_slow(self) -> None:
         if self.slow is None:
@@ -134,16 +140,19 @@ class ElasticConfig(TrainingConfig):
             raise ConfigError(f"slow rank must be in [0, {self.max_nodes}), got {rank!r}")
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) \
                 or factor < 1:
-            raise ConfigError(f"slow factor must be >= 1 (1 = normal speed, 3 = three times slower), got {factor!r}")
+            raise ConfigError("slow factor must be >= 1 (1 = normal speed, 3 = three times slower), "
+                              f"got {factor!r}")
 
     # ------------------------------------------------------------------ to and from workers
     def to_argv(self) -> list[str]:
         """Options for ``python -m paralab.elastic.train`` (parsed back by cli.config_from_args)."""
-        argv = ["--model", self.model_name, "--steps", str(self.steps), "--global-batch", str(self.global_batch),
+        argv = ["--model", self.model_name, "--steps", str(self.steps),
+                "--global-batch", str(self.global_batch),
                 "--micro-batch", str(self.micro_batch), "--seed", str(self.seed), "--lr", repr(self.lr),
                 "--optimizer", self.optimizer, "--device", self.device,
                 "--nnodes", f"{self.min_nodes}:{self.max_nodes}", "--nodes", str(self.nodes),
-                "--checkpoint-every", str(self.checkpoint_every), "--keep-checkpoints", str(self.keep_checkpoints),
+                "--checkpoint-every", str(self.checkpoint_every),
+                "--keep-checkpoints", str(self.keep_checkpoints),
                 "--timeout", repr(self.timeout_s), "--threads", str(self.threads_per_rank)]
         if self.checkpoint_dir:
             argv += ["--checkpoint-dir", self.checkpoint_dir]

@@ -65,8 +65,9 @@ def read_generation(gen_dir: Path) -> Generation | None:
             continue
         recs = [ranks[r] for r in sorted(ranks)]
         steps[step] = {
-            "step": step, "world_size": meta["world_size"], "loss": sum(r["loss"] for r in recs), "generation": gen_dir.name,
-            "sample_ids": [i for r in recs for i in r["ids"]], "ids_per_rank": [r["ids"] for r in recs],
+            "step": step, "world_size": meta["world_size"], "loss": sum(r["loss"] for r in recs),
+            "generation": gen_dir.name, "sample_ids": [i for r in recs for i in r["ids"]],
+            "ids_per_rank": [r["ids"] for r in recs],
             "compute_s": [r["compute_s"] for r in recs],
             "t_start": min(r["t_start"] for r in recs), "t_end": max(r["t_end"] for r in recs),
         }
@@ -126,7 +127,8 @@ class ElasticResult:
             "steps_redone": [t["steps_redone"] for t in self.transitions],
             "transitions": self.transitions,
             "failure": self.failure,
-            "generations": [{"name": g.name, **g.meta, "completed_steps": sorted(g.steps)} for g in self.generations],
+            "generations": [{"name": g.name, **g.meta, "completed_steps": sorted(g.steps)}
+                            for g in self.generations],
             "step_time_s": statistics.median(times[1:] if len(times) > 1 else times) if times else 0.0,
             "step_times_s": times,
             "balance": cfg.balance,
@@ -141,14 +143,17 @@ class ElasticResult:
 
     def describe(self) -> str:
         s = self.summary
-        lines = [f"elastic training, model {s['model']}, {s['steps']} steps, global batch {s['global_batch']}",
+        lines = [f"elastic training, model {s['model']}, {s['steps']} steps, "
+                 f"global batch {s['global_batch']}",
                  "world size per step: " + " ".join(map(str, s["world_sizes"])),
                  "losses: " + " ".join(f"{x:.4f}" for x in s["losses"])]
         for t in s["transitions"]:
-            lines.append(f"{t['generation']}: {t['reason']}, world {t['world_size_before']} -> {t['world_size']}, "
+            lines.append(f"{t['generation']}: {t['reason']}, "
+                         f"world {t['world_size_before']} -> {t['world_size']}, "
                          f"resumed at step {t['resumed_at_step']}, {t['steps_redone']} step(s) redone"
                          + (f", detected {t['detection_s']:.1f} s after it" if "detection_s" in t else "")
-                         + (f", recovered {t['recovery_s']:.1f} s after detection" if t.get("recovery_s") else ""))
+                         + (f", recovered {t['recovery_s']:.1f} s after detection"
+                            if t.get("recovery_s") else ""))
         lines.append(f"step time (median after the first): {s['step_time_s'] * 1e3:.1f} ms")
         if s["trace"]:
             lines.append(f"trace: {s['trace']} (open in https://ui.perfetto.dev)")
@@ -169,8 +174,8 @@ def _transitions(gens: list[Generation], failure: dict | None) -> list[dict]:
         lost = [rank for rank, node in enumerate(prev.meta["nodes"]) if node not in gen.meta["nodes"]]
         reason = "failure" if injected or lost else "scale-out" if after > before else "restart"
         item = {"generation": gen.name, "reason": reason, "world_size_before": before, "world_size": after,
-                "last_completed_step": last_done, "resumed_at_step": start, "checkpoint": gen.meta["checkpoint"],
-                "steps_redone": max(0, last_done + 1 - start)}
+                "last_completed_step": last_done, "resumed_at_step": start,
+                "checkpoint": gen.meta["checkpoint"], "steps_redone": max(0, last_done + 1 - start)}
         first = gen.steps.get(start)
         detected = min((e["t"] for e in prev.errors), default=None)
         if first is not None and detected is not None:

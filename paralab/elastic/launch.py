@@ -101,7 +101,8 @@ def launch(cfg: ElasticConfig, run_dir: str | Path | None = None, progress=None)
 
 def _agent_starter(cfg: ElasticConfig, run_dir: Path, env: dict, port: int, run_id: str, janitor: Janitor,
                    started: list):
-    rdzv_conf = (f"is_host=false,join_timeout={max(30, int(cfg.run_timeout_s))},last_call_timeout={cfg.last_call_s},"
+    rdzv_conf = (f"is_host=false,join_timeout={max(30, int(cfg.run_timeout_s))},"
+                 f"last_call_timeout={cfg.last_call_s},"
                  "close_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=5")
     cmd = agents.command([
         "--nnodes", f"{cfg.min_nodes}:{cfg.max_nodes}", "--nproc-per-node", "1",
@@ -157,8 +158,8 @@ def _watch(cfg: ElasticConfig, run_dir: Path, agents: list, standby, progress) -
         if finished is not None and time.monotonic() - finished > EXIT_GRACE_S:
             return  # agents left waiting at torchrun's exit barrier wait for a node that is gone
         if time.monotonic() > deadline:
-            raise ElasticError(f"the run did not finish within {cfg.run_timeout_s:g} s (last step {last_step})"
-                               + _diagnosis(run_dir))
+            raise ElasticError(f"the run did not finish within {cfg.run_timeout_s:g} s "
+                               f"(last step {last_step})" + _diagnosis(run_dir))
         time.sleep(POLL_S)
     if not _every_step_done(run_dir):
         codes = ", ".join(f"node {n}: {a.returncode}" for n, a in enumerate(agents))

@@ -197,8 +197,8 @@ class Worker:
                 write_json(self.run_dir / "progress.json", {"step": step, "generation": self.gen_dir.name})
             self.monitor.flush()
 
-        train_loop(ctx, optimizer, SumGradients(model, torch_dtype(cfg.reduce_dtype)), forward_backward, batch_of,
-                   first_step=start, after_step=after_step)
+        train_loop(ctx, optimizer, SumGradients(model, torch_dtype(cfg.reduce_dtype)),
+                   forward_backward, batch_of, first_step=start, after_step=after_step)
         records.close()
         if self.rank == 0:
             write_json(self.gen_dir / "done.json", {"steps": cfg.steps, "t": time.time()})
@@ -215,8 +215,10 @@ class Worker:
         """Survivors of a failure land here (a collective with a dead peer raises): the time is when
         the failure was detected."""
         write_json(self.gen_dir / f"rank{self.rank}.error.json",
-                   {"t": time.time(), "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
-        self.monitor.mark("failure_detected", f"peer lost: {type(exc).__name__}", self.rec.now(), self.rec.now())
+                   {"t": time.time(), "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc()})
+        self.monitor.mark("failure_detected", f"peer lost: {type(exc).__name__}", self.rec.now(),
+                          self.rec.now())
         self.monitor.flush()
 
 
@@ -227,9 +229,11 @@ def default_run_dir(cfg: ElasticConfig) -> Path:
 def main(argv: list[str] | None = None) -> int:
     from paralab.elastic.cli import add_elastic_args, config_from_args
 
-    parser = argparse.ArgumentParser(prog="python -m paralab.elastic.train", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m paralab.elastic.train",
+                                     description=__doc__.splitlines()[0])
     add_elastic_args(parser)
-    parser.add_argument("--run-dir", help="where step records and traces go (default: inside --checkpoint-dir)")
+    parser.add_argument("--run-dir",
+                        help="where step records and traces go (default: inside --checkpoint-dir)")
     args = parser.parse_args(argv)
     cfg = config_from_args(args).validate()
     if not cfg.checkpoint_dir:

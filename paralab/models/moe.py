@@ -135,7 +135,8 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         out = grad.new_empty((sum(ctx.send), grad.shape[1]))
-        comm.all_to_all(out, grad.contiguous(), ctx.send, ctx.recv, group=ctx.group, name=f"{ctx.name} backward")
+        comm.all_to_all(out, grad.contiguous(), ctx.send, ctx.recv, group=ctx.group,
+                        name=f"{ctx.name} backward")
         return out, None, None, None, None
 
 

@@ -55,7 +55,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def _context():
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["paralab.runtime.worker", *(f"paralab.strategies.{m}" for m in STRATEGY_MODULES)])
+    ctx.set_forkserver_preload(["paralab.runtime.worker",
+                                *(f"paralab.strategies.{m}" for m in STRATEGY_MODULES)])
     return ctx
 
 

@@ -38,7 +38,8 @@ from paralab.runtime.launch import release_forkserver
 from paralab.runtime.result import RunError
 from paralab.trace import Trace
 
-_RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+_RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+             "MASTER_PORT")
 
 
 @dataclass

@@ -164,7 +164,8 @@ class _OpenSpan:
             end_event.record()
         fields = dict(self.fields)
         name = fields.pop("name", "") or self.kind
-        span = Span(rank=rec.rank, lane=self.lane, kind=self.kind, start=self.start, end=rec.now(), name=name, **fields)
+        span = Span(rank=rec.rank, lane=self.lane, kind=self.kind, start=self.start, end=rec.now(),
+                    name=name, **fields)
         rec._add(span, self.start_event, end_event)
         if self.range is not None:
             self.range.__exit__(None, None, None)

@@ -107,7 +107,8 @@ class RunResult:
             "comm_bytes_by_link": metrics["comm_bytes_by_link"],
             "bubble_fraction": metrics["bubble_fraction"] if layout.pipelined else 0.0,
             # the schedule's bubble for equal-time stages (pipeline strategies put it in their rank results)
-            "bubble_theoretical": max((r.get("bubble_theoretical", 0.0) for r in self.rank_results), default=0.0),
+            "bubble_theoretical": max((r.get("bubble_theoretical", 0.0)
+                                       for r in self.rank_results), default=0.0),
             "peak_memory_bytes": [r["memory"].get("cuda_max_allocated_bytes", r["memory"]["peak_bytes"])
                                   for r in self.rank_results],
             "memory_by_kind": [r["memory"]["peak_by_kind"] for r in self.rank_results],

@@ -43,7 +43,8 @@ def run_under_torchrun(cfg: RunConfig, trace_dir: str | None = None) -> RunResul
     cfg = dataclasses.replace(cfg, world_size=world_size)
     try:
         layout = resolve_layout(cfg)
-        cfg = dataclasses.replace(cfg, device=resolve_device(cfg.device, local_world))  # GPUs per node, not world
+        # GPUs per node, not world
+        cfg = dataclasses.replace(cfg, device=resolve_device(cfg.device, local_world))
         check_dtype(cfg.dtype, cfg.device)
         result, trace, everyone = run_rank(cfg, layout, rank, world_size, local_rank, local_world, "env://",
                                            gather=True)

@@ -37,11 +37,12 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
     cost model also needs to know is how the strategy moves gradients: naive ``dp`` all-reduces every
     parameter tensor after backward (one message each, no overlap); ``ddp`` one message per
     ``bucket_mb`` bucket, overlapped with backward; paralab's ``zero3`` gathers each part just before
-    it runs (no prefetch) unless ``zero_prefetch`` is set, as FSDP does on CPU. Gradients are fp32 Adam's (``adam-fp32``, the default
-    for an fp32 model, mixed-precision Adam otherwise; SGD runs are costed as Adam). The model is
-    priced in the run's dtype, with its recomputation. Strategies that run the pipeline executor (a pp
-    axis) make their batch before the step window opens (``train_loop(batch_in_window=False)``), so
-    their predicted step holds no data loading; the others load inside it.
+    it runs (no prefetch) unless ``zero_prefetch`` is set, as FSDP does on CPU. Gradients are fp32
+    Adam's (``adam-fp32``, the default for an fp32 model, mixed-precision Adam otherwise; SGD runs are
+    costed as Adam). The model is priced in the run's dtype, with its recomputation. Strategies that
+    run the pipeline executor (a pp axis) make their batch before the step window opens
+    (``train_loop(batch_in_window=False)``), so their predicted step holds no data loading; the others
+    load inside it.
     """
     try:
         layout = resolve_layout(cfg)
@@ -51,11 +52,13 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
     tensors = counting.stage_tensors(model, ParallelSpec(), 0)  # 12 per block, 2 embeddings, 4 in the head
     buckets = 0
     if layout.dp > 1 and layout.zero == 0:
-        buckets = tensors if cfg.strategy == "dp" else max(1, -(-_param_bytes(model) // int(cfg.bucket_mb * 2**20)))
+        buckets = (tensors if cfg.strategy == "dp"
+                   else max(1, -(-_param_bytes(model) // int(cfg.bucket_mb * 2**20))))
     parallel = ParallelSpec(
         dp=layout.dp, tp=layout.tp, pp=layout.pp, ep=layout.ep, virtual_stages=layout.virtual_stages,
         stage_layers=layout.stage_layers,
-        schedule=layout.schedule or DEFAULT_SCHEDULE, microbatches=layout.microbatches, micro_batch=layout.micro_batch,
+        schedule=layout.schedule or DEFAULT_SCHEDULE, microbatches=layout.microbatches,
+        micro_batch=layout.micro_batch,
         zero=layout.zero, sequence_parallel=layout.sequence_parallel, recompute=cfg.recompute, cp=layout.cp,
         cp_mode=layout.cp_mode or "ring", cp_split=layout.cp_split or "zigzag",
         overlap_grad_reduce=cfg.strategy != "dp", grad_buckets=buckets,
@@ -130,8 +133,8 @@ def predict_run_trace(cfg: RunConfig, hardware: str | HardwareSpec = "local") ->
             for rank in _global_ranks(p, span.rank):
                 spans.append(_measured_style(span, rank, step, shift))
     meta = dict(one.meta, source="simulated", strategy=cfg.strategy, world_size=cfg.world_size,
-                dp=p.dp, tp=p.tp, pp=p.pp, schedule=p.schedule if p.pp > 1 else "", microbatches=p.microbatches,
-                virtual_stages=p.virtual_stages, model=cfg.model_name,
+                dp=p.dp, tp=p.tp, pp=p.pp, schedule=p.schedule if p.pp > 1 else "",
+                microbatches=p.microbatches, virtual_stages=p.virtual_stages, model=cfg.model_name,
                 tokens_per_step=cfg.global_batch * cfg.model.seq_len)
     return Trace(spans=sorted(spans, key=lambda s: (s.start, s.rank)), meta=meta)
 

@@ -44,7 +44,8 @@ import sys
 import time
 
 # (tokens, out, in) of the linears of the tiny (h 64) and small (h 256) presets with 128-1024 tokens
-MODEL_SHAPES = ((128, 192, 64), (128, 64, 256), (512, 768, 256), (512, 256, 1024), (1024, 1024, 256), (256, 512, 512))
+MODEL_SHAPES = ((128, 192, 64), (128, 64, 256), (512, 768, 256), (512, 256, 1024), (1024, 1024, 256),
+                (256, 512, 512))
 
 
 def median_time(fn, repeats: int = 7, min_seconds: float = 2e-3) -> float:
@@ -75,7 +76,8 @@ def matmul_rows(shapes=MODEL_SHAPES) -> list[tuple[int, int, int, float]]:
 
 
 def matmul_law(shapes=MODEL_SHAPES, rows=None) -> tuple[float, float, list]:
-    """Fit ``seconds = 2mnk / (rate x prod d/(d + d_half))`` to timed matmuls; returns (rate, d_half, rows)."""
+    """Fit ``seconds = 2mnk / (rate x prod d/(d + d_half))`` to timed matmuls; returns (rate, d_half,
+    rows)."""
     rows = rows if rows is not None else matmul_rows(shapes)
     best = None
     for step in range(0, 41):
@@ -196,7 +198,8 @@ def loop_overheads(steps: int = 12) -> dict[str, float]:
                           RaiseOrHang(cfg, 0), LossScaler(cfg.dtype))
         train_model(ctx, GPT(model_cfg, 0), GradSync())
         trace = ctx.recorder.trace()
-        outside = [hi - lo - trace.busy_time(0, COMPUTE, (lo, hi)) for k, (lo, hi) in trace.step_windows().items() if k >= 2]
+        outside = [hi - lo - trace.busy_time(0, COMPUTE, (lo, hi))
+                   for k, (lo, hi) in trace.step_windows().items() if k >= 2]
         points.append((batch * seq, statistics.median(outside)))
     (n0, t0), (n1, t1) = points
     per_token = max(t1 - t0, 0.0) / (n1 - n0)
@@ -226,7 +229,8 @@ def block_times(shapes=BLOCK_SHAPES, chain: int = CHAIN_BLOCKS) -> list[list[flo
 
 
 def adam_seconds(params: int = ADAM_PARAMS, tensors: int = ADAM_TENSORS, repeats: int = 5) -> float:
-    """Median seconds of one Adam step (``foreach=False``) over ``params`` parameters in ``tensors`` tensors."""
+    """Median seconds of one Adam step (``foreach=False``) over ``params`` parameters in ``tensors``
+    tensors."""
     import torch
 
     weights = [torch.nn.Parameter(torch.randn(params // tensors)) for _ in range(tensors)]
@@ -248,7 +252,8 @@ def compute_figures(shapes=MODEL_SHAPES, sync=lambda: None, rounds: int = 3) -> 
         matmuls.append(matmul_rows(shapes))
         sync()
         blocks.append(block_times())
-    figures = {"matmul_rows": _merge(matmuls, 3, statistics.median), "blocks": _merge(blocks, 4, statistics.median)}
+    figures = {"matmul_rows": _merge(matmuls, 3, statistics.median),
+               "blocks": _merge(blocks, 4, statistics.median)}
     sync()
     figures["copy_bw"] = copy_bandwidth()
     sync()
@@ -293,14 +298,16 @@ def fit_sync_jitter(blocks: list[list[float]]) -> float:
     return sum(sigma * math.sqrt(t) for t, sigma in points) / sum(t for t, _ in points)
 
 
-def optimizer_bandwidth(adam_1m: float, tensor_update: float, params: int = ADAM_PARAMS, tensors: int = ADAM_TENSORS) -> float:
+def optimizer_bandwidth(adam_1m: float, tensor_update: float, params: int = ADAM_PARAMS,
+                        tensors: int = ADAM_TENSORS) -> float:
     """Optimizer bytes/s in the cost model's accounting (OPTIMIZER_BYTES_TOUCHED per parameter)."""
     from paralab.sim.cost import OPTIMIZER_BYTES_TOUCHED
 
     return OPTIMIZER_BYTES_TOUCHED * params / max(adam_1m - tensors * tensor_update, 1e-9)
 
 
-def concurrent_figures(threads: int, ranks: int = 2, shapes=MODEL_SHAPES, timeout: float = 90.0) -> tuple[dict, dict]:
+def concurrent_figures(threads: int, ranks: int = 2, shapes=MODEL_SHAPES,
+                       timeout: float = 90.0) -> tuple[dict, dict]:
     """Compute figures measured by ``ranks`` processes at once (as the ranks of a run share the
     machine: its cores, caches, memory bus and whatever else is running), averaged over them, and
     the gloo curves between the first two."""
@@ -381,7 +388,8 @@ def _worker(spec: dict, rank: int) -> None:
         dist.destroy_process_group()
 
 
-LADDER = (4, *(2**k for k in range(12, 26)))  # bytes: one float, then 4 KiB to 32 MiB (a DDP bucket is 25 MiB)
+# bytes: one float, then 4 KiB to 32 MiB (a DDP bucket is 25 MiB)
+LADDER = (4, *(2**k for k in range(12, 26)))
 
 
 def _gloo_curves(rank: int, group, rounds: int = 8, calls: int = 3) -> dict[str, list]:

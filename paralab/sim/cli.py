@@ -37,7 +37,8 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model (a preset, or a shape)")
     g.add_argument("--model", help=f"preset: {', '.join(MODELS)}")
     for flag in ("layers", "hidden", "heads", "ffn", "vocab", "seq", "kv-heads"):
-        g.add_argument(f"--{flag}", type=int, help="overrides the preset's value" if flag != "kv-heads" else "GQA KV heads")
+        g.add_argument(f"--{flag}", type=int,
+                       help="overrides the preset's value" if flag != "kv-heads" else "GQA KV heads")
     g.add_argument("--dtype", choices=sorted(DTYPE_BYTES), help="training dtype (default bf16)")
     g.add_argument("--attention", choices=ATTENTION,
                    help="standard keeps the s x s scores; fused (flash) does not")
@@ -55,18 +56,24 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
 def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     _add_model_args(parser)
     parser.add_argument("--gpus", type=int, help="total GPUs; dp defaults to gpus / (tp x pp)")
-    parser.add_argument("--micro-batch", type=int, help="sequences per microbatch (default: what --global-batch and --microbatches leave; with only --global-batch, all of a replica's share at pp 1, 1 in a pipeline)")
+    parser.add_argument("--micro-batch", type=int,
+                        help="sequences per microbatch (default: what --global-batch and --microbatches "
+                             "leave; with only --global-batch, all of a replica's share at pp 1, "
+                             "1 in a pipeline)")
     parser.add_argument("--dp", type=int)
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--pp", type=int, default=1)
-    parser.add_argument("--ep", type=int, default=1, help="expert parallel, carved out of dp (a mixture of experts)")
+    parser.add_argument("--ep", type=int, default=1,
+                        help="expert parallel, carved out of dp (a mixture of experts)")
     parser.add_argument("--expert-imbalance", type=float, default=1.0,
-                        help="busiest expert's tokens over the mean (1: balanced; a measured run's: paralab.moe_load)")
+                        help="busiest expert's tokens over the mean (1: balanced; a measured run's: "
+                             "paralab.moe_load)")
     parser.add_argument("--virtual-stages", type=int, default=1)
-    parser.add_argument("--stage-layers", type=lambda t: tuple(int(x) for x in t.split(",")), metavar="N,N,...",
-                        help="blocks per pipeline chunk in model order (default: even)")
+    parser.add_argument("--stage-layers", type=lambda t: tuple(int(x) for x in t.split(",")),
+                        metavar="N,N,...", help="blocks per pipeline chunk in model order (default: even)")
     parser.add_argument("--schedule", default="1f1b", help=f"one of {', '.join(SCHEDULES)}")
-    parser.add_argument("--microbatches", type=int, help="per data-parallel rank (default from --global-batch)")
+    parser.add_argument("--microbatches", type=int,
+                        help="per data-parallel rank (default from --global-batch)")
     parser.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
     parser.add_argument("--sequence-parallel", action="store_true")
     parser.add_argument("--recompute", default="none", choices=RECOMPUTE)
@@ -99,7 +106,8 @@ def _model(args) -> ModelSpec:
         return override(get_model(args.model), **given)
     missing = [k for k in ("layers", "hidden", "heads") if k not in given]
     if missing:
-        raise SpecError(f"give --model PRESET or a shape; missing --{', --'.join(missing)} (presets: {', '.join(MODELS)})")
+        raise SpecError(f"give --model PRESET or a shape; missing --{', --'.join(missing)} (presets: "
+                        f"{', '.join(MODELS)})")
     return ModelSpec(**given)
 
 
@@ -112,7 +120,8 @@ def _stage_layers(args, model: ModelSpec) -> tuple[int, ...] | None:
     if args.stage_layers is not None:
         raise SpecError("give --stage-layers or --first/--last-stage-layers, not both")
     if args.virtual_stages != 1:
-        raise SpecError("--first/--last-stage-layers split one chunk per stage; give --stage-layers for virtual stages")
+        raise SpecError("--first/--last-stage-layers split one chunk per stage; "
+                        "give --stage-layers for virtual stages")
     if first is None or last is None:  # the missing end is one more even share
         share = (model.layers - (first if last is None else last)) // (args.pp - 1)
         first, last = (first, share) if last is None else (share, last)
@@ -128,7 +137,8 @@ def _fits_hint(model: ModelSpec, gpus: int, hw, global_batch: int | None) -> str
     """What would fit: the planner's best few on these GPUs, or why nothing does."""
     ranked = _alternatives(model, gpus, hw, global_batch)
     if ranked:
-        return "configurations that fit on {} GPUs:\n  {}".format(gpus, "\n  ".join(planner.describe(p.parallel) for p in ranked))
+        return "configurations that fit on {} GPUs:\n  {}".format(
+            gpus, "\n  ".join(planner.describe(p.parallel) for p in ranked))
     return planner.why_nothing_fits(model, gpus, hw, global_batch)
 
 
@@ -152,7 +162,8 @@ def simulate_main(args) -> int:
     parallel = ParallelSpec(
         dp=dp, tp=tp, pp=pp, ep=args.ep, virtual_stages=args.virtual_stages, schedule=args.schedule,
         stage_layers=stage_layers, expert_imbalance=args.expert_imbalance,
-        microbatches=args.microbatches or 0, micro_batch=args.micro_batch or 0, global_batch=args.global_batch or 0,
+        microbatches=args.microbatches or 0, micro_batch=args.micro_batch or 0,
+        global_batch=args.global_batch or 0,
         zero=args.zero, sequence_parallel=args.sequence_parallel, recompute=args.recompute, cp=cp,
         cp_mode=args.cp_mode, cp_split=args.cp_split, fp32_grads=args.fp32_grads,
     )  # fmt: skip
@@ -184,12 +195,14 @@ def _report(out: dict) -> str:
     mem = out["memory_bytes_per_gpu"]
     lines = [
         f"{out['model']} on {out['gpus']} x {out['hardware']}: {out['config']}",
-        f"  step {out['step_time_s']:.3f} s, {out['tokens_per_s']:,.0f} tokens/s, {planner.flops_text(out['tflops_per_gpu'])} per GPU, "
+        f"  step {out['step_time_s']:.3f} s, {out['tokens_per_s']:,.0f} tokens/s, "
+        f"{planner.flops_text(out['tflops_per_gpu'])} per GPU, "
         f"MFU {out['mfu']:.1%}, HFU {out['hfu']:.1%}, bubble {out['bubble_fraction']:.1%}",
         *([f"  parameters {out['params'] / 1e9:.1f}B, {out['active_params'] / 1e9:.1f}B active per token"]
           if out["active_params"] != out["params"] else []),
         "  memory per GPU: " + ", ".join(f"{k} {planner.bytes_text(v)}" for k, v in mem.items()),
-        "  wire bytes per GPU per step (GB): " + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in out["comm_bytes_per_gpu"].items()),
+        "  wire bytes per GPU per step (GB): "
+        + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in out["comm_bytes_per_gpu"].items()),
     ]  # fmt: skip
     if not out["fits"]:
         over, usable = out["memory_over_bytes"], out["memory_usable_bytes"]
@@ -216,22 +229,28 @@ def plan_main(args) -> int:
         return _fail(f"--gpus must be >= 1, got {args.gpus}")
     ranked = planner.plan(model, args.gpus, hw, args.global_batch, top=args.top)
     if not ranked:
-        return _fail(f"nothing fits on {args.gpus} {hw.name} GPUs: " + planner.why_nothing_fits(model, args.gpus, hw, args.global_batch))
+        return _fail(f"nothing fits on {args.gpus} {hw.name} GPUs: "
+                     + planner.why_nothing_fits(model, args.gpus, hw, args.global_batch))
     sentences = planner.explain(ranked, model, hw)
     if args.json:
-        rows = [dict(p.to_dict(), config=planner.describe(p.parallel), **_degrees(p.parallel)) for p in ranked]
-        print(json.dumps({"model": model.name, "gpus": args.gpus, "hardware": hw.name, "ranked": rows, "explain": sentences}))
+        rows = [dict(p.to_dict(), config=planner.describe(p.parallel), **_degrees(p.parallel))
+                for p in ranked]
+        print(json.dumps({"model": model.name, "gpus": args.gpus, "hardware": hw.name, "ranked": rows,
+                          "explain": sentences}))
         return 0
     # ranked by tokens/s, which MFU follows; hardware TFLOP/s also counts recompute, so it need not
     print(f"    {'tokens/s':>10} {'MFU':>6} {'hardware rate':>15} {'memory':>10}  layout")
     for i, p in enumerate(ranked, 1):
-        rate, memory = planner.flops_text(p.tflops_per_gpu), planner.bytes_text(p.memory_bytes_per_gpu["total"])
-        print(f"{i:2d}. {p.tokens_per_s:>10,.0f} {p.mfu:>6.1%} {rate:>15} {memory:>10}  {planner.describe(p.parallel)}")
+        rate, memory = (planner.flops_text(p.tflops_per_gpu),
+                        planner.bytes_text(p.memory_bytes_per_gpu["total"]))
+        print(f"{i:2d}. {p.tokens_per_s:>10,.0f} {p.mfu:>6.1%} {rate:>15} {memory:>10}  "
+              f"{planner.describe(p.parallel)}")
     print("\n".join(sentences))
     return 0
 
 
 def _degrees(p: ParallelSpec) -> dict:
-    keys = ("dp", "tp", "pp", "ep", "virtual_stages", "schedule", "microbatches", "micro_batch", "global_batch",
-            "zero", "sequence_parallel", "recompute", "cp", "cp_mode", "stage_layers", "fp32_grads")  # fmt: skip
+    keys = ("dp", "tp", "pp", "ep", "virtual_stages", "schedule", "microbatches", "micro_batch",
+            "global_batch", "zero", "sequence_parallel", "recompute", "cp", "cp_mode", "stage_layers",
+            "fp32_grads")  # fmt: skip
     return {k: getattr(p, k) for k in keys}

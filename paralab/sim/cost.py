@@ -49,7 +49,8 @@ CONTEXT_PARALLEL: dict = {}
 # --------------------------------------------------------------------------------------- primitives
 
 
-def gemm_time(hw: HardwareSpec, flops_peak: float, m: float, n: float, k: float, batch: float = 1, nbytes: int = 2) -> float:
+def gemm_time(hw: HardwareSpec, flops_peak: float, m: float, n: float, k: float, batch: float = 1,
+              nbytes: int = 2) -> float:
     """Seconds for ``batch`` (m x k) @ (k x n) matmuls: shape-scaled peak, memory roofline, launch cost."""
     half = hw.matmul_half_dim
     efficiency = hw.matmul_max_efficiency * (m / (m + half)) * (n / (n + half)) * (k / (k + half))
@@ -568,15 +569,17 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
         opt_end = end + sync["optimizer"]
         spans.append(Span(rank, COMPUTE, "optimizer", end, opt_end, name="optimizer step", step=0))
         if sync["gather"][0]:
-            spans.append(Span(rank, COMM, "all_gather", opt_end, opt_end + sync["gather"][0], name="parameter all-gather",
-                              step=0, bytes=int(sync["gather"][1]), group_size=p.dp, inter_node=sync["inter"]))
+            spans.append(Span(rank, COMM, "all_gather", opt_end, opt_end + sync["gather"][0],
+                              name="parameter all-gather", step=0, bytes=int(sync["gather"][1]),
+                              group_size=p.dp, inter_node=sync["inter"]))
     makespan = prediction.step_time_s
     spans += [Span(r, STEP, "step", 0.0, makespan, name="step 0", step=0) for r in range(p.pp)]
     meta = dict(trace.meta, tokens_per_step=p.global_batch * model.seq, prediction=prediction.to_dict())
     return Trace(spans=sorted(spans, key=lambda s: (s.start, s.rank)), meta=meta)
 
 
-def _tensor_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageTimes], spans: list[Span]) -> list[Span]:
+def _tensor_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageTimes],
+                           spans: list[Span]) -> list[Span]:
     """One comm span per collective kind at the end of each forward and backward: a forward pays one
     pass of the layer's blocking collectives per layer (all-reduces; all-gather + reduce-scatter with
     sp), a backward the other (and the rerun forward's with full recompute)."""
@@ -612,7 +615,8 @@ def _plan(p: ParallelSpec) -> Plan:
     return builtin_plan(_schedule_name(p), p.pp, p.microbatches, p.virtual_stages)
 
 
-def _plan_seconds(plan: Plan, model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, times: list[StageTimes]) -> list[float]:
+def _plan_seconds(plan: Plan, model: ModelSpec, p: ParallelSpec, hw: HardwareSpec,
+                  times: list[StageTimes]) -> list[float]:
     """Per action of the plan: its compute time, or its send's latency (0 for a recv). A backward
     sharing a DualPipeV slot with a forward is shorter by what the slot hides: each pass's all-to-alls
     behind the other's compute (:func:`overlap_saving`)."""
@@ -687,7 +691,8 @@ def _pipeline_bubble(trace: Trace, p: ParallelSpec) -> float:
     return 1.0 - sum(s.duration for s in compute) / (p.pp * makespan)
 
 
-def _estimate_finish(model, p: ParallelSpec, hw, times: list[StageTimes]) -> tuple[list[tuple[float, float]], float]:
+def _estimate_finish(model, p: ParallelSpec, hw,
+                     times: list[StageTimes]) -> tuple[list[tuple[float, float]], float]:
     """Closed-form pipeline: the slowest rank's work m times, plus the schedule's ramp (its bubble).
 
     With equal stages and free p2p this is exactly :func:`paralab.schedules.theoretical_bubble`:
@@ -709,7 +714,8 @@ def _estimate_finish(model, p: ParallelSpec, hw, times: list[StageTimes]) -> tup
         makespan = m * (sum(work) + (pp - 1) * hop)
     elif name == "zb-h1":
         # with m < p the gradient's trip back up the pipeline is the longer path (theoretical_bubble)
-        makespan = max(m * max(work) + (pp - 1) * (hop + f + bi - w), (m + pp - 1) * (f + bi) + w + (pp - 1) * hop)
+        makespan = max(m * max(work) + (pp - 1) * (hop + f + bi - w),
+                       (m + pp - 1) * (f + bi) + w + (pp - 1) * hop)
     elif name in ("gpipe", "1f1b", "interleaved"):
         makespan = m * max(work) + (pp - 1) * (f + bi + w + hop)
     else:
@@ -737,7 +743,8 @@ def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int, c
                   counting.ring_wire_bytes("all_gather", params * pb, p.dp))
     local = params / (p.dp if p.zero >= 1 else 1)
     rank_hw = per_rank(hw, p.world_size)
-    optimizer = OPTIMIZER_BYTES_TOUCHED * local / (rank_hw.optimizer_bw or rank_hw.memory_bandwidth) + hw.kernel_overhead_s
+    optimizer = (OPTIMIZER_BYTES_TOUCHED * local / (rank_hw.optimizer_bw or rank_hw.memory_bandwidth)
+                 + hw.kernel_overhead_s)
     optimizer += counting.stage_tensors(model, p, rank) * hw.host_overhead_s.get("tensor_update", 0.0)
     inter = p.dp * p.stride("dp") > hw.gpus_per_node
     overlap = p.overlap_grad_reduce and hw.overlaps_comm

@@ -67,7 +67,8 @@ def parameter_counts(model: ModelSpec) -> dict[str, int]:
 def active_parameters(model: ModelSpec) -> int:
     """Parameters one token meets: all of a dense model; of a mixture of experts, the router, top_k
     routed experts and the shared ones in each MoE layer (Mixtral 8x7B: 12.9B of 46.7B)."""
-    return parameter_counts(model)["total"] - moe.extra_layer_params(model) + moe.extra_layer_params(model, active=True)
+    return (parameter_counts(model)["total"] - moe.extra_layer_params(model)
+            + moe.extra_layer_params(model, active=True))
 
 
 def replicated_layer_params(model: ModelSpec) -> int:
@@ -226,7 +227,8 @@ def flops_per_step(model: ModelSpec, sequences: float, recompute: str = "none",
     recompute reruns (:func:`recompute_share`).
     """
     layer = layer_forward_flops(model, sequences)
-    layer_fwd = model.layers * (layer["linear"] + layer["attention"]) + moe.extra_forward_flops(model, sequences)
+    layer_fwd = (model.layers * (layer["linear"] + layer["attention"])
+                 + moe.extra_forward_flops(model, sequences))
     model_flops = 3 * (layer_fwd + logits_forward_flops(model, sequences))
     fused = model.attention == "fused"
     selective = 0.0 if fused else 3 * model.layers * layer["attention"]
@@ -239,7 +241,8 @@ def flops_per_step(model: ModelSpec, sequences: float, recompute: str = "none",
 
 
 def activation_bytes_per_layer(
-    model: ModelSpec, micro_batch: int = 1, tp: int = 1, sequence_parallel: bool = False, recompute: str = "none"
+    model: ModelSpec, micro_batch: int = 1, tp: int = 1, sequence_parallel: bool = False,
+    recompute: str = "none"
 ) -> float:
     """Bytes one layer keeps for backward on one GPU (activations in the model's dtype, dropout masks
     of ``model.mask_bytes``).
@@ -289,7 +292,8 @@ def attention_core_bytes(model: ModelSpec, micro_batch: int = 1, recompute: str 
     return (model.dtype_bytes + (mask + model.dtype_bytes if mask else 0)) * a * s * s * b
 
 
-def peak_inflight_chunks(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1, rank: int = 0) -> int:
+def peak_inflight_chunks(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1,
+                         rank: int = 0) -> int:
     """Most (chunk, microbatch) activations pipeline rank ``rank`` holds at once.
 
     GPipe keeps all m (Huang et al. 2019); 1F1B its warm-up p - rank plus none (Narayanan et al.
@@ -341,7 +345,8 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
         total += inflight * moe_per_chunk * moe.extra_activation_bytes(model, p.micro_batch, p.tp)
     sbh = model.seq * p.micro_batch * model.hidden
     if rank == 0:
-        total += model.dtype_bytes * sbh / (p.tp if p.sequence_parallel else 1) * min(inflight, p.microbatches)
+        total += (model.dtype_bytes * sbh / (p.tp if p.sequence_parallel else 1)
+                  * min(inflight, p.microbatches))
     if rank == last_stage_rank(p):
         logits_inflight = p.microbatches if p.schedule == "gpipe" and p.pp > 1 else 1
         logits = model.seq * p.micro_batch * model.vocab / p.tp

@@ -150,15 +150,16 @@ def simulate_schedule(
     The step window is t0..makespan on every rank, so idle time at either end counts as bubble.
     """
     plan = plan or compile_schedule(schedule)
-    seconds = plan_seconds(plan, _as_callable(compute_time, "compute_time"), _as_callable(p2p_time, "p2p_time"),
-                           _as_callable(overlap_saving, "overlap_saving"))
+    seconds = plan_seconds(plan, _as_callable(compute_time, "compute_time"),
+                           _as_callable(p2p_time, "p2p_time"), _as_callable(overlap_saving, "overlap_saving"))
     starts, ends = run_plan(plan, seconds, t0, blocking_sends)
     spans: list[Span] = []
     for action, rank, kind, start, end in zip(plan.actions, plan.ranks, plan.kinds, starts, ends):
         if kind == RECV:
             spans.append(_comm_span(action, rank, "recv", start, end, 0, activation_bytes, step))
         elif kind == SEND:
-            spans.append(_comm_span(action, rank, "send", start, end, activation_bytes, activation_bytes, step))
+            spans.append(_comm_span(action, rank, "send", start, end, activation_bytes,
+                                    activation_bytes, step))
         else:
             spans.append(_compute_span(action, rank, start, end - start, step))
     makespan = max([t0, *ends])

@@ -196,7 +196,8 @@ LOCAL_RANKS = 64  # ranks the local machine is taken to hold: one 'node', howeve
 CALIBRATION_VERSION = 6  # bump when what calibrate() measures changes: older caches are measured again
 
 
-def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True, threads: int | None = None) -> HardwareSpec:
+def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True,
+          threads: int | None = None) -> HardwareSpec:
     """This machine as seen by CPU ranks, from the cache when present, else measured (< 30 s) and cached.
 
     ``threads=None``: the whole machine, shared by the ranks (``shared_compute``). ``threads=k``: one
@@ -216,7 +217,8 @@ def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True,
     return spec
 
 
-def calibrate(matmul_size: int = 1024, gloo: bool = True, threads: int | None = None, ranks: int = 2) -> HardwareSpec:
+def calibrate(matmul_size: int = 1024, gloo: bool = True, threads: int | None = None,
+              ranks: int = 2) -> HardwareSpec:
     """Measure this machine (see :mod:`paralab.sim.calibration`): matmul rate and shape law at the lab
     models' shapes plus one ``matmul_size`` square, copy bandwidth, host time per module call and per
     optimizer tensor, the non-GEMM rate of real blocks, Adam's rate, and (optionally) gloo curves.
@@ -267,12 +269,14 @@ def calibrate(matmul_size: int = 1024, gloo: bool = True, threads: int | None = 
         optimizer_bw=bench.optimizer_bandwidth(figures["adam_1m"], host["tensor_update"]),
         allreduce_curve=curves["allreduce"],
         p2p_curve=curves["p2p"],
-        notes=f"this machine ({who}), torch {torch.__version__}, calibrated {time.strftime('%Y-%m-%d %H:%M')}",
+        notes=f"this machine ({who}), torch {torch.__version__}, "
+              f"calibrated {time.strftime('%Y-%m-%d %H:%M')}",
         calibration={"version": CALIBRATION_VERSION, "threads": threads, "matmul_s": [list(r) for r in rows],
                      "blocks": figures["blocks"], "adam_1m_s": figures["adam_1m"], "gloo": gloo},
     )
     # the blocks ran as one rank's (with every core when ``threads`` is None): fit them as such
-    fitted = bench.fit_elementwise_bandwidth(dataclasses.replace(spec, shared_compute=False), figures["blocks"])
+    fitted = bench.fit_elementwise_bandwidth(dataclasses.replace(spec, shared_compute=False),
+                                             figures["blocks"])
     jitter = bench.fit_sync_jitter(figures["blocks"])
     return dataclasses.replace(spec, elementwise_bw=fitted, sync_jitter=jitter, overlaps_comm=False)
 

@@ -64,7 +64,8 @@ def extra_forward_flops(model: ModelSpec, sequences: float) -> float:
     tokens = sequences * model.seq
     matrices = 3 if model.gated_mlp else 2
     per_token = (model.hidden * model.experts
-                 + matrices * model.hidden * ((model.top_k + model.shared_experts) * model.expert_ffn - model.ffn))
+                 + matrices * model.hidden
+                 * ((model.top_k + model.shared_experts) * model.expert_ffn - model.ffn))
     return 2 * tokens * moe_layers(model) * per_token
 
 

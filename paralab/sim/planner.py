@@ -32,7 +32,8 @@ RECOMPUTE = ("none", "selective", "full")
 
 
 def default_global_batch(gpus: int) -> int:
-    """Sequences per step when none is given: one per GPU, at least 512 (GPT-3's smallest batch is 0.5M tokens)."""
+    """Sequences per step when none is given: one per GPU, at least 512 (GPT-3's smallest batch is
+    0.5M tokens)."""
     return max(gpus, 512)
 
 
@@ -113,7 +114,8 @@ def _expert_degrees(model: ModelSpec, dp: int) -> list[int]:
 
 
 def plan(
-    model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int | None = None, top: int = 10, refine: int = 3
+    model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int | None = None, top: int = 10,
+    refine: int = 3
 ) -> list[cost.Prediction]:
     """Configurations that fit, fastest first (at most ``top``); empty when nothing fits."""
     batch = global_batch or default_global_batch(gpus)
@@ -138,13 +140,15 @@ def why_nothing_fits(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch
     specs = list(candidates(model, gpus, hw, batch))
     if not specs:
         fewest = min(replicas)
-        return (f"no split of {gpus} GPUs divides a global batch of {batch} (dp x micro-batch must divide it); "
-                f"the fewest replicas a split here has is dp {fewest}: try a global batch of {-(-batch // fewest) * fewest}")
+        return (f"no split of {gpus} GPUs divides a global batch of {batch} "
+                f"(dp x micro-batch must divide it); the fewest replicas a split here has is dp {fewest}: "
+                f"try a global batch of {-(-batch // fewest) * fewest}")
     smallest = min(cost.memory_per_gpu(model, spec)["total"] for spec in specs)
     usable = cost.usable_memory(hw)
     states = 16 * counting.parameter_counts(model)["total"]  # mixed-precision Adam, fully sharded
     least = 2 ** math.ceil(math.log2(max(states / usable, 1)))
-    leanest = f"the leanest of {len(specs)} splits needs {bytes_text(smallest)} per GPU against {bytes_text(usable)} usable; "
+    leanest = (f"the leanest of {len(specs)} splits needs {bytes_text(smallest)} per GPU "
+               f"against {bytes_text(usable)} usable; ")
     if least > gpus:
         return leanest + (f"{model.name} needs at least {least} {hw.name} GPUs: its model states alone are "
                           f"{bytes_text(states)}")
@@ -165,7 +169,8 @@ def describe(p: ParallelSpec) -> str:
         parts.append(sched)
     if p.stage_layers is not None:
         parts.append(f"layers per stage {split_text(p.stage_layers)}")
-    parts += [f"{p.microbatches} microbatch(es) of {p.micro_batch}", f"ZeRO-{p.zero}", f"recompute {p.recompute}"]
+    parts += [f"{p.microbatches} microbatch(es) of {p.micro_batch}", f"ZeRO-{p.zero}",
+              f"recompute {p.recompute}"]
     if p.sequence_parallel:
         parts.append("sequence parallel")
     return ", ".join(parts)
@@ -204,7 +209,8 @@ def explain(ranked: list[cost.Prediction], model: ModelSpec | None = None,
         slower = win.tokens_per_s / run.tokens_per_s - 1
         deltas = {k: run.breakdown_s.get(k, 0.0) - win.breakdown_s.get(k, 0.0) for k in (*LOSSES, "compute")}
         cause = max(deltas, key=deltas.get)
-        reason = "more compute per step (recompute or smaller GEMMs)" if cause == "compute" else f"more time in {LOSSES[cause]}"
+        reason = ("more compute per step (recompute or smaller GEMMs)" if cause == "compute"
+                  else f"more time in {LOSSES[cause]}")
         # as fast, e.g. selective recompute with fused attention (nothing to drop)
         why = (f"{slower:.1%} slower, mainly {reason} ({abs(deltas[cause]) * 1e3:.0f} ms per step)"
                if slower > 5e-4 else "as fast: what differs costs nothing here")
@@ -215,7 +221,8 @@ def explain(ranked: list[cost.Prediction], model: ModelSpec | None = None,
 
 def flops_text(tflops: float) -> str:
     """A FLOP rate in the unit that keeps 3 digits: TFLOP/s on GPUs, GFLOP/s on a CPU."""
-    return f"{tflops:.0f} TFLOP/s" if tflops >= 10 else f"{tflops:.1f} TFLOP/s" if tflops >= 1 else f"{tflops * 1e3:.1f} GFLOP/s"
+    return (f"{tflops:.0f} TFLOP/s" if tflops >= 10 else f"{tflops:.1f} TFLOP/s" if tflops >= 1
+            else f"{tflops * 1e3:.1f} GFLOP/s")
 
 
 def bytes_text(nbytes: float) -> str:

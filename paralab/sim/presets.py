@@ -36,7 +36,8 @@ from __future__ import annotations
 from paralab.config import MODEL_PRESETS, ModelConfig
 from paralab.sim.specs import ModelSpec, SpecError
 
-LAB_ATTENTION = {"sdpa": "fused", "math": "standard"}  # the lab's attention kernels, as the simulator names them
+# the lab's attention kernels, as the simulator names them
+LAB_ATTENTION = {"sdpa": "fused", "math": "standard"}
 
 
 def lab_model(m: ModelConfig, name: str = "") -> ModelSpec:
@@ -70,8 +71,9 @@ def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, vocab
 
 def _moe(name: str, source: str, **shape) -> ModelSpec:
     """A Llama-style mixture of experts (SwiGLU experts, GQA, RMSNorm, RoPE, untied, no biases)."""
-    return ModelSpec(gated_mlp=True, biases=False, norm_params=1, learned_positions=False, tied_embeddings=False,
-                     dropout=False, attention="fused", name=name, source=source, **shape)
+    return ModelSpec(gated_mlp=True, biases=False, norm_params=1, learned_positions=False,
+                     tied_embeddings=False, dropout=False, attention="fused", name=name, source=source,
+                     **shape)
 
 
 # The Llama reference code sizes its SwiGLU MLP from the hidden size: 2/3 of 4h, times

@@ -36,7 +36,8 @@ class ModelSpec:
     4h) match the models of Narayanan et al. 2021 and Brown et al. 2020. Llama sets ``gated_mlp``
     (SwiGLU: three MLP matrices), ``kv_heads`` (grouped-query attention), ``biases=False``,
     ``norm_params=1`` (RMSNorm has a weight only), ``learned_positions=False`` (RoPE) and
-    ``tied_embeddings=False`` and ``dropout=False``, so its parameters and FLOPs are counted exactly, not approximated.
+    ``tied_embeddings=False`` and ``dropout=False``, so its parameters and FLOPs are counted exactly,
+    not approximated.
     A mixture of experts (paralab.sim.moe) sets ``experts`` routed experts of width ``expert_ffn`` (0:
     ffn), ``top_k`` per token, ``shared_experts``, ``dense_layers`` leading layers left dense and a
     ``capacity_factor`` (0: dropless).
@@ -109,7 +110,8 @@ class ModelSpec:
         return dataclasses.replace(self, **changes)
 
     def problems(self) -> list[str]:
-        out = [f"model {n} must be >= 1" for n in ("layers", "hidden", "heads", "vocab", "seq") if getattr(self, n) < 1]
+        out = [f"model {n} must be >= 1" for n in ("layers", "hidden", "heads", "vocab", "seq")
+               if getattr(self, n) < 1]
         if out:
             return out
         if self.hidden % self.heads:
@@ -121,7 +123,8 @@ class ModelSpec:
         if self.experts and not 1 <= self.top_k <= self.experts:
             out.append(f"top_k {self.top_k} must be in 1..{self.experts} (the experts)")
         if self.experts and not 0 <= self.dense_layers < self.layers:
-            out.append(f"dense_layers {self.dense_layers} must leave some of the {self.layers} layers to experts")
+            out.append(f"dense_layers {self.dense_layers} must leave some of the {self.layers} layers "
+                       "to experts")
         if self.capacity_factor < 0:
             out.append(f"capacity factor must be > 0 (or 0: dropless), got {self.capacity_factor}")
         if self.attention not in ATTENTION:
@@ -154,7 +157,8 @@ class ParallelSpec:
     zero: int = 0
     sequence_parallel: bool = False
     recompute: str = "none"
-    optimizer: str = ""  # "": as the model trains (counting.optimizer_of: fp32 Adam for fp32, mixed otherwise)
+    # "": as the model trains (counting.optimizer_of: fp32 Adam for fp32, mixed otherwise)
+    optimizer: str = ""
     overlap_grad_reduce: bool = True  # bucketed data-parallel reduction during the last backward
     # separate gradient messages per step (each pays the link latency): 0 models one bucketed stream
     # whose last 1/8 is exposed; naive dp sends one per parameter tensor, DDP one per bucket
@@ -234,7 +238,8 @@ class ParallelSpec:
             names, degrees = ("dp x tp x pp x cp", f" x {p.cp}") if p.cp > 1 else ("dp x tp x pp", "")
             out.append(f"{names} = {p.dp} x {p.tp} x {p.pp}{degrees} = {p.world_size} != {gpus} GPUs")
         if p.global_batch and p.global_batch % (p.dp * p.micro_batch):
-            out.append(f"global batch {p.global_batch} is not divisible by dp x micro-batch = {p.dp * p.micro_batch}")
+            out.append(f"global batch {p.global_batch} is not divisible by dp x micro-batch = "
+                       f"{p.dp * p.micro_batch}")
         if p.microbatches < 1:
             out.append(f"global batch {p.global_batch} gives no microbatch per data-parallel rank")
         if model.heads % p.tp or model.kv_heads % p.tp:
@@ -298,7 +303,8 @@ class ParallelSpec:
         elif model.experts % self.ep:
             out.append(f"ep {self.ep} does not divide the {model.experts} experts")
         if self.expert_imbalance < 1.0:
-            out.append(f"expert imbalance is the busiest expert's load over the mean, >= 1, got {self.expert_imbalance}")
+            out.append("expert imbalance is the busiest expert's load over the mean, >= 1, "
+                       f"got {self.expert_imbalance}")
         return out
 
 

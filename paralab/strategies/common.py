@@ -201,12 +201,14 @@ def named_state(model: torch.nn.Module) -> dict:
     """Final parameters and gradients under their global names, on the CPU (for parity tests)."""
     return {
         "params": {n: p.detach().cpu().clone() for n, p in model.named_parameters()},
-        "grads": {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters() if p.grad is not None},
+        "grads": {n: p.grad.detach().cpu().clone()
+                  for n, p in model.named_parameters() if p.grad is not None},
     }
 
 
 def train_model(ctx: RankContext, model: torch.nn.Module, sync: GradSync, loss_of: Callable | None = None,
-                params=None, state_of: Callable | None = None, microbatch_context: Callable | None = None) -> dict:
+                params=None, state_of: Callable | None = None,
+                microbatch_context: Callable | None = None) -> dict:
     """Every strategy without a pipeline: each data-parallel replica (one rank, or a tensor-parallel
     group) runs forward and backward on its slice of the batch, ``sync`` makes the gradients agree
     and every rank takes the optimizer step. ``loss_of(inputs, targets)`` defaults to the model's
@@ -222,8 +224,10 @@ def train_model(ctx: RankContext, model: torch.nn.Module, sync: GradSync, loss_o
     optimizer = make_optimizer(ctx.cfg, params, ctx)
     ctx.memory.watch(params, optimizer)
     loader = make_loader(ctx)
-    losses = train_loop(ctx, optimizer, sync, lambda batch: forward_backward(ctx, loss_of, batch, microbatch_context),
-                        lambda step: replica_batches(loader, step, layout.microbatches, coord["dp"], layout.dp))
+    losses = train_loop(ctx, optimizer, sync,
+                        lambda batch: forward_backward(ctx, loss_of, batch, microbatch_context),
+                        lambda step: replica_batches(loader, step, layout.microbatches,
+                                                     coord["dp"], layout.dp))
     state = None
     if ctx.cfg.collect_state:
         state = state_of() if state_of is not None else named_state(model) if coord["dp"] == 0 else None

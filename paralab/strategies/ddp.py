@@ -123,7 +123,8 @@ class HierarchicalReducer(BucketedReducer):
         padded = -flat.numel() % self.local_size
         self.buffers[i] = torch.nn.functional.pad(flat, (0, padded)) if padded else flat
         self._hold(self.buffers[i])
-        self.shards[i] = torch.empty(self.buffers[i].numel() // self.local_size, dtype=flat.dtype, device=flat.device)
+        self.shards[i] = torch.empty(self.buffers[i].numel() // self.local_size, dtype=flat.dtype,
+                                     device=flat.device)
         self.works[i] = comm.reduce_scatter(self.shards[i], self.buffers[i], group=self.intra, async_op=True,
                                             name=f"bucket {i} intra")
 
@@ -143,10 +144,11 @@ def check(cfg, layout) -> None:
 def train(ctx):
     model, reduce_dtype = full_model(ctx), torch_dtype(ctx.cfg.reduce_dtype)
     if ctx.cfg.hierarchical:
-        reducer = HierarchicalReducer(model, ctx.world_size, ctx.cfg.bucket_mb, ctx.recorder.node_of, ctx.memory,
-                                      reduce_dtype)
+        reducer = HierarchicalReducer(model, ctx.world_size, ctx.cfg.bucket_mb,
+                                      ctx.recorder.node_of, ctx.memory, reduce_dtype)
     else:
-        reducer = BucketedReducer(model, ctx.world_size, ctx.cfg.bucket_mb, accumulations=ctx.layout.microbatches,
+        reducer = BucketedReducer(model, ctx.world_size, ctx.cfg.bucket_mb,
+                                  accumulations=ctx.layout.microbatches,
                                   memory=ctx.memory, reduce_dtype=reduce_dtype)
     return train_model(ctx, model, reducer)
 

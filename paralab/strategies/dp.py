@@ -33,7 +33,8 @@ class AllReduceEachGradient(GradSync):
 
 def train(ctx):
     model = full_model(ctx)
-    return train_model(ctx, model, AllReduceEachGradient(model, ctx.layout.dp, torch_dtype(ctx.cfg.reduce_dtype)))
+    return train_model(ctx, model,
+                       AllReduceEachGradient(model, ctx.layout.dp, torch_dtype(ctx.cfg.reduce_dtype)))
 
 
 STRATEGIES = [Strategy("dp", "all-reduce of every gradient after backward", axes=("dp",), train=train,

@@ -56,7 +56,8 @@ def expert_process_groups(layout, rank: int) -> tuple[ExpertGroup, object]:
 
 def expert_parameters(module: nn.Module) -> list[nn.Parameter]:
     """The parameters of every expert of every MoE layer in ``module`` (not routers, not shared experts)."""
-    return [p for layer in module.modules() if isinstance(layer, MoELayer) for p in layer.experts.parameters()]
+    return [p for layer in module.modules() if isinstance(layer, MoELayer)
+            for p in layer.experts.parameters()]
 
 
 class DivideGrads(GradSync):
@@ -83,8 +84,8 @@ def parallelize_experts(ctx, module: nn.Module, dp_group, expert_data_group) -> 
     experts = expert_parameters(module)
     ids = {id(p) for p in experts}
     replicated = [p for p in module.parameters() if id(p) not in ids]
-    dense = BucketedReducer(nn.ParameterList(replicated), layout.dp, cfg.bucket_mb, dp_group, layout.microbatches,
-                            memory=ctx.memory, reduce_dtype=reduce_dtype)
+    dense = BucketedReducer(nn.ParameterList(replicated), layout.dp, cfg.bucket_mb, dp_group,
+                            layout.microbatches, memory=ctx.memory, reduce_dtype=reduce_dtype)
     if layout.dp // layout.ep == 1:
         return SyncChain(dense, DivideGrads(experts, layout.dp))
     expert_sync = BucketedReducer(nn.ParameterList(experts), layout.dp, cfg.bucket_mb, expert_data_group,
@@ -99,7 +100,8 @@ def train(ctx) -> dict:
     sync = parallelize_experts(ctx, model, None, expert_data_group)
     # the first expert group holds every expert once: between them its ranks vouch for every parameter
     holds_every_expert_once = ctx.rank < layout.ep
-    return train_model(ctx, model, sync, state_of=lambda: named_state(model) if holds_every_expert_once else None)
+    return train_model(ctx, model, sync,
+                       state_of=lambda: named_state(model) if holds_every_expert_once else None)
 
 
 STRATEGIES = [Strategy("ep", "experts of a mixture of experts over `--ep N` data-parallel ranks, tokens by "

@@ -58,17 +58,21 @@ def check(cfg: RunConfig, layout) -> None:
     """What the composition cannot do, and each axis's own rules (tensor.check, check_pipeline)."""
     if layout.zero == 3:
         raise ConfigError(
-            f"not supported: zero3 in hybrid ({'with pp=' + str(layout.pp) if layout.pp > 1 else 'over dp'}): "
-            "stage 3 gathers each part for its forward and again for its backward, once per microbatch, and "
-            "frees it in between, which the pipeline executor does not do; with m microbatches a stage would "
-            "all-gather its parameters 2m times a step, m times the traffic of zero1, to shard the parameters "
-            "too; use zero=1 or 2, or strategy 'zero3' for pure data parallel")
+            "not supported: zero3 in hybrid "
+            f"({'with pp=' + str(layout.pp) if layout.pp > 1 else 'over dp'}): "
+            "stage 3 gathers each part for its forward and again for its backward, once per microbatch, "
+            "and frees it in between, which the pipeline executor does not do; "
+            "with m microbatches a stage would all-gather its parameters 2m times a step, "
+            "m times the traffic of zero1, to shard the parameters too; use zero=1 or 2, "
+            "or strategy 'zero3' for pure data parallel")
     if layout.zero and layout.ep > 1:
-        raise ConfigError(f"not supported: zero={layout.zero} with ep={layout.ep}: ZeRO would shard every parameter "
-                          "over all dp ranks, but an expert lives only on its expert-data-parallel ranks; use zero=0")
+        raise ConfigError(f"not supported: zero={layout.zero} with ep={layout.ep}: "
+                          "ZeRO would shard every parameter over all dp ranks, "
+                          "but an expert lives only on its expert-data-parallel ranks; use zero=0")
     if layout.ep > 1 and layout.cp > 1:
-        raise ConfigError(f"not supported: ep={layout.ep} with cp={layout.cp}: an expert's gradients would have to "
-                          "be reduced over its expert-data-parallel ranks and the cp ranks together; use one of them")
+        raise ConfigError(f"not supported: ep={layout.ep} with cp={layout.cp}: "
+                          "an expert's gradients would have to be reduced over its expert-data-parallel "
+                          "ranks and the cp ranks together; use one of them")
     if layout.zero not in (0, 1, 2):
         raise ConfigError(f"zero must be 0 (ddp), 1 or 2, got {layout.zero}")
     if layout.sequence_parallel and layout.tp == 1:
@@ -128,7 +132,8 @@ def parallelize_tensor(ctx, schedule, position: MeshPosition) -> dict[int, nn.Mo
     cfg, layout, tp, cp = ctx.cfg, ctx.layout, position.tp, position.cp
 
     def build(model, index, seed):
-        part = tensor.parallel_part(model, index, seed, tp) if tp.size > 1 else build_part(model, index, seed, position.ep)
+        part = (tensor.parallel_part(model, index, seed, tp) if tp.size > 1
+                else build_part(model, index, seed, position.ep))
         if cp.size > 1:
             context.parallelize_context(part, cp, model.seq_len, first_layer=index - 1)
         return part
@@ -151,8 +156,8 @@ def parallelize_pipeline(ctx, schedule, stages: dict, position: MeshPosition) ->
         def loss_fn(logits, targets):
             return vocab_parallel_cross_entropy(logits, targets, tp).mean()
     groups = stage_groups(schedule, ctx.layout.groups("pp"))
-    return PipelineExecutor(ctx, schedule, stages, groups, pipeline_ranks=position.pipeline_ranks, shape=shape,
-                            loss_fn=loss_fn)
+    return PipelineExecutor(ctx, schedule, stages, groups,
+                            pipeline_ranks=position.pipeline_ranks, shape=shape, loss_fn=loss_fn)
 
 
 def parallelize_data(ctx, module: nn.Module, position: MeshPosition):
@@ -241,5 +246,6 @@ def gather_state(module: nn.Module, stages: dict, sync: SyncChain, position: Mes
 
 STRATEGIES = [Strategy("hybrid", "`--dp D --cp C --tp T --pp P` on a device mesh, `--zero 1/2` over dp, "
                                   "`--ep E` inside dp", axes=("dp", "cp", "tp", "pp"),
-                       options=(*PIPELINE_OPTIONS, *CONTEXT_OPTIONS, "sequence_parallel", "zero", "bucket_mb", "ep"),
+                       options=(*PIPELINE_OPTIONS, *CONTEXT_OPTIONS, "sequence_parallel", "zero",
+                                "bucket_mb", "ep"),
                        schedules=SCHEDULES, check=check, train=train, title="hybrid parallel (混合并行)")]

@@ -127,7 +127,8 @@ class PipelineExecutor:
         with self.ctx.recorder.span(FORWARD), self.ctx.memory.saving((s, mb)), self._recording(s, mb):
             y = self.stages[s](x)
             if s == self.last:
-                y = self.loss_fn(y, self.targets[mb]) / self.m  # the batch's mean loss is the sum over microbatches
+                # the batch's mean loss is the sum over microbatches
+                y = self.loss_fn(y, self.targets[mb]) / self.m
         self.live.add((s, mb))
         self.peak_activations = max(self.peak_activations, len(self.live))
         if s == self.last:
@@ -233,7 +234,8 @@ class PipelineExecutor:
         self.ctx.memory.release((s, mb))
 
 
-def stage_groups(schedule: Schedule, pipelines: list[list[int]] | None = None) -> dict[int, dist.ProcessGroup]:
+def stage_groups(schedule: Schedule,
+                 pipelines: list[list[int]] | None = None) -> dict[int, dist.ProcessGroup]:
     """One two-rank group per stage boundary that crosses ranks (boundary b: stage b to b + 1), for
     this rank's pipeline. ``pipelines`` holds the global ranks of every pipeline when there are
     several (hybrid); by default one pipeline over ranks 0..p-1. Every rank creates every group of
@@ -256,7 +258,8 @@ def microbatched_batch(loader, step: int, m: int, needs_tokens: bool, needs_targ
     if loader is None:
         return None, None
     inputs, labels = loader.rank_batch(step, dp_rank, dp_size)
-    return (list(inputs.chunk(m)) if needs_tokens else None), (list(labels.chunk(m)) if needs_targets else None)
+    return ((list(inputs.chunk(m)) if needs_tokens else None),
+            (list(labels.chunk(m)) if needs_targets else None))
 
 
 def train(ctx) -> dict:
@@ -287,7 +290,8 @@ STRATEGIES = [
     Strategy("mp", "layers split over ranks, one batch, one rank busy at a time", axes=("pp",),
              options=("schedule", "stage_layers"), schedule="naive", check=check_mp, train=train,
              title="layer-wise model parallel (模型并行)"),
-    Strategy("pp", "`--schedule gpipe / 1f1b / interleaved / zb-h1 / zbv / dualpipev`, microbatches", axes=("pp",),
+    Strategy("pp", "`--schedule gpipe / 1f1b / interleaved / zb-h1 / zbv / dualpipev`, microbatches",
+             axes=("pp",),
              options=PIPELINE_OPTIONS, schedules=SCHEDULES, check=check_pipeline, train=train,
              title="pipeline parallel (流水线并行)"),
 ]

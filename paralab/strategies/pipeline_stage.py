@@ -22,7 +22,8 @@ from paralab.schedules import Schedule, ScheduleError, build_schedule, validate_
 from paralab.stage_split import layers_per_stage, split_problems
 
 
-def stage_part_indices(cfg: ModelConfig, num_stages: int, override: list[int] | None = None) -> list[list[int]]:
+def stage_part_indices(cfg: ModelConfig, num_stages: int,
+                       override: list[int] | None = None) -> list[list[int]]:
     """The part indices (0 = embed, 1..L = blocks, L+1 = head) each stage owns, in model order."""
     counts = layers_per_stage(cfg.layers, num_stages, override)
     out, first_block = [], 1
@@ -106,7 +107,8 @@ def check_pipeline(cfg: RunConfig, layout) -> Schedule:
         raise ConfigError(f"pipeline schedule {layout.schedule!r} (pp={p}, microbatches={m}, "
                           f"virtual_stages={v}) cannot run: {exc}") from None
     if cfg.recompute == "full" and schedule.is_split_backward:
-        raise ConfigError(f"{layout.schedule} splits each backward into Bi and W by keeping every linear layer's "
-                          f"input for W, which full recomputation would throw away: use recompute='selective' "
-                          f"(attention cores only), or full recomputation with gpipe, 1f1b or interleaved")
+        raise ConfigError(f"{layout.schedule} splits each backward into Bi and W by keeping every linear "
+                          "layer's input for W, which full recomputation would throw away: "
+                          "use recompute='selective' (attention cores only), "
+                          "or full recomputation with gpipe, 1f1b or interleaved")
     return schedule

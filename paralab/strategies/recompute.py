@@ -33,7 +33,8 @@ def apply_recompute(model: nn.Module, mode: str, recorder=None) -> int:
     returns how many modules were wrapped (0 for ``none``)."""
     if mode == "none":
         return 0
-    chosen = [m for m in model.modules() if (_is_block(m) if mode == "full" else isinstance(m, AttentionCore))]
+    chosen = [m for m in model.modules()
+              if (_is_block(m) if mode == "full" else isinstance(m, AttentionCore))]
     for module in chosen:
         module.forward = _checkpointed(module.forward, recorder)
     return len(chosen)

@@ -53,7 +53,8 @@ def train(ctx):
     # compute (MixedPrecisionPolicy), so the model stays fp32 here and the optimizer is a plain one
     model = GPT(ctx.cfg.model, ctx.cfg.seed).to(ctx.device)
     apply_recompute(model, ctx.cfg.recompute, ctx.recorder)
-    policy = MixedPrecisionPolicy(param_dtype=torch_dtype(ctx.cfg.dtype), reduce_dtype=torch_dtype(ctx.cfg.reduce_dtype))
+    policy = MixedPrecisionPolicy(param_dtype=torch_dtype(ctx.cfg.dtype),
+                                  reduce_dtype=torch_dtype(ctx.cfg.reduce_dtype))
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
     for part in (model.embed, *model.blocks, model.head, model):
         fully_shard(part, mesh=mesh, mp_policy=policy)
@@ -67,5 +68,5 @@ def train(ctx):
                        microbatch_context=microbatch)
 
 
-STRATEGIES = [Strategy("torch_fsdp", "torch's FSDP2 (fully_shard)", axes=("dp",), zero=3, check=check, train=train,
-                       reference_for="zero3")]
+STRATEGIES = [Strategy("torch_fsdp", "torch's FSDP2 (fully_shard)", axes=("dp",), zero=3,
+                       check=check, train=train, reference_for="zero3")]

@@ -29,7 +29,8 @@ TORCH_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": 
 def check(cfg: RunConfig, layout) -> None:
     check_pipeline(cfg, layout)
     if layout.schedule == "1f1b" and layout.microbatches < layout.pp:
-        raise ConfigError(f"torch's Schedule1F1B needs microbatches >= stages: {layout.microbatches} < {layout.pp}")
+        raise ConfigError("torch's Schedule1F1B needs microbatches >= stages: "
+                          f"{layout.microbatches} < {layout.pp}")
 
 
 def train(ctx) -> dict:

@@ -57,7 +57,8 @@ def tensor_parallel_plan(layers: int, sequence_parallel: bool) -> dict:
     between_blocks = Shard(1) if sequence_parallel else Replicate()
     plan = {
         "embed.tok": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
-        "head.lm": ColwiseParallel(input_layouts=between_blocks, output_layouts=Shard(-1), use_local_output=False),
+        "head.lm": ColwiseParallel(input_layouts=between_blocks, output_layouts=Shard(-1),
+                                   use_local_output=False),
     }
     if sequence_parallel:
         # the learned position embedding is added to the whole sequence, then each rank keeps its slice

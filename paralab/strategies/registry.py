@@ -25,8 +25,9 @@ MODULES = ("single", "dp", "ddp", "pipeline", "tensor", "zero", "context", "expe
 # gradient accumulation, tracing, ...) applies to every strategy. A strategy that does not use an
 # option refuses it; a tuning knob it has no use for (TUNING_OPTIONS: a benchmark may pass one to
 # several strategies) is reported as unused instead.
-OPTION_DEFAULTS = {"dp": 0, "tp": 0, "pp": 0, "ep": 0, "schedule": "", "virtual_stages": 1, "stage_layers": None,
-                   "sequence_parallel": False, "zero": 0, "bucket_mb": 25.0, "hierarchical": False,
+OPTION_DEFAULTS = {"dp": 0, "tp": 0, "pp": 0, "ep": 0, "schedule": "", "virtual_stages": 1,
+                   "stage_layers": None, "sequence_parallel": False, "zero": 0, "bucket_mb": 25.0,
+                   "hierarchical": False,
                    "cp": 0, "cp_mode": "ring", "cp_split": "zigzag", "zero_prefetch": False}
 TUNING_OPTIONS = ("bucket_mb",)
 PIPELINE_OPTIONS = ("schedule", "virtual_stages", "stage_layers")

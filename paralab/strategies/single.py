@@ -10,4 +10,5 @@ def train(ctx):
     return train_model(ctx, full_model(ctx), GradSync())
 
 
-STRATEGIES = [Strategy("single", "plain training", axes=(), train=train, title="single device (the baseline)")]
+STRATEGIES = [Strategy("single", "plain training", axes=(), train=train,
+                       title="single device (the baseline)")]

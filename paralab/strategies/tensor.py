@@ -256,7 +256,8 @@ def train(ctx):
     tp = TensorParallelGroup(None, ctx.rank, ctx.layout.tp, ctx.layout.sequence_parallel)
     model = build_model(ctx, tp)
     sync = SyncChain(GradSync(), SequenceParallelGrads(model, tp, torch_dtype(ctx.cfg.reduce_dtype)))
-    return train_model(ctx, model, sync, loss_of=model, state_of=lambda: gather_state(model.named_parameters(), tp))
+    return train_model(ctx, model, sync, loss_of=model,
+                       state_of=lambda: gather_state(model.named_parameters(), tp))
 
 
 STRATEGIES = [Strategy("tp", "Megatron column/row parallel, vocab-parallel loss, `--sequence-parallel`",

@@ -136,7 +136,8 @@ class ColumnParallelLinear(nn.Module):
     """Y = X A + b with A split by columns (output features): f, then a local matmul whose output
     stays split; it feeds a row-parallel layer or the vocabulary-parallel loss, never gathered."""
 
-    def __init__(self, in_features: int, out_features: int, tp: TensorParallelGroup, name: str, groups: int = 1):
+    def __init__(self, in_features: int, out_features: int, tp: TensorParallelGroup, name: str,
+                 groups: int = 1):
         super().__init__()
         self.tp, self.name = tp, name
         self.weight = split_param((out_features // tp.size, in_features), 0, groups)
@@ -209,7 +210,8 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return grad, None, None
 
 
-def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, tp: TensorParallelGroup) -> torch.Tensor:
+def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
+                                 tp: TensorParallelGroup) -> torch.Tensor:
     """Per-token loss from this rank's vocabulary slice of the logits; the same on every rank.
     Computed in fp32 whatever the logits' dtype, as paralab.models.gpt.lm_loss is."""
     return _VocabParallelCrossEntropy.apply(logits.float(), targets, tp)

@@ -76,7 +76,8 @@ def unit_groups(model: torch.nn.Module, cfg, stage: int) -> list[tuple[str, list
         return [(part, [n for n, _ in named if n.startswith(part + ".")]) for part in part_names(cfg.model)]
     name_of = {id(p): n for n, p in named}
     buckets = make_buckets([p for _, p in named], cfg.bucket_mb * 2**20)  # backward order
-    return [(f"bucket {i}", [name_of[id(p)] for p in reversed(b)]) for i, b in reversed(list(enumerate(buckets)))]
+    return [(f"bucket {i}", [name_of[id(p)] for p in reversed(b)])
+            for i, b in reversed(list(enumerate(buckets)))]
 
 
 class Zero(GradSync):
@@ -91,8 +92,8 @@ class Zero(GradSync):
     reduced in ``ctx.cfg.reduce_dtype``; with 16-bit parameters the reduced fp32 shard gradient is
     the master weights' ``main_grad`` (paralab.precision)."""
 
-    def __init__(self, ctx, model: torch.nn.Module, stage: int, group=None, passes: int = 1, accumulations: int = 1,
-                 prefetch: bool = False):
+    def __init__(self, ctx, model: torch.nn.Module, stage: int, group=None, passes: int = 1,
+                 accumulations: int = 1, prefetch: bool = False):
         self.stage, self.group, self.passes, self.accumulations = stage, group, passes, accumulations
         self.prefetch = prefetch
         self.reduce_dtype = torch_dtype(ctx.cfg.reduce_dtype)
@@ -107,11 +108,13 @@ class Zero(GradSync):
         self.pending: list[tuple[comm.TracedWork, torch.Tensor, torch.Tensor, object]] = []  # in flight
         self.gathering: dict[str, comm.TracedWork] = {}  # stage 3: parts whose gather is in flight
         self.buffers: dict[str, torch.Tensor] = {}  # units whose gradients are arriving
-        self.offsets = {id(p): p.storage_offset() - u.full.storage_offset() for u in self.units for p in u.params}
+        self.offsets = {id(p): p.storage_offset() - u.full.storage_offset() for u in self.units
+                        for p in u.params}
         self.index = {u.name: i for i, u in enumerate(self.units)}  # stage 3: the parts in forward order
         self.arrived = dict.fromkeys((u.name for u in self.units), 0)
         self.reduced = dict.fromkeys((u.name for u in self.units), 0)
-        self.mixed = self.sharded.flat.dtype != self.reduce_dtype  # 16-bit parameters, gradients reduced wider
+        # 16-bit parameters, gradients reduced wider
+        self.mixed = self.sharded.flat.dtype != self.reduce_dtype
         if stage == 1:
             self._bind_full_gradients()
         else:
@@ -136,8 +139,8 @@ class Zero(GradSync):
 
     def _bind_shard_gradients(self) -> None:
         """Stages 2 and 3: only the shards' gradients are kept, in one flat buffer (in the reduce dtype)."""
-        self.grad_shards = torch.zeros(sum(u.shard.numel() for u in self.units), device=self.sharded.flat.device,
-                                       dtype=self.reduce_dtype)
+        self.grad_shards = torch.zeros(sum(u.shard.numel() for u in self.units),
+                                       device=self.sharded.flat.device, dtype=self.reduce_dtype)
         offset = 0
         for u in self.units:
             self._bind_shard_grad(u, self.grad_shards[offset : offset + u.shard.numel()])
@@ -205,7 +208,8 @@ class Zero(GradSync):
         self.shard_grad(u).add_(out)
 
     def after_backward(self) -> None:
-        """After the step's last backward: every rank's shard gradient is the average over the global batch."""
+        """After the step's last backward: every rank's shard gradient is the average over the global
+        batch."""
         if self.stage == 1:
             u = self.units[0]
             flat = self.grad_flat.to(self.reduce_dtype).div_(self.world)  # a copy when it widens
@@ -219,7 +223,8 @@ class Zero(GradSync):
         expected = self.passes // self.accumulations
         missing = [u.name for u in self.units if self.reduced[u.name] != expected]
         if missing:
-            raise RuntimeError(f"{missing} got no gradient for every parameter this step; ZeRO here expects all")
+            raise RuntimeError(f"{missing} got no gradient for every parameter this step; "
+                               "ZeRO here expects all")
         for pending in self.pending:
             self._land(*pending)
         self.pending.clear()
@@ -259,8 +264,8 @@ class Zero(GradSync):
             return
         self.sharded.allocate(u)
         with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(u.full):
-            self.gathering[u.name] = comm.all_gather(u.full, u.shard.detach(), group=self.group, async_op=True,
-                                                     name=f"{phase} gather {u.name}")
+            self.gathering[u.name] = comm.all_gather(u.full, u.shard.detach(), group=self.group,
+                                                     async_op=True, name=f"{phase} gather {u.name}")
 
     def _after_forward(self, u, out: torch.Tensor) -> None:
         self.sharded.free(u)
@@ -281,13 +286,15 @@ def train(ctx):
     model = full_model(ctx)
     zero = Zero(ctx, model, STAGES[ctx.cfg.strategy], passes=ctx.layout.microbatches,
                 prefetch=ctx.cfg.zero_prefetch)
-    result = train_model(ctx, model, zero, params=[u.shard for u in zero.units], state_of=zero.sharded.full_state)
+    result = train_model(ctx, model, zero, params=[u.shard for u in zero.units],
+                         state_of=zero.sharded.full_state)
     result["zero"] = zero.describe()
     return result
 
 
 STRATEGIES = [
-    Strategy(f"zero{stage}", summary, axes=("dp",), options={2: ("bucket_mb",), 3: ("zero_prefetch",)}.get(stage, ()),
+    Strategy(f"zero{stage}", summary, axes=("dp",),
+             options={2: ("bucket_mb",), 3: ("zero_prefetch",)}.get(stage, ()),
              zero=stage, train=train, title=f"sharded data parallel, ZeRO-{stage}")
     for stage, summary in ((1, "optimizer states sharded over the data-parallel ranks"),
                            (2, "optimizer states and gradients sharded"),

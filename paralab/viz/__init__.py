@@ -18,9 +18,9 @@ from paralab.viz.scaling import scaling, speedup_timeline
 from paralab.viz.timeline import timeline
 
 __all__ = [
-    "timeline", "bubble", "bubble_vs_microbatches", "comm_by_op", "comm_by_dimension", "comm_matrix", "comm_matrix_data",
-    "comm_link_split", "scaling", "speedup_timeline", "memory", "measured_vs_predicted", "memory_vs", "elastic",
-    "elastic_balance", "elastic_phases",
+    "timeline", "bubble", "bubble_vs_microbatches", "comm_by_op", "comm_by_dimension", "comm_matrix",
+    "comm_matrix_data", "comm_link_split", "scaling", "speedup_timeline", "memory", "measured_vs_predicted",
+    "memory_vs", "elastic", "elastic_balance", "elastic_phases",
     "loss_curves", "mesh", "attention_per_rank", "activation_growth", "cp_modes", "expert_load",
     "expert_cost",
 ]

@@ -53,7 +53,8 @@ def go():
     try:
         import plotly.graph_objects as graph_objects
     except ImportError as exc:  # pragma: no cover - exercised only without plotly
-        raise ImportError("paralab.viz needs plotly: pip install 'paralab[lab]' (or pip install plotly)") from exc
+        raise ImportError("paralab.viz needs plotly: pip install 'paralab[lab]' "
+                          "(or pip install plotly)") from exc
     return graph_objects
 
 
@@ -173,8 +174,9 @@ def note_overlaps(fig, groups: list[dict], total: int) -> None:
     """Say on the figure which lines overlap (see :func:`overlap_note`); nothing when none do."""
     note = overlap_note(groups, total)
     if note:  # top right, inside the plot: where falling curves leave room
-        fig.add_annotation(text=note.replace("; ", "<br>"), xref="paper", yref="paper", x=1, y=1, xanchor="right",
-                           yanchor="top", align="right", showarrow=False, font=dict(size=12, color="#333"),
+        fig.add_annotation(text=note.replace("; ", "<br>"), xref="paper", yref="paper", x=1, y=1,
+                           xanchor="right", yanchor="top", align="right", showarrow=False,
+                           font=dict(size=12, color="#333"),
                            bgcolor="rgba(247,247,247,0.9)")
 
 

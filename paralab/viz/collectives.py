@@ -22,23 +22,30 @@ def alpha_beta(measured: dict, fits: dict, op: str = "all_reduce", title: str | 
         color = COLORS[i % len(COLORS)]
         fig.add_trace(graph.Scatter(x=xs, y=[t * 1e3 for t in ts], mode="markers", name=label,
                                     legendgroup=label, marker=dict(color=color, size=8),
-                                    hovertemplate=f"{label}: %{{x:.3s}}B in %{{y:.3f}} ms<extra></extra>"), 1, 1)
-        fig.add_trace(graph.Scatter(x=xs, y=[bus_bandwidth(op, p, group, t) / 1e9 for p, t in points], mode="markers",
-                                    name=label, legendgroup=label, showlegend=False, marker=dict(color=color, size=8),
-                                    hovertemplate=f"{label}: %{{x:.3s}}B, %{{y:.3f}} GB/s<extra></extra>"), 1, 2)
+                                    hovertemplate=f"{label}: "
+                                                  f"%{{x:.3s}}B in %{{y:.3f}} ms<extra></extra>"), 1, 1)
+        fig.add_trace(graph.Scatter(x=xs, y=[bus_bandwidth(op, p, group, t) / 1e9 for p, t in points],
+                                    mode="markers", name=label, legendgroup=label, showlegend=False,
+                                    marker=dict(color=color, size=8),
+                                    hovertemplate=f"{label}: %{{x:.3s}}B, "
+                                                  f"%{{y:.3f}} GB/s<extra></extra>"), 1, 2)
         meta["measured"][label] = points
     largest = max((p for _, points in measured.values() for p, _ in points), default=SIZES[-1])
-    sizes = [s for s in SIZES if s <= 4 * largest]  # the model drawn where it was measured, and a little beyond
+    # the model drawn where it was measured, and a little beyond
+    sizes = [s for s in SIZES if s <= 4 * largest]
     for i, (label, (group, alpha, bandwidth)) in enumerate(fits.items()):
         color = COLORS[(i + len(measured)) % len(COLORS)]
         ts = [ring_time(op, s, group, alpha, bandwidth) for s in sizes]
-        fig.add_trace(graph.Scatter(x=sizes, y=[t * 1e3 for t in ts], mode="lines", name=label, legendgroup=label,
-                                    line=dict(color=color, dash="dash"),
-                                    hovertemplate=f"{label}: %{{x:.3s}}B in %{{y:.4g}} ms<extra></extra>"), 1, 1)
-        fig.add_trace(graph.Scatter(x=sizes, y=[bus_bandwidth(op, s, group, t) / 1e9 for s, t in zip(sizes, ts)],
+        fig.add_trace(graph.Scatter(x=sizes, y=[t * 1e3 for t in ts], mode="lines", name=label,
+                                    legendgroup=label, line=dict(color=color, dash="dash"),
+                                    hovertemplate=f"{label}: "
+                                                  f"%{{x:.3s}}B in %{{y:.4g}} ms<extra></extra>"), 1, 1)
+        fig.add_trace(graph.Scatter(x=sizes,
+                                    y=[bus_bandwidth(op, s, group, t) / 1e9 for s, t in zip(sizes, ts)],
                                     mode="lines", name=label, legendgroup=label, showlegend=False,
                                     line=dict(color=color, dash="dash"),
-                                    hovertemplate=f"{label}: %{{x:.3s}}B, %{{y:.3f}} GB/s<extra></extra>"), 1, 2)
+                                    hovertemplate=f"{label}: %{{x:.3s}}B, "
+                                                  f"%{{y:.3f}} GB/s<extra></extra>"), 1, 2)
         meta["fits"][label] = {"group": group, "alpha_s": alpha, "bandwidth": bandwidth}
     fig.update_xaxes(type="log", title_text="message size (bytes)", exponentformat="SI")
     fig.update_yaxes(type="log", dtick=1, title_text="ms", row=1, col=1)
@@ -61,7 +68,8 @@ def ring_against_tree(links: dict, payload: float, groups: list[int], title: str
         ):
             fig.add_trace(graph.Scatter(x=groups, y=[t * 1e6 for t in times], mode="lines+markers",
                                         name=f"{label}, {name}", line=dict(color=color, dash=dash),
-                                        hovertemplate=f"{label}, {name}: %{{x}} ranks, %{{y:.1f}} us<extra></extra>"))
+                                        hovertemplate=f"{label}, {name}: %{{x}} ranks, "
+                                                      f"%{{y:.1f}} us<extra></extra>"))
             meta[f"{label}, {name}"] = times
     fig.update_xaxes(type="log", dtick=0.30103, title_text="ranks in the all-reduce")
     fig.update_yaxes(type="log", dtick=1, title_text="microseconds")

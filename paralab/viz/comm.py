@@ -71,7 +71,8 @@ def comm_by_op(trace, payload: bool = False, title: str | None = None):
     graph = go()
     trace = as_trace(trace)
     data = bytes_by_op_and_step(trace, payload)
-    steps = sorted({k for per in data.values() for k in per}, key=lambda k: (k is None, k if k is not None else 0))
+    steps = sorted({k for per in data.values() for k in per},
+                   key=lambda k: (k is None, k if k is not None else 0))
     labels = [f"step {k}" if k is not None else "outside steps" for k in steps]
     scale, unit = byte_scale(max((sum(per.get(k, 0) for per in data.values()) for k in steps), default=0))
     fig = graph.Figure()
@@ -155,7 +156,8 @@ def comm_by_dimension(trace, payload: bool = False, title: str | None = None):
     dims = list(data)
     totals = {d: sum(sum(links.values()) for links in ops.values()) for d, ops in data.items()}
     by_op = {d: {op: sum(links.values()) for op, links in ops.items()} for d, ops in data.items()}
-    by_link = {d: {link: sum(links[link] for links in ops.values()) for link, _, _ in LINKS} for d, ops in data.items()}
+    by_link = {d: {link: sum(links[link] for links in ops.values()) for link, _, _ in LINKS}
+               for d, ops in data.items()}
     scale, unit = byte_scale(max(totals.values(), default=0))
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
                         subplot_titles=("by operation", "by link: inside a node or across nodes"))
@@ -166,16 +168,19 @@ def comm_by_dimension(trace, payload: bool = False, title: str | None = None):
             x=dims, y=[v / scale for v in values], name=op, marker_color=kind_color(op), legendgroup="op",
             legendgrouptitle_text="operation", customdata=[[fmt_bytes(v), v] for v in values],
             text=[fmt_bytes(v) if v else "" for v in values], textposition="inside",
-            hovertemplate=f"%{{x}} {op}: %{{customdata[0]}} per step (%{{customdata[1]}} B)<extra></extra>"), 1, 1)
+            hovertemplate=f"%{{x}} {op}: %{{customdata[0]}} per step "
+                          "(%{customdata[1]} B)<extra></extra>"), 1, 1)
     for link, label, color in LINKS:
         values = [by_link[d][link] for d in dims]
         fig.add_trace(graph.Bar(
             x=dims, y=[v / scale for v in values], name=label, marker_color=color, legendgroup="link",
             legendgrouptitle_text="link", customdata=[[fmt_bytes(v), v] for v in values],
             text=[fmt_bytes(v) if v else "" for v in values], textposition="inside",
-            hovertemplate=f"%{{x}} {label}: %{{customdata[0]}} per step (%{{customdata[1]}} B)<extra></extra>"), 1, 2)
+            hovertemplate=f"%{{x}} {label}: %{{customdata[0]}} per step "
+                          "(%{customdata[1]} B)<extra></extra>"), 1, 2)
     kind = _unit_label(payload)
-    fig.update_layout(barmode="stack", meta={"bytes": totals, "by_op": by_op, "by_link": by_link, "unit": unit})
+    fig.update_layout(barmode="stack",
+                      meta={"bytes": totals, "by_op": by_op, "by_link": by_link, "unit": unit})
     fig.update_yaxes(title_text=f"{kind} {unit} per step (all ranks)", row=1, col=1)
     fig.update_xaxes(title_text="parallel dimension (mesh axis of the group)")
     fig = style(fig, title or f"communication by parallel dimension ({kind} bytes per step)", 430)
@@ -224,7 +229,8 @@ def comm_matrix(trace, payload: bool = False, title: str | None = None):
     fig.update_yaxes(title_text="from rank", autorange="reversed")
     fig.update_xaxes(title_text="to rank", side="top")
     fig.update_layout(meta={"ranks": len(matrix), "total_bytes": sum(map(sum, matrix)), "unit": unit})
-    return style(fig, title or f"{_unit_label(payload)} bytes per step, rank to rank", max(320, 40 + 28 * len(matrix)))
+    return style(fig, title or f"{_unit_label(payload)} bytes per step, rank to rank",
+                 max(320, 40 + 28 * len(matrix)))
 
 
 # -------------------------------------------------------------------------------------------- links
@@ -250,7 +256,8 @@ def comm_link_split(trace, payload: bool = False, title: str | None = None):
         fig.add_trace(graph.Bar(
             x=ops, y=[v / scale for v in values], name=label, marker_color=color,
             customdata=[[fmt_bytes(v), v] for v in values],
-            hovertemplate=f"%{{x}} {label}: %{{customdata[0]}} per step (%{{customdata[1]}} B)<extra></extra>",
+            hovertemplate=f"%{{x}} {label}: %{{customdata[0]}} per step "
+                          "(%{customdata[1]} B)<extra></extra>",
         ))
     fig.update_layout(barmode="group", meta={"bytes": data, "unit": unit})
     fig.update_yaxes(title_text=f"{_unit_label(payload)} {unit} per step (all ranks)")

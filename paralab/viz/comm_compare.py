@@ -111,8 +111,8 @@ def compare_by_op(sources: dict, payload: bool = False, title: str | None = None
     for i, (label, per) in enumerate(data.items()):
         values = [per.get(op, 0.0) for op in ops]
         fig.add_trace(graph.Bar(
-            x=ops, y=[v / scale for v in values], name=label, marker_color=_source_color(i), marker_pattern_shape="/" if i else "",
-            customdata=[fmt_bytes(v) for v in values],
+            x=ops, y=[v / scale for v in values], name=label, marker_color=_source_color(i),
+            marker_pattern_shape="/" if i else "", customdata=[fmt_bytes(v) for v in values],
             hovertemplate=f"{label}<br>%{{x}}: %{{customdata}} per rank and step<extra></extra>",
         ))
     kind = "payload" if payload else "wire"
@@ -142,7 +142,8 @@ def compare_matrix(sources: dict, payload: bool = False, title: str | None = Non
         meta[label] = {"ranks": len(matrix), "bytes_per_step": sum(map(sum, matrix))}
     fig.update_layout(meta=meta)
     size = max(m["ranks"] for m in meta.values()) if meta else 1
-    return style(fig, title or "bytes per step, rank by rank: measured beside predicted", max(380, 120 + 14 * size))
+    return style(fig, title or "bytes per step, rank by rank: measured beside predicted",
+                 max(380, 120 + 14 * size))
 
 
 def compare_links(sources: dict, payload: bool = False, title: str | None = None):

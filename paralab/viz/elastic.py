@@ -54,8 +54,9 @@ def step_records(trace: Trace) -> list[dict]:
     ranks = defaultdict(set)  # without records, a step's world is the ranks that recorded it
     for s in trace.select(lane=STEP):
         ranks[s.step].add(s.rank)
-    return [{"step": k, "generation": "", "world_size": len(ranks[k]), "start": lo, "end": hi, "samples": None,
-             "compute_s": None, "final": True} for k, (lo, hi) in trace.step_windows().items()]
+    return [{"step": k, "generation": "", "world_size": len(ranks[k]), "start": lo, "end": hi,
+             "samples": None, "compute_s": None, "final": True}
+            for k, (lo, hi) in trace.step_windows().items()]
 
 
 def _generations(trace: Trace, records: list[dict]) -> list[dict]:
@@ -63,7 +64,8 @@ def _generations(trace: Trace, records: list[dict]) -> list[dict]:
     gens = trace.meta.get("generations") or []
     if not gens:
         start = min((r["start"] for r in records), default=0.0)
-        return [{"name": "", "world_size": records[0]["world_size"] if records else len(trace.ranks), "start": start}]
+        return [{"name": "", "world_size": records[0]["world_size"] if records else len(trace.ranks),
+                 "start": start}]
     t0 = gens[0]["wall_start"]
     return [{"name": g["name"], "world_size": g["world_size"], "start": g["wall_start"] - t0} for g in gens]
 
@@ -98,7 +100,8 @@ def elastic_phases(trace) -> list[dict]:
                                  detail, world_size=gen["world_size"]))
         if kill is not None:
             detected = [e for e in events if e.kind == "failure_detected" and kill.start <= e.start < end]
-            phases.append(_phase("failure", "failure", kill.start, kill.start, f"rank {kill.rank}: {kill.name}"))
+            phases.append(_phase("failure", "failure", kill.start, kill.start,
+                                 f"rank {kill.rank}: {kill.name}"))
             if detected:
                 last = detected[-1].start
                 phases.append(_phase("detected", "detected", kill.start, last,
@@ -120,7 +123,8 @@ def _transition(gen: dict, events, since: float, mine: list[dict]) -> list[dict]
     return out
 
 
-def _phase(phase: str, label: str, start: float, end: float, detail: str, world_size: int | None = None) -> dict:
+def _phase(phase: str, label: str, start: float, end: float, detail: str,
+           world_size: int | None = None) -> dict:
     return {"phase": phase, "label": label, "start": start, "end": max(end, start), "detail": detail,
             "world_size": world_size}
 
@@ -135,7 +139,8 @@ def _gapped(records: list[dict], phases: list[dict], value) -> tuple[list, list]
     training = [p for p in phases if p["phase"] == "training"]
 
     def phase_of(r):
-        return next((i for i, p in enumerate(training) if p["start"] - 1e-3 <= r["end"] <= p["end"] + 1e-3), -1)
+        return next((i for i, p in enumerate(training)
+                     if p["start"] - 1e-3 <= r["end"] <= p["end"] + 1e-3), -1)
 
     xs, ys, last = [], [], None
     for r in records:
@@ -197,15 +202,18 @@ def _draw_phases(fig, graph, phases: list[dict]) -> None:
         color = PHASE_COLORS[p["phase"]]
         length = p["end"] - p["start"]
         text = f"{_duration(length)}: {p['detail']}" if length > 0 else p["detail"]
-        hover = f"<b>{label}</b><br>{p['start']:.3f} s → {p['end']:.3f} s ({_duration(length)})<br>{p['detail']}"
+        hover = (f"<b>{label}</b><br>{p['start']:.3f} s → {p['end']:.3f} s ({_duration(length)})"
+                 f"<br>{p['detail']}")
         fig.add_trace(graph.Bar(
-            y=[label], x=[max(length, 0.0)], base=[p["start"]], orientation="h", marker_color=color, width=0.7,
-            showlegend=False, name=label, hovertext=[hover], hovertemplate="%{hovertext}<extra></extra>"), 1, 1)
+            y=[label], x=[max(length, 0.0)], base=[p["start"]], orientation="h",
+            marker_color=color, width=0.7, showlegend=False, name=label, hovertext=[hover],
+            hovertemplate="%{hovertext}<extra></extra>"), 1, 1)
         fig.add_trace(graph.Scatter(
             y=[label], x=[p["end"]], mode="markers+text", text=[f"  {text}"], textposition="middle right",
             marker=dict(symbol="diamond", size=11 if length == 0 else 7, color=color), cliponaxis=False,
             showlegend=False, hovertext=[hover], hovertemplate="%{hovertext}<extra></extra>"), 1, 1)
-    fig.update_yaxes(type="category", categoryorder="array", categoryarray=labels, autorange="reversed", row=1, col=1)
+    fig.update_yaxes(type="category", categoryorder="array", categoryarray=labels,
+                     autorange="reversed", row=1, col=1)
     for p in phases:  # the gaps, shaded in the wall-clock panels below
         if p["phase"] != "training" and p["end"] > p["start"]:
             for row in (2, 3, 4):
@@ -222,7 +230,8 @@ def _draw_wall_clock(fig, graph, trace: Trace, records: list[dict], phases: list
                                 hovertemplate="world of %{y} at %{x:.2f} s<extra></extra>"), 2, 1)
     x, y = _gapped(final, phases, lambda r: (r["end"] - r["start"]) * 1e3)
     fig.add_trace(graph.Scatter(x=x, y=y, mode="lines+markers", name="step time", line=dict(color="#F58518"),
-                                showlegend=False, hovertemplate="step ending at %{x:.2f} s: %{y:.1f} ms<extra></extra>"), 3, 1)
+                                showlegend=False,
+                                hovertemplate="step ending at %{x:.2f} s: %{y:.1f} ms<extra></extra>"), 3, 1)
     if lost:
         fig.add_trace(graph.Scatter(
             x=[r["end"] for r in lost], y=[(r["end"] - r["start"]) * 1e3 for r in lost], mode="markers",
@@ -234,13 +243,16 @@ def _draw_wall_clock(fig, graph, trace: Trace, records: list[dict], phases: list
             points = [{"end": c.t, "value": c.value} for c in sorted(trace.counters, key=lambda c: c.t)
                       if c.name == name and c.rank == rank]
             x, y = _gapped(points, phases, lambda r: r["value"])
-            fig.add_trace(graph.Scatter(x=x, y=y, mode="lines+markers", name=f"rank {rank}", legendgroup="ranks",
+            fig.add_trace(graph.Scatter(x=x, y=y, mode="lines+markers", name=f"rank {rank}",
+                                        legendgroup="ranks",
                                         line=dict(color=RANK_COLORS[rank % len(RANK_COLORS)], width=1.5),
                                         marker=dict(size=4), showlegend=False,
-                                        hovertemplate=f"rank {rank}: %{{y:.0f}}% at %{{x:.2f}} s<extra></extra>"), 4, 1)
+                                        hovertemplate=f"rank {rank}: "
+                                                      f"%{{y:.0f}}% at %{{x:.2f}} s<extra></extra>"), 4, 1)
     fig.update_yaxes(title_text="ranks", rangemode="tozero", dtick=1, row=2, col=1)
     fig.update_yaxes(title_text="ms", rangemode="tozero", row=3, col=1)
-    fig.update_yaxes(title_text="% of a core" if name == "cpu_percent" else "%", rangemode="tozero", row=4, col=1)
+    fig.update_yaxes(title_text="% of a core" if name == "cpu_percent" else "%",
+                     rangemode="tozero", row=4, col=1)
     for row in (2, 3, 4):  # one wall clock, the phases' own
         fig.update_xaxes(matches="x", row=row, col=1)
     fig.update_xaxes(title_text="seconds since the first world formed; shaded: no step ran", row=4, col=1)
@@ -248,14 +260,16 @@ def _draw_wall_clock(fig, graph, trace: Trace, records: list[dict], phases: list
 
 def _draw_steps(fig, graph, records: list[dict], final: list[dict]) -> None:
     steps = [r["step"] for r in final]
-    fig.add_trace(graph.Bar(x=steps, y=[r["world_size"] for r in final], marker_color="#4C78A8", showlegend=False,
-                            hovertemplate="step %{x}: %{y} ranks<extra></extra>"), 2, 2)
+    fig.add_trace(graph.Bar(x=steps, y=[r["world_size"] for r in final], marker_color="#4C78A8",
+                            showlegend=False, hovertemplate="step %{x}: %{y} ranks<extra></extra>"), 2, 2)
     fig.add_trace(graph.Bar(x=steps, y=[(r["end"] - r["start"]) * 1e3 for r in final], marker_color="#F58518",
                             showlegend=False, hovertemplate="step %{x}: %{y:.1f} ms<extra></extra>"), 3, 2)
     lost = [r for r in records if not r["final"]]
     if lost:
-        fig.add_trace(graph.Scatter(x=[r["step"] for r in lost], y=[(r["end"] - r["start"]) * 1e3 for r in lost],
-                                    mode="markers", marker=dict(symbol="x", size=9, color="#D62728"), showlegend=False,
+        fig.add_trace(graph.Scatter(x=[r["step"] for r in lost],
+                                    y=[(r["end"] - r["start"]) * 1e3 for r in lost],
+                                    mode="markers", marker=dict(symbol="x", size=9, color="#D62728"),
+                                    showlegend=False,
                                     hovertemplate="step %{x}, lost: %{y:.1f} ms<extra></extra>"), 3, 2)
     if final and final[0]["samples"] is not None:
         ranks = max(len(r["samples"]) for r in final)
@@ -296,24 +310,28 @@ def elastic_balance(trace, title: str | None = None):
     graph = go()
     rows = balance_shares(trace)
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
-                        subplot_titles=("share of the global batch (solid) vs share of the throughput (dashed)",
+                        subplot_titles=("share of the global batch (solid) "
+                                        "vs share of the throughput (dashed)",
                                         "compute time per step"))
     steps = [r["step"] for r in rows]
     ranks = max((len(r["share"]) for r in rows), default=0)
     for rank in range(ranks):
         color = RANK_COLORS[rank % len(RANK_COLORS)]
         fig.add_trace(graph.Scatter(x=steps, y=[r["share"][rank] for r in rows], mode="lines+markers",
-                                    name=f"rank {rank}: batch share", line=dict(color=color), legendgroup=str(rank),
-                                    hovertemplate=f"step %{{x}}: rank {rank} trained on %{{y:.0%}} of the batch"
-                                                  "<extra></extra>"), 1, 1)
-        fig.add_trace(graph.Scatter(x=steps, y=[r["throughput_share"][rank] for r in rows], mode="lines+markers",
+                                    name=f"rank {rank}: batch share", line=dict(color=color),
+                                    legendgroup=str(rank),
+                                    hovertemplate=f"step %{{x}}: rank {rank} trained on %{{y:.0%}} of the "
+                                                  "batch<extra></extra>"), 1, 1)
+        fig.add_trace(graph.Scatter(x=steps, y=[r["throughput_share"][rank] for r in rows],
+                                    mode="lines+markers",
                                     name=f"rank {rank}: throughput share", legendgroup=str(rank),
                                     line=dict(color=color, dash="dash"), marker=dict(symbol="circle-open"),
-                                    hovertemplate=f"step %{{x}}: rank {rank} did %{{y:.0%}} of the samples per "
-                                                  "second<extra></extra>"), 1, 1)
+                                    hovertemplate=f"step %{{x}}: rank {rank} did %{{y:.0%}} of the samples "
+                                                  "per second<extra></extra>"), 1, 1)
         fig.add_trace(graph.Bar(x=steps, y=[r["compute_s"][rank] * 1e3 for r in rows], name=f"rank {rank}",
                                 marker_color=color, legendgroup=str(rank), showlegend=False,
-                                hovertemplate=f"step %{{x}}: rank {rank} computed %{{y:.1f}} ms<extra></extra>"), 1, 2)
+                                hovertemplate=f"step %{{x}}: "
+                                              f"rank {rank} computed %{{y:.1f}} ms<extra></extra>"), 1, 2)
     fig.update_yaxes(title_text="share", tickformat=".0%", range=[0, 1], row=1, col=1)
     fig.update_yaxes(title_text="ms", rangemode="tozero", row=1, col=2)
     fig.update_xaxes(title_text="training step", dtick=1)

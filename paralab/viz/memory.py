@@ -27,7 +27,8 @@ def memory_by_rank(run) -> list[dict[str, float]]:
         return [dict(r) for r in s["memory_by_kind"]]
     if "memory_bytes_per_gpu" in s:
         return [dict(s["memory_bytes_per_gpu"])]
-    raise ValueError("no memory in this run: expected memory_by_kind (measured) or memory_bytes_per_gpu (predicted)")
+    raise ValueError("no memory in this run: expected memory_by_kind (measured) "
+                     "or memory_bytes_per_gpu (predicted)")
 
 
 def memory(runs, title: str | None = None, unit: str = "MiB"):
@@ -91,8 +92,8 @@ def measured_vs_predicted(rows: list[dict], title: str, unit: str = "MiB", y_tit
     return style(fig, title, 400)
 
 
-def memory_vs(points: dict[str, list[tuple[float, float, float]]], x_title: str, title: str, unit: str = "MiB",
-              y_title: str = "activations per layer"):
+def memory_vs(points: dict[str, list[tuple[float, float, float]]], x_title: str, title: str,
+              unit: str = "MiB", y_title: str = "activations per layer"):
     """How memory grows with one quantity (sequence length, micro-batch): per series, measured points
     over the predicted line. ``points``: {series: [(x, measured bytes, predicted bytes), ...]}."""
     graph = go()
@@ -103,8 +104,8 @@ def memory_vs(points: dict[str, list[tuple[float, float, float]]], x_title: str,
     for i, (series, rows) in enumerate(points.items()):
         color = palette[i % len(palette)]
         xs = [r[0] for r in rows]
-        fig.add_trace(graph.Scatter(x=xs, y=[r[2] / scale for r in rows], mode="lines", name=f"{series}, predicted",
-                                    line=dict(color=color, dash="dash")))
+        fig.add_trace(graph.Scatter(x=xs, y=[r[2] / scale for r in rows], mode="lines",
+                                    name=f"{series}, predicted", line=dict(color=color, dash="dash")))
         fig.add_trace(graph.Scatter(
             x=xs, y=[r[1] / scale for r in rows], mode="markers", name=f"{series}, measured",
             marker=dict(color=color, size=10), customdata=[fmt_bytes(r[1]) for r in rows],

@@ -94,7 +94,8 @@ def mesh(obj, trace=None, nodes: int | None = None, title: str | None = None):
                 fig.add_shape(type="rect", x0=x - CELL / 2, x1=x + CELL / 2, y0=y - CELL / 2, y1=y + CELL / 2,
                               fillcolor=color, line_width=0, layer="below", row=row, col=col)
             xs, ys = _path([cell(r) for r in group], bend=axis in ("pp", "cp"))
-            fig.add_trace(graph.Scatter(x=xs, y=ys, mode="lines", line=dict(color="#333", width=1.5, shape="spline"),
+            fig.add_trace(graph.Scatter(x=xs, y=ys, mode="lines",
+                                        line=dict(color="#333", width=1.5, shape="spline"),
                                         hoverinfo="skip", showlegend=False), row, col)
             hover = _group_hover(axis, group, traffic, node_of)
             fig.add_trace(graph.Scatter(
@@ -105,7 +106,8 @@ def mesh(obj, trace=None, nodes: int | None = None, title: str | None = None):
                 hovertemplate="%{hovertext}<extra></extra>"), row, col)
             drawn[axis].append(list(group))
         _draw_nodes(fig, node_of, cell, row, col)
-        names = [f"tp{t}" if layout.cp == 1 else f"cp{c}tp{t}" for c in range(layout.cp) for t in range(layout.tp)]
+        names = [f"tp{t}" if layout.cp == 1 else f"cp{c}tp{t}" for c in range(layout.cp)
+                 for t in range(layout.tp)]
         ticks = [(p * (columns + 1) + i, n) for p in range(layout.pp) for i, n in enumerate(names)]
         fig.update_xaxes(tickvals=[x for x, _ in ticks], ticktext=[t for _, t in ticks], showgrid=False,
                          zeroline=False, range=[-0.7, width - 0.7], row=row, col=col)
@@ -118,7 +120,8 @@ def mesh(obj, trace=None, nodes: int | None = None, title: str | None = None):
     nodes_meta: dict[int, list[int]] = {}
     for rank, node in sorted(node_of.items()):
         nodes_meta.setdefault(node, []).append(rank)
-    fig.update_layout(meta={"shape": list(layout.shape), "coords": {str(r): list(c) for r, c in layout.coords.items()},
+    fig.update_layout(meta={"shape": list(layout.shape),
+                            "coords": {str(r): list(c) for r, c in layout.coords.items()},
                             "groups": drawn, "nodes": {str(n): ranks for n, ranks in nodes_meta.items()}})
     cp = f" x cp={layout.cp}" if layout.cp > 1 else ""
     ep = f" (ep={layout.ep} inside dp)" if layout.ep > 1 else ""
@@ -188,8 +191,9 @@ def _draw_nodes(fig, node_of: dict[int, int], cell, row: int, col: int) -> None:
             fig.add_shape(type="rect", x0=x0 - pad, x1=x1 + pad, y0=y0 - pad, y1=y1 + pad, line=dict(
                 color="#555", width=1.5, dash="dash"), fillcolor="rgba(0,0,0,0)", row=row, col=col)
             if i == 0:
-                fig.add_annotation(x=x1 + pad, y=y1 + pad, text=f"node {node}", showarrow=False, xanchor="right",
-                                   yanchor="top", font=dict(size=10, color="#555"), row=row, col=col)
+                fig.add_annotation(x=x1 + pad, y=y1 + pad, text=f"node {node}", showarrow=False,
+                                   xanchor="right", yanchor="top", font=dict(size=10, color="#555"),
+                                   row=row, col=col)
 
 
 def _runs(xs: list[float]) -> list[tuple[float, float]]:

@@ -30,7 +30,8 @@ def expert_load(trace, title: str | None = None):
     tokens = [load.tokens_per_expert(step) for step in steps]
     dropped = load.dropped_per_step()
     imbalance = [load.imbalance(step) for step in steps]
-    drops = "dropped assignments" if any(dropped) else "dropped assignments: none (dropless, or all within capacity)"
+    drops = ("dropped assignments" if any(dropped)
+             else "dropped assignments: none (dropless, or all within capacity)")
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.72, 0.28], vertical_spacing=0.08,
                         subplot_titles=("tokens per expert (all layers and ranks)", drops))
     fig.add_trace(go().Heatmap(
@@ -39,13 +40,15 @@ def expert_load(trace, title: str | None = None):
         hovertemplate="step %{x}, %{y}: %{z} tokens<extra></extra>"), row=1, col=1)
     fig.add_trace(go().Bar(
         x=steps, y=dropped, name="dropped", marker_color="#D62728", showlegend=False,
-        customdata=imbalance, hovertemplate="step %{x}: %{y} dropped, imbalance %{customdata:.2f}<extra></extra>"),
+        customdata=imbalance,
+        hovertemplate="step %{x}: %{y} dropped, imbalance %{customdata:.2f}<extra></extra>"),
         row=2, col=1)
     fig.update_xaxes(title_text="step", row=2, col=1, dtick=1)
     fig.update_yaxes(rangemode="tozero", row=2, col=1)
     fig.layout.meta = {"tokens": tokens, "dropped": dropped, "imbalance": imbalance, "steps": steps}
     mean = sum(imbalance) / len(imbalance)
-    return style(fig, title or f"expert load: busiest expert {mean:.2f}x the mean, {sum(dropped)} dropped", 460)
+    return style(fig, title or f"expert load: busiest expert {mean:.2f}x the mean, {sum(dropped)} dropped",
+                 460)
 
 
 def expert_cost(trace, title: str | None = None):
@@ -61,7 +64,8 @@ def expert_cost(trace, title: str | None = None):
         raise ValueError("this trace has no mixture-of-experts counters (a dense model, or tracing was off)")
     steps = load.steps[1:] or load.steps
     ranks = load.ranks
-    received = [sum(load.received_per_rank(step)[i] for step in steps) / len(steps) for i in range(len(ranks))]
+    received = [sum(load.received_per_rank(step)[i] for step in steps) / len(steps)
+                for i in range(len(ranks))]
     waits = []
     for rank in ranks:
         spans = [s for s in trace.select(kind="all_to_all", rank=rank) if s.step in steps]
@@ -70,9 +74,10 @@ def expert_cost(trace, title: str | None = None):
     fig = graph.Figure()
     labels = [f"rank {r}" for r in ranks]
     fig.add_trace(graph.Bar(x=labels, y=received, name="tokens its experts computed", offsetgroup=0,
-                            marker_color="#4C78A8", hovertemplate="%{x}: %{y:.0f} tokens per step<extra></extra>"))
-    fig.add_trace(graph.Bar(x=labels, y=[w * 1e3 for w in waits], name="time in all-to-all (ms)", offsetgroup=1,
-                            yaxis="y2", marker_color=kind_color("all_to_all"),
+                            marker_color="#4C78A8",
+                            hovertemplate="%{x}: %{y:.0f} tokens per step<extra></extra>"))
+    fig.add_trace(graph.Bar(x=labels, y=[w * 1e3 for w in waits], name="time in all-to-all (ms)",
+                            offsetgroup=1, yaxis="y2", marker_color=kind_color("all_to_all"),
                             hovertemplate="%{x}: %{y:.2f} ms per step in all-to-all<extra></extra>"))
     fig.update_layout(barmode="group", yaxis=dict(title="tokens per step", rangemode="tozero"),
                       yaxis2=dict(title="ms per step", overlaying="y", side="right", rangemode="tozero"))

@@ -17,7 +17,8 @@ def hiding(curves: dict, tokens: list[float], thresholds: dict | None = None, ti
     for i, (label, ratios) in enumerate(curves.items()):
         fig.add_trace(graph.Scatter(x=tokens, y=[min(1.0, r) for r in ratios], mode="lines", name=label,
                                     line=dict(color=COLORS[i % len(COLORS)], width=3),
-                                    hovertemplate=f"{label}: %{{x:,.0f}} tokens per GPU, %{{y:.0%}} can hide<extra></extra>"))
+                                    hovertemplate=f"{label}: %{{x:,.0f}} tokens per GPU, "
+                                                  f"%{{y:.0%}} can hide<extra></extra>"))
         if thresholds and label in thresholds:
             fig.add_vline(x=thresholds[label], line_dash="dot", line_color=COLORS[i % len(COLORS)],
                           annotation_text=f"{thresholds[label]:,.0f}", annotation_position="top")

@@ -52,15 +52,18 @@ def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, dict):
-        return ", ".join(f"{k}: {fmt_bytes(v) if isinstance(v, (int, float)) else v}" for k, v in value.items()) or "—"
+        return ", ".join(f"{k}: {fmt_bytes(v) if isinstance(v, (int, float)) else v}"
+                         for k, v in value.items()) or "—"
     if isinstance(value, list):
-        shown = ", ".join(_fmt(v) if not isinstance(v, int) or v < 10**6 else fmt_bytes(v) for v in value[:16])
+        shown = ", ".join(_fmt(v) if not isinstance(v, int) or v < 10**6 else fmt_bytes(v)
+                          for v in value[:16])
         return shown + (" …" if len(value) > 16 else "")
     return str(value)
 
 
-SUMMARY_KEYS = ("strategy", "source", "world_size", "dp", "tp", "pp", "schedule", "microbatches", "model", "device",
-                "steps", "step_time_s", "tokens_per_s", "bubble_fraction", "comm_bytes", "comm_payload_bytes",
+SUMMARY_KEYS = ("strategy", "source", "world_size", "dp", "tp", "pp", "schedule", "microbatches", "model",
+                "device", "steps", "step_time_s", "tokens_per_s", "bubble_fraction", "comm_bytes",
+                "comm_payload_bytes",
                 "comm_bytes_by_link", "peak_memory_bytes", "losses")
 
 
@@ -161,7 +164,8 @@ def write_report(trace_or_result, path: str | Path, *, predicted=None, title: st
                           config={"displaylogo": False, "responsive": True})
         sections.append(f'<section class="figure"><h2>{html.escape(heading)}</h2>{div}</section>')
     ranks = len(trace.ranks)
-    title = title or f"paralab report: {summary.get('strategy') or trace.meta.get('source') or 'trace'} on {ranks} ranks"
+    title = title or (f"paralab report: {summary.get('strategy') or trace.meta.get('source') or 'trace'} "
+                      f"on {ranks} ranks")
     subtitle = (f"{ranks} ranks · {len(trace.spans)} spans · {len(trace.step_windows())} steps · "
                 f"written {datetime.datetime.now().isoformat(timespec='seconds')}")
     page = PAGE.format(title=html.escape(title), subtitle=html.escape(subtitle), table=summary_table(summary),
@@ -176,8 +180,10 @@ def write_report(trace_or_result, path: str | Path, *, predicted=None, title: st
 def add_report_args(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``paralab report``: TRACE [-o OUT] [--predicted TRACE] [--title TEXT]."""
     parser.add_argument("trace", help="paralab trace JSON, a --trace-dir directory, or a Chrome trace export")
-    parser.add_argument("-o", "--output", default="report.html", help="HTML file to write (default: report.html)")
-    parser.add_argument("--predicted", default=None, help="a simulated trace to stack under the measured timeline")
+    parser.add_argument("-o", "--output", default="report.html",
+                        help="HTML file to write (default: report.html)")
+    parser.add_argument("--predicted", default=None,
+                        help="a simulated trace to stack under the measured timeline")
     parser.add_argument("--title", default=None, help="report title")
 
 

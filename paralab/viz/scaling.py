@@ -54,7 +54,8 @@ def scaling(measured=None, predicted=None, title: str | None = None):
     fig = make_subplots(rows=1, cols=2, subplot_titles=("step time", "speedup"), horizontal_spacing=0.12)
     all_ws: set[int] = set()
     meta = {}
-    for label, runs, color, dash in (("measured", measured, MEASURED, "solid"), ("predicted", predicted, PREDICTED, "dash")):
+    for label, runs, color, dash in (("measured", measured, MEASURED, "solid"),
+                                     ("predicted", predicted, PREDICTED, "dash")):
         if runs is None:
             continue
         pts = scaling_points(runs)
@@ -63,12 +64,14 @@ def scaling(measured=None, predicted=None, title: str | None = None):
         sp = speedups(pts)
         meta[label] = {"world_size": ws, "step_time_s": [p["step_time_s"] for p in pts], "speedup": sp}
         line = dict(color=color, dash=dash)
-        fig.add_trace(graph.Scatter(x=ws, y=[p["step_time_s"] * 1e3 for p in pts], mode="lines+markers", name=label,
-                                    legendgroup=label, line=line,
-                                    hovertemplate=f"{label}: %{{x}} ranks, %{{y:.2f}} ms/step<extra></extra>"), 1, 1)
-        fig.add_trace(graph.Scatter(x=ws, y=sp, mode="lines+markers", name=label, legendgroup=label, line=line,
-                                    showlegend=False,
-                                    hovertemplate=f"{label}: %{{x}} ranks, speedup %{{y:.2f}}x<extra></extra>"), 1, 2)
+        fig.add_trace(graph.Scatter(x=ws, y=[p["step_time_s"] * 1e3 for p in pts],
+                                    mode="lines+markers", name=label, legendgroup=label, line=line,
+                                    hovertemplate=f"{label}: %{{x}} ranks, "
+                                                  f"%{{y:.2f}} ms/step<extra></extra>"), 1, 1)
+        fig.add_trace(graph.Scatter(x=ws, y=sp, mode="lines+markers", name=label,
+                                    legendgroup=label, line=line, showlegend=False,
+                                    hovertemplate=f"{label}: %{{x}} ranks, "
+                                                  f"speedup %{{y:.2f}}x<extra></extra>"), 1, 2)
     if all_ws:
         ws = sorted(all_ws)
         fig.add_trace(graph.Scatter(x=ws, y=[w / ws[0] for w in ws], mode="lines", name="ideal",
@@ -91,7 +94,8 @@ def speedup_timeline(runs, baseline=None, title: str | None = None):
         runs = {as_trace(runs).meta.get("strategy") or "run": runs}
     base_time = None
     if baseline is not None:
-        base_time = float(baseline) if isinstance(baseline, (int, float)) else as_trace(baseline).median_step_time()
+        base_time = (float(baseline) if isinstance(baseline, (int, float))
+                     else as_trace(baseline).median_step_time())
     rows = 2 if base_time else 1
     fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.1,
                         subplot_titles=("throughput", "speedup over baseline")[:rows])
@@ -106,14 +110,16 @@ def speedup_timeline(runs, baseline=None, title: str | None = None):
         unit = "tokens/s" if tokens else "steps/s"
         fig.add_trace(graph.Scatter(x=steps, y=y, mode="lines+markers", name=label, legendgroup=label,
                                     line=dict(color=color),
-                                    hovertemplate=f"{label} step %{{x}}: %{{y:.0f}} {unit}<extra></extra>"), 1, 1)
+                                    hovertemplate=f"{label} step %{{x}}: "
+                                                  f"%{{y:.0f}} {unit}<extra></extra>"), 1, 1)
         meta[label] = {"steps": steps, "step_time_s": times}
         if base_time:
             sp = [base_time / t if t > 0 else 0 for t in times]
             meta[label]["speedup"] = sp
             fig.add_trace(graph.Scatter(x=steps, y=sp, mode="lines+markers", name=label, legendgroup=label,
                                         showlegend=False, line=dict(color=color),
-                                        hovertemplate=f"{label} step %{{x}}: %{{y:.2f}}x<extra></extra>"), 2, 1)
+                                        hovertemplate=f"{label} step %{{x}}: "
+                                                      f"%{{y:.2f}}x<extra></extra>"), 2, 1)
     if base_time:
         fig.add_hline(y=1.0, line_dash="dot", line_color="#999", row=2, col=1)
         fig.update_yaxes(title_text="speedup (x)", row=2, col=1)
@@ -130,7 +136,8 @@ RUN_COLORS = ["#7F7F7F", "#9467BD", "#D62728", "#17BECF", "#8C564B", "#BCBD22", 
 
 
 def speedup_steps(runs: Mapping, baseline, predicted: Mapping | None = None, curve=None,
-                  ideal_here: Mapping | None = None, curve_label: str = "predicted", title: str | None = None):
+                  ideal_here: Mapping | None = None, curve_label: str = "predicted",
+                  title: str | None = None):
     """Step time and speedup over the steps of each run, and speedup against world size.
 
     ``runs``: {world size: RunResult or Trace}; ``baseline``: the one-rank run (its median step time is
@@ -161,7 +168,8 @@ def speedup_steps(runs: Mapping, baseline, predicted: Mapping | None = None, cur
         speedup = [base / t if t > 0 else 0.0 for t in times]
         fig.add_trace(graph.Scatter(x=steps, y=[t * 1e3 for t in times], mode="lines+markers", name=label,
                                     legendgroup=label, line=dict(color=color),
-                                    hovertemplate=f"{label}, step %{{x}}: %{{y:.1f}} ms<extra></extra>"), 1, 1)
+                                    hovertemplate=f"{label}, step %{{x}}: "
+                                                  f"%{{y:.1f}} ms<extra></extra>"), 1, 1)
         fig.add_trace(graph.Scatter(x=steps, y=speedup, mode="lines+markers", name=label, legendgroup=label,
                                     showlegend=False, line=dict(color=color),
                                     hovertemplate=f"{label}, step %{{x}}: %{{y:.2f}}x<extra></extra>"), 2, 1)
@@ -171,9 +179,12 @@ def speedup_steps(runs: Mapping, baseline, predicted: Mapping | None = None, cur
             run_meta["predicted_s"] = t
             rows = [(1, t * 1e3, "ms")] + ([(2, base_predicted / t, "x")] if base_predicted else [])
             for row, y, unit in rows:
-                fig.add_trace(graph.Scatter(x=[steps[0], steps[-1]], y=[y, y], mode="lines", name=f"{label}, predicted",
-                                            legendgroup=label, showlegend=False, line=dict(color=color, dash="dash"),
-                                            hovertemplate=f"{label}, predicted: %{{y:.2f}} {unit}<extra></extra>"),
+                fig.add_trace(graph.Scatter(x=[steps[0], steps[-1]], y=[y, y], mode="lines",
+                                            name=f"{label}, predicted",
+                                            legendgroup=label, showlegend=False,
+                                            line=dict(color=color, dash="dash"),
+                                            hovertemplate=f"{label}, predicted: "
+                                                          f"%{{y:.2f}} {unit}<extra></extra>"),
                               row, 1)
         meta["runs"][n] = run_meta
     if predicted:  # one legend entry says what the dashed lines are
@@ -189,14 +200,18 @@ def speedup_steps(runs: Mapping, baseline, predicted: Mapping | None = None, cur
         pts = scaling_points(curve)
         ws, sp = [p["world_size"] for p in pts], speedups(pts)
         every.update(ws)
-        fig.add_trace(graph.Scatter(x=ws, y=sp, mode="lines+markers", name=curve_label, line=dict(color=PREDICTED, dash="dash"),
-                                    hovertemplate=f"{curve_label}: %{{x}} ranks, %{{y:.2f}}x<extra></extra>"), 1, 2)
+        fig.add_trace(graph.Scatter(x=ws, y=sp, mode="lines+markers", name=curve_label,
+                                    line=dict(color=PREDICTED, dash="dash"),
+                                    hovertemplate=f"{curve_label}: %{{x}} ranks, "
+                                                  f"%{{y:.2f}}x<extra></extra>"), 1, 2)
         meta["predicted"] = dict(zip(ws, sp))
     if ideal_here:
         xs = sorted(ideal_here)
-        fig.add_trace(graph.Scatter(x=xs, y=[ideal_here[x] for x in xs], mode="lines", name="what this machine allows",
+        fig.add_trace(graph.Scatter(x=xs, y=[ideal_here[x] for x in xs], mode="lines",
+                                    name="what this machine allows",
                                     line=dict(color=HERE, dash="dot", width=3),
-                                    hovertemplate="this machine allows at most %{y:.2f}x at %{x} ranks<extra></extra>"), 1, 2)
+                                    hovertemplate="this machine allows at most %{y:.2f}x at %{x} "
+                                                  "ranks<extra></extra>"), 1, 2)
         meta["ideal_here"] = dict(ideal_here)
         every.update(xs)
     xs = sorted(every)

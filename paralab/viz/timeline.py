@@ -76,13 +76,15 @@ def bars_by_kind(spans: list[Span], color_by: str = "kind", suffix: str = "", t0
     out = {}
     for kind in kind_order(groups):
         group = groups[kind]
-        by_microbatch = color_by == "microbatch" and all(s.lane == COMPUTE and s.microbatch is not None for s in group)
+        by_microbatch = (color_by == "microbatch"
+                         and all(s.lane == COMPUTE and s.microbatch is not None for s in group))
         rows = [row_label(s.rank, s.lane) + suffix for s in group]
         out[kind] = {
             "y": np.array(rows),
             "base": np.array([(s.start - t0) * 1e3 for s in group]),
             "x": np.array([(s.end - s.start) * 1e3 for s in group]),
-            "hovertext": np.array([_hover(s, row, t0, (waits or {}).get(id(s))) for s, row in zip(group, rows)]),
+            "hovertext": np.array([_hover(s, row, t0, (waits or {}).get(id(s)))
+                                   for s, row in zip(group, rows)]),
             "color": (np.array([s.microbatch % len(MICROBATCH_COLORS) for s in group]) if by_microbatch
                       else kind_color(kind)),
             "text": np.array([_bar_text(s) for s in group]) if text else None,
@@ -122,7 +124,8 @@ def _bytes_label(n: int) -> str:
 def marker_of(kind: str, color) -> dict:
     """Bar marker: one colour, or microbatch numbers on the discrete microbatch scale (+ hatching)."""
     if kind == WAITING:  # whitens and hatches the call it lies on
-        return dict(color=color, line=dict(width=0), pattern=dict(shape="/", fgcolor="#444", size=6, solidity=0.2))
+        return dict(color=color, line=dict(width=0),
+                    pattern=dict(shape="/", fgcolor="#444", size=6, solidity=0.2))
     if isinstance(color, str):
         return dict(color=color, line=dict(width=0))
     marker = dict(color=color, colorscale=MICROBATCH_SCALE, cmin=0, cmax=len(MICROBATCH_COLORS) - 1,
@@ -159,7 +162,8 @@ def waiting_spans(trace: Trace, spans: list[Span]) -> tuple[list[Span], dict[int
     shown = {id(s) for s in spans if s.lane == COMM}
     if not shown:
         return [], {}
-    waits = {id(a.span): a.wait_s for a in trace.comm_arrivals() if id(a.span) in shown and a.last_entry is not None}
+    waits = {id(a.span): a.wait_s for a in trace.comm_arrivals()
+             if id(a.span) in shown and a.last_entry is not None}
     by_id = {id(s): s for s in spans if id(s) in waits}
     extra = [Span(s.rank, s.lane, WAITING, s.start, s.start + waits[key], name=f"{s.name or s.kind}: waiting",
                   step=s.step) for key, s in by_id.items() if waits[key] > 0]
@@ -179,10 +183,11 @@ def bar_traces(trace: Trace, *, lanes=DEFAULT_LANES, steps=None, color_by: str =
     for kind, c in bars_by_kind(spans + extra, mode, suffix, t0=min((s.start for s in spans), default=0.0),
                                 text=show_text and mode == "microbatch", waits=waits).items():
         out.append(dict(
-            type="bar", name="waiting for peers" if kind == WAITING else kind, y=c["y"], x=c["x"], base=c["base"],
-            orientation="h", hovertext=c["hovertext"], marker=marker_of(kind, c["color"]), opacity=opacity,
-            hovertemplate=HOVER, text=c["text"], textposition="inside", insidetextanchor="middle", legendgroup=kind,
-            showlegend=legend, width=0.8,
+            type="bar", name="waiting for peers" if kind == WAITING else kind, y=c["y"], x=c["x"],
+            base=c["base"], orientation="h", hovertext=c["hovertext"], marker=marker_of(kind, c["color"]),
+            opacity=opacity,
+            hovertemplate=HOVER, text=c["text"], textposition="inside", insidetextanchor="middle",
+            legendgroup=kind, showlegend=legend, width=0.8,
         ))
     return out, rows_of(trace, spans, suffix)
 
@@ -212,7 +217,8 @@ def timeline(trace, predicted=None, *, lanes=DEFAULT_LANES, steps=None, predicte
     else:
         predicted = as_trace(predicted)
         if layout == "overlay":
-            pbars, prows = bar_traces(predicted, steps=predicted_steps, suffix=" pred", opacity=0.55, **kwargs)
+            pbars, prows = bar_traces(predicted, steps=predicted_steps, suffix=" pred",
+                                      opacity=0.55, **kwargs)
             _legend_once(bars, pbars)
             fig = graph.Figure(bars + pbars)
             _rows_axis(fig, _interleave(rows, prows), "yaxis")
@@ -223,7 +229,8 @@ def timeline(trace, predicted=None, *, lanes=DEFAULT_LANES, steps=None, predicte
             fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                                 row_heights=[max(len(rows), 1), max(len(prows), 1)],
                                 subplot_titles=("measured", "predicted"))
-            fig.add_traces(bars + pbars, rows=[1] * len(bars) + [2] * len(pbars), cols=[1] * (len(bars) + len(pbars)))
+            fig.add_traces(bars + pbars, rows=[1] * len(bars) + [2] * len(pbars),
+                           cols=[1] * (len(bars) + len(pbars)))
             _rows_axis(fig, rows, "yaxis")
             _rows_axis(fig, prows, "yaxis2")
             fig.update_xaxes(title_text="time (ms)", row=2, col=1)

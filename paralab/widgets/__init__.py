@@ -55,9 +55,10 @@ def elastic_monitor(*args, **kwargs):
 
 _HOMES = {pipeline_explorer: "pipeline", elastic_monitor: "elastic", levers_explorer: "levers",
           speedup_explorer: "speedup", collectives_explorer: "collectives"}
-for _f in (pipeline_explorer, scaling_explorer, comm_explorer, speedup_explorer, collectives_explorer, memory_explorer,
-           levers_explorer, elastic_monitor):
-    _f.__doc__ = f"Build the {_f.__name__.replace('_', ' ')} (see paralab.widgets.{_HOMES.get(_f, 'explorers')})."
+for _f in (pipeline_explorer, scaling_explorer, comm_explorer, speedup_explorer, collectives_explorer,
+           memory_explorer, levers_explorer, elastic_monitor):
+    _f.__doc__ = (f"Build the {_f.__name__.replace('_', ' ')} "
+                  f"(see paralab.widgets.{_HOMES.get(_f, 'explorers')}).")
 
-__all__ = ["pipeline_explorer", "scaling_explorer", "comm_explorer", "speedup_explorer", "collectives_explorer",
-           "memory_explorer", "levers_explorer", "elastic_monitor"]
+__all__ = ["pipeline_explorer", "scaling_explorer", "comm_explorer", "speedup_explorer",
+           "collectives_explorer", "memory_explorer", "levers_explorer", "elastic_monitor"]

@@ -47,7 +47,8 @@ def message(text: str = "", kind: str = "info") -> str:
     """HTML for a message line: info (grey), error (red), ok (green)."""
     color = {"info": "#555", "error": "#B00020", "ok": "#2E7D32"}[kind]
     body = html.escape(text).replace("\n", "<br>")
-    return f'<div style="color:{color};font-family:monospace;white-space:pre-wrap">{body}</div>' if text else ""
+    return (f'<div style="color:{color};font-family:monospace;white-space:pre-wrap">{body}</div>' if text
+            else "")
 
 
 def attach(box, **parts):

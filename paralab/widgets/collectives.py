@@ -42,8 +42,9 @@ def collectives_explorer(measured: dict | None = None, size_mb: float = 1.0, lin
         alpha, bandwidth = choices[c["link"]]
         payload, groups = c["size_mb"] * 2**20, [n for n in GROUPS if n <= c["max_group"]]
         replace_figure(fw, ring_against_tree({c["link"]: (alpha, bandwidth)}, payload, groups))
-        faster = [n for n in groups if tree_time(payload, n, alpha, bandwidth) < ring_time("all_reduce", payload, n, alpha,
-                                                                                            bandwidth)]
+        faster = [n for n in groups
+                  if tree_time(payload, n, alpha, bandwidth) < ring_time("all_reduce", payload, n, alpha,
+                                                                         bandwidth)]
         msg.value = message(f"the tree is faster from {faster[0]} ranks on" if faster
                             else "the ring is faster at every group size shown", "info")
 

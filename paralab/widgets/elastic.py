@@ -12,7 +12,8 @@ from paralab.widgets._common import attach, figure_widget, message, replace_figu
 
 
 def elastic_monitor(trace: Trace | None = None, title: str = "elastic training"):
-    """Attributes: ``figure``, ``status`` (HTML line), ``trace``, ``push(counters=, spans=)``, ``update(trace)``."""
+    """Attributes: ``figure``, ``status`` (HTML line), ``trace``, ``push(counters=, spans=)``,
+    ``update(trace)``."""
     from paralab.viz._common import as_trace
     from paralab.viz.elastic import elastic
 
@@ -29,7 +30,8 @@ def elastic_monitor(trace: Trace | None = None, title: str = "elastic training")
         parts = []
         if sizes:
             parts.append(f"world size {int(max(sizes, key=lambda c: c.t).value)}")
-        parts.append(f"{len(t.step_windows()) or len({c.t for c in t.counters if c.name == 'step_time_s'})} steps")
+        parts.append(f"{len(t.step_windows()) or len({c.t for c in t.counters if c.name == 'step_time_s'})} "
+                     "steps")
         if events:
             last = max(events, key=lambda s: s.start)
             parts.append(f"last event: {last.kind} {last.name} at {last.start:.1f} s")

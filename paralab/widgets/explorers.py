@@ -62,7 +62,8 @@ def scaling_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dim: str 
     def redraw(*_):
         c = {k: v.value for k, v in controls.items()}
         try:
-            points, skipped = scaling_points(c["model"], c["hardware"], c["dim"], c["max_gpus"], c["global_batch"])
+            points, skipped = scaling_points(c["model"], c["hardware"], c["dim"], c["max_gpus"],
+                                             c["global_batch"])
         except Exception as exc:  # an unknown preset or a cost-model error: say it, keep the figure
             msg.value = message(f"{type(exc).__name__}: {exc}", "error")
             return
@@ -88,8 +89,8 @@ def memory_by_zero(model_name: str, dp: int, tp: int, pp: int, micro_batch: int,
     model = presets.get_model(model_name)
     out = {}
     for zero in (0, 1, 2, 3):
-        spec = specs.ParallelSpec(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=micro_batch, recompute=recompute,
-                                  microbatches=microbatches)
+        spec = specs.ParallelSpec(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=micro_batch,
+                                  recompute=recompute, microbatches=microbatches)
         if spec.problems(model):
             continue
         out[f"ZeRO-{zero}" if zero else "no ZeRO"] = cost.memory_per_gpu(model, spec)
@@ -115,7 +116,8 @@ def memory_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dp: int = 
         "tp": w.SelectionSlider(options=POW2[:5], value=tp, description="tp"),
         "pp": w.SelectionSlider(options=POW2[:7], value=pp, description="pp"),
         "micro_batch": w.SelectionSlider(options=POW2[:6], value=1, description="micro-batch"),
-        "recompute": w.ToggleButtons(options=["none", "selective", "full"], value="none", description="recompute"),
+        "recompute": w.ToggleButtons(options=["none", "selective", "full"], value="none",
+                                     description="recompute"),
     }
     msg = w.HTML()
     fw = figure_widget(memory({"no ZeRO": {"params": 0}}))
@@ -138,7 +140,8 @@ def memory_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dp: int = 
             return
         capacity = hw_mod.get_hardware(c["hardware"]).memory_bytes
         msg.value = ""
-        fig = memory(bars, unit="GiB", title=f"{c['model']}: predicted memory per GPU, dp={c['dp']} tp={c['tp']} pp={c['pp']}")
+        fig = memory(bars, unit="GiB",
+                     title=f"{c['model']}: predicted memory per GPU, dp={c['dp']} tp={c['tp']} pp={c['pp']}")
         fig.add_hline(y=capacity / 2**30, line_dash="dash", line_color="#D62728",
                       annotation_text=f"{c['hardware']} {capacity / 2**30:.0f} GiB")
         replace_figure(fw, fig)
@@ -193,7 +196,8 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
         "view": w.ToggleButtons(options=["by op", "by step", "rank matrix", "intra vs inter"], value="by op",
                                 description="view"),
         "payload": w.Checkbox(value=False, description="payload bytes (not wire)"),
-        "op": w.Dropdown(options=["all_reduce", "all_gather", "reduce_scatter"], value="all_reduce", description="op"),
+        "op": w.Dropdown(options=["all_reduce", "all_gather", "reduce_scatter"], value="all_reduce",
+                         description="op"),
         "size_mb": w.FloatLogSlider(value=100.0, base=10, min=-2, max=4, description="tensor MiB"),
         "max_group": w.SelectionSlider(options=POW2[1:], value=64, description="up to"),
         "hardware": w.Dropdown(options=list(hw_mod.PRESETS), value=hardware, description="hardware"),
@@ -218,14 +222,15 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
         if predictor is not None:
             out[f"predicted, {predictor.world_size} ranks"] = predictor.same_run()
             grown = predictor.grown(c["model"], c["world_size"], c["tp"], c["pp"], c["gpus_per_node"])
-            label = (f"predicted, {c['world_size']} ranks ({c['world_size'] // (c['tp'] * c['pp'])} dp x {c['tp']} tp"
-                     f" x {c['pp']} pp, {c['model']}, {c['gpus_per_node']}/node)")
+            label = (f"predicted, {c['world_size']} ranks ({c['world_size'] // (c['tp'] * c['pp'])} dp x "
+                     f"{c['tp']} tp x {c['pp']} pp, {c['model']}, {c['gpus_per_node']}/node)")
             out[label] = grown
         return out
 
     def view_figure(c):
         if c["view"] == "by step":
-            return viz_comm.comm_by_op(trace, payload=c["payload"], title="measured: bytes by op and step, all ranks")
+            return viz_comm.comm_by_op(trace, payload=c["payload"],
+                                       title="measured: bytes by op and step, all ranks")
         figure = {"by op": comm_compare.compare_by_op, "rank matrix": comm_compare.compare_matrix,
                   "intra vs inter": comm_compare.compare_links}[c["view"]]
         return figure(state["sources"], payload=c["payload"])
@@ -257,7 +262,8 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
                       w.HBox([controls["gpus_per_node"], controls["model"]])]
         parts += [msg, trace_fw]
     parts += [w.HTML("<b>A ring collective, calculated</b>"),
-              w.HBox([controls["op"], controls["size_mb"], controls["max_group"], controls["hardware"]]), calc_fw]
+              w.HBox([controls["op"], controls["size_mb"], controls["max_group"],
+                      controls["hardware"]]), calc_fw]
     if trace_fw is None:
         parts.insert(-1, msg)
     app = w.VBox(parts)
@@ -310,7 +316,8 @@ class _RunPredictor:
         dp = world_size // (tp * pp)
         spec = p.replace(dp=dp, tp=tp, pp=pp, global_batch=0, ep=p.ep if dp % p.ep == 0 else 1,
                          sequence_parallel=p.sequence_parallel and tp > 1,
-                         microbatches=p.microbatches if pp == p.pp else max(p.microbatches, 2 * pp) if pp > 1 else 1)
+                         microbatches=(p.microbatches if pp == p.pp
+                                       else max(p.microbatches, 2 * pp) if pp > 1 else 1))
         model = self.model_spec(model_name)
         problems = spec.problems(model)
         if problems:
@@ -328,8 +335,8 @@ def _collective_figure(c):
     fig.add_trace(go().Bar(x=groups, y=[r["wire_bytes"] for r in rows], name="wire bytes per rank",
                            customdata=[fmt_bytes(r["wire_bytes"]) for r in rows],
                            hovertemplate="group %{x}: %{customdata}<extra></extra>"), 1, 1)
-    fig.add_trace(go().Scatter(x=groups, y=[r["intra_s"] * 1e3 for r in rows], name="inside a node (capped at node size)",
-                               mode="lines+markers"), 1, 2)
+    fig.add_trace(go().Scatter(x=groups, y=[r["intra_s"] * 1e3 for r in rows],
+                               name="inside a node (capped at node size)", mode="lines+markers"), 1, 2)
     fig.add_trace(go().Scatter(x=groups, y=[r["inter_s"] * 1e3 for r in rows], name="one rank per node",
                                mode="lines+markers"), 1, 2)
     fig.update_xaxes(type="category", title_text="group size", row=1, col=1)

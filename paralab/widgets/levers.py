@@ -24,7 +24,8 @@ def run_config(c: dict, vocab: int = 128):
                            dtype=c["dtype"], recompute=c["recompute"])
 
 
-def levers_explorer(layers: int = 4, hidden: int = 64, seq: int = 128, micro_batch: int = 4, vocab: int = 128):
+def levers_explorer(layers: int = 4, hidden: int = 64, seq: int = 128, micro_batch: int = 4,
+                    vocab: int = 128):
     """Sliders (layers, hidden, sequence, micro-batch) and toggles (dtype, recompute, attention) over
     the predicted memory by kind; a button measures the same run. Attributes: ``controls``,
     ``figure``, ``measure()``, ``measured`` (the last measured per-kind peaks), ``message``."""
@@ -36,9 +37,11 @@ def levers_explorer(layers: int = 4, hidden: int = 64, seq: int = 128, micro_bat
         "layers": w.SelectionSlider(options=[1, 2, 4, 8, 16], value=layers, description="layers"),
         "hidden": w.SelectionSlider(options=[32, 64, 128, 256, 512], value=hidden, description="hidden"),
         "seq": w.SelectionSlider(options=[32, 64, 128, 256, 512, 1024], value=seq, description="sequence"),
-        "micro_batch": w.SelectionSlider(options=[1, 2, 4, 8, 16], value=micro_batch, description="micro-batch"),
+        "micro_batch": w.SelectionSlider(options=[1, 2, 4, 8, 16], value=micro_batch,
+                                         description="micro-batch"),
         "dtype": w.ToggleButtons(options=["fp32", "bf16"], value="fp32", description="dtype"),
-        "recompute": w.ToggleButtons(options=["none", "selective", "full"], value="none", description="recompute"),
+        "recompute": w.ToggleButtons(options=["none", "selective", "full"], value="none",
+                                     description="recompute"),
         "attention": w.ToggleButtons(options=["sdpa", "math"], value="sdpa", description="attention"),
     }
     msg = w.HTML()
@@ -49,12 +52,14 @@ def levers_explorer(layers: int = 4, hidden: int = 64, seq: int = 128, micro_bat
         return {k: v.value for k, v in controls.items()}
 
     def draw() -> None:
-        bars = {"predicted": {k: v for k, v in predict_memory(run_config(values(), vocab)).items() if k in KINDS}}
+        bars = {"predicted": {k: v for k, v in predict_memory(run_config(values(), vocab)).items()
+                              if k in KINDS}}
         if state["measured"] is not None:
             bars["measured"] = state["measured"]
         c = values()
-        title = (f"memory by kind, one device: {c['layers']} layers, hidden {c['hidden']}, sequence {c['seq']}, "
-                 f"micro-batch {c['micro_batch']}, {c['dtype']}, recompute {c['recompute']}, {c['attention']}")
+        title = (f"memory by kind, one device: {c['layers']} layers, hidden {c['hidden']}, "
+                 f"sequence {c['seq']}, micro-batch {c['micro_batch']}, {c['dtype']}, "
+                 f"recompute {c['recompute']}, {c['attention']}")
         replace_figure(fw, memory(bars, title=title))
 
     def redraw(*_) -> None:
@@ -75,9 +80,9 @@ def levers_explorer(layers: int = 4, hidden: int = 64, seq: int = 128, micro_bat
             msg.value = message(f"{type(exc).__name__}: {exc}", "error")
             return None
         state["measured"] = {k: run.summary["memory_max_by_kind"][0][k] for k in KINDS}
-        msg.value = message("measured: each kind's high-water mark during the step (tensors kept for backward; "
-                            "with full recomputation the one block rebuilt during its backward is transient "
-                            "and not in the count, while the prediction holds it)", "ok")
+        msg.value = message("measured: each kind's high-water mark during the step (tensors kept for "
+                            "backward; with full recomputation the one block rebuilt during its backward is "
+                            "transient and not in the count, while the prediction holds it)", "ok")
         draw()
         return state["measured"]
 

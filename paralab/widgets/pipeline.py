@@ -5,9 +5,9 @@ executor runs; the timeline redraws in place (new bar columns pushed into the Fi
 figure), which keeps a 64-rank pipeline interactive. Combinations a schedule cannot build show the
 schedule's own error text instead of raising. For DualPipeV an "F&B hides" slider says how much of a
 slot's time the overlap of one microbatch's forward with another's backward saves (the communication
-one hides behind the other's compute), and the bubble follows. "Run for real" launches the pp strategy on local ranks
-with a progress bar, then draws the measured last step above a prediction re-timed with the
-durations it measured (so the two share real units).
+one hides behind the other's compute), and the bubble follows. "Run for real" launches the pp
+strategy on local ranks with a progress bar, then draws the measured last step above a prediction
+re-timed with the durations it measured (so the two share real units).
 """
 
 from __future__ import annotations
@@ -72,15 +72,17 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
     whole = dict(style={"description_width": "initial"})  # labels in full, never "microbatc…"
     controls = {
         "schedule": w.Dropdown(options=list(SCHEDULES), value=schedule, description="schedule", **whole),
-        "stages": w.IntSlider(value=stages, min=2, max=max_stages, description="stages", continuous_update=False,
-                              **whole),
-        "microbatches": w.IntSlider(value=microbatches, min=1, max=max_microbatches, description="microbatches",
-                                    continuous_update=False, **whole),
-        "virtual_stages": w.IntSlider(value=virtual_stages, min=1, max=8, description="virtual stages per rank",
+        "stages": w.IntSlider(value=stages, min=2, max=max_stages, description="stages",
+                              continuous_update=False, **whole),
+        "microbatches": w.IntSlider(value=microbatches, min=1, max=max_microbatches,
+                                    description="microbatches", continuous_update=False, **whole),
+        "virtual_stages": w.IntSlider(value=virtual_stages, min=1, max=8,
+                                      description="virtual stages per rank",
                                       continuous_update=False, **whole),
         "p2p": w.FloatSlider(value=p2p, min=0.0, max=2.0, step=0.05, description="p2p time / forward time",
                              continuous_update=False, **whole),
-        "overlap": w.FloatSlider(value=overlap, min=0.0, max=2.0, step=0.1, description="F&B slot hides (forward times)",
+        "overlap": w.FloatSlider(value=overlap, min=0.0, max=2.0, step=0.1,
+                                 description="F&B slot hides (forward times)",
                                  continuous_update=False, **whole),
     }
     # the schedules each control applies to; for the others it is hidden (its value would mean nothing)
@@ -88,13 +90,15 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
     info = w.HTML()
     msg = w.HTML()
     button = w.Button(description="Run for real", button_style="primary", icon="play")
-    progress = w.IntProgress(value=0, min=0, max=steps, description="steps", layout=w.Layout(visibility="hidden"))
+    progress = w.IntProgress(value=0, min=0, max=steps, description="steps",
+                             layout=w.Layout(visibility="hidden"))
     measured_box = w.VBox([])
 
     def shape():
         c = {k: v.value for k, v in controls.items()}
         v = chunks_per_rank(c["schedule"], c["virtual_stages"] if c["schedule"] == "interleaved" else 1)
-        return c["schedule"], c["stages"], c["microbatches"], v, c["p2p"], c["overlap"] * (c["schedule"] == "dualpipev")
+        return (c["schedule"], c["stages"], c["microbatches"], v, c["p2p"],
+                c["overlap"] * (c["schedule"] == "dualpipev"))
 
     try:
         first = simulate(*shape())

@@ -52,7 +52,8 @@ def _config_at(cfg, n: int, model: str, dtype: str):
                                model=MODEL_PRESETS[model], model_name=model, dtype=dtype)
 
 
-def predicted_curve(cfg, model: str, hardware: str, dtype: str, max_world: int) -> tuple[list[dict], list[str]]:
+def predicted_curve(cfg, model: str, hardware: str, dtype: str,
+                    max_world: int) -> tuple[list[dict], list[str]]:
     """Predicted points (world size, step time, tokens/s) of ``cfg`` at 1, 2, 4 ... ``max_world``
     ranks with its global batch, and why the sizes the model refuses were left out."""
     from paralab.config import ConfigError
@@ -90,8 +91,10 @@ def speedup_explorer(runs, baseline=None, max_world: int = 16):
     predicted_here = {n: predict_run(r.config, here).step_time_s for n, r in measured.items()} if here else {}
     w = widgets()
     controls = {
-        "hardware": w.Dropdown(options=[THIS_MACHINE, *hw_mod.PRESETS], value=THIS_MACHINE, description="predict on"),
-        "model": w.Dropdown(options=list(MODEL_PRESETS), value=cfg.model_name if cfg.model_name in MODEL_PRESETS
+        "hardware": w.Dropdown(options=[THIS_MACHINE, *hw_mod.PRESETS], value=THIS_MACHINE,
+                               description="predict on"),
+        "model": w.Dropdown(options=list(MODEL_PRESETS),
+                            value=cfg.model_name if cfg.model_name in MODEL_PRESETS
                             else "tiny", description="model"),
         "dtype": w.ToggleButtons(options=["fp32", "bf16"], value=cfg.dtype if cfg.dtype != "fp16" else "bf16",
                                  description="dtype"),
@@ -117,8 +120,8 @@ def speedup_explorer(runs, baseline=None, max_world: int = 16):
         sizes = sorted({*measured, *(p["world_size"] for p in curve or [])})
         allows = machine_allows(cfg, sizes) if here == "local" else None
         label = f"predicted on {c['hardware'] if hardware == here else hardware}: {c['model']}, {c['dtype']}"
-        fig = speedup_steps(measured, baseline, predicted=predicted_here, curve=curve or None, ideal_here=allows,
-                            curve_label=label,
+        fig = speedup_steps(measured, baseline, predicted=predicted_here, curve=curve or None,
+                            ideal_here=allows, curve_label=label,
                             title=f"{cfg.strategy}: measured{' beside predicted' if curve else ''}, "
                                   f"global batch {cfg.global_batch}")
         replace_figure(fw, fig)
@@ -126,8 +129,8 @@ def speedup_explorer(runs, baseline=None, max_world: int = 16):
 
     for control in controls.values():
         control.observe(redraw, names="value")
-    app = w.VBox([w.HBox([controls["hardware"], controls["model"]]), w.HBox([controls["dtype"], controls["max_world"]]),
-                  msg, fw])
+    app = w.VBox([w.HBox([controls["hardware"], controls["model"]]),
+                  w.HBox([controls["dtype"], controls["max_world"]]), msg, fw])
     attach(app, controls=controls, figure=fw, message=msg, redraw=redraw)
     redraw()
     return app
