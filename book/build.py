@@ -5,12 +5,15 @@
     python book/build.py --executed DIR           # reuse executed notebooks found in DIR (NAME.ipynb)
 
 The site: ``index.html`` (the table of contents, each notebook with its line from README's table),
-``tour.html`` (README itself, with its figures) and the documents it links to, and one page per
-notebook. Every page is offline: no CDN, plotly.js is served from ``assets/`` (copied from the plotly
+``tour.html`` (README itself, with its figures) and the documents it links to, one page per notebook,
+and ``gallery.html``: every figure the notebooks draw, one after another under its notebook and cell,
+for reviewing them all at once (``--only 07_elastic`` gives a book, and so a gallery, of that notebook
+alone). Every page is offline: no CDN, plotly.js is served from ``assets/`` (copied from the plotly
 package). Plotly figures stay interactive (hover, zoom). A widget has no kernel to talk to, so it is
 shown as a snapshot: the figures it drew as the notebook ran (interactive as figures), the value of
 each control, and a link to open the notebook live. An exercise's answer cell is folded into a
-``<details>`` element.
+``<details>`` element. Each notebook runs once; book/figures.py reads the figures out of that run for
+its page and the gallery alike.
 
 Pages: the notebooks in ``notebooks/`` in name order, then EXTRA_PAGES. To add a page, put a notebook
 in ``notebooks/`` (it joins the book in its place), or add ``(title, path relative to the repository)``
@@ -25,17 +28,18 @@ import argparse
 import html
 import json
 import re
+import runpy
 import shutil
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 EXTRA_PAGES: list[tuple[str, str]] = []  # (title, path relative to ROOT): .ipynb, .md or .html
 BINDER = re.compile(r"https://mybinder\.org/v2/gh/\S*?labpath=notebooks%2F")  # README's badge
-WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-PLOTLY = "application/vnd.plotly.v1+json"
+FIGURES = SimpleNamespace(**runpy.run_path(str(Path(__file__).with_name("figures.py"))))  # book/figures.py
 OFFLINE_JS = "assets/offline.js"  # stands in for the CDN scripts nbconvert's template would load
 CSS = """
 body { margin: 0; }
@@ -54,13 +58,14 @@ body { margin: 0; }
 .widget-snapshot .controls { font: 12px/1.4 monospace; color: #37474f; margin-bottom: 6px; }
 details.answer { border-left: 3px solid #80cbc4; padding-left: 10px; margin: 8px 0 8px 70px; }
 details.answer summary { cursor: pointer; color: #00796b; }
+.where { color: #546e7a; margin: 2em 0 0.3em; border-top: 1px solid #ddd; padding-top: 0.5em; }
 """
 
 
 # ------------------------------------------------------------------------------------------ running
 # A FigureWidget sends its redraws as deltas; its synced state keeps the figure it was built with. This
-# last cell writes every figure widget's current figure into that state, so the snapshots show what the
-# notebook ended with (it is removed again before the page is made).
+# last cell writes every figure widget's current figure into that state, so the snapshots and the gallery
+# show what the notebook ended with (it is removed again before the page is made).
 SYNC_FIGURE_WIDGETS = """
 import plotly.graph_objects as go
 from ipywidgets.widgets.widget import _instances
@@ -85,30 +90,15 @@ def execute(path: Path, timeout_s: int) -> dict:
     return nb
 
 
-# ------------------------------------------------------------------------------------------ figures
-def figure_html(figure: dict, height: int | None = None) -> str:
-    """A plotly figure (its JSON) as a div and the script that draws it; plotly.js is on the page."""
-    import plotly.io as pio
-
-    layout = dict(figure.get("layout", {}))
-    if height and "height" not in layout:
-        layout["height"] = height
-    return pio.to_html({"data": figure.get("data", []), "layout": layout}, include_plotlyjs=False,
-                       full_html=False, config={"responsive": True})
-
-
+# ------------------------------------------------------------------------------------------ outputs
 def widget_snapshot(model_id: str, state: dict, live: str) -> str:
     """The static face of a widget: its figures as drawn, its controls' values, its messages, and a
     link to the live notebook."""
     figures, controls, texts = [], [], []
-
-    def walk(mid: str) -> None:
-        model = state.get(mid)
-        if model is None:
-            return
-        s = model["state"]
-        if "_widget_data" in s:  # a plotly FigureWidget (an anywidget model)
-            figures.append(figure_html({"data": s["_widget_data"], "layout": s.get("_widget_layout", {})}))
+    for model in FIGURES.widget_models(model_id, state):
+        s, figure = model["state"], FIGURES.widget_figure(model)
+        if figure:
+            figures.append(FIGURES.figure_html(figure))
         elif model["model_name"] == "HTMLModel":
             if s.get("value"):
                 texts.append(s["value"])
@@ -118,10 +108,6 @@ def widget_snapshot(model_id: str, state: dict, live: str) -> str:
                 value = s["_options_labels"][s["index"]]
             if s["description"] and not isinstance(value, (dict, list)):
                 controls.append(f"{s['description']} = {value}")
-        for child in s.get("children", []):
-            walk(child.removeprefix("IPY_MODEL_"))
-
-    walk(model_id)
     note = (f'Interactive in the live notebook: <a href="{live}">open it on Binder</a>, '
             "or in JupyterLab with <code>make lab</code>. Here: what it showed when the notebook had run.")
     parts = [f'<div class="note">{note}</div>']
@@ -134,16 +120,16 @@ def static_outputs(nb, live: str) -> None:
     """Replace plotly outputs by drawn figures, widget views by snapshots; fold answers."""
     import nbformat
 
-    state = (nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
-             .get("state", {}))
+    state = FIGURES.widget_state(nb)
     cells = []
     for cell in nb.cells:
         for out in cell.get("outputs", []):
             data = out.get("data", {})
-            if PLOTLY in data:
-                out["data"] = {"text/html": figure_html(data[PLOTLY])}
-            elif WIDGET_VIEW in data:
-                out["data"] = {"text/html": widget_snapshot(data[WIDGET_VIEW]["model_id"], state, live)}
+            if FIGURES.PLOTLY in data:
+                out["data"] = {"text/html": FIGURES.figure_html(FIGURES.plotly_figure(data))}
+            elif FIGURES.WIDGET_VIEW in data:
+                model_id = data[FIGURES.WIDGET_VIEW]["model_id"]
+                out["data"] = {"text/html": widget_snapshot(model_id, state, live)}
         if "answer" in cell.get("metadata", {}).get("tags", []):
             cells.append(nbformat.v4.new_markdown_cell(answer_html(cell)))
         else:
@@ -168,7 +154,8 @@ def page(title: str, body: str, nav: str, head: str = "") -> str:
 
 
 def nav_bar(pages: list[dict], i: int | None, live: str | None) -> str:
-    links = ['<a href="index.html">paralab, the book</a>', '<a href="tour.html">tour</a>']
+    links = ['<a href="index.html">paralab, the book</a>', '<a href="tour.html">tour</a>',
+             '<a href="gallery.html">gallery</a>']
     if i is not None:
         if i > 0:
             links.append(f'<a href="{pages[i - 1]["file"]}">← {html.escape(pages[i - 1]["name"])}</a>')
@@ -242,8 +229,9 @@ def first_heading(nb) -> str:
 
 # ------------------------------------------------------------------------------------------ the site
 def build(out: Path, only: list[str] | None = None, executed: Path | None = None,
-          timeout_s: int = 900) -> list[dict]:
-    """Write the site into ``out`` and return its pages ({name, title, file, seconds})."""
+          timeout_s: int = 900, extra_pages: list[tuple[str, str]] = EXTRA_PAGES) -> list[dict]:
+    """Write the site into ``out`` and return its pages ({name, title, file, seconds, figures});
+    ``extra_pages`` are added after the notebooks, as EXTRA_PAGES is."""
     import nbformat
     from plotly.offline import get_plotlyjs
 
@@ -254,8 +242,8 @@ def build(out: Path, only: list[str] | None = None, executed: Path | None = None
     (out / "executed").mkdir(exist_ok=True)
 
     sources = [(p.stem, p) for p in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))]
-    sources += [(Path(rel).stem, ROOT / rel) for _, rel in EXTRA_PAGES]
-    titles = dict((Path(rel).stem, title) for title, rel in EXTRA_PAGES)
+    sources += [(Path(rel).stem, ROOT / rel) for _, rel in extra_pages]
+    titles = dict((Path(rel).stem, title) for title, rel in extra_pages)
     if only:
         missing = sorted(set(only) - {name for name, _ in sources})
         if missing:
@@ -266,7 +254,7 @@ def build(out: Path, only: list[str] | None = None, executed: Path | None = None
               "live": binder + path.name if path.suffix == ".ipynb" and path.parent == NOTEBOOKS else None}
              for name, path in sources]
 
-    notebooks = {}
+    notebooks, figures = {}, {}
     for info in pages:
         path = info["path"]
         if path.suffix != ".ipynb":
@@ -282,6 +270,8 @@ def build(out: Path, only: list[str] | None = None, executed: Path | None = None
         nbformat.write(nb, out / "executed" / path.name)
         info["title"] = titles.get(info["name"]) or first_heading(nb) or info["name"]
         notebooks[info["name"]] = nb
+        figures[info["name"]] = FIGURES.figures_of(nb)  # before the pages replace the outputs
+        info["figures"] = len(figures[info["name"]])
 
     for i, info in enumerate(pages):
         path = info["path"]
@@ -302,6 +292,8 @@ def build(out: Path, only: list[str] | None = None, executed: Path | None = None
     for doc in re.findall(r"\]\(((?:docs|benchmarks)/[^)#\s]+\.md)", (ROOT / "README.md").read_text()):
         (out / md_file(ROOT / doc)).write_text(markdown_page(ROOT / doc, doc, tour_nav, out))
     (out / "index.html").write_text(index_page(pages))
+    gallery = [(p, figures[p["name"]]) for p in pages if p["name"] in figures]
+    (out / "gallery.html").write_text(page("gallery", FIGURES.gallery_body(gallery), tour_nav))
     (out / "pages.json").write_text(json.dumps([{k: v for k, v in p.items() if k != "path"}
                                                 for p in pages], indent=1))
     return pages
@@ -316,7 +308,8 @@ def index_page(pages: list[dict]) -> str:
     body = ("<h1>paralab, the book</h1><p>Every notebook of the lab, run top to bottom on the machine that "
             "built this site, with its figures (hover and zoom them). Widgets are shown as they were drawn; "
             "open a notebook live to move their controls. Start with <a href=\"tour.html\">the tour</a>.</p>"
-            f'<ol class="toc">{items}</ol>')
+            f'<ol class="toc">{items}</ol><p>All their figures on one page, one after another: '
+            '<a href="gallery.html">the gallery</a>.</p>')
     return page("contents", body, nav_bar(pages, None, None))
 
 
@@ -328,7 +321,9 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=int, default=900, help="seconds per cell")
     args = parser.parse_args(argv)
     pages = build(Path(args.out), args.only, Path(args.executed) if args.executed else None, args.timeout)
-    print(f"book: {len(pages)} pages in {args.out} (open {Path(args.out) / 'index.html'})")
+    drawn = sum(p.get("figures", 0) for p in pages)
+    print(f"book: {FIGURES.count(len(pages), 'page')} in {args.out} (open {Path(args.out) / 'index.html'}); "
+          f"gallery.html: {FIGURES.count(drawn, 'figure')}")
     return 0
 
 
