@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install lab test lint gpu-check gallery book clean
+.PHONY: install lab test lint gpu-check book clean
 
 $(STAMP): pyproject.toml constraints-ci.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,12 +32,10 @@ test: lint
 gpu-check: $(STAMP)
 	$(BIN)/python -m paralab.gpu_check
 
-# Every figure the notebooks draw, one after another on one page (runs every notebook: minutes).
-gallery: $(STAMP)
-	$(BIN)/python docs/gallery.py -o docs/_build/gallery.html
-
 # Every notebook executed and laid out as a static HTML site in book/_build (open index.html): figures
-# interactive, widgets as snapshots with a link to the live notebook. Options: make book BOOK_ARGS="--only 08_planning_at_scale".
+# interactive, widgets as snapshots with a link to the live notebook, and gallery.html, every figure the
+# notebooks draw on one page (runs every notebook: minutes). Some notebooks only, for their pages and
+# gallery: make book BOOK_ARGS="--only 07_elastic 08_planning_at_scale".
 BOOK_ARGS ?=
 book: $(STAMP)
 	$(BIN)/python book/build.py $(BOOK_ARGS)
