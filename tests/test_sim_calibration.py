@@ -121,6 +121,23 @@ def test_local_calibration_measures_every_rate_and_is_cached(tmp_path, monkeypat
     assert pred.step_time_s > 0 and pred.bubble_fraction > 0
 
 
+def test_a_disturbed_calibration_is_said_used_and_not_cached(tmp_path, monkeypatch):
+    """Small matmuls timed while other work held the cores fit the law only with an implausible
+    d_half. Such a calibration is used, with a warning, and measured again next time."""
+    monkeypatch.setenv("PARALAB_CACHE", str(tmp_path))
+    quiet = [[m, n, k, 2 * m * n * k / 1e11 * (1 + 32 / m) * (1 + 32 / n) * (1 + 32 / k)]
+             for m, n, k in ((128, 192, 64), (512, 768, 256), (1024, 1024, 1024))]
+    busy = [[m, n, k, max(t, 2.5e-3)] for m, n, k, t in quiet]  # every call waits ~2.5 ms for a core
+    assert calibration.matmul_law(rows=quiet)[1] == pytest.approx(32, rel=0.2)
+    assert calibration.matmul_law(rows=busy)[1] >= calibration.DISTURBED_HALF_DIM
+    disturbed = dataclasses.replace(hardware.get_hardware("a100"),
+                                    matmul_half_dim=calibration.DISTURBED_HALF_DIM)
+    monkeypatch.setattr(hardware, "calibrate", lambda **kwargs: disturbed)
+    with pytest.warns(RuntimeWarning, match="disturbed"):
+        assert local(threads=2) == disturbed
+    assert not list(tmp_path.iterdir())
+
+
 def test_the_spread_of_normal_samples_is_their_sigma_and_one_stall_barely_moves_it():
     from statistics import NormalDist
 

@@ -75,13 +75,19 @@ def matmul_rows(shapes=MODEL_SHAPES) -> list[tuple[int, int, int, float]]:
     return rows
 
 
+MAX_HALF_DIM = 1024  # the largest d_half the fit tries
+# A fitted d_half this large says the lab's 64-256-wide matmuls ran at under a thirtieth of a large
+# one's rate: no CPU does that; their calls were waiting for cores other work held (a busy machine)
+DISTURBED_HALF_DIM = 256
+
+
 def matmul_law(shapes=MODEL_SHAPES, rows=None) -> tuple[float, float, list]:
     """Fit ``seconds = 2mnk / (rate x prod d/(d + d_half))`` to timed matmuls; returns (rate, d_half,
     rows)."""
     rows = rows if rows is not None else matmul_rows(shapes)
     best = None
-    for step in range(0, 41):
-        half = 2 ** (step / 4)  # 1 .. 1024
+    for step in range(4 * int(math.log2(MAX_HALF_DIM)) + 1):
+        half = 2 ** (step / 4)  # 1 .. MAX_HALF_DIM, four steps an octave
         logs = [math.log(2 * m * n * k / (t * (m / (m + half)) * (n / (n + half)) * (k / (k + half))))
                 for m, n, k, t in rows]
         mean = sum(logs) / len(logs)

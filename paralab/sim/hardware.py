@@ -31,6 +31,7 @@ import dataclasses
 import json
 import os
 import time
+import warnings
 from pathlib import Path
 
 from paralab.sim.specs import HardwareSpec, SpecError
@@ -193,7 +194,7 @@ def cache_dir() -> Path:
 
 
 LOCAL_RANKS = 64  # ranks the local machine is taken to hold: one 'node', however many cores it has
-CALIBRATION_VERSION = 6  # bump when what calibrate() measures changes: older caches are measured again
+CALIBRATION_VERSION = 7  # bump when what calibrate() measures changes: older caches are measured again
 
 
 def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True,
@@ -211,7 +212,14 @@ def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True,
         # a cache made without gloo (the quick test calibration) does not serve a caller who wants links
         if made.get("version") == CALIBRATION_VERSION and (made.get("gloo") or not gloo):
             return HardwareSpec.from_dict(data)
+    from paralab.sim.calibration import DISTURBED_HALF_DIM  # not at import: its workers run it as __main__
+
     spec = calibrate(matmul_size=matmul_size, gloo=gloo, threads=threads)
+    if spec.matmul_half_dim >= DISTURBED_HALF_DIM:
+        warnings.warn("the calibration was disturbed: small matmuls ran far slower than any matmul law "
+                      "explains (the machine was busy?); it is used for now, not cached, and measured "
+                      "again next time", RuntimeWarning, stacklevel=2)
+        return spec
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(spec.to_dict(), indent=1))
     return spec
@@ -225,7 +233,8 @@ def calibrate(matmul_size: int = 1024, gloo: bool = True, threads: int | None = 
 
     With ``threads`` the figures are one rank's, measured with that many torch threads; without, the
     whole machine's (every thread), shared by the ranks. With ``threads`` and ``gloo``, ``ranks``
-    processes run the compute benchmarks at the same time, as the ranks of a run do. Without ``gloo`` the
+    processes run the compute benchmarks at the same time, as the ranks of a run do, when their threads
+    fit on the cores (else one runs them: such a rank is its run's only one). Without ``gloo`` the
     link figures are a loopback guess (20 us, 1 GB/s, no curves) so tests can calibrate in seconds.
     """
     import torch
@@ -235,7 +244,12 @@ def calibrate(matmul_size: int = 1024, gloo: bool = True, threads: int | None = 
     n = matmul_size
     shapes = (*bench.MODEL_SHAPES, (n, n, n))
     curves = {"allreduce": [], "p2p": []}
-    if gloo and threads is not None:  # ranks measure side by side, as they will run
+    from paralab.runtime.worker import usable_cores
+
+    # ranks measure side by side, as they will run, when they fit on the cores: a k-thread rank that
+    # has no room beside another is a run's only rank (one rank takes every core), and timing two of
+    # them at once would measure threads waiting for each other, not the rank
+    if gloo and threads is not None and ranks * threads <= usable_cores():
         figures, curves = bench.concurrent_figures(threads, ranks, shapes)
     else:
         before = torch.get_num_threads()
