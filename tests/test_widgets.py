@@ -283,6 +283,25 @@ def test_speedup_explorer_draws_runs_prediction_and_ideals(monkeypatch, no_lefto
     assert sorted(app.figure.layout.meta["predicted"]) == [1, 2, 4, 8] and "16 ranks" in app.message.value
 
 
+def test_the_predicted_speedup_grows_a_hybrid_run_along_dp():
+    """tp and pp kept, dp filled from the world size, two ranks per node kept; one rank is the single
+    device; a size the batch cannot split is left out with the reason."""
+    from paralab import RunConfig
+    from paralab.layout import resolve_layout
+    from paralab.sim.bridge import predict_run
+    from paralab.widgets.speedup import _config_at, predicted_curve
+
+    cfg = RunConfig.build("tiny", strategy="hybrid", world_size=4, dp=2, tp=2, pp=1, microbatches=2, nodes=2,
+                          global_batch=8)
+    points, skipped = predicted_curve(cfg, "tiny", "a100", "fp32", 16)
+    assert [p["world_size"] for p in points] == [1, 2, 4, 8]
+    assert points[2]["step_time_s"] == pytest.approx(predict_run(cfg, "a100").step_time_s)
+    shapes = {n: resolve_layout(_config_at(cfg, n, "tiny", "fp32")) for n in (1, 2, 8)}
+    assert shapes[1].strategy == "single" and shapes[1].world_size == 1
+    assert [(s.dp, s.tp, s.pp, s.nodes) for s in (shapes[2], shapes[8])] == [(1, 2, 1, 1), (4, 2, 1, 4)]
+    assert len(skipped) == 1 and skipped[0].startswith("16 ranks: global batch 8")
+
+
 def test_the_cores_bound_what_cpu_ranks_can_speed_up(monkeypatch):
     from paralab import RunConfig
     from paralab.runtime import worker
