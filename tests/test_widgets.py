@@ -216,6 +216,7 @@ def test_predicted_comm_puts_the_experts_all_to_alls_on_the_expert_groups():
     from paralab.sim.presets import get_model
     from paralab.sim.specs import ParallelSpec
     from paralab.viz.comm_compare import predicted_comm_trace
+    from paralab.widgets.explorers import _mesh_text
 
     model, spec = get_model("mixtral-8x7b"), ParallelSpec(dp=4, ep=2, global_batch=8, micro_batch=1)
     trace = predicted_comm_trace(model, spec)
@@ -227,6 +228,7 @@ def test_predicted_comm_puts_the_experts_all_to_alls_on_the_expert_groups():
         assert a2a.group_ranks == expert_group == [rank - rank % 2, rank - rank % 2 + 1]
         reduces = {len(s.group_ranks or range(4)) for s in trace.select(rank=rank) if s.kind == "all_reduce"}
         assert reduces == {4, 2}  # replicated parameters over dp, experts over the ranks that hold them
+    assert _mesh_text(trace.meta) == "4 dp x 1 tp x 1 pp, ep 2"  # what the explorer's label says
 
 
 def test_a_ring_run_and_its_prediction_send_the_same_cp_bytes(no_leftover_ranks):

@@ -128,7 +128,8 @@ def compare_by_op(sources: dict, payload: bool = False, title: str | None = None
     """Grouped bars, one group per op and one bar per source ({label: Trace or RunResult})."""
     graph = go()
     data = {label: per_rank_step(t, payload) for label, t in sources.items()}
-    ops = sorted({op for per in data.values() for op in per})
+    # the ops that moved bytes (a receive puts none on the wire)
+    ops = sorted({op for per in data.values() for op, value in per.items() if value})
     scale, unit = byte_scale(max((v for per in data.values() for v in per.values()), default=0))
     fig = graph.Figure()
     for i, (label, per) in enumerate(data.items()):
@@ -147,7 +148,8 @@ def compare_by_op(sources: dict, payload: bool = False, title: str | None = None
 def compare_matrix(sources: dict, payload: bool = False, title: str | None = None):
     """One rank-by-rank heatmap per source (row = sender, column = receiver), bytes per step."""
     graph = go()
-    fig = make_subplots(rows=1, cols=len(sources), subplot_titles=list(sources), horizontal_spacing=0.08)
+    titles = [label.replace(" (", "<br>(", 1) for label in sources]  # a grown run's shape on a 2nd line
+    fig = make_subplots(rows=1, cols=len(sources), subplot_titles=titles, horizontal_spacing=0.08)
     meta = {}
     for i, (label, t) in enumerate(sources.items(), 1):
         trace = as_trace(t)

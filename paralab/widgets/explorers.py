@@ -223,10 +223,8 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
         if predictor is not None:
             out[f"predicted, {predictor.world_size} ranks"] = predictor.same_run()
             grown = predictor.grown(c["model"], c["world_size"], c["tp"], c["pp"], c["gpus_per_node"])
-            cp = predictor.parallel.cp
-            dp = c["world_size"] // (c["tp"] * c["pp"] * cp)
-            label = (f"predicted, {c['world_size']} ranks ({dp} dp x " + (f"{cp} cp x " if cp > 1 else "")
-                     + f"{c['tp']} tp x {c['pp']} pp, {c['model']}, {c['gpus_per_node']}/node)")
+            label = (f"predicted, {c['world_size']} ranks ({_mesh_text(grown.meta)}, {c['model']}, "
+                     f"{c['gpus_per_node']}/node)")
             out[label] = grown
         return out
 
@@ -273,6 +271,14 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
     attach(app, controls=controls, figure=trace_fw, calculator=calc_fw, message=msg, redraw=redraw,
            sources=lambda: dict(state["sources"]))
     return app
+
+
+def _mesh_text(meta: dict) -> str:
+    """A predicted trace's mesh, e.g. "4 dp x 2 cp x 1 tp x 1 pp" (cp when used; ep, carved from dp,
+    after)."""
+    used = [axis for axis in ("dp", "cp", "tp", "pp") if axis != "cp" or meta[axis] > 1]
+    axes = " x ".join(f"{meta[axis]} {axis}" for axis in used)
+    return axes + (f", ep {meta['ep']}" if meta["ep"] > 1 else "")
 
 
 class _RunPredictor:
