@@ -177,6 +177,72 @@ def test_predicted_comm_follows_the_cost_model_on_the_mesh():
     assert links["inter_node"] == pytest.approx(counted["dp_all_reduce"] + counted["pp_send"] / 2, rel=1e-6)
 
 
+@pytest.mark.parametrize("mode", ["ring", "alltoall"])
+def test_predicted_comm_puts_context_parallel_traffic_on_the_cp_groups(mode):
+    """A cp run's prediction is the slice run's traffic (gradients over dp and cp together) and the
+    ring's hops to the next cp rank, or the all-to-alls on the cp group, with the bytes the cost model
+    counts (paralab.sim.context)."""
+    from paralab.comm import ring_next
+    from paralab.layout import mesh_layout
+    from paralab.sim import context, counting
+    from paralab.sim.presets import get_model
+    from paralab.sim.specs import ParallelSpec
+    from paralab.viz.comm_compare import predicted_comm_trace
+
+    model = get_model("llama3-8b").replace(seq=8192)
+    spec = ParallelSpec(dp=2, cp=2, tp=2, global_batch=4, micro_batch=1, cp_mode=mode)
+    trace = predicted_comm_trace(model, spec, gpus_per_node=4)
+    layout = mesh_layout(dp=2, cp=2, tp=2)
+    cp_bytes = context.comm_bytes_per_gpu(model, spec)
+    gradients = counting.comm_bytes_per_gpu(*context.slice_run(model, spec))["dp_all_reduce"]
+    op = "send" if mode == "ring" else "all_to_all"
+    for rank in range(8):
+        cp_group = layout.group_of("cp", rank)
+        mine = [s for s in trace.select(rank=rank) if s.name == f"cp {op}"]
+        assert sum(s.bytes for s in mine) == pytest.approx(cp_bytes[f"cp_{op}"], abs=len(mine))
+        if mode == "ring":
+            assert {s.peer for s in mine} == {ring_next(rank, cp_group)} and len(cp_group) == 2
+        else:
+            assert len(mine) == 4 and all(s.group_ranks == cp_group for s in mine)
+        (reduce,) = [s for s in trace.select(rank=rank) if s.name == "dp all_reduce"]
+        assert reduce.bytes == pytest.approx(gradients, abs=1)
+        assert next(g for g in layout.groups("dp", "cp") if rank in g) == reduce.group_ranks
+    assert trace.meta["cp"] == 2 and trace.meta["world_size"] == 8
+
+
+def test_predicted_comm_puts_the_experts_all_to_alls_on_the_expert_groups():
+    from paralab.layout import mesh_layout
+    from paralab.sim import counting
+    from paralab.sim.presets import get_model
+    from paralab.sim.specs import ParallelSpec
+    from paralab.viz.comm_compare import predicted_comm_trace
+    from paralab.widgets.explorers import _mesh_text
+
+    model, spec = get_model("mixtral-8x7b"), ParallelSpec(dp=4, ep=2, global_batch=8, micro_batch=1)
+    trace = predicted_comm_trace(model, spec)
+    layout, counted = mesh_layout(dp=4, ep=2), counting.comm_bytes_per_gpu(model, spec)
+    for rank in range(4):
+        expert_group = next(g for g in layout.expert_groups() if rank in g)
+        (a2a,) = [s for s in trace.select(rank=rank) if s.name == "ep all_to_all"]
+        assert a2a.bytes == pytest.approx(counted["ep_all_to_all"], abs=1)
+        assert a2a.group_ranks == expert_group == [rank - rank % 2, rank - rank % 2 + 1]
+        reduces = {len(s.group_ranks or range(4)) for s in trace.select(rank=rank) if s.kind == "all_reduce"}
+        assert reduces == {4, 2}  # replicated parameters over dp, experts over the ranks that hold them
+    assert _mesh_text(trace.meta) == "4 dp x 1 tp x 1 pp, ep 2"  # what the explorer's label says
+
+
+def test_a_ring_run_and_its_prediction_send_the_same_cp_bytes(no_leftover_ranks):
+    import paralab
+
+    run = paralab.run("cp", 2, steps=2, global_batch=4, cp_mode="ring",
+                      model=dict(layers=2, hidden=32, heads=4, vocab=64, seq_len=64))
+    app = widgets.comm_explorer(run, world_size=8)
+    measured, same, grown = app.sources()
+    sent = app.figure.layout.meta["bytes"]
+    assert sent[measured]["send"] == sent[same]["send"] == run.summary["comm_bytes"]["send"] / 2
+    assert "4 dp x 2 cp x 1 tp" in grown and sent[grown]["send"] == sent[same]["send"]
+
+
 def test_comm_explorer_puts_the_run_beside_its_prediction_and_grows_it(no_leftover_ranks):
     import paralab
 
@@ -217,6 +283,25 @@ def test_speedup_explorer_draws_runs_prediction_and_ideals(monkeypatch, no_lefto
     assert app.figure.layout.meta["predicted"] != before
     app.controls["max_world"].value = 16  # the global batch of 8 does not split over 16 ranks
     assert sorted(app.figure.layout.meta["predicted"]) == [1, 2, 4, 8] and "16 ranks" in app.message.value
+
+
+def test_the_predicted_speedup_grows_a_hybrid_run_along_dp():
+    """tp and pp kept, dp filled from the world size, two ranks per node kept; one rank is the single
+    device; a size the batch cannot split is left out with the reason."""
+    from paralab import RunConfig
+    from paralab.layout import resolve_layout
+    from paralab.sim.bridge import predict_run
+    from paralab.widgets.speedup import _config_at, predicted_curve
+
+    cfg = RunConfig.build("tiny", strategy="hybrid", world_size=4, dp=2, tp=2, pp=1, microbatches=2, nodes=2,
+                          global_batch=8)
+    points, skipped = predicted_curve(cfg, "tiny", "a100", "fp32", 16)
+    assert [p["world_size"] for p in points] == [1, 2, 4, 8]
+    assert points[2]["step_time_s"] == pytest.approx(predict_run(cfg, "a100").step_time_s)
+    shapes = {n: resolve_layout(_config_at(cfg, n, "tiny", "fp32")) for n in (1, 2, 8)}
+    assert shapes[1].strategy == "single" and shapes[1].world_size == 1
+    assert [(s.dp, s.tp, s.pp, s.nodes) for s in (shapes[2], shapes[8])] == [(1, 2, 1, 1), (4, 2, 1, 4)]
+    assert len(skipped) == 1 and skipped[0].startswith("16 ranks: global batch 8")
 
 
 def test_the_cores_bound_what_cpu_ranks_can_speed_up(monkeypatch):

@@ -31,7 +31,6 @@ from paralab.sim import cost, counting  # cost hands cp > 1 here (cost.CONTEXT_P
 from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec
 from paralab.strategies.sequence_split import ring_source, step_tiles
 from paralab.trace import COMM, COMPUTE, Span, Trace
-from paralab.wire import ring_wire_bytes
 
 LONG_SEQUENCE = 16384  # tokens from which the planner considers cp (Llama 3: cp 16 at 131,072, none at 8,192)
 CP_DEGREES = (2, 4, 8, 16, 32)
@@ -57,15 +56,22 @@ def alltoall_payloads(model: ModelSpec, p: ParallelSpec) -> list[float]:
     return [token_bytes * width for width in (model.hidden, model.kv_dim, model.kv_dim, model.hidden)]
 
 
-def comm_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]:
-    """Wire bytes per step one GPU sends for context parallelism, keyed as counting's (cp_send,
-    cp_all_to_all); the rest of its traffic is the slice run's (counting.comm_bytes_per_gpu)."""
+def comm_payloads(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[str, str, float, int, float]]:
+    """What one GPU sends per step for context parallelism, as counting.comm_payloads' rows (family
+    cp, op, payload, group size, count per step); the rest of its traffic is the slice run's. Ring: per
+    layer and microbatch 3 cp - 2 hops to the ring's next rank (cp - 1 K/V forward, cp - 1 K/V and cp
+    dK/dV backward); all-to-all: each of the four tensors forward and its gradient backward."""
     p = parallel.resolved()
     passes = model.layers // p.pp * p.microbatches
     if p.cp_mode == "ring":
-        return {"cp_send": passes * (3 * p.cp - 2) * hop_bytes(model, p)}
-    wire = sum(ring_wire_bytes("all_to_all", b, p.cp) for b in alltoall_payloads(model, p))
-    return {"cp_all_to_all": passes * 2 * wire}
+        return [("cp", "send", hop_bytes(model, p), p.cp, passes * (3 * p.cp - 2))]
+    return [("cp", "all_to_all", payload, p.cp, passes * 2) for payload in alltoall_payloads(model, p)]
+
+
+def comm_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]:
+    """Wire bytes per step one GPU sends for context parallelism, keyed as counting's (cp_send,
+    cp_all_to_all); the rest of its traffic is the slice run's (counting.comm_bytes_per_gpu)."""
+    return counting.wire_bytes_by_key(comm_payloads(model, parallel))
 
 
 # ------------------------------------------------------------------------------------------- time

@@ -466,8 +466,13 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[str, s
 
 def comm_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]:
     """Wire bytes per step one GPU (first pipeline rank) sends, keyed ``family_op`` (e.g. tp_all_reduce)."""
+    return wire_bytes_by_key(comm_payloads(model, parallel))
+
+
+def wire_bytes_by_key(rows) -> dict[str, float]:
+    """Wire bytes per step of :func:`comm_payloads`' rows (or paralab.sim.context's), keyed ``family_op``."""
     out: dict[str, float] = {}
-    for family, op, payload, group, count in comm_payloads(model, parallel):
+    for family, op, payload, group, count in rows:
         key = f"{family}_{op}"
         out[key] = out.get(key, 0.0) + count * ring_wire_bytes(op, payload, group)
     return out

@@ -3,8 +3,10 @@ for a run's trace and for the cost model's count of the same run, or of the run 
 
 The prediction is a Trace too (one trace type): :func:`predicted_comm_trace` lays the collectives the
 cost model counts for one GPU (``paralab.sim.counting.comm_payloads``: family, op, payload, group size,
-count per step) on every rank of the mesh, each on its own group (tp innermost, then dp, then pp, as
-``paralab.layout`` lays ranks out), inter-node when the rank's ring successor (its peer, for a send)
+count per step; with context parallel the slice run's and ``paralab.sim.context.comm_payloads``, the
+ring's hops or the all-to-alls) on every rank of the mesh, each on its own group as ``paralab.layout``
+lays ranks out (tp innermost, then cp, dp, pp; gradients over dp and cp; a mixture of experts'
+all-to-alls on its expert groups), inter-node when the rank's ring successor (its peer, for a send)
 sits on another node of ``gpus_per_node`` ranks, the rule paralab.comm applies to measured spans. So
 one figure draws both, with the same conventions as :mod:`paralab.viz.comm`.
 
@@ -24,7 +26,8 @@ from paralab.trace import COMM, Span, Trace
 from paralab.viz._common import as_trace, byte_scale, fmt_bytes, go, make_subplots, style
 from paralab.viz.comm import LINKS, comm_matrix_data
 
-FAMILY_AXIS = {"tp": "tp", "dp": "dp", "zero": "dp"}  # the cost model's collective families on the mesh
+# the mesh axes each of the cost model's collective families runs over (gradients: dp and cp together)
+FAMILY_AXES = {"tp": ("tp",), "dp": ("dp", "cp"), "zero": ("dp", "cp"), "cp": ("cp",), "pp": ("pp",)}
 
 
 def predicted_comm_trace(model, parallel, gpus_per_node: int = 8) -> Trace:
@@ -32,7 +35,7 @@ def predicted_comm_trace(model, parallel, gpus_per_node: int = 8) -> Trace:
     counts, on the rank's group of the mesh (see the module docstring). ``model``, ``parallel``: the
     simulator's ModelSpec and ParallelSpec (``paralab.sim.bridge.specs_from_run`` makes them from a
     run's config)."""
-    from paralab.sim.counting import comm_payloads, ring_wire_bytes
+    from paralab.sim.counting import ring_wire_bytes
 
     p = parallel.resolved()
     layout = mesh_layout(dp=p.dp, tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep if p.dp % p.ep == 0 else 1)
@@ -42,35 +45,55 @@ def predicted_comm_trace(model, parallel, gpus_per_node: int = 8) -> Trace:
         return rank // max(gpus_per_node, 1)
 
     spans = []
-    for family, op, payload, size, count in comm_payloads(model, p):
-        if family == "pp":  # per rank: one activation forward to the next stage and one gradient back
-            for line in layout.groups("pp"):
-                for at, rank in enumerate(line):
-                    for peer in line[at + 1 : at + 2] + line[max(at - 1, 0) : at]:
-                        spans.append(Span(rank, COMM, op, 0.0, 0.0, name=f"{family} {op}", step=0,
-                                          bytes=int(count / 2 * ring_wire_bytes(op, payload, 2)),
-                                          payload_bytes=int(count / 2 * payload), group_size=2, peer=peer,
-                                          inter_node=node(peer) != node(rank)))
-            continue
+    for family, op, payload, size, count in _payloads(model, p):
         for group in _groups(layout, family, size):
             for rank in group:
+                if op == "send":
+                    for peer, share in _send_peers(family, rank, group, count):
+                        spans.append(Span(rank, COMM, op, 0.0, 0.0, name=f"{family} {op}", step=0,
+                                          bytes=int(share * ring_wire_bytes(op, payload, 2)),
+                                          payload_bytes=int(share * payload), group_size=2, peer=peer,
+                                          inter_node=node(peer) != node(rank)))
+                    continue
                 spans.append(Span(rank, COMM, op, 0.0, 0.0, name=f"{family} {op}", step=0,
                                   bytes=int(count * ring_wire_bytes(op, payload, size)),
                                   payload_bytes=int(count * payload), group_size=size,
                                   group_ranks=group if len(group) < world else None,
                                   inter_node=node(ring_next(rank, group)) != node(rank)))
-    meta = {"source": "predicted", "world_size": world, "dp": p.dp, "tp": p.tp, "pp": p.pp,
-            "model": getattr(model, "name", ""), "gpus_per_node": gpus_per_node}
+    meta = {"source": "predicted", "world_size": world, "dp": p.dp, "tp": p.tp, "pp": p.pp, "cp": p.cp,
+            "ep": layout.ep, "model": getattr(model, "name", ""), "gpus_per_node": gpus_per_node}
     return Trace(spans=spans, meta=meta)
 
 
+def _payloads(model, p) -> list[tuple[str, str, float, int, float]]:
+    """The cost model's rows for one GPU (paralab.sim.counting.comm_payloads); with context parallel
+    the slice run's and the ring's or all-to-all's (paralab.sim.context), as its prediction counts."""
+    from paralab.sim import context
+    from paralab.sim.counting import comm_payloads
+
+    if p.cp == 1:
+        return comm_payloads(model, p)
+    return comm_payloads(*context.slice_run(model, p)) + context.comm_payloads(model, p)
+
+
+def _send_peers(family: str, rank: int, line: list[int], count: float) -> list[tuple[int, float]]:
+    """(peer, sends per step) of a rank's point-to-point traffic: a pipeline stage sends half of the
+    count (activations) to the next stage and half (gradients) to the one before, where they exist; a
+    context-parallel rank sends every hop to the ring's next rank."""
+    if family == "cp":
+        return [(ring_next(rank, line), count)]
+    at = line.index(rank)
+    return [(peer, count / 2) for peer in line[at + 1 : at + 2] + line[max(at - 1, 0) : at]]
+
+
 def _groups(layout, family: str, size: int) -> list[list[int]]:
-    """The groups a family's collectives run on: its mesh axis's, or for a mixture of experts the
-    expert groups (all-to-all) and the expert-data groups (the experts' own gradient reduction)."""
+    """The groups a family's collectives run on: its mesh axes' (FAMILY_AXES), or for a mixture of
+    experts the expert groups (all-to-all) and the expert-data groups (the experts' own gradient
+    reduction)."""
     if family == "ep":
         return layout.expert_groups()
-    groups = layout.groups(FAMILY_AXIS.get(family, "dp"))
-    return groups if len(groups[0]) == size else layout.expert_data_groups()
+    groups = layout.groups(*FAMILY_AXES.get(family, ("dp", "cp")))
+    return groups if family in ("pp", "cp") or len(groups[0]) == size else layout.expert_data_groups()
 
 
 def _steps(trace: Trace) -> list[int]:
@@ -105,7 +128,8 @@ def compare_by_op(sources: dict, payload: bool = False, title: str | None = None
     """Grouped bars, one group per op and one bar per source ({label: Trace or RunResult})."""
     graph = go()
     data = {label: per_rank_step(t, payload) for label, t in sources.items()}
-    ops = sorted({op for per in data.values() for op in per})
+    # the ops that moved bytes (a receive puts none on the wire)
+    ops = sorted({op for per in data.values() for op, value in per.items() if value})
     scale, unit = byte_scale(max((v for per in data.values() for v in per.values()), default=0))
     fig = graph.Figure()
     for i, (label, per) in enumerate(data.items()):
@@ -124,7 +148,8 @@ def compare_by_op(sources: dict, payload: bool = False, title: str | None = None
 def compare_matrix(sources: dict, payload: bool = False, title: str | None = None):
     """One rank-by-rank heatmap per source (row = sender, column = receiver), bytes per step."""
     graph = go()
-    fig = make_subplots(rows=1, cols=len(sources), subplot_titles=list(sources), horizontal_spacing=0.08)
+    titles = [label.replace(" (", "<br>(", 1) for label in sources]  # a grown run's shape on a 2nd line
+    fig = make_subplots(rows=1, cols=len(sources), subplot_titles=titles, horizontal_spacing=0.08)
     meta = {}
     for i, (label, t) in enumerate(sources.items(), 1):
         trace = as_trace(t)

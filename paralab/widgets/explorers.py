@@ -179,9 +179,10 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
 
     ``run``: a RunResult (measured views and the cost model's prediction of the same run and of the
     run grown to another size: sliders for world size, tp, pp, GPUs per node and the model; the
-    per-rank batch is kept), a Trace (measured views only) or None (the calculator alone). Views: bytes
-    by op (measured beside predicted, per rank and step), by step (measured), the rank-by-rank matrix
-    and inside against across nodes. ``world_size``: where the size slider starts (default 4x the run).
+    per-rank batch, cp and ep are kept, dp fills the rest), a Trace (measured views only) or None (the
+    calculator alone). Views: bytes by op (measured beside predicted, per rank and step), by step
+    (measured), the rank-by-rank matrix and inside against across nodes. ``world_size``: where the size
+    slider starts (default 4x the run).
 
     Attributes: ``controls``, ``figure`` (the run's view, or None), ``calculator`` (FigureWidget),
     ``message``, ``sources()`` (label -> Trace drawn), ``redraw()``.
@@ -222,8 +223,8 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
         if predictor is not None:
             out[f"predicted, {predictor.world_size} ranks"] = predictor.same_run()
             grown = predictor.grown(c["model"], c["world_size"], c["tp"], c["pp"], c["gpus_per_node"])
-            label = (f"predicted, {c['world_size']} ranks ({c['world_size'] // (c['tp'] * c['pp'])} dp x "
-                     f"{c['tp']} tp x {c['pp']} pp, {c['model']}, {c['gpus_per_node']}/node)")
+            label = (f"predicted, {c['world_size']} ranks ({_mesh_text(grown.meta)}, {c['model']}, "
+                     f"{c['gpus_per_node']}/node)")
             out[label] = grown
         return out
 
@@ -272,6 +273,14 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
     return app
 
 
+def _mesh_text(meta: dict) -> str:
+    """A predicted trace's mesh, e.g. "4 dp x 2 cp x 1 tp x 1 pp" (cp when used; ep, carved from dp,
+    after)."""
+    used = [axis for axis in ("dp", "cp", "tp", "pp") if axis != "cp" or meta[axis] > 1]
+    axes = " x ".join(f"{meta[axis]} {axis}" for axis in used)
+    return axes + (f", ep {meta['ep']}" if meta["ep"] > 1 else "")
+
+
 class _RunPredictor:
     """The cost model's communication for a run's config, and for the same run on another mesh or
     model with the per-rank batch kept (paralab.viz.comm_compare draws them)."""
@@ -310,10 +319,10 @@ class _RunPredictor:
         from paralab.sim.specs import SpecError
         from paralab.viz.comm_compare import predicted_comm_trace
 
-        if world_size % (tp * pp):
-            raise SpecError(f"world size {world_size} is not a multiple of tp x pp = {tp * pp}")
         p = self.parallel.resolved()
-        dp = world_size // (tp * pp)
+        if world_size % (tp * pp * p.cp):
+            raise SpecError(f"world size {world_size} is not a multiple of tp x pp x cp = {tp * pp * p.cp}")
+        dp = world_size // (tp * pp * p.cp)
         spec = p.replace(dp=dp, tp=tp, pp=pp, global_batch=0, ep=p.ep if dp % p.ep == 0 else 1,
                          sequence_parallel=p.sequence_parallel and tp > 1,
                          microbatches=(p.microbatches if pp == p.pp

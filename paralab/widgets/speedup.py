@@ -46,16 +46,29 @@ def machine_allows(cfg, sizes) -> dict[int, float]:
 
 
 def _config_at(cfg, n: int, model: str, dtype: str):
+    """``cfg`` at ``n`` ranks. One rank runs ``single``, the mesh's options back to their defaults; a
+    strategy of several axes (hybrid) grows its data-parallel degree and keeps tp, pp, cp and ep, as
+    adding replicas does (a size they do not divide is refused, and the explorer says why); a
+    single-axis strategy spreads over all ``n``. The ranks per node are kept."""
     from paralab.config import MODEL_PRESETS
+    from paralab.strategies.registry import OPTION_DEFAULTS, TUNING_OPTIONS, get_strategy
 
-    return dataclasses.replace(cfg, strategy="single" if n == 1 else cfg.strategy, world_size=n,
-                               model=MODEL_PRESETS[model], model_name=model, dtype=dtype)
+    per_node = max(cfg.world_size // max(cfg.nodes, 1), 1)
+    changes = dict(world_size=n, nodes=n // per_node if n % per_node == 0 else 1, model=MODEL_PRESETS[model],
+                   model_name=model, dtype=dtype)
+    if n == 1:
+        mesh = {option: value for option, value in OPTION_DEFAULTS.items() if option not in TUNING_OPTIONS}
+        changes.update(strategy="single", **mesh)
+    elif len(get_strategy(cfg.strategy).axes) > 1:
+        changes["dp"] = 0  # filled from the world size and the other degrees (paralab.layout)
+    return dataclasses.replace(cfg, **changes)
 
 
 def predicted_curve(cfg, model: str, hardware: str, dtype: str,
                     max_world: int) -> tuple[list[dict], list[str]]:
     """Predicted points (world size, step time, tokens/s) of ``cfg`` at 1, 2, 4 ... ``max_world``
-    ranks with its global batch, and why the sizes the model refuses were left out."""
+    ranks with its global batch (a hybrid grown along dp: :func:`_config_at`), and why the sizes the
+    model or the layout refuses were left out."""
     from paralab.config import ConfigError
     from paralab.sim.bridge import predict_run
     from paralab.sim.specs import SpecError
