@@ -6,6 +6,8 @@ import it for type names) works on a machine without plotly; only drawing needs 
 
 from __future__ import annotations
 
+import math
+
 from paralab.layout import Layout, mesh_layout
 from paralab.trace import Trace
 
@@ -206,3 +208,13 @@ def style(fig, title: str | None = None, height: int | None = None):
         legend=dict(orientation="h", yref="container", y=1 - 38 / height, yanchor="top", x=0),
     )
     return fig
+
+
+def log_ticks(low: float, high: float) -> list[float]:
+    """1, 2, 5 times the powers of ten from below ``low`` to above ``high``: a log axis read in whole
+    numbers rather than plotly's bare 2, 3, 4 between the decades."""
+    ticks, decade = [], 10 ** math.floor(math.log10(low))
+    while decade <= high * 10:
+        ticks += [m * decade for m in (1, 2, 5) if low / 2 <= m * decade <= high * 2]
+        decade *= 10
+    return ticks

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import statistics
 
-from paralab.viz._common import EXTRA_COLORS, MICROBATCH_COLORS, fmt_bytes, go, make_subplots, style
+from paralab.viz._common import (
+    EXTRA_COLORS,
+    MICROBATCH_COLORS,
+    fmt_bytes,
+    go,
+    log_ticks,
+    make_subplots,
+    style,
+)
 
 MODE_COLORS = {"ring": MICROBATCH_COLORS[0], "alltoall": MICROBATCH_COLORS[1]}
 
@@ -58,11 +66,14 @@ def activation_growth(model, seqs: list[int], cps: tuple[int, ...] = (2, 4, 8), 
     fig = graph.Figure()
     for i, (name, values) in enumerate(lines.items()):
         fig.add_trace(graph.Scatter(
-            x=seqs, y=values, name=name, mode="lines+markers", line=dict(dash="dot" if i == 0 else "solid"),
-            customdata=[fmt_bytes(v) for v in values],
+            x=seqs, y=[v / 2**30 for v in values], name=name, mode="lines+markers",
+            line=dict(dash="dot" if i == 0 else "solid"), customdata=[fmt_bytes(v) for v in values],
             hovertemplate=f"{name}: %{{x:,}} tokens, %{{customdata}} per layer<extra></extra>"))
-    fig.update_xaxes(title_text="sequence length (tokens)", type="log")
-    fig.update_yaxes(title_text="activation bytes per layer per GPU", type="log")
+    fig.update_xaxes(title_text="sequence length (tokens)", type="log", tickvals=list(seqs),
+                     ticktext=[f"{s // 1024}k" if s % 1024 == 0 else f"{s:,}" for s in seqs])
+    gib = [v / 2**30 for values in lines.values() for v in values]
+    fig.update_yaxes(title_text="activations per layer per GPU (GiB)", type="log",
+                     tickvals=log_ticks(min(gib), max(gib)), tickformat=",~g")
     fig.update_layout(meta={"bytes": lines, "seqs": list(seqs)})
     return style(fig, title or f"{model.name}: activations per layer against the sequence", 420)
 

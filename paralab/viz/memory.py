@@ -7,10 +7,9 @@ Several runs side by side (one per strategy or ZeRO stage) use a two-level x axi
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
-from paralab.viz._common import MEMORY_COLORS, MEMORY_KINDS, as_summary, fmt_bytes, go, style
+from paralab.viz._common import MEMORY_COLORS, MEMORY_KINDS, as_summary, fmt_bytes, go, log_ticks, style
 
 _RUN_KEYS = ("memory_by_kind", "memory_bytes_per_gpu")
 UNIT_BYTES = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
@@ -113,17 +112,7 @@ def memory_vs(points: dict[str, list[tuple[float, float, float]]], x_title: str,
     xs = sorted({r[0] for rows in points.values() for r in rows})
     ys = [v / scale for rows in points.values() for r in rows for v in r[1:]]
     fig.update_xaxes(title_text=x_title, type="log", tickvals=xs, ticktext=[f"{x:,g}" for x in xs])
-    fig.update_yaxes(title_text=f"{y_title} ({unit})", type="log", tickvals=_log_ticks(min(ys), max(ys)),
+    fig.update_yaxes(title_text=f"{y_title} ({unit})", type="log", tickvals=log_ticks(min(ys), max(ys)),
                      tickformat=",~g")
     fig.update_layout(meta={"series": list(points)})
     return style(fig, title, 420)
-
-
-def _log_ticks(low: float, high: float) -> list[float]:
-    """1, 2, 5 times the powers of ten from below ``low`` to above ``high``: a log axis read in whole
-    numbers rather than plotly's bare 2, 3, 4 between the decades."""
-    ticks, decade = [], 10 ** math.floor(math.log10(low))
-    while decade <= high * 10:
-        ticks += [m * decade for m in (1, 2, 5) if low / 2 <= m * decade <= high * 2]
-        decade *= 10
-    return ticks
