@@ -8,6 +8,7 @@ import statistics
 from paralab.viz._common import (
     EXTRA_COLORS,
     MICROBATCH_COLORS,
+    byte_scale,
     fmt_bytes,
     go,
     log_ticks,
@@ -91,11 +92,13 @@ def cp_modes(model, hw, cps: list[int], title: str | None = None, **spec):
     meta = {"cps": list(cps), "bytes": {}, "step_s": {}}
     for mode in ("ring", "alltoall"):
         specs = [ParallelSpec(**{**spec, "cp": cp, "cp_mode": mode}) for cp in cps]
-        sent = [sum(context.comm_bytes_per_gpu(model, p).values()) for p in specs]
-        steps = [cost.predict(model, p, hw).step_time_s for p in specs]
-        meta["bytes"][mode], meta["step_s"][mode] = sent, steps
+        meta["bytes"][mode] = [sum(context.comm_bytes_per_gpu(model, p).values()) for p in specs]
+        meta["step_s"][mode] = [cost.predict(model, p, hw).step_time_s for p in specs]
+    scale, unit = byte_scale(max(max(sent) for sent in meta["bytes"].values()))
+    for mode in ("ring", "alltoall"):
+        sent, steps = meta["bytes"][mode], meta["step_s"][mode]
         x = [f"cp {cp}" for cp in cps]
-        fig.add_trace(graph.Bar(x=x, y=sent, name=mode, marker_color=MODE_COLORS[mode],
+        fig.add_trace(graph.Bar(x=x, y=[v / scale for v in sent], name=mode, marker_color=MODE_COLORS[mode],
                                 legendgroup=mode, customdata=[fmt_bytes(v) for v in sent],
                                 hovertemplate=f"{mode} %{{x}}: %{{customdata}}<extra></extra>"), row=1, col=1)
         fig.add_trace(graph.Scatter(x=x, y=steps, name=mode, mode="lines+markers",
@@ -105,6 +108,6 @@ def cp_modes(model, hw, cps: list[int], title: str | None = None, **spec):
                                     hovertemplate=f"{mode} %{{x}}: %{{y:.3f}} s<extra></extra>"),
                       row=1, col=2)
     fig.update_layout(barmode="group", meta=meta)
-    fig.update_yaxes(title_text="bytes", row=1, col=1)
+    fig.update_yaxes(title_text=unit, row=1, col=1)
     fig.update_yaxes(title_text="seconds", row=1, col=2)
     return style(fig, title or f"{model.name}: ring against all-to-all on {hw.name}", 400)
