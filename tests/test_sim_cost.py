@@ -129,6 +129,40 @@ def test_zero_collectives_layer_by_layer(compute, gather, scatter, prefetch, exp
     assert cost.layer_by_layer(10, compute, gather, scatter, prefetch) == pytest.approx(expected)
 
 
+@pytest.mark.parametrize(
+    "compute, gather, scatter, expected",
+    [
+        # the first gather, then nine layers that run beside the next one's gather (0.5 s of their
+        # 1.0 at 0.8 speed: 1.1 s) and the last alone: 0.5 + 9 x 1.1 + 1.0
+        (1.0, 0.5, 0.0, 11.4),
+        # the link is the bottleneck: each layer's 1.25 s beside a gather hides in the wait for the next
+        (1.0, 2.0, 0.0, 21.0),
+        # ZeRO-2: the first layer alone, nine beside the previous reduce-scatter, the last one's tail
+        (1.0, 0.0, 0.5, 1.0 + 9 * 1.1 + 0.5),
+    ],
+)
+def test_compute_beside_a_collective_loses_the_sms_it_holds(compute, gather, scatter, expected):
+    """Ten layers with prefetch, a collective in flight holding a fifth of the SMs: compute runs at
+    0.8 of its speed while the link is busy."""
+    assert cost.layer_by_layer(10, compute, gather, scatter, True, 0.2) == pytest.approx(expected)
+
+
+def test_beside_comm_slows_only_the_overlapped_part():
+    assert cost.beside_comm(1.0, 0.5, 0.2) == pytest.approx(1.1)  # 0.5 s at 0.8, then 0.6 s of work
+    assert cost.beside_comm(1.0, 10.0, 0.2) == pytest.approx(1.25)  # all of it at 0.8
+    assert cost.beside_comm(1.0, 10.0, 0.0) == cost.beside_comm(1.0, 0.0, 0.2) == 1.0
+
+
+def test_the_overlapped_gradient_reduction_slows_the_backward_it_hides_under():
+    model = get_model("gpt3-1.3b")
+    spec = ParallelSpec(dp=64, global_batch=64, micro_batch=1)
+    free = dataclasses.replace(A100, comm_sm_share=0.0)
+    held, unheld = (cost.predict(model, spec, hw) for hw in (A100, free))
+    assert held.breakdown_s["dp_comm_exposed"] > unheld.breakdown_s["dp_comm_exposed"]
+    serial = cost.predict(model, spec.replace(overlap_grad_reduce=False), A100)
+    assert held.step_time_s < serial.step_time_s
+
+
 def test_prefetch_is_never_slower_and_never_beats_either_resource():
     values = [0.0, 0.1, 0.5, 1.0, 3.0]
     for layers, compute, gather, scatter in itertools.product([1, 3, 96], [0.2, 1.0], values, values):

@@ -4,6 +4,7 @@ memory a plan may fill, and the scale effects of the network: collective algorit
 import dataclasses
 import json
 import math
+import re
 from statistics import NormalDist
 
 import pytest
@@ -113,10 +114,11 @@ def test_a_hardware_file_may_give_every_field_in_si_units(tmp_path):
         ({"base": "h100", "peak_tflops": {"bf16": 1000}}, "needs an fp32 entry"),
         ({"base": "h100", "memory_gib": "eighty"}, "memory_gib must be a number"),
         ({"base": "h100", "intra_latency": "5us"}, "intra_latency must be a number"),
+        ({"base": "h100", "comm_sm_share": 1.0}, "comm_sm_share is a share of the SMs in [0, 1)"),
     ],
 )
 def test_a_bad_hardware_file_is_refused_naming_what_is_wrong(tmp_path, data, words):
-    with pytest.raises(SpecError, match=words.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(SpecError, match=re.escape(words)):
         load_hardware_file(write(tmp_path, data))
 
 
@@ -193,3 +195,10 @@ def test_a_step_waits_for_the_expected_slowest_of_its_gpus(n):
     assert cost.straggler_factor(hw, n) - 1 == pytest.approx(
         hw.straggler_cv * expected_max_of_normals(n), rel=0.06
     )
+
+
+@pytest.mark.parametrize("name, sms", [("a100", 108), ("h100", 132), ("h200", 132)])
+def test_a_collective_in_flight_holds_nccls_channels_worth_of_sms(name, sms):
+    """24 ring channels of one thread block each (NCCL's logs of 8-GPU NVSwitch nodes) over the
+    part's SM count; the local CPU model does not overlap communication at all."""
+    assert PRESETS[name].comm_sm_share == pytest.approx(24 / sms)

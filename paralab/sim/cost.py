@@ -365,8 +365,9 @@ def _zero_overlapped(st: StageTimes, model: ModelSpec, p: ParallelSpec, hw: Hard
     rs += sync_wait(hw, st.backward / units, p.dp)
     ag += sync_wait(hw, st.forward / units, p.dp) if ag else 0.0
     if hw.overlaps_comm:
-        forward = layer_by_layer(units, st.forward / units, ag, 0.0, p.prefetch_params)
-        backward = layer_by_layer(units, st.backward / units, ag, rs, p.prefetch_params)
+        share = hw.comm_sm_share
+        forward = layer_by_layer(units, st.forward / units, ag, 0.0, p.prefetch_params, share)
+        backward = layer_by_layer(units, st.backward / units, ag, rs, p.prefetch_params, share)
     else:  # the collectives need the cores the compute uses: one after the other
         forward, backward = st.forward + units * ag, st.backward + units * (ag + rs)
     added = forward + backward - st.forward - st.backward
@@ -374,13 +375,17 @@ def _zero_overlapped(st: StageTimes, model: ModelSpec, p: ParallelSpec, hw: Hard
                       a2a=st.a2a)
 
 
-def layer_by_layer(layers: int, compute: float, gather: float, scatter: float, prefetch: bool) -> float:
+def layer_by_layer(layers: int, compute: float, gather: float, scatter: float, prefetch: bool,
+                   sm_share: float = 0.0) -> float:
     """Seconds for ``layers`` equal layers whose parameters are gathered and gradients scattered, as
     FSDP and ZeRO-3 run them: one compute stream and one link that sends in the order it is asked.
 
     A layer computes once its gather has arrived; its reduce-scatter is asked for when its compute
     ends. With ``prefetch`` the next layer's gather is asked for when this layer's compute starts
     (one layer ahead), so it hides under the compute; without, when the compute reaches that layer.
+    Compute that runs while the link is busy runs at ``1 - sm_share`` of its speed
+    (:func:`beside_comm`); every send a layer's compute overlaps was asked for by its start, so the
+    link is busy from then until its queue drains.
     """
     link = cpu = 0.0
 
@@ -394,12 +399,21 @@ def layer_by_layer(layers: int, compute: float, gather: float, scatter: float, p
         start = max(cpu, arrived)
         if gather and prefetch and layer + 1 < layers:
             arrived = send(start, gather)
-        cpu = start + compute
+        cpu = start + beside_comm(compute, link - start, sm_share)
         if scatter:
             send(cpu, scatter)
         if gather and not prefetch and layer + 1 < layers:
             arrived = send(cpu, gather)
     return max(cpu, link)
+
+
+def beside_comm(compute: float, busy: float, sm_share: float) -> float:
+    """Seconds ``compute`` seconds of work take when a collective holds ``sm_share`` of the SMs for the
+    first ``busy`` seconds: it runs at ``1 - sm_share`` of its speed until the collective ends (or
+    it does), then at full speed (HardwareSpec.comm_sm_share)."""
+    if not sm_share or busy <= 0:
+        return compute
+    return compute + sm_share * min(busy, compute / (1 - sm_share))
 
 
 def p2p_time(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> float:
@@ -749,7 +763,7 @@ def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int, c
     inter = p.dp * p.stride("dp") > hw.gpus_per_node
     overlap = p.overlap_grad_reduce and hw.overlaps_comm
     return {"reduce": reduce, "gather": gather, "optimizer": optimizer, "inter": inter, "params": params,
-            "overlap": overlap}
+            "overlap": overlap, "sm_share": hw.comm_sm_share}
 
 
 def _sync_window(p: ParallelSpec, sync: dict, last_start: float, last_end: float) -> tuple[float, float]:
@@ -758,13 +772,15 @@ def _sync_window(p: ParallelSpec, sync: dict, last_start: float, last_end: float
 
     Overlapped reduction starts with the last backward (buckets fill from the last layer down) and
     cannot finish before that backward ends plus the last bucket's share: 1/grad_buckets of it, or
-    a 1/8 tail (a few DDP buckets) when the bucket count is not given.
+    a 1/8 tail (a few DDP buckets) when the bucket count is not given. The backward it overlaps runs
+    slower by the SMs the reduction holds (:func:`beside_comm`).
     """
     seconds = sync["reduce"][0]
     if not seconds:
         return last_end, last_end
     if sync["overlap"]:
-        return last_start, max(last_start + seconds, last_end + seconds / (p.grad_buckets or 8))
+        computed = last_start + beside_comm(last_end - last_start, seconds, sync["sm_share"])
+        return last_start, max(last_start + seconds, computed + seconds / (p.grad_buckets or 8))
     return last_end, last_end + seconds
 
 

@@ -17,6 +17,13 @@ performance variation (slowest to fastest) across the several thousand identical
 cluster they studied, about what a 1% spread gives over that many GPUs (2 x 3.5 sigma). A step
 waits for the slowest of its GPUs (:func:`paralab.sim.cost.straggler_factor`).
 
+A collective in flight holds ``comm_sm_share`` of a GPU preset's SMs, which the compute it overlaps
+loses: NCCL runs one thread block per channel, and NCCL's own logs of 8-GPU NVSwitch nodes show 24
+ring channels on A100 (nccl-tests issue 100, nccl issue 578) and on H100 (NCCL 2.19: 12 channels
+found by its topology search, doubled; nccl issue 1367), against 108 SMs on an A100 and 132 on an
+H100 or H200 (NVIDIA's A100 and H100 whitepapers). DeepSeek-V3's report dedicates 20 of an H800's 132
+SMs to its communication kernels, the same order.
+
 ``local`` is calibrated by microbenchmarks (:mod:`paralab.sim.calibration`) so the same cost model
 predicts the CPU runs of this lab: matmul throughput at the lab models' shapes, copy bandwidth, host
 time per module call, the rate of a block's non-GEMM kernels and of Adam, and gloo all-reduce and
@@ -39,6 +46,8 @@ from paralab.sim.specs import HardwareSpec, SpecError
 GiB = 1024**3
 MiB = 1024**2
 
+NCCL_CHANNELS = 24  # ring channels (one thread block each) of a large collective on an 8-GPU NVSwitch node
+
 PRESETS: dict[str, HardwareSpec] = {
     "a100": HardwareSpec(
         name="a100",
@@ -53,6 +62,7 @@ PRESETS: dict[str, HardwareSpec] = {
         matmul_max_efficiency=0.8,
         tdp_w=400,
         straggler_cv=0.01,
+        comm_sm_share=NCCL_CHANNELS / 108,
         notes="A100 80GB SXM in DGX A100 nodes: NVLink 3 / NVSwitch inside, 8 x HDR 200 Gb/s between",
     ),
     "h100": HardwareSpec(
@@ -68,6 +78,7 @@ PRESETS: dict[str, HardwareSpec] = {
         matmul_max_efficiency=0.7,
         tdp_w=700,
         straggler_cv=0.01,
+        comm_sm_share=NCCL_CHANNELS / 132,
         notes="H100 SXM in DGX H100 nodes: NVLink 4 / NVSwitch inside, 8 x NDR 400 Gb/s between",
     ),
     "h200": HardwareSpec(
@@ -83,6 +94,7 @@ PRESETS: dict[str, HardwareSpec] = {
         matmul_max_efficiency=0.7,
         tdp_w=700,
         straggler_cv=0.01,
+        comm_sm_share=NCCL_CHANNELS / 132,
         notes="H200 SXM (H100 compute, 141 GB HBM3e) in 8-GPU HGX nodes, 8 x NDR 400 Gb/s between",
     ),
 }

@@ -374,6 +374,10 @@ class HardwareSpec:
     # Communication runs beside compute (GPUs: copy engines, NIC, a few SMs). False: it needs the cores
     # the compute uses (CPU ranks with one core each), so it does not hide under compute.
     overlaps_comm: bool = True
+    # The share of the GPU's SMs a collective in flight holds: NCCL runs one thread block per channel,
+    # and a GEMM tile cannot share an SM with one, so compute that runs beside a collective runs at
+    # (1 - share) of its speed (cost.beside_comm). 0: communication takes nothing from compute.
+    comm_sm_share: float = 0.0
 
     def datasheet_peak(self, dtype: str) -> float:
         """The part's rated peak FLOP/s for ``dtype`` (fp32's for a dtype it does not list): what MFU
@@ -409,6 +413,8 @@ class HardwareSpec:
             out.append("hardware peak_flops needs an fp32 entry (the fallback for dtypes it does not list)")
         if not 0 <= self.allocator_overhead < 1:
             out.append(f"allocator_overhead is a share of memory in [0, 1), got {self.allocator_overhead}")
+        if not 0 <= self.comm_sm_share < 1:
+            out.append(f"comm_sm_share is a share of the SMs in [0, 1), got {self.comm_sm_share}")
         if self.oversubscription < 1:
             out.append(f"oversubscription must be >= 1 (1: non-blocking), got {self.oversubscription}")
         negative = ("memory_reserved_bytes", "power_limit_w", "tdp_w", "nvls_bw", "pod_gpus", "straggler_cv",
