@@ -91,6 +91,29 @@ def test_keyboard_interrupt_leaves_no_rank_behind():
     assert not tagged_processes(tag), "processes outlived the interrupted run"
 
 
+SURVIVES_AN_INTERRUPT = """
+import signal, paralab
+def interrupt(*_):
+    raise KeyboardInterrupt
+signal.signal(signal.SIGALRM, interrupt)
+signal.alarm(3)
+try:
+    paralab.run('ddp', 2, steps=100000, global_batch=8)
+except KeyboardInterrupt:
+    pass
+print(len(paralab.run('ddp', 2, steps=2, global_batch=8).losses))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_process_that_survives_an_interrupt_runs_again():
+    """As a Jupyter kernel does after its Interrupt button: the interrupted run's janitor kills its
+    ranks but keeps the forkserver's directory while the process lives, so the next run starts."""
+    done = subprocess.run([sys.executable, "-c", SURVIVES_AN_INTERRUPT], capture_output=True, text=True,
+                          timeout=100)
+    assert done.returncode == 0 and done.stdout.split() == ["2"], done.stderr[-2000:]
+
+
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("how", ["piped", "file", "module"])
 def test_a_script_runs_without_a_main_guard_however_python_got_it(tmp_path, how):

@@ -58,6 +58,17 @@ class Janitor:
         """A directory the launcher's process keeps for later runs (the forkserver's)."""
         self._tell(f"path-if-launcher-dies {os.fspath(path)}")
 
+    def leave(self) -> None:
+        """Hand everything to the janitor without waiting and without a release, after an interrupt.
+
+        A script interrupted with Ctrl-C exits next, and a second Ctrl-C can cut short the exit's own
+        removal of the forkserver's directory; unreleased, the janitor removes it once this process
+        is gone (a Jupyter kernel survives an interrupt: it is kept). The ranks are killed either way."""
+        try:
+            self.proc.stdin.close()
+        except OSError:  # pragma: no cover - the janitor already gone
+            pass
+
     def finish(self, timeout_s: float = 30.0) -> None:
         """Let the janitor kill what is left and remove the directories; wait until it has.
 

@@ -93,27 +93,38 @@ def launch(cfg: RunConfig, progress=None) -> RunResult:
         )
     janitor = Janitor()
     try:
-        run_dir = Path(tempfile.mkdtemp(prefix="paralab-run-"))
-        janitor.remove_at_end(run_dir)
-        ctx = _context()
-        procs = [
-            ctx.Process(target=spawn_entry,
-                        args=(rank, cfg.world_size, cfg.to_dict(), layout.to_dict(), str(run_dir)),
-                        name=f"paralab-rank{rank}")
-            for rank in range(cfg.world_size)
-        ]
-        try:
-            with _main_module_not_reimported():
-                for p in procs:
-                    p.start()
-                    janitor.kill_at_end(p.pid)
-            janitor.remove_if_launcher_dies(mp_util.get_temp_dir())  # the forkserver's socket is there
-            _watch(cfg, procs, run_dir, progress)
-            return RunResult.collect(cfg, layout, run_dir)
-        finally:
-            _stop(procs)
-    finally:  # even if a second Ctrl-C cut the stop short: the janitor finishes the job
+        result = _launch_ranks(cfg, layout, janitor, progress)
+    except KeyboardInterrupt:  # an interrupted script is exiting: the janitor may have more to do
+        janitor.leave()
+        raise
+    except BaseException:  # even if a second Ctrl-C cut the stop short: the janitor finishes the job
         janitor.finish()
+        raise
+    janitor.finish()
+    return result
+
+
+def _launch_ranks(cfg: RunConfig, layout, janitor: Janitor, progress) -> RunResult:
+    """Start the ranks (the janitor told of each), watch them and collect their result."""
+    run_dir = Path(tempfile.mkdtemp(prefix="paralab-run-"))
+    janitor.remove_at_end(run_dir)
+    ctx = _context()
+    procs = [
+        ctx.Process(target=spawn_entry,
+                    args=(rank, cfg.world_size, cfg.to_dict(), layout.to_dict(), str(run_dir)),
+                    name=f"paralab-rank{rank}")
+        for rank in range(cfg.world_size)
+    ]
+    try:
+        with _main_module_not_reimported():
+            for p in procs:
+                p.start()
+                janitor.kill_at_end(p.pid)
+        janitor.remove_if_launcher_dies(mp_util.get_temp_dir())  # the forkserver's socket is there
+        _watch(cfg, procs, run_dir, progress)
+        return RunResult.collect(cfg, layout, run_dir)
+    finally:
+        _stop(procs)
 
 
 @contextlib.contextmanager
