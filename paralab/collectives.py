@@ -77,11 +77,3 @@ def traced_points(trace, op: str) -> dict[int, list[tuple[int, float]]]:
         if s.step is not None and s.step > first and s.payload_bytes:
             out.setdefault(s.group_size, []).append((s.payload_bytes, s.end - s.start))
     return out
-
-
-def median_by_size(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
-    """The median time of each payload size, by size."""
-    sizes: dict[int, list[float]] = {}
-    for payload, seconds in points:
-        sizes.setdefault(payload, []).append(seconds)
-    return [(p, statistics.median(ts)) for p, ts in sorted(sizes.items())]

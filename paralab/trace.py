@@ -321,16 +321,18 @@ class Trace:
         whole world (recorded without ``group_ranks``). None when the trace cannot name the group: a
         subgroup recorded by its size alone (simulated traces), or a world smaller than the trace's
         (an elastic run after it lost a node)."""
-        return span_group(span, self._world_size())
+        return span_group(span, self.world_size)
 
-    def _world_size(self) -> int:
+    @property
+    def world_size(self) -> int:
+        """The run's world: the size its metadata records, or the ranks its spans name if more."""
         return max(int(self.meta.get("world_size") or 0), max(self.ranks, default=-1) + 1)
 
     def comm_bytes_by_group(self, payload: bool = False) -> dict[tuple[int, ...] | None, int]:
         """group (see :meth:`group_of`) -> bytes per step summed over its members (wire bytes, or
         payload bytes with payload=True), the per-group view of :meth:`comm_bytes`."""
         steps = max(len(self.step_windows()), 1)
-        world = self._world_size()
+        world = self.world_size
         totals: dict[tuple[int, ...] | None, int] = defaultdict(int)
         for s in self.spans:
             if s.lane == COMM:
@@ -345,7 +347,7 @@ class Trace:
         (messages between two ranks arrive in the order they were sent: gloo and NCCL match them so
         per group), of the same size. A send is not split: it leaves when its rank says so. See
         :class:`Arrival` and :data:`CLOCK_SLACK_S` for what is left unsplit."""
-        world = self._world_size()
+        world = self.world_size
         comm = [s for s in self.spans if s.lane == COMM]
         calls: dict[tuple, dict[int, list[Span]]] = defaultdict(lambda: defaultdict(list))
         sends: dict[tuple, list[Span]] = defaultdict(list)

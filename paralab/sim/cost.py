@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from statistics import NormalDist
 
+from paralab.collectives import ring_steps
 from paralab.schedules import theoretical_bubble
 from paralab.sim import counting, moe
 from paralab.sim.events import COMPUTE_KIND, SEND, Plan, builtin_plan, run_plan, simulate_schedule
@@ -81,7 +82,7 @@ def collective_time(hw: HardwareSpec, op: str, payload: float, group: int, strid
     if group <= 1:
         return 0.0
     per_node = max(1, min(group, hw.gpus_per_node // stride))
-    steps = 2 * (group - 1) if op == "all_reduce" else group - 1
+    steps = ring_steps(op, group)
     wire = counting.ring_wire_bytes(op, payload, group)
     if per_node == group:  # inside one node
         if hw.allreduce_curve:
@@ -92,7 +93,7 @@ def collective_time(hw: HardwareSpec, op: str, payload: float, group: int, strid
             return min(ring, messages * hw.intra_latency + wire / hw.nvls_bw)
         return ring
     nodes = -(-group // per_node)
-    inter_steps = 2 * (nodes - 1) if op == "all_reduce" else nodes - 1
+    inter_steps = ring_steps(op, nodes)
     bandwidth = min(hw.intra_bw, per_node * hw.inter_bw * pod_share(hw, group, stride))
     latency = (steps - inter_steps) * hw.intra_latency + inter_steps * hw.inter_latency
     ring = messages * latency + wire / bandwidth

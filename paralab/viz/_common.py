@@ -12,6 +12,7 @@ from paralab.layout import Layout, mesh_layout
 from paralab.trace import Trace
 
 WAITING = "waiting"  # the part of a communication call spent waiting for the last participant
+WAITING_LABEL = "waiting for peers"  # its name in a timeline's legend
 
 # One colour per span kind, so the same operation looks the same in every figure.
 KIND_COLORS = {
@@ -44,6 +45,8 @@ EXTRA_COLORS = ["#8C564B", "#17BECF", "#BCBD22", "#7F7F7F", "#393B79", "#637939"
 MEMORY_KINDS = ("params", "grads", "optimizer", "activations")
 MEMORY_COLORS = {"params": "#4C78A8", "grads": "#F58518", "optimizer": "#54A24B", "activations": "#E45756"}
 # Microbatch shades for pipeline timelines: qualitative, repeats after 12.
+# one colour per compared series (sources, hardware, fits), in the order they are drawn
+SERIES_COLORS = ["#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756", "#72B7B2"]
 MICROBATCH_COLORS = [
     "#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B",
     "#B279A2", "#FF9DA6", "#9D755D", "#BAB0AC", "#17BECF", "#BCBD22",

@@ -4,10 +4,9 @@ alpha-beta model (paralab.collectives), measured beside fitted, and ring against
 from __future__ import annotations
 
 from paralab.collectives import bus_bandwidth, ring_time, tree_time
-from paralab.viz._common import go, make_subplots, style
+from paralab.viz._common import SERIES_COLORS, go, make_subplots, style
 
 SIZES = [2.0**k for k in range(2, 31)]  # 4 B to 1 GiB
-COLORS = ["#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756", "#72B7B2"]
 
 
 def alpha_beta(measured: dict, fits: dict, op: str = "all_reduce", title: str | None = None):
@@ -19,7 +18,7 @@ def alpha_beta(measured: dict, fits: dict, op: str = "all_reduce", title: str | 
     meta: dict = {"measured": {}, "fits": {}}
     for i, (label, (group, points)) in enumerate(measured.items()):
         xs, ts = [p for p, _ in points], [t for _, t in points]
-        color = COLORS[i % len(COLORS)]
+        color = SERIES_COLORS[i % len(SERIES_COLORS)]
         fig.add_trace(graph.Scatter(x=xs, y=[t * 1e3 for t in ts], mode="markers", name=label,
                                     legendgroup=label, marker=dict(color=color, size=8),
                                     hovertemplate=f"{label}: "
@@ -34,7 +33,7 @@ def alpha_beta(measured: dict, fits: dict, op: str = "all_reduce", title: str | 
     # the model drawn where it was measured, and a little beyond
     sizes = [s for s in SIZES if s <= 4 * largest]
     for i, (label, (group, alpha, bandwidth)) in enumerate(fits.items()):
-        color = COLORS[(i + len(measured)) % len(COLORS)]
+        color = SERIES_COLORS[(i + len(measured)) % len(SERIES_COLORS)]
         ts = [ring_time(op, s, group, alpha, bandwidth) for s in sizes]
         fig.add_trace(graph.Scatter(x=sizes, y=[t * 1e3 for t in ts], mode="lines", name=label,
                                     legendgroup=label, line=dict(color=color, dash="dash"),
@@ -61,7 +60,7 @@ def ring_against_tree(links: dict, payload: float, groups: list[int], title: str
     fig = graph.Figure()
     meta: dict = {}
     for i, (label, (alpha, bandwidth)) in enumerate(links.items()):
-        color = COLORS[i % len(COLORS)]
+        color = SERIES_COLORS[i % len(SERIES_COLORS)]
         for name, dash, times in (
             ("ring", "solid", [ring_time("all_reduce", payload, n, alpha, bandwidth) for n in groups]),
             ("tree", "dot", [tree_time(payload, n, alpha, bandwidth) for n in groups]),

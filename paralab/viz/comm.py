@@ -134,7 +134,7 @@ def bytes_by_dimension(trace, payload: bool = False) -> dict[str, dict[str, dict
     """dimension -> op -> {"intra_node": bytes, "inter_node": bytes}, per step summed over ranks,
     dimensions in the order dp, cp, tp, pp, ep (then combinations)."""
     trace = as_trace(trace)
-    world = max(max(trace.ranks, default=-1) + 1, int(trace.meta.get("world_size") or 0))
+    world = trace.world_size
     layout = _layout_or_none(trace.meta)
     found: dict[str, dict[str, dict[str, int]]] = defaultdict(
         lambda: defaultdict(lambda: {"intra_node": 0, "inter_node": 0}))
@@ -193,8 +193,7 @@ def comm_matrix_data(trace, payload: bool = False) -> list[list[float]]:
     """matrix[src][dst] = bytes from rank src to rank dst over the whole trace (see the module
     docstring); :func:`comm_matrix` draws it per step."""
     trace = as_trace(trace)
-    world = max(trace.ranks, default=-1) + 1
-    world = max(world, int(trace.meta.get("world_size") or 0))
+    world = trace.world_size
     matrix = [[0.0] * world for _ in range(world)]
     for s in trace.select(lane=COMM):
         b = _span_bytes(s, payload)
@@ -268,7 +267,7 @@ def bytes_by_group(trace, payload: bool = False) -> dict[tuple[int, ...], dict[s
     """group (its ranks, as :func:`group_of` resolves them) -> op -> bytes per step summed over its
     members: the traffic the mesh figure shows on hover."""
     trace = as_trace(trace)
-    world = max(max(trace.ranks, default=-1) + 1, int(trace.meta.get("world_size") or 0))
+    world = trace.world_size
     found: dict[tuple[int, ...], dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for s in trace.select(lane=COMM):
         found[tuple(sorted(group_of(s, world, trace.meta)))][s.kind] += _span_bytes(s, payload)

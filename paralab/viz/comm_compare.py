@@ -23,8 +23,8 @@ from collections import defaultdict
 from paralab.comm import ring_next
 from paralab.layout import mesh_layout
 from paralab.trace import COMM, Span, Trace
-from paralab.viz._common import as_trace, byte_scale, fmt_bytes, go, make_subplots, style
-from paralab.viz.comm import LINKS, comm_matrix_data
+from paralab.viz._common import SERIES_COLORS, as_trace, byte_scale, fmt_bytes, go, make_subplots, style
+from paralab.viz.comm import LINKS, _unit_label, comm_matrix_data
 
 # the mesh axes each of the cost model's collective families runs over (gradients: dp and cp together)
 FAMILY_AXES = {"tp": ("tp",), "dp": ("dp", "cp"), "zero": ("dp", "cp"), "cp": ("cp",), "pp": ("pp",)}
@@ -101,7 +101,7 @@ def _steps(trace: Trace) -> list[int]:
 
 
 def _ranks(trace: Trace) -> int:
-    return max(int(trace.meta.get("world_size") or 0), max(trace.ranks, default=-1) + 1, 1)
+    return max(trace.world_size, 1)
 
 
 def per_rank_step(trace, payload: bool = False) -> dict[str, float]:
@@ -139,7 +139,7 @@ def compare_by_op(sources: dict, payload: bool = False, title: str | None = None
             marker_pattern_shape="/" if i else "", customdata=[fmt_bytes(v) for v in values],
             hovertemplate=f"{label}<br>%{{x}}: %{{customdata}} per rank and step<extra></extra>",
         ))
-    kind = "payload" if payload else "wire"
+    kind = _unit_label(payload)
     fig.update_layout(barmode="group", meta={"bytes": data, "unit": unit})
     fig.update_yaxes(title_text=f"{kind} {unit} per rank and step")
     return style(fig, title or f"communication by op: measured beside predicted ({kind} bytes)", 380)
@@ -185,9 +185,9 @@ def compare_links(sources: dict, payload: bool = False, title: str | None = None
             hovertemplate=f"%{{x}}<br>{name}: %{{customdata}} per rank and step<extra></extra>",
         ))
     fig.update_layout(barmode="stack", meta={"bytes": data, "unit": unit})
-    fig.update_yaxes(title_text=f"{'payload' if payload else 'wire'} {unit} per rank and step")
+    fig.update_yaxes(title_text=f"{_unit_label(payload)} {unit} per rank and step")
     return style(fig, title or "inside a node against across nodes: measured beside predicted", 360)
 
 
 def _source_color(i: int) -> str:
-    return ("#4C78A8", "#F58518", "#54A24B", "#B279A2")[i % 4]
+    return SERIES_COLORS[i % len(SERIES_COLORS)]

@@ -33,17 +33,6 @@ PHASE_COLORS = {"start": "#BAB0AC", "training": "#54A24B", "failure": "#D62728",
 RANK_COLORS = MICROBATCH_COLORS + EXTRA_COLORS
 
 
-def counter_series(trace, name: str, reduce: str = "mean") -> tuple[list[float], list[float]]:
-    """(times, values) of a counter, combining ranks that sample at the same instant."""
-    at: dict[float, list[float]] = defaultdict(list)
-    for c in trace.counters:
-        if c.name == name:
-            at[round(c.t, 6)].append(c.value)
-    ts = sorted(at)
-    pick = {"mean": lambda v: sum(v) / len(v), "max": max, "sum": sum}[reduce]
-    return ts, [pick(at[t]) for t in ts]
-
-
 # ------------------------------------------------------------------------------------- the data
 def step_records(trace: Trace) -> list[dict]:
     """Every step each world completed, in the order they ran: step, generation, world_size, start

@@ -3,9 +3,7 @@ compute, against the tokens each GPU computes per step."""
 
 from __future__ import annotations
 
-from paralab.viz._common import go, style
-
-COLORS = ["#4C78A8", "#F58518", "#54A24B", "#B279A2"]
+from paralab.viz._common import SERIES_COLORS, go, style
 
 
 def hiding(curves: dict, tokens: list[float], thresholds: dict | None = None, title: str | None = None):
@@ -15,12 +13,13 @@ def hiding(curves: dict, tokens: list[float], thresholds: dict | None = None, ti
     graph = go()
     fig = graph.Figure()
     for i, (label, ratios) in enumerate(curves.items()):
+        color = SERIES_COLORS[i % len(SERIES_COLORS)]
         fig.add_trace(graph.Scatter(x=tokens, y=[min(1.0, r) for r in ratios], mode="lines", name=label,
-                                    line=dict(color=COLORS[i % len(COLORS)], width=3),
+                                    line=dict(color=color, width=3),
                                     hovertemplate=f"{label}: %{{x:,.0f}} tokens per GPU, "
                                                   f"%{{y:.0%}} can hide<extra></extra>"))
         if thresholds and label in thresholds:
-            fig.add_vline(x=thresholds[label], line_dash="dot", line_color=COLORS[i % len(COLORS)],
+            fig.add_vline(x=thresholds[label], line_dash="dot", line_color=color,
                           annotation_text=f"{thresholds[label]:,.0f}", annotation_position="top")
     fig.update_xaxes(type="log", title_text="tokens each GPU computes per step")
     fig.update_yaxes(title_text="share of the communication that can hide", tickformat=".0%", range=[0, 1.05])

@@ -23,6 +23,7 @@ from paralab.viz._common import (
     KIND_COLORS,
     MICROBATCH_COLORS,
     WAITING,
+    WAITING_LABEL,
     as_trace,
     fmt_bytes,
     go,
@@ -183,7 +184,7 @@ def bar_traces(trace: Trace, *, lanes=DEFAULT_LANES, steps=None, color_by: str =
     for kind, c in bars_by_kind(spans + extra, mode, suffix, t0=min((s.start for s in spans), default=0.0),
                                 text=show_text and mode == "microbatch", waits=waits).items():
         out.append(dict(
-            type="bar", name="waiting for peers" if kind == WAITING else kind, y=c["y"], x=c["x"],
+            type="bar", name=WAITING_LABEL if kind == WAITING else kind, y=c["y"], x=c["x"],
             base=c["base"], orientation="h", hovertext=c["hovertext"], marker=marker_of(kind, c["color"]),
             opacity=opacity,
             hovertemplate=HOVER, text=c["text"], textposition="inside", insidetextanchor="middle",

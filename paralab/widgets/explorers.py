@@ -7,6 +7,8 @@ the heads, a batch that does not split, ...) shows its message; the figure keeps
 
 from __future__ import annotations
 
+import functools
+
 from paralab.widgets._common import attach, figure_widget, message, replace_figure, widgets
 
 POW2 = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
@@ -221,7 +223,7 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
         """The traces the view draws: the run, its prediction, the prediction at the sliders' size."""
         out = {f"measured, {trace.meta.get('world_size') or len(trace.ranks)} ranks": trace}
         if predictor is not None:
-            out[f"predicted, {predictor.world_size} ranks"] = predictor.same_run()
+            out[f"predicted, {predictor.world_size} ranks"] = predictor.same_run
             grown = predictor.grown(c["model"], c["world_size"], c["tp"], c["pp"], c["gpus_per_node"])
             label = (f"predicted, {c['world_size']} ranks ({_mesh_text(grown.meta)}, {c['model']}, "
                      f"{c['gpus_per_node']}/node)")
@@ -310,7 +312,9 @@ class _RunPredictor:
         spec = lab_model(MODEL_PRESETS[name], name) if name in MODEL_PRESETS else get_model(name)
         return spec.replace(dtype=self.model.dtype)
 
+    @functools.cached_property
     def same_run(self):
+        """The run as the cost model counts it (it never changes: computed once)."""
         from paralab.viz.comm_compare import predicted_comm_trace
 
         return predicted_comm_trace(self.model, self.parallel, self.gpus_per_node)
