@@ -108,3 +108,10 @@ def assert_same_params(params, reference, rel=1e-5, atol=1e-6):
         diff = (params[name].double() - ref.double()).abs()
         bound = rel * ref.double().abs() + atol
         assert bool((diff <= bound).all()), f"{name}: max abs diff {diff.max().item():.3g}"
+
+
+def bars(fig) -> int:
+    """Bars of spans in a timeline figure (not the hatched waits drawn over calls)."""
+    from paralab.viz._common import WAITING_LABEL
+
+    return sum(len(t.x) for t in fig.data if t.type == "bar" and t.name != WAITING_LABEL)

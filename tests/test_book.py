@@ -161,11 +161,11 @@ def test_the_built_book_renders_offline_in_chromium(tmp_path, no_leftover_ranks)
                     links = page.evaluate("() => [...document.querySelectorAll('.toc a')].map(a => "
                                           "a.getAttribute('href'))")
                     assert links == [p["file"] for p in pages]
-            welcome = page.goto((site / "08_planning_at_scale.html").as_uri()) and page.content()
+            planning = page.goto((site / "08_planning_at_scale.html").as_uri()) and page.content()
         finally:
             browser.close()
     assert remote == [] and errors == [], (remote, errors)
     for name in ("00_welcome.html", "08_planning_at_scale.html", "gallery.html"):
         assert drawn[name] and all(drawn[name]), f"{name}: figures drawn {drawn[name]}"
     assert len(drawn["gallery.html"]) == sum(p["figures"] for p in pages)
-    assert welcome.count("widget-snapshot") >= 2 and "open it on Binder" in welcome
+    assert planning.count("widget-snapshot") >= 2 and "open it on Binder" in planning

@@ -22,6 +22,7 @@ pytest.importorskip("plotly")
 from paralab import viz  # noqa: E402
 from paralab.viz._common import fmt_bytes  # noqa: E402
 from paralab.viz.comm import comm_matrix_data, group_of  # noqa: E402
+from tests.conftest import bars  # noqa: E402
 
 TIMES = {"forward": 1e-3, "backward": 2e-3, "backward_input": 1e-3, "backward_weight": 1e-3}
 
@@ -35,11 +36,6 @@ def ddp_run():
 def pipe():
     """A simulated 1F1B step: 4 ranks, 8 microbatches, 1 KiB activations."""
     return simulate_schedule(build_schedule("1f1b", 4, 8), TIMES, 1e-4, activation_bytes=1024)
-
-
-def bars(fig) -> int:
-    """Bars of spans (not the hatched waits drawn over calls)."""
-    return sum(len(t.x) for t in fig.data if t.type == "bar" and t.name != "waiting for peers")
 
 
 def test_import_does_not_pull_plotly():

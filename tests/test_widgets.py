@@ -17,11 +17,7 @@ pytest.importorskip("plotly")
 import ipywidgets  # noqa: E402
 
 from paralab import widgets  # noqa: E402
-
-
-def bars(fig) -> int:
-    """Bars of spans (not the hatched waits drawn over calls)."""
-    return sum(len(t.x) for t in fig.data if t.type == "bar" and t.name != "waiting for peers")
+from tests.conftest import bars  # noqa: E402
 
 
 def test_pipeline_explorer_sliders_redraw():
