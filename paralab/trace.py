@@ -279,12 +279,16 @@ class Trace:
                    ) -> dict[int, float]:
         """Per rank: time covered by its spans on ``lanes`` (one lane or several, overlaps counted
         once) per window, averaged over the windows."""
+        return _mean_covered(self._intervals(lanes), windows)
+
+    def _intervals(self, lanes: str | tuple[str, ...]) -> dict[int, list[tuple[float, float]]]:
+        """Per rank: (start, end) of its spans on ``lanes``."""
         lanes = (lanes,) if isinstance(lanes, str) else lanes
         by_rank: dict[int, list[tuple[float, float]]] = {rank: [] for rank in self.ranks}
         for s in self.spans:
             if s.lane in lanes:
                 by_rank[s.rank].append((s.start, s.end))
-        return _mean_covered(by_rank, windows)
+        return by_rank
 
     def idle_fraction(self, steps: list[int] | None = None) -> dict[int, float]:
         """Per rank: share of the step windows in which the rank computes nothing (waits or talks)."""
@@ -391,16 +395,14 @@ class Trace:
         """
         step_time = self.median_step_time()
         chosen = self._chosen_windows()
-        compute, comm = self._mean_busy(COMPUTE, chosen), self._mean_busy(COMM, chosen)
-        either = self._mean_busy((COMPUTE, COMM), chosen)
+        computing, communicating = self._intervals(COMPUTE), self._intervals(COMM)
+        compute, comm = _mean_covered(computing, chosen), _mean_covered(communicating, chosen)
+        either = _mean_covered({r: computing[r] + communicating[r] for r in self.ranks}, chosen)
         moving: dict[int, list[tuple[float, float]]] = {rank: [] for rank in self.ranks}
         for a in self.comm_arrivals():
             moving[a.span.rank].append((a.span.start + a.wait_s, a.span.end))
         transfer = _mean_covered(moving, chosen)
-        for s in self.spans:
-            if s.lane == COMPUTE:
-                moving[s.rank].append((s.start, s.end))
-        computing_or_moving = _mean_covered(moving, chosen)
+        computing_or_moving = _mean_covered({r: moving[r] + computing[r] for r in self.ranks}, chosen)
         out = {}
         for rank in self.ranks:
             exposed = max(either[rank] - compute[rank], 0.0)

@@ -230,7 +230,7 @@ class Zero(GradSync):
         self.pending.clear()
         for name in list(self.gathering):  # a prefetch nobody used (none in a plain step): land it, free it
             self.gathering.pop(name).wait()
-            self.sharded.free(self.unit(name))
+            self.sharded.free(self.units[self.index[name]])
 
     def after_step(self) -> None:
         """Stages 1 and 2: after the update, all-gather the shards back into the full parameters.
@@ -242,9 +242,6 @@ class Zero(GradSync):
             comm.all_gather(u.full, u.shard.detach(), group=self.group, name=f"params {u.name}")
 
     # ------------------------------------------------------------------ stage 3 hooks
-    def unit(self, name: str):
-        return self.units[self.index[name]]
-
     def _gather(self, u, phase: str) -> None:
         """Make part ``u``'s full parameters ready: with prefetch, first start the gather of the part
         that runs after it in this pass, then wait for ``u``'s (started earlier by its neighbour's
