@@ -31,8 +31,9 @@ from paralab.wire import all_to_all_wire_bytes, ring_wire_bytes
 
 ReduceOp = dist.ReduceOp
 # torch 2.13 renamed the flat-tensor collectives; older releases (2.4+) have only the first names.
-_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+# Untraced: what all_gather and reduce_scatter below call, and what the calibration times.
+all_gather_into_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def wire_bytes(op: str, payload: int, group_size: int) -> int:
@@ -125,7 +126,7 @@ def all_gather(output: torch.Tensor, input: torch.Tensor, group=None, async_op: 
     """Concatenate every rank's ``input`` along dim 0 into ``output`` (n x input)."""
     return _traced(
         "all_gather", _nbytes(output), group,
-        lambda a: _all_gather_flat(output, input, group=group, async_op=a), async_op, name=name,
+        lambda a: all_gather_into_tensor(output, input, group=group, async_op=a), async_op, name=name,
     )
 
 
@@ -134,7 +135,7 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor, op=ReduceOp.SUM, g
     """Sum ``input`` (n x output) across ranks; rank i keeps the i-th slice in ``output``."""
     return _traced(
         "reduce_scatter", _nbytes(input), group,
-        lambda a: _reduce_scatter_flat(output, input, op=op, group=group, async_op=a), async_op, name=name,
+        lambda a: reduce_scatter_tensor(output, input, op=op, group=group, async_op=a), async_op, name=name,
     )
 
 

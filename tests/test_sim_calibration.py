@@ -51,6 +51,23 @@ def test_a_measured_curve_costs_every_ring_step_as_half_a_two_rank_all_reduce():
     assert cost.collective_time(CPU, "all_reduce", n, 2, 1) == pytest.approx(2 * 100e-6 + n / 1e9)
 
 
+def test_an_all_gather_or_reduce_scatter_with_its_own_curve_costs_a_step_of_it_not_half_an_all_reduce():
+    """gloo's reduce-scatter of a tensor costs more than its all-reduce of it: each op reads its own
+    measured curve (a 2-rank one is one ring step on two chunks); an op without one, the all-reduce's."""
+    slow = [[n, 1.5 * t] for n, t in CURVE]
+    hw = dataclasses.replace(CPU, gpus_per_node=8, allreduce_curve=CURVE, reducescatter_curve=slow,
+                             allgather_curve=CURVE)
+    n = 2**20
+    assert cost.collective_time(hw, "reduce_scatter", n, 2, 1) == pytest.approx(
+        1.5 * cost.interpolate(CURVE, n))
+    assert cost.collective_time(hw, "reduce_scatter", n, 4, 1) == pytest.approx(
+        3 * 1.5 * cost.interpolate(CURVE, 2 * n / 4))
+    assert cost.collective_time(hw, "all_gather", n, 2, 1) == pytest.approx(cost.interpolate(CURVE, n))
+    assert cost.collective_time(hw, "all_reduce", n, 2, 1) == pytest.approx(cost.interpolate(CURVE, n))
+    assert cost.measured_curve(hw, "broadcast") == (CURVE, "all_reduce")
+    assert cost.measured_curve(CPU, "all_gather") == ([], "all_reduce")
+
+
 def test_monotone_pools_adjacent_violators():
     assert calibration.monotone([1, 3, 2, 4, 0, 5]) == pytest.approx([1, 2.25, 2.25, 2.25, 2.25, 5])
     assert calibration.monotone([1, 2, 3]) == [1, 2, 3]
@@ -152,6 +169,14 @@ def test_the_jitter_fit_recovers_the_square_root_law_that_made_the_spreads():
     rows = [[b, h, heads, s, f, 2 * f, c * math.sqrt(f), c * math.sqrt(2 * f)]
             for (b, h, heads, s), f in zip(calibration.BLOCK_SHAPES, (0.001, 0.015, 0.03))]
     assert calibration.fit_sync_jitter(rows) == pytest.approx(c)
+
+
+def test_the_wait_fit_recovers_the_square_root_law_of_a_two_rank_synchronisation():
+    c = 0.02  # seconds^0.5
+    waits = [[t, c * math.sqrt(t) * cost.expected_max(2)] for t in calibration.SYNC_COMPUTE_S]
+    assert calibration.fit_wait_jitter(waits) == pytest.approx(c)
+    assert cost.sync_wait(dataclasses.replace(CPU, sync_jitter=c), 0.004, 2) == pytest.approx(
+        calibration.fit_wait_jitter(waits) * math.sqrt(0.004) * cost.expected_max(2))
 
 
 def test_synchronisations_wait_for_the_slowest_rank_and_cpu_communication_does_not_hide():

@@ -25,7 +25,7 @@ from paralab.schedules import DEFAULT_SCHEDULE
 from paralab.sim import cost, counting
 from paralab.sim.hardware import get_hardware, local
 from paralab.sim.presets import lab_model
-from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec, SpecError
+from paralab.sim.specs import MEASURED_CURVES, HardwareSpec, ModelSpec, ParallelSpec, SpecError
 from paralab.strategies.registry import get_strategy
 from paralab.trace import COMM, COMPUTE, STEP, Span, Trace
 
@@ -102,8 +102,7 @@ def hardware_for_run(cfg: RunConfig, hardware: str | HardwareSpec = "local") -> 
         hw = dataclasses.replace(
             cost.scale_rates(hw, share),
             host_overhead_s={k: v / share for k, v in hw.host_overhead_s.items()},
-            allreduce_curve=[[n, t / share] for n, t in hw.allreduce_curve],
-            p2p_curve=[[n, t / share] for n, t in hw.p2p_curve],
+            **{name: [[n, t / share] for n, t in getattr(hw, name)] for name in MEASURED_CURVES},
         )
     return hw
 

@@ -23,10 +23,13 @@ cores, caches and memory bus):
    (:func:`fit_elementwise_bandwidth`). Adam on four million parameters in tensors the size of the
    small preset's MLP matrices gives the optimizer's rate (a million, which stays in cache, ran
    twice as fast as the lab models' Adam does).
-4. **How much a rank's compute jitters.** The repeated block timings also give the spread of one
-   call's duration; on a shared machine it grows like the square root of the duration (independent
-   preemptions add up), and every synchronisation of the ranks waits for the slowest of them
-   (:func:`fit_sync_jitter`).
+4. **How long a synchronisation waits.** Ranks leave the same compute apart: on a shared machine
+   the spread grows like the square root of the duration (independent preemptions add up), and
+   every synchronisation waits for the slowest rank. With gloo, a 4-byte all-reduce is timed after
+   1, 3 and 10 ms of compute against one after a barrier (:func:`fit_wait_jitter`): that is what a
+   run's collectives pay, three to five times what one rank's own spread over repeated block timings
+   says (:func:`fit_sync_jitter`, used when the calibration runs without gloo), as a rank blocked
+   in gloo is also woken late.
 5. **gloo between two processes**: all-reduce and one-way send/recv on a ladder of sizes (4 B to
    32 MiB), mean times. On shared cores a call often waits for its I/O thread to be scheduled, so
    the cost is far from ``latency + bytes / bandwidth``: the cost model reads these curves.
@@ -388,7 +391,7 @@ def _worker(spec: dict, rank: int) -> None:
         torch.set_num_threads(1)
         pair = dist.new_group([0, 1])
         if rank < 2:
-            out["gloo"] = _gloo_curves(rank, pair)
+            out["gloo"] = {**_gloo_curves(rank, pair), "sync": _sync_waits(rank, pair)}
         print(json.dumps(out))
     finally:
         dist.destroy_process_group()
@@ -399,7 +402,9 @@ LADDER = (4, *(2**k for k in range(12, 26)))
 
 
 def _gloo_curves(rank: int, group, rounds: int = 8, calls: int = 3) -> dict[str, list]:
-    """{"allreduce": [[bytes, s]...], "p2p": [[bytes, s]...]}, p2p one way (a ping-pong, halved).
+    """{"allreduce" | "allgather" | "reducescatter" | "p2p": [[bytes, s]...]}: each collective with
+    that many bytes in its whole tensor (the all-gather's output, the reduce-scatter's input), as
+    the strategies call them (``paralab.comm``); p2p one way (a ping-pong, halved).
 
     On a few shared cores a gloo call is bimodal: it finishes at once, or waits a millisecond or
     more for its I/O thread to be scheduled, and which one varies from call to call more than with
@@ -420,17 +425,72 @@ def _gloo_curves(rank: int, group, rounds: int = 8, calls: int = 3) -> dict[str,
             dist.recv(t, peer, group=group)
             dist.send(t, peer, group=group)
 
-    tensors = [torch.ones(max(n // 4, 1)) for n in LADDER]
-    calls_of = {"allreduce": lambda t: dist.all_reduce(t, group=group), "p2p": ping_pong}
+    from paralab.comm import all_gather_into_tensor, reduce_scatter_tensor
+
+    # each size's tensor, this rank's half of it (an all-gather's input) and a half to receive into
+    tensors = [torch.ones(max(n // 4, 2)) for n in LADDER]
+    halves = {id(t): (t[: len(t) // 2].clone(), torch.empty(len(t) // 2)) for t in tensors}
+    calls_of = {
+        "allreduce": lambda t: dist.all_reduce(t, group=group),
+        "allgather": lambda t: all_gather_into_tensor(t, halves[id(t)][0], group=group),
+        "reducescatter": lambda t: reduce_scatter_tensor(halves[id(t)][1], t, group=group),
+        "p2p": ping_pong,
+    }
     samples = {name: [[] for _ in LADDER] for name in calls_of}
     for _ in range(rounds):
         for i, t in enumerate(tensors):
             for name, call in calls_of.items():
                 dist.barrier(group=group)
                 samples[name][i] += [_timed(lambda call=call, t=t: call(t)) for _ in range(calls)]
-    scale = {"allreduce": 1.0, "p2p": 0.5}
-    return {name: [[n, y] for n, y in zip(LADDER, monotone([scale[name] * statistics.mean(x) for x in rows]))]
+    scale = {"p2p": 0.5}
+    return {name: [[n, y] for n, y in zip(LADDER, monotone([scale.get(name, 1.0) * statistics.mean(x)
+                                                            for x in rows]))]
             for name, rows in samples.items()}
+
+
+# seconds of compute before a timed collective: about a tensor-parallel pass or a ZeRO layer of the lab
+SYNC_COMPUTE_S = (0.001, 0.003, 0.01)
+
+
+def _sync_waits(rank: int, group, rounds: int = 60) -> list[list[float]]:
+    """[[T, seconds]]: what a 4-byte all-reduce issued after T seconds of compute costs beyond one
+    issued straight after a barrier, as rank 0 sees it (the ranks start the compute together).
+
+    In a run every collective follows compute, and the ranks come out of it apart: one waits for the
+    other, and a rank blocked in gloo is woken when its peer arrives. Timed back to back (the curves
+    above) a collective pays neither; here it pays both, as a run's do.
+    """
+    import torch
+    import torch.distributed as dist
+
+    a = torch.randn(256, 256)
+    start = time.perf_counter()
+    for _ in range(20):
+        a @ a
+    per_matmul = torch.tensor([(time.perf_counter() - start) / 20])
+    dist.all_reduce(per_matmul, op=dist.ReduceOp.MAX, group=group)  # both ranks do the same work
+    one = torch.ones(1)
+
+    def after(seconds: float) -> float:
+        times = []
+        for _ in range(rounds):
+            dist.barrier(group=group)
+            for _ in range(round(seconds / per_matmul.item())):
+                a @ a
+            times.append(_timed(lambda: dist.all_reduce(one, group=group)))
+        return statistics.mean(times[2:])
+
+    hot = after(0.0)
+    return [[t, max(after(t) - hot, 0.0)] for t in SYNC_COMPUTE_S]
+
+
+def fit_wait_jitter(waits: list[list[float]]) -> float:
+    """c (seconds^0.5) in :func:`paralab.sim.cost.sync_wait`, from :func:`_sync_waits`: a 2-rank
+    synchronisation after T seconds waits c sqrt(T) E[max of 2] (least squares through the origin)."""
+    from paralab.sim.cost import expected_max
+
+    k = sum(w * math.sqrt(t) for t, w in waits) / sum(t for t, _ in waits)
+    return k / expected_max(2)
 
 
 def monotone(values: list[float]) -> list[float]:

@@ -75,19 +75,20 @@ def collective_time(hw: HardwareSpec, op: str, payload: float, group: int, strid
       log2 nodes) hops, the payload at TREE_BANDWIDTH_SHARE of the bus bandwidth: slower for large
       payloads, far faster for small ones on many nodes (a 10k-GPU gradient bucket);
     - NVLink SHARP (all-reduce inside a node with ``nvls_bw``): one hop, the switch reduces.
-    Across pods the rings share oversubscribed uplinks (:func:`pod_share`). On a machine with a
-    measured all-reduce curve (``local``), each of the ring's steps costs what half of a 2-rank
-    all-reduce of two chunks costs. ``messages``: the payload goes as that many separate
-    collectives, each paying the latency."""
+    Across pods the rings share oversubscribed uplinks (:func:`pod_share`). On a machine with
+    measured curves (``local``), each of the ring's steps costs one step of the same collective
+    between 2 ranks on two chunks (half of an all-reduce; a whole all-gather or reduce-scatter).
+    ``messages``: the payload goes as that many separate collectives, each paying the latency."""
     if group <= 1:
         return 0.0
     per_node = max(1, min(group, hw.gpus_per_node // stride))
     steps = ring_steps(op, group)
     wire = counting.ring_wire_bytes(op, payload, group)
     if per_node == group:  # inside one node
-        if hw.allreduce_curve:
+        curve, curve_op = measured_curve(hw, op)
+        if curve:  # a ring step costs one step of the measured 2-rank collective of two chunks
             chunk = payload / messages / group
-            return messages * steps * interpolate(hw.allreduce_curve, 2 * chunk) / 2
+            return messages * steps * interpolate(curve, 2 * chunk) / ring_steps(curve_op, 2)
         ring = messages * steps * hw.intra_latency + wire / hw.intra_bw
         if op == "all_reduce" and hw.nvls_bw:
             return min(ring, messages * hw.intra_latency + wire / hw.nvls_bw)
@@ -101,6 +102,13 @@ def collective_time(hw: HardwareSpec, op: str, payload: float, group: int, strid
         return ring
     hops = 2 * ((per_node - 1) * hw.intra_latency + math.ceil(math.log2(nodes)) * hw.inter_latency)
     return min(ring, messages * hops + payload / (TREE_BANDWIDTH_SHARE * bandwidth))
+
+
+def measured_curve(hw: HardwareSpec, op: str) -> tuple[list, str]:
+    """The measured 2-rank curve of ``op`` (``local``) and the op it measured: the all-reduce's for
+    an op without its own; empty on a datasheet preset."""
+    own = {"all_gather": hw.allgather_curve, "reduce_scatter": hw.reducescatter_curve}.get(op)
+    return (own, op) if own else (hw.allreduce_curve, "all_reduce")
 
 
 def pod_share(hw: HardwareSpec, group: int, stride: int) -> float:

@@ -206,7 +206,7 @@ def cache_dir() -> Path:
 
 
 LOCAL_RANKS = 64  # ranks the local machine is taken to hold: one 'node', however many cores it has
-CALIBRATION_VERSION = 7  # bump when what calibrate() measures changes: older caches are measured again
+CALIBRATION_VERSION = 8  # bump when what calibrate() measures changes: older caches are measured again
 
 
 def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True,
@@ -255,7 +255,7 @@ def calibrate(matmul_size: int = 1024, gloo: bool = True, threads: int | None = 
 
     n = matmul_size
     shapes = (*bench.MODEL_SHAPES, (n, n, n))
-    curves = {"allreduce": [], "p2p": []}
+    curves = {"allreduce": [], "allgather": [], "reducescatter": [], "p2p": []}
     from paralab.runtime.worker import usable_cores
 
     # ranks measure side by side, as they will run, when they fit on the cores: a k-thread rank that
@@ -294,6 +294,8 @@ def calibrate(matmul_size: int = 1024, gloo: bool = True, threads: int | None = 
         host_overhead_s=host,
         optimizer_bw=bench.optimizer_bandwidth(figures["adam_1m"], host["tensor_update"]),
         allreduce_curve=curves["allreduce"],
+        allgather_curve=curves["allgather"],
+        reducescatter_curve=curves["reducescatter"],
         p2p_curve=curves["p2p"],
         notes=f"this machine ({who}), torch {torch.__version__}, "
               f"calibrated {time.strftime('%Y-%m-%d %H:%M')}",
@@ -303,7 +305,9 @@ def calibrate(matmul_size: int = 1024, gloo: bool = True, threads: int | None = 
     # the blocks ran as one rank's (with every core when ``threads`` is None): fit them as such
     fitted = bench.fit_elementwise_bandwidth(dataclasses.replace(spec, shared_compute=False),
                                              figures["blocks"])
-    jitter = bench.fit_sync_jitter(figures["blocks"])
+    # a synchronisation's wait as measured between two ranks, else one rank's own spread
+    jitter = bench.fit_wait_jitter(curves["sync"]) if curves.get("sync") else bench.fit_sync_jitter(
+        figures["blocks"])
     return dataclasses.replace(spec, elementwise_bw=fitted, sync_jitter=jitter, overlaps_comm=False)
 
 

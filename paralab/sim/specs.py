@@ -308,6 +308,10 @@ class ParallelSpec:
         return out
 
 
+# HardwareSpec's measured [bytes, seconds] curves (the local calibration's gloo calls)
+MEASURED_CURVES = ("allreduce_curve", "allgather_curve", "reducescatter_curve", "p2p_curve")
+
+
 @dataclass(frozen=True)
 class HardwareSpec:
     """One accelerator and the links between accelerators.
@@ -341,10 +345,14 @@ class HardwareSpec:
     # elementwise_bw: bytes/s at which non-GEMM kernels (norms, GELU, attention core, softmax, loss)
     # get through the activations they move; optimizer_bw: bytes/s of the optimizer's per-parameter
     # traffic (OPTIMIZER_BYTES_TOUCHED a parameter). The curves are [bytes, seconds] points of a
-    # 2-rank all-reduce and of a one-way send/recv: gloo's cost is not linear in the size.
+    # 2-rank all-reduce, all-gather and reduce-scatter (bytes: the whole tensor, the all-gather's
+    # output and the reduce-scatter's input) and of a one-way send/recv: gloo's cost is not linear in
+    # the size, and its reduce-scatter costs more than its all-reduce of the same tensor.
     elementwise_bw: float = 0.0
     optimizer_bw: float = 0.0
     allreduce_curve: list = field(default_factory=list)
+    allgather_curve: list = field(default_factory=list)
+    reducescatter_curve: list = field(default_factory=list)
     p2p_curve: list = field(default_factory=list)
     notes: str = ""
     calibration: dict = field(default_factory=dict)
