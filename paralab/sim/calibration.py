@@ -391,7 +391,7 @@ def _worker(spec: dict, rank: int) -> None:
         torch.set_num_threads(1)
         pair = dist.new_group([0, 1])
         if rank < 2:
-            out["gloo"] = {**_gloo_curves(rank, pair), "sync": _sync_waits(rank, pair)}
+            out["gloo"] = {**_gloo_curves(rank, pair), "sync": _sync_waits(pair)}
         print(json.dumps(out))
     finally:
         dist.destroy_process_group()
@@ -452,7 +452,7 @@ def _gloo_curves(rank: int, group, rounds: int = 8, calls: int = 3) -> dict[str,
 SYNC_COMPUTE_S = (0.001, 0.003, 0.01)
 
 
-def _sync_waits(rank: int, group, rounds: int = 60) -> list[list[float]]:
+def _sync_waits(group, rounds: int = 60) -> list[list[float]]:
     """[[T, seconds]]: what a 4-byte all-reduce issued after T seconds of compute costs beyond one
     issued straight after a barrier, as rank 0 sees it (the ranks start the compute together).
 
