@@ -347,7 +347,8 @@ class HardwareSpec:
     # traffic (OPTIMIZER_BYTES_TOUCHED a parameter). The curves are [bytes, seconds] points of a
     # 2-rank all-reduce, all-gather and reduce-scatter (bytes: the whole tensor, the all-gather's
     # output and the reduce-scatter's input) and of a one-way send/recv: gloo's cost is not linear in
-    # the size, and its reduce-scatter costs more than its all-reduce of the same tensor.
+    # the size, and its reduce-scatter (a clone, an all-reduce of the whole and a copy) costs more
+    # than its all-reduce of the same tensor.
     elementwise_bw: float = 0.0
     optimizer_bw: float = 0.0
     allreduce_curve: list = field(default_factory=list)
