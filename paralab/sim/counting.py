@@ -12,6 +12,8 @@ matmul of (m x k) by (k x n) costs 2mkn.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from paralab.schedules import V_SHAPED, interleaved_round
 from paralab.sim import moe
 from paralab.sim.specs import ModelSpec, ParallelSpec
@@ -22,6 +24,12 @@ from paralab.wire import ring_wire_bytes
 
 
 def layer_params(model: ModelSpec) -> dict[str, int]:
+    """Parameters of one transformer layer, by part (see :func:`_layer_params`)."""
+    return dict(_layer_params(model))
+
+
+@lru_cache(maxsize=256)  # asked for a million times in planning a 16k-GPU run; a copy is handed out
+def _layer_params(model: ModelSpec) -> tuple[tuple[str, int], ...]:
     """Parameters of one transformer layer, by part.
 
     GPT (Narayanan et al. 2021, eq. 2): QKV 3h^2 + 3h, output projection h^2 + h, MLP 8h^2 + 5h, two
@@ -30,11 +38,11 @@ def layer_params(model: ModelSpec) -> dict[str, int]:
     """
     h, kv = model.hidden, model.kv_dim
     bias = 1 if model.biases else 0
-    return {
-        "attention": h * (h + 2 * kv) + bias * (h + 2 * kv) + h * h + bias * h,
-        "mlp": moe.ffn_params(model, model.ffn),
-        "norms": norms_per_layer(model) * model.norm_params * h,
-    }
+    return (
+        ("attention", h * (h + 2 * kv) + bias * (h + 2 * kv) + h * h + bias * h),
+        ("mlp", moe.ffn_params(model, model.ffn)),
+        ("norms", norms_per_layer(model) * model.norm_params * h),
+    )
 
 
 def norms_per_layer(model: ModelSpec) -> int:
@@ -44,6 +52,12 @@ def norms_per_layer(model: ModelSpec) -> int:
 
 
 def parameter_counts(model: ModelSpec) -> dict[str, int]:
+    """All parameters by part; ``total`` is their sum (see :func:`_parameter_counts`)."""
+    return dict(_parameter_counts(model))
+
+
+@lru_cache(maxsize=256)
+def _parameter_counts(model: ModelSpec) -> tuple[tuple[str, int], ...]:
     """All parameters by part; ``total`` is their sum.
 
     Narayanan et al. 2021, eq. 2: P = 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)), i.e. layers, the
@@ -61,7 +75,7 @@ def parameter_counts(model: ModelSpec) -> dict[str, int]:
         "final_norm": model.norm_params * h,
     }
     counts["total"] = sum(counts.values())
-    return counts
+    return tuple(counts.items())
 
 
 def active_parameters(model: ModelSpec) -> int:
@@ -106,12 +120,22 @@ def moe_blocks(model: ModelSpec, first: int, count: int) -> int:
 def rank_layers(model: ModelSpec, parallel: ParallelSpec, rank: int, moe_only: bool = False) -> int:
     """Blocks on pipeline rank ``rank``, over all its chunks (``moe_only``: those whose MLP is a
     mixture of experts)."""
-    out, first = 0, 0
+    layers, moe_layers = _layers_by_rank(model, parallel)
+    return (moe_layers if moe_only else layers)[rank]
+
+
+@lru_cache(maxsize=1024)
+def _layers_by_rank(model: ModelSpec, parallel: ParallelSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Blocks and MoE blocks of every pipeline rank, in one pass over the chunks: the planner weighs
+    every rank of thousands of layouts, and a pass per rank made it quadratic in pp x v."""
+    layers, moe_layers = [0] * parallel.pp, [0] * parallel.pp
+    first = 0
     for stage, count in enumerate(chunk_layers(model, parallel)):
-        if stage_rank(parallel, stage) == rank:
-            out += moe_blocks(model, first, count) if moe_only else count
+        rank = stage_rank(parallel, stage)
+        layers[rank] += count
+        moe_layers[rank] += moe_blocks(model, first, count)
         first += count
-    return out
+    return tuple(layers), tuple(moe_layers)
 
 
 def expert_params(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
