@@ -77,25 +77,35 @@ def test_monotone_pools_adjacent_violators():
     assert sum(fitted) == pytest.approx(sum(values))  # pooling keeps the mean
 
 
-def block_rows(hw: HardwareSpec, elementwise_bw: float) -> list[list[float]]:
-    """Block timings as the cost model says a machine with this non-GEMM rate would show them."""
+def block_rows(hw: HardwareSpec, elementwise_bw: float, backward_bw: float | None = None) -> list[list]:
+    """Block timings as the cost model says a machine with these non-GEMM rates would show them."""
     rows = []
     for b, h, heads, s in calibration.BLOCK_SHAPES:
         model = lab_model(calibration.block_config(h, heads, s))
         work = cost.layer_work(model, ParallelSpec(micro_batch=b, microbatches=1).resolved(), hw)
-        moved = work.elementwise_bytes / elementwise_bw
-        rows.append([b, h, heads, s, work.linear + work.core + moved + hw.host_overhead_s["layer_forward"],
-                     2 * work.linear + work.core_backward + 2 * moved + hw.host_overhead_s["layer_backward"]])
+        forward = work.elementwise_bytes / elementwise_bw
+        backward = work.elementwise_bytes / (backward_bw or elementwise_bw)
+        host = hw.host_overhead_s
+        rows.append([b, h, heads, s, work.linear + work.core + forward + host["layer_forward"],
+                     2 * work.linear + work.core_backward + 2 * backward + host["layer_backward"]])
     return rows
 
 
-def test_elementwise_fit_recovers_the_rate_that_made_the_timings():
-    assert calibration.fit_elementwise_bandwidth(CPU, block_rows(CPU, 7e9)) == pytest.approx(7e9)
+def test_elementwise_fit_recovers_the_rates_that_made_the_timings_forward_and_backward_apart():
+    assert calibration.fit_elementwise_bandwidths(CPU, block_rows(CPU, 7e9)) == pytest.approx((7e9, 7e9))
+    assert calibration.fit_elementwise_bandwidths(CPU, block_rows(CPU, 4e9, 6e9)) == pytest.approx((4e9, 6e9))
+    # and the cost model prices a backward's non-GEMM work at its own rate
+    model = lab_model(ModelConfig(layers=2, hidden=64, heads=4, vocab=128, seq_len=32))
+    p = ParallelSpec(micro_batch=4, microbatches=1)
+    same, faster_back = (dataclasses.replace(CPU, elementwise_bw=4e9, elementwise_backward_bw=bw)
+                         for bw in (0, 8e9))
+    (one,), (two,) = (cost.stage_times(model, p, hw) for hw in (same, faster_back))
+    assert two.forward == pytest.approx(one.forward) and two.backward < one.backward
 
 
 def test_elementwise_fit_falls_back_when_gemms_explain_everything():
     rows = [[*r[:4], r[4] / 100, r[5] / 100] for r in block_rows(CPU, 7e9)]
-    assert calibration.fit_elementwise_bandwidth(CPU, rows) == 0.0
+    assert calibration.fit_elementwise_bandwidths(CPU, rows) == (0.0, 0.0)
 
 
 def test_fitted_rates_drive_the_prediction():
@@ -117,7 +127,7 @@ def test_local_calibration_measures_every_rate_and_is_cached(tmp_path, monkeypat
     monkeypatch.setenv("PARALAB_CACHE", str(tmp_path))
     hw = local(matmul_size=128, gloo=False)
     # every fitted rate is the fit of what was measured, recorded with it
-    assert hw.elementwise_bw == calibration.fit_elementwise_bandwidth(
+    assert (hw.elementwise_bw, hw.elementwise_backward_bw) == calibration.fit_elementwise_bandwidths(
         dataclasses.replace(hw, shared_compute=False), hw.calibration["blocks"])
     assert hw.optimizer_bw == pytest.approx(
         calibration.optimizer_bandwidth(hw.calibration["adam_1m_s"], hw.host_overhead_s["tensor_update"]))

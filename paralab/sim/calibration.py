@@ -20,7 +20,7 @@ cores, caches and memory bus):
    and ran 10-20% faster than the same block inside a stage), take away the GEMM law's share and
    the host time, and fit
    the bytes per second at which the rest gets through the activations it moves
-   (:func:`fit_elementwise_bandwidth`). Adam on four million parameters in tensors the size of the
+   (:func:`fit_elementwise_bandwidths`). Adam on four million parameters in tensors the size of the
    small preset's MLP matrices gives the optimizer's rate (a million, which stays in cache, ran
    twice as fast as the lab models' Adam does).
 4. **How long a synchronisation waits.** Ranks leave the same compute apart: on a shared machine
@@ -272,29 +272,39 @@ def compute_figures(shapes=MODEL_SHAPES, sync=lambda: None, rounds: int = 3) -> 
     return figures
 
 
-def fit_elementwise_bandwidth(hw, blocks: list[list[float]]) -> float:
-    """Bytes/s of a block's non-GEMM work, fitted to timed blocks against the cost model itself.
+def fit_elementwise_bandwidths(hw, blocks: list[list[float]]) -> tuple[float, float]:
+    """Bytes/s of a block's non-GEMM work in its forward and in its backward, fitted to timed blocks
+    against the cost model itself.
 
     For each timed block the cost model's GEMM time (forward: linear + core; backward twice the
-    linear and the core's backward)
-    and the calibrated host time are taken away; what is left is fitted, through the origin, to the
-    activation bytes the model says those kernels move (forward once, backward twice). 0 when
-    nothing is left (the memory bandwidth then stands).
+    linear and the core's backward) and the calibrated host time are taken away; what is left is
+    fitted, through the origin, to the activation bytes the model says those kernels move (forward
+    once, backward twice), each pass on its own: on a CPU these kernels are not simply memory-bound
+    (GELU's erf, softmax's exp), and one rate for both had read the lab's blocks' forward 6-11% low
+    and their backward 2-5% high. A rate is 0 when nothing is left (the memory bandwidth then stands).
     """
     from paralab.sim.cost import layer_work
     from paralab.sim.presets import lab_model
     from paralab.sim.specs import ParallelSpec
 
     host = hw.host_overhead_s
-    num = den = 0.0
+    forward_fit, backward_fit = [], []
     for b, h, heads, s, forward, backward, *_ in blocks:
         model = lab_model(block_config(h, heads, s))
         work = layer_work(model, ParallelSpec(micro_batch=int(b), microbatches=1).resolved(), hw)
-        left = forward + backward - host.get("layer_forward", 0.0) - host.get("layer_backward", 0.0)
-        left -= 3 * work.linear + work.core + work.core_backward
-        moved = 3 * work.elementwise_bytes
-        num, den = num + left * moved, den + moved * moved
-    return den / num if num > 0 else 0.0
+        forward_fit.append((forward - host.get("layer_forward", 0.0) - work.linear - work.core,
+                            work.elementwise_bytes))
+        backward_gemms = 2 * work.linear + work.core_backward
+        backward_fit.append((backward - host.get("layer_backward", 0.0) - backward_gemms,
+                             2 * work.elementwise_bytes))
+    return _rate_through_origin(forward_fit), _rate_through_origin(backward_fit)
+
+
+def _rate_through_origin(points: list[tuple[float, float]]) -> float:
+    """B in seconds = bytes / B, least squares through the origin over (seconds, bytes); 0 when the
+    seconds are not positive overall."""
+    num = sum(seconds * moved for seconds, moved in points)
+    return sum(moved * moved for _, moved in points) / num if num > 0 else 0.0
 
 
 def fit_sync_jitter(blocks: list[list[float]]) -> float:

@@ -261,13 +261,14 @@ def scale_rates(hw: HardwareSpec, factor: float) -> HardwareSpec:
     return dataclasses.replace(
         hw, peak_flops={k: v * factor for k, v in hw.peak_flops.items()},
         memory_bandwidth=hw.memory_bandwidth * factor, elementwise_bw=hw.elementwise_bw * factor,
-        optimizer_bw=hw.optimizer_bw * factor,
+        elementwise_backward_bw=hw.elementwise_backward_bw * factor, optimizer_bw=hw.optimizer_bw * factor,
     )
 
 
-def elementwise_bandwidth(hw: HardwareSpec) -> float:
-    """Bytes/s of non-GEMM kernels: measured on the local CPU (``elementwise_bw``), else memory-bound."""
-    return hw.elementwise_bw or hw.memory_bandwidth
+def elementwise_bandwidth(hw: HardwareSpec, backward: bool = False) -> float:
+    """Bytes/s of non-GEMM kernels: measured on the local CPU (``elementwise_bw``, and for their
+    backward ``elementwise_backward_bw``), else memory-bound."""
+    return (backward and hw.elementwise_backward_bw) or hw.elementwise_bw or hw.memory_bandwidth
 
 
 def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> list[StageTimes]:
@@ -285,11 +286,12 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
     work = layer_work(model, p, hw)
     linear, core = work.linear, work.core
     elementwise, elementwise_core = work.elementwise_bytes / ew_bw, work.core_elementwise_bytes / ew_bw
+    elementwise_back = work.elementwise_bytes / elementwise_bandwidth(hw, backward=True)
     ops, payload, per_pass, passes = counting.tp_collectives(model, p)
     tp_pass = per_pass * sum(collective_time(hw, op, payload, t, p.stride("tp")) for op in ops)
 
     forward_compute = linear + core + elementwise + host("layer_forward")
-    backward_compute = 2 * linear + work.core_backward + 2 * elementwise + host("layer_backward")
+    backward_compute = 2 * linear + work.core_backward + 2 * elementwise_back + host("layer_backward")
     # each tensor-parallel collective also waits for the slowest rank of its group (sync_wait)
     tp_forward = tp_pass + (per_pass * sync_wait(hw, forward_compute / per_pass, t) if t > 1 else 0.0)
     tp_backward = tp_pass + (per_pass * sync_wait(hw, backward_compute / per_pass, t) if t > 1 else 0.0)

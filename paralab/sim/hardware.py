@@ -206,7 +206,7 @@ def cache_dir() -> Path:
 
 
 LOCAL_RANKS = 64  # ranks the local machine is taken to hold: one 'node', however many cores it has
-CALIBRATION_VERSION = 8  # bump when what calibrate() measures changes: older caches are measured again
+CALIBRATION_VERSION = 9  # bump when what calibrate() measures changes: older caches are measured again
 
 
 def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True,
@@ -303,12 +303,13 @@ def calibrate(matmul_size: int = 1024, gloo: bool = True, threads: int | None = 
                      "blocks": figures["blocks"], "adam_1m_s": figures["adam_1m"], "gloo": gloo},
     )
     # the blocks ran as one rank's (with every core when ``threads`` is None): fit them as such
-    fitted = bench.fit_elementwise_bandwidth(dataclasses.replace(spec, shared_compute=False),
-                                             figures["blocks"])
+    one_rank = dataclasses.replace(spec, shared_compute=False)
+    forward_bw, backward_bw = bench.fit_elementwise_bandwidths(one_rank, figures["blocks"])
     # a synchronisation's wait as measured between two ranks, else one rank's own spread
     jitter = bench.fit_wait_jitter(curves["sync"]) if curves.get("sync") else bench.fit_sync_jitter(
         figures["blocks"])
-    return dataclasses.replace(spec, elementwise_bw=fitted, sync_jitter=jitter, overlaps_comm=False)
+    return dataclasses.replace(spec, elementwise_bw=forward_bw, elementwise_backward_bw=backward_bw,
+                               sync_jitter=jitter, overlaps_comm=False)
 
 
 def _total_memory() -> float:

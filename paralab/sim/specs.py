@@ -343,13 +343,15 @@ class HardwareSpec:
     host_overhead_s: dict = field(default_factory=dict)
     # Measured on the local CPU, where the datasheet model misses (0 or empty: the model above).
     # elementwise_bw: bytes/s at which non-GEMM kernels (norms, GELU, attention core, softmax, loss)
-    # get through the activations they move; optimizer_bw: bytes/s of the optimizer's per-parameter
+    # get through the activations they move, elementwise_backward_bw the same for their backward (0:
+    # elementwise_bw); optimizer_bw: bytes/s of the optimizer's per-parameter
     # traffic (OPTIMIZER_BYTES_TOUCHED a parameter). The curves are [bytes, seconds] points of a
     # 2-rank all-reduce, all-gather and reduce-scatter (bytes: the whole tensor, the all-gather's
     # output and the reduce-scatter's input) and of a one-way send/recv: gloo's cost is not linear in
     # the size, and its reduce-scatter (a clone, an all-reduce of the whole and a copy) costs more
     # than its all-reduce of the same tensor.
     elementwise_bw: float = 0.0
+    elementwise_backward_bw: float = 0.0
     optimizer_bw: float = 0.0
     allreduce_curve: list = field(default_factory=list)
     allgather_curve: list = field(default_factory=list)
