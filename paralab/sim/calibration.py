@@ -30,9 +30,10 @@ cores, caches and memory bus):
    run's collectives pay, three to five times what one rank's own spread over repeated block timings
    says (:func:`fit_sync_jitter`, used when the calibration runs without gloo), as a rank blocked
    in gloo is also woken late.
-5. **gloo between two processes**: all-reduce and one-way send/recv on a ladder of sizes (4 B to
-   32 MiB), mean times. On shared cores a call often waits for its I/O thread to be scheduled, so
-   the cost is far from ``latency + bytes / bandwidth``: the cost model reads these curves.
+5. **gloo between two processes**: all-reduce, all-gather, reduce-scatter and one-way send/recv on
+   a ladder of sizes (4 B to 32 MiB), mean times. On shared cores a call often waits for its I/O
+   thread to be scheduled, so the cost is far from ``latency + bytes / bandwidth``, and gloo's
+   reduce-scatter is an all-reduce of the whole tensor: the cost model reads each op's own curve.
 
 Medians, not minima: the runs the model predicts report median step times on the same shared machine.
 """
