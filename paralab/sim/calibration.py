@@ -438,21 +438,21 @@ def _gloo_curves(rank: int, group, rounds: int = 8, calls: int = 3) -> dict[str,
 
     from paralab.comm import all_gather_into_tensor, reduce_scatter_tensor
 
-    # each size's tensor, this rank's half of it (an all-gather's input) and a half to receive into
-    tensors = [torch.ones(max(n // 4, 2)) for n in LADDER]
-    halves = {id(t): (t[: len(t) // 2].clone(), torch.empty(len(t) // 2)) for t in tensors}
+    # each size: the whole tensor, this rank's half of it (an all-gather's input), a half to receive into
+    buffers = [(t, t[: len(t) // 2].clone(), torch.empty(len(t) // 2))
+               for t in (torch.ones(max(n // 4, 2)) for n in LADDER)]
     calls_of = {
-        "allreduce": lambda t: dist.all_reduce(t, group=group),
-        "allgather": lambda t: all_gather_into_tensor(t, halves[id(t)][0], group=group),
-        "reducescatter": lambda t: reduce_scatter_tensor(halves[id(t)][1], t, group=group),
-        "p2p": ping_pong,
+        "allreduce": lambda whole, mine, out: dist.all_reduce(whole, group=group),
+        "allgather": lambda whole, mine, out: all_gather_into_tensor(whole, mine, group=group),
+        "reducescatter": lambda whole, mine, out: reduce_scatter_tensor(out, whole, group=group),
+        "p2p": lambda whole, mine, out: ping_pong(whole),
     }
     samples = {name: [[] for _ in LADDER] for name in calls_of}
     for _ in range(rounds):
-        for i, t in enumerate(tensors):
+        for i, tensors in enumerate(buffers):
             for name, call in calls_of.items():
                 dist.barrier(group=group)
-                samples[name][i] += [_timed(lambda call=call, t=t: call(t)) for _ in range(calls)]
+                samples[name][i] += [_timed(lambda call=call, b=tensors: call(*b)) for _ in range(calls)]
     scale = {"p2p": 0.5}
     return {name: [[n, y] for n, y in zip(LADDER, monotone([scale.get(name, 1.0) * statistics.mean(x)
                                                             for x in rows]))]

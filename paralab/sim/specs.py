@@ -348,8 +348,7 @@ class HardwareSpec:
     # traffic (OPTIMIZER_BYTES_TOUCHED a parameter). The curves are [bytes, seconds] points of a
     # 2-rank all-reduce, all-gather and reduce-scatter (bytes: the whole tensor, the all-gather's
     # output and the reduce-scatter's input) and of a one-way send/recv: gloo's cost is not linear in
-    # the size, and its reduce-scatter (a clone, an all-reduce of the whole and a copy) costs more
-    # than its all-reduce of the same tensor.
+    # the size, nor its collectives halves of one another (paralab.sim.calibration).
     elementwise_bw: float = 0.0
     elementwise_backward_bw: float = 0.0
     optimizer_bw: float = 0.0

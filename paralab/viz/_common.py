@@ -44,9 +44,9 @@ KIND_COLORS = {
 EXTRA_COLORS = ["#8C564B", "#17BECF", "#BCBD22", "#7F7F7F", "#393B79", "#637939", "#8C6D31", "#843C39"]
 MEMORY_KINDS = ("params", "grads", "optimizer", "activations")
 MEMORY_COLORS = {"params": "#4C78A8", "grads": "#F58518", "optimizer": "#54A24B", "activations": "#E45756"}
-# Microbatch shades for pipeline timelines: qualitative, repeats after 12.
 # one colour per compared series (sources, hardware, fits), in the order they are drawn
 SERIES_COLORS = ["#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756", "#72B7B2"]
+# Microbatch shades for pipeline timelines: qualitative, repeats after 12.
 MICROBATCH_COLORS = [
     "#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B",
     "#B279A2", "#FF9DA6", "#9D755D", "#BAB0AC", "#17BECF", "#BCBD22",
