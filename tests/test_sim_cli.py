@@ -237,3 +237,11 @@ def test_fp8_needs_fp8_hardware(capsys):
     rc, bf16, _ = run(argv, capsys)
     rc2, fp8, _ = run([*argv, "--fp8"], capsys)
     assert rc == rc2 == 0 and json.loads(fp8)["step_time_s"] < json.loads(bf16)["step_time_s"]
+
+
+def test_eager_kernels_take_longer_than_fused(capsys):
+    argv = ["simulate", "--model", "llama3-8b", "--gpus", "8", "--zero", "3", "--global-batch", "16",
+            "--hardware", "h100", "--json"]  # fmt: skip
+    rc, fused, _ = run(argv, capsys)
+    rc2, eager, _ = run([*argv, "--kernels", "eager"], capsys)
+    assert rc == rc2 == 0 and json.loads(eager)["step_time_s"] > json.loads(fused)["step_time_s"]

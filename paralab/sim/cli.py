@@ -24,6 +24,7 @@ from paralab.sim.specs import (
     CP_MODES,
     CP_SPLITS,
     DTYPE_BYTES,
+    KERNELS,
     RECOMPUTE,
     SCHEDULES,
     ModelSpec,
@@ -46,6 +47,8 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
                    help="attention and MLP side by side (PaLM)")
     g.add_argument("--fp8", action="store_true", default=None,
                    help="linear layers' GEMMs in FP8 (Transformer Engine)")
+    g.add_argument("--kernels", choices=KERNELS,
+                   help="fused (a kernel library or torch.compile; default) or eager: one kernel per op")
     parser.add_argument("--hardware", default="a100",
                         help=f"one of {', '.join(HARDWARE_NAMES)}, or FILE.json (docs/simulator.md) "
                              "(default a100)")
@@ -100,7 +103,7 @@ def _model(args) -> ModelSpec:
     """The preset with what the flags override (re-deriving what follows, see presets.override), or
     a shape built from the flags alone."""
     given = {k: getattr(args, k) for k in SHAPE if getattr(args, k) is not None}
-    given.update({k: getattr(args, k) for k in ("dtype", "attention", "parallel_blocks", "fp8")
+    given.update({k: getattr(args, k) for k in ("dtype", "attention", "parallel_blocks", "fp8", "kernels")
                   if getattr(args, k) is not None})
     if args.model:
         return override(get_model(args.model), **given)

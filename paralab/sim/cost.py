@@ -36,7 +36,7 @@ from statistics import NormalDist
 
 from paralab.collectives import ring_steps
 from paralab.schedules import theoretical_bubble
-from paralab.sim import counting, moe
+from paralab.sim import counting, kernels, moe
 from paralab.sim.events import COMPUTE_KIND, SEND, Plan, builtin_plan, run_plan, simulate_schedule
 from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec, SpecError
 from paralab.trace import COMM, COMPUTE, STEP, Span, Trace
@@ -203,8 +203,8 @@ class StageTimes:
 class LayerWork:
     """One transformer layer's forward on one GPU, by what limits it: GEMMs (seconds), the attention
     core's batched GEMMs (seconds, forward and backward) and the activations its non-GEMM kernels
-    move (bytes, Korthikanti et al. 2022 Table 2 at the model's width; the backward moves twice as
-    many)."""
+    move (bytes, Korthikanti et al. 2022 Table 2 at the model's width, times what eager PyTorch moves
+    beyond fused kernels, :func:`paralab.sim.kernels.eager_ratio`; the backward moves twice as many)."""
 
     linear: float
     core: float
@@ -244,7 +244,8 @@ def layer_work(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> LayerWork
         core *= 0.5
     act = counting.activation_bytes_per_layer(model, b, t, p.sequence_parallel, "none")
     core_bytes = counting.attention_core_bytes(model, b) / t
-    return LayerWork(linear, core, 2 * act, 2 * core_bytes, (2.5 if fused else 2.0) * core)
+    elementwise = 2 * core_bytes + 2 * (act - core_bytes) * kernels.eager_ratio(model)
+    return LayerWork(linear, core, elementwise, 2 * core_bytes, (2.5 if fused else 2.0) * core)
 
 
 def per_rank(hw: HardwareSpec, world: int) -> HardwareSpec:

@@ -16,6 +16,7 @@ from paralab.stage_split import megatron_split, split_problems, split_text
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 ATTENTION = ("standard", "fused")
+KERNELS = ("fused", "eager")  # how the non-GEMM ops run: paralab.sim.kernels
 RECOMPUTE = ("none", "selective", "full")
 # how ranks are numbered, innermost first: Megatron-LM's tp, dp, pp; or tp, pp, dp (Llama 3, torchtitan)
 RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp")
@@ -53,7 +54,9 @@ class ModelSpec:
     PyTorch's cross-entropy on upcast logits, which holds the model's logits, the fp32 log-softmax
     and its gradient at once (2 + 4 + 4 bytes per logit with 16-bit logits). ``mask_bytes``: bytes
     per element of a kept dropout mask, 1 on a GPU (a byte mask); torch's CPU dropout keeps a mask in
-    the activations' dtype (the bridge sets it for the lab's CPU runs).
+    the activations' dtype (the bridge sets it for the lab's CPU runs). ``kernels``: "fused" runs the
+    non-GEMM ops in a kernel library's fused kernels (Megatron-LM, Transformer Engine, torch.compile);
+    "eager" runs each as its own PyTorch kernel, which moves more bytes (paralab.sim.kernels).
     """
 
     layers: int
@@ -84,6 +87,7 @@ class ModelSpec:
     parallel_blocks: bool = False
     fp8: bool = False
     fused_loss: bool = True
+    kernels: str = "fused"
 
     def __post_init__(self):
         if self.ffn == 0:
@@ -129,6 +133,8 @@ class ModelSpec:
             out.append(f"capacity factor must be > 0 (or 0: dropless), got {self.capacity_factor}")
         if self.attention not in ATTENTION:
             out.append(f"unknown attention {self.attention!r}; choose from {', '.join(ATTENTION)}")
+        if self.kernels not in KERNELS:
+            out.append(f"unknown kernels {self.kernels!r}; choose from {', '.join(KERNELS)}")
         return out
 
 
