@@ -41,6 +41,11 @@ def test_layernorm_is_one_kernel_eager_or_not_and_fp32_needs_no_casts():
     assert eager["norms"] == fused["norms"] == 2 * 2 * 2 * 1024
     assert eager["MLP activation"] == fused["MLP activation"]  # GELU: one kernel both ways
     assert "rotary" not in eager and "K and V to every head" not in eager
+    # with dropout (byte masks): eager, a dropout kernel (2 + 2 + 1) before each add (2 + 2 + 2);
+    # fused, the add reads its second input and writes the sum and the mask (2 + 2 + 1)
+    dropout = dataclasses.replace(GPT, dropout=True)
+    assert kernels.block_traffic(dropout, "eager")["residual adds"] == 2 * (5 + 6) * 1024
+    assert kernels.block_traffic(dropout, "fused")["residual adds"] == 2 * 5 * 1024
     fp32 = kernels.block_traffic(LLAMA_8B.replace(dtype="fp32"), "eager")
     assert fp32["norms"] == 2 * (8 + 4 + 8 + 8) * 4096  # pow, mean, product, weight: no casts
     assert fp32["rotary"] == 8 * (4096 + 1024)

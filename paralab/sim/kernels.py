@@ -58,9 +58,10 @@ def block_traffic(model: ModelSpec, kernels: str) -> dict[str, float]:
     eager = kernels == "eager"
     rms = model.norm_params == 1
     out = {"norms": norms * h * (_rmsnorm_eager(e) if eager and rms else 2 * e)}
-    # two residual adds a layer: eager reads both inputs and writes the sum (3e) after a dropout
-    # kernel (2e and its mask); fused, the norm's kernel reads the second input and writes the sum
-    out["residual adds"] = 2 * h * ((3 * e + (2 * e + mask if mask else 0)) if eager else 2 * e + mask)
+    # two residual adds a layer. Eager: a dropout kernel (read, write, its mask) and an add that reads
+    # both inputs and writes the sum. Fused into the next norm: the second input read, the sum written
+    dropout = 2 * e + mask if model.dropout else 0
+    out["residual adds"] = 2 * h * (dropout + 3 * e if eager else 2 * e + mask)
     if not model.learned_positions:
         out["rotary"] = (h + kv) * (_rotary_eager(e) if eager else 2 * e)
     if eager and kv < h:
