@@ -228,9 +228,7 @@ def _foundry(
     )
 
 
-def _titan(
-    name: str, micro: int, recompute: str, tokens: float, recompute_layers: int = 0, miss: str = ""
-) -> PublishedRun:
+def _titan(name: str, micro: int, recompute: str, tokens: float, recompute_layers: int = 0) -> PublishedRun:
     parallel = ParallelSpec(dp=64, micro_batch=micro, microbatches=1, zero=3, fp32_grads=True,
                             recompute=recompute,
                             recompute_layers=recompute_layers)  # fmt: skip
@@ -243,7 +241,6 @@ def _titan(
         A100,
         "tokens_per_s_per_gpu",
         tokens,
-        known_miss=miss,
         notes=(
             "FSDP2 reducing in fp32 (torchtitan's default); layer-selective recompute is every second layer "
             "(its default); eager kernels (its 64-A100 configs then: compile = false, norm_type = "
