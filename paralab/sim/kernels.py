@@ -30,30 +30,34 @@ apart by the cost model and is not counted here.
 
 from __future__ import annotations
 
+from paralab.sim.counting import norms_per_layer
 from paralab.sim.specs import ModelSpec
 
 FP32 = 4  # bytes of the fp32 copies eager norms and rotary embeddings compute in
 
 
+def _casts(e: int) -> int:
+    """Bytes per element of an eager upcast to fp32 and the cast back (each reads one width and
+    writes the other); none when the model's dtype is fp32 already."""
+    return 2 * (e + FP32) if e < FP32 else 0
+
+
 def _rmsnorm_eager(e: int) -> int:
     """Bytes per element of an eager RMSNorm: pow, mean and the rsqrt product in fp32 (read 4 and
-    write 4, read 4, read 4 and write 4), the weight product in the model's dtype, and the casts
-    there and back when that dtype is narrower than fp32."""
-    casts = 2 * (e + FP32) if e < FP32 else 0
-    return 5 * FP32 + 2 * e + casts
+    write 4, read 4, read 4 and write 4), the weight product in the model's dtype, and the casts."""
+    return 5 * FP32 + 2 * e + _casts(e)
 
 
 def _rotary_eager(e: int) -> int:
-    """Bytes per element of Q or K through eager rotary embeddings: a complex product in fp32, with
-    the casts there and back when the dtype is narrower."""
-    casts = 2 * (e + FP32) if e < FP32 else 0
-    return 2 * FP32 + casts
+    """Bytes per element of Q or K through eager rotary embeddings: a complex product in fp32 and the
+    casts."""
+    return 2 * FP32 + _casts(e)
 
 
 def block_traffic(model: ModelSpec, kernels: str) -> dict[str, float]:
     """Bytes the non-GEMM kernels of one layer's forward read and write for one token, by op."""
     e, h, kv, f = model.dtype_bytes, model.hidden, model.kv_dim, model.ffn
-    norms = 1 if model.parallel_blocks else 2
+    norms = norms_per_layer(model)
     mask = model.mask_bytes if model.dropout else 0
     eager = kernels == "eager"
     rms = model.norm_params == 1

@@ -252,11 +252,11 @@ def _titan(name: str, micro: int, recompute: str, tokens: float, recompute_layer
 def _grand_teton_8b(gpus: int, tokens: float, memory: float, compiled: bool = False) -> PublishedRun:
     parallel = ParallelSpec(dp=gpus, micro_batch=2, microbatches=1, zero=3, fp32_grads=True, recompute="full",
                             recompute_layers=16)  # fmt: skip
-    row = "FSDP + torch.compile" if compiled else "FSDP"
+    compile_ = " + torch.compile" if compiled else ""
     return PublishedRun(
-        "torchtitan Llama 3.1 8B, FSDP2" + (" + torch.compile" if compiled else ""),
+        "torchtitan Llama 3.1 8B, FSDP2" + compile_,
         "Meta (PyTorch)",
-        TITAN_H100.format(f"Table {1 if gpus == 8 else 3}, {row} row"),
+        TITAN_H100.format(f"Table {1 if gpus == 8 else 3}, FSDP{compile_} row"),
         get_model("llama3-8b").replace(fused_loss=False, kernels="fused" if compiled else "eager"),
         parallel,
         GRAND_TETON,
