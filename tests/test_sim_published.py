@@ -96,3 +96,11 @@ def test_the_loss_from_the_fewest_to_the_most_gpus_is_within_a_third(name, first
     assert (abs(predicted - loss) <= loss / 3) != bool(miss), (
         f"{name}: published {loss:.1%}, predicted {predicted:.1%}"
     )
+
+
+def test_mpt_runs_as_its_config_trains_it():
+    """llm-foundry's MPT config defaults attn, resid and emb pdrop to 0, and torch's dropout at p = 0
+    returns its input: no dropout kernel, no mask kept. Composer runs the block eager."""
+    mpt = [r for r in RUNS if r.label.startswith("MPT-")]
+    assert len(mpt) == 8
+    assert all(not r.model.dropout and r.model.kernels == "eager" for r in mpt)
