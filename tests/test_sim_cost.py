@@ -123,10 +123,18 @@ def test_zero_stages_and_recompute_shrink_memory():
         (1.0, 0.0, 3.0, False, 31.0),
     ],
 )
-def test_zero_collectives_layer_by_layer(compute, gather, scatter, prefetch, expected):
-    """Ten equal layers, worked by hand from FSDP's order (compute waits for its gather; the link
-    sends in the order it is asked; prefetch asks one layer ahead)."""
-    assert cost.layer_by_layer(10, compute, gather, scatter, prefetch) == pytest.approx(expected)
+def test_zero_collectives_part_by_part(compute, gather, scatter, prefetch, expected):
+    """Ten equal parts, worked by hand from FSDP's order (compute waits for its gather; the link
+    sends in the order it is asked; prefetch asks one part ahead)."""
+    assert cost.part_by_part([(compute, gather, scatter)] * 10, prefetch) == pytest.approx(expected)
+
+
+def test_a_large_first_part_is_waited_for_whole():
+    """A 2 s gather of the embedding, whose 0.1 s of compute cannot hide the next block's 0.5 s gather:
+    2.0 + 0.5 (waited) + 1.0 + 1.0, the third gather hidden under the second block."""
+    parts = [(0.1, 2.0, 0.0), (1.0, 0.5, 0.0), (1.0, 0.5, 0.0)]
+    assert cost.part_by_part(parts, True) == pytest.approx(4.5)
+    assert cost.part_by_part(parts, False) == pytest.approx(2.0 + 0.1 + 0.5 + 1.0 + 0.5 + 1.0)
 
 
 @pytest.mark.parametrize(
@@ -144,7 +152,7 @@ def test_zero_collectives_layer_by_layer(compute, gather, scatter, prefetch, exp
 def test_compute_beside_a_collective_loses_the_sms_it_holds(compute, gather, scatter, expected):
     """Ten layers with prefetch, a collective in flight holding a fifth of the SMs: compute runs at
     0.8 of its speed while the link is busy."""
-    assert cost.layer_by_layer(10, compute, gather, scatter, True, 0.2) == pytest.approx(expected)
+    assert cost.part_by_part([(compute, gather, scatter)] * 10, True, 0.2) == pytest.approx(expected)
 
 
 def test_beside_comm_slows_only_the_overlapped_part():
@@ -166,8 +174,8 @@ def test_the_overlapped_gradient_reduction_slows_the_backward_it_hides_under():
 def test_prefetch_is_never_slower_and_never_beats_either_resource():
     values = [0.0, 0.1, 0.5, 1.0, 3.0]
     for layers, compute, gather, scatter in itertools.product([1, 3, 96], [0.2, 1.0], values, values):
-        ahead = cost.layer_by_layer(layers, compute, gather, scatter, True)
-        waited = cost.layer_by_layer(layers, compute, gather, scatter, False)
+        ahead = cost.part_by_part([(compute, gather, scatter)] * layers, True)
+        waited = cost.part_by_part([(compute, gather, scatter)] * layers, False)
         assert max(layers * compute, layers * (gather + scatter)) <= ahead + 1e-12 <= waited + 2e-12
 
 
@@ -228,11 +236,11 @@ def test_predicted_trace_draws_tensor_parallel_collectives_inside_the_compute_th
 
 def test_zero_memory_counts_the_unit_it_holds_unsharded():
     """ZeRO-2/3 hold one unit's whole gradient before its reduce-scatter; ZeRO-3 also the gathered
-    parameters of the unit computing and, with prefetch, of the next (a unit: a layer, here smaller
-    than the embedding, so the embedding)."""
+    parameters of the unit computing and, with prefetch, of the next (a unit: a part ZeRO-3 gathers
+    whole; a block here is smaller than the embedding part, token and position tables)."""
     model = get_model("gpt3-1.3b")
-    unit = max(sum(cost.counting.layer_params(model).values()), model.vocab * model.hidden)
-    assert unit == model.vocab * model.hidden
+    unit = (model.vocab + model.seq) * model.hidden
+    assert unit > sum(cost.counting.layer_params(model).values())
     spec = ParallelSpec(dp=8, global_batch=8, micro_batch=1)
     for zero, prefetch, extra in ((1, True, 0), (2, True, 2 * unit), (3, True, 2 * unit + 2 * 2 * unit),
                                   (3, False, 2 * unit + 2 * unit)):

@@ -163,6 +163,28 @@ def test_peak_inflight_matches_schedule_data_on_every_rank(name, p, m, v):
     assert [counting.peak_inflight_chunks(name, p, m, v, rank) for rank in range(p)] == peaks
 
 
+def test_zero3_parts_are_the_ends_and_each_block():
+    """ZeRO-3 gathers the embedding (token and position tables), each block, then the final norm and
+    the output layer; GPT-3's output layer is the tied embedding, so its last part is the norm."""
+    gpt = get_model("gpt3-1.3b")
+    h, block = gpt.hidden, sum(counting.layer_params(gpt).values())
+    parts = counting.zero_units(gpt, ParallelSpec(), 0)
+    assert list(parts) == pytest.approx([(gpt.vocab + gpt.seq) * h] + [block] * gpt.layers + [2 * h])
+    llama = get_model("llama3-8b")  # untied, no positions; on two stages with tp 2
+    spec = ParallelSpec(pp=2, tp=2)
+    first, last = (counting.zero_units(llama, spec, c) for c in (0, 1))
+    table = llama.vocab * llama.hidden / 2
+    assert first[0] == table and last[-1] == table + llama.hidden  # split over tp; the norm replicated
+    assert len(first) == len(last) == llama.layers // 2 + 1
+    assert [sum(first), sum(last)] == pytest.approx([counting.chunk_params(llama, spec, c) for c in (0, 1)])
+    deepseek = get_model("deepseek-v3")  # three dense blocks, then mixtures of experts over ep 8
+    spec = ParallelSpec(pp=4, ep=8, dp=8, stage_layers=(16, 15, 15, 15))
+    parts = [counting.zero_units(deepseek, spec, c) for c in range(4)]
+    assert parts[0][1] == parts[0][3] < parts[0][4] == parts[1][0]  # dense blocks, then MoE ones
+    chunks = [counting.chunk_params(deepseek, spec, c) for c in range(4)]
+    assert [sum(p) for p in parts] == pytest.approx(chunks)
+
+
 def test_zero_traffic_matches_rajbhandari_section_7():
     """ZeRO paper sec. 7: stages 1 and 2 move 2 Psi per step, as DDP's all-reduce; stage 3 moves 3 Psi
     (a reduce-scatter and two all-gathers, one for forward and one for backward)."""

@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from statistics import NormalDist
 
 from paralab.collectives import ring_steps
@@ -183,7 +183,7 @@ class StageTimes:
     ``backward`` is the full backward (recompute included); zero-bubble schedules split it into
     ``backward_input`` (recompute, input gradients, tp collectives) and ``backward_weight`` (the
     weight-gradient GEMMs), which add up to it. ``tp_comm`` is the tensor-parallel share of F + B,
-    ``zero_comm`` what ZeRO-2/3's per-layer collectives add to F + B beyond the compute they overlap,
+    ``zero_comm`` what ZeRO-2/3's per-part collectives add to F + B beyond the compute they overlap,
     ``a2a`` the expert-parallel all-to-alls of one pass (F, or the input-gradient part of B).
     """
 
@@ -322,18 +322,23 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
         f, bi, w = layers * forward, layers * backward_input, layers * weight
         f, bi, w = f + moe_here * (experts + a2a), bi + moe_here * (experts + a2a), w + moe_here * experts
         tp = layers * tp_layer
+        block = (f / layers, (bi + w) / layers) if layers else None  # forward and backward of one block
+        first = last = None
         if stage == 0:
-            f, bi = f + embed + tp_embed + host("embed_forward"), bi + embed + host("embed_backward")
+            first = (embed + tp_embed + host("embed_forward"), embed + host("embed_backward"))
+            f, bi = f + first[0], bi + first[1]
             tp += tp_embed
         if stage == p.chunks - 1:
-            f = f + logits + loss + tp_loss + host("head_forward")
-            bi, w = bi + logits + loss + tp_embed + host("head_backward"), w + logits
+            head_input = logits + loss + tp_embed + host("head_backward")  # its weight gradient: logits again
+            last = (logits + loss + tp_loss + host("head_forward"), head_input + logits)
+            f, bi, w = f + last[0], bi + head_input, w + logits
             tp += tp_loss + tp_embed
         if p.pp > 1:  # a stage's pass ends in a send the neighbour waits for: it waits for the later rank
             f, bi = f + sync_wait(hw, f, 2), bi + sync_wait(hw, bi + w, 2)
         st = StageTimes(slowest * f, slowest * bi, slowest * w, slowest * tp, a2a=moe_here * a2a)
-        if p.zero >= 2 and p.dp > 1:  # ZeRO-2/3 collectives per microbatch, layer by layer
-            st = _zero_overlapped(st, model, p, hw, stage, layers)
+        if p.zero >= 2 and p.dp > 1:  # ZeRO-2/3 collectives per microbatch, part by part
+            work = [first] * (first is not None) + [block] * layers + [last] * (last is not None)
+            st = _zero_overlapped(st, model, p, hw, stage, work)
         times.append(st)
     return times
 
@@ -364,39 +369,50 @@ def _moe_mlp(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tuple[float
 
 
 def _zero_overlapped(st: StageTimes, model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, stage: int,
-                     layers: int) -> StageTimes:
-    """A microbatch's F and B of one stage with ZeRO-2/3's per-layer collectives (:func:`layer_by_layer`);
-    ``zero_comm`` keeps what they add beyond the compute."""
+                     work: list[tuple[float, float]]) -> StageTimes:
+    """A microbatch's F and B of one stage with ZeRO-2/3's collectives part by part (:func:`part_by_part`)
+    over the parts ZeRO-3 gathers whole (:func:`counting.zero_units`: the embedding, each block, the
+    head), ``work`` their forward and backward in that order; ``zero_comm`` keeps what the collectives
+    add beyond the compute. The stage's times (stretched by stragglers and pipeline waits) are shared
+    among the parts as their work is."""
     pb, gb, _ = counting.bytes_per_param(model, p)
-    params = counting.chunk_params(model, p, stage)
-    units = max(layers, 1)  # a chunk of only the embedding or the head is one unit
-    # one collective per layer: each pays the latency (and on a measured curve, a small message's cost)
-    rs = collective_time(hw, "reduce_scatter", params * gb / units, p.dp, p.stride("dp"))
-    ag = collective_time(hw, "all_gather", params * pb / units, p.dp, p.stride("dp")) if p.zero == 3 else 0.0
-    # each layer's collective also waits for the slowest data-parallel rank (sync_wait)
-    rs += sync_wait(hw, st.backward / units, p.dp)
-    ag += sync_wait(hw, st.forward / units, p.dp) if ag else 0.0
+    forward_work, backward_work = sum(f for f, _ in work), sum(b for _, b in work)
+
+    @cache  # the blocks are alike: price each kind of part once
+    def part(f: float, b: float, params: float) -> tuple[tuple, tuple]:
+        f, b = st.forward * f / forward_work, st.backward * b / backward_work
+        # one collective per part: each pays the latency (and on a measured curve, a small message's
+        # cost) and waits for the slowest data-parallel rank (sync_wait)
+        rs = collective_time(hw, "reduce_scatter", params * gb, p.dp, p.stride("dp")) + sync_wait(hw, b, p.dp)
+        ag = 0.0
+        if p.zero == 3:
+            ag = collective_time(hw, "all_gather", params * pb, p.dp, p.stride("dp")) + sync_wait(hw, f, p.dp)
+        return (f, ag, 0.0), (b, ag, rs)
+
+    priced = [part(f, b, n) for (f, b), n in zip(work, counting.zero_units(model, p, stage), strict=True)]
+    forward, backward = [f for f, _ in priced], [b for _, b in reversed(priced)]
     if hw.overlaps_comm:
         share = hw.comm_sm_share
-        forward = layer_by_layer(units, st.forward / units, ag, 0.0, p.prefetch_params, share)
-        backward = layer_by_layer(units, st.backward / units, ag, rs, p.prefetch_params, share)
+        total_f = part_by_part(forward, p.prefetch_params, share)
+        total_b = part_by_part(backward, p.prefetch_params, share)
     else:  # the collectives need the cores the compute uses: one after the other
-        forward, backward = st.forward + units * ag, st.backward + units * (ag + rs)
-    added = forward + backward - st.forward - st.backward
-    return StageTimes(forward, backward - st.backward_weight, st.backward_weight, st.tp_comm, zero_comm=added,
+        total_f = sum(c + ag for c, ag, _ in forward)
+        total_b = sum(c + ag + rs for c, ag, rs in backward)
+    added = total_f + total_b - st.forward - st.backward
+    return StageTimes(total_f, total_b - st.backward_weight, st.backward_weight, st.tp_comm, zero_comm=added,
                       a2a=st.a2a)
 
 
-def layer_by_layer(layers: int, compute: float, gather: float, scatter: float, prefetch: bool,
-                   sm_share: float = 0.0) -> float:
-    """Seconds for ``layers`` equal layers whose parameters are gathered and gradients scattered, as
-    FSDP and ZeRO-3 run them: one compute stream and one link that sends in the order it is asked.
+def part_by_part(parts: list[tuple[float, float, float]], prefetch: bool, sm_share: float = 0.0) -> float:
+    """Seconds for ``parts`` (compute, gather, reduce-scatter seconds each, in the order they run)
+    whose parameters are gathered and gradients scattered, as FSDP and ZeRO-3 run them: one compute
+    stream and one link that sends in the order it is asked.
 
-    A layer computes once its gather has arrived; its reduce-scatter is asked for when its compute
-    ends. With ``prefetch`` the next layer's gather is asked for when this layer's compute starts
-    (one layer ahead), so it hides under the compute; without, when the compute reaches that layer.
+    A part computes once its gather has arrived; its reduce-scatter is asked for when its compute
+    ends. With ``prefetch`` the next part's gather is asked for when this part's compute starts
+    (one part ahead), so it hides under the compute; without, when the compute reaches that part.
     Compute that runs while the link is busy runs at ``1 - sm_share`` of its speed
-    (:func:`beside_comm`); every send a layer's compute overlaps was asked for by its start, so the
+    (:func:`beside_comm`); every send a part's compute overlaps was asked for by its start, so the
     link is busy from then until its queue drains.
     """
     link = cpu = 0.0
@@ -406,16 +422,17 @@ def layer_by_layer(layers: int, compute: float, gather: float, scatter: float, p
         link = max(link, asked) + seconds
         return link
 
-    arrived = send(0.0, gather) if gather else 0.0
-    for layer in range(layers):
+    arrived = send(0.0, parts[0][1]) if parts[0][1] else 0.0
+    following_gathers = [gather for _, gather, _ in parts[1:]] + [0.0]
+    for (compute, _, scatter), following in zip(parts, following_gathers, strict=True):
         start = max(cpu, arrived)
-        if gather and prefetch and layer + 1 < layers:
-            arrived = send(start, gather)
+        if following and prefetch:
+            arrived = send(start, following)
         cpu = start + beside_comm(compute, link - start, sm_share)
         if scatter:
             send(cpu, scatter)
-        if gather and not prefetch and layer + 1 < layers:
-            arrived = send(cpu, gather)
+        if following and not prefetch:
+            arrived = send(cpu, following)
     return max(cpu, link)
 
 
@@ -523,10 +540,11 @@ def memory_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]
 
 
 def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int) -> dict[str, float]:
-    """ZeRO-3 gathers a unit's parameters whole (two units with prefetch: the one computing and the
-    next), ZeRO-2/3 fill a unit's whole gradient before reduce-scattering it; a unit is a layer, or
-    the embedding when that is larger. FP8 GEMMs keep a 1-byte copy of the weights they read. A
-    mixture of experts' routed experts are sharded over the dp / ep ranks that hold them."""
+    """ZeRO-3 gathers a part's parameters whole (two parts with prefetch: the one computing and the
+    next), ZeRO-2/3 fill a part's whole gradient before reduce-scattering it; the rank's largest part
+    (:func:`counting.largest_zero_unit`: a block, or an end when that is larger) is what they hold. FP8
+    GEMMs keep a 1-byte copy of the weights they read. A mixture of experts' routed experts are
+    sharded over the dp / ep ranks that hold them."""
     per_param = counting.bytes_per_param(model, p)
     params = counting.stage_params(model, p, rank)
     experts = counting.expert_params(model, p, rank)
@@ -538,7 +556,7 @@ def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int) -> dict[str, floa
     states["activations"] = counting.activation_bytes_per_gpu(model, p, rank)
     if p.zero >= 2 and p.dp > 1:
         pb, gb, _ = per_param
-        unit = max(sum(counting.layer_params(model).values()), model.vocab * model.hidden) / p.tp
+        unit = counting.largest_zero_unit(model, p, rank)
         states["grads"] += unit * gb
         if p.zero == 3:
             states["params"] += unit * pb * (2 if p.prefetch_params else 1)

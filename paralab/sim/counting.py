@@ -151,6 +151,55 @@ def chunk_params(model: ModelSpec, parallel: ParallelSpec, chunk: int) -> float:
                       chunk == parallel.chunks - 1)
 
 
+def zero_units(model: ModelSpec, parallel: ParallelSpec, chunk: int) -> tuple[float, ...]:
+    """Parameters one GPU holds of each part of model chunk ``chunk`` that ZeRO-3 gathers whole, in
+    forward order: the embedding (with learned positions) on the first chunk, each block, the final
+    norm and the output layer on the last (only the norm when the output layer is the tied embedding
+    on the same rank).
+
+    A part computes only once its gather has arrived, so these, not equal slices of the chunk, are
+    what a step waits for: paralab's ``zero3`` gathers exactly these parts and DeepSpeed's ZeRO-3
+    each submodule; FSDP wraps each block and keeps the two ends in its root unit.
+    """
+    layers = chunk_layers(model, parallel)
+    before = sum(layers[:chunk])
+    moe_here = moe_blocks(model, before, layers[chunk])  # the chunk's last blocks: MoE follows the dense
+    embed, head, dense, moe_block = _part_sizes(model, parallel)
+    blocks = (dense,) * (layers[chunk] - moe_here) + (moe_block,) * moe_here
+    return (embed,) * (chunk == 0) + blocks + (head,) * (chunk == parallel.chunks - 1)
+
+
+def largest_zero_unit(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
+    """The largest part (:func:`zero_units`) on pipeline rank ``rank``: what ZeRO-2/3 hold whole at
+    once."""
+    return _largest_parts(model, parallel)[rank]
+
+
+@lru_cache(maxsize=1024)
+def _largest_parts(model: ModelSpec, parallel: ParallelSpec) -> tuple[float, ...]:
+    """:func:`largest_zero_unit` of every rank, from the ranks' block counts in one pass (the planner
+    asks it of every rank of every layout)."""
+    embed, head, dense, moe_block = _part_sizes(model, parallel)
+    layers, moe_layers = _layers_by_rank(model, parallel)
+    first, last = stage_rank(parallel, 0), last_stage_rank(parallel)
+    return tuple(
+        max(embed if rank == first else 0.0, head if rank == last else 0.0,
+            dense if layers[rank] > moe_layers[rank] else 0.0, moe_block if moe_layers[rank] else 0.0)
+        for rank in range(parallel.pp)
+    )  # fmt: skip
+
+
+@lru_cache(maxsize=1024)
+def _part_sizes(model: ModelSpec, parallel: ParallelSpec) -> tuple[float, float, float, float]:
+    """Parameters one GPU holds of the embedding part, the last part (final norm and output layer),
+    a dense block and a mixture-of-experts block."""
+    def part(layers: int, moe_layers: int, first: bool, last: bool) -> float:
+        return _params_of(model, parallel, layers, moe_layers, first, last)
+
+    moe_block = part(1, 1, False, False) if model.experts else 0.0
+    return part(0, 0, True, False), part(0, 0, False, True), part(1, 0, False, False), moe_block
+
+
 def stage_params(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
     """Parameters one GPU of pipeline rank ``rank`` holds (before ZeRO sharding): its chunks'."""
     return _params_of(model, parallel, rank_layers(model, parallel, rank),
