@@ -322,23 +322,22 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
         f, bi, w = layers * forward, layers * backward_input, layers * weight
         f, bi, w = f + moe_here * (experts + a2a), bi + moe_here * (experts + a2a), w + moe_here * experts
         tp = layers * tp_layer
-        block = (f / layers, (bi + w) / layers) if layers else None  # forward and backward of one block
-        first = last = None
+        # each part's forward and backward, in forward order, for ZeRO's part-by-part collectives
+        parts = [(f / layers, (bi + w) / layers)] * layers if layers else []
         if stage == 0:
-            first = (embed + tp_embed + host("embed_forward"), embed + host("embed_backward"))
-            f, bi = f + first[0], bi + first[1]
+            parts.insert(0, (embed + tp_embed + host("embed_forward"), embed + host("embed_backward")))
+            f, bi = f + parts[0][0], bi + parts[0][1]
             tp += tp_embed
         if stage == p.chunks - 1:
             head_input = logits + loss + tp_embed + host("head_backward")  # its weight gradient: logits again
-            last = (logits + loss + tp_loss + host("head_forward"), head_input + logits)
-            f, bi, w = f + last[0], bi + head_input, w + logits
+            parts.append((logits + loss + tp_loss + host("head_forward"), head_input + logits))
+            f, bi, w = f + parts[-1][0], bi + head_input, w + logits
             tp += tp_loss + tp_embed
         if p.pp > 1:  # a stage's pass ends in a send the neighbour waits for: it waits for the later rank
             f, bi = f + sync_wait(hw, f, 2), bi + sync_wait(hw, bi + w, 2)
         st = StageTimes(slowest * f, slowest * bi, slowest * w, slowest * tp, a2a=moe_here * a2a)
         if p.zero >= 2 and p.dp > 1:  # ZeRO-2/3 collectives per microbatch, part by part
-            work = [first] * (first is not None) + [block] * layers + [last] * (last is not None)
-            st = _zero_overlapped(st, model, p, hw, stage, work)
+            st = _zero_overlapped(st, model, p, hw, stage, parts)
         times.append(st)
     return times
 
