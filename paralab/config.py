@@ -216,6 +216,11 @@ class TrainingConfig:
                 raise ConfigError(f"fault {key} must be one of {choices}, got {self.fault[key]!r}")
 
 
+# Reduce-scatters paralab's ZeRO-2 and ZeRO-3 keep on the wire beside backward, each holding its unit's
+# full gradient buffer and the reduced shard it lands in (the simulator's memory model counts them too)
+ZERO_REDUCE_SCATTERS_IN_FLIGHT = 2
+
+
 @dataclass
 class RunConfig(TrainingConfig):
     """Everything ``paralab.run`` / ``paralab run`` needs. Plain data: it travels to every rank as a dict.

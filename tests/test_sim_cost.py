@@ -251,6 +251,58 @@ def test_zero_memory_counts_the_unit_it_holds_unsharded():
                 == pytest.approx(sum(states.values()) + extra))
 
 
+def test_zero_memory_counts_the_units_on_the_wire():
+    """With reduce-scatters left in flight each holds its unit's whole gradient and the shard it lands
+    in, beside the unit backward fills: 3 units and 2 / dp shards for two in flight. A ZeRO-2 that
+    reduces buckets holds buckets (P / 4 parameters here), at most as many as it has."""
+    model = get_model("gpt3-1.3b")
+    unit = (model.vocab + model.seq) * model.hidden
+    spec = ParallelSpec(dp=8, global_batch=8, micro_batch=1, zero=3, reduce_scatters_in_flight=2)
+    shards = cost.memory_per_gpu(model, spec.replace(reduce_scatters_in_flight=0))["grads"] - 2 * unit
+    assert cost.memory_per_gpu(model, spec)["grads"] == pytest.approx(shards + 2 * unit * (3 + 2 / 8))
+    params = cost.counting.stage_params(model, spec, 0)
+    for buckets, held in ((4, 3 + 2 / 8), (2, 2 + 2 / 8)):
+        bucketed = spec.replace(zero=2, grad_buckets=buckets)
+        assert cost.memory_per_gpu(model, bucketed)["grads"] == pytest.approx(
+            shards + 2 * params / buckets * held)
+
+
+def test_ddp_buckets_hold_a_copy_of_every_gradient():
+    """Reducing DDP's buckets keeps autograd's gradients (2 bytes each in mixed precision) and a flat
+    copy of all of them in the dtype they are reduced in (4 with fp32 gradients); naive dp reduces a
+    tensor at a time, and Megatron-LM's contiguous buffer (no buckets) is the gradients themselves."""
+    model = get_model("gpt3-1.3b")
+    params = cost.counting.stage_params(model, ParallelSpec(), 0)
+    ddp = ParallelSpec(dp=8, global_batch=8, micro_batch=1, grad_buckets=5, fp32_grads=True)
+    def grads(**changes) -> float:
+        return cost.memory_per_gpu(model, ddp.replace(**changes))["grads"]
+
+    assert grads() == pytest.approx(params * (2 + 4))
+    assert grads(overlap_grad_reduce=False) == pytest.approx(2 * params)
+    assert grads(grad_buckets=0) == pytest.approx(4 * params)
+
+
+def test_zero2_buckets_are_sent_as_backward_fills_them():
+    """Parts of 1, 4, 4 and 1 parameters in buckets of 3: backward fills none with the last part, one
+    with the third (3 of its 5), two with the second (6 of 9), and the first part sends the rest."""
+    assert cost._filled_buckets((1.0, 4.0, 4.0, 1.0), 3.0) == (1.0, 6.0, 3.0, 0.0)
+    assert cost._filled_buckets((2.0, 2.0), 4.0) == (4.0, 0.0)
+
+
+def test_one_zero2_bucket_is_reduced_after_backward():
+    """One bucket fills only when backward ends, so its whole reduce-scatter is exposed (with the
+    all-gather of the updated shards after the step); part by part (FSDP's ZeRO-2) all but the
+    embedding's hide under the backward of the parts before them."""
+    model = get_model("gpt3-1.3b")
+    spec = ParallelSpec(dp=8, global_batch=8, micro_batch=1, zero=2)
+    nbytes = 2 * cost.counting.stage_params(model, spec, 0)  # 16-bit gradients and parameters
+    after_backward = (cost.collective_time(A100, "reduce_scatter", nbytes, 8, 1)
+                      + cost.collective_time(A100, "all_gather", nbytes, 8, 1))
+    exposed = {b: cost.predict(model, spec.replace(grad_buckets=b), A100).breakdown_s["dp_comm_exposed"]
+               for b in (0, 1)}
+    assert exposed[1] > after_backward > exposed[0]
+
+
 def test_bad_spec_is_refused_with_the_numbers():
     with pytest.raises(SpecError, match="does not divide 96 layers"):
         cost.predict(get_model("gpt3-175b"), ParallelSpec(tp=8, pp=5), A100)

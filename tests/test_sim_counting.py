@@ -183,6 +183,8 @@ def test_zero3_parts_are_the_ends_and_each_block():
     assert parts[0][1] == parts[0][3] < parts[0][4] == parts[1][0]  # dense blocks, then MoE ones
     chunks = [counting.chunk_params(deepseek, spec, c) for c in range(4)]
     assert [sum(p) for p in parts] == pytest.approx(chunks)
+    assert [counting.zero_unit_count(deepseek, spec, r) for r in range(4)] == [len(p) for p in parts]
+    assert [counting.largest_zero_unit(deepseek, spec, r) for r in range(4)] == [max(p) for p in parts]
 
 
 def test_zero_traffic_matches_rajbhandari_section_7():

@@ -18,8 +18,9 @@ what each single-axis strategy uses (its rank is its dp, tp or pp index).
 from __future__ import annotations
 
 import dataclasses
+import math
 
-from paralab.config import ConfigError, RunConfig, cuda_device_count
+from paralab.config import ZERO_REDUCE_SCATTERS_IN_FLIGHT, ConfigError, RunConfig, cuda_device_count
 from paralab.layout import resolve_layout
 from paralab.schedules import DEFAULT_SCHEDULE
 from paralab.sim import cost, counting
@@ -36,11 +37,14 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
     The parallel shape is the run's own Layout (paralab.layout), converted field by field; what the
     cost model also needs to know is how the strategy moves gradients: naive ``dp`` all-reduces every
     parameter tensor after backward (one message each, no overlap); ``ddp`` one message per
-    ``bucket_mb`` bucket, overlapped with backward; paralab's ``zero3`` gathers each part just before
-    it runs (no prefetch) unless ``zero_prefetch`` is set, as FSDP does on CPU. Gradients are fp32
-    Adam's (``adam-fp32``, the default for an fp32 model, mixed-precision Adam otherwise; SGD runs are
-    costed as Adam). The model is priced in the run's dtype, with its recomputation. Strategies that
-    run the pipeline executor (a pp axis) make their batch before the step window opens
+    ``bucket_mb`` bucket, overlapped with backward (and a flat copy of each); ``zero2`` reduce-scatters
+    those buckets as backward fills them; paralab's ZeRO keeps ZERO_REDUCE_SCATTERS_IN_FLIGHT on the
+    wire; paralab's ``zero3`` gathers each part just before it runs (no prefetch) unless
+    ``zero_prefetch`` is set, as FSDP does on CPU. Gradients are fp32 Adam's (``adam-fp32``, the
+    default for an fp32 model, mixed-precision Adam otherwise; SGD runs are costed as Adam), reduced
+    in fp32 (``fp32_grads``) when a 16-bit run reduces in ``reduce_dtype="fp32"``, its default. The
+    model is priced in the run's dtype, with its recomputation. Strategies that run the pipeline
+    executor (a pp axis) make their batch before the step window opens
     (``train_loop(batch_in_window=False)``), so their predicted step holds no data loading; the others
     load inside it.
     """
@@ -49,11 +53,7 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
     except ConfigError as exc:
         raise SpecError(str(exc)) from None
     model = _as_run(lab_model(cfg.model, cfg.model_name).replace(dtype=cfg.dtype), cfg)
-    tensors = counting.stage_tensors(model, ParallelSpec(), 0)  # 12 per block, 2 embeddings, 4 in the head
-    buckets = 0
-    if layout.dp > 1 and layout.zero == 0:
-        buckets = (tensors if cfg.strategy == "dp"
-                   else max(1, -(-_param_bytes(model) // int(cfg.bucket_mb * 2**20))))
+    paralab_zero = layout.zero >= 2 and not get_strategy(cfg.strategy).reference_for
     parallel = ParallelSpec(
         dp=layout.dp, tp=layout.tp, pp=layout.pp, ep=layout.ep, virtual_stages=layout.virtual_stages,
         stage_layers=layout.stage_layers,
@@ -61,12 +61,26 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
         micro_batch=layout.micro_batch,
         zero=layout.zero, sequence_parallel=layout.sequence_parallel, recompute=cfg.recompute, cp=layout.cp,
         cp_mode=layout.cp_mode or "ring", cp_split=layout.cp_split or "zigzag",
-        overlap_grad_reduce=cfg.strategy != "dp", grad_buckets=buckets,
+        overlap_grad_reduce=cfg.strategy != "dp",
+        reduce_scatters_in_flight=ZERO_REDUCE_SCATTERS_IN_FLIGHT if paralab_zero else 0,
+        fp32_grads=layout.dp > 1 and model.dtype != "fp32" and cfg.reduce_dtype == "fp32",
         prefetch_params=not ((cfg.strategy == "zero3" and not cfg.zero_prefetch)
                              or (cfg.strategy == "torch_fsdp" and cfg.device == "cpu")),
         loads_batch_in_step="pp" not in get_strategy(cfg.strategy).axes,
     ).resolved()
-    return model, parallel
+    return model, parallel.replace(grad_buckets=_gradient_messages(cfg, model, parallel))
+
+
+def _gradient_messages(cfg: RunConfig, model: ModelSpec, parallel: ParallelSpec) -> int:
+    """Gradient messages a rank sends per step: naive dp one per parameter tensor (12 per block, 2
+    embeddings, 4 in the head); DDP and ZeRO-2 one per bucket, which DDP cuts at ``bucket_mb`` of the
+    rank's parameters in their dtype; none counted for the other strategies."""
+    if parallel.dp == 1 or parallel.zero not in (0, 2):
+        return 0
+    if cfg.strategy == "dp":
+        return counting.stage_tensors(model, ParallelSpec(), 0)
+    rank_bytes = model.dtype_bytes * counting.stage_params(model, parallel, 0)
+    return max(1, math.ceil(rank_bytes / int(cfg.bucket_mb * 2**20)))
 
 
 def _as_run(model: ModelSpec, cfg: RunConfig) -> ModelSpec:
@@ -76,12 +90,6 @@ def _as_run(model: ModelSpec, cfg: RunConfig) -> ModelSpec:
     if not on_cpu or not model.dropout:
         return model
     return model.replace(mask_bytes=model.dtype_bytes, attention="standard")
-
-
-def _param_bytes(model: ModelSpec) -> int:
-    from paralab.sim.counting import parameter_counts
-
-    return 4 * parameter_counts(model)["total"]
 
 
 def hardware_for_run(cfg: RunConfig, hardware: str | HardwareSpec = "local") -> HardwareSpec:

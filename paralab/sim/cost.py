@@ -378,17 +378,24 @@ def _zero_overlapped(st: StageTimes, model: ModelSpec, p: ParallelSpec, hw: Hard
     forward_work, backward_work = sum(f for f, _ in work), sum(b for _, b in work)
 
     @cache  # the blocks are alike: price each kind of part once
-    def part(f: float, b: float, params: float) -> tuple[tuple, tuple]:
+    def part(f: float, b: float, params: float, scattered: float) -> tuple[tuple, tuple]:
         f, b = st.forward * f / forward_work, st.backward * b / backward_work
-        # one collective per part: each pays the latency (and on a measured curve, a small message's
-        # cost) and waits for the slowest data-parallel rank (sync_wait)
-        rs = collective_time(hw, "reduce_scatter", params * gb, p.dp, p.stride("dp")) + sync_wait(hw, b, p.dp)
+        # one collective per part (or bucket): each pays the latency (and on a measured curve, a small
+        # message's cost) and waits for the slowest data-parallel rank (sync_wait)
+        rs = 0.0
+        if scattered:
+            rs = (collective_time(hw, "reduce_scatter", scattered * gb, p.dp, p.stride("dp"))
+                  + sync_wait(hw, b, p.dp))
         ag = 0.0
         if p.zero == 3:
             ag = collective_time(hw, "all_gather", params * pb, p.dp, p.stride("dp")) + sync_wait(hw, f, p.dp)
         return (f, ag, 0.0), (b, ag, rs)
 
-    priced = [part(f, b, n) for (f, b), n in zip(work, counting.zero_units(model, p, stage), strict=True)]
+    units = counting.zero_units(model, p, stage)
+    scattered = units
+    if p.zero == 2 and p.grad_buckets:
+        scattered = _filled_buckets(units, _zero2_bucket(model, p, counting.stage_rank(p, stage)))
+    priced = [part(f, b, n, r) for (f, b), n, r in zip(work, units, scattered, strict=True)]
     forward, backward = [f for f, _ in priced], [b for _, b in reversed(priced)]
     if hw.overlaps_comm:
         share = hw.comm_sm_share
@@ -400,6 +407,24 @@ def _zero_overlapped(st: StageTimes, model: ModelSpec, p: ParallelSpec, hw: Hard
     added = total_f + total_b - st.forward - st.backward
     return StageTimes(total_f, total_b - st.backward_weight, st.backward_weight, st.tp_comm, zero_comm=added,
                       a2a=st.a2a)
+
+
+def _zero2_bucket(model: ModelSpec, p: ParallelSpec, rank: int) -> float:
+    """Parameters of one bucket of a ZeRO-2 that reduces ``grad_buckets`` of them: the rank's share."""
+    return counting.stage_params(model, p, rank) / p.grad_buckets
+
+
+def _filled_buckets(units: tuple[float, ...], bucket: float) -> tuple[float, ...]:
+    """Parameters whose gradients are reduce-scattered as each part's backward ends, in forward order,
+    when ZeRO-2 reduces buckets of ``bucket`` parameters: backward runs the parts last first and fills
+    the buckets in that order; a part that fills one (or several) sends them, and the first part, where
+    backward ends, sends what is left."""
+    out, filled, sent = [0.0] * len(units), 0.0, 0.0
+    for i in reversed(range(len(units))):
+        filled += units[i]
+        sending = filled if i == 0 else math.floor(filled / bucket * (1 + 1e-12)) * bucket
+        out[i], sent = sending - sent, sending
+    return tuple(out)
 
 
 def part_by_part(parts: list[tuple[float, float, float]], prefetch: bool, sm_share: float = 0.0) -> float:
@@ -540,10 +565,10 @@ def memory_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]
 
 def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int) -> dict[str, float]:
     """ZeRO-3 gathers a part's parameters whole (two parts with prefetch: the one computing and the
-    next), ZeRO-2/3 fill a part's whole gradient before reduce-scattering it; the rank's largest part
-    (:func:`counting.largest_zero_unit`: a block, or an end when that is larger) is what they hold. FP8
-    GEMMs keep a 1-byte copy of the weights they read. A mixture of experts' routed experts are
-    sharded over the dp / ep ranks that hold them."""
+    next); ZeRO-2/3 fill a unit's whole gradient before reduce-scattering it (:func:`_zero_gradients`).
+    DDP's buckets copy every gradient (:func:`_gradients_reduced_from_copies`). FP8 GEMMs keep a
+    1-byte copy of the weights they read. A mixture of experts' routed experts are sharded over the
+    dp / ep ranks that hold them."""
     per_param = counting.bytes_per_param(model, p)
     params = counting.stage_params(model, p, rank)
     experts = counting.expert_params(model, p, rank)
@@ -553,14 +578,40 @@ def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int) -> dict[str, floa
     if model.fp8:
         states["params"] += params / (p.dp if p.zero >= 3 else 1)
     states["activations"] = counting.activation_bytes_per_gpu(model, p, rank)
+    pb, gb, _ = per_param
     if p.zero >= 2 and p.dp > 1:
-        pb, gb, _ = per_param
-        unit = counting.largest_zero_unit(model, p, rank)
-        states["grads"] += unit * gb
+        states["grads"] += _zero_gradients(model, p, rank) * gb
         if p.zero == 3:
-            states["params"] += unit * pb * (2 if p.prefetch_params else 1)
+            part = counting.largest_zero_unit(model, p, rank)
+            states["params"] += part * pb * (2 if p.prefetch_params else 1)
+    if p.zero == 0 and p.dp > 1 and p.grad_buckets:
+        states["grads"] = _gradients_reduced_from_copies(model, p, params, gb)
     states["total"] = sum(states.values())
     return states
+
+
+def _zero_gradients(model: ModelSpec, p: ParallelSpec, rank: int) -> float:
+    """Full-size gradient elements ZeRO-2/3 hold at once beyond the shard: the unit backward is
+    filling, and each of the ``reduce_scatters_in_flight`` units on the wire with the shard it lands
+    in. A unit is the rank's largest part (:func:`counting.largest_zero_unit`: a block, or an end when
+    that is larger), or, for a ZeRO-2 that reduces buckets, a bucket."""
+    units, unit = counting.zero_unit_count(model, p, rank), counting.largest_zero_unit(model, p, rank)
+    if p.zero == 2 and p.grad_buckets:
+        units, unit = p.grad_buckets, _zero2_bucket(model, p, rank)
+    flight = min(units, p.reduce_scatters_in_flight)
+    return unit * (min(units, 1 + flight) + flight / p.dp)
+
+
+def _gradients_reduced_from_copies(model: ModelSpec, p: ParallelSpec, params: float,
+                                   reduce_bytes: int) -> float:
+    """Gradient bytes of a data-parallel run that reduces copies of its gradients, tensor by tensor or
+    bucket by bucket (``grad_buckets``), where Megatron-LM reduces its one contiguous buffer: autograd's
+    gradients stay in the optimizer's gradient dtype, and DDP's buckets add a flat copy of every
+    gradient in the dtype it is reduced in, held until backward ends (torch DDP's default,
+    gradient_as_bucket_view=False, whose docs put what views save at the total gradient size;
+    paralab's ddp). Naive dp's copy is one tensor at a time, not counted."""
+    own = counting.OPTIMIZER_BYTES[counting.optimizer_of(model, p)][1]
+    return params * (own + (reduce_bytes if p.overlap_grad_reduce else 0))
 
 
 def check(model: ModelSpec, parallel: ParallelSpec, gpus: int | None = None,

@@ -172,19 +172,25 @@ def zero_units(model: ModelSpec, parallel: ParallelSpec, chunk: int) -> tuple[fl
 def largest_zero_unit(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
     """The largest part (:func:`zero_units`) on pipeline rank ``rank``: what ZeRO-2/3 hold whole at
     once."""
-    return _largest_parts(model, parallel)[rank]
+    return _rank_parts(model, parallel)[rank][1]
+
+
+def zero_unit_count(model: ModelSpec, parallel: ParallelSpec, rank: int) -> int:
+    """How many parts (:func:`zero_units`) pipeline rank ``rank`` holds over all its chunks."""
+    return _rank_parts(model, parallel)[rank][0]
 
 
 @lru_cache(maxsize=1024)
-def _largest_parts(model: ModelSpec, parallel: ParallelSpec) -> tuple[float, ...]:
-    """:func:`largest_zero_unit` of every rank, from the ranks' block counts in one pass (the planner
+def _rank_parts(model: ModelSpec, parallel: ParallelSpec) -> tuple[tuple[int, float], ...]:
+    """(count, largest) of every rank's parts, from the ranks' block counts in one pass (the planner
     asks it of every rank of every layout)."""
     embed, head, dense, moe_block = _part_sizes(model, parallel)
     layers, moe_layers = _layers_by_rank(model, parallel)
     first, last = stage_rank(parallel, 0), last_stage_rank(parallel)
     return tuple(
-        max(embed if rank == first else 0.0, head if rank == last else 0.0,
-            dense if layers[rank] > moe_layers[rank] else 0.0, moe_block if moe_layers[rank] else 0.0)
+        (layers[rank] + (rank == first) + (rank == last),
+         max(embed if rank == first else 0.0, head if rank == last else 0.0,
+             dense if layers[rank] > moe_layers[rank] else 0.0, moe_block if moe_layers[rank] else 0.0))
         for rank in range(parallel.pp)
     )  # fmt: skip
 

@@ -167,8 +167,13 @@ class ParallelSpec:
     optimizer: str = ""
     overlap_grad_reduce: bool = True  # bucketed data-parallel reduction during the last backward
     # separate gradient messages per step (each pays the link latency): 0 models one bucketed stream
-    # whose last 1/8 is exposed; naive dp sends one per parameter tensor, DDP one per bucket
+    # whose last 1/8 is exposed; naive dp sends one per parameter tensor, DDP one per bucket (and keeps
+    # a flat copy of every gradient in its buckets); a ZeRO-2 with buckets reduce-scatters each as
+    # backward fills it (DeepSpeed's reduce buckets, paralab's zero2; 0: part by part, as FSDP does)
     grad_buckets: int = 0
+    # ZeRO-2/3 reduce-scatters left on the wire beside backward, each holding its unit's full gradient
+    # and the shard it lands in (paralab's ZERO_REDUCE_SCATTERS_IN_FLIGHT); 0: the unit being filled alone
+    reduce_scatters_in_flight: int = 0
     # ZeRO-3 gathers the next layer's parameters while this one computes (DeepSpeed, FSDP on GPUs);
     # False: each layer's gather waits just before it runs (paralab's zero3, FSDP on CPU)
     prefetch_params: bool = True
@@ -268,8 +273,9 @@ class ParallelSpec:
         out += self._expert_problems(model)
         if p.zero not in (0, 1, 2, 3):
             out.append(f"zero stage must be 0..3, got {p.zero}")
-        if p.grad_buckets < 0:
-            out.append(f"grad_buckets must be >= 0, got {p.grad_buckets}")
+        for name in ("grad_buckets", "reduce_scatters_in_flight"):
+            if getattr(p, name) < 0:
+                out.append(f"{name} must be >= 0, got {getattr(p, name)}")
         if p.sequence_parallel and p.tp == 1:
             out.append("sequence parallelism needs tp > 1")
         if p.recompute not in RECOMPUTE:

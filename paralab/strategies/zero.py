@@ -55,6 +55,7 @@ import torch
 import torch.distributed as dist
 
 from paralab import comm
+from paralab.config import ZERO_REDUCE_SCATTERS_IN_FLIGHT
 from paralab.models.gpt import part_names
 from paralab.precision import torch_dtype
 from paralab.strategies.common import GradSync, full_model, make_buckets, train_model
@@ -62,7 +63,6 @@ from paralab.strategies.registry import Strategy
 from paralab.strategies.zero_shards import ShardedModel
 
 STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
-IN_FLIGHT = 2  # reduce-scatters running beside backward; more would keep more full gradient buffers alive
 
 
 def unit_groups(model: torch.nn.Module, cfg, stage: int) -> list[tuple[str, list[str]]]:
@@ -191,9 +191,9 @@ class Zero(GradSync):
     def _reduce_scatter(self, u) -> None:
         """The unit's gradients are complete: pre-divide by Nd and start the reduce-scatter of this
         rank's slice, which is added into its shard gradient when it lands (zero3 also frees the
-        part's parameters). At most IN_FLIGHT buffers wait on the wire, so full gradients never pile
-        up to the whole model."""
-        while len(self.pending) >= IN_FLIGHT:
+        part's parameters). At most ZERO_REDUCE_SCATTERS_IN_FLIGHT buffers wait on the wire, so full
+        gradients never pile up to the whole model."""
+        while len(self.pending) >= ZERO_REDUCE_SCATTERS_IN_FLIGHT:
             self._land(*self.pending.pop(0))
         flat = self.buffers.pop(u.name).div_(self.world)
         out = torch.empty(u.shard.numel(), device=flat.device, dtype=flat.dtype)
