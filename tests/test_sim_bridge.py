@@ -53,9 +53,9 @@ def test_model_mapping():
     [
         (dict(strategy="single", world_size=1), dict(dp=1, tp=1, pp=1, micro_batch=8, microbatches=1)),
         (dict(strategy="dp", world_size=2),
-         dict(dp=2, micro_batch=4, overlap_grad_reduce=False, grad_buckets=54)),
+         dict(dp=2, micro_batch=4, overlap_grad_reduce=False, grad_buckets=54, grad_copy_bytes=8)),
         (dict(strategy="ddp", world_size=4),
-         dict(dp=4, micro_batch=2, overlap_grad_reduce=True, grad_buckets=1)),
+         dict(dp=4, micro_batch=2, overlap_grad_reduce=True, grad_buckets=1, grad_copy_bytes=24)),
         (dict(strategy="mp", world_size=2), dict(pp=2, schedule="naive", microbatches=1, micro_batch=8)),
         (dict(strategy="pp", world_size=2, pp=2, schedule="gpipe", microbatches=4),
          dict(pp=2, schedule="gpipe", microbatches=4, micro_batch=2)),
@@ -65,16 +65,21 @@ def test_model_mapping():
          dict(schedule="zbv", virtual_stages=2)),
         (dict(strategy="tp", world_size=2, tp=2), dict(tp=2, dp=1, micro_batch=8, sequence_parallel=False)),
         (dict(strategy="tp", world_size=2, tp=2, sequence_parallel=True), dict(tp=2, sequence_parallel=True)),
-        (dict(strategy="zero1", world_size=2), dict(dp=2, zero=1, grad_buckets=0)),
+        (dict(strategy="zero1", world_size=2), dict(dp=2, zero=1, grad_buckets=0, grad_copy_bytes=12)),
         (dict(strategy="zero2", world_size=2),
-         dict(dp=2, zero=2, grad_buckets=1, reduce_scatters_in_flight=2)),
+         dict(dp=2, zero=2, grad_buckets=1, reduce_scatters_in_flight=2, grad_copy_bytes=30)),
         (dict(strategy="zero2", world_size=2, bucket_mb=0.1),
          dict(grad_buckets=9, fp32_grads=False)),  # 874,496 bytes of fp32 parameters
-        (dict(strategy="ddp", world_size=2, dtype="bf16"), dict(grad_buckets=1, fp32_grads=True)),
-        (dict(strategy="single", world_size=1, dtype="bf16"), dict(fp32_grads=False)),
+        (dict(strategy="ddp", world_size=2, dtype="bf16"),
+         dict(grad_buckets=1, fp32_grads=True, grad_copy_bytes=24)),  # 4 + (2 + 4) + 8 + (4 + 2)
+        (dict(strategy="dp", world_size=2, dtype="bf16"), dict(grad_copy_bytes=20)),  # 8 + 2 x (2 + 4)
+        (dict(strategy="zero2", world_size=2, dtype="bf16"), dict(grad_copy_bytes=28)),  # 4 + 10 + 8 + 6
+        (dict(strategy="zero1", world_size=2, dtype="bf16"), dict(grad_copy_bytes=14)),  # 6 + 8, no copy back
+        (dict(strategy="single", world_size=1, dtype="bf16"), dict(fp32_grads=False, grad_copy_bytes=0)),
         (dict(strategy="zero3", world_size=2),
-         dict(dp=2, zero=3, prefetch_params=False, reduce_scatters_in_flight=2)),
-        (dict(strategy="torch_fsdp", world_size=2), dict(dp=2, zero=3, reduce_scatters_in_flight=0)),
+         dict(dp=2, zero=3, prefetch_params=False, reduce_scatters_in_flight=2, grad_copy_bytes=30)),
+        (dict(strategy="torch_fsdp", world_size=2),
+         dict(dp=2, zero=3, reduce_scatters_in_flight=0, grad_copy_bytes=0)),
         (dict(strategy="zero3", world_size=2, zero_prefetch=True), dict(dp=2, zero=3, prefetch_params=True)),
         (dict(strategy="hybrid", world_size=8, dp=2, tp=2, pp=2, microbatches=2, sequence_parallel=True),
          dict(dp=2, tp=2, pp=2, microbatches=2, micro_batch=2, sequence_parallel=True)),

@@ -282,6 +282,25 @@ def test_ddp_buckets_hold_a_copy_of_every_gradient():
     assert grads(grad_buckets=0) == pytest.approx(4 * params)
 
 
+def test_gradient_copies_are_priced_at_the_memory_bandwidth_after_backward():
+    """A reduction that flattens, divides and copies back its gradients (``grad_copy_bytes`` a
+    parameter) adds those bytes at the memory bandwidth to the step, before the optimizer; a single
+    replica reduces nothing."""
+    model = get_model("gpt3-1.3b")
+    ddp = ParallelSpec(dp=8, global_batch=8, micro_batch=1, grad_buckets=5)
+    params = cost.counting.stage_params(model, ddp, 0)
+    plain, copying = (cost.predict(model, ddp.replace(grad_copy_bytes=b), A100) for b in (0, 24))
+    seconds = 24 * params / A100.memory_bandwidth
+    assert copying.breakdown_s["grad_copies"] == pytest.approx(seconds)
+    assert plain.breakdown_s["grad_copies"] == 0
+    assert copying.step_time_s - plain.step_time_s == pytest.approx(seconds)
+    traces = (cost.predict_trace(model, spec, A100) for spec in (ddp, ddp.replace(grad_copy_bytes=24)))
+    optimizer_starts = [next(s.start for s in t.spans if s.kind == "optimizer") for t in traces]
+    assert optimizer_starts[1] - optimizer_starts[0] == pytest.approx(seconds)
+    single = ParallelSpec(global_batch=8, micro_batch=1, grad_copy_bytes=24)
+    assert cost.predict(model, single, A100).breakdown_s["grad_copies"] == 0
+
+
 def test_zero2_buckets_are_sent_as_backward_fills_them():
     """Parts of 1, 4, 4 and 1 parameters in buckets of 3: backward fills none with the last part, one
     with the third (3 of its 5), two with the second (6 of 9), and the first part sends the rest."""

@@ -68,7 +68,8 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
                              or (cfg.strategy == "torch_fsdp" and cfg.device == "cpu")),
         loads_batch_in_step="pp" not in get_strategy(cfg.strategy).axes,
     ).resolved()
-    return model, parallel.replace(grad_buckets=_gradient_messages(cfg, model, parallel))
+    return model, parallel.replace(grad_buckets=_gradient_messages(cfg, model, parallel),
+                                   grad_copy_bytes=_gradient_copy_bytes(cfg, model, parallel))
 
 
 def _gradient_messages(cfg: RunConfig, model: ModelSpec, parallel: ParallelSpec) -> int:
@@ -81,6 +82,29 @@ def _gradient_messages(cfg: RunConfig, model: ModelSpec, parallel: ParallelSpec)
         return counting.stage_tensors(model, ParallelSpec(), 0)
     rank_bytes = model.dtype_bytes * counting.stage_params(model, parallel, 0)
     return max(1, math.ceil(rank_bytes / int(cfg.bucket_mb * 2**20)))
+
+
+def _gradient_copy_bytes(cfg: RunConfig, model: ModelSpec, parallel: ParallelSpec) -> float:
+    """Bytes per parameter the rank's gradient reduction reads and writes beside its collectives, pass
+    by pass as the strategies run them, with g the gradients' own bytes and r the reduce dtype's:
+    naive ``dp`` divides each gradient in place (2r), widening it first and copying it back when
+    r > g (g + r each); DDP's buckets (paralab's ``ddp`` and the hybrids' BucketedReducer; torch DDP
+    copies the same) are flattened (2g), widened when r > g, divided (2r) and copied back (r + g);
+    paralab's ZeRO-2/3 add each gradient into a zeroed flat buffer (r, then g + 2r), divide it (2r)
+    and add the reduced shard into the shard's gradient (3r/d); its ZeRO-1 divides its one flat
+    buffer (2r, widened first when r > g) and copies the shard back (2r/d, none when it is the
+    master weights' fp32 main_grad). torch FSDP's are not counted."""
+    if parallel.dp == 1 or cfg.strategy == "torch_fsdp":
+        return 0.0
+    g, r, d = model.dtype_bytes, counting.bytes_per_param(model, parallel)[1], parallel.dp
+    widen = g + r if r > g else 0
+    if cfg.strategy == "dp":
+        return 2 * r + 2 * widen
+    if parallel.zero == 0:
+        return 2 * g + widen + 2 * r + (r + g)
+    if parallel.zero == 1:
+        return widen + 2 * r + (0 if r > g else 2 * r / d)
+    return r + (g + 2 * r) + 2 * r + 3 * r / d
 
 
 def _as_run(model: ModelSpec, cfg: RunConfig) -> ModelSpec:

@@ -660,6 +660,7 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
         if sync["reduce"][0]:
             spans.append(Span(rank, COMM, sync["reduce"][1], start, end, name="gradient reduction", step=0,
                               bytes=int(sync["reduce"][2]), group_size=p.dp, inter_node=sync["inter"]))
+        end += sync["copies"]  # undrawn, as a lab trace leaves them (in backward's hooks, or untraced)
         opt_end = end + sync["optimizer"]
         spans.append(Span(rank, COMPUTE, "optimizer", end, opt_end, name="optimizer step", step=0))
         if sync["gather"][0]:
@@ -840,10 +841,11 @@ def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int, c
     optimizer = (OPTIMIZER_BYTES_TOUCHED * local / (rank_hw.optimizer_bw or rank_hw.memory_bandwidth)
                  + hw.kernel_overhead_s)
     optimizer += counting.stage_tensors(model, p, rank) * hw.host_overhead_s.get("tensor_update", 0.0)
+    copies = p.grad_copy_bytes * params / rank_hw.memory_bandwidth if p.dp > 1 else 0.0
     inter = p.dp * p.stride("dp") > hw.gpus_per_node
     overlap = p.overlap_grad_reduce and hw.overlaps_comm
-    return {"reduce": reduce, "gather": gather, "optimizer": optimizer, "inter": inter, "params": params,
-            "overlap": overlap, "sm_share": hw.comm_sm_share}
+    return {"reduce": reduce, "gather": gather, "optimizer": optimizer, "copies": copies, "inter": inter,
+            "params": params, "overlap": overlap, "sm_share": hw.comm_sm_share}
 
 
 def _sync_window(p: ParallelSpec, sync: dict, last_start: float, last_end: float) -> tuple[float, float]:
@@ -866,17 +868,17 @@ def _sync_window(p: ParallelSpec, sync: dict, last_start: float, last_end: float
 
 def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: float) -> Prediction:
     step = 0.0
-    exposed = optimizer = 0.0
+    exposed = optimizer = copies = 0.0
     first_end = math.inf
     for rank, (last_start, last_end) in enumerate(finish):
         sync = _grad_sync(model, p, hw, rank, last_end)
         _, end = _sync_window(p, sync, last_start, last_end)
-        rank_end = end + sync["optimizer"] + sync["gather"][0]
+        rank_end = end + sync["copies"] + sync["optimizer"] + sync["gather"][0]
         first_end = min(first_end, rank_end)
         if rank_end > step:
             step = rank_end
             exposed = end - last_end + sync["gather"][0]
-            optimizer = sync["optimizer"]
+            optimizer, copies = sync["optimizer"], sync["copies"]
     loop = training_loop_time(model, p, hw)
     step += loop
     pipeline = max(e for _, e in finish)
@@ -909,6 +911,7 @@ def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: f
             "tp_comm": per_rank_tp,
             "ep_comm": per_rank_a2a,
             "dp_comm_exposed": exposed + per_rank_zero,
+            "grad_copies": copies,
             "optimizer": optimizer,
             "loop": loop,
         },

@@ -174,6 +174,11 @@ class ParallelSpec:
     # ZeRO-2/3 reduce-scatters left on the wire beside backward, each holding its unit's full gradient
     # and the shard it lands in (paralab's ZERO_REDUCE_SCATTERS_IN_FLIGHT); 0: the unit being filled alone
     reduce_scatters_in_flight: int = 0
+    # bytes per parameter the rank's gradient reduction reads and writes in memory beside its collectives
+    # (flattening buckets, dividing, widening, copying back), priced at the memory bandwidth after the
+    # backward; 0: reduced where autograd wrote them (Megatron-LM's contiguous buffer, its in-place
+    # scaling unpriced)
+    grad_copy_bytes: float = 0.0
     # ZeRO-3 gathers the next layer's parameters while this one computes (DeepSpeed, FSDP on GPUs);
     # False: each layer's gather waits just before it runs (paralab's zero3, FSDP on CPU)
     prefetch_params: bool = True
@@ -273,7 +278,7 @@ class ParallelSpec:
         out += self._expert_problems(model)
         if p.zero not in (0, 1, 2, 3):
             out.append(f"zero stage must be 0..3, got {p.zero}")
-        for name in ("grad_buckets", "reduce_scatters_in_flight"):
+        for name in ("grad_buckets", "reduce_scatters_in_flight", "grad_copy_bytes"):
             if getattr(p, name) < 0:
                 out.append(f"{name} must be >= 0, got {getattr(p, name)}")
         if p.sequence_parallel and p.tp == 1:
