@@ -820,9 +820,10 @@ def _estimate_finish(model, p: ParallelSpec, hw,
 
 
 def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int, computed: float = 0.0) -> dict:
-    """End-of-step data-parallel work of one pipeline rank: (seconds, op, wire bytes) rows and optimizer
-    time. The gradient reduction also waits for the slowest replica after ``computed`` seconds of
-    compute (:func:`sync_wait`)."""
+    """End-of-step data-parallel work of one pipeline rank: (seconds, op, wire bytes) rows, the
+    optimizer's time and the gradient copies' (``grad_copy_bytes`` at the memory bandwidth). The
+    gradient reduction also waits for the slowest replica after ``computed`` seconds of compute
+    (:func:`sync_wait`)."""
     pb, gb, _ = counting.bytes_per_param(model, p)
     params = counting.stage_params(model, p, rank)
     reduce_op = "all_reduce" if p.zero == 0 else "reduce_scatter"
