@@ -96,7 +96,8 @@ def _gradient_copy_bytes(cfg: RunConfig, model: ModelSpec, parallel: ParallelSpe
     master weights' fp32 main_grad). torch FSDP's are not counted."""
     if parallel.dp == 1 or cfg.strategy == "torch_fsdp":
         return 0.0
-    g, r, d = model.dtype_bytes, counting.bytes_per_param(model, parallel)[1], parallel.dp
+    g, r = counting.autograd_grad_bytes(model, parallel), counting.bytes_per_param(model, parallel)[1]
+    d = parallel.dp
     widen = g + r if r > g else 0
     if cfg.strategy == "dp":
         return 2 * r + 2 * widen

@@ -610,7 +610,7 @@ def _gradients_reduced_from_copies(model: ModelSpec, p: ParallelSpec, params: fl
     gradient in the dtype it is reduced in, held until backward ends (torch DDP's default,
     gradient_as_bucket_view=False, whose docs put what views save at the total gradient size;
     paralab's ddp). Naive dp's copy is one tensor at a time, not counted."""
-    own = counting.OPTIMIZER_BYTES[counting.optimizer_of(model, p)][1]
+    own = counting.autograd_grad_bytes(model, p)
     return params * (own + (reduce_bytes if p.overlap_grad_reduce else 0))
 
 

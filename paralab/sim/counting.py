@@ -455,12 +455,18 @@ def optimizer_of(model: ModelSpec, p: ParallelSpec) -> str:
     return p.optimizer or ("adam-fp32" if model.dtype == "fp32" else "adam-mixed")
 
 
+def autograd_grad_bytes(model: ModelSpec, p: ParallelSpec) -> int:
+    """Bytes of a gradient as autograd writes it: the optimizer's gradient dtype, before any fp32
+    copy or accumulation (``fp32_grads``) a reduction makes of it."""
+    return OPTIMIZER_BYTES[optimizer_of(model, p)][1]
+
+
 def bytes_per_param(model: ModelSpec, p: ParallelSpec) -> tuple[int, int, int]:
     """(parameter, gradient, optimizer-state) bytes per parameter of this run: the optimizer's, with
     gradients kept in fp32 when ``fp32_grads`` (Megatron-LM's main_grad; Llama 3's FSDP accumulates
     and reduce-scatters in fp32 too)."""
-    pb, gb, ob = OPTIMIZER_BYTES[optimizer_of(model, p)]
-    return pb, 4 if p.fp32_grads else gb, ob
+    pb, _, ob = OPTIMIZER_BYTES[optimizer_of(model, p)]
+    return pb, 4 if p.fp32_grads else autograd_grad_bytes(model, p), ob
 
 
 def model_state_bytes(params: float, dp: int, zero: int,
