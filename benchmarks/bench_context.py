@@ -7,13 +7,39 @@ them: on CPU it refuses causal attention (its ring handles only the CUDA attenti
 tests/test_context.py, which tries it and says why).
 
     python benchmarks/bench_context.py --seq 4096 --cp 2 4 --rounds 3
+
+``--balance`` times the causal balance instead: each rank's attention CPU seconds per step with the
+zig-zag and the contiguous split, beside the query-key pairs its tiles computed (the count the tests
+hold).
+
+    python benchmarks/bench_context.py --balance --cp 2 4 --steps 7
 """
 
 from __future__ import annotations
 
 import argparse
 
+import paralab
 from paralab.bench import Variant, compare
+from paralab.strategies.sequence_split import DIAGONAL_TILES
+from paralab.viz.context import attention_per_step
+
+BALANCE = dict(layers=1, hidden=64, heads=2, vocab=64, seq_len=2048)
+
+
+def balance(cps: list[int], steps: int) -> None:
+    """The causal balance table: attention CPU seconds per rank (median over the steps after the
+    first; one torch thread per rank) against the query-key pairs each rank computed."""
+    print(f"\n### causal balance: {BALANCE}, {steps} steps, diagonal tiles {DIAGONAL_TILES}\n")
+    print("| cp | split | ms per rank | max / min | query-key pairs, max / min |\n|---|---|---|---|---|")
+    for n in cps:
+        for split in ("zigzag", "contiguous"):
+            run = paralab.run("cp", n, steps=steps, model=BALANCE, global_batch=1, cp_split=split,
+                              threads_per_rank=1)
+            seconds, pairs = attention_per_step(run), attention_per_step(run, "attention_pairs")
+            ms = ", ".join(f"{s * 1e3:.1f}" for s in seconds)
+            ratios = max(seconds) / min(seconds), max(pairs) / min(pairs)
+            print(f"| {n} | {split} | {ms} | {ratios[0]:.2f} | {ratios[1]:.2f} |")
 
 
 def main() -> None:
@@ -26,7 +52,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--global-batch", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved runs of each variant")
+    parser.add_argument("--balance", action="store_true", help="time the causal balance instead")
     args = parser.parse_args()
+    if args.balance:
+        balance(args.cp, args.steps)
+        return
     model = dict(layers=args.layers, hidden=args.hidden, heads=args.heads, vocab=256, seq_len=args.seq)
     common = dict(steps=args.steps, model=model, global_batch=args.global_batch)
     variants = [Variant.of("single device", strategy="single", world_size=1)]

@@ -169,6 +169,7 @@ def train(ctx):
     result = train_model(ctx, model, reducer, loss_of=lambda x, y: lm_loss(model(mine(x)), mine(y)),
                          state_of=lambda: named_state(model) if ring.index == 0 else None)
     result["attention_cpu_s"] = {str(step): s for step, s in ring.work.cpu_s.items()}
+    result["attention_pairs"] = {str(step): n for step, n in ring.work.pairs.items()}
     return result
 
 

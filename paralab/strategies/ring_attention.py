@@ -44,16 +44,19 @@ from paralab.strategies.sequence_split import Tile, rank_positions, ring_source,
 
 class AttentionWork:
     """This rank's attention compute, for the causal balance lesson: an ``attention`` span on the
-    compute lane per ring step (beside the K/V sends it overlaps), and the thread CPU seconds spent
-    per training step. CPU time of the rank's own thread, not wall time: when ranks share cores, a
-    rank that waits for a core is not charged for it (with one torch thread per rank, the matmuls run
-    on this thread)."""
+    compute lane per ring step (beside the K/V sends it overlaps), and per training step the
+    query-key pairs its tiles computed (the work, counted) and the thread CPU seconds they took (the
+    work, timed). CPU time of the rank's own thread, not wall time: when ranks share cores, a rank
+    that waits for a core is not charged for it (with one torch thread per rank, the matmuls run on
+    this thread)."""
 
     def __init__(self):
         self.cpu_s: dict = defaultdict(float)
+        self.pairs: dict = defaultdict(int)
 
     @contextmanager
-    def block(self, name: str):
+    def block(self, name: str, pairs: int):
+        """One ring step's attention, ``pairs`` query-key pairs over all its sequences and heads."""
         rec = _recorder.active()
         handle = rec.open("attention", name=name) if rec is not None else None
         start = time.thread_time()
@@ -62,6 +65,7 @@ class AttentionWork:
         finally:
             step = rec.context.get("step") if rec is not None else None
             self.cpu_s[step] += time.thread_time() - start
+            self.pairs[step] += pairs
             if rec is not None:
                 rec.close(handle)
 
@@ -156,6 +160,11 @@ def _tiles(ring: ContextParallelGroup, step: int, local_len: int) -> list[Tile]:
     return step_tiles(ring.index, source, ring.size, ring.split, local_len // 2)
 
 
+def _pairs(tiles: list[Tile], q: torch.Tensor) -> int:
+    """Query-key pairs the tiles compute for every sequence and head of ``q`` (batch, heads, seq, dim)."""
+    return q.shape[0] * q.shape[1] * sum(t.pairs for t in tiles)
+
+
 def _rows(t: torch.Tensor, tile: Tile) -> torch.Tensor:
     return t[..., tile.row:tile.row + tile.rows, :]
 
@@ -172,8 +181,9 @@ def ring_forward(q, k, v, ring: ContextParallelGroup, name: str):
     kv = torch.stack([k, v])  # one message per hop
     for step in range(ring.size):
         hop = ring.pass_on(kv, f"{name} kv") if step < ring.size - 1 else None
-        with ring.work.block(f"{name} forward {step}"):
-            for tile in _tiles(ring, step, q.shape[-2]):
+        tiles = _tiles(ring, step, q.shape[-2])
+        with ring.work.block(f"{name} forward {step}", _pairs(tiles, q)):
+            for tile in tiles:
                 k_tile, v_tile = (t[..., :tile.keys, :].float() for t in kv)
                 part = tile_forward(_rows(q, tile).float(), k_tile, v_tile, tile)
                 rows = slice(tile.row, tile.row + tile.rows)
@@ -193,8 +203,9 @@ def ring_backward(q, k, v, out, lse, grad_out, ring: ContextParallelGroup, name:
     for step in range(ring.size):
         hop = ring.pass_on(kv, f"{name} kv") if step < ring.size - 1 else None
         grad_kv = torch.zeros_like(kv, dtype=torch.float32)
-        with ring.work.block(f"{name} backward {step}"):
-            for tile in _tiles(ring, step, q.shape[-2]):
+        tiles = _tiles(ring, step, q.shape[-2])
+        with ring.work.block(f"{name} backward {step}", _pairs(tiles, q)):
+            for tile in tiles:
                 keys = slice(0, tile.keys)
                 k_tile, v_tile = (t[..., keys, :].float() for t in kv)
                 dq, dk, dv = tile_backward(_rows(q32, tile), k_tile, v_tile, _rows(lse, tile),

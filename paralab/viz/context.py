@@ -19,12 +19,13 @@ from paralab.viz._common import (
 MODE_COLORS = {"ring": MICROBATCH_COLORS[0], "alltoall": MICROBATCH_COLORS[1]}
 
 
-def attention_seconds(run) -> list[float]:
-    """Per rank of a cp run: its attention CPU seconds per step, the median over the steps after the
-    first (``attention_cpu_s`` of each rank's result: its own thread's time, waits for a core excluded)."""
+def attention_per_step(run, key: str = "attention_cpu_s") -> list[float]:
+    """Per rank of a cp run: its attention work per step, the median over the steps after the first.
+    ``key``: ``attention_cpu_s`` (its own thread's CPU seconds, waits for a core excluded) or
+    ``attention_pairs`` (the query-key pairs its tiles computed, the same every step)."""
     out = []
     for result in run.rank_results:
-        per_step = result["attention_cpu_s"]
+        per_step = result[key]
         steps = sorted(per_step, key=int)
         out.append(statistics.median(per_step[s] for s in (steps[1:] or steps)))
     return out
@@ -32,17 +33,20 @@ def attention_seconds(run) -> list[float]:
 
 def attention_per_rank(runs: dict, title: str | None = None):
     """Grouped bars: attention milliseconds per step on each rank, one colour per run (``{label: run}``).
-    ``fig.layout.meta``: ``seconds`` per label and rank, ``imbalance`` (max over min) per label."""
+    ``fig.layout.meta``: ``seconds`` and ``pairs`` (query-key pairs computed) per label and rank,
+    ``imbalance`` (max over min seconds) and ``pair_imbalance`` (max over min pairs) per label."""
     graph = go()
     fig = graph.Figure()
-    seconds = {label: attention_seconds(run) for label, run in runs.items()}
+    seconds = {label: attention_per_step(run) for label, run in runs.items()}
+    pairs = {label: attention_per_step(run, "attention_pairs") for label, run in runs.items()}
     colors = MICROBATCH_COLORS + EXTRA_COLORS
     for i, (label, values) in enumerate(seconds.items()):
         fig.add_trace(graph.Bar(x=[f"r{r}" for r in range(len(values))], y=[v * 1e3 for v in values],
                                 name=label, marker_color=colors[i % len(colors)],
                                 hovertemplate=f"{label}, %{{x}}: %{{y:.2f}} ms per step<extra></extra>"))
-    imbalance = {label: max(v) / min(v) for label, v in seconds.items()}
-    fig.update_layout(barmode="group", meta={"seconds": seconds, "imbalance": imbalance})
+    fig.update_layout(barmode="group", meta={
+        "seconds": seconds, "imbalance": {label: max(v) / min(v) for label, v in seconds.items()},
+        "pairs": pairs, "pair_imbalance": {label: max(v) / min(v) for label, v in pairs.items()}})
     fig.update_xaxes(title_text="rank (its place in the sequence: first to last)")
     fig.update_yaxes(title_text="attention CPU time per step (ms)")
     return style(fig, title or "attention work per rank", 380)
