@@ -25,6 +25,7 @@ from paralab import cli, elastic, viz
 from paralab.data import GlobalBatchSampler, SyntheticCorpus
 from paralab.elastic import checkpoint
 from paralab.elastic import launch as launch_module
+from paralab.elastic.balance import Balancer
 from paralab.elastic.config import ElasticConfig
 from paralab.models.gpt import GPT, lm_loss
 from paralab.strategies.common import make_optimizer
@@ -313,8 +314,15 @@ def test_balancing_a_3x_slower_rank_keeps_single_device_losses(reference, capsys
         "the slow rank was not given less work")
     for step, ids in enumerate(summary["sample_ids"]):
         assert sorted(ids) == sorted(expected_ids(step))
+    # every cut is the balancer's rule applied to the compute seconds measured in the steps before it
+    trace = paralab.Trace.load(tmp_path / "balanced.json")
+    replay = Balancer(2, enabled=True)
+    for record in (r for r in trace.meta["step_records"] if r["final"]):
+        ids = expected_ids(record["step"])
+        assert record["samples"] == [len(replay.shard(ids, rank)) for rank in range(2)]
+        replay.update(record["samples"], record["compute_s"])
     # the figure: each rank's batch share per step, beside its share of the throughput
-    fig = viz.elastic_balance(paralab.Trace.load(tmp_path / "balanced.json"))
+    fig = viz.elastic_balance(trace)
     meta = fig.layout.meta
     assert meta["steps"] == list(range(5)) and meta["share"] == [[n / BATCH for n in s] for s in shares]
     assert meta["share"][0] == [0.5, 0.5]

@@ -57,8 +57,12 @@ class Balancer:
         mine = torch.tensor([float(samples), compute_s], dtype=torch.float64)
         everyone = torch.empty(2 * self.world_size, dtype=torch.float64)
         comm.all_gather(everyone, mine, name="throughput")
-        for r in range(self.world_size):
-            n, seconds = everyone[2 * r].item(), everyone[2 * r + 1].item()
-            if n > 0 and seconds > 0:  # a rank given no samples keeps its previous rate
-                rate, old = n / seconds, self.rates[r]
+        self.update(everyone[0::2].tolist(), everyone[1::2].tolist())
+
+    def update(self, samples: list[float], seconds: list[float]) -> None:
+        """Fold one step's samples and compute seconds of every rank into the smoothed rates: what
+        ``observe`` does with the gathered numbers, and what replays a run's history to check its cuts."""
+        for r, (n, s) in enumerate(zip(samples, seconds)):
+            if n > 0 and s > 0:  # a rank given no samples keeps its previous rate
+                rate, old = n / s, self.rates[r]
                 self.rates[r] = rate if old is None else (1 - SMOOTHING) * old + SMOOTHING * rate
