@@ -288,3 +288,23 @@ def test_activation_growth_draws_both_kernels_whatever_the_preset_trains_with():
     kept, flash = lines["whole sequence, scores kept"], lines["whole sequence, no scores (flash)"]
     assert flash[1] == pytest.approx(2 * flash[0]) and kept[1] > 2 * kept[0] and kept[0] > flash[0]
     assert lines["cp 4 (ring)"] == pytest.approx([f / 4 for f in flash])
+
+
+def test_attention_per_rank_draws_the_counted_pairs_at_the_runs_mean_rate():
+    """Per run: a solid bar per rank of its measured ms (median after the first step) and a hatched
+    one of its counted pairs times the run's mean ms per pair, so both add up to the same total."""
+    from types import SimpleNamespace
+
+    def run(seconds, pairs):  # two steps per rank: the first is left out as warm-up
+        return SimpleNamespace(rank_results=[
+            {"attention_cpu_s": {"0": 9.0, "1": s}, "attention_pairs": {"0": n, "1": n}}
+            for s, n in zip(seconds, pairs)])
+
+    fig = viz.attention_per_rank({"zigzag": run([0.010, 0.012], [100, 100]),
+                                  "contiguous": run([0.004, 0.016], [50, 150])})
+    timed, counted = (t for t in fig.data if t.name.startswith("contiguous"))
+    assert list(timed.y) == pytest.approx([4.0, 16.0]) and list(counted.y) == pytest.approx([5.0, 15.0])
+    assert counted.marker.pattern.shape == "/" and list(counted.customdata) == [50, 150]
+    meta = fig.layout.meta
+    assert meta["imbalance"] == pytest.approx({"zigzag": 1.2, "contiguous": 4.0})
+    assert meta["pair_imbalance"] == {"zigzag": 1.0, "contiguous": 3.0}

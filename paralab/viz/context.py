@@ -32,24 +32,35 @@ def attention_per_step(run, key: str = "attention_cpu_s") -> list[float]:
 
 
 def attention_per_rank(runs: dict, title: str | None = None):
-    """Grouped bars: attention milliseconds per step on each rank, one colour per run (``{label: run}``).
-    ``fig.layout.meta``: ``seconds`` and ``pairs`` (query-key pairs computed) per label and rank,
-    ``imbalance`` (max over min seconds) and ``pair_imbalance`` (max over min pairs) per label."""
+    """Grouped bars per rank, two per run (``{label: run}``, one colour each): the attention CPU
+    milliseconds per step it measured (solid) and the query-key pairs its tiles computed (hatched),
+    scaled so the run's pairs add up to its measured total: where a hatched bar stands above its solid
+    one, that rank's tiles ran faster per pair than the run's average. ``fig.layout.meta``:
+    ``seconds`` and ``pairs`` per label and rank, ``imbalance`` (max over min seconds) and
+    ``pair_imbalance`` (max over min pairs) per label."""
     graph = go()
     fig = graph.Figure()
     seconds = {label: attention_per_step(run) for label, run in runs.items()}
     pairs = {label: attention_per_step(run, "attention_pairs") for label, run in runs.items()}
     colors = MICROBATCH_COLORS + EXTRA_COLORS
     for i, (label, values) in enumerate(seconds.items()):
-        fig.add_trace(graph.Bar(x=[f"r{r}" for r in range(len(values))], y=[v * 1e3 for v in values],
-                                name=label, marker_color=colors[i % len(colors)],
+        ranks = [f"r{r}" for r in range(len(values))]
+        ms_per_pair = sum(values) * 1e3 / sum(pairs[label])
+        fig.add_trace(graph.Bar(x=ranks, y=[v * 1e3 for v in values], name=f"{label}: CPU time, measured",
+                                marker_color=colors[i % len(colors)],
                                 hovertemplate=f"{label}, %{{x}}: %{{y:.2f}} ms per step<extra></extra>"))
+        fig.add_trace(graph.Bar(x=ranks, y=[n * ms_per_pair for n in pairs[label]],
+                                name=f"{label}: query-key pairs counted, x its mean ms a pair",
+                                marker_color=colors[i % len(colors)], marker_pattern_shape="/", opacity=0.55,
+                                customdata=pairs[label],
+                                hovertemplate=f"{label}, %{{x}}: %{{customdata:,}} query-key pairs per step "
+                                              "(%{y:.2f} ms at the run's mean rate)<extra></extra>"))
     fig.update_layout(barmode="group", meta={
         "seconds": seconds, "imbalance": {label: max(v) / min(v) for label, v in seconds.items()},
         "pairs": pairs, "pair_imbalance": {label: max(v) / min(v) for label, v in pairs.items()}})
     fig.update_xaxes(title_text="rank (its place in the sequence: first to last)")
-    fig.update_yaxes(title_text="attention CPU time per step (ms)")
-    return style(fig, title or "attention work per rank", 380)
+    fig.update_yaxes(title_text="attention per step (ms)")
+    return style(fig, title or "attention work per rank: timed and counted", 400)
 
 
 def activation_growth(model, seqs: list[int], cps: tuple[int, ...] = (2, 4, 8), micro_batch: int = 1,
