@@ -53,7 +53,6 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
     except ConfigError as exc:
         raise SpecError(str(exc)) from None
     model = _as_run(lab_model(cfg.model, cfg.model_name).replace(dtype=cfg.dtype), cfg)
-    paralab_zero = layout.zero >= 2 and not get_strategy(cfg.strategy).reference_for
     parallel = ParallelSpec(
         dp=layout.dp, tp=layout.tp, pp=layout.pp, ep=layout.ep, virtual_stages=layout.virtual_stages,
         stage_layers=layout.stage_layers,
@@ -62,7 +61,7 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
         zero=layout.zero, sequence_parallel=layout.sequence_parallel, recompute=cfg.recompute, cp=layout.cp,
         cp_mode=layout.cp_mode or "ring", cp_split=layout.cp_split or "zigzag",
         overlap_grad_reduce=cfg.strategy != "dp",
-        reduce_scatters_in_flight=ZERO_REDUCE_SCATTERS_IN_FLIGHT if paralab_zero else 0,
+        reduce_scatters_in_flight=ZERO_REDUCE_SCATTERS_IN_FLIGHT if _paralab_zero(cfg, layout.zero) else 0,
         fp32_grads=layout.dp > 1 and model.dtype != "fp32" and cfg.reduce_dtype == "fp32",
         prefetch_params=not ((cfg.strategy == "zero3" and not cfg.zero_prefetch)
                              or (cfg.strategy == "torch_fsdp" and cfg.device == "cpu")),
@@ -70,6 +69,12 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
     ).resolved()
     return model, parallel.replace(grad_buckets=_gradient_messages(cfg, model, parallel),
                                    grad_copy_bytes=_gradient_copy_bytes(cfg, model, parallel))
+
+
+def _paralab_zero(cfg: RunConfig, zero: int) -> bool:
+    """ZeRO-2/3 as paralab's zero.py runs it, whose reduction the bridge counts; torch's FSDP
+    (a reference strategy) keeps its buffers and copies to itself."""
+    return zero >= 2 and not get_strategy(cfg.strategy).reference_for
 
 
 def _gradient_messages(cfg: RunConfig, model: ModelSpec, parallel: ParallelSpec) -> int:
@@ -94,7 +99,7 @@ def _gradient_copy_bytes(cfg: RunConfig, model: ModelSpec, parallel: ParallelSpe
     and add the reduced shard into the shard's gradient (3r/d); its ZeRO-1 divides its one flat
     buffer (2r, widened first when r > g) and copies the shard back (2r/d, none when it is the
     master weights' fp32 main_grad). torch FSDP's are not counted."""
-    if parallel.dp == 1 or cfg.strategy == "torch_fsdp":
+    if parallel.dp == 1 or (parallel.zero >= 2 and not _paralab_zero(cfg, parallel.zero)):
         return 0.0
     g, r = counting.autograd_grad_bytes(model, parallel), counting.bytes_per_param(model, parallel)[1]
     d = parallel.dp
