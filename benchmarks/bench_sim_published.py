@@ -20,37 +20,27 @@ def main() -> None:
         "| run | GPUs | hardware | metric | published | predicted | error | source |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    covered, every = [], []
-    for run in published.RUNS:
-        value = run.predicted(run.predict())
-        error = value / run.published - 1
-        every.append(abs(error))
-        if not run.known_miss:
-            covered.append(abs(error))
-        mark = " (miss)" if run.known_miss else ""
+    compared = published.compare()
+    for c in compared:
+        mark = " (miss)" if c.run.known_miss else ""
         rows.append(
-            f"| {run.label} ({run.organisation}) | {run.gpus:,} | {run.hardware.name} | "
-            f"{published.METRICS[run.metric]} | {number(run.published)} | {number(value)} | "
-            f"{error:+.1%}{mark} | "
-            f"{run.source} |"
+            f"| {c.run.label} ({c.run.organisation}) | {c.run.gpus:,} | {c.run.hardware.name} | "
+            f"{published.METRICS[c.run.metric]} | {number(c.run.published)} | {number(c.predicted)} | "
+            f"{c.error:+.1%}{mark} | {c.run.source} |"
         )
     print("\n".join(rows))
+    covered = [abs(c.error) for c in compared if not c.run.known_miss]
+    every = [abs(c.error) for c in compared]
     print(
         f"\nmean absolute error: {sum(covered) / len(covered):.1%} over the {len(covered)} runs reproduced, "
         f"{sum(every) / len(every):.1%} over all {len(every)}"
     )
     print("\n| scaling | published loss | predicted loss |\n|---|---|---|")
-    for name, first, last, miss in published.SCALING:
-        a, b = published.find(name, first), published.find(name, last)
-        loss = 1 - published.per_gpu(b, b.published) / published.per_gpu(a, a.published)
-        predicted = 1 - published.per_gpu(b, b.predicted(b.predict())) / published.per_gpu(
-            a, a.predicted(a.predict())
-        )
+    for series in published.scaling(compared):
         print(
-            f"| {name}, {first:,} -> {last:,} GPUs | {loss:.1%} | "
-            f"{predicted:.1%}{' (miss)' if miss else ''} |"
+            f"| {series.name}, {series.gpus[0]:,} -> {series.gpus[-1]:,} GPUs | {series.loss(False):.1%} | "
+            f"{series.loss(True):.1%}{' (miss)' if series.miss else ''} |"
         )
-
 
 if __name__ == "__main__":
     main()

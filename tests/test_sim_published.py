@@ -4,6 +4,7 @@ within a third of the published ones. Runs the model does not reproduce are mark
 and their tests expect the miss (so an improvement asks for the docs to be updated)."""
 
 import dataclasses
+import functools
 
 import pytest
 
@@ -15,7 +16,8 @@ COVERED = [r for r in RUNS if not r.known_miss]
 
 
 def error(run) -> float:
-    return run.predicted(run.predict()) / run.published - 1
+    (compared,) = published.compare([run])
+    return compared.error
 
 
 def ident(run) -> str:
@@ -84,18 +86,31 @@ def test_memory_agrees_where_the_source_states_it(run):
     )
 
 
+@functools.cache
+def series() -> dict[str, published.Scaling]:
+    return {s.name: s for s in published.scaling()}
+
+
 @pytest.mark.parametrize("name, first, last, miss", published.SCALING, ids=[s[0] for s in published.SCALING])
 def test_the_loss_from_the_fewest_to_the_most_gpus_is_within_a_third(name, first, last, miss):
-    a, b = published.find(name, first), published.find(name, last)
-    was = published.per_gpu(a, a.published)
-    loss = 1 - published.per_gpu(b, b.published) / was
-    predicted = 1 - published.per_gpu(b, b.predicted(b.predict())) / published.per_gpu(
-        a, a.predicted(a.predict())
-    )
+    scaling = series()[name]
+    assert scaling.gpus[0] == first and scaling.gpus[-1] == last and scaling.miss == miss
+    loss, predicted = scaling.loss(predicted=False), scaling.loss(predicted=True)
     assert loss > 0.01
     assert (abs(predicted - loss) <= loss / 3) != bool(miss), (
         f"{name}: published {loss:.1%}, predicted {predicted:.1%}"
     )
+
+
+def test_a_scaling_series_holds_every_count_between_and_starts_whole(monkeypatch):
+    megascale = series()["MegaScale 175B, Megatron-LM, batch 768"]
+    assert megascale.gpus == [256, 512, 768, 1024]
+    assert megascale.kept(predicted=False)[0] == megascale.kept(predicted=True)[0] == 1.0
+    # tokens/s of the whole job: 39.3k on 256 GPUs, 132.7k on 1,024 (per GPU 153.5 and 129.6)
+    assert megascale.loss(predicted=False) == pytest.approx(1 - 132.7 / 4 / 39.3)
+    monkeypatch.setattr(published, "SCALING", [(megascale.name, 256, 2048, "")])
+    with pytest.raises(ValueError, match="both 256 and 2048"):
+        published.scaling(list(megascale.points))
 
 
 def test_mpt_runs_as_its_config_trains_it():

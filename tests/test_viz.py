@@ -308,3 +308,50 @@ def test_attention_per_rank_draws_the_counted_pairs_at_the_runs_mean_rate():
     meta = fig.layout.meta
     assert meta["imbalance"] == pytest.approx({"zigzag": 1.2, "contiguous": 4.0})
     assert meta["pair_imbalance"] == {"zigzag": 1.0, "contiguous": 3.0}
+
+
+def _compared(label, organisation, gpus, published, predicted, miss=""):
+    """A published run's comparison without running the cost model: only what the figures read."""
+    from types import SimpleNamespace
+
+    from paralab.sim.published import Compared
+
+    run = SimpleNamespace(label=label, organisation=organisation, gpus=gpus, published=published,
+                          known_miss=miss, metric="tokens_per_s", hardware=SimpleNamespace(name="a100"))
+    return Compared(run, predicted)
+
+
+def test_published_errors_draw_each_run_against_its_gpus_with_the_misses_open():
+    compared = [_compared("A", "Org1", 8, 100.0, 110.0), _compared("A", "Org1", 64, 100.0, 95.0),
+                _compared("B", "Org2", 1024, 200.0, 270.0, miss="why")]
+    fig = viz.published_errors(compared)
+    first, second = fig.data
+    assert [first.name, second.name] == ["Org1", "Org2"]
+    assert list(first.x) == [8, 64] and list(first.y) == pytest.approx([10.0, -5.0])
+    assert list(second.y) == pytest.approx([35.0]) and second.marker.symbol == ("diamond-open",)
+    assert all(not s.endswith("-open") for s in first.marker.symbol)
+    band = fig.layout.shapes[0]
+    assert (band.y0, band.y1) == (-20.0, 20.0)
+    assert fig.layout.yaxis.range[1] >= 40  # the miss at +35% is inside the plot
+    meta = fig.layout.meta
+    assert meta["errors"] == pytest.approx([0.10, -0.05, 0.35])
+    assert meta["mean_abs_error_covered"] == pytest.approx(0.075)
+    assert "2 inside" in fig.layout.title.text and "1 known misses" in fig.layout.title.text
+
+
+def test_published_scaling_draws_the_share_each_count_keeps_published_and_predicted():
+    from paralab.sim.published import Scaling
+
+    flat = Scaling("flat", (_compared("S", "O", 8, 800.0, 880.0), _compared("S", "O", 16, 1520.0, 1740.0)),
+                   miss="too flat")
+    close = Scaling("close", (_compared("T", "O", 100, 1000.0, 1000.0),
+                              _compared("T", "O", 400, 3600.0, 3560.0)), miss="")
+    fig = viz.published_scaling([flat, close])
+    published, predicted = fig.data[:2]
+    assert list(published.x) == [8, 16]
+    assert list(published.y) == pytest.approx([100.0, 95.0])  # 100 -> 95 tokens/s per GPU
+    assert list(predicted.y) == pytest.approx([100.0, 100 * (1740 / 16) / (880 / 8)])
+    assert [t.showlegend for t in fig.data] == [True, True, False, False]
+    titles = [a.text for a in fig.layout.annotations]
+    assert "published 5.0%, predicted 1.1% (miss)" in titles[0] and "(miss)" not in titles[1]
+    assert fig.layout.meta["series"][1]["published"] == pytest.approx([1.0, 0.9])

@@ -423,12 +423,6 @@ RUNS: list[PublishedRun] = [
 ]
 
 
-def find(label: str, gpus: int) -> PublishedRun:
-    """The run of RUNS with this label on this many GPUs."""
-    (run,) = (r for r in RUNS if r.label == label and r.gpus == gpus)
-    return run
-
-
 TITAN_SCALING_MISS = (
     "the model hides most of FSDP's inter-node traffic under compute (1.4-1.5% lost) against the "
     "published 2.3-2.7%"
@@ -461,3 +455,60 @@ SCALING = [
 def per_gpu(run: PublishedRun, value: float) -> float:
     """A run's figure as per-GPU throughput, so runs of one model at several GPU counts compare."""
     return value / run.gpus if run.metric == "tokens_per_s" else value
+
+
+@dataclass(frozen=True)
+class Compared:
+    """A published run beside the simulator's prediction of it, in the units the source reports."""
+
+    run: PublishedRun
+    predicted: float
+
+    @property
+    def error(self) -> float:
+        """Predicted over published, less one: +0.1 is a prediction 10% too fast."""
+        return self.predicted / self.run.published - 1
+
+    def per_gpu(self, predicted: bool) -> float:
+        return per_gpu(self.run, self.predicted if predicted else self.run.published)
+
+
+def compare(runs: list[PublishedRun] | None = None) -> list[Compared]:
+    """Every run (all of RUNS unless given) through the cost model: about 2 s for RUNS."""
+    return [Compared(run, run.predicted(run.predict())) for run in (RUNS if runs is None else runs)]
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """One model at several GPU counts (a row of SCALING): the per-GPU throughput each keeps."""
+
+    name: str
+    points: tuple[Compared, ...]  # fewest GPUs first
+    miss: str  # why the predicted loss is not within a third of the published one, when it is not
+
+    @property
+    def gpus(self) -> list[int]:
+        return [c.run.gpus for c in self.points]
+
+    def kept(self, predicted: bool) -> list[float]:
+        """Per-GPU throughput at each GPU count as a share of the fewest GPUs' (1.0 first)."""
+        first = self.points[0].per_gpu(predicted)
+        return [c.per_gpu(predicted) / first for c in self.points]
+
+    def loss(self, predicted: bool) -> float:
+        """The share of per-GPU throughput lost from the fewest GPUs to the most."""
+        return 1 - self.kept(predicted)[-1]
+
+
+def scaling(compared: list[Compared] | None = None) -> list[Scaling]:
+    """The series of SCALING, each with every run of its label from its first GPU count to its last
+    (from ``compared``, or predicted afresh)."""
+    compared = compare() if compared is None else compared
+    series = []
+    for name, first, last, miss in SCALING:
+        points = sorted((c for c in compared if c.run.label == name and first <= c.run.gpus <= last),
+                        key=lambda c: c.run.gpus)
+        if [c.run.gpus for c in points[:1] + points[-1:]] != [first, last]:
+            raise ValueError(f"{name}: no compared runs on both {first} and {last} GPUs")
+        series.append(Scaling(name, tuple(points), miss))
+    return series

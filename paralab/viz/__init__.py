@@ -14,6 +14,7 @@ from paralab.viz.loss import loss_curves
 from paralab.viz.memory import measured_vs_predicted, memory, memory_vs
 from paralab.viz.mesh import mesh
 from paralab.viz.moe import expert_cost, expert_load
+from paralab.viz.published import published_errors, published_scaling
 from paralab.viz.scaling import scaling, speedup_timeline
 from paralab.viz.timeline import timeline
 
@@ -22,5 +23,5 @@ __all__ = [
     "comm_matrix_data", "comm_link_split", "scaling", "speedup_timeline", "memory", "measured_vs_predicted",
     "memory_vs", "elastic", "elastic_balance", "elastic_phases",
     "loss_curves", "mesh", "attention_per_rank", "activation_growth", "cp_modes", "expert_load",
-    "expert_cost",
+    "expert_cost", "published_errors", "published_scaling",
 ]

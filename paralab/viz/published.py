@@ -1,0 +1,99 @@
+"""How far to trust the simulator: its predictions of published training runs (paralab.sim.published),
+run by run and as one model spreads over more GPUs (notebook 08).
+
+Both take what :func:`paralab.sim.published.compare` and :func:`~paralab.sim.published.scaling` return,
+so a figure draws the numbers the tests hold, not a copy of them.
+"""
+
+from __future__ import annotations
+
+from paralab.viz._common import SERIES_COLORS, go, log_ticks, make_subplots, style
+
+BAND = 0.20  # the issue's bound on each run: a prediction within 20% of the published figure
+SYMBOLS = ["circle", "diamond", "square", "triangle-up", "star", "cross"]
+
+
+def published_errors(compared, title: str | None = None):
+    """Each run's error (predicted over published, less one, in %) against its GPU count (log axis),
+    one colour and symbol per organisation, the +-20% band shaded. Runs the model is known to miss
+    (``known_miss``) are drawn open. ``fig.layout.meta`` holds the errors in drawing order."""
+    graph = go()
+    fig = graph.Figure()
+    organisations = list(dict.fromkeys(c.run.organisation for c in compared))
+    meta: dict = {"band": BAND, "runs": [], "errors": [], "gpus": []}
+    for i, organisation in enumerate(organisations):
+        rows = [c for c in compared if c.run.organisation == organisation]
+        symbol = SYMBOLS[i % len(SYMBOLS)]
+        fig.add_trace(graph.Scatter(
+            x=[c.run.gpus for c in rows], y=[100 * c.error for c in rows], mode="markers", name=organisation,
+            marker=dict(color=SERIES_COLORS[i % len(SERIES_COLORS)], size=11, line=dict(width=2),
+                        symbol=[symbol + ("-open" if c.run.known_miss else "") for c in rows]),
+            customdata=[[c.run.label, c.run.hardware.name, f"{c.run.published:,.4g}", f"{c.predicted:,.4g}"]
+                        for c in rows],
+            hovertemplate="%{customdata[0]}<br>%{x:,} GPUs (%{customdata[1]}): published %{customdata[2]}, "
+                          "predicted %{customdata[3]}, %{y:+.1f}%<extra></extra>",
+        ))
+        meta["runs"] += [c.run.label for c in rows]
+        meta["errors"] += [c.error for c in rows]
+        meta["gpus"] += [c.run.gpus for c in rows]
+    fig.add_hrect(y0=-100 * BAND, y1=100 * BAND, fillcolor="#54A24B", opacity=0.12, line_width=0)
+    fig.add_hline(y=0, line=dict(color="#555555", width=1))
+    gpus = meta["gpus"]
+    fig.update_xaxes(type="log", tickvals=log_ticks(min(gpus), max(gpus)), tickformat=",",
+                     title_text="GPUs in the run (log scale)")
+    errors = [100 * e for e in meta["errors"]]
+    fig.update_yaxes(title_text="predicted / published - 1 (%)", ticksuffix="%", zeroline=False,
+                     range=[min(-125 * BAND, min(errors) - 5), max(125 * BAND, max(errors) + 5)])
+    covered = [abs(c.error) for c in compared if not c.run.known_miss]
+    meta["mean_abs_error"] = sum(abs(e) for e in meta["errors"]) / len(compared)
+    meta["mean_abs_error_covered"] = sum(covered) / len(covered)
+    fig.update_layout(meta=meta)
+    return style(fig, title or (
+        f"{len(compared)} published runs predicted: mean |error| {meta['mean_abs_error_covered']:.1%} over "
+        f"the {len(covered)} inside the shaded ±{BAND:.0%} (open: the {len(compared) - len(covered)} known "
+        "misses)"
+    ), 460)
+
+
+def published_scaling(series, title: str | None = None):
+    """One panel per model run at several GPU counts: the per-GPU throughput each count keeps, as a
+    share of the fewest GPUs', published (solid) against predicted (dashed). A panel's title gives
+    both losses from its fewest GPUs to its most. ``fig.layout.meta["series"]`` holds the shares."""
+    graph = go()
+    cols = 3
+    rows = -(-len(series) // cols)
+    titles = [
+        f"{s.name}<br>lost: published {s.loss(False):.1%}, predicted {s.loss(True):.1%}"
+        + (" (miss)" if s.miss else "")
+        for s in series
+    ]
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, shared_yaxes=True,
+                        horizontal_spacing=0.04, vertical_spacing=0.2)
+    meta: dict = {"series": []}
+    lowest = 1.0
+    for i, s in enumerate(series):
+        row, col = i // cols + 1, i % cols + 1
+        for predicted, name, color, dash in ((False, "published", SERIES_COLORS[0], "solid"),
+                                             (True, "predicted", SERIES_COLORS[1], "dash")):
+            kept = s.kept(predicted)
+            lowest = min(lowest, *kept)
+            fig.add_trace(graph.Scatter(
+                x=s.gpus, y=[100 * k for k in kept], mode="lines+markers", name=name, legendgroup=name,
+                showlegend=i == 0, line=dict(color=color, dash=dash, width=2.5),
+                marker=dict(color=color, size=8),
+                hovertemplate=f"{name}: %{{x:,}} GPUs keep %{{y:.1f}}% of the fewest's per-GPU "
+                              "throughput<extra></extra>",
+            ), row, col)
+        fig.update_xaxes(type="log", tickvals=s.gpus, tickformat=",", row=row, col=col)
+        meta["series"].append({"name": s.name, "gpus": s.gpus, "published": s.kept(False),
+                               "predicted": s.kept(True), "miss": bool(s.miss)})
+    fig.update_xaxes(title_text="GPUs (log scale)", row=rows)
+    fig.update_yaxes(range=[100 * lowest - 2, 101.5], ticksuffix="%")
+    for row in range(1, rows + 1):
+        fig.update_yaxes(title_text="per-GPU throughput (% of the fewest GPUs')", row=row, col=1)
+    fig.update_annotations(font_size=11)
+    fig.update_layout(meta=meta)
+    style(fig, title or "Scaling out: the per-GPU throughput each GPU count keeps, published and predicted",
+          290 * rows + 130)
+    fig.update_layout(margin=dict(l=70, r=20, t=125, b=50))
+    return fig
