@@ -39,8 +39,9 @@ def expected_inter_node_bytes(grad_bytes: int, nodes: int, per_node: int, hierar
 
 
 def test_hierarchical_all_reduce_same_losses_fewer_inter_node_bytes(no_leftover_ranks):
-    flat = paralab.run("ddp", 4, steps=3, nodes=2, bucket_mb=0.2)
-    tiered = paralab.run("ddp", 4, steps=3, nodes=2, bucket_mb=0.2, hierarchical=True)
+    """Two microbatches a step: each bucket leaves once both backward passes have added into it."""
+    flat = paralab.run("ddp", 4, steps=3, nodes=2, bucket_mb=0.2, microbatches=2)
+    tiered = paralab.run("ddp", 4, steps=3, nodes=2, bucket_mb=0.2, microbatches=2, hierarchical=True)
     assert_close_rel(tiered.losses, flat.losses)
     grad_bytes = flat.config.model.param_count() * 4
     flat_inter = flat.summary["comm_bytes_by_link"]["inter_node"]

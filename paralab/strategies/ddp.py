@@ -97,9 +97,10 @@ class BucketedReducer(GradSync):
 class HierarchicalReducer(BucketedReducer):
     """Buckets reduced node by node: intra-node reduce-scatter, inter-node all-reduce, intra all-gather."""
 
-    def __init__(self, model, world_size: int, bucket_mb: float, node_of, memory=None,
+    def __init__(self, model, world_size: int, bucket_mb: float, node_of, accumulations: int = 1, memory=None,
                  reduce_dtype: torch.dtype = torch.float32):
-        super().__init__(model, world_size, bucket_mb, memory=memory, reduce_dtype=reduce_dtype)
+        super().__init__(model, world_size, bucket_mb, accumulations=accumulations, memory=memory,
+                         reduce_dtype=reduce_dtype)
         nodes = sorted({node_of(r) for r in range(world_size)})
         members = {n: [r for r in range(world_size) if node_of(r) == n] for n in nodes}
         self.local_size = len(members[nodes[0]])
@@ -143,13 +144,11 @@ def check(cfg, layout) -> None:
 
 def train(ctx):
     model, reduce_dtype = full_model(ctx), torch_dtype(ctx.cfg.reduce_dtype)
+    shared = dict(accumulations=ctx.layout.microbatches, memory=ctx.memory, reduce_dtype=reduce_dtype)
     if ctx.cfg.hierarchical:
-        reducer = HierarchicalReducer(model, ctx.world_size, ctx.cfg.bucket_mb,
-                                      ctx.recorder.node_of, ctx.memory, reduce_dtype)
+        reducer = HierarchicalReducer(model, ctx.world_size, ctx.cfg.bucket_mb, ctx.recorder.node_of, **shared)
     else:
-        reducer = BucketedReducer(model, ctx.world_size, ctx.cfg.bucket_mb,
-                                  accumulations=ctx.layout.microbatches,
-                                  memory=ctx.memory, reduce_dtype=reduce_dtype)
+        reducer = BucketedReducer(model, ctx.world_size, ctx.cfg.bucket_mb, **shared)
     return train_model(ctx, model, reducer)
 
 
