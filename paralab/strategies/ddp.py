@@ -146,7 +146,8 @@ def train(ctx):
     model, reduce_dtype = full_model(ctx), torch_dtype(ctx.cfg.reduce_dtype)
     shared = dict(accumulations=ctx.layout.microbatches, memory=ctx.memory, reduce_dtype=reduce_dtype)
     if ctx.cfg.hierarchical:
-        reducer = HierarchicalReducer(model, ctx.world_size, ctx.cfg.bucket_mb, ctx.recorder.node_of, **shared)
+        reducer = HierarchicalReducer(model, ctx.world_size, ctx.cfg.bucket_mb, ctx.recorder.node_of,
+                                      **shared)
     else:
         reducer = BucketedReducer(model, ctx.world_size, ctx.cfg.bucket_mb, **shared)
     return train_model(ctx, model, reducer)
