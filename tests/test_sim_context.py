@@ -75,6 +75,24 @@ def test_activations_per_gpu_fall_as_one_over_cp():
         assert ulysses == pytest.approx((unsplit + scores) / cp)
 
 
+def test_a_cp_runs_mfu_is_against_the_rated_peak_and_counts_only_the_layers_recomputed():
+    """As every other run's: a power cap slows the step, not the peak MFU divides by; recomputing 8 of
+    32 layers adds a quarter of full recompute's FLOPs, not all of them."""
+    import dataclasses
+
+    from paralab.sim import counting
+
+    capped = dataclasses.replace(H100, power_limit_w=500)
+    model = LLAMA.replace(seq=32768)
+    p = spec(cp=4, dp=2, global_batch=2, recompute="full", recompute_layers=8)
+    for hw in (H100, capped):
+        run = cost.predict(model, p, hw, simulate=False)
+        flops = counting.flops_per_step(model, p.global_batch, "full", share=0.25)
+        assert run.hardware_flops_per_step == pytest.approx(flops["hardware"])
+        assert run.mfu == pytest.approx(flops["model"] / (run.step_time_s * 8 * H100.datasheet_peak("bf16")))
+    assert cost.predict(model, p, capped, False).step_time_s > cost.predict(model, p, H100, False).step_time_s
+
+
 def test_the_planner_takes_cp_for_long_sequences_and_says_why():
     model = LLAMA.replace(seq=131072)
     ranked = planner.plan(model, 64, H100, global_batch=8, top=3)

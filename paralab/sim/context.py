@@ -227,18 +227,14 @@ def predict(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec, simulate
     extra, exposed = layer_extra(model, p, hw)
     passes = model.layers // p.pp * (p.microbatches + p.pp - 1)
     step = base.step_time_s + passes * extra
-    flops = counting.flops_per_step(model, p.global_batch, p.recompute)
-    peak = hw.peak(model.dtype) * (1 if hw.shared_compute else p.world_size)
     memory = memory_per_gpu(model, p)
     breakdown = dict(base.breakdown_s, pipeline=base.breakdown_s["pipeline"] + passes * extra,
                      cp_comm_exposed=passes * exposed)
     return dataclasses.replace(
         base, step_time_s=step, tokens_per_s=p.global_batch * model.seq / step,
-        tflops_per_gpu=flops["hardware"] / step / p.world_size / 1e12, mfu=flops["model"] / (step * peak),
-        hfu=flops["hardware"] / (step * peak), memory_bytes_per_gpu=memory,
+        **cost.flop_rates(model, p, hw, step), memory_bytes_per_gpu=memory,
         comm_bytes_per_gpu={**base.comm_bytes_per_gpu, **comm_bytes_per_gpu(model, p)},
-        params=counting.parameter_counts(model)["total"], model_flops_per_step=flops["model"],
-        hardware_flops_per_step=flops["hardware"], breakdown_s=breakdown, parallel=p,
+        params=counting.parameter_counts(model)["total"], breakdown_s=breakdown, parallel=p,
         fits=memory["total"] <= cost.usable_memory(hw),
     )
 

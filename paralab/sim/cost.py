@@ -883,9 +883,6 @@ def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: f
     loop = training_loop_time(model, p, hw)
     step += loop
     pipeline = max(e for _, e in finish)
-    flops = counting.flops_per_step(model, p.global_batch, p.recompute, counting.recompute_share(model, p))
-    world = p.world_size
-    peak = hw.datasheet_peak(model.dtype) * (1 if hw.shared_compute else world)
     memory = memory_per_gpu(model, p)
     first_rank = [st for stage, st in enumerate(times) if counting.stage_rank(p, stage) == 0]
     per_rank_tp = p.microbatches * sum(st.tp_comm for st in first_rank)
@@ -895,16 +892,12 @@ def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: f
     return Prediction(
         step_time_s=step,
         tokens_per_s=p.global_batch * model.seq / step,
-        tflops_per_gpu=flops["hardware"] / step / world / 1e12,
-        mfu=flops["model"] / (step * peak),
-        hfu=flops["hardware"] / (step * peak),
+        **flop_rates(model, p, hw, step),
         bubble_fraction=bubble,
         memory_bytes_per_gpu=memory,
         comm_bytes_per_gpu=counting.comm_bytes_per_gpu(model, p),
         params=counting.parameter_counts(model)["total"],
         active_params=counting.active_parameters(model),
-        model_flops_per_step=flops["model"],
-        hardware_flops_per_step=flops["hardware"],
         breakdown_s={
             "pipeline": pipeline,
             "compute": pipeline * (1 - bubble) - per_rank_tp - per_rank_zero,
@@ -920,6 +913,21 @@ def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: f
         fits=memory["total"] <= usable_memory(hw),
         step_window_s=2 * step - loop - first_end,
     )
+
+
+def flop_rates(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, step: float) -> dict[str, float]:
+    """A step's FLOPs and what they make of the GPUs: model and hardware FLOPs (recompute counted for
+    the layers it reruns), TFLOP/s per GPU, and MFU and HFU against the rated peak, so that a
+    power-capped part's lower clock shows as lower utilisation, not as a lower bar."""
+    flops = counting.flops_per_step(model, p.global_batch, p.recompute, counting.recompute_share(model, p))
+    peak = hw.datasheet_peak(model.dtype) * (1 if hw.shared_compute else p.world_size)
+    return {
+        "model_flops_per_step": flops["model"],
+        "hardware_flops_per_step": flops["hardware"],
+        "tflops_per_gpu": flops["hardware"] / step / p.world_size / 1e12,
+        "mfu": flops["model"] / (step * peak),
+        "hfu": flops["hardware"] / (step * peak),
+    }
 
 
 def training_loop_time(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> float:
