@@ -187,11 +187,14 @@ def cmd_merge(args) -> int:
 
 def cmd_nodes(args) -> int:
     from paralab.layout import resolve_layout
+    from paralab.outputs import check_dir
     from paralab.runtime.multinode import run_local_nodes
 
     run_args = args.run_args[1:] if args.run_args[:1] == ["--"] else args.run_args
     cfg = config_from_args(build_parser().parse_args(["run", *run_args]))
     resolve_layout(dataclasses.replace(cfg, world_size=args.nnodes * args.nproc_per_node, nodes=args.nnodes))
+    if args.trace_dir:
+        check_dir(args.trace_dir, "--trace-dir")
     run = run_local_nodes(run_args, args.nnodes, args.nproc_per_node, trace_dir=args.trace_dir)
     print(json_text(run.summary) if args.json else format_summary(run.summary))
     return EXIT_OK

@@ -45,9 +45,10 @@ def _check_parent(path: Path, what: str) -> None:
 
 
 def check_run_outputs(args) -> None:
-    """``paralab run``'s --trace, --report (files) and --trace-dir (a directory)."""
+    """``paralab run``'s --trace, --report (files), --trace-dir and --profile (directories)."""
     for option, value in (("--trace", args.trace), ("--report", args.report)):
         if value:
             check_file(value, option)
-    if args.trace_dir:
-        check_dir(args.trace_dir, "--trace-dir")
+    for option, value in (("--trace-dir", args.trace_dir), ("--profile", args.profile)):
+        if value:
+            check_dir(value, option)

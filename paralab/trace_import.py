@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from paralab.config import ConfigError
+from paralab.outputs import check_file
 from paralab.profiling import METADATA_KEY, PREFIX, parse_label
 from paralab.trace import COMM, STEP, Span, Trace
 from paralab.trace_ops import DEVICE_CATS, HOST_CATS, Event, comm_spans, compute_spans
@@ -336,7 +337,9 @@ def add_import_args(parser) -> None:
 
 
 def import_main(args) -> int:
-    """``paralab import``: 0 when written; 2 (one line on stderr) for a file that cannot be imported."""
+    """``paralab import``: 0 when written; 2 (one line on stderr) for a file that cannot be imported or
+    an output that cannot be written (checked first: reading many profiles takes a while)."""
+    check_file(args.output, "output")
     try:
         facts = {k: getattr(args, k) for k in ("schedule", "pp", "microbatches", "tokens_per_step")}
         trace = import_profile(args.profiles, names=args.names, meta={k: v for k, v in facts.items() if v})

@@ -52,6 +52,7 @@ def test_invalid_arguments_exit_2_before_any_process(monkeypatch, capsys, argv, 
         ("--report", lambda tmp: tmp, "--report {} is a directory"),
         ("--trace-dir", lambda tmp: tmp / "file.txt", "--trace-dir {} exists and is not a directory"),
         ("--trace", lambda tmp: tmp / "file.txt" / "t.json", "is not a directory"),
+        ("--profile", lambda tmp: tmp / "file.txt", "--profile {} exists and is not a directory"),
     ],
 )
 def test_unwritable_output_paths_exit_2_before_any_process(monkeypatch, capsys, tmp_path, option, make,
@@ -61,6 +62,29 @@ def test_unwritable_output_paths_exit_2_before_any_process(monkeypatch, capsys, 
     path = make(tmp_path)
     assert cli.main(["run", option, str(path)]) == 2
     assert message.format(path) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["elastic", "--nnodes", "1:2", "--trace", "{tmp}"], "--trace {tmp} is a directory"),
+        (["nodes", "--trace-dir", "{tmp}/file.txt", "--", "--strategy", "ddp"],
+         "--trace-dir {tmp}/file.txt exists and is not a directory"),
+        (["import", "{tmp}/rank0.json", "-o", "{tmp}"], "output {tmp} is a directory"),
+    ],
+    ids=["elastic", "nodes", "import"],
+)
+def test_the_other_commands_check_where_they_write_before_they_start(monkeypatch, capsys, tmp_path, argv,
+                                                                     message):
+    """Before a launch (or reading a profile) a path that cannot take the output exits 2, not at the end."""
+    from paralab.elastic import launch as elastic_launch
+    from paralab.runtime import multinode
+
+    (tmp_path / "file.txt").write_text("in the way")
+    for module, name in ((elastic_launch, "launch"), (multinode, "run_local_nodes")):
+        monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail("a process was about to start"))
+    assert cli.main([arg.format(tmp=tmp_path) for arg in argv]) == 2
+    assert message.format(tmp=tmp_path) in capsys.readouterr().err
 
 
 def test_a_failed_run_exits_1_naming_the_rank(capsys, no_leftover_ranks):

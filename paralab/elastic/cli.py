@@ -11,6 +11,7 @@ import argparse
 
 from paralab.cli_args import EXIT_OK, add_training_args, build_config, json_text, key_values
 from paralab.elastic.config import ElasticConfig
+from paralab.outputs import check_file
 
 
 def node_range(text: str) -> tuple[int, int]:
@@ -61,7 +62,10 @@ def elastic_main(args) -> int:
     paralab.cli.main like every other command's."""
     from paralab.elastic.launch import launch
 
-    result = launch(config_from_args(args))
+    cfg = config_from_args(args)
+    if args.trace:
+        check_file(args.trace, "--trace")
+    result = launch(cfg)
     if args.trace:
         result.save_trace(args.trace)
     print(json_text(result.summary) if args.json else result.describe())
