@@ -353,7 +353,8 @@ def _merge(tables: list[list], keys: int, aggregate) -> list[list]:
 
 
 def gloo_curves(timeout: float = 40.0) -> dict[str, list]:
-    """All-reduce and one-way send/recv curves between two fresh local gloo processes (1 thread each).
+    """gloo's all-reduce, all-gather, reduce-scatter and one-way send/recv curves between two fresh local
+    processes (1 thread each), and the waits of a synchronisation after compute (``sync``).
 
     The workers are fresh interpreters (``python -m paralab.sim.calibration``), so calibrating works
     from a notebook or a script without a ``__main__`` guard."""

@@ -22,7 +22,7 @@
   width 2048, 8 routed per token, vocabulary 129280, sequence 4096). A DeepSeek-V3-*like* shape: its
   multi-head latent attention is modelled as multi-head attention of the model's width (about 10%
   more attention parameters than MLA's low-rank projections) and the multi-token-prediction module
-  is left out: about 672B parameters, 38B active (the report: 671B, 37B).
+  is left out: about 672B parameters, 39B active (the report: 671B, 37B).
 A shape override (:func:`override`) re-derives what follows from it, as the model's family does:
 the MLP width from the hidden size (4h for GPT; the Llama rule, see :data:`FFN_RULES`) and the KV
 heads from the heads (equal, or the preset's query-group size under grouped-query attention).
