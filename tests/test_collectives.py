@@ -20,6 +20,11 @@ def test_the_ring_is_the_cost_models_ring(op, group):
     for payload in (4.0, 2.0**20, 2.0**30):
         assert collectives.ring_time(op, payload, group, h100.intra_latency, h100.intra_bw) == pytest.approx(
             cost.collective_time(h100, op, payload, group, 1), rel=1e-12)
+    # by hand: 2 (n - 1) steps of the latency and 2 (n - 1) / n of the payload at the bus bandwidth
+    steps = (2 if op == "all_reduce" else 1) * (group - 1)
+    expected = steps * h100.intra_latency + steps / group * 2.0**30 / h100.intra_bw
+    by_hand = collectives.ring_time(op, 2.0**30, group, h100.intra_latency, h100.intra_bw)
+    assert by_hand == pytest.approx(expected)
 
 
 def test_tree_against_ring_crosses_where_the_algebra_says():

@@ -131,13 +131,16 @@ def test_llama_parameters_are_exact():
     assert counting.parameter_counts(get_model("llama2-70b"))["total"] == 68_976_648_192
 
 
-def test_ring_wire_bytes_agree_with_comm_module():
-    from paralab.comm import wire_bytes
-
-    for op in ("all_reduce", "all_gather", "reduce_scatter", "send"):
-        for n in (1, 2, 8, 64):
-            assert (counting.ring_wire_bytes(op, 1 << 20, n)
-                    == pytest.approx(wire_bytes(op, 1 << 20, n), abs=1))
+def test_ring_wire_bytes_per_rank_by_hand():
+    """A ring all-reduce of B bytes on n ranks sends 2 (n - 1) / n x B from each rank, its halves
+    (n - 1) / n x B each; a send sends B; one rank sends nothing."""
+    mib = 1 << 20
+    assert counting.ring_wire_bytes("all_reduce", mib, 8) == 2 * 7 * mib // 8 == 1_835_008
+    assert counting.ring_wire_bytes("all_gather", mib, 8) == 7 * mib // 8 == 917_504
+    assert counting.ring_wire_bytes("reduce_scatter", mib, 8) == 917_504
+    assert counting.ring_wire_bytes("all_reduce", mib, 2) == mib
+    assert counting.ring_wire_bytes("send", mib, 2) == mib
+    assert counting.ring_wire_bytes("all_reduce", mib, 1) == 0
 
 
 def test_tensor_parallel_bytes_match_narayanan():

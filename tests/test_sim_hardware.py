@@ -73,7 +73,6 @@ def test_presets_match_their_datasheets_in_si_units(name):
 
 def test_the_h200_is_not_given_in_decimal_gigabytes():
     """141e9 bytes is 131 GiB: the unit slip this preset used to make, 7% short of the part."""
-    assert abs(141e9 / GiB / 141 - 1) > 0.05
     assert PRESETS["h200"].memory_bytes / GiB > 140
 
 
