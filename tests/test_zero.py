@@ -180,3 +180,17 @@ def test_zero_prefetch_is_a_zero3_option(strategy):
     cfg = RunConfig.build("tiny", strategy=strategy, world_size=2, global_batch=8, zero_prefetch=True)
     with pytest.raises(ConfigError, match="zero_prefetch .*zero3 option"):
         resolve_layout(cfg)
+
+
+def test_fp32_parameters_reduced_in_bf16_train_as_ddp_does(no_leftover_ranks):
+    """Halving the reduction's bytes (reduce_dtype bf16 under fp32 parameters): each stage's shard
+    gradient comes back in fp32 for the optimizer, and the run steps the same parameters as ddp
+    reducing in bf16 (the stages had kept it in bf16 beside the shard, where fp32 SGD never read it)."""
+    common = dict(steps=STEPS, global_batch=BATCH, optimizer="sgd", lr=LR["sgd"], bucket_mb=BUCKET_MB,
+                  collect_state=True, reduce_dtype="bf16")
+    ddp = paralab.run("ddp", 2, **common)
+    runs = {stage: paralab.run(stage, 2, **common) for stage in STAGES}
+    runs |= {f"hybrid zero={z}": paralab.run("hybrid", 2, dp=2, zero=z, **common) for z in (1, 2)}
+    for name, run in runs.items():
+        assert_close_rel(run.losses, ddp.losses, what=f"{name} losses")
+        assert_same_params(run.params, ddp.params, atol=1e-6)

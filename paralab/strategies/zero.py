@@ -113,8 +113,11 @@ class Zero(GradSync):
         self.index = {u.name: i for i, u in enumerate(self.units)}  # stage 3: the parts in forward order
         self.arrived = dict.fromkeys((u.name for u in self.units), 0)
         self.reduced = dict.fromkeys((u.name for u in self.units), 0)
-        # 16-bit parameters, gradients reduced wider
-        self.mixed = self.sharded.flat.dtype != self.reduce_dtype
+        # The optimizer steps with gradients as wide as the parameters and the reduction, whichever is
+        # wider: 16-bit parameters reduced in fp32 keep them beside the shard (the master weights'
+        # main_grad); fp32 parameters reduced in 16 bits (to halve the bytes) get them back in fp32.
+        self.grad_dtype = torch.promote_types(self.sharded.flat.dtype, self.reduce_dtype)
+        self.mixed = self.grad_dtype != self.sharded.flat.dtype
         if stage == 1:
             self._bind_full_gradients()
         else:
@@ -138,9 +141,9 @@ class Zero(GradSync):
                 t.grad = self.grad_flat.as_strided(t.shape, t.stride(), t.storage_offset())
 
     def _bind_shard_gradients(self) -> None:
-        """Stages 2 and 3: only the shards' gradients are kept, in one flat buffer (in the reduce dtype)."""
+        """Stages 2 and 3: only the shards' gradients are kept, in one flat buffer (``grad_dtype``)."""
         self.grad_shards = torch.zeros(sum(u.shard.numel() for u in self.units),
-                                       device=self.sharded.flat.device, dtype=self.reduce_dtype)
+                                       device=self.sharded.flat.device, dtype=self.grad_dtype)
         offset = 0
         for u in self.units:
             self._bind_shard_grad(u, self.grad_shards[offset : offset + u.shard.numel()])
@@ -212,7 +215,7 @@ class Zero(GradSync):
         batch."""
         if self.stage == 1:
             u = self.units[0]
-            flat = self.grad_flat.to(self.reduce_dtype).div_(self.world)  # a copy when it widens
+            flat = self.grad_flat.to(self.reduce_dtype).div_(self.world)  # a copy unless the dtypes agree
             reduced = torch.empty(u.shard.numel(), device=flat.device, dtype=flat.dtype)
             comm.reduce_scatter(reduced, flat, group=self.group, name="grads")
             if self.mixed:
