@@ -116,6 +116,32 @@ def test_invalid_runs_exit_2_before_any_process(monkeypatch, capsys, argv, messa
     assert message in capsys.readouterr().err
 
 
+def test_the_workers_parse_back_the_launchers_whole_config():
+    """Every worker is started from ``to_argv``: each field, set away from its default, arrives (the
+    reduction's dtype, recompute and the attention kernel had been dropped on the way)."""
+    import argparse
+    import dataclasses
+
+    from paralab.elastic.cli import add_elastic_args, config_from_args
+
+    cfg = ElasticConfig.build(
+        "small", steps=7, global_batch=16, seed=3, device="cpu", lr=0.01, optimizer="sgd", timeout_s=42.0,
+        threads_per_rank=1, trace=False, fault={"rank": 1, "step": 2}, oversubscribe=True,
+        reduce_dtype="bf16", loss_scale=1024.0, recompute="full", micro_batch=2, min_nodes=2, max_nodes=3,
+        nodes=3, max_restarts=5, join_after_step=None, checkpoint_dir="/tmp/ckpt", checkpoint_every=3,
+        keep_checkpoints=4, slow={"rank": 0, "factor": 2}, balance=True, run_timeout_s=99.0, last_call_s=5)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attention="math"))
+    defaults = ElasticConfig()
+    left_at_default = [f.name for f in dataclasses.fields(cfg)
+                       if getattr(cfg, f.name) == getattr(defaults, f.name) and f.name != "dtype"]
+    assert left_at_default == ["join_after_step"], left_at_default  # a join and a fault exclude each other
+    parser = argparse.ArgumentParser()
+    add_elastic_args(parser)
+    assert config_from_args(parser.parse_args(cfg.to_argv())) == cfg
+    joining = dataclasses.replace(cfg, fault=None, join_after_step=2)
+    assert config_from_args(parser.parse_args(joining.to_argv())) == joining
+
+
 def _tiny_trained(steps: int = 1, seed: int = 0):
     cfg = ElasticConfig()
     model = GPT(cfg.model, seed)

@@ -145,15 +145,24 @@ class ElasticConfig(TrainingConfig):
 
     # ------------------------------------------------------------------ to and from workers
     def to_argv(self) -> list[str]:
-        """Options for ``python -m paralab.elastic.train`` (parsed back by cli.config_from_args)."""
-        argv = ["--model", self.model_name, "--steps", str(self.steps),
+        """Options for ``python -m paralab.elastic.train``: every field, so that cli.config_from_args
+        parses back this very config (tests/test_elastic.py holds the round trip)."""
+        argv = ["--model", self.model_name, "--attention", self.model.attention, "--steps", str(self.steps),
                 "--global-batch", str(self.global_batch),
                 "--micro-batch", str(self.micro_batch), "--seed", str(self.seed), "--lr", repr(self.lr),
                 "--optimizer", self.optimizer, "--device", self.device,
+                "--dtype", self.dtype, "--reduce-dtype", self.reduce_dtype,
+                "--loss-scale", repr(self.loss_scale), "--recompute", self.recompute,
                 "--nnodes", f"{self.min_nodes}:{self.max_nodes}", "--nodes", str(self.nodes),
+                "--max-restarts", str(self.max_restarts),
                 "--checkpoint-every", str(self.checkpoint_every),
                 "--keep-checkpoints", str(self.keep_checkpoints),
-                "--timeout", repr(self.timeout_s), "--threads", str(self.threads_per_rank)]
+                "--timeout", repr(self.timeout_s), "--threads", str(self.threads_per_rank),
+                "--run-timeout", repr(self.run_timeout_s), "--last-call", str(self.last_call_s)]
+        if self.join_after_step is not None:
+            argv += ["--join-after-step", str(self.join_after_step)]
+        if self.oversubscribe:
+            argv.append("--oversubscribe")
         if self.checkpoint_dir:
             argv += ["--checkpoint-dir", self.checkpoint_dir]
         if self.fault:
