@@ -14,7 +14,15 @@ from paralab import cli
 from paralab.config import MODEL_PRESETS, ConfigError, ModelConfig, RunConfig
 from paralab.layout import resolve_layout
 from paralab.models.gpt import GPT, MLP, build_part
-from paralab.models.moe import ExpertGroup, MoELayer, capacity, load_balancing_loss, route, router_z_loss
+from paralab.models.moe import (
+    ExpertGroup,
+    MoELayer,
+    capacity,
+    load_balancing_loss,
+    route,
+    router_z_loss,
+    set_aux_loss_scale,
+)
 from paralab.runtime import launch as launch_module
 
 MOE = dict(layers=2, hidden=16, heads=2, vocab=32, seq_len=8, experts=4, top_k=2)
@@ -99,6 +107,24 @@ def test_the_layer_trains_its_router_on_the_auxiliary_losses_scaled_as_the_loss_
                            + 0.01 * router_z_loss(logits))
     (expected,) = torch.autograd.grad(expected_loss, layer.router.weight)
     assert torch.allclose(layer.router.weight.grad, expected, rtol=1e-5, atol=1e-8)
+
+
+def test_under_fp16_the_auxiliary_gradient_is_loss_scaled_as_the_training_loss_is():
+    """The master weights divide every gradient by the fp16 loss scale; the router's auxiliary
+    gradient must have been multiplied by it too, or load balancing fades by 1/65536."""
+    from paralab.precision import LossScaler
+
+    cfg = ModelConfig(**MOE, aux_loss=0.1, z_loss=0.01)
+    x = torch.randn(3, cfg.seq_len, cfg.hidden)
+    grads = {}
+    for dtype in ("fp32", "fp16"):
+        torch.manual_seed(0)  # the same router both times
+        layer = MoELayer(cfg, MLP)
+        scaler = LossScaler(dtype, initial=1024.0)
+        set_aux_loss_scale([layer], 0.5, scaler)
+        layer(x).backward(torch.zeros(3, cfg.seq_len, cfg.hidden))
+        grads[dtype] = layer.router.weight.grad
+    assert torch.allclose(grads["fp16"], 1024.0 * grads["fp32"], rtol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------ the layer

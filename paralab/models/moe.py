@@ -159,6 +159,7 @@ class MoELayer(nn.Module):
         self.capacity_factor, self.aux_coef, self.z_coef = cfg.capacity_factor, cfg.aux_loss, cfg.z_loss
         self.layer, self.ep = layer, ep
         self.aux_loss_scale = 1.0  # what the training loss is multiplied by (1 / microbatches)
+        self.loss_scaler = None  # fp16: the run's LossScaler, whose value multiplies the loss too
         self.router = nn.Linear(cfg.hidden, cfg.experts, bias=False)
         self.shared = make_ffn(cfg) if cfg.shared_expert else None
         local = ep.local_experts(cfg.experts) if ep is not None else range(cfg.experts)
@@ -184,7 +185,9 @@ class MoELayer(nn.Module):
         if self.z_coef:
             aux = aux + self.z_coef * router_z_loss(logits)
         self._record(counts, int((~routing.kept).sum()), received, aux)
-        return _WithAuxLoss.apply(out, aux, self.aux_loss_scale).view(shape)
+        # read in forward: the scaler changes only between steps, after this microbatch's backward
+        scale = self.aux_loss_scale * (self.loss_scaler.value if self.loss_scaler is not None else 1.0)
+        return _WithAuxLoss.apply(out, aux, scale).view(shape)
 
     def _run_experts(self, rows: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Each row through its expert, ``rows`` sorted by expert (``counts`` per expert); returns the
@@ -230,13 +233,15 @@ def _expert_major(counts: torch.Tensor) -> torch.Tensor:
     return torch.cat(pieces).to(counts.device)
 
 
-def set_aux_loss_scale(modules, scale: float) -> None:
-    """Scale every MoE layer's auxiliary-loss gradient as the training loss is scaled (1 / m when
-    a step's loss is the sum of m microbatch losses, each divided by m)."""
+def set_aux_loss_scale(modules, scale: float, scaler=None) -> None:
+    """Scale every MoE layer's auxiliary-loss gradient as the training loss is scaled: ``scale`` (1 / m
+    when a step's loss is the sum of m microbatch losses, each divided by m) times the fp16 loss
+    scale of ``scaler`` (paralab.precision.LossScaler), which the master weights divide every
+    gradient by."""
     for module in modules:
         for layer in module.modules():
             if isinstance(layer, MoELayer):
-                layer.aux_loss_scale = scale
+                layer.aux_loss_scale, layer.loss_scaler = scale, scaler
 
 
 def expert_seed(part_seed: int, expert: int) -> int:

@@ -218,7 +218,7 @@ def train_model(ctx: RankContext, model: torch.nn.Module, sync: GradSync, loss_o
     each compute the loss of their slice of the sequence and report it, weighted 1/(dp x cp)."""
     layout = ctx.layout
     coord = layout.coord(ctx.rank)
-    set_aux_loss_scale([model], 1.0 / layout.microbatches)
+    set_aux_loss_scale([model], 1.0 / layout.microbatches, ctx.scaler)
     params = list(model.parameters() if params is None else params)
     loss_of = loss_of or (lambda x, y: lm_loss(model(x), y))
     optimizer = make_optimizer(ctx.cfg, params, ctx)

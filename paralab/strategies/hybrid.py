@@ -192,7 +192,7 @@ def train(ctx) -> dict:
     schedule = build_schedule(layout.schedule or DEFAULT_SCHEDULE, layout.pp, layout.microbatches,
                               layout.virtual_stages)
     stages = parallelize_tensor(ctx, schedule, position)
-    set_aux_loss_scale(stages.values(), 1.0 / layout.microbatches)
+    set_aux_loss_scale(stages.values(), 1.0 / layout.microbatches, ctx.scaler)
     module = nn.ModuleDict({str(s): stage for s, stage in stages.items()})
     sync, optimizer = parallelize_data(ctx, module, position)
     executor = parallelize_pipeline(ctx, schedule, stages, position)

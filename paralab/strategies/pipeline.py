@@ -268,7 +268,7 @@ def train(ctx) -> dict:
     owned = schedule.stages_on(ctx.rank)
     stages = build_stages(cfg.model, schedule.num_stages, owned, cfg.seed, layout.stage_layers,
                           partial(prepare, ctx))
-    set_aux_loss_scale(stages.values(), 1.0 / schedule.microbatches)
+    set_aux_loss_scale(stages.values(), 1.0 / schedule.microbatches, ctx.scaler)
     params = [p for s in owned for p in stages[s].parameters()]
     optimizer = make_optimizer(cfg, params, ctx)
     ctx.memory.watch(params, optimizer)
