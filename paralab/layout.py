@@ -310,6 +310,11 @@ def _expert_degree(cfg: RunConfig, strategy: Strategy, degrees: dict[str, int]) 
         raise ConfigError(f"not supported: a mixture-of-experts model ({experts} experts) "
                           f"with tp={degrees['tp']}: paralab's tensor-parallel blocks split a dense MLP; "
                           "use dp, pp and ep for it")
+    if experts and degrees["cp"] > 1:
+        raise ConfigError(f"not supported: a mixture-of-experts model ({experts} experts) "
+                          f"with cp={degrees['cp']}: each rank would route its slice of every sequence, so "
+                          "capacity, dropped tokens and the balancing loss would be per slice, not per "
+                          "sequence as on one device; use dp, pp and ep for it")
     if "ep" not in strategy.options:
         return 1
     ep = cfg.ep or (dp if strategy.name == "ep" else 1)

@@ -186,6 +186,8 @@ def test_presets_and_parameter_count():
     ("ep", 2, dict(MOE, capacity_factor=0.0), {}, r"capacity factor .* must be > 0, got 0"),
     ("ep", 2, dict(MOE, capacity_factor=-1.5), {}, r"capacity factor .* must be > 0, got -1.5"),
     ("ep", 4, MOE, dict(ep=3), r"ep=3 must divide the 4 data-parallel ranks"),
+    ("cp", 2, MOE, {}, r"with cp=2: each rank would route its slice"),
+    ("hybrid", 4, MOE, dict(dp=2, cp=2), r"with cp=2: each rank would route its slice"),
 ])
 def test_bad_mixture_of_experts_shapes_are_refused_before_any_process(monkeypatch, strategy, world, model,
                                                                       options, message):

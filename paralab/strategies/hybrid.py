@@ -69,10 +69,6 @@ def check(cfg: RunConfig, layout) -> None:
         raise ConfigError(f"not supported: zero={layout.zero} with ep={layout.ep}: "
                           "ZeRO would shard every parameter over all dp ranks, "
                           "but an expert lives only on its expert-data-parallel ranks; use zero=0")
-    if layout.ep > 1 and layout.cp > 1:
-        raise ConfigError(f"not supported: ep={layout.ep} with cp={layout.cp}: "
-                          "an expert's gradients would have to be reduced over its expert-data-parallel "
-                          "ranks and the cp ranks together; use one of them")
     if layout.zero not in (0, 1, 2):
         raise ConfigError(f"zero must be 0 (ddp), 1 or 2, got {layout.zero}")
     if layout.sequence_parallel and layout.tp == 1:
