@@ -38,9 +38,11 @@ def main() -> None:
     print("\n| scaling | published loss | predicted loss |\n|---|---|---|")
     for series in published.scaling(compared):
         print(
-            f"| {series.name}, {series.gpus[0]:,} -> {series.gpus[-1]:,} GPUs | {series.loss(False):.1%} | "
-            f"{series.loss(True):.1%}{' (miss)' if series.miss else ''} |"
+            f"| {series.name}, {series.gpus[0]:,} -> {series.gpus[-1]:,} GPUs | "
+            f"{series.loss(predicted=False):.1%} | {series.loss(predicted=True):.1%}"
+            f"{' (miss)' if series.miss else ''} |"
         )
+
 
 if __name__ == "__main__":
     main()

@@ -70,9 +70,10 @@ def test_unwritable_output_paths_exit_2_before_any_process(monkeypatch, capsys, 
         (["elastic", "--nnodes", "1:2", "--trace", "{tmp}"], "--trace {tmp} is a directory"),
         (["nodes", "--trace-dir", "{tmp}/file.txt", "--", "--strategy", "ddp"],
          "--trace-dir {tmp}/file.txt exists and is not a directory"),
+        (["nodes", "--", "--strategy", "ddp", "--report", "{tmp}"], "--report {tmp} is a directory"),
         (["import", "{tmp}/rank0.json", "-o", "{tmp}"], "output {tmp} is a directory"),
     ],
-    ids=["elastic", "nodes", "import"],
+    ids=["elastic", "nodes", "nodes' run", "import"],
 )
 def test_the_other_commands_check_where_they_write_before_they_start(monkeypatch, capsys, tmp_path, argv,
                                                                      message):

@@ -188,6 +188,7 @@ def test_presets_and_parameter_count():
     ("ep", 4, MOE, dict(ep=3), r"ep=3 must divide the 4 data-parallel ranks"),
     ("cp", 2, MOE, {}, r"with cp=2: each rank would route its slice"),
     ("hybrid", 4, MOE, dict(dp=2, cp=2), r"with cp=2: each rank would route its slice"),
+    ("torch_pp", 2, MOE, dict(pp=2, microbatches=2), r"torch_pp is the reference for dense models"),
 ])
 def test_bad_mixture_of_experts_shapes_are_refused_before_any_process(monkeypatch, strategy, world, model,
                                                                       options, message):

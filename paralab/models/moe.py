@@ -20,8 +20,8 @@ Losses. The load-balancing loss of Switch / GShard, per group (sequence):
 every token goes to one expert; the mean over groups, times ``aux_loss``. The router z-loss of ST-MoE
 (Zoph et al. 2022) is the mean over tokens of logsumexp(logits)^2, times ``z_loss``. Neither is added
 to the reported loss: each reaches the router through the layer's output in backward, scaled as the
-training loss is (:func:`set_aux_loss_scale`, 1 / microbatches), so every strategy, pipelines
-included, trains on ``loss + aux`` without carrying it through its schedule.
+training loss is (:func:`set_aux_loss_scale`: 1 / microbatches, times fp16's loss scale), so every
+strategy, pipelines included, trains on ``loss + aux`` without carrying it through its schedule.
 
 Expert parallel. Given an :class:`ExpertGroup`, the layer holds only its own E / ep experts. Tokens
 are sorted by expert, the per-rank counts exchanged, and the tokens sent to the rank that holds

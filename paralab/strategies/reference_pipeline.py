@@ -28,6 +28,10 @@ TORCH_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": 
 
 def check(cfg: RunConfig, layout) -> None:
     check_pipeline(cfg, layout)
+    if cfg.model.experts:
+        raise ConfigError("torch_pp is the reference for dense models: torch's PipelineStage runs a stage "
+                          "on placeholder inputs to learn its shapes, which a mixture of experts would route "
+                          "and count; run a mixture of experts with pp or hybrid")
     if layout.schedule == "1f1b" and layout.microbatches < layout.pp:
         raise ConfigError("torch's Schedule1F1B needs microbatches >= stages: "
                           f"{layout.microbatches} < {layout.pp}")

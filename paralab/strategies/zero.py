@@ -219,7 +219,7 @@ class Zero(GradSync):
             reduced = torch.empty(u.shard.numel(), device=flat.device, dtype=flat.dtype)
             comm.reduce_scatter(reduced, flat, group=self.group, name="grads")
             if self.mixed:
-                u.shard.main_grad = reduced
+                u.shard.main_grad = reduced.to(self.grad_dtype)
             else:
                 u.shard.grad.copy_(reduced)
             return

@@ -7,9 +7,9 @@ so a figure draws the numbers the tests hold, not a copy of them.
 
 from __future__ import annotations
 
+from paralab.sim.published import BOUND
 from paralab.viz._common import SERIES_COLORS, go, log_ticks, make_subplots, style
 
-BAND = 0.20  # the bound on each run: a prediction within 20% of the published figure
 SYMBOLS = ["circle", "diamond", "square", "triangle-up", "star", "cross"]
 
 
@@ -20,7 +20,7 @@ def published_errors(compared, title: str | None = None):
     graph = go()
     fig = graph.Figure()
     organisations = list(dict.fromkeys(c.run.organisation for c in compared))
-    meta: dict = {"band": BAND, "runs": [], "errors": [], "gpus": []}
+    meta: dict = {"band": BOUND, "runs": [], "errors": [], "gpus": []}
     for i, organisation in enumerate(organisations):
         rows = [c for c in compared if c.run.organisation == organisation]
         symbol = SYMBOLS[i % len(SYMBOLS)]
@@ -36,21 +36,21 @@ def published_errors(compared, title: str | None = None):
         meta["runs"] += [c.run.label for c in rows]
         meta["errors"] += [c.error for c in rows]
         meta["gpus"] += [c.run.gpus for c in rows]
-    fig.add_hrect(y0=-100 * BAND, y1=100 * BAND, fillcolor="#54A24B", opacity=0.12, line_width=0)
+    fig.add_hrect(y0=-100 * BOUND, y1=100 * BOUND, fillcolor="#54A24B", opacity=0.12, line_width=0)
     fig.add_hline(y=0, line=dict(color="#555555", width=1))
     gpus = meta["gpus"]
     fig.update_xaxes(type="log", tickvals=log_ticks(min(gpus), max(gpus)), tickformat=",",
                      title_text="GPUs in the run (log scale)")
     errors = [100 * e for e in meta["errors"]]
     fig.update_yaxes(title_text="predicted / published - 1 (%)", ticksuffix="%", zeroline=False,
-                     range=[min(-125 * BAND, min(errors) - 5), max(125 * BAND, max(errors) + 5)])
+                     range=[min(-125 * BOUND, min(errors) - 5), max(125 * BOUND, max(errors) + 5)])
     covered = [abs(c.error) for c in compared if not c.run.known_miss]
     meta["mean_abs_error"] = sum(abs(e) for e in meta["errors"]) / len(compared)
     meta["mean_abs_error_covered"] = sum(covered) / len(covered)
     fig.update_layout(meta=meta)
     return style(fig, title or (
         f"{len(compared)} published runs predicted: mean |error| {meta['mean_abs_error_covered']:.1%} over "
-        f"the {len(covered)} inside the shaded ±{BAND:.0%} (open: the {len(compared) - len(covered)} known "
+        f"the {len(covered)} inside the shaded ±{BOUND:.0%} (open: the {len(compared) - len(covered)} known "
         "misses)"
     ), 460)
 
@@ -63,7 +63,7 @@ def published_scaling(series, title: str | None = None):
     cols = 3
     rows = -(-len(series) // cols)
     titles = [
-        f"{s.name}<br>lost: published {s.loss(False):.1%}, predicted {s.loss(True):.1%}"
+        f"{s.name}<br>lost: published {s.loss(predicted=False):.1%}, predicted {s.loss(predicted=True):.1%}"
         + (" (miss)" if s.miss else "")
         for s in series
     ]
@@ -75,7 +75,7 @@ def published_scaling(series, title: str | None = None):
         row, col = i // cols + 1, i % cols + 1
         for predicted, name, color, dash in ((False, "published", SERIES_COLORS[0], "solid"),
                                              (True, "predicted", SERIES_COLORS[1], "dash")):
-            kept = s.kept(predicted)
+            kept = s.kept(predicted=predicted)
             lowest = min(lowest, *kept)
             fig.add_trace(graph.Scatter(
                 x=s.gpus, y=[100 * k for k in kept], mode="lines+markers", name=name, legendgroup=name,
@@ -85,8 +85,8 @@ def published_scaling(series, title: str | None = None):
                               "throughput<extra></extra>",
             ), row, col)
         fig.update_xaxes(type="log", tickvals=s.gpus, tickformat=",", row=row, col=col)
-        meta["series"].append({"name": s.name, "gpus": s.gpus, "published": s.kept(False),
-                               "predicted": s.kept(True), "miss": bool(s.miss)})
+        meta["series"].append({"name": s.name, "gpus": s.gpus, "published": s.kept(predicted=False),
+                               "predicted": s.kept(predicted=True), "miss": bool(s.miss)})
     fig.update_xaxes(title_text="GPUs (log scale)", row=rows)
     fig.update_yaxes(range=[100 * lowest - 2, 101.5], ticksuffix="%")
     for row in range(1, rows + 1):
