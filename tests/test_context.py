@@ -55,6 +55,20 @@ def test_zigzag_pairs_a_front_chunk_with_its_mirror_and_every_token_is_held_once
     assert rank_positions(16, 1, 2, "zigzag") == [4, 5, 6, 7, 8, 9, 10, 11]
 
 
+def test_the_pairs_a_rank_computes_counted_by_hand():
+    """Two ranks. Chunks of 2 tokens (diagonal tiles of one row each): exactly the causal pairs, 36 of
+    8 tokens; contiguous, rank 0's queries 0-3 see 1+2+3+4 keys and rank 1's 4-7 see 5+6+7+8; zig-zag,
+    0,1,6,7 and 2,3,4,5 see 18 each. Chunks of 8 (4 tiles of 2 rows): a diagonal chunk computes
+    2 x (2 + 4 + 6 + 8) = 40 pairs of its 64 (5/8), a chunk met whole 64."""
+    assert [attention_pairs(r, 2, "contiguous", 8) for r in range(2)] == [10, 26]
+    assert [attention_pairs(r, 2, "zigzag", 8) for r in range(2)] == [18, 18]
+    diagonal, whole = 40, 64
+    assert [attention_pairs(r, 2, "contiguous", 32) for r in range(2)] == [
+        diagonal + (whole + diagonal), (2 * whole + diagonal) + (3 * whole + diagonal)]
+    assert [attention_pairs(r, 2, "zigzag", 32) for r in range(2)] == [
+        diagonal + (3 * whole + diagonal), (whole + diagonal) + (2 * whole + diagonal)]
+
+
 def test_the_work_model_zigzag_balanced_contiguous_close_to_2n_minus_1():
     """Query-key pairs per rank: zig-zag gives every rank the same; a contiguous split gives the last
     rank about 2N-1 times the first's (exactly 2N-1 if a diagonal cost half its square; the staircase

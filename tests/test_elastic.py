@@ -142,6 +142,22 @@ def test_the_workers_parse_back_the_launchers_whole_config():
     assert config_from_args(parser.parse_args(joining.to_argv())) == joining
 
 
+def test_the_balancer_cuts_by_smoothed_samples_per_second():
+    """By hand: 12 samples on 2 ranks, the second 3x slower (6 samples in 1 s and in 3 s): rates 6 and
+    2 a second, so the next cut is 9 and 3; each rate then moves half-way to the newest measurement
+    (SMOOTHING = 0.5), and a rank given nothing keeps its rate."""
+    ids = list(range(12))
+    balancer = Balancer(2, enabled=True)
+    assert [len(balancer.shard(ids, r)) for r in range(2)] == [6, 6]  # nothing measured yet
+    balancer.update([6, 6], [1.0, 3.0])
+    assert balancer.rates == [6.0, 2.0] and [len(balancer.shard(ids, r)) for r in range(2)] == [9, 3]
+    balancer.update([9, 3], [1.0, 0.5])  # the second rank sped up: 6 a second, smoothed to 4
+    assert balancer.rates == [7.5, 4.0]
+    balancer.update([12, 0], [1.0, 0.0])
+    assert balancer.rates == [9.75, 4.0]
+    assert [len(Balancer(2, enabled=False).shard(ids, r)) for r in range(2)] == [6, 6]
+
+
 def _tiny_trained(steps: int = 1, seed: int = 0):
     cfg = ElasticConfig()
     model = GPT(cfg.model, seed)
