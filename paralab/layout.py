@@ -217,6 +217,11 @@ def resolve_layout(cfg: RunConfig) -> Layout:
     if cfg.world_size % cfg.nodes:
         raise ConfigError(f"{cfg.nodes} node(s) cannot split world size {cfg.world_size} evenly")
     context = "cp" in strategy.axes
+    if context and degrees["cp"] == 1:  # as sequence parallel with tp = 1: refused, not ignored
+        for option in ("cp_mode", "cp_split"):
+            if getattr(cfg, option) != OPTION_DEFAULTS[option]:
+                raise ConfigError(f"{option}={getattr(cfg, option)} applies to context parallelism, and this "
+                                  f"run has cp=1: set cp > 1 or leave {option} out")
     layout = Layout(
         strategy=cfg.strategy, world_size=cfg.world_size, global_batch=cfg.global_batch, **degrees,
         cp_mode=cfg.cp_mode if context else "", cp_split=cfg.cp_split if context else "", schedule=schedule,

@@ -298,6 +298,9 @@ def test_zigzag_balances_causal_attention_and_contiguous_does_not(n, no_leftover
     ("cp", 2, dict(cp_mode="ulysses"), r"cp_mode must be one of \('ring', 'alltoall'\)"),
     ("ddp", 2, dict(cp_split="contiguous"), r"cp_split=contiguous is a context-parallel option; ddp has no"),
     ("tp", 2, dict(cp=2), r"tp splits over tp only; it does not take cp=2"),
+    ("hybrid", 2, dict(dp=2, cp_mode="alltoall"), r"cp_mode=alltoall applies to context parallelism.*cp=1"),
+    ("hybrid", 2, dict(tp=2, cp_split="contiguous"), r"cp_split=contiguous applies .* cp=1"),
+    ("cp", 2, dict(model=dict(MODEL, attention="math")), r"attention='math' writes out the s x s scores"),
 ])
 def test_bad_input_is_refused_before_any_process(monkeypatch, strategy, world, options, message):
     monkeypatch.setattr(launch_module, "_context", lambda: pytest.fail("a process was about to start"))

@@ -48,6 +48,10 @@ def check(cfg: RunConfig, layout) -> None:
     if m.dropout:
         raise ConfigError(f"context parallel does not run attention dropout (its masks would have to follow "
                           f"the sequence across ranks): use dropout 0, got {m.dropout}")
+    if m.attention == "math":
+        raise ConfigError("attention='math' writes out the s x s scores; context parallel attends tile by "
+                          "tile on the ring (or with torch's fused kernel after its all-to-all) and never "
+                          "holds them: use attention='sdpa' with cp")
     ring, zigzag = layout.cp_mode == "ring", layout.cp_split == "zigzag"
     pieces = 2 * n if ring or zigzag else n
     if m.seq_len % pieces:
