@@ -134,6 +134,12 @@ def test_local_calibration_measures_every_rate_and_is_cached(tmp_path, monkeypat
         calibration.optimizer_bandwidth(hw.calibration["adam_1m_s"], hw.host_overhead_s["tensor_update"]))
     assert hw.peak_flops["fp32"] == pytest.approx(calibration.matmul_law(rows=hw.calibration["matmul_s"])[0])
     assert len(hw.calibration["blocks"]) == len(calibration.BLOCK_SHAPES)
+    # ... and each fit found a rate: a degenerate fit falls back to 0, which the cost model reads as
+    # "no such work" (a real CPU moves its non-GEMM bytes at a finite rate)
+    rates = {"matmul": hw.peak_flops["fp32"], "non-GEMM forward": hw.elementwise_bw,
+             "non-GEMM backward": hw.elementwise_backward_bw, "Adam": hw.optimizer_bw,
+             "copy": hw.memory_bandwidth}
+    assert all(math.isfinite(r) and r > 0 for r in rates.values()), rates
     assert hw.allreduce_curve == [] and hw.intra_bw == 1e9  # the loopback guess
     assert (tmp_path / "local_hardware.json").exists()
     assert local(gloo=False) == hw  # the second call reads the cache
