@@ -113,7 +113,9 @@ class MasterWeights:
         for p, m in zip(self.params, self.masters):
             grad = getattr(p, "main_grad", None)
             grad = p.grad if grad is None else grad
-            m.grad = None if grad is None else grad.float().div_(scale) if scale != 1 else grad.float()
+            # a new tensor when unscaling: ZeRO's fp32 main_grad is left as backward made it, loss-scaled
+            # like a 16-bit .grad (dividing it in place had made the two read differently afterwards)
+            m.grad = None if grad is None else grad.float() / scale if scale != 1 else grad.float()
         if self.scaler.dynamic and self._overflowed():
             self.scaler.update(True, self.steps)
             if self.recorder is not None:  # a mark on the event lane, where the timeline shows it

@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 from functools import partial
 
-import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
@@ -234,10 +233,9 @@ def gather_state(module: nn.Module, stages: dict, sync: SyncChain, position: Mes
     if position.dp >= (position.ep.size if position.ep is not None else 1) or position.cp.index != 0:
         return None
     named = [item for stage in stages.values() for item in stage.global_named_parameters()]
-    with torch.no_grad():
-        for (local, _), (_, param) in zip(module.named_parameters(), named):
-            param.grad = grads[local].to(param.device).view_as(param)
-    return tensor.gather_state(named, position.tp)
+    by_name = {name: grads[local].to(param.device).view_as(param)
+               for (local, _), (name, param) in zip(module.named_parameters(), named)}
+    return tensor.gather_state(named, position.tp, by_name)
 
 
 STRATEGIES = [Strategy("hybrid", "`--dp D --cp C --tp T --pp P` on a device mesh, `--zero 1/2` over dp, "

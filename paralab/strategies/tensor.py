@@ -214,13 +214,15 @@ def build_model(ctx, tp: TensorParallelGroup) -> ParallelGPT:
     return prepare(ctx, model)
 
 
-def gather_state(named_params, tp: TensorParallelGroup) -> dict | None:
+def gather_state(named_params, tp: TensorParallelGroup, grads: dict | None = None) -> dict | None:
     """Full parameters and gradients under GPT's names on tp rank 0 (None elsewhere), from this
-    rank's ``(global name, parameter)`` pairs. Plain torch.distributed calls after training, so the
-    trace holds only the training steps."""
+    rank's ``(global name, parameter)`` pairs and their gradients (``grads`` by global name, else each
+    parameter's ``.grad``: ZeRO's averaged gradients are fp32 beside 16-bit parameters). Plain
+    torch.distributed calls after training, so the trace holds only the training steps."""
     state: dict = {"params": {}, "grads": {}}
     for name, param in named_params:
-        for kind, tensor in (("params", param.detach()), ("grads", param.grad)):
+        grad = param.grad if grads is None else grads[name]
+        for kind, tensor in (("params", param.detach()), ("grads", grad)):
             dim, groups = split_of(param)
             if dim is not None:
                 shards = [torch.empty_like(tensor) for _ in range(tp.size)] if tp.rank == 0 else None
