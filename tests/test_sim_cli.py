@@ -128,10 +128,16 @@ def test_a_global_batch_alone_accumulates_only_in_a_pipeline():
         "64 does not split over 3 replicas")
 
 
-@pytest.mark.parametrize("flag", ["--tp", "--pp", "--dp", "--gpus"])
-def test_degrees_below_one_exit_2(capsys, flag):
-    rc, out, err = run(["simulate", "--model", "tiny", "--gpus", "8", flag, "0"], capsys)
-    assert rc == 2 and not out and f"{flag} must be >= 1, got 0" in err
+@pytest.mark.parametrize("command, flag, value", [
+    *(("simulate", flag, "0")
+      for flag in ("--tp", "--pp", "--dp", "--gpus", "--microbatches", "--micro-batch")),
+    ("simulate", "--global-batch", "-4"),  # had run, then failed with a traceback while advising
+    ("plan", "--global-batch", "-4"),
+    ("plan", "--top", "0"),  # had said that nothing fits
+])
+def test_counts_below_one_exit_2(capsys, command, flag, value):
+    rc, out, err = run([command, "--model", "tiny", "--gpus", "8", flag, value], capsys)
+    assert rc == 2 and not out and f"{flag} must be >= 1, got {value}" in err
 
 
 def test_the_default_optimizer_follows_the_model_dtype():

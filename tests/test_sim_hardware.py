@@ -112,8 +112,14 @@ def test_a_hardware_file_may_give_every_field_in_si_units(tmp_path):
         ({"base": "h100", "oversubscription": 0.5}, "oversubscription must be >= 1"),
         ({"base": "h100", "peak_tflops": {"bf16": 1000}}, "needs an fp32 entry"),
         ({"base": "h100", "memory_gib": "eighty"}, "memory_gib must be a number"),
-        ({"base": "h100", "intra_latency": "5us"}, "intra_latency must be a number"),
+        ({"base": "h100", "intra_latency": "5us"}, "intra_latency must be a finite number"),
         ({"base": "h100", "comm_sm_share": 1.0}, "comm_sm_share is a share of the SMs in [0, 1)"),
+        # 1e400 reads as infinity; a number where an object by dtype belongs; a negative latency
+        ({"base": "a100", "peak_flops": {"fp32": 1e400}}, "peak_flops must be an object of finite numbers"),
+        ({"base": "a100", "peak_flops": 0}, "an object of finite numbers (FLOP/s by dtype)"),
+        ({"base": "a100", "inter_latency": -1}, "hardware inter_latency must be >= 0, got -1"),
+        ({"base": "a100", "matmul_max_efficiency": 1.5}, "matmul_max_efficiency is a share of the peak"),
+        ({"memory_gib": 80, "base": "a100", "gpus_per_node": None}, "gpus_per_node must be a finite number"),
     ],
 )
 def test_a_bad_hardware_file_is_refused_naming_what_is_wrong(tmp_path, data, words):

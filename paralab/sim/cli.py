@@ -131,6 +131,15 @@ def _stage_layers(args, model: ModelSpec) -> tuple[int, ...] | None:
     return ends_split(model.layers, args.pp, first, last)
 
 
+def _below_one(args, flags) -> str:
+    """The first of ``flags`` given below 1 (a count of GPUs, sequences or layouts), said as its flag."""
+    for flag in flags:
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            return f"--{flag.replace('_', '-')} must be >= 1, got {value}"
+    return ""
+
+
 def _fail(message: str) -> int:
     print(f"paralab: {message}", file=sys.stderr)
     return 2
@@ -156,10 +165,10 @@ def simulate_main(args) -> int:
     except SpecError as err:
         return _fail(str(err))
     tp, pp, cp = args.tp, args.pp, args.cp
-    for flag in ("tp", "pp", "cp", "dp", "gpus", "virtual_stages"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            return _fail(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    counts = ("tp", "pp", "cp", "dp", "gpus", "virtual_stages", "ep", "global_batch", "micro_batch",
+              "microbatches")
+    if problem := _below_one(args, counts):
+        return _fail(problem)
     dp = args.dp or (args.gpus // (tp * pp * cp) if args.gpus and args.gpus % (tp * pp * cp) == 0 else 1)
     gpus = args.gpus or dp * tp * pp * cp
     parallel = ParallelSpec(
@@ -228,8 +237,8 @@ def plan_main(args) -> int:
         return _fail(str(err))
     if model.problems() or hw.problems_for(model):
         return _fail("invalid model: " + "; ".join(model.problems() or hw.problems_for(model)))
-    if args.gpus < 1:
-        return _fail(f"--gpus must be >= 1, got {args.gpus}")
+    if problem := _below_one(args, ("gpus", "global_batch", "top")):
+        return _fail(problem)
     ranked = planner.plan(model, args.gpus, hw, args.global_batch, top=args.top)
     if not ranked:
         return _fail(f"nothing fits on {args.gpus} {hw.name} GPUs: "

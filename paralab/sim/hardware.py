@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import time
 import warnings
@@ -156,6 +157,8 @@ def load_hardware_file(path: str | Path) -> HardwareSpec:
     try:
         spec = _file_spec(data, fields, path)
         problems = spec.problems()
+    except SpecError:
+        raise
     except (TypeError, ValueError) as err:  # a string where a number belongs, and the like
         raise SpecError(f"hardware file {str(path)!r}: {err}") from None
     if problems:
@@ -168,7 +171,10 @@ def _file_spec(data: dict, fields: set, path: Path) -> HardwareSpec:
     kinds = {f.name: f.type for f in dataclasses.fields(HardwareSpec)}
     for key, value in values.items():
         if kinds[key] in ("float", "int") and not _number(value):
-            raise SpecError(f"hardware file {str(path)!r}: {key} must be a number, got {value!r}")
+            raise SpecError(f"hardware file {str(path)!r}: {key} must be a finite number, got {value!r}")
+        if key in NUMBERS_BY_NAME and not (isinstance(value, dict) and all(map(_number, value.values()))):
+            raise SpecError(f"hardware file {str(path)!r}: {key} must be an object of finite numbers "
+                            f"({NUMBERS_BY_NAME[key]}), got {value!r}")
     for key, (name, factor) in FILE_UNITS.items():
         if key in data:
             value = data[key]
@@ -190,7 +196,11 @@ def _file_spec(data: dict, fields: set, path: Path) -> HardwareSpec:
 
 
 def _number(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# the fields a file gives as objects: what their keys name
+NUMBERS_BY_NAME = {"peak_flops": "FLOP/s by dtype", "host_overhead_s": "seconds by part"}
 
 
 def _from_fields(values: dict, path: Path) -> HardwareSpec:

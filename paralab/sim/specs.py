@@ -444,8 +444,11 @@ class HardwareSpec:
             out.append(f"comm_sm_share is a share of the SMs in [0, 1), got {self.comm_sm_share}")
         if self.oversubscription < 1:
             out.append(f"oversubscription must be >= 1 (1: non-blocking), got {self.oversubscription}")
+        if not 0 < self.matmul_max_efficiency <= 1:
+            out.append("matmul_max_efficiency is a share of the peak in (0, 1], "
+                       f"got {self.matmul_max_efficiency}")
         negative = ("memory_reserved_bytes", "power_limit_w", "tdp_w", "nvls_bw", "pod_gpus", "straggler_cv",
-                    "sync_jitter")
+                    "sync_jitter", "intra_latency", "inter_latency", "kernel_overhead_s", "matmul_half_dim")
         out += [f"hardware {n} must be >= 0, got {getattr(self, n)}"
                 for n in negative if getattr(self, n) < 0]
         return out
