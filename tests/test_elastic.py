@@ -158,6 +158,27 @@ def test_the_balancer_cuts_by_smoothed_samples_per_second():
     assert [len(Balancer(2, enabled=False).shard(ids, r)) for r in range(2)] == [6, 6]
 
 
+@pytest.mark.parametrize("manifest, message", [
+    ("{bad", "cannot be read as a checkpoint manifest (JSONDecodeError"),
+    ('{"nosig": 1}', "cannot be read as a checkpoint manifest (KeyError"),
+    (None, "exists and is not a directory"),
+])
+def test_a_checkpoint_dir_that_cannot_be_resumed_exits_2_before_any_agent(monkeypatch, capsys, tmp_path,
+                                                                          manifest, message):
+    """A damaged manifest, or a file where the directory belongs: refused, naming it (they had raised
+    a traceback, or let the agents start)."""
+    monkeypatch.setattr(launch_module, "_agent_starter",
+                        lambda *a: pytest.fail("an agent was about to start"))
+    root = tmp_path / "ckpt"
+    if manifest is None:
+        root.write_text("not a directory")
+    else:
+        (root / "step-00000001").mkdir(parents=True)
+        (root / "step-00000001" / "manifest.json").write_text(manifest)
+    assert cli.main(["elastic", "--nnodes", "1:2", "--checkpoint-dir", str(root)]) == 2
+    assert message in capsys.readouterr().err
+
+
 def _tiny_trained(steps: int = 1, seed: int = 0):
     cfg = ElasticConfig()
     model = GPT(cfg.model, seed)

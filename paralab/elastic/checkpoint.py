@@ -44,6 +44,7 @@ from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from paralab.config import ConfigError
+from paralab.outputs import check_dir
 
 MANIFEST = "manifest.json"
 METADATA = ".metadata"  # DCP's own file: pickled
@@ -89,7 +90,14 @@ def check_signature(root: str | Path, signature: dict) -> None:
     last = latest(root)
     if last is None:
         return
-    theirs = read_manifest(last)["signature"]
+    try:
+        theirs = read_manifest(last)["signature"]
+        if not isinstance(theirs, dict):
+            raise TypeError(f"signature is {type(theirs).__name__}, not an object")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"checkpoint directory {root}: {last / MANIFEST} cannot be read as a checkpoint "
+                          f"manifest ({type(err).__name__}: {err}). Use another --checkpoint-dir, or remove "
+                          f"{last.name}.") from None
     differ = sorted(k for k in set(theirs) | set(signature) if theirs.get(k) != signature.get(k))
     if differ:
         detail = "; ".join(f"{k}: checkpoint {theirs.get(k)!r}, this run {signature.get(k)!r}"
@@ -160,8 +168,10 @@ class _PlainDataLoadPlanner(DefaultLoadPlanner):
 
 
 def check_resumable(root: str | Path, signature: dict) -> None:
-    """Before any process starts: the latest checkpoint in ``root`` (if any) was written by this
-    model and training setup, and holds nothing but checkpoint metadata and plain data."""
+    """Before any process starts: ``root`` is a directory (or can be made one), and its latest
+    checkpoint (if any) was written by this model and training setup and holds nothing but checkpoint
+    metadata and plain data."""
+    check_dir(root, "--checkpoint-dir")
     check_signature(root, signature)
     last = latest(root)
     if last is not None:
