@@ -81,9 +81,14 @@ def add_bench_args(parser) -> None:
 
 def bench_main(args) -> int:
     """``paralab bench``: every variant is validated before the first run starts (ConfigError: exit 2)."""
-    from paralab.config import RunConfig
+    from paralab.config import ConfigError, RunConfig
     from paralab.layout import resolve_layout
 
+    if args.rounds < 1:
+        raise ConfigError(f"--rounds must be >= 1 (interleaved runs of each variant), got {args.rounds}")
+    if len(set(args.variants)) < len(args.variants):
+        raise ConfigError(f"each variant once: {' '.join(args.variants)} names one twice (compare a strategy "
+                          "with itself by running the bench again)")
     common = dict(world_size=args.world_size, steps=args.steps, model=args.model,
                   global_batch=args.global_batch)
     for strategy in args.variants:

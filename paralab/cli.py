@@ -186,15 +186,16 @@ def cmd_merge(args) -> int:
 
 
 def cmd_nodes(args) -> int:
-    from paralab.layout import resolve_layout
     from paralab.outputs import check_dir, check_run_outputs
+    from paralab.runtime.launch import preflight
     from paralab.runtime.multinode import run_local_nodes
 
     run_args = args.run_args[1:] if args.run_args[:1] == ["--"] else args.run_args
     parsed = build_parser().parse_args(["run", *run_args])
     cfg = config_from_args(parsed)
     check_run_outputs(parsed)  # the run's own --trace, --report, --profile: before any agent starts
-    resolve_layout(dataclasses.replace(cfg, world_size=args.nnodes * args.nproc_per_node, nodes=args.nnodes))
+    # every agent's ranks run on this machine: the same checks as one launch of all of them
+    preflight(dataclasses.replace(cfg, world_size=args.nnodes * args.nproc_per_node, nodes=args.nnodes))
     if args.trace_dir:
         check_dir(args.trace_dir, "--trace-dir")
     run = run_local_nodes(run_args, args.nnodes, args.nproc_per_node, trace_dir=args.trace_dir)

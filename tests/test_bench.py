@@ -22,6 +22,12 @@ def test_duplicate_labels_are_refused():
         compare([Variant.of(strategy="ddp"), Variant.of(strategy="ddp")], rounds=1)
 
 
-def test_bench_cli_refuses_bad_input_before_running(capsys):
-    assert cli.main(["bench", "--variants", "ddp", "nope"]) == 2
-    assert "unknown strategy" in capsys.readouterr().err
+@pytest.mark.parametrize("argv, message", [
+    (["--variants", "ddp", "nope"], "unknown strategy"),
+    (["--variants", "ddp", "--rounds", "0"], "--rounds must be >= 1"),  # had failed with StatisticsError
+    (["--variants", "ddp", "ddp"], "names one twice"),  # had failed with a ValueError traceback
+])
+def test_bench_cli_refuses_bad_input_before_running(monkeypatch, capsys, argv, message):
+    monkeypatch.setattr("paralab.bench.compare", lambda *a, **k: pytest.fail("a run was about to start"))
+    assert cli.main(["bench", *argv]) == 2
+    assert message in capsys.readouterr().err

@@ -71,13 +71,17 @@ def test_unwritable_output_paths_exit_2_before_any_process(monkeypatch, capsys, 
         (["nodes", "--trace-dir", "{tmp}/file.txt", "--", "--strategy", "ddp"],
          "--trace-dir {tmp}/file.txt exists and is not a directory"),
         (["nodes", "--", "--strategy", "ddp", "--report", "{tmp}"], "--report {tmp} is a directory"),
+        # all the agents' ranks on this machine, checked as one launch of them (they had started)
+        (["nodes", "--nnodes", "2", "--nproc-per-node", "512", "--", "--global-batch", "1024"],
+         "1024 ranks do not fit this machine"),
         (["import", "{tmp}/rank0.json", "-o", "{tmp}"], "output {tmp} is a directory"),
     ],
-    ids=["elastic", "nodes", "nodes' run", "import"],
+    ids=["elastic", "nodes", "nodes' run", "nodes' ranks", "import"],
 )
-def test_the_other_commands_check_where_they_write_before_they_start(monkeypatch, capsys, tmp_path, argv,
-                                                                     message):
-    """Before a launch (or reading a profile) a path that cannot take the output exits 2, not at the end."""
+def test_the_other_commands_check_outputs_and_ranks_before_they_start(monkeypatch, capsys, tmp_path, argv,
+                                                                      message):
+    """Before a launch (or reading a profile): a path that cannot take the output, or more ranks than
+    the machine holds, exits 2 then, not at the end."""
     from paralab.elastic import launch as elastic_launch
     from paralab.runtime import multinode
 

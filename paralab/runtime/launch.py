@@ -74,16 +74,24 @@ def release_forkserver() -> None:
         server._stop()
 
 
+def preflight(cfg: RunConfig):
+    """What a local launch of ``cfg`` checks before any process starts (ConfigError if one fails): its
+    layout, the device every local rank gets, its dtype on that device, and that this machine holds
+    the ranks. Returns the layout and the config with its device resolved."""
+    layout = resolve_layout(cfg)
+    cfg = dataclasses.replace(cfg, device=resolve_device(cfg.device, cfg.world_size))
+    check_dtype(cfg.dtype, cfg.device)
+    check_capacity(cfg.world_size, cfg.oversubscribe)
+    return layout, cfg
+
+
 def launch(cfg: RunConfig, progress=None) -> RunResult:
     """Resolve ``cfg``'s layout, run it on ``cfg.world_size`` local ranks and return the RunResult.
 
     ``progress(step, steps)`` is called as the slowest rank reaches each step (widgets use it).
     Raises ConfigError before any process starts, RunError if a rank fails or the run hangs.
     """
-    layout = resolve_layout(cfg)
-    cfg = dataclasses.replace(cfg, device=resolve_device(cfg.device, cfg.world_size))
-    check_dtype(cfg.dtype, cfg.device)
-    check_capacity(cfg.world_size, cfg.oversubscribe)
+    layout, cfg = preflight(cfg)
     if cfg.world_size > usable_cores():
         warnings.warn(
             f"world size {cfg.world_size} exceeds the {usable_cores()} usable CPU cores: ranks will "
