@@ -41,6 +41,7 @@ from pathlib import Path
 from paralab.config import ConfigError
 from paralab.outputs import check_file
 from paralab.profiling import METADATA_KEY, PREFIX, parse_label
+from paralab.schedules import SCHEDULES
 from paralab.trace import COMM, STEP, Span, Trace
 from paralab.trace_ops import DEVICE_CATS, HOST_CATS, Event, comm_spans, compute_spans
 
@@ -330,7 +331,7 @@ def add_import_args(parser) -> None:
                         help="paralab: the spans a paralab run --profile named; torch: torch's operators; "
                              "auto: paralab's names where every profile has them")
     # what a profile cannot say, for the bubble figure and throughput
-    parser.add_argument("--schedule", help="the pipeline schedule the job ran (gpipe, 1f1b, ...)")
+    parser.add_argument("--schedule", choices=SCHEDULES, help="the pipeline schedule the job ran")
     parser.add_argument("--pp", type=int, help="pipeline stages")
     parser.add_argument("--microbatches", type=int, help="microbatches per step")
     parser.add_argument("--tokens-per-step", type=int, help="tokens the job trains on per step")
@@ -340,9 +341,15 @@ def import_main(args) -> int:
     """``paralab import``: 0 when written; 2 (one line on stderr) for a file that cannot be imported or
     an output that cannot be written (checked first: reading many profiles takes a while)."""
     check_file(args.output, "output")
+    for count in ("pp", "microbatches", "tokens_per_step"):
+        if getattr(args, count) is not None and getattr(args, count) < 1:
+            print(f"paralab import: --{count.replace('_', '-')} must be >= 1, got {getattr(args, count)}",
+                  file=sys.stderr)
+            return 2
     try:
         facts = {k: getattr(args, k) for k in ("schedule", "pp", "microbatches", "tokens_per_step")}
-        trace = import_profile(args.profiles, names=args.names, meta={k: v for k, v in facts.items() if v})
+        trace = import_profile(args.profiles, names=args.names,
+                               meta={k: v for k, v in facts.items() if v is not None})
     except ProfileError as exc:
         print(f"paralab import: {exc}", file=sys.stderr)
         return 2

@@ -323,3 +323,19 @@ def test_profile_of_a_paralab_pipeline_agrees_with_its_own_trace(tmp_path, no_le
         moved = sum(s.payload_bytes for s in as_torch.spans if s.kind == op)
         assert moved == own.comm_bytes(payload=True)[op] * steps
         assert {s.peer for s in as_torch.spans if s.kind == op} == {0, 1}
+
+
+@pytest.mark.parametrize("facts, message", [
+    (["--pp", "-2"], "--pp must be >= 1, got -2"),
+    (["--microbatches", "0"], "--microbatches must be >= 1, got 0"),  # had been dropped silently
+    (["--tokens-per-step", "-5"], "--tokens-per-step must be >= 1, got -5"),  # had made tokens/s negative
+])
+def test_facts_a_profile_cannot_give_are_checked(capsys, tmp_path, facts, message):
+    assert cli_main(["import", str(GPU_FIXTURE), "-o", str(tmp_path / "out.json"), *facts]) == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "out.json").exists()
+
+
+def test_an_unknown_schedule_is_refused_by_name():
+    with pytest.raises(SystemExit) as info:
+        cli_main(["import", str(GPU_FIXTURE), "-o", "out.json", "--schedule", "nope"])
+    assert info.value.code == 2
