@@ -45,6 +45,7 @@ def test_non_dividing_degrees_exit_2_with_what_fits(capsys):
                         "--pp", "5"], capsys)
     assert rc == 2 and not out
     assert "does not divide 96 layers" in err and "configurations that fit on 1024 GPUs" in err
+    assert err.count("\n") == 1, "one line on stderr, as every invalid input gets"
 
 
 def test_model_that_fits_nowhere_exits_2(capsys):

@@ -5,8 +5,8 @@ them, plus ``model_flops_per_step``, ``hardware_flops_per_step``, ``hfu``). ``si
 prints its prediction once the configuration can be built, and exits 0: one that does not fit in
 memory says so (``fits: false``, by how much it is over, and the layouts that fit on the same GPUs).
 Input that cannot describe a run (degrees that do not divide, an unknown preset or hardware, a bad
-hardware file) prints what is wrong, and what would fit, on stderr and returns 2; so does ``plan``
-when nothing fits, saying why.
+hardware file) prints what is wrong, and what would fit, on one line of stderr and returns 2; so
+does ``plan`` when nothing fits, saying why.
 """
 
 from __future__ import annotations
@@ -149,8 +149,8 @@ def _fits_hint(model: ModelSpec, gpus: int, hw, global_batch: int | None) -> str
     """What would fit: the planner's best few on these GPUs, or why nothing does."""
     ranked = _alternatives(model, gpus, hw, global_batch)
     if ranked:
-        return "configurations that fit on {} GPUs:\n  {}".format(
-            gpus, "\n  ".join(planner.describe(p.parallel) for p in ranked))
+        return "configurations that fit on {} GPUs: {}".format(
+            gpus, " | ".join(planner.describe(p.parallel) for p in ranked))
     return planner.why_nothing_fits(model, gpus, hw, global_batch)
 
 
@@ -183,7 +183,7 @@ def simulate_main(args) -> int:
     problems = unrunnable or parallel.problems(model, gpus)
     if problems:
         hint = "" if unrunnable else _fits_hint(model, gpus, hw, args.global_batch)
-        return _fail("invalid configuration: " + "; ".join(problems) + (f"\n{hint}" if hint else ""))
+        return _fail("invalid configuration: " + "; ".join(problems) + (f". {hint}" if hint else ""))
     pred = cost.predict(model, parallel, hw)
     out = pred.to_dict()
     out.update(model=model.name, hardware=hw.name, gpus=gpus, config=planner.describe(pred.parallel),
