@@ -12,9 +12,9 @@ does ``plan`` when nothing fits, saying why.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from paralab.cli_args import json_text
 from paralab.sim import cost, planner
 from paralab.sim.hardware import NAMES as HARDWARE_NAMES
 from paralab.sim.hardware import get_hardware
@@ -199,7 +199,7 @@ def simulate_main(args) -> int:
                                     mfu=p.mfu, memory_bytes_per_gpu=int(p.memory_bytes_per_gpu["total"]),
                                     **_degrees(p.parallel)) for p in ranked]
         out["advice"] = "" if ranked else planner.why_nothing_fits(model, gpus, hw, args.global_batch)
-    print(json.dumps(out) if args.json else _report(out))
+    print(json_text(out) if args.json else _report(out))
     return 0
 
 
@@ -247,7 +247,7 @@ def plan_main(args) -> int:
     if args.json:
         rows = [dict(p.to_dict(), config=planner.describe(p.parallel), **_degrees(p.parallel))
                 for p in ranked]
-        print(json.dumps({"model": model.name, "gpus": args.gpus, "hardware": hw.name, "ranked": rows,
+        print(json_text({"model": model.name, "gpus": args.gpus, "hardware": hw.name, "ranked": rows,
                           "explain": sentences}))
         return 0
     # ranked by tokens/s, which MFU follows; hardware TFLOP/s also counts recompute, so it need not
