@@ -47,12 +47,17 @@ class Comparison:
 
 
 def compare(variants: list[Variant], rounds: int = 3, common: dict | None = None) -> Comparison:
-    """Run each variant ``rounds`` times, interleaved; ``common`` options apply to every run."""
+    """Run each variant ``rounds`` times, interleaved; ``common`` options apply to every run.
+    ConfigError (before any run) for fewer than one round or two variants of one label."""
     import paralab
+    from paralab.config import ConfigError
 
+    if rounds < 1:
+        raise ConfigError(f"--rounds must be >= 1 (interleaved runs of each variant), got {rounds}")
     labels = [v.label for v in variants]
     if len(set(labels)) != len(labels):
-        raise ValueError(f"variant labels must differ, got {labels}")
+        raise ConfigError(f"variant labels must differ (a variant is not compared with itself), "
+                          f"got {labels}")
     result = Comparison(variants, {v.label: [] for v in variants})
     for _ in range(rounds):
         for v in variants:
@@ -81,14 +86,9 @@ def add_bench_args(parser) -> None:
 
 def bench_main(args) -> int:
     """``paralab bench``: every variant is validated before the first run starts (ConfigError: exit 2)."""
-    from paralab.config import ConfigError, RunConfig
+    from paralab.config import RunConfig
     from paralab.layout import resolve_layout
 
-    if args.rounds < 1:
-        raise ConfigError(f"--rounds must be >= 1 (interleaved runs of each variant), got {args.rounds}")
-    if len(set(args.variants)) < len(args.variants):
-        raise ConfigError(f"each variant once: {' '.join(args.variants)} names one twice (compare a strategy "
-                          "with itself by running the bench again)")
     common = dict(world_size=args.world_size, steps=args.steps, model=args.model,
                   global_batch=args.global_batch)
     for strategy in args.variants:

@@ -194,11 +194,14 @@ def cmd_nodes(args) -> int:
     parsed = build_parser().parse_args(["run", *run_args])
     cfg = config_from_args(parsed)
     check_run_outputs(parsed)  # the run's own --trace, --report, --profile: before any agent starts
-    # every agent's ranks run on this machine: the same checks as one launch of all of them
-    preflight(dataclasses.replace(cfg, world_size=args.nnodes * args.nproc_per_node, nodes=args.nnodes))
+    # every agent's ranks run on this machine: the same checks as one launch of all of them, and the
+    # device found for all of them handed to each agent (which would otherwise choose for its own)
+    _, cfg = preflight(dataclasses.replace(cfg, world_size=args.nnodes * args.nproc_per_node,
+                                           nodes=args.nnodes))
     if args.trace_dir:
         check_dir(args.trace_dir, "--trace-dir")
-    run = run_local_nodes(run_args, args.nnodes, args.nproc_per_node, trace_dir=args.trace_dir)
+    run = run_local_nodes([*run_args, "--device", cfg.device], args.nnodes, args.nproc_per_node,
+                          trace_dir=args.trace_dir)
     print(json_text(run.summary) if args.json else format_summary(run.summary))
     return EXIT_OK
 

@@ -26,6 +26,16 @@ EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 EXIT_SIGPIPE = 141  # the reader of stdout went away, as shells report a program killed by SIGPIPE
 
 
+def below_one(args, flags) -> str:
+    """The first of ``flags`` given below 1 (a count of GPUs, sequences, stages...), said as its flag;
+    empty when none is."""
+    for flag in flags:
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            return f"--{flag.replace('_', '-')} must be >= 1, got {value}"
+    return ""
+
+
 def json_text(obj) -> str:
     """``obj`` as JSON that any reader accepts: a non-finite number (nan, inf) becomes null, where
     ``json.dumps`` would write a bare ``NaN`` that is not JSON."""

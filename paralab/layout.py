@@ -43,7 +43,13 @@ from functools import cached_property
 
 from paralab.config import ConfigError, RunConfig
 from paralab.schedules import DEFAULT_SCHEDULE, chunks_per_rank, shape_problems
-from paralab.strategies.registry import OPTION_DEFAULTS, TUNING_OPTIONS, Strategy, get_strategy
+from paralab.strategies.registry import (
+    CONTEXT_OPTIONS,
+    OPTION_DEFAULTS,
+    TUNING_OPTIONS,
+    Strategy,
+    get_strategy,
+)
 
 AXES = ("pp", "dp", "cp", "tp")  # mesh dimensions, outermost first
 
@@ -218,7 +224,7 @@ def resolve_layout(cfg: RunConfig) -> Layout:
         raise ConfigError(f"{cfg.nodes} node(s) cannot split world size {cfg.world_size} evenly")
     context = "cp" in strategy.axes
     if context and degrees["cp"] == 1:  # as sequence parallel with tp = 1: refused, not ignored
-        for option in ("cp_mode", "cp_split"):
+        for option in CONTEXT_OPTIONS:
             if getattr(cfg, option) != OPTION_DEFAULTS[option]:
                 raise ConfigError(f"{option}={getattr(cfg, option)} applies to context parallelism, and this "
                                   f"run has cp=1: set cp > 1 or leave {option} out")

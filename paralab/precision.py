@@ -11,7 +11,7 @@ momentum and variance), the mixed-precision accounting of the ZeRO paper.
 Gradients are reduced across ranks in ``reduce_dtype`` (fp32 by default, as FSDP2's
 MixedPrecisionPolicy): a reducer casts its flat buffer up before the collective and back after, and
 ZeRO accumulates and reduce-scatters in an fp32 buffer that becomes the masters' gradient directly
-(``main_grad``, as Megatron names it).
+(``main_grad``, as Megatron names it), or, under an fp16 loss scale, a copy divided by the scale.
 
 fp16's narrow range needs loss scaling (Micikevicius et al. 2018): the loss is multiplied by a
 scale before backward, the gradients divided by it before the update; when any gradient overflows
@@ -128,6 +128,8 @@ class MasterWeights:
             for p, m in zip(self.params, self.masters):
                 p.copy_(m)
             self.scaler.update(False, self.steps)
+        for m in self.masters:  # read only by this step: an unscaled copy is not held until the next
+            m.grad = None
         self.steps += 1
 
     def _overflowed(self) -> bool:

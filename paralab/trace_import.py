@@ -38,6 +38,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from paralab.cli_args import below_one
 from paralab.config import ConfigError
 from paralab.outputs import check_file
 from paralab.profiling import METADATA_KEY, PREFIX, parse_label
@@ -338,14 +339,13 @@ def add_import_args(parser) -> None:
 
 
 def import_main(args) -> int:
-    """``paralab import``: 0 when written; 2 (one line on stderr) for a file that cannot be imported or
-    an output that cannot be written (checked first: reading many profiles takes a while)."""
+    """``paralab import``: 0 when written; 2 (one line on stderr) for a file that cannot be imported,
+    a fact below 1 or an output that cannot be written (checked first: reading many profiles takes a
+    while)."""
     check_file(args.output, "output")
-    for count in ("pp", "microbatches", "tokens_per_step"):
-        if getattr(args, count) is not None and getattr(args, count) < 1:
-            print(f"paralab import: --{count.replace('_', '-')} must be >= 1, got {getattr(args, count)}",
-                  file=sys.stderr)
-            return 2
+    if problem := below_one(args, ("pp", "microbatches", "tokens_per_step")):
+        print(f"paralab import: {problem}", file=sys.stderr)
+        return 2
     try:
         facts = {k: getattr(args, k) for k in ("schedule", "pp", "microbatches", "tokens_per_step")}
         trace = import_profile(args.profiles, names=args.names,

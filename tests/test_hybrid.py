@@ -175,14 +175,16 @@ def test_zero_bubble_weight_gradients_launch_ddp_buckets_from_their_hooks(runs, 
             assert last_bucket < last_w, f"rank {rank} step {step}"
 
 
-@pytest.mark.parametrize("zero, dtype", [(1, "bf16"), (2, "fp16")])
-def test_zero_in_16_bits_hands_back_its_fp32_gradients(zero, dtype, no_leftover_ranks):
+@pytest.mark.parametrize("zero, dtype, reduce_dtype", [(1, "bf16", "fp32"), (2, "fp16", "fp32"),
+                                                      (1, "fp16", "bf16")])  # wider than either: fp32
+def test_zero_in_16_bits_hands_back_its_fp32_gradients(zero, dtype, reduce_dtype, no_leftover_ranks):
     """ZeRO keeps the averaged gradients of 16-bit parameters in fp32 (main_grad); the state a run
     hands back carries them as they are (it had assigned them to the bf16/fp16 .grad and failed),
     loss-scaled in fp16 as one device's .grad is (2^16 here: no step overflowed)."""
     common = dict(steps=STEPS, model=MODEL, global_batch=BATCH, collect_state=True, optimizer="sgd",
                   lr=LR["sgd"], dtype=dtype)
-    run = paralab.run("hybrid", 2, dp=2, zero=zero, microbatches=MICROBATCHES, **common)
+    run = paralab.run("hybrid", 2, dp=2, zero=zero, microbatches=MICROBATCHES, reduce_dtype=reduce_dtype,
+                      **common)
     reference = paralab.run("single", 1, **common)
     assert_close_rel(run.losses, reference.losses, rel=1e-2, what=f"zero{zero} {dtype} losses")
     assert all(g.dtype.is_floating_point and g.dtype.itemsize == 4 for g in run.grads.values())

@@ -120,6 +120,10 @@ def test_a_hardware_file_may_give_every_field_in_si_units(tmp_path):
         ({"base": "a100", "inter_latency": -1}, "hardware inter_latency must be >= 0, got -1"),
         ({"base": "a100", "matmul_max_efficiency": 1.5}, "matmul_max_efficiency is a share of the peak"),
         ({"memory_gib": 80, "base": "a100", "gpus_per_node": None}, "gpus_per_node must be a finite number"),
+        # checked after the units: a bare number by dtype, a conversion past a float's range
+        ({"base": "a100", "peak_tflops": 1000}, "peak_flops must be an object of finite numbers"),
+        ({"base": "a100", "memory_gib": 1e300}, "memory_bytes must be a finite number, got inf"),
+        ({"base": "a100", "host_overhead_s": {"bogus": 1}}, "host_overhead_s: unknown part(s) bogus"),
     ],
 )
 def test_a_bad_hardware_file_is_refused_naming_what_is_wrong(tmp_path, data, words):

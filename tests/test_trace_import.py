@@ -335,7 +335,9 @@ def test_facts_a_profile_cannot_give_are_checked(capsys, tmp_path, facts, messag
     assert message in capsys.readouterr().err and not (tmp_path / "out.json").exists()
 
 
-def test_an_unknown_schedule_is_refused_by_name():
+def test_an_unknown_schedule_is_refused_naming_the_schedules(capsys, tmp_path):
     with pytest.raises(SystemExit) as info:
-        cli_main(["import", str(GPU_FIXTURE), "-o", "out.json", "--schedule", "nope"])
-    assert info.value.code == 2
+        cli_main(["import", str(GPU_FIXTURE), "-o", str(tmp_path / "out.json"), "--schedule", "nope"])
+    assert info.value.code == 2 and not (tmp_path / "out.json").exists()
+    err = capsys.readouterr().err
+    assert "invalid choice: 'nope'" in err and "'1f1b'" in err

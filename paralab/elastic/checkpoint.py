@@ -81,8 +81,18 @@ def latest(root: str | Path) -> Path | None:
     return done[-1] if done else None
 
 
+MANIFEST_KEYS = ("signature", "step", "sampler", "rng", "world_size")  # what save writes and load reads
+
+
 def read_manifest(path: str | Path) -> dict:
-    return json.loads((Path(path) / MANIFEST).read_text())
+    """A checkpoint's manifest; ValueError if it is not one (not JSON, or a key missing)."""
+    manifest = json.loads((Path(path) / MANIFEST).read_text())
+    missing = [k for k in MANIFEST_KEYS if not isinstance(manifest, dict) or k not in manifest]
+    if missing:
+        raise ValueError(f"no {', '.join(missing)}")
+    if not isinstance(manifest["signature"], dict):
+        raise ValueError(f"signature is {type(manifest['signature']).__name__}, not an object")
+    return manifest
 
 
 def check_signature(root: str | Path, signature: dict) -> None:
@@ -92,9 +102,7 @@ def check_signature(root: str | Path, signature: dict) -> None:
         return
     try:
         theirs = read_manifest(last)["signature"]
-        if not isinstance(theirs, dict):
-            raise TypeError(f"signature is {type(theirs).__name__}, not an object")
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError) as err:
         raise ConfigError(f"checkpoint directory {root}: {last / MANIFEST} cannot be read as a checkpoint "
                           f"manifest ({type(err).__name__}: {err}). Use another --checkpoint-dir, or remove "
                           f"{last.name}.") from None

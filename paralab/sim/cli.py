@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from paralab.cli_args import json_text
+from paralab.cli_args import below_one, json_text
 from paralab.sim import cost, planner
 from paralab.sim.hardware import NAMES as HARDWARE_NAMES
 from paralab.sim.hardware import get_hardware
@@ -131,15 +131,6 @@ def _stage_layers(args, model: ModelSpec) -> tuple[int, ...] | None:
     return ends_split(model.layers, args.pp, first, last)
 
 
-def _below_one(args, flags) -> str:
-    """The first of ``flags`` given below 1 (a count of GPUs, sequences or layouts), said as its flag."""
-    for flag in flags:
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            return f"--{flag.replace('_', '-')} must be >= 1, got {value}"
-    return ""
-
-
 def _fail(message: str) -> int:
     print(f"paralab: {message}", file=sys.stderr)
     return 2
@@ -167,7 +158,7 @@ def simulate_main(args) -> int:
     tp, pp, cp = args.tp, args.pp, args.cp
     counts = ("tp", "pp", "cp", "dp", "gpus", "virtual_stages", "ep", "global_batch", "micro_batch",
               "microbatches")
-    if problem := _below_one(args, counts):
+    if problem := below_one(args, counts):
         return _fail(problem)
     dp = args.dp or (args.gpus // (tp * pp * cp) if args.gpus and args.gpus % (tp * pp * cp) == 0 else 1)
     gpus = args.gpus or dp * tp * pp * cp
@@ -237,7 +228,7 @@ def plan_main(args) -> int:
         return _fail(str(err))
     if model.problems() or hw.problems_for(model):
         return _fail("invalid model: " + "; ".join(model.problems() or hw.problems_for(model)))
-    if problem := _below_one(args, ("gpus", "global_batch", "top")):
+    if problem := below_one(args, ("gpus", "global_batch", "top")):
         return _fail(problem)
     ranked = planner.plan(model, args.gpus, hw, args.global_batch, top=args.top)
     if not ranked:

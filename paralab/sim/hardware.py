@@ -172,9 +172,6 @@ def _file_spec(data: dict, fields: set, path: Path) -> HardwareSpec:
     for key, value in values.items():
         if kinds[key] in ("float", "int") and not _number(value):
             raise SpecError(f"hardware file {str(path)!r}: {key} must be a finite number, got {value!r}")
-        if key in NUMBERS_BY_NAME and not (isinstance(value, dict) and all(map(_number, value.values()))):
-            raise SpecError(f"hardware file {str(path)!r}: {key} must be an object of finite numbers "
-                            f"({NUMBERS_BY_NAME[key]}), got {value!r}")
     for key, (name, factor) in FILE_UNITS.items():
         if key in data:
             value = data[key]
@@ -197,10 +194,6 @@ def _file_spec(data: dict, fields: set, path: Path) -> HardwareSpec:
 
 def _number(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-# the fields a file gives as objects: what their keys name
-NUMBERS_BY_NAME = {"peak_flops": "FLOP/s by dtype", "host_overhead_s": "seconds by part"}
 
 
 def _from_fields(values: dict, path: Path) -> HardwareSpec:

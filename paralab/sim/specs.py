@@ -329,6 +329,17 @@ class ParallelSpec:
 MEASURED_CURVES = ("allreduce_curve", "allgather_curve", "reducescatter_curve", "p2p_curve")
 
 
+# What ``HardwareSpec.host_overhead_s`` may time (seconds): a call of each part forward and backward, the
+# optimizer's work per parameter tensor, the training loop's per step and per token loaded.
+HOST_PARTS = (*(f"{part}_{phase}" for part in ("embed", "layer", "head")
+                for phase in ("forward", "backward")),
+              "tensor_update", "step", "data_token")
+
+
+def _finite(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 @dataclass(frozen=True)
 class HardwareSpec:
     """One accelerator and the links between accelerators.
@@ -430,7 +441,19 @@ class HardwareSpec:
         return []
 
     def problems(self) -> list[str]:
-        """Every field that cannot describe a machine, with its value."""
+        """Every field that cannot describe a machine, with its value (files, presets and saved specs
+        alike: a unit converted past a float's range reads as infinity, and is caught here)."""
+        numbers = [f.name for f in dataclasses.fields(self) if f.type in ("float", "int")]
+        out = [f"hardware {n} must be a finite number, got {getattr(self, n)!r}"
+               for n in numbers if not _finite(getattr(self, n))]
+        if out:
+            return out
+        for name, what in (("peak_flops", "FLOP/s by dtype"), ("host_overhead_s", "seconds by part")):
+            value = getattr(self, name)
+            if not isinstance(value, dict) or not all(map(_finite, value.values())):
+                out.append(f"hardware {name} must be an object of finite numbers ({what}), got {value!r}")
+        if out:
+            return out
         positive = ("memory_bytes", "memory_bandwidth", "gpus_per_node", "intra_bw", "inter_bw")
         out = [f"hardware {n} must be > 0, got {getattr(self, n)}"
                for n in positive if not getattr(self, n) > 0]
@@ -438,6 +461,10 @@ class HardwareSpec:
             out.append(f"hardware peak_flops must be positive FLOP/s per dtype, got {self.peak_flops}")
         if "fp32" not in self.peak_flops:
             out.append("hardware peak_flops needs an fp32 entry (the fallback for dtypes it does not list)")
+        unknown = sorted(set(self.host_overhead_s) - set(HOST_PARTS))
+        if unknown:
+            out.append(f"hardware host_overhead_s: unknown part(s) {', '.join(unknown)}; "
+                       f"parts: {', '.join(HOST_PARTS)}")
         if not 0 <= self.allocator_overhead < 1:
             out.append(f"allocator_overhead is a share of memory in [0, 1), got {self.allocator_overhead}")
         if not 0 <= self.comm_sm_share < 1:
