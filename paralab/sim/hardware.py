@@ -37,13 +37,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import time
 import warnings
 from pathlib import Path
 
-from paralab.sim.specs import HardwareSpec, SpecError
+from paralab.sim.specs import HardwareSpec, SpecError, finite_number
 
 GiB = 1024**3
 MiB = 1024**2
@@ -167,16 +166,12 @@ def load_hardware_file(path: str | Path) -> HardwareSpec:
 
 
 def _file_spec(data: dict, fields: set, path: Path) -> HardwareSpec:
-    values = {k: v for k, v in data.items() if k in fields}
-    kinds = {f.name: f.type for f in dataclasses.fields(HardwareSpec)}
-    for key, value in values.items():
-        if kinds[key] in ("float", "int") and not _number(value):
-            raise SpecError(f"hardware file {str(path)!r}: {key} must be a finite number, got {value!r}")
+    values = {k: v for k, v in data.items() if k in fields}  # checked by HardwareSpec.problems
     for key, (name, factor) in FILE_UNITS.items():
         if key in data:
             value = data[key]
             numbers = value.values() if isinstance(value, dict) else [value]
-            if not all(map(_number, numbers)):
+            if not all(map(finite_number, numbers)):
                 raise SpecError(f"hardware file {str(path)!r}: {key} must be a number (or numbers by dtype), "
                                 f"got {value!r}")
             scaled = {k: v * factor for k, v in value.items()} if isinstance(value, dict) else value * factor
@@ -190,10 +185,6 @@ def _file_spec(data: dict, fields: set, path: Path) -> HardwareSpec:
         gpus = values.get("gpus_per_node", start.get("gpus_per_node", 0)) or 1
         values["inter_bw"] = data["nic_gbit_s"] * 1e9 / 8 * data.get("nics_per_node", gpus) / gpus
     return _from_fields({**start, **values}, path)
-
-
-def _number(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _from_fields(values: dict, path: Path) -> HardwareSpec:

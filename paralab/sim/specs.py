@@ -336,7 +336,8 @@ HOST_PARTS = (*(f"{part}_{phase}" for part in ("embed", "layer", "head")
               "tensor_update", "step", "data_token")
 
 
-def _finite(value) -> bool:
+def finite_number(value) -> bool:
+    """A real number, not a bool, not inf or nan: what every numeric hardware field must be."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -445,12 +446,12 @@ class HardwareSpec:
         alike: a unit converted past a float's range reads as infinity, and is caught here)."""
         numbers = [f.name for f in dataclasses.fields(self) if f.type in ("float", "int")]
         out = [f"hardware {n} must be a finite number, got {getattr(self, n)!r}"
-               for n in numbers if not _finite(getattr(self, n))]
+               for n in numbers if not finite_number(getattr(self, n))]
         if out:
             return out
         for name, what in (("peak_flops", "FLOP/s by dtype"), ("host_overhead_s", "seconds by part")):
             value = getattr(self, name)
-            if not isinstance(value, dict) or not all(map(_finite, value.values())):
+            if not isinstance(value, dict) or not all(map(finite_number, value.values())):
                 out.append(f"hardware {name} must be an object of finite numbers ({what}), got {value!r}")
         if out:
             return out
