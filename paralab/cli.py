@@ -175,11 +175,11 @@ def cmd_merge(args) -> int:
     except (OSError, ValueError) as exc:  # TraceFormatError names the file and what is wrong
         print(f"paralab merge: {exc}", file=sys.stderr)
         return EXIT_INVALID
+    summary = trace.summary()
     if args.chrome:
         trace.save_chrome(args.output)
     else:
         trace.save(args.output)
-    summary = trace.summary()
     print(f"merged {len(trace.ranks)} rank(s), {len(trace.spans)} spans -> {args.output}; "
           f"median step {summary['step_time_s'] * 1e3:.1f} ms")
     return EXIT_OK

@@ -282,9 +282,17 @@ def check_int(name: str, value, low: int, high: int | None = None) -> None:
         raise ConfigError(f"{name} must be {bound}, got {value}")
 
 
+def finite_number(value) -> bool:
+    """A real number a float can hold: not a bool, inf or nan, nor an integer too large for a float
+    (JSON allows 400 digits; they overflow on first use)."""
+    if type(value) is int:
+        return abs(value) < 2**1000
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def check_positive(name: str, value, low: float = 0.0, unit: str = "") -> None:
     """A finite number above ``low`` (nan and inf are refused: they would only fail later)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not finite_number(value):
         raise ConfigError(f"{name} must be a finite number, got {value!r}")
     if value <= 0 or value < low:
         raise ConfigError(f"{name} must be {'> 0' if not low else f'>= {low:g}'}{unit}, got {value:g}{unit}")

@@ -26,7 +26,6 @@ import bisect
 import dataclasses
 import itertools
 import json
-import math
 import operator
 import statistics
 import types
@@ -34,6 +33,8 @@ import typing
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from paralab.config import finite_number
 
 COMPUTE, COMM, STEP, EVENT = "compute", "comm", "step", "event"
 LANES = (COMPUTE, COMM, STEP, EVENT)
@@ -120,10 +121,17 @@ class Trace:
     # ------------------------------------------------------------------ building
     @classmethod
     def merge(cls, traces: list[Trace]) -> Trace:
-        """Put per-rank traces (already on the shared clock) into one, keeping the first meta."""
+        """Put per-rank traces (already on the shared clock) into one, keeping the first meta.
+        TraceFormatError if two of them hold the same rank (a merged file beside the per-rank files it
+        came from would count every span twice)."""
         merged = cls(meta=dict(traces[0].meta) if traces else {})
         ranks_meta: dict = {}
+        seen: set[int] = set()
         for trace in traces:
+            if twice := seen & set(trace.ranks):
+                raise TraceFormatError(f"rank(s) {', '.join(map(str, sorted(twice)))} appear in two traces "
+                                       "(a merged trace beside its per-rank files?)")
+            seen |= set(trace.ranks)
             merged.spans.extend(trace.spans)
             merged.counters.extend(trace.counters)
             ranks_meta.update(trace.meta.get("ranks", {}))
@@ -193,7 +201,12 @@ class Trace:
                 fields = {"rank": e.get("pid"), "name": name, "t": _number(e.get("ts"), where) / 1e6,
                           "value": args[name]}
                 counters.append(_build(Counter, fields, where))
-        meta = _checked_meta(dict(_object_in(data, "otherData").get("paralab", {})), "otherData.paralab")
+        other = _object_in(data, "otherData")
+        if "paralab" not in other and not spans and any(
+                isinstance(e, dict) and e.get("ph") == "X" for e in data["traceEvents"]):
+            raise TraceFormatError("a Chrome trace from another tool (a torch.profiler trace?): "
+                                   "`paralab import` reads those")
+        meta = _checked_meta(other.get("paralab", {}), "otherData.paralab")
         spans.sort(key=lambda s: (s.start, s.rank))
         return cls(spans=spans, counters=counters, meta=meta)
 
@@ -210,7 +223,11 @@ class Trace:
             files = sorted(path.glob("*.json"))
             if not files:
                 raise FileNotFoundError(f"no trace files (*.json) in {path}")
-            return cls.merge([cls.load(f) for f in files])
+            traces = [cls.load(f) for f in files]
+            try:
+                return cls.merge(traces)
+            except TraceFormatError as exc:
+                raise TraceFormatError(f"{path}: {exc}") from None
         text = path.read_text(encoding="utf-8", errors="replace")
         try:
             data = json.loads(text)
@@ -478,7 +495,7 @@ def _build(cls, data, where: str, index: int | None = None):
         if value is None:
             ok = nullable
         elif kind is float:
-            ok = (type(value) is float or type(value) is int) and math.isfinite(value)
+            ok = finite_number(value)
         elif kind is list:
             ok = type(value) is list and all(type(v) is item for v in value)
         else:
@@ -521,16 +538,37 @@ def _object_in(data: dict, key: str) -> dict:
 
 
 def _number(value, where: str) -> float:
-    if type(value) not in (int, float) or not math.isfinite(value):
+    if not finite_number(value):
         raise TraceFormatError(f"{where}: expected a finite number, got {_json_kind(value)} "
                                f"{json.dumps(value)[:40]}")
     return value
 
 
+# The meta keys the summary, the report and the figures read, and the JSON kind each must have
+_META_KINDS = {
+    **dict.fromkeys(("world_size", "pp", "microbatches", "virtual_stages", "dp", "tp", "cp", "ep"),
+                    "an integer"),
+    "tokens_per_step": "a number",
+    **dict.fromkeys(("strategy", "schedule", "source", "model"), "a string"),
+    **dict.fromkeys(("layout", "mesh", "config"), "an object"),
+    **dict.fromkeys(("peak_memory_bytes", "memory_by_kind", "memory_ranks", "step_records", "generations"),
+                    "a list"),
+}
+_KIND_CHECKS = {"an integer": lambda v: type(v) is int and abs(v) < 2**63, "a number": finite_number,
+                "a string": lambda v: type(v) is str, "an object": lambda v: type(v) is dict,
+                "a list": lambda v: type(v) is list}
+
+
 def _checked_meta(meta, where: str) -> dict:
-    """The meta object, with its per-rank map keyed by int again (JSON object keys are strings)."""
+    """The meta object (a copy), its known keys of the right kind (null allowed), its per-rank map
+    keyed by int again (JSON object keys are strings)."""
     if type(meta) is not dict:
         raise TraceFormatError(f"{where}: expected an object, got {_json_kind(meta)}")
+    meta = dict(meta)
+    for key, kind in _META_KINDS.items():
+        if meta.get(key) is not None and not _KIND_CHECKS[kind](meta[key]):
+            raise TraceFormatError(f"{where}.{key}: expected {kind}, got {_json_kind(meta[key])} "
+                                   f"{json.dumps(meta[key])[:40]}")
     if "ranks" in meta:
         ranks = meta["ranks"]
         if type(ranks) is not dict or not all(str(k).lstrip("-").isdigit() for k in ranks):

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from paralab.cli_args import below_one
-from paralab.config import ConfigError
+from paralab.config import ConfigError, finite_number
 from paralab.outputs import check_file
 from paralab.profiling import METADATA_KEY, PREFIX, parse_label
 from paralab.schedules import SCHEDULES
@@ -111,7 +111,7 @@ def read_profile(path: Path) -> RankProfile:
     info = data.get("distributedInfo") if isinstance(data.get("distributedInfo"), dict) else {}
     profile = RankProfile(
         path=path, rank=_int_or_none(info.get("rank")), world_size=_int_or_none(info.get("world_size")),
-        host=str(data.get("host_name") or ""), base_ns=int(data.get("baseTimeNanoseconds") or 0),
+        host=str(data.get("host_name") or ""), base_ns=_base_ns(path, data.get("baseTimeNanoseconds")),
         paralab_meta=data.get(METADATA_KEY) if isinstance(data.get(METADATA_KEY), dict) else {},
     )
     for i, e in enumerate(data["traceEvents"]):
@@ -121,11 +121,13 @@ def read_profile(path: Path) -> RankProfile:
             _note_memory(profile, e.get("args") or {})
         if e.get("ph") != "X" or e.get("cat") not in HOST_CATS + DEVICE_CATS:
             continue
-        ts, dur = e.get("ts"), e.get("dur")
-        if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
+        ts, dur, args = e.get("ts"), e.get("dur"), e.get("args") or {}
+        if not finite_number(ts) or not finite_number(dur):
             raise ProfileError(f"{path}: traceEvents[{i}] ({e.get('name')!r}) has no numeric ts and dur")
+        if not isinstance(args, dict):
+            raise ProfileError(f"{path}: traceEvents[{i}] ({e.get('name')!r}): args is not an object")
         event = Event(str(e.get("name", "")), e["cat"], e.get("pid"), e.get("tid"), ts * 1e-6,
-                      (ts + max(dur, 0)) * 1e-6, e.get("args") or {})
+                      (ts + max(dur, 0)) * 1e-6, args)
         (profile.host_events if e["cat"] in HOST_CATS else profile.device_events).append(event)
     if not profile.host_events and not profile.device_events:
         raise ProfileError(f"{path}: no torch.profiler operators or kernels (events of category "
@@ -133,11 +135,20 @@ def read_profile(path: Path) -> RankProfile:
     return profile
 
 
-def _note_memory(profile: RankProfile, args: dict) -> None:
-    total = args.get("Total Allocated")
-    if isinstance(total, (int, float)):
-        device = int(args.get("Device Type") or 0)
+def _note_memory(profile: RankProfile, args) -> None:
+    total = args.get("Total Allocated") if isinstance(args, dict) else None
+    if finite_number(total):
+        device = _int_or_none(args.get("Device Type")) or 0
         profile.peak_memory[device] = max(profile.peak_memory.get(device, 0.0), float(total))
+
+
+def _base_ns(path: Path, value) -> int:
+    """The file's clock origin (ns since the epoch), 0 when it has none."""
+    if value is None:
+        return 0
+    if type(value) is int or (isinstance(value, str) and value.isdigit()):
+        return int(value)
+    raise ProfileError(f"{path}: baseTimeNanoseconds is not a whole number ({json.dumps(value)[:40]})")
 
 
 def _int_or_none(value) -> int | None:
@@ -318,6 +329,7 @@ def _meta(profiles: list[RankProfile], ranks: list[int], world: int, node_of: di
         peaks = [int(p.peak_memory.get(1 if p.on_gpu else 0, max(p.peak_memory.values()))) for _, p in order]
         meta["peak_memory_bytes"] = peaks
         meta["memory_by_kind"] = [{"allocated": peak} for peak in peaks]
+        meta["memory_ranks"] = [rank for rank, _ in order]  # the profiled ranks may be any few
     return meta
 
 

@@ -350,9 +350,14 @@ def _tensor_sizes(args: dict) -> tuple[list[int], str | None]:
     types, dims = args.get("Input type") or [], args.get("Input Dims") or []
     sizes, dtype = [], None
     for kind, shape in zip(types, dims):
-        if kind in ELEMENT_BYTES:
+        if kind in ELEMENT_BYTES and _is_shape(shape):
             sizes.append(math.prod(shape))
             dtype = dtype or kind
-        elif kind == "TensorList":
+        elif kind == "TensorList" and isinstance(shape, list) and all(map(_is_shape, shape)):
             sizes.append(sum(math.prod(s) for s in shape))
     return sizes, dtype
+
+
+def _is_shape(shape) -> bool:
+    """A tensor's dims as record_shapes writes them; anything else (another tool's field) is not counted."""
+    return isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)

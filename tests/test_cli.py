@@ -147,6 +147,9 @@ def test_torchrun_writes_per_rank_traces_that_merge(tmp_path):
 
     trace = Trace.load(merged)
     assert trace.ranks == [0, 1] and trace.select(kind="all_reduce")
+    # every rank's file describes the run: the merged trace's throughput and strategy are the run's
+    assert trace.meta["strategy"] == "ddp" and trace.meta["ranks"].keys() == {0, 1}
+    assert trace.summary()["tokens_per_s"] > 0
     import paralab
 
     same = paralab.run("ddp", 2, steps=3, bucket_mb=0.1)

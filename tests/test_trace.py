@@ -100,6 +100,17 @@ BAD_INPUTS = {
                          "traceEvents[0]: expected a finite number, got a string"),
     "bad-rank-keys": ({**_good(), "meta": {"ranks": {"zero": {}}}},
                       "meta.ranks: expected an object keyed by rank"),
+    "string-world-size": ({**_good(), "meta": {"world_size": "2"}},
+                          'meta.world_size: expected an integer, got a string "2"'),
+    "string-tokens": ({**_good(), "meta": {"tokens_per_step": "x"}},
+                      "meta.tokens_per_step: expected a number, got a string"),
+    "layout-a-list": ({**_good(), "meta": {"layout": [1]}}, "meta.layout: expected an object, got a list"),
+    "integer-beyond-a-float": (_with_span(start=10**400), "spans[0].start: expected a finite number"),
+    "chrome-meta-a-list": ({"traceEvents": [], "otherData": {"paralab": [1]}},
+                           "otherData.paralab: expected an object, got a list"),
+    "torch-profiler-trace": ({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1,
+                                               "tid": 1, "ts": 1, "dur": 2}]},
+                             "`paralab import` reads those"),
 }
 
 
@@ -122,6 +133,20 @@ def test_bad_traces_exit_2_naming_the_file_and_what_is_wrong(tmp_path, capsys, c
     err = capsys.readouterr().err
     assert f"{bad}: " in err and reason in err, err
     assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["merge", "report"])
+def test_a_rank_in_two_files_of_a_folder_exits_2(tmp_path, capsys, command):
+    """A merged trace saved beside the per-rank files it came from would count every span twice."""
+    trace = two_rank_trace()
+    for rank in (0, 1):
+        Trace(spans=trace.select(rank=rank), meta=trace.meta).save(tmp_path / f"rank{rank}.json")
+    assert Trace.load(tmp_path).summary()["comm_bytes"] == {"all_reduce": 200}
+    trace.save(tmp_path / "merged.json")
+    assert cli.main([command, str(tmp_path), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "rank(s) 0 appear in two traces" in err and str(tmp_path) in err, err
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("command", ["merge", "report"])

@@ -161,6 +161,13 @@ def test_gpu_fixture_summary_overlap_and_memory(gpu_trace):
     assert gpu_trace.meta["memory_by_kind"] == [{"allocated": 3 << 20}, {"allocated": (3 << 20) + 4096}]
 
 
+def test_memory_of_some_ranks_is_drawn_under_their_own_numbers():
+    """Profiling only some ranks (the last pipeline stage, say) is common: rank 1's memory is r1's."""
+    trace = import_profile([GPU_FIXTURE / "rank1.json.gz"])
+    assert trace.ranks == [1] and trace.meta["memory_ranks"] == [1]
+    assert viz.memory(trace.meta).data[0].x == ("r1",)
+
+
 def test_gpu_profile_of_a_paralab_run_takes_device_time_and_paralab_clock(tmp_path):
     """A profiled paralab run on a GPU: its ranges are the spans, timed where the GPU shows them, and
     each rank lands on paralab's own clock (rank 1 left the barrier 40 us later, its clock is 3 ms off)."""
@@ -216,7 +223,22 @@ BAD_FILES = {
     "foreign.json": (json.dumps({"traceEvents": [_event("draw", "blink")]}), "no torch.profiler operators"),
     "no_time.json": (json.dumps({"traceEvents": [_event(ts="soon")]}), "no numeric ts and dur"),
     "paralab.json": (json.dumps(Trace().to_dict()), "a paralab trace already"),
+    "bad_clock.json": (json.dumps({"baseTimeNanoseconds": "abc", "traceEvents": [_event()]}),
+                       "baseTimeNanoseconds is not a whole number"),
+    "args_a_list.json": (json.dumps({"traceEvents": [_event(args=[1])]}), "args is not an object"),
+    "huge_time.json": ('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1%s, '
+                       '"dur": 1}]}' % ("0" * 400), "no numeric ts and dur"),
 }
+
+
+def test_fields_of_another_kind_are_not_read_as_sizes_or_devices(tmp_path):
+    """Other tools write record_shapes' and the memory events' fields their own way: what is not a
+    shape or a device number is left out, not a crash."""
+    events = [_event("c10d::allreduce_", args={"Input type": ["float", "TensorList"], "Input Dims": [5, [1]]}),
+              {"ph": "i", "name": "[memory]", "ts": 11.0, "args": {"Total Allocated": 64, "Device Type": "cuda"}}]
+    (tmp_path / "p.json").write_text(json.dumps({"traceEvents": events}))
+    trace = import_profile([tmp_path / "p.json"])
+    assert trace.meta["peak_memory_bytes"] == [64] and trace.ranks == [0]
 
 
 @pytest.mark.parametrize("name", sorted(BAD_FILES))

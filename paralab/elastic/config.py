@@ -8,7 +8,6 @@ cluster reads exactly the same options as ``paralab elastic ARGS`` on one machin
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 from paralab.config import (
@@ -17,6 +16,7 @@ from paralab.config import (
     TrainingConfig,
     check_int,
     check_positive,
+    finite_number,
     resolve_device,
 )
 
@@ -138,8 +138,7 @@ class ElasticConfig(TrainingConfig):
         rank, factor = self.slow.get("rank"), self.slow.get("factor")
         if not isinstance(rank, int) or not 0 <= rank < self.max_nodes:
             raise ConfigError(f"slow rank must be in [0, {self.max_nodes}), got {rank!r}")
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) \
-                or factor < 1:
+        if not finite_number(factor) or factor < 1:
             raise ConfigError("slow factor must be >= 1 (1 = normal speed, 3 = three times slower), "
                               f"got {factor!r}")
 

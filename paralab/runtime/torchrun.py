@@ -21,7 +21,7 @@ from paralab.config import RunConfig, resolve_device
 from paralab.layout import resolve_layout
 from paralab.precision import check_dtype
 from paralab.runtime.launch import free_port
-from paralab.runtime.result import RunError, RunResult
+from paralab.runtime.result import RunError, RunResult, run_meta
 from paralab.trace import Trace
 
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -52,8 +52,10 @@ def run_under_torchrun(cfg: RunConfig, trace_dir: str | None = None) -> RunResul
         if REPORT_DIR in os.environ:
             write_error_report(Path(os.environ[REPORT_DIR]), rank, exc, cfg.timeout_s)
         raise
-    if trace_dir:
-        Trace.from_dict(trace).save(Path(trace_dir) / f"rank{rank:05d}.json")
+    if trace_dir:  # each rank's file describes the run, so `paralab merge/report DIR` can read any of them
+        rank_trace = Trace.from_dict(trace)
+        rank_trace.meta.update(run_meta(cfg, layout))
+        rank_trace.save(Path(trace_dir) / f"rank{rank:05d}.json")
     if rank != 0:
         return None
     results = []

@@ -42,7 +42,8 @@ import time
 import warnings
 from pathlib import Path
 
-from paralab.sim.specs import HardwareSpec, SpecError, finite_number
+from paralab.config import finite_number
+from paralab.sim.specs import HardwareSpec, SpecError
 
 GiB = 1024**3
 MiB = 1024**2

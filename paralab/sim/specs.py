@@ -11,6 +11,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from paralab.config import finite_number
 from paralab.schedules import SCHEDULES, V_SHAPED, shape_problems
 from paralab.stage_split import megatron_split, split_problems, split_text
 
@@ -334,11 +335,6 @@ MEASURED_CURVES = ("allreduce_curve", "allgather_curve", "reducescatter_curve", 
 HOST_PARTS = (*(f"{part}_{phase}" for part in ("embed", "layer", "head")
                 for phase in ("forward", "backward")),
               "tensor_update", "step", "data_token")
-
-
-def finite_number(value) -> bool:
-    """A real number, not a bool, not inf or nan: what every numeric hardware field must be."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,13 @@ def memory_by_rank(run) -> list[dict[str, float]]:
                      "or memory_bytes_per_gpu (predicted)")
 
 
+def _rank_numbers(run) -> list[int] | None:
+    """The ranks memory_by_rank's entries belong to, where a trace imported from some ranks' profiles
+    names them (``memory_ranks``); None when they are every rank in order."""
+    summary = run if isinstance(run, Mapping) else getattr(run, "summary", None)
+    return summary.get("memory_ranks") if isinstance(summary, Mapping) else None
+
+
 def memory(runs, title: str | None = None, unit: str = "MiB"):
     """Stacked bars per rank of one run, or of several runs given as {label: run}.
 
@@ -41,9 +48,10 @@ def memory(runs, title: str | None = None, unit: str = "MiB"):
     labelled = {"": runs} if single else dict(runs)
     runs_x, ranks_x, per_bar = [], [], []
     for label, run in labelled.items():
-        for r, kinds in enumerate(memory_by_rank(run)):
+        by_rank = memory_by_rank(run)
+        for rank, kinds in zip(_rank_numbers(run) or range(len(by_rank)), by_rank, strict=True):
             runs_x.append(label)
-            ranks_x.append(f"r{r}")
+            ranks_x.append(f"r{rank}")
             per_bar.append(kinds)
     if not any(runs_x):
         x = ranks_x

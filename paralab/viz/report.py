@@ -33,7 +33,7 @@ def _summary_of(obj) -> tuple[Trace, dict, list[float] | None]:
     if isinstance(obj, Trace):
         summary = obj.summary()
         for key in ("strategy", "world_size", "schedule", "microbatches", "model", "source", "memory_by_kind",
-                    "peak_memory_bytes"):
+                    "memory_ranks", "peak_memory_bytes"):
             if obj.meta.get(key) not in (None, ""):
                 summary[key] = obj.meta[key]
         summary.setdefault("world_size", len(obj.ranks))
