@@ -87,6 +87,17 @@ def test_closed_form_zb_h1_with_fewer_microbatches_than_stages(m):
     assert fast.step_time_s == pytest.approx(slow.step_time_s, rel=0.03)
 
 
+@pytest.mark.parametrize("m,v", [(1, 4), (2, 2), (4, 4), (6, 2)])
+def test_closed_form_interleaved_with_fewer_microbatches_than_stages(m, v):
+    """m < p: one microbatch's trip through all p v chunks sets the step (1 - m / (p + (m-1)/v)), not
+    the m >= p ramp, which had put 4 microbatches on 8 stages at a third of the simulated bubble."""
+    p = ParallelSpec(tp=8, pp=8, schedule="interleaved", virtual_stages=v, microbatches=m, micro_batch=1,
+                     sequence_parallel=True, recompute="selective")
+    fast, slow = (cost.predict(get_model("gpt3-175b"), p, A100, simulate=s) for s in (False, True))
+    assert fast.step_time_s == pytest.approx(slow.step_time_s, rel=0.03)
+    assert fast.bubble_fraction == pytest.approx(slow.bubble_fraction, abs=0.02)
+
+
 def test_prediction_has_the_design_keys_and_consistent_numbers():
     model = get_model("gpt3-1.3b")
     pred = cost.predict(model, ParallelSpec(dp=4, tp=2, pp=2, global_batch=64, micro_batch=2), A100)

@@ -791,7 +791,8 @@ def _estimate_finish(model, p: ParallelSpec, hw,
     """Closed-form pipeline: the slowest rank's work m times, plus the schedule's ramp (its bubble).
 
     With equal stages and free p2p this is exactly :func:`paralab.schedules.theoretical_bubble`:
-    1F1B/GPipe ramp (p-1)(F+B), interleaved (p-1)(F+B)/v (chunks are 1/v long), ZB-H1 (p-1)(F+Bi-W)
+    1F1B/GPipe ramp (p-1)(F+B), interleaved (p-1)(F+B)/v (chunks are 1/v long; with m < p one
+    microbatch's trip through every chunk, p (F+B), and a chunk's F+B for each other), ZB-H1 (p-1)(F+Bi-W)
     (Qi et al. 2023) or, with m < p, the gradient's trip back (m+p-1)(F+Bi) + W, naive no overlap at
     all; other schedules use their closed-form bubble. Blocking sends (``overlap_p2p`` off) add each
     chunk's two sends per microbatch to its rank's work.
@@ -811,8 +812,10 @@ def _estimate_finish(model, p: ParallelSpec, hw,
         # with m < p the gradient's trip back up the pipeline is the longer path (theoretical_bubble)
         makespan = max(m * max(work) + (pp - 1) * (hop + f + bi - w),
                        (m + pp - 1) * (f + bi) + w + (pp - 1) * hop)
-    elif name in ("gpipe", "1f1b", "interleaved"):
+    elif name in ("gpipe", "1f1b") or (name == "interleaved" and m >= pp):
         makespan = m * max(work) + (pp - 1) * (f + bi + w + hop)
+    elif name == "interleaved":  # m < p: one microbatch's trip through all p v chunks, then a chunk each
+        makespan = pp * max(work) + (pp * p.virtual_stages - 1) * hop + (m - 1) * (f + bi + w + hop)
     else:
         makespan = m * max(work) / (1.0 - theoretical_bubble(name, pp, m, p.virtual_stages)) + (pp - 1) * hop
     bubble = 1.0 - m * sum(work) / (pp * makespan) if pp > 1 else 0.0

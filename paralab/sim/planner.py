@@ -117,7 +117,11 @@ def plan(
     model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int | None = None, top: int = 10,
     refine: int = 3
 ) -> list[cost.Prediction]:
-    """Configurations that fit, fastest first (at most ``top``); empty when nothing fits."""
+    """Configurations that fit, fastest first (at most ``top``); empty when nothing fits.
+
+    Every candidate is scored by the closed form, then the ``refine`` fastest are simulated event by
+    event, again until the ``refine`` fastest are all simulated ones: a closed form that was optimistic
+    must not keep a place the simulation took from it."""
     batch = global_batch or default_global_batch(gpus)
     limit = cost.usable_memory(hw)
     scored = []
@@ -125,9 +129,12 @@ def plan(
         if cost.memory_per_gpu(model, spec)["total"] > limit:
             continue
         scored.append(cost.predict(model, spec, hw, simulate=False))
-    scored.sort(key=_rank)
-    refined = [cost.predict(model, pred.parallel, hw) for pred in scored[:refine]]
-    return sorted(refined + scored[refine:top], key=_rank)[:top]
+    rows = sorted(((pred, False) for pred in scored), key=lambda row: _rank(row[0]))
+    while unsimulated := [i for i, (_, simulated) in enumerate(rows[:refine]) if not simulated]:
+        for i in unsimulated:
+            rows[i] = (cost.predict(model, rows[i][0].parallel, hw), True)
+        rows.sort(key=lambda row: _rank(row[0]))
+    return [pred for pred, _ in rows[:top]]
 
 
 def why_nothing_fits(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int | None = None) -> str:
