@@ -54,6 +54,25 @@ def test_a_contiguous_split_waits_for_its_slowest_rank():
     assert max(map(sum, rows)) / min(map(sum, rows)) == pytest.approx(imbalance(4, "contiguous", model.seq))
 
 
+@pytest.mark.parametrize("attention", ["fused", "standard"])
+def test_splitting_the_sequence_never_beats_not_splitting_it(attention):
+    """At the same tokens per GPU, context parallelism only adds (traffic, smaller kernels); ring and
+    all-to-all compute the same attention, so they differ by about the all-to-all's exposed traffic.
+    (The ring's backward had been charged 2 x its forward against fused attention's 2.5, and the
+    all-to-all's attention the whole s x s square a causal fused kernel halves.)"""
+    model = LLAMA.replace(seq=16384, attention=attention)
+    unsplit = cost.predict(model, spec(dp=8, global_batch=8, recompute="selective"), H100)
+    for cp in (2, 4):
+        runs = {mode: cost.predict(model, spec(dp=8 // cp, cp=cp, cp_mode=mode, global_batch=8 // cp,
+                                               recompute="selective"), H100)
+                for mode in ("ring", "alltoall")}
+        for run in runs.values():
+            assert run.step_time_s > unsplit.step_time_s / cp
+        ring, alltoall = runs["ring"], runs["alltoall"]
+        assert abs(alltoall.step_time_s - ring.step_time_s) <= (alltoall.breakdown_s["cp_comm_exposed"]
+                                                                + 0.02 * ring.step_time_s)
+
+
 def test_long_blocks_hide_the_ring_and_small_ones_expose_it():
     long_run = cost.predict(LLAMA.replace(seq=131072), spec(cp=16, tp=8), H100)
     assert long_run.breakdown_s["cp_comm_exposed"] / long_run.step_time_s < 0.01

@@ -87,13 +87,27 @@ def hop_time(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> float:
     return _link_time(hw, hop_bytes(model, p), p.tp * p.cp > hw.gpus_per_node)
 
 
-def block_time(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> float:
-    """Forward seconds of one (s/cp x s/cp) attention block on one rank: the slice run's attention core
-    and its softmax traffic (the cost model's convention: whole squares)."""
-    sm, sp = slice_run(model, p)
+def attention_times(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tuple[float, float]:
+    """(forward, backward) seconds of one layer's attention core on one rank of ``p`` (resolved, cp 1)
+    and its softmax traffic, as the cost model's layer counts them (cost.layer_work: a fused kernel
+    skips the causally masked half and takes 2.5 x its forward in backward, the standard core 2 x, and
+    a forward again before it under selective recompute)."""
     rank_hw = cost.per_rank(hw, p.world_size)
-    work = cost.layer_work(sm, sp.resolved(), rank_hw)
-    return work.core + work.core_elementwise_bytes / cost.elementwise_bandwidth(rank_hw)
+    work = cost.layer_work(model, p, rank_hw)
+    traffic = work.core_elementwise_bytes
+    forward = work.core + traffic / cost.elementwise_bandwidth(rank_hw)
+    backward = work.core_backward + 2 * traffic / cost.elementwise_bandwidth(rank_hw, backward=True)
+    recomputed = model.attention == "standard" and p.recompute == "selective"
+    return forward, backward + (forward if recomputed else 0.0)
+
+
+def block_times(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, ring: bool = False
+                ) -> tuple[float, float]:
+    """(forward, backward) seconds of one (s/cp x s/cp) attention block on one rank: the slice run's
+    attention (:func:`attention_times`); with ``ring`` as a ring step computes it, which recomputes
+    its tile's scores in backward whatever the run's recompute (ring_attention.py keeps none)."""
+    sm, sp = slice_run(model, p)
+    return attention_times(sm, sp.resolved().replace(recompute="selective") if ring else sp.resolved(), hw)
 
 
 def ring_step_compute(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> list[list[float]]:
@@ -104,7 +118,7 @@ def ring_step_compute(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> li
     pairs = [[sum(t.pairs for t in step_tiles(r, ring_source(r, j, n), n, p.cp_split, chunk))
               for j in range(n)] for r in range(n)]
     mean = sum(map(sum, pairs)) / n**2
-    block = block_time(model, p, hw)
+    block, _ = block_times(model, p, hw, ring=True)
     return [[block * x / mean for x in row] for row in pairs]
 
 
@@ -127,16 +141,18 @@ class RingSteps:
         return max(sum(e - s for s, e in spans) for spans in self.compute)
 
 
-def ring_steps(compute: list[list[float]], hop: float, backward: bool = False) -> RingSteps:
+def ring_steps(compute: list[list[float]], hop: float, backward: bool = False,
+               backward_ratio: float = 2.0) -> RingSteps:
     """Run the ring of ``compute[rank][step]`` forward seconds with hops of ``hop`` seconds, as
     ring_attention.py runs it: a rank posts its block's send, computes, then waits for the block from
-    the rank before it and for its own send. Backward a step computes twice the forward, then waits
+    the rank before it and for its own send. Backward a step computes ``backward_ratio`` times the
+    forward (the block's backward over its forward, :func:`block_times`), then waits
     for the block's dK/dV accumulator (sent by the rank before when it finished its step) and passes
     it on; the last pass brings each block's home. A rank's link to the next sends one message at a
     time, in the order they were posted (backward, K/V and dK/dV share it)."""
     n = len(compute)
     hop = hop if n > 1 else 0.0
-    factor = 2.0 if backward else 1.0
+    factor = backward_ratio if backward else 1.0
     spans: list[list[tuple[float, float]]] = [[] for _ in range(n)]
     hops: list[list[tuple[float, float, str]]] = [[] for _ in range(n)]
     link = [0.0] * n  # when each rank's link to the next is free
@@ -175,31 +191,31 @@ def alltoall_time(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> float:
     return sum(cost.collective_time(hw, "all_to_all", b, p.cp, p.tp) for b in alltoall_payloads(model, p))
 
 
-def ulysses_core_time(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> float:
-    """Forward seconds of the all-to-all's attention: heads / (tp x cp) heads over the whole sequence
-    (QK^T and PV), with the softmax traffic of cp blocks."""
-    sm, sp = slice_run(model, p)
-    rank_hw = cost.per_rank(hw, p.world_size)
-    peak, s, d = rank_hw.peak(model.dtype), model.seq, model.head_dim
-    batch = p.micro_batch * model.heads / (p.tp * p.cp)
-    gemms = (cost.gemm_time(rank_hw, peak, s, s, d, batch, model.dtype_bytes)
-             + cost.gemm_time(rank_hw, peak, s, d, s, batch, model.dtype_bytes))
-    work = cost.layer_work(sm, sp.resolved(), rank_hw)
-    return gemms + p.cp * work.core_elementwise_bytes / cost.elementwise_bandwidth(rank_hw)
+def ulysses_times(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tuple[float, float]:
+    """(forward, backward) seconds of the all-to-all's attention: heads / (tp x cp) heads over the whole
+    sequence, the layer's attention as if tensor parallel over tp x cp ranks (:func:`attention_times`)."""
+    return attention_times(model, p.replace(tp=p.tp * p.cp, cp=1), hw)
 
 
 def layer_extra(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> tuple[float, float]:
     """(extra seconds, exposed communication seconds) one layer's forward and backward of one
     microbatch take beyond the slice run's: attention across the split and its traffic."""
     p = parallel.resolved()
-    block = block_time(model, p, hw)
+    block, block_backward = block_times(model, p, hw)
     if p.cp_mode == "ring":
-        compute, hop = ring_step_compute(model, p, hw), hop_time(model, p, hw)
-        forward, backward = ring_steps(compute, hop), ring_steps(compute, hop, backward=True)
+        forward, backward = ring_passes(model, p, hw)
         exposed = forward.makespan - forward.busy + backward.makespan - backward.busy
-        return forward.makespan + backward.makespan - 3 * block, exposed
+        return forward.makespan + backward.makespan - block - block_backward, exposed
     comm = 2 * alltoall_time(model, p, hw)
-    return 3 * (ulysses_core_time(model, p, hw) - block) + comm, comm
+    return sum(ulysses_times(model, p, hw)) - block - block_backward + comm, comm
+
+
+def ring_passes(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tuple[RingSteps, RingSteps]:
+    """One layer's ring forward and backward on the cp ranks of one group (:func:`ring_steps`)."""
+    compute, hop = ring_step_compute(model, p, hw), hop_time(model, p, hw)
+    block, block_backward = block_times(model, p, hw, ring=True)
+    return ring_steps(compute, hop), ring_steps(compute, hop, backward=True,
+                                                backward_ratio=block_backward / block)
 
 
 # ------------------------------------------------------------------------------------------- predict
@@ -247,10 +263,10 @@ def ring_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> Tr
     attention on the compute lane (kind forward or backward), each hop (K/V, dK/dV) on the comm lane,
     so hidden and exposed hops show (paralab.viz.timeline draws it)."""
     p = cost.check(model, parallel)
-    compute, hop = ring_step_compute(model, p, hw), hop_time(model, p, hw)
+    hop = hop_time(model, p, hw)
     spans: list[Span] = []
     offset = 0.0
-    for phase, steps in (("forward", ring_steps(compute, hop)), ("backward", ring_steps(compute, hop, True))):
+    for phase, steps in zip(("forward", "backward"), ring_passes(model, p, hw)):
         for rank in range(p.cp):
             for j, (start, end) in enumerate(steps.compute[rank]):
                 spans.append(Span(rank, COMPUTE, phase, offset + start, offset + end,
@@ -260,5 +276,5 @@ def ring_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> Tr
                                   bytes=int(hop_bytes(model, p)), peer=(rank + 1) % p.cp, step=0))
         offset += steps.makespan
     meta = {"source": "simulated", "strategy": "cp", "world_size": p.cp, "cp": p.cp, "cp_mode": "ring",
-            "cp_split": p.cp_split, "hop_s": hop, "block_s": block_time(model, p, hw)}
+            "cp_split": p.cp_split, "hop_s": hop, "block_s": block_times(model, p, hw)[0]}
     return Trace(spans=sorted(spans, key=lambda s: (s.start, s.rank)), meta=meta)
