@@ -73,6 +73,25 @@ def test_expert_parallel_divides_the_experts_each_gpu_holds_and_reduces_them_ove
     assert rows[("dp", "all_reduce", 2)] == pytest.approx(m.layers * per_layer / 4 * 2)
 
 
+@pytest.mark.parametrize("zero", [0, 1, 2])
+def test_the_gradient_sync_is_timed_on_the_bytes_it_reports(zero):
+    """The end-of-step collectives are priced on the wire bytes comm_bytes_per_gpu reports: the experts
+    over dp / ep (nothing at ep = dp), not every parameter over dp. ZeRO's optimizer steps the same
+    Adam bytes whatever ep (as memory_per_gpu holds them): an eighth of every expert at ep 1, every
+    expert of an eighth at ep 8."""
+    m, h100 = get_model("mixtral-8x7b"), get_hardware("h100")
+    optimizer = set()
+    for ep in (1, 2, 8):
+        p = ParallelSpec(dp=8, ep=ep, zero=zero, micro_batch=1, global_batch=8).resolved()
+        sync, wire = cost._grad_sync(m, p, h100, 0), counting.comm_bytes_per_gpu(m, p)
+        if zero < 2:  # ZeRO-2 reduce-scatters part by part inside backward
+            reduced = wire["dp_all_reduce" if zero == 0 else "zero_reduce_scatter"]
+            assert sync["reduce"][2] == pytest.approx(reduced)
+        assert sync["gather"][1] == pytest.approx(wire.get("zero_all_gather", 0.0))
+        optimizer.add(round(sync["optimizer"], 12))
+    assert len(optimizer) == 1 or zero == 0
+
+
 @pytest.mark.parametrize("ep, tp, sp", [(2, 1, False), (8, 1, False), (4, 2, True)])
 def test_all_to_all_bytes_are_tokens_times_k_times_hidden(ep, tp, sp):
     """Dispatch and combine, forward and backward: 4 all-to-alls per MoE layer and microbatch, each of a

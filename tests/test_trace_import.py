@@ -234,8 +234,10 @@ BAD_FILES = {
 def test_fields_of_another_kind_are_not_read_as_sizes_or_devices(tmp_path):
     """Other tools write record_shapes' and the memory events' fields their own way: what is not a
     shape or a device number is left out, not a crash."""
-    events = [_event("c10d::allreduce_", args={"Input type": ["float", "TensorList"], "Input Dims": [5, [1]]}),
-              {"ph": "i", "name": "[memory]", "ts": 11.0, "args": {"Total Allocated": 64, "Device Type": "cuda"}}]
+    shapes = {"Input type": ["float", "TensorList"], "Input Dims": [5, [1]]}
+    memory = {"Total Allocated": 64, "Device Type": "cuda"}
+    events = [_event("c10d::allreduce_", args=shapes),
+              {"ph": "i", "name": "[memory]", "ts": 11.0, "args": memory}]
     (tmp_path / "p.json").write_text(json.dumps({"traceEvents": events}))
     trace = import_profile([tmp_path / "p.json"])
     assert trace.meta["peak_memory_bytes"] == [64] and trace.ranks == [0]

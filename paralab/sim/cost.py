@@ -377,25 +377,31 @@ def _zero_overlapped(st: StageTimes, model: ModelSpec, p: ParallelSpec, hw: Hard
     pb, gb, _ = counting.bytes_per_param(model, p)
     forward_work, backward_work = sum(f for f, _ in work), sum(b for _, b in work)
 
+    def over_dp(op: str, params: float, experts: float, nbytes: int) -> float:
+        return sum(collective_time(hw, op, n * nbytes, size, stride)
+                   for n, size, stride in counting.dp_groups(p, params, experts))
+
     @cache  # the blocks are alike: price each kind of part once
-    def part(f: float, b: float, params: float, scattered: float) -> tuple[tuple, tuple]:
+    def part(f: float, b: float, params: float, experts: float, scattered: float, scattered_experts: float
+             ) -> tuple[tuple, tuple]:
         f, b = st.forward * f / forward_work, st.backward * b / backward_work
-        # one collective per part (or bucket): each pays the latency (and on a measured curve, a small
-        # message's cost) and waits for the slowest data-parallel rank (sync_wait)
+        # one collective per part (or bucket; its experts' over their own group): each pays the latency
+        # (and on a measured curve, a small message's cost) and waits for the slowest data-parallel rank
         rs = 0.0
         if scattered:
-            rs = (collective_time(hw, "reduce_scatter", scattered * gb, p.dp, p.stride("dp"))
-                  + sync_wait(hw, b, p.dp))
+            rs = over_dp("reduce_scatter", scattered, scattered_experts, gb) + sync_wait(hw, b, p.dp)
         ag = 0.0
         if p.zero == 3:
-            ag = collective_time(hw, "all_gather", params * pb, p.dp, p.stride("dp")) + sync_wait(hw, f, p.dp)
+            ag = over_dp("all_gather", params, experts, pb) + sync_wait(hw, f, p.dp)
         return (f, ag, 0.0), (b, ag, rs)
 
-    units = counting.zero_units(model, p, stage)
-    scattered = units
-    if p.zero == 2 and p.grad_buckets:
+    units, experts = counting.zero_units(model, p, stage), counting.zero_unit_experts(model, p, stage)
+    scattered, scattered_experts = units, experts
+    if p.zero == 2 and p.grad_buckets:  # buckets mix the parts: experts in the stage's proportion
         scattered = _filled_buckets(units, _zero2_bucket(model, p, counting.stage_rank(p, stage)))
-    priced = [part(f, b, n, r) for (f, b), n, r in zip(work, units, scattered, strict=True)]
+        scattered_experts = tuple(r * sum(experts) / sum(units) for r in scattered)
+    priced = [part(f, b, n, e, r, re) for (f, b), n, e, r, re
+              in zip(work, units, experts, scattered, scattered_experts, strict=True)]
     forward, backward = [f for f, _ in priced], [b for _, b in reversed(priced)]
     if hw.overlaps_comm:
         share = hw.comm_sm_share
@@ -828,19 +834,24 @@ def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int, c
     gradient reduction also waits for the slowest replica after ``computed`` seconds of compute
     (:func:`sync_wait`)."""
     pb, gb, _ = counting.bytes_per_param(model, p)
-    params = counting.stage_params(model, p, rank)
+    params, experts = counting.stage_params(model, p, rank), counting.expert_params(model, p, rank)
+    groups = counting.dp_groups(p, params, experts)  # a mixture of experts' experts over dp / ep
     reduce_op = "all_reduce" if p.zero == 0 else "reduce_scatter"
     reduce = (0.0, reduce_op, 0.0)
     gather = (0.0, 0.0)
     messages = max(p.grad_buckets, 1)
-    if p.dp > 1 and p.zero <= 1:
-        seconds = collective_time(hw, reduce_op, params * gb, p.dp, p.stride("dp"), messages)
-        wire = counting.ring_wire_bytes(reduce_op, params * gb, p.dp)
+
+    def over_dp(op: str, nbytes: int) -> tuple[float, float]:
+        seconds = sum(collective_time(hw, op, n * nbytes, size, stride, messages)
+                      for n, size, stride in groups)
+        return seconds, sum(counting.ring_wire_bytes(op, n * nbytes, size) for n, size, _ in groups)
+
+    if groups and p.zero <= 1:
+        seconds, wire = over_dp(reduce_op, gb)
         reduce = (seconds + sync_wait(hw, computed, p.dp), reduce_op, wire)
-    if p.dp > 1 and p.zero in (1, 2):
-        gather = (collective_time(hw, "all_gather", params * pb, p.dp, p.stride("dp"), messages),
-                  counting.ring_wire_bytes("all_gather", params * pb, p.dp))
-    local = params / (p.dp if p.zero >= 1 else 1)
+    if groups and p.zero in (1, 2):
+        gather = over_dp("all_gather", pb)
+    local = (params - experts) / p.dp + experts / (p.dp // p.ep) if p.zero >= 1 else params
     rank_hw = per_rank(hw, p.world_size)
     optimizer = (OPTIMIZER_BYTES_TOUCHED * local / (rank_hw.optimizer_bw or rank_hw.memory_bandwidth)
                  + hw.kernel_overhead_s)

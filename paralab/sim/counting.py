@@ -169,6 +169,25 @@ def zero_units(model: ModelSpec, parallel: ParallelSpec, chunk: int) -> tuple[fl
     return (embed,) * (chunk == 0) + blocks + (head,) * (chunk == parallel.chunks - 1)
 
 
+def zero_unit_experts(model: ModelSpec, parallel: ParallelSpec, chunk: int) -> tuple[float, ...]:
+    """Of each part :func:`zero_units` lists, the routed-expert parameters one GPU holds (their
+    collectives run over the dp / ep ranks holding the same experts, the rest over dp)."""
+    layers = chunk_layers(model, parallel)
+    moe_here = moe_blocks(model, sum(layers[:chunk]), layers[chunk])
+    per_block = moe.expert_params_per_gpu(model, parallel, 1) if model.experts else 0.0
+    blocks = (0.0,) * (layers[chunk] - moe_here) + (per_block,) * moe_here
+    return (0.0,) * (chunk == 0) + blocks + (0.0,) * (chunk == parallel.chunks - 1)
+
+
+def dp_groups(parallel: ParallelSpec, params: float, experts: float) -> list[tuple[float, int, int]]:
+    """(parameters, group size, rank stride) of each data-parallel collective over ``params``
+    parameters of which ``experts`` are routed experts: the rest over dp, the experts over the dp / ep
+    ranks that hold the same ones (every ep-th rank of a dp group); groups of one rank left out."""
+    groups = ((params - experts, parallel.dp, parallel.stride("dp")),
+              (experts, parallel.dp // parallel.ep, parallel.stride("dp") * parallel.ep))
+    return [(n, size, stride) for n, size, stride in groups if n and size > 1]
+
+
 def largest_zero_unit(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
     """The largest part (:func:`zero_units`) on pipeline rank ``rank``: what ZeRO-2/3 hold whole at
     once."""
@@ -535,11 +554,7 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[str, s
         moe_here = rank_layers(model, p, 0, moe_only=True)
         rows.append(("ep", "all_to_all", moe.all_to_all_payload(model, p), p.ep, 4 * moe_here * m))
     pb, gb, _ = bytes_per_param(model, p)
-    experts = expert_params(model, p, 0)
-    # replicated parameters reduce over dp; experts over the dp / ep ranks that hold the same ones
-    for params, group in ((stage_params(model, p, 0) - experts, p.dp), (experts, p.dp // p.ep)):
-        if group <= 1 or not params:
-            continue
+    for params, group, _ in dp_groups(p, stage_params(model, p, 0), expert_params(model, p, 0)):
         grads, weights = params * gb, params * pb
         if p.zero == 0:
             rows.append(("dp", "all_reduce", grads, group, 1))
