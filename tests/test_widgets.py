@@ -91,6 +91,25 @@ def test_pipeline_explorer_run_for_real_error(monkeypatch):
     assert app.measured is None
 
 
+def test_pipeline_explorer_runs_every_shape_it_draws(monkeypatch):
+    """4 ranks of DualPipeV's 2 chunks need 8 layers: the tiny model's 4 are deepened, not refused."""
+    import paralab
+
+    asked = {}
+
+    def record(**kwargs):
+        asked.update(kwargs)
+        raise ConfigError("recorded, not run")
+
+    monkeypatch.setattr(paralab, "run", record)
+    app = widgets.pipeline_explorer(schedule="dualpipev", stages=4, microbatches=8)
+    app.button.click()
+    assert asked["model"].layers == 8 and asked["model"].hidden == paralab.config.MODEL_PRESETS["tiny"].hidden
+    app.controls["schedule"].value = "1f1b"
+    app.button.click()
+    assert asked["model"] == "tiny"
+
+
 def test_pipeline_explorer_run_for_real_shows_measured(no_leftover_ranks):
     """The button launches real pipeline ranks (2 stages, tiny model) and draws what they measured
     above the prediction, with the progress bar following the steps."""
@@ -257,6 +276,8 @@ def test_comm_explorer_puts_the_run_beside_its_prediction_and_grows_it(no_leftov
     assert app.figure.layout.meta["bytes"] == links
     app.controls["tp"].value = 2
     assert app.message.value == "" and "8 dp x 2 tp" in list(app.sources())[2]
+    # a start that is not a power of two (a machine of 6 GPUs: 4 x 6) is one of the slider's stops
+    assert widgets.comm_explorer(run, world_size=24).controls["world_size"].value == 24
 
 
 def test_speedup_explorer_draws_runs_prediction_and_ideals(monkeypatch, no_leftover_ranks):
@@ -328,3 +349,11 @@ def test_elastic_monitor_updates_as_samples_arrive():
     assert None in ws.y, "no line across the failure"
     assert "world size 3" in app.status.value and "failure" in app.status.value
     assert "failure" in [label for label, _, _ in app.figure.layout.meta["phases"]]
+
+
+def test_elastic_monitor_counts_steps_not_samples():
+    """Without step spans the steps are read from step_time_s samples: one per rank and step."""
+    app = widgets.elastic_monitor()
+    app.push(counters=[Counter(rank, "step_time_s", k + 0.01 * rank, 0.5)
+                       for k in range(3) for rank in range(3)])
+    assert "3 steps" in app.status.value

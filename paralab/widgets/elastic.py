@@ -7,6 +7,8 @@ the notebook shows the run as it goes.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from paralab.trace import Trace
 from paralab.widgets._common import attach, figure_widget, message, replace_figure, widgets
 
@@ -30,8 +32,7 @@ def elastic_monitor(trace: Trace | None = None, title: str = "elastic training")
         parts = []
         if sizes:
             parts.append(f"world size {int(max(sizes, key=lambda c: c.t).value)}")
-        parts.append(f"{len(t.step_windows()) or len({c.t for c in t.counters if c.name == 'step_time_s'})} "
-                     "steps")
+        parts.append(f"{len(t.step_windows()) or _steps_timed(t)} steps")
         if events:
             last = max(events, key=lambda s: s.start)
             parts.append(f"last event: {last.kind} {last.name} at {last.start:.1f} s")
@@ -51,3 +52,10 @@ def elastic_monitor(trace: Trace | None = None, title: str = "elastic training")
     attach(app, figure=fw, status=status, trace=state["trace"], push=push, update=update)
     redraw()
     return app
+
+
+def _steps_timed(trace: Trace) -> int:
+    """Steps a trace without step spans has timed: every rank pushes a step_time_s counter per step,
+    so the most any rank pushed (not the distinct times over all ranks)."""
+    per_rank = Counter(c.rank for c in trace.counters if c.name == "step_time_s")
+    return max(per_rank.values(), default=0)

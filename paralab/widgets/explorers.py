@@ -210,11 +210,16 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
     predictor = _RunPredictor(run.config) if getattr(run, "config", None) is not None else None
     if predictor is not None:
         start = world_size or min(4 * predictor.world_size, 64)
+
+        def slider(options: list[int], value: int, description: str):
+            """Powers of two, and the run's own value where it is not one (a world of 6, tp 3)."""
+            return w.SelectionSlider(options=sorted({*options, value}), value=value, description=description)
+
         controls.update(
-            world_size=w.SelectionSlider(options=POW2[1:7], value=start, description="world size"),
-            tp=w.SelectionSlider(options=POW2[:5], value=predictor.parallel.tp, description="tp"),
-            pp=w.SelectionSlider(options=POW2[:5], value=predictor.parallel.pp, description="pp"),
-            gpus_per_node=w.SelectionSlider(options=POW2[:4], value=gpus_per_node, description="GPUs/node"),
+            world_size=slider(POW2[1:7], start, "world size"),
+            tp=slider(POW2[:5], predictor.parallel.tp, "tp"),
+            pp=slider(POW2[:5], predictor.parallel.pp, "pp"),
+            gpus_per_node=slider(POW2[:4], gpus_per_node, "GPUs/node"),
             model=w.Dropdown(options=predictor.models(), value=predictor.model_name, description="model"),
         )
     state: dict = {"sources": {}}

@@ -12,6 +12,7 @@ re-timed with the durations it measured (so the two share real units).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from functools import lru_cache
 
@@ -51,6 +52,18 @@ def measured_times(trace: Trace) -> dict[str, float]:
         for op, unit in UNIT_TIMES.items():
             out.setdefault(op, out["forward"] * unit)
     return out
+
+
+def deep_enough(model, chunks: int):
+    """(model, note): a preset with fewer layers than the schedule has model chunks (the tiny model's 4
+    on 4 ranks of DualPipeV's 2 chunks) deepened to one layer per chunk, so every shape the explorer
+    draws can run; the note says so."""
+    from paralab.config import MODEL_PRESETS
+
+    preset = MODEL_PRESETS.get(model) if isinstance(model, str) else None
+    if preset is None or preset.layers >= chunks:
+        return model, ""
+    return dataclasses.replace(preset, layers=chunks), f" (the {model} model deepened to {chunks} layers)"
 
 
 def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int = 8, virtual_stages: int = 2,
@@ -145,10 +158,11 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
     def run_for_real(*_):
         name, p, m, v, _lat, _overlap = shape()
         progress.value, progress.layout.visibility = 0, "visible"
-        msg.value = message(f"running {name} on {p} local ranks ...")
+        chosen, deepened = deep_enough(model, p * v)
+        msg.value = message(f"running {name} on {p} local ranks{deepened} ...")
         try:
             result = paralab.run(strategy="pp", world_size=p, pp=p, schedule=name, microbatches=m,
-                                 virtual_stages=v, steps=steps, model=model, progress=on_progress,
+                                 virtual_stages=v, steps=steps, model=chosen, progress=on_progress,
                                  **{"global_batch": m, **(run_options or {})})
         except Exception as exc:  # ConfigError (e.g. pp not available), RunError: show, don't raise
             msg.value = message(f"{type(exc).__name__}: {exc}", "error")
