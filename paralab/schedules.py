@@ -28,6 +28,7 @@ DeepSeek-V3's DualPipe (DeepSeek-AI, "DeepSeek-V3 Technical Report", 2024, sec. 
 
 from __future__ import annotations
 
+import math
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ OPS = COMPUTE_OPS + COMM_OPS
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipev")
 V_SHAPED = ("zbv", "dualpipev")  # two chunks per rank, placed down the ranks and back up
 DEFAULT_SCHEDULE = "1f1b"  # what a pipeline runs when no schedule is named
+UNIT_PASSES = (1.0, 1.0, 1.0)  # a chunk's (F, Bi, W) times that ZB-V's order assumes unless told
 
 _LETTER = {FORWARD: "F", BACKWARD: "B", BACKWARD_INPUT: "Bi", BACKWARD_WEIGHT: "W"}
 # A send matches the receive of the neighbouring stage: (op on the peer, stage offset).
@@ -152,7 +154,8 @@ class ScheduleReport:
 
 
 # ---------------------------------------------------------------------------------------------- build
-def build_schedule(name: str, pp: int, microbatches: int, virtual_stages: int = 1) -> Schedule:
+def build_schedule(name: str, pp: int, microbatches: int, virtual_stages: int = 1,
+                   pass_times: tuple[float, float, float] = UNIT_PASSES) -> Schedule:
     """Build the named schedule for ``pp`` ranks and ``microbatches`` microbatches.
 
     ``naive``: layer-wise model parallelism, one microbatch through the whole model and back before
@@ -160,8 +163,10 @@ def build_schedule(name: str, pp: int, microbatches: int, virtual_stages: int = 
     ``1f1b``: PipeDream-Flush. ``interleaved``: Megatron's 1F1B over v model chunks per rank (in rounds
     of p microbatches, or of m / max(1, m // p) when p does not divide m).
     ``zb-h1``: zero-bubble H1, 1F1B memory with split backward. ``zbv``: the V-shape zero-bubble
-    schedule with two chunks per rank. ``dualpipev``: DeepSeek's DualPipeV on the same V, a forward
-    and a backward of two microbatches sharing each steady-state slot (needs microbatches >= 2 pp).
+    schedule with two chunks per rank, ordered for a chunk's (F, Bi, W) durations ``pass_times``
+    (equal by default; the simulator passes its own, as Qi et al. order it with profiled times).
+    ``dualpipev``: DeepSeek's DualPipeV on the same V, a forward and a backward of two microbatches
+    sharing each steady-state slot (needs microbatches >= 2 pp).
     """
     _check_shape_args(name, pp, microbatches, virtual_stages)
     p, m = pp, microbatches
@@ -172,7 +177,8 @@ def build_schedule(name: str, pp: int, microbatches: int, virtual_stages: int = 
     elif name in V_SHAPED:
         v = 2
         stage_to_rank = list(range(p)) + list(reversed(range(p)))
-        compute = _zbv(p, m, stage_to_rank) if name == "zbv" else [_dualpipev(p, m, r) for r in range(p)]
+        compute = (_zbv(p, m, stage_to_rank, pass_times) if name == "zbv"
+                   else [_dualpipev(p, m, r) for r in range(p)])
     else:
         v = 1
         stage_to_rank = list(range(p))
@@ -306,16 +312,18 @@ def _zb_h1(p: int, m: int, rank: int) -> list[Action]:
     return order
 
 
-def _zbv(p: int, m: int, stage_to_rank: list[int]) -> list[list[Action]]:
+def _zbv(p: int, m: int, stage_to_rank: list[int], pass_times: tuple[float, float, float] = UNIT_PASSES
+         ) -> list[list[Action]]:
     """V-shape zero bubble (Qi et al. 2024): rank r holds stage r and stage 2p - 1 - r.
 
     The forward runs down the ranks through chunk 0 and back up through chunk 1, so rank 0 holds
     both the first and the last stage and the backward starts where the forward began. The order is
-    found by list scheduling in unit time (t_F = t_Bi = t_W per chunk): whenever a rank is free it
-    runs, among the passes whose inputs are ready, a Bi first (it unblocks the previous stage), else an
-    F while it holds fewer than 2p chunk activations (p whole-rank activations: 1F1B's first-rank
-    peak), else a W to fill the gap; earlier microbatches and deeper stages first. Consecutive passes
-    of a stage run their microbatches in order.
+    found by list scheduling with a chunk's pass times ``pass_times`` = (t_F, t_Bi, t_W), equal unless
+    given (an order found for equal times leaves gaps when the real passes differ): whenever a rank is
+    free it runs, among the passes whose inputs are ready, a Bi first (it unblocks the previous
+    stage), else an F while it holds fewer than 2p chunk activations (p whole-rank activations:
+    1F1B's first-rank peak), else a W to fill the gap; earlier microbatches and deeper stages first.
+    Consecutive passes of a stage run their microbatches in order.
     """
     num_stages, limit = 2 * p, 2 * p
     next_mb = {(op, s): 0 for s in range(num_stages) for op in (FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)}
@@ -323,7 +331,8 @@ def _zbv(p: int, m: int, stage_to_rank: list[int]) -> list[list[Action]]:
     orders: list[list[Action]] = [[] for _ in range(p)]
     alive, free_at = [0] * p, [0] * p
     rank_of_priority = {BACKWARD_INPUT: 0, FORWARD: 1, BACKWARD_WEIGHT: 2}
-    t = 0
+    duration = dict(zip((FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT), pass_times, strict=True))
+    t = 0.0
     while any(mb < m for mb in next_mb.values()):
         for rank in range(p):
             if free_at[rank] > t:
@@ -338,16 +347,16 @@ def _zbv(p: int, m: int, stage_to_rank: list[int]) -> list[list[Action]]:
             ready = [
                 a
                 for a in ready
-                if all(finished.get(d, t + 1) <= t for d in _data_deps(a, num_stages, BACKWARD_INPUT))
+                if all(finished.get(d, math.inf) <= t for d in _data_deps(a, num_stages, BACKWARD_INPUT))
             ]
             if not ready:
                 continue
             action = min(ready, key=lambda a: (rank_of_priority[a.op], a.microbatch, -a.stage))
             orders[rank].append(action)
             next_mb[(action.op, action.stage)] += 1
-            finished[key_of(action)] = free_at[rank] = t + 1
+            finished[key_of(action)] = free_at[rank] = t + duration[action.op]
             alive[rank] += (action.op == FORWARD) - (action.op == BACKWARD_WEIGHT)
-        t += 1
+        t = min(end for end in free_at if end > t)  # the next pass to end (every running one is a rank's)
     return orders
 
 
@@ -506,7 +515,8 @@ def validate_schedule(schedule: Schedule) -> ScheduleReport:
 
 @lru_cache(maxsize=32)
 def validated_schedule(
-    name: str, pp: int, microbatches: int, virtual_stages: int = 1
+    name: str, pp: int, microbatches: int, virtual_stages: int = 1,
+    pass_times: tuple[float, float, float] = UNIT_PASSES,
 ) -> tuple[Schedule, ScheduleReport]:
     """A built-in schedule built and proved once per shape, for callers that run it many times.
 
@@ -515,7 +525,7 @@ def validated_schedule(
     virtual stages), so the proof of one build holds for every later request of that shape. Both
     results are shared: treat them as read-only (build your own with :func:`build_schedule` to edit).
     """
-    schedule = build_schedule(name, pp, microbatches, virtual_stages)
+    schedule = build_schedule(name, pp, microbatches, virtual_stages, pass_times)
     return schedule, validate_schedule(schedule)
 
 

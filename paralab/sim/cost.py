@@ -35,7 +35,7 @@ from functools import cache, lru_cache
 from statistics import NormalDist
 
 from paralab.collectives import ring_steps
-from paralab.schedules import theoretical_bubble
+from paralab.schedules import UNIT_PASSES, theoretical_bubble
 from paralab.sim import counting, kernels, moe
 from paralab.sim.events import COMPUTE_KIND, SEND, Plan, builtin_plan, run_plan, simulate_schedule
 from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec, SpecError
@@ -711,9 +711,16 @@ def _schedule_name(p: ParallelSpec) -> str:
     return p.schedule
 
 
-def _plan(p: ParallelSpec) -> Plan:
-    """Schedules are read-only data here, so one build and proof serves every prediction of a shape."""
-    return builtin_plan(_schedule_name(p), p.pp, p.microbatches, p.virtual_stages)
+def _plan(p: ParallelSpec, times: list[StageTimes]) -> Plan:
+    """Schedules are read-only data here, so one build and proof serves every prediction of a shape.
+    ZB-V is ordered for the stages' mean (F, Bi, W), in tenths of F so that near shapes share a build."""
+    name = _schedule_name(p)
+    passes = UNIT_PASSES
+    if name == "zbv":
+        f, bi, w = (sum(getattr(st, part) for st in times) / len(times)
+                    for part in ("forward", "backward_input", "backward_weight"))
+        passes = (1.0, round(bi / f, 1), round(w / f, 1)) if f > 0 else UNIT_PASSES
+    return builtin_plan(name, p.pp, p.microbatches, p.virtual_stages, passes)
 
 
 def _plan_seconds(plan: Plan, model: ModelSpec, p: ParallelSpec, hw: HardwareSpec,
@@ -748,7 +755,7 @@ def overlap_saving(forward: StageTimes, backward: StageTimes) -> float:
 
 
 def _pipeline_trace(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, times: list[StageTimes]) -> Trace:
-    plan = _plan(p)
+    plan = _plan(p, times)
     seconds = dict(zip(map(id, plan.actions), _plan_seconds(plan, model, p, hw, times)))
     act = model.seq * p.micro_batch * model.hidden * model.dtype_bytes
     return simulate_schedule(plan.schedule, lambda a: seconds[id(a)], lambda a: seconds[id(a)],
@@ -757,7 +764,7 @@ def _pipeline_trace(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, times: 
 
 def _simulated_finish(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, times: list[StageTimes]):
     """Finish times and bubble from the event simulator, without building spans (the fast path)."""
-    plan = _plan(p)
+    plan = _plan(p, times)
     seconds = _plan_seconds(plan, model, p, hw, times)
     starts, ends = run_plan(plan, seconds, blocking_sends=not p.overlap_p2p)
     last: dict[int, tuple[float, float]] = {}

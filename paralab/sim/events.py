@@ -28,6 +28,7 @@ from paralab.schedules import (
     RECV_FORWARD,
     SEND_BACKWARD,
     SEND_FORWARD,
+    UNIT_PASSES,
     Action,
     Key,
     Schedule,
@@ -83,9 +84,10 @@ def compile_schedule(schedule: Schedule, order: list[tuple[int, int]] | None = N
 
 
 @lru_cache(maxsize=32)
-def builtin_plan(name: str, stages: int, microbatches: int, virtual_stages: int = 1) -> Plan:
+def builtin_plan(name: str, stages: int, microbatches: int, virtual_stages: int = 1,
+                 pass_times: tuple[float, float, float] = UNIT_PASSES) -> Plan:
     """The compiled plan of a built-in schedule, built and proved once per shape (read-only)."""
-    schedule, report = validated_schedule(name, stages, microbatches, virtual_stages)
+    schedule, report = validated_schedule(name, stages, microbatches, virtual_stages, pass_times)
     return compile_schedule(schedule, report.order)
 
 
