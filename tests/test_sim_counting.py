@@ -299,3 +299,7 @@ def test_recomputing_some_layers_keeps_the_others_whole():
              counting.flops_per_step(model, 1)["hardware"] for p in (full, half)]  # fmt: skip
     assert extra[1] == pytest.approx(extra[0] / 2)
     assert ParallelSpec(recompute_layers=4).problems(model)  # only with full recompute
+    # Megatron-LM's block method recomputes that many layers of every model chunk: 2 of each chunk's 4
+    interleaved = ParallelSpec(pp=4, virtual_stages=2, schedule="interleaved", recompute="full",
+                               recompute_layers=2, microbatches=8)
+    assert counting.recompute_share(model, interleaved) == pytest.approx(0.5)

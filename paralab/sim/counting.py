@@ -304,10 +304,11 @@ def logits_forward_flops(model: ModelSpec, sequences: float = 1) -> float:
 
 
 def recompute_share(model: ModelSpec, p: ParallelSpec) -> float:
-    """The share of layers full recompute reruns: all, or ``recompute_layers`` of each stage's."""
+    """The share of layers full recompute reruns: all, or ``recompute_layers`` of each model chunk's
+    (Megatron-LM's block method counts them per pipeline stage, virtual stages included)."""
     if p.recompute != "full":
         return 0.0
-    return min(1.0, p.recompute_layers * p.pp / model.layers) if p.recompute_layers else 1.0
+    return min(1.0, p.recompute_layers * p.chunks / model.layers) if p.recompute_layers else 1.0
 
 
 def flops_per_step(model: ModelSpec, sequences: float, recompute: str = "none",
