@@ -73,6 +73,20 @@ def test_expert_parallel_divides_the_experts_each_gpu_holds_and_reduces_them_ove
     assert rows[("dp", "all_reduce", 2)] == pytest.approx(m.layers * per_layer / 4 * 2)
 
 
+def test_without_sequence_parallel_every_tensor_parallel_rank_keeps_the_tokens_it_routes():
+    """Memory follows the all-to-all: without sequence parallelism each tp rank dispatches all the
+    microbatch's tokens (all_to_all_payload), so it keeps k copies of all of them at its experts."""
+    m = get_model("mixtral-8x7b")
+    whole = moe.extra_activation_bytes(m, 1, 1)
+    sliced, unsliced = (moe.extra_activation_bytes(m, 1, 2, sp) for sp in (True, False))
+    assert sliced == pytest.approx(whole / 2)
+    half = m.seq / 2  # bf16, a gated MLP (3 inner tensors), 8 experts' fp32 logits
+    copies_of_the_other_half = m.top_k * half * (2 * 2 * m.hidden + 3 * 2 * m.expert_ffn) + 4 * half * 8
+    assert unsliced - sliced == pytest.approx(copies_of_the_other_half)
+    assert moe.all_to_all_payload(m, ParallelSpec(tp=2)) == 2 * moe.all_to_all_payload(
+        m, ParallelSpec(tp=2, sequence_parallel=True))
+
+
 @pytest.mark.parametrize("zero", [0, 1, 2])
 def test_the_gradient_sync_is_timed_on_the_bytes_it_reports(zero):
     """The end-of-step collectives are priced on the wire bytes comm_bytes_per_gpu reports: the experts

@@ -441,7 +441,8 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
     total = inflight * layers_per_chunk * per_layer
     if p.recompute != "full":  # a mixture of experts keeps k copies of each token at its experts
         moe_per_chunk = rank_layers(model, p, rank, moe_only=True) / chunks_here
-        total += inflight * moe_per_chunk * moe.extra_activation_bytes(model, p.micro_batch, p.tp)
+        total += inflight * moe_per_chunk * moe.extra_activation_bytes(model, p.micro_batch, p.tp,
+                                                                       p.sequence_parallel)
     sbh = model.seq * p.micro_batch * model.hidden
     if rank == 0:
         total += (model.dtype_bytes * sbh / (p.tp if p.sequence_parallel else 1)

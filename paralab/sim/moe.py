@@ -81,17 +81,22 @@ def imbalance(model: ModelSpec, parallel: ParallelSpec) -> float:
     return min(factor, model.capacity_factor) if model.capacity_factor else factor
 
 
-def extra_activation_bytes(model: ModelSpec, micro_batch: int, tp: int = 1) -> float:
+def extra_activation_bytes(model: ModelSpec, micro_batch: int, tp: int = 1,
+                           sequence_parallel: bool = False) -> float:
     """Bytes a MoE layer stores for backward beyond the dense MLP of Korthikanti et al.'s Table 2:
-    k copies of each token at the experts (dispatched input and combined output) and k x (shared + 1)
-    expert inner tensors of ``expert_ffn`` instead of one of ``ffn``; the router's logits (fp32)."""
+    k copies of each token a rank routes at the experts (dispatched input and combined output, k
+    routed expert inner tensors of ``expert_ffn``) and the router's logits (fp32), for the tokens
+    the rank dispatches (:func:`all_to_all_payload`: all of them without sequence parallelism, its
+    slice with it); the shared experts' inner tensors (split over tp, as the dense MLP's) in place of
+    the dense MLP's ``ffn``."""
     if not model.experts:
         return 0.0
-    tokens, e = model.seq * micro_batch / tp, model.dtype_bytes
-    inner = (3 if model.gated_mlp else 2) * e * tokens
-    routed = model.top_k * (2 * e * tokens * model.hidden + inner * model.expert_ffn)
-    shared = model.shared_experts * inner * model.expert_ffn
-    return routed + shared + 4 * tokens * model.experts - inner * model.ffn
+    e, per_token = model.dtype_bytes, (3 if model.gated_mlp else 2) * model.dtype_bytes
+    split = model.seq * micro_batch / tp  # what a tensor-parallel MLP's inner tensors hold per rank
+    routed = model.seq * micro_batch / (tp if sequence_parallel else 1)
+    copies = model.top_k * routed * (2 * e * model.hidden + per_token * model.expert_ffn)
+    shared = model.shared_experts * split * per_token * model.expert_ffn
+    return copies + shared + 4 * routed * model.experts - split * per_token * model.ffn
 
 
 def all_to_all_payload(model: ModelSpec, parallel: ParallelSpec) -> float:
