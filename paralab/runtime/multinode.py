@@ -27,6 +27,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,10 +105,13 @@ def run_local_nodes(run_args: list[str], nnodes: int = 2, nproc_per_node: int = 
         env = {k: v for k, v in agents.environment(scratch).items() if k not in _RANK_ENV}
         env[agents.REPORT_DIR] = str(reports)
         release_forkserver()  # the agents' workers import torch afresh: the idle forkserver's copy can go
-        outputs = _run_agents(commands, env, nnodes, nproc_per_node, timeout_s, janitor)
-        failed = [(node, err) for node, (code, _, err) in enumerate(outputs) if code != 0]
-        if failed:
+        outputs, stopped = _run_agents(commands, env, nnodes, nproc_per_node, timeout_s, janitor)
+        failed = [(node, err) for node, (code, _, err) in enumerate(outputs)
+                  if code != 0 and node not in stopped]
+        if failed or any(reports.glob("rank*.error.json")):
             raise _failure(reports, failed)
+        if stopped:
+            raise RunError(None, f"the {nnodes}-node run did not finish within {timeout_s:.0f} s", "")
         summaries = [json.loads(line) for _, out, _ in outputs
                      for line in out.splitlines() if line.startswith("{")]
         if not summaries:
@@ -118,9 +123,12 @@ def run_local_nodes(run_args: list[str], nnodes: int = 2, nproc_per_node: int = 
 
 
 def _run_agents(commands, env: dict, nnodes: int, nproc_per_node: int, timeout_s: float,
-                janitor: Janitor) -> list[tuple[int, str, str]]:
-    """Start one agent per node (each in its own process group), wait for all; (exit code, out, err)."""
-    procs = []
+                janitor: Janitor) -> tuple[list[tuple[int, str, str]], set[int]]:
+    """Start one agent per node (each in its own process group) and wait for all of them under one
+    deadline. When one fails the others are stopped: their ranks could only wait for its ranks until
+    their own timeout. Returns (exit code, out, err) per agent and the nodes stopped here (the
+    failure, or the deadline, is someone else's)."""
+    procs, drains, stopped = [], [], set()
     try:
         for node, cmd in enumerate(commands):
             node_env = {**env, **_gpus_of_node(node, nnodes, nproc_per_node)}
@@ -128,18 +136,39 @@ def _run_agents(commands, env: dict, nnodes: int, nproc_per_node: int, timeout_s
                                           stderr=subprocess.PIPE, text=True, env=node_env,
                                           start_new_session=True))
             janitor.kill_at_end(procs[-1].pid)
-        outputs = []
-        for proc in procs:
-            out, err = proc.communicate(timeout=timeout_s)
-            outputs.append((proc.returncode, out, err))
-        return outputs
-    except subprocess.TimeoutExpired:
-        raise RunError(None, f"the {nnodes}-node run did not finish within {timeout_s:.0f} s", "") from None
+            drains.append(_Drain(procs[-1]))  # read as they write, so that no agent blocks on a full pipe
+        deadline = time.monotonic() + timeout_s
+        while any(proc.poll() is None for proc in procs):
+            if any(proc.returncode for proc in procs) or time.monotonic() > deadline:
+                stopped = {node for node, proc in enumerate(procs) if proc.poll() is None}
+                break
+            time.sleep(0.05)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+    return [(proc.returncode, *drain.text()) for proc, drain in zip(procs, drains, strict=True)], stopped
+
+
+class _Drain:
+    """An agent's stdout and stderr, read by two threads to the end."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.parts: dict[str, list[str]] = {"out": [], "err": []}
+        self.threads = [threading.Thread(target=self._read, args=(stream, self.parts[name]), daemon=True)
+                        for name, stream in (("out", proc.stdout), ("err", proc.stderr))]
+        for thread in self.threads:
+            thread.start()
+
+    @staticmethod
+    def _read(stream, into: list[str]) -> None:
+        into.extend(stream)
+
+    def text(self) -> tuple[str, str]:
+        for thread in self.threads:
+            thread.join()
+        return "".join(self.parts["out"]), "".join(self.parts["err"])
 
 
 _ROOT_CAUSE = re.compile(
