@@ -227,3 +227,22 @@ def test_a_hung_rank_is_named_as_stopped_answering_with_its_python_stack():
     assert "rank 1 failed: stopped answering" in failure["error"]
     assert "rank 0 reported: a collective timed out after 4 s" in failure["error"]
     assert "in check_fault" in failure["traceback"], failure["traceback"]  # where rank 1 sleeps
+
+
+@pytest.mark.timeout(120)
+def test_a_torchrun_job_past_its_timeout_leaves_no_rank_behind(tmp_path):
+    """torchrun starts each rank in a session of its own: stopping torchrun's group alone had left the
+    ranks of a job that ran past its timeout running."""
+    import psutil
+
+    from paralab.runtime.result import RunError
+    from paralab.runtime.torchrun import run_torchrun
+
+    job = tmp_path / "sleepy.py"
+    job.write_text("import os, sys, time\n"
+                   "open(os.path.join(sys.argv[1], os.environ['RANK']), 'w').write(str(os.getpid()))\n"
+                   "time.sleep(600)\n")
+    with pytest.raises(RunError, match="did not finish within 8 s"):
+        run_torchrun(job, tmp_path, nproc=2, timeout_s=8)
+    pids = [int((tmp_path / rank).read_text()) for rank in ("0", "1")]
+    assert not [pid for pid in pids if psutil.pid_exists(pid)]

@@ -65,11 +65,17 @@ def run_under_torchrun(cfg: RunConfig, trace_dir: str | None = None) -> RunResul
     return RunResult.from_rank_results(cfg, layout, results, [None] * world_size)
 
 
+STOP_WAIT_S = 30.0  # how long torchrun may take to stop its ranks before it is killed
+
+
 def run_torchrun(script, *args, nproc: int = 2, timeout_s: float = 300.0) -> str:
     """Run ``torchrun --nproc-per-node NPROC SCRIPT ARGS`` on one node (rendezvous on 127.0.0.1) and
-    return what it printed. RunError (with its stderr) if it fails or runs past ``timeout_s``. torchrun
-    and its ranks run in a session of their own, killed whole however the call ends, so no rank
-    outlives it."""
+    return what it printed. RunError (with its stderr) if it fails or runs past ``timeout_s``.
+
+    torchrun starts each rank in a session of its own, so killing torchrun's group would leave them
+    running: a call that ends early (timeout, error, Ctrl-C) asks torchrun to stop with SIGTERM, which
+    it passes to its ranks and waits for, and kills what is left after ``STOP_WAIT_S``. (A launcher
+    killed outright cannot do that; the ranks of this helper's user script run no paralab code.)"""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(script),
            *map(str, args)]
@@ -80,11 +86,13 @@ def run_torchrun(script, *args, nproc: int = 2, timeout_s: float = 300.0) -> str
     except subprocess.TimeoutExpired:
         raise RunError(None, f"torchrun {script} did not finish within {timeout_s:.0f} s", "") from None
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # ranks torchrun left behind, if any
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        if proc.poll() is None:  # ended early: torchrun stops its ranks on SIGTERM
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     if proc.returncode != 0:
         raise RunError(None, f"torchrun {script} exited with {proc.returncode}", err[-4000:])
     return out
