@@ -229,3 +229,14 @@ def test_synchronisations_wait_for_the_slowest_rank_and_cpu_communication_does_n
     reduce = cost.collective_time(CPU, "all_reduce", 4 * counting.parameter_counts(model)["total"], 2, 1)
     assert serial.breakdown_s["dp_comm_exposed"] == pytest.approx(reduce)
     assert hidden.step_time_s <= serial.step_time_s
+
+
+@pytest.mark.timeout(60)
+def test_calibration_ranks_that_cannot_meet_fail_naming_a_rank_within_the_timeout():
+    """Two ranks of a world of three wait for the third: they give up within the timeout (not at
+    torch's 30-minute default) and the error names a rank and what it said."""
+    from paralab.runtime.launch import free_port
+
+    spec = {"port": free_port(), "threads": 1, "ranks": 3, "compute": False}
+    with pytest.raises(RuntimeError, match=r"calibration rank [01] failed \(exit 1\): .*"):
+        calibration._run_workers(spec, 2, timeout=12)

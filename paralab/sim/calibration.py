@@ -42,10 +42,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 # (tokens, out, in) of the linears of the tiny (h 64) and small (h 256) presets with 128-1024 tokens
 MODEL_SHAPES = ((128, 192, 64), (128, 64, 256), (512, 768, 256), (512, 256, 1024), (1024, 1024, 256),
@@ -333,7 +337,7 @@ def concurrent_figures(threads: int, ranks: int = 2, shapes=MODEL_SHAPES,
     the gloo curves between the first two."""
     from paralab.runtime.launch import free_port
 
-    spec = json.dumps({"port": free_port(), "threads": threads, "ranks": ranks, "shapes": shapes})
+    spec = {"port": free_port(), "threads": threads, "ranks": ranks, "shapes": shapes}
     results = _run_workers(spec, ranks, timeout)
     compute = {
         "matmul_rows": _merge([res["matmul_rows"] for res in results], 3, statistics.mean),
@@ -360,7 +364,7 @@ def gloo_curves(timeout: float = 40.0) -> dict[str, list]:
     from a notebook or a script without a ``__main__`` guard."""
     from paralab.runtime.launch import free_port
 
-    spec = json.dumps({"port": free_port(), "threads": 1, "ranks": 2, "compute": False})
+    spec = {"port": free_port(), "threads": 1, "ranks": 2, "compute": False}
     return _run_workers(spec, 2, timeout)[0]["gloo"]
 
 
@@ -372,29 +376,55 @@ def link_summary(curves: dict[str, list]) -> dict[str, float]:
     return {"latency": t_small / 2, "bw": (large - small) / max(t_large - t_small, 1e-9)}
 
 
-def _run_workers(spec: str, ranks: int, timeout: float) -> list[dict]:
-    """Run ``python -m paralab.sim.calibration SPEC RANK`` for each rank; their JSON outputs, by rank."""
-    procs = [subprocess.Popen([sys.executable, "-m", "paralab.sim.calibration", spec, str(r)],
-                              stdout=subprocess.PIPE, text=True) for r in range(ranks)]
-    try:
-        outputs = [p.communicate(timeout=timeout)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    if any(p.returncode for p in procs):
-        raise RuntimeError(f"calibration workers failed (exit codes {[p.returncode for p in procs]})")
-    return [json.loads(o) for o in outputs]
+def _run_workers(spec: dict, ranks: int, timeout: float) -> list[dict]:
+    """Run ``python -m paralab.sim.calibration SPEC RANK`` for each rank, all under one deadline (a
+    rank's collectives give up in half of it, so a rank that waits for a lost peer says so itself; it
+    dies with this process); their JSON outputs, by rank. RuntimeError naming the first rank that
+    failed, with its last words, or the deadline."""
+    spec = json.dumps({**spec, "parent": os.getpid(), "timeout": timeout / 2})
+    with tempfile.TemporaryDirectory(prefix="paralab-calibration-") as scratch:
+        outs, logs = ([Path(scratch) / f"rank{r}.{kind}" for r in range(ranks)] for kind in ("out", "err"))
+        procs = []
+        for r in range(ranks):
+            with outs[r].open("w") as out, logs[r].open("w") as err:
+                procs.append(subprocess.Popen([sys.executable, "-m", "paralab.sim.calibration", spec, str(r)],
+                                              stdout=out, stderr=err))
+        deadline = time.monotonic() + timeout
+        try:
+            while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+                if any(p.returncode for p in procs):
+                    break  # the others can only wait for it
+                time.sleep(0.05)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                p.wait()
+        failed = [r for r, p in enumerate(procs) if p.returncode]
+        if failed:
+            on_their_own = [r for r in failed if procs[r].returncode != -signal.SIGKILL]  # not killed here
+            first = (on_their_own or failed)[0]
+            last_words = logs[first].read_text(errors="replace").strip().splitlines()[-3:]
+            raise RuntimeError(f"calibration rank {first} failed (exit {procs[first].returncode}"
+                               + (f"): {' / '.join(last_words)}" if last_words else ", nothing on stderr)")
+                               + ("" if time.monotonic() < deadline else f"; {timeout:.0f} s passed"))
+        return [json.loads(out.read_text()) for out in outs]
 
 
 def _worker(spec: dict, rank: int) -> None:
     """One calibration rank: compute figures in step with the others, then (first two) gloo curves."""
+    import gc
+    from datetime import timedelta
+
     import torch
     import torch.distributed as dist
 
+    from paralab.runtime.worker import die_with_parent
+
+    die_with_parent(spec["parent"])
     torch.set_num_threads(spec["threads"])
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['port']}", rank=rank,
-                            world_size=spec["ranks"])
+                            world_size=spec["ranks"], timeout=timedelta(seconds=spec["timeout"]))
     try:
         out = {}
         if spec.get("compute", True):
@@ -406,6 +436,7 @@ def _worker(spec: dict, rank: int) -> None:
             out["gloo"] = {**_gloo_curves(rank, pair), "sync": _sync_waits(pair)}
         print(json.dumps(out))
     finally:
+        gc.collect()  # seen with gloo: without it a rank may abort at exit after destroy
         dist.destroy_process_group()
 
 
