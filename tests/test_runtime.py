@@ -197,7 +197,7 @@ import json, multiprocessing, os, signal, paralab
 def kill_rank_1(step, steps):
     rank1 = [p for p in multiprocessing.active_children() if p.name == "paralab-rank1"]
     if step >= 2 and rank1:
-        os.kill(rank1[0].pid, signal.SIGKILL)
+        os.kill(rank1[0].pid, signal.{signal})
 
 try:
     paralab.run("ddp", 2, steps=100000, global_batch=8, timeout_s=4, **{options})
@@ -206,18 +206,24 @@ except paralab.RunError as exc:
 """
 
 
-def run_to_blame(options: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", BLAME.format(options=options)], capture_output=True,
-                          text=True, timeout=120)
+def run_to_blame(options: str, signal: str = "SIGKILL") -> dict:
+    done = subprocess.run([sys.executable, "-c", BLAME.format(options=options, signal=signal)],
+                          capture_output=True, text=True, timeout=120)
     assert done.stdout.strip(), done.stderr[-3000:]
     return json.loads(done.stdout)
 
 
 @pytest.mark.timeout(150)
-def test_a_rank_killed_from_outside_is_named_with_its_signal_not_its_peer():
-    failure = run_to_blame("{'progress': kill_rank_1}")
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGSEGV"])
+def test_a_rank_killed_from_outside_is_named_with_its_signal_not_its_peer(sig):
+    """A segmentation fault (native code gone wrong) also leaves the rank's Python stack as it died."""
+    failure = run_to_blame("{'progress': kill_rank_1}", sig)
     assert failure["rank"] == 1, failure["error"]
-    assert "rank 1 failed: died (signal 9, SIGKILL)" in failure["error"]
+    number = {"SIGKILL": 9, "SIGSEGV": 11}[sig]
+    assert f"rank 1 failed: died (signal {number}, {sig})" in failure["error"]
+    if sig == "SIGSEGV":
+        assert "Python stack of rank 1 as it died" in failure["traceback"], failure["traceback"]
+        assert "Segmentation fault" in failure["traceback"]
 
 
 @pytest.mark.timeout(150)

@@ -59,13 +59,14 @@ def cut_native_frames(text: str) -> str:
 
 
 def blame(reports: list[dict], ended: dict[int, int], silent: list[int],
-          stack_of=lambda rank: "") -> RunError:
+          stack_of=lambda rank: "", crash_of=lambda rank: "") -> RunError:
     """The RunError for a failed run (at least one report, or one rank that ended).
 
     ``reports``: the ranks' error reports ({"rank", "error", "traceback"}), in rank order;
     ``ended``: rank -> exit code of ranks that ended without a result; ``silent``: ranks still running
     without a result or a report; ``stack_of(rank)``: the Python stack of a silent rank, asked for
-    only when that rank is the one blamed.
+    only when that rank is the one blamed; ``crash_of(rank)``: what a rank that ended wrote as it
+    died (its stack at a segmentation fault), if anything.
     """
     causes = [r for r in reports if not is_consequence(r["error"])]
     if causes:
@@ -77,7 +78,8 @@ def blame(reports: list[dict], ended: dict[int, int], silent: list[int],
     killed = [rank for rank in sorted(ended) if rank not in reported]
     if killed:
         rank = killed[0]
-        return RunError(rank, f"died ({how_it_ended(ended[rank])}) without reporting a result{seen}", "")
+        return RunError(rank, f"died ({how_it_ended(ended[rank])}) without reporting a result{seen}",
+                        crash_of(rank))
     if silent and reports:
         rank = silent[0]
         others = f" (so did rank(s) {', '.join(map(str, silent[1:]))})" if silent[1:] else ""

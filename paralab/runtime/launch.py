@@ -215,12 +215,13 @@ def _failure(procs, run_dir: Path) -> RunError:
         settled = (not silent or any(not is_consequence(r["error"]) for r in reports)
                    or any(rank not in reported for rank in ended))
         if settled or time.monotonic() > deadline:
-            return blame(reports, ended, silent, lambda rank: _stack(procs[rank], rank, run_dir))
+            return blame(reports, ended, silent, lambda rank: _stack(procs[rank], rank, run_dir),
+                         lambda rank: _crash(rank, run_dir))
         time.sleep(POLL_S)
 
 
 def _stack(proc, rank: int, run_dir: Path) -> str:
-    """Ask a rank that stopped answering where it is (worker.dump_stack_on_request)."""
+    """Ask a rank that stopped answering where it is (worker.dump_stacks)."""
     stack_file = run_dir / f"rank{rank}.stack"
     with contextlib.suppress(ProcessLookupError):
         os.kill(proc.pid, signal.SIGUSR1)
@@ -228,6 +229,12 @@ def _stack(proc, rank: int, run_dir: Path) -> str:
     while time.monotonic() < deadline and not _read(stack_file):
         time.sleep(POLL_S)
     return f"(Python stack of rank {rank}, which stopped answering)\n{_read(stack_file)}"
+
+
+def _crash(rank: int, run_dir: Path) -> str:
+    """What a rank that died of a fatal signal wrote as it died (worker.dump_stacks), if anything."""
+    text = _read(run_dir / f"rank{rank}.crash").strip()
+    return f"(Python stack of rank {rank} as it died)\n{text}" if text else ""
 
 
 def _read(path: Path) -> str:

@@ -206,12 +206,15 @@ def write_error_report(report_dir: Path, rank: int, exc: BaseException, timeout_
 _STACK_FILES = []  # kept open for faulthandler, which writes to them from a signal handler
 
 
-def dump_stack_on_request(path: Path) -> None:
-    """On SIGUSR1, write every thread's Python stack to ``path``: how the launcher shows where a rank
-    that stopped answering is stuck (it works while the rank sits in C++ code too)."""
-    stack_file = open(path, "w")
-    _STACK_FILES.append(stack_file)
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+def dump_stacks(run_dir: Path, rank: int) -> None:
+    """Where the launcher reads a rank's Python stack when the rank cannot say it: on SIGUSR1 (a rank
+    that stopped answering, asked; it works while the rank sits in C++ code too) to ``rankN.stack``,
+    and on a fatal signal (a segmentation fault, an abort in native code) to ``rankN.crash``."""
+    for suffix, keep in (("stack", lambda f: faulthandler.register(signal.SIGUSR1, file=f, all_threads=True)),
+                         ("crash", lambda f: faulthandler.enable(file=f, all_threads=True))):
+        stack_file = open(run_dir / f"rank{rank}.{suffix}", "w")
+        _STACK_FILES.append(stack_file)
+        keep(stack_file)
 
 
 def spawn_entry(rank: int, world_size: int, cfg_dict: dict, layout_dict: dict, run_dir: str) -> None:
@@ -221,7 +224,7 @@ def spawn_entry(rank: int, world_size: int, cfg_dict: dict, layout_dict: dict, r
     os.environ.update(transport_env())
     run_dir_path = Path(run_dir)
     beat = run_dir_path / f"rank{rank}.beat"
-    dump_stack_on_request(run_dir_path / f"rank{rank}.stack")
+    dump_stacks(run_dir_path, rank)
 
     def heartbeat(step: int) -> None:
         beat.write_text(str(step))
