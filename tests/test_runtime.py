@@ -252,3 +252,18 @@ def test_a_torchrun_job_past_its_timeout_leaves_no_rank_behind(tmp_path):
         run_torchrun(job, tmp_path, nproc=2, timeout_s=8)
     pids = [int((tmp_path / rank).read_text()) for rank in ("0", "1")]
     assert not [pid for pid in pids if psutil.pid_exists(pid)]
+
+
+def test_a_rank_s_own_timeout_is_the_cause_not_a_peer_s_failure_seen_from_it():
+    """A TimeoutError of the rank's own (reading a shard) is not a collective timing out, whatever its
+    words: it is blamed, and said as it was, and the peer that lost it is the consequence."""
+    from paralab.runtime.failures import blame
+    from paralab.runtime.worker import describe, from_the_wire
+
+    own = TimeoutError("reading shard timed out")
+    wire = RuntimeError("[third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer")
+    assert describe(own, 5) == "TimeoutError: reading shard timed out" and not from_the_wire(own)
+    reports = [{"rank": 0, "error": describe(wire, 5), "from_the_wire": from_the_wire(wire), "traceback": ""},
+               {"rank": 1, "error": describe(own, 5), "from_the_wire": from_the_wire(own), "traceback": "t"}]
+    failure = blame(reports, {}, [])
+    assert failure.rank == 1 and "reading shard timed out" in str(failure)

@@ -28,9 +28,11 @@ _CONSEQUENCES = ("connection closed by peer", "connection reset", "broken pipe",
 _NATIVE_FRAME = re.compile(r"^\s*(frame #\d+:|Exception raised from )")
 
 
-def is_consequence(error: str) -> bool:
-    text = error.lower()
-    return any(marker in text for marker in _CONSEQUENCES)
+def is_consequence(report: dict) -> bool:
+    """A report of a peer's failure seen from here: an error from the communication library (the
+    rank says which, ``from_the_wire``) that says a peer went away or did not answer."""
+    text = report["error"].lower()
+    return report.get("from_the_wire", True) and any(marker in text for marker in _CONSEQUENCES)
 
 
 def how_it_ended(exitcode: int) -> str:
@@ -68,7 +70,7 @@ def blame(reports: list[dict], ended: dict[int, int], silent: list[int],
     only when that rank is the one blamed; ``crash_of(rank)``: what a rank that ended wrote as it
     died (its stack at a segmentation fault), if anything.
     """
-    causes = [r for r in reports if not is_consequence(r["error"])]
+    causes = [r for r in reports if not is_consequence(r)]
     if causes:
         first = causes[0]
         return RunError(first["rank"], first["error"], first["traceback"])

@@ -212,7 +212,7 @@ def _failure(procs, run_dir: Path) -> RunError:
         reported = {r["rank"] for r in reports}
         silent = [rank for rank in range(len(procs)) if rank not in reported and rank not in ended
                   and not (run_dir / f"rank{rank}.json").exists()]
-        settled = (not silent or any(not is_consequence(r["error"]) for r in reports)
+        settled = (not silent or any(not is_consequence(r) for r in reports)
                    or any(rank not in reported for rank in ended))
         if settled or time.monotonic() > deadline:
             return blame(reports, ended, silent, lambda rank: _stack(procs[rank], rank, run_dir),

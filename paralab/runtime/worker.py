@@ -186,19 +186,27 @@ def write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def from_the_wire(exc: BaseException) -> bool:
+    """Whether the exception came from the communication library (torch.distributed's own errors, or
+    gloo's, raised as RuntimeError with its source path): only those can be a peer's failure seen
+    from here. A TimeoutError of the rank's own (reading a file, say) is its own failure."""
+    return isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError) and "gloo" in str(exc))
+
+
 def describe(exc: BaseException, timeout_s: float) -> str:
     """One line for the parent's RunError (C++ stack cut); a collective timeout says what it usually means."""
     text = cut_native_frames(f"{type(exc).__name__}: {exc}")
-    if "timed out" in text.lower() or "timeout" in text.lower():
+    if from_the_wire(exc) and ("timed out" in text.lower() or "timeout" in text.lower()):
         return (f"a collective timed out after {timeout_s:g} s: another rank stopped answering "
                 f"(hung, or much slower than this one). {text}")
     return text
 
 
 def write_error_report(report_dir: Path, rank: int, exc: BaseException, timeout_s: float) -> None:
-    """What a failing rank leaves for whoever started it: ``rankN.error.json`` (error and traceback)."""
+    """What a failing rank leaves for whoever started it: ``rankN.error.json`` (error and traceback,
+    and whether the error came from the communication library: paralab.runtime.failures)."""
     write_json(report_dir / f"rank{rank}.error.json", {
-        "rank": rank, "error": describe(exc, timeout_s),
+        "rank": rank, "error": describe(exc, timeout_s), "from_the_wire": from_the_wire(exc),
         "traceback": cut_native_frames(traceback.format_exc()),
     })
 
