@@ -121,17 +121,11 @@ class Trace:
     # ------------------------------------------------------------------ building
     @classmethod
     def merge(cls, traces: list[Trace]) -> Trace:
-        """Put per-rank traces (already on the shared clock) into one, keeping the first meta.
-        TraceFormatError if two of them hold the same rank (a merged file beside the per-rank files it
-        came from would count every span twice)."""
+        """Put per-rank traces (already on the shared clock) into one, keeping the first meta. (An
+        elastic run merges each of its worlds' traces: one rank number in several is its own.)"""
         merged = cls(meta=dict(traces[0].meta) if traces else {})
         ranks_meta: dict = {}
-        seen: set[int] = set()
         for trace in traces:
-            if twice := seen & set(trace.ranks):
-                raise TraceFormatError(f"rank(s) {', '.join(map(str, sorted(twice)))} appear in two traces "
-                                       "(a merged trace beside its per-rank files?)")
-            seen |= set(trace.ranks)
             merged.spans.extend(trace.spans)
             merged.counters.extend(trace.counters)
             ranks_meta.update(trace.meta.get("ranks", {}))
@@ -217,17 +211,22 @@ class Trace:
     @classmethod
     def load(cls, path: str | Path) -> Trace:
         """Load a paralab trace file, or merge every ``*.json`` trace in a directory (torchrun --trace-dir).
-        A file that is not a trace raises TraceFormatError naming it."""
+        A file that is not a trace raises TraceFormatError naming it, and so does a directory where two
+        files hold one rank (a merged trace beside the per-rank files it came from would count every
+        span twice)."""
         path = Path(path)
         if path.is_dir():
             files = sorted(path.glob("*.json"))
             if not files:
                 raise FileNotFoundError(f"no trace files (*.json) in {path}")
             traces = [cls.load(f) for f in files]
-            try:
-                return cls.merge(traces)
-            except TraceFormatError as exc:
-                raise TraceFormatError(f"{path}: {exc}") from None
+            holder: dict[int, Path] = {}
+            for file, trace in zip(files, traces, strict=True):
+                if twice := sorted(set(trace.ranks) & holder.keys()):
+                    raise TraceFormatError(f"{path}: rank {twice[0]} is in {holder[twice[0]].name} and in "
+                                           f"{file.name} (a merged trace beside its per-rank files?)")
+                holder.update(dict.fromkeys(trace.ranks, file))
+            return cls.merge(traces)
         text = path.read_text(encoding="utf-8", errors="replace")
         try:
             data = json.loads(text)

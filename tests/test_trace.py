@@ -145,7 +145,7 @@ def test_a_rank_in_two_files_of_a_folder_exits_2(tmp_path, capsys, command):
     trace.save(tmp_path / "merged.json")
     assert cli.main([command, str(tmp_path), "-o", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert "rank(s) 0 appear in two traces" in err and str(tmp_path) in err, err
+    assert "rank 0 is in merged.json and in rank0.json" in err and str(tmp_path) in err, err
     assert not (tmp_path / "out").exists()
 
 
