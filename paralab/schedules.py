@@ -169,6 +169,8 @@ def build_schedule(name: str, pp: int, microbatches: int, virtual_stages: int = 
     sharing each steady-state slot (needs microbatches >= 2 pp).
     """
     _check_shape_args(name, pp, microbatches, virtual_stages)
+    if len(pass_times) != 3 or not all(isinstance(t, int | float) and 0 < t < math.inf for t in pass_times):
+        raise ScheduleError(f"pass_times must be three positive times (F, Bi, W), got {pass_times}")
     p, m = pp, microbatches
     if name == "interleaved":
         v = virtual_stages

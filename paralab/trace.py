@@ -568,6 +568,9 @@ def _checked_meta(meta, where: str) -> dict:
         if meta.get(key) is not None and not _KIND_CHECKS[kind](meta[key]):
             raise TraceFormatError(f"{where}.{key}: expected {kind}, got {_json_kind(meta[key])} "
                                    f"{json.dumps(meta[key])[:40]}")
+    ranks, by_kind = meta.get("memory_ranks"), meta.get("memory_by_kind")
+    if ranks is not None and (not all(type(r) is int for r in ranks) or len(ranks) != len(by_kind or ())):
+        raise TraceFormatError(f"{where}.memory_ranks: expected the rank of each memory_by_kind entry")
     if "ranks" in meta:
         ranks = meta["ranks"]
         if type(ranks) is not dict or not all(str(k).lstrip("-").isdigit() for k in ranks):

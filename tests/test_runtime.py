@@ -267,3 +267,27 @@ def test_a_rank_s_own_timeout_is_the_cause_not_a_peer_s_failure_seen_from_it():
                {"rank": 1, "error": describe(own, 5), "from_the_wire": from_the_wire(own), "traceback": "t"}]
     failure = blame(reports, {}, [])
     assert failure.rank == 1 and "reading shard timed out" in str(failure)
+
+
+@pytest.mark.timeout(60)
+def test_processes_waited_together_end_at_the_first_failure_wherever_it_is_in_the_list():
+    """A process later in the list that fails ends the wait while an earlier one still runs (its
+    peers could only wait for it); all ending well, or the deadline, end it too."""
+    from paralab.runtime.processes import wait_together
+
+    def start(code: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", code])
+
+    procs = [start("import time; time.sleep(30)"), start("import time; time.sleep(0.3); raise SystemExit(3)")]
+    try:
+        waited = wait_together(procs, timeout_s=25)
+        assert waited.first_failed == [1] and waited.running == [0] and not waited.timed_out
+        assert waited.codes[1] == 3
+        assert wait_together(procs[:1], timeout_s=0.2).timed_out
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    done = [start("pass"), start("pass")]
+    waited = wait_together(done, timeout_s=25)
+    assert waited.codes == [0, 0] and not waited.first_failed and not waited.timed_out

@@ -172,6 +172,12 @@ def test_zbv_ordered_for_its_pass_times_is_valid_and_beats_the_unit_time_order(t
         assert fitted_bubble < (0.7 * unit_bubble if bi > w else unit_bubble + 0.005)
 
 
+@pytest.mark.parametrize("times", [(1.0, 1.0, 0.0), (1.0, -1.0, 1.0), (1.0, 1.0), (1.0, float("inf"), 1.0)])
+def test_pass_times_that_are_not_three_positive_times_are_refused(times):
+    with pytest.raises(ScheduleError, match="pass_times must be three positive times"):
+        build_schedule("zbv", 4, 8, pass_times=times)
+
+
 @pytest.mark.parametrize(("p", "m"), [(2, 1), (4, 2)])
 def test_zbv_closed_form_is_a_lower_bound_for_few_microbatches(p, m):
     simulated = simulated_bubble(build_schedule("zbv", p, m), TIMES)

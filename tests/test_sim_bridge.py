@@ -177,3 +177,19 @@ def test_measured_model_states_are_predicted(options):
         if kind == "grads" and options["strategy"] == "zero2":
             slack = max(slack, 0.15 * predicted[kind])
         assert abs(measured - predicted[kind]) <= slack, (kind, measured, predicted[kind])
+
+
+def test_the_prediction_of_a_zbv_run_runs_the_order_the_ranks_execute():
+    """The simulator orders ZB-V for its passes' times; the lab's ranks run the order found for equal
+    passes, so the prediction of a lab run must simulate that one, or measured and predicted
+    timelines compare two different schedules."""
+    from paralab.schedules import COMPUTE_OPS
+
+    cfg = RunConfig.build("small", strategy="pp", world_size=4, pp=4, schedule="zbv", microbatches=8,
+                          global_batch=8)
+    trace = predict_run_trace(cfg, "a100")
+    executed = build_schedule("zbv", 4, 8)
+    for rank in range(4):
+        predicted = [(s.kind, s.microbatch) for s in sorted(trace.select(rank=rank), key=lambda s: s.start)
+                     if s.step == 0 and s.kind in COMPUTE_OPS]
+        assert predicted == [(a.op, a.microbatch) for a in executed.actions[rank] if a.op in COMPUTE_OPS]

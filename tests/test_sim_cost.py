@@ -109,6 +109,15 @@ def test_zbv_is_ordered_for_the_simulated_pass_times():
     assert bubbles["zbv"] == sorted(bubbles["zbv"], reverse=True)
 
 
+def test_zbv_with_a_weight_pass_far_shorter_than_its_forward_is_predicted():
+    """A host overhead per layer forward (a calibrated CPU's) makes W a hundredth of F: its order is
+    found for a tenth, not for a pass of no length (which left the list scheduler nothing to wait for)."""
+    model = get_model("llama2-7b").replace(layers=4)
+    slow_host = dataclasses.replace(get_hardware("h100"), host_overhead_s={"layer_forward": 2.0})
+    pred = cost.predict(model, ParallelSpec(pp=2, schedule="zbv", micro_batch=1, global_batch=4), slow_host)
+    assert pred.step_time_s > 2 * 4 * 2.0  # 2 layers a rank, 4 microbatches, 2 s a layer forward
+
+
 def test_prediction_has_the_design_keys_and_consistent_numbers():
     model = get_model("gpt3-1.3b")
     pred = cost.predict(model, ParallelSpec(dp=4, tp=2, pp=2, global_batch=64, micro_batch=2), A100)

@@ -207,3 +207,13 @@ def test_the_bridge_carries_ep_and_stage_layers_into_the_prediction():
                                                      microbatches=2, stage_layers=[1, 3]))
     assert (parallel.ep, parallel.stage_layers, model.experts, model.top_k) == (2, (1, 3), 4, 2)
     assert counting.comm_bytes_per_gpu(model, parallel)["ep_all_to_all"] > 0
+
+
+def test_with_sequence_parallel_a_tensor_parallel_rank_computes_the_experts_of_its_slice():
+    """Time follows the tokens a rank routes, as the all-to-all and the memory count them: with
+    sequence parallelism a tp rank's experts see its slice, so the MoE step is faster than without."""
+    m, h100 = get_model("mixtral-8x7b"), get_hardware("h100")
+    spec = ParallelSpec(tp=2, dp=8, ep=8, micro_batch=1, global_batch=8)
+    work = {sp: cost._moe_mlp(m, spec.replace(sequence_parallel=sp).resolved(), h100)[0]
+            for sp in (False, True)}
+    assert work[True] < work[False]

@@ -106,6 +106,8 @@ BAD_INPUTS = {
                       "meta.tokens_per_step: expected a number, got a string"),
     "layout-a-list": ({**_good(), "meta": {"layout": [1]}}, "meta.layout: expected an object, got a list"),
     "integer-beyond-a-float": (_with_span(start=10**400), "spans[0].start: expected a finite number"),
+    "memory-ranks-short": ({**_good(), "meta": {"memory_ranks": [0], "memory_by_kind": [{"a": 1}, {"a": 2}]}},
+                           "meta.memory_ranks: expected the rank of each memory_by_kind entry"),
     "chrome-meta-a-list": ({"traceEvents": [], "otherData": {"paralab": [1]}},
                            "otherData.paralab: expected an object, got a list"),
     "torch-profiler-trace": ({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1,

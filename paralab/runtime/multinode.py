@@ -28,7 +28,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ from paralab.runtime import agents, loopback
 from paralab.runtime.failures import blame, cut_native_frames
 from paralab.runtime.janitor import Janitor
 from paralab.runtime.launch import release_forkserver
+from paralab.runtime.processes import wait_together
 from paralab.runtime.result import RunError
 from paralab.trace import Trace
 
@@ -109,7 +109,7 @@ def run_local_nodes(run_args: list[str], nnodes: int = 2, nproc_per_node: int = 
         failed = [(node, err) for node, (code, _, err) in enumerate(outputs)
                   if code != 0 and node not in stopped]
         if failed or any(reports.glob("rank*.error.json")):
-            raise _failure(reports, failed)
+            raise _failure(reports, failed, nnodes * nproc_per_node)
         if stopped:
             raise RunError(None, f"the {nnodes}-node run did not finish within {timeout_s:.0f} s", "")
         summaries = [json.loads(line) for _, out, _ in outputs
@@ -137,12 +137,7 @@ def _run_agents(commands, env: dict, nnodes: int, nproc_per_node: int, timeout_s
                                           start_new_session=True))
             janitor.kill_at_end(procs[-1].pid)
             drains.append(_Drain(procs[-1]))  # read as they write, so that no agent blocks on a full pipe
-        deadline = time.monotonic() + timeout_s
-        while any(proc.poll() is None for proc in procs):
-            if any(proc.returncode for proc in procs) or time.monotonic() > deadline:
-                stopped = {node for node, proc in enumerate(procs) if proc.poll() is None}
-                break
-            time.sleep(0.05)
+        stopped = set(wait_together(procs, timeout_s).running)
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -165,9 +160,11 @@ class _Drain:
     def _read(stream, into: list[str]) -> None:
         into.extend(stream)
 
-    def text(self) -> tuple[str, str]:
+    def text(self, wait_s: float = 5.0) -> tuple[str, str]:
+        """What was read; a descendant that outlived its agent and still holds the pipe is not waited
+        for beyond ``wait_s``."""
         for thread in self.threads:
-            thread.join()
+            thread.join(wait_s)
         return "".join(self.parts["out"]), "".join(self.parts["err"])
 
 
@@ -175,14 +172,16 @@ _ROOT_CAUSE = re.compile(
     r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
 
 
-def _failure(reports: Path, failed: list[tuple[int, str]]) -> RunError:
+def _failure(reports: Path, failed: list[tuple[int, str]], world: int) -> RunError:
     """The failing rank's own report when it left one (paralab.runtime.torchrun); a rank that left
-    none (killed) from its agent's account of it (torchrun's root cause: rank and exit code); else
-    the first failing agent's own words, C++ stack cut."""
+    none (killed) from its agent's account of it (torchrun's root cause: rank and exit code); a rank
+    that neither reported nor ended while its peers timed out waiting as the one that stopped
+    answering; else the first failing agent's own words, C++ stack cut."""
     found = sorted((json.loads(f.read_text()) for f in reports.glob("rank*.error.json")),
                    key=lambda r: r["rank"])
     ended = {int(rank): int(code) for _, err in failed for rank, code in _ROOT_CAUSE.findall(err)}
+    silent = [rank for rank in range(world) if rank not in ended and rank not in {r["rank"] for r in found}]
     if found or ended:
-        return blame(found, ended, [])
+        return blame(found, ended, silent)
     node, err = failed[0]
     return RunError(None, f"the torchrun agent of node {node} failed", cut_native_frames(err)[-4000:])

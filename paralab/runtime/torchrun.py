@@ -65,7 +65,9 @@ def run_under_torchrun(cfg: RunConfig, trace_dir: str | None = None) -> RunResul
     return RunResult.from_rank_results(cfg, layout, results, [None] * world_size)
 
 
-STOP_WAIT_S = 30.0  # how long torchrun may take to stop its ranks before it is killed
+# torchrun gives its ranks 30 s after SIGTERM, then SIGKILLs them (LocalElasticAgent._shutdown); it is
+# killed itself if it has not ended a while after that
+STOP_WAIT_S = 45.0
 
 
 def run_torchrun(script, *args, nproc: int = 2, timeout_s: float = 300.0) -> str:
@@ -74,8 +76,9 @@ def run_torchrun(script, *args, nproc: int = 2, timeout_s: float = 300.0) -> str
 
     torchrun starts each rank in a session of its own, so killing torchrun's group would leave them
     running: a call that ends early (timeout, error, Ctrl-C) asks torchrun to stop with SIGTERM, which
-    it passes to its ranks and waits for, and kills what is left after ``STOP_WAIT_S``. (A launcher
-    killed outright cannot do that; the ranks of this helper's user script run no paralab code.)"""
+    it passes to its ranks, SIGKILLing any still running 30 s later; torchrun is killed if it has not
+    ended after ``STOP_WAIT_S``. (A launcher killed outright cannot do that; the ranks of this
+    helper's user script run no paralab code.)"""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(script),
            *map(str, args)]

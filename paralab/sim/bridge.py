@@ -66,6 +66,7 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
         prefetch_params=not ((cfg.strategy == "zero3" and not cfg.zero_prefetch)
                              or (cfg.strategy == "torch_fsdp" and cfg.device == "cpu")),
         loads_batch_in_step="pp" not in get_strategy(cfg.strategy).axes,
+        zbv_for_pass_times=False,  # the lab's ranks run ZB-V in the order found for equal passes
     ).resolved()
     return model, parallel.replace(grad_buckets=_gradient_messages(cfg, model, parallel),
                                    grad_copy_bytes=_gradient_copy_bytes(cfg, model, parallel))

@@ -43,13 +43,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from paralab.runtime.processes import wait_together
 
 # (tokens, out, in) of the linears of the tiny (h 64) and small (h 256) presets with 128-1024 tokens
 MODEL_SHAPES = ((128, 192, 64), (128, 64, 256), (512, 768, 256), (512, 256, 1024), (1024, 1024, 256),
@@ -389,25 +390,20 @@ def _run_workers(spec: dict, ranks: int, timeout: float) -> list[dict]:
             with outs[r].open("w") as out, logs[r].open("w") as err:
                 procs.append(subprocess.Popen([sys.executable, "-m", "paralab.sim.calibration", spec, str(r)],
                                               stdout=out, stderr=err))
-        deadline = time.monotonic() + timeout
+        waited = None
         try:
-            while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-                if any(p.returncode for p in procs):
-                    break  # the others can only wait for it
-                time.sleep(0.05)
+            waited = wait_together(procs, timeout)
         finally:
             for p in procs:
                 if p.poll() is None:
                     p.kill()
                 p.wait()
-        failed = [r for r, p in enumerate(procs) if p.returncode]
-        if failed:
-            on_their_own = [r for r in failed if procs[r].returncode != -signal.SIGKILL]  # not killed here
-            first = (on_their_own or failed)[0]
+        if failed := [r for r, p in enumerate(procs) if p.returncode]:
+            first = ((waited and waited.first_failed) or failed)[0]  # not one its failure took down
             last_words = logs[first].read_text(errors="replace").strip().splitlines()[-3:]
             raise RuntimeError(f"calibration rank {first} failed (exit {procs[first].returncode}"
                                + (f"): {' / '.join(last_words)}" if last_words else ", nothing on stderr)")
-                               + ("" if time.monotonic() < deadline else f"; {timeout:.0f} s passed"))
+                               + (f"; {timeout:.0f} s passed" if waited and waited.timed_out else ""))
         return [json.loads(out.read_text()) for out in outs]
 
 

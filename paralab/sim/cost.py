@@ -345,8 +345,10 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
 def _moe_mlp(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tuple[float, float]:
     """What a MoE layer's MLP adds to one pass of the dense layer :func:`layer_work` times (seconds):
     the router, shared and routed experts' GEMMs in place of the dense MLP's, the routed ones on the
-    hot expert's rank (``imbalance`` x an even share: E / ep experts, tokens x k x ep / E rows each);
-    and its dispatch plus combine all-to-all (stride tp: ep ranks are dp neighbours)."""
+    hot expert's rank (``imbalance`` x an even share: E / ep experts, tokens x k x ep / E rows each, of
+    the tokens the rank routes: all of them, its slice with sequence parallelism, as
+    moe.all_to_all_payload counts them); and its dispatch plus combine all-to-all (stride tp: ep ranks
+    are dp neighbours)."""
     if not model.experts:
         return 0.0, 0.0
     hw = per_rank(hw, p.world_size)
@@ -358,10 +360,10 @@ def _moe_mlp(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tuple[float
         return (gemm_time(hw, peak, rows, up, h, batch, nbytes)
                 + gemm_time(hw, peak, rows, h, width / split, batch, nbytes))
 
-    local = model.experts // p.ep
-    routed = mlp(tokens * model.top_k * p.ep / model.experts, model.expert_ffn, batch=local)
+    local, routes = model.experts // p.ep, tokens / (t if p.sequence_parallel else 1)
+    routed = mlp(routes * model.top_k * p.ep / model.experts, model.expert_ffn, batch=local)
     shared = mlp(tokens, model.expert_ffn, t, model.shared_experts) if model.shared_experts else 0.0
-    router = gemm_time(hw, peak, tokens, model.experts, h, 1, nbytes)
+    router = gemm_time(hw, peak, routes, model.experts, h, 1, nbytes)
     added = router + shared + routed * moe.imbalance(model, p) - mlp(tokens, model.ffn, t)
     one = all_to_all_time(hw, moe.all_to_all_payload(model, p), p.ep, p.tp)
     return added, 2 * one * moe.imbalance(model, p)
@@ -713,13 +715,14 @@ def _schedule_name(p: ParallelSpec) -> str:
 
 def _plan(p: ParallelSpec, times: list[StageTimes]) -> Plan:
     """Schedules are read-only data here, so one build and proof serves every prediction of a shape.
-    ZB-V is ordered for the stages' mean (F, Bi, W), in tenths of F so that near shapes share a build."""
+    ZB-V is ordered for the stages' mean (F, Bi, W) (unless ``zbv_for_pass_times`` is off), in tenths
+    of F so that near shapes share a build, a tenth at least."""
     name = _schedule_name(p)
     passes = UNIT_PASSES
-    if name == "zbv":
+    if name == "zbv" and p.zbv_for_pass_times:
         f, bi, w = (sum(getattr(st, part) for st in times) / len(times)
                     for part in ("forward", "backward_input", "backward_weight"))
-        passes = (1.0, round(bi / f, 1), round(w / f, 1)) if f > 0 else UNIT_PASSES
+        passes = (1.0, max(round(bi / f, 1), 0.1), max(round(w / f, 1), 0.1)) if f > 0 else UNIT_PASSES
     return builtin_plan(name, p.pp, p.microbatches, p.virtual_stages, passes)
 
 

@@ -194,10 +194,13 @@ class ParallelSpec:
     # 4 bytes per parameter; with zero=1 this is Megatron's distributed optimizer (6 + 12/d bytes)
     fp32_grads: bool = False
     rank_order: str = "tp-dp-pp"
-    # with recompute "full": the layers of each pipeline stage that are recomputed (Megatron-LM's
-    # --recompute-num-layers, block method; every second layer is torchtitan's layer-selective AC);
-    # 0: all of them
+    # with recompute "full": the layers of each model chunk (pipeline stage, virtual ones included) that
+    # are recomputed (Megatron-LM's --recompute-num-layers, block method; every second layer is
+    # torchtitan's layer-selective AC); 0: all of them
     recompute_layers: int = 0
+    # ZB-V ordered for the stages' own pass times, as Qi et al. order it with profiled times (False:
+    # for equal passes, the order paralab's own runs execute)
+    zbv_for_pass_times: bool = True
     # pipeline sends run beside compute (False: each send holds its rank until it lands, as the
     # pipeline schedules of Megatron-LM before 2023 and of DeepSpeed did)
     overlap_p2p: bool = True
