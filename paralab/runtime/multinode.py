@@ -35,7 +35,7 @@ from pathlib import Path
 from paralab.runtime import agents, loopback
 from paralab.runtime.failures import blame, cut_native_frames
 from paralab.runtime.janitor import Janitor
-from paralab.runtime.launch import release_forkserver
+from paralab.runtime.launch import SETTLE_S, release_forkserver
 from paralab.runtime.processes import wait_together
 from paralab.runtime.result import RunError
 from paralab.trace import Trace
@@ -137,7 +137,7 @@ def _run_agents(commands, env: dict, nnodes: int, nproc_per_node: int, timeout_s
                                           start_new_session=True))
             janitor.kill_at_end(procs[-1].pid)
             drains.append(_Drain(procs[-1]))  # read as they write, so that no agent blocks on a full pipe
-        stopped = set(wait_together(procs, timeout_s).running)
+        stopped = set(wait_together(procs, timeout_s, SETTLE_S).running)
     finally:
         for proc in procs:
             if proc.poll() is None:
