@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -13,6 +14,12 @@ import pytest
 import torch
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+# A test run started in the background by a non-interactive shell (`make test &`) ignores SIGINT, and
+# so would every launcher a test starts: the tests that interrupt one (as Ctrl-C in a terminal does)
+# need it delivered. A handler here becomes the default disposition in every process started after.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def rank_processes() -> list[psutil.Process]:
