@@ -346,9 +346,8 @@ def _moe_mlp(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tuple[float
     """What a MoE layer's MLP adds to one pass of the dense layer :func:`layer_work` times (seconds):
     the router, shared and routed experts' GEMMs in place of the dense MLP's, the routed ones on the
     hot expert's rank (``imbalance`` x an even share: E / ep experts, tokens x k x ep / E rows each, of
-    the tokens the rank routes: all of them, its slice with sequence parallelism, as
-    moe.all_to_all_payload counts them); and its dispatch plus combine all-to-all (stride tp: ep ranks
-    are dp neighbours)."""
+    the tokens the rank routes, moe.routed_tokens); and its dispatch plus combine all-to-all (stride
+    tp: ep ranks are dp neighbours)."""
     if not model.experts:
         return 0.0, 0.0
     hw = per_rank(hw, p.world_size)
@@ -360,13 +359,22 @@ def _moe_mlp(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tuple[float
         return (gemm_time(hw, peak, rows, up, h, batch, nbytes)
                 + gemm_time(hw, peak, rows, h, width / split, batch, nbytes))
 
-    local, routes = model.experts // p.ep, tokens / (t if p.sequence_parallel else 1)
+    local, routes = model.experts // p.ep, moe.routed_tokens(model, p.micro_batch, t, p.sequence_parallel)
     routed = mlp(routes * model.top_k * p.ep / model.experts, model.expert_ffn, batch=local)
     shared = mlp(tokens, model.expert_ffn, t, model.shared_experts) if model.shared_experts else 0.0
     router = gemm_time(hw, peak, routes, model.experts, h, 1, nbytes)
     added = router + shared + routed * moe.imbalance(model, p) - mlp(tokens, model.ffn, t)
     one = all_to_all_time(hw, moe.all_to_all_payload(model, p), p.ep, p.tp)
     return added, 2 * one * moe.imbalance(model, p)
+
+
+def dp_collective_time(hw: HardwareSpec, p: ParallelSpec, op: str, params: float, experts: float,
+                       nbytes: int, messages: int = 1) -> float:
+    """Seconds of a data-parallel collective over ``params`` parameters of ``nbytes`` each, ``experts``
+    of them routed experts: one over dp for the rest, one over the ranks holding the same experts
+    (counting.dp_groups)."""
+    return sum(collective_time(hw, op, n * nbytes, size, stride, messages)
+               for n, size, stride in counting.dp_groups(p, params, experts))
 
 
 def _zero_overlapped(st: StageTimes, model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, stage: int,
@@ -379,10 +387,6 @@ def _zero_overlapped(st: StageTimes, model: ModelSpec, p: ParallelSpec, hw: Hard
     pb, gb, _ = counting.bytes_per_param(model, p)
     forward_work, backward_work = sum(f for f, _ in work), sum(b for _, b in work)
 
-    def over_dp(op: str, params: float, experts: float, nbytes: int) -> float:
-        return sum(collective_time(hw, op, n * nbytes, size, stride)
-                   for n, size, stride in counting.dp_groups(p, params, experts))
-
     @cache  # the blocks are alike: price each kind of part once
     def part(f: float, b: float, params: float, experts: float, scattered: float, scattered_experts: float
              ) -> tuple[tuple, tuple]:
@@ -391,10 +395,11 @@ def _zero_overlapped(st: StageTimes, model: ModelSpec, p: ParallelSpec, hw: Hard
         # (and on a measured curve, a small message's cost) and waits for the slowest data-parallel rank
         rs = 0.0
         if scattered:
-            rs = over_dp("reduce_scatter", scattered, scattered_experts, gb) + sync_wait(hw, b, p.dp)
+            rs = (dp_collective_time(hw, p, "reduce_scatter", scattered, scattered_experts, gb)
+                  + sync_wait(hw, b, p.dp))
         ag = 0.0
         if p.zero == 3:
-            ag = over_dp("all_gather", params, experts, pb) + sync_wait(hw, f, p.dp)
+            ag = dp_collective_time(hw, p, "all_gather", params, experts, pb) + sync_wait(hw, f, p.dp)
         return (f, ag, 0.0), (b, ag, rs)
 
     units, experts = counting.zero_units(model, p, stage), counting.zero_unit_experts(model, p, stage)
@@ -720,10 +725,15 @@ def _plan(p: ParallelSpec, times: list[StageTimes]) -> Plan:
     name = _schedule_name(p)
     passes = UNIT_PASSES
     if name == "zbv" and p.zbv_for_pass_times:
-        f, bi, w = (sum(getattr(st, part) for st in times) / len(times)
-                    for part in ("forward", "backward_input", "backward_weight"))
+        f, bi, w = _mean_passes(times)
         passes = (1.0, max(round(bi / f, 1), 0.1), max(round(w / f, 1), 0.1)) if f > 0 else UNIT_PASSES
     return builtin_plan(name, p.pp, p.microbatches, p.virtual_stages, passes)
+
+
+def _mean_passes(times: list[StageTimes]) -> tuple[float, float, float]:
+    """A stage's mean forward, input-gradient and weight-gradient seconds."""
+    return tuple(sum(getattr(st, part) for st in times) / len(times)
+                 for part in ("forward", "backward_input", "backward_weight"))
 
 
 def _plan_seconds(plan: Plan, model: ModelSpec, p: ParallelSpec, hw: HardwareSpec,
@@ -819,9 +829,8 @@ def _estimate_finish(model, p: ParallelSpec, hw,
     for stage, st in enumerate(times):
         work[counting.stage_rank(p, stage)] += st.forward + st.backward + 2 * blocking
     hop = 2 * p2p_time(model, p, hw) if pp > 1 else 0.0
-    mean = {part: sum(getattr(st, part) for st in times) / len(times)
-            for part in ("forward", "backward_input", "backward_weight")}
-    f, bi, w = mean["forward"] + blocking, mean["backward_input"] + blocking, mean["backward_weight"]
+    f, bi, w = _mean_passes(times)
+    f, bi = f + blocking, bi + blocking
     if name == "naive":
         makespan = m * (sum(work) + (pp - 1) * hop)
     elif name == "zb-h1":
@@ -852,9 +861,8 @@ def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int, c
     messages = max(p.grad_buckets, 1)
 
     def over_dp(op: str, nbytes: int) -> tuple[float, float]:
-        seconds = sum(collective_time(hw, op, n * nbytes, size, stride, messages)
-                      for n, size, stride in groups)
-        return seconds, sum(counting.ring_wire_bytes(op, n * nbytes, size) for n, size, _ in groups)
+        return (dp_collective_time(hw, p, op, params, experts, nbytes, messages),
+                sum(counting.ring_wire_bytes(op, n * nbytes, size) for n, size, _ in groups))
 
     if groups and p.zero <= 1:
         seconds, wire = over_dp(reduce_op, gb)

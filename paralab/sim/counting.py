@@ -161,22 +161,24 @@ def zero_units(model: ModelSpec, parallel: ParallelSpec, chunk: int) -> tuple[fl
     what a step waits for: paralab's ``zero3`` gathers exactly these parts and DeepSpeed's ZeRO-3
     each submodule; FSDP wraps each block and keeps the two ends in its root unit.
     """
-    layers = chunk_layers(model, parallel)
-    before = sum(layers[:chunk])
-    moe_here = moe_blocks(model, before, layers[chunk])  # the chunk's last blocks: MoE follows the dense
-    embed, head, dense, moe_block = _part_sizes(model, parallel)
-    blocks = (dense,) * (layers[chunk] - moe_here) + (moe_block,) * moe_here
-    return (embed,) * (chunk == 0) + blocks + (head,) * (chunk == parallel.chunks - 1)
+    return _chunk_parts(model, parallel, chunk, *_part_sizes(model, parallel))
 
 
 def zero_unit_experts(model: ModelSpec, parallel: ParallelSpec, chunk: int) -> tuple[float, ...]:
     """Of each part :func:`zero_units` lists, the routed-expert parameters one GPU holds (their
     collectives run over the dp / ep ranks holding the same experts, the rest over dp)."""
-    layers = chunk_layers(model, parallel)
-    moe_here = moe_blocks(model, sum(layers[:chunk]), layers[chunk])
     per_block = moe.expert_params_per_gpu(model, parallel, 1) if model.experts else 0.0
-    blocks = (0.0,) * (layers[chunk] - moe_here) + (per_block,) * moe_here
-    return (0.0,) * (chunk == 0) + blocks + (0.0,) * (chunk == parallel.chunks - 1)
+    return _chunk_parts(model, parallel, chunk, 0.0, 0.0, 0.0, per_block)
+
+
+def _chunk_parts(model: ModelSpec, parallel: ParallelSpec, chunk: int, embed: float, head: float,
+                 dense: float, moe_block: float) -> tuple[float, ...]:
+    """A value for each of chunk ``chunk``'s parts, in forward order, given the embedding's, the last
+    part's, a dense block's and a MoE block's."""
+    layers = chunk_layers(model, parallel)
+    moe_here = moe_blocks(model, sum(layers[:chunk]), layers[chunk])  # the chunk's last: MoE follows dense
+    blocks = (dense,) * (layers[chunk] - moe_here) + (moe_block,) * moe_here
+    return (embed,) * (chunk == 0) + blocks + (head,) * (chunk == parallel.chunks - 1)
 
 
 def dp_groups(parallel: ParallelSpec, params: float, experts: float) -> list[tuple[float, int, int]]:

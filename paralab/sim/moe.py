@@ -84,23 +84,28 @@ def imbalance(model: ModelSpec, parallel: ParallelSpec) -> float:
 def extra_activation_bytes(model: ModelSpec, micro_batch: int, tp: int = 1,
                            sequence_parallel: bool = False) -> float:
     """Bytes a MoE layer stores for backward beyond the dense MLP of Korthikanti et al.'s Table 2:
-    k copies of each token a rank routes at the experts (dispatched input and combined output, k
-    routed expert inner tensors of ``expert_ffn``) and the router's logits (fp32), for the tokens
-    the rank dispatches (:func:`all_to_all_payload`: all of them without sequence parallelism, its
-    slice with it); the shared experts' inner tensors (split over tp, as the dense MLP's) in place of
-    the dense MLP's ``ffn``."""
+    k copies of each token a rank routes (:func:`routed_tokens`) at the experts (dispatched input and
+    combined output, k routed expert inner tensors of ``expert_ffn``) and the router's logits (fp32);
+    the shared experts' inner tensors (split over tp, as the dense MLP's) in place of the dense MLP's
+    ``ffn``."""
     if not model.experts:
         return 0.0
     e, per_token = model.dtype_bytes, (3 if model.gated_mlp else 2) * model.dtype_bytes
     split = model.seq * micro_batch / tp  # what a tensor-parallel MLP's inner tensors hold per rank
-    routed = model.seq * micro_batch / (tp if sequence_parallel else 1)
+    routed = routed_tokens(model, micro_batch, tp, sequence_parallel)
     copies = model.top_k * routed * (2 * e * model.hidden + per_token * model.expert_ffn)
     shared = model.shared_experts * split * per_token * model.expert_ffn
     return copies + shared + 4 * routed * model.experts - split * per_token * model.ffn
 
 
+def routed_tokens(model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel: bool = False) -> float:
+    """Tokens of a microbatch one rank routes through a MoE layer: all of them, or with sequence
+    parallelism its tp rank's slice. Its all-to-alls, expert GEMMs, router and kept activations all
+    follow them."""
+    return micro_batch * model.seq / (tp if sequence_parallel else 1)
+
+
 def all_to_all_payload(model: ModelSpec, parallel: ParallelSpec) -> float:
-    """Bytes one rank hands one all-to-all of a MoE layer: its microbatch's tokens, k times (with
-    sequence parallel, a tp rank's slice of them)."""
-    tokens = parallel.micro_batch * model.seq / (parallel.tp if parallel.sequence_parallel else 1)
+    """Bytes one rank hands one all-to-all of a MoE layer: the tokens it routes, k times."""
+    tokens = routed_tokens(model, parallel.micro_batch, parallel.tp, parallel.sequence_parallel)
     return tokens * model.top_k * model.hidden * model.dtype_bytes
