@@ -1,5 +1,7 @@
 """paralab.bench: interleaved comparisons report one median per round and ratios to the first variant."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from paralab import cli
@@ -15,6 +17,28 @@ def test_compare_interleaves_and_reports_ratios(no_leftover_ranks):
     table = result.table().splitlines()
     assert len(table) == 4 and table[2].startswith("| ddp |") and "1.000x" in table[2]
     assert result.summaries["naive"]["strategy"] == "dp"
+
+
+def test_rounds_interleave_the_variants_and_each_keeps_the_median_of_its_rounds(monkeypatch):
+    """A, B, A, B, A, B: a slow spell of the machine falls on both variants, not on one. Each round's
+    figure is that run's median step; the variant's is the median over rounds (not the mean, not the
+    last), and its ratio divides it by the first variant's."""
+    times = {"ddp": iter([1.0, 3.0, 2.0]), "dp": iter([9.0, 4.0, 5.0])}
+    calls = []
+
+    def fake_run(**options):
+        calls.append((options["strategy"], options["steps"]))
+        return SimpleNamespace(summary={"strategy": options["strategy"],
+                                        "step_time_s": next(times[options["strategy"]])})
+
+    monkeypatch.setattr("paralab.run", fake_run)
+    result = compare([Variant.of(strategy="ddp"), Variant.of("naive", strategy="dp")], rounds=3,
+                     common=dict(steps=7))
+    assert calls == [("ddp", 7), ("dp", 7)] * 3
+    assert result.step_times == {"ddp": [1.0, 3.0, 2.0], "naive": [9.0, 4.0, 5.0]}
+    assert (result.median("ddp"), result.median("naive")) == (2.0, 5.0)
+    assert result.ratio("naive") == 2.5 and result.ratio("ddp", reference="naive") == 0.4
+    assert "| naive | 5.0000 | 3 | 2.500x |" in result.table()
 
 
 def test_duplicate_labels_are_refused():

@@ -169,13 +169,25 @@ def test_scaling_speedup_and_ideal():
     assert list(ideal.x) == [1, 2, 4, 8] and list(ideal.y) == [1, 2, 4, 8]
 
 
-def test_speedup_timeline(ddp_run):
-    fig = viz.speedup_timeline({"ddp": ddp_run}, baseline=ddp_run)
+def _steps_of(times: list[float]) -> Trace:
+    """A one-rank trace whose steps take ``times`` seconds, back to back."""
+    starts = [sum(times[:i]) for i in range(len(times))]
+    return Trace(spans=[Span(0, "step", f"step {i}", start, start + t, step=i)
+                        for i, (start, t) in enumerate(zip(starts, times))])
+
+
+def test_speedup_timeline_divides_the_baselines_median_step_by_each_step(ddp_run):
+    """The baseline is another run (its median step after the first) or seconds; a run is not its
+    own baseline unless it is given as one."""
+    baseline = _steps_of([9.0, 0.4, 0.2, 0.3])  # median after the warm-up step: 0.3 s
+    fig = viz.speedup_timeline({"ddp": ddp_run}, baseline=baseline)
     meta = fig.layout.meta["ddp"]
     assert meta["steps"] == [0, 1, 2]
-    median = ddp_run.trace.median_step_time()
-    assert meta["speedup"] == pytest.approx([median / t for t in ddp_run.trace.step_times()])
+    assert meta["speedup"] == pytest.approx([0.3 / t for t in ddp_run.trace.step_times()])
     assert len(fig.data) == 2
+    in_seconds = viz.speedup_timeline(_steps_of([1.0, 0.5]), baseline=2.0).layout.meta["run"]
+    assert in_seconds["speedup"] == pytest.approx([2.0, 4.0])
+    assert len(viz.speedup_timeline({"ddp": ddp_run}).data) == 1  # no baseline: throughput alone
 
 
 def test_memory_stacked_per_rank(ddp_run):
