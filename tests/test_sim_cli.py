@@ -252,3 +252,16 @@ def test_eager_kernels_take_longer_than_fused(capsys):
     rc, fused, _ = run(argv, capsys)
     rc2, eager, _ = run([*argv, "--kernels", "eager"], capsys)
     assert rc == rc2 == 0 and json.loads(eager)["step_time_s"] > json.loads(fused)["step_time_s"]
+
+
+def test_fsdp_root_is_a_flag_of_zero_3_on_one_stage(capsys):
+    """--fsdp-root prices torchtitan's and Composer's FSDP wrapping; a spec it cannot describe is refused."""
+    argv = ["simulate", "--model", "llama3-8b", "--hardware", "h100", "--gpus", "8", "--zero", "3",
+            "--micro-batch", "1", "--global-batch", "8", "--json"]
+    rc, out, _ = run(argv + ["--fsdp-root"], capsys)
+    rooted = json.loads(out)
+    assert rc == 0 and "ZeRO-3 (FSDP root unit)" in rooted["config"]
+    parts = json.loads(run(argv, capsys)[1])
+    assert rooted["comm_bytes_per_gpu"]["zero_all_gather"] < parts["comm_bytes_per_gpu"]["zero_all_gather"]
+    rc, out, err = run(argv + ["--fsdp-root", "--pp", "2"], capsys)
+    assert rc == 2 and not out and "fsdp_root (FSDP's root unit" in err

@@ -6,7 +6,7 @@ import itertools
 import pytest
 
 from paralab.schedules import build_schedule
-from paralab.sim import cost
+from paralab.sim import cost, counting
 from paralab.sim.events import simulate_schedule
 from paralab.sim.hardware import get_hardware
 from paralab.sim.presets import get_model
@@ -216,6 +216,40 @@ def test_zero3_runs_predict_the_gathers_they_wait_for():
     waited, ahead = (cost.predict(model, spec.replace(prefetch_params=f), A100, simulate=False)
                      for f in (False, True))
     assert waited.step_time_s > ahead.step_time_s
+
+
+def test_fsdp_root_gathers_the_ends_once_a_microbatch_and_holds_them_whole():
+    """FSDP wrapped block by block and then whole keeps the embedding, final norm and output layer in
+    its root unit: gathered before the forward and not resharded for the backward, so a step gathers
+    the blocks twice and the ends once; on a network slow enough that the link sets the pace, that one
+    gather of the ends is the time the root saves. It holds the ends whole beside the two blocks in
+    flight, and the output layer's gradient whole from the backward's start."""
+    model = get_model("llama3-8b")
+    slow = dataclasses.replace(get_hardware("h100"), inter_bw=1e9, comm_sm_share=0.0, straggler_cv=0.0)
+    parts = ParallelSpec(dp=16, zero=3, micro_batch=1, global_batch=32, fp32_grads=True)  # 2 microbatches
+    rooted = parts.replace(fsdp_root=True)
+    embed, head = counting.fsdp_root(model, rooted)
+    ends = embed + head
+    assert counting.fsdp_root(model, parts) == (0.0, 0.0) and embed > 5e8 and head > embed  # and a norm
+    split, whole = (cost.predict(model, spec, slow) for spec in (parts, rooted))
+    gather = cost.dp_collective_time(slow, rooted.resolved(), "all_gather", ends, 0.0, 2)
+    assert split.step_time_s - whole.step_time_s == pytest.approx(2 * gather, rel=0.05)
+
+    params, wire = counting.stage_params(model, parts, 0), 2 * 15 / 16  # bf16, ring all-gather over 16
+    assert split.comm_bytes_per_gpu["zero_all_gather"] == pytest.approx(2 * 2 * params * wire)
+    assert whole.comm_bytes_per_gpu["zero_all_gather"] == pytest.approx(2 * (2 * params - ends) * wire)
+    block = counting.largest_zero_unit(model, rooted, 0)
+    assert block < counting.largest_zero_unit(model, parts, 0) == head  # the output layer was the largest
+    held = {k: whole.memory_bytes_per_gpu[k] - split.memory_bytes_per_gpu[k] for k in ("params", "grads")}
+    assert held["params"] == pytest.approx(2 * (ends + 2 * block - 2 * head))  # bf16, two parts in flight
+    assert held["grads"] == pytest.approx(4 * (block - head) + 2 * head)  # fp32 unit, bf16 from autograd
+
+
+@pytest.mark.parametrize("change", [dict(zero=2), dict(pp=2, microbatches=2)])
+def test_fsdp_root_needs_zero_3_on_one_stage(change):
+    spec = ParallelSpec(dp=8, zero=3, micro_batch=1, global_batch=8, fsdp_root=True).replace(**change)
+    with pytest.raises(SpecError, match="fsdp_root .* needs zero 3 and one pipeline stage"):
+        cost.check(get_model("llama3-8b"), spec, spec.world_size)
 
 
 def test_a_sequence_parallel_pipeline_sends_its_shard_and_gathers_nothing():

@@ -88,6 +88,11 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fp32-grads", action="store_true",
                         help="accumulate and reduce gradients in fp32 (Megatron's main_grad; with --zero 1, "
                              "its distributed optimizer)")
+    parser.add_argument("--fsdp-root", action="store_true",
+                        help="with --zero 3: the embedding, final norm and output layer are one unit, "
+                             "gathered before the forward and reduce-scattered after the backward, as "
+                             "PyTorch FSDP runs a model wrapped block by block and then whole (torchtitan, "
+                             "Composer)")
     parser.add_argument("--cp", type=int, default=1, help="context parallel: each sequence over cp GPUs")
     parser.add_argument("--cp-mode", default="ring", choices=CP_MODES)
     parser.add_argument("--cp-split", default="zigzag", choices=CP_SPLITS)
@@ -168,7 +173,7 @@ def simulate_main(args) -> int:
         microbatches=args.microbatches or 0, micro_batch=args.micro_batch or 0,
         global_batch=args.global_batch or 0,
         zero=args.zero, sequence_parallel=args.sequence_parallel, recompute=args.recompute, cp=cp,
-        cp_mode=args.cp_mode, cp_split=args.cp_split, fp32_grads=args.fp32_grads,
+        cp_mode=args.cp_mode, cp_split=args.cp_split, fp32_grads=args.fp32_grads, fsdp_root=args.fsdp_root,
     )  # fmt: skip
     unrunnable = model.problems() or hw.problems_for(model)
     problems = unrunnable or parallel.problems(model, gpus)

@@ -398,11 +398,13 @@ def _zero_overlapped(st: StageTimes, model: ModelSpec, p: ParallelSpec, hw: Hard
             rs = (dp_collective_time(hw, p, "reduce_scatter", scattered, scattered_experts, gb)
                   + sync_wait(hw, b, p.dp))
         ag = 0.0
-        if p.zero == 3:
+        if p.zero == 3 and params:
             ag = dp_collective_time(hw, p, "all_gather", params, experts, pb) + sync_wait(hw, f, p.dp)
         return (f, ag, 0.0), (b, ag, rs)
 
     units, experts = counting.zero_units(model, p, stage), counting.zero_unit_experts(model, p, stage)
+    if p.fsdp_root:  # the ends are one unit, gathered and reduce-scattered as the first part's
+        units = (sum(counting.fsdp_root(model, p)), *units[1:-1], 0.0)
     scattered, scattered_experts = units, experts
     if p.zero == 2 and p.grad_buckets:  # buckets mix the parts: experts in the stage's proportion
         scattered = _filled_buckets(units, _zero2_bucket(model, p, counting.stage_rank(p, stage)))
@@ -410,6 +412,9 @@ def _zero_overlapped(st: StageTimes, model: ModelSpec, p: ParallelSpec, hw: Hard
     priced = [part(f, b, n, e, r, re) for (f, b), n, e, r, re
               in zip(work, units, experts, scattered, scattered_experts, strict=True)]
     forward, backward = [f for f, _ in priced], [b for _, b in reversed(priced)]
+    if p.fsdp_root:  # the root is still whole from the forward: its reduce-scatter alone ends the backward
+        compute, _, scatter = backward[-1]
+        backward[-1] = (compute, 0.0, scatter)
     if hw.overlaps_comm:
         share = hw.comm_sm_share
         total_f = part_by_part(forward, p.prefetch_params, share)
@@ -596,7 +601,11 @@ def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int) -> dict[str, floa
         states["grads"] += _zero_gradients(model, p, rank) * gb
         if p.zero == 3:
             part = counting.largest_zero_unit(model, p, rank)
-            states["params"] += part * pb * (2 if p.prefetch_params else 1)
+            embed, head = counting.fsdp_root(model, p)
+            states["params"] += (part * (2 if p.prefetch_params else 1) + embed + head) * pb
+            # and the output layer's gradient, whole in autograd's dtype from the backward's start (where
+            # activations peak) to the root's reduce-scatter; the embedding's comes once they are freed
+            states["grads"] += head * counting.autograd_grad_bytes(model, p)
     if p.zero == 0 and p.dp > 1 and p.grad_buckets:
         states["grads"] = _gradients_reduced_from_copies(model, p, params, gb)
     states["total"] = sum(states.values())
@@ -607,7 +616,7 @@ def _zero_gradients(model: ModelSpec, p: ParallelSpec, rank: int) -> float:
     """Full-size gradient elements ZeRO-2/3 hold at once beyond the shard: the unit backward is
     filling, and each of the ``reduce_scatters_in_flight`` units on the wire with the shard it lands
     in. A unit is the rank's largest part (:func:`counting.largest_zero_unit`: a block, or an end when
-    that is larger), or, for a ZeRO-2 that reduces buckets, a bucket."""
+    that is larger; a block beside FSDP's root unit), or, for a ZeRO-2 that reduces buckets, a bucket."""
     units, unit = counting.zero_unit_count(model, p, rank), counting.largest_zero_unit(model, p, rank)
     if p.zero == 2 and p.grad_buckets:
         units, unit = p.grad_buckets, _zero2_bucket(model, p, rank)

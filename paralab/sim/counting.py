@@ -159,7 +159,8 @@ def zero_units(model: ModelSpec, parallel: ParallelSpec, chunk: int) -> tuple[fl
 
     A part computes only once its gather has arrived, so these, not equal slices of the chunk, are
     what a step waits for: paralab's ``zero3`` gathers exactly these parts and DeepSpeed's ZeRO-3
-    each submodule; FSDP wraps each block and keeps the two ends in its root unit.
+    each submodule. PyTorch FSDP wrapped block by block and then whole keeps the two ends in its
+    root unit instead (``ParallelSpec.fsdp_root``: the first part's collectives carry both ends).
     """
     return _chunk_parts(model, parallel, chunk, *_part_sizes(model, parallel))
 
@@ -184,7 +185,8 @@ def _chunk_parts(model: ModelSpec, parallel: ParallelSpec, chunk: int, embed: fl
 def dp_groups(parallel: ParallelSpec, params: float, experts: float) -> list[tuple[float, int, int]]:
     """(parameters, group size, rank stride) of each data-parallel collective over ``params``
     parameters of which ``experts`` are routed experts: the rest over dp, the experts over the dp / ep
-    ranks that hold the same ones (every ep-th rank of a dp group); groups of one rank left out."""
+    ranks that hold the same ones (every ep-th rank of a dp group), in that order; groups of one rank
+    left out."""
     groups = ((params - experts, parallel.dp, parallel.stride("dp")),
               (experts, parallel.dp // parallel.ep, parallel.stride("dp") * parallel.ep))
     return [(n, size, stride) for n, size, stride in groups if n and size > 1]
@@ -192,13 +194,21 @@ def dp_groups(parallel: ParallelSpec, params: float, experts: float) -> list[tup
 
 def largest_zero_unit(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
     """The largest part (:func:`zero_units`) on pipeline rank ``rank``: what ZeRO-2/3 hold whole at
-    once."""
+    once (of the blocks alone beside FSDP's root unit, which is held whole throughout)."""
     return _rank_parts(model, parallel)[rank][1]
 
 
 def zero_unit_count(model: ModelSpec, parallel: ParallelSpec, rank: int) -> int:
-    """How many parts (:func:`zero_units`) pipeline rank ``rank`` holds over all its chunks."""
+    """How many parts (:func:`zero_units`) pipeline rank ``rank`` holds over all its chunks (blocks
+    alone beside FSDP's root unit)."""
     return _rank_parts(model, parallel)[rank][0]
+
+
+def fsdp_root(model: ModelSpec, parallel: ParallelSpec) -> tuple[float, float]:
+    """Parameters one GPU holds of the embedding and of the last part (final norm, output layer) in
+    FSDP's root unit (``ParallelSpec.fsdp_root``: whole from the forward's first gather to the
+    backward's end); (0, 0) without one."""
+    return _part_sizes(model, parallel)[:2] if parallel.fsdp_root else (0.0, 0.0)
 
 
 @lru_cache(maxsize=1024)
@@ -207,7 +217,8 @@ def _rank_parts(model: ModelSpec, parallel: ParallelSpec) -> tuple[tuple[int, fl
     asks it of every rank of every layout)."""
     embed, head, dense, moe_block = _part_sizes(model, parallel)
     layers, moe_layers = _layers_by_rank(model, parallel)
-    first, last = stage_rank(parallel, 0), last_stage_rank(parallel)
+    # FSDP's root unit is held whole apart from the parts gathered one by one (fsdp_root)
+    first, last = (-1, -1) if parallel.fsdp_root else (stage_rank(parallel, 0), last_stage_rank(parallel))
     return tuple(
         (layers[rank] + (rank == first) + (rank == last),
          max(embed if rank == first else 0.0, head if rank == last else 0.0,
@@ -558,13 +569,17 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[str, s
         moe_here = rank_layers(model, p, 0, moe_only=True)
         rows.append(("ep", "all_to_all", moe.all_to_all_payload(model, p), p.ep, 4 * moe_here * m))
     pb, gb, _ = bytes_per_param(model, p)
-    for params, group, _ in dp_groups(p, stage_params(model, p, 0), expert_params(model, p, 0)):
-        grads, weights = params * gb, params * pb
+    root = sum(fsdp_root(model, p))  # FSDP's root unit: gathered once a microbatch, kept for the backward
+    groups = dp_groups(p, stage_params(model, p, 0), expert_params(model, p, 0))
+    for i, (params, group, _) in enumerate(groups):
+        held = root if i == 0 else 0.0  # the first group holds the dense parameters, the ends among them
         if p.zero == 0:
-            rows.append(("dp", "all_reduce", grads, group, 1))
+            rows.append(("dp", "all_reduce", params * gb, group, 1))
         else:
-            rows.append(("zero", "reduce_scatter", grads, group, 1 if p.zero == 1 else m))
-            rows.append(("zero", "all_gather", weights, group, 1 if p.zero < 3 else 2 * m))
+            rows.append(("zero", "reduce_scatter", params * gb, group, 1 if p.zero == 1 else m))
+            rows.append(("zero", "all_gather", (params - held) * pb, group, 1 if p.zero < 3 else 2 * m))
+            if held:
+                rows.append(("zero", "all_gather", held * pb, group, m))
     return rows
 
 

@@ -176,8 +176,8 @@ def describe(p: ParallelSpec) -> str:
         parts.append(sched)
     if p.stage_layers is not None:
         parts.append(f"layers per stage {split_text(p.stage_layers)}")
-    parts += [f"{p.microbatches} microbatch(es) of {p.micro_batch}", f"ZeRO-{p.zero}",
-              f"recompute {p.recompute}"]
+    parts += [f"{p.microbatches} microbatch(es) of {p.micro_batch}",
+              f"ZeRO-{p.zero}" + (" (FSDP root unit)" if p.fsdp_root else ""), f"recompute {p.recompute}"]
     if p.sequence_parallel:
         parts.append("sequence parallel")
     return ", ".join(parts)

@@ -183,6 +183,12 @@ class ParallelSpec:
     # ZeRO-3 gathers the next layer's parameters while this one computes (DeepSpeed, FSDP on GPUs);
     # False: each layer's gather waits just before it runs (paralab's zero3, FSDP on CPU)
     prefetch_params: bool = True
+    # ZeRO-3 as PyTorch FSDP runs it when the blocks and then the whole model are wrapped (torchtitan,
+    # Composer): the embedding, final norm and output layer are the root unit, gathered once before the
+    # forward, kept whole through the backward (FSDP does not reshard its root after the forward) and
+    # reduce-scattered when the backward ends. False: each end is a part of its own (paralab's zero3
+    # and torch_fsdp, DeepSpeed's ZeRO-3)
+    fsdp_root: bool = False
     # the step's time includes loading its batch (False: loaded before the step window opens, as
     # paralab's pipelines do so that the window, which bubbles are read from, holds the schedule alone)
     loads_batch_in_step: bool = True
@@ -282,6 +288,9 @@ class ParallelSpec:
         out += self._expert_problems(model)
         if p.zero not in (0, 1, 2, 3):
             out.append(f"zero stage must be 0..3, got {p.zero}")
+        if p.fsdp_root and (p.zero != 3 or p.chunks > 1):
+            out.append(f"fsdp_root (FSDP's root unit: both ends of the model on one rank) needs zero 3 and "
+                       f"one pipeline stage, got zero {p.zero}, pp x virtual stages = {p.chunks}")
         for name in ("grad_buckets", "reduce_scatters_in_flight", "grad_copy_bytes"):
             if getattr(p, name) < 0:
                 out.append(f"{name} must be >= 0, got {getattr(p, name)}")
