@@ -102,7 +102,7 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(layers=4, hidden=64, heads=4, vocab=128, seq_len=32),
     # A workstation CPU or one GPU: big enough for compute to dominate per-call overheads.
     "small": ModelConfig(layers=8, hidden=256, heads=8, vocab=512, seq_len=128),
-    # A GPU workstation (about 210 M parameters, trained in bf16): communication and compute both
+    # A GPU workstation (about 220 M parameters, trained in bf16): communication and compute both
     # matter. Notebooks pick it when GPUs are present.
     "medium": ModelConfig(layers=16, hidden=1024, heads=16, vocab=8192, seq_len=512),
     # mixture of experts (notebook 11): tiny's shape, 4 experts, top-2, dropless
