@@ -5,6 +5,7 @@ makes these tests slow) and is checked against single-device training: whatever 
 final history must have the same losses and every sample of each global batch exactly once.
 """
 
+import dataclasses
 import json
 import os
 import pickle
@@ -162,6 +163,8 @@ def test_the_balancer_cuts_by_smoothed_samples_per_second():
     ("{bad", "cannot be read as a checkpoint manifest (JSONDecodeError"),
     ('{"nosig": 1}', "cannot be read as a checkpoint manifest (ValueError: no signature, step"),
     ('{"signature": {}, "step": 1}', "(ValueError: no sampler, rng, world_size)"),
+    ('{"signature": {}, "step": "1", "sampler": 0, "rng": 0, "world_size": 1}',
+     "(ValueError: step is '1', not a step number)"),
     (None, "exists and is not a directory"),
 ])
 def test_a_checkpoint_dir_that_cannot_be_resumed_exits_2_before_any_agent(monkeypatch, capsys, tmp_path,
@@ -201,6 +204,38 @@ def test_another_models_checkpoint_is_refused_with_exit_2(tmp_path, monkeypatch,
     assert cli.main(["elastic", "--nnodes", "1:2", "--checkpoint-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "holds another model's checkpoint" in err and "model:" in err
+
+
+@pytest.mark.parametrize("steps", [2, 3])
+def test_a_checkpoint_at_or_past_the_last_step_is_refused_before_any_agent(tmp_path, monkeypatch, steps):
+    """Resuming from step 3 with 3 (or 2) steps asked would train nothing; it had exited 0 with no
+    losses."""
+    cfg, model, optimizer = _tiny_trained()
+    checkpoint.save(tmp_path, 3, model, optimizer, cfg.signature(), {"next_step": 3})
+    monkeypatch.setattr(launch_module, "_agent_starter",
+                        lambda *a: pytest.fail("an agent was about to start"))
+    with pytest.raises(paralab.ConfigError, match=f"step-00000003 resumes at step 3, and the run has {steps} "
+                                                  "steps: nothing would train"):
+        launch_module.launch(dataclasses.replace(cfg, steps=steps, checkpoint_dir=str(tmp_path)))
+
+
+@pytest.mark.parametrize("held, message", [
+    ("gen-000", r"already holds a run \(gen-000\)"), ("checkpoints", r"already holds a run \(checkpoints\)"),
+    (None, "is a file"),
+])
+def test_a_run_directory_that_holds_another_run_is_refused_before_any_agent(tmp_path, monkeypatch, held,
+                                                                              message):
+    """A second run in one run directory had read the first one's generations as its own (trained
+    nothing, exit 0, the first run's losses)."""
+    run_dir = tmp_path / "run"
+    if held is None:
+        run_dir.write_text("not a directory")
+    else:
+        (run_dir / held).mkdir(parents=True)
+    monkeypatch.setattr(launch_module, "_agent_starter",
+                        lambda *a: pytest.fail("an agent was about to start"))
+    with pytest.raises(paralab.ConfigError, match=message):
+        launch_module.launch(ElasticConfig(), run_dir=run_dir)
 
 
 def test_a_crash_mid_save_leaves_the_previous_checkpoint_loadable(tmp_path):

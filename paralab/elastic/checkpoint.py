@@ -92,6 +92,8 @@ def read_manifest(path: str | Path) -> dict:
         raise ValueError(f"no {', '.join(missing)}")
     if not isinstance(manifest["signature"], dict):
         raise ValueError(f"signature is {type(manifest['signature']).__name__}, not an object")
+    if type(manifest["step"]) is not int or manifest["step"] < 0:
+        raise ValueError(f"step is {manifest['step']!r}, not a step number")
     return manifest
 
 
@@ -175,15 +177,20 @@ class _PlainDataLoadPlanner(DefaultLoadPlanner):
         super().load_bytes(read_item, value)
 
 
-def check_resumable(root: str | Path, signature: dict) -> None:
+def check_resumable(root: str | Path, signature: dict, steps: int) -> None:
     """Before any process starts: ``root`` is a directory (or can be made one), and its latest
-    checkpoint (if any) was written by this model and training setup and holds nothing but checkpoint
-    metadata and plain data."""
+    checkpoint (if any) was written by this model and training setup, holds nothing but checkpoint
+    metadata and plain data, and leaves some of the run's ``steps`` to train."""
     check_dir(root, "--checkpoint-dir")
     check_signature(root, signature)
     last = latest(root)
     if last is not None:
         check_metadata(last)
+        resumes_at = read_manifest(last)["step"]
+        if resumes_at >= steps:
+            raise ConfigError(f"checkpoint directory {root}: {last.name} resumes at step {resumes_at}, and "
+                              f"the run has {steps} steps: nothing would train. Ask for more --steps, or "
+                              "use another --checkpoint-dir.")
 
 
 def _rng_state() -> dict:

@@ -40,7 +40,7 @@ import time
 import uuid
 from pathlib import Path
 
-from paralab.config import cuda_device_count, resolve_device
+from paralab.config import ConfigError, cuda_device_count, resolve_device
 from paralab.elastic import checkpoint
 from paralab.elastic.config import ElasticConfig
 from paralab.elastic.history import ElasticResult
@@ -70,8 +70,10 @@ def launch(cfg: ElasticConfig, run_dir: str | Path | None = None, progress=None)
     """
     cfg.validate()
     check_capacity(cfg.max_nodes, cfg.oversubscribe)
+    if run_dir is not None:
+        check_run_dir(Path(run_dir))
     if cfg.checkpoint_dir:
-        checkpoint.check_resumable(cfg.checkpoint_dir, cfg.signature())
+        checkpoint.check_resumable(cfg.checkpoint_dir, cfg.signature(), cfg.steps)
     janitor = Janitor()
     try:
         scratch = Path(tempfile.mkdtemp(prefix="paralab-elastic-"))
@@ -97,6 +99,17 @@ def launch(cfg: ElasticConfig, run_dir: str | Path | None = None, progress=None)
             _stop(started)
     finally:
         janitor.finish()
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """A run directory records one run: another run's generations would be read as this one's (and its
+    checkpoints resumed), so it must be new or empty of them."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"run directory {run_dir} is a file")
+    held = sorted(p.name for p in run_dir.glob("gen-*")) if run_dir.is_dir() else []
+    if held or (run_dir / "checkpoints").exists():
+        raise ConfigError(f"run directory {run_dir} already holds a run ({', '.join(held) or 'checkpoints'})"
+                          ": its records would be read as this run's; give a new or empty directory")
 
 
 def _agent_starter(cfg: ElasticConfig, run_dir: Path, env: dict, port: int, run_id: str, janitor: Janitor,
