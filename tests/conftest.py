@@ -117,6 +117,17 @@ def assert_same_params(params, reference, rel=1e-5, atol=1e-6):
         assert bool((diff <= bound).all()), f"{name}: max abs diff {diff.max().item():.3g}"
 
 
+def assert_same_gradient_norm(grads, reference, rel=1e-3):
+    """The final step's gradients have the reference's global norm: what an Adam run can still be held
+    to (Adam divides a gradient's scale away, so its losses and parameters cannot show a gradient
+    summed where it should be averaged, or a loss scale left in)."""
+    def norm(g):
+        return sum(t.double().square().sum() for t in g.values()).sqrt().item()
+
+    assert grads is not None and set(grads) == set(reference), "gradient names differ"
+    assert norm(grads) == pytest.approx(norm(reference), rel=rel)
+
+
 def bars(fig) -> int:
     """Bars of spans in a timeline figure (not the hatched waits drawn over calls)."""
     from paralab.viz._common import WAITING_LABEL

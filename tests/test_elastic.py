@@ -378,9 +378,9 @@ def test_the_trace_carries_counters_and_membership_events(killed, tmp_path):
 @pytest.mark.timeout(240)
 def test_a_crash_during_a_save_resumes_from_the_previous_checkpoint_then_a_node_joins(reference):
     """Scale-in by a SIGKILL in the middle of a save, then scale-out by a standby node released once the
-    survivor has redone step 3. Rank 0 is slowed 40x so that the short run is usually still going when
-    the new node's workers have started (they import torch afresh); if the join only lands after the
-    last step, the new world has nothing left to train, and what is checked is that it was formed."""
+    survivor has redone step 3. Rank 0 is slowed 40x so that the short run is still going when the new
+    node's workers have started (they import torch afresh): the world of two resumes from a checkpoint
+    the world of one wrote (resharded up) and trains every step from there."""
     result = run_tagged(nodes=2, min_nodes=1, max_nodes=2, steps=STEPS, checkpoint_every=2,
                         fault={"rank": 1, "step": 3, "during": "save"}, join_after_step=3,
                         slow={"rank": 0, "factor": 40})
@@ -392,9 +392,10 @@ def test_a_crash_during_a_save_resumes_from_the_previous_checkpoint_then_a_node_
     assert crash["reason"] == "failure" and crash["checkpoint"] == "step-00000002"
     assert crash["resumed_at_step"] == 2 and crash["steps_redone"] == 2  # steps 2 and 3 ran twice
     assert join["reason"] == "scale-out" and join["world_size"] == 2
-    sizes = result.summary["world_sizes"]
-    assert sizes[:4] == [2, 2, 1, 1]
-    assert all(size == 2 for size in sizes[join["resumed_at_step"]:]), "steps after the join ran without it"
+    resumed = join["resumed_at_step"]
+    assert 2 < resumed < STEPS, f"the join resumed at step {resumed}: it trained nothing, nothing checks it"
+    assert result.summary["generations"][-1]["checkpoint_world_size"] == 1  # one rank's shards, read by two
+    assert result.summary["world_sizes"] == [2, 2] + [1] * (resumed - 2) + [2] * (STEPS - resumed)
     assert_exact_history(result, reference)
 
 

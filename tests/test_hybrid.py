@@ -11,7 +11,7 @@ import pytest
 import paralab
 from paralab.config import ConfigError, RunConfig
 from paralab.layout import mesh_layout, resolve_layout
-from tests.conftest import assert_close_rel, assert_same_params
+from tests.conftest import assert_close_rel, assert_same_gradient_norm, assert_same_params
 
 # four layers and four heads: splits two ways along tp and pp, and into 2 x 2 interleaved chunks
 MODEL = dict(layers=4, hidden=32, heads=4, vocab=64, seq_len=16)
@@ -53,6 +53,8 @@ def test_same_losses_and_parameters_as_single_device(runs, label, no_leftover_ra
     if opt == "sgd":
         assert_same_params(run.params, reference.params)
         assert_same_params(run.grads, reference.grads, atol=1e-7)
+    else:
+        assert_same_gradient_norm(run.grads, reference.grads)
     reporting = [r["rank"] for r in run.rank_results if r["losses"] is not None]
     assert len(reporting) == dp, "one loss per dp replica: the last stage's tp rank 0"
     assert all(r["loss_weight"] == 1 / dp for r in run.rank_results)

@@ -17,6 +17,7 @@ from tests.conftest import (
     TAG,
     assert_close_rel,
     assert_nothing_left,
+    assert_same_params,
     beyond_loopback,
     listening_addresses,
     tagged_processes,
@@ -39,10 +40,14 @@ def expected_inter_node_bytes(grad_bytes: int, nodes: int, per_node: int, hierar
 
 
 def test_hierarchical_all_reduce_same_losses_fewer_inter_node_bytes(no_leftover_ranks):
-    """Two microbatches a step: each bucket leaves once both backward passes have added into it."""
-    flat = paralab.run("ddp", 4, steps=3, nodes=2, bucket_mb=0.2, microbatches=2)
-    tiered = paralab.run("ddp", 4, steps=3, nodes=2, bucket_mb=0.2, microbatches=2, hierarchical=True)
+    """Two microbatches a step: each bucket leaves once both backward passes have added into it. SGD,
+    whose parameters show a gradient reduced by the wrong factor (Adam's would not)."""
+    common = dict(steps=3, nodes=2, bucket_mb=0.2, microbatches=2, optimizer="sgd", lr=0.1,
+                  collect_state=True)
+    flat = paralab.run("ddp", 4, **common)
+    tiered = paralab.run("ddp", 4, hierarchical=True, **common)
     assert_close_rel(tiered.losses, flat.losses)
+    assert_same_params(tiered.params, flat.params)
     grad_bytes = flat.config.model.param_count() * 4
     flat_inter = flat.summary["comm_bytes_by_link"]["inter_node"]
     tiered_inter = tiered.summary["comm_bytes_by_link"]["inter_node"]
