@@ -37,6 +37,7 @@ from pathlib import Path
 from paralab.config import finite_number
 
 COMPUTE, COMM, STEP, EVENT = "compute", "comm", "step", "event"
+MAX_RANKS = 2**24  # beyond any cluster; a loaded trace's ranks are below it (its figures are per rank)
 LANES = (COMPUTE, COMM, STEP, EVENT)
 FORMAT_VERSION = 1
 
@@ -505,6 +506,12 @@ def _build(cls, data, where: str, index: int | None = None):
             expected += " or null" if nullable else ""
             raise TraceFormatError(f"{_at(where, index)}.{key}: expected {expected}, got {_json_kind(value)} "
                                    f"{json.dumps(value)[:40]}")
+    if not 0 <= data["rank"] < MAX_RANKS:  # figures draw a row (a matrix) per rank up to the largest
+        raise TraceFormatError(f"{_at(where, index)}.rank: expected a rank in 0..{MAX_RANKS - 1:,}, got "
+                               f"{data['rank']}")
+    if cls is Span and data["end"] < data["start"]:
+        raise TraceFormatError(f"{_at(where, index)}: ends at {data['end']} before it starts at "
+                               f"{data['start']}")
     return cls(**data)
 
 
@@ -545,15 +552,16 @@ def _number(value, where: str) -> float:
 
 # The meta keys the summary, the report and the figures read, and the JSON kind each must have
 _META_KINDS = {
-    **dict.fromkeys(("world_size", "pp", "microbatches", "virtual_stages", "dp", "tp", "cp", "ep"),
-                    "an integer"),
+    "world_size": "a world size",
+    **dict.fromkeys(("pp", "microbatches", "virtual_stages", "dp", "tp", "cp", "ep"), "an integer"),
     "tokens_per_step": "a number",
     **dict.fromkeys(("strategy", "schedule", "source", "model"), "a string"),
     **dict.fromkeys(("layout", "mesh", "config"), "an object"),
     **dict.fromkeys(("peak_memory_bytes", "memory_by_kind", "memory_ranks", "step_records", "generations"),
                     "a list"),
 }
-_KIND_CHECKS = {"an integer": lambda v: type(v) is int and abs(v) < 2**63, "a number": finite_number,
+_KIND_CHECKS = {"an integer": lambda v: type(v) is int and abs(v) < 2**63,
+                "a world size": lambda v: type(v) is int and 0 <= v <= MAX_RANKS, "a number": finite_number,
                 "a string": lambda v: type(v) is str, "an object": lambda v: type(v) is dict,
                 "a list": lambda v: type(v) is list}
 

@@ -43,7 +43,7 @@ from paralab.config import ConfigError, finite_number
 from paralab.outputs import check_file
 from paralab.profiling import METADATA_KEY, PREFIX, parse_label
 from paralab.schedules import SCHEDULES
-from paralab.trace import COMM, STEP, Span, Trace
+from paralab.trace import COMM, MAX_RANKS, STEP, Span, Trace
 from paralab.trace_ops import DEVICE_CATS, HOST_CATS, Event, comm_spans, compute_spans
 
 NAMES = ("auto", "paralab", "torch")
@@ -262,6 +262,8 @@ def _assign_ranks(profiles: list[RankProfile]) -> list[int]:
         ranks = list(range(len(profiles)))
     seen: dict[int, Path] = {}
     for rank, p in zip(ranks, profiles):
+        if not 0 <= rank < MAX_RANKS:
+            raise ProfileError(f"{p.path}: distributedInfo.rank {rank} is not a rank (0..{MAX_RANKS - 1:,})")
         if rank in seen:
             raise ProfileError(f"{p.path}: rank {rank} again (also {seen[rank]}); give one file per rank")
         seen[rank] = p.path

@@ -166,6 +166,7 @@ def test_the_balancer_cuts_by_smoothed_samples_per_second():
     ('{"signature": {}, "step": "1", "sampler": 0, "rng": 0, "world_size": 1}',
      "(ValueError: step is '1', not a step number)"),
     (None, "exists and is not a directory"),
+    ("no metadata", "its .metadata cannot be read (FileNotFoundError"),  # had raised a traceback
 ])
 def test_a_checkpoint_dir_that_cannot_be_resumed_exits_2_before_any_agent(monkeypatch, capsys, tmp_path,
                                                                           manifest, message):
@@ -176,6 +177,10 @@ def test_a_checkpoint_dir_that_cannot_be_resumed_exits_2_before_any_agent(monkey
     root = tmp_path / "ckpt"
     if manifest is None:
         root.write_text("not a directory")
+    elif manifest == "no metadata":  # a manifest that matches, beside no DCP metadata at all
+        cfg, model, optimizer = _tiny_trained()
+        checkpoint.save(root, 1, model, optimizer, ElasticConfig.build("tiny").signature(), {"next_step": 1})
+        (root / "step-00000001" / ".metadata").unlink()
     else:
         (root / "step-00000001").mkdir(parents=True)
         (root / "step-00000001" / "manifest.json").write_text(manifest)

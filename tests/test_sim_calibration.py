@@ -4,6 +4,7 @@ collectives the way a ring runs them. No timing of this machine is asserted."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import warnings
 
@@ -184,6 +185,22 @@ def test_a_calibration_disturbed_once_is_measured_again_and_cached(tmp_path, mon
         warnings.simplefilter("error")
         assert local(threads=2) == quiet
     assert (tmp_path / "local_hardware_t2.json").exists() and not results
+
+
+@pytest.mark.parametrize("cached", ["{oops", "[1, 2]", '{"name": "local"}', "damaged rate"])
+def test_a_damaged_cache_is_measured_again_and_rewritten(tmp_path, monkeypatch, cached):
+    """A cache cut short, not an object, missing fields or holding an impossible rate: said, measured
+    again and overwritten (it had raised a traceback through every --hardware local)."""
+    monkeypatch.setenv("PARALAB_CACHE", str(tmp_path))
+    fresh = hardware.get_hardware("a100")
+    if cached == "damaged rate":  # a current calibration's record, with a negative memory bandwidth
+        cached = json.dumps({**fresh.to_dict(), "memory_bandwidth": -1.0,
+                             "calibration": {"version": hardware.CALIBRATION_VERSION, "gloo": True}})
+    (tmp_path / "local_hardware_t2.json").write_text(cached)
+    monkeypatch.setattr(hardware, "calibrate", lambda **kwargs: fresh)
+    with pytest.warns(RuntimeWarning, match="local_hardware_t2.json is not a readable calibration"):
+        assert local(threads=2) == fresh
+    assert json.loads((tmp_path / "local_hardware_t2.json").read_text()) == fresh.to_dict()
 
 
 def test_the_spread_of_normal_samples_is_their_sigma_and_one_stall_barely_moves_it():

@@ -265,3 +265,20 @@ def test_fsdp_root_is_a_flag_of_zero_3_on_one_stage(capsys):
     assert rooted["comm_bytes_per_gpu"]["zero_all_gather"] < parts["comm_bytes_per_gpu"]["zero_all_gather"]
     rc, out, err = run(argv + ["--fsdp-root", "--pp", "2"], capsys)
     assert rc == 2 and not out and "fsdp_root (FSDP's root unit" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["simulate", "--model", "mixtral-8x7b", "--gpus", "64", "--ep", "8", "--expert-imbalance", "nan"],
+     "expert imbalance is the busiest expert's load over the mean, >= 1, got nan"),  # had divided by zero
+    (["simulate", "--model", "mixtral-8x7b", "--gpus", "64", "--ep", "8", "--expert-imbalance", "inf"],
+     "got inf"),  # had predicted a step of null seconds
+    (["simulate", "--model", "gpt3-1.3b", "--gpus", str(10**17)], "the simulator models up to 16,777,216"),
+    (["plan", "--model", "gpt3-1.3b", "--gpus", str(10**20)], "the simulator models up to 16,777,216"),
+    (["simulate", "--model", "gpt3-125m", "--pp", "2", "--microbatches", str(10**7), "--micro-batch", "1"],
+     "65,536 microbatches a step, got 2 GPUs and 10,000,000"),  # had run out of memory
+    (["simulate", "--model", "gpt3-125m", "--ffn", "-1"], "model ffn must be >= 1, got -1"),
+    (["simulate", "--model", "gpt3-125m", "--kv-heads", "-4"], "model kv_heads must be >= 1, got -4"),
+])
+def test_values_the_simulator_cannot_model_exit_2_in_one_line(capsys, argv, message):
+    rc, out, err = run(argv + ["--json"], capsys)
+    assert rc == 2 and not out and message in err and err.count("\n") == 1

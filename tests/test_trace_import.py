@@ -226,6 +226,11 @@ BAD_FILES = {
     "bad_clock.json": (json.dumps({"baseTimeNanoseconds": "abc", "traceEvents": [_event()]}),
                        "baseTimeNanoseconds is not a whole number"),
     "args_a_list.json": (json.dumps({"traceEvents": [_event(args=[1])]}), "args is not an object"),
+    # a rank no world has: a report had drawn a matrix of that many rows (IndexError, or all the memory)
+    "negative_rank.json": (json.dumps({"distributedInfo": {"rank": -3}, "traceEvents": [_event()]}),
+                           "distributedInfo.rank -3 is not a rank (0..16,777,215)"),
+    "huge_rank.json": (json.dumps({"distributedInfo": {"rank": 10**9}, "traceEvents": [_event()]}),
+                       "distributedInfo.rank 1000000000 is not a rank"),
     "huge_time.json": ('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1%s, '
                        '"dur": 1}]}' % ("0" * 400), "no numeric ts and dur"),
 }

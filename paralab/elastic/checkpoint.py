@@ -159,6 +159,10 @@ def check_metadata(path: str | Path) -> None:
         raise UnsafeCheckpoint(f"checkpoint {path} is refused: {file.name} is not plain checkpoint metadata "
                                f"({exc}). "
                                "Only load checkpoints from a directory no one else can write to.") from None
+    except OSError as exc:  # missing, a directory, unreadable: a damaged checkpoint, not a crash
+        raise ConfigError(f"checkpoint {path} cannot be resumed: its {file.name} cannot be read "
+                          f"({type(exc).__name__}: {exc.strerror or exc}). Use another --checkpoint-dir, "
+                          f"or remove {Path(path).name}.") from None
 
 
 class _PlainDataLoadPlanner(DefaultLoadPlanner):

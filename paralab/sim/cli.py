@@ -25,6 +25,7 @@ from paralab.sim.specs import (
     CP_SPLITS,
     DTYPE_BYTES,
     KERNELS,
+    MAX_GPUS,
     RECOMPUTE,
     SCHEDULES,
     ModelSpec,
@@ -167,6 +168,8 @@ def simulate_main(args) -> int:
         return _fail(problem)
     dp = args.dp or (args.gpus // (tp * pp * cp) if args.gpus and args.gpus % (tp * pp * cp) == 0 else 1)
     gpus = args.gpus or dp * tp * pp * cp
+    if gpus > MAX_GPUS:  # before the alternatives a refusal lists are planned for that many
+        return _fail(f"{gpus:,} GPUs: the simulator models up to {MAX_GPUS:,}")
     parallel = ParallelSpec(
         dp=dp, tp=tp, pp=pp, ep=args.ep, virtual_stages=args.virtual_stages, schedule=args.schedule,
         stage_layers=stage_layers, expert_imbalance=args.expert_imbalance,
@@ -235,6 +238,8 @@ def plan_main(args) -> int:
         return _fail("invalid model: " + "; ".join(model.problems() or hw.problems_for(model)))
     if problem := below_one(args, ("gpus", "global_batch", "top")):
         return _fail(problem)
+    if args.gpus > MAX_GPUS:
+        return _fail(f"{args.gpus:,} GPUs: the simulator models up to {MAX_GPUS:,}")
     ranked = planner.plan(model, args.gpus, hw, args.global_batch, top=args.top)
     if not ranked:
         return _fail(f"nothing fits on {args.gpus} {hw.name} GPUs: "

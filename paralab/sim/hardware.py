@@ -215,11 +215,11 @@ def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True,
     """
     path = cache_dir() / ("local_hardware.json" if threads is None else f"local_hardware_t{threads}.json")
     if path.exists() and not recalibrate:
-        data = json.loads(path.read_text())
-        made = data.get("calibration", {})
+        cached = _cached_spec(path)
+        made = cached.calibration if cached else {}
         # a cache made without gloo (the quick test calibration) does not serve a caller who wants links
         if made.get("version") == CALIBRATION_VERSION and (made.get("gloo") or not gloo):
-            return HardwareSpec.from_dict(data)
+            return cached
     from paralab.sim.calibration import DISTURBED_HALF_DIM  # not at import: its workers run it as __main__
 
     spec = calibrate(matmul_size=matmul_size, gloo=gloo, threads=threads)
@@ -233,6 +233,20 @@ def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True,
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(spec.to_dict(), indent=1))
     return spec
+
+
+def _cached_spec(path: Path) -> HardwareSpec | None:
+    """The calibration cached at ``path``, or None (with a warning) when the file cannot be read as
+    one: a damaged cache is measured again and rewritten, not a crash."""
+    try:
+        spec = HardwareSpec.from_dict(json.loads(path.read_text()))
+        if spec.problems() or not isinstance(spec.calibration, dict):
+            raise ValueError("; ".join(spec.problems()) or "no calibration record")
+        return spec
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        warnings.warn(f"{path} is not a readable calibration ({type(exc).__name__}: {exc}); measuring again",
+                      RuntimeWarning, stacklevel=3)
+        return None
 
 
 def calibrate(matmul_size: int = 1024, gloo: bool = True, threads: int | None = None,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from paralab.config import finite_number
 from paralab.schedules import SCHEDULES, V_SHAPED, shape_problems
 from paralab.stage_split import megatron_split, split_problems, split_text
+from paralab.trace import MAX_RANKS
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 ATTENTION = ("standard", "fused")
@@ -24,6 +25,9 @@ RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp")
 OPTIMIZERS = ("adam-mixed", "adam-fp32")
 CP_MODES = ("ring", "alltoall")  # paralab.config's, kept here so the simulator stays free of the run config
 CP_SPLITS = ("zigzag", "contiguous")
+# beyond any cluster (a trace's ranks stop there too), and where the event simulator's lists would
+# outgrow memory
+MAX_GPUS, MAX_MICROBATCHES = MAX_RANKS, 2**16
 
 
 class SpecError(ValueError):
@@ -115,7 +119,8 @@ class ModelSpec:
         return dataclasses.replace(self, **changes)
 
     def problems(self) -> list[str]:
-        out = [f"model {n} must be >= 1" for n in ("layers", "hidden", "heads", "vocab", "seq")
+        out = [f"model {n} must be >= 1, got {getattr(self, n)}"
+               for n in ("layers", "hidden", "heads", "vocab", "seq", "ffn", "kv_heads", "expert_ffn")
                if getattr(self, n) < 1]
         if out:
             return out
@@ -260,6 +265,10 @@ class ParallelSpec:
         if self.global_batch and self.microbatches and p.global_batch != self.global_batch:
             out.append(f"global batch {self.global_batch} != dp {p.dp} x micro-batch {p.micro_batch} x "
                        f"{p.microbatches} microbatches = {p.global_batch}")
+        if p.world_size > MAX_GPUS or p.microbatches > MAX_MICROBATCHES:
+            out.append(f"the simulator models up to {MAX_GPUS:,} GPUs and {MAX_MICROBATCHES:,} microbatches "
+                       f"a step, got {p.world_size:,} GPUs and {p.microbatches:,} microbatches")
+            return out
         if gpus is not None and p.world_size != gpus:
             names, degrees = ("dp x tp x pp x cp", f" x {p.cp}") if p.cp > 1 else ("dp x tp x pp", "")
             out.append(f"{names} = {p.dp} x {p.tp} x {p.pp}{degrees} = {p.world_size} != {gpus} GPUs")
@@ -332,7 +341,7 @@ class ParallelSpec:
             out.append(f"ep {self.ep} must divide dp {self.dp} (expert parallel is carved out of it)")
         elif model.experts % self.ep:
             out.append(f"ep {self.ep} does not divide the {model.experts} experts")
-        if self.expert_imbalance < 1.0:
+        if not self.expert_imbalance >= 1.0 or not math.isfinite(self.expert_imbalance):
             out.append("expert imbalance is the busiest expert's load over the mean, >= 1, "
                        f"got {self.expert_imbalance}")
         return out
