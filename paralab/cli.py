@@ -19,8 +19,10 @@ from paralab.cli_args import (
     EXIT_INVALID,
     EXIT_OK,
     EXIT_SIGPIPE,
+    OneLineErrors,
     add_training_args,
     build_config,
+    int_list,
     json_text,
 )
 from paralab.config import CP_MODES, CP_SPLITS, ConfigError, RunConfig
@@ -61,7 +63,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help="microbatches per replica per step: gradient accumulation "
                         "(a pipeline's microbatches)")
     p.add_argument("--virtual-stages", type=int, default=d.virtual_stages)
-    p.add_argument("--stage-layers", type=_int_list, metavar="N,N,...",
+    p.add_argument("--stage-layers", type=int_list, metavar="N,N,...",
                    help="blocks per pipeline stage in model order, e.g. 1,3,3,1 "
                         "(lighter ends; default: even)")
     p.add_argument("--sequence-parallel", action="store_true")
@@ -70,14 +72,6 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help="write one paralab trace per rank (torchrun; merge later)")
     p.add_argument("--report", metavar="PATH", help="write a standalone HTML report of the run")
     p.add_argument("--profile", metavar="DIR", help="record every rank with torch.profiler: DIR/rankN.json")
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected whole numbers separated by commas, like 1,3,3,1, "
-                                         f"got {text!r}") from None
 
 
 def config_from_args(args) -> RunConfig:
@@ -208,7 +202,7 @@ def cmd_nodes(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     # argparse itself exits 2 on bad arguments, which is paralab's 'invalid' code too.
-    parser = argparse.ArgumentParser(prog="paralab", description="Run, trace and simulate parallel training.")
+    parser = OneLineErrors(prog="paralab", description="Run, trace and simulate parallel training.")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train with a strategy on real ranks")
     add_run_args(run)

@@ -26,6 +26,23 @@ EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 EXIT_SIGPIPE = 141  # the reader of stdout went away, as shells report a program killed by SIGPIPE
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    """argparse, saying a bad argument in one line as every other refusal does (the usage block is
+    behind --help); exit 2."""
+
+    def error(self, message: str):
+        self.exit(EXIT_INVALID, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def int_list(text: str) -> list[int]:
+    """An argument of whole numbers separated by commas (--stage-layers 1,3,3,1)."""
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected whole numbers separated by commas, like 1,3,3,1, "
+                                         f"got {text!r}") from None
+
+
 def below_one(args, flags) -> str:
     """The first of ``flags`` given below 1 (a count of GPUs, sequences, stages...), said as its flag;
     empty when none is."""

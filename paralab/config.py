@@ -183,12 +183,14 @@ class TrainingConfig:
     def validate(self):
         """Check every field on its own (types and ranges); returns self. What the fields mean
         together for a strategy is checked by paralab.layout.resolve_layout."""
-        for name in ("steps", "global_batch"):
-            check_int(name, getattr(self, name), low=1)
+        # the upper bounds are far beyond any run here; past them a number fails only inside the ranks
+        # (a thread count torch cannot hold) or never ends
+        check_int("steps", self.steps, low=1, high=10**9)
+        check_int("global_batch", self.global_batch, low=1, high=2**31 - 1)
         check_int("seed", self.seed, low=0, high=2**63 - 1)
-        check_int("threads_per_rank", self.threads_per_rank, low=0)
+        check_int("threads_per_rank", self.threads_per_rank, low=0, high=4096)
         check_positive("learning rate", self.lr)
-        check_positive("timeout", self.timeout_s, low=1.0, unit=" s")
+        check_positive("timeout", self.timeout_s, low=1.0, unit=" s", high=MAX_TIMEOUT_S)
         check_positive("loss scale", self.loss_scale)
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
@@ -274,6 +276,9 @@ class RunConfig(TrainingConfig):
         return self
 
 
+MAX_TIMEOUT_S = 10**7  # about four months: what a time-out may be before deadlines overflow the clocks
+
+
 def check_int(name: str, value, low: int, high: int | None = None) -> None:
     if not isinstance(value, int) or isinstance(value, bool):
         raise ConfigError(f"{name} must be a whole number, got {value!r}")
@@ -290,12 +295,15 @@ def finite_number(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def check_positive(name: str, value, low: float = 0.0, unit: str = "") -> None:
-    """A finite number above ``low`` (nan and inf are refused: they would only fail later)."""
+def check_positive(name: str, value, low: float = 0.0, unit: str = "", high: float | None = None) -> None:
+    """A finite number above ``low`` (nan and inf are refused: they would only fail later), and at most
+    ``high`` when given."""
     if not finite_number(value):
         raise ConfigError(f"{name} must be a finite number, got {value!r}")
     if value <= 0 or value < low:
         raise ConfigError(f"{name} must be {'> 0' if not low else f'>= {low:g}'}{unit}, got {value:g}{unit}")
+    if high is not None and value > high:
+        raise ConfigError(f"{name} must be <= {high:g}{unit}, got {value:g}{unit}")
 
 
 def resolve_device(device: str, local_ranks: int) -> str:

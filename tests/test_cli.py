@@ -37,6 +37,10 @@ def test_run_json_has_the_contract_keys(tmp_path, capsys, no_leftover_ranks):
         (["--world-size", "3", "--global-batch", "8"], "not divisible"),
         (["--strategy", "nope"], "unknown strategy"),
         (["--model", "huge"], "unknown model preset"),
+        # past any run: had started the ranks, to fail inside them or to run on for ever
+        (["--threads", str(10**20)], "threads_per_rank must be in [0, 4096]"),
+        (["--steps", str(10**23)], "steps must be in [1, 1000000000]"),
+        (["--timeout", "1e300"], "timeout must be <= 1e+07 s"),
     ],
 )
 def test_invalid_arguments_exit_2_before_any_process(monkeypatch, capsys, argv, message):
@@ -100,10 +104,19 @@ def test_a_failed_run_exits_1_naming_the_rank(capsys, no_leftover_ranks):
     assert "rank 1 failed" in capsys.readouterr().err
 
 
-def test_unparseable_arguments_exit_2():
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--steps", "many"], "argument --steps: invalid int value: 'many'"),
+    (["simulate", "--model", "gpt3-125m", "--zero", "4"], "argument --zero: invalid choice: 4"),
+    (["simulate", "--stage-layers", "a,b"], "expected whole numbers separated by commas"),  # was <lambda>
+    (["elastic", "--nnodes", "a:b"], "--nnodes takes N or MIN:MAX"),
+])
+def test_unparseable_arguments_exit_2_in_one_line(capsys, argv, message):
+    """As every refusal: one line that names the argument (the usage block is behind --help)."""
     with pytest.raises(SystemExit) as info:
-        cli.main(["run", "--steps", "many"])
-    assert info.value.code == 2
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and message in err and err.count("\n") == 1, err
+    assert f"(see paralab {argv[0]} --help)" in err
 
 
 def test_a_reader_that_goes_away_is_not_an_error(monkeypatch, capsys):

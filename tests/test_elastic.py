@@ -102,6 +102,7 @@ def killed(tmp_path_factory):
         (["--nnodes", "2:4", "--steps", "5", "--fail", "rank=1,step=5"], "fail step 5 is beyond the run"),
         (["--nnodes", "1:2", "--slow", "rank=1,factor=0"], "slow factor must be >= 1"),
         (["--nnodes", "1:2", "--slow", "rank=0,factor=-2"], "slow factor must be >= 1"),
+        (["--nnodes", "1:2", "--slow", "rank=0,factor=2,bogus=1"], "slow takes rank and factor"),
         (["--nnodes", "3:4", "--fail", "rank=0,step=1", "--nodes", "3"], "fewer than min nodes 3"),
         (["--nnodes", "2:4", "--steps", "5", "--checkpoint-every", "2",
           "--fail", "rank=1,step=2,during=save"],

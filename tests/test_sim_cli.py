@@ -278,6 +278,7 @@ def test_fsdp_root_is_a_flag_of_zero_3_on_one_stage(capsys):
      "65,536 microbatches a step, got 2 GPUs and 10,000,000"),  # had run out of memory
     (["simulate", "--model", "gpt3-125m", "--ffn", "-1"], "model ffn must be >= 1, got -1"),
     (["simulate", "--model", "gpt3-125m", "--kv-heads", "-4"], "model kv_heads must be >= 1, got -4"),
+    (["simulate", "--model", "gpt3-125m", "--first-stage-layers", "5"], "give --pp 2 or more"),  # was ignored
 ])
 def test_values_the_simulator_cannot_model_exit_2_in_one_line(capsys, argv, message):
     rc, out, err = run(argv + ["--json"], capsys)

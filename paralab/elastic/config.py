@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from paralab.config import (
+    MAX_TIMEOUT_S,
     MODEL_PRESETS,
     ConfigError,
     TrainingConfig,
@@ -78,7 +79,7 @@ class ElasticConfig(TrainingConfig):
                      "last_call_s"):
             check_int(name.replace("_", " "), getattr(self, name), low=1)
         check_int("max restarts", self.max_restarts, low=0)
-        check_positive("run timeout", self.run_timeout_s, unit=" s")
+        check_positive("run timeout", self.run_timeout_s, unit=" s", high=MAX_TIMEOUT_S)
         if self.min_nodes > self.max_nodes:
             raise ConfigError(f"min nodes {self.min_nodes} > max nodes {self.max_nodes}: "
                               "--nnodes takes MIN:MAX with MIN <= MAX, "
@@ -135,6 +136,8 @@ class ElasticConfig(TrainingConfig):
     def _validate_slow(self) -> None:
         if self.slow is None:
             return
+        if not isinstance(self.slow, dict) or set(self.slow) - {"rank", "factor"}:
+            raise ConfigError(f"slow takes rank and factor (like rank=1,factor=3), got {self.slow!r}")
         rank, factor = self.slow.get("rank"), self.slow.get("factor")
         if not isinstance(rank, int) or not 0 <= rank < self.max_nodes:
             raise ConfigError(f"slow rank must be in [0, {self.max_nodes}), got {rank!r}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from paralab.cli_args import below_one, json_text
+from paralab.cli_args import below_one, int_list, json_text
 from paralab.sim import cost, planner
 from paralab.sim.hardware import NAMES as HARDWARE_NAMES
 from paralab.sim.hardware import get_hardware
@@ -73,7 +73,7 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
                         help="busiest expert's tokens over the mean (1: balanced; a measured run's: "
                              "paralab.moe_load)")
     parser.add_argument("--virtual-stages", type=int, default=1)
-    parser.add_argument("--stage-layers", type=lambda t: tuple(int(x) for x in t.split(",")),
+    parser.add_argument("--stage-layers", type=int_list,
                         metavar="N,N,...", help="blocks per pipeline chunk in model order (default: even)")
     parser.add_argument("--schedule", default="1f1b", help=f"one of {', '.join(SCHEDULES)}")
     parser.add_argument("--microbatches", type=int,
@@ -124,8 +124,10 @@ def _stage_layers(args, model: ModelSpec) -> tuple[int, ...] | None:
     """--stage-layers, or the split Megatron-LM's --first/--last-stage-layers give: the given end(s)
     as asked, the other stages sharing the rest evenly (ParallelSpec.problems says when they cannot)."""
     first, last = args.first_stage_layers, args.last_stage_layers
-    if first is None and last is None or args.pp < 2:
-        return args.stage_layers
+    if first is None and last is None:
+        return tuple(args.stage_layers) if args.stage_layers is not None else None
+    if args.pp < 2:
+        raise SpecError("--first/--last-stage-layers split a pipeline: give --pp 2 or more")
     if args.stage_layers is not None:
         raise SpecError("give --stage-layers or --first/--last-stage-layers, not both")
     if args.virtual_stages != 1:
