@@ -76,16 +76,25 @@ def shard(ids: list[int], rank: int, world: int) -> list[int]:
     return ids[rank * per_rank : (rank + 1) * per_rank]
 
 
-def weighted_shard(ids: list[int], rank: int, weights: list[float]) -> list[int]:
+def weighted_shard(ids: list[int], rank: int, weights: list[float], at_least: int = 0) -> list[int]:
     """Rank ``rank``'s contiguous slice when ranks take shares proportional to ``weights``
-    (load balancing). Boundaries are rounded so the slices cover the batch exactly once."""
+    (load balancing). Boundaries are rounded so the slices cover the batch exactly once; a slice
+    rounded below ``at_least`` samples takes them from the largest (when the batch has that many for
+    every rank)."""
     total = sum(weights)
     bounds = [0]
     acc = 0.0
     for w in weights:
         acc += w
         bounds.append(round(len(ids) * acc / total))
-    return ids[bounds[rank] : bounds[rank + 1]]
+    counts = [hi - lo for lo, hi in zip(bounds, bounds[1:])]
+    if len(ids) >= at_least * len(weights):
+        for r in range(len(counts)):
+            while counts[r] < at_least:
+                counts[max(range(len(counts)), key=counts.__getitem__)] -= 1
+                counts[r] += 1
+    start = sum(counts[:rank])
+    return ids[start : start + counts[rank]]
 
 
 class DataLoader:

@@ -160,6 +160,18 @@ def test_the_balancer_cuts_by_smoothed_samples_per_second():
     assert [len(Balancer(2, enabled=False).shard(ids, r)) for r in range(2)] == [6, 6]
 
 
+def test_a_rank_a_hundred_times_slower_keeps_a_sample_and_wins_its_share_back_when_it_recovers():
+    """Rounded by its rate alone it would get none of 12 samples, and a rank given none keeps its old
+    rate, so it would never be measured again."""
+    ids = list(range(12))
+    balancer = Balancer(2, enabled=True)
+    balancer.update([6, 6], [0.1, 10.0])  # 60 and 0.6 samples a second
+    assert [len(balancer.shard(ids, r)) for r in range(2)] == [11, 1]
+    assert sorted(balancer.shard(ids, 0) + balancer.shard(ids, 1)) == ids
+    balancer.update([11, 1], [11 / 60, 1 / 60])  # as fast as the other again: 60, smoothed to 30.3
+    assert [len(balancer.shard(ids, r)) for r in range(2)] == [8, 4]
+
+
 @pytest.mark.parametrize("manifest, message", [
     ("{bad", "cannot be read as a checkpoint manifest (JSONDecodeError"),
     ('{"nosig": 1}', "cannot be read as a checkpoint manifest (ValueError: no signature, step"),

@@ -35,6 +35,9 @@ def test_data_is_deterministic_and_shards_cover_the_global_batch():
         assert sum((shard(ids, r, world) for r in range(world)), []) == ids
     assert sum((weighted_shard(ids, r, [1, 2, 3]) for r in range(3)), []) == ids
     assert len(weighted_shard(ids, 2, [1, 2, 3])) == 6
+    assert [len(weighted_shard(ids, r, [100, 1, 1])) for r in range(3)] == [12, 0, 0]
+    kept = [weighted_shard(ids, r, [100, 1, 1], at_least=1) for r in range(3)]
+    assert [len(k) for k in kept] == [10, 1, 1] and sum(kept, []) == ids
 
 
 def test_every_sample_once_per_epoch():

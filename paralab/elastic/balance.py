@@ -47,7 +47,9 @@ class Balancer:
         return list(self.rates)
 
     def shard(self, ids: list[int], rank: int) -> list[int]:
-        return weighted_shard(ids, rank, self.weights())
+        """This rank's samples of the next global batch: at least one each, so a rank slowed for a while
+        is still measured and wins its work back when it recovers (a rank given none keeps its rate)."""
+        return weighted_shard(ids, rank, self.weights(), at_least=1)
 
     def observe(self, samples: int, compute_s: float) -> None:
         """Collective when enabled: share this rank's measurement and update every rank's rate.
