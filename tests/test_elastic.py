@@ -550,3 +550,27 @@ def test_a_second_failure_from_outside_is_a_failure_with_a_detection_time(tmp_pa
     assert_close_rel(summary["losses"], reference, what="losses")
     assert [ids for ids in summary["sample_ids"]] and all(
         sorted(ids) == sorted(expected_ids(step)) for step, ids in enumerate(summary["sample_ids"]))
+
+
+def test_a_standby_node_that_died_waiting_is_named_not_a_broken_pipe(tmp_path):
+    """The join is written to the standby agent's stdin; one that died while waiting had raised a bare
+    BrokenPipeError out of the launcher."""
+    class Running:
+        def poll(self):
+            return None
+
+    class DeadStandby:
+        class stdin:  # noqa: N801 - stands in for a pipe whose reader has gone
+            @staticmethod
+            def write(text):
+                raise BrokenPipeError(32, "Broken pipe")
+
+        def wait(self):
+            return 1
+
+    (tmp_path / "progress.json").write_text(json.dumps({"step": 3}))
+    (tmp_path / "agent2.log").write_text("ModuleNotFoundError: no module named 'x'\n")
+    cfg = ElasticConfig(nodes=1, min_nodes=1, max_nodes=2, steps=8, join_after_step=3)
+    died = r"(?s)the standby node died \(exit 1\) before step 3 released it.*ModuleNotFoundError"
+    with pytest.raises(launch_module.ElasticError, match=died):
+        launch_module._watch(cfg, tmp_path, [Running()], DeadStandby(), None)

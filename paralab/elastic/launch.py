@@ -162,8 +162,12 @@ def _watch(cfg: ElasticConfig, run_dir: Path, agents: list, standby, progress) -
             if progress is not None:
                 progress(step, cfg.steps)
         if standby is not None and step >= cfg.join_after_step:
-            standby.stdin.write("join\n")
-            standby.stdin.close()
+            try:
+                standby.stdin.write("join\n")
+                standby.stdin.close()
+            except BrokenPipeError:  # it died waiting: its log says why
+                raise ElasticError(f"the standby node died (exit {standby.wait()}) before step "
+                                   f"{cfg.join_after_step} released it" + _diagnosis(run_dir)) from None
             agents.append(standby)
             standby = None
         if finished is None and _every_step_done(run_dir):
