@@ -274,6 +274,7 @@ def test_a_crash_mid_save_leaves_the_previous_checkpoint_loadable(tmp_path):
     assert checkpoint.load(checkpoint.latest(tmp_path), fresh, fresh_opt)["step"] == 2
     for name, p in fresh.named_parameters():
         assert torch.equal(p, saved[name]), name
+    (tmp_path / ".trash-step-00000000" / "model").mkdir(parents=True)  # a retirement killed mid-delete
     checkpoint.save(tmp_path, 4, later, later_opt, cfg.signature(), {"next_step": 4})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000002", "step-00000004"]
 

@@ -229,7 +229,8 @@ def save(root: str | Path, step: int, model, optimizer, signature: dict, sampler
     tmp, final = step_dir(root, step, TMP_PREFIX), step_dir(root, step)
     if _is_rank0():
         root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob(f"{TMP_PREFIX}*"):  # left by a save that crashed
+        # left by a save, or a retirement, that crashed
+        for stale in (*root.glob(f"{TMP_PREFIX}*"), *root.glob(f"{TRASH_PREFIX}*")):
             shutil.rmtree(stale, ignore_errors=True)
     _barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
