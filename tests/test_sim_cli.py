@@ -267,6 +267,19 @@ def test_fsdp_root_is_a_flag_of_zero_3_on_one_stage(capsys):
     assert rc == 2 and not out and "fsdp_root (FSDP's root unit" in err
 
 
+def test_a_batch_of_more_microbatches_than_a_step_models_plans_the_splits_that_fit(capsys):
+    """The cap on microbatches leaves out the splits past it (micro-batches of 1 here), not the plan."""
+    rc, out, _ = run(["plan", "--model", "gpt3-125m", "--gpus", "8", "--global-batch", str(2**20),
+                      "--hardware", "h100", "--top", "2", "--json"], capsys)
+    ranked = json.loads(out)["ranked"]
+    assert rc == 0 and ranked and all(row["microbatches"] <= 2**16 for row in ranked)
+    rc, _, err = run(["simulate", "--model", "gpt3-125m", "--gpus", "8", "--global-batch", str(2**20),
+                      "--micro-batch", "1", "--hardware", "h100"], capsys)
+    assert rc == 2 and "131,072 microbatches" in err and "configurations that fit on 8 GPUs" in err
+    rc, _, err = run(["plan", "--model", "gpt3-125m", "--gpus", "1", "--global-batch", str(2**40)], capsys)
+    assert rc == 2 and "more than 65,536 microbatches of at most 8 per replica" in err
+
+
 @pytest.mark.parametrize("argv, message", [
     (["simulate", "--model", "mixtral-8x7b", "--gpus", "64", "--ep", "8", "--expert-imbalance", "nan"],
      "expert imbalance is the busiest expert's load over the mean, >= 1, got nan"),  # had divided by zero

@@ -243,6 +243,13 @@ def test_fsdp_root_gathers_the_ends_once_a_microbatch_and_holds_them_whole():
     held = {k: whole.memory_bytes_per_gpu[k] - split.memory_bytes_per_gpu[k] for k in ("params", "grads")}
     assert held["params"] == pytest.approx(2 * (ends + 2 * block - 2 * head))  # bf16, two parts in flight
     assert held["grads"] == pytest.approx(4 * (block - head) + 2 * head)  # fp32 unit, bf16 from autograd
+    # tied embeddings: the output layer is the embedding, whose gradient the head's backward writes
+    tied = get_model("gpt3-1.3b")
+    embed, head = counting.fsdp_root(tied, rooted)
+    assert tied.tied_embeddings and head < embed / 1000  # the last part holds the final norm alone
+    split, whole = (cost.memory_per_gpu(tied, spec) for spec in (parts, rooted))
+    block = counting.largest_zero_unit(tied, rooted, 0)
+    assert whole["grads"] - split["grads"] == pytest.approx(4 * (block - embed) + 2 * embed)
 
 
 @pytest.mark.parametrize("change", [dict(zero=2), dict(pp=2, microbatches=2)])

@@ -139,6 +139,10 @@ def _stage_layers(args, model: ModelSpec) -> tuple[int, ...] | None:
     return ends_split(model.layers, args.pp, first, last)
 
 
+def _too_many(gpus: int) -> str:
+    return f"{gpus:,} GPUs: the simulator models up to {MAX_GPUS:,}"
+
+
 def _fail(message: str) -> int:
     print(f"paralab: {message}", file=sys.stderr)
     return 2
@@ -171,7 +175,7 @@ def simulate_main(args) -> int:
     dp = args.dp or (args.gpus // (tp * pp * cp) if args.gpus and args.gpus % (tp * pp * cp) == 0 else 1)
     gpus = args.gpus or dp * tp * pp * cp
     if gpus > MAX_GPUS:  # before the alternatives a refusal lists are planned for that many
-        return _fail(f"{gpus:,} GPUs: the simulator models up to {MAX_GPUS:,}")
+        return _fail(_too_many(gpus))
     parallel = ParallelSpec(
         dp=dp, tp=tp, pp=pp, ep=args.ep, virtual_stages=args.virtual_stages, schedule=args.schedule,
         stage_layers=stage_layers, expert_imbalance=args.expert_imbalance,
@@ -241,7 +245,7 @@ def plan_main(args) -> int:
     if problem := below_one(args, ("gpus", "global_batch", "top")):
         return _fail(problem)
     if args.gpus > MAX_GPUS:
-        return _fail(f"{args.gpus:,} GPUs: the simulator models up to {MAX_GPUS:,}")
+        return _fail(_too_many(args.gpus))
     ranked = planner.plan(model, args.gpus, hw, args.global_batch, top=args.top)
     if not ranked:
         return _fail(f"nothing fits on {args.gpus} {hw.name} GPUs: "

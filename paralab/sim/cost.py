@@ -381,9 +381,10 @@ def _zero_overlapped(st: StageTimes, model: ModelSpec, p: ParallelSpec, hw: Hard
                      work: list[tuple[float, float]]) -> StageTimes:
     """A microbatch's F and B of one stage with ZeRO-2/3's collectives part by part (:func:`part_by_part`)
     over the parts ZeRO-3 gathers whole (:func:`counting.zero_units`: the embedding, each block, the
-    head), ``work`` their forward and backward in that order; ``zero_comm`` keeps what the collectives
-    add beyond the compute. The stage's times (stretched by stragglers and pipeline waits) are shared
-    among the parts as their work is."""
+    head; with ``fsdp_root`` the two ends as one unit, the first part's), ``work`` their forward and
+    backward in that order; ``zero_comm`` keeps what the collectives add beyond the compute. The
+    stage's times (stretched by stragglers and pipeline waits) are shared among the parts as their
+    work is."""
     pb, gb, _ = counting.bytes_per_param(model, p)
     forward_work, backward_work = sum(f for f, _ in work), sum(b for _, b in work)
 
@@ -604,8 +605,10 @@ def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int) -> dict[str, floa
             embed, head = counting.fsdp_root(model, p)
             states["params"] += (part * (2 if p.prefetch_params else 1) + embed + head) * pb
             # and the output layer's gradient, whole in autograd's dtype from the backward's start (where
-            # activations peak) to the root's reduce-scatter; the embedding's comes once they are freed
-            states["grads"] += head * counting.autograd_grad_bytes(model, p)
+            # activations peak) to the root's reduce-scatter; an untied embedding's comes once they are
+            # freed, a tied one is the output layer (the last part then holds only the final norm)
+            output_layer = embed if model.tied_embeddings else head
+            states["grads"] += output_layer * counting.autograd_grad_bytes(model, p)
     if p.zero == 0 and p.dp > 1 and p.grad_buckets:
         states["grads"] = _gradients_reduced_from_copies(model, p, params, gb)
     states["total"] = sum(states.values())

@@ -160,7 +160,8 @@ def zero_units(model: ModelSpec, parallel: ParallelSpec, chunk: int) -> tuple[fl
     A part computes only once its gather has arrived, so these, not equal slices of the chunk, are
     what a step waits for: paralab's ``zero3`` gathers exactly these parts and DeepSpeed's ZeRO-3
     each submodule. PyTorch FSDP wrapped block by block and then whole keeps the two ends in its
-    root unit instead (``ParallelSpec.fsdp_root``: the first part's collectives carry both ends).
+    root unit instead (``ParallelSpec.fsdp_root``); these stay the modules' own parts, and the cost
+    model gives the root's collectives to the first (:func:`fsdp_root`).
     """
     return _chunk_parts(model, parallel, chunk, *_part_sizes(model, parallel))
 

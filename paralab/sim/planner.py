@@ -24,7 +24,7 @@ from collections.abc import Iterator
 
 from paralab.schedules import shape_problems
 from paralab.sim import context, cost, counting
-from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec
+from paralab.sim.specs import MAX_MICROBATCHES, HardwareSpec, ModelSpec, ParallelSpec
 from paralab.stage_split import megatron_split, split_text
 
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -64,9 +64,9 @@ def candidates(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int)
         for cp, cp_mode in _context_parallel(model, tp, replicas):
             dp = replicas // cp
             for mb in MICRO_BATCHES:
-                if global_batch % (dp * mb):
-                    continue
                 m = global_batch // (dp * mb)
+                if global_batch % (dp * mb) or m > MAX_MICROBATCHES:  # more than a step simulates
+                    continue
                 for schedule, v, split in _schedules(model, pp, m):
                     for zero in (0, 1, 2, 3) if dp > 1 else (0,):
                         for ep in _expert_degrees(model, dp) if cp == 1 else (1,):
@@ -147,6 +147,9 @@ def why_nothing_fits(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch
     specs = list(candidates(model, gpus, hw, batch))
     if not specs:
         fewest = min(replicas)
+        if batch > MAX_MICROBATCHES * max(MICRO_BATCHES) * max(replicas):
+            return (f"a global batch of {batch:,} is more than {MAX_MICROBATCHES:,} microbatches of at most "
+                    f"{max(MICRO_BATCHES)} per replica on {gpus} GPUs, more than a step the simulator models")
         return (f"no split of {gpus} GPUs divides a global batch of {batch} "
                 f"(dp x micro-batch must divide it); the fewest replicas a split here has is dp {fewest}: "
                 f"try a global batch of {-(-batch // fewest) * fewest}")
