@@ -97,6 +97,20 @@ def test_an_fp16_overflow_skips_the_step_lowers_the_scale_and_is_reported(no_lef
             f"{name} changed though every step overflowed")
 
 
+def test_after_overflows_training_resumes_at_the_lowered_scale_as_on_one_device(no_leftover_ranks):
+    """2^20 overflows the first two steps' fp16 gradients; at 2^18 the others train, and data parallel
+    skips the same steps and then trains the same weights as one device."""
+    runs = [run(s, steps=6, dtype="fp16", loss_scale=2.0**20, optimizer="sgd", lr=0.1, collect_state=True)
+            for s in ("single", "dp")]
+    for result in runs:
+        assert result.summary["skipped_steps"] == [0, 1] and result.summary["loss_scale"] == 2.0**18
+    single, dp = runs
+    assert_close_rel(dp.losses, single.losses, rel=2e-3, what="dp fp16 after overflows vs single")
+    assert_same_params(dp.params, single.params, rel=2e-3, atol=1e-4)
+    initial = GPT(paralab.ModelConfig(**MODEL), seed=0).to(torch.float16)
+    assert not torch.equal(dp.params["head.lm.weight"], initial.head.lm.weight.detach()), "nothing trained"
+
+
 # ------------------------------------------------------------------------------------- recomputation
 @pytest.fixture(scope="module")
 def plain():
