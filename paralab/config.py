@@ -282,9 +282,10 @@ MAX_TIMEOUT_S = 10**7  # about four months: what a time-out may be before deadli
 def check_int(name: str, value, low: int, high: int | None = None) -> None:
     if not isinstance(value, int) or isinstance(value, bool):
         raise ConfigError(f"{name} must be a whole number, got {value!r}")
-    if value < low or (high is not None and value > high):
-        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ConfigError(f"{name} must be {bound}, got {value}")
+    if value < low:
+        raise ConfigError(f"{name} must be >= {low}, got {value}")
+    if high is not None and value > high:
+        raise ConfigError(f"{name} must be <= {high:,}, got {value:,}")
 
 
 def finite_number(value) -> bool:

@@ -38,8 +38,8 @@ def test_run_json_has_the_contract_keys(tmp_path, capsys, no_leftover_ranks):
         (["--strategy", "nope"], "unknown strategy"),
         (["--model", "huge"], "unknown model preset"),
         # past any run: had started the ranks, to fail inside them or to run on for ever
-        (["--threads", str(10**20)], "threads_per_rank must be in [0, 4096]"),
-        (["--steps", str(10**23)], "steps must be in [1, 1000000000]"),
+        (["--threads", str(10**20)], "threads_per_rank must be <= 4,096"),
+        (["--steps", str(10**23)], "steps must be <= 1,000,000,000"),
         (["--timeout", "1e300"], "timeout must be <= 1e+07 s"),
     ],
 )
