@@ -15,9 +15,9 @@ Each notebook then runs top to bottom in that environment (nbclient, the way a l
 does) on one core (``taskset``: the runner, its kernel and every rank it starts share CPU 0), and
 the script samples, every 0.2 s, the memory of that whole process tree: the sum of each process's
 proportional set size (PSS: a page shared by k processes counts 1/k to each, so forked ranks that
-share torch's pages are not counted k times). Binder's limit is on that total (about 2 GB); the
-time limit this project sets is 2 minutes a notebook. A notebook's cells run in order, so its peak
-is the peak of its heaviest cell.
+share torch's pages are not counted k times). Binder's limit is on that total (about 2 GB; held here
+to 2 GiB); the time limit this project sets is 2 minutes a notebook. A notebook's cells run in order,
+so its peak is the peak of its heaviest cell.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def run_notebook(path: Path, venv: Path, env: dict, core: int) -> dict:
 
 def table(rows: list[dict]) -> str:
     lines = ["| notebook | seconds on one core | peak memory (GiB, PSS of all its processes) "
-             "| within 2 min and 2 GB |",
+             "| within 2 min and 2 GiB |",
              "|---|---:|---:|---|"]
     for r in rows:
         fits = r["ok"] and r["seconds"] <= LIMITS["seconds"] and r["peak_bytes"] <= LIMITS["bytes"]

@@ -8,6 +8,8 @@ error over the runs the model reproduces and over all of them, and the scaling l
 
 from __future__ import annotations
 
+import argparse
+
 
 def number(x: float) -> str:
     return f"{x:,.0f}" if x >= 1000 else f"{x:.4g}"
@@ -45,4 +47,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help, and no stray flags
     main()

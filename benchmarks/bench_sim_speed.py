@@ -12,6 +12,7 @@ planning it there (uneven splits and ZeRO beside pipelines widen the search).
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import subprocess
 import sys
@@ -62,4 +63,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help, and no stray flags
     main()

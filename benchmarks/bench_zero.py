@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_zero.py [--model tiny] [--sizes 2 4] [--rounds 3] [--steps 6]
 
-Speed: zero3 and torch_fsdp run alternately (zero3, fsdp, zero3, fsdp, ...) in one invocation, so
+Speed: torch_fsdp and zero3 run alternately (fsdp, zero3, fsdp, zero3, ...) in one invocation, so
 a machine that gets busier or quieter during the benchmark affects both alike; each run's step time
 is the median over its steps after the first, and the ratio is median(zero3) / median(fsdp).
 
