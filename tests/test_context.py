@@ -115,6 +115,7 @@ def test_same_losses_parameters_and_gradients_as_single_device(runs, n, mode, sp
     assert_same_params(ours.params, single.params)
     assert_same_params(ours.grads, single.grads, atol=1e-7)
     assert all(r["losses"] is not None for r in ours.rank_results), "every cp rank reports its slice's loss"
+    assert len({r["params_digest"] for r in ours.rank_results}) == 1, "cp ranks hold the same weights"
 
 
 @pytest.mark.parametrize("options", [

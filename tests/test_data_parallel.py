@@ -30,6 +30,9 @@ def test_same_losses_and_parameters_as_single_device(references, strategy, world
     assert_close_rel(run.losses, reference.losses, what=f"{strategy} x{world_size} losses")
     if optimizer == "sgd":
         assert_same_params(run.params, reference.params)
+    # the first replica's weights are the ones compared; every other replica holds them bit for bit
+    digests = {r["params_digest"] for r in run.rank_results}
+    assert len(digests) == 1 and None not in digests, digests
 
 
 def test_ddp_gradients_equal_torch_ddp(no_leftover_ranks):
@@ -38,6 +41,8 @@ def test_ddp_gradients_equal_torch_ddp(no_leftover_ranks):
     assert set(ours.grads) == set(torchs.grads) and len(ours.grads) > 0
     assert_same_params(ours.grads, torchs.grads, atol=1e-7)
     assert_close_rel(ours.losses, torchs.losses)
+    for run in (ours, torchs):  # every replica holds the first one's weights, bit for bit
+        assert len({r["params_digest"] for r in run.rank_results}) == 1
 
 
 def test_ddp_overlaps_all_reduce_with_backward_and_moves_the_gradient_bytes(no_leftover_ranks):

@@ -53,14 +53,17 @@ class RankContext:
     def check_fault(self, step: int) -> None:
         self.faults.at_step(step)
 
-    def result(self, losses: list[float] | None, loss_weight: float, state: dict | None = None) -> dict:
+    def result(self, losses: list[float] | None, loss_weight: float, state: dict | None = None,
+               params_digest: str | None = None) -> dict:
         """This rank's contribution to the RunResult.
 
         ``losses`` are this rank's per-step losses over the data it saw and ``loss_weight`` that
         data's share of the global batch: the run's loss is the weighted sum over reporting ranks
         (ranks that saw no loss, such as early pipeline stages, pass ``losses=None``).
         ``state`` maps global parameter names to full tensors this rank vouches for
-        (``{"params": {...}, "grads": {...}}``), filled in only when ``cfg.collect_state``.
+        (``{"params": {...}, "grads": {...}}``), filled in only when ``cfg.collect_state``, and
+        ``params_digest`` a digest of the parameters this rank trained, whichever replica it is: only
+        the first replica's state is collected, and the digests say whether the others hold the same.
         """
         return {
             "rank": self.rank,
@@ -71,4 +74,5 @@ class RankContext:
             "loss_scale": self.scaler.value,
             "skipped_steps": list(self.scaler.skipped),
             "state": state if self.cfg.collect_state else None,
+            "params_digest": params_digest if self.cfg.collect_state else None,
         }

@@ -8,6 +8,7 @@ and in how gradients are synchronised (a :class:`GradSync`). Elastic training ru
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -206,6 +207,15 @@ def named_state(model: torch.nn.Module) -> dict:
     }
 
 
+def params_digest(params) -> str:
+    """The bytes of ``params`` in order, hashed: equal on two ranks exactly when they hold the same
+    weights bit for bit (data-parallel replicas must, after every step)."""
+    digest = hashlib.sha256()
+    for p in params:
+        digest.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 def train_model(ctx: RankContext, model: torch.nn.Module, sync: GradSync, loss_of: Callable | None = None,
                 params=None, state_of: Callable | None = None,
                 microbatch_context: Callable | None = None) -> dict:
@@ -232,4 +242,6 @@ def train_model(ctx: RankContext, model: torch.nn.Module, sync: GradSync, loss_o
     if ctx.cfg.collect_state:
         state = state_of() if state_of is not None else named_state(model) if coord["dp"] == 0 else None
     weight = 1.0 / (layout.dp * layout.cp)
-    return ctx.result(losses if coord["tp"] == 0 else None, loss_weight=weight, state=state)
+    digest = params_digest(params) if ctx.cfg.collect_state else None
+    return ctx.result(losses if coord["tp"] == 0 else None, loss_weight=weight, state=state,
+                      params_digest=digest)
