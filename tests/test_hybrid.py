@@ -57,6 +57,12 @@ def test_same_losses_and_parameters_as_single_device(runs, label, no_leftover_ra
         assert_same_gradient_norm(run.grads, reference.grads)
     reporting = [r["rank"] for r in run.rank_results if r["losses"] is not None]
     assert len(reporting) == dp, "one loss per dp replica: the last stage's tp rank 0"
+    # the first replica's state is the one compared: each other replica's rank holds its weights bit for bit
+    digests: dict = {}
+    for r in run.rank_results:
+        place = r["mesh"]["coord"]
+        digests.setdefault((place["pp"], place["tp"], place["cp"]), set()).add(r["params_digest"])
+    assert all(len(d) == 1 and None not in d for d in digests.values()), digests
     assert all(r["loss_weight"] == 1 / dp for r in run.rank_results)
 
 

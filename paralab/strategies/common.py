@@ -212,7 +212,9 @@ def params_digest(params) -> str:
     weights bit for bit (data-parallel replicas must, after every step)."""
     digest = hashlib.sha256()
     for p in params:
-        digest.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        local = p.detach()
+        local = local.to_local() if hasattr(local, "to_local") else local  # a DTensor: this rank's shard
+        digest.update(local.cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:16]
 
 

@@ -41,7 +41,14 @@ from paralab.models.moe import ExpertGroup, set_aux_loss_scale
 from paralab.precision import torch_dtype
 from paralab.schedules import DEFAULT_SCHEDULE, SCHEDULES, build_schedule, theoretical_bubble
 from paralab.strategies import context, tensor
-from paralab.strategies.common import SyncChain, make_loader, make_optimizer, prepare, train_loop
+from paralab.strategies.common import (
+    SyncChain,
+    make_loader,
+    make_optimizer,
+    params_digest,
+    prepare,
+    train_loop,
+)
 from paralab.strategies.ddp import BucketedReducer
 from paralab.strategies.expert import expert_process_groups, parallelize_experts
 from paralab.strategies.pipeline import PipelineExecutor, microbatched_batch, stage_groups
@@ -208,7 +215,9 @@ def train(ctx) -> dict:
                         batch_in_window=False)
     reports = needs_targets and position.tp.rank == 0
     state = gather_state(module, stages, sync, position) if cfg.collect_state else None
-    result = ctx.result(losses if reports else None, loss_weight=1.0 / (layout.dp * layout.cp), state=state)
+    digest = params_digest(module.parameters()) if cfg.collect_state else None
+    result = ctx.result(losses if reports else None, loss_weight=1.0 / (layout.dp * layout.cp), state=state,
+                        params_digest=digest)
     result["mesh"] = {"coord": {"pp": position.pp, "dp": position.dp, "cp": position.cp.index,
                                 "tp": position.tp.rank}}
     result["peak_activations"] = executor.peak_activations
