@@ -1,8 +1,9 @@
 """paralab's pipeline executor against torch.distributed.pipelining, and measured against theoretical bubbles.
 
 For each (schedule, pp) the two implementations run the same split, microbatches and world size;
-their runs alternate (torch, paralab, torch, paralab, ...) so that a change in machine load hits
-both, and the table reports the ratio of median step times (paralab / torch; below 1 is faster).
+their runs alternate (torch, paralab, paralab, torch, ...) so that a change in machine load hits
+both, and the table reports the median of the rounds' step-time ratios (paralab / torch; below 1 is
+faster).
 A second table sets paralab's measured bubble (idle compute time inside the step) beside the
 schedule's closed form for equal-time stages.
 

@@ -2,9 +2,9 @@
 
     .venv/bin/python benchmarks/bench_zero.py [--model tiny] [--sizes 2 4] [--rounds 3] [--steps 6]
 
-Speed: torch_fsdp and zero3 run alternately (fsdp, zero3, fsdp, zero3, ...) in one invocation, so
+Speed: torch_fsdp and zero3 run alternately (fsdp, zero3, zero3, fsdp, ...) in one invocation, so
 a machine that gets busier or quieter during the benchmark affects both alike; each run's step time
-is the median over its steps after the first, and the ratio is median(zero3) / median(fsdp).
+is the median over its steps after the first, and the ratio the median of the rounds' zero3 / fsdp.
 
 Memory: each strategy's peak per rank, from the tensors held (paralab.memory), split by kind at the
 moment of the peak; the largest rank is shown. ddp and zero2 use a small bucket cap (--bucket-mb)

@@ -2,8 +2,10 @@
 
 Timings of the same run drift by 10-40% from launch to launch on a shared machine, so paralab never
 compares two numbers measured at different times. :func:`compare` runs every variant once per round,
-in turn (A, B, C, A, B, C, ...), takes each run's median step time (steps after the first), then the
-median over rounds, and reports every variant as a ratio against the first one.
+in turn, the order reversed every other round (A, B, C, C, B, A, A, ...: no variant always runs first
+or last), and takes each run's median step time (steps after the first). A variant's step time is the
+median over rounds; its ratio to another is the median over rounds of the two runs' ratio in that
+round, so the machine drifting between rounds cancels within each pair.
 
     paralab bench --variants ddp torch_ddp --world-size 2 --model small --rounds 3
 """
@@ -34,7 +36,10 @@ class Comparison:
         return statistics.median(self.step_times[label])
 
     def ratio(self, label: str, reference: str | None = None) -> float:
-        return self.median(label) / self.median(reference or self.variants[0].label)
+        """The median over rounds of ``label``'s step time over ``reference``'s (the first variant's)
+        in the same round."""
+        ours, theirs = self.step_times[label], self.step_times[reference or self.variants[0].label]
+        return statistics.median(a / b for a, b in zip(ours, theirs, strict=True))
 
     def table(self) -> str:
         """A markdown table: median step time and the ratio to the first variant."""
@@ -59,8 +64,8 @@ def compare(variants: list[Variant], rounds: int = 3, common: dict | None = None
         raise ConfigError(f"variant labels must differ (a variant is not compared with itself), "
                           f"got {labels}")
     result = Comparison(variants, {v.label: [] for v in variants})
-    for _ in range(rounds):
-        for v in variants:
+    for round_ in range(rounds):
+        for v in variants if round_ % 2 == 0 else variants[::-1]:
             run = paralab.run(**{**(common or {}), **v.options})
             result.step_times[v.label].append(run.summary["step_time_s"])
             result.summaries[v.label] = run.summary

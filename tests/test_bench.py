@@ -1,5 +1,6 @@
 """paralab.bench: interleaved comparisons report one median per round and ratios to the first variant."""
 
+import statistics
 from types import SimpleNamespace
 
 import pytest
@@ -13,17 +14,19 @@ def test_compare_interleaves_and_reports_ratios(no_leftover_ranks):
                      common=dict(world_size=2, steps=2, global_batch=4))
     assert [len(result.step_times[k]) for k in ("ddp", "naive")] == [2, 2]
     assert result.ratio("ddp") == 1.0
-    assert result.ratio("naive") == pytest.approx(result.median("naive") / result.median("ddp"))
+    assert result.ratio("naive") == pytest.approx(
+        statistics.median(a / b for a, b in zip(result.step_times["naive"], result.step_times["ddp"])))
     table = result.table().splitlines()
     assert len(table) == 4 and table[2].startswith("| ddp |") and "1.000x" in table[2]
     assert result.summaries["naive"]["strategy"] == "dp"
 
 
 def test_rounds_interleave_the_variants_and_each_keeps_the_median_of_its_rounds(monkeypatch):
-    """A, B, A, B, A, B: a slow spell of the machine falls on both variants, not on one. Each round's
-    figure is that run's median step; the variant's is the median over rounds (not the mean, not the
-    last), and its ratio divides it by the first variant's."""
-    times = {"ddp": iter([1.0, 3.0, 2.0]), "dp": iter([9.0, 4.0, 5.0])}
+    """A, B, B, A, A, B: a slow spell of the machine falls on both variants, not on one, and neither
+    always runs first. Each round's figure is that run's median step; the variant's is the median over
+    rounds (not the mean, not the last), and its ratio the median of the rounds' ratios (3, 3, 2.5),
+    not the ratio of the medians (5 / 2)."""
+    times = {"ddp": iter([1.0, 3.0, 2.0]), "dp": iter([3.0, 9.0, 5.0])}
     calls = []
 
     def fake_run(**options):
@@ -34,11 +37,11 @@ def test_rounds_interleave_the_variants_and_each_keeps_the_median_of_its_rounds(
     monkeypatch.setattr("paralab.run", fake_run)
     result = compare([Variant.of(strategy="ddp"), Variant.of("naive", strategy="dp")], rounds=3,
                      common=dict(steps=7))
-    assert calls == [("ddp", 7), ("dp", 7)] * 3
-    assert result.step_times == {"ddp": [1.0, 3.0, 2.0], "naive": [9.0, 4.0, 5.0]}
+    assert calls == [("ddp", 7), ("dp", 7), ("dp", 7), ("ddp", 7), ("ddp", 7), ("dp", 7)]
+    assert result.step_times == {"ddp": [1.0, 3.0, 2.0], "naive": [3.0, 9.0, 5.0]}
     assert (result.median("ddp"), result.median("naive")) == (2.0, 5.0)
-    assert result.ratio("naive") == 2.5 and result.ratio("ddp", reference="naive") == 0.4
-    assert "| naive | 5.0000 | 3 | 2.500x |" in result.table()
+    assert result.ratio("naive") == 3.0 and result.ratio("ddp", reference="naive") == pytest.approx(1 / 3)
+    assert "| naive | 5.0000 | 3 | 3.000x |" in result.table()
 
 
 def test_duplicate_labels_are_refused():
