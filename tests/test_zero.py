@@ -194,3 +194,10 @@ def test_fp32_parameters_reduced_in_bf16_train_as_ddp_does(no_leftover_ranks):
     for name, run in runs.items():
         assert_close_rel(run.losses, ddp.losses, what=f"{name} losses")
         assert_same_params(run.params, ddp.params, atol=1e-6)
+    # and ddp reducing in bf16 trains what one device trains, within bf16's rounding, on half the bytes
+    single = paralab.run("single", 1, steps=STEPS, global_batch=BATCH, optimizer="sgd", lr=LR["sgd"],
+                         collect_state=True)
+    assert_close_rel(ddp.losses, single.losses, rel=1e-2, what="ddp reducing in bf16 vs one device")
+    assert_same_params(ddp.params, single.params, rel=1e-2, atol=1e-4)
+    params = ddp.config.model.param_count()
+    assert ddp.summary["comm_payload_bytes"]["all_reduce"] == 2 * 2 * params  # 2 ranks x 2 bytes each
