@@ -49,6 +49,19 @@ def test_same_losses_parameters_and_gradients_as_single_device(runs, tp, sp, no_
         "only tp rank 0 reports the loss")
 
 
+def test_the_written_out_attention_kernel_trains_as_on_one_device(no_leftover_ranks):
+    """attention="math" (softmax(QK^T)V written out, its scores kept) on the heads each tp rank holds,
+    with sequence parallelism: the same weights and gradients as one device running that kernel."""
+    common = dict(steps=STEPS, global_batch=BATCH, optimizer="sgd", lr=LR["sgd"], collect_state=True,
+                  model={**MODEL, "attention": "math"})
+    ours = paralab.run("tp", 2, tp=2, sequence_parallel=True, **common)
+    single = paralab.run("single", 1, **common)
+    assert ours.config.model.attention == single.config.model.attention == "math"
+    assert_close_rel(ours.losses, single.losses, what="tp 2 + sp, math attention, losses")
+    assert_same_params(ours.params, single.params)
+    assert_same_params(ours.grads, single.grads, atol=1e-7)
+
+
 @pytest.mark.parametrize("sp", [False, True])
 def test_same_losses_as_torch_dtensor_tensor_parallel(runs, sp, no_leftover_ranks):
     """With SGD, whose steps scale with the gradient (an Adam run's losses would not show a gradient
