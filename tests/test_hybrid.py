@@ -31,6 +31,10 @@ CASES = {
     "2x1x2 ddp zb-h1": (2, 1, 2, "sgd", dict(schedule="zb-h1")),
     # and the tensor-parallel layers' weight gradients too, with f and g left in Bi
     "1x2x2 zb-h1 + sequence parallel": (1, 2, 2, "sgd", dict(schedule="zb-h1", sequence_parallel=True)),
+    # tensor-parallel stages on the schedules with two chunks per rank
+    "1x2x2 interleaved + sequence parallel": (1, 2, 2, "sgd", dict(schedule="interleaved", virtual_stages=2,
+                                                                   sequence_parallel=True)),
+    "1x2x2 zbv": (1, 2, 2, "sgd", dict(schedule="zbv", virtual_stages=2)),
 }
 
 
