@@ -138,6 +138,18 @@ def test_hybrid_with_cp_matches_single_device(runs, options, no_leftover_ranks):
             assert set(peers) <= set(layout.group_of("cp", s.rank)), f"{s.name} left its cp group"
 
 
+@pytest.mark.parametrize("options", [
+    dict(cp=2, tp=2, sequence_parallel=True, cp_mode="ring", cp_split="zigzag"),
+    dict(cp=2, dp=2, zero=1, cp_mode="alltoall", cp_split="zigzag"),
+], ids=["cp2 x tp2 + sequence parallel", "cp2 x dp2 ZeRO-1"])
+def test_cp_beside_sequence_parallel_or_zero_matches_single_device(runs, options, no_leftover_ranks):
+    world = options["cp"] * options.get("dp", 1) * options.get("tp", 1)
+    ours, single = runs("hybrid", world, **options), runs("single", 1)
+    assert_close_rel(ours.losses, single.losses, what=f"hybrid {options} losses")
+    assert_same_params(ours.params, single.params)
+    assert_same_params(ours.grads, single.grads, atol=1e-7)
+
+
 def _torch_context_parallel_rank(rank: int, port: int, out_dir: str) -> None:
     """One of two gloo ranks: torch's context_parallel on causal SDPA, and paralab's ring attention on
     the same zig-zag slices, each gathered and compared with single-device SDPA."""
