@@ -49,6 +49,27 @@ def test_same_losses_and_parameters_as_single_device(runs, stage, world_size, no
     assert_same_params(sgd.grads, reference.grads, atol=1e-7)
 
 
+# a dropless mixture of experts without the balancing loss (a nonlinear function of the whole batch's
+# routing, which each replica would compute over its own slice)
+MOE = {**paralab.MODEL_PRESETS["tiny-moe"].__dict__, "aux_loss": 0.0}
+
+
+@pytest.fixture(scope="module")
+def moe_single():
+    return launch("single", 1, "sgd", model=MOE)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_mixture_of_experts_sharded_by_zero_trains_as_on_one_device(moe_single, stage, no_leftover_ranks):
+    """Experts are parameters like any other to ZeRO: sharded, reduced and gathered, their weights and
+    gradients end as one device's (MoE had run only under dp and ep)."""
+    run = launch(stage, 2, "sgd", model=MOE)
+    assert run.config.model.experts == 4
+    assert_close_rel(run.losses, moe_single.losses, what=f"{stage} MoE losses")
+    assert_same_params(run.params, moe_single.params)
+    assert_same_params(run.grads, moe_single.grads, atol=1e-7)
+
+
 def test_zero3_matches_torch_fsdp2(runs, no_leftover_ranks):
     ours, torchs = runs[("zero3", 2, "adam")], runs[("torch_fsdp", 2, "adam")]
     assert_close_rel(ours.losses, torchs.losses, what="zero3 vs FSDP2 losses")
