@@ -187,6 +187,18 @@ def test_zero_bubble_weight_gradients_launch_ddp_buckets_from_their_hooks(runs, 
             assert last_bucket < last_w, f"rank {rank} step {step}"
 
 
+def test_same_losses_as_torchs_ddp_over_dtensor_tensor_parallel(runs, no_leftover_ranks):
+    """torch_hybrid (DistributedDataParallel over DTensor tensor parallel) on dp 2 x tp 2 trains as
+    paralab's hybrid does, with SGD, whose steps scale with the gradient (its parameters are DTensors
+    under other names: losses only)."""
+    common = dict(steps=STEPS, model=MODEL, global_batch=BATCH, optimizer="sgd", lr=LR["sgd"],
+                  microbatches=MICROBATCHES)
+    ours = paralab.run("hybrid", 4, dp=2, tp=2, pp=1, bucket_mb=BUCKET_MB, **common)
+    torchs = paralab.run("torch_hybrid", 4, tp=2, **common)
+    assert_close_rel(torchs.losses, ours.losses, what="torch_hybrid vs hybrid losses")
+    assert_close_rel(ours.losses, runs["sgd"].losses, what="hybrid vs one device losses")
+
+
 @pytest.mark.parametrize("zero, dtype, reduce_dtype", [(1, "bf16", "fp32"), (2, "fp16", "fp32"),
                                                       (1, "fp16", "bf16")])  # wider than either: fp32
 def test_zero_in_16_bits_hands_back_its_fp32_gradients(zero, dtype, reduce_dtype, no_leftover_ranks):
