@@ -117,6 +117,16 @@ def assert_same_params(params, reference, rel=1e-5, atol=1e-6):
         assert bool((diff <= bound).all()), f"{name}: max abs diff {diff.max().item():.3g}"
 
 
+def assert_replicas_agree(run, place=lambda result: ()):
+    """Only the first replica's state is collected and compared; every rank at the same ``place`` (a
+    key of its rank result: by default all of them) trained the same weights bit for bit, by the digest
+    each reports."""
+    digests: dict = {}
+    for result in run.rank_results:
+        digests.setdefault(place(result), set()).add(result["params_digest"])
+    assert all(len(d) == 1 and None not in d for d in digests.values()), digests
+
+
 def assert_same_gradient_norm(grads, reference, rel=1e-3):
     """The final step's gradients have the reference's global norm: what an Adam run can still be held
     to (Adam divides a gradient's scale away, so its losses and parameters cannot show a gradient

@@ -3,7 +3,7 @@
 import pytest
 
 import paralab
-from tests.conftest import assert_close_rel, assert_same_params
+from tests.conftest import assert_close_rel, assert_replicas_agree, assert_same_params
 
 STEPS, BATCH = 4, 12  # 12 divides over 1, 2, 3 and 4 ranks
 
@@ -30,9 +30,7 @@ def test_same_losses_and_parameters_as_single_device(references, strategy, world
     assert_close_rel(run.losses, reference.losses, what=f"{strategy} x{world_size} losses")
     if optimizer == "sgd":
         assert_same_params(run.params, reference.params)
-    # the first replica's weights are the ones compared; every other replica holds them bit for bit
-    digests = {r["params_digest"] for r in run.rank_results}
-    assert len(digests) == 1 and None not in digests, digests
+    assert_replicas_agree(run)
 
 
 def test_ddp_gradients_equal_torch_ddp(no_leftover_ranks):
@@ -41,8 +39,8 @@ def test_ddp_gradients_equal_torch_ddp(no_leftover_ranks):
     assert set(ours.grads) == set(torchs.grads) and len(ours.grads) > 0
     assert_same_params(ours.grads, torchs.grads, atol=1e-7)
     assert_close_rel(ours.losses, torchs.losses)
-    for run in (ours, torchs):  # every replica holds the first one's weights, bit for bit
-        assert len({r["params_digest"] for r in run.rank_results}) == 1
+    assert_replicas_agree(ours)
+    assert_replicas_agree(torchs)
 
 
 def test_ddp_overlaps_all_reduce_with_backward_and_moves_the_gradient_bytes(no_leftover_ranks):

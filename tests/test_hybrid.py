@@ -11,7 +11,12 @@ import pytest
 import paralab
 from paralab.config import ConfigError, RunConfig
 from paralab.layout import mesh_layout, resolve_layout
-from tests.conftest import assert_close_rel, assert_same_gradient_norm, assert_same_params
+from tests.conftest import (
+    assert_close_rel,
+    assert_replicas_agree,
+    assert_same_gradient_norm,
+    assert_same_params,
+)
 
 # four layers and four heads: splits two ways along tp and pp, and into 2 x 2 interleaved chunks
 MODEL = dict(layers=4, hidden=32, heads=4, vocab=64, seq_len=16)
@@ -61,12 +66,7 @@ def test_same_losses_and_parameters_as_single_device(runs, label, no_leftover_ra
         assert_same_gradient_norm(run.grads, reference.grads)
     reporting = [r["rank"] for r in run.rank_results if r["losses"] is not None]
     assert len(reporting) == dp, "one loss per dp replica: the last stage's tp rank 0"
-    # the first replica's state is the one compared: each other replica's rank holds its weights bit for bit
-    digests: dict = {}
-    for r in run.rank_results:
-        place = r["mesh"]["coord"]
-        digests.setdefault((place["pp"], place["tp"], place["cp"]), set()).add(r["params_digest"])
-    assert all(len(d) == 1 and None not in d for d in digests.values()), digests
+    assert_replicas_agree(run, lambda r: tuple(r["mesh"]["coord"][axis] for axis in ("pp", "tp", "cp")))
     assert all(r["loss_weight"] == 1 / dp for r in run.rank_results)
 
 

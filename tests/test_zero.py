@@ -6,6 +6,8 @@ two cores. SGD runs check final parameters, Adam runs check losses (see tests/te
 for why), memory (fp32 Adam is the accounting the paper's formulas assume) and traced bytes.
 """
 
+import dataclasses
+
 import pytest
 
 import paralab
@@ -51,7 +53,7 @@ def test_same_losses_and_parameters_as_single_device(runs, stage, world_size, no
 
 # a dropless mixture of experts without the balancing loss (a nonlinear function of the whole batch's
 # routing, which each replica would compute over its own slice)
-MOE = {**paralab.MODEL_PRESETS["tiny-moe"].__dict__, "aux_loss": 0.0}
+MOE = {**dataclasses.asdict(paralab.MODEL_PRESETS["tiny-moe"]), "aux_loss": 0.0}
 
 
 @pytest.fixture(scope="module")
