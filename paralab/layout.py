@@ -265,6 +265,9 @@ def _unused_options(cfg: RunConfig, strategy: Strategy) -> tuple[str, ...]:
                               f"'zero{value}' instead of {name!r}")
         if option == "hierarchical":
             raise ConfigError(f"hierarchical all-reduce is a ddp option, not {name!r}")
+        if option == "reduce_dtype":
+            raise ConfigError(f"reduce_dtype={value} sets the dtype gradients are reduced in across ranks; "
+                              f"{name} has no reduction it applies to: leave it out")
         if option == "zero_prefetch":
             raise ConfigError(f"zero_prefetch gathers ZeRO-3's next part ahead: a zero3 option, not {name!r}")
         if option == "ep":

@@ -142,6 +142,11 @@ def test_the_resolved_shapes_of_the_lab_strategies(name, world, options, expecte
     (dict(strategy="ddp", schedule="bogus"), r"ddp has no pipeline: schedule=bogus"),
     (dict(strategy="ddp", virtual_stages=3), r"ddp has no pipeline: virtual_stages=3"),
     (dict(strategy="pp", dp=2), r"pp splits over pp only; it does not take dp=2"),
+    (dict(strategy="pp", reduce_dtype="bf16"), r"reduce_dtype=bf16 .* pp has no reduction it applies to"),
+    (dict(strategy="torch_hybrid", tp=2, dp=1, reduce_dtype="bf16"),
+     r"torch_hybrid has no reduction it applies to"),
+    (dict(strategy="tp", reduce_dtype="bf16"), r"reduce_dtype=bf16 would change nothing: tp reduces .* only "
+                                               r"under sequence parallelism"),
     (dict(strategy="pp", microbatches=0), r"microbatches must be >= 1"),
     (dict(strategy="tp", zero=1), r"zero=1 is a hybrid option"),
     (dict(strategy="dp", sequence_parallel=True), r"sequence_parallel .* dp has no tp axis"),

@@ -178,5 +178,6 @@ def train(ctx):
 
 
 STRATEGIES = [Strategy("cp", "`--cp-mode ring` (K/V round a ring) or `alltoall` (Ulysses), "
-                              "`--cp-split zigzag`", axes=("cp",), options=(*CONTEXT_OPTIONS, "bucket_mb"),
-                       check=check, train=train, title="context parallel (上下文并行)")]
+                              "`--cp-split zigzag`", axes=("cp",),
+                       options=(*CONTEXT_OPTIONS, "bucket_mb", "reduce_dtype"), check=check,
+                       train=train, title="context parallel (上下文并行)")]

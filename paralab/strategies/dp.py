@@ -37,5 +37,5 @@ def train(ctx):
                        AllReduceEachGradient(model, ctx.layout.dp, torch_dtype(ctx.cfg.reduce_dtype)))
 
 
-STRATEGIES = [Strategy("dp", "all-reduce of every gradient after backward", axes=("dp",), train=train,
-                       title="data parallel (数据并行)")]
+STRATEGIES = [Strategy("dp", "all-reduce of every gradient after backward", axes=("dp",),
+                       options=("reduce_dtype",), train=train, title="data parallel (数据并行)")]

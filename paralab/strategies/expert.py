@@ -105,5 +105,6 @@ def train(ctx) -> dict:
 
 
 STRATEGIES = [Strategy("ep", "experts of a mixture of experts over `--ep N` data-parallel ranks, tokens by "
-                       "all-to-all", axes=("dp",), options=("ep", "microbatches", "bucket_mb"), check=check,
-                       train=train, title="expert parallel (专家并行)")]
+                       "all-to-all", axes=("dp",),
+                       options=("ep", "microbatches", "bucket_mb", "reduce_dtype"),
+                       check=check, train=train, title="expert parallel (专家并行)")]

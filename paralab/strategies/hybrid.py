@@ -250,5 +250,5 @@ def gather_state(module: nn.Module, stages: dict, sync: SyncChain, position: Mes
 STRATEGIES = [Strategy("hybrid", "`--dp D --cp C --tp T --pp P` on a device mesh, `--zero 1/2` over dp, "
                                   "`--ep E` inside dp", axes=("dp", "cp", "tp", "pp"),
                        options=(*PIPELINE_OPTIONS, *CONTEXT_OPTIONS, "sequence_parallel", "zero",
-                                "bucket_mb", "ep"),
+                                "bucket_mb", "ep", "reduce_dtype"),
                        schedules=SCHEDULES, check=check, train=train, title="hybrid parallel (混合并行)")]

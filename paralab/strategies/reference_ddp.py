@@ -58,5 +58,5 @@ def train(ctx):
     return train_model(ctx, ddp, GradSync(), microbatch_context=microbatch)
 
 
-STRATEGIES = [Strategy("torch_ddp", "torch's DistributedDataParallel", axes=("dp",), options=("bucket_mb",),
-                       train=train, reference_for="ddp")]
+STRATEGIES = [Strategy("torch_ddp", "torch's DistributedDataParallel", axes=("dp",),
+                       options=("bucket_mb", "reduce_dtype"), train=train, reference_for="ddp")]

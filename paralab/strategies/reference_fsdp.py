@@ -69,4 +69,4 @@ def train(ctx):
 
 
 STRATEGIES = [Strategy("torch_fsdp", "torch's FSDP2 (fully_shard)", axes=("dp",), zero=3,
-                       check=check, train=train, reference_for="zero3")]
+                       options=("reduce_dtype",), check=check, train=train, reference_for="zero3")]

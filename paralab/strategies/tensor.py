@@ -43,7 +43,7 @@ from paralab.strategies.common import (
     train_model,
     unflatten_grads,
 )
-from paralab.strategies.registry import Strategy
+from paralab.strategies.registry import OPTION_DEFAULTS, Strategy
 from paralab.strategies.tensor_layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -63,6 +63,17 @@ def check(cfg: RunConfig, layout) -> None:
     for what, size in sizes.items():
         if size % tp:
             raise ConfigError(f"tp {tp} does not divide the {what}, {size}; tp degrees that fit: {fits}")
+
+
+def check_tp(cfg: RunConfig, layout) -> None:
+    """tp's refusals: :func:`check`'s, and a reduction dtype where nothing is reduced (each tp rank holds
+    its own slice of the weights, or a whole copy of a norm's whose gradient it computed in full; only
+    sequence parallelism leaves partial gradients to all-reduce)."""
+    check(cfg, layout)
+    if cfg.reduce_dtype != OPTION_DEFAULTS["reduce_dtype"] and not layout.sequence_parallel:
+        raise ConfigError(f"reduce_dtype={cfg.reduce_dtype} would change nothing: tp reduces gradients only "
+                          "under sequence parallelism; add sequence_parallel=True (--sequence-parallel) or "
+                          "leave reduce_dtype out")
 
 
 # ---------------------------------------------------------------------------- the model
@@ -263,5 +274,5 @@ def train(ctx):
 
 
 STRATEGIES = [Strategy("tp", "Megatron column/row parallel, vocab-parallel loss, `--sequence-parallel`",
-                       axes=("tp",), options=("sequence_parallel",), check=check, train=train,
-                       title="tensor parallel (张量并行)")]
+                       axes=("tp",), options=("sequence_parallel", "reduce_dtype"), check=check_tp,
+                       train=train, title="tensor parallel (张量并行)")]

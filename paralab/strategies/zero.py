@@ -294,7 +294,7 @@ def train(ctx):
 
 STRATEGIES = [
     Strategy(f"zero{stage}", summary, axes=("dp",),
-             options={2: ("bucket_mb",), 3: ("zero_prefetch",)}.get(stage, ()),
+             options=("reduce_dtype", *{2: ("bucket_mb",), 3: ("zero_prefetch",)}.get(stage, ())),
              zero=stage, train=train, title=f"sharded data parallel, ZeRO-{stage}")
     for stage, summary in ((1, "optimizer states sharded over the data-parallel ranks"),
                            (2, "optimizer states and gradients sharded"),
