@@ -93,20 +93,26 @@ def config_from_args(args) -> RunConfig:
 
 def cmd_run(args) -> int:
     from paralab.outputs import check_run_outputs
-    from paralab.runtime.torchrun import run_under_torchrun, under_torchrun
+    from paralab.runtime.torchrun import end_rank, run_under_torchrun, under_torchrun
 
     cfg = config_from_args(args)
     check_run_outputs(args)
     if under_torchrun():
         result = run_under_torchrun(cfg, args.trace_dir)
-    else:
-        from paralab.runtime.launch import launch
+        if result is not None:  # rank 0 speaks for the run
+            _write_outputs(result, args)
+        end_rank(EXIT_OK)
+    from paralab.runtime.launch import launch
 
-        result = launch(cfg)
-        if args.trace_dir:
-            result.trace.save(Path(args.trace_dir) / "merged.json")
-    if result is None:  # a torchrun rank other than 0
-        return EXIT_OK
+    result = launch(cfg)
+    if args.trace_dir:
+        result.trace.save(Path(args.trace_dir) / "merged.json")
+    _write_outputs(result, args)
+    return EXIT_OK
+
+
+def _write_outputs(result, args) -> None:
+    """A finished run's trace, report and summary, where ``paralab run``'s options ask for them."""
     if args.trace:
         result.save_trace(args.trace)
     if args.report:
@@ -117,7 +123,6 @@ def cmd_run(args) -> int:
         print(json_text(result.summary))
     else:
         print(format_summary(result.summary))
-    return EXIT_OK
 
 
 def format_summary(s: dict) -> str:

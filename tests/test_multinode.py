@@ -149,18 +149,25 @@ def test_agents_and_workers_listen_on_loopback_only_and_die_with_their_launcher(
 
 
 @pytest.mark.timeout(240)
-def test_a_rank_killed_from_outside_is_named_with_its_signal_not_its_peer(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGABRT], ids=["SIGKILL", "SIGABRT"])
+def test_a_rank_killed_from_outside_is_named_with_its_signal_not_its_peer(tmp_path, sig):
+    """Named with its signal; one that a fatal signal let speak (an abort in native code, say) also
+    shows the Python stack it died in."""
     tag = f"nodes-kill-{os.getpid()}-{time.time_ns()}"
     launcher = start_nodes(tag, tmp_path, stderr=subprocess.PIPE, text=True)
     try:
         (rank1,) = [w for w in _workers(tag) if w.environ()["RANK"] == "1"]
-        rank1.kill()
+        rank1.send_signal(sig)
         _, err = launcher.communicate(timeout=120)
     finally:
         launcher.kill()
     assert launcher.returncode == 1
-    blamed = "rank 1 failed: died (signal 9, SIGKILL) without reporting a result; then rank 0 reported"
+    blamed = (f"rank 1 failed: died (signal {int(sig)}, {sig.name}) without reporting a result; "
+              "then rank 0 reported")
     assert blamed in err, err
+    if sig == signal.SIGABRT:
+        stack = err.split("(Python stack of rank 1 as it died)")[-1]
+        assert "Fatal Python error: Aborted" in stack and 'File "' in stack, err
 
 
 def _forkservers() -> list[int]:

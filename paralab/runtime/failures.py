@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import signal
+from pathlib import Path
 
 from paralab.runtime.result import RunError
 
@@ -58,6 +59,19 @@ def cut_native_frames(text: str) -> str:
     if cut:
         out.append(f"[{cut} lines of C++ stack cut]")
     return "\n".join(out)
+
+
+def crash_report(report_dir: Path, rank: int) -> str:
+    """What a rank that died of a fatal signal wrote as it died (worker.dump_stacks), if anything."""
+    text = read_if_there(report_dir / f"rank{rank}.crash").strip()
+    return f"(Python stack of rank {rank} as it died)\n{text}" if text else ""
+
+
+def read_if_there(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
 
 
 def blame(reports: list[dict], ended: dict[int, int], silent: list[int],

@@ -36,7 +36,7 @@ from pathlib import Path
 from paralab.config import RunConfig, resolve_device
 from paralab.layout import resolve_layout
 from paralab.precision import check_dtype
-from paralab.runtime.failures import blame, is_consequence
+from paralab.runtime.failures import blame, crash_report, is_consequence, read_if_there
 from paralab.runtime.janitor import Janitor
 from paralab.runtime.result import RunError, RunResult
 from paralab.runtime.worker import check_capacity, spawn_entry, usable_cores
@@ -216,7 +216,7 @@ def _failure(procs, run_dir: Path) -> RunError:
                    or any(rank not in reported for rank in ended))
         if settled or time.monotonic() > deadline:
             return blame(reports, ended, silent, lambda rank: _stack(procs[rank], rank, run_dir),
-                         lambda rank: _crash(rank, run_dir))
+                         lambda rank: crash_report(run_dir, rank))
         time.sleep(POLL_S)
 
 
@@ -226,22 +226,11 @@ def _stack(proc, rank: int, run_dir: Path) -> str:
     with contextlib.suppress(ProcessLookupError):
         os.kill(proc.pid, signal.SIGUSR1)
     deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline and not _read(stack_file):
+    while time.monotonic() < deadline and not read_if_there(stack_file):
         time.sleep(POLL_S)
-    return f"(Python stack of rank {rank}, which stopped answering)\n{_read(stack_file)}"
+    return f"(Python stack of rank {rank}, which stopped answering)\n{read_if_there(stack_file)}"
 
 
-def _crash(rank: int, run_dir: Path) -> str:
-    """What a rank that died of a fatal signal wrote as it died (worker.dump_stacks), if anything."""
-    text = _read(run_dir / f"rank{rank}.crash").strip()
-    return f"(Python stack of rank {rank} as it died)\n{text}" if text else ""
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except FileNotFoundError:
-        return ""
 
 
 def _stop(procs) -> None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paralab.runtime import agents, loopback
-from paralab.runtime.failures import blame, cut_native_frames
+from paralab.runtime.failures import blame, crash_report, cut_native_frames
 from paralab.runtime.janitor import Janitor
 from paralab.runtime.launch import SETTLE_S, release_forkserver
 from paralab.runtime.processes import wait_together
@@ -176,12 +176,13 @@ def _failure(reports: Path, failed: list[tuple[int, str]], world: int) -> RunErr
     """The failing rank's own report when it left one (paralab.runtime.torchrun); a rank that left
     none (killed) from its agent's account of it (torchrun's root cause: rank and exit code); a rank
     that neither reported nor ended while its peers timed out waiting as the one that stopped
-    answering; else the first failing agent's own words, C++ stack cut."""
+    answering; else the first failing agent's own words, C++ stack cut. A rank killed by a fatal
+    signal left its Python stack as it died (paralab.runtime.torchrun)."""
     found = sorted((json.loads(f.read_text()) for f in reports.glob("rank*.error.json")),
                    key=lambda r: r["rank"])
     ended = {int(rank): int(code) for _, err in failed for rank, code in _ROOT_CAUSE.findall(err)}
     silent = [rank for rank in range(world) if rank not in ended and rank not in {r["rank"] for r in found}]
     if found or ended:
-        return blame(found, ended, silent)
+        return blame(found, ended, silent, crash_of=lambda rank: crash_report(reports, rank))
     node, err = failed[0]
     return RunError(None, f"the torchrun agent of node {node} failed", cut_native_frames(err)[-4000:])

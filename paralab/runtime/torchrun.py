@@ -11,11 +11,13 @@ launcher.
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from paralab.config import RunConfig, resolve_device
 from paralab.layout import resolve_layout
@@ -34,11 +36,15 @@ def under_torchrun() -> bool:
 def run_under_torchrun(cfg: RunConfig, trace_dir: str | None = None) -> RunResult | None:
     """Run this process's rank. Rank 0 returns the RunResult of the whole run; other ranks None."""
     from paralab.runtime.agents import REPORT_DIR, worker_setup
-    from paralab.runtime.worker import run_rank, write_error_report
+    from paralab.runtime.worker import dump_stacks, run_rank, write_error_report
 
     worker_setup()
     world_size = int(os.environ["WORLD_SIZE"])
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    if REPORT_DIR in os.environ:  # paralab's own agents: the launcher reads the stack of a rank that died
+        dump_stacks(Path(os.environ[REPORT_DIR]), rank)
+    else:  # someone's torchrun: a rank killed by a fatal signal prints its Python stack in its output
+        faulthandler.enable(all_threads=True)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     cfg = dataclasses.replace(cfg, world_size=world_size)
     try:
@@ -63,6 +69,17 @@ def run_under_torchrun(cfg: RunConfig, trace_dir: str | None = None) -> RunResul
         res.pop("state", None)
         results.append({**res, "trace": tr})
     return RunResult.from_rank_results(cfg, layout, results, [None] * world_size)
+
+
+def end_rank(code: int) -> NoReturn:
+    """End a torchrun rank whose work is written, without the interpreter's teardown, as paralab's own
+    spawned ranks end (multiprocessing leaves a child by ``os._exit``). With gloo a rank can abort
+    (SIGABRT) after its process group is destroyed, as the interpreter tears down what still holds
+    communication threads; torchrun then fails the whole job, whose work was done. Seen once in CI
+    under ``paralab nodes``; paralab's spawned ranks have never shown it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 # torchrun gives its ranks 30 s after SIGTERM, then SIGKILLs them (LocalElasticAgent._shutdown); it is
