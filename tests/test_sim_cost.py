@@ -480,6 +480,24 @@ def test_the_fullest_rank_of_an_uneven_split_may_sit_next_to_an_end():
     assert cost.memory_per_gpu(model, p)["total"] == max(ranks) == ranks[1]
 
 
+@pytest.mark.parametrize("name, spec", [
+    ("llama3-405b", dict(pp=16, virtual_stages=8, schedule="interleaved", dp=128, zero=1,
+                         stage_layers=ends_split(126, 128, 0, 0))),
+    ("llama3-405b", dict(pp=16, dp=64, zero=1, stage_layers=ends_split(126, 16, 7, 7))),
+    ("llama3-405b", dict(pp=16, dp=64, zero=3, schedule="gpipe", stage_layers=ends_split(126, 16, 6, 8))),
+    ("deepseek-v3", dict(pp=8, dp=4, ep=4, zero=2, grad_buckets=4, stage_layers=ends_split(61, 8, 5, 2))),
+    ("deepseek-v3", dict(pp=4, dp=8, ep=8, schedule="dualpipev", virtual_stages=2,
+                         stage_layers=ends_split(61, 8, 5, 8))),
+    ("gpt3-175b", dict(pp=8, dp=16, schedule="zbv", virtual_stages=2, zero=3, fsdp_root=False)),
+])
+def test_the_fullest_rank_is_found_without_weighing_every_rank(name, spec):
+    """memory_per_gpu weighs the first rank of each kind only: the same answer as weighing all."""
+    model = get_model(name)
+    p = cost.check(model, ParallelSpec(tp=8, micro_batch=1, global_batch=256, sequence_parallel=True, **spec))
+    every = max((cost._rank_memory(model, p, r) for r in range(p.pp)), key=lambda m: m["total"])
+    assert cost.memory_per_gpu(model, p) == every
+
+
 def test_step_window_adds_the_spread_of_the_pipeline_ranks_ends():
     """A measured step is the first rank's start to the last rank's end; in the steady state a rank
     that ends early starts the next step early, so the window is the step plus that spread (0

@@ -166,6 +166,30 @@ def test_peak_inflight_matches_schedule_data_on_every_rank(name, p, m, v):
     assert [counting.peak_inflight_chunks(name, p, m, v, rank) for rank in range(p)] == peaks
 
 
+def test_no_rank_holds_more_activations_in_flight_than_an_earlier_one():
+    """What lets memory_per_gpu weigh only the first rank of each kind (first_rank_of_each_kind)."""
+    from paralab.schedules import SCHEDULES
+
+    for name in SCHEDULES:
+        for p in range(2, 9):
+            for m in range(1, 13):
+                for v in {"zbv": (2,), "dualpipev": (2,), "interleaved": (1, 2, 3)}.get(name, (1,)):
+                    peaks = [counting.peak_inflight_chunks(name, p, m, v, rank) for rank in range(p)]
+                    assert peaks == sorted(peaks, reverse=True), (name, p, m, v, peaks)
+
+
+def test_the_first_rank_of_each_kind_stands_for_ranks_alike_in_blocks_and_ends():
+    model = get_model("deepseek-v3")  # 61 blocks, the first 3 dense
+    p = ParallelSpec(pp=8, tp=8, dp=4, ep=4, micro_batch=1, global_batch=64,
+                     stage_layers=ends_split(61, 8, 5, 2)).resolved()
+    layers, moe_layers = counting._layers_by_rank(model, p)
+    assert (layers, moe_layers) == ((5, 9, 9, 9, 9, 9, 9, 2), (2, 9, 9, 9, 9, 9, 9, 2))
+    assert counting.first_rank_of_each_kind(model, p) == [0, 1, 7]  # the first, a middle one, the last
+    v = p.replace(schedule="zbv", virtual_stages=2, pp=4, dp=8, stage_layers=None, global_batch=64,
+                  micro_batch=1).resolved()
+    assert counting.first_rank_of_each_kind(get_model("gpt3-175b"), v) == [0, 1]  # the V: both ends on 0
+
+
 def test_zero3_parts_are_the_ends_and_each_block():
     """ZeRO-3 gathers the embedding (token and position tables), each block, then the final norm and
     the output layer; GPT-3's output layer is the tied embedding, so its last part is the norm."""
@@ -303,3 +327,18 @@ def test_recomputing_some_layers_keeps_the_others_whole():
     interleaved = ParallelSpec(pp=4, virtual_stages=2, schedule="interleaved", recompute="full",
                                recompute_layers=2, microbatches=8)
     assert counting.recompute_share(model, interleaved) == pytest.approx(0.5)
+
+
+def test_a_spec_keeps_its_hash_and_hashes_as_its_equals_do():
+    """Specs key the simulator's caches and keep their hash once worked out; a copy, a pickle or a
+    replace is hashed afresh (a string's hash differs from one process to the next)."""
+    import copy
+    import pickle
+
+    model = get_model("llama3-405b")
+    p = ParallelSpec(pp=16, virtual_stages=8, schedule="interleaved", stage_layers=ends_split(126, 128, 0, 0))
+    assert hash(p) == hash(ParallelSpec(**{f: getattr(p, f) for f in p.__dataclass_fields__}))
+    assert hash(model) == hash(get_model("llama3-405b").replace())
+    for copied in (pickle.loads(pickle.dumps(p)), copy.deepcopy(p)):
+        assert copied == p and "_hash" not in copied.__dict__ and hash(copied) == hash(p)
+    assert p.replace(pp=8) != p and hash(p.replace(pp=8)) != hash(p)

@@ -573,12 +573,13 @@ class Prediction:
 def memory_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]:
     """Bytes per GPU at the peak, on the fullest pipeline rank: model states (ZeRO) plus activations,
     plus what ZeRO-2/3 hold unsharded for a moment. With an even split the end ranks are the fullest
-    (the first stashes the most microbatches, the last keeps the logits); with an uneven split any
-    rank can be, so every one is weighed."""
+    (the first stashes the most microbatches, the last keeps the logits); with an uneven split a rank
+    beside an end can be, so the first rank of each kind is weighed
+    (:func:`counting.first_rank_of_each_kind`)."""
     if parallel.cp > 1:
         return CONTEXT_PARALLEL["memory_per_gpu"](model, parallel)
     p = parallel.resolved()
-    ranks = range(p.pp) if p.stage_layers is not None else {0, p.pp - 1}
+    ranks = counting.first_rank_of_each_kind(model, p)
     return max((_rank_memory(model, p, rank) for rank in ranks), key=lambda m: m["total"])
 
 

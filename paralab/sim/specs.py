@@ -34,6 +34,23 @@ class SpecError(ValueError):
     """A specification that cannot describe a run (the CLI turns it into exit code 2)."""
 
 
+def _hashed_once(spec) -> int:
+    """A spec's hash, worked out on first use and kept. Specs key the simulator's caches, which planning
+    a 16k-GPU run asks millions of times, and a dataclass hashes every field (a 128-chunk split among
+    them) at each ask. Equal specs hash alike: the hash is the dataclass's own, of the same fields."""
+    kept = spec.__dict__.get("_hash")
+    if kept is None:
+        kept = hash(tuple(getattr(spec, f.name) for f in dataclasses.fields(spec)))
+        object.__setattr__(spec, "_hash", kept)
+    return kept
+
+
+def _without_hash(spec) -> dict:
+    """What a copy or a pickle of a spec carries: its fields, not the hash (a string's hash differs
+    from one process to the next)."""
+    return {k: v for k, v in spec.__dict__.items() if k != "_hash"}
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A decoder-only transformer's shape.
@@ -63,6 +80,9 @@ class ModelSpec:
     non-GEMM ops in a kernel library's fused kernels (Megatron-LM, Transformer Engine, torch.compile);
     "eager" runs each as its own PyTorch kernel, which moves more bytes (paralab.sim.kernels).
     """
+
+    __hash__ = _hashed_once
+    __getstate__ = _without_hash
 
     layers: int
     hidden: int
@@ -154,6 +174,9 @@ class ParallelSpec:
     the whole per-replica batch at pp 1 (no accumulation unless asked) and 1 in a pipeline (many
     small microbatches shrink the bubble, Megatron-LM's default).
     """
+
+    __hash__ = _hashed_once
+    __getstate__ = _without_hash
 
     dp: int = 1
     tp: int = 1
