@@ -98,12 +98,15 @@ def test_a_failing_rank_is_named_with_its_own_traceback_not_the_agents_stack(cap
 def test_a_node_that_fails_stops_the_others_and_the_hung_rank_is_named(capsys, hung):
     """One rank hangs; its peer's collective times out after 5 s and that agent fails. The other agent,
     whose rank would hang on, is stopped (whichever node it is), and the rank that stopped answering
-    is named, as `paralab run` names it, instead of the launcher waiting out its 600 s."""
+    is named, as `paralab run` names it, with the Python stack it hangs in, instead of the launcher
+    waiting out its 600 s."""
     code = cli.main(["nodes", "--nnodes", "2", "--nproc-per-node", "1", "--", "--strategy", "ddp",
                      "--steps", "3", "--timeout", "5", "--fail", f"rank={hung},step=1,kind=hang"])
     err = capsys.readouterr().err
     assert code == 1 and f"rank {hung} failed: stopped answering" in err, err
     assert f"then rank {1 - hung} reported: a collective timed out after 5 s" in err
+    stack = err.split(f"(Python stack of rank {hung}, which stopped answering)")[-1]
+    assert "in at_step" in stack, err  # where the hung rank sleeps (paralab.runtime.context)
 
 
 def _workers(tag: str) -> list[psutil.Process]:

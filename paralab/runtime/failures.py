@@ -67,6 +67,12 @@ def crash_report(report_dir: Path, rank: int) -> str:
     return f"(Python stack of rank {rank} as it died)\n{text}" if text else ""
 
 
+def stack_report(report_dir: Path, rank: int) -> str:
+    """The Python stack a rank that stopped answering wrote when asked (worker.dump_stacks), if any."""
+    text = read_if_there(report_dir / f"rank{rank}.stack").strip()
+    return f"(Python stack of rank {rank}, which stopped answering)\n{text}" if text else ""
+
+
 def read_if_there(path: Path) -> str:
     try:
         return path.read_text()

@@ -36,7 +36,7 @@ from pathlib import Path
 from paralab.config import RunConfig, resolve_device
 from paralab.layout import resolve_layout
 from paralab.precision import check_dtype
-from paralab.runtime.failures import blame, crash_report, is_consequence, read_if_there
+from paralab.runtime.failures import blame, crash_report, is_consequence, read_if_there, stack_report
 from paralab.runtime.janitor import Janitor
 from paralab.runtime.result import RunError, RunResult
 from paralab.runtime.worker import check_capacity, spawn_entry, usable_cores
@@ -45,6 +45,7 @@ from paralab.strategies.registry import MODULES as STRATEGY_MODULES
 POLL_S = 0.05
 STARTUP_GRACE_S = 120.0  # first run: the forkserver imports torch before any rank beats
 SETTLE_S = 3.0  # after a first failure: how long to wait for the rest of the evidence
+STACK_WAIT_S = 2.0  # for a rank asked for its Python stack to write it
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -225,10 +226,10 @@ def _stack(proc, rank: int, run_dir: Path) -> str:
     stack_file = run_dir / f"rank{rank}.stack"
     with contextlib.suppress(ProcessLookupError):
         os.kill(proc.pid, signal.SIGUSR1)
-    deadline = time.monotonic() + 2.0
+    deadline = time.monotonic() + STACK_WAIT_S
     while time.monotonic() < deadline and not read_if_there(stack_file):
         time.sleep(POLL_S)
-    return f"(Python stack of rank {rank}, which stopped answering)\n{read_if_there(stack_file)}"
+    return stack_report(run_dir, rank)
 
 
 

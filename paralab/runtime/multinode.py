@@ -20,6 +20,7 @@ its own traceback, not the agents' C++ stack.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -28,15 +29,16 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from paralab.runtime import agents, loopback
-from paralab.runtime.failures import blame, crash_report, cut_native_frames
+from paralab.runtime.failures import blame, crash_report, cut_native_frames, read_if_there, stack_report
 from paralab.runtime.janitor import Janitor
-from paralab.runtime.launch import SETTLE_S, release_forkserver
-from paralab.runtime.processes import wait_together
+from paralab.runtime.launch import SETTLE_S, STACK_WAIT_S, release_forkserver
+from paralab.runtime.processes import POLL_S, wait_together
 from paralab.runtime.result import RunError
 from paralab.trace import Trace
 
@@ -105,7 +107,7 @@ def run_local_nodes(run_args: list[str], nnodes: int = 2, nproc_per_node: int = 
         env = {k: v for k, v in agents.environment(scratch).items() if k not in _RANK_ENV}
         env[agents.REPORT_DIR] = str(reports)
         release_forkserver()  # the agents' workers import torch afresh: the idle forkserver's copy can go
-        outputs, stopped = _run_agents(commands, env, nnodes, nproc_per_node, timeout_s, janitor)
+        outputs, stopped = _run_agents(commands, env, nnodes, nproc_per_node, timeout_s, janitor, reports)
         failed = [(node, err) for node, (code, _, err) in enumerate(outputs)
                   if code != 0 and node not in stopped]
         if failed or any(reports.glob("rank*.error.json")):
@@ -123,11 +125,12 @@ def run_local_nodes(run_args: list[str], nnodes: int = 2, nproc_per_node: int = 
 
 
 def _run_agents(commands, env: dict, nnodes: int, nproc_per_node: int, timeout_s: float,
-                janitor: Janitor) -> tuple[list[tuple[int, str, str]], set[int]]:
+                janitor: Janitor, reports: Path) -> tuple[list[tuple[int, str, str]], set[int]]:
     """Start one agent per node (each in its own process group) and wait for all of them under one
     deadline. When one fails the others are stopped: their ranks could only wait for its ranks until
-    their own timeout. Returns (exit code, out, err) per agent and the nodes stopped here (the
-    failure, or the deadline, is someone else's)."""
+    their own timeout; first their ranks are asked for their Python stacks (one of them stopped
+    answering). Returns (exit code, out, err) per agent and the nodes stopped here (the failure, or
+    the deadline, is someone else's)."""
     procs, drains, stopped = [], [], set()
     try:
         for node, cmd in enumerate(commands):
@@ -138,12 +141,43 @@ def _run_agents(commands, env: dict, nnodes: int, nproc_per_node: int, timeout_s
             janitor.kill_at_end(procs[-1].pid)
             drains.append(_Drain(procs[-1]))  # read as they write, so that no agent blocks on a full pipe
         stopped = set(wait_together(procs, timeout_s, SETTLE_S).running)
+        if stopped:
+            _ask_for_stacks({procs[node].pid for node in stopped}, reports)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     return [(proc.returncode, *drain.text()) for proc, drain in zip(procs, drains, strict=True)], stopped
+
+
+def _ask_for_stacks(agents: set[int], reports: Path) -> None:
+    """Ask the ranks of these agents (their children) for their Python stacks (worker.dump_stacks: on
+    SIGUSR1, to ``rankN.stack`` in ``reports``) and give them STACK_WAIT_S to write them. The agents
+    are stopped next, so a child that is not a rank loses nothing to the signal."""
+    asked = 0
+    for pid in _children_of(agents):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGUSR1)
+            asked += 1
+    deadline = time.monotonic() + STACK_WAIT_S
+    while (time.monotonic() < deadline
+           and sum(bool(read_if_there(f)) for f in reports.glob("rank*.stack")) < asked):
+        time.sleep(POLL_S)
+
+
+def _children_of(parents: set[int]) -> list[int]:
+    """The processes whose parent is one of ``parents`` (Linux's /proc; torchrun's workers are its
+    agent's children)."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:  # "pid (name) state ppid ...": the name may hold spaces and parentheses
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid in parents:
+            children.append(int(stat.parent.name))
+    return children
 
 
 class _Drain:
@@ -183,6 +217,7 @@ def _failure(reports: Path, failed: list[tuple[int, str]], world: int) -> RunErr
     ended = {int(rank): int(code) for _, err in failed for rank, code in _ROOT_CAUSE.findall(err)}
     silent = [rank for rank in range(world) if rank not in ended and rank not in {r["rank"] for r in found}]
     if found or ended:
-        return blame(found, ended, silent, crash_of=lambda rank: crash_report(reports, rank))
+        return blame(found, ended, silent, stack_of=lambda rank: stack_report(reports, rank),
+                     crash_of=lambda rank: crash_report(reports, rank))
     node, err = failed[0]
     return RunError(None, f"the torchrun agent of node {node} failed", cut_native_frames(err)[-4000:])
