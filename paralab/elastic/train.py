@@ -255,4 +255,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from paralab.runtime.torchrun import end_rank
+
+    end_rank(main())  # without the interpreter's teardown, which could fail a generation that finished

@@ -73,10 +73,10 @@ def run_under_torchrun(cfg: RunConfig, trace_dir: str | None = None) -> RunResul
 
 def end_rank(code: int) -> NoReturn:
     """End a torchrun rank whose work is written, without the interpreter's teardown, as paralab's own
-    spawned ranks end (multiprocessing leaves a child by ``os._exit``). With gloo a rank can abort
-    (SIGABRT) after its process group is destroyed, as the interpreter tears down what still holds
-    communication threads; torchrun then fails the whole job, whose work was done. Seen once in CI
-    under ``paralab nodes``; paralab's spawned ranks have never shown it."""
+    spawned ranks end (multiprocessing leaves a child by ``os._exit``). torchrun fails a whole job when
+    one rank exits badly, even after the job's work is done; and a gloo rank under ``paralab nodes``
+    was once seen to die of SIGABRT without a word, most likely in that teardown (gloo is known to
+    abort at exit when its objects are torn down late), which the spawned ranks have never shown."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
