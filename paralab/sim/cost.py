@@ -316,7 +316,7 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
     tp_embed = collective_time(hw, "all_reduce", tokens * h * nbytes, t, p.stride("tp"))
     tp_loss = 3 * collective_time(hw, "all_reduce", tokens * 4, t, p.stride("tp"))
     slowest = straggler_factor(hw, p.world_size)
-    times = []
+    times, alike = [], {}
     for stage, layers in enumerate(blocks):
         moe_here = moe_blocks[stage]
         f, bi, w = layers * forward, layers * backward_input, layers * weight
@@ -337,7 +337,7 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
             f, bi = f + sync_wait(hw, f, 2), bi + sync_wait(hw, bi + w, 2)
         st = StageTimes(slowest * f, slowest * bi, slowest * w, slowest * tp, a2a=moe_here * a2a)
         if p.zero >= 2 and p.dp > 1:  # ZeRO-2/3 collectives per microbatch, part by part
-            st = _zero_overlapped(st, model, p, hw, stage, parts)
+            st = _zero_overlapped(st, model, p, hw, stage, parts, alike)
         times.append(st)
     return times
 
@@ -378,13 +378,32 @@ def dp_collective_time(hw: HardwareSpec, p: ParallelSpec, op: str, params: float
 
 
 def _zero_overlapped(st: StageTimes, model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, stage: int,
-                     work: list[tuple[float, float]]) -> StageTimes:
+                     work: list[tuple[float, float]], alike: dict) -> StageTimes:
     """A microbatch's F and B of one stage with ZeRO-2/3's collectives part by part (:func:`part_by_part`)
     over the parts ZeRO-3 gathers whole (:func:`counting.zero_units`: the embedding, each block, the
     head; with ``fsdp_root`` the two ends as one unit, the first part's), ``work`` their forward and
     backward in that order; ``zero_comm`` keeps what the collectives add beyond the compute. The
     stage's times (stretched by stragglers and pipeline waits) are shared among the parts as their
-    work is."""
+    work is. ``alike``: the stages priced so far, by what their pricing reads (of 128 chunks, a few
+    kinds)."""
+    units, experts = counting.zero_units(model, p, stage), counting.zero_unit_experts(model, p, stage)
+    if p.fsdp_root:  # the ends are one unit, gathered and reduce-scattered as the first part's
+        units = (sum(counting.fsdp_root(model, p)), *units[1:-1], 0.0)
+    scattered, scattered_experts = units, experts
+    if p.zero == 2 and p.grad_buckets:  # buckets mix the parts: experts in the stage's proportion
+        scattered = _filled_buckets(units, _zero2_bucket(model, p, counting.stage_rank(p, stage)))
+        scattered_experts = tuple(r * sum(experts) / sum(units) for r in scattered)
+    key = (st, tuple(work), units, experts, scattered, scattered_experts)
+    if key not in alike:
+        alike[key] = _priced_part_by_part(st, model, p, hw, *key[1:])
+    return alike[key]
+
+
+def _priced_part_by_part(st: StageTimes, model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, work: tuple,
+                         units: tuple, experts: tuple, scattered: tuple,
+                         scattered_experts: tuple) -> StageTimes:
+    """:func:`_zero_overlapped`'s stage priced, its parts' parameters, experts and reduce-scattered
+    shares given."""
     pb, gb, _ = counting.bytes_per_param(model, p)
     forward_work, backward_work = sum(f for f, _ in work), sum(b for _, b in work)
 
@@ -403,13 +422,6 @@ def _zero_overlapped(st: StageTimes, model: ModelSpec, p: ParallelSpec, hw: Hard
             ag = dp_collective_time(hw, p, "all_gather", params, experts, pb) + sync_wait(hw, f, p.dp)
         return (f, ag, 0.0), (b, ag, rs)
 
-    units, experts = counting.zero_units(model, p, stage), counting.zero_unit_experts(model, p, stage)
-    if p.fsdp_root:  # the ends are one unit, gathered and reduce-scattered as the first part's
-        units = (sum(counting.fsdp_root(model, p)), *units[1:-1], 0.0)
-    scattered, scattered_experts = units, experts
-    if p.zero == 2 and p.grad_buckets:  # buckets mix the parts: experts in the stage's proportion
-        scattered = _filled_buckets(units, _zero2_bucket(model, p, counting.stage_rank(p, stage)))
-        scattered_experts = tuple(r * sum(experts) / sum(units) for r in scattered)
     priced = [part(f, b, n, e, r, re) for (f, b), n, e, r, re
               in zip(work, units, experts, scattered, scattered_experts, strict=True)]
     forward, backward = [f for f, _ in priced], [b for _, b in reversed(priced)]
