@@ -415,7 +415,21 @@ def test_a_crash_during_a_save_resumes_from_the_previous_checkpoint_then_a_node_
     assert 2 < resumed < STEPS, f"the join resumed at step {resumed}: it trained nothing, nothing checks it"
     assert result.summary["generations"][-1]["checkpoint_world_size"] == 1  # one rank's shards, read by two
     assert result.summary["world_sizes"] == [2, 2] + [1] * (resumed - 2) + [2] * (STEPS - resumed)
+    assert result.summary["join"] == {"after_step": 3, "joined_at_step": resumed}
+    assert f"joined, its world resumed at step {resumed}" in result.describe()
     assert_exact_history(result, reference)
+
+
+def test_a_join_that_never_came_is_said():
+    """A node asked to join can miss a short run (its workers import torch afresh, then meet the others
+    at a rendezvous): the summary says so rather than nothing; a failure's restart is not a join."""
+    from paralab.elastic.history import joined
+
+    cfg = ElasticConfig(nodes=1, min_nodes=1, max_nodes=2, steps=8, join_after_step=3)
+    restart = {"reason": "failure", "resumed_at_step": 2}
+    assert joined(cfg, [restart]) == {"after_step": 3, "joined_at_step": None}
+    assert joined(cfg, [restart, {"reason": "scale-out", "resumed_at_step": 5}])["joined_at_step"] == 5
+    assert joined(dataclasses.replace(cfg, join_after_step=None), []) is None
 
 
 @pytest.mark.timeout(240)

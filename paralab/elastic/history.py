@@ -133,6 +133,7 @@ class ElasticResult:
             "step_times_s": times,
             "balance": cfg.balance,
             "slow": cfg.slow,
+            "join": joined(cfg, self.transitions),
             "trace": self.trace_path,
         }
 
@@ -154,6 +155,12 @@ class ElasticResult:
                          + (f", detected {t['detection_s']:.1f} s after it" if "detection_s" in t else "")
                          + (f", recovered {t['recovery_s']:.1f} s after detection"
                             if t.get("recovery_s") else ""))
+        if s["join"] is not None:
+            at = s["join"]["joined_at_step"]
+            lines.append(f"the node asked to join after step {s['join']['after_step']}: "
+                         + (f"joined, its world resumed at step {at}" if at is not None else
+                            "had not joined when the last step ended (a short run can end before a new "
+                            "node's workers start and meet the others)"))
         lines.append(f"step time (median after the first): {s['step_time_s'] * 1e3:.1f} ms")
         if s["trace"]:
             lines.append(f"trace: {s['trace']} (open in https://ui.perfetto.dev)")
@@ -162,6 +169,15 @@ class ElasticResult:
     def __repr__(self) -> str:
         return (f"ElasticResult(steps={len(self.history)}, world_sizes={self.summary['world_sizes']}, "
                 f"restarts={len(self.generations) - 1})")
+
+
+def joined(cfg: ElasticConfig, transitions: list[dict]) -> dict | None:
+    """What became of the node asked to join after step ``join_after_step``: the step the larger world
+    resumed at, or None when the run ended first. None when no node was asked to join."""
+    if cfg.join_after_step is None:
+        return None
+    scale_outs = [t["resumed_at_step"] for t in transitions if t["reason"] == "scale-out"]
+    return {"after_step": cfg.join_after_step, "joined_at_step": scale_outs[0] if scale_outs else None}
 
 
 def _transitions(gens: list[Generation], failure: dict | None) -> list[dict]:
