@@ -143,8 +143,11 @@ def test_the_resolved_shapes_of_the_lab_strategies(name, world, options, expecte
     (dict(strategy="ddp", virtual_stages=3), r"ddp has no pipeline: virtual_stages=3"),
     (dict(strategy="pp", dp=2), r"pp splits over pp only; it does not take dp=2"),
     (dict(strategy="pp", reduce_dtype="bf16"), r"reduce_dtype=bf16 .* pp has no reduction it applies to"),
+    (dict(strategy="torch_tp", reduce_dtype="bf16"), r"torch_tp has no reduction it applies to"),
     (dict(strategy="torch_hybrid", tp=2, dp=1, reduce_dtype="bf16"),
-     r"torch_hybrid has no reduction it applies to"),
+     r"would change nothing: torch_hybrid's DDP reduces over dp, and this run has dp = 1"),
+    (dict(strategy="hybrid", tp=2, dp=1, reduce_dtype="bf16"),
+     r"would change nothing: hybrid reduces gradients over dp x cp"),
     (dict(strategy="tp", reduce_dtype="bf16"), r"reduce_dtype=bf16 would change nothing: tp reduces .* only "
                                                r"under sequence parallelism"),
     (dict(strategy="pp", microbatches=0), r"microbatches must be >= 1"),
@@ -173,6 +176,19 @@ def test_shapes_that_cannot_run_are_refused_before_any_process(monkeypatch, opti
     monkeypatch.setattr(launch_module, "_context", lambda: pytest.fail("a process was about to start"))
     with pytest.raises(ConfigError, match=message):
         paralab.run(world_size=2, **options)
+
+
+@pytest.mark.parametrize("name, world, options", [
+    ("dp", 2, {}), ("ddp", 2, {}), ("zero1", 2, {}), ("zero2", 2, {}), ("zero3", 2, {}), ("cp", 2, {}),
+    ("ep", 2, dict(model="tiny-moe")), ("torch_ddp", 2, {}), ("torch_fsdp", 2, {}),
+    ("tp", 2, dict(sequence_parallel=True)), ("hybrid", 4, dict(tp=2)),
+    ("hybrid", 2, dict(tp=2, sequence_parallel=True)), ("torch_hybrid", 4, dict(tp=2)),
+])
+def test_reduce_dtype_is_taken_wherever_gradients_are_reduced(name, world, options):
+    options = {"model": "tiny", **options}
+    model = options.pop("model")
+    cfg = RunConfig.build(model, strategy=name, world_size=world, reduce_dtype="bf16", **options)
+    assert resolve_layout(cfg).unused_options == ()
 
 
 def test_the_unused_tuning_knob_is_reported_not_echoed(monkeypatch):

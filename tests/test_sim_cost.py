@@ -489,6 +489,8 @@ def test_the_fullest_rank_of_an_uneven_split_may_sit_next_to_an_end():
     ("deepseek-v3", dict(pp=4, dp=8, ep=8, schedule="dualpipev", virtual_stages=2,
                          stage_layers=ends_split(61, 8, 5, 8))),
     ("gpt3-175b", dict(pp=8, dp=16, schedule="zbv", virtual_stages=2, zero=3, fsdp_root=False)),
+    # rank 1 holds the 2 dense blocks among its 10, ranks 2-6 ten MoE blocks: as many blocks, more experts
+    ("deepseek-v3", dict(pp=8, dp=8, ep=8, stage_layers=ends_split(61, 8, 1, 0))),
 ])
 def test_the_fullest_rank_is_found_without_weighing_every_rank(name, spec):
     """memory_per_gpu weighs the first rank of each kind only: the same answer as weighing all."""

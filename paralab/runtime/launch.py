@@ -232,8 +232,6 @@ def _stack(proc, rank: int, run_dir: Path) -> str:
     return stack_report(run_dir, rank)
 
 
-
-
 def _stop(procs) -> None:
     procs = [p for p in procs if p.pid is not None]  # a start that failed left nothing to stop
     for p in procs:

@@ -113,7 +113,9 @@ def run_local_nodes(run_args: list[str], nnodes: int = 2, nproc_per_node: int = 
         if failed or any(reports.glob("rank*.error.json")):
             raise _failure(reports, failed, nnodes * nproc_per_node)
         if stopped:
-            raise RunError(None, f"the {nnodes}-node run did not finish within {timeout_s:.0f} s", "")
+            stacks = (stack_report(reports, rank) for rank in range(nnodes * nproc_per_node))
+            raise RunError(None, f"the {nnodes}-node run did not finish within {timeout_s:.0f} s",
+                           "\n\n".join(stack for stack in stacks if stack))
         summaries = [json.loads(line) for _, out, _ in outputs
                      for line in out.splitlines() if line.startswith("{")]
         if not summaries:
@@ -151,12 +153,12 @@ def _run_agents(commands, env: dict, nnodes: int, nproc_per_node: int, timeout_s
     return [(proc.returncode, *drain.text()) for proc, drain in zip(procs, drains, strict=True)], stopped
 
 
-def _ask_for_stacks(agents: set[int], reports: Path) -> None:
+def _ask_for_stacks(agent_pids: set[int], reports: Path) -> None:
     """Ask the ranks of these agents (their children) for their Python stacks (worker.dump_stacks: on
     SIGUSR1, to ``rankN.stack`` in ``reports``) and give them STACK_WAIT_S to write them. The agents
     are stopped next, so a child that is not a rank loses nothing to the signal."""
     asked = 0
-    for pid in _children_of(agents):
+    for pid in _children_of(agent_pids):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGUSR1)
             asked += 1

@@ -53,7 +53,12 @@ from paralab.strategies.ddp import BucketedReducer
 from paralab.strategies.expert import expert_process_groups, parallelize_experts
 from paralab.strategies.pipeline import PipelineExecutor, microbatched_batch, stage_groups
 from paralab.strategies.pipeline_stage import build_stages, check_pipeline
-from paralab.strategies.registry import CONTEXT_OPTIONS, PIPELINE_OPTIONS, Strategy
+from paralab.strategies.registry import (
+    CONTEXT_OPTIONS,
+    PIPELINE_OPTIONS,
+    Strategy,
+    check_reduce_dtype_applies,
+)
 from paralab.strategies.ring_attention import ContextParallelGroup
 from paralab.strategies.tensor_layers import TensorParallelGroup, vocab_parallel_cross_entropy
 from paralab.strategies.zero import Zero
@@ -83,6 +88,9 @@ def check(cfg: RunConfig, layout) -> None:
         raise ConfigError("not supported: zero=2 with sequence_parallel (the sequence-parallel gradients "
                           "are summed over tp after backward, but zero2 has reduce-scattered them during "
                           "backward); use zero=1 or ddp (zero=0)")
+    check_reduce_dtype_applies(cfg, layout.dp * layout.cp > 1 or layout.sequence_parallel,
+                               "hybrid reduces gradients over dp x cp, and over tp under sequence "
+                               "parallelism, and this run has dp x cp = 1 without it")
     if layout.tp > 1:
         tensor.check(cfg, layout)
     if layout.cp > 1:

@@ -19,7 +19,13 @@ from paralab.strategies import tensor
 from paralab.strategies.common import GradSync, full_model, train_model
 from paralab.strategies.reference_ddp import wrap_ddp
 from paralab.strategies.reference_tensor import SplitQKVAttention, tensor_parallel_plan
-from paralab.strategies.registry import Strategy
+from paralab.strategies.registry import Strategy, check_reduce_dtype_applies
+
+
+def check(cfg, layout) -> None:
+    tensor.check(cfg, layout)
+    check_reduce_dtype_applies(cfg, layout.dp > 1,
+                               "torch_hybrid's DDP reduces over dp, and this run has dp = 1")
 
 
 def train(ctx):
@@ -36,5 +42,5 @@ def train(ctx):
 
 
 STRATEGIES = [Strategy("torch_hybrid", "DDP over DTensor tensor parallel on a 2-D mesh", axes=("dp", "tp"),
-                       options=("sequence_parallel", "bucket_mb"), check=tensor.check, train=train,
+                       options=("sequence_parallel", "bucket_mb", "reduce_dtype"), check=check, train=train,
                        reference_for="hybrid")]

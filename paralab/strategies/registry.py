@@ -34,6 +34,13 @@ PIPELINE_OPTIONS = ("schedule", "virtual_stages", "stage_layers")
 CONTEXT_OPTIONS = ("cp_mode", "cp_split")
 
 
+def check_reduce_dtype_applies(cfg, reduces: bool, why_not: str) -> None:
+    """Refuse a ``reduce_dtype`` in a layout of a strategy that takes it but reduces nothing in this
+    layout (``why_not`` says why), rather than ignore it."""
+    if cfg.reduce_dtype != OPTION_DEFAULTS["reduce_dtype"] and not reduces:
+        raise ConfigError(f"reduce_dtype={cfg.reduce_dtype} would change nothing: {why_not}; leave it out")
+
+
 @dataclass(frozen=True)
 class Strategy:
     """One ``--strategy``. ``axes``: the mesh axes its ranks spread over (a single axis takes the whole

@@ -43,7 +43,7 @@ from paralab.strategies.common import (
     train_model,
     unflatten_grads,
 )
-from paralab.strategies.registry import OPTION_DEFAULTS, Strategy
+from paralab.strategies.registry import Strategy, check_reduce_dtype_applies
 from paralab.strategies.tensor_layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -70,10 +70,8 @@ def check_tp(cfg: RunConfig, layout) -> None:
     its own slice of the weights, or a whole copy of a norm's whose gradient it computed in full; only
     sequence parallelism leaves partial gradients to all-reduce)."""
     check(cfg, layout)
-    if cfg.reduce_dtype != OPTION_DEFAULTS["reduce_dtype"] and not layout.sequence_parallel:
-        raise ConfigError(f"reduce_dtype={cfg.reduce_dtype} would change nothing: tp reduces gradients only "
-                          "under sequence parallelism; add sequence_parallel=True (--sequence-parallel) or "
-                          "leave reduce_dtype out")
+    check_reduce_dtype_applies(cfg, layout.sequence_parallel, "tp reduces gradients only under sequence "
+                               "parallelism (sequence_parallel=True, --sequence-parallel)")
 
 
 # ---------------------------------------------------------------------------- the model
