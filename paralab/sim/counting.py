@@ -140,15 +140,15 @@ def _layers_by_rank(model: ModelSpec, parallel: ParallelSpec) -> tuple[tuple[int
 
 def first_rank_of_each_kind(model: ModelSpec, parallel: ParallelSpec) -> list[int]:
     """The first pipeline rank of each kind, where ranks are alike when they hold as many blocks and
-    MoE blocks and the same ends (the first stage, the last, the embedding output on rank 0). Alike
-    ranks hold the same parameters and differ only in the activations in flight, which never grow
-    with the rank (:func:`peak_inflight_chunks`): the first of a kind holds the most of its kind. So
-    the fullest rank is among these; an uneven split of 128 chunks over 16 ranks has about four."""
+    MoE blocks and the same ends (rank 0 the first stage, in every schedule; the last stage's rank).
+    Alike ranks hold the same parameters and differ only in the activations in flight, which never
+    grow with the rank (:func:`peak_inflight_chunks`): the first of a kind holds the most of its kind.
+    So the fullest rank is among these; an uneven split of 128 chunks over 16 ranks has about four."""
     layers, moe_layers = _layers_by_rank(model, parallel)
-    first, last = stage_rank(parallel, 0), last_stage_rank(parallel)
+    last = last_stage_rank(parallel)
     kinds = {}
     for rank in range(parallel.pp):
-        kinds.setdefault((layers[rank], moe_layers[rank], rank == first, rank == last, rank == 0), rank)
+        kinds.setdefault((layers[rank], moe_layers[rank], rank == 0, rank == last), rank)
     return list(kinds.values())
 
 

@@ -155,5 +155,4 @@ def train(ctx):
 
 STRATEGIES = [Strategy("ddp", "bucketed all-reduce overlapped with backward; `--hierarchical` across nodes",
                        axes=("dp",), options=("bucket_mb", "hierarchical", "reduce_dtype"), check=check,
-                       train=train,
-                       title="distributed data parallel (分布式数据并行)")]
+                       train=train, title="distributed data parallel (分布式数据并行)")]
