@@ -22,9 +22,10 @@ Communication. What ran is the span: an NCCL kernel, or gloo's ``gloo:<op>`` ran
 thread (send and recv run inline). The call that asked for it supplies what the run asked for: the
 op (gloo runs a reduce-scatter as an all-reduce), tensor sizes and dtype, group and peer. NCCL kernels
 carry these from ``record_param_comms`` (``Collective name``, ``In/Out msg nelems``, ``dtype``, ``Group
-size``, ``Process Group Ranks``, ``Src/Dst Rank``); for gloo they come from the ``c10d::<op>`` call the
-execution pairs with (the call that contains it, else the earliest open call of that op), whose shapes
-torch records with ``record_shapes=True``. Payload is elements x dtype size (the full tensor for
+size``, ``Process Group Ranks``, ``Src/Dst Rank``: a rank of the group, made a rank of the world
+through the group's ranks); for gloo they come from the ``c10d::<op>`` call the execution pairs with
+(the call that contains it, else the earliest open call of that op), whose shapes torch records with
+``record_shapes=True``. Payload is elements x dtype size (the full tensor for
 all_gather and reduce_scatter, as paralab.comm counts); wire bytes follow paralab.comm's ring
 accounting for the group size. A group size the trace does not state is 0 (read: the whole world).
 """
@@ -260,6 +261,7 @@ def comm_spans(host_events: list[Event], device_events: list[Event], rank: int, 
     spans = []
     for e, c in done:
         if c.op in P2P:
+            c.peer = _global_peer(c, world)
             c.group_size = 2
             if world == 2 and c.peer is None:  # in a world of two the peer is the other rank
                 c.peer = 1 - rank
@@ -272,6 +274,19 @@ def comm_spans(host_events: list[Event], device_events: list[Event], rank: int, 
                           bytes=_wire_bytes(c.op, payload, n), payload_bytes=payload, peer=c.peer,
                           group_size=c.group_size, group_ranks=subgroup))
     return spans
+
+
+def _global_peer(c: _Comm, world: int) -> int | None:
+    """A send's or recv's peer as a rank of the world. torch records ``Dst/Src Rank`` as the rank
+    within the process group the call used (it translates the caller's global rank before the
+    backend sees it), so a pipeline's sends on a group such as [1, 3] say 1 for rank 3. The group's
+    ranks translate it back; a group smaller than the world whose ranks are not recorded (or cut
+    short) leaves the peer unknown rather than wrong."""
+    if c.peer is None:
+        return None
+    if c.group_ranks is not None and 0 <= c.peer < len(c.group_ranks):
+        return c.group_ranks[c.peer]
+    return c.peer if c.group_size in (0, world) else None
 
 
 def _wire_bytes(op: str, payload: int, n: int) -> int:

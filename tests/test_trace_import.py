@@ -25,7 +25,7 @@ from paralab.profiling import parse_label, span_label
 from paralab.runtime.torchrun import run_torchrun
 from paralab.trace import COMM, COMPUTE, STEP, Span, Trace
 from paralab.trace_import import ProfileError, import_profile
-from paralab.trace_ops import Event, compute_spans, op_name
+from paralab.trace_ops import Event, comm_spans, compute_spans, op_name
 
 HERE = Path(__file__).parent
 GPU_FIXTURE = HERE / "data" / "kineto_gpu"
@@ -137,6 +137,21 @@ def test_gpu_fixture_nccl_kernels_with_their_bytes(gpu_trace):
     assert (recv.peer, recv.payload_bytes, recv.bytes) == (0, sent, 0)  # the sender counts the transfer
     assert gpu_trace.comm_bytes() == {"all_reduce": 2 * 4 * elements, "recv": 0, "send": sent}
 
+
+
+@pytest.mark.parametrize("group, ranks, peer", [
+    (2, "[1, 3]", 3),  # a pipeline's pair group: torch records the peer's rank within it
+    (4, "[0, 1, 2, 3]", 1),  # the world: group rank and global rank are one
+    (2, "[1, ...]", None),  # a group whose ranks are cut short: unknown, not wrong
+])
+def test_nccl_peers_are_ranks_of_the_world(group, ranks, peer):
+    """A send on a process group smaller than the world names its peer by the group's own numbering;
+    the import reads it back through the group's ranks (here rank 1 of a world of 4 sends to rank 3)."""
+    meta = {"Collective name": "send", "In msg nelems": 8, "Out msg nelems": 8, "dtype": "Float",
+            "Group size": group, "Process Group Ranks": ranks, "Dst Rank": 1}
+    kernel = Event("ncclDevKernel_SendRecv", "kernel", 1, 7, 0.0, 1e-5, meta)
+    (send,) = comm_spans([], [kernel], rank=1, world=4)
+    assert (send.kind, send.peer, send.payload_bytes) == ("send", peer, 32)
 
 def test_gpu_fixture_clocks_of_two_hosts_are_aligned_on_a_collective(gpu_trace):
     """Rank 1's clock reads 3 ms ahead: the import moves it back, so both ranks leave the all-reduce at
