@@ -24,8 +24,8 @@ STEPS, BATCH, MICROBATCHES = 3, 8, 2
 LR = {"sgd": 0.05, "adam": 3e-3}
 BUCKET_MB = 0.02  # several ddp buckets per stage of this model
 
-# label -> (dp, tp, pp, optimizer, options); every run has 2 microbatches, so a sync per microbatch
-# would show as two per step
+# label -> (dp, tp, pp, optimizer, options); every run has 2 microbatches (DualPipeV 4: it takes two per
+# stage), so a sync per microbatch would show as two per step
 CASES = {
     "2x2x2 ddp": (2, 2, 2, "sgd", {}),
     "2x2x2 zero1 + sequence parallel": (2, 2, 2, "sgd", dict(zero=1, sequence_parallel=True)),
@@ -40,6 +40,9 @@ CASES = {
     "1x2x2 interleaved + sequence parallel": (1, 2, 2, "sgd", dict(schedule="interleaved", virtual_stages=2,
                                                                    sequence_parallel=True)),
     "1x2x2 zbv": (1, 2, 2, "sgd", dict(schedule="zbv", virtual_stages=2)),
+    # DualPipeV's F&B slots run one microbatch's forward beside another's backward through f and g
+    "1x2x2 dualpipev + sequence parallel": (1, 2, 2, "sgd", dict(schedule="dualpipev", virtual_stages=2,
+                                                                 microbatches=4, sequence_parallel=True)),
 }
 
 
@@ -48,8 +51,8 @@ def runs():
     common = dict(steps=STEPS, model=MODEL, global_batch=BATCH, collect_state=True, bucket_mb=BUCKET_MB)
     out = {opt: paralab.run("single", 1, optimizer=opt, lr=lr, **common) for opt, lr in LR.items()}
     for label, (dp, tp, pp, opt, options) in CASES.items():
-        out[label] = paralab.run("hybrid", dp * tp * pp, dp=dp, tp=tp, pp=pp, microbatches=MICROBATCHES,
-                                 optimizer=opt, lr=LR[opt], **common, **options)
+        out[label] = paralab.run("hybrid", dp * tp * pp, dp=dp, tp=tp, pp=pp, optimizer=opt, lr=LR[opt],
+                                 **common, **{"microbatches": MICROBATCHES, **options})
     return out
 
 
