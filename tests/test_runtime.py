@@ -254,6 +254,38 @@ def test_a_torchrun_job_past_its_timeout_leaves_no_rank_behind(tmp_path):
     assert not [pid for pid in pids if psutil.pid_exists(pid)]
 
 
+
+@pytest.mark.timeout(120)
+def test_a_torchrun_job_listens_on_loopback_only_and_dies_with_a_launcher_killed_outright(tmp_path):
+    """A caller SIGKILLed (a restarted Jupyter kernel) cannot stop torchrun: torchrun must die with it,
+    and each rank (in a session of its own) with torchrun; its temporary files go too. While it runs,
+    the rendezvous, the ranks' store and gloo listen on loopback only."""
+    import psutil
+
+    job = tmp_path / "sleepy.py"
+    job.write_text("import os, sys, time\nimport torch.distributed as dist\n"
+                   "dist.init_process_group('gloo')\ndist.barrier()\n"
+                   "open(os.path.join(sys.argv[1], os.environ['RANK']), 'w').write(str(os.getpid()))\n"
+                   "time.sleep(600)\n")
+    caller = subprocess.Popen([sys.executable, "-c", "import sys; from paralab.runtime.torchrun import "
+                               f"run_torchrun; run_torchrun({str(job)!r}, {str(tmp_path)!r}, timeout_s=100)"],
+                              env={**os.environ, "TMPDIR": str(tmp_path)})
+    pid_files = [tmp_path / rank for rank in ("0", "1")]
+    deadline = time.monotonic() + 60
+    while not all(f.exists() and f.read_text() for f in pid_files) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    ranks = [psutil.Process(int(f.read_text())) for f in pid_files]
+    torchrun = ranks[0].parent()
+    addresses = listening_addresses([psutil.Process(caller.pid), torchrun, *ranks])
+    caller.kill()
+    caller.wait()
+    _, alive = psutil.wait_procs([*ranks, torchrun], timeout=20)
+    for proc in alive:  # so that a failure here leaves nothing behind either
+        proc.kill()
+    assert not alive, f"outlived their launcher: {alive}"
+    assert not list(tmp_path.glob("paralab-torchrun-*")), "the job's temporary files were left"
+    assert addresses and not beyond_loopback(addresses), f"listening beyond loopback: {sorted(addresses)}"
+
 def test_a_rank_s_own_timeout_is_the_cause_not_a_peer_s_failure_seen_from_it():
     """A TimeoutError of the rank's own (reading a shard) is not a collective timing out, whatever its
     words: it is blamed, and said as it was, and the peer that lost it is the consequence."""

@@ -20,8 +20,9 @@ its agents with it, and each agent its workers, within moments; the launcher's j
 
 The rendezvous store itself is hosted by the launcher on 127.0.0.1 (agents get ``is_host=false``).
 
-``python -m paralab.runtime.agents MODULE ARGS...`` runs MODULE as a worker after
-:func:`worker_setup`: the elastic launcher starts ``paralab.elastic.train`` that way.
+``python -m paralab.runtime.agents MODULE|SCRIPT ARGS...`` runs a module or a script as a worker
+after :func:`worker_setup`: the elastic launcher starts ``paralab.elastic.train`` that way, and
+:func:`paralab.runtime.torchrun.run_torchrun` a user's own script.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ BOOTSTRAP = (
 )
 # torchrun options that keep a local agent's rendezvous on the launcher's loopback store
 LOCAL_RENDEZVOUS = ("--local-addr", loopback.HOST)
+RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+            "MASTER_PORT")
 
 
 def command(torchrun_args: list[str]) -> list[str]:
@@ -55,9 +58,12 @@ def command(torchrun_args: list[str]) -> list[str]:
 
 
 def environment(scratch: Path) -> dict[str, str]:
+    """This process's environment for its agents, less the rank variables of a launcher above it (a
+    launch from inside a torchrun rank must not hand its agents that rank's world)."""
     tmp = scratch / "tmp"
     tmp.mkdir(exist_ok=True)
-    return {**os.environ, **loopback.transport_env(), LAUNCHER_PID: str(os.getpid()), "TMPDIR": str(tmp),
+    inherited = {k: v for k, v in os.environ.items() if k not in RANK_ENV}
+    return {**inherited, **loopback.transport_env(), LAUNCHER_PID: str(os.getpid()), "TMPDIR": str(tmp),
             "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
@@ -74,7 +80,17 @@ def worker_setup() -> None:
         loopback.serve_env_store()
 
 
+def run_target(target: str) -> None:
+    """Run a module by name, or a script by path as ``python SCRIPT`` would (its folder first on the
+    path: a user's script imports the files beside it)."""
+    if Path(target).is_file():
+        sys.path[0] = str(Path(target).resolve().parent)
+        runpy.run_path(target, run_name="__main__")
+    else:
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+
+
 if __name__ == "__main__":
     worker_setup()
-    module, sys.argv = sys.argv[1], sys.argv[1:]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    target, sys.argv = sys.argv[1], sys.argv[1:]
+    run_target(target)

@@ -42,9 +42,6 @@ from paralab.runtime.processes import POLL_S, wait_together
 from paralab.runtime.result import RunError
 from paralab.trace import Trace
 
-_RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-             "MASTER_PORT")
-
 
 @dataclass
 class MultiNodeRun:
@@ -104,7 +101,7 @@ def run_local_nodes(run_args: list[str], nnodes: int = 2, nproc_per_node: int = 
         endpoint, run_id = f"{loopback.HOST}:{store.port}", uuid.uuid4().hex[:8]
         commands = [agent_command(nnodes, nproc_per_node, endpoint, run_id, args, options)
                     for _ in range(nnodes)]
-        env = {k: v for k, v in agents.environment(scratch).items() if k not in _RANK_ENV}
+        env = agents.environment(scratch)
         env[agents.REPORT_DIR] = str(reports)
         release_forkserver()  # the agents' workers import torch afresh: the idle forkserver's copy can go
         outputs, stopped = _run_agents(commands, env, nnodes, nproc_per_node, timeout_s, janitor, reports)

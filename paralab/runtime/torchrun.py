@@ -16,13 +16,15 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import NoReturn
 
 from paralab.config import RunConfig, resolve_device
 from paralab.layout import resolve_layout
 from paralab.precision import check_dtype
-from paralab.runtime.launch import free_port
+from paralab.runtime import agents, loopback
+from paralab.runtime.janitor import Janitor
 from paralab.runtime.result import RunError, RunResult, run_meta
 from paralab.trace import Trace
 
@@ -88,31 +90,44 @@ STOP_WAIT_S = 45.0
 
 
 def run_torchrun(script, *args, nproc: int = 2, timeout_s: float = 300.0) -> str:
-    """Run ``torchrun --nproc-per-node NPROC SCRIPT ARGS`` on one node (rendezvous on 127.0.0.1) and
-    return what it printed. RunError (with its stderr) if it fails or runs past ``timeout_s``.
+    """Run ``torchrun --nproc-per-node NPROC SCRIPT ARGS`` on this machine and return what it printed.
+    RunError (with its stderr) if it fails or runs past ``timeout_s``.
 
-    torchrun starts each rank in a session of its own, so killing torchrun's group would leave them
-    running: a call that ends early (timeout, error, Ctrl-C) asks torchrun to stop with SIGTERM, which
-    it passes to its ranks, SIGKILLing any still running 30 s later; torchrun is killed if it has not
-    ended after ``STOP_WAIT_S``. (A launcher killed outright cannot do that; the ranks of this
-    helper's user script run no paralab code.)"""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(script),
-           *map(str, args)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    torchrun runs as one of paralab's local agents (paralab.runtime.agents), so the job lives no
+    longer than the caller, even one killed outright (a restarted Jupyter kernel): torchrun dies with
+    this process and each rank with torchrun, the janitor removes the job's temporary files, and the
+    rendezvous (hosted here), the ranks' store and gloo's sockets stay on 127.0.0.1. The script runs
+    as ``python SCRIPT`` would (paralab only ties its life to torchrun's first). A call that ends
+    early (timeout, error, Ctrl-C) asks torchrun to stop with SIGTERM, which it passes to its ranks,
+    SIGKILLing any still running 30 s later; torchrun is killed if it has not ended after
+    ``STOP_WAIT_S``."""
+    janitor = Janitor()
     try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise RunError(None, f"torchrun {script} did not finish within {timeout_s:.0f} s", "") from None
+        scratch = Path(tempfile.mkdtemp(prefix="paralab-torchrun-"))
+        janitor.remove_at_end(scratch)
+        store = loopback.serve_store()  # the rendezvous, hosted here
+        torchrun_args = ["--nnodes", "1", "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+                         "--rdzv-endpoint", f"{loopback.HOST}:{store.port}", "--rdzv-conf", "is_host=false",
+                         *agents.LOCAL_RENDEZVOUS, "-m", "paralab.runtime.agents",
+                         str(Path(script).resolve()), *map(str, args)]
+        proc = subprocess.Popen(agents.command(torchrun_args), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=agents.environment(scratch),
+                                start_new_session=True)
+        janitor.kill_at_end(proc.pid)
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise RunError(None, f"torchrun {script} did not finish within {timeout_s:.0f} s", "") from None
+        finally:
+            if proc.poll() is None:  # ended early: torchrun stops its ranks on SIGTERM
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=STOP_WAIT_S)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
     finally:
-        if proc.poll() is None:  # ended early: torchrun stops its ranks on SIGTERM
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=STOP_WAIT_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        janitor.finish()
     if proc.returncode != 0:
         raise RunError(None, f"torchrun {script} exited with {proc.returncode}", err[-4000:])
     return out
