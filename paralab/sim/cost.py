@@ -692,8 +692,7 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
     spans = [s for s in trace.spans if s.lane != STEP]
     if p.tp > 1:
         spans += _tensor_parallel_spans(model, p, times, spans)
-    for rank, (last_start, last_end) in enumerate(finish):
-        sync = _grad_sync(model, p, hw, rank, last_end)
+    for rank, ((last_start, last_end), sync) in enumerate(zip(finish, _grad_syncs(model, p, hw, finish))):
         start, end = _sync_window(p, sync, last_start, last_end)
         if sync["reduce"][0]:
             spans.append(Span(rank, COMM, sync["reduce"][1], start, end, name="gradient reduction", step=0,
@@ -872,11 +871,28 @@ def _estimate_finish(model, p: ParallelSpec, hw,
     return [(makespan - times[0].backward, makespan)] * pp, bubble
 
 
-def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int, computed: float = 0.0) -> dict:
+def _grad_syncs(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, finish) -> list[dict]:
+    """Every pipeline rank's end-of-step work (:func:`_grad_sync`), its compute ending at ``finish``:
+    the gradient reduction also waits for the slowest replica after that compute (:func:`sync_wait`).
+    Ranks of a kind (:func:`counting.rank_kinds`) hold the same parameters, so the work is priced once
+    a kind (the planner weighs every rank of thousands of layouts) and only the wait differs."""
+    kinds, alike, syncs = counting.rank_kinds(model, p), {}, []
+    for rank, (_, last_end) in enumerate(finish):
+        if kinds[rank] not in alike:
+            alike[kinds[rank]] = _grad_sync(model, p, hw, rank)
+        sync = alike[kinds[rank]]
+        if sync["waits"]:
+            seconds, op, wire = sync["reduce"]
+            sync = {**sync, "reduce": (seconds + sync_wait(hw, last_end, p.dp), op, wire)}
+        syncs.append(sync)
+    return syncs
+
+
+def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int) -> dict:
     """End-of-step data-parallel work of one pipeline rank: (seconds, op, wire bytes) rows, the
-    optimizer's time and the gradient copies' (``grad_copy_bytes`` at the memory bandwidth). The
-    gradient reduction also waits for the slowest replica after ``computed`` seconds of compute
-    (:func:`sync_wait`)."""
+    optimizer's time and the gradient copies' (``grad_copy_bytes`` at the memory bandwidth); whether
+    the reduction waits for the slowest replica (``waits``: it is a synchronisation of the replicas
+    after their compute, ZeRO-2/3's reduce-scatters being inside the backward)."""
     pb, gb, _ = counting.bytes_per_param(model, p)
     params, experts = counting.stage_params(model, p, rank), counting.expert_params(model, p, rank)
     groups = counting.dp_groups(p, params, experts)  # a mixture of experts' experts over dp / ep
@@ -891,7 +907,7 @@ def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int, c
 
     if groups and p.zero <= 1:
         seconds, wire = over_dp(reduce_op, gb)
-        reduce = (seconds + sync_wait(hw, computed, p.dp), reduce_op, wire)
+        reduce = (seconds, reduce_op, wire)
     if groups and p.zero in (1, 2):
         gather = over_dp("all_gather", pb)
     local = (params - experts) / p.dp + experts / (p.dp // p.ep) if p.zero >= 1 else params
@@ -903,7 +919,8 @@ def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int, c
     inter = p.dp * p.stride("dp") > hw.gpus_per_node
     overlap = p.overlap_grad_reduce and hw.overlaps_comm
     return {"reduce": reduce, "gather": gather, "optimizer": optimizer, "copies": copies, "inter": inter,
-            "params": params, "overlap": overlap, "sm_share": hw.comm_sm_share}
+            "params": params, "overlap": overlap, "sm_share": hw.comm_sm_share,
+            "waits": bool(groups) and p.zero <= 1}
 
 
 def _sync_window(p: ParallelSpec, sync: dict, last_start: float, last_end: float) -> tuple[float, float]:
@@ -928,8 +945,7 @@ def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: f
     step = 0.0
     exposed = optimizer = copies = 0.0
     first_end = math.inf
-    for rank, (last_start, last_end) in enumerate(finish):
-        sync = _grad_sync(model, p, hw, rank, last_end)
+    for (last_start, last_end), sync in zip(finish, _grad_syncs(model, p, hw, finish)):
         _, end = _sync_window(p, sync, last_start, last_end)
         rank_end = end + sync["copies"] + sync["optimizer"] + sync["gather"][0]
         first_end = min(first_end, rank_end)

@@ -138,17 +138,23 @@ def _layers_by_rank(model: ModelSpec, parallel: ParallelSpec) -> tuple[tuple[int
     return tuple(layers), tuple(moe_layers)
 
 
-def first_rank_of_each_kind(model: ModelSpec, parallel: ParallelSpec) -> list[int]:
-    """The first pipeline rank of each kind, where ranks are alike when they hold as many blocks and
-    MoE blocks and the same ends (rank 0 the first stage, in every schedule; the last stage's rank).
-    Alike ranks hold the same parameters and differ only in the activations in flight, which never
-    grow with the rank (:func:`peak_inflight_chunks`): the first of a kind holds the most of its kind.
-    So the fullest rank is among these; an uneven split of 128 chunks over 16 ranks has about four."""
+def rank_kinds(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[int, int, bool, bool]]:
+    """Each pipeline rank's kind: ranks are alike when they hold as many blocks and MoE blocks and the
+    same ends (rank 0 the first stage, in every schedule; the last stage's rank). Alike ranks hold the
+    same parameters, so the same gradients to reduce and optimizer work; an uneven split of 128 chunks
+    over 16 ranks has about four kinds."""
     layers, moe_layers = _layers_by_rank(model, parallel)
     last = last_stage_rank(parallel)
+    return [(layers[rank], moe_layers[rank], rank == 0, rank == last) for rank in range(parallel.pp)]
+
+
+def first_rank_of_each_kind(model: ModelSpec, parallel: ParallelSpec) -> list[int]:
+    """The first pipeline rank of each kind (:func:`rank_kinds`). Alike ranks differ only in the
+    activations in flight, which never grow with the rank (:func:`peak_inflight_chunks`): the first of
+    a kind holds the most of its kind, so the fullest rank is among these."""
     kinds = {}
-    for rank in range(parallel.pp):
-        kinds.setdefault((layers[rank], moe_layers[rank], rank == 0, rank == last), rank)
+    for rank, kind in enumerate(rank_kinds(model, parallel)):
+        kinds.setdefault(kind, rank)
     return list(kinds.values())
 
 
