@@ -67,8 +67,10 @@ def published_scaling(series, title: str | None = None):
         + (" (miss)" if s.miss else "")
         for s in series
     ]
+    height = 290 * rows + 130
+    # ~110 px between rows for a panel's two-line title and the ticks above it, however many rows
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, shared_yaxes=True,
-                        horizontal_spacing=0.04, vertical_spacing=0.2)
+                        horizontal_spacing=0.04, vertical_spacing=110 / (height - 175))
     meta: dict = {"series": []}
     lowest = 1.0
     for i, s in enumerate(series):
@@ -90,10 +92,10 @@ def published_scaling(series, title: str | None = None):
     fig.update_xaxes(title_text="GPUs (log scale)", row=rows)
     fig.update_yaxes(range=[100 * lowest - 2, 101.5], ticksuffix="%")
     for row in range(1, rows + 1):
-        fig.update_yaxes(title_text="per-GPU throughput (% of the fewest GPUs')", row=row, col=1)
+        fig.update_yaxes(title_text="per-GPU throughput kept", row=row, col=1)
     fig.update_annotations(font_size=11)
     fig.update_layout(meta=meta)
-    style(fig, title or "Scaling out: the per-GPU throughput each GPU count keeps, published and predicted",
-          290 * rows + 130)
+    style(fig, title or "Scaling out: the per-GPU throughput each GPU count keeps (% of the fewest GPUs'), "
+                        "published and predicted", height)
     fig.update_layout(margin=dict(l=70, r=20, t=125, b=50))
     return fig
