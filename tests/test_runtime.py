@@ -270,21 +270,30 @@ def test_a_torchrun_job_listens_on_loopback_only_and_dies_with_a_launcher_killed
     caller = subprocess.Popen([sys.executable, "-c", "import sys; from paralab.runtime.torchrun import "
                                f"run_torchrun; run_torchrun({str(job)!r}, {str(tmp_path)!r}, timeout_s=100)"],
                               env={**os.environ, "TMPDIR": str(tmp_path)})
-    pid_files = [tmp_path / rank for rank in ("0", "1")]
-    deadline = time.monotonic() + 60
-    while not all(f.exists() and f.read_text() for f in pid_files) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    ranks = [psutil.Process(int(f.read_text())) for f in pid_files]
-    torchrun = ranks[0].parent()
-    addresses = listening_addresses([psutil.Process(caller.pid), torchrun, *ranks])
-    caller.kill()
-    caller.wait()
+    try:
+        pid_files = [tmp_path / rank for rank in ("0", "1")]
+        assert wait_for(lambda: all(f.exists() and f.read_text() for f in pid_files), 60), "the job never ran"
+        ranks = [psutil.Process(int(f.read_text())) for f in pid_files]
+        torchrun = ranks[0].parent()
+        addresses = listening_addresses([psutil.Process(caller.pid), torchrun, *ranks])
+    finally:
+        caller.kill()
+        caller.wait()
     _, alive = psutil.wait_procs([*ranks, torchrun], timeout=20)
     for proc in alive:  # so that a failure here leaves nothing behind either
         proc.kill()
     assert not alive, f"outlived their launcher: {alive}"
-    assert not list(tmp_path.glob("paralab-torchrun-*")), "the job's temporary files were left"
+    assert wait_for(lambda: not list(tmp_path.glob("paralab-torchrun-*")), 10), "temporary files stay"
     assert addresses and not beyond_loopback(addresses), f"listening beyond loopback: {sorted(addresses)}"
+
+
+def test_a_torchrun_script_that_is_not_there_is_refused_naming_it(tmp_path):
+    from paralab.config import ConfigError
+    from paralab.runtime.torchrun import run_torchrun
+
+    with pytest.raises(ConfigError, match="no script at .*nope.py"):
+        run_torchrun(tmp_path / "nope.py")
+
 
 def test_a_rank_s_own_timeout_is_the_cause_not_a_peer_s_failure_seen_from_it():
     """A TimeoutError of the rank's own (reading a shard) is not a collective timing out, whatever its

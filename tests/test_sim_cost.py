@@ -513,3 +513,27 @@ def test_step_window_adds_the_spread_of_the_pipeline_ranks_ends():
     assert pred.step_window_s == pytest.approx(pred.step_time_s + max(ends) - min(ends))
     flat = cost.predict(model, ParallelSpec(dp=4, micro_batch=1, global_batch=16), A100)
     assert flat.step_window_s == flat.step_time_s
+
+
+@pytest.mark.parametrize("zero", [0, 1, 3])
+def test_end_of_step_work_is_the_same_for_ranks_of_a_kind_but_the_wait_is_each_rank_s(zero):
+    """What lets a prediction price the end-of-step work once per kind of pipeline rank: ranks alike
+    in blocks, MoE blocks and ends (counting.rank_kinds) reduce, copy and step the same; the reduction's
+    wait for the slowest replica follows each rank's own compute (here the uneven split of DeepSeek-V3,
+    with MoE and dense blocks, and a V whose rank 0 holds both ends)."""
+    model, hw = get_model("deepseek-v3"), dataclasses.replace(get_hardware("h100"), sync_jitter=0.02)
+    for p in (ParallelSpec(pp=8, tp=8, dp=4, ep=4, micro_batch=1, global_batch=64, zero=zero,
+                           stage_layers=ends_split(61, 8, 5, 2)),
+              ParallelSpec(pp=4, tp=8, dp=8, ep=8, micro_batch=1, global_batch=64, zero=zero,
+                           schedule="zbv", virtual_stages=2)):
+        p = p.resolved()
+        kinds = counting.rank_kinds(model, p)
+        first = {kind: kinds.index(kind) for kind in kinds}
+        finish = [(rank, 10.0 + rank) for rank in range(p.pp)]  # every rank's compute ends apart
+        syncs = cost._grad_syncs(model, p, hw, finish)
+        for rank, kind in enumerate(kinds):
+            alone = cost._grad_sync(model, p, hw, rank)
+            assert alone == cost._grad_sync(model, p, hw, first[kind])
+            wait = cost.sync_wait(hw, finish[rank][1], p.dp) if alone["waits"] else 0.0
+            assert syncs[rank]["reduce"][0] == pytest.approx(alone["reduce"][0] + wait, rel=1e-12)
+            assert wait > 0 or zero > 1

@@ -114,14 +114,14 @@ def check_run_dir(run_dir: Path) -> None:
 
 def _agent_starter(cfg: ElasticConfig, run_dir: Path, env: dict, port: int, run_id: str, janitor: Janitor,
                    started: list):
-    rdzv_conf = (f"is_host=false,join_timeout={max(30, int(cfg.run_timeout_s))},"
+    rdzv_conf = (f"join_timeout={max(30, int(cfg.run_timeout_s))},"
                  f"last_call_timeout={cfg.last_call_s},"
                  "close_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=5")
     cmd = agents.command([
         "--nnodes", f"{cfg.min_nodes}:{cfg.max_nodes}", "--nproc-per-node", "1",
         "--max-restarts", str(cfg.max_restarts), "--monitor-interval", "0.1",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{loopback.HOST}:{port}", "--rdzv-id", run_id,
-        "--rdzv-conf", rdzv_conf, *agents.LOCAL_RENDEZVOUS,
+        *agents.local_rendezvous(rdzv_conf),
         "-m", "paralab.runtime.agents", "paralab.elastic.train", *cfg.to_argv(), "--run-dir", str(run_dir),
     ])
 

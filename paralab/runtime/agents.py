@@ -1,5 +1,5 @@
-"""torchrun agents on this machine (``paralab nodes``, ``paralab elastic``): tied to their launcher,
-tidy, and listening on loopback only.
+"""torchrun agents on this machine (``paralab nodes``, ``paralab elastic``, ``run_torchrun``): tied to
+their launcher, tidy, and listening on loopback only.
 
 An agent is torchrun's own main (``torch.distributed.run``), started through :data:`BOOTSTRAP`,
 which first asks Linux to SIGKILL it when the launcher dies, and checks that the launcher is still
@@ -46,10 +46,15 @@ BOOTSTRAP = (
     "os.environ.pop('PARALAB_STANDBY', None) and sys.stdin.readline(); "
     "runpy.run_module('torch.distributed.run', run_name='__main__', alter_sys=True)"
 )
-# torchrun options that keep a local agent's rendezvous on the launcher's loopback store
-LOCAL_RENDEZVOUS = ("--local-addr", loopback.HOST)
 RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
             "MASTER_PORT")
+
+
+def local_rendezvous(conf: str = "") -> tuple[str, ...]:
+    """torchrun options that keep a local agent's rendezvous on the launcher's loopback store: the
+    agent does not host it (``is_host=false``) and names itself by 127.0.0.1; ``conf``: more
+    ``--rdzv-conf`` settings (torchrun reads one such option)."""
+    return ("--rdzv-conf", ",".join(s for s in ("is_host=false", conf) if s), "--local-addr", loopback.HOST)
 
 
 def command(torchrun_args: list[str]) -> list[str]:
@@ -81,13 +86,14 @@ def worker_setup() -> None:
 
 
 def run_target(target: str) -> None:
-    """Run a module by name, or a script by path as ``python SCRIPT`` would (its folder first on the
-    path: a user's script imports the files beside it)."""
-    if Path(target).is_file():
-        sys.path[0] = str(Path(target).resolve().parent)
-        runpy.run_path(target, run_name="__main__")
-    else:
+    """Run a module by name, or a script, a folder or a zip by path as ``python PATH`` would (a
+    script's folder first on the path, unless Python was told to keep it off: ``-P``)."""
+    if not Path(target).exists():
         runpy.run_module(target, run_name="__main__", alter_sys=True)
+        return
+    if Path(target).is_file() and not sys.flags.safe_path:
+        sys.path[0] = str(Path(target).resolve().parent)  # where `python -m` put the working directory
+    runpy.run_path(target, run_name="__main__")  # a folder or a zip goes first on the path itself
 
 
 if __name__ == "__main__":

@@ -96,7 +96,7 @@ def run_local_nodes(run_args: list[str], nnodes: int = 2, nproc_per_node: int = 
         reports = scratch / "reports"
         reports.mkdir()
         store = loopback.serve_store()  # the rendezvous, hosted here
-        options = ("--rdzv-conf", "is_host=false", *agents.LOCAL_RENDEZVOUS)
+        options = agents.local_rendezvous()
         args = [*run_args, "--json", "--trace-dir", trace_dir]
         endpoint, run_id = f"{loopback.HOST}:{store.port}", uuid.uuid4().hex[:8]
         commands = [agent_command(nnodes, nproc_per_node, endpoint, run_id, args, options)

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import NoReturn
 
-from paralab.config import RunConfig, resolve_device
+from paralab.config import ConfigError, RunConfig, resolve_device
 from paralab.layout import resolve_layout
 from paralab.precision import check_dtype
 from paralab.runtime import agents, loopback
@@ -101,15 +101,16 @@ def run_torchrun(script, *args, nproc: int = 2, timeout_s: float = 300.0) -> str
     early (timeout, error, Ctrl-C) asks torchrun to stop with SIGTERM, which it passes to its ranks,
     SIGKILLing any still running 30 s later; torchrun is killed if it has not ended after
     ``STOP_WAIT_S``."""
+    if not Path(script).exists():
+        raise ConfigError(f"no script at {str(script)!r} to run under torchrun")
     janitor = Janitor()
     try:
         scratch = Path(tempfile.mkdtemp(prefix="paralab-torchrun-"))
         janitor.remove_at_end(scratch)
         store = loopback.serve_store()  # the rendezvous, hosted here
         torchrun_args = ["--nnodes", "1", "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
-                         "--rdzv-endpoint", f"{loopback.HOST}:{store.port}", "--rdzv-conf", "is_host=false",
-                         *agents.LOCAL_RENDEZVOUS, "-m", "paralab.runtime.agents",
-                         str(Path(script).resolve()), *map(str, args)]
+                         "--rdzv-endpoint", f"{loopback.HOST}:{store.port}", *agents.local_rendezvous(),
+                         "-m", "paralab.runtime.agents", str(Path(script).resolve()), *map(str, args)]
         proc = subprocess.Popen(agents.command(torchrun_args), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=agents.environment(scratch),
                                 start_new_session=True)

@@ -134,10 +134,10 @@ FOUNDRY_H100_MISS = (
     "6) and 33% on MPT-13B (64 H100s, micro-batch 2), both without recompute. Not FSDP's traffic "
     "between nodes: the table's 13B rows read 4,767-4,811 tokens/s per GPU on 8 to 64 GPUs and the "
     "model predicts 6,449 on 8. Not the attention kernel alone: pricing the attention core at the 35% "
-    "of an H100's peak FlashAttention-2 reaches (FlashAttention-3 paper) moves these rows by ~2%. Every "
-    "MPT row reads as if FSDP's collectives hid under no compute (priced without prefetch, all twenty "
-    "come within 12%), whatever prefetch its sweep asked for; what took the overlap away is not "
-    "published (docs/simulator.md)"
+    "of an H100's peak FlashAttention-2 reaches (FlashAttention-3 paper) moves these rows by ~2%. Priced "
+    "as if FSDP's collectives hid under no compute (without prefetch), all twenty MPT rows come within "
+    "12%, whatever prefetch their sweeps asked for; what took the overlap away is not published "
+    "(docs/simulator.md)"
 )
 
 FOUNDRY_7B_MISS = (
