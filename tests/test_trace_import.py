@@ -143,6 +143,7 @@ def test_gpu_fixture_nccl_kernels_with_their_bytes(gpu_trace):
     (2, "[1, 3]", 3),  # a pipeline's pair group: torch records the peer's rank within it
     (4, "[0, 1, 2, 3]", 1),  # the world: group rank and global rank are one
     (2, "[1, ...]", None),  # a group whose ranks are cut short: unknown, not wrong
+    (2, "[]", None),  # ... or not recorded (torch writes none for a group of uneven stride)
 ])
 def test_nccl_peers_are_ranks_of_the_world(group, ranks, peer):
     """A send on a process group smaller than the world names its peer by the group's own numbering;

@@ -88,11 +88,12 @@ def worker_setup() -> None:
 def run_target(target: str) -> None:
     """Run a module by name, or a script, a folder or a zip by path as ``python PATH`` would (a
     script's folder first on the path, unless Python was told to keep it off: ``-P``)."""
-    if not Path(target).exists():
+    path = Path(target)
+    if not path.exists():
         runpy.run_module(target, run_name="__main__", alter_sys=True)
         return
-    if Path(target).is_file() and not sys.flags.safe_path:
-        sys.path[0] = str(Path(target).resolve().parent)  # where `python -m` put the working directory
+    if path.is_file() and not sys.flags.safe_path:
+        sys.path[0] = str(path.resolve().parent)  # where `python -m` put the working directory
     runpy.run_path(target, run_name="__main__")  # a folder or a zip goes first on the path itself
 
 
