@@ -252,9 +252,34 @@ def test_synchronisations_wait_for_the_slowest_rank_and_cpu_communication_does_n
 def test_calibration_ranks_that_cannot_meet_fail_naming_a_rank_within_the_timeout():
     """Two ranks of a world of three wait for the third: they give up within the timeout (not at
     torch's 30-minute default) and the error names a rank and what it said."""
-    from paralab.runtime.launch import free_port
-
-    spec = {"port": free_port(), "threads": 1, "ranks": 3, "compute": False}
+    spec = {"threads": 1, "ranks": 3, "compute": False}
     # a rank gives up 10 s after importing torch, which a loaded 2-core machine can take seconds to do
     with pytest.raises(RuntimeError, match=r"calibration rank [01] failed \(exit 1\): .*"):
         calibration._run_workers(spec, 2, timeout=20)
+
+
+@pytest.mark.timeout(120)
+def test_calibration_ranks_listen_on_loopback_only():
+    """The calibration's ranks meet through a file store in their scratch directory and keep gloo on
+    the loopback interface: nothing they run listens on the network, and no port is picked ahead
+    (another process could take it before rank 0 binds it)."""
+    import threading
+
+    import psutil
+
+    from tests.conftest import beyond_loopback, listening_addresses, wait_for
+
+    done = threading.Event()
+    measured = threading.Thread(target=lambda: (calibration.gloo_curves(), done.set()), daemon=True)
+    measured.start()
+    addresses: set[str] = set()
+
+    def finished() -> bool:  # what the ranks listen on, looked at until they are done
+        addresses.update(listening_addresses(psutil.Process().children(recursive=True)))
+        return done.is_set()
+
+    wait_for(finished, 100, poll_s=0.05)
+    measured.join(timeout=5)
+    assert done.is_set(), "the gloo curves were not measured"
+    assert addresses, "the ranks' gloo sockets were not seen"
+    assert not beyond_loopback(addresses), f"listening beyond loopback: {sorted(addresses)}"

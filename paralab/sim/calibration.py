@@ -336,9 +336,7 @@ def concurrent_figures(threads: int, ranks: int = 2, shapes=MODEL_SHAPES,
     """Compute figures measured by ``ranks`` processes at once (as the ranks of a run share the
     machine: its cores, caches, memory bus and whatever else is running), averaged over them, and
     the gloo curves between the first two."""
-    from paralab.runtime.launch import free_port
-
-    spec = {"port": free_port(), "threads": threads, "ranks": ranks, "shapes": shapes}
+    spec = {"threads": threads, "ranks": ranks, "shapes": shapes}
     results = _run_workers(spec, ranks, timeout)
     compute = {
         "matmul_rows": _merge([res["matmul_rows"] for res in results], 3, statistics.mean),
@@ -363,9 +361,7 @@ def gloo_curves(timeout: float = 40.0) -> dict[str, list]:
 
     The workers are fresh interpreters (``python -m paralab.sim.calibration``), so calibrating works
     from a notebook or a script without a ``__main__`` guard."""
-    from paralab.runtime.launch import free_port
-
-    spec = {"port": free_port(), "threads": 1, "ranks": 2, "compute": False}
+    spec = {"threads": 1, "ranks": 2, "compute": False}
     return _run_workers(spec, 2, timeout)[0]["gloo"]
 
 
@@ -381,9 +377,13 @@ def _run_workers(spec: dict, ranks: int, timeout: float) -> list[dict]:
     """Run ``python -m paralab.sim.calibration SPEC RANK`` for each rank, all under one deadline (a
     rank's collectives give up in half of it, so a rank that waits for a lost peer says so itself; it
     dies with this process); their JSON outputs, by rank. RuntimeError naming the first rank that
-    failed, with its last words, or the deadline."""
-    spec = json.dumps({**spec, "parent": os.getpid(), "timeout": timeout / 2})
+    failed, with its last words, or the deadline.
+
+    The ranks meet through a file store in their scratch directory, as a local run's do: no port is
+    picked ahead for another process to take, and nothing listens beyond loopback."""
     with tempfile.TemporaryDirectory(prefix="paralab-calibration-") as scratch:
+        spec = json.dumps({**spec, "parent": os.getpid(), "timeout": timeout / 2,
+                           "store": f"file://{Path(scratch) / 'store'}"})
         outs, logs = ([Path(scratch) / f"rank{r}.{kind}" for r in range(ranks)] for kind in ("out", "err"))
         procs = []
         for r in range(ranks):
@@ -415,11 +415,13 @@ def _worker(spec: dict, rank: int) -> None:
     import torch
     import torch.distributed as dist
 
+    from paralab.runtime.loopback import transport_env
     from paralab.runtime.worker import die_with_parent
 
     die_with_parent(spec["parent"])
     torch.set_num_threads(spec["threads"])
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['port']}", rank=rank,
+    os.environ.update(transport_env())  # gloo's own sockets on loopback too
+    dist.init_process_group("gloo", init_method=spec["store"], rank=rank,
                             world_size=spec["ranks"], timeout=timedelta(seconds=spec["timeout"]))
     try:
         out = {}
