@@ -150,7 +150,7 @@ def test_cp_beside_sequence_parallel_or_zero_matches_single_device(runs, options
     assert_same_params(ours.grads, single.grads, atol=1e-7)
 
 
-def _torch_context_parallel_rank(rank: int, port: int, out_dir: str) -> None:
+def _torch_context_parallel_rank(rank: int, out_dir: str) -> None:
     """One of two gloo ranks: torch's context_parallel on causal SDPA, and paralab's ring attention on
     the same zig-zag slices, each gathered and compared with single-device SDPA."""
     import torch.distributed as dist
@@ -159,7 +159,7 @@ def _torch_context_parallel_rank(rank: int, port: int, out_dir: str) -> None:
 
     from paralab.strategies.ring_attention import ContextParallelGroup, ring_attention
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=2)
     report = {}
     try:
         torch.manual_seed(0)
@@ -193,7 +193,7 @@ def test_against_torchs_own_context_parallel(tmp_path, no_leftover_ranks):
     parity with single-device training above stands."""
     import torch.multiprocessing as mp
 
-    mp.start_processes(_torch_context_parallel_rank, args=(launch_module.free_port(), str(tmp_path)),
+    mp.start_processes(_torch_context_parallel_rank, args=(str(tmp_path),),
                        nprocs=2, start_method="spawn")
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert all(r["ours"] < 1e-5 for r in reports), reports

@@ -25,7 +25,6 @@ import json
 import multiprocessing as mp
 import os
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -46,12 +45,6 @@ POLL_S = 0.05
 STARTUP_GRACE_S = 120.0  # first run: the forkserver imports torch before any rank beats
 SETTLE_S = 3.0  # after a first failure: how long to wait for the rest of the evidence
 STACK_WAIT_S = 2.0  # for a rank asked for its Python stack to write it
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def _context():
