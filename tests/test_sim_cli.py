@@ -254,6 +254,17 @@ def test_eager_kernels_take_longer_than_fused(capsys):
     assert rc == rc2 == 0 and json.loads(eager)["step_time_s"] > json.loads(fused)["step_time_s"]
 
 
+def test_flash_attention_2_is_slower_on_an_h100_and_refused_where_unmeasured(capsys):
+    argv = ["simulate", "--model", "llama3-8b", "--gpus", "8", "--zero", "3", "--global-batch", "16",
+            "--json"]
+    rc, native, _ = run([*argv, "--hardware", "h100"], capsys)
+    rc2, flash2, _ = run([*argv, "--hardware", "h100", "--attention-kernel", "flash2"], capsys)
+    assert rc == rc2 == 0 and json.loads(flash2)["step_time_s"] > json.loads(native)["step_time_s"]
+    rc, out, err = run(["simulate", "--model", "gpt3-13b", "--gpus", "8", "--attention-kernel", "flash2"],
+                       capsys)
+    assert rc == 2 and not out and "this model's attention is standard" in err
+
+
 def test_fsdp_root_is_a_flag_of_zero_3_on_one_stage(capsys):
     """--fsdp-root prices torchtitan's and Composer's FSDP wrapping; a spec it cannot describe is refused."""
     argv = ["simulate", "--model", "llama3-8b", "--hardware", "h100", "--gpus", "8", "--zero", "3",

@@ -457,6 +457,38 @@ def test_fp8_gemms_run_at_the_fp8_peak():
     assert states == pytest.approx(cost.counting.stage_params(model, p, 0))  # a 1-byte copy of every weight
 
 
+def test_flash_attention_2_runs_at_its_measured_share_of_the_peak():
+    """FlashAttention-2's attention costs its FLOPs (forward 2 b h s^2 d under a causal mask, backward
+    2.5 times that) at the share of the peak its benchmark measured: log-linear in the length between
+    the measured points, flat beyond; the rest of the layer does not change."""
+    model = get_model("llama3-8b")
+    p = ParallelSpec(micro_batch=2, microbatches=1).resolved()
+    h100 = get_hardware("h100")
+    for seq, share in ((2048, 265 / 989), (4096, 294 / 989), (8192, 308 / 989), (1024, 265 / 989),
+                       (32768, 308 / 989), (2896, (265 + 294) / 2 / 989)):  # 2896 ~ 2^11.5: halfway
+        m = model.replace(seq=seq)
+        native, flash2 = (cost.layer_work(x, p, h100) for x in (m, m.replace(attention_kernel="flash2")))
+        flops = 2 * 2 * model.heads * seq**2 * model.head_dim
+        assert flash2.core == pytest.approx(flops / (989e12 * share) + h100.kernel_overhead_s, rel=2e-3)
+        assert flash2.core_backward == pytest.approx(2.5 * flash2.core)
+        assert flash2.linear == native.linear and flash2.elementwise_bytes == native.elementwise_bytes
+        assert flash2.core > 1.2 * native.core  # Ampere's instructions on a Hopper part
+    a100_native, a100_flash2 = (cost.layer_work(model.replace(attention_kernel=k), p, A100)
+                                for k in ("native", "flash2"))
+    assert a100_flash2.core == pytest.approx(a100_native.core, rel=0.15)  # its own part: its GEMMs' rate
+
+
+def test_flash_attention_2_is_refused_where_it_cannot_be_priced():
+    p = ParallelSpec(micro_batch=1, microbatches=1)
+    with pytest.raises(SpecError, match="runs a fused attention; this model's attention is standard"):
+        cost.predict(get_model("gpt3-13b").replace(attention_kernel="flash2"), p, A100)
+    with pytest.raises(SpecError, match="which test-cpu does not give"):
+        cost.predict(get_model("llama3-8b").replace(attention_kernel="flash2"), p.replace(dp=1),
+                     dataclasses.replace(A100, name="test-cpu", flash2_efficiency=[]))
+    unknown = get_model("llama3-8b").replace(attention_kernel="flash3")
+    assert "unknown attention kernel 'flash3'" in unknown.problems()[0]
+
+
 def test_blocking_sends_hold_their_rank():
     """Before they overlapped point-to-point communication, pipeline engines waited for each send."""
     model = get_model("gpt3-13b")

@@ -124,11 +124,25 @@ def test_a_hardware_file_may_give_every_field_in_si_units(tmp_path):
         ({"base": "a100", "peak_tflops": 1000}, "peak_flops must be an object of finite numbers"),
         ({"base": "a100", "memory_gib": 1e300}, "memory_bytes must be a finite number, got inf"),
         ({"base": "a100", "host_overhead_s": {"bogus": 1}}, "host_overhead_s: unknown part(s) bogus"),
+        ({"base": "h100", "flash2_efficiency": [[4096, 0.3], [2048, 0.27]]}, "lengths rising"),
+        ({"base": "h100", "flash2_efficiency": [[2048, 30]]}, "share of the peak in (0, 1]"),
+        ({"base": "h100", "flash2_efficiency": [2048, 0.3]}, "flash2_efficiency must be [sequence length"),
     ],
 )
 def test_a_bad_hardware_file_is_refused_naming_what_is_wrong(tmp_path, data, words):
     with pytest.raises(SpecError, match=re.escape(words)):
         load_hardware_file(write(tmp_path, data))
+
+
+@pytest.mark.parametrize("name, tflops", [("a100", (155, 173, 182)), ("h100", (265, 294, 308)),
+                                          ("h200", (265, 294, 308))])
+def test_flash_attention_2_shares_are_its_benchmark_over_the_dense_peak(name, tflops):
+    """FlashAttention-2's repository (assets/flash2_{a100,h100}_fwd_bwd_benchmark.png: causal, head
+    dimension 128, forward and backward) at 2k, 4k and 8k tokens; the H200 has the H100's SMs."""
+    points = PRESETS[name].flash2_efficiency
+    assert [n for n, _ in points] == [2048, 4096, 8192]
+    peak = PRESETS[name].datasheet_peak("bf16")
+    assert [share * peak / 1e12 for _, share in points] == pytest.approx(tflops)
 
 
 def test_a_power_cap_slows_compute_by_the_cube_root_of_the_power_share(tmp_path):

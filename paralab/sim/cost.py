@@ -219,7 +219,9 @@ def layer_work(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> LayerWork
 
     FP8 runs the linear layers' GEMMs at the fp8 peak on 1-byte operands. A fused (flash) attention
     skips the score blocks a causal mask hides (half of them) and recomputes Q K^T in backward:
-    2.5 times its forward there against the standard core's 2 (five matmuls instead of four).
+    2.5 times its forward there against the standard core's 2 (five matmuls instead of four). Its
+    kernel runs at the GEMMs' efficiency, or FlashAttention-2's at its measured share of the peak
+    (:func:`flash2_share`).
     """
     peak = hw.peak(model.dtype)
     t, b, s, h = p.tp, p.micro_batch, model.seq, model.hidden
@@ -242,10 +244,26 @@ def layer_work(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> LayerWork
     fused = model.attention == "fused"
     if fused:
         core *= 0.5
+    if fused and model.attention_kernel == "flash2":
+        core_flops = 2 * b * heads * s * s * model.head_dim  # the two matmuls, half of each skipped
+        core = core_flops / (peak * flash2_share(hw, s)) + hw.kernel_overhead_s
     act = counting.activation_bytes_per_layer(model, b, t, p.sequence_parallel, "none")
     core_bytes = counting.attention_core_bytes(model, b) / t
     elementwise = 2 * core_bytes + 2 * (act - core_bytes) * kernels.eager_ratio(model)
     return LayerWork(linear, core, elementwise, 2 * core_bytes, (2.5 if fused else 2.0) * core)
+
+
+def flash2_share(hw: HardwareSpec, seq: int) -> float:
+    """The share of ``hw``'s peak FlashAttention-2 reaches at sequence length ``seq``: its measured
+    points (``flash2_efficiency``), log-linear between them, flat beyond (HardwareSpec.problems_for
+    refuses a part without them)."""
+    points = sorted(hw.flash2_efficiency)
+    if seq <= points[0][0]:
+        return points[0][1]
+    for (n0, e0), (n1, e1) in zip(points, points[1:]):
+        if seq <= n1:
+            return e0 + (e1 - e0) * math.log(seq / n0) / math.log(n1 / n0)
+    return points[-1][1]
 
 
 def per_rank(hw: HardwareSpec, world: int) -> HardwareSpec:

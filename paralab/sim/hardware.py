@@ -50,6 +50,19 @@ MiB = 1024**2
 
 NCCL_CHANNELS = 24  # ring channels (one thread block each) of a large collective on an 8-GPU NVSwitch node
 
+# FlashAttention-2 forward and backward, causal, head dimension 128, at sequence lengths 2k, 4k and 8k:
+# TFLOP/s from its repository's benchmark figures (Dao-AILab/flash-attention, assets/flash2_a100_ and
+# flash2_h100_fwd_bwd_benchmark.png, July 2023), as shares of the dense bf16 peak. On an H100 it runs
+# Ampere's instructions (no warpgroup MMA, no TMA) and reaches about 30%: why FlashAttention-3 and
+# cuDNN's kernels were written. The H200 has the H100's SMs and clocks, and the kernel is compute-bound.
+FLASH2_TFLOPS = {"a100": (155, 173, 182), "h100": (265, 294, 308)}
+FLASH2_LENGTHS = (2048, 4096, 8192)
+
+
+def _flash2_points(part: str, peak: float) -> list:
+    return [[n, tflops * 1e12 / peak] for n, tflops in zip(FLASH2_LENGTHS, FLASH2_TFLOPS[part], strict=True)]
+
+
 PRESETS: dict[str, HardwareSpec] = {
     "a100": HardwareSpec(
         name="a100",
@@ -65,6 +78,7 @@ PRESETS: dict[str, HardwareSpec] = {
         tdp_w=400,
         straggler_cv=0.01,
         comm_sm_share=NCCL_CHANNELS / 108,
+        flash2_efficiency=_flash2_points("a100", 312e12),
         notes="A100 80GB SXM in DGX A100 nodes: NVLink 3 / NVSwitch inside, 8 x HDR 200 Gb/s between",
     ),
     "h100": HardwareSpec(
@@ -81,6 +95,7 @@ PRESETS: dict[str, HardwareSpec] = {
         tdp_w=700,
         straggler_cv=0.01,
         comm_sm_share=NCCL_CHANNELS / 132,
+        flash2_efficiency=_flash2_points("h100", 989e12),
         notes="H100 SXM in DGX H100 nodes: NVLink 4 / NVSwitch inside, 8 x NDR 400 Gb/s between",
     ),
     "h200": HardwareSpec(
@@ -97,6 +112,7 @@ PRESETS: dict[str, HardwareSpec] = {
         tdp_w=700,
         straggler_cv=0.01,
         comm_sm_share=NCCL_CHANNELS / 132,
+        flash2_efficiency=_flash2_points("h100", 989e12),
         notes="H200 SXM (H100 compute, 141 GB HBM3e) in 8-GPU HGX nodes, 8 x NDR 400 Gb/s between",
     ),
 }

@@ -18,6 +18,9 @@ from paralab.trace import MAX_RANKS
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 ATTENTION = ("standard", "fused")
+# which kernel runs a fused attention: one written for the part ("native", at its GEMMs' efficiency) or
+# FlashAttention-2 ("flash2", at its measured share of the part's peak, HardwareSpec.flash2_efficiency)
+ATTENTION_KERNELS = ("native", "flash2")
 KERNELS = ("fused", "eager")  # how the non-GEMM ops run: paralab.sim.kernels
 RECOMPUTE = ("none", "selective", "full")
 # how ranks are numbered, innermost first: Megatron-LM's tp, dp, pp; or tp, pp, dp (Llama 3, torchtitan)
@@ -67,7 +70,11 @@ class ModelSpec:
 
     ``attention``: "standard" keeps the s x s attention scores for backward (Korthikanti et al. 2022,
     Table 2); "fused" is a flash-attention kernel (Dao et al. 2022): it keeps only each row's softmax
-    statistics and recomputes the scores in backward. ``parallel_blocks``: attention and MLP read the
+    statistics and recomputes the scores in backward. ``attention_kernel`` says which kernel runs a
+    fused attention: "native" is one written for the part, as fast as its GEMMs (FlashAttention-2 on
+    Ampere; cuDNN's or FlashAttention-3 on Hopper); "flash2" is FlashAttention-2 wherever it runs, at
+    the share of the part's peak it was measured at (on an H100 it keeps to Ampere's instructions and
+    reaches about 30%, against 55% on an A100). ``parallel_blocks``: attention and MLP read the
     same normalised input and their outputs are summed (GPT-J, PaLM): one norm and one pair of
     tensor-parallel collectives per pass instead of two. ``fp8``: the linear layers' GEMMs run in FP8
     (Transformer Engine) at the hardware's fp8 peak, with an fp8 copy of each weight; activations and
@@ -108,6 +115,7 @@ class ModelSpec:
     capacity_factor: float = 0.0
     source: str = ""  # where a preset's numbers come from
     attention: str = "standard"
+    attention_kernel: str = "native"
     mask_bytes: int = 1
     parallel_blocks: bool = False
     fp8: bool = False
@@ -161,6 +169,12 @@ class ModelSpec:
             out.append(f"unknown attention {self.attention!r}; choose from {', '.join(ATTENTION)}")
         if self.kernels not in KERNELS:
             out.append(f"unknown kernels {self.kernels!r}; choose from {', '.join(KERNELS)}")
+        if self.attention_kernel not in ATTENTION_KERNELS:
+            out.append(f"unknown attention kernel {self.attention_kernel!r}; "
+                       f"choose from {', '.join(ATTENTION_KERNELS)}")
+        elif self.attention_kernel != "native" and self.attention != "fused":
+            out.append(f"attention kernel {self.attention_kernel} runs a fused attention; "
+                       f"this model's attention is {self.attention}")
         return out
 
 
@@ -457,6 +471,10 @@ class HardwareSpec:
     # and a GEMM tile cannot share an SM with one, so compute that runs beside a collective runs at
     # (1 - share) of its speed (cost.beside_comm). 0: communication takes nothing from compute.
     comm_sm_share: float = 0.0
+    # [sequence length, share of the dense peak] points at which FlashAttention-2 ran a causal attention
+    # of head dimension 128, forward and backward (its FLOPs counted as it counts them); between points
+    # log-linear in the length, beyond them flat. Empty: this part has no such figures.
+    flash2_efficiency: list = field(default_factory=list)
 
     def datasheet_peak(self, dtype: str) -> float:
         """The part's rated peak FLOP/s for ``dtype`` (fp32's for a dtype it does not list): what MFU
@@ -475,11 +493,16 @@ class HardwareSpec:
         return 1.0
 
     def problems_for(self, model: ModelSpec) -> list[str]:
-        """What this machine cannot run of ``model`` (FP8 GEMMs without FP8 tensor cores)."""
+        """What this machine cannot run of ``model`` (FP8 GEMMs without FP8 tensor cores) or price
+        (FlashAttention-2 where it was not measured)."""
+        out = []
         if model.fp8 and "fp8" not in self.peak_flops:
             listed = ", ".join(self.peak_flops)
-            return [f"fp8 needs hardware with FP8 tensor cores; {self.name} lists {listed}"]
-        return []
+            out.append(f"fp8 needs hardware with FP8 tensor cores; {self.name} lists {listed}")
+        if model.attention_kernel == "flash2" and not self.flash2_efficiency:
+            out.append(f"attention kernel flash2 is priced from FlashAttention-2's measured efficiency, "
+                       f"which {self.name} does not give (flash2_efficiency)")
+        return out
 
     def problems(self) -> list[str]:
         """Every field that cannot describe a machine, with its value (files, presets and saved specs
@@ -508,6 +531,9 @@ class HardwareSpec:
                        f"parts: {', '.join(HOST_PARTS)}")
         if not 0 <= self.allocator_overhead < 1:
             out.append(f"allocator_overhead is a share of memory in [0, 1), got {self.allocator_overhead}")
+        if self.flash2_efficiency and not _rising_shares(self.flash2_efficiency):
+            out.append("flash2_efficiency must be [sequence length, share of the peak in (0, 1]] points, "
+                       f"lengths rising, got {self.flash2_efficiency!r}")
         if not 0 <= self.comm_sm_share < 1:
             out.append(f"comm_sm_share is a share of the SMs in [0, 1), got {self.comm_sm_share}")
         if self.oversubscription < 1:
@@ -527,3 +553,14 @@ class HardwareSpec:
     @classmethod
     def from_dict(cls, data: dict) -> HardwareSpec:
         return cls(**data)
+
+
+def _rising_shares(points) -> bool:
+    """[length, share] pairs, lengths positive and rising, shares in (0, 1]."""
+    try:
+        pairs = [(float(n), float(share)) for n, share in points]
+    except (TypeError, ValueError):
+        return False
+    lengths = [n for n, _ in pairs]
+    return (all(finite_number(n) and finite_number(share) and n > 0 and 0 < share <= 1 for n, share in pairs)
+            and all(a < b for a, b in zip(lengths, lengths[1:])))
