@@ -56,6 +56,7 @@ NCCL_CHANNELS = 24  # ring channels (one thread block each) of a large collectiv
 # Ampere's instructions (no warpgroup MMA, no TMA) and reaches about 30%: why FlashAttention-3 and
 # cuDNN's kernels were written. The H200 has the H100's SMs and clocks, and the kernel is compute-bound.
 FLASH2_TFLOPS = {"a100": (155, 173, 182), "h100": (265, 294, 308)}
+A100_BF16, H100_BF16 = 312e12, 989e12  # dense peaks (the H200's is the H100's)
 FLASH2_LENGTHS = (2048, 4096, 8192)
 
 
@@ -66,7 +67,7 @@ def _flash2_points(part: str, peak: float) -> list:
 PRESETS: dict[str, HardwareSpec] = {
     "a100": HardwareSpec(
         name="a100",
-        peak_flops={"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
+        peak_flops={"bf16": A100_BF16, "fp16": A100_BF16, "fp32": 19.5e12},
         memory_bytes=81920 * MiB,
         memory_bandwidth=2.039e12,
         gpus_per_node=8,
@@ -78,12 +79,12 @@ PRESETS: dict[str, HardwareSpec] = {
         tdp_w=400,
         straggler_cv=0.01,
         comm_sm_share=NCCL_CHANNELS / 108,
-        flash2_efficiency=_flash2_points("a100", 312e12),
+        flash2_efficiency=_flash2_points("a100", A100_BF16),
         notes="A100 80GB SXM in DGX A100 nodes: NVLink 3 / NVSwitch inside, 8 x HDR 200 Gb/s between",
     ),
     "h100": HardwareSpec(
         name="h100",
-        peak_flops={"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "fp32": 67e12},
+        peak_flops={"bf16": H100_BF16, "fp16": H100_BF16, "fp8": 1979e12, "fp32": 67e12},
         memory_bytes=81559 * MiB,
         memory_bandwidth=3.35e12,
         gpus_per_node=8,
@@ -95,12 +96,12 @@ PRESETS: dict[str, HardwareSpec] = {
         tdp_w=700,
         straggler_cv=0.01,
         comm_sm_share=NCCL_CHANNELS / 132,
-        flash2_efficiency=_flash2_points("h100", 989e12),
+        flash2_efficiency=_flash2_points("h100", H100_BF16),
         notes="H100 SXM in DGX H100 nodes: NVLink 4 / NVSwitch inside, 8 x NDR 400 Gb/s between",
     ),
     "h200": HardwareSpec(
         name="h200",
-        peak_flops={"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "fp32": 67e12},
+        peak_flops={"bf16": H100_BF16, "fp16": H100_BF16, "fp8": 1979e12, "fp32": 67e12},
         memory_bytes=143771 * MiB,
         memory_bandwidth=4.8e12,
         gpus_per_node=8,
@@ -112,7 +113,7 @@ PRESETS: dict[str, HardwareSpec] = {
         tdp_w=700,
         straggler_cv=0.01,
         comm_sm_share=NCCL_CHANNELS / 132,
-        flash2_efficiency=_flash2_points("h100", 989e12),
+        flash2_efficiency=_flash2_points("h100", H100_BF16),
         notes="H200 SXM (H100 compute, 141 GB HBM3e) in 8-GPU HGX nodes, 8 x NDR 400 Gb/s between",
     ),
 }
