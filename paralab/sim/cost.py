@@ -239,14 +239,13 @@ def layer_work(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> LayerWork
         + gemm(tokens, mlp_in / t, h)
         + gemm(tokens, h, model.ffn / t)
     )
-    core = (gemm_time(hw, peak, s, s, model.head_dim, b * heads, nbytes)
-            + gemm_time(hw, peak, s, model.head_dim, s, b * heads, nbytes))
     fused = model.attention == "fused"
-    if fused:
-        core *= 0.5
     if fused and model.attention_kernel == "flash2":
         core_flops = 2 * b * heads * s * s * model.head_dim  # the two matmuls, half of each skipped
         core = core_flops / (peak * flash2_share(hw, s)) + hw.kernel_overhead_s
+    else:
+        core = (gemm_time(hw, peak, s, s, model.head_dim, b * heads, nbytes)
+                + gemm_time(hw, peak, s, model.head_dim, s, b * heads, nbytes)) * (0.5 if fused else 1.0)
     act = counting.activation_bytes_per_layer(model, b, t, p.sequence_parallel, "none")
     core_bytes = counting.attention_core_bytes(model, b) / t
     elementwise = 2 * core_bytes + 2 * (act - core_bytes) * kernels.eager_ratio(model)

@@ -145,10 +145,9 @@ FOUNDRY_H100_MISS = (
     "between nodes: the table's 13B rows read 4,767-4,811 tokens/s per GPU on 8 to 64 GPUs and the "
     "model predicts 6,449 on 8. Not the attention kernel alone: these rows ran llm-foundry's Triton "
     "attention, not measured on H100s; priced as FlashAttention-2 (27% of the peak at 2k tokens) they "
-    "read +18.6% and +29.9%. Priced "
-    "as if FSDP's collectives hid under no compute (without prefetch), all twenty MPT rows come within "
-    "12%, whatever prefetch their sweeps asked for; what took the overlap away is not published "
-    "(docs/simulator.md)"
+    "read +18.6% and +29.9%. Priced as if FSDP's collectives hid under no compute (without prefetch), "
+    "all twenty MPT rows come within 12%, whatever prefetch their sweeps asked for; what took the "
+    "overlap away is not published (docs/simulator.md)"
 )
 
 FOUNDRY_7B_MISS = (
