@@ -6,7 +6,9 @@ that dtype: the forward and backward run in 16 bits, with half the bytes to hold
 optimizer does not: :class:`MasterWeights` keeps an fp32 copy of every parameter (of every shard,
 under ZeRO), hands the fp32 gradients to Adam or SGD, and copies the updated masters back into the
 16-bit parameters. So a parameter costs 2 + 2 + 12 bytes (16-bit weight and gradient; fp32 master,
-momentum and variance), the mixed-precision accounting of the ZeRO paper.
+momentum and variance), the mixed-precision accounting of the ZeRO paper. ``torch_fsdp`` is the
+exception: FSDP2 keeps its shards in fp32 and casts them as it gathers, so they are their own master
+weights (4 + 4 + 8 bytes).
 
 Gradients are reduced across ranks in ``reduce_dtype`` (fp32 by default, as FSDP2's
 MixedPrecisionPolicy): a reducer casts its flat buffer up before the collective and back after, and

@@ -92,7 +92,7 @@ def test_strategy_mapping(options, expect):
     assert {k: getattr(parallel, k) for k in expect} == expect
     assert parallel.world_size == options["world_size"]
     mixed = options.get("dtype", "fp32") != "fp32"
-    assert counting.optimizer_of(model, parallel) == ("adam-mixed" if mixed else "adam-fp32")
+    assert parallel.optimizer_for(model) == ("adam-mixed" if mixed else "adam-fp32")
 
 
 @pytest.mark.parametrize("strategy, pays_data",
@@ -177,6 +177,22 @@ def test_measured_model_states_are_predicted(options):
         if kind == "grads" and options["strategy"] == "zero2":
             slack = max(slack, 0.15 * predicted[kind])
         assert abs(measured - predicted[kind]) <= slack, (kind, measured, predicted[kind])
+
+
+def test_torch_fsdp_in_bf16_keeps_its_fp32_shards_as_the_master_weights():
+    """FSDP2 computes in bf16 from shards it keeps in fp32: the shards are Adam's weights, with no
+    master copy beside them (12 bytes a parameter of the shard had been measured as optimizer state,
+    4 of them that copy), as the prediction counts them (``fp32_shards``). What FSDP2 gathers and
+    reduces inside torch the meter sees as activations, so those are held in the total."""
+    run = paralab.run(strategy="torch_fsdp", dtype="bf16", world_size=2, steps=2, global_batch=4, device="cpu")
+    assert specs_from_run(run.config)[1].fp32_shards
+    measured, predicted = run.summary["memory_max_by_kind"][0], bridge.predict_memory(run.config)
+    parameters = list(GPT(run.config.model).parameters())
+    shard, slack = sum(p.numel() for p in parameters) / 2, 4 * max(p.numel() for p in parameters)
+    assert abs(measured["params"] - 4 * shard) <= slack and abs(measured["grads"] - 4 * shard) <= slack
+    assert abs(measured["optimizer"] - 8 * shard) <= slack
+    assert abs(predicted["optimizer"] - measured["optimizer"]) <= slack
+    assert sum(measured.values()) == pytest.approx(predicted["total"], rel=0.1)
 
 
 def test_the_prediction_of_a_zbv_run_runs_the_order_the_ranks_execute():

@@ -278,6 +278,20 @@ def test_fsdp_root_is_a_flag_of_zero_3_on_one_stage(capsys):
     assert rc == 2 and not out and "fsdp_root (FSDP's root unit" in err
 
 
+def test_fp32_shards_is_a_flag_of_zero_3(capsys):
+    """--fp32-shards counts FSDP's fp32 shards as the master weights: 16 bytes a parameter over dp."""
+    argv = ["simulate", "--model", "llama3-8b", "--hardware", "h100", "--gpus", "8", "--zero", "3",
+            "--micro-batch", "1", "--global-batch", "8", "--fp32-grads", "--json"]
+    rc, out, _ = run(argv + ["--fp32-shards"], capsys)
+    fsdp = json.loads(out)
+    assert rc == 0 and "ZeRO-3 (fp32 shards)" in fsdp["config"]
+    copy = json.loads(run(argv, capsys)[1])
+    saved = copy["memory_bytes_per_gpu"]["total"] - fsdp["memory_bytes_per_gpu"]["total"]
+    assert saved == pytest.approx(2 * copy["params"] / 8, rel=1e-6)
+    rc, out, err = run(argv + ["--fp32-shards", "--zero", "2"], capsys)
+    assert rc == 2 and not out and "fp32_shards (FSDP's fp32 shards" in err
+
+
 def test_a_batch_of_more_microbatches_than_a_step_models_plans_the_splits_that_fit(capsys):
     """The cap on microbatches leaves out the splits past it (micro-batches of 1 here), not the plan."""
     rc, out, _ = run(["plan", "--model", "gpt3-125m", "--gpus", "8", "--global-batch", str(2**20),

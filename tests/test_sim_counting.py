@@ -3,7 +3,7 @@
 import pytest
 
 from paralab.schedules import build_schedule, validate_schedule
-from paralab.sim import counting
+from paralab.sim import cost, counting
 from paralab.sim.presets import get_model
 from paralab.sim.specs import ModelSpec, ParallelSpec
 from paralab.stage_split import ends_split, megatron_split
@@ -297,6 +297,35 @@ def test_parallel_blocks_share_one_norm_and_one_tensor_parallel_reduction():
     p = ParallelSpec(tp=8, microbatches=4, micro_batch=1)
     serial, side_by_side = (counting.comm_bytes_per_gpu(m, p)["tp_all_reduce"] for m in (model, parallel))
     assert serial == 2 * side_by_side
+
+
+def test_fsdp_fp32_shards_are_the_master_weights():
+    """PyTorch FSDP's mixed precision keeps each shard in fp32 as the optimizer's weights and gathers
+    it in bf16: 4 + 4 + 8 bytes a parameter of the shard where a 16-bit shard beside an fp32 master
+    copy keeps 2 + 4 + 12 (with fp32 gradients) or 2 + 2 + 12; what is gathered and reduced keeps the
+    16-bit parameter and the reduce dtype's bytes."""
+    model = get_model("gpt3-1.3b")
+    for fp32_grads, master_copy in ((True, (2, 4, 12)), (False, (2, 2, 12))):
+        p = ParallelSpec(dp=8, zero=3, fp32_grads=fp32_grads)
+        assert counting.shard_bytes_per_param(model, p) == master_copy
+        fsdp = p.replace(fp32_shards=True)
+        assert counting.shard_bytes_per_param(model, fsdp) == (4, 4, 8)
+        assert counting.bytes_per_param(model, fsdp) == counting.bytes_per_param(model, p)
+        states = counting.model_state_bytes(1.0, 8, 3, counting.shard_bytes_per_param(model, fsdp))
+        assert states == {"params": 4 / 8, "grads": 4 / 8, "optimizer": 8 / 8}
+    p = ParallelSpec(dp=8, zero=3, micro_batch=1, fp32_grads=True)
+    held, fsdp = cost.memory_per_gpu(model, p), cost.memory_per_gpu(model, p.replace(fp32_shards=True))
+    shard = counting.stage_params(model, p, 0) / 8
+    assert held["total"] - fsdp["total"] == pytest.approx(2 * shard)  # 18 bytes a parameter, now 16
+    assert fsdp["optimizer"] == pytest.approx(8 * shard)
+    assert counting.comm_bytes_per_gpu(model, p) == counting.comm_bytes_per_gpu(model, p.replace(fp32_shards=True))
+
+
+@pytest.mark.parametrize("change, model", [(dict(zero=2), "gpt3-1.3b"), ({}, "small")])
+def test_fp32_shards_need_zero_3_and_16_bit_weights(change, model):
+    spec = ParallelSpec(dp=8, zero=3, micro_batch=1, global_batch=8, fp32_shards=True).replace(**change)
+    assert any("fp32_shards" in problem and "needs zero 3 and mixed-precision Adam" in problem
+               for problem in spec.problems(get_model(model)))
 
 
 def test_fp32_gradients_and_megatrons_distributed_optimizer():

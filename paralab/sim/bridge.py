@@ -42,7 +42,8 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
     wire; paralab's ``zero3`` gathers each part just before it runs (no prefetch) unless
     ``zero_prefetch`` is set, as FSDP does on CPU. Gradients are fp32 Adam's (``adam-fp32``, the
     default for an fp32 model, mixed-precision Adam otherwise; SGD runs are costed as Adam), reduced
-    in fp32 (``fp32_grads``) when a 16-bit run reduces in ``reduce_dtype="fp32"``, its default. The
+    in fp32 (``fp32_grads``) when a 16-bit run reduces in ``reduce_dtype="fp32"``, its default;
+    ``torch_fsdp`` in 16 bits keeps fp32 shards as its master weights (``fp32_shards``). The
     model is priced in the run's dtype, with its recomputation. Strategies that run the pipeline
     executor (a pp axis) make their batch before the step window opens
     (``train_loop(batch_in_window=False)``), so their predicted step holds no data loading; the others
@@ -65,6 +66,7 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
         fp32_grads=layout.dp > 1 and model.dtype != "fp32" and cfg.reduce_dtype == "fp32",
         prefetch_params=not ((cfg.strategy == "zero3" and not cfg.zero_prefetch)
                              or (cfg.strategy == "torch_fsdp" and cfg.device == "cpu")),
+        fp32_shards=cfg.strategy == "torch_fsdp" and model.dtype != "fp32",
         loads_batch_in_step="pp" not in get_strategy(cfg.strategy).axes,
         zbv_for_pass_times=False,  # the lab's ranks run ZB-V in the order found for equal passes
     ).resolved()

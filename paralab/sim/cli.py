@@ -98,6 +98,10 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
                              "gathered before the forward and reduce-scattered after the backward, as "
                              "PyTorch FSDP runs a model wrapped block by block and then whole (torchtitan, "
                              "Composer)")
+    parser.add_argument("--fp32-shards", action="store_true",
+                        help="with --zero 3: the shards are fp32 and are the optimizer's weights, gathered "
+                             "in 16 bits, as PyTorch FSDP runs mixed precision (16 bytes a parameter over "
+                             "dp, not 18)")
     parser.add_argument("--cp", type=int, default=1, help="context parallel: each sequence over cp GPUs")
     parser.add_argument("--cp-mode", default="ring", choices=CP_MODES)
     parser.add_argument("--cp-split", default="zigzag", choices=CP_SPLITS)
@@ -187,6 +191,7 @@ def simulate_main(args) -> int:
         global_batch=args.global_batch or 0,
         zero=args.zero, sequence_parallel=args.sequence_parallel, recompute=args.recompute, cp=cp,
         cp_mode=args.cp_mode, cp_split=args.cp_split, fp32_grads=args.fp32_grads, fsdp_root=args.fsdp_root,
+        fp32_shards=args.fp32_shards,
     )  # fmt: skip
     unrunnable = model.problems() or hw.problems_for(model)
     problems = unrunnable or parallel.problems(model, gpus)

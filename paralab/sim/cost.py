@@ -618,16 +618,16 @@ def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int) -> dict[str, floa
     DDP's buckets copy every gradient (:func:`_gradients_reduced_from_copies`). FP8 GEMMs keep a
     1-byte copy of the weights they read. A mixture of experts' routed experts are sharded over the
     dp / ep ranks that hold them."""
-    per_param = counting.bytes_per_param(model, p)
+    kept = counting.shard_bytes_per_param(model, p)
     params = counting.stage_params(model, p, rank)
     experts = counting.expert_params(model, p, rank)
-    states = counting.model_state_bytes(params - experts, p.dp, p.zero, per_param)
-    for kind, nbytes in counting.model_state_bytes(experts, p.dp // p.ep, p.zero, per_param).items():
+    states = counting.model_state_bytes(params - experts, p.dp, p.zero, kept)
+    for kind, nbytes in counting.model_state_bytes(experts, p.dp // p.ep, p.zero, kept).items():
         states[kind] += nbytes
     if model.fp8:
         states["params"] += params / (p.dp if p.zero >= 3 else 1)
     states["activations"] = counting.activation_bytes_per_gpu(model, p, rank)
-    pb, gb, _ = per_param
+    pb, gb, _ = counting.bytes_per_param(model, p)
     if p.zero >= 2 and p.dp > 1:
         states["grads"] += _zero_gradients(model, p, rank) * gb
         if p.zero == 3:

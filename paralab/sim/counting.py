@@ -504,24 +504,28 @@ OPTIMIZER_BYTES = {
 }
 
 
-def optimizer_of(model: ModelSpec, p: ParallelSpec) -> str:
-    """The optimizer ``p`` names or, when it names none, Adam as this model trains: all fp32 for an
-    fp32 model (the lab's CPU runs), mixed precision otherwise."""
-    return p.optimizer or ("adam-fp32" if model.dtype == "fp32" else "adam-mixed")
-
-
 def autograd_grad_bytes(model: ModelSpec, p: ParallelSpec) -> int:
     """Bytes of a gradient as autograd writes it: the optimizer's gradient dtype, before any fp32
     copy or accumulation (``fp32_grads``) a reduction makes of it."""
-    return OPTIMIZER_BYTES[optimizer_of(model, p)][1]
+    return OPTIMIZER_BYTES[p.optimizer_for(model)][1]
 
 
 def bytes_per_param(model: ModelSpec, p: ParallelSpec) -> tuple[int, int, int]:
     """(parameter, gradient, optimizer-state) bytes per parameter of this run: the optimizer's, with
     gradients kept in fp32 when ``fp32_grads`` (Megatron-LM's main_grad; Llama 3's FSDP accumulates
     and reduce-scatters in fp32 too)."""
-    pb, _, ob = OPTIMIZER_BYTES[optimizer_of(model, p)]
+    pb, _, ob = OPTIMIZER_BYTES[p.optimizer_for(model)]
     return pb, 4 if p.fp32_grads else autograd_grad_bytes(model, p), ob
+
+
+FP32_SHARD_BYTES = (4, 4, 8)  # an fp32 shard (the master weights), its fp32 gradient, Adam's two moments
+
+
+def shard_bytes_per_param(model: ModelSpec, p: ParallelSpec) -> tuple[int, int, int]:
+    """(parameter, gradient, optimizer-state) bytes per parameter the model states keep between steps:
+    :func:`bytes_per_param`'s, or FP32_SHARD_BYTES where the shards are the master weights
+    (``fp32_shards``); what is gathered, reduced or computed keeps :func:`bytes_per_param`'s."""
+    return FP32_SHARD_BYTES if p.fp32_shards else bytes_per_param(model, p)
 
 
 def model_state_bytes(params: float, dp: int, zero: int,

@@ -180,10 +180,16 @@ def describe(p: ParallelSpec) -> str:
     if p.stage_layers is not None:
         parts.append(f"layers per stage {split_text(p.stage_layers)}")
     parts += [f"{p.microbatches} microbatch(es) of {p.micro_batch}",
-              f"ZeRO-{p.zero}" + (" (FSDP root unit)" if p.fsdp_root else ""), f"recompute {p.recompute}"]
+              f"ZeRO-{p.zero}" + _fsdp_text(p), f"recompute {p.recompute}"]
     if p.sequence_parallel:
         parts.append("sequence parallel")
     return ", ".join(parts)
+
+
+def _fsdp_text(p: ParallelSpec) -> str:
+    """How PyTorch FSDP's ZeRO-3 differs, where it does: its root unit, its fp32 shards."""
+    kinds = [name for name, on in (("FSDP root unit", p.fsdp_root), ("fp32 shards", p.fp32_shards)) if on]
+    return f" ({', '.join(kinds)})" if kinds else ""
 
 
 LOSSES = {

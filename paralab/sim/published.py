@@ -136,8 +136,6 @@ MEGATRON_2023 = (
     "micro-batch 1, sequence parallelism with selective recompute, fp32 gradients, no "
     "data-parallel or pipeline overlap (MegaScale's Table 3 adds those to this baseline)"
 )
-MPT_30B_MEMORY_MISS = ("predicted over the 72 GiB the model lets a plan fill on 80 (10% allocator "
-                       "allowance); it ran")
 FOUNDRY_H100_MISS = (
     "MosaicML's 2023 H100 table runs the same code as its A100 table at 40-46% MFU against 53-64% "
     "there, and the model, within 14% on every A100 row, is 22% fast on MPT-7B (8 H100s, micro-batch "
@@ -233,14 +231,14 @@ def _foundry(
     tokens: float,
     pure: bool = False,
     miss: str = "",
-    memory_miss: str = "",
     large_scale: bool = False,
 ) -> PublishedRun:
     """A row of llm-foundry's benchmark tables; ``large_scale``: of its H100 table of 128 GPUs and more,
     whose rows (one model at 128, 256 and 512 GPUs, the global batch growing with them) are labelled
     apart, as series of their own."""
-    parallel = ParallelSpec(dp=gpus, micro_batch=micro, microbatches=accum, zero=3, fp32_grads=not pure,
-                            recompute="full" if ac else "none", fsdp_root=True)  # fmt: skip
+    parallel = ParallelSpec(dp=gpus, micro_batch=micro, microbatches=accum, zero=3, fp32_shards=True,
+                            fp32_grads=not pure, recompute="full" if ac else "none",
+                            fsdp_root=True)  # fmt: skip
     table = "A100 80GB" if hw is A100 else "H100 80GB BF16"
     return PublishedRun(
         f"MPT-{size}, FSDP" + (", weak scaling" if large_scale else ""),
@@ -254,10 +252,10 @@ def _foundry(
         tokens,
         known_miss=miss,
         fits=True,
-        memory_miss=memory_miss,
         notes=(
             "FULL_SHARD with prefetch, MPT's blocks wrapped and the rest in FSDP's root unit; eager kernels "
-            "(Composer, no torch.compile); mixed precision "
+            "(Composer, no torch.compile); fp32 flat parameters (the optimizer's weights) gathered in bf16, "
+            "mixed precision "
             + ("PURE (bf16 reductions)" if pure else "DEFAULT (fp32 gradient reductions, Composer's default)")
             + "; sequence 2,048"
         ),
@@ -265,8 +263,8 @@ def _foundry(
 
 
 def _titan(name: str, micro: int, recompute: str, tokens: float, recompute_layers: int = 0) -> PublishedRun:
-    parallel = ParallelSpec(dp=64, micro_batch=micro, microbatches=1, zero=3, fp32_grads=True, fsdp_root=True,
-                            recompute=recompute,
+    parallel = ParallelSpec(dp=64, micro_batch=micro, microbatches=1, zero=3, fp32_shards=True,
+                            fp32_grads=True, fsdp_root=True, recompute=recompute,
                             recompute_layers=recompute_layers)  # fmt: skip
     return PublishedRun(
         f"torchtitan {name}, FSDP2",
@@ -278,17 +276,17 @@ def _titan(name: str, micro: int, recompute: str, tokens: float, recompute_layer
         "tokens_per_s_per_gpu",
         tokens,
         notes=(
-            "FSDP2 reducing in fp32 (torchtitan's default), the blocks wrapped and the rest in the root "
-            "unit; layer-selective recompute is every second layer (its default); eager kernels (its "
-            "64-A100 configs then: compile = false, norm_type = rmsnorm); the network of the 64 A100s is "
-            "not given: DGX A100's is assumed"
+            "FSDP2 (fp32 shards gathered in bf16) reducing in fp32 (torchtitan's default), the blocks "
+            "wrapped and the rest in the root unit; layer-selective recompute is every second layer (its "
+            "default); eager kernels (its 64-A100 configs then: compile = false, norm_type = rmsnorm); the "
+            "network of the 64 A100s is not given: DGX A100's is assumed"
         ),
     )
 
 
 def _grand_teton_8b(gpus: int, tokens: float, memory: float, compiled: bool = False) -> PublishedRun:
-    parallel = ParallelSpec(dp=gpus, micro_batch=2, microbatches=1, zero=3, fp32_grads=True, recompute="full",
-                            recompute_layers=16, fsdp_root=True)  # fmt: skip
+    parallel = ParallelSpec(dp=gpus, micro_batch=2, microbatches=1, zero=3, fp32_shards=True, fp32_grads=True,
+                            recompute="full", recompute_layers=16, fsdp_root=True)  # fmt: skip
     compile_ = " + torch.compile" if compiled else ""
     return PublishedRun(
         "torchtitan Llama 3.1 8B, FSDP2" + compile_,
@@ -301,8 +299,9 @@ def _grand_teton_8b(gpus: int, tokens: float, memory: float, compiled: bool = Fa
         "tokens_per_s_per_gpu",
         tokens,
         notes=(
-            "local batch 2; selective checkpointing read as every second layer (torchtitan's default); the "
-            "blocks wrapped and the rest in FSDP's root unit (parallelize_llama.py then); "
+            "local batch 2; selective checkpointing read as every second layer (torchtitan's default); "
+            "fp32 shards gathered in bf16; the blocks wrapped and the rest in FSDP's root unit "
+            "(parallelize_llama.py then); "
             + ("torch.compile fuses the block's elementwise ops" if compiled else "eager kernels")
         ),
         fits=True,
@@ -352,11 +351,11 @@ RUNS: list[PublishedRun] = [
     ),  # fmt: skip
     _foundry("7b", A100, 8, 6, 2, False, 4641),
     _foundry("13b", A100, 8, 2, 3, False, 2262),
-    _foundry("30b", A100, 8, 3, 21, True, 916, memory_miss=MPT_30B_MEMORY_MISS),
+    _foundry("30b", A100, 8, 3, 21, True, 916),
     _foundry("70b", A100, 64, 8, 4, True, 410, pure=True),
     _foundry("7b", H100, 8, 6, 1, False, 10643, miss=FOUNDRY_H100_MISS),
     _foundry("13b", H100, 64, 2, 1, False, 4800, miss=FOUNDRY_H100_MISS),
-    _foundry("30b", H100, 8, 3, 21, True, 2002, memory_miss=MPT_30B_MEMORY_MISS),
+    _foundry("30b", H100, 8, 3, 21, True, 2002),
     _foundry("70b", H100, 64, 8, 4, True, 1039),
     _foundry("7b", H100, 128, 6, 1, False, 10475, large_scale=True),
     _foundry("7b", H100, 256, 6, 1, False, 10119, large_scale=True),
@@ -385,6 +384,7 @@ RUNS: list[PublishedRun] = [
             micro_batch=16,
             microbatches=1,
             zero=3,
+            fp32_shards=True,
             fp32_grads=True,
             recompute="full",
             sequence_parallel=True,

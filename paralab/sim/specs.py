@@ -206,7 +206,7 @@ class ParallelSpec:
     zero: int = 0
     sequence_parallel: bool = False
     recompute: str = "none"
-    # "": as the model trains (counting.optimizer_of: fp32 Adam for fp32, mixed otherwise)
+    # "": as the model trains (optimizer_for: fp32 Adam for fp32, mixed otherwise)
     optimizer: str = ""
     overlap_grad_reduce: bool = True  # bucketed data-parallel reduction during the last backward
     # separate gradient messages per step (each pays the link latency): 0 models one bucketed stream
@@ -231,6 +231,12 @@ class ParallelSpec:
     # reduce-scattered when the backward ends. False: each end is a part of its own (paralab's zero3
     # and torch_fsdp, DeepSpeed's ZeRO-3)
     fsdp_root: bool = False
+    # ZeRO-3 as PyTorch FSDP runs mixed precision (FSDP1's MixedPrecision, FSDP2's MixedPrecisionPolicy,
+    # param_dtype bf16): the shards stay fp32 and are the optimizer's weights, gathered in the 16-bit
+    # dtype; a shard's reduced gradient is cast to fp32 to match. 4 + 4 + 8 bytes a parameter over dp,
+    # against a 16-bit shard beside an fp32 master copy (2 + 4 + 12 with fp32 gradients: DeepSpeed's
+    # ZeRO-3, paralab's zero3). Gathers, reductions and compute are as before
+    fp32_shards: bool = False
     # the step's time includes loading its batch (False: loaded before the step window opens, as
     # paralab's pipelines do so that the window, which bubbles are read from, holds the schedule alone)
     loads_batch_in_step: bool = True
@@ -290,6 +296,11 @@ class ParallelSpec:
         m = self.pp * self.virtual_stages if self.pp > 1 else 1
         return self.replace(microbatches=m, global_batch=per_step * m)
 
+    def optimizer_for(self, model: ModelSpec) -> str:
+        """The optimizer this names or, when it names none, Adam as ``model`` trains: all fp32 for an
+        fp32 model (the lab's CPU runs), mixed precision otherwise."""
+        return self.optimizer or ("adam-fp32" if model.dtype == "fp32" else "adam-mixed")
+
     def problems(self, model: ModelSpec, gpus: int | None = None) -> list[str]:
         """Every reason this split cannot run ``model`` (empty when it can); each names the numbers."""
         p = self.resolved()
@@ -337,6 +348,9 @@ class ParallelSpec:
         if p.fsdp_root and (p.zero != 3 or p.chunks > 1):
             out.append(f"fsdp_root (FSDP's root unit: both ends of the model on one rank) needs zero 3 and "
                        f"one pipeline stage, got zero {p.zero}, pp x virtual stages = {p.chunks}")
+        if p.fp32_shards and (p.zero != 3 or p.optimizer_for(model) != "adam-mixed"):
+            out.append(f"fp32_shards (FSDP's fp32 shards as the master weights) needs zero 3 and "
+                       f"mixed-precision Adam, got zero {p.zero}, {p.optimizer_for(model)}")
         for name in ("grad_buckets", "reduce_scatters_in_flight", "grad_copy_bytes"):
             if getattr(p, name) < 0:
                 out.append(f"{name} must be >= 0, got {getattr(p, name)}")

@@ -157,7 +157,9 @@ def unflatten_grads(bucket: list[torch.nn.Parameter], flat: torch.Tensor) -> Non
 def make_optimizer(cfg, params, ctx: RankContext | None = None):
     """Adam (fp32 states, as the ZeRO paper's accounting assumes) or plain SGD; over fp32 master
     weights when the parameters are 16-bit (paralab.precision.MasterWeights, using the rank's loss
-    scaler and recorder).
+    scaler and recorder). Parameters kept in fp32 while the run computes in bf16 (torch_fsdp's
+    shards, which FSDP2 casts as it gathers them) are their own master weights: a copy would only
+    cost 4 bytes a parameter.
 
     ``foreach=False`` keeps the per-parameter arithmetic identical whatever the parameters' grouping
     or sharding, so every layout updates parameters exactly as single-device training does."""
@@ -168,7 +170,7 @@ def make_optimizer(cfg, params, ctx: RankContext | None = None):
         return torch.optim.Adam(params, lr=cfg.lr, foreach=False)
 
     params = list(params)
-    if cfg.dtype == "fp32":
+    if cfg.dtype == "fp32" or (cfg.dtype == "bf16" and all(p.dtype == torch.float32 for p in params)):
         return plain(params)
     scaler = ctx.scaler if ctx is not None else LossScaler(cfg.dtype, cfg.loss_scale)
     return MasterWeights(params, plain, scaler, ctx.recorder if ctx is not None else None)
