@@ -159,6 +159,11 @@ def test_measured_and_predicted_traces_line_up():
         dict(strategy="zero2"),
         dict(strategy="zero2", bucket_mb=0.2),
         dict(strategy="zero3"),
+        dict(strategy="tp", sequence_parallel=True),
+        dict(strategy="pp", pp=2, schedule="1f1b", microbatches=2),
+        dict(strategy="cp", cp=2),  # gradients averaged over the cp ranks, from DDP's buckets
+        dict(strategy="cp", cp=2, dtype="bf16"),
+        dict(strategy="ep", model="tiny-moe", ep=2),  # experts on one rank each: only the rest bucketed
     ],
     ids=lambda o: "-".join(str(v) for v in o.values()),
 )
@@ -184,7 +189,8 @@ def test_torch_fsdp_in_bf16_keeps_its_fp32_shards_as_the_master_weights():
     master copy beside them (12 bytes a parameter of the shard had been measured as optimizer state,
     4 of them that copy), as the prediction counts them (``fp32_shards``). What FSDP2 gathers and
     reduces inside torch the meter sees as activations, so those are held in the total."""
-    run = paralab.run(strategy="torch_fsdp", dtype="bf16", world_size=2, steps=2, global_batch=4, device="cpu")
+    run = paralab.run(strategy="torch_fsdp", dtype="bf16", world_size=2, steps=2, global_batch=4,
+                      device="cpu")
     assert specs_from_run(run.config)[1].fp32_shards
     measured, predicted = run.summary["memory_max_by_kind"][0], bridge.predict_memory(run.config)
     parameters = list(GPT(run.config.model).parameters())

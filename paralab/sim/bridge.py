@@ -63,7 +63,7 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
         cp_mode=layout.cp_mode or "ring", cp_split=layout.cp_split or "zigzag",
         overlap_grad_reduce=cfg.strategy != "dp",
         reduce_scatters_in_flight=ZERO_REDUCE_SCATTERS_IN_FLIGHT if _paralab_zero(cfg, layout.zero) else 0,
-        fp32_grads=layout.dp > 1 and model.dtype != "fp32" and cfg.reduce_dtype == "fp32",
+        fp32_grads=layout.dp * layout.cp > 1 and model.dtype != "fp32" and cfg.reduce_dtype == "fp32",
         prefetch_params=not ((cfg.strategy == "zero3" and not cfg.zero_prefetch)
                              or (cfg.strategy == "torch_fsdp" and cfg.device == "cpu")),
         fp32_shards=cfg.strategy == "torch_fsdp" and model.dtype != "fp32",
@@ -80,11 +80,18 @@ def _paralab_zero(cfg: RunConfig, zero: int) -> bool:
     return zero >= 2 and not get_strategy(cfg.strategy).reference_for
 
 
+def _replicas(parallel: ParallelSpec) -> int:
+    """Ranks that average each gradient: dp, and a context-parallel run's cp ranks, which hold the same
+    parameters and see other tokens of the same sequences (the strategies reduce over both)."""
+    return parallel.dp * parallel.cp
+
+
 def _gradient_messages(cfg: RunConfig, model: ModelSpec, parallel: ParallelSpec) -> int:
     """Gradient messages a rank sends per step: naive dp one per parameter tensor (12 per block, 2
     embeddings, 4 in the head); DDP and ZeRO-2 one per bucket, which DDP cuts at ``bucket_mb`` of the
-    rank's parameters in their dtype; none counted for the other strategies."""
-    if parallel.dp == 1 or parallel.zero not in (0, 2):
+    rank's parameters in their dtype; none counted for the other strategies. Gradients are averaged
+    over the dp x cp ranks (:func:`_replicas`)."""
+    if _replicas(parallel) == 1 or parallel.zero not in (0, 2):
         return 0
     if cfg.strategy == "dp":
         return counting.stage_tensors(model, ParallelSpec(), 0)
@@ -101,11 +108,12 @@ def _gradient_copy_bytes(cfg: RunConfig, model: ModelSpec, parallel: ParallelSpe
     paralab's ZeRO-2/3 add each gradient into a zeroed flat buffer (r, then g + 2r), divide it (2r)
     and add the reduced shard into the shard's gradient (3r/d); its ZeRO-1 divides its one flat
     buffer (2r, widened first when r > g) and copies the shard back (2r/d, none when it is the
-    master weights' fp32 main_grad). torch FSDP's are not counted."""
-    if parallel.dp == 1 or (parallel.zero >= 2 and not _paralab_zero(cfg, parallel.zero)):
+    master weights' fp32 main_grad), d being the dp x cp ranks (:func:`_replicas`). torch FSDP's are
+    not counted."""
+    d = _replicas(parallel)
+    if d == 1 or (parallel.zero >= 2 and not _paralab_zero(cfg, parallel.zero)):
         return 0.0
     g, r = counting.autograd_grad_bytes(model, parallel), counting.bytes_per_param(model, parallel)[1]
-    d = parallel.dp
     widen = g + r if r > g else 0
     if cfg.strategy == "dp":
         return 2 * r + 2 * widen

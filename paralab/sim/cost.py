@@ -640,7 +640,7 @@ def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int) -> dict[str, floa
             output_layer = embed if model.tied_embeddings else head
             states["grads"] += output_layer * counting.autograd_grad_bytes(model, p)
     if p.zero == 0 and p.dp > 1 and p.grad_buckets:
-        states["grads"] = _gradients_reduced_from_copies(model, p, params, gb)
+        states["grads"] = _gradients_reduced_from_copies(model, p, params, _reduced(p, params, experts), gb)
     states["total"] = sum(states.values())
     return states
 
@@ -657,16 +657,22 @@ def _zero_gradients(model: ModelSpec, p: ParallelSpec, rank: int) -> float:
     return unit * (min(units, 1 + flight) + flight / p.dp)
 
 
-def _gradients_reduced_from_copies(model: ModelSpec, p: ParallelSpec, params: float,
+def _reduced(p: ParallelSpec, params: float, experts: float) -> float:
+    """Parameters whose gradients are reduced across data-parallel ranks: all but routed experts that
+    no other rank holds (ep = dp, :func:`counting.dp_groups`)."""
+    return sum(n for n, _, _ in counting.dp_groups(p, params, experts))
+
+
+def _gradients_reduced_from_copies(model: ModelSpec, p: ParallelSpec, params: float, reduced: float,
                                    reduce_bytes: int) -> float:
     """Gradient bytes of a data-parallel run that reduces copies of its gradients, tensor by tensor or
     bucket by bucket (``grad_buckets``), where Megatron-LM reduces its one contiguous buffer: autograd's
     gradients stay in the optimizer's gradient dtype, and DDP's buckets add a flat copy of every
     gradient in the dtype it is reduced in, held until backward ends (torch DDP's default,
     gradient_as_bucket_view=False, whose docs put what views save at the total gradient size;
-    paralab's ddp). Naive dp's copy is one tensor at a time, not counted."""
+    paralab's ddp), of the ``reduced`` ones. Naive dp's copy is one tensor at a time, not counted."""
     own = counting.autograd_grad_bytes(model, p)
-    return params * (own + (reduce_bytes if p.overlap_grad_reduce else 0))
+    return params * own + (reduced * reduce_bytes if p.overlap_grad_reduce else 0)
 
 
 def check(model: ModelSpec, parallel: ParallelSpec, gpus: int | None = None,
@@ -932,7 +938,7 @@ def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int) -
     optimizer = (OPTIMIZER_BYTES_TOUCHED * local / (rank_hw.optimizer_bw or rank_hw.memory_bandwidth)
                  + hw.kernel_overhead_s)
     optimizer += counting.stage_tensors(model, p, rank) * hw.host_overhead_s.get("tensor_update", 0.0)
-    copies = p.grad_copy_bytes * params / rank_hw.memory_bandwidth if p.dp > 1 else 0.0
+    copies = p.grad_copy_bytes * _reduced(p, params, experts) / rank_hw.memory_bandwidth
     inter = p.dp * p.stride("dp") > hw.gpus_per_node
     overlap = p.overlap_grad_reduce and hw.overlaps_comm
     return {"reduce": reduce, "gather": gather, "optimizer": optimizer, "copies": copies, "inter": inter,
