@@ -21,7 +21,7 @@ import dataclasses
 import math
 
 from paralab.config import ZERO_REDUCE_SCATTERS_IN_FLIGHT, ConfigError, RunConfig, cuda_device_count
-from paralab.layout import resolve_layout
+from paralab.layout import Layout, resolve_layout
 from paralab.schedules import DEFAULT_SCHEDULE
 from paralab.sim import cost, counting
 from paralab.sim.hardware import get_hardware, local
@@ -63,7 +63,7 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
         cp_mode=layout.cp_mode or "ring", cp_split=layout.cp_split or "zigzag",
         overlap_grad_reduce=cfg.strategy != "dp",
         reduce_scatters_in_flight=ZERO_REDUCE_SCATTERS_IN_FLIGHT if _paralab_zero(cfg, layout.zero) else 0,
-        fp32_grads=layout.dp * layout.cp > 1 and model.dtype != "fp32" and cfg.reduce_dtype == "fp32",
+        fp32_grads=_replicas(layout) > 1 and model.dtype != "fp32" and cfg.reduce_dtype == "fp32",
         prefetch_params=not ((cfg.strategy == "zero3" and not cfg.zero_prefetch)
                              or (cfg.strategy == "torch_fsdp" and cfg.device == "cpu")),
         fp32_shards=cfg.strategy == "torch_fsdp" and model.dtype != "fp32",
@@ -80,7 +80,7 @@ def _paralab_zero(cfg: RunConfig, zero: int) -> bool:
     return zero >= 2 and not get_strategy(cfg.strategy).reference_for
 
 
-def _replicas(parallel: ParallelSpec) -> int:
+def _replicas(parallel: ParallelSpec | Layout) -> int:
     """Ranks that average each gradient: dp, and a context-parallel run's cp ranks, which hold the same
     parameters and see other tokens of the same sequences (the strategies reduce over both)."""
     return parallel.dp * parallel.cp
