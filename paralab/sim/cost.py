@@ -640,7 +640,8 @@ def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int) -> dict[str, floa
             output_layer = embed if model.tied_embeddings else head
             states["grads"] += output_layer * counting.autograd_grad_bytes(model, p)
     if p.zero == 0 and p.dp > 1 and p.grad_buckets:
-        states["grads"] = _gradients_reduced_from_copies(model, p, params, _reduced(p, params, experts), gb)
+        reduced = _reduced(counting.dp_groups(p, params, experts))
+        states["grads"] = _gradients_reduced_from_copies(model, p, params, reduced, gb)
     states["total"] = sum(states.values())
     return states
 
@@ -657,10 +658,10 @@ def _zero_gradients(model: ModelSpec, p: ParallelSpec, rank: int) -> float:
     return unit * (min(units, 1 + flight) + flight / p.dp)
 
 
-def _reduced(p: ParallelSpec, params: float, experts: float) -> float:
-    """Parameters whose gradients are reduced across data-parallel ranks: all but routed experts that
-    no other rank holds (ep = dp, :func:`counting.dp_groups`)."""
-    return sum(n for n, _, _ in counting.dp_groups(p, params, experts))
+def _reduced(groups: list[tuple[float, int, int]]) -> float:
+    """Parameters whose gradients are reduced across data-parallel ranks, from their
+    :func:`counting.dp_groups`: all but routed experts that no other rank holds (ep = dp)."""
+    return sum(n for n, _, _ in groups)
 
 
 def _gradients_reduced_from_copies(model: ModelSpec, p: ParallelSpec, params: float, reduced: float,
@@ -938,7 +939,7 @@ def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int) -
     optimizer = (OPTIMIZER_BYTES_TOUCHED * local / (rank_hw.optimizer_bw or rank_hw.memory_bandwidth)
                  + hw.kernel_overhead_s)
     optimizer += counting.stage_tensors(model, p, rank) * hw.host_overhead_s.get("tensor_update", 0.0)
-    copies = p.grad_copy_bytes * _reduced(p, params, experts) / rank_hw.memory_bandwidth
+    copies = p.grad_copy_bytes * _reduced(groups) / rank_hw.memory_bandwidth
     inter = p.dp * p.stride("dp") > hw.gpus_per_node
     overlap = p.overlap_grad_reduce and hw.overlaps_comm
     return {"reduce": reduce, "gather": gather, "optimizer": optimizer, "copies": copies, "inter": inter,
