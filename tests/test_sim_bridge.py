@@ -155,6 +155,8 @@ def test_measured_and_predicted_traces_line_up():
         dict(strategy="dp", dtype="bf16"),
         dict(strategy="ddp"),
         dict(strategy="ddp", dtype="bf16"),
+        dict(strategy="torch_ddp"),  # torch's buckets, a copy of every gradient in its own dtype
+        dict(strategy="torch_ddp", dtype="bf16"),  # ... and the hook's fp32 copy of the bucket on the wire
         dict(strategy="zero1", dtype="bf16"),
         dict(strategy="zero2"),
         dict(strategy="zero2", bucket_mb=0.2),
@@ -169,7 +171,8 @@ def test_measured_and_predicted_traces_line_up():
 )
 def test_measured_model_states_are_predicted(options):
     """Each kind of model state's high-water mark on a real 2-rank run (the meter counts the storages the
-    strategy holds: DDP's flat bucket copies, ZeRO's full gradient buffers on the wire) is what
+    strategy holds: DDP's flat bucket copies, torch DDP's as its logging reports them, ZeRO's full
+    gradient buffers on the wire) is what
     predict_memory says, within one parameter's gradient (the one a hook is adding when the meter
     samples) and ZeRO's padding; a bucketed ZeRO-2's gradients within 15% (the model takes its buckets
     as equal, where DDP's fill each to the cap and leave the rest to the last)."""

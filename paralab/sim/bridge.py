@@ -43,7 +43,9 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
     ``zero_prefetch`` is set, as FSDP does on CPU. Gradients are fp32 Adam's (``adam-fp32``, the
     default for an fp32 model, mixed-precision Adam otherwise; SGD runs are costed as Adam), reduced
     in fp32 (``fp32_grads``) when a 16-bit run reduces in ``reduce_dtype="fp32"``, its default;
-    ``torch_fsdp`` in 16 bits keeps fp32 shards as its master weights (``fp32_shards``). The
+    ``torch_fsdp`` in 16 bits keeps fp32 shards as its master weights (``fp32_shards``); torch's DDP
+    (``torch_ddp``, ``torch_hybrid``) keeps its buckets in the gradients' dtype
+    (``buckets_in_grad_dtype``). The
     model is priced in the run's dtype, with its recomputation. Strategies that run the pipeline
     executor (a pp axis) make their batch before the step window opens
     (``train_loop(batch_in_window=False)``), so their predicted step holds no data loading; the others
@@ -67,6 +69,7 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
         prefetch_params=not ((cfg.strategy == "zero3" and not cfg.zero_prefetch)
                              or (cfg.strategy == "torch_fsdp" and cfg.device == "cpu")),
         fp32_shards=cfg.strategy == "torch_fsdp" and model.dtype != "fp32",
+        buckets_in_grad_dtype=cfg.strategy in ("torch_ddp", "torch_hybrid"),  # reference_ddp.wrap_ddp's
         loads_batch_in_step="pp" not in get_strategy(cfg.strategy).axes,
         zbv_for_pass_times=False,  # the lab's ranks run ZB-V in the order found for equal passes
     ).resolved()
@@ -104,7 +107,8 @@ def _gradient_copy_bytes(cfg: RunConfig, model: ModelSpec, parallel: ParallelSpe
     by pass as the strategies run them, with g the gradients' own bytes and r the reduce dtype's:
     naive ``dp`` divides each gradient in place (2r), widening it first and copying it back when
     r > g (g + r each); DDP's buckets (paralab's ``ddp`` and the hybrids' BucketedReducer; torch DDP
-    copies the same) are flattened (2g), widened when r > g, divided (2r) and copied back (r + g);
+    copies the same) are flattened (2g), widened when r > g, divided (2r) and copied back (r + g), and
+    torch DDP's widened ones copied back once more, from its bucket into the gradient (2g);
     paralab's ZeRO-2/3 add each gradient into a zeroed flat buffer (r, then g + 2r), divide it (2r)
     and add the reduced shard into the shard's gradient (3r/d); its ZeRO-1 divides its one flat
     buffer (2r, widened first when r > g) and copies the shard back (2r/d, none when it is the
@@ -118,7 +122,7 @@ def _gradient_copy_bytes(cfg: RunConfig, model: ModelSpec, parallel: ParallelSpe
     if cfg.strategy == "dp":
         return 2 * r + 2 * widen
     if parallel.zero == 0:
-        return 2 * g + widen + 2 * r + (r + g)
+        return 2 * g + widen + 2 * r + (r + g) + (2 * g if widen and parallel.buckets_in_grad_dtype else 0)
     if parallel.zero == 1:
         return widen + 2 * r + (0 if r > g else 2 * r / d)
     return r + (g + 2 * r) + 2 * r + 3 * r / d

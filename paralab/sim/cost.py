@@ -671,9 +671,11 @@ def _gradients_reduced_from_copies(model: ModelSpec, p: ParallelSpec, params: fl
     gradients stay in the optimizer's gradient dtype, and DDP's buckets add a flat copy of every
     gradient in the dtype it is reduced in, held until backward ends (torch DDP's default,
     gradient_as_bucket_view=False, whose docs put what views save at the total gradient size;
-    paralab's ddp), of the ``reduced`` ones. Naive dp's copy is one tensor at a time, not counted."""
+    paralab's ddp), of the ``reduced`` ones; torch's keeps its buckets in the gradients' dtype and widens
+    them to reduce (``buckets_in_grad_dtype``). Naive dp's copy is one tensor at a time, not counted."""
     own = counting.autograd_grad_bytes(model, p)
-    return params * own + (reduced * reduce_bytes if p.overlap_grad_reduce else 0)
+    bucket = reduce_bytes + (own if p.buckets_in_grad_dtype and reduce_bytes > own else 0)
+    return params * own + (reduced * bucket if p.overlap_grad_reduce else 0)
 
 
 def check(model: ModelSpec, parallel: ParallelSpec, gpus: int | None = None,

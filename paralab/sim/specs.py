@@ -244,6 +244,12 @@ class ParallelSpec:
     cp: int = 1
     cp_mode: str = "ring"
     cp_split: str = "zigzag"
+    # DDP's flat buckets as torch's DistributedDataParallel keeps them: in the gradients' own dtype, so a
+    # communication hook that reduces 16-bit gradients in fp32 widens each bucket on the wire (g + r
+    # bytes a reduced parameter, counted as if all were in flight at once) and copies it back twice.
+    # False: the buckets are made in the reduce dtype (paralab's ddp and hybrids); alike when the
+    # dtypes agree
+    buckets_in_grad_dtype: bool = False
     # gradients accumulated and reduced in fp32 whatever the model's dtype (Megatron-LM's main_grad):
     # 4 bytes per parameter; with zero=1 this is Megatron's distributed optimizer (6 + 12/d bytes)
     fp32_grads: bool = False

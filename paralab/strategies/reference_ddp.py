@@ -4,10 +4,15 @@ paralab's ddp gradients with, and that benchmarks time paralab's ddp against.
 Its all-reduces happen inside torch (C++), so they do not appear in paralab's trace; the step spans
 and compute spans do. Gradient accumulation uses DDP's ``no_sync`` for every microbatch but the
 last; 16-bit gradients are reduced in ``reduce_dtype`` by a communication hook.
+
+The memory meter is told what torch keeps out of its sight: DDP's flat buckets, a copy of every
+gradient in its own dtype for the life of the model (``gradient_as_bucket_view=False``, the
+default), and the hook's widened copy of a bucket while it is on the wire.
 """
 
 from __future__ import annotations
 
+import re
 from contextlib import nullcontext
 
 import torch
@@ -31,9 +36,10 @@ def wrap_ddp(ctx, model: torch.nn.Module, group=None) -> tuple[DistributedDataPa
     ``reduce_dtype``; returns it and the per-microbatch context for gradient accumulation."""
     ddp = _Wrapped(model, process_group=group, bucket_cap_mb=ctx.cfg.bucket_mb,
                    device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+    ctx.memory.hold("grads", _bucket_bytes(ddp))
     reduce_dtype = torch_dtype(ctx.cfg.reduce_dtype)
     if next(model.parameters()).dtype != reduce_dtype:
-        ddp.register_comm_hook(group, _reduce_in(reduce_dtype))
+        ddp.register_comm_hook(group, _reduce_in(reduce_dtype, ctx.memory))
 
     def microbatch(mb: int, last: bool):
         return nullcontext() if last else ddp.no_sync()
@@ -41,14 +47,34 @@ def wrap_ddp(ctx, model: torch.nn.Module, group=None) -> tuple[DistributedDataPa
     return ddp, microbatch
 
 
-def _reduce_in(dtype: torch.dtype):
-    """A DDP communication hook that averages each bucket in ``dtype`` (FSDP's reduce_dtype)."""
+def _bucket_bytes(ddp: DistributedDataParallel) -> int:
+    """The bytes of the flat buckets DDP allocated as it was built, as torch's own logging reports them
+    (rebuilt after the first step into other buckets of the same total); none when the gradients are
+    views into them."""
+    logged = ddp._get_ddp_logging_data()
+    if logged["gradient_as_bucket_view"]:
+        return 0
+    return sum(int(n) for n in re.findall(r"\d+", logged["bucket_sizes"]))
+
+
+def _reduce_in(dtype: torch.dtype, memory):
+    """A DDP communication hook that averages each bucket in ``dtype`` (FSDP's reduce_dtype). The widened
+    copy lives only while its all-reduce is on the wire, inside the backward, where the meter does not
+    otherwise look: it is sampled as it is made."""
 
     def hook(group, bucket):
         buffer = bucket.buffer()
         wide = buffer.to(dtype).div_(dist.get_world_size(group))
+        held = wide.numel() * wide.element_size()
+        memory.hold("grads", held)
+        memory.sample()
         future = dist.all_reduce(wide, group=group, async_op=True).get_future()
-        return future.then(lambda fut: buffer.copy_(fut.value()[0]))
+
+        def copy_back(fut):
+            memory.hold("grads", -held)
+            return buffer.copy_(fut.value()[0])
+
+        return future.then(copy_back)
 
     return hook
 

@@ -6,7 +6,9 @@ schedule class over the same microbatches: ``ScheduleGPipe``, ``Schedule1F1B`` o
 ``ScheduleInterleaved1F1B`` (which, like paralab, puts stage s on rank s mod p). Tests compare its
 losses with paralab's; benchmarks time the two side by side.
 
-torch runs the whole schedule inside ``step``, so only the step spans appear in paralab's trace.
+torch runs the whole schedule inside ``step``, so only the step spans appear in paralab's trace. The
+memory meter counts each microbatch's saved tensors from its forward to its backward as ``pp`` counts
+them (``_MeteredStage``).
 torch averages the microbatch gradients after the step (``scale_grads``) where paralab divides each
 microbatch's loss by m first; the two agree to rounding.
 """
@@ -26,6 +28,27 @@ from paralab.strategies.registry import PIPELINE_OPTIONS, Strategy
 TORCH_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
 
 
+class _MeteredStage(PipelineStage):
+    """torch's PipelineStage whose chunks' saved tensors the memory meter counts as activations, from a
+    chunk's forward (and, on the last stage, the loss the schedule computes right after it) until its
+    backward has run."""
+
+    def __init__(self, *args, memory, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.memory = memory
+        self.forwarded = None  # (stage, chunk) of the latest forward, whose loss comes next
+
+    def forward_one_chunk(self, fwd_chunk_id, *args, **kwargs):
+        self.forwarded = (self.stage_index, fwd_chunk_id)
+        with self.memory.saving(self.forwarded):
+            return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+
+    def backward_one_chunk(self, bwd_chunk_id, *args, **kwargs):
+        result = super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
+        self.memory.release((self.stage_index, bwd_chunk_id))
+        return result
+
+
 def check(cfg: RunConfig, layout) -> None:
     check_pipeline(cfg, layout)
     if cfg.model.experts:
@@ -43,10 +66,15 @@ def train(ctx) -> dict:
     owned = [s for s in range(num_stages) if s % p == ctx.rank]
     stages = build_stages(cfg.model, num_stages, owned, cfg.seed, layout.stage_layers,
                           partial(prepare, ctx))
-    pipe = [PipelineStage(stages[s], s, num_stages, ctx.device) for s in owned]
+    pipe = [_MeteredStage(stages[s], s, num_stages, ctx.device, memory=ctx.memory) for s in owned]
+
+    def loss_fn(out, targets):
+        with ctx.memory.saving(pipe[-1].forwarded):  # called on the last stage only, after its forward
+            return ctx.scaler.scale(lm_loss(out, targets))
+
     schedule_cls = TORCH_SCHEDULES[layout.schedule]
     schedule = schedule_cls(pipe if layout.schedule == "interleaved" else pipe[0], n_microbatches=m,
-                            loss_fn=lambda out, targets: ctx.scaler.scale(lm_loss(out, targets)))
+                            loss_fn=loss_fn)
     params = [param for s in owned for param in stages[s].parameters()]
     optimizer = make_optimizer(cfg, params, ctx)
     ctx.memory.watch(params, optimizer)
