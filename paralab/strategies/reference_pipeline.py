@@ -9,6 +9,7 @@ losses with paralab's; benchmarks time the two side by side.
 torch runs the whole schedule inside ``step``, so only the step spans appear in paralab's trace. The
 memory meter counts each microbatch's saved tensors from its forward to its backward as ``pp`` counts
 them (``_MeteredStage``).
+
 torch averages the microbatch gradients after the step (``scale_grads``) where paralab divides each
 microbatch's loss by m first; the two agree to rounding.
 """
