@@ -187,6 +187,19 @@ def test_measured_model_states_are_predicted(options):
         assert abs(measured - predicted[kind]) <= slack, (kind, measured, predicted[kind])
 
 
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_the_peak_of_a_pipeline_that_reduces_bucket_copies_is_predicted(schedule):
+    """hybrid's DDP buckets fill during the backward of the step's last microbatch, when a GPipe or
+    1F1B rank holds that microbatch's activations alone: its peak is the fuller of the stash and the
+    copies, not both at once (which had read 11% over the measured peak under 1F1B, 12% under GPipe).
+    The predicted total holds the fullest rank's measured peak within 5%."""
+    run = paralab.run(strategy="hybrid", world_size=4, dp=2, pp=2, microbatches=4, schedule=schedule, steps=2,
+                      global_batch=8, device="cpu")
+    predicted = bridge.predict_memory(run.config)
+    assert predicted["total"] == pytest.approx(max(run.summary["peak_memory_bytes"]), rel=0.05)
+    assert predicted["total"] == sum(v for kind, v in predicted.items() if kind != "total")
+
+
 def test_torch_fsdp_in_bf16_keeps_its_fp32_shards_as_the_master_weights():
     """FSDP2 computes in bf16 from shards it keeps in fp32: the shards are Adam's weights, with no
     master copy beside them (12 bytes a parameter of the shard had been measured as optimizer state,

@@ -641,9 +641,27 @@ def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int) -> dict[str, floa
             states["grads"] += output_layer * counting.autograd_grad_bytes(model, p)
     if p.zero == 0 and p.dp > 1 and p.grad_buckets:
         reduced = _reduced(counting.dp_groups(p, params, experts))
-        states["grads"] = _gradients_reduced_from_copies(model, p, params, reduced, gb)
+        own, copies = _gradients_reduced_from_copies(model, p, params, reduced, gb)
+        states = _at_the_peak_with_copies(model, p, rank, {**states, "grads": own}, copies)
     states["total"] = sum(states.values())
     return states
+
+
+def _at_the_peak_with_copies(model: ModelSpec, p: ParallelSpec, rank: int, stashed: dict[str, float],
+                             copies: float) -> dict[str, float]:
+    """The kinds at the peak of a rank whose gradient reduction copies the gradients (``copies`` bytes).
+
+    The buckets fill during the backward of the step's last microbatch. On a pipeline rank of one chunk
+    (GPipe, 1F1B) only that microbatch's activations are held then, while the rank's activations peak
+    earlier with more in flight and no copies: the peak is the fuller of those two moments (the other
+    kinds are held through both), and its kinds are that moment's, as a measured run reports them. A
+    rank of several chunks fills some buckets while other chunks still hold microbatches: both
+    maxima at once, an upper bound."""
+    copying = {**stashed, "grads": stashed["grads"] + copies}
+    if p.pp > 1 and _schedule_name(p) not in ("gpipe", "1f1b"):
+        return copying
+    copying["activations"] = counting.activation_bytes_per_gpu(model, p, rank, inflight=1)
+    return max(stashed, copying, key=lambda kinds: sum(kinds.values()))
 
 
 def _zero_gradients(model: ModelSpec, p: ParallelSpec, rank: int) -> float:
@@ -665,17 +683,17 @@ def _reduced(groups: list[tuple[float, int, int]]) -> float:
 
 
 def _gradients_reduced_from_copies(model: ModelSpec, p: ParallelSpec, params: float, reduced: float,
-                                   reduce_bytes: int) -> float:
+                                   reduce_bytes: int) -> tuple[float, float]:
     """Gradient bytes of a data-parallel run that reduces copies of its gradients, tensor by tensor or
     bucket by bucket (``grad_buckets``), where Megatron-LM reduces its one contiguous buffer: autograd's
-    gradients stay in the optimizer's gradient dtype, and DDP's buckets add a flat copy of every
-    gradient in the dtype it is reduced in, held until backward ends (torch DDP's default,
-    gradient_as_bucket_view=False, whose docs put what views save at the total gradient size;
+    gradients, and their copies. Autograd's stay in the optimizer's gradient dtype; DDP's buckets add
+    a flat copy of every gradient in the dtype it is reduced in, held until backward ends (torch DDP's
+    default, gradient_as_bucket_view=False, whose docs put what views save at the total gradient size;
     paralab's ddp), of the ``reduced`` ones; torch's keeps its buckets in the gradients' dtype and widens
     them to reduce (``buckets_in_grad_dtype``). Naive dp's copy is one tensor at a time, not counted."""
     own = counting.autograd_grad_bytes(model, p)
     bucket = reduce_bytes + (own if p.buckets_in_grad_dtype and reduce_bytes > own else 0)
-    return params * own + (reduced * bucket if p.overlap_grad_reduce else 0)
+    return params * own, (reduced * bucket if p.overlap_grad_reduce else 0.0)
 
 
 def check(model: ModelSpec, parallel: ParallelSpec, gpus: int | None = None,

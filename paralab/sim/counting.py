@@ -453,8 +453,10 @@ def peak_inflight_chunks(schedule: str, pp: int, microbatches: int, virtual_stag
     return min(m, p - rank)
 
 
-def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int = 0) -> float:
-    """Activation bytes at the peak on pipeline rank ``rank``.
+def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int = 0,
+                             inflight: int | None = None) -> float:
+    """Activation bytes at the peak on pipeline rank ``rank``, or with ``inflight`` (chunk, microbatch)
+    activations held instead of the schedule's most (:func:`peak_inflight_chunks`).
 
     Per-layer bytes (Korthikanti et al. 2022, Table 2) x layers per chunk x chunks in flight, plus, on
     the first rank, the embedding output it keeps per microbatch in flight (2 s b h, / t with sequence
@@ -466,7 +468,8 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
     p = parallel.resolved()
     chunks_here = p.virtual_stages if p.pp > 1 else 1
     layers_per_chunk = rank_layers(model, p, rank) / chunks_here
-    inflight = peak_inflight_chunks(p.schedule, p.pp, p.microbatches, p.virtual_stages, rank)
+    if inflight is None:
+        inflight = peak_inflight_chunks(p.schedule, p.pp, p.microbatches, p.virtual_stages, rank)
     per_layer = activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, p.recompute)
     share = recompute_share(model, p)
     if p.recompute == "full" and share < 1:  # the layers not recomputed keep everything
@@ -482,7 +485,7 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
         total += (model.dtype_bytes * sbh / (p.tp if p.sequence_parallel else 1)
                   * min(inflight, p.microbatches))
     if rank == last_stage_rank(p):
-        logits_inflight = p.microbatches if p.schedule == "gpipe" and p.pp > 1 else 1
+        logits_inflight = min(inflight, p.microbatches) if p.schedule == "gpipe" and p.pp > 1 else 1
         logits = model.seq * p.micro_batch * model.vocab / p.tp
         total += loss_bytes_per_logit(model) * logits * logits_inflight
     if p.recompute == "full":
