@@ -306,6 +306,19 @@ def test_predicted_trace_draws_tensor_parallel_collectives_inside_the_compute_th
         assert wire == pytest.approx(expected, rel=1e-6)
 
 
+def test_sequence_parallel_gathers_again_in_backward_under_the_input_gradients_on_a_gpu():
+    """Each column-parallel layer keeps its input's sequence slice and gathers it again in backward
+    (Korthikanti et al. 2022, sec. 4.2.2): on a GPU the gather travels while the layer's input
+    gradient is computed and costs nothing here; a machine that does not overlap pays it in full."""
+    model, p = get_model("gpt3-1.3b"), ParallelSpec(tp=2, micro_batch=2, sequence_parallel=True)
+    serial = dataclasses.replace(A100, overlaps_comm=False)
+    payload = counting.tp_collectives(model, p)[1]
+    regathers = 2 * cost.collective_time(A100, "all_gather", payload, 2, 1)
+    assert 0 < regathers < cost.layer_work(model, p.resolved(), A100).column
+    serial_bi, gpu_bi = (cost.stage_times(model, p, hw)[0].backward_input for hw in (serial, A100))
+    assert serial_bi - gpu_bi == pytest.approx(model.layers * cost.straggler_factor(A100, 2) * regathers)
+
+
 def test_zero_memory_counts_the_unit_it_holds_unsharded():
     """ZeRO-2/3 hold one unit's whole gradient before its reduce-scatter; ZeRO-3 also the gathered
     parameters of the unit computing and, with prefetch, of the next (a unit: a part ZeRO-3 gathers

@@ -211,6 +211,7 @@ class LayerWork:
     elementwise_bytes: float
     core_elementwise_bytes: float  # the share of the attention core (softmax, its dropout)
     core_backward: float = 0.0
+    column: float = 0.0  # the column-parallel GEMMs of linear (QKV, the MLP's first): as long as their dgrad
 
 
 def layer_work(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> LayerWork:
@@ -233,12 +234,8 @@ def layer_work(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> LayerWork
     def gemm(m_, n_, k_):
         return gemm_time(hw, linear_peak, m_, n_, k_, 1, linear_bytes)
 
-    linear = (
-        gemm(tokens, (h + 2 * model.kv_dim) / t, h)
-        + gemm(tokens, h, h / t)
-        + gemm(tokens, mlp_in / t, h)
-        + gemm(tokens, h, model.ffn / t)
-    )
+    column = gemm(tokens, (h + 2 * model.kv_dim) / t, h) + gemm(tokens, mlp_in / t, h)
+    linear = column + gemm(tokens, h, h / t) + gemm(tokens, h, model.ffn / t)
     fused = model.attention == "fused"
     if fused and model.attention_kernel == "flash2":
         core_flops = 2 * b * heads * s * s * model.head_dim  # the two matmuls, half of each skipped
@@ -249,7 +246,7 @@ def layer_work(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> LayerWork
     act = counting.activation_bytes_per_layer(model, b, t, p.sequence_parallel, "none")
     core_bytes = counting.attention_core_bytes(model, b) / t
     elementwise = 2 * core_bytes + 2 * (act - core_bytes) * kernels.eager_ratio(model)
-    return LayerWork(linear, core, elementwise, 2 * core_bytes, (2.5 if fused else 2.0) * core)
+    return LayerWork(linear, core, elementwise, 2 * core_bytes, (2.5 if fused else 2.0) * core, column)
 
 
 def flash2_share(hw: HardwareSpec, seq: int) -> float:
@@ -313,6 +310,11 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
     # each tensor-parallel collective also waits for the slowest rank of its group (sync_wait)
     tp_forward = tp_pass + (per_pass * sync_wait(hw, forward_compute / per_pass, t) if t > 1 else 0.0)
     tp_backward = tp_pass + (per_pass * sync_wait(hw, backward_compute / per_pass, t) if t > 1 else 0.0)
+    # sequence parallelism gathers the column layers' inputs again in backward, while (on a GPU) their
+    # input gradients are computed
+    regather = counting.sequence_regathers(model, p) * collective_time(hw, "all_gather", payload, t,
+                                                                         p.stride("tp"))
+    tp_backward += max(0.0, regather - work.column) if hw.overlaps_comm else regather
     forward = forward_compute + tp_forward
     selective = core + elementwise_core if model.attention == "standard" else 0.0  # fused keeps no scores
     full = counting.recompute_share(model, p) * forward
@@ -758,7 +760,7 @@ def _tensor_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageT
                            spans: list[Span]) -> list[Span]:
     """One comm span per collective kind at the end of each forward and backward: a forward pays one
     pass of the layer's blocking collectives per layer (all-reduces; all-gather + reduce-scatter with
-    sp), a backward the other (and the rerun forward's with full recompute)."""
+    sp), a backward the other (and the rerun forward's with full recompute, and sp's re-gathers)."""
     ops, payload, per_pass, passes = counting.tp_collectives(model, p)
     chunk_layers = counting.chunk_layers(model, p)
     out = []
@@ -771,6 +773,8 @@ def _tensor_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageT
         for op in ops:
             start = max(span.start, end - seconds / len(ops))
             calls = per_pass * chunk_layers[span.stage] * passes[phase]
+            if phase == "backward" and op == "all_gather":
+                calls += counting.sequence_regathers(model, p) * chunk_layers[span.stage]
             out.append(Span(span.rank, COMM, op, start, end, name=f"tensor parallel {op} x{calls:g}",
                             step=span.step,
                             bytes=int(calls * counting.ring_wire_bytes(op, payload, p.tp)),

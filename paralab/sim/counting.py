@@ -565,6 +565,16 @@ def tp_collectives(model: ModelSpec, p: ParallelSpec) -> tuple[tuple[str, ...], 
     return ops, p.micro_batch * model.seq * model.hidden * model.dtype_bytes, per_pass, passes
 
 
+def sequence_regathers(model: ModelSpec, p: ParallelSpec) -> int:
+    """All-gathers of b s h a layer's backward adds with sequence parallelism: each column-parallel
+    layer keeps only its input's sequence slice and gathers it again for its weight gradient
+    (Korthikanti et al. 2022, sec. 4.2.2; the 34 s b h / t they store a layer assumes it): QKV's and
+    the MLP's first layer's, one where parallel blocks share their input."""
+    if not p.sequence_parallel or p.tp == 1:
+        return 0
+    return 1 if model.parallel_blocks else 2
+
+
 def comm_payloads(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[str, str, float, int, float]]:
     """Every collective one GPU issues per step (the first pipeline rank; for pp, a middle one).
 
@@ -572,7 +582,8 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[str, s
     - tp (Shoeybi et al. 2019): per layer and microbatch, 2 all-reduces of b s h in the forward and 2
       in the backward (+2 when full recompute reruns the forward); with sequence parallelism each
       all-reduce becomes an all-gather plus a reduce-scatter of the same tensor (Korthikanti et al.
-      2022, sec. 4.2.2), same wire bytes.
+      2022, sec. 4.2.2), same wire bytes, and the backward gathers each column-parallel layer's input
+      again (:func:`sequence_regathers`).
     - pp (Narayanan et al. 2021): per chunk and microbatch one activation sent forward and one
       gradient sent back, b s h each, or b s h / t with their scatter/gather optimisation (tp > 1).
     - dp / zero (Rajbhandari et al. 2020, sec. 7): stage 0 all-reduces the gradients once per step;
@@ -591,6 +602,8 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[str, s
     if t > 1:
         ops, payload, per_pass, passes = tp_collectives(model, p)
         rows += [("tp", op, payload, t, per_pass * sum(passes.values()) * layers * m) for op in ops]
+        if sequence_regathers(model, p):
+            rows.append(("tp", "all_gather", payload, t, sequence_regathers(model, p) * layers * m))
     if p.pp > 1:
         rows.append(("pp", "send", act / t, 2, 2 * m * p.virtual_stages))
     if p.ep > 1:  # dispatch and combine, forward and backward, per MoE layer and microbatch

@@ -10,7 +10,9 @@ f sits where a tensor-parallel region begins, g where it ends. Without sequence 
 identity in forward and an all-reduce in backward, g the reverse. With it, the activations outside the
 regions are split along the sequence, so f becomes an all-gather along the sequence (reduce-scatter in
 backward) and g a reduce-scatter (all-gather in backward): the same bytes on the wire, since a ring
-all-reduce is a reduce-scatter followed by an all-gather.
+all-reduce is a reduce-scatter followed by an all-gather. The column-parallel layer after f keeps only
+its input's sequence slice for backward and gathers it again there (``_GatheredLinear``): one more
+all-gather a layer, for activations split t ways all through the block.
 
 Every collective goes through paralab.comm with a name saying where it sits ("attn g", "mlp f", ...),
 so the trace shows each one in its place in the block.
@@ -67,21 +69,42 @@ class _ReduceFromRegion(torch.autograd.Function):
         return grad, None, None
 
 
-class _GatherFromSequence(torch.autograd.Function):
-    """f with sequence parallelism: gather the sequence slices; in backward, sum the partial gradients
-    and hand each rank its slice."""
+class _GatheredLinear(torch.autograd.Function):
+    """f with sequence parallelism and the column-parallel matmul it feeds, as Megatron-LM runs them
+    (Korthikanti et al. 2022, sec. 4.2.2): gather the sequence slices and multiply, but keep only this
+    rank's slice for the weight gradient and gather it again in backward. The layer's input is then
+    held at 1/t of its size (the paper's 34 s b h / t a layer), for one more all-gather a pass, which
+    starts before the input gradient's matmul and travels while it runs; the input gradient's
+    reduce-scatter likewise travels while the weight gradient's matmul runs."""
 
     @staticmethod
-    def forward(ctx, x, tp: TensorParallelGroup, name: str):
-        ctx.tp, ctx.name = tp, name
+    def forward(ctx, x, weight, bias, tp: TensorParallelGroup, name: str):
+        ctx.tp, ctx.name, ctx.has_bias = tp, name, bias is not None
         x = x.contiguous()
-        out = x.new_empty((x.shape[0] * tp.size, *x.shape[1:]))
-        comm.all_gather(out, x, group=tp.group, name=name)
-        return out
+        ctx.save_for_backward(x, weight)
+        return F.linear(_gathered(x, tp, name), weight, bias)
 
     @staticmethod
     def backward(ctx, grad):
-        return _reduce_scatter(grad, ctx.tp, ctx.name), None, None
+        x, weight = ctx.saved_tensors
+        tp, grad = ctx.tp, grad.contiguous()
+        whole = x.new_empty((x.shape[0] * tp.size, *x.shape[1:]))
+        gathering = comm.all_gather(whole, x, group=tp.group, async_op=True, name=f"{ctx.name} again")
+        grad_whole = grad.matmul(weight)
+        grad_x = grad_whole.new_empty(x.shape)
+        scattering = comm.reduce_scatter(grad_x, grad_whole, group=tp.group, async_op=True, name=ctx.name)
+        gathering.wait()
+        grad_2d = grad.reshape(-1, grad.shape[-1])
+        grad_weight = grad_2d.t().matmul(whole.reshape(-1, whole.shape[-1]))
+        grad_bias = grad_2d.sum(0) if ctx.has_bias else None
+        scattering.wait()
+        return grad_x, grad_weight, grad_bias, None, None
+
+
+def _gathered(x: torch.Tensor, tp: TensorParallelGroup, name: str) -> torch.Tensor:
+    out = x.new_empty((x.shape[0] * tp.size, *x.shape[1:]))
+    comm.all_gather(out, x, group=tp.group, name=name)
+    return out
 
 
 class _ScatterToSequence(torch.autograd.Function):
@@ -95,10 +118,7 @@ class _ScatterToSequence(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        grad = grad.contiguous()
-        out = grad.new_empty((grad.shape[0] * ctx.tp.size, *grad.shape[1:]))
-        comm.all_gather(out, grad, group=ctx.tp.group, name=ctx.name)
-        return out, None, None
+        return _gathered(grad.contiguous(), ctx.tp, ctx.name), None, None
 
 
 def _reduce_scatter(x: torch.Tensor, tp: TensorParallelGroup, name: str) -> torch.Tensor:
@@ -108,11 +128,14 @@ def _reduce_scatter(x: torch.Tensor, tp: TensorParallelGroup, name: str) -> torc
     return out
 
 
-def enter_parallel_region(x: torch.Tensor, tp: TensorParallelGroup, name: str) -> torch.Tensor:
-    """The paper's f: enter a tensor-parallel region (identity forward, all-reduce backward; with
-    sequence parallelism, all-gather the sequence forward, reduce-scatter backward)."""
-    op = _GatherFromSequence if tp.sequence_parallel else _CopyToRegion
-    return op.apply(x, tp, name)
+def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                           tp: TensorParallelGroup, name: str) -> torch.Tensor:
+    """The paper's f, then the column-parallel matmul it feeds: f enters a tensor-parallel region
+    (identity forward, all-reduce backward; with sequence parallelism, all-gather the sequence forward
+    and again in backward, reduce-scatter backward)."""
+    if tp.sequence_parallel:
+        return _GatheredLinear.apply(x, weight, bias, tp, name)
+    return F.linear(_CopyToRegion.apply(x, tp, name), weight, bias)
 
 
 def leave_parallel_region(x: torch.Tensor, tp: TensorParallelGroup, name: str) -> torch.Tensor:
@@ -144,7 +167,7 @@ class ColumnParallelLinear(nn.Module):
         self.bias = split_param((out_features // tp.size,), 0, groups)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(enter_parallel_region(x, self.tp, f"{self.name} f"), self.weight, self.bias)
+        return column_parallel_linear(x, self.weight, self.bias, self.tp, f"{self.name} f")
 
 
 class RowParallelLinear(nn.Module):

@@ -11,8 +11,11 @@ the matmul's input and Bi catches the gradient of its output; W is then one GEMM
 The pipeline installs this from its side: while a stage's forward runs, a torch function mode sees
 every ``F.linear`` call (``nn.Linear`` and the tensor-parallel column/row layers alike, whose local
 matmuls are plain ``F.linear``; the collectives of f and g stay in Bi, on the input-gradient path),
-so no layer needs to know about zero-bubble schedules. Every other parameter (LayerNorm, embeddings,
-a row layer's bias added after g) gets its gradient in Bi, from autograd. W hands its gradients to
+so no layer needs to know about zero-bubble schedules. With sequence parallelism a column-parallel
+layer is one autograd function that gathers its input again in backward
+(``tensor_layers._GatheredLinear``): its weight gradient comes in Bi, with that gather. Every other
+parameter (LayerNorm, embeddings, a row layer's bias added after g) gets its gradient in Bi, from
+autograd. W hands its gradients to
 autograd as the gradient of the weights themselves, in one call, so they accumulate into ``.grad``
 through the usual AccumulateGrad and the data-parallel bucket hooks (hybrid) fire once per
 parameter, as for any backward.
