@@ -92,6 +92,17 @@ def test_activation_memory_scales_with_batch_and_dtype():
             == pytest.approx(2 * per_layer(no_dropout, 2, tp=8)))
 
 
+def test_sequence_parallel_that_keeps_the_gathered_inputs_holds_them_whole():
+    """torch's DTensor keeps each column-parallel layer's gathered input (the normalised input of
+    attention and of the MLP, 2 s b h each in 16 bits) where Megatron-LM keeps its 1/t slice."""
+    model, b, t = get_model("megatron-175b"), 2, 8
+    sliced = counting.activation_bytes_per_layer(model, b, t, True)
+    gathered = counting.activation_bytes_per_layer(model, b, t, True, gathered_inputs=True)
+    assert gathered - sliced == pytest.approx(2 * 2 * S * b * 12288 * (1 - 1 / t))
+    assert counting.activation_bytes_per_layer(model, b, t, False, gathered_inputs=True) == \
+        counting.activation_bytes_per_layer(model, b, t, False)
+
+
 def test_the_last_stage_keeps_fp32_logits_and_zbv_keeps_both_ends_on_rank_0():
     """Korthikanti et al. 2022 sec. 4.3: the loss keeps 4 s b V / t bytes of fp32 logits."""
     model = get_model("llama3-8b")

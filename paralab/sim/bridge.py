@@ -45,7 +45,8 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
     in fp32 (``fp32_grads``) when a 16-bit run reduces in ``reduce_dtype="fp32"``, its default;
     ``torch_fsdp`` in 16 bits keeps fp32 shards as its master weights (``fp32_shards``); torch's DDP
     (``torch_ddp``, ``torch_hybrid``) keeps its buckets in the gradients' dtype
-    (``buckets_in_grad_dtype``). The
+    (``buckets_in_grad_dtype``), and its DTensor sequence parallelism (``torch_tp``, ``torch_hybrid``)
+    the column-parallel layers' gathered inputs (``sp_keeps_gathered_inputs``). The
     model is priced in the run's dtype, with its recomputation. Strategies that run the pipeline
     executor (a pp axis) make their batch before the step window opens
     (``train_loop(batch_in_window=False)``), so their predicted step holds no data loading; the others
@@ -70,6 +71,7 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
                              or (cfg.strategy == "torch_fsdp" and cfg.device == "cpu")),
         fp32_shards=cfg.strategy == "torch_fsdp" and model.dtype != "fp32",
         buckets_in_grad_dtype=cfg.strategy in ("torch_ddp", "torch_hybrid"),  # reference_ddp.wrap_ddp's
+        sp_keeps_gathered_inputs=cfg.strategy in ("torch_tp", "torch_hybrid"),  # DTensor's plan
         loads_batch_in_step="pp" not in get_strategy(cfg.strategy).axes,
         zbv_for_pass_times=False,  # the lab's ranks run ZB-V in the order found for equal passes
     ).resolved()

@@ -375,7 +375,7 @@ def flops_per_step(model: ModelSpec, sequences: float, recompute: str = "none",
 
 def activation_bytes_per_layer(
     model: ModelSpec, micro_batch: int = 1, tp: int = 1, sequence_parallel: bool = False,
-    recompute: str = "none"
+    recompute: str = "none", gathered_inputs: bool = False
 ) -> float:
     """Bytes one layer keeps for backward on one GPU (activations in the model's dtype, dropout masks
     of ``model.mask_bytes``).
@@ -393,7 +393,9 @@ def activation_bytes_per_layer(
     keeps gate, up and product (2 bytes each) of width ffn. An fp32 model keeps 4 bytes where the
     table counts 2 (the lab's CPU models). A fused (flash) attention keeps no s x s tensor, only each
     row's fp32 log-sum-exp, 4 a s b bytes (its dropout mask is regenerated from the seed); parallel
-    blocks keep one norm input and one normalised input, which attention and MLP share.
+    blocks keep one norm input and one normalised input, which attention and MLP share. With
+    ``gathered_inputs`` sequence parallelism leaves the column-parallel layers' inputs (the normalised
+    ones) whole, as torch's DTensor keeps them (``ParallelSpec.sp_keeps_gathered_inputs``).
     """
     s, b, h, t, e = model.seq, micro_batch, model.hidden, tp, model.dtype_bytes
     sbh = s * b * h
@@ -404,10 +406,13 @@ def activation_bytes_per_layer(
     # not split by tp: norm inputs, attention and MLP inputs (one shared with parallel blocks), the
     # two dropout masks
     norms = norms_per_layer(model)
-    replicated = norms * e * sbh + norms * e * sbh + 2 * mask * sbh
+    column_inputs = norms * e * sbh
+    replicated = norms * e * sbh + column_inputs + 2 * mask * sbh
     ffn_stored = (3 if model.gated_mlp else 2) * e * s * b * model.ffn
     split = e * sbh + e * kv + e * sbh + ffn_stored  # Q, K and V, projection input, MLP inner tensors
     core = attention_core_bytes(model, b, recompute)
+    if sequence_parallel and gathered_inputs:
+        return (replicated - column_inputs) / t + column_inputs + (split + core) / t
     return (replicated / (t if sequence_parallel else 1)) + (split + core) / t
 
 
@@ -470,10 +475,12 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
     layers_per_chunk = rank_layers(model, p, rank) / chunks_here
     if inflight is None:
         inflight = peak_inflight_chunks(p.schedule, p.pp, p.microbatches, p.virtual_stages, rank)
-    per_layer = activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, p.recompute)
+    gathered = p.sp_keeps_gathered_inputs
+    per_layer = activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, p.recompute,
+                                           gathered)
     share = recompute_share(model, p)
     if p.recompute == "full" and share < 1:  # the layers not recomputed keep everything
-        kept = activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, "none")
+        kept = activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, "none", gathered)
         per_layer = share * per_layer + (1 - share) * kept
     total = inflight * layers_per_chunk * per_layer
     if p.recompute != "full":  # a mixture of experts keeps k copies of each token at its experts
@@ -489,7 +496,7 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
         logits = model.seq * p.micro_batch * model.vocab / p.tp
         total += loss_bytes_per_logit(model) * logits * logits_inflight
     if p.recompute == "full":
-        total += activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, "none")
+        total += activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, "none", gathered)
     return total
 
 
@@ -570,7 +577,7 @@ def sequence_regathers(model: ModelSpec, p: ParallelSpec) -> int:
     layer keeps only its input's sequence slice and gathers it again for its weight gradient
     (Korthikanti et al. 2022, sec. 4.2.2; the 34 s b h / t they store a layer assumes it): QKV's and
     the MLP's first layer's, one where parallel blocks share their input."""
-    if not p.sequence_parallel or p.tp == 1:
+    if not p.sequence_parallel or p.tp == 1 or p.sp_keeps_gathered_inputs:
         return 0
     return 1 if model.parallel_blocks else 2
 

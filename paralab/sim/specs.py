@@ -250,6 +250,10 @@ class ParallelSpec:
     # False: the buckets are made in the reduce dtype (paralab's ddp and hybrids); alike when the
     # dtypes agree
     buckets_in_grad_dtype: bool = False
+    # with sequence parallelism, each column-parallel layer keeps its gathered input for backward, as
+    # torch's DTensor (SequenceParallel before ColwiseParallel) does. False: it keeps its sequence
+    # slice and gathers it again in backward (Megatron-LM, paralab's tp: counting.sequence_regathers)
+    sp_keeps_gathered_inputs: bool = False
     # gradients accumulated and reduced in fp32 whatever the model's dtype (Megatron-LM's main_grad):
     # 4 bytes per parameter; with zero=1 this is Megatron's distributed optimizer (6 + 12/d bytes)
     fp32_grads: bool = False
