@@ -475,12 +475,15 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
     layers_per_chunk = rank_layers(model, p, rank) / chunks_here
     if inflight is None:
         inflight = peak_inflight_chunks(p.schedule, p.pp, p.microbatches, p.virtual_stages, rank)
-    gathered = p.sp_keeps_gathered_inputs
-    per_layer = activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, p.recompute,
-                                           gathered)
+
+    def per_layer_kept(recompute: str) -> float:
+        return activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, recompute,
+                                          gathered_inputs=p.sp_keeps_gathered_inputs)
+
+    per_layer = per_layer_kept(p.recompute)
     share = recompute_share(model, p)
     if p.recompute == "full" and share < 1:  # the layers not recomputed keep everything
-        kept = activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, "none", gathered)
+        kept = per_layer_kept("none")
         per_layer = share * per_layer + (1 - share) * kept
     total = inflight * layers_per_chunk * per_layer
     if p.recompute != "full":  # a mixture of experts keeps k copies of each token at its experts
@@ -496,7 +499,7 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
         logits = model.seq * p.micro_batch * model.vocab / p.tp
         total += loss_bytes_per_logit(model) * logits * logits_inflight
     if p.recompute == "full":
-        total += activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, "none", gathered)
+        total += per_layer_kept("none")
     return total
 
 
