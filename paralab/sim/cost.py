@@ -656,11 +656,11 @@ def _at_the_peak_with_copies(model: ModelSpec, p: ParallelSpec, rank: int, stash
     The buckets fill during the backward of the step's last microbatch. On a pipeline rank of one chunk
     (GPipe, 1F1B) only that microbatch's activations are held then, while the rank's activations peak
     earlier with more in flight and no copies: the peak is the fuller of those two moments (the other
-    kinds are held through both), and its kinds are that moment's, as a measured run reports them. So
-    it is on a rank of several chunks (interleaved, zero-bubble) whose gradients make one bucket: that
-    fills with the step's last gradient, in the rank's last pass, when one chunk's microbatch is held
-    at most. With several buckets, some fill while other chunks still hold microbatches: both maxima
-    at once, an upper bound."""
+    kinds are held through both), and its kinds are that moment's, as a measured run reports them. The
+    same holds on a rank of several chunks (interleaved, zero-bubble) whose gradients make one bucket:
+    it fills with the step's last gradient, in the rank's last pass, when one chunk's microbatch is
+    held at most. With several buckets, some fill while other chunks still hold microbatches: both
+    maxima at once, an upper bound."""
     copying = {**stashed, "grads": stashed["grads"] + copies}
     if p.pp > 1 and _schedule_name(p) not in ("gpipe", "1f1b") and p.grad_buckets > 1:
         return copying
