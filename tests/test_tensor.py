@@ -146,8 +146,8 @@ def test_sequence_parallel_moves_a_gather_more_per_column_layer_and_holds_fewer_
     against 80% and 57% predicted."""
     plain, sp = runs("tp", tp, False, "sgd"), runs("tp", tp, True, "sgd")
     loss_wire = sum(s.bytes for s in plain.trace.select(lane="comm") if s.name.startswith("loss")) // STEPS
-    activation = BATCH * MODEL["seq_len"] * MODEL["hidden"] * 4
-    again = ring_wire("all_gather", tp * column_layers(sp.config) * activation, tp)
+    payload = expected_payload(sp.config)  # the gathers again: all-gathers beyond the reduce-scatters
+    again = ring_wire("all_gather", payload["all_gather"] - payload["reduce_scatter"], tp)
     assert sp.summary["comm_bytes"]["all_gather"] + sp.summary["comm_bytes"]["reduce_scatter"] == \
         plain.summary["comm_bytes"]["all_reduce"] - loss_wire + again
     predicted = predict_memory(sp.config)["activations"] / predict_memory(plain.config)["activations"]

@@ -764,6 +764,7 @@ def _tensor_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageT
     pass of the layer's blocking collectives per layer (all-reduces; all-gather + reduce-scatter with
     sp), a backward the other (and the rerun forward's with full recompute, and sp's re-gathers)."""
     ops, payload, per_pass, passes = counting.tp_collectives(model, p)
+    regathers = counting.sequence_regathers(model, p)
     chunk_layers = counting.chunk_layers(model, p)
     out = []
     for span in spans:
@@ -776,7 +777,7 @@ def _tensor_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageT
             start = max(span.start, end - seconds / len(ops))
             calls = per_pass * chunk_layers[span.stage] * passes[phase]
             if phase == "backward" and op == "all_gather":
-                calls += counting.sequence_regathers(model, p) * chunk_layers[span.stage]
+                calls += regathers * chunk_layers[span.stage]
             out.append(Span(span.rank, COMM, op, start, end, name=f"tensor parallel {op} x{calls:g}",
                             step=span.step,
                             bytes=int(calls * counting.ring_wire_bytes(op, payload, p.tp)),

@@ -612,8 +612,8 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[str, s
     if t > 1:
         ops, payload, per_pass, passes = tp_collectives(model, p)
         rows += [("tp", op, payload, t, per_pass * sum(passes.values()) * layers * m) for op in ops]
-        if sequence_regathers(model, p):
-            rows.append(("tp", "all_gather", payload, t, sequence_regathers(model, p) * layers * m))
+        if regathers := sequence_regathers(model, p):
+            rows.append(("tp", "all_gather", payload, t, regathers * layers * m))
     if p.pp > 1:
         rows.append(("pp", "send", act / t, 2, 2 * m * p.virtual_stages))
     if p.ep > 1:  # dispatch and combine, forward and backward, per MoE layer and microbatch

@@ -88,7 +88,7 @@ class _GatheredLinear(torch.autograd.Function):
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
         tp, grad = ctx.tp, grad.contiguous()
-        whole = x.new_empty((x.shape[0] * tp.size, *x.shape[1:]))
+        whole = _whole_sequence(x, tp)
         gathering = comm.all_gather(whole, x, group=tp.group, async_op=True, name=f"{ctx.name} again")
         grad_whole = grad.matmul(weight)
         grad_x = grad_whole.new_empty(x.shape)
@@ -101,8 +101,13 @@ class _GatheredLinear(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias, None, None
 
 
+def _whole_sequence(x: torch.Tensor, tp: TensorParallelGroup) -> torch.Tensor:
+    """An empty tensor the size of every rank's sequence slice ``x`` put together."""
+    return x.new_empty((x.shape[0] * tp.size, *x.shape[1:]))
+
+
 def _gathered(x: torch.Tensor, tp: TensorParallelGroup, name: str) -> torch.Tensor:
-    out = x.new_empty((x.shape[0] * tp.size, *x.shape[1:]))
+    out = _whole_sequence(x, tp)
     comm.all_gather(out, x, group=tp.group, name=name)
     return out
 
