@@ -134,6 +134,22 @@ def test_recomputation_changes_nothing_but_memory_and_time(strategy, mode, plain
     assert per_step == layers_per_rank * result.summary["accumulate"], per_step
 
 
+@pytest.mark.parametrize("mode", ["selective", "full"])
+@pytest.mark.parametrize("strategy", ["tp", "hybrid"])
+def test_recomputation_drops_the_elements_the_forward_dropped(strategy, mode, no_leftover_ranks):
+    """With dropout, under tensor and sequence parallelism (each rank's heads and sequence slice drop
+    from its own stream), and in a 1F1B pipeline whose forwards draw between a microbatch's forward
+    and its recomputation: the same weights and gradients as the run that keeps every activation."""
+    common = dict(optimizer="sgd", lr=0.05, collect_state=True, sequence_parallel=True,
+                  model={**MODEL, "dropout": 0.2})
+    if strategy == "hybrid":
+        common.update(microbatches=4, schedule="1f1b")
+    kept, recomputed = run(strategy, **common), run(strategy, recompute=mode, **common)
+    assert_close_rel(recomputed.losses, kept.losses, rel=1e-6, what=f"{strategy} dropout recompute={mode}")
+    assert_same_params(recomputed.params, kept.params, atol=1e-6)
+    assert_same_params(recomputed.grads, kept.grads, atol=1e-6)
+
+
 # ------------------------------------------------------------------------------------- accumulation
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
 def test_k_microbatches_of_b_equal_one_batch_of_k_times_b(strategy, plain, no_leftover_ranks):

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from paralab import random_streams
 from paralab.config import ConfigError, RunConfig, TrainingConfig
 from paralab.layout import Layout
 from paralab.memory import MemoryMeter
@@ -100,7 +101,7 @@ def rank_session(cfg: TrainingConfig, layout: Layout, rank: int, world_size: int
     device = torch.device("cuda", local_rank) if cfg.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    torch.manual_seed(cfg.seed)
+    random_streams.seed_rank(cfg.seed, layout.coord(rank), device)
     dist.init_process_group(
         backend_for(device.type), init_method=init_method, rank=rank, world_size=world_size,
         timeout=timedelta(seconds=cfg.timeout_s), device_id=device if device.type == "cuda" else None,

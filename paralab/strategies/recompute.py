@@ -12,6 +12,8 @@ Installed from the strategy's side, on whatever model it built (paralab's GPT, t
 blocks, torch's DTensor and FSDP2 wrappings of them), by swapping in a checkpointed ``forward`` on
 each block or core, so parameter names and hooks stay as they were. The second run of a forward,
 inside backward, is a ``recompute`` span on the compute lane: the timeline shows the extra work.
+The second run drops the same elements as the first: torch's checkpoint restores the default
+generator and paralab.random_streams the tensor-parallel ranks' split-region stream.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
+from paralab import random_streams
 from paralab.models.gpt import AttentionCore
 
 
@@ -50,6 +53,6 @@ def _checkpointed(forward, recorder):
     def run(*args):
         if not torch.is_grad_enabled():
             return forward(*args)
-        return checkpoint(rerun, *args, use_reentrant=False)
+        return checkpoint(rerun, *args, use_reentrant=False, context_fn=random_streams.recompute_contexts)
 
     return run

@@ -16,9 +16,10 @@ the tensor-parallel degree. (A column-parallel linear still saves its gathered i
 gradient; Megatron-LM saves the slice instead and gathers it again in backward, one more all-gather
 for that memory.)
 
-Dropout draws from each rank's generator, seeded alike, so replicated regions drop the same elements
-on every rank, as they must; inside split regions (attention heads, sequence slices) the ranks'
-masks repeat one another, where Megatron-LM forks a generator per rank.
+Dropout in a replicated region draws from torch's generator, seeded alike on every tp rank, so all of
+them drop the same elements, as they must. Inside a split region (a rank's attention heads; with
+sequence parallelism its sequence slice) it draws from the rank's own split-region stream
+(paralab.random_streams), so no two ranks drop the same places of different heads or slices.
 
 Every rank sees the whole batch and computes the same loss; tp rank 0 reports it. The layers are in
 paralab.strategies.tensor_layers.
@@ -31,7 +32,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from paralab import comm
+from paralab import comm, random_streams
 from paralab.config import ConfigError, ModelConfig, RunConfig
 from paralab.models.gpt import AttentionCore, build_part
 from paralab.precision import torch_dtype
@@ -75,13 +76,35 @@ def check_tp(cfg: RunConfig, layout) -> None:
 
 
 # ---------------------------------------------------------------------------- the model
+class SplitRegionDropout(nn.Dropout):
+    """Dropout on a tensor this rank alone holds (its sequence slice): masks from the split-region stream."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with random_streams.split_region():
+            return super().forward(x)
+
+
+class SplitRegionAttentionCore(AttentionCore):
+    """The attention core on this rank's heads, its dropout drawn from the split-region stream."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        with random_streams.split_region():
+            return super().forward(q, k, v)
+
+
+def residual_dropout(cfg: ModelConfig, tp: TensorParallelGroup) -> nn.Dropout:
+    """The dropout of the embedding and the residual branches: on a sequence slice with sequence
+    parallelism, on the replicated whole without."""
+    return SplitRegionDropout(cfg.dropout) if tp.sequence_parallel else nn.Dropout(cfg.dropout)
+
+
 class ParallelEmbedding(nn.Module):
     def __init__(self, cfg: ModelConfig, tp: TensorParallelGroup):
         super().__init__()
         self.tp = tp
         self.tok = VocabParallelEmbedding(cfg.vocab, cfg.hidden, tp)
         self.pos = nn.Embedding(cfg.seq_len, cfg.hidden)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = residual_dropout(cfg, tp)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """(seq, batch) token ids -> (seq, batch, hidden), or this rank's sequence slice of it."""
@@ -101,7 +124,7 @@ class ParallelAttention(nn.Module):
         super().__init__()
         self.head_dim = cfg.head_dim
         self.qkv = ColumnParallelLinear(cfg.hidden, 3 * cfg.hidden, tp, "attn", groups=3)
-        self.core = AttentionCore(cfg.attention, cfg.dropout)  # this rank's heads only
+        self.core = SplitRegionAttentionCore(cfg.attention, cfg.dropout)  # this rank's heads only
         self.proj = RowParallelLinear(cfg.hidden, cfg.hidden, tp, "attn")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -132,7 +155,7 @@ class ParallelBlock(nn.Module):
         self.attn = ParallelAttention(cfg, tp)
         self.ln2 = nn.LayerNorm(cfg.hidden)
         self.mlp = ParallelMLP(cfg, tp)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = residual_dropout(cfg, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.drop(self.attn(self.ln1(x)))

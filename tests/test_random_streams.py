@@ -1,0 +1,89 @@
+"""Each rank's dropout streams (paralab.random_streams): which ranks draw alike, and that a split
+region and its recomputation draw from the rank's own stream without disturbing torch's generator."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn as nn
+
+from paralab import random_streams
+from paralab.strategies.recompute import apply_recompute
+from paralab.strategies.tensor import SplitRegionAttentionCore, SplitRegionDropout
+
+
+@pytest.fixture
+def seeded_rank():
+    """Seed this process as the rank at (pp 1, tp 1), and afterwards as it was (no split stream)."""
+    saved = torch.get_rng_state()
+    random_streams.seed_rank(7, {"pp": 1, "dp": 0, "cp": 0, "tp": 1}, torch.device("cpu"))
+    yield
+    random_streams._split = None
+    torch.set_rng_state(saved)
+
+
+def test_stages_and_tensor_parallel_ranks_draw_from_streams_of_their_own():
+    """Every (stage, tp rank) has its own split-region seed, and every stage its own default seed,
+    none of them equal to another's; tp ranks of a stage share the default seed (replicated regions
+    drop alike), and so do data-parallel replicas, whose coordinate is not asked for."""
+    places = list(itertools.product(range(16), range(8)))
+    defaults = {stage: {random_streams.seeds(3, stage, tp)[0] for tp in range(8)} for stage in range(16)}
+    assert all(len(seed) == 1 for seed in defaults.values())
+    splits = [random_streams.seeds(3, stage, tp)[1] for stage, tp in places]
+    every = [seed for seeds in defaults.values() for seed in seeds] + splits
+    assert len(set(every)) == len(every) == 16 + 16 * 8
+
+
+def test_a_split_region_draws_its_own_stream_and_leaves_the_default_one_as_it_was(seeded_rank):
+    default_seed, split_seed = random_streams.seeds(7, 1, 1)
+    first = torch.rand(4)
+    with random_streams.split_region():
+        inside = torch.rand(4)
+    after = torch.rand(4)
+    with random_streams.split_region():
+        inside_again = torch.rand(4)
+    reference = torch.Generator().manual_seed(default_seed)
+    assert torch.equal(torch.cat([first, after]), torch.rand(8, generator=reference))
+    split_reference = torch.Generator().manual_seed(split_seed)
+    assert torch.equal(torch.cat([inside, inside_again]), torch.rand(8, generator=split_reference))
+
+
+class _SplitAttention(nn.Module):
+    """A tensor-parallel rank's attention core and sequence-slice dropout, on a fixed projection."""
+
+    IS_TRANSFORMER_BLOCK = True
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 24)
+        self.core = SplitRegionAttentionCore("math", 0.5)
+        self.drop = SplitRegionDropout(0.5)
+
+    def forward(self, x):
+        q, k, v = self.proj(x).view(2, 6, 3, 2, 4).permute(2, 0, 3, 1, 4)
+        return self.drop(self.core(q, k, v)).sum()
+
+
+@pytest.mark.parametrize("mode", ["selective", "full"])
+def test_recomputation_drops_what_the_forward_dropped(mode, seeded_rank):
+    """Three microbatches in a 1F1B order (F0 F1 B0 F2 B1 B2): the recomputation in B0 must drop what
+    F0 dropped though F1 has drawn since, and F2 must draw where F1 left the stream, not where B0's
+    recomputation did. The gradients equal those of the run that keeps everything."""
+    def gradients(recompute: str) -> list[torch.Tensor]:
+        random_streams.seed_rank(7, {"pp": 1, "tp": 1}, torch.device("cpu"))
+        torch.manual_seed(0)
+        model = _SplitAttention()
+        apply_recompute(model, recompute)
+        x = torch.randn(3, 2, 6, 8)
+        first, second = model(x[0]), model(x[1])
+        first.backward()
+        third = model(x[2])
+        second.backward()
+        third.backward()
+        return [p.grad for p in model.parameters()]
+
+    kept, recomputed = gradients("none"), gradients(mode)
+    assert all(torch.equal(a, b) for a, b in zip(kept, recomputed))
+    assert any(g.abs().sum() > 0 for g in kept)
