@@ -118,6 +118,32 @@ def test_zbv_with_a_weight_pass_far_shorter_than_its_forward_is_predicted():
     assert pred.step_time_s > 2 * 4 * 2.0  # 2 layers a rank, 4 microbatches, 2 s a layer forward
 
 
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved", "zbv"])
+def test_the_first_and_last_stages_sum_a_tied_embeddings_gradient_before_the_optimizer_step(schedule):
+    """Once a step, after the data-parallel reduction, between two ranks (pp - 1) pipeline strides apart
+    (across nodes here): the step is longer than the untied model's by that all-reduce alone (the last
+    stage holds an output layer of the same size either way), the trace draws it on both ranks, and the
+    breakdown still adds up to the step. The V-shaped ZB-V holds both ends on rank 0: nothing to sum."""
+    tied = get_model("gpt3-1.3b")
+    untied = tied.replace(tied_embeddings=False)
+    p = ParallelSpec(dp=2, tp=2, pp=4, schedule=schedule, virtual_stages=1 if schedule == "1f1b" else 2,
+                     global_batch=32, micro_batch=1, fp32_grads=True).resolved()
+    steps = {m.tied_embeddings: cost.predict(m, p, A100).step_time_s for m in (tied, untied)}
+    payload = tied.vocab * tied.hidden / 2 * 4  # the vocabulary slice of a tp rank, fp32 gradients
+    seconds = cost.collective_time(A100, "all_reduce", payload, 2, 3 * p.stride("pp"))
+    drawn = [s for s in cost.predict_trace(tied, p, A100).spans if s.name == "tied embedding all-reduce"]
+    if schedule == "zbv":
+        assert not drawn and "embedding_all_reduce" not in cost.predict(tied, p, A100).comm_bytes_per_gpu
+        return
+    assert steps[True] - steps[False] == pytest.approx(seconds, rel=1e-6)
+    assert sorted(s.rank for s in drawn) == [0, 3]
+    assert all(s.bytes == payload and s.group_size == 2 and s.inter_node for s in drawn)
+    pred = cost.predict(tied, p, A100)
+    b = pred.breakdown_s
+    assert b["pipeline"] + b["dp_comm_exposed"] + b["grad_copies"] + b["optimizer"] + b["loop"] == (
+        pytest.approx(pred.step_time_s, rel=1e-9))
+
+
 def test_prediction_has_the_design_keys_and_consistent_numbers():
     model = get_model("gpt3-1.3b")
     pred = cost.predict(model, ParallelSpec(dp=4, tp=2, pp=2, global_batch=64, micro_batch=2), A100)
@@ -126,7 +152,11 @@ def test_prediction_has_the_design_keys_and_consistent_numbers():
                 "flops_per_step", "model_flops_per_step", "hardware_flops_per_step"):  # fmt: skip
         assert key in out
     assert set(out["memory_bytes_per_gpu"]) == {"params", "grads", "optimizer", "activations", "total"}
-    assert set(out["comm_bytes_per_gpu"]) == {"tp_all_reduce", "pp_send", "dp_all_reduce"}
+    # GPT-3 ties its embedding: the first stage all-reduces the gradient of its vocabulary slice with the last
+    assert set(out["comm_bytes_per_gpu"]) == {"tp_all_reduce", "pp_send", "dp_all_reduce",
+                                                  "embedding_all_reduce"}
+    grad_bytes = counting.bytes_per_param(model, pred.parallel)[1]
+    assert out["comm_bytes_per_gpu"]["embedding_all_reduce"] == model.vocab * model.hidden / 2 * grad_bytes
     assert out["tokens_per_s"] == pytest.approx(64 * model.seq / out["step_time_s"])
     assert 0 < out["mfu"] <= out["hfu"] < 1
 

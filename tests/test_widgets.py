@@ -168,7 +168,8 @@ def test_comm_explorer_views_and_calculator():
 
 def test_predicted_comm_follows_the_cost_model_on_the_mesh():
     """Every rank carries the cost model's bytes per family, on its own mesh group; with 2 GPUs per
-    node the tp pairs stay inside a node and the dp and pipeline traffic crosses."""
+    node the tp pairs stay inside a node and the dp and pipeline traffic crosses, and so does the tied
+    embedding's all-reduce between the two stages (GPT-3 ties it)."""
     from paralab.layout import mesh_layout
     from paralab.sim import counting
     from paralab.sim.presets import get_model
@@ -180,16 +181,17 @@ def test_predicted_comm_follows_the_cost_model_on_the_mesh():
     layout, counted = mesh_layout(dp=2, tp=2, pp=2), counting.comm_bytes_per_gpu(model, spec)
     for rank in range(8):
         spans = trace.select(rank=rank)
-        for family, axis in (("tp", "tp"), ("dp", "dp")):
+        for family, axis in (("tp", "tp"), ("dp", "dp"), ("embedding", "pp")):
             mine = [s for s in spans if s.name == f"{family} all_reduce"]
             assert sum(s.bytes for s in mine) == pytest.approx(counted[f"{family}_all_reduce"], abs=1)
             assert all(s.group_ranks == layout.group_of(axis, rank) for s in mine)
-            assert all(s.inter_node == (family == "dp") for s in mine)
+            assert all(s.inter_node == (family != "tp") for s in mine)
         sends = [s for s in spans if s.kind == "send"]
         assert [s.peer for s in sends] == [r for r in (rank + 4, rank - 4) if 0 <= r < 8]
         assert all(s.inter_node for s in sends)
     links = links_per_rank_step(trace)
-    assert links["inter_node"] == pytest.approx(counted["dp_all_reduce"] + counted["pp_send"] / 2, rel=1e-6)
+    assert links["inter_node"] == pytest.approx(
+        counted["dp_all_reduce"] + counted["embedding_all_reduce"] + counted["pp_send"] / 2, rel=1e-6)
 
 
 @pytest.mark.parametrize("mode", ["ring", "alltoall"])

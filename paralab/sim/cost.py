@@ -740,11 +740,16 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
     spans = [s for s in trace.spans if s.lane != STEP]
     if p.tp > 1:
         spans += _tensor_parallel_spans(model, p, times, spans)
-    for rank, ((last_start, last_end), sync) in enumerate(zip(finish, _grad_syncs(model, p, hw, finish))):
-        start, end = _sync_window(p, sync, last_start, last_end)
+    holders = counting.tied_embedding_ranks(model, p)
+    for rank, (sync, (start, end), tied) in enumerate(_end_of_step(model, p, hw, finish)):
         if sync["reduce"][0]:
             spans.append(Span(rank, COMM, sync["reduce"][1], start, end, name="gradient reduction", step=0,
                               bytes=int(sync["reduce"][2]), group_size=p.dp, inter_node=sync["inter"]))
+        if tied:
+            spans.append(Span(rank, COMM, "all_reduce", *tied, name="tied embedding all-reduce", step=0,
+                              bytes=int(counting.tied_embedding_payload(model, p)), group_size=2,
+                              inter_node=(holders[1] - holders[0]) * p.stride("pp") >= hw.gpus_per_node))
+            end = tied[1]
         end += sync["copies"]  # undrawn, as a lab trace leaves them (in backward's hooks, or untraced)
         opt_end = end + sync["optimizer"]
         spans.append(Span(rank, COMPUTE, "optimizer", end, opt_end, name="optimizer step", step=0))
@@ -992,21 +997,42 @@ def _sync_window(p: ParallelSpec, sync: dict, last_start: float, last_end: float
     return last_end, last_end + seconds
 
 
+def _end_of_step(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, finish) -> list[tuple]:
+    """Every pipeline rank's communication after its last backward: (its :func:`_grad_sync`, the
+    gradient reduction's window, the tied embedding's all-reduce window or None).
+
+    The first and last stages' all-reduce of a tied embedding's gradient starts when both have
+    reduced their gradients over dp (:func:`counting.tied_embedding_ranks`), between two ranks
+    (pp - 1) pipeline strides apart, and the optimizer step waits for it."""
+    syncs = _grad_syncs(model, p, hw, finish)
+    windows = [_sync_window(p, sync, *last) for last, sync in zip(finish, syncs)]
+    tied = {}
+    if holders := counting.tied_embedding_ranks(model, p):
+        first, last = holders
+        start = max(windows[first][1], windows[last][1])
+        seconds = collective_time(hw, "all_reduce", counting.tied_embedding_payload(model, p), 2,
+                                  (last - first) * p.stride("pp"))
+        tied = dict.fromkeys(holders, (start, start + seconds))
+    return [(sync, window, tied.get(rank)) for rank, (sync, window) in enumerate(zip(syncs, windows))]
+
+
 def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: float) -> Prediction:
     step = 0.0
     exposed = optimizer = copies = 0.0
     first_end = math.inf
-    for (last_start, last_end), sync in zip(finish, _grad_syncs(model, p, hw, finish)):
-        _, end = _sync_window(p, sync, last_start, last_end)
+    pipeline = max(e for _, e in finish)
+    for sync, (_, end), tied in _end_of_step(model, p, hw, finish):
+        end = tied[1] if tied else end
         rank_end = end + sync["copies"] + sync["optimizer"] + sync["gather"][0]
         first_end = min(first_end, rank_end)
         if rank_end > step:
             step = rank_end
-            exposed = end - last_end + sync["gather"][0]
+            # what outlasts the pipeline: a rank that ends its backward early waits for the others
+            # (the tied embedding's twin, the slowest replica) before its gradients can be summed
+            exposed = max(0.0, end - pipeline) + sync["gather"][0]
             optimizer, copies = sync["optimizer"], sync["copies"]
     loop = training_loop_time(model, p, hw)
     step += loop
-    pipeline = max(e for _, e in finish)
     memory = memory_per_gpu(model, p)
     first_rank = [st for stage, st in enumerate(times) if counting.stage_rank(p, stage) == 0]
     per_rank_tp = p.microbatches * sum(st.tp_comm for st in first_rank)

@@ -98,6 +98,21 @@ def last_stage_rank(parallel: ParallelSpec) -> int:
     return 0 if parallel.schedule in V_SHAPED and parallel.pp > 1 else parallel.pp - 1
 
 
+def tied_embedding_ranks(model: ModelSpec, parallel: ParallelSpec) -> tuple[int, ...]:
+    """The pipeline ranks that hold a copy of a tied embedding, (first stage's, last stage's): the input
+    embedding and the output layer. They sum the two copies' gradients once a step, after the
+    data-parallel reduction and before the optimizer step (Megatron-LM's ``finalize_model_grads``;
+    Shoeybi et al. 2019). None when one rank holds both, or the embedding is not tied."""
+    first, last = stage_rank(parallel, 0), last_stage_rank(parallel)
+    return (first, last) if model.tied_embeddings and first != last else ()
+
+
+def tied_embedding_payload(model: ModelSpec, parallel: ParallelSpec) -> float:
+    """Bytes of the tied embedding's gradient that one GPU all-reduces with its twin: its vocabulary
+    slice, in the gradients' dtype (fp32 with ``fp32_grads``, Megatron-LM's main_grad)."""
+    return parameter_counts(model)["embedding"] / parallel.tp * bytes_per_param(model, parallel)[1]
+
+
 def stage_rank(parallel: ParallelSpec, stage: int) -> int:
     """The pipeline rank of model chunk ``stage``: round robin (interleaved), or down and back up the V."""
     p = parallel.pp
@@ -588,7 +603,8 @@ def sequence_regathers(model: ModelSpec, p: ParallelSpec) -> int:
 def comm_payloads(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[str, str, float, int, float]]:
     """Every collective one GPU issues per step (the first pipeline rank; for pp, a middle one).
 
-    Rows of (family, op, payload bytes, group size, count per step), family one of tp, pp, dp, zero:
+    Rows of (family, op, payload bytes, group size, count per step), family one of tp, pp, embedding,
+    dp, zero, ep:
     - tp (Shoeybi et al. 2019): per layer and microbatch, 2 all-reduces of b s h in the forward and 2
       in the backward (+2 when full recompute reruns the forward); with sequence parallelism each
       all-reduce becomes an all-gather plus a reduce-scatter of the same tensor (Korthikanti et al.
@@ -596,6 +612,8 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[str, s
       again (:func:`sequence_regathers`).
     - pp (Narayanan et al. 2021): per chunk and microbatch one activation sent forward and one
       gradient sent back, b s h each, or b s h / t with their scatter/gather optimisation (tp > 1).
+    - embedding: with a tied embedding, the first stage's all-reduce of its gradient with the last
+      stage's (:func:`tied_embedding_ranks`), once a step.
     - dp / zero (Rajbhandari et al. 2020, sec. 7): stage 0 all-reduces the gradients once per step;
       stage 1 reduce-scatters gradients and all-gathers updated parameters (same volume); stage 2
       must reduce-scatter every microbatch's gradients, since it keeps only its shard; stage 3 also
@@ -616,6 +634,8 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[str, s
             rows.append(("tp", "all_gather", payload, t, regathers * layers * m))
     if p.pp > 1:
         rows.append(("pp", "send", act / t, 2, 2 * m * p.virtual_stages))
+    if 0 in tied_embedding_ranks(model, p):
+        rows.append(("embedding", "all_reduce", tied_embedding_payload(model, p), 2, 1))
     if p.ep > 1:  # dispatch and combine, forward and backward, per MoE layer and microbatch
         moe_here = rank_layers(model, p, 0, moe_only=True)
         rows.append(("ep", "all_to_all", moe.all_to_all_payload(model, p), p.ep, 4 * moe_here * m))

@@ -87,11 +87,13 @@ def _send_peers(family: str, rank: int, line: list[int], count: float) -> list[t
 
 
 def _groups(layout, family: str, size: int) -> list[list[int]]:
-    """The groups a family's collectives run on: its mesh axes' (FAMILY_AXES), or for a mixture of
-    experts the expert groups (all-to-all) and the expert-data groups (the experts' own gradient
-    reduction)."""
+    """The groups a family's collectives run on: its mesh axes' (FAMILY_AXES), for a mixture of experts
+    the expert groups (all-to-all) and the expert-data groups (the experts' own gradient reduction),
+    for a tied embedding the two ends of each pipeline."""
     if family == "ep":
         return layout.expert_groups()
+    if family == "embedding":  # a tied embedding's two copies: each pipeline's first and last stage
+        return [[line[0], line[-1]] for line in layout.groups("pp")]
     groups = layout.groups(*FAMILY_AXES.get(family, ("dp", "cp")))
     return groups if family in ("pp", "cp") or len(groups[0]) == size else layout.expert_data_groups()
 
