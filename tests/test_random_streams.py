@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 from paralab import random_streams
+from paralab.layout import mesh_layout
 from paralab.strategies.recompute import apply_recompute
 from paralab.strategies.tensor import SplitRegionAttentionCore, SplitRegionDropout
 
@@ -34,6 +35,30 @@ def test_stages_and_tensor_parallel_ranks_draw_from_streams_of_their_own():
     splits = [random_streams.seeds(3, stage, tp)[1] for stage, tp in places]
     every = [seed for seeds in defaults.values() for seed in seeds] + splits
     assert len(set(every)) == len(every) == 16 + 16 * 8
+
+
+def test_on_a_mesh_ranks_draw_alike_where_they_hold_the_same_values(seeded_rank):
+    """dp 2 x tp 2 x pp 2, each rank seeded from its mesh coordinate as a rank starts: torch's generator
+    draws the same on every rank of a stage and differently on the other stage; the split-region
+    stream the same on the dp replicas of a tp rank and differently on the other tp rank."""
+    layout = mesh_layout(dp=2, tp=2, pp=2)
+    draws = {}
+    for rank in range(layout.world_size):
+        random_streams.seed_rank(0, layout.coord(rank), torch.device("cpu"))
+        with random_streams.split_region():
+            split = tuple(torch.rand(3).tolist())
+        draws[rank] = (tuple(torch.rand(3).tolist()), split)
+
+    def alike(which: int, *axes: str) -> set[tuple[tuple[float, ...], ...]]:
+        """The draws of each group of ranks that share the coordinates on ``axes``."""
+        groups: dict = {}
+        for rank, coord in ((r, layout.coord(r)) for r in draws):
+            groups.setdefault(tuple(coord[a] for a in axes), set()).add(draws[rank][which])
+        assert all(len(d) == 1 for d in groups.values()), groups
+        return {d.pop() for d in groups.values()}
+
+    assert len(alike(0, "pp")) == 2  # one default stream a stage, two stages
+    assert len(alike(1, "pp", "tp")) == 4  # one split-region stream a (stage, tp rank)
 
 
 def test_a_split_region_draws_its_own_stream_and_leaves_the_default_one_as_it_was(seeded_rank):

@@ -12,9 +12,9 @@ computes the same values and gets the same gradients for them. With sequence par
 (``sequence_parallel``) the LayerNorm and dropout regions work on a slice of the sequence, so those
 parameters, the row-parallel biases (added after g) and the position embedding see only their slice:
 their gradients are all-reduced after backward. Activation memory per rank in those regions falls by
-the tensor-parallel degree. (A column-parallel linear still saves its gathered input for the weight
-gradient; Megatron-LM saves the slice instead and gathers it again in backward, one more all-gather
-for that memory.)
+the tensor-parallel degree; a column-parallel linear keeps its input's slice too and gathers it again
+in backward for its weight gradient, one more all-gather for that memory, as Megatron-LM does
+(tensor_layers._GatheredLinear).
 
 Dropout in a replicated region draws from torch's generator, seeded alike on every tp rank, so all of
 them drop the same elements, as they must. Inside a split region (a rank's attention heads; with
