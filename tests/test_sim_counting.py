@@ -103,14 +103,20 @@ def test_sequence_parallel_that_keeps_the_gathered_inputs_holds_them_whole():
         counting.activation_bytes_per_layer(model, b, t, False)
 
 
-def test_the_last_stage_keeps_fp32_logits_and_zbv_keeps_both_ends_on_rank_0():
-    """Korthikanti et al. 2022 sec. 4.3: the loss keeps 4 s b V / t bytes of fp32 logits."""
+def test_the_last_stage_keeps_its_heads_inputs_and_fp32_logits_and_zbv_keeps_both_ends_on_rank_0():
+    """Korthikanti et al. 2022 sec. 4.3: the final norm's and the output layer's inputs, 2 s b h each in
+    16 bits (/ t with sequence parallelism), and the loss's 4 s b V / t bytes of fp32 logits."""
     model = get_model("llama3-8b")
     flat = ParallelSpec(tp=2, micro_batch=2, microbatches=1)
     logits = 4 * model.seq * 2 * model.vocab / 2
     embedding = 2 * model.seq * 2 * model.hidden
+    head = 2 * embedding  # the final norm's input and the output layer's, whole on every tp rank
     assert counting.activation_bytes_per_gpu(model, flat) == pytest.approx(
-        model.layers * counting.activation_bytes_per_layer(model, 2, tp=2) + embedding + logits)
+        model.layers * counting.activation_bytes_per_layer(model, 2, tp=2) + embedding + head + logits)
+    sequence_parallel = flat.replace(sequence_parallel=True)
+    layers = model.layers * counting.activation_bytes_per_layer(model, 2, 2, True)
+    assert counting.activation_bytes_per_gpu(model, sequence_parallel) == pytest.approx(
+        layers + (embedding + head) / 2 + logits)
     piped = ParallelSpec(pp=4, microbatches=8, micro_batch=1)
     for schedule, last in (("1f1b", 3), ("zbv", 0)):
         spec = piped.replace(schedule=schedule, virtual_stages=2 if schedule == "zbv" else 1)
@@ -121,10 +127,10 @@ def test_the_last_stage_keeps_fp32_logits_and_zbv_keeps_both_ends_on_rank_0():
         assert counting.stage_params(model, spec, last) - counting.stage_params(model, spec, 1) >= ends
         chunk = model.layers // 8 if schedule == "zbv" else model.layers // 4
         stashed = counting.peak_inflight_chunks(schedule, 4, 8, spec.virtual_stages, last) * chunk
-        one_mb_logits = 4 * model.seq * model.vocab
+        one_mb_ends = 4 * model.seq * model.vocab + 2 * 2 * model.seq * model.hidden  # logits, head inputs
         first_extra = 2 * model.seq * model.hidden * min(stashed // chunk, 8) if last == 0 else 0
         assert counting.activation_bytes_per_gpu(model, spec, last) == pytest.approx(
-            stashed * counting.activation_bytes_per_layer(model, 1) + one_mb_logits + first_extra)
+            stashed * counting.activation_bytes_per_layer(model, 1) + one_mb_ends + first_extra)
 
 
 def test_zero_model_states_match_rajbhandari_figure1():

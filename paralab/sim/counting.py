@@ -480,9 +480,9 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
 
     Per-layer bytes (Korthikanti et al. 2022, Table 2) x layers per chunk x chunks in flight, plus, on
     the first rank, the embedding output it keeps per microbatch in flight (2 s b h, / t with sequence
-    parallelism) and, on the last stage's rank, what the cross-entropy keeps, 4 s b V / t with a fused
-    kernel (Korthikanti et al. sec. 4.3; :func:`loss_bytes_per_logit`; one microbatch's at a time,
-    all m under GPipe), plus, with full
+    parallelism) and, on the last stage's rank, the head's inputs (:func:`head_input_bytes`) and what
+    the cross-entropy keeps, 4 s b V / t with a fused kernel (Korthikanti et al. sec. 4.3;
+    :func:`loss_bytes_per_logit`), one microbatch's at a time, all m under GPipe, plus, with full
     recompute, the one layer being rematerialised in full during its backward.
     """
     p = parallel.resolved()
@@ -512,10 +512,22 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
     if rank == last_stage_rank(p):
         logits_inflight = min(inflight, p.microbatches) if p.schedule == "gpipe" and p.pp > 1 else 1
         logits = model.seq * p.micro_batch * model.vocab / p.tp
-        total += loss_bytes_per_logit(model) * logits * logits_inflight
+        head = head_input_bytes(model, p.micro_batch, p.tp, p.sequence_parallel, p.sp_keeps_gathered_inputs)
+        total += (loss_bytes_per_logit(model) * logits + head) * logits_inflight
     if p.recompute == "full":
         total += per_layer_kept("none")
     return total
+
+
+def head_input_bytes(model: ModelSpec, micro_batch: int = 1, tp: int = 1, sequence_parallel: bool = False,
+                     gathered_inputs: bool = False) -> float:
+    """What the head keeps for backward: the final norm's input and the output layer's (the normalised
+    one), s b h each in the model's dtype, / t with sequence parallelism (Korthikanti et al. 2022,
+    sec. 4.3: 4 s b h / t in 16 bits); the output layer's whole with ``gathered_inputs``."""
+    sbh = model.seq * micro_batch * model.hidden * model.dtype_bytes
+    if not sequence_parallel:
+        return 2 * sbh
+    return sbh / tp + (sbh if gathered_inputs else sbh / tp)
 
 
 def loss_bytes_per_logit(model: ModelSpec) -> int:
