@@ -222,16 +222,19 @@ def test_each_pipeline_ranks_activations_are_predicted_with_what_its_end_keeps(s
         assert predicted == pytest.approx(measured["activations"], rel=0.03), (rank, predicted, measured)
 
 
-@pytest.mark.parametrize("strategy", ["tp", "torch_tp"])
-def test_sequence_parallel_activations_are_predicted_as_each_keeps_its_inputs(strategy):
-    """paralab's tp keeps each column-parallel layer's input as its sequence slice and gathers it again
-    in backward (Megatron-LM's recipe); torch's DTensor keeps the gathered input, which the bridge
-    says (``sp_keeps_gathered_inputs``; priced as slices, torch_tp had read 13% over the prediction).
-    Both within 5% of the measured activations."""
-    run = paralab.run(strategy=strategy, world_size=2, tp=2, sequence_parallel=True, steps=2, global_batch=4,
+@pytest.mark.parametrize("strategy, tp, sp", [("tp", 2, False), ("tp", 2, True), ("tp", 4, False),
+                                              ("tp", 4, True), ("torch_tp", 2, False), ("torch_tp", 2, True)])
+def test_tensor_parallel_activations_are_predicted_as_each_keeps_its_inputs(strategy, tp, sp):
+    """paralab's tp with sequence parallelism keeps each column-parallel layer's input as its sequence
+    slice and gathers it again in backward (Megatron-LM's recipe); torch's DTensor keeps the gathered
+    input, which the bridge says (``sp_keeps_gathered_inputs``; priced as slices, torch_tp had read 13%
+    over the prediction). The head's inputs, replicated without sequence parallelism, are a large
+    share of a small model's (without them the prediction had read 2-4% under here). Within 2.5% of
+    the measured activations (0.6-2.1% over)."""
+    run = paralab.run(strategy=strategy, world_size=tp, tp=tp, sequence_parallel=sp, steps=2, global_batch=4,
                       device="cpu")
     measured = max(r["activations"] for r in run.summary["memory_max_by_kind"])
-    assert bridge.predict_memory(run.config)["activations"] == pytest.approx(measured, rel=0.05)
+    assert bridge.predict_memory(run.config)["activations"] == pytest.approx(measured, rel=0.025)
 
 
 def test_torch_fsdp_in_bf16_keeps_its_fp32_shards_as_the_master_weights():
