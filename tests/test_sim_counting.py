@@ -103,34 +103,43 @@ def test_sequence_parallel_that_keeps_the_gathered_inputs_holds_them_whole():
         counting.activation_bytes_per_layer(model, b, t, False)
 
 
-def test_the_last_stage_keeps_its_heads_inputs_and_fp32_logits_and_zbv_keeps_both_ends_on_rank_0():
-    """Korthikanti et al. 2022 sec. 4.3: the final norm's and the output layer's inputs, 2 s b h each in
-    16 bits (/ t with sequence parallelism), and the loss's 4 s b V / t bytes of fp32 logits."""
-    model = get_model("llama3-8b")
+def test_the_ends_keep_the_embeddings_dropout_mask_the_heads_inputs_and_fp32_logits():
+    """Korthikanti et al. 2022 sec. 4.3: the first stage keeps the input embedding's dropout mask, s b h
+    bytes a microbatch (its output is the first layer's input, which the layer counts), the last the
+    final norm's and the output layer's inputs, 2 s b h each in 16 bits, and the loss's 4 s b V bytes
+    of fp32 logits; all / t with sequence parallelism (the logits / t in any case)."""
+    llama = get_model("llama3-8b")  # no dropout: nothing more on the first stage
     flat = ParallelSpec(tp=2, micro_batch=2, microbatches=1)
-    logits = 4 * model.seq * 2 * model.vocab / 2
-    embedding = 2 * model.seq * 2 * model.hidden
-    head = 2 * embedding  # the final norm's input and the output layer's, whole on every tp rank
-    assert counting.activation_bytes_per_gpu(model, flat) == pytest.approx(
-        model.layers * counting.activation_bytes_per_layer(model, 2, tp=2) + embedding + head + logits)
+    logits = 4 * llama.seq * 2 * llama.vocab / 2
+    head = 2 * 2 * llama.seq * 2 * llama.hidden  # the final norm's input and the output layer's
+    assert counting.activation_bytes_per_gpu(llama, flat) == pytest.approx(
+        llama.layers * counting.activation_bytes_per_layer(llama, 2, tp=2) + head + logits)
     sequence_parallel = flat.replace(sequence_parallel=True)
-    layers = model.layers * counting.activation_bytes_per_layer(model, 2, 2, True)
-    assert counting.activation_bytes_per_gpu(model, sequence_parallel) == pytest.approx(
-        layers + (embedding + head) / 2 + logits)
-    piped = ParallelSpec(pp=4, microbatches=8, micro_batch=1)
-    for schedule, last in (("1f1b", 3), ("zbv", 0)):
-        spec = piped.replace(schedule=schedule, virtual_stages=2 if schedule == "zbv" else 1)
-        assert counting.last_stage_rank(spec) == last
-        assert [counting.stage_rank(spec, st) for st in range(spec.pp * spec.virtual_stages)] == \
-            build_schedule(schedule, 4, 8, spec.virtual_stages).stage_to_rank
-        ends = model.vocab * model.hidden * (2 if last == 0 else 1)  # the output layer (and the embedding)
-        assert counting.stage_params(model, spec, last) - counting.stage_params(model, spec, 1) >= ends
-        chunk = model.layers // 8 if schedule == "zbv" else model.layers // 4
-        stashed = counting.peak_inflight_chunks(schedule, 4, 8, spec.virtual_stages, last) * chunk
-        one_mb_ends = 4 * model.seq * model.vocab + 2 * 2 * model.seq * model.hidden  # logits, head inputs
-        first_extra = 2 * model.seq * model.hidden * min(stashed // chunk, 8) if last == 0 else 0
-        assert counting.activation_bytes_per_gpu(model, spec, last) == pytest.approx(
-            stashed * counting.activation_bytes_per_layer(model, 1) + one_mb_ends + first_extra)
+    layers = llama.layers * counting.activation_bytes_per_layer(llama, 2, 2, True)
+    assert counting.activation_bytes_per_gpu(llama, sequence_parallel) == pytest.approx(
+        layers + head / 2 + logits)
+    gpt = get_model("megatron-175b")  # dropout, 1-byte masks
+    piped = ParallelSpec(tp=8, pp=8, microbatches=16, micro_batch=1, sequence_parallel=True)
+    mask = gpt.seq * gpt.hidden / 8
+    per_layer = counting.activation_bytes_per_layer(gpt, 1, 8, True)
+    assert counting.activation_bytes_per_gpu(gpt, piped, 0) == pytest.approx(8 * 12 * per_layer + 8 * mask)
+
+
+@pytest.mark.parametrize("schedule, last", [("1f1b", 3), ("zbv", 0)])
+def test_the_last_stage_is_the_last_rank_or_in_zbv_rank_0_which_holds_both_ends(schedule, last):
+    model = get_model("llama3-8b")
+    spec = ParallelSpec(pp=4, microbatches=8, micro_batch=1, schedule=schedule,
+                        virtual_stages=2 if schedule == "zbv" else 1)
+    assert counting.last_stage_rank(spec) == last
+    assert [counting.stage_rank(spec, st) for st in range(spec.pp * spec.virtual_stages)] == \
+        build_schedule(schedule, 4, 8, spec.virtual_stages).stage_to_rank
+    ends = model.vocab * model.hidden * (2 if last == 0 else 1)  # the output layer (and the embedding)
+    assert counting.stage_params(model, spec, last) - counting.stage_params(model, spec, 1) >= ends
+    chunk = model.layers // 8 if schedule == "zbv" else model.layers // 4
+    stashed = counting.peak_inflight_chunks(schedule, 4, 8, spec.virtual_stages, last) * chunk
+    one_mb_ends = 4 * model.seq * model.vocab + 2 * 2 * model.seq * model.hidden  # logits, head inputs
+    assert counting.activation_bytes_per_gpu(model, spec, last) == pytest.approx(
+        stashed * counting.activation_bytes_per_layer(model, 1) + one_mb_ends)
 
 
 def test_zero_model_states_match_rajbhandari_figure1():

@@ -479,11 +479,13 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
     activations held instead of the schedule's most (:func:`peak_inflight_chunks`).
 
     Per-layer bytes (Korthikanti et al. 2022, Table 2) x layers per chunk x chunks in flight, plus, on
-    the first rank, the embedding output it keeps per microbatch in flight (2 s b h, / t with sequence
-    parallelism) and, on the last stage's rank, the head's inputs (:func:`head_input_bytes`) and what
-    the cross-entropy keeps, 4 s b V / t with a fused kernel (Korthikanti et al. sec. 4.3;
-    :func:`loss_bytes_per_logit`), one microbatch's at a time, all m under GPipe, plus, with full
-    recompute, the one layer being rematerialised in full during its backward.
+    the first rank, the input embedding's dropout mask per microbatch in flight (s b h mask bytes, / t
+    with sequence parallelism; Korthikanti et al. sec. 4.3: the embedding's output is the first
+    layer's input, counted there) and, on the last stage's rank, the head's inputs
+    (:func:`head_input_bytes`) and what the cross-entropy keeps, 4 s b V / t with a fused kernel
+    (Korthikanti et al. sec. 4.3; :func:`loss_bytes_per_logit`), one microbatch's at a time, all m
+    under GPipe, plus, with full recompute, the one layer being rematerialised in full during its
+    backward.
     """
     p = parallel.resolved()
     chunks_here = p.virtual_stages if p.pp > 1 else 1
@@ -506,9 +508,9 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
         total += inflight * moe_per_chunk * moe.extra_activation_bytes(model, p.micro_batch, p.tp,
                                                                        p.sequence_parallel)
     sbh = model.seq * p.micro_batch * model.hidden
-    if rank == 0:
-        total += (model.dtype_bytes * sbh / (p.tp if p.sequence_parallel else 1)
-                  * min(inflight, p.microbatches))
+    if rank == 0 and model.dropout:
+        mask = model.mask_bytes * sbh / (p.tp if p.sequence_parallel else 1)
+        total += mask * min(inflight, p.microbatches)
     if rank == last_stage_rank(p):
         logits_inflight = min(inflight, p.microbatches) if p.schedule == "gpipe" and p.pp > 1 else 1
         logits = model.seq * p.micro_batch * model.vocab / p.tp
