@@ -36,6 +36,7 @@ class _Stream:
         self.cuda = [device] if device.type == "cuda" else []
         self.state = (torch.Generator().manual_seed(seed).get_state(),
                       *(torch.Generator(d).manual_seed(seed).get_state() for d in self.cuda))
+        self.active = False  # installed now (a region inside another draws on from where it is)
 
     def installed(self) -> tuple[torch.Tensor, ...]:
         return (torch.get_rng_state(), *(torch.cuda.get_rng_state(d) for d in self.cuda))
@@ -67,33 +68,39 @@ def seed_rank(seed: int, coord: dict[str, int], device: torch.device) -> None:
 def split_region():
     """Draw from the split-region stream inside; torch's default generators are as they were after."""
     stream = _split
-    if stream is None:  # no rank was seeded: one process, no tensor-parallel ranks to tell apart
+    if stream is None or stream.active:  # no rank was seeded (one process), or already inside a region
         yield
         return
     outside = stream.installed()
     stream.install(stream.state)
+    stream.active = True
     try:
         yield
     finally:
+        stream.active = False
         stream.state = stream.installed()
         stream.install(outside)
+
+
+class _Replay:
+    """Each recomputation of a checkpointed region (torch enters this once per backward that needs it)
+    starts the split-region stream where the forward found it, and leaves it where it was."""
+
+    def __init__(self, stream: _Stream):
+        self.stream, self.at_forward, self.outside = stream, stream.state, []
+
+    def __enter__(self):
+        self.outside.append(self.stream.state)
+        self.stream.state = self.at_forward
+
+    def __exit__(self, *exc):
+        self.stream.state = self.outside.pop()
 
 
 def recompute_contexts():
     """torch checkpoint's ``context_fn``: the recomputation draws from the split-region stream where
     the forward did, and leaves it where it was before the recomputation (other microbatches' forwards
     may have drawn from it since)."""
-    stream = _split
-    if stream is None:
+    if _split is None:
         return nullcontext(), nullcontext()
-    at_forward = stream.state
-
-    @contextmanager
-    def replay():
-        now, stream.state = stream.state, at_forward
-        try:
-            yield
-        finally:
-            stream.state = now
-
-    return nullcontext(), replay()
+    return nullcontext(), _Replay(_split)

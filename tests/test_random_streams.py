@@ -112,3 +112,21 @@ def test_recomputation_drops_what_the_forward_dropped(mode, seeded_rank):
     kept, recomputed = gradients("none"), gradients(mode)
     assert all(torch.equal(a, b) for a, b in zip(kept, recomputed))
     assert any(g.abs().sum() > 0 for g in kept)
+
+
+def test_a_region_inside_a_region_draws_on_and_a_second_backward_recomputes_the_same(seeded_rank):
+    """A split region opened inside another continues the stream (it does not start the outer's masks
+    again); a graph kept for a second backward recomputes the same masks a second time."""
+    with random_streams.split_region():
+        outer = torch.rand(4)
+        with random_streams.split_region():
+            inner = torch.rand(4)
+    split_reference = torch.Generator().manual_seed(random_streams.seeds(7, 1, 1)[1])
+    assert torch.equal(torch.cat([outer, inner]), torch.rand(8, generator=split_reference))
+
+    model = _SplitAttention()
+    apply_recompute(model, "full")
+    loss = model(torch.randn(2, 6, 8))
+    first = torch.autograd.grad(loss, list(model.parameters()), retain_graph=True)
+    second = torch.autograd.grad(loss, list(model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
