@@ -118,27 +118,45 @@ def test_zbv_with_a_weight_pass_far_shorter_than_its_forward_is_predicted():
     assert pred.step_time_s > 2 * 4 * 2.0  # 2 layers a rank, 4 microbatches, 2 s a layer forward
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "interleaved", "zbv"])
-def test_the_first_and_last_stages_sum_a_tied_embeddings_gradient_before_the_optimizer_step(schedule):
-    """Once a step, after the data-parallel reduction, between two ranks (pp - 1) pipeline strides apart
-    (across nodes here): the step is longer than the untied model's by that all-reduce alone (the last
-    stage holds an output layer of the same size either way), the trace draws it on both ranks, and the
-    breakdown still adds up to the step. The V-shaped ZB-V holds both ends on rank 0: nothing to sum."""
+@pytest.mark.parametrize("schedule, dp, tp, pp, across", [
+    ("1f1b", 2, 2, 4, True), ("interleaved", 2, 2, 4, True), ("zbv", 2, 2, 4, None),
+    ("1f1b", 1, 1, 8, False),  # the whole pipeline on one node of 8 GPUs: ranks 0 and 7 over NVLink
+    ("1f1b", 3, 2, 2, True),  # tp-dp-pp: ranks 0-5 hold the first stage, 6-11 the last; 2 -> 8 crosses
+])
+def test_the_first_and_last_stages_sum_a_tied_embeddings_gradient_before_the_optimizer_step(schedule, dp, tp,
+                                                                                            pp, across):
+    """Once a step, after the data-parallel reduction, between each rank of the first stage and its
+    counterpart on the last (over the network when any pair sits on two nodes, else inside the node):
+    the step is longer than the untied model's by that all-reduce alone (the last stage holds an
+    output layer of the same size either way), the trace draws it on both ranks, and the breakdown
+    still adds up to the step. The V-shaped ZB-V holds both ends on rank 0: nothing to sum."""
     tied = get_model("gpt3-1.3b")
     untied = tied.replace(tied_embeddings=False)
-    p = ParallelSpec(dp=2, tp=2, pp=4, schedule=schedule, virtual_stages=1 if schedule == "1f1b" else 2,
-                     global_batch=32, micro_batch=1, fp32_grads=True).resolved()
+    p = ParallelSpec(dp=dp, tp=tp, pp=pp, schedule=schedule, virtual_stages=1 if schedule == "1f1b" else 2,
+                     global_batch=8 * dp, micro_batch=1, fp32_grads=True).resolved()
     steps = {m.tied_embeddings: cost.predict(m, p, A100).step_time_s for m in (tied, untied)}
-    payload = tied.vocab * tied.hidden / 2 * 4  # the vocabulary slice of a tp rank, fp32 gradients
-    seconds = cost.collective_time(A100, "all_reduce", payload, 2, 3 * p.stride("pp"))
+    payload = tied.vocab * tied.hidden / tp * 4  # the vocabulary slice of a tp rank, fp32 gradients
     drawn = [s for s in cost.predict_trace(tied, p, A100).spans if s.name == "tied embedding all-reduce"]
-    if schedule == "zbv":
+    if across is None:
         assert not drawn and "embedding_all_reduce" not in cost.predict(tied, p, A100).comm_bytes_per_gpu
         return
+    # two ranks on different nodes, or two neighbours of one node
+    seconds = cost.collective_time(A100, "all_reduce", payload, 2, A100.gpus_per_node if across else 1)
     assert steps[True] - steps[False] == pytest.approx(seconds, rel=1e-6)
-    assert sorted(s.rank for s in drawn) == [0, 3]
-    assert all(s.bytes == payload and s.group_size == 2 and s.inter_node for s in drawn)
+    assert sorted(s.rank for s in drawn) == [0, pp - 1]
+    assert all(s.bytes == payload and s.group_size == 2 and s.inter_node == across for s in drawn)
     pred = cost.predict(tied, p, A100)
+    b = pred.breakdown_s
+    assert b["pipeline"] + b["dp_comm_exposed"] + b["grad_copies"] + b["optimizer"] + b["loop"] == (
+        pytest.approx(pred.step_time_s, rel=1e-9))
+
+
+def test_the_breakdown_adds_up_to_the_step_when_a_rank_ends_its_backward_early():
+    """Under ZB-V rank 0 holds both ends and the larger optimizer step: it ends the step, though rank 1
+    ends the pipeline, so part of its optimizer step runs beside the pipeline and only the rest is the
+    step's tail (counted whole, the breakdown had read 0.9% over the step)."""
+    model = get_model("gpt3-1.3b").replace(tied_embeddings=False)
+    pred = cost.predict(model, ParallelSpec(pp=2, schedule="zbv", global_batch=4, micro_batch=1), A100)
     b = pred.breakdown_s
     assert b["pipeline"] + b["dp_comm_exposed"] + b["grad_copies"] + b["optimizer"] + b["loop"] == (
         pytest.approx(pred.step_time_s, rel=1e-9))

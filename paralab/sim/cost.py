@@ -554,6 +554,18 @@ def crossing_share(p: ParallelSpec, gpus_per_node: int) -> float:
     return sum(a // gpus_per_node != c // gpus_per_node for a, c in sends) / len(sends)
 
 
+def pairs_cross_nodes(p: ParallelSpec, gpus_per_node: int, first: int, last: int) -> bool:
+    """Whether any rank of pipeline rank ``first`` sits on another node than its counterpart (same tp,
+    dp and cp place) on pipeline rank ``last``, in the spec's rank order: the tied embedding's pairs."""
+    step = p.stride("pp")
+    if (last - first) * step >= gpus_per_node:
+        return True
+    block = step * p.pp  # the ranks numbered as one pipeline group; the order repeats it
+    starts = range(0, min(p.world_size, block * gpus_per_node), block)  # the node pattern repeats after these
+    return any((b + first * step + j) // gpus_per_node != (b + last * step + j) // gpus_per_node
+               for b in starts for j in range(step))
+
+
 # -------------------------------------------------------------------------------------------- predict
 
 
@@ -740,15 +752,14 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
     spans = [s for s in trace.spans if s.lane != STEP]
     if p.tp > 1:
         spans += _tensor_parallel_spans(model, p, times, spans)
-    holders = counting.tied_embedding_ranks(model, p)
     for rank, (sync, (start, end), tied) in enumerate(_end_of_step(model, p, hw, finish)):
         if sync["reduce"][0]:
             spans.append(Span(rank, COMM, sync["reduce"][1], start, end, name="gradient reduction", step=0,
                               bytes=int(sync["reduce"][2]), group_size=p.dp, inter_node=sync["inter"]))
         if tied:
-            spans.append(Span(rank, COMM, "all_reduce", *tied, name="tied embedding all-reduce", step=0,
+            spans.append(Span(rank, COMM, "all_reduce", *tied[:2], name="tied embedding all-reduce", step=0,
                               bytes=int(counting.tied_embedding_payload(model, p)), group_size=2,
-                              inter_node=(holders[1] - holders[0]) * p.stride("pp") >= hw.gpus_per_node))
+                              inter_node=tied[2]))
             end = tied[1]
         end += sync["copies"]  # undrawn, as a lab trace leaves them (in backward's hooks, or untraced)
         opt_end = end + sync["optimizer"]
@@ -999,20 +1010,21 @@ def _sync_window(p: ParallelSpec, sync: dict, last_start: float, last_end: float
 
 def _end_of_step(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, finish) -> list[tuple]:
     """Every pipeline rank's communication after its last backward: (its :func:`_grad_sync`, the
-    gradient reduction's window, the tied embedding's all-reduce window or None).
+    gradient reduction's window, the tied embedding's all-reduce as (start, end, inter-node) or None).
 
     The first and last stages' all-reduce of a tied embedding's gradient starts when both have
-    reduced their gradients over dp (:func:`counting.tied_embedding_ranks`), between two ranks
-    (pp - 1) pipeline strides apart, and the optimizer step waits for it."""
+    reduced their gradients over dp (:func:`counting.tied_embedding_ranks`), inside a node when every
+    pair of ranks is on one (:func:`pairs_cross_nodes`), and the optimizer step waits for it."""
     syncs = _grad_syncs(model, p, hw, finish)
     windows = [_sync_window(p, sync, *last) for last, sync in zip(finish, syncs)]
     tied = {}
     if holders := counting.tied_embedding_ranks(model, p):
         first, last = holders
         start = max(windows[first][1], windows[last][1])
-        seconds = collective_time(hw, "all_reduce", counting.tied_embedding_payload(model, p), 2,
-                                  (last - first) * p.stride("pp"))
-        tied = dict.fromkeys(holders, (start, start + seconds))
+        inter = pairs_cross_nodes(p, hw.gpus_per_node, first, last)
+        stride = max((last - first) * p.stride("pp"), hw.gpus_per_node) if inter else 1
+        seconds = collective_time(hw, "all_reduce", counting.tied_embedding_payload(model, p), 2, stride)
+        tied = dict.fromkeys(holders, (start, start + seconds, inter))
     return [(sync, window, tied.get(rank)) for rank, (sync, window) in enumerate(zip(syncs, windows))]
 
 
@@ -1021,16 +1033,23 @@ def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: f
     exposed = optimizer = copies = 0.0
     first_end = math.inf
     pipeline = max(e for _, e in finish)
+
+    def past_pipeline(start: float, end: float) -> float:
+        return max(0.0, end - max(start, pipeline))
+
     for sync, (_, end), tied in _end_of_step(model, p, hw, finish):
         end = tied[1] if tied else end
-        rank_end = end + sync["copies"] + sync["optimizer"] + sync["gather"][0]
+        optimizer_at = end + sync["copies"]
+        gather_at = optimizer_at + sync["optimizer"]
+        rank_end = gather_at + sync["gather"][0]
         first_end = min(first_end, rank_end)
         if rank_end > step:
+            # the step's tail, as the last rank to finish spends it after the pipeline's end: a rank
+            # that ends its backward early waits for the others (the slowest replica, the tied
+            # embedding's twin) before its gradients are summed, and may start its optimizer earlier
             step = rank_end
-            # what outlasts the pipeline: a rank that ends its backward early waits for the others
-            # (the tied embedding's twin, the slowest replica) before its gradients can be summed
-            exposed = max(0.0, end - pipeline) + sync["gather"][0]
-            optimizer, copies = sync["optimizer"], sync["copies"]
+            exposed = past_pipeline(-math.inf, end) + past_pipeline(gather_at, rank_end)
+            copies, optimizer = past_pipeline(end, optimizer_at), past_pipeline(optimizer_at, gather_at)
     loop = training_loop_time(model, p, hw)
     step += loop
     memory = memory_per_gpu(model, p)

@@ -615,7 +615,8 @@ def sequence_regathers(model: ModelSpec, p: ParallelSpec) -> int:
 
 
 def comm_payloads(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[str, str, float, int, float]]:
-    """Every collective one GPU issues per step (the first pipeline rank; for pp, a middle one).
+    """Every collective one GPU issues per step: the first pipeline rank's (its pipeline sends counted
+    as a middle rank's, one each way).
 
     Rows of (family, op, payload bytes, group size, count per step), family one of tp, pp, embedding,
     dp, zero, ep:
