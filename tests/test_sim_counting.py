@@ -118,6 +118,14 @@ def test_the_ends_keep_the_embeddings_dropout_mask_the_heads_inputs_and_fp32_log
     layers = llama.layers * counting.activation_bytes_per_layer(llama, 2, 2, True)
     assert counting.activation_bytes_per_gpu(llama, sequence_parallel) == pytest.approx(
         layers + head / 2 + logits)
+    # with full recompute a microbatch's backward frees its head and loss before it rematerialises a layer
+    recomputed = flat.replace(recompute="full")
+    inputs = llama.layers * counting.activation_bytes_per_layer(llama, 2, 2, recompute="full")
+    layer = counting.activation_bytes_per_layer(llama, 2, 2)
+    assert logits > layer and counting.activation_bytes_per_gpu(llama, recomputed) == pytest.approx(
+        inputs + head + logits)
+    short_vocab = llama.replace(vocab=1024)
+    assert counting.activation_bytes_per_gpu(short_vocab, recomputed) == pytest.approx(inputs + layer)
     gpt = get_model("megatron-175b")  # dropout, 1-byte masks
     piped = ParallelSpec(tp=8, pp=8, microbatches=16, micro_batch=1, sequence_parallel=True)
     mask = gpt.seq * gpt.hidden / 8

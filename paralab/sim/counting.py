@@ -485,7 +485,8 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
     (:func:`head_input_bytes`) and what the cross-entropy keeps, 4 s b V / t with a fused kernel
     (Korthikanti et al. sec. 4.3; :func:`loss_bytes_per_logit`), one microbatch's at a time, all m
     under GPipe, plus, with full recompute, the one layer being rematerialised in full during its
-    backward.
+    backward; on the last stage that comes after the microbatch's head and loss are freed, so the
+    fuller of the two counts.
     """
     p = parallel.resolved()
     chunks_here = p.virtual_stages if p.pp > 1 else 1
@@ -508,6 +509,7 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
         total += inflight * moe_per_chunk * moe.extra_activation_bytes(model, p.micro_batch, p.tp,
                                                                        p.sequence_parallel)
     sbh = model.seq * p.micro_batch * model.hidden
+    ends = 0.0
     if rank == 0 and model.dropout:
         mask = model.mask_bytes * sbh / (p.tp if p.sequence_parallel else 1)
         total += mask * min(inflight, p.microbatches)
@@ -515,10 +517,10 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
         logits_inflight = min(inflight, p.microbatches) if p.schedule == "gpipe" and p.pp > 1 else 1
         logits = model.seq * p.micro_batch * model.vocab / p.tp
         head = head_input_bytes(model, p.micro_batch, p.tp, p.sequence_parallel, p.sp_keeps_gathered_inputs)
-        total += (loss_bytes_per_logit(model) * logits + head) * logits_inflight
-    if p.recompute == "full":
-        total += per_layer_kept("none")
-    return total
+        ends = loss_bytes_per_logit(model) * logits + head  # one microbatch's
+        total += ends * (logits_inflight - 1)
+    # a microbatch's backward frees its ends (the loss, the head) before it rematerialises a layer
+    return total + (max(ends, per_layer_kept("none")) if p.recompute == "full" else ends)
 
 
 def head_input_bytes(model: ModelSpec, micro_batch: int = 1, tp: int = 1, sequence_parallel: bool = False,

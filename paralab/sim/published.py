@@ -397,7 +397,7 @@ RUNS: list[PublishedRun] = [
         memory_gib=71.9,
         notes="FSDP 32 x TP 8 with loss parallelism, full recompute, torch.compile and Float8 linears",
         memory_miss=(
-            "predicted ~50 GiB against 71.9: Float8's saved casts and async-TP buffers are not modelled"
+            "predicted ~46 GiB against 71.9: Float8's saved casts and async-TP buffers are not modelled"
         ),
     ),  # fmt: skip
     PublishedRun(
