@@ -65,10 +65,12 @@ def seed_rank(seed: int, coord: dict[str, int], device: torch.device) -> None:
 
 
 @contextmanager
-def split_region():
-    """Draw from the split-region stream inside; torch's default generators are as they were after."""
+def split_region(draws: bool = True):
+    """Draw from the split-region stream inside; torch's default generators are as they were after.
+    ``draws``: whether the region draws at all (a dropout of p > 0, in training); if not, nothing is
+    swapped, so a model without dropout pays nothing for the stream."""
     stream = _split
-    if stream is None or stream.active:  # no rank was seeded (one process), or already inside a region
+    if not draws or stream is None or stream.active:  # nothing to draw, no rank seeded, or nested
         yield
         return
     outside = stream.installed()

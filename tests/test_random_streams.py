@@ -69,8 +69,10 @@ def test_a_split_region_draws_its_own_stream_and_leaves_the_default_one_as_it_wa
     after = torch.rand(4)
     with random_streams.split_region():
         inside_again = torch.rand(4)
+    with random_streams.split_region(draws=False):  # a region without dropout swaps nothing
+        unswapped = torch.rand(4)
     reference = torch.Generator().manual_seed(default_seed)
-    assert torch.equal(torch.cat([first, after]), torch.rand(8, generator=reference))
+    assert torch.equal(torch.cat([first, after, unswapped]), torch.rand(12, generator=reference))
     split_reference = torch.Generator().manual_seed(split_seed)
     assert torch.equal(torch.cat([inside, inside_again]), torch.rand(8, generator=split_reference))
 

@@ -134,18 +134,22 @@ def test_the_first_and_last_stages_sum_a_tied_embeddings_gradient_before_the_opt
     untied = tied.replace(tied_embeddings=False)
     p = ParallelSpec(dp=dp, tp=tp, pp=pp, schedule=schedule, virtual_stages=1 if schedule == "1f1b" else 2,
                      global_batch=8 * dp, micro_batch=1, fp32_grads=True).resolved()
-    steps = {m.tied_embeddings: cost.predict(m, p, A100).step_time_s for m in (tied, untied)}
+    predicted = {m.tied_embeddings: cost.predict(m, p, A100) for m in (tied, untied)}
     payload = tied.vocab * tied.hidden / tp * 4  # the vocabulary slice of a tp rank, fp32 gradients
     drawn = [s for s in cost.predict_trace(tied, p, A100).spans if s.name == "tied embedding all-reduce"]
     if across is None:
-        assert not drawn and "embedding_all_reduce" not in cost.predict(tied, p, A100).comm_bytes_per_gpu
+        assert not drawn and "embedding_all_reduce" not in predicted[True].comm_bytes_per_gpu
         return
     # two ranks on different nodes, or two neighbours of one node
     seconds = cost.collective_time(A100, "all_reduce", payload, 2, A100.gpus_per_node if across else 1)
-    assert steps[True] - steps[False] == pytest.approx(seconds, rel=1e-6)
+    assert predicted[True].step_time_s - predicted[False].step_time_s == pytest.approx(seconds, rel=1e-6)
     assert sorted(s.rank for s in drawn) == [0, pp - 1]
     assert all(s.bytes == payload and s.group_size == 2 and s.inter_node == across for s in drawn)
-    pred = cost.predict(tied, p, A100)
+    assert_breakdown_adds_up(predicted[True])
+
+
+def assert_breakdown_adds_up(pred: cost.Prediction) -> None:
+    """The pipeline, then what of the step's tail comes after it, then the loop: the step."""
     b = pred.breakdown_s
     assert b["pipeline"] + b["dp_comm_exposed"] + b["grad_copies"] + b["optimizer"] + b["loop"] == (
         pytest.approx(pred.step_time_s, rel=1e-9))
@@ -156,10 +160,8 @@ def test_the_breakdown_adds_up_to_the_step_when_a_rank_ends_its_backward_early()
     ends the pipeline, so part of its optimizer step runs beside the pipeline and only the rest is the
     step's tail (counted whole, the breakdown had read 0.9% over the step)."""
     model = get_model("gpt3-1.3b").replace(tied_embeddings=False)
-    pred = cost.predict(model, ParallelSpec(pp=2, schedule="zbv", global_batch=4, micro_batch=1), A100)
-    b = pred.breakdown_s
-    assert b["pipeline"] + b["dp_comm_exposed"] + b["grad_copies"] + b["optimizer"] + b["loop"] == (
-        pytest.approx(pred.step_time_s, rel=1e-9))
+    assert_breakdown_adds_up(cost.predict(model, ParallelSpec(pp=2, schedule="zbv", global_batch=4,
+                                                              micro_batch=1), A100))
 
 
 def test_prediction_has_the_design_keys_and_consistent_numbers():

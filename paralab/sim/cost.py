@@ -548,22 +548,27 @@ def crossing_share(p: ParallelSpec, gpus_per_node: int) -> float:
         return 0.0
     if step >= gpus_per_node:
         return 1.0
-    starts = range(0, min(p.world_size, block * gpus_per_node), block)  # the node pattern repeats after these
-    sends = [(b + k * step + j, b + (k + 1) * step + j)
-             for b in starts for k in range(p.pp - 1) for j in range(step)]
-    return sum(a // gpus_per_node != c // gpus_per_node for a, c in sends) / len(sends)
+    crossed = _crossings(p, gpus_per_node, [(k, k + 1) for k in range(p.pp - 1)])
+    return sum(crossed) / len(crossed)
 
 
 def pairs_cross_nodes(p: ParallelSpec, gpus_per_node: int, first: int, last: int) -> bool:
     """Whether any rank of pipeline rank ``first`` sits on another node than its counterpart (same tp,
     dp and cp place) on pipeline rank ``last``, in the spec's rank order: the tied embedding's pairs."""
-    step = p.stride("pp")
-    if (last - first) * step >= gpus_per_node:
+    if (last - first) * p.stride("pp") >= gpus_per_node:
         return True
-    block = step * p.pp  # the ranks numbered as one pipeline group; the order repeats it
-    starts = range(0, min(p.world_size, block * gpus_per_node), block)  # the node pattern repeats after these
-    return any((b + first * step + j) // gpus_per_node != (b + last * step + j) // gpus_per_node
-               for b in starts for j in range(step))
+    return any(_crossings(p, gpus_per_node, [(first, last)]))
+
+
+def _crossings(p: ParallelSpec, gpus_per_node: int, stage_pairs) -> list[bool]:
+    """For every rank of pipeline rank a and its counterpart on pipeline rank b, (a, b) in
+    ``stage_pairs``: whether the two sit on different nodes. The ranks numbered as one pipeline group
+    (a block) repeat, so the node pattern does after ``gpus_per_node`` blocks."""
+    step = p.stride("pp")
+    block = step * p.pp
+    starts = range(0, min(p.world_size, block * gpus_per_node), block)
+    return [(s + a * step + j) // gpus_per_node != (s + b * step + j) // gpus_per_node
+            for s in starts for a, b in stage_pairs for j in range(step)]
 
 
 # -------------------------------------------------------------------------------------------- predict

@@ -80,7 +80,7 @@ class SplitRegionDropout(nn.Dropout):
     """Dropout on a tensor this rank alone holds (its sequence slice): masks from the split-region stream."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with random_streams.split_region():
+        with random_streams.split_region(self.training and self.p > 0):
             return super().forward(x)
 
 
@@ -88,7 +88,7 @@ class SplitRegionAttentionCore(AttentionCore):
     """The attention core on this rank's heads, its dropout drawn from the split-region stream."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        with random_streams.split_region():
+        with random_streams.split_region(self.training and self.dropout > 0):
             return super().forward(q, k, v)
 
 
