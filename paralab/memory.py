@@ -8,14 +8,17 @@ about exactly that split, so paralab counts it:
 - activations: the bytes autograd saves for backward (via saved-tensor hooks), excluding parameters,
   added when a microbatch's forward runs and removed when its backward has run.
 
-The peak is sampled after every forward and every backward, where the high-water marks lie. On CUDA
+The peak is sampled after every forward and every backward, where the high-water marks lie, and
+after each recomputation of a checkpointed region, whose rematerialised activations it counts too. On CUDA
 ``torch.cuda.max_memory_allocated`` is reported beside it as the allocator's view.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
+from functools import partial
 
 import torch
 
@@ -58,7 +61,10 @@ class MemoryMeter:
         self._param_ptrs: set[int] = set()
         self._held = None
         self._extra = {"params": 0, "grads": 0, "optimizer": 0}
-        self._live: dict = {}
+        self._live: dict = {}  # activations by key (microbatch), in bytes
+        self._holders: dict[int, list] = {}  # storage address -> [key, bytes, holders autograd keeps]
+        self._refs: set = set()  # weak references to those holders, whose ends take the bytes off
+        self._fixed: set = set()  # keys whose bytes shrink() set: what they hold is no longer tracked
         self.peak_total = 0
         self.peak_by_kind = dict.fromkeys(KINDS, 0)  # the breakdown at the moment of the total's peak
         self.max_by_kind = dict.fromkeys(KINDS, 0)  # each kind's own high-water mark
@@ -98,38 +104,101 @@ class MemoryMeter:
 
     @contextmanager
     def saving(self, key):
-        """Count what autograd saves for backward inside this block as activations of ``key``."""
-        seen: set[int] = set()
-        self._live.setdefault(key, 0)
+        """Count what autograd saves for backward inside this block as activations of ``key``, for as
+        long as autograd holds it: each saved tensor travels in a holder whose end (autograd frees a
+        node's saved tensors once the node has run) takes its bytes off."""
 
         def pack(t: torch.Tensor):
-            try:
-                storage = local(t).untyped_storage()
-            except (RuntimeError, NotImplementedError):  # a tensor subclass with no storage of its own
+            ptr = self._storage(t)
+            if ptr is None or self._holders.get(ptr, [key])[0] != key:  # a parameter, or another key's
                 return t
-            ptr = storage.data_ptr()
-            if ptr not in seen and ptr not in self.param_storages():
-                seen.add(ptr)
-                self._live[key] += storage.nbytes()
-            return t
+            if ptr not in self._holders:
+                self._holders[ptr] = [key, local(t).untyped_storage().nbytes(), 0]
+                self._live[key] += self._holders[ptr][1]
+            self._holders[ptr][2] += 1
+            holder = _Saved(t)
+            self._refs.add(weakref.ref(holder, partial(self._dropped, ptr)))
+            return holder
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        def unpack(saved):
+            return saved.tensor if isinstance(saved, _Saved) else saved
+
+        self._live.setdefault(key, 0)
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
             yield
         self.sample()
 
+    @contextmanager
+    def recomputing(self):
+        """Count what a checkpointed region saves when it runs again inside backward.
+
+        Its first run saved only its inputs where this meter sees (checkpoint's own saved-tensor hooks
+        are innermost and keep nothing else); its second run rematerialises the region's activations
+        for the backward that follows, and that moment is the region's peak. Checkpoint keeps those
+        tensors through hooks of its own, so these hooks count each one (not the inputs, counted
+        already) and hand it on to them. The sample is taken at the end of the run (or where checkpoint
+        stops it early, once it has every tensor it needs); the backward then frees them."""
+        top = _innermost_saved_tensor_hooks()
+        if top is None:  # not inside a recomputation (or a torch that does not say): nothing counted
+            yield
+            return
+        keep, unpack = top
+        key, seen = object(), set()
+        self._live[key] = 0
+
+        def pack(t: torch.Tensor):
+            ptr = self._storage(t)
+            if ptr is not None and ptr not in self._holders and ptr not in seen:
+                seen.add(ptr)
+                self._live[key] += local(t).untyped_storage().nbytes()
+            return keep(t)  # after counting: checkpoint stops the run early right after its last tensor
+
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+                yield
+        finally:
+            self.sample()
+            self._live.pop(key, None)
+
+    def _storage(self, t: torch.Tensor) -> int | None:
+        """The address of ``t``'s storage, or None for a parameter's or a tensor without one."""
+        try:
+            ptr = local(t).untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError):  # a tensor subclass with no storage of its own
+            return None
+        return None if ptr in self.param_storages() else ptr
+
+    def _dropped(self, ptr: int, ref) -> None:
+        """A holder autograd kept is gone; the storage's bytes go once its last holder has."""
+        self._refs.discard(ref)
+        entry = self._holders.get(ptr)
+        if entry is None:
+            return
+        entry[2] -= 1
+        if entry[2] == 0:
+            key, nbytes, _ = self._holders.pop(ptr)
+            if key in self._live and key not in self._fixed:
+                self._live[key] -= nbytes
+
     def shrink(self, key, nbytes: int) -> None:
         """Part of ``key``'s activations is gone: what it still holds is ``nbytes`` (a zero-bubble
-        Bi frees the graph and keeps only what W needs)."""
+        Bi frees the graph and keeps only what W needs, partly outside autograd's saved tensors)."""
         self.sample()
         self._live[key] = nbytes
+        self._fixed.add(key)
 
     def release(self, key) -> None:
         """The backward of ``key`` has run: its saved activations are gone."""
         self.sample()
         self._live.pop(key, None)
+        self._fixed.discard(key)
+
+    def activations(self) -> int:
+        """Activation bytes held now."""
+        return sum(self._live.values())
 
     def sample(self) -> None:
-        now = {**self.model_states(), "activations": sum(self._live.values())}
+        now = {**self.model_states(), "activations": self.activations()}
         total = sum(now.values())
         if total > self.peak_total:
             self.peak_total, self.peak_by_kind = total, now
@@ -144,6 +213,24 @@ class MemoryMeter:
         if self.device.type == "cuda":
             out["cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated(self.device))
         return out
+
+
+def _innermost_saved_tensor_hooks():
+    """The (pack, unpack) hooks autograd applies now, or None: torch's private accessor, absent from
+    some of the torch 2 releases paralab supports."""
+    try:
+        return torch._C._autograd._top_saved_tensors_default_hooks(False)
+    except (AttributeError, TypeError):
+        return None
+
+
+class _Saved:
+    """A tensor autograd saved, in a holder of its own so that the holder's end says autograd let go."""
+
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
 
 
 def _storages(tensors) -> dict[int, int]:

@@ -44,6 +44,7 @@ OPS = COMPUTE_OPS + COMM_OPS
 
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipev")
 V_SHAPED = ("zbv", "dualpipev")  # two chunks per rank, placed down the ranks and back up
+SPLIT_BACKWARD = ("zb-h1", "zbv", "dualpipev")  # backwards split into Bi and a deferred W
 DEFAULT_SCHEDULE = "1f1b"  # what a pipeline runs when no schedule is named
 UNIT_PASSES = (1.0, 1.0, 1.0)  # a chunk's (F, Bi, W) times that ZB-V's order assumes unless told
 

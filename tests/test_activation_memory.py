@@ -34,7 +34,8 @@ def saved_bytes(model_cfg, layers: int, recompute: str, dtype: torch.dtype) -> i
     meter.watch(blocks.parameters())
     x = torch.randn(MICRO_BATCH, model_cfg.seq_len, model_cfg.hidden, dtype=dtype, requires_grad=True)
     with meter.saving("microbatch"):
-        blocks(x)
+        out = blocks(x)  # held, as a run holds its loss: the graph, and what it saves, lives while it does
+    del out
     return meter.report()["max_by_kind"]["activations"]
 
 
@@ -75,3 +76,26 @@ def test_the_attention_kernel_and_recomputation_order_the_activations_as_the_les
     assert math_none > sdpa_none > full and math_none > math_selective > full
     cfg = MODEL_PRESETS["small"]
     assert full == 4 * MICRO_BATCH * cfg.seq_len * cfg.hidden  # one fp32 copy of the block's input
+
+
+def test_the_meter_sees_a_recomputed_layer_and_lets_go_of_what_backward_frees():
+    """Under full recompute the forward keeps each block's input; the backward's peak is those inputs
+    plus the block it has just rematerialised. After backward autograd has freed everything, and so
+    has the meter's count (it follows the lifetimes of the saved tensors, not only the microbatch)."""
+    model_cfg = MODEL_PRESETS["small"]
+    torch.manual_seed(0)
+    blocks = torch.nn.Sequential(*[Block(model_cfg, i) for i in range(3)])
+    meter = MemoryMeter(torch.device("cpu"))
+    meter.watch(blocks.parameters())
+    apply_recompute(blocks, "full", memory=meter)
+    x = torch.randn(MICRO_BATCH, model_cfg.seq_len, model_cfg.hidden, requires_grad=True)
+    with meter.saving("microbatch"):
+        out = blocks(x)
+    inputs = meter.report()["max_by_kind"]["activations"]
+    assert inputs == 3 * x.numel() * 4
+    out.sum().backward()
+    fp32 = torch.float32
+    one_layer = saved_bytes(model_cfg, 2, "none", fp32) - saved_bytes(model_cfg, 1, "none", fp32)
+    # the last block's input is counted once: kept by the checkpoint, not again by its rerun
+    assert meter.report()["max_by_kind"]["activations"] == inputs + one_layer - x.numel() * 4
+    assert meter.activations() == 0

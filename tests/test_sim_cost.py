@@ -389,10 +389,13 @@ def test_zero_memory_counts_the_unit_it_holds_unsharded():
 def test_zero_memory_counts_the_units_on_the_wire():
     """With reduce-scatters left in flight each holds its unit's whole gradient and the shard it lands
     in, beside the unit backward fills: 3 units and 2 / dp shards for two in flight. A ZeRO-2 that
-    reduces buckets holds buckets (P / 4 parameters here), at most as many as it has."""
+    reduces buckets holds buckets (P / 4 parameters here), at most as many as it has. Full recompute
+    keeps the activations small, so the moment the most units are held is the rank's peak (with all
+    the layers' activations the stash before the backward would be)."""
     model = get_model("gpt3-1.3b")
     unit = (model.vocab + model.seq) * model.hidden
-    spec = ParallelSpec(dp=8, global_batch=8, micro_batch=1, zero=3, reduce_scatters_in_flight=2)
+    spec = ParallelSpec(dp=8, global_batch=8, micro_batch=1, zero=3, reduce_scatters_in_flight=2,
+                        recompute="full")
     shards = cost.memory_per_gpu(model, spec.replace(reduce_scatters_in_flight=0))["grads"] - 2 * unit
     assert cost.memory_per_gpu(model, spec)["grads"] == pytest.approx(shards + 2 * unit * (3 + 2 / 8))
     params = cost.counting.stage_params(model, spec, 0)
@@ -405,16 +408,37 @@ def test_zero_memory_counts_the_units_on_the_wire():
 def test_ddp_buckets_hold_a_copy_of_every_gradient():
     """Reducing DDP's buckets keeps autograd's gradients (2 bytes each in mixed precision) and a flat
     copy of all of them in the dtype they are reduced in (4 with fp32 gradients); naive dp reduces a
-    tensor at a time, and Megatron-LM's contiguous buffer (no buckets) is the gradients themselves."""
+    tensor at a time, and Megatron-LM's contiguous buffer (no buckets) is the gradients themselves.
+    Full recompute keeps the activations under the copies, so the last bucket's moment is the peak."""
     model = get_model("gpt3-1.3b")
     params = cost.counting.stage_params(model, ParallelSpec(), 0)
-    ddp = ParallelSpec(dp=8, global_batch=8, micro_batch=1, grad_buckets=5, fp32_grads=True)
+    ddp = ParallelSpec(dp=8, global_batch=8, micro_batch=1, grad_buckets=5, fp32_grads=True, recompute="full")
     def grads(**changes) -> float:
         return cost.memory_per_gpu(model, ddp.replace(**changes))["grads"]
 
     assert grads() == pytest.approx(params * (2 + 4))
     assert grads(overlap_grad_reduce=False) == pytest.approx(2 * params)
     assert grads(grad_buckets=0) == pytest.approx(4 * params)
+
+
+@pytest.mark.parametrize("schedule, microbatches", [("gpipe", 8), ("1f1b", 8), ("1f1b", 2)])
+def test_gradients_set_to_none_are_absent_where_the_stash_peaks_before_the_first_backward(schedule,
+                                                                                             microbatches):
+    """Gradients set to None between steps exist from the step's first backward on. GPipe's rank 0
+    stashes all m before it, so its peak is the fuller of m microbatches without gradients and m - 1
+    with them; 1F1B runs forwards after its first backward and is back at its stash of p beside the
+    gradients, unless every forward came before it (m <= p)."""
+    model = get_model("gpt3-1.3b")
+    spec = ParallelSpec(pp=4, schedule=schedule, microbatches=microbatches, micro_batch=1)
+    kept = cost.memory_per_gpu(model, spec)
+    dropped = cost.memory_per_gpu(model, spec.replace(grads_set_to_none=True))
+    stash = cost.counting.peak_inflight_chunks(schedule, 4, microbatches)
+    if schedule == "1f1b" and microbatches > stash:
+        assert dropped == kept
+        return
+    fewer = cost.counting.activation_bytes_per_gpu(model, spec, 0, inflight=stash - 1)
+    states = kept["params"] + kept["optimizer"]
+    assert dropped["total"] == pytest.approx(states + max(kept["activations"], kept["grads"] + fewer))
 
 
 def test_gradient_copies_are_priced_at_the_memory_bandwidth_after_backward():

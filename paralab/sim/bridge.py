@@ -71,6 +71,8 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
                              or (cfg.strategy == "torch_fsdp" and cfg.device == "cpu")),
         fp32_shards=cfg.strategy == "torch_fsdp" and model.dtype != "fp32",
         buckets_in_grad_dtype=cfg.strategy in ("torch_ddp", "torch_hybrid"),  # reference_ddp.wrap_ddp's
+        # paralab's ZeRO zeroes its flat gradient buffers in place; every other strategy sets them to None
+        grads_set_to_none=not (layout.zero and not get_strategy(cfg.strategy).reference_for),
         sp_keeps_gathered_inputs=cfg.strategy in ("torch_tp", "torch_hybrid"),  # DTensor's plan
         loads_batch_in_step="pp" not in get_strategy(cfg.strategy).axes,
         zbv_for_pass_times=False,  # the lab's ranks run ZB-V in the order found for equal passes

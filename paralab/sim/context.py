@@ -223,14 +223,16 @@ def memory_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]
     """The whole model's states over dp x cp replicas, the slice's activations, attention's kept as
     the module docstring says."""
     sm, sp = slice_run(model, parallel)
-    memory = cost.memory_per_gpu(model, sp)
-    activations = cost.memory_per_gpu(sm, sp)["activations"]
-    if sp.recompute == "none":  # what the slice run keeps of attention scores
-        scores = activations - cost.memory_per_gpu(sm, sp.replace(recompute="selective"))["activations"]
-        activations += -scores if parallel.cp_mode == "ring" else (parallel.cp - 1) * scores
-    memory["activations"] = activations
-    memory["total"] = sum(v for k, v in memory.items() if k != "total")
-    return memory
+
+    def activations(rank: int, inflight: int | None) -> float:
+        kept = counting.activation_bytes_per_gpu(sm, sp, rank, inflight)
+        if sp.recompute == "none":  # what the slice run keeps of attention scores
+            selective = sp.replace(recompute="selective")
+            scores = kept - counting.activation_bytes_per_gpu(sm, selective, rank, inflight)
+            kept += -scores if parallel.cp_mode == "ring" else (parallel.cp - 1) * scores
+        return kept
+
+    return cost.memory_per_gpu(model, sp, activations)
 
 
 def predict(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec, simulate: bool = True

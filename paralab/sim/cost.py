@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from statistics import NormalDist
 
 from paralab.collectives import ring_steps
-from paralab.schedules import UNIT_PASSES, theoretical_bubble
+from paralab.schedules import SPLIT_BACKWARD, UNIT_PASSES, theoretical_bubble
 from paralab.sim import counting, kernels, moe
 from paralab.sim.events import COMPUTE_KIND, SEND, Plan, builtin_plan, run_plan, simulate_schedule
 from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec, SpecError
@@ -618,71 +619,128 @@ class Prediction:
         return out
 
 
-def memory_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]:
+def memory_per_gpu(model: ModelSpec, parallel: ParallelSpec,
+                   activations: Callable[[int, int | None], float] | None = None) -> dict[str, float]:
     """Bytes per GPU at the peak, on the fullest pipeline rank: model states (ZeRO) plus activations,
     plus what ZeRO-2/3 hold unsharded for a moment. With an even split the end ranks are the fullest
     (the first stashes the most microbatches, the last keeps the logits); with an uneven split a rank
     beside an end can be, so the first rank of each kind is weighed
-    (:func:`counting.first_rank_of_each_kind`)."""
+    (:func:`counting.first_rank_of_each_kind`). ``activations(rank, inflight)``: what a rank keeps with
+    that many microbatches in flight (None: its peak), where it is not the model's own count
+    (context parallel's slices)."""
     if parallel.cp > 1:
         return CONTEXT_PARALLEL["memory_per_gpu"](model, parallel)
     p = parallel.resolved()
     ranks = counting.first_rank_of_each_kind(model, p)
-    return max((_rank_memory(model, p, rank) for rank in ranks), key=lambda m: m["total"])
+    return max((_rank_memory(model, p, rank, activations) for rank in ranks), key=lambda m: m["total"])
 
 
-def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int) -> dict[str, float]:
-    """ZeRO-3 gathers a part's parameters whole (two parts with prefetch: the one computing and the
-    next); ZeRO-2/3 fill a unit's whole gradient before reduce-scattering it (:func:`_zero_gradients`).
-    DDP's buckets copy every gradient (:func:`_gradients_reduced_from_copies`). FP8 GEMMs keep a
-    1-byte copy of the weights they read. A mixture of experts' routed experts are sharded over the
-    dp / ep ranks that hold them."""
-    kept = counting.shard_bytes_per_param(model, p)
+def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int,
+                 activations: Callable[[int, int | None], float] | None = None) -> dict[str, float]:
+    """The kinds at the fullest of the moments a rank may peak at, as a measured run reports them.
+
+    Held throughout: the model states (ZeRO's shards), FP8 GEMMs' 1-byte copy of the weights they read,
+    ZeRO-3's gathered parts (two with prefetch: the one computing and the next) and its root. Some
+    moments add what exists only then: the stash of microbatches in flight at its peak, with or
+    without gradients (:func:`_around_the_first_backward`); ZeRO-2/3's whole unit gradients inside
+    backward (:func:`_while_units_reduce`); DDP's bucket copies (:func:`_while_buckets_fill`). A
+    mixture of experts' routed experts are sharded over the dp / ep ranks that hold them."""
+    def kept(inflight: int | None = None) -> float:
+        if activations is not None:
+            return activations(rank, inflight)
+        return counting.activation_bytes_per_gpu(model, p, rank, inflight)
+
+    shard = counting.shard_bytes_per_param(model, p)
     params = counting.stage_params(model, p, rank)
     experts = counting.expert_params(model, p, rank)
-    states = counting.model_state_bytes(params - experts, p.dp, p.zero, kept)
-    for kind, nbytes in counting.model_state_bytes(experts, p.dp // p.ep, p.zero, kept).items():
+    states = counting.model_state_bytes(params - experts, p.dp, p.zero, shard)
+    for kind, nbytes in counting.model_state_bytes(experts, p.dp // p.ep, p.zero, shard).items():
         states[kind] += nbytes
     if model.fp8:
         states["params"] += params / (p.dp if p.zero >= 3 else 1)
-    states["activations"] = counting.activation_bytes_per_gpu(model, p, rank)
+    states["activations"] = kept()
     pb, gb, _ = counting.bytes_per_param(model, p)
+    if p.zero == 3 and p.dp > 1:
+        part = counting.largest_zero_unit(model, p, rank)
+        embed, head = counting.fsdp_root(model, p)
+        states["params"] += (part * (2 if p.prefetch_params else 1) + embed + head) * pb
     if p.zero >= 2 and p.dp > 1:
-        states["grads"] += _zero_gradients(model, p, rank) * gb
-        if p.zero == 3:
-            part = counting.largest_zero_unit(model, p, rank)
-            embed, head = counting.fsdp_root(model, p)
-            states["params"] += (part * (2 if p.prefetch_params else 1) + embed + head) * pb
-            # and the output layer's gradient, whole in autograd's dtype from the backward's start (where
-            # activations peak) to the root's reduce-scatter; an untied embedding's comes once they are
-            # freed, a tied one is the output layer (the last part then holds only the final norm)
-            output_layer = embed if model.tied_embeddings else head
-            states["grads"] += output_layer * counting.autograd_grad_bytes(model, p)
+        return _fullest([states, _while_units_reduce(model, p, rank, states)])
+    buckets = copies = 0.0
     if p.zero == 0 and p.dp > 1 and p.grad_buckets:
         reduced = _reduced(counting.dp_groups(p, params, experts))
-        own, copies = _gradients_reduced_from_copies(model, p, params, reduced, gb)
-        states = _at_the_peak_with_copies(model, p, rank, {**states, "grads": own}, copies)
-    states["total"] = sum(states.values())
-    return states
+        own, buckets, copies = _gradients_reduced_from_copies(model, p, params, reduced, gb)
+        states["grads"] = own + buckets
+    moments = _around_the_first_backward(p, rank, states, buckets, kept) if p.grads_set_to_none else [states]
+    if copies:
+        moments += _while_buckets_fill(p, states, copies, kept)
+    return _fullest(moments)
 
 
-def _at_the_peak_with_copies(model: ModelSpec, p: ParallelSpec, rank: int, stashed: dict[str, float],
-                             copies: float) -> dict[str, float]:
-    """The kinds at the peak of a rank whose gradient reduction copies the gradients (``copies`` bytes).
+def _fullest(moments: list[dict[str, float]]) -> dict[str, float]:
+    peak = max(moments, key=lambda kinds: sum(kinds.values()))
+    return {**peak, "total": sum(peak.values())}
 
-    The buckets fill during the backward of the step's last microbatch. On a pipeline rank of one chunk
-    (GPipe, 1F1B) only that microbatch's activations are held then, while the rank's activations peak
-    earlier with more in flight and no copies: the peak is the fuller of those two moments (the other
-    kinds are held through both), and its kinds are that moment's, as a measured run reports them. The
-    same holds on a rank of several chunks (interleaved, zero-bubble) whose gradients make one bucket:
-    it fills with the step's last gradient, in the rank's last pass, when one chunk's microbatch is
-    held at most. With several buckets, some fill while other chunks still hold microbatches: both
-    maxima at once, an upper bound."""
-    copying = {**stashed, "grads": stashed["grads"] + copies}
-    if p.pp > 1 and _schedule_name(p) not in ("gpipe", "1f1b") and p.grad_buckets > 1:
-        return copying
-    copying["activations"] = counting.activation_bytes_per_gpu(model, p, rank, inflight=1)
-    return max(stashed, copying, key=lambda kinds: sum(kinds.values()))
+
+def _while_units_reduce(model: ModelSpec, p: ParallelSpec, rank: int, stashed: dict[str, float]
+                        ) -> dict[str, float]:
+    """ZeRO-2/3 inside a microbatch's backward: whole unit gradients beside the shards
+    (:func:`_zero_gradients`), and with ZeRO-3 the output layer's, whole in autograd's dtype from the
+    backward's start to the root's reduce-scatter (an untied embedding's comes once activations are
+    freed; a tied one is the output layer, the last part then holding only the final norm). The most
+    units are held once ``reduce_scatters_in_flight`` have filled before the one filling, whose
+    layers' activations that microbatch's backward has freed by then."""
+    _, gb, _ = counting.bytes_per_param(model, p)
+    grads = stashed["grads"] + _zero_gradients(model, p, rank) * gb
+    if p.zero == 3:
+        embed, head = counting.fsdp_root(model, p)
+        grads += (embed if model.tied_embeddings else head) * counting.autograd_grad_bytes(model, p)
+    filled = min(counting.zero_unit_count(model, p, rank) - 1, p.reduce_scatters_in_flight)
+    layer = counting.activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, p.recompute,
+                                                gathered_inputs=p.sp_keeps_gathered_inputs)
+    return {**stashed, "grads": grads, "activations": max(0.0, stashed["activations"] - filled * layer)}
+
+
+def _around_the_first_backward(p: ParallelSpec, rank: int, stashed: dict[str, float], kept_grads: float,
+                               kept: Callable[[int | None], float]) -> list[dict[str, float]]:
+    """The stash's peak where gradients are set to None between steps (``grads_set_to_none``): they
+    exist from the step's first backward on, but for ``kept_grads`` bytes held all the same (torch
+    DDP's buckets).
+
+    A rank reaches its peak of microbatches in flight before its first backward, without gradients.
+    If it runs forwards after that backward (1F1B and its kin with more microbatches than they keep in
+    flight; accumulation without pipelines) it reaches the peak again beside them; else (GPipe, or one
+    microbatch) the gradients come beside one microbatch fewer."""
+    chunks = p.virtual_stages if p.pp > 1 else 1
+    inflight = counting.peak_inflight_chunks(p.schedule, p.pp, p.microbatches, p.virtual_stages, rank)
+    bare = {**stashed, "grads": kept_grads}
+    if p.microbatches * chunks > inflight and (p.pp == 1 or p.schedule != "gpipe"):
+        return [bare, stashed]
+    return [bare, {**stashed, "activations": kept(inflight - 1) if inflight > 1 else 0.0}]
+
+
+def _while_buckets_fill(p: ParallelSpec, stashed: dict[str, float], copies: float,
+                        kept: Callable[[int | None], float]) -> list[dict[str, float]]:
+    """The moments a rank whose gradient reduction copies the gradients (``copies`` bytes) may peak at
+    while its buckets fill, beside the stash's (``stashed``: the kinds at the activations' peak).
+
+    The buckets fill during the backward of the step's last microbatch, from the last layer down, and
+    their copies are held until the reduction ends, while autograd frees that microbatch's activations
+    as its backward goes. On a pipeline rank of one chunk (GPipe, 1F1B) only that microbatch is held
+    then: when the k-th of B buckets fills, k/B of the copies are held beside about 1 - k/B of its
+    activations, a sum linear in k, so the fullest such moment is the first bucket's or the last's. The
+    same holds on a rank of several chunks (interleaved) whose gradients make one bucket: it fills with
+    the step's last gradient, in the rank's last pass. A zero-bubble rank's last pass is a deferred W,
+    which holds its microbatch's inputs until it ends. With several buckets on several chunks, some
+    fill while other chunks still hold microbatches: the stash and every copy at once, an upper bound."""
+    buckets, name = p.grad_buckets, _schedule_name(p)
+    if p.pp > 1 and name not in ("gpipe", "1f1b") and buckets > 1:
+        return [{**stashed, "grads": stashed["grads"] + copies}]
+    microbatch = kept(1)
+    held_to_the_end = p.pp > 1 and name in SPLIT_BACKWARD
+    return [{**stashed, "grads": stashed["grads"] + copies * k / buckets,
+             "activations": microbatch if held_to_the_end else microbatch * (1 - k / buckets)}
+            for k in (1, buckets)]
 
 
 def _zero_gradients(model: ModelSpec, p: ParallelSpec, rank: int) -> float:
@@ -704,17 +762,22 @@ def _reduced(groups: list[tuple[float, int, int]]) -> float:
 
 
 def _gradients_reduced_from_copies(model: ModelSpec, p: ParallelSpec, params: float, reduced: float,
-                                   reduce_bytes: int) -> tuple[float, float]:
+                                   reduce_bytes: int) -> tuple[float, float, float]:
     """Gradient bytes of a data-parallel run that reduces copies of its gradients, tensor by tensor or
     bucket by bucket (``grad_buckets``), where Megatron-LM reduces its one contiguous buffer: autograd's
-    gradients, and their copies. Autograd's stay in the optimizer's gradient dtype; DDP's buckets add
-    a flat copy of every gradient in the dtype it is reduced in, held until backward ends (torch DDP's
-    default, gradient_as_bucket_view=False, whose docs put what views save at the total gradient size;
-    paralab's ddp), of the ``reduced`` ones; torch's keeps its buckets in the gradients' dtype and widens
-    them to reduce (``buckets_in_grad_dtype``). Naive dp's copy is one tensor at a time, not counted."""
+    gradients, the buckets kept through the step, and the copies made as the buckets fill, of the
+    ``reduced`` ones. Autograd's stay in the optimizer's gradient dtype. paralab's ddp makes a flat
+    copy of every gradient in the dtype it is reduced in as a bucket fills, held until backward ends;
+    torch's DDP (``buckets_in_grad_dtype``; gradient_as_bucket_view=False, whose docs put what views
+    save at the total gradient size) allocates its buckets in the gradients' dtype when it is built,
+    and a hook that reduces in a wider dtype widens each on the wire. Naive dp's copy is one tensor at
+    a time, not counted."""
     own = counting.autograd_grad_bytes(model, p)
-    bucket = reduce_bytes + (own if p.buckets_in_grad_dtype and reduce_bytes > own else 0)
-    return params * own, (reduced * bucket if p.overlap_grad_reduce else 0.0)
+    if not p.overlap_grad_reduce:
+        return params * own, 0.0, 0.0
+    if not p.buckets_in_grad_dtype:
+        return params * own, 0.0, reduced * reduce_bytes
+    return params * own, reduced * own, (reduced * reduce_bytes if reduce_bytes > own else 0.0)
 
 
 def check(model: ModelSpec, parallel: ParallelSpec, gpus: int | None = None,

@@ -485,8 +485,8 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
     (:func:`head_input_bytes`) and what the cross-entropy keeps, 4 s b V / t with a fused kernel
     (Korthikanti et al. sec. 4.3; :func:`loss_bytes_per_logit`), one microbatch's at a time, all m
     under GPipe, plus, with full recompute, the one layer being rematerialised in full during its
-    backward; on the last stage that comes after the microbatch's head and loss are freed, so the
-    fuller of the two counts.
+    backward, less its input (kept already); on the last stage that comes after the microbatch's head
+    and loss are freed, so the fuller of the two counts.
     """
     p = parallel.resolved()
     chunks_here = p.virtual_stages if p.pp > 1 else 1
@@ -519,8 +519,11 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
         head = head_input_bytes(model, p.micro_batch, p.tp, p.sequence_parallel, p.sp_keeps_gathered_inputs)
         ends = loss_bytes_per_logit(model) * logits + head  # one microbatch's
         total += ends * (logits_inflight - 1)
-    # a microbatch's backward frees its ends (the loss, the head) before it rematerialises a layer
-    return total + (max(ends, per_layer_kept("none")) if p.recompute == "full" else ends)
+    if p.recompute != "full":
+        return total + ends
+    # a microbatch's backward frees its ends (the loss, the head) before it rematerialises a layer,
+    # whose input is the one it kept (counted above)
+    return total + max(ends, per_layer_kept("none") - per_layer_kept("full"))
 
 
 def head_input_bytes(model: ModelSpec, micro_batch: int = 1, tp: int = 1, sequence_parallel: bool = False,

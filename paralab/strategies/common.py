@@ -180,7 +180,7 @@ def prepare(ctx: RankContext, module: torch.nn.Module) -> torch.nn.Module:
     """A model (or stage) as the run trains it: on the rank's device, in the run's dtype, with
     activation recomputation installed (paralab.strategies.recompute)."""
     module = module.to(ctx.device, torch_dtype(ctx.cfg.dtype))
-    apply_recompute(module, ctx.cfg.recompute, ctx.recorder)
+    apply_recompute(module, ctx.cfg.recompute, ctx.recorder, ctx.memory)
     return module
 
 

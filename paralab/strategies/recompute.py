@@ -18,6 +18,8 @@ generator and paralab.random_streams the tensor-parallel ranks' split-region str
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
@@ -31,24 +33,29 @@ def _is_block(module: nn.Module) -> bool:
     return getattr(type(module), "IS_TRANSFORMER_BLOCK", False)
 
 
-def apply_recompute(model: nn.Module, mode: str, recorder=None) -> int:
+def apply_recompute(model: nn.Module, mode: str, recorder=None, memory=None) -> int:
     """Checkpoint every block (``full``) or every attention core (``selective``) of ``model``;
-    returns how many modules were wrapped (0 for ``none``)."""
+    returns how many modules were wrapped (0 for ``none``). With a ``memory`` meter, what each
+    recomputation rematerialises is counted (MemoryMeter.recomputing)."""
     if mode == "none":
         return 0
     chosen = [m for m in model.modules()
               if (_is_block(m) if mode == "full" else isinstance(m, AttentionCore))]
     for module in chosen:
-        module.forward = _checkpointed(module.forward, recorder)
+        module.forward = _checkpointed(module.forward, recorder, memory)
     return len(chosen)
 
 
-def _checkpointed(forward, recorder):
+def _checkpointed(forward, recorder, memory):
     def rerun(*args):
-        if recorder is not None and torch._C._current_graph_task_id() != -1:  # inside backward
-            with recorder.span("recompute"):
-                return forward(*args)
-        return forward(*args)
+        if torch._C._current_graph_task_id() == -1:  # the first run, in the forward
+            return forward(*args)
+        with ExitStack() as inside_backward:
+            if recorder is not None:
+                inside_backward.enter_context(recorder.span("recompute"))
+            if memory is not None:
+                inside_backward.enter_context(memory.recomputing())
+            return forward(*args)
 
     def run(*args):
         if not torch.is_grad_enabled():

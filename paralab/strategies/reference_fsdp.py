@@ -52,7 +52,7 @@ def train(ctx):
     # FSDP2 keeps the fp32 shards as its master weights and casts a gathered part to ``dtype`` for
     # compute (MixedPrecisionPolicy), so the model stays fp32 here and the optimizer is a plain one
     model = GPT(ctx.cfg.model, ctx.cfg.seed).to(ctx.device)
-    apply_recompute(model, ctx.cfg.recompute, ctx.recorder)
+    apply_recompute(model, ctx.cfg.recompute, ctx.recorder, ctx.memory)
     policy = MixedPrecisionPolicy(param_dtype=torch_dtype(ctx.cfg.dtype),
                                   reduce_dtype=torch_dtype(ctx.cfg.reduce_dtype))
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
