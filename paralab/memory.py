@@ -6,11 +6,11 @@ about exactly that split, so paralab counts it:
 
 - parameters, gradients and optimizer states: the bytes of the tensors the strategy holds;
 - activations: the bytes autograd saves for backward (via saved-tensor hooks), excluding parameters,
-  added when a microbatch's forward runs and removed when its backward has run.
+  added when a microbatch's forward saves them and removed as autograd frees them in its backward.
 
 The peak is sampled after every forward and every backward, where the high-water marks lie, and
-after each recomputation of a checkpointed region, whose rematerialised activations it counts too. On CUDA
-``torch.cuda.max_memory_allocated`` is reported beside it as the allocator's view.
+after each recomputation of a checkpointed region, whose rematerialised activations it counts too.
+On CUDA ``torch.cuda.max_memory_allocated`` is reported beside it as the allocator's view.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class MemoryMeter:
         self._held = None
         self._extra = {"params": 0, "grads": 0, "optimizer": 0}
         self._live: dict = {}  # activations by key (microbatch), in bytes
-        self._holders: dict[int, list] = {}  # storage address -> [key, bytes, holders autograd keeps]
+        self._holders: dict[int, list] = {}  # storage (_storage) -> [key, bytes, holders autograd keeps]
         self._refs: set = set()  # weak references to those holders, whose ends take the bytes off
         self._fixed: set = set()  # keys whose bytes shrink() set: what they hold is no longer tracked
         self.peak_total = 0
@@ -109,15 +109,15 @@ class MemoryMeter:
         node's saved tensors once the node has run) takes its bytes off."""
 
         def pack(t: torch.Tensor):
-            ptr = self._storage(t)
-            if ptr is None or self._holders.get(ptr, [key])[0] != key:  # a parameter, or another key's
+            storage = self._storage(t)
+            if storage is None or self._holders.get(storage, [key])[0] != key:  # a parameter, another key's
                 return t
-            if ptr not in self._holders:
-                self._holders[ptr] = [key, local(t).untyped_storage().nbytes(), 0]
-                self._live[key] += self._holders[ptr][1]
-            self._holders[ptr][2] += 1
+            if storage not in self._holders:
+                self._holders[storage] = [key, local(t).untyped_storage().nbytes(), 0]
+                self._live[key] += self._holders[storage][1]
+            self._holders[storage][2] += 1
             holder = _Saved(t)
-            self._refs.add(weakref.ref(holder, partial(self._dropped, ptr)))
+            self._refs.add(weakref.ref(holder, partial(self._dropped, storage)))
             return holder
 
         def unpack(saved):
@@ -147,9 +147,9 @@ class MemoryMeter:
         self._live[key] = 0
 
         def pack(t: torch.Tensor):
-            ptr = self._storage(t)
-            if ptr is not None and ptr not in self._holders and ptr not in seen:
-                seen.add(ptr)
+            storage = self._storage(t)
+            if storage is not None and storage not in self._holders and storage not in seen:
+                seen.add(storage)
                 self._live[key] += local(t).untyped_storage().nbytes()
             return keep(t)  # after counting: checkpoint stops the run early right after its last tensor
 
@@ -161,22 +161,24 @@ class MemoryMeter:
             self._live.pop(key, None)
 
     def _storage(self, t: torch.Tensor) -> int | None:
-        """The address of ``t``'s storage, or None for a parameter's or a tensor without one."""
+        """An identity of ``t``'s storage, or None for a parameter's or a tensor without one. Not its
+        address: a storage resized to nothing (FSDP2 frees the weights it gathered so) gives its
+        address back to the allocator while autograd still holds the tensor."""
         try:
-            ptr = local(t).untyped_storage().data_ptr()
+            storage = local(t).untyped_storage()
         except (RuntimeError, NotImplementedError):  # a tensor subclass with no storage of its own
             return None
-        return None if ptr in self.param_storages() else ptr
+        return None if storage.data_ptr() in self.param_storages() else storage._cdata
 
-    def _dropped(self, ptr: int, ref) -> None:
+    def _dropped(self, storage: int, ref) -> None:
         """A holder autograd kept is gone; the storage's bytes go once its last holder has."""
         self._refs.discard(ref)
-        entry = self._holders.get(ptr)
+        entry = self._holders.get(storage)
         if entry is None:
             return
         entry[2] -= 1
         if entry[2] == 0:
-            key, nbytes, _ = self._holders.pop(ptr)
+            key, nbytes, _ = self._holders.pop(storage)
             if key in self._live and key not in self._fixed:
                 self._live[key] -= nbytes
 
@@ -188,10 +190,13 @@ class MemoryMeter:
         self._fixed.add(key)
 
     def release(self, key) -> None:
-        """The backward of ``key`` has run: its saved activations are gone."""
+        """The backward of ``key`` has run: its saved activations are gone. A holder that outlives it (a
+        retained graph) no longer counts, nor takes bytes off a later step's key of the same name."""
         self.sample()
         self._live.pop(key, None)
         self._fixed.discard(key)
+        for storage in [s for s, (owner, _, _) in self._holders.items() if owner == key]:
+            del self._holders[storage]
 
     def activations(self) -> int:
         """Activation bytes held now."""

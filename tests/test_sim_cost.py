@@ -441,6 +441,21 @@ def test_gradients_set_to_none_are_absent_where_the_stash_peaks_before_the_first
     assert dropped["total"] == pytest.approx(states + max(kept["activations"], kept["grads"] + fewer))
 
 
+def test_ddp_buckets_that_fill_in_the_steps_only_backward_hold_the_gradients_made_so_far():
+    """With gradients set to None and one microbatch, the backward the buckets fill in also makes
+    autograd's gradients: when the first of B buckets fills, 1/B of them and of the copies exist,
+    beside (B - 1)/B of the activations; when the last does, all of them and no activations."""
+    model = get_model("gpt3-1.3b")
+    ddp = ParallelSpec(dp=8, global_batch=8, micro_batch=1, grad_buckets=5, fp32_grads=True,
+                       grads_set_to_none=True)
+    params = cost.counting.stage_params(model, ddp, 0)
+    memory = cost.memory_per_gpu(model, ddp)
+    activations = cost.counting.activation_bytes_per_gpu(model, ddp)
+    states = memory["params"] + memory["optimizer"]
+    first, last = (2 + 4) * params / 5 + activations * 4 / 5, (2 + 4) * params
+    assert memory["total"] == pytest.approx(states + max(activations, first, last))
+
+
 def test_gradient_copies_are_priced_at_the_memory_bandwidth_after_backward():
     """A reduction that flattens, divides and copies back its gradients (``grad_copy_bytes`` a
     parameter) adds those bytes at the memory bandwidth to the step, before the optimizer; a single

@@ -673,7 +673,9 @@ def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int,
         states["grads"] = own + buckets
     moments = _around_the_first_backward(p, rank, states, buckets, kept) if p.grads_set_to_none else [states]
     if copies:
-        moments += _while_buckets_fill(p, states, copies, kept)
+        chunks = p.virtual_stages if p.pp > 1 else 1
+        made = p.grads_set_to_none and p.microbatches * chunks == 1  # by the backward the buckets fill in
+        moments += _while_buckets_fill(p, states, copies, states["grads"] - buckets if made else 0.0, kept)
     return _fullest(moments)
 
 
@@ -719,7 +721,7 @@ def _around_the_first_backward(p: ParallelSpec, rank: int, stashed: dict[str, fl
     return [bare, {**stashed, "activations": kept(inflight - 1) if inflight > 1 else 0.0}]
 
 
-def _while_buckets_fill(p: ParallelSpec, stashed: dict[str, float], copies: float,
+def _while_buckets_fill(p: ParallelSpec, stashed: dict[str, float], copies: float, made: float,
                         kept: Callable[[int | None], float]) -> list[dict[str, float]]:
     """The moments a rank whose gradient reduction copies the gradients (``copies`` bytes) may peak at
     while its buckets fill, beside the stash's (``stashed``: the kinds at the activations' peak).
@@ -731,14 +733,17 @@ def _while_buckets_fill(p: ParallelSpec, stashed: dict[str, float], copies: floa
     activations, a sum linear in k, so the fullest such moment is the first bucket's or the last's. The
     same holds on a rank of several chunks (interleaved) whose gradients make one bucket: it fills with
     the step's last gradient, in the rank's last pass. A zero-bubble rank's last pass is a deferred W,
-    which holds its microbatch's inputs until it ends. With several buckets on several chunks, some
-    fill while other chunks still hold microbatches: the stash and every copy at once, an upper bound."""
+    which holds what its weight gradients read (most of its microbatch's activations, counted whole)
+    until it ends. With several buckets on several chunks, some fill while other chunks still hold
+    microbatches: the stash and every copy at once, an upper bound. ``made``: bytes of gradients the
+    same backward makes as it goes (the step's only one, with gradients set to None), k/B of them by
+    the k-th bucket."""
     buckets, name = p.grad_buckets, _schedule_name(p)
     if p.pp > 1 and name not in ("gpipe", "1f1b") and buckets > 1:
         return [{**stashed, "grads": stashed["grads"] + copies}]
     microbatch = kept(1)
     held_to_the_end = p.pp > 1 and name in SPLIT_BACKWARD
-    return [{**stashed, "grads": stashed["grads"] + copies * k / buckets,
+    return [{**stashed, "grads": stashed["grads"] - made + (made + copies) * k / buckets,
              "activations": microbatch if held_to_the_end else microbatch * (1 - k / buckets)}
             for k in (1, buckets)]
 

@@ -484,9 +484,11 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
     layer's input, counted there) and, on the last stage's rank, the head's inputs
     (:func:`head_input_bytes`) and what the cross-entropy keeps, 4 s b V / t with a fused kernel
     (Korthikanti et al. sec. 4.3; :func:`loss_bytes_per_logit`), one microbatch's at a time, all m
-    under GPipe, plus, with full recompute, the one layer being rematerialised in full during its
-    backward, less its input (kept already); on the last stage that comes after the microbatch's head
-    and loss are freed, so the fuller of the two counts.
+    under GPipe, plus, with recompute, what one layer rematerialises during its backward (full: the
+    layer, less its input, kept already; selective: the attention core's s x s tensors, less what the
+    layer saved after the core, which its backward has freed by then: more only at long sequences);
+    on the last stage that comes after the microbatch's head and loss are freed, so the fuller of the
+    two counts.
     """
     p = parallel.resolved()
     chunks_here = p.virtual_stages if p.pp > 1 else 1
@@ -519,11 +521,29 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
         head = head_input_bytes(model, p.micro_batch, p.tp, p.sequence_parallel, p.sp_keeps_gathered_inputs)
         ends = loss_bytes_per_logit(model) * logits + head  # one microbatch's
         total += ends * (logits_inflight - 1)
-    if p.recompute != "full":
-        return total + ends
-    # a microbatch's backward frees its ends (the loss, the head) before it rematerialises a layer,
-    # whose input is the one it kept (counted above)
-    return total + max(ends, per_layer_kept("none") - per_layer_kept("full"))
+    # a microbatch's backward frees its ends (the loss, the head) before it recomputes anything: a layer
+    # (whose input it kept, counted above), or an attention core, reached once the layer's backward has
+    # freed what the layer saved after it
+    rematerialised = per_layer_kept("none") - per_layer_kept(p.recompute)
+    if p.recompute == "selective":
+        inputs = attention_input_bytes(model, p.micro_batch, p.tp, p.sequence_parallel,
+                                       p.sp_keeps_gathered_inputs)
+        core = attention_core_bytes(model, p.micro_batch, "selective") / p.tp
+        rematerialised -= per_layer - inputs - core
+    return total + max(ends, rematerialised)
+
+
+def attention_input_bytes(model: ModelSpec, micro_batch: int = 1, tp: int = 1,
+                          sequence_parallel: bool = False, gathered_inputs: bool = False) -> float:
+    """What a layer saves for backward before its attention core (Korthikanti et al. 2022, Table 2):
+    the first norm's input and the QKV projection's input (replicated without sequence parallelism;
+    the latter whole with ``gathered_inputs``), and Q, K and V (split over tp). The rest of the layer
+    comes after the core, and its backward frees it before it reaches the core."""
+    s, b, h, t, e = model.seq, micro_batch, model.hidden, tp, model.dtype_bytes
+    sbh = s * b * h
+    norm_input = e * sbh / (t if sequence_parallel else 1)
+    qkv_input = e * sbh / (t if sequence_parallel and not gathered_inputs else 1)
+    return norm_input + qkv_input + (e * sbh + e * 2 * s * b * model.kv_dim) / t
 
 
 def head_input_bytes(model: ModelSpec, micro_batch: int = 1, tp: int = 1, sequence_parallel: bool = False,

@@ -254,10 +254,11 @@ class ParallelSpec:
     # torch's DTensor (SequenceParallel before ColwiseParallel) does. False: it keeps its sequence
     # slice and gathers it again in backward (Megatron-LM, paralab's tp: counting.sequence_regathers)
     sp_keeps_gathered_inputs: bool = False
-    # the gradients are set to None between steps (torch's zero_grad default; every paralab strategy) and
-    # exist from the step's first backward on; without ZeRO-2/3 a rank whose activations peak before its
-    # first backward (GPipe, or no forward after it) holds none at that peak. False: kept in buffers that
-    # live through the step (Megatron-LM's grad buffers)
+    # the gradients are set to None between steps (torch's zero_grad default; paralab's strategies but
+    # its ZeRO, which zeroes flat buffers in place) and exist from the step's first backward on, so a rank
+    # whose activations peak before it (GPipe, or no forward after it) holds none at that peak; ignored
+    # with ZeRO-2/3, whose shards are counted throughout. False: kept in buffers that live through the
+    # step (Megatron-LM's grad buffers)
     grads_set_to_none: bool = False
     # gradients accumulated and reduced in fp32 whatever the model's dtype (Megatron-LM's main_grad):
     # 4 bytes per parameter; with zero=1 this is Megatron's distributed optimizer (6 + 12/d bytes)
