@@ -110,14 +110,16 @@ class MemoryMeter:
 
         def pack(t: torch.Tensor):
             storage = self._storage(t)
-            if storage is None or self._holders.get(storage, [key])[0] != key:  # a parameter, another key's
+            if storage is None:  # a parameter's
                 return t
-            if storage not in self._holders:
-                self._holders[storage] = [key, local(t).untyped_storage().nbytes(), 0]
-                self._live[key] += self._holders[storage][1]
-            self._holders[storage][2] += 1
+            entry = self._holders.setdefault(storage._cdata, [key, storage.nbytes(), 0])
+            if entry[0] != key:  # another key's
+                return t
+            if entry[2] == 0:
+                self._live[key] += entry[1]
+            entry[2] += 1
             holder = _Saved(t)
-            self._refs.add(weakref.ref(holder, partial(self._dropped, storage)))
+            self._refs.add(weakref.ref(holder, partial(self._dropped, storage._cdata)))
             return holder
 
         def unpack(saved):
@@ -132,8 +134,8 @@ class MemoryMeter:
     def recomputing(self):
         """Count what a checkpointed region saves when it runs again inside backward.
 
-        Its first run saved only its inputs where this meter sees (checkpoint's own saved-tensor hooks
-        are innermost and keep nothing else); its second run rematerialises the region's activations
+        Its first run kept only its inputs (checkpoint's own saved-tensor hooks, innermost there, keep
+        nothing else); its second run rematerialises the region's activations
         for the backward that follows, and that moment is the region's peak. Checkpoint keeps those
         tensors through hooks of its own, so these hooks count each one (not the inputs, counted
         already) and hand it on to them. The sample is taken at the end of the run (or where checkpoint
@@ -148,9 +150,9 @@ class MemoryMeter:
 
         def pack(t: torch.Tensor):
             storage = self._storage(t)
-            if storage is not None and storage not in self._holders and storage not in seen:
-                seen.add(storage)
-                self._live[key] += local(t).untyped_storage().nbytes()
+            if storage is not None and storage._cdata not in self._holders and storage._cdata not in seen:
+                seen.add(storage._cdata)
+                self._live[key] += storage.nbytes()
             return keep(t)  # after counting: checkpoint stops the run early right after its last tensor
 
         try:
@@ -160,15 +162,15 @@ class MemoryMeter:
             self.sample()
             self._live.pop(key, None)
 
-    def _storage(self, t: torch.Tensor) -> int | None:
-        """An identity of ``t``'s storage, or None for a parameter's or a tensor without one. Not its
-        address: a storage resized to nothing (FSDP2 frees the weights it gathered so) gives its
-        address back to the allocator while autograd still holds the tensor."""
+    def _storage(self, t: torch.Tensor) -> torch.UntypedStorage | None:
+        """``t``'s storage, or None for a parameter's or a tensor without one. Storages are told apart
+        by their identity (``_cdata``), not their address: a storage resized to nothing (FSDP2 frees the
+        weights it gathered so) gives its address back to the allocator while autograd holds it."""
         try:
             storage = local(t).untyped_storage()
         except (RuntimeError, NotImplementedError):  # a tensor subclass with no storage of its own
             return None
-        return None if storage.data_ptr() in self.param_storages() else storage._cdata
+        return None if storage.data_ptr() in self.param_storages() else storage
 
     def _dropped(self, storage: int, ref) -> None:
         """A holder autograd kept is gone; the storage's bytes go once its last holder has."""

@@ -673,8 +673,7 @@ def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int,
         states["grads"] = own + buckets
     moments = _around_the_first_backward(p, rank, states, buckets, kept) if p.grads_set_to_none else [states]
     if copies:
-        chunks = p.virtual_stages if p.pp > 1 else 1
-        made = p.grads_set_to_none and p.microbatches * chunks == 1  # by the backward the buckets fill in
+        made = p.grads_set_to_none and p.microbatches * p.chunks_per_rank == 1  # by the buckets' backward
         moments += _while_buckets_fill(p, states, copies, states["grads"] - buckets if made else 0.0, kept)
     return _fullest(moments)
 
@@ -713,10 +712,9 @@ def _around_the_first_backward(p: ParallelSpec, rank: int, stashed: dict[str, fl
     If it runs forwards after that backward (1F1B and its kin with more microbatches than they keep in
     flight; accumulation without pipelines) it reaches the peak again beside them; else (GPipe, or one
     microbatch) the gradients come beside one microbatch fewer."""
-    chunks = p.virtual_stages if p.pp > 1 else 1
     inflight = counting.peak_inflight_chunks(p.schedule, p.pp, p.microbatches, p.virtual_stages, rank)
     bare = {**stashed, "grads": kept_grads}
-    if p.microbatches * chunks > inflight and (p.pp == 1 or p.schedule != "gpipe"):
+    if p.microbatches * p.chunks_per_rank > inflight and (p.pp == 1 or p.schedule != "gpipe"):
         return [bare, stashed]
     return [bare, {**stashed, "activations": kept(inflight - 1) if inflight > 1 else 0.0}]
 

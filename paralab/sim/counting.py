@@ -491,7 +491,7 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
     two counts.
     """
     p = parallel.resolved()
-    chunks_here = p.virtual_stages if p.pp > 1 else 1
+    chunks_here = p.chunks_per_rank
     layers_per_chunk = rank_layers(model, p, rank) / chunks_here
     if inflight is None:
         inflight = peak_inflight_chunks(p.schedule, p.pp, p.microbatches, p.virtual_stages, rank)

@@ -287,6 +287,11 @@ class ParallelSpec:
         """Model chunks (pipeline stages in the schedule's sense): pp x virtual stages."""
         return self.pp * self.virtual_stages
 
+    @property
+    def chunks_per_rank(self) -> int:
+        """Model chunks one rank holds: its virtual stages, one without a pipeline."""
+        return self.virtual_stages if self.pp > 1 else 1
+
     def stride(self, axis: str) -> int:
         """Ranks between two neighbours of a group along ``axis`` ("tp", "dp" or "pp"): the product of
         the degrees numbered inside it (``rank_order``)."""
