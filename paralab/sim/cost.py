@@ -665,7 +665,7 @@ def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int,
         embed, head = counting.fsdp_root(model, p)
         states["params"] += (part * (2 if p.prefetch_params else 1) + embed + head) * pb
     if p.zero >= 2 and p.dp > 1:
-        return _fullest([states, _while_units_reduce(model, p, rank, states)])
+        return _fullest([states, _while_units_reduce(model, p, rank, states, gb)])
     buckets = copies = 0.0
     if p.zero == 0 and p.dp > 1 and p.grad_buckets:
         reduced = _reduced(counting.dp_groups(p, params, experts))
@@ -674,7 +674,7 @@ def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int,
     moments = _around_the_first_backward(p, rank, states, buckets, kept) if p.grads_set_to_none else [states]
     if copies:
         made = p.grads_set_to_none and p.microbatches * p.chunks_per_rank == 1  # by the buckets' backward
-        moments += _while_buckets_fill(p, states, copies, states["grads"] - buckets if made else 0.0, kept)
+        moments += _while_buckets_fill(p, states, copies, own if made else 0.0, kept)
     return _fullest(moments)
 
 
@@ -683,15 +683,15 @@ def _fullest(moments: list[dict[str, float]]) -> dict[str, float]:
     return {**peak, "total": sum(peak.values())}
 
 
-def _while_units_reduce(model: ModelSpec, p: ParallelSpec, rank: int, stashed: dict[str, float]
-                        ) -> dict[str, float]:
+def _while_units_reduce(model: ModelSpec, p: ParallelSpec, rank: int, stashed: dict[str, float],
+                        gb: float) -> dict[str, float]:
     """ZeRO-2/3 inside a microbatch's backward: whole unit gradients beside the shards
     (:func:`_zero_gradients`), and with ZeRO-3 the output layer's, whole in autograd's dtype from the
     backward's start to the root's reduce-scatter (an untied embedding's comes once activations are
     freed; a tied one is the output layer, the last part then holding only the final norm). The most
     units are held once ``reduce_scatters_in_flight`` have filled before the one filling, whose
-    layers' activations that microbatch's backward has freed by then."""
-    _, gb, _ = counting.bytes_per_param(model, p)
+    layers' activations that microbatch's backward has freed by then. ``gb``: bytes a gradient
+    element is reduced in."""
     grads = stashed["grads"] + _zero_gradients(model, p, rank) * gb
     if p.zero == 3:
         embed, head = counting.fsdp_root(model, p)
