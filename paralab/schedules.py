@@ -148,10 +148,12 @@ class ScheduleReport:
     output gradient, so the input must survive B; Qi et al. 2023, Table 1 — B does free part of the
     memory, which this whole-activation count does not credit).
     ``order``: every (rank, index into that rank's list) in one valid global execution order.
+    ``waits``: for each entry of ``order``, the positions in ``order`` of the actions it waits for.
     """
 
     peak_activations: list[int]
     order: list[tuple[int, int]] = field(default_factory=list)
+    waits: list[tuple[int, ...]] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------------------- build
@@ -510,10 +512,11 @@ def validate_schedule(schedule: Schedule) -> ScheduleReport:
     the first problem found.
     """
     _check_placement(schedule)
-    _check_complete(schedule)
-    _check_pairs(schedule)
-    order = _execution_order(schedule)
-    return ScheduleReport(peak_activations=_peak_activations(schedule), order=order)
+    counts = Counter(key_of(a) for actions in schedule.actions for a in actions)
+    _check_complete(schedule, counts)
+    _check_pairs(schedule, counts)
+    order, waits = _execution_order(schedule)
+    return ScheduleReport(peak_activations=_peak_activations(schedule), order=order, waits=waits)
 
 
 @lru_cache(maxsize=32)
@@ -552,34 +555,39 @@ def _check_placement(schedule: Schedule) -> None:
                 raise ScheduleError(f"rank {rank}: {a} belongs to rank {owner}, which holds stage {a.stage}")
 
 
-def _check_complete(schedule: Schedule) -> None:
+def _check_complete(schedule: Schedule, counts: Counter) -> None:
     """Each stage runs each microbatch's forward and backward exactly once: a full backward, or Bi and
     W. A schedule may split some backwards and not others (DualPipeV; torch's merged zero-bubble
-    orders), never one (stage, microbatch)'s both ways."""
-    counts = Counter(key_of(a) for acts in schedule.actions for a in acts)
+    orders), never one (stage, microbatch)'s both ways. ``counts``: how often each key appears."""
     for key, n in counts.items():
-        rank = schedule.stage_to_rank[key[1]]
+        op, stage, mb = key
+        rank = schedule.stage_to_rank[stage]
         if n > 1:
             raise ScheduleError(f"rank {rank}: {_describe(key)} appears {n} times")
-        if key[0] == BACKWARD and any((op, *key[1:]) in counts for op in (BACKWARD_INPUT, BACKWARD_WEIGHT)):
+        if op == BACKWARD and _is_split(counts, stage, mb):
             raise ScheduleError(
                 f"rank {rank}: {_describe(key)} mixes a full backward with a split Bi/W backward of the same "
                 f"stage and microbatch"
             )
+    whole, split = (FORWARD, BACKWARD), (FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
     for stage in range(schedule.num_stages):
         for mb in range(schedule.microbatches):
-            split = any((op, stage, mb) in counts for op in (BACKWARD_INPUT, BACKWARD_WEIGHT))
-            for op in (FORWARD, *((BACKWARD_INPUT, BACKWARD_WEIGHT) if split else (BACKWARD,))):
+            for op in split if _is_split(counts, stage, mb) else whole:
                 if (op, stage, mb) not in counts:
                     raise ScheduleError(
                         f"rank {schedule.stage_to_rank[stage]}: missing {op} {_describe((op, stage, mb))}"
                     )
 
 
-def _check_pairs(schedule: Schedule) -> None:
-    """Sends and recvs pair one to one with the right peers, and every cross-rank edge has a pair."""
+def _is_split(keys: Counter, stage: int, mb: int) -> bool:
+    """Whether the backward of (stage, mb) is split: Bi or W is among ``keys``."""
+    return (BACKWARD_INPUT, stage, mb) in keys or (BACKWARD_WEIGHT, stage, mb) in keys
+
+
+def _check_pairs(schedule: Schedule, present: Counter) -> None:
+    """Sends and recvs pair one to one with the right peers, and every cross-rank edge has a pair.
+    ``present``: the keys the schedule holds."""
     num_stages, owner = schedule.num_stages, schedule.stage_to_rank
-    present = {key_of(a) for acts in schedule.actions for a in acts}
     for rank, actions in enumerate(schedule.actions):
         for a in actions:
             if a.is_compute:
@@ -656,37 +664,49 @@ def dependencies_of(schedule: Schedule) -> Callable[[Action], list[Key]]:
     return waits_for
 
 
-def _execution_order(schedule: Schedule) -> list[tuple[int, int]]:
+def _execution_order(schedule: Schedule) -> tuple[list[tuple[int, int]], list[tuple[int, ...]]]:
     """Run every rank as far as its dependencies allow; a rank left waiting means deadlock.
 
-    A worklist wakes a rank only when the action it waits for completes, so the cost is linear in
-    the number of actions.
+    Returns the global order, as (rank, index into that rank's list), and for each of its entries the
+    positions in that order of what the action waited for (what a simulation times it after). A
+    worklist wakes a rank only when the action it waits for completes, and a woken rank keeps the
+    dependencies it had looked up, so the cost is linear in the number of actions.
     """
     waits_for = dependencies_of(schedule)
-    done: set[Key] = set()
+    done: dict[Key, int] = {}  # what has run, and its position in the order
     position = [0] * schedule.pp
     waiting: dict[Key, list[int]] = {}
-    blocked_on: dict[int, Key] = {}
+    blocked_on: dict[int, tuple[Key, list[Key]]] = {}  # the key a rank waits for, and all it needs
     order: list[tuple[int, int]] = []
+    waits: list[tuple[int, ...]] = []
     ready = deque(schedule.ranks)
     while ready:
         rank = ready.popleft()
-        actions = schedule.actions[rank]
-        while position[rank] < len(actions):
-            action = actions[position[rank]]
-            missing = next((d for d in waits_for(action) if d not in done), None)
+        actions, index = schedule.actions[rank], position[rank]
+        needs = blocked_on.pop(rank, (None, None))[1]
+        while index < len(actions):
+            action = actions[index]
+            if needs is None:
+                needs = waits_for(action)
+            missing = next((d for d in needs if d not in done), None) if needs else None
             if missing is not None:
                 waiting.setdefault(missing, []).append(rank)
-                blocked_on[rank] = missing
+                blocked_on[rank] = (missing, needs)
                 break
-            blocked_on.pop(rank, None)
-            done.add(key_of(action))
-            order.append((rank, position[rank]))
-            position[rank] += 1
-            ready.extend(waiting.pop(key_of(action), []))
+            key = key_of(action)
+            waits.append(tuple([done[d] for d in needs]))
+            done[key] = len(order)
+            order.append((rank, index))
+            index += 1
+            needs = None
+            woken = waiting.pop(key, None)
+            if woken:
+                ready.extend(woken)
+        position[rank] = index
     if blocked_on:
-        raise ScheduleError(_stuck_message(schedule, position, blocked_on))
-    return order
+        stuck = {rank: key for rank, (key, _) in blocked_on.items()}
+        raise ScheduleError(_stuck_message(schedule, position, stuck))
+    return order, waits
 
 
 def _stuck_message(schedule: Schedule, position: list[int], blocked_on: dict[int, Key]) -> str:

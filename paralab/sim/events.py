@@ -30,10 +30,8 @@ from paralab.schedules import (
     SEND_FORWARD,
     UNIT_PASSES,
     Action,
-    Key,
     Schedule,
-    dependencies_of,
-    key_of,
+    ScheduleReport,
     validate_schedule,
     validated_schedule,
 )
@@ -43,14 +41,15 @@ Seconds = float | Callable[[Action], float]
 
 
 RECV, SEND, COMPUTE_KIND = 0, 1, 2
+_KIND = {RECV_FORWARD: RECV, RECV_BACKWARD: RECV, SEND_FORWARD: SEND, SEND_BACKWARD: SEND}
 
 
 @dataclass(frozen=True)
 class Plan:
     """A schedule flattened for timing: its actions in one valid global order, dependencies as indices.
 
-    Compiling (proving the order, resolving every dependency to the position of what it waits for)
-    is the expensive part of a simulation and depends only on the schedule, so built-in schedules are
+    Proving the order (which also resolves every dependency to the position of what it waits for) is
+    the expensive part of a simulation and depends only on the schedule, so built-in schedules are
     compiled once per shape (:func:`builtin_plan`) and each prediction is a single pass over lists.
     """
 
@@ -61,26 +60,15 @@ class Plan:
     deps: list[tuple[int, ...]]  # positions (earlier in the order) each action waits for
 
 
-def compile_schedule(schedule: Schedule, order: list[tuple[int, int]] | None = None) -> Plan:
-    """Validate ``schedule`` (unless its proved ``order`` is given) and flatten it into a :class:`Plan`."""
-    if order is None:
-        order = validate_schedule(schedule).order
-    waits_for = dependencies_of(schedule)
-    position: dict[Key, int] = {}
-    actions, ranks, kinds, deps = [], [], [], []
-    for rank, index in order:
-        action = schedule.actions[rank][index]
-        deps.append(tuple(position[d] for d in waits_for(action)))
-        position[key_of(action)] = len(actions)
-        actions.append(action)
-        ranks.append(rank)
-        if action.op in (RECV_FORWARD, RECV_BACKWARD):
-            kinds.append(RECV)
-        elif action.op in (SEND_FORWARD, SEND_BACKWARD):
-            kinds.append(SEND)
-        else:
-            kinds.append(COMPUTE_KIND)
-    return Plan(schedule, actions, ranks, kinds, deps)
+def compile_schedule(schedule: Schedule, report: ScheduleReport | None = None) -> Plan:
+    """Flatten ``schedule`` into a :class:`Plan` along the order its proof found (``report``, from
+    :func:`validate_schedule`; validated here when not given)."""
+    if report is None:
+        report = validate_schedule(schedule)
+    actions = [schedule.actions[rank][index] for rank, index in report.order]
+    ranks = [rank for rank, _ in report.order]
+    kinds = [_KIND.get(action.op, COMPUTE_KIND) for action in actions]
+    return Plan(schedule, actions, ranks, kinds, report.waits)
 
 
 @lru_cache(maxsize=32)
@@ -88,7 +76,7 @@ def builtin_plan(name: str, stages: int, microbatches: int, virtual_stages: int 
                  pass_times: tuple[float, float, float] = UNIT_PASSES) -> Plan:
     """The compiled plan of a built-in schedule, built and proved once per shape (read-only)."""
     schedule, report = validated_schedule(name, stages, microbatches, virtual_stages, pass_times)
-    return compile_schedule(schedule, report.order)
+    return compile_schedule(schedule, report)
 
 
 def run_plan(plan: Plan, seconds: list[float], t0: float = 0.0,
