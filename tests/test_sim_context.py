@@ -94,6 +94,19 @@ def test_activations_per_gpu_fall_as_one_over_cp():
         assert ulysses == pytest.approx((unsplit + scores) / cp)
 
 
+def test_zero_units_on_the_wire_free_layers_of_the_slice():
+    """While ZeRO's unit gradients are on the wire, the backward has freed the layers they belong to:
+    layers of the slice a cp rank holds (under full recompute, each layer's input: 2 bytes x s/cp x h),
+    not of the whole sequence, which had read the moment two layers too light."""
+    model, cp, filled = LLAMA.replace(seq=32768), 2, 2
+    def activations(in_flight: int) -> float:
+        return cost.memory_per_gpu(model, spec(dp=2, cp=cp, global_batch=2, zero=3, recompute="full",
+                                               reduce_scatters_in_flight=in_flight))["activations"]
+
+    layer = 2 * model.seq // cp * model.hidden
+    assert activations(filled) == pytest.approx(activations(0) - filled * layer)
+
+
 def test_a_cp_runs_mfu_is_against_the_rated_peak_and_counts_only_the_layers_recomputed():
     """As every other run's: a power cap slows the step, not the peak MFU divides by; recomputing 8 of
     32 layers adds a quarter of full recompute's FLOPs, not all of them."""

@@ -26,6 +26,7 @@ to every stage's passes as (microbatches + pp - 1) of them, the 1F1B critical pa
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from paralab.sim import cost, counting  # cost hands cp > 1 here (cost.CONTEXT_PARALLEL, below)
 from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec
@@ -224,15 +225,20 @@ def memory_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]
     the module docstring says."""
     sm, sp = slice_run(model, parallel)
 
-    def activations(rank: int, inflight: int | None) -> float:
-        kept = counting.activation_bytes_per_gpu(sm, sp, rank, inflight)
+    def attention_kept(kept_under: Callable[[ParallelSpec], float]) -> float:
+        """What the slice run keeps (``kept_under`` its spec), attention's scores as cp keeps them."""
+        kept = kept_under(sp)
         if sp.recompute == "none":  # what the slice run keeps of attention scores
-            selective = sp.replace(recompute="selective")
-            scores = kept - counting.activation_bytes_per_gpu(sm, selective, rank, inflight)
+            scores = kept - kept_under(sp.replace(recompute="selective"))
             kept += -scores if parallel.cp_mode == "ring" else (parallel.cp - 1) * scores
         return kept
 
-    return cost.memory_per_gpu(model, sp, activations)
+    def activations(rank: int, inflight: int | None) -> float:
+        return attention_kept(lambda s: counting.activation_bytes_per_gpu(sm, s, rank, inflight))
+
+    layer = attention_kept(lambda s: counting.activation_bytes_per_layer(
+        sm, s.micro_batch, s.tp, s.sequence_parallel, s.recompute, s.sp_keeps_gathered_inputs))
+    return cost.memory_per_gpu(model, sp, activations, layer)
 
 
 def predict(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec, simulate: bool = True
