@@ -107,6 +107,19 @@ def test_zero_units_on_the_wire_free_layers_of_the_slice():
     assert activations(filled) == pytest.approx(activations(0) - filled * layer)
 
 
+def test_layers_full_recompute_leaves_whole_keep_their_scores_as_cp_does():
+    """Recomputing half the layers halves the scores the stash keeps: the ring keeps none of them
+    (it had added them back, reading more than no recompute at all), all-to-all cp times the slice's."""
+    model = LLAMA.replace(seq=32768, attention="standard")
+    def activations(mode: str, **recompute) -> float:
+        return cost.memory_per_gpu(model, spec(cp=2, cp_mode=mode, **recompute))["activations"]
+
+    half = dict(recompute="full", recompute_layers=model.layers // 2)
+    assert activations("ring", recompute="full") < activations("ring", **half) < activations("ring")
+    assert activations("alltoall", **half) - activations("ring", **half) == pytest.approx(
+        (activations("alltoall") - activations("ring")) / 2)
+
+
 def test_a_cp_runs_mfu_is_against_the_rated_peak_and_counts_only_the_layers_recomputed():
     """As every other run's: a power cap slows the step, not the peak MFU divides by; recomputing 8 of
     32 layers adds a quarter of full recompute's FLOPs, not all of them."""

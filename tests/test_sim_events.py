@@ -4,8 +4,8 @@ in time, p2p latency paid by the receiver, and bubbles that shrink as microbatch
 import pytest
 
 from paralab import sim
-from paralab.schedules import SCHEDULES, build_schedule
-from paralab.sim.events import simulate_schedule, simulated_bubble
+from paralab.schedules import SCHEDULES, ScheduleReport, build_schedule, validate_schedule
+from paralab.sim.events import compile_schedule, simulate_schedule, simulated_bubble
 from paralab.trace import Trace
 
 TIMES = {"forward": 1.0, "backward": 2.0, "backward_input": 1.0, "backward_weight": 1.0}
@@ -153,6 +153,17 @@ def test_compute_time_may_be_a_callable_and_a_missing_op_is_named():
     assert {s.duration for s in trace.select(lane="compute", rank=1)} == {2.0}
     with pytest.raises(KeyError, match="no time for 'backward'"):
         simulate_schedule(schedule, {"forward": 1.0})
+
+
+def test_a_plan_is_compiled_only_from_its_own_schedules_proof():
+    """A report without what each action waits for (or of another schedule) would time nothing."""
+    schedule = build_schedule("1f1b", 2, 4)
+    report = validate_schedule(schedule)
+    assert len(compile_schedule(schedule, report).deps) == len(report.order)
+    for wrong in (ScheduleReport(report.peak_activations, report.order),
+                  validate_schedule(build_schedule("1f1b", 2, 2))):
+        with pytest.raises(ValueError, match="validate_schedule's report of this schedule"):
+            compile_schedule(schedule, wrong)
 
 
 def test_simulated_bubble_is_the_trace_bubble_and_is_exported():

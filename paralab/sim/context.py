@@ -26,7 +26,6 @@ to every stage's passes as (microbatches + pp - 1) of them, the 1F1B critical pa
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 from paralab.sim import cost, counting  # cost hands cp > 1 here (cost.CONTEXT_PARALLEL, below)
 from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec
@@ -225,19 +224,27 @@ def memory_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]
     the module docstring says."""
     sm, sp = slice_run(model, parallel)
 
-    def attention_kept(kept_under: Callable[[ParallelSpec], float]) -> float:
-        """What the slice run keeps (``kept_under`` its spec), attention's scores as cp keeps them."""
-        kept = kept_under(sp)
-        if sp.recompute == "none":  # what the slice run keeps of attention scores
-            scores = kept - kept_under(sp.replace(recompute="selective"))
-            kept += -scores if parallel.cp_mode == "ring" else (parallel.cp - 1) * scores
-        return kept
+    def as_cp_keeps(kept: float, scores: float) -> float:
+        """``kept``, with the slice run's ``scores`` of attention as cp keeps them."""
+        return kept - scores if parallel.cp_mode == "ring" else kept + (parallel.cp - 1) * scores
+
+    # the share of the stashed layers that keep their scores (partial full recompute keeps them whole)
+    keeping = {"none": 1.0, "selective": 0.0, "full": 1 - counting.recompute_share(sm, sp)}[sp.recompute]
 
     def activations(rank: int, inflight: int | None) -> float:
-        return attention_kept(lambda s: counting.activation_bytes_per_gpu(sm, s, rank, inflight))
+        def kept_under(recompute: str) -> float:
+            return counting.activation_bytes_per_gpu(sm, sp.replace(recompute=recompute), rank, inflight)
 
-    layer = attention_kept(lambda s: counting.activation_bytes_per_layer(
-        sm, s.micro_batch, s.tp, s.sequence_parallel, s.recompute, s.sp_keeps_gathered_inputs))
+        scores = keeping * (kept_under("none") - kept_under("selective")) if keeping else 0.0
+        return as_cp_keeps(kept_under(sp.recompute), scores)
+
+    def layer_under(recompute: str) -> float:
+        return counting.activation_bytes_per_layer(sm, sp.micro_batch, sp.tp, sp.sequence_parallel, recompute,
+                                                   sp.sp_keeps_gathered_inputs)
+
+    freed = counting.first_freed_layers_recompute(sm, sp)  # how the layers backward frees first were kept
+    layer = as_cp_keeps(layer_under(freed), layer_under("none") - layer_under("selective") if freed == "none"
+                        else 0.0)
     return cost.memory_per_gpu(model, sp, activations, layer)
 
 

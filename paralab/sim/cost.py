@@ -701,7 +701,8 @@ def _while_units_reduce(model: ModelSpec, p: ParallelSpec, rank: int, stashed: d
     filled = min(counting.zero_unit_count(model, p, rank) - 1, p.reduce_scatters_in_flight)
     if layer is None:
         layer = counting.activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel,
-                                                    p.recompute, gathered_inputs=p.sp_keeps_gathered_inputs)
+                                                    counting.first_freed_layers_recompute(model, p),
+                                                    gathered_inputs=p.sp_keeps_gathered_inputs)
     return {**stashed, "grads": grads, "activations": max(0.0, stashed["activations"] - filled * layer)}
 
 

@@ -360,6 +360,13 @@ def recompute_share(model: ModelSpec, p: ParallelSpec) -> float:
     return min(1.0, p.recompute_layers * p.chunks / model.layers) if p.recompute_layers else 1.0
 
 
+def first_freed_layers_recompute(model: ModelSpec, p: ParallelSpec) -> str:
+    """How the layers a microbatch's backward frees first were kept: the last layers of each chunk,
+    which partial full recompute leaves whole (Megatron-LM's block method reruns a chunk's first
+    ``recompute_layers``)."""
+    return "none" if p.recompute == "full" and recompute_share(model, p) < 1 else p.recompute
+
+
 def flops_per_step(model: ModelSpec, sequences: float, recompute: str = "none",
                    share: float = 1.0) -> dict[str, float]:
     """Model FLOPs (what the math needs) and hardware FLOPs (what runs, recompute included).
