@@ -26,6 +26,15 @@ def test_mixtral_has_the_papers_total_and_active_parameters():
     assert "Jiang et al. 2024" in m.source
 
 
+def test_the_passes_parts_add_up_with_expert_all_to_alls():
+    """The forward and backward passes are compute, the bubble and the communication inside them:
+    the all-to-alls had been counted in compute as well as on their own line."""
+    pred = cost.predict(get_model("mixtral-8x7b"), ParallelSpec(dp=8, ep=8, tp=2, global_batch=16), H100)
+    b = pred.breakdown_s
+    assert b["ep_comm"] > 0
+    assert b["pipeline"] == pytest.approx(b["compute"] + b["bubble"] + b["tp_comm"] + b["ep_comm"])
+
+
 def test_deepseek_v3_like_shape_is_within_a_few_percent_of_the_report():
     """DeepSeek-V3 report: 671B parameters, 37B activated (ours models MLA as MHA, see presets)."""
     m = get_model("deepseek-v3")

@@ -20,7 +20,8 @@ what attention adds:
 
 Model states are the whole model's (the learned position table is not split); the slice run's
 optimizer time counts it / cp, a rounding error. With a pipeline the extra attention time is added
-to every stage's passes as (microbatches + pp - 1) of them, the 1F1B critical path.
+as (microbatches + pp - 1) passes of the slowest stage's layers, the 1F1B critical path. Full
+recompute reruns a layer's forward, its attention across the split and that traffic included.
 """
 
 from __future__ import annotations
@@ -197,17 +198,19 @@ def ulysses_times(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tuple[
     return attention_times(model, p.replace(tp=p.tp * p.cp, cp=1), hw)
 
 
-def layer_extra(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> tuple[float, float]:
-    """(extra seconds, exposed communication seconds) one layer's forward and backward of one
-    microbatch take beyond the slice run's: attention across the split and its traffic."""
+def layer_extra(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec
+                ) -> tuple[tuple[float, float], tuple[float, float]]:
+    """((forward, backward) extra seconds, (forward, backward) exposed communication seconds) of one
+    layer and microbatch beyond the slice run's: attention across the split and its traffic."""
     p = parallel.resolved()
     block, block_backward = block_times(model, p, hw)
     if p.cp_mode == "ring":
         forward, backward = ring_passes(model, p, hw)
-        exposed = forward.makespan - forward.busy + backward.makespan - backward.busy
-        return forward.makespan + backward.makespan - block - block_backward, exposed
-    comm = 2 * alltoall_time(model, p, hw)
-    return sum(ulysses_times(model, p, hw)) - block - block_backward + comm, comm
+        return ((forward.makespan - block, backward.makespan - block_backward),
+                (forward.makespan - forward.busy, backward.makespan - backward.busy))
+    comm = alltoall_time(model, p, hw)  # each way
+    forward, backward = ulysses_times(model, p, hw)
+    return (forward - block + comm, backward - block_backward + comm), (comm, comm)
 
 
 def ring_passes(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tuple[RingSteps, RingSteps]:
@@ -255,11 +258,16 @@ def predict(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec, simulate
     p = cost.check(model, parallel)
     sm, sp = slice_run(model, p)
     base = cost.predict(sm, sp, hw, simulate)
-    extra, exposed = layer_extra(model, p, hw)
-    passes = model.layers // p.pp * (p.microbatches + p.pp - 1)
+    (forward, backward), (forward_exposed, backward_exposed) = layer_extra(model, p, hw)
+    rerun = counting.recompute_share(model, p)  # full recompute runs the forward, split and all, again
+    extra = forward * (1 + rerun) + backward
+    exposed = forward_exposed * (1 + rerun) + backward_exposed
+    # the critical path of 1F1B: microbatches + pp - 1 passes of the slowest stage's layers
+    passes = max(counting.rank_layers(model, p, rank) for rank in range(p.pp)) * (p.microbatches + p.pp - 1)
     step = base.step_time_s + passes * extra
     memory = memory_per_gpu(model, p)
     breakdown = dict(base.breakdown_s, pipeline=base.breakdown_s["pipeline"] + passes * extra,
+                     compute=base.breakdown_s["compute"] + passes * (extra - exposed),
                      cp_comm_exposed=passes * exposed)
     return dataclasses.replace(
         base, step_time_s=step, tokens_per_s=p.global_batch * model.seq / step,

@@ -1144,7 +1144,7 @@ def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: f
         active_params=counting.active_parameters(model),
         breakdown_s={
             "pipeline": pipeline,
-            "compute": pipeline * (1 - bubble) - per_rank_tp - per_rank_zero,
+            "compute": pipeline * (1 - bubble) - per_rank_tp - per_rank_a2a - per_rank_zero,
             "bubble": bubble * pipeline,
             "tp_comm": per_rank_tp,
             "ep_comm": per_rank_a2a,
