@@ -181,6 +181,16 @@ def test_prediction_has_the_design_keys_and_consistent_numbers():
     assert 0 < out["mfu"] <= out["hfu"] < 1
 
 
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_no_gpu_computes_past_its_peak_at_long_sequences(recompute):
+    """Hardware FLOPs are what runs: a causal fused kernel computes half the score blocks, as its
+    time is priced. Counting the whole square had put llama3-8b at 524,288 tokens on one A100 at
+    326 TFLOP/s, past its 312 (HFU 104%)."""
+    model = get_model("llama3-8b").replace(seq=524288)
+    pred = cost.predict(model, ParallelSpec(global_batch=1, micro_batch=1, recompute=recompute), A100)
+    assert pred.tflops_per_gpu * 1e12 < A100.peak_flops["bf16"] and pred.hfu < 1
+
+
 def test_zero_stages_and_recompute_shrink_memory():
     model, base = get_model("llama2-7b"), ParallelSpec(dp=8, global_batch=64, micro_batch=1)
     totals = [cost.memory_per_gpu(model, base.replace(zero=z))["total"] for z in range(4)]

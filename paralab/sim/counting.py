@@ -378,18 +378,21 @@ def flops_per_step(model: ModelSpec, sequences: float, recompute: str = "none",
     (sec. 5, giving the HFU of their Table 5), adds 72 B s l h^2 x s/(6h): hardware FLOPs
     72 B s l h^2 (1 + s/(3h) + V/(12 l h)). A fused (flash) attention recomputes Q K^T in its
     backward (five matmuls instead of four, Dao 2023): half the attention core's forward again; it
-    keeps nothing that selective recompute could drop. ``share``: the share of layers full
-    recompute reruns (:func:`recompute_share`).
+    keeps nothing that selective recompute could drop, and, causal, it computes only the unmasked
+    half of the score blocks: hardware FLOPs count what runs, so with such a kernel HFU can read below
+    MFU, whose convention counts the whole s x s square (Narayanan et al. 2021). ``share``: the share
+    of layers full recompute reruns (:func:`recompute_share`).
     """
     layer = layer_forward_flops(model, sequences)
-    layer_fwd = (model.layers * (layer["linear"] + layer["attention"])
-                 + moe.extra_forward_flops(model, sequences))
-    model_flops = 3 * (layer_fwd + logits_forward_flops(model, sequences))
     fused = model.attention == "fused"
+    experts, logits = moe.extra_forward_flops(model, sequences), logits_forward_flops(model, sequences)
+    model_flops = 3 * (model.layers * (layer["linear"] + layer["attention"]) + experts + logits)
+    core_run = (0.5 if fused else 1.0) * layer["attention"]  # the attention core's forward as it runs
+    forward_run = model.layers * (layer["linear"] + core_run) + experts
+    hardware = 3 * (forward_run + logits) + (0.5 * model.layers * core_run if fused else 0.0)
     selective = 0.0 if fused else 3 * model.layers * layer["attention"]
-    extra = {"none": 0.0, "full": share * layer_fwd, "selective": selective}[recompute]
-    extra += 0.5 * model.layers * layer["attention"] if fused else 0.0
-    return {"model": model_flops, "hardware": model_flops + extra}
+    hardware += {"none": 0.0, "full": share * forward_run, "selective": selective}[recompute]
+    return {"model": model_flops, "hardware": hardware}
 
 
 # ---------------------------------------------------------------------------------------------- memory
