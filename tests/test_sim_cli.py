@@ -235,6 +235,17 @@ def test_layers_that_do_not_divide_into_the_stages_are_named_as_the_cause(capsys
     assert rc == 0 and "layers per stage 4 + 11 x 6" in json.loads(out)["config"]
     rc, _, err = run([*argv, "--first-stage-layers", "4", "--last-stage-layers", "5"], capsys)
     assert rc == 2 and "sum to the model's 70 layers" in err
+    # one end alone: the other stages share the rest evenly, or the ends that let them are offered
+    rc, out, err = run([*argv, "--first-stage-layers", "5"], capsys)  # 65 over 11 had read 5 + 10 x 6 + 5
+    assert rc == 2 and not out and "cannot share evenly; try 4 or 15" in err
+
+
+@pytest.mark.parametrize("flag", ["--ffn", "--kv-heads", "--layers"])
+def test_a_shape_of_zero_is_refused_not_derived(capsys, flag):
+    """ModelSpec reads ffn 0 and kv_heads 0 as "derive it": from the command line that had quietly
+    turned Llama's SwiGLU width into 4h and its grouped-query attention into multi-head."""
+    rc, out, err = run(["simulate", "--model", "llama3-8b", flag, "0"], capsys)
+    assert rc == 2 and not out and f"{flag} must be positive" in err
 
 
 def test_fp8_needs_fp8_hardware(capsys):

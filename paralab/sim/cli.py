@@ -87,7 +87,7 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recompute", default="none", choices=RECOMPUTE)
     parser.add_argument("--first-stage-layers", type=int,
                         help="an uneven pipeline split: layers of the first stage, the rest shared evenly "
-                             "(Megatron-LM's option; --stage-layers says it in full)")
+                             "by the other stages (Megatron-LM's option; --stage-layers says it in full)")
     parser.add_argument("--last-stage-layers", type=int,
                         help="an uneven pipeline split: layers of the last stage")
     parser.add_argument("--fp32-grads", action="store_true",
@@ -117,6 +117,9 @@ def _model(args) -> ModelSpec:
     """The preset with what the flags override (re-deriving what follows, see presets.override), or
     a shape built from the flags alone."""
     given = {k: getattr(args, k) for k in SHAPE if getattr(args, k) is not None}
+    zero = [k.replace("_", "-") for k in SHAPE if given.get(k) == 0]  # ModelSpec reads 0 as "derive it"
+    if zero:
+        raise SpecError(f"--{', --'.join(zero)} must be positive; leave a flag out to derive it")
     flags = ("dtype", "attention", "attention_kernel", "parallel_blocks", "fp8", "kernels")
     given.update({k: getattr(args, k) for k in flags if getattr(args, k) is not None})
     if args.model:
@@ -141,8 +144,20 @@ def _stage_layers(args, model: ModelSpec) -> tuple[int, ...] | None:
     if args.virtual_stages != 1:
         raise SpecError("--first/--last-stage-layers split one chunk per stage; "
                         "give --stage-layers for virtual stages")
-    if first is None or last is None:  # the missing end is one more even share
-        share = (model.layers - (first if last is None else last)) // (args.pp - 1)
+    if first is None or last is None:  # the other stages share the rest evenly, the missing end one of them
+        given, flag = (first, "first") if last is None else (last, "last")
+        others = args.pp - 1
+        if not 0 <= given <= model.layers:
+            raise SpecError(f"--{flag}-stage-layers must be 0 to {model.layers} (the model's layers), "
+                            f"got {given}")
+        if (model.layers - given) % others:
+            working = [n for n in range(model.layers + 1) if (model.layers - n) % others == 0]
+            nearest = {max((n for n in working if n < given), default=None),
+                       min((n for n in working if n > given), default=None)} - {None}
+            raise SpecError(f"--{flag}-stage-layers {given} leaves {model.layers - given} of {model.layers} "
+                            f"layers, which the other {others} stages cannot share evenly; "
+                            f"try {' or '.join(map(str, sorted(nearest)))}, or give --stage-layers")
+        share = (model.layers - given) // others
         first, last = (first, share) if last is None else (share, last)
     return ends_split(model.layers, args.pp, first, last)
 
