@@ -127,11 +127,35 @@ def test_a_hardware_file_may_give_every_field_in_si_units(tmp_path):
         ({"base": "h100", "flash2_efficiency": [[4096, 0.3], [2048, 0.27]]}, "lengths rising"),
         ({"base": "h100", "flash2_efficiency": [[2048, 30]]}, "share of the peak in (0, 1]"),
         ({"base": "h100", "flash2_efficiency": [2048, 0.3]}, "flash2_efficiency must be [sequence length"),
+        ({"base": "h100", "flash2_efficiency": [["2048", "0.3"]]}, "flash2_efficiency must be [sequence"),
+        # measured curves: pairs, bytes rising, seconds positive (interpolated in logs) and never falling
+        *(({"base": "h100", "allreduce_curve": curve}, "allreduce_curve must be [bytes, seconds] points")
+          for curve in ([[1, 2], [3]], "x", [[4, -1e-4], [8, -1e-5]], [[4, 0], [8, 1e-4]],
+                        [[8, 1e-4], [4, 2e-4]], [[4, 2e-4], [8, 1e-4]], [["4", 1e-4]], [[0, 1e-4]],
+                        [[4, float("nan")]])),
+        ({"base": "h100", "p2p_curve": {"4": 1e-4}}, "p2p_curve must be [bytes, seconds] points"),
+        # a reserve that leaves nothing; counts that are not whole; strings where booleans belong
+        ({"base": "h100", "memory_reserved_gib": 100}, "memory_reserved_bytes (100 GiB) must be below"),
+        ({"base": "h100", "gpus_per_node": 3.5}, "gpus_per_node must be a whole number, got 3.5"),
+        ({"base": "h100", "pod_gpus": 2048.0}, "pod_gpus must be a whole number, got 2048.0"),
+        ({"base": "h100", "shared_compute": "yes"}, "shared_compute must be true or false (a JSON boolean)"),
+        ({"base": "h100", "overlaps_comm": "no"}, "overlaps_comm must be true or false (a JSON boolean)"),
+        ({"base": "h100", "nic_gbit_s": "400"}, "nic_gbit_s must be a number, got '400'"),
+        ({"base": "h100", "nic_gbit_s": 400, "nics_per_node": "4"}, "nics_per_node must be a number"),
+        ({"base": "h100", "nic_gbit_s": 400, "gpus_per_node": "8"}, "gpus_per_node must be a finite number"),
     ],
 )
 def test_a_bad_hardware_file_is_refused_naming_what_is_wrong(tmp_path, data, words):
     with pytest.raises(SpecError, match=re.escape(words)):
         load_hardware_file(write(tmp_path, data))
+
+
+def test_a_hardware_file_may_give_measured_curves_flat_in_places(tmp_path):
+    """As the calibration makes them (non-decreasing: a burst of load is spread over its neighbours)."""
+    curve = [[4, 1e-4], [4096, 1e-4], [2**20, 1e-3]]
+    hw = load_hardware_file(write(tmp_path, {"base": "h100", "allreduce_curve": curve, "p2p_curve": curve}))
+    assert hw.allreduce_curve == hw.p2p_curve == curve
+    assert cost.interpolate(curve, 2**10) == pytest.approx(1e-4)
 
 
 @pytest.mark.parametrize("name, tflops", [("a100", (155, 173, 182)), ("h100", (265, 294, 308)),

@@ -199,8 +199,12 @@ def _file_spec(data: dict, fields: set, path: Path) -> HardwareSpec:
     if base is not None and str(base).lower() not in PRESETS:
         raise SpecError(f"hardware file {str(path)!r}: base {base!r} is not a preset ({', '.join(PRESETS)})")
     start = dataclasses.asdict(PRESETS[str(base).lower()]) if base else {}
+    for key in NIC_KEYS:
+        if key in data and not finite_number(data[key]):
+            raise SpecError(f"hardware file {str(path)!r}: {key} must be a number, got {data[key]!r}")
     if "nic_gbit_s" in data:
-        gpus = values.get("gpus_per_node", start.get("gpus_per_node", 0)) or 1
+        gpus = values.get("gpus_per_node", start.get("gpus_per_node"))
+        gpus = gpus if finite_number(gpus) and gpus > 0 else 1  # a bad or missing count is named later
         values["inter_bw"] = data["nic_gbit_s"] * 1e9 / 8 * data.get("nics_per_node", gpus) / gpus
     return _from_fields({**start, **values}, path)
 

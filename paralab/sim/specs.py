@@ -31,6 +31,9 @@ CP_SPLITS = ("zigzag", "contiguous")
 # beyond any cluster (a trace's ranks stop there too), and where the event simulator's lists would
 # outgrow memory
 MAX_GPUS, MAX_MICROBATCHES = MAX_RANKS, 2**16
+# schedules of several chunks per rank, which without a pipeline have nothing to place (the others, given
+# pp 1, run the one stage as 1F1B does)
+MULTI_CHUNK = (*V_SHAPED, "interleaved")
 
 
 class SpecError(ValueError):
@@ -78,7 +81,8 @@ class ModelSpec:
     same normalised input and their outputs are summed (GPT-J, PaLM): one norm and one pair of
     tensor-parallel collectives per pass instead of two. ``fp8``: the linear layers' GEMMs run in FP8
     (Transformer Engine) at the hardware's fp8 peak, with an fp8 copy of each weight; activations and
-    the attention core stay in ``dtype``. ``fused_loss``: the cross-entropy keeps only the fp32
+    the attention core stay in ``dtype``, a 16-bit one (FP8 recipes keep bf16 or fp16 beside the FP8
+    GEMMs). ``fused_loss``: the cross-entropy keeps only the fp32
     logits (Megatron-LM's vocabulary-parallel kernel, Korthikanti et al. 2022 sec. 4.3); False is
     PyTorch's cross-entropy on upcast logits, which holds the model's logits, the fp32 log-softmax
     and its gradient at once (2 + 4 + 4 bytes per logit with 16-bit logits). ``mask_bytes``: bytes
@@ -175,6 +179,9 @@ class ModelSpec:
         elif self.attention_kernel != "native" and self.attention != "fused":
             out.append(f"attention kernel {self.attention_kernel} runs a fused attention; "
                        f"this model's attention is {self.attention}")
+        if self.fp8 and self.dtype == "fp32":  # no recipe; its MFU would divide fp8 GEMMs by the fp32 peak
+            out.append("fp8 GEMMs train beside 16-bit activations and weights (Transformer Engine, torchao "
+                       "float8), not fp32: give dtype bf16 or fp16")
         return out
 
 
@@ -275,6 +282,12 @@ class ParallelSpec:
     # pipeline schedules of Megatron-LM before 2023 and of DeepSpeed did)
     overlap_p2p: bool = True
 
+    def __post_init__(self):
+        # a list (as JSON and most callers write a split) would leave the spec unhashable, and specs key
+        # the simulator's caches
+        if isinstance(self.stage_layers, list):
+            object.__setattr__(self, "stage_layers", tuple(self.stage_layers))
+
     @property
     def world_size(self) -> int:
         return self.dp * self.cp * self.tp * self.pp
@@ -361,6 +374,9 @@ class ParallelSpec:
             out.append(f"unknown schedule {p.schedule!r}; choose from {', '.join(SCHEDULES)}")
         elif p.pp > 1:
             out += shape_problems(p.schedule, p.pp, p.microbatches, p.virtual_stages)
+        elif p.schedule in MULTI_CHUNK:
+            out.append(f"schedule {p.schedule} spreads model chunks over the ranks of a pipeline: it needs "
+                       f"pp >= 2, got pp {p.pp}")
         elif p.virtual_stages > 1:
             out.append(f"virtual stages {p.virtual_stages} need a pipeline (pp > 1)")
         out += self._expert_problems(model)
@@ -542,9 +558,13 @@ class HardwareSpec:
     def problems(self) -> list[str]:
         """Every field that cannot describe a machine, with its value (files, presets and saved specs
         alike: a unit converted past a float's range reads as infinity, and is caught here)."""
-        numbers = [f.name for f in dataclasses.fields(self) if f.type in ("float", "int")]
-        out = [f"hardware {n} must be a finite number, got {getattr(self, n)!r}"
-               for n in numbers if not finite_number(getattr(self, n))]
+        out = [f"hardware {n} must be a finite number, got {v!r}"
+               for n, v in self._fields_of("float", "int") if not finite_number(v)]
+        # counts: 3.5 GPUs a node would place half a rank; bools: a string is true whatever it says
+        out += [f"hardware {n} must be a whole number, got {v!r}"
+                for n, v in self._fields_of("int") if finite_number(v) and not isinstance(v, int)]
+        out += [f"hardware {n} must be true or false (a JSON boolean), got {v!r}"
+                for n, v in self._fields_of("bool") if not isinstance(v, bool)]
         if out:
             return out
         for name, what in (("peak_flops", "FLOP/s by dtype"), ("host_overhead_s", "seconds by part")):
@@ -566,9 +586,16 @@ class HardwareSpec:
                        f"parts: {', '.join(HOST_PARTS)}")
         if not 0 <= self.allocator_overhead < 1:
             out.append(f"allocator_overhead is a share of memory in [0, 1), got {self.allocator_overhead}")
-        if self.flash2_efficiency and not _rising_shares(self.flash2_efficiency):
+        if not _rising_shares(self.flash2_efficiency):
             out.append("flash2_efficiency must be [sequence length, share of the peak in (0, 1]] points, "
                        f"lengths rising, got {self.flash2_efficiency!r}")
+        out += [f"hardware {n} must be [bytes, seconds] points, bytes > 0 and rising, seconds > 0 and "
+                f"never falling, got {getattr(self, n)!r}" for n in MEASURED_CURVES
+                if not _measured_curve(getattr(self, n))]
+        if self.memory_reserved_bytes >= self.memory_bytes:
+            reserved, total = self.memory_reserved_bytes / 2**30, self.memory_bytes / 2**30
+            out.append(f"hardware memory_reserved_bytes ({reserved:.4g} GiB) must be below memory_bytes "
+                       f"({total:.4g} GiB): plans fill what is left")
         if not 0 <= self.comm_sm_share < 1:
             out.append(f"comm_sm_share is a share of the SMs in [0, 1), got {self.comm_sm_share}")
         if self.oversubscription < 1:
@@ -582,6 +609,10 @@ class HardwareSpec:
                 for n in negative if getattr(self, n) < 0]
         return out
 
+    def _fields_of(self, *types: str) -> list[tuple[str, object]]:
+        """(name, value) of each field annotated with one of ``types`` ("float", "int", "bool", ...)."""
+        return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.type in types]
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -590,12 +621,26 @@ class HardwareSpec:
         return cls(**data)
 
 
+def _points(points) -> bool:
+    """[x, y] pairs of finite numbers, x positive and rising (empty: none measured)."""
+    if not isinstance(points, list | tuple) or not all(isinstance(p, list | tuple) and len(p) == 2
+                                                        for p in points):
+        return False
+    xs = [x for x, _ in points]
+    return (all(finite_number(x) and finite_number(y) and x > 0 for x, y in points)
+            and all(a < b for a, b in zip(xs, xs[1:])))
+
+
 def _rising_shares(points) -> bool:
     """[length, share] pairs, lengths positive and rising, shares in (0, 1]."""
-    try:
-        pairs = [(float(n), float(share)) for n, share in points]
-    except (TypeError, ValueError):
+    return _points(points) and all(0 < share <= 1 for _, share in points)
+
+
+def _measured_curve(points) -> bool:
+    """[bytes, seconds] pairs as the calibration makes them (made non-decreasing, calibration.monotone):
+    seconds positive, as cost.interpolate takes their logs, and never falling, as a larger message does
+    not cost less."""
+    if not _points(points):
         return False
-    lengths = [n for n, _ in pairs]
-    return (all(finite_number(n) and finite_number(share) and n > 0 and 0 < share <= 1 for n, share in pairs)
-            and all(a < b for a, b in zip(lengths, lengths[1:])))
+    seconds = [t for _, t in points]
+    return all(t > 0 for t in seconds) and all(a <= b for a, b in zip(seconds, seconds[1:]))

@@ -1,0 +1,52 @@
+"""The simulator's specs refuse what cannot describe a run, with one line naming it, before the cost
+model starts (exit 2 from the CLI, never a traceback), and take what a caller naturally writes."""
+
+import pytest
+
+from paralab.cli import main
+from paralab.sim import cost
+from paralab.sim.hardware import PRESETS
+from paralab.sim.presets import get_model
+from paralab.sim.specs import ParallelSpec, SpecError
+
+H100 = PRESETS["h100"]
+
+
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev", "interleaved"])
+def test_a_schedule_of_several_chunks_per_rank_needs_a_pipeline(schedule, capsys):
+    """pp 1 has no ranks to lay chunks over: the V-shaped schedules crashed in the cost model, and
+    interleaved was silently run as one stage."""
+    model, p = get_model("llama3-8b"), ParallelSpec(dp=8, global_batch=64, schedule=schedule)
+    assert p.problems(model) == [f"schedule {schedule} spreads model chunks over the ranks of a pipeline: "
+                                 "it needs pp >= 2, got pp 1"]
+    with pytest.raises(SpecError, match="needs pp >= 2"):
+        cost.predict(model, p, H100)
+    assert main(["simulate", "--model", "llama3-8b", "--gpus", "8", "--schedule", schedule]) == 2
+    assert "needs pp >= 2, got pp 1" in capsys.readouterr().err
+
+
+def test_a_one_chunk_schedule_without_a_pipeline_is_the_one_stage_whatever_its_name():
+    model = get_model("llama3-8b")
+    step = {s: cost.predict(model, ParallelSpec(dp=8, global_batch=64, zero=3, schedule=s), H100).step_time_s
+            for s in ("naive", "gpipe", "1f1b", "zb-h1")}
+    assert step == pytest.approx(dict.fromkeys(step, step["1f1b"]))
+
+
+def test_fp8_gemms_are_refused_beside_an_fp32_model(capsys):
+    """FP8 recipes keep 16-bit activations and weights; with fp32 the MFU was 231% (fp8 GEMMs over
+    the fp32 peak)."""
+    model = get_model("llama3-8b")
+    assert not model.replace(fp8=True).problems()
+    assert model.replace(fp8=True, dtype="fp32").problems() == [
+        "fp8 GEMMs train beside 16-bit activations and weights (Transformer Engine, torchao float8), not "
+        "fp32: give dtype bf16 or fp16"]
+    argv = ["simulate", "--model", "llama3-8b", "--gpus", "8", "--hardware", "h100", "--fp8", "--dtype"]
+    assert main([*argv, "fp32"]) == 2 and "not fp32" in capsys.readouterr().err
+
+
+def test_a_stage_split_may_be_given_as_a_list():
+    """The cost model's caches key on the spec, which a list field left unhashable (TypeError)."""
+    model = get_model("llama3-8b")
+    listed, tupled = ParallelSpec(pp=2, stage_layers=[16, 16]), ParallelSpec(pp=2, stage_layers=(16, 16))
+    assert listed == tupled and hash(listed) == hash(tupled) and listed.stage_layers == (16, 16)
+    assert cost.predict(model, listed, H100).step_time_s == cost.predict(model, tupled, H100).step_time_s
