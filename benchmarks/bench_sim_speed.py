@@ -7,7 +7,8 @@ microbatches) in under 100 ms end to end, and planning 1,024 GPUs in under 5 s. 
 request of a schedule shape in this process (it builds and proves the schedule); "warm" repeats it
 (the proof is cached per shape). Medians of a few repeats; a shared machine inflates every figure.
 Also timed, beyond the goals: Llama 3 405B as it ran on 16,384 GPUs (128 chunks of one layer) and
-planning it there (uneven splits and ZeRO beside pipelines widen the search).
+planning it there (uneven splits and ZeRO beside pipelines widen the search), and planning a long
+sequence, where context parallelism joins the search.
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ def main() -> None:
                 f"{warm * 1e3:.1f} |")
     planned = _timed(lambda: plan(big, 16384, h100, 2048))
     rows.append(f"| plan 405B on 16,384 GPUs (in process) | {planned * 1e3:.0f} | |")
+    long = get_model("llama3-8b").replace(seq=131072)
+    planned = _timed(lambda: plan(long, 1024, h100))
+    rows.append(f"| plan Llama 3 8B at 131,072 tokens on 1,024 GPUs (cp in the search; in process) "
+                f"| {planned * 1e3:.0f} | |")
     cli = [sys.executable, "-m", "paralab", "plan", "--model", "gpt3-175b", "--gpus", "1024",
            "--hardware", "a100"]
     whole = _timed(lambda: subprocess.run(cli, check=True, capture_output=True))

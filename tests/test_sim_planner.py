@@ -69,3 +69,16 @@ def test_a_runner_up_as_fast_as_the_winner_is_not_blamed_on_anything():
     none, selective = (cost.predict(model, spec.replace(recompute=r), h100) for r in ("none", "selective"))
     assert none.step_time_s == selective.step_time_s
     assert "as fast" in planner.explain([none, selective])[1]
+
+
+def test_selective_recompute_is_weighed_only_where_attention_keeps_scores():
+    """A fused kernel keeps none of the scores selective recompute would rerun: the two policies price
+    alike, so the search tries one of them (the table had listed each layout twice)."""
+    fused, standard = get_model("llama3-8b"), get_model("gpt3-6.7b")
+    policies = {name: {p.recompute for p in planner.candidates(model, 16, A100, 64)}
+                for name, model in (("fused", fused), ("standard", standard))}
+    assert policies == {"fused": {"none", "full"}, "standard": {"none", "selective", "full"}}
+    spec = next(planner.candidates(fused, 16, A100, 64))
+    none, selective = (cost.predict(fused, spec.replace(recompute=r), A100) for r in ("none", "selective"))
+    assert none.step_time_s == selective.step_time_s
+    assert none.memory_bytes_per_gpu == selective.memory_bytes_per_gpu

@@ -27,6 +27,7 @@ recompute reruns a layer's forward, its attention across the split and that traf
 from __future__ import annotations
 
 import dataclasses
+from functools import lru_cache
 
 from paralab.sim import cost, counting  # cost hands cp > 1 here (cost.CONTEXT_PARALLEL, below)
 from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec
@@ -115,12 +116,19 @@ def ring_step_compute(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> li
     """Forward seconds of each rank's attention at each ring step, [rank][step]: a block's time scaled
     by the query-key pairs of that step's tiles over the mean (so a balanced ring spends one block
     per step, cp blocks in all, and a contiguous split loads the later ranks)."""
-    n, chunk = p.cp, model.seq // (2 * p.cp)
-    pairs = [[sum(t.pairs for t in step_tiles(r, ring_source(r, j, n), n, p.cp_split, chunk))
-              for j in range(n)] for r in range(n)]
-    mean = sum(map(sum, pairs)) / n**2
     block, _ = block_times(model, p, hw, ring=True)
-    return [[block * x / mean for x in row] for row in pairs]
+    return [[block * share for share in row] for row in _pair_shares(p.cp, p.cp_split, model.seq)]
+
+
+@lru_cache(maxsize=64)
+def _pair_shares(cp: int, split: str, seq: int) -> tuple[tuple[float, ...], ...]:
+    """[rank][step] query-key pairs of a ring step's tiles over the mean: the same for every layout the
+    planner weighs at one cp (it asks thousands), so counted once."""
+    chunk = seq // (2 * cp)
+    pairs = [[sum(t.pairs for t in step_tiles(r, ring_source(r, j, cp), cp, split, chunk)) for j in range(cp)]
+             for r in range(cp)]
+    mean = sum(map(sum, pairs)) / cp**2
+    return tuple(tuple(x / mean for x in row) for row in pairs)
 
 
 @dataclasses.dataclass
@@ -214,9 +222,18 @@ def layer_extra(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec
 
 
 def ring_passes(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tuple[RingSteps, RingSteps]:
-    """One layer's ring forward and backward on the cp ranks of one group (:func:`ring_steps`)."""
-    compute, hop = ring_step_compute(model, p, hw), hop_time(model, p, hw)
+    """One layer's ring forward and backward on the cp ranks of one group (:func:`ring_steps`; shared
+    between layouts alike in what the ring reads: treat as read-only)."""
     block, block_backward = block_times(model, p, hw, ring=True)
+    return _ring_passes(p.cp, p.cp_split, model.seq, block, block_backward, hop_time(model, p, hw))
+
+
+@lru_cache(maxsize=1024)
+def _ring_passes(cp: int, split: str, seq: int, block: float, block_backward: float, hop: float
+                 ) -> tuple[RingSteps, RingSteps]:
+    """:func:`ring_passes` from what it depends on: layouts the planner weighs differ mostly elsewhere
+    (dp, pp, ZeRO, microbatches), and running the ring step by step is most of a cp prediction."""
+    compute = [[block * share for share in row] for row in _pair_shares(cp, split, seq)]
     return ring_steps(compute, hop), ring_steps(compute, hop, backward=True,
                                                 backward_ratio=block_backward / block)
 
@@ -225,6 +242,13 @@ def ring_passes(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tuple[Ri
 def memory_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]:
     """The whole model's states over dp x cp replicas, the slice's activations, attention's kept as
     the module docstring says."""
+    return dict(_memory_per_gpu(model, parallel))
+
+
+@lru_cache(maxsize=4096)
+def _memory_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> tuple[tuple[str, float], ...]:
+    """:func:`memory_per_gpu`, kept per spec: the planner asks it of a layout to check that it fits and
+    again to predict it."""
     sm, sp = slice_run(model, parallel)
 
     def as_cp_keeps(kept: float, scores: float) -> float:
@@ -234,9 +258,11 @@ def memory_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]
     # the share of the stashed layers that keep their scores (partial full recompute keeps them whole)
     keeping = {"none": 1.0, "selective": 0.0, "full": 1 - counting.recompute_share(sm, sp)}[sp.recompute]
 
+    under = {recompute: sp.replace(recompute=recompute) for recompute in {"none", "selective", sp.recompute}}
+
     def activations(rank: int, inflight: int | None) -> float:
         def kept_under(recompute: str) -> float:
-            return counting.activation_bytes_per_gpu(sm, sp.replace(recompute=recompute), rank, inflight)
+            return counting.activation_bytes_per_gpu(sm, under[recompute], rank, inflight)
 
         scores = keeping * (kept_under("none") - kept_under("selective")) if keeping else 0.0
         return as_cp_keeps(kept_under(sp.recompute), scores)
@@ -248,7 +274,7 @@ def memory_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]
     freed = counting.first_freed_layers_recompute(sm, sp)  # how the layers backward frees first were kept
     layer = as_cp_keeps(layer_under(freed), layer_under("none") - layer_under("selective") if freed == "none"
                         else 0.0)
-    return cost.memory_per_gpu(model, sp, activations, layer)
+    return tuple(cost.memory_per_gpu(model, sp, activations, layer).items())
 
 
 def predict(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec, simulate: bool = True

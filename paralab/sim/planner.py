@@ -5,12 +5,12 @@ Narayanan et al. 2021 advise), pp (dividing the layers, or where they do not, Me
 with lighter end stages: :func:`paralab.stage_split.megatron_split`), dp (what is left),
 micro-batch size, schedule (1F1B, ZB-H1, interleaved with v = 2 or 4, and for a mixture of experts
 DualPipeV), ZeRO stage 0..3 (with a pipeline too, as FSDP under pipelining does), recompute (none,
-selective, full), sequence parallelism (always on with tp > 1: same wire bytes, less memory and
-less elementwise traffic under the cost model, so it never loses), for a mixture of experts ep
-(every power of two dividing dp and the experts: more ep holds fewer experts per GPU but sends more
-of each all-to-all across nodes) and, for long sequences (from paralab.sim.context.LONG_SEQUENCE
-tokens), context parallelism: cp taken out of what would be dp, ring (zig-zag) or all-to-all where
-the heads allow; :func:`explain` says what it bought.
+selective where the attention keeps its scores, full), sequence parallelism (always on with tp > 1:
+same wire bytes, less memory and less elementwise traffic under the cost model, so it never loses),
+for a mixture of experts ep (every power of two dividing dp and the experts: more ep holds fewer
+experts per GPU but sends more of each all-to-all across nodes) and, for long sequences (from
+paralab.sim.context.LONG_SEQUENCE tokens), context parallelism: cp taken out of what would be dp,
+ring (zig-zag) or all-to-all where the heads allow; :func:`explain` says what it bought.
 
 Ranking is two-pass so 1,024 GPUs plan in well under 5 s: every candidate that fits is scored with
 the closed-form pipeline (:func:`paralab.sim.cost.predict` with ``simulate=False``), then the best
@@ -70,13 +70,19 @@ def candidates(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int)
                 for schedule, v, split in _schedules(model, pp, m):
                     for zero in (0, 1, 2, 3) if dp > 1 else (0,):
                         for ep in _expert_degrees(model, dp) if cp == 1 else (1,):
-                            for recompute in RECOMPUTE:
+                            for recompute in _recompute_policies(model):
                                 yield ParallelSpec(
                                     dp=dp, tp=tp, pp=pp, ep=ep, virtual_stages=v, schedule=schedule,
                                     microbatches=m, micro_batch=mb, global_batch=global_batch, zero=zero,
                                     sequence_parallel=tp > 1, recompute=recompute, cp=cp, cp_mode=cp_mode,
                                     **split,
                                 )  # fmt: skip
+
+
+def _recompute_policies(model: ModelSpec) -> tuple[str, ...]:
+    """Recompute policies that differ for ``model``: selective recompute reruns the attention core a
+    fused kernel already keeps nothing of, so with one it is no recompute by another name."""
+    return tuple(r for r in RECOMPUTE if not (r == "selective" and model.attention == "fused"))
 
 
 def _context_parallel(model: ModelSpec, tp: int, replicas: int) -> list[tuple[int, str]]:
