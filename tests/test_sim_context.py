@@ -94,6 +94,23 @@ def test_the_passes_parts_add_up_with_the_split(mode):
     assert b["pipeline"] == pytest.approx(b["compute"] + b["bubble"] + b["cp_comm_exposed"])
 
 
+@pytest.mark.parametrize(("schedule", "v", "passes"),
+                         [("1f1b", 1, 8 + 3), ("interleaved", 2, 8 + 3 / 2), ("naive", 1, 4 * 8)])
+def test_the_attention_a_split_adds_runs_through_the_schedules_bubble(schedule, v, passes):
+    """Each microbatch's passes over a rank's 8 layers, stretched by the schedule's bubble: m + p - 1
+    under 1F1B, m + (p - 1) / v interleaved, p m naive (1F1B's count had been taken for every one);
+    the stretch is bubble, the rest compute and exposed traffic."""
+    model, layers = LLAMA.replace(seq=65536), 8
+    p = spec(pp=4, cp=2, global_batch=8, microbatches=8, schedule=schedule, virtual_stages=v)
+    pred = cost.predict(model, p, H100)
+    base = cost.predict(*context.slice_run(model, p), H100)
+    (forward, backward), _ = context.layer_extra(model, p, H100)
+    assert pred.step_time_s - base.step_time_s == pytest.approx(passes * layers * (forward + backward))
+    b = pred.breakdown_s
+    assert b["pipeline"] == pytest.approx(b["compute"] + b["bubble"] + b["cp_comm_exposed"])
+    assert pred.bubble_fraction == pytest.approx(b["bubble"] / b["pipeline"])
+
+
 def test_long_blocks_hide_the_ring_and_small_ones_expose_it():
     long_run = cost.predict(LLAMA.replace(seq=131072), spec(cp=16, tp=8), H100)
     assert long_run.breakdown_s["cp_comm_exposed"] / long_run.step_time_s < 0.01

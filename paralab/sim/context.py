@@ -20,8 +20,10 @@ what attention adds:
 
 Model states are the whole model's (the learned position table is not split); the slice run's
 optimizer time counts it / cp, a rounding error. With a pipeline the extra attention time is added
-as (microbatches + pp - 1) passes of the slowest stage's layers, the 1F1B critical path. Full
-recompute reruns a layer's forward, its attention across the split and that traffic included.
+to each microbatch's passes over the slowest rank's layers, stretched by the schedule's closed-form
+bubble (m + p - 1 passes of a stage under 1F1B, m + (p - 1) / v of a rank's under the interleaved
+schedule, p m under the naive one). Full recompute reruns a layer's forward, its attention across the
+split and that traffic included.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 from functools import lru_cache
 
+from paralab.schedules import theoretical_bubble
 from paralab.sim import cost, counting  # cost hands cp > 1 here (cost.CONTEXT_PARALLEL, below)
 from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec
 from paralab.strategies.sequence_split import ring_source, step_tiles
@@ -288,18 +291,23 @@ def predict(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec, simulate
     rerun = counting.recompute_share(model, p)  # full recompute runs the forward, split and all, again
     extra = forward * (1 + rerun) + backward
     exposed = forward_exposed * (1 + rerun) + backward_exposed
-    # the critical path of 1F1B: microbatches + pp - 1 passes of the slowest stage's layers
-    passes = max(counting.rank_layers(model, p, rank) for rank in range(p.pp)) * (p.microbatches + p.pp - 1)
-    step = base.step_time_s + passes * extra
+    # each microbatch's passes over the slowest rank's layers, stretched by the schedule's bubble
+    work = max(counting.rank_layers(model, p, rank) for rank in range(p.pp)) * p.microbatches
+    passes = work / (1 - theoretical_bubble(p.schedule, p.pp, p.microbatches, p.virtual_stages))
+    added = passes * extra
+    step = base.step_time_s + added
     memory = memory_per_gpu(model, p)
-    breakdown = dict(base.breakdown_s, pipeline=base.breakdown_s["pipeline"] + passes * extra,
-                     compute=base.breakdown_s["compute"] + passes * (extra - exposed),
-                     cp_comm_exposed=passes * exposed)
+    pipeline = base.breakdown_s["pipeline"] + added
+    bubble = base.breakdown_s["bubble"] + (passes - work) * extra
+    breakdown = dict(base.breakdown_s, pipeline=pipeline, bubble=bubble,
+                     compute=base.breakdown_s["compute"] + work * (extra - exposed),
+                     cp_comm_exposed=work * exposed)
     return dataclasses.replace(
         base, step_time_s=step, tokens_per_s=p.global_batch * model.seq / step,
         **cost.flop_rates(model, p, hw, step), memory_bytes_per_gpu=memory,
         comm_bytes_per_gpu={**base.comm_bytes_per_gpu, **comm_bytes_per_gpu(model, p)},
         params=counting.parameter_counts(model)["total"], breakdown_s=breakdown, parallel=p,
+        bubble_fraction=bubble / pipeline if pipeline else 0.0,
         fits=memory["total"] <= cost.usable_memory(hw),
     )
 
