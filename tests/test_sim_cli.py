@@ -238,6 +238,8 @@ def test_layers_that_do_not_divide_into_the_stages_are_named_as_the_cause(capsys
     # one end alone: the other stages share the rest evenly, or the ends that let them are offered
     rc, out, err = run([*argv, "--first-stage-layers", "5"], capsys)  # 65 over 11 had read 5 + 10 x 6 + 5
     assert rc == 2 and not out and "cannot share evenly; try 4 or 15" in err
+    rc, out, err = run([*argv, "--first-stage-layers", "69"], capsys)  # 70 would leave the others none
+    assert rc == 2 and not out and "try 59," in err
 
 
 @pytest.mark.parametrize("flag", ["--ffn", "--kv-heads", "--layers"])

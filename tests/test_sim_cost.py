@@ -415,18 +415,20 @@ def test_zero_memory_counts_the_units_on_the_wire():
             shards + 2 * params / buckets * held)
 
 
-def test_zero_units_on_the_wire_free_layers_partial_recompute_left_whole():
+@pytest.mark.parametrize("left_whole", [2, 1])
+def test_zero_units_on_the_wire_free_layers_partial_recompute_left_whole(left_whole):
     """Full recompute of a chunk's first layers leaves its last ones whole, and backward reaches
-    those first: the units on the wire free layers that kept everything, not only their inputs. Two
-    layers left whole, with fused attention, keep the moment the units are on the wire the peak."""
+    those first: two units on the wire free the layers left whole (all they keep), then layers that
+    keep only their inputs. Fused attention keeps the moment the units are on the wire the peak."""
     model = get_model("gpt3-1.3b").replace(attention="fused")
     def activations(in_flight: int) -> float:
         spec = ParallelSpec(dp=8, global_batch=8, micro_batch=1, zero=3, recompute="full",
-                            recompute_layers=model.layers - 2, reduce_scatters_in_flight=in_flight)
+                            recompute_layers=model.layers - left_whole, reduce_scatters_in_flight=in_flight)
         return cost.memory_per_gpu(model, spec)["activations"]
 
-    whole = cost.counting.activation_bytes_per_layer(model, 1, 1, False, "none")
-    assert activations(2) == pytest.approx(activations(0) - 2 * whole)
+    per_layer = cost.counting.activation_bytes_per_layer
+    whole, inputs = (per_layer(model, 1, 1, False, r) for r in ("none", "full"))
+    assert activations(2) == pytest.approx(activations(0) - left_whole * whole - (2 - left_whole) * inputs)
 
 
 def test_ddp_buckets_hold_a_copy_of_every_gradient():

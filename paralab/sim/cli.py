@@ -119,7 +119,7 @@ def _model(args) -> ModelSpec:
     given = {k: getattr(args, k) for k in SHAPE if getattr(args, k) is not None}
     zero = [k.replace("_", "-") for k in SHAPE if given.get(k) == 0]  # ModelSpec reads 0 as "derive it"
     if zero:
-        raise SpecError(f"--{', --'.join(zero)} must be positive; leave a flag out to derive it")
+        raise SpecError(f"--{', --'.join(zero)} must be positive")
     flags = ("dtype", "attention", "attention_kernel", "parallel_blocks", "fp8", "kernels")
     given.update({k: getattr(args, k) for k in flags if getattr(args, k) is not None})
     if args.model:
@@ -151,7 +151,8 @@ def _stage_layers(args, model: ModelSpec) -> tuple[int, ...] | None:
             raise SpecError(f"--{flag}-stage-layers must be 0 to {model.layers} (the model's layers), "
                             f"got {given}")
         if (model.layers - given) % others:
-            working = [n for n in range(model.layers + 1) if (model.layers - n) % others == 0]
+            # every other stage keeps at least one layer
+            working = [n for n in range(model.layers - others + 1) if (model.layers - n) % others == 0]
             nearest = {max((n for n in working if n < given), default=None),
                        min((n for n in working if n > given), default=None)} - {None}
             raise SpecError(f"--{flag}-stage-layers {given} leaves {model.layers - given} of {model.layers} "

@@ -274,10 +274,11 @@ def _memory_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> tuple[tuple[str
         return counting.activation_bytes_per_layer(sm, sp.micro_batch, sp.tp, sp.sequence_parallel, recompute,
                                                    sp.sp_keeps_gathered_inputs)
 
-    freed = counting.first_freed_layers_recompute(sm, sp)  # how the layers backward frees first were kept
-    layer = as_cp_keeps(layer_under(freed), layer_under("none") - layer_under("selective") if freed == "none"
-                        else 0.0)
-    return tuple(cost.memory_per_gpu(model, sp, activations, layer).items())
+    def layer_kept(recompute: str) -> float:  # a layer of the slice, its scores as cp keeps them
+        scores = layer_under("none") - layer_under("selective") if recompute == "none" else 0.0
+        return as_cp_keeps(layer_under(recompute), scores)
+
+    return tuple(cost.memory_per_gpu(model, sp, activations, layer_kept).items())
 
 
 def predict(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec, simulate: bool = True

@@ -621,24 +621,26 @@ class Prediction:
 
 def memory_per_gpu(model: ModelSpec, parallel: ParallelSpec,
                    activations: Callable[[int, int | None], float] | None = None,
-                   layer: float | None = None) -> dict[str, float]:
+                   layer_kept: Callable[[str], float] | None = None) -> dict[str, float]:
     """Bytes per GPU at the peak, on the fullest pipeline rank: model states (ZeRO) plus activations,
     plus what ZeRO-2/3 hold unsharded for a moment. With an even split the end ranks are the fullest
     (the first stashes the most microbatches, the last keeps the logits); with an uneven split a rank
     beside an end can be, so the first rank of each kind is weighed
     (:func:`counting.first_rank_of_each_kind`). ``activations(rank, inflight)``: what a rank keeps with
-    that many microbatches in flight (None: its peak), and ``layer`` what one layer keeps of one
-    microbatch, where they are not the model's own counts (context parallel's slices)."""
+    that many microbatches in flight (None: its peak), and ``layer_kept(recompute)`` what one layer
+    keeps of one microbatch under a recompute policy, where they are not the model's own counts
+    (context parallel's slices)."""
     if parallel.cp > 1:
         return CONTEXT_PARALLEL["memory_per_gpu"](model, parallel)
     p = parallel.resolved()
     ranks = counting.first_rank_of_each_kind(model, p)
-    return max((_rank_memory(model, p, rank, activations, layer) for rank in ranks), key=lambda m: m["total"])
+    return max((_rank_memory(model, p, rank, activations, layer_kept) for rank in ranks),
+               key=lambda m: m["total"])
 
 
 def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int,
                  activations: Callable[[int, int | None], float] | None = None,
-                 layer: float | None = None) -> dict[str, float]:
+                 layer_kept: Callable[[str], float] | None = None) -> dict[str, float]:
     """The kinds at the fullest of the moments a rank may peak at, as a measured run reports them.
 
     Held throughout: the model states (ZeRO's shards), FP8 GEMMs' 1-byte copy of the weights they read,
@@ -667,7 +669,7 @@ def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int,
         embed, head = counting.fsdp_root(model, p)
         states["params"] += (part * (2 if p.prefetch_params else 1) + embed + head) * pb
     if p.zero >= 2 and p.dp > 1:
-        return _fullest([states, _while_units_reduce(model, p, rank, states, gb, layer)])
+        return _fullest([states, _while_units_reduce(model, p, rank, states, gb, layer_kept)])
     buckets = copies = 0.0
     if p.zero == 0 and p.dp > 1 and p.grad_buckets:
         reduced = _reduced(counting.dp_groups(p, params, experts))
@@ -686,24 +688,27 @@ def _fullest(moments: list[dict[str, float]]) -> dict[str, float]:
 
 
 def _while_units_reduce(model: ModelSpec, p: ParallelSpec, rank: int, stashed: dict[str, float],
-                        gb: float, layer: float | None = None) -> dict[str, float]:
+                        gb: float, layer_kept: Callable[[str], float] | None = None) -> dict[str, float]:
     """ZeRO-2/3 inside a microbatch's backward: whole unit gradients beside the shards
     (:func:`_zero_gradients`), and with ZeRO-3 the output layer's, whole in autograd's dtype from the
     backward's start to the root's reduce-scatter (an untied embedding's comes once activations are
     freed; a tied one is the output layer, the last part then holding only the final norm). The most
     units are held once ``reduce_scatters_in_flight`` have filled before the one filling, whose
-    layers' activations that microbatch's backward has freed by then. ``gb``: bytes a gradient
-    element is reduced in; ``layer``: what a layer keeps of a microbatch, where not the model's count."""
+    layers' activations that microbatch's backward has freed by then: the layers partial full recompute
+    left whole first (:func:`counting.layers_left_whole`). ``gb``: bytes a gradient element is reduced
+    in; ``layer_kept(recompute)``: what a layer keeps of a microbatch, where not the model's count."""
     grads = stashed["grads"] + _zero_gradients(model, p, rank) * gb
     if p.zero == 3:
         embed, head = counting.fsdp_root(model, p)
         grads += (embed if model.tied_embeddings else head) * counting.autograd_grad_bytes(model, p)
     filled = min(counting.zero_unit_count(model, p, rank) - 1, p.reduce_scatters_in_flight)
-    if layer is None:
-        layer = counting.activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel,
-                                                    counting.first_freed_layers_recompute(model, p),
-                                                    gathered_inputs=p.sp_keeps_gathered_inputs)
-    return {**stashed, "grads": grads, "activations": max(0.0, stashed["activations"] - filled * layer)}
+    if layer_kept is None:
+        def layer_kept(recompute: str) -> float:
+            return counting.activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel,
+                                                       recompute, gathered_inputs=p.sp_keeps_gathered_inputs)
+    whole = min(filled, counting.layers_left_whole(model, p, rank))
+    freed = whole * layer_kept("none") + (filled - whole) * layer_kept(p.recompute)
+    return {**stashed, "grads": grads, "activations": max(0.0, stashed["activations"] - freed)}
 
 
 def _around_the_first_backward(p: ParallelSpec, rank: int, stashed: dict[str, float], kept_grads: float,

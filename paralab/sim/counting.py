@@ -360,11 +360,13 @@ def recompute_share(model: ModelSpec, p: ParallelSpec) -> float:
     return min(1.0, p.recompute_layers * p.chunks / model.layers) if p.recompute_layers else 1.0
 
 
-def first_freed_layers_recompute(model: ModelSpec, p: ParallelSpec) -> str:
-    """How the layers a microbatch's backward frees first were kept: the last layers of each chunk,
-    which partial full recompute leaves whole (Megatron-LM's block method reruns a chunk's first
-    ``recompute_layers``)."""
-    return "none" if p.recompute == "full" and recompute_share(model, p) < 1 else p.recompute
+def layers_left_whole(model: ModelSpec, p: ParallelSpec, rank: int) -> int:
+    """Layers at the end of each of ``rank``'s chunks that full recompute leaves whole, keeping all a
+    layer keeps (Megatron-LM's block method reruns a chunk's first ``recompute_layers``): the ones a
+    microbatch's backward reaches, and frees, first. 0 when every layer is recomputed."""
+    if recompute_share(model, p) in (0.0, 1.0):
+        return 0
+    return max(0, round(rank_layers(model, p, rank) / p.chunks_per_rank) - p.recompute_layers)
 
 
 def flops_per_step(model: ModelSpec, sequences: float, recompute: str = "none",
