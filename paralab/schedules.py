@@ -149,11 +149,13 @@ class ScheduleReport:
     memory, which this whole-activation count does not credit).
     ``order``: every (rank, index into that rank's list) in one valid global execution order.
     ``waits``: for each entry of ``order``, the positions in ``order`` of the actions it waits for.
+    ``proved``: the action lists proved (the schedule's own, not a copy), which ``order`` indexes.
     """
 
     peak_activations: list[int]
     order: list[tuple[int, int]] = field(default_factory=list)
     waits: list[tuple[int, ...]] = field(default_factory=list)
+    proved: list[list[Action]] | None = field(default=None, repr=False)
 
 
 # ---------------------------------------------------------------------------------------------- build
@@ -516,7 +518,8 @@ def validate_schedule(schedule: Schedule) -> ScheduleReport:
     _check_complete(schedule, counts)
     _check_pairs(schedule, counts)
     order, waits = _execution_order(schedule)
-    return ScheduleReport(peak_activations=_peak_activations(schedule), order=order, waits=waits)
+    return ScheduleReport(peak_activations=_peak_activations(schedule), order=order, waits=waits,
+                          proved=schedule.actions)
 
 
 @lru_cache(maxsize=32)

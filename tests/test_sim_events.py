@@ -160,8 +160,9 @@ def test_a_plan_is_compiled_only_from_its_own_schedules_proof():
     schedule = build_schedule("1f1b", 2, 4)
     report = validate_schedule(schedule)
     assert len(compile_schedule(schedule, report).deps) == len(report.order)
-    for wrong in (ScheduleReport(report.peak_activations, report.order),
-                  validate_schedule(build_schedule("1f1b", 2, 2))):
+    for wrong in (ScheduleReport(report.peak_activations, report.order, proved=schedule.actions),
+                  validate_schedule(build_schedule("1f1b", 2, 2)),
+                  validate_schedule(build_schedule("gpipe", 2, 4))):  # as many actions, other waits
         with pytest.raises(ValueError, match="validate_schedule's report of this schedule"):
             compile_schedule(schedule, wrong)
 

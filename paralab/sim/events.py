@@ -65,7 +65,7 @@ def compile_schedule(schedule: Schedule, report: ScheduleReport | None = None) -
     :func:`validate_schedule`; validated here when not given)."""
     if report is None:
         report = validate_schedule(schedule)
-    if len(report.waits) != len(report.order) or len(report.order) != sum(map(len, schedule.actions)):
+    if report.proved is not schedule.actions or len(report.waits) != len(report.order):
         raise ValueError("compile_schedule needs validate_schedule's report of this schedule (its order "
                          "and what each action waits for)")
     actions = [schedule.actions[rank][index] for rank, index in report.order]
