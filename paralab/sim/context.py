@@ -41,9 +41,11 @@ LONG_SEQUENCE = 16384  # tokens from which the planner considers cp (Llama 3: cp
 CP_DEGREES = (2, 4, 8, 16, 32)
 
 
+@lru_cache(maxsize=4096)
 def slice_run(model: ModelSpec, parallel: ParallelSpec) -> tuple[ModelSpec, ParallelSpec]:
     """The data-parallel run a cp run is for everything but attention: dp x cp replicas, each with
-    the same sequences per microbatch, s / cp tokens long."""
+    the same sequences per microbatch, s / cp tokens long (kept per spec: a prediction asks it of its
+    memory, its attention and its time)."""
     p = parallel.resolved()
     return (model.replace(seq=model.seq // p.cp),
             p.replace(dp=p.dp * p.cp, cp=1, global_batch=p.global_batch * p.cp))
