@@ -155,9 +155,10 @@ def _stage_layers(args, model: ModelSpec) -> tuple[int, ...] | None:
             working = [n for n in range(model.layers - others + 1) if (model.layers - n) % others == 0]
             nearest = {max((n for n in working if n < given), default=None),
                        min((n for n in working if n > given), default=None)} - {None}
+            offer = f"try {' or '.join(map(str, sorted(nearest)))}, or " if nearest else ""
             raise SpecError(f"--{flag}-stage-layers {given} leaves {model.layers - given} of {model.layers} "
                             f"layers, which the other {others} stages cannot share evenly; "
-                            f"try {' or '.join(map(str, sorted(nearest)))}, or give --stage-layers")
+                            f"{offer}give --stage-layers")
         share = (model.layers - given) // others
         first, last = (first, share) if last is None else (share, last)
     return ends_split(model.layers, args.pp, first, last)

@@ -60,6 +60,7 @@ def _split(layers: int, chunks: int) -> dict | None:
 
 def candidates(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int) -> Iterator[ParallelSpec]:
     """Every ParallelSpec for ``gpus`` GPUs whose degrees divide the model and the batch."""
+    policies = _recompute_policies(model)
     for tp, pp, replicas in layouts(model, gpus, hw):
         for cp, cp_mode in _context_parallel(model, tp, replicas):
             dp = replicas // cp
@@ -70,7 +71,7 @@ def candidates(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int)
                 for schedule, v, split in _schedules(model, pp, m):
                     for zero in (0, 1, 2, 3) if dp > 1 else (0,):
                         for ep in _expert_degrees(model, dp) if cp == 1 else (1,):
-                            for recompute in _recompute_policies(model):
+                            for recompute in policies:
                                 yield ParallelSpec(
                                     dp=dp, tp=tp, pp=pp, ep=ep, virtual_stages=v, schedule=schedule,
                                     microbatches=m, micro_batch=mb, global_batch=global_batch, zero=zero,
