@@ -29,6 +29,7 @@ split and that traffic included.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from functools import lru_cache
 
 from paralab.schedules import theoretical_bubble
@@ -256,29 +257,25 @@ def _memory_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> tuple[tuple[str
     again to predict it."""
     sm, sp = slice_run(model, parallel)
 
-    def as_cp_keeps(kept: float, scores: float) -> float:
-        """``kept``, with the slice run's ``scores`` of attention as cp keeps them."""
+    def as_cp_keeps(kept_under: Callable[[str], float], recompute: str, keeping: float) -> float:
+        """What the slice run keeps under ``recompute`` (``kept_under`` a policy), ``keeping`` of its
+        attention scores (no recompute's less selective's) as cp keeps them."""
+        kept = kept_under(recompute)
+        scores = keeping * (kept_under("none") - kept_under("selective")) if keeping else 0.0
         return kept - scores if parallel.cp_mode == "ring" else kept + (parallel.cp - 1) * scores
 
     # the share of the stashed layers that keep their scores (partial full recompute keeps them whole)
     keeping = {"none": 1.0, "selective": 0.0, "full": 1 - counting.recompute_share(sm, sp)}[sp.recompute]
-
     under = {recompute: sp.replace(recompute=recompute) for recompute in {"none", "selective", sp.recompute}}
 
     def activations(rank: int, inflight: int | None) -> float:
-        def kept_under(recompute: str) -> float:
-            return counting.activation_bytes_per_gpu(sm, under[recompute], rank, inflight)
+        return as_cp_keeps(lambda r: counting.activation_bytes_per_gpu(sm, under[r], rank, inflight),
+                           sp.recompute, keeping)
 
-        scores = keeping * (kept_under("none") - kept_under("selective")) if keeping else 0.0
-        return as_cp_keeps(kept_under(sp.recompute), scores)
-
-    def layer_under(recompute: str) -> float:
-        return counting.activation_bytes_per_layer(sm, sp.micro_batch, sp.tp, sp.sequence_parallel, recompute,
-                                                   sp.sp_keeps_gathered_inputs)
-
-    def layer_kept(recompute: str) -> float:  # a layer of the slice, its scores as cp keeps them
-        scores = layer_under("none") - layer_under("selective") if recompute == "none" else 0.0
-        return as_cp_keeps(layer_under(recompute), scores)
+    def layer_kept(recompute: str) -> float:  # a layer of the slice
+        return as_cp_keeps(lambda r: counting.activation_bytes_per_layer(
+            sm, sp.micro_batch, sp.tp, sp.sequence_parallel, r, sp.sp_keeps_gathered_inputs),
+            recompute, 1.0 if recompute == "none" else 0.0)
 
     return tuple(cost.memory_per_gpu(model, sp, activations, layer_kept).items())
 

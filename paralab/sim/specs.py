@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from paralab.config import finite_number
-from paralab.schedules import SCHEDULES, V_SHAPED, shape_problems
+from paralab.schedules import SCHEDULES, V_SHAPED, chunks_per_rank, shape_problems
 from paralab.stage_split import megatron_split, split_problems, split_text
 from paralab.trace import MAX_RANKS
 
@@ -302,8 +302,9 @@ class ParallelSpec:
 
     @property
     def chunks_per_rank(self) -> int:
-        """Model chunks one rank holds: its virtual stages, one without a pipeline."""
-        return self.virtual_stages if self.pp > 1 else 1
+        """Model chunks one rank holds: the schedule's (:func:`paralab.schedules.chunks_per_rank`), one
+        without a pipeline."""
+        return chunks_per_rank(self.schedule, self.virtual_stages) if self.pp > 1 else 1
 
     def stride(self, axis: str) -> int:
         """Ranks between two neighbours of a group along ``axis`` ("tp", "dp" or "pp"): the product of
