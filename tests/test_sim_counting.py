@@ -221,7 +221,7 @@ def test_the_first_rank_of_each_kind_stands_for_ranks_alike_in_blocks_and_ends()
     model = get_model("deepseek-v3")  # 61 blocks, the first 3 dense
     p = ParallelSpec(pp=8, tp=8, dp=4, ep=4, micro_batch=1, global_batch=64,
                      stage_layers=ends_split(61, 8, 5, 2)).resolved()
-    layers, moe_layers = counting._layers_by_rank(model, p)
+    layers, moe_layers = counting.layers_by_rank(model, p)
     assert (layers, moe_layers) == ((5, 9, 9, 9, 9, 9, 9, 2), (2, 9, 9, 9, 9, 9, 9, 2))
     assert counting.first_rank_of_each_kind(model, p) == [0, 1, 7]  # the first, a middle one, the last
     v = p.replace(schedule="zbv", virtual_stages=2, pp=4, dp=8, stage_layers=None, global_batch=64,

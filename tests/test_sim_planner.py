@@ -1,6 +1,9 @@
 """The planner: only dividing, fitting configurations, ranked by predicted throughput, explained."""
 
+import dataclasses
 import time
+
+import pytest
 
 from paralab.sim import cost, planner
 from paralab.sim.hardware import get_hardware
@@ -82,3 +85,59 @@ def test_selective_recompute_is_weighed_only_where_attention_keeps_scores():
     none, selective = (cost.predict(fused, spec.replace(recompute=r), A100) for r in ("none", "selective"))
     assert none.step_time_s == selective.step_time_s
     assert none.memory_bytes_per_gpu == selective.memory_bytes_per_gpu
+
+
+# Layouts that reach every branch of a floor: context parallel (ring and all-to-all), a mixture of experts
+# under DualPipeV, fewer microbatches than stages, uneven splits, and a shared machine with host
+# overheads and jittery ranks (as the local CPU is described)
+SHARED_HOST = dataclasses.replace(
+    A100, name="shared-host", shared_compute=True, sync_jitter=1e-3, straggler_cv=0.02,
+    host_overhead_s={"layer_forward": 1e-4, "layer_backward": 2e-4, "step": 1e-2})
+FLOOR_CASES = {
+    "cp": (get_model("llama3-8b").replace(seq=32768), 32, get_hardware("h100"), 32),
+    "moe": (get_model("mixtral-8x7b"), 64, get_hardware("h100"), 256),
+    "m < p": (get_model("gpt3-175b"), 256, get_hardware("h100"), 16),
+    "uneven": (get_model("bloom-176b"), 96, A100, 96),
+    "shared host": (get_model("small"), 8, SHARED_HOST, 16),
+}
+
+
+@pytest.mark.parametrize("case", FLOOR_CASES)
+def test_pricing_by_floor_plans_what_pricing_every_layout_plans(case, monkeypatch):
+    """No layout's closed form undercuts its floor, so the plan is the one pricing every layout gives:
+    closed form for all that fit, then the event simulator for the first 3 until all 3 are simulated."""
+    model, gpus, hw, batch = FLOOR_CASES[case]
+    specs = list(planner.candidates(model, gpus, hw, batch))
+    assert len(specs) > 20
+    closed = [cost.predict(model, spec, hw, simulate=False) for spec in specs]
+    for spec, pred in zip(specs, closed):
+        assert 0 < cost.step_floor(model, spec, hw) <= pred.step_time_s, planner.describe(spec)
+    rows = sorted(((pred, False) for pred in closed if pred.fits), key=lambda row: planner._rank(row[0]))
+    while unsimulated := [i for i, (_, simulated) in enumerate(rows[:3]) if not simulated]:
+        for i in unsimulated:
+            rows[i] = (cost.predict(model, rows[i][0].parallel, hw), True)
+        rows.sort(key=lambda row: planner._rank(row[0]))
+    priced = _count_closed_forms(monkeypatch)
+    ranked = planner.plan(model, gpus, hw, batch, top=10, refine=3)
+    expected = [(pred.parallel, pred.step_time_s) for pred, _ in rows[:10]]
+    assert [(pred.parallel, pred.step_time_s) for pred in ranked] == expected
+    assert set(priced) & set(specs) <= {pred.parallel for pred in closed if pred.fits}
+
+
+def _count_closed_forms(monkeypatch) -> list:
+    """The specs of each closed-form prediction from here on (a cp layout's brings its slice run's)."""
+    priced, predict = [], cost.predict
+    monkeypatch.setattr(cost, "predict", lambda model, spec, hw, simulate=True: (
+        priced.append(spec) if not simulate else None) or predict(model, spec, hw, simulate))
+    return priced
+
+
+def test_floors_spare_most_of_a_long_sequences_layouts_their_pricing(monkeypatch):
+    """Llama 3 8B at 131,072 tokens on 1,024 GPUs: thousands of layouts fit (cp is in the search);
+    the winner's floor leaves few of them able to place."""
+    model, h100 = get_model("llama3-8b").replace(seq=131072), get_hardware("h100")
+    priced = _count_closed_forms(monkeypatch)
+    ranked = planner.plan(model, 1024, h100)
+    assert ranked[0].parallel.cp > 1
+    specs = set(planner.candidates(model, 1024, h100, 1024))
+    assert len(set(priced) & specs) < 0.15 * len(specs)

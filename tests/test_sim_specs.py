@@ -1,6 +1,8 @@
 """The simulator's specs refuse what cannot describe a run, with one line naming it, before the cost
 model starts (exit 2 from the CLI, never a traceback), and take what a caller naturally writes."""
 
+import dataclasses
+
 import pytest
 
 from paralab.cli import main
@@ -50,3 +52,20 @@ def test_a_stage_split_may_be_given_as_a_list():
     listed, tupled = ParallelSpec(pp=2, stage_layers=[16, 16]), ParallelSpec(pp=2, stage_layers=(16, 16))
     assert listed == tupled and hash(listed) == hash(tupled) and listed.stage_layers == (16, 16)
     assert cost.predict(model, listed, H100).step_time_s == cost.predict(model, tupled, H100).step_time_s
+
+
+def test_a_replaced_spec_is_the_one_dataclasses_would_build():
+    """Specs replace their fields without dataclasses.replace's cost: the same spec, its derived fields
+    derived again (a list split made a tuple, a model's MLP width from a new hidden size), its hash
+    worked out anew, and a field a spec lacks refused."""
+    p = ParallelSpec(pp=2, microbatches=4)
+    hash(p)  # kept on the spec: a copy must not carry it to different fields
+    split = p.replace(stage_layers=[10, 22], dp=2)
+    assert split == dataclasses.replace(p, stage_layers=(10, 22), dp=2) and split.stage_layers == (10, 22)
+    assert hash(split) == hash(ParallelSpec(dp=2, pp=2, microbatches=4, stage_layers=(10, 22))) != hash(p)
+    model = get_model("gpt3-175b")
+    wider = model.replace(hidden=16384, ffn=0)
+    assert wider == dataclasses.replace(model, hidden=16384, ffn=0) and wider.ffn == 4 * 16384
+    assert model.replace(hidden=16384).ffn == model.ffn  # given, kept (the CLI derives it afresh)
+    with pytest.raises(TypeError, match="no field tensor_parallel"):
+        p.replace(tensor_parallel=2)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from paralab.schedules import theoretical_bubble
 from paralab.sim import cost, counting  # cost hands cp > 1 here (cost.CONTEXT_PARALLEL, below)
@@ -150,7 +150,7 @@ class RingSteps:
     def makespan(self) -> float:
         return max(self.finish)
 
-    @property
+    @cached_property  # a cached ring serves thousands of the planner's layouts
     def busy(self) -> float:
         """The busiest rank's attention seconds: what the layer costs with every hop hidden."""
         return max(sum(e - s for s, e in spans) for spans in self.compute)
@@ -292,7 +292,7 @@ def predict(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec, simulate
     extra = forward * (1 + rerun) + backward
     exposed = forward_exposed * (1 + rerun) + backward_exposed
     # each microbatch's passes over the slowest rank's layers, stretched by the schedule's bubble
-    work = max(counting.rank_layers(model, p, rank) for rank in range(p.pp)) * p.microbatches
+    work = max(counting.layers_by_rank(model, p)[0]) * p.microbatches
     passes = work / (1 - theoretical_bubble(p.schedule, p.pp, p.microbatches, p.virtual_stages))
     added = passes * extra
     step = base.step_time_s + added
@@ -312,7 +312,19 @@ def predict(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec, simulate
     )
 
 
-cost.CONTEXT_PARALLEL.update(predict=predict, memory_per_gpu=memory_per_gpu)
+def step_floor(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> float:
+    """:func:`paralab.sim.cost.step_floor` of a cp run: the slice run's, plus the attention across the
+    split on the busiest rank's layers, each microbatch once (:func:`predict` stretches it by the
+    schedule's bubble as well)."""
+    p = parallel.resolved()
+    sm, sp = slice_run(model, p)
+    (forward, backward), _ = layer_extra(model, p, hw)
+    extra = forward * (1 + counting.recompute_share(model, p)) + backward
+    work = max(counting.layers_by_rank(model, p)[0]) * p.microbatches
+    return cost.step_floor(sm, sp, hw) + work * extra
+
+
+cost.CONTEXT_PARALLEL.update(predict=predict, memory_per_gpu=memory_per_gpu, step_floor=step_floor)
 
 
 def ring_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> Trace:

@@ -299,15 +299,12 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
     def host(part: str) -> float:  # framework time per call (CPU); 0 on the GPU presets
         return hw.host_overhead_s.get(part, 0.0)
 
-    work = layer_work(model, p, hw)
+    work, forward_compute, backward_compute = _layer_compute(model, p, hw)
     linear, core = work.linear, work.core
-    elementwise, elementwise_core = work.elementwise_bytes / ew_bw, work.core_elementwise_bytes / ew_bw
-    elementwise_back = work.elementwise_bytes / elementwise_bandwidth(hw, backward=True)
+    elementwise_core = work.core_elementwise_bytes / ew_bw
     ops, payload, per_pass, passes = counting.tp_collectives(model, p)
     tp_pass = per_pass * sum(collective_time(hw, op, payload, t, p.stride("tp")) for op in ops)
 
-    forward_compute = linear + core + elementwise + host("layer_forward")
-    backward_compute = 2 * linear + work.core_backward + 2 * elementwise_back + host("layer_backward")
     # each tensor-parallel collective also waits for the slowest rank of its group (sync_wait)
     tp_forward = tp_pass + (per_pass * sync_wait(hw, forward_compute / per_pass, t) if t > 1 else 0.0)
     tp_backward = tp_pass + (per_pass * sync_wait(hw, backward_compute / per_pass, t) if t > 1 else 0.0)
@@ -360,6 +357,35 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
             st = _zero_overlapped(st, model, p, hw, stage, parts, alike)
         times.append(st)
     return times
+
+
+def _layer_compute(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tuple[LayerWork, float, float]:
+    """One layer's :func:`layer_work` and its forward's and backward's compute seconds, communication
+    left out (``p`` resolved, ``hw`` one rank's)."""
+    work = layer_work(model, p, hw)
+    host = hw.host_overhead_s
+    elementwise = work.elementwise_bytes / elementwise_bandwidth(hw)
+    elementwise_back = work.elementwise_bytes / elementwise_bandwidth(hw, backward=True)
+    forward = work.linear + work.core + elementwise + host.get("layer_forward", 0.0)
+    backward = 2 * work.linear + work.core_backward + 2 * elementwise_back + host.get("layer_backward", 0.0)
+    return work, forward, backward
+
+
+def step_floor(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> float:
+    """Seconds no closed-form prediction of this layout undercuts (``predict(..., simulate=False)``):
+    the busiest pipeline rank's layers, forward, backward and what full recompute reruns, m times,
+    with nothing else (no bubble, collectives, embedding or head), stretched by the slowest GPU as
+    :func:`stage_times` stretches them. Far cheaper than a prediction, so the planner prices a layout
+    only when its floor could still place it (:func:`paralab.sim.planner.plan`)."""
+    if parallel.cp > 1:
+        return CONTEXT_PARALLEL["step_floor"](model, parallel, hw)
+    p = parallel.resolved()
+    _, forward, backward = _layer_compute(model, p, per_rank(hw, p.world_size))
+    experts, _ = _moe_mlp(model, p, hw)  # a MoE block's MLP in place of the dense one: maybe less
+    layer = forward * (1 + counting.recompute_share(model, p)) + backward
+    busiest = max(blocks * layer + moe_blocks * 3 * experts
+                  for blocks, moe_blocks in zip(*counting.layers_by_rank(model, p)))
+    return p.microbatches * straggler_factor(hw, p.world_size) * busiest
 
 
 def _moe_mlp(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tuple[float, float]:

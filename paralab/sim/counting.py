@@ -115,10 +115,15 @@ def tied_embedding_payload(model: ModelSpec, parallel: ParallelSpec) -> float:
 
 def stage_rank(parallel: ParallelSpec, stage: int) -> int:
     """The pipeline rank of model chunk ``stage``: round robin (interleaved), or down and back up the V."""
-    p = parallel.pp
-    if parallel.schedule in V_SHAPED and p > 1:
-        return stage if stage < p else 2 * p - 1 - stage
-    return stage % p
+    return _chunk_rank(stage, parallel.pp, _v_shaped(parallel))
+
+
+def _v_shaped(parallel: ParallelSpec) -> bool:
+    return parallel.schedule in V_SHAPED and parallel.pp > 1
+
+
+def _chunk_rank(stage: int, pp: int, v_shaped: bool) -> int:
+    return (stage if stage < pp else 2 * pp - 1 - stage) if v_shaped else stage % pp
 
 
 def chunk_layers(model: ModelSpec, parallel: ParallelSpec) -> list[int]:
@@ -135,18 +140,24 @@ def moe_blocks(model: ModelSpec, first: int, count: int) -> int:
 def rank_layers(model: ModelSpec, parallel: ParallelSpec, rank: int, moe_only: bool = False) -> int:
     """Blocks on pipeline rank ``rank``, over all its chunks (``moe_only``: those whose MLP is a
     mixture of experts)."""
-    layers, moe_layers = _layers_by_rank(model, parallel)
+    layers, moe_layers = layers_by_rank(model, parallel)
     return (moe_layers if moe_only else layers)[rank]
 
 
-@lru_cache(maxsize=1024)
-def _layers_by_rank(model: ModelSpec, parallel: ParallelSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def layers_by_rank(model: ModelSpec, parallel: ParallelSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Blocks and MoE blocks of every pipeline rank, in one pass over the chunks: the planner weighs
     every rank of thousands of layouts, and a pass per rank made it quadratic in pp x v."""
-    layers, moe_layers = [0] * parallel.pp, [0] * parallel.pp
+    return _blocks_by_rank(model, parallel.pp, parallel.chunks, parallel.stage_layers, _v_shaped(parallel))
+
+
+@lru_cache(maxsize=1024)
+def _blocks_by_rank(model: ModelSpec, pp: int, chunks: int, stage_layers: tuple[int, ...] | None,
+                    v_shaped: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """:func:`layers_by_rank` from what it reads: thousands of layouts share a few pipeline shapes."""
+    layers, moe_layers = [0] * pp, [0] * pp
     first = 0
-    for stage, count in enumerate(chunk_layers(model, parallel)):
-        rank = stage_rank(parallel, stage)
+    for stage, count in enumerate(layers_per_stage(model.layers, chunks, stage_layers)):
+        rank = _chunk_rank(stage, pp, v_shaped)
         layers[rank] += count
         moe_layers[rank] += moe_blocks(model, first, count)
         first += count
@@ -158,7 +169,7 @@ def rank_kinds(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[int, int,
     same ends (rank 0 the first stage, in every schedule; the last stage's rank). Alike ranks hold the
     same parameters, so the same gradients to reduce and optimizer work; an uneven split of 128 chunks
     over 16 ranks has about four kinds."""
-    layers, moe_layers = _layers_by_rank(model, parallel)
+    layers, moe_layers = layers_by_rank(model, parallel)
     last = last_stage_rank(parallel)
     return [(layers[rank], moe_layers[rank], rank == 0, rank == last) for rank in range(parallel.pp)]
 
@@ -252,7 +263,7 @@ def _rank_parts(model: ModelSpec, parallel: ParallelSpec) -> tuple[tuple[int, fl
     """(count, largest) of every rank's parts, from the ranks' block counts in one pass (the planner
     asks it of every rank of every layout)."""
     embed, head, dense, moe_block = _part_sizes(model, parallel)
-    layers, moe_layers = _layers_by_rank(model, parallel)
+    layers, moe_layers = layers_by_rank(model, parallel)
     # FSDP's root unit is held whole apart from the parts gathered one by one (fsdp_root)
     first, last = (-1, -1) if parallel.fsdp_root else (stage_rank(parallel, 0), last_stage_rank(parallel))
     return tuple(

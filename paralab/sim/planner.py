@@ -12,13 +12,16 @@ experts per GPU but sends more of each all-to-all across nodes) and, for long se
 paralab.sim.context.LONG_SEQUENCE tokens), context parallelism: cp taken out of what would be dp,
 ring (zig-zag) or all-to-all where the heads allow; :func:`explain` says what it bought.
 
-Ranking is two-pass so 1,024 GPUs plan in well under 5 s: every candidate that fits is scored with
-the closed-form pipeline (:func:`paralab.sim.cost.predict` with ``simulate=False``), then the best
-few are re-scored with the schedule event simulator and re-sorted.
+Ranking is two-pass so 1,024 GPUs plan in well under 5 s: candidates that fit are scored with the
+closed-form pipeline (:func:`paralab.sim.cost.predict` with ``simulate=False``), then the best few
+are re-scored with the schedule event simulator and re-sorted. A candidate is priced only while its
+floor (:func:`paralab.sim.cost.step_floor`) could still place it, which spares most of a long
+sequence's thousands of layouts without changing the answer.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterator
 
@@ -126,22 +129,50 @@ def plan(
 ) -> list[cost.Prediction]:
     """Configurations that fit, fastest first (at most ``top``); empty when nothing fits.
 
-    Every candidate is scored by the closed form, then the ``refine`` fastest are simulated event by
+    Candidates are scored by the closed form, then the ``refine`` fastest are simulated event by
     event, again until the ``refine`` fastest are all simulated ones: a closed form that was optimistic
-    must not keep a place the simulation took from it."""
+    must not keep a place the simulation took from it.
+
+    Pricing every candidate would take seconds at 1,024 GPUs with context parallel in the search, so
+    they are taken cheapest floor first (:func:`paralab.sim.cost.step_floor`, a bound no closed form
+    of theirs undercuts), and one is priced (memory, then the closed form) only while its floor could
+    still put it among the first ``max(top, refine)``: the answer is the one pricing them all gives."""
     batch = global_batch or default_global_batch(gpus)
     limit = cost.usable_memory(hw)
-    scored = []
-    for spec in candidates(model, gpus, hw, batch):
-        if cost.memory_per_gpu(model, spec)["total"] > limit:
-            continue
-        scored.append(cost.predict(model, spec, hw, simulate=False))
-    rows = sorted(((pred, False) for pred in scored), key=lambda row: _rank(row[0]))
-    while unsimulated := [i for i, (_, simulated) in enumerate(rows[:refine]) if not simulated]:
+    tokens = batch * model.seq
+    floors: dict[tuple, float] = {}  # ZeRO moves only what a floor leaves out: one serves its 4 stages
+
+    def floor(spec: ParallelSpec) -> float:
+        key = tuple(value for name, value in vars(spec).items() if name not in ("zero", "_hash"))
+        if key not in floors:
+            floors[key] = cost.step_floor(model, spec, hw)
+        return floors[key]
+
+    waiting = sorted((floor(spec), i, spec) for i, spec in enumerate(candidates(model, gpus, hw, batch)))
+    waiting.reverse()  # cheapest floor last, to pop
+    # (rank, prediction, simulated), fastest first; a tie keeps the candidates' order
+    rows: list[tuple[tuple, cost.Prediction, bool]] = []
+    places = max(top, refine)
+
+    def could_place(floor: float) -> bool:
+        return len(rows) < places or (-tokens / floor if floor else -math.inf, 0.0) <= rows[places - 1][0][:2]
+
+    def price_while_placing() -> None:
+        while waiting and could_place(waiting[-1][0]):
+            _, i, spec = waiting.pop()
+            if cost.memory_per_gpu(model, spec)["total"] <= limit:
+                pred = cost.predict(model, spec, hw, simulate=False)
+                bisect.insort(rows, ((*_rank(pred), i), pred, False))
+
+    price_while_placing()
+    while unsimulated := [i for i, (*_, simulated) in enumerate(rows[:refine]) if not simulated]:
         for i in unsimulated:
-            rows[i] = (cost.predict(model, rows[i][0].parallel, hw), True)
-        rows.sort(key=lambda row: _rank(row[0]))
-    return [pred for pred, _ in rows[:top]]
+            key, pred, _ = rows[i]
+            pred = cost.predict(model, pred.parallel, hw)
+            rows[i] = ((*_rank(pred), key[-1]), pred, True)
+        rows.sort(key=lambda row: row[0])
+        price_while_placing()
+    return [pred for _, pred, _ in rows[:top]]
 
 
 def why_nothing_fits(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int | None = None) -> str:
