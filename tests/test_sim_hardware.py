@@ -150,6 +150,20 @@ def test_a_bad_hardware_file_is_refused_naming_what_is_wrong(tmp_path, data, wor
         load_hardware_file(write(tmp_path, data))
 
 
+@pytest.mark.parametrize("change", [dict(memory_bandwidth=0.0), dict(inter_bw=-1.0), dict(peak_flops={})])
+def test_a_machine_built_in_python_is_checked_before_it_is_priced(change):
+    """Files and the CLI were checked, a HardwareSpec made in Python was not: a zero bandwidth had
+    ended in ZeroDivisionError inside the cost model."""
+    from paralab.sim import ParallelSpec, get_model
+
+    bad = dataclasses.replace(PRESETS["h100"], **change)
+    spec = ParallelSpec(dp=8, global_batch=64)
+    with pytest.raises(SpecError, match=f"hardware {next(iter(change))} must be"):
+        cost.predict(get_model("llama3-8b"), spec, bad)
+    with pytest.raises(SpecError, match=f"hardware {next(iter(change))} must be"):
+        cost.predict(get_model("llama3-8b").replace(seq=32768), spec.replace(dp=4, cp=2), bad)
+
+
 def test_a_hardware_file_may_give_measured_curves_flat_in_places(tmp_path):
     """As the calibration makes them (non-decreasing: a burst of load is spread over its neighbours)."""
     curve = [[4, 1e-4], [4096, 1e-4], [2**20, 1e-3]]

@@ -287,13 +287,7 @@ def predict(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec, simulate
     p = cost.check(model, parallel)
     sm, sp = slice_run(model, p)
     base = cost.predict(sm, sp, hw, simulate)
-    (forward, backward), (forward_exposed, backward_exposed) = layer_extra(model, p, hw)
-    rerun = counting.recompute_share(model, p)  # full recompute runs the forward, split and all, again
-    extra = forward * (1 + rerun) + backward
-    exposed = forward_exposed * (1 + rerun) + backward_exposed
-    # each microbatch's passes over the slowest rank's layers, stretched by the schedule's bubble
-    work = max(counting.layers_by_rank(model, p)[0]) * p.microbatches
-    passes = work / (1 - theoretical_bubble(p.schedule, p.pp, p.microbatches, p.virtual_stages))
+    extra, exposed, work, passes = _split_attention(model, p, hw)
     added = passes * extra
     step = base.step_time_s + added
     memory = memory_per_gpu(model, p)
@@ -312,16 +306,27 @@ def predict(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec, simulate
     )
 
 
+def _split_attention(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tuple[float, float, int, float]:
+    """What attention across the split adds to a step: (seconds per layer and microbatch, of them
+    exposed communication, the slowest pipeline rank's layer passes, those passes stretched by the
+    schedule's bubble). Full recompute runs the forward, split and all, again."""
+    (forward, backward), (forward_exposed, backward_exposed) = layer_extra(model, p, hw)
+    rerun = counting.recompute_share(model, p)
+    extra = forward * (1 + rerun) + backward
+    exposed = forward_exposed * (1 + rerun) + backward_exposed
+    work = max(counting.layers_by_rank(model, p)[0]) * p.microbatches
+    passes = work / (1 - theoretical_bubble(p.schedule, p.pp, p.microbatches, p.virtual_stages))
+    return extra, exposed, work, passes
+
+
 def step_floor(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> float:
     """:func:`paralab.sim.cost.step_floor` of a cp run: the slice run's, plus the attention across the
-    split on the busiest rank's layers, each microbatch once (:func:`predict` stretches it by the
-    schedule's bubble as well)."""
+    split on the slowest rank's layers, unstretched by the bubble (where it saves time, as an
+    all-to-all's attention can against a short slice's, stretched)."""
     p = parallel.resolved()
     sm, sp = slice_run(model, p)
-    (forward, backward), _ = layer_extra(model, p, hw)
-    extra = forward * (1 + counting.recompute_share(model, p)) + backward
-    work = max(counting.layers_by_rank(model, p)[0]) * p.microbatches
-    return cost.step_floor(sm, sp, hw) + work * extra
+    extra, _, work, passes = _split_attention(model, p, hw)
+    return cost.step_floor(sm, sp, hw) + min(work * extra, passes * extra)
 
 
 cost.CONTEXT_PARALLEL.update(predict=predict, memory_per_gpu=memory_per_gpu, step_floor=step_floor)

@@ -44,7 +44,7 @@ from paralab.trace import COMM, COMPUTE, STEP, Span, Trace
 
 OPTIMIZER_BYTES_TOUCHED = 28  # per parameter: read grad, read/write master, m and v, write the 16-bit copy
 # A context-parallel spec (cp > 1) is predicted by paralab.sim.context, which builds on this module
-# and puts its predict and memory_per_gpu here when imported (paralab.sim imports it).
+# and puts its predict, memory_per_gpu and step_floor here when imported (paralab.sim imports it).
 CONTEXT_PARALLEL: dict = {}
 
 
@@ -299,12 +299,15 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
     def host(part: str) -> float:  # framework time per call (CPU); 0 on the GPU presets
         return hw.host_overhead_s.get(part, 0.0)
 
-    work, forward_compute, backward_compute = _layer_compute(model, p, hw)
+    work = layer_work(model, p, hw)
     linear, core = work.linear, work.core
-    elementwise_core = work.core_elementwise_bytes / ew_bw
+    elementwise, elementwise_core = work.elementwise_bytes / ew_bw, work.core_elementwise_bytes / ew_bw
+    elementwise_back = work.elementwise_bytes / elementwise_bandwidth(hw, backward=True)
     ops, payload, per_pass, passes = counting.tp_collectives(model, p)
     tp_pass = per_pass * sum(collective_time(hw, op, payload, t, p.stride("tp")) for op in ops)
 
+    forward_compute = linear + core + elementwise + host("layer_forward")
+    backward_compute = 2 * linear + work.core_backward + 2 * elementwise_back + host("layer_backward")
     # each tensor-parallel collective also waits for the slowest rank of its group (sync_wait)
     tp_forward = tp_pass + (per_pass * sync_wait(hw, forward_compute / per_pass, t) if t > 1 else 0.0)
     tp_backward = tp_pass + (per_pass * sync_wait(hw, backward_compute / per_pass, t) if t > 1 else 0.0)
@@ -357,35 +360,6 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
             st = _zero_overlapped(st, model, p, hw, stage, parts, alike)
         times.append(st)
     return times
-
-
-def _layer_compute(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tuple[LayerWork, float, float]:
-    """One layer's :func:`layer_work` and its forward's and backward's compute seconds, communication
-    left out (``p`` resolved, ``hw`` one rank's)."""
-    work = layer_work(model, p, hw)
-    host = hw.host_overhead_s
-    elementwise = work.elementwise_bytes / elementwise_bandwidth(hw)
-    elementwise_back = work.elementwise_bytes / elementwise_bandwidth(hw, backward=True)
-    forward = work.linear + work.core + elementwise + host.get("layer_forward", 0.0)
-    backward = 2 * work.linear + work.core_backward + 2 * elementwise_back + host.get("layer_backward", 0.0)
-    return work, forward, backward
-
-
-def step_floor(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> float:
-    """Seconds no closed-form prediction of this layout undercuts (``predict(..., simulate=False)``):
-    the busiest pipeline rank's layers, forward, backward and what full recompute reruns, m times,
-    with nothing else (no bubble, collectives, embedding or head), stretched by the slowest GPU as
-    :func:`stage_times` stretches them. Far cheaper than a prediction, so the planner prices a layout
-    only when its floor could still place it (:func:`paralab.sim.planner.plan`)."""
-    if parallel.cp > 1:
-        return CONTEXT_PARALLEL["step_floor"](model, parallel, hw)
-    p = parallel.resolved()
-    _, forward, backward = _layer_compute(model, p, per_rank(hw, p.world_size))
-    experts, _ = _moe_mlp(model, p, hw)  # a MoE block's MLP in place of the dense one: maybe less
-    layer = forward * (1 + counting.recompute_share(model, p)) + backward
-    busiest = max(blocks * layer + moe_blocks * 3 * experts
-                  for blocks, moe_blocks in zip(*counting.layers_by_rank(model, p)))
-    return p.microbatches * straggler_factor(hw, p.world_size) * busiest
 
 
 def _moe_mlp(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tuple[float, float]:
@@ -820,11 +794,18 @@ def _gradients_reduced_from_copies(model: ModelSpec, p: ParallelSpec, params: fl
 
 def check(model: ModelSpec, parallel: ParallelSpec, gpus: int | None = None,
           hw: HardwareSpec | None = None) -> ParallelSpec:
-    """The resolved spec, or SpecError listing every conflict."""
-    problems = model.problems() or parallel.problems(model, gpus) or (hw.problems_for(model) if hw else [])
+    """The resolved spec, or SpecError listing every conflict (a machine built in Python as well as a
+    hardware file: a zero bandwidth would divide by zero deep in the cost model)."""
+    problems = (machine_problems(model, hw) if hw else model.problems()) or parallel.problems(model, gpus)
     if problems:
         raise SpecError("; ".join(problems))
     return parallel.resolved()
+
+
+def machine_problems(model: ModelSpec, hw: HardwareSpec) -> list[str]:
+    """What keeps ``hw`` from pricing ``model``, whatever the layout: either unfit to describe, or the
+    two unfit together (empty when it can)."""
+    return model.problems() or hw.problems() or hw.problems_for(model)
 
 
 def predict(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec, simulate: bool = True) -> Prediction:
@@ -1042,6 +1023,21 @@ def _estimate_finish(model, p: ParallelSpec, hw,
         makespan = m * max(work) / (1.0 - theoretical_bubble(name, pp, m, p.virtual_stages)) + (pp - 1) * hop
     bubble = 1.0 - m * sum(work) / (pp * makespan) if pp > 1 else 0.0
     return [(makespan - times[0].backward, makespan)] * pp, bubble
+
+
+def step_floor(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> float:
+    """Seconds no closed-form prediction of this layout undercuts (``predict(..., simulate=False)``):
+    its closed-form pipeline (:func:`_estimate_finish`) without what ZeRO-2/3's per-part collectives
+    add to each pass, and nothing after it (gradient reduction, optimizer). Those collectives only
+    lengthen F and Bi, the closed form never shortens as a pass lengthens, and the step ends after the
+    pipeline. A floor reads no ZeRO stage, so one serves a layout's four, and it skips the dearest
+    parts of a prediction: the planner prices a layout only while its floor could still place it
+    (:func:`paralab.sim.planner.plan`)."""
+    if parallel.cp > 1:
+        return CONTEXT_PARALLEL["step_floor"](model, parallel, hw)
+    p = parallel.resolved().replace(zero=0)
+    finish, _ = _estimate_finish(model, p, hw, stage_times(model, p, hw))
+    return max(end for _, end in finish)
 
 
 def _grad_syncs(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, finish) -> list[dict]:

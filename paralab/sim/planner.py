@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 from paralab.schedules import shape_problems
 from paralab.sim import context, cost, counting
-from paralab.sim.specs import MAX_MICROBATCHES, HardwareSpec, ModelSpec, ParallelSpec
+from paralab.sim.specs import MAX_MICROBATCHES, HardwareSpec, ModelSpec, ParallelSpec, SpecError
 from paralab.stage_split import megatron_split, split_text
 
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -136,7 +136,13 @@ def plan(
     Pricing every candidate would take seconds at 1,024 GPUs with context parallel in the search, so
     they are taken cheapest floor first (:func:`paralab.sim.cost.step_floor`, a bound no closed form
     of theirs undercuts), and one is priced (memory, then the closed form) only while its floor could
-    still put it among the first ``max(top, refine)``: the answer is the one pricing them all gives."""
+    still put it among the first ``max(top, refine)``: the answer is the one pricing them all gives
+    (rows exactly as fast and as full go to the earlier candidate)."""
+    if problems := cost.machine_problems(model, hw):  # before any floor divides by what it gives
+        raise SpecError("; ".join(problems))
+    places = max(top, refine)
+    if places < 1:
+        return []
     batch = global_batch or default_global_batch(gpus)
     limit = cost.usable_memory(hw)
     tokens = batch * model.seq
@@ -152,7 +158,6 @@ def plan(
     waiting.reverse()  # cheapest floor last, to pop
     # (rank, prediction, simulated), fastest first; a tie keeps the candidates' order
     rows: list[tuple[tuple, cost.Prediction, bool]] = []
-    places = max(top, refine)
 
     def could_place(floor: float) -> bool:
         return len(rows) < places or (-tokens / floor if floor else -math.inf, 0.0) <= rows[places - 1][0][:2]
