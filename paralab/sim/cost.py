@@ -816,8 +816,8 @@ def predict(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec, simulate
     times = stage_times(model, p, hw)
     if simulate:
         finish, bubble = _simulated_finish(model, p, hw, times)
-    else:
-        finish, bubble = _estimate_finish(model, p, hw, times)
+        return _assemble(model, p, hw, times, finish, bubble, _hidden_all_to_alls(p, times))
+    finish, bubble = _estimate_finish(model, p, hw, times)
     return _assemble(model, p, hw, times, finish, bubble)
 
 
@@ -835,7 +835,8 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
     times = stage_times(model, p, hw)
     trace = _pipeline_trace(model, p, hw, times)
     finish = _finish_times(trace, p)
-    prediction = _assemble(model, p, hw, times, finish, _pipeline_bubble(trace, p))
+    prediction = _assemble(model, p, hw, times, finish, _pipeline_bubble(trace, p),
+                           _hidden_all_to_alls(p, times))
     spans = [s for s in trace.spans if s.lane != STEP]
     if p.tp > 1:
         spans += _tensor_parallel_spans(model, p, times, spans)
@@ -922,19 +923,31 @@ def _plan_seconds(plan: Plan, model: ModelSpec, p: ParallelSpec, hw: HardwareSpe
     by_op = {(op, stage): getattr(st, op) for stage, st in enumerate(times)
              for op in ("forward", "backward", "backward_input", "backward_weight")}
     hop = p2p_time(model, p, hw)
+    return [by_op[(a.op, a.stage)] - saved if k == COMPUTE_KIND else hop if k == SEND else 0.0
+            for a, k, saved in zip(plan.actions, plan.kinds, _overlap_savings(plan, times))]
+
+
+def _overlap_savings(plan: Plan, times: list[StageTimes]) -> list[float]:
+    """Per action of the plan, what its F&B slot hides (:func:`overlap_saving`): 0 but for a DualPipeV
+    backward that shares a slot with its rank's latest forward."""
     last_forward: dict[int, int] = {}  # rank -> stage of its latest forward
     out = []
     for a, rank, k in zip(plan.actions, plan.ranks, plan.kinds):
-        if k != COMPUTE_KIND:
-            out.append(hop if k == SEND else 0.0)
-            continue
-        seconds = by_op[(a.op, a.stage)]
-        if a.op == "forward":
+        saved = 0.0
+        if k == COMPUTE_KIND and a.op == "forward":
             last_forward[rank] = a.stage
-        elif a.overlapped:
-            seconds -= overlap_saving(times[last_forward[rank]], times[a.stage])
-        out.append(seconds)
+        elif k == COMPUTE_KIND and a.overlapped:
+            saved = overlap_saving(times[last_forward[rank]], times[a.stage])
+        out.append(saved)
     return out
+
+
+def _hidden_all_to_alls(p: ParallelSpec, times: list[StageTimes]) -> float:
+    """Seconds of expert all-to-alls the first pipeline rank's F&B slots hide in a simulated step."""
+    if not any(st.a2a for st in times):
+        return 0.0
+    plan = _plan(p, times)
+    return sum(saved for saved, rank in zip(_overlap_savings(plan, times), plan.ranks) if rank == 0)
 
 
 def overlap_saving(forward: StageTimes, backward: StageTimes) -> float:
@@ -1130,7 +1143,11 @@ def _end_of_step(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, finish) ->
     return [(sync, window, tied.get(rank)) for rank, (sync, window) in enumerate(zip(syncs, windows))]
 
 
-def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: float) -> Prediction:
+def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: float,
+              hidden_a2a: float = 0.0) -> Prediction:
+    """The prediction of a step whose pipeline ends at ``finish`` (per rank), ``hidden_a2a`` seconds
+    of the first rank's expert all-to-alls hidden behind compute (DualPipeV's F&B slots, simulated):
+    the breakdown counts only those left exposed as expert-parallel time, the rest is compute."""
     step = 0.0
     exposed = optimizer = copies = 0.0
     first_end = math.inf
@@ -1157,7 +1174,7 @@ def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: f
     memory = memory_per_gpu(model, p)
     first_rank = [st for stage, st in enumerate(times) if counting.stage_rank(p, stage) == 0]
     per_rank_tp = p.microbatches * sum(st.tp_comm for st in first_rank)
-    per_rank_a2a = p.microbatches * sum(2 * st.a2a for st in first_rank)  # forward and backward
+    per_rank_a2a = p.microbatches * sum(2 * st.a2a for st in first_rank) - hidden_a2a  # forward and backward
     # ZeRO-2/3 collectives run inside the forward and backward passes; what they add is data-parallel time
     per_rank_zero = p.microbatches * sum(st.zero_comm for st in first_rank)
     return Prediction(
