@@ -143,8 +143,15 @@ def test_floors_spare_most_layouts_their_pricing(name, seq, monkeypatch):
     priced = _count_closed_forms(monkeypatch)
     ranked = planner.plan(model, 1024, h100)
     assert ranked[0].parallel.cp > 1 if seq else ranked[0].parallel.ep > 1
-    specs = set(planner.candidates(model, 1024, h100, 1024))
+    specs = set(planner.candidates(model, 1024, h100, planner.default_global_batch(1024, model.seq)))
     assert len(set(priced) & specs) < 0.1 * len(specs)
+
+
+def test_the_default_batch_is_a_sequence_per_gpu_within_what_published_runs_took():
+    """At least 512 sequences (GPT-3's smallest batch), at most 16M tokens (Llama 3's largest): its
+    405B took 2,048 sequences of 8,192 tokens, and at 131,072 tokens one a GPU would be 134M tokens."""
+    shapes = ((8, 2048), (1024, 2048), (16384, 8192), (1024, 131072), (64, 2**25))
+    assert [planner.default_global_batch(gpus, seq) for gpus, seq in shapes] == [512, 1024, 2048, 128, 1]
 
 
 def test_a_plan_of_no_rows_is_empty_and_a_machine_that_cannot_price_is_refused_first():

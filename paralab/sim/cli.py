@@ -57,7 +57,9 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hardware", default="a100",
                         help=f"one of {', '.join(HARDWARE_NAMES)}, or FILE.json (docs/simulator.md) "
                              "(default a100)")
-    parser.add_argument("--global-batch", type=int, help="sequences per step")
+    parser.add_argument("--global-batch", type=int,
+                        help="sequences per step (plan's default: one per GPU, at least 512, at most 16M "
+                             "tokens' worth)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 

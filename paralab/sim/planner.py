@@ -34,10 +34,15 @@ MICRO_BATCHES = (1, 2, 4, 8)
 RECOMPUTE = ("none", "selective", "full")
 
 
-def default_global_batch(gpus: int) -> int:
+MOST_TOKENS_PER_STEP = 2**24  # Llama 3's largest batch, 16M tokens (its paper, Table 4)
+
+
+def default_global_batch(gpus: int, seq: int) -> int:
     """Sequences per step when none is given: one per GPU, at least 512 (GPT-3's smallest batch is
-    0.5M tokens)."""
-    return max(gpus, 512)
+    0.5M tokens), but no more than 16M tokens' worth: one per GPU of 131,072-token sequences on 1,024
+    GPUs would be a 134M-token step, beyond any published run, where Llama 3 trained its long context
+    on 16M."""
+    return max(min(max(gpus, 512), MOST_TOKENS_PER_STEP // seq), 1)
 
 
 def layouts(model: ModelSpec, gpus: int, hw: HardwareSpec) -> Iterator[tuple[int, int, int]]:
@@ -143,7 +148,7 @@ def plan(
     places = max(top, refine)
     if places < 1:
         return []
-    batch = global_batch or default_global_batch(gpus)
+    batch = global_batch or default_global_batch(gpus, model.seq)
     limit = cost.usable_memory(hw)
     tokens = batch * model.seq
     floors: dict[tuple, float] = {}  # ZeRO moves only what a floor leaves out: one serves its 4 stages
@@ -182,7 +187,7 @@ def plan(
 
 def why_nothing_fits(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int | None = None) -> str:
     """Why :func:`plan` came back empty, and what would do: a batch that splits, or more GPUs."""
-    batch = global_batch or default_global_batch(gpus)
+    batch = global_batch or default_global_batch(gpus, model.seq)
     replicas = [dp for _, _, dp in layouts(model, gpus, hw)]
     if not replicas:
         return (f"no tp x pp x dp split of {gpus} GPUs divides {model.name}'s heads ({model.heads}, "
