@@ -272,11 +272,15 @@ def explain(ranked: list[cost.Prediction], model: ModelSpec | None = None,
         run = ranked[1]
         slower = win.tokens_per_s / run.tokens_per_s - 1
         deltas = {k: run.breakdown_s.get(k, 0.0) - win.breakdown_s.get(k, 0.0) for k in (*LOSSES, "compute")}
-        cause = max(deltas, key=deltas.get)
+        cause, offset = max(deltas, key=deltas.get), min(deltas, key=deltas.get)
         reason = ("more compute per step (recompute or smaller GEMMs)" if cause == "compute"
                   else f"more time in {LOSSES[cause]}")
+        # a large gain elsewhere would leave the reader wondering how so large a cause makes so small a gap
+        gain = "compute" if offset == "compute" else f"time in {LOSSES[offset]}"
+        partly = (f", partly made up by less {gain} ({seconds_text(-deltas[offset])})"
+                  if deltas[offset] < -0.25 * deltas[cause] < 0 else "")
         # as fast, e.g. selective recompute with fused attention (nothing to drop)
-        why = (f"{slower:.1%} slower, mainly {reason} ({abs(deltas[cause]) * 1e3:.0f} ms per step)"
+        why = (f"{slower:.1%} slower, mainly {reason} ({seconds_text(abs(deltas[cause]))} per step){partly}"
                if slower > 5e-4 else "as fast: what differs costs nothing here")
         memory = bytes_text(run.memory_bytes_per_gpu["total"])
         out.append(f"Runner-up: {describe(run.parallel)} - {why}, at {memory} per GPU.")
@@ -287,6 +291,11 @@ def flops_text(tflops: float) -> str:
     """A FLOP rate in the unit that keeps 3 digits: TFLOP/s on GPUs, GFLOP/s on a CPU."""
     return (f"{tflops:.0f} TFLOP/s" if tflops >= 10 else f"{tflops:.1f} TFLOP/s" if tflops >= 1
             else f"{tflops * 1e3:.1f} GFLOP/s")
+
+
+def seconds_text(seconds: float) -> str:
+    """A duration in ms below 10 s, else in s (a long sequence's step takes minutes)."""
+    return f"{seconds * 1e3:.0f} ms" if seconds < 10 else f"{seconds:,.1f} s"
 
 
 def bytes_text(nbytes: float) -> str:
