@@ -164,8 +164,9 @@ def plan(
     # (rank, prediction, simulated), fastest first; a tie keeps the candidates' order
     rows: list[tuple[tuple, cost.Prediction, bool]] = []
 
-    def could_place(floor: float) -> bool:
-        return len(rows) < places or (-tokens / floor if floor else -math.inf, 0.0) <= rows[places - 1][0][:2]
+    def could_place(seconds: float) -> bool:  # a floor of ``seconds``
+        best = -tokens / seconds if seconds else -math.inf
+        return len(rows) < places or (best, 0.0) <= rows[places - 1][0][:2]
 
     def price_while_placing() -> None:
         while waiting and could_place(waiting[-1][0]):
