@@ -330,7 +330,9 @@ def _zbv(p: int, m: int, stage_to_rank: list[int], pass_times: tuple[float, floa
     free it runs, among the passes whose inputs are ready, a Bi first (it unblocks the previous
     stage), else an F while it holds fewer than 2p chunk activations (p whole-rank activations:
     1F1B's first-rank peak), else a W to fill the gap; earlier microbatches and deeper stages first.
-    Consecutive passes of a stage run their microbatches in order.
+    Consecutive passes of a stage run their microbatches in order. Some pass times stall this search
+    (on two ranks, a W much shorter than Bi lets a rank fill its limit with forwards that the V's
+    turn, on the same rank, then cannot pass): those get the order found for equal times.
     """
     num_stages, limit = 2 * p, 2 * p
     next_mb = {(op, s): 0 for s in range(num_stages) for op in (FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)}
@@ -363,7 +365,12 @@ def _zbv(p: int, m: int, stage_to_rank: list[int], pass_times: tuple[float, floa
             next_mb[(action.op, action.stage)] += 1
             finished[key_of(action)] = free_at[rank] = t + duration[action.op]
             alive[rank] += (action.op == FORWARD) - (action.op == BACKWARD_WEIGHT)
-        t = min(end for end in free_at if end > t)  # the next pass to end (every running one is a rank's)
+        running = [end for end in free_at if end > t]
+        if not running:  # every rank idle with passes left: stalled
+            if pass_times == UNIT_PASSES:
+                raise AssertionError(f"ZB-V's list scheduling stalled at p={p}, m={m} with equal passes")
+            return _zbv(p, m, stage_to_rank)
+        t = min(running)  # the next pass to end (every running one is a rank's)
     return orders
 
 

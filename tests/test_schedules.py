@@ -172,6 +172,16 @@ def test_zbv_ordered_for_its_pass_times_is_valid_and_beats_the_unit_time_order(t
         assert fitted_bubble < (0.7 * unit_bubble if bi > w else unit_bubble + 0.005)
 
 
+@pytest.mark.parametrize("times", [(1.0, 1.9, 0.1), (1.0, 1.5, 0.2), (1.0, 1.9, 0.3)])
+def test_zbv_pass_times_that_stall_its_search_get_the_equal_times_order(times):
+    """On two ranks a W much shorter than Bi let rank 0 fill its limit with stage 0's forwards, which
+    stage 3's forward on the same rank could then not pass: the search stalled (a ValueError out of
+    min() that `paralab simulate --schedule zbv --pp 2` showed as a traceback)."""
+    for m in (4, 8, 16):  # some stall, some do not
+        validate_schedule(build_schedule("zbv", 2, m, pass_times=times))
+    assert build_schedule("zbv", 2, 8, pass_times=times).actions == build_schedule("zbv", 2, 8).actions
+
+
 @pytest.mark.parametrize("times", [(1.0, 1.0, 0.0), (1.0, -1.0, 1.0), (1.0, 1.0), (1.0, float("inf"), 1.0)])
 def test_pass_times_that_are_not_three_positive_times_are_refused(times):
     with pytest.raises(ScheduleError, match="pass_times must be three positive times"):
