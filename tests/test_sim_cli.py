@@ -64,6 +64,25 @@ def test_a_batch_that_no_split_divides_is_named_as_the_cause(capsys):
             and "GPUs: its model" not in err)
 
 
+def test_a_plan_says_what_batch_it_took_and_a_long_sequence_gets_a_published_one(capsys):
+    """A sequence per GPU at 131,072 tokens would be a 134M-token step: the default is 16M (128)."""
+    rc, out, _ = run(["plan", "--model", "llama3-8b", "--seq", "131072", "--gpus", "1024",
+                      "--hardware", "h100", "--top", "1"], capsys)
+    assert rc == 0 and "1,024 h100 GPUs, 128 sequences of 131,072 tokens a step (the default" in out
+    rc, out, _ = run(["plan", "--model", "llama3-8b", "--gpus", "16", "--hardware", "h100", "--top", "1",
+                      "--global-batch", "64"], capsys)
+    assert rc == 0 and out.startswith("llama3-8b on 16 h100 GPUs, 64 sequences of 8,192 tokens a step\n")
+
+
+def test_advice_on_a_batch_counts_the_replicas_context_parallel_leaves(capsys):
+    """8M-token sequences on 4,096 GPUs: the default batch is 2, and cp 32 leaves dp 8 (the advice had
+    said 256, 2.1B tokens a step)."""
+    rc, _, err = run(["plan", "--model", "tiny-moe", "--seq", str(2**23), "--gpus", "4096", "--hardware",
+                      "h100"], capsys)
+    assert rc == 2 and "a global batch of 2 (the planner's default here)" in err
+    assert "dp 8: try a global batch of 8" in err
+
+
 @pytest.mark.parametrize("flag,value,word", [("--model", "gpt-9", "unknown model preset"),
                                              ("--hardware", "tpu-v9", "unknown hardware")])
 def test_unknown_names_exit_2_listing_choices(capsys, flag, value, word):

@@ -148,10 +148,12 @@ def test_floors_spare_most_layouts_their_pricing(name, seq, monkeypatch):
 
 
 def test_the_default_batch_is_a_sequence_per_gpu_within_what_published_runs_took():
-    """At least 512 sequences (GPT-3's smallest batch), at most 16M tokens (Llama 3's largest): its
-    405B took 2,048 sequences of 8,192 tokens, and at 131,072 tokens one a GPU would be 134M tokens."""
-    shapes = ((8, 2048), (1024, 2048), (16384, 8192), (1024, 131072), (64, 2**25))
-    assert [planner.default_global_batch(gpus, seq) for gpus, seq in shapes] == [512, 1024, 2048, 128, 1]
+    """At least 512 sequences (GPT-3's smallest batch), at most 16M tokens (Llama 3's largest) in a power
+    of two: its 405B took 2,048 sequences of 8,192 tokens, and at 131,072 tokens one a GPU would be
+    134M tokens. 12,288-token sequences get 1,024, not 1,365 (no layout of 2,048 GPUs divides it)."""
+    shapes = ((8, 2048), (1024, 2048), (16384, 8192), (1024, 131072), (64, 2**25), (2048, 12288), (96, 2048))
+    assert [planner.default_global_batch(gpus, seq) for gpus, seq in shapes] == [512, 1024, 2048, 128, 1,
+                                                                                 1024, 512]
 
 
 def test_a_plan_of_no_rows_is_empty_and_a_machine_that_cannot_price_is_refused_first():

@@ -58,8 +58,8 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
                         help=f"one of {', '.join(HARDWARE_NAMES)}, or FILE.json (docs/simulator.md) "
                              "(default a100)")
     parser.add_argument("--global-batch", type=int,
-                        help="sequences per step (plan's default: one per GPU, at least 512, at most 16M "
-                             "tokens' worth)")
+                        help="sequences per step (plan's default: from the GPUs and the sequence length, "
+                             "docs/simulator.md)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -285,6 +285,9 @@ def plan_main(args) -> int:
         print(json_text({"model": model.name, "gpus": args.gpus, "hardware": hw.name, "ranked": rows,
                           "explain": sentences}))
         return 0
+    batch = ranked[0].parallel.global_batch
+    print(f"{model.name} on {args.gpus:,} {hw.name} GPUs, {batch:,} sequences of {model.seq:,} tokens a step"
+          + ("" if args.global_batch else " (the default: --global-batch to change it)"))
     # ranked by tokens/s, which MFU follows; hardware TFLOP/s also counts recompute, so it need not
     print(f"    {'tokens/s':>10} {'MFU':>6} {'hardware rate':>15} {'memory':>10}  layout")
     for i, p in enumerate(ranked, 1):

@@ -320,13 +320,12 @@ def _split_attention(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tup
 
 
 def step_floor(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> float:
-    """:func:`paralab.sim.cost.step_floor` of a cp run: the slice run's, plus the attention across the
-    split on the slowest rank's layers, unstretched by the bubble (where it saves time, as an
-    all-to-all's attention can against a short slice's, stretched)."""
+    """:func:`paralab.sim.cost.step_floor` of a cp run: the slice run's, plus what :func:`predict` adds
+    to the slice run's step for the attention across the split."""
     p = parallel.resolved()
     sm, sp = slice_run(model, p)
-    extra, _, work, passes = _split_attention(model, p, hw)
-    return cost.step_floor(sm, sp, hw) + min(work * extra, passes * extra)
+    extra, _, _, passes = _split_attention(model, p, hw)
+    return cost.step_floor(sm, sp, hw) + passes * extra
 
 
 cost.CONTEXT_PARALLEL.update(predict=predict, memory_per_gpu=memory_per_gpu, step_floor=step_floor)

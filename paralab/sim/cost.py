@@ -943,8 +943,9 @@ def _overlap_savings(plan: Plan, times: list[StageTimes]) -> list[float]:
 
 
 def _hidden_all_to_alls(p: ParallelSpec, times: list[StageTimes]) -> float:
-    """Seconds of expert all-to-alls the first pipeline rank's F&B slots hide in a simulated step."""
-    if not any(st.a2a for st in times):
+    """Seconds of expert all-to-alls the first pipeline rank's F&B slots (DualPipeV's) hide in a
+    simulated step."""
+    if _schedule_name(p) != "dualpipev" or not any(st.a2a for st in times):
         return 0.0
     plan = _plan(p, times)
     return sum(saved for saved, rank in zip(_overlap_savings(plan, times), plan.ranks) if rank == 0)
@@ -1042,10 +1043,10 @@ def step_floor(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> fl
     """Seconds no closed-form prediction of this layout undercuts (``predict(..., simulate=False)``):
     its closed-form pipeline (:func:`_estimate_finish`) without what ZeRO-2/3's per-part collectives
     add to each pass, and nothing after it (gradient reduction, optimizer). Those collectives only
-    lengthen F and Bi, the closed form never shortens as a pass lengthens, and the step ends after the
-    pipeline. A floor reads no ZeRO stage, so one serves a layout's four, and it skips the dearest
-    parts of a prediction: the planner prices a layout only while its floor could still place it
-    (:func:`paralab.sim.planner.plan`)."""
+    lengthen F and Bi (never W), the closed form never shortens as F or Bi lengthens, and the step
+    ends after the pipeline. A floor reads no ZeRO stage, so one serves a layout's four, and it skips
+    the dearest parts of a prediction: the planner prices a layout only while its floor could still
+    place it (:func:`paralab.sim.planner.plan`)."""
     if parallel.cp > 1:
         return CONTEXT_PARALLEL["step_floor"](model, parallel, hw)
     p = parallel.resolved().replace(zero=0)

@@ -39,10 +39,11 @@ MOST_TOKENS_PER_STEP = 2**24  # Llama 3's largest batch, 16M tokens (its paper, 
 
 def default_global_batch(gpus: int, seq: int) -> int:
     """Sequences per step when none is given: one per GPU, at least 512 (GPT-3's smallest batch is
-    0.5M tokens), but no more than 16M tokens' worth: one per GPU of 131,072-token sequences on 1,024
-    GPUs would be a 134M-token step, beyond any published run, where Llama 3 trained its long context
-    on 16M."""
-    return max(min(max(gpus, 512), MOST_TOKENS_PER_STEP // seq), 1)
+    0.5M tokens), but no more than 16M tokens' worth, in a power of two (degrees divide it): one per
+    GPU of 131,072-token sequences on 1,024 GPUs would be a 134M-token step, beyond any published
+    run, where Llama 3 trained its long context on 16M (128 sequences)."""
+    cap = 2 ** int(math.log2(max(MOST_TOKENS_PER_STEP // seq, 1)))  # a power of two, as layouts split
+    return min(max(gpus, 512), cap)
 
 
 def layouts(model: ModelSpec, gpus: int, hw: HardwareSpec) -> Iterator[tuple[int, int, int]]:
@@ -195,11 +196,15 @@ def why_nothing_fits(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch
                 f"{model.kv_heads} KV) and MLP width ({model.ffn}) with tp <= {hw.gpus_per_node}")
     specs = list(candidates(model, gpus, hw, batch))
     if not specs:
-        fewest = min(replicas)
+        # context parallelism takes its degree out of the replicas
+        fewest = min(dp // cp for tp, _, dp in layouts(model, gpus, hw)
+                     for cp, _ in _context_parallel(model, tp, dp))
+        batch_text = f"{batch:,}" + ("" if global_batch else " (the planner's default here)")
         if batch > MAX_MICROBATCHES * max(MICRO_BATCHES) * max(replicas):
-            return (f"a global batch of {batch:,} is more than {MAX_MICROBATCHES:,} microbatches of at most "
-                    f"{max(MICRO_BATCHES)} per replica on {gpus} GPUs, more than a step the simulator models")
-        return (f"no split of {gpus} GPUs divides a global batch of {batch} "
+            return (f"a global batch of {batch_text} is more than {MAX_MICROBATCHES:,} microbatches of at "
+                    f"most {max(MICRO_BATCHES)} per replica on {gpus} GPUs, more than a step the simulator "
+                    "models")
+        return (f"no split of {gpus} GPUs divides a global batch of {batch_text} "
                 f"(dp x micro-batch must divide it); the fewest replicas a split here has is dp {fewest}: "
                 f"try a global batch of {-(-batch // fewest) * fewest}")
     smallest = min(cost.memory_per_gpu(model, spec)["total"] for spec in specs)

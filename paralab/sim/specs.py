@@ -617,9 +617,12 @@ class HardwareSpec:
             out.append("matmul_max_efficiency is a share of the peak in (0, 1], "
                        f"got {self.matmul_max_efficiency}")
         negative = ("memory_reserved_bytes", "power_limit_w", "tdp_w", "nvls_bw", "pod_gpus", "straggler_cv",
-                    "sync_jitter", "intra_latency", "inter_latency", "kernel_overhead_s", "matmul_half_dim")
+                    "sync_jitter", "intra_latency", "inter_latency", "kernel_overhead_s", "matmul_half_dim",
+                    "elementwise_bw", "elementwise_backward_bw", "optimizer_bw")  # rates: 0 for unmeasured
         out += [f"hardware {n} must be >= 0, got {getattr(self, n)}"
                 for n in negative if getattr(self, n) < 0]
+        out += [f"hardware host_overhead_s[{part!r}] must be >= 0 s, got {seconds}"
+                for part, seconds in self.host_overhead_s.items() if seconds < 0]
         return out
 
     def _fields_of(self, *types: str) -> list[tuple[str, object]]:
