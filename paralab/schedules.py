@@ -180,7 +180,7 @@ def build_schedule(name: str, pp: int, microbatches: int, virtual_stages: int = 
     if name == "interleaved":
         v = virtual_stages
         stage_to_rank = [s % p for s in range(p * v)]
-        compute = [_interleaved(p, m, v, r) for r in range(p)]
+        compute = [interleaved_order(p, m, v, r) for r in range(p)]
     elif name in V_SHAPED:
         v = 2
         stage_to_rank = list(range(p)) + list(reversed(range(p)))
@@ -271,7 +271,7 @@ def interleaved_round(pp: int, microbatches: int) -> int:
     return microbatches // max(1, microbatches // pp)
 
 
-def _interleaved(p: int, m: int, v: int, rank: int) -> list[Action]:
+def interleaved_order(p: int, m: int, v: int, rank: int) -> list[Action]:
     """Megatron's interleaved 1F1B: rank r holds stages r, r + p, ..., r + (v-1)p.
 
     Microbatches go through the chunks in rounds of g (:func:`interleaved_round`, p when p divides m):
@@ -732,16 +732,22 @@ def _stuck_message(schedule: Schedule, position: list[int], blocked_on: dict[int
 
 
 def _peak_activations(schedule: Schedule) -> list[int]:
-    """Per rank: most activations alive at once (+1 at F, -1 at the pass that last reads them: the
-    full backward, or W of a split one)."""
-    peaks = []
-    for actions in schedule.actions:
-        alive = peak = 0
-        for a in actions:
-            alive += (a.op == FORWARD) - (a.op in (BACKWARD, BACKWARD_WEIGHT))
+    """Per rank: most activations alive at once."""
+    return [peak_held(actions) for actions in schedule.actions]
+
+
+def peak_held(actions: list[Action], weight: Callable[[int], float] = lambda stage: 1) -> float:
+    """Most of ``weight(stage)`` summed over the (stage, microbatch) activations a rank's ``actions``
+    hold at once: each is held from its forward to the pass that last reads it (the full backward, or
+    W of a split one). Weights of a chunk's layers give the layers held, where chunks differ."""
+    alive = peak = 0
+    for a in actions:
+        if a.op == FORWARD:
+            alive += weight(a.stage)
             peak = max(peak, alive)
-        peaks.append(peak)
-    return peaks
+        elif a.op in (BACKWARD, BACKWARD_WEIGHT):
+            alive -= weight(a.stage)
+    return peak
 
 
 # -------------------------------------------------------------------------------------------- bubbles

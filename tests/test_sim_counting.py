@@ -217,6 +217,39 @@ def test_no_rank_holds_more_activations_in_flight_than_an_earlier_one():
                     assert peaks == sorted(peaks, reverse=True), (name, p, m, v, peaks)
 
 
+def test_interleaved_chunks_of_different_sizes_hold_what_the_schedule_holds():
+    """Chunks of different sizes on a rank (Llama 3's split: the embedding alone, a layer a chunk, the
+    head alone) fill unevenly: at the peak the first chunks hold the most microbatches and the last
+    one. A rank keeps what its order holds at once, walked here over the built schedule, not the
+    mean chunk times the microbatches in flight (rank 0: 12 layers' worth, not 14.25)."""
+    model = ModelSpec(layers=14, hidden=1024, heads=16, dropout=False)
+    p = ParallelSpec(pp=4, virtual_stages=4, schedule="interleaved", micro_batch=1, microbatches=8,
+                     stage_layers=ends_split(14, 16, 0, 0)).resolved()
+    layers = counting.chunk_layers(model, p)
+    assert layers == [0, *[1] * 14, 0]
+    per_layer = counting.activation_bytes_per_layer(model, 1, 1, False, "none")
+    schedule = build_schedule("interleaved", 4, 8, 4)
+    held = []
+    for actions in schedule.actions[:3]:  # not the last rank: its head and loss come on top
+        alive = most = 0
+        for a in actions:
+            alive += layers[a.stage] * ((a.op == "forward") - (a.op == "backward"))
+            most = max(most, alive)
+        held.append(most)
+    assert held == [12, 17, 15]
+    for rank, most in enumerate(held):
+        assert counting.activation_bytes_per_gpu(model, p, rank) == pytest.approx(most * per_layer)
+
+
+def test_ranks_alike_in_blocks_but_not_chunk_by_chunk_are_different_kinds():
+    model = ModelSpec(layers=14, hidden=1024, heads=16)
+    p = ParallelSpec(pp=4, virtual_stages=2, schedule="interleaved", microbatches=8,
+                     stage_layers=(1, 1, 6, 1, 1, 6, 1, 1)).resolved()
+    assert counting.layers_by_rank(model, p)[0] == (2, 7, 7, 2)
+    assert counting.chunks_by_rank(model, p)[1:3] == (((1, 0), (6, 0)), ((6, 0), (1, 0)))
+    assert counting.first_rank_of_each_kind(model, p) == [0, 1, 2, 3]
+
+
 def test_the_first_rank_of_each_kind_stands_for_ranks_alike_in_blocks_and_ends():
     model = get_model("deepseek-v3")  # 61 blocks, the first 3 dense
     p = ParallelSpec(pp=8, tp=8, dp=4, ep=4, micro_batch=1, global_batch=64,

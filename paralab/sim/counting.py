@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from paralab.schedules import V_SHAPED, interleaved_round
+from paralab.schedules import V_SHAPED, interleaved_order, interleaved_round, peak_held
 from paralab.sim import moe
 from paralab.sim.specs import ModelSpec, ParallelSpec
 from paralab.stage_split import layers_per_stage
@@ -150,34 +150,60 @@ def layers_by_rank(model: ModelSpec, parallel: ParallelSpec) -> tuple[tuple[int,
     return _blocks_by_rank(model, parallel.pp, parallel.chunks, parallel.stage_layers, _v_shaped(parallel))
 
 
+def chunks_by_rank(model: ModelSpec, parallel: ParallelSpec) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """(blocks, MoE blocks) of each chunk of every pipeline rank, in model order."""
+    return _chunks_by_rank(model, parallel.pp, parallel.chunks, parallel.stage_layers, _v_shaped(parallel))
+
+
+@lru_cache(maxsize=1024)
+def _chunks_by_rank(model: ModelSpec, pp: int, chunks: int, stage_layers: tuple[int, ...] | None,
+                    v_shaped: bool) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """:func:`chunks_by_rank` from what it reads, in one pass: thousands of layouts share a few
+    pipeline shapes."""
+    held: list[list[tuple[int, int]]] = [[] for _ in range(pp)]
+    first = 0
+    for stage, count in enumerate(layers_per_stage(model.layers, chunks, stage_layers)):
+        held[_chunk_rank(stage, pp, v_shaped)].append((count, moe_blocks(model, first, count)))
+        first += count
+    return tuple(map(tuple, held))
+
+
 @lru_cache(maxsize=1024)
 def _blocks_by_rank(model: ModelSpec, pp: int, chunks: int, stage_layers: tuple[int, ...] | None,
                     v_shaped: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """:func:`layers_by_rank` from what it reads: thousands of layouts share a few pipeline shapes."""
-    layers, moe_layers = [0] * pp, [0] * pp
-    first = 0
-    for stage, count in enumerate(layers_per_stage(model.layers, chunks, stage_layers)):
-        rank = _chunk_rank(stage, pp, v_shaped)
-        layers[rank] += count
-        moe_layers[rank] += moe_blocks(model, first, count)
-        first += count
-    return tuple(layers), tuple(moe_layers)
+    """:func:`layers_by_rank` from what it reads."""
+    held = _chunks_by_rank(model, pp, chunks, stage_layers, v_shaped)
+    return (tuple(sum(n for n, _ in rank) for rank in held),
+            tuple(sum(moe for _, moe in rank) for rank in held))
 
 
-def rank_kinds(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[int, int, bool, bool]]:
-    """Each pipeline rank's kind: ranks are alike when they hold as many blocks and MoE blocks and the
-    same ends (rank 0 the first stage, in every schedule; the last stage's rank). Alike ranks hold the
-    same parameters, so the same gradients to reduce and optimizer work; an uneven split of 128 chunks
-    over 16 ranks has about four kinds."""
-    layers, moe_layers = layers_by_rank(model, parallel)
-    last = last_stage_rank(parallel)
-    return [(layers[rank], moe_layers[rank], rank == 0, rank == last) for rank in range(parallel.pp)]
+@lru_cache(maxsize=1024)
+def _interleaved_peak(pp: int, microbatches: int, virtual_stages: int, rank: int,
+                      chunk_bytes: tuple[float, ...]) -> float:
+    """The most bytes rank ``rank`` of the interleaved schedule holds at once when its chunks keep
+    ``chunk_bytes`` each (in model order) per microbatch: its own order walked, since the chunks fill
+    unevenly (the last rank's last chunk holds one microbatch at the peak, its first chunks the most)
+    and the mean per chunk is then off (Llama 3's last rank: 113 layers' worth, not 99)."""
+    order = interleaved_order(pp, microbatches, virtual_stages, rank)
+    return peak_held(order, lambda stage: chunk_bytes[stage // pp])
+
+
+def rank_kinds(model: ModelSpec, parallel: ParallelSpec) -> list[tuple]:
+    """Each pipeline rank's kind: ranks are alike when their chunks hold as many blocks and MoE blocks,
+    chunk by chunk, and they hold the same ends (rank 0 the first stage, in every schedule; the last
+    stage's rank). Alike ranks hold the same parameters, so the same gradients to reduce and optimizer
+    work, and the same activations per chunk; an uneven split of 128 chunks over 16 ranks has about
+    four kinds."""
+    chunks, last = chunks_by_rank(model, parallel), last_stage_rank(parallel)
+    return [(chunks[rank], rank == 0, rank == last) for rank in range(parallel.pp)]
 
 
 def first_rank_of_each_kind(model: ModelSpec, parallel: ParallelSpec) -> list[int]:
     """The first pipeline rank of each kind (:func:`rank_kinds`). Alike ranks differ only in the
-    activations in flight, which never grow with the rank (:func:`peak_inflight_chunks`): the first of
-    a kind holds the most of its kind, so the fullest rank is among these."""
+    activations in flight, which never grow with the rank (:func:`peak_inflight_chunks`; nor, over the
+    same chunks, what an interleaved order holds at once: a later rank's warm-up is a shorter prefix of
+    the same order): the first of a kind holds the most of its kind, so the fullest rank is among
+    these."""
     kinds = {}
     for rank, kind in enumerate(rank_kinds(model, parallel)):
         kinds.setdefault(kind, rank)
@@ -501,7 +527,8 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
     """Activation bytes at the peak on pipeline rank ``rank``, or with ``inflight`` (chunk, microbatch)
     activations held instead of the schedule's most (:func:`peak_inflight_chunks`).
 
-    Per-layer bytes (Korthikanti et al. 2022, Table 2) x layers per chunk x chunks in flight, plus, on
+    Per-layer bytes (Korthikanti et al. 2022, Table 2) x layers per chunk x chunks in flight (where the
+    interleaved schedule's chunks on a rank differ, the most its order holds at once), plus, on
     the first rank, the input embedding's dropout mask per microbatch in flight (s b h mask bytes, / t
     with sequence parallelism; Korthikanti et al. sec. 4.3: the embedding's output is the first
     layer's input, counted there) and, on the last stage's rank, the head's inputs
@@ -514,9 +541,8 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
     two counts.
     """
     p = parallel.resolved()
-    chunks_here = p.chunks_per_rank
-    layers_per_chunk = rank_layers(model, p, rank) / chunks_here
-    if inflight is None:
+    at_peak = inflight is None
+    if at_peak:
         inflight = peak_inflight_chunks(p.schedule, p.pp, p.microbatches, p.virtual_stages, rank)
 
     def per_layer_kept(recompute: str) -> float:
@@ -528,11 +554,15 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
     if p.recompute == "full" and share < 1:  # the layers not recomputed keep everything
         kept = per_layer_kept("none")
         per_layer = share * per_layer + (1 - share) * kept
-    total = inflight * layers_per_chunk * per_layer
-    if p.recompute != "full":  # a mixture of experts keeps k copies of each token at its experts
-        moe_per_chunk = rank_layers(model, p, rank, moe_only=True) / chunks_here
-        total += inflight * moe_per_chunk * moe.extra_activation_bytes(model, p.micro_batch, p.tp,
-                                                                       p.sequence_parallel)
+    # a mixture of experts keeps k copies of each token at its experts
+    per_moe_layer = (0.0 if p.recompute == "full" else
+                     moe.extra_activation_bytes(model, p.micro_batch, p.tp, p.sequence_parallel))
+    chunk_bytes = tuple(layers * per_layer + moe_layers * per_moe_layer
+                        for layers, moe_layers in chunks_by_rank(model, p)[rank])
+    if at_peak and p.schedule == "interleaved" and len(set(chunk_bytes)) > 1:
+        total = _interleaved_peak(p.pp, p.microbatches, p.virtual_stages, rank, chunk_bytes)
+    else:
+        total = inflight * sum(chunk_bytes) / len(chunk_bytes)
     sbh = model.seq * p.micro_batch * model.hidden
     ends = 0.0
     if rank == 0 and model.dropout:
