@@ -342,15 +342,15 @@ def _zbv(p: int, m: int, stage_to_rank: list[int], pass_times: tuple[float, floa
     rank_of_priority = {BACKWARD_INPUT: 0, FORWARD: 1, BACKWARD_WEIGHT: 2}
     duration = dict(zip((FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT), pass_times, strict=True))
     t = 0.0
+    owned = [[(op, s) for (op, s) in next_mb if stage_to_rank[s] == rank] for rank in range(p)]
     while any(mb < m for mb in next_mb.values()):
         for rank in range(p):
             if free_at[rank] > t:
                 continue
             ready = [
                 Action(op, s, next_mb[(op, s)])
-                for (op, s) in next_mb
-                if stage_to_rank[s] == rank
-                and next_mb[(op, s)] < m
+                for (op, s) in owned[rank]
+                if next_mb[(op, s)] < m
                 and (op != FORWARD or alive[rank] < limit)
             ]
             ready = [

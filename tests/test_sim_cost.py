@@ -79,6 +79,23 @@ def test_closed_form_pipeline_agrees_with_event_simulation():
         assert fast.bubble_fraction == pytest.approx(slow.bubble_fraction, abs=0.02)
 
 
+def test_a_step_of_more_passes_than_are_simulated_is_priced_in_closed_form(monkeypatch):
+    """A schedule is simulated pass by pass up to SIMULATED_PASSES; beyond, the closed form prices it
+    and the prediction says so (65,536 microbatches on 64 stages had kept paralab simulate busy for
+    minutes)."""
+    model = get_model("gpt3-13b")
+    shapes = {("1f1b", 1): 4 * 16 * 2, ("zb-h1", 1): 4 * 16 * 3, ("interleaved", 2): 8 * 16 * 2,
+              ("zbv", 2): 8 * 16 * 3}
+    monkeypatch.setattr(cost, "SIMULATED_PASSES", 4 * 16 * 2)
+    for (schedule, v), passes in shapes.items():
+        p = ParallelSpec(tp=8, pp=4, virtual_stages=v, schedule=schedule, microbatches=16, micro_batch=1)
+        assert cost.pipeline_passes(p) == passes
+        fast, priced = cost.predict(model, p, A100, simulate=False), cost.predict(model, p, A100)
+        assert priced.pipeline == ("simulated" if passes <= cost.SIMULATED_PASSES else "closed form")
+        if priced.pipeline == "closed form":
+            assert priced.step_time_s == fast.step_time_s and fast.pipeline == "closed form"
+
+
 @pytest.mark.parametrize("m", [1, 2, 4, 8])
 def test_closed_form_zb_h1_with_fewer_microbatches_than_stages(m):
     """m < p: the gradient's trip back up the pipeline, not the 3m ramp, sets ZB-H1's step."""

@@ -221,7 +221,7 @@ def simulate_main(args) -> int:
     out = pred.to_dict()
     out.update(model=model.name, hardware=hw.name, gpus=gpus, config=planner.describe(pred.parallel),
                dp=dp, tp=tp, pp=pp, cp=cp, ep=parallel.ep, schedule=parallel.schedule,
-               microbatches=pred.parallel.microbatches,
+               microbatches=pred.parallel.microbatches, pipeline_passes=cost.pipeline_passes(pred.parallel),
                global_batch=pred.parallel.global_batch)  # fmt: skip
     usable = cost.usable_memory(hw)
     over = max(0.0, pred.memory_bytes_per_gpu["total"] - usable)
@@ -243,6 +243,9 @@ def _report(out: dict) -> str:
         f"  step {out['step_time_s']:.3f} s, {out['tokens_per_s']:,.0f} tokens/s, "
         f"{planner.flops_text(out['tflops_per_gpu'])} per GPU, "
         f"MFU {out['mfu']:.1%}, HFU {out['hfu']:.1%}, bubble {out['bubble_fraction']:.1%}",
+        *([f"  bubble from the schedule's closed form: its {out['pipeline_passes']:,} passes are more than "
+           f"the {cost.SIMULATED_PASSES:,} simulated one by one"]
+          if out["pipeline"] == "closed form" else []),
         *([f"  parameters {out['params'] / 1e9:.1f}B, {out['active_params'] / 1e9:.1f}B active per token"]
           if out["active_params"] != out["params"] else []),
         "  memory per GPU: " + ", ".join(f"{k} {planner.bytes_text(v)}" for k, v in mem.items()),

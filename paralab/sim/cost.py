@@ -606,6 +606,7 @@ class Prediction:
     parallel: ParallelSpec | None = None
     fits: bool = True
     step_window_s: float = 0.0
+    pipeline: str = "simulated"  # how the schedule was priced: "simulated", or "closed form"
 
     @property
     def flops_per_step(self) -> float:
@@ -808,17 +809,33 @@ def machine_problems(model: ModelSpec, hw: HardwareSpec) -> list[str]:
     return model.problems() or hw.problems() or hw.problems_for(model)
 
 
+SIMULATED_PASSES = 32_768
+"""The most passes (a chunk's forward, backward or weight gradient for one microbatch) a prediction
+simulates one by one. Building, proving and running a schedule costs some tens of microseconds a
+pass here, so this many take 1-5 s; a step of more is priced by the closed form
+(:func:`_estimate_finish`). At such microbatch counts that form is within 0.4% of the simulated step
+for GPipe, 1F1B, interleaved and ZB-H1, and within 2-7% for the V shapes (ZB-V, DualPipeV; measured
+at 64 stages, 128-512 microbatches)."""
+
+
+def pipeline_passes(p: ParallelSpec) -> int:
+    """Compute passes in one step's schedule: each chunk's forward and backward for each microbatch,
+    the backward split in two (Bi and W) by the zero-bubble schedules."""
+    return p.chunks * p.microbatches * (3 if _schedule_name(p) in SPLIT_BACKWARD else 2)
+
+
 def predict(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec, simulate: bool = True) -> Prediction:
-    """Predict one training step. ``simulate=False`` uses closed-form bubbles (fast, for the planner)."""
+    """Predict one training step. ``simulate=False`` uses closed-form bubbles (fast, for the planner);
+    so does a step of more than :data:`SIMULATED_PASSES` passes (its ``pipeline`` says which)."""
     if parallel.cp > 1:
         return CONTEXT_PARALLEL["predict"](model, parallel, hw, simulate)
     p = check(model, parallel, hw=hw)
     times = stage_times(model, p, hw)
-    if simulate:
+    if simulate and pipeline_passes(p) <= SIMULATED_PASSES:
         finish, bubble = _simulated_finish(model, p, hw, times)
         return _assemble(model, p, hw, times, finish, bubble, _hidden_all_to_alls(p, times))
     finish, bubble = _estimate_finish(model, p, hw, times)
-    return _assemble(model, p, hw, times, finish, bubble)
+    return dataclasses.replace(_assemble(model, p, hw, times, finish, bubble), pipeline="closed form")
 
 
 def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> Trace:
