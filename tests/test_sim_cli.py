@@ -211,6 +211,12 @@ def test_a_configuration_that_does_not_fit_is_still_estimated(capsys):
         # int(1.3 int(8 x 5120 / 3)) rounded up to 1024s; and llama2-13b's width, by Llama 2's rule
         (["--model", "llama3-8b", "--hidden", "5120"], dict(ffn=18432)),
         (["--model", "llama2-7b", "--hidden", "5120"], dict(ffn=13824)),
+        # Mixtral's experts are its MLP: they follow --ffn (they had kept 14,336 and the parameters with
+        # them), and --hidden keeps its 3.5 ratio; DeepSeek-V3's narrow experts follow no rule
+        (["--model", "mixtral-8x7b", "--ffn", "8192"], dict(ffn=8192, expert_ffn=8192)),
+        (["--model", "mixtral-8x7b", "--hidden", "5120"], dict(ffn=17920, expert_ffn=17920)),
+        (["--model", "deepseek-v3", "--ffn", "9216"], dict(ffn=9216, expert_ffn=2048)),
+        (["--model", "deepseek-v3", "--expert-ffn", "1024"], dict(ffn=18432, expert_ffn=1024)),
     ],
 )
 def test_shape_overrides_rederive_what_follows_from_them(argv, expect):
@@ -235,6 +241,11 @@ def test_an_override_reports_a_custom_model_and_a_bad_group_is_refused(capsys):
     assert rc == 0 and json.loads(out)["model"] == "custom (from gpt3-175b)"
     rc, out, err = run(["simulate", "--model", "llama3-70b", "--heads", "100"], capsys)
     assert rc == 2 and not out and "8 query heads per KV head" in err and "--kv-heads" in err
+    rc, out, err = run(["simulate", "--model", "gpt3-175b", "--expert-ffn", "1024"], capsys)
+    assert rc == 2 and not out and "gpt3-175b has no experts" in err
+    rc, out, err = run(["simulate", "--layers", "4", "--hidden", "256", "--heads", "4", "--expert-ffn", "64"],
+                       capsys)
+    assert rc == 2 and not out and "mixture-of-experts preset" in err
 
 
 def test_hardware_comes_from_a_file(capsys, tmp_path):

@@ -39,9 +39,10 @@ from paralab.stage_split import ends_split
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model (a preset, or a shape)")
     g.add_argument("--model", help=f"preset: {', '.join(MODELS)}")
-    for flag in ("layers", "hidden", "heads", "ffn", "vocab", "seq", "kv-heads"):
-        g.add_argument(f"--{flag}", type=int,
-                       help="overrides the preset's value" if flag != "kv-heads" else "GQA KV heads")
+    helps = {"kv_heads": "GQA KV heads", "expert_ffn": "a mixture of experts' width (default: ffn)"}
+    for name in SHAPE:
+        g.add_argument(f"--{name.replace('_', '-')}", type=int,
+                       help=helps.get(name, "overrides the preset's value"))
     g.add_argument("--dtype", choices=sorted(DTYPE_BYTES), help="training dtype (default bf16)")
     g.add_argument("--attention", choices=ATTENTION,
                    help="standard keeps the s x s scores; fused (flash) does not")
@@ -126,6 +127,9 @@ def _model(args) -> ModelSpec:
     given.update({k: getattr(args, k) for k in flags if getattr(args, k) is not None})
     if args.model:
         return override(get_model(args.model), **given)
+    if "expert_ffn" in given:
+        raise SpecError("--expert-ffn sets the experts' width of a mixture-of-experts preset: give --model "
+                        "(" + ", ".join(name for name, m in MODELS.items() if m.experts) + ")")
     missing = [k for k in ("layers", "hidden", "heads") if k not in given]
     if missing:
         raise SpecError(f"give --model PRESET or a shape; missing --{', --'.join(missing)} (presets: "

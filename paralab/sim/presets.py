@@ -129,23 +129,32 @@ _ALL = [
 MODELS: dict[str, ModelSpec] = {m.name: m for m in _ALL}
 
 
-SHAPE = ("layers", "hidden", "heads", "ffn", "vocab", "seq", "kv_heads")
+SHAPE = ("layers", "hidden", "heads", "ffn", "vocab", "seq", "kv_heads", "expert_ffn")
 
 
 def override(base: ModelSpec, **given) -> ModelSpec:
     """``base`` with the fields ``given`` (shape fields and any other ModelSpec field), named
     "custom (from <base>)", re-deriving what follows from an override unless that is given too:
 
-    - the MLP width from ``hidden``: 4 x hidden (GPT), or the Llama rule of :data:`FFN_RULES`;
+    - the MLP width from ``hidden``: the Llama rule of :data:`FFN_RULES`, else the preset's own ratio
+      (4 x hidden for GPT; 3.5 for Mixtral, whose paper gives no rule);
+    - the experts' width from the MLP's where the preset's experts are as wide as the dense MLP they
+      replace (Mixtral); narrower ones (DeepSeek-V3's 2,048 beside an 18,432-wide MLP) follow no rule,
+      so they stay unless ``expert_ffn`` is given;
     - ``kv_heads`` from ``heads``: equal for multi-head attention; under grouped-query attention the
       preset's group size is kept (heads / kv_heads), and heads it does not divide raise SpecError.
     """
     if not given:
         return base
+    if "expert_ffn" in given and not base.experts:
+        raise SpecError(f"{base.name} has no experts: --expert-ffn sets a mixture of experts' width")
     derived = dict(given)
     if "hidden" in given and "ffn" not in given:
         hidden = given["hidden"]
-        derived["ffn"] = llama_ffn(base.name, hidden) if base.name in FFN_RULES else 4 * hidden
+        derived["ffn"] = (llama_ffn(base.name, hidden) if base.name in FFN_RULES
+                          else base.ffn * hidden // base.hidden)
+    if base.experts and base.expert_ffn == base.ffn and "ffn" in derived and "expert_ffn" not in given:
+        derived["expert_ffn"] = derived["ffn"]
     if "heads" in given and "kv_heads" not in given:
         group = base.heads // base.kv_heads
         if given["heads"] % group:
