@@ -445,3 +445,19 @@ def test_a_spec_keeps_its_hash_and_hashes_as_its_equals_do():
     for copied in (pickle.loads(pickle.dumps(p)), copy.deepcopy(p)):
         assert copied == p and "_hash" not in copied.__dict__ and hash(copied) == hash(p)
     assert p.replace(pp=8) != p and hash(p.replace(pp=8)) != hash(p)
+
+
+def test_wire_bytes_per_gpu_are_the_busiest_ranks_with_an_uneven_split():
+    """A split with a light first rank reports the traffic of a full one (mirror splits had read 3 and
+    7 layers' tensor-parallel all-reduces; DeepSeek-V3 with one layer on the first rank, no all-to-all)."""
+    model = get_model("gpt3-1.3b")
+    light_first, light_last = ((3, 7, 7, 7), (7, 7, 7, 3))
+    wire = [counting.comm_bytes_per_gpu(model, ParallelSpec(tp=2, pp=4, stage_layers=split, microbatches=8))
+            for split in (light_first, light_last)]
+    even = counting.comm_bytes_per_gpu(model, ParallelSpec(tp=2, pp=4, microbatches=8))
+    per_layer = even["tp_all_reduce"] / 6
+    assert wire[0]["tp_all_reduce"] == wire[1]["tp_all_reduce"] == pytest.approx(7 * per_layer)
+    moe = get_model("deepseek-v3")  # three dense layers first: the first rank's one layer has no experts
+    spec = ParallelSpec(dp=128, pp=16, ep=64, stage_layers=(1,) + (4,) * 15, microbatches=16)
+    assert counting.wire_bytes_by_key(counting.comm_payloads(moe, spec, 0))["ep_all_to_all"] == 0
+    assert counting.comm_bytes_per_gpu(moe, spec)["ep_all_to_all"] > 0

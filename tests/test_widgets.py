@@ -167,9 +167,10 @@ def test_comm_explorer_views_and_calculator():
 
 
 def test_predicted_comm_follows_the_cost_model_on_the_mesh():
-    """Every rank carries the cost model's bytes per family, on its own mesh group; with 2 GPUs per
-    node the tp pairs stay inside a node and the dp and pipeline traffic crosses, and so does the tied
-    embedding's all-reduce between the two stages (GPT-3 ties it)."""
+    """Every rank carries the cost model's bytes per family for its pipeline stage, on its own mesh
+    group (the first stage's gradients include the position embedding, the last's the final norm);
+    with 2 GPUs per node the tp pairs stay inside a node and the dp and pipeline traffic crosses, and
+    so does the tied embedding's all-reduce between the two stages (GPT-3 ties it)."""
     from paralab.layout import mesh_layout
     from paralab.sim import counting
     from paralab.sim.presets import get_model
@@ -178,9 +179,12 @@ def test_predicted_comm_follows_the_cost_model_on_the_mesh():
 
     model, spec = get_model("gpt3-1.3b"), ParallelSpec(dp=2, tp=2, pp=2, global_batch=8, microbatches=4)
     trace = predicted_comm_trace(model, spec, gpus_per_node=2)
-    layout, counted = mesh_layout(dp=2, tp=2, pp=2), counting.comm_bytes_per_gpu(model, spec)
+    layout = mesh_layout(dp=2, tp=2, pp=2)
+    by_stage = [counting.wire_bytes_by_key(counting.comm_payloads(model, spec, stage)) for stage in (0, 1)]
+    assert by_stage[0]["dp_all_reduce"] > by_stage[1]["dp_all_reduce"]
+    assert counting.comm_bytes_per_gpu(model, spec) == by_stage[0]  # the busier stage's
     for rank in range(8):
-        spans = trace.select(rank=rank)
+        spans, counted = trace.select(rank=rank), by_stage[layout.coord(rank)["pp"]]
         for family, axis in (("tp", "tp"), ("dp", "dp"), ("embedding", "pp")):
             mine = [s for s in spans if s.name == f"{family} all_reduce"]
             assert sum(s.bytes for s in mine) == pytest.approx(counted[f"{family}_all_reduce"], abs=1)
@@ -189,9 +193,8 @@ def test_predicted_comm_follows_the_cost_model_on_the_mesh():
         sends = [s for s in spans if s.kind == "send"]
         assert [s.peer for s in sends] == [r for r in (rank + 4, rank - 4) if 0 <= r < 8]
         assert all(s.inter_node for s in sends)
-    links = links_per_rank_step(trace)
-    assert links["inter_node"] == pytest.approx(
-        counted["dp_all_reduce"] + counted["embedding_all_reduce"] + counted["pp_send"] / 2, rel=1e-6)
+    crossing = [c["dp_all_reduce"] + c["embedding_all_reduce"] + c["pp_send"] / 2 for c in by_stage]
+    assert links_per_rank_step(trace)["inter_node"] == pytest.approx(sum(crossing) / 2, rel=1e-6)
 
 
 @pytest.mark.parametrize("mode", ["ring", "alltoall"])

@@ -692,9 +692,10 @@ def sequence_regathers(model: ModelSpec, p: ParallelSpec) -> int:
     return 1 if model.parallel_blocks else 2
 
 
-def comm_payloads(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[str, str, float, int, float]]:
-    """Every collective one GPU issues per step: the first pipeline rank's (its pipeline sends counted
-    as a middle rank's, one each way).
+def comm_payloads(model: ModelSpec, parallel: ParallelSpec,
+                  rank: int = 0) -> list[tuple[str, str, float, int, float]]:
+    """Every collective one GPU of pipeline rank ``rank`` issues per step (its pipeline sends counted as
+    a middle rank's, one each way).
 
     Rows of (family, op, payload bytes, group size, count per step), family one of tp, pp, embedding,
     dp, zero, ep:
@@ -718,7 +719,7 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[str, s
     p = parallel.resolved()
     m, b, t = p.microbatches, p.micro_batch, p.tp
     act = model.seq * b * model.hidden * model.dtype_bytes
-    layers = rank_layers(model, p, 0)
+    layers = rank_layers(model, p, rank)
     rows: list[tuple[str, str, float, int, float]] = []
     if t > 1:
         ops, payload, per_pass, passes = tp_collectives(model, p)
@@ -727,14 +728,15 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[str, s
             rows.append(("tp", "all_gather", payload, t, regathers * layers * m))
     if p.pp > 1:
         rows.append(("pp", "send", act / t, 2, 2 * m * p.virtual_stages))
-    if 0 in tied_embedding_ranks(model, p):
+    if rank in tied_embedding_ranks(model, p):
         rows.append(("embedding", "all_reduce", tied_embedding_payload(model, p), 2, 1))
     if p.ep > 1:  # dispatch and combine, forward and backward, per MoE layer and microbatch
-        moe_here = rank_layers(model, p, 0, moe_only=True)
+        moe_here = rank_layers(model, p, rank, moe_only=True)
         rows.append(("ep", "all_to_all", moe.all_to_all_payload(model, p), p.ep, 4 * moe_here * m))
     pb, gb, _ = bytes_per_param(model, p)
-    root = sum(fsdp_root(model, p))  # FSDP's root unit: gathered once a microbatch, kept for the backward
-    groups = dp_groups(p, stage_params(model, p, 0), expert_params(model, p, 0))
+    embed, head = fsdp_root(model, p)  # FSDP's root unit: gathered once a microbatch, kept for the backward
+    root = embed * (rank == stage_rank(p, 0)) + head * (rank == last_stage_rank(p))
+    groups = dp_groups(p, stage_params(model, p, rank), expert_params(model, p, rank))
     for i, (params, group, _) in enumerate(groups):
         held = root if i == 0 else 0.0  # the first group holds the dense parameters, the ends among them
         if p.zero == 0:
@@ -748,8 +750,13 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[str, s
 
 
 def comm_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]:
-    """Wire bytes per step one GPU (first pipeline rank) sends, keyed ``family_op`` (e.g. tp_all_reduce)."""
-    return wire_bytes_by_key(comm_payloads(model, parallel))
+    """Wire bytes per step the busiest GPU sends, keyed ``family_op`` (e.g. tp_all_reduce): the pipeline
+    rank that sends the most in all, of the first of each kind (ranks alike send alike). With an uneven
+    split that need not be the first rank, which may hold a single block (DeepSeek-V3's splits)."""
+    p = parallel.resolved()
+    ranks = first_rank_of_each_kind(model, p)
+    return max((wire_bytes_by_key(comm_payloads(model, p, rank)) for rank in ranks),
+               key=lambda wire: sum(wire.values()))
 
 
 def wire_bytes_by_key(rows) -> dict[str, float]:

@@ -2,13 +2,14 @@
 for a run's trace and for the cost model's count of the same run, or of the run grown to another size.
 
 The prediction is a Trace too (one trace type): :func:`predicted_comm_trace` lays the collectives the
-cost model counts for one GPU (``paralab.sim.counting.comm_payloads``: family, op, payload, group size,
-count per step; with context parallel the slice run's and ``paralab.sim.context.comm_payloads``, the
-ring's hops or the all-to-alls) on every rank of the mesh, each on its own group as ``paralab.layout``
-lays ranks out (tp innermost, then cp, dp, pp; gradients over dp and cp; a mixture of experts'
-all-to-alls on its expert groups), inter-node when the rank's ring successor (its peer, for a send)
-sits on another node of ``gpus_per_node`` ranks, the rule paralab.comm applies to measured spans. So
-one figure draws both, with the same conventions as :mod:`paralab.viz.comm`.
+cost model counts for a GPU of each pipeline stage (``paralab.sim.counting.comm_payloads``: family, op,
+payload, group size, count per step; with context parallel the slice run's and
+``paralab.sim.context.comm_payloads``, the ring's hops or the all-to-alls) on every rank of that stage,
+each on its own group as ``paralab.layout`` lays ranks out (tp innermost, then cp, dp, pp; gradients
+over dp and cp; a mixture of experts' all-to-alls on its expert groups), inter-node when the rank's
+ring successor (its peer, for a send) sits on another node of ``gpus_per_node`` ranks, the rule
+paralab.comm applies to measured spans. So one figure draws both, with the same conventions as
+:mod:`paralab.viz.comm`.
 
 Units: bytes per rank and per step (wire bytes unless ``payload=True``), so a two-rank run and a
 64-rank prediction share one axis. The cost model counts what a transformer block, the pipeline and
@@ -44,10 +45,11 @@ def predicted_comm_trace(model, parallel, gpus_per_node: int = 8) -> Trace:
     def node(rank: int) -> int:
         return rank // max(gpus_per_node, 1)
 
+    stage_of = [layout.coord(rank)["pp"] for rank in range(world)]
     spans = []
-    for family, op, payload, size, count in _payloads(model, p):
+    for stage, family, op, payload, size, count in _payloads(model, p):
         for group in _groups(layout, family, size):
-            for rank in group:
+            for rank in (r for r in group if stage_of[r] == stage):
                 if op == "send":
                     for peer, share in _send_peers(family, rank, group, count):
                         spans.append(Span(rank, COMM, op, 0.0, 0.0, name=f"{family} {op}", step=0,
@@ -65,15 +67,18 @@ def predicted_comm_trace(model, parallel, gpus_per_node: int = 8) -> Trace:
     return Trace(spans=spans, meta=meta)
 
 
-def _payloads(model, p) -> list[tuple[str, str, float, int, float]]:
-    """The cost model's rows for one GPU (paralab.sim.counting.comm_payloads); with context parallel
-    the slice run's and the ring's or all-to-all's (paralab.sim.context), as its prediction counts."""
+def _payloads(model, p) -> list[tuple[int, str, str, float, int, float]]:
+    """The cost model's rows for a GPU of each pipeline stage, (stage, *row) (paralab.sim.counting.
+    comm_payloads: stages differ in their blocks, and the ends in the embedding and output layer); with
+    context parallel the slice run's and the ring's or all-to-all's (paralab.sim.context), as its
+    prediction counts."""
     from paralab.sim import context
     from paralab.sim.counting import comm_payloads
 
-    if p.cp == 1:
-        return comm_payloads(model, p)
-    return comm_payloads(*context.slice_run(model, p)) + context.comm_payloads(model, p)
+    run, split = (model, p), []
+    if p.cp > 1:
+        run, split = context.slice_run(model, p), context.comm_payloads(model, p)
+    return [(stage, *row) for stage in range(p.pp) for row in comm_payloads(*run, stage) + split]
 
 
 def _send_peers(family: str, rank: int, line: list[int], count: float) -> list[tuple[int, float]]:
