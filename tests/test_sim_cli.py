@@ -273,8 +273,9 @@ def test_layers_that_do_not_divide_into_the_stages_are_named_as_the_cause(capsys
     assert rc == 0 and "layers per stage 5 + 10 x 6 + 5" in json.loads(out)["config"]
     rc, out, _ = run([*argv, "--first-stage-layers", "4", "--json"], capsys)  # the last shares the rest
     assert rc == 0 and "layers per stage 4 + 11 x 6" in json.loads(out)["config"]
-    rc, _, err = run([*argv, "--first-stage-layers", "4", "--last-stage-layers", "5"], capsys)
-    assert rc == 2 and "sum to the model's 70 layers" in err
+    rc, _, err = run([*argv, "--first-stage-layers", "4", "--last-stage-layers", "4"], capsys)  # had read 68
+    assert rc == 2 and ("leave 62 of 70 layers, which the 10 middle stages cannot share evenly, one at least "
+                        "each; try --first-stage-layers 5 --last-stage-layers 5") in err
     # one end alone: the other stages share the rest evenly, or the ends that let them are offered
     rc, out, err = run([*argv, "--first-stage-layers", "5"], capsys)  # 65 over 11 had read 5 + 10 x 6 + 5
     assert rc == 2 and not out and "cannot share evenly; try 4 or 15" in err
@@ -360,9 +361,13 @@ def test_a_batch_of_more_microbatches_than_a_step_models_plans_the_splits_that_f
 
 @pytest.mark.parametrize("argv, message", [
     (["simulate", "--model", "mixtral-8x7b", "--gpus", "64", "--ep", "8", "--expert-imbalance", "nan"],
-     "expert imbalance is the busiest expert's load over the mean, >= 1, got nan"),  # had divided by zero
+     "the busiest expert's load over the mean: a finite number >= 1, got nan"),  # had divided by zero
     (["simulate", "--model", "mixtral-8x7b", "--gpus", "64", "--ep", "8", "--expert-imbalance", "inf"],
      "got inf"),  # had predicted a step of null seconds
+    (["simulate", "--model", "llama2-70b", "--tp", "8", "--kv-heads", "4"],
+     "tp 8 does not divide the 4 key-value heads"),  # had named the 64 query heads as well
+    (["simulate", "--model", "gpt3-1.3b", "--pp", "30"],
+     "30 does not divide 24 layers; no split can hold them: every stage but the first and last needs"),
     (["simulate", "--model", "gpt3-1.3b", "--gpus", str(10**17)], "the simulator models up to 16,777,216"),
     (["plan", "--model", "gpt3-1.3b", "--gpus", str(10**20)], "the simulator models up to 16,777,216"),
     (["simulate", "--model", "gpt3-125m", "--pp", "2", "--microbatches", str(10**7), "--micro-batch", "1"],
@@ -374,3 +379,14 @@ def test_a_batch_of_more_microbatches_than_a_step_models_plans_the_splits_that_f
 def test_values_the_simulator_cannot_model_exit_2_in_one_line(capsys, argv, message):
     rc, out, err = run(argv + ["--json"], capsys)
     assert rc == 2 and not out and message in err and err.count("\n") == 1
+
+
+def test_a_pipeline_longer_than_the_model_is_offered_a_split_it_accepts(capsys):
+    """25 stages of 24 layers: the refusal offers an empty last stage, and no longer adds that every
+    stage needs a layer (which the split it offered contradicts)."""
+    rc, _, err = run(["simulate", "--model", "gpt3-1.3b", "--pp", "25"], capsys)
+    assert rc == 2 and "e.g. 24 x 1 + 0" in err and "every stage needs a layer" not in err
+    split = ",".join("1" * 24 + "0")
+    rc, out, _ = run(["simulate", "--model", "gpt3-1.3b", "--pp", "25", "--stage-layers", split, "--json"],
+                     capsys)
+    assert rc == 0 and "layers per stage 24 x 1 + 0" in json.loads(out)["config"]

@@ -277,7 +277,7 @@ def test_comm_explorer_puts_the_run_beside_its_prediction_and_grows_it(no_leftov
     links = app.figure.layout.meta["bytes"]
     assert links[measured]["inter_node"] == 0 and links[grown]["inter_node"] > 0  # 16 ranks on 4 nodes
     app.controls["tp"].value = 8  # the tiny model has 4 heads: refused, the figure stays
-    assert "tp 8 does not divide heads" in app.message.value
+    assert "tp 8 does not divide the 4 attention heads" in app.message.value
     assert app.figure.layout.meta["bytes"] == links
     app.controls["tp"].value = 2
     assert app.message.value == "" and "8 dp x 2 tp" in list(app.sources())[2]

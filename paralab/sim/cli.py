@@ -33,7 +33,7 @@ from paralab.sim.specs import (
     ParallelSpec,
     SpecError,
 )
-from paralab.stage_split import ends_split
+from paralab.stage_split import ends_split, megatron_split
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -167,6 +167,14 @@ def _stage_layers(args, model: ModelSpec) -> tuple[int, ...] | None:
                             f"{offer}give --stage-layers")
         share = (model.layers - given) // others
         first, last = (first, share) if last is None else (share, last)
+    middle, rest = args.pp - 2, model.layers - first - last
+    if min(first, last) < 0 or rest < middle or (rest % middle if middle else rest):
+        ends = megatron_split(model.layers, args.pp)
+        offer = f"try --first-stage-layers {ends[0]} --last-stage-layers {ends[-1]}, or " if ends else ""
+        shared = (f"which the {middle} middle stages cannot share evenly, one at least each" if middle
+                  else "and a 2-stage pipeline has no other stage")
+        raise SpecError(f"--first-stage-layers {first} and --last-stage-layers {last} leave {rest} of "
+                        f"{model.layers} layers, {shared}; {offer}give --stage-layers")
     return ends_split(model.layers, args.pp, first, last)
 
 

@@ -372,17 +372,20 @@ class ParallelSpec:
                        f"{p.dp * p.micro_batch}")
         if p.microbatches < 1:
             out.append(f"global batch {p.global_batch} gives no microbatch per data-parallel rank")
-        if model.heads % p.tp or model.kv_heads % p.tp:
-            out.append(f"tp {p.tp} does not divide heads {model.heads} / kv_heads {model.kv_heads}")
+        if model.heads % p.tp:
+            out.append(f"tp {p.tp} does not divide the {model.heads} attention heads")
+        elif model.kv_heads % p.tp:  # each rank computes whole key-value heads (Megatron-LM's query groups)
+            out.append(f"tp {p.tp} does not divide the {model.kv_heads} key-value heads")
         if model.ffn % p.tp:
             out.append(f"tp {p.tp} does not divide the MLP width {model.ffn}")
         chunks = p.pp * p.virtual_stages
         if p.stage_layers is None and model.layers % chunks:
             ends = megatron_split(model.layers, chunks)
-            how = f", e.g. {split_text(ends)} (paralab.stage_split.megatron_split)" if ends else ""
-            out.append(f"pp x virtual stages = {chunks} does not divide {model.layers} layers; give "
-                       f"stage_layers{how}")
-        out += split_problems(model.layers, chunks, p.stage_layers)
+            how = (f"give stage_layers, e.g. {split_text(ends)} (paralab.stage_split.megatron_split)" if ends
+                   else "no split can hold them: every stage but the first and last needs a layer")
+            out.append(f"pp x virtual stages = {chunks} does not divide {model.layers} layers; {how}")
+        else:
+            out += split_problems(model.layers, chunks, p.stage_layers)
         if p.schedule not in SCHEDULES:
             out.append(f"unknown schedule {p.schedule!r}; choose from {', '.join(SCHEDULES)}")
         elif p.pp > 1:
@@ -443,8 +446,8 @@ class ParallelSpec:
         elif model.experts % self.ep:
             out.append(f"ep {self.ep} does not divide the {model.experts} experts")
         if not self.expert_imbalance >= 1.0 or not math.isfinite(self.expert_imbalance):
-            out.append("expert imbalance is the busiest expert's load over the mean, >= 1, "
-                       f"got {self.expert_imbalance}")
+            out.append("expert imbalance is the busiest expert's load over the mean: a finite number "
+                       f">= 1, got {self.expert_imbalance}")
         return out
 
 
