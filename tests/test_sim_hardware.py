@@ -96,6 +96,15 @@ def test_a_hardware_file_describes_a_custom_part_in_datasheet_units(tmp_path):
     assert get_hardware(str(path)) == hw
 
 
+def test_a_hardware_file_changes_the_entries_it_names_of_its_bases_tables(tmp_path):
+    """A peak by dtype beside a base changes that dtype's (it had replaced the whole table, and a file
+    naming only fp8 was refused for want of fp32)."""
+    hw = load_hardware_file(write(tmp_path, {"base": "h100", "peak_tflops": {"fp8": 1500},
+                                             "host_overhead_s": {"layer_forward": 1e-5}}))
+    assert hw.peak_flops == {**PRESETS["h100"].peak_flops, "fp8": 1500e12}
+    assert hw.host_overhead_s == {"layer_forward": 1e-5}
+
+
 def test_a_hardware_file_may_give_every_field_in_si_units(tmp_path):
     fields = dataclasses.asdict(PRESETS["a100"])
     path = write(tmp_path, dict(fields, name="a100-again"))
@@ -110,7 +119,16 @@ def test_a_hardware_file_may_give_every_field_in_si_units(tmp_path):
         ({"memory_gib": 80}, "missing"),
         ({"base": "h100", "memory_gib": -1}, "memory_bytes must be > 0"),
         ({"base": "h100", "oversubscription": 0.5}, "oversubscription must be >= 1"),
-        ({"base": "h100", "peak_tflops": {"bf16": 1000}}, "needs an fp32 entry"),
+        ({**dataclasses.asdict(PRESETS["a100"]), "peak_tflops": {"fp32": 10}},
+         "peak_flops is given twice (peak_flops and peak_tflops)"),
+        ({**dataclasses.asdict(PRESETS["a100"]), "peak_flops": {"bf16": 1e15}}, "needs an fp32 entry"),
+        # one field under two keys, one of which would silently win; a share of no line rate; a number
+        ({"base": "h100", "memory_gib": 80, "memory_bytes": 90e9},
+         "memory_bytes is given twice (memory_gib and memory_bytes)"),
+        ({"base": "h100", "nic_gbit_s": 400, "nic_gb_s": 25},
+         "inter_bw is given twice (nic_gbit_s and nic_gb_s)"),
+        ({"base": "h100", "nics_per_node": 4}, "nics_per_node shares nic_gbit_s among the GPUs"),
+        ({"base": "h100", "name": 5}, "hardware name must be text, got 5"),
         ({"base": "h100", "memory_gib": "eighty"}, "memory_gib must be a number"),
         ({"base": "h100", "intra_latency": "5us"}, "intra_latency must be a finite number"),
         ({"base": "h100", "comm_sm_share": 1.0}, "comm_sm_share is a share of the SMs in [0, 1)"),

@@ -171,6 +171,9 @@ def load_hardware_file(path: str | Path) -> HardwareSpec:
     if unknown:
         raise SpecError(f"hardware file {str(path)!r}: unknown key(s) {', '.join(unknown)}; use HardwareSpec "
                         f"fields (SI units), {', '.join(FILE_UNITS)}, {', '.join(NIC_KEYS)} or base")
+    twice = _given_twice(data)
+    if twice:
+        raise SpecError(f"hardware file {str(path)!r}: " + "; ".join(twice))
     try:
         spec = _file_spec(data, fields, path)
         problems = spec.problems()
@@ -181,6 +184,17 @@ def load_hardware_file(path: str | Path) -> HardwareSpec:
     if problems:
         raise SpecError(f"hardware file {str(path)!r}: " + "; ".join(problems))
     return spec
+
+
+def _given_twice(data: dict) -> list[str]:
+    """A field the file sets under two keys (its SI name and a unit-named key, or a NIC's line rate
+    beside a per-GPU bandwidth): one would silently win."""
+    keys_of: dict[str, list[str]] = {}
+    for key in data:
+        field_name = FILE_UNITS[key][0] if key in FILE_UNITS else "inter_bw" if key == "nic_gbit_s" else key
+        keys_of.setdefault(field_name, []).append(key)
+    return [f"{name} is given twice ({' and '.join(keys)}): give one"
+            for name, keys in keys_of.items() if len(keys) > 1]
 
 
 def _file_spec(data: dict, fields: set, path: Path) -> HardwareSpec:
@@ -202,11 +216,17 @@ def _file_spec(data: dict, fields: set, path: Path) -> HardwareSpec:
     for key in NIC_KEYS:
         if key in data and not finite_number(data[key]):
             raise SpecError(f"hardware file {str(path)!r}: {key} must be a number, got {data[key]!r}")
+    if "nics_per_node" in data and "nic_gbit_s" not in data:
+        raise SpecError(f"hardware file {str(path)!r}: nics_per_node shares nic_gbit_s among the GPUs; "
+                        "give both")
     if "nic_gbit_s" in data:
         gpus = values.get("gpus_per_node", start.get("gpus_per_node"))
         gpus = gpus if finite_number(gpus) and gpus > 0 else 1  # a bad or missing count is named later
         values["inter_bw"] = data["nic_gbit_s"] * 1e9 / 8 * data.get("nics_per_node", gpus) / gpus
-    return _from_fields({**start, **values}, path)
+    # a table by dtype or part (peak_flops, host_overhead_s) changes the base's entries it names
+    tables = {k: {**start[k], **v} for k, v in values.items()
+              if isinstance(start.get(k), dict) and isinstance(v, dict)}
+    return _from_fields({**start, **values, **tables}, path)
 
 
 def _from_fields(values: dict, path: Path) -> HardwareSpec:

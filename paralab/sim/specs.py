@@ -581,6 +581,8 @@ class HardwareSpec:
                 for n, v in self._fields_of("int") if finite_number(v) and not isinstance(v, int)]
         out += [f"hardware {n} must be true or false (a JSON boolean), got {v!r}"
                 for n, v in self._fields_of("bool") if not isinstance(v, bool)]
+        out += [f"hardware {n} must be text, got {v!r}"
+                for n, v in self._fields_of("str") if not isinstance(v, str)]
         if out:
             return out
         for name, what in (("peak_flops", "FLOP/s by dtype"), ("host_overhead_s", "seconds by part")):
