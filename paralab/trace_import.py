@@ -42,7 +42,7 @@ from paralab.cli_args import below_one
 from paralab.config import ConfigError, finite_number
 from paralab.outputs import check_file
 from paralab.profiling import METADATA_KEY, PREFIX, parse_label
-from paralab.schedules import SCHEDULES
+from paralab.schedules import SCHEDULES, shape_problems
 from paralab.trace import COMM, MAX_RANKS, STEP, Span, Trace
 from paralab.trace_ops import DEVICE_CATS, HOST_CATS, Event, comm_spans, compute_spans
 
@@ -90,6 +90,11 @@ def expand(paths) -> list[Path]:
             files.append(path)
     if not files:
         raise ProfileError("no profile given")
+    seen: set[Path] = set()
+    for path in files:
+        if path.resolve() in seen:  # it would be read as two ranks
+            raise ProfileError(f"{path}: given twice; give one file per rank")
+        seen.add(path.resolve())
     return files
 
 
@@ -228,6 +233,8 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
     profiles = [read_profile(f) for f in files]
     ranks = _assign_ranks(profiles)
     world = max([p.world_size or 0 for p in profiles] + [max(ranks) + 1, len(profiles)])
+    if (meta or {}).get("pp") and world % meta["pp"]:
+        raise ProfileError(f"pp {meta['pp']} does not divide the {world} ranks of these profiles")
     use_paralab = names == "paralab" or (names == "auto" and all(_has_paralab_ranges(p) for p in profiles))
     spans_by_rank, offsets = {}, {}
     for rank, profile in zip(ranks, profiles):
@@ -357,7 +364,11 @@ def import_main(args) -> int:
     a fact below 1 or an output that cannot be written (checked first: reading many profiles takes a
     while)."""
     check_file(args.output, "output")
-    if problem := below_one(args, ("pp", "microbatches", "tokens_per_step")):
+    problem = below_one(args, ("pp", "microbatches", "tokens_per_step"))
+    if not problem and args.schedule not in (None, "interleaved") and args.pp and args.microbatches:
+        # interleaved's chunks per rank are not a fact import takes: its rules are not checked
+        problem = next(iter(shape_problems(args.schedule, args.pp, args.microbatches)), None)
+    if problem:
         print(f"paralab import: {problem}", file=sys.stderr)
         return 2
     try:

@@ -283,6 +283,8 @@ def test_gzip_and_duplicate_ranks(tmp_path, capsys):
     twice = [str(rank0), str(GPU_FIXTURE / "rank0.json")]
     assert cli_main(["import", *twice, "-o", str(tmp_path / "o.json")]) == 2
     assert "rank 0 again" in capsys.readouterr().err
+    assert cli_main(["import", str(rank0), str(rank0), "-o", str(tmp_path / "o.json")]) == 2
+    assert "given twice" in capsys.readouterr().err  # read twice it had made two ranks of one
     with pytest.raises(ProfileError, match="no paralab ranges"):
         import_profile(GPU_FIXTURE, names="paralab")
 
@@ -374,6 +376,9 @@ def test_profile_of_a_paralab_pipeline_agrees_with_its_own_trace(tmp_path, no_le
     (["--pp", "-2"], "--pp must be >= 1, got -2"),
     (["--microbatches", "0"], "--microbatches must be >= 1, got 0"),  # had been dropped silently
     (["--tokens-per-step", "-5"], "--tokens-per-step must be >= 1, got -5"),  # had made tokens/s negative
+    # facts the profiles or the schedule contradict had been written into the trace
+    (["--pp", "3"], "pp 3 does not divide the 2 ranks of these profiles"),
+    (["--schedule", "dualpipev", "--pp", "2", "--microbatches", "1"], "dualpipev needs at least as many"),
 ])
 def test_facts_a_profile_cannot_give_are_checked(capsys, tmp_path, facts, message):
     assert cli_main(["import", str(GPU_FIXTURE), "-o", str(tmp_path / "out.json"), *facts]) == 2
