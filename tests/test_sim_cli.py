@@ -364,6 +364,8 @@ def test_a_batch_of_more_microbatches_than_a_step_models_plans_the_splits_that_f
      "the busiest expert's load over the mean: a finite number >= 1, got nan"),  # had divided by zero
     (["simulate", "--model", "mixtral-8x7b", "--gpus", "64", "--ep", "8", "--expert-imbalance", "inf"],
      "got inf"),  # had predicted a step of null seconds
+    (["simulate", "--model", "gpt3-1.3b", "--expert-imbalance", "2"],
+     "expert imbalance 2 weighs experts, but gpt3-1.3b is dense"),  # had been ignored
     (["simulate", "--model", "llama2-70b", "--tp", "8", "--kv-heads", "4"],
      "tp 8 does not divide the 4 key-value heads"),  # had named the 64 query heads as well
     (["simulate", "--model", "gpt3-1.3b", "--pp", "30"],

@@ -448,6 +448,9 @@ class ParallelSpec:
         if not self.expert_imbalance >= 1.0 or not math.isfinite(self.expert_imbalance):
             out.append("expert imbalance is the busiest expert's load over the mean: a finite number "
                        f">= 1, got {self.expert_imbalance}")
+        elif self.expert_imbalance != 1.0 and not model.experts:
+            out.append(f"expert imbalance {self.expert_imbalance:g} weighs experts, but {model.name} is "
+                       "dense")
         return out
 
 
