@@ -14,7 +14,7 @@ from paralab.sim.specs import ParallelSpec, SpecError
 from paralab.stage_split import ends_split
 from paralab.trace import COMPUTE
 
-A100 = get_hardware("a100")
+A100, H100 = get_hardware("a100"), get_hardware("h100")
 
 
 @pytest.mark.parametrize(
@@ -714,3 +714,19 @@ def test_end_of_step_work_is_the_same_for_ranks_of_a_kind_but_the_wait_is_each_r
             wait = cost.sync_wait(hw, finish[rank][1], p.dp) if alone["waits"] else 0.0
             assert syncs[rank]["reduce"][0] == pytest.approx(alone["reduce"][0] + wait, rel=1e-12)
             assert wait > 0 or zero > 1
+
+
+def test_the_breakdowns_collectives_are_the_mean_ranks_as_its_compute_is():
+    """An uneven split's first rank had stood for every rank: mirror splits read 3 and 7 blocks'
+    tensor-parallel time, and a first rank without expert layers no expert-parallel time at all."""
+    model = get_model("gpt3-1.3b")
+    mirror = [cost.predict(model, ParallelSpec(tp=2, pp=4, stage_layers=split, microbatches=8), A100)
+              for split in ((3, 7, 7, 7), (7, 7, 7, 3))]
+    even = cost.predict(model, ParallelSpec(tp=2, pp=4, microbatches=8), A100)
+    assert (mirror[0].breakdown_s["tp_comm"] == pytest.approx(mirror[1].breakdown_s["tp_comm"])
+            == pytest.approx(even.breakdown_s["tp_comm"]))  # 24 blocks over 4 ranks each way
+    moe = cost.predict(get_model("deepseek-v3"), ParallelSpec(dp=128, pp=16, ep=64, microbatches=16,
+                                                              stage_layers=(1,) + (4,) * 15), H100)
+    assert moe.breakdown_s["ep_comm"] > 0
+    assert sum(v for k, v in moe.breakdown_s.items() if k not in ("pipeline", "step")) == pytest.approx(
+        moe.step_time_s, rel=1e-9)

@@ -960,12 +960,11 @@ def _overlap_savings(plan: Plan, times: list[StageTimes]) -> list[float]:
 
 
 def _hidden_all_to_alls(p: ParallelSpec, times: list[StageTimes]) -> float:
-    """Seconds of expert all-to-alls the first pipeline rank's F&B slots (DualPipeV's) hide in a
-    simulated step."""
+    """Seconds of expert all-to-alls a pipeline rank's F&B slots (DualPipeV's) hide in a simulated
+    step, on the mean over the ranks."""
     if _schedule_name(p) != "dualpipev" or not any(st.a2a for st in times):
         return 0.0
-    plan = _plan(p, times)
-    return sum(saved for saved, rank in zip(_overlap_savings(plan, times), plan.ranks) if rank == 0)
+    return sum(_overlap_savings(_plan(p, times), times)) / p.pp
 
 
 def overlap_saving(forward: StageTimes, backward: StageTimes) -> float:
@@ -1190,11 +1189,13 @@ def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: f
     loop = training_loop_time(model, p, hw)
     step += loop
     memory = memory_per_gpu(model, p)
-    first_rank = [st for stage, st in enumerate(times) if counting.stage_rank(p, stage) == 0]
-    per_rank_tp = p.microbatches * sum(st.tp_comm for st in first_rank)
-    per_rank_a2a = p.microbatches * sum(2 * st.a2a for st in first_rank) - hidden_a2a  # forward and backward
+    # the collectives inside the passes, on the mean pipeline rank as the compute and bubble are (an
+    # uneven split's first rank may hold one block, or no expert layer)
+    per_rank = p.microbatches / p.pp
+    per_rank_tp = per_rank * sum(st.tp_comm for st in times)
+    per_rank_a2a = per_rank * sum(2 * st.a2a for st in times) - hidden_a2a  # forward and backward
     # ZeRO-2/3 collectives run inside the forward and backward passes; what they add is data-parallel time
-    per_rank_zero = p.microbatches * sum(st.zero_comm for st in first_rank)
+    per_rank_zero = per_rank * sum(st.zero_comm for st in times)
     return Prediction(
         step_time_s=step,
         tokens_per_s=p.global_batch * model.seq / step,
