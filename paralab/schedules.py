@@ -374,6 +374,14 @@ def _zbv(p: int, m: int, stage_to_rank: list[int], pass_times: tuple[float, floa
     return orders
 
 
+def dualpipev_slots(p: int, m: int, rank: int) -> tuple[int, int]:
+    """Rank ``rank``'s F&B slots in DualPipeV's order (:func:`_dualpipev`'s phases 4 and 5), as
+    (forward down the V beside the up chunk's backward, forward up beside the down chunk's backward):
+    the tip's first pair has nothing to overlap. The cost model's closed form of what the slots hide;
+    the tests hold it against the order."""
+    return m - 2 * p + rank + 1 - (rank == p - 1), m - p
+
+
 def _dualpipev(p: int, m: int, rank: int) -> list[Action]:
     """DualPipeV (DeepSeek-V3 report; torch's ScheduleDualPipeV): the V of zbv, rank r holding chunk
     0 = stage r and chunk 1 = stage 2p - 1 - r, run in eight phases. Each steady slot pairs the

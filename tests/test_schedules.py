@@ -493,3 +493,16 @@ def test_dualpipev_is_torchs_order():
                                    sub.microbatch_index, overlapped))
             mine = [(a.op, a.stage, a.microbatch, a.overlapped) for a in ours.actions[rank] if a.is_compute]
             assert mine == theirs, f"p={p} m={m} rank {rank}"
+
+
+def test_dualpipev_slots_count_the_orders_overlapped_backwards():
+    """The cost model's closed form of DualPipeV's F&B slots, pair by pair, against the order."""
+    from paralab.schedules import dualpipev_slots
+
+    for p in range(2, 9):
+        for m in range(2 * p, 5 * p + 2):
+            schedule = build_schedule("dualpipev", p, m)
+            for rank, actions in enumerate(schedule.actions):
+                down, up = rank, 2 * p - 1 - rank
+                overlapped = [a.stage for a in actions if a.overlapped]
+                assert (overlapped.count(up), overlapped.count(down)) == dualpipev_slots(p, m, rank)

@@ -43,11 +43,11 @@ def test_simulate_custom_shape_text_report(capsys):
 def test_simulate_says_when_the_pipeline_was_priced_in_closed_form(capsys):
     rc, out, _ = run(["simulate", "--model", "gpt3-1.3b", "--gpus", "16", "--pp", "8", "--schedule", "zb-h1",
                       "--microbatches", "4096"], capsys)  # fmt: skip
-    assert rc == 0 and "closed form: its 98,304 passes are more than the 32,768 simulated" in out
+    assert rc == 0 and "closed form: its 65,536 passes are more than the 32,768 simulated" in out
     rc, out, _ = run(["simulate", "--model", "gpt3-1.3b", "--gpus", "16", "--pp", "8", "--microbatches", "64",
                       "--json"], capsys)  # fmt: skip
     data = json.loads(out)
-    assert data["pipeline"] == "simulated" and data["pipeline_passes"] == 8 * 64 * 2
+    assert data["pipeline_pricing"] == "simulated" and data["pipeline_passes"] == 8 * 64 * 2
 
 
 def test_non_dividing_degrees_exit_2_with_what_fits(capsys):

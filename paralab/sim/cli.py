@@ -257,7 +257,7 @@ def _report(out: dict) -> str:
         f"MFU {out['mfu']:.1%}, HFU {out['hfu']:.1%}, bubble {out['bubble_fraction']:.1%}",
         *([f"  bubble from the schedule's closed form: its {out['pipeline_passes']:,} passes are more than "
            f"the {cost.SIMULATED_PASSES:,} simulated one by one"]
-          if out["pipeline"] == "closed form" else []),
+          if out["pipeline_pricing"] == "closed form" else []),
         *([f"  parameters {out['params'] / 1e9:.1f}B, {out['active_params'] / 1e9:.1f}B active per token"]
           if out["active_params"] != out["params"] else []),
         "  memory per GPU: " + ", ".join(f"{k} {planner.bytes_text(v)}" for k, v in mem.items()),

@@ -36,7 +36,7 @@ from functools import cache, lru_cache
 from statistics import NormalDist
 
 from paralab.collectives import ring_steps
-from paralab.schedules import SPLIT_BACKWARD, UNIT_PASSES, theoretical_bubble
+from paralab.schedules import SPLIT_BACKWARD, UNIT_PASSES, dualpipev_slots, theoretical_bubble
 from paralab.sim import counting, kernels, moe
 from paralab.sim.events import COMPUTE_KIND, SEND, Plan, builtin_plan, run_plan, simulate_schedule
 from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec, SpecError
@@ -606,7 +606,7 @@ class Prediction:
     parallel: ParallelSpec | None = None
     fits: bool = True
     step_window_s: float = 0.0
-    pipeline: str = "simulated"  # how the schedule was priced: "simulated", or "closed form"
+    pipeline_pricing: str = "simulated"  # how the schedule was priced: "simulated", or "closed form"
 
     @property
     def flops_per_step(self) -> float:
@@ -810,32 +810,31 @@ def machine_problems(model: ModelSpec, hw: HardwareSpec) -> list[str]:
 
 
 SIMULATED_PASSES = 32_768
-"""The most passes (a chunk's forward, backward or weight gradient for one microbatch) a prediction
-simulates one by one. Building, proving and running a schedule costs some tens of microseconds a
-pass here, so this many take 1-5 s; a step of more is priced by the closed form
-(:func:`_estimate_finish`). At such microbatch counts that form is within 0.4% of the simulated step
-for GPipe, 1F1B, interleaved and ZB-H1, and within 2-7% for the V shapes (ZB-V, DualPipeV; measured
-at 64 stages, 128-512 microbatches)."""
+"""The most passes (a microbatch's forward or backward through one chunk, a split backward counted
+once) a prediction simulates one by one. Building, proving and running a schedule costs some tens of
+microseconds an action here, so this many take 1-5 s; a pipeline of more is priced by the closed form
+(:func:`_estimate_finish`), which at that many passes is within 1% of the simulated step for GPipe,
+1F1B, interleaved and ZB-H1, and for the V shapes (ZB-V, DualPipeV) at 16 stages or fewer; at 64
+stages they read 4-5% apart."""
 
 
 def pipeline_passes(p: ParallelSpec) -> int:
-    """Compute passes in one step's schedule: each chunk's forward and backward for each microbatch,
-    the backward split in two (Bi and W) by the zero-bubble schedules."""
-    return p.chunks * p.microbatches * (3 if _schedule_name(p) in SPLIT_BACKWARD else 2)
+    """Passes in one step's schedule: each microbatch's forward and backward through each chunk (the
+    zero-bubble schedules split a backward in two, DualPipeV only some: counted once)."""
+    return 2 * p.chunks * p.microbatches
 
 
 def predict(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec, simulate: bool = True) -> Prediction:
     """Predict one training step. ``simulate=False`` uses closed-form bubbles (fast, for the planner);
-    so does a step of more than :data:`SIMULATED_PASSES` passes (its ``pipeline`` says which)."""
+    so does a pipeline of more than :data:`SIMULATED_PASSES` passes (``pipeline_pricing`` says which)."""
     if parallel.cp > 1:
         return CONTEXT_PARALLEL["predict"](model, parallel, hw, simulate)
     p = check(model, parallel, hw=hw)
     times = stage_times(model, p, hw)
-    if simulate and pipeline_passes(p) <= SIMULATED_PASSES:
-        finish, bubble = _simulated_finish(model, p, hw, times)
-        return _assemble(model, p, hw, times, finish, bubble, _hidden_all_to_alls(p, times))
-    finish, bubble = _estimate_finish(model, p, hw, times)
-    return dataclasses.replace(_assemble(model, p, hw, times, finish, bubble), pipeline="closed form")
+    closed = not simulate or (p.pp > 1 and pipeline_passes(p) > SIMULATED_PASSES)
+    finish, bubble = (_estimate_finish if closed else _simulated_finish)(model, p, hw, times)
+    prediction = _assemble(model, p, hw, times, finish, bubble)
+    return dataclasses.replace(prediction, pipeline_pricing="closed form") if closed else prediction
 
 
 def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> Trace:
@@ -852,8 +851,7 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
     times = stage_times(model, p, hw)
     trace = _pipeline_trace(model, p, hw, times)
     finish = _finish_times(trace, p)
-    prediction = _assemble(model, p, hw, times, finish, _pipeline_bubble(trace, p),
-                           _hidden_all_to_alls(p, times))
+    prediction = _assemble(model, p, hw, times, finish, _pipeline_bubble(trace, p))
     spans = [s for s in trace.spans if s.lane != STEP]
     if p.tp > 1:
         spans += _tensor_parallel_spans(model, p, times, spans)
@@ -959,12 +957,18 @@ def _overlap_savings(plan: Plan, times: list[StageTimes]) -> list[float]:
     return out
 
 
-def _hidden_all_to_alls(p: ParallelSpec, times: list[StageTimes]) -> float:
-    """Seconds of expert all-to-alls a pipeline rank's F&B slots (DualPipeV's) hide in a simulated
-    step, on the mean over the ranks."""
+def _hidden_all_to_alls(p: ParallelSpec, times: list[StageTimes]) -> list[float]:
+    """Per pipeline rank, seconds of expert all-to-alls DualPipeV's F&B slots hide in a step: its
+    slots (:func:`paralab.schedules.dualpipev_slots`, rank r holding stages r and 2p - 1 - r) times what
+    each saves (:func:`overlap_saving`), exactly what the simulated order hides; zeros for the others."""
     if _schedule_name(p) != "dualpipev" or not any(st.a2a for st in times):
-        return 0.0
-    return sum(_overlap_savings(_plan(p, times), times)) / p.pp
+        return [0.0] * p.pp
+    out = []
+    for rank in range(p.pp):
+        down, up = times[rank], times[2 * p.pp - 1 - rank]
+        down_first, up_first = dualpipev_slots(p.pp, p.microbatches, rank)
+        out.append(down_first * overlap_saving(down, up) + up_first * overlap_saving(up, down))
+    return out
 
 
 def overlap_saving(forward: StageTimes, backward: StageTimes) -> float:
@@ -1028,14 +1032,17 @@ def _estimate_finish(model, p: ParallelSpec, hw,
     1F1B/GPipe ramp (p-1)(F+B), interleaved (p-1)(F+B)/v (chunks are 1/v long; with m < p one
     microbatch's trip through every chunk, p (F+B), and a chunk's F+B for each other), ZB-H1 (p-1)(F+Bi-W)
     (Qi et al. 2023) or, with m < p, the gradient's trip back (m+p-1)(F+Bi) + W, naive no overlap at
-    all; other schedules use their closed-form bubble. Blocking sends (``overlap_p2p`` off) add each
-    chunk's two sends per microbatch to its rank's work.
+    all; other schedules use their closed-form bubble, DualPipeV's on each rank's work less the
+    all-to-alls its F&B slots hide (:func:`_hidden_all_to_alls`). Blocking sends (``overlap_p2p`` off)
+    add each chunk's two sends per microbatch to its rank's work.
     """
     pp, m, name = p.pp, p.microbatches, _schedule_name(p)
     blocking = p2p_time(model, p, hw) if pp > 1 and not p.overlap_p2p else 0.0
     work = [0.0] * pp
     for stage, st in enumerate(times):
         work[counting.stage_rank(p, stage)] += st.forward + st.backward + 2 * blocking
+    # DualPipeV's F&B slots hide all-to-alls: a rank's work per microbatch, on the mean over its m
+    work = [w - hidden / m for w, hidden in zip(work, _hidden_all_to_alls(p, times))]
     hop = 2 * p2p_time(model, p, hw) if pp > 1 else 0.0
     f, bi, w = _mean_passes(times)
     f, bi = f + blocking, bi + blocking
@@ -1160,11 +1167,10 @@ def _end_of_step(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, finish) ->
     return [(sync, window, tied.get(rank)) for rank, (sync, window) in enumerate(zip(syncs, windows))]
 
 
-def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: float,
-              hidden_a2a: float = 0.0) -> Prediction:
-    """The prediction of a step whose pipeline ends at ``finish`` (per rank), ``hidden_a2a`` seconds
-    of the first rank's expert all-to-alls hidden behind compute (DualPipeV's F&B slots, simulated):
-    the breakdown counts only those left exposed as expert-parallel time, the rest is compute."""
+def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: float) -> Prediction:
+    """The prediction of a step whose pipeline ends at ``finish`` (per rank). Of the expert all-to-alls
+    the breakdown counts as expert-parallel time only those DualPipeV's F&B slots leave exposed
+    (:func:`_hidden_all_to_alls`); the hidden ones are compute."""
     step = 0.0
     exposed = optimizer = copies = 0.0
     first_end = math.inf
@@ -1193,6 +1199,7 @@ def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: f
     # uneven split's first rank may hold one block, or no expert layer)
     per_rank = p.microbatches / p.pp
     per_rank_tp = per_rank * sum(st.tp_comm for st in times)
+    hidden_a2a = sum(_hidden_all_to_alls(p, times)) / p.pp
     per_rank_a2a = per_rank * sum(2 * st.a2a for st in times) - hidden_a2a  # forward and backward
     # ZeRO-2/3 collectives run inside the forward and backward passes; what they add is data-parallel time
     per_rank_zero = per_rank * sum(st.zero_comm for st in times)

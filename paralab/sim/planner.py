@@ -136,8 +136,9 @@ def plan(
     """Configurations that fit, fastest first (at most ``top``); empty when nothing fits.
 
     Candidates are scored by the closed form, then the ``refine`` fastest are simulated event by
-    event, again until the ``refine`` fastest are all simulated ones: a closed form that was optimistic
-    must not keep a place the simulation took from it.
+    event (those of more than ``cost.SIMULATED_PASSES`` passes keep their closed form), again until the
+    ``refine`` fastest are all refined ones: a closed form that was optimistic must not keep a place
+    the simulation took from it.
 
     Pricing every candidate would take seconds at 1,024 GPUs with context parallel in the search, so
     they are taken cheapest floor first (:func:`paralab.sim.cost.step_floor`, a bound no closed form
