@@ -42,7 +42,7 @@ from paralab.cli_args import below_one
 from paralab.config import ConfigError, finite_number
 from paralab.outputs import check_file
 from paralab.profiling import METADATA_KEY, PREFIX, parse_label
-from paralab.schedules import SCHEDULES, shape_problems
+from paralab.schedules import SCHEDULES, V_SHAPED, shape_problems
 from paralab.trace import COMM, MAX_RANKS, STEP, Span, Trace
 from paralab.trace_ops import DEVICE_CATS, HOST_CATS, Event, comm_spans, compute_spans
 
@@ -365,9 +365,10 @@ def import_main(args) -> int:
     while)."""
     check_file(args.output, "output")
     problem = below_one(args, ("pp", "microbatches", "tokens_per_step"))
-    if not problem and args.schedule not in (None, "interleaved") and args.pp and args.microbatches:
-        # interleaved's chunks per rank are not a fact import takes: its rules are not checked
-        problem = next(iter(shape_problems(args.schedule, args.pp, args.microbatches)), None)
+    if not problem and args.schedule and args.pp and args.microbatches:
+        # interleaved's chunks per rank are not a fact import takes; its rule on rounds holds for any
+        chunks = 2 if args.schedule in ("interleaved", *V_SHAPED) else 1
+        problem = next(iter(shape_problems(args.schedule, args.pp, args.microbatches, chunks)), None)
     if problem:
         print(f"paralab import: {problem}", file=sys.stderr)
         return 2

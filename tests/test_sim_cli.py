@@ -216,6 +216,8 @@ def test_a_configuration_that_does_not_fit_is_still_estimated(capsys):
         (["--model", "mixtral-8x7b", "--ffn", "8192"], dict(ffn=8192, expert_ffn=8192)),
         (["--model", "mixtral-8x7b", "--hidden", "5120"], dict(ffn=17920, expert_ffn=17920)),
         (["--model", "deepseek-v3", "--ffn", "9216"], dict(ffn=9216, expert_ffn=2048)),
+        # 18,432 / 7,168 x 5,120 = 13,165.7 rounds to 51 x 256 (tp 2 had been refused 13,165)
+        (["--model", "deepseek-v3", "--hidden", "5120"], dict(ffn=13056, expert_ffn=2048)),
         (["--model", "deepseek-v3", "--expert-ffn", "1024"], dict(ffn=18432, expert_ffn=1024)),
     ],
 )
@@ -278,9 +280,15 @@ def test_layers_that_do_not_divide_into_the_stages_are_named_as_the_cause(capsys
                         "each; try --first-stage-layers 5 --last-stage-layers 5") in err
     # one end alone: the other stages share the rest evenly, or the ends that let them are offered
     rc, out, err = run([*argv, "--first-stage-layers", "5"], capsys)  # 65 over 11 had read 5 + 10 x 6 + 5
-    assert rc == 2 and not out and "cannot share evenly; try 4 or 15" in err
+    assert rc == 2 and not out and "cannot share evenly, one at least each; try 4 or 15" in err
     rc, out, err = run([*argv, "--first-stage-layers", "69"], capsys)  # 70 would leave the others none
     assert rc == 2 and not out and "try 59," in err
+    rc, out, err = run([*argv, "--first-stage-layers", "70"], capsys)  # had offered a last stage of 0
+    assert rc == 2 and not out and "leaves 0 of 70 layers" in err and "try 59," in err
+    rc, out, err = run([*argv, "--first-stage-layers", "-2", "--last-stage-layers", "6"], capsys)
+    assert rc == 2 and "--first-stage-layers must be 0 to 70 (the model's layers), got -2" in err
+    rc, out, err = run([*argv, "--first-stage-layers", "40", "--last-stage-layers", "40"], capsys)
+    assert rc == 2 and "add up to more than the model's 70 layers; try --first-stage-layers 5" in err
 
 
 @pytest.mark.parametrize("flag", ["--ffn", "--kv-heads", "--layers"])
@@ -368,6 +376,8 @@ def test_a_batch_of_more_microbatches_than_a_step_models_plans_the_splits_that_f
      "expert imbalance 2 weighs experts, but gpt3-1.3b is dense"),  # had been ignored
     (["simulate", "--model", "llama2-70b", "--tp", "8", "--kv-heads", "4"],
      "tp 8 does not divide the 4 key-value heads"),  # had named the 64 query heads as well
+    (["simulate", "--model", "gpt3-13b", "--tp", "8", "--pp", "8", "--schedule", "interleaved",
+      "--virtual-stages", "2"], "16 does not divide 40 layers; give stage_layers, e.g. 2 + 8 x 3 + 7 x 2"),
     (["simulate", "--model", "gpt3-1.3b", "--pp", "30"],
      "30 does not divide 24 layers; no split can hold them: every stage but the first and last needs"),
     (["simulate", "--model", "gpt3-1.3b", "--gpus", str(10**17)], "the simulator models up to 16,777,216"),

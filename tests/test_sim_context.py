@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from paralab.sim import context, cost, planner
+from paralab.sim import context, cost, counting, planner
 from paralab.sim.hardware import get_hardware
 from paralab.sim.presets import get_model
 from paralab.sim.specs import ParallelSpec, SpecError
@@ -28,7 +28,8 @@ def test_wire_bytes_per_gpu_ring_and_all_to_all():
     model, cp = LLAMA.replace(seq=32768), 4
     slice_tokens, e = 32768 // cp, model.dtype_bytes
     ring = context.comm_bytes_per_gpu(model, spec(cp=cp))
-    assert ring == {"cp_send": model.layers * (3 * cp - 2) * 2 * slice_tokens * model.kv_dim * e}
+    assert ring["cp_send"] == model.layers * (3 * cp - 2) * 2 * slice_tokens * model.kv_dim * e
+    assert "dp_all_reduce" in ring  # the slice run's traffic beside the split's
     ulysses = context.comm_bytes_per_gpu(model, spec(cp=cp, cp_mode="alltoall", tp=2))
     widths = 2 * (2 * model.hidden + 2 * model.kv_dim) / 2  # q, k, v, out; both passes; half the heads
     assert ulysses["cp_all_to_all"] == pytest.approx(model.layers * widths * slice_tokens * e * (cp - 1) / cp)
@@ -208,3 +209,16 @@ def test_simulate_takes_cp_and_the_timeline_is_refused_not_faked(capsys):
         cost.predict_trace(LLAMA, spec(cp=2), H100)
     trace = context.ring_trace(LLAMA, spec(cp=4, tp=8), H100)
     assert {s.kind for s in trace.spans} == {"forward", "backward", "send"} and trace.ranks == [0, 1, 2, 3]
+
+
+def test_context_parallel_traffic_is_the_busiest_pipeline_ranks():
+    """The split's hops follow each rank's layers: BLOOM's 4 + 11 x 6 on 12 stages had counted 70 // 12
+    = 5 layers' hops on every rank, beside the busiest rank's other traffic."""
+    model = get_model("bloom-176b").replace(seq=8192)
+    uneven = ParallelSpec(dp=2, pp=12, cp=2, stage_layers=(4,) + (6,) * 11, microbatches=4)
+    per_layer = context.comm_bytes_per_gpu(model.replace(layers=12), ParallelSpec(dp=2, pp=12, cp=2,
+                                                                                  microbatches=4))["cp_send"]
+    assert context.comm_bytes_per_gpu(model, uneven)["cp_send"] == pytest.approx(6 * per_layer)
+    first, busiest = (counting.wire_bytes_by_key(context.comm_payloads(model, uneven, rank))["cp_send"]
+                      for rank in (0, 1))
+    assert first == pytest.approx(4 * per_layer) and busiest == pytest.approx(6 * per_layer)

@@ -103,6 +103,15 @@ def test_a_hardware_file_changes_the_entries_it_names_of_its_bases_tables(tmp_pa
                                              "host_overhead_s": {"layer_forward": 1e-5}}))
     assert hw.peak_flops == {**PRESETS["h100"].peak_flops, "fp8": 1500e12}
     assert hw.host_overhead_s == {"layer_forward": 1e-5}
+    # a part without FP8: null drops the base's entry, and an FP8 model is refused on it
+    no_fp8 = load_hardware_file(write(tmp_path, {"base": "h100", "peak_tflops": {"fp8": None}}))
+    assert no_fp8.peak_flops == {k: v for k, v in PRESETS["h100"].peak_flops.items() if k != "fp8"}
+    from paralab.sim.presets import get_model
+
+    assert no_fp8.problems_for(get_model("llama3-8b").replace(fp8=True))
+    whole = {k: v for k, v in dataclasses.asdict(PRESETS["a100"]).items() if k != "peak_flops"}
+    with pytest.raises(SpecError, match="peak_flops must be an object of finite numbers"):
+        load_hardware_file(write(tmp_path, {**whole, "peak_tflops": {"fp32": None}}))  # no base to drop from
 
 
 def test_a_hardware_file_may_give_every_field_in_si_units(tmp_path):

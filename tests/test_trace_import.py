@@ -379,6 +379,8 @@ def test_profile_of_a_paralab_pipeline_agrees_with_its_own_trace(tmp_path, no_le
     # facts the profiles or the schedule contradict had been written into the trace
     (["--pp", "3"], "pp 3 does not divide the 2 ranks of these profiles"),
     (["--schedule", "dualpipev", "--pp", "2", "--microbatches", "1"], "dualpipev needs at least as many"),
+    (["--schedule", "interleaved", "--pp", "2", "--microbatches", "5"],
+     "in max(1, m // stages) = 2 equal rounds"),
 ])
 def test_facts_a_profile_cannot_give_are_checked(capsys, tmp_path, facts, message):
     assert cli_main(["import", str(GPU_FIXTURE), "-o", str(tmp_path / "out.json"), *facts]) == 2

@@ -150,31 +150,37 @@ def _stage_layers(args, model: ModelSpec) -> tuple[int, ...] | None:
     if args.virtual_stages != 1:
         raise SpecError("--first/--last-stage-layers split one chunk per stage; "
                         "give --stage-layers for virtual stages")
+    for flag, value in (("first", first), ("last", last)):
+        if value is not None and not 0 <= value <= model.layers:
+            raise SpecError(f"--{flag}-stage-layers must be 0 to {model.layers} (the model's layers), "
+                            f"got {value}")
     if first is None or last is None:  # the other stages share the rest evenly, the missing end one of them
         given, flag = (first, "first") if last is None else (last, "last")
         others = args.pp - 1
-        if not 0 <= given <= model.layers:
-            raise SpecError(f"--{flag}-stage-layers must be 0 to {model.layers} (the model's layers), "
-                            f"got {given}")
-        if (model.layers - given) % others:
-            # every other stage keeps at least one layer
-            working = [n for n in range(model.layers - others + 1) if (model.layers - n) % others == 0]
+        # every other stage keeps at least one layer
+        working = [n for n in range(model.layers - others + 1) if (model.layers - n) % others == 0]
+        if given not in working:
             nearest = {max((n for n in working if n < given), default=None),
                        min((n for n in working if n > given), default=None)} - {None}
             offer = f"try {' or '.join(map(str, sorted(nearest)))}, or " if nearest else ""
             raise SpecError(f"--{flag}-stage-layers {given} leaves {model.layers - given} of {model.layers} "
-                            f"layers, which the other {others} stages cannot share evenly; "
-                            f"{offer}give --stage-layers")
+                            f"layers, which the other {others} stages cannot share evenly, one at least "
+                            f"each; {offer}give --stage-layers")
         share = (model.layers - given) // others
         first, last = (first, share) if last is None else (share, last)
     middle, rest = args.pp - 2, model.layers - first - last
-    if min(first, last) < 0 or rest < middle or (rest % middle if middle else rest):
+    if rest < middle or (rest % middle if middle else rest):
         ends = megatron_split(model.layers, args.pp)
         offer = f"try --first-stage-layers {ends[0]} --last-stage-layers {ends[-1]}, or " if ends else ""
-        shared = (f"which the {middle} middle stages cannot share evenly, one at least each" if middle
-                  else "and a 2-stage pipeline has no other stage")
-        raise SpecError(f"--first-stage-layers {first} and --last-stage-layers {last} leave {rest} of "
-                        f"{model.layers} layers, {shared}; {offer}give --stage-layers")
+        if rest < 0:
+            why = f"add up to more than the model's {model.layers} layers"
+        elif middle:
+            why = (f"leave {rest} of {model.layers} layers, which the {middle} middle stages cannot share "
+                   "evenly, one at least each")
+        else:
+            why = f"leave {rest} of {model.layers} layers to no other stage"
+        raise SpecError(f"--first-stage-layers {first} and --last-stage-layers {last} {why}; "
+                        f"{offer}give --stage-layers")
     return ends_split(model.layers, args.pp, first, last)
 
 

@@ -64,22 +64,28 @@ def alltoall_payloads(model: ModelSpec, p: ParallelSpec) -> list[float]:
     return [token_bytes * width for width in (model.hidden, model.kv_dim, model.kv_dim, model.hidden)]
 
 
-def comm_payloads(model: ModelSpec, parallel: ParallelSpec) -> list[tuple[str, str, float, int, float]]:
-    """What one GPU sends per step for context parallelism, as counting.comm_payloads' rows (family
-    cp, op, payload, group size, count per step); the rest of its traffic is the slice run's. Ring: per
-    layer and microbatch 3 cp - 2 hops to the ring's next rank (cp - 1 K/V forward, cp - 1 K/V and cp
-    dK/dV backward); all-to-all: each of the four tensors forward and its gradient backward."""
+def comm_payloads(model: ModelSpec, parallel: ParallelSpec,
+                  rank: int = 0) -> list[tuple[str, str, float, int, float]]:
+    """What one GPU of pipeline rank ``rank`` sends per step for context parallelism, as
+    counting.comm_payloads' rows (family cp, op, payload, group size, count per step); the rest of its
+    traffic is the slice run's. Ring: per layer and microbatch 3 cp - 2 hops to the ring's next rank
+    (cp - 1 K/V forward, cp - 1 K/V and cp dK/dV backward); all-to-all: each of the four tensors
+    forward and its gradient backward."""
     p = parallel.resolved()
-    passes = model.layers // p.pp * p.microbatches
+    passes = counting.rank_layers(model, p, rank) * p.microbatches
     if p.cp_mode == "ring":
         return [("cp", "send", hop_bytes(model, p), p.cp, passes * (3 * p.cp - 2))]
     return [("cp", "all_to_all", payload, p.cp, passes * 2) for payload in alltoall_payloads(model, p)]
 
 
 def comm_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]:
-    """Wire bytes per step one GPU sends for context parallelism, keyed as counting's (cp_send,
-    cp_all_to_all); the rest of its traffic is the slice run's (counting.comm_bytes_per_gpu)."""
-    return counting.wire_bytes_by_key(comm_payloads(model, parallel))
+    """Wire bytes per step the busiest GPU sends, keyed as counting's: the slice run's traffic and the
+    split's (cp_send or cp_all_to_all), on the pipeline rank that sends the most of them in all."""
+    p = parallel.resolved()
+    sm, sp = slice_run(model, p)
+    by_rank = (counting.comm_payloads(sm, sp, rank) + comm_payloads(model, p, rank)
+               for rank in counting.first_rank_of_each_kind(model, p))
+    return max(map(counting.wire_bytes_by_key, by_rank), key=lambda wire: sum(wire.values()))
 
 
 # ------------------------------------------------------------------------------------------- time
@@ -299,7 +305,7 @@ def predict(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec, simulate
     return dataclasses.replace(
         base, step_time_s=step, tokens_per_s=p.global_batch * model.seq / step,
         **cost.flop_rates(model, p, hw, step), memory_bytes_per_gpu=memory,
-        comm_bytes_per_gpu={**base.comm_bytes_per_gpu, **comm_bytes_per_gpu(model, p)},
+        comm_bytes_per_gpu=comm_bytes_per_gpu(model, p),
         params=counting.parameter_counts(model)["total"], breakdown_s=breakdown, parallel=p,
         bubble_fraction=bubble / pipeline if pipeline else 0.0,
         fits=memory["total"] <= cost.usable_memory(hw),

@@ -202,11 +202,13 @@ def _file_spec(data: dict, fields: set, path: Path) -> HardwareSpec:
     for key, (name, factor) in FILE_UNITS.items():
         if key in data:
             value = data[key]
-            numbers = value.values() if isinstance(value, dict) else [value]
+            # a null by dtype drops that entry of the base's table (below)
+            numbers = [v for v in value.values() if v is not None] if isinstance(value, dict) else [value]
             if not all(map(finite_number, numbers)):
                 raise SpecError(f"hardware file {str(path)!r}: {key} must be a number (or numbers by dtype), "
                                 f"got {value!r}")
-            scaled = {k: v * factor for k, v in value.items()} if isinstance(value, dict) else value * factor
+            scaled = ({k: v if v is None else v * factor for k, v in value.items()} if isinstance(value, dict)
+                      else value * factor)
             values[name] = scaled
     values.setdefault("name", path.stem)
     base = data.get("base")
@@ -223,8 +225,9 @@ def _file_spec(data: dict, fields: set, path: Path) -> HardwareSpec:
         gpus = values.get("gpus_per_node", start.get("gpus_per_node"))
         gpus = gpus if finite_number(gpus) and gpus > 0 else 1  # a bad or missing count is named later
         values["inter_bw"] = data["nic_gbit_s"] * 1e9 / 8 * data.get("nics_per_node", gpus) / gpus
-    # a table by dtype or part (peak_flops, host_overhead_s) changes the base's entries it names
-    tables = {k: {**start[k], **v} for k, v in values.items()
+    # a table by dtype or part (peak_flops, host_overhead_s) changes the base's entries it names, and
+    # drops those it names null
+    tables = {k: {key: x for key, x in {**start[k], **v}.items() if x is not None} for k, v in values.items()
               if isinstance(start.get(k), dict) and isinstance(v, dict)}
     return _from_fields({**start, **values, **tables}, path)
 

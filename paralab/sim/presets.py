@@ -137,7 +137,8 @@ def override(base: ModelSpec, **given) -> ModelSpec:
     "custom (from <base>)", re-deriving what follows from an override unless that is given too:
 
     - the MLP width from ``hidden``: the Llama rule of :data:`FFN_RULES`, else the preset's own ratio
-      (4 x hidden for GPT; 3.5 for Mixtral, whose paper gives no rule);
+      (4 x hidden for GPT; 3.5 for Mixtral, whose paper gives no rule), rounded to a multiple of 256
+      where it is not whole (DeepSeek-V3's 18,432 / 7,168), so that tensor parallelism can split it;
     - the experts' width from the MLP's where the preset's experts are as wide as the dense MLP they
       replace (Mixtral); narrower ones (DeepSeek-V3's 2,048 beside an 18,432-wide MLP) follow no rule,
       so they stay unless ``expert_ffn`` is given;
@@ -151,8 +152,7 @@ def override(base: ModelSpec, **given) -> ModelSpec:
     derived = dict(given)
     if "hidden" in given and "ffn" not in given:
         hidden = given["hidden"]
-        derived["ffn"] = (llama_ffn(base.name, hidden) if base.name in FFN_RULES
-                          else base.ffn * hidden // base.hidden)
+        derived["ffn"] = llama_ffn(base.name, hidden) if base.name in FFN_RULES else _scaled_ffn(base, hidden)
     if base.experts and base.expert_ffn == base.ffn and "ffn" in derived and "expert_ffn" not in given:
         derived["expert_ffn"] = derived["ffn"]
     if "heads" in given and "kv_heads" not in given:
@@ -162,6 +162,11 @@ def override(base: ModelSpec, **given) -> ModelSpec:
                             f"heads {given['heads']} is not a multiple of {group}; give --kv-heads")
         derived["kv_heads"] = given["heads"] // group
     return base.replace(**derived, name=f"custom (from {base.name})")
+
+
+def _scaled_ffn(base: ModelSpec, hidden: int) -> int:
+    width = base.ffn * hidden / base.hidden
+    return int(width) if width.is_integer() else 256 * max(1, round(width / 256))
 
 
 def get_model(name: str) -> ModelSpec:

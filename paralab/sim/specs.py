@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from paralab.config import finite_number
 from paralab.schedules import SCHEDULES, V_SHAPED, chunks_per_rank, shape_problems
-from paralab.stage_split import megatron_split, split_problems, split_text
+from paralab.stage_split import balanced_split, megatron_split, split_problems, split_text
 from paralab.trace import MAX_RANKS
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -380,8 +380,10 @@ class ParallelSpec:
             out.append(f"tp {p.tp} does not divide the MLP width {model.ffn}")
         chunks = p.pp * p.virtual_stages
         if p.stage_layers is None and model.layers % chunks:
-            ends = megatron_split(model.layers, chunks)
-            how = (f"give stage_layers, e.g. {split_text(ends)} (paralab.stage_split.megatron_split)" if ends
+            # Megatron-LM's ends where they work, else the most even split (remainder in the middle)
+            example = megatron_split(model.layers, chunks) or (
+                tuple(balanced_split(model.layers, chunks, 0, 0)) if chunks <= model.layers else None)
+            how = (f"give stage_layers, e.g. {split_text(example)}" if example
                    else "no split can hold them: every stage but the first and last needs a layer")
             out.append(f"pp x virtual stages = {chunks} does not divide {model.layers} layers; {how}")
         else:

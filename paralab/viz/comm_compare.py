@@ -47,8 +47,11 @@ def predicted_comm_trace(model, parallel, gpus_per_node: int = 8) -> Trace:
 
     stage_of = [layout.coord(rank)["pp"] for rank in range(world)]
     spans = []
+    groups: dict[tuple[str, int], list[list[int]]] = {}  # every stage's rows run on the same groups
     for stage, family, op, payload, size, count in _payloads(model, p):
-        for group in _groups(layout, family, size):
+        if (family, size) not in groups:
+            groups[family, size] = _groups(layout, family, size)
+        for group in groups[family, size]:
             for rank in (r for r in group if stage_of[r] == stage):
                 if op == "send":
                     for peer, share in _send_peers(family, rank, group, count):
@@ -75,10 +78,11 @@ def _payloads(model, p) -> list[tuple[int, str, str, float, int, float]]:
     from paralab.sim import context
     from paralab.sim.counting import comm_payloads
 
-    run, split = (model, p), []
-    if p.cp > 1:
-        run, split = context.slice_run(model, p), context.comm_payloads(model, p)
-    return [(stage, *row) for stage in range(p.pp) for row in comm_payloads(*run, stage) + split]
+    if p.cp == 1:
+        return [(stage, *row) for stage in range(p.pp) for row in comm_payloads(model, p, stage)]
+    run = context.slice_run(model, p)
+    return [(stage, *row) for stage in range(p.pp)
+            for row in comm_payloads(*run, stage) + context.comm_payloads(model, p, stage)]
 
 
 def _send_peers(family: str, rank: int, line: list[int], count: float) -> list[tuple[int, float]]:

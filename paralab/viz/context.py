@@ -107,7 +107,8 @@ def cp_modes(model, hw, cps: list[int], title: str | None = None, **spec):
     meta = {"cps": list(cps), "bytes": {}, "step_s": {}}
     for mode in ("ring", "alltoall"):
         specs = [ParallelSpec(**{**spec, "cp": cp, "cp_mode": mode}) for cp in cps]
-        meta["bytes"][mode] = [sum(context.comm_bytes_per_gpu(model, p).values()) for p in specs]
+        wire = [context.comm_bytes_per_gpu(model, p) for p in specs]
+        meta["bytes"][mode] = [sum(v for k, v in sent.items() if k.startswith("cp_")) for sent in wire]
         meta["step_s"][mode] = [cost.predict(model, p, hw).step_time_s for p in specs]
     scale, unit = byte_scale(max(max(sent) for sent in meta["bytes"].values()))
     for mode in ("ring", "alltoall"):
