@@ -378,6 +378,8 @@ def test_a_batch_of_more_microbatches_than_a_step_models_plans_the_splits_that_f
      "tp 8 does not divide the 4 key-value heads"),  # had named the 64 query heads as well
     (["simulate", "--model", "gpt3-13b", "--tp", "8", "--pp", "8", "--schedule", "interleaved",
       "--virtual-stages", "2"], "16 does not divide 40 layers; give stage_layers, e.g. 2 + 8 x 3 + 7 x 2"),
+    (["simulate", "--model", "gpt3-13b", "--pp", "4", "--schedule", "zbv", "--virtual-stages", "3"],
+     "invalid configuration: zbv always runs 2 chunks per rank"),  # had led with 12 chunks of 40 layers
     (["simulate", "--model", "gpt3-1.3b", "--pp", "30"],
      "30 does not divide 24 layers; no split can hold them: every stage but the first and last needs"),
     (["simulate", "--model", "gpt3-1.3b", "--gpus", str(10**17)], "the simulator models up to 16,777,216"),

@@ -378,6 +378,16 @@ class ParallelSpec:
             out.append(f"tp {p.tp} does not divide the {model.kv_heads} key-value heads")
         if model.ffn % p.tp:
             out.append(f"tp {p.tp} does not divide the MLP width {model.ffn}")
+        # the schedule's shape first: a wrong one makes its chunk count meaningless
+        if p.schedule not in SCHEDULES:
+            out.append(f"unknown schedule {p.schedule!r}; choose from {', '.join(SCHEDULES)}")
+        elif p.pp > 1:
+            out += shape_problems(p.schedule, p.pp, p.microbatches, p.virtual_stages)
+        elif p.schedule in MULTI_CHUNK:
+            out.append(f"schedule {p.schedule} spreads model chunks over the ranks of a pipeline: it needs "
+                       f"pp >= 2, got pp {p.pp}")
+        elif p.virtual_stages > 1:
+            out.append(f"virtual stages {p.virtual_stages} need a pipeline (pp > 1)")
         chunks = p.pp * p.virtual_stages
         if p.stage_layers is None and model.layers % chunks:
             # Megatron-LM's ends where they work, else the most even split (remainder in the middle)
@@ -388,15 +398,6 @@ class ParallelSpec:
             out.append(f"pp x virtual stages = {chunks} does not divide {model.layers} layers; {how}")
         else:
             out += split_problems(model.layers, chunks, p.stage_layers)
-        if p.schedule not in SCHEDULES:
-            out.append(f"unknown schedule {p.schedule!r}; choose from {', '.join(SCHEDULES)}")
-        elif p.pp > 1:
-            out += shape_problems(p.schedule, p.pp, p.microbatches, p.virtual_stages)
-        elif p.schedule in MULTI_CHUNK:
-            out.append(f"schedule {p.schedule} spreads model chunks over the ranks of a pipeline: it needs "
-                       f"pp >= 2, got pp {p.pp}")
-        elif p.virtual_stages > 1:
-            out.append(f"virtual stages {p.virtual_stages} need a pipeline (pp > 1)")
         out += self._expert_problems(model)
         if p.zero not in (0, 1, 2, 3):
             out.append(f"zero stage must be 0..3, got {p.zero}")
