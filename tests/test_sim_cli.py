@@ -276,8 +276,8 @@ def test_layers_that_do_not_divide_into_the_stages_are_named_as_the_cause(capsys
     rc, out, _ = run([*argv, "--first-stage-layers", "4", "--json"], capsys)  # the last shares the rest
     assert rc == 0 and "layers per stage 4 + 11 x 6" in json.loads(out)["config"]
     rc, _, err = run([*argv, "--first-stage-layers", "4", "--last-stage-layers", "4"], capsys)  # had read 68
-    assert rc == 2 and ("leave 62 of 70 layers, which the 10 middle stages cannot share evenly, one at least "
-                        "each; try --first-stage-layers 5 --last-stage-layers 5") in err
+    assert rc == 2 and ("leave 62 of 70 layers, which the 10 middle stages cannot share evenly; "
+                        "try --first-stage-layers 5 --last-stage-layers 5") in err
     # one end alone: the other stages share the rest evenly, or the ends that let them are offered
     rc, out, err = run([*argv, "--first-stage-layers", "5"], capsys)  # 65 over 11 had read 5 + 10 x 6 + 5
     assert rc == 2 and not out and "cannot share evenly, one at least each; try 4 or 15" in err
@@ -380,6 +380,8 @@ def test_a_batch_of_more_microbatches_than_a_step_models_plans_the_splits_that_f
       "--virtual-stages", "2"], "16 does not divide 40 layers; give stage_layers, e.g. 2 + 8 x 3 + 7 x 2"),
     (["simulate", "--model", "gpt3-13b", "--pp", "4", "--schedule", "zbv", "--virtual-stages", "3"],
      "invalid configuration: zbv always runs 2 chunks per rank"),  # had led with 12 chunks of 40 layers
+    (["simulate", "--layers", "1", "--hidden", "64", "--heads", "1", "--pp", "2"],
+     "give stage_layers, e.g. 1 + 0"),
     (["simulate", "--model", "gpt3-1.3b", "--pp", "30"],
      "30 does not divide 24 layers; no split can hold them: every stage but the first and last needs"),
     (["simulate", "--model", "gpt3-1.3b", "--gpus", str(10**17)], "the simulator models up to 16,777,216"),
@@ -393,6 +395,8 @@ def test_a_batch_of_more_microbatches_than_a_step_models_plans_the_splits_that_f
 def test_values_the_simulator_cannot_model_exit_2_in_one_line(capsys, argv, message):
     rc, out, err = run(argv + ["--json"], capsys)
     assert rc == 2 and not out and message in err and err.count("\n") == 1
+    if "zbv always runs 2 chunks" in message:  # the chunks it would have made are not split
+        assert "does not divide" not in err
 
 
 def test_a_pipeline_longer_than_the_model_is_offered_a_split_it_accepts(capsys):
@@ -404,3 +408,16 @@ def test_a_pipeline_longer_than_the_model_is_offered_a_split_it_accepts(capsys):
     rc, out, _ = run(["simulate", "--model", "gpt3-1.3b", "--pp", "25", "--stage-layers", split, "--json"],
                      capsys)
     assert rc == 0 and "layers per stage 24 x 1 + 0" in json.loads(out)["config"]
+
+
+def test_two_or_three_stages_are_offered_ends_that_work(capsys):
+    """With two stages the other one is an end and may hold no layer; with three the middle one needs
+    a layer (it had read "the 1 middle stages cannot share evenly")."""
+    base = ["simulate", "--model", "gpt3-1.3b"]
+    rc, out, _ = run([*base, "--pp", "2", "--first-stage-layers", "24", "--json"], capsys)
+    assert rc == 0 and "layers per stage 24 + 0" in json.loads(out)["config"]  # had been refused
+    rc, _, err = run([*base, "--pp", "2", "--first-stage-layers", "20", "--last-stage-layers", "3"], capsys)
+    assert rc == 2 and ("leave 1 of 24 layers to no other stage; "
+                        "try --first-stage-layers 20 --last-stage-layers 4") in err
+    rc, _, err = run([*base, "--pp", "3", "--first-stage-layers", "12", "--last-stage-layers", "12"], capsys)
+    assert rc == 2 and "leave 0 of 24 layers, and the middle stage needs one; try" in err

@@ -94,7 +94,7 @@ def test_a_step_of_more_passes_than_are_simulated_is_priced_in_closed_form(monke
         assert priced.pipeline_pricing == ("simulated" if passes <= cost.SIMULATED_PASSES else "closed form")
         if priced.pipeline_pricing == "closed form":
             assert priced.step_time_s == fast.step_time_s and fast.pipeline_pricing == "closed form"
-    # without a pipeline there is nothing to simulate: the closed form is the step
+    # without a pipeline the step is simulated however many passes it has (nothing waits on a ramp)
     alone = cost.predict(model, ParallelSpec(tp=8, microbatches=256, micro_batch=1), A100)
     assert alone.pipeline_pricing == "simulated"
 
@@ -112,9 +112,10 @@ def test_dualpipev_hides_as_much_in_closed_form_as_simulated():
         assert sum(walked) > 0
         assert sum(cost._hidden_all_to_alls(p, times)) == pytest.approx(sum(walked), rel=1e-12)
         fast, slow = (cost.predict(model, p, H100, simulate=s) for s in (False, True))
-        assert fast.breakdown_s["ep_comm"] == pytest.approx(slow.breakdown_s["ep_comm"], rel=1e-9)
-        if m >= 4 * pp:
-            assert fast.step_time_s == pytest.approx(slow.step_time_s, rel=0.02)
+        exposed = m / pp * sum(2 * st.a2a for st in times) - sum(walked) / pp
+        assert fast.breakdown_s["ep_comm"] == pytest.approx(exposed, rel=1e-9)
+        if m >= 4 * pp:  # without the slots' hiding the closed form had read 3-4% long
+            assert fast.step_time_s == pytest.approx(slow.step_time_s, rel=0.015)
 
 
 @pytest.mark.parametrize("m", [1, 2, 4, 8])

@@ -157,8 +157,9 @@ def _stage_layers(args, model: ModelSpec) -> tuple[int, ...] | None:
     if first is None or last is None:  # the other stages share the rest evenly, the missing end one of them
         given, flag = (first, "first") if last is None else (last, "last")
         others = args.pp - 1
-        # every other stage keeps at least one layer
-        working = [n for n in range(model.layers - others + 1) if (model.layers - n) % others == 0]
+        # the middle stages keep a layer each; with two stages the other is an end, which may hold none
+        working = [n for n in range(model.layers - (others if others > 1 else 0) + 1)
+                   if (model.layers - n) % others == 0]
         if given not in working:
             nearest = {max((n for n in working if n < given), default=None),
                        min((n for n in working if n > given), default=None)} - {None}
@@ -170,15 +171,20 @@ def _stage_layers(args, model: ModelSpec) -> tuple[int, ...] | None:
         first, last = (first, share) if last is None else (share, last)
     middle, rest = args.pp - 2, model.layers - first - last
     if rest < middle or (rest % middle if middle else rest):
-        ends = megatron_split(model.layers, args.pp)
+        two_stages = (first, model.layers - first) if not middle else None
+        ends = megatron_split(model.layers, args.pp) or two_stages
         offer = f"try --first-stage-layers {ends[0]} --last-stage-layers {ends[-1]}, or " if ends else ""
         if rest < 0:
             why = f"add up to more than the model's {model.layers} layers"
-        elif middle:
-            why = (f"leave {rest} of {model.layers} layers, which the {middle} middle stages cannot share "
-                   "evenly, one at least each")
-        else:
+        elif not middle:
             why = f"leave {rest} of {model.layers} layers to no other stage"
+        elif rest < middle:
+            needs = ("the middle stage needs one" if middle == 1
+                     else f"the {middle} middle stages need one each")
+            why = f"leave {rest} of {model.layers} layers, and {needs}"
+        else:
+            why = (f"leave {rest} of {model.layers} layers, which the {middle} middle stages cannot "
+                   "share evenly")
         raise SpecError(f"--first-stage-layers {first} and --last-stage-layers {last} {why}; "
                         f"{offer}give --stage-layers")
     return ends_split(model.layers, args.pp, first, last)

@@ -83,9 +83,8 @@ def comm_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, fl
     split's (cp_send or cp_all_to_all), on the pipeline rank that sends the most of them in all."""
     p = parallel.resolved()
     sm, sp = slice_run(model, p)
-    by_rank = (counting.comm_payloads(sm, sp, rank) + comm_payloads(model, p, rank)
-               for rank in counting.first_rank_of_each_kind(model, p))
-    return max(map(counting.wire_bytes_by_key, by_rank), key=lambda wire: sum(wire.values()))
+    return counting.busiest_wire_bytes(model, p, lambda rank: counting.comm_payloads(sm, sp, rank)
+                                       + comm_payloads(model, p, rank))
 
 
 # ------------------------------------------------------------------------------------------- time

@@ -812,10 +812,10 @@ def machine_problems(model: ModelSpec, hw: HardwareSpec) -> list[str]:
 SIMULATED_PASSES = 32_768
 """The most passes (a microbatch's forward or backward through one chunk, a split backward counted
 once) a prediction simulates one by one. Building, proving and running a schedule costs some tens of
-microseconds an action here, so this many take 1-5 s; a pipeline of more is priced by the closed form
-(:func:`_estimate_finish`), which at that many passes is within 1% of the simulated step for GPipe,
-1F1B, interleaved and ZB-H1, and for the V shapes (ZB-V, DualPipeV) at 16 stages or fewer; at 64
-stages they read 4-5% apart."""
+microseconds an action here, so this many take 1-4 s on an idle machine; a pipeline of more is priced
+by the closed form (:func:`_estimate_finish`), which at that many passes is within 1% of the simulated
+step for GPipe, 1F1B, interleaved and ZB-H1, and for the V shapes (ZB-V, DualPipeV) at 16 stages or
+fewer; at 64 stages they read 4-5% apart."""
 
 
 def pipeline_passes(p: ParallelSpec) -> int:
@@ -1170,7 +1170,7 @@ def _end_of_step(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, finish) ->
 def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: float) -> Prediction:
     """The prediction of a step whose pipeline ends at ``finish`` (per rank). Of the expert all-to-alls
     the breakdown counts as expert-parallel time only those DualPipeV's F&B slots leave exposed
-    (:func:`_hidden_all_to_alls`); the hidden ones are compute."""
+    (:func:`_hidden_all_to_alls`); the hidden ones cost nothing (the slots are shorter by them)."""
     step = 0.0
     exposed = optimizer = copies = 0.0
     first_end = math.inf

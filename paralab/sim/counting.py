@@ -12,6 +12,7 @@ matmul of (m x k) by (k x n) costs 2mkn.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 
 from paralab.schedules import V_SHAPED, interleaved_order, interleaved_round, peak_held
@@ -750,13 +751,19 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec,
 
 
 def comm_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]:
-    """Wire bytes per step the busiest GPU sends, keyed ``family_op`` (e.g. tp_all_reduce): the pipeline
-    rank that sends the most in all, of the first of each kind (ranks alike send alike). With an uneven
-    split that need not be the first rank, which may hold a single block (DeepSeek-V3's splits)."""
+    """Wire bytes per step the busiest GPU sends, keyed ``family_op`` (e.g. tp_all_reduce)."""
     p = parallel.resolved()
-    ranks = first_rank_of_each_kind(model, p)
-    return max((wire_bytes_by_key(comm_payloads(model, p, rank)) for rank in ranks),
-               key=lambda wire: sum(wire.values()))
+    return busiest_wire_bytes(model, p, lambda rank: comm_payloads(model, p, rank))
+
+
+def busiest_wire_bytes(model: ModelSpec, parallel: ParallelSpec,
+                       rows_of: Callable[[int], list]) -> dict[str, float]:
+    """Wire bytes by key of the pipeline rank whose collectives (``rows_of(rank)``, as
+    :func:`comm_payloads` gives them) send the most in all, of the first of each kind (ranks alike
+    send alike). With an uneven split that need not be the first rank, which may hold a single block
+    (DeepSeek-V3's splits)."""
+    by_rank = (wire_bytes_by_key(rows_of(rank)) for rank in first_rank_of_each_kind(model, parallel))
+    return max(by_rank, key=lambda wire: sum(wire.values()))
 
 
 def wire_bytes_by_key(rows) -> dict[str, float]:

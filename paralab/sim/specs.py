@@ -379,20 +379,25 @@ class ParallelSpec:
         if model.ffn % p.tp:
             out.append(f"tp {p.tp} does not divide the MLP width {model.ffn}")
         # the schedule's shape first: a wrong one makes its chunk count meaningless
+        shape = []
         if p.schedule not in SCHEDULES:
-            out.append(f"unknown schedule {p.schedule!r}; choose from {', '.join(SCHEDULES)}")
+            shape.append(f"unknown schedule {p.schedule!r}; choose from {', '.join(SCHEDULES)}")
         elif p.pp > 1:
-            out += shape_problems(p.schedule, p.pp, p.microbatches, p.virtual_stages)
+            shape += shape_problems(p.schedule, p.pp, p.microbatches, p.virtual_stages)
         elif p.schedule in MULTI_CHUNK:
-            out.append(f"schedule {p.schedule} spreads model chunks over the ranks of a pipeline: it needs "
-                       f"pp >= 2, got pp {p.pp}")
+            shape.append(f"schedule {p.schedule} spreads model chunks over the ranks of a pipeline: it needs "
+                         f"pp >= 2, got pp {p.pp}")
         elif p.virtual_stages > 1:
-            out.append(f"virtual stages {p.virtual_stages} need a pipeline (pp > 1)")
+            shape.append(f"virtual stages {p.virtual_stages} need a pipeline (pp > 1)")
         chunks = p.pp * p.virtual_stages
-        if p.stage_layers is None and model.layers % chunks:
-            # Megatron-LM's ends where they work, else the most even split (remainder in the middle)
+        if shape:
+            out += shape
+        elif p.stage_layers is None and model.layers % chunks:
+            # Megatron-LM's ends where they work, else the most even split (remainder in the middle);
+            # two stages of one layer: the layer and an empty end
             example = megatron_split(model.layers, chunks) or (
-                tuple(balanced_split(model.layers, chunks, 0, 0)) if chunks <= model.layers else None)
+                tuple(balanced_split(model.layers, chunks, 0, 0)) if chunks <= model.layers
+                else (1, 0) if chunks == 2 else None)
             how = (f"give stage_layers, e.g. {split_text(example)}" if example
                    else "no split can hold them: every stage but the first and last needs a layer")
             out.append(f"pp x virtual stages = {chunks} does not divide {model.layers} layers; {how}")
