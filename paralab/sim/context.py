@@ -78,13 +78,18 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec,
     return [("cp", "all_to_all", payload, p.cp, passes * 2) for payload in alltoall_payloads(model, p)]
 
 
+def gpu_payloads(model: ModelSpec, parallel: ParallelSpec,
+                 rank: int = 0) -> list[tuple[str, str, float, int, float]]:
+    """Every collective one GPU of pipeline rank ``rank`` issues per step: the slice run's
+    (counting.comm_payloads) and the split's (:func:`comm_payloads`)."""
+    return counting.comm_payloads(*slice_run(model, parallel), rank) + comm_payloads(model, parallel, rank)
+
+
 def comm_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]:
     """Wire bytes per step the busiest GPU sends, keyed as counting's: the slice run's traffic and the
     split's (cp_send or cp_all_to_all), on the pipeline rank that sends the most of them in all."""
     p = parallel.resolved()
-    sm, sp = slice_run(model, p)
-    return counting.busiest_wire_bytes(model, p, lambda rank: counting.comm_payloads(sm, sp, rank)
-                                       + comm_payloads(model, p, rank))
+    return counting.busiest_wire_bytes(model, p, lambda rank: gpu_payloads(model, p, rank))
 
 
 # ------------------------------------------------------------------------------------------- time

@@ -75,14 +75,10 @@ def _payloads(model, p) -> list[tuple[int, str, str, float, int, float]]:
     comm_payloads: stages differ in their blocks, and the ends in the embedding and output layer); with
     context parallel the slice run's and the ring's or all-to-all's (paralab.sim.context), as its
     prediction counts."""
-    from paralab.sim import context
-    from paralab.sim.counting import comm_payloads
+    from paralab.sim import context, counting
 
-    if p.cp == 1:
-        return [(stage, *row) for stage in range(p.pp) for row in comm_payloads(model, p, stage)]
-    run = context.slice_run(model, p)
-    return [(stage, *row) for stage in range(p.pp)
-            for row in comm_payloads(*run, stage) + context.comm_payloads(model, p, stage)]
+    rows_of = counting.comm_payloads if p.cp == 1 else context.gpu_payloads
+    return [(stage, *row) for stage in range(p.pp) for row in rows_of(model, p, stage)]
 
 
 def _send_peers(family: str, rank: int, line: list[int], count: float) -> list[tuple[int, float]]:
