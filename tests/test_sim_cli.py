@@ -1,12 +1,14 @@
 """`paralab simulate` / `paralab plan`: JSON keys, and exit code 2 with what would fit on bad input."""
 
 import argparse
+import dataclasses
 import json
+import sys
 
 import pytest
 
 from paralab.config import MODEL_PRESETS
-from paralab.sim import cli
+from paralab.sim import cli, hardware
 
 
 def run(argv, capsys):
@@ -421,3 +423,19 @@ def test_two_or_three_stages_are_offered_ends_that_work(capsys):
                         "try --first-stage-layers 20 --last-stage-layers 4") in err
     rc, _, err = run([*base, "--pp", "3", "--first-stage-layers", "12", "--last-stage-layers", "12"], capsys)
     assert rc == 2 and "leave 0 of 24 layers, and the middle stage needs one; try" in err
+
+
+def test_a_terminal_is_told_that_the_first_local_hardware_is_measured(capsys, monkeypatch, tmp_path):
+    """The first `--hardware local` measures this machine for 10-30 s: a terminal is told so, once; a
+    pipe is not (its stderr stays one refusal line or nothing), nor is a run the cache serves."""
+    measured = dataclasses.replace(hardware.get_hardware("a100"),
+                                   calibration={"version": hardware.CALIBRATION_VERSION, "gloo": True})
+    monkeypatch.setattr(hardware, "calibrate", lambda **kwargs: measured)
+    argv = ["simulate", "--model", "gpt3-1.3b", "--gpus", "8", "--hardware", "local", "--json"]
+    for cache, terminal, told in (("piped", False, False), ("fresh", True, True), ("fresh", True, False)):
+        monkeypatch.setenv("PARALAB_CACHE", str(tmp_path / cache))
+        monkeypatch.setattr(sys.stderr, "isatty", lambda terminal=terminal: terminal)
+        rc, out, err = run(argv, capsys)
+        assert rc == 0 and json.loads(out)["hardware"] == "a100"
+        assert err == (f"paralab: measuring this machine once (10-30 s); cached in {tmp_path / cache}"
+                       "/local_hardware.json\n" if told else "")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from paralab.cli_args import below_one, int_list, json_text
 from paralab.sim import cost, planner
@@ -194,6 +195,17 @@ def _too_many(gpus: int) -> str:
     return f"{gpus:,} GPUs: the simulator models up to {MAX_GPUS:,}"
 
 
+def _hardware(name: str):
+    """The hardware named; the first ``local`` is measured for 10-30 s, which a terminal is told (a
+    pipe is not: its stderr stays the one-line refusal or nothing)."""
+    return get_hardware(name, on_measure=_say_measuring)
+
+
+def _say_measuring(cache: Path) -> None:
+    if sys.stderr.isatty():
+        print(f"paralab: measuring this machine once (10-30 s); cached in {cache}", file=sys.stderr)
+
+
 def _fail(message: str) -> int:
     print(f"paralab: {message}", file=sys.stderr)
     return 2
@@ -214,7 +226,7 @@ def _alternatives(model: ModelSpec, gpus: int, hw, global_batch: int | None) -> 
 
 def simulate_main(args) -> int:
     try:
-        model, hw = _model(args), get_hardware(args.hardware)
+        model, hw = _model(args), _hardware(args.hardware)
         stage_layers = _stage_layers(args, model)
     except SpecError as err:
         return _fail(str(err))
@@ -292,7 +304,7 @@ def _report(out: dict) -> str:
 
 def plan_main(args) -> int:
     try:
-        model, hw = _model(args), get_hardware(args.hardware)
+        model, hw = _model(args), _hardware(args.hardware)
     except SpecError as err:
         return _fail(str(err))
     if model.problems() or hw.problems_for(model):

@@ -40,6 +40,7 @@ import json
 import os
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 from paralab.config import finite_number
@@ -121,14 +122,16 @@ ALIASES = {"a100-80gb": "a100", "a100-sxm": "a100", "h100-sxm": "h100", "h200-sx
 NAMES = (*PRESETS, "local")
 
 
-def get_hardware(name: str, recalibrate: bool = False) -> HardwareSpec:
+def get_hardware(name: str, recalibrate: bool = False,
+                 on_measure: Callable[[Path], None] | None = None) -> HardwareSpec:
     """A preset by name (case-insensitive), ``local`` (the cached calibration, or measured now), or
-    a hardware file (a path ending in ``.json``, see :func:`load_hardware_file`)."""
+    a hardware file (a path ending in ``.json``, see :func:`load_hardware_file`). ``on_measure`` is
+    told the cache path when ``local`` is about to be measured (seconds), so a caller can say so."""
     if name.lower().endswith(".json"):
         return load_hardware_file(name)
     key = ALIASES.get(name.lower(), name.lower())
     if key == "local":
-        return local(recalibrate=recalibrate)
+        return local(recalibrate=recalibrate, on_measure=on_measure)
     if key not in PRESETS:
         raise SpecError(f"unknown hardware {name!r}; choose from {', '.join(NAMES)} or give a FILE.json")
     return PRESETS[key]
@@ -250,12 +253,13 @@ CALIBRATION_VERSION = 9  # bump when what calibrate() measures changes: older ca
 
 
 def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True,
-          threads: int | None = None) -> HardwareSpec:
+          threads: int | None = None, on_measure: Callable[[Path], None] | None = None) -> HardwareSpec:
     """This machine as seen by CPU ranks, from the cache when present, else measured (< 30 s) and cached.
 
     ``threads=None``: the whole machine, shared by the ranks (``shared_compute``). ``threads=k``: one
     rank running with k torch threads, as ``paralab.runtime.worker.threads_for`` gives it (each cached
-    separately), which is what the bridge from real runs uses.
+    separately), which is what the bridge from real runs uses. ``on_measure(path)`` is called before
+    measuring, not when the cache serves.
     """
     path = cache_dir() / ("local_hardware.json" if threads is None else f"local_hardware_t{threads}.json")
     if path.exists() and not recalibrate:
@@ -266,6 +270,8 @@ def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True,
             return cached
     from paralab.sim.calibration import DISTURBED_HALF_DIM  # not at import: its workers run it as __main__
 
+    if on_measure is not None:
+        on_measure(path)
     spec = calibrate(matmul_size=matmul_size, gloo=gloo, threads=threads)
     if spec.matmul_half_dim >= DISTURBED_HALF_DIM:  # often a moment's load: measure once more
         spec = calibrate(matmul_size=matmul_size, gloo=gloo, threads=threads)
