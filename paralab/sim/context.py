@@ -307,7 +307,8 @@ def predict(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec, simulate
                      compute=base.breakdown_s["compute"] + work * (extra - exposed),
                      cp_comm_exposed=work * exposed)
     return dataclasses.replace(
-        base, step_time_s=step, tokens_per_s=p.global_batch * model.seq / step,
+        base, step_time_s=step, step_window_s=base.step_window_s + added,
+        tokens_per_s=p.global_batch * model.seq / step,
         **cost.flop_rates(model, p, hw, step), memory_bytes_per_gpu=memory,
         comm_bytes_per_gpu=comm_bytes_per_gpu(model, p),
         params=counting.parameter_counts(model)["total"], breakdown_s=breakdown, parallel=p,
