@@ -69,3 +69,30 @@ def test_a_replaced_spec_is_the_one_dataclasses_would_build():
     assert model.replace(hidden=16384).ffn == model.ffn  # given, kept (the CLI derives it afresh)
     with pytest.raises(TypeError, match="no field tensor_parallel"):
         p.replace(tensor_parallel=2)
+
+
+GPT, MIXTRAL = get_model("gpt3-1.3b"), get_model("mixtral-8x7b")
+
+
+@pytest.mark.parametrize(("model", "parallel", "message"), [
+    (GPT, dict(dp=0, global_batch=8), "dp must be >= 1, got 0"),  # had divided by zero resolving it
+    (MIXTRAL, dict(dp=8, ep=0), "ep must be >= 1, got 0"),
+    (GPT, dict(dp=2, global_batch=-4), "global_batch must be >= 0 (0: what the others leave), got -4"),
+    (GPT, dict(dp=2, grad_copy_bytes=float("nan")), "parallel grad_copy_bytes must be a finite number"),
+    (GPT, dict(dp=2, grad_copy_bytes=float("inf")), "parallel grad_copy_bytes must be a finite number"),
+    (GPT, dict(dp=2, micro_batch=1.5, microbatches=2),
+     "parallel micro_batch must be a whole number, got 1.5"),
+    (GPT, dict(dp=2, sequence_parallel="no"), "parallel sequence_parallel must be true or false"),
+    (GPT.replace(layers=24.5), dict(dp=2), "model layers must be a whole number, got 24.5"),
+    (GPT.replace(mask_bytes=-4), dict(dp=2), "model mask_bytes must be >= 0, got -4"),  # had sped the step up
+    (MIXTRAL.replace(shared_experts=-1), dict(dp=8, ep=8), "model shared_experts must be >= 0, got -1"),
+    (MIXTRAL.replace(capacity_factor=float("nan")), dict(dp=8, ep=8),
+     "model capacity_factor must be a finite number, got nan"),  # had been read as dropless
+])
+def test_values_of_the_wrong_kind_or_sign_are_named_before_anything_computes_with_them(model, parallel,
+                                                                                       message):
+    """A degree of 0 had raised ZeroDivisionError, half a layer a TypeError; a negative mask had made the
+    step faster, a fractional micro-batch a batch of 6.0 sequences, an infinite copy an infinite step."""
+    with pytest.raises(SpecError) as refused:
+        cost.predict(model, ParallelSpec(**parallel), H100)
+    assert str(refused.value).startswith(message)

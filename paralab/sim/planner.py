@@ -13,8 +13,8 @@ paralab.sim.context.LONG_SEQUENCE tokens), context parallelism: cp taken out of 
 ring (zig-zag) or all-to-all where the heads allow; :func:`explain` says what it bought.
 
 Ranking is two-pass so 1,024 GPUs plan in well under 5 s: candidates that fit are scored with the
-closed-form pipeline (:func:`paralab.sim.cost.predict` with ``simulate=False``), then the best few
-are re-scored with the schedule event simulator and re-sorted. A candidate is priced only while its
+closed-form pipeline (:func:`paralab.sim.cost.predict` with ``simulate=False``), then the rows
+returned are re-scored with the schedule event simulator and re-sorted. A candidate is priced only while its
 floor (:func:`paralab.sim.cost.step_floor`) could still place it, which spares most of a long
 sequence's thousands of layouts without changing the answer.
 """
@@ -131,22 +131,25 @@ def _expert_degrees(model: ModelSpec, dp: int) -> list[int]:
 
 def plan(
     model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int | None = None, top: int = 10,
-    refine: int = 3
+    refine: int | None = None
 ) -> list[cost.Prediction]:
     """Configurations that fit, fastest first (at most ``top``); empty when nothing fits.
 
-    Candidates are scored by the closed form, then the ``refine`` fastest are simulated event by
-    event (those of more than ``cost.SIMULATED_PASSES`` passes keep their closed form), again until the
-    ``refine`` fastest are all refined ones: a closed form that was optimistic must not keep a place
-    the simulation took from it.
+    Candidates are scored by the closed form, then the ``refine`` fastest (default: the ``top``
+    returned) are simulated event by event (those of more than ``cost.SIMULATED_PASSES`` passes keep
+    their closed form), again until the ``refine`` fastest are all refined ones: a closed form that
+    was optimistic must not keep a place the simulation took from it, and rows shown side by side
+    are priced alike (a DualPipeV row left in closed form, 3% pessimistic, had been ranked below a
+    simulated layout slower than its simulation).
 
     Pricing every candidate would take seconds at 1,024 GPUs with context parallel in the search, so
     they are taken cheapest floor first (:func:`paralab.sim.cost.step_floor`, a bound no closed form
     of theirs undercuts), and one is priced (memory, then the closed form) only while its floor could
     still put it among the first ``max(top, refine)``: the answer is the one pricing them all gives
     (rows exactly as fast and as full go to the earlier candidate)."""
-    if problems := cost.machine_problems(model, hw):  # before any floor divides by what it gives
-        raise SpecError("; ".join(problems))
+    if problems := _request_problems(gpus, global_batch, top, refine) or cost.machine_problems(model, hw):
+        raise SpecError("; ".join(problems))  # before any floor divides by what it gives
+    refine = top if refine is None else refine
     places = max(top, refine)
     if places < 1:
         return []
@@ -186,6 +189,15 @@ def plan(
         rows.sort(key=lambda row: row[0])
         price_while_placing()
     return [pred for _, pred, _ in rows[:top]]
+
+
+def _request_problems(gpus, global_batch, top, refine) -> list[str]:
+    """What a plan cannot be asked for: a GPU count that is not a whole number >= 1, a batch that is
+    not whole (0: the default), or a negative number of rows (8.5 sequences had planned nothing and
+    then advised 9.0; top -1 had returned three rows)."""
+    asked = {"gpus": (gpus, 1), "global_batch": (global_batch, 0), "top": (top, 0), "refine": (refine, 0)}
+    return [f"{name} must be a whole number >= {low}, got {value!r}" for name, (value, low) in asked.items()
+            if value is not None and not (type(value) is int and value >= low)]
 
 
 def why_nothing_fits(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int | None = None) -> str:

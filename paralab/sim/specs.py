@@ -57,6 +57,23 @@ def _without_hash(spec) -> dict:
     return {k: v for k, v in spec.__dict__.items() if k != "_hash"}
 
 
+def kind_problems(spec, what: str, skip: tuple[str, ...] = ()) -> list[str]:
+    """Each field of ``spec`` whose value is not of the kind its annotation names, with the value:
+    numbers finite, counts whole (24.5 layers, or 3.5 GPUs a node, would place half a layer or a
+    rank), booleans true or false (a string is true whatever it says), text text. ``skip``: fields
+    checked with a message of their own. Run first: everything after them computes with the values."""
+    fields = [(f.name, f.type, getattr(spec, f.name)) for f in dataclasses.fields(spec) if f.name not in skip]
+    out = [f"{what} {n} must be a finite number, got {v!r}"
+           for n, kind, v in fields if kind in ("float", "int") and not finite_number(v)]
+    out += [f"{what} {n} must be a whole number, got {v!r}"
+            for n, kind, v in fields if kind == "int" and finite_number(v) and not isinstance(v, int)]
+    out += [f"{what} {n} must be true or false (a JSON boolean), got {v!r}"
+            for n, kind, v in fields if kind == "bool" and not isinstance(v, bool)]
+    out += [f"{what} {n} must be text, got {v!r}"
+            for n, kind, v in fields if kind == "str" and not isinstance(v, str)]
+    return out
+
+
 def _replaced(spec, changes: dict):
     """``dataclasses.replace(spec, **changes)`` at a fraction of its cost (a copy of the fields, then
     ``__post_init__``): the simulator derives specs from specs hundreds of thousands of times in a
@@ -163,9 +180,14 @@ class ModelSpec:
         return _replaced(self, changes)
 
     def problems(self) -> list[str]:
+        if out := kind_problems(self, "model"):
+            return out
         out = [f"model {n} must be >= 1, got {getattr(self, n)}"
                for n in ("layers", "hidden", "heads", "vocab", "seq", "ffn", "kv_heads", "expert_ffn")
                if getattr(self, n) < 1]
+        out += [f"model {n} must be >= 0, got {getattr(self, n)}"
+                for n in ("experts", "shared_experts", "dense_layers", "mask_bytes", "norm_params")
+                if getattr(self, n) < 0]
         if out:
             return out
         if self.hidden % self.heads:
@@ -350,8 +372,16 @@ class ParallelSpec:
 
     def problems(self, model: ModelSpec, gpus: int | None = None) -> list[str]:
         """Every reason this split cannot run ``model`` (empty when it can); each names the numbers."""
+        if out := kind_problems(self, "parallel", skip=("expert_imbalance",)):
+            return out
+        # before resolving, which divides by the degrees
+        out = [f"{n} must be >= 1, got {getattr(self, n)}"
+               for n in ("dp", "tp", "pp", "cp", "ep", "virtual_stages") if getattr(self, n) < 1]
+        out += [f"{n} must be >= 0 (0: what the others leave), got {getattr(self, n)}"
+                for n in ("micro_batch", "microbatches", "global_batch") if getattr(self, n) < 0]
+        if out:
+            return out
         p = self.resolved()
-        out: list[str] = []
         for name in ("dp", "tp", "pp", "cp", "virtual_stages", "micro_batch"):
             if getattr(p, name) < 1:
                 out.append(f"{name} must be >= 1, got {getattr(p, name)}")
@@ -444,8 +474,6 @@ class ParallelSpec:
         return out
 
     def _expert_problems(self, model: ModelSpec) -> list[str]:
-        if self.ep < 1:
-            return [f"ep must be >= 1, got {self.ep}"]
         out = []
         if self.ep > 1 and not model.experts:
             out.append(f"ep {self.ep} shards experts, but {model.name} is dense")
@@ -585,16 +613,7 @@ class HardwareSpec:
     def problems(self) -> list[str]:
         """Every field that cannot describe a machine, with its value (files, presets and saved specs
         alike: a unit converted past a float's range reads as infinity, and is caught here)."""
-        out = [f"hardware {n} must be a finite number, got {v!r}"
-               for n, v in self._fields_of("float", "int") if not finite_number(v)]
-        # counts: 3.5 GPUs a node would place half a rank; bools: a string is true whatever it says
-        out += [f"hardware {n} must be a whole number, got {v!r}"
-                for n, v in self._fields_of("int") if finite_number(v) and not isinstance(v, int)]
-        out += [f"hardware {n} must be true or false (a JSON boolean), got {v!r}"
-                for n, v in self._fields_of("bool") if not isinstance(v, bool)]
-        out += [f"hardware {n} must be text, got {v!r}"
-                for n, v in self._fields_of("str") if not isinstance(v, str)]
-        if out:
+        if out := kind_problems(self, "hardware"):
             return out
         for name, what in (("peak_flops", "FLOP/s by dtype"), ("host_overhead_s", "seconds by part")):
             value = getattr(self, name)
@@ -640,10 +659,6 @@ class HardwareSpec:
         out += [f"hardware host_overhead_s[{part!r}] must be >= 0 s, got {seconds}"
                 for part, seconds in self.host_overhead_s.items() if seconds < 0]
         return out
-
-    def _fields_of(self, *types: str) -> list[tuple[str, object]]:
-        """(name, value) of each field annotated with one of ``types`` ("float", "int", "bool", ...)."""
-        return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.type in types]
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
