@@ -232,3 +232,18 @@ def test_with_sequence_parallel_a_tensor_parallel_rank_computes_the_experts_of_i
     work = {sp: cost._moe_mlp(m, spec.replace(sequence_parallel=sp).resolved(), h100)[0]
             for sp in (False, True)}
     assert work[True] < work[False]
+
+
+@pytest.mark.parametrize("capacity", [0.1, 0.5])
+def test_a_capacity_below_one_counts_only_the_tokens_its_experts_compute(capacity):
+    """Below 1 every expert drops tokens: the step computes capacity x the routed copies, and so do its
+    FLOPs. MFU had counted every copy against the shorter step: 1.43 at a capacity of 0.1."""
+    mixtral = get_model("mixtral-8x7b")
+    spec = ParallelSpec(dp=8, ep=8, micro_batch=1, microbatches=1)
+    dropless, capped = (cost.predict(mixtral.replace(capacity_factor=c), spec, H100) for c in (0.0, capacity))
+    # forward and backward, 2 FLOPs a weight, 8 sequences, every layer's top_k experts of 3 matrices
+    expert = 3 * mixtral.hidden * mixtral.expert_ffn
+    routed = 3 * 2 * mixtral.seq * 8 * mixtral.layers * mixtral.top_k * expert
+    dropped = dropless.model_flops_per_step - capped.model_flops_per_step
+    assert dropped == pytest.approx((1 - capacity) * routed)
+    assert capped.mfu <= H100.matmul_max_efficiency and capped.mfu < dropless.mfu

@@ -56,16 +56,25 @@ def extra_layer_params(model: ModelSpec, active: bool = False) -> int:
     return moe_layers(model) * (mlp["router"] + routed + mlp["shared"] - ffn_params(model, model.ffn))
 
 
+def kept_share(model: ModelSpec) -> float:
+    """The share of routed token copies the experts compute: a capacity below 1 drops tokens from
+    every expert, even under a balanced router (each takes capacity x its even share), and the FLOPs
+    count only what is computed, as the step's time does (:func:`imbalance`); at or above 1 only an
+    uneven router drops, by an amount one imbalance figure does not give, and every copy counts."""
+    return min(model.capacity_factor, 1.0) if model.capacity_factor else 1.0
+
+
 def extra_forward_flops(model: ModelSpec, sequences: float) -> float:
     """Forward matmul FLOPs the MoE layers add over dense MLPs of width ``ffn``: each token through the
-    router, top_k routed and the shared experts (2 FLOPs per weight it meets)."""
+    router, top_k routed experts (those of its copies the capacity keeps: :func:`kept_share`) and the
+    shared experts (2 FLOPs per weight it meets)."""
     if not model.experts:
         return 0.0
     tokens = sequences * model.seq
     matrices = 3 if model.gated_mlp else 2
+    routed = model.top_k * kept_share(model)
     per_token = (model.hidden * model.experts
-                 + matrices * model.hidden
-                 * ((model.top_k + model.shared_experts) * model.expert_ffn - model.ffn))
+                 + matrices * model.hidden * ((routed + model.shared_experts) * model.expert_ffn - model.ffn))
     return 2 * tokens * moe_layers(model) * per_token
 
 
