@@ -278,10 +278,12 @@ def explain(ranked: list[cost.Prediction], model: ModelSpec | None = None,
     win = ranked[0]
     biggest = max(LOSSES, key=lambda k: win.breakdown_s.get(k, 0.0))
     share = win.breakdown_s.get(biggest, 0.0) / win.step_time_s
+    # under 1% the largest loss explains nothing: what MFU misses is then the kernels' own efficiency
+    loss = (f"its largest loss is {LOSSES[biggest]} ({share:.0%} of the step)" if share >= 0.01 else
+            "it loses under 1% of the step to any overhead: its MFU is what its kernels reach")
     out = [
         f"Winner: {describe(win.parallel)} - {flops_text(win.tflops_per_gpu)} per GPU ({win.mfu:.0%} MFU), "
-        f"{bytes_text(win.memory_bytes_per_gpu['total'])} per GPU; its largest loss is {LOSSES[biggest]} "
-        f"({share:.0%} of the step)."
+        f"{bytes_text(win.memory_bytes_per_gpu['total'])} per GPU; {loss}."
         + (" It counts on ZeRO-3's gathers hiding under compute, which large runs have not shown:"
            " an upper bound (docs/simulator.md)." if win.parallel.zero == 3 else "")
     ]
@@ -291,13 +293,18 @@ def explain(ranked: list[cost.Prediction], model: ModelSpec | None = None,
         run = ranked[1]
         slower = win.tokens_per_s / run.tokens_per_s - 1
         deltas = {k: run.breakdown_s.get(k, 0.0) - win.breakdown_s.get(k, 0.0) for k in (*LOSSES, "compute")}
+        losses = sorted((k for k in deltas if deltas[k] > 0), key=deltas.get, reverse=True)
         cause, offset = max(deltas, key=deltas.get), min(deltas, key=deltas.get)
         reason = ("more compute per step (recompute or smaller GEMMs)" if cause == "compute"
                   else f"more time in {LOSSES[cause]}")
         # a large gain elsewhere would leave the reader wondering how so large a cause makes so small a gap
-        gain = "compute" if offset == "compute" else f"time in {LOSSES[offset]}"
-        partly = (f", partly made up by less {gain} ({seconds_text(-deltas[offset])})"
-                  if deltas[offset] < -0.25 * deltas[cause] < 0 else "")
+        gain, gained = ("compute" if offset == "compute" else f"time in {LOSSES[offset]}"), -deltas[offset]
+        partly = (f", partly made up by less {gain} ({seconds_text(gained)})"
+                  if 0 < 0.25 * deltas[cause] < gained < deltas[cause] else "")
+        if gained >= deltas[cause] > 0 and len(losses) > 1:  # the gain outweighs the cause: what else lost
+            second = "compute" if losses[1] == "compute" else LOSSES[losses[1]]
+            partly = (f" and {second} ({seconds_text(deltas[losses[1]])}), against less {gain} "
+                      f"({seconds_text(gained)})")
         # as fast, e.g. selective recompute with fused attention (nothing to drop)
         why = (f"{slower:.1%} slower, mainly {reason} ({seconds_text(abs(deltas[cause]))} per step){partly}"
                if slower > 5e-4 else "as fast: what differs costs nothing here")
