@@ -12,7 +12,7 @@ from paralab.sim.hardware import get_hardware
 from paralab.sim.presets import get_model
 from paralab.sim.specs import ParallelSpec, SpecError
 from paralab.stage_split import ends_split
-from paralab.trace import COMPUTE
+from paralab.trace import COMM, COMPUTE
 
 A100, H100 = get_hardware("a100"), get_hardware("h100")
 
@@ -752,3 +752,32 @@ def test_the_breakdowns_collectives_are_the_mean_ranks_as_its_compute_is():
     assert moe.breakdown_s["ep_comm"] > 0
     assert sum(v for k, v in moe.breakdown_s.items() if k not in ("pipeline", "step")) == pytest.approx(
         moe.step_time_s, rel=1e-9)
+
+
+@pytest.mark.parametrize(("preset", "spec"), [
+    ("gpt3-1.3b", ParallelSpec(dp=8, zero=3, micro_batch=2, microbatches=2)),
+    ("gpt3-1.3b", ParallelSpec(dp=8, zero=2, micro_batch=2, microbatches=2)),
+    ("llama3-8b", ParallelSpec(dp=8, zero=3, fsdp_root=True, fp32_shards=True, fp32_grads=True, micro_batch=1,
+                               microbatches=2)),
+    ("gpt3-1.3b", ParallelSpec(dp=4, pp=2, zero=3, schedule="interleaved", virtual_stages=2, micro_batch=1,
+                               microbatches=4)),
+    ("gpt3-1.3b", ParallelSpec(dp=4, pp=2, zero=2, schedule="zb-h1", micro_batch=1, microbatches=4)),
+    ("mixtral-8x7b", ParallelSpec(dp=8, ep=4, zero=3, micro_batch=1, microbatches=2)),
+    ("mixtral-8x7b", ParallelSpec(dp=8, ep=8, pp=4, schedule="dualpipev", micro_batch=1, microbatches=8)),
+])
+def test_the_predicted_trace_draws_zero_and_expert_collectives_as_the_prediction_counts_them(preset, spec):
+    """A trace meant to lie beside a measured one had no ZeRO-2/3 per-microbatch collective and no
+    expert all-to-all (`trace.comm_bytes()` was empty for ZeRO-3 on 8 GPUs): its busiest rank now
+    sends what the prediction counts, and each all-to-all lies inside the pass that waits for it."""
+    model = get_model(preset)
+    predicted, trace = cost.predict(model, spec, H100), cost.predict_trace(model, spec, H100)
+    for family in ("zero", "ep"):
+        for key, wire in predicted.comm_bytes_per_gpu.items():
+            if key.startswith(family):
+                op = key.removeprefix(f"{family}_")
+                drawn = [sum(s.bytes for s in trace.select(lane=COMM, kind=op, rank=rank))
+                         for rank in range(spec.pp)]
+                assert max(drawn) == pytest.approx(wire, rel=1e-6), key
+    passes = trace.select(lane=COMPUTE)
+    for a2a in trace.select(lane=COMM, kind="all_to_all"):
+        assert any(s.rank == a2a.rank and s.start <= a2a.start and a2a.end <= s.end + 1e-12 for s in passes)

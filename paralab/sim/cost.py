@@ -841,8 +841,10 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
     """The simulated step as a Trace: pipeline spans, data-parallel reduction, optimizer, step windows.
 
     Rank r of the trace is pipeline rank r (first tensor- and data-parallel replica; the others run
-    the same timeline). Tensor-parallel collectives block the compute that issues them, so they are
-    drawn inside it (:func:`_tensor_parallel_spans`), as a measured run records them.
+    the same timeline). Tensor-parallel collectives and expert all-to-alls block the compute that
+    issues them, so they are drawn inside it (:func:`_tensor_parallel_spans`,
+    :func:`_expert_parallel_spans`), as a measured run records them; ZeRO-2/3's per-microbatch
+    collectives beside the passes they serve (:func:`_zero_spans`).
     """
     if parallel.cp > 1:
         raise SpecError("the simulated step of a context-parallel run is not drawn; predict() gives its "
@@ -853,8 +855,13 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
     finish = _finish_times(trace, p)
     prediction = _assemble(model, p, hw, times, finish, _pipeline_bubble(trace, p))
     spans = [s for s in trace.spans if s.lane != STEP]
+    compute = spans
     if p.tp > 1:
-        spans += _tensor_parallel_spans(model, p, times, spans)
+        spans = spans + _tensor_parallel_spans(model, p, times, compute)
+    if p.ep > 1:
+        spans = spans + _expert_parallel_spans(model, p, times, compute)
+    if p.zero >= 2 and p.dp > 1:
+        spans = spans + _zero_spans(model, p, hw, compute)
     for rank, (sync, (start, end), tied) in enumerate(_end_of_step(model, p, hw, finish)):
         if sync["reduce"][0]:
             spans.append(Span(rank, COMM, sync["reduce"][1], start, end, name="gradient reduction", step=0,
@@ -903,6 +910,68 @@ def _tensor_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageT
                             payload_bytes=int(calls * payload), group_size=p.tp, stage=span.stage,
                             microbatch=span.microbatch))
             end = start
+    return out
+
+
+def _expert_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageTimes],
+                           spans: list[Span]) -> list[Span]:
+    """The expert all-to-alls of each forward and input-gradient backward of a stage with MoE layers:
+    dispatch, then combine, each half the stage's all-to-all seconds, drawn from the start of the pass
+    (the tensor-parallel collectives are drawn at its end). In a DualPipeV slot they run beside the
+    other microbatch's compute, as they do there."""
+    payload = moe.all_to_all_payload(model, p)
+    blocks = counting.chunk_layers(model, p)
+    moe_here = [counting.moe_blocks(model, sum(blocks[:c]), n) for c, n in enumerate(blocks)]
+    out = []
+    for span in spans:
+        if span.lane != COMPUTE or span.kind not in ("forward", "backward", "backward_input") or (
+                span.stage is None or not times[span.stage].a2a):
+            continue
+        start, seconds, calls = span.start, times[span.stage].a2a / 2, moe_here[span.stage]
+        for name in ("dispatch", "combine"):
+            out.append(Span(span.rank, COMM, "all_to_all", start, start + seconds,
+                            name=f"expert parallel {name} x{calls:g}", step=span.step,
+                            bytes=int(calls * counting.ring_wire_bytes("all_to_all", payload, p.ep)),
+                            payload_bytes=int(calls * payload), group_size=p.ep, stage=span.stage,
+                            microbatch=span.microbatch))
+            start += seconds
+    return out
+
+
+def _zero_spans(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, spans: list[Span]) -> list[Span]:
+    """ZeRO-2/3's collectives of each microbatch, a chunk's parts together: ZeRO-3 gathers the
+    chunk's parameters for its forward and again for its backward (the input-gradient pass of a split
+    one; FSDP's root unit only for the forward, as it keeps it), drawn from the pass's start, as
+    prefetch runs them beside the compute; ZeRO-2 and 3 reduce-scatter its gradients, drawn to the
+    end of the pass that makes them (the weight-gradient pass of a split one). Routed experts go over
+    the dp / ep ranks holding them (:func:`counting.dp_groups`). Each is drawn its collective's length;
+    what it adds to the step is in the compute spans already (:func:`_zero_overlapped`)."""
+    pb, gb, _ = counting.bytes_per_param(model, p)
+    embed, head = counting.fsdp_root(model, p)
+    last = p.chunks - 1
+    out = []
+    for span in spans:
+        if span.lane != COMPUTE or span.stage is None:
+            continue
+        gathers = p.zero == 3 and span.kind in ("forward", "backward", "backward_input")
+        scatters = span.kind in ("backward", "backward_weight")
+        if not gathers and not scatters:
+            continue
+        stage = span.stage
+        params = sum(counting.zero_units(model, p, stage))
+        experts = sum(counting.zero_unit_experts(model, p, stage))
+        held = embed * (stage == 0) + head * (stage == last) if span.kind != "forward" else 0.0
+        calls = [("all_gather", pb, span.start, -held)] if gathers else []
+        calls += [("reduce_scatter", gb, span.end, 0.0)] if scatters else []
+        for op, nbytes, at, less in calls:
+            for i, (n, group, stride) in enumerate(counting.dp_groups(p, params, experts)):
+                payload = (n + (less if i == 0 else 0.0)) * nbytes  # the dense group holds the ends
+                seconds = collective_time(hw, op, payload, group, stride)
+                start, end = (at, at + seconds) if op == "all_gather" else (at - seconds, at)
+                out.append(Span(span.rank, COMM, op, start, end, name=f"ZeRO-{p.zero} {op}", step=span.step,
+                                bytes=int(counting.ring_wire_bytes(op, payload, group)),
+                                payload_bytes=int(payload), group_size=group, stage=stage,
+                                microbatch=span.microbatch))
     return out
 
 
