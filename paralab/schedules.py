@@ -328,21 +328,24 @@ def _zbv(p: int, m: int, stage_to_rank: list[int], pass_times: tuple[float, floa
     both the first and the last stage and the backward starts where the forward began. The order is
     found by list scheduling (:func:`_zbv_list_order`) with a chunk's pass times ``pass_times`` =
     (t_F, t_Bi, t_W), equal unless given (an order found for equal times leaves gaps when the real
-    passes differ). Like Qi et al., who try several heuristics and keep the fastest, two orders are
-    found, one with no chunk activation held back for the V's return and one with a single slot kept
-    (an eager chunk 0 can fill a rank's limit and hold up the returning chunk 1: on 8 ranks with 64
-    microbatches, Bi 1.1 and W 0.7 of F, 15% of the step idles against 4.5%), and the one that ends
-    first is kept. The second is not tried when the first ends at the bound no order beats: the last
-    rank's work after the p - 1 forwards it waits for. Pass times that stall both searches get the
+    passes differ). Like Qi et al., who try several heuristics and keep the fastest, it finds an
+    order by each of three rules and keeps the one that ends first: a Bi first, the input gradient
+    the previous stage waits for; or a forward first whenever the memory allows it and, when only
+    the memory holds a forward back, a W to free it (on 8 ranks with 9 microbatches, Bi 1.4 and W
+    0.6 of F, the first rule's last microbatch waited at the V's tip for the others' backwards, and
+    the step ran 40% past the bound below against 12%); the latter also with one activation kept
+    for chunk 1's forwards (an eager chunk 0 can fill a rank's limit and hold up the V's return).
+    The rules after the first are not tried once one ends at the bound no order beats: the last
+    rank's work after the p - 1 forwards it waits for. Pass times that stall every search get the
     order found for equal times.
     """
     t_f, t_bi, t_w = pass_times
     bound = (p - 1) * t_f + 2 * m * (t_f + t_bi + t_w)
     found = []
-    for reserve in (0, 1):
-        if found and found[0][1] <= bound * (1 + 1e-9):
+    for forward_first, reserve in ((False, 0), (True, 0), (True, 1)):
+        if any(end <= bound * (1 + 1e-9) for _, end in found):
             break
-        if (order := _zbv_list_order(p, m, stage_to_rank, pass_times, reserve)) is not None:
+        if (order := _zbv_list_order(p, m, stage_to_rank, pass_times, forward_first, reserve)) is not None:
             found.append(order)
     if found:
         return min(found, key=lambda order_and_end: order_and_end[1])[0]
@@ -352,16 +355,17 @@ def _zbv(p: int, m: int, stage_to_rank: list[int], pass_times: tuple[float, floa
 
 
 def _zbv_list_order(p: int, m: int, stage_to_rank: list[int], pass_times: tuple[float, float, float],
-                    reserve: int) -> tuple[list[list[Action]], float] | None:
+                    forward_first: bool, reserve: int) -> tuple[list[list[Action]], float] | None:
     """ZB-V's order by list scheduling, and when it ends; None if the search stalls.
 
-    Whenever a rank is free it runs, among the passes whose inputs are ready, a Bi first (it unblocks
-    the previous stage), else an F while it holds fewer than 2p chunk activations (p whole-rank
-    activations: 1F1B's first-rank peak), ``reserve`` of them kept for chunk 1's forwards, else a W to
-    fill the gap; earlier microbatches and deeper stages first. Consecutive passes of a stage run
-    their microbatches in order. Some pass times stall the search (on two ranks, a W much shorter
-    than Bi lets a rank fill its limit with forwards that the V's turn, on the same rank, then cannot
-    pass).
+    Whenever a rank is free it runs one of the passes whose inputs are ready, an F only while it
+    holds fewer than 2p chunk activations (p whole-rank activations: 1F1B's first-rank peak),
+    ``reserve`` of them kept for chunk 1's forwards: a Bi first (it unblocks the previous stage), else
+    an F, else a W to fill the gap; with ``forward_first``, an F the memory allows before anything,
+    and a W before anything when only the memory holds an F back. Earlier microbatches and deeper
+    stages first. Consecutive passes of a stage run their microbatches in order. Some pass times
+    stall a search (on two ranks, a W much shorter than Bi lets a rank fill its limit with forwards
+    that the V's turn, on the same rank, then cannot pass).
     """
     num_stages, limit = 2 * p, 2 * p
     next_mb = {(op, s): 0 for s in range(num_stages) for op in (FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)}
@@ -378,20 +382,20 @@ def _zbv_list_order(p: int, m: int, stage_to_rank: list[int], pass_times: tuple[
         for rank in sorted(woken):
             if free_at[rank] > t:
                 continue
-            ready = [
-                Action(op, s, next_mb[(op, s)])
-                for (op, s) in owned[rank]
-                if next_mb[(op, s)] < m
-                and (op != FORWARD or alive[rank] < (limit - reserve if s < p else limit))
-            ]
-            ready = [
+            inputs_ready = [
                 a
-                for a in ready
+                for a in (Action(op, s, next_mb[(op, s)]) for (op, s) in owned[rank] if next_mb[(op, s)] < m)
                 if all(finished.get(d, math.inf) <= t for d in _data_deps(a, num_stages, BACKWARD_INPUT))
             ]
+            ready = [a for a in inputs_ready
+                     if a.op != FORWARD or alive[rank] < (limit - reserve if a.stage < p else limit)]
             if not ready:
                 continue
-            action = min(ready, key=lambda a: (rank_of_priority[a.op], a.microbatch, -a.stage))
+            priority = rank_of_priority
+            if forward_first and any(a.op == FORWARD for a in inputs_ready):
+                held_back = not any(a.op == FORWARD for a in ready)
+                priority = {**rank_of_priority, (BACKWARD_WEIGHT if held_back else FORWARD): -1}
+            action = min(ready, key=lambda a: (priority[a.op], a.microbatch, -a.stage))
             orders[rank].append(action)
             next_mb[(action.op, action.stage)] += 1
             finished[key_of(action)] = free_at[rank] = t + duration[action.op]
