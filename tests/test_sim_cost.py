@@ -780,4 +780,20 @@ def test_the_predicted_trace_draws_zero_and_expert_collectives_as_the_prediction
                 assert max(drawn) == pytest.approx(wire, rel=1e-6), key
     passes = trace.select(lane=COMPUTE)
     for a2a in trace.select(lane=COMM, kind="all_to_all"):
-        assert any(s.rank == a2a.rank and s.start <= a2a.start and a2a.end <= s.end + 1e-12 for s in passes)
+        assert any((s.rank, s.stage, s.microbatch) == (a2a.rank, a2a.stage, a2a.microbatch)
+                   and s.start <= a2a.start and a2a.end <= s.end + 1e-12 for s in passes)
+
+
+@pytest.mark.parametrize(("preset", "spec", "crosses"), [
+    ("gpt3-1.3b", ParallelSpec(dp=8, zero=3, micro_batch=1, microbatches=2), False),
+    ("gpt3-1.3b", ParallelSpec(dp=16, zero=3, micro_batch=1, microbatches=2), True),
+    ("mixtral-8x7b", ParallelSpec(dp=8, ep=8, micro_batch=1, microbatches=2), False),
+    ("mixtral-8x7b", ParallelSpec(dp=8, tp=2, ep=8, micro_batch=1, microbatches=2), True),
+])
+def test_a_predicted_collective_over_more_than_a_node_is_drawn_between_nodes(preset, spec, crosses):
+    """The traffic by link of a predicted trace: ZeRO-3's gathers over 16 H100s and all-to-alls over 8
+    ranks two apart cross the NIC, as the cost model prices them (they had been drawn inside a node,
+    beside the same trace's gradient reduction over the same group drawn between nodes)."""
+    trace = cost.predict_trace(get_model(preset), spec, H100)
+    drawn = [s for s in trace.select(lane=COMM) if s.kind in ("all_gather", "reduce_scatter", "all_to_all")]
+    assert drawn and {s.inter_node for s in drawn} == {crosses}

@@ -553,6 +553,12 @@ def crossing_share(p: ParallelSpec, gpus_per_node: int) -> float:
     return sum(crossed) / len(crossed)
 
 
+def crosses_nodes(hw: HardwareSpec, group: int, stride: int) -> bool:
+    """Whether a group of ``group`` ranks ``stride`` apart spans more than one node (a trace draws its
+    collectives as inter-node traffic, as the cost model prices them)."""
+    return group * stride > hw.gpus_per_node
+
+
 def pairs_cross_nodes(p: ParallelSpec, gpus_per_node: int, first: int, last: int) -> bool:
     """Whether any rank of pipeline rank ``first`` sits on another node than its counterpart (same tp,
     dp and cp place) on pipeline rank ``last``, in the spec's rank order: the tied embedding's pairs."""
@@ -814,8 +820,8 @@ SIMULATED_PASSES = 32_768
 once) a prediction simulates one by one. Building, proving and running a schedule costs some tens of
 microseconds an action here, so this many take 1-4 s on an idle machine; a pipeline of more is priced
 by the closed form (:func:`_estimate_finish`), which at that many passes is within 1% of the simulated
-step for GPipe, 1F1B, interleaved and ZB-H1, and for the V shapes (ZB-V, DualPipeV) at 16 stages or
-fewer; at 64 stages they read 4-5% apart."""
+step for GPipe, 1F1B, interleaved, ZB-H1 and ZB-V, and for DualPipeV at 16 stages or fewer; at 64
+stages DualPipeV's reads 4% apart."""
 
 
 def pipeline_passes(p: ParallelSpec) -> int:
@@ -859,7 +865,7 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
     if p.tp > 1:
         spans = spans + _tensor_parallel_spans(model, p, times, compute)
     if p.ep > 1:
-        spans = spans + _expert_parallel_spans(model, p, times, compute)
+        spans = spans + _expert_parallel_spans(model, p, hw, times, compute)
     if p.zero >= 2 and p.dp > 1:
         spans = spans + _zero_spans(model, p, hw, compute)
     for rank, (sync, (start, end), tied) in enumerate(_end_of_step(model, p, hw, finish)):
@@ -913,13 +919,14 @@ def _tensor_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageT
     return out
 
 
-def _expert_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageTimes],
+def _expert_parallel_spans(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, times: list[StageTimes],
                            spans: list[Span]) -> list[Span]:
     """The expert all-to-alls of each forward and input-gradient backward of a stage with MoE layers:
     dispatch, then combine, each half the stage's all-to-all seconds, drawn from the start of the pass
     (the tensor-parallel collectives are drawn at its end). In a DualPipeV slot they run beside the
     other microbatch's compute, as they do there."""
     payload = moe.all_to_all_payload(model, p)
+    inter = crosses_nodes(hw, p.ep, p.tp)  # the ep ranks are dp neighbours (:func:`_moe_mlp`)
     blocks = counting.chunk_layers(model, p)
     moe_here = [counting.moe_blocks(model, sum(blocks[:c]), n) for c, n in enumerate(blocks)]
     out = []
@@ -933,7 +940,7 @@ def _expert_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageT
                             name=f"expert parallel {name} x{calls:g}", step=span.step,
                             bytes=int(calls * counting.ring_wire_bytes("all_to_all", payload, p.ep)),
                             payload_bytes=int(calls * payload), group_size=p.ep, stage=span.stage,
-                            microbatch=span.microbatch))
+                            microbatch=span.microbatch, inter_node=inter))
             start += seconds
     return out
 
@@ -971,7 +978,7 @@ def _zero_spans(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, spans: list
                 out.append(Span(span.rank, COMM, op, start, end, name=f"ZeRO-{p.zero} {op}", step=span.step,
                                 bytes=int(counting.ring_wire_bytes(op, payload, group)),
                                 payload_bytes=int(payload), group_size=group, stage=stage,
-                                microbatch=span.microbatch))
+                                microbatch=span.microbatch, inter_node=crosses_nodes(hw, group, stride)))
     return out
 
 
@@ -1191,7 +1198,7 @@ def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int) -
                  + hw.kernel_overhead_s)
     optimizer += counting.stage_tensors(model, p, rank) * hw.host_overhead_s.get("tensor_update", 0.0)
     copies = p.grad_copy_bytes * _reduced(groups) / rank_hw.memory_bandwidth
-    inter = p.dp * p.stride("dp") > hw.gpus_per_node
+    inter = crosses_nodes(hw, p.dp, p.stride("dp"))
     overlap = p.overlap_grad_reduce and hw.overlaps_comm
     return {"reduce": reduce, "gather": gather, "optimizer": optimizer, "copies": copies, "inter": inter,
             "params": params, "overlap": overlap, "sm_share": hw.comm_sm_share,

@@ -7,7 +7,8 @@ dense layer and replaces its MLP by a router (h x E), E routed experts of width 
 
 - **Parameters** count every expert; **active parameters** per token count the router, top_k routed
   experts and the shared ones. Model FLOPs follow the active ones: a token's MLP forward costs
-  2 x active MLP parameters (plus the router), whatever E is (Fedus et al. 2021, sec. 2).
+  2 x active MLP parameters (plus the router), whatever E is (Fedus et al. 2021, sec. 2), less the
+  routed copies a capacity below 1 drops (:func:`kept_share`).
 - **Memory**: expert parallel spreads a layer's experts over ``ep`` ranks (E / ep on each), carved
   out of the data-parallel ranks; their gradients and optimizer states are reduced and sharded over
   the expert-data-parallel group (dp / ep ranks: DeepSpeed-MoE, Rajbhandari et al. 2022), the rest

@@ -129,6 +129,9 @@ def _expert_degrees(model: ModelSpec, dp: int) -> list[int]:
     return [e for e in (2**i for i in range(12)) if e <= dp and dp % e == 0 and model.experts % e == 0]
 
 
+REFINED_ROWS = 10  # rows a plan simulates unless told: its default top, whatever top it returns
+
+
 def plan(
     model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int | None = None, top: int = 10,
     refine: int | None = None
@@ -136,11 +139,12 @@ def plan(
     """Configurations that fit, fastest first (at most ``top``); empty when nothing fits.
 
     Candidates are scored by the closed form, then the ``refine`` fastest (default: the ``top``
-    returned) are simulated event by event (those of more than ``cost.SIMULATED_PASSES`` passes keep
-    their closed form), again until the ``refine`` fastest are all refined ones: a closed form that
-    was optimistic must not keep a place the simulation took from it, and rows shown side by side
-    are priced alike (a DualPipeV row left in closed form, 3% pessimistic, had been ranked below a
-    simulated layout slower than its simulation).
+    returned, and at least :data:`REFINED_ROWS`, so that asking for fewer rows only truncates) are
+    simulated event by event (those of more than ``cost.SIMULATED_PASSES`` passes keep their closed
+    form), again until the ``refine`` fastest are all refined ones: a closed form that was optimistic
+    must not keep a place the simulation took from it, and rows shown side by side are priced alike
+    (a DualPipeV row left in closed form, 3% pessimistic, had been ranked below a simulated layout
+    slower than its simulation).
 
     Pricing every candidate would take seconds at 1,024 GPUs with context parallel in the search, so
     they are taken cheapest floor first (:func:`paralab.sim.cost.step_floor`, a bound no closed form
@@ -149,7 +153,7 @@ def plan(
     (rows exactly as fast and as full go to the earlier candidate)."""
     if problems := _request_problems(gpus, global_batch, top, refine) or cost.machine_problems(model, hw):
         raise SpecError("; ".join(problems))  # before any floor divides by what it gives
-    refine = top if refine is None else refine
+    refine = max(top, REFINED_ROWS) if refine is None else refine
     places = max(top, refine)
     if places < 1:
         return []
@@ -278,9 +282,12 @@ def explain(ranked: list[cost.Prediction], model: ModelSpec | None = None,
     win = ranked[0]
     biggest = max(LOSSES, key=lambda k: win.breakdown_s.get(k, 0.0))
     share = win.breakdown_s.get(biggest, 0.0) / win.step_time_s
-    # under 1% the largest loss explains nothing: what MFU misses is then the kernels' own efficiency
-    loss = (f"its largest loss is {LOSSES[biggest]} ({share:.0%} of the step)" if share >= 0.01 else
-            "it loses under 1% of the step to any overhead: its MFU is what its kernels reach")
+    # losses that add up to under 1% explain nothing: what MFU misses is then in the kernels themselves
+    overheads = sum(win.breakdown_s.get(k, 0.0) for k in LOSSES) / win.step_time_s
+    rerun = " and the forward it recomputes" if win.parallel.recompute != "none" else ""
+    loss = (f"its largest loss is {LOSSES[biggest]} ({share:.0%} of the step)" if overheads >= 0.01 else
+            f"it loses under 1% of the step to the bubble, communication and the optimizer together: what "
+            f"its MFU misses is in its kernels' own speed{rerun}")
     out = [
         f"Winner: {describe(win.parallel)} - {flops_text(win.tflops_per_gpu)} per GPU ({win.mfu:.0%} MFU), "
         f"{bytes_text(win.memory_bytes_per_gpu['total'])} per GPU; {loss}."
