@@ -374,7 +374,7 @@ class ParallelSpec:
         """Every reason this split cannot run ``model`` (empty when it can); each names the numbers."""
         if out := kind_problems(self, "parallel", skip=("expert_imbalance",)):
             return out
-        # before resolving, which divides by the degrees
+        # before resolving, which divides by the degrees (and then leaves a micro-batch of 1 at least)
         out = [f"{n} must be >= 1, got {getattr(self, n)}"
                for n in ("dp", "tp", "pp", "cp", "ep", "virtual_stages") if getattr(self, n) < 1]
         out += [f"{n} must be >= 0 (0: what the others leave), got {getattr(self, n)}"
@@ -382,11 +382,6 @@ class ParallelSpec:
         if out:
             return out
         p = self.resolved()
-        for name in ("dp", "tp", "pp", "cp", "virtual_stages", "micro_batch"):
-            if getattr(p, name) < 1:
-                out.append(f"{name} must be >= 1, got {getattr(p, name)}")
-        if out:
-            return out
         if self.global_batch and self.microbatches and p.global_batch != self.global_batch:
             out.append(f"global batch {self.global_batch} != dp {p.dp} x micro-batch {p.micro_batch} x "
                        f"{p.microbatches} microbatches = {p.global_batch}")
