@@ -175,8 +175,8 @@ def test_zbv_ordered_for_its_pass_times_is_valid_and_beats_the_unit_time_order(t
         assert fitted_bubble < (0.7 * unit_bubble if bi > w else unit_bubble + 0.005)
 
 
-@pytest.mark.parametrize(("m", "times", "was"), [(64, (1.0, 1.1, 0.7), 0.127), (9, (1.0, 1.4, 0.6), 0.368)])
-def test_zbv_keeps_the_fastest_of_its_rules_and_beats_zb_h1(m, times, was):
+@pytest.mark.parametrize(("m", "times"), [(64, (1.0, 1.1, 0.7)), (9, (1.0, 1.4, 0.6))])
+def test_zbv_keeps_the_fastest_of_its_rules_and_beats_zb_h1(m, times):
     """8 ranks, Bi and W of unequal length. With 64 microbatches a Bi-first order let chunk 0's
     forwards fill a rank's 2p limit and hold up the V's return; with 9 the last microbatch waited at
     the tip for the others' backwards: 12.7% and 36.8% of the step idled, more than ZB-H1's 5.2% and
@@ -185,8 +185,7 @@ def test_zbv_keeps_the_fastest_of_its_rules_and_beats_zb_h1(m, times, was):
     real = {"forward": f, "backward_input": bi, "backward_weight": w, "backward": bi + w}
     zbv = build_schedule("zbv", 8, m, pass_times=times)
     assert max(validate_schedule(zbv).peak_activations) <= 2 * 8
-    zb_h1 = simulated_bubble(build_schedule("zb-h1", 8, m), real)
-    assert simulated_bubble(zbv, real) < zb_h1 < was
+    assert simulated_bubble(zbv, real) < simulated_bubble(build_schedule("zb-h1", 8, m), real)
 
 
 @pytest.mark.parametrize("times", [(1.0, 1.9, 0.1), (1.0, 1.5, 0.2), (1.0, 1.9, 0.3)])

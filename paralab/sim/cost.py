@@ -325,7 +325,7 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
     tp_layer = tp_forward * passes["forward"] + tp_backward + (passes["backward"] - 1) * tp_forward
 
     blocks = counting.chunk_layers(model, p)
-    moe_blocks = [counting.moe_blocks(model, sum(blocks[:c]), n) for c, n in enumerate(blocks)]
+    moe_blocks = counting.chunk_moe_blocks(model, p)
     experts, a2a = _moe_mlp(model, p, hw)
     embed = 2 * tokens * h * nbytes / ew_bw
     logits = gemm_time(hw, hw.peak(model.dtype), tokens, model.vocab / t, h, 1, nbytes)
@@ -927,8 +927,7 @@ def _expert_parallel_spans(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, 
     other microbatch's compute, as they do there."""
     payload = moe.all_to_all_payload(model, p)
     inter = crosses_nodes(hw, p.ep, p.tp)  # the ep ranks are dp neighbours (:func:`_moe_mlp`)
-    blocks = counting.chunk_layers(model, p)
-    moe_here = [counting.moe_blocks(model, sum(blocks[:c]), n) for c, n in enumerate(blocks)]
+    moe_here = counting.chunk_moe_blocks(model, p)
     out = []
     for span in spans:
         if span.lane != COMPUTE or span.kind not in ("forward", "backward", "backward_input") or (
@@ -955,30 +954,36 @@ def _zero_spans(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, spans: list
     what it adds to the step is in the compute spans already (:func:`_zero_overlapped`)."""
     pb, gb, _ = counting.bytes_per_param(model, p)
     embed, head = counting.fsdp_root(model, p)
-    last = p.chunks - 1
+
+    @cache  # a chunk's collectives are the same for every microbatch
+    def collectives(stage: int, op: str, backward: bool) -> list[tuple[float, int, float, bool]]:
+        """(payload, group, seconds, between nodes) of each group's ``op`` for one microbatch."""
+        params = sum(counting.zero_units(model, p, stage))
+        experts = sum(counting.zero_unit_experts(model, p, stage))
+        ends = embed * (stage == 0) + head * (stage == p.chunks - 1)
+        held = ends if op == "all_gather" and backward else 0.0  # FSDP's root unit, kept from the forward
+        nbytes = pb if op == "all_gather" else gb
+        out = []
+        for i, (n, group, stride) in enumerate(counting.dp_groups(p, params, experts)):
+            payload = (n - (held if i == 0 else 0.0)) * nbytes  # the dense group holds the ends
+            out.append((payload, group, collective_time(hw, op, payload, group, stride),
+                        crosses_nodes(hw, group, stride)))
+        return out
+
     out = []
     for span in spans:
         if span.lane != COMPUTE or span.stage is None:
             continue
-        gathers = p.zero == 3 and span.kind in ("forward", "backward", "backward_input")
-        scatters = span.kind in ("backward", "backward_weight")
-        if not gathers and not scatters:
-            continue
-        stage = span.stage
-        params = sum(counting.zero_units(model, p, stage))
-        experts = sum(counting.zero_unit_experts(model, p, stage))
-        held = embed * (stage == 0) + head * (stage == last) if span.kind != "forward" else 0.0
-        calls = [("all_gather", pb, span.start, -held)] if gathers else []
-        calls += [("reduce_scatter", gb, span.end, 0.0)] if scatters else []
-        for op, nbytes, at, less in calls:
-            for i, (n, group, stride) in enumerate(counting.dp_groups(p, params, experts)):
-                payload = (n + (less if i == 0 else 0.0)) * nbytes  # the dense group holds the ends
-                seconds = collective_time(hw, op, payload, group, stride)
-                start, end = (at, at + seconds) if op == "all_gather" else (at - seconds, at)
+        ops = ["all_gather"] if p.zero == 3 and span.kind in ("forward", "backward", "backward_input") else []
+        ops += ["reduce_scatter"] if span.kind in ("backward", "backward_weight") else []
+        for op in ops:
+            for payload, group, seconds, inter in collectives(span.stage, op, span.kind != "forward"):
+                start, end = ((span.start, span.start + seconds) if op == "all_gather"
+                              else (span.end - seconds, span.end))
                 out.append(Span(span.rank, COMM, op, start, end, name=f"ZeRO-{p.zero} {op}", step=span.step,
                                 bytes=int(counting.ring_wire_bytes(op, payload, group)),
-                                payload_bytes=int(payload), group_size=group, stage=stage,
-                                microbatch=span.microbatch, inter_node=crosses_nodes(hw, group, stride)))
+                                payload_bytes=int(payload), group_size=group, stage=span.stage,
+                                microbatch=span.microbatch, inter_node=inter))
     return out
 
 

@@ -138,6 +138,12 @@ def moe_blocks(model: ModelSpec, first: int, count: int) -> int:
     return sum(b >= model.dense_layers for b in range(first, first + count)) if model.experts else 0
 
 
+def chunk_moe_blocks(model: ModelSpec, parallel: ParallelSpec) -> list[int]:
+    """How many of each model chunk's blocks (:func:`chunk_layers`) have a mixture of experts."""
+    layers = chunk_layers(model, parallel)
+    return [moe_blocks(model, sum(layers[:chunk]), count) for chunk, count in enumerate(layers)]
+
+
 def rank_layers(model: ModelSpec, parallel: ParallelSpec, rank: int, moe_only: bool = False) -> int:
     """Blocks on pipeline rank ``rank``, over all its chunks (``moe_only``: those whose MLP is a
     mixture of experts)."""
