@@ -82,6 +82,15 @@ def write(tmp_path, data, name="part.json"):
     return path
 
 
+def test_a_preset_handed_out_is_the_callers_own_copy():
+    mine = get_hardware("h100")
+    mine.peak_flops["bf16"] = 1.0
+    mine.flash2_efficiency.clear()
+    fresh = get_hardware("H100")
+    assert fresh.peak_flops["bf16"] == PRESETS["h100"].peak_flops["bf16"] > 9e14
+    assert fresh.flash2_efficiency == PRESETS["h100"].flash2_efficiency != []
+
+
 def test_a_hardware_file_describes_a_custom_part_in_datasheet_units(tmp_path):
     path = write(tmp_path, {
         "name": "capped-h100", "base": "h100", "memory_gib": 94, "nvlink_gb_s": 300, "nic_gbit_s": 200,

@@ -35,6 +35,7 @@ calibrating.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -126,7 +127,10 @@ def get_hardware(name: str, recalibrate: bool = False,
                  on_measure: Callable[[Path], None] | None = None) -> HardwareSpec:
     """A preset by name (case-insensitive), ``local`` (the cached calibration, or measured now), or
     a hardware file (a path ending in ``.json``, see :func:`load_hardware_file`). ``on_measure`` is
-    told the cache path when ``local`` is about to be measured (seconds), so a caller can say so."""
+    told the cache path when ``local`` is about to be measured (seconds), so a caller can say so.
+
+    A preset comes as the caller's own copy: the spec is frozen but its peak and curve tables are
+    dicts and lists, and a notebook that edits one must not change what every later plan reads."""
     if name.lower().endswith(".json"):
         return load_hardware_file(name)
     key = ALIASES.get(name.lower(), name.lower())
@@ -134,7 +138,7 @@ def get_hardware(name: str, recalibrate: bool = False,
         return local(recalibrate=recalibrate, on_measure=on_measure)
     if key not in PRESETS:
         raise SpecError(f"unknown hardware {name!r}; choose from {', '.join(NAMES)} or give a FILE.json")
-    return PRESETS[key]
+    return copy.deepcopy(PRESETS[key])
 
 
 # Hardware-file keys in the units datasheets use: key -> (HardwareSpec field, factor to SI units).
