@@ -960,15 +960,14 @@ def _zero_spans(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, spans: list
         """(payload, group, seconds, between nodes) of each group's ``op`` for one microbatch."""
         params = sum(counting.zero_units(model, p, stage))
         experts = sum(counting.zero_unit_experts(model, p, stage))
-        ends = embed * (stage == 0) + head * (stage == p.chunks - 1)
-        held = ends if op == "all_gather" and backward else 0.0  # FSDP's root unit, kept from the forward
+        if op == "all_gather" and backward:
+            held = embed * (stage == 0) + head * (stage == p.chunks - 1)
+            groups = counting.backward_gather_groups(p, params, experts, held)
+        else:
+            groups = counting.dp_groups(p, params, experts)
         nbytes = pb if op == "all_gather" else gb
-        out = []
-        for i, (n, group, stride) in enumerate(counting.dp_groups(p, params, experts)):
-            payload = (n - (held if i == 0 else 0.0)) * nbytes  # the dense group holds the ends
-            out.append((payload, group, collective_time(hw, op, payload, group, stride),
-                        crosses_nodes(hw, group, stride)))
-        return out
+        return [(n * nbytes, group, collective_time(hw, op, n * nbytes, group, stride),
+                 crosses_nodes(hw, group, stride)) for n, group, stride in groups if n]
 
     out = []
     for span in spans:

@@ -272,6 +272,15 @@ def dp_groups(parallel: ParallelSpec, params: float, experts: float) -> list[tup
     return [(n, size, stride) for n, size, stride in groups if n and size > 1]
 
 
+def backward_gather_groups(parallel: ParallelSpec, params: float, experts: float,
+                           held: float) -> list[tuple[float, int, int]]:
+    """:func:`dp_groups` as ZeRO-3 gathers for a backward: ``held`` parameters of FSDP's root unit
+    (:func:`fsdp_root`), kept whole since the forward, are dense, so the first group, the dense one,
+    gathers that many fewer."""
+    return [(n - held if i == 0 else n, size, stride)
+            for i, (n, size, stride) in enumerate(dp_groups(parallel, params, experts))]
+
+
 def largest_zero_unit(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
     """The largest part (:func:`zero_units`) on pipeline rank ``rank``: what ZeRO-2/3 hold whole at
     once (of the blocks alone beside FSDP's root unit, which is held whole throughout)."""
@@ -741,19 +750,18 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec,
         moe_here = rank_layers(model, p, rank, moe_only=True)
         rows.append(("ep", "all_to_all", moe.all_to_all_payload(model, p), p.ep, 4 * moe_here * m))
     pb, gb, _ = bytes_per_param(model, p)
-    embed, head = fsdp_root(model, p)  # FSDP's root unit: gathered once a microbatch, kept for the backward
-    root = embed * (rank == stage_rank(p, 0)) + head * (rank == last_stage_rank(p))
-    groups = dp_groups(p, stage_params(model, p, rank), expert_params(model, p, rank))
-    for i, (params, group, _) in enumerate(groups):
-        held = root if i == 0 else 0.0  # the first group holds the dense parameters, the ends among them
-        if p.zero == 0:
-            rows.append(("dp", "all_reduce", params * gb, group, 1))
-        else:
-            rows.append(("zero", "reduce_scatter", params * gb, group, 1 if p.zero == 1 else m))
-            rows.append(("zero", "all_gather", (params - held) * pb, group, 1 if p.zero < 3 else 2 * m))
-            if held:
-                rows.append(("zero", "all_gather", held * pb, group, m))
-    return rows
+    params, experts = stage_params(model, p, rank), expert_params(model, p, rank)
+    groups = dp_groups(p, params, experts)
+    if p.zero == 0:
+        return rows + [("dp", "all_reduce", n * gb, group, 1) for n, group, _ in groups]
+    rows += [("zero", "reduce_scatter", n * gb, group, 1 if p.zero == 1 else m) for n, group, _ in groups]
+    if p.zero < 3:  # the updated shards, once a step
+        return rows + [("zero", "all_gather", n * pb, group, 1) for n, group, _ in groups]
+    embed, head = fsdp_root(model, p)
+    held = embed * (rank == stage_rank(p, 0)) + head * (rank == last_stage_rank(p))
+    backward = backward_gather_groups(p, params, experts, held)
+    return rows + [("zero", "all_gather", n * pb, group, m)  # every microbatch's forward and backward
+                   for n, group, _ in groups + backward if n]
 
 
 def comm_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]:
