@@ -1312,7 +1312,9 @@ def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: f
 def flop_rates(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, step: float) -> dict[str, float]:
     """A step's FLOPs and what they make of the GPUs: model and hardware FLOPs (recompute counted for
     the layers it reruns), TFLOP/s per GPU, and MFU and HFU against the rated peak, so that a
-    power-capped part's lower clock shows as lower utilisation, not as a lower bar."""
+    power-capped part's lower clock shows as lower utilisation, not as a lower bar. The peak is the
+    model dtype's also when its GEMMs run in FP8, as torchtitan reports its Float8 runs: MFU then
+    compares with the same model's bf16 runs (and may pass what bf16 could reach)."""
     flops = counting.flops_per_step(model, p.global_batch, p.recompute, counting.recompute_share(model, p))
     peak = hw.datasheet_peak(model.dtype) * (1 if hw.shared_compute else p.world_size)
     return {
