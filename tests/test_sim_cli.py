@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from paralab.config import MODEL_PRESETS
-from paralab.sim import cli, hardware
+from paralab.sim import cli, cost, hardware
 
 
 def run(argv, capsys):
@@ -50,6 +50,16 @@ def test_simulate_says_when_the_pipeline_was_priced_in_closed_form(capsys):
                       "--json"], capsys)  # fmt: skip
     data = json.loads(out)
     assert data["pipeline_pricing"] == "simulated" and data["pipeline_passes"] == 8 * 64 * 2
+
+
+def test_simulate_says_when_a_v_schedule_was_extended_from_a_simulated_prefix(capsys, monkeypatch):
+    monkeypatch.setattr(cost, "SIMULATED_PASSES", 512)
+    args = ["simulate", "--model", "gpt3-1.3b", "--gpus", "16", "--pp", "4", "--schedule", "zbv",
+            "--virtual-stages", "2", "--microbatches", "64"]
+    rc, out, _ = run(args, capsys)
+    assert rc == 0 and "whose passes fit in 512 (of its 1,024), each further microbatch" in out
+    rc, out, _ = run([*args, "--json"], capsys)
+    assert json.loads(out)["pipeline_pricing"] == "extended"
 
 
 def test_non_dividing_degrees_exit_2_with_what_fits(capsys):

@@ -282,6 +282,9 @@ def _report(out: dict) -> str:
         *([f"  bubble from the schedule's closed form: its {out['pipeline_passes']:,} passes are more than "
            f"the {cost.SIMULATED_PASSES:,} simulated one by one"]
           if out["pipeline_pricing"] == "closed form" else []),
+        *([f"  bubble simulated for the microbatches whose passes fit in {cost.SIMULATED_PASSES:,} (of its "
+           f"{out['pipeline_passes']:,}), each further microbatch adding the busiest rank's work"]
+          if out["pipeline_pricing"] == "extended" else []),
         *([f"  parameters {out['params'] / 1e9:.1f}B, {out['active_params'] / 1e9:.1f}B active per token"]
           if out["active_params"] != out["params"] else []),
         "  memory per GPU: " + ", ".join(f"{k} {planner.bytes_text(v)}" for k, v in mem.items()),

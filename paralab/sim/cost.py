@@ -818,10 +818,16 @@ def machine_problems(model: ModelSpec, hw: HardwareSpec) -> list[str]:
 SIMULATED_PASSES = 32_768
 """The most passes (a microbatch's forward or backward through one chunk, a split backward counted
 once) a prediction simulates one by one. Building, proving and running a schedule costs some tens of
-microseconds an action here, so this many take 1-4 s on an idle machine; a pipeline of more is priced
+microseconds an action here, so this many take 1-4 s on an idle machine. A pipeline of more is priced
 by the closed form (:func:`_estimate_finish`), which at that many passes is within 1% of the simulated
-step for GPipe, 1F1B, interleaved, ZB-H1 and ZB-V, and for DualPipeV at 16 stages or fewer; at 64
-stages DualPipeV's reads 4% apart."""
+step for GPipe, 1F1B, interleaved and ZB-H1; ZB-V and DualPipeV, whose orders no closed form follows
+once passes are unequal, are simulated for as many microbatches as this holds and extended
+(:func:`_extended_finish`)."""
+
+EXTENDED_SCHEDULES = ("zbv", "dualpipev")
+"""Schedules priced past :data:`SIMULATED_PASSES` by :func:`_extended_finish`, not the closed form:
+their list-scheduled orders leave a ramp that depends on the passes' ratios (with full recompute's
+long input-gradient pass ZB-V's is 4 times the (p - 1) F the closed form counts at 16 stages)."""
 
 
 def pipeline_passes(p: ParallelSpec) -> int:
@@ -832,15 +838,27 @@ def pipeline_passes(p: ParallelSpec) -> int:
 
 def predict(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec, simulate: bool = True) -> Prediction:
     """Predict one training step. ``simulate=False`` uses closed-form bubbles (fast, for the planner);
-    so does a pipeline of more than :data:`SIMULATED_PASSES` passes (``pipeline_pricing`` says which)."""
+    so does a pipeline of more than :data:`SIMULATED_PASSES` passes, unless its schedule is one of
+    :data:`EXTENDED_SCHEDULES` (``pipeline_pricing`` says which: simulated, closed form, extended)."""
     if parallel.cp > 1:
         return CONTEXT_PARALLEL["predict"](model, parallel, hw, simulate)
     p = check(model, parallel, hw=hw)
     times = stage_times(model, p, hw)
-    closed = not simulate or (p.pp > 1 and pipeline_passes(p) > SIMULATED_PASSES)
-    finish, bubble = (_estimate_finish if closed else _simulated_finish)(model, p, hw, times)
-    prediction = _assemble(model, p, hw, times, finish, bubble)
-    return dataclasses.replace(prediction, pipeline_pricing="closed form") if closed else prediction
+    pricing = pipeline_pricing(p, simulate)
+    finish, bubble = {"simulated": _simulated_finish, "closed form": _estimate_finish,
+                      "extended": _extended_finish}[pricing](model, p, hw, times)
+    return dataclasses.replace(_assemble(model, p, hw, times, finish, bubble), pipeline_pricing=pricing)
+
+
+def pipeline_pricing(p: ParallelSpec, simulate: bool = True) -> str:
+    """How :func:`predict` prices ``p``'s pipeline: ``simulated`` pass by pass, by the ``closed form``,
+    or ``extended`` (:func:`_extended_finish`)."""
+    if not simulate:
+        return "closed form"
+    if p.pp == 1 or pipeline_passes(p) <= SIMULATED_PASSES:
+        return "simulated"
+    full = SIMULATED_PASSES // (2 * p.chunks) >= 2 * p.pp  # the budget holds a full pipeline's worth
+    return "extended" if _schedule_name(p) in EXTENDED_SCHEDULES and full else "closed form"
 
 
 def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> Trace:
@@ -1118,11 +1136,7 @@ def _estimate_finish(model, p: ParallelSpec, hw,
     """
     pp, m, name = p.pp, p.microbatches, _schedule_name(p)
     blocking = p2p_time(model, p, hw) if pp > 1 and not p.overlap_p2p else 0.0
-    work = [0.0] * pp
-    for stage, st in enumerate(times):
-        work[counting.stage_rank(p, stage)] += st.forward + st.backward + 2 * blocking
-    # DualPipeV's F&B slots hide all-to-alls: a rank's work per microbatch, on the mean over its m
-    work = [w - hidden / m for w, hidden in zip(work, _hidden_all_to_alls(p, times))]
+    work = _rank_work(model, p, hw, times)
     hop = 2 * p2p_time(model, p, hw) if pp > 1 else 0.0
     f, bi, w = _mean_passes(times)
     f, bi = f + blocking, bi + blocking
@@ -1140,6 +1154,36 @@ def _estimate_finish(model, p: ParallelSpec, hw,
         makespan = m * max(work) / (1.0 - theoretical_bubble(name, pp, m, p.virtual_stages)) + (pp - 1) * hop
     bubble = 1.0 - m * sum(work) / (pp * makespan) if pp > 1 else 0.0
     return [(makespan - times[0].backward, makespan)] * pp, bubble
+
+
+def _rank_work(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, times: list[StageTimes]) -> list[float]:
+    """Each pipeline rank's compute per microbatch, its chunks' forwards and backwards (and their two
+    blocking sends each with ``overlap_p2p`` off), less what DualPipeV's F&B slots hide, on the mean
+    over the step's microbatches."""
+    blocking = p2p_time(model, p, hw) if p.pp > 1 and not p.overlap_p2p else 0.0
+    work = [0.0] * p.pp
+    for stage, st in enumerate(times):
+        work[counting.stage_rank(p, stage)] += st.forward + st.backward + 2 * blocking
+    return [w - hidden / p.microbatches for w, hidden in zip(work, _hidden_all_to_alls(p, times))]
+
+
+def _extended_finish(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec,
+                     times: list[StageTimes]) -> tuple[list[tuple[float, float]], float]:
+    """A pipeline past :data:`SIMULATED_PASSES`, for schedules without a closed form that holds
+    (:data:`EXTENDED_SCHEDULES`): the first microbatches the budget holds are simulated, and each
+    further one adds the busiest rank's work, the period every rank keeps once the pipeline is full.
+    The budget holds at least 2p microbatches up to 64 stages (beyond, :func:`pipeline_pricing` takes
+    the closed form), by which the ramp has about stopped
+    growing (ZB-V's, with full recompute's pass times on 16 stages: 55 F at 2p, 64 F at 4p, 67 F at
+    8p microbatches, against 1,040 F of step at 8p)."""
+    m, budget = p.microbatches, SIMULATED_PASSES // (2 * p.chunks)
+    short = p.replace(microbatches=budget, global_batch=p.global_batch // m * budget)
+    finish, _ = _simulated_finish(model, short, hw, times)
+    work = _rank_work(model, p, hw, times)
+    extra = (m - budget) * max(work)
+    finish = [(start + extra, end + extra) for start, end in finish]
+    makespan = max(end for _, end in finish)
+    return finish, 1.0 - m * sum(work) / (p.pp * makespan)
 
 
 def step_floor(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> float:
