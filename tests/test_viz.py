@@ -20,7 +20,7 @@ from paralab.trace import Span, Trace
 pytest.importorskip("plotly")
 
 from paralab import viz  # noqa: E402
-from paralab.viz._common import fmt_bytes  # noqa: E402
+from paralab.viz._common import EXTRA_COLORS, KIND_COLORS, MICROBATCH_COLORS, fmt_bytes  # noqa: E402
 from paralab.viz.comm import comm_matrix_data, group_of  # noqa: E402
 from tests.conftest import bars  # noqa: E402
 
@@ -78,6 +78,11 @@ def test_timeline_pipeline_microbatch_colours_and_labels(pipe):
     assert "F0 s0" in list(fwd.text)
     send = next(t for t in fig.data if t.name == "send")
     assert isinstance(send.marker.color, str)  # comm stays coloured by kind
+    # no microbatch is drawn in a communication kind's colour, and the axis says what colours mean
+    comm_colors = {KIND_COLORS[k] for k in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send",
+                                            "recv", "all_to_all", "barrier")}
+    assert not set(MICROBATCH_COLORS) & (comm_colors | set(EXTRA_COLORS))
+    assert "coloured by microbatch" in fig.layout.xaxis.title.text
     assert "(1024 B)" in send.hovertext[0] and "peer r" in send.hovertext[0]
     # idle is visible as gaps: rank 3's compute bars cover less than the step
     span = max(b + x for t in fig.data for b, x in zip(t.base, t.x))

@@ -136,6 +136,21 @@ def test_scaling_explorer_redraws():
     assert "tp=32" in app.message.value
 
 
+def test_the_scaling_explorer_draws_only_sizes_that_fit_in_memory():
+    """A batch of 512 in one micro-batch had put 5,698 GiB on each GPU of the default view, drawn as a
+    near-ideal curve; a replica now runs a micro-batch at a time, and what does not fit is named."""
+    app = widgets.scaling_explorer(model="gpt3-1.3b", hardware="h100", dim="dp", max_gpus=64)
+    assert app.figure.layout.meta["predicted"]["world_size"] == [1, 2, 4, 8, 16, 32, 64]
+    assert app.message.value == ""
+    app.controls["model"].value = "gpt3-13b"  # 13B x 16 bytes of model states: only sharded by tp or pp
+    assert "dp=1: does not fit" in app.message.value and "dp=64: does not fit" in app.message.value
+    assert app.figure.layout.meta["predicted"]["world_size"] == []
+    assert "no size fits" in app.figure.layout.title.text
+    app.controls["dim"].value = "tp"
+    assert app.figure.layout.meta["predicted"]["world_size"] == [4, 8]
+    assert "tp=2: does not fit" in app.message.value and "tp=16: tp 16 does not divide" in app.message.value
+
+
 def test_memory_explorer_redraws():
     app = widgets.memory_explorer(model="gpt3-1.3b", dp=8)
     totals = list(app.figure.layout.meta["totals"])

@@ -37,6 +37,8 @@ TEXT_LIMIT = 2000  # above this many bars, labels on bars cost more than they te
 MICROBATCH_SCALE = [[k / (len(MICROBATCH_COLORS) - 1), c] for k, c in enumerate(MICROBATCH_COLORS)]
 _PATTERNS = {"backward": "/", "backward_input": "\\", "backward_weight": "x"}
 HOVER = "%{hovertext}<extra></extra>"
+MICROBATCH_KEY = ("time (ms); compute bars coloured by microbatch "
+                  "(F3 s1: microbatch 3's forward on stage 1), backwards hatched")
 
 
 def row_label(rank: int, lane: str) -> str:
@@ -240,6 +242,8 @@ def timeline(trace, predicted=None, *, lanes=DEFAULT_LANES, steps=None, predicte
         meta["predicted_rows"] = prows
         meta["predicted_ranks"] = len(predicted.ranks)
     fig.update_layout(barmode="overlay", bargap=0.15, meta=meta, uniformtext=dict(minsize=7, mode="hide"))
+    if any("colorscale" in bar["marker"] for bar in fig.data):  # the legend's swatches cannot say it
+        fig.for_each_xaxis(lambda axis: axis.update(title_text=MICROBATCH_KEY) if axis.title.text else None)
     n_rows = len(rows) + len(meta.get("predicted_rows", []))
     return style(fig, title or _default_title(trace), height or min(200 + 22 * n_rows, 1600))
 

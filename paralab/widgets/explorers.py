@@ -3,6 +3,7 @@
 Each explorer predicts with :mod:`paralab.sim` (instant, any size) and can show measured runs beside
 the prediction (``measured=`` arguments). A split the cost model refuses (SpecError: tp not dividing
 the heads, a batch that does not split, ...) shows its message; the figure keeps the last good state.
+The scaling explorer leaves out, and names, the sizes that do not fit in memory: they cannot run.
 """
 
 from __future__ import annotations
@@ -22,20 +23,30 @@ def _sim():
 
 # ------------------------------------------------------------------------------------------ scaling
 def scaling_points(model_name: str, hw_name: str, dim: str, max_gpus: int, global_batch: int,
-                   base: dict | None = None) -> tuple[list[dict], list[str]]:
-    """Predicted points along one parallel dimension (dp, tp or pp = 1, 2, 4 ... max_gpus).
+                   base: dict | None = None, micro_batch: int = 1) -> tuple[list[dict], list[str]]:
+    """Predicted points along one parallel dimension (dp, tp or pp = 1, 2, 4 ... max_gpus), each
+    replica running ``micro_batch`` sequences at a time (the rest of its share of the global batch as
+    gradient accumulation, as a run that must fit does).
 
-    Returns (points for paralab.viz.scaling, reasons for the sizes the cost model refused).
+    Returns (points for paralab.viz.scaling, reasons for the sizes left out): a size the cost model
+    refuses, or one that does not fit in the GPU's memory (it cannot run, so it has no step time).
     """
     cost, hardware, presets, specs = _sim()
     model, hw = presets.get_model(model_name), hardware.get_hardware(hw_name)
+    usable = cost.usable_memory(hw)
     points, skipped = [], []
     for n in [g for g in POW2 if g <= max_gpus]:
-        spec = specs.ParallelSpec(**{**(base or {}), dim: n, "global_batch": global_batch})
+        spec = specs.ParallelSpec(**{"micro_batch": micro_batch, **(base or {}), dim: n,
+                                     "global_batch": global_batch})
         try:
             pred = cost.predict(model, spec, hw)
         except specs.SpecError as exc:
             skipped.append(f"{dim}={n}: {exc}")
+            continue
+        if not pred.fits:
+            need = pred.memory_bytes_per_gpu["total"]
+            skipped.append(f"{dim}={n}: does not fit, {need / 2**30:,.1f} GiB per GPU against "
+                           f"{usable / 2**30:.1f} GiB usable")
             continue
         points.append({"world_size": spec.world_size, "step_time_s": pred.step_time_s,
                        "tokens_per_s": pred.tokens_per_s})
@@ -43,9 +54,10 @@ def scaling_points(model_name: str, hw_name: str, dim: str, max_gpus: int, globa
 
 
 def scaling_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dim: str = "dp", max_gpus: int = 64,
-                     global_batch: int = 512, measured=None):
-    """Predicted step time and speedup against world size; ``measured`` runs (RunResults, summaries or
-    {world_size: step time}) drawn beside. Attributes: ``controls``, ``figure``, ``message``, ``redraw()``."""
+                     global_batch: int = 512, micro_batch: int = 1, measured=None):
+    """Predicted step time and speedup against world size, for the sizes that fit in memory;
+    ``measured`` runs (RunResults, summaries or {world_size: step time}) drawn beside. Attributes:
+    ``controls``, ``figure``, ``message``, ``redraw()``."""
     from paralab.sim import hardware as hw_mod
     from paralab.sim import presets
     from paralab.viz.scaling import scaling
@@ -57,6 +69,7 @@ def scaling_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dim: str 
         "dim": w.ToggleButtons(options=["dp", "tp", "pp"], value=dim, description="scale"),
         "max_gpus": w.SelectionSlider(options=POW2[1:], value=max_gpus, description="up to"),
         "global_batch": w.IntText(value=global_batch, description="global batch"),
+        "micro_batch": w.SelectionSlider(options=POW2[:6], value=micro_batch, description="micro-batch"),
     }
     msg = w.HTML()
     fw = figure_widget(scaling(measured=measured, predicted={1: 1.0}))
@@ -65,19 +78,19 @@ def scaling_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dim: str 
         c = {k: v.value for k, v in controls.items()}
         try:
             points, skipped = scaling_points(c["model"], c["hardware"], c["dim"], c["max_gpus"],
-                                             c["global_batch"])
+                                             c["global_batch"], micro_batch=c["micro_batch"])
         except Exception as exc:  # an unknown preset or a cost-model error: say it, keep the figure
             msg.value = message(f"{type(exc).__name__}: {exc}", "error")
             return
-        msg.value = message("not predicted: " + "; ".join(skipped), "info") if skipped else ""
-        if points:
-            title = f"{c['model']} on {c['hardware']}, scaling {c['dim']} (global batch {c['global_batch']})"
-            replace_figure(fw, scaling(measured=measured, predicted=points, title=title))
+        msg.value = message("not drawn: " + "; ".join(skipped), "info") if skipped else ""
+        title = (f"{c['model']} on {c['hardware']}, scaling {c['dim']} (global batch {c['global_batch']}, "
+                 f"micro-batch {c['micro_batch']})" + ("" if points else ": no size fits"))
+        replace_figure(fw, scaling(measured=measured, predicted=points, title=title))
 
     for c in controls.values():
         c.observe(redraw, names="value")
     app = w.VBox([w.HBox([controls["model"], controls["hardware"], controls["dim"]]),
-                  w.HBox([controls["max_gpus"], controls["global_batch"]]), msg, fw])
+                  w.HBox([controls["max_gpus"], controls["global_batch"], controls["micro_batch"]]), msg, fw])
     attach(app, controls=controls, figure=fw, message=msg, redraw=redraw)
     redraw()
     return app
