@@ -16,7 +16,7 @@ pytest.importorskip("plotly")
 
 import ipywidgets  # noqa: E402
 
-from paralab import widgets  # noqa: E402
+from paralab import sim, widgets  # noqa: E402
 from tests.conftest import bars  # noqa: E402
 
 
@@ -162,6 +162,20 @@ def test_memory_explorer_redraws():
     assert staged[0] > staged[1] > staged[2] > staged[3] and staged[0] < totals[0]
     app.controls["pp"].value = 64  # gpt3-1.3b has 24 layers: refused, said, the last figure kept
     assert "layers" in app.message.value and list(app.figure.layout.meta["totals"]) == staged
+
+
+def test_the_memory_explorers_line_is_what_fits_is_tested_against():
+    """The line had been drawn at the part's 80 GiB while fits compares with the 71.7 GiB a plan may
+    fill: a pipeline of gpt3-13b at 72.0 GiB sat under the line and did not fit."""
+    app = widgets.memory_explorer(model="gpt3-13b", hardware="h100", dp=1, pp=8)
+    usable = sim.cost.usable_memory(sim.get_hardware("h100"))
+    lines = sorted(shape.y0 for shape in app.figure.layout.shapes)
+    assert lines == pytest.approx([usable / 2**30, sim.get_hardware("h100").memory_bytes / 2**30])
+    assert app.figure.layout.meta["totals"][0] > usable  # the bar over the line is the one that does not fit
+    app.controls["pp"].value = 1
+    app.controls["model"].value = "tiny"  # megabytes: no line at 80 GiB to flatten the bars
+    assert app.figure.layout.shapes == () and "MiB" in app.figure.layout.yaxis.title.text
+    assert "far below the 71.7 GiB" in app.figure.layout.title.text
 
 
 def test_comm_explorer_views_and_calculator():

@@ -37,6 +37,8 @@ def replace_figure(fw, fig) -> None:
             for old, trace in zip(fw.data, new):
                 old.update(trace.to_plotly_json(), overwrite=True)
             fw.layout.update(fig.layout.to_plotly_json(), overwrite=True)
+            # an update leaves what the new layout does not name: a limit line the new figure drops
+            fw.layout.shapes, fw.layout.annotations = fig.layout.shapes, fig.layout.annotations
         else:  # another kind of figure: its layout replaces the old one whole (subplots, axes, titles)
             fw.data = ()
             fw.layout = fig.layout

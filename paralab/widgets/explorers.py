@@ -112,6 +112,31 @@ def memory_by_zero(model_name: str, dp: int, tp: int, pp: int, micro_batch: int,
     return out
 
 
+def memory_against_limit(bars: dict[str, dict], hw, title: str):
+    """Stacked bars of :func:`memory_by_zero` against what a plan may fill (``cost.usable_memory``,
+    the line ``fits`` is tested against) and the part's capacity above it. A model far under the
+    line (the lab's CPU presets) is drawn in MiB and the title says how far under it is, since at the
+    line's scale its bars would not show."""
+    from paralab.sim.cost import usable_memory
+    from paralab.viz._common import fmt_bytes
+    from paralab.viz.memory import memory
+
+    usable, capacity = usable_memory(hw), hw.memory_bytes
+    tallest = max(sum(v for k, v in kinds.items() if k != "total") for kinds in bars.values())
+    if tallest < usable / 10:
+        return memory(bars, unit="MiB" if tallest < 2**30 else "GiB",
+                      title=f"{title}: at most {fmt_bytes(tallest)}, far below the {usable / 2**30:.1f} GiB "
+                            "a GPU can fill")
+    fig = memory(bars, unit="GiB", title=title)
+    fig.add_hline(y=usable / 2**30, line_dash="dash", line_color="#D62728",
+                  annotation_text=f"fits below: {usable / 2**30:.1f} GiB usable",
+                  annotation_position="top left")
+    fig.add_hline(y=capacity / 2**30, line_dash="dot", line_color="#999",
+                  annotation_text=f"{hw.name} capacity {capacity / 2**30:.0f} GiB",
+                  annotation_position="top right")
+    return fig
+
+
 def memory_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dp: int = 8, tp: int = 1, pp: int = 1,
                     measured: dict | None = None):
     """Predicted memory per GPU for each ZeRO stage of a split, against the GPU's memory line.
@@ -153,13 +178,10 @@ def memory_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dp: int = 
             spec = ParallelSpec(dp=c["dp"], tp=c["tp"], pp=c["pp"], micro_batch=c["micro_batch"])
             msg.value = message("; ".join(spec.problems(get_model(c["model"]))), "error")
             return
-        capacity = hw_mod.get_hardware(c["hardware"]).memory_bytes
         msg.value = ""
-        fig = memory(bars, unit="GiB",
-                     title=f"{c['model']}: predicted memory per GPU, dp={c['dp']} tp={c['tp']} pp={c['pp']}")
-        fig.add_hline(y=capacity / 2**30, line_dash="dash", line_color="#D62728",
-                      annotation_text=f"{c['hardware']} {capacity / 2**30:.0f} GiB")
-        replace_figure(fw, fig)
+        replace_figure(fw, memory_against_limit(bars, hw_mod.get_hardware(c["hardware"]),
+                                                f"{c['model']}: predicted memory per GPU, "
+                                                f"dp={c['dp']} tp={c['tp']} pp={c['pp']}"))
 
     for c in controls.values():
         c.observe(redraw, names="value")
