@@ -40,11 +40,14 @@ from paralab.stage_split import ends_split, megatron_split
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model (a preset, or a shape)")
     g.add_argument("--model", help=f"preset: {', '.join(MODELS)}")
-    helps = {"kv_heads": "GQA KV heads", "expert_ffn": "a mixture of experts' width (default: ffn)"}
+    helps = {"kv_heads": "GQA KV heads",
+             "expert_ffn": "each expert's FFN width, for a mixture-of-experts --model (default: the "
+                           "preset's)"}
     for name in SHAPE:
         g.add_argument(f"--{name.replace('_', '-')}", type=int,
                        help=helps.get(name, "overrides the preset's value"))
-    g.add_argument("--dtype", choices=sorted(DTYPE_BYTES), help="training dtype (default bf16)")
+    g.add_argument("--dtype", choices=sorted(DTYPE_BYTES),
+                   help="training dtype (default: the preset's; bf16 for a shape given without --model)")
     g.add_argument("--attention", choices=ATTENTION,
                    help="standard keeps the s x s scores; fused (flash) does not")
     g.add_argument("--attention-kernel", choices=ATTENTION_KERNELS,
@@ -67,7 +70,7 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
 
 def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     _add_model_args(parser)
-    parser.add_argument("--gpus", type=int, help="total GPUs; dp defaults to gpus / (tp x pp)")
+    parser.add_argument("--gpus", type=int, help="total GPUs; dp defaults to gpus / (tp x pp x cp)")
     parser.add_argument("--micro-batch", type=int,
                         help="sequences per microbatch (default: what --global-batch and --microbatches "
                              "leave; with only --global-batch, all of a replica's share at pp 1, "
@@ -105,7 +108,7 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fp32-shards", action="store_true",
                         help="with --zero 3: the shards are fp32 and are the optimizer's weights, gathered "
                              "in 16 bits, as PyTorch FSDP runs mixed precision (16 bytes a parameter over "
-                             "dp, not 18)")
+                             "dp: the same as plain --zero 3 keeps, 18 with --fp32-grads)")
     parser.add_argument("--cp", type=int, default=1, help="context parallel: each sequence over cp GPUs")
     parser.add_argument("--cp-mode", default="ring", choices=CP_MODES)
     parser.add_argument("--cp-split", default="zigzag", choices=CP_SPLITS)
