@@ -70,6 +70,18 @@ def test_non_dividing_degrees_exit_2_with_what_fits(capsys):
     assert err.count("\n") == 1, "one line on stderr, as every invalid input gets"
 
 
+@pytest.mark.parametrize("extra, says", [
+    ([], "global batch 60 is not divisible by dp 8"),  # had named the derived dp x micro-batch = 56
+    (["--micro-batch", "2"], "global batch 60 is not divisible by dp 8"),
+    (["--dp", "4", "--tp", "2", "--micro-batch", "2"],
+     "global batch 60 is not divisible by dp 4 x micro-batch 2 = 8"),
+])
+def test_a_batch_that_does_not_split_names_the_numbers_given(capsys, extra, says):
+    argv = ["simulate", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "60", *extra]
+    rc, _, err = run(argv, capsys)
+    assert rc == 2 and says in err
+
+
 def test_model_that_fits_nowhere_exits_2(capsys):
     rc, _, err = run(["plan", "--model", "megatron-1t", "--gpus", "8"], capsys)
     assert rc == 2 and "needs at least 256 a100 GPUs" in err
@@ -206,6 +218,11 @@ def test_a_configuration_that_does_not_fit_is_still_estimated(capsys):
     assert all(a["dp"] * a["tp"] * a["pp"] == 8 for a in data["alternatives"])
     rc, text, _ = run(argv, capsys)
     assert rc == 0 and "does not fit" in text and "over by" in text and "layouts that fit on 8 GPUs" in text
+    # without --global-batch the alternatives are planned for the batch priced, not the planner's own
+    rc, out, _ = run(["simulate", "--model", "gpt3-175b", "--gpus", "64", "--tp", "8", "--json"], capsys)
+    data = json.loads(out)
+    assert not data["fits"] and data["alternatives"]
+    assert {a["global_batch"] for a in data["alternatives"]} == {data["global_batch"]} == {8}
     rc, out, _ = run([*argv, "--tp", "8", "--micro-batch", "1", "--json"], capsys)
     fitting = json.loads(out)
     assert fitting["fits"] and fitting["memory_over_bytes"] == 0 and "alternatives" not in fitting
@@ -393,7 +410,7 @@ def test_a_batch_of_more_microbatches_than_a_step_models_plans_the_splits_that_f
     (["simulate", "--model", "gpt3-13b", "--pp", "4", "--schedule", "zbv", "--virtual-stages", "3"],
      "invalid configuration: zbv always runs 2 chunks per rank"),  # had led with 12 chunks of 40 layers
     (["simulate", "--layers", "1", "--hidden", "64", "--heads", "1", "--pp", "2"],
-     "give stage_layers, e.g. 1 + 0"),
+     "give stage_layers, e.g. 1 + 0 (--stage-layers 1,0)"),  # a split the command line takes
     (["simulate", "--model", "gpt3-1.3b", "--pp", "30"],
      "30 does not divide 24 layers; no split can hold them: every stage but the first and last needs"),
     (["simulate", "--model", "gpt3-1.3b", "--gpus", str(10**17)], "the simulator models up to 16,777,216"),

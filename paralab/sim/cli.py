@@ -265,12 +265,13 @@ def simulate_main(args) -> int:
     usable = cost.usable_memory(hw)
     over = max(0.0, pred.memory_bytes_per_gpu["total"] - usable)
     out.update(memory_usable_bytes=int(usable), memory_over_bytes=int(over))
-    if not pred.fits:
-        ranked = _alternatives(model, gpus, hw, args.global_batch)
+    if not pred.fits:  # what fits for the batch just priced, so their tokens/s compare with its
+        batch = pred.parallel.global_batch
+        ranked = _alternatives(model, gpus, hw, batch)
         out["alternatives"] = [dict(config=planner.describe(p.parallel), tokens_per_s=p.tokens_per_s,
                                     mfu=p.mfu, memory_bytes_per_gpu=int(p.memory_bytes_per_gpu["total"]),
                                     **_degrees(p.parallel)) for p in ranked]
-        out["advice"] = "" if ranked else planner.why_nothing_fits(model, gpus, hw, args.global_batch)
+        out["advice"] = "" if ranked else planner.why_nothing_fits(model, gpus, hw, batch)
     print(json_text(out) if args.json else _report(out))
     return 0
 
@@ -300,7 +301,8 @@ def _report(out: dict) -> str:
                      f"{planner.bytes_text(usable)} usable on {out['hardware']}, over by "
                      f"{planner.bytes_text(over)} ({over / usable:.0%})")
         if out["alternatives"]:
-            lines.append(f"  layouts that fit on {out['gpus']} GPUs:")
+            lines.append(f"  layouts that fit on {out['gpus']} GPUs, "
+                         f"{out['global_batch']:,} sequences a step:")
             lines += [f"    {a['config']} ({planner.bytes_text(a['memory_bytes_per_gpu'])}, "
                       f"{a['tokens_per_s']:,.0f} tokens/s)" for a in out["alternatives"]]
         else:
@@ -346,6 +348,6 @@ def plan_main(args) -> int:
 
 def _degrees(p: ParallelSpec) -> dict:
     keys = ("dp", "tp", "pp", "ep", "virtual_stages", "schedule", "microbatches", "micro_batch",
-            "global_batch", "zero", "sequence_parallel", "recompute", "cp", "cp_mode", "stage_layers",
-            "fp32_grads")  # fmt: skip
+            "global_batch", "zero", "sequence_parallel", "recompute", "cp", "cp_mode", "cp_split",
+            "stage_layers", "fp32_grads", "fp32_shards", "fsdp_root")  # fmt: skip
     return {k: getattr(p, k) for k in keys}

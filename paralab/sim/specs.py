@@ -392,9 +392,11 @@ class ParallelSpec:
         if gpus is not None and p.world_size != gpus:
             names, degrees = ("dp x tp x pp x cp", f" x {p.cp}") if p.cp > 1 else ("dp x tp x pp", "")
             out.append(f"{names} = {p.dp} x {p.tp} x {p.pp}{degrees} = {p.world_size} != {gpus} GPUs")
-        if p.global_batch and p.global_batch % (p.dp * p.micro_batch):
-            out.append(f"global batch {p.global_batch} is not divisible by dp x micro-batch = "
-                       f"{p.dp * p.micro_batch}")
+        if p.global_batch and p.global_batch % p.dp:  # named first: a micro-batch may be derived from it
+            out.append(f"global batch {p.global_batch} is not divisible by dp {p.dp}")
+        elif p.global_batch and p.global_batch % (p.dp * p.micro_batch):
+            out.append(f"global batch {p.global_batch} is not divisible by dp {p.dp} x micro-batch "
+                       f"{p.micro_batch} = {p.dp * p.micro_batch}")
         if p.microbatches < 1:
             out.append(f"global batch {p.global_batch} gives no microbatch per data-parallel rank")
         if model.heads % p.tp:
@@ -423,7 +425,8 @@ class ParallelSpec:
             example = megatron_split(model.layers, chunks) or (
                 tuple(balanced_split(model.layers, chunks, 0, 0)) if chunks <= model.layers
                 else (1, 0) if chunks == 2 else None)
-            how = (f"give stage_layers, e.g. {split_text(example)}" if example
+            how = (f"give stage_layers, e.g. {split_text(example)} (--stage-layers "
+                   f"{','.join(map(str, example))})" if example
                    else "no split can hold them: every stage but the first and last needs a layer")
             out.append(f"pp x virtual stages = {chunks} does not divide {model.layers} layers; {how}")
         else:
