@@ -62,10 +62,26 @@ def test_pipeline_explorer_offers_dualpipev_and_its_overlap():
     bubble, step = number("bubble simulated "), number("step ")
     # each F&B slot one forward time shorter: a shorter step, a smaller bubble
     app.controls["overlap"].value = 1.0
-    assert "F&B hides 1 F" in app.info.value
+    assert "F&B hides 1 F" in app.info.value and "closed form with nothing hidden" in app.info.value
     assert number("step ") < step and number("bubble simulated ") < bubble
+    # a slot hides at most its forward: past that it would run shorter than its backward alone
+    assert app.controls["overlap"].max == 1.0
     app.controls["microbatches"].value = 6  # fewer than 2 x 4 stages
     assert "at least as many microbatches as stages" in app.message.value
+    assert app.info.value == ""  # the last shape's step and bubble are not shown beside the refusal
+
+
+def test_pipeline_explorer_draws_what_a_binder_box_can_redraw():
+    """Eight virtual stages of 64 stages and 128 microbatches had pushed 390,000 bars (9 s and 800 MiB
+    on one CPU); the explorer now refuses more than MAX_DRAWN chunk-microbatches, and says why."""
+    from paralab.widgets.pipeline import MAX_DRAWN
+
+    app = widgets.pipeline_explorer(schedule="interleaved", stages=16, microbatches=16, virtual_stages=8)
+    before = bars(app.figure)
+    app.controls["microbatches"].value = 128  # 16 x 8 x 128 = 16,384
+    assert f"draws up to {MAX_DRAWN:,} chunk-microbatches" in app.message.value
+    assert "this shape has 16,384" in app.message.value
+    assert bars(app.figure) == before
 
 
 def test_pipeline_explorer_invalid_combination_shows_message():

@@ -22,6 +22,9 @@ from paralab.trace import COMPUTE, Trace
 from paralab.widgets._common import attach, figure_widget, message, replace_figure, widgets
 
 UNIT_TIMES = {"forward": 1.0, "backward": 2.0, "backward_input": 1.0, "backward_weight": 1.0}
+# The most (chunk, microbatch) pairs drawn: 64 stages of 128 microbatches, some 50,000 bars, which a
+# 1-CPU, 2 GB box redraws in about a second; eight virtual stages of it had pushed 400,000 bars.
+MAX_DRAWN = 8192
 
 
 @lru_cache(maxsize=128)
@@ -94,7 +97,9 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
                                       continuous_update=False, **whole),
         "p2p": w.FloatSlider(value=p2p, min=0.0, max=2.0, step=0.05, description="p2p time / forward time",
                              continuous_update=False, **whole),
-        "overlap": w.FloatSlider(value=overlap, min=0.0, max=2.0, step=0.1,
+        # a slot can hide at most the shorter pass's worth (the forward): past it the slot would run
+        # shorter than its backward alone
+        "overlap": w.FloatSlider(value=overlap, min=0.0, max=1.0, step=0.1,
                                  description="F&B slot hides (forward times)",
                                  continuous_update=False, **whole),
     }
@@ -126,9 +131,14 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
         for key, schedules in applies.items():
             controls[key].layout.display = None if name in schedules else "none"
         try:
+            if p * v * m > MAX_DRAWN:
+                raise ValueError(f"the explorer draws up to {MAX_DRAWN:,} chunk-microbatches (stages x "
+                                 f"chunks per rank x microbatches), this shape has {p * v * m:,}; "
+                                 "paralab.sim prices a step of any size")
             sim = simulate(name, p, m, v, lat, overlap)
         except (ScheduleError, ValueError) as exc:
             msg.value = message(f"{name} with {p} stages, {m} microbatches, v={v}: {exc}", "error")
+            info.value = ""  # the figure keeps the last shape drawn; its figures would read as this one's
             return
         msg.value = ""
         bars, rows = bar_traces(sim, waits=False)
@@ -146,10 +156,11 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
         theory = theoretical_bubble(name, p, m, v)
         app.last_update_ms = (time.perf_counter() - started) * 1e3
         hidden = f", F&B hides {overlap:g} F" if name == "dualpipev" else ""
+        unhidden = " with nothing hidden" if overlap else ""  # the closed form knows no slot's overlap
         step = max((s.end for s in sim.spans), default=0.0) * 1e3
         info.value = (f"<b>{name}</b> p={p} m={m} v={v}{hidden}: step {step:.1f} F, bubble simulated "
-                      f"{sim.bubble_fraction():.1%}, closed form {theory:.1%} · {len(sim.spans)} spans · "
-                      f"update {app.last_update_ms:.0f} ms")
+                      f"{sim.bubble_fraction():.1%}, closed form{unhidden} {theory:.1%} · {len(sim.spans)} "
+                      f"spans · update {app.last_update_ms:.0f} ms")
 
     def on_progress(step: int, total: int) -> None:
         progress.max = total
