@@ -296,6 +296,20 @@ def test_predicted_comm_puts_the_experts_all_to_alls_on_the_expert_groups():
     assert _mesh_text(trace.meta) == "4 dp x 1 tp x 1 pp, ep 2"  # what the explorer's label says
 
 
+def test_the_comm_explorer_offers_an_expert_parallel_run_only_models_with_experts():
+    """Every dense preset had been offered to an ep run, and each one refused."""
+    from paralab.config import RunConfig
+    from paralab.sim.presets import get_model
+    from paralab.widgets.explorers import _RunPredictor
+
+    ep = _RunPredictor(RunConfig.build("tiny-moe", strategy="ep", world_size=4, ep=2, global_batch=8))
+    offered = ep.models()
+    assert offered[0] == "tiny-moe" and "mixtral-8x7b" in offered and "gpt3-1.3b" not in offered
+    assert all(ep.model_spec(name).experts for name in offered)
+    dense = _RunPredictor(RunConfig.build("tiny", strategy="ddp", world_size=2, global_batch=8)).models()
+    assert "gpt3-1.3b" in dense and "mixtral-8x7b" in dense and get_model("gpt3-1.3b").experts == 0
+
+
 def test_a_ring_run_and_its_prediction_send_the_same_cp_bytes(no_leftover_ranks):
     import paralab
 

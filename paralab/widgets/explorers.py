@@ -338,10 +338,14 @@ class _RunPredictor:
         self.gpus_per_node = max(layout.world_size // max(layout.nodes, 1), 1)
 
     def models(self) -> list[str]:
+        """The run's model, then the presets its layout can run: with expert parallelism, only the
+        mixtures of experts (a dense model has no experts to shard)."""
         from paralab.config import MODEL_PRESETS
         from paralab.sim.presets import MODELS
 
-        return list(dict.fromkeys([self.model_name, *MODEL_PRESETS, *MODELS]))
+        moe_only = self.parallel.ep > 1
+        names = [name for name, m in [*MODEL_PRESETS.items(), *MODELS.items()] if m.experts or not moe_only]
+        return list(dict.fromkeys([self.model_name, *names]))
 
     def model_spec(self, name: str):
         from paralab.config import MODEL_PRESETS
