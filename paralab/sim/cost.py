@@ -650,7 +650,7 @@ def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int,
                  layer_kept: Callable[[str], float] | None = None) -> dict[str, float]:
     """The kinds at the fullest of the moments a rank may peak at, as a measured run reports them.
 
-    Held throughout: the model states (ZeRO's shards), FP8 GEMMs' 1-byte copy of the weights they read,
+    Held throughout: the model states (ZeRO's shards), FP8 GEMMs' 1-byte copy of the blocks' weights,
     ZeRO-3's gathered parts (two with prefetch: the one computing and the next) and its root. Some
     moments add what exists only then: the stash of microbatches in flight at its peak, with or
     without gradients (:func:`_around_the_first_backward`); ZeRO-2/3's whole unit gradients inside
@@ -668,7 +668,7 @@ def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int,
     for kind, nbytes in counting.model_state_bytes(experts, p.dp // p.ep, p.zero, shard).items():
         states[kind] += nbytes
     if model.fp8:
-        states["params"] += params / (p.dp if p.zero >= 3 else 1)
+        states["params"] += counting.block_params(model, p, rank) / (p.dp if p.zero >= 3 else 1)
     states["activations"] = kept()
     pb, gb, _ = counting.bytes_per_param(model, p)
     if p.zero == 3 and p.dp > 1:

@@ -334,6 +334,14 @@ def stage_params(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
                       rank == last_stage_rank(parallel))
 
 
+def block_params(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
+    """Parameters one GPU of pipeline rank ``rank`` holds of its transformer blocks alone: what FP8
+    GEMMs keep a 1-byte copy of (Transformer Engine and torchtitan's Float8 leave the embedding and
+    the output layer in 16 bits)."""
+    return _params_of(model, parallel, rank_layers(model, parallel, rank),
+                      rank_layers(model, parallel, rank, moe_only=True), False, False)
+
+
 def _params_of(model: ModelSpec, parallel: ParallelSpec, layers: int, moe_layers: int, first: bool,
                last: bool) -> float:
     """Parameters one GPU holds of ``layers`` blocks (``moe_layers`` of them mixtures of experts), and
