@@ -72,6 +72,18 @@ def megatron_split(layers: int, num_stages: int) -> tuple[int, ...] | None:
     return None
 
 
+def uneven_split(layers: int, num_stages: int) -> tuple[int, ...] | None:
+    """A split for ``layers`` that do not divide into ``num_stages``: Megatron-LM's ends where they
+    work (:func:`megatron_split`), else the most even split (remainder in the middle); two stages of
+    one layer: the layer and an empty end. None when no split can hold them (every stage but the first
+    and last needs a layer)."""
+    if megatron := megatron_split(layers, num_stages):
+        return megatron
+    if num_stages <= layers:
+        return tuple(balanced_split(layers, num_stages, 0, 0))
+    return (1, 0) if (layers, num_stages) == (1, 2) else None
+
+
 def ends_split(layers: int, num_stages: int, first: int, last: int) -> tuple[int, ...]:
     """Blocks per stage with ``first`` on the first stage, ``last`` on the last and the rest shared
     evenly over the middle ones (Megatron-LM's first/last pipeline-stage layers; check it with

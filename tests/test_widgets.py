@@ -194,6 +194,18 @@ def test_the_memory_explorers_line_is_what_fits_is_tested_against():
     assert "far below the 71.7 GiB" in app.figure.layout.title.text
 
 
+def test_the_explorers_split_layers_that_do_not_divide_as_the_planner_would():
+    """40 layers on 16 stages had been refused with advice to give stage_layers, which neither widget
+    can take; they now run the split the refusal suggested, and say so."""
+    memory = widgets.memory_explorer(model="gpt3-13b", hardware="h100", dp=1, pp=16)
+    assert memory.message.value == "" and len(memory.figure.layout.meta["totals"]) == 4
+    assert "layers per stage 2 + 8 x 3 + 7 x 2" in memory.figure.layout.title.text
+    scaling = widgets.scaling_explorer(model="gpt3-13b", hardware="h100", dim="pp", max_gpus=64)
+    assert 16 in scaling.figure.layout.meta["predicted"]["world_size"]
+    assert "pp=16 splits the layers 2 + 8 x 3 + 7 x 2" in scaling.message.value
+    assert "pp=64: pp x virtual stages = 64 does not divide 40 layers; no split" in scaling.message.value
+
+
 def test_comm_explorer_views_and_calculator():
     """A bare trace: the measured views (per rank and step; all ranks by step) and the calculator."""
     t = Trace(spans=[Span(r, "comm", "all_reduce", 0, 1, bytes=1000, payload_bytes=750, group_size=4, step=0)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from paralab.config import finite_number
 from paralab.schedules import SCHEDULES, V_SHAPED, chunks_per_rank, shape_problems
-from paralab.stage_split import balanced_split, megatron_split, split_problems, split_text
+from paralab.stage_split import split_problems, split_text, uneven_split
 from paralab.trace import MAX_RANKS
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -420,11 +420,7 @@ class ParallelSpec:
         if shape:
             out += shape
         elif p.stage_layers is None and model.layers % chunks:
-            # Megatron-LM's ends where they work, else the most even split (remainder in the middle);
-            # two stages of one layer: the layer and an empty end
-            example = megatron_split(model.layers, chunks) or (
-                tuple(balanced_split(model.layers, chunks, 0, 0)) if chunks <= model.layers
-                else (1, 0) if chunks == 2 else None)
+            example = uneven_split(model.layers, chunks)
             how = (f"give stage_layers, e.g. {split_text(example)} (--stage-layers "
                    f"{','.join(map(str, example))})" if example
                    else "no split can hold them: every stage but the first and last needs a layer")

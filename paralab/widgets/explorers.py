@@ -21,6 +21,15 @@ def _sim():
     return cost, hardware, presets, specs
 
 
+def _uneven_split(model, pp: int) -> tuple[int, ...] | None:
+    """The split a pipeline of ``pp`` stages takes when the model's layers do not divide into it (the
+    one the simulator's refusal suggests, :func:`paralab.stage_split.uneven_split`), so the explorers
+    draw such depths as the planner would run them; None when they divide."""
+    from paralab.stage_split import uneven_split
+
+    return uneven_split(model.layers, pp) if pp > 1 and model.layers % pp else None
+
+
 # ------------------------------------------------------------------------------------------ scaling
 def scaling_points(model_name: str, hw_name: str, dim: str, max_gpus: int, global_batch: int,
                    base: dict | None = None, micro_batch: int = 1) -> tuple[list[dict], list[str]]:
@@ -29,15 +38,20 @@ def scaling_points(model_name: str, hw_name: str, dim: str, max_gpus: int, globa
     gradient accumulation, as a run that must fit does).
 
     Returns (points for paralab.viz.scaling, reasons for the sizes left out): a size the cost model
-    refuses, or one that does not fit in the GPU's memory (it cannot run, so it has no step time).
+    refuses, or one that does not fit in the GPU's memory (it cannot run, so it has no step time). A
+    pipeline whose stages the layers do not divide into splits them unevenly, as the planner would;
+    its point says how (``split``).
     """
+    from paralab.stage_split import split_text
+
     cost, hardware, presets, specs = _sim()
     model, hw = presets.get_model(model_name), hardware.get_hardware(hw_name)
     usable = cost.usable_memory(hw)
     points, skipped = [], []
     for n in [g for g in POW2 if g <= max_gpus]:
+        split = _uneven_split(model, n) if dim == "pp" else None
         spec = specs.ParallelSpec(**{"micro_batch": micro_batch, **(base or {}), dim: n,
-                                     "global_batch": global_batch})
+                                     "global_batch": global_batch, "stage_layers": split})
         try:
             pred = cost.predict(model, spec, hw)
         except specs.SpecError as exc:
@@ -49,7 +63,7 @@ def scaling_points(model_name: str, hw_name: str, dim: str, max_gpus: int, globa
                            f"{usable / 2**30:.1f} GiB usable")
             continue
         points.append({"world_size": spec.world_size, "step_time_s": pred.step_time_s,
-                       "tokens_per_s": pred.tokens_per_s})
+                       "tokens_per_s": pred.tokens_per_s, "split": split_text(split) if split else ""})
     return points, skipped
 
 
@@ -82,7 +96,9 @@ def scaling_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dim: str 
         except Exception as exc:  # an unknown preset or a cost-model error: say it, keep the figure
             msg.value = message(f"{type(exc).__name__}: {exc}", "error")
             return
-        msg.value = message("not drawn: " + "; ".join(skipped), "info") if skipped else ""
+        uneven = [f"pp={p['world_size']} splits the layers {p['split']}" for p in points if p["split"]]
+        notes = (["not drawn: " + "; ".join(skipped)] if skipped else []) + uneven
+        msg.value = message("\n".join(notes), "info") if notes else ""
         title = (f"{c['model']} on {c['hardware']}, scaling {c['dim']} (global batch {c['global_batch']}, "
                  f"micro-batch {c['micro_batch']})" + ("" if points else ": no size fits"))
         replace_figure(fw, scaling(measured=measured, predicted=points, title=title))
@@ -99,13 +115,15 @@ def scaling_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dim: str 
 # ------------------------------------------------------------------------------------------- memory
 def memory_by_zero(model_name: str, dp: int, tp: int, pp: int, micro_batch: int, recompute: str,
                    microbatches: int) -> dict[str, dict]:
-    """ZeRO stage label -> predicted bytes per GPU by kind, for the stages the split allows."""
+    """ZeRO stage label -> predicted bytes per GPU by kind, for the stages the split allows (layers that
+    do not divide into ``pp`` split unevenly, :func:`_uneven_split`)."""
     cost, _hardware, presets, specs = _sim()
     model = presets.get_model(model_name)
     out = {}
     for zero in (0, 1, 2, 3):
         spec = specs.ParallelSpec(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=micro_batch,
-                                  recompute=recompute, microbatches=microbatches)
+                                  recompute=recompute, microbatches=microbatches,
+                                  stage_layers=_uneven_split(model, pp))
         if spec.problems(model):
             continue
         out[f"ZeRO-{zero}" if zero else "no ZeRO"] = cost.memory_per_gpu(model, spec)
@@ -146,6 +164,7 @@ def memory_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dp: int = 
     """
     from paralab.sim import hardware as hw_mod
     from paralab.sim import presets
+    from paralab.stage_split import split_text
     from paralab.viz.memory import memory
 
     w = widgets()
@@ -175,13 +194,17 @@ def memory_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dp: int = 
             from paralab.sim.presets import get_model
             from paralab.sim.specs import ParallelSpec
 
-            spec = ParallelSpec(dp=c["dp"], tp=c["tp"], pp=c["pp"], micro_batch=c["micro_batch"])
-            msg.value = message("; ".join(spec.problems(get_model(c["model"]))), "error")
+            chosen = get_model(c["model"])
+            spec = ParallelSpec(dp=c["dp"], tp=c["tp"], pp=c["pp"], micro_batch=c["micro_batch"],
+                                stage_layers=_uneven_split(chosen, c["pp"]))
+            msg.value = message("; ".join(spec.problems(chosen)), "error")
             return
         msg.value = ""
+        split = _uneven_split(presets.get_model(c["model"]), c["pp"])
+        layers = f" (layers per stage {split_text(split)})" if split else ""
         replace_figure(fw, memory_against_limit(bars, hw_mod.get_hardware(c["hardware"]),
                                                 f"{c['model']}: predicted memory per GPU, "
-                                                f"dp={c['dp']} tp={c['tp']} pp={c['pp']}"))
+                                                f"dp={c['dp']} tp={c['tp']} pp={c['pp']}{layers}"))
 
     for c in controls.values():
         c.observe(redraw, names="value")
