@@ -83,6 +83,8 @@ def test_timeline_pipeline_microbatch_colours_and_labels(pipe):
                                             "recv", "all_to_all", "barrier")}
     assert not set(MICROBATCH_COLORS) & (comm_colors | set(EXTRA_COLORS))
     assert "coloured by microbatch" in fig.layout.xaxis.title.text
+    # a timeline coloured by kind keeps its plain axis
+    assert viz.timeline(pipe, color_by="kind").layout.xaxis.title.text == "time (ms)"
     assert "(1024 B)" in send.hovertext[0] and "peer r" in send.hovertext[0]
     # idle is visible as gaps: rank 3's compute bars cover less than the step
     span = max(b + x for t in fig.data for b, x in zip(t.base, t.x))

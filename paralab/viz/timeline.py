@@ -242,7 +242,7 @@ def timeline(trace, predicted=None, *, lanes=DEFAULT_LANES, steps=None, predicte
         meta["predicted_rows"] = prows
         meta["predicted_ranks"] = len(predicted.ranks)
     fig.update_layout(barmode="overlay", bargap=0.15, meta=meta, uniformtext=dict(minsize=7, mode="hide"))
-    if any("colorscale" in bar["marker"] for bar in fig.data):  # the legend's swatches cannot say it
+    if any(bar.marker.colorscale is not None for bar in fig.data):  # the legend's swatches cannot say it
         fig.for_each_xaxis(lambda axis: axis.update(title_text=MICROBATCH_KEY) if axis.title.text else None)
     n_rows = len(rows) + len(meta.get("predicted_rows", []))
     return style(fig, title or _default_title(trace), height or min(200 + 22 * n_rows, 1600))
