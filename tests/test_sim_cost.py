@@ -95,30 +95,39 @@ def test_a_step_of_more_passes_than_are_simulated_is_priced_in_closed_form(monke
         assert priced.pipeline_pricing == ("simulated" if passes <= cost.SIMULATED_PASSES else beyond)
         if priced.pipeline_pricing == "closed form":
             assert priced.step_time_s == fast.step_time_s and fast.pipeline_pricing == "closed form"
+    # without a pipeline the step is simulated however many passes it has (nothing waits on a ramp)
+    alone = cost.predict(model, ParallelSpec(tp=8, microbatches=256, micro_batch=1), A100)
+    assert cost.pipeline_passes(alone.parallel) > cost.SIMULATED_PASSES
+    assert alone.pipeline_pricing == "simulated"
 
 
-@pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
-@pytest.mark.parametrize("recompute", ["full", "selective"])
+@pytest.mark.parametrize("model_name, spec, within", [
+    *((("gpt3-175b", dict(tp=8, schedule=s, recompute=r, sequence_parallel=True), 0.01))
+      for s in ("zbv", "dualpipev") for r in ("full", "selective")),
+    # a steady F&B slot hides its whole all-to-all, more than the step's mean (warm-up included),
+    # which had read 0.5% long
+    ("mixtral-8x7b", dict(dp=8, ep=8, schedule="dualpipev"), 0.002),
+    # blocking sends hold their rank in every period, but the bubble counts compute alone as busy
+    ("gpt3-175b", dict(tp=8, schedule="zbv", recompute="full", sequence_parallel=True, overlap_p2p=False),
+     0.01),
+])
 def test_v_schedules_past_the_simulated_passes_are_extended_from_a_simulated_prefix(
-        monkeypatch, schedule, recompute):
+        monkeypatch, model_name, spec, within):
     """Full recompute makes the input-gradient pass twice the forward, and the ZB-V order then idles
     four times the (p - 1) F its closed form counts: Megatron 1T on 64 stages had read 4.5% short of
     its simulated step. Past the budget the first 2p microbatches are simulated and each further one
-    adds the busiest rank's work, which lands within 1% of simulating them all."""
-    model = get_model("gpt3-175b")
-    p = ParallelSpec(tp=8, pp=8, schedule=schedule, virtual_stages=2, microbatches=64, micro_batch=1,
-                     recompute=recompute, sequence_parallel=True)
-    simulated = cost.predict(model, p, A100)
+    adds a period of the busiest rank, within 1% of simulating them all (ZB-V's ramp still grows a
+    little past 2p microbatches)."""
+    model = get_model(model_name)
+    p = ParallelSpec(pp=8, virtual_stages=2, microbatches=64, micro_batch=1, **spec)
+    simulated = cost.predict(model, p, H100)
     monkeypatch.setattr(cost, "SIMULATED_PASSES", 2 * p.pp * 2 * 2 * p.pp)  # 2p microbatches
-    extended, closed = cost.predict(model, p, A100), cost.predict(model, p, A100, simulate=False)
+    extended, closed = cost.predict(model, p, H100), cost.predict(model, p, H100, simulate=False)
     assert (simulated.pipeline_pricing, extended.pipeline_pricing) == ("simulated", "extended")
-    assert extended.step_time_s == pytest.approx(simulated.step_time_s, rel=0.01)
-    assert extended.bubble_fraction == pytest.approx(simulated.bubble_fraction, abs=0.01)
-    if schedule == "zbv" and recompute == "full":  # what the closed form would have priced
+    assert extended.step_time_s == pytest.approx(simulated.step_time_s, rel=within)
+    assert extended.bubble_fraction == pytest.approx(simulated.bubble_fraction, abs=within)
+    if spec["schedule"] == "zbv" and spec.get("recompute") == "full":  # what the closed form would price
         assert closed.step_time_s < 0.98 * simulated.step_time_s
-    # without a pipeline the step is simulated however many passes it has (nothing waits on a ramp)
-    alone = cost.predict(model, ParallelSpec(tp=8, microbatches=256, micro_batch=1), A100)
-    assert alone.pipeline_pricing == "simulated"
 
 
 def test_dualpipev_hides_as_much_in_closed_form_as_simulated():

@@ -612,7 +612,7 @@ class Prediction:
     parallel: ParallelSpec | None = None
     fits: bool = True
     step_window_s: float = 0.0
-    pipeline_pricing: str = "simulated"  # how the schedule was priced: "simulated", or "closed form"
+    pipeline_pricing: str = "simulated"  # how the schedule was priced: simulated, closed form, extended
 
     @property
     def flops_per_step(self) -> float:
@@ -820,14 +820,17 @@ SIMULATED_PASSES = 32_768
 once) a prediction simulates one by one. Building, proving and running a schedule costs some tens of
 microseconds an action here, so this many take 1-4 s on an idle machine. A pipeline of more is priced
 by the closed form (:func:`_estimate_finish`), which at that many passes is within 1% of the simulated
-step for GPipe, 1F1B, interleaved and ZB-H1; ZB-V and DualPipeV, whose orders no closed form follows
-once passes are unequal, are simulated for as many microbatches as this holds and extended
-(:func:`_extended_finish`)."""
+step for GPipe, 1F1B, interleaved and ZB-H1. ZB-V and DualPipeV, whose closed forms miss once passes
+are unequal, are simulated for as many microbatches as this holds and extended
+(:func:`_extended_finish`), up to 64 stages (beyond, the budget holds fewer than 2p microbatches of
+theirs and the closed form prices them)."""
 
 EXTENDED_SCHEDULES = ("zbv", "dualpipev")
 """Schedules priced past :data:`SIMULATED_PASSES` by :func:`_extended_finish`, not the closed form:
-their list-scheduled orders leave a ramp that depends on the passes' ratios (with full recompute's
-long input-gradient pass ZB-V's is 4 times the (p - 1) F the closed form counts at 16 stages)."""
+their ramps depend on the passes' ratios in ways their closed forms do not follow. ZB-V's order is
+list-scheduled for the pass times, and with full recompute's long input-gradient pass its ramp is 4
+times the (p - 1) F the closed form counts at 16 stages; DualPipeV's fixed order times its ramp
+unlike its closed form (+2.7% at 64 stages)."""
 
 
 def pipeline_passes(p: ParallelSpec) -> int:
@@ -852,7 +855,9 @@ def predict(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec, simulate
 
 def pipeline_pricing(p: ParallelSpec, simulate: bool = True) -> str:
     """How :func:`predict` prices ``p``'s pipeline: ``simulated`` pass by pass, by the ``closed form``,
-    or ``extended`` (:func:`_extended_finish`)."""
+    or ``extended`` (:func:`_extended_finish`; up to 64 stages, where the budget holds 2p microbatches
+    of a V schedule's two chunks per rank)."""
+    p = p.resolved()  # a V schedule's two chunks per rank count in its passes
     if not simulate:
         return "closed form"
     if p.pp == 1 or pipeline_passes(p) <= SIMULATED_PASSES:
@@ -1157,33 +1162,50 @@ def _estimate_finish(model, p: ParallelSpec, hw,
 
 
 def _rank_work(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, times: list[StageTimes]) -> list[float]:
-    """Each pipeline rank's compute per microbatch, its chunks' forwards and backwards (and their two
-    blocking sends each with ``overlap_p2p`` off), less what DualPipeV's F&B slots hide, on the mean
-    over the step's microbatches."""
-    blocking = p2p_time(model, p, hw) if p.pp > 1 and not p.overlap_p2p else 0.0
-    work = [0.0] * p.pp
+    """Each pipeline rank's work per microbatch, on the mean over the step's: its compute
+    (:func:`_rank_compute`) and its blocking sends (:func:`_rank_sends`)."""
+    return [c / p.microbatches + s for c, s in zip(_rank_compute(p, times), _rank_sends(model, p, hw))]
+
+
+def _rank_compute(p: ParallelSpec, times: list[StageTimes]) -> list[float]:
+    """Each pipeline rank's compute in a step: its chunks' forwards and backwards for every microbatch,
+    less the all-to-alls DualPipeV's F&B slots hide (:func:`_hidden_all_to_alls`)."""
+    per_microbatch = [0.0] * p.pp
     for stage, st in enumerate(times):
-        work[counting.stage_rank(p, stage)] += st.forward + st.backward + 2 * blocking
-    return [w - hidden / p.microbatches for w, hidden in zip(work, _hidden_all_to_alls(p, times))]
+        per_microbatch[counting.stage_rank(p, stage)] += st.forward + st.backward
+    return [p.microbatches * c - hidden for c, hidden in zip(per_microbatch, _hidden_all_to_alls(p, times))]
+
+
+def _rank_sends(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> list[float]:
+    """Each pipeline rank's blocking sends per microbatch with ``overlap_p2p`` off (two a chunk, the
+    closed form's count); nothing when sends overlap compute."""
+    blocking = p2p_time(model, p, hw) if p.pp > 1 and not p.overlap_p2p else 0.0
+    sends = [0.0] * p.pp
+    for stage in range(p.chunks):
+        sends[counting.stage_rank(p, stage)] += 2 * blocking
+    return sends
 
 
 def _extended_finish(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec,
                      times: list[StageTimes]) -> tuple[list[tuple[float, float]], float]:
     """A pipeline past :data:`SIMULATED_PASSES`, for schedules without a closed form that holds
     (:data:`EXTENDED_SCHEDULES`): the first microbatches the budget holds are simulated, and each
-    further one adds the busiest rank's work, the period every rank keeps once the pipeline is full.
-    The budget holds at least 2p microbatches up to 64 stages (beyond, :func:`pipeline_pricing` takes
-    the closed form), by which the ramp has about stopped
-    growing (ZB-V's, with full recompute's pass times on 16 stages: 55 F at 2p, 64 F at 4p, 67 F at
-    8p microbatches, against 1,040 F of step at 8p)."""
+    further one adds one period of the busiest rank, the pace every rank keeps once the pipeline is
+    full: what that rank's compute grows by (a steady F&B slot hides its whole all-to-all, where the
+    step's mean counts the warm-up's too) and its blocking sends. The budget holds at least 2p
+    microbatches up to 64 stages (beyond, :func:`pipeline_pricing` takes the closed form). ZB-V's ramp
+    still grows a little past 2p (with full recompute's pass times on 16 stages: 55 F at 2p, 64 F at
+    4p, 67 F at 8p microbatches, against 1,040 F of step at 8p), so the extension reads up to about 1%
+    short there. The bubble counts compute alone as busy, as the simulated one does."""
     m, budget = p.microbatches, SIMULATED_PASSES // (2 * p.chunks)
     short = p.replace(microbatches=budget, global_batch=p.global_batch // m * budget)
-    finish, _ = _simulated_finish(model, short, hw, times)
-    work = _rank_work(model, p, hw, times)
-    extra = (m - budget) * max(work)
+    finish, short_bubble = _simulated_finish(model, short, hw, times)
+    short_makespan = max(end for _, end in finish)
+    grown = [a - b for a, b in zip(_rank_compute(p, times), _rank_compute(short, times))]
+    extra = max(g + (m - budget) * s for g, s in zip(grown, _rank_sends(model, p, hw)))
+    busy = (1.0 - short_bubble) * p.pp * short_makespan + sum(grown)
     finish = [(start + extra, end + extra) for start, end in finish]
-    makespan = max(end for _, end in finish)
-    return finish, 1.0 - m * sum(work) / (p.pp * makespan)
+    return finish, 1.0 - busy / (p.pp * (short_makespan + extra))
 
 
 def step_floor(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> float:

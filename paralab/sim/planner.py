@@ -140,9 +140,10 @@ def plan(
 
     Candidates are scored by the closed form, then the ``refine`` fastest (default: the ``top``
     returned, and at least :data:`REFINED_ROWS`, so that asking for fewer rows only truncates) are
-    simulated event by event (those of more than ``cost.SIMULATED_PASSES`` passes keep their closed
-    form), again until the ``refine`` fastest are all refined ones: a closed form that was optimistic
-    must not keep a place the simulation took from it, and rows shown side by side are priced alike
+    simulated event by event (those of more than ``cost.SIMULATED_PASSES`` passes priced as
+    :func:`paralab.sim.cost.pipeline_pricing` says), again until the ``refine`` fastest are all
+    refined ones: a closed form that was optimistic must not keep a place the simulation took from
+    it, and rows shown side by side are priced alike
     (a DualPipeV row left in closed form, 3% pessimistic, had been ranked below a simulated layout
     slower than its simulation).
 
