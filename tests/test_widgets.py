@@ -82,6 +82,9 @@ def test_pipeline_explorer_draws_what_a_binder_box_can_redraw():
     assert f"draws up to {MAX_DRAWN:,} chunk-microbatches" in app.message.value
     assert "this shape has 16,384" in app.message.value
     assert bars(app.figure) == before
+    # nor does it draw one it starts with
+    app = widgets.pipeline_explorer(schedule="interleaved", stages=64, microbatches=128, virtual_stages=8)
+    assert bars(app.figure) == 0 and "this shape has 65,536" in app.message.value
 
 
 def test_pipeline_explorer_invalid_combination_shows_message():
@@ -194,7 +197,7 @@ def test_the_memory_explorers_line_is_what_fits_is_tested_against():
     assert "far below the 71.7 GiB" in app.figure.layout.title.text
 
 
-def test_the_explorers_split_layers_that_do_not_divide_as_the_planner_would():
+def test_the_explorers_split_layers_that_do_not_divide_as_the_refusal_suggests():
     """40 layers on 16 stages had been refused with advice to give stage_layers, which neither widget
     can take; they now run the split the refusal suggested, and say so."""
     memory = widgets.memory_explorer(model="gpt3-13b", hardware="h100", dp=1, pp=16)

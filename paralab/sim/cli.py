@@ -108,7 +108,8 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fp32-shards", action="store_true",
                         help="with --zero 3: the shards are fp32 and are the optimizer's weights, gathered "
                              "in 16 bits, as PyTorch FSDP runs mixed precision (16 bytes a parameter over "
-                             "dp: the same as plain --zero 3 keeps, 18 with --fp32-grads)")
+                             "dp, with or without --fp32-grads; plain --zero 3 keeps 16, or 18 with "
+                             "--fp32-grads)")
     parser.add_argument("--cp", type=int, default=1, help="context parallel: each sequence over cp GPUs")
     parser.add_argument("--cp-mode", default="ring", choices=CP_MODES)
     parser.add_argument("--cp-split", default="zigzag", choices=CP_SPLITS)

@@ -24,7 +24,7 @@ def _sim():
 def _uneven_split(model, pp: int) -> tuple[int, ...] | None:
     """The split a pipeline of ``pp`` stages takes when the model's layers do not divide into it (the
     one the simulator's refusal suggests, :func:`paralab.stage_split.uneven_split`), so the explorers
-    draw such depths as the planner would run them; None when they divide."""
+    draw such depths rather than refuse them; None when they divide."""
     from paralab.stage_split import uneven_split
 
     return uneven_split(model.layers, pp) if pp > 1 and model.layers % pp else None
@@ -39,7 +39,8 @@ def scaling_points(model_name: str, hw_name: str, dim: str, max_gpus: int, globa
 
     Returns (points for paralab.viz.scaling, reasons for the sizes left out): a size the cost model
     refuses, or one that does not fit in the GPU's memory (it cannot run, so it has no step time). A
-    pipeline whose stages the layers do not divide into splits them unevenly, as the planner would;
+    pipeline whose stages the layers do not divide into splits them unevenly, as the simulator's
+    refusal suggests;
     its point says how (``split``).
     """
     from paralab.stage_split import split_text
@@ -50,8 +51,9 @@ def scaling_points(model_name: str, hw_name: str, dim: str, max_gpus: int, globa
     points, skipped = [], []
     for n in [g for g in POW2 if g <= max_gpus]:
         split = _uneven_split(model, n) if dim == "pp" else None
+        uneven = {"stage_layers": split} if split else {}
         spec = specs.ParallelSpec(**{"micro_batch": micro_batch, **(base or {}), dim: n,
-                                     "global_batch": global_batch, "stage_layers": split})
+                                     "global_batch": global_batch, **uneven})
         try:
             pred = cost.predict(model, spec, hw)
         except specs.SpecError as exc:

@@ -42,6 +42,11 @@ def simulate(name: str, stages: int, microbatches: int, virtual_stages: int, p2p
     return simulate_schedule(sched, times, p2p * 1e-3, overlap_saving=overlap * 1e-3 / v)
 
 
+def drawable(stages: int, microbatches: int, chunks: int) -> bool:
+    """Whether the explorer draws this shape: at most :data:`MAX_DRAWN` chunk-microbatches."""
+    return stages * chunks * microbatches <= MAX_DRAWN
+
+
 def measured_times(trace: Trace) -> dict[str, float]:
     """Mean seconds per compute op in a measured trace (steps after the first), for re-timing the sim."""
     steps = sorted({s.step for s in trace.spans if s.step is not None})
@@ -119,7 +124,7 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
                 c["overlap"] * (c["schedule"] == "dualpipev"))
 
     try:
-        first = simulate(*shape())
+        first = simulate(*shape()) if drawable(*shape()[1:4]) else Trace()
     except (ScheduleError, ValueError):
         first = Trace()
     # the schedule's shape, redrawn live: without the hatched waits on the comm lanes (a third more bars)
@@ -131,7 +136,7 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
         for key, schedules in applies.items():
             controls[key].layout.display = None if name in schedules else "none"
         try:
-            if p * v * m > MAX_DRAWN:
+            if not drawable(p, m, v):
                 raise ValueError(f"the explorer draws up to {MAX_DRAWN:,} chunk-microbatches (stages x "
                                  f"chunks per rank x microbatches), this shape has {p * v * m:,}; "
                                  "paralab.sim prices a step of any size")
