@@ -224,6 +224,9 @@ def test_comm_explorer_views_and_calculator():
     before = list(app.calculator.data[0].y)
     app.controls["op"].value = "all_gather"
     assert list(app.calculator.data[0].y) == pytest.approx([b / 2 for b in before])
+    # in MiB, said on the axis: a ring all-gather of 100 MiB over 2 ranks sends half of it
+    assert app.calculator.data[0].y[0] == pytest.approx(50)
+    assert app.calculator.layout.yaxis.title.text == "MiB"
 
 
 def test_predicted_comm_follows_the_cost_model_on_the_mesh():
@@ -350,9 +353,14 @@ def test_comm_explorer_puts_the_run_beside_its_prediction_and_grows_it(no_leftov
     app.controls["view"].value = "intra vs inter"
     links = app.figure.layout.meta["bytes"]
     assert links[measured]["inter_node"] == 0 and links[grown]["inter_node"] > 0  # 16 ranks on 4 nodes
-    app.controls["tp"].value = 8  # the tiny model has 4 heads: refused, the figure stays
+    app.controls["tp"].value = 8  # the tiny model has 4 heads: refused, the rest still drawn
     assert "tp 8 does not divide the 4 attention heads" in app.message.value
-    assert app.figure.layout.meta["bytes"] == links
+    assert app.figure.layout.meta["bytes"] == {k: v for k, v in links.items() if k != grown}
+    # the other controls still answer (a refusal had frozen the view and the calculator)
+    app.controls["view"].value = "by op"
+    assert set(app.figure.layout.meta["bytes"]) == {measured, same}
+    app.controls["op"].value = "all_gather"
+    assert "all_gather" in app.calculator.layout.title.text
     app.controls["tp"].value = 2
     assert app.message.value == "" and "8 dp x 2 tp" in list(app.sources())[2]
     # a start that is not a power of two (a machine of 6 GPUs: 4 x 6) is one of the slider's stops

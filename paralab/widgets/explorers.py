@@ -2,7 +2,8 @@
 
 Each explorer predicts with :mod:`paralab.sim` (instant, any size) and can show measured runs beside
 the prediction (``measured=`` arguments). A split the cost model refuses (SpecError: tp not dividing
-the heads, a batch that does not split, ...) shows its message; the figure keeps the last good state.
+the heads, a batch that does not split, ...) shows its message; the figure keeps the last good state
+(the comm explorer draws the run and its prediction without the refused grown one).
 The scaling explorer leaves out, and names, the sizes that do not fit in memory: they cannot run.
 """
 
@@ -284,15 +285,17 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
         )
     state: dict = {"sources": {}}
 
-    def sources(c) -> dict:
-        """The traces the view draws: the run, its prediction, the prediction at the sliders' size."""
+    def sources(c, grown: bool = True) -> dict:
+        """The traces the view draws: the run, its prediction, the prediction at the sliders' size
+        (``grown``)."""
         out = {f"measured, {trace.meta.get('world_size') or len(trace.ranks)} ranks": trace}
         if predictor is not None:
             out[f"predicted, {predictor.world_size} ranks"] = predictor.same_run
-            grown = predictor.grown(c["model"], c["world_size"], c["tp"], c["pp"], c["gpus_per_node"])
-            label = (f"predicted, {c['world_size']} ranks ({_mesh_text(grown.meta)}, {c['model']}, "
+        if predictor is not None and grown:
+            bigger = predictor.grown(c["model"], c["world_size"], c["tp"], c["pp"], c["gpus_per_node"])
+            label = (f"predicted, {c['world_size']} ranks ({_mesh_text(bigger.meta)}, {c['model']}, "
                      f"{c['gpus_per_node']}/node)")
-            out[label] = grown
+            out[label] = bigger
         return out
 
     def view_figure(c):
@@ -312,13 +315,15 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
     def redraw(*_):
         c = {k: v.value for k, v in controls.items()}
         msg.value = ""
+        replace_figure(calc_fw, _collective_figure(c))  # the calculator reads none of the run's sliders
+        if trace_fw is None:
+            return
         try:
-            if trace_fw is not None:
-                state["sources"] = sources(c)
-                replace_figure(trace_fw, view_figure(c))
-            replace_figure(calc_fw, _collective_figure(c))
-        except Exception as exc:  # a split the cost model refuses: say it, keep the figures
-            msg.value = message(f"{type(exc).__name__}: {exc}", "error")
+            state["sources"] = sources(c)
+        except Exception as exc:  # a grown split the cost model refuses: say it, draw the rest
+            msg.value = message(f"{type(exc).__name__}: {exc} (the grown prediction is left out)", "error")
+            state["sources"] = sources(c, grown=False)
+        replace_figure(trace_fw, view_figure(c))
 
     for c in controls.values():
         c.observe(redraw, names="value")
@@ -414,7 +419,7 @@ def _collective_figure(c):
     rows = collective_rows(c["op"], c["size_mb"] * 2**20, c["max_group"], c["hardware"])
     groups = [r["group"] for r in rows]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("bytes each rank sends", "time"))
-    fig.add_trace(go().Bar(x=groups, y=[r["wire_bytes"] for r in rows], name="wire bytes per rank",
+    fig.add_trace(go().Bar(x=groups, y=[r["wire_bytes"] / 2**20 for r in rows], name="wire bytes per rank",
                            customdata=[fmt_bytes(r["wire_bytes"]) for r in rows],
                            hovertemplate="group %{x}: %{customdata}<extra></extra>"), 1, 1)
     fig.add_trace(go().Scatter(x=groups, y=[r["intra_s"] * 1e3 for r in rows],
@@ -423,5 +428,6 @@ def _collective_figure(c):
                                mode="lines+markers"), 1, 2)
     fig.update_xaxes(type="category", title_text="group size", row=1, col=1)
     fig.update_xaxes(type="log", dtick=0.30103, title_text="group size", row=1, col=2)
+    fig.update_yaxes(title_text="MiB", row=1, col=1)  # plotly's own "10B" would read as ten bytes
     fig.update_yaxes(title_text="ms", row=1, col=2)
     return style(fig, f"ring {c['op']} of {c['size_mb']:.2f} MiB on {c['hardware']}", 360)
