@@ -209,6 +209,31 @@ def test_the_explorers_split_layers_that_do_not_divide_as_the_refusal_suggests()
     assert "pp=64: pp x virtual stages = 64 does not divide 40 layers; no split" in scaling.message.value
 
 
+def test_the_levers_explorer_measures_the_kinds_at_the_peak_as_it_predicts_them(no_leftover_ranks):
+    """It had drawn each kind's own high-water mark of a one-step run: gradients the prediction's peak
+    moment does not hold, and no optimizer states (the first step makes them after its backward)."""
+    app = widgets.levers_explorer(layers=2, hidden=64, seq=64, micro_batch=2)
+    predicted = {k: app.figure.data[i].y[0] for i, k in enumerate(("params", "grads", "optimizer",
+                                                                    "activations"))}
+    measured = app.measure()
+    assert measured is not None and "at the moment of the run" in app.message.value
+    assert measured["grads"] == predicted["grads"] == 0  # set to None before the peak
+    for kind in ("params", "optimizer", "activations"):
+        assert measured[kind] / 2**20 == pytest.approx(predicted[kind], rel=0.05), kind
+
+
+def test_the_levers_explorer_does_not_start_a_run_this_machine_cannot_hold(monkeypatch):
+    from paralab.runtime import launch, worker
+
+    monkeypatch.setattr(worker, "available_memory_bytes", lambda: 2 * 2**30)  # a Binder box's 2 GB
+    monkeypatch.setattr(launch, "launch", lambda cfg: pytest.fail("a run was started"))
+    app = widgets.levers_explorer()
+    for name, value in (("layers", 16), ("hidden", 512), ("seq", 1024), ("micro_batch", 16)):
+        app.controls[name].value = value
+    app.controls["attention"].value = "math"  # the s x s scores of 16 sequences of 1,024 tokens
+    assert app.measure() is None and "not measured" in app.message.value
+
+
 def test_comm_explorer_views_and_calculator():
     """A bare trace: the measured views (per rank and step; all ranks by step) and the calculator."""
     t = Trace(spans=[Span(r, "comm", "all_reduce", 0, 1, bytes=1000, payload_bytes=750, group_size=4, step=0)

@@ -2,9 +2,11 @@
 by kind at once, and measure the same settings on this machine beside it.
 
 Predictions come from the cost model's memory formulas (paralab.sim.bridge.predict_memory, the same
-numbers ``paralab simulate`` prints); "Measure" runs one step of single-device training with those
-settings and draws each kind's high-water mark, so a learner sees which formula each lever changes
-and whether the measurement agrees.
+numbers ``paralab simulate`` prints): the kinds at the step's fullest moment. "Measure" runs two steps
+of single-device training with those settings and draws the kinds at the moment of their peak (the
+second step's, once the optimizer's states exist, as the prediction's steady state has them), so a
+learner sees which formula each lever changes and whether the measurement agrees. A setting whose
+predicted tensors would take more than half the memory this machine has free is not measured.
 """
 
 from __future__ import annotations
@@ -15,13 +17,28 @@ KINDS = ("params", "grads", "optimizer", "activations")
 
 
 def run_config(c: dict, vocab: int = 128):
-    """The single-device RunConfig of the explorer's control values."""
+    """The single-device RunConfig of the explorer's control values: two steps, so that the second
+    step's peak holds the optimizer's states (the first allocates them after its backward)."""
     from paralab import RunConfig
 
     model = dict(layers=c["layers"], hidden=c["hidden"], heads=max(1, c["hidden"] // 16), vocab=vocab,
                  seq_len=c["seq"], attention=c["attention"])
-    return RunConfig.build(model, strategy="single", world_size=1, steps=1, global_batch=c["micro_batch"],
+    return RunConfig.build(model, strategy="single", world_size=1, steps=2, global_batch=c["micro_batch"],
                            dtype=c["dtype"], recompute=c["recompute"])
+
+
+def too_big_to_measure(predicted: dict) -> str:
+    """Why a run whose tensors are predicted at ``predicted`` (bytes by kind) is not started here: more
+    than half the memory this machine has free (autograd's workspaces and the allocator come on top),
+    or "" when it may run."""
+    from paralab.runtime.worker import RANK_MEMORY_BYTES, available_memory_bytes
+
+    need, free = sum(predicted[k] for k in KINDS) + RANK_MEMORY_BYTES, available_memory_bytes()
+    if free and need > free / 2:
+        return (f"not measured: its tensors are predicted at {need / 2**30:.1f} GiB with the process, more "
+                f"than half the {free / 2**30:.1f} GiB this machine has free; lower the sequence, "
+                "micro-batch or model, or use sdpa attention")
+    return ""
 
 
 def levers_explorer(layers: int = 4, hidden: int = 64, seq: int = 128, micro_batch: int = 4,
@@ -73,16 +90,19 @@ def levers_explorer(layers: int = 4, hidden: int = 64, seq: int = 128, micro_bat
     def measure(*_) -> dict | None:
         from paralab.runtime.launch import launch
 
-        msg.value = message("measuring one step ...")
+        cfg = run_config(values(), vocab)
+        if refusal := too_big_to_measure(predict_memory(cfg)):
+            msg.value = message(refusal, "error")
+            return None
+        msg.value = message("measuring two steps ...")
         try:
-            run = launch(run_config(values(), vocab))
+            run = launch(cfg)
         except Exception as exc:
             msg.value = message(f"{type(exc).__name__}: {exc}", "error")
             return None
-        state["measured"] = {k: run.summary["memory_max_by_kind"][0][k] for k in KINDS}
-        msg.value = message("measured: each kind's high-water mark during the step (tensors kept for "
-                            "backward; with full recomputation the one block rebuilt during its backward is "
-                            "transient and not in the count, while the prediction holds it)", "ok")
+        state["measured"] = {k: run.summary["memory_by_kind"][0][k] for k in KINDS}
+        msg.value = message("measured: the kinds at the moment of the run's peak (its second step's), as the "
+                            "prediction gives them at its fullest moment", "ok")
         draw()
         return state["measured"]
 
