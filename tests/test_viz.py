@@ -7,6 +7,8 @@ simulated pipeline steps (instant) feed every test; tests read the figure's data
 
 from __future__ import annotations
 
+import colorsys
+import math
 import subprocess
 import sys
 
@@ -82,6 +84,8 @@ def test_timeline_pipeline_microbatch_colours_and_labels(pipe):
     comm_colors = {KIND_COLORS[k] for k in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send",
                                             "recv", "all_to_all", "barrier")}
     assert not set(MICROBATCH_COLORS) & (comm_colors | set(EXTRA_COLORS))
+    # recomputation sits beside the all-reduce in a ddp timeline: not two purples
+    assert min(hue_distance(KIND_COLORS["recompute"], c) for c in comm_colors) > 0.2
     assert "coloured by microbatch" in fig.layout.xaxis.title.text
     # a timeline coloured by kind keeps its plain axis
     assert viz.timeline(pipe, color_by="kind").layout.xaxis.title.text == "time (ms)"
@@ -375,3 +379,22 @@ def test_published_scaling_draws_the_share_each_count_keeps_published_and_predic
     titles = [a.text for a in fig.layout.annotations]
     assert "published 5.0%, predicted 1.1% (miss)" in titles[0] and "(miss)" not in titles[1]
     assert fig.layout.meta["series"][1]["published"] == pytest.approx([1.0, 0.9])
+
+
+def test_the_hiding_figure_marks_each_threshold_where_its_curve_reaches_one():
+    """The curve is sampled at powers of two, so it had met its threshold's line at 85%, and the line's
+    label sat at 10^1418 on the log axis, never drawn."""
+    from paralab.viz.overlap import hiding
+
+    tokens = [2.0**k for k in range(7, 13)]
+    fig = hiding({"link": [t / 1418 for t in tokens]}, tokens, {"link": 1418.0})
+    (curve,) = fig.data
+    assert (1418.0, 1.0) in zip(curve.x, curve.y) and list(curve.x) == sorted(curve.x)
+    (label,) = fig.layout.annotations
+    assert label.text == "1,418" and label.x == pytest.approx(math.log10(1418))
+
+
+def hue_distance(a: str, b: str) -> float:
+    """How far apart two #RRGGBB colours' hues are, on the colour wheel (0 to 0.5)."""
+    hue = [colorsys.rgb_to_hsv(*(int(c[i:i + 2], 16) / 255 for i in (1, 3, 5)))[0] for c in (a, b)]
+    return min(abs(hue[0] - hue[1]), 1 - abs(hue[0] - hue[1]))

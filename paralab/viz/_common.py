@@ -27,7 +27,7 @@ KIND_COLORS = {
     "broadcast": "#BAB0AC",
     "send": "#EECA3B",
     "recv": "#D4A6C8",
-    "recompute": "#9467BD",  # the forward run again inside backward (activation recomputation)
+    "recompute": "#17BECF",  # the forward run again inside backward; cyan, never the all-reduce's purple
     "overflow": "#D62728",  # an fp16 step skipped by the loss scaler
     "failure": "#D62728",
     "rescale": "#1F77B4",

@@ -3,6 +3,8 @@ compute, against the tokens each GPU computes per step."""
 
 from __future__ import annotations
 
+import math
+
 from paralab.viz._common import SERIES_COLORS, go, style
 
 
@@ -14,13 +16,18 @@ def hiding(curves: dict, tokens: list[float], thresholds: dict | None = None, ti
     fig = graph.Figure()
     for i, (label, ratios) in enumerate(curves.items()):
         color = SERIES_COLORS[i % len(SERIES_COLORS)]
-        fig.add_trace(graph.Scatter(x=tokens, y=[min(1.0, r) for r in ratios], mode="lines", name=label,
-                                    line=dict(color=color, width=3),
+        points = sorted(zip(tokens, (min(1.0, r) for r in ratios)))
+        if thresholds and label in thresholds:  # the curve's kink, where it reaches 1, between the samples
+            points = sorted({*points, (thresholds[label], 1.0)})
+        fig.add_trace(graph.Scatter(x=[t for t, _ in points], y=[r for _, r in points], mode="lines",
+                                    name=label, line=dict(color=color, width=3),
                                     hovertemplate=f"{label}: %{{x:,.0f}} tokens per GPU, "
                                                   f"%{{y:.0%}} can hide<extra></extra>"))
         if thresholds and label in thresholds:
-            fig.add_vline(x=thresholds[label], line_dash="dot", line_color=color,
-                          annotation_text=f"{thresholds[label]:,.0f}", annotation_position="top")
+            fig.add_vline(x=thresholds[label], line_dash="dot", line_color=color)
+            # on a log axis an annotation's x is the exponent (add_vline's own label lands at 10^x)
+            fig.add_annotation(x=math.log10(thresholds[label]), y=1, yref="y domain", yanchor="bottom",
+                               text=f"{thresholds[label]:,.0f}", showarrow=False, font=dict(color=color))
     fig.update_xaxes(type="log", title_text="tokens each GPU computes per step")
     fig.update_yaxes(title_text="share of the communication that can hide", tickformat=".0%", range=[0, 1.05])
     fig.update_layout(meta={"curves": curves, "tokens": tokens, "thresholds": thresholds or {}})
