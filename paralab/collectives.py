@@ -59,13 +59,25 @@ def fit_alpha_beta(points: list[tuple[float, float]], op: str, group: int) -> tu
     """(alpha, bandwidth) of the ring model that fits measured (payload bytes, seconds) points best,
     t = steps x alpha + wire bytes / bandwidth, by least squares of the relative error: the sizes
     span orders of magnitude, and in absolute seconds the largest would set alpha too (a plain fit had
-    put a 2-rank gloo alpha at twice the time a 4-byte all-reduce takes)."""
+    put a 2-rank gloo alpha at twice the time a 4-byte all-reduce takes). Each point is weighed
+    against the model's time there, not its own (fitted once on its own, then again): a sample that
+    happened to run fast would otherwise weigh the most."""
     if len({p for p, _ in points}) < 2:
         raise ValueError("fitting alpha and beta needs at least two different sizes")
-    steps = ring_steps(op, group)
+    if group < 2 or any(not t > 0 for _, t in points):
+        raise ValueError(f"fitting alpha and beta needs a group of 2 or more (got {group}) and positive "
+                         "times")
     xs = [ring_wire_bytes(op, p, group) for p, _ in points]
     ts = [t for _, t in points]
-    weights = [1 / t**2 for t in ts]  # sum ((a + b x - t) / t)^2 is least squares weighted 1 / t^2
+    slope, intercept = _relative_line(xs, ts, ts)
+    if slope > 0 and intercept > 0:
+        slope, intercept = _relative_line(xs, ts, [intercept + slope * x for x in xs])
+    return max(intercept, 0.0) / ring_steps(op, group), 1 / slope if slope > 0 else math.inf
+
+
+def _relative_line(xs: list[float], ts: list[float], scale: list[float]) -> tuple[float, float]:
+    """(slope, intercept) minimising sum ((intercept + slope x - t) / scale)^2."""
+    weights = [1 / c**2 for c in scale]
 
     def weighted(values) -> float:
         return sum(w * v for w, v in zip(weights, values))
@@ -73,8 +85,7 @@ def fit_alpha_beta(points: list[tuple[float, float]], op: str, group: int) -> tu
     sw, sx, st = sum(weights), weighted(xs), weighted(ts)
     sxx, sxt = weighted(x * x for x in xs), weighted(x * t for x, t in zip(xs, ts))
     slope = (sw * sxt - sx * st) / (sw * sxx - sx * sx)
-    intercept = (st - slope * sx) / sw
-    return max(intercept, 0.0) / steps, 1 / slope if slope > 0 else math.inf
+    return slope, (st - slope * sx) / sw
 
 
 def traced_points(trace, op: str) -> dict[int, list[tuple[int, float]]]:
@@ -83,6 +94,6 @@ def traced_points(trace, op: str) -> dict[int, list[tuple[int, float]]]:
     first = min((s.step for s in trace.spans if s.step is not None), default=0)
     out: dict[int, list[tuple[int, float]]] = {}
     for s in trace.select(kind=op):
-        if s.step is not None and s.step > first and s.payload_bytes:
+        if s.step is not None and s.step > first and s.payload_bytes and s.end > s.start:  # a fit needs time
             out.setdefault(s.group_size, []).append((s.payload_bytes, s.end - s.start))
     return out

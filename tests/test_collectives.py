@@ -68,6 +68,13 @@ def test_the_fit_weighs_every_size_by_its_relative_error():
     noisy = [(s, collectives.ring_time("all_reduce", s, 2, 2e-4, 1e9) * scatter.get(s, 1.0)) for s in sizes]
     alpha, bandwidth = collectives.fit_alpha_beta(noisy, "all_reduce", 2)
     assert alpha == pytest.approx(2e-4, rel=0.02) and bandwidth == pytest.approx(1e9, rel=0.05)
+    # weighed against the model's time, not its own: one 4-byte sample ten times fast had pulled alpha
+    # from 200 us to 11 us
+    lucky = [(s, t / 10 if s == 4.0 else t / scatter.get(s, 1.0)) for s, t in noisy]
+    assert collectives.fit_alpha_beta(lucky, "all_reduce", 2)[0] > 0.5 * 2e-4
+    for bad, group in (([(4.0, 0.0), (2.0**20, 1e-3)], 2), (noisy, 1)):
+        with pytest.raises(ValueError, match="positive times"):
+            collectives.fit_alpha_beta(bad, "all_reduce", group)
 
 
 def test_traced_points_leave_out_the_warm_up_step():

@@ -261,3 +261,23 @@ def test_expert_groups_are_carved_from_each_dp_group():
     assert "expert groups (ep=2" in layout.text()
     with pytest.raises(ValueError, match="ep must divide dp"):
         mesh_layout(dp=3, ep=2)
+
+
+@pytest.mark.parametrize("files, headroom", [
+    ({"memory.max": "2147483648", "memory.current": "536870912"}, 1.5 * 2**30),  # cgroup v2: 2 GB pod
+    ({"memory.max": "max", "memory.current": "536870912"}, None),  # no limit: the node's MemAvailable
+    ({"limit_in_bytes": "9223372036854771712", "usage_in_bytes": "1000"}, None),  # v1, unlimited
+    ({"limit_in_bytes": "1073741824", "usage_in_bytes": "2147483648"}, 1),  # v1, over its limit
+])
+def test_free_memory_is_a_cgroups_headroom_where_it_limits_the_process(monkeypatch, tmp_path, files,
+                                                                       headroom):
+    """A Binder pod's /proc/meminfo shows the node's memory; its 2 GB limit is what the kernel kills at."""
+    from paralab.runtime import worker
+
+    for name, text in files.items():
+        (tmp_path / name).write_text(text + "\n")
+    pairs = (("memory.max", "memory.current"), ("limit_in_bytes", "usage_in_bytes"))
+    paths = tuple(tuple(str(tmp_path / name) for name in pair) for pair in pairs)
+    monkeypatch.setattr(worker, "CGROUP_MEMORY", paths)
+    monkeypatch.setattr(worker, "_meminfo_available", lambda: 64 * 2**30)
+    assert worker.available_memory_bytes() == (headroom or 64 * 2**30)

@@ -110,14 +110,17 @@ def test_a_step_of_more_passes_than_are_simulated_is_priced_in_closed_form(monke
     # blocking sends hold their rank in every period, but the bubble counts compute alone as busy
     ("gpt3-175b", dict(tp=8, schedule="zbv", recompute="full", sequence_parallel=True, overlap_p2p=False),
      0.01),
+    # rank 0 holds both ends of the V and sends one way from each: two counted sends too many had
+    # made this 1.7% long
+    ("mixtral-8x7b", dict(dp=8, ep=8, schedule="dualpipev", overlap_p2p=False), 0.002),
 ])
 def test_v_schedules_past_the_simulated_passes_are_extended_from_a_simulated_prefix(
         monkeypatch, model_name, spec, within):
     """Full recompute makes the input-gradient pass twice the forward, and the ZB-V order then idles
     four times the (p - 1) F its closed form counts: Megatron 1T on 64 stages had read 4.5% short of
     its simulated step. Past the budget the first 2p microbatches are simulated and each further one
-    adds a period of the busiest rank, within 1% of simulating them all (ZB-V's ramp still grows a
-    little past 2p microbatches)."""
+    adds a period of the busiest rank, within 1% of simulating them all here (ZB-V's ramp is not
+    settled at 2p microbatches: within about 2% elsewhere, cost._extended_finish)."""
     model = get_model(model_name)
     p = ParallelSpec(pp=8, virtual_stages=2, microbatches=64, micro_batch=1, **spec)
     simulated = cost.predict(model, p, H100)

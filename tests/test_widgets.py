@@ -207,11 +207,23 @@ def test_the_explorers_split_layers_that_do_not_divide_as_the_refusal_suggests()
     assert 16 in scaling.figure.layout.meta["predicted"]["world_size"]
     assert "pp=16 splits the layers 2 + 8 x 3 + 7 x 2" in scaling.message.value
     assert "pp=64: pp x virtual stages = 64 does not divide 40 layers; no split" in scaling.message.value
+    # a caller's split serves the other dimensions' sweeps; a pp sweep takes each depth's own
+    from paralab.widgets.explorers import scaling_points
+
+    kept, _ = scaling_points("gpt3-1.3b", "h100", "dp", 4, 512, base={"pp": 2, "stage_layers": (10, 14)})
+    even, _ = scaling_points("gpt3-1.3b", "h100", "dp", 4, 512, base={"pp": 2})
+    assert len(kept) == len(even) == 3 and kept[0]["step_time_s"] != even[0]["step_time_s"]
+    deep, _ = scaling_points("gpt3-1.3b", "h100", "pp", 8, 512, base={"stage_layers": (12, 12)})
+    assert [p["world_size"] for p in deep] == [1, 2, 4, 8]  # (12, 12) had refused every depth but 2
 
 
-def test_the_levers_explorer_measures_the_kinds_at_the_peak_as_it_predicts_them(no_leftover_ranks):
+def test_the_levers_explorer_measures_the_kinds_at_the_peak_as_it_predicts_them(no_leftover_ranks,
+                                                                                monkeypatch):
     """It had drawn each kind's own high-water mark of a one-step run: gradients the prediction's peak
     moment does not hold, and no optimizer states (the first step makes them after its backward)."""
+    from paralab.runtime import worker
+
+    monkeypatch.setattr(worker, "available_memory_bytes", lambda: 64 * 2**30)  # whatever this machine has
     app = widgets.levers_explorer(layers=2, hidden=64, seq=64, micro_batch=2)
     predicted = {k: app.figure.data[i].y[0] for i, k in enumerate(("params", "grads", "optimizer",
                                                                     "activations"))}
@@ -228,9 +240,14 @@ def test_the_levers_explorer_does_not_start_a_run_this_machine_cannot_hold(monke
     monkeypatch.setattr(worker, "available_memory_bytes", lambda: 2 * 2**30)  # a Binder box's 2 GB
     monkeypatch.setattr(launch, "launch", lambda cfg: pytest.fail("a run was started"))
     app = widgets.levers_explorer()
-    for name, value in (("layers", 16), ("hidden", 512), ("seq", 1024), ("micro_batch", 16)):
+    for name, value in (("layers", 4), ("hidden", 256), ("seq", 1024), ("micro_batch", 4)):
         app.controls[name].value = value
-    app.controls["attention"].value = "math"  # the s x s scores of 16 sequences of 1,024 tokens
+    from paralab.sim.bridge import predict_memory
+    from paralab.widgets.levers import run_config, too_big_to_measure
+
+    sdpa = predict_memory(run_config({name: control.value for name, control in app.controls.items()}))
+    assert not too_big_to_measure(sdpa)  # the fused kernel's run would be measured
+    app.controls["attention"].value = "math"  # its s x s scores, 4 sequences of 1,024 tokens a layer
     assert app.measure() is None and "not measured" in app.message.value
 
 
@@ -363,6 +380,9 @@ def test_a_ring_run_and_its_prediction_send_the_same_cp_bytes(no_leftover_ranks)
     sent = app.figure.layout.meta["bytes"]
     assert sent[measured]["send"] == sent[same]["send"] == run.summary["comm_bytes"]["send"] / 2
     assert "4 dp x 2 cp x 1 tp" in grown and sent[grown]["send"] == sent[same]["send"]
+    # a start the cost model refuses (3 ranks for a cp of 2) is said, not raised
+    odd = widgets.comm_explorer(run, world_size=3)
+    assert "not a multiple" in odd.message.value and set(odd.figure.layout.meta["bytes"]) == {measured, same}
 
 
 def test_comm_explorer_puts_the_run_beside_its_prediction_and_grows_it(no_leftover_ranks):

@@ -51,14 +51,43 @@ MAX_RANKS_PER_CORE = 8  # beyond this, a local run is mostly ranks waiting for a
 RANK_MEMORY_BYTES = 256 * 2**20  # a forked CPU rank's own memory (USS), measured with the small model
 
 
+# A cgroup's memory limit and use (v2, then v1): in a container or a Binder pod /proc/meminfo shows
+# the node's memory, and the limit is what the kernel kills at
+CGROUP_MEMORY = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                 ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                  "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+NO_LIMIT = 2**60  # cgroup v1 writes "no limit" as the largest page-aligned 64-bit number
+
+
 def available_memory_bytes() -> int:
-    """Memory the kernel says new processes can take (MemAvailable), or 0 where it cannot say."""
+    """Memory new processes can take: the kernel's MemAvailable, or less where this process's cgroup
+    limits it (its limit less its use), or 0 where neither can be read."""
+    known = [n for n in (_meminfo_available(), _cgroup_headroom()) if n]
+    return min(known) if known else 0
+
+
+def _meminfo_available() -> int:
     try:
         with open("/proc/meminfo") as f:
             fields = dict(line.split(":", 1) for line in f)
         return int(fields["MemAvailable"].split()[0]) * 1024
     except (OSError, KeyError, ValueError):  # pragma: no cover - not Linux
         return 0
+
+
+def _cgroup_headroom() -> int:
+    for limit_file, use_file in CGROUP_MEMORY:
+        try:
+            with open(limit_file) as f:
+                limit = f.read().strip()
+            with open(use_file) as f:
+                used = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or int(limit) >= NO_LIMIT:
+            return 0
+        return max(int(limit) - used, 1)  # at its limit: 1 byte, not "unknown"
+    return 0
 
 
 def check_capacity(ranks: int, oversubscribe: bool = False) -> None:

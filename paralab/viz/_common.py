@@ -27,7 +27,7 @@ KIND_COLORS = {
     "broadcast": "#BAB0AC",
     "send": "#EECA3B",
     "recv": "#D4A6C8",
-    "recompute": "#17BECF",  # the forward run again inside backward; cyan, never the all-reduce's purple
+    "recompute": "#00D084",  # the forward again inside backward: an emerald far from every other kind
     "overflow": "#D62728",  # an fp16 step skipped by the loss scaler
     "failure": "#D62728",
     "rescale": "#1F77B4",

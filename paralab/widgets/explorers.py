@@ -51,10 +51,11 @@ def scaling_points(model_name: str, hw_name: str, dim: str, max_gpus: int, globa
     usable = cost.usable_memory(hw)
     points, skipped = [], []
     for n in [g for g in POW2 if g <= max_gpus]:
-        split = _uneven_split(model, n) if dim == "pp" else None
-        uneven = {"stage_layers": split} if split else {}
-        spec = specs.ParallelSpec(**{"micro_batch": micro_batch, **(base or {}), dim: n,
-                                     "global_batch": global_batch, **uneven})
+        fields = {"micro_batch": micro_batch, **(base or {}), dim: n, "global_batch": global_batch}
+        if dim == "pp":  # a split fits one depth only: each depth takes its own, or none
+            fields["stage_layers"] = _uneven_split(model, n)
+        split = fields.get("stage_layers") if dim == "pp" else None
+        spec = specs.ParallelSpec(**fields)
         try:
             pred = cost.predict(model, spec, hw)
         except specs.SpecError as exc:
@@ -306,9 +307,20 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
                   "intra vs inter": comm_compare.compare_links}[c["view"]]
         return figure(state["sources"], payload=c["payload"])
 
+    def drawable_sources(c) -> dict:
+        """:func:`sources`, or without the grown prediction when the cost model refuses its split
+        (the message says so): the run and its prediction are still drawn."""
+        from paralab.sim.specs import SpecError
+
+        try:
+            return sources(c)
+        except SpecError as exc:
+            msg.value = message(f"{type(exc).__name__}: {exc} (the grown prediction is left out)", "error")
+            return sources(c, grown=False)
+
     trace_fw = None
     if trace is not None:
-        state["sources"] = sources({k: v.value for k, v in controls.items()})
+        state["sources"] = drawable_sources({k: v.value for k, v in controls.items()})
         trace_fw = figure_widget(view_figure({k: v.value for k, v in controls.items()}))
     calc_fw = figure_widget(_collective_figure({k: v.value for k, v in controls.items()}))
 
@@ -318,11 +330,7 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
         replace_figure(calc_fw, _collective_figure(c))  # the calculator reads none of the run's sliders
         if trace_fw is None:
             return
-        try:
-            state["sources"] = sources(c)
-        except Exception as exc:  # a grown split the cost model refuses: say it, draw the rest
-            msg.value = message(f"{type(exc).__name__}: {exc} (the grown prediction is left out)", "error")
-            state["sources"] = sources(c, grown=False)
+        state["sources"] = drawable_sources(c)
         replace_figure(trace_fw, view_figure(c))
 
     for c in controls.values():

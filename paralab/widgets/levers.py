@@ -90,12 +90,12 @@ def levers_explorer(layers: int = 4, hidden: int = 64, seq: int = 128, micro_bat
     def measure(*_) -> dict | None:
         from paralab.runtime.launch import launch
 
-        cfg = run_config(values(), vocab)
-        if refusal := too_big_to_measure(predict_memory(cfg)):
-            msg.value = message(refusal, "error")
-            return None
-        msg.value = message("measuring two steps ...")
         try:
+            cfg = run_config(values(), vocab)
+            if refusal := too_big_to_measure(predict_memory(cfg)):
+                msg.value = message(refusal, "error")
+                return None
+            msg.value = message("measuring two steps ...")
             run = launch(cfg)
         except Exception as exc:
             msg.value = message(f"{type(exc).__name__}: {exc}", "error")

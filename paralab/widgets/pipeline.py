@@ -42,9 +42,9 @@ def simulate(name: str, stages: int, microbatches: int, virtual_stages: int, p2p
     return simulate_schedule(sched, times, p2p * 1e-3, overlap_saving=overlap * 1e-3 / v)
 
 
-def drawable(stages: int, microbatches: int, chunks: int) -> bool:
+def drawable(stages: int, microbatches: int, chunks_per_rank: int) -> bool:
     """Whether the explorer draws this shape: at most :data:`MAX_DRAWN` chunk-microbatches."""
-    return stages * chunks * microbatches <= MAX_DRAWN
+    return stages * chunks_per_rank * microbatches <= MAX_DRAWN
 
 
 def measured_times(trace: Trace) -> dict[str, float]:
