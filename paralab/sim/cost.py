@@ -1187,6 +1187,8 @@ def _rank_sends(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> list[flo
     0 and its tip rank p - 1, which keep those hand-offs; nothing is sent past the model's ends)."""
     blocking, chunks = _blocking_send(model, p, hw), p.chunks
     sends = [0.0] * p.pp
+    if not blocking:  # sends beside compute (the default): nothing to count, on the planner's hot path
+        return sends
     for stage in range(chunks):
         rank = counting.stage_rank(p, stage)
         for neighbour in (stage - 1, stage + 1):

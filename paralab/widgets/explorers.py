@@ -41,8 +41,7 @@ def scaling_points(model_name: str, hw_name: str, dim: str, max_gpus: int, globa
     Returns (points for paralab.viz.scaling, reasons for the sizes left out): a size the cost model
     refuses, or one that does not fit in the GPU's memory (it cannot run, so it has no step time). A
     pipeline whose stages the layers do not divide into splits them unevenly, as the simulator's
-    refusal suggests;
-    its point says how (``split``).
+    refusal suggests; its point says how (``split``, beside the degree it scales, ``size``).
     """
     from paralab.stage_split import split_text
 
@@ -66,7 +65,7 @@ def scaling_points(model_name: str, hw_name: str, dim: str, max_gpus: int, globa
             skipped.append(f"{dim}={n}: does not fit, {need / 2**30:,.1f} GiB per GPU against "
                            f"{usable / 2**30:.1f} GiB usable")
             continue
-        points.append({"world_size": spec.world_size, "step_time_s": pred.step_time_s,
+        points.append({"world_size": spec.world_size, "step_time_s": pred.step_time_s, "size": n,
                        "tokens_per_s": pred.tokens_per_s, "split": split_text(split) if split else ""})
     return points, skipped
 
@@ -100,7 +99,7 @@ def scaling_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dim: str 
         except Exception as exc:  # an unknown preset or a cost-model error: say it, keep the figure
             msg.value = message(f"{type(exc).__name__}: {exc}", "error")
             return
-        uneven = [f"pp={p['world_size']} splits the layers {p['split']}" for p in points if p["split"]]
+        uneven = [f"pp={p['size']} splits the layers {p['split']}" for p in points if p["split"]]
         notes = (["not drawn: " + "; ".join(skipped)] if skipped else []) + uneven
         msg.value = message("\n".join(notes), "info") if notes else ""
         title = (f"{c['model']} on {c['hardware']}, scaling {c['dim']} (global batch {c['global_batch']}, "
