@@ -79,14 +79,13 @@ def _cgroup_headroom() -> int:
     for limit_file, use_file in CGROUP_MEMORY:
         try:
             with open(limit_file) as f:
-                limit = f.read().strip()
+                text = f.read().strip()
             with open(use_file) as f:
                 used = int(f.read().strip())
+            limit = NO_LIMIT if text == "max" else int(text)
         except (OSError, ValueError):
             continue
-        if limit == "max" or int(limit) >= NO_LIMIT:
-            return 0
-        return max(int(limit) - used, 1)  # at its limit: 1 byte, not "unknown"
+        return 0 if limit >= NO_LIMIT else max(limit - used, 1)  # at its limit: 1 byte, not "unknown"
     return 0
 
 
