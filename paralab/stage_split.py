@@ -75,8 +75,10 @@ def megatron_split(layers: int, num_stages: int) -> tuple[int, ...] | None:
 def uneven_split(layers: int, num_stages: int) -> tuple[int, ...] | None:
     """A split for ``layers`` that do not divide into ``num_stages``: Megatron-LM's ends where they
     work (:func:`megatron_split`), else the most even split (remainder in the middle); two stages of
-    one layer: the layer and an empty end. None when no split can hold them (every stage but the first
-    and last needs a layer)."""
+    one layer: the layer and an empty end. None when they divide (the default split serves), or when
+    no split can hold them (every stage but the first and last needs a layer)."""
+    if layers % num_stages == 0:
+        return None
     if megatron := megatron_split(layers, num_stages):
         return megatron
     if num_stages <= layers:

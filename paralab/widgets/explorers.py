@@ -22,15 +22,6 @@ def _sim():
     return cost, hardware, presets, specs
 
 
-def _uneven_split(model, pp: int) -> tuple[int, ...] | None:
-    """The split a pipeline of ``pp`` stages takes when the model's layers do not divide into it (the
-    one the simulator's refusal suggests, :func:`paralab.stage_split.uneven_split`), so the explorers
-    draw such depths rather than refuse them; None when they divide."""
-    from paralab.stage_split import uneven_split
-
-    return uneven_split(model.layers, pp) if pp > 1 and model.layers % pp else None
-
-
 # ------------------------------------------------------------------------------------------ scaling
 def scaling_points(model_name: str, hw_name: str, dim: str, max_gpus: int, global_batch: int,
                    base: dict | None = None, micro_batch: int = 1) -> tuple[list[dict], list[str]]:
@@ -43,7 +34,7 @@ def scaling_points(model_name: str, hw_name: str, dim: str, max_gpus: int, globa
     pipeline whose stages the layers do not divide into splits them unevenly, as the simulator's
     refusal suggests; its point says how (``split``, beside the degree it scales, ``size``).
     """
-    from paralab.stage_split import split_text
+    from paralab.stage_split import split_text, uneven_split
 
     cost, hardware, presets, specs = _sim()
     model, hw = presets.get_model(model_name), hardware.get_hardware(hw_name)
@@ -51,9 +42,9 @@ def scaling_points(model_name: str, hw_name: str, dim: str, max_gpus: int, globa
     points, skipped = [], []
     for n in [g for g in POW2 if g <= max_gpus]:
         fields = {"micro_batch": micro_batch, **(base or {}), dim: n, "global_batch": global_batch}
+        split = None
         if dim == "pp":  # a split fits one depth only: each depth takes its own, or none
-            fields["stage_layers"] = _uneven_split(model, n)
-        split = fields.get("stage_layers") if dim == "pp" else None
+            fields["stage_layers"] = split = uneven_split(model.layers, n)
         spec = specs.ParallelSpec(**fields)
         try:
             pred = cost.predict(model, spec, hw)
@@ -119,14 +110,17 @@ def scaling_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dim: str 
 def memory_by_zero(model_name: str, dp: int, tp: int, pp: int, micro_batch: int, recompute: str,
                    microbatches: int) -> dict[str, dict]:
     """ZeRO stage label -> predicted bytes per GPU by kind, for the stages the split allows (layers that
-    do not divide into ``pp`` split unevenly, :func:`_uneven_split`)."""
+    do not divide into ``pp`` split as the simulator's refusal suggests,
+    :func:`paralab.stage_split.uneven_split`)."""
+    from paralab.stage_split import uneven_split
+
     cost, _hardware, presets, specs = _sim()
     model = presets.get_model(model_name)
     out = {}
     for zero in (0, 1, 2, 3):
         spec = specs.ParallelSpec(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=micro_batch,
                                   recompute=recompute, microbatches=microbatches,
-                                  stage_layers=_uneven_split(model, pp))
+                                  stage_layers=uneven_split(model.layers, pp))
         if spec.problems(model):
             continue
         out[f"ZeRO-{zero}" if zero else "no ZeRO"] = cost.memory_per_gpu(model, spec)
@@ -167,7 +161,7 @@ def memory_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dp: int = 
     """
     from paralab.sim import hardware as hw_mod
     from paralab.sim import presets
-    from paralab.stage_split import split_text
+    from paralab.stage_split import split_text, uneven_split
     from paralab.viz.memory import memory
 
     w = widgets()
@@ -199,11 +193,11 @@ def memory_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dp: int = 
 
             chosen = get_model(c["model"])
             spec = ParallelSpec(dp=c["dp"], tp=c["tp"], pp=c["pp"], micro_batch=c["micro_batch"],
-                                stage_layers=_uneven_split(chosen, c["pp"]))
+                                stage_layers=uneven_split(chosen.layers, c["pp"]))
             msg.value = message("; ".join(spec.problems(chosen)), "error")
             return
         msg.value = ""
-        split = _uneven_split(presets.get_model(c["model"]), c["pp"])
+        split = uneven_split(presets.get_model(c["model"]).layers, c["pp"])
         layers = f" (layers per stage {split_text(split)})" if split else ""
         replace_figure(fw, memory_against_limit(bars, hw_mod.get_hardware(c["hardware"]),
                                                 f"{c['model']}: predicted memory per GPU, "
