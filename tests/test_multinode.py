@@ -121,33 +121,34 @@ def _workers(tag: str) -> list[psutil.Process]:
     return out
 
 
-def _linked(workers: list[psutil.Process]) -> bool:
-    """Whether the two workers hold a TCP connection to each other's listening port: their gloo pair
-    is connected, so the group is formed. Listening alone comes earlier, inside init_process_group: a
-    CI run's rank 1, signalled then, died before rank 0 had anything to report."""
+TRAINING_BYTES = 2**20  # written by a rank past its group's forming: the first step's gradients (~0.9 MB)
+
+
+def _training(workers: list[psutil.Process]) -> bool:
+    """Whether both workers are past init_process_group: each has written a step's gradients to its
+    peer. Forming the group writes about 2 KB. A connected pair of gloo sockets came too early: a CI
+    run's rank 1, signalled inside ProcessGroupGloo's constructor, left rank 0 waiting there with
+    nothing to report."""
     try:
-        listening = [{c.laddr.port for c in w.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
-                     for w in workers]
-        return any(c.status == psutil.CONN_ESTABLISHED and c.raddr and c.raddr.port in listening[1 - i]
-                   for i, w in enumerate(workers) for c in w.net_connections(kind="tcp"))
+        return all(w.io_counters().write_chars > TRAINING_BYTES for w in workers)
     except psutil.Error:
         return False
 
 
 def start_nodes(tag: str, tmp, **popen) -> subprocess.Popen:
     """`paralab nodes` (2 x 1 ranks, a long run) in a Python of its own, once its workers formed their
-    process group (each worker's gloo sockets listen, and the two are connected)."""
+    process group and train (each worker's gloo sockets listen, and gradients flow)."""
     launcher = subprocess.Popen([sys.executable, "-m", "paralab", "nodes", "--nnodes", "2",
                                  "--nproc-per-node", "1", "--", "--strategy", "ddp", "--steps", "100000"],
                                 env={**os.environ, TAG: tag, "TMPDIR": str(tmp)}, **popen)
 
-    def formed() -> bool:
+    def training() -> bool:
         workers = _workers(tag)
-        return len(workers) == 2 and all(listening_addresses([w]) for w in workers) and _linked(workers)
+        return len(workers) == 2 and all(listening_addresses([w]) for w in workers) and _training(workers)
 
-    if not wait_for(formed, 150):
+    if not wait_for(training, 150):
         launcher.kill()
-        pytest.fail("the two workers never formed their process group")
+        pytest.fail("the two workers never started training")
     return launcher
 
 
