@@ -23,20 +23,34 @@ def layers_per_stage(layers: int, num_stages: int,
 
 
 def split_problems(layers: int, num_stages: int, override=None) -> list[str]:
-    """Why ``override`` cannot split ``layers`` blocks over ``num_stages`` stages (empty when it can).
-    The first and last stage may hold no block (the embedding, or the output layer and the loss, are
-    work enough: Megatron-LM's first/last stage layers of 0); every other stage needs one."""
+    """Why ``override`` cannot split ``layers`` blocks over ``num_stages`` stages (empty when it can),
+    naming what is wrong and a split that works. The first and last stage may hold no block (the
+    embedding, or the output layer and the loss, are work enough: Megatron-LM's first/last stage layers
+    of 0); every other stage needs one."""
     if override is None:
         if num_stages > layers:
             return [f"{num_stages} stages but the model has only {layers} layers; every stage needs a layer"]
         return []
+    counts = list(override)
     least = [0 if s in (0, num_stages - 1) else 1 for s in range(num_stages)]
-    if len(override) != num_stages or sum(override) != layers or any(
-            not isinstance(c, int) or isinstance(c, bool) or c < low for c, low in zip(override, least)):
-        return [f"stage_layers={list(override)} must give each of the {num_stages} stages a whole number of "
-                "layers, at least one on every stage but the first and last, "
-                f"and sum to the model's {layers} layers"]
-    return []
+    whole = all(isinstance(c, int) and not isinstance(c, bool) for c in counts)
+    short = [s for s, (c, low) in enumerate(zip(counts, least)) if whole and c < low]
+    if len(counts) != num_stages:
+        why = f"gives {len(counts)} stages, not {num_stages}"
+    elif not whole:
+        why = "holds a count that is not a whole number"
+    elif short:
+        why = f"gives stage {short[0]} {counts[short[0]]} layers"
+    elif sum(counts) != layers:
+        why = f"sums to {sum(counts)} layers, not the model's {layers}"
+    else:
+        return []
+    works = uneven_split(layers, num_stages) or (
+        tuple(layers_per_stage(layers, num_stages)) if num_stages <= layers else None)
+    offer = f"; e.g. {split_text(works)} ({','.join(map(str, works))})" if works else ""
+    return [f"stage_layers={counts} {why}: it must give each of the {num_stages} stages a whole number of "
+            f"layers, at least one on every stage but the first and last, and sum to the model's {layers} "
+            f"layers{offer}"]
 
 
 def balanced_split(layers: int, num_stages: int, first: float = 1.0, last: float = 1.0) -> list[int]:

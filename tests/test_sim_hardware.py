@@ -176,8 +176,15 @@ def test_a_hardware_file_may_give_every_field_in_si_units(tmp_path):
         ({"base": "h100", "pod_gpus": 2048.0}, "pod_gpus must be a whole number, got 2048.0"),
         ({"base": "h100", "shared_compute": "yes"}, "shared_compute must be true or false (a JSON boolean)"),
         ({"base": "h100", "overlaps_comm": "no"}, "overlaps_comm must be true or false (a JSON boolean)"),
-        ({"base": "h100", "nic_gbit_s": "400"}, "nic_gbit_s must be a number, got '400'"),
+        ({"base": "h100", "nic_gbit_s": "400"}, "nic_gbit_s must be a number > 0, got '400'"),
         ({"base": "h100", "nic_gbit_s": 400, "nics_per_node": "4"}, "nics_per_node must be a number"),
+        # had named inter_bw, a key the file did not write
+        ({"base": "h100", "nic_gbit_s": 400, "nics_per_node": 0},
+         "nics_per_node must be a number > 0, got 0"),
+        # a cap without the TDP it divides had been dropped silently; a pod is whole nodes
+        ({"base": "h100", "tdp_w": 0, "power_limit_w": 500},
+         "power_limit_w (500 W) caps compute by its share"),
+        ({"base": "h100", "pod_gpus": 4}, "pod_gpus (4) must be whole nodes of 8 GPUs"),
         ({"base": "h100", "nic_gbit_s": 400, "gpus_per_node": "8"}, "gpus_per_node must be a finite number"),
     ],
 )

@@ -215,34 +215,49 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _batch_asked(args, dp: int) -> int | None:
+    """The global batch the flags ask for: given, or dp x micro-batch (default 1) x microbatches; None
+    (neither given) leaves the planner's default."""
+    if args.global_batch:
+        return args.global_batch
+    if args.microbatches:
+        return dp * (args.micro_batch or 1) * args.microbatches
+    return None
+
+
 def _fits_hint(model: ModelSpec, gpus: int, hw, global_batch: int | None) -> str:
-    """What would fit: the planner's best few on these GPUs, or why nothing does."""
+    """What would fit: the planner's best few on these GPUs for the batch asked (else the planner's
+    default, named), or why nothing does."""
     ranked = _alternatives(model, gpus, hw, global_batch)
     if ranked:
-        return "configurations that fit on {} GPUs: {}".format(
-            gpus, " | ".join(planner.describe(p.parallel) for p in ranked))
+        batch = ranked[0].parallel.global_batch
+        default = "" if global_batch else ", the planner's default batch"
+        return "configurations that fit on {} GPUs at {:,} sequences a step{}: {}".format(
+            gpus, batch, default, " | ".join(planner.describe(p.parallel) for p in ranked))
     return planner.why_nothing_fits(model, gpus, hw, global_batch)
 
 
 def _alternatives(model: ModelSpec, gpus: int, hw, global_batch: int | None) -> list[cost.Prediction]:
-    return planner.plan(model, gpus, hw, global_batch, top=3, refine=0)
+    """The planner's best three, priced as `paralab plan` prices them (its best rows simulated), so
+    that their tokens/s match what `plan` and `simulate` say of the same layouts."""
+    return planner.plan(model, gpus, hw, global_batch, top=3)
 
 
 def simulate_main(args) -> int:
-    try:
-        model, hw = _model(args), _hardware(args.hardware)
-        stage_layers = _stage_layers(args, model)
-    except SpecError as err:
-        return _fail(str(err))
-    tp, pp, cp = args.tp, args.pp, args.cp
     counts = ("tp", "pp", "cp", "dp", "gpus", "virtual_stages", "ep", "global_batch", "micro_batch",
               "microbatches")
-    if problem := below_one(args, counts):
+    if problem := below_one(args, counts):  # before a `local` machine is measured for nothing
         return _fail(problem)
+    tp, pp, cp = args.tp, args.pp, args.cp
     dp = args.dp or (args.gpus // (tp * pp * cp) if args.gpus and args.gpus % (tp * pp * cp) == 0 else 1)
     gpus = args.gpus or dp * tp * pp * cp
     if gpus > MAX_GPUS:  # before the alternatives a refusal lists are planned for that many
         return _fail(_too_many(gpus))
+    try:
+        model = _model(args)
+        stage_layers = _stage_layers(args, model)
+    except SpecError as err:
+        return _fail(str(err))
     parallel = ParallelSpec(
         dp=dp, tp=tp, pp=pp, ep=args.ep, virtual_stages=args.virtual_stages, schedule=args.schedule,
         stage_layers=stage_layers, expert_imbalance=args.expert_imbalance,
@@ -252,17 +267,23 @@ def simulate_main(args) -> int:
         cp_mode=args.cp_mode, cp_split=args.cp_split, fp32_grads=args.fp32_grads, fsdp_root=args.fsdp_root,
         fp32_shards=args.fp32_shards,
     )  # fmt: skip
-    unrunnable = model.problems() or hw.problems_for(model)
-    problems = unrunnable or parallel.problems(model, gpus)
-    if problems:
-        hint = "" if unrunnable else _fits_hint(model, gpus, hw, args.global_batch)
-        return _fail("invalid configuration: " + "; ".join(problems) + (f". {hint}" if hint else ""))
+    if problems := model.problems():
+        return _fail("invalid configuration: " + "; ".join(problems))
+    try:
+        hw = _hardware(args.hardware)
+    except SpecError as err:
+        return _fail(str(err))
+    if problems := hw.problems_for(model):
+        return _fail("invalid configuration: " + "; ".join(problems))
+    if problems := parallel.problems(model, gpus):
+        batch = _batch_asked(args, dp)
+        hint = _fits_hint(model, gpus, hw, batch)
+        return _fail("invalid configuration: " + "; ".join(problems) + ". " + hint)
     pred = cost.predict(model, parallel, hw)
     out = pred.to_dict()
     out.update(model=model.name, hardware=hw.name, gpus=gpus, config=planner.describe(pred.parallel),
-               dp=dp, tp=tp, pp=pp, cp=cp, ep=parallel.ep, schedule=parallel.schedule,
-               microbatches=pred.parallel.microbatches, pipeline_passes=cost.pipeline_passes(pred.parallel),
-               global_batch=pred.parallel.global_batch)  # fmt: skip
+               pipeline_passes=cost.pipeline_passes(pred.parallel), **_degrees(pred.parallel),
+               stage_imbalance=cost.stage_imbalance(model, pred.parallel, hw))
     usable = cost.usable_memory(hw)
     over = max(0.0, pred.memory_bytes_per_gpu["total"] - usable)
     out.update(memory_usable_bytes=int(usable), memory_over_bytes=int(over))
@@ -280,14 +301,17 @@ def simulate_main(args) -> int:
 def _report(out: dict) -> str:
     mem = out["memory_bytes_per_gpu"]
     lines = [
-        f"{out['model']} on {out['gpus']} x {out['hardware']}: {out['config']}",
+        f"{out['model']} on {out['gpus']} x {out['hardware']}, {out['global_batch']:,} sequences a step: "
+        f"{out['config']}",
         f"  step {out['step_time_s']:.3f} s, {out['tokens_per_s']:,.0f} tokens/s, "
         f"{planner.flops_text(out['tflops_per_gpu'])} per GPU, "
-        f"MFU {out['mfu']:.1%}, HFU {out['hfu']:.1%}, bubble {out['bubble_fraction']:.1%}",
-        *([f"  bubble from the schedule's closed form: its {out['pipeline_passes']:,} passes are more than "
-           f"the {cost.SIMULATED_PASSES:,} simulated one by one"]
+        f"MFU {out['mfu']:.1%}, HFU {out['hfu']:.1%}, pipeline idle {out['bubble_fraction']:.1%}"
+        + (f" (unequal stages {out['stage_imbalance']:.1%}, the schedule's ramp and p2p the rest)"
+           if out["stage_imbalance"] >= 0.0005 else ""),
+        *([f"  pipeline priced by the schedule's closed form: its {out['pipeline_passes']:,} passes are more "
+           f"than the {cost.SIMULATED_PASSES:,} simulated one by one"]
           if out["pipeline_pricing"] == "closed form" else []),
-        *([f"  bubble simulated for the microbatches whose passes fit in {cost.SIMULATED_PASSES:,} (of its "
+        *([f"  pipeline simulated for the microbatches whose passes fit in {cost.SIMULATED_PASSES:,} (of its "
            f"{out['pipeline_passes']:,}), each further microbatch adding the busiest rank's work"]
           if out["pipeline_pricing"] == "extended" else []),
         *([f"  parameters {out['params'] / 1e9:.1f}B, {out['active_params'] / 1e9:.1f}B active per token"]
@@ -312,16 +336,19 @@ def _report(out: dict) -> str:
 
 
 def plan_main(args) -> int:
-    try:
-        model, hw = _model(args), _hardware(args.hardware)
-    except SpecError as err:
-        return _fail(str(err))
-    if model.problems() or hw.problems_for(model):
-        return _fail("invalid model: " + "; ".join(model.problems() or hw.problems_for(model)))
-    if problem := below_one(args, ("gpus", "global_batch", "top")):
+    if problem := below_one(args, ("gpus", "global_batch", "top")):  # before a `local` machine is measured
         return _fail(problem)
     if args.gpus > MAX_GPUS:
         return _fail(_too_many(args.gpus))
+    try:
+        model = _model(args)
+        if problems := model.problems():
+            return _fail("invalid model: " + "; ".join(problems))
+        hw = _hardware(args.hardware)
+    except SpecError as err:
+        return _fail(str(err))
+    if problems := hw.problems_for(model):
+        return _fail("invalid model: " + "; ".join(problems))
     ranked = planner.plan(model, args.gpus, hw, args.global_batch, top=args.top)
     if not ranked:
         return _fail(f"nothing fits on {args.gpus} {hw.name} GPUs: "
@@ -335,7 +362,7 @@ def plan_main(args) -> int:
         return 0
     batch = ranked[0].parallel.global_batch
     print(f"{model.name} on {args.gpus:,} {hw.name} GPUs, {batch:,} sequences of {model.seq:,} tokens a step"
-          + ("" if args.global_batch else " (the default: --global-batch to change it)"))
+          + ("" if args.global_batch else f" ({_default_batch_note(model, args.gpus, hw, batch)})"))
     # ranked by tokens/s, which MFU follows; hardware TFLOP/s also counts recompute, so it need not
     print(f"    {'tokens/s':>10} {'MFU':>6} {'hardware rate':>15} {'memory':>10}  layout")
     for i, p in enumerate(ranked, 1):
@@ -345,6 +372,17 @@ def plan_main(args) -> int:
               f"{planner.describe(p.parallel)}")
     print("\n".join(sentences))
     return 0
+
+
+def _default_batch_note(model: ModelSpec, gpus: int, hw, batch: int) -> str:
+    """Says the batch is the default, and which replicas it leaves out (a batch of 512 on 7 GPUs shuts
+    out dp 7, whose plan is 8% faster at 511), with the nearest batch that lets the most in."""
+    shut_out = planner.replicas_shut_out(model, gpus, hw, batch)
+    if not shut_out:
+        return "the default: --global-batch to change it"
+    degrees = ", ".join(map(str, shut_out))
+    return (f"the default, which does not split over dp {degrees}: --global-batch "
+            f"{planner.nearest_multiple(batch, shut_out[-1])} lets dp {shut_out[-1]} in")
 
 
 def _degrees(p: ParallelSpec) -> dict:

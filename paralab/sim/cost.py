@@ -1161,6 +1161,18 @@ def _estimate_finish(model, p: ParallelSpec, hw,
     return [(makespan - times[0].backward, makespan)] * pp, bubble
 
 
+def stage_imbalance(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> float:
+    """The share of a pipeline's rank-time that unequal ranks leave idle whatever the schedule, 1 - mean
+    / most of the ranks' compute: no step is shorter than its busiest rank's work, so the idle share
+    (``bubble_fraction``) is at least this; the rest is the schedule's ramp and p2p waits. An uneven
+    split or a heavy output layer shows here, which more microbatches do not shrink."""
+    p = parallel.resolved()
+    if p.pp == 1:
+        return 0.0
+    compute = _rank_compute(p, stage_times(model, p, hw))
+    return 1.0 - sum(compute) / (len(compute) * max(compute))
+
+
 def _rank_work(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, times: list[StageTimes]) -> list[float]:
     """Each pipeline rank's work per microbatch, on the mean over the step's: its compute
     (:func:`_rank_compute`) and its blocking sends (:func:`_rank_sends`)."""

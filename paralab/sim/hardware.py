@@ -223,8 +223,8 @@ def _file_spec(data: dict, fields: set, path: Path) -> HardwareSpec:
         raise SpecError(f"hardware file {str(path)!r}: base {base!r} is not a preset ({', '.join(PRESETS)})")
     start = dataclasses.asdict(PRESETS[str(base).lower()]) if base else {}
     for key in NIC_KEYS:
-        if key in data and not finite_number(data[key]):
-            raise SpecError(f"hardware file {str(path)!r}: {key} must be a number, got {data[key]!r}")
+        if key in data and not (finite_number(data[key]) and data[key] > 0):
+            raise SpecError(f"hardware file {str(path)!r}: {key} must be a number > 0, got {data[key]!r}")
     if "nics_per_node" in data and "nic_gbit_s" not in data:
         raise SpecError(f"hardware file {str(path)!r}: nics_per_node shares nic_gbit_s among the GPUs; "
                         "give both")

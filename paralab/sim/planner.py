@@ -224,18 +224,30 @@ def why_nothing_fits(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch
                     "models")
         return (f"no split of {gpus} GPUs divides a global batch of {batch_text} "
                 f"(dp x micro-batch must divide it); the fewest replicas a split here has is dp {fewest}: "
-                f"try a global batch of {-(-batch // fewest) * fewest}")
+                f"try a global batch of {nearest_multiple(batch, fewest)}")
     smallest = min(cost.memory_per_gpu(model, spec)["total"] for spec in specs)
     usable = cost.usable_memory(hw)
     states = 16 * counting.parameter_counts(model)["total"]  # mixed-precision Adam, fully sharded
-    least = 2 ** math.ceil(math.log2(max(states / usable, 1)))
+    least = math.ceil(states / usable)  # a bound: activations, and layouts that split, may ask more
     leanest = (f"the leanest of {len(specs)} splits needs {bytes_text(smallest)} per GPU "
                f"against {bytes_text(usable)} usable; ")
     if least > gpus:
-        return leanest + (f"{model.name} needs at least {least} {hw.name} GPUs: its model states alone are "
-                          f"{bytes_text(states)}")
+        return leanest + (f"{model.name}'s model states alone are {bytes_text(states)}, the usable memory "
+                          f"of {least} {hw.name} GPUs at least")
     return leanest + ("the activations are what does not fit: try more GPUs, a shorter sequence or a "
                       "smaller micro-batch")
+
+
+def replicas_shut_out(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int) -> list[int]:
+    """The data-parallel degrees of this machine's layouts that ``global_batch`` does not split over
+    (a replica takes whole sequences), fewest first: a default batch of 512 on 7 GPUs leaves out dp 7."""
+    return sorted({dp for _, _, dp in layouts(model, gpus, hw) if global_batch % dp})
+
+
+def nearest_multiple(batch: int, step: int) -> int:
+    """The multiple of ``step`` nearest ``batch`` (the larger on a tie; ``step`` at least)."""
+    below = batch // step * step
+    return below if below and batch - below < below + step - batch else below + step
 
 
 def _rank(pred: cost.Prediction) -> tuple[float, float]:
@@ -286,7 +298,10 @@ def explain(ranked: list[cost.Prediction], model: ModelSpec | None = None,
     # losses that add up to under 1% explain nothing: what MFU misses is then in the kernels themselves
     overheads = sum(win.breakdown_s.get(k, 0.0) for k in LOSSES) / win.step_time_s
     rerun = " and the forward it recomputes" if win.parallel.recompute != "none" else ""
-    loss = (f"its largest loss is {LOSSES[biggest]} ({share:.0%} of the step)" if overheads >= 0.01 else
+    uneven = (_uneven_stages_text(win, model, hw, share) if biggest == "bubble" and model is not None
+              and hw is not None else "")
+    loss = (f"its largest loss is {LOSSES[biggest]} ({share:.0%} of the step){uneven}"
+            if overheads >= 0.01 else
             f"it loses under 1% of the step to the bubble, communication and the optimizer together: what "
             f"its MFU misses is in its kernels' own speed{rerun}")
     out = [
@@ -319,6 +334,16 @@ def explain(ranked: list[cost.Prediction], model: ModelSpec | None = None,
         memory = bytes_text(run.memory_bytes_per_gpu["total"])
         out.append(f"Runner-up: {describe(run.parallel)} - {why}, at {memory} per GPU.")
     return out
+
+
+def _uneven_stages_text(win: cost.Prediction, model: ModelSpec, hw: HardwareSpec, share: float) -> str:
+    """Where most of a pipeline's idle time is its ranks' unequal work, that, not the schedule's ramp,
+    is the cause, and more microbatches do not shrink it (32 layers on 7 stages: 89%)."""
+    uneven = cost.stage_imbalance(model, win.parallel, hw)
+    if uneven < 0.5 * win.bubble_fraction:
+        return ""
+    return (f", most of it stages of unequal work ({uneven / win.bubble_fraction:.0%} of the idle time), "
+            "which more microbatches do not shrink")
 
 
 def flops_text(tflops: float) -> str:

@@ -640,6 +640,12 @@ class HardwareSpec:
                        f"({total:.4g} GiB): plans fill what is left")
         if not 0 <= self.comm_sm_share < 1:
             out.append(f"comm_sm_share is a share of the SMs in [0, 1), got {self.comm_sm_share}")
+        if self.power_limit_w and not self.tdp_w:
+            out.append(f"hardware power_limit_w ({self.power_limit_w:g} W) caps compute by its share of "
+                       "tdp_w, which is 0: give the part's TDP (tdp_w)")
+        if self.pod_gpus and self.gpus_per_node and self.pod_gpus % self.gpus_per_node:
+            out.append(f"hardware pod_gpus ({self.pod_gpus}) must be whole nodes of {self.gpus_per_node} "
+                       "GPUs (0: the whole machine is one pod)")
         if self.oversubscription < 1:
             out.append(f"oversubscription must be >= 1 (1: non-blocking), got {self.oversubscription}")
         if not 0 < self.matmul_max_efficiency <= 1:
