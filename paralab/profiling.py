@@ -5,16 +5,18 @@ writes ``DIR/rank{r}.json``, a plain torch.profiler (Kineto) trace. While it rec
 Recorder opens a ``record_function`` range with every span and closes it with the span, named by
 :func:`span_label`::
 
-    paralab compute:forward step=3 microbatch=1 stage=2
-    paralab comm:all_reduce name=bucket%200 step=3 bytes=10528 payload_bytes=5264 group_size=2
-    paralab step:step name=step%203 step=3 clock=0.0412
+    paralab compute:forward step=3 microbatch=1 stage=2 clock=0.041375
+    paralab comm:all_reduce name=bucket%200 step=3 bytes=10528 payload_bytes=5264 group_size=2 clock=0.043106
+    paralab step:step name=step%203 step=3 clock=0.041200
 
 so Perfetto shows paralab's spans beside torch's operators, and :mod:`paralab.trace_import` reads
 them back (:func:`parse_label`) into the very spans paralab's own trace holds. Keys are
 :class:`~paralab.trace.Span` field names; values are URL-quoted; fields left at their defaults are
-left out. Step ranges also carry ``clock``, the recorder's clock when the span opened (seconds
-since the barrier that started every rank's clock), so the import can put each rank's profile on
-paralab's own timeline, to within the microseconds between two clock reads. The run's metadata
+left out. Every range also carries ``clock``, the recorder's clock when the span opened (seconds
+since the barrier that started every rank's clock, to the microsecond), so the import can put each
+rank's profile on paralab's own timeline: a range opens a little after its clock read, by a delay
+that is usually microseconds but can be milliseconds when the process is descheduled between the
+two, so the import takes the smallest of the many (range start - clock). The run's metadata
 (strategy, schedule, degrees, tokens per step) travels as the trace's top-level ``paralab`` key.
 
 The format lives here alone: the recorder is handed :func:`span_label` while profiling is on and
@@ -34,7 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote, unquote
 
-from paralab.trace import STEP, Span
+from paralab.trace import Span
 
 PREFIX = "paralab "
 METADATA_KEY = "paralab"
@@ -44,9 +46,10 @@ _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Span) if f.default is
 
 
 def span_label(kind: str, lane: str, fields: dict, clock: float) -> str:
-    """The record_function name of a span: ``paralab LANE:KIND key=value ...`` (module docstring).
-    ``clock`` (the recorder's time at opening) is written on step spans only: one per step is enough
-    to align a rank, and other names stay short."""
+    """The record_function name of a span: ``paralab LANE:KIND key=value ... clock=SECONDS`` (module
+    docstring). ``clock`` (the recorder's time at opening) is written on every span: each is one
+    sample of the offset between the profiler's clock and paralab's, and the import needs the one
+    sample taken with the least delay."""
     parts = [f"{PREFIX}{lane}:{kind}"]
     for key, value in fields.items():
         if key in _UNLABELLED or value == _DEFAULTS.get(key) or (key == "name" and value == kind):
@@ -56,8 +59,7 @@ def span_label(kind: str, lane: str, fields: dict, clock: float) -> str:
         elif key in _BOOL_FIELDS:
             value = 1
         parts.append(f"{key}={quote(str(value), safe=',')}")
-    if lane == STEP:
-        parts.append(f"clock={clock:.9f}")
+    parts.append(f"clock={clock:.6f}")
     return " ".join(parts)
 
 

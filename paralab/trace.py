@@ -37,6 +37,8 @@ from pathlib import Path
 from paralab.config import finite_number
 
 COMPUTE, COMM, STEP, EVENT = "compute", "comm", "step", "event"
+GZIP_MAGIC = b"\x1f\x8b"
+TORCH_PROFILE_HINT = "(a torch.profiler trace?): `paralab import` reads those"
 MAX_RANKS = 2**24  # beyond any cluster; a loaded trace's ranks are below it (its figures are per rank)
 LANES = (COMPUTE, COMM, STEP, EVENT)
 FORMAT_VERSION = 1
@@ -199,8 +201,7 @@ class Trace:
         other = _object_in(data, "otherData")
         if "paralab" not in other and not spans and any(
                 isinstance(e, dict) and e.get("ph") == "X" for e in data["traceEvents"]):
-            raise TraceFormatError("a Chrome trace from another tool (a torch.profiler trace?): "
-                                   "`paralab import` reads those")
+            raise TraceFormatError(f"a Chrome trace from another tool {TORCH_PROFILE_HINT}")
         meta = _checked_meta(other.get("paralab", {}), "otherData.paralab")
         spans.sort(key=lambda s: (s.start, s.rank))
         return cls(spans=spans, counters=counters, meta=meta)
@@ -218,6 +219,9 @@ class Trace:
         path = Path(path)
         if path.is_dir():
             files = sorted(path.glob("*.json"))
+            if not files and (gzipped := sorted(path.glob("*.json.gz"))):
+                raise TraceFormatError(f"{path}: no paralab traces (*.json), only gzipped files such as "
+                                       f"{gzipped[0].name} {TORCH_PROFILE_HINT}")
             if not files:
                 raise FileNotFoundError(f"no trace files (*.json) in {path}")
             traces = [cls.load(f) for f in files]
@@ -228,7 +232,10 @@ class Trace:
                                            f"{file.name} (a merged trace beside its per-rank files?)")
                 holder.update(dict.fromkeys(trace.ranks, file))
             return cls.merge(traces)
-        text = path.read_text(encoding="utf-8", errors="replace")
+        raw = path.read_bytes()
+        if raw[:2] == GZIP_MAGIC:  # paralab writes plain JSON; torch.profiler's handler gzips its own
+            raise TraceFormatError(f"{path}: gzipped, not a paralab trace {TORCH_PROFILE_HINT}")
+        text = raw.decode("utf-8", errors="replace")
         try:
             data = json.loads(text)
         except RecursionError:

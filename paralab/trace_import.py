@@ -25,7 +25,8 @@ becomes what (the mapping of torch's operators lives in :mod:`paralab.trace_ops`
 A profile of a paralab run (``paralab run --profile DIR``, see :mod:`paralab.profiling`) carries
 paralab's own spans as named ranges. With ``names="auto"`` (the default) those ranges are the spans,
 so the import agrees with paralab's own trace, and each rank goes on paralab's own clock by the
-``clock`` of its step ranges; ``names="torch"`` reads such a profile like any other.
+``clock`` its ranges carry (the smallest range start - clock: a range opens after its clock read);
+``names="torch"`` reads such a profile like any other.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from __future__ import annotations
 import gzip
 import json
 import re
-import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +47,9 @@ from paralab.trace import COMM, MAX_RANKS, STEP, Span, Trace
 from paralab.trace_ops import DEVICE_CATS, HOST_CATS, Event, comm_spans, compute_spans
 
 NAMES = ("auto", "paralab", "torch")
+# Ranks of one run on one host leave a collective within scheduling delays (ms on a loaded machine);
+# a second is far beyond them, and far below the time between two runs
+ONE_HOST_SKEW_S = 1.0
 STEP_RE = re.compile(r"ProfilerStep#(\d+)")
 
 
@@ -65,6 +68,8 @@ class RankProfile:
     host: str
     base_ns: int
     paralab_meta: dict
+    trace_id: str = ""
+    shapes_recorded: bool = False  # record_shapes=True: torch's c10d calls carry their tensors' sizes
     host_events: list[Event] = field(default_factory=list)
     device_events: list[Event] = field(default_factory=list)
     peak_memory: dict[int, float] = field(default_factory=dict)  # device type (0 CPU, 1 CUDA) -> bytes
@@ -72,6 +77,13 @@ class RankProfile:
     @property
     def on_gpu(self) -> bool:
         return any(e.cat != "gpu_user_annotation" for e in self.device_events)
+
+
+# On a CPU, torch's [memory] events count the bytes allocated since the profiler started (less those
+# freed), not what the process held before: the figure is named for that, not a peak of the process.
+CPU_MEMORY = "allocated during the profile"
+CPU_MEMORY_NOTE = ("CPU ranks: the most bytes allocated while the profiler recorded (torch's memory events "
+                   "count only allocations made since profiling started), not the process's peak memory")
 
 
 # ---------------------------------------------------------------------------------------------- files
@@ -118,6 +130,7 @@ def read_profile(path: Path) -> RankProfile:
         path=path, rank=_int_or_none(info.get("rank")), world_size=_int_or_none(info.get("world_size")),
         host=str(data.get("host_name") or ""), base_ns=_base_ns(path, data.get("baseTimeNanoseconds")),
         paralab_meta=data.get(METADATA_KEY) if isinstance(data.get(METADATA_KEY), dict) else {},
+        trace_id=str(data.get("trace_id") or ""), shapes_recorded=bool(data.get("record_shapes")),
     )
     for i, e in enumerate(data["traceEvents"]):
         if not isinstance(e, dict):
@@ -131,6 +144,7 @@ def read_profile(path: Path) -> RankProfile:
             raise ProfileError(f"{path}: traceEvents[{i}] ({e.get('name')!r}) has no numeric ts and dur")
         if not isinstance(args, dict):
             raise ProfileError(f"{path}: traceEvents[{i}] ({e.get('name')!r}): args is not an object")
+        profile.shapes_recorded |= "Input Dims" in args  # older torch writes no record_shapes key
         event = Event(str(e.get("name", "")), e["cat"], e.get("pid"), e.get("tid"), ts * 1e-6,
                       (ts + max(dur, 0)) * 1e-6, args)
         (profile.host_events if e["cat"] in HOST_CATS else profile.device_events).append(event)
@@ -186,7 +200,12 @@ def step_of(windows: dict[int, tuple[float, float]], t: float) -> int | None:
 # ---------------------------------------------------------------------------------------------- spans
 def paralab_spans(profile: RankProfile, rank: int) -> tuple[list[Span], float | None]:
     """The spans of a profiled paralab run, from its named ranges (device time where the GPU shows
-    the range), and the offset that puts the file's clock on paralab's own (None without clocks)."""
+    the range), and the offset that puts the file's clock on paralab's own (None without clocks).
+
+    A range opens only after the recorder read its ``clock`` (the label is made from it), so each
+    range's start - clock is the offset plus a delay that is never negative and varies (milliseconds
+    when the process is descheduled between the two): the smallest is the best estimate, not a
+    middle one."""
     on_device = {(e.name, e.args.get("External id")): e for e in profile.device_events
                  if e.cat == "gpu_user_annotation" and e.name.startswith(PREFIX)}
     spans, offsets = [], []
@@ -201,7 +220,7 @@ def paralab_spans(profile: RankProfile, rank: int) -> tuple[list[Span], float | 
         lane, kind = fields.pop("lane"), fields.pop("kind")
         name = fields.pop("name", "") or kind
         spans.append(Span(rank, lane, kind, timed.start, timed.end, name=name, **fields))
-    return spans, (statistics.median(offsets) if offsets else None)
+    return spans, min(offsets, default=None)
 
 
 def torch_spans(profile: RankProfile, rank: int, world_size: int) -> list[Span]:
@@ -232,6 +251,7 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
     files = expand(paths)
     profiles = [read_profile(f) for f in files]
     ranks = _assign_ranks(profiles)
+    warnings = _check_one_run(profiles, ranks)
     world = max([p.world_size or 0 for p in profiles] + [max(ranks) + 1, len(profiles)])
     if (meta or {}).get("pp") and world % meta["pp"]:
         raise ProfileError(f"pp {meta['pp']} does not divide the {world} ranks of these profiles")
@@ -254,6 +274,14 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
             s.inter_node = _crosses_nodes(s, node_of, world)
     trace = Trace(sorted(spans, key=lambda s: (s.start, s.rank)), meta=_meta(profiles, ranks, world, node_of))
     trace.meta.update(names="paralab" if use_paralab else "torch", clock=clock, **(meta or {}))
+    unsized = _unsized_comm_ranks(spans_by_rank, profiles, ranks)
+    if unsized:
+        trace.meta["bytes_unknown_ranks"] = unsized
+        warnings.append(f"rank(s) {', '.join(map(str, unsized))} were profiled without record_shapes=True: "
+                        "their communication's sizes are not in the profile, so its bytes are unknown "
+                        "(0 in the trace); profile with record_shapes=True to measure them")
+    if warnings:
+        trace.meta["warnings"] = warnings
     return trace
 
 
@@ -262,19 +290,68 @@ def _has_paralab_ranges(profile: RankProfile) -> bool:
 
 
 def _assign_ranks(profiles: list[RankProfile]) -> list[int]:
-    """distributedInfo's ranks when every file has one, else the order of the files; no rank twice."""
-    if all(p.rank is not None for p in profiles):
-        ranks = [p.rank for p in profiles]
-    else:
-        ranks = list(range(len(profiles)))
+    """distributedInfo's ranks when every file has one, the order of the files when none has (a tool
+    or a process without a process group); no rank twice, none outside its world. A mix is refused:
+    numbering the files without a rank around the others' could give one the rank of another."""
+    stated = [p for p in profiles if p.rank is not None]
+    if stated and len(stated) < len(profiles):
+        bare = next(p for p in profiles if p.rank is None)
+        raise ProfileError(f"{bare.path}: no distributedInfo.rank, while {stated[0].path} says rank "
+                           f"{stated[0].rank}: give the files of one job, which all say their rank")
+    ranks = [p.rank for p in profiles] if stated else list(range(len(profiles)))
     seen: dict[int, Path] = {}
     for rank, p in zip(ranks, profiles):
         if not 0 <= rank < MAX_RANKS:
             raise ProfileError(f"{p.path}: distributedInfo.rank {rank} is not a rank (0..{MAX_RANKS - 1:,})")
+        if p.world_size is not None and rank >= p.world_size:
+            raise ProfileError(f"{p.path}: rank {rank}, yet its distributedInfo.world_size is {p.world_size}")
         if rank in seen:
             raise ProfileError(f"{p.path}: rank {rank} again (also {seen[rank]}); give one file per rank")
         seen[rank] = p.path
     return ranks
+
+
+def _check_one_run(profiles: list[RankProfile], ranks: list[int]) -> list[str]:
+    """Refuse files that cannot be one recording of one job (ProfileError, one line naming the
+    conflict), from facts the files state, before any span is built; return warnings for what may
+    still be one. torch's ``trace_id`` is made afresh by every rank's profiler, so it cannot tell
+    jobs apart; two files with one trace_id are one recording given twice."""
+    by_world: dict[int, RankProfile] = {}
+    for p in profiles:
+        if p.world_size is not None:
+            by_world.setdefault(p.world_size, p)
+    if len(by_world) > 1:
+        (n, a), (m, b) = list(by_world.items())[:2]
+        raise ProfileError(f"{a.path} is from a world of {n} ranks, {b.path} of {m}: not one job")
+    by_id: dict[str, RankProfile] = {}
+    for p in profiles:
+        if p.trace_id in by_id:
+            raise ProfileError(f"{p.path}: the same recording as {by_id[p.trace_id].path} (trace_id "
+                               f"{p.trace_id}); give one file per rank")
+        if p.trace_id:
+            by_id[p.trace_id] = p
+    return _step_conflicts(profiles, ranks)
+
+
+def _step_conflicts(profiles: list[RankProfile], ranks: list[int]) -> list[str]:
+    """The ranks of one job record the same iterations (``ProfilerStep#N``, N counted alike on every
+    rank): ProfileError when two ranks have no step in common (another job, or another window of
+    it); a warning when they share some (a rank's profile cut short), as each step keeps its ranks."""
+    steps = {rank: {int(m[1]) for e in p.host_events if (m := STEP_RE.fullmatch(e.name))}
+             for rank, p in zip(ranks, profiles)}
+    first = min(steps)
+    other = next((r for r in sorted(steps) if steps[r] != steps[first]), None)
+    if other is None:
+        return []
+    said = (f"rank {first} recorded steps {_steps_text(steps[first])}, "
+            f"rank {other} {_steps_text(steps[other])}")
+    if not steps[first] & steps[other]:
+        raise ProfileError(f"{said}: no step in common, so not one recording of one job")
+    return [f"{said}: the steps some ranks lack are imported without them"]
+
+
+def _steps_text(steps: set[int]) -> str:
+    return ", ".join(map(str, sorted(steps))) if steps else "none (no ProfilerStep ranges)"
 
 
 def _align(spans_by_rank: dict[int, list[Span]], profiles: list[RankProfile], ranks: list[int], offsets: dict,
@@ -292,6 +369,8 @@ def _align(spans_by_rank: dict[int, list[Span]], profiles: list[RankProfile], ra
             ref = min(ranks)
             shift = {r: shift[r] - (ends[r] + shift[r] - ends[ref] - shift[ref]) for r in ranks}
             method = "collective: the first collective over all ranks ends at the same instant on every rank"
+            _check_one_clock(profiles, ranks, {r: shift[r] - (p.base_ns - ref_ns) * 1e-9
+                                               for r, p in zip(ranks, profiles)})
         else:
             method = "clock: the profiler's own clocks (Unix time)"
     for rank, spans in spans_by_rank.items():
@@ -307,6 +386,21 @@ def _align(spans_by_rank: dict[int, list[Span]], profiles: list[RankProfile], ra
     moved = {r: shift[r] - (p.base_ns - ref_ns) * 1e-9 for r, p in zip(ranks, profiles)}
     first = min(ranks)
     return {"method": method, "correction_s": [moved[r] - moved[first] for r in sorted(ranks)]}
+
+
+def _check_one_clock(profiles: list[RankProfile], ranks: list[int], moved: dict[int, float]) -> None:
+    """Ranks on one host read one clock: their first collective over all ranks ends within
+    ``ONE_HOST_SKEW_S`` by it. Further apart, the files are of different runs (ProfileError)."""
+    by_host: dict[str, list[int]] = {}
+    for rank, p in zip(ranks, profiles):
+        by_host.setdefault(p.host, []).append(rank)
+    for host, members in by_host.items():
+        lo, hi = min(members, key=moved.get), max(members, key=moved.get)
+        if moved[hi] - moved[lo] > ONE_HOST_SKEW_S:
+            apart = moved[hi] - moved[lo]
+            raise ProfileError(f"ranks {min(lo, hi)} and {max(lo, hi)} ran on one host ({host or '?'}), "
+                               f"yet their first collective over all ranks ends {apart:.3g} s apart on its "
+                               "clock: not one run")
 
 
 def _first_world_collective_end(spans: list[Span], world: int) -> float | None:
@@ -336,10 +430,22 @@ def _meta(profiles: list[RankProfile], ranks: list[int], world: int, node_of: di
     if all(p.peak_memory for p in profiles):
         order = sorted(zip(ranks, profiles))
         peaks = [int(p.peak_memory.get(1 if p.on_gpu else 0, max(p.peak_memory.values()))) for _, p in order]
-        meta["peak_memory_bytes"] = peaks
-        meta["memory_by_kind"] = [{"allocated": peak} for peak in peaks]
+        meta["memory_by_kind"] = [{"allocated" if p.on_gpu else CPU_MEMORY: peak}
+                                  for peak, (_, p) in zip(peaks, order)]
         meta["memory_ranks"] = [rank for rank, _ in order]  # the profiled ranks may be any few
+        if all(p.on_gpu for p in profiles):
+            meta["peak_memory_bytes"] = peaks
+        else:
+            meta["memory_note"] = CPU_MEMORY_NOTE
     return meta
+
+
+def _unsized_comm_ranks(spans_by_rank: dict[int, list[Span]], profiles: list[RankProfile],
+                        ranks: list[int]) -> list[int]:
+    """Ranks profiled without record_shapes whose communication has no size: gloo's calls and bare
+    c10d calls are sized by their recorded shapes alone (NCCL's record_param_comms needs none)."""
+    return sorted(r for r, p in zip(ranks, profiles) if not p.shapes_recorded and any(
+        s.lane == COMM and s.kind != "barrier" and not s.payload_bytes for s in spans_by_rank[r]))
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -379,11 +485,29 @@ def import_main(args) -> int:
     except ProfileError as exc:
         print(f"paralab import: {exc}", file=sys.stderr)
         return 2
+    for warning in trace.meta.get("warnings", []):
+        print(f"paralab import: warning: {warning}", file=sys.stderr)
     out = trace.save_chrome(args.output) if args.chrome else trace.save(args.output)
     summary = trace.summary()
     print(f"imported {len(trace.ranks)} rank(s), {len(trace.step_windows())} step(s), "
           f"{len(trace.spans)} spans -> {out}; median step {summary['step_time_s'] * 1e3:.1f} ms")
-    for op, nbytes in summary["comm_payload_bytes"].items():
-        print(f"  {op}: {nbytes / 2**20:.3f} MiB of tensors per step (all ranks), "
-              f"{summary['comm_bytes'].get(op, 0) / 2**20:.3f} MiB on the wire")
+    for line in _comm_lines(summary, unsized=bool(trace.meta.get("bytes_unknown_ranks"))):
+        print(f"  {line}")
+    if "memory_note" in trace.meta:
+        print(f"  memory: {trace.meta['memory_note']}")
     return 0
+
+
+def _comm_lines(summary: dict, unsized: bool) -> list[str]:
+    """Bytes per op and step; where ranks were profiled without record_shapes a 0 is not a measure,
+    and a total that is not 0 leaves those ranks out: both say so."""
+    lines = []
+    for op, nbytes in summary["comm_payload_bytes"].items():
+        partial = unsized and op != "barrier"
+        if partial and not nbytes:
+            lines.append(f"{op}: bytes unknown (profiled without record_shapes)")
+        else:
+            lines.append(f"{op}: {nbytes / 2**20:.3f} MiB of tensors per step (all ranks), "
+                         f"{summary['comm_bytes'].get(op, 0) / 2**20:.3f} MiB on the wire"
+                         + (" (ranks without record_shapes not counted)" if partial else ""))
+    return lines

@@ -142,6 +142,28 @@ def _regions(nodes: list[Event]):
             yield e, e.kind
 
 
+def _without_calls(e: Event, kind: str):
+    """(start, end, kind, name, 0) pieces of a single-kind region with the communication calls inside
+    it cut out as calls of their own: a DDP hook's all-reduce inside the autograd engine's
+    ``AccumulateGrad`` blocks the thread on the network (gloo), which is not backward compute."""
+    t = e.start
+    for call in _calls_within(e) if kind != _CALL else []:
+        if call.start > t:
+            yield t, call.start, kind, e.name, 0
+        yield call.start, call.end, _CALL, call.name, 0
+        t = max(t, call.end)
+    if e.end > t:
+        yield t, e.end, kind, e.name, 0
+
+
+def _calls_within(e: Event) -> list[Event]:
+    """The outermost communication calls among e's descendants, in time order."""
+    found = []
+    for c in e.children:
+        found += [c] if is_comm_call(c.name) else _calls_within(c)
+    return found
+
+
 def _mark(e: Event, kind: str, kinds: dict) -> None:
     kinds[e.args.get("External id")] = kind
     for c in e.children:
@@ -166,7 +188,7 @@ def compute_spans(host_events: list[Event], device_events: list[Event], rank: in
     kernels = [e for e in device_events if e.cat != "gpu_user_annotation" and not _is_nccl(e)]
     if not kernels:
         return [span for runs in regions.values() for span in _merge(
-            ((e.start, e.end, kind, e.name, 0) for e, kind in runs), rank, steps, gap=HOST_GAP_S)]
+            (piece for e, kind in runs for piece in _without_calls(e, kind)), rank, steps, gap=HOST_GAP_S)]
     kinds: dict = {}
     for runs in regions.values():
         for e, kind in runs:
@@ -240,6 +262,7 @@ class _Comm:
     group_size: int = 0
     group_ranks: list[int] | None = None
     peer: int | None = None
+    shard_only: bool = False  # elements are one rank's shard of the gathered (or scattered) tensor
 
 
 def _is_nccl(e: Event) -> bool:
@@ -248,18 +271,8 @@ def _is_nccl(e: Event) -> bool:
 
 def comm_spans(host_events: list[Event], device_events: list[Event], rank: int, world: int) -> list[Span]:
     """Communication spans of one rank (module docstring)."""
-    calls = sorted((e for e in host_events if e.name.startswith("c10d::")), key=lambda e: e.start)
-    by_ext = {e.args.get("External id"): e for e in host_events if e.name == "record_param_comms"}
-    done = [(k, _from_metadata(k.args) or _from_metadata(by_ext.get(k.args.get("External id"), k).args)
-             or _Comm(op_name(k.name))) for k in device_events if _is_nccl(k)]
-    gloo = sorted((e for e in host_events if e.name.startswith("gloo:")), key=lambda e: e.start)
-    paired = _pair(gloo, calls)
-    for e in gloo:
-        done.append((e, _from_call(paired.get(id(e)), e)))
-    if not done:  # no record of execution (another backend): the calls themselves
-        done = [(c, _from_call(c, None)) for c in calls]
     spans = []
-    for e, c in done:
+    for e, start, c in _communications(host_events, device_events):
         if c.op in P2P:
             c.peer = _global_peer(c, world)
             c.group_size = 2
@@ -268,12 +281,44 @@ def comm_spans(host_events: list[Event], device_events: list[Event], rank: int, 
         elif world == 2 and not c.group_size:  # ... and every collective is over both
             c.group_size = 2
         n = c.group_size or world
-        payload = 0 if c.op == "barrier" else c.elements * ELEMENT_BYTES.get(c.dtype, 0)
+        elements = c.elements * n if c.shard_only else c.elements
+        payload = 0 if c.op == "barrier" else elements * ELEMENT_BYTES.get(c.dtype, 0)
         subgroup = c.group_ranks if c.group_ranks and len(c.group_ranks) < world else None
-        spans.append(Span(rank, COMM, c.op or "communication", e.start, e.end, name=e.name.split("(")[0],
+        spans.append(Span(rank, COMM, c.op or "communication", start, e.end, name=e.name.split("(")[0],
                           bytes=_wire_bytes(c.op, payload, n), payload_bytes=payload, peer=c.peer,
                           group_size=c.group_size, group_ranks=subgroup))
     return spans
+
+
+def _communications(host_events: list[Event], device_events: list[Event]) -> list[tuple[Event, float, _Comm]]:
+    """(what ran, when it started, what it was asked for): NCCL kernels, gloo's executions, else (no
+    record of execution: another backend, or a GPU profile without CUDA events) the calls."""
+    calls = sorted((e for e in host_events if e.name.startswith("c10d::")), key=lambda e: e.start)
+    params = [e for e in host_events if e.name == "record_param_comms"]
+    by_ext = {e.args.get("External id"): e for e in params}
+    done = [(k, k.start, _from_metadata(k.args)
+             or _from_metadata(by_ext.get(k.args.get("External id"), k).args) or _Comm(op_name(k.name)))
+            for k in device_events if _is_nccl(k)]
+    gloo = sorted((e for e in host_events if e.name.startswith("gloo:")), key=lambda e: e.start)
+    paired = _pair(gloo, calls)
+    for e in gloo:
+        call = paired.get(id(e))
+        done.append((e, _gloo_start(e, call), _from_call(call, e)))
+    if done:
+        return done
+    by_id = {id(param): param for param in params}  # record_param_comms runs inside its call
+    param_of = {id(call): by_id[param_id] for param_id, call in _pair(params, calls).items()}
+    return [(c, c.start, _from_metadata(param_of.get(id(c), c).args) or _from_call(c, None)) for c in calls]
+
+
+def _gloo_start(execution: Event, call: Event | None) -> float:
+    """When a gloo communication started. A collective runs on gloo's worker thread: its range is the
+    run. A send or recv runs in the calling thread, but its ``gloo:send`` / ``gloo:recv`` range opens
+    only as ``c10d::send`` / ``c10d::recv_`` returns, after the transfer was posted: the call's start
+    is the transfer's."""
+    if call is not None and op_name(execution.name) in P2P:
+        return min(call.start, execution.start)
+    return execution.start
 
 
 def _global_peer(c: _Comm, world: int) -> int | None:
@@ -356,6 +401,10 @@ def _from_call(call: Event | None, execution: Event | None) -> _Comm:
     c.elements = max(sizes, default=0)
     if c.op in ("all_gather", "reduce_scatter") and len(sizes) >= 2 and min(sizes) > 0:
         c.group_size = max(sizes) // min(sizes)  # full tensor / shard
+    # list-form all_gather (c10d::allgather_) and reduce_scatter (c10d::reduce_scatter_): their list of
+    # lists of tensors has no shapes in the profile, so only the shard is seen (and gloo's execution
+    # of an all_gather is given the shard): the full tensor is group size x it, as paralab.comm counts
+    c.shard_only = len(sizes) == 1 and c.op in ("all_gather", "reduce_scatter")
     return c
 
 

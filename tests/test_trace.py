@@ -1,5 +1,6 @@
 """Trace: merge, JSON round trip, Chrome export, and the summary metrics on hand-built traces."""
 
+import gzip
 import json
 
 import pytest
@@ -141,6 +142,20 @@ def test_bad_traces_exit_2_naming_the_file_and_what_is_wrong(tmp_path, capsys, c
     err = capsys.readouterr().err
     assert f"{bad}: " in err and reason in err, err
     assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["merge", "report"])
+@pytest.mark.parametrize("given", ["file", "folder"])
+def test_gzipped_torch_profiles_are_pointed_to_paralab_import(tmp_path, capsys, command, given):
+    """torch.profiler's tensorboard handler writes rank0.json.gz: a file had read "not JSON (Expecting
+    value)", and a folder of them "no trace files (*.json)"."""
+    profile = tmp_path / "prof" / "rank0.pt.trace.json.gz"
+    profile.parent.mkdir()
+    profile.write_bytes(gzip.compress(json.dumps({"traceEvents": []}).encode()))
+    target = profile if given == "file" else profile.parent
+    assert cli.main([command, str(target), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "(a torch.profiler trace?): `paralab import` reads those" in err and str(target) in err, err
 
 
 @pytest.mark.parametrize("command", ["merge", "report"])

@@ -24,7 +24,7 @@ from paralab.cli import main as cli_main
 from paralab.profiling import parse_label, span_label
 from paralab.runtime.torchrun import run_torchrun
 from paralab.trace import COMM, COMPUTE, STEP, Span, Trace
-from paralab.trace_import import ProfileError, import_profile
+from paralab.trace_import import ProfileError, RankProfile, import_profile, paralab_spans
 from paralab.trace_ops import Event, comm_spans, compute_spans, op_name
 
 HERE = Path(__file__).parent
@@ -37,12 +37,12 @@ def test_span_labels_round_trip_every_field():
     fields = dict(step=0, microbatch=0, stage=3, name="bucket 0", bytes=10528, payload_bytes=5264, peer=0,
                   group_size=2, inter_node=True, group_ranks=[0, 2])
     label = span_label("all_reduce", COMM, fields, 0.25)
-    assert label.startswith("paralab comm:all_reduce ") and "clock" not in label  # only steps carry the clock
-    assert parse_label(label) == {"lane": COMM, "kind": "all_reduce", **fields}
+    assert label.startswith("paralab comm:all_reduce ") and label.endswith(" clock=0.250000")  # every span's
+    assert parse_label(label) == {"lane": COMM, "kind": "all_reduce", **fields, "clock": 0.25}
     step = span_label("step", STEP, {"step": 4, "name": "step 4", "microbatch": None}, 1.5)
     assert parse_label(step) == {"lane": STEP, "kind": "step", "step": 4, "name": "step 4", "clock": 1.5}
     assert span_label("forward", COMPUTE, {"name": "forward", "step": None, "peer": None}, 0.0) == \
-        "paralab compute:forward"
+        "paralab compute:forward clock=0.000000"
     for foreign in ("aten::mm", "ProfilerStep#3", "paralab", "paralab nolane"):
         assert parse_label(foreign) is None
 
@@ -75,6 +75,59 @@ def test_host_operators_become_runs_of_one_kind_and_a_blocked_thread_stays_a_gap
     got = [(s.kind, round(s.start * 1e6), round(s.end * 1e6)) for s in spans]
     assert got == [("forward", 0, 70), ("backward", 80, 150), ("backward", 165, 200), ("other", 2200, 2230),
                    ("optimizer", 2240, 2300)]  # the call ends a run; 200-2200 us is a gap, not compute
+
+
+def _ops(*rows) -> list[Event]:
+    """Events from (name, tid, start us, end us, args) rows."""
+    return [Event(name, "cpu_op", 1, tid, t0 * 1e-6, t1 * 1e-6, args) for name, tid, t0, t1, args in rows]
+
+
+def test_a_blocking_call_inside_an_autograd_range_is_not_backward_compute():
+    """DDP's hook all-reduces from inside the autograd engine's AccumulateGrad; under gloo the call
+    blocks the thread 700 us: that is communication, cut out of the backward range around it."""
+    engine = "autograd::engine::evaluate_function: AccumulateGrad"
+    events = _ops((engine, 1, 0, 1000, {}), ("torch::autograd::AccumulateGrad", 1, 10, 990, {}),
+                  ("c10d::allreduce_", 1, 200, 900, {}), ("record_param_comms", 1, 210, 890, {}))
+    spans = compute_spans(events, [], rank=0, steps=lambda t: 0)
+    assert [(s.kind, round(s.start * 1e6), round(s.end * 1e6)) for s in spans] == [
+        ("backward", 0, 200), ("backward", 900, 1000)]
+
+
+def test_gloo_sends_and_recvs_start_at_their_call_and_collectives_at_their_run():
+    """gloo's send and recv ranges open as c10d::send / c10d::recv_ return, after the transfer was
+    posted (as torch 2.x records them, tid 1); a collective's range on gloo's worker thread (tid 2) is
+    its run, whenever the caller asked."""
+    shapes = {"Input type": ["TensorList"], "Input Dims": [[[1000]]]}
+    run = {"Input type": ["float"], "Input Dims": [[1000]]}
+    host = _ops(("c10d::send", 1, 0, 16, shapes), ("gloo:send", 1, 14, 22, run),
+                ("c10d::recv_", 1, 30, 40, shapes), ("gloo:recv", 1, 38, 2000, run),
+                ("c10d::allreduce_", 1, 2100, 2150, shapes), ("gloo:all_reduce", 2, 2300, 2600, run))
+    spans = comm_spans(host, [], rank=0, world=2)
+    assert [(s.kind, round(s.start * 1e6), round(s.end * 1e6), s.payload_bytes) for s in spans] == [
+        ("send", 0, 22, 4000), ("recv", 30, 2000, 4000), ("all_reduce", 2300, 2600, 4000)]
+
+
+def test_list_all_gather_counts_the_gathered_tensor_like_all_gather_into_tensor():
+    """dist.all_gather(list, t) records only t (its output list of lists has no shapes);
+    all_gather_into_tensor records both. Either way, 4 ranks gathering 100 floats: a 1600 B tensor."""
+    as_list = {"Input type": ["", "TensorList", "", "Scalar"], "Input Dims": [[], [[100]], [], []]}
+    into_tensor = {"Input type": ["float", "float"], "Input Dims": [[400], [100]]}
+    shard = {"Input type": ["float"], "Input Dims": [[100]]}
+    host = _ops(("c10d::allgather_", 1, 0, 50, as_list), ("gloo:all_gather", 2, 10, 40, shard),
+                ("c10d::_allgather_base_", 1, 100, 150, into_tensor), ("gloo:all_gather", 2, 110, 140, shard))
+    spans = comm_spans(host, [], rank=0, world=4)
+    assert [(s.kind, s.payload_bytes, s.bytes) for s in spans] == [("all_gather", 1600, 1200)] * 2
+
+
+def test_bare_calls_take_their_sizes_from_record_param_comms():
+    """A GPU profile without CUDA events has no NCCL kernels: the c10d calls are the communication,
+    and the record_param_comms inside each says its size even without record_shapes."""
+    meta = {"Collective name": "allreduce", "In msg nelems": 1024, "Out msg nelems": 1024, "dtype": "Float",
+            "Group size": 2, "Process Group Ranks": "[0, 1]"}
+    host = _ops(("c10d::allreduce_", 1, 0, 30, {}), ("record_param_comms", 1, 5, 28, meta),
+                ("nccl:all_reduce", 1, 6, 26, {}))
+    (span,) = comm_spans(host, [], rank=0, world=2)
+    assert (span.kind, span.payload_bytes, span.bytes, span.group_size) == ("all_reduce", 4096, 4096, 2)
 
 
 # ------------------------------------------------------------------------------------------ summary
@@ -261,7 +314,20 @@ def test_fields_of_another_kind_are_not_read_as_sizes_or_devices(tmp_path):
               {"ph": "i", "name": "[memory]", "ts": 11.0, "args": memory}]
     (tmp_path / "p.json").write_text(json.dumps({"traceEvents": events}))
     trace = import_profile([tmp_path / "p.json"])
-    assert trace.meta["peak_memory_bytes"] == [64] and trace.ranks == [0]
+    assert trace.meta["memory_by_kind"] == [{"allocated during the profile": 64}] and trace.ranks == [0]
+
+
+def test_cpu_memory_is_named_allocated_during_the_profile_not_a_peak(tmp_path, capsys):
+    """On a CPU torch's memory events count only the allocations made since the profiler started:
+    the import names the figure for that, and claims no peak of the process."""
+    events = [_event(), {"ph": "i", "name": "[memory]", "ts": 11.0, "args": {"Total Allocated": 4096}}]
+    (tmp_path / "p.json").write_text(json.dumps({"traceEvents": events}))
+    assert cli_main(["import", str(tmp_path / "p.json"), "-o", str(tmp_path / "t.json")]) == 0
+    assert "not the process's peak memory" in capsys.readouterr().out
+    meta = Trace.load(tmp_path / "t.json").meta
+    assert meta["memory_by_kind"] == [{"allocated during the profile": 4096}]
+    assert "peak_memory_bytes" not in meta
+    assert "allocations made since profiling started" in meta["memory_note"]
 
 
 @pytest.mark.parametrize("name", sorted(BAD_FILES))
@@ -287,6 +353,89 @@ def test_gzip_and_duplicate_ranks(tmp_path, capsys):
     assert "given twice" in capsys.readouterr().err  # read twice it had made two ranks of one
     with pytest.raises(ProfileError, match="no paralab ranges"):
         import_profile(GPU_FIXTURE, names="paralab")
+
+
+# ------------------------------------------------------------------------------------------ one job
+def _gloo_rank(path: Path, rank: int | None = None, world: int | None = 2, steps=(1, 2), host: str = "vm",
+               shift_us: float = 0.0, shapes: bool = True, **top) -> str:
+    """A small CPU profile of one gloo rank: per step (10 ms apart) an all-reduce of 256 floats."""
+    call = {"Input type": ["TensorList"], "Input Dims": [[[256]]]} if shapes else {}
+    run = {"Input type": ["float"], "Input Dims": [[256]]} if shapes else {}
+    events = []
+    for n in steps:
+        t = 10_000.0 * n + shift_us
+        events += [_event(f"ProfilerStep#{n}", "user_annotation", ts=t, dur=5000.0),
+                   _event("aten::mm", ts=t + 10, dur=80.0),
+                   _event("c10d::allreduce_", ts=t + 100, dur=50.0, args=call),
+                   _event("gloo:all_reduce", tid=2, ts=t + 120, dur=300.0, args=run)]
+    data = {"traceEvents": events, "host_name": host, **top, **({"record_shapes": 1} if shapes else {})}
+    if rank is not None:
+        data["distributedInfo"] = {"backend": "gloo", "rank": rank, "world_size": world}
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+NOT_ONE_JOB = {  # rank 0 as _gloo_rank makes it, against this rank 1, and the conflict named
+    "world sizes": (dict(rank=1, world=4), "is from a world of 2 ranks, "),
+    "rank beyond its world": (dict(rank=3), "rank 3, yet its distributedInfo.world_size is 2"),
+    "no distributedInfo beside one": (dict(), "no distributedInfo.rank, while "),
+    "no step in common": (dict(rank=1, steps=(7, 8)),
+                          "rank 0 recorded steps 1, 2, rank 1 7, 8: no step in common"),
+    "one recording twice": (dict(rank=None, trace_id="A1"), "the same recording as "),
+    # rank 1 of another run, an hour later on the same machine
+    "clock far beyond skew": (dict(rank=1, shift_us=3.6e9), "on one host (vm), yet their first collective"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NOT_ONE_JOB))
+def test_files_of_different_jobs_are_refused_naming_the_conflict(tmp_path, capsys, case):
+    """Files that cannot be one recording of one job had been imported side by side (numbered by their
+    order, aligned on collectives of different runs)."""
+    other, reason = NOT_ONE_JOB[case]
+    rank0 = dict(rank=None, trace_id="A1") if case == "one recording twice" else dict(rank=0)
+    files = [_gloo_rank(tmp_path / "a.json", **rank0), _gloo_rank(tmp_path / "b.json", **other)]
+    assert cli_main(["import", *files, "-o", str(tmp_path / "out.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and reason in err and not (tmp_path / "out.json").exists()
+
+
+def test_one_job_across_hosts_and_a_rank_cut_short_are_imported(tmp_path, capsys):
+    """What may still be one job is imported: clocks of two hosts 3 s apart (aligned on the
+    collective), a rank whose profile lacks a step the other has (a warning, on stderr and in meta)."""
+    files = [_gloo_rank(tmp_path / "a.json", rank=0, steps=(1, 2, 3), host="node0"),
+             _gloo_rank(tmp_path / "b.json", rank=1, host="node1", shift_us=3e6)]
+    assert cli_main(["import", *files, "-o", str(tmp_path / "out.json")]) == 0
+    assert "warning: rank 0 recorded steps 1, 2, 3, rank 1 1, 2" in capsys.readouterr().err
+    trace = Trace.load(tmp_path / "out.json")
+    assert trace.meta["clock"]["correction_s"] == pytest.approx([0.0, -3.0])
+    assert "rank 1 1, 2" in trace.meta["warnings"][0]
+
+
+def test_a_profile_without_record_shapes_says_its_bytes_are_unknown(tmp_path, capsys):
+    """Without record_shapes gloo's calls carry no sizes: every byte count had been a silent 0."""
+    files = [_gloo_rank(tmp_path / f"r{r}.json", rank=r, shapes=False) for r in (0, 1)]
+    assert cli_main(["import", *files, "-o", str(tmp_path / "out.json")]) == 0
+    out, err = capsys.readouterr()
+    assert "warning: rank(s) 0, 1 were profiled without record_shapes=True" in err
+    assert "all_reduce: bytes unknown (profiled without record_shapes)" in out and "MiB" not in out
+    assert Trace.load(tmp_path / "out.json").meta["bytes_unknown_ranks"] == [0, 1]
+    with_shapes = [_gloo_rank(tmp_path / f"s{r}.json", rank=r) for r in (0, 1)]
+    trace = import_profile(with_shapes)
+    assert "warnings" not in trace.meta
+    assert trace.comm_bytes(payload=True) == {"all_reduce": 2 * 1024}  # per step: 1 KiB from each rank
+
+
+def test_paralab_clock_is_the_least_delayed_range():
+    """A range opens after the recorder read its clock, by a delay that varies (here 5 us, 2 ms,
+    40 us): the offset is the smallest start - clock, so no span lands before its clock read."""
+    opened = [(0.010, 5e-6), (0.020, 2e-3), (0.030, 40e-6)]  # (clock, delay)
+    host = [Event(f"paralab step:step step={i} clock={clock:.6f}", "user_annotation", 1, 1,
+                  100.0 + clock + delay, 100.0 + clock + delay + 5e-3, {})
+            for i, (clock, delay) in enumerate(opened)]
+    profile = RankProfile(Path("r0.json"), 0, 1, "h", 0, {}, host_events=host)
+    spans, offset = paralab_spans(profile, 0)
+    assert offset == pytest.approx(100.0 + 5e-6)
+    assert [s.start - offset for s in spans] == pytest.approx([0.010, 0.020 + 2e-3 - 5e-6, 0.030 + 35e-6])
 
 
 # ------------------------------------------------------------------------------------------ real runs
@@ -361,8 +510,11 @@ def test_profile_of_a_paralab_pipeline_agrees_with_its_own_trace(tmp_path, no_le
     def in_order(trace: Trace) -> list[Span]:
         return sorted(trace.spans, key=lambda s: (key(s), s.start))
 
-    pairs = zip(in_order(own), in_order(imported))
-    assert statistics.median(abs(a.start - b.start) for a, b in pairs) < 1e-3  # paralab's own clock, both
+    late = [b.start - a.start for a, b in zip(in_order(own), in_order(imported))]
+    assert statistics.median(map(abs, late)) < 1e-3  # paralab's own clock, both
+    # every range opens after its clock read, and the import's clock is the least delayed of them: no
+    # span is imported before paralab's own (to the label's microsecond), and one is at it
+    assert min(late) == pytest.approx(0.0, abs=2e-6)
     # the same profile read as any torch profile: gloo's sends and receives, with their bytes
     as_torch = import_profile(profile_dir, names="torch")
     steps = len(own.step_windows())
