@@ -74,6 +74,18 @@ def test_report_from_trace_and_chrome_export(ddp_run, tmp_path):
     assert "Memory per rank" not in text and "<h2>Timeline</h2>" in text and "bubble_fraction" not in text
 
 
+def test_an_imported_profiles_warnings_and_memory_note_head_the_report(ddp_run, tmp_path):
+    """An import without record_shapes has bytes of 0 that are not a measure, and a CPU profile's memory
+    is what it allocated while recording: the report had shown both as plain figures."""
+    meta = {**ddp_run.trace.meta, "warnings": ["rank(s) 1 were profiled without record_shapes=True"],
+            "memory_note": "CPU ranks: the most bytes allocated while the profiler recorded"}
+    text = write_report(Trace(ddp_run.trace.spans, meta=meta), tmp_path / "imported.html").read_text()
+    notes = text.split('<ul class="notes">')[1].split("</ul>")[0]
+    assert "without record_shapes=True" in notes and "allocated while the profiler recorded" in notes
+    assert text.index('<ul class="notes">') < text.index("<h2>Summary</h2>")
+    assert '<ul class="notes">' not in write_report(ddp_run.trace, tmp_path / "own.html").read_text()
+
+
 def _parser():
     parser = argparse.ArgumentParser()
     add_report_args(parser)

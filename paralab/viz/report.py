@@ -92,6 +92,15 @@ def summary_table(summary: dict) -> str:
     return out
 
 
+def notes_list(meta: dict) -> str:
+    """What the trace says about its own figures, above them: an imported profile's warnings (bytes
+    unknown without record_shapes, ranks missing steps) and what its memory counts (on a CPU, what the
+    profile allocated, not the process's peak), which a table of numbers would otherwise hide."""
+    notes = [*meta.get("warnings", []), *([meta["memory_note"]] if meta.get("memory_note") else [])]
+    items = "".join(f"<li>{html.escape(str(note))}</li>" for note in notes)
+    return f'<ul class="notes">{items}</ul>' if items else ""
+
+
 def report_figures(obj, predicted: Trace | None = None) -> list[tuple[str, object]]:
     """(section title, plotly Figure) pairs for everything the run has data for."""
     return _figures(*_summary_of(obj), predicted)
@@ -133,11 +142,13 @@ h1 {{ font-size: 1.5rem; margin-bottom: .2rem; }} h2 {{ font-size: 1.15rem; marg
 table {{ border-collapse: collapse; margin: .6rem 0 1rem; font-size: .9rem; }}
 th, td {{ border: 1px solid #ddd; padding: .25rem .6rem; text-align: left; vertical-align: top; }}
 table.summary th {{ background: #f6f6f6; width: 14rem; }}
+ul.notes {{ background: #fff8e1; border-left: 4px solid #f0b400; padding: .5rem 1rem .5rem 2rem; }}
 </style>
 <script type="text/javascript">{plotlyjs}</script>
 </head><body>
 <h1>{title}</h1>
 <p class="sub">{subtitle}</p>
+{notes}
 <h2>Summary</h2>
 {table}
 {figures}
@@ -168,7 +179,8 @@ def write_report(trace_or_result, path: str | Path, *, predicted=None, title: st
                       f"on {ranks} ranks")
     subtitle = (f"{ranks} ranks · {len(trace.spans)} spans · {len(trace.step_windows())} steps · "
                 f"written {datetime.datetime.now().isoformat(timespec='seconds')}")
-    page = PAGE.format(title=html.escape(title), subtitle=html.escape(subtitle), table=summary_table(summary),
+    page = PAGE.format(title=html.escape(title), subtitle=html.escape(subtitle), notes=notes_list(trace.meta),
+                       table=summary_table(summary),
                        figures="\n".join(sections), plotlyjs=get_plotlyjs().replace("</script", "<\\/script"))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
