@@ -356,6 +356,9 @@ def test_flash_attention_2_is_slower_on_an_h100_and_refused_where_unmeasured(cap
     rc, out, err = run(["simulate", "--model", "gpt3-13b", "--gpus", "8", "--attention-kernel", "flash2"],
                        capsys)
     assert rc == 2 and not out and "this model's attention is standard" in err
+    rc, out, err = run(["simulate", "--model", "small", "--attention-kernel", "flash2", "--hardware", "h100"],
+                       capsys)  # the lab's fp32 model: FlashAttention-2 has no fp32 kernels
+    assert rc == 2 and not out and "flash2 (FlashAttention-2) runs fp16 and bf16 only" in err
 
 
 def test_fsdp_root_is_a_flag_of_zero_3_on_one_stage(capsys):

@@ -213,6 +213,9 @@ class ModelSpec:
         elif self.attention_kernel != "native" and self.attention != "fused":
             out.append(f"attention kernel {self.attention_kernel} runs a fused attention; "
                        f"this model's attention is {self.attention}")
+        elif self.attention_kernel == "flash2" and self.dtype == "fp32":  # its kernels are fp16/bf16 only
+            out.append("attention kernel flash2 (FlashAttention-2) runs fp16 and bf16 only: give dtype bf16 "
+                       "or fp16")
         if self.fp8 and self.dtype == "fp32":  # no recipe; its MFU would divide fp8 GEMMs by the fp32 peak
             out.append("fp8 GEMMs train beside 16-bit activations and weights (Transformer Engine, torchao "
                        "float8), not fp32: give dtype bf16 or fp16")
