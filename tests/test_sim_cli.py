@@ -260,6 +260,18 @@ def test_shape_overrides_rederive_what_follows_from_them(argv, expect):
     assert model.name == f"custom (from {argv[1]})"
 
 
+@pytest.mark.parametrize("argv, name", [
+    (["--fp8"], "llama3-8b (fp8)"),  # had read "custom (from llama3-8b)": no shape changed
+    (["--kernels", "eager", "--dtype", "fp16"], "llama3-8b (fp16, kernels eager)"),
+    (["--dtype", "bf16", "--hidden", "4096"], "llama3-8b"),  # what the preset is already
+    (["--fp8", "--heads", "64"], "custom (from llama3-8b)"),
+])
+def test_a_preset_run_another_way_keeps_its_name_and_says_how(argv, name):
+    parser = argparse.ArgumentParser()
+    cli.add_simulate_args(parser)
+    assert cli._model(parser.parse_args(["--model", "llama3-8b", *argv])).name == name
+
+
 def test_the_llama_rule_gives_every_preset_its_published_mlp_width():
     from paralab.sim.presets import FFN_RULES, MODELS, llama_ffn
 

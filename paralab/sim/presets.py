@@ -161,7 +161,23 @@ def override(base: ModelSpec, **given) -> ModelSpec:
             raise SpecError(f"{base.name} uses grouped-query attention ({group} query heads per KV head): "
                             f"heads {given['heads']} is not a multiple of {group}; give --kv-heads")
         derived["kv_heads"] = given["heads"] // group
-    return base.replace(**derived, name=f"custom (from {base.name})")
+    return base.replace(**derived, name=_overridden_name(base, given))
+
+
+# How a model runs, not what it is: a preset trained in FP8 or with eager kernels keeps its name
+RUN_SETTINGS = ("dtype", "attention", "attention_kernel", "fp8", "kernels")
+
+
+def _overridden_name(base: ModelSpec, given: dict) -> str:
+    """ "custom (from <base>)" when the shape (or the architecture) changed; the preset's name with the
+    settings that differ when only how it runs did (``llama3-8b (fp8)``); the name itself when nothing
+    differs."""
+    changed = {k: v for k, v in given.items() if getattr(base, k) != v}
+    if any(k not in RUN_SETTINGS for k in changed):
+        return f"custom (from {base.name})"
+    said = [("fp8" if v else "no fp8") if k == "fp8" else v if k == "dtype" else f"{k.replace('_', ' ')} {v}"
+            for k, v in changed.items()]
+    return f"{base.name} ({', '.join(said)})" if said else base.name
 
 
 def _scaled_ffn(base: ModelSpec, hidden: int) -> int:
