@@ -562,10 +562,10 @@ _META_KINDS = {
     "world_size": "a world size",
     **dict.fromkeys(("pp", "microbatches", "virtual_stages", "dp", "tp", "cp", "ep"), "an integer"),
     "tokens_per_step": "a number",
-    **dict.fromkeys(("strategy", "schedule", "source", "model"), "a string"),
+    **dict.fromkeys(("strategy", "schedule", "source", "model", "memory_note"), "a string"),
     **dict.fromkeys(("layout", "mesh", "config"), "an object"),
-    **dict.fromkeys(("peak_memory_bytes", "memory_by_kind", "memory_ranks", "step_records", "generations"),
-                    "a list"),
+    **dict.fromkeys(("peak_memory_bytes", "memory_by_kind", "memory_ranks", "step_records", "generations",
+                     "warnings"), "a list"),
 }
 _KIND_CHECKS = {"an integer": lambda v: type(v) is int and abs(v) < 2**63,
                 "a world size": lambda v: type(v) is int and 0 <= v <= MAX_RANKS, "a number": finite_number,

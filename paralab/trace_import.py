@@ -43,7 +43,7 @@ from paralab.config import ConfigError, finite_number
 from paralab.outputs import check_file
 from paralab.profiling import METADATA_KEY, PREFIX, parse_label
 from paralab.schedules import SCHEDULES, V_SHAPED, shape_problems
-from paralab.trace import COMM, MAX_RANKS, STEP, Span, Trace
+from paralab.trace import COMM, GZIP_MAGIC, MAX_RANKS, STEP, Span, Trace
 from paralab.trace_ops import DEVICE_CATS, HOST_CATS, Event, comm_spans, compute_spans
 
 NAMES = ("auto", "paralab", "torch")
@@ -68,7 +68,6 @@ class RankProfile:
     host: str
     base_ns: int
     paralab_meta: dict
-    trace_id: str = ""
     shapes_recorded: bool = False  # record_shapes=True: torch's c10d calls carry their tensors' sizes
     host_events: list[Event] = field(default_factory=list)
     device_events: list[Event] = field(default_factory=list)
@@ -117,7 +116,7 @@ def read_profile(path: Path) -> RankProfile:
     except OSError as exc:
         raise ProfileError(f"{path}: cannot read it ({exc.strerror or exc})") from None
     try:
-        data = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+        data = json.loads(gzip.decompress(raw) if raw[:2] == GZIP_MAGIC else raw)
     except (OSError, EOFError, ValueError) as exc:
         raise ProfileError(f"{path}: not a JSON trace ({str(exc).splitlines()[0]})") from None
     paralab_export = isinstance(data, dict) and "paralab" in (data.get("otherData") or {})  # Trace.to_chrome
@@ -130,7 +129,7 @@ def read_profile(path: Path) -> RankProfile:
         path=path, rank=_int_or_none(info.get("rank")), world_size=_int_or_none(info.get("world_size")),
         host=str(data.get("host_name") or ""), base_ns=_base_ns(path, data.get("baseTimeNanoseconds")),
         paralab_meta=data.get(METADATA_KEY) if isinstance(data.get(METADATA_KEY), dict) else {},
-        trace_id=str(data.get("trace_id") or ""), shapes_recorded=bool(data.get("record_shapes")),
+        shapes_recorded=bool(data.get("record_shapes")),
     )
     for i, e in enumerate(data["traceEvents"]):
         if not isinstance(e, dict):
@@ -314,8 +313,8 @@ def _assign_ranks(profiles: list[RankProfile]) -> list[int]:
 def _check_one_run(profiles: list[RankProfile], ranks: list[int]) -> list[str]:
     """Refuse files that cannot be one recording of one job (ProfileError, one line naming the
     conflict), from facts the files state, before any span is built; return warnings for what may
-    still be one. torch's ``trace_id`` is made afresh by every rank's profiler, so it cannot tell
-    jobs apart; two files with one trace_id are one recording given twice."""
+    still be one. (torch's ``trace_id`` tells nothing here: each rank's profiler makes its own, unless
+    ``custom_trace_id_callback`` gives a whole job one.)"""
     by_world: dict[int, RankProfile] = {}
     for p in profiles:
         if p.world_size is not None:
@@ -323,30 +322,21 @@ def _check_one_run(profiles: list[RankProfile], ranks: list[int]) -> list[str]:
     if len(by_world) > 1:
         (n, a), (m, b) = list(by_world.items())[:2]
         raise ProfileError(f"{a.path} is from a world of {n} ranks, {b.path} of {m}: not one job")
-    by_id: dict[str, RankProfile] = {}
-    for p in profiles:
-        if p.trace_id in by_id:
-            raise ProfileError(f"{p.path}: the same recording as {by_id[p.trace_id].path} (trace_id "
-                               f"{p.trace_id}); give one file per rank")
-        if p.trace_id:
-            by_id[p.trace_id] = p
     return _step_conflicts(profiles, ranks)
 
 
 def _step_conflicts(profiles: list[RankProfile], ranks: list[int]) -> list[str]:
     """The ranks of one job record the same iterations (``ProfilerStep#N``, N counted alike on every
-    rank): ProfileError when two ranks have no step in common (another job, or another window of
-    it); a warning when they share some (a rank's profile cut short), as each step keeps its ranks."""
+    rank): ProfileError when no step is common to all of them (another job, or another window of it);
+    a warning naming the ranks that differ when some are (a rank's profile cut short), as each step
+    keeps its ranks."""
     steps = {rank: {int(m[1]) for e in p.host_events if (m := STEP_RE.fullmatch(e.name))}
              for rank, p in zip(ranks, profiles)}
-    first = min(steps)
-    other = next((r for r in sorted(steps) if steps[r] != steps[first]), None)
-    if other is None:
+    if len({frozenset(s) for s in steps.values()}) == 1:
         return []
-    said = (f"rank {first} recorded steps {_steps_text(steps[first])}, "
-            f"rank {other} {_steps_text(steps[other])}")
-    if not steps[first] & steps[other]:
-        raise ProfileError(f"{said}: no step in common, so not one recording of one job")
+    said = "; ".join(f"rank {r} recorded steps {_steps_text(steps[r])}" for r in sorted(steps))
+    if not set.intersection(*steps.values()):
+        raise ProfileError(f"{said}: no step common to every rank, so not one recording of one job")
     return [f"{said}: the steps some ranks lack are imported without them"]
 
 
@@ -364,8 +354,8 @@ def _align(spans_by_rank: dict[int, list[Span]], profiles: list[RankProfile], ra
         shift = {r: -offsets[r] for r in ranks}
         method = "paralab: every rank's clock starts as it leaves the barrier before training"
     else:
-        ends = {r: _first_world_collective_end(spans_by_rank[r], world) for r in ranks}
-        if len(ranks) > 1 and all(end is not None for end in ends.values()):
+        ends = _first_common_collective_ends(spans_by_rank, ranks, world)
+        if len(ranks) > 1 and ends:
             ref = min(ranks)
             shift = {r: shift[r] - (ends[r] + shift[r] - ends[ref] - shift[ref]) for r in ranks}
             method = "collective: the first collective over all ranks ends at the same instant on every rank"
@@ -393,21 +383,31 @@ def _check_one_clock(profiles: list[RankProfile], ranks: list[int], moved: dict[
     ``ONE_HOST_SKEW_S`` by it. Further apart, the files are of different runs (ProfileError)."""
     by_host: dict[str, list[int]] = {}
     for rank, p in zip(ranks, profiles):
-        by_host.setdefault(p.host, []).append(rank)
+        if p.host:  # a file that names no host may be of any machine
+            by_host.setdefault(p.host, []).append(rank)
     for host, members in by_host.items():
         lo, hi = min(members, key=moved.get), max(members, key=moved.get)
         if moved[hi] - moved[lo] > ONE_HOST_SKEW_S:
             apart = moved[hi] - moved[lo]
-            raise ProfileError(f"ranks {min(lo, hi)} and {max(lo, hi)} ran on one host ({host or '?'}), "
+            raise ProfileError(f"ranks {min(lo, hi)} and {max(lo, hi)} ran on one host ({host}), "
                                f"yet their first collective over all ranks ends {apart:.3g} s apart on its "
                                "clock: not one run")
 
 
-def _first_world_collective_end(spans: list[Span], world: int) -> float | None:
-    """End of the rank's first collective over every rank, in the first step that has one."""
-    first = [s for s in spans if s.lane == COMM and s.kind not in ("send", "recv") and s.group_size == world
-             and s.group_ranks is None and s.step is not None]
-    return min(first, key=lambda s: (s.step, s.start)).end if first else None
+def _first_common_collective_ends(spans_by_rank: dict[int, list[Span]], ranks: list[int],
+                                  world: int) -> dict[int, float]:
+    """Each rank's end of its first collective over every rank in the lowest step where every rank
+    has one (empty when there is none): ranks whose profiles start at different steps are aligned on
+    one collective, not each on its own first."""
+    collectives = {r: [s for s in spans_by_rank[r] if s.lane == COMM and s.kind not in ("send", "recv")
+                       and s.group_size == world and s.group_ranks is None and s.step is not None]
+                   for r in ranks}
+    common = set.intersection(*({s.step for s in spans} for spans in collectives.values()))
+    if not common:
+        return {}
+    step = min(common)
+    return {r: min((s for s in spans if s.step == step), key=lambda s: s.start).end
+            for r, spans in collectives.items()}
 
 
 def _crosses_nodes(s: Span, node_of: dict[int, int], world: int) -> bool:

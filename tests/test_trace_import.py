@@ -380,8 +380,7 @@ NOT_ONE_JOB = {  # rank 0 as _gloo_rank makes it, against this rank 1, and the c
     "rank beyond its world": (dict(rank=3), "rank 3, yet its distributedInfo.world_size is 2"),
     "no distributedInfo beside one": (dict(), "no distributedInfo.rank, while "),
     "no step in common": (dict(rank=1, steps=(7, 8)),
-                          "rank 0 recorded steps 1, 2, rank 1 7, 8: no step in common"),
-    "one recording twice": (dict(rank=None, trace_id="A1"), "the same recording as "),
+                          "rank 0 recorded steps 1, 2; rank 1 recorded steps 7, 8: no step common"),
     # rank 1 of another run, an hour later on the same machine
     "clock far beyond skew": (dict(rank=1, shift_us=3.6e9), "on one host (vm), yet their first collective"),
 }
@@ -392,8 +391,7 @@ def test_files_of_different_jobs_are_refused_naming_the_conflict(tmp_path, capsy
     """Files that cannot be one recording of one job had been imported side by side (numbered by their
     order, aligned on collectives of different runs)."""
     other, reason = NOT_ONE_JOB[case]
-    rank0 = dict(rank=None, trace_id="A1") if case == "one recording twice" else dict(rank=0)
-    files = [_gloo_rank(tmp_path / "a.json", **rank0), _gloo_rank(tmp_path / "b.json", **other)]
+    files = [_gloo_rank(tmp_path / "a.json", rank=0), _gloo_rank(tmp_path / "b.json", **other)]
     assert cli_main(["import", *files, "-o", str(tmp_path / "out.json")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and reason in err and not (tmp_path / "out.json").exists()
@@ -405,10 +403,38 @@ def test_one_job_across_hosts_and_a_rank_cut_short_are_imported(tmp_path, capsys
     files = [_gloo_rank(tmp_path / "a.json", rank=0, steps=(1, 2, 3), host="node0"),
              _gloo_rank(tmp_path / "b.json", rank=1, host="node1", shift_us=3e6)]
     assert cli_main(["import", *files, "-o", str(tmp_path / "out.json")]) == 0
-    assert "warning: rank 0 recorded steps 1, 2, 3, rank 1 1, 2" in capsys.readouterr().err
+    assert "warning: rank 0 recorded steps 1, 2, 3; rank 1 recorded steps 1, 2" in capsys.readouterr().err
     trace = Trace.load(tmp_path / "out.json")
     assert trace.meta["clock"]["correction_s"] == pytest.approx([0.0, -3.0])
-    assert "rank 1 1, 2" in trace.meta["warnings"][0]
+    assert "rank 1 recorded steps 1, 2" in trace.meta["warnings"][0]
+
+
+def test_ranks_that_start_at_different_steps_align_on_a_step_they_share(tmp_path):
+    """Rank 1's profile starts a step later (schedule(wait=rank)): each rank's own first collective had
+    been taken as one instant, a step (10 ms here, 3.6 s on a real job) out of line."""
+    files = [_gloo_rank(tmp_path / "a.json", rank=0, steps=(1, 2, 3)),
+             _gloo_rank(tmp_path / "b.json", rank=1, steps=(2, 3))]
+    trace = import_profile(files)
+    assert trace.meta["clock"]["correction_s"] == pytest.approx([0.0, 0.0], abs=1e-9)
+
+
+def test_what_a_job_may_state_alike_or_leave_out_is_no_conflict(tmp_path):
+    """A job-wide trace_id (profile(custom_trace_id_callback=...)) had been refused as one recording
+    given twice; files that name no host had been taken for one host, their clocks 3 s apart refused."""
+    shared = [_gloo_rank(tmp_path / f"t{r}.json", rank=r, trace_id="job-42") for r in (0, 1)]
+    assert import_profile(shared).ranks == [0, 1]
+    unnamed = [_gloo_rank(tmp_path / "u0.json", rank=0, host=""),
+               _gloo_rank(tmp_path / "u1.json", rank=1, host="", shift_us=3e6)]
+    assert import_profile(unnamed).meta["clock"]["correction_s"] == pytest.approx([0.0, -3.0])
+
+
+def test_a_rank_that_shares_no_step_with_the_others_is_refused_whichever_it_is(tmp_path):
+    """Steps {1, 2}, {2} and {7, 8}: only rank 0 against the first rank that differed had been checked,
+    so rank 2 came in with a warning naming rank 1."""
+    files = [_gloo_rank(tmp_path / f"r{r}.json", rank=r, world=3, steps=steps)
+             for r, steps in enumerate(((1, 2), (2,), (7, 8)))]
+    with pytest.raises(ProfileError, match="rank 2 recorded steps 7, 8: no step common to every rank"):
+        import_profile(files)
 
 
 def test_a_profile_without_record_shapes_says_its_bytes_are_unknown(tmp_path, capsys):
