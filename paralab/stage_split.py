@@ -47,7 +47,7 @@ def split_problems(layers: int, num_stages: int, override=None) -> list[str]:
         return []
     works = uneven_split(layers, num_stages) or (
         tuple(layers_per_stage(layers, num_stages)) if num_stages <= layers else None)
-    offer = f"; e.g. {split_text(works)} ({','.join(map(str, works))})" if works else ""
+    offer = f"; {split_example(works)}" if works else ""
     return [f"stage_layers={counts} {why}: it must give each of the {num_stages} stages a whole number of "
             f"layers, at least one on every stage but the first and last, and sum to the model's {layers} "
             f"layers{offer}"]
@@ -107,6 +107,12 @@ def ends_split(layers: int, num_stages: int, first: int, last: int) -> tuple[int
     middle = num_stages - 2
     share = (layers - first - last) // middle if middle > 0 else 0
     return (first, *[share] * middle, last) if num_stages > 1 else (layers,)
+
+
+def split_example(split) -> str:
+    """A split offered in a message, in words and as the counts ``stage_layers`` (``--stage-layers``)
+    takes: "e.g. 7 + 14 x 8 + 7 (7,8,...,8,7)"."""
+    return f"e.g. {split_text(split)} ({','.join(map(str, split))})"
 
 
 def split_text(split) -> str:

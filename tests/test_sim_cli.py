@@ -427,7 +427,7 @@ def test_a_batch_of_more_microbatches_than_a_step_models_plans_the_splits_that_f
     (["simulate", "--model", "gpt3-13b", "--pp", "4", "--schedule", "zbv", "--virtual-stages", "3"],
      "invalid configuration: zbv always runs 2 chunks per rank"),  # had led with 12 chunks of 40 layers
     (["simulate", "--layers", "1", "--hidden", "64", "--heads", "1", "--pp", "2"],
-     "give stage_layers, e.g. 1 + 0 (--stage-layers 1,0)"),  # a split the command line takes
+     "give stage_layers, e.g. 1 + 0 (1,0)"),  # a split the command line takes
     (["simulate", "--model", "gpt3-1.3b", "--pp", "30"],
      "30 does not divide 24 layers; no split can hold them: every stage but the first and last needs"),
     (["simulate", "--model", "gpt3-1.3b", "--gpus", str(10**17)], "the simulator models up to 16,777,216"),
@@ -542,15 +542,20 @@ def test_simulate_names_its_batch_and_every_choice_it_priced(capsys):
 
 
 def test_a_refusal_offers_layouts_for_the_batch_asked_and_says_which(capsys):
-    rc, _, err = run(["simulate", "--model", "gpt3-175b", "--tp", "8", "--pp", "7", "--dp", "1",
-                      "--microbatches", "8"], capsys)
+    """The batch the refused spec would price, as a layout that builds but does not fit gets (they had
+    been offered at 512 and at 128 for one set of flags); the planner's default, named, where the
+    degrees do not make up the GPUs."""
+    base = ["simulate", "--model", "gpt3-175b", "--tp", "8", "--pp", "7", "--dp", "1"]
+    rc, _, err = run([*base, "--microbatches", "8"], capsys)
     assert rc == 2 and "configurations that fit on 56 GPUs at 8 sequences a step: " in err
-    rc, _, err = run(["simulate", "--model", "gpt3-175b", "--tp", "8", "--pp", "7", "--dp", "1"], capsys)
-    assert rc == 2 and "at 512 sequences a step, the planner's default batch: " in err
+    rc, _, err = run([*base, "--micro-batch", "2"], capsys)  # pp x v microbatches of 2
+    assert rc == 2 and "configurations that fit on 56 GPUs at 14 sequences a step: " in err
+    rc, _, err = run(["simulate", "--model", "gpt3-175b", "--tp", "8", "--pp", "5", "--gpus", "1024"], capsys)
+    assert rc == 2 and "at 1,024 sequences a step, the planner's default batch: " in err
 
 
 def test_a_default_batch_that_shuts_replicas_out_says_so(capsys):
-    """512 sequences do not split over dp 7; at 511 dp 7 plans 8% faster than the pipeline 512 leaves."""
+    """512 sequences do not split over dp 7; at 511 dp 7 plans 7% faster than the pipeline 512 leaves."""
     rc, out, _ = run(["plan", "--model", "llama2-7b", "--gpus", "7", "--hardware", "h100", "--top", "1"],
                      capsys)
     assert rc == 0 and ("512 sequences of 4,096 tokens a step (the default, which does not split over dp 7: "

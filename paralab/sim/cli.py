@@ -215,14 +215,12 @@ def _fail(message: str) -> int:
     return 2
 
 
-def _batch_asked(args, dp: int) -> int | None:
-    """The global batch the flags ask for: given, or dp x micro-batch (default 1) x microbatches; None
-    (neither given) leaves the planner's default."""
-    if args.global_batch:
-        return args.global_batch
-    if args.microbatches:
-        return dp * (args.micro_batch or 1) * args.microbatches
-    return None
+def _batch_of(parallel: ParallelSpec, gpus: int) -> int | None:
+    """The global batch a refused spec would have priced (its own, resolved as for a spec that builds,
+    so that a refusal and a layout that does not fit offer layouts for the same batch); None, the
+    planner's default, where its degrees do not make up the GPUs (its batch would be another run's)."""
+    p = parallel.resolved()
+    return p.global_batch if p.world_size == gpus else None
 
 
 def _fits_hint(model: ModelSpec, gpus: int, hw, global_batch: int | None) -> str:
@@ -276,8 +274,7 @@ def simulate_main(args) -> int:
     if problems := hw.problems_for(model):
         return _fail("invalid configuration: " + "; ".join(problems))
     if problems := parallel.problems(model, gpus):
-        batch = _batch_asked(args, dp)
-        hint = _fits_hint(model, gpus, hw, batch)
+        hint = _fits_hint(model, gpus, hw, _batch_of(parallel, gpus))
         return _fail("invalid configuration: " + "; ".join(problems) + ". " + hint)
     pred = cost.predict(model, parallel, hw)
     out = pred.to_dict()
@@ -306,7 +303,7 @@ def _report(out: dict) -> str:
         f"  step {out['step_time_s']:.3f} s, {out['tokens_per_s']:,.0f} tokens/s, "
         f"{planner.flops_text(out['tflops_per_gpu'])} per GPU, "
         f"MFU {out['mfu']:.1%}, HFU {out['hfu']:.1%}, pipeline idle {out['bubble_fraction']:.1%}"
-        + (f" (unequal stages {out['stage_imbalance']:.1%}, the schedule's ramp and p2p the rest)"
+        + (f" (unequal stages {out['stage_imbalance']:.1%}, the schedule and p2p waits the rest)"
            if out["stage_imbalance"] >= 0.0005 else ""),
         *([f"  pipeline priced by the schedule's closed form: its {out['pipeline_passes']:,} passes are more "
            f"than the {cost.SIMULATED_PASSES:,} simulated one by one"]
@@ -376,7 +373,7 @@ def plan_main(args) -> int:
 
 def _default_batch_note(model: ModelSpec, gpus: int, hw, batch: int) -> str:
     """Says the batch is the default, and which replicas it leaves out (a batch of 512 on 7 GPUs shuts
-    out dp 7, whose plan is 8% faster at 511), with the nearest batch that lets the most in."""
+    out dp 7, whose plan is 7% faster at 511), with the nearest batch that lets the most in."""
     shut_out = planner.replicas_shut_out(model, gpus, hw, batch)
     if not shut_out:
         return "the default: --global-batch to change it"
@@ -388,5 +385,5 @@ def _default_batch_note(model: ModelSpec, gpus: int, hw, batch: int) -> str:
 def _degrees(p: ParallelSpec) -> dict:
     keys = ("dp", "tp", "pp", "ep", "virtual_stages", "schedule", "microbatches", "micro_batch",
             "global_batch", "zero", "sequence_parallel", "recompute", "cp", "cp_mode", "cp_split",
-            "stage_layers", "fp32_grads", "fp32_shards", "fsdp_root")  # fmt: skip
+            "stage_layers", "fp32_grads", "fp32_shards", "fsdp_root", "expert_imbalance")  # fmt: skip
     return {k: getattr(p, k) for k in keys}

@@ -339,7 +339,18 @@ def step_floor(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> fl
     return cost.step_floor(sm, sp, hw) + passes * extra
 
 
-cost.CONTEXT_PARALLEL.update(predict=predict, memory_per_gpu=memory_per_gpu, step_floor=step_floor)
+def stage_imbalance(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> float:
+    """cost.stage_imbalance of a cp run: the slice run's ranks' compute, each with its layers' compute
+    of attention across the split (its exposed traffic is not compute, as :func:`predict` counts it)."""
+    p = cost.check(model, parallel)
+    compute = cost.rank_compute(*slice_run(model, p), hw)
+    extra, exposed, _, _ = _split_attention(model, p, hw)
+    layers = counting.layers_by_rank(model, p)[0]
+    return cost.imbalance([c + n * p.microbatches * (extra - exposed) for c, n in zip(compute, layers)])
+
+
+cost.CONTEXT_PARALLEL.update(predict=predict, memory_per_gpu=memory_per_gpu, step_floor=step_floor,
+                             stage_imbalance=stage_imbalance)
 
 
 def ring_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> Trace:

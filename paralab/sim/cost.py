@@ -1157,7 +1157,8 @@ def _estimate_finish(model, p: ParallelSpec, hw,
         makespan = pp * max(work) + (pp * p.virtual_stages - 1) * hop + (m - 1) * (f + bi + w + hop)
     else:
         makespan = m * max(work) / (1.0 - theoretical_bubble(name, pp, m, p.virtual_stages)) + (pp - 1) * hop
-    bubble = 1.0 - m * sum(work) / (pp * makespan) if pp > 1 else 0.0
+    # idle is what is not compute, as the simulated schedule counts it: a blocking send is not busy
+    bubble = 1.0 - sum(_rank_compute(p, times)) / (pp * makespan) if pp > 1 else 0.0
     return [(makespan - times[0].backward, makespan)] * pp, bubble
 
 
@@ -1169,8 +1170,20 @@ def stage_imbalance(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) 
     p = parallel.resolved()
     if p.pp == 1:
         return 0.0
-    compute = _rank_compute(p, stage_times(model, p, hw))
+    if p.cp > 1:
+        return CONTEXT_PARALLEL["stage_imbalance"](model, p, hw)
+    return imbalance(rank_compute(model, p, hw))
+
+
+def imbalance(compute: list[float]) -> float:
+    """1 - mean / most of the ranks' compute: the share of their time the busiest leaves the others."""
     return 1.0 - sum(compute) / (len(compute) * max(compute))
+
+
+def rank_compute(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> list[float]:
+    """Each pipeline rank's compute in a step (:func:`_rank_compute` of the stages' times)."""
+    p = parallel.resolved()
+    return _rank_compute(p, stage_times(model, p, hw))
 
 
 def _rank_work(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, times: list[StageTimes]) -> list[float]:

@@ -239,9 +239,14 @@ def why_nothing_fits(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch
 
 
 def replicas_shut_out(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int) -> list[int]:
-    """The data-parallel degrees of this machine's layouts that ``global_batch`` does not split over
-    (a replica takes whole sequences), fewest first: a default batch of 512 on 7 GPUs leaves out dp 7."""
-    return sorted({dp for _, _, dp in layouts(model, gpus, hw) if global_batch % dp})
+    """The replica counts of this machine's layouts (dp, less what context parallelism takes of it)
+    that ``global_batch`` does not split over (a replica takes whole sequences), fewest first, where
+    the nearest batch that does stays within the planner's most tokens a step: a default batch of 512
+    on 7 GPUs leaves out dp 7."""
+    most = max(MOST_TOKENS_PER_STEP // model.seq, 1)
+    replicas = {dp // cp for tp, _, dp in layouts(model, gpus, hw)
+                for cp, _ in _context_parallel(model, tp, dp)}
+    return sorted(n for n in replicas if global_batch % n and nearest_multiple(global_batch, n) <= most)
 
 
 def nearest_multiple(batch: int, step: int) -> int:
@@ -258,6 +263,7 @@ def describe(p: ParallelSpec) -> str:
     """One line naming every choice of a configuration."""
     sched = f"{p.schedule} v={p.virtual_stages}" if p.virtual_stages > 1 else p.schedule
     parts = [f"tp {p.tp} x pp {p.pp} x dp {p.dp}" + (f" (ep {p.ep})" if p.ep > 1 else "")
+             + (f", expert imbalance {p.expert_imbalance:g}" if p.expert_imbalance != 1 else "")
              + (f" x cp {p.cp} {p.cp_mode}" if p.cp > 1 else "")]
     if p.pp > 1:
         parts.append(sched)
@@ -298,7 +304,7 @@ def explain(ranked: list[cost.Prediction], model: ModelSpec | None = None,
     # losses that add up to under 1% explain nothing: what MFU misses is then in the kernels themselves
     overheads = sum(win.breakdown_s.get(k, 0.0) for k in LOSSES) / win.step_time_s
     rerun = " and the forward it recomputes" if win.parallel.recompute != "none" else ""
-    uneven = (_uneven_stages_text(win, model, hw, share) if biggest == "bubble" and model is not None
+    uneven = (_uneven_stages_text(win, model, hw) if biggest == "bubble" and model is not None
               and hw is not None else "")
     loss = (f"its largest loss is {LOSSES[biggest]} ({share:.0%} of the step){uneven}"
             if overheads >= 0.01 else
@@ -336,7 +342,7 @@ def explain(ranked: list[cost.Prediction], model: ModelSpec | None = None,
     return out
 
 
-def _uneven_stages_text(win: cost.Prediction, model: ModelSpec, hw: HardwareSpec, share: float) -> str:
+def _uneven_stages_text(win: cost.Prediction, model: ModelSpec, hw: HardwareSpec) -> str:
     """Where most of a pipeline's idle time is its ranks' unequal work, that, not the schedule's ramp,
     is the cause, and more microbatches do not shrink it (32 layers on 7 stages: 89%)."""
     uneven = cost.stage_imbalance(model, win.parallel, hw)

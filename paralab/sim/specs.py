@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from paralab.config import finite_number
 from paralab.schedules import SCHEDULES, V_SHAPED, chunks_per_rank, shape_problems
-from paralab.stage_split import split_problems, split_text, uneven_split
+from paralab.stage_split import split_example, split_problems, uneven_split
 from paralab.trace import MAX_RANKS
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -424,8 +424,7 @@ class ParallelSpec:
             out += shape
         elif p.stage_layers is None and model.layers % chunks:
             example = uneven_split(model.layers, chunks)
-            how = (f"give stage_layers, e.g. {split_text(example)} (--stage-layers "
-                   f"{','.join(map(str, example))})" if example
+            how = (f"give stage_layers, {split_example(example)}" if example
                    else "no split can hold them: every stage but the first and last needs a layer")
             out.append(f"pp x virtual stages = {chunks} does not divide {model.layers} layers; {how}")
         else:
