@@ -491,19 +491,22 @@ def import_main(args) -> int:
     summary = trace.summary()
     print(f"imported {len(trace.ranks)} rank(s), {len(trace.step_windows())} step(s), "
           f"{len(trace.spans)} spans -> {out}; median step {summary['step_time_s'] * 1e3:.1f} ms")
-    for line in _comm_lines(summary, unsized=bool(trace.meta.get("bytes_unknown_ranks"))):
+    unsized = set(trace.meta.get("bytes_unknown_ranks", []))
+    unknown = {s.kind for s in trace.spans if s.lane == COMM and s.rank in unsized and not s.payload_bytes}
+    for line in _comm_lines(summary, unknown - {"barrier"}):
         print(f"  {line}")
     if "memory_note" in trace.meta:
         print(f"  memory: {trace.meta['memory_note']}")
     return 0
 
 
-def _comm_lines(summary: dict, unsized: bool) -> list[str]:
-    """Bytes per op and step; where ranks were profiled without record_shapes a 0 is not a measure,
-    and a total that is not 0 leaves those ranks out: both say so."""
+def _comm_lines(summary: dict, unknown: set[str]) -> list[str]:
+    """Bytes per op and step; for the ops some rank profiled without record_shapes left unsized
+    (``unknown``; NCCL's are sized without shapes) a 0 is not a measure, and a total that is not 0
+    leaves those ranks out: both say so."""
     lines = []
     for op, nbytes in summary["comm_payload_bytes"].items():
-        partial = unsized and op != "barrier"
+        partial = op in unknown
         if partial and not nbytes:
             lines.append(f"{op}: bytes unknown (profiled without record_shapes)")
         else:

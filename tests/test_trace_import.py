@@ -451,6 +451,18 @@ def test_a_profile_without_record_shapes_says_its_bytes_are_unknown(tmp_path, ca
     assert trace.comm_bytes(payload=True) == {"all_reduce": 2 * 1024}  # per step: 1 KiB from each rank
 
 
+def test_only_the_ops_left_unsized_are_said_to_leave_ranks_out():
+    """A rank without record_shapes leaves its gloo calls unsized, not an op NCCL sized from its own
+    metadata: every op's line had said "ranks without record_shapes not counted"."""
+    from paralab.trace_import import _comm_lines
+
+    summary = {"comm_payload_bytes": {"all_reduce": 2**20, "send": 2**20, "recv": 0},
+               "comm_bytes": {"all_reduce": 2**20, "send": 2**20}}
+    all_reduce, send, recv = _comm_lines(summary, {"send", "recv"})
+    assert "not counted" not in all_reduce and send.endswith("(ranks without record_shapes not counted)")
+    assert recv == "recv: bytes unknown (profiled without record_shapes)"
+
+
 def test_paralab_clock_is_the_least_delayed_range():
     """A range opens after the recorder read its clock, by a delay that varies (here 5 us, 2 ms,
     40 us): the offset is the smallest start - clock, so no span lands before its clock read."""
