@@ -263,6 +263,28 @@ def test_expert_groups_are_carved_from_each_dp_group():
         mesh_layout(dp=3, ep=2)
 
 
+@pytest.mark.parametrize("files, cores", [
+    ({"cpu.max": "100000 100000"}, 1),  # a Binder pod: 1 CPU of a 16-core node
+    ({"cpu.max": "150000 100000"}, 2),  # one and a half: the ranks may use two cores part of the time
+    ({"cpu.max": "max 100000"}, 16),
+    ({"cfs_quota_us": "200000", "cfs_period_us": "100000"}, 2),  # v1
+    ({"cfs_quota_us": "-1", "cfs_period_us": "100000"}, 16),
+    ({}, 16),  # none readable
+])
+def test_usable_cores_are_a_cgroups_cpu_quota_where_it_limits_the_process(monkeypatch, tmp_path, files,
+                                                                           cores):
+    """A pod's CPU limit is a quota, not an affinity: it had counted the node's 16 cores, so 16 ranks,
+    each with threads of its own, time-shared one core."""
+    from paralab.runtime import worker
+
+    for name, text in files.items():
+        (tmp_path / name).write_text(text + "\n")
+    monkeypatch.setattr(worker, "CGROUP_CPU", (str(tmp_path / "cpu.max"), (str(tmp_path / "cfs_quota_us"),
+                                                                         str(tmp_path / "cfs_period_us"))))
+    monkeypatch.setattr(worker.os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert worker.usable_cores() == cores
+
+
 @pytest.mark.parametrize("files, headroom", [
     ({"memory.max": "2147483648", "memory.current": "536870912"}, 1.5 * 2**30),  # cgroup v2: 2 GB pod
     ({"memory.max": "max", "memory.current": "536870912"}, None),  # no limit: the node's MemAvailable

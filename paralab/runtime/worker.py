@@ -13,6 +13,7 @@ import ctypes
 import faulthandler
 import gc
 import json
+import math
 import os
 import signal
 import socket
@@ -41,10 +42,38 @@ PR_SET_PDEATHSIG = 1
 
 
 def usable_cores() -> int:
+    """Cores this process may run on: its CPU affinity, or fewer where its cgroup's CPU quota allows
+    less (a Binder pod of 1 CPU sees every core of its node, and a rank per core would time-share)."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota()
+    return max(1, min(cores, math.ceil(quota))) if quota else cores
+
+
+# A cgroup's CPU quota per period (v2's "quota period" line, then v1's two files; "max" or -1: none)
+CGROUP_CPU = ("/sys/fs/cgroup/cpu.max", ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us",
+                                         "/sys/fs/cgroup/cpu/cpu.cfs_period_us"))
+
+
+def _cgroup_cpu_quota() -> float:
+    """CPUs' worth of time this process's cgroup may use (1.5: one and a half cores), 0 where none is
+    set or none can be read."""
+    v2, (quota_file, period_file) = CGROUP_CPU
+    try:
+        with open(v2) as f:
+            quota, period = f.read().split()[:2]
+    except (OSError, ValueError):
+        try:
+            with open(quota_file) as f, open(period_file) as g:
+                quota, period = f.read().strip(), g.read().strip()
+        except OSError:
+            return 0.0
+    try:
+        return int(quota) / int(period) if quota not in ("max", "-1") and int(period) > 0 else 0.0
+    except ValueError:
+        return 0.0
 
 
 MAX_RANKS_PER_CORE = 8  # beyond this, a local run is mostly ranks waiting for a time slice

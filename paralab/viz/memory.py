@@ -37,8 +37,10 @@ def _rank_numbers(run) -> list[int] | None:
     return summary.get("memory_ranks") if isinstance(summary, Mapping) else None
 
 
-def memory(runs, title: str | None = None, unit: str = "MiB"):
-    """Stacked bars per rank of one run, or of several runs given as {label: run}.
+def memory(runs, title: str | None = None, unit: str = "MiB", what: str = "peak memory"):
+    """Stacked bars per rank of one run, or of several runs given as {label: run}; ``what`` names the
+    moment the bars are of on the y axis (a run's peak; ``resident memory`` for what stays between
+    steps). A kind no bar holds is left out of the legend, where it would name nothing drawn.
 
     ``fig.layout.meta["totals"]`` lists the per-bar totals in bytes, in drawing order.
     """
@@ -59,8 +61,8 @@ def memory(runs, title: str | None = None, unit: str = "MiB"):
         x = runs_x
     else:
         x = [runs_x, ranks_x]
-    kinds = [k for k in MEMORY_KINDS if any(k in b for b in per_bar)]
-    kinds += sorted({k for b in per_bar for k in b} - set(kinds) - {"total"})
+    kinds = [k for k in MEMORY_KINDS if any(b.get(k) for b in per_bar)]
+    kinds += sorted({k for b in per_bar for k, v in b.items() if v} - set(kinds) - {"total"})
     fig = graph.Figure()
     for kind in kinds:
         values = [b.get(kind, 0) for b in per_bar]
@@ -72,7 +74,7 @@ def memory(runs, title: str | None = None, unit: str = "MiB"):
     totals = [sum(v for k, v in b.items() if k != "total") for b in per_bar]
     fig.update_layout(barmode="stack", showlegend=True,  # name the kind even when there is one
                       meta={"totals": totals, "bars": len(per_bar)})
-    fig.update_yaxes(title_text=f"peak memory ({unit})")
+    fig.update_yaxes(title_text=f"{what} ({unit})")
     return style(fig, title or "memory per rank by kind", 380)
 
 
