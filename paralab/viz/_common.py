@@ -177,9 +177,10 @@ def overlapping(runs: dict[str, list[float]], xs: dict[str, list] | None = None)
     return out
 
 
-def note_overlaps(fig, groups: list[dict], total: int) -> None:
-    """Say on the figure which lines overlap (see :func:`overlap_note`); nothing when none do."""
-    note = overlap_note(groups, total)
+def note_overlaps(fig, groups: list[dict], total: int, also: tuple[str, ...] = ()) -> None:
+    """Say on the figure which lines overlap (see :func:`overlap_note`), and the notes ``also`` gives
+    under it; nothing when there is neither."""
+    note = "; ".join(n for n in (overlap_note(groups, total), *also) if n)
     if note:  # top right, inside the plot: where falling curves leave room
         fig.add_annotation(text=note.replace("; ", "<br>"), xref="paper", yref="paper", x=1, y=1,
                            xanchor="right", yanchor="top", align="right", showarrow=False,
