@@ -70,6 +70,16 @@ def test_timeline_steps_filter(ddp_run):
     assert bars(fig) == len([s for s in ddp_run.trace.spans if s.step == 2 and s.lane in ("compute", "comm")])
 
 
+def test_a_measured_pass_is_labelled_as_its_predicted_twin():
+    """A measured span is named by its kind: its bar had read "forward" (cut to "orwar" when narrow)
+    where the predicted bar above it read "F3 s1"."""
+    measured = Trace([
+        Span(0, "compute", "forward", 0.0, 0.002, name="forward", microbatch=3, stage=1, step=0),
+        Span(0, "compute", "backward", 0.002, 0.005, microbatch=3, step=0)])
+    fig = viz.timeline(measured)
+    assert {t.name: list(t.text) for t in fig.data} == {"forward": ["F3 s1"], "backward": ["B3"]}
+
+
 def test_timeline_pipeline_microbatch_colours_and_labels(pipe):
     fig = viz.timeline(pipe)
     assert fig.layout.meta["ranks"] == 4 and len(fig.layout.meta["rows"]) == 8

@@ -139,9 +139,14 @@ def marker_of(kind: str, color) -> dict:
 
 
 def _bar_text(s: Span) -> str:
-    if s.lane == COMPUTE and s.microbatch is not None:
-        return s.name or f"{s.kind[0].upper()}{s.microbatch}"
-    return ""
+    """A microbatch's bar says which pass of which microbatch it is, as the schedule names it ("F3
+    s1": microbatch 3's forward on stage 1); a measured span named only by its kind had read "forward",
+    cut to "orwar" inside a narrow bar, and did not match its predicted twin."""
+    if s.lane != COMPUTE or s.microbatch is None:
+        return ""
+    if s.name and s.name != s.kind:
+        return s.name
+    return f"{s.kind[0].upper()}{s.microbatch}" + (f" s{s.stage}" if s.stage is not None else "")
 
 
 def rows_of(trace: Trace, spans: list[Span], suffix: str = "") -> list[str]:
