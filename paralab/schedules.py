@@ -49,7 +49,8 @@ SPLIT_BACKWARD = ("zb-h1", "zbv", "dualpipev")  # backwards split into Bi and a 
 DEFAULT_SCHEDULE = "1f1b"  # what a pipeline runs when no schedule is named
 UNIT_PASSES = (1.0, 1.0, 1.0)  # a chunk's (F, Bi, W) times that ZB-V's order assumes unless told
 
-_LETTER = {FORWARD: "F", BACKWARD: "B", BACKWARD_INPUT: "Bi", BACKWARD_WEIGHT: "W"}
+# a pass is named by its letter, microbatch and stage: "F3 s1"
+PASS_LETTERS = {FORWARD: "F", BACKWARD: "B", BACKWARD_INPUT: "Bi", BACKWARD_WEIGHT: "W"}
 # A send matches the receive of the neighbouring stage: (op on the peer, stage offset).
 _COUNTERPART = {
     SEND_FORWARD: (RECV_FORWARD, +1),
@@ -93,7 +94,7 @@ class Action:
 
     def __str__(self) -> str:
         if self.is_compute:
-            return f"{_LETTER[self.op]}{self.microbatch}@s{self.stage}"
+            return f"{PASS_LETTERS[self.op]}{self.microbatch}@s{self.stage}"
         letter = "F" if self.op.endswith("forward") else "B"
         return f"{self.op} {letter}{self.microbatch}@s{self.stage}"
 

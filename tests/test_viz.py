@@ -75,9 +75,14 @@ def test_a_measured_pass_is_labelled_as_its_predicted_twin():
     where the predicted bar above it read "F3 s1"."""
     measured = Trace([
         Span(0, "compute", "forward", 0.0, 0.002, name="forward", microbatch=3, stage=1, step=0),
-        Span(0, "compute", "backward", 0.002, 0.005, microbatch=3, step=0)])
+        Span(0, "compute", "backward", 0.002, 0.005, microbatch=3, step=0),
+        Span(0, "compute", "backward_input", 0.005, 0.006, microbatch=3, stage=1, step=0),
+        Span(0, "compute", "backward_weight", 0.006, 0.007, microbatch=3, stage=1, step=0),
+        Span(0, "compute", "recompute", 0.007, 0.008, microbatch=3, stage=1, step=0)])
     fig = viz.timeline(measured)
-    assert {t.name: list(t.text) for t in fig.data} == {"forward": ["F3 s1"], "backward": ["B3"]}
+    assert {t.name: list(t.text) for t in fig.data} == {
+        "forward": ["F3 s1"], "backward": ["B3"], "backward_input": ["Bi3 s1"], "backward_weight": ["W3 s1"],
+        "recompute": ["recompute"]}
 
 
 def test_timeline_pipeline_microbatch_colours_and_labels(pipe):
@@ -152,6 +157,10 @@ def test_zbv_closed_form_is_said_to_be_a_bound_where_it_reads_low():
     assert zbv.y[0] > 1.5 * theory.y[0]
     assert "zbv's closed form is a lower bound below 4 microbatches" in fig.layout.annotations[0].text
     assert viz.bubble_vs_microbatches(("zbv",), stages=4, microbatches=(4, 8)).layout.meta["notes"] == []
+    timed = viz.bubble_vs_microbatches(("zbv",), stages=4, microbatches=(4, 8),
+                                       compute_time={"forward": 1.0, "backward": 3.0})
+    assert timed.layout.meta["notes"] == [
+        "zbv's closed form assumes equal forward, input- and weight-gradient passes"]
 
 
 def test_comm_by_op_and_matrix_bytes_per_step(ddp_run):

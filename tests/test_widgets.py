@@ -225,8 +225,9 @@ def test_the_levers_explorer_measures_the_kinds_at_the_peak_as_it_predicts_them(
 
     monkeypatch.setattr(worker, "available_memory_bytes", lambda: 64 * 2**30)  # whatever this machine has
     app = widgets.levers_explorer(layers=2, hidden=64, seq=64, micro_batch=2)
-    predicted = {k: app.figure.data[i].y[0] for i, k in enumerate(("params", "grads", "optimizer",
-                                                                    "activations"))}
+    drawn = {t.name: t.y[0] for t in app.figure.data}
+    assert "grads" not in drawn  # none at the peak: a kind no bar holds is not in the legend
+    predicted = {k: drawn.get(k, 0) for k in ("params", "grads", "optimizer", "activations")}
     measured = app.measure()
     assert measured is not None and "at the moment of the run" in app.message.value
     assert measured["grads"] == predicted["grads"] == 0  # set to None before the peak

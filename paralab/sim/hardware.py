@@ -253,7 +253,8 @@ def cache_dir() -> Path:
 
 
 LOCAL_RANKS = 64  # ranks the local machine is taken to hold: one 'node', however many cores it has
-CALIBRATION_VERSION = 9  # bump when what calibrate() measures changes: older caches are measured again
+CALIBRATION_VERSION = 10  # bump when what calibrate() measures changes: older caches are measured again
+# 10: usable cores count a cgroup's CPU quota, so a quota-limited machine measures its ranks one at a time
 
 
 def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True,

@@ -111,10 +111,14 @@ def bubble_vs_microbatches(schedules=("gpipe", "1f1b", "interleaved", "zb-h1", "
         ys.update({label: sim, f"{label} theory": theory})
         xs.update({label: ms, f"{label} theory": ms})
     groups = overlapping(ys, xs)
-    # ZB-V's closed form counts only its start-up ramp: with fewer microbatches than stages the
-    # gradient's way back is longer (paralab.schedules.theoretical_bubble), so it reads low there
-    bound = ((f"zbv's closed form is a lower bound below {stages} microbatches",)
-             if "zbv" in schedules and min(microbatches) < stages else ())
+    # ZB-V's closed form counts only its start-up ramp, with equal F, B and W: with fewer microbatches
+    # than stages the gradient's way back is longer (paralab.schedules.theoretical_bubble), and with
+    # other pass times its ramp is another
+    bound = ()
+    if "zbv" in schedules and compute_time is not None:
+        bound = ("zbv's closed form assumes equal forward, input- and weight-gradient passes",)
+    elif "zbv" in schedules and min(microbatches) < stages:
+        bound = (f"zbv's closed form is a lower bound below {stages} microbatches",)
     note_overlaps(fig, groups, len(ys), also=bound)
     fig.update_layout(meta={"overlap": groups, "notes": list(bound)})
     fig.update_xaxes(title_text="microbatches per step", type="log", dtick=0.30103)

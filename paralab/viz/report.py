@@ -120,8 +120,9 @@ def _figures(trace: Trace, summary: dict, losses: list[float] | None, predicted:
                  ("Bytes exchanged, rank by rank", viz.comm_matrix(trace))]
     if "layout" in trace.meta and trace.meta["layout"].get("world_size", 1) > 1:
         figs.append(("Device mesh", viz.mesh(trace)))
-    if summary.get("memory_by_kind"):
-        figs.append(("Memory per rank", viz.memory(summary)))
+    if summary.get("memory_by_kind"):  # an import's CPU memory is what the profile allocated, not a peak
+        what = "allocated during the profile" if trace.meta.get("memory_note") else "peak memory"
+        figs.append(("Memory per rank", viz.memory(summary, what=what)))
     if losses:
         figs.append(("Loss", viz.loss_curves({summary.get("strategy", "run"): losses})))
     if len(trace.step_windows()) > 1:

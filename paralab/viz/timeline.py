@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from functools import lru_cache
 
+from paralab.schedules import PASS_LETTERS
 from paralab.trace import COMM, COMPUTE, EVENT, Span, Trace
 from paralab.viz._common import (
     KIND_COLORS,
@@ -144,9 +145,9 @@ def _bar_text(s: Span) -> str:
     cut to "orwar" inside a narrow bar, and did not match its predicted twin."""
     if s.lane != COMPUTE or s.microbatch is None:
         return ""
-    if s.name and s.name != s.kind:
-        return s.name
-    return f"{s.kind[0].upper()}{s.microbatch}" + (f" s{s.stage}" if s.stage is not None else "")
+    if (s.name and s.name != s.kind) or s.kind not in PASS_LETTERS:  # a recompute keeps its name
+        return s.name or s.kind
+    return f"{PASS_LETTERS[s.kind]}{s.microbatch}" + (f" s{s.stage}" if s.stage is not None else "")
 
 
 def rows_of(trace: Trace, spans: list[Span], suffix: str = "") -> list[str]:
