@@ -273,9 +273,10 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
             s.inter_node = _crosses_nodes(s, node_of, world)
     trace = Trace(sorted(spans, key=lambda s: (s.start, s.rank)), meta=_meta(profiles, ranks, world, node_of))
     trace.meta.update(names="paralab" if use_paralab else "torch", clock=clock, **(meta or {}))
-    unsized = _unsized_comm_ranks(spans_by_rank, profiles, ranks)
+    unsized = _unsized_comm(spans_by_rank, profiles, ranks)
     if unsized:
-        trace.meta["bytes_unknown_ranks"] = unsized
+        trace.meta["bytes_unknown_ranks"] = sorted(unsized)
+        trace.meta["bytes_unknown_ops"] = sorted(set().union(*unsized.values()))
         warnings.append(f"rank(s) {', '.join(map(str, unsized))} were profiled without record_shapes=True: "
                         "their communication's sizes are not in the profile, so its bytes are unknown "
                         "(0 in the trace); profile with record_shapes=True to measure them")
@@ -387,8 +388,7 @@ def _check_one_clock(profiles: list[RankProfile], ranks: list[int], moved: dict[
             by_host.setdefault(p.host, []).append(rank)
     for host, members in by_host.items():
         lo, hi = min(members, key=moved.get), max(members, key=moved.get)
-        if moved[hi] - moved[lo] > ONE_HOST_SKEW_S:
-            apart = moved[hi] - moved[lo]
+        if (apart := moved[hi] - moved[lo]) > ONE_HOST_SKEW_S:
             raise ProfileError(f"ranks {min(lo, hi)} and {max(lo, hi)} ran on one host ({host}), "
                                f"yet their first collective over all ranks ends {apart:.3g} s apart on its "
                                "clock: not one run")
@@ -440,12 +440,14 @@ def _meta(profiles: list[RankProfile], ranks: list[int], world: int, node_of: di
     return meta
 
 
-def _unsized_comm_ranks(spans_by_rank: dict[int, list[Span]], profiles: list[RankProfile],
-                        ranks: list[int]) -> list[int]:
-    """Ranks profiled without record_shapes whose communication has no size: gloo's calls and bare
-    c10d calls are sized by their recorded shapes alone (NCCL's record_param_comms needs none)."""
-    return sorted(r for r, p in zip(ranks, profiles) if not p.shapes_recorded and any(
-        s.lane == COMM and s.kind != "barrier" and not s.payload_bytes for s in spans_by_rank[r]))
+def _unsized_comm(spans_by_rank: dict[int, list[Span]], profiles: list[RankProfile],
+                  ranks: list[int]) -> dict[int, set[str]]:
+    """The ops left without a size on each rank profiled without record_shapes (a barrier has none to
+    give): gloo's calls and bare c10d calls are sized by their recorded shapes alone, NCCL's
+    record_param_comms needs none."""
+    unsized = {r: {s.kind for s in spans_by_rank[r] if s.lane == COMM and s.kind != "barrier"
+                   and not s.payload_bytes} for r, p in zip(ranks, profiles) if not p.shapes_recorded}
+    return {r: ops for r, ops in unsized.items() if ops}
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -491,9 +493,7 @@ def import_main(args) -> int:
     summary = trace.summary()
     print(f"imported {len(trace.ranks)} rank(s), {len(trace.step_windows())} step(s), "
           f"{len(trace.spans)} spans -> {out}; median step {summary['step_time_s'] * 1e3:.1f} ms")
-    unsized = set(trace.meta.get("bytes_unknown_ranks", []))
-    unknown = {s.kind for s in trace.spans if s.lane == COMM and s.rank in unsized and not s.payload_bytes}
-    for line in _comm_lines(summary, unknown - {"barrier"}):
+    for line in _comm_lines(summary, set(trace.meta.get("bytes_unknown_ops", []))):
         print(f"  {line}")
     if "memory_note" in trace.meta:
         print(f"  memory: {trace.meta['memory_note']}")
