@@ -1140,9 +1140,11 @@ def _estimate_finish(model, p: ParallelSpec, hw,
     add each chunk's sends to other ranks, per microbatch, to its rank's work (:func:`_rank_sends`).
     """
     pp, m, name = p.pp, p.microbatches, _schedule_name(p)
-    blocking = _blocking_send(model, p, hw)
-    work = _rank_work(model, p, hw, times)
-    hop = 2 * p2p_time(model, p, hw) if pp > 1 else 0.0
+    one_way = p2p_time(model, p, hw) if pp > 1 else 0.0
+    blocking, hop = (0.0 if p.overlap_p2p else one_way), 2 * one_way
+    compute = _rank_compute(p, times)
+    # each rank's work per microbatch, on the mean over the step's: its compute and its blocking sends
+    work = [c / m + s for c, s in zip(compute, _rank_sends(p, blocking))]
     f, bi, w = _mean_passes(times)
     f, bi = f + blocking, bi + blocking
     if name == "naive":
@@ -1158,7 +1160,7 @@ def _estimate_finish(model, p: ParallelSpec, hw,
     else:
         makespan = m * max(work) / (1.0 - theoretical_bubble(name, pp, m, p.virtual_stages)) + (pp - 1) * hop
     # idle is what is not compute, as the simulated schedule counts it: a blocking send is not busy
-    bubble = 1.0 - sum(_rank_compute(p, times)) / (pp * makespan) if pp > 1 else 0.0
+    bubble = 1.0 - sum(compute) / (pp * makespan) if pp > 1 else 0.0
     return [(makespan - times[0].backward, makespan)] * pp, bubble
 
 
@@ -1186,12 +1188,6 @@ def rank_compute(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> 
     return _rank_compute(p, stage_times(model, p, hw))
 
 
-def _rank_work(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, times: list[StageTimes]) -> list[float]:
-    """Each pipeline rank's work per microbatch, on the mean over the step's: its compute
-    (:func:`_rank_compute`) and its blocking sends (:func:`_rank_sends`)."""
-    return [c / p.microbatches + s for c, s in zip(_rank_compute(p, times), _rank_sends(model, p, hw))]
-
-
 def _rank_compute(p: ParallelSpec, times: list[StageTimes]) -> list[float]:
     """Each pipeline rank's compute in a whole step: its chunks' forwards and backwards for every microbatch,
     less the all-to-alls DualPipeV's F&B slots hide (:func:`_hidden_all_to_alls`)."""
@@ -1206,11 +1202,12 @@ def _blocking_send(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> float
     return p2p_time(model, p, hw) if p.pp > 1 and not p.overlap_p2p else 0.0
 
 
-def _rank_sends(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> list[float]:
-    """Each pipeline rank's blocking sends per microbatch: a chunk's activation to the next chunk and
-    its gradient to the one before, where that chunk is on another rank (the V's two ends share rank
-    0 and its tip rank p - 1, which keep those hand-offs; nothing is sent past the model's ends)."""
-    blocking, chunks = _blocking_send(model, p, hw), p.chunks
+def _rank_sends(p: ParallelSpec, blocking: float) -> list[float]:
+    """Each pipeline rank's blocking sends per microbatch, ``blocking`` seconds each
+    (:func:`_blocking_send`): a chunk's activation to the next chunk and its gradient to the one
+    before, where that chunk is on another rank (the V's two ends share rank 0 and its tip rank p - 1,
+    which keep those hand-offs; nothing is sent past the model's ends)."""
+    chunks = p.chunks
     sends = [0.0] * p.pp
     if not blocking:  # sends beside compute (the default): nothing to count, on the planner's hot path
         return sends
@@ -1240,7 +1237,7 @@ def _extended_finish(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec,
     finish, short_bubble = _simulated_finish(model, short, hw, times)
     short_makespan = max(end for _, end in finish)
     grown = [a - b for a, b in zip(_rank_compute(p, times), _rank_compute(short, times))]
-    extra = max(g + (m - budget) * s for g, s in zip(grown, _rank_sends(model, p, hw)))
+    extra = max(g + (m - budget) * s for g, s in zip(grown, _rank_sends(p, _blocking_send(model, p, hw))))
     busy = (1.0 - short_bubble) * p.pp * short_makespan + sum(grown)
     finish = [(start + extra, end + extra) for start, end in finish]
     return finish, 1.0 - busy / (p.pp * (short_makespan + extra))

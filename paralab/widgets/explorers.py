@@ -116,11 +116,11 @@ def memory_by_zero(model_name: str, dp: int, tp: int, pp: int, micro_batch: int,
 
     cost, _hardware, presets, specs = _sim()
     model = presets.get_model(model_name)
+    split = uneven_split(model.layers, pp)
     out = {}
     for zero in (0, 1, 2, 3):
         spec = specs.ParallelSpec(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=micro_batch,
-                                  recompute=recompute, microbatches=microbatches,
-                                  stage_layers=uneven_split(model.layers, pp))
+                                  recompute=recompute, microbatches=microbatches, stage_layers=split)
         if spec.problems(model):
             continue
         out[f"ZeRO-{zero}" if zero else "no ZeRO"] = cost.memory_per_gpu(model, spec)
@@ -187,17 +187,16 @@ def memory_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dp: int = 
         except Exception as exc:
             msg.value = message(f"{type(exc).__name__}: {exc}", "error")
             return
+        chosen = presets.get_model(c["model"])
+        split = uneven_split(chosen.layers, c["pp"])  # as memory_by_zero splits them
         if not bars:
-            from paralab.sim.presets import get_model
             from paralab.sim.specs import ParallelSpec
 
-            chosen = get_model(c["model"])
             spec = ParallelSpec(dp=c["dp"], tp=c["tp"], pp=c["pp"], micro_batch=c["micro_batch"],
-                                stage_layers=uneven_split(chosen.layers, c["pp"]))
+                                stage_layers=split)
             msg.value = message("; ".join(spec.problems(chosen)), "error")
             return
         msg.value = ""
-        split = uneven_split(presets.get_model(c["model"]).layers, c["pp"])
         layers = f" (layers per stage {split_text(split)})" if split else ""
         replace_figure(fw, memory_against_limit(bars, hw_mod.get_hardware(c["hardware"]),
                                                 f"{c['model']}: predicted memory per GPU, "
