@@ -17,7 +17,10 @@ send / recv        the tensor                           tensor for the sender, 0
 
 Async forms return a :class:`TracedWork` whose ``wait()`` closes the span, so a span runs from
 when the operation was issued to when its result was waited for: for an overlapped all-reduce that
-is the window in which communication could run beside compute.
+is the window in which communication could run beside compute. The rank's own thread is inside a
+call for the span's ``issue_s`` (all of a blocking call; an async one's issue, which on a busy CPU can
+take milliseconds) and ``waited_s`` (an async call's ``wait()``). Compute spans around those stretches
+(a tensor-parallel layer's all-reduce inside its forward) did not compute in them.
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ class TracedWork:
         self._work, self._handle, self._recorder = work, handle, recorder
 
     def wait(self) -> None:
+        if self._handle is not None:
+            self._handle.mark("wait")
         if self._work is not None:
             self._work.wait()
             self._work = None
@@ -108,9 +113,11 @@ def _traced(op: str, payload: int, group, call, async_op: bool, peer: int | None
         )
     work = call(async_op)
     if async_op:
+        if handle is not None:
+            handle.mark("issued")  # under way: the rank is free until it waits
         return TracedWork(work, handle, rec)
     if rec is not None:
-        rec.close(handle)
+        rec.close(handle, blocking=True)
     return None
 
 

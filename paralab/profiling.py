@@ -9,6 +9,11 @@ Recorder opens a ``record_function`` range with every span and closes it with th
     paralab comm:all_reduce name=bucket%200 step=3 bytes=10528 payload_bytes=5264 group_size=2 clock=0.043106
     paralab step:step name=step%203 step=3 clock=0.041200
 
+and, where the call issuing a communication span returned (its ``issue_s``) and where an async one's
+wait() began (its ``waited_s``), an empty range named after that span's (:func:`mark_label`)::
+
+    paralab issued comm:all_reduce name=mlp%20g step=3 bytes=64 payload_bytes=64 group_size=2 clock=0.043106
+
 so Perfetto shows paralab's spans beside torch's operators, and :mod:`paralab.trace_import` reads
 them back (:func:`parse_label`) into the very spans paralab's own trace holds. Keys are
 :class:`~paralab.trace.Span` field names; values are URL-quoted; fields left at their defaults are
@@ -19,8 +24,8 @@ that is usually microseconds but can be milliseconds when the process is desched
 two, so the import takes the smallest of the many (range start - clock). The run's metadata
 (strategy, schedule, degrees, tokens per step) travels as the trace's top-level ``paralab`` key.
 
-The format lives here alone: the recorder is handed :func:`span_label` while profiling is on and
-knows nothing of it otherwise.
+The format lives here alone: the recorder is handed :func:`span_label` and :func:`mark_label` while
+profiling is on and knows nothing of them otherwise.
 
 Your own job profiles itself (torch.profiler in its training loop);
 :func:`paralab.runtime.torchrun.run_torchrun` runs such a script under torchrun on this machine from
@@ -39,6 +44,7 @@ from urllib.parse import quote, unquote
 from paralab.trace import Span
 
 PREFIX = "paralab "
+MOMENTS = ("issued", "wait")  # of a communication span: its call returned; its wait() began
 METADATA_KEY = "paralab"
 _LIST_FIELDS, _BOOL_FIELDS, _TEXT_FIELDS = ("group_ranks",), ("inter_node",), ("name",)
 _UNLABELLED = ("rank", "lane", "kind", "start", "end")  # the prefix and the profiler's own timing carry these
@@ -61,6 +67,20 @@ def span_label(kind: str, lane: str, fields: dict, clock: float) -> str:
         parts.append(f"{key}={quote(str(value), safe=',')}")
     parts.append(f"clock={clock:.6f}")
     return " ".join(parts)
+
+
+def mark_label(moment: str, label: str) -> str:
+    """The name of the empty range that marks a ``moment`` (one of :data:`MOMENTS`) of the span
+    labelled ``label``: ``paralab MOMENT`` and the span's own label, so the import pairs the two."""
+    return f"{PREFIX}{moment} {label.removeprefix(PREFIX)}"
+
+
+def marked(text: str) -> tuple[str, str] | None:
+    """(moment, the label of the span) a :func:`mark_label` range marks, or None for any other range."""
+    for moment in MOMENTS:
+        if text.startswith(head := f"{PREFIX}{moment} "):
+            return moment, PREFIX + text.removeprefix(head)
+    return None
 
 
 def parse_label(text: str) -> dict | None:
@@ -111,11 +131,11 @@ def profile_rank(ctx):
     # record_shapes: torch's own communication ops then carry their tensor sizes, so an import that
     # ignores paralab's names (names="torch") still finds the bytes
     with profile(activities=activities, record_shapes=True) as prof:
-        recorder.range_label = span_label
+        recorder.range_label, recorder.mark_label = span_label, mark_label
         try:
             yield
         finally:
-            recorder.range_label = None
+            recorder.range_label = recorder.mark_label = None
         prof.add_metadata_json(METADATA_KEY, json.dumps(run_meta(cfg, ctx.layout)))
     path = Path(cfg.profile_dir) / f"rank{recorder.rank}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -72,6 +72,20 @@ class Span:
     stage: int | None = None
     inter_node: bool = False  # the wire bytes leave the node (ring successor or peer on another node)
     group_ranks: list[int] | None = None  # a collective on a subgroup: its global ranks
+    # A communication span's first ``issue_s`` seconds (the call that issued it: all of a blocking call)
+    # and last ``waited_s`` (an async call's wait()): its rank was inside a call for it, nothing else
+    # running on its thread (CPU) or stream (CUDA). A compute span around those stretches (a tensor-
+    # parallel all-reduce inside a layer's forward) did not compute in them: see Trace.computing.
+    issue_s: float = 0.0
+    waited_s: float = 0.0
+
+    @property
+    def in_call(self) -> list[tuple[float, float]]:
+        """The stretches its rank spent inside calls for it (``issue_s``, ``waited_s``, within the span:
+        a profile's host-timed marks may outrun its device-timed span), if any."""
+        stretches = ((self.start, min(self.start + self.issue_s, self.end)),
+                     (max(self.end - self.waited_s, self.start), self.end))
+        return [(lo, hi) for lo, hi in stretches if hi > lo]
 
     @property
     def duration(self) -> float:
@@ -291,34 +305,50 @@ class Trace:
         return statistics.median(times[1:] if len(times) > 1 else times)
 
     def busy_time(self, rank: int, lane: str = COMPUTE, window: tuple[float, float] | None = None) -> float:
-        """Time covered by the rank's spans on a lane (overlaps counted once), clipped to a window."""
-        union = _Union([(s.start, s.end) for s in self.spans if s.rank == rank and s.lane == lane])
+        """Time covered by the rank's spans on a lane (overlaps counted once; on the compute lane, only
+        the time it computed: :meth:`computing`), clipped to a window."""
+        spans = self.computing() if lane == COMPUTE else self._intervals(lane)
+        union = _Union(spans.get(rank, []))
         return union.length if window is None else union.covered(*window)
 
     def _chosen_windows(self, steps: list[int] | None = None) -> list[tuple[float, float]]:
         windows = self.step_windows()
         return [windows[k] for k in (steps if steps is not None else _after_first(list(windows)))]
 
-    def _mean_busy(self, lanes: str | tuple[str, ...], windows: list[tuple[float, float]]
-                   ) -> dict[int, float]:
-        """Per rank: time covered by its spans on ``lanes`` (one lane or several, overlaps counted
-        once) per window, averaged over the windows."""
-        return _mean_covered(self._intervals(lanes), windows)
-
-    def _intervals(self, lanes: str | tuple[str, ...]) -> dict[int, list[tuple[float, float]]]:
-        """Per rank: (start, end) of its spans on ``lanes``."""
-        lanes = (lanes,) if isinstance(lanes, str) else lanes
+    def _intervals(self, lane: str) -> dict[int, list[tuple[float, float]]]:
+        """Per rank: (start, end) of its spans on ``lane``."""
         by_rank: dict[int, list[tuple[float, float]]] = {rank: [] for rank in self.ranks}
         for s in self.spans:
-            if s.lane in lanes:
+            if s.lane == lane:
                 by_rank[s.rank].append((s.start, s.end))
         return by_rank
 
+    def computing(self) -> dict[int, list[tuple[float, float]]]:
+        """Per rank: the stretches in which it computed, disjoint and in order: its compute spans less
+        the time it spent inside communication calls there (:attr:`Span.in_call`). A compute span
+        covers a whole pass, and a tensor-parallel layer blocks on its all-reduces inside it: counted as
+        compute, they would read as hidden behind compute, while every one is on the critical path."""
+        calls: dict[int, list[tuple[float, float]]] = {rank: [] for rank in self.ranks}
+        for s in self.spans:
+            if s.lane == COMM:
+                calls[s.rank] += s.in_call
+        return {rank: _Union(pairs).minus(_Union(calls[rank]))
+                for rank, pairs in self._intervals(COMPUTE).items()}
+
+    def blocked(self) -> list[tuple[Span, float, float]]:
+        """(call, start, end) of each stretch of a compute span in which its rank was inside a
+        communication call: what :meth:`computing` leaves out, each with its call."""
+        compute = {rank: _Union(pairs) for rank, pairs in self._intervals(COMPUTE).items()}
+        return [(s, lo, hi) for s in self.spans if s.lane == COMM
+                for stretch in s.in_call for lo, hi in compute[s.rank].within(*stretch)]
+
     def idle_fraction(self, steps: list[int] | None = None) -> dict[int, float]:
-        """Per rank: share of the step windows in which the rank computes nothing (waits or talks)."""
+        """Per rank: share of the step windows in which the rank runs no pass (forward, backward,
+        optimizer...): what the schedule leaves idle, the pipeline bubble. A pass's own waits (a
+        tensor-parallel layer's all-reduces) are the pass's here; :meth:`time_breakdown` splits them out."""
         chosen = self._chosen_windows(steps)
         mean_window = sum(hi - lo for lo, hi in chosen) / max(len(chosen), 1)
-        busy = self._mean_busy(COMPUTE, chosen)
+        busy = _mean_covered(self._intervals(COMPUTE), chosen)
         return {rank: 1.0 - b / mean_window if mean_window > 0 else 0.0 for rank, b in busy.items()}
 
     def bubble_fraction(self) -> float:
@@ -408,8 +438,9 @@ class Trace:
     def time_breakdown(self) -> dict[int, dict[str, float]]:
         """Per rank, seconds per step (steps after the first): where the step's time went.
 
-        ``compute_s`` computing; ``comm_s`` communicating, split two ways: into ``overlapped_comm_s``
-        (while also computing) and ``exposed_comm_s`` (nothing computed meanwhile), and into
+        ``compute_s`` computing (waits inside compute spans left out: :meth:`computing`); ``comm_s``
+        communicating, split two ways: into ``overlapped_comm_s`` (while also computing) and
+        ``exposed_comm_s`` (nothing computed meanwhile), and into
         ``comm_waiting_s`` (inside calls that wait for their last participant, see
         :meth:`comm_arrivals`, with no call moving data) and ``comm_transfer_s`` (data moving). The
         exposed part splits the same way: ``exposed_waiting_s`` (a straggler's cost, or a peer not yet
@@ -419,7 +450,7 @@ class Trace:
         """
         step_time = self.median_step_time()
         chosen = self._chosen_windows()
-        computing, communicating = self._intervals(COMPUTE), self._intervals(COMM)
+        computing, communicating = self.computing(), self._intervals(COMM)
         compute, comm = _mean_covered(computing, chosen), _mean_covered(communicating, chosen)
         either = _mean_covered({r: computing[r] + communicating[r] for r in self.ranks}, chosen)
         moving: dict[int, list[tuple[float, float]]] = {rank: [] for rank in self.ranks}
@@ -673,3 +704,30 @@ class _Union:
 
     def covered(self, lo: float, hi: float) -> float:
         return max(self._until(hi) - self._until(lo), 0.0)
+
+    def within(self, lo: float, hi: float) -> list[tuple[float, float]]:
+        """The covered stretches between ``lo`` and ``hi``."""
+        i = max(bisect.bisect_right(self.starts, lo) - 1, 0)
+        out = []
+        while i < len(self.starts) and self.starts[i] < hi:
+            if self.ends[i] > lo:
+                out.append((max(self.starts[i], lo), min(self.ends[i], hi)))
+            i += 1
+        return out
+
+    def minus(self, other: _Union) -> list[tuple[float, float]]:
+        """This union's intervals with ``other``'s cut out, in order. Linear: each interval of
+        ``other`` is passed once, and looked at again only by the intervals of this one it overlaps."""
+        out, j = [], 0
+        for lo, hi in zip(self.starts, self.ends):
+            while j < len(other.ends) and other.ends[j] <= lo:
+                j += 1
+            k = j
+            while k < len(other.starts) and other.starts[k] < hi:
+                if other.starts[k] > lo:
+                    out.append((lo, other.starts[k]))
+                lo = max(lo, other.ends[k])
+                k += 1
+            if hi > lo:
+                out.append((lo, hi))
+        return out

@@ -35,13 +35,14 @@ import gzip
 import json
 import re
 import sys
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from paralab.cli_args import below_one
 from paralab.config import ConfigError, finite_number
 from paralab.outputs import check_file
-from paralab.profiling import METADATA_KEY, PREFIX, parse_label
+from paralab.profiling import METADATA_KEY, PREFIX, marked, parse_label
 from paralab.schedules import SCHEDULES, V_SHAPED, shape_problems
 from paralab.trace import COMM, GZIP_MAGIC, MAX_RANKS, STEP, Span, Trace
 from paralab.trace_ops import DEVICE_CATS, HOST_CATS, Event, comm_spans, compute_spans
@@ -204,12 +205,20 @@ def paralab_spans(profile: RankProfile, rank: int) -> tuple[list[Span], float | 
     A range opens only after the recorder read its ``clock`` (the label is made from it), so each
     range's start - clock is the offset plus a delay that is never negative and varies (milliseconds
     when the process is descheduled between the two): the smallest is the best estimate, not a
-    middle one."""
+    middle one. A communication span's ``issue_s`` and ``waited_s`` come from the empty ranges that mark
+    when its call returned and when its wait() began (paralab.profiling.mark_label), paired by name in
+    order, on the host's clock (a blocking call's mark follows its range: all of it is issue)."""
     on_device = {(e.name, e.args.get("External id")): e for e in profile.device_events
                  if e.cat == "gpu_user_annotation" and e.name.startswith(PREFIX)}
+    annotations = sorted((e for e in profile.host_events if e.cat == "user_annotation"),
+                         key=lambda e: e.start)
+    moments: dict[tuple[str, str], deque] = defaultdict(deque)  # (moment, a span's label) -> its times
+    for e in annotations:
+        if (mark := marked(e.name)) is not None:
+            moments[mark].append(e.start)
     spans, offsets = [], []
-    for e in profile.host_events:
-        fields = parse_label(e.name) if e.cat == "user_annotation" else None
+    for e in annotations:
+        fields = parse_label(e.name)
         if fields is None:
             continue
         clock = fields.pop("clock", None)
@@ -218,7 +227,12 @@ def paralab_spans(profile: RankProfile, rank: int) -> tuple[list[Span], float | 
         timed = on_device.get((e.name, e.args.get("External id")), e)
         lane, kind = fields.pop("lane"), fields.pop("kind")
         name = fields.pop("name", "") or kind
-        spans.append(Span(rank, lane, kind, timed.start, timed.end, name=name, **fields))
+        issued, waited = (moments[m, e.name].popleft() if moments.get((m, e.name)) else None
+                          for m in ("issued", "wait"))
+        length = timed.end - timed.start  # a host-timed mark may outrun a device-timed span
+        spans.append(Span(rank, lane, kind, timed.start, timed.end, name=name, **fields,
+                          issue_s=0.0 if issued is None else min(issued - e.start, length),
+                          waited_s=0.0 if waited is None else min(e.end - waited, length)))
     return spans, min(offsets, default=None)
 
 

@@ -139,7 +139,7 @@ def assert_same_gradient_norm(grads, reference, rel=1e-3):
 
 
 def bars(fig) -> int:
-    """Bars of spans in a timeline figure (not the hatched waits drawn over calls)."""
-    from paralab.viz._common import WAITING_LABEL
+    """Bars of spans in a timeline figure (not the waits drawn over calls, nor the blocked compute)."""
+    from paralab.viz._common import BLOCKED_LABEL, WAITING_LABEL
 
-    return sum(len(t.x) for t in fig.data if t.type == "bar" and t.name != WAITING_LABEL)
+    return sum(len(t.x) for t in fig.data if t.type == "bar" and t.name not in (WAITING_LABEL, BLOCKED_LABEL))

@@ -776,6 +776,38 @@ def test_end_of_step_work_is_the_same_for_ranks_of_a_kind_but_the_wait_is_each_r
             assert wait > 0 or zero > 1
 
 
+@pytest.mark.parametrize(("preset", "spec"), [
+    ("gpt3-1.3b", ParallelSpec(tp=8, microbatches=2)),
+    ("mixtral-8x7b", ParallelSpec(dp=8, ep=8, microbatches=4)),
+])
+def test_the_simulated_trace_reads_blocking_collectives_as_exposed_as_the_prediction_does(preset, spec):
+    """The tensor-parallel collectives and expert all-to-alls drawn inside a pass are waited out
+    (``issue_s``): the trace's exposed communication is the prediction's tp, ep and exposed dp time,
+    and its compute the prediction's compute and optimizer (it had read them all as beside compute)."""
+    model = get_model(preset)
+    trace, p = cost.predict_trace(model, spec, A100), cost.predict(model, spec, A100)
+    per_rank = trace.time_breakdown().values()
+    exposed = sum(b["exposed_comm_s"] for b in per_rank) / len(per_rank)
+    compute = sum(b["compute_s"] for b in per_rank) / len(per_rank)
+    b = p.breakdown_s
+    assert b["tp_comm"] + b["ep_comm"] > 0.02 * p.step_time_s
+    assert exposed == pytest.approx(b["tp_comm"] + b["ep_comm"] + b["dp_comm_exposed"], rel=1e-6)
+    assert compute == pytest.approx(b["compute"] + b["optimizer"], rel=1e-6)
+
+
+def test_under_dualpipev_the_trace_waits_out_only_the_all_to_alls_its_slots_leave_exposed():
+    """DualPipeV's F&B slots hide part of each rank's all-to-alls: the trace's compute is the
+    prediction's (which counts the rest as ep_comm), not less by all of them nor more by the rest."""
+    model = get_model("mixtral-8x7b")
+    spec = ParallelSpec(dp=8, ep=8, pp=2, schedule="dualpipev", microbatches=8)
+    trace, p = cost.predict_trace(model, spec, A100), cost.predict(model, spec, A100)
+    per_rank = trace.time_breakdown().values()
+    compute = sum(b["compute_s"] for b in per_rank) / len(per_rank)
+    in_1f1b = cost.predict(model, spec.replace(schedule="1f1b"), A100).breakdown_s["ep_comm"]
+    assert 0 < p.breakdown_s["ep_comm"] < 0.5 * in_1f1b  # the slots hide most, not all
+    assert compute == pytest.approx(p.breakdown_s["compute"] + p.breakdown_s["optimizer"], rel=1e-3)
+
+
 def test_the_breakdowns_collectives_are_the_mean_ranks_as_its_compute_is():
     """An uneven split's first rank had stood for every rank: mirror splits read 3 and 7 blocks'
     tensor-parallel time, and a first rank without expert layers no expert-parallel time at all."""

@@ -158,6 +158,37 @@ def test_sequence_parallel_moves_a_gather_more_per_column_layer_and_holds_fewer_
             f"rank {rank}: {with_sp} activation bytes with sequence parallel, {without} without")
 
 
+@pytest.mark.parametrize("sp", [False, True])
+def test_the_blocking_collectives_of_a_layer_are_exposed_not_hidden_behind_its_pass(runs, sp,
+                                                                                    no_leftover_ranks):
+    """Every f and g blocks the layer that calls it, inside its forward or backward span: the rank waits
+    the whole call, so it is exposed communication, not communication beside compute (it had read 0 ms
+    exposed, the compute span around it counted as computing). Sequence parallel's backward issues its
+    gather and reduce-scatter async and waits for them later: only their issue and wait are exposed."""
+    run = runs("tp", 2, sp, "sgd")
+    trace = run.trace
+    after_first = [s for s in trace.select(lane="comm") if s.step and s.step > 0]
+    blocking = [s for s in after_first if not (sp and s.name.endswith(("attn f", "mlp f", "head f", "again"))
+                                                and s.kind in ("all_gather", "reduce_scatter")
+                                                and _in_backward(trace, s))]
+    assert blocking and all(s.issue_s == s.duration and s.waited_s == 0 for s in blocking)
+    if sp:
+        assert len(blocking) < len(after_first)  # the async pair of each column layer's backward
+    for rank in range(2):
+        b = run.summary["per_rank"][rank]
+        # beside compute: only what an async call did between its issue and its wait; at most twice
+        # that per step, as steps' windows (every rank's) overlap a little and a span there counts in both
+        beside = sum(max(s.duration - s.issue_s - s.waited_s, 0) for s in after_first
+                     if s.rank == rank) / (STEPS - 1)
+        assert b["overlapped_comm_s"] <= 2 * beside + 1e-4, (rank, b)
+        assert b["exposed_comm_s"] >= b["comm_s"] - 2 * beside - 1e-4
+
+
+def _in_backward(trace, span) -> bool:
+    return any(b.start <= span.start <= b.end for b in trace.select(kind="backward", rank=span.rank)
+               if b.step == span.step)
+
+
 @pytest.mark.parametrize(
     "world_size, options, message",
     [

@@ -281,6 +281,46 @@ def test_time_breakdown_splits_communication_into_waiting_and_moving():
         assert b["exposed_waiting_s"] + b["exposed_transfer_s"] == pytest.approx(b["exposed_comm_s"])
 
 
+def test_a_wait_inside_a_compute_span_is_not_compute():
+    """Per 10 s step, a forward 0-8 blocks 2-4 on an all-reduce (a tensor-parallel layer), takes 5-5.25
+    to issue an all-gather and waits 6-7 for it (prefetched, waited for late): it computed 4.75 s, not 8.
+    The all-reduce is exposed, the all-gather's 5.25-6 beside compute and the rest exposed."""
+    spans = []
+    for step in (0, 1):
+        t = 10.0 * step
+        spans += [Span(0, STEP, "step", t, t + 10, step=step),
+                  Span(0, COMPUTE, "forward", t, t + 8, step=step),
+                  comm(0, "all_reduce", t + 2, t + 4, group_size=1, issue_s=2.0, step=step),
+                  comm(0, "all_gather", t + 5, t + 7, group_size=1, issue_s=0.25, waited_s=1.0, step=step)]
+    trace = Trace(spans=spans)
+    assert trace.computing()[0] == [(0, 2), (4, 5), (5.25, 6), (7, 8), (10, 12), (14, 15), (15.25, 16),
+                                    (17, 18)]
+    b = trace.time_breakdown()[0]
+    assert b == pytest.approx({"compute_s": 4.75, "comm_s": 4, "overlapped_comm_s": 0.75,
+                               "exposed_comm_s": 3.25, "comm_waiting_s": 0, "comm_transfer_s": 4,
+                               "exposed_waiting_s": 0, "exposed_transfer_s": 3.25, "idle_s": 5.25,
+                               "wait_s": 2})
+    assert trace.idle_fraction() == pytest.approx({0: 0.2})  # the bubble: no pass runs 8-10, whatever waits
+    assert trace.busy_time(0) == pytest.approx(9.5)
+    # without calls marked (a trace written before spans carried them) the span is all compute, as it was
+    for s in spans:
+        s.issue_s = s.waited_s = 0.0
+    assert trace.time_breakdown()[0]["compute_s"] == pytest.approx(8)
+
+
+@pytest.mark.parametrize("compute, waits, left", [
+    ([(0, 10)], [], [(0, 10)]),
+    ([(0, 10)], [(-5, 15)], []),
+    ([(0, 4), (6, 10)], [(3, 7)], [(0, 3), (7, 10)]),  # one wait across two stretches
+    ([(0, 10)], [(1, 2), (2, 3), (5, 6)], [(0, 1), (3, 5), (6, 10)]),  # waits that touch
+    ([(0, 1), (2, 3)], [(1, 2), (4, 5)], [(0, 1), (2, 3)]),  # waits between stretches, and after
+])
+def test_computing_cuts_every_wait_out_of_the_compute_it_falls_in(compute, waits, left):
+    spans = [Span(0, COMPUTE, "forward", lo, hi) for lo, hi in compute]
+    spans += [comm(0, "all_reduce", lo, hi, issue_s=hi - lo) for lo, hi in waits]
+    assert Trace(spans=spans).computing()[0] == left
+
+
 def test_bytes_by_group_per_step():
     spans = ([Span(r, STEP, "step", 0, 1, step=0) for r in range(4)]
              + [Span(r, STEP, "step", 1, 2, step=1) for r in range(4)])

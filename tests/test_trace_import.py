@@ -554,6 +554,11 @@ def test_profile_of_a_paralab_pipeline_agrees_with_its_own_trace(tmp_path, no_le
     # every range opens after its clock read, and the import's clock is the least delayed of them: no
     # span is imported before paralab's own (to the label's microsecond), and one is at it
     assert min(late) == pytest.approx(0.0, abs=2e-6)
+    # and the waits: a receive waited for from its wait(), a send from its reaping, both marked by a range
+    waits = [(a.waited_s, b.waited_s) for a, b in zip(in_order(own), in_order(imported)) if a.lane == "comm"]
+    assert sum(a > 1e-4 for a, _ in waits) > len(waits) // 4  # receives that waited for their sender
+    assert statistics.median(abs(a - b) for a, b in waits) < 1e-4
+    assert sum(b for _, b in waits) == pytest.approx(sum(a for a, _ in waits), rel=0.1)
     # the same profile read as any torch profile: gloo's sends and receives, with their bytes
     as_torch = import_profile(profile_dir, names="torch")
     steps = len(own.step_windows())
@@ -561,6 +566,22 @@ def test_profile_of_a_paralab_pipeline_agrees_with_its_own_trace(tmp_path, no_le
         moved = sum(s.payload_bytes for s in as_torch.spans if s.kind == op)
         assert moved == own.comm_bytes(payload=True)[op] * steps
         assert {s.peer for s in as_torch.spans if s.kind == op} == {0, 1}
+
+
+@pytest.mark.timeout(300)
+def test_a_tensor_parallel_profile_keeps_its_blocking_calls_out_of_compute(tmp_path, no_leftover_ranks):
+    """Every f and g of a tp run blocks its layer: imported from the profile, each is all issue, as in
+    paralab's own trace, so the import reads them exposed too (its marks had sat inside the call's
+    range, and the import had read a tail of each call as free to compute)."""
+    run = paralab.run("tp", 2, steps=3, global_batch=8, profile_dir=str(tmp_path),
+                      model=dict(layers=2, hidden=32, heads=4, vocab=64, seq_len=16))
+    imported = import_profile(sorted(tmp_path.glob("rank*.json")))
+    calls = imported.select(lane=COMM)
+    assert calls and all(s.issue_s == s.duration and s.waited_s == 0 for s in calls)
+    for rank, b in imported.time_breakdown().items():
+        assert b["overlapped_comm_s"] == pytest.approx(0, abs=1e-9), (rank, b)
+        assert b["exposed_comm_s"] == pytest.approx(b["comm_s"])
+    assert all(s.issue_s == s.duration for s in run.trace.select(lane=COMM))
 
 
 @pytest.mark.parametrize("facts, message", [

@@ -16,7 +16,7 @@ import pytest
 import paralab
 from paralab.schedules import build_schedule, theoretical_bubble
 from paralab.sim.events import simulate_schedule
-from paralab.trace import Span, Trace
+from paralab.trace import COMM, COMPUTE, STEP, Span, Trace
 
 pytest.importorskip("plotly")
 
@@ -334,6 +334,23 @@ def test_a_real_runs_calls_wait_for_peers_that_entered_before_they_left(hybrid, 
     shown = [a for a in matched if a.span.step == 1 and a.wait_s > 0]
     assert (len(waits.x) == len(shown)
             and sorted(waits.x) == pytest.approx(sorted(a.wait_s * 1e3 for a in shown)))
+
+
+def test_the_timeline_dots_the_compute_a_blocking_call_stopped():
+    """A forward 0-8 ms blocked 2-4 ms on an all-reduce, and an async all-gather issued 5-5.5 ms and
+    waited for from 6 ms: the forward is dotted over 2-4, 5-5.5 and 6-7, each named after its call;
+    a wait outside every compute span (a pipeline receive between passes) dots nothing."""
+    spans = [Span(0, STEP, "step", 0, 0.012, step=0), Span(0, COMPUTE, "forward", 0, 0.008, step=0),
+             Span(0, COMM, "all_reduce", 0.002, 0.004, name="mlp g", issue_s=0.002, step=0),
+             Span(0, COMM, "all_gather", 0.005, 0.007, name="params", issue_s=0.0005, waited_s=0.001, step=0),
+             Span(0, COMM, "recv", 0.009, 0.011, name="recv F0", waited_s=0.002, step=0)]
+    fig = viz.timeline(Trace(spans=spans))
+    blocked = next(t for t in fig.data if t.name == "compute blocked on comm")
+    assert list(blocked.base) == pytest.approx([2, 5, 6]) and list(blocked.x) == pytest.approx([2, 0.5, 1])
+    assert set(blocked.y) == {"r0 compute"}
+    assert "mlp g: blocked" in blocked.hovertext[0] and "params: blocked" in blocked.hovertext[2]
+    plain = viz.timeline(Trace(spans=spans), waits=False)
+    assert not any(t.name == "compute blocked on comm" for t in plain.data)
 
 
 def test_activation_growth_draws_both_kernels_whatever_the_preset_trains_with():

@@ -34,13 +34,14 @@ class Recorder:
         self.counters: list[Counter] = []
         self.context: dict = {"step": None, "microbatch": None, "stage": None}
         self._t0 = time.perf_counter()
-        self._pending_cuda: list[tuple[Span, object, object]] = []
+        self._pending_cuda: list[tuple] = []  # (span, its start, end, issued and wait events)
         self._cuda_ref = None
         self._cuda_shift = 0.0
         self.on_step = None  # called with the step number as each step begins (progress, heartbeats)
         # While torch.profiler records (paralab.profiling.profile_rank): (kind, lane, fields, start) ->
-        # the name of a record_function range opened and closed with each span, so profiles carry spans.
-        self.range_label = None
+        # the name of a record_function range opened and closed with each span, so profiles carry spans;
+        # and (moment, label) -> the name of the empty range that marks a moment of that span's call.
+        self.range_label = self.mark_label = None
 
     # ------------------------------------------------------------------ clock
     def start_clock(self, align=None) -> None:
@@ -85,9 +86,9 @@ class Recorder:
             return None
         return _OpenSpan(self, kind, lane, fields)
 
-    def close(self, handle: _OpenSpan | None) -> None:
+    def close(self, handle: _OpenSpan | None, blocking: bool = False) -> None:
         if handle is not None:
-            handle.close()
+            handle.close(blocking)
 
     @contextmanager
     def span(self, kind: str, lane: str = COMPUTE, **fields):
@@ -97,9 +98,9 @@ class Recorder:
         finally:
             self.close(handle)
 
-    def _add(self, span: Span, start_event=None, end_event=None) -> None:
+    def _add(self, span: Span, start_event=None, end_event=None, issue_event=None, wait_event=None) -> None:
         if start_event is not None:
-            self._pending_cuda.append((span, start_event, end_event))
+            self._pending_cuda.append((span, start_event, end_event, issue_event, wait_event))
         self.spans.append(span)
 
     def counter(self, name: str, value: float) -> None:
@@ -123,9 +124,13 @@ class Recorder:
         import torch
 
         torch.cuda.synchronize()
-        for span, start_ev, end_ev in self._pending_cuda:
+        for span, start_ev, end_ev, issue_ev, wait_ev in self._pending_cuda:
             span.start = self._cuda_ref.elapsed_time(start_ev) / 1e3 + self._cuda_shift
             span.end = self._cuda_ref.elapsed_time(end_ev) / 1e3 + self._cuda_shift
+            if issue_ev is not None:
+                span.issue_s = start_ev.elapsed_time(issue_ev) / 1e3
+            if wait_ev is not None:
+                span.waited_s = wait_ev.elapsed_time(end_ev) / 1e3
         self._pending_cuda.clear()
 
     def trace(self, meta: dict | None = None) -> Trace:
@@ -141,34 +146,57 @@ class _OpenSpan:
         self.kind, self.lane = kind, lane
         self.fields = {**recorder.context, **fields}
         self.start = recorder.now()
-        self.range = None
+        self.range = self.label = None
         if recorder.range_label is not None:
             from torch.profiler import record_function
 
-            label = recorder.range_label(kind, lane, self.fields, self.start)
-            self.range = record_function(label).__enter__()
-        self.start_event = None
-        if recorder.cuda:
-            import torch
+            self.label = recorder.range_label(kind, lane, self.fields, self.start)
+            self.range = record_function(self.label).__enter__()
+        self.start_event = _event() if recorder.cuda else None
+        self.marks: dict[str, tuple[float, object]] = {}  # moment -> (host time, CUDA event or None)
 
-            self.start_event = torch.cuda.Event(enable_timing=True)
-            self.start_event.record()
+    def mark(self, moment: str) -> None:
+        """Note that the call issuing this span's work has returned (``"issued"``: Span.issue_s, all of
+        a blocking call), or that the rank begins to wait for it (``"wait"``: Span.waited_s, an async
+        call's wait()). While profiling, an empty range named after the span's own marks the moment
+        for the import."""
+        self._marked(moment, self.recorder.now(), _event() if self.start_event is not None else None)
 
-    def close(self) -> None:
+    def _marked(self, moment: str, t: float, event) -> None:
+        self.marks[moment] = (t, event)
         rec = self.recorder
-        end_event = None
-        if self.start_event is not None:
-            import torch
+        if self.label is not None and rec.mark_label is not None:
+            from torch.profiler import record_function
 
-            end_event = torch.cuda.Event(enable_timing=True)
-            end_event.record()
-        fields = dict(self.fields)
-        name = fields.pop("name", "") or self.kind
-        span = Span(rank=rec.rank, lane=self.lane, kind=self.kind, start=self.start, end=rec.now(),
-                    name=name, **fields)
-        rec._add(span, self.start_event, end_event)
+            with record_function(rec.mark_label(moment, self.label)):
+                pass
+
+    def close(self, blocking: bool = False) -> None:
+        """``blocking``: the span was one call, waited out whole, so its issue is all of it."""
+        rec = self.recorder
+        end_event = _event() if self.start_event is not None else None
+        end = rec.now()
         if self.range is not None:
             self.range.__exit__(None, None, None)
+        if blocking:  # marked after the range, so a profile's blocking call is all issue whatever its clock
+            self._marked("issued", end, end_event)
+        fields = dict(self.fields)
+        name = fields.pop("name", "") or self.kind
+        issued, issue_event = self.marks.get("issued", (None, None))
+        waited, wait_event = self.marks.get("wait", (None, None))
+        span = Span(rank=rec.rank, lane=self.lane, kind=self.kind, start=self.start, end=end, name=name,
+                    issue_s=0.0 if issued is None else issued - self.start,
+                    waited_s=0.0 if waited is None else end - waited, **fields)
+        rec._add(span, self.start_event, end_event, issue_event, wait_event)
+
+
+def _event():
+    """A CUDA timing event recorded now on the current stream."""
+    import torch
+
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
 
 
 __all__ = ["Recorder", "active", "COMM", "COMPUTE", "STEP"]

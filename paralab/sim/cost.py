@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
@@ -871,9 +872,11 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
 
     Rank r of the trace is pipeline rank r (first tensor- and data-parallel replica; the others run
     the same timeline). Tensor-parallel collectives and expert all-to-alls block the compute that
-    issues them, so they are drawn inside it (:func:`_tensor_parallel_spans`,
-    :func:`_expert_parallel_spans`), as a measured run records them; ZeRO-2/3's per-microbatch
-    collectives beside the passes they serve (:func:`_zero_spans`).
+    issues them, so they are drawn inside it and marked waited out (``issue_s``; of the all-to-alls,
+    what DualPipeV's slots leave exposed: :func:`_tensor_parallel_spans`, :func:`_expert_parallel_spans`):
+    as in a measured run's trace, time_breakdown reads them exposed, as the prediction's breakdown
+    counts them. ZeRO-2/3's per-microbatch collectives are drawn beside the passes they serve
+    (:func:`_zero_spans`); what of them is exposed stays inside the compute spans.
     """
     if parallel.cp > 1:
         raise SpecError("the simulated step of a context-parallel run is not drawn; predict() gives its "
@@ -934,7 +937,7 @@ def _tensor_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageT
             if phase == "backward" and op == "all_gather":
                 calls += regathers * chunk_layers[span.stage]
             out.append(Span(span.rank, COMM, op, start, end, name=f"tensor parallel {op} x{calls:g}",
-                            step=span.step,
+                            step=span.step, issue_s=end - start,  # blocking: the layer waits for its sums
                             bytes=int(calls * counting.ring_wire_bytes(op, payload, p.tp)),
                             payload_bytes=int(calls * payload), group_size=p.tp, stage=span.stage,
                             microbatch=span.microbatch))
@@ -946,20 +949,26 @@ def _expert_parallel_spans(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, 
                            spans: list[Span]) -> list[Span]:
     """The expert all-to-alls of each forward and input-gradient backward of a stage with MoE layers:
     dispatch, then combine, each half the stage's all-to-all seconds, drawn from the start of the pass
-    (the tensor-parallel collectives are drawn at its end). In a DualPipeV slot they run beside the
-    other microbatch's compute, as they do there."""
+    (the tensor-parallel collectives are drawn at its end). The pass waits out (``issue_s``) the share
+    of them the prediction leaves exposed: all, except where DualPipeV's F&B slots hide some behind the
+    other microbatch's compute (:func:`_hidden_all_to_alls`, spread over the rank's all-to-alls)."""
     payload = moe.all_to_all_payload(model, p)
+    passes = [s for s in spans if s.lane == COMPUTE and s.kind in ("forward", "backward", "backward_input")
+              and s.stage is not None and times[s.stage].a2a]
+    total = defaultdict(float)
+    for span in passes:
+        total[span.rank] += times[span.stage].a2a
+    exposed = {rank: 1 - hidden / total[rank] if total[rank] else 1.0
+               for rank, hidden in enumerate(_hidden_all_to_alls(p, times))}
     inter = crosses_nodes(hw, p.ep, p.tp)  # the ep ranks are dp neighbours (:func:`_moe_mlp`)
     moe_here = counting.chunk_moe_blocks(model, p)
     out = []
-    for span in spans:
-        if span.lane != COMPUTE or span.kind not in ("forward", "backward", "backward_input") or (
-                span.stage is None or not times[span.stage].a2a):
-            continue
+    for span in passes:
         start, seconds, calls = span.start, times[span.stage].a2a / 2, moe_here[span.stage]
         for name in ("dispatch", "combine"):
             out.append(Span(span.rank, COMM, "all_to_all", start, start + seconds,
                             name=f"expert parallel {name} x{calls:g}", step=span.step,
+                            issue_s=seconds * exposed[span.rank],
                             bytes=int(calls * counting.ring_wire_bytes("all_to_all", payload, p.ep)),
                             payload_bytes=int(calls * payload), group_size=p.ep, stage=span.stage,
                             microbatch=span.microbatch, inter_node=inter))

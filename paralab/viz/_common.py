@@ -13,6 +13,8 @@ from paralab.trace import Trace
 
 WAITING = "waiting"  # the part of a communication call spent waiting for the last participant
 WAITING_LABEL = "waiting for peers"  # its name in a timeline's legend
+BLOCKED = "blocked"  # the part of a compute span in which its rank waited for a communication call
+BLOCKED_LABEL = "compute blocked on comm"
 
 # One colour per span kind, so the same operation looks the same in every figure.
 KIND_COLORS = {
@@ -40,6 +42,7 @@ KIND_COLORS = {
     # drawn over the first part of a collective or receive: waiting for its last participant (last in
     # this order, so it lies on top of the call it belongs to)
     WAITING: "rgba(255,255,255,0.6)",
+    BLOCKED: "rgba(255,255,255,0.7)",  # whitens the compute it lies on, dotted
 }
 EXTRA_COLORS = ["#8C564B", "#17BECF", "#BCBD22", "#7F7F7F", "#393B79", "#637939", "#8C6D31", "#843C39"]
 MEMORY_KINDS = ("params", "grads", "optimizer", "activations")

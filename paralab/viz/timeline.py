@@ -7,6 +7,9 @@ browser draws bars far faster than it draws thousands of shapes. Gaps between ba
 
 Each collective and receive is split where its last participant entered (Trace.comm_arrivals): the
 part before is drawn over the call, whitened and hatched ("waiting"), the part after is the transfer.
+Where a rank sat inside a communication call during one of its compute spans (Span.in_call: a
+tensor-parallel layer's all-reduce, a prefetched gather waited for late), the compute bar is whitened
+and dotted over that stretch ("blocked"): the span covers the pass, but the rank computed nothing there.
 
 Rows are ``r{rank} {lane}`` and sorted rank-major, so a rank's compute and comm lanes sit together
 and rank 0 is on top. Times are shown in milliseconds from the start of the shown spans, so a
@@ -21,6 +24,8 @@ from functools import lru_cache
 from paralab.schedules import PASS_LETTERS
 from paralab.trace import COMM, COMPUTE, EVENT, Span, Trace
 from paralab.viz._common import (
+    BLOCKED,
+    BLOCKED_LABEL,
     KIND_COLORS,
     MICROBATCH_COLORS,
     WAITING,
@@ -38,6 +43,7 @@ TEXT_LIMIT = 2000  # above this many bars, labels on bars cost more than they te
 MICROBATCH_SCALE = [[k / (len(MICROBATCH_COLORS) - 1), c] for k, c in enumerate(MICROBATCH_COLORS)]
 _PATTERNS = {"backward": "/", "backward_input": "\\", "backward_weight": "x"}
 HOVER = "%{hovertext}<extra></extra>"
+LEGEND_NAMES = {WAITING: WAITING_LABEL, BLOCKED: BLOCKED_LABEL}
 MICROBATCH_KEY = ("time (ms); compute bars coloured by microbatch "
                   "(F3 s1: microbatch 3's forward on stage 1), backwards hatched")
 
@@ -102,6 +108,9 @@ def _hover(s: Span, row: str, t0: float, wait: float | None = None) -> str:
     if s.kind == WAITING:
         return (f"<b>{s.name}</b><br>on {row}, from {(s.start - t0) * 1e3:.3f} ms for "
                 f"{(s.end - s.start) * 1e3:.3f} ms: the others had not all entered yet")
+    if s.kind == BLOCKED:
+        return (f"<b>{s.name}</b><br>on {row}, from {(s.start - t0) * 1e3:.3f} ms for "
+                f"{(s.end - s.start) * 1e3:.3f} ms: computing nothing until the call returned")
     out = (f"<b>{s.name or s.kind}</b><br>{s.kind} on {row}<br>start {(s.start - t0) * 1e3:.3f} ms, "
            f"duration {(s.end - s.start) * 1e3:.3f} ms<br>bytes {_bytes_label(s.bytes)}")
     if wait is not None:
@@ -127,9 +136,9 @@ def _bytes_label(n: int) -> str:
 
 def marker_of(kind: str, color) -> dict:
     """Bar marker: one colour, or microbatch numbers on the discrete microbatch scale (+ hatching)."""
-    if kind == WAITING:  # whitens and hatches the call it lies on
+    if kind in (WAITING, BLOCKED):  # whitens and hatches (dots) the call (the compute) it lies on
         return dict(color=color, line=dict(width=0),
-                    pattern=dict(shape="/", fgcolor="#444", size=6, solidity=0.2))
+                    pattern=dict(shape="/" if kind == WAITING else ".", fgcolor="#444", size=6, solidity=0.2))
     if isinstance(color, str):
         return dict(color=color, line=dict(width=0))
     marker = dict(color=color, colorscale=MICROBATCH_SCALE, cmin=0, cmax=len(MICROBATCH_COLORS) - 1,
@@ -179,20 +188,30 @@ def waiting_spans(trace: Trace, spans: list[Span]) -> tuple[list[Span], dict[int
     return extra, waits
 
 
+def blocked_spans(trace: Trace, spans: list[Span]) -> list[Span]:
+    """One ``blocked`` span over each stretch of a drawn compute span in which its rank was inside a
+    communication call (:meth:`Trace.blocked`): a tensor-parallel forward stopped at its all-reduce."""
+    drawn = Trace(spans=[s for s in spans if s.lane == COMPUTE] + trace.select(lane=COMM))
+    return [Span(call.rank, COMPUTE, BLOCKED, lo, hi, name=f"{call.name or call.kind}: blocked",
+                 step=call.step) for call, lo, hi in drawn.blocked()]
+
+
 def bar_traces(trace: Trace, *, lanes=DEFAULT_LANES, steps=None, color_by: str = "auto", text="auto",
                suffix: str = "", opacity: float = 1.0, legend: bool = True, waits: bool = True
                ) -> tuple[list[dict], list[str]]:
     """(bar traces as plotly dicts, row labels) for one Trace; the building block of :func:`timeline`.
-    ``waits=False`` leaves out the hatched waits (a third more bars on a long pipeline)."""
+    ``waits=False`` leaves out the hatched waits for peers and the dotted compute blocked on a call (a
+    third more bars on a long pipeline)."""
     spans = select_spans(trace, lanes, steps)
     mode = resolve_color_by(spans, color_by)
     show_text = (len(spans) <= TEXT_LIMIT) if text == "auto" else bool(text)
-    extra, waits = waiting_spans(trace, spans) if waits else ([], {})
+    extra, wait_of = waiting_spans(trace, spans) if waits else ([], {})
+    extra += blocked_spans(trace, spans) if waits else []
     out = []
     for kind, c in bars_by_kind(spans + extra, mode, suffix, t0=min((s.start for s in spans), default=0.0),
-                                text=show_text and mode == "microbatch", waits=waits).items():
+                                text=show_text and mode == "microbatch", waits=wait_of).items():
         out.append(dict(
-            type="bar", name=WAITING_LABEL if kind == WAITING else kind, y=c["y"], x=c["x"],
+            type="bar", name=LEGEND_NAMES.get(kind, kind), y=c["y"], x=c["x"],
             base=c["base"], orientation="h", hovertext=c["hovertext"], marker=marker_of(kind, c["color"]),
             opacity=opacity,
             hovertemplate=HOVER, text=c["text"], textposition="inside", insidetextanchor="middle",
@@ -211,7 +230,8 @@ def timeline(trace, predicted=None, *, lanes=DEFAULT_LANES, steps=None, predicte
     its measured rows. ``steps`` restricts the measured spans to those steps (``predicted_steps`` the
     predicted ones), e.g. ``steps=[2]`` to compare one warm step with a simulated step.
     ``color_by``: "kind", "microbatch" (pipeline runs; kinds then differ by hatching), or "auto".
-    ``waits``: hatch each call's wait for its last participant (see the module docstring).
+    ``waits``: hatch each call's wait for its last participant, and dot the compute a call blocked
+    (see the module docstring).
     ``fig.layout.meta`` records ``ranks`` and ``rows`` (and ``predicted_rows``) for callers and tests.
     """
     graph = go()
