@@ -17,6 +17,7 @@ pytest.importorskip("plotly")
 import ipywidgets  # noqa: E402
 
 from paralab import sim, widgets  # noqa: E402
+from paralab.widgets._common import NOT_REDRAWN  # noqa: E402
 from tests.conftest import bars  # noqa: E402
 
 
@@ -69,6 +70,9 @@ def test_pipeline_explorer_offers_dualpipev_and_its_overlap():
     app.controls["microbatches"].value = 6  # fewer than 2 x 4 stages
     assert "at least as many microbatches as stages" in app.message.value
     assert app.info.value == ""  # the last shape's step and bubble are not shown beside the refusal
+    assert app.figure.layout.title.text.startswith(NOT_REDRAWN)  # nor its figure taken for this shape's
+    app.controls["microbatches"].value = 8
+    assert app.message.value == "" and not app.figure.layout.title.text.startswith(NOT_REDRAWN)
 
 
 def test_pipeline_explorer_draws_what_a_binder_box_can_redraw():
@@ -181,6 +185,12 @@ def test_memory_explorer_redraws():
     assert staged[0] > staged[1] > staged[2] > staged[3] and staged[0] < totals[0]
     app.controls["pp"].value = 64  # gpt3-1.3b has 24 layers: refused, said, the last figure kept
     assert "layers" in app.message.value and list(app.figure.layout.meta["totals"]) == staged
+    # ... under a title that says so: it had named dp=8 tp=1 pp=4 beside controls at pp=64
+    assert app.figure.layout.title.text.startswith(NOT_REDRAWN) and "pp=4" in app.figure.layout.title.text
+    app.controls["micro_batch"].value = 2  # still refused: marked once, not twice
+    assert app.figure.layout.title.text.count("not redrawn") == 1
+    app.controls["pp"].value = 2
+    assert "pp=2" in app.figure.layout.title.text and "not redrawn" not in app.figure.layout.title.text
 
 
 def test_the_memory_explorers_line_is_what_fits_is_tested_against():

@@ -53,6 +53,26 @@ def message(text: str = "", kind: str = "info") -> str:
             else "")
 
 
+# Heads the title of a figure left as it was when the controls are refused: without it the title names
+# settings the controls no longer hold, and the figure reads as theirs.
+NOT_REDRAWN = "<i>not redrawn for these settings (see the message), last drawn:</i> "
+
+
+def refuse(msg, fw, text: str) -> None:
+    """Say in ``msg`` why the controls' settings cannot be drawn, and mark ``fw`` as the last figure
+    drawn (:data:`NOT_REDRAWN`) until it is redrawn: by :func:`replace_figure`, whose figure brings its
+    own title, or by :func:`redrawn`."""
+    msg.value = message(text, "error")
+    title = fw.layout.title.text or ""
+    if not title.startswith(NOT_REDRAWN):
+        fw.layout.title.text = NOT_REDRAWN + title
+
+
+def redrawn(fw) -> None:
+    """Take :func:`refuse`'s mark off a figure updated in place under its old title."""
+    fw.layout.title.text = (fw.layout.title.text or "").removeprefix(NOT_REDRAWN)
+
+
 def attach(box, **parts):
     """Hang the app's parts on its container (see the module docstring)."""
     for name, value in parts.items():

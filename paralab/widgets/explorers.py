@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 
-from paralab.widgets._common import attach, figure_widget, message, replace_figure, widgets
+from paralab.widgets._common import attach, figure_widget, message, refuse, replace_figure, widgets
 
 POW2 = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 
@@ -88,7 +88,7 @@ def scaling_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dim: str 
             points, skipped = scaling_points(c["model"], c["hardware"], c["dim"], c["max_gpus"],
                                              c["global_batch"], micro_batch=c["micro_batch"])
         except Exception as exc:  # an unknown preset or a cost-model error: say it, keep the figure
-            msg.value = message(f"{type(exc).__name__}: {exc}", "error")
+            refuse(msg, fw, f"{type(exc).__name__}: {exc}")
             return
         uneven = [f"pp={p['size']} splits the layers {p['split']}" for p in points if p["split"]]
         notes = (["not drawn: " + "; ".join(skipped)] if skipped else []) + uneven
@@ -185,7 +185,7 @@ def memory_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dp: int = 
             bars = memory_by_zero(c["model"], c["dp"], c["tp"], c["pp"], c["micro_batch"], c["recompute"],
                                   microbatches=max(c["pp"], 1) * 2 if c["pp"] > 1 else 1)
         except Exception as exc:
-            msg.value = message(f"{type(exc).__name__}: {exc}", "error")
+            refuse(msg, fw, f"{type(exc).__name__}: {exc}")
             return
         chosen = presets.get_model(c["model"])
         split = uneven_split(chosen.layers, c["pp"])  # as memory_by_zero splits them
@@ -194,7 +194,7 @@ def memory_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dp: int = 
 
             spec = ParallelSpec(dp=c["dp"], tp=c["tp"], pp=c["pp"], micro_batch=c["micro_batch"],
                                 stage_layers=split)
-            msg.value = message("; ".join(spec.problems(chosen)), "error")
+            refuse(msg, fw, "; ".join(spec.problems(chosen)))
             return
         msg.value = ""
         layers = f" (layers per stage {split_text(split)})" if split else ""

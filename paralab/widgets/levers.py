@@ -11,7 +11,7 @@ predicted tensors would take more than half the memory this machine has free is 
 
 from __future__ import annotations
 
-from paralab.widgets._common import attach, figure_widget, message, replace_figure, widgets
+from paralab.widgets._common import attach, figure_widget, message, refuse, replace_figure, widgets
 
 KINDS = ("params", "grads", "optimizer", "activations")
 
@@ -85,7 +85,7 @@ def levers_explorer(layers: int = 4, hidden: int = 64, seq: int = 128, micro_bat
         try:
             draw()
         except Exception as exc:  # a shape the model refuses: say so, keep the last figure
-            msg.value = message(f"{type(exc).__name__}: {exc}", "error")
+            refuse(msg, fw, f"{type(exc).__name__}: {exc}")
 
     def measure(*_) -> dict | None:
         from paralab.runtime.launch import launch

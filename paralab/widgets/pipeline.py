@@ -19,7 +19,7 @@ from functools import lru_cache
 from paralab.schedules import SCHEDULES, ScheduleError, build_schedule, chunks_per_rank, theoretical_bubble
 from paralab.sim.events import simulate_schedule
 from paralab.trace import COMPUTE, Trace
-from paralab.widgets._common import attach, figure_widget, message, replace_figure, widgets
+from paralab.widgets._common import attach, figure_widget, message, redrawn, refuse, replace_figure, widgets
 
 UNIT_TIMES = {"forward": 1.0, "backward": 2.0, "backward_input": 1.0, "backward_weight": 1.0}
 # The most (chunk, microbatch) pairs drawn: 64 stages of 128 microbatches, some 50,000 bars, which a
@@ -142,12 +142,13 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
                                  "paralab.sim prices a step of any size")
             sim = simulate(name, p, m, v, lat, overlap)
         except (ScheduleError, ValueError) as exc:
-            msg.value = message(f"{name} with {p} stages, {m} microbatches, v={v}: {exc}", "error")
+            refuse(msg, fw, f"{name} with {p} stages, {m} microbatches, v={v}: {exc}")
             info.value = ""  # the figure keeps the last shape drawn; its figures would read as this one's
             return
         msg.value = ""
         bars, rows = bar_traces(sim, waits=False)
         with fw.batch_update():
+            redrawn(fw)
             if [t.name for t in fw.data] == [b["name"] for b in bars]:
                 for trace, b in zip(fw.data, bars):
                     trace.update(y=b["y"], x=b["x"], base=b["base"], hovertext=b["hovertext"],

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from paralab.widgets._common import attach, figure_widget, message, replace_figure, widgets
+from paralab.widgets._common import attach, figure_widget, message, refuse, replace_figure, widgets
 
 WORLD_SIZES = [1, 2, 4, 8, 16, 32, 64]
 THIS_MACHINE = "this machine"
@@ -127,7 +127,7 @@ def speedup_explorer(runs, baseline=None, max_world: int = 16):
             try:
                 curve, skipped = predicted_curve(cfg, c["model"], hardware, c["dtype"], c["max_world"])
             except Exception as exc:  # a calibration or cost-model failure: say it, keep the figure
-                msg.value = message(f"{type(exc).__name__}: {exc}", "error")
+                refuse(msg, fw, f"{type(exc).__name__}: {exc}")
                 return
             notes += [f"not predicted: {s}" for s in skipped]
         sizes = sorted({*measured, *(p["world_size"] for p in curve or [])})
