@@ -249,6 +249,22 @@ def test_traced_wire_bytes_equal_the_analytic_count(runs, n, mode, split, no_lef
             assert any(b.rank == hop.rank and hop.start <= b.start and b.end <= hop.end for b in blocks), hop
 
 
+@pytest.mark.parametrize("mode, again", [("ring", 1), ("alltoall", 4)])
+def test_full_recompute_sends_the_forwards_hops_again_and_the_simulator_counts_them(runs, mode, again,
+                                                                                     no_leftover_ranks):
+    """Full recompute reruns each layer's forward in backward, attention across the split included:
+    the ring's N-1 K/V hops (4N-3 a layer, not 3N-2), the all-to-all's q, k, v and output (12 slices,
+    not 8). The simulator had counted only the first forward's."""
+    run = runs("cp", 2, cp_mode=mode, cp_split="zigzag", recompute="full")
+    plain = expected_cp_bytes(2, mode)
+    op = "send" if mode == "ring" else "all_to_all"
+    per_layer = {"ring": 3 * 2 - 2, "alltoall": 8}[mode]
+    assert run.summary["comm_bytes"][op] == plain[op][1] * (per_layer + again) // per_layer
+    model, spec = specs_from_run(run.config)
+    (counted,) = (v for k, v in sim_context.comm_bytes_per_gpu(model, spec).items() if k.startswith("cp_"))
+    assert 2 * counted == run.summary["comm_bytes"][op]
+
+
 # ------------------------------------------------------------------------------------- memory and balance
 LONG = dict(layers=2, hidden=32, heads=4, vocab=64, seq_len=512)
 

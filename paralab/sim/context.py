@@ -70,12 +70,14 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec,
     counting.comm_payloads' rows (family cp, op, payload, group size, count per step); the rest of its
     traffic is the slice run's. Ring: per layer and microbatch 3 cp - 2 hops to the ring's next rank
     (cp - 1 K/V forward, cp - 1 K/V and cp dK/dV backward); all-to-all: each of the four tensors
-    forward and its gradient backward."""
+    forward and its gradient backward. A layer full recompute reruns sends its forward's again."""
     p = parallel.resolved()
     passes = counting.rank_layers(model, p, rank) * p.microbatches
+    rerun = counting.recompute_share(model, p)  # of the layers, those whose forward runs twice
     if p.cp_mode == "ring":
-        return [("cp", "send", hop_bytes(model, p), p.cp, passes * (3 * p.cp - 2))]
-    return [("cp", "all_to_all", payload, p.cp, passes * 2) for payload in alltoall_payloads(model, p)]
+        return [("cp", "send", hop_bytes(model, p), p.cp, passes * (3 * p.cp - 2 + rerun * (p.cp - 1)))]
+    return [("cp", "all_to_all", payload, p.cp, passes * (2 + rerun))
+            for payload in alltoall_payloads(model, p)]
 
 
 def gpu_payloads(model: ModelSpec, parallel: ParallelSpec,
