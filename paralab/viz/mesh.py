@@ -25,7 +25,7 @@ from paralab.viz._common import (
 )
 from paralab.viz.comm import DIMENSION_ORDER, bytes_by_group
 
-WHAT = {"dp": "data parallel: gradients reduced", "cp": "context parallel: attention across the sequence",
+WHAT = {"dp": "data parallel: model replicas", "cp": "context parallel: attention across the sequence",
         "tp": "tensor parallel: all-reduces in every layer", "pp": "pipelines: activations stage to stage",
         "ep": "expert parallel: tokens all-to-all"}
 CELL = 0.8  # a rank's square, in grid units (1 between neighbours)

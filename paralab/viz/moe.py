@@ -80,7 +80,8 @@ def expert_cost(trace, title: str | None = None):
                             offsetgroup=1, yaxis="y2", marker_color=kind_color("all_to_all"),
                             hovertemplate="%{x}: %{y:.2f} ms per step in all-to-all<extra></extra>"))
     fig.update_layout(barmode="group", yaxis=dict(title="tokens per step", rangemode="tozero"),
-                      yaxis2=dict(title="ms per step", overlaying="y", side="right", rangemode="tozero"))
+                      yaxis2=dict(title="ms per step", overlaying="y", side="right", rangemode="tozero",
+                                  tickmode="auto", showgrid=False))  # its own round ticks, the left's grid
     fig.layout.meta = {"received": received, "all_to_all_s": waits, "ranks": ranks, "straggler": straggler}
     return style(fig, title or f"the cost of the load: rank {straggler}'s experts compute the most, "
                                f"the others wait for it", 420)
