@@ -305,10 +305,9 @@ class Trace:
         return statistics.median(times[1:] if len(times) > 1 else times)
 
     def busy_time(self, rank: int, lane: str = COMPUTE, window: tuple[float, float] | None = None) -> float:
-        """Time covered by the rank's spans on a lane (overlaps counted once; on the compute lane, only
-        the time it computed: :meth:`computing`), clipped to a window."""
-        spans = self.computing() if lane == COMPUTE else self._intervals(lane)
-        union = _Union(spans.get(rank, []))
+        """Time covered by the rank's spans on a lane (overlaps counted once), clipped to a window: on
+        the compute lane the passes, their own waits included, as :meth:`idle_fraction` counts them."""
+        union = _Union([(s.start, s.end) for s in self.spans if s.rank == rank and s.lane == lane])
         return union.length if window is None else union.covered(*window)
 
     def _chosen_windows(self, steps: list[int] | None = None) -> list[tuple[float, float]]:

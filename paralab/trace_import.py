@@ -42,7 +42,7 @@ from pathlib import Path
 from paralab.cli_args import below_one
 from paralab.config import ConfigError, finite_number
 from paralab.outputs import check_file
-from paralab.profiling import METADATA_KEY, PREFIX, marked, parse_label
+from paralab.profiling import METADATA_KEY, MOMENTS, PREFIX, marked, parse_label
 from paralab.schedules import SCHEDULES, V_SHAPED, shape_problems
 from paralab.trace import COMM, GZIP_MAGIC, MAX_RANKS, STEP, Span, Trace
 from paralab.trace_ops import DEVICE_CATS, HOST_CATS, Event, comm_spans, compute_spans
@@ -228,7 +228,7 @@ def paralab_spans(profile: RankProfile, rank: int) -> tuple[list[Span], float | 
         lane, kind = fields.pop("lane"), fields.pop("kind")
         name = fields.pop("name", "") or kind
         issued, waited = (moments[m, e.name].popleft() if moments.get((m, e.name)) else None
-                          for m in ("issued", "wait"))
+                          for m in MOMENTS)
         length = timed.end - timed.start  # a host-timed mark may outrun a device-timed span
         spans.append(Span(rank, lane, kind, timed.start, timed.end, name=name, **fields,
                           issue_s=0.0 if issued is None else min(issued - e.start, length),

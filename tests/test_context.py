@@ -249,13 +249,15 @@ def test_traced_wire_bytes_equal_the_analytic_count(runs, n, mode, split, no_lef
             assert any(b.rank == hop.rank and hop.start <= b.start and b.end <= hop.end for b in blocks), hop
 
 
-@pytest.mark.parametrize("mode, again", [("ring", 1), ("alltoall", 4)])
-def test_full_recompute_sends_the_forwards_hops_again_and_the_simulator_counts_them(runs, mode, again,
-                                                                                     no_leftover_ranks):
+@pytest.mark.parametrize("mode, recompute, again", [("ring", "full", 1), ("alltoall", "full", 4),
+                                                    ("ring", "selective", 1), ("alltoall", "selective", 3)])
+def test_recompute_sends_the_forwards_hops_again_and_the_simulator_counts_them(runs, mode, recompute, again,
+                                                                              no_leftover_ranks):
     """Full recompute reruns each layer's forward in backward, attention across the split included:
     the ring's N-1 K/V hops (4N-3 a layer, not 3N-2), the all-to-all's q, k, v and output (12 slices,
-    not 8). The simulator had counted only the first forward's."""
-    run = runs("cp", 2, cp_mode=mode, cp_split="zigzag", recompute="full")
+    not 8). Selective recompute reruns the attention core: the same hops, the q, k, v all-to-alls (11).
+    The simulator had counted only the first forward's."""
+    run = runs("cp", 2, cp_mode=mode, cp_split="zigzag", recompute=recompute)
     plain = expected_cp_bytes(2, mode)
     op = "send" if mode == "ring" else "all_to_all"
     per_layer = {"ring": 3 * 2 - 2, "alltoall": 8}[mode]

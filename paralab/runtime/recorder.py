@@ -124,13 +124,15 @@ class Recorder:
         import torch
 
         torch.cuda.synchronize()
+        def at(event) -> float:  # on the host clock, every event read the same way
+            return self._cuda_ref.elapsed_time(event) / 1e3 + self._cuda_shift
+
         for span, start_ev, end_ev, issue_ev, wait_ev in self._pending_cuda:
-            span.start = self._cuda_ref.elapsed_time(start_ev) / 1e3 + self._cuda_shift
-            span.end = self._cuda_ref.elapsed_time(end_ev) / 1e3 + self._cuda_shift
-            if issue_ev is not None:
-                span.issue_s = start_ev.elapsed_time(issue_ev) / 1e3
+            span.start, span.end = at(start_ev), at(end_ev)
+            if issue_ev is not None:  # a blocking call's is its end event: all of it, exactly
+                span.issue_s = at(issue_ev) - span.start
             if wait_ev is not None:
-                span.waited_s = wait_ev.elapsed_time(end_ev) / 1e3
+                span.waited_s = span.end - at(wait_ev)
         self._pending_cuda.clear()
 
     def trace(self, meta: dict | None = None) -> Trace:

@@ -70,14 +70,18 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec,
     counting.comm_payloads' rows (family cp, op, payload, group size, count per step); the rest of its
     traffic is the slice run's. Ring: per layer and microbatch 3 cp - 2 hops to the ring's next rank
     (cp - 1 K/V forward, cp - 1 K/V and cp dK/dV backward); all-to-all: each of the four tensors
-    forward and its gradient backward. A layer full recompute reruns sends its forward's again."""
+    forward and its gradient backward. Recompute sends a forward's again in backward: a layer full
+    recompute reruns, all of it; selective recompute reruns the attention core, the split included:
+    the ring's K/V hops, the all-to-alls of q, k and v (not the output's: nothing kept needs it)."""
     p = parallel.resolved()
     passes = counting.rank_layers(model, p, rank) * p.microbatches
-    rerun = counting.recompute_share(model, p)  # of the layers, those whose forward runs twice
+    full = counting.recompute_share(model, p)  # of the layers, those whose forward runs twice
+    core = 1.0 if p.recompute == "selective" else full  # of the layers, those whose attention does
     if p.cp_mode == "ring":
-        return [("cp", "send", hop_bytes(model, p), p.cp, passes * (3 * p.cp - 2 + rerun * (p.cp - 1)))]
-    return [("cp", "all_to_all", payload, p.cp, passes * (2 + rerun))
-            for payload in alltoall_payloads(model, p)]
+        return [("cp", "send", hop_bytes(model, p), p.cp, passes * (3 * p.cp - 2 + core * (p.cp - 1)))]
+    q, k, v, out = alltoall_payloads(model, p)
+    return ([("cp", "all_to_all", payload, p.cp, passes * (2 + core)) for payload in (q, k, v)]
+            + [("cp", "all_to_all", out, p.cp, passes * (2 + full))])
 
 
 def gpu_payloads(model: ModelSpec, parallel: ParallelSpec,

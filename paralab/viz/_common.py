@@ -39,8 +39,8 @@ KIND_COLORS = {
     "memset": "#A0D88F",
     "all_to_all": "#D67195",
     "barrier": "#79706E",
-    # drawn over the first part of a collective or receive: waiting for its last participant (last in
-    # this order, so it lies on top of the call it belongs to)
+    # drawn over the first part of a collective or receive: waiting for its last participant; and over
+    # a compute span where its rank sat in a call (last in this order, so each lies on top of its bar)
     WAITING: "rgba(255,255,255,0.6)",
     BLOCKED: "rgba(255,255,255,0.7)",  # whitens the compute it lies on, dotted
 }
