@@ -89,6 +89,7 @@ def test_pipeline_explorer_draws_what_a_binder_box_can_redraw():
     # nor does it draw one it starts with
     app = widgets.pipeline_explorer(schedule="interleaved", stages=64, microbatches=128, virtual_stages=8)
     assert bars(app.figure) == 0 and "this shape has 65,536" in app.message.value
+    assert not app.figure.layout.title.text.startswith(NOT_REDRAWN)  # nothing was drawn to be the last
 
 
 def test_pipeline_explorer_invalid_combination_shows_message():

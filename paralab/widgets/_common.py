@@ -64,7 +64,7 @@ def refuse(msg, fw, text: str) -> None:
     own title, or by :func:`redrawn`."""
     msg.value = message(text, "error")
     title = fw.layout.title.text or ""
-    if not title.startswith(NOT_REDRAWN):
+    if fw.data and not title.startswith(NOT_REDRAWN):  # an empty figure (nothing drawn yet) needs no mark
         fw.layout.title.text = NOT_REDRAWN + title
 
 
