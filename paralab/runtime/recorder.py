@@ -124,6 +124,7 @@ class Recorder:
         import torch
 
         torch.cuda.synchronize()
+
         def at(event) -> float:  # on the host clock, every event read the same way
             return self._cuda_ref.elapsed_time(event) / 1e3 + self._cuda_shift
 
