@@ -185,8 +185,10 @@ class StageTimes:
     ``backward`` is the full backward (recompute included); zero-bubble schedules split it into
     ``backward_input`` (recompute, input gradients, tp collectives) and ``backward_weight`` (the
     weight-gradient GEMMs), which add up to it. ``tp_comm`` is the tensor-parallel share of F + B,
-    ``zero_comm`` what ZeRO-2/3's per-part collectives add to F + B beyond the compute they overlap,
-    ``a2a`` the expert-parallel all-to-alls of one pass (F, or the input-gradient part of B).
+    ``zero_comm`` what ZeRO-2/3's per-part collectives add to F + B beyond the compute they overlap
+    (``zero_forward`` of it to F; ``zero_sent``: their seconds, the forward's gathers, the backward's
+    and the reduce-scatters), ``a2a`` the expert-parallel all-to-alls of one pass (F, or the
+    input-gradient part of B).
     """
 
     forward: float
@@ -194,6 +196,8 @@ class StageTimes:
     backward_weight: float
     tp_comm: float = 0.0
     zero_comm: float = 0.0
+    zero_forward: float = 0.0
+    zero_sent: tuple[float, float, float] = (0.0, 0.0, 0.0)
     a2a: float = 0.0
 
     @property
@@ -457,8 +461,10 @@ def _priced_part_by_part(st: StageTimes, model: ModelSpec, p: ParallelSpec, hw: 
         total_f = sum(c + ag for c, ag, _ in forward)
         total_b = sum(c + ag + rs for c, ag, rs in backward)
     added = total_f + total_b - st.forward - st.backward
+    sent = (sum(ag for _, ag, _ in forward), sum(ag for _, ag, _ in backward),
+            sum(rs for _, _, rs in backward))
     return StageTimes(total_f, total_b - st.backward_weight, st.backward_weight, st.tp_comm, zero_comm=added,
-                      a2a=st.a2a)
+                      zero_forward=total_f - st.forward, zero_sent=sent, a2a=st.a2a)
 
 
 def _zero2_bucket(model: ModelSpec, p: ParallelSpec, rank: int) -> float:
@@ -875,8 +881,8 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
     issues them, so they are drawn inside it and marked waited out (``issue_s``; of the all-to-alls,
     what DualPipeV's slots leave exposed: :func:`_tensor_parallel_spans`, :func:`_expert_parallel_spans`):
     as in a measured run's trace, time_breakdown reads them exposed, as the prediction's breakdown
-    counts them. ZeRO-2/3's per-microbatch collectives are drawn beside the passes they serve
-    (:func:`_zero_spans`); what of them is exposed stays inside the compute spans.
+    counts them. ZeRO-2/3's per-microbatch collectives are drawn beside the passes they serve and
+    marked waited out by what the prediction says they add (:func:`_zero_spans`).
     """
     if parallel.cp > 1:
         raise SpecError("the simulated step of a context-parallel run is not drawn; predict() gives its "
@@ -887,13 +893,14 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
     finish = _finish_times(trace, p)
     prediction = _assemble(model, p, hw, times, finish, _pipeline_bubble(trace, p))
     spans = [s for s in trace.spans if s.lane != STEP]
-    compute = spans
-    if p.tp > 1:
-        spans = spans + _tensor_parallel_spans(model, p, times, compute)
-    if p.ep > 1:
-        spans = spans + _expert_parallel_spans(model, p, hw, times, compute)
+    compute, waits = spans, {}
     if p.zero >= 2 and p.dp > 1:
-        spans = spans + _zero_spans(model, p, hw, compute)
+        zero, waits = _zero_spans(model, p, hw, times, compute)
+        spans = spans + zero
+    if p.tp > 1:
+        spans = spans + _tensor_parallel_spans(model, p, times, compute, waits)
+    if p.ep > 1:
+        spans = spans + _expert_parallel_spans(model, p, hw, times, compute, waits)
     for rank, (sync, (start, end), tied) in enumerate(_end_of_step(model, p, hw, finish)):
         if sync["reduce"][0]:
             spans.append(Span(rank, COMM, sync["reduce"][1], start, end, name="gradient reduction", step=0,
@@ -916,11 +923,12 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
     return Trace(spans=sorted(spans, key=lambda s: (s.start, s.rank)), meta=meta)
 
 
-def _tensor_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageTimes],
-                           spans: list[Span]) -> list[Span]:
-    """One comm span per collective kind at the end of each forward and backward: a forward pays one
-    pass of the layer's blocking collectives per layer (all-reduces; all-gather + reduce-scatter with
-    sp), a backward the other (and the rerun forward's with full recompute, and sp's re-gathers)."""
+def _tensor_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageTimes], spans: list[Span],
+                           waits: dict[int, tuple[float, float]]) -> list[Span]:
+    """One comm span per collective kind at the end of each forward and backward (before the ZeRO
+    reduce-scatters it waits for there, ``waits``: :func:`_zero_spans`): a forward pays one pass of the
+    layer's blocking collectives per layer (all-reduces; all-gather + reduce-scatter with sp), a
+    backward the other (and the rerun forward's with full recompute, and sp's re-gathers)."""
     ops, payload, per_pass, passes = counting.tp_collectives(model, p)
     regathers = counting.sequence_regathers(model, p)
     chunk_layers = counting.chunk_layers(model, p)
@@ -930,7 +938,7 @@ def _tensor_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageT
         if span.lane != COMPUTE or phase not in passes or span.stage is None:
             continue
         seconds = times[span.stage].tp_comm * passes[phase] / sum(passes.values())
-        end = span.end
+        end = span.end - waits.get(id(span), (0.0, 0.0))[1]
         for op in ops:
             start = max(span.start, end - seconds / len(ops))
             calls = per_pass * chunk_layers[span.stage] * passes[phase]
@@ -946,10 +954,11 @@ def _tensor_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageT
 
 
 def _expert_parallel_spans(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, times: list[StageTimes],
-                           spans: list[Span]) -> list[Span]:
+                           spans: list[Span], waits: dict[int, tuple[float, float]]) -> list[Span]:
     """The expert all-to-alls of each forward and input-gradient backward of a stage with MoE layers:
-    dispatch, then combine, each half the stage's all-to-all seconds, drawn from the start of the pass
-    (the tensor-parallel collectives are drawn at its end). The pass waits out (``issue_s``) the share
+    dispatch, then combine, each half the stage's all-to-all seconds, drawn from the start of the pass,
+    once the ZeRO gathers it waits for there are in (``waits``: :func:`_zero_spans`; the
+    tensor-parallel collectives are drawn at its end). The pass waits out (``issue_s``) the share
     of them the prediction leaves exposed: all, except where DualPipeV's F&B slots hide some behind the
     other microbatch's compute (:func:`_hidden_all_to_alls`, spread over the rank's all-to-alls)."""
     payload = moe.all_to_all_payload(model, p)
@@ -964,7 +973,8 @@ def _expert_parallel_spans(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, 
     moe_here = counting.chunk_moe_blocks(model, p)
     out = []
     for span in passes:
-        start, seconds, calls = span.start, times[span.stage].a2a / 2, moe_here[span.stage]
+        start, seconds = span.start + waits.get(id(span), (0.0, 0.0))[0], times[span.stage].a2a / 2
+        calls = moe_here[span.stage]
         for name in ("dispatch", "combine"):
             out.append(Span(span.rank, COMM, "all_to_all", start, start + seconds,
                             name=f"expert parallel {name} x{calls:g}", step=span.step,
@@ -976,20 +986,26 @@ def _expert_parallel_spans(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, 
     return out
 
 
-def _zero_spans(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, spans: list[Span]) -> list[Span]:
+def _zero_spans(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, times: list[StageTimes],
+                spans: list[Span]) -> tuple[list[Span], dict[int, tuple[float, float]]]:
     """ZeRO-2/3's collectives of each microbatch, a chunk's parts together: ZeRO-3 gathers the
     chunk's parameters for its forward and again for its backward (the input-gradient pass of a split
     one; FSDP's root unit only for the forward, as it keeps it), drawn from the pass's start, as
     prefetch runs them beside the compute; ZeRO-2 and 3 reduce-scatter its gradients, drawn to the
     end of the pass that makes them (the weight-gradient pass of a split one). Routed experts go over
-    the dp / ep ranks holding them (:func:`counting.dp_groups`). Each is drawn its collective's length;
-    what it adds to the step is in the compute spans already (:func:`_zero_overlapped`)."""
+    the dp / ep ranks holding them (:func:`counting.dp_groups`), one group after the other, as the
+    link sends them, as long as the stage's pricing sends them; what the prediction says they add to a
+    pass (:func:`_zero_overlapped`) is in its compute span, and they are marked waited out by as much
+    (:func:`_waited_out`), so that time_breakdown reads it exposed, as the prediction counts it. Also
+    returns, by ``id`` of each pass that waits, the seconds waited at its start and at its end."""
     pb, gb, _ = counting.bytes_per_param(model, p)
     embed, head = counting.fsdp_root(model, p)
 
     @cache  # a chunk's collectives are the same for every microbatch
     def collectives(stage: int, op: str, backward: bool) -> list[tuple[float, int, float, bool]]:
-        """(payload, group, seconds, between nodes) of each group's ``op`` for one microbatch."""
+        """(payload, group, seconds, between nodes) of each group's ``op`` for one microbatch: the
+        seconds the stage's pricing gave them all (per part, each waiting for the slowest rank),
+        shared among the groups as one collective each would take."""
         params = sum(counting.zero_units(model, p, stage))
         experts = sum(counting.zero_unit_experts(model, p, stage))
         if op == "all_gather" and backward:
@@ -998,23 +1014,54 @@ def _zero_spans(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, spans: list
         else:
             groups = counting.dp_groups(p, params, experts)
         nbytes = pb if op == "all_gather" else gb
-        return [(n * nbytes, group, collective_time(hw, op, n * nbytes, group, stride),
-                 crosses_nodes(hw, group, stride)) for n, group, stride in groups if n]
+        whole = [(n * nbytes, group, collective_time(hw, op, n * nbytes, group, stride),
+                  crosses_nodes(hw, group, stride)) for n, group, stride in groups if n]
+        priced = times[stage].zero_sent[2 if op == "reduce_scatter" else int(backward)]
+        scale = priced / sum(seconds for _, _, seconds, _ in whole) if whole else 0.0
+        return [(payload, group, seconds * scale, inter) for payload, group, seconds, inter in whole]
 
-    out = []
-    for span in spans:
+    by_pass = defaultdict(list)  # (rank, stage, microbatch, forward): gathers in sending order, then
+    for span in spans:           # reduce-scatters from the last sent back
         if span.lane != COMPUTE or span.stage is None:
             continue
         ops = ["all_gather"] if p.zero == 3 and span.kind in ("forward", "backward", "backward_input") else []
         ops += ["reduce_scatter"] if span.kind in ("backward", "backward_weight") else []
         for op in ops:
+            gathered, scattered = span.start, span.end
             for payload, group, seconds, inter in collectives(span.stage, op, span.kind != "forward"):
-                start, end = ((span.start, span.start + seconds) if op == "all_gather"
-                              else (span.end - seconds, span.end))
-                out.append(Span(span.rank, COMM, op, start, end, name=f"ZeRO-{p.zero} {op}", step=span.step,
-                                bytes=int(counting.ring_wire_bytes(op, payload, group)),
-                                payload_bytes=int(payload), group_size=group, stage=span.stage,
-                                microbatch=span.microbatch, inter_node=inter))
+                if op == "all_gather":
+                    start, end = gathered, gathered + seconds
+                    gathered = end
+                else:
+                    start, end = scattered - seconds, scattered
+                    scattered = start
+                by_pass[span.rank, span.stage, span.microbatch, span.kind == "forward"].append((span, Span(
+                    span.rank, COMM, op, start, end, name=f"ZeRO-{p.zero} {op}", step=span.step,
+                    bytes=int(counting.ring_wire_bytes(op, payload, group)), payload_bytes=int(payload),
+                    group_size=group, stage=span.stage, microbatch=span.microbatch, inter_node=inter)))
+    out, waits = [], defaultdict(lambda: (0.0, 0.0))
+    for (_, stage, _, forward), drawn in by_pass.items():
+        added = times[stage].zero_forward if forward else times[stage].zero_comm - times[stage].zero_forward
+        marked = _waited_out([s for _, s in drawn], added)
+        for (pass_span, _), span in zip(drawn, marked, strict=True):
+            at_start, at_end = waits[id(pass_span)]
+            waits[id(pass_span)] = (at_start + span.issue_s, at_end + span.waited_s)
+        out += marked
+    return out, dict(waits)
+
+
+def _waited_out(drawn: list[Span], seconds: float) -> list[Span]:
+    """A pass's ZeRO collectives (:func:`_zero_spans`) with ``seconds`` of them waited out: the gathers'
+    first seconds, as the compute waits for parameters (all of each when nothing prefetches them),
+    then the reduce-scatters' last, as the pass's end waits for its gradients to leave. What the
+    prediction adds beyond their lengths (the SMs they hold slowing the compute beside them) stays
+    compute in the trace."""
+    out = []
+    for span in drawn:
+        waited = min(seconds, span.duration)
+        seconds -= waited
+        moment = "issue_s" if span.kind == "all_gather" else "waited_s"
+        out.append(dataclasses.replace(span, **{moment: waited}))
     return out
 
 
