@@ -56,22 +56,48 @@ def test_a_contiguous_split_waits_for_its_slowest_rank():
 
 
 @pytest.mark.parametrize("attention", ["fused", "standard"])
-def test_splitting_the_sequence_never_beats_not_splitting_it(attention):
-    """At the same tokens per GPU, context parallelism only adds (traffic, smaller kernels); ring and
-    all-to-all compute the same attention, so they differ by about the all-to-all's exposed traffic.
-    (The ring's backward had been charged 2 x its forward against fused attention's 2.5, and the
-    all-to-all's attention the whole s x s square a causal fused kernel halves.)"""
+def test_selective_recompute_reruns_the_rings_forward_hops_and_all(attention):
+    """Selective recompute checkpoints the attention core, fused or not (the lab's cp runs measure the
+    hops sent again: tests/test_context.py), so a ring's forward runs twice. The unsplit model prices
+    no rerun of a fused core: the step pays the whole ring forward again a layer (the step time had
+    counted none of it, while the bytes counted the hops)."""
     model = LLAMA.replace(seq=16384, attention=attention)
-    unsplit = cost.predict(model, spec(dp=8, global_batch=8, recompute="selective"), H100)
+    specs = {recompute: spec(dp=2, cp=4, global_batch=2, recompute=recompute)
+             for recompute in ("none", "selective", "full")}
+    runs = {recompute: cost.predict(model, p, H100) for recompute, p in specs.items()}
+    assert runs["selective"].comm_bytes_per_gpu["cp_send"] == runs["full"].comm_bytes_per_gpu["cp_send"] > (
+        runs["none"].comm_bytes_per_gpu["cp_send"])
+    if attention == "fused":
+        forward, _ = context.ring_passes(model, specs["selective"].resolved(), H100)
+        assert runs["selective"].step_time_s - runs["none"].step_time_s == pytest.approx(
+            model.layers * forward.makespan, rel=1e-9)
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+@pytest.mark.parametrize("attention", ["fused", "standard"])
+def test_splitting_the_sequence_never_beats_not_splitting_it(attention, recompute):
+    """At the same tokens per GPU, context parallelism only adds (traffic, smaller kernels). Over a
+    fused kernel, ring and all-to-all compute the same attention, so they differ by about the
+    all-to-all's exposed traffic; over a standard core the ring's backward recomputes each tile's
+    scores, which the all-to-all keeps (or, under recompute, rebuilds once), so the ring pays one
+    ring forward a layer more, whatever the recompute. (The ring's backward had been charged 2 x its
+    forward against fused attention's 2.5, the all-to-all's attention the whole s x s square a causal
+    fused kernel halves, and selective recompute's rerun of the split attention nothing.)"""
+    model = LLAMA.replace(seq=16384, attention=attention)
+    unsplit = cost.predict(model, spec(dp=8, global_batch=8, recompute=recompute), H100)
     for cp in (2, 4):
-        runs = {mode: cost.predict(model, spec(dp=8 // cp, cp=cp, cp_mode=mode, global_batch=8 // cp,
-                                               recompute="selective"), H100)
-                for mode in ("ring", "alltoall")}
+        specs = {mode: spec(dp=8 // cp, cp=cp, cp_mode=mode, global_batch=8 // cp, recompute=recompute)
+                 for mode in ("ring", "alltoall")}
+        runs = {mode: cost.predict(model, p, H100) for mode, p in specs.items()}
         for run in runs.values():
             assert run.step_time_s > unsplit.step_time_s / cp
         ring, alltoall = runs["ring"], runs["alltoall"]
-        assert abs(alltoall.step_time_s - ring.step_time_s) <= (alltoall.breakdown_s["cp_comm_exposed"]
-                                                                + 0.02 * ring.step_time_s)
+        recomputed_tiles = 0.0
+        if attention == "standard":
+            forward, _ = context.ring_passes(model, specs["ring"].resolved(), H100)
+            recomputed_tiles = model.layers * forward.makespan
+        assert abs(alltoall.step_time_s + recomputed_tiles - ring.step_time_s) <= (
+            alltoall.breakdown_s["cp_comm_exposed"] + 0.02 * ring.step_time_s)
 
 
 @pytest.mark.parametrize("options", [dict(pp=4, stage_layers=(14, 6, 6, 6)), dict(recompute="full")])

@@ -22,8 +22,9 @@ Model states are the whole model's (the learned position table is not split); th
 optimizer time counts it / cp, a rounding error. With a pipeline the extra attention time is added
 to each microbatch's passes over the slowest rank's layers, stretched by the schedule's closed-form
 bubble (m + p - 1 passes of a stage under 1F1B, m + (p - 1) / v of a rank's under the interleaved
-schedule, p m under the naive one). Full recompute reruns a layer's forward, its attention across the
-split and that traffic included.
+schedule, p m under the naive one). Recompute reruns attention across the split, its traffic
+included: full recompute with the rest of a layer's forward, selective recompute alone
+(:func:`attention_rerun`).
 """
 
 from __future__ import annotations
@@ -71,17 +72,25 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec,
     traffic is the slice run's. Ring: per layer and microbatch 3 cp - 2 hops to the ring's next rank
     (cp - 1 K/V forward, cp - 1 K/V and cp dK/dV backward); all-to-all: each of the four tensors
     forward and its gradient backward. Recompute sends a forward's again in backward: a layer full
-    recompute reruns, all of it; selective recompute reruns the attention core, the split included:
-    the ring's K/V hops, the all-to-alls of q, k and v (not the output's: nothing kept needs it)."""
+    recompute reruns, all of it; selective recompute reruns the attention core, the split included
+    (:func:`attention_rerun`): the ring's K/V hops, the all-to-alls of q, k and v (not the output's:
+    nothing kept needs it)."""
     p = parallel.resolved()
     passes = counting.rank_layers(model, p, rank) * p.microbatches
     full = counting.recompute_share(model, p)  # of the layers, those whose forward runs twice
-    core = 1.0 if p.recompute == "selective" else full  # of the layers, those whose attention does
+    core = attention_rerun(model, p)
     if p.cp_mode == "ring":
         return [("cp", "send", hop_bytes(model, p), p.cp, passes * (3 * p.cp - 2 + core * (p.cp - 1)))]
     q, k, v, out = alltoall_payloads(model, p)
     return ([("cp", "all_to_all", payload, p.cp, passes * (2 + core)) for payload in (q, k, v)]
             + [("cp", "all_to_all", out, p.cp, passes * (2 + full))])
+
+
+def attention_rerun(model: ModelSpec, p: ParallelSpec) -> float:
+    """Of the layers, those whose attention across the split runs again before their backward: every
+    one under selective recompute, which checkpoints the attention core, fused or not (as paralab's
+    recompute and Megatron-LM's core_attn recompute do), those full recompute reruns otherwise."""
+    return 1.0 if p.recompute == "selective" else counting.recompute_share(model, p)
 
 
 def gpu_payloads(model: ModelSpec, parallel: ParallelSpec,
@@ -111,27 +120,31 @@ def hop_time(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> float:
     return _link_time(hw, hop_bytes(model, p), p.tp * p.cp > hw.gpus_per_node)
 
 
-def attention_times(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tuple[float, float]:
+def attention_times(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rerun: bool = True
+                    ) -> tuple[float, float]:
     """(forward, backward) seconds of one layer's attention core on one rank of ``p`` (resolved, cp 1)
     and its softmax traffic, as the cost model's layer counts them (cost.layer_work: a fused kernel
-    skips the causally masked half and takes 2.5 x its forward in backward, the standard core 2 x, and
-    a forward again before it under selective recompute)."""
+    skips the causally masked half and takes 2.5 x its forward in backward, the standard core 2 x, and,
+    with ``rerun``, a forward again before it under selective recompute)."""
     rank_hw = cost.per_rank(hw, p.world_size)
     work = cost.layer_work(model, p, rank_hw)
     traffic = work.core_elementwise_bytes
     forward = work.core + traffic / cost.elementwise_bandwidth(rank_hw)
     backward = work.core_backward + 2 * traffic / cost.elementwise_bandwidth(rank_hw, backward=True)
-    recomputed = model.attention == "standard" and p.recompute == "selective"
+    recomputed = rerun and model.attention == "standard" and p.recompute == "selective"
     return forward, backward + (forward if recomputed else 0.0)
 
 
-def block_times(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, ring: bool = False
+def block_times(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, ring: bool = False, rerun: bool = True
                 ) -> tuple[float, float]:
     """(forward, backward) seconds of one (s/cp x s/cp) attention block on one rank: the slice run's
-    attention (:func:`attention_times`); with ``ring`` as a ring step computes it, which recomputes
-    its tile's scores in backward whatever the run's recompute (ring_attention.py keeps none)."""
+    attention (:func:`attention_times`, ``rerun`` with it); with ``ring`` as a ring step computes it,
+    which recomputes its tile's scores in backward whatever the run's recompute (ring_attention.py
+    keeps none)."""
     sm, sp = slice_run(model, p)
-    return attention_times(sm, sp.resolved().replace(recompute="selective") if ring else sp.resolved(), hw)
+    if ring:
+        return attention_times(sm, sp.resolved().replace(recompute="selective"), hw)
+    return attention_times(sm, sp.resolved(), hw, rerun)
 
 
 def ring_step_compute(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> list[list[float]]:
@@ -224,16 +237,19 @@ def alltoall_time(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> float:
 
 def ulysses_times(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tuple[float, float]:
     """(forward, backward) seconds of the all-to-all's attention: heads / (tp x cp) heads over the whole
-    sequence, the layer's attention as if tensor parallel over tp x cp ranks (:func:`attention_times`)."""
-    return attention_times(model, p.replace(tp=p.tp * p.cp, cp=1), hw)
+    sequence, the layer's attention as if tensor parallel over tp x cp ranks (:func:`attention_times`;
+    a rerun forward is :func:`attention_rerun`'s)."""
+    return attention_times(model, p.replace(tp=p.tp * p.cp, cp=1), hw, rerun=False)
 
 
 def layer_extra(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec
                 ) -> tuple[tuple[float, float], tuple[float, float]]:
     """((forward, backward) extra seconds, (forward, backward) exposed communication seconds) of one
-    layer and microbatch beyond the slice run's: attention across the split and its traffic."""
+    layer and microbatch beyond the slice run's: attention across the split and its traffic. The
+    backward's is beyond the slice's without the forward selective recompute reruns there: the split
+    attention's rerun replaces it (:func:`attention_rerun`)."""
     p = parallel.resolved()
-    block, block_backward = block_times(model, p, hw)
+    block, block_backward = block_times(model, p, hw, rerun=False)
     if p.cp_mode == "ring":
         forward, backward = ring_passes(model, p, hw)
         return ((forward.makespan - block, backward.makespan - block_backward),
@@ -326,11 +342,20 @@ def predict(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec, simulate
 def _split_attention(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tuple[float, float, int, float]:
     """What attention across the split adds to a step: (seconds per layer and microbatch, of them
     exposed communication, the slowest pipeline rank's layer passes, those passes stretched by the
-    schedule's bubble). Full recompute runs the forward, split and all, again."""
+    schedule's bubble). Recompute runs the attention's forward, split and all, again
+    (:func:`attention_rerun`; under selective recompute the all-to-alls but the output's). The slice
+    run prices its block's rerun where it reruns the core (cost.layer_work), but not a fused core's
+    under selective recompute (it keeps nothing the unsplit model would drop): that block is added."""
     (forward, backward), (forward_exposed, backward_exposed) = layer_extra(model, p, hw)
-    rerun = counting.recompute_share(model, p)
-    extra = forward * (1 + rerun) + backward
-    exposed = forward_exposed * (1 + rerun) + backward_exposed
+    rerun = attention_rerun(model, p)
+    unsent = unpriced = 0.0  # of the forward's exposed all-to-alls, those a rerun core does not send again
+    if p.recompute == "selective":
+        if p.cp_mode != "ring":
+            unsent = cost.collective_time(hw, "all_to_all", alltoall_payloads(model, p)[-1], p.cp, p.tp)
+        if model.attention != "standard":
+            unpriced = block_times(model, p, hw)[0]
+    extra = forward + rerun * (forward + unpriced - unsent) + backward
+    exposed = forward_exposed + rerun * (forward_exposed - unsent) + backward_exposed
     work = max(counting.layers_by_rank(model, p)[0]) * p.microbatches
     passes = work / (1 - theoretical_bubble(p.schedule, p.pp, p.microbatches, p.virtual_stages))
     return extra, exposed, work, passes
