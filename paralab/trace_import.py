@@ -15,12 +15,13 @@ becomes what (the mapping of torch's operators lives in :mod:`paralab.trace_ops`
   idle time is the gaps, which ``Trace.summary()`` measures (idle, exposed and overlapped
   communication, waiting).
 - clocks: every rank is first put on one clock (Kineto's ``ts`` + ``baseTimeNanoseconds``, Unix
-  time). Then, as paralab starts every rank's clock on leaving one barrier, each rank is shifted so
-  that the first collective over all ranks ends at the same instant everywhere (ranks leave a
-  collective together): ranks on hosts whose clocks disagree line up too. Without such a collective
-  in every file the shared clock stands. ``meta["clock"]`` says which was done, and how far each
-  rank (in rank order) was moved against the first beyond what the profilers' clocks said
-  (``correction_s``).
+  time). Ranks of one host read one clock, and it stands. Across hosts, as paralab starts every
+  rank's clock on leaving one barrier, each host's ranks are shifted together so that the first
+  collective over all ranks ends at the same instant everywhere (ranks leave a collective together,
+  but not to the microsecond: the median over the host's ranks), which lines up hosts whose clocks
+  disagree; a file that names no host is a host of its own. Without such a collective in every file
+  the profilers' clocks stand. ``meta["clock"]`` says which was done, and how far each rank (in rank
+  order) was moved against the first beyond what the profilers' clocks said (``correction_s``).
 
 A profile of a paralab run (``paralab run --profile DIR``, see :mod:`paralab.profiling`) carries
 paralab's own spans as named ranges. With ``names="auto"`` (the default) those ranges are the spans,
@@ -34,6 +35,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import statistics
 import sys
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
@@ -370,14 +372,21 @@ def _align(spans_by_rank: dict[int, list[Span]], profiles: list[RankProfile], ra
         method = "paralab: every rank's clock starts as it leaves the barrier before training"
     else:
         ends = _first_common_collective_ends(spans_by_rank, ranks, world)
+        hosts = _clock_hosts(profiles, ranks)
+        method = "clock: the profiler's own clocks (Unix time)"
         if len(ranks) > 1 and ends:
             ref = min(ranks)
-            shift = {r: shift[r] - (ends[r] + shift[r] - ends[ref] - shift[ref]) for r in ranks}
-            method = "collective: the first collective over all ranks ends at the same instant on every rank"
-            _check_one_clock(profiles, ranks, {r: shift[r] - (p.base_ns - ref_ns) * 1e-9
-                                               for r, p in zip(ranks, profiles)})
-        else:
-            method = "clock: the profiler's own clocks (Unix time)"
+            # how far each rank's clock is off, read as if the first collective ended at one instant
+            off = {r: ends[r] + shift[r] - ends[ref] - shift[ref] for r in ranks}
+            _check_one_clock(profiles, ranks, {r: -off[r] for r in ranks})
+            if len(hosts) == 1:
+                method = "clock: every rank ran on one host and read its clock"
+            else:
+                host_off = {r: statistics.median(off[m] for m in members)
+                            for members in hosts.values() for r in members}
+                shift = {r: shift[r] - host_off[r] for r in ranks}
+                method = ("collective: the first collective over all ranks ends at one instant on every "
+                          "host (the median of its ranks)")
     for rank, spans in spans_by_rank.items():
         for s in spans:
             s.start += shift[rank]
@@ -393,14 +402,18 @@ def _align(spans_by_rank: dict[int, list[Span]], profiles: list[RankProfile], ra
     return {"method": method, "correction_s": [moved[r] - moved[first] for r in sorted(ranks)]}
 
 
+def _clock_hosts(profiles: list[RankProfile], ranks: list[int]) -> dict[str, list[int]]:
+    """The ranks that read one clock, by host: a file that names no host is a host of its own."""
+    hosts: dict[str, list[int]] = {}
+    for rank, p in zip(ranks, profiles):
+        hosts.setdefault(p.host or f"unnamed {rank}", []).append(rank)
+    return hosts
+
+
 def _check_one_clock(profiles: list[RankProfile], ranks: list[int], moved: dict[int, float]) -> None:
     """Ranks on one host read one clock: their first collective over all ranks ends within
     ``ONE_HOST_SKEW_S`` by it. Further apart, the files are of different runs (ProfileError)."""
-    by_host: dict[str, list[int]] = {}
-    for rank, p in zip(ranks, profiles):
-        if p.host:  # a file that names no host may be of any machine
-            by_host.setdefault(p.host, []).append(rank)
-    for host, members in by_host.items():
+    for host, members in _clock_hosts(profiles, ranks).items():
         lo, hi = min(members, key=moved.get), max(members, key=moved.get)
         if (apart := moved[hi] - moved[lo]) > ONE_HOST_SKEW_S:
             raise ProfileError(f"ranks {min(lo, hi)} and {max(lo, hi)} ran on one host ({host}), "
