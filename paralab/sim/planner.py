@@ -311,7 +311,8 @@ def explain(ranked: list[cost.Prediction], model: ModelSpec | None = None,
             f"it loses under 1% of the step to the bubble, communication and the optimizer together: what "
             f"its MFU misses is in its kernels' own speed{rerun}")
     out = [
-        f"Winner: {describe(win.parallel)} - {flops_text(win.tflops_per_gpu)} per GPU ({win.mfu:.0%} MFU), "
+        f"Winner: {describe(win.parallel)} - {flops_text(win.tflops_per_gpu)} of hardware FLOPs per GPU "
+        f"({win.hfu:.0%} HFU, {win.mfu:.0%} MFU), "
         f"{bytes_text(win.memory_bytes_per_gpu['total'])} per GPU; {loss}."
         + (" It counts on ZeRO-3's gathers hiding under compute, which large runs have not shown:"
            " an upper bound (docs/simulator.md)." if win.parallel.zero == 3 else "")
