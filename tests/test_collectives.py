@@ -95,3 +95,18 @@ def test_the_collectives_explorer_says_where_the_tree_wins():
     app.controls["size_mb"].value = 512
     assert app.figure.layout.meta["h100 InfiniBand, ring"][0] > ring[0]  # a bigger message takes longer
     assert "from 4 ranks" not in app.message.value
+
+
+def test_the_explorer_keeps_nvlink_inside_a_node_and_no_tree_on_gloo():
+    """NVLink joins the GPUs of one node: its curves had run to 1,024 ranks. A measured gloo link has no
+    tree algorithm: the explorer had said where its tree wins without a word. Sizes read in binary
+    units (the title had said 1024 MiB)."""
+    pytest.importorskip("ipywidgets")
+    from paralab import widgets
+
+    app = widgets.collectives_explorer(measured={"gloo here": (2e-4, 1e9)}, size_mb=1024, link="h100 NVLink")
+    assert len(app.figure.layout.meta["h100 NVLink, ring"]) == 3  # 2, 4 and 8 ranks of the default 256
+    assert "joins the 8 GPUs of a node" in app.message.value and "1 GiB" in app.figure.layout.title.text
+    app.controls["link"].value = "gloo here"
+    assert len(app.figure.layout.meta["gloo here, ring"]) == 8  # 2 to 256 ranks
+    assert "gloo, measured here, runs no tree" in app.message.value and "joins" not in app.message.value

@@ -9,6 +9,14 @@ from paralab.viz._common import SERIES_COLORS, go, make_subplots, style
 SIZES = [2.0**k for k in range(2, 31)]  # 4 B to 1 GiB
 
 
+def size_label(nbytes: float) -> str:
+    """A power-of-two size in the binary unit that keeps it whole: 65536 -> '64 KiB', 2**30 -> '1 GiB'."""
+    for power, unit in reversed(list(enumerate(("B", "KiB", "MiB", "GiB")))):
+        if nbytes >= 1024**power:
+            return f"{nbytes / 1024**power:g} {unit}"
+    return f"{nbytes:g} B"
+
+
 def alpha_beta(measured: dict, fits: dict, op: str = "all_reduce", title: str | None = None):
     """Left: time against size, log-log: ``measured`` {label: (group, [(bytes, s)])} as markers, each
     ``fits`` {label: (group, alpha, bandwidth)} as the model's line. Right: bus bandwidth of both."""
@@ -46,9 +54,14 @@ def alpha_beta(measured: dict, fits: dict, op: str = "all_reduce", title: str | 
                                     hovertemplate=f"{label}: %{{x:.3s}}B, "
                                                   f"%{{y:.3f}} GB/s<extra></extra>"), 1, 2)
         meta["fits"][label] = {"group": group, "alpha_s": alpha, "bandwidth": bandwidth}
-    fig.update_xaxes(type="log", title_text="message size (bytes)", exponentformat="SI")
-    fig.update_yaxes(type="log", dtick=1, title_text="ms", row=1, col=1)
-    fig.update_yaxes(type="log", dtick=1, title_text="GB/s", row=1, col=2)
+    drawn = [p for _, points in measured.values() for p, _ in points] + sizes
+    ticks = [4.0**k for k in range(1, 16) if min(drawn) / 2 <= 4.0**k <= max(drawn) * 2]
+    # binary sizes on the size axis (plotly's SI "1k" would be 1,000 bytes), powers of ten on the others
+    # (its SI "100µ" on a GB/s axis reads as a unit)
+    fig.update_xaxes(type="log", title_text="message size", tickvals=ticks,
+                     ticktext=list(map(size_label, ticks)))
+    fig.update_yaxes(type="log", dtick=1, exponentformat="power", title_text="ms", row=1, col=1)
+    fig.update_yaxes(type="log", dtick=1, exponentformat="power", title_text="GB/s", row=1, col=2)
     fig.update_layout(meta=meta)
     return style(fig, title or f"{op.replace('_', '-')}: time and bus bandwidth against size", 420)
 
@@ -73,5 +86,4 @@ def ring_against_tree(links: dict, payload: float, groups: list[int], title: str
     fig.update_xaxes(type="log", dtick=0.30103, title_text="ranks in the all-reduce")
     fig.update_yaxes(type="log", dtick=1, title_text="microseconds")
     fig.update_layout(meta=meta)
-    size = f"{payload / 2**20:g} MiB" if payload >= 2**20 else f"{payload / 2**10:g} KiB"
-    return style(fig, title or f"all-reduce of {size}: ring against tree", 400)
+    return style(fig, title or f"all-reduce of {size_label(payload)}: ring against tree", 400)

@@ -3,27 +3,41 @@ model of paralab.collectives; the links of the hardware presets, or this machine
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from paralab.widgets._common import attach, figure_widget, message, replace_figure, widgets
 
 GROUPS = [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 
 
-def links(measured: dict | None = None) -> dict[str, tuple[float, float]]:
-    """{name: (alpha, bandwidth)}: each GPU preset's NVLink (inside a node) and InfiniBand (one GPU's
-    NIC, across nodes), and ``measured`` links given as the same pairs."""
+class Link(NamedTuple):
+    """A link of the alpha-beta model, how many ranks it can join (None: any number, as a network
+    does) and whether NCCL's tree runs on it (a measured gloo link has no tree algorithm)."""
+
+    alpha: float
+    bandwidth: float
+    reach: int | None = None
+    tree: bool = True
+
+
+def links(measured: dict | None = None) -> dict[str, Link]:
+    """Each GPU preset's NVLink (inside a node: as many ranks as the node has GPUs) and InfiniBand
+    (one GPU's NIC, across nodes), and ``measured`` links {name: (alpha, bandwidth)}, taken to be
+    gloo's (no tree)."""
     from paralab.sim.hardware import PRESETS
 
     out = {}
     for name, hw in PRESETS.items():
-        out[f"{name} NVLink"] = (hw.intra_latency, hw.intra_bw)
-        out[f"{name} InfiniBand"] = (hw.inter_latency, hw.inter_bw)
-    return {**out, **(measured or {})}
+        out[f"{name} NVLink"] = Link(hw.intra_latency, hw.intra_bw, reach=hw.gpus_per_node)
+        out[f"{name} InfiniBand"] = Link(hw.inter_latency, hw.inter_bw)
+    return {**out, **{name: Link(alpha, bandwidth, tree=False)
+                      for name, (alpha, bandwidth) in (measured or {}).items()}}
 
 
 def collectives_explorer(measured: dict | None = None, size_mb: float = 1.0, link: str = "h100 InfiniBand"):
     """Sliders: message size and the largest group; a dropdown: the link. The figure: the all-reduce's
-    predicted time against the number of ranks, ring and tree. Attributes: ``controls``, ``figure``,
-    ``message`` (where the tree overtakes the ring), ``redraw()``."""
+    predicted time against the number of ranks, ring and tree (up to what the link can join). Attributes:
+    ``controls``, ``figure``, ``message`` (where the tree overtakes the ring), ``redraw()``."""
     from paralab.collectives import ring_time, tree_time
     from paralab.viz.collectives import ring_against_tree
 
@@ -35,18 +49,24 @@ def collectives_explorer(measured: dict | None = None, size_mb: float = 1.0, lin
         "max_group": w.SelectionSlider(options=GROUPS[1:], value=256, description="up to"),
     }
     msg = w.HTML()
-    fw = figure_widget(ring_against_tree({link: choices[link]}, size_mb * 2**20, GROUPS[:3]))
+    fw = figure_widget(ring_against_tree({link: choices[link][:2]}, size_mb * 2**20, GROUPS[:3]))
 
     def redraw(*_):
         c = {k: v.value for k, v in controls.items()}
-        alpha, bandwidth = choices[c["link"]]
-        payload, groups = c["size_mb"] * 2**20, [n for n in GROUPS if n <= c["max_group"]]
-        replace_figure(fw, ring_against_tree({c["link"]: (alpha, bandwidth)}, payload, groups))
-        faster = [n for n in groups
-                  if tree_time(payload, n, alpha, bandwidth) < ring_time("all_reduce", payload, n, alpha,
-                                                                         bandwidth)]
-        msg.value = message(f"the tree is faster from {faster[0]} ranks on" if faster
-                            else "the ring is faster at every group size shown", "info")
+        chosen = choices[c["link"]]
+        reach = min(c["max_group"], chosen.reach or c["max_group"])
+        payload, groups = c["size_mb"] * 2**20, [n for n in GROUPS if n <= reach]
+        replace_figure(fw, ring_against_tree({c["link"]: chosen[:2]}, payload, groups))
+        faster = [n for n in groups if tree_time(payload, n, *chosen[:2])
+                  < ring_time("all_reduce", payload, n, *chosen[:2])]
+        said = (f"the tree is faster from {faster[0]} ranks on" if faster
+                else "the ring is faster at every group size shown")
+        if not chosen.tree:
+            said += " (in the model: gloo, measured here, runs no tree; NCCL does)"
+        if chosen.reach and c["max_group"] > chosen.reach:
+            said += (f"; NVLink joins the {chosen.reach} GPUs of a node, so the groups stop there (beyond "
+                     "it an all-reduce crosses InfiniBand)")
+        msg.value = message(said, "info")
 
     for control in controls.values():
         control.observe(redraw, names="value")
