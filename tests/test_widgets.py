@@ -501,3 +501,22 @@ def test_elastic_monitor_counts_steps_not_samples():
     app.push(counters=[Counter(rank, "step_time_s", k + 0.01 * rank, 0.5)
                        for k in range(3) for rank in range(3)])
     assert "3 steps" in app.status.value
+
+
+def test_the_comm_explorer_says_its_prediction_of_a_hierarchical_run_is_a_flat_all_reduce():
+    """The simulator has no hierarchical all-reduce: beside a hierarchical run, its bars (one flat
+    all-reduce, bytes spread evenly over the links) had read as a prediction of the three steps."""
+    from types import SimpleNamespace
+
+    from paralab.config import RunConfig
+    from paralab.trace import COMM, Span, Trace
+
+    def run(hierarchical: bool):
+        cfg = RunConfig.build("tiny", strategy="ddp", world_size=4, nodes=2, hierarchical=hierarchical,
+                              global_batch=8)
+        spans = [Span(r, COMM, "all_reduce", 0.0, 1.0, step=0, bytes=8, group_size=2) for r in range(4)]
+        return SimpleNamespace(config=cfg, trace=Trace(spans=spans))
+
+    _, same, grown = widgets.comm_explorer(run(hierarchical=True), world_size=8).sources()
+    assert same.startswith("predicted, flat all-reduce, 4 ranks") and "flat all-reduce, 8 ranks" in grown
+    assert "flat" not in list(widgets.comm_explorer(run(hierarchical=False)).sources())[1]

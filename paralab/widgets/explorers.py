@@ -282,11 +282,13 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
         """The traces the view draws: the run, its prediction, the prediction at the sliders' size
         (``grown``)."""
         out = {f"measured, {trace.meta.get('world_size') or len(trace.ranks)} ranks": trace}
+        # a hierarchical run's three steps are the lab's: the cost model prices NCCL's flat collectives
+        flat = ", flat all-reduce" if getattr(predictor and predictor.cfg, "hierarchical", False) else ""
         if predictor is not None:
-            out[f"predicted, {predictor.world_size} ranks"] = predictor.same_run
+            out[f"predicted{flat}, {predictor.world_size} ranks"] = predictor.same_run
         if predictor is not None and grown:
             bigger = predictor.grown(c["model"], c["world_size"], c["tp"], c["pp"], c["gpus_per_node"])
-            label = (f"predicted, {c['world_size']} ranks ({_mesh_text(bigger.meta)}, {c['model']}, "
+            label = (f"predicted{flat}, {c['world_size']} ranks ({_mesh_text(bigger.meta)}, {c['model']}, "
                      f"{c['gpus_per_node']}/node)")
             out[label] = bigger
         return out
