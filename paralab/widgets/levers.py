@@ -42,7 +42,7 @@ def too_big_to_measure(predicted: dict) -> str:
 
 
 def levers_explorer(layers: int = 4, hidden: int = 64, seq: int = 128, micro_batch: int = 4,
-                    vocab: int = 128):
+                    vocab: int = 128, dtype: str = "fp32"):
     """Sliders (layers, hidden, sequence, micro-batch) and toggles (dtype, recompute, attention) over
     the predicted memory by kind; a button measures the same run. Attributes: ``controls``,
     ``figure``, ``measure()``, ``measured`` (the last measured per-kind peaks), ``message``."""
@@ -56,7 +56,7 @@ def levers_explorer(layers: int = 4, hidden: int = 64, seq: int = 128, micro_bat
         "seq": w.SelectionSlider(options=[32, 64, 128, 256, 512, 1024], value=seq, description="sequence"),
         "micro_batch": w.SelectionSlider(options=[1, 2, 4, 8, 16], value=micro_batch,
                                          description="micro-batch"),
-        "dtype": w.ToggleButtons(options=["fp32", "bf16"], value="fp32", description="dtype"),
+        "dtype": w.ToggleButtons(options=["fp32", "bf16"], value=dtype, description="dtype"),
         "recompute": w.ToggleButtons(options=["none", "selective", "full"], value="none",
                                      description="recompute"),
         "attention": w.ToggleButtons(options=["sdpa", "math"], value="sdpa", description="attention"),
