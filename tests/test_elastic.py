@@ -30,6 +30,7 @@ from paralab.elastic.balance import Balancer
 from paralab.elastic.config import ElasticConfig
 from paralab.models.gpt import GPT, lm_loss
 from paralab.strategies.common import make_optimizer
+from paralab.viz.elastic import STEP_COLOR, WORLD_COLOR
 from tests.conftest import (
     TAG,
     assert_close_rel,
@@ -380,6 +381,14 @@ def test_the_elastic_figure_tells_the_story_in_phases(killed):
     assert [sum(t.y[k] for t in samples) for k in range(STEPS)] == [BATCH] * STEPS
     lost = next(t for t in fig.data if t.name == "step lost (redone later)")
     assert list(lost.x) and len(lost.x) == result.transitions[0]["steps_redone"]
+    # the box counts the stretch without steps in the summary's step (notebook 07 prints both: they
+    # had counted against two medians, 421 and 387 steps' worth of one recovery)
+    gap = (next(lo for label, lo, _ in fig.layout.meta["phases"] if label == "training at 3 ranks")
+           - next(hi for label, _, hi in fig.layout.meta["phases"] if label == "training at 4 ranks"))
+    assert f"{gap / result.summary['step_time_s']:,.0f} steps' worth" in fig.layout.annotations[-1].text
+    # the run's own series in greys, apart from the ranks' colours
+    series = {t.line.color for t in fig.data if t.name in ("world size", "step time")}
+    assert series == {WORLD_COLOR, STEP_COLOR}
 
 
 def test_the_trace_carries_counters_and_membership_events(killed, tmp_path):

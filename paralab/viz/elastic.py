@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from paralab.elastic.history import typical_step_time
 from paralab.trace import EVENT, STEP, Trace
 from paralab.viz._common import EXTRA_COLORS, MICROBATCH_COLORS, as_trace, go, make_subplots, style
 
@@ -31,6 +32,8 @@ UTILISATION = ("cpu_percent", "gpu_percent", "utilisation", "utilization")
 PHASE_COLORS = {"start": "#BAB0AC", "training": "#54A24B", "failure": "#D62728", "detected": "#F58518",
                 "rendezvous": "#B279A2", "restore": "#4C78A8"}
 RANK_COLORS = MICROBATCH_COLORS + EXTRA_COLORS
+# the run's own series in greys, so that none reads as a rank's
+WORLD_COLOR, STEP_COLOR = "#8C8C8C", "#333333"
 
 
 # ------------------------------------------------------------------------------------- the data
@@ -171,9 +174,9 @@ def elastic(trace, title: str | None = None):
 
 
 def _gaps_said(phases: list[dict], final: list[dict]) -> list[str]:
-    """One line per stretch between two training phases: how long no step ran, in steps' worth."""
-    times = sorted(r["end"] - r["start"] for r in final)
-    step = times[len(times) // 2] if times else 0.0
+    """One line per stretch between two training phases: how long no step ran, in steps' worth (of
+    the run's typical step, as its summary counts it)."""
+    step = typical_step_time([r["end"] - r["start"] for r in final])
     training = [p for p in phases if p["phase"] == "training"]
     lines = [f"<b>{training[0]['label']}</b>" if training else "no step recorded"]
     for before, after in zip(training, training[1:]):
@@ -215,10 +218,10 @@ def _draw_wall_clock(fig, graph, trace: Trace, records: list[dict], phases: list
     lost = [r for r in records if not r["final"]]
     x, y = _gapped(final, phases, lambda r: r["world_size"])
     fig.add_trace(graph.Scatter(x=x, y=y, mode="lines+markers", line_shape="hv", name="world size",
-                                line=dict(color="#4C78A8"), showlegend=False,
+                                line=dict(color=WORLD_COLOR), showlegend=False,
                                 hovertemplate="world of %{y} at %{x:.2f} s<extra></extra>"), 2, 1)
     x, y = _gapped(final, phases, lambda r: (r["end"] - r["start"]) * 1e3)
-    fig.add_trace(graph.Scatter(x=x, y=y, mode="lines+markers", name="step time", line=dict(color="#F58518"),
+    fig.add_trace(graph.Scatter(x=x, y=y, mode="lines+markers", name="step time", line=dict(color=STEP_COLOR),
                                 showlegend=False,
                                 hovertemplate="step ending at %{x:.2f} s: %{y:.1f} ms<extra></extra>"), 3, 1)
     if lost:
@@ -249,9 +252,10 @@ def _draw_wall_clock(fig, graph, trace: Trace, records: list[dict], phases: list
 
 def _draw_steps(fig, graph, records: list[dict], final: list[dict]) -> None:
     steps = [r["step"] for r in final]
-    fig.add_trace(graph.Bar(x=steps, y=[r["world_size"] for r in final], marker_color="#4C78A8",
+    fig.add_trace(graph.Bar(x=steps, y=[r["world_size"] for r in final], marker_color=WORLD_COLOR,
                             showlegend=False, hovertemplate="step %{x}: %{y} ranks<extra></extra>"), 2, 2)
-    fig.add_trace(graph.Bar(x=steps, y=[(r["end"] - r["start"]) * 1e3 for r in final], marker_color="#F58518",
+    fig.add_trace(graph.Bar(x=steps, y=[(r["end"] - r["start"]) * 1e3 for r in final],
+                            marker_color=STEP_COLOR,
                             showlegend=False, hovertemplate="step %{x}: %{y:.1f} ms<extra></extra>"), 3, 2)
     lost = [r for r in records if not r["final"]]
     if lost:
