@@ -78,7 +78,8 @@ def scaling(measured=None, predicted=None, title: str | None = None):
                                     line=dict(color="#999", dash="dot"), hoverinfo="skip"), 1, 2)
     fig.update_xaxes(title_text="world size (ranks)", type="log", dtick=0.30103)
     fig.update_yaxes(title_text="ms per step", row=1, col=1, rangemode="tozero")
-    fig.update_yaxes(title_text="speedup (x)", row=1, col=2, rangemode="tozero")
+    # log-log, so that the ideal is the diagonal and a shortfall reads as the same gap at any size
+    fig.update_yaxes(title_text="speedup (x)", row=1, col=2, type="log", dtick=0.30103)
     fig.update_layout(meta=meta)
     return style(fig, title or "scaling with world size", 380)
 
