@@ -268,6 +268,9 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
     ranks = _assign_ranks(profiles)
     warnings = _check_one_run(profiles, ranks)
     world = max([p.world_size or 0 for p in profiles] + [max(ranks) + 1, len(profiles)])
+    if missing := sorted(set(range(world)) - set(ranks)):
+        warnings.append(f"the files hold {len(ranks)} of the {world} ranks of their world (none for rank(s) "
+                        f"{', '.join(map(str, missing))}): the trace has only the ranks given")
     if (meta or {}).get("pp") and world % meta["pp"]:
         raise ProfileError(f"pp {meta['pp']} does not divide the {world} ranks of these profiles")
     use_paralab = names == "paralab" or (names == "auto" and all(_has_paralab_ranges(p) for p in profiles))

@@ -636,3 +636,12 @@ def test_an_unknown_schedule_is_refused_naming_the_schedules(capsys, tmp_path):
     assert info.value.code == 2 and not (tmp_path / "out.json").exists()
     err = capsys.readouterr().err
     assert "invalid choice: 'nope'" in err and "'1f1b'" in err
+
+
+def test_a_world_imported_in_part_says_which_ranks_are_missing(tmp_path, capsys):
+    """One file of a world of two had been imported in silence: a one-rank trace, read as a whole job."""
+    only = _gloo_rank(tmp_path / "r0.json", rank=0)
+    assert cli_main(["import", only, "-o", str(tmp_path / "out.json")]) == 0
+    assert "the files hold 1 of the 2 ranks of their world (none for rank(s) 1)" in capsys.readouterr().err
+    both = [only, _gloo_rank(tmp_path / "r1.json", rank=1)]
+    assert "warnings" not in import_profile(both).meta

@@ -46,6 +46,15 @@ def _summary_of(obj) -> tuple[Trace, dict, list[float] | None]:
     return trace, obj.summary, list(getattr(obj, "losses", []) or []) or None
 
 
+def _value_text(key: str, value) -> str:
+    """A summary value as the table shows it: a throughput of 0 is one the trace cannot know (an
+    imported profile does not say how many tokens a step trained on)."""
+    if key == "tokens_per_s" and not value:
+        return ("unknown: the trace does not say how many tokens a step trains on "
+                "(paralab import --tokens-per-step)")
+    return _fmt(value)
+
+
 def _fmt(value) -> str:
     from paralab.viz._common import fmt_bytes
 
@@ -77,7 +86,7 @@ RANK_COLUMNS = (("compute_s", "compute"), ("comm_s", "comm"), ("overlapped_comm_
 def summary_table(summary: dict) -> str:
     """HTML tables: headline numbers, then where each rank's step time went (ms per step)."""
     rows = "".join(
-        f"<tr><th>{html.escape(k)}</th><td>{html.escape(_fmt(summary[k]))}</td></tr>"
+        f"<tr><th>{html.escape(k)}</th><td>{html.escape(_value_text(k, summary[k]))}</td></tr>"
         for k in SUMMARY_KEYS if k in summary and summary[k] not in (None, "")
     )
     out = f'<table class="summary">{rows}</table>'
