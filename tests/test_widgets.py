@@ -160,6 +160,25 @@ def test_scaling_explorer_redraws():
     assert "tp=32" in app.message.value
 
 
+def test_the_scaling_explorer_marks_a_figure_it_could_not_redraw(monkeypatch):
+    from paralab.widgets import explorers
+
+    app = widgets.scaling_explorer(model="gpt3-1.3b", hardware="h100", dim="dp", max_gpus=8)
+    assert_marks_what_it_refuses(app, monkeypatch, explorers, "scaling_points", ("hardware", "a100"),
+                                 ("hardware", "h100"))
+
+
+def test_the_levers_explorer_marks_a_figure_it_could_not_redraw(monkeypatch):
+    from types import SimpleNamespace
+
+    from paralab.sim import bridge
+
+    hook = SimpleNamespace(predict_memory=bridge.predict_memory)  # the app takes its function when made
+    monkeypatch.setattr(bridge, "predict_memory", lambda cfg: hook.predict_memory(cfg))
+    app = widgets.levers_explorer()
+    assert_marks_what_it_refuses(app, monkeypatch, hook, "predict_memory", ("layers", 8), ("layers", 2))
+
+
 def test_the_scaling_explorer_draws_only_sizes_that_fit_in_memory():
     """A batch of 512 in one micro-batch had put 5,698 GiB on each GPU of the default view, drawn as a
     near-ideal curve; a replica now runs a micro-batch at a time, and what does not fit is named."""
@@ -444,6 +463,26 @@ def test_speedup_explorer_draws_runs_prediction_and_ideals(monkeypatch, no_lefto
     assert app.figure.layout.meta["predicted"] != before
     app.controls["max_world"].value = 16  # the global batch of 8 does not split over 16 ranks
     assert sorted(app.figure.layout.meta["predicted"]) == [1, 2, 4, 8] and "16 ranks" in app.message.value
+    assert_marks_what_it_refuses(app, monkeypatch, speedup, "predicted_curve", ("dtype", "bf16"),
+                                 ("dtype", "fp32"))
+
+
+def assert_marks_what_it_refuses(app, monkeypatch, module, name: str, refused: tuple, drawn: tuple) -> None:
+    """An explorer whose ``module.name`` fails for a setting keeps its figure, headed "not redrawn",
+    and says why; the next setting that draws clears the mark."""
+    real = getattr(module, name)
+
+    def failing(*args, **kwargs):
+        if app.controls[refused[0]].value == refused[1]:
+            raise RuntimeError("the cost model failed")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, failing)
+    app.controls[refused[0]].value = refused[1]
+    assert app.figure.layout.title.text.startswith(NOT_REDRAWN)
+    assert "the cost model failed" in app.message.value
+    app.controls[drawn[0]].value = drawn[1]
+    assert not app.figure.layout.title.text.startswith(NOT_REDRAWN)
 
 
 def test_the_predicted_speedup_grows_a_hybrid_run_along_dp():
