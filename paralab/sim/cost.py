@@ -186,9 +186,9 @@ class StageTimes:
     ``backward_input`` (recompute, input gradients, tp collectives) and ``backward_weight`` (the
     weight-gradient GEMMs), which add up to it. ``tp_comm`` is the tensor-parallel share of F + B,
     ``zero_comm`` what ZeRO-2/3's per-part collectives add to F + B beyond the compute they overlap
-    (``zero_forward`` of it to F; ``zero_sent``: their seconds, the forward's gathers, the backward's
-    and the reduce-scatters), ``a2a`` the expert-parallel all-to-alls of one pass (F, or the
-    input-gradient part of B).
+    (``zero_waits``: what of it each pass waits, F, Bi and W; ``zero_sent``: their seconds, the
+    forward's gathers, the backward's and the reduce-scatters), ``a2a`` the expert-parallel
+    all-to-alls of one pass (F, or the input-gradient part of B).
     """
 
     forward: float
@@ -196,7 +196,7 @@ class StageTimes:
     backward_weight: float
     tp_comm: float = 0.0
     zero_comm: float = 0.0
-    zero_forward: float = 0.0
+    zero_waits: tuple[float, float, float] = (0.0, 0.0, 0.0)
     zero_sent: tuple[float, float, float] = (0.0, 0.0, 0.0)
     a2a: float = 0.0
 
@@ -453,18 +453,28 @@ def _priced_part_by_part(st: StageTimes, model: ModelSpec, p: ParallelSpec, hw: 
     if p.fsdp_root:  # the root is still whole from the forward: its reduce-scatter alone ends the backward
         compute, _, scatter = backward[-1]
         backward[-1] = (compute, 0.0, scatter)
-    if hw.overlaps_comm:
-        share = hw.comm_sm_share
-        total_f = part_by_part(forward, p.prefetch_params, share)
-        total_b = part_by_part(backward, p.prefetch_params, share)
-    else:  # the collectives need the cores the compute uses: one after the other
-        total_f = sum(c + ag for c, ag, _ in forward)
-        total_b = sum(c + ag + rs for c, ag, rs in backward)
-    added = total_f + total_b - st.forward - st.backward
     sent = (sum(ag for _, ag, _ in forward), sum(ag for _, ag, _ in backward),
             sum(rs for _, _, rs in backward))
-    return StageTimes(total_f, total_b - st.backward_weight, st.backward_weight, st.tp_comm, zero_comm=added,
-                      zero_forward=total_f - st.forward, zero_sent=sent, a2a=st.a2a)
+    total_f = _priced_pass(forward, p, hw)
+    if _schedule_name(p) in SPLIT_BACKWARD:
+        # Bi gathers the parameters its input gradients need; W, run later, computes the weight
+        # gradients and sends them: each pass with its own collectives
+        share = st.backward_input / st.backward if st.backward else 1.0
+        total_bi = _priced_pass([(c * share, ag, 0.0) for c, ag, _ in backward], p, hw)
+        total_w = _priced_pass([(c * (1 - share), 0.0, rs) for c, _, rs in backward], p, hw)
+    else:
+        total_bi, total_w = _priced_pass(backward, p, hw) - st.backward_weight, st.backward_weight
+    waits = (total_f - st.forward, total_bi - st.backward_input, total_w - st.backward_weight)
+    return StageTimes(total_f, total_bi, total_w, st.tp_comm, zero_comm=sum(waits), zero_waits=waits,
+                      zero_sent=sent, a2a=st.a2a)
+
+
+def _priced_pass(parts: list[tuple[float, float, float]], p: ParallelSpec, hw: HardwareSpec) -> float:
+    """Seconds of a pass over ``parts`` (compute, gather, reduce-scatter): :func:`part_by_part` where
+    the collectives run beside the compute; one after the other where they need its cores."""
+    if hw.overlaps_comm:
+        return part_by_part(parts, p.prefetch_params, hw.comm_sm_share)
+    return sum(c + ag + rs for c, ag, rs in parts)
 
 
 def _zero2_bucket(model: ModelSpec, p: ParallelSpec, rank: int) -> float:
@@ -994,9 +1004,11 @@ def _zero_spans(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, times: list
     prefetch runs them beside the compute; ZeRO-2 and 3 reduce-scatter its gradients, drawn to the
     end of the pass that makes them (the weight-gradient pass of a split one). Routed experts go over
     the dp / ep ranks holding them (:func:`counting.dp_groups`), one group after the other, as the
-    link sends them, as long as the stage's pricing sends them; what the prediction says they add to a
-    pass (:func:`_zero_overlapped`) is in its compute span, and they are marked waited out by as much
-    (:func:`_waited_out`), so that time_breakdown reads it exposed, as the prediction counts it. Also
+    link sends them, as long as the stage's pricing sends them; what the prediction says a pass waits
+    for them (:func:`_zero_overlapped`, ``StageTimes.zero_waits``: the gathers and the compute they
+    slow in F or Bi, the reduce-scatters' tail in W) is in its compute span, and they are marked
+    waited out by as much (:func:`_waited_out`), so that time_breakdown reads it exposed, as the
+    prediction counts it. Also
     returns, by ``id`` of each pass that waits, the seconds waited at its start and at its end."""
     pb, gb, _ = counting.bytes_per_param(model, p)
     embed, head = counting.fsdp_root(model, p)
@@ -1020,12 +1032,13 @@ def _zero_spans(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, times: list
         scale = priced / sum(seconds for _, _, seconds, _ in whole) if whole else 0.0
         return [(payload, group, seconds * scale, inter) for payload, group, seconds, inter in whole]
 
-    by_pass = defaultdict(list)  # (rank, stage, microbatch, forward): gathers in sending order, then
-    for span in spans:           # reduce-scatters from the last sent back
-        if span.lane != COMPUTE or span.stage is None:
+    out, waits = [], {}
+    for span in spans:
+        if span.lane != COMPUTE or span.stage is None or span.kind not in PASS_WAITS:
             continue
         ops = ["all_gather"] if p.zero == 3 and span.kind in ("forward", "backward", "backward_input") else []
         ops += ["reduce_scatter"] if span.kind in ("backward", "backward_weight") else []
+        drawn = []  # gathers in sending order, then reduce-scatters from the last sent back
         for op in ops:
             gathered, scattered = span.start, span.end
             for payload, group, seconds, inter in collectives(span.stage, op, span.kind != "forward"):
@@ -1035,19 +1048,20 @@ def _zero_spans(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, times: list
                 else:
                     start, end = scattered - seconds, scattered
                     scattered = start
-                by_pass[span.rank, span.stage, span.microbatch, span.kind == "forward"].append((span, Span(
+                drawn.append(Span(
                     span.rank, COMM, op, start, end, name=f"ZeRO-{p.zero} {op}", step=span.step,
                     bytes=int(counting.ring_wire_bytes(op, payload, group)), payload_bytes=int(payload),
-                    group_size=group, stage=span.stage, microbatch=span.microbatch, inter_node=inter)))
-    out, waits = [], defaultdict(lambda: (0.0, 0.0))
-    for (_, stage, _, forward), drawn in by_pass.items():
-        added = times[stage].zero_forward if forward else times[stage].zero_comm - times[stage].zero_forward
-        marked = _waited_out([s for _, s in drawn], added)
-        for (pass_span, _), span in zip(drawn, marked, strict=True):
-            at_start, at_end = waits[id(pass_span)]
-            waits[id(pass_span)] = (at_start + span.issue_s, at_end + span.waited_s)
+                    group_size=group, stage=span.stage, microbatch=span.microbatch, inter_node=inter))
+        waited = sum(w * counts for w, counts in zip(times[span.stage].zero_waits, PASS_WAITS[span.kind]))
+        marked = _waited_out(drawn, waited)
+        waits[id(span)] = (sum(s.issue_s for s in marked), sum(s.waited_s for s in marked))
         out += marked
-    return out, dict(waits)
+    return out, waits
+
+
+# which of StageTimes.zero_waits (F, Bi, W) each kind of pass waits out
+PASS_WAITS = {"forward": (1, 0, 0), "backward": (0, 1, 1), "backward_input": (0, 1, 0),
+              "backward_weight": (0, 0, 1)}
 
 
 def _waited_out(drawn: list[Span], seconds: float) -> list[Span]:
@@ -1190,7 +1204,8 @@ def _estimate_finish(model, p: ParallelSpec, hw,
     With equal stages and free p2p this is exactly :func:`paralab.schedules.theoretical_bubble`:
     1F1B/GPipe ramp (p-1)(F+B), interleaved (p-1)(F+B)/v (chunks are 1/v long; with m < p one
     microbatch's trip through every chunk, p (F+B), and a chunk's F+B for each other), ZB-H1 (p-1)(F+Bi-W)
-    (Qi et al. 2023) or, with m < p, the gradient's trip back (m+p-1)(F+Bi) + W, naive no overlap at
+    (Qi et al. 2023; with m < p - 1 only m W fill the ramp, so a longer W never shortens it) or, with
+    m < p, the gradient's trip back (m+p-1)(F+Bi) + W, naive no overlap at
     all; other schedules use their closed-form bubble, DualPipeV's on each rank's work less the
     all-to-alls its F&B slots hide (:func:`_hidden_all_to_alls`). Blocking sends (``overlap_p2p`` off)
     add each chunk's sends to other ranks, per microbatch, to its rank's work (:func:`_rank_sends`).
@@ -1207,7 +1222,8 @@ def _estimate_finish(model, p: ParallelSpec, hw,
         makespan = m * (sum(work) + (pp - 1) * hop)
     elif name == "zb-h1":
         # with m < p the gradient's trip back up the pipeline is the longer path (theoretical_bubble)
-        makespan = max(m * max(work) + (pp - 1) * (hop + f + bi - w),
+        # each of a rank's m deferred W fills one of the ramp's p - 1 slots: no more than m of them
+        makespan = max(m * max(work) + (pp - 1) * (hop + f + bi) - min(m, pp - 1) * w,
                        (m + pp - 1) * (f + bi) + w + (pp - 1) * hop)
     elif name in ("gpipe", "1f1b") or (name == "interleaved" and m >= pp):
         makespan = m * max(work) + (pp - 1) * (f + bi + w + hop)
@@ -1303,8 +1319,8 @@ def step_floor(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> fl
     """Seconds no closed-form prediction of this layout undercuts (``predict(..., simulate=False)``):
     its closed-form pipeline (:func:`_estimate_finish`) without what ZeRO-2/3's per-part collectives
     add to each pass, and nothing after it (gradient reduction, optimizer). Those collectives only
-    lengthen F and Bi (never W), the closed form never shortens as F or Bi lengthens, and the step
-    ends after the pipeline. A floor reads no ZeRO stage, so one serves a layout's four, and it skips
+    lengthen the passes, the closed form never shortens as a pass lengthens, and the step ends after
+    the pipeline. A floor reads no ZeRO stage, so one serves a layout's four, and it skips
     the dearest parts of a prediction: the planner prices a layout only while its floor could still
     place it (:func:`paralab.sim.planner.plan`)."""
     if parallel.cp > 1:
