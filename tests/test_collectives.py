@@ -110,3 +110,7 @@ def test_the_explorer_keeps_nvlink_inside_a_node_and_no_tree_on_gloo():
     app.controls["link"].value = "gloo here"
     assert len(app.figure.layout.meta["gloo here, ring"]) == 8  # 2 to 256 ranks
     assert "gloo, measured here, runs no tree" in app.message.value and "joins" not in app.message.value
+    from paralab.widgets.collectives import Link
+
+    nccl = widgets.collectives_explorer(measured={"nccl here": Link(5e-6, 1e11, reach=8)}, link="nccl here")
+    assert "runs no tree" not in nccl.message.value and len(nccl.figure.layout.meta["nccl here, ring"]) == 3

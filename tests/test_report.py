@@ -78,7 +78,7 @@ def test_an_imported_profiles_warnings_and_memory_note_head_the_report(ddp_run, 
     """An import without record_shapes has bytes of 0 that are not a measure, and a CPU profile's memory
     is what it allocated while recording: the report had shown both as plain figures."""
     own = {k: v for k, v in ddp_run.trace.meta.items() if k != "tokens_per_step"}  # a profile does not say
-    meta = {**own, "warnings": ["rank(s) 1 were profiled without record_shapes=True"],
+    meta = {**own, "source": "imported", "warnings": ["rank(s) 1 were profiled without record_shapes=True"],
             "memory_note": "CPU ranks: the most bytes allocated while the profiler recorded"}
     text = write_report(Trace(ddp_run.trace.spans, meta=meta), tmp_path / "imported.html").read_text()
     notes = text.split('<ul class="notes">')[1].split("</ul>")[0]
@@ -86,7 +86,7 @@ def test_an_imported_profiles_warnings_and_memory_note_head_the_report(ddp_run, 
     assert text.index('<ul class="notes">') < text.index("<h2>Summary</h2>")
     assert '<ul class="notes">' not in write_report(ddp_run.trace, tmp_path / "own.html").read_text()
     # a profile says nothing of tokens: its throughput is unknown, not 0 tokens/s
-    assert "<th>tokens_per_s</th><td>unknown: " in text
+    assert "<th>tokens_per_s</th><td>unknown: " in text and "paralab import --tokens-per-step" in text
     assert "unknown: " not in write_report(ddp_run.trace, tmp_path / "own.html").read_text()
 
 

@@ -73,6 +73,20 @@ def test_selective_recompute_reruns_the_rings_forward_hops_and_all(attention):
             model.layers * forward.makespan, rel=1e-9)
 
 
+def test_selective_recompute_reruns_the_all_to_alls_attention_and_its_q_k_v_not_its_output():
+    """Over a fused kernel the slice run prices no rerun: the step pays, a layer, the all-to-all's
+    attention forward again and its q, k and v all-to-alls, not the output's (nothing kept needs it)."""
+    model = LLAMA.replace(seq=16384, attention="fused")
+    specs = {recompute: spec(dp=2, cp=4, cp_mode="alltoall", global_batch=2, recompute=recompute).resolved()
+             for recompute in ("none", "selective")}
+    none, selective = (cost.predict(model, p, H100) for p in specs.values())
+    p = specs["selective"]
+    attention, _ = context.ulysses_times(model, p, H100)
+    output = cost.collective_time(H100, "all_to_all", context.alltoall_payloads(model, p)[-1], p.cp, p.tp)
+    rerun = attention + context.alltoall_time(model, p, H100) - output
+    assert selective.step_time_s - none.step_time_s == pytest.approx(model.layers * rerun, rel=1e-9)
+
+
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 @pytest.mark.parametrize("attention", ["fused", "standard"])
 def test_splitting_the_sequence_never_beats_not_splitting_it(attention, recompute):

@@ -31,6 +31,8 @@ def test_gpt3_175b_on_1024_gpus_ranks_configs_whose_winner_fits():
     assert win.fits and win.memory_bytes_per_gpu["total"] <= cost.usable_memory(A100)
     sentences = planner.explain(ranked)
     assert sentences[0].startswith("Winner: ") and sentences[1].startswith("Runner-up: ")
+    # the rate counts recompute: hardware FLOPs, beside the HFU they make and the MFU
+    assert f"of hardware FLOPs per GPU ({win.hfu:.0%} HFU, {win.mfu:.0%} MFU)" in sentences[0]
 
 
 def test_nothing_fits_gives_an_empty_plan():

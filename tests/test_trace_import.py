@@ -419,11 +419,13 @@ def test_ranks_of_one_host_keep_its_clock_and_hosts_move_by_their_ranks_median(t
     assert trace.meta["clock"]["method"].startswith("clock") and trace.meta["clock"]["correction_s"] == [0, 0]
     ends = [next(s.end for s in trace.select(rank=r, kind="all_reduce")) for r in (0, 1)]
     assert ends[1] - ends[0] == pytest.approx(200e-6, abs=1e-9)  # the late exit stays late
-    late = 3e6 + 200  # node1's clock 3 s ahead, its rank 3 leaving 200 us after rank 2
-    hosts = [_world_of_four_rank(tmp_path / f"h{r}.json", r, f"node{r // 2}", {2: 3e6, 3: late}.get(r, 0.0))
+    # node1 (ranks 1-3) reads a clock 3 s ahead, and its rank 3 leaves 900 us after ranks 1 and 2: the
+    # median moves node1 by 3 s, where a mean would move it by 3.0003 s and one rank by 3.0009 s
+    shifts = {1: 3e6, 2: 3e6, 3: 3e6 + 900}
+    hosts = [_world_of_four_rank(tmp_path / f"h{r}.json", r, "node1" if r else "node0", shifts.get(r, 0.0))
              for r in range(4)]
     correction = import_profile(hosts).meta["clock"]["correction_s"]
-    assert correction == pytest.approx([0.0, 0.0, -3.0001, -3.0001], abs=1e-9)
+    assert correction == pytest.approx([0.0, -3.0, -3.0, -3.0], abs=1e-9)
 
 
 def _world_of_four_rank(path: Path, rank: int, host: str, shift_us: float) -> str:

@@ -10,11 +10,12 @@ SIZES = [2.0**k for k in range(2, 31)]  # 4 B to 1 GiB
 
 
 def size_label(nbytes: float) -> str:
-    """A power-of-two size in the binary unit that keeps it whole: 65536 -> '64 KiB', 2**30 -> '1 GiB'."""
-    for power, unit in reversed(list(enumerate(("B", "KiB", "MiB", "GiB")))):
-        if nbytes >= 1024**power:
-            return f"{nbytes / 1024**power:g} {unit}"
-    return f"{nbytes:g} B"
+    """A size in the largest binary unit it fills, to 3 significant digits: 65536 -> '64 KiB', 2**30 ->
+    '1 GiB', 100608 -> '98.2 KiB'."""
+    power, unit = next((p, u) for p, u in reversed(list(enumerate(("B", "KiB", "MiB", "GiB"))))
+                       if nbytes >= 1024**p or p == 0)
+    value = nbytes / 1024**power
+    return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
 
 
 def alpha_beta(measured: dict, fits: dict, op: str = "all_reduce", title: str | None = None):
@@ -27,14 +28,15 @@ def alpha_beta(measured: dict, fits: dict, op: str = "all_reduce", title: str | 
     for i, (label, (group, points)) in enumerate(measured.items()):
         xs, ts = [p for p, _ in points], [t for _, t in points]
         color = SERIES_COLORS[i % len(SERIES_COLORS)]
+        sized = [size_label(x) for x in xs]
         fig.add_trace(graph.Scatter(x=xs, y=[t * 1e3 for t in ts], mode="markers", name=label,
-                                    legendgroup=label, marker=dict(color=color, size=8),
+                                    legendgroup=label, marker=dict(color=color, size=8), customdata=sized,
                                     hovertemplate=f"{label}: "
-                                                  f"%{{x:.3s}}B in %{{y:.3f}} ms<extra></extra>"), 1, 1)
+                                                  f"%{{customdata}} in %{{y:.3f}} ms<extra></extra>"), 1, 1)
         fig.add_trace(graph.Scatter(x=xs, y=[bus_bandwidth(op, p, group, t) / 1e9 for p, t in points],
                                     mode="markers", name=label, legendgroup=label, showlegend=False,
-                                    marker=dict(color=color, size=8),
-                                    hovertemplate=f"{label}: %{{x:.3s}}B, "
+                                    marker=dict(color=color, size=8), customdata=sized,
+                                    hovertemplate=f"{label}: %{{customdata}}, "
                                                   f"%{{y:.3f}} GB/s<extra></extra>"), 1, 2)
         meta["measured"][label] = points
     largest = max((p for _, points in measured.values() for p, _ in points), default=SIZES[-1])
@@ -43,15 +45,16 @@ def alpha_beta(measured: dict, fits: dict, op: str = "all_reduce", title: str | 
     for i, (label, (group, alpha, bandwidth)) in enumerate(fits.items()):
         color = SERIES_COLORS[(i + len(measured)) % len(SERIES_COLORS)]
         ts = [ring_time(op, s, group, alpha, bandwidth) for s in sizes]
+        sized = [size_label(x) for x in sizes]
         fig.add_trace(graph.Scatter(x=sizes, y=[t * 1e3 for t in ts], mode="lines", name=label,
-                                    legendgroup=label, line=dict(color=color, dash="dash"),
+                                    legendgroup=label, line=dict(color=color, dash="dash"), customdata=sized,
                                     hovertemplate=f"{label}: "
-                                                  f"%{{x:.3s}}B in %{{y:.4g}} ms<extra></extra>"), 1, 1)
+                                                  f"%{{customdata}} in %{{y:.4g}} ms<extra></extra>"), 1, 1)
         fig.add_trace(graph.Scatter(x=sizes,
                                     y=[bus_bandwidth(op, s, group, t) / 1e9 for s, t in zip(sizes, ts)],
                                     mode="lines", name=label, legendgroup=label, showlegend=False,
-                                    line=dict(color=color, dash="dash"),
-                                    hovertemplate=f"{label}: %{{x:.3s}}B, "
+                                    line=dict(color=color, dash="dash"), customdata=sized,
+                                    hovertemplate=f"{label}: %{{customdata}}, "
                                                   f"%{{y:.3f}} GB/s<extra></extra>"), 1, 2)
         meta["fits"][label] = {"group": group, "alpha_s": alpha, "bandwidth": bandwidth}
     drawn = [p for _, points in measured.values() for p, _ in points] + sizes

@@ -46,12 +46,13 @@ def _summary_of(obj) -> tuple[Trace, dict, list[float] | None]:
     return trace, obj.summary, list(getattr(obj, "losses", []) or []) or None
 
 
-def _value_text(key: str, value) -> str:
-    """A summary value as the table shows it: a throughput of 0 is one the trace cannot know (an
-    imported profile does not say how many tokens a step trained on)."""
+def _value_text(key: str, value, summary: dict) -> str:
+    """A summary value as the table shows it: a throughput of 0 is one the trace cannot know (it does
+    not say how many tokens a step trained on, as an imported profile does not)."""
     if key == "tokens_per_s" and not value:
-        return ("unknown: the trace does not say how many tokens a step trains on "
-                "(paralab import --tokens-per-step)")
+        imported = summary.get("source") == "imported"
+        return ("unknown: the trace does not say how many tokens a step trains on"
+                + (" (paralab import --tokens-per-step)" if imported else ""))
     return _fmt(value)
 
 
@@ -86,7 +87,7 @@ RANK_COLUMNS = (("compute_s", "compute"), ("comm_s", "comm"), ("overlapped_comm_
 def summary_table(summary: dict) -> str:
     """HTML tables: headline numbers, then where each rank's step time went (ms per step)."""
     rows = "".join(
-        f"<tr><th>{html.escape(k)}</th><td>{html.escape(_value_text(k, summary[k]))}</td></tr>"
+        f"<tr><th>{html.escape(k)}</th><td>{html.escape(_value_text(k, summary[k], summary))}</td></tr>"
         for k in SUMMARY_KEYS if k in summary and summary[k] not in (None, "")
     )
     out = f'<table class="summary">{rows}</table>'

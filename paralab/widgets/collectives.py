@@ -22,16 +22,16 @@ class Link(NamedTuple):
 
 def links(measured: dict | None = None) -> dict[str, Link]:
     """Each GPU preset's NVLink (inside a node: as many ranks as the node has GPUs) and InfiniBand
-    (one GPU's NIC, across nodes), and ``measured`` links {name: (alpha, bandwidth)}, taken to be
-    gloo's (no tree)."""
+    (one GPU's NIC, across nodes), and ``measured`` links {name: Link, or (alpha, bandwidth) of a
+    gloo link (no tree)}."""
     from paralab.sim.hardware import PRESETS
 
     out = {}
     for name, hw in PRESETS.items():
         out[f"{name} NVLink"] = Link(hw.intra_latency, hw.intra_bw, reach=hw.gpus_per_node)
         out[f"{name} InfiniBand"] = Link(hw.inter_latency, hw.inter_bw)
-    return {**out, **{name: Link(alpha, bandwidth, tree=False)
-                      for name, (alpha, bandwidth) in (measured or {}).items()}}
+    return {**out, **{name: link if isinstance(link, Link) else Link(*link, tree=False)
+                      for name, link in (measured or {}).items()}}
 
 
 def collectives_explorer(measured: dict | None = None, size_mb: float = 1.0, link: str = "h100 InfiniBand"):

@@ -74,7 +74,8 @@ def levers_explorer(layers: int = 4, hidden: int = 64, seq: int = 128, micro_bat
         if state["measured"] is not None:
             bars["measured"] = state["measured"]
         c = values()
-        title = (f"memory by kind, one device: {c['layers']} layers, hidden {c['hidden']}, "
+        layers = f"{c['layers']} layer" + ("s" if c["layers"] != 1 else "")
+        title = (f"memory by kind, one device: {layers}, hidden {c['hidden']}, "
                  f"sequence {c['seq']}, micro-batch {c['micro_batch']}, {c['dtype']}, "
                  f"recompute {c['recompute']}, {c['attention']}")
         replace_figure(fw, memory(bars, title=title))
