@@ -116,6 +116,11 @@ def test_trace_and_memory_agree_with_the_schedule(schedule, pp, microbatches, vi
     assert len(sends) == sum(a.op.startswith("send") for acts in plan.actions for a in acts)
     hidden = MODEL["hidden"] * MODEL["seq_len"] * (BATCH // microbatches) * 4
     assert all(s.payload_bytes == hidden for s in sends)
+    # every send ends by the end of the receive that took its data (gloo's isend says it is done only
+    # in the wait at the end of the step: its sends had been drawn in flight until then)
+    pairs = run.trace.p2p_pairs()
+    assert len(pairs) == len(run.trace.select(kind="send"))
+    assert all(send.end <= max(recv.end, send.start + send.issue_s) for send, recv in pairs)
     summary = run.summary
     assert (summary["bubble_theoretical"]
             == pytest.approx(theoretical_bubble(schedule, pp, microbatches, virtual_stages)))

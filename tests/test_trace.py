@@ -329,3 +329,20 @@ def test_bytes_by_group_per_step():
     spans += [comm(r, "all_reduce", 1, 2, bytes=30, group_size=4, step=1) for r in range(4)]
     spans += [comm(0, "send", 1, 2, bytes=8, peer=2, step=1), comm(2, "recv", 1, 2, peer=0, step=1)]
     assert Trace(spans=spans).comm_bytes_by_group() == {(0, 1): 100, (2, 3): 100, (0, 1, 2, 3): 60, (0, 2): 4}
+
+
+def test_an_async_send_lands_with_its_receive_and_a_blocking_one_keeps_its_end():
+    """gloo's isend reports itself done only in wait(): a send waited for at the step's end ends when
+    its receive did, and the wait found it gone. A blocking send held its rank until it returned."""
+    spans = [Span(0, COMM, "send", 0.0, 9.0, step=0, peer=1, payload_bytes=8, issue_s=0.1, waited_s=0.2),
+             Span(1, COMM, "recv", 0.5, 1.0, step=0, peer=0, payload_bytes=8),
+             Span(0, COMM, "send", 2.0, 4.0, step=0, peer=1, payload_bytes=8, issue_s=2.0),
+             Span(1, COMM, "recv", 2.5, 3.0, step=0, peer=0, payload_bytes=8),
+             Span(0, COMM, "send", 5.0, 9.0, step=0, peer=1, payload_bytes=8, issue_s=1.5, waited_s=0.2),
+             Span(1, COMM, "recv", 5.2, 6.0, step=0, peer=0, payload_bytes=8)]
+    trace = Trace(spans=spans)
+    trace.land_sends()
+    early, blocking, slow_to_post = trace.select(kind="send")
+    assert (early.end, early.waited_s) == (1.0, 0.0) and early.in_call == [(0.0, 0.1)]
+    assert blocking.end == 4.0
+    assert slow_to_post.end == 6.5  # its call returned after the receive ended
