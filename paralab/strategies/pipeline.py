@@ -210,7 +210,9 @@ class PipelineExecutor:
         return buffer
 
     def _reap_sends(self) -> None:
-        """Close finished sends and drop their tensors: an output is freed once it is on its way."""
+        """Close finished sends and drop their tensors: an output is freed once it is on its way. (gloo's
+        isend says it is done only inside ``wait()``, so on CPU ranks the tensors stay until the step's
+        end, and the trace ends each send when its receive did: Trace.land_sends.)"""
         still = []
         for work, tensor in self.sending:
             if work.is_completed():
