@@ -63,7 +63,7 @@ def test_pipeline_explorer_offers_dualpipev_and_its_overlap():
     bubble, step = number("bubble simulated "), number("step ")
     # each F&B slot one forward time shorter: a shorter step, a smaller bubble
     app.controls["overlap"].value = 1.0
-    assert "F&B hides 1 F" in app.info.value and "closed form with nothing hidden" in app.info.value
+    assert "F&B hides 1 F" in app.info.value and "closed form (nothing hidden, free p2p)" in app.info.value
     assert number("step ") < step and number("bubble simulated ") < bubble
     # a slot hides at most its forward: past that it would run shorter than its backward alone
     assert app.controls["overlap"].max == 1.0

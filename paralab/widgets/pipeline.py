@@ -162,11 +162,13 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
         theory = theoretical_bubble(name, p, m, v)
         app.last_update_ms = (time.perf_counter() - started) * 1e3
         hidden = f", F&B hides {overlap:g} F" if name == "dualpipev" else ""
-        unhidden = " with nothing hidden" if overlap else ""  # the closed form knows no slot's overlap
+        # the closed form knows neither a slot's overlap nor the p2p latency the simulation pays
+        assumes = ", ".join(what for what, applies in (("nothing hidden", overlap), ("free p2p", lat))
+                            if applies)
         step = max((s.end for s in sim.spans), default=0.0) * 1e3
         info.value = (f"<b>{name}</b> p={p} m={m} v={v}{hidden}: step {step:.1f} F, bubble simulated "
-                      f"{sim.bubble_fraction():.1%}, closed form{unhidden} {theory:.1%} · {len(sim.spans)} "
-                      f"spans · update {app.last_update_ms:.0f} ms")
+                      f"{sim.bubble_fraction():.1%}, closed form{f' ({assumes})' if assumes else ''} "
+                      f"{theory:.1%} · {len(sim.spans)} spans · update {app.last_update_ms:.0f} ms")
 
     def on_progress(step: int, total: int) -> None:
         progress.max = total
