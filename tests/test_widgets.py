@@ -558,4 +558,5 @@ def test_the_comm_explorer_says_its_prediction_of_a_hierarchical_run_is_a_flat_a
 
     _, same, grown = widgets.comm_explorer(run(hierarchical=True), world_size=8).sources()
     assert same.startswith("predicted, flat all-reduce, 4 ranks") and "flat all-reduce, 8 ranks" in grown
+    assert "tiny in fp32" in grown  # the grown model keeps the run's dtype, and says so
     assert "flat" not in list(widgets.comm_explorer(run(hierarchical=False)).sources())[1]

@@ -288,8 +288,8 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
             out[f"predicted{flat}, {predictor.world_size} ranks"] = predictor.same_run
         if predictor is not None and grown:
             bigger = predictor.grown(c["model"], c["world_size"], c["tp"], c["pp"], c["gpus_per_node"])
-            label = (f"predicted{flat}, {c['world_size']} ranks ({_mesh_text(bigger.meta)}, {c['model']}, "
-                     f"{c['gpus_per_node']}/node)")
+            label = (f"predicted{flat}, {c['world_size']} ranks ({_mesh_text(bigger.meta)}, {c['model']} in "
+                     f"{predictor.model.dtype}, {c['gpus_per_node']}/node)")
             out[label] = bigger
         return out
 
