@@ -92,6 +92,12 @@ class Span:
         return self.end - self.start
 
 
+def median_after_first(times: list[float]) -> float:
+    """The median of step times in step order, after the first (which pays for warm-up): a run's
+    typical step."""
+    return statistics.median(times[1:] if len(times) > 1 else times) if times else 0.0
+
+
 @dataclass(slots=True)
 class Counter:
     """A sampled value on one rank (CPU %, memory bytes, ...), drawn as a counter track."""
@@ -138,8 +144,9 @@ class Trace:
     # ------------------------------------------------------------------ building
     @classmethod
     def merge(cls, traces: list[Trace]) -> Trace:
-        """Put per-rank traces (already on the shared clock) into one, keeping the first meta. (An
-        elastic run merges each of its worlds' traces: one rank number in several is its own.)"""
+        """Put per-rank traces (already on the shared clock) into one, keeping the first meta, its
+        sends landed (:meth:`land_sends`). (An elastic run merges each of its worlds' traces: one rank
+        number in several is its own.)"""
         merged = cls(meta=dict(traces[0].meta) if traces else {})
         ranks_meta: dict = {}
         for trace in traces:
@@ -149,6 +156,7 @@ class Trace:
         if ranks_meta:
             merged.meta["ranks"] = ranks_meta
         merged.spans.sort(key=lambda s: (s.start, s.rank))
+        merged.land_sends()
         return merged
 
     @property
@@ -298,11 +306,8 @@ class Trace:
         return [hi - lo for lo, hi in self.step_windows().values()]
 
     def median_step_time(self) -> float:
-        """Median step time over the steps after the first (the first pays for warm-up)."""
-        times = self.step_times()
-        if not times:
-            return 0.0
-        return statistics.median(times[1:] if len(times) > 1 else times)
+        """Median step time over the steps after the first (:func:`median_after_first`)."""
+        return median_after_first(self.step_times())
 
     def busy_time(self, rank: int, lane: str = COMPUTE, window: tuple[float, float] | None = None) -> float:
         """Time covered by the rank's spans on a lane (overlaps counted once), clipped to a window: on

@@ -291,6 +291,7 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
         if s.lane == COMM:
             s.inter_node = _crosses_nodes(s, node_of, world)
     trace = Trace(sorted(spans, key=lambda s: (s.start, s.rank)), meta=_meta(profiles, ranks, world, node_of))
+    trace.land_sends()  # a paralab profile's sends carry their wait marks, as the run's own trace did
     trace.meta.update(names="paralab" if use_paralab else "torch", clock=clock, **(meta or {}))
     unsized = _unsized_comm(spans_by_rank, profiles, ranks)
     if unsized:
@@ -381,7 +382,7 @@ def _align(spans_by_rank: dict[int, list[Span]], profiles: list[RankProfile], ra
             ref = min(ranks)
             # how far each rank's clock is off, read as if the first collective ended at one instant
             off = {r: ends[r] + shift[r] - ends[ref] - shift[ref] for r in ranks}
-            _check_one_clock(profiles, ranks, {r: -off[r] for r in ranks})
+            _check_one_clock(hosts, {r: -off[r] for r in ranks})
             if len(hosts) == 1:
                 method = "clock: every rank ran on one host and read its clock"
             else:
@@ -413,10 +414,11 @@ def _clock_hosts(profiles: list[RankProfile], ranks: list[int]) -> dict[str, lis
     return hosts
 
 
-def _check_one_clock(profiles: list[RankProfile], ranks: list[int], moved: dict[int, float]) -> None:
-    """Ranks on one host read one clock: their first collective over all ranks ends within
-    ``ONE_HOST_SKEW_S`` by it. Further apart, the files are of different runs (ProfileError)."""
-    for host, members in _clock_hosts(profiles, ranks).items():
+def _check_one_clock(hosts: dict[str, list[int]], moved: dict[int, float]) -> None:
+    """Ranks on one host (``hosts``: :func:`_clock_hosts`) read one clock: their first collective over
+    all ranks ends within ``ONE_HOST_SKEW_S`` by it. Further apart, the files are of different runs
+    (ProfileError)."""
+    for host, members in hosts.items():
         lo, hi = min(members, key=moved.get), max(members, key=moved.get)
         if (apart := moved[hi] - moved[lo]) > ONE_HOST_SKEW_S:
             raise ProfileError(f"ranks {min(lo, hi)} and {max(lo, hi)} ran on one host ({host}), "

@@ -243,10 +243,13 @@ def test_traced_wire_bytes_equal_the_analytic_count(runs, n, mode, split, no_lef
     model, spec = specs_from_run(run.config)
     (counted,) = (v for k, v in sim_context.comm_bytes_per_gpu(model, spec).items() if k.startswith("cp_"))
     assert n * counted == sum(wire for op, (_, wire) in expected.items() if op != "all_reduce")
-    if mode == "ring":  # every K/V hop is posted before a block of attention, which runs as it travels
-        blocks = run.trace.select(kind="attention")
-        for hop in (s for s in run.trace.select(kind="send") if s.name.endswith(" kv")):
-            assert any(b.rank == hop.rank and hop.start <= b.start for b in blocks), hop
+    if mode == "ring":  # the ring posts each K/V hop, then computes a block of attention as it travels
+        for rank in range(n):
+            order = sorted((s for s in run.trace.select(rank=rank)
+                            if s.kind == "attention" or (s.kind == "send" and s.name.endswith(" kv"))),
+                           key=lambda s: s.start)
+            assert all(after.kind == "attention" for before, after in zip(order, order[1:])
+                       if before.kind == "send"), [s.kind for s in order]
 
 
 @pytest.mark.parametrize("mode, recompute, again", [("ring", "full", 1), ("alltoall", "full", 4),

@@ -19,12 +19,11 @@ figure by up to one step time.
 from __future__ import annotations
 
 import json
-import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from paralab.elastic.config import ElasticConfig
-from paralab.trace import Counter, Span, Trace
+from paralab.trace import Counter, Span, Trace, median_after_first
 
 
 @dataclass
@@ -129,7 +128,7 @@ class ElasticResult:
             "failure": self.failure,
             "generations": [{"name": g.name, **g.meta, "completed_steps": sorted(g.steps)}
                             for g in self.generations],
-            "step_time_s": typical_step_time(times),
+            "step_time_s": median_after_first(times),
             "step_times_s": times,
             "balance": cfg.balance,
             "slow": cfg.slow,
@@ -178,12 +177,6 @@ def joined(cfg: ElasticConfig, transitions: list[dict]) -> dict | None:
         return None
     scale_outs = [t["resumed_at_step"] for t in transitions if t["reason"] == "scale-out"]
     return {"after_step": cfg.join_after_step, "joined_at_step": scale_outs[0] if scale_outs else None}
-
-
-def typical_step_time(times: list[float]) -> float:
-    """The median of step times in step order, after the first (which carries the warm-up): what a
-    recovery is counted against, in steps' worth."""
-    return statistics.median(times[1:] if len(times) > 1 else times) if times else 0.0
 
 
 def _transitions(gens: list[Generation], failure: dict | None) -> list[dict]:

@@ -50,7 +50,6 @@ class RunResult:
                           states: list[dict | None]) -> RunResult:
         rank_results = sorted(rank_results, key=lambda r: r["rank"])
         trace = Trace.merge([Trace.from_dict(r.pop("trace")) for r in rank_results])
-        trace.land_sends()
         trace.meta.update(run_meta(cfg, layout))
         params, grads = _merge_states(states)
         return cls(cfg, layout, combine_losses(rank_results), trace, rank_results, params, grads)

@@ -120,31 +120,28 @@ def hop_time(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> float:
     return _link_time(hw, hop_bytes(model, p), p.tp * p.cp > hw.gpus_per_node)
 
 
-def attention_times(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rerun: bool = True
-                    ) -> tuple[float, float]:
+def attention_times(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tuple[float, float]:
     """(forward, backward) seconds of one layer's attention core on one rank of ``p`` (resolved, cp 1)
     and its softmax traffic, as the cost model's layer counts them (cost.layer_work: a fused kernel
-    skips the causally masked half and takes 2.5 x its forward in backward, the standard core 2 x, and,
-    with ``rerun``, a forward again before it under selective recompute)."""
+    skips the causally masked half and takes 2.5 x its forward in backward, the standard core 2 x; a
+    forward selective recompute reruns is :func:`attention_rerun`'s)."""
     rank_hw = cost.per_rank(hw, p.world_size)
     work = cost.layer_work(model, p, rank_hw)
     traffic = work.core_elementwise_bytes
     forward = work.core + traffic / cost.elementwise_bandwidth(rank_hw)
     backward = work.core_backward + 2 * traffic / cost.elementwise_bandwidth(rank_hw, backward=True)
-    recomputed = rerun and model.attention == "standard" and p.recompute == "selective"
-    return forward, backward + (forward if recomputed else 0.0)
+    return forward, backward
 
 
-def block_times(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, ring: bool = False, rerun: bool = True
+def block_times(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, ring: bool = False
                 ) -> tuple[float, float]:
     """(forward, backward) seconds of one (s/cp x s/cp) attention block on one rank: the slice run's
-    attention (:func:`attention_times`, ``rerun`` with it); with ``ring`` as a ring step computes it,
-    which recomputes its tile's scores in backward whatever the run's recompute (ring_attention.py
-    keeps none)."""
+    attention (:func:`attention_times`); with ``ring`` as a ring step computes it, which recomputes a
+    standard core's scores in backward whatever the run's recompute (ring_attention.py keeps none; a
+    fused kernel's backward recomputes them anyway)."""
     sm, sp = slice_run(model, p)
-    if ring:
-        return attention_times(sm, sp.resolved().replace(recompute="selective"), hw)
-    return attention_times(sm, sp.resolved(), hw, rerun)
+    forward, backward = attention_times(sm, sp.resolved(), hw)
+    return forward, backward + (forward if ring and model.attention == "standard" else 0.0)
 
 
 def ring_step_compute(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> list[list[float]]:
@@ -239,7 +236,7 @@ def ulysses_times(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tuple[
     """(forward, backward) seconds of the all-to-all's attention: heads / (tp x cp) heads over the whole
     sequence, the layer's attention as if tensor parallel over tp x cp ranks (:func:`attention_times`;
     a rerun forward is :func:`attention_rerun`'s)."""
-    return attention_times(model, p.replace(tp=p.tp * p.cp, cp=1), hw, rerun=False)
+    return attention_times(model, p.replace(tp=p.tp * p.cp, cp=1), hw)
 
 
 def layer_extra(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec
@@ -249,7 +246,7 @@ def layer_extra(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec
     backward's is beyond the slice's without the forward selective recompute reruns there: the split
     attention's rerun replaces it (:func:`attention_rerun`)."""
     p = parallel.resolved()
-    block, block_backward = block_times(model, p, hw, rerun=False)
+    block, block_backward = block_times(model, p, hw)
     if p.cp_mode == "ring":
         forward, backward = ring_passes(model, p, hw)
         return ((forward.makespan - block, backward.makespan - block_backward),

@@ -195,7 +195,6 @@ class StageTimes:
     backward_input: float
     backward_weight: float
     tp_comm: float = 0.0
-    zero_comm: float = 0.0
     zero_waits: tuple[float, float, float] = (0.0, 0.0, 0.0)
     zero_sent: tuple[float, float, float] = (0.0, 0.0, 0.0)
     a2a: float = 0.0
@@ -203,6 +202,10 @@ class StageTimes:
     @property
     def backward(self) -> float:
         return self.backward_input + self.backward_weight
+
+    @property
+    def zero_comm(self) -> float:
+        return sum(self.zero_waits)
 
 
 @dataclass(frozen=True)
@@ -465,8 +468,7 @@ def _priced_part_by_part(st: StageTimes, model: ModelSpec, p: ParallelSpec, hw: 
     else:
         total_bi, total_w = _priced_pass(backward, p, hw) - st.backward_weight, st.backward_weight
     waits = (total_f - st.forward, total_bi - st.backward_input, total_w - st.backward_weight)
-    return StageTimes(total_f, total_bi, total_w, st.tp_comm, zero_comm=sum(waits), zero_waits=waits,
-                      zero_sent=sent, a2a=st.a2a)
+    return StageTimes(total_f, total_bi, total_w, st.tp_comm, zero_waits=waits, zero_sent=sent, a2a=st.a2a)
 
 
 def _priced_pass(parts: list[tuple[float, float, float]], p: ParallelSpec, hw: HardwareSpec) -> float:
@@ -903,7 +905,7 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
     finish = _finish_times(trace, p)
     prediction = _assemble(model, p, hw, times, finish, _pipeline_bubble(trace, p))
     spans = [s for s in trace.spans if s.lane != STEP]
-    compute, waits = spans, {}
+    compute, waits = spans, defaultdict(lambda: (0.0, 0.0))
     if p.zero >= 2 and p.dp > 1:
         zero, waits = _zero_spans(model, p, hw, times, compute)
         spans = spans + zero
@@ -948,7 +950,7 @@ def _tensor_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageT
         if span.lane != COMPUTE or phase not in passes or span.stage is None:
             continue
         seconds = times[span.stage].tp_comm * passes[phase] / sum(passes.values())
-        end = span.end - waits.get(id(span), (0.0, 0.0))[1]
+        end = span.end - waits[id(span)][1]
         for op in ops:
             start = max(span.start, end - seconds / len(ops))
             calls = per_pass * chunk_layers[span.stage] * passes[phase]
@@ -983,7 +985,7 @@ def _expert_parallel_spans(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, 
     moe_here = counting.chunk_moe_blocks(model, p)
     out = []
     for span in passes:
-        start, seconds = span.start + waits.get(id(span), (0.0, 0.0))[0], times[span.stage].a2a / 2
+        start, seconds = span.start + waits[id(span)][0], times[span.stage].a2a / 2
         calls = moe_here[span.stage]
         for name in ("dispatch", "combine"):
             out.append(Span(span.rank, COMM, "all_to_all", start, start + seconds,
@@ -1008,8 +1010,8 @@ def _zero_spans(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, times: list
     for them (:func:`_zero_overlapped`, ``StageTimes.zero_waits``: the gathers and the compute they
     slow in F or Bi, the reduce-scatters' tail in W) is in its compute span, and they are marked
     waited out by as much (:func:`_waited_out`), so that time_breakdown reads it exposed, as the
-    prediction counts it. Also
-    returns, by ``id`` of each pass that waits, the seconds waited at its start and at its end."""
+    prediction counts it. Also returns, by ``id`` of each pass, the seconds waited at its start and at
+    its end (0 for a pass without ZeRO's collectives)."""
     pb, gb, _ = counting.bytes_per_param(model, p)
     embed, head = counting.fsdp_root(model, p)
 
@@ -1032,12 +1034,13 @@ def _zero_spans(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, times: list
         scale = priced / sum(seconds for _, _, seconds, _ in whole) if whole else 0.0
         return [(payload, group, seconds * scale, inter) for payload, group, seconds, inter in whole]
 
-    out, waits = [], {}
+    out, waits = [], defaultdict(lambda: (0.0, 0.0))
     for span in spans:
         if span.lane != COMPUTE or span.stage is None or span.kind not in PASS_WAITS:
             continue
-        ops = ["all_gather"] if p.zero == 3 and span.kind in ("forward", "backward", "backward_input") else []
-        ops += ["reduce_scatter"] if span.kind in ("backward", "backward_weight") else []
+        forward, backward_input, backward_weight = PASS_WAITS[span.kind]
+        ops = (["all_gather"] if p.zero == 3 and (forward or backward_input) else []) + (
+            ["reduce_scatter"] if backward_weight else [])
         drawn = []  # gathers in sending order, then reduce-scatters from the last sent back
         for op in ops:
             gathered, scattered = span.start, span.end

@@ -4,17 +4,16 @@ alpha-beta model (paralab.collectives), measured beside fitted, and ring against
 from __future__ import annotations
 
 from paralab.collectives import bus_bandwidth, ring_time, tree_time
-from paralab.viz._common import SERIES_COLORS, go, make_subplots, style
+from paralab.viz._common import SERIES_COLORS, byte_scale, go, make_subplots, style
 
 SIZES = [2.0**k for k in range(2, 31)]  # 4 B to 1 GiB
 
 
 def size_label(nbytes: float) -> str:
-    """A size in the largest binary unit it fills, to 3 significant digits: 65536 -> '64 KiB', 2**30 ->
-    '1 GiB', 100608 -> '98.2 KiB'."""
-    power, unit = next((p, u) for p, u in reversed(list(enumerate(("B", "KiB", "MiB", "GiB"))))
-                       if nbytes >= 1024**p or p == 0)
-    value = nbytes / 1024**power
+    """A size in :func:`byte_scale`'s unit, whole where it is (65536 -> '64 KiB', 2**30 -> '1 GiB'),
+    else to 3 significant digits (100608 -> '98.2 KiB'), as a size axis's ticks read."""
+    scale, unit = byte_scale(nbytes)
+    value = nbytes / scale
     return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
 
 

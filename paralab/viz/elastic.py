@@ -24,8 +24,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from paralab.elastic.history import typical_step_time
-from paralab.trace import EVENT, STEP, Trace
+from paralab.trace import EVENT, STEP, Trace, median_after_first
 from paralab.viz._common import EXTRA_COLORS, MICROBATCH_COLORS, as_trace, go, make_subplots, style
 
 UTILISATION = ("cpu_percent", "gpu_percent", "utilisation", "utilization")
@@ -176,7 +175,7 @@ def elastic(trace, title: str | None = None):
 def _gaps_said(phases: list[dict], final: list[dict]) -> list[str]:
     """One line per stretch between two training phases: how long no step ran, in steps' worth (of
     the run's typical step, as its summary counts it)."""
-    step = typical_step_time([r["end"] - r["start"] for r in final])
+    step = median_after_first([r["end"] - r["start"] for r in final])
     training = [p for p in phases if p["phase"] == "training"]
     lines = [f"<b>{training[0]['label']}</b>" if training else "no step recorded"]
     for before, after in zip(training, training[1:]):

@@ -47,9 +47,9 @@ def _summary_of(obj) -> tuple[Trace, dict, list[float] | None]:
 
 
 def _value_text(key: str, value, summary: dict) -> str:
-    """A summary value as the table shows it: a throughput of 0 is one the trace cannot know (it does
-    not say how many tokens a step trained on, as an imported profile does not)."""
-    if key == "tokens_per_s" and not value:
+    """A summary value as the table shows it: a throughput of 0 beside a step time is one the trace
+    cannot know (it does not say how many tokens a step trained on, as an imported profile does not)."""
+    if key == "tokens_per_s" and not value and summary.get("step_time_s"):
         imported = summary.get("source") == "imported"
         return ("unknown: the trace does not say how many tokens a step trains on"
                 + (" (paralab import --tokens-per-step)" if imported else ""))

@@ -54,11 +54,12 @@ def collectives_explorer(measured: dict | None = None, size_mb: float = 1.0, lin
     def redraw(*_):
         c = {k: v.value for k, v in controls.items()}
         chosen = choices[c["link"]]
+        alpha, bandwidth = chosen.alpha, chosen.bandwidth
         reach = min(c["max_group"], chosen.reach or c["max_group"])
         payload, groups = c["size_mb"] * 2**20, [n for n in GROUPS if n <= reach]
-        replace_figure(fw, ring_against_tree({c["link"]: chosen[:2]}, payload, groups))
-        faster = [n for n in groups if tree_time(payload, n, *chosen[:2])
-                  < ring_time("all_reduce", payload, n, *chosen[:2])]
+        replace_figure(fw, ring_against_tree({c["link"]: (alpha, bandwidth)}, payload, groups))
+        faster = [n for n in groups if tree_time(payload, n, alpha, bandwidth)
+                  < ring_time("all_reduce", payload, n, alpha, bandwidth)]
         said = (f"the tree is faster from {faster[0]} ranks on" if faster
                 else "the ring is faster at every group size shown")
         if not chosen.tree:

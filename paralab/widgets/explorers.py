@@ -283,7 +283,7 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
         (``grown``)."""
         out = {f"measured, {trace.meta.get('world_size') or len(trace.ranks)} ranks": trace}
         # a hierarchical run's three steps are the lab's: the cost model prices NCCL's flat collectives
-        flat = ", flat all-reduce" if getattr(predictor and predictor.cfg, "hierarchical", False) else ""
+        flat = ", flat all-reduce" if predictor is not None and predictor.cfg.hierarchical else ""
         if predictor is not None:
             out[f"predicted{flat}, {predictor.world_size} ranks"] = predictor.same_run
         if predictor is not None and grown:
