@@ -459,7 +459,7 @@ def _priced_part_by_part(st: StageTimes, model: ModelSpec, p: ParallelSpec, hw: 
     sent = (sum(ag for _, ag, _ in forward), sum(ag for _, ag, _ in backward),
             sum(rs for _, _, rs in backward))
     total_f = _priced_pass(forward, p, hw)
-    if _schedule_name(p) in SPLIT_BACKWARD:
+    if p.pp > 1 and _schedule_name(p) in SPLIT_BACKWARD:  # one stage runs its backward whole
         # Bi gathers the parameters its input gradients need; W, run later, computes the weight
         # gradients and sends them: each pass with its own collectives
         share = st.backward_input / st.backward if st.backward else 1.0
