@@ -13,6 +13,8 @@ import pytest
 import paralab
 from paralab import cli
 from paralab.runtime.multinode import run_local_nodes
+from paralab.sim.bridge import specs_from_run
+from paralab.viz.comm_compare import links_per_rank_step, per_rank_step, predicted_comm_trace
 from tests.conftest import (
     TAG,
     assert_close_rel,
@@ -55,6 +57,10 @@ def test_hierarchical_all_reduce_same_losses_fewer_inter_node_bytes(no_leftover_
     assert tiered_inter == pytest.approx(expected_inter_node_bytes(grad_bytes, 2, 2, True), abs=64)
     assert flat_inter / tiered_inter == pytest.approx(1.5, rel=1e-3)
     assert set(tiered.summary["comm_bytes"]) == {"reduce_scatter", "all_reduce", "all_gather"}
+    # the simulator counts the three steps as the run sent them, op by op and link by link
+    predicted = predicted_comm_trace(*specs_from_run(tiered.config), gpus_per_node=2)
+    assert per_rank_step(predicted) == pytest.approx(per_rank_step(tiered.trace), rel=1e-3)
+    assert links_per_rank_step(predicted) == pytest.approx(links_per_rank_step(tiered.trace), rel=1e-3)
 
 
 @pytest.mark.parametrize(

@@ -542,21 +542,25 @@ def test_elastic_monitor_counts_steps_not_samples():
     assert "3 steps" in app.status.value
 
 
-def test_the_comm_explorer_says_its_prediction_of_a_hierarchical_run_is_a_flat_all_reduce():
-    """The simulator has no hierarchical all-reduce: beside a hierarchical run, its bars (one flat
-    all-reduce, bytes spread evenly over the links) had read as a prediction of the three steps."""
+def test_the_comm_explorer_predicts_a_hierarchical_run_in_its_three_steps_and_grown():
+    """Beside a hierarchical run the prediction is its reduce-scatter, all-reduce and all-gather; grown
+    to 8 ranks of 4 a node it stays hierarchical over the new nodes, and where one node holds every
+    rank it is the flat all-reduce those steps add up to."""
     from types import SimpleNamespace
 
     from paralab.config import RunConfig
     from paralab.trace import COMM, Span, Trace
+    from paralab.viz.comm_compare import per_rank_step
 
-    def run(hierarchical: bool):
-        cfg = RunConfig.build("tiny", strategy="ddp", world_size=4, nodes=2, hierarchical=hierarchical,
-                              global_batch=8)
-        spans = [Span(r, COMM, "all_reduce", 0.0, 1.0, step=0, bytes=8, group_size=2) for r in range(4)]
-        return SimpleNamespace(config=cfg, trace=Trace(spans=spans))
-
-    _, same, grown = widgets.comm_explorer(run(hierarchical=True), world_size=8).sources()
-    assert same.startswith("predicted, flat all-reduce, 4 ranks") and "flat all-reduce, 8 ranks" in grown
-    assert "tiny in fp32" in grown  # the grown model keeps the run's dtype, and says so
-    assert "flat" not in list(widgets.comm_explorer(run(hierarchical=False)).sources())[1]
+    cfg = RunConfig.build("tiny", strategy="ddp", world_size=4, nodes=2, hierarchical=True, global_batch=8)
+    spans = [Span(r, COMM, "all_reduce", 0.0, 1.0, step=0, bytes=8, group_size=2) for r in range(4)]
+    app = widgets.comm_explorer(SimpleNamespace(config=cfg, trace=Trace(spans=spans)), world_size=8,
+                                gpus_per_node=4)
+    (_, same), (grown_label, grown) = list(app.sources().items())[1:]
+    three_steps = {"reduce_scatter", "all_reduce", "all_gather"}
+    assert set(per_rank_step(same)) == set(per_rank_step(grown)) == three_steps
+    assert "tiny in fp32" in grown_label  # the grown model keeps the run's dtype, and says so
+    assert "hierarchical all-reduce" in grown_label
+    app.controls["gpus_per_node"].value = 8
+    (one_node_label, one_node), = list(app.sources().items())[2:]
+    assert set(per_rank_step(one_node)) == {"all_reduce"} and "hierarchical" not in one_node_label

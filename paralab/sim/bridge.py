@@ -46,7 +46,8 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
     ``torch_fsdp`` in 16 bits keeps fp32 shards as its master weights (``fp32_shards``); torch's DDP
     (``torch_ddp``, ``torch_hybrid``) keeps its buckets in the gradients' dtype
     (``buckets_in_grad_dtype``), and its DTensor sequence parallelism (``torch_tp``, ``torch_hybrid``)
-    the column-parallel layers' gathered inputs (``sp_keeps_gathered_inputs``). The
+    the column-parallel layers' gathered inputs (``sp_keeps_gathered_inputs``); ``ddp --hierarchical``
+    over emulated nodes reduces in three steps over each node's ranks (``hierarchical_dp``). The
     model is priced in the run's dtype, with its recomputation. Strategies that run the pipeline
     executor (a pp axis) make their batch before the step window opens
     (``train_loop(batch_in_window=False)``), so their predicted step holds no data loading; the others
@@ -76,6 +77,7 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
         sp_keeps_gathered_inputs=cfg.strategy in ("torch_tp", "torch_hybrid"),  # DTensor's plan
         loads_batch_in_step="pp" not in get_strategy(cfg.strategy).axes,
         zbv_for_pass_times=False,  # the lab's ranks run ZB-V in the order found for equal passes
+        hierarchical_dp=layout.dp // layout.nodes if cfg.hierarchical and layout.nodes > 1 else 0,
     ).resolved()
     return model, parallel.replace(grad_buckets=_gradient_messages(cfg, model, parallel),
                                    grad_copy_bytes=_gradient_copy_bytes(cfg, model, parallel))

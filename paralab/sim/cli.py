@@ -110,6 +110,10 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
                              "in 16 bits, as PyTorch FSDP runs mixed precision (16 bytes a parameter over "
                              "dp, with or without --fp32-grads; plain --zero 3 keeps 16, or 18 with "
                              "--fp32-grads)")
+    parser.add_argument("--hierarchical", action="store_true",
+                        help="reduce gradients in three steps: reduce-scatter inside each node, all-reduce "
+                             "of the shards across nodes, all-gather inside the node (paralab's ddp "
+                             "--hierarchical; default: NCCL's flat all-reduce)")
     parser.add_argument("--cp", type=int, default=1, help="context parallel: each sequence over cp GPUs")
     parser.add_argument("--cp-mode", default="ring", choices=CP_MODES)
     parser.add_argument("--cp-split", default="zigzag", choices=CP_SPLITS)
@@ -273,6 +277,8 @@ def simulate_main(args) -> int:
         return _fail(str(err))
     if problems := hw.problems_for(model):
         return _fail("invalid configuration: " + "; ".join(problems))
+    if args.hierarchical:  # over the data-parallel ranks each node holds
+        parallel = parallel.replace(hierarchical_dp=cost.ranks_per_node(hw, dp, parallel.stride("dp")))
     if problems := parallel.problems(model, gpus):
         hint = _fits_hint(model, gpus, hw, _batch_of(parallel, gpus))
         return _fail("invalid configuration: " + "; ".join(problems) + ". " + hint)

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from statistics import NormalDist
+from typing import NamedTuple
 
 from paralab.collectives import ring_steps
 from paralab.schedules import SPLIT_BACKWARD, UNIT_PASSES, dualpipev_slots, theoretical_bubble
@@ -83,7 +84,7 @@ def collective_time(hw: HardwareSpec, op: str, payload: float, group: int, strid
     ``messages``: the payload goes as that many separate collectives, each paying the latency."""
     if group <= 1:
         return 0.0
-    per_node = max(1, min(group, hw.gpus_per_node // stride))
+    per_node = ranks_per_node(hw, group, stride)
     steps = ring_steps(op, group)
     wire = counting.ring_wire_bytes(op, payload, group)
     if per_node == group:  # inside one node
@@ -104,6 +105,11 @@ def collective_time(hw: HardwareSpec, op: str, payload: float, group: int, strid
         return ring
     hops = 2 * ((per_node - 1) * hw.intra_latency + math.ceil(math.log2(nodes)) * hw.inter_latency)
     return min(ring, messages * hops + payload / (TREE_BANDWIDTH_SHARE * bandwidth))
+
+
+def ranks_per_node(hw: HardwareSpec, group: int, stride: int) -> int:
+    """Members of a group of ``group`` ranks ``stride`` apart that share a node (at least one)."""
+    return max(1, min(group, hw.gpus_per_node // stride))
 
 
 def measured_curve(hw: HardwareSpec, op: str) -> tuple[list, str]:
@@ -154,7 +160,7 @@ def all_to_all_time(hw: HardwareSpec, payload: float, group: int, stride: int) -
     send curve (``local``), one gloo send per peer."""
     if group <= 1:
         return 0.0
-    per_node = max(1, min(group, hw.gpus_per_node // stride))
+    per_node = ranks_per_node(hw, group, stride)
     piece = payload / group
     if hw.p2p_curve and per_node == group:
         return (group - 1) * interpolate(hw.p2p_curve, piece)
@@ -914,9 +920,12 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
     if p.ep > 1:
         spans = spans + _expert_parallel_spans(model, p, hw, times, compute, waits)
     for rank, (sync, (start, end), tied) in enumerate(_end_of_step(model, p, hw, finish)):
-        if sync["reduce"][0]:
-            spans.append(Span(rank, COMM, sync["reduce"][1], start, end, name="gradient reduction", step=0,
-                              bytes=int(sync["reduce"][2]), group_size=p.dp, inter_node=sync["inter"]))
+        reduce, after = sync["reduce"], sync["after"]
+        reduced = end - sum(r.seconds for r in after)  # the three steps of a hierarchical one end to end
+        for r, (begin, finish) in zip((reduce, *after), _back_to_back(start, reduced, after)):
+            if r.seconds:
+                spans.append(Span(rank, COMM, r.op, begin, finish, name="gradient reduction", step=0,
+                                  bytes=int(r.wire), group_size=r.group, inter_node=r.inter))
         if tied:
             spans.append(Span(rank, COMM, "all_reduce", *tied[:2], name="tied embedding all-reduce", step=0,
                               bytes=int(counting.tied_embedding_payload(model, p)), group_size=2,
@@ -933,6 +942,16 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
     spans += [Span(r, STEP, "step", 0.0, makespan, name="step 0", step=0) for r in range(p.pp)]
     meta = dict(trace.meta, tokens_per_step=p.global_batch * model.seq, prediction=prediction.to_dict())
     return Trace(spans=sorted(spans, key=lambda s: (s.start, s.rank)), meta=meta)
+
+
+def _back_to_back(start: float, end: float, after: tuple[Reduction, ...]) -> list[tuple[float, float]]:
+    """(start, end) of a gradient reduction's window ``start``..``end`` and of the ``after`` steps that
+    follow it one after the other."""
+    out = [(start, end)]
+    for r in after:
+        out.append((end, end + r.seconds))
+        end += r.seconds
+    return out
 
 
 def _tensor_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageTimes], spans: list[Span],
@@ -1344,22 +1363,38 @@ def _grad_syncs(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, finish) -> 
             alike[kinds[rank]] = _grad_sync(model, p, hw, rank)
         sync = alike[kinds[rank]]
         if sync["waits"]:
-            seconds, op, wire = sync["reduce"]
-            sync = {**sync, "reduce": (seconds + sync_wait(hw, last_end, p.dp), op, wire)}
+            reduce = sync["reduce"]
+            sync = {**sync, "reduce": reduce._replace(seconds=reduce.seconds + sync_wait(hw, last_end, p.dp))}
         syncs.append(sync)
     return syncs
 
 
+class Reduction(NamedTuple):
+    """One collective of the end-of-step gradient reduction: its seconds, op, wire bytes a rank sends,
+    group size and whether it crosses nodes."""
+
+    seconds: float
+    op: str
+    wire: float
+    group: int
+    inter: bool
+
+
 def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int) -> dict:
-    """End-of-step data-parallel work of one pipeline rank: (seconds, op, wire bytes) rows, the
-    optimizer's time and the gradient copies' (``grad_copy_bytes`` at the memory bandwidth); whether
-    the reduction waits for the slowest replica (``waits``: it is a synchronisation of the replicas
-    after their compute, ZeRO-2/3's reduce-scatters being inside the backward)."""
+    """End-of-step data-parallel work of one pipeline rank: the gradient reduction that overlaps the
+    backward (``reduce``, a :class:`Reduction`) and the ones a hierarchical all-reduce runs after it
+    (``after``: the inter-node all-reduce and the intra-node all-gather,
+    :func:`counting.hierarchical_steps`), the updated parameters' all-gather of ZeRO-1/2 (``gather``:
+    seconds, wire bytes), the optimizer's time and the gradient copies' (``grad_copy_bytes`` at the
+    memory bandwidth); whether the reduction waits for the slowest replica (``waits``: it is a
+    synchronisation of the replicas after their compute, ZeRO-2/3's reduce-scatters being inside the
+    backward)."""
     pb, gb, _ = counting.bytes_per_param(model, p)
     params, experts = counting.stage_params(model, p, rank), counting.expert_params(model, p, rank)
     groups = counting.dp_groups(p, params, experts)  # a mixture of experts' experts over dp / ep
     reduce_op = "all_reduce" if p.zero == 0 else "reduce_scatter"
-    reduce = (0.0, reduce_op, 0.0)
+    inter = crosses_nodes(hw, p.dp, p.stride("dp"))
+    reduce, after = Reduction(0.0, reduce_op, 0.0, p.dp, inter), ()
     gather = (0.0, 0.0)
     messages = max(p.grad_buckets, 1)
 
@@ -1367,9 +1402,14 @@ def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int) -
         return (dp_collective_time(hw, p, op, params, experts, nbytes, messages),
                 sum(counting.ring_wire_bytes(op, n * nbytes, size) for n, size, _ in groups))
 
-    if groups and p.zero <= 1:
+    if groups and p.hierarchical_dp:
+        steps = counting.hierarchical_steps(p, params * gb)
+        reduce, *after = (Reduction(collective_time(hw, op, payload, size, stride, messages), op,
+                                    counting.ring_wire_bytes(op, payload, size), size, family == "dp_inter")
+                          for family, op, payload, size, stride in steps)
+    elif groups and p.zero <= 1:
         seconds, wire = over_dp(reduce_op, gb)
-        reduce = (seconds, reduce_op, wire)
+        reduce = Reduction(seconds, reduce_op, wire, p.dp, inter)
     if groups and p.zero in (1, 2):
         gather = over_dp("all_gather", pb)
     local = (params - experts) / p.dp + experts / (p.dp // p.ep) if p.zero >= 1 else params
@@ -1378,9 +1418,9 @@ def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int) -
                  + hw.kernel_overhead_s)
     optimizer += counting.stage_tensors(model, p, rank) * hw.host_overhead_s.get("tensor_update", 0.0)
     copies = p.grad_copy_bytes * _reduced(groups) / rank_hw.memory_bandwidth
-    inter = crosses_nodes(hw, p.dp, p.stride("dp"))
     overlap = p.overlap_grad_reduce and hw.overlaps_comm
-    return {"reduce": reduce, "gather": gather, "optimizer": optimizer, "copies": copies, "inter": inter,
+    return {"reduce": reduce, "after": tuple(after), "gather": gather, "optimizer": optimizer,
+            "copies": copies, "inter": inter,
             "params": params, "overlap": overlap, "sm_share": hw.comm_sm_share,
             "waits": bool(groups) and p.zero <= 1}
 
@@ -1392,15 +1432,17 @@ def _sync_window(p: ParallelSpec, sync: dict, last_start: float, last_end: float
     Overlapped reduction starts with the last backward (buckets fill from the last layer down) and
     cannot finish before that backward ends plus the last bucket's share: 1/grad_buckets of it, or
     a 1/8 tail (a few DDP buckets) when the bucket count is not given. The backward it overlaps runs
-    slower by the SMs the reduction holds (:func:`beside_comm`).
+    slower by the SMs the reduction holds (:func:`beside_comm`). A hierarchical all-reduce's other two
+    steps (``after``) follow, one after the other, as paralab's ddp runs them once the backward has
+    ended and each bucket's reduce-scatter has landed.
     """
-    seconds = sync["reduce"][0]
+    seconds, tail = sync["reduce"].seconds, sum(r.seconds for r in sync["after"])
     if not seconds:
         return last_end, last_end
     if sync["overlap"]:
         computed = last_start + beside_comm(last_end - last_start, seconds, sync["sm_share"])
-        return last_start, max(last_start + seconds, computed + seconds / (p.grad_buckets or 8))
-    return last_end, last_end + seconds
+        return last_start, max(last_start + seconds, computed + seconds / (p.grad_buckets or 8)) + tail
+    return last_end, last_end + seconds + tail
 
 
 def _end_of_step(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, finish) -> list[tuple]:

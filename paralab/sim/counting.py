@@ -272,6 +272,19 @@ def dp_groups(parallel: ParallelSpec, params: float, experts: float) -> list[tup
     return [(n, size, stride) for n, size, stride in groups if n and size > 1]
 
 
+def hierarchical_steps(parallel: ParallelSpec, payload: float) -> list[tuple[str, str, float, int, int]]:
+    """(family, op, payload bytes, group size, rank stride) of the three collectives a hierarchical
+    all-reduce of ``payload`` bytes over dp runs (``hierarchical_dp`` = L ranks a node, N nodes): the
+    reduce-scatter among the node's L ranks, the all-reduce of each rank's 1/L shard among the N ranks
+    of its local index (one on each node, so each uses its own NIC), the all-gather among the L. The
+    bytes crossing nodes shrink L-fold against a flat ring's; the bytes inside the node are an
+    all-reduce's."""
+    local, stride = parallel.hierarchical_dp, parallel.stride("dp")
+    return [("dp_intra", "reduce_scatter", payload, local, stride),
+            ("dp_inter", "all_reduce", payload / local, parallel.dp // local, stride * local),
+            ("dp_intra", "all_gather", payload, local, stride)]
+
+
 def backward_gather_groups(parallel: ParallelSpec, params: float, experts: float,
                            held: float) -> list[tuple[float, int, int]]:
     """:func:`dp_groups` as ZeRO-3 gathers for a backward: ``held`` parameters of FSDP's root unit
@@ -722,7 +735,7 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec,
     a middle rank's, one each way).
 
     Rows of (family, op, payload bytes, group size, count per step), family one of tp, pp, embedding,
-    dp, zero, ep:
+    dp (dp_intra, dp_inter), zero, ep:
     - tp (Shoeybi et al. 2019): per layer and microbatch, 2 all-reduces of b s h in the forward and 2
       in the backward (+2 when full recompute reruns the forward); with sequence parallelism each
       all-reduce becomes an all-gather plus a reduce-scatter of the same tensor (Korthikanti et al.
@@ -732,7 +745,8 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec,
       gradient sent back, b s h each, or b s h / t with their scatter/gather optimisation (tp > 1).
     - embedding: with a tied embedding, the first stage's all-reduce of its gradient with the last
       stage's (:func:`tied_embedding_ranks`), once a step.
-    - dp / zero (Rajbhandari et al. 2020, sec. 7): stage 0 all-reduces the gradients once per step;
+    - dp / zero (Rajbhandari et al. 2020, sec. 7): stage 0 all-reduces the gradients once per step
+      (hierarchically, families dp_intra and dp_inter: :func:`hierarchical_steps`);
       stage 1 reduce-scatters gradients and all-gathers updated parameters (same volume); stage 2
       must reduce-scatter every microbatch's gradients, since it keeps only its shard; stage 3 also
       all-gathers the parameters for every microbatch's forward and again for its backward. A mixture of
@@ -760,6 +774,9 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec,
     pb, gb, _ = bytes_per_param(model, p)
     params, experts = stage_params(model, p, rank), expert_params(model, p, rank)
     groups = dp_groups(p, params, experts)
+    if p.zero == 0 and p.hierarchical_dp:
+        return rows + [(family, op, payload, size, 1) for n, _, _ in groups
+                       for family, op, payload, size, _ in hierarchical_steps(p, n * gb)]
     if p.zero == 0:
         return rows + [("dp", "all_reduce", n * gb, group, 1) for n, group, _ in groups]
     rows += [("zero", "reduce_scatter", n * gb, group, 1 if p.zero == 1 else m) for n, group, _ in groups]

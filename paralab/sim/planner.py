@@ -273,6 +273,8 @@ def describe(p: ParallelSpec) -> str:
               f"ZeRO-{p.zero}" + _fsdp_text(p), f"recompute {p.recompute}"]
     if p.sequence_parallel:
         parts.append("sequence parallel")
+    if p.hierarchical_dp:
+        parts.append(f"hierarchical all-reduce over nodes of {p.hierarchical_dp} dp ranks")
     return ", ".join(parts)
 
 

@@ -318,6 +318,11 @@ class ParallelSpec:
     # pipeline sends run beside compute (False: each send holds its rank until it lands, as the
     # pipeline schedules of Megatron-LM before 2023 and of DeepSpeed did)
     overlap_p2p: bool = True
+    # the gradient all-reduce in three steps over nodes of this many data-parallel ranks: reduce-scatter
+    # inside the node (overlapping the backward as its buckets fill), then, after the backward, the
+    # shard's all-reduce among the ranks of one local index on every node and the all-gather inside
+    # the node (paralab's ddp --hierarchical). 0: one flat all-reduce, as NCCL runs it
+    hierarchical_dp: int = 0
 
     def __post_init__(self):
         # a list (as JSON and most callers write a split) would leave the spec unhashable, and specs key
@@ -451,7 +456,22 @@ class ParallelSpec:
             out.append(f"unknown rank order {p.rank_order!r}; choose from {', '.join(RANK_ORDERS)}")
         if p.optimizer and p.optimizer not in OPTIMIZERS:
             out.append(f"unknown optimizer {p.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
-        return out + self._context_problems(model)
+        return out + self._hierarchy_problems() + self._context_problems(model)
+
+    def _hierarchy_problems(self) -> list[str]:
+        """What a hierarchical gradient all-reduce needs: 2 or more data-parallel ranks on each of 2 or
+        more nodes, alike, and plain data-parallel gradients (paralab's ddp is the one that runs it)."""
+        local = self.hierarchical_dp
+        if not local:
+            return []
+        out = []
+        if local < 2 or self.dp % local or self.dp == local:
+            out.append(f"a hierarchical all-reduce needs 2 or more data-parallel ranks on each of 2 or more "
+                       f"nodes: hierarchical_dp {local} must divide dp {self.dp} into 2 or more nodes")
+        if self.zero or self.cp > 1 or self.ep > 1:
+            out.append(f"a hierarchical all-reduce reduces plain data-parallel gradients: it needs zero 0, "
+                       f"cp 1 and ep 1, got zero {self.zero}, cp {self.cp}, ep {self.ep}")
+        return out
 
     def _context_problems(self, model: ModelSpec) -> list[str]:
         """What a cp degree needs (paralab.strategies.context checks the same of a real run)."""

@@ -27,7 +27,8 @@ from paralab.trace import COMM, Span, Trace
 from paralab.viz._common import SERIES_COLORS, as_trace, byte_scale, fmt_bytes, go, make_subplots, style
 from paralab.viz.comm import LINKS, _unit_label, comm_matrix_data
 
-# the mesh axes each of the cost model's collective families runs over (gradients: dp and cp together)
+# the mesh axes each of the cost model's collective families runs over (gradients: dp and cp together;
+# a hierarchical all-reduce's steps split dp: _groups)
 FAMILY_AXES = {"tp": ("tp",), "dp": ("dp", "cp"), "zero": ("dp", "cp"), "cp": ("cp",), "pp": ("pp",)}
 
 
@@ -66,7 +67,8 @@ def predicted_comm_trace(model, parallel, gpus_per_node: int = 8) -> Trace:
                                   group_ranks=group if len(group) < world else None,
                                   inter_node=node(ring_next(rank, group)) != node(rank)))
     meta = {"source": "predicted", "world_size": world, "dp": p.dp, "tp": p.tp, "pp": p.pp, "cp": p.cp,
-            "ep": layout.ep, "model": getattr(model, "name", ""), "gpus_per_node": gpus_per_node}
+            "ep": layout.ep, "model": getattr(model, "name", ""), "gpus_per_node": gpus_per_node,
+            "hierarchical_dp": p.hierarchical_dp}
     return Trace(spans=spans, meta=meta)
 
 
@@ -94,7 +96,14 @@ def _send_peers(family: str, rank: int, line: list[int], count: float) -> list[t
 def _groups(layout, family: str, size: int) -> list[list[int]]:
     """The groups a family's collectives run on: its mesh axes' (FAMILY_AXES), for a mixture of experts
     the expert groups (all-to-all) and the expert-data groups (the experts' own gradient reduction),
-    for a tied embedding the two ends of each pipeline."""
+    for a tied embedding the two ends of each pipeline; a hierarchical all-reduce's steps run on a dp
+    group's nodes of consecutive ranks (``dp_intra``, ``size`` of them) and on the ranks of one local
+    index across them (``dp_inter``), as paralab's ddp lays them out."""
+    if family == "dp_intra":
+        return [line[i : i + size] for line in layout.groups("dp") for i in range(0, len(line), size)]
+    if family == "dp_inter":
+        local = len(layout.groups("dp")[0]) // size  # ranks of one local index are this far apart
+        return [line[i::local] for line in layout.groups("dp") for i in range(local)]
     if family == "ep":
         return layout.expert_groups()
     if family == "embedding":  # a tied embedding's two copies: each pipeline's first and last stage

@@ -282,13 +282,11 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
         """The traces the view draws: the run, its prediction, the prediction at the sliders' size
         (``grown``)."""
         out = {f"measured, {trace.meta.get('world_size') or len(trace.ranks)} ranks": trace}
-        # a hierarchical run's three steps are the lab's: the cost model prices NCCL's flat collectives
-        flat = ", flat all-reduce" if predictor is not None and predictor.cfg.hierarchical else ""
         if predictor is not None:
-            out[f"predicted{flat}, {predictor.world_size} ranks"] = predictor.same_run
+            out[f"predicted, {predictor.world_size} ranks"] = predictor.same_run
         if predictor is not None and grown:
             bigger = predictor.grown(c["model"], c["world_size"], c["tp"], c["pp"], c["gpus_per_node"])
-            label = (f"predicted{flat}, {c['world_size']} ranks ({_mesh_text(bigger.meta)}, {c['model']} in "
+            label = (f"predicted, {c['world_size']} ranks ({_mesh_text(bigger.meta)}, {c['model']} in "
                      f"{predictor.model.dtype}, {c['gpus_per_node']}/node)")
             out[label] = bigger
         return out
@@ -349,10 +347,11 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
 
 def _mesh_text(meta: dict) -> str:
     """A predicted trace's mesh, e.g. "4 dp x 2 cp x 1 tp x 1 pp" (cp when used; ep, carved from dp,
-    after)."""
+    after; a hierarchical gradient all-reduce last)."""
     used = [axis for axis in ("dp", "cp", "tp", "pp") if axis != "cp" or meta[axis] > 1]
     axes = " x ".join(f"{meta[axis]} {axis}" for axis in used)
-    return axes + (f", ep {meta['ep']}" if meta["ep"] > 1 else "")
+    return (axes + (f", ep {meta['ep']}" if meta["ep"] > 1 else "")
+            + (", hierarchical all-reduce" if meta.get("hierarchical_dp") else ""))
 
 
 class _RunPredictor:
@@ -403,7 +402,11 @@ class _RunPredictor:
         if world_size % (tp * pp * p.cp):
             raise SpecError(f"world size {world_size} is not a multiple of tp x pp x cp = {tp * pp * p.cp}")
         dp = world_size // (tp * pp * p.cp)
+        # a hierarchical run grown: over the dp ranks a node holds now (flat where they fill one node or
+        # stand one to a node, where its steps add up to the flat all-reduce)
+        local = max(1, min(dp, gpus_per_node // (tp * p.cp))) if p.hierarchical_dp else 0
         spec = p.replace(dp=dp, tp=tp, pp=pp, global_batch=0, ep=p.ep if dp % p.ep == 0 else 1,
+                         hierarchical_dp=local if 1 < local < dp and dp % local == 0 else 0,
                          sequence_parallel=p.sequence_parallel and tp > 1,
                          microbatches=(p.microbatches if pp == p.pp
                                        else max(p.microbatches, 2 * pp) if pp > 1 else 1))

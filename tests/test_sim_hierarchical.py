@@ -1,0 +1,96 @@
+"""The simulator's hierarchical all-reduce (paralab's ddp --hierarchical): bytes, time, trace, refusals."""
+
+import argparse
+import json
+
+import pytest
+
+from paralab.config import RunConfig
+from paralab.sim import cli, cost, counting
+from paralab.sim.bridge import specs_from_run
+from paralab.sim.hardware import get_hardware
+from paralab.sim.presets import get_model
+from paralab.sim.specs import ParallelSpec
+from paralab.trace import COMM, COMPUTE
+from paralab.viz.comm_compare import links_per_rank_step, per_rank_step, predicted_comm_trace
+
+H100 = get_hardware("h100")
+MODEL = get_model("gpt3-1.3b")
+NODES, LOCAL = 4, 8  # 4 nodes of 8 H100s, one data-parallel rank per GPU
+
+
+def spec(**options) -> ParallelSpec:
+    return ParallelSpec(dp=NODES * LOCAL, global_batch=NODES * LOCAL, **options).resolved()
+
+
+def test_the_three_steps_send_a_flat_all_reduces_bytes_and_an_lth_of_them_across_nodes():
+    """RS (L-1)/L G + AR 2(N-1)/N G/L + AG (L-1)/L G = 2(NL-1)/(NL) G, the flat ring's; only the middle
+    step crosses nodes."""
+    flat = counting.comm_bytes_per_gpu(MODEL, spec())
+    tiered = counting.comm_bytes_per_gpu(MODEL, spec(hierarchical_dp=LOCAL))
+    assert set(tiered) == {"dp_intra_reduce_scatter", "dp_inter_all_reduce", "dp_intra_all_gather"}
+    assert sum(tiered.values()) == pytest.approx(flat["dp_all_reduce"], rel=1e-12)
+    grads = counting.stage_params(MODEL, spec(), 0) * counting.bytes_per_param(MODEL, spec())[1]
+    assert tiered["dp_inter_all_reduce"] == pytest.approx(2 * (NODES - 1) / NODES * grads / LOCAL)
+
+
+def test_its_time_is_the_overlapped_reduce_scatter_then_the_all_reduce_and_all_gather_after_the_backward():
+    p = spec(hierarchical_dp=LOCAL)
+    trace = cost.predict_trace(MODEL, p, H100)
+    backward_end = max(s.end for s in trace.select(lane=COMPUTE) if s.kind == "backward")
+    backward_start = min(s.start for s in trace.select(lane=COMPUTE) if s.kind == "backward")
+    rs, ar, ag = sorted(trace.select(lane=COMM), key=lambda s: s.start)
+    assert [(s.kind, s.group_size, s.inter_node) for s in (rs, ar, ag)] == [
+        ("reduce_scatter", LOCAL, False), ("all_reduce", NODES, True), ("all_gather", LOCAL, False)]
+    assert rs.start == pytest.approx(backward_start)  # launched as the backward fills its buckets
+    assert rs.end == ar.start and ar.end == ag.start and ar.start >= backward_end
+    grads = counting.stage_params(MODEL, p, 0) * counting.bytes_per_param(MODEL, p)[1]
+    assert ar.duration == pytest.approx(cost.collective_time(H100, "all_reduce", grads / LOCAL, NODES, LOCAL))
+    assert ag.duration == pytest.approx(cost.collective_time(H100, "all_gather", grads, LOCAL, 1))
+    optimizer = next(s for s in trace.select(lane=COMPUTE) if s.kind == "optimizer")
+    assert optimizer.start == pytest.approx(ag.end)
+    breakdown = trace.meta["prediction"]["breakdown_s"]
+    assert breakdown["dp_comm_exposed"] >= ar.duration + ag.duration  # nothing hides the last two
+
+
+def test_the_lab_predicts_its_hierarchical_run_with_emulated_nodes():
+    cfg = RunConfig.build("tiny", strategy="ddp", world_size=4, nodes=2, hierarchical=True, global_batch=8)
+    assert specs_from_run(cfg)[1].hierarchical_dp == 2
+    flat = RunConfig.build("tiny", strategy="ddp", world_size=4, nodes=2, global_batch=8)
+    assert specs_from_run(flat)[1].hierarchical_dp == 0
+    predicted = predicted_comm_trace(*specs_from_run(cfg), gpus_per_node=2)
+    ops = per_rank_step(predicted)
+    assert set(ops) == {"reduce_scatter", "all_reduce", "all_gather"}
+    links = links_per_rank_step(predicted)  # of G: RS 1/2 + AG 1/2 inside, AR 2(1/2)(1/2) = 1/2 across
+    assert links["intra_node"] == pytest.approx(2 * links["inter_node"], rel=1e-6)
+    ar = [s for s in predicted.spans if s.kind == "all_reduce"]
+    assert sorted(tuple(s.group_ranks) for s in ar) == [(0, 2), (0, 2), (1, 3), (1, 3)]
+
+
+@pytest.mark.parametrize("options, says", [
+    (dict(hierarchical_dp=32), "2 or more nodes"),  # one node: nothing to tier
+    (dict(hierarchical_dp=5), "must divide dp"),
+    (dict(hierarchical_dp=8, zero=2), "zero 0"),
+])
+def test_a_hierarchy_that_cannot_be_built_is_refused(options, says):
+    problems = spec(**options).problems(MODEL)
+    assert any(says in problem for problem in problems), problems
+
+
+def run_simulate(argv, capsys):
+    parser = argparse.ArgumentParser()
+    cli.add_simulate_args(parser)
+    rc = cli.simulate_main(parser.parse_args(argv))
+    return rc, capsys.readouterr()
+
+
+def test_simulate_hierarchical_tiers_over_the_ranks_each_node_holds(capsys):
+    rc, out = run_simulate(["--model", "gpt3-1.3b", "--hardware", "h100", "--gpus", "32", "--tp", "2",
+                            "--hierarchical", "--json"], capsys)
+    assert rc == 0
+    data = json.loads(out.out)
+    assert "hierarchical all-reduce over nodes of 4 dp ranks" in data["config"]  # 8 GPUs / tp 2
+    assert "dp_inter_all_reduce" in data["comm_bytes_per_gpu"]
+    rc, out = run_simulate(["--model", "gpt3-1.3b", "--hardware", "h100", "--gpus", "8", "--hierarchical"],
+                           capsys)
+    assert rc == 2 and "2 or more nodes" in out.err
