@@ -211,6 +211,14 @@ def test_scaling_speedup_and_ideal():
     assert list(ideal.x) == [1, 2, 4, 8] and list(ideal.y) == [1, 2, 4, 8]
 
 
+def test_series_that_start_at_different_sizes_each_get_the_ideal_of_their_own_start():
+    """Measured from 2 ranks, predicted from 1: each speedup is over its own start, so one ideal from
+    1 rank would put a measured perfect doubling at half the ideal."""
+    fig = viz.scaling({2: 0.4, 4: 0.2}, predicted={1: 0.8, 2: 0.4, 4: 0.2})
+    ideals = {t.name: (list(t.x), list(t.y)) for t in fig.data if t.name.startswith("ideal")}
+    assert ideals == {"ideal from 1 rank": ([1, 2, 4], [1, 2, 4]), "ideal from 2 ranks": ([2, 4], [1, 2])}
+
+
 def _steps_of(times: list[float]) -> Trace:
     """A one-rank trace whose steps take ``times`` seconds, back to back."""
     starts = [sum(times[:i]) for i in range(len(times))]

@@ -1,13 +1,14 @@
 """Speedup and scaling: does adding ranks pay, and how far from ideal is it?
 
-Speedup is measured in throughput (tokens per second) relative to the smallest world size shown,
+Speedup is measured in throughput (tokens per second) relative to a series' smallest world size,
 which is right for both strong scaling (fixed global batch: throughput ratio = step time ratio)
 and weak scaling (batch grows with ranks). When a point has no throughput, step times are used.
-The ideal line is world size / smallest world size.
+The ideal line is world size / that smallest world size (one per smallest size the series start at).
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Mapping
 
 from paralab.viz._common import as_summary, as_trace, go, make_subplots, style
@@ -52,7 +53,7 @@ def scaling(measured=None, predicted=None, title: str | None = None):
     """Two panels sharing the world-size axis: step time, and speedup with the ideal line."""
     graph = go()
     fig = make_subplots(rows=1, cols=2, subplot_titles=("step time", "speedup"), horizontal_spacing=0.12)
-    all_ws: set[int] = set()
+    sizes_from: dict[int, set[int]] = defaultdict(set)  # each series' world sizes, by its smallest
     meta = {}
     for label, runs, color, dash in (("measured", measured, MEASURED, "solid"),
                                      ("predicted", predicted, PREDICTED, "dash")):
@@ -60,7 +61,8 @@ def scaling(measured=None, predicted=None, title: str | None = None):
             continue
         pts = scaling_points(runs)
         ws = [p["world_size"] for p in pts]
-        all_ws.update(ws)
+        if ws:
+            sizes_from[ws[0]].update(ws)
         sp = speedups(pts)
         meta[label] = {"world_size": ws, "step_time_s": [p["step_time_s"] for p in pts], "speedup": sp}
         line = dict(color=color, dash=dash)
@@ -72,10 +74,12 @@ def scaling(measured=None, predicted=None, title: str | None = None):
                                     legendgroup=label, line=line, showlegend=False,
                                     hovertemplate=f"{label}: %{{x}} ranks, "
                                                   f"speedup %{{y:.2f}}x<extra></extra>"), 1, 2)
-    if all_ws:
-        ws = sorted(all_ws)
-        fig.add_trace(graph.Scatter(x=ws, y=[w / ws[0] for w in ws], mode="lines", name="ideal",
-                                    line=dict(color="#999", dash="dot"), hoverinfo="skip"), 1, 2)
+    # a series' speedups are over its own smallest size, so is its ideal: one line per such size
+    for (base, sizes), dash in zip(sorted(sizes_from.items()), ("dot", "dashdot")):
+        ws = sorted(sizes)
+        name = "ideal" if len(sizes_from) == 1 else f"ideal from {base} rank{'s' * (base > 1)}"
+        fig.add_trace(graph.Scatter(x=ws, y=[w / base for w in ws], mode="lines", name=name,
+                                    line=dict(color="#999", dash=dash), hoverinfo="skip"), 1, 2)
     fig.update_xaxes(title_text="world size (ranks)", type="log", dtick=0.30103)
     fig.update_yaxes(title_text="ms per step", row=1, col=1, rangemode="tozero")
     # log-log, so that the ideal is the diagonal and a shortfall reads as the same gap at any size
