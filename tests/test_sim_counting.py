@@ -184,9 +184,13 @@ def test_tensor_parallel_bytes_match_narayanan():
     model = get_model("megatron-175b")
     p = ParallelSpec(tp=8, pp=8, microbatches=16, micro_batch=2)
     b, h, t, layers = 2, 12288, 8, 96 // 8
+
+    def middle_rank(spec):  # the model's ends' collectives are the first and last ranks'
+        return counting.wire_bytes_by_key(counting.comm_payloads(model, spec, 3))
+
     expected = 16 * layers * 8 * b * S * h * (t - 1) / t * 2
-    assert counting.comm_bytes_per_gpu(model, p)["tp_all_reduce"] == pytest.approx(expected)
-    sp = counting.comm_bytes_per_gpu(model, p.replace(sequence_parallel=True))
+    assert middle_rank(p)["tp_all_reduce"] == pytest.approx(expected)
+    sp = middle_rank(p.replace(sequence_parallel=True))
     # Korthikanti et al. 2022 sec. 4.2.2: the same bytes, and the backward gathers each column-parallel
     # layer's input again (2 a layer, b s h each) since only its sequence slice was kept
     again = 16 * layers * 2 * b * S * h * (t - 1) / t * 2
@@ -367,8 +371,9 @@ def test_parallel_blocks_share_one_norm_and_one_tensor_parallel_reduction():
     # one norm input and one normalised input fewer (2 bytes each)
     saved = counting.activation_bytes_per_layer(model) - counting.activation_bytes_per_layer(parallel)
     assert saved == 2 * e * sbh
-    p = ParallelSpec(tp=8, microbatches=4, micro_batch=1)
-    serial, side_by_side = (counting.comm_bytes_per_gpu(m, p)["tp_all_reduce"] for m in (model, parallel))
+    p = ParallelSpec(tp=8, pp=4, microbatches=4, micro_batch=1)  # rank 1: the layers' collectives alone
+    serial, side_by_side = (counting.wire_bytes_by_key(counting.comm_payloads(m, p, 1))["tp_all_reduce"]
+                            for m in (model, parallel))
     assert serial == 2 * side_by_side
 
 
@@ -454,10 +459,40 @@ def test_wire_bytes_per_gpu_are_the_busiest_ranks_with_an_uneven_split():
     light_first, light_last = ((3, 7, 7, 7), (7, 7, 7, 3))
     wire = [counting.comm_bytes_per_gpu(model, ParallelSpec(tp=2, pp=4, stage_layers=split, microbatches=8))
             for split in (light_first, light_last)]
-    even = counting.comm_bytes_per_gpu(model, ParallelSpec(tp=2, pp=4, microbatches=8))
-    per_layer = even["tp_all_reduce"] / 6
-    assert wire[0]["tp_all_reduce"] == wire[1]["tp_all_reduce"] == pytest.approx(7 * per_layer)
+    middle = counting.comm_payloads(model, ParallelSpec(tp=2, pp=4, microbatches=8), 1)  # 6 layers, no end
+    per_layer = counting.wire_bytes_by_key(middle)["tp_all_reduce"] / 6
+    ends = counting.tp_end_collectives(model, ParallelSpec(tp=2, pp=4, microbatches=8).resolved())
+    end = {key: 8 * sum(counting.ring_wire_bytes(op, n, 2) for op, n in rows) for key, rows in ends.items()}
+    head = end["head_forward"] + end["head_backward"]
+    assert wire[0]["tp_all_reduce"] == pytest.approx(7 * per_layer + head)
+    assert wire[1]["tp_all_reduce"] == pytest.approx(7 * per_layer + end["embed_forward"])
     moe = get_model("deepseek-v3")  # three dense layers first: the first rank's one layer has no experts
     spec = ParallelSpec(dp=128, pp=16, ep=64, stage_layers=(1,) + (4,) * 15, microbatches=16)
     assert counting.wire_bytes_by_key(counting.comm_payloads(moe, spec, 0))["ep_all_to_all"] == 0
     assert counting.comm_bytes_per_gpu(moe, spec)["ep_all_to_all"] > 0
+
+
+
+@pytest.mark.parametrize("schedule, embed_rank, head_rank", [("1f1b", 0, 3), ("zbv", 0, 0)])
+def test_tensor_parallel_ends_are_counted_on_the_ranks_that_hold_them(schedule, embed_rank, head_rank):
+    """The embedding's collectives on the first stage's rank, the output layer's and the loss's on the
+    last's (rank 0 in a V), none on a middle rank; with sequence parallelism each rank also sums the
+    gradients of the replicated parameters it holds, once a step."""
+    model = get_model("gpt3-1.3b")
+    p = ParallelSpec(tp=8, pp=4, dp=1, schedule=schedule, global_batch=8, sequence_parallel=True).resolved()
+    act, tokens = p.micro_batch * model.seq * model.hidden * model.dtype_bytes, p.micro_batch * model.seq
+    embed = [("all_gather", act), ("reduce_scatter", act)]
+    loss = [("all_reduce", 4 * tokens)] * 3  # three fp32 numbers a token
+    head = [("all_gather", act), ("all_gather", act), ("reduce_scatter", act)] + loss
+
+    def end_rows(rank):  # once a microbatch: the layers' collectives come 2 x 2 x 6 layers a microbatch
+        rows = counting.comm_payloads(model, p, rank)
+        return sorted((op, payload) for family, op, payload, _, count in rows
+                      if family == "tp" and count == p.microbatches)
+
+    for rank in range(p.pp):
+        expected = (embed if rank == embed_rank else []) + (head if rank == head_rank else [])
+        assert end_rows(rank) == sorted(expected), rank
+    once = [row for row in counting.comm_payloads(model, p, 1) if row[0] == "tp" and row[4] == 1]
+    replicated = counting.rank_layers(model, p, 1) * counting.replicated_layer_params(model)
+    assert once == [("tp", "all_reduce", replicated * counting.bytes_per_param(model, p)[1], 8, 1)]

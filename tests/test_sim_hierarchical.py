@@ -1,13 +1,14 @@
 """The simulator's hierarchical all-reduce (paralab's ddp --hierarchical): bytes, time, trace, refusals."""
 
 import argparse
+import dataclasses
 import json
 
 import pytest
 
 from paralab.config import RunConfig
 from paralab.sim import cli, cost, counting
-from paralab.sim.bridge import specs_from_run
+from paralab.sim.bridge import predict_run, specs_from_run
 from paralab.sim.hardware import get_hardware
 from paralab.sim.presets import get_model
 from paralab.sim.specs import ParallelSpec
@@ -53,9 +54,32 @@ def test_its_time_is_the_overlapped_reduce_scatter_then_the_all_reduce_and_all_g
     assert breakdown["dp_comm_exposed"] >= ar.duration + ag.duration  # nothing hides the last two
 
 
-def test_the_lab_predicts_its_hierarchical_run_with_emulated_nodes():
+def test_the_wait_for_the_slowest_replica_lands_on_the_step_across_nodes():
+    """The replicas meet in the all-reduce across nodes; a node's reduce-scatter waits for its own."""
+    jittery = dataclasses.replace(H100, sync_jitter=1e-3)
+    steady, waiting = (sorted(cost.predict_trace(MODEL, spec(hierarchical_dp=LOCAL), hw).select(lane=COMM),
+                              key=lambda s: s.start) for hw in (H100, jittery))
+    assert steady[0].duration == pytest.approx(waiting[0].duration)
+    assert waiting[1].duration > steady[1].duration
+
+
+def test_a_step_is_drawn_across_nodes_where_the_hardware_puts_it():
+    """Nodes of 16 ranks on 8-GPU H100 nodes: their reduce-scatter is priced over the NICs, and drawn so."""
+    rs, ar, _ = sorted(cost.predict_trace(MODEL, spec(hierarchical_dp=16), H100).select(lane=COMM),
+                       key=lambda s: s.start)
+    assert rs.inter_node and ar.inter_node
+
+
+@pytest.mark.parametrize("nodes, local", [(2, 2), (4, 0)])  # one rank a node: the flat all-reduce
+def test_the_lab_predicts_its_hierarchical_run_with_emulated_nodes(nodes, local):
+    cfg = RunConfig.build("tiny", strategy="ddp", world_size=4, nodes=nodes, hierarchical=True,
+                          global_batch=8)
+    assert specs_from_run(cfg)[1].hierarchical_dp == local
+    assert predict_run(cfg, "h100").step_time_s > 0
+
+
+def test_the_lab_counts_its_hierarchical_runs_steps():
     cfg = RunConfig.build("tiny", strategy="ddp", world_size=4, nodes=2, hierarchical=True, global_batch=8)
-    assert specs_from_run(cfg)[1].hierarchical_dp == 2
     flat = RunConfig.build("tiny", strategy="ddp", world_size=4, nodes=2, global_batch=8)
     assert specs_from_run(flat)[1].hierarchical_dp == 0
     predicted = predicted_comm_trace(*specs_from_run(cfg), gpus_per_node=2)
@@ -90,7 +114,7 @@ def test_simulate_hierarchical_tiers_over_the_ranks_each_node_holds(capsys):
     assert rc == 0
     data = json.loads(out.out)
     assert "hierarchical all-reduce over nodes of 4 dp ranks" in data["config"]  # 8 GPUs / tp 2
-    assert "dp_inter_all_reduce" in data["comm_bytes_per_gpu"]
+    assert "dp_inter_all_reduce" in data["comm_bytes_per_gpu"] and data["hierarchical_dp"] == 4
     rc, out = run_simulate(["--model", "gpt3-1.3b", "--hardware", "h100", "--gpus", "8", "--hierarchical"],
                            capsys)
-    assert rc == 2 and "2 or more nodes" in out.err
+    assert rc == 2 and "dp 8 has 8 on each h100 node of 8 GPUs" in out.err

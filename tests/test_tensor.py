@@ -10,7 +10,8 @@ import pytest
 
 import paralab
 from paralab.config import ConfigError
-from paralab.sim.bridge import predict_memory
+from paralab.sim.bridge import predict_memory, specs_from_run
+from paralab.viz.comm_compare import per_rank_step, predicted_comm_trace
 from tests.conftest import assert_close_rel, assert_same_params
 
 STEPS, BATCH = 3, 8
@@ -112,6 +113,9 @@ def test_traced_communication_equals_the_analytic_count(runs, tp, sp, no_leftove
     expected = expected_payload(run.config)
     assert run.summary["comm_payload_bytes"] == expected
     assert run.summary["comm_bytes"] == {op: ring_wire(op, b, tp) for op, b in expected.items()}
+    # the simulator counts the same collectives, the model's ends and sp's replicated gradients too
+    predicted = predicted_comm_trace(*specs_from_run(run.config))
+    assert per_rank_step(predicted, payload=True) == pytest.approx({op: b / tp for op, b in expected.items()})
 
     # where each operator's collective sits: f opens a tensor-parallel region, g closes it
     in_forward = {("f", "all_gather"), ("g", "all_reduce"), ("g", "reduce_scatter")}

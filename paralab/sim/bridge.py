@@ -77,8 +77,9 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
         sp_keeps_gathered_inputs=cfg.strategy in ("torch_tp", "torch_hybrid"),  # DTensor's plan
         loads_batch_in_step="pp" not in get_strategy(cfg.strategy).axes,
         zbv_for_pass_times=False,  # the lab's ranks run ZB-V in the order found for equal passes
-        hierarchical_dp=layout.dp // layout.nodes if cfg.hierarchical and layout.nodes > 1 else 0,
     ).resolved()
+    if cfg.hierarchical:  # over the emulated (or, from a trace, real) nodes' ranks
+        parallel = parallel.hierarchy_over(layout.dp // layout.nodes)
     return model, parallel.replace(grad_buckets=_gradient_messages(cfg, model, parallel),
                                    grad_copy_bytes=_gradient_copy_bytes(cfg, model, parallel))
 

@@ -278,7 +278,11 @@ def simulate_main(args) -> int:
     if problems := hw.problems_for(model):
         return _fail("invalid configuration: " + "; ".join(problems))
     if args.hierarchical:  # over the data-parallel ranks each node holds
-        parallel = parallel.replace(hierarchical_dp=cost.ranks_per_node(hw, dp, parallel.stride("dp")))
+        local = cost.ranks_per_node(hw, dp, parallel.stride("dp"))
+        parallel = parallel.hierarchy_over(local)
+        if not parallel.hierarchical_dp:
+            return _fail(f"a hierarchical all-reduce needs 2 or more data-parallel ranks on each of 2 or "
+                         f"more nodes: dp {dp} has {local} on each {hw.name} node of {hw.gpus_per_node} GPUs")
     if problems := parallel.problems(model, gpus):
         hint = _fits_hint(model, gpus, hw, _batch_of(parallel, gpus))
         return _fail("invalid configuration: " + "; ".join(problems) + ". " + hint)
@@ -391,5 +395,6 @@ def _default_batch_note(model: ModelSpec, gpus: int, hw, batch: int) -> str:
 def _degrees(p: ParallelSpec) -> dict:
     keys = ("dp", "tp", "pp", "ep", "virtual_stages", "schedule", "microbatches", "micro_batch",
             "global_batch", "zero", "sequence_parallel", "recompute", "cp", "cp_mode", "cp_split",
-            "stage_layers", "fp32_grads", "fp32_shards", "fsdp_root", "expert_imbalance")  # fmt: skip
+            "stage_layers", "fp32_grads", "fp32_shards", "fsdp_root", "expert_imbalance",
+            "hierarchical_dp")  # fmt: skip
     return {k: getattr(p, k) for k in keys}

@@ -344,11 +344,14 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
     embed = 2 * tokens * h * nbytes / ew_bw
     logits = gemm_time(hw, hw.peak(model.dtype), tokens, model.vocab / t, h, 1, nbytes)
     loss = 3 * tokens * model.vocab / t * 4 / ew_bw  # fp32 logits: write, softmax read and write
-    # tp at the ends (Megatron-LM): the vocabulary-parallel embedding all-reduces its partial lookups;
-    # the output layer's input operator f all-reduces its gradient in backward; the vocabulary-parallel
-    # cross-entropy all-reduces three numbers per token (max logit, sum of exponentials, target logit)
-    tp_embed = collective_time(hw, "all_reduce", tokens * h * nbytes, t, p.stride("tp"))
-    tp_loss = 3 * collective_time(hw, "all_reduce", tokens * 4, t, p.stride("tp"))
+    # tp at the ends (counting.tp_end_collectives); the output layer's input, gathered again with
+    # sequence parallelism, is gathered while (on a GPU) its input gradient is computed
+    tp_end = {key: sum(collective_time(hw, op, payload, t, p.stride("tp")) for op, payload in rows)
+              for key, rows in counting.tp_end_collectives(model, p).items()}
+    head_regather = tp_end["head_regather"]
+    head_regather = max(0.0, head_regather - logits) if hw.overlaps_comm else head_regather
+    tp_embed = tp_end["embed_forward"] + tp_end["embed_backward"]
+    tp_head = tp_end["head_forward"] + tp_end["head_backward"] + head_regather
     slowest = straggler_factor(hw, p.world_size)
     times, alike = [], {}
     for stage, layers in enumerate(blocks):
@@ -359,14 +362,16 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
         # each part's forward and backward, in forward order, for ZeRO's part-by-part collectives
         parts = [(f / layers, (bi + w) / layers)] * layers if layers else []
         if stage == 0:
-            parts.insert(0, (embed + tp_embed + host("embed_forward"), embed + host("embed_backward")))
+            parts.insert(0, (embed + tp_end["embed_forward"] + host("embed_forward"),
+                             embed + tp_end["embed_backward"] + host("embed_backward")))
             f, bi = f + parts[0][0], bi + parts[0][1]
             tp += tp_embed
         if stage == p.chunks - 1:
-            head_input = logits + loss + tp_embed + host("head_backward")  # its weight gradient: logits again
-            parts.append((logits + loss + tp_loss + host("head_forward"), head_input + logits))
+            # the input gradient; the weight gradient is the logits' GEMM again
+            head_input = logits + loss + tp_end["head_backward"] + head_regather + host("head_backward")
+            parts.append((logits + loss + tp_end["head_forward"] + host("head_forward"), head_input + logits))
             f, bi, w = f + parts[-1][0], bi + head_input, w + logits
-            tp += tp_loss + tp_embed
+            tp += tp_head
         if p.pp > 1:  # a stage's pass ends in a send the neighbour waits for: it waits for the later rank
             f, bi = f + sync_wait(hw, f, 2), bi + sync_wait(hw, bi + w, 2)
         st = StageTimes(slowest * f, slowest * bi, slowest * w, slowest * tp, a2a=moe_here * a2a)
@@ -957,12 +962,10 @@ def _back_to_back(start: float, end: float, after: tuple[Reduction, ...]) -> lis
 def _tensor_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageTimes], spans: list[Span],
                            waits: dict[int, tuple[float, float]]) -> list[Span]:
     """One comm span per collective kind at the end of each forward and backward (before the ZeRO
-    reduce-scatters it waits for there, ``waits``: :func:`_zero_spans`): a forward pays one pass of the
-    layer's blocking collectives per layer (all-reduces; all-gather + reduce-scatter with sp), a
-    backward the other (and the rerun forward's with full recompute, and sp's re-gathers)."""
-    ops, payload, per_pass, passes = counting.tp_collectives(model, p)
-    regathers = counting.sequence_regathers(model, p)
-    chunk_layers = counting.chunk_layers(model, p)
+    reduce-scatters it waits for there, ``waits``: :func:`_zero_spans`), holding what the pass sends
+    (:func:`_tp_pass_sends`). Sequence parallelism's once-a-step all-reduce of the replicated
+    parameters' gradients is counted in bytes (counting.comm_payloads) but neither priced nor drawn."""
+    passes = counting.tp_collectives(model, p)[3]
     out = []
     for span in spans:
         phase = "backward" if span.kind in ("backward", "backward_input") else span.kind
@@ -970,18 +973,40 @@ def _tensor_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageT
             continue
         seconds = times[span.stage].tp_comm * passes[phase] / sum(passes.values())
         end = span.end - waits[id(span)][1]
-        for op in ops:
-            start = max(span.start, end - seconds / len(ops))
-            calls = per_pass * chunk_layers[span.stage] * passes[phase]
-            if phase == "backward" and op == "all_gather":
-                calls += regathers * chunk_layers[span.stage]
+        sends = _tp_pass_sends(model, p, span.stage, phase)
+        for op, (calls, payload) in sends.items():
+            start = max(span.start, end - seconds / len(sends))
             out.append(Span(span.rank, COMM, op, start, end, name=f"tensor parallel {op} x{calls:g}",
                             step=span.step, issue_s=end - start,  # blocking: the layer waits for its sums
-                            bytes=int(calls * counting.ring_wire_bytes(op, payload, p.tp)),
-                            payload_bytes=int(calls * payload), group_size=p.tp, stage=span.stage,
+                            bytes=int(counting.ring_wire_bytes(op, payload, p.tp)),
+                            payload_bytes=int(payload), group_size=p.tp, stage=span.stage,
                             microbatch=span.microbatch))
             end = start
     return out
+
+
+def _tp_pass_sends(model: ModelSpec, p: ParallelSpec, stage: int,
+                   phase: str) -> dict[str, tuple[float, float]]:
+    """op -> (collectives, payload bytes) tensor parallelism blocks on in one pass of model chunk
+    ``stage``: a forward pays one pass of the layer's collectives per layer (all-reduces; all-gather +
+    reduce-scatter with sp), a backward the other (and the rerun forward's with full recompute, and
+    sp's re-gathers); the first and last chunk add the model's ends' (counting.tp_end_collectives)."""
+    ops, payload, per_pass, passes = counting.tp_collectives(model, p)
+    layers = counting.chunk_layers(model, p)[stage]
+    sends = {}
+    for op in ops:
+        calls = per_pass * layers * passes[phase]
+        if phase == "backward" and op == "all_gather":
+            calls += counting.sequence_regathers(model, p) * layers
+        sends[op] = (calls, calls * payload)
+    ends = counting.tp_end_collectives(model, p)
+    keys = {"forward": (("embed_forward",), ("head_forward",)),
+            "backward": (("embed_backward",), ("head_backward", "head_regather"))}[phase]
+    held = keys[0] * (stage == 0) + keys[1] * (stage == p.chunks - 1)
+    for op, nbytes in (row for key in held for row in ends[key]):
+        calls, total = sends.get(op, (0, 0.0))
+        sends[op] = (calls + 1, total + nbytes)
+    return sends
 
 
 def _expert_parallel_spans(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, times: list[StageTimes],
@@ -1362,9 +1387,13 @@ def _grad_syncs(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, finish) -> 
         if kinds[rank] not in alike:
             alike[kinds[rank]] = _grad_sync(model, p, hw, rank)
         sync = alike[kinds[rank]]
-        if sync["waits"]:
-            reduce = sync["reduce"]
-            sync = {**sync, "reduce": reduce._replace(seconds=reduce.seconds + sync_wait(hw, last_end, p.dp))}
+        if sync["waits"]:  # on the step that spans the replicas: a hierarchy's across nodes
+            wait = sync_wait(hw, last_end, p.dp)
+            if sync["after"]:
+                across, *rest = sync["after"]
+                sync = {**sync, "after": (across._replace(seconds=across.seconds + wait), *rest)}
+            else:
+                sync = {**sync, "reduce": sync["reduce"]._replace(seconds=sync["reduce"].seconds + wait)}
         syncs.append(sync)
     return syncs
 
@@ -1405,8 +1434,9 @@ def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int) -
     if groups and p.hierarchical_dp:
         steps = counting.hierarchical_steps(p, params * gb)
         reduce, *after = (Reduction(collective_time(hw, op, payload, size, stride, messages), op,
-                                    counting.ring_wire_bytes(op, payload, size), size, family == "dp_inter")
-                          for family, op, payload, size, stride in steps)
+                                    counting.ring_wire_bytes(op, payload, size), size,
+                                    crosses_nodes(hw, size, stride))
+                          for _, op, payload, size, stride in steps)
     elif groups and p.zero <= 1:
         seconds, wire = over_dp(reduce_op, gb)
         reduce = Reduction(seconds, reduce_op, wire, p.dp, inter)
@@ -1437,7 +1467,7 @@ def _sync_window(p: ParallelSpec, sync: dict, last_start: float, last_end: float
     ended and each bucket's reduce-scatter has landed.
     """
     seconds, tail = sync["reduce"].seconds, sum(r.seconds for r in sync["after"])
-    if not seconds:
+    if not seconds + tail:
         return last_end, last_end
     if sync["overlap"]:
         computed = last_start + beside_comm(last_end - last_start, seconds, sync["sm_share"])

@@ -719,6 +719,41 @@ def tp_collectives(model: ModelSpec, p: ParallelSpec) -> tuple[tuple[str, ...], 
     return ops, p.micro_batch * model.seq * model.hidden * model.dtype_bytes, per_pass, passes
 
 
+def tp_end_collectives(model: ModelSpec, p: ParallelSpec) -> dict[str, tuple[tuple[str, float], ...]]:
+    """(op, payload bytes) of the collectives tensor parallelism adds at the model's ends, per
+    microbatch, by pass (Megatron-LM; paralab's tp): the vocabulary-parallel embedding sums its partial
+    lookups of b s h (an all-reduce, or with sequence parallelism a reduce-scatter whose backward
+    gathers the gradient); the output layer's input operator all-reduces its gradient in backward (with
+    sequence parallelism it gathers its input in the forward, reduce-scatters that gradient and, keeping
+    only its slice, gathers the input again: ``head_regather``); the vocabulary-parallel cross-entropy
+    all-reduces three fp32 numbers per token (max logit, sum of exponentials, target logit)."""
+    none = {key: () for key in ("embed_forward", "embed_backward", "head_forward", "head_backward",
+                                "head_regather")}
+    if p.tp == 1:
+        return none
+    act = p.micro_batch * model.seq * model.hidden * model.dtype_bytes
+    loss = (("all_reduce", p.micro_batch * model.seq * 4),) * 3
+    if not p.sequence_parallel:
+        return {**none, "embed_forward": (("all_reduce", act),), "head_forward": loss,
+                "head_backward": (("all_reduce", act),)}
+    return {"embed_forward": (("reduce_scatter", act),), "embed_backward": (("all_gather", act),),
+            "head_forward": (("all_gather", act), *loss), "head_backward": (("reduce_scatter", act),),
+            "head_regather": () if p.sp_keeps_gathered_inputs else (("all_gather", act),)}
+
+
+def sequence_parallel_grad_params(model: ModelSpec, p: ParallelSpec, rank: int) -> int:
+    """Parameters of pipeline rank ``rank`` whose gradients sequence parallelism all-reduces over tp
+    once a step (Korthikanti et al. 2022; paralab's tp): the replicated ones (norms, row-parallel
+    biases, learned positions on the first stage, the final norm on the last) each saw only this rank's
+    slice of the sequence."""
+    if not p.sequence_parallel or p.tp == 1:
+        return 0
+    counts = parameter_counts(model)
+    return (rank_layers(model, p, rank) * replicated_layer_params(model)
+            + counts["positions"] * (rank == stage_rank(p, 0))
+            + counts["final_norm"] * (rank == last_stage_rank(p)))
+
+
 def sequence_regathers(model: ModelSpec, p: ParallelSpec) -> int:
     """All-gathers of b s h a layer's backward adds with sequence parallelism: each column-parallel
     layer keeps only its input's sequence slice and gathers it again for its weight gradient
@@ -740,7 +775,10 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec,
       in the backward (+2 when full recompute reruns the forward); with sequence parallelism each
       all-reduce becomes an all-gather plus a reduce-scatter of the same tensor (Korthikanti et al.
       2022, sec. 4.2.2), same wire bytes, and the backward gathers each column-parallel layer's input
-      again (:func:`sequence_regathers`).
+      again (:func:`sequence_regathers`); the ends' collectives (:func:`tp_end_collectives`) on the
+      first and last stage; with sequence parallelism the replicated parameters' gradients once a step
+      (:func:`sequence_parallel_grad_params`, in the reduced gradients' dtype: paralab's tp widens them
+      to its fp32 reduce dtype, so a 16-bit tp run without dp sends twice the row's bytes).
     - pp (Narayanan et al. 2021): per chunk and microbatch one activation sent forward and one
       gradient sent back, b s h each, or b s h / t with their scatter/gather optimisation (tp > 1).
     - embedding: with a tied embedding, the first stage's all-reduce of its gradient with the last
@@ -764,6 +802,12 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec,
         rows += [("tp", op, payload, t, per_pass * sum(passes.values()) * layers * m) for op in ops]
         if regathers := sequence_regathers(model, p):
             rows.append(("tp", "all_gather", payload, t, regathers * layers * m))
+        ends = tp_end_collectives(model, p)
+        held = ("embed_forward", "embed_backward") * (rank == stage_rank(p, 0)) + (
+            "head_forward", "head_backward", "head_regather") * (rank == last_stage_rank(p))
+        rows += [("tp", op, end_payload, t, m) for key in held for op, end_payload in ends[key]]
+        if replicated := sequence_parallel_grad_params(model, p, rank):
+            rows.append(("tp", "all_reduce", replicated * bytes_per_param(model, p)[1], t, 1))
     if p.pp > 1:
         rows.append(("pp", "send", act / t, 2, 2 * m * p.virtual_stages))
     if rank in tied_embedding_ranks(model, p):

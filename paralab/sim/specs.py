@@ -458,6 +458,13 @@ class ParallelSpec:
             out.append(f"unknown optimizer {p.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
         return out + self._hierarchy_problems() + self._context_problems(model)
 
+    def hierarchy_over(self, local: int) -> ParallelSpec:
+        """This spec with a hierarchical gradient all-reduce over nodes of ``local`` data-parallel ranks,
+        or the flat one where its steps would add up to it: every rank on one node, one rank a node, or
+        nodes that do not divide dp."""
+        tiered = 1 < local < self.dp and self.dp % local == 0
+        return self.replace(hierarchical_dp=local if tiered else 0)
+
     def _hierarchy_problems(self) -> list[str]:
         """What a hierarchical gradient all-reduce needs: 2 or more data-parallel ranks on each of 2 or
         more nodes, alike, and plain data-parallel gradients (paralab's ddp is the one that runs it)."""

@@ -12,9 +12,11 @@ paralab.comm applies to measured spans. So one figure draws both, with the same 
 :mod:`paralab.viz.comm`.
 
 Units: bytes per rank and per step (wire bytes unless ``payload=True``), so a two-rank run and a
-64-rank prediction share one axis. The cost model counts what a transformer block, the pipeline and
-the gradient reduction move; what a real run adds around them (the embedding's and the loss's
-collectives under tensor parallel, for example) shows as the difference between the two bars.
+64-rank prediction share one axis. The cost model counts what a transformer block, the model's ends
+under tensor parallel (the embedding, output layer and loss), the pipeline and the gradient
+reduction move; what a real run adds around them shows as the difference between the two bars (a
+pipeline of tp ranks without sequence parallelism sends its whole activation where the cost model,
+after Megatron-LM, sends 1/t of it and gathers the rest over NVLink).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ The scaling explorer leaves out, and names, the sizes that do not fit in memory:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from paralab.widgets._common import attach, figure_widget, message, refuse, replace_figure, widgets
@@ -261,7 +262,7 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
     }
     msg = w.HTML()
     trace = as_trace(run) if run is not None else None
-    predictor = _RunPredictor(run.config) if getattr(run, "config", None) is not None else None
+    predictor = _RunPredictor(run.config, trace) if getattr(run, "config", None) is not None else None
     if predictor is not None:
         start = world_size or min(4 * predictor.world_size, 64)
 
@@ -358,10 +359,15 @@ class _RunPredictor:
     """The cost model's communication for a run's config, and for the same run on another mesh or
     model with the per-rank batch kept (paralab.viz.comm_compare draws them)."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, trace=None):
         from paralab.layout import resolve_layout
         from paralab.sim.bridge import specs_from_run
 
+        # a run over real nodes (torchrun) names them in its trace only: its config says one
+        ranks = trace.meta.get("ranks", {}) if trace is not None else {}
+        nodes = len({info.get("node", 0) for info in ranks.values()})
+        if nodes > cfg.nodes:
+            cfg = dataclasses.replace(cfg, nodes=nodes)
         self.cfg, self.model_name = cfg, cfg.model_name
         self.model, self.parallel = specs_from_run(cfg)
         layout = resolve_layout(cfg)
@@ -402,14 +408,12 @@ class _RunPredictor:
         if world_size % (tp * pp * p.cp):
             raise SpecError(f"world size {world_size} is not a multiple of tp x pp x cp = {tp * pp * p.cp}")
         dp = world_size // (tp * pp * p.cp)
-        # a hierarchical run grown: over the dp ranks a node holds now (flat where they fill one node or
-        # stand one to a node, where its steps add up to the flat all-reduce)
-        local = max(1, min(dp, gpus_per_node // (tp * p.cp))) if p.hierarchical_dp else 0
         spec = p.replace(dp=dp, tp=tp, pp=pp, global_batch=0, ep=p.ep if dp % p.ep == 0 else 1,
-                         hierarchical_dp=local if 1 < local < dp and dp % local == 0 else 0,
                          sequence_parallel=p.sequence_parallel and tp > 1,
                          microbatches=(p.microbatches if pp == p.pp
                                        else max(p.microbatches, 2 * pp) if pp > 1 else 1))
+        if p.hierarchical_dp:  # over the dp ranks a node holds now (tp and cp are inner)
+            spec = spec.hierarchy_over(gpus_per_node // (tp * p.cp))
         model = self.model_spec(model_name)
         problems = spec.problems(model)
         if problems:
