@@ -11,6 +11,8 @@ import pytest
 import paralab
 from paralab.config import ConfigError, RunConfig
 from paralab.layout import mesh_layout, resolve_layout
+from paralab.sim.bridge import specs_from_run
+from paralab.viz.comm_compare import per_rank_step, predicted_comm_trace
 from tests.conftest import (
     assert_close_rel,
     assert_replicas_agree,
@@ -223,3 +225,13 @@ def test_zero_in_16_bits_hands_back_its_fp32_gradients(zero, dtype, reduce_dtype
     # steps made need none so loose (a gradient off by a factor would pass the first, not these)
     assert_same_gradient_norm(run.grads, reference_grads, rel=1e-2)
     assert_same_params(run.params, {k: p.float() for k, p in reference.params.items()}, rel=1e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("label", CASES)
+def test_the_simulator_counts_the_bytes_each_rank_sent(runs, label, no_leftover_ranks):
+    """The cost model's count of the same run, collective by collective on the mesh's groups, against
+    the trace: per op, per rank and step."""
+    run = runs[label]
+    predicted = predicted_comm_trace(*specs_from_run(run.config))
+    measured = {op: b for op, b in per_rank_step(run.trace).items() if b}
+    assert {op: b for op, b in per_rank_step(predicted).items() if b} == pytest.approx(measured, rel=1e-3)

@@ -85,6 +85,10 @@ def test_model_mapping():
          dict(dp=2, tp=2, pp=2, microbatches=2, micro_batch=2, sequence_parallel=True)),
         (dict(strategy="torch_hybrid", world_size=4, tp=2),
          dict(dp=2, tp=2, pp=1, micro_batch=4, grad_buckets=1)),
+        # hybrid's ZeRO-2 sums the step's microbatches before one reduce-scatter; its stages send whole
+        (dict(strategy="hybrid", world_size=4, dp=2, pp=2, zero=2, microbatches=2),
+         dict(zero=2, zero_accumulates=True, pp_scatter_gather=False)),
+        (dict(strategy="zero2", world_size=2), dict(zero_accumulates=False)),
     ],
 )
 def test_strategy_mapping(options, expect):

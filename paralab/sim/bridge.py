@@ -43,7 +43,10 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
     ``zero_prefetch`` is set, as FSDP does on CPU. Gradients are fp32 Adam's (``adam-fp32``, the
     default for an fp32 model, mixed-precision Adam otherwise; SGD runs are costed as Adam), reduced
     in fp32 (``fp32_grads``) when a 16-bit run reduces in ``reduce_dtype="fp32"``, its default;
-    ``torch_fsdp`` in 16 bits keeps fp32 shards as its master weights (``fp32_shards``); torch's DDP
+    ``torch_fsdp`` in 16 bits keeps fp32 shards as its master weights (``fp32_shards``); ``hybrid``'s
+    ZeRO-2 sums a step's microbatches in each unit's buffer before one reduce-scatter
+    (``zero_accumulates``), and paralab's pipeline stages send their whole activation, not a t-th
+    (``pp_scatter_gather`` off); torch's DDP
     (``torch_ddp``, ``torch_hybrid``) keeps its buckets in the gradients' dtype
     (``buckets_in_grad_dtype``), and its DTensor sequence parallelism (``torch_tp``, ``torch_hybrid``)
     the column-parallel layers' gathered inputs (``sp_keeps_gathered_inputs``); ``ddp --hierarchical``
@@ -77,6 +80,8 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
         sp_keeps_gathered_inputs=cfg.strategy in ("torch_tp", "torch_hybrid"),  # DTensor's plan
         loads_batch_in_step="pp" not in get_strategy(cfg.strategy).axes,
         zbv_for_pass_times=False,  # the lab's ranks run ZB-V in the order found for equal passes
+        pp_scatter_gather=False,  # each tp rank of a stage sends its whole activation
+        zero_accumulates=layout.zero == 2 and cfg.strategy == "hybrid",  # hybrid.py's Zero(accumulations=m)
     ).resolved()
     if cfg.hierarchical:  # over the emulated (or, from a trace, real) nodes' ranks
         parallel = parallel.hierarchy_over(layout.dp // layout.nodes)

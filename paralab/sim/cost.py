@@ -375,7 +375,7 @@ def stage_times(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> l
         if p.pp > 1:  # a stage's pass ends in a send the neighbour waits for: it waits for the later rank
             f, bi = f + sync_wait(hw, f, 2), bi + sync_wait(hw, bi + w, 2)
         st = StageTimes(slowest * f, slowest * bi, slowest * w, slowest * tp, a2a=moe_here * a2a)
-        if p.zero >= 2 and p.dp > 1:  # ZeRO-2/3 collectives per microbatch, part by part
+        if p.zero_in_passes:  # ZeRO-2/3 collectives per microbatch, part by part
             st = _zero_overlapped(st, model, p, hw, stage, parts, alike)
         times.append(st)
     return times
@@ -554,18 +554,21 @@ def p2p_time(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> floa
     """Seconds from a stage's send to the next stage holding the activation (Narayanan et al. 2021).
 
     With tp > 1 each of the t GPUs sends 1/t of it over its own link and the receivers all-gather it
-    over NVLink (their scatter/gather optimisation); with sequence parallelism the activation is
-    already split by sequence, so nothing is gathered. One time serves every hop: the mean over the
-    pipeline's hops, of which :func:`crossing_share` go over the NIC.
+    over NVLink (their scatter/gather optimisation, ``pp_scatter_gather``; else each sends it whole);
+    with sequence parallelism the activation is already split by sequence, so nothing is gathered
+    (:func:`counting.pipeline_send_bytes`). One time serves every hop: the mean over the pipeline's
+    hops, of which :func:`crossing_share` go over the NIC.
     """
     p = parallel.resolved()
     act = model.seq * p.micro_batch * model.hidden * model.dtype_bytes
-    gather = 0.0 if p.sequence_parallel else collective_time(hw, "all_gather", act, p.tp, p.stride("tp"))
+    sent = counting.pipeline_send_bytes(model, p)
+    gathered = p.pp_scatter_gather and not p.sequence_parallel
+    gather = collective_time(hw, "all_gather", act, p.tp, p.stride("tp")) if gathered else 0.0
     crossing = crossing_share(p, hw.gpus_per_node)
     if hw.p2p_curve and not crossing:  # measured point-to-point times (local calibration)
-        return interpolate(hw.p2p_curve, act / p.tp) + gather
-    intra = hw.intra_latency + act / p.tp / hw.intra_bw
-    inter = hw.inter_latency + act / p.tp / hw.inter_bw
+        return interpolate(hw.p2p_curve, sent) + gather
+    intra = hw.intra_latency + sent / hw.intra_bw
+    inter = hw.inter_latency + sent / hw.inter_bw
     return crossing * inter + (1 - crossing) * intra + gather
 
 
@@ -917,7 +920,7 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
     prediction = _assemble(model, p, hw, times, finish, _pipeline_bubble(trace, p))
     spans = [s for s in trace.spans if s.lane != STEP]
     compute, waits = spans, defaultdict(lambda: (0.0, 0.0))
-    if p.zero >= 2 and p.dp > 1:
+    if p.zero_in_passes:
         zero, waits = _zero_spans(model, p, hw, times, compute)
         spans = spans + zero
     if p.tp > 1:
@@ -1202,9 +1205,9 @@ def overlap_saving(forward: StageTimes, backward: StageTimes) -> float:
 def _pipeline_trace(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, times: list[StageTimes]) -> Trace:
     plan = _plan(p, times)
     seconds = dict(zip(map(id, plan.actions), _plan_seconds(plan, model, p, hw, times)))
-    act = model.seq * p.micro_batch * model.hidden * model.dtype_bytes
     return simulate_schedule(plan.schedule, lambda a: seconds[id(a)], lambda a: seconds[id(a)],
-                             activation_bytes=act // p.tp, plan=plan, blocking_sends=not p.overlap_p2p)
+                             activation_bytes=int(counting.pipeline_send_bytes(model, p)), plan=plan,
+                             blocking_sends=not p.overlap_p2p)
 
 
 def _simulated_finish(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, times: list[StageTimes]):
@@ -1437,7 +1440,7 @@ def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int) -
                                     counting.ring_wire_bytes(op, payload, size), size,
                                     crosses_nodes(hw, size, stride))
                           for _, op, payload, size, stride in steps)
-    elif groups and p.zero <= 1:
+    elif groups and not p.zero_in_passes:
         seconds, wire = over_dp(reduce_op, gb)
         reduce = Reduction(seconds, reduce_op, wire, p.dp, inter)
     if groups and p.zero in (1, 2):
@@ -1452,7 +1455,7 @@ def _grad_sync(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, rank: int) -
     return {"reduce": reduce, "after": tuple(after), "gather": gather, "optimizer": optimizer,
             "copies": copies, "inter": inter,
             "params": params, "overlap": overlap, "sm_share": hw.comm_sm_share,
-            "waits": bool(groups) and p.zero <= 1}
+            "waits": bool(groups) and not p.zero_in_passes}
 
 
 def _sync_window(p: ParallelSpec, sync: dict, last_start: float, last_end: float) -> tuple[float, float]:

@@ -123,6 +123,15 @@ def _v_shaped(parallel: ParallelSpec) -> bool:
     return parallel.schedule in V_SHAPED and parallel.pp > 1
 
 
+def pipeline_hops(parallel: ParallelSpec) -> list[tuple[int, int]]:
+    """(sending pipeline rank, receiving pipeline rank) of every send one microbatch makes: each
+    chunk's activation to the next chunk and its gradient back, where the two sit on different ranks
+    (interleaved wraps from the last rank to the first; the V keeps its tip on one rank)."""
+    ranks = [stage_rank(parallel, chunk) for chunk in range(parallel.chunks)]
+    forward = [(a, b) for a, b in zip(ranks, ranks[1:]) if a != b]
+    return forward + [(b, a) for a, b in forward]
+
+
 def _chunk_rank(stage: int, pp: int, v_shaped: bool) -> int:
     return (stage if stage < pp else 2 * pp - 1 - stage) if v_shaped else stage % pp
 
@@ -719,6 +728,14 @@ def tp_collectives(model: ModelSpec, p: ParallelSpec) -> tuple[tuple[str, ...], 
     return ops, p.micro_batch * model.seq * model.hidden * model.dtype_bytes, per_pass, passes
 
 
+def pipeline_send_bytes(model: ModelSpec, p: ParallelSpec) -> float:
+    """Bytes one GPU sends per pipeline hop (an activation forward, its gradient back): b s h, or with
+    tp > 1 a t-th of it, split by sequence under sequence parallelism or scattered over the t GPUs
+    (``pp_scatter_gather``, gathered again on the other side: cost.p2p_time)."""
+    act = p.micro_batch * model.seq * model.hidden * model.dtype_bytes
+    return act / p.tp if p.sequence_parallel or p.pp_scatter_gather else act
+
+
 def tp_end_collectives(model: ModelSpec, p: ParallelSpec) -> dict[str, tuple[tuple[str, float], ...]]:
     """(op, payload bytes) of the collectives tensor parallelism adds at the model's ends, per
     microbatch, by pass (Megatron-LM; paralab's tp): the vocabulary-parallel embedding sums its partial
@@ -780,7 +797,8 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec,
       (:func:`sequence_parallel_grad_params`, in the reduced gradients' dtype: paralab's tp widens them
       to its fp32 reduce dtype, so a 16-bit tp run without dp sends twice the row's bytes).
     - pp (Narayanan et al. 2021): per chunk and microbatch one activation sent forward and one
-      gradient sent back, b s h each, or b s h / t with their scatter/gather optimisation (tp > 1).
+      gradient sent back, b s h each, or b s h / t with their scatter/gather optimisation (tp > 1) or
+      sequence parallelism (:func:`pipeline_send_bytes`).
     - embedding: with a tied embedding, the first stage's all-reduce of its gradient with the last
       stage's (:func:`tied_embedding_ranks`), once a step.
     - dp / zero (Rajbhandari et al. 2020, sec. 7): stage 0 all-reduces the gradients once per step
@@ -793,8 +811,7 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec,
       forward and again in the backward, tokens x k x h each.
     """
     p = parallel.resolved()
-    m, b, t = p.microbatches, p.micro_batch, p.tp
-    act = model.seq * b * model.hidden * model.dtype_bytes
+    m, t = p.microbatches, p.tp
     layers = rank_layers(model, p, rank)
     rows: list[tuple[str, str, float, int, float]] = []
     if t > 1:
@@ -809,7 +826,7 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec,
         if replicated := sequence_parallel_grad_params(model, p, rank):
             rows.append(("tp", "all_reduce", replicated * bytes_per_param(model, p)[1], t, 1))
     if p.pp > 1:
-        rows.append(("pp", "send", act / t, 2, 2 * m * p.virtual_stages))
+        rows.append(("pp", "send", pipeline_send_bytes(model, p), 2, 2 * m * p.virtual_stages))
     if rank in tied_embedding_ranks(model, p):
         rows.append(("embedding", "all_reduce", tied_embedding_payload(model, p), 2, 1))
     if p.ep > 1:  # dispatch and combine, forward and backward, per MoE layer and microbatch
@@ -823,7 +840,8 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec,
                        for family, op, payload, size, _ in hierarchical_steps(p, n * gb)]
     if p.zero == 0:
         return rows + [("dp", "all_reduce", n * gb, group, 1) for n, group, _ in groups]
-    rows += [("zero", "reduce_scatter", n * gb, group, 1 if p.zero == 1 else m) for n, group, _ in groups]
+    per_step = m if p.zero_in_passes else 1  # ZeRO-2/3 reduce every microbatch's gradients
+    rows += [("zero", "reduce_scatter", n * gb, group, per_step) for n, group, _ in groups]
     if p.zero < 3:  # the updated shards, once a step
         return rows + [("zero", "all_gather", n * pb, group, 1) for n, group, _ in groups]
     embed, head = fsdp_root(model, p)

@@ -318,6 +318,14 @@ class ParallelSpec:
     # pipeline sends run beside compute (False: each send holds its rank until it lands, as the
     # pipeline schedules of Megatron-LM before 2023 and of DeepSpeed did)
     overlap_p2p: bool = True
+    # ZeRO-2 sums a step's microbatches in each unit's full-size buffer and reduce-scatters it once, as
+    # the last backward fills it (paralab's hybrid): ZeRO-1's collectives, ZeRO-2's buffers. False: every
+    # microbatch's gradients are reduce-scattered (Rajbhandari et al.; paralab's zero2)
+    zero_accumulates: bool = False
+    # with tp > 1 and no sequence parallelism, each of a stage's t GPUs sends 1/t of the activation and
+    # the next stage's all-gather it over NVLink (Narayanan et al. 2021's scatter/gather). False: each
+    # sends the whole (paralab's pipelines)
+    pp_scatter_gather: bool = True
     # the gradient all-reduce in three steps over nodes of this many data-parallel ranks: reduce-scatter
     # inside the node (overlapping the backward as its buckets fill), then, after the backward, the
     # shard's all-reduce among the ranks of one local index on every node and the all-gather inside
@@ -329,6 +337,11 @@ class ParallelSpec:
         # the simulator's caches
         if isinstance(self.stage_layers, list):
             object.__setattr__(self, "stage_layers", tuple(self.stage_layers))
+
+    @property
+    def zero_in_passes(self) -> bool:
+        """Whether ZeRO-2/3's collectives run inside every microbatch's passes (not once a step)."""
+        return self.zero >= 2 and self.dp > 1 and not (self.zero == 2 and self.zero_accumulates)
 
     @property
     def world_size(self) -> int:
@@ -440,6 +453,9 @@ class ParallelSpec:
         if p.fsdp_root and (p.zero != 3 or p.chunks > 1):
             out.append(f"fsdp_root (FSDP's root unit: both ends of the model on one rank) needs zero 3 and "
                        f"one pipeline stage, got zero {p.zero}, pp x virtual stages = {p.chunks}")
+        if p.zero_accumulates and p.zero != 2:
+            out.append(f"zero_accumulates (a step's gradients summed before one reduce-scatter) is ZeRO-2's, "
+                       f"got zero {p.zero}")
         if p.fp32_shards and (p.zero != 3 or p.optimizer_for(model) != "adam-mixed"):
             out.append(f"fp32_shards (FSDP's fp32 shards as the master weights) needs zero 3 and "
                        f"mixed-precision Adam, got zero {p.zero}, {p.optimizer_for(model)}")

@@ -14,9 +14,7 @@ paralab.comm applies to measured spans. So one figure draws both, with the same 
 Units: bytes per rank and per step (wire bytes unless ``payload=True``), so a two-rank run and a
 64-rank prediction share one axis. The cost model counts what a transformer block, the model's ends
 under tensor parallel (the embedding, output layer and loss), the pipeline and the gradient
-reduction move; what a real run adds around them shows as the difference between the two bars (a
-pipeline of tp ranks without sequence parallelism sends its whole activation where the cost model,
-after Megatron-LM, sends 1/t of it and gathers the rest over NVLink).
+reduction move; what a real run adds around them shows as the difference between the two bars.
 """
 
 from __future__ import annotations
@@ -57,7 +55,7 @@ def predicted_comm_trace(model, parallel, gpus_per_node: int = 8) -> Trace:
         for group in groups[family, size]:
             for rank in (r for r in group if stage_of[r] == stage):
                 if op == "send":
-                    for peer, share in _send_peers(family, rank, group, count):
+                    for peer, share in _send_peers(family, rank, group, count, p):
                         spans.append(Span(rank, COMM, op, 0.0, 0.0, name=f"{family} {op}", step=0,
                                           bytes=int(share * ring_wire_bytes(op, payload, 2)),
                                           payload_bytes=int(share * payload), group_size=2, peer=peer,
@@ -85,14 +83,21 @@ def _payloads(model, p) -> list[tuple[int, str, str, float, int, float]]:
     return [(stage, *row) for stage in range(p.pp) for row in rows_of(model, p, stage)]
 
 
-def _send_peers(family: str, rank: int, line: list[int], count: float) -> list[tuple[int, float]]:
-    """(peer, sends per step) of a rank's point-to-point traffic: a pipeline stage sends half of the
-    count (activations) to the next stage and half (gradients) to the one before, where they exist; a
-    context-parallel rank sends every hop to the ring's next rank."""
+def _send_peers(family: str, rank: int, line: list[int], count: float, p) -> list[tuple[int, float]]:
+    """(peer, sends per step) of a rank's point-to-point traffic: a pipeline rank sends each
+    microbatch's activations and gradients where its chunks' neighbours sit
+    (paralab.sim.counting.pipeline_hops); a context-parallel rank sends every hop to the ring's next
+    rank."""
+    from paralab.sim.counting import pipeline_hops
+
     if family == "cp":
         return [(ring_next(rank, line), count)]
     at = line.index(rank)
-    return [(peer, count / 2) for peer in line[at + 1 : at + 2] + line[max(at - 1, 0) : at]]
+    peers: dict[int, float] = defaultdict(float)
+    for sender, receiver in pipeline_hops(p):
+        if sender == at:
+            peers[line[receiver]] += p.microbatches
+    return list(peers.items())
 
 
 def _groups(layout, family: str, size: int) -> list[list[int]]:
