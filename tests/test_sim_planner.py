@@ -251,3 +251,12 @@ def test_unequal_stages_are_a_floor_of_the_pipelines_idle_share(case):
     gpt3 = get_model("gpt3-175b")
     ranked = planner.plan(gpt3, 1024, A100, top=2)
     assert "unequal work" not in planner.explain(ranked, gpt3, A100)[0]
+
+
+def test_dualpipev_is_offered_with_an_uneven_split():
+    """DeepSeek-V3's 61 layers split evenly over 2 x pp chunks for no pp, so DualPipeV, its own
+    schedule, had never been a candidate: it takes Megatron-LM's uneven split, as interleaved does."""
+    from paralab.stage_split import megatron_split
+
+    offered = {(name, v): split for name, v, split in planner._schedules(get_model("deepseek-v3"), 16, 64)}
+    assert offered["dualpipev", 2] == {"stage_layers": megatron_split(61, 32)}

@@ -117,8 +117,9 @@ def _schedules(model: ModelSpec, pp: int, m: int) -> list[tuple[str, int, dict]]
         split = _split(model.layers, pp * v)
         if split is not None and not shape_problems("interleaved", pp, m, v):
             out.append(("interleaved", v, split))
-    if model.experts and model.layers % (2 * pp) == 0 and not shape_problems("dualpipev", pp, m, 2):
-        out.append(("dualpipev", 2, {}))
+    split = _split(model.layers, 2 * pp)
+    if model.experts and split is not None and not shape_problems("dualpipev", pp, m, 2):
+        out.append(("dualpipev", 2, split))
     return out
 
 
