@@ -58,6 +58,16 @@ def test_expert_load_draws_tokens_per_expert_over_steps_and_the_drops():
     # expert rows, step columns
     assert [list(row) for row in heat.z] == [[17, 39], [15, 15], [16, 6], [16, 4]]
     assert list(fig.data[1].y) == [0, 6]
+    assert fig.layout.yaxis.title.text == "expert" and fig.layout.yaxis2.title.text == "dropped"
+
+
+def test_expert_load_leaves_out_the_drops_panel_when_nothing_was_dropped():
+    """A dropless run's panel of zeros had taken a third of the figure to say nothing."""
+    trace = hand_written_trace()
+    trace.spans[:] = [s for s in trace.spans if "dropped" not in getattr(s, "name", "")]
+    trace.counters[:] = [c for c in trace.counters if "dropped" not in c.name]
+    fig = expert_load_figure(trace)
+    assert len(fig.data) == 1 and "no assignment dropped" in fig.layout.annotations[0].text
 
 
 def test_expert_cost_puts_the_load_beside_the_all_to_all_wait():

@@ -18,7 +18,7 @@ from paralab.viz._common import as_trace, go, kind_color, make_subplots, style
 
 
 def expert_load(trace, title: str | None = None):
-    """Heatmap of tokens per expert per step, and dropped assignments per step below it.
+    """Heatmap of tokens per expert per step, and dropped assignments per step below it (when any were).
 
     ``fig.layout.meta``: ``tokens`` ([step][expert]), ``dropped`` (per step), ``imbalance`` (per step:
     the busiest expert over the mean, averaged over layers), ``steps``."""
@@ -30,21 +30,28 @@ def expert_load(trace, title: str | None = None):
     tokens = [load.tokens_per_expert(step) for step in steps]
     dropped = load.dropped_per_step()
     imbalance = [load.imbalance(step) for step in steps]
-    drops = ("dropped assignments" if any(dropped)
-             else "dropped assignments: none (dropless, or all within capacity)")
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.72, 0.28], vertical_spacing=0.08,
-                        subplot_titles=("tokens per expert (all layers and ranks)", drops))
-    fig.add_trace(go().Heatmap(
+    heatmap = go().Heatmap(
         x=steps, y=[f"expert {e}" for e in range(load.experts)], z=[list(col) for col in zip(*tokens)],
-        colorscale="Blues", colorbar=dict(title="tokens", len=0.7, y=0.64),
-        hovertemplate="step %{x}, %{y}: %{z} tokens<extra></extra>"), row=1, col=1)
-    fig.add_trace(go().Bar(
-        x=steps, y=dropped, name="dropped", marker_color="#D62728", showlegend=False,
-        customdata=imbalance,
-        hovertemplate="step %{x}: %{y} dropped, imbalance %{customdata:.2f}<extra></extra>"),
-        row=2, col=1)
-    fig.update_xaxes(title_text="step", row=2, col=1, dtick=1)
-    fig.update_yaxes(rangemode="tozero", row=2, col=1)
+        colorscale="Blues", colorbar=dict(title="tokens", len=0.7, y=0.64 if any(dropped) else 0.5),
+        hovertemplate="step %{x}, %{y}: %{z} tokens<extra></extra>")
+    if not any(dropped):  # dropless, or every assignment within capacity: no panel of zeros
+        fig = make_subplots(rows=1, cols=1, subplot_titles=(
+            "tokens per expert (all layers and ranks); no assignment dropped",))
+        fig.add_trace(heatmap, row=1, col=1)
+        fig.update_xaxes(title_text="step", dtick=1)
+    else:
+        titles = ("tokens per expert (all layers and ranks)", "dropped assignments")
+        fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.72, 0.28],
+                            vertical_spacing=0.08, subplot_titles=titles)
+        fig.add_trace(heatmap, row=1, col=1)
+        fig.add_trace(go().Bar(
+            x=steps, y=dropped, name="dropped", marker_color="#D62728", showlegend=False,
+            customdata=imbalance,
+            hovertemplate="step %{x}: %{y} dropped, imbalance %{customdata:.2f}<extra></extra>"),
+            row=2, col=1)
+        fig.update_xaxes(title_text="step", row=2, col=1, dtick=1)
+        fig.update_yaxes(title_text="dropped", rangemode="tozero", row=2, col=1)
+    fig.update_yaxes(title_text="expert", row=1, col=1)
     fig.layout.meta = {"tokens": tokens, "dropped": dropped, "imbalance": imbalance, "steps": steps}
     mean = sum(imbalance) / len(imbalance)
     return style(fig, title or f"expert load: busiest expert {mean:.2f}x the mean, {sum(dropped)} dropped",
