@@ -260,3 +260,17 @@ def test_dualpipev_is_offered_with_an_uneven_split():
 
     offered = {(name, v): split for name, v, split in planner._schedules(get_model("deepseek-v3"), 16, 64)}
     assert offered["dualpipev", 2] == {"stage_layers": megatron_split(61, 32)}
+
+
+def test_a_runner_up_that_computes_more_is_not_blamed_on_recompute_it_shares():
+    """Layouts recomputing alike differ in compute by their GEMMs' shapes alone (one microbatch of 8
+    sequences against eight of 1); one that recomputes more is told so."""
+    from paralab.sim.specs import ParallelSpec
+
+    model, h100 = get_model("gpt3-1.3b"), get_hardware("h100")
+    layouts = (dict(micro_batch=8), dict(micro_batch=1), dict(micro_batch=8, recompute="full"))
+    whole, split, full = (cost.predict(model, ParallelSpec(dp=8, global_batch=64, **options), h100)
+                          for options in layouts)
+    assert "mainly more compute per step from smaller GEMMs (" in planner.explain([whole, split])[1]
+    assert ("mainly more compute per step from recompute full (the winner's: none) or smaller GEMMs ("
+            in planner.explain([whole, full])[1])

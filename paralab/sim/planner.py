@@ -279,6 +279,14 @@ def describe(p: ParallelSpec) -> str:
     return ", ".join(parts)
 
 
+def _compute_cause(win: ParallelSpec, run: ParallelSpec) -> str:
+    """Why a layout computes more than the winner: it recomputes more, or its GEMMs are smaller (the
+    recompute it shares with the winner is not the cause)."""
+    if run.recompute == win.recompute:
+        return "smaller GEMMs"
+    return f"recompute {run.recompute} (the winner's: {win.recompute}) or smaller GEMMs"
+
+
 def _fsdp_text(p: ParallelSpec) -> str:
     """How PyTorch FSDP's ZeRO-3 differs, where it does: its root unit, its fp32 shards."""
     kinds = [name for name, on in (("FSDP root unit", p.fsdp_root), ("fp32 shards", p.fp32_shards)) if on]
@@ -328,8 +336,8 @@ def explain(ranked: list[cost.Prediction], model: ModelSpec | None = None,
         deltas = {k: run.breakdown_s.get(k, 0.0) - win.breakdown_s.get(k, 0.0) for k in (*LOSSES, "compute")}
         losses = sorted((k for k in deltas if deltas[k] > 0), key=deltas.get, reverse=True)
         cause, offset = max(deltas, key=deltas.get), min(deltas, key=deltas.get)
-        reason = ("more compute per step (recompute or smaller GEMMs)" if cause == "compute"
-                  else f"more time in {LOSSES[cause]}")
+        computes = f"more compute per step from {_compute_cause(win.parallel, run.parallel)}"
+        reason = computes if cause == "compute" else f"more time in {LOSSES[cause]}"
         # a large gain elsewhere would leave the reader wondering how so large a cause makes so small a gap
         gain, gained = ("compute" if offset == "compute" else f"time in {LOSSES[offset]}"), -deltas[offset]
         partly = (f", partly made up by less {gain} ({seconds_text(gained)})"
