@@ -374,6 +374,18 @@ def test_activation_growth_draws_both_kernels_whatever_the_preset_trains_with():
     assert lines["cp 4 (ring)"] == pytest.approx([f / 4 for f in flash])
 
 
+def test_cp_modes_draws_ring_against_all_to_all_by_name():
+    """The legend names the modes as the text does (all-to-all, not the cp_mode value alltoall); the
+    figure's data stays keyed by the cp_mode values."""
+    from paralab.sim.hardware import get_hardware
+    from paralab.sim.presets import get_model
+
+    model = get_model("llama3-8b").replace(seq=8192)
+    fig = viz.cp_modes(model, get_hardware("h100"), [2, 4], global_batch=1, recompute="full")
+    assert {t.name for t in fig.data} == {"ring", "all-to-all"}
+    assert set(fig.layout.meta["bytes"]) == {"ring", "alltoall"}
+
+
 def test_attention_per_rank_draws_the_counted_pairs_at_the_runs_mean_rate():
     """Per run: a solid bar per rank of its measured ms (median after the first step) and a hatched
     one of its counted pairs times the run's mean ms per pair, so both add up to the same total."""

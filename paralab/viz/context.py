@@ -17,6 +17,7 @@ from paralab.viz._common import (
 )
 
 MODE_COLORS = {"ring": MICROBATCH_COLORS[0], "alltoall": MICROBATCH_COLORS[1]}
+MODE_NAMES = {"ring": "ring", "alltoall": "all-to-all"}  # cp_mode values, as the text names them
 
 
 def attention_per_step(run, key: str = "attention_cpu_s") -> list[float]:
@@ -112,16 +113,16 @@ def cp_modes(model, hw, cps: list[int], title: str | None = None, **spec):
         meta["step_s"][mode] = [cost.predict(model, p, hw).step_time_s for p in specs]
     scale, unit = byte_scale(max(max(sent) for sent in meta["bytes"].values()))
     for mode in ("ring", "alltoall"):
-        sent, steps = meta["bytes"][mode], meta["step_s"][mode]
+        sent, steps, name = meta["bytes"][mode], meta["step_s"][mode], MODE_NAMES[mode]
         x = [f"cp {cp}" for cp in cps]
-        fig.add_trace(graph.Bar(x=x, y=[v / scale for v in sent], name=mode, marker_color=MODE_COLORS[mode],
+        fig.add_trace(graph.Bar(x=x, y=[v / scale for v in sent], name=name, marker_color=MODE_COLORS[mode],
                                 legendgroup=mode, customdata=[fmt_bytes(v) for v in sent],
-                                hovertemplate=f"{mode} %{{x}}: %{{customdata}}<extra></extra>"), row=1, col=1)
-        fig.add_trace(graph.Scatter(x=x, y=steps, name=mode, mode="lines+markers",
+                                hovertemplate=f"{name} %{{x}}: %{{customdata}}<extra></extra>"), row=1, col=1)
+        fig.add_trace(graph.Scatter(x=x, y=steps, name=name, mode="lines+markers",
                                     marker_color=MODE_COLORS[mode],
                                     line=dict(dash="dash" if mode == "alltoall" else "solid"),
                                     legendgroup=mode, showlegend=False,
-                                    hovertemplate=f"{mode} %{{x}}: %{{y:.3f}} s<extra></extra>"),
+                                    hovertemplate=f"{name} %{{x}}: %{{y:.3f}} s<extra></extra>"),
                       row=1, col=2)
     fig.update_layout(barmode="group", meta=meta)
     fig.update_yaxes(title_text=unit, row=1, col=1)
