@@ -165,6 +165,8 @@ def test_measured_and_predicted_traces_line_up():
         dict(strategy="zero2"),
         dict(strategy="zero2", bucket_mb=0.2),
         dict(strategy="zero3"),
+        # hybrid's ZeRO-2 sums the microbatches in every unit's full-size buffer before reducing once
+        dict(strategy="hybrid", zero=2, microbatches=2),
         dict(strategy="tp", sequence_parallel=True),
         dict(strategy="pp", pp=2, schedule="1f1b", microbatches=2),
         dict(strategy="cp", cp=2),  # gradients averaged over the cp ranks, from DDP's buckets

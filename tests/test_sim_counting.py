@@ -496,3 +496,16 @@ def test_tensor_parallel_ends_are_counted_on_the_ranks_that_hold_them(schedule, 
     once = [row for row in counting.comm_payloads(model, p, 1) if row[0] == "tp" and row[4] == 1]
     replicated = counting.rank_layers(model, p, 1) * counting.replicated_layer_params(model)
     assert once == [("tp", "all_reduce", replicated * counting.bytes_per_param(model, p)[1], 8, 1)]
+
+
+@pytest.mark.parametrize("schedule, pp, v, per_microbatch", [
+    ("1f1b", 2, 1, [1, 1]), ("1f1b", 4, 1, [1, 2, 2, 1]), ("interleaved", 2, 2, [3, 3]),
+    ("dualpipev", 4, 2, [2, 4, 4, 2])])
+def test_each_pipeline_rank_counts_the_sends_it_makes(schedule, pp, v, per_microbatch):
+    """A rank sends where its chunks' neighbours sit: the ends of a 1F1B pipeline one way, interleaved's
+    ranks wrapping round, the V's ends only inward (every rank had been counted a middle rank's 2v)."""
+    model = get_model("gpt3-1.3b")
+    p = ParallelSpec(pp=pp, virtual_stages=v, schedule=schedule, microbatches=8, global_batch=8).resolved()
+    sends = [[count for family, _, _, _, count in counting.comm_payloads(model, p, rank) if family == "pp"]
+             for rank in range(pp)]
+    assert sends == [[8 * n] for n in per_microbatch]

@@ -281,8 +281,10 @@ def simulate_main(args) -> int:
         local = cost.ranks_per_node(hw, dp, parallel.stride("dp"))
         parallel = parallel.hierarchy_over(local)
         if not parallel.hierarchical_dp:
+            why = (f"{local} ranks a node do not divide dp {dp}" if dp % local else
+                   f"dp {dp} is {dp // local} node(s) of {local} rank(s)")
             return _fail(f"a hierarchical all-reduce needs 2 or more data-parallel ranks on each of 2 or "
-                         f"more nodes: dp {dp} has {local} on each {hw.name} node of {hw.gpus_per_node} GPUs")
+                         f"more nodes: on {hw.name} ({hw.gpus_per_node} GPUs a node) {why}")
     if problems := parallel.problems(model, gpus):
         hint = _fits_hint(model, gpus, hw, _batch_of(parallel, gpus))
         return _fail("invalid configuration: " + "; ".join(problems) + ". " + hint)

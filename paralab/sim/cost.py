@@ -687,7 +687,8 @@ def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int,
     ZeRO-3's gathered parts (two with prefetch: the one computing and the next) and its root. Some
     moments add what exists only then: the stash of microbatches in flight at its peak, with or
     without gradients (:func:`_around_the_first_backward`); ZeRO-2/3's whole unit gradients inside
-    backward (:func:`_while_units_reduce`); DDP's bucket copies (:func:`_while_buckets_fill`). A
+    backward (:func:`_while_units_reduce`; a ZeRO-2 that accumulates holds every unit's from the first
+    backward on); DDP's bucket copies (:func:`_while_buckets_fill`). A
     mixture of experts' routed experts are sharded over the dp / ep ranks that hold them."""
     def kept(inflight: int | None = None) -> float:
         if activations is not None:
@@ -708,6 +709,11 @@ def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int,
         part = counting.largest_zero_unit(model, p, rank)
         embed, head = counting.fsdp_root(model, p)
         states["params"] += (part * (2 if p.prefetch_params else 1) + embed + head) * pb
+    if p.zero == 2 and p.zero_accumulates and p.microbatches > 1 and p.dp > 1:
+        # every unit's full-size buffer, made at its first gradient, kept until the step's last backward
+        # reduce-scatters it, beside the shard's gradient
+        buffers = _reduced(counting.dp_groups(p, params, experts)) * gb
+        return _fullest([{**states, "grads": states["grads"] + buffers}])
     if p.zero >= 2 and p.dp > 1:
         return _fullest([states, _while_units_reduce(model, p, rank, states, gb, layer_kept)])
     buckets = copies = 0.0

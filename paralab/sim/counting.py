@@ -783,8 +783,7 @@ def sequence_regathers(model: ModelSpec, p: ParallelSpec) -> int:
 
 def comm_payloads(model: ModelSpec, parallel: ParallelSpec,
                   rank: int = 0) -> list[tuple[str, str, float, int, float]]:
-    """Every collective one GPU of pipeline rank ``rank`` issues per step (its pipeline sends counted as
-    a middle rank's, one each way).
+    """Every collective one GPU of pipeline rank ``rank`` issues per step.
 
     Rows of (family, op, payload bytes, group size, count per step), family one of tp, pp, embedding,
     dp (dp_intra, dp_inter), zero, ep:
@@ -796,9 +795,10 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec,
       first and last stage; with sequence parallelism the replicated parameters' gradients once a step
       (:func:`sequence_parallel_grad_params`, in the reduced gradients' dtype: paralab's tp widens them
       to its fp32 reduce dtype, so a 16-bit tp run without dp sends twice the row's bytes).
-    - pp (Narayanan et al. 2021): per chunk and microbatch one activation sent forward and one
-      gradient sent back, b s h each, or b s h / t with their scatter/gather optimisation (tp > 1) or
-      sequence parallelism (:func:`pipeline_send_bytes`).
+    - pp (Narayanan et al. 2021): per microbatch, each activation the rank's chunks send forward and
+      each gradient they send back to a chunk on another rank (:func:`pipeline_hops`), b s h each, or
+      b s h / t with their scatter/gather optimisation (tp > 1) or sequence parallelism
+      (:func:`pipeline_send_bytes`).
     - embedding: with a tied embedding, the first stage's all-reduce of its gradient with the last
       stage's (:func:`tied_embedding_ranks`), once a step.
     - dp / zero (Rajbhandari et al. 2020, sec. 7): stage 0 all-reduces the gradients once per step
@@ -825,8 +825,9 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec,
         rows += [("tp", op, end_payload, t, m) for key in held for op, end_payload in ends[key]]
         if replicated := sequence_parallel_grad_params(model, p, rank):
             rows.append(("tp", "all_reduce", replicated * bytes_per_param(model, p)[1], t, 1))
-    if p.pp > 1:
-        rows.append(("pp", "send", pipeline_send_bytes(model, p), 2, 2 * m * p.virtual_stages))
+    if p.pp > 1:  # the sends this rank makes, each microbatch (its chunks' neighbours on other ranks)
+        sends = sum(sender == rank for sender, _ in pipeline_hops(p))
+        rows.append(("pp", "send", pipeline_send_bytes(model, p), 2, sends * m))
     if rank in tied_embedding_ranks(model, p):
         rows.append(("embedding", "all_reduce", tied_embedding_payload(model, p), 2, 1))
     if p.ep > 1:  # dispatch and combine, forward and backward, per MoE layer and microbatch

@@ -27,11 +27,10 @@ from collections.abc import Iterator
 
 from paralab.schedules import shape_problems
 from paralab.sim import context, cost, counting
-from paralab.sim.specs import MAX_MICROBATCHES, HardwareSpec, ModelSpec, ParallelSpec, SpecError
+from paralab.sim.specs import MAX_MICROBATCHES, RECOMPUTE, HardwareSpec, ModelSpec, ParallelSpec, SpecError
 from paralab.stage_split import megatron_split, split_text
 
 MICRO_BATCHES = (1, 2, 4, 8)
-RECOMPUTE = ("none", "selective", "full")
 
 
 MOST_TOKENS_PER_STEP = 2**24  # Llama 3's largest batch, 16M tokens (its paper, Table 4)
@@ -280,9 +279,9 @@ def describe(p: ParallelSpec) -> str:
 
 
 def _compute_cause(win: ParallelSpec, run: ParallelSpec) -> str:
-    """Why a layout computes more than the winner: it recomputes more, or its GEMMs are smaller (the
-    recompute it shares with the winner is not the cause)."""
-    if run.recompute == win.recompute:
+    """Why a layout computes more than the winner: it recomputes more, or its GEMMs are smaller (a
+    recompute no heavier than the winner's is not the cause)."""
+    if RECOMPUTE.index(run.recompute) <= RECOMPUTE.index(win.recompute):
         return "smaller GEMMs"
     return f"recompute {run.recompute} (the winner's: {win.recompute}) or smaller GEMMs"
 

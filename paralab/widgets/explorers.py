@@ -366,7 +366,7 @@ class _RunPredictor:
         # a run over real nodes (torchrun) names them in its trace only: its config says one
         ranks = trace.meta.get("ranks", {}) if trace is not None else {}
         nodes = len({info.get("node", 0) for info in ranks.values()})
-        if nodes > cfg.nodes:
+        if nodes > cfg.nodes and cfg.world_size % nodes == 0:
             cfg = dataclasses.replace(cfg, nodes=nodes)
         self.cfg, self.model_name = cfg, cfg.model_name
         self.model, self.parallel = specs_from_run(cfg)
