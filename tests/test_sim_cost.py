@@ -441,6 +441,10 @@ def test_predicted_trace_draws_tensor_parallel_collectives_inside_the_compute_th
         expected["tp_all_reduce"] = expected.get("tp_all_reduce", 0) - counting.ring_wire_bytes(
             "all_reduce", replicated * counting.bytes_per_param(model, p)[1], p.tp)
         assert wire == pytest.approx({k: v for k, v in expected.items() if v}, rel=1e-6)
+    # a pass's seconds are shared as its ops' bytes are (the loss's 3 fp32 numbers a token take ~0)
+    for c in compute:
+        rates = [s.duration / s.bytes for s in tp_spans if s.rank == c.rank and c.start <= s.start < c.end]
+        assert rates == pytest.approx([rates[0]] * len(rates), rel=1e-6)
 
 
 def test_sequence_parallel_gathers_again_in_backward_under_the_input_gradients_on_a_gpu():
@@ -926,3 +930,14 @@ def test_a_predicted_collective_over_more_than_a_node_is_drawn_between_nodes(pre
     trace = cost.predict_trace(get_model(preset), spec, H100)
     drawn = [s for s in trace.select(lane=COMM) if s.kind in ("all_gather", "reduce_scatter", "all_to_all")]
     assert drawn and {s.inter_node for s in drawn} == {crosses}
+
+
+def test_interleaved_sends_that_wrap_from_the_last_rank_to_the_first_cross_nodes_too():
+    """tp 2 x pp 8 on 8-GPU nodes: four pipeline ranks a node. 1F1B's 7 hops cross once (rank 3 to 4);
+    interleaved v=2 makes 15 a microbatch, rank 3 to 4 twice and the wrap from rank 7 to rank 0 once."""
+    def share(v, schedule):
+        p = ParallelSpec(tp=2, pp=8, virtual_stages=v, schedule=schedule, microbatches=16, global_batch=16)
+        return cost.crossing_share(p.resolved(), 8)
+
+    assert share(1, "1f1b") == pytest.approx(1 / 7)
+    assert share(2, "interleaved") == pytest.approx(3 / 15)

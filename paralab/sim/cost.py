@@ -574,15 +574,17 @@ def p2p_time(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> floa
 
 def crossing_share(p: ParallelSpec, gpus_per_node: int) -> float:
     """The share of pipeline sends that leave their node, in the spec's rank order: each rank of a
-    stage sends to the rank ``p.stride("pp")`` further on (t x dp in Megatron's order, t in Llama 3's,
-    where each pipeline's ranks are numbered together)."""
+    stage sends to its counterpart on the pipeline rank its chunk's neighbour holds
+    (:func:`counting.pipeline_hops`: interleaved's wrap from the last rank to the first too),
+    ``p.stride("pp")`` ranks apart per pipeline rank (t x dp in Megatron's order, t in Llama 3's, where
+    each pipeline's ranks are numbered together)."""
     step = p.stride("pp")
     block = step * p.pp  # the ranks numbered as one pipeline group; the order repeats it
     if p.pp == 1 or (block <= gpus_per_node and gpus_per_node % block == 0):
         return 0.0
     if step >= gpus_per_node:
         return 1.0
-    crossed = _crossings(p, gpus_per_node, [(k, k + 1) for k in range(p.pp - 1)])
+    crossed = _crossings(p, gpus_per_node, counting.pipeline_hops(p))
     return sum(crossed) / len(crossed)
 
 
@@ -936,9 +938,9 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
     for rank, (sync, (start, end), tied) in enumerate(_end_of_step(model, p, hw, finish)):
         reduce, after = sync["reduce"], sync["after"]
         reduced = end - sum(r.seconds for r in after)  # the three steps of a hierarchical one end to end
-        for r, (begin, finish) in zip((reduce, *after), _back_to_back(start, reduced, after)):
+        for r, (begin, until) in zip((reduce, *after), _back_to_back(start, reduced, after)):
             if r.seconds:
-                spans.append(Span(rank, COMM, r.op, begin, finish, name="gradient reduction", step=0,
+                spans.append(Span(rank, COMM, r.op, begin, until, name="gradient reduction", step=0,
                                   bytes=int(r.wire), group_size=r.group, inter_node=r.inter))
         if tied:
             spans.append(Span(rank, COMM, "all_reduce", *tied[:2], name="tied embedding all-reduce", step=0,
@@ -983,13 +985,13 @@ def _tensor_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageT
         seconds = times[span.stage].tp_comm * passes[phase] / sum(passes.values())
         end = span.end - waits[id(span)][1]
         sends = _tp_pass_sends(model, p, span.stage, phase)
-        for op, (calls, payload) in sends.items():
-            start = max(span.start, end - seconds / len(sends))
+        wire = {op: counting.ring_wire_bytes(op, payload, p.tp) for op, (_, payload) in sends.items()}
+        for op, (calls, payload) in sends.items():  # the pass's seconds shared as the ops' bytes are
+            start = max(span.start, end - seconds * wire[op] / sum(wire.values()))
             out.append(Span(span.rank, COMM, op, start, end, name=f"tensor parallel {op} x{calls:g}",
                             step=span.step, issue_s=end - start,  # blocking: the layer waits for its sums
-                            bytes=int(counting.ring_wire_bytes(op, payload, p.tp)),
-                            payload_bytes=int(payload), group_size=p.tp, stage=span.stage,
-                            microbatch=span.microbatch))
+                            bytes=int(wire[op]), payload_bytes=int(payload), group_size=p.tp,
+                            stage=span.stage, microbatch=span.microbatch))
             end = start
     return out
 
@@ -1335,15 +1337,11 @@ def _rank_sends(p: ParallelSpec, blocking: float) -> list[float]:
     (:func:`_blocking_send`): a chunk's activation to the next chunk and its gradient to the one
     before, where that chunk is on another rank (the V's two ends share rank 0 and its tip rank p - 1,
     which keep those hand-offs; nothing is sent past the model's ends)."""
-    chunks = p.chunks
     sends = [0.0] * p.pp
     if not blocking:  # sends beside compute (the default): nothing to count, on the planner's hot path
         return sends
-    for stage in range(chunks):
-        rank = counting.stage_rank(p, stage)
-        for neighbour in (stage - 1, stage + 1):
-            if 0 <= neighbour < chunks and counting.stage_rank(p, neighbour) != rank:
-                sends[rank] += blocking
+    for sender, _ in counting.pipeline_hops(p):
+        sends[sender] += blocking
     return sends
 
 
