@@ -560,7 +560,7 @@ def p2p_time(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> floa
     hops, of which :func:`crossing_share` go over the NIC.
     """
     p = parallel.resolved()
-    act = model.seq * p.micro_batch * model.hidden * model.dtype_bytes
+    act = counting.microbatch_activation_bytes(model, p)
     sent = counting.pipeline_send_bytes(model, p)
     gathered = p.pp_scatter_gather and not p.sequence_parallel
     gather = collective_time(hw, "all_gather", act, p.tp, p.stride("tp")) if gathered else 0.0

@@ -725,14 +725,20 @@ def tp_collectives(model: ModelSpec, p: ParallelSpec) -> tuple[tuple[str, ...], 
     ops = ("all_gather", "reduce_scatter") if p.sequence_parallel else ("all_reduce",)
     passes = {"forward": 1, "backward": 1 + recompute_share(model, p)}
     per_pass = 1 if model.parallel_blocks else 2
-    return ops, p.micro_batch * model.seq * model.hidden * model.dtype_bytes, per_pass, passes
+    return ops, microbatch_activation_bytes(model, p), per_pass, passes
+
+
+def microbatch_activation_bytes(model: ModelSpec, p: ParallelSpec) -> float:
+    """b s h in the model's dtype: one microbatch's activation between layers, what tensor parallelism's
+    collectives and a pipeline's sends carry (whole or in part)."""
+    return p.micro_batch * model.seq * model.hidden * model.dtype_bytes
 
 
 def pipeline_send_bytes(model: ModelSpec, p: ParallelSpec) -> float:
     """Bytes one GPU sends per pipeline hop (an activation forward, its gradient back): b s h, or with
     tp > 1 a t-th of it, split by sequence under sequence parallelism or scattered over the t GPUs
     (``pp_scatter_gather``, gathered again on the other side: cost.p2p_time)."""
-    act = p.micro_batch * model.seq * model.hidden * model.dtype_bytes
+    act = microbatch_activation_bytes(model, p)
     return act / p.tp if p.sequence_parallel or p.pp_scatter_gather else act
 
 
@@ -748,7 +754,7 @@ def tp_end_collectives(model: ModelSpec, p: ParallelSpec) -> dict[str, tuple[tup
                                 "head_regather")}
     if p.tp == 1:
         return none
-    act = p.micro_batch * model.seq * model.hidden * model.dtype_bytes
+    act = microbatch_activation_bytes(model, p)
     loss = (("all_reduce", p.micro_batch * model.seq * 4),) * 3
     if not p.sequence_parallel:
         return {**none, "embed_forward": (("all_reduce", act),), "head_forward": loss,

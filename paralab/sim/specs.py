@@ -319,8 +319,9 @@ class ParallelSpec:
     # pipeline schedules of Megatron-LM before 2023 and of DeepSpeed did)
     overlap_p2p: bool = True
     # ZeRO-2 sums a step's microbatches in each unit's full-size buffer and reduce-scatters it once, as
-    # the last backward fills it (paralab's hybrid): ZeRO-1's collectives, ZeRO-2's buffers. False: every
-    # microbatch's gradients are reduce-scattered (Rajbhandari et al.; paralab's zero2)
+    # the last backward fills it (paralab's hybrid): ZeRO-1's collectives, every unit's buffer held from
+    # the first backward on. False: every microbatch's gradients are reduce-scattered (Rajbhandari et
+    # al.; paralab's zero2)
     zero_accumulates: bool = False
     # with tp > 1 and no sequence parallelism, each of a stage's t GPUs sends 1/t of the activation and
     # the next stage's all-gather it over NVLink (Narayanan et al. 2021's scatter/gather). False: each
