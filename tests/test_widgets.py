@@ -581,3 +581,20 @@ def test_the_comm_explorer_reads_real_nodes_from_the_trace():
     app = widgets.comm_explorer(SimpleNamespace(config=cfg, trace=trace))
     predicted = list(app.sources().values())[1]
     assert set(per_rank_step(predicted)) == {"reduce_scatter", "all_reduce", "all_gather"}
+
+
+def test_the_comm_explorer_says_when_a_run_traced_no_collective():
+    """torch's own strategies run their collectives inside torch: their measured bars are empty, and
+    without a word the prediction beside them read as unmatched."""
+    from types import SimpleNamespace
+
+    from paralab.config import RunConfig
+    from paralab.trace import COMPUTE, Span, Trace
+
+    cfg = RunConfig.build("tiny", strategy="torch_ddp", world_size=2, global_batch=8)
+    trace = Trace(spans=[Span(r, COMPUTE, "forward", 0.0, 1.0, step=0) for r in range(2)],
+                  meta={"strategy": "torch_ddp"})
+    app = widgets.comm_explorer(SimpleNamespace(config=cfg, trace=trace))
+    assert "torch_ddp traced no collective" in app.message.value
+    app.redraw()
+    assert "traced no collective" in app.message.value  # kept past a redraw

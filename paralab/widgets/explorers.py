@@ -302,9 +302,14 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
 
     def drawable_sources(c) -> dict:
         """:func:`sources`, or without the grown prediction when the cost model refuses its split
-        (the message says so): the run and its prediction are still drawn."""
+        (the message says so): the run and its prediction are still drawn. A run that traced no
+        collective (torch's own strategies run theirs inside torch) is said to be one."""
         from paralab.sim.specs import SpecError
 
+        if not trace.select(lane="comm"):
+            strategy = trace.meta.get("strategy") or "this run"
+            msg.value = message(f"{strategy} traced no collective (torch's own strategies run theirs inside "
+                                "torch, out of paralab's sight): the bars are the cost model's count alone")
         try:
             return sources(c)
         except SpecError as exc:
