@@ -937,8 +937,7 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
         spans = spans + _expert_parallel_spans(model, p, hw, times, compute, waits)
     for rank, (sync, (start, end), tied) in enumerate(_end_of_step(model, p, hw, finish)):
         reduce, after = sync["reduce"], sync["after"]
-        reduced = end - sum(r.seconds for r in after)  # the three steps of a hierarchical one end to end
-        for r, (begin, until) in zip((reduce, *after), _back_to_back(start, reduced, after)):
+        for r, (begin, until) in zip((reduce, *after), _back_to_back(start, end, after)):
             if r.seconds:
                 spans.append(Span(rank, COMM, r.op, begin, until, name="gradient reduction", step=0,
                                   bytes=int(r.wire), group_size=r.group, inter_node=r.inter))
@@ -961,8 +960,9 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
 
 
 def _back_to_back(start: float, end: float, after: tuple[Reduction, ...]) -> list[tuple[float, float]]:
-    """(start, end) of a gradient reduction's window ``start``..``end`` and of the ``after`` steps that
-    follow it one after the other."""
+    """(start, end) of the overlapped reduction and of the ``after`` steps that follow it one after the
+    other, together filling the window ``start``..``end`` (:func:`_sync_window`)."""
+    end -= sum(r.seconds for r in after)
     out = [(start, end)]
     for r in after:
         out.append((end, end + r.seconds))
@@ -977,6 +977,7 @@ def _tensor_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageT
     (:func:`_tp_pass_sends`). Sequence parallelism's once-a-step all-reduce of the replicated
     parameters' gradients is counted in bytes (counting.comm_payloads) but neither priced nor drawn."""
     passes = counting.tp_collectives(model, p)[3]
+    sends_of = {}  # (chunk, pass) -> what it sends: alike for every microbatch
     out = []
     for span in spans:
         phase = "backward" if span.kind in ("backward", "backward_input") else span.kind
@@ -984,7 +985,9 @@ def _tensor_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageT
             continue
         seconds = times[span.stage].tp_comm * passes[phase] / sum(passes.values())
         end = span.end - waits[id(span)][1]
-        sends = _tp_pass_sends(model, p, span.stage, phase)
+        if (span.stage, phase) not in sends_of:
+            sends_of[span.stage, phase] = _tp_pass_sends(model, p, span.stage, phase)
+        sends = sends_of[span.stage, phase]
         wire = {op: counting.ring_wire_bytes(op, payload, p.tp) for op, (_, payload) in sends.items()}
         for op, (calls, payload) in sends.items():  # the pass's seconds shared as the ops' bytes are
             start = max(span.start, end - seconds * wire[op] / sum(wire.values()))

@@ -479,8 +479,12 @@ class ParallelSpec:
         """This spec with a hierarchical gradient all-reduce over nodes of ``local`` data-parallel ranks,
         or the flat one where its steps would add up to it: every rank on one node, one rank a node, or
         nodes that do not divide dp."""
-        tiered = 1 < local < self.dp and self.dp % local == 0
-        return self.replace(hierarchical_dp=local if tiered else 0)
+        return self.replace(hierarchical_dp=local if self._tiers(local) else 0)
+
+    def _tiers(self, local: int) -> bool:
+        """Whether nodes of ``local`` data-parallel ranks make a hierarchy: 2 or more ranks on each of 2
+        or more nodes, alike."""
+        return 1 < local < self.dp and self.dp % local == 0
 
     def _hierarchy_problems(self) -> list[str]:
         """What a hierarchical gradient all-reduce needs: 2 or more data-parallel ranks on each of 2 or
@@ -489,7 +493,7 @@ class ParallelSpec:
         if not local:
             return []
         out = []
-        if local < 2 or self.dp % local or self.dp == local:
+        if not self._tiers(local):
             out.append(f"a hierarchical all-reduce needs 2 or more data-parallel ranks on each of 2 or more "
                        f"nodes: hierarchical_dp {local} must divide dp {self.dp} into 2 or more nodes")
         if self.zero or self.cp > 1 or self.ep > 1:

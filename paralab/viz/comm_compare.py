@@ -37,9 +37,10 @@ def predicted_comm_trace(model, parallel, gpus_per_node: int = 8) -> Trace:
     counts, on the rank's group of the mesh (see the module docstring). ``model``, ``parallel``: the
     simulator's ModelSpec and ParallelSpec (``paralab.sim.bridge.specs_from_run`` makes them from a
     run's config)."""
-    from paralab.sim.counting import ring_wire_bytes
+    from paralab.sim.counting import pipeline_hops, ring_wire_bytes
 
     p = parallel.resolved()
+    hops = pipeline_hops(p)
     layout = mesh_layout(dp=p.dp, tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep if p.dp % p.ep == 0 else 1)
     world = layout.world_size
 
@@ -55,7 +56,7 @@ def predicted_comm_trace(model, parallel, gpus_per_node: int = 8) -> Trace:
         for group in groups[family, size]:
             for rank in (r for r in group if stage_of[r] == stage):
                 if op == "send":
-                    for peer, share in _send_peers(family, rank, group, count, p):
+                    for peer, share in _send_peers(family, rank, group, count, hops, p.microbatches):
                         spans.append(Span(rank, COMM, op, 0.0, 0.0, name=f"{family} {op}", step=0,
                                           bytes=int(share * ring_wire_bytes(op, payload, 2)),
                                           payload_bytes=int(share * payload), group_size=2, peer=peer,
@@ -83,20 +84,19 @@ def _payloads(model, p) -> list[tuple[int, str, str, float, int, float]]:
     return [(stage, *row) for stage in range(p.pp) for row in rows_of(model, p, stage)]
 
 
-def _send_peers(family: str, rank: int, line: list[int], count: float, p) -> list[tuple[int, float]]:
+def _send_peers(family: str, rank: int, line: list[int], count: float, hops: list[tuple[int, int]],
+                microbatches: int) -> list[tuple[int, float]]:
     """(peer, sends per step) of a rank's point-to-point traffic: a pipeline rank sends each
     microbatch's activations and gradients where its chunks' neighbours sit
     (paralab.sim.counting.pipeline_hops); a context-parallel rank sends every hop to the ring's next
     rank."""
-    from paralab.sim.counting import pipeline_hops
-
     if family == "cp":
         return [(ring_next(rank, line), count)]
     at = line.index(rank)
     peers: dict[int, float] = defaultdict(float)
-    for sender, receiver in pipeline_hops(p):
+    for sender, receiver in hops:
         if sender == at:
-            peers[line[receiver]] += p.microbatches
+            peers[line[receiver]] += microbatches
     return list(peers.items())
 
 
