@@ -135,8 +135,7 @@ def test_local_calibration_measures_every_rate_and_is_cached(tmp_path, monkeypat
         calibration.optimizer_bandwidth(hw.calibration["adam_1m_s"], hw.host_overhead_s["tensor_update"]))
     assert hw.peak_flops["fp32"] == pytest.approx(calibration.matmul_law(rows=hw.calibration["matmul_s"])[0])
     assert len(hw.calibration["blocks"]) == len(calibration.BLOCK_SHAPES)
-    # ... and each fit found a rate: a degenerate fit falls back to 0, which the cost model reads as
-    # "no such work" (a real CPU moves its non-GEMM bytes at a finite rate)
+    # ... and each fit found a rate (a non-GEMM fit of 0 is a disturbed calibration, measured again)
     rates = {"matmul": hw.peak_flops["fp32"], "non-GEMM forward": hw.elementwise_bw,
              "non-GEMM backward": hw.elementwise_backward_bw, "Adam": hw.optimizer_bw,
              "copy": hw.memory_bandwidth}
@@ -156,17 +155,32 @@ def test_local_calibration_measures_every_rate_and_is_cached(tmp_path, monkeypat
     assert pred.step_time_s > 0 and pred.bubble_fraction > 0
 
 
-def test_a_disturbed_calibration_is_said_used_and_not_cached(tmp_path, monkeypatch):
-    """Small matmuls timed while other work held the cores fit the law only with an implausible
-    d_half. Such a calibration is used, with a warning, and measured again next time."""
-    monkeypatch.setenv("PARALAB_CACHE", str(tmp_path))
+def _quiet_calibration():
+    """A stand-in for a quiet local calibration: a preset with measured non-GEMM rates."""
+    return dataclasses.replace(hardware.get_hardware("a100"), elementwise_bw=5e9, elementwise_backward_bw=4e9)
+
+
+# what a busy machine does to a calibration: small matmuls far slower than any law explains, or the
+# GEMMs, timed apart and slower, outlast the blocks that contain them (no non-GEMM time left to fit)
+DISTURBANCES = {"small matmuls": {"matmul_half_dim": calibration.DISTURBED_HALF_DIM},
+                "non-GEMM forward": {"elementwise_bw": 0.0},
+                "non-GEMM backward": {"elementwise_backward_bw": 0.0}}
+
+
+def test_a_busy_machine_disturbs_the_matmul_law():
+    """Small matmuls timed while other work held the cores fit the law only with an implausible d_half."""
     quiet = [[m, n, k, 2 * m * n * k / 1e11 * (1 + 32 / m) * (1 + 32 / n) * (1 + 32 / k)]
              for m, n, k in ((128, 192, 64), (512, 768, 256), (1024, 1024, 1024))]
     busy = [[m, n, k, max(t, 2.5e-3)] for m, n, k, t in quiet]  # every call waits ~2.5 ms for a core
     assert calibration.matmul_law(rows=quiet)[1] == pytest.approx(32, rel=0.2)
     assert calibration.matmul_law(rows=busy)[1] >= calibration.DISTURBED_HALF_DIM
-    disturbed = dataclasses.replace(hardware.get_hardware("a100"),
-                                    matmul_half_dim=calibration.DISTURBED_HALF_DIM)
+
+
+@pytest.mark.parametrize("disturbance", DISTURBANCES)
+def test_a_disturbed_calibration_is_said_used_and_not_cached(tmp_path, monkeypatch, disturbance):
+    """A calibration disturbed twice is used, with a warning, and measured again next time."""
+    monkeypatch.setenv("PARALAB_CACHE", str(tmp_path))
+    disturbed = dataclasses.replace(_quiet_calibration(), **DISTURBANCES[disturbance])
     calls = []
     monkeypatch.setattr(hardware, "calibrate", lambda **kwargs: calls.append(1) or disturbed)
     with pytest.warns(RuntimeWarning, match="disturbed twice"):
@@ -174,12 +188,13 @@ def test_a_disturbed_calibration_is_said_used_and_not_cached(tmp_path, monkeypat
     assert not list(tmp_path.iterdir()) and len(calls) == 2
 
 
-def test_a_calibration_disturbed_once_is_measured_again_and_cached(tmp_path, monkeypatch):
+@pytest.mark.parametrize("disturbance", DISTURBANCES)
+def test_a_calibration_disturbed_once_is_measured_again_and_cached(tmp_path, monkeypatch, disturbance):
     """A moment's load (another process starting) should not cost a machine its cache: the second
     measurement, when quiet, is the one kept."""
     monkeypatch.setenv("PARALAB_CACHE", str(tmp_path))
-    quiet = hardware.get_hardware("a100")
-    results = [dataclasses.replace(quiet, matmul_half_dim=calibration.DISTURBED_HALF_DIM), quiet]
+    quiet = _quiet_calibration()
+    results = [dataclasses.replace(quiet, **DISTURBANCES[disturbance]), quiet]
     monkeypatch.setattr(hardware, "calibrate", lambda **kwargs: results.pop(0))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -192,7 +207,7 @@ def test_a_damaged_cache_is_measured_again_and_rewritten(tmp_path, monkeypatch, 
     """A cache cut short, not an object, missing fields or holding an impossible rate: said, measured
     again and overwritten (it had raised a traceback through every --hardware local)."""
     monkeypatch.setenv("PARALAB_CACHE", str(tmp_path))
-    fresh = hardware.get_hardware("a100")
+    fresh = _quiet_calibration()
     if cached == "damaged rate":  # a current calibration's record, with a negative memory bandwidth
         cached = json.dumps({**fresh.to_dict(), "memory_bandwidth": -1.0,
                              "calibration": {"version": hardware.CALIBRATION_VERSION, "gloo": True}})

@@ -273,21 +273,31 @@ def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True,
         # a cache made without gloo (the quick test calibration) does not serve a caller who wants links
         if made.get("version") == CALIBRATION_VERSION and (made.get("gloo") or not gloo):
             return cached
-    from paralab.sim.calibration import DISTURBED_HALF_DIM  # not at import: its workers run it as __main__
-
     if on_measure is not None:
         on_measure(path)
     spec = calibrate(matmul_size=matmul_size, gloo=gloo, threads=threads)
-    if spec.matmul_half_dim >= DISTURBED_HALF_DIM:  # often a moment's load: measure once more
+    if _disturbed(spec):  # often a moment's load: measure once more
         spec = calibrate(matmul_size=matmul_size, gloo=gloo, threads=threads)
-    if spec.matmul_half_dim >= DISTURBED_HALF_DIM:
+    if _disturbed(spec):
         warnings.warn("the calibration was disturbed twice: small matmuls ran far slower than any matmul "
-                      "law explains (the machine was busy?); it is used for now, not cached, and measured "
-                      "again next time", RuntimeWarning, stacklevel=2)
+                      "law explains, or a block's GEMMs alone outlasted the block (the machine was busy?); "
+                      "it is used for now, not cached, and measured again next time", RuntimeWarning,
+                      stacklevel=2)
         return spec
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(spec.to_dict(), indent=1))
     return spec
+
+
+def _disturbed(spec: HardwareSpec) -> bool:
+    """A calibration taken while other work held the cores: its small matmuls ran far slower than any
+    matmul law explains, or the GEMMs timed apart ran so much slower than the blocks that contain them
+    that the blocks' non-GEMM work fitted no time at all (a rate of 0; a real CPU moves those bytes at
+    a finite rate)."""
+    from paralab.sim.calibration import DISTURBED_HALF_DIM  # not at import: its workers run it as __main__
+
+    return (spec.matmul_half_dim >= DISTURBED_HALF_DIM
+            or not (spec.elementwise_bw > 0 and spec.elementwise_backward_bw > 0))
 
 
 def _cached_spec(path: Path) -> HardwareSpec | None:
