@@ -6,9 +6,12 @@ starts real ranks once (2 pipeline stages of the tiny model); its error path use
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from paralab.config import ConfigError
+from paralab.sim.specs import RANK_ORDERS
 from paralab.trace import Counter, Span, Trace
 
 pytest.importorskip("ipywidgets")
@@ -332,6 +335,31 @@ def test_predicted_comm_follows_the_cost_model_on_the_mesh():
         assert sum(s.bytes for s in sends) == pytest.approx(counted["pp_send"], abs=1)  # one way each
     crossing = [c["dp_all_reduce"] + c["embedding_all_reduce"] + c["pp_send"] for c in by_stage]
     assert links_per_rank_step(trace)["inter_node"] == pytest.approx(sum(crossing) / 2, rel=1e-6)
+
+
+@pytest.mark.parametrize("rank_order", RANK_ORDERS)
+def test_predicted_comm_numbers_ranks_as_the_spec_orders_them(rank_order):
+    """Llama 3's tp, pp, dp order puts a pipeline's stages on one node and spreads each dp group
+    across nodes: the predicted trace's groups, peers and inter-node flags follow the spec's order, as
+    the cost model prices them (it had laid every spec out in the lab's tp, dp, pp order)."""
+    from paralab.sim import cost
+    from paralab.sim.hardware import get_hardware
+    from paralab.sim.presets import get_model
+    from paralab.sim.specs import ParallelSpec
+    from paralab.viz.comm_compare import predicted_comm_trace
+
+    spec = ParallelSpec(dp=2, tp=2, pp=2, global_batch=8, microbatches=4, rank_order=rank_order)
+    hw = dataclasses.replace(get_hardware("h100"), gpus_per_node=4)
+    trace = predicted_comm_trace(get_model("llama3-8b"), spec, gpus_per_node=hw.gpus_per_node)
+    apart = {axis: spec.stride(axis) for axis in ("tp", "dp", "pp")}
+    for family, axis, size in (("tp", "tp", spec.tp), ("dp", "dp", spec.dp)):
+        spans = [s for s in trace.select(lane="comm") if s.name == f"{family} all_reduce"]
+        assert spans and all(s.group_ranks[1] - s.group_ranks[0] == apart[axis] for s in spans)
+        assert {s.inter_node for s in spans} == {cost.crosses_nodes(hw, size, apart[axis])}
+    sends = [s for s in trace.select(lane="comm") if s.kind == "send"]
+    assert sends and all(abs(s.peer - s.rank) == apart["pp"] for s in sends)
+    assert {s.inter_node for s in sends} == {cost.crosses_nodes(hw, spec.pp, apart["pp"])}
+    assert {s.inter_node for s in sends} == {rank_order == "tp-dp-pp"}  # 4 apart across, 2 apart inside
 
 
 @pytest.mark.parametrize("mode", ["ring", "alltoall"])

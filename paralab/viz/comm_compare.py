@@ -6,7 +6,8 @@ cost model counts for a GPU of each pipeline stage (``paralab.sim.counting.comm_
 payload, group size, count per step; with context parallel the slice run's and
 ``paralab.sim.context.comm_payloads``, the ring's hops or the all-to-alls) on every rank of that stage,
 each on its own group as ``paralab.layout`` lays ranks out (tp innermost, then cp, dp, pp; gradients
-over dp and cp; a mixture of experts' all-to-alls on its expert groups), inter-node when the rank's
+over dp and cp; a mixture of experts' all-to-alls on its expert groups), its ranks numbered as the spec's
+``rank_order`` says (the lab's order, or Llama 3's tp, pp, dp), inter-node when the rank's
 ring successor (its peer, for a send) sits on another node of ``gpus_per_node`` ranks, the rule
 paralab.comm applies to measured spans. So one figure draws both, with the same conventions as
 :mod:`paralab.viz.comm`.
@@ -43,16 +44,17 @@ def predicted_comm_trace(model, parallel, gpus_per_node: int = 8) -> Trace:
     hops = pipeline_hops(p)
     layout = mesh_layout(dp=p.dp, tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep if p.dp % p.ep == 0 else 1)
     world = layout.world_size
+    number = _numbering(layout, p.rank_order)
 
     def node(rank: int) -> int:
         return rank // max(gpus_per_node, 1)
 
-    stage_of = [layout.coord(rank)["pp"] for rank in range(world)]
+    stage_of = {number[rank]: layout.coord(rank)["pp"] for rank in range(world)}
     spans = []
     groups: dict[tuple[str, int], list[list[int]]] = {}  # every stage's rows run on the same groups
     for stage, family, op, payload, size, count in _payloads(model, p):
         if (family, size) not in groups:
-            groups[family, size] = _groups(layout, family, size)
+            groups[family, size] = [[number[r] for r in g] for g in _groups(layout, family, size)]
         for group in groups[family, size]:
             for rank in (r for r in group if stage_of[r] == stage):
                 if op == "send":
@@ -71,6 +73,23 @@ def predicted_comm_trace(model, parallel, gpus_per_node: int = 8) -> Trace:
             "ep": layout.ep, "model": getattr(model, "name", ""), "gpus_per_node": gpus_per_node,
             "hierarchical_dp": p.hierarchical_dp}
     return Trace(spans=spans, meta=meta)
+
+
+def _numbering(layout, rank_order: str) -> list[int]:
+    """Each mesh rank's global number as the spec's ``rank_order`` numbers the ranks (innermost axis
+    first; context parallel just outside tensor parallel, as the lab lays it): the identity for the
+    lab's own order, tp-dp-pp; for Llama 3's tp-pp-dp a pipeline's stages are neighbours and a data-
+    parallel group is spread widest, which decides which of its rings and sends cross nodes."""
+    inner_first = rank_order.split("-")
+    inner_first.insert(1, "cp")
+    degree = {"tp": layout.tp, "cp": layout.cp, "dp": layout.dp, "pp": layout.pp}
+    out = []
+    for rank in range(layout.world_size):
+        coord, number = layout.coord(rank), 0
+        for axis in reversed(inner_first):
+            number = number * degree[axis] + coord[axis]
+        out.append(number)
+    return out
 
 
 def _payloads(model, p) -> list[tuple[int, str, str, float, int, float]]:
