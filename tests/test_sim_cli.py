@@ -472,7 +472,8 @@ def test_two_or_three_stages_are_offered_ends_that_work(capsys):
 def test_a_terminal_is_told_that_the_first_local_hardware_is_measured(capsys, monkeypatch, tmp_path):
     """The first `--hardware local` measures this machine for 10-30 s: a terminal is told so, once; a
     pipe is not (its stderr stays one refusal line or nothing), nor is a run the cache serves."""
-    measured = dataclasses.replace(hardware.get_hardware("a100"), elementwise_bw=5e9, elementwise_backward_bw=4e9,
+    measured = dataclasses.replace(hardware.get_hardware("a100"), elementwise_bw=5e9,
+                                   elementwise_backward_bw=4e9,
                                    calibration={"version": hardware.CALIBRATION_VERSION, "gloo": True})
     monkeypatch.setattr(hardware, "calibrate", lambda **kwargs: measured)
     argv = ["simulate", "--model", "gpt3-1.3b", "--gpus", "8", "--hardware", "local", "--json"]

@@ -221,6 +221,41 @@ def test_the_first_and_last_stages_sum_a_tied_embeddings_gradient_before_the_opt
     assert_breakdown_adds_up(predicted[True])
 
 
+def test_sequence_parallel_sums_the_replicated_gradients_over_tp_before_the_optimizer_step(monkeypatch):
+    """With sequence parallelism each tp rank's norms and row-parallel biases saw one slice of the
+    sequence: their gradients are all-reduced over tp once a step, after the data-parallel reduction and
+    before a tied embedding's (Megatron-LM's order). The step is longer by that all-reduce alone, the
+    trace draws it on every rank with the bytes counting.comm_payloads counts, and the breakdown adds up.
+    It had been counted in bytes but not priced."""
+    model = get_model("gpt3-1.3b")
+    p = ParallelSpec(dp=2, tp=4, sequence_parallel=True, global_batch=8, micro_batch=1).resolved()
+    payload = counting.sequence_parallel_grad_params(model, p, 0) * counting.bytes_per_param(model, p)[1]
+    assert payload > 0
+    with_sums = cost.predict(model, p, A100)
+    trace = cost.predict_trace(model, p, A100)
+    drawn = [s for s in trace.spans if s.name == "sequence-parallel grads all-reduce"]
+    reduced = [s for s in trace.spans if s.name == "gradient reduction"]
+    optimizer = [s for s in trace.spans if s.kind == "optimizer"]
+    assert len(drawn) == 1 and drawn[0].start == pytest.approx(max(s.end for s in reduced))
+    assert drawn[0].end == pytest.approx(min(s.start for s in optimizer))
+    assert drawn[0].payload_bytes == int(payload) and drawn[0].group_size == 4 and not drawn[0].inter_node
+    counted = dict(((f, op), b) for f, op, b, *_ in counting.comm_payloads(model, p, 0))
+    assert counted["tp", "all_reduce"] == payload  # the only tp all-reduce with sp: this one
+    assert_breakdown_adds_up(with_sums)
+    monkeypatch.setattr(counting, "sequence_parallel_grad_params", lambda *args: 0)
+    without = cost.predict(model, p, A100)
+    seconds = cost.collective_time(A100, "all_reduce", payload, 4, 1)
+    assert with_sums.step_time_s - without.step_time_s == pytest.approx(seconds, rel=1e-6)
+    # with a tied embedding across a pipeline, its all-reduce starts when both ends have summed theirs
+    monkeypatch.undo()
+    piped = p.replace(dp=1, pp=2, global_batch=4, microbatches=4).resolved()
+    spans = cost.predict_trace(model, piped, A100).spans
+    sums = {s.rank: s for s in spans if s.name == "sequence-parallel grads all-reduce"}
+    tied = [s for s in spans if s.name == "tied embedding all-reduce"]
+    assert sorted(sums) == [0, 1] and len(tied) == 2
+    assert all(t.start == pytest.approx(max(s.end for s in sums.values())) for t in tied)
+
+
 def assert_breakdown_adds_up(pred: cost.Prediction) -> None:
     """The pipeline, then what of the step's tail comes after it, then the loop: the step."""
     b = pred.breakdown_s

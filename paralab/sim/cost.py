@@ -935,17 +935,17 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
         spans = spans + _tensor_parallel_spans(model, p, times, compute, waits)
     if p.ep > 1:
         spans = spans + _expert_parallel_spans(model, p, hw, times, compute, waits)
-    for rank, (sync, (start, end), tied) in enumerate(_end_of_step(model, p, hw, finish)):
+    for rank, (sync, (start, end), tails) in enumerate(_end_of_step(model, p, hw, finish)):
         reduce, after = sync["reduce"], sync["after"]
         for r, (begin, until) in zip((reduce, *after), _back_to_back(start, end, after)):
             if r.seconds:
                 spans.append(Span(rank, COMM, r.op, begin, until, name="gradient reduction", step=0,
                                   bytes=int(r.wire), group_size=r.group, inter_node=r.inter))
-        if tied:
-            spans.append(Span(rank, COMM, "all_reduce", *tied[:2], name="tied embedding all-reduce", step=0,
-                              bytes=int(counting.tied_embedding_payload(model, p)), group_size=2,
-                              inter_node=tied[2]))
-            end = tied[1]
+        for tail in tails:
+            spans.append(Span(rank, COMM, "all_reduce", tail.start, tail.end, name=tail.name, step=0,
+                              bytes=int(counting.ring_wire_bytes("all_reduce", tail.payload, tail.group)),
+                              payload_bytes=int(tail.payload), group_size=tail.group, inter_node=tail.inter))
+            end = tail.end
         end += sync["copies"]  # undrawn, as a lab trace leaves them (in backward's hooks, or untraced)
         opt_end = end + sync["optimizer"]
         spans.append(Span(rank, COMPUTE, "optimizer", end, opt_end, name="optimizer step", step=0))
@@ -975,7 +975,7 @@ def _tensor_parallel_spans(model: ModelSpec, p: ParallelSpec, times: list[StageT
     """One comm span per collective kind at the end of each forward and backward (before the ZeRO
     reduce-scatters it waits for there, ``waits``: :func:`_zero_spans`), holding what the pass sends
     (:func:`_tp_pass_sends`). Sequence parallelism's once-a-step all-reduce of the replicated
-    parameters' gradients is counted in bytes (counting.comm_payloads) but neither priced nor drawn."""
+    parameters' gradients follows the gradient reduction (:func:`_end_of_step`)."""
     passes = counting.tp_collectives(model, p)[3]
     sends_of = {}  # (chunk, pass) -> what it sends: alike for every microbatch
     out = []
@@ -1485,24 +1485,50 @@ def _sync_window(p: ParallelSpec, sync: dict, last_start: float, last_end: float
     return last_end, last_end + seconds + tail
 
 
+class TailCollective(NamedTuple):
+    """An all-reduce a rank runs between its gradient reduction and its optimizer step: when it runs,
+    its payload (bytes), group size and whether it crosses nodes."""
+
+    name: str
+    start: float
+    end: float
+    payload: float
+    group: int
+    inter: bool
+
+
 def _end_of_step(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, finish) -> list[tuple]:
     """Every pipeline rank's communication after its last backward: (its :func:`_grad_sync`, the
-    gradient reduction's window, the tied embedding's all-reduce as (start, end, inter-node) or None).
+    gradient reduction's window, the :class:`TailCollective` s that follow it), in the order Megatron-LM
+    finalizes a step's gradients:
 
-    The first and last stages' all-reduce of a tied embedding's gradient starts when both have
-    reduced their gradients over dp (:func:`counting.tied_embedding_ranks`), inside a node when every
-    pair of ranks is on one (:func:`pairs_cross_nodes`), and the optimizer step waits for it."""
+    - with sequence parallelism, the all-reduce over tp of the replicated parameters' gradients
+      (:func:`counting.sequence_parallel_grad_params`, each tp rank saw its sequence slice only);
+    - the first and last stages' all-reduce of a tied embedding's gradient, once both have reduced
+      their gradients (:func:`counting.tied_embedding_ranks`), inside a node when every pair of ranks
+      is on one (:func:`pairs_cross_nodes`).
+
+    The optimizer step waits for them."""
     syncs = _grad_syncs(model, p, hw, finish)
     windows = [_sync_window(p, sync, *last) for last, sync in zip(finish, syncs)]
-    tied = {}
+    tails: list[list[TailCollective]] = [[] for _ in windows]
+    for rank, (_, end) in enumerate(windows):
+        if replicated := counting.sequence_parallel_grad_params(model, p, rank):
+            payload = replicated * counting.bytes_per_param(model, p)[1]
+            seconds = collective_time(hw, "all_reduce", payload, p.tp, p.stride("tp"))
+            tails[rank].append(TailCollective("sequence-parallel grads all-reduce", end, end + seconds,
+                                              payload, p.tp, crosses_nodes(hw, p.tp, p.stride("tp"))))
     if holders := counting.tied_embedding_ranks(model, p):
         first, last = holders
-        start = max(windows[first][1], windows[last][1])
+        start = max(tails[r][-1].end if tails[r] else windows[r][1] for r in holders)
         inter = pairs_cross_nodes(p, hw.gpus_per_node, first, last)
         stride = max((last - first) * p.stride("pp"), hw.gpus_per_node) if inter else 1
-        seconds = collective_time(hw, "all_reduce", counting.tied_embedding_payload(model, p), 2, stride)
-        tied = dict.fromkeys(holders, (start, start + seconds, inter))
-    return [(sync, window, tied.get(rank)) for rank, (sync, window) in enumerate(zip(syncs, windows))]
+        payload = counting.tied_embedding_payload(model, p)
+        seconds = collective_time(hw, "all_reduce", payload, 2, stride)
+        for rank in holders:
+            tails[rank].append(TailCollective("tied embedding all-reduce", start, start + seconds, payload, 2,
+                                              inter))
+    return [(sync, window, tuple(tail)) for sync, window, tail in zip(syncs, windows, tails)]
 
 
 def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: float) -> Prediction:
@@ -1517,8 +1543,8 @@ def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: f
     def past_pipeline(start: float, end: float) -> float:
         return max(0.0, end - max(start, pipeline))
 
-    for sync, (_, end), tied in _end_of_step(model, p, hw, finish):
-        end = tied[1] if tied else end
+    for sync, (_, end), tails in _end_of_step(model, p, hw, finish):
+        end = tails[-1].end if tails else end
         optimizer_at = end + sync["copies"]
         gather_at = optimizer_at + sync["optimizer"]
         rank_end = gather_at + sync["gather"][0]
