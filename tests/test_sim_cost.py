@@ -280,9 +280,13 @@ def test_prediction_has_the_design_keys_and_consistent_numbers():
                 "flops_per_step", "model_flops_per_step", "hardware_flops_per_step"):  # fmt: skip
         assert key in out
     assert set(out["memory_bytes_per_gpu"]) == {"params", "grads", "optimizer", "activations", "total"}
-    # GPT-3 ties its embedding: the first stage all-reduces the gradient of its vocabulary slice with the last
-    assert set(out["comm_bytes_per_gpu"]) == {"tp_all_reduce", "pp_send", "dp_all_reduce",
+    # GPT-3 ties its embedding: the first stage all-reduces the gradient of its vocabulary slice with the
+    # last; each stage all-gathers over tp the slices it receives (Megatron-LM's scatter/gather)
+    assert set(out["comm_bytes_per_gpu"]) == {"tp_all_reduce", "pp_send", "pp_all_gather", "dp_all_reduce",
                                                   "embedding_all_reduce"}
+    received = 2 * model.seq * model.hidden * 2 * pred.parallel.microbatches  # b s h of 16 bits, m of them
+    assert out["comm_bytes_per_gpu"]["pp_all_gather"] == pytest.approx(received / 2)  # (t - 1) / t of it
+    assert out["comm_bytes_per_gpu"]["pp_send"] == pytest.approx(received / 2)  # a t-th each GPU sends
     grad_bytes = counting.bytes_per_param(model, pred.parallel)[1]
     assert out["comm_bytes_per_gpu"]["embedding_all_reduce"] == model.vocab * model.hidden / 2 * grad_bytes
     assert out["tokens_per_s"] == pytest.approx(64 * model.seq / out["step_time_s"])

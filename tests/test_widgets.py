@@ -309,7 +309,8 @@ def test_predicted_comm_follows_the_cost_model_on_the_mesh():
     """Every rank carries the cost model's bytes per family for its pipeline stage, on its own mesh
     group (the first stage's gradients include the position embedding, the last's the final norm);
     with 2 GPUs per node the tp pairs stay inside a node and the dp and pipeline traffic crosses, and
-    so does the tied embedding's all-reduce between the two stages (GPT-3 ties it)."""
+    so does the tied embedding's all-reduce between the two stages (GPT-3 ties it); each stage gathers
+    what it receives over its tp pair (Megatron-LM's scatter/gather)."""
     from paralab.layout import mesh_layout
     from paralab.sim import counting
     from paralab.sim.presets import get_model
@@ -333,6 +334,10 @@ def test_predicted_comm_follows_the_cost_model_on_the_mesh():
         assert [s.peer for s in sends] == [r for r in (rank + 4, rank - 4) if 0 <= r < 8]
         assert all(s.inter_node for s in sends)
         assert sum(s.bytes for s in sends) == pytest.approx(counted["pp_send"], abs=1)  # one way each
+        # each t-th sent is gathered whole again on the receiving stage's tp pair, inside its node
+        (gather,) = [s for s in spans if s.name == "pp all_gather"]
+        assert gather.group_ranks == layout.group_of("tp", rank) and not gather.inter_node
+        assert gather.bytes == pytest.approx(counted["pp_all_gather"], abs=1)
     crossing = [c["dp_all_reduce"] + c["embedding_all_reduce"] + c["pp_send"] for c in by_stage]
     assert links_per_rank_step(trace)["inter_node"] == pytest.approx(sum(crossing) / 2, rel=1e-6)
 

@@ -556,14 +556,14 @@ def p2p_time(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> floa
     With tp > 1 each of the t GPUs sends 1/t of it over its own link and the receivers all-gather it
     over NVLink (their scatter/gather optimisation, ``pp_scatter_gather``; else each sends it whole);
     with sequence parallelism the activation is already split by sequence, so nothing is gathered
-    (:func:`counting.pipeline_send_bytes`). One time serves every hop: the mean over the pipeline's
-    hops, of which :func:`crossing_share` go over the NIC.
+    (:func:`counting.pipeline_send_bytes`, :func:`counting.pipeline_gathers`). One time serves every
+    hop: the mean over the pipeline's hops, of which :func:`crossing_share` go over the NIC.
     """
     p = parallel.resolved()
     act = counting.microbatch_activation_bytes(model, p)
     sent = counting.pipeline_send_bytes(model, p)
-    gathered = p.pp_scatter_gather and not p.sequence_parallel
-    gather = collective_time(hw, "all_gather", act, p.tp, p.stride("tp")) if gathered else 0.0
+    gathers = counting.pipeline_gathers(p)
+    gather = collective_time(hw, "all_gather", act, p.tp, p.stride("tp")) if gathers else 0.0
     crossing = crossing_share(p, hw.gpus_per_node)
     if hw.p2p_curve and not crossing:  # measured point-to-point times (local calibration)
         return interpolate(hw.p2p_curve, sent) + gather

@@ -737,9 +737,16 @@ def microbatch_activation_bytes(model: ModelSpec, p: ParallelSpec) -> float:
 def pipeline_send_bytes(model: ModelSpec, p: ParallelSpec) -> float:
     """Bytes one GPU sends per pipeline hop (an activation forward, its gradient back): b s h, or with
     tp > 1 a t-th of it, split by sequence under sequence parallelism or scattered over the t GPUs
-    (``pp_scatter_gather``, gathered again on the other side: cost.p2p_time)."""
+    (``pp_scatter_gather``, gathered again on the other side: :func:`pipeline_gathers`)."""
     act = microbatch_activation_bytes(model, p)
     return act / p.tp if p.sequence_parallel or p.pp_scatter_gather else act
+
+
+def pipeline_gathers(p: ParallelSpec) -> bool:
+    """Whether each pipeline receive is all-gathered over tp (Megatron-LM's scatter/gather: the t GPUs
+    of a stage each sent a t-th of the activation, and the receivers need it whole). Not with sequence
+    parallelism, whose activations between stages are split by sequence anyway."""
+    return p.pp > 1 and p.tp > 1 and p.pp_scatter_gather and not p.sequence_parallel
 
 
 def tp_end_collectives(model: ModelSpec, p: ParallelSpec) -> dict[str, tuple[tuple[str, float], ...]]:
@@ -804,7 +811,8 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec,
     - pp (Narayanan et al. 2021): per microbatch, each activation the rank's chunks send forward and
       each gradient they send back to a chunk on another rank (:func:`pipeline_hops`), b s h each, or
       b s h / t with their scatter/gather optimisation (tp > 1) or sequence parallelism
-      (:func:`pipeline_send_bytes`).
+      (:func:`pipeline_send_bytes`); with scatter/gather, each receive all-gathered over tp
+      (:func:`pipeline_gathers`).
     - embedding: with a tied embedding, the first stage's all-reduce of its gradient with the last
       stage's (:func:`tied_embedding_ranks`), once a step.
     - dp / zero (Rajbhandari et al. 2020, sec. 7): stage 0 all-reduces the gradients once per step
@@ -832,8 +840,12 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec,
         if replicated := sequence_parallel_grad_params(model, p, rank):
             rows.append(("tp", "all_reduce", replicated * bytes_per_param(model, p)[1], t, 1))
     if p.pp > 1:  # the sends this rank makes, each microbatch (its chunks' neighbours on other ranks)
-        sends = sum(sender == rank for sender, _ in pipeline_hops(p))
+        hops = pipeline_hops(p)
+        sends = sum(sender == rank for sender, _ in hops)
         rows.append(("pp", "send", pipeline_send_bytes(model, p), 2, sends * m))
+        if pipeline_gathers(p):  # ... and what it receives, gathered whole over its tp group
+            receives = sum(receiver == rank for _, receiver in hops)
+            rows.append(("pp", "all_gather", microbatch_activation_bytes(model, p), t, receives * m))
     if rank in tied_embedding_ranks(model, p):
         rows.append(("embedding", "all_reduce", tied_embedding_payload(model, p), 2, 1))
     if p.ep > 1:  # dispatch and combine, forward and backward, per MoE layer and microbatch

@@ -51,11 +51,11 @@ def predicted_comm_trace(model, parallel, gpus_per_node: int = 8) -> Trace:
 
     stage_of = {number[rank]: layout.coord(rank)["pp"] for rank in range(world)}
     spans = []
-    groups: dict[tuple[str, int], list[list[int]]] = {}  # every stage's rows run on the same groups
+    groups: dict[tuple[str, str, int], list[list[int]]] = {}  # every stage's rows run on the same groups
     for stage, family, op, payload, size, count in _payloads(model, p):
-        if (family, size) not in groups:
-            groups[family, size] = [[number[r] for r in g] for g in _groups(layout, family, size)]
-        for group in groups[family, size]:
+        if (family, op, size) not in groups:
+            groups[family, op, size] = [[number[r] for r in g] for g in _groups(layout, family, op, size)]
+        for group in groups[family, op, size]:
             for rank in (r for r in group if stage_of[r] == stage):
                 if op == "send":
                     for peer, share in _send_peers(family, rank, group, count, hops, p.microbatches):
@@ -119,10 +119,11 @@ def _send_peers(family: str, rank: int, line: list[int], count: float, hops: lis
     return list(peers.items())
 
 
-def _groups(layout, family: str, size: int) -> list[list[int]]:
+def _groups(layout, family: str, op: str, size: int) -> list[list[int]]:
     """The groups a family's collectives run on: its mesh axes' (FAMILY_AXES), for a mixture of experts
     the expert groups (all-to-all) and the expert-data groups (the experts' own gradient reduction),
-    for a tied embedding the two ends of each pipeline; a hierarchical all-reduce's steps run on a dp
+    for a tied embedding the two ends of each pipeline, for a pipeline's received slices (Megatron-LM's
+    scatter/gather) the receiving stage's tp group; a hierarchical all-reduce's steps run on a dp
     group's nodes of consecutive ranks (``dp_intra``, ``size`` of them) and on the ranks of one local
     index across them (``dp_inter``), as paralab's ddp lays them out."""
     if family == "dp_intra":
@@ -134,6 +135,8 @@ def _groups(layout, family: str, size: int) -> list[list[int]]:
         return layout.expert_groups()
     if family == "embedding":  # a tied embedding's two copies: each pipeline's first and last stage
         return [[line[0], line[-1]] for line in layout.groups("pp")]
+    if family == "pp" and op == "all_gather":
+        return layout.groups("tp")
     groups = layout.groups(*FAMILY_AXES.get(family, ("dp", "cp")))
     return groups if family in ("pp", "cp") or len(groups[0]) == size else layout.expert_data_groups()
 
