@@ -127,6 +127,39 @@ def test_unknown_names_exit_2_listing_choices(capsys, flag, value, word):
     assert rc == 2 and word in err and ("llama3-8b" in err or "h100" in err)
 
 
+def test_plan_keeps_gradients_in_fp32_when_asked_and_so_do_the_alternatives(capsys):
+    """Megatron-LM keeps a bf16 model's gradients in fp32 (main_grad): `plan --fp32-grads` prices every
+    layout so (2 more bytes a parameter below ZeRO-2, twice the bytes of the reduction), and a
+    `simulate --fp32-grads` that does not fit is offered layouts that keep them so too; the planner's
+    rows had all kept 16-bit gradients."""
+    base = ["plan", "--model", "gpt3-13b", "--gpus", "64", "--hardware", "a100", "--top", "3", "--json"]
+    rows = {flag: json.loads(run([*base, *flag], capsys)[1])["ranked"] for flag in ((), ("--fp32-grads",))}
+    assert not any(r["fp32_grads"] for r in rows[()])
+    assert all(r["fp32_grads"] and ", fp32 gradients" in r["config"] for r in rows[("--fp32-grads",)])
+    # each fp32 row against the same layout with 16-bit gradients: 2 more bytes a parameter held below
+    # ZeRO-2 (more in any case) and the gradient reduction's bytes doubled
+    for r in rows[("--fp32-grads",)]:
+        flags = ["--tp", str(r["tp"]), "--pp", str(r["pp"]), "--virtual-stages", str(r["virtual_stages"]),
+                 "--schedule", r["schedule"], "--zero", str(r["zero"]), "--recompute", r["recompute"],
+                 "--global-batch", str(r["global_batch"]), "--micro-batch", str(r["micro_batch"]),
+                 *(["--sequence-parallel"] if r["sequence_parallel"] else [])]
+        simulate = ["simulate", "--model", "gpt3-13b", "--gpus", "64", "--hardware", "a100", "--json", *flags]
+        wide, narrow = (json.loads(run([*simulate, *flag], capsys)[1]) for flag in (["--fp32-grads"], []))
+        assert wide["tokens_per_s"] == pytest.approx(r["tokens_per_s"], rel=1e-9)
+        grew = wide["memory_bytes_per_gpu"]["grads"] - narrow["memory_bytes_per_gpu"]["grads"]
+        if r["zero"] < 2:  # about a pipeline rank's share of the parameters (the first stage's ends)
+            assert grew == pytest.approx(2 * wide["params"] / (r["tp"] * r["pp"]), rel=0.05)
+        assert grew > 0
+        reduction = "dp_all_reduce" if r["zero"] == 0 else "zero_reduce_scatter"
+        assert wide["comm_bytes_per_gpu"][reduction] == pytest.approx(
+            2 * narrow["comm_bytes_per_gpu"][reduction], rel=1e-9)
+    rc, out, _ = run(["simulate", "--model", "gpt3-175b", "--gpus", "1024", "--tp", "8", "--pp", "8",
+                      "--hardware", "a100", "--fp32-grads", "--json"], capsys)
+    data = json.loads(out)
+    assert rc == 0 and not data["fits"] and data["alternatives"]
+    assert all(a["fp32_grads"] for a in data["alternatives"])
+
+
 def test_plan_json_lists_ranked_configurations(capsys):
     rc, out, _ = run(["plan", "--model", "llama3-8b", "--gpus", "16", "--hardware", "h100", "--top", "3",
                       "--json"], capsys)

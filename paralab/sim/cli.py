@@ -97,9 +97,7 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
                              "by the other stages (Megatron-LM's option; --stage-layers says it in full)")
     parser.add_argument("--last-stage-layers", type=int,
                         help="an uneven pipeline split: layers of the last stage")
-    parser.add_argument("--fp32-grads", action="store_true",
-                        help="accumulate and reduce gradients in fp32 (Megatron's main_grad; with --zero 1, "
-                             "its distributed optimizer)")
+    _add_fp32_grads(parser)
     parser.add_argument("--fsdp-root", action="store_true",
                         help="with --zero 3: the embedding, final norm and output layer are one unit, "
                              "gathered before the forward and reduce-scattered after the backward, as "
@@ -123,6 +121,14 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
     _add_model_args(parser)
     parser.add_argument("--gpus", type=int, required=True, help="total GPUs to plan for")
     parser.add_argument("--top", type=int, default=10, help="how many configurations to list")
+    _add_fp32_grads(parser)
+
+
+def _add_fp32_grads(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--fp32-grads", action="store_true",
+                        help="accumulate and reduce gradients in fp32 (Megatron's main_grad, its default "
+                             "under bf16; with --zero 1, its distributed optimizer); default: in the "
+                             "model's dtype, as torch's FSDP")
 
 
 def _model(args) -> ModelSpec:
@@ -227,22 +233,23 @@ def _batch_of(parallel: ParallelSpec, gpus: int) -> int | None:
     return p.global_batch if p.world_size == gpus else None
 
 
-def _fits_hint(model: ModelSpec, gpus: int, hw, global_batch: int | None) -> str:
+def _fits_hint(model: ModelSpec, gpus: int, hw, global_batch: int | None, fp32_grads: bool) -> str:
     """What would fit: the planner's best few on these GPUs for the batch asked (else the planner's
-    default, named), or why nothing does."""
-    ranked = _alternatives(model, gpus, hw, global_batch)
+    default, named), their gradients kept as the refused configuration's, or why nothing does."""
+    ranked = _alternatives(model, gpus, hw, global_batch, fp32_grads)
     if ranked:
         batch = ranked[0].parallel.global_batch
         default = "" if global_batch else ", the planner's default batch"
         return "configurations that fit on {} GPUs at {:,} sequences a step{}: {}".format(
             gpus, batch, default, " | ".join(planner.describe(p.parallel) for p in ranked))
-    return planner.why_nothing_fits(model, gpus, hw, global_batch)
+    return planner.why_nothing_fits(model, gpus, hw, global_batch, fp32_grads)
 
 
-def _alternatives(model: ModelSpec, gpus: int, hw, global_batch: int | None) -> list[cost.Prediction]:
+def _alternatives(model: ModelSpec, gpus: int, hw, global_batch: int | None,
+                  fp32_grads: bool) -> list[cost.Prediction]:
     """The planner's best three, priced as `paralab plan` prices them (its best rows simulated), so
     that their tokens/s match what `plan` and `simulate` say of the same layouts."""
-    return planner.plan(model, gpus, hw, global_batch, top=3)
+    return planner.plan(model, gpus, hw, global_batch, top=3, fp32_grads=fp32_grads)
 
 
 def simulate_main(args) -> int:
@@ -286,7 +293,7 @@ def simulate_main(args) -> int:
             return _fail(f"a hierarchical all-reduce needs 2 or more data-parallel ranks on each of 2 or "
                          f"more nodes: on {hw.name} ({hw.gpus_per_node} GPUs a node) {why}")
     if problems := parallel.problems(model, gpus):
-        hint = _fits_hint(model, gpus, hw, _batch_of(parallel, gpus))
+        hint = _fits_hint(model, gpus, hw, _batch_of(parallel, gpus), parallel.fp32_grads)
         return _fail("invalid configuration: " + "; ".join(problems) + ". " + hint)
     pred = cost.predict(model, parallel, hw)
     out = pred.to_dict()
@@ -298,11 +305,12 @@ def simulate_main(args) -> int:
     out.update(memory_usable_bytes=int(usable), memory_over_bytes=int(over))
     if not pred.fits:  # what fits for the batch just priced, so their tokens/s compare with its
         batch = pred.parallel.global_batch
-        ranked = _alternatives(model, gpus, hw, batch)
+        ranked = _alternatives(model, gpus, hw, batch, pred.parallel.fp32_grads)
         out["alternatives"] = [dict(config=planner.describe(p.parallel), tokens_per_s=p.tokens_per_s,
                                     mfu=p.mfu, memory_bytes_per_gpu=int(p.memory_bytes_per_gpu["total"]),
                                     **_degrees(p.parallel)) for p in ranked]
-        out["advice"] = "" if ranked else planner.why_nothing_fits(model, gpus, hw, batch)
+        out["advice"] = "" if ranked else planner.why_nothing_fits(model, gpus, hw, batch,
+                                                                   pred.parallel.fp32_grads)
     print(json_text(out) if args.json else _report(out))
     return 0
 
@@ -358,10 +366,10 @@ def plan_main(args) -> int:
         return _fail(str(err))
     if problems := hw.problems_for(model):
         return _fail("invalid model: " + "; ".join(problems))
-    ranked = planner.plan(model, args.gpus, hw, args.global_batch, top=args.top)
+    ranked = planner.plan(model, args.gpus, hw, args.global_batch, top=args.top, fp32_grads=args.fp32_grads)
     if not ranked:
         return _fail(f"nothing fits on {args.gpus} {hw.name} GPUs: "
-                     + planner.why_nothing_fits(model, args.gpus, hw, args.global_batch))
+                     + planner.why_nothing_fits(model, args.gpus, hw, args.global_batch, args.fp32_grads))
     sentences = planner.explain(ranked, model, hw)
     if args.json:
         rows = [dict(p.to_dict(), config=planner.describe(p.parallel), **_degrees(p.parallel))

@@ -66,8 +66,10 @@ def _split(layers: int, chunks: int) -> dict | None:
     return dict(stage_layers=split) if split else None
 
 
-def candidates(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int) -> Iterator[ParallelSpec]:
-    """Every ParallelSpec for ``gpus`` GPUs whose degrees divide the model and the batch."""
+def candidates(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int,
+               fp32_grads: bool = False) -> Iterator[ParallelSpec]:
+    """Every ParallelSpec for ``gpus`` GPUs whose degrees divide the model and the batch, keeping
+    gradients in fp32 when ``fp32_grads`` (:func:`plan`)."""
     policies = _recompute_policies(model)
     for tp, pp, replicas in layouts(model, gpus, hw):
         for cp, cp_mode in _context_parallel(model, tp, replicas):
@@ -84,7 +86,7 @@ def candidates(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int)
                                     dp=dp, tp=tp, pp=pp, ep=ep, virtual_stages=v, schedule=schedule,
                                     microbatches=m, micro_batch=mb, global_batch=global_batch, zero=zero,
                                     sequence_parallel=tp > 1, recompute=recompute, cp=cp, cp_mode=cp_mode,
-                                    **split,
+                                    fp32_grads=fp32_grads, **split,
                                 )  # fmt: skip
 
 
@@ -134,9 +136,13 @@ REFINED_ROWS = 10  # rows a plan simulates unless told: its default top, whateve
 
 def plan(
     model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int | None = None, top: int = 10,
-    refine: int | None = None
+    refine: int | None = None, fp32_grads: bool = False
 ) -> list[cost.Prediction]:
     """Configurations that fit, fastest first (at most ``top``); empty when nothing fits.
+
+    Gradients are kept and reduced in the model's dtype, as torch's FSDP does by default; with
+    ``fp32_grads`` in fp32, as Megatron-LM's main_grad does by default under bf16 (2 more bytes a
+    parameter, unsharded below ZeRO-2, and twice the bytes of the gradient reduction).
 
     Candidates are scored by the closed form, then the ``refine`` fastest (default: the ``top``
     returned, and at least :data:`REFINED_ROWS`, so that asking for fewer rows only truncates) are
@@ -169,7 +175,8 @@ def plan(
             floors[key] = cost.step_floor(model, spec, hw)
         return floors[key]
 
-    waiting = sorted((floor(spec), i, spec) for i, spec in enumerate(candidates(model, gpus, hw, batch)))
+    waiting = sorted((floor(spec), i, spec)
+                     for i, spec in enumerate(candidates(model, gpus, hw, batch, fp32_grads)))
     waiting.reverse()  # cheapest floor last, to pop
     # (rank, prediction, simulated), fastest first; a tie keeps the candidates' order
     rows: list[tuple[tuple, cost.Prediction, bool]] = []
@@ -205,14 +212,15 @@ def _request_problems(gpus, global_batch, top, refine) -> list[str]:
             if value is not None and not (type(value) is int and value >= low)]
 
 
-def why_nothing_fits(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int | None = None) -> str:
+def why_nothing_fits(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int | None = None,
+                     fp32_grads: bool = False) -> str:
     """Why :func:`plan` came back empty, and what would do: a batch that splits, or more GPUs."""
     batch = global_batch or default_global_batch(gpus, model.seq)
     replicas = [dp for _, _, dp in layouts(model, gpus, hw)]
     if not replicas:
         return (f"no tp x pp x dp split of {gpus} GPUs divides {model.name}'s heads ({model.heads}, "
                 f"{model.kv_heads} KV) and MLP width ({model.ffn}) with tp <= {hw.gpus_per_node}")
-    specs = list(candidates(model, gpus, hw, batch))
+    specs = list(candidates(model, gpus, hw, batch, fp32_grads))
     if not specs:
         # context parallelism takes its degree out of the replicas
         fewest = min(dp // cp for tp, _, dp in layouts(model, gpus, hw)
@@ -270,7 +278,8 @@ def describe(p: ParallelSpec) -> str:
     if p.stage_layers is not None:
         parts.append(f"layers per stage {split_text(p.stage_layers)}")
     parts += [f"{p.microbatches} microbatch(es) of {p.micro_batch}",
-              f"ZeRO-{p.zero}" + _fsdp_text(p), f"recompute {p.recompute}"]
+              f"ZeRO-{p.zero}" + _fsdp_text(p) + (", fp32 gradients" if p.fp32_grads else ""),
+              f"recompute {p.recompute}"]
     if p.sequence_parallel:
         parts.append("sequence parallel")
     if p.hierarchical_dp:
