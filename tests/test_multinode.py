@@ -77,6 +77,25 @@ def test_bad_node_layouts_are_refused(kwargs, message):
         paralab.run(**kwargs)
 
 
+@pytest.mark.parametrize("per_node, refused", [(4, True), (2, False)])
+def test_a_torchrun_hierarchy_needs_two_nodes(monkeypatch, per_node, refused):
+    """Under torchrun a rank knows the nodes from its environment (WORLD_SIZE over LOCAL_WORLD_SIZE):
+    a hierarchical all-reduce on one node is refused before training, as with one emulated node (it had
+    run as a reduce-scatter and an all-gather among every rank)."""
+    from paralab.config import RunConfig
+    from paralab.layout import resolve_layout
+
+    env = {"GROUP_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": str(per_node)}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    cfg = RunConfig.build("tiny", strategy="ddp", world_size=4, hierarchical=True)
+    if refused:
+        with pytest.raises(paralab.ConfigError, match="at least 2 nodes"):
+            resolve_layout(cfg)
+    else:
+        assert resolve_layout(cfg).dp == 4
+
+
 @pytest.mark.timeout(300)
 def test_two_torchrun_agents_act_as_two_nodes(tmp_path):
     run = run_local_nodes(["--strategy", "ddp", "--steps", "3", "--bucket-mb", "0.2", "--hierarchical"],

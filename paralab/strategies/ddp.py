@@ -137,9 +137,19 @@ class HierarchicalReducer(BucketedReducer):
 
 
 def check(cfg, layout) -> None:
-    if cfg.hierarchical and layout.nodes < 2 and "GROUP_RANK" not in os.environ:
+    if cfg.hierarchical and _nodes(layout) < 2:
         raise ConfigError("hierarchical all-reduce needs ranks on at least 2 nodes: set nodes=2 (emulated "
-                          "nodes on this machine) or start the run with torchrun on several nodes")
+                          "nodes on this machine) or start the run with torchrun on several nodes "
+                          "(--nnodes 2 or more)")
+
+
+def _nodes(layout) -> int:
+    """The nodes the ranks sit on: a launcher's (torchrun or paralab's agents, which name each rank's
+    node: WORLD_SIZE over LOCAL_WORLD_SIZE), else the run's emulated nodes. On one node the three
+    steps are a reduce-scatter and an all-gather among every rank, a flat all-reduce in two halves."""
+    if "GROUP_RANK" in os.environ and "LOCAL_WORLD_SIZE" in os.environ:
+        return int(os.environ["WORLD_SIZE"]) // max(int(os.environ["LOCAL_WORLD_SIZE"]), 1)
+    return layout.nodes
 
 
 def train(ctx):
