@@ -158,6 +158,12 @@ def test_plan_keeps_gradients_in_fp32_when_asked_and_so_do_the_alternatives(caps
     data = json.loads(out)
     assert rc == 0 and not data["fits"] and data["alternatives"]
     assert all(a["fp32_grads"] for a in data["alternatives"])
+    # and when nothing fits, the fewest GPUs the model states need count 18 bytes a parameter, not 16
+    from paralab.sim import planner, presets
+
+    says = {fp32: planner.why_nothing_fits(presets.get_model("gpt3-175b"), 32, hardware.get_hardware("a100"),
+                                           fp32_grads=fp32) for fp32 in (False, True)}
+    assert "of 37 a100 GPUs at least" in says[False] and "of 41 a100 GPUs at least" in says[True]
 
 
 def test_plan_json_lists_ranked_configurations(capsys):

@@ -470,3 +470,24 @@ def test_the_hiding_figure_marks_each_threshold_where_its_curve_reaches_one():
 def rgb_distance(a: str, b: str) -> float:
     """Euclidean distance between two #RRGGBB colours, 0 to 441."""
     return math.dist(*([int(c[i:i + 2], 16) for i in (1, 3, 5)] for c in (a, b)))
+
+
+@pytest.mark.parametrize("rank_order", ["tp-dp-pp", "tp-pp-dp"])
+def test_a_prediction_in_llama3s_rank_order_is_split_by_dimension_as_its_groups_are(rank_order):
+    """The comm figures name a collective's dimension from its ranks' mesh coordinates: a prediction
+    numbered tp, pp, dp (Llama 3's order) carries its order in its meta, so its gradient all-reduce is
+    still dp and its sends pp (they had read as pp and dp)."""
+    from paralab.sim.presets import get_model
+    from paralab.sim.specs import ParallelSpec
+    from paralab.viz.comm import bytes_by_dimension
+    from paralab.viz.comm_compare import predicted_comm_trace
+
+    spec = ParallelSpec(dp=2, tp=2, pp=2, global_batch=8, microbatches=4, rank_order=rank_order)
+    trace = predicted_comm_trace(get_model("llama3-8b"), spec, gpus_per_node=4)
+    by_dimension = bytes_by_dimension(trace)
+    assert trace.meta["rank_order"] == rank_order
+    assert set(by_dimension["dp"]) == {"all_reduce"} and set(by_dimension["pp"]) == {"send"}
+    # dp's ring crosses nodes in Llama 3's order (ranks 4 apart), pp's sends in the lab's
+    crossing = {dim: sum(links["inter_node"] for links in ops.values()) > 0
+                for dim, ops in by_dimension.items() if dim in ("dp", "pp")}
+    assert crossing == {"dp": rank_order == "tp-pp-dp", "pp": rank_order == "tp-dp-pp"}

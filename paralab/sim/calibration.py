@@ -287,7 +287,9 @@ def fit_elementwise_bandwidths(hw, blocks: list[list[float]]) -> tuple[float, fl
     fitted, through the origin, to the activation bytes the model says those kernels move (forward
     once, backward twice), each pass on its own: on a CPU these kernels are not simply memory-bound
     (GELU's erf, softmax's exp), and one rate for both had read the lab's blocks' forward 6-11% low
-    and their backward 2-5% high. A rate is 0 when nothing is left (the memory bandwidth then stands).
+    and their backward 2-5% high. A rate is 0 when nothing is left: a disturbed calibration, measured
+    again (hardware.local); the cost model would read a 0 as "no such rate" (the forward's then stands
+    for the backward's, the memory bandwidth for the forward's).
     """
     from paralab.sim.cost import layer_work
     from paralab.sim.presets import lab_model

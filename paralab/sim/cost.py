@@ -403,7 +403,7 @@ def _moe_mlp(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tuple[float
     shared = mlp(tokens, model.expert_ffn, t, model.shared_experts) if model.shared_experts else 0.0
     router = gemm_time(hw, peak, routes, model.experts, h, 1, nbytes)
     added = router + shared + routed * moe.imbalance(model, p) - mlp(tokens, model.ffn, t)
-    one = all_to_all_time(hw, moe.all_to_all_payload(model, p), p.ep, p.tp)
+    one = all_to_all_time(hw, moe.all_to_all_payload(model, p), p.ep, p.stride("dp"))  # dp neighbours
     return added, 2 * one * moe.imbalance(model, p)
 
 
@@ -1039,7 +1039,7 @@ def _expert_parallel_spans(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, 
         total[span.rank] += times[span.stage].a2a
     exposed = {rank: 1 - hidden / total[rank] if total[rank] else 1.0
                for rank, hidden in enumerate(_hidden_all_to_alls(p, times))}
-    inter = crosses_nodes(hw, p.ep, p.tp)  # the ep ranks are dp neighbours (:func:`_moe_mlp`)
+    inter = crosses_nodes(hw, p.ep, p.stride("dp"))  # the ep ranks are dp neighbours (:func:`_moe_mlp`)
     moe_here = counting.chunk_moe_blocks(model, p)
     out = []
     for span in passes:

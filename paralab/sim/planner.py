@@ -235,7 +235,9 @@ def why_nothing_fits(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch
                 f"try a global batch of {nearest_multiple(batch, fewest)}")
     smallest = min(cost.memory_per_gpu(model, spec)["total"] for spec in specs)
     usable = cost.usable_memory(hw)
-    states = 16 * counting.parameter_counts(model)["total"]  # mixed-precision Adam, fully sharded
+    # weights, gradients and Adam's states per parameter (2 + 2 + 12 in mixed precision), fully sharded
+    per_param = sum(counting.bytes_per_param(model, ParallelSpec(fp32_grads=fp32_grads).resolved()))
+    states = per_param * counting.parameter_counts(model)["total"]
     least = math.ceil(states / usable)  # a bound: activations, and layouts that split, may ask more
     leanest = (f"the leanest of {len(specs)} splits needs {bytes_text(smallest)} per GPU "
                f"against {bytes_text(usable)} usable; ")

@@ -471,6 +471,10 @@ class ParallelSpec:
             out.append(f"recompute_layers {p.recompute_layers} needs recompute 'full' and must be >= 0")
         if p.rank_order not in RANK_ORDERS:
             out.append(f"unknown rank order {p.rank_order!r}; choose from {', '.join(RANK_ORDERS)}")
+        elif p.cp > 1 and p.rank_order != RANK_ORDERS[0]:  # cp is priced beside dp (context.slice_run)
+            out.append(f"context parallel is modelled in the {RANK_ORDERS[0]} rank order only (its gradients "
+                       f"reduced over dp and cp as one group of neighbours), got cp {p.cp} with "
+                       f"{p.rank_order}")
         if p.optimizer and p.optimizer not in OPTIMIZERS:
             out.append(f"unknown optimizer {p.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
         return out + self._hierarchy_problems() + self._context_problems(model)

@@ -137,19 +137,23 @@ class HierarchicalReducer(BucketedReducer):
 
 
 def check(cfg, layout) -> None:
-    if cfg.hierarchical and _nodes(layout) < 2:
+    if not cfg.hierarchical:
+        return
+    if _launched_on_one_node():
+        raise ConfigError("hierarchical all-reduce needs ranks on at least 2 nodes: this launcher started "
+                          "every rank on one node; start it on several (torchrun --nnodes 2 or more)")
+    if layout.nodes < 2 and "GROUP_RANK" not in os.environ:
         raise ConfigError("hierarchical all-reduce needs ranks on at least 2 nodes: set nodes=2 (emulated "
-                          "nodes on this machine) or start the run with torchrun on several nodes "
-                          "(--nnodes 2 or more)")
+                          "nodes on this machine) or start the run with torchrun on several nodes")
 
 
-def _nodes(layout) -> int:
-    """The nodes the ranks sit on: a launcher's (torchrun or paralab's agents, which name each rank's
-    node: WORLD_SIZE over LOCAL_WORLD_SIZE), else the run's emulated nodes. On one node the three
-    steps are a reduce-scatter and an all-gather among every rank, a flat all-reduce in two halves."""
-    if "GROUP_RANK" in os.environ and "LOCAL_WORLD_SIZE" in os.environ:
-        return int(os.environ["WORLD_SIZE"]) // max(int(os.environ["LOCAL_WORLD_SIZE"]), 1)
-    return layout.nodes
+def _launched_on_one_node() -> bool:
+    """Whether a launcher that names each rank's node (torchrun, paralab's agents) started every rank on
+    one node, where the three steps would be a reduce-scatter and an all-gather among every rank: a flat
+    all-reduce in two halves. Every rank reads the same answer (nodes of unequal size go on to the
+    reducer's own refusal, on every rank alike)."""
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    return "GROUP_RANK" in os.environ and local is not None and local == os.environ.get("WORLD_SIZE")
 
 
 def train(ctx):

@@ -113,6 +113,31 @@ def _layout_or_none(meta: dict) -> Layout | None:
         return None
 
 
+def rank_numbering(layout: Layout, rank_order: str) -> list[int]:
+    """Each mesh rank's global number as a ``rank_order`` ("tp-dp-pp", "tp-pp-dp": innermost axis
+    first; context parallel just outside tensor parallel, as the lab lays it) numbers the ranks: the
+    identity for the lab's own order, tp-dp-pp; for Llama 3's tp-pp-dp a pipeline's stages are
+    neighbours and a data-parallel group is spread widest, which decides which of its rings and sends
+    cross nodes."""
+    inner_first = rank_order.split("-")
+    inner_first.insert(1, "cp")
+    out = []
+    for rank in range(layout.world_size):
+        coord, number = layout.coord(rank), 0
+        for axis in reversed(inner_first):
+            number = number * layout.degree(axis) + coord[axis]
+        out.append(number)
+    return out
+
+
+def _mesh_ranks(layout: Layout | None, meta: dict) -> dict[int, int] | None:
+    """Global rank -> mesh rank, for a trace whose ranks are numbered in another order than the lab's
+    (a prediction's ``meta["rank_order"]``); None when they are the mesh's own."""
+    if layout is None or "rank_order" not in meta:
+        return None
+    return {number: mesh for mesh, number in enumerate(rank_numbering(layout, meta["rank_order"]))}
+
+
 def dimension_of(group: list[int] | tuple[int, ...], layout: Layout | None) -> str:
     """The parallel dimension of a process group (see the module docstring)."""
     if layout is None or max(group, default=0) >= layout.world_size:
@@ -136,10 +161,12 @@ def bytes_by_dimension(trace, payload: bool = False) -> dict[str, dict[str, dict
     trace = as_trace(trace)
     world = trace.world_size
     layout = _layout_or_none(trace.meta)
+    mesh = _mesh_ranks(layout, trace.meta)
     found: dict[str, dict[str, dict[str, int]]] = defaultdict(
         lambda: defaultdict(lambda: {"intra_node": 0, "inter_node": 0}))
     for s in trace.select(lane=COMM):
-        dimension = dimension_of(group_of(s, world, trace.meta), layout)
+        group = group_of(s, world, trace.meta)
+        dimension = dimension_of([mesh[r] for r in group] if mesh else group, layout)
         found[dimension][s.kind]["inter_node" if s.inter_node else "intra_node"] += _span_bytes(s, payload)
     steps = _steps(trace)
     return {dim: {op: {link: b // steps for link, b in links.items()} for op, links in sorted(ops.items())}

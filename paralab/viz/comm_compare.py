@@ -26,7 +26,7 @@ from paralab.comm import ring_next
 from paralab.layout import mesh_layout
 from paralab.trace import COMM, Span, Trace
 from paralab.viz._common import SERIES_COLORS, as_trace, byte_scale, fmt_bytes, go, make_subplots, style
-from paralab.viz.comm import LINKS, _unit_label, comm_matrix_data
+from paralab.viz.comm import LINKS, _unit_label, comm_matrix_data, rank_numbering
 
 # the mesh axes each of the cost model's collective families runs over (gradients: dp and cp together;
 # a hierarchical all-reduce's steps split dp: _groups)
@@ -44,7 +44,7 @@ def predicted_comm_trace(model, parallel, gpus_per_node: int = 8) -> Trace:
     hops = pipeline_hops(p)
     layout = mesh_layout(dp=p.dp, tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep if p.dp % p.ep == 0 else 1)
     world = layout.world_size
-    number = _numbering(layout, p.rank_order)
+    number = rank_numbering(layout, p.rank_order)
 
     def node(rank: int) -> int:
         return rank // max(gpus_per_node, 1)
@@ -71,25 +71,8 @@ def predicted_comm_trace(model, parallel, gpus_per_node: int = 8) -> Trace:
                                   inter_node=node(ring_next(rank, group)) != node(rank)))
     meta = {"source": "predicted", "world_size": world, "dp": p.dp, "tp": p.tp, "pp": p.pp, "cp": p.cp,
             "ep": layout.ep, "model": getattr(model, "name", ""), "gpus_per_node": gpus_per_node,
-            "hierarchical_dp": p.hierarchical_dp}
+            "hierarchical_dp": p.hierarchical_dp, "rank_order": p.rank_order}
     return Trace(spans=spans, meta=meta)
-
-
-def _numbering(layout, rank_order: str) -> list[int]:
-    """Each mesh rank's global number as the spec's ``rank_order`` numbers the ranks (innermost axis
-    first; context parallel just outside tensor parallel, as the lab lays it): the identity for the
-    lab's own order, tp-dp-pp; for Llama 3's tp-pp-dp a pipeline's stages are neighbours and a data-
-    parallel group is spread widest, which decides which of its rings and sends cross nodes."""
-    inner_first = rank_order.split("-")
-    inner_first.insert(1, "cp")
-    degree = {"tp": layout.tp, "cp": layout.cp, "dp": layout.dp, "pp": layout.pp}
-    out = []
-    for rank in range(layout.world_size):
-        coord, number = layout.coord(rank), 0
-        for axis in reversed(inner_first):
-            number = number * degree[axis] + coord[axis]
-        out.append(number)
-    return out
 
 
 def _payloads(model, p) -> list[tuple[int, str, str, float, int, float]]:
