@@ -189,12 +189,72 @@ def test_the_scaling_explorer_draws_only_sizes_that_fit_in_memory():
     assert app.figure.layout.meta["predicted"]["world_size"] == [1, 2, 4, 8, 16, 32, 64]
     assert app.message.value == ""
     app.controls["model"].value = "gpt3-13b"  # 13B x 16 bytes of model states: only sharded by tp or pp
-    assert "dp=1: does not fit" in app.message.value and "dp=64: does not fit" in app.message.value
-    assert app.figure.layout.meta["predicted"]["world_size"] == []
-    assert "no size fits" in app.figure.layout.title.text
+    assert "dp=1, 2, 4, 8, 16, 32, 64: does not fit, " in app.message.value
+    # nothing to draw: the last curve is kept, marked (an empty figure had autoscaled its axes to nonsense)
+    assert app.figure.layout.meta["predicted"]["world_size"] == [1, 2, 4, 8, 16, 32, 64]
+    title = app.figure.layout.title.text
+    assert title.startswith(NOT_REDRAWN) and "gpt3-1.3b" in title
     app.controls["dim"].value = "tp"
     assert app.figure.layout.meta["predicted"]["world_size"] == [4, 8]
     assert "tp=2: does not fit" in app.message.value and "tp=16: tp 16 does not divide" in app.message.value
+
+
+def test_the_scaling_explorer_says_each_refusal_once_and_ticks_only_what_it_draws():
+    """A micro-batch of 32 had repeated "does not fit, 374.5 GiB per GPU" for five sizes and a batch
+    refusal for six more, over axes autoscaled to 0.125 ... 524.2881k ranks and a speedup of 8,192.001."""
+    app = widgets.scaling_explorer(model="gpt3-1.3b", hardware="h100", dim="dp", max_gpus=64)
+    drawn = [1, 2, 4, 8, 16, 32, 64]
+    assert list(app.figure.layout.xaxis.tickvals) == list(app.figure.layout.xaxis2.tickvals) == drawn
+    assert list(app.figure.layout.yaxis2.ticktext) == ["1", "2", "4", "8", "16", "32", "64"]
+    app.controls["micro_batch"].value = 32
+    text = app.message.value
+    assert "dp=1, 2, 4, 8, 16: does not fit, " in text and "GiB per GPU against 71.7 GiB usable" in text
+    assert "dp=32, 64: global batch 512 is not a whole number of micro-batches of 32 per replica" in text
+    assert text.count("does not fit") == text.count("global batch 512") == 1
+    assert app.figure.layout.meta["predicted"]["world_size"] == drawn
+    assert app.figure.layout.title.text.startswith(NOT_REDRAWN)
+    app.controls["micro_batch"].value = 1
+    app.controls["global_batch"].value = -4  # one reason for every size: said once
+    assert app.message.value.count("global batch -4") == 1
+    # started where no size runs: an empty figure, no tick beyond what it draws, nothing marked
+    empty = widgets.scaling_explorer(model="gpt3-13b", dim="dp", max_gpus=8)
+    assert "no size can run" in empty.message.value and empty.figure.layout.xaxis.tickvals == ()
+    assert not empty.figure.layout.title.text.startswith(NOT_REDRAWN)
+
+
+def test_the_scaling_explorer_refuses_a_global_batch_of_zero():
+    """0 had been drawn as "global batch 0": the spec filled in a micro-batch per replica, a batch
+    growing with dp (weak scaling, 927x at 1024 GPUs) nobody had asked for."""
+    app = widgets.scaling_explorer(model="gpt3-1.3b", hardware="h100", dim="dp", max_gpus=8)
+    app.controls["global_batch"].value = 0
+    assert "global batch 0: give the sequences per step, 1 or more" in app.message.value
+    title = app.figure.layout.title.text
+    assert title.startswith(NOT_REDRAWN) and "global batch 512" in title
+    app.controls["global_batch"].value = 64
+    assert app.message.value == "" and "global batch 64" in app.figure.layout.title.text
+
+
+def test_the_explorers_refusals_name_no_python_class(monkeypatch):
+    from paralab.widgets import explorers
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("the cost model failed")
+
+    scaling, memory = widgets.scaling_explorer(max_gpus=8), widgets.memory_explorer(dp=8)
+    monkeypatch.setattr(explorers, "scaling_points", fail)
+    monkeypatch.setattr(explorers, "memory_by_zero", fail)
+    for app in (scaling, memory):
+        app.redraw()
+        assert "the cost model failed" in app.message.value and "RuntimeError" not in app.message.value
+
+
+def test_the_explorers_show_their_labels_whole():
+    """At a notebook's 930 px the scaling explorer's "global batch" read "global bat…"."""
+    t = Trace(spans=[Span(r, "comm", "all_reduce", 0, 1, bytes=1000, group_size=2, step=0) for r in range(2)])
+    apps = (widgets.scaling_explorer(max_gpus=8), widgets.memory_explorer(dp=8), widgets.comm_explorer(t))
+    for app in apps:
+        for control in app.controls.values():
+            assert control.style.description_width == "initial", control.description
 
 
 def test_memory_explorer_redraws():
@@ -224,10 +284,43 @@ def test_the_memory_explorers_line_is_what_fits_is_tested_against():
     lines = sorted(shape.y0 for shape in app.figure.layout.shapes)
     assert lines == pytest.approx([usable / 2**30, sim.get_hardware("h100").memory_bytes / 2**30])
     assert app.figure.layout.meta["totals"][0] > usable  # the bar over the line is the one that does not fit
+    # the lines are named in the legend: written on them, a name had sat on a bar (and, under bars of
+    # deepseek-v3's 10,000 GiB, on the other line's name)
+    names = [t.name for t in app.figure.data]
+    assert names[-2:] == ["fits below: 71.7 GiB usable", "h100 capacity 80 GiB"]
+    assert app.figure.layout.annotations == ()
     app.controls["pp"].value = 1
     app.controls["model"].value = "tiny"  # megabytes: no line at 80 GiB to flatten the bars
     assert app.figure.layout.shapes == () and "MiB" in app.figure.layout.yaxis.title.text
+    assert [t.name for t in app.figure.data] == ["params", "grads", "optimizer", "activations"]
     assert "far below the 71.7 GiB" in app.figure.layout.title.text
+
+
+def test_the_memory_explorer_says_what_its_measured_runs_were():
+    """Notebook 04's measured runs (tiny, 4 ranks, MiB) had sat under a gpt3-13b prediction titled
+    "measured peak memory per rank" alone, their bars named ddp and zero3 beside "no ZeRO" and "ZeRO-3"."""
+    from types import SimpleNamespace
+
+    from paralab.config import RunConfig
+    from paralab.sim.bridge import predict_memory
+    from paralab.viz._common import fmt_bytes
+
+    def run(strategy: str, zero: int, **kinds):
+        cfg = RunConfig.build("tiny", strategy=strategy, world_size=2, global_batch=4)
+        summary = {"strategy": strategy, "zero": zero, "world_size": 2, "model": "tiny", "micro_batch": 2,
+                   "memory_by_kind": [kinds, kinds]}
+        return SimpleNamespace(config=cfg, summary=summary)
+
+    ddp = run("ddp", 0, params=100, grads=200, optimizer=200, activations=0)
+    zero3 = run("zero3", 3, params=50, grads=60, optimizer=50, activations=80)
+    app = widgets.memory_explorer(model="gpt3-13b", dp=64, measured={"ddp": ddp, "zero3": zero3})
+    measured = app.measured_figure
+    assert measured.layout.title.text == "measured: tiny, 2 ranks, micro-batch 2 - peak memory per rank (MiB)"
+    assert list(dict.fromkeys(measured.data[0].x[0])) == ["no ZeRO", "ZeRO-3"]  # as the prediction names them
+    note = app.measured_note.value
+    assert "no ZeRO: after backward, gradients beside their bucket copies" in note  # none at its peak
+    assert f"no ZeRO {fmt_bytes(predict_memory(ddp.config)['total'])} (measured 500 B)" in note
+    assert f"ZeRO-3 {fmt_bytes(predict_memory(zero3.config)['total'])} (measured 240 B)" in note
 
 
 def test_the_explorers_split_layers_that_do_not_divide_as_the_refusal_suggests():
@@ -303,6 +396,35 @@ def test_comm_explorer_views_and_calculator():
     # in MiB, said on the axis: a ring all-gather of 100 MiB over 2 ranks sends half of it
     assert app.calculator.data[0].y[0] == pytest.approx(50)
     assert app.calculator.layout.yaxis.title.text == "MiB"
+    # group sizes are whole: ticks at those drawn only (a lone group of 2 had had 0.25, 0.5 and 1 beside it)
+    app.controls["max_group"].value = 2
+    assert app.calculator.data[0].x == ("2",) and list(app.calculator.layout.xaxis2.tickvals) == [2]
+    app.controls["max_group"].value = 8
+    assert list(app.calculator.layout.xaxis2.tickvals) == [2, 4, 8]
+
+
+def test_the_comm_explorer_disables_what_the_by_step_view_does_not_draw():
+    """In "by step" (the run alone) the grown run's sliders had looked live, and tp 8 had printed a
+    refusal of a prediction that view does not draw, headed "SpecError:"."""
+    from types import SimpleNamespace
+
+    from paralab.config import RunConfig
+    from paralab.trace import COMM
+
+    grown_run = ("world_size", "tp", "pp", "gpus_per_node", "model")
+    cfg = RunConfig.build("tiny", strategy="ddp", world_size=4, global_batch=8)
+    spans = [Span(r, COMM, "all_reduce", 0.0, 1.0, step=0, bytes=8, group_size=4) for r in range(4)]
+    app = widgets.comm_explorer(SimpleNamespace(config=cfg, trace=Trace(spans=spans)), world_size=16)
+    app.controls["tp"].value = 8
+    assert "tp 8 does not divide the 4 attention heads" in app.message.value
+    assert "SpecError" not in app.message.value
+    app.controls["view"].value = "by step"
+    assert app.message.value == "" and list(app.sources()) == ["measured, 4 ranks"]
+    assert all(app.controls[name].disabled for name in grown_run)
+    assert not app.controls["payload"].disabled  # it still applies
+    app.controls["view"].value = "rank matrix"
+    assert not any(app.controls[name].disabled for name in grown_run)
+    assert "tp 8 does not divide" in app.message.value
 
 
 def test_predicted_comm_follows_the_cost_model_on_the_mesh():

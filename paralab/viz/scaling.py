@@ -8,6 +8,7 @@ The ideal line is world size / that smallest world size (one per smallest size t
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Mapping
 
@@ -80,10 +81,18 @@ def scaling(measured=None, predicted=None, title: str | None = None):
         name = "ideal" if len(sizes_from) == 1 else f"ideal from {base} rank{'s' * (base > 1)}"
         fig.add_trace(graph.Scatter(x=ws, y=[w / base for w in ws], mode="lines", name=name,
                                     line=dict(color="#999", dash=dash), hoverinfo="skip"), 1, 2)
-    fig.update_xaxes(title_text="world size (ranks)", type="log", dtick=0.30103)
+    # ticks at the sizes drawn and at the powers of two the speedups and ideals span: with a dtick alone
+    # a panel with nothing (or little) drawn autoscaled to ticks from 0.125 to 524.2881k ranks
+    drawn = sorted({w for series in meta.values() for w in series["world_size"]})
+    fig.update_xaxes(title_text="world size (ranks)", type="log", tickvals=drawn,
+                     ticktext=[f"{w:,}" for w in drawn])
     fig.update_yaxes(title_text="ms per step", row=1, col=1, rangemode="tozero")
     # log-log, so that the ideal is the diagonal and a shortfall reads as the same gap at any size
-    fig.update_yaxes(title_text="speedup (x)", row=1, col=2, type="log", dtick=0.30103)
+    spans = [s for series in meta.values() for s in series["speedup"] if s > 0] + drawn  # ideals <= sizes
+    ticks = [2.0**k for k in range(math.floor(math.log2(min(spans, default=1))),
+                                   math.ceil(math.log2(max(spans, default=1))) + 1)]
+    fig.update_yaxes(title_text="speedup (x)", row=1, col=2, type="log", tickvals=ticks,
+                     ticktext=[f"{t:,g}" for t in ticks])
     fig.update_layout(meta=meta)
     return style(fig, title or "scaling with world size", 380)
 

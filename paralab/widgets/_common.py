@@ -73,6 +73,14 @@ def redrawn(fw) -> None:
     fw.layout.title.text = (fw.layout.title.text or "").removeprefix(NOT_REDRAWN)
 
 
+def whole_labels(controls: dict) -> dict:
+    """Give each control's description the width it needs: ipywidgets' fixed label width cuts a
+    notebook's "global batch" to "global bat…"."""
+    for control in controls.values():
+        control.style.description_width = "initial"
+    return controls
+
+
 def attach(box, **parts):
     """Hang the app's parts on its container (see the module docstring)."""
     for name, value in parts.items():

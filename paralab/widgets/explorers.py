@@ -12,9 +12,20 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from paralab.widgets._common import attach, figure_widget, message, refuse, replace_figure, widgets
+from paralab.widgets._common import (
+    attach,
+    figure_widget,
+    message,
+    refuse,
+    replace_figure,
+    whole_labels,
+    widgets,
+)
 
 POW2 = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+# Two menus this wide and a row of buttons each as wide as its text fit a notebook's 930 px output on
+# one line: at ipywidgets' own widths the buttons had wrapped under their label.
+MENU, BUTTONS = {"width": "15em"}, {"button_width": "auto"}
 
 
 def _sim():
@@ -31,18 +42,26 @@ def scaling_points(model_name: str, hw_name: str, dim: str, max_gpus: int, globa
     gradient accumulation, as a run that must fit does).
 
     Returns (points for paralab.viz.scaling, reasons for the sizes left out): a size the cost model
-    refuses, or one that does not fit in the GPU's memory (it cannot run, so it has no step time). A
-    pipeline whose stages the layers do not divide into splits them unevenly, as the simulator's
-    refusal suggests; its point says how (``split``, beside the degree it scales, ``size``).
+    refuses, or one that does not fit in the GPU's memory (it cannot run, so it has no step time).
+    Each reason is said once, after the sizes it applies to ("dp=1, 2, 4: does not fit, ..."): ten
+    sizes refused alike had made a block of ten repeats. A batch that does not split into the
+    replicas' micro-batches is said in words that hold for every size (the spec's name each one's
+    numbers). A pipeline whose stages the layers do not divide into splits them unevenly, as the
+    simulator's refusal suggests; its point says how (``split``, beside the degree it scales, ``size``).
     """
     from paralab.stage_split import split_text, uneven_split
 
     cost, hardware, presets, specs = _sim()
     model, hw = presets.get_model(model_name), hardware.get_hardware(hw_name)
     usable = cost.usable_memory(hw)
-    points, skipped = [], []
+    points, refused = [], {}  # reason -> the sizes it refuses
     for n in [g for g in POW2 if g <= max_gpus]:
         fields = {"micro_batch": micro_batch, **(base or {}), dim: n, "global_batch": global_batch}
+        per_step = fields.get("dp", 1) * fields["micro_batch"]
+        if global_batch > 0 and global_batch % per_step:
+            refused.setdefault(f"global batch {global_batch} is not a whole number of micro-batches of "
+                               f"{fields['micro_batch']} per replica", []).append(n)
+            continue
         split = None
         if dim == "pp":  # a split fits one depth only: each depth takes its own, or none
             fields["stage_layers"] = split = uneven_split(model.layers, n)
@@ -50,52 +69,63 @@ def scaling_points(model_name: str, hw_name: str, dim: str, max_gpus: int, globa
         try:
             pred = cost.predict(model, spec, hw)
         except specs.SpecError as exc:
-            skipped.append(f"{dim}={n}: {exc}")
+            refused.setdefault(str(exc), []).append(n)
             continue
         if not pred.fits:
             need = pred.memory_bytes_per_gpu["total"]
-            skipped.append(f"{dim}={n}: does not fit, {need / 2**30:,.1f} GiB per GPU against "
-                           f"{usable / 2**30:.1f} GiB usable")
+            refused.setdefault(f"does not fit, {need / 2**30:,.1f} GiB per GPU against "
+                               f"{usable / 2**30:.1f} GiB usable", []).append(n)
             continue
         points.append({"world_size": spec.world_size, "step_time_s": pred.step_time_s, "size": n,
                        "tokens_per_s": pred.tokens_per_s, "split": split_text(split) if split else ""})
-    return points, skipped
+    return points, [f"{dim}={', '.join(map(str, sizes))}: {why}" for why, sizes in refused.items()]
 
 
 def scaling_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dim: str = "dp", max_gpus: int = 64,
                      global_batch: int = 512, micro_batch: int = 1, measured=None):
     """Predicted step time and speedup against world size, for the sizes that fit in memory;
     ``measured`` runs (RunResults, summaries or {world_size: step time}) drawn beside. Attributes:
-    ``controls``, ``figure``, ``message``, ``redraw()``."""
+    ``controls``, ``figure``, ``message``, ``redraw()``.
+
+    Settings under which no size can run keep the last figure, marked not redrawn (an empty one had
+    autoscaled its log axes to ticks from 0.125 to 524,288 ranks). A global batch under 1 is refused:
+    the spec would read 0 as "a micro-batch per replica", a batch growing with dp, unasked."""
     from paralab.sim import hardware as hw_mod
     from paralab.sim import presets
     from paralab.viz.scaling import scaling
 
     w = widgets()
-    controls = {
-        "model": w.Dropdown(options=list(presets.MODELS), value=model, description="model"),
-        "hardware": w.Dropdown(options=list(hw_mod.PRESETS), value=hardware, description="hardware"),
-        "dim": w.ToggleButtons(options=["dp", "tp", "pp"], value=dim, description="scale"),
+    controls = whole_labels({
+        "model": w.Dropdown(options=list(presets.MODELS), value=model, description="model", layout=MENU),
+        "hardware": w.Dropdown(options=list(hw_mod.PRESETS), value=hardware, description="hardware",
+                               layout=MENU),
+        "dim": w.ToggleButtons(options=["dp", "tp", "pp"], value=dim, description="scale", style=BUTTONS),
         "max_gpus": w.SelectionSlider(options=POW2[1:], value=max_gpus, description="up to"),
         "global_batch": w.IntText(value=global_batch, description="global batch"),
         "micro_batch": w.SelectionSlider(options=POW2[:6], value=micro_batch, description="micro-batch"),
-    }
+    })
     msg = w.HTML()
-    fw = figure_widget(scaling(measured=measured, predicted={1: 1.0}))
+    fw = figure_widget(scaling(measured=measured, title="nothing drawn for these settings (see the message)"))
 
     def redraw(*_):
         c = {k: v.value for k, v in controls.items()}
+        if c["global_batch"] < 1:
+            refuse(msg, fw, f"global batch {c['global_batch']}: give the sequences per step, 1 or more")
+            return
         try:
             points, skipped = scaling_points(c["model"], c["hardware"], c["dim"], c["max_gpus"],
                                              c["global_batch"], micro_batch=c["micro_batch"])
         except Exception as exc:  # an unknown preset or a cost-model error: say it, keep the figure
-            refuse(msg, fw, f"{type(exc).__name__}: {exc}")
+            refuse(msg, fw, str(exc))
+            return
+        if not points:
+            refuse(msg, fw, "\n  ".join(["no size can run, none drawn:", *skipped]))
             return
         uneven = [f"pp={p['size']} splits the layers {p['split']}" for p in points if p["split"]]
-        notes = (["not drawn: " + "; ".join(skipped)] if skipped else []) + uneven
+        notes = (["not drawn:\n  " + "\n  ".join(skipped)] if skipped else []) + uneven
         msg.value = message("\n".join(notes), "info") if notes else ""
         title = (f"{c['model']} on {c['hardware']}, scaling {c['dim']} (global batch {c['global_batch']}, "
-                 f"micro-batch {c['micro_batch']})" + ("" if points else ": no size fits"))
+                 f"micro-batch {c['micro_batch']})")
         replace_figure(fw, scaling(measured=measured, predicted=points, title=title))
 
     for c in controls.values():
@@ -134,7 +164,7 @@ def memory_against_limit(bars: dict[str, dict], hw, title: str):
     line (the lab's CPU presets) is drawn in MiB and the title says how far under it is, since at the
     line's scale its bars would not show."""
     from paralab.sim.cost import usable_memory
-    from paralab.viz._common import fmt_bytes
+    from paralab.viz._common import fmt_bytes, go
     from paralab.viz.memory import memory
 
     usable, capacity = usable_memory(hw), hw.memory_bytes
@@ -144,13 +174,63 @@ def memory_against_limit(bars: dict[str, dict], hw, title: str):
                       title=f"{title}: at most {fmt_bytes(tallest)}, far below the {usable / 2**30:.1f} GiB "
                             "a GPU can fill")
     fig = memory(bars, unit="GiB", title=title)
-    fig.add_hline(y=usable / 2**30, line_dash="dash", line_color="#D62728",
-                  annotation_text=f"fits below: {usable / 2**30:.1f} GiB usable",
-                  annotation_position="top left")
-    fig.add_hline(y=capacity / 2**30, line_dash="dot", line_color="#999",
-                  annotation_text=f"{hw.name} capacity {capacity / 2**30:.0f} GiB",
-                  annotation_position="top right")
+    lines = ((usable, f"fits below: {usable / 2**30:.1f} GiB usable", "dash", "#D62728"),
+             (capacity, f"{hw.name} capacity {capacity / 2**30:.0f} GiB", "dot", "#999"))
+    for rank, (nbytes, name, dash, color) in enumerate(lines):
+        fig.add_hline(y=nbytes / 2**30, line_dash=dash, line_color=color)
+        # named in the legend: written on the line, a name had sat on the bars, and on the axis beside
+        # the other's where bars of 10,000 GiB flatten the two lines into one. After the kinds: the
+        # stacked bars' legend runs in reverse, the higher ranks first (plotly's default rank is 1000)
+        fig.add_trace(go().Scatter(x=[None], y=[None], mode="lines", name=name, legendrank=999 - rank,
+                                   line=dict(color=color, dash=dash), hoverinfo="skip"))
     return fig
+
+
+def _zero_label(summary: dict) -> str | None:
+    """A measured run's ZeRO stage as :func:`memory_by_zero` names it ("no ZeRO" for ddp), or None
+    where its strategy does not say one."""
+    if summary.get("zero"):
+        return f"ZeRO-{summary['zero']}"
+    return "no ZeRO" if summary.get("strategy") == "ddp" else None
+
+
+def measured_memory(measured: dict):
+    """(figure, note) for measured runs ({label: RunResult or summary}) shown under a prediction of
+    other settings: titled with the runs' own model, ranks, micro-batch and unit, their bars named as
+    the predicted ones where the strategy gives a ZeRO stage (two runs of one stage keep the caller's
+    names). The note says what a bar holds, the kinds at the moment the rank's total peaked (a ddp
+    run's may come after its backward: no activations, its gradients beside the bucket copies it
+    all-reduces), and sets each run's measured peak beside the cost model's for that run
+    (``paralab.sim.bridge``): the figure above prices the controls' model and micro-batch instead."""
+    from paralab.sim.bridge import predict_memory
+    from paralab.viz._common import as_summary, fmt_bytes
+    from paralab.viz.memory import memory, memory_by_rank
+
+    summaries = {label: as_summary(run) for label, run in measured.items()}
+    names = {label: _zero_label(s) or label for label, s in summaries.items()}
+    if len(set(names.values())) < len(names):
+        names = {label: label for label in measured}
+    ranks = {label: memory_by_rank(run) for label, run in measured.items()}
+
+    def said(key: str) -> str:
+        return ", ".join(dict.fromkeys(str(s[key]) for s in summaries.values() if key in s)) or "?"
+
+    runs = f"{said('model')}, {said('world_size')} ranks, micro-batch {said('micro_batch')}"
+    fig = memory({names[label]: run for label, run in measured.items()},
+                 title=f"measured: {runs} - peak memory per rank (MiB)")
+    note = "Bars: what a rank held when its total peaked"
+    after_backward = [names[label] for label, s in summaries.items()
+                      if s.get("strategy") == "ddp" and not ranks[label][0].get("activations")]
+    if after_backward:
+        note += f" ({', '.join(after_backward)}: after backward, gradients beside their bucket copies)"
+    peaks = {label: max(sum(v for k, v in kinds.items() if k != "total") for kinds in by_rank)
+             for label, by_rank in ranks.items()}
+    compared = [f"{names[label]} {fmt_bytes(predict_memory(run.config)['total'])} (measured "
+                f"{fmt_bytes(peaks[label])})" for label, run in measured.items()
+                if getattr(run, "config", None) is not None]
+    if compared:
+        note += ". Predicted for these runs: " + ", ".join(compared)
+    return fig, note + "."
 
 
 def memory_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dp: int = 8, tp: int = 1, pp: int = 1,
@@ -158,7 +238,8 @@ def memory_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dp: int = 
     """Predicted memory per GPU for each ZeRO stage of a split, against the GPU's memory line.
 
     ``measured``: {label: RunResult or summary} of real runs (one per strategy or ZeRO stage), drawn
-    per rank in a second figure. Attributes: ``controls``, ``figure``, ``measured_figure``, ``message``.
+    per rank in a second figure with a line under it (:func:`measured_memory`). Attributes:
+    ``controls``, ``figure``, ``measured_figure``, ``measured_note``, ``message``.
     """
     from paralab.sim import hardware as hw_mod
     from paralab.sim import presets
@@ -166,19 +247,23 @@ def memory_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dp: int = 
     from paralab.viz.memory import memory
 
     w = widgets()
-    controls = {
-        "model": w.Dropdown(options=list(presets.MODELS), value=model, description="model"),
-        "hardware": w.Dropdown(options=list(hw_mod.PRESETS), value=hardware, description="hardware"),
+    controls = whole_labels({
+        "model": w.Dropdown(options=list(presets.MODELS), value=model, description="model", layout=MENU),
+        "hardware": w.Dropdown(options=list(hw_mod.PRESETS), value=hardware, description="hardware",
+                               layout=MENU),
         "dp": w.SelectionSlider(options=POW2, value=dp, description="dp"),
         "tp": w.SelectionSlider(options=POW2[:5], value=tp, description="tp"),
         "pp": w.SelectionSlider(options=POW2[:7], value=pp, description="pp"),
         "micro_batch": w.SelectionSlider(options=POW2[:6], value=1, description="micro-batch"),
         "recompute": w.ToggleButtons(options=["none", "selective", "full"], value="none",
-                                     description="recompute"),
-    }
+                                     description="recompute", style=BUTTONS),
+    })
     msg = w.HTML()
     fw = figure_widget(memory({"no ZeRO": {"params": 0}}))
-    measured_fw = figure_widget(memory(measured, title="measured peak memory per rank")) if measured else None
+    measured_fw = measured_note = None
+    if measured:
+        measured_fig, note = measured_memory(measured)
+        measured_fw, measured_note = figure_widget(measured_fig), w.HTML(message(note))
 
     def redraw(*_):
         c = {k: v.value for k, v in controls.items()}
@@ -186,7 +271,7 @@ def memory_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dp: int = 
             bars = memory_by_zero(c["model"], c["dp"], c["tp"], c["pp"], c["micro_batch"], c["recompute"],
                                   microbatches=max(c["pp"], 1) * 2 if c["pp"] > 1 else 1)
         except Exception as exc:
-            refuse(msg, fw, f"{type(exc).__name__}: {exc}")
+            refuse(msg, fw, str(exc))
             return
         chosen = presets.get_model(c["model"])
         split = uneven_split(chosen.layers, c["pp"])  # as memory_by_zero splits them
@@ -207,13 +292,18 @@ def memory_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dp: int = 
         c.observe(redraw, names="value")
     children = [w.HBox([controls["model"], controls["hardware"], controls["recompute"]]),
                 w.HBox([controls["dp"], controls["tp"], controls["pp"], controls["micro_batch"]]), msg, fw]
-    app = w.VBox(children + ([measured_fw] if measured_fw else []))
-    attach(app, controls=controls, figure=fw, measured_figure=measured_fw, message=msg, redraw=redraw)
+    app = w.VBox(children + ([measured_fw, measured_note] if measured_fw else []))
+    attach(app, controls=controls, figure=fw, measured_figure=measured_fw, measured_note=measured_note,
+           message=msg, redraw=redraw)
     redraw()
     return app
 
 
 # -------------------------------------------------------------------------------------------- comm
+# What only the grown prediction reads: the comm explorer disables them where it is not drawn.
+GROWN_RUN_CONTROLS = ("world_size", "tp", "pp", "gpus_per_node", "model")
+
+
 def collective_rows(op: str, payload: float, max_group: int, hw_name: str) -> list[dict]:
     """Per group size: wire bytes per rank and predicted time inside one node and across nodes."""
     cost, hardware, _presets, _specs = _sim()
@@ -252,7 +342,7 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
     w = widgets()
     controls = {
         "view": w.ToggleButtons(options=["by op", "by step", "rank matrix", "intra vs inter"], value="by op",
-                                description="view"),
+                                description="view", style=BUTTONS),
         "payload": w.Checkbox(value=False, description="payload bytes (not wire)"),
         "op": w.Dropdown(options=["all_reduce", "all_gather", "reduce_scatter"], value="all_reduce",
                          description="op"),
@@ -277,15 +367,17 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
             gpus_per_node=slider(POW2[:4], gpus_per_node, "GPUs/node"),
             model=w.Dropdown(options=predictor.models(), value=predictor.model_name, description="model"),
         )
+    whole_labels(controls)
     state: dict = {"sources": {}}
 
     def sources(c, grown: bool = True) -> dict:
-        """The traces the view draws: the run, its prediction, the prediction at the sliders' size
-        (``grown``)."""
+        """The traces the view draws: the run; in the views that compare (all but "by step"), its
+        prediction and the prediction at the sliders' size (``grown``)."""
         out = {f"measured, {trace.meta.get('world_size') or len(trace.ranks)} ranks": trace}
-        if predictor is not None:
-            out[f"predicted, {predictor.world_size} ranks"] = predictor.same_run
-        if predictor is not None and grown:
+        if predictor is None or c["view"] == "by step":
+            return out
+        out[f"predicted, {predictor.world_size} ranks"] = predictor.same_run
+        if grown:
             bigger = predictor.grown(c["model"], c["world_size"], c["tp"], c["pp"], c["gpus_per_node"])
             label = (f"predicted, {c['world_size']} ranks ({_mesh_text(bigger.meta)}, {c['model']} in "
                      f"{predictor.model.dtype}, {c['gpus_per_node']}/node)")
@@ -303,17 +395,25 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
     def drawable_sources(c) -> dict:
         """:func:`sources`, or without the grown prediction when the cost model refuses its split
         (the message says so): the run and its prediction are still drawn. A run that traced no
-        collective (torch's own strategies run theirs inside torch) is said to be one."""
+        collective (torch's own strategies run theirs inside torch) is said to be one.
+
+        The sliders of the grown run are disabled in the view that draws the run alone ("by step"): they
+        had looked live there, and a split they chose was refused in red beside a figure it is not in."""
         from paralab.sim.specs import SpecError
 
+        for name in GROWN_RUN_CONTROLS:
+            if name in controls:
+                controls[name].disabled = c["view"] == "by step"
         if not trace.select(lane="comm"):
             strategy = trace.meta.get("strategy") or "this run"
+            compared = c["view"] != "by step"
             msg.value = message(f"{strategy} traced no collective (torch's own strategies run theirs inside "
-                                "torch, out of paralab's sight): the bars are the cost model's count alone")
+                                "torch, out of paralab's sight)"
+                                + (": the bars are the cost model's count alone" if compared else ""))
         try:
             return sources(c)
         except SpecError as exc:
-            msg.value = message(f"{type(exc).__name__}: {exc} (the grown prediction is left out)", "error")
+            msg.value = message(f"{exc} (the grown prediction is left out)", "error")
             return sources(c, grown=False)
 
     trace_fw = None
@@ -433,7 +533,10 @@ def _collective_figure(c):
     rows = collective_rows(c["op"], c["size_mb"] * 2**20, c["max_group"], c["hardware"])
     groups = [r["group"] for r in rows]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("bytes each rank sends", "time"))
-    fig.add_trace(go().Bar(x=groups, y=[r["wire_bytes"] / 2**20 for r in rows], name="wire bytes per rank",
+    # the bars' groups as text: a category axis whatever the browser makes of an update (a live
+    # widget's had turned numeric, with a tick at 1.5)
+    fig.add_trace(go().Bar(x=[str(g) for g in groups], y=[r["wire_bytes"] / 2**20 for r in rows],
+                           name="wire bytes per rank",
                            customdata=[fmt_bytes(r["wire_bytes"]) for r in rows],
                            hovertemplate="group %{x}: %{customdata}<extra></extra>"), 1, 1)
     fig.add_trace(go().Scatter(x=groups, y=[r["intra_s"] * 1e3 for r in rows],
@@ -441,7 +544,9 @@ def _collective_figure(c):
     fig.add_trace(go().Scatter(x=groups, y=[r["inter_s"] * 1e3 for r in rows], name="one rank per node",
                                mode="lines+markers"), 1, 2)
     fig.update_xaxes(type="category", title_text="group size", row=1, col=1)
-    fig.update_xaxes(type="log", dtick=0.30103, title_text="group size", row=1, col=2)
+    # ticks at the group sizes drawn only: a dtick alone put 0.25, 0.5 and 1 beside a lone group of 2
+    fig.update_xaxes(type="log", tickvals=groups, ticktext=[str(g) for g in groups], title_text="group size",
+                     row=1, col=2)
     fig.update_yaxes(title_text="MiB", row=1, col=1)  # plotly's own "10B" would read as ten bytes
     fig.update_yaxes(title_text="ms", row=1, col=2)
     return style(fig, f"ring {c['op']} of {c['size_mb']:.2f} MiB on {c['hardware']}", 360)
