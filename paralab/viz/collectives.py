@@ -3,6 +3,8 @@ alpha-beta model (paralab.collectives), measured beside fitted, and ring against
 
 from __future__ import annotations
 
+import math
+
 from paralab.collectives import bus_bandwidth, ring_time, tree_time
 from paralab.viz._common import SERIES_COLORS, byte_scale, go, make_subplots, style
 
@@ -68,24 +70,48 @@ def alpha_beta(measured: dict, fits: dict, op: str = "all_reduce", title: str | 
     return style(fig, title or f"{op.replace('_', '-')}: time and bus bandwidth against size", 420)
 
 
+# units of a time axis, largest first: the first whose numbers stay below 1000 over what is drawn
+TIME_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "us"))
+
+
+def time_axis(times: list[float]) -> tuple[float, str, list[float]]:
+    """(seconds per unit, unit, ticks in that unit) of a log axis over ``times`` (s): the unit that draws
+    the longest below 1000, and ticks at 1, 2 and 5 times the powers of ten (over more than four decades
+    the powers alone) from the one at or below the shortest to the one at or above the longest, so two
+    labelled ticks at least bracket what is drawn. (plotly's own ticks on a log axis narrower than a
+    decade are bare digits, and with ``dtick=1`` there are none between two powers of ten.)"""
+    scale, unit = next(((s, u) for s, u in TIME_UNITS if max(times) >= s), TIME_UNITS[-1])
+    low, high = min(times) / scale, max(times) / scale
+    mantissas = (1, 2, 5) if high <= 1e4 * low else (1,)
+    steps = [m * 10.0**e for e in range(math.floor(math.log10(low)), math.floor(math.log10(high)) + 2)
+             for m in mantissas]
+    first, last = max(t for t in steps if t <= low), min(t for t in steps if t >= high)
+    return scale, unit, [t for t in steps if first <= t <= last]
+
+
 def ring_against_tree(links: dict, payload: float, groups: list[int], title: str | None = None):
     """Predicted all-reduce time of ``payload`` bytes against the group size, ring and tree, on each
-    of ``links`` {label: (alpha, bandwidth)}."""
+    of ``links`` {label: (alpha, bandwidth)}; times in the unit :func:`time_axis` picks for them."""
     graph = go()
     fig = graph.Figure()
     meta: dict = {}
-    for i, (label, (alpha, bandwidth)) in enumerate(links.items()):
-        color = SERIES_COLORS[i % len(SERIES_COLORS)]
-        for name, dash, times in (
-            ("ring", "solid", [ring_time("all_reduce", payload, n, alpha, bandwidth) for n in groups]),
-            ("tree", "dot", [tree_time(payload, n, alpha, bandwidth) for n in groups]),
-        ):
-            fig.add_trace(graph.Scatter(x=groups, y=[t * 1e6 for t in times], mode="lines+markers",
-                                        name=f"{label}, {name}", line=dict(color=color, dash=dash),
-                                        hovertemplate=f"{label}, {name}: %{{x}} ranks, "
-                                                      f"%{{y:.1f}} us<extra></extra>"))
-            meta[f"{label}, {name}"] = times
+    curves = {label: {"ring": [ring_time("all_reduce", payload, n, alpha, bandwidth) for n in groups],
+                      "tree": [tree_time(payload, n, alpha, bandwidth) for n in groups]}
+              for label, (alpha, bandwidth) in links.items()}
+    scale, unit, ticks = time_axis([t for algos in curves.values() for ts in algos.values() for t in ts])
+    for i, (label, algos) in enumerate(curves.items()):
+        for algo, times in algos.items():
+            name = f"{label}, {algo}"
+            fig.add_trace(graph.Scatter(x=groups, y=[t / scale for t in times], mode="lines+markers",
+                                        name=name, line=dict(color=SERIES_COLORS[i % len(SERIES_COLORS)],
+                                                             dash="dot" if algo == "tree" else "solid"),
+                                        hovertemplate=f"{name}: %{{x}} ranks, "
+                                                      f"%{{y:.3g}} {unit}<extra></extra>"))
+            meta[name] = times
     fig.update_xaxes(type="log", dtick=0.30103, title_text="ranks in the all-reduce")
-    fig.update_yaxes(type="log", dtick=1, title_text="microseconds")
+    low, high = math.log10(ticks[0]), math.log10(ticks[-1])
+    pad = 0.03 * (high - low)  # a marker on the first or last tick is drawn whole
+    fig.update_yaxes(type="log", tickvals=ticks, ticktext=[f"{t:g}" for t in ticks],
+                     range=[low - pad, high + pad], title_text=f"time ({unit})")
     fig.update_layout(meta=meta)
     return style(fig, title or f"all-reduce of {size_label(payload)}: ring against tree", 400)

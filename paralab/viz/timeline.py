@@ -44,8 +44,9 @@ MICROBATCH_SCALE = [[k / (len(MICROBATCH_COLORS) - 1), c] for k, c in enumerate(
 _PATTERNS = {"backward": "/", "backward_input": "\\", "backward_weight": "x"}
 HOVER = "%{hovertext}<extra></extra>"
 LEGEND_NAMES = {WAITING: WAITING_LABEL, BLOCKED: BLOCKED_LABEL}
-MICROBATCH_KEY = ("time (ms); compute bars coloured by microbatch "
-                  "(F3 s1: microbatch 3's forward on stage 1), backwards hatched")
+# two lines: one had run past a 930-pixel notebook cell's edge
+MICROBATCH_KEY = ("time (ms); compute bars coloured by microbatch, backwards hatched<br>"
+                  "F3 s1: microbatch 3's forward on stage 1")
 
 
 def row_label(rank: int, lane: str) -> str:

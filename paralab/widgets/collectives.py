@@ -3,11 +3,13 @@ model of paralab.collectives; the links of the hardware presets, or this machine
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 from paralab.widgets._common import attach, figure_widget, message, replace_figure, widgets
 
 GROUPS = [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+SIZES_MB = [2.0**k for k in range(-10, 11)]  # 1 KiB to 1 GiB
 
 
 class Link(NamedTuple):
@@ -35,17 +37,21 @@ def links(measured: dict | None = None) -> dict[str, Link]:
 
 
 def collectives_explorer(measured: dict | None = None, size_mb: float = 1.0, link: str = "h100 InfiniBand"):
-    """Sliders: message size and the largest group; a dropdown: the link. The figure: the all-reduce's
-    predicted time against the number of ranks, ring and tree (up to what the link can join). Attributes:
-    ``controls``, ``figure``, ``message`` (where the tree overtakes the ring), ``redraw()``."""
+    """Sliders: message size (``size_mb``: the power of two nearest it, from 1 KiB to 1 GiB) and the
+    largest group; a dropdown: the link. The figure: the all-reduce's predicted time against the number
+    of ranks, ring and tree (up to what the link can join). Attributes: ``controls``, ``figure``,
+    ``message`` (where the tree overtakes the ring), ``redraw()``."""
     from paralab.collectives import ring_time, tree_time
-    from paralab.viz.collectives import ring_against_tree
+    from paralab.viz.collectives import ring_against_tree, size_label
 
     choices = links(measured)
     w = widgets()
     controls = {
         "link": w.Dropdown(options=list(choices), value=link, description="link"),
-        "size_mb": w.FloatLogSlider(value=size_mb, base=2, min=-10, max=10, step=1, description="MiB"),
+        # sizes named as the title names them: a float slider had read "1.02e+3" MiB
+        "size_mb": w.SelectionSlider(options=[(size_label(s * 2**20), s) for s in SIZES_MB],
+                                     value=min(SIZES_MB, key=lambda s: abs(math.log2(s / size_mb))),
+                                     description="size"),
         "max_group": w.SelectionSlider(options=GROUPS[1:], value=256, description="up to"),
     }
     msg = w.HTML()

@@ -11,6 +11,7 @@ predicted tensors would take more than half the memory this machine has free is 
 
 from __future__ import annotations
 
+from paralab.viz._common import byte_scale
 from paralab.widgets._common import attach, figure_widget, message, refuse, replace_figure, widgets
 
 KINDS = ("params", "grads", "optimizer", "activations")
@@ -41,28 +42,47 @@ def too_big_to_measure(predicted: dict) -> str:
     return ""
 
 
+def inside_backward(measured: dict, predicted: dict) -> str:
+    """Why a measured peak holds gradients the predicted one does not, or "". The cost model weighs two
+    moments (paralab.sim.cost): the forward's end, all activations and no gradient yet (gradients are
+    set to None between steps), and the backward's end, every gradient and no activation. With
+    activations recomputed the real peak can fall between them: a layer's recomputed activations beside
+    the gradients of the layers after it, a moment the model does not price."""
+    if not measured["grads"] or predicted["grads"]:
+        return ""
+    return ("\nits peak fell inside the backward, where gradients made so far sit beside a recomputed "
+            "layer's activations: the prediction weighs only the forward's end (no gradient yet) and the "
+            "backward's end (no activation left)")
+
+
 def levers_explorer(layers: int = 4, hidden: int = 64, seq: int = 128, micro_batch: int = 4,
                     vocab: int = 128, dtype: str = "fp32"):
     """Sliders (layers, hidden, sequence, micro-batch) and toggles (dtype, recompute, attention) over
     the predicted memory by kind; a button measures the same run. Attributes: ``controls``,
-    ``figure``, ``measure()``, ``measured`` (the last measured per-kind peaks), ``message``."""
+    ``figure``, ``button``, ``measure()``, ``measured`` (the last measured per-kind peaks), ``message``."""
     from paralab.sim.bridge import predict_memory
     from paralab.viz.memory import memory
 
     w = widgets()
+    # each button as wide as its text, beside its label (ipywidgets 8 stacks a toggle's label over its
+    # buttons, 148 px each); "Measure on this machine" had read "Measure on thi…" at a button's width
+    buttons = dict(style={"button_width": "auto"}, layout={"display": "flex", "grid_gap": "8px",
+                                                           "margin": "2px 24px 2px 0"})
     controls = {
         "layers": w.SelectionSlider(options=[1, 2, 4, 8, 16], value=layers, description="layers"),
         "hidden": w.SelectionSlider(options=[32, 64, 128, 256, 512], value=hidden, description="hidden"),
         "seq": w.SelectionSlider(options=[32, 64, 128, 256, 512, 1024], value=seq, description="sequence"),
         "micro_batch": w.SelectionSlider(options=[1, 2, 4, 8, 16], value=micro_batch,
                                          description="micro-batch"),
-        "dtype": w.ToggleButtons(options=["fp32", "bf16"], value=dtype, description="dtype"),
+        "dtype": w.ToggleButtons(options=["fp32", "bf16"], value=dtype, description="dtype", **buttons),
         "recompute": w.ToggleButtons(options=["none", "selective", "full"], value="none",
-                                     description="recompute"),
-        "attention": w.ToggleButtons(options=["sdpa", "math"], value="sdpa", description="attention"),
+                                     description="recompute", **buttons),
+        "attention": w.ToggleButtons(options=["sdpa", "math"], value="sdpa", description="attention",
+                                     **buttons),
     }
     msg = w.HTML()
-    button = w.Button(description="Measure on this machine", button_style="primary", icon="play")
+    button = w.Button(description="Measure on this machine", button_style="primary", icon="play",
+                      layout=w.Layout(width="auto"))
     state: dict = {"measured": None}
 
     def values() -> dict:
@@ -73,12 +93,18 @@ def levers_explorer(layers: int = 4, hidden: int = 64, seq: int = 128, micro_bat
                               if k in KINDS}}
         if state["measured"] is not None:
             bars["measured"] = state["measured"]
+        # in the unit of the tallest bar: in MiB, 40 GiB of math attention's scores had read "40k"
+        _, unit = byte_scale(max(sum(kinds.values()) for kinds in bars.values()))
+        fig = memory(bars, title="memory by kind on one device", unit=unit)
+        # the settings under the bars: a title naming them all had run under the plot's toolbar
         c = values()
         layers = f"{c['layers']} layer" + ("s" if c["layers"] != 1 else "")
-        title = (f"memory by kind, one device: {layers}, hidden {c['hidden']}, "
-                 f"sequence {c['seq']}, micro-batch {c['micro_batch']}, {c['dtype']}, "
-                 f"recompute {c['recompute']}, {c['attention']}")
-        replace_figure(fw, memory(bars, title=title))
+        fig.update_xaxes(title_text=f"{layers}, hidden {c['hidden']}, sequence {c['seq']}, micro-batch "
+                                    f"{c['micro_batch']}, {c['dtype']}, recompute {c['recompute']}, "
+                                    f"{c['attention']}")
+        # every kind of a bar in one hover: a kind a few pixels tall is still read there
+        fig.update_layout(hovermode="x unified")
+        replace_figure(fw, fig)
 
     def redraw(*_) -> None:
         state["measured"] = None  # a measurement of other settings no longer applies
@@ -93,7 +119,8 @@ def levers_explorer(layers: int = 4, hidden: int = 64, seq: int = 128, micro_bat
 
         try:
             cfg = run_config(values(), vocab)
-            if refusal := too_big_to_measure(predict_memory(cfg)):
+            predicted = predict_memory(cfg)
+            if refusal := too_big_to_measure(predicted):
                 msg.value = message(refusal, "error")
                 return None
             msg.value = message("measuring two steps ...")
@@ -102,8 +129,9 @@ def levers_explorer(layers: int = 4, hidden: int = 64, seq: int = 128, micro_bat
             msg.value = message(f"{type(exc).__name__}: {exc}", "error")
             return None
         state["measured"] = {k: run.summary["memory_by_kind"][0][k] for k in KINDS}
-        msg.value = message("measured: the kinds at the moment of the run's peak (its second step's), as the "
-                            "prediction gives them at its fullest moment", "ok")
+        said = ("measured: the kinds at the moment of the run's peak (its second step's), as the prediction "
+                "gives them at its fullest moment")
+        msg.value = message(said + inside_backward(state["measured"], predicted), "ok")
         draw()
         return state["measured"]
 
@@ -113,10 +141,10 @@ def levers_explorer(layers: int = 4, hidden: int = 64, seq: int = 128, micro_bat
     button.on_click(measure)
     app = w.VBox([
         w.HBox([controls["layers"], controls["hidden"]]), w.HBox([controls["seq"], controls["micro_batch"]]),
-        w.HBox([controls["dtype"]]), w.HBox([controls["recompute"]]), w.HBox([controls["attention"], button]),
+        w.HBox([controls["dtype"], controls["attention"]]), w.HBox([controls["recompute"], button]),
         msg, fw,
     ])
-    attach(app, controls=controls, figure=fw, message=msg, measure=measure, redraw=redraw,
+    attach(app, controls=controls, figure=fw, message=msg, button=button, measure=measure, redraw=redraw,
            measured=lambda: state["measured"])
     redraw()
     return app

@@ -19,12 +19,14 @@ from functools import lru_cache
 from paralab.schedules import SCHEDULES, ScheduleError, build_schedule, chunks_per_rank, theoretical_bubble
 from paralab.sim.events import simulate_schedule
 from paralab.trace import COMPUTE, Trace
+from paralab.viz.bubble import lower_bound
 from paralab.widgets._common import attach, figure_widget, message, redrawn, refuse, replace_figure, widgets
 
 UNIT_TIMES = {"forward": 1.0, "backward": 2.0, "backward_input": 1.0, "backward_weight": 1.0}
-# The most (chunk, microbatch) pairs drawn: 64 stages of 128 microbatches, some 50,000 bars, which a
-# 1-CPU, 2 GB box redraws in about a second; eight virtual stages of it had pushed 400,000 bars.
-MAX_DRAWN = 8192
+# The most (chunk, microbatch) pairs drawn: some 6,000 bars (64 stages of 16 microbatches, 8 of 128),
+# which a browser draws in a second or two. Python builds more in a second, but 64 stages of 128
+# (50,000 bars, a 12 MB figure) had taken a JupyterLab tab 12 s to draw.
+MAX_DRAWN = 1024
 
 
 @lru_cache(maxsize=128)
@@ -74,6 +76,19 @@ def deep_enough(model, chunks: int):
     return dataclasses.replace(preset, layers=chunks), f" (the {model} model deepened to {chunks} layers)"
 
 
+def crowded(cfg, ranks: int) -> str:
+    """A line saying that ``ranks`` CPU ranks of ``cfg`` took turns on fewer cores than their threads,
+    or "": a rank waiting for a core holds up its neighbours, and the measured bubble counts their
+    wait, so it comes out far above the schedule's (79% against 29% for 1F1B's 4 ranks on 2 cores)."""
+    from paralab.runtime.worker import threads_for, usable_cores
+
+    cores = usable_cores()
+    if cfg.device == "cuda" or ranks * threads_for(cfg, ranks) <= cores:
+        return ""
+    return (f"\nthe {ranks} ranks shared this machine's {cores} core{'s' if cores > 1 else ''}: a rank "
+            "waiting for a core holds up its neighbours, and the measured bubble counts their wait")
+
+
 def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int = 8, virtual_stages: int = 2,
                       p2p: float = 0.05, max_stages: int = 64, max_microbatches: int = 128, steps: int = 3,
                       model: str = "tiny", run_options: dict | None = None, overlap: float = 0.0):
@@ -87,6 +102,7 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
     ``overlap`` what a DualPipeV F&B slot saves, in forward times.
     """
     import paralab
+    from paralab.viz._common import go, style
     from paralab.viz.timeline import bar_traces, timeline
 
     w = widgets()
@@ -157,18 +173,25 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
                 fw.data = ()
                 fw.add_traces(bars)
             fw.layout.yaxis.categoryarray = rows
-            fw.layout.height = min(200 + 22 * len(rows), 1600)
+            height = min(200 + 22 * len(rows), 1600)
+            # style() pins the title and the legend in pixels from the top, as fractions of the height:
+            # kept for the old height, 64 ranks' legend had sat 150 px below the title
+            pinned = style(go().Figure(), height=height).layout
+            fw.layout.height, fw.layout.title.y, fw.layout.legend.y = height, pinned.title.y, pinned.legend.y
             fw.layout.meta = {"ranks": p, "rows": rows, "source": "simulated"}
         theory = theoretical_bubble(name, p, m, v)
+        # Python's part only: the browser draws the bars after this (MAX_DRAWN keeps that short)
         app.last_update_ms = (time.perf_counter() - started) * 1e3
         hidden = f", F&B hides {overlap:g} F" if name == "dualpipev" else ""
         # the closed form knows neither a slot's overlap nor the p2p latency the simulation pays
         assumes = ", ".join(what for what, applies in (("nothing hidden", overlap), ("free p2p", lat))
                             if applies)
+        bound = " (only a lower bound with fewer microbatches than stages)" if lower_bound(name, p, m) else ""
         step = max((s.end for s in sim.spans), default=0.0) * 1e3
         info.value = (f"<b>{name}</b> p={p} m={m} v={v}{hidden}: step {step:.1f} F, bubble simulated "
                       f"{sim.bubble_fraction():.1%}, closed form{f' ({assumes})' if assumes else ''} "
-                      f"{theory:.1%} · {len(sim.spans)} spans · update {app.last_update_ms:.0f} ms")
+                      f"{theory:.1%}{bound} · {sum(len(b['x']) for b in bars):,} bars built in "
+                      f"{app.last_update_ms:.0f} ms (your browser then draws them)")
 
     def on_progress(step: int, total: int) -> None:
         progress.max = total
@@ -191,16 +214,20 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
         unit = measured_times(trace)
         sched = build_schedule(name, p, m, v)
         predicted = simulate_schedule(sched, unit or UNIT_TIMES)
+        # the shape in the title: the figure stays when the controls move on to another
+        shape_named = f"{name}, {p} stages, {m} microbatches" + (f", v={v}" if name == "interleaved" else "")
         fig = timeline(trace, predicted=predicted, steps=[last] if last is not None else None,
-                       title=f"measured step {last} vs prediction re-timed with measured op times")
+                       title=f"run for real, {shape_named}: step {last}")
         if app.measured is None:
             app.measured = figure_widget(fig)
             measured_box.children = [app.measured]
         else:
             replace_figure(app.measured, fig)
         app.result = result
-        msg.value = message(f"measured step time {result.summary['step_time_s'] * 1e3:.1f} ms, "
-                            f"bubble {result.summary['bubble_fraction']:.1%}", "ok")
+        msg.value = message(f"measured step time {result.summary['step_time_s'] * 1e3:.1f} ms, bubble "
+                            f"{result.summary['bubble_fraction']:.1%}; predicted below with the op times it "
+                            f"measured: bubble {predicted.bubble_fraction():.1%}" + crowded(result.config, p),
+                            "ok")
         return result
 
     for c in controls.values():

@@ -45,6 +45,17 @@ def machine_allows(cfg, sizes) -> dict[int, float]:
     return {n: used(n) / used(1) for n in sizes}
 
 
+def calibrated(threads, tell) -> None:
+    """Measure this machine for ranks of each of ``threads`` torch threads it has not been measured for
+    (10-30 s each, then cached), calling ``tell(cache path)`` before each. The predictions on ``local``
+    (paralab.sim.bridge.hardware_for_run) then read the cache: measured by them, the explorer's first
+    open had sat 20 s without a word."""
+    from paralab.sim.hardware import local
+
+    for count in sorted(set(threads)):
+        local(threads=count, on_measure=tell)
+
+
 def _config_at(cfg, n: int, model: str, dtype: str):
     """``cfg`` at ``n`` ranks. One rank runs ``single``, the mesh's options back to their defaults; a
     strategy of several axes (hybrid) grows its data-parallel degree and keeps tp, pp, cp and ep, as
@@ -92,6 +103,7 @@ def speedup_explorer(runs, baseline=None, max_world: int = 16):
     Attributes: ``controls``, ``figure``, ``message``, ``redraw()``.
     """
     from paralab.config import MODEL_PRESETS
+    from paralab.runtime.worker import threads_for
     from paralab.sim import hardware as hw_mod
     from paralab.sim.bridge import predict_run
     from paralab.viz.scaling import speedup_steps
@@ -101,8 +113,17 @@ def speedup_explorer(runs, baseline=None, max_world: int = 16):
     cfg = runs[max(runs)].config
     here = this_machine()
     measured = {n: r for n, r in runs.items()}
-    predicted_here = {n: predict_run(r.config, here).step_time_s for n, r in measured.items()} if here else {}
     w = widgets()
+    msg = w.HTML()
+
+    def tell(cache) -> None:
+        said = f"paralab: measuring this machine once (10-30 s); cached in {cache}"
+        print(said)  # the cell's output, while the explorer is built (not yet on screen)
+        msg.value = message(said)  # the explorer's, when a control's redraw measures
+
+    if here == "local":
+        calibrated((threads_for(r.config, n) for n, r in measured.items()), tell)
+    predicted_here = {n: predict_run(r.config, here).step_time_s for n, r in measured.items()} if here else {}
     controls = {
         "hardware": w.Dropdown(options=[THIS_MACHINE, *hw_mod.PRESETS], value=THIS_MACHINE,
                                description="predict on"),
@@ -113,7 +134,6 @@ def speedup_explorer(runs, baseline=None, max_world: int = 16):
                                  description="dtype"),
         "max_world": w.SelectionSlider(options=WORLD_SIZES[1:], value=max_world, description="up to"),
     }
-    msg = w.HTML()
     fw = figure_widget(speedup_steps(measured, baseline))
 
     def redraw(*_):
@@ -125,6 +145,8 @@ def speedup_explorer(runs, baseline=None, max_world: int = 16):
             notes.append("no hardware preset matches these GPUs: choose one to see a prediction")
         else:
             try:
+                if hardware == "local":
+                    calibrated((threads_for(cfg, n) for n in WORLD_SIZES if n <= c["max_world"]), tell)
                 curve, skipped = predicted_curve(cfg, c["model"], hardware, c["dtype"], c["max_world"])
             except Exception as exc:  # a calibration or cost-model failure: say it, keep the figure
                 refuse(msg, fw, f"{type(exc).__name__}: {exc}")
