@@ -491,3 +491,18 @@ def test_a_prediction_in_llama3s_rank_order_is_split_by_dimension_as_its_groups_
     crossing = {dim: sum(links["inter_node"] for links in ops.values()) > 0
                 for dim, ops in by_dimension.items() if dim in ("dp", "pp")}
     assert crossing == {"dp": rank_order == "tp-pp-dp", "pp": rank_order == "tp-dp-pp"}
+
+
+def test_the_speedup_figure_makes_room_for_its_legends_rows():
+    """Three runs, their predictions, the measured and predicted curves and two ideals are eight
+    legend entries: two rows in a notebook cell, whose second had touched the subplot titles. The top
+    margin grows a row's height per row past the first."""
+    from paralab.viz.scaling import LEGEND_ROW_PX, speedup_steps
+
+    runs = {n: _steps_of([0.3 / n] * 3) for n in (1, 2, 4)}
+    few = speedup_steps({1: runs[1]}, baseline=runs[1])
+    many = speedup_steps(runs, baseline=runs[1], predicted={1: 0.3, 2: 0.16, 4: 0.09},
+                         curve={1: 0.3, 2: 0.16, 4: 0.09, 8: 0.05}, ideal_here={1: 1.0, 2: 2.0, 4: 2.0})
+    entries = [sum(t.showlegend is not False for t in fig.data) for fig in (few, many)]
+    assert entries == [3, 8]
+    assert many.layout.margin.t == few.layout.margin.t + LEGEND_ROW_PX

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from paralab.viz._common import as_summary, as_trace, go, make_subplots, style
 
 MEASURED, PREDICTED = "#4C78A8", "#F58518"
+LEGEND_ROW_PX = 25  # a horizontal legend's row
 
 
 def scaling_points(runs) -> list[dict]:
@@ -240,4 +241,9 @@ def speedup_steps(runs: Mapping, baseline, predicted: Mapping | None = None, cur
     fig.update_yaxes(title_text="speedup over one rank (x)", type="log", tickvals=ticks,
                      ticktext=[f"{t:g}" for t in ticks], row=1, col=2)
     fig.update_layout(meta=meta)
-    return style(fig, title or "speedup: step by step, and against world size", 640)
+    style(fig, title or "speedup: step by step, and against world size", 640)
+    # room for the legend's rows (four entries or so to a row in a notebook cell): its third row had
+    # touched the first subplot titles
+    entries = sum(trace.showlegend is not False for trace in fig.data)
+    fig.update_layout(margin=dict(t=fig.layout.margin.t + LEGEND_ROW_PX * (math.ceil(entries / 4) - 1)))
+    return fig
