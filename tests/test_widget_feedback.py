@@ -199,7 +199,7 @@ def test_the_levers_explorer_names_its_settings_under_the_bars_and_its_buttons_w
 def test_the_levers_explorer_says_why_a_measured_peak_holds_gradients_the_prediction_has_not(monkeypatch):
     """With full recomputation the measured peak held 0.30 MiB of gradients against none predicted, and
     nothing said why: the cost model weighs the forward's end and the backward's end, and the real peak
-    fell between them (tests/test_levers.py measures it)."""
+    fell between them (bf16, one device: 3.76 MiB measured against 3.54 predicted)."""
     from types import SimpleNamespace
 
     from paralab.runtime import launch

@@ -1013,11 +1013,7 @@ def _tp_pass_sends(model: ModelSpec, p: ParallelSpec, stage: int,
         if phase == "backward" and op == "all_gather":
             calls += counting.sequence_regathers(model, p) * layers
         sends[op] = (calls, calls * payload)
-    ends = counting.tp_end_collectives(model, p)
-    keys = {"forward": (("embed_forward",), ("head_forward",)),
-            "backward": (("embed_backward",), ("head_backward", "head_regather"))}[phase]
-    held = keys[0] * (stage == 0) + keys[1] * (stage == p.chunks - 1)
-    for op, nbytes in (row for key in held for row in ends[key]):
+    for op, nbytes in counting.tp_end_rows(model, p, stage == 0, stage == p.chunks - 1, (phase,)):
         calls, total = sends.get(op, (0, 0.0))
         sends[op] = (calls + 1, total + nbytes)
     return sends

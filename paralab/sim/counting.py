@@ -771,6 +771,20 @@ def tp_end_collectives(model: ModelSpec, p: ParallelSpec) -> dict[str, tuple[tup
             "head_regather": () if p.sp_keeps_gathered_inputs else (("all_gather", act),)}
 
 
+# which of tp_end_collectives' rows each pass holds: (the first chunk's, the last chunk's)
+TP_END_PASSES = {"forward": (("embed_forward",), ("head_forward",)),
+                 "backward": (("embed_backward",), ("head_backward", "head_regather"))}
+
+
+def tp_end_rows(model: ModelSpec, p: ParallelSpec, first: bool, last: bool,
+                phases: tuple[str, ...] = ("forward", "backward")) -> list[tuple[str, float]]:
+    """(op, payload bytes) of the ends' collectives (:func:`tp_end_collectives`) one microbatch's
+    ``phases`` issue on a GPU holding the model's first chunk, its last, both or neither."""
+    ends = tp_end_collectives(model, p)
+    return [row for end, holds in enumerate((first, last)) if holds for phase in phases
+            for key in TP_END_PASSES[phase][end] for row in ends[key]]
+
+
 def sequence_parallel_grad_params(model: ModelSpec, p: ParallelSpec, rank: int) -> int:
     """Parameters of pipeline rank ``rank`` whose gradients sequence parallelism all-reduces over tp
     once a step (Korthikanti et al. 2022; paralab's tp): the replicated ones (norms, row-parallel
@@ -833,10 +847,8 @@ def comm_payloads(model: ModelSpec, parallel: ParallelSpec,
         rows += [("tp", op, payload, t, per_pass * sum(passes.values()) * layers * m) for op in ops]
         if regathers := sequence_regathers(model, p):
             rows.append(("tp", "all_gather", payload, t, regathers * layers * m))
-        ends = tp_end_collectives(model, p)
-        held = ("embed_forward", "embed_backward") * (rank == stage_rank(p, 0)) + (
-            "head_forward", "head_backward", "head_regather") * (rank == last_stage_rank(p))
-        rows += [("tp", op, end_payload, t, m) for key in held for op, end_payload in ends[key]]
+        ends = tp_end_rows(model, p, rank == stage_rank(p, 0), rank == last_stage_rank(p))
+        rows += [("tp", op, end_payload, t, m) for op, end_payload in ends]
         if replicated := sequence_parallel_grad_params(model, p, rank):
             rows.append(("tp", "all_reduce", replicated * bytes_per_param(model, p)[1], t, 1))
     if p.pp > 1:  # the sends this rank makes, each microbatch (its chunks' neighbours on other ranks)

@@ -220,10 +220,10 @@ def style(fig, title: str | None = None, height: int | None = None):
 
 
 def log_ticks(low: float, high: float) -> list[float]:
-    """1, 2, 5 times the powers of ten from below ``low`` to above ``high``: a log axis read in whole
-    numbers rather than plotly's bare 2, 3, 4 between the decades."""
-    ticks, decade = [], 10 ** math.floor(math.log10(low))
-    while decade <= high * 10:
-        ticks += [m * decade for m in (1, 2, 5) if low / 2 <= m * decade <= high * 2]
-        decade *= 10
-    return ticks
+    """1, 2, 5 times the powers of ten from the one at or below ``low`` to the one at or above ``high``
+    (so two ticks at least bracket what is drawn): a log axis read in whole numbers rather than
+    plotly's bare 2, 3, 4 between the decades, or nothing at all on one narrower than a decade."""
+    steps = [m * 10.0**e for e in range(math.floor(math.log10(low)), math.floor(math.log10(high)) + 2)
+             for m in (1, 2, 5)]
+    first, last = max(t for t in steps if t <= low), min(t for t in steps if t >= high)
+    return [t for t in steps if first <= t <= last]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from paralab.collectives import bus_bandwidth, ring_time, tree_time
-from paralab.viz._common import SERIES_COLORS, byte_scale, go, make_subplots, style
+from paralab.viz._common import SERIES_COLORS, byte_scale, go, log_ticks, make_subplots, style
 
 SIZES = [2.0**k for k in range(2, 31)]  # 4 B to 1 GiB
 
@@ -76,17 +76,15 @@ TIME_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "us"))
 
 def time_axis(times: list[float]) -> tuple[float, str, list[float]]:
     """(seconds per unit, unit, ticks in that unit) of a log axis over ``times`` (s): the unit that draws
-    the longest below 1000, and ticks at 1, 2 and 5 times the powers of ten (over more than four decades
-    the powers alone) from the one at or below the shortest to the one at or above the longest, so two
-    labelled ticks at least bracket what is drawn. (plotly's own ticks on a log axis narrower than a
-    decade are bare digits, and with ``dtick=1`` there are none between two powers of ten.)"""
+    the longest below 1000, and :func:`log_ticks` over what is drawn (over more than four decades the
+    powers of ten alone). (plotly's own ticks on a log axis narrower than a decade are bare digits, and
+    with ``dtick=1`` there are none between two powers of ten.)"""
     scale, unit = next(((s, u) for s, u in TIME_UNITS if max(times) >= s), TIME_UNITS[-1])
     low, high = min(times) / scale, max(times) / scale
-    mantissas = (1, 2, 5) if high <= 1e4 * low else (1,)
-    steps = [m * 10.0**e for e in range(math.floor(math.log10(low)), math.floor(math.log10(high)) + 2)
-             for m in mantissas]
-    first, last = max(t for t in steps if t <= low), min(t for t in steps if t >= high)
-    return scale, unit, [t for t in steps if first <= t <= last]
+    if high > 1e4 * low:
+        decades = range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+        return scale, unit, [10.0**e for e in decades]
+    return scale, unit, log_ticks(low, high)
 
 
 def ring_against_tree(links: dict, payload: float, groups: list[int], title: str | None = None):

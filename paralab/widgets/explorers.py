@@ -154,8 +154,13 @@ def memory_by_zero(model_name: str, dp: int, tp: int, pp: int, micro_batch: int,
                                   recompute=recompute, microbatches=microbatches, stage_layers=split)
         if spec.problems(model):
             continue
-        out[f"ZeRO-{zero}" if zero else "no ZeRO"] = cost.memory_per_gpu(model, spec)
+        out[zero_label(zero)] = cost.memory_per_gpu(model, spec)
     return out
+
+
+def zero_label(stage: int) -> str:
+    """How the memory figures name a ZeRO stage: "no ZeRO", "ZeRO-1" ..."""
+    return f"ZeRO-{stage}" if stage else "no ZeRO"
 
 
 def memory_against_limit(bars: dict[str, dict], hw, title: str):
@@ -189,9 +194,9 @@ def memory_against_limit(bars: dict[str, dict], hw, title: str):
 def _zero_label(summary: dict) -> str | None:
     """A measured run's ZeRO stage as :func:`memory_by_zero` names it ("no ZeRO" for ddp), or None
     where its strategy does not say one."""
-    if summary.get("zero"):
-        return f"ZeRO-{summary['zero']}"
-    return "no ZeRO" if summary.get("strategy") == "ddp" else None
+    if summary.get("zero") or summary.get("strategy") == "ddp":
+        return zero_label(summary.get("zero", 0))
+    return None
 
 
 def measured_memory(measured: dict):
@@ -259,7 +264,7 @@ def memory_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dp: int = 
                                      description="recompute", style=BUTTONS),
     })
     msg = w.HTML()
-    fw = figure_widget(memory({"no ZeRO": {"params": 0}}))
+    fw = figure_widget(memory({zero_label(0): {"params": 0}}))
     measured_fw = measured_note = None
     if measured:
         measured_fig, note = measured_memory(measured)
