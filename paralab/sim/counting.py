@@ -356,6 +356,24 @@ def stage_params(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
                       rank == last_stage_rank(parallel))
 
 
+def last_graded_params(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
+    """Parameters one GPU of pipeline rank ``rank`` gets gradients for last in a microbatch's backward:
+    its first block (in model order) and, on the first stage, the embeddings before it; a tied
+    embedding held with the head on one rank has its gradient from the head's backward on, so there
+    only the positions. 0 on a rank without blocks."""
+    layers = chunk_layers(model, parallel)
+    stages = [s for s in range(parallel.chunks) if stage_rank(parallel, s) == rank and layers[s]]
+    if not stages:
+        return 0.0
+    first = sum(layers[:stages[0]])
+    params = _params_of(model, parallel, 1, moe_blocks(model, first, 1), False, False)
+    if rank == stage_rank(parallel, 0):
+        counts = parameter_counts(model)
+        graded_by_the_head = model.tied_embeddings and last_stage_rank(parallel) == rank
+        params += counts["positions"] + (0 if graded_by_the_head else counts["embedding"] / parallel.tp)
+    return params
+
+
 def block_params(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
     """Parameters one GPU of pipeline rank ``rank`` holds of its transformer blocks alone: what FP8
     GEMMs keep a 1-byte copy of (Transformer Engine and torchtitan's Float8 leave the embedding and
@@ -609,11 +627,8 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
         total = _interleaved_peak(p.pp, p.microbatches, p.virtual_stages, rank, chunk_bytes)
     else:
         total = inflight * sum(chunk_bytes) / len(chunk_bytes)
-    sbh = model.seq * p.micro_batch * model.hidden
     ends = 0.0
-    if rank == 0 and model.dropout:
-        mask = model.mask_bytes * sbh / (p.tp if p.sequence_parallel else 1)
-        total += mask * min(inflight, p.microbatches)
+    total += embedding_mask_bytes(model, p, rank) * min(inflight, p.microbatches)
     if rank == last_stage_rank(p):
         logits_inflight = min(inflight, p.microbatches) if p.schedule == "gpipe" and p.pp > 1 else 1
         logits = model.seq * p.micro_batch * model.vocab / p.tp
@@ -630,6 +645,15 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
         core = attention_core_bytes(model, p.micro_batch, "selective") / p.tp
         rematerialised -= per_layer - inputs - core
     return total + max(ends, rematerialised)
+
+
+def embedding_mask_bytes(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
+    """The input embedding's dropout mask a microbatch keeps on pipeline rank ``rank``: s b h mask
+    bytes on the first rank (/ t with sequence parallelism), none elsewhere or without dropout."""
+    if rank != 0 or not model.dropout:
+        return 0.0
+    sbh = model.seq * parallel.micro_batch * model.hidden
+    return model.mask_bytes * sbh / (parallel.tp if parallel.sequence_parallel else 1)
 
 
 def attention_input_bytes(model: ModelSpec, micro_batch: int = 1, tp: int = 1,
