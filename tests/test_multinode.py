@@ -12,7 +12,9 @@ import pytest
 
 import paralab
 from paralab import cli
+from paralab.config import RunConfig
 from paralab.runtime.multinode import run_local_nodes
+from paralab.runtime.torchrun import launched_nodes
 from paralab.sim.bridge import specs_from_run
 from paralab.viz.comm_compare import links_per_rank_step, per_rank_step, predicted_comm_trace
 from tests.conftest import (
@@ -82,7 +84,6 @@ def test_a_torchrun_hierarchy_needs_two_nodes(monkeypatch, per_node, refused):
     """Under torchrun a rank knows the nodes from its environment (WORLD_SIZE over LOCAL_WORLD_SIZE):
     a hierarchical all-reduce on one node is refused before training, as with one emulated node (it had
     run as a reduce-scatter and an all-gather among every rank)."""
-    from paralab.config import RunConfig
     from paralab.layout import resolve_layout
 
     env = {"GROUP_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": str(per_node)}
@@ -96,6 +97,15 @@ def test_a_torchrun_hierarchy_needs_two_nodes(monkeypatch, per_node, refused):
         assert resolve_layout(cfg).dp == 4
 
 
+@pytest.mark.parametrize("agents, per_node, nodes", [(2, 2, 2), (1, 4, 1), (3, 2, 1)])
+def test_a_torchrun_run_names_the_nodes_its_ranks_were_started_on(monkeypatch, agents, per_node, nodes):
+    """torchrun's GROUP_WORLD_SIZE agents of LOCAL_WORLD_SIZE ranks each are the config's nodes (it had
+    kept nodes=1, so a hierarchical run over real nodes was predicted as a flat all-reduce); nodes of
+    unequal size (3 agents for 4 ranks) stay one, which ddp's hierarchy refuses."""
+    monkeypatch.setenv("GROUP_WORLD_SIZE", str(agents))
+    assert launched_nodes(world_size=4, local_world=per_node) == nodes
+
+
 @pytest.mark.timeout(300)
 def test_two_torchrun_agents_act_as_two_nodes(tmp_path):
     run = run_local_nodes(["--strategy", "ddp", "--steps", "3", "--bucket-mb", "0.2", "--hierarchical"],
@@ -103,6 +113,9 @@ def test_two_torchrun_agents_act_as_two_nodes(tmp_path):
     nodes = {rank: info["node"] for rank, info in run.trace.meta["ranks"].items()}
     assert sorted(nodes) == [0, 1, 2, 3] and sorted(set(nodes.values())) == [0, 1]
     assert run.summary["comm_bytes_by_link"]["inter_node"] > 0
+    # the config names the nodes too, so the simulator prices the three steps the ranks ran
+    cfg = RunConfig.from_dict(run.trace.meta["config"])
+    assert cfg.nodes == 2 and specs_from_run(cfg)[1].hierarchical_dp == 2
     local = paralab.run("ddp", 4, steps=3, nodes=2, bucket_mb=0.2, hierarchical=True)
     assert_close_rel(run.losses, local.losses)
     assert all("--rdzv-backend" in cmd for cmd in run.commands)

@@ -722,22 +722,6 @@ def test_the_comm_explorer_predicts_a_hierarchical_run_in_its_three_steps_and_gr
     assert set(per_rank_step(one_node)) == {"all_reduce"} and "hierarchical" not in one_node_label
 
 
-def test_the_comm_explorer_reads_real_nodes_from_the_trace():
-    """A torchrun run over real nodes keeps nodes=1 in its config; its trace names each rank's node."""
-    from types import SimpleNamespace
-
-    from paralab.config import RunConfig
-    from paralab.trace import COMM, Span, Trace
-    from paralab.viz.comm_compare import per_rank_step
-
-    cfg = RunConfig.build("tiny", strategy="ddp", world_size=4, hierarchical=True, global_batch=8)
-    spans = [Span(r, COMM, "all_reduce", 0.0, 1.0, step=0, bytes=8, group_size=2) for r in range(4)]
-    trace = Trace(spans=spans, meta={"ranks": {r: {"node": r // 2} for r in range(4)}})
-    app = widgets.comm_explorer(SimpleNamespace(config=cfg, trace=trace))
-    predicted = list(app.sources().values())[1]
-    assert set(per_rank_step(predicted)) == {"reduce_scatter", "all_reduce", "all_gather"}
-
-
 def test_the_comm_explorer_says_when_a_run_traced_no_collective():
     """torch's own strategies run their collectives inside torch: their measured bars are empty, and
     without a word the prediction beside them read as unmatched."""

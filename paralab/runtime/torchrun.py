@@ -35,6 +35,15 @@ def under_torchrun() -> bool:
     return all(k in os.environ for k in ENV_KEYS)
 
 
+def launched_nodes(world_size: int, local_world: int) -> int:
+    """The nodes torchrun started the ranks on, as a config's ``nodes`` names them (what the simulator
+    prices a run's collectives over and the figures group ranks by): its GROUP_WORLD_SIZE agents of
+    ``local_world`` ranks each, or 1 where the nodes differ in size (which a hierarchical all-reduce
+    refuses on every rank)."""
+    agents = int(os.environ.get("GROUP_WORLD_SIZE", 1))
+    return agents if agents * local_world == world_size else 1
+
+
 def run_under_torchrun(cfg: RunConfig, trace_dir: str | None = None) -> RunResult | None:
     """Run this process's rank. Rank 0 returns the RunResult of the whole run; other ranks None."""
     from paralab.runtime.agents import REPORT_DIR, worker_setup
@@ -48,7 +57,7 @@ def run_under_torchrun(cfg: RunConfig, trace_dir: str | None = None) -> RunResul
     else:  # someone's torchrun: a rank killed by a fatal signal prints its Python stack in its output
         faulthandler.enable(all_threads=True)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    cfg = dataclasses.replace(cfg, world_size=world_size)
+    cfg = dataclasses.replace(cfg, world_size=world_size, nodes=launched_nodes(world_size, local_world))
     try:
         layout = resolve_layout(cfg)
         # GPUs per node, not world

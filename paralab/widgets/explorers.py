@@ -9,7 +9,6 @@ The scaling explorer leaves out, and names, the sizes that do not fit in memory:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 from paralab.widgets._common import (
@@ -357,7 +356,7 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
     }
     msg = w.HTML()
     trace = as_trace(run) if run is not None else None
-    predictor = _RunPredictor(run.config, trace) if getattr(run, "config", None) is not None else None
+    predictor = _RunPredictor(run.config) if getattr(run, "config", None) is not None else None
     if predictor is not None:
         start = world_size or min(4 * predictor.world_size, 64)
 
@@ -469,15 +468,10 @@ class _RunPredictor:
     """The cost model's communication for a run's config, and for the same run on another mesh or
     model with the per-rank batch kept (paralab.viz.comm_compare draws them)."""
 
-    def __init__(self, cfg, trace=None):
+    def __init__(self, cfg):
         from paralab.layout import resolve_layout
         from paralab.sim.bridge import specs_from_run
 
-        # a run over real nodes (torchrun) names them in its trace only: its config says one
-        ranks = trace.meta.get("ranks", {}) if trace is not None else {}
-        nodes = len({info.get("node", 0) for info in ranks.values()})
-        if nodes > cfg.nodes and cfg.world_size % nodes == 0:
-            cfg = dataclasses.replace(cfg, nodes=nodes)
         self.cfg, self.model_name = cfg, cfg.model_name
         self.model, self.parallel = specs_from_run(cfg)
         layout = resolve_layout(cfg)
