@@ -731,7 +731,7 @@ def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int,
     moments = [states]
     if p.grads_set_to_none:
         last_grads = counting.last_graded_params(model, p, rank) * gb
-        moments = _around_the_first_backward(model, p, rank, states, buckets, kept, layer_kept, last_grads)
+        moments = _around_the_first_backward(p, rank, states, buckets, kept, layer_kept, last_grads)
     if copies:
         made = p.grads_set_to_none and p.microbatches * p.chunks_per_rank == 1  # by the buckets' backward
         moments += _while_buckets_fill(p, states, copies, own if made else 0.0, kept)
@@ -763,9 +763,8 @@ def _while_units_reduce(model: ModelSpec, p: ParallelSpec, rank: int, stashed: d
     return {**stashed, "grads": grads, "activations": max(0.0, stashed["activations"] - freed)}
 
 
-def _around_the_first_backward(model: ModelSpec, p: ParallelSpec, rank: int, stashed: dict[str, float],
-                               kept_grads: float, kept: Callable[[int | None], float],
-                               layer_kept: Callable[[str], float],
+def _around_the_first_backward(p: ParallelSpec, rank: int, stashed: dict[str, float], kept_grads: float,
+                               kept: Callable[[int | None], float], layer_kept: Callable[[str], float],
                                last_grads: float) -> list[dict[str, float]]:
     """The stash's peak where gradients are set to None between steps (``grads_set_to_none``): they
     exist from the step's first backward on, but for ``kept_grads`` bytes held all the same (torch
@@ -779,18 +778,20 @@ def _around_the_first_backward(model: ModelSpec, p: ParallelSpec, rank: int, sta
 
     That last moment: every gradient but that block's and the embeddings' (``last_grads`` bytes, made
     after it), beside the block's activations (its input and what recompute rematerialises), the
-    other microbatches in flight and their one transient, taken as this block's rematerialisation (on
-    GPipe's last rank it is the larger of that and a loss, held too: low there by the smaller; under
-    selective recompute the attention core's, not weighed: low by it at long sequences). Along
-    a backward the gradients grow a block at a time as the stash shrinks a block at a time, so its
-    fullest moment is at an end: the first block, or the last, the stash's own peak but for the
-    gradients made before that block is rematerialised (the head's, in place of the loss it has freed;
-    under selective recompute also the block's own after its attention core), not weighed: 1.2% of
-    the lab's tiny model's measured peak at 256 tokens under selective recompute. The first block's
-    outweighs the backward's end when a block's activations outweigh its gradients (full recompute on a
-    small model, long sequences): the lab's tiny model under full recompute on two tensor-parallel
-    ranks had read 10% under its measured peak without it. A zero-bubble schedule's deferred weight
-    gradients come later, so it is not weighed there."""
+    other microbatches in flight and their one transient, taken as this block's rematerialisation.
+    Low by what it leaves out: on the first rank the embedding's dropout mask (s b h mask bytes, which
+    a context-parallel slice would divide); on GPipe's last rank the smaller of a rematerialisation
+    and a loss, both held; under selective recompute the attention core's rematerialisation.
+
+    Along a backward the gradients grow a block at a time as the stash shrinks a block at a time, so
+    its fullest moment is at an end: the first block, or the last, the stash's own peak but for the
+    gradients made before that block is rematerialised (the head's, in place of the loss it has
+    freed; under selective recompute also the block's own after its attention core), not weighed:
+    1.2% of the lab's tiny model's measured peak at 256 tokens under selective recompute. The first
+    block's outweighs the backward's end when a block's activations outweigh its gradients (full
+    recompute on a small model, long sequences): the lab's tiny model under full recompute on two
+    tensor-parallel ranks had read 10% under its measured peak without it. A zero-bubble schedule's
+    deferred weight gradients come later, so it is not weighed there."""
     inflight = counting.peak_inflight_chunks(p.schedule, p.pp, p.microbatches, p.virtual_stages, rank)
     bare = {**stashed, "grads": kept_grads}
     if p.microbatches * p.chunks_per_rank > inflight and (p.pp == 1 or p.schedule != "gpipe"):
@@ -798,7 +799,7 @@ def _around_the_first_backward(model: ModelSpec, p: ParallelSpec, rank: int, sta
     others = kept(inflight - 1) if inflight > 1 else 0.0
     moments = [bare, {**stashed, "activations": others}]
     if not (p.pp > 1 and _schedule_name(p) in SPLIT_BACKWARD):
-        block = layer_kept(p.recompute) + counting.embedding_mask_bytes(model, p, rank)
+        block = layer_kept(p.recompute)
         if not others and p.recompute == "full":  # the one transient: this block rematerialised
             block += layer_kept("none") - layer_kept("full")
         moments.append({**stashed, "grads": stashed["grads"] - last_grads, "activations": others + block})

@@ -627,8 +627,11 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
         total = _interleaved_peak(p.pp, p.microbatches, p.virtual_stages, rank, chunk_bytes)
     else:
         total = inflight * sum(chunk_bytes) / len(chunk_bytes)
+    sbh = model.seq * p.micro_batch * model.hidden
     ends = 0.0
-    total += embedding_mask_bytes(model, p, rank) * min(inflight, p.microbatches)
+    if rank == 0 and model.dropout:
+        mask = model.mask_bytes * sbh / (p.tp if p.sequence_parallel else 1)
+        total += mask * min(inflight, p.microbatches)
     if rank == last_stage_rank(p):
         logits_inflight = min(inflight, p.microbatches) if p.schedule == "gpipe" and p.pp > 1 else 1
         logits = model.seq * p.micro_batch * model.vocab / p.tp
@@ -645,15 +648,6 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
         core = attention_core_bytes(model, p.micro_batch, "selective") / p.tp
         rematerialised -= per_layer - inputs - core
     return total + max(ends, rematerialised)
-
-
-def embedding_mask_bytes(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
-    """The input embedding's dropout mask a microbatch keeps on pipeline rank ``rank``: s b h mask
-    bytes on the first rank (/ t with sequence parallelism), none elsewhere or without dropout."""
-    if rank != 0 or not model.dropout:
-        return 0.0
-    sbh = model.seq * parallel.micro_batch * model.hidden
-    return model.mask_bytes * sbh / (parallel.tp if parallel.sequence_parallel else 1)
 
 
 def attention_input_bytes(model: ModelSpec, micro_batch: int = 1, tp: int = 1,
