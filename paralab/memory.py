@@ -63,8 +63,11 @@ class MemoryMeter:
         self._extra = {"params": 0, "grads": 0, "optimizer": 0}
         self._live: dict = {}  # activations by key (microbatch), in bytes
         self._holders: dict[int, list] = {}  # storage (_storage) -> [key, bytes, holders autograd keeps]
-        self._refs: set = set()  # weak references to those holders, whose ends take the bytes off
+        # weak references to those holders, whose ends take the bytes off, by identity (a reference to a
+        # live tensor compares as the tensor does)
+        self._refs: dict[int, weakref.ref] = {}
         self._fixed: set = set()  # keys whose bytes shrink() set: what they hold is no longer tracked
+        self._rematerialised: set = set()  # keys of recomputations, dropped once all they counted is freed
         self.peak_total = 0
         self.peak_by_kind = dict.fromkeys(KINDS, 0)  # the breakdown at the moment of the total's peak
         self.max_by_kind = dict.fromkeys(KINDS, 0)  # each kind's own high-water mark
@@ -119,7 +122,7 @@ class MemoryMeter:
                 self._live[key] += entry[1]
             entry[2] += 1
             holder = _Saved(t)
-            self._refs.add(weakref.ref(holder, partial(self._dropped, storage._cdata)))
+            self._watch(holder, storage)
             return holder
 
         def unpack(saved):
@@ -132,35 +135,45 @@ class MemoryMeter:
 
     @contextmanager
     def recomputing(self):
-        """Count what a checkpointed region saves when it runs again inside backward.
+        """Count what a checkpointed region saves when it runs again inside backward, for as long as it
+        lives.
 
         Its first run kept only its inputs (checkpoint's own saved-tensor hooks, innermost there, keep
-        nothing else); its second run rematerialises the region's activations
-        for the backward that follows, and that moment is the region's peak. Checkpoint keeps those
-        tensors through hooks of its own, so these hooks count each one (not the inputs, counted
-        already) and hand it on to them. The sample is taken at the end of the run (or where checkpoint
-        stops it early, once it has every tensor it needs); the backward then frees them."""
+        nothing else); its second run rematerialises the region's activations for the backward that
+        follows. Checkpoint keeps each such tensor until the backward node that saved it takes it, and
+        frees it once that node has run; these hooks count each one (not the inputs, counted already),
+        hand it on, and take its bytes off when it goes. The sample is taken at the end of the run (or
+        where checkpoint stops it early, once it has every tensor it needs: the tensor it stops at
+        goes uncounted after that sample, as checkpoint keeps it out of these hooks' sight)."""
         top = _innermost_saved_tensor_hooks()
         if top is None:  # not inside a recomputation (or a torch that does not say): nothing counted
             yield
             return
         keep, unpack = top
-        key, seen = object(), set()
+        key = object()
         self._live[key] = 0
+        self._rematerialised.add(key)
 
         def pack(t: torch.Tensor):
             storage = self._storage(t)
-            if storage is not None and storage._cdata not in self._holders and storage._cdata not in seen:
-                seen.add(storage._cdata)
-                self._live[key] += storage.nbytes()
-            return keep(t)  # after counting: checkpoint stops the run early right after its last tensor
+            entry = None if storage is None else self._holders.get(storage._cdata)
+            if storage is not None and entry is None:  # not an input the forward kept
+                entry = self._holders[storage._cdata] = [key, storage.nbytes(), 0]
+                self._live[key] += entry[1]
+            kept = keep(t)  # after counting: checkpoint stops the run early right after its last tensor
+            if entry is not None and entry[0] is key:
+                entry[2] += 1
+                self._watch(kept, storage)
+            return kept
 
         try:
             with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
                 yield
         finally:
             self.sample()
-            self._live.pop(key, None)
+            for storage in [s for s, (owner, _, held) in self._holders.items() if owner is key and not held]:
+                self._live[key] -= self._holders.pop(storage)[1]
+            self._forget_if_empty(key)
 
     def _storage(self, t: torch.Tensor) -> torch.UntypedStorage | None:
         """``t``'s storage, or None for a parameter's or a tensor without one. Storages are told apart
@@ -172,9 +185,14 @@ class MemoryMeter:
             return None
         return None if storage.data_ptr() in self.param_storages() else storage
 
+    def _watch(self, holder, storage: torch.UntypedStorage) -> None:
+        """Take ``storage``'s share off when ``holder`` (what autograd or checkpoint keeps) is gone."""
+        ref = weakref.ref(holder, partial(self._dropped, storage._cdata))
+        self._refs[id(ref)] = ref
+
     def _dropped(self, storage: int, ref) -> None:
         """A holder autograd kept is gone; the storage's bytes go once its last holder has."""
-        self._refs.discard(ref)
+        self._refs.pop(id(ref), None)
         entry = self._holders.get(storage)
         if entry is None:
             return
@@ -183,6 +201,13 @@ class MemoryMeter:
             key, nbytes, _ = self._holders.pop(storage)
             if key in self._live and key not in self._fixed:
                 self._live[key] -= nbytes
+                self._forget_if_empty(key)
+
+    def _forget_if_empty(self, key) -> None:
+        """A recomputation whose tensors are all gone leaves no key behind (one per block a step)."""
+        if key in self._rematerialised and not self._live[key]:
+            self._rematerialised.discard(key)
+            del self._live[key]
 
     def shrink(self, key, nbytes: int) -> None:
         """Part of ``key``'s activations is gone: what it still holds is ``nbytes`` (a zero-bubble

@@ -165,6 +165,8 @@ def test_measured_and_predicted_traces_line_up():
         dict(strategy="zero2"),
         dict(strategy="zero2", bucket_mb=0.2),
         dict(strategy="zero3"),
+        # a unit's whole gradient beside what its layer's recomputation has not yet freed
+        dict(strategy="zero3", recompute="full"),
         # hybrid's ZeRO-2 sums the microbatches in every unit's full-size buffer before reducing once
         dict(strategy="hybrid", zero=2, microbatches=2),
         dict(strategy="tp", sequence_parallel=True),
