@@ -134,6 +134,24 @@ def test_bubble_bars_and_theory(pipe):
     assert list(fig.data[0].y) == pytest.approx([idle[r] for r in range(4)])
 
 
+def test_the_bubble_figure_writes_no_label_where_a_line_runs():
+    """Rank 0's "54%" over its bar had sat on the dotted mean line (57.4%), and "mean 57.4%" at the
+    plot's left edge on the 60% tick: each value now reads under its bar, beside the rank, and the
+    lines are named in the legend."""
+    spans = [Span(r, STEP, STEP, step, step + 1.0, step=step) for step in range(3) for r in (0, 1)]
+    spans += [Span(r, COMPUTE, "forward", step, step + busy, step=step)
+              for step in range(3) for r, busy in ((0, 0.46), (1, 0.392))]
+    fig = viz.bubble(Trace(spans=spans), schedule=("1f1b", 2, 4, 1))
+    assert not fig.layout.annotations and fig.data[0].text is None
+    assert list(fig.layout.xaxis.ticktext) == ["r0: 54%", "r1: 61%"]
+    lines = {t.name: (t.x, t.y) for t in fig.data if t.type == "scatter"}
+    assert lines.keys() == {"mean 57.4%", "1f1b theory 20.0%"}
+    assert lines["mean 57.4%"][1] == pytest.approx((0.574, 0.574))
+    assert lines["1f1b theory 20.0%"][1] == (0.2, 0.2)
+    # each line spans the plot's width
+    assert all(x == fig.layout.xaxis.range == (-0.5, 1.5) for x, _ in lines.values())
+
+
 def test_bubble_vs_microbatches_curves():
     fig = viz.bubble_vs_microbatches(("gpipe", "interleaved", "zb-h1"), stages=4,
                                      microbatches=(2, 4, 6, 8, 9))
@@ -217,6 +235,17 @@ def test_series_that_start_at_different_sizes_each_get_the_ideal_of_their_own_st
     fig = viz.scaling({2: 0.4, 4: 0.2}, predicted={1: 0.8, 2: 0.4, 4: 0.2})
     ideals = {t.name: (list(t.x), list(t.y)) for t in fig.data if t.name.startswith("ideal")}
     assert ideals == {"ideal from 1 rank": ([1, 2, 4], [1, 2, 4]), "ideal from 2 ranks": ([2, 4], [1, 2])}
+
+
+def test_the_speedup_axis_names_the_size_it_is_over():
+    """gpt3-13b on tp fits from 4 GPUs: its 1.45 at 8 had read as 1.45 times one GPU under "speedup (x)"."""
+    def axis(*args, **kwargs):
+        return viz.scaling(*args, **kwargs).layout.yaxis2.title.text
+
+    assert axis(predicted={4: 60.0, 8: 43.0}) == "speedup over 4 ranks (x)"
+    assert axis({1: 0.4, 2: 0.25}) == "speedup over 1 rank (x)"
+    assert axis({2: 0.4, 4: 0.2}, predicted={1: 0.8, 2: 0.4}) == "speedup over each curve's first size (x)"
+    assert axis() == "speedup (x)"
 
 
 def _steps_of(times: list[float]) -> Trace:
@@ -506,3 +535,20 @@ def test_the_speedup_figure_makes_room_for_its_legends_rows():
     entries = [sum(t.showlegend is not False for t in fig.data) for fig in (few, many)]
     assert entries == [3, 8]
     assert many.layout.margin.t == few.layout.margin.t + LEGEND_ROW_PX
+
+
+def test_ring_against_tree_stops_a_node_link_at_the_node():
+    """Notebook 13 had drawn "NVLink (H100 node)" out to 1,024 ranks, though a node joins 8 GPUs: a
+    link given a reach is drawn up to it, and a note on the plot says why; one without runs on."""
+    from paralab.viz.collectives import ring_against_tree
+
+    links = {"NVLink": (3e-6, 3e11), "InfiniBand": (6e-6, 4e10)}
+    groups = [2, 4, 8, 16, 32]
+    fig = ring_against_tree(links, 2**16, groups, reach={"NVLink": 8})
+    drawn = {t.name: list(t.x) for t in fig.data}
+    assert drawn == {"NVLink, ring": [2, 4, 8], "NVLink, tree": [2, 4, 8],
+                     "InfiniBand, ring": groups, "InfiniBand, tree": groups}
+    assert len(fig.layout.meta["NVLink, ring"]) == 3
+    (note,) = fig.layout.annotations
+    assert "joins the 8 GPUs of a node" in note.text
+    assert not ring_against_tree(links, 2**16, [2, 4, 8], reach={"NVLink": 8}).layout.annotations  # none cut

@@ -196,7 +196,8 @@ def test_the_scaling_explorer_draws_only_sizes_that_fit_in_memory():
     assert title.startswith(NOT_REDRAWN) and "gpt3-1.3b" in title
     app.controls["dim"].value = "tp"
     assert app.figure.layout.meta["predicted"]["world_size"] == [4, 8]
-    assert "tp=2: does not fit" in app.message.value and "tp=16: tp 16 does not divide" in app.message.value
+    assert "tp=1, 2: does not fit, " in app.message.value
+    assert "tp=16, 32, 64: tp 16 to 64 does not divide the 40 attention heads" in app.message.value
 
 
 def test_the_scaling_explorer_says_each_refusal_once_and_ticks_only_what_it_draws():
@@ -220,6 +221,25 @@ def test_the_scaling_explorer_says_each_refusal_once_and_ticks_only_what_it_draw
     empty = widgets.scaling_explorer(model="gpt3-13b", dim="dp", max_gpus=8)
     assert "no size can run" in empty.message.value and empty.figure.layout.xaxis.tickvals == ()
     assert not empty.figure.layout.title.text.startswith(NOT_REDRAWN)
+
+
+def test_the_scaling_explorer_says_once_a_refusal_that_differs_only_in_each_sizes_numbers():
+    """A global batch of 100,000 had said the simulator's limit seven times, once per size, each with its
+    own count of GPUs: reasons alike but for their numbers are one line now, a number that differs
+    written as the range the sizes span, one that does not as it is."""
+    from paralab.widgets.explorers import said_once
+
+    app = widgets.scaling_explorer(model="gpt3-1.3b", hardware="h100", dim="tp", max_gpus=64)
+    app.controls["global_batch"].value = 100000
+    text = app.message.value
+    assert text.count("the simulator models up to") == 1
+    assert ("tp=1, 2, 4, 8, 16, 32, 64: the simulator models up to 16,777,216 GPUs and 65,536 microbatches "
+            "a step, got 1 to 64 GPUs and 100,000 microbatches") in text
+    assert said_once("tp", [(1, "does not fit, 236.5 GiB per GPU"), (2, "does not fit, 1,120.3 GiB per GPU"),
+                            (16, "tp 16 does not divide 40 heads, 12 layers"),
+                            (32, "tp 32 does not divide 40 heads, 12 layers")]) == [
+        "tp=1, 2: does not fit, 236.5 to 1,120.3 GiB per GPU",
+        "tp=16, 32: tp 16 to 32 does not divide 40 heads, 12 layers"]
 
 
 def test_the_scaling_explorer_refuses_a_global_batch_of_zero():

@@ -30,6 +30,9 @@ def schedule_of(trace) -> tuple[str, int, int, int] | None:
 def bubble(trace, schedule: tuple[str, int, int, int] | None = None, title: str | None = None):
     """Per-rank idle fraction bars; dashed line at the schedule's theoretical bubble, dotted at the mean.
 
+    Each bar's value is written under it, beside its rank, and the lines are named in the legend: a
+    value over a bar, or a line's label inside the plot, sat on a line that ran close by (a mean is
+    always close to some bar's top), and a label at the plot's edge on the axis's ticks.
     ``schedule`` = (name, stages, microbatches, virtual_stages) overrides what the trace's meta says.
     ``fig.layout.meta`` holds ``idle`` (rank -> fraction) and ``theoretical`` (or None).
     """
@@ -37,14 +40,12 @@ def bubble(trace, schedule: tuple[str, int, int, int] | None = None, title: str 
     trace = as_trace(trace)
     idle = trace.idle_fraction()
     ranks = sorted(idle)
+    at = list(range(len(ranks)))  # bar positions: a numeric axis lets the lines span its whole width
     fig = graph.Figure(graph.Bar(
-        x=[f"r{r}" for r in ranks], y=[idle[r] for r in ranks], name="idle fraction",
-        marker_color=kind_color("recv"), text=[f"{idle[r]:.0%}" for r in ranks], textposition="outside",
-        hovertemplate="%{x}: idle %{y:.1%} of the step<extra></extra>",
+        x=at, y=[idle[r] for r in ranks], name="idle fraction", marker_color=kind_color("recv"),
+        customdata=[f"r{r}" for r in ranks],
+        hovertemplate="%{customdata}: idle %{y:.1%} of the step<extra></extra>",
     ))
-    mean = sum(idle.values()) / len(idle) if idle else 0.0
-    fig.add_hline(y=mean, line_dash="dot", line_color="#555", annotation_text=f"mean {mean:.1%}",
-                  annotation_position="top left")
     theory = None
     schedule = schedule or schedule_of(trace)
     if schedule is not None:
@@ -52,11 +53,17 @@ def bubble(trace, schedule: tuple[str, int, int, int] | None = None, title: str 
             theory = theoretical_bubble(*schedule)
         except (ScheduleError, ValueError):
             theory = None
+    mean = sum(idle.values()) / len(idle) if idle else 0.0
+    lines = [(f"mean {mean:.1%}", mean, dict(dash="dot", color="#555"))]
     if theory is not None:
-        fig.add_hline(y=theory, line_dash="dash", line_color="#D62728",
-                      annotation_text=f"{schedule[0]} theory {theory:.1%}", annotation_position="top right")
+        lines.append((f"{schedule[0]} theory {theory:.1%}", theory, dict(dash="dash", color="#D62728")))
+    edges = [-0.5, len(ranks) - 0.5]
+    for name, y, line in lines:
+        fig.add_trace(graph.Scatter(x=edges, y=[y, y], mode="lines", name=name, line=line,
+                                    hovertemplate=f"{name}<extra></extra>"))
     fig.update_yaxes(title_text="idle fraction of step", tickformat=".0%", rangemode="tozero")
-    fig.update_xaxes(title_text="rank")
+    fig.update_xaxes(title_text="rank", range=edges, tickvals=at, showgrid=False,
+                     ticktext=[f"r{r}: {idle[r]:.0%}" for r in ranks])
     fig.update_layout(meta={"idle": {str(r): idle[r] for r in ranks}, "theoretical": theory})
     return style(fig, title or "pipeline bubble per rank", 360)
 

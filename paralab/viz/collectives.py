@@ -87,25 +87,42 @@ def time_axis(times: list[float]) -> tuple[float, str, list[float]]:
     return scale, unit, log_ticks(low, high)
 
 
-def ring_against_tree(links: dict, payload: float, groups: list[int], title: str | None = None):
+def beyond_reach(reach: int) -> str:
+    """Why a node's NVLink is drawn up to ``reach`` ranks only: said on :func:`ring_against_tree`'s
+    figure and by the collectives explorer."""
+    return (f"NVLink joins the {reach} GPUs of a node, so its groups stop there (beyond it an all-reduce "
+            "crosses InfiniBand)")
+
+
+def ring_against_tree(links: dict, payload: float, groups: list[int], title: str | None = None,
+                      reach: dict | None = None):
     """Predicted all-reduce time of ``payload`` bytes against the group size, ring and tree, on each
-    of ``links`` {label: (alpha, bandwidth)}; times in the unit :func:`time_axis` picks for them."""
+    of ``links`` {label: (alpha, bandwidth)}; times in the unit :func:`time_axis` picks for them.
+    ``reach`` {label: the most ranks that link joins}: a node's NVLink drawn out to 1,024 ranks had
+    priced groups no node holds; its lines stop at the node, and a note on the plot says why."""
     graph = go()
     fig = graph.Figure()
     meta: dict = {}
-    curves = {label: {"ring": [ring_time("all_reduce", payload, n, alpha, bandwidth) for n in groups],
-                      "tree": [tree_time(payload, n, alpha, bandwidth) for n in groups]}
+    reach = reach or {}
+    joined = {label: [n for n in groups if n <= reach.get(label, n)] for label in links}
+    curves = {label: {"ring": [ring_time("all_reduce", payload, n, alpha, bandwidth) for n in joined[label]],
+                      "tree": [tree_time(payload, n, alpha, bandwidth) for n in joined[label]]}
               for label, (alpha, bandwidth) in links.items()}
     scale, unit, ticks = time_axis([t for algos in curves.values() for ts in algos.values() for t in ts])
     for i, (label, algos) in enumerate(curves.items()):
         for algo, times in algos.items():
             name = f"{label}, {algo}"
-            fig.add_trace(graph.Scatter(x=groups, y=[t / scale for t in times], mode="lines+markers",
+            fig.add_trace(graph.Scatter(x=joined[label], y=[t / scale for t in times], mode="lines+markers",
                                         name=name, line=dict(color=SERIES_COLORS[i % len(SERIES_COLORS)],
                                                              dash="dot" if algo == "tree" else "solid"),
                                         hovertemplate=f"{name}: %{{x}} ranks, "
                                                       f"%{{y:.3g}} {unit}<extra></extra>"))
             meta[name] = times
+    cut = sorted({reach[label] for label in links if joined[label] != groups})
+    if cut:  # top left, inside the plot: times grow with the ranks, so the lines leave it free
+        fig.add_annotation(text="<br>".join(map(beyond_reach, cut)), xref="paper", yref="paper", x=0.01, y=1,
+                           xanchor="left", yanchor="top", align="left", showarrow=False,
+                           font=dict(size=12, color="#333"), bgcolor="rgba(247,247,247,0.9)")
     fig.update_xaxes(type="log", dtick=0.30103, title_text="ranks in the all-reduce")
     low, high = math.log10(ticks[0]), math.log10(ticks[-1])
     pad = 0.03 * (high - low)  # a marker on the first or last tick is drawn whole

@@ -92,10 +92,18 @@ def scaling(measured=None, predicted=None, title: str | None = None):
     spans = [s for series in meta.values() for s in series["speedup"] if s > 0] + drawn  # ideals <= sizes
     ticks = [2.0**k for k in range(math.floor(math.log2(min(spans, default=1))),
                                    math.ceil(math.log2(max(spans, default=1))) + 1)]
-    fig.update_yaxes(title_text="speedup (x)", row=1, col=2, type="log", tickvals=ticks,
+    fig.update_yaxes(title_text=speedup_title(sorted(sizes_from)), row=1, col=2, type="log", tickvals=ticks,
                      ticktext=[f"{t:,g}" for t in ticks])
     fig.update_layout(meta=meta)
     return style(fig, title or "scaling with world size", 380)
+
+
+def speedup_title(bases: list[int]) -> str:
+    """The speedup axis's title, naming what it is over: a curve that starts at 4 ranks (the
+    smallest that fits) had read "speedup (x)", so 1.45 at 8 ranks looked like 1.45 times one GPU."""
+    if len(bases) > 1:  # each curve has its own ideal, named by the size it starts at
+        return "speedup over each curve's first size (x)"
+    return f"speedup over {bases[0]:,} rank{'s' * (bases[0] > 1)} (x)" if bases else "speedup (x)"
 
 
 def speedup_timeline(runs, baseline=None, title: str | None = None):

@@ -42,7 +42,7 @@ def collectives_explorer(measured: dict | None = None, size_mb: float = 1.0, lin
     of ranks, ring and tree (up to what the link can join). Attributes: ``controls``, ``figure``,
     ``message`` (where the tree overtakes the ring), ``redraw()``."""
     from paralab.collectives import ring_time, tree_time
-    from paralab.viz.collectives import ring_against_tree, size_label
+    from paralab.viz.collectives import beyond_reach, ring_against_tree, size_label
 
     choices = links(measured)
     w = widgets()
@@ -71,8 +71,7 @@ def collectives_explorer(measured: dict | None = None, size_mb: float = 1.0, lin
         if not chosen.tree:
             said += " (in the model: gloo, measured here, runs no tree; NCCL does)"
         if chosen.reach and c["max_group"] > chosen.reach:
-            said += (f"; NVLink joins the {chosen.reach} GPUs of a node, so the groups stop there (beyond "
-                     "it an all-reduce crosses InfiniBand)")
+            said += "; " + beyond_reach(chosen.reach)
         msg.value = message(said, "info")
 
     for control in controls.values():

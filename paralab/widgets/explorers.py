@@ -10,6 +10,7 @@ The scaling explorer leaves out, and names, the sizes that do not fit in memory:
 from __future__ import annotations
 
 import functools
+import re
 
 from paralab.widgets._common import (
     attach,
@@ -41,25 +42,24 @@ def scaling_points(model_name: str, hw_name: str, dim: str, max_gpus: int, globa
     gradient accumulation, as a run that must fit does).
 
     Returns (points for paralab.viz.scaling, reasons for the sizes left out): a size the cost model
-    refuses, or one that does not fit in the GPU's memory (it cannot run, so it has no step time).
-    Each reason is said once, after the sizes it applies to ("dp=1, 2, 4: does not fit, ..."): ten
-    sizes refused alike had made a block of ten repeats. A batch that does not split into the
-    replicas' micro-batches is said in words that hold for every size (the spec's name each one's
-    numbers). A pipeline whose stages the layers do not divide into splits them unevenly, as the
-    simulator's refusal suggests; its point says how (``split``, beside the degree it scales, ``size``).
+    refuses, or one that does not fit in the GPU's memory (it cannot run, so it has no step time),
+    each reason said once (:func:`said_once`). A batch that does not split into the replicas'
+    micro-batches is refused before the cost model is asked. A pipeline whose stages the layers do not
+    divide into splits them unevenly, as the simulator's refusal suggests; its point says how
+    (``split``, beside the degree it scales, ``size``).
     """
     from paralab.stage_split import split_text, uneven_split
 
     cost, hardware, presets, specs = _sim()
     model, hw = presets.get_model(model_name), hardware.get_hardware(hw_name)
     usable = cost.usable_memory(hw)
-    points, refused = [], {}  # reason -> the sizes it refuses
+    points, refused = [], []  # (size, why)
     for n in [g for g in POW2 if g <= max_gpus]:
         fields = {"micro_batch": micro_batch, **(base or {}), dim: n, "global_batch": global_batch}
         per_step = fields.get("dp", 1) * fields["micro_batch"]
         if global_batch > 0 and global_batch % per_step:
-            refused.setdefault(f"global batch {global_batch} is not a whole number of micro-batches of "
-                               f"{fields['micro_batch']} per replica", []).append(n)
+            refused.append((n, f"global batch {global_batch} is not a whole number of micro-batches of "
+                               f"{fields['micro_batch']} per replica"))
             continue
         split = None
         if dim == "pp":  # a split fits one depth only: each depth takes its own, or none
@@ -68,16 +68,46 @@ def scaling_points(model_name: str, hw_name: str, dim: str, max_gpus: int, globa
         try:
             pred = cost.predict(model, spec, hw)
         except specs.SpecError as exc:
-            refused.setdefault(str(exc), []).append(n)
+            refused.append((n, str(exc)))
             continue
         if not pred.fits:
             need = pred.memory_bytes_per_gpu["total"]
-            refused.setdefault(f"does not fit, {need / 2**30:,.1f} GiB per GPU against "
-                               f"{usable / 2**30:.1f} GiB usable", []).append(n)
+            refused.append((n, f"does not fit, {need / 2**30:,.1f} GiB per GPU against "
+                               f"{usable / 2**30:.1f} GiB usable"))
             continue
         points.append({"world_size": spec.world_size, "step_time_s": pred.step_time_s, "size": n,
                        "tokens_per_s": pred.tokens_per_s, "split": split_text(split) if split else ""})
-    return points, [f"{dim}={', '.join(map(str, sizes))}: {why}" for why, sizes in refused.items()]
+    return points, said_once(dim, refused)
+
+
+# a number as the reasons write it: 7, 120.3, 100,000 (a comma that a space follows is punctuation)
+NUMBER = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?")
+
+
+def said_once(dim: str, refused: list[tuple[int, str]]) -> list[str]:
+    """Each reason once, after the sizes it applies to ("dp=1, 2, 4: does not fit, ..."): ten sizes
+    refused alike had made a block of ten repeats. Reasons that differ only in their numbers (each
+    size's memory, its GPUs) are one reason, each number that differs written as the range the sizes
+    span ("tp=1, 2: does not fit, 120.3 to 236.5 GiB per GPU"): seven sizes refused by one limit of the
+    simulator had each said it with their own count of GPUs."""
+    alike: dict[str, list[tuple[int, str]]] = {}
+    for n, why in refused:
+        alike.setdefault(NUMBER.sub("#", why), []).append((n, why))
+    return [f"{dim}={', '.join(str(n) for n, _ in group)}: {merged([why for _, why in group])}"
+            for group in alike.values()]
+
+
+def merged(reasons: list[str]) -> str:
+    """Reasons alike but for their numbers as one: each number that differs as "lowest to highest"."""
+    spans = iter(number_span(texts) for texts in zip(*map(NUMBER.findall, reasons)))
+    return NUMBER.sub(lambda _: next(spans), reasons[0])
+
+
+def number_span(texts: tuple[str, ...]) -> str:
+    """One number of a reason as the sizes give it: the number, or "lowest to highest"."""
+    values = [float(t.replace(",", "")) for t in texts]
+    low, high = texts[values.index(min(values))], texts[values.index(max(values))]
+    return low if min(values) == max(values) else f"{low} to {high}"
 
 
 def scaling_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dim: str = "dp", max_gpus: int = 64,
