@@ -68,6 +68,7 @@ class MemoryMeter:
         self._refs: dict[int, weakref.ref] = {}
         self._fixed: set = set()  # keys whose bytes shrink() set: what they hold is no longer tracked
         self._rematerialised: set = set()  # keys of recomputations, dropped once all they counted is freed
+        self._rerunning: set = set()  # keys of recomputations still running (kept even while empty)
         self.peak_total = 0
         self.peak_by_kind = dict.fromkeys(KINDS, 0)  # the breakdown at the moment of the total's peak
         self.max_by_kind = dict.fromkeys(KINDS, 0)  # each kind's own high-water mark
@@ -143,8 +144,10 @@ class MemoryMeter:
         follows. Checkpoint keeps each such tensor until the backward node that saved it takes it, and
         frees it once that node has run; these hooks count each one (not the inputs, counted already),
         hand it on, and take its bytes off when it goes. The sample is taken at the end of the run (or
-        where checkpoint stops it early, once it has every tensor it needs: the tensor it stops at
-        goes uncounted after that sample, as checkpoint keeps it out of these hooks' sight)."""
+        where checkpoint stops it early, once it has every tensor it needs). Two kinds go uncounted
+        after that sample: the tensor checkpoint stops at, which it keeps out of these hooks' sight,
+        and a tensor that needs no gradient, which checkpoint keeps as it is, not as a copy of its own,
+        so its end says nothing of the backward (a mask cached across steps would never end)."""
         top = _innermost_saved_tensor_hooks()
         if top is None:  # not inside a recomputation (or a torch that does not say): nothing counted
             yield
@@ -153,6 +156,7 @@ class MemoryMeter:
         key = object()
         self._live[key] = 0
         self._rematerialised.add(key)
+        self._rerunning.add(key)
 
         def pack(t: torch.Tensor):
             storage = self._storage(t)
@@ -161,7 +165,7 @@ class MemoryMeter:
                 entry = self._holders[storage._cdata] = [key, storage.nbytes(), 0]
                 self._live[key] += entry[1]
             kept = keep(t)  # after counting: checkpoint stops the run early right after its last tensor
-            if entry is not None and entry[0] is key:
+            if entry is not None and entry[0] is key and t.requires_grad:  # kept is checkpoint's own copy
                 entry[2] += 1
                 self._watch(kept, storage)
             return kept
@@ -171,6 +175,7 @@ class MemoryMeter:
                 yield
         finally:
             self.sample()
+            self._rerunning.discard(key)
             for storage in [s for s, (owner, _, held) in self._holders.items() if owner is key and not held]:
                 self._live[key] -= self._holders.pop(storage)[1]
             self._forget_if_empty(key)
@@ -204,8 +209,9 @@ class MemoryMeter:
                 self._forget_if_empty(key)
 
     def _forget_if_empty(self, key) -> None:
-        """A recomputation whose tensors are all gone leaves no key behind (one per block a step)."""
-        if key in self._rematerialised and not self._live[key]:
+        """A recomputation whose tensors are all gone leaves no key behind (one per block a step), once
+        it has ended: a tensor it made can die while it runs."""
+        if key in self._rematerialised and key not in self._rerunning and not self._live[key]:
             self._rematerialised.discard(key)
             del self._live[key]
 

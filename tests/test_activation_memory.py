@@ -108,3 +108,38 @@ def test_the_meter_sees_a_recomputed_layer_and_lets_go_of_what_backward_frees():
     assert meter.report()["max_by_kind"]["activations"] == inputs + rematerialised
     assert held[0] - inputs > rematerialised / 2, (held[0] - inputs, rematerialised)
     assert meter.activations() == 0
+
+
+class _Region(torch.nn.Module):
+    """A block full recompute checkpoints: it drops a branch it computed (whose tensors die while the
+    rerun runs) and masks with a tensor kept across steps (which checkpoint keeps as it is)."""
+
+    IS_TRANSFORMER_BLOCK = True
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(64, 64))
+        self.register_buffer("mask", torch.rand(8, 64) > 0.5)
+
+    def forward(self, x):
+        torch.sin(x * 1.0)  # a branch whose output is dropped
+        return torch.cos(x @ self.weight * 1.0).masked_fill(self.mask, 0.0)
+
+
+def test_the_meter_outlives_a_rerun_tensor_that_dies_early_and_forgets_one_kept_across_steps():
+    """A rematerialised tensor that dies while the rerun still runs had made the meter forget the
+    rerun's count and fail at its next tensor (KeyError inside backward); a tensor that needs no
+    gradient, kept across steps (a cached mask), had stayed counted as an activation after every
+    backward. Three steps end with nothing counted."""
+    region = _Region()
+    meter = MemoryMeter(torch.device("cpu"))
+    meter.watch(region.parameters())
+    apply_recompute(region, "full", memory=meter)
+    for step in range(3):
+        x = torch.randn(8, 64, requires_grad=True)
+        with meter.saving(step):
+            out = region(x * 1.0)
+        out.sum().backward()
+        meter.release(step)
+        assert meter.activations() == 0
+
