@@ -100,8 +100,8 @@ def test_a_torchrun_hierarchy_needs_two_nodes(monkeypatch, per_node, refused):
 @pytest.mark.parametrize("agents, per_node, nodes", [(2, 2, 2), (1, 4, 1), (3, 2, 1)])
 def test_a_torchrun_run_names_the_nodes_its_ranks_were_started_on(monkeypatch, agents, per_node, nodes):
     """torchrun's GROUP_WORLD_SIZE agents of LOCAL_WORLD_SIZE ranks each are the config's nodes (it had
-    kept nodes=1, so a hierarchical run over real nodes was predicted as a flat all-reduce); nodes of
-    unequal size (3 agents for 4 ranks) stay one, which ddp's hierarchy refuses."""
+    kept nodes=1, so a hierarchical run over real nodes was predicted as a flat all-reduce); where
+    this rank's node times the agents is not the world (3 agents of 2 for 4 ranks) it stays one."""
     monkeypatch.setenv("GROUP_WORLD_SIZE", str(agents))
     assert launched_nodes(world_size=4, local_world=per_node) == nodes
 

@@ -38,8 +38,10 @@ def under_torchrun() -> bool:
 def launched_nodes(world_size: int, local_world: int) -> int:
     """The nodes torchrun started the ranks on, as a config's ``nodes`` names them (what the simulator
     prices a run's collectives over and the figures group ranks by): its GROUP_WORLD_SIZE agents of
-    ``local_world`` ranks each, or 1 where the nodes differ in size (which a hierarchical all-reduce
-    refuses on every rank)."""
+    ``local_world`` ranks each (torchrun's launch: every agent starts as many), or 1 where this rank's
+    node times the agents is not the world. Read from this rank's environment alone: with nodes of
+    unequal size (which a hierarchical all-reduce refuses on every rank) a rank whose node's size
+    happens to fit that product still names the agents."""
     agents = int(os.environ.get("GROUP_WORLD_SIZE", 1))
     return agents if agents * local_world == world_size else 1
 
