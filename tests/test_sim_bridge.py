@@ -169,6 +169,8 @@ def test_measured_and_predicted_traces_line_up():
         dict(strategy="zero3"),
         # a unit's whole gradient beside what its layer's recomputation has not yet freed
         dict(strategy="zero3", recompute="full"),
+        # one replica: no bucket copies (a flat copy of every gradient had been reduced over a group of one)
+        dict(strategy="hybrid", pp=2, microbatches=4, recompute="full"),
         # hybrid's ZeRO-2 sums the microbatches in every unit's full-size buffer before reducing once
         dict(strategy="hybrid", zero=2, microbatches=2),
         dict(strategy="tp", sequence_parallel=True),

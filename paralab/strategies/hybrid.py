@@ -42,6 +42,7 @@ from paralab.precision import torch_dtype
 from paralab.schedules import DEFAULT_SCHEDULE, SCHEDULES, build_schedule, theoretical_bubble
 from paralab.strategies import context, tensor
 from paralab.strategies.common import (
+    GradSync,
     SyncChain,
     make_loader,
     make_optimizer,
@@ -171,7 +172,8 @@ def parallelize_pipeline(ctx, schedule, stages: dict, position: MeshPosition) ->
 
 
 def parallelize_data(ctx, module: nn.Module, position: MeshPosition):
-    """(gradient sync, optimizer) over the dp (and cp) ranks: DDP's buckets over them then the
+    """(gradient sync, optimizer) over the dp (and cp) ranks: DDP's buckets over them (none for one
+    replica, where a flat copy of every gradient had been all-reduced over a group of one) then the
     sequence-parallel sums over tp (sums commute; the buckets hold the gradients as backward left them, so
     dp goes first), or the sequence-parallel sums then a ZeRO stage 1 or 2 whose optimizer holds only this
     rank's shards (stage 1 keeps full gradients, so they are summed over tp before the reduce-scatter;
@@ -188,8 +190,9 @@ def parallelize_data(ctx, module: nn.Module, position: MeshPosition):
         optimizer = make_optimizer(ctx.cfg, [u.shard for u in zero.units], ctx)
         ctx.memory.watch([], optimizer)
         return SyncChain(sp_grads, zero), optimizer
-    reducer = BucketedReducer(module, layout.dp * layout.cp, ctx.cfg.bucket_mb, position.grad_group,
-                              layout.microbatches, memory=ctx.memory, reduce_dtype=reduce_dtype)
+    replicas = layout.dp * layout.cp  # one holds every gradient alone: nothing to average, no bucket copies
+    reducer = (BucketedReducer(module, replicas, ctx.cfg.bucket_mb, position.grad_group, layout.microbatches,
+                               memory=ctx.memory, reduce_dtype=reduce_dtype) if replicas > 1 else GradSync())
     optimizer = make_optimizer(ctx.cfg, module.parameters(), ctx)
     ctx.memory.watch(list(module.parameters()), optimizer)
     return SyncChain(reducer, tensor.SequenceParallelGrads(module, position.tp, reduce_dtype)), optimizer
