@@ -808,7 +808,12 @@ def _around_the_first_backward(p: ParallelSpec, rank: int, stashed: dict[str, fl
     block's outweighs the backward's end when a block's activations outweigh its gradients (full
     recompute on a small model, long sequences): the lab's tiny model under full recompute on two
     tensor-parallel ranks had read 10% under its measured peak without it. A zero-bubble schedule's
-    deferred weight gradients come later, so it is not weighed there."""
+    deferred weight gradients come later, so it is not weighed there.
+
+    A rank of several chunks (interleaved, V-shaped) makes a chunk's gradients only when that chunk's
+    first backward runs, where these moments hold every gradient from the rank's first backward on:
+    high there (the lab's interleaved pp 2 x v 2 with 2 microbatches: 10% over its measured peak,
+    without recompute); walking the rank's order of passes would price it."""
     inflight = counting.peak_inflight_chunks(p.schedule, p.pp, p.microbatches, p.virtual_stages, rank)
     bare = {**stashed, "grads": kept_grads}
     if p.microbatches * p.chunks_per_rank > inflight and (p.pp == 1 or p.schedule != "gpipe"):
