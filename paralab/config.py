@@ -19,6 +19,9 @@ class ConfigError(ValueError):
     """A configuration that cannot work. Raised before any process starts (CLI exit code 2)."""
 
 
+CORPUS_SAMPLES = 65536  # sequences in the synthetic corpus (paralab.data), which a global batch draws from
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Shape of the GPT-style decoder (see paralab.models.gpt)."""
@@ -186,7 +189,10 @@ class TrainingConfig:
         # the upper bounds are far beyond any run here; past them a number fails only inside the ranks
         # (a thread count torch cannot hold) or never ends
         check_int("steps", self.steps, low=1, high=10**9)
-        check_int("global_batch", self.global_batch, low=1, high=2**31 - 1)
+        check_int("global_batch", self.global_batch, low=1)
+        if self.global_batch > CORPUS_SAMPLES:  # a step draws each of its samples once
+            raise ConfigError(f"global batch {self.global_batch:,} is larger than the corpus "
+                              f"({CORPUS_SAMPLES:,} samples)")
         check_int("seed", self.seed, low=0, high=2**63 - 1)
         check_int("threads_per_rank", self.threads_per_rank, low=0, high=4096)
         check_positive("learning rate", self.lr)

@@ -16,13 +16,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from paralab.config import CORPUS_SAMPLES
+
 SUCCESSORS = 4  # likely next tokens per token: the chain's entropy is at most ln(4) nats
 
 
 class SyntheticCorpus:
     """``num_samples`` sequences of ``seq_len + 1`` tokens (inputs and shifted targets)."""
 
-    def __init__(self, vocab: int, seq_len: int, seed: int = 0, num_samples: int = 65536):
+    def __init__(self, vocab: int, seq_len: int, seed: int = 0, num_samples: int = CORPUS_SAMPLES):
         self.vocab, self.seq_len, self.seed, self.num_samples = vocab, seq_len, seed, num_samples
         rng = np.random.default_rng([seed, 0xC0FFEE])
         k = min(SUCCESSORS, vocab)

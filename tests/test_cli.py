@@ -41,6 +41,8 @@ def test_run_json_has_the_contract_keys(tmp_path, capsys, no_leftover_ranks):
         (["--threads", str(10**20)], "threads_per_rank must be <= 4,096"),
         (["--steps", str(10**23)], "steps must be <= 1,000,000,000"),
         (["--timeout", "1e300"], "timeout must be <= 1e+07 s"),
+        # each step draws its samples from the corpus once: the ranks had started, then refused
+        (["--global-batch", "65538"], "global batch 65,538 is larger than the corpus (65,536 samples)"),
     ],
 )
 def test_invalid_arguments_exit_2_before_any_process(monkeypatch, capsys, argv, message):
