@@ -1,13 +1,16 @@
 """Where a command will write, checked before it starts anything: a run must not train for minutes and
 then find that its ``--trace`` path is a directory.
 
-Nothing is created here; a path passes when writing it would not fail for its shape or permissions
-(a missing parent directory is fine: the writers create it).
+Nothing is left behind here; a path passes when writing it would not fail for its shape or
+permissions (a missing parent directory is fine: the writers create it). Permission bits do not say
+it all (root passes them for /proc and for a read-only mount), so a probe file is made and removed in
+the nearest directory that exists.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from paralab.config import ConfigError
@@ -40,8 +43,11 @@ def _check_parent(path: Path, what: str) -> None:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
         raise ConfigError(f"{what} {path}: {ancestor} is not a directory")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise ConfigError(f"{what} {path}: cannot write in {ancestor}")
+    try:
+        with tempfile.TemporaryFile(dir=ancestor):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{what} {path}: cannot write in {ancestor} ({exc.strerror})") from None
 
 
 def check_run_outputs(args) -> None:

@@ -59,6 +59,9 @@ def test_invalid_arguments_exit_2_before_any_process(monkeypatch, capsys, argv, 
         ("--trace-dir", lambda tmp: tmp / "file.txt", "--trace-dir {} exists and is not a directory"),
         ("--trace", lambda tmp: tmp / "file.txt" / "t.json", "is not a directory"),
         ("--profile", lambda tmp: tmp / "file.txt", "--profile {} exists and is not a directory"),
+        # root passes the permission bits there, and the run had trained before failing to write
+        ("--report", lambda tmp: "/proc/report.html", "--report /proc/report.html: cannot write in /proc"),
+        ("--trace-dir", lambda tmp: "/proc/traces", "--trace-dir /proc/traces: cannot write in /proc"),
     ],
 )
 def test_unwritable_output_paths_exit_2_before_any_process(monkeypatch, capsys, tmp_path, option, make,
