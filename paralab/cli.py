@@ -16,6 +16,7 @@ from pathlib import Path
 
 from paralab.cli_args import (
     EXIT_FAILED,
+    EXIT_INTERRUPTED,
     EXIT_INVALID,
     EXIT_OK,
     EXIT_SIGPIPE,
@@ -269,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     except RunError as exc:
         print(f"paralab: run failed: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except KeyboardInterrupt:  # the ranks go with their launcher (their finally blocks, the janitor)
+        print("paralab: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         if not _stdout_reader_gone():  # some other pipe broke: a real error
             raise

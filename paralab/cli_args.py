@@ -24,6 +24,7 @@ from paralab.config import (
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 EXIT_SIGPIPE = 141  # the reader of stdout went away, as shells report a program killed by SIGPIPE
+EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report a program killed by SIGINT
 
 
 class OneLineErrors(argparse.ArgumentParser):

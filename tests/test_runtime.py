@@ -177,6 +177,22 @@ def test_ctrl_c_again_and_again_during_clean_up_still_cleans_up(tmp_path):
 
 
 @pytest.mark.timeout(150)
+def test_ctrl_c_on_paralab_run_says_interrupted_and_exits_130(tmp_path):
+    """The command line reports an interrupt in one line, as a shell reports SIGINT (128 + 2), where it
+    had printed the launcher's traceback (its poll loop's sleep), and every rank still goes."""
+    tag = f"ctrl-c-cli-{os.getpid()}-{time.time_ns()}"
+    err = tmp_path / "stderr"
+    script = (f"import sys; from paralab import cli; sys.stderr = open({str(err)!r}, 'w', buffering=1); "
+              "sys.exit(cli.main(['run', '--world-size', '2', '--steps', '100000', '--global-batch', '8']))")
+    parent = start_parent(script, tmp_path, tag)
+    parent.send_signal(signal.SIGINT)
+    assert parent.wait(timeout=60) == 130
+    said = err.read_text()
+    assert said.strip().splitlines()[-1] == "paralab: interrupted" and "Traceback" not in said, said
+    assert_nothing_left(tag, tmp_path / "tmp")
+
+
+@pytest.mark.timeout(150)
 def test_a_local_run_listens_on_loopback_only(tmp_path):
     tag = f"listen-{os.getpid()}-{time.time_ns()}"
     parent = start_parent(LONG_RUN.format(fault=""), tmp_path, tag)
