@@ -525,6 +525,17 @@ def test_a_terminal_is_told_that_the_first_local_hardware_is_measured(capsys, mo
                        "/local_hardware.json\n" if told else "")
 
 
+def test_a_calibration_cache_that_cannot_be_written_is_refused_before_measuring(capsys, monkeypatch,
+                                                                                  tmp_path):
+    """PARALAB_CACHE naming a file: refused at once, where it had measured for 20 s and then failed
+    with a traceback as it wrote the cache."""
+    monkeypatch.setattr(hardware, "calibrate", lambda **kwargs: pytest.fail("it measured"))
+    (tmp_path / "afile").write_text("in the way")
+    monkeypatch.setenv("PARALAB_CACHE", str(tmp_path / "afile"))
+    rc, _, err = run(["simulate", "--model", "gpt3-1.3b", "--hardware", "local"], capsys)
+    assert rc == 2 and f"(PARALAB_CACHE) {tmp_path / 'afile'} exists and is not a directory" in err
+
+
 @pytest.mark.parametrize("argv", [
     ["simulate", "--model", "gpt3-1.3b", "--gpus", "0"],
     ["simulate", "--model", "gpt3-1.3b", "--global-batch", "-1"],

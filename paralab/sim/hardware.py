@@ -274,6 +274,13 @@ def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True,
         # a cache made without gloo (the quick test calibration) does not serve a caller who wants links
         if made.get("version") == CALIBRATION_VERSION and (made.get("gloo") or not gloo):
             return cached
+    from paralab.config import ConfigError
+    from paralab.outputs import check_dir
+
+    try:  # before measuring for 20 s, not after
+        check_dir(path.parent, "the calibration cache (PARALAB_CACHE)")
+    except ConfigError as exc:
+        raise SpecError(str(exc)) from None
     if on_measure is not None:
         on_measure(path)
     spec = calibrate(matmul_size=matmul_size, gloo=gloo, threads=threads)
