@@ -26,7 +26,7 @@ from paralab.cli_args import (
     int_list,
     json_text,
 )
-from paralab.config import CP_MODES, CP_SPLITS, ConfigError, RunConfig
+from paralab.config import CP_MODES, CP_SPLITS, ConfigError, RunConfig, check_int
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
@@ -190,6 +190,8 @@ def cmd_nodes(args) -> int:
     from paralab.runtime.launch import preflight
     from paralab.runtime.multinode import run_local_nodes
 
+    for option, count in (("--nnodes", args.nnodes), ("--nproc-per-node", args.nproc_per_node)):
+        check_int(option, count, low=1)
     run_args = args.run_args[1:] if args.run_args[:1] == ["--"] else args.run_args
     parsed = build_parser().parse_args(["run", *run_args])
     cfg = config_from_args(parsed)

@@ -84,8 +84,10 @@ def test_unwritable_output_paths_exit_2_before_any_process(monkeypatch, capsys, 
         (["nodes", "--nnodes", "2", "--nproc-per-node", "512", "--", "--global-batch", "1024"],
          "1024 ranks do not fit this machine"),
         (["import", "{tmp}/rank0.json", "-o", "{tmp}"], "output {tmp} is a directory"),
+        # had been named as the world size it made (-1 x 2)
+        (["nodes", "--nnodes", "-1", "--", "--strategy", "ddp"], "--nnodes must be >= 1, got -1"),
     ],
-    ids=["elastic", "nodes", "nodes' run", "nodes' ranks", "import"],
+    ids=["elastic", "nodes", "nodes' run", "nodes' ranks", "import", "nodes' count"],
 )
 def test_the_other_commands_check_outputs_and_ranks_before_they_start(monkeypatch, capsys, tmp_path, argv,
                                                                       message):

@@ -75,9 +75,10 @@ class ElasticConfig(TrainingConfig):
             raise ConfigError("not supported: elastic training of a mixture of experts "
                               f"({self.model_name!r}): its load-balancing loss is not weighted by each "
                               "worker's share of the batch; use a dense model")
-        for name in ("micro_batch", "checkpoint_every", "keep_checkpoints", "min_nodes", "max_nodes", "nodes",
-                     "last_call_s"):
+        for name in ("micro_batch", "checkpoint_every", "keep_checkpoints", "min_nodes", "max_nodes",
+                     "nodes"):
             check_int(name.replace("_", " "), getattr(self, name), low=1)
+        check_int("last call (s)", self.last_call_s, low=1)
         check_int("max restarts", self.max_restarts, low=0)
         check_positive("run timeout", self.run_timeout_s, unit=" s", high=MAX_TIMEOUT_S)
         if self.min_nodes > self.max_nodes:
@@ -127,7 +128,7 @@ class ElasticConfig(TrainingConfig):
         if self.join_after_step is None:
             return
         if not 0 <= self.join_after_step < self.steps - 1:
-            raise ConfigError(f"join after step {self.join_after_step} is beyond the run: steps are "
+            raise ConfigError(f"join after step {self.join_after_step} is outside the run: steps are "
                               f"0..{self.steps - 1} and the new node needs a step left to join")
         if self.nodes - (self.fault is not None) >= self.max_nodes:  # a planned failure makes room
             raise ConfigError(f"no room to join: {self.nodes} nodes already run and max nodes is "
