@@ -820,7 +820,8 @@ def _around_the_first_backward(p: ParallelSpec, rank: int, stashed: dict[str, fl
         return [bare, stashed]
     others = kept(inflight - 1) if inflight > 1 else 0.0
     moments = [bare, {**stashed, "activations": others}]
-    if not (p.pp > 1 and _schedule_name(p) in SPLIT_BACKWARD):
+    # last_grads is 0 on a rank without blocks (an uneven split's empty chunk), which has no such moment
+    if last_grads and not (p.pp > 1 and _schedule_name(p) in SPLIT_BACKWARD):
         block = layer_kept(p.recompute)
         if not others and p.recompute == "full":  # the one transient: this block rematerialised
             block += layer_kept("none") - layer_kept("full")
