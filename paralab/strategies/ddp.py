@@ -37,6 +37,15 @@ from paralab.strategies.common import (
 from paralab.strategies.registry import Strategy
 
 
+def bucketed_sync(model: torch.nn.Module, replicas: int, bucket_mb: float, group=None, **reducer) -> GradSync:
+    """DDP's buckets over ``replicas`` data-parallel ranks (:class:`BucketedReducer`), or, for one, a
+    sync that only clears: it holds every gradient alone, and a flat copy of each all-reduced over a
+    group of one is memory and time spent on nothing (the simulator counts no buckets there)."""
+    if replicas == 1:
+        return GradSync()
+    return BucketedReducer(model, replicas, bucket_mb, group, **reducer)
+
+
 class BucketedReducer(GradSync):
     """``group``: the data-parallel ranks (default: all). ``accumulations``: backward passes that add
     into each gradient per step (microbatches, in hybrid): a bucket is launched once, when the last
@@ -163,7 +172,7 @@ def train(ctx):
         reducer = HierarchicalReducer(model, ctx.world_size, ctx.cfg.bucket_mb, ctx.recorder.node_of,
                                       **shared)
     else:
-        reducer = BucketedReducer(model, ctx.world_size, ctx.cfg.bucket_mb, **shared)
+        reducer = bucketed_sync(model, ctx.world_size, ctx.cfg.bucket_mb, **shared)
     return train_model(ctx, model, reducer)
 
 

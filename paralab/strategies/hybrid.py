@@ -42,7 +42,6 @@ from paralab.precision import torch_dtype
 from paralab.schedules import DEFAULT_SCHEDULE, SCHEDULES, build_schedule, theoretical_bubble
 from paralab.strategies import context, tensor
 from paralab.strategies.common import (
-    GradSync,
     SyncChain,
     make_loader,
     make_optimizer,
@@ -50,7 +49,7 @@ from paralab.strategies.common import (
     prepare,
     train_loop,
 )
-from paralab.strategies.ddp import BucketedReducer
+from paralab.strategies.ddp import bucketed_sync
 from paralab.strategies.expert import expert_process_groups, parallelize_experts
 from paralab.strategies.pipeline import PipelineExecutor, microbatched_batch, stage_groups
 from paralab.strategies.pipeline_stage import build_stages, check_pipeline
@@ -173,7 +172,7 @@ def parallelize_pipeline(ctx, schedule, stages: dict, position: MeshPosition) ->
 
 def parallelize_data(ctx, module: nn.Module, position: MeshPosition):
     """(gradient sync, optimizer) over the dp (and cp) ranks: DDP's buckets over them (none for one
-    replica, where a flat copy of every gradient had been all-reduced over a group of one) then the
+    replica: :func:`~paralab.strategies.ddp.bucketed_sync`) then the
     sequence-parallel sums over tp (sums commute; the buckets hold the gradients as backward left them, so
     dp goes first), or the sequence-parallel sums then a ZeRO stage 1 or 2 whose optimizer holds only this
     rank's shards (stage 1 keeps full gradients, so they are summed over tp before the reduce-scatter;
@@ -190,9 +189,8 @@ def parallelize_data(ctx, module: nn.Module, position: MeshPosition):
         optimizer = make_optimizer(ctx.cfg, [u.shard for u in zero.units], ctx)
         ctx.memory.watch([], optimizer)
         return SyncChain(sp_grads, zero), optimizer
-    replicas = layout.dp * layout.cp  # one holds every gradient alone: nothing to average, no bucket copies
-    reducer = (BucketedReducer(module, replicas, ctx.cfg.bucket_mb, position.grad_group, layout.microbatches,
-                               memory=ctx.memory, reduce_dtype=reduce_dtype) if replicas > 1 else GradSync())
+    reducer = bucketed_sync(module, layout.dp * layout.cp, ctx.cfg.bucket_mb, position.grad_group,
+                            accumulations=layout.microbatches, memory=ctx.memory, reduce_dtype=reduce_dtype)
     optimizer = make_optimizer(ctx.cfg, module.parameters(), ctx)
     ctx.memory.watch(list(module.parameters()), optimizer)
     return SyncChain(reducer, tensor.SequenceParallelGrads(module, position.tp, reduce_dtype)), optimizer
