@@ -153,7 +153,7 @@ class MemoryMeter:
             yield
             return
         keep, unpack = top
-        key = object()
+        key, made = object(), []  # made: the storages this rerun counted first
         self._live[key] = 0
         self._rematerialised.add(key)
         self._rerunning.add(key)
@@ -164,6 +164,7 @@ class MemoryMeter:
             if storage is not None and entry is None:  # not an input the forward kept
                 entry = self._holders[storage._cdata] = [key, storage.nbytes(), 0]
                 self._live[key] += entry[1]
+                made.append(storage._cdata)
             kept = keep(t)  # after counting: checkpoint stops the run early right after its last tensor
             if entry is not None and entry[0] is key and t.requires_grad:  # kept is checkpoint's own copy
                 entry[2] += 1
@@ -176,8 +177,9 @@ class MemoryMeter:
         finally:
             self.sample()
             self._rerunning.discard(key)
-            for storage in [s for s, (owner, _, held) in self._holders.items() if owner is key and not held]:
-                self._live[key] -= self._holders.pop(storage)[1]
+            for storage in made:  # those no holder watches go now
+                if storage in self._holders and not self._holders[storage][2]:
+                    self._live[key] -= self._holders.pop(storage)[1]
             self._forget_if_empty(key)
 
     def _storage(self, t: torch.Tensor) -> torch.UntypedStorage | None:

@@ -776,6 +776,8 @@ def _while_units_reduce(model: ModelSpec, p: ParallelSpec, rank: int, stashed: d
         freed = whole * layer_kept("none") + (sent - whole) * layer_kept(p.recompute)
         moments.append({**stashed, "grads": grads + unit * gb + sent * on_the_wire,
                         "activations": max(0.0, stashed["activations"] - freed)})
+    if units > flight:  # the end holds no more on the wire than the last fill, and no more activations
+        return moments
     after = max(0.0, stashed["activations"] - kept(1))  # other microbatches in flight
     return [*moments, {**stashed, "grads": grads + flight * on_the_wire, "activations": after}]
 
