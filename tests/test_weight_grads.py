@@ -93,3 +93,29 @@ def test_bytes_held_for_w_are_the_linear_inputs_and_output_gradients():
     assert deferred.held_bytes((0, 0)) == 4 * 4 * (8 + 32 + 32 + 8)
     deferred.backward_weight((0, 0))
     assert deferred.held_bytes((0, 0)) == 0
+
+
+def test_w_hands_its_gradients_to_autograd_without_a_copy(monkeypatch):
+    """W's GEMM outputs become the weights' ``.grad`` themselves: handed to autograd from Python, each
+    had been copied by AccumulateGrad, a chunk's weight gradients held twice at the end of every W. A
+    layer called twice gets the sum, a tensor of autograd's own, also taken as it is."""
+    from paralab.strategies import weight_grads
+
+    made, gemms = set(), weight_grads._gemms
+
+    def gemms_seen(entries):  # their addresses only: a reference kept here would force the copy
+        grads = gemms(entries)
+        made.update(g.untyped_storage().data_ptr() for g in grads)
+        return grads
+
+    monkeypatch.setattr(weight_grads, "_gemms", gemms_seen)
+    torch.manual_seed(0)
+    stage = Stage()
+    deferred = DeferredWeightGrads({0: stage})
+    x = torch.randn(3, 5, 8, requires_grad=True)
+    with deferred.recording((0, 0)):
+        loss = stage(x)
+    deferred.backward_input((0, 0), loss, None, x)
+    deferred.backward_weight((0, 0))
+    for name in ("b.weight", "b.bias", "row.weight"):  # called once: the very tensor W made
+        assert stage.get_parameter(name).grad.untyped_storage().data_ptr() in made, name

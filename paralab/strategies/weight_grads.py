@@ -15,10 +15,10 @@ so no layer needs to know about zero-bubble schedules. With sequence parallelism
 layer is one autograd function that gathers its input again in backward
 (``tensor_layers._GatheredLinear``): its weight gradient comes in Bi, with that gather. Every other
 parameter (LayerNorm, embeddings, a row layer's bias added after g) gets its gradient in Bi, from
-autograd. W hands its gradients to
-autograd as the gradient of the weights themselves, in one call, so they accumulate into ``.grad``
-through the usual AccumulateGrad and the data-parallel bucket hooks (hybrid) fire once per
-parameter, as for any backward.
+autograd. W hands its gradients to autograd from inside a backward node of its own, in one call,
+so they accumulate into ``.grad`` through the usual AccumulateGrad (which takes them as they are,
+without a copy) and the data-parallel bucket hooks (hybrid) fire once per parameter, as for any
+backward.
 """
 
 from __future__ import annotations
@@ -100,13 +100,36 @@ class DeferredWeightGrads:
     def backward_weight(self, key: tuple[int, int]) -> None:
         """W: every linear call's weight (and bias) gradient from what Bi left, one GEMM each, handed
         to autograd in one call (a layer called twice gets the sum, and its hooks fire once)."""
-        params, grads = [], []
-        for weight, bias, x, dy in self.pending.pop(key, []):
-            x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
-            params.append(weight)
-            grads.append(dy2.t() @ x2)
-            if bias is not None:
-                params.append(bias)
-                grads.append(dy2.sum(0))
+        entries = self.pending.pop(key, [])
+        params = [p for weight, bias, _, _ in entries for p in (weight, bias) if p is not None]
         if params:
-            torch.autograd.backward(params, grads)
+            _WeightGradients.apply(lambda: _gemms(entries), *params).backward()
+
+
+def _gemms(entries: list[list]) -> list[torch.Tensor]:
+    """The weight (and bias) gradients of each linear call, in the order ``backward_weight`` lists
+    the parameters: ``dW = dYᵀ X``, ``db = Σ dY``."""
+    grads = []
+    for _, bias, x, dy in entries:
+        x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+        grads.append(dy2.t() @ x2)
+        if bias is not None:
+            grads.append(dy2.sum(0))
+    return grads
+
+
+class _WeightGradients(torch.autograd.Function):
+    """A node whose backward makes W's gradients, so that each reaches its parameter from inside
+    autograd: AccumulateGrad takes a gradient only the engine holds as ``.grad`` itself, where one
+    handed in from Python is copied, which had held a chunk's weight gradients twice at the end of
+    every W."""
+
+    @staticmethod
+    def forward(ctx, gradients, *params):
+        ctx.gradients = gradients
+        return params[0].new_zeros(())
+
+    @staticmethod
+    def backward(ctx, _):
+        gradients, ctx.gradients = ctx.gradients, None  # let go of the linear inputs as soon as W ends
+        return None, *gradients()
