@@ -509,3 +509,30 @@ def test_each_pipeline_rank_counts_the_sends_it_makes(schedule, pp, v, per_micro
     sends = [[count for family, _, _, _, count in counting.comm_payloads(model, p, rank) if family == "pp"]
              for rank in range(pp)]
     assert sends == [[8 * n] for n in per_microbatch]
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("schedule, pp, v", [("1f1b", 1, 1), ("1f1b", 4, 1), ("interleaved", 4, 2),
+                                             ("zbv", 4, 2)])
+def test_each_chunk_grades_its_own_parameters_and_a_tied_embedding_comes_with_the_head(schedule, pp, v, tied):
+    """A rank's chunks grade, between them, every parameter it holds, each in its own backward, and
+    the first block (with the embeddings on the first stage) last. A tied embedding held beside the
+    head (no pipeline, or the V's first rank holding both ends) is graded by the head's chunk, its
+    first stage's last grades then the positions alone."""
+    model = get_model("gpt3-1.3b").replace(tied_embeddings=tied)
+    p = ParallelSpec(pp=pp, virtual_stages=v, schedule=schedule, microbatches=8).resolved()
+    block = counting._params_of(model, p, 1, 0, False, False)
+    counts = counting.parameter_counts(model)
+    for rank in range(pp):
+        chunks = counting.graded_chunks(model, p, rank)
+        held = [s for s in range(p.chunks) if counting.stage_rank(p, s) == rank]
+        assert [stage for stage, _, _ in chunks] == held
+        assert sum(n for _, n, _ in chunks) == pytest.approx(counting.stage_params(model, p, rank))
+        for stage, params, last in chunks:
+            head_here = tied and rank == counting.stage_rank(p, 0) == counting.last_stage_rank(p)
+            if stage == 0:
+                assert last == block + counts["positions"] + (0 if head_here else counts["embedding"])
+                assert params == pytest.approx(counting.chunk_params(model, p, 0)
+                                               - (counts["embedding"] if head_here and p.chunks > 1 else 0))
+            else:
+                assert last == block

@@ -38,7 +38,15 @@ from statistics import NormalDist
 from typing import NamedTuple
 
 from paralab.collectives import ring_steps
-from paralab.schedules import SPLIT_BACKWARD, UNIT_PASSES, dualpipev_slots, theoretical_bubble
+from paralab.schedules import (
+    BACKWARD,
+    BACKWARD_WEIGHT,
+    FORWARD,
+    SPLIT_BACKWARD,
+    UNIT_PASSES,
+    dualpipev_slots,
+    theoretical_bubble,
+)
 from paralab.sim import counting, kernels, moe
 from paralab.sim.events import COMPUTE_KIND, SEND, Plan, builtin_plan, run_plan, simulate_schedule
 from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec, SpecError
@@ -688,7 +696,7 @@ def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int,
     Held throughout: the model states (ZeRO's shards), FP8 GEMMs' 1-byte copy of the blocks' weights,
     ZeRO-3's gathered parts (two with prefetch: the one computing and the next) and its root. Some
     moments add what exists only then: the stash of microbatches in flight at its peak, with or
-    without gradients (:func:`_around_the_first_backward`); ZeRO-2/3's whole unit gradients inside
+    without gradients (:func:`_along_the_passes`); ZeRO-2/3's whole unit gradients inside
     backward (:func:`_while_units_reduce`; a ZeRO-2 that accumulates holds every unit's from the first
     backward on); DDP's bucket copies (:func:`_while_buckets_fill`). A
     mixture of experts' routed experts are sharded over the dp / ep ranks that hold them."""
@@ -730,8 +738,8 @@ def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int,
         states["grads"] = own + buckets
     moments = [states]
     if p.grads_set_to_none:
-        last_grads = counting.last_graded_params(model, p, rank) * gb
-        moments = _around_the_first_backward(p, rank, states, buckets, kept, layer_kept, last_grads)
+        chunks = counting.graded_chunks(model, p, rank)
+        moments = _along_the_passes(p, rank, states, buckets, kept, layer_kept, chunks, gb)
     if copies:
         made = p.grads_set_to_none and p.microbatches * p.chunks_per_rank == 1  # by the buckets' backward
         moments += _while_buckets_fill(p, states, copies, own if made else 0.0, kept)
@@ -782,52 +790,69 @@ def _while_units_reduce(model: ModelSpec, p: ParallelSpec, rank: int, stashed: d
     return [*moments, {**stashed, "grads": grads + flight * on_the_wire, "activations": after}]
 
 
-def _around_the_first_backward(p: ParallelSpec, rank: int, stashed: dict[str, float], kept_grads: float,
-                               kept: Callable[[int | None], float], layer_kept: Callable[[str], float],
-                               last_grads: float) -> list[dict[str, float]]:
-    """The stash's peak where gradients are set to None between steps (``grads_set_to_none``): they
-    exist from the step's first backward on, but for ``kept_grads`` bytes held all the same (torch
-    DDP's buckets).
+def _along_the_passes(p: ParallelSpec, rank: int, stashed: dict[str, float], kept_grads: float,
+                      kept: Callable[[int | None], float], layer_kept: Callable[[str], float],
+                      chunks: tuple[tuple[int, float, float], ...], gb: float) -> list[dict[str, float]]:
+    """The moments a rank may peak at where gradients are set to None between steps
+    (``grads_set_to_none``), walking its passes (:func:`counting.rank_passes`): a chunk's gradients
+    exist from its first backward on (a zero-bubble schedule's deferred W), but for ``kept_grads``
+    bytes held all the same (torch DDP's buckets). ``chunks``: the rank's (stage, parameters,
+    parameters graded last) (:func:`counting.graded_chunks`); ``gb``: bytes of a parameter's gradient.
 
-    A rank reaches its peak of microbatches in flight before its first backward, without gradients.
-    If it runs forwards after that backward (1F1B and its kin with more microbatches than they keep in
-    flight; accumulation without pipelines) it reaches the peak again beside them; else (GPipe, or one
-    microbatch) the gradients come beside one microbatch fewer, and, as that first backward reaches
-    the rank's first block, beside that block.
+    After each forward, the microbatches in flight beside the gradients made so far: the stash's peak
+    is reached first without gradients, and again beside them where forwards follow a backward (1F1B
+    and its kin with more microbatches than they keep in flight; accumulation without pipelines).
+    After each backward, one microbatch fewer beside one more chunk's gradients (GPipe, one
+    microbatch, and a rank of several chunks whose chunks' first backwards come apart: interleaved
+    with few microbatches holds the first chunk's stash beside the last chunk's gradients alone; every
+    gradient from the first backward on had read 8% over the lab's pp 2 x v 2 with 2 microbatches).
 
-    That last moment: every gradient but that block's and the embeddings' (``last_grads`` bytes, made
-    after it), beside the block's activations (its input and what recompute rematerialises), the
-    other microbatches in flight and their one transient, taken as this block's rematerialisation.
-    Low by what it leaves out: on the first rank the embedding's dropout mask (s b h mask bytes, which
-    a context-parallel slice would divide); on GPipe's last rank the smaller of a rematerialisation
-    and a loss, both held; under selective recompute the attention core's rematerialisation.
+    And inside a chunk's first full backward, as it reaches the chunk's first block: every gradient
+    made so far but that block's and, on the first stage, the embeddings' (made after it), beside the
+    block's activations (its input and what recompute rematerialises), the other microbatches in
+    flight and their one transient, taken as this block's rematerialisation. Low by what it leaves
+    out: on the first rank the embedding's dropout mask (s b h mask bytes, which a context-parallel
+    slice would divide); on GPipe's last rank the smaller of a rematerialisation and a loss, both
+    held; under selective recompute the attention core's rematerialisation. Along a backward the
+    gradients grow a block at a time as the stash shrinks a block at a time, so its fullest moment is
+    at an end: the first block, or the last, the stash's own but for the gradients made before that
+    block is rematerialised (the head's, in place of the loss it has freed; under selective recompute
+    also the block's own after its attention core), not weighed: 1.2% of the lab's tiny model's
+    measured peak at 256 tokens under selective recompute. The first block's outweighs the backward's
+    end when a block's activations outweigh its gradients (full recompute on a small model, long
+    sequences): the lab's tiny model under full recompute on two tensor-parallel ranks had read 10%
+    under its measured peak without it. A zero-bubble schedule's deferred weight gradients come
+    later, so it is not weighed there.
 
-    Along a backward the gradients grow a block at a time as the stash shrinks a block at a time, so
-    its fullest moment is at an end: the first block, or the last, the stash's own peak but for the
-    gradients made before that block is rematerialised (the head's, in place of the loss it has
-    freed; under selective recompute also the block's own after its attention core), not weighed:
-    1.2% of the lab's tiny model's measured peak at 256 tokens under selective recompute. The first
-    block's outweighs the backward's end when a block's activations outweigh its gradients (full
-    recompute on a small model, long sequences): the lab's tiny model under full recompute on two
-    tensor-parallel ranks had read 10% under its measured peak without it. A zero-bubble schedule's
-    deferred weight gradients come later, so it is not weighed there.
+    Microbatches in flight short of the stash's peak are priced as ``kept(n)``, n chunks of their
+    mean, where the peak itself is the rank's own (``stashed``)."""
+    peak = counting.peak_inflight_chunks(p.schedule, p.pp, p.microbatches, p.virtual_stages, rank)
+    params = {stage: n for stage, n, _ in chunks}
+    graded_last = {stage: n for stage, _, n in chunks}
+    ungraded = set(params)
 
-    A rank of several chunks (interleaved, V-shaped) makes a chunk's gradients only when that chunk's
-    first backward runs, where these moments hold every gradient from the rank's first backward on:
-    high there (the lab's interleaved pp 2 x v 2 with 2 microbatches: 10% over its measured peak,
-    without recompute); walking the rank's order of passes would price it."""
-    inflight = counting.peak_inflight_chunks(p.schedule, p.pp, p.microbatches, p.virtual_stages, rank)
-    bare = {**stashed, "grads": kept_grads}
-    if p.microbatches * p.chunks_per_rank > inflight and (p.pp == 1 or p.schedule != "gpipe"):
-        return [bare, stashed]
-    others = kept(inflight - 1) if inflight > 1 else 0.0
-    moments = [bare, {**stashed, "activations": others}]
-    # last_grads is 0 on a rank without blocks (an uneven split's empty chunk), which has no such moment
-    if last_grads and not (p.pp > 1 and _schedule_name(p) in SPLIT_BACKWARD):
-        block = layer_kept(p.recompute)
-        if not others and p.recompute == "full":  # the one transient: this block rematerialised
-            block += layer_kept("none") - layer_kept("full")
-        moments.append({**stashed, "grads": stashed["grads"] - last_grads, "activations": others + block})
+    def at(inflight: int, less: float = 0.0, extra: float = 0.0) -> dict[str, float]:
+        held = stashed["activations"] if inflight >= peak else kept(inflight) if inflight else 0.0
+        grads = stashed["grads"] - (sum(params[stage] for stage in ungraded) * gb + less)
+        return {**stashed, "grads": max(kept_grads, grads), "activations": held + extra}
+
+    inflight, moments = 0, [{**stashed, "grads": kept_grads}]
+    for op, stage in counting.rank_passes(p, rank):
+        if op == FORWARD:
+            inflight += 1
+            moments.append(at(inflight))
+        elif op in (BACKWARD, BACKWARD_WEIGHT):  # the pass that makes weight gradients and frees
+            first = stage in ungraded
+            ungraded.discard(stage)
+            if op == BACKWARD_WEIGHT:  # its gradients, made before the inputs it read are freed
+                moments.append(at(inflight))
+            inflight -= 1
+            moments.append(at(inflight))
+            if first and op == BACKWARD and graded_last[stage]:
+                block = layer_kept(p.recompute)
+                if not inflight and p.recompute == "full":  # the one transient: this block rematerialised
+                    block += layer_kept("none") - layer_kept("full")
+                moments.append(at(inflight, less=graded_last[stage] * gb, extra=block))
     return moments
 
 

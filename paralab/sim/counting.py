@@ -15,7 +15,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import lru_cache
 
-from paralab.schedules import V_SHAPED, interleaved_order, interleaved_round, peak_held
+from paralab.schedules import (
+    COMPUTE_OPS,
+    V_SHAPED,
+    build_schedule,
+    interleaved_order,
+    interleaved_round,
+    peak_held,
+)
 from paralab.sim import moe
 from paralab.sim.specs import ModelSpec, ParallelSpec
 from paralab.stage_split import layers_per_stage
@@ -356,22 +363,44 @@ def stage_params(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
                       rank == last_stage_rank(parallel))
 
 
-def last_graded_params(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
-    """Parameters one GPU of pipeline rank ``rank`` gets gradients for last in a microbatch's backward:
-    its first block (in model order) and, on the first stage, the embeddings before it; a tied
-    embedding held with the head on one rank has its gradient from the head's backward on, so there
-    only the positions. 0 on a rank without blocks."""
-    layers = chunk_layers(model, parallel)
-    stages = [s for s in range(parallel.chunks) if stage_rank(parallel, s) == rank and layers[s]]
-    if not stages:
-        return 0.0
-    first = sum(layers[:stages[0]])
-    params = _params_of(model, parallel, 1, moe_blocks(model, first, 1), False, False)
-    if rank == stage_rank(parallel, 0):
-        counts = parameter_counts(model)
-        graded_by_the_head = model.tied_embeddings and last_stage_rank(parallel) == rank
-        params += counts["positions"] + (0 if graded_by_the_head else counts["embedding"] / parallel.tp)
-    return params
+def graded_chunks(model: ModelSpec, parallel: ParallelSpec,
+                  rank: int) -> tuple[tuple[int, float, float], ...]:
+    """(stage, parameters, parameters graded last) of each model chunk pipeline rank ``rank`` holds, in
+    model order: a chunk's backward makes its parameters' gradients, the last its first block's and,
+    on the first stage, the embeddings before it. A tied embedding held with the head on one rank has
+    its gradient from the head's backward on, so it counts with the last chunk's, and the first
+    stage's last only the positions. A chunk without blocks (an uneven split's) grades none last."""
+    layers, counts = chunk_layers(model, parallel), parameter_counts(model)
+    tied_here = model.tied_embeddings and stage_rank(parallel, 0) == rank == last_stage_rank(parallel)
+    embedding = counts["embedding"] / parallel.tp
+    chunks = []
+    for stage in (s for s in range(parallel.chunks) if stage_rank(parallel, s) == rank):
+        params = chunk_params(model, parallel, stage)
+        if tied_here:
+            params += embedding * ((stage == parallel.chunks - 1) - (stage == 0))
+        last = 0.0
+        if layers[stage]:
+            last = _params_of(model, parallel, 1, moe_blocks(model, sum(layers[:stage]), 1), False, False)
+            if stage == 0:
+                last += counts["positions"] + (0 if tied_here else embedding)
+        chunks.append((stage, params, last))
+    return tuple(chunks)
+
+
+def rank_passes(parallel: ParallelSpec, rank: int) -> tuple[tuple[str, int], ...]:
+    """(op, stage) of every compute pass pipeline rank ``rank`` runs in a step, in order: its
+    schedule's (ZB-V's order found for equal passes, the one the lab's ranks run), or, without a
+    pipeline, a forward and a backward per microbatch."""
+    if parallel.pp == 1:
+        return (("forward", 0), ("backward", 0)) * parallel.microbatches
+    return _rank_passes(parallel.schedule, parallel.pp, parallel.microbatches, parallel.virtual_stages)[rank]
+
+
+@lru_cache(maxsize=64)
+def _rank_passes(schedule: str, pp: int, microbatches: int,
+                 virtual_stages: int) -> tuple[tuple[tuple[str, int], ...], ...]:
+    built = build_schedule(schedule, pp, microbatches, virtual_stages)
+    return tuple(tuple((a.op, a.stage) for a in actions if a.op in COMPUTE_OPS) for actions in built.actions)
 
 
 def block_params(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
