@@ -7,11 +7,13 @@ stderr, no process started); 1 a run that failed (which rank, what it raised).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 import select
 import sys
+import warnings
 from pathlib import Path
 
 from paralab.cli_args import (
@@ -25,8 +27,11 @@ from paralab.cli_args import (
     build_config,
     int_list,
     json_text,
+    refuse_training_flags_without_effect,
 )
-from paralab.config import CP_MODES, CP_SPLITS, ConfigError, RunConfig, check_int
+from paralab.config import CP_MODES, CP_SPLITS, MODEL_PRESETS, ConfigError, RunConfig, check_int
+
+_PACKAGE_DIR = Path(__file__).resolve().parent  # where paralab's own warnings come from
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
@@ -35,8 +40,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world-size", type=int, default=d.world_size,
                    help="ranks to start (ignored under torchrun)")
     add_training_args(p, d)
-    p.add_argument("--bucket-mb", type=float, default=d.bucket_mb,
-                   help="DDP bucket cap in MB (torch's default 25)")
+    p.add_argument("--bucket-mb", type=float,  # None: not given (see refuse_run_flags_without_effect)
+                   help=f"gradient bucket cap in MB (default {d.bucket_mb:g}, torch DDP's)")
     p.add_argument("--hierarchical", action="store_true",
                    help="ddp: reduce-scatter in the node, all-reduce across nodes, all-gather in the node")
     p.add_argument("--zero-prefetch", action="store_true",
@@ -76,9 +81,11 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args) -> RunConfig:
+    """The RunConfig of parsed ``paralab run`` flags; ConfigError for a flag given that it would ignore."""
+    bucket = {"bucket_mb": args.bucket_mb} if args.bucket_mb is not None else {}
     cfg = build_config(
-        RunConfig, args, strategy=args.strategy, world_size=args.world_size,
-        bucket_mb=args.bucket_mb, hierarchical=args.hierarchical, nodes=args.nodes, dp=args.dp, tp=args.tp,
+        RunConfig, args, strategy=args.strategy, world_size=args.world_size, **bucket,
+        hierarchical=args.hierarchical, nodes=args.nodes, dp=args.dp, tp=args.tp,
         pp=args.pp, cp=args.cp, cp_mode=args.cp_mode, cp_split=args.cp_split, ep=args.ep,
         schedule=args.schedule, microbatches=args.microbatches, virtual_stages=args.virtual_stages,
         stage_layers=args.stage_layers,
@@ -89,7 +96,30 @@ def config_from_args(args) -> RunConfig:
                                  ("capacity_factor", args.capacity_factor)) if v is not None}
     if experts:
         cfg.model = dataclasses.replace(cfg.model, **experts)
+    refuse_run_flags_without_effect(args, cfg)
     return cfg
+
+
+def refuse_run_flags_without_effect(args, cfg: RunConfig) -> None:
+    """ConfigError (exit 2, before any process starts) for a flag given that ``cfg``'s run would ignore,
+    saying where it applies: whoever passes one believes it changed something. These flags default to
+    None, so only one written on the command line is refused, never a default. (paralab.run keeps
+    reporting a ``bucket_mb`` its strategy does not use as unused: a benchmark may hand one to several.)"""
+    from paralab.strategies.registry import get_strategy, strategies
+
+    refuse_training_flags_without_effect(args, cfg)
+    if args.bucket_mb is not None and "bucket_mb" not in get_strategy(cfg.strategy).options:
+        users = ", ".join(name for name, s in strategies().items() if "bucket_mb" in s.options)
+        raise ConfigError(f"--bucket-mb has no effect with strategy {cfg.strategy}, which reduces no "
+                          f"gradients in buckets; it applies to {users}")
+    if not cfg.model.experts:
+        for flag in ("top_k", "capacity_factor"):
+            if getattr(args, flag) is not None:
+                dense = f"model {cfg.model_name}" + (" with --experts 0" if args.experts == 0 else "")
+                moe = ", ".join(name for name, m in MODEL_PRESETS.items() if m.experts)
+                raise ConfigError(f"--{flag.replace('_', '-')} has no effect: {dense} is dense, with no "
+                                  f"experts to route tokens to; it applies to a mixture of experts: --model "
+                                  f"{moe}, or --experts N")
 
 
 def cmd_run(args) -> int:
@@ -261,9 +291,14 @@ def _subcommands():
 
 def main(argv: list[str] | None = None) -> int:
     """Run a command; a ConfigError anywhere is exit 2 (nothing started), a RunError exit 1."""
+    args = build_parser().parse_args(argv)
+    with _warnings_in_one_line():
+        return _run_command(args)
+
+
+def _run_command(args) -> int:
     from paralab.runtime.result import RunError
 
-    args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except ConfigError as exc:
@@ -284,6 +319,25 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return EXIT_SIGPIPE
+
+
+@contextlib.contextmanager
+def _warnings_in_one_line():
+    """paralab's own warnings (more ranks than cores, a disturbed calibration) said in one line on
+    stderr, ``paralab: warning: ...``, as its refusals are: warnings' default format adds the file, the
+    line and the source line that raised it, which tell a shell user nothing. Warnings raised
+    elsewhere (torch's) keep their format."""
+    with warnings.catch_warnings():
+        show = warnings.showwarning
+
+        def one_line(message, category, filename, lineno, file=None, line=None):
+            if Path(filename).resolve().is_relative_to(_PACKAGE_DIR):
+                print(f"paralab: warning: {message}", file=sys.stderr)
+            else:
+                show(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = one_line
+        yield
 
 
 def _stdout_reader_gone() -> bool:

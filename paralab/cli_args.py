@@ -19,6 +19,7 @@ from paralab.config import (
     MODEL_PRESETS,
     OPTIMIZERS,
     RECOMPUTE,
+    ConfigError,
     TrainingConfig,
 )
 
@@ -113,9 +114,9 @@ def add_training_args(p: argparse.ArgumentParser, defaults: TrainingConfig) -> N
                         "master weights and optimizer states stay fp32")
     p.add_argument("--reduce-dtype", default=defaults.reduce_dtype, choices=DTYPES,
                    help="dtype gradients are reduced in across ranks (fp32, as FSDP2's default)")
-    p.add_argument("--loss-scale", type=float, default=defaults.loss_scale,
-                   help="fp16: where the dynamic loss scale starts (halved on overflow, "
-                        "doubled after 200 good steps)")
+    p.add_argument("--loss-scale", type=float,  # None: not given (see refuse_training_flags_without_effect)
+                   help=f"fp16: where the dynamic loss scale starts (default {defaults.loss_scale:g}; halved "
+                        "on overflow, doubled after 200 good steps)")
     p.add_argument("--recompute", default=defaults.recompute, choices=RECOMPUTE,
                    help="activation recomputation: selective (attention cores) or full (every block)")
     p.add_argument("--attention", default=defaults.model.attention, choices=ATTENTION_KERNELS,
@@ -136,8 +137,31 @@ def build_config(cls, args, **options):
 
 
 def training_options(args) -> dict:
-    """TrainingConfig keyword arguments (all but the model) from parsed :func:`add_training_args` flags."""
-    return dict(steps=args.steps, global_batch=args.global_batch, seed=args.seed, device=args.device,
-                lr=args.lr, optimizer=args.optimizer, timeout_s=args.timeout, threads_per_rank=args.threads,
-                trace=not args.no_trace, fault=args.fail, oversubscribe=args.oversubscribe, dtype=args.dtype,
-                reduce_dtype=args.reduce_dtype, recompute=args.recompute, loss_scale=args.loss_scale)
+    """TrainingConfig keyword arguments (all but the model) from parsed :func:`add_training_args` flags;
+    a flag left out (None) leaves the config's default."""
+    options = dict(steps=args.steps, global_batch=args.global_batch, seed=args.seed, device=args.device,
+                   lr=args.lr, optimizer=args.optimizer, timeout_s=args.timeout,
+                   threads_per_rank=args.threads, trace=not args.no_trace, fault=args.fail,
+                   oversubscribe=args.oversubscribe, dtype=args.dtype, reduce_dtype=args.reduce_dtype,
+                   recompute=args.recompute)
+    if args.loss_scale is not None:
+        options["loss_scale"] = args.loss_scale
+    return options
+
+
+def refuse_training_flags_without_effect(args, cfg: TrainingConfig) -> None:
+    """ConfigError (exit 2, before any process starts) for a flag of :func:`add_training_args` that was
+    given and that ``cfg``'s run would ignore: whoever passes it believes it changed something. Such a
+    flag defaults to None, so only one written on the command line counts, never a default."""
+    if args.loss_scale is not None and not loss_scaled(cfg.dtype):
+        scaled = " or ".join(dtype for dtype in DTYPES if loss_scaled(dtype))
+        raise ConfigError(f"--loss-scale has no effect at dtype {cfg.dtype}, whose loss is not scaled: it "
+                          f"is where {scaled}'s dynamic loss scale starts; give --dtype {scaled} or leave "
+                          "it out")
+
+
+def loss_scaled(dtype: str) -> bool:
+    """Whether training in ``dtype`` scales its loss (paralab.precision.LossScaler says: fp16 alone)."""
+    from paralab.precision import LossScaler  # torch: only when a --loss-scale is given
+
+    return LossScaler(dtype).dynamic

@@ -259,12 +259,13 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
     operators; "paralab" or "torch" insists on one. ``meta`` adds facts the profiles lack
     (``schedule``, ``pp``, ``microbatches`` for the bubble figure; ``tokens_per_step`` for
     throughput). Raises ProfileError for a file that is missing, malformed or not a torch.profiler
-    trace.
+    trace, or for a fact of ``meta`` that the profile of a paralab run, which carries its own, contradicts.
     """
     if names not in NAMES:
         raise ConfigError(f"names must be one of {NAMES}, got {names!r}")
     files = expand(paths)
     profiles = [read_profile(f) for f in files]
+    _check_facts_agree(profiles, meta or {})
     ranks = _assign_ranks(profiles)
     warnings = _check_one_run(profiles, ranks)
     world = max([p.world_size or 0 for p in profiles] + [max(ranks) + 1, len(profiles)])
@@ -303,6 +304,18 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
     if warnings:
         trace.meta["warnings"] = warnings
     return trace
+
+
+def _check_facts_agree(profiles: list[RankProfile], facts: dict) -> None:
+    """ProfileError for a fact given (``meta``) that the profiles say otherwise: a paralab run's profile
+    carries its run's own (schedule, pp, microbatches, tokens per step: paralab.profiling), which a fact
+    given over it would silently have replaced. A torch job's profile says none of them, so for it a
+    fact cannot be checked, and is taken as given."""
+    run = {k: v for p in profiles for k, v in p.paralab_meta.items()}
+    for key, value in facts.items():
+        if key in run and run[key] != value:
+            raise ProfileError(f"{key} {value} contradicts these profiles: they are of a paralab run whose "
+                               f"{key} was {run[key] or 'none'} (they carry it); leave {key} out")
 
 
 def _has_paralab_ranges(profile: RankProfile) -> bool:

@@ -105,6 +105,135 @@ def test_the_other_commands_check_outputs_and_ranks_before_they_start(monkeypatc
     assert message.format(tmp=tmp_path) in capsys.readouterr().err
 
 
+@pytest.fixture
+def nothing_starts(monkeypatch):
+    """Any launch, local, elastic or of local nodes, fails the test: a refusal comes before them all."""
+    from paralab.elastic import launch as elastic_launch
+    from paralab.runtime import multinode
+
+    monkeypatch.setattr(launch_module, "_context", lambda: pytest.fail("a process was about to start"))
+    for module, name in ((elastic_launch, "launch"), (multinode, "run_local_nodes")):
+        monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail("a process was about to start"))
+
+
+@pytest.mark.parametrize("argv, message", [
+    # strategies that reduce no gradients in buckets (the run had gone ahead, bucket_mb "unused")
+    (["run", "--strategy", "tp", "--world-size", "2", "--bucket-mb", "5"],
+     "--bucket-mb has no effect with strategy tp, which reduces no gradients in buckets; it applies to ddp, "
+     "zero2, cp, ep, hybrid"),
+    (["run", "--strategy", "zero1", "--world-size", "2", "--bucket-mb", "25"], "--bucket-mb has no effect"),
+    (["nodes", "--", "--strategy", "dp", "--bucket-mb", "5"], "--bucket-mb has no effect with strategy dp"),
+    # only fp16 scales its loss
+    (["run", "--loss-scale", "1024"], "--loss-scale has no effect at dtype fp32, whose loss is not scaled"),
+    (["run", "--dtype", "bf16", "--loss-scale", "1024"], "--loss-scale has no effect at dtype bf16"),
+    (["elastic", "--nnodes", "1:2", "--loss-scale", "1024"], "--loss-scale has no effect at dtype fp32"),
+    # a dense model routes no tokens
+    (["run", "--top-k", "2"], "--top-k has no effect: model tiny is dense, with no experts to route tokens "
+                              "to; it applies to a mixture of experts: --model tiny-moe, small-moe"),
+    (["run", "--model", "tiny-moe", "--experts", "0", "--capacity-factor", "1.25"],
+     "--capacity-factor has no effect: model tiny-moe with --experts 0 is dense"),
+], ids=["tp bucket", "zero1 bucket at its default", "nodes' dp bucket", "fp32 loss scale", "bf16 loss scale",
+        "elastic loss scale", "dense top-k", "dense capacity"])
+def test_a_flag_given_that_would_change_nothing_exits_2_before_any_process(nothing_starts, capsys, argv,
+                                                                           message):
+    """A flag the run would ignore had been accepted: whoever passed it believed it changed something.
+    It is refused in one line that names it and says where it applies, even at its default's value."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("argv, field, value", [
+    (["--strategy", "ddp", "--world-size", "2", "--bucket-mb", "5"], "bucket_mb", 5.0),
+    (["--strategy", "zero2", "--world-size", "2", "--bucket-mb", "5"], "bucket_mb", 5.0),
+    (["--strategy", "hybrid", "--world-size", "4", "--tp", "2", "--bucket-mb", "5"], "bucket_mb", 5.0),
+    (["--dtype", "fp16", "--loss-scale", "1024"], "loss_scale", 1024.0),
+    # left out, the defaults apply whatever the strategy and dtype: they never count as given
+    (["--strategy", "tp", "--world-size", "2"], "bucket_mb", 25.0),
+    (["--dtype", "bf16"], "loss_scale", 2.0**16),
+])
+def test_those_flags_still_apply_where_they_have_an_effect(argv, field, value):
+    cfg = cli.config_from_args(cli.build_parser().parse_args(["run", *argv]))
+    assert getattr(cfg, field) == value
+
+
+def test_more_ranks_than_cores_is_a_one_line_warning(monkeypatch, capsys):
+    """warnings' default format had printed the file, the line and the source line under it."""
+    from paralab.runtime.result import RunError
+
+    def stop(*args):
+        raise RunError(None, "stopped before any rank started", "")
+
+    monkeypatch.setattr(launch_module, "usable_cores", lambda: 1)
+    monkeypatch.setattr(launch_module, "_launch_ranks", stop)
+    assert cli.main(["run", "--strategy", "ddp", "--world-size", "2", "--steps", "1"]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "paralab: warning: world size 2 exceeds the 1 usable CPU cores: ranks will time-share cores, so "
+        "step times show contention, not scaling",
+        "paralab: run failed: stopped before any rank started"]
+
+
+def test_warnings_from_elsewhere_keep_their_format(monkeypatch, capsys):
+    import warnings
+
+    def warn(args):
+        warnings.warn_explicit("torch says so", UserWarning, "/elsewhere/torch_module.py", 7)
+        return 0
+
+    monkeypatch.setattr("paralab.sim.cli.plan_main", warn)
+    with pytest.warns(UserWarning, match="torch says so"):
+        assert cli.main(["plan", "--model", "gpt3-13b", "--gpus", "64"]) == 0
+    assert "paralab: warning" not in capsys.readouterr().err
+
+
+@pytest.fixture
+def paralab_profiles(tmp_path):
+    """Two ranks' profiles that carry a paralab pipeline run's meta, as `paralab run --profile` writes
+    it (the torch fixture's events, which the check does not read)."""
+    import gzip
+
+    fixture = os.path.join(os.path.dirname(__file__), "data", "kineto_gpu")
+
+    def write(run: dict):
+        out = tmp_path / f"profiles-{len(list(tmp_path.iterdir()))}"
+        out.mkdir()
+        for name, opener in (("rank0.json", open), ("rank1.json.gz", gzip.open)):
+            with opener(os.path.join(fixture, name), "rt") as f:
+                data = json.load(f)
+            with opener(out / name, "wt") as f:
+                json.dump({**data, "paralab": run}, f)
+        return out
+
+    return write
+
+
+@pytest.mark.parametrize("run, facts, message", [
+    ({"schedule": "1f1b", "pp": 2, "microbatches": 4}, ["--schedule", "zbv"],
+     "schedule zbv contradicts these profiles: they are of a paralab run whose schedule was 1f1b"),
+    ({"schedule": "", "pp": 1, "microbatches": 1}, ["--schedule", "1f1b"], "whose schedule was none"),
+    ({"schedule": "1f1b", "pp": 2, "microbatches": 4}, ["--microbatches", "8"], "microbatches 8 contradicts"),
+], ids=["another schedule", "a schedule without a pipeline", "other microbatches"])
+def test_import_refuses_a_fact_that_a_paralab_profile_contradicts(paralab_profiles, capsys, tmp_path, run,
+                                                                   facts, message):
+    """A profile of a paralab run carries its schedule, pp and microbatches; a fact given over them had
+    replaced them in the imported trace without a word."""
+    out = tmp_path / "trace.json"
+    assert cli.main(["import", str(paralab_profiles(run)), "-o", str(out), *facts]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and not out.exists(), err
+
+
+def test_import_takes_a_fact_that_agrees_with_the_profile_or_that_it_lacks(paralab_profiles, tmp_path):
+    from paralab.trace import Trace
+
+    profiles, out = paralab_profiles({"schedule": "1f1b", "pp": 2, "microbatches": 4}), tmp_path / "t.json"
+    assert cli.main(["import", str(profiles), "-o", str(out), "--schedule", "1f1b", "--pp", "2",
+                     "--tokens-per-step", "4096"]) == 0
+    meta = Trace.load(out).meta
+    facts = (meta["schedule"], meta["pp"], meta["microbatches"], meta["tokens_per_step"])
+    assert facts == ("1f1b", 2, 4, 4096)
+
+
 def test_a_failed_run_exits_1_naming_the_rank(capsys, no_leftover_ranks):
     assert cli.main(["run", "--strategy", "dp", "--world-size", "2", "--steps", "3",
                      "--fail", "rank=1,step=1"]) == 1

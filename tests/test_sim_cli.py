@@ -621,3 +621,32 @@ def test_a_stage_split_that_does_not_add_up_says_by_how_much_and_offers_one(caps
                       "5,6,6,6,6,6,6,6,6,6,6,6"], capsys)
     assert rc == 2 and "sums to 71 layers, not the model's 70" in err
     assert "e.g. 5 + 10 x 6 + 5 (5,6,6,6,6,6,6,6,6,6,6,5)" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["simulate", "--model", "llama3-8b", "--gpus", "8", "--cp-mode", "alltoall"],
+     "--cp-mode has no effect without context parallelism (cp 1): it says how K/V travel between the cp "
+     "GPUs; it applies with --cp 2 or more"),
+    (["simulate", "--model", "llama3-8b", "--gpus", "8", "--cp", "1", "--cp-mode", "ring"],
+     "--cp-mode has no effect without context parallelism"),  # given: its default's value counts too
+    (["simulate", "--model", "llama3-8b", "--gpus", "8", "--cp-split", "contiguous"],
+     "--cp-split has no effect without context parallelism (cp 1)"),
+    (["simulate", "--model", "llama3-8b", "--gpus", "8", "--dtype", "fp32", "--fp32-grads"],
+     "--fp32-grads has no effect: llama3-8b (fp32) trains in fp32, so its gradients are fp32 already; it "
+     "applies to a 16-bit model"),
+    (["plan", "--model", "tiny", "--gpus", "2", "--fp32-grads"], "--fp32-grads has no effect: tiny trains"),
+], ids=["cp-mode", "cp-mode at its default", "cp-split", "simulate fp32-grads", "plan fp32-grads"])
+def test_a_flag_given_that_would_change_nothing_is_refused(monkeypatch, capsys, argv, message):
+    """The prediction had been printed as if the flag had been applied: the same numbers without it.
+    Refused in one line, before a `local` machine would be measured."""
+    monkeypatch.setattr(cli, "_hardware", lambda name: pytest.fail("the hardware was about to be read"))
+    rc, out, err = run(argv, capsys)
+    assert rc == 2 and not out and message in err and err.count("\n") == 1, err
+
+
+def test_the_context_parallel_flags_apply_with_cp(capsys):
+    base = ["simulate", "--model", "llama3-8b", "--gpus", "8", "--hardware", "h100", "--json"]
+    rc, out, _ = run([*base, "--cp", "2", "--cp-mode", "alltoall", "--cp-split", "contiguous"], capsys)
+    assert rc == 0 and (json.loads(out)["cp_mode"], json.loads(out)["cp_split"]) == ("alltoall", "contiguous")
+    rc, out, _ = run(base, capsys)  # left out at cp 1: the defaults, never refused
+    assert rc == 0 and (json.loads(out)["cp_mode"], json.loads(out)["cp_split"]) == ("ring", "zigzag")

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import argparse
 
-from paralab.cli_args import EXIT_OK, add_training_args, build_config, json_text, key_values
+from paralab.cli_args import (
+    EXIT_OK,
+    add_training_args,
+    build_config,
+    json_text,
+    key_values,
+    refuse_training_flags_without_effect,
+)
 from paralab.elastic.config import ElasticConfig
 from paralab.outputs import check_file
 
@@ -63,6 +70,7 @@ def elastic_main(args) -> int:
     from paralab.elastic.launch import launch
 
     cfg = config_from_args(args)
+    refuse_training_flags_without_effect(args, cfg)  # here, not in config_from_args: workers get every flag
     if args.trace:
         check_file(args.trace, "--trace")
     result = launch(cfg)

@@ -113,8 +113,11 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
                              "of the shards across nodes, all-gather inside the node (paralab's ddp "
                              "--hierarchical; default: NCCL's flat all-reduce)")
     parser.add_argument("--cp", type=int, default=1, help="context parallel: each sequence over cp GPUs")
-    parser.add_argument("--cp-mode", default="ring", choices=CP_MODES)
-    parser.add_argument("--cp-split", default="zigzag", choices=CP_SPLITS)
+    # None: not given, the spec's default (a flag given at cp 1 is refused: _flags_without_effect)
+    parser.add_argument("--cp-mode", choices=CP_MODES,
+                        help=f"with --cp 2 or more: how K/V travel (default {ParallelSpec.cp_mode})")
+    parser.add_argument("--cp-split", choices=CP_SPLITS,
+                        help=f"with --cp 2 or more: how a sequence is cut (default {ParallelSpec.cp_split})")
 
 
 def add_plan_args(parser: argparse.ArgumentParser) -> None:
@@ -205,6 +208,20 @@ def _stage_layers(args, model: ModelSpec) -> tuple[int, ...] | None:
     return ends_split(model.layers, args.pp, first, last)
 
 
+def _flags_without_effect(args, model: ModelSpec) -> str:
+    """A flag given that changes nothing in this prediction, said with where it applies (empty when
+    none is): whoever passes one believes it changed something. The context-parallel flags default to
+    None, so only one written on the command line counts."""
+    for flag, what in (("cp_mode", "how K/V travel between"), ("cp_split", "how a sequence is cut over")):
+        if getattr(args, flag, None) is not None and args.cp == 1:  # plan has no cp flags
+            return (f"--{flag.replace('_', '-')} has no effect without context parallelism (cp 1): it "
+                    f"says {what} the cp GPUs; it applies with --cp 2 or more")
+    if args.fp32_grads and model.dtype == "fp32":
+        return (f"--fp32-grads has no effect: {model.name} trains in fp32, so its gradients are fp32 "
+                "already; it applies to a 16-bit model (--dtype bf16 or fp16)")
+    return ""
+
+
 def _too_many(gpus: int) -> str:
     return f"{gpus:,} GPUs: the simulator models up to {MAX_GPUS:,}"
 
@@ -267,14 +284,16 @@ def simulate_main(args) -> int:
         stage_layers = _stage_layers(args, model)
     except SpecError as err:
         return _fail(str(err))
+    if problem := _flags_without_effect(args, model):  # before a `local` machine is measured
+        return _fail(problem)
+    context = {k: getattr(args, k) for k in ("cp_mode", "cp_split") if getattr(args, k) is not None}
     parallel = ParallelSpec(
         dp=dp, tp=tp, pp=pp, ep=args.ep, virtual_stages=args.virtual_stages, schedule=args.schedule,
         stage_layers=stage_layers, expert_imbalance=args.expert_imbalance,
         microbatches=args.microbatches or 0, micro_batch=args.micro_batch or 0,
         global_batch=args.global_batch or 0,
-        zero=args.zero, sequence_parallel=args.sequence_parallel, recompute=args.recompute, cp=cp,
-        cp_mode=args.cp_mode, cp_split=args.cp_split, fp32_grads=args.fp32_grads, fsdp_root=args.fsdp_root,
-        fp32_shards=args.fp32_shards,
+        zero=args.zero, sequence_parallel=args.sequence_parallel, recompute=args.recompute, cp=cp, **context,
+        fp32_grads=args.fp32_grads, fsdp_root=args.fsdp_root, fp32_shards=args.fp32_shards,
     )  # fmt: skip
     if problems := model.problems():
         return _fail("invalid configuration: " + "; ".join(problems))
@@ -361,6 +380,8 @@ def plan_main(args) -> int:
         model = _model(args)
         if problems := model.problems():
             return _fail("invalid model: " + "; ".join(problems))
+        if problem := _flags_without_effect(args, model):
+            return _fail(problem)
         hw = _hardware(args.hardware)
     except SpecError as err:
         return _fail(str(err))
