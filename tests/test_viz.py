@@ -21,8 +21,15 @@ from paralab.trace import COMM, COMPUTE, STEP, Span, Trace
 pytest.importorskip("plotly")
 
 from paralab import viz  # noqa: E402
-from paralab.viz._common import EXTRA_COLORS, KIND_COLORS, MICROBATCH_COLORS, fmt_bytes  # noqa: E402
+from paralab.viz._common import (  # noqa: E402
+    EXTRA_COLORS,
+    KIND_COLORS,
+    MICROBATCH_COLORS,
+    WAITING,  # noqa: E402
+    fmt_bytes,
+)
 from paralab.viz.comm import comm_matrix_data, group_of  # noqa: E402
+from paralab.viz.timeline import call_slots  # noqa: E402
 from tests.conftest import bars  # noqa: E402
 
 TIMES = {"forward": 1e-3, "backward": 2e-3, "backward_input": 1e-3, "backward_weight": 1e-3}
@@ -388,6 +395,36 @@ def test_the_timeline_dots_the_compute_a_blocking_call_stopped():
     assert "mlp g: blocked" in blocked.hovertext[0] and "params: blocked" in blocked.hovertext[2]
     plain = viz.timeline(Trace(spans=spans), waits=False)
     assert not any(t.name == "compute blocked on comm" for t in plain.data)
+
+
+def test_calls_in_flight_together_share_their_row_side_by_side():
+    """Two gathers in flight together (a prefetch) and a third after both: the two split the comm row
+    into two sub-rows, the first on the first, each half as tall, where drawn over one another they
+    had read as one call; the third, alone, has the whole row again, and a call's drawn wait shares
+    its call's sub-row. Compute bars keep the whole row."""
+    spans = [Span(0, STEP, "step", 0, 0.010, step=0), Span(0, COMPUTE, "forward", 0, 0.010, step=0),
+             Span(0, COMM, "all_gather", 0.001, 0.005, name="block 0", step=0),
+             Span(0, COMM, "all_gather", 0.002, 0.004, name="block 1", step=0),
+             Span(0, COMM, "all_gather", 0.006, 0.008, name="block 2", step=0),
+             Span(1, STEP, "step", 0, 0.010, step=0), Span(1, COMPUTE, "forward", 0, 0.010, step=0),
+             Span(1, COMM, "all_gather", 0.003, 0.005, name="block 0", step=0),
+             Span(1, COMM, "all_gather", 0.003, 0.004, name="block 1", step=0),
+             Span(1, COMM, "all_gather", 0.006, 0.008, name="block 2", step=0)]
+    fig = viz.timeline(Trace(spans=spans))
+    gathers = next(t for t in fig.data if t.name == "all_gather")
+    placed = {(row, round(base, 3)): (width, round(offset, 3))
+              for row, base, width, offset in zip(gathers.y, gathers.base, gathers.width, gathers.offset)}
+    # rank 0 (times from the first span, 0 ms): block 0 on top, block 1 under it, block 2 alone
+    assert placed[("r0 comm", 1.0)] == (pytest.approx(0.4), -0.4)
+    assert placed[("r0 comm", 2.0)] == (pytest.approx(0.4), 0.0)
+    assert placed[("r0 comm", 6.0)] == (pytest.approx(0.8), -0.4)
+    forward = next(t for t in fig.data if t.name == "forward")
+    assert list(forward.width) == pytest.approx([0.8, 0.8])
+    # rank 1's two gathers start together (the one ending first on top); a wait drawn over a call
+    # shares its sub-row
+    wait = Span(1, COMM, WAITING, 0.003, 0.0035, name="block 0: waiting", step=0)
+    slots = call_slots([*spans, wait])
+    assert slots[id(spans[8])] == (0, 2) and slots[id(wait)] == slots[id(spans[7])] == (1, 2)
 
 
 def test_activation_growth_draws_both_kernels_whatever_the_preset_trains_with():

@@ -11,13 +11,16 @@ Where a rank sat inside a communication call during one of its compute spans (Sp
 tensor-parallel layer's all-reduce, a prefetched gather waited for late), the compute bar is whitened
 and dotted over that stretch ("blocked"): the span covers the pass, but the rank computed nothing there.
 
-Rows are ``r{rank} {lane}`` and sorted rank-major, so a rank's compute and comm lanes sit together
+Calls a rank has in flight together (prefetched gathers, small buckets' all-reduces) share its comm
+row side by side, each thinner (:func:`call_slots`): drawn over one another they had read as one
+call. Rows are ``r{rank} {lane}`` and sorted rank-major, so a rank's compute and comm lanes sit together
 and rank 0 is on top. Times are shown in milliseconds from the start of the shown spans, so a
 measured step and a simulated one line up when stacked (``predicted=``).
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from functools import lru_cache
 
@@ -39,6 +42,7 @@ from paralab.viz._common import (
 )
 
 DEFAULT_LANES = (COMPUTE, COMM, EVENT)
+BAR_WIDTH = 0.8  # of a row
 TEXT_LIMIT = 2000  # above this many bars, labels on bars cost more than they tell
 MICROBATCH_SCALE = [[k / (len(MICROBATCH_COLORS) - 1), c] for k, c in enumerate(MICROBATCH_COLORS)]
 _PATTERNS = {"backward": "/", "backward_input": "\\", "backward_weight": "x"}
@@ -66,8 +70,10 @@ def kind_order(kinds) -> list[str]:
 
 
 def bars_by_kind(spans: list[Span], color_by: str = "kind", suffix: str = "", t0: float | None = None,
-                 text: bool = False, waits: dict[int, float] | None = None) -> dict[str, dict]:
-    """kind -> columns of one bar trace as numpy arrays (y, base, x, hovertext, color, text); ms.
+                 text: bool = False, waits: dict[int, float] | None = None,
+                 slots: dict[int, tuple[int, int]] | None = None) -> dict[str, dict]:
+    """kind -> columns of one bar trace as numpy arrays (y, base, x, hovertext, color, text, width,
+    offset); ms.
 
     Split out of :func:`timeline` so widgets can push new columns into an existing FigureWidget
     instead of building a new figure. The column shapes are chosen for speed: plotly validates
@@ -75,9 +81,15 @@ def bars_by_kind(spans: list[Span], color_by: str = "kind", suffix: str = "", t0
     browser as binary buffers, and one hover string per bar serialises several times faster than a
     per-bar customdata row. ``color`` is a colour string for the whole kind, or microbatch numbers
     on :data:`MICROBATCH_SCALE` when compute spans are coloured by microbatch. ``waits`` (id of a
-    span -> seconds it waited for its last participant, see :func:`waiting_spans`) goes into the hover.
+    span -> seconds it waited for its last participant, see :func:`waiting_spans`) goes into the hover;
+    ``slots`` (id of a span -> its sub-row and the sub-rows of its row, see :func:`call_slots`) sets
+    the bars' width and offset in their row.
     """
     import numpy as np
+
+    def placed(s: Span) -> tuple[float, float]:
+        slot, count = (slots or {}).get(id(s), (0, 1))
+        return BAR_WIDTH / count, (slot / count - 0.5) * BAR_WIDTH
 
     if t0 is None:
         t0 = min((s.start for s in spans), default=0.0)
@@ -100,6 +112,38 @@ def bars_by_kind(spans: list[Span], color_by: str = "kind", suffix: str = "", t0
                       else kind_color(kind)),
             "text": np.array([_bar_text(s) for s in group]) if text else None,
         }
+        out[kind]["width"], out[kind]["offset"] = np.array([placed(s) for s in group]).T
+    return out
+
+
+def call_slots(spans: list[Span]) -> dict[int, tuple[int, int]]:
+    """id(span) -> (sub-row, sub-rows) for the communication calls among ``spans`` that a rank had in
+    flight together: each run of overlapping calls is laid out on as few sub-rows of the comm row as
+    keep them apart, a call on the first free one. A call alone has the whole row, (0, 1). A call's
+    drawn wait (:func:`waiting_spans`, the same start and rank) shares its sub-row."""
+    by_rank: dict[int, list[Span]] = defaultdict(list)
+    for s in spans:
+        if s.lane == COMM and s.kind != WAITING:
+            by_rank[s.rank].append(s)
+    out: dict[int, tuple[int, int]] = {}
+
+    def lay_out(run: list[tuple[Span, int]], rows: int) -> None:
+        out.update({id(call): (slot, rows) for call, slot in run})
+
+    for calls in by_rank.values():
+        run, ends, reach = [], [], -math.inf  # ends: each sub-row's last call's end
+        for call in sorted(calls, key=lambda c: (c.start, c.end)):
+            if call.start >= reach:  # nothing in flight: a new run
+                lay_out(run, len(ends))
+                run, ends, reach = [], [], call.end
+            slot = next((k for k, end in enumerate(ends) if end <= call.start), len(ends))
+            ends[slot:slot + 1] = [call.end]
+            run.append((call, slot))
+            reach = max(reach, call.end)
+        lay_out(run, len(ends))
+    waits = {(s.rank, s.start, f"{s.name or s.kind}: waiting"): out[id(s)] for s in spans if id(s) in out}
+    out.update({id(s): waits[key] for s in spans if s.kind == WAITING
+                and (key := (s.rank, s.start, s.name)) in waits})
     return out
 
 
@@ -209,14 +253,16 @@ def bar_traces(trace: Trace, *, lanes=DEFAULT_LANES, steps=None, color_by: str =
     extra, wait_of = waiting_spans(trace, spans) if waits else ([], {})
     extra += blocked_spans(trace, spans) if waits else []
     out = []
-    for kind, c in bars_by_kind(spans + extra, mode, suffix, t0=min((s.start for s in spans), default=0.0),
-                                text=show_text and mode == "microbatch", waits=wait_of).items():
+    drawn = spans + extra
+    for kind, c in bars_by_kind(drawn, mode, suffix, t0=min((s.start for s in spans), default=0.0),
+                                text=show_text and mode == "microbatch", waits=wait_of,
+                                slots=call_slots(drawn)).items():
         out.append(dict(
             type="bar", name=LEGEND_NAMES.get(kind, kind), y=c["y"], x=c["x"],
             base=c["base"], orientation="h", hovertext=c["hovertext"], marker=marker_of(kind, c["color"]),
             opacity=opacity,
             hovertemplate=HOVER, text=c["text"], textposition="inside", insidetextanchor="middle",
-            legendgroup=kind, showlegend=legend, width=0.8,
+            legendgroup=kind, showlegend=legend, width=c["width"], offset=c["offset"],
         ))
     return out, rows_of(trace, spans, suffix)
 

@@ -168,7 +168,7 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
             if [t.name for t in fw.data] == [b["name"] for b in bars]:
                 for trace, b in zip(fw.data, bars):
                     trace.update(y=b["y"], x=b["x"], base=b["base"], hovertext=b["hovertext"],
-                                 marker=b["marker"], text=b["text"])
+                                 marker=b["marker"], text=b["text"], width=b["width"], offset=b["offset"])
             else:
                 fw.data = ()
                 fw.add_traces(bars)
