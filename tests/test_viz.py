@@ -110,6 +110,10 @@ def test_timeline_pipeline_microbatch_colours_and_labels(pipe):
     others = [c for kind, c in KIND_COLORS.items() if kind != "recompute" and c.startswith("#")]
     assert min(rgb_distance(KIND_COLORS["recompute"], c) for c in others + EXTRA_COLORS) > 75
     assert "coloured by microbatch" in fig.layout.xaxis.title.text
+    # the key reads a label the figure draws (8 microbatches over 4 stages), and a run of one stage's
+    assert fig.layout.xaxis.title.text.endswith("F7 s3: microbatch 7's forward on stage 3")
+    one_stage = Trace(spans=[Span(0, COMPUTE, "forward", 0, 1e-3, microbatch=m, step=0) for m in range(2)])
+    assert viz.timeline(one_stage).layout.xaxis.title.text.endswith("<br>F1: microbatch 1's forward")
     # a timeline coloured by kind keeps its plain axis
     assert viz.timeline(pipe, color_by="kind").layout.xaxis.title.text == "time (ms)"
     assert "(1024 B)" in send.hovertext[0] and "peer r" in send.hovertext[0]

@@ -49,8 +49,7 @@ _PATTERNS = {"backward": "/", "backward_input": "\\", "backward_weight": "x"}
 HOVER = "%{hovertext}<extra></extra>"
 LEGEND_NAMES = {WAITING: WAITING_LABEL, BLOCKED: BLOCKED_LABEL}
 # two lines: one had run past a 930-pixel notebook cell's edge
-MICROBATCH_KEY = ("time (ms); compute bars coloured by microbatch, backwards hatched<br>"
-                  "F3 s1: microbatch 3's forward on stage 1")
+MICROBATCH_KEY = "time (ms); compute bars coloured by microbatch, backwards hatched<br>{example}"
 
 
 def row_label(rank: int, lane: str) -> str:
@@ -316,9 +315,21 @@ def timeline(trace, predicted=None, *, lanes=DEFAULT_LANES, steps=None, predicte
         meta["predicted_ranks"] = len(predicted.ranks)
     fig.update_layout(barmode="overlay", bargap=0.15, meta=meta, uniformtext=dict(minsize=7, mode="hide"))
     if any(bar.marker.colorscale is not None for bar in fig.data):  # the legend's swatches cannot say it
-        fig.for_each_xaxis(lambda axis: axis.update(title_text=MICROBATCH_KEY) if axis.title.text else None)
+        key = MICROBATCH_KEY.format(example=_label_example(select_spans(trace, lanes, steps)))
+        fig.for_each_xaxis(lambda axis: axis.update(title_text=key) if axis.title.text else None)
     n_rows = len(rows) + len(meta.get("predicted_rows", []))
     return style(fig, title or _default_title(trace), height or min(200 + 22 * n_rows, 1600))
+
+
+def _label_example(spans: list[Span]) -> str:
+    """How to read a bar's label, told on one the figure draws (a key about microbatch 3 on stage 1
+    had stood under runs of two microbatches on one stage): its last forward's."""
+    forward = max((s for s in spans if s.kind == "forward" and s.microbatch is not None),
+                  key=lambda s: (s.microbatch, s.stage or 0), default=None)
+    if forward is None:
+        return ""
+    stage = f" on stage {forward.stage}" if forward.stage is not None else ""
+    return f"{_bar_text(forward)}: microbatch {forward.microbatch}'s forward{stage}"
 
 
 def _legend_once(bars: list[dict], pbars: list[dict]) -> None:
