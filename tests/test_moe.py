@@ -18,6 +18,7 @@ from paralab.models.moe import (
     ExpertGroup,
     MoELayer,
     capacity,
+    combine,
     load_balancing_loss,
     route,
     router_z_loss,
@@ -145,6 +146,27 @@ def test_the_layer_equals_a_token_by_token_reference(options):
     if cfg.capacity_factor is not None:
         assert (~routing.kept).any(), "the capacity case must drop tokens"
     assert torch.allclose(layer(x).reshape(-1, cfg.hidden), expected, atol=1e-6)
+
+
+def test_combining_sums_each_tokens_weighted_outputs_and_keeps_no_copy_of_them():
+    """Each token's output is the sum of its kept assignments' weighted rows (a dropped one adds
+    nothing), as index_add over the tokens gives, with the same gradients; but the combine keeps
+    only integer slots for its backward, where index_add kept every row it added (k per token,
+    hidden wide: the lab's tiny-moe had measured 6% more activations than counted)."""
+    torch.manual_seed(0)
+    tokens, top_k, hidden = 5, 2, 3
+    slot_of = torch.tensor([9, 0, 3, 4, 1, 6, 2])  # token 3's second choice (slot 7) and 4's first dropped
+    weighted = torch.randn(len(slot_of), hidden, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = combine(weighted, slot_of, tokens, top_k)
+    assert all(not t.is_floating_point() for t in saved)
+    reference = torch.zeros(tokens, hidden).index_add(0, slot_of // top_k, weighted)
+    torch.testing.assert_close(out, reference)
+    grad = torch.randn(tokens, hidden)
+    (by_slots,) = torch.autograd.grad(out, weighted, grad)
+    (by_index_add,) = torch.autograd.grad(reference, weighted, grad)
+    torch.testing.assert_close(by_slots, by_index_add)
 
 
 def test_every_expert_gets_a_gradient_even_without_tokens():

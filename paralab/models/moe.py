@@ -173,12 +173,14 @@ class MoELayer(nn.Module):
         routing = route(logits, self.top_k, seq_len, self.capacity_factor)
         # the kept assignments, sorted by expert (stable: token order within an expert)
         expert_of = routing.experts[routing.kept]
-        token_of = torch.arange(tokens.shape[0], device=x.device).unsqueeze(1).expand_as(routing.experts)
+        # each assignment's slot, token x k + choice: where its weighted output is combined
+        slot_of = torch.arange(routing.experts.numel(), device=x.device).view_as(routing.experts)
         order = torch.argsort(expert_of, stable=True)
-        token_of, gate_of = token_of[routing.kept][order], routing.gates[routing.kept][order]
+        slot_of, gate_of = slot_of[routing.kept][order], routing.gates[routing.kept][order]
+        token_of = slot_of // self.top_k
         counts = torch.bincount(expert_of, minlength=self.num_experts)
         rows, received = self._run_experts(tokens[token_of], counts)
-        out = torch.zeros_like(tokens).index_add(0, token_of, rows * gate_of.unsqueeze(1).to(rows.dtype))
+        out = combine(rows * gate_of.unsqueeze(1).to(rows.dtype), slot_of, tokens.shape[0], self.top_k)
         if self.shared is not None:
             out = out + self.shared(tokens)
         aux = self.aux_coef * load_balancing_loss(routing.probs, routing.experts, seq_len)
@@ -221,6 +223,15 @@ class MoELayer(nn.Module):
         rec.counter(counter_name(self.layer, "dropped"), dropped)
         rec.counter(counter_name(self.layer, "received"), received)
         rec.counter(counter_name(self.layer, "aux"), float(aux.detach()))
+
+
+def combine(weighted: torch.Tensor, slot_of: torch.Tensor, tokens: int, top_k: int) -> torch.Tensor:
+    """Each token's weighted expert outputs summed: the rows placed in their slots (token x k + choice)
+    of a buffer of k per token, a dropped assignment's slot left zero, and summed over k. One
+    ``index_add`` over the tokens would do it, but its backward keeps the rows it added (k copies of
+    every token, hidden wide) until the layer's backward; placing them keeps only their slots."""
+    placed = weighted.new_zeros(tokens * top_k, weighted.shape[1]).index_put((slot_of,), weighted)
+    return placed.view(tokens, top_k, -1).sum(dim=1)
 
 
 def _expert_major(counts: torch.Tensor) -> torch.Tensor:
