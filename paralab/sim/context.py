@@ -297,7 +297,7 @@ def _memory_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> tuple[tuple[str
     keeping = {"none": 1.0, "selective": 0.0, "full": 1 - counting.recompute_share(sm, sp)}[sp.recompute]
     under = {recompute: sp.replace(recompute=recompute) for recompute in {"none", "selective", sp.recompute}}
 
-    def activations(rank: int, inflight: int | None) -> float:
+    def activations(rank: int, inflight: counting.Inflight) -> float:
         return as_cp_keeps(lambda r: counting.activation_bytes_per_gpu(sm, under[r], rank, inflight),
                            sp.recompute, keeping)
 

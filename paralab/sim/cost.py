@@ -670,16 +670,16 @@ class Prediction:
 
 
 def memory_per_gpu(model: ModelSpec, parallel: ParallelSpec,
-                   activations: Callable[[int, int | None], float] | None = None,
+                   activations: Callable[[int, counting.Inflight], float] | None = None,
                    layer_kept: Callable[[str], float] | None = None) -> dict[str, float]:
     """Bytes per GPU at the peak, on the fullest pipeline rank: model states (ZeRO) plus activations,
     plus what ZeRO-2/3 hold unsharded for a moment. With an even split the end ranks are the fullest
     (the first stashes the most microbatches, the last keeps the logits); with an uneven split a rank
     beside an end can be, so the first rank of each kind is weighed
     (:func:`counting.first_rank_of_each_kind`). ``activations(rank, inflight)``: what a rank keeps with
-    that many microbatches in flight (None: its peak), and ``layer_kept(recompute)`` what one layer
-    keeps of one microbatch under a recompute policy, where they are not the model's own counts
-    (context parallel's slices)."""
+    that many microbatches in flight (:data:`counting.Inflight`), and ``layer_kept(recompute)`` what
+    one layer keeps of one microbatch under a recompute policy, where they are not the model's own
+    counts (context parallel's slices)."""
     if parallel.cp > 1:
         return CONTEXT_PARALLEL["memory_per_gpu"](model, parallel)
     p = parallel.resolved()
@@ -689,7 +689,7 @@ def memory_per_gpu(model: ModelSpec, parallel: ParallelSpec,
 
 
 def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int,
-                 activations: Callable[[int, int | None], float] | None = None,
+                 activations: Callable[[int, counting.Inflight], float] | None = None,
                  layer_kept: Callable[[str], float] | None = None) -> dict[str, float]:
     """The kinds at the fullest of the moments a rank may peak at, as a measured run reports them.
 
@@ -700,7 +700,7 @@ def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int,
     backward (:func:`_while_units_reduce`; a ZeRO-2 that accumulates holds every unit's from the first
     backward on); DDP's bucket copies (:func:`_while_buckets_fill`). A
     mixture of experts' routed experts are sharded over the dp / ep ranks that hold them."""
-    def kept(inflight: int | None = None) -> float:
+    def kept(inflight: counting.Inflight = None) -> float:
         if activations is not None:
             return activations(rank, inflight)
         return counting.activation_bytes_per_gpu(model, p, rank, inflight)
@@ -739,7 +739,7 @@ def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int,
     moments = [states]
     if p.grads_set_to_none:
         chunks = counting.graded_chunks(model, p, rank)
-        moments = _along_the_passes(p, rank, states, buckets, kept, layer_kept, chunks, gb)
+        moments = _along_the_passes(p, rank, states, buckets, kept, layer_kept, chunks)
     if copies:
         made = p.grads_set_to_none and p.microbatches * p.chunks_per_rank == 1  # by the buckets' backward
         moments += _while_buckets_fill(p, states, copies, own if made else 0.0, kept)
@@ -753,7 +753,7 @@ def _fullest(moments: list[dict[str, float]]) -> dict[str, float]:
 
 def _while_units_reduce(model: ModelSpec, p: ParallelSpec, rank: int, stashed: dict[str, float],
                         gb: float, layer_kept: Callable[[str], float],
-                        kept: Callable[[int | None], float]) -> list[dict[str, float]]:
+                        kept: Callable[[counting.Inflight], float]) -> list[dict[str, float]]:
     """ZeRO-2/3 inside a microbatch's backward: whole unit gradients beside the shards, and with
     ZeRO-3 the output layer's, whole in autograd's dtype from the backward's start to the root's
     reduce-scatter (an untied embedding's comes once activations are freed; a tied one is the output
@@ -791,21 +791,23 @@ def _while_units_reduce(model: ModelSpec, p: ParallelSpec, rank: int, stashed: d
 
 
 def _along_the_passes(p: ParallelSpec, rank: int, stashed: dict[str, float], kept_grads: float,
-                      kept: Callable[[int | None], float], layer_kept: Callable[[str], float],
-                      chunks: tuple[tuple[int, float, float], ...], gb: float) -> list[dict[str, float]]:
+                      kept: Callable[[counting.Inflight], float], layer_kept: Callable[[str], float],
+                      chunks: tuple[tuple[int, float, float], ...]) -> list[dict[str, float]]:
     """The moments a rank may peak at where gradients are set to None between steps
     (``grads_set_to_none``), walking its passes (:func:`counting.rank_passes`): a chunk's gradients
     exist from its first backward on (a zero-bubble schedule's deferred W), but for ``kept_grads``
     bytes held all the same (torch DDP's buckets). ``chunks``: the rank's (stage, parameters,
-    parameters graded last) (:func:`counting.graded_chunks`); ``gb``: bytes of a parameter's gradient.
+    parameters graded last) (:func:`counting.graded_chunks`); ``kept(held)``: the activations of so
+    many microbatches in flight on each of the rank's chunks.
 
-    After each forward, the microbatches in flight beside the gradients made so far: the stash's peak
-    is reached first without gradients, and again beside them where forwards follow a backward (1F1B
-    and its kin with more microbatches than they keep in flight; accumulation without pipelines).
-    After each backward, one microbatch fewer beside one more chunk's gradients (GPipe, one
-    microbatch, and a rank of several chunks whose chunks' first backwards come apart: interleaved
-    with few microbatches holds the first chunk's stash beside the last chunk's gradients alone; every
-    gradient from the first backward on had read 8% over the lab's pp 2 x v 2 with 2 microbatches).
+    After each forward, the microbatches in flight on each chunk (each chunk's own, where an uneven
+    split's differ) beside the gradients made so far: the stash's peak is reached first without
+    gradients, and again beside them where forwards follow a backward (1F1B and its kin with more
+    microbatches than they keep in flight; accumulation without pipelines). After each backward, one
+    microbatch fewer beside one more chunk's gradients (GPipe, one microbatch, and a rank of several
+    chunks whose chunks' first backwards come apart: interleaved with few microbatches holds its first
+    chunk's stash beside its last chunk's gradients alone; every gradient from the first backward on
+    had read 8% over the lab's pp 2 x v 2 with 2 microbatches).
 
     And inside a chunk's first full backward, as it reaches the chunk's first block: every gradient
     made so far but that block's and, on the first stage, the embeddings' (made after it), beside the
@@ -824,40 +826,42 @@ def _along_the_passes(p: ParallelSpec, rank: int, stashed: dict[str, float], kep
     under its measured peak without it. A zero-bubble schedule's deferred weight gradients come
     later, so it is not weighed there.
 
-    Microbatches in flight short of the stash's peak are priced as ``kept(n)``, n chunks of their
-    mean, where the peak itself is the rank's own (``stashed``)."""
-    peak = counting.peak_inflight_chunks(p.schedule, p.pp, p.microbatches, p.virtual_stages, rank)
+    Gradients are priced as a share of the rank's own (``stashed``'s less ``kept_grads``), by
+    parameters: whatever bytes a gradient is kept in."""
+    stages = [stage for stage, _, _ in chunks]
     params = {stage: n for stage, n, _ in chunks}
     graded_last = {stage: n for stage, _, n in chunks}
-    ungraded = set(params)
+    per_param = (stashed["grads"] - kept_grads) / (sum(params.values()) or 1)
+    held, graded = dict.fromkeys(stages, 0), set()
 
-    def at(inflight: int, less: float = 0.0, extra: float = 0.0) -> dict[str, float]:
-        held = stashed["activations"] if inflight >= peak else kept(inflight) if inflight else 0.0
-        grads = stashed["grads"] - (sum(params[stage] for stage in ungraded) * gb + less)
-        return {**stashed, "grads": max(kept_grads, grads), "activations": held + extra}
+    def at(less: float = 0.0, extra: float = 0.0) -> dict[str, float]:
+        inflight = tuple(held[stage] for stage in stages)
+        made = sum(params[stage] for stage in graded) - less
+        return {**stashed, "grads": kept_grads + made * per_param,
+                "activations": (kept(inflight) if any(inflight) else 0.0) + extra}
 
-    inflight, moments = 0, [{**stashed, "grads": kept_grads}]
+    moments = []
     for op, stage in counting.rank_passes(p, rank):
         if op == FORWARD:
-            inflight += 1
-            moments.append(at(inflight))
+            held[stage] += 1
+            moments.append(at())
         elif op in (BACKWARD, BACKWARD_WEIGHT):  # the pass that makes weight gradients and frees
-            first = stage in ungraded
-            ungraded.discard(stage)
+            first = stage not in graded
+            graded.add(stage)
             if op == BACKWARD_WEIGHT:  # its gradients, made before the inputs it read are freed
-                moments.append(at(inflight))
-            inflight -= 1
-            moments.append(at(inflight))
+                moments.append(at())
+            held[stage] -= 1
+            moments.append(at())
             if first and op == BACKWARD and graded_last[stage]:
                 block = layer_kept(p.recompute)
-                if not inflight and p.recompute == "full":  # the one transient: this block rematerialised
+                if not any(held.values()) and p.recompute == "full":  # the one transient: this block's
                     block += layer_kept("none") - layer_kept("full")
-                moments.append(at(inflight, less=graded_last[stage] * gb, extra=block))
+                moments.append(at(less=graded_last[stage], extra=block))
     return moments
 
 
 def _while_buckets_fill(p: ParallelSpec, stashed: dict[str, float], copies: float, made: float,
-                        kept: Callable[[int | None], float]) -> list[dict[str, float]]:
+                        kept: Callable[[counting.Inflight], float]) -> list[dict[str, float]]:
     """The moments a rank whose gradient reduction copies the gradients (``copies`` bytes) may peak at
     while its buckets fill, beside the stash's (``stashed``: the kinds at the activations' peak).
 

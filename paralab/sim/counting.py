@@ -615,10 +615,17 @@ def peak_inflight_chunks(schedule: str, pp: int, microbatches: int, virtual_stag
     return min(m, p - rank)
 
 
+# microbatches in flight on a pipeline rank: that many of its mean chunk, so many on each of its chunks,
+# or None for its schedule's most
+Inflight = int | tuple[int, ...] | None
+
+
 def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int = 0,
-                             inflight: int | None = None) -> float:
+                             inflight: Inflight = None) -> float:
     """Activation bytes at the peak on pipeline rank ``rank``, or with ``inflight`` (chunk, microbatch)
-    activations held instead of the schedule's most (:func:`peak_inflight_chunks`).
+    activations held instead of the schedule's most (:func:`peak_inflight_chunks`): that many of the
+    rank's mean chunk, or, a tuple, so many microbatches on each of its chunks (in model order), each
+    chunk's own (where an uneven split's chunks differ).
 
     Per-layer bytes (Korthikanti et al. 2022, Table 2) x layers per chunk x chunks in flight (where the
     interleaved schedule's chunks on a rank differ, the most its order holds at once), plus, on
@@ -634,9 +641,11 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
     two counts.
     """
     p = parallel.resolved()
-    at_peak = inflight is None
+    at_peak, held = inflight is None, inflight if isinstance(inflight, tuple) else None
     if at_peak:
         inflight = peak_inflight_chunks(p.schedule, p.pp, p.microbatches, p.virtual_stages, rank)
+    elif held is not None:
+        inflight = sum(held)
 
     def per_layer_kept(recompute: str) -> float:
         return activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, recompute,
@@ -652,7 +661,9 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
                      moe.extra_activation_bytes(model, p.micro_batch, p.tp, p.sequence_parallel))
     chunk_bytes = tuple(layers * per_layer + moe_layers * per_moe_layer
                         for layers, moe_layers in chunks_by_rank(model, p)[rank])
-    if at_peak and p.schedule == "interleaved" and len(set(chunk_bytes)) > 1:
+    if held is not None:
+        total = sum(n * chunk for n, chunk in zip(held, chunk_bytes, strict=True))
+    elif at_peak and p.schedule == "interleaved" and len(set(chunk_bytes)) > 1:
         total = _interleaved_peak(p.pp, p.microbatches, p.virtual_stages, rank, chunk_bytes)
     else:
         total = inflight * sum(chunk_bytes) / len(chunk_bytes)
@@ -660,7 +671,7 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
     ends = 0.0
     if rank == 0 and model.dropout:
         mask = model.mask_bytes * sbh / (p.tp if p.sequence_parallel else 1)
-        total += mask * min(inflight, p.microbatches)
+        total += mask * (held[0] if held is not None else min(inflight, p.microbatches))  # the first stage's
     if rank == last_stage_rank(p):
         logits_inflight = min(inflight, p.microbatches) if p.schedule == "gpipe" and p.pp > 1 else 1
         logits = model.seq * p.micro_batch * model.vocab / p.tp
