@@ -426,9 +426,11 @@ def test_calls_in_flight_together_share_their_row_side_by_side():
     assert list(forward.width) == pytest.approx([0.8, 0.8])
     # rank 1's two gathers start together (the one ending first on top); a wait drawn over a call
     # shares its sub-row
-    wait = Span(1, COMM, WAITING, 0.003, 0.0035, name="block 0: waiting", step=0)
-    slots = call_slots([*spans, wait])
-    assert slots[id(spans[8])] == (0, 2) and slots[id(wait)] == slots[id(spans[7])] == (1, 2)
+    wait = Span(1, COMM, WAITING, 0.003, 0.0035, name="all_gather: waiting", step=0)
+    twin = Span(1, COMM, WAITING, 0.003, 0.0035, name="all_gather: waiting", step=0)  # the same but its call
+    slots = call_slots(spans, {id(spans[7]): wait, id(spans[8]): twin})
+    assert slots[id(spans[8])] == slots[id(twin)] == (0, 2)
+    assert slots[id(wait)] == slots[id(spans[7])] == (1, 2)
 
 
 def test_activation_growth_draws_both_kernels_whatever_the_preset_trains_with():

@@ -122,7 +122,8 @@ class _WeightGradients(torch.autograd.Function):
     """A node whose backward makes W's gradients, so that each reaches its parameter from inside
     autograd: AccumulateGrad takes a gradient only the engine holds as ``.grad`` itself, where one
     handed in from Python is copied, which had held a chunk's weight gradients twice at the end of
-    every W."""
+    its first W of a step (later ones add into ``.grad`` in place, beside the W's own gradients until
+    the last is added, as any backward's are)."""
 
     @staticmethod
     def forward(ctx, gradients, *params):

@@ -115,11 +115,11 @@ def bars_by_kind(spans: list[Span], color_by: str = "kind", suffix: str = "", t0
     return out
 
 
-def call_slots(spans: list[Span]) -> dict[int, tuple[int, int]]:
+def call_slots(spans: list[Span], waits: dict[int, Span] | None = None) -> dict[int, tuple[int, int]]:
     """id(span) -> (sub-row, sub-rows) for the communication calls among ``spans`` that a rank had in
     flight together: each run of overlapping calls is laid out on as few sub-rows of the comm row as
     keep them apart, a call on the first free one. A call alone has the whole row, (0, 1). A call's
-    drawn wait (:func:`waiting_spans`, the same start and rank) shares its sub-row."""
+    drawn wait (``waits``: id(call) -> its :func:`waiting_spans` span) shares its sub-row."""
     by_rank: dict[int, list[Span]] = defaultdict(list)
     for s in spans:
         if s.lane == COMM and s.kind != WAITING:
@@ -140,9 +140,7 @@ def call_slots(spans: list[Span]) -> dict[int, tuple[int, int]]:
             run.append((call, slot))
             reach = max(reach, call.end)
         lay_out(run, len(ends))
-    waits = {(s.rank, s.start, f"{s.name or s.kind}: waiting"): out[id(s)] for s in spans if id(s) in out}
-    out.update({id(s): waits[key] for s in spans if s.kind == WAITING
-                and (key := (s.rank, s.start, s.name)) in waits})
+    out.update({id(wait): out[call] for call, wait in (waits or {}).items() if call in out})
     return out
 
 
@@ -218,18 +216,18 @@ def resolve_color_by(spans: list[Span], color_by: str) -> str:
     return color_by
 
 
-def waiting_spans(trace: Trace, spans: list[Span]) -> tuple[list[Span], dict[int, float]]:
-    """For the communication spans among ``spans`` that waited for a last participant: one
-    ``waiting`` span each over the wait, and id(span) -> its wait in seconds (for the hover)."""
+def waiting_spans(trace: Trace, spans: list[Span]) -> tuple[dict[int, Span], dict[int, float]]:
+    """For the communication spans among ``spans`` that waited for a last participant: id(span) -> a
+    ``waiting`` span over its wait, and id(span) -> its wait in seconds (for the hover)."""
     shown = {id(s) for s in spans if s.lane == COMM}
     if not shown:
-        return [], {}
+        return {}, {}
     waits = {id(a.span): a.wait_s for a in trace.comm_arrivals()
              if id(a.span) in shown and a.last_entry is not None}
-    by_id = {id(s): s for s in spans if id(s) in waits}
-    extra = [Span(s.rank, s.lane, WAITING, s.start, s.start + waits[key], name=f"{s.name or s.kind}: waiting",
-                  step=s.step) for key, s in by_id.items() if waits[key] > 0]
-    return extra, waits
+    over = {id(s): Span(s.rank, s.lane, WAITING, s.start, s.start + waits[id(s)],
+                        name=f"{s.name or s.kind}: waiting", step=s.step)
+            for s in spans if waits.get(id(s), 0) > 0}
+    return over, waits
 
 
 def blocked_spans(trace: Trace, spans: list[Span]) -> list[Span]:
@@ -249,13 +247,12 @@ def bar_traces(trace: Trace, *, lanes=DEFAULT_LANES, steps=None, color_by: str =
     spans = select_spans(trace, lanes, steps)
     mode = resolve_color_by(spans, color_by)
     show_text = (len(spans) <= TEXT_LIMIT) if text == "auto" else bool(text)
-    extra, wait_of = waiting_spans(trace, spans) if waits else ([], {})
-    extra += blocked_spans(trace, spans) if waits else []
+    over, wait_of = waiting_spans(trace, spans) if waits else ({}, {})
+    extra = list(over.values()) + (blocked_spans(trace, spans) if waits else [])
     out = []
-    drawn = spans + extra
-    for kind, c in bars_by_kind(drawn, mode, suffix, t0=min((s.start for s in spans), default=0.0),
+    for kind, c in bars_by_kind(spans + extra, mode, suffix, t0=min((s.start for s in spans), default=0.0),
                                 text=show_text and mode == "microbatch", waits=wait_of,
-                                slots=call_slots(drawn)).items():
+                                slots=call_slots(spans, over)).items():
         out.append(dict(
             type="bar", name=LEGEND_NAMES.get(kind, kind), y=c["y"], x=c["x"],
             base=c["base"], orientation="h", hovertext=c["hovertext"], marker=marker_of(kind, c["color"]),
