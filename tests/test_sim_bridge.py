@@ -130,6 +130,18 @@ def test_pipeline_trace_has_the_schedules_spans():
     assert trace.median_step_time() == pytest.approx(predict_run(cfg, CPU).step_time_s)
 
 
+def test_a_predicted_pipeline_sends_to_the_global_rank_of_its_peer():
+    """On dp 2 x pp 2 (ranks 0, 1 the first stage's replicas, 2, 3 the second's) each predicted send
+    and receive names the global rank at its own dp place of the other stage, as the measured ones
+    do, so every send pairs with its receive (the pipeline rank had named rank 0's peer 1, a replica
+    of its own stage, and rank 1's itself)."""
+    cfg = RunConfig.build("tiny", strategy="hybrid", world_size=4, dp=2, pp=2, microbatches=2, global_batch=8)
+    trace = predict_run_trace(cfg, "a100")
+    p2p = [s for s in trace.spans if s.peer is not None]
+    assert {(s.rank, s.peer) for s in p2p} == {(0, 2), (1, 3), (2, 0), (3, 1)}
+    assert len(trace.p2p_pairs()) == sum(s.kind == "send" for s in p2p) == sum(s.kind == "recv" for s in p2p)
+
+
 def _structure(trace) -> dict:
     """rank -> step -> compute kinds in order (what an overlay lines up)."""
     out: dict = {}

@@ -194,8 +194,9 @@ def predict_run_trace(cfg: RunConfig, hardware: str | HardwareSpec = "local") ->
     for step in range(cfg.steps):
         shift = step * step_time
         for span in one.spans:
-            for rank in _global_ranks(p, span.rank):
-                spans.append(_measured_style(span, rank, step, shift))
+            peers = _global_ranks(p, span.peer) if span.peer is not None else None
+            for k, rank in enumerate(_global_ranks(p, span.rank)):
+                spans.append(_measured_style(span, rank, step, shift, peers[k] if peers else None))
     meta = dict(one.meta, source="simulated", strategy=cfg.strategy, world_size=cfg.world_size,
                 dp=p.dp, tp=p.tp, pp=p.pp, schedule=p.schedule if p.pp > 1 else "",
                 microbatches=p.microbatches, virtual_stages=p.virtual_stages, model=cfg.model_name,
@@ -209,8 +210,10 @@ def _global_ranks(p: ParallelSpec, pipeline_rank: int) -> list[int]:
     return list(range(base, base + p.dp * p.tp))
 
 
-def _measured_style(span: Span, rank: int, step: int, shift: float) -> Span:
-    """A copy on ``rank`` and ``step``, named as the recorder names the measured spans."""
+def _measured_style(span: Span, rank: int, step: int, shift: float, peer: int | None) -> Span:
+    """A copy on ``rank`` and ``step``, named as the recorder names the measured spans; a pipeline
+    send's or receive's ``peer`` the global rank at the same dp and tp place of the other pipeline rank
+    (the pipeline rank itself had paired a send with no receive, or with the sender's own)."""
     name = span.name
     if span.lane == COMPUTE:
         name = span.kind  # the recorder names compute spans by kind: forward, backward, optimizer
@@ -220,4 +223,4 @@ def _measured_style(span: Span, rank: int, step: int, shift: float) -> Span:
     elif span.lane == STEP:
         name = f"step {step}"
     return dataclasses.replace(span, rank=rank, step=step, start=span.start + shift, end=span.end + shift,
-                               name=name)
+                               name=name, peer=peer)
