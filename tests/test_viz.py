@@ -347,6 +347,8 @@ def test_comm_by_dimension_totals_equal_the_traces_bytes_per_group(hybrid, no_le
     assert by_link["tp"]["inter_node"] == 0 and by_link["pp"]["intra_node"] == 0  # tp inside, pp across
     bars = {t.name: t for t in fig.data if t.xaxis == "x"}
     assert [c[1] for c in bars["all_reduce"].customdata][:2] == [expected["dp"], expected["tp"]]
+    # wire bytes: a receive has none (its send counts them), so it has no bar and no legend entry
+    assert "send" in bars and "recv" not in bars
 
 
 @pytest.mark.timeout(300)

@@ -188,7 +188,8 @@ def comm_by_dimension(trace, payload: bool = False, title: str | None = None):
     scale, unit = byte_scale(max(totals.values(), default=0))
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
                         subplot_titles=("by operation", "by link: inside a node or across nodes"))
-    ops = sorted({op for per in by_op.values() for op in per})
+    # an op that put no bytes on the wire (a receive, whose send counts them) gets no empty legend entry
+    ops = sorted({op for per in by_op.values() for op, n in per.items() if n})
     for op in ops:
         values = [by_op[d].get(op, 0) for d in dims]
         fig.add_trace(graph.Bar(
