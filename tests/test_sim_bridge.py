@@ -176,6 +176,8 @@ def test_measured_and_predicted_traces_line_up():
         dict(strategy="zero1", dtype="bf16"),
         dict(strategy="zero2"),
         dict(strategy="zero2", bucket_mb=0.2),
+        # the second microbatch's first bucket fills with the first's still on the wire
+        dict(strategy="zero2", microbatches=2),
         # one bucket's whole gradient and the shard it lands in, once the backward has freed everything
         dict(strategy="zero2", recompute="full"),
         dict(strategy="zero3"),

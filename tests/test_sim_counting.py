@@ -536,3 +536,25 @@ def test_each_chunk_grades_its_own_parameters_and_a_tied_embedding_comes_with_th
                                                - (counts["embedding"] if head_here and p.chunks > 1 else 0))
             else:
                 assert last == block
+
+
+@pytest.mark.parametrize("options", [
+    dict(pp=1), dict(pp=4, schedule="1f1b"), dict(pp=2, schedule="interleaved", virtual_stages=2),
+    dict(pp=2, schedule="zbv"), dict(pp=1, fsdp_root=True)])
+def test_a_ranks_zero_units_are_its_parts_in_forward_order(options):
+    """The parts a rank gathers one by one, in forward order: as many as it holds, the largest the one
+    it holds whole at once, the embedding first on the first stage and the last part last on the
+    last (FSDP's root keeps both ends apart)."""
+    model = get_model("gpt3-1.3b")
+    p = ParallelSpec(dp=8, zero=3, microbatches=8, **options).resolved()
+    for rank in range(p.pp):
+        parts = counting.rank_zero_units(model, p, rank)
+        assert len(parts) == counting.zero_unit_count(model, p, rank)
+        assert max(parts) == counting.largest_zero_unit(model, p, rank)
+    embed, head, block, _ = counting._part_sizes(model, p)
+    first = counting.rank_zero_units(model, p, 0)
+    last = counting.rank_zero_units(model, p, counting.last_stage_rank(p))
+    if p.fsdp_root:
+        assert set(first) == {block}
+    else:
+        assert first[0] == embed and last[-1] == head

@@ -768,9 +768,14 @@ def _while_units_reduce(model: ModelSpec, p: ParallelSpec, rank: int, stashed: d
     :func:`counting.layers_left_whole`); and the backward's end, its activations freed, with the last
     units still on the wire (more only where the rank has no more units than may be in flight: one
     bucket's whole gradient and the shard it lands in, measured on the lab's ZeRO-2, which had read 8%
-    over the sum of both moments under full recompute). ``gb``: bytes a gradient element is reduced
-    in; ``layer_kept(recompute)``: what a layer keeps of a microbatch; ``kept(inflight)``: what the
-    rank keeps with that many microbatches in flight."""
+    over the sum of both moments under full recompute). A rank with more than one backward a step
+    starts each later one with the last units of the one before still on the wire (they land only as
+    new units need their place), so its first unit (the forward's last part) fills beside as many as
+    may be in flight (the forward's first parts) and the stash (the lab's ZeRO-2 with 2 microbatches
+    had read 24% under its measured peak without it: two whole buckets and their shards at once; its
+    ZeRO-3 reads 4% over, the loss freed by then). ``gb``: bytes a gradient element is reduced in;
+    ``layer_kept(recompute)``: what a layer keeps of a microbatch; ``kept(inflight)``: what the rank
+    keeps with that many microbatches in flight."""
     units, unit = _zero_units(model, p, rank)
     flight = min(units, p.reduce_scatters_in_flight)
     grads = stashed["grads"]
@@ -784,6 +789,14 @@ def _while_units_reduce(model: ModelSpec, p: ParallelSpec, rank: int, stashed: d
         freed = whole * layer_kept("none") + (sent - whole) * layer_kept(p.recompute)
         moments.append({**stashed, "grads": grads + unit * gb + sent * on_the_wire,
                         "activations": max(0.0, stashed["activations"] - freed)})
+    # a later backward's first unit beside the last one's (with none in flight, the first fill above)
+    if flight and p.microbatches * p.chunks_per_rank > 1:
+        if p.zero == 2 and p.grad_buckets:
+            first, last = unit, flight * unit
+        else:  # parts: the backward's first is the forward's last
+            parts = counting.rank_zero_units(model, p, rank)
+            first, last = parts[-1], sum(parts[:flight])
+        moments.append({**stashed, "grads": grads + first * gb + last * (1 + 1 / p.dp) * gb})
     if units > flight:  # the end holds no more on the wire than the last fill, and no more activations
         return moments
     after = max(0.0, stashed["activations"] - kept(1))  # other microbatches in flight

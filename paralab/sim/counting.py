@@ -316,6 +316,19 @@ def largest_zero_unit(model: ModelSpec, parallel: ParallelSpec, rank: int) -> fl
     return _rank_parts(model, parallel)[rank][1]
 
 
+def rank_zero_units(model: ModelSpec, parallel: ParallelSpec, rank: int) -> tuple[float, ...]:
+    """Parameters of every part (:func:`zero_units`) pipeline rank ``rank`` gathers one by one, in
+    forward order over its chunks (blocks alone beside FSDP's root unit): a backward reduce-scatters
+    them last first."""
+    parts: list[float] = []
+    for stage in (s for s in range(parallel.chunks) if stage_rank(parallel, s) == rank):
+        units = zero_units(model, parallel, stage)
+        if parallel.fsdp_root:  # the ends are the root's
+            units = units[stage == 0 : len(units) - (stage == parallel.chunks - 1)]
+        parts.extend(units)
+    return tuple(parts)
+
+
 def zero_unit_count(model: ModelSpec, parallel: ParallelSpec, rank: int) -> int:
     """How many parts (:func:`zero_units`) pipeline rank ``rank`` holds over all its chunks (blocks
     alone beside FSDP's root unit)."""
