@@ -526,9 +526,15 @@ def test_each_chunk_grades_its_own_parameters_and_a_tied_embedding_comes_with_th
     for rank in range(pp):
         chunks = counting.graded_chunks(model, p, rank)
         held = [s for s in range(p.chunks) if counting.stage_rank(p, s) == rank]
-        assert [stage for stage, _, _ in chunks] == held
-        assert sum(n for _, n, _ in chunks) == pytest.approx(counting.stage_params(model, p, rank))
-        for stage, params, last in chunks:
+        assert [stage for stage, *_ in chunks] == held
+        assert sum(n for _, n, _, _ in chunks) == pytest.approx(counting.stage_params(model, p, rank))
+        for stage, params, last, by_input_pass in chunks:
+            # Bi: the norms, and the embeddings and final norm on the ends; never more than the chunk
+            ends = (stage == 0) * (counts["positions"] + (0 if tied and rank == counting.last_stage_rank(p)
+                                                           else counts["embedding"]))
+            ends += (stage == p.chunks - 1) * counts["final_norm"]
+            layers = counting.chunk_layers(model, p)[stage]
+            assert by_input_pass == layers * counting.layer_params(model)["norms"] + ends <= params
             head_here = tied and rank == counting.stage_rank(p, 0) == counting.last_stage_rank(p)
             if stage == 0:
                 assert last == block + counts["positions"] + (0 if head_here else counts["embedding"])

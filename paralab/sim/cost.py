@@ -40,6 +40,7 @@ from typing import NamedTuple
 from paralab.collectives import ring_steps
 from paralab.schedules import (
     BACKWARD,
+    BACKWARD_INPUT,
     BACKWARD_WEIGHT,
     FORWARD,
     SPLIT_BACKWARD,
@@ -808,9 +809,10 @@ def _along_the_passes(p: ParallelSpec, rank: int, stashed: dict[str, float], kep
                       chunks: tuple[tuple[int, float, float], ...]) -> list[dict[str, float]]:
     """The moments a rank may peak at where gradients are set to None between steps
     (``grads_set_to_none``), walking its passes (:func:`counting.rank_passes`): a chunk's gradients
-    exist from its first backward on (a zero-bubble schedule's deferred W), but for ``kept_grads``
-    bytes held all the same (torch DDP's buckets). ``chunks``: the rank's (stage, parameters,
-    parameters graded last) (:func:`counting.graded_chunks`); ``kept(held)``: the activations of so
+    exist from its first backward on (a zero-bubble schedule's Bi the norms' and embeddings', its
+    deferred W the rest), but for ``kept_grads`` bytes held all the same (torch DDP's buckets).
+    ``chunks``: the rank's (stage, parameters, parameters graded last, by Bi)
+    (:func:`counting.graded_chunks`); ``kept(held)``: the activations of so
     many microbatches in flight on each of the rank's chunks.
 
     After each forward, the microbatches in flight on each chunk (each chunk's own, where an uneven
@@ -841,16 +843,16 @@ def _along_the_passes(p: ParallelSpec, rank: int, stashed: dict[str, float], kep
 
     Gradients are priced as a share of the rank's own (``stashed``'s less ``kept_grads``), by
     parameters: whatever bytes a gradient is kept in."""
-    stages = [stage for stage, _, _ in chunks]
-    params = {stage: n for stage, n, _ in chunks}
-    graded_last = {stage: n for stage, _, n in chunks}
+    stages = [stage for stage, *_ in chunks]
+    params = {stage: n for stage, n, _, _ in chunks}
+    graded_last = {stage: n for stage, _, n, _ in chunks}
+    by_input_pass = {stage: n for stage, _, _, n in chunks}
     per_param = (stashed["grads"] - kept_grads) / (sum(params.values()) or 1)
-    held, graded = dict.fromkeys(stages, 0), set()
+    held, made = dict.fromkeys(stages, 0), dict.fromkeys(stages, 0.0)  # made: parameters graded
 
     def at(less: float = 0.0, extra: float = 0.0) -> dict[str, float]:
         inflight = tuple(held[stage] for stage in stages)
-        made = sum(params[stage] for stage in graded) - less
-        return {**stashed, "grads": kept_grads + made * per_param,
+        return {**stashed, "grads": kept_grads + (sum(made.values()) - less) * per_param,
                 "activations": (kept(inflight) if any(inflight) else 0.0) + extra}
 
     moments = []
@@ -858,9 +860,12 @@ def _along_the_passes(p: ParallelSpec, rank: int, stashed: dict[str, float], kep
         if op == FORWARD:
             held[stage] += 1
             moments.append(at())
-        elif op in (BACKWARD, BACKWARD_WEIGHT):  # the pass that makes weight gradients and frees
-            first = stage not in graded
-            graded.add(stage)
+        elif op == BACKWARD_INPUT:  # the norms' and embeddings' gradients; W makes the rest
+            made[stage] = max(made[stage], by_input_pass[stage])
+            moments.append(at())
+        else:  # the pass that makes weight gradients and frees
+            first = made[stage] < params[stage]
+            made[stage] = params[stage]
             if op == BACKWARD_WEIGHT:  # its gradients, made before the inputs it read are freed
                 moments.append(at())
             held[stage] -= 1

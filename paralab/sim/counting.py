@@ -377,15 +377,20 @@ def stage_params(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
 
 
 def graded_chunks(model: ModelSpec, parallel: ParallelSpec,
-                  rank: int) -> tuple[tuple[int, float, float], ...]:
-    """(stage, parameters, parameters graded last) of each model chunk pipeline rank ``rank`` holds, in
-    model order: a chunk's backward makes its parameters' gradients, the last its first block's and,
-    on the first stage, the embeddings before it. A tied embedding held with the head on one rank has
-    its gradient from the head's backward on, so it counts with the last chunk's, and the first
-    stage's last only the positions. A chunk without blocks (an uneven split's) grades none last."""
+                  rank: int) -> tuple[tuple[int, float, float, float], ...]:
+    """(stage, parameters, parameters graded last, parameters graded by a split backward's Bi) of each
+    model chunk pipeline rank ``rank`` holds, in model order: a chunk's backward makes its parameters'
+    gradients, the last its first block's and, on the first stage, the embeddings before it. A tied
+    embedding held with the head on one rank has its gradient from the head's backward on, so it
+    counts with the last chunk's, and the first stage's last only the positions. A chunk without
+    blocks (an uneven split's) grades none last. A zero-bubble schedule's Bi makes the gradients of
+    what is not a linear layer's weight (the norms, the embeddings), W the rest (the linear layers'
+    weight gradients are what it defers; tensor parallelism's row biases and sequence parallelism's
+    gathered column layers, made in Bi too, are left with W)."""
     layers, counts = chunk_layers(model, parallel), parameter_counts(model)
     tied_here = model.tied_embeddings and stage_rank(parallel, 0) == rank == last_stage_rank(parallel)
     embedding = counts["embedding"] / parallel.tp
+    embeddings = counts["positions"] + (0 if tied_here else embedding)
     chunks = []
     for stage in (s for s in range(parallel.chunks) if stage_rank(parallel, s) == rank):
         params = chunk_params(model, parallel, stage)
@@ -395,8 +400,10 @@ def graded_chunks(model: ModelSpec, parallel: ParallelSpec,
         if layers[stage]:
             last = _params_of(model, parallel, 1, moe_blocks(model, sum(layers[:stage]), 1), False, False)
             if stage == 0:
-                last += counts["positions"] + (0 if tied_here else embedding)
-        chunks.append((stage, params, last))
+                last += embeddings
+        by_input_pass = (layers[stage] * layer_params(model)["norms"] + (stage == 0) * embeddings
+                         + (stage == parallel.chunks - 1) * counts["final_norm"])
+        chunks.append((stage, params, last, by_input_pass))
     return tuple(chunks)
 
 
