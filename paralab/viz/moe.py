@@ -17,11 +17,13 @@ from paralab.moe_load import expert_load as load_of
 from paralab.viz._common import as_trace, go, kind_color, make_subplots, style
 
 
-def expert_load(trace, title: str | None = None):
+def expert_load(trace, title: str | None = None, most_tokens: int | None = None):
     """Heatmap of tokens per expert per step, and dropped assignments per step below it (when any were).
 
-    ``fig.layout.meta``: ``tokens`` ([step][expert]), ``dropped`` (per step), ``imbalance`` (per step:
-    the busiest expert over the mean, averaged over layers), ``steps``."""
+    ``most_tokens``: the top of the colour scale (from 0), so that runs drawn side by side share one
+    (by default each figure's own busiest cell). ``fig.layout.meta``: ``tokens`` ([step][expert]),
+    ``dropped`` (per step), ``imbalance`` (per step: the busiest expert over the mean, averaged over
+    layers), ``steps``."""
     go()
     load = load_of(as_trace(trace))
     if not load.routed:
@@ -33,6 +35,7 @@ def expert_load(trace, title: str | None = None):
     heatmap = go().Heatmap(
         x=steps, y=[f"expert {e}" for e in range(load.experts)], z=[list(col) for col in zip(*tokens)],
         colorscale="Blues", colorbar=dict(title="tokens", len=0.7, y=0.64 if any(dropped) else 0.5),
+        zmin=0 if most_tokens is not None else None, zmax=most_tokens,
         hovertemplate="step %{x}, %{y}: %{z} tokens<extra></extra>")
     if not any(dropped):  # dropless, or every assignment within capacity: no panel of zeros
         fig = make_subplots(rows=1, cols=1, subplot_titles=(
