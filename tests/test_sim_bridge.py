@@ -176,8 +176,9 @@ def test_measured_and_predicted_traces_line_up():
         dict(strategy="zero1", dtype="bf16"),
         dict(strategy="zero2"),
         dict(strategy="zero2", bucket_mb=0.2),
-        # the second microbatch's first bucket fills with the first's still on the wire
+        # a later microbatch's first bucket fills with the ones before still on the wire: one, then two
         dict(strategy="zero2", microbatches=2),
+        dict(strategy="zero2", microbatches=4, global_batch=8),
         # one bucket's whole gradient and the shard it lands in, once the backward has freed everything
         dict(strategy="zero2", recompute="full"),
         dict(strategy="zero3"),
@@ -210,7 +211,7 @@ def test_measured_model_states_are_predicted(options):
     ZeRO-2 of several buckets has moments the model weighs within 0.05% of each other (a bucket more
     on the wire against the layer it frees), which DDP's buckets, filled to the cap and the rest left
     to the last, tip: its gradients are not held to one of them. The total within 5%."""
-    run = paralab.run(world_size=2, steps=2, global_batch=4, device="cpu", **options)
+    run = paralab.run(**{"world_size": 2, "steps": 2, "global_batch": 4, "device": "cpu", **options})
     predicted = bridge.predict_memory(run.config)
     largest = max(p.numel() for p in GPT(run.config.model).parameters())
     peaks = run.summary["peak_memory_bytes"]

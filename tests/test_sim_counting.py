@@ -564,3 +564,15 @@ def test_a_ranks_zero_units_are_its_parts_in_forward_order(options):
         assert set(first) == {block}
     else:
         assert first[0] == embed and last[-1] == head
+
+
+def test_the_ends_are_held_only_with_the_last_stages_microbatches():
+    """The V's first rank holds the first stage and the last: microbatches in flight on the first
+    stage alone keep no loss and no head inputs, one on the last stage keeps them."""
+    model = get_model("gpt3-1.3b")
+    p = ParallelSpec(pp=4, schedule="zbv", microbatches=8).resolved()
+    assert counting.last_stage_rank(p) == 0
+    first_only, last_only = (counting.activation_bytes_per_gpu(model, p, 0, held)
+                             for held in ((1, 0), (0, 1)))
+    logits = model.seq * p.micro_batch * model.vocab
+    assert last_only - first_only >= counting.loss_bytes_per_logit(model) * logits

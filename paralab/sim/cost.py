@@ -772,13 +772,23 @@ def _while_units_reduce(model: ModelSpec, p: ParallelSpec, rank: int, stashed: d
     over the sum of both moments under full recompute). A rank with more than one backward a step
     starts each later one with the last units of the one before still on the wire (they land only as
     new units need their place), so its first unit (the forward's last part) fills beside as many as
-    may be in flight (the forward's first parts) and the stash (the lab's ZeRO-2 with 2 microbatches
-    had read 24% under its measured peak without it: two whole buckets and their shards at once; its
-    ZeRO-3 reads 4% over, the loss freed by then). ``gb``: bytes a gradient element is reduced in;
-    ``layer_kept(recompute)``: what a layer keeps of a microbatch; ``kept(inflight)``: what the rank
-    keeps with that many microbatches in flight."""
+    may be in flight (the forward's first parts), of however many backwards before, and the stash
+    (the lab's ZeRO-2 with 2 microbatches had read 24% under its measured peak without it: two whole
+    buckets and their shards at once; with 4, where two backwards before each leave their bucket, 21%
+    under with one). ``gb``: bytes a gradient element is reduced in; ``layer_kept(recompute)``: what a
+    layer keeps of a microbatch; ``kept(inflight)``: what the rank keeps with that many microbatches in
+    flight.
+
+    On the last stage's rank the first unit fills once the loss is freed, while the logits' gradient
+    the output layer reads, as large, is held: the meter counts no gradient of an activation, so the
+    lab's ZeRO-3 reads 2-4% over with 1 or 2 microbatches."""
     units, unit = _zero_units(model, p, rank)
-    flight = min(units, p.reduce_scatters_in_flight)
+    flight = min(units, p.reduce_scatters_in_flight)  # of one backward's
+    backwards = p.microbatches * p.chunks_per_rank
+    # on the wire as a later backward starts, and at the step's end: the lab lands a unit only when a
+    # new one needs its place, so one bucket reduced per microbatch leaves as many as may be in flight
+    carried = min(p.reduce_scatters_in_flight, units * (backwards - 1))
+    at_the_end = min(p.reduce_scatters_in_flight, units * backwards)
     grads = stashed["grads"]
     if p.zero == 3:
         embed, head = counting.fsdp_root(model, p)
@@ -790,18 +800,17 @@ def _while_units_reduce(model: ModelSpec, p: ParallelSpec, rank: int, stashed: d
         freed = whole * layer_kept("none") + (sent - whole) * layer_kept(p.recompute)
         moments.append({**stashed, "grads": grads + unit * gb + sent * on_the_wire,
                         "activations": max(0.0, stashed["activations"] - freed)})
-    # a later backward's first unit beside the last one's (with none in flight, the first fill above)
-    if flight and p.microbatches * p.chunks_per_rank > 1:
+    if carried:  # a later backward's first unit beside the last ones of the backward before
         if p.zero == 2 and p.grad_buckets:
-            first, last = unit, flight * unit
-        else:  # parts: the backward's first is the forward's last
+            first, last = unit, carried * unit
+        else:  # parts: the backward's first is the forward's last, its last the forward's first
             parts = counting.rank_zero_units(model, p, rank)
-            first, last = parts[-1], sum(parts[:flight])
+            first, last = parts[-1], sum(parts[k % len(parts)] for k in range(carried))
         moments.append({**stashed, "grads": grads + first * gb + last * (1 + 1 / p.dp) * gb})
-    if units > flight:  # the end holds no more on the wire than the last fill, and no more activations
+    if units > p.reduce_scatters_in_flight:  # the end holds no more on the wire than the last fill
         return moments
     after = max(0.0, stashed["activations"] - kept(1))  # other microbatches in flight
-    return [*moments, {**stashed, "grads": grads + flight * on_the_wire, "activations": after}]
+    return [*moments, {**stashed, "grads": grads + at_the_end * on_the_wire, "activations": after}]
 
 
 def _along_the_passes(p: ParallelSpec, rank: int, stashed: dict[str, float], kept_grads: float,

@@ -692,7 +692,7 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
     if rank == 0 and model.dropout:
         mask = model.mask_bytes * sbh / (p.tp if p.sequence_parallel else 1)
         total += mask * (held[0] if held is not None else min(inflight, p.microbatches))  # the first stage's
-    if rank == last_stage_rank(p):
+    if rank == last_stage_rank(p) and (held is None or held[-1]):  # the last stage's microbatches in flight
         logits_inflight = min(inflight, p.microbatches) if p.schedule == "gpipe" and p.pp > 1 else 1
         logits = model.seq * p.micro_batch * model.vocab / p.tp
         head = head_input_bytes(model, p.micro_batch, p.tp, p.sequence_parallel, p.sp_keeps_gathered_inputs)
