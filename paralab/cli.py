@@ -328,18 +328,20 @@ def _warnings_in_one_line():
     """paralab's own warnings (more ranks than cores, a disturbed calibration) said in one line on
     stderr, ``paralab: warning: ...``, as its refusals are: warnings' default format adds the file, the
     line and the source line that raised it, which tell a shell user nothing. Warnings raised
-    elsewhere (torch's) keep their format."""
-    with warnings.catch_warnings():
-        show = warnings.showwarning
+    elsewhere (torch's) keep their format. Only the format changes, so whatever records warnings
+    (``catch_warnings(record=True)``, pytest) still records them."""
+    plain = warnings.formatwarning
 
-        def one_line(message, category, filename, lineno, file=None, line=None):
-            if Path(filename).resolve().is_relative_to(_PACKAGE_DIR):
-                print(f"paralab: warning: {message}", file=sys.stderr)
-            else:
-                show(message, category, filename, lineno, file, line)
+    def one_line(message, category, filename, lineno, line=None):
+        if Path(filename).resolve().is_relative_to(_PACKAGE_DIR):
+            return f"paralab: warning: {message}\n"
+        return plain(message, category, filename, lineno, line)
 
-        warnings.showwarning = one_line
+    warnings.formatwarning = one_line
+    try:
         yield
+    finally:
+        warnings.formatwarning = plain
 
 
 def _stdout_reader_gone() -> bool:

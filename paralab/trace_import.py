@@ -314,8 +314,9 @@ def _check_facts_agree(profiles: list[RankProfile], facts: dict) -> None:
     run = {k: v for p in profiles for k, v in p.paralab_meta.items()}
     for key, value in facts.items():
         if key in run and run[key] != value:
-            raise ProfileError(f"{key} {value} contradicts these profiles: they are of a paralab run whose "
-                               f"{key} was {run[key] or 'none'} (they carry it); leave {key} out")
+            flag = "--" + key.replace("_", "-")
+            raise ProfileError(f"{flag} {value} contradicts these profiles: they are of a paralab run whose "
+                               f"{key} was {run[key] or 'none'} (they carry it); leave {flag} out")
 
 
 def _has_paralab_ranges(profile: RankProfile) -> bool:
