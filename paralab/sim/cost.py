@@ -815,7 +815,7 @@ def _while_units_reduce(model: ModelSpec, p: ParallelSpec, rank: int, stashed: d
 
 def _along_the_passes(p: ParallelSpec, rank: int, stashed: dict[str, float], kept_grads: float,
                       kept: Callable[[counting.Inflight], float], layer_kept: Callable[[str], float],
-                      chunks: tuple[tuple[int, float, float], ...]) -> list[dict[str, float]]:
+                      chunks: tuple[tuple[int, float, float, float], ...]) -> list[dict[str, float]]:
     """The moments a rank may peak at where gradients are set to None between steps
     (``grads_set_to_none``), walking its passes (:func:`counting.rank_passes`): a chunk's gradients
     exist from its first backward on (a zero-bubble schedule's Bi the norms' and embeddings', its

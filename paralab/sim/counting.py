@@ -16,7 +16,9 @@ from collections.abc import Callable
 from functools import lru_cache
 
 from paralab.schedules import (
+    BACKWARD,
     COMPUTE_OPS,
+    FORWARD,
     V_SHAPED,
     build_schedule,
     interleaved_order,
@@ -412,7 +414,7 @@ def rank_passes(parallel: ParallelSpec, rank: int) -> tuple[tuple[str, int], ...
     schedule's (ZB-V's order found for equal passes, the one the lab's ranks run), or, without a
     pipeline, a forward and a backward per microbatch."""
     if parallel.pp == 1:
-        return (("forward", 0), ("backward", 0)) * parallel.microbatches
+        return ((FORWARD, 0), (BACKWARD, 0)) * parallel.microbatches
     return _rank_passes(parallel.schedule, parallel.pp, parallel.microbatches, parallel.virtual_stages)[rank]
 
 
