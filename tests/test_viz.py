@@ -426,6 +426,9 @@ def test_calls_in_flight_together_share_their_row_side_by_side():
     assert placed[("r0 comm", 6.0)] == (pytest.approx(0.8), -0.4)
     forward = next(t for t in fig.data if t.name == "forward")
     assert list(forward.width) == pytest.approx([0.8, 0.8])
+    hover = dict(zip(zip(gathers.y, (round(b, 3) for b in gathers.base)), gathers.hovertext))
+    assert "sub-row 2 of 2: up to 2 calls in flight at once" in hover[("r0 comm", 2.0)]
+    assert "sub-row" not in hover[("r0 comm", 6.0)]
     # rank 1's two gathers start together (the one ending first on top); a wait drawn over a call
     # shares its sub-row
     wait = Span(1, COMM, WAITING, 0.003, 0.0035, name="all_gather: waiting", step=0)

@@ -105,7 +105,7 @@ def bars_by_kind(spans: list[Span], color_by: str = "kind", suffix: str = "", t0
             "y": np.array(rows),
             "base": np.array([(s.start - t0) * 1e3 for s in group]),
             "x": np.array([(s.end - s.start) * 1e3 for s in group]),
-            "hovertext": np.array([_hover(s, row, t0, (waits or {}).get(id(s)))
+            "hovertext": np.array([_hover(s, row, t0, (waits or {}).get(id(s)), (slots or {}).get(id(s)))
                                    for s, row in zip(group, rows)]),
             "color": (np.array([s.microbatch % len(MICROBATCH_COLORS) for s in group]) if by_microbatch
                       else kind_color(kind)),
@@ -144,9 +144,11 @@ def call_slots(spans: list[Span], waits: dict[int, Span] | None = None) -> dict[
     return out
 
 
-def _hover(s: Span, row: str, t0: float, wait: float | None = None) -> str:
+def _hover(s: Span, row: str, t0: float, wait: float | None = None,
+           slot: tuple[int, int] | None = None) -> str:
     """Hover text of one bar: name, kind and row, start and duration (ms), bytes (human and exact),
-    and for a split call its wait and transfer."""
+    for a split call its wait and transfer, and for a call in flight beside others its sub-row
+    (``slot``: sub-row, sub-rows; :func:`call_slots`)."""
     if s.kind == WAITING:
         return (f"<b>{s.name}</b><br>on {row}, from {(s.start - t0) * 1e3:.3f} ms for "
                 f"{(s.end - s.start) * 1e3:.3f} ms: the others had not all entered yet")
@@ -168,6 +170,8 @@ def _hover(s: Span, row: str, t0: float, wait: float | None = None) -> str:
         out += f"<br>payload {_bytes_label(s.payload_bytes)}"
     if s.inter_node:
         out += "<br>crosses nodes"
+    if slot and slot[1] > 1:  # however thin its bar, what it shares the row with
+        out += f"<br>sub-row {slot[0] + 1} of {slot[1]}: up to {slot[1]} calls in flight at once here"
     return out
 
 
