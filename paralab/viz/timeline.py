@@ -116,13 +116,14 @@ def bars_by_kind(spans: list[Span], color_by: str = "kind", suffix: str = "", t0
 
 
 def call_slots(spans: list[Span], waits: dict[int, Span] | None = None) -> dict[int, tuple[int, int]]:
-    """id(span) -> (sub-row, sub-rows) for the communication calls among ``spans`` that a rank had in
-    flight together: each run of overlapping calls is laid out on as few sub-rows of the comm row as
-    keep them apart, a call on the first free one. A call alone has the whole row, (0, 1). A call's
-    drawn wait (``waits``: id(call) -> its :func:`waiting_spans` span) shares its sub-row."""
+    """id(span) -> (sub-row, sub-rows) for the communication calls among ``spans`` (a trace's own,
+    without the waits drawn over them) that a rank had in flight together: each run of overlapping
+    calls is laid out on as few sub-rows of the comm row as keep them apart, a call on the first free
+    one. A call alone has the whole row, (0, 1). A call's drawn wait (``waits``: id(call) -> its
+    :func:`waiting_spans` span) shares its sub-row."""
     by_rank: dict[int, list[Span]] = defaultdict(list)
     for s in spans:
-        if s.lane == COMM and s.kind != WAITING:
+        if s.lane == COMM:
             by_rank[s.rank].append(s)
     out: dict[int, tuple[int, int]] = {}
 
