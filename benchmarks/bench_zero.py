@@ -36,7 +36,7 @@ def memory(model: str, sizes: list[int], steps: int, batch: int, bucket_mb: floa
             "| peak (MiB) |",
             "|---:|---|---:|---:|---:|---:|---:|"]
     for n in sizes:
-        for strategy in ("ddp", "zero1", "zero2", "zero3"):
+        for strategy in ("ddp", "zero1", "zero2", "zero3", "torch_fsdp"):
             run = paralab.run(strategy, n, steps=steps, model=model, global_batch=batch, bucket_mb=bucket_mb)
             s = run.summary
             worst = max(range(n), key=lambda r: s["peak_memory_bytes"][r])

@@ -39,7 +39,8 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
     parameter tensor after backward (one message each, no overlap); ``ddp`` one message per
     ``bucket_mb`` bucket, overlapped with backward (and a flat copy of each); ``zero2`` reduce-scatters
     those buckets as backward fills them; paralab's ZeRO keeps ZERO_REDUCE_SCATTERS_IN_FLIGHT on the
-    wire; paralab's ``zero3`` gathers each part just before it runs (no prefetch) unless
+    wire, torch's FSDP2 (``torch_fsdp``, its gradients set to None between steps) the last part's
+    reduce-scatter input; paralab's ``zero3`` gathers each part just before it runs (no prefetch) unless
     ``zero_prefetch`` is set, as FSDP does on CPU. Gradients are fp32 Adam's (``adam-fp32``, the
     default for an fp32 model, mixed-precision Adam otherwise; SGD runs are costed as Adam), reduced
     in fp32 (``fp32_grads``) when a 16-bit run reduces in ``reduce_dtype="fp32"``, its default;
@@ -69,7 +70,7 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
         zero=layout.zero, sequence_parallel=layout.sequence_parallel, recompute=cfg.recompute, cp=layout.cp,
         cp_mode=layout.cp_mode or "ring", cp_split=layout.cp_split or "zigzag",
         overlap_grad_reduce=cfg.strategy != "dp",
-        reduce_scatters_in_flight=ZERO_REDUCE_SCATTERS_IN_FLIGHT if _paralab_zero(cfg, layout.zero) else 0,
+        reduce_scatters_in_flight=_reduce_scatters_in_flight(cfg, layout.zero),
         fp32_grads=_replicas(layout) > 1 and model.dtype != "fp32" and cfg.reduce_dtype == "fp32",
         prefetch_params=not ((cfg.strategy == "zero3" and not cfg.zero_prefetch)
                              or (cfg.strategy == "torch_fsdp" and cfg.device == "cpu")),
@@ -93,6 +94,19 @@ def _paralab_zero(cfg: RunConfig, zero: int) -> bool:
     """ZeRO-2/3 as paralab's zero.py runs it, whose reduction the bridge counts; torch's FSDP
     (a reference strategy) keeps its buffers and copies to itself."""
     return zero >= 2 and not get_strategy(cfg.strategy).reference_for
+
+
+# reduce-scatter inputs torch's FSDP2 keeps while later parts' gradients are made (its
+# ``reduce_scatter_max_input_buffers`` default: the last part's, until the next one needs its place)
+FSDP2_REDUCE_SCATTER_INPUTS = 1
+
+
+def _reduce_scatters_in_flight(cfg: RunConfig, zero: int) -> int:
+    """Reduce-scatters whose whole gradients a ZeRO-2/3 rank keeps on the wire as backward goes on:
+    paralab's ZERO_REDUCE_SCATTERS_IN_FLIGHT, torch FSDP2's last input."""
+    if zero < 2:
+        return 0
+    return ZERO_REDUCE_SCATTERS_IN_FLIGHT if _paralab_zero(cfg, zero) else FSDP2_REDUCE_SCATTER_INPUTS
 
 
 def _replicas(parallel: ParallelSpec | Layout) -> int:

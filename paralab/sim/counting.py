@@ -690,26 +690,43 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
     else:
         total = inflight * sum(chunk_bytes) / len(chunk_bytes)
     sbh = model.seq * p.micro_batch * model.hidden
-    ends = 0.0
+    ends, rematerialised = backward_transients(model, p)
     if rank == 0 and model.dropout:
         mask = model.mask_bytes * sbh / (p.tp if p.sequence_parallel else 1)
         total += mask * (held[0] if held is not None else min(inflight, p.microbatches))  # the first stage's
     if rank == last_stage_rank(p) and (held is None or held[-1]):  # the last stage's microbatches in flight
         logits_inflight = min(inflight, p.microbatches) if p.schedule == "gpipe" and p.pp > 1 else 1
-        logits = model.seq * p.micro_batch * model.vocab / p.tp
-        head = head_input_bytes(model, p.micro_batch, p.tp, p.sequence_parallel, p.sp_keeps_gathered_inputs)
-        ends = loss_bytes_per_logit(model) * logits + head  # one microbatch's
         total += ends * (logits_inflight - 1)
-    # a microbatch's backward frees its ends (the loss, the head) before it recomputes anything: a layer
-    # (whose input it kept, counted above), or an attention core, reached once the layer's backward has
-    # freed what the layer saved after it
+    else:
+        ends = 0.0
+    # a microbatch's backward frees its ends before it recomputes anything, so the fuller of the two
+    return total + max(ends, rematerialised)
+
+
+def backward_transients(model: ModelSpec, parallel: ParallelSpec) -> tuple[float, float]:
+    """What a microbatch's backward holds beside the stash of the microbatches in flight, one after the
+    other: its ends (the head's inputs, :func:`head_input_bytes`, and what the cross-entropy keeps,
+    4 s b V / t with a fused kernel, Korthikanti et al. sec. 4.3, :func:`loss_bytes_per_logit`), held
+    on the last stage until the head's backward frees them, then what recompute rematerialises of a
+    layer (full: the layer, less its input, kept already; selective: the attention core's s x s
+    tensors, less what the layer saved after the core, which its backward has freed by then: more
+    only at long sequences)."""
+    p = parallel.resolved()
+
+    def per_layer_kept(recompute: str) -> float:
+        return activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, recompute,
+                                          gathered_inputs=p.sp_keeps_gathered_inputs)
+
+    logits = model.seq * p.micro_batch * model.vocab / p.tp
+    head = head_input_bytes(model, p.micro_batch, p.tp, p.sequence_parallel, p.sp_keeps_gathered_inputs)
+    ends = loss_bytes_per_logit(model) * logits + head  # one microbatch's
     rematerialised = per_layer_kept("none") - per_layer_kept(p.recompute)
     if p.recompute == "selective":
         inputs = attention_input_bytes(model, p.micro_batch, p.tp, p.sequence_parallel,
                                        p.sp_keeps_gathered_inputs)
         core = attention_core_bytes(model, p.micro_batch, "selective") / p.tp
-        rematerialised -= per_layer - inputs - core
-    return total + max(ends, rematerialised)
+        rematerialised -= per_layer_kept("selective") - inputs - core
+    return ends, rematerialised
 
 
 def attention_input_bytes(model: ModelSpec, micro_batch: int = 1, tp: int = 1,

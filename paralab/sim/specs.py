@@ -300,9 +300,10 @@ class ParallelSpec:
     sp_keeps_gathered_inputs: bool = False
     # the gradients are set to None between steps (torch's zero_grad default; paralab's strategies but
     # its ZeRO, which zeroes flat buffers in place) and exist from the step's first backward on, so a rank
-    # whose activations peak before it (GPipe, or no forward after it) holds none at that peak; ignored
-    # with ZeRO-2/3, whose shards are counted throughout. False: kept in buffers that live through the
-    # step (Megatron-LM's grad buffers)
+    # whose activations peak before it (GPipe, or no forward after it) holds none at that peak; with
+    # ZeRO-2/3, torch's FSDP, whose shard gradients its reduce-scatters make, part by part
+    # (cost._as_fsdp_reduces). False: kept in buffers that live through the step (Megatron-LM's grad
+    # buffers, paralab's ZeRO)
     grads_set_to_none: bool = False
     # gradients accumulated and reduced in fp32 whatever the model's dtype (Megatron-LM's main_grad):
     # 4 bytes per parameter; with zero=1 this is Megatron's distributed optimizer (6 + 12/d bytes)

@@ -4,20 +4,27 @@ tested against and that benchmarks time zero3 against.
 Each part of the model (embed, every block, the head) and then the root is wrapped with
 ``fully_shard``, the same units zero3 gathers, so both do the same collectives on the same buffers.
 FSDP2's all-gathers and reduce-scatters happen inside torch, so they do not appear in paralab's
-trace; the step and compute spans do. Its parameters are DTensors: memory is counted from their
-local shards (the parameters FSDP2 gathers for a part's forward and that autograd saves show up
-as activations).
+trace; the step and compute spans do.
+
+Memory is counted from what FSDP2 holds (:func:`fsdp2_held`): the parameters' local shards and
+their gradients' (DTensors), each part's gathered weights while they are gathered (FSDP2 frees a
+storage by resizing it to nothing, and a weight autograd saves for backward is one of these, not an
+activation), each part's whole gradients from autograd's accumulation to their reduce-scatter, and
+the reduce-scatter's input while FSDP2 keeps it. The meter samples as each whole gradient lands,
+as it does for paralab's zero3. These are FSDP2's private attributes; on a torch whose FSDP2 names
+its parameter groups otherwise the meter counts the shards and their gradients alone.
 """
 
 from __future__ import annotations
 
 import warnings
-from contextlib import nullcontext
+from collections.abc import Callable
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 from paralab.config import ConfigError
+from paralab.memory import local
 from paralab.models.gpt import GPT
 from paralab.precision import torch_dtype
 from paralab.strategies.common import GradSync, train_model
@@ -25,9 +32,9 @@ from paralab.strategies.recompute import apply_recompute
 from paralab.strategies.registry import Strategy
 
 try:
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 except ImportError:  # torch < 2.6
-    from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed._composable.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 
 def check(cfg, layout) -> None:
@@ -45,6 +52,68 @@ def full_state(model: torch.nn.Module, rank: int) -> dict | None:
     return {"params": params, "grads": grads} if rank == 0 else None
 
 
+def _param_groups(model: torch.nn.Module) -> list:
+    """FSDP2's parameter groups, one per wrapped part with parameters (none on a torch whose FSDP2
+    names them otherwise)."""
+    groups = []
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            state = module._get_fsdp_state()
+            many = getattr(state, "_fsdp_param_groups", None)  # torch 2.13: a list; before, one or None
+            groups += many if many is not None else [g for g in [getattr(state, "_fsdp_param_group", None)]
+                                                    if g is not None]
+    return groups
+
+
+def fsdp2_held(groups: list) -> Callable[[], dict]:
+    """What FSDP2 holds on this rank through its parameter groups (:func:`_param_groups`), for
+    :meth:`paralab.memory.MemoryMeter.count_held`: the shards and their gradients, and while they
+    live each part's gathered weights, its whole gradients and the reduce-scatter inputs FSDP2 keeps
+    until a later part's reduce-scatter needs their place."""
+
+    def held() -> dict:
+        params, grads = [], []
+        for group in groups:
+            for param in group.fsdp_params:  # not model.parameters(): a gathered part's are its gathered
+                shard = param.sharded_param
+                params.append(local(shard))
+                grads.append(None if shard.grad is None else local(shard.grad))
+                gathered = getattr(param, "_unsharded_param", None)  # made at the part's first gather
+                if gathered is not None:
+                    params += [gathered]
+                    grads += [gathered.grad]
+            grads += [state.reduce_scatter_input for state in _reduce_scatter_states(group)]
+        return {"params": params, "grads": grads}
+
+    return held
+
+
+def _reduce_scatter_states(group) -> list:
+    """The reduce-scatters whose inputs FSDP2 keeps: a list in torch 2.13, one or None before."""
+    comm_ctx = getattr(group, "comm_ctx", None)
+    states = getattr(comm_ctx, "reduce_scatter_states", None)
+    if states is None:
+        state = getattr(comm_ctx, "reduce_scatter_state", None)
+        states = [] if state is None else [state]
+    return states
+
+
+def _sample_as_whole_gradients_land(model: torch.nn.Module, groups: list, meter) -> None:
+    """Sample the meter after each gathered weight's gradient is accumulated: a part's whole gradients
+    and the reduce-scatter inputs still held peak there, inside the backward. Hooked after the first
+    forward, once every part has made its gathered weights (FSDP2 keeps them from step to step)."""
+
+    def hook(module, args, output):
+        for group in groups:
+            for param in group.fsdp_params:
+                gathered = getattr(param, "_unsharded_param", None)
+                if gathered is not None and gathered.requires_grad:
+                    gathered.register_post_accumulate_grad_hook(lambda _: meter.sample())
+        handle.remove()
+
+    handle = model.register_forward_hook(hook)
+
+
 def train(ctx):
     # The head's logits come out of a matmul as a view; nothing here changes them in place, which is
     # the only case FSDP2's warning is about.
@@ -58,14 +127,16 @@ def train(ctx):
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
     for part in (model.embed, *model.blocks, model.head, model):
         fully_shard(part, mesh=mesh, mp_policy=policy)
+    groups = _param_groups(model)
+    if groups:  # else the meter counts the parameters' local shards and their gradients alone
+        ctx.memory.count_held(fsdp2_held(groups))
+        _sample_as_whole_gradients_land(model, groups, ctx.memory)
 
-    def microbatch(mb: int, last: bool):  # gradient accumulation: reduce-scatter after the last
-        model.set_requires_gradient_sync(last)
-        return nullcontext()
-
-    # the parameters are DTensors: every rank takes part in gathering the full state
-    return train_model(ctx, model, GradSync(), state_of=lambda: full_state(model, ctx.rank),
-                       microbatch_context=microbatch)
+    # Every microbatch's gradients are reduce-scattered, as zero3 does: FSDP2's
+    # set_requires_gradient_sync(False) would keep every part's whole gradient between microbatches
+    # and run other collectives than the strategy it is the reference for. The parameters are
+    # DTensors: every rank takes part in gathering the full state.
+    return train_model(ctx, model, GradSync(), state_of=lambda: full_state(model, ctx.rank))
 
 
 STRATEGIES = [Strategy("torch_fsdp", "torch's FSDP2 (fully_shard)", axes=("dp",), zero=3,
