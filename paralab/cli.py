@@ -124,6 +124,23 @@ def refuse_run_flags_without_effect(args, cfg: RunConfig) -> None:
                                   f"{moe}, or --experts N")
 
 
+def refuse_a_bucket_cap_of_one_replica(args, cfg: RunConfig) -> None:
+    """ConfigError for ``--bucket-mb`` given to a run whose every gradient has one replica (dp x cp =
+    1): paralab's bucketed reduction keeps no buckets then (``ddp.bucketed_sync``). Asked once the
+    world size is the run's own: by ``run`` and by ``nodes`` before they launch, not by the torchrun
+    workers they start."""
+    from paralab.layout import resolve_layout
+    from paralab.strategies.registry import get_strategy
+
+    if args.bucket_mb is None or get_strategy(cfg.strategy).reference_for:
+        return
+    layout = resolve_layout(cfg)
+    if layout.dp * layout.cp == 1:
+        raise ConfigError(f"--bucket-mb has no effect: {cfg.strategy} on {cfg.world_size} rank(s) with "
+                          f"dp {layout.dp} x cp {layout.cp} has one replica of each gradient, which averages "
+                          f"nothing, so it keeps no buckets; give it dp >= 2")
+
+
 def cmd_run(args) -> int:
     from paralab.outputs import check_run_outputs
     from paralab.runtime.torchrun import end_rank, run_under_torchrun, under_torchrun
@@ -137,6 +154,7 @@ def cmd_run(args) -> int:
         end_rank(EXIT_OK)
     from paralab.runtime.launch import launch
 
+    refuse_a_bucket_cap_of_one_replica(args, cfg)
     result = launch(cfg)
     if args.trace_dir:
         result.trace.save(Path(args.trace_dir) / "merged.json")
@@ -232,6 +250,7 @@ def cmd_nodes(args) -> int:
     # device found for all of them handed to each agent (which would otherwise choose for its own)
     _, cfg = preflight(dataclasses.replace(cfg, world_size=args.nnodes * args.nproc_per_node,
                                            nodes=args.nnodes))
+    refuse_a_bucket_cap_of_one_replica(parsed, cfg)
     if args.trace_dir:
         check_dir(args.trace_dir, "--trace-dir")
     run = run_local_nodes([*run_args, "--device", cfg.device], args.nnodes, args.nproc_per_node,

@@ -123,6 +123,13 @@ def nothing_starts(monkeypatch):
      "zero2, cp, ep, hybrid"),
     (["run", "--strategy", "zero1", "--world-size", "2", "--bucket-mb", "25"], "--bucket-mb has no effect"),
     (["nodes", "--", "--strategy", "dp", "--bucket-mb", "5"], "--bucket-mb has no effect with strategy dp"),
+    # one replica averages nothing: paralab's ddp and hybrid keep no buckets for it
+    (["run", "--strategy", "ddp", "--world-size", "1", "--bucket-mb", "5"],
+     "--bucket-mb has no effect: ddp on 1 rank(s) with dp 1 x cp 1 has one replica"),
+    (["run", "--strategy", "hybrid", "--world-size", "2", "--tp", "2", "--bucket-mb", "5"],
+     "--bucket-mb has no effect: hybrid on 2 rank(s) with dp 1 x cp 1 has one replica"),
+    (["nodes", "--nnodes", "1", "--nproc-per-node", "1", "--", "--strategy", "ddp", "--bucket-mb", "5"],
+     "--bucket-mb has no effect: ddp on 1 rank(s)"),
     # only fp16 scales its loss
     (["run", "--loss-scale", "1024"], "--loss-scale has no effect at dtype fp32, whose loss is not scaled"),
     (["run", "--dtype", "bf16", "--loss-scale", "1024"], "--loss-scale has no effect at dtype bf16"),
@@ -132,7 +139,8 @@ def nothing_starts(monkeypatch):
                               "to; it applies to a mixture of experts: --model tiny-moe, small-moe"),
     (["run", "--model", "tiny-moe", "--experts", "0", "--capacity-factor", "1.25"],
      "--capacity-factor has no effect: model tiny-moe with --experts 0 is dense"),
-], ids=["tp bucket", "zero1 bucket at its default", "nodes' dp bucket", "fp32 loss scale", "bf16 loss scale",
+], ids=["tp bucket", "zero1 bucket at its default", "nodes' dp bucket", "ddp of one replica",
+        "hybrid of one replica", "nodes of one replica", "fp32 loss scale", "bf16 loss scale",
         "elastic loss scale", "dense top-k", "dense capacity"])
 def test_a_flag_given_that_would_change_nothing_exits_2_before_any_process(nothing_starts, capsys, argv,
                                                                            message):
