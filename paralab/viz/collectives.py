@@ -1,4 +1,4 @@
-"""Figures of the collectives lesson (notebook 13): time and bandwidth against message size under the
+"""Figures of the collectives lesson (notebook 13): time and bandwidth against tensor size under the
 alpha-beta model (paralab.collectives), measured beside fitted, and ring against tree."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def alpha_beta(measured: dict, fits: dict, op: str = "all_reduce", title: str | 
     ticks = [4.0**k for k in range(1, 16) if min(drawn) / 2 <= 4.0**k <= max(drawn) * 2]
     # binary sizes on the size axis (plotly's SI "1k" would be 1,000 bytes), powers of ten on the others
     # (its SI "100µ" on a GB/s axis reads as a unit)
-    fig.update_xaxes(type="log", title_text="message size", tickvals=ticks,
+    fig.update_xaxes(type="log", title_text="tensor size S", tickvals=ticks,
                      ticktext=list(map(size_label, ticks)))
     fig.update_yaxes(type="log", dtick=1, exponentformat="power", title_text="ms", row=1, col=1)
     fig.update_yaxes(type="log", dtick=1, exponentformat="power", title_text="GB/s", row=1, col=2)
