@@ -387,8 +387,10 @@ def graded_chunks(model: ModelSpec, parallel: ParallelSpec,
     counts with the last chunk's, and the first stage's last only the positions. A chunk without
     blocks (an uneven split's) grades none last. A zero-bubble schedule's Bi makes the gradients of
     what is not a linear layer's weight (the norms, the embeddings), W the rest (the linear layers'
-    weight gradients are what it defers; tensor parallelism's row biases and sequence parallelism's
-    gathered column layers, made in Bi too, are left with W)."""
+    weight gradients are what it defers), but with sequence parallelism the dense column-parallel
+    layers' (QKV, the MLP's first, an untied output layer), which gather their inputs again in Bi
+    and make their weight gradients there (tensor parallelism's row biases, made in Bi too, and a
+    tied output layer's are left with W)."""
     layers, counts = chunk_layers(model, parallel), parameter_counts(model)
     tied_here = model.tied_embeddings and stage_rank(parallel, 0) == rank == last_stage_rank(parallel)
     embedding = counts["embedding"] / parallel.tp
@@ -405,8 +407,20 @@ def graded_chunks(model: ModelSpec, parallel: ParallelSpec,
                 last += embeddings
         by_input_pass = (layers[stage] * layer_params(model)["norms"] + (stage == 0) * embeddings
                          + (stage == parallel.chunks - 1) * counts["final_norm"])
+        if parallel.sequence_parallel:
+            dense = layers[stage] - moe_blocks(model, sum(layers[:stage]), layers[stage])
+            by_input_pass += (dense * _column_params(model)
+                              + (stage == parallel.chunks - 1) * counts["output"]) / parallel.tp
         chunks.append((stage, params, last, by_input_pass))
     return tuple(chunks)
+
+
+def _column_params(model: ModelSpec) -> int:
+    """Parameters of one dense layer's column-parallel linear layers: QKV and the MLP's first (gate
+    and up when gated), with their biases."""
+    bias = 1 if model.biases else 0
+    qkv, mlp_in = model.hidden + 2 * model.kv_dim, (2 if model.gated_mlp else 1) * model.ffn
+    return (model.hidden + bias) * (qkv + mlp_in)
 
 
 def rank_passes(parallel: ParallelSpec, rank: int) -> tuple[tuple[str, int], ...]:
@@ -593,6 +607,45 @@ def activation_bytes_per_layer(
     if sequence_parallel and gathered_inputs:
         return (replicated - column_inputs) / t + column_inputs + (split + core) / t
     return (replicated / (t if sequence_parallel else 1)) + (split + core) / t
+
+
+def weight_pass_bytes_per_layer(model: ModelSpec, micro_batch: int = 1, tp: int = 1,
+                                sequence_parallel: bool = False) -> float:
+    """Bytes a zero-bubble schedule's Bi keeps of one dense layer for its deferred W, on one GPU: each
+    linear layer's input and its output's gradient (W is one GEMM per layer, dW = dY^T X), in the
+    model's dtype, where the stash it replaces kept every tensor autograd saved (softmax, dropout
+    masks, activation-function inputs). Per token: the normalised inputs of the column-parallel
+    layers (h each, one shared by parallel blocks) and their outputs' gradients (Q, K and V, h + 2
+    kv_dim, and the MLP's first, ffn, twice gated, / t), the row-parallel layers' inputs ((h + ffn)
+    / t) and their outputs' gradients (h each, whole before the all-reduce or reduce-scatter). With
+    sequence parallelism a column-parallel layer gathers its input again in Bi and makes its weight
+    gradient there (paralab's tp, Megatron-LM), so only the row-parallel layers' are kept."""
+    h, f, t = model.hidden, model.ffn, tp
+    rows = (h + f) / t + 2 * h
+    columns = norms_per_layer(model) * h + (h + 2 * model.kv_dim + (2 if model.gated_mlp else 1) * f) / t
+    per_token = rows + (0 if sequence_parallel else columns)
+    return model.dtype_bytes * model.seq * micro_batch * per_token
+
+
+def weight_pass_bytes(model: ModelSpec, parallel: ParallelSpec, stage: int) -> float | None:
+    """Bytes a zero-bubble Bi keeps of one microbatch of model chunk ``stage`` for its deferred W, on
+    one GPU: its dense layers' (:func:`weight_pass_bytes_per_layer`), a mixture-of-experts layer's
+    whole stash (its experts' routed inputs and gradients are not counted apart), and on the last
+    chunk the output layer's input and the logits' gradient (V / t wide; none with sequence
+    parallelism, whose column-parallel head makes its weight gradient in Bi). None under full
+    recompute, which keeps no layer's inputs to defer W with."""
+    p = parallel.resolved()
+    if p.recompute == "full":
+        return None
+    layers, moe_layers = chunk_layers(model, p)[stage], chunk_moe_blocks(model, p)[stage]
+    dense = weight_pass_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel)
+    moe_stash = (activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, p.recompute,
+                                            gathered_inputs=p.sp_keeps_gathered_inputs)
+                 + moe.extra_activation_bytes(model, p.micro_batch, p.tp, p.sequence_parallel))
+    head = 0.0
+    if stage == p.chunks - 1 and not p.sequence_parallel:
+        head = model.dtype_bytes * model.seq * p.micro_batch * (model.hidden + model.vocab / p.tp)
+    return (layers - moe_layers) * dense + moe_layers * moe_stash + head
 
 
 def attention_core_bytes(model: ModelSpec, micro_batch: int = 1, recompute: str = "none") -> float:
