@@ -71,7 +71,9 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
         cp_mode=layout.cp_mode or "ring", cp_split=layout.cp_split or "zigzag",
         overlap_grad_reduce=cfg.strategy != "dp",
         reduce_scatters_in_flight=_reduce_scatters_in_flight(cfg, layout.zero),
-        fp32_grads=_replicas(layout) > 1 and model.dtype != "fp32" and cfg.reduce_dtype == "fp32",
+        # FSDP2 reduces in reduce_dtype on one GPU too
+        fp32_grads=((_replicas(layout) > 1 or cfg.strategy == "torch_fsdp") and model.dtype != "fp32"
+                    and cfg.reduce_dtype == "fp32"),
         prefetch_params=not ((cfg.strategy == "zero3" and not cfg.zero_prefetch)
                              or (cfg.strategy == "torch_fsdp" and cfg.device == "cpu")),
         fp32_shards=cfg.strategy == "torch_fsdp" and model.dtype != "fp32",

@@ -732,10 +732,10 @@ def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int,
         buffers = _reduced(counting.dp_groups(p, params, experts)) * gb
         return _fullest([{**states, "grads": states["grads"] + buffers}])
     if fsdp:
-        gathered = part * (2 if p.prefetch_params else 1) * pb if p.zero == 3 else 0.0
-        moments = _as_fsdp_reduces(model, p, rank, {**states, "params": states["params"] - gathered},
-                                   pb if p.zero == 3 else 0.0, gb, layer_kept)
-        return _fullest([{**states, "grads": 0.0}, *moments])  # the forward's end: no shard made yet
+        held = {**states, "params": states["params"] - (part * (2 if p.prefetch_params else 1) * pb
+                                                         if p.zero == 3 else 0.0)}
+        moments = _as_fsdp_reduces(model, p, rank, held, pb if p.zero == 3 else 0.0, layer_kept)
+        return _fullest([{**held, "grads": 0.0}, *moments])  # the forward's end: none gathered, no shard
     if p.zero >= 2 and p.dp > 1:
         return _fullest([states, *_while_units_reduce(model, p, rank, states, gb, layer_kept, kept)])
     buckets = copies = 0.0
@@ -763,66 +763,78 @@ def _fullest(moments: list[dict[str, float]]) -> dict[str, float]:
 
 
 def _as_fsdp_reduces(model: ModelSpec, p: ParallelSpec, rank: int, held: dict[str, float], pb: float,
-                     gb: float, layer_kept: Callable[[str], float]) -> list[dict[str, float]]:
-    """ZeRO-2/3 as torch's FSDP runs a step's backwards where gradients are set to None between steps
+                     layer_kept: Callable[[str], float]) -> list[dict[str, float]]:
+    """ZeRO-2/3 as torch's FSDP2 runs a step's backwards where gradients are set to None between steps
     (``grads_set_to_none``: the lab's torch_fsdp). ``held``: the kinds at the stash's peak, with the
     shards' gradients and no part gathered; ``pb``: bytes a gathered parameter takes (0: none is
-    gathered, ZeRO-2); ``gb``: bytes a gradient element is reduced in; ``layer_kept(recompute)``: what
-    a layer keeps of a microbatch.
+    gathered, ZeRO-2); ``layer_kept(recompute)``: what a layer keeps of a microbatch.
 
-    Autograd makes a part's gradients tensor by tensor, in its own dtype, while it frees the part's
-    activations (no flat buffer is made at the first, as paralab's ZeRO makes one). Once the part's
-    last has come, FSDP copies them into one reduce-scatter input, in the reduce dtype, and frees
-    them; the shard that reduce-scatter makes is the shard's gradient (added into it from the second
-    microbatch on), so none exists before its part first lands. FSDP keeps the last
-    ``reduce_scatters_in_flight`` inputs, from one backward to the next, until a later part's
-    reduce-scatter needs their place. So the moments, part by part in backward order (the rank's
-    parts, :func:`counting.rank_zero_units`, last first): as a part starts, its weights gathered (and
-    the next part's, with prefetch) beside the inputs kept, the shards made and the stash less the
-    parts before, with the head's ends (:func:`counting.backward_transients`) or what recompute
-    rematerialises of a block; as it ends, its whole gradient too, the part's activations freed (the
+    A part's weights are copied out of a flat all-gather output, both held until the copy-out ends
+    (over more than one GPU). Autograd makes the part's gradients tensor by tensor, in its own dtype,
+    while it frees the part's activations (no flat buffer is made at the first, as paralab's ZeRO
+    makes one). Once the part's last has come, FSDP copies them into one reduce-scatter input, in the
+    reduce dtype, and frees them; the shard that reduce-scatter makes is the shard's gradient (added
+    into it from the second microbatch on), so none exists before its part first lands. FSDP keeps
+    the last ``reduce_scatters_in_flight`` inputs until a later part's reduce-scatter needs their
+    place, and lets them go as each backward ends. Once a part's weights are copied out, FSDP2
+    all-gathers the next part's (its backward prefetch, a default on every device). So the moments,
+    part by part in backward order (the rank's parts, :func:`counting.rank_zero_units`, last first):
+    its copy-out (its weights twice, beside the inputs kept, the shards made and the stash less the
+    parts before); its compute's start (its weights and the next part's flat output, with the
+    head's ends, :func:`counting.backward_transients`, or what recompute rematerialises of a
+    block); and its end
+    (its whole gradient too, the part's activations freed: a block's and its routed experts'; the
     embedding's dropout mask is left in, which errs high). Along a part gradients grow as activations
-    shrink, so its fullest moment is at an end: the lab's tiny model peaked in the middle of its last
-    block, within 0.5% of that block's start. The first backward is walked, and, where a step has
-    more, a later one, which starts with every shard made and the last inputs of the one before
-    (a pipeline's chunks are taken as one backward of all the rank's parts); and the step's end."""
+    shrink, so its fullest moment is at an end. FSDP's root unit (``fsdp_root``) holds the output
+    layer's whole gradient from the backward's start on. The first backward is walked, and, where a
+    step has more, a later one, which starts with every shard made (a pipeline's chunks are taken as
+    one backward of all the rank's parts); and the step's end."""
     parts = counting.rank_zero_units(model, p, rank)
+    experts = counting.rank_zero_units(model, p, rank, experts=True)
     has_embedding = rank == counting.stage_rank(p, 0) and not p.fsdp_root
     has_head = rank == counting.last_stage_rank(p) and not p.fsdp_root
     ends, rematerialised = counting.backward_transients(model, p)
     ends = ends if rank == counting.last_stage_rank(p) else 0.0
     stash = held["activations"] - max(ends, rematerialised)  # the microbatch's, its transients apart
+    routed = 0.0 if p.recompute == "full" else moe.extra_activation_bytes(model, p.micro_batch, p.tp,
+                                                                          p.sequence_parallel)
     left_whole = counting.layers_left_whole(model, p, rank)
     autograd_bytes = counting.autograd_grad_bytes(model, p)
-    moments, inputs, made = [], [], 0.0  # inputs: the parts whose reduce-scatter input FSDP keeps
+    gb, shard_gb = counting.bytes_per_param(model, p)[1], counting.shard_bytes_per_param(model, p)[1]
+    embed, head = counting.fsdp_root(model, p)
+    root = (embed if model.tied_embeddings else head) * autograd_bytes  # whole until the root reduces
+    copies = 2 if p.dp > 1 else 1  # a part's weights and the flat output they are copied out of
+    moments, made = [], 0.0
 
     def walk(later: bool) -> None:
         nonlocal made
-        freed, blocks = 0.0, 0
-        if later:  # the forward's end: every shard made, the last backward's inputs kept
-            moments.append({**held, "grads": made + sum(inputs) * gb})
+        freed, blocks, inputs = 0.0, 0, []  # inputs: the parts whose reduce-scatter input FSDP keeps
         for k in range(len(parts) - 1, -1, -1):  # the forward's last part first
-            head, block = has_head and k == len(parts) - 1, not (has_embedding and k == 0)
-            gathered = (parts[k] + (parts[k - 1] if p.prefetch_params and k else 0.0)) * pb
-            at = {**held, "params": held["params"] + gathered}
-            transient = ends if head else rematerialised if block else 0.0
-            if not head and block:
+            head_part, block = has_head and k == len(parts) - 1, not (has_embedding and k == 0)
+            grads = made + sum(inputs) * gb + root
+            moments.append({**held, "params": held["params"] + copies * parts[k] * pb,
+                            "grads": grads, "activations": stash + (ends if head_part else 0.0) - freed})
+            following = parts[k - 1] * pb if copies > 1 and k else 0.0  # prefetched: its flat output
+            at = {**held, "params": held["params"] + parts[k] * pb + following}
+            transient = ends if head_part else rematerialised if block else 0.0
+            moments.append({**at, "grads": grads, "activations": stash + transient - freed})
+            if block and not head_part:
                 freed += layer_kept("none" if blocks < left_whole else p.recompute)
+                freed += routed if experts[k] else 0.0
                 blocks += 1
-            grads = made + sum(inputs) * gb
-            moments.extend([{**at, "grads": grads, "activations": max(0.0, stash + transient - freed)},
-                            {**at, "grads": grads + parts[k] * autograd_bytes,
-                             "activations": max(0.0, stash - freed)}])
+            moments.append({**at, "grads": grads + parts[k] * autograd_bytes,
+                            "activations": max(0.0, stash - freed)})
             inputs.append(parts[k])
             if not later:  # the shard the reduce-scatter makes; later ones are added into it
-                made += parts[k] / p.dp * gb
+                made += parts[k] / p.dp * shard_gb
             if len(inputs) > p.reduce_scatters_in_flight:
                 inputs.pop(0)
 
     walk(later=False)
     if p.microbatches * p.chunks_per_rank > 1:
+        moments.append({**held, "grads": made})  # a later forward's end: every shard made
         walk(later=True)
-    return [*moments, {**held, "grads": made + sum(inputs) * gb, "activations": 0.0}]
+    return [*moments, {**held, "grads": made + (embed + head) / p.dp * shard_gb, "activations": 0.0}]
 
 
 def _while_units_reduce(model: ModelSpec, p: ParallelSpec, rank: int, stashed: dict[str, float],

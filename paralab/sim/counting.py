@@ -318,13 +318,14 @@ def largest_zero_unit(model: ModelSpec, parallel: ParallelSpec, rank: int) -> fl
     return _rank_parts(model, parallel)[rank][1]
 
 
-def rank_zero_units(model: ModelSpec, parallel: ParallelSpec, rank: int) -> tuple[float, ...]:
+def rank_zero_units(model: ModelSpec, parallel: ParallelSpec, rank: int,
+                    experts: bool = False) -> tuple[float, ...]:
     """Parameters of every part (:func:`zero_units`) pipeline rank ``rank`` gathers one by one, in
     forward order over its chunks (blocks alone beside FSDP's root unit): a backward reduce-scatters
-    them last first."""
+    them last first. ``experts``: of each, its routed experts' (:func:`zero_unit_experts`)."""
     parts: list[float] = []
     for stage in (s for s in range(parallel.chunks) if stage_rank(parallel, s) == rank):
-        units = zero_units(model, parallel, stage)
+        units = (zero_unit_experts if experts else zero_units)(model, parallel, stage)
         if parallel.fsdp_root:  # the ends are the root's
             units = units[stage == 0 : len(units) - (stage == parallel.chunks - 1)]
         parts.extend(units)
@@ -779,7 +780,7 @@ def backward_transients(model: ModelSpec, parallel: ParallelSpec) -> tuple[float
                                        p.sp_keeps_gathered_inputs)
         core = attention_core_bytes(model, p.micro_batch, "selective") / p.tp
         rematerialised -= per_layer_kept("selective") - inputs - core
-    return ends, rematerialised
+    return ends, max(0.0, rematerialised)  # a transient below the stash leaves its peak before it
 
 
 def attention_input_bytes(model: ModelSpec, micro_batch: int = 1, tp: int = 1,

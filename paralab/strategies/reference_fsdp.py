@@ -68,8 +68,9 @@ def _param_groups(model: torch.nn.Module) -> list:
 def fsdp2_held(groups: list) -> Callable[[], dict]:
     """What FSDP2 holds on this rank through its parameter groups (:func:`_param_groups`), for
     :meth:`paralab.memory.MemoryMeter.count_held`: the shards and their gradients, and while they
-    live each part's gathered weights, its whole gradients and the reduce-scatter inputs FSDP2 keeps
-    until a later part's reduce-scatter needs their place."""
+    live each part's gathered weights, the flat all-gather output they are copied out of (kept, in
+    the forward, until the next part's copy-out), its whole gradients and the reduce-scatter inputs
+    FSDP2 keeps until a later part's reduce-scatter needs their place."""
 
     def held() -> dict:
         params, grads = [], []
@@ -82,10 +83,20 @@ def fsdp2_held(groups: list) -> Callable[[], dict]:
                 if gathered is not None:
                     params += [gathered]
                     grads += [gathered.grad]
+            params += _all_gather_outputs(group)
             grads += [state.reduce_scatter_input for state in _reduce_scatter_states(group)]
         return {"params": params, "grads": grads}
 
     return held
+
+
+def _all_gather_outputs(group) -> list:
+    """The flat all-gather outputs FSDP2 holds: the group's own until its copy-out ends, and the one
+    the forward keeps until the next part's copy-out (``comm_ctx.all_gather_state``)."""
+    gathering = getattr(group, "_all_gather_result", None)
+    kept = getattr(getattr(group, "comm_ctx", None), "all_gather_state", None)
+    results = [gathering, getattr(kept, "all_gather_result", None)]
+    return [r.all_gather_output for r in results if getattr(r, "all_gather_output", None) is not None]
 
 
 def _reduce_scatter_states(group) -> list:
@@ -98,10 +109,17 @@ def _reduce_scatter_states(group) -> list:
     return states
 
 
-def _sample_as_whole_gradients_land(model: torch.nn.Module, groups: list, meter) -> None:
-    """Sample the meter after each gathered weight's gradient is accumulated: a part's whole gradients
-    and the reduce-scatter inputs still held peak there, inside the backward. Hooked after the first
-    forward, once every part has made its gathered weights (FSDP2 keeps them from step to step)."""
+def _sample_where_fsdp2_peaks(model: torch.nn.Module, groups: list, meter) -> None:
+    """Sample the meter where FSDP2's own buffers peak, out of the loop's sight: as a part's gathered
+    weights are copied out of the flat all-gather output (both held; the group's ``_to_unsharded``,
+    which FSDP2 calls right after the copy-out, is wrapped), and after each gathered weight's
+    gradient is accumulated (a part's whole gradients beside the reduce-scatter input still kept;
+    hooked after the first forward, once every part has made its gathered weights, which FSDP2
+    keeps from step to step)."""
+    for group in groups:
+        to_unsharded = getattr(group, "_to_unsharded", None)
+        if to_unsharded is not None:
+            group._to_unsharded = _then_sample(to_unsharded, meter)
 
     def hook(module, args, output):
         for group in groups:
@@ -112,6 +130,15 @@ def _sample_as_whole_gradients_land(model: torch.nn.Module, groups: list, meter)
         handle.remove()
 
     handle = model.register_forward_hook(hook)
+
+
+def _then_sample(call: Callable, meter) -> Callable:
+    def sampled(*args, **kwargs):
+        out = call(*args, **kwargs)
+        meter.sample()
+        return out
+
+    return sampled
 
 
 def train(ctx):
@@ -130,7 +157,7 @@ def train(ctx):
     groups = _param_groups(model)
     if groups:  # else the meter counts the parameters' local shards and their gradients alone
         ctx.memory.count_held(fsdp2_held(groups))
-        _sample_as_whole_gradients_land(model, groups, ctx.memory)
+        _sample_where_fsdp2_peaks(model, groups, ctx.memory)
 
     # Every microbatch's gradients are reduce-scattered, as zero3 does: FSDP2's
     # set_requires_gradient_sync(False) would keep every part's whole gradient between microbatches
