@@ -126,16 +126,17 @@ def refuse_run_flags_without_effect(args, cfg: RunConfig) -> None:
 
 def refuse_a_bucket_cap_of_one_replica(args, cfg: RunConfig) -> None:
     """ConfigError for ``--bucket-mb`` given to a run whose every gradient has one replica (dp x cp =
-    1): paralab's bucketed reduction keeps no buckets then (``ddp.bucketed_sync``). Asked once the
-    world size is the run's own: by ``run`` and by ``nodes`` before they launch, not by the torchrun
-    workers they start."""
+    1): paralab's bucketed reduction keeps no buckets then (``ddp.bucketed_sync``), where ZeRO-2
+    still cuts its units by it. Asked once the world size is the run's own: by ``run`` and by
+    ``nodes`` before they launch, not by the torchrun workers they start (a run launched by torchrun
+    itself is not asked)."""
     from paralab.layout import resolve_layout
     from paralab.strategies.registry import get_strategy
 
     if args.bucket_mb is None or get_strategy(cfg.strategy).reference_for:
         return
     layout = resolve_layout(cfg)
-    if layout.dp * layout.cp == 1:
+    if layout.dp * layout.cp == 1 and layout.zero != 2:
         raise ConfigError(f"--bucket-mb has no effect: {cfg.strategy} on {cfg.world_size} rank(s) with "
                           f"dp {layout.dp} x cp {layout.cp} has one replica of each gradient, which averages "
                           f"nothing, so it keeps no buckets; give it dp >= 2")

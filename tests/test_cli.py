@@ -155,13 +155,17 @@ def test_a_flag_given_that_would_change_nothing_exits_2_before_any_process(nothi
     (["--strategy", "ddp", "--world-size", "2", "--bucket-mb", "5"], "bucket_mb", 5.0),
     (["--strategy", "zero2", "--world-size", "2", "--bucket-mb", "5"], "bucket_mb", 5.0),
     (["--strategy", "hybrid", "--world-size", "4", "--tp", "2", "--bucket-mb", "5"], "bucket_mb", 5.0),
+    # ZeRO-2 cuts its units by the cap on one replica too
+    (["--strategy", "zero2", "--world-size", "1", "--bucket-mb", "5"], "bucket_mb", 5.0),
     (["--dtype", "fp16", "--loss-scale", "1024"], "loss_scale", 1024.0),
     # left out, the defaults apply whatever the strategy and dtype: they never count as given
     (["--strategy", "tp", "--world-size", "2"], "bucket_mb", 25.0),
     (["--dtype", "bf16"], "loss_scale", 2.0**16),
 ])
 def test_those_flags_still_apply_where_they_have_an_effect(argv, field, value):
-    cfg = cli.config_from_args(cli.build_parser().parse_args(["run", *argv]))
+    args = cli.build_parser().parse_args(["run", *argv])
+    cfg = cli.config_from_args(args)
+    cli.refuse_a_bucket_cap_of_one_replica(args, cfg)  # what run asks too, once the world is known
     assert getattr(cfg, field) == value
 
 

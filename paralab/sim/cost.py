@@ -753,7 +753,11 @@ def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int,
         moments = _along_the_passes(p, rank, states, buckets, kept, layer_kept, chunks, weight_pass)
     if copies:
         made = p.grads_set_to_none and p.microbatches * p.chunks_per_rank == 1  # by the buckets' backward
-        moments += _while_buckets_fill(p, states, copies, own if made else 0.0, kept)
+        last_w = None  # what a zero-bubble rank's last W reads, where the activations are the model's own
+        if p.pp > 1 and _schedule_name(p) in SPLIT_BACKWARD and activations is None:
+            last_op, last_stage = counting.rank_passes(p, rank)[-1]
+            last_w = counting.weight_pass_bytes(model, p, last_stage) if last_op == BACKWARD_WEIGHT else None
+        moments += _while_buckets_fill(p, states, copies, own if made else 0.0, kept, last_w)
     return _fullest(moments)
 
 
@@ -961,11 +965,10 @@ def _along_the_passes(p: ParallelSpec, rank: int, stashed: dict[str, float], kep
             held[stage] += 1
             moments.append(at())
         elif op == BACKWARD_INPUT:  # the norms' and embeddings' gradients; W makes the rest
+            if weight_pass.get(stage) is not None:  # autograd frees the stash as Bi goes: what W reads
+                held[stage], waiting[stage] = held[stage] - 1, waiting[stage] + 1
             made[stage] = max(made[stage], by_input_pass[stage])
             moments.append(at())
-            if weight_pass.get(stage) is not None:  # the stash freed but what W reads
-                held[stage], waiting[stage] = held[stage] - 1, waiting[stage] + 1
-                moments.append(at())
         else:  # the pass that makes weight gradients and frees
             first = made[stage] < params[stage]
             made[stage] = params[stage]
@@ -985,7 +988,8 @@ def _along_the_passes(p: ParallelSpec, rank: int, stashed: dict[str, float], kep
 
 
 def _while_buckets_fill(p: ParallelSpec, stashed: dict[str, float], copies: float, made: float,
-                        kept: Callable[[counting.Inflight], float]) -> list[dict[str, float]]:
+                        kept: Callable[[counting.Inflight], float],
+                        last_w: float | None = None) -> list[dict[str, float]]:
     """The moments a rank whose gradient reduction copies the gradients (``copies`` bytes) may peak at
     while its buckets fill, beside the stash's (``stashed``: the kinds at the activations' peak).
 
@@ -996,19 +1000,22 @@ def _while_buckets_fill(p: ParallelSpec, stashed: dict[str, float], copies: floa
     activations, a sum linear in k, so the fullest such moment is the first bucket's or the last's. The
     same holds on a rank of several chunks (interleaved) whose gradients make one bucket: it fills with
     the step's last gradient, in the rank's last pass. A zero-bubble rank's last pass is a deferred W,
-    which holds what its weight gradients read (most of its microbatch's activations, counted whole)
-    until it ends. With several buckets on several chunks, some fill while other chunks still hold
-    microbatches: the stash and every copy at once, an upper bound. ``made``: bytes of gradients the
-    same backward makes as it goes (the step's only one, with gradients set to None), k/B of them by
-    the k-th bucket."""
+    which holds what its weight gradients read until it ends (``last_w``,
+    :func:`counting.weight_pass_bytes`; where None, its microbatch's activations, counted whole: they
+    had read 1.3% over the lab's dp 2 x pp 2 ZB-V). With several buckets on several chunks, some fill
+    while other chunks still hold microbatches: the stash and every copy at once, an upper bound.
+    ``made``: bytes of gradients the same backward makes as it goes (the step's only one, with
+    gradients set to None), k/B of them by the k-th bucket."""
     buckets, name = p.grad_buckets, _schedule_name(p)
     if p.pp > 1 and name not in ("gpipe", "1f1b") and buckets > 1:
         return [{**stashed, "grads": stashed["grads"] + copies}]
     microbatch = kept(1)
-    held_to_the_end = p.pp > 1 and name in SPLIT_BACKWARD
+    if p.pp > 1 and name in SPLIT_BACKWARD:  # held to the end
+        held = microbatch if last_w is None else last_w
+        return [{**stashed, "grads": stashed["grads"] - made + (made + copies) * k / buckets,
+                 "activations": held} for k in (1, buckets)]
     return [{**stashed, "grads": stashed["grads"] - made + (made + copies) * k / buckets,
-             "activations": microbatch if held_to_the_end else microbatch * (1 - k / buckets)}
-            for k in (1, buckets)]
+             "activations": microbatch * (1 - k / buckets)} for k in (1, buckets)]
 
 
 def _zero_units(model: ModelSpec, p: ParallelSpec, rank: int) -> tuple[int, float]:

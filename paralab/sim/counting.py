@@ -388,10 +388,11 @@ def graded_chunks(model: ModelSpec, parallel: ParallelSpec,
     counts with the last chunk's, and the first stage's last only the positions. A chunk without
     blocks (an uneven split's) grades none last. A zero-bubble schedule's Bi makes the gradients of
     what is not a linear layer's weight (the norms, the embeddings), W the rest (the linear layers'
-    weight gradients are what it defers), but with sequence parallelism the dense column-parallel
-    layers' (QKV, the MLP's first, an untied output layer), which gather their inputs again in Bi
-    and make their weight gradients there (tensor parallelism's row biases, made in Bi too, and a
-    tied output layer's are left with W)."""
+    weight gradients are what it defers), but with sequence parallelism the column-parallel
+    layers' (QKV, a dense MLP's first, an untied output layer), which gather their inputs again in
+    Bi and make their weight gradients there (tensor parallelism's row biases, made in Bi too, are
+    left with W, and so is a tied output layer's, which :func:`weight_pass_bytes` does not keep the
+    inputs of: paralab's models tie none)."""
     layers, counts = chunk_layers(model, parallel), parameter_counts(model)
     tied_here = model.tied_embeddings and stage_rank(parallel, 0) == rank == last_stage_rank(parallel)
     embedding = counts["embedding"] / parallel.tp
@@ -409,19 +410,20 @@ def graded_chunks(model: ModelSpec, parallel: ParallelSpec,
         by_input_pass = (layers[stage] * layer_params(model)["norms"] + (stage == 0) * embeddings
                          + (stage == parallel.chunks - 1) * counts["final_norm"])
         if parallel.sequence_parallel:
-            dense = layers[stage] - moe_blocks(model, sum(layers[:stage]), layers[stage])
-            by_input_pass += (dense * _column_params(model)
+            moe_here = moe_blocks(model, sum(layers[:stage]), layers[stage])
+            attention, mlp = _column_params(model)
+            by_input_pass += (layers[stage] * attention + (layers[stage] - moe_here) * mlp
                               + (stage == parallel.chunks - 1) * counts["output"]) / parallel.tp
         chunks.append((stage, params, last, by_input_pass))
     return tuple(chunks)
 
 
-def _column_params(model: ModelSpec) -> int:
-    """Parameters of one dense layer's column-parallel linear layers: QKV and the MLP's first (gate
-    and up when gated), with their biases."""
+def _column_params(model: ModelSpec) -> tuple[int, int]:
+    """Parameters of one layer's column-parallel linear layers, with their biases: attention's QKV,
+    and a dense MLP's first (gate and up when gated)."""
     bias = 1 if model.biases else 0
     qkv, mlp_in = model.hidden + 2 * model.kv_dim, (2 if model.gated_mlp else 1) * model.ffn
-    return (model.hidden + bias) * (qkv + mlp_in)
+    return (model.hidden + bias) * qkv, (model.hidden + bias) * mlp_in
 
 
 def rank_passes(parallel: ParallelSpec, rank: int) -> tuple[tuple[str, int], ...]:
