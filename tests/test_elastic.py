@@ -372,6 +372,13 @@ def test_the_elastic_figure_tells_the_story_in_phases(killed):
     assert (failure
             == pytest.approx(next(s.start for s in result.trace.select(lane="event") if s.kind == "failure")))
     assert_no_line_across_a_gap(fig)
+    # the rendezvous ends when the first survivor's agent spawned its new worker; the restore holds the
+    # workers' start-up (Python, torch), their meeting and the checkpoint load
+    spawned = [s for s in result.trace.select(lane="event") if s.kind == "worker_start" and s.start > failure]
+    assert len(spawned) == 3 and all(s.start < s.end for s in spawned)
+    rendezvous, restore = (next((lo, hi) for label, lo, hi in fig.layout.meta["phases"] if label == name)
+                           for name in ("rendezvous", "restore"))
+    assert rendezvous[1] == restore[0] == pytest.approx(min(s.start for s in spawned))
     step_time = next(t for t in fig.data if t.name == "step time")
     assert None in step_time.x, "the recovery is a gap in the step-time line"
     # the step-indexed panels: one bar per step, world 4 then 3, each step's samples over the ranks
@@ -391,11 +398,68 @@ def test_the_elastic_figure_tells_the_story_in_phases(killed):
     assert len(series) == 2 and not series & set(RANK_COLORS)
 
 
+def test_the_recovery_is_split_where_the_agents_spawned_the_new_workers():
+    """The rendezvous phase had ended when the new workers had imported torch and met (12.8 s, where the
+    keep-alive and the last call make 9 s): it ends when the first agent spawned its worker, and the
+    restore holds the workers' start-up. A trace without ``worker_start`` spans keeps the old cut."""
+    from paralab.trace import Span, Trace
+
+    def event(rank, kind, start, end, name=""):
+        return Span(rank, "event", kind, start, end, name=name)
+
+    def record(step, gen, world, start, final=True):
+        return {"step": step, "generation": gen, "world_size": world, "samples": [4] * world,
+                "compute_s": [0.05] * world, "start": start, "end": start + 0.1, "final": final}
+
+    spans = [event(0, "worker_start", -3.0, -0.5), event(1, "worker_start", -2.9, -0.4),
+             event(0, "rendezvous", -0.5, 0.0, "rendezvous: world of 2"),
+             event(1, "rendezvous", -0.4, 0.0, "rendezvous: world of 2"),
+             event(1, "failure", 0.75, 0.75, "SIGKILL"), event(0, "failure_detected", 0.78, 0.78),
+             event(0, "worker_start", 7.0, 9.5), event(0, "rendezvous", 9.5, 10.0, "rendezvous: world of 1"),
+             event(0, "checkpoint_load", 10.1, 10.3, "load step-00000001")]
+    records = [record(0, "gen-000", 2, 0.5), record(1, "gen-000", 2, 0.6, final=False),
+               record(1, "gen-001", 1, 10.4), record(2, "gen-001", 1, 10.5)]
+    meta = {"generations": [{"name": "gen-000", "world_size": 2, "wall_start": 100.0},
+                            {"name": "gen-001", "world_size": 1, "wall_start": 110.0}],
+            "step_records": records}
+    phases = {p["label"]: p for p in viz.elastic_phases(Trace(spans=spans, meta=meta))}
+    assert list(phases) == ["start", "training at 2 ranks", "failure", "detected", "rendezvous", "restore",
+                            "training at 1 ranks"]
+    assert (phases["start"]["start"], phases["start"]["detail"]) == (-3.0, "workers start (Python, torch), "
+                                                                           "2 ranks meet, build the model")
+    assert (phases["rendezvous"]["start"], phases["rendezvous"]["end"]) == (0.78, 7.0)
+    assert (phases["restore"]["start"], phases["restore"]["end"]) == (7.0, 10.4)
+    assert phases["restore"]["detail"] == "workers start (Python, torch: 2.50 s), meet, load step-00000001"
+    older = Trace(spans=[s for s in spans if s.kind != "worker_start"], meta=meta)
+    cut = {p["label"]: p for p in viz.elastic_phases(older)}
+    assert cut["rendezvous"]["end"] == cut["restore"]["start"] == 10.0 and cut["start"]["start"] == -0.5
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_a_worker_knows_when_its_agent_spawned_it():
+    """The restore phase starts at the new workers' spawn: the process's own start, before this test's
+    interpreter imported torch, so well before now and after the machine booted."""
+    from paralab.elastic.train import process_started
+
+    started = process_started()
+    assert started is not None and 0.0 < time.time() - started < 600.0
+    # psutil counts from the boot time, which /proc gives in whole seconds: the same moment, to a second
+    assert abs(started - psutil.Process().create_time()) < 2.0
+
+
+def test_durations_under_a_second_are_said_in_milliseconds():
+    """describe() had said "detected 0.0 s after it" of a detection 30 ms after the kill."""
+    from paralab.elastic.history import seconds
+
+    assert [seconds(x) for x in (0.03, 0.9994, 0.9996, 12.63)] == ["30 ms", "999 ms", "1.0 s", "12.6 s"]
+
+
 def test_the_trace_carries_counters_and_membership_events(killed, tmp_path):
     trace = killed[0].trace
     assert {"step_time_s", "cpu_percent", "rss_bytes"} <= {c.name for c in trace.counters}
     events = {s.kind for s in trace.select(lane="event")}
-    assert {"rendezvous", "checkpoint_save", "checkpoint_load", "failure", "failure_detected"} <= events
+    assert {"worker_start", "rendezvous", "checkpoint_save", "checkpoint_load", "failure",
+            "failure_detected"} <= events
     redone = [s for s in trace.select(lane="step") if "redone" in s.name]
     assert redone and all(s.step is None for s in redone)
     assert sorted(trace.step_windows()) == list(range(STEPS))

@@ -308,10 +308,22 @@ def test_the_memory_explorers_line_is_what_fits_is_tested_against():
     # deepseek-v3's 10,000 GiB, on the other line's name)
     names = [t.name for t in app.figure.data]
     assert names[-2:] == ["fits below: 71.7 GiB usable", "h100 capacity 80 GiB"]
-    assert app.figure.layout.annotations == ()
+    # each bar says its total and its side of the line (ZeRO-3 of gpt3-13b at dp=8, 70.7 GiB, had sat
+    # on the 71.7 GiB line with nothing to say which side): what fits says, not what the eye guesses
+    totals, fits = app.figure.layout.meta["totals"], app.figure.layout.meta["fits"]
+    assert list(fits) == [t <= usable for t in totals] and not fits[0]
+    texts = [a.text for a in app.figure.layout.annotations]
+    said = [f"{t / 2**30:.1f} GiB<br><b>{'fits' if ok else 'over'}</b>" for t, ok in zip(totals, fits)]
+    assert texts == said
+    assert [a.x for a in app.figure.layout.annotations] == list(app.figure.data[0].x)
+    near = widgets.memory_explorer(model="gpt3-13b", hardware="h100", dp=8).figure
+    zero3 = near.layout.annotations[-1]
+    assert near.data[0].x[-1] == "ZeRO-3" and 70 < zero3.y < usable / 2**30
+    assert zero3.text.endswith("fits</b>")
     app.controls["pp"].value = 1
     app.controls["model"].value = "tiny"  # megabytes: no line at 80 GiB to flatten the bars
     assert app.figure.layout.shapes == () and "MiB" in app.figure.layout.yaxis.title.text
+    assert app.figure.layout.annotations == ()  # far below the line: the title says so once
     assert [t.name for t in app.figure.data] == ["params", "grads", "optimizer", "activations"]
     assert "far below the 71.7 GiB" in app.figure.layout.title.text
 

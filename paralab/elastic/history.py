@@ -151,8 +151,8 @@ class ElasticResult:
             lines.append(f"{t['generation']}: {t['reason']}, "
                          f"world {t['world_size_before']} -> {t['world_size']}, "
                          f"resumed at step {t['resumed_at_step']}, {t['steps_redone']} step(s) redone"
-                         + (f", detected {t['detection_s']:.1f} s after it" if "detection_s" in t else "")
-                         + (f", recovered {t['recovery_s']:.1f} s after detection"
+                         + (f", detected {seconds(t['detection_s'])} after it" if "detection_s" in t else "")
+                         + (f", recovered {seconds(t['recovery_s'])} after detection"
                             if t.get("recovery_s") else ""))
         if s["join"] is not None:
             at = s["join"]["joined_at_step"]
@@ -168,6 +168,12 @@ class ElasticResult:
     def __repr__(self) -> str:
         return (f"ElasticResult(steps={len(self.history)}, world_sizes={self.summary['world_sizes']}, "
                 f"restarts={len(self.generations) - 1})")
+
+
+def seconds(value: float) -> str:
+    """A duration as a reader takes it in: "12.6 s", and under a second in milliseconds ("30 ms", where
+    one decimal of a second had read "0.0 s")."""
+    return f"{value:.1f} s" if abs(value) >= 0.9995 else f"{value * 1e3:.0f} ms"
 
 
 def joined(cfg: ElasticConfig, transitions: list[dict]) -> dict | None:

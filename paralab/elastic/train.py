@@ -106,7 +106,7 @@ class SumGradients(GradSync):
 class Worker:
     """One elastic worker in the world its rendezvous formed (``ctx``: its rank session)."""
 
-    def __init__(self, cfg: ElasticConfig, run_dir: Path, ctx, entered: float):
+    def __init__(self, cfg: ElasticConfig, run_dir: Path, ctx, entered: float, started: float | None = None):
         self.cfg, self.run_dir, self.ctx = cfg, run_dir, ctx
         self.ckpt_dir = Path(cfg.checkpoint_dir)
         self.rank, self.world, self.rec = ctx.rank, ctx.world_size, ctx.recorder
@@ -119,6 +119,9 @@ class Worker:
         self.gen_dir, self.wall_start = self.run_dir / shared[0], shared[1]
         self.nodes = [ctx.recorder.node_of(r) for r in range(self.world)]
         self.monitor = Monitor(self.rec, ctx.device, self.gen_dir / f"rank{self.rank}.trace.jsonl")
+        if started is not None:  # from the agent's spawn to the training code: Python, torch, paralab
+            self.monitor.mark("worker_start", "worker process starts (Python, torch, paralab)",
+                              started - self.wall_start, entered - self.wall_start)
         self.monitor.mark("rendezvous", f"rendezvous: world of {self.world}", entered - self.wall_start, 0.0)
         self.injector = FaultInjector(cfg.fault, self.rank, run_dir, self.monitor)
         ctx.faults = self.injector  # an elastic failure takes the whole node, not just this rank
@@ -222,6 +225,23 @@ class Worker:
         self.monitor.flush()
 
 
+def process_started() -> float | None:
+    """When this process started, on the wall clock: the moment its agent spawned it, which comes right
+    after the agent's rendezvous and before Python imported torch. From /proc (10 ms ticks, counted
+    against the uptime rather than the boot time, which /proc gives in whole seconds); None elsewhere,
+    or where the two disagree (a container whose /proc/uptime is its own, not the kernel's)."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):  # pragma: no cover - not Linux
+        return None
+    now = time.time()
+    started = now - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    return started if 0.0 <= now - started < 600.0 else None  # Python and torch start in seconds
+
+
 def default_run_dir(cfg: ElasticConfig) -> Path:
     return Path(cfg.checkpoint_dir) / f"run-{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}"
 
@@ -240,12 +260,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--checkpoint-dir is required (a directory every node can reach)")
     die_with_parent()  # a node whose agent is gone is gone
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
-    entered = time.time()
+    entered, started = time.time(), process_started()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     layout = Layout("elastic", world, cfg.global_batch, dp=world)  # data parallel over whoever is here
     with rank_session(cfg, layout, rank, world, int(os.environ.get("LOCAL_RANK", 0)),
                       int(os.environ.get("LOCAL_WORLD_SIZE", 1)), "env://") as ctx:
-        worker = Worker(cfg, run_dir, ctx, entered)
+        worker = Worker(cfg, run_dir, ctx, entered, started)
         try:
             worker.train()
         except BaseException as exc:

@@ -6,8 +6,9 @@ ends of a recovery that lasts seconds, and a line drawn from the last step befor
 first after it claims steps that never ran. So :func:`elastic` draws
 
 - on top, the **phases** in order, one row each, with their durations: start, training at n ranks,
-  failure, detected, rendezvous, restore, training at n-1 ranks (a node joining adds a rendezvous
-  and a restore, no failure);
+  failure, detected, rendezvous (the agents', until the first of them spawned its new worker),
+  restore (the new workers start Python and torch, meet, load the checkpoint), training at n-1 ranks
+  (a node joining adds a rendezvous and a restore, no failure);
 - below on the left, world size, step time and utilisation against wall-clock time, lines only
   inside a training phase: where no step ran there is a gap;
 - below on the right, the same run step by step: world size, step time, and each rank's samples.
@@ -16,7 +17,7 @@ first after it claims steps that never ran. So :func:`elastic` draws
 its share of the measured throughput, which the shares converge to.
 
 Reads the trace's meta (``generations``, ``step_records``: paralab.elastic.history), its event lane
-(``failure``, ``failure_detected``, ``rendezvous``, ``checkpoint_load``) and its counters
+(``failure``, ``failure_detected``, ``worker_start``, ``rendezvous``, ``checkpoint_load``) and its counters
 (``cpu_percent`` or ``gpu_percent``). A trace without generations is one world: its step windows.
 """
 
@@ -70,10 +71,12 @@ def elastic_phases(trace) -> list[dict]:
     gens = _generations(trace, records)
     events = sorted(trace.select(lane=EVENT), key=lambda e: e.start)
     phases: list[dict] = []
-    first = min((e.start for e in events if e.kind == "rendezvous"), default=None)
+    first = min((e.start for e in events if e.kind in ("worker_start", "rendezvous")), default=None)
     if first is not None and records and first < records[0]["start"]:
+        spawned = any(e.kind == "worker_start" and e.start == first for e in events)
         phases.append(_phase("start", "start", first, records[0]["start"],
-                             f"{gens[0]['world_size']} ranks meet, build the model"))
+                             ("workers start (Python, torch), " if spawned else "")
+                             + f"{gens[0]['world_size']} ranks meet, build the model"))
     for i, gen in enumerate(gens):
         end = gens[i + 1]["start"] if i + 1 < len(gens) else float("inf")
         mine = [r for r in records if (r["generation"] == gen["name"]) or not gen["name"]]
@@ -102,15 +105,32 @@ def elastic_phases(trace) -> list[dict]:
 
 
 def _transition(gen: dict, events, since: float, mine: list[dict]) -> list[dict]:
-    """Rendezvous and restore phases from the end of the previous phase to the new world's first step."""
+    """Rendezvous and restore phases from the end of the previous phase to the new world's first step.
+
+    The rendezvous is the agents' (torchrun's): it ends when the first agent, its new world formed,
+    spawned its worker (the worker's ``worker_start`` span begins at its process's start). The restore
+    is the rest: the new workers start (Python, torch), meet in their process group, build the model
+    and load the checkpoint. A trace without ``worker_start`` spans ends the rendezvous when the
+    workers' process group formed: its restore leaves out their start-up, which its rendezvous holds."""
     rendezvous = [e for e in events if e.kind == "rendezvous" and f"world of {gen['world_size']}" in e.name
                   and e.end >= gen["start"] - 1e-3 and e.start >= since - 1e-3]
     formed = max((e.end for e in rendezvous), default=gen["start"])
+    spawned = [e for e in events if e.kind == "worker_start" and since - 1e-3 <= e.start
+               and e.end <= formed + 1e-3]
     first_step = mine[0]["start"] if mine else formed
     loads = [e for e in events if e.kind == "checkpoint_load" and formed <= e.start <= first_step]
-    out = [_phase("rendezvous", "rendezvous", since, formed, f"a world of {gen['world_size']} forms")]
-    what = f"workers start, load {loads[-1].name.removeprefix('load ')}" if loads else "workers start"
-    out.append(_phase("restore", "restore", formed, first_step, what))
+    load = f"load {loads[-1].name.removeprefix('load ')}" if loads else ""
+    if spawned:
+        agents_done = min(e.start for e in spawned)
+        startup = max(e.end - e.start for e in spawned)
+        out = [_phase("rendezvous", "rendezvous", since, agents_done,
+                      f"the agents form a world of {gen['world_size']}")]
+        what = f"workers start (Python, torch: {_duration(startup)}), meet" + (f", {load}" if load else "")
+        out.append(_phase("restore", "restore", agents_done, first_step, what))
+        return out
+    out = [_phase("rendezvous", "rendezvous", since, formed, f"a world of {gen['world_size']} forms, "
+                  "its workers started")]
+    out.append(_phase("restore", "restore", formed, first_step, load or "build the model"))
     return out
 
 

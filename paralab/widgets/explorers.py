@@ -194,9 +194,11 @@ def zero_label(stage: int) -> str:
 
 def memory_against_limit(bars: dict[str, dict], hw, title: str):
     """Stacked bars of :func:`memory_by_zero` against what a plan may fill (``cost.usable_memory``,
-    the line ``fits`` is tested against) and the part's capacity above it. A model far under the
-    line (the lab's CPU presets) is drawn in MiB and the title says how far under it is, since at the
-    line's scale its bars would not show."""
+    the line ``fits`` is tested against) and the part's capacity above it, each bar's total and
+    whether it fits written above it (a ZeRO-3 bar of 70.7 GiB had sat on the 71.7 GiB line, its
+    side of it for the eye to guess). A model far under the line (the lab's CPU presets) is drawn in
+    MiB and the title says how far under it is, since at the line's scale its bars would not show.
+    ``fig.layout.meta["fits"]``: per bar, in drawing order, as :func:`paralab.sim.cost.predict` says."""
     from paralab.sim.cost import usable_memory
     from paralab.viz._common import fmt_bytes, go
     from paralab.viz.memory import memory
@@ -217,6 +219,18 @@ def memory_against_limit(bars: dict[str, dict], hw, title: str):
         # stacked bars' legend runs in reverse, the higher ranks first (plotly's default rank is 1000)
         fig.add_trace(go().Scatter(x=[None], y=[None], mode="lines", name=name, legendrank=999 - rank,
                                    line=dict(color=color, dash=dash), hoverinfo="skip"))
+    fits = []
+    for label, kinds in bars.items():
+        total = kinds.get("total", sum(v for k, v in kinds.items() if k != "total"))
+        fits.append(total <= usable)
+        # on a white ground: a total just under the line is written across it, and must read whole
+        fig.add_annotation(x=label, y=total / 2**30, yanchor="bottom", showarrow=False, yshift=2,
+                           text=f"{total / 2**30:.1f} GiB<br><b>{'fits' if fits[-1] else 'over'}</b>",
+                           font=dict(size=12, color="#2CA02C" if fits[-1] else "#D62728"),
+                           bgcolor="rgba(255,255,255,0.85)")
+    top = max(tallest, capacity) / 2**30
+    fig.update_yaxes(range=[0, top * 1.18])  # room above the tallest bar for what is written on it
+    fig.update_layout(meta={**fig.layout.meta, "fits": fits})
     return fig
 
 
