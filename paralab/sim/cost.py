@@ -784,10 +784,9 @@ def _as_fsdp_reduces(model: ModelSpec, p: ParallelSpec, rank: int, held: dict[st
     all-gathers the next part's (its backward prefetch, a default on every device). So the moments,
     part by part in backward order (the rank's parts, :func:`counting.rank_zero_units`, last first):
     its copy-out (its weights twice, beside the inputs kept, the shards made and the stash less the
-    parts before); its compute's start (its weights and the next part's flat output, with the
-    head's ends, :func:`counting.backward_transients`, or what recompute rematerialises of a
-    block); and its end
-    (its whole gradient too, the part's activations freed: a block's and its routed experts'; the
+    parts before); its compute's start (its weights and the next part's flat output, with the head's
+    ends, :func:`counting.backward_transients`, or what recompute rematerialises of a block); and its
+    end (its whole gradient too, the part's activations freed: a block's and its routed experts'; the
     embedding's dropout mask is left in, which errs high). Along a part gradients grow as activations
     shrink, so its fullest moment is at an end. FSDP's root unit (``fsdp_root``) holds the output
     layer's whole gradient from the backward's start on. The first backward is walked, and, where a
