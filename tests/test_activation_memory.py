@@ -26,13 +26,14 @@ from paralab.strategies.recompute import apply_recompute
 MICRO_BATCH = 2
 
 
-def saved_bytes(model_cfg, layers: int, recompute: str, dtype: torch.dtype) -> int:
+def saved_bytes(model_cfg, layers: int, recompute: str, dtype: torch.dtype,
+                micro_batch: int = MICRO_BATCH) -> int:
     torch.manual_seed(0)
     blocks = torch.nn.Sequential(*[Block(model_cfg, i) for i in range(layers)]).to(dtype)
     apply_recompute(blocks, recompute)
     meter = MemoryMeter(torch.device("cpu"))
     meter.watch(blocks.parameters())
-    x = torch.randn(MICRO_BATCH, model_cfg.seq_len, model_cfg.hidden, dtype=dtype, requires_grad=True)
+    x = torch.randn(micro_batch, model_cfg.seq_len, model_cfg.hidden, dtype=dtype, requires_grad=True)
     with meter.saving("microbatch"):
         out = blocks(x)  # held, as a run holds its loss: the graph, and what it saves, lives while it does
     del out
@@ -61,6 +62,20 @@ def test_predicted_activations_per_layer_match_what_autograd_keeps(attention, re
                 - saved_bytes(model_cfg, 2, recompute, torch_dtype))
     predicted = counting.activation_bytes_per_layer(model, MICRO_BATCH, recompute=parallel.recompute)
     assert measured == pytest.approx(predicted, rel=0.05)
+
+
+@pytest.mark.parametrize("micro_batch", [1, 2])
+def test_cpu_sdpa_with_dropout_keeps_the_whole_qkv_output_at_a_micro_batch_of_one(micro_batch):
+    """With dropout torch's CPU SDPA runs its math path, which scales Q and K into copies and saves V
+    for its second matmul: at a micro-batch of one V's reshape is a view, and it keeps the whole fused
+    QKV output alive (``ModelSpec.math_sdpa``); at two it is a copy. Priced as Q, K and V alone, a
+    layer had read 8% under at one (pipelines of one-sequence microbatches 2-4% under their peaks)."""
+    model_cfg = dataclasses.replace(MODEL_PRESETS["small"], attention="sdpa", dropout=0.1)
+    model, _ = specs_from_run(RunConfig(model=model_cfg, model_name="small", device="cpu"))
+    assert model.math_sdpa
+    measured = (saved_bytes(model_cfg, 3, "none", torch.float32, micro_batch)
+                - saved_bytes(model_cfg, 2, "none", torch.float32, micro_batch))
+    assert measured == pytest.approx(counting.activation_bytes_per_layer(model, micro_batch), rel=0.01)
 
 
 def test_the_attention_kernel_and_recomputation_order_the_activations_as_the_lessons_say():

@@ -158,11 +158,13 @@ def _gradient_copy_bytes(cfg: RunConfig, model: ModelSpec, parallel: ParallelSpe
 
 def _as_run(model: ModelSpec, cfg: RunConfig) -> ModelSpec:
     """The model as the run's device keeps it: torch's CPU dropout keeps masks in the activations'
-    dtype, and its fused attention has no dropout, so with dropout it writes the scores out."""
+    dtype, and its fused attention has no dropout, so with dropout it writes the scores out (the
+    lab's sdpa falls back to torch's math SDPA, ``math_sdpa``)."""
     on_cpu = cfg.device == "cpu" or (cfg.device == "auto" and cuda_device_count() < cfg.world_size)
     if not on_cpu or not model.dropout:
         return model
-    return model.replace(mask_bytes=model.dtype_bytes, attention="standard")
+    return model.replace(mask_bytes=model.dtype_bytes, attention="standard",
+                         math_sdpa=cfg.model.attention == "sdpa")
 
 
 def hardware_for_run(cfg: RunConfig, hardware: str | HardwareSpec = "local") -> HardwareSpec:

@@ -116,7 +116,10 @@ class ModelSpec:
     PyTorch's cross-entropy on upcast logits, which holds the model's logits, the fp32 log-softmax
     and its gradient at once (2 + 4 + 4 bytes per logit with 16-bit logits). ``mask_bytes``: bytes
     per element of a kept dropout mask, 1 on a GPU (a byte mask); torch's CPU dropout keeps a mask in
-    the activations' dtype (the bridge sets it for the lab's CPU runs). ``kernels``: "fused" runs the
+    the activations' dtype (the bridge sets it for the lab's CPU runs). ``math_sdpa``: attention runs
+    torch's math SDPA (the lab's CPU runs with dropout), which scales Q and K into copies and saves V
+    as a view: at a micro-batch of one, in fp32, that view keeps the whole fused QKV output alive, 2
+    s h + 2 s kv_dim bytes a layer more than Q, K and V alone. ``kernels``: "fused" runs the
     non-GEMM ops in a kernel library's fused kernels (Megatron-LM, Transformer Engine, torch.compile);
     "eager" runs each as its own PyTorch kernel, which moves more bytes (paralab.sim.kernels).
     """
@@ -150,6 +153,7 @@ class ModelSpec:
     attention: str = "standard"
     attention_kernel: str = "native"
     mask_bytes: int = 1
+    math_sdpa: bool = False
     parallel_blocks: bool = False
     fp8: bool = False
     fused_loss: bool = True
