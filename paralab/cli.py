@@ -191,7 +191,8 @@ def format_summary(s: dict) -> str:
         f"{s['tokens_per_s']:.0f}",
     ]
     for op, nbytes in s["comm_bytes"].items():
-        lines.append(f"{op}: {nbytes / 2**20:.3f} MiB on the wire per step (all ranks)")
+        if nbytes:  # a receive's bytes are its send's (--json keeps every op)
+            lines.append(f"{op}: {nbytes / 2**20:.3f} MiB on the wire per step (all ranks)")
     if s["bubble_fraction"]:
         lines.append(f"pipeline bubble (measured idle fraction): {s['bubble_fraction']:.1%}")
     lines.append("peak memory per rank (MiB): "
