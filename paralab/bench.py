@@ -44,7 +44,8 @@ class Comparison:
     def table(self) -> str:
         """A markdown table: median step time and the ratio to the first variant."""
         ref = self.variants[0].label
-        rows = ["| variant | median step (s) | rounds | ratio to " + ref + " |", "|---|---|---|---|"]
+        rows = [f"| variant | median step (s) | rounds | over {ref}, median of the rounds (< 1: faster) |",
+                "|---|---|---|---|"]
         for v in self.variants:
             rows.append(f"| {v.label} | {self.median(v.label):.4f} | {len(self.step_times[v.label])} | "
                         f"{self.ratio(v.label):.3f}x |")

@@ -135,11 +135,19 @@ class Arrival:
         return self.span.duration - self.wait_s
 
 
-@dataclass
+@dataclass(repr=False)
 class Trace:
     spans: list[Span] = field(default_factory=list)
     counters: list[Counter] = field(default_factory=list)
     meta: dict = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        """A line a notebook cell can show: what the trace holds, not its tens of thousands of spans."""
+        ranks = sorted({s.rank for s in self.spans})
+        kinds = sorted({s.kind for s in self.spans})
+        source = self.meta.get("source") or self.meta.get("strategy") or ""
+        return (f"Trace({source + ', ' if source else ''}{len(self.spans)} spans on {len(ranks)} rank(s), "
+                f"{len(self.counters)} counters; kinds: {', '.join(kinds)})")
 
     # ------------------------------------------------------------------ building
     @classmethod
