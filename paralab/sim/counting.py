@@ -607,7 +607,7 @@ def activation_bytes_per_layer(
     ffn_stored = (3 if model.gated_mlp else 2) * e * s * b * model.ffn
     split = e * sbh + e * kv + e * sbh + ffn_stored  # Q, K and V, projection input, MLP inner tensors
     if model.math_sdpa and model.dtype == "fp32" and b == 1 and recompute == "none":
-        split += e * sbh + e * kv / 2  # Q's and K's share of the QKV output V's view keeps (16 bits copy V)
+        split += e * sbh + e * kv / 2  # Q's and K's share of the QKV output that V's view keeps alive
     core = attention_core_bytes(model, b, recompute)
     if sequence_parallel and gathered_inputs:
         return (replicated - column_inputs) / t + column_inputs + (split + core) / t

@@ -9,10 +9,11 @@ trace; the step and compute spans do.
 Memory is counted from what FSDP2 holds (:func:`fsdp2_held`): the parameters' local shards and
 their gradients' (DTensors), each part's gathered weights while they are gathered (FSDP2 frees a
 storage by resizing it to nothing, and a weight autograd saves for backward is one of these, not an
-activation), each part's whole gradients from autograd's accumulation to their reduce-scatter, and
-the reduce-scatter's input while FSDP2 keeps it. The meter samples as each whole gradient lands,
-as it does for paralab's zero3. These are FSDP2's private attributes; on a torch whose FSDP2 names
-its parameter groups otherwise the meter counts the shards and their gradients alone.
+activation) and the flat all-gather output they are copied out of, each part's whole gradients from
+autograd's accumulation to their reduce-scatter, and the reduce-scatter's input while FSDP2 keeps
+it. The meter samples three times a part, where those peak (:func:`_sample_where_fsdp2_peaks`).
+These are FSDP2's private attributes; on a torch whose FSDP2 names its parameter groups otherwise
+the meter counts the shards and their gradients alone.
 """
 
 from __future__ import annotations
@@ -135,6 +136,8 @@ def _sample_where_fsdp2_peaks(model: torch.nn.Module, groups: list, meter) -> No
 
 
 def _with_a_sample(call: Callable, meter, after: bool) -> Callable:
+    """``call``, the meter sampled before it runs or, ``after``, once it has."""
+
     def sampled(*args, **kwargs):
         if not after:
             meter.sample()
