@@ -170,10 +170,10 @@ class ElasticResult:
                 f"restarts={len(self.generations) - 1})")
 
 
-def seconds(value: float) -> str:
-    """A duration as a reader takes it in: "12.6 s", and under a second in milliseconds ("30 ms", where
-    one decimal of a second had read "0.0 s")."""
-    return f"{value:.1f} s" if abs(value) >= 0.9995 else f"{value * 1e3:.0f} ms"
+def seconds(value: float, decimals: int = 1) -> str:
+    """A duration as a reader takes it in: "12.6 s" (``decimals`` of a second), and under a second in
+    milliseconds ("30 ms", where one decimal of a second had read "0.0 s")."""
+    return f"{value:.{decimals}f} s" if abs(value) >= 0.9995 else f"{value * 1e3:.0f} ms"
 
 
 def joined(cfg: ElasticConfig, transitions: list[dict]) -> dict | None:

@@ -722,20 +722,20 @@ def _rank_memory(model: ModelSpec, p: ParallelSpec, rank: int,
     states["activations"] = kept()
     pb, gb, _ = counting.bytes_per_param(model, p)
     fsdp = p.zero >= 2 and p.grads_set_to_none  # torch's FSDP: it gathers and reduces on one GPU too
+    gathered = 0.0  # ZeRO-3's parts gathered at once (two with prefetch), beside its root held whole
     if p.zero == 3 and (p.dp > 1 or fsdp):
-        part = counting.largest_zero_unit(model, p, rank)
         embed, head = counting.fsdp_root(model, p)
-        states["params"] += (part * (2 if p.prefetch_params else 1) + embed + head) * pb
+        states["params"] += (embed + head) * pb
+        gathered = counting.largest_zero_unit(model, p, rank) * (2 if p.prefetch_params else 1) * pb
+    if fsdp:  # the walk weighs the parts it gathers one by one
+        moments = _as_fsdp_reduces(model, p, rank, states, pb if p.zero == 3 else 0.0, layer_kept)
+        return _fullest([{**states, "grads": 0.0}, *moments])  # the forward's end: none gathered, no shard
+    states["params"] += gathered
     if p.zero == 2 and p.zero_accumulates and p.microbatches > 1 and p.dp > 1:
         # every unit's full-size buffer, made at its first gradient, kept until the step's last backward
         # reduce-scatters it, beside the shard's gradient
         buffers = _reduced(counting.dp_groups(p, params, experts)) * gb
         return _fullest([{**states, "grads": states["grads"] + buffers}])
-    if fsdp:
-        held = {**states, "params": states["params"] - (part * (2 if p.prefetch_params else 1) * pb
-                                                         if p.zero == 3 else 0.0)}
-        moments = _as_fsdp_reduces(model, p, rank, held, pb if p.zero == 3 else 0.0, layer_kept)
-        return _fullest([{**held, "grads": 0.0}, *moments])  # the forward's end: none gathered, no shard
     if p.zero >= 2 and p.dp > 1:
         return _fullest([states, *_while_units_reduce(model, p, rank, states, gb, layer_kept, kept)])
     buckets = copies = 0.0
@@ -799,8 +799,7 @@ def _as_fsdp_reduces(model: ModelSpec, p: ParallelSpec, rank: int, held: dict[st
     ends, rematerialised = counting.backward_transients(model, p)
     ends = ends if rank == counting.last_stage_rank(p) else 0.0
     stash = held["activations"] - max(ends, rematerialised)  # the microbatch's, its transients apart
-    routed = 0.0 if p.recompute == "full" else moe.extra_activation_bytes(model, p.micro_batch, p.tp,
-                                                                          p.sequence_parallel)
+    routed = counting.moe_layer_extra_bytes(model, p)
     left_whole = counting.layers_left_whole(model, p, rank)
     autograd_bytes = counting.autograd_grad_bytes(model, p)
     gb, shard_gb = counting.bytes_per_param(model, p)[1], counting.shard_bytes_per_param(model, p)[1]

@@ -646,7 +646,7 @@ def weight_pass_bytes(model: ModelSpec, parallel: ParallelSpec, stage: int) -> f
     dense = weight_pass_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel)
     moe_stash = (activation_bytes_per_layer(model, p.micro_batch, p.tp, p.sequence_parallel, p.recompute,
                                             gathered_inputs=p.sp_keeps_gathered_inputs)
-                 + moe.extra_activation_bytes(model, p.micro_batch, p.tp, p.sequence_parallel))
+                 + moe_layer_extra_bytes(model, p))
     head = 0.0
     if stage == p.chunks - 1 and not p.sequence_parallel:
         head = model.dtype_bytes * model.seq * p.micro_batch * (model.hidden + model.vocab / p.tp)
@@ -736,9 +736,7 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
     if p.recompute == "full" and share < 1:  # the layers not recomputed keep everything
         kept = per_layer_kept("none")
         per_layer = share * per_layer + (1 - share) * kept
-    # a mixture of experts keeps k copies of each token at its experts
-    per_moe_layer = (0.0 if p.recompute == "full" else
-                     moe.extra_activation_bytes(model, p.micro_batch, p.tp, p.sequence_parallel))
+    per_moe_layer = moe_layer_extra_bytes(model, p)
     chunk_bytes = tuple(layers * per_layer + moe_layers * per_moe_layer
                         for layers, moe_layers in chunks_by_rank(model, p)[rank])
     if held is not None:
@@ -759,6 +757,15 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
         ends = 0.0
     # a microbatch's backward frees its ends before it recomputes anything, so the fuller of the two
     return total + max(ends, rematerialised)
+
+
+def moe_layer_extra_bytes(model: ModelSpec, parallel: ParallelSpec) -> float:
+    """What a mixture-of-experts layer keeps of a microbatch beyond a dense layer's: k copies of each
+    token at its experts (:func:`moe.extra_activation_bytes`), none under full recompute, which keeps
+    the layer's input alone."""
+    if parallel.recompute == "full":
+        return 0.0
+    return moe.extra_activation_bytes(model, parallel.micro_batch, parallel.tp, parallel.sequence_parallel)
 
 
 def backward_transients(model: ModelSpec, parallel: ParallelSpec) -> tuple[float, float]:

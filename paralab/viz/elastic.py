@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from paralab.elastic.history import seconds
 from paralab.trace import EVENT, STEP, Trace, median_after_first
 from paralab.viz._common import EXTRA_COLORS, MICROBATCH_COLORS, as_trace, go, make_subplots, style
 
@@ -140,8 +141,8 @@ def _phase(phase: str, label: str, start: float, end: float, detail: str,
             "world_size": world_size}
 
 
-def _duration(seconds: float) -> str:
-    return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1e3:.0f} ms"
+def _duration(value: float) -> str:
+    return seconds(value, decimals=2)
 
 
 def _gapped(records: list[dict], phases: list[dict], value) -> tuple[list, list]:

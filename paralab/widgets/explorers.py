@@ -220,8 +220,7 @@ def memory_against_limit(bars: dict[str, dict], hw, title: str):
         fig.add_trace(go().Scatter(x=[None], y=[None], mode="lines", name=name, legendrank=999 - rank,
                                    line=dict(color=color, dash=dash), hoverinfo="skip"))
     fits = []
-    for label, kinds in bars.items():
-        total = kinds.get("total", sum(v for k, v in kinds.items() if k != "total"))
+    for label, total in zip(bars, fig.layout.meta["totals"], strict=True):  # one bar a layout
         fits.append(total <= usable)
         # on a white ground: a total just under the line is written across it, and must read whole
         fig.add_annotation(x=label, y=total / 2**30, yanchor="bottom", showarrow=False, yshift=2,
