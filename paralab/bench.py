@@ -77,16 +77,17 @@ def add_benchmark_args(parser, model: str = "tiny", steps: int = 6, global_batch
                        rounds: int = 3) -> None:
     """The options every benchmark shares, with its own defaults: --model, --steps, --global-batch
     and --rounds of interleaved runs."""
-    parser.add_argument("--model", default=model)
-    parser.add_argument("--steps", type=int, default=steps)
-    parser.add_argument("--global-batch", type=int, default=global_batch)
+    parser.add_argument("--model", default=model, help="a model preset")
+    parser.add_argument("--steps", type=int, default=steps, help="optimizer steps a run trains")
+    parser.add_argument("--global-batch", type=int, default=global_batch,
+                        help="samples per step over all ranks")
     parser.add_argument("--rounds", type=int, default=rounds, help="interleaved runs of each variant")
 
 
 def add_bench_args(parser) -> None:
     parser.add_argument("--variants", nargs="+", required=True, metavar="STRATEGY",
                         help="strategies to compare; the first is the reference of the ratios")
-    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--world-size", type=int, default=2, help="ranks each run starts")
     add_benchmark_args(parser)
 
 

@@ -66,15 +66,18 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--capacity-factor", type=float,
                    help="tokens an expert takes per sequence, x seq x k / experts (0 or less is refused; "
                         "omit: dropless)")
-    p.add_argument("--schedule", default=d.schedule, help="pipeline schedule (pp, hybrid)")
+    p.add_argument("--schedule", default=d.schedule,
+                   help="pipeline schedule (pp, hybrid; default: the strategy's)")
     p.add_argument("--microbatches", "--accumulate", type=int, default=d.microbatches, metavar="K",
                    help="microbatches per replica per step: gradient accumulation "
                         "(a pipeline's microbatches)")
-    p.add_argument("--virtual-stages", type=int, default=d.virtual_stages)
+    p.add_argument("--virtual-stages", type=int, default=d.virtual_stages,
+                   help="model chunks per pipeline rank (interleaved, zbv, dualpipev)")
     p.add_argument("--stage-layers", type=int_list, metavar="N,N,...",
                    help="blocks per pipeline stage in model order, e.g. 1,3,3,1 "
                         "(lighter ends; default: even)")
-    p.add_argument("--sequence-parallel", action="store_true")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="tp: the norms and dropout on a slice of the sequence")
     p.add_argument("--zero", type=int, default=d.zero, help="hybrid: ZeRO stage over the dp dimension")
     p.add_argument("--trace-dir", metavar="DIR",
                    help="write one paralab trace per rank (torchrun; merge later)")
@@ -270,20 +273,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
     merge = sub.add_parser("merge", help="merge per-rank traces (a --trace-dir) into one file")
     merge.add_argument("path", help="a directory of per-rank traces, or one trace file")
-    merge.add_argument("-o", "--output", required=True)
+    merge.add_argument("-o", "--output", required=True, help="the merged trace's file")
     merge.add_argument("--chrome", action="store_true", help="write Chrome trace format (Perfetto)")
     merge.set_defaults(func=cmd_merge)
     nodes = sub.add_parser("nodes", help="run as several local torchrun agents, one per emulated node",
                            description="paralab nodes --nnodes 2 --nproc-per-node 2 "
                                        "-- --strategy ddp --hierarchical")
-    nodes.add_argument("--nnodes", type=int, default=2)
-    nodes.add_argument("--nproc-per-node", type=int, default=2)
+    nodes.add_argument("--nnodes", type=int, default=2, help="emulated nodes: one torchrun agent each")
+    nodes.add_argument("--nproc-per-node", type=int, default=2, help="ranks on each node")
     nodes.add_argument("--trace-dir", help="where the per-rank traces go (default: a temporary directory)")
-    nodes.add_argument("--json", action="store_true")
+    nodes.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     nodes.add_argument("run_args", nargs=argparse.REMAINDER, help="options of `paralab run` after --")
     nodes.set_defaults(func=cmd_nodes)
     listing = sub.add_parser("strategies", help="list the strategies: what each runs, its mesh axes")
-    listing.add_argument("--json", action="store_true")
+    listing.add_argument("--json", action="store_true", help="print one JSON object")
     listing.set_defaults(func=cmd_strategies)
     for name, help_text, add_args, command in _subcommands():
         sub_parser = sub.add_parser(name, help=help_text)

@@ -28,9 +28,27 @@ EXIT_SIGPIPE = 141  # the reader of stdout went away, as shells report a program
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report a program killed by SIGINT
 
 
+class DefaultsShown(argparse.HelpFormatter):
+    """--help says each flag's default, where it has one its help does not already say: a default of
+    None or "" is a flag left out (the command decides), and False a switch, neither worth a word."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        unset = action.default is None or action.default is False or action.default in ("", argparse.SUPPRESS)
+        quiet = unset or "default" in text
+        if quiet or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)".lstrip()
+
+
 class OneLineErrors(argparse.ArgumentParser):
     """argparse, saying a bad argument in one line as every other refusal does (the usage block is
-    behind --help); exit 2."""
+    behind --help); exit 2. Its --help shows the defaults (:class:`DefaultsShown`), as do the
+    subcommands' parsers it makes."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", DefaultsShown)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(EXIT_INVALID, f"{self.prog}: {message} (see {self.prog} --help)\n")
@@ -94,14 +112,16 @@ def key_values(text: str) -> dict:
 def add_training_args(p: argparse.ArgumentParser, defaults: TrainingConfig) -> None:
     """The flags of TrainingConfig's fields, with ``defaults``' values (RunConfig or ElasticConfig)."""
     p.add_argument("--model", default=defaults.model_name, help=f"preset: {', '.join(MODEL_PRESETS)}")
-    p.add_argument("--steps", type=int, default=defaults.steps)
+    p.add_argument("--steps", type=int, default=defaults.steps, help="optimizer steps")
     p.add_argument("--global-batch", type=int, default=defaults.global_batch,
                    help="samples per step over all ranks, whatever the world size")
-    p.add_argument("--seed", type=int, default=defaults.seed)
+    p.add_argument("--seed", type=int, default=defaults.seed,
+                   help="the weights' initialisation, the data and each rank's dropout")
     p.add_argument("--device", default=defaults.device, choices=DEVICES,
                    help="auto: CUDA when every local rank has a GPU of its own, else the CPU")
-    p.add_argument("--lr", type=float, default=defaults.lr)
-    p.add_argument("--optimizer", default=defaults.optimizer, choices=OPTIMIZERS)
+    p.add_argument("--lr", type=float, default=defaults.lr, help="learning rate")
+    p.add_argument("--optimizer", default=defaults.optimizer, choices=OPTIMIZERS,
+                   help="what updates the weights")
     p.add_argument("--timeout", type=float, default=defaults.timeout_s,
                    help="seconds a collective may hang before the run fails")
     p.add_argument("--threads", type=int, default=defaults.threads_per_rank,

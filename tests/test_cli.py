@@ -284,6 +284,22 @@ def test_unparseable_arguments_exit_2_in_one_line(capsys, argv, message):
     assert f"(see paralab {argv[0]} --help)" in err
 
 
+@pytest.mark.parametrize("command", ["run", "nodes", "elastic", "bench", "simulate", "plan", "import"])
+def test_help_says_every_flags_default(capsys, command):
+    """Each flag says what it does, and its default where one applies (not None, False or "")."""
+    with pytest.raises(SystemExit) as info:
+        cli.main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert info.value.code == 0
+    assert "(default: None)" not in text and "(default: False)" not in text and "(default: )" not in text
+    for action in cli.build_parser()._subparsers._group_actions[0].choices[command]._actions:
+        if action.option_strings:
+            assert action.help, f"{command} {action.option_strings[0]} says nothing in --help"
+    if command == "run":
+        assert "a strategy name; `paralab strategies` lists them (default: ddp)" in text
+        assert "--steps STEPS optimizer steps (default: " in text
+
+
 def test_a_reader_that_goes_away_is_not_an_error(monkeypatch, capsys):
     """`paralab plan ... | head -1`: the pipe closes before the output is written."""
     read_end, write_end = os.pipe()

@@ -42,7 +42,8 @@ def add_elastic_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-dir", help="where checkpoints go (default: a fresh directory per run)")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
                    help="steps between checkpoints")
-    p.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints)
+    p.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints,
+                   help="newest checkpoints kept on disk")
     p.add_argument("--join-after-step", type=int, metavar="K",
                    help="start one more node after step K (scale-out)")
     p.add_argument("--slow", type=key_values, metavar="rank=R,factor=F", help="make rank R F times slower")

@@ -75,23 +75,25 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
                         help="sequences per microbatch (default: what --global-batch and --microbatches "
                              "leave; with only --global-batch, all of a replica's share at pp 1, "
                              "1 in a pipeline)")
-    parser.add_argument("--dp", type=int)
-    parser.add_argument("--tp", type=int, default=1)
-    parser.add_argument("--pp", type=int, default=1)
+    parser.add_argument("--dp", type=int, help="data-parallel degree (default: what --gpus leaves)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline stages")
     parser.add_argument("--ep", type=int, default=1,
                         help="expert parallel, carved out of dp (a mixture of experts)")
     parser.add_argument("--expert-imbalance", type=float, default=1.0,
                         help="busiest expert's tokens over the mean (1: balanced; a measured run's: "
                              "paralab.moe_load)")
-    parser.add_argument("--virtual-stages", type=int, default=1)
+    parser.add_argument("--virtual-stages", type=int, default=1, help="model chunks per pipeline GPU")
     parser.add_argument("--stage-layers", type=int_list,
                         metavar="N,N,...", help="blocks per pipeline chunk in model order (default: even)")
     parser.add_argument("--schedule", default="1f1b", help=f"one of {', '.join(SCHEDULES)}")
     parser.add_argument("--microbatches", type=int,
                         help="per data-parallel rank (default from --global-batch)")
-    parser.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
-    parser.add_argument("--sequence-parallel", action="store_true")
-    parser.add_argument("--recompute", default="none", choices=RECOMPUTE)
+    parser.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3),
+                        help="ZeRO stage over the data-parallel ranks")
+    parser.add_argument("--sequence-parallel", action="store_true",
+                        help="with --tp: the norms and dropout on a slice of the sequence")
+    parser.add_argument("--recompute", default="none", choices=RECOMPUTE, help="activation recomputation")
     parser.add_argument("--first-stage-layers", type=int,
                         help="an uneven pipeline split: layers of the first stage, the rest shared evenly "
                              "by the other stages (Megatron-LM's option; --stage-layers says it in full)")
