@@ -30,6 +30,7 @@ from paralab.cli_args import (
     int_list,
     json_text,
     refuse_training_flags_without_effect,
+    said_as_flags,
 )
 from paralab.config import CP_MODES, CP_SPLITS, MODEL_PRESETS, ConfigError, RunConfig, check_int
 
@@ -317,18 +318,29 @@ def _subcommands():
 
 def main(argv: list[str] | None = None) -> int:
     """Run a command; a ConfigError anywhere is exit 2 (nothing started), a RunError exit 1."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     with _warnings_in_one_line():
-        return _run_command(args)
+        return _run_command(args, _flags_of(parser, args.command))
 
 
-def _run_command(args) -> int:
+def _flags_of(parser: argparse.ArgumentParser, command: str) -> list[argparse.ArgumentParser]:
+    """The parsers whose flags a command's refusals are said in: its own, and for ``nodes`` the
+    ``paralab run`` flags it passes on after ``--``."""
+    commands = parser._subparsers._group_actions[0].choices  # argparse keeps no public map of them
+    return [commands[command], *([commands["run"]] if command == "nodes" else [])]
+
+
+def _run_command(args, parsers: list[argparse.ArgumentParser]) -> int:
     from paralab.runtime.result import RunError
 
     try:
         return args.func(args)
     except ConfigError as exc:
-        print(f"paralab: invalid configuration: {exc}", file=sys.stderr)
+        message = str(exc)
+        for parser in parsers:
+            message = said_as_flags(message, parser)
+        print(f"paralab: invalid configuration: {message}", file=sys.stderr)
         return EXIT_INVALID
     except RunError as exc:
         print(f"paralab: run failed: {exc}", file=sys.stderr)

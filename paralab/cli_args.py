@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import json
 import math
+import re
 
 from paralab.config import (
     ATTENTION_KERNELS,
@@ -52,6 +53,30 @@ class OneLineErrors(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(EXIT_INVALID, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def said_as_flags(message: str, parser: argparse.ArgumentParser) -> str:
+    """A refusal of paralab's Python API said in ``parser``'s flags, for whoever typed a command: the
+    configuration's fields it names (``zero_prefetch``, ``cp_mode=alltoall``) become the flags that set
+    them (``--zero-prefetch``, ``--cp-mode alltoall``). A field of one word is changed only where it is
+    given a value (``pp=1``), since bare it is an English word (the model, pp > 1)."""
+    for action in parser._actions:  # argparse keeps no public list of a parser's flags
+        long = [option for option in action.option_strings if option.startswith("--")]
+        if not long or action.dest == "help":
+            continue
+        switch = action.nargs == 0  # store_true: name=True is the flag alone
+        field = re.escape(action.dest)
+        bare = "" if "_" in action.dest else "(?==)"
+        pattern = rf"(?<![\w.-]){field}{bare}(?:=(\S+?))?(?=[\s,;:)]|$)"
+
+        def flag(match, long=long[0], switch=switch):
+            value = match.group(1)
+            if value is None or (switch and value == "True"):
+                return long
+            return long + " " + value.strip("'")  # a repr's quotes: the shell takes the word bare
+
+        message = re.sub(pattern, flag, message)
+    return message
 
 
 def int_list(text: str) -> list[int]:

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from paralab import cli
+from paralab.cli_args import said_as_flags
 from paralab.runtime import launch as launch_module
 
 CONTRACT_KEYS = {
@@ -298,6 +299,38 @@ def test_help_says_every_flags_default(capsys, command):
     if command == "run":
         assert "a strategy name; `paralab strategies` lists them (default: ddp)" in text
         assert "--steps STEPS optimizer steps (default: " in text
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["run", "--strategy", "ddp", "--zero-prefetch"], "--zero-prefetch gathers ZeRO-3's next part ahead"),
+    (["run", "--strategy", "tp", "--world-size", "2", "--reduce-dtype", "bf16"],
+     "--reduce-dtype bf16 would change nothing: tp reduces gradients only under sequence parallelism "
+     "(--sequence-parallel)"),
+    (["run", "--strategy", "torch_fsdp", "--world-size", "2", "--dtype", "fp16"], "use --dtype bf16"),
+    (["nodes", "--nproc-per-node", "1", "--", "--strategy", "ddp", "--zero-prefetch"],
+     "--zero-prefetch gathers"),
+    (["simulate", "--model", "gpt3-175b", "--gpus", "64", "--pp", "8", "--virtual-stages", "5"],
+     "--virtual-stages 5 needs interleaved"),
+])
+def test_a_refusal_names_the_flags_that_were_typed(capsys, argv, says):
+    """A shell user reads the flags they typed, not the config's field names (paralab.run's own)."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("message, said", [
+    ("with pp=1 there is no pipeline; stage_layers needs pp > 1",
+     "with --pp 1 there is no pipeline; --stage-layers needs pp > 1"),
+    ("cp_mode=alltoall needs heads that divide", "--cp-mode alltoall needs heads that divide"),
+    ("the model has 4 layers (paralab.stage_split.balanced_split)",
+     "the model has 4 layers (paralab.stage_split.balanced_split)"),
+    ("use oversubscribe=True to start them", "use --oversubscribe to start them"),
+    ("virtual_stages=2) cannot run", "--virtual-stages 2) cannot run"),
+])
+def test_config_fields_are_said_as_the_run_commands_flags(message, said):
+    run_parser = cli._flags_of(cli.build_parser(), "run")[0]
+    assert said_as_flags(message, run_parser) == said
 
 
 def test_a_reader_that_goes_away_is_not_an_error(monkeypatch, capsys):

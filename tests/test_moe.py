@@ -220,8 +220,8 @@ def test_bad_mixture_of_experts_shapes_are_refused_before_any_process(monkeypatc
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--ep", "4"], "6 experts are not divisible by ep=4"),
-    (["--top-k", "7"], "top_k 7 is above the number of experts 6"),
+    (["--ep", "4"], "6 experts are not divisible by --ep 4"),
+    (["--top-k", "7"], "--top-k 7 is above the number of experts 6"),
     (["--capacity-factor", "0"], "capacity factor"),
 ])
 def test_the_cli_refuses_them_with_exit_code_2(capsys, monkeypatch, flags, message):

@@ -422,7 +422,7 @@ def test_fsdp_root_is_a_flag_of_zero_3_on_one_stage(capsys):
     parts = json.loads(run(argv, capsys)[1])
     assert rooted["comm_bytes_per_gpu"]["zero_all_gather"] < parts["comm_bytes_per_gpu"]["zero_all_gather"]
     rc, out, err = run(argv + ["--fsdp-root", "--pp", "2"], capsys)
-    assert rc == 2 and not out and "fsdp_root (FSDP's root unit" in err
+    assert rc == 2 and not out and "--fsdp-root (FSDP's root unit" in err
 
 
 def test_fp32_shards_is_a_flag_of_zero_3(capsys):
@@ -436,7 +436,7 @@ def test_fp32_shards_is_a_flag_of_zero_3(capsys):
     saved = copy["memory_bytes_per_gpu"]["total"] - fsdp["memory_bytes_per_gpu"]["total"]
     assert saved == pytest.approx(2 * copy["params"] / 8, rel=1e-6)
     rc, out, err = run(argv + ["--fp32-shards", "--zero", "2"], capsys)
-    assert rc == 2 and not out and "fp32_shards (FSDP's fp32 shards" in err
+    assert rc == 2 and not out and "--fp32-shards (FSDP's fp32 shards" in err
 
 
 def test_a_batch_of_more_microbatches_than_a_step_models_plans_the_splits_that_fit(capsys):
@@ -462,11 +462,11 @@ def test_a_batch_of_more_microbatches_than_a_step_models_plans_the_splits_that_f
     (["simulate", "--model", "llama2-70b", "--tp", "8", "--kv-heads", "4"],
      "tp 8 does not divide the 4 key-value heads"),  # had named the 64 query heads as well
     (["simulate", "--model", "gpt3-13b", "--tp", "8", "--pp", "8", "--schedule", "interleaved",
-      "--virtual-stages", "2"], "16 does not divide 40 layers; give stage_layers, e.g. 2 + 8 x 3 + 7 x 2"),
+      "--virtual-stages", "2"], "16 does not divide 40 layers; give --stage-layers, e.g. 2 + 8 x 3 + 7 x 2"),
     (["simulate", "--model", "gpt3-13b", "--pp", "4", "--schedule", "zbv", "--virtual-stages", "3"],
      "invalid configuration: zbv always runs 2 chunks per rank"),  # had led with 12 chunks of 40 layers
     (["simulate", "--layers", "1", "--hidden", "64", "--heads", "1", "--pp", "2"],
-     "give stage_layers, e.g. 1 + 0 (1,0)"),  # a split the command line takes
+     "give --stage-layers, e.g. 1 + 0 (1,0)"),  # a split the command line takes
     (["simulate", "--model", "gpt3-1.3b", "--pp", "30"],
      "30 does not divide 24 layers; no split can hold them: every stage but the first and last needs"),
     (["simulate", "--model", "gpt3-1.3b", "--gpus", str(10**17)], "the simulator models up to 16,777,216"),
@@ -474,7 +474,7 @@ def test_a_batch_of_more_microbatches_than_a_step_models_plans_the_splits_that_f
     (["simulate", "--model", "gpt3-125m", "--pp", "2", "--microbatches", str(10**7), "--micro-batch", "1"],
      "65,536 microbatches a step, got 2 GPUs and 10,000,000"),  # had run out of memory
     (["simulate", "--model", "gpt3-125m", "--ffn", "-1"], "model ffn must be >= 1, got -1"),
-    (["simulate", "--model", "gpt3-125m", "--kv-heads", "-4"], "model kv_heads must be >= 1, got -4"),
+    (["simulate", "--model", "gpt3-125m", "--kv-heads", "-4"], "model --kv-heads must be >= 1, got -4"),
     (["simulate", "--model", "gpt3-125m", "--first-stage-layers", "5"], "give --pp 2 or more"),  # was ignored
 ])
 def test_values_the_simulator_cannot_model_exit_2_in_one_line(capsys, argv, message):

@@ -131,7 +131,7 @@ def check_capacity(ranks: int, oversubscribe: bool = False) -> None:
     raise ConfigError(
         f"{ranks} ranks do not fit this machine: {cores} core(s) and {memory / 2**30:.1f} GiB available hold "
         f"about {fits} (at most {MAX_RANKS_PER_CORE} ranks per core, about {RANK_MEMORY_BYTES >> 20} MiB "
-        f"each); use a world size <= {fits}, or oversubscribe=True (--oversubscribe) to start them anyway")
+        f"each); use a world size <= {fits}, or oversubscribe=True to start them anyway")
 
 
 def threads_for(cfg: TrainingConfig, local_world_size: int) -> int:

@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from paralab.cli_args import below_one, int_list, json_text
+from paralab.cli_args import below_one, int_list, json_text, said_as_flags
 from paralab.sim import cost, planner
 from paralab.sim.hardware import NAMES as HARDWARE_NAMES
 from paralab.sim.hardware import get_hardware
@@ -70,6 +70,7 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
 
 def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     _add_model_args(parser)
+    parser.set_defaults(flags=parser)  # what a refusal of the spec's fields is said in (_refuse)
     parser.add_argument("--gpus", type=int, help="total GPUs; dp defaults to gpus / (tp x pp x cp)")
     parser.add_argument("--micro-batch", type=int,
                         help="sequences per microbatch (default: what --global-batch and --microbatches "
@@ -244,6 +245,12 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _refuse(args, problems: list[str], hint: str = "") -> int:
+    """Exit 2 for a model or spec that cannot be built, its fields said as the flags that set them."""
+    message = said_as_flags("invalid configuration: " + "; ".join(problems), args.flags)
+    return _fail(message + (". " + hint if hint else ""))
+
+
 def _batch_of(parallel: ParallelSpec, gpus: int) -> int | None:
     """The global batch a refused spec would have priced (its own, resolved as for a spec that builds,
     so that a refusal and a layout that does not fit offer layouts for the same batch); None, the
@@ -298,7 +305,7 @@ def simulate_main(args) -> int:
         fp32_grads=args.fp32_grads, fsdp_root=args.fsdp_root, fp32_shards=args.fp32_shards,
     )  # fmt: skip
     if problems := model.problems():
-        return _fail("invalid configuration: " + "; ".join(problems))
+        return _refuse(args, problems)
     try:
         hw = _hardware(args.hardware)
     except SpecError as err:
@@ -315,7 +322,7 @@ def simulate_main(args) -> int:
                          f"more nodes: on {hw.name} ({hw.gpus_per_node} GPUs a node) {why}")
     if problems := parallel.problems(model, gpus):
         hint = _fits_hint(model, gpus, hw, _batch_of(parallel, gpus), parallel.fp32_grads)
-        return _fail("invalid configuration: " + "; ".join(problems) + ". " + hint)
+        return _refuse(args, problems, hint)
     pred = cost.predict(model, parallel, hw)
     out = pred.to_dict()
     out.update(model=model.name, hardware=hw.name, gpus=gpus, config=planner.describe(pred.parallel),

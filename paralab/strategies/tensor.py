@@ -72,7 +72,7 @@ def check_tp(cfg: RunConfig, layout) -> None:
     sequence parallelism leaves partial gradients to all-reduce)."""
     check(cfg, layout)
     check_reduce_dtype_applies(cfg, layout.sequence_parallel, "tp reduces gradients only under sequence "
-                               "parallelism (sequence_parallel=True, --sequence-parallel)")
+                               "parallelism (sequence_parallel=True)")
 
 
 # ---------------------------------------------------------------------------- the model
