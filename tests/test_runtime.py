@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -132,12 +133,12 @@ def test_a_script_runs_without_a_main_guard_however_python_got_it(tmp_path, how)
 LONG_RUN = "import paralab; paralab.run('ddp', 2, steps=100000, global_batch=8, timeout_s=600{fault})"
 
 
-def start_parent(script: str, tmp_path, tag: str) -> subprocess.Popen:
+def start_parent(script: str, tmp_path, tag: str, **popen) -> subprocess.Popen:
     """A launcher in a Python of its own, with a private TMPDIR, once its 2 ranks are at step 1."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     parent = subprocess.Popen([sys.executable, "-c", script],
-                              env={**os.environ, TAG: tag, "TMPDIR": str(tmp)})
+                              env={**os.environ, TAG: tag, "TMPDIR": str(tmp)}, **popen)
 
     def ranks_at_step_1():
         beats = [b.read_text() for b in tmp.glob("paralab-run-*/rank*.beat")]
@@ -189,6 +190,33 @@ def test_ctrl_c_on_paralab_run_says_interrupted_and_exits_130(tmp_path):
     assert parent.wait(timeout=60) == 130
     said = err.read_text()
     assert said.strip().splitlines()[-1] == "paralab: interrupted" and "Traceback" not in said, said
+    assert_nothing_left(tag, tmp_path / "tmp")
+
+
+def ignores_sigint(pid: int) -> bool:
+    """Whether a process ignores SIGINT: its bit in the kernel's mask of ignored signals."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(next(line for line in status.splitlines() if line.startswith("SigIgn:")).split()[1], 16)
+    return bool(mask >> (signal.SIGINT - 1) & 1)
+
+
+@pytest.mark.timeout(150)
+def test_ctrl_c_in_a_terminal_says_one_line_from_every_process(tmp_path):
+    """A terminal's Ctrl-C reaches the whole foreground process group, the ranks too: they leave the
+    stopping to their launcher, where a rank had printed a KeyboardInterrupt traceback of its own
+    (from wherever the signal found it) before the launcher's one line."""
+    tag = f"ctrl-c-group-{os.getpid()}-{time.time_ns()}"
+    err = tmp_path / "stderr"
+    script = "import sys; from paralab import cli; sys.exit(cli.main(['run', '--world-size', '2', " \
+             "'--steps', '100000', '--global-batch', '8']))"
+    with open(err, "w") as stderr:  # the ranks write to the launcher's stderr, as to a terminal
+        parent = start_parent(script, tmp_path, tag, stderr=stderr, start_new_session=True)
+        group = [p for p in tagged_processes(tag) if p.pid != parent.pid and os.getpgid(p.pid) == parent.pid]
+        assert len(group) >= 3 and all(ignores_sigint(p.pid) for p in group), "the forkserver and the ranks"
+        os.killpg(parent.pid, signal.SIGINT)
+        assert parent.wait(timeout=60) == 130
+    said = err.read_text()
+    assert said.strip().splitlines() == ["paralab: interrupted"], said
     assert_nothing_left(tag, tmp_path / "tmp")
 
 

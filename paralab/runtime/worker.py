@@ -285,7 +285,11 @@ def dump_stacks(run_dir: Path, rank: int) -> None:
 
 def spawn_entry(rank: int, world_size: int, cfg_dict: dict, layout_dict: dict, run_dir: str) -> None:
     """Target of each rank process started by paralab.runtime.launch. Ranks meet through a file store
-    in the private run directory, and talk over loopback (paralab.runtime.loopback)."""
+    in the private run directory, and talk over loopback (paralab.runtime.loopback). A rank ignores
+    SIGINT: a terminal's Ctrl-C reaches the whole process group, and the launcher, which gets it too,
+    stops every rank; a rank that took it as well could print a KeyboardInterrupt traceback from
+    wherever the signal found it (a weak reference's callback reports one and carries on)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent()
     os.environ.update(transport_env())
     run_dir_path = Path(run_dir)
