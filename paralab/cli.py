@@ -174,7 +174,7 @@ def _write_outputs(result, args) -> None:
     if args.report:
         from paralab.viz.report import write_report
 
-        write_report(result, args.report)
+        result.report_path = str(write_report(result, args.report))
     if args.json:
         print(json_text(result.summary))
     else:
@@ -182,14 +182,16 @@ def _write_outputs(result, args) -> None:
 
 
 def format_summary(s: dict) -> str:
+    """``paralab run``'s text summary: what ran (the choices that change the numbers below), what it
+    measured, and where its files went."""
     cp = f" x cp {s['cp']} ({s['cp_mode']}, {s['cp_split']})" if s.get("cp", 1) > 1 else ""
     lines = [
-        f"{s['strategy']} on {s['world_size']} rank(s) ({s['device']}), model {s['model']}, "
+        f"{s['strategy']} on {s['world_size']} rank(s) ({s['device']}), model {s['model']} in {s['dtype']}, "
         f"{s['steps']} steps",
         f"layout: dp {s['dp']}{cp} x tp {s['tp']} x pp {s['pp']}"
         + (f" (ep {s['ep']} inside dp)" if s.get("ep", 1) > 1 else "")
         + (f", schedule {s['schedule']}" if s["schedule"] else "") + f", {s['microbatches']} microbatch(es)"
-        + (f", ZeRO-{s['zero']}" if s.get("zero") else ""),
+        + (f", ZeRO-{s['zero']}" if s.get("zero") else "") + _choices(s),
         "losses: " + " ".join(f"{x:.4f}" for x in s["losses"]),
         f"step time (median after the first): {s['step_time_s'] * 1e3:.1f} ms   tokens/s: "
         f"{s['tokens_per_s']:.0f}",
@@ -205,7 +207,21 @@ def format_summary(s: dict) -> str:
         lines.append(f"unused by {s['strategy']}: {', '.join(s['unused_options'])}")
     if s["trace"]:
         lines.append(f"trace: {s['trace']} (open in https://ui.perfetto.dev)")
+    if s.get("report"):
+        lines.append(f"report: {s['report']} (open in a browser)")
     return "\n".join(lines)
+
+
+def _choices(s: dict) -> str:
+    """The layout line's tail: the levers a run was given that are not their defaults."""
+    said = [
+        "prefetching the next part" if s.get("zero_prefetch") else "",
+        "hierarchical all-reduce" if s.get("hierarchical") else "",
+        f"buckets of {s['bucket_mb']:g} MB" if s.get("bucket_mb") is not None else "",
+        f"recompute {s['recompute']}" if s.get("recompute", "none") != "none" else "",
+        f"gradients reduced in {s['reduce_dtype']}" if s.get("reduce_dtype", "fp32") != "fp32" else "",
+    ]
+    return "".join(f", {choice}" for choice in said if choice)
 
 
 def cmd_strategies(args) -> int:

@@ -26,9 +26,22 @@ def test_run_json_has_the_contract_keys(tmp_path, capsys, no_leftover_ranks):
     assert CONTRACT_KEYS <= set(summary)
     assert len(summary["losses"]) == 3 and summary["world_size"] == 2 and summary["dp"] == 2
     assert len(summary["peak_memory_bytes"]) == 2 and summary["comm_bytes"]["all_reduce"] > 0
-    assert summary["trace"] == str(trace_path)
+    assert summary["trace"] == str(trace_path) and summary["report"] is None
+    assert summary["bucket_mb"] == 0.1 and summary["zero_prefetch"] is False
     chrome = json.loads(trace_path.read_text())
     assert any(e.get("cat") == "all_reduce" for e in chrome["traceEvents"])
+
+
+def test_the_text_summary_says_what_ran_and_where_its_files_went(tmp_path, capsys, no_leftover_ranks):
+    """The levers that change the figures (dtype, prefetch, recompute) and the report's path, as the
+    JSON's keys say them."""
+    report = tmp_path / "run.html"
+    assert cli.main(["run", "--strategy", "zero3", "--world-size", "2", "--steps", "2", "--dtype", "bf16",
+                     "--zero-prefetch", "--recompute", "full", "--report", str(report)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "zero3 on 2 rank(s) (cpu), model tiny in bf16, 2 steps"
+    assert lines[1].endswith(", ZeRO-3, prefetching the next part, recompute full"), lines[1]
+    assert lines[-1] == f"report: {report} (open in a browser)" and report.is_file()
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from paralab.config import RunConfig
 from paralab.layout import Layout
+from paralab.strategies.registry import get_strategy
 from paralab.trace import Trace
 
 
@@ -44,6 +45,7 @@ class RunResult:
     params: dict | None = None
     grads: dict | None = None
     trace_path: str | None = None
+    report_path: str | None = None
 
     @classmethod
     def from_rank_results(cls, cfg: RunConfig, layout: Layout, rank_results: list[dict],
@@ -92,6 +94,9 @@ class RunResult:
             "device": cfg.device,
             "dtype": cfg.dtype,
             "reduce_dtype": cfg.reduce_dtype,
+            "bucket_mb": cfg.bucket_mb if "bucket_mb" in get_strategy(cfg.strategy).options else None,
+            "hierarchical": cfg.hierarchical,
+            "zero_prefetch": cfg.zero_prefetch,
             "recompute": cfg.recompute,
             "attention": cfg.model.attention,
             "accumulate": layout.microbatches,
@@ -115,6 +120,7 @@ class RunResult:
             "memory_max_by_kind": [r["memory"]["max_by_kind"] for r in self.rank_results],
             "per_rank": metrics["per_rank"],
             "trace": self.trace_path,
+            "report": self.report_path,
         }
 
     def save_trace(self, path: str | Path) -> str:
