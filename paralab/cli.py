@@ -135,12 +135,12 @@ def refuse_a_bucket_cap_of_one_replica(args, cfg: RunConfig) -> None:
     ``nodes`` before they launch, not by the torchrun workers they start (a run launched by torchrun
     itself is not asked)."""
     from paralab.layout import resolve_layout
-    from paralab.strategies.registry import get_strategy
+    from paralab.strategies.registry import bucket_cap_applies, get_strategy
 
-    if args.bucket_mb is None or get_strategy(cfg.strategy).reference_for:
-        return
+    if args.bucket_mb is None or "bucket_mb" not in get_strategy(cfg.strategy).options:
+        return  # refused already, as a flag of a strategy without buckets
     layout = resolve_layout(cfg)
-    if layout.dp * layout.cp == 1 and layout.zero != 2:
+    if not bucket_cap_applies(cfg.strategy, layout):
         raise ConfigError(f"--bucket-mb has no effect: {cfg.strategy} on {cfg.world_size} rank(s) with "
                           f"dp {layout.dp} x cp {layout.cp} has one replica of each gradient, which averages "
                           f"nothing, so it keeps no buckets; give it dp >= 2")

@@ -9,6 +9,7 @@ import pytest
 
 from paralab import cli
 from paralab.cli_args import said_as_flags
+from paralab.config import RunConfig
 from paralab.runtime import launch as launch_module
 
 CONTRACT_KEYS = {
@@ -181,6 +182,19 @@ def test_those_flags_still_apply_where_they_have_an_effect(argv, field, value):
     cfg = cli.config_from_args(args)
     cli.refuse_a_bucket_cap_of_one_replica(args, cfg)  # what run asks too, once the world is known
     assert getattr(cfg, field) == value
+
+
+@pytest.mark.parametrize("strategy, world, options, applies", [
+    ("ddp", 2, {}, True), ("ddp", 1, {}, False), ("zero2", 1, {}, True), ("torch_ddp", 1, {}, True),
+    ("hybrid", 4, dict(tp=2, pp=2), False), ("hybrid", 4, dict(tp=2), True), ("tp", 2, {}, False),
+])
+def test_a_run_summary_says_the_bucket_cap_where_it_applies(strategy, world, options, applies):
+    """The cap --bucket-mb would be refused for is the one a summary leaves out (bucket_mb: null)."""
+    from paralab.layout import resolve_layout
+    from paralab.strategies.registry import bucket_cap_applies
+
+    cfg = RunConfig(strategy=strategy, world_size=world, **options)
+    assert bucket_cap_applies(cfg.strategy, resolve_layout(cfg)) is applies
 
 
 # a shell's view of the CLI's warnings (pytest records warnings instead of printing them): a run that

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from paralab.config import RunConfig
 from paralab.layout import Layout
-from paralab.strategies.registry import get_strategy
+from paralab.strategies.registry import bucket_cap_applies
 from paralab.trace import Trace
 
 
@@ -94,7 +94,7 @@ class RunResult:
             "device": cfg.device,
             "dtype": cfg.dtype,
             "reduce_dtype": cfg.reduce_dtype,
-            "bucket_mb": cfg.bucket_mb if "bucket_mb" in get_strategy(cfg.strategy).options else None,
+            "bucket_mb": cfg.bucket_mb if bucket_cap_applies(cfg.strategy, layout) else None,
             "hierarchical": cfg.hierarchical,
             "zero_prefetch": cfg.zero_prefetch,
             "recompute": cfg.recompute,

@@ -41,6 +41,17 @@ def check_reduce_dtype_applies(cfg, reduces: bool, why_not: str) -> None:
         raise ConfigError(f"reduce_dtype={cfg.reduce_dtype} would change nothing: {why_not}; leave it out")
 
 
+def bucket_cap_applies(strategy: str, layout) -> bool:
+    """Whether a run's ``bucket_mb`` changes what it does: a strategy that reduces in buckets, on more
+    than one replica of each gradient (dp x cp >= 2; paralab's bucketed reduction keeps none for one,
+    ``ddp.bucketed_sync``), or ZeRO-2, which cuts its units by the cap on one replica too; torch's own
+    (a reference) keeps its buckets whatever the layout."""
+    s = get_strategy(strategy)
+    if "bucket_mb" not in s.options:
+        return False
+    return bool(s.reference_for) or layout.dp * layout.cp > 1 or layout.zero == 2
+
+
 @dataclass(frozen=True)
 class Strategy:
     """One ``--strategy``. ``axes``: the mesh axes its ranks spread over (a single axis takes the whole
