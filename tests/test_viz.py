@@ -226,7 +226,75 @@ def test_comm_matrix_group_inference():
     assert group_of(Span(3, "comm", "all_reduce", 0, 1, group_size=4), 8, dp_meta) == [1, 3, 5, 7]
     t = Trace(spans=[Span(r, "comm", "all_gather", 0, 1, bytes=300, group_size=4) for r in range(4)])
     m = comm_matrix_data(t)
-    assert m[0] == [0, 100, 100, 100]
+    assert m[0] == [0, 300, 0, 0] and m[3] == [300, 0, 0, 0]  # a ring: all to the successor
+    exchange = Trace(spans=[Span(r, "comm", "all_to_all", 0, 1, bytes=300, group_size=4) for r in range(4)])
+    assert comm_matrix_data(exchange)[0] == [0, 100, 100, 100]  # no ring: a slice to every other rank
+
+
+@pytest.mark.parametrize("hierarchical_dp", [0, 4])
+def test_the_rank_matrix_crosses_nodes_where_the_node_split_does(hierarchical_dp):
+    """A ring over 16 ranks in nodes of 4 sends one byte in four across nodes, as the inside/across
+    split counts: the matrix, once spreading each rank's bytes over its 15 peers, had drawn 12 of every
+    15 cells across nodes, all-to-all traffic beside the split's ring."""
+    from paralab.sim.presets import get_model
+    from paralab.sim.specs import ParallelSpec
+    from paralab.viz.comm_compare import predicted_comm_trace
+
+    spec = ParallelSpec(dp=16, global_batch=16, hierarchical_dp=hierarchical_dp)
+    trace = predicted_comm_trace(get_model("gpt3-1.3b"), spec, gpus_per_node=4)
+    matrix = comm_matrix_data(trace)
+    crossing = sum(b for src, row in enumerate(matrix) for dst, b in enumerate(row) if src // 4 != dst // 4)
+    assert crossing == pytest.approx(trace.comm_bytes_by_link()["inter_node"])
+    assert sum(b > 0 for b in matrix[0]) == (1 if not hierarchical_dp else 2)  # its successor(s) alone
+
+
+def test_the_explorers_rank_matrix_gives_every_panel_a_scale_a_short_title_and_the_rule():
+    """The explorer's grown 64-rank panel has no text in its cells: without a colour bar it had no
+    scale at all; its long label, as a title, was cut at 1100 px and ran into its neighbour at 820."""
+    from paralab.viz.comm_compare import compare_matrix
+
+    def ring(world: int, nodes: int) -> Trace:
+        return Trace(spans=[Span(r, "comm", "all_reduce", 0, 1, bytes=3 << 20, group_size=world,
+                                 inter_node=(r + 1) % world // (world // nodes) != r // (world // nodes))
+                            for r in range(world)], meta={"gpus_per_node": world // nodes})
+
+    sources = {"measured, 4 ranks": ring(4, 1),
+               "predicted, 64 ranks (64 dp x 1 tp x 1 pp, tiny in fp32, 8/node)": ring(64, 8)}
+    fig = compare_matrix(sources)
+    bars = [t.colorbar for t in fig.data]
+    assert all(t.showscale is not False for t in fig.data) and len({b.x for b in bars}) == 2
+    assert [b.title.text for b in bars] == ["MiB per step", "MiB per step"]
+    assert [a.text for a in fig.layout.annotations[:2]] == ["measured, 4 ranks", "predicted, 64 ranks"]
+    assert "64 dp x 1 tp x 1 pp, tiny in fp32, 8/node" in fig.layout.annotations[2].text
+    assert "ring successor" in fig.layout.title.subtitle.text
+    assert len(fig.layout.shapes) == 8  # a dashed box per node of the 64 ranks, none for one node
+
+
+def test_the_explorers_node_split_names_its_bars_short_with_the_details_below():
+    """A grown run's whole label as a category had slanted and squeezed the plot to 60 px at 820 px."""
+    from paralab.viz.comm_compare import compare_links
+
+    trace = Trace(spans=[Span(r, "comm", "all_reduce", 0, 1, bytes=1 << 20, group_size=4) for r in range(4)])
+    long = "predicted, 8 ranks (8 dp x 1 tp x 1 pp, hierarchical all-reduce, tiny in fp32, 4/node)"
+    fig = compare_links({"measured, 4 ranks": trace, long: trace})
+    assert all(list(t.x) == ["measured, 4 ranks", "predicted, 8 ranks"] for t in fig.data)
+    assert "predicted, 8 ranks: 8 dp x 1 tp x 1 pp, hierarchical" in fig.layout.annotations[0].text
+    assert long in fig.data[0].customdata[1][0]  # the whole label on hover
+
+
+def test_comm_link_split_draws_several_runs_on_one_axis(ddp_run):
+    """Notebook 06 had drawn a flat ring and a hierarchical all-reduce as two figures, each bar at the
+    top of its own axis, so 2.5 MiB across nodes looked like 1.67: one figure, one y axis, each run's
+    bars under its label, across nodes stacked at the base."""
+    crossing = Trace(spans=[Span(r, "comm", "all_reduce", 0, 1, bytes=1 << 20, group_size=2, inter_node=True)
+                            for r in range(2)])
+    fig = viz.comm_link_split({"flat": ddp_run, "across": crossing})
+    assert {t.yaxis or "y" for t in fig.data} == {"y"} and fig.layout.barmode == "stack"
+    assert [t.name for t in fig.data] == ["across nodes", "inside a node"]  # the first at the base
+    assert all([list(level) for level in t.x] == [["flat", "across"], ["all_reduce", "all_reduce"]]
+               for t in fig.data)
+    assert fig.layout.meta["bytes"]["across"] == {"all_reduce": {"intra_node": 0, "inter_node": 2 << 20}}
+    assert set(fig.layout.meta["bytes"]) == {"flat", "across"}
 
 
 def test_scaling_speedup_and_ideal():

@@ -15,9 +15,13 @@ Rank-by-rank matrix convention (``comm_matrix_data``), row = sender, column = re
 
 - point-to-point: a span with a ``peer`` counts its wire bytes from its rank to the peer. Receives
   put nothing on the wire (0 wire bytes), so each transfer is counted once, by its send.
-- collectives: a rank's wire bytes are spread evenly over the other members of its group. That is
-  an algorithm-neutral picture of "who exchanged with whom" (a ring sends everything to one
-  neighbour, a tree to two); row sums are exact, individual cells are the even-spread view.
+- ring collectives (all-reduce, all-gather, reduce-scatter, broadcast): a rank's wire bytes go to its
+  ring successor in the group (``paralab.comm.ring_next``), as a ring algorithm sends them and as
+  the inside/across-nodes split counts them (a span crosses nodes when its successor is on another
+  node), so the matrix and that split tell the same story: a ring over 64 ranks in nodes of 8 is a
+  band beside the diagonal, one cell in eight of it across nodes, not 63 cells a row.
+- all-to-all: no ring, each rank sends every other member its slice, so its wire bytes are spread
+  evenly over the other members (exact when the slices are even, as the span records only the sum).
   The group is the one the trace records (``Trace.group_of``); a simulated trace records only a
   group's size, and the group is then inferred from the run's layout in ``trace.meta`` (tp fastest,
   then cp, dp, pp, as paralab lays ranks out), matching ``group_size`` against each axis's degree,
@@ -42,6 +46,12 @@ from paralab.viz._common import (
 )
 
 LINKS = (("intra_node", "inside a node", "#4C78A8"), ("inter_node", "across nodes", "#D62728"))
+# how the rank matrix credits a collective's bytes, said on every matrix (see the module docstring)
+MATRIX_RULE = ("row sends, column receives: a ring collective to each rank's ring successor "
+               "(as the inside/across-nodes split counts),<br>an all-to-all evenly over its group, "
+               "a send to its peer")
+NODE_BOX = "dashed boxes: the nodes, so a cell outside them crosses nodes"
+RULE_PX = 35  # the rule's two lines under the title: the plot (and a matrix's top axis) moves down by them
 # the order dimensions are listed in: data, context, tensor, pipeline, expert, then combinations
 DIMENSION_ORDER = ("dp", "cp", "tp", "pp", "ep")
 
@@ -220,6 +230,8 @@ def comm_by_dimension(trace, payload: bool = False, title: str | None = None):
 def comm_matrix_data(trace, payload: bool = False) -> list[list[float]]:
     """matrix[src][dst] = bytes from rank src to rank dst over the whole trace (see the module
     docstring); :func:`comm_matrix` draws it per step."""
+    from paralab.comm import ring_next  # imports torch, which drawing anything else does not need
+
     trace = as_trace(trace)
     world = trace.world_size
     matrix = [[0.0] * world for _ in range(world)]
@@ -233,9 +245,13 @@ def comm_matrix_data(trace, payload: bool = False) -> list[list[float]]:
             if 0 <= s.peer < world:
                 matrix[s.rank][s.peer] += b
             continue
-        others = [q for q in group_of(s, world, trace.meta) if q != s.rank]
-        for q in others:
-            matrix[s.rank][q] += b / len(others)
+        group = group_of(s, world, trace.meta)
+        if s.kind == "all_to_all":
+            others = [q for q in group if q != s.rank]
+            for q in others:
+                matrix[s.rank][q] += b / len(others)
+        elif len(group) > 1:  # a group of one sends nothing, whatever payload it was given
+            matrix[s.rank][ring_next(s.rank, group)] += b
     return matrix
 
 
@@ -256,8 +272,49 @@ def comm_matrix(trace, payload: bool = False, title: str | None = None):
     fig.update_yaxes(title_text="from rank", autorange="reversed")
     fig.update_xaxes(title_text="to rank", side="top")
     fig.update_layout(meta={"ranks": len(matrix), "total_bytes": sum(map(sum, matrix)), "unit": unit})
-    return style(fig, title or f"{_unit_label(payload)} bytes per step, rank to rank",
-                 max(320, 40 + 28 * len(matrix)))
+    boxed = draw_node_boxes(fig, as_trace(trace))
+    fig = style(fig, title or f"{_unit_label(payload)} bytes per step, rank to rank",
+                max(320, 40 + 28 * len(matrix)))
+    return say_matrix_rule(fig, boxed)
+
+
+def node_ranks(trace: Trace) -> list[list[int]]:
+    """Each node's ranks, as the trace records them (a measured run's ``meta["ranks"]``, a prediction's
+    ``gpus_per_node``); one list of all ranks when it records neither."""
+    world = trace.world_size
+    recorded = trace.meta.get("ranks") or {}
+    if len(recorded) == world and all("node" in v for v in recorded.values()):
+        node_of = {int(r): int(v["node"]) for r, v in recorded.items()}
+    else:
+        per_node = trace.meta.get("gpus_per_node") or world
+        node_of = {r: r // per_node for r in range(world)}
+    nodes: dict[int, list[int]] = defaultdict(list)
+    for rank, node in sorted(node_of.items()):
+        nodes[node].append(rank)
+    return list(nodes.values())
+
+
+def draw_node_boxes(fig, trace: Trace, row: int | None = None, col: int | None = None) -> bool:
+    """A dashed box around each node's block of a rank matrix (ranks numbered node by node), so the
+    cells that cross nodes are those outside the boxes; whether there were several nodes to draw."""
+    nodes = node_ranks(trace)
+    if len(nodes) < 2:
+        return False
+    for ranks in nodes:
+        low, high = min(ranks) - 0.5, max(ranks) + 0.5
+        fig.add_shape(type="rect", x0=low, x1=high, y0=low, y1=high, line=dict(color="#555", dash="dash",
+                      width=1), row=row, col=col)
+    return True
+
+
+def say_matrix_rule(fig, boxed: bool):
+    """The figure with :data:`MATRIX_RULE` under its title (and :data:`NODE_BOX` when ``boxed``):
+    without it an all-reduce's cells could be read as every rank talking to every other, which no
+    ring does."""
+    rule = MATRIX_RULE + (f"; {NODE_BOX}" if boxed else "")
+    fig.update_layout(title_subtitle=dict(text=rule, font=dict(size=12, color="#555")),
+                      margin_t=fig.layout.margin.t + RULE_PX, height=fig.layout.height + RULE_PX)
+    return fig
 
 
 # -------------------------------------------------------------------------------------------- links
@@ -271,24 +328,38 @@ def link_split_data(trace, payload: bool = False) -> dict[str, dict[str, int]]:
     return {op: {link: b // steps for link, b in links.items()} for op, links in sorted(out.items())}
 
 
-def comm_link_split(trace, payload: bool = False, title: str | None = None):
-    """Grouped bars per op: bytes per step that stay inside a node against bytes that cross nodes."""
+def comm_link_split(runs, payload: bool = False, title: str | None = None):
+    """Bytes per step of each op, those that cross nodes (red, at the base, so bars compare from zero)
+    under those that stay inside a node (blue).
+
+    ``runs``: a Trace or RunResult, or several as {label: run}, whose bars then stand side by side,
+    each under its label, on one y axis: a flat ring and a hierarchical all-reduce drawn as two figures
+    had both reached the top of their own axes, 2.5 MiB across nodes looking like 1.67.
+    ``fig.layout.meta["bytes"]``: op -> link -> bytes per step (all ranks); for several runs,
+    label -> op -> link -> bytes."""
     graph = go()
-    data = link_split_data(trace, payload)
-    ops = list(data)
-    scale, unit = byte_scale(max((max(links.values()) for links in data.values()), default=0))
+    several = isinstance(runs, dict)
+    data = {label: link_split_data(run, payload) for label, run in (runs if several else {"": runs}).items()}
+    bars = [(label, op, links) for label, per_op in data.items() for op, links in per_op.items()]
+    scale, unit = byte_scale(max((sum(links.values()) for _, _, links in bars), default=0))
+    ops = [op for _, op, _ in bars]
     fig = graph.Figure()
-    for link, label, color in LINKS:
-        values = [data[op][link] for op in ops]
+    for link, name, color in reversed(LINKS):
+        values = [links[link] for _, _, links in bars]
         fig.add_trace(graph.Bar(
-            x=ops, y=[v / scale for v in values], name=label, marker_color=color,
-            customdata=[[fmt_bytes(v), v] for v in values],
-            hovertemplate=f"%{{x}} {label}: %{{customdata[0]}} per step "
-                          "(%{customdata[1]} B)<extra></extra>",
+            x=[[label for label, _, _ in bars], ops] if several else ops, y=[v / scale for v in values],
+            name=name, marker_color=color, text=[fmt_bytes(v) if v else "" for v in values],
+            textposition="inside",
+            customdata=[[f"{label}: {op}" if label else op, fmt_bytes(v), v] for (label, op, _), v in
+                        zip(bars, values)],
+            hovertemplate=f"%{{customdata[0]}} {name}: %{{customdata[1]}} per step "
+                          "(%{customdata[2]} B)<extra></extra>",
         ))
-    fig.update_layout(barmode="group", meta={"bytes": data, "unit": unit})
+    fig.update_layout(barmode="stack", bargap=0.45, meta={"bytes": data if several else data[""],
+                                                          "unit": unit},
+                      legend_traceorder="reversed")  # inside a node listed first, as it sits on top
     fig.update_yaxes(title_text=f"{_unit_label(payload)} {unit} per step (all ranks)")
-    return style(fig, title or "inside a node against across nodes", 340)
+    return style(fig, title or "inside a node against across nodes", 360)
 
 
 def bytes_by_group(trace, payload: bool = False) -> dict[tuple[int, ...], dict[str, int]]:

@@ -26,7 +26,14 @@ from paralab.comm import ring_next
 from paralab.layout import mesh_layout
 from paralab.trace import COMM, Span, Trace
 from paralab.viz._common import SERIES_COLORS, as_trace, byte_scale, fmt_bytes, go, make_subplots, style
-from paralab.viz.comm import LINKS, _unit_label, comm_matrix_data, rank_numbering
+from paralab.viz.comm import (
+    LINKS,
+    _unit_label,
+    comm_matrix_data,
+    draw_node_boxes,
+    rank_numbering,
+    say_matrix_rule,
+)
 
 # the mesh axes each of the cost model's collective families runs over (gradients: dp and cp together;
 # a hierarchical all-reduce's steps split dp: _groups)
@@ -174,47 +181,84 @@ def compare_by_op(sources: dict, payload: bool = False, title: str | None = None
 
 
 def compare_matrix(sources: dict, payload: bool = False, title: str | None = None):
-    """One rank-by-rank heatmap per source (row = sender, column = receiver), bytes per step."""
+    """One rank-by-rank heatmap per source (row = sender, column = receiver, as
+    :func:`paralab.viz.comm.comm_matrix_data` credits bytes: the rule is said under the title), bytes
+    per step, each with a colour bar in its own unit: a 64-rank panel is too small for text in its
+    cells. Panels are titled by the sources' short names (:func:`split_label`)."""
     graph = go()
-    titles = [label.replace(" (", "<br>(", 1) for label in sources]  # a grown run's shape on a 2nd line
-    fig = make_subplots(rows=1, cols=len(sources), subplot_titles=titles, horizontal_spacing=0.08)
-    meta = {}
+    names = [split_label(label)[0] for label in sources]
+    fig = make_subplots(rows=1, cols=len(sources), subplot_titles=names, horizontal_spacing=0.16)
+    meta, boxed = {}, False
     for i, (label, t) in enumerate(sources.items(), 1):
         trace = as_trace(t)
         steps = len(_steps(trace))
         matrix = [[v / steps for v in row] for row in comm_matrix_data(trace, payload)]
+        scale, unit = byte_scale(max((max(row) for row in matrix), default=0))
         labels = [f"r{r}" for r in range(len(matrix))]
         text = [[fmt_bytes(v) if v else "" for v in row] for row in matrix]
+        right = fig.get_subplot(1, i).xaxis.domain[1]
         fig.add_trace(graph.Heatmap(
-            z=matrix, x=labels, y=labels, colorscale="Blues", text=text, showscale=False, name=label,
-            texttemplate="%{text}" if len(matrix) <= 8 else None,
+            z=[[v / scale for v in row] for row in matrix], x=labels, y=labels, colorscale="Blues", text=text,
+            name=label, texttemplate="%{text}" if len(matrix) <= 8 else None,
+            colorbar=dict(title=dict(text=f"{unit} per step", side="right"), x=right + 0.01, xanchor="left",
+                          thickness=10),
             hovertemplate=f"{label}<br>r%{{y}} → %{{x}}: %{{text}} per step<extra></extra>",
         ), 1, i)
         fig.update_yaxes(autorange="reversed", row=1, col=i, title_text="from rank" if i == 1 else None)
         fig.update_xaxes(title_text="to rank", row=1, col=i)
-        meta[label] = {"ranks": len(matrix), "bytes_per_step": sum(map(sum, matrix))}
+        boxed = draw_node_boxes(fig, trace, 1, i) or boxed
+        meta[label] = {"ranks": len(matrix), "bytes_per_step": sum(map(sum, matrix)), "unit": unit}
     fig.update_layout(meta=meta)
     size = max(m["ranks"] for m in meta.values()) if meta else 1
-    return style(fig, title or "bytes per step, rank by rank: measured beside predicted",
-                 max(380, 120 + 14 * size))
+    fig = style(fig, title or "bytes per step, rank by rank: measured beside predicted",
+                max(380, 120 + 14 * size))
+    note_details(fig, sources)
+    return say_matrix_rule(fig, boxed)
 
 
 def compare_links(sources: dict, payload: bool = False, title: str | None = None):
-    """Per source, the bytes each rank sends per step inside its node and across nodes (stacked)."""
+    """Per source, the bytes each rank sends per step inside its node and across nodes (stacked), each
+    bar under its source's short name (:func:`split_label`): a grown run's whole label, as a category,
+    had turned to slant and squeezed the plot to a strip."""
     graph = go()
     data = {label: links_per_rank_step(t, payload) for label, t in sources.items()}
     scale, unit = byte_scale(max((sum(per.values()) for per in data.values()), default=0))
+    names = [split_label(label)[0] for label in data]
     fig = graph.Figure()
     for link, name, color in LINKS:
         values = [per[link] for per in data.values()]
         fig.add_trace(graph.Bar(
-            x=list(data), y=[v / scale for v in values], name=name, marker_color=color,
-            customdata=[fmt_bytes(v) for v in values],
-            hovertemplate=f"%{{x}}<br>{name}: %{{customdata}} per rank and step<extra></extra>",
+            x=names, y=[v / scale for v in values], name=name, marker_color=color,
+            customdata=[[label, fmt_bytes(v)] for label, v in zip(data, values)],
+            hovertemplate=f"%{{customdata[0]}}<br>{name}: %{{customdata[1]}} per rank and step"
+                          "<extra></extra>",
         ))
     fig.update_layout(barmode="stack", meta={"bytes": data, "unit": unit})
     fig.update_yaxes(title_text=f"{_unit_label(payload)} {unit} per rank and step")
-    return style(fig, title or "inside a node against across nodes: measured beside predicted", 360)
+    fig = style(fig, title or "inside a node against across nodes: measured beside predicted", 360)
+    note_details(fig, sources)
+    return fig
+
+
+def split_label(label: str) -> tuple[str, str]:
+    """A source's label as its short name and the details in brackets after it ("predicted, 8 ranks
+    (8 dp x 1 tp x 1 pp, tiny in fp32, 4/node)": "predicted, 8 ranks" and "8 dp x 1 tp x 1 pp, tiny
+    in fp32, 4/node"): the name fits a panel's title or a bar's category at 820 px, the details go
+    under the figure (:func:`note_details`) and on hover."""
+    name, _, details = label.partition(" (")
+    return name, details.removesuffix(")")
+
+
+def note_details(fig, sources: dict) -> None:
+    """Under the plot, one line per source whose label has details (:func:`split_label`), with the
+    bottom margin grown to hold them."""
+    lines = [f"{name}: {details}" for name, details in map(split_label, sources) if details]
+    if not lines:
+        return
+    fig.add_annotation(text="<br>".join(lines), xref="paper", yref="paper", x=0, y=0, xanchor="left",
+                       yanchor="top", yshift=-50, align="left", showarrow=False,
+                       font=dict(size=12, color="#555"))
+    fig.update_layout(margin_b=60 + 18 * len(lines), height=fig.layout.height + 18 * len(lines))
 
 
 def _source_color(i: int) -> str:
