@@ -32,6 +32,7 @@ import types
 import typing
 from collections import defaultdict
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
 from paralab.config import finite_number
@@ -302,16 +303,36 @@ class Trace:
 
     # ------------------------------------------------------------------ metrics
     def step_windows(self) -> dict[int, tuple[float, float]]:
-        """step -> (start, end) over all ranks, from the per-rank ``step`` spans."""
-        windows: dict[int, list[float]] = {}
-        for s in self.spans:
-            if s.lane == STEP and s.step is not None:
-                lo, hi = windows.get(s.step, (s.start, s.end))
-                windows[s.step] = (min(lo, s.start), max(hi, s.end))
+        """step -> (start, end) over all ranks, from the per-rank ``step`` spans: where a step lies on
+        the time axis. Not how long it took: ranks need not start a step together (one that leaves
+        a collective first starts the next step first), so neighbouring windows can overlap; a
+        step's time is its ranks' own (:meth:`step_times`)."""
+        windows: dict[int, tuple[float, float]] = {}
+        for own in self.rank_step_windows().values():
+            for step, (lo, hi) in own.items():
+                first, last = windows.get(step, (lo, hi))
+                windows[step] = (min(first, lo), max(last, hi))
         return dict(sorted(windows.items()))
 
+    def rank_step_windows(self) -> dict[int, dict[int, tuple[float, float]]]:
+        """rank -> step -> (start, end) of that rank's own ``step`` span(s): its steps tile its time."""
+        windows: dict[int, dict[int, tuple[float, float]]] = defaultdict(dict)
+        for s in self.spans:
+            if s.lane == STEP and s.step is not None:
+                lo, hi = windows[s.rank].get(s.step, (s.start, s.end))
+                windows[s.rank][s.step] = (min(lo, s.start), max(hi, s.end))
+        return {rank: dict(sorted(own.items())) for rank, own in sorted(windows.items())}
+
     def step_times(self) -> list[float]:
-        return [hi - lo for lo, hi in self.step_windows().values()]
+        """Each step's time, in step order: the longest of its ranks' own step spans (a synchronous
+        step waits for its slowest rank). Not the window over all ranks, which holds the ranks'
+        offsets from one another too: a DDP job whose ranks run a few ms apart would read each step
+        that much longer than it took."""
+        longest: dict[int, float] = {}
+        for own in self.rank_step_windows().values():
+            for step, (lo, hi) in own.items():
+                longest[step] = max(longest.get(step, 0.0), hi - lo)
+        return [longest[step] for step in sorted(longest)]
 
     def median_step_time(self) -> float:
         """Median step time over the steps after the first (:func:`median_after_first`)."""
@@ -323,9 +344,14 @@ class Trace:
         union = _Union([(s.start, s.end) for s in self.spans if s.rank == rank and s.lane == lane])
         return union.length if window is None else union.covered(*window)
 
-    def _chosen_windows(self, steps: list[int] | None = None) -> list[tuple[float, float]]:
-        windows = self.step_windows()
-        return [windows[k] for k in (steps if steps is not None else _after_first(list(windows)))]
+    def _chosen_windows(self, steps: list[int] | None = None) -> dict[int, list[tuple[float, float]]]:
+        """Per rank: its own windows of ``steps`` (the steps after the first unless given), which it
+        has a span for; a rank with no step spans of its own takes the windows over all ranks."""
+        everyone = self.step_windows()
+        chosen = steps if steps is not None else _after_first(list(everyone))
+        own = self.rank_step_windows()
+        return {rank: [windows[k] for k in chosen if k in windows]
+                for rank in self.ranks for windows in [own.get(rank) or everyone]}
 
     def _intervals(self, lane: str) -> dict[int, list[tuple[float, float]]]:
         """Per rank: (start, end) of its spans on ``lane``."""
@@ -359,9 +385,11 @@ class Trace:
         optimizer...): what the schedule leaves idle, the pipeline bubble. A pass's own waits (a
         tensor-parallel layer's all-reduces) are the pass's here; :meth:`time_breakdown` splits them out."""
         chosen = self._chosen_windows(steps)
-        mean_window = sum(hi - lo for lo, hi in chosen) / max(len(chosen), 1)
         busy = _mean_covered(self._intervals(COMPUTE), chosen)
-        return {rank: 1.0 - b / mean_window if mean_window > 0 else 0.0 for rank, b in busy.items()}
+        mean_window = {rank: sum(hi - lo for lo, hi in windows) / max(len(windows), 1)
+                       for rank, windows in chosen.items()}
+        return {rank: 1.0 - b / mean_window[rank] if mean_window[rank] > 0 else 0.0
+                for rank, b in busy.items()}
 
     def bubble_fraction(self) -> float:
         """Idle time inside the steps / (ranks x step time), over the steps after the first."""
@@ -370,20 +398,33 @@ class Trace:
 
     def comm_bytes(self, payload: bool = False) -> dict[str, int]:
         """op -> bytes per step summed over ranks (wire bytes, or payload bytes with payload=True)."""
-        steps = max(len(self.step_windows()), 1)
-        totals: dict[str, float] = defaultdict(float)
-        for s in self.spans:
-            if s.lane == COMM:
-                totals[s.kind] += s.payload_bytes if payload else s.bytes
-        return {op: int(round(v / steps)) for op, v in sorted(totals.items())}
+        totals = self._per_step(lambda s: s.kind, payload)
+        return {op: int(round(v)) for op, v in sorted(totals.items())}
 
     def comm_bytes_by_link(self) -> dict[str, int]:
         """Wire bytes per step summed over ranks, split into intra-node and inter-node traffic."""
-        steps = max(len(self.step_windows()), 1)
-        split = {"intra_node": 0, "inter_node": 0}
-        for s in self.select(lane=COMM):
-            split["inter_node" if s.inter_node else "intra_node"] += s.bytes
-        return {k: v // steps for k, v in split.items()}
+        split = self._per_step(lambda s: "inter_node" if s.inter_node else "intra_node")
+        return {k: int(split[k]) for k in ("intra_node", "inter_node")}
+
+    def _per_step(self, key: typing.Callable[[Span], typing.Hashable], payload: bool = False
+                  ) -> dict[typing.Hashable, Fraction]:
+        """key -> the communication spans' bytes per step summed over ranks, each rank's over the steps
+        it has (a rank whose profile was cut short moved its bytes in fewer steps), exactly."""
+        steps = self._step_counts()
+        by_rank: dict[tuple, int] = defaultdict(int)
+        for s in self.spans:
+            if s.lane == COMM:
+                by_rank[key(s), s.rank] += s.payload_bytes if payload else s.bytes
+        totals: dict[typing.Hashable, Fraction] = defaultdict(Fraction)
+        for (k, rank), nbytes in by_rank.items():
+            totals[k] += Fraction(nbytes) / steps.get(rank, 1)
+        return totals
+
+    def _step_counts(self) -> dict[int, int]:
+        """rank -> the steps it has spans for (at least one); a rank with none, the run's."""
+        everyone = max(len(self.step_windows()), 1)
+        own = self.rank_step_windows()
+        return {rank: len(own.get(rank, {})) or everyone for rank in self.ranks}
 
     def group_of(self, span: Span) -> tuple[int, ...] | None:
         """The global ranks a communication span ran among: its recorded group (comm.py records a
@@ -401,13 +442,9 @@ class Trace:
     def comm_bytes_by_group(self, payload: bool = False) -> dict[tuple[int, ...] | None, int]:
         """group (see :meth:`group_of`) -> bytes per step summed over its members (wire bytes, or
         payload bytes with payload=True), the per-group view of :meth:`comm_bytes`."""
-        steps = max(len(self.step_windows()), 1)
         world = self.world_size
-        totals: dict[tuple[int, ...] | None, int] = defaultdict(int)
-        for s in self.spans:
-            if s.lane == COMM:
-                totals[span_group(s, world)] += s.payload_bytes if payload else s.bytes
-        return {group: v // steps for group, v in totals.items()}
+        totals = self._per_step(lambda s: span_group(s, world), payload)
+        return {group: int(v) for group, v in totals.items()}
 
     def comm_arrivals(self) -> list[Arrival]:
         """Every communication span, in the trace's order, with when its last participant entered.
@@ -695,13 +732,15 @@ def span_group(span: Span, world: int) -> tuple[int, ...] | None:
     return None
 
 
-def _mean_covered(intervals: dict[int, list[tuple[float, float]]], windows: list[tuple[float, float]]
-                  ) -> dict[int, float]:
-    """Per rank: the time its intervals cover (overlaps counted once) per window, averaged over the
-    windows. Linear in intervals: each rank's are merged into one union, once."""
-    n = max(len(windows), 1)
-    unions = {rank: _Union(pairs) for rank, pairs in intervals.items()}
-    return {rank: sum(union.covered(lo, hi) for lo, hi in windows) / n for rank, union in unions.items()}
+def _mean_covered(intervals: dict[int, list[tuple[float, float]]],
+                  windows: dict[int, list[tuple[float, float]]]) -> dict[int, float]:
+    """Per rank: the time its intervals cover (overlaps counted once) per window of its own, averaged
+    over those windows. Linear in intervals: each rank's are merged into one union, once."""
+    covered = {}
+    for rank, pairs in intervals.items():
+        union, own = _Union(pairs), windows.get(rank, [])
+        covered[rank] = sum(union.covered(lo, hi) for lo, hi in own) / max(len(own), 1)
+    return covered
 
 
 def _after_first(steps: list[int]) -> list[int]:

@@ -35,6 +35,40 @@ def test_metrics_of_a_known_trace():
     assert s["per_rank"][0]["comm_s"] == pytest.approx(4.0)
 
 
+def staggered_trace(lag: float, cut: int = 0) -> Trace:
+    """Two ranks whose 10 s steps tile their own time, rank 1 ``lag`` s behind rank 0, and rank 1
+    missing its last ``cut`` steps (a profile cut short)."""
+    spans = []
+    for rank, offset in ((0, 0.0), (1, lag)):
+        for step in range(4 - (cut if rank else 0)):
+            t = step * 10.0 + offset
+            spans += [Span(rank, STEP, "step", t, t + 10.0, step=step),
+                      Span(rank, COMPUTE, "backward", t, t + 6.0, step=step),
+                      Span(rank, COMM, "all_reduce", t + 6.0, t + 9.0, bytes=100, payload_bytes=100,
+                           group_size=2, step=step)]
+    return Trace(spans=spans)
+
+
+def test_a_step_takes_its_ranks_own_time_not_the_stretch_over_their_offsets():
+    """Ranks that run a few seconds apart take 10 s a step each: the stretch from the first rank's
+    start to the last one's end (13 s) had been read as the step, and each rank's time per step
+    measured over those overlapping stretches (its all-reduce counted in two of them)."""
+    trace = staggered_trace(lag=3.0)
+    assert trace.step_windows()[1] == (10.0, 23.0)  # where the step lies, over both ranks
+    assert trace.step_times() == [10.0] * 4
+    for rank in (0, 1):
+        breakdown = trace.time_breakdown()[rank]
+        assert breakdown["compute_s"] == pytest.approx(6.0) and breakdown["comm_s"] == pytest.approx(3.0)
+    assert trace.idle_fraction() == pytest.approx({0: 0.4, 1: 0.4})
+
+
+def test_a_rank_cut_short_moved_its_bytes_in_the_steps_it_has():
+    trace = staggered_trace(lag=0.0, cut=2)
+    assert trace.comm_bytes() == {"all_reduce": 200} == trace.comm_bytes(payload=True)
+    assert trace.comm_bytes_by_link() == {"intra_node": 200, "inter_node": 0}
+    assert trace.comm_bytes_by_group() == {(0, 1): 200}
+
+
 def test_overlapping_spans_are_counted_once():
     t = Trace(spans=[Span(0, STEP, "step", 0, 10, step=0), Span(0, COMPUTE, "a", 0, 6),
                      Span(0, COMPUTE, "b", 4, 8)])

@@ -224,7 +224,7 @@ def test_gpu_fixture_summary_overlap_and_memory(gpu_trace):
     assert r0["compute_s"] == pytest.approx(642e-6)
     assert r0["overlapped_comm_s"] == pytest.approx(120e-6)  # the all-reduce beside the second weight GEMM
     assert r0["exposed_comm_s"] == pytest.approx(185e-6)  # 1650-1800 and 1525-1530, and the send
-    step = 1040e-6  # the step over both ranks: rank 1 ends 40 us after rank 0
+    step = 1000e-6  # each rank's own step: rank 1 runs 40 us behind rank 0, which is no step's time
     assert r0["idle_s"] == pytest.approx(step - 642e-6)
     assert r0["wait_s"] == pytest.approx(step - 642e-6 - 185e-6)
     assert gpu_trace.meta["memory_by_kind"] == [{"allocated": 3 << 20}, {"allocated": (3 << 20) + 4096}]

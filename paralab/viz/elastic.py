@@ -47,9 +47,10 @@ def step_records(trace: Trace) -> list[dict]:
     ranks = defaultdict(set)  # without records, a step's world is the ranks that recorded it
     for s in trace.select(lane=STEP):
         ranks[s.step].add(s.rank)
-    return [{"step": k, "generation": "", "world_size": len(ranks[k]), "start": lo, "end": hi,
+    windows = trace.step_windows()  # a step ends with its last rank, and takes its ranks' own time
+    return [{"step": k, "generation": "", "world_size": len(ranks[k]), "start": hi - took, "end": hi,
              "samples": None, "compute_s": None, "final": True}
-            for k, (lo, hi) in trace.step_windows().items()]
+            for (k, (_, hi)), took in zip(windows.items(), trace.step_times())]
 
 
 def _generations(trace: Trace, records: list[dict]) -> list[dict]:
