@@ -75,6 +75,9 @@ def test_timeline_measured_rows_spans_and_bytes(ddp_run):
 def test_timeline_steps_filter(ddp_run):
     fig = viz.timeline(ddp_run.trace, steps=[2])
     assert bars(fig) == len([s for s in ddp_run.trace.spans if s.step == 2 and s.lane in ("compute", "comm")])
+    assert fig.layout.title.text.endswith(" · step 2")  # which of the run's steps the figure shows
+    assert viz.timeline(ddp_run.trace, steps=[2, 1]).layout.title.text.endswith(" · steps 1, 2")
+    assert "step" not in viz.timeline(ddp_run.trace).layout.title.text
 
 
 def test_a_measured_pass_is_labelled_as_its_predicted_twin():

@@ -320,7 +320,7 @@ def timeline(trace, predicted=None, *, lanes=DEFAULT_LANES, steps=None, predicte
         key = MICROBATCH_KEY.format(example=_label_example(select_spans(trace, lanes, steps)))
         fig.for_each_xaxis(lambda axis: axis.update(title_text=key) if axis.title.text else None)
     n_rows = len(rows) + len(meta.get("predicted_rows", []))
-    return style(fig, title or _default_title(trace), height or min(200 + 22 * n_rows, 1600))
+    return style(fig, title or _default_title(trace, steps), height or min(200 + 22 * n_rows, 1600))
 
 
 def _label_example(spans: list[Span]) -> str:
@@ -357,9 +357,13 @@ def _interleave(rows: list[str], prows: list[str]) -> list[str]:
     return [label for r in sorted(by_rank) for label in by_rank[r]]
 
 
-def _default_title(trace: Trace) -> str:
+def _default_title(trace: Trace, steps=None) -> str:
+    """What ran, and which steps the figure shows where it shows some (steps count from 0)."""
     m = trace.meta
     parts = [m.get("source", "") or "trace", m.get("strategy", "")]
     if m.get("schedule"):
         parts.append(f"{m['schedule']} p={m.get('stages', m.get('pp', '?'))} m={m.get('microbatches', '?')}")
+    if steps is not None:
+        shown = sorted(steps)
+        parts.append(("step " if len(shown) == 1 else "steps ") + ", ".join(map(str, shown)))
     return "timeline: " + " · ".join(p for p in parts if p)
