@@ -72,6 +72,7 @@ class RankProfile:
     base_ns: int
     paralab_meta: dict
     shapes_recorded: bool = False  # record_shapes=True: torch's c10d calls carry their tensors' sizes
+    subgroups: list[list[int]] = field(default_factory=list)  # process groups smaller than the world
     host_events: list[Event] = field(default_factory=list)
     device_events: list[Event] = field(default_factory=list)
     peak_memory: dict[int, float] = field(default_factory=dict)  # device type (0 CPU, 1 CUDA) -> bytes
@@ -133,6 +134,7 @@ def read_profile(path: Path) -> RankProfile:
         host=str(data.get("host_name") or ""), base_ns=_base_ns(path, data.get("baseTimeNanoseconds")),
         paralab_meta=data.get(METADATA_KEY) if isinstance(data.get(METADATA_KEY), dict) else {},
         shapes_recorded=bool(data.get("record_shapes")),
+        subgroups=_subgroups(info),
     )
     for i, e in enumerate(data["traceEvents"]):
         if not isinstance(e, dict):
@@ -154,6 +156,14 @@ def read_profile(path: Path) -> RankProfile:
         raise ProfileError(f"{path}: no torch.profiler operators or kernels (events of category "
                            f"{', '.join(HOST_CATS + DEVICE_CATS)}), so not a torch.profiler trace")
     return profile
+
+
+def _subgroups(info: dict) -> list[list[int]]:
+    """The process groups smaller than the world that distributedInfo lists (``pg_config``)."""
+    world = _int_or_none(info.get("world_size"))
+    groups = info.get("pg_config") if isinstance(info.get("pg_config"), list) else []
+    ranks = [g.get("ranks") for g in groups if isinstance(g, dict)]
+    return [r for r in ranks if isinstance(r, list) and world is not None and 1 < len(r) < world]
 
 
 def _note_memory(profile: RankProfile, args) -> None:
@@ -294,6 +304,7 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
     trace = Trace(sorted(spans, key=lambda s: (s.start, s.rank)), meta=_meta(profiles, ranks, world, node_of))
     trace.land_sends()  # a paralab profile's sends carry their wait marks, as the run's own trace did
     trace.meta.update(names="paralab" if use_paralab else "torch", clock=clock, **(meta or {}))
+    warnings += _what_the_steps_hide(spans_by_rank, profiles, ranks, use_paralab)
     unsized = _unsized_comm(spans_by_rank, profiles, ranks)
     if unsized:
         trace.meta["bytes_unknown_ranks"] = sorted(unsized)
@@ -304,6 +315,36 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
     if warnings:
         trace.meta["warnings"] = warnings
     return trace
+
+
+def _what_the_steps_hide(spans_by_rank: dict[int, list[Span]], profiles: list[RankProfile], ranks: list[int],
+                         use_paralab: bool) -> list[str]:
+    """Warnings for figures that import without error but say less than they seem to: a profile with
+    no steps (its totals read as one step's), a rank with no operators, collectives whose process
+    group the profile does not name (gloo's) in a job that made groups smaller than the world."""
+    said = []
+    stepless = [str(p.path) for p in profiles if not use_paralab and not _profiler_steps(p)]
+    if stepless:
+        said.append(f"{', '.join(stepless)}: no ProfilerStep ranges (torch records them only under a "
+                    "torch.profiler.schedule, with prof.step() after each step), so each is imported as "
+                    "one step, and its figures per step are the whole profile's")
+    idle = [r for r in sorted(spans_by_rank) if not any(s.lane != STEP for s in spans_by_rank[r])]
+    if idle:
+        said.append(f"rank(s) {', '.join(map(str, idle))} recorded no operators or communication: only "
+                    "their steps are imported (a schedule's last, almost empty file?)")
+    groups = sorted({tuple(g) for p in profiles for g in p.subgroups})
+    unnamed = any(s.lane == COMM and s.peer is None and s.group_ranks is None
+                  for spans in spans_by_rank.values() for s in spans)
+    if groups and unnamed:
+        said.append(f"the job made process groups smaller than the world ({', '.join(map(str, groups))}), "
+                    "and the profile does not say which group each collective ran on (gloo's do not): "
+                    "they are imported as collectives over all ranks, so their bytes and pairing may be off")
+    return said
+
+
+def _profiler_steps(profile: RankProfile) -> set[int]:
+    """The ProfilerStep#N numbers a rank's profile records."""
+    return {int(m[1]) for e in profile.host_events if (m := STEP_RE.fullmatch(e.name))}
 
 
 def _check_facts_agree(profiles: list[RankProfile], facts: dict) -> None:
@@ -340,7 +381,9 @@ def _assign_ranks(profiles: list[RankProfile]) -> list[int]:
         if p.world_size is not None and rank >= p.world_size:
             raise ProfileError(f"{p.path}: rank {rank}, yet its distributedInfo.world_size is {p.world_size}")
         if rank in seen:
-            raise ProfileError(f"{p.path}: rank {rank} again (also {seen[rank]}); give one file per rank")
+            raise ProfileError(f"{p.path}: rank {rank} again (also {seen[rank]}); give one file per rank (a "
+                               "schedule that repeats, as repeat=0 does, writes a file per rank per cycle: "
+                               "give one cycle's)")
         seen[rank] = p.path
     return ranks
 
@@ -365,8 +408,7 @@ def _step_conflicts(profiles: list[RankProfile], ranks: list[int]) -> list[str]:
     rank): ProfileError when no step is common to all of them (another job, or another window of it);
     a warning naming the ranks that differ when some are (a rank's profile cut short), as each step
     keeps its ranks."""
-    steps = {rank: {int(m[1]) for e in p.host_events if (m := STEP_RE.fullmatch(e.name))}
-             for rank, p in zip(ranks, profiles)}
+    steps = {rank: _profiler_steps(p) for rank, p in zip(ranks, profiles)}
     if len({frozenset(s) for s in steps.values()}) == 1:
         return []
     said = "; ".join(f"rank {r} recorded steps {_steps_text(steps[r])}" for r in sorted(steps))
@@ -392,11 +434,14 @@ def _align(spans_by_rank: dict[int, list[Span]], profiles: list[RankProfile], ra
         ends = _first_common_collective_ends(spans_by_rank, ranks, world)
         hosts = _clock_hosts(profiles, ranks)
         method = "clock: the profiler's own clocks (Unix time)"
+        if len(ranks) > 1 and not ends and (starts := _first_common_step_starts(spans_by_rank, ranks)):
+            # no collective to align on: the ranks of one job still run their steps together
+            _check_one_clock(hosts, {r: starts[r] + shift[r] for r in ranks}, "first common step starts")
         if len(ranks) > 1 and ends:
             ref = min(ranks)
             # how far each rank's clock is off, read as if the first collective ended at one instant
             off = {r: ends[r] + shift[r] - ends[ref] - shift[ref] for r in ranks}
-            _check_one_clock(hosts, {r: -off[r] for r in ranks})
+            _check_one_clock(hosts, {r: -off[r] for r in ranks}, "first collective over all ranks ends")
             if len(hosts) == 1:
                 method = "clock: every rank ran on one host and read its clock"
             else:
@@ -428,16 +473,22 @@ def _clock_hosts(profiles: list[RankProfile], ranks: list[int]) -> dict[str, lis
     return hosts
 
 
-def _check_one_clock(hosts: dict[str, list[int]], moved: dict[int, float]) -> None:
-    """Ranks on one host (``hosts``: :func:`_clock_hosts`) read one clock: their first collective over
-    all ranks ends within ``ONE_HOST_SKEW_S`` by it. Further apart, the files are of different runs
-    (ProfileError)."""
+def _check_one_clock(hosts: dict[str, list[int]], moved: dict[int, float], moment: str) -> None:
+    """Ranks on one host (``hosts``: :func:`_clock_hosts`) read one clock: a ``moment`` they share (the
+    end of their first collective over all ranks, else the start of their first common step) comes
+    within ``ONE_HOST_SKEW_S`` on it. Further apart, the files are of different runs (ProfileError)."""
     for host, members in hosts.items():
         lo, hi = min(members, key=moved.get), max(members, key=moved.get)
         if (apart := moved[hi] - moved[lo]) > ONE_HOST_SKEW_S:
             raise ProfileError(f"ranks {min(lo, hi)} and {max(lo, hi)} ran on one host ({host}), "
-                               f"yet their first collective over all ranks ends {apart:.3g} s apart on its "
-                               "clock: not one run")
+                               f"yet their {moment} {apart:.3g} s apart on its clock: not one run")
+
+
+def _first_common_step_starts(spans_by_rank: dict[int, list[Span]], ranks: list[int]) -> dict[int, float]:
+    """Each rank's start of the lowest step every rank has (empty when there is none)."""
+    steps = {r: {s.step: s.start for s in spans_by_rank[r] if s.lane == STEP} for r in ranks}
+    common = set.intersection(*(set(own) for own in steps.values()))
+    return {r: steps[r][min(common)] for r in ranks} if common else {}
 
 
 def _first_common_collective_ends(spans_by_rank: dict[int, list[Span]], ranks: list[int],

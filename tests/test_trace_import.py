@@ -441,6 +441,48 @@ def _world_of_four_rank(path: Path, rank: int, host: str, shift_us: float) -> st
     return str(path)
 
 
+def _no_comm_rank(path: Path, shift_us: float) -> str:
+    """A profile of a process with no process group and no collective: steps of one matmul."""
+    events = [e for n in (1, 2) for e in (_event(f"ProfilerStep#{n}", "user_annotation",
+                                                 ts=10_000.0 * n + shift_us, dur=5000.0),
+                                          _event("aten::mm", ts=10_000.0 * n + shift_us + 10, dur=80.0))]
+    path.write_text(json.dumps({"traceEvents": events, "host_name": "vm"}))
+    return str(path)
+
+
+def test_files_without_a_collective_are_one_job_only_if_they_ran_together(tmp_path):
+    """Two single-process profiles taken seconds apart on one machine had been imported as one job of
+    two ranks, its steps seconds long: with no collective to align on, ranks of one job still run
+    their steps together."""
+    together = [_no_comm_rank(tmp_path / "a.json", 0.0), _no_comm_rank(tmp_path / "b.json", 300.0)]
+    assert import_profile(together).median_step_time() == pytest.approx(5e-3)
+    apart = [_no_comm_rank(tmp_path / "c.json", 0.0), _no_comm_rank(tmp_path / "d.json", 4e6)]
+    with pytest.raises(ProfileError, match=r"\(vm\), yet their first common step starts 4 s apart"):
+        import_profile(apart)
+
+
+def test_what_a_profile_cannot_say_per_step_or_per_group_is_said(tmp_path):
+    """Figures that had imported without a word: a profile without ProfilerStep ranges (a plain
+    ``with profile()``), read as one step; a rank with no operators; gloo collectives in a job with
+    process groups smaller than the world, taken as over all ranks."""
+    stepless = tmp_path / "stepless.json"
+    stepless.write_text(json.dumps({"traceEvents": [_event(), _event(ts=30.0)]}))
+    (said,) = import_profile([stepless]).meta["warnings"]
+    assert said.startswith(f"{stepless}: no ProfilerStep ranges") and "the whole profile's" in said
+    empty = tmp_path / "empty.json"  # a schedule's last cycle: its step, nothing in it
+    empty.write_text(json.dumps({"traceEvents": [_event("ProfilerStep#1", "user_annotation", dur=50.0)]}))
+    assert "rank(s) 0 recorded no operators" in import_profile([empty]).meta["warnings"][0]
+    files = [_world_of_four_rank(tmp_path / f"g{r}.json", r, "vm", 0.0) for r in range(4)]
+    for r, path in enumerate(files):
+        data = json.loads(Path(path).read_text())
+        data["traceEvents"] = [e for e in data["traceEvents"] if e["name"] != "record_param_comms"]
+        data["distributedInfo"]["pg_config"] = [{"pg_name": "0", "ranks": [0, 1, 2, 3]},
+                                                {"pg_name": "1", "ranks": [r - r % 2, r - r % 2 + 1]}]
+        Path(path).write_text(json.dumps(data))
+    (said,) = import_profile(files).meta["warnings"]
+    assert said.startswith("the job made process groups smaller than the world ((0, 1), (2, 3))")
+
+
 def test_ranks_that_start_at_different_steps_align_on_a_step_they_share(tmp_path):
     """Rank 1's profile starts a step later (schedule(wait=rank)): each rank's own first collective had
     been taken as one instant, a step (10 ms here, 3.6 s on a real job) out of line."""
