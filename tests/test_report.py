@@ -79,7 +79,8 @@ def test_an_imported_profiles_warnings_and_memory_note_head_the_report(ddp_run, 
     is what it allocated while recording: the report had shown both as plain figures."""
     own = {k: v for k, v in ddp_run.trace.meta.items() if k != "tokens_per_step"}  # a profile does not say
     meta = {**own, "source": "imported", "warnings": ["rank(s) 1 were profiled without record_shapes=True"],
-            "memory_note": "CPU ranks: the most bytes allocated while the profiler recorded"}
+            "memory_note": "CPU ranks: the most bytes allocated while the profiler recorded",
+            "bytes_unknown_ops": ["all_reduce"]}
     text = write_report(Trace(ddp_run.trace.spans, meta=meta), tmp_path / "imported.html").read_text()
     notes = text.split('<ul class="notes">')[1].split("</ul>")[0]
     assert "without record_shapes=True" in notes and "allocated while the profiler recorded" in notes
@@ -88,6 +89,9 @@ def test_an_imported_profiles_warnings_and_memory_note_head_the_report(ddp_run, 
     # a profile says nothing of tokens: its throughput is unknown, not 0 tokens/s
     assert "<th>tokens_per_s</th><td>unknown: " in text and "paralab import --tokens-per-step" in text
     assert "unknown: " not in write_report(ddp_run.trace, tmp_path / "own.html").read_text()
+    # an op whose sizes the profile lacks says so, where its 0 bytes had read as a measure
+    assert "<th>comm_bytes</th><td>all_reduce: unknown (no record_shapes)</td>" in text
+    assert "<th>pp</th><td>1</td>" in text  # the layout the trace records
 
 
 def _parser():

@@ -32,8 +32,8 @@ def _summary_of(obj) -> tuple[Trace, dict, list[float] | None]:
 
     if isinstance(obj, Trace):
         summary = obj.summary()
-        for key in ("strategy", "world_size", "schedule", "microbatches", "model", "source", "memory_by_kind",
-                    "memory_ranks", "peak_memory_bytes"):
+        for key in ("strategy", "world_size", "pp", "schedule", "microbatches", "model", "source",
+                    "memory_by_kind", "memory_ranks", "peak_memory_bytes", "bytes_unknown_ops"):
             if obj.meta.get(key) not in (None, ""):
                 summary[key] = obj.meta[key]
         summary.setdefault("world_size", len(obj.ranks))
@@ -53,6 +53,11 @@ def _value_text(key: str, value, summary: dict) -> str:
         imported = summary.get("source") == "imported"
         return ("unknown: the trace does not say how many tokens a step trains on"
                 + (" (paralab import --tokens-per-step)" if imported else ""))
+    unknown = set(summary.get("bytes_unknown_ops") or ())
+    if unknown and key in ("comm_bytes", "comm_payload_bytes"):  # profiled without record_shapes
+        return _fmt({op: "unknown (no record_shapes)" if op in unknown else v for op, v in value.items()})
+    if unknown and key == "comm_bytes_by_link":
+        return _fmt(value) + f" (without {', '.join(sorted(unknown))}: their sizes are unknown)"
     return _fmt(value)
 
 
