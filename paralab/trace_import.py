@@ -45,7 +45,7 @@ from paralab.cli_args import below_one
 from paralab.config import ConfigError, finite_number
 from paralab.outputs import check_file
 from paralab.profiling import METADATA_KEY, MOMENTS, PREFIX, marked, parse_label
-from paralab.schedules import SCHEDULES, V_SHAPED, shape_problems
+from paralab.schedules import SCHEDULES, SEND_BACKWARD, SEND_FORWARD, V_SHAPED, build_schedule, shape_problems
 from paralab.trace import COMM, GZIP_MAGIC, MAX_RANKS, STEP, Span, Trace
 from paralab.trace_ops import DEVICE_CATS, HOST_CATS, Event, comm_spans, compute_spans
 
@@ -305,6 +305,7 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
     trace.land_sends()  # a paralab profile's sends carry their wait marks, as the run's own trace did
     trace.meta.update(names="paralab" if use_paralab else "torch", clock=clock, **(meta or {}))
     warnings += _what_the_steps_hide(spans_by_rank, profiles, ranks, use_paralab)
+    warnings += _sends_the_schedule_makes(trace, meta or {})
     unsized = _unsized_comm(spans_by_rank, profiles, ranks)
     if unsized:
         trace.meta["bytes_unknown_ranks"] = sorted(unsized)
@@ -340,6 +341,40 @@ def _what_the_steps_hide(spans_by_rank: dict[int, list[Span]], profiles: list[Ra
                     "and the profile does not say which group each collective ran on (gloo's do not): "
                     "they are imported as collectives over all ranks, so their bytes and pairing may be off")
     return said
+
+
+def _chunks_per_rank(schedule: str) -> int:
+    """The model chunks a rank of ``schedule`` holds, as import takes it: interleaved's are not a
+    fact it is given (two; its rule on rounds holds for any), the V-shaped schedules' are two."""
+    return 2 if schedule in ("interleaved", *V_SHAPED) else 1
+
+
+def _sends_the_schedule_makes(trace: Trace, facts: dict) -> list[str]:
+    """A warning when the pipeline facts given (``schedule``, ``pp``, ``microbatches``; the bubble
+    figure reads them) make a different number of sends per step on some rank than the profile
+    records: one stage per rank (world = pp), each microbatch crossing each boundary once forward and
+    once back. Not checked: a job of several pipelines (world > pp: which rank holds which stage is not
+    in the profile), and interleaved, whose chunks per rank import is not given."""
+    name, pp, m = facts.get("schedule"), facts.get("pp"), facts.get("microbatches")
+    if not (name and pp and m) or trace.world_size != pp or name == "interleaved":
+        return []
+    schedule = build_schedule(name, pp, m, _chunks_per_rank(name))
+    expected = {r: sum(a.op in (SEND_FORWARD, SEND_BACKWARD) for a in acts)
+                for r, acts in enumerate(schedule.actions)}
+    per_step: dict[int, dict[int, int]] = {rank: defaultdict(int) for rank in trace.ranks}
+    for s in trace.spans:
+        if s.lane == STEP:
+            per_step[s.rank].setdefault(s.step, 0)
+        elif s.kind == "send" and s.step is not None:
+            per_step[s.rank][s.step] += 1
+    measured = {r: statistics.median(steps.values()) for r, steps in per_step.items() if steps}
+    differ = [r for r in sorted(measured) if measured[r] != expected.get(r)]
+    if not differ:
+        return []
+    r = differ[0]
+    return [f"{name} over pp {pp} with {m} microbatches sends {expected.get(r, 0)} message(s) a step from "
+            f"rank {r}; the profile records {measured[r]:g}: check --schedule, --pp and --microbatches (the "
+            "bubble figure reads them)"]
 
 
 def _profiler_steps(profile: RankProfile) -> set[int]:
@@ -571,8 +606,7 @@ def import_main(args) -> int:
     check_file(args.output, "output")
     problem = below_one(args, ("pp", "microbatches", "tokens_per_step"))
     if not problem and args.schedule and args.pp and args.microbatches:
-        # interleaved's chunks per rank are not a fact import takes; its rule on rounds holds for any
-        chunks = 2 if args.schedule in ("interleaved", *V_SHAPED) else 1
+        chunks = _chunks_per_rank(args.schedule)
         problem = next(iter(shape_problems(args.schedule, args.pp, args.microbatches, chunks)), None)
     if problem:
         print(f"paralab import: {problem}", file=sys.stderr)

@@ -689,3 +689,38 @@ def test_a_world_imported_in_part_says_which_ranks_are_missing(tmp_path, capsys)
     assert "the files hold 1 of the 2 ranks of their world (none for rank(s) 1)" in capsys.readouterr().err
     both = [only, _gloo_rank(tmp_path / "r1.json", rank=1)]
     assert "warnings" not in import_profile(both).meta
+
+
+def _pipeline_rank(path: Path, rank: int, microbatches: int) -> str:
+    """A pipeline of two gloo ranks, one stage each: per step each microbatch's activation sent from
+    rank 0 and its gradient sent back from rank 1 (64 floats), as torch's GPipe and 1F1B send them."""
+    call = {"Input type": ["TensorList"], "Input Dims": [[[64]]]}
+    events = []
+    for n in (1, 2):
+        t = 10_000.0 * n
+        events += [_event(f"ProfilerStep#{n}", "user_annotation", ts=t, dur=5000.0),
+                   _event("aten::mm", ts=t + 10, dur=80.0)]
+        events += [_event("c10d::send", ts=t + 100 + 200 * k, dur=20.0, args=call)
+                   for k in range(microbatches)]
+    data = {"traceEvents": events, "host_name": "vm", "record_shapes": 1,
+            "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 2}}
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+@pytest.mark.parametrize("facts, says", [
+    (dict(schedule="1f1b", pp=2, microbatches=4), None),
+    (dict(schedule="gpipe", pp=2, microbatches=4), None),  # same messages, another order
+    (dict(schedule="1f1b", pp=2, microbatches=1), "1f1b over pp 2 with 1 microbatches sends 1 message(s) a "
+                                                  "step from rank 0; the profile records 4"),
+    (dict(schedule="zbv", pp=2, microbatches=4), "zbv over pp 2 with 4 microbatches sends 8"),
+])
+def test_pipeline_facts_given_are_checked_against_the_sends_the_profile_records(tmp_path, facts, says):
+    """The bubble figure reads the schedule, pp and microbatches given: a wrong one had been taken as
+    given, a DDP profile drawn as a GPipe pipeline."""
+    files = [_pipeline_rank(tmp_path / f"r{r}.json", r, microbatches=4) for r in (0, 1)]
+    warnings = import_profile(files, meta=facts).meta.get("warnings", [])
+    if says is None:
+        assert not warnings
+    else:
+        assert len(warnings) == 1 and says in warnings[0], warnings
