@@ -5,9 +5,9 @@
 
 Calibrates the ``local`` hardware for the thread count a rank gets (unless told not to), runs dp,
 ddp, pp (gpipe, 1f1b), tp, zero2 and zero3 for real, and prints a markdown table of each run's
-median step time (steps after the first, as ``Trace.step_windows`` measures a step: the first
-rank's start to the last rank's end), the predicted step window (``Prediction.step_window_s``: the
-step plus the spread of the ranks' ends, which a pipeline's stages have) and the error. With
+median step time (steps after the first; a step's time is the longest of its ranks' own step spans,
+``Trace.step_times``: in the steady state, the period), the predicted step (``Prediction.step_time_s``,
+the period) and the error. With
 ``--rounds`` > 1 the runs interleave (every case once per round) and the measured figure is the
 median over rounds of each run's median step, so one noisy launch counts less; with
 ``--calibrate-each-round`` each round is held against a calibration made just before it (the error
@@ -64,7 +64,7 @@ def main() -> None:
         variants = [Variant.of(label, **options) for label, options in todo]
         runs = compare(variants, inner, dict(common, model=args.model))
         for label, options in todo:
-            step = predict_run(RunConfig.build(args.model, **common, **options)).step_window_s
+            step = predict_run(RunConfig.build(args.model, **common, **options)).step_time_s
             measured[label].append(runs.median(label))
             predicted[label].append(step)
             errors[label].append(step / runs.median(label) - 1)

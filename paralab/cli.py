@@ -213,7 +213,8 @@ def format_summary(s: dict) -> str:
 
 
 def _choices(s: dict) -> str:
-    """The layout line's tail: the levers a run was given that are not their defaults."""
+    """The layout line's tail: the bucket cap where the run keeps buckets, and the levers given that
+    are not their defaults."""
     said = [
         "prefetching the next part" if s.get("zero_prefetch") else "",
         "hierarchical all-reduce" if s.get("hierarchical") else "",

@@ -67,7 +67,9 @@ def said_as_flags(message: str, parser: argparse.ArgumentParser) -> str:
         switch = action.nargs == 0  # store_true: name=True is the flag alone
         field = re.escape(action.dest)
         bare = "" if "_" in action.dest else "(?==)"
-        pattern = rf"(?<![\w.-]){field}{bare}(?:=(\S+?))?(?=[\s,;:)]|$)"
+        # a word of its own, not part of a path (a sweep's directory named pp=2) or a dotted name; its
+        # value runs to a space, a comma, a colon, a bracket or a sentence's full stop
+        pattern = rf"(?<![\w.\-/]){field}{bare}(?:=([^\s/]+?))?(?=[\s,;:)]|\.(?:\s|$)|$)"
 
         def flag(match, long=long[0], switch=switch):
             value = match.group(1)

@@ -381,12 +381,14 @@ class Trace:
                 for stretch in s.in_call for lo, hi in compute[s.rank].within(*stretch)]
 
     def idle_fraction(self, steps: list[int] | None = None) -> dict[int, float]:
-        """Per rank: share of the step windows in which the rank runs no pass (forward, backward,
-        optimizer...): what the schedule leaves idle, the pipeline bubble. A pass's own waits (a
+        """Per rank: share of its steps in which the rank runs no pass (forward, backward,
+        optimizer...): what the schedule leaves idle, the pipeline bubble. A rank with none of the
+        steps (an elastic run's rank lost before them) is left out. A pass's own waits (a
         tensor-parallel layer's all-reduces) are the pass's here; :meth:`time_breakdown` splits them out."""
-        chosen = self._chosen_windows(steps)
-        busy = _mean_covered(self._intervals(COMPUTE), chosen)
-        mean_window = {rank: sum(hi - lo for lo, hi in windows) / max(len(windows), 1)
+        chosen = {rank: windows for rank, windows in self._chosen_windows(steps).items() if windows}
+        passes = self._intervals(COMPUTE)
+        busy = _mean_covered({rank: passes[rank] for rank in chosen}, chosen)
+        mean_window = {rank: sum(hi - lo for lo, hi in windows) / len(windows)
                        for rank, windows in chosen.items()}
         return {rank: 1.0 - b / mean_window[rank] if mean_window[rank] > 0 else 0.0
                 for rank, b in busy.items()}

@@ -331,8 +331,8 @@ def _what_the_steps_hide(spans_by_rank: dict[int, list[Span]], profiles: list[Ra
                     "one step, and its figures per step are the whole profile's")
     idle = [r for r in sorted(spans_by_rank) if not any(s.lane != STEP for s in spans_by_rank[r])]
     if idle:
-        said.append(f"rank(s) {', '.join(map(str, idle))} recorded no operators or communication: only "
-                    "their steps are imported (a schedule's last, almost empty file?)")
+        said.append(f"rank(s) {', '.join(map(str, idle))} recorded no operators or communication (a "
+                    "schedule's last, almost empty file?)")
     groups = sorted({tuple(g) for p in profiles for g in p.subgroups})
     unnamed = any(s.lane == COMM and s.peer is None and s.group_ranks is None
                   for spans in spans_by_rank.values() for s in spans)
@@ -469,8 +469,11 @@ def _align(spans_by_rank: dict[int, list[Span]], profiles: list[RankProfile], ra
         ends = _first_common_collective_ends(spans_by_rank, ranks, world)
         hosts = _clock_hosts(profiles, ranks)
         method = "clock: the profiler's own clocks (Unix time)"
-        if len(ranks) > 1 and not ends and (starts := _first_common_step_starts(spans_by_rank, ranks)):
-            # no collective to align on: the ranks of one job still run their steps together
+        silent = not any(s.lane == COMM for spans in spans_by_rank.values() for s in spans)
+        if len(ranks) > 1 and silent and (starts := _first_common_step_starts(spans_by_rank, ranks)):
+            # no communication at all: the ranks of one job still run their steps together (a
+            # pipeline's stages may start a step seconds apart, and a job's collectives may all be on
+            # groups smaller than the world)
             _check_one_clock(hosts, {r: starts[r] + shift[r] for r in ranks}, "first common step starts")
         if len(ranks) > 1 and ends:
             ref = min(ranks)

@@ -354,6 +354,9 @@ def test_a_refusal_names_the_flags_that_were_typed(capsys, argv, says):
      "the model has 4 layers (paralab.stage_split.balanced_split)"),
     ("use oversubscribe=True to start them", "use --oversubscribe to start them"),
     ("virtual_stages=2) cannot run", "--virtual-stages 2) cannot run"),
+    # a user's path is theirs, whatever its directories are named
+    ("--trace-dir /tmp/sweep/pp=2 is a file", "--trace-dir /tmp/sweep/pp=2 is a file"),
+    ("use schedule='1f1b'.", "use --schedule 1f1b."),
 ])
 def test_config_fields_are_said_as_the_run_commands_flags(message, said):
     run_parser = cli._flags_of(cli.build_parser(), "run")[0]

@@ -62,6 +62,15 @@ def test_a_step_takes_its_ranks_own_time_not_the_stretch_over_their_offsets():
     assert trace.idle_fraction() == pytest.approx({0: 0.4, 1: 0.4})
 
 
+def test_a_rank_lost_before_the_steps_measured_has_no_idle_fraction():
+    """An elastic run's rank lost after step 0 has none of the steps after the first: it had counted as
+    never idle (0.0), pulling the bubble down, where it had not run at all."""
+    trace = staggered_trace(lag=0.0)
+    trace.spans += [Span(2, STEP, "step", 0.0, 10.0, step=0), Span(2, COMPUTE, "backward", 0.0, 6.0, step=0)]
+    assert trace.idle_fraction() == pytest.approx({0: 0.4, 1: 0.4})
+    assert trace.bubble_fraction() == pytest.approx(0.4)
+
+
 def test_a_rank_cut_short_moved_its_bytes_in_the_steps_it_has():
     trace = staggered_trace(lag=0.0, cut=2)
     assert trace.comm_bytes() == {"all_reduce": 200} == trace.comm_bytes(payload=True)

@@ -461,6 +461,13 @@ def test_files_without_a_collective_are_one_job_only_if_they_ran_together(tmp_pa
         import_profile(apart)
 
 
+def test_ranks_that_communicate_are_not_held_to_starting_their_steps_together(tmp_path):
+    """A pipeline's last stage can start a step seconds after the first (a long step's backwards
+    run one stage after another): only ranks with no communication at all are refused so."""
+    files = [_pipeline_rank(tmp_path / "p0.json", 0, 2), _pipeline_rank(tmp_path / "p1.json", 1, 2, 1.5e6)]
+    assert import_profile(files).ranks == [0, 1]
+
+
 def test_what_a_profile_cannot_say_per_step_or_per_group_is_said(tmp_path):
     """Figures that had imported without a word: a profile without ProfilerStep ranges (a plain
     ``with profile()``), read as one step; a rank with no operators; gloo collectives in a job with
@@ -691,13 +698,13 @@ def test_a_world_imported_in_part_says_which_ranks_are_missing(tmp_path, capsys)
     assert "warnings" not in import_profile(both).meta
 
 
-def _pipeline_rank(path: Path, rank: int, microbatches: int) -> str:
+def _pipeline_rank(path: Path, rank: int, microbatches: int, shift_us: float = 0.0) -> str:
     """A pipeline of two gloo ranks, one stage each: per step each microbatch's activation sent from
     rank 0 and its gradient sent back from rank 1 (64 floats), as torch's GPipe and 1F1B send them."""
     call = {"Input type": ["TensorList"], "Input Dims": [[[64]]]}
     events = []
     for n in (1, 2):
-        t = 10_000.0 * n
+        t = 10_000.0 * n + shift_us
         events += [_event(f"ProfilerStep#{n}", "user_annotation", ts=t, dur=5000.0),
                    _event("aten::mm", ts=t + 10, dur=80.0)]
         events += [_event("c10d::send", ts=t + 100 + 200 * k, dur=20.0, args=call)

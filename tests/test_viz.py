@@ -232,6 +232,9 @@ def test_comm_matrix_group_inference():
     assert m[0] == [0, 300, 0, 0] and m[3] == [300, 0, 0, 0]  # a ring: all to the successor
     exchange = Trace(spans=[Span(r, "comm", "all_to_all", 0, 1, bytes=300, group_size=4) for r in range(4)])
     assert comm_matrix_data(exchange)[0] == [0, 100, 100, 100]  # no ring: a slice to every other rank
+    # a group recorded without the span's own rank (an imported profile's) has no ring to follow
+    stray = Trace(spans=[Span(3, "comm", "all_reduce", 0, 1, bytes=200, group_ranks=[0, 1])])
+    assert comm_matrix_data(stray)[3] == [100, 100, 0, 0]
 
 
 @pytest.mark.parametrize("hierarchical_dp", [0, 4])

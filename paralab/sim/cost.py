@@ -633,11 +633,13 @@ class Prediction:
     ``mfu`` uses model FLOPs and ``hfu`` hardware FLOPs (Korthikanti et al. 2022, sec. 5).
     ``flops_per_step`` is the hardware count.
 
-    ``step_window_s`` is what a measured trace calls a step (``Trace.step_windows``: the first rank's
+    ``step_time_s`` is the period (what throughput divides by), as a measured trace's step time is
+    (``Trace.step_times``: the longest of the ranks' own steps, each of which tiles its rank's time).
+    ``step_window_s`` is where a step lies over all ranks (``Trace.step_windows``: the first rank's
     start to the last rank's end): in the steady state a rank that ends its step early starts the
     next one early (the last stage of a pipeline, which then waits for its first input), so the
-    window is the step plus the spread of the ranks' ends. It equals ``step_time_s`` without
-    pipeline parallelism; ``step_time_s`` is the period (what throughput divides by).
+    window is the period plus the spread of the ranks' ends; without pipeline parallelism the two
+    are equal.
     """
 
     step_time_s: float

@@ -246,7 +246,7 @@ def comm_matrix_data(trace, payload: bool = False) -> list[list[float]]:
                 matrix[s.rank][s.peer] += b
             continue
         group = group_of(s, world, trace.meta)
-        if s.kind == "all_to_all":
+        if s.kind == "all_to_all" or s.rank not in group:  # no ring to follow: spread over the others
             others = [q for q in group if q != s.rank]
             for q in others:
                 matrix[s.rank][q] += b / len(others)
