@@ -616,6 +616,7 @@ def test_the_hiding_figure_marks_each_threshold_where_its_curve_reaches_one():
     assert (1418.0, 1.0) in zip(curve.x, curve.y) and list(curve.x) == sorted(curve.x)
     (label,) = fig.layout.annotations
     assert label.text == "1,418" and label.x == pytest.approx(math.log10(1418))
+    assert fig.layout.xaxis.dtick == 1  # labels at powers of ten: a lone minor "2" had read as 2 tokens
 
 
 def rgb_distance(a: str, b: str) -> float:
