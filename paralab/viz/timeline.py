@@ -263,6 +263,7 @@ def bar_traces(trace: Trace, *, lanes=DEFAULT_LANES, steps=None, color_by: str =
             base=c["base"], orientation="h", hovertext=c["hovertext"], marker=marker_of(kind, c["color"]),
             opacity=opacity,
             hovertemplate=HOVER, text=c["text"], textposition="inside", insidetextanchor="middle",
+            textangle=0,  # a label that does not fit a bar is hidden (uniformtext), never turned on end
             legendgroup=kind, showlegend=legend, width=c["width"], offset=c["offset"],
         ))
     return out, rows_of(trace, spans, suffix)
