@@ -394,25 +394,27 @@ class Trace:
                 for rank, b in busy.items()}
 
     def bubble_fraction(self) -> float:
-        """Idle time inside the steps / (ranks x step time), over the steps after the first."""
+        """The mean over ranks of each one's idle share of its own steps (:meth:`idle_fraction`), over
+        the steps after the first."""
         fractions = self.idle_fraction()
         return sum(fractions.values()) / len(fractions) if fractions else 0.0
 
     def comm_bytes(self, payload: bool = False) -> dict[str, int]:
         """op -> bytes per step summed over ranks (wire bytes, or payload bytes with payload=True)."""
-        totals = self._per_step(lambda s: s.kind, payload)
+        totals = self.per_step_bytes(lambda s: s.kind, payload)
         return {op: int(round(v)) for op, v in sorted(totals.items())}
 
     def comm_bytes_by_link(self) -> dict[str, int]:
         """Wire bytes per step summed over ranks, split into intra-node and inter-node traffic."""
-        split = self._per_step(lambda s: "inter_node" if s.inter_node else "intra_node")
+        split = self.per_step_bytes(lambda s: "inter_node" if s.inter_node else "intra_node")
         return {k: int(split[k]) for k in ("intra_node", "inter_node")}
 
-    def _per_step(self, key: typing.Callable[[Span], typing.Hashable], payload: bool = False
-                  ) -> dict[typing.Hashable, Fraction]:
-        """key -> the communication spans' bytes per step summed over ranks, each rank's over the steps
-        it has (a rank whose profile was cut short moved its bytes in fewer steps), exactly."""
-        steps = self._step_counts()
+    def per_step_bytes(self, key: typing.Callable[[Span], typing.Hashable], payload: bool = False
+                       ) -> dict[typing.Hashable, Fraction]:
+        """key(span) -> the communication spans' bytes per step summed over ranks, each rank's over the
+        steps it has (a rank whose profile was cut short moved its bytes in fewer steps), exactly: what
+        every bytes-per-step figure reads (comm_bytes, by link, by group, viz.comm's views)."""
+        steps = self.step_counts()
         by_rank: dict[tuple, int] = defaultdict(int)
         for s in self.spans:
             if s.lane == COMM:
@@ -422,7 +424,7 @@ class Trace:
             totals[k] += Fraction(nbytes) / steps.get(rank, 1)
         return totals
 
-    def _step_counts(self) -> dict[int, int]:
+    def step_counts(self) -> dict[int, int]:
         """rank -> the steps it has spans for (at least one); a rank with none, the run's."""
         everyone = max(len(self.step_windows()), 1)
         own = self.rank_step_windows()
@@ -445,7 +447,7 @@ class Trace:
         """group (see :meth:`group_of`) -> bytes per step summed over its members (wire bytes, or
         payload bytes with payload=True), the per-group view of :meth:`comm_bytes`."""
         world = self.world_size
-        totals = self._per_step(lambda s: span_group(s, world), payload)
+        totals = self.per_step_bytes(lambda s: span_group(s, world), payload)
         return {group: int(v) for group, v in totals.items()}
 
     def comm_arrivals(self) -> list[Arrival]:

@@ -37,6 +37,7 @@ import json
 import re
 import statistics
 import sys
+import warnings
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,11 @@ STEP_RE = re.compile(r"ProfilerStep#(\d+)")
 class ProfileError(ConfigError):
     """A file that is not a torch.profiler trace paralab can read; says which file and what is missing
     (the CLI exits 2)."""
+
+
+class ProfileWarning(UserWarning):
+    """What an imported profile cannot tell, or may tell wrong (also in the trace's
+    ``meta["warnings"]``)."""
 
 
 @dataclass
@@ -277,10 +283,10 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
     profiles = [read_profile(f) for f in files]
     _check_facts_agree(profiles, meta or {})
     ranks = _assign_ranks(profiles)
-    warnings = _check_one_run(profiles, ranks)
+    said = _check_one_run(profiles, ranks)
     world = max([p.world_size or 0 for p in profiles] + [max(ranks) + 1, len(profiles)])
     if missing := sorted(set(range(world)) - set(ranks)):
-        warnings.append(f"the files hold {len(ranks)} of the {world} ranks of their world (none for rank(s) "
+        said.append(f"the files hold {len(ranks)} of the {world} ranks of their world (none for rank(s) "
                         f"{', '.join(map(str, missing))}): the trace has only the ranks given")
     if (meta or {}).get("pp") and world % meta["pp"]:
         raise ProfileError(f"pp {meta['pp']} does not divide the {world} ranks of these profiles")
@@ -304,17 +310,19 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
     trace = Trace(sorted(spans, key=lambda s: (s.start, s.rank)), meta=_meta(profiles, ranks, world, node_of))
     trace.land_sends()  # a paralab profile's sends carry their wait marks, as the run's own trace did
     trace.meta.update(names="paralab" if use_paralab else "torch", clock=clock, **(meta or {}))
-    warnings += _what_the_steps_hide(spans_by_rank, profiles, ranks, use_paralab)
-    warnings += _sends_the_schedule_makes(trace, meta or {})
+    said += _what_the_steps_hide(spans_by_rank, profiles, ranks, use_paralab)
+    said += _sends_the_schedule_makes(trace, meta or {})
     unsized = _unsized_comm(spans_by_rank, profiles, ranks)
     if unsized:
         trace.meta["bytes_unknown_ranks"] = sorted(unsized)
         trace.meta["bytes_unknown_ops"] = sorted(set().union(*unsized.values()))
-        warnings.append(f"rank(s) {', '.join(map(str, unsized))} were profiled without record_shapes=True: "
+        said.append(f"rank(s) {', '.join(map(str, unsized))} were profiled without record_shapes=True: "
                         "their communication's sizes are not in the profile, so its bytes are unknown "
                         "(0 in the trace); profile with record_shapes=True to measure them")
-    if warnings:
-        trace.meta["warnings"] = warnings
+    if said:
+        trace.meta["warnings"] = said
+    for text in said:  # a script or notebook hears them too, as paralab's other warnings
+        warnings.warn(text, ProfileWarning, stacklevel=2)
     return trace
 
 
@@ -616,8 +624,10 @@ def import_main(args) -> int:
         return 2
     try:
         facts = {k: getattr(args, k) for k in ("schedule", "pp", "microbatches", "tokens_per_step")}
-        trace = import_profile(args.profiles, names=args.names,
-                               meta={k: v for k, v in facts.items() if v is not None})
+        with warnings.catch_warnings():  # said below, as the import's own lines
+            warnings.simplefilter("ignore", ProfileWarning)
+            trace = import_profile(args.profiles, names=args.names,
+                                   meta={k: v for k, v in facts.items() if v is not None})
     except ProfileError as exc:
         print(f"paralab import: {exc}", file=sys.stderr)
         return 2

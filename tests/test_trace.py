@@ -76,6 +76,14 @@ def test_a_rank_cut_short_moved_its_bytes_in_the_steps_it_has():
     assert trace.comm_bytes() == {"all_reduce": 200} == trace.comm_bytes(payload=True)
     assert trace.comm_bytes_by_link() == {"intra_node": 200, "inter_node": 0}
     assert trace.comm_bytes_by_group() == {(0, 1): 200}
+    from paralab.viz.comm import bytes_by_dimension, bytes_by_group, comm_matrix, link_split_data
+
+    # the figures read the same bytes per step (a rank's over its own steps)
+    assert link_split_data(trace) == {"all_reduce": {"intra_node": 200, "inter_node": 0}}
+    assert bytes_by_group(trace) == {(0, 1): {"all_reduce": 200}}
+    assert sum(map(sum, comm_matrix(trace).data[0].customdata)) == 200
+    by_dimension = bytes_by_dimension(trace).values()
+    assert sum(links["intra_node"] for ops in by_dimension for links in ops.values()) == 200
 
 
 def test_overlapping_spans_are_counted_once():

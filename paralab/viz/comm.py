@@ -60,10 +60,6 @@ def _span_bytes(s: Span, payload: bool) -> int:
     return s.payload_bytes if payload else s.bytes
 
 
-def _steps(trace: Trace) -> int:
-    return max(len(trace.step_windows()), 1)
-
-
 def _unit_label(payload: bool) -> str:
     return "payload" if payload else "wire"
 
@@ -174,12 +170,15 @@ def bytes_by_dimension(trace, payload: bool = False) -> dict[str, dict[str, dict
     mesh = _mesh_ranks(layout, trace.meta)
     found: dict[str, dict[str, dict[str, int]]] = defaultdict(
         lambda: defaultdict(lambda: {"intra_node": 0, "inter_node": 0}))
-    for s in trace.select(lane=COMM):
+
+    def where(s: Span) -> tuple[str, str, str]:
         group = group_of(s, world, trace.meta)
         dimension = dimension_of([mesh[r] for r in group] if mesh else group, layout)
-        found[dimension][s.kind]["inter_node" if s.inter_node else "intra_node"] += _span_bytes(s, payload)
-    steps = _steps(trace)
-    return {dim: {op: {link: b // steps for link, b in links.items()} for op, links in sorted(ops.items())}
+        return dimension, s.kind, "inter_node" if s.inter_node else "intra_node"
+
+    for (dimension, op, link), nbytes in trace.per_step_bytes(where, payload).items():
+        found[dimension][op][link] = int(nbytes)
+    return {dim: dict(sorted(ops.items()))
             for dim, ops in sorted(found.items(), key=lambda kv: _dimension_rank(kv[0]))}
 
 
@@ -258,8 +257,9 @@ def comm_matrix_data(trace, payload: bool = False) -> list[list[float]]:
 def comm_matrix(trace, payload: bool = False, title: str | None = None):
     """Heatmap of bytes per step sent from each rank (rows) to each rank (columns)."""
     graph = go()
-    steps = _steps(as_trace(trace))
-    matrix = [[v / steps for v in row] for row in comm_matrix_data(trace, payload)]
+    steps = as_trace(trace).step_counts()  # a row is its sender's bytes, over the steps it has
+    matrix = [[v / steps.get(src, 1) for v in row]
+              for src, row in enumerate(comm_matrix_data(trace, payload))]
     scale, unit = byte_scale(max((max(row) for row in matrix), default=0))
     labels = [f"r{r}" for r in range(len(matrix))]
     text = [[fmt_bytes(v) if v else "" for v in row] for row in matrix]
@@ -322,10 +322,10 @@ def link_split_data(trace, payload: bool = False) -> dict[str, dict[str, int]]:
     """op -> {"intra_node": bytes, "inter_node": bytes} per step, summed over ranks."""
     trace = as_trace(trace)
     out: dict[str, dict[str, int]] = defaultdict(lambda: {"intra_node": 0, "inter_node": 0})
-    for s in trace.select(lane=COMM):
-        out[s.kind]["inter_node" if s.inter_node else "intra_node"] += _span_bytes(s, payload)
-    steps = _steps(trace)
-    return {op: {link: b // steps for link, b in links.items()} for op, links in sorted(out.items())}
+    split = trace.per_step_bytes(lambda s: (s.kind, "inter_node" if s.inter_node else "intra_node"), payload)
+    for (op, link), nbytes in split.items():
+        out[op][link] = int(nbytes)
+    return dict(sorted(out.items()))
 
 
 def comm_link_split(runs, payload: bool = False, title: str | None = None):
@@ -367,8 +367,8 @@ def bytes_by_group(trace, payload: bool = False) -> dict[tuple[int, ...], dict[s
     members: the traffic the mesh figure shows on hover."""
     trace = as_trace(trace)
     world = trace.world_size
-    found: dict[tuple[int, ...], dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for s in trace.select(lane=COMM):
-        found[tuple(sorted(group_of(s, world, trace.meta)))][s.kind] += _span_bytes(s, payload)
-    steps = _steps(trace)
-    return {group: {op: b // steps for op, b in ops.items()} for group, ops in found.items()}
+    found: dict[tuple[int, ...], dict[str, int]] = defaultdict(dict)
+    by = trace.per_step_bytes(lambda s: (tuple(sorted(group_of(s, world, trace.meta))), s.kind), payload)
+    for (group, op), nbytes in by.items():
+        found[group][op] = int(nbytes)
+    return dict(found)
