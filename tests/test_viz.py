@@ -102,6 +102,8 @@ def test_timeline_pipeline_microbatch_colours_and_labels(pipe):
     assert len(fwd.x) == 4 * 8
     assert sorted(set(fwd.marker.color)) == list(range(8))  # coloured by microbatch
     assert "F0 s0" in list(fwd.text) and fwd.textangle == 0  # hidden where it does not fit, never on end
+    ink = dict(zip(fwd.marker.color, fwd.insidetextfont.color))  # a label in white was lost on light fills
+    assert ink[6] == "#222" and ink[0] == "white"  # light orange, dark blue
     send = next(t for t in fig.data if t.name == "send")
     assert isinstance(send.marker.color, str)  # comm stays coloured by kind
     # no microbatch is drawn in a communication kind's colour, and the axis says what colours mean

@@ -195,6 +195,21 @@ def marker_of(kind: str, color) -> dict:
     return marker
 
 
+def _ink(color) -> str | list[str]:
+    """The colour of a bar's label: dark on a light fill, white on a dark one (a label in white had
+    been all but lost on the light microbatch colours); ``color`` is a bar trace's (a colour, or
+    microbatch numbers on :data:`MICROBATCH_COLORS`)."""
+    def on(fill: str) -> str:  # a kind's colour that is not #rrggbb carries no label
+        if not fill.startswith("#"):
+            return "white"
+        red, green, blue = (int(fill[i:i + 2], 16) / 255 for i in (1, 3, 5))
+        return "#222" if 0.299 * red + 0.587 * green + 0.114 * blue > 0.6 else "white"
+
+    if isinstance(color, str):
+        return on(color)
+    return [on(MICROBATCH_COLORS[int(k)]) for k in color]
+
+
 def _bar_text(s: Span) -> str:
     """A microbatch's bar says which pass of which microbatch it is, as the schedule names it ("F3
     s1": microbatch 3's forward on stage 1); a measured span named only by its kind had read "forward",
@@ -264,6 +279,7 @@ def bar_traces(trace: Trace, *, lanes=DEFAULT_LANES, steps=None, color_by: str =
             opacity=opacity,
             hovertemplate=HOVER, text=c["text"], textposition="inside", insidetextanchor="middle",
             textangle=0,  # a label that does not fit a bar is hidden (uniformtext), never turned on end
+            insidetextfont=dict(color=_ink(c["color"])),
             legendgroup=kind, showlegend=legend, width=c["width"], offset=c["offset"],
         ))
     return out, rows_of(trace, spans, suffix)
