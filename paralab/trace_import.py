@@ -287,7 +287,7 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
     world = max([p.world_size or 0 for p in profiles] + [max(ranks) + 1, len(profiles)])
     if missing := sorted(set(range(world)) - set(ranks)):
         said.append(f"the files hold {len(ranks)} of the {world} ranks of their world (none for rank(s) "
-                        f"{', '.join(map(str, missing))}): the trace has only the ranks given")
+                    f"{', '.join(map(str, missing))}): the trace has only the ranks given")
     if (meta or {}).get("pp") and world % meta["pp"]:
         raise ProfileError(f"pp {meta['pp']} does not divide the {world} ranks of these profiles")
     use_paralab = names == "paralab" or (names == "auto" and all(_has_paralab_ranges(p) for p in profiles))
@@ -317,8 +317,8 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
         trace.meta["bytes_unknown_ranks"] = sorted(unsized)
         trace.meta["bytes_unknown_ops"] = sorted(set().union(*unsized.values()))
         said.append(f"rank(s) {', '.join(map(str, unsized))} were profiled without record_shapes=True: "
-                        "their communication's sizes are not in the profile, so its bytes are unknown "
-                        "(0 in the trace); profile with record_shapes=True to measure them")
+                    "their communication's sizes are not in the profile, so its bytes are unknown "
+                    "(0 in the trace); profile with record_shapes=True to measure them")
     if said:
         trace.meta["warnings"] = said
     for text in said:  # a script or notebook hears them too, as paralab's other warnings
