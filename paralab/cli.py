@@ -288,12 +288,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train with a strategy on real ranks")
     add_run_args(run)
-    run.set_defaults(func=cmd_run)
+    run.set_defaults(func=cmd_run, said_in=[run])
     merge = sub.add_parser("merge", help="merge per-rank traces (a --trace-dir) into one file")
     merge.add_argument("path", help="a directory of per-rank traces, or one trace file")
     merge.add_argument("-o", "--output", required=True, help="the merged trace's file")
     merge.add_argument("--chrome", action="store_true", help="write Chrome trace format (Perfetto)")
-    merge.set_defaults(func=cmd_merge)
+    merge.set_defaults(func=cmd_merge, said_in=[merge])
     nodes = sub.add_parser("nodes", help="run as several local torchrun agents, one per emulated node",
                            description="paralab nodes --nnodes 2 --nproc-per-node 2 "
                                        "-- --strategy ddp --hierarchical")
@@ -302,14 +302,14 @@ def build_parser() -> argparse.ArgumentParser:
     nodes.add_argument("--trace-dir", help="where the per-rank traces go (default: a temporary directory)")
     nodes.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     nodes.add_argument("run_args", nargs=argparse.REMAINDER, help="options of `paralab run` after --")
-    nodes.set_defaults(func=cmd_nodes)
+    nodes.set_defaults(func=cmd_nodes, said_in=[nodes, run])  # and the run flags it passes on
     listing = sub.add_parser("strategies", help="list the strategies: what each runs, its mesh axes")
     listing.add_argument("--json", action="store_true", help="print one JSON object")
-    listing.set_defaults(func=cmd_strategies)
+    listing.set_defaults(func=cmd_strategies, said_in=[listing])
     for name, help_text, add_args, command in _subcommands():
         sub_parser = sub.add_parser(name, help=help_text)
         add_args(sub_parser)
-        sub_parser.set_defaults(func=command)
+        sub_parser.set_defaults(func=command, said_in=[sub_parser])
     return parser
 
 
@@ -335,27 +335,19 @@ def _subcommands():
 
 def main(argv: list[str] | None = None) -> int:
     """Run a command; a ConfigError anywhere is exit 2 (nothing started), a RunError exit 1."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     with _warnings_in_one_line():
-        return _run_command(args, _flags_of(parser, args.command))
+        return _run_command(args)
 
 
-def _flags_of(parser: argparse.ArgumentParser, command: str) -> list[argparse.ArgumentParser]:
-    """The parsers whose flags a command's refusals are said in: its own, and for ``nodes`` the
-    ``paralab run`` flags it passes on after ``--``."""
-    commands = parser._subparsers._group_actions[0].choices  # argparse keeps no public map of them
-    return [commands[command], *([commands["run"]] if command == "nodes" else [])]
-
-
-def _run_command(args, parsers: list[argparse.ArgumentParser]) -> int:
+def _run_command(args) -> int:
     from paralab.runtime.result import RunError
 
     try:
         return args.func(args)
     except ConfigError as exc:
         message = str(exc)
-        for parser in parsers:
+        for parser in args.said_in:  # the parsers whose flags the command was given in
             message = said_as_flags(message, parser)
         print(f"paralab: invalid configuration: {message}", file=sys.stderr)
         return EXIT_INVALID

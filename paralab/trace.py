@@ -307,12 +307,7 @@ class Trace:
         the time axis. Not how long it took: ranks need not start a step together (one that leaves
         a collective first starts the next step first), so neighbouring windows can overlap; a
         step's time is its ranks' own (:meth:`step_times`)."""
-        windows: dict[int, tuple[float, float]] = {}
-        for own in self.rank_step_windows().values():
-            for step, (lo, hi) in own.items():
-                first, last = windows.get(step, (lo, hi))
-                windows[step] = (min(first, lo), max(last, hi))
-        return dict(sorted(windows.items()))
+        return _over_ranks(self.rank_step_windows())
 
     def rank_step_windows(self) -> dict[int, dict[int, tuple[float, float]]]:
         """rank -> step -> (start, end) of that rank's own ``step`` span(s): its steps tile its time."""
@@ -347,9 +342,9 @@ class Trace:
     def _chosen_windows(self, steps: list[int] | None = None) -> dict[int, list[tuple[float, float]]]:
         """Per rank: its own windows of ``steps`` (the steps after the first unless given), which it
         has a span for; a rank with no step spans of its own takes the windows over all ranks."""
-        everyone = self.step_windows()
-        chosen = steps if steps is not None else _after_first(list(everyone))
         own = self.rank_step_windows()
+        everyone = _over_ranks(own)
+        chosen = steps if steps is not None else _after_first(list(everyone))
         return {rank: [windows[k] for k in chosen if k in windows]
                 for rank in self.ranks for windows in [own.get(rank) or everyone]}
 
@@ -426,8 +421,8 @@ class Trace:
 
     def step_counts(self) -> dict[int, int]:
         """rank -> the steps it has spans for (at least one); a rank with none, the run's."""
-        everyone = max(len(self.step_windows()), 1)
         own = self.rank_step_windows()
+        everyone = max(len(_over_ranks(own)), 1)
         return {rank: len(own.get(rank, {})) or everyone for rank in self.ranks}
 
     def group_of(self, span: Span) -> tuple[int, ...] | None:
@@ -745,6 +740,16 @@ def _mean_covered(intervals: dict[int, list[tuple[float, float]]],
         union, own = _Union(pairs), windows.get(rank, [])
         covered[rank] = sum(union.covered(lo, hi) for lo, hi in own) / max(len(own), 1)
     return covered
+
+
+def _over_ranks(own: dict[int, dict[int, tuple[float, float]]]) -> dict[int, tuple[float, float]]:
+    """step -> (start, end) over all ranks, from each rank's own windows (:meth:`Trace.step_windows`)."""
+    windows: dict[int, tuple[float, float]] = {}
+    for per_rank in own.values():
+        for step, (lo, hi) in per_rank.items():
+            first, last = windows.get(step, (lo, hi))
+            windows[step] = (min(first, lo), max(last, hi))
+    return dict(sorted(windows.items()))
 
 
 def _after_first(steps: list[int]) -> list[int]:

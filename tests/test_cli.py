@@ -359,7 +359,7 @@ def test_a_refusal_names_the_flags_that_were_typed(capsys, argv, says):
     ("use schedule='1f1b'.", "use --schedule 1f1b."),
 ])
 def test_config_fields_are_said_as_the_run_commands_flags(message, said):
-    run_parser = cli._flags_of(cli.build_parser(), "run")[0]
+    (run_parser,) = cli.build_parser().parse_args(["run"]).said_in
     assert said_as_flags(message, run_parser) == said
 
 

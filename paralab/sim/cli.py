@@ -70,7 +70,7 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
 
 def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     _add_model_args(parser)
-    parser.set_defaults(flags=parser)  # what a refusal of the spec's fields is said in (_refuse)
+    parser.set_defaults(said_in=[parser])  # what a refusal of the spec's fields is said in (_refuse)
     parser.add_argument("--gpus", type=int, help="total GPUs; dp defaults to gpus / (tp x pp x cp)")
     parser.add_argument("--micro-batch", type=int,
                         help="sequences per microbatch (default: what --global-batch and --microbatches "
@@ -247,7 +247,9 @@ def _fail(message: str) -> int:
 
 def _refuse(args, problems: list[str], hint: str = "") -> int:
     """Exit 2 for a model or spec that cannot be built, its fields said as the flags that set them."""
-    message = said_as_flags("invalid configuration: " + "; ".join(problems), args.flags)
+    message = "invalid configuration: " + "; ".join(problems)
+    for parser in args.said_in:
+        message = said_as_flags(message, parser)
     return _fail(message + (". " + hint if hint else ""))
 
 
