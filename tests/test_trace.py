@@ -84,6 +84,13 @@ def test_a_rank_cut_short_moved_its_bytes_in_the_steps_it_has():
     assert sum(map(sum, comm_matrix(trace).data[0].customdata)) == 200
     by_dimension = bytes_by_dimension(trace).values()
     assert sum(links["intra_node"] for ops in by_dimension for links in ops.values()) == 200
+    from paralab.viz.comm_compare import compare_matrix, links_per_rank_step, per_rank_step
+
+    # and so do the measured-beside-predicted views, per rank (they had divided every rank's bytes by
+    # the steps any rank communicated in: 75 where each rank moved 100 a step)
+    assert per_rank_step(trace) == {"all_reduce": 100}
+    assert links_per_rank_step(trace) == {"intra_node": 100, "inter_node": 0}
+    assert compare_matrix({"measured": trace}).layout.meta["measured"]["bytes_per_step"] == 200
 
 
 def test_overlapping_spans_are_counted_once():

@@ -254,12 +254,17 @@ def comm_matrix_data(trace, payload: bool = False) -> list[list[float]]:
     return matrix
 
 
+def comm_matrix_per_step(trace, payload: bool = False) -> list[list[float]]:
+    """:func:`comm_matrix_data` per step: a row is its sender's bytes over the steps that rank has
+    (:meth:`paralab.trace.Trace.step_counts`), as every bytes-per-step figure reads them."""
+    steps = as_trace(trace).step_counts()
+    return [[v / steps.get(src, 1) for v in row] for src, row in enumerate(comm_matrix_data(trace, payload))]
+
+
 def comm_matrix(trace, payload: bool = False, title: str | None = None):
     """Heatmap of bytes per step sent from each rank (rows) to each rank (columns)."""
     graph = go()
-    steps = as_trace(trace).step_counts()  # a row is its sender's bytes, over the steps it has
-    matrix = [[v / steps.get(src, 1) for v in row]
-              for src, row in enumerate(comm_matrix_data(trace, payload))]
+    matrix = comm_matrix_per_step(trace, payload)
     scale, unit = byte_scale(max((max(row) for row in matrix), default=0))
     labels = [f"r{r}" for r in range(len(matrix))]
     text = [[fmt_bytes(v) if v else "" for v in row] for row in matrix]

@@ -29,7 +29,7 @@ from paralab.viz._common import SERIES_COLORS, as_trace, byte_scale, fmt_bytes, 
 from paralab.viz.comm import (
     LINKS,
     _unit_label,
-    comm_matrix_data,
+    comm_matrix_per_step,
     draw_node_boxes,
     rank_numbering,
     say_matrix_rule,
@@ -131,32 +131,24 @@ def _groups(layout, family: str, op: str, size: int) -> list[list[int]]:
     return groups if family in ("pp", "cp") or len(groups[0]) == size else layout.expert_data_groups()
 
 
-def _steps(trace: Trace) -> list[int]:
-    return sorted({s.step for s in trace.select(lane=COMM) if s.step is not None}) or [0]
+def per_rank_step(trace, payload: bool = False) -> dict[str, float]:
+    """op -> bytes per rank and per step: :meth:`paralab.trace.Trace.comm_bytes`'s rule (each rank's
+    bytes over the steps it has), shared among the ranks."""
+    trace = as_trace(trace)
+    totals = trace.per_step_bytes(lambda s: s.kind, payload)
+    return {op: float(total) / _ranks(trace) for op, total in sorted(totals.items())}
+
+
+def links_per_rank_step(trace, payload: bool = False) -> dict[str, float]:
+    """{"intra_node": bytes, "inter_node": bytes} per rank and per step (the rule of
+    :func:`per_rank_step`)."""
+    trace = as_trace(trace)
+    split = trace.per_step_bytes(lambda s: "inter_node" if s.inter_node else "intra_node", payload)
+    return {link: float(split[link]) / _ranks(trace) for link in ("intra_node", "inter_node")}
 
 
 def _ranks(trace: Trace) -> int:
     return max(trace.world_size, 1)
-
-
-def per_rank_step(trace, payload: bool = False) -> dict[str, float]:
-    """op -> bytes per rank and per step (the mean over ranks and the steps that communicated)."""
-    trace = as_trace(trace)
-    out: dict[str, int] = defaultdict(int)
-    for s in trace.select(lane=COMM):
-        if s.step is not None:
-            out[s.kind] += s.payload_bytes if payload else s.bytes
-    return {op: total / (_ranks(trace) * len(_steps(trace))) for op, total in sorted(out.items())}
-
-
-def links_per_rank_step(trace, payload: bool = False) -> dict[str, float]:
-    """{"intra_node": bytes, "inter_node": bytes} per rank and per step."""
-    trace = as_trace(trace)
-    out = {"intra_node": 0, "inter_node": 0}
-    for s in trace.select(lane=COMM):
-        if s.step is not None:
-            out["inter_node" if s.inter_node else "intra_node"] += s.payload_bytes if payload else s.bytes
-    return {link: total / (_ranks(trace) * len(_steps(trace))) for link, total in out.items()}
 
 
 def compare_by_op(sources: dict, payload: bool = False, title: str | None = None):
@@ -191,8 +183,7 @@ def compare_matrix(sources: dict, payload: bool = False, title: str | None = Non
     meta, boxed = {}, False
     for i, (label, t) in enumerate(sources.items(), 1):
         trace = as_trace(t)
-        steps = len(_steps(trace))
-        matrix = [[v / steps for v in row] for row in comm_matrix_data(trace, payload)]
+        matrix = comm_matrix_per_step(trace, payload)
         scale, unit = byte_scale(max((max(row) for row in matrix), default=0))
         labels = [f"r{r}" for r in range(len(matrix))]
         text = [[fmt_bytes(v) if v else "" for v in row] for row in matrix]
