@@ -351,6 +351,7 @@ def test_speedup_timeline_divides_the_baselines_median_step_by_each_step(ddp_run
     assert meta["steps"] == [0, 1, 2]
     assert meta["speedup"] == pytest.approx([0.3 / t for t in ddp_run.trace.step_times()])
     assert len(fig.data) == 2
+    assert [a.text for a in fig.layout.annotations if a.text.startswith("1x")] == ["1x: the baseline"]
     in_seconds = viz.speedup_timeline(_steps_of([1.0, 0.5]), baseline=2.0).layout.meta["run"]
     assert in_seconds["speedup"] == pytest.approx([2.0, 4.0])
     assert len(viz.speedup_timeline({"ddp": ddp_run}).data) == 1  # no baseline: throughput alone
@@ -397,6 +398,10 @@ def test_loss_curves_say_which_lines_overlap():
     fig = viz.loss_curves({"a": losses, "b": losses, "c": [4.8, 4.6, 4.4]})
     assert fig.layout.meta["overlap"] == [{"lines": ["a", "b"], "max_rel_diff": 0.0}]
     assert fig.layout.annotations[0].text.startswith("a and b overlap")
+    fig = viz.loss_curves({"a": losses, "b": losses})
+    assert fig.layout.annotations[0].text.startswith("both lines overlap")  # not "all two lines"
+    assert fig.layout.yaxis.title.text == "loss (cross-entropy, nats per token)"
+    assert viz.loss_curves({"a": losses}, y_title="mse").layout.yaxis.title.text == "mse"
 
 
 # ------------------------------------------------------------------ a real hybrid run on two nodes

@@ -196,8 +196,10 @@ def overlap_note(groups: list[dict], total: int) -> str:
     notes = []
     for g in groups:
         n = len(g["lines"])
-        who = (f"all {NUMBERS[n] if n < len(NUMBERS) else n} lines" if n == total
-               else ", ".join(g["lines"][:-1]) + " and " + g["lines"][-1])
+        if n == total:
+            who = "both lines" if n == 2 else f"all {NUMBERS[n] if n < len(NUMBERS) else n} lines"
+        else:
+            who = ", ".join(g["lines"][:-1]) + " and " + g["lines"][-1]
         notes.append(f"{who} overlap: max relative difference {g['max_rel_diff']:.0e}")
     return "; ".join(notes)
 

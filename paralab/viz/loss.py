@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from paralab.viz._common import go, note_overlaps, overlapping, style
 
+# every model the lab trains is a language model scored by mean cross-entropy per token, natural log
+LOSS_AXIS = "loss (cross-entropy, nats per token)"
 
-def loss_curves(runs: dict, title: str | None = None, log_y: bool = False):
+
+def loss_curves(runs: dict, title: str | None = None, log_y: bool = False, y_title: str = LOSS_AXIS):
     """One line per run: ``{label: losses}`` where losses is a list of floats or a RunResult.
+    ``y_title``: the loss axis's title, for losses of another kind than the lab's models'.
     ``fig.layout.meta["overlap"]``: see :func:`overlapping`."""
     graph = go()
     series = {str(label): list(getattr(run, "losses", run)) for label, run in runs.items()}
@@ -26,6 +30,6 @@ def loss_curves(runs: dict, title: str | None = None, log_y: bool = False):
                                     hovertemplate=f"{label} step %{{x}}: loss %{{y:.6f}}<extra></extra>"))
     note_overlaps(fig, groups, len(series))
     fig.update_xaxes(title_text="step", dtick=1 if max(map(len, series.values()), default=0) <= 20 else None)
-    fig.update_yaxes(title_text="loss", type="log" if log_y else "linear")
+    fig.update_yaxes(title_text=y_title, type="log" if log_y else "linear")
     fig.update_layout(meta={"overlap": groups})
     return style(fig, title or "training loss", 360)

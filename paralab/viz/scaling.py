@@ -144,7 +144,9 @@ def speedup_timeline(runs, baseline=None, title: str | None = None):
                                         hovertemplate=f"{label} step %{{x}}: "
                                                       f"%{{y:.2f}}x<extra></extra>"), 2, 1)
     if base_time:
-        fig.add_hline(y=1.0, line_dash="dot", line_color="#999", row=2, col=1)
+        fig.add_hline(y=1.0, line_dash="dot", line_color="#999", row=2, col=1,
+                      annotation_text="1x: the baseline", annotation_position="bottom right",
+                      annotation_font=dict(size=11, color="#555"))
         fig.update_yaxes(title_text="speedup (x)", row=2, col=1)
     unit = "tokens/s" if any(as_trace(r).meta.get("tokens_per_step") for r in runs.values()) else "steps/s"
     fig.update_yaxes(title_text=f"throughput ({unit})", row=1, col=1, rangemode="tozero")
