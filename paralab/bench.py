@@ -88,18 +88,22 @@ def add_bench_args(parser) -> None:
     parser.add_argument("--variants", nargs="+", required=True, metavar="STRATEGY",
                         help="strategies to compare; the first is the reference of the ratios")
     parser.add_argument("--world-size", type=int, default=2, help="ranks each run starts")
+    parser.add_argument("--oversubscribe", action="store_true",
+                        help="start more local ranks than the cores and memory hold (refused otherwise); "
+                             "the ratios then measure the ranks' contention as much as the strategies")
     add_benchmark_args(parser)
 
 
 def bench_main(args) -> int:
-    """``paralab bench``: every variant is validated before the first run starts (ConfigError: exit 2)."""
+    """``paralab bench``: every variant is checked as a launch checks it (layout, device, dtype, this
+    machine's capacity) before the first run starts (ConfigError: exit 2)."""
     from paralab.config import RunConfig
-    from paralab.layout import resolve_layout
+    from paralab.runtime.launch import preflight
 
     common = dict(world_size=args.world_size, steps=args.steps, model=args.model,
-                  global_batch=args.global_batch)
+                  global_batch=args.global_batch, oversubscribe=args.oversubscribe)
     for strategy in args.variants:
         opts = {k: v for k, v in common.items() if k != "model"}
-        resolve_layout(RunConfig.build(args.model, strategy=strategy, **opts))
+        preflight(RunConfig.build(args.model, strategy=strategy, **opts))
     print(compare([Variant.of(strategy=s) for s in args.variants], args.rounds, common).table())
     return 0

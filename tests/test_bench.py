@@ -58,3 +58,17 @@ def test_bench_cli_refuses_bad_input_before_running(monkeypatch, capsys, argv, m
     monkeypatch.setattr("paralab.run", lambda *a, **k: pytest.fail("a run was about to start"))
     assert cli.main(["bench", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_bench_offers_the_oversubscription_its_refusal_names(monkeypatch, capsys):
+    """A world beyond the machine is refused with '--oversubscribe' as the way on: bench had no such
+    flag. Given, it reaches every run."""
+    monkeypatch.setattr("paralab.run", lambda *a, **k: pytest.fail("a run was about to start"))
+    assert cli.main(["bench", "--variants", "ddp", "--world-size", "512", "--global-batch", "512"]) == 2
+    assert "--oversubscribe" in capsys.readouterr().err
+    seen = []
+    monkeypatch.setattr("paralab.bench.compare", lambda variants, rounds, common: seen.append(common) or
+                        SimpleNamespace(table=lambda: ""))
+    assert cli.main(["bench", "--variants", "ddp", "--world-size", "512", "--global-batch", "512",
+                     "--oversubscribe"]) == 0
+    assert seen[0]["oversubscribe"] is True
