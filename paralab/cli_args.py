@@ -55,6 +55,9 @@ class OneLineErrors(argparse.ArgumentParser):
         self.exit(EXIT_INVALID, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
+NUMBERS_LIST = r"\[[\d.,\s]*\]"  # a Python list of numbers as a message prints it: [1, 3, 3, 1]
+
+
 def said_as_flags(message: str, parser: argparse.ArgumentParser) -> str:
     """A refusal of paralab's Python API said in ``parser``'s flags, for whoever typed a command: the
     configuration's fields it names (``zero_prefetch``, ``cp_mode=alltoall``) become the flags that set
@@ -68,13 +71,17 @@ def said_as_flags(message: str, parser: argparse.ArgumentParser) -> str:
         field = re.escape(action.dest)
         bare = "" if "_" in action.dest else "(?==)"
         # a word of its own, not part of a path (a sweep's directory named pp=2) or a dotted name; its
-        # value runs to a space, a comma, a colon, a bracket or a sentence's full stop
-        pattern = rf"(?<![\w.\-/]){field}{bare}(?:=([^\s/]+?))?(?=[\s,;:)]|\.(?:\s|$)|$)"
+        # value a list of numbers (after = or a space) or running to a space, a comma, a colon, a bracket
+        # or a sentence's full stop
+        pattern = (rf"(?<![\w.\-/]){field}{bare}(?:=({NUMBERS_LIST}|[^\s/]+?)|\s({NUMBERS_LIST}))?"
+                   rf"(?=[\s,;:)]|\.(?:\s|$)|$)")
 
         def flag(match, long=long[0], switch=switch):
-            value = match.group(1)
+            value = match.group(1) or match.group(2)
             if value is None or (switch and value == "True"):
                 return long
+            if value.startswith("["):  # a list's repr, as the flag takes it (--stage-layers 1,3,3,1)
+                return long + " " + ",".join(part.strip() for part in value.strip("[]").split(","))
             return long + " " + value.strip("'")  # a repr's quotes: the shell takes the word bare
 
         message = re.sub(pattern, flag, message)

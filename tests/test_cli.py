@@ -357,6 +357,9 @@ def test_a_refusal_names_the_flags_that_were_typed(capsys, argv, says):
     # a user's path is theirs, whatever its directories are named
     ("--trace-dir /tmp/sweep/pp=2 is a file", "--trace-dir /tmp/sweep/pp=2 is a file"),
     ("use schedule='1f1b'.", "use --schedule 1f1b."),
+    # a list as the flag takes it, not as Python prints it
+    ("stage_layers [1, 1, 1] gives 3 stages", "--stage-layers 1,1,1 gives 3 stages"),
+    ("stage_layers=[2, 2] fits", "--stage-layers 2,2 fits"),
 ])
 def test_config_fields_are_said_as_the_run_commands_flags(message, said):
     (run_parser,) = cli.build_parser().parse_args(["run"]).said_in
