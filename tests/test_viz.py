@@ -324,6 +324,16 @@ def test_series_that_start_at_different_sizes_each_get_the_ideal_of_their_own_st
     assert ideals == {"ideal from 1 rank": ([1, 2, 4], [1, 2, 4]), "ideal from 2 ranks": ([2, 4], [1, 2])}
 
 
+def test_step_times_over_ten_seconds_are_drawn_in_seconds():
+    """gpt3-1.3b's 28 s step on one GPU had put ticks at 25k on a "ms per step" axis."""
+    slow = viz.scaling(predicted={1: 28.0, 2: 14.0})
+    assert slow.layout.yaxis.title.text == "seconds per step" and list(slow.data[0].y) == [28.0, 14.0]
+    assert "s/step" in slow.data[0].hovertemplate and "ms/step" not in slow.data[0].hovertemplate
+    fast = viz.scaling({1: 0.4, 2: 0.25}, predicted={1: 0.5})
+    assert fast.layout.yaxis.title.text == "ms per step" and list(fast.data[0].y) == pytest.approx([400, 250])
+    assert slow.layout.meta["predicted"]["step_time_s"] == [28.0, 14.0]  # meta stays in seconds
+
+
 def test_the_speedup_axis_names_the_size_it_is_over():
     """gpt3-13b on tp fits from 4 GPUs: its 1.45 at 8 had read as 1.45 times one GPU under "speedup (x)"."""
     def axis(*args, **kwargs):
@@ -564,14 +574,18 @@ def test_attention_per_rank_draws_the_counted_pairs_at_the_runs_mean_rate():
     assert meta["pair_imbalance"] == {"zigzag": 1.0, "contiguous": 3.0}
 
 
-def _compared(label, organisation, gpus, published, predicted, miss=""):
-    """A published run's comparison without running the cost model: only what the figures read."""
+def _compared(label, organisation, gpus, published, predicted, miss="", batch=0):
+    """A published run's comparison without running the cost model: only what the figures read. Its
+    global batch is ``batch`` sequences, one a GPU unless given."""
     from types import SimpleNamespace
 
+    from paralab.sim import ParallelSpec
     from paralab.sim.published import Compared
 
+    parallel = ParallelSpec(dp=gpus, micro_batch=1, global_batch=batch or gpus)
     run = SimpleNamespace(label=label, organisation=organisation, gpus=gpus, published=published,
                           known_miss=miss, metric="tokens_per_s", hardware=SimpleNamespace(name="a100"),
+                          parallel=parallel,
                           predicted=lambda prediction: prediction)  # the "prediction" is the figure itself
     return Compared(run, predicted)
 
@@ -594,6 +608,20 @@ def test_published_errors_draw_each_run_against_its_gpus_with_the_misses_open():
     assert "2 inside" in fig.layout.title.text and "1 known misses" in fig.layout.title.text
 
 
+def test_published_errors_draw_organisations_at_one_gpu_count_apart_and_hover_the_true_count():
+    """Runs of several organisations on the same GPU count had sat on top of one another."""
+    from paralab.viz.published import SPREAD
+
+    compared = [_compared("A", "Org1", 8, 100.0, 110.0), _compared("B", "Org2", 8, 100.0, 111.0),
+                _compared("C", "Org3", 8, 100.0, 109.0), _compared("D", "Org2", 64, 100.0, 100.0)]
+    fig = viz.published_errors(compared)
+    at_8 = [x for trace in fig.data for x, c in zip(trace.x, trace.customdata) if c[4] == "8"]
+    assert at_8 == pytest.approx([8 / SPREAD, 8, 8 * SPREAD])  # in the organisations' order, about 8
+    assert list(fig.data[1].x) == pytest.approx([8, 64])  # one organisation alone at 64 stays on it
+    assert all("%{customdata[4]} GPUs" in t.hovertemplate and "%{x" not in t.hovertemplate for t in fig.data)
+    assert fig.layout.meta["gpus"] == [8, 8, 64, 8]  # the true counts, in drawing order
+
+
 def test_published_scaling_draws_the_share_each_count_keeps_published_and_predicted():
     from paralab.sim.published import Scaling
 
@@ -601,15 +629,25 @@ def test_published_scaling_draws_the_share_each_count_keeps_published_and_predic
                    miss="too flat")
     close = Scaling("close", (_compared("T", "O", 100, 1000.0, 1000.0),
                               _compared("T", "O", 400, 3600.0, 3560.0)), miss="")
-    fig = viz.published_scaling([flat, close])
+    fixed = Scaling("fixed, weak scaling", (_compared("U", "O", 64, 640.0, 640.0, batch=512),
+                                            _compared("U", "O", 128, 1200.0, 1200.0, batch=512)), miss="")
+    grows = Scaling("grows", (_compared("V", "O", 64, 640.0, 640.0, batch=64),
+                              _compared("V", "O", 128, 1200.0, 1200.0, batch=512)), miss="")
+    fig = viz.published_scaling([flat, close, fixed, grows])
     published, predicted = fig.data[:2]
     assert list(published.x) == [8, 16]
     assert list(published.y) == pytest.approx([100.0, 95.0])  # 100 -> 95 tokens/s per GPU
     assert list(predicted.y) == pytest.approx([100.0, 100 * (1740 / 16) / (880 / 8)])
-    assert [t.showlegend for t in fig.data] == [True, True, False, False]
+    assert [t.showlegend for t in fig.data] == [True, True] + [False] * 6
     titles = [a.text for a in fig.layout.annotations]
     assert "published 5.0%, predicted 1.1% (miss)" in titles[0] and "(miss)" not in titles[1]
     assert fig.layout.meta["series"][1]["published"] == pytest.approx([1.0, 0.9])
+    # each title says whether the batch is fixed or grows with the GPUs (torchtitan's, 2 a GPU, had
+    # not said it was weak scaling), and a name that says "weak scaling" itself is not made to repeat it
+    assert "<br>weak scaling: 1 sequence per GPU<br>" in titles[0]
+    assert titles[2].startswith("fixed<br>global batch fixed: 512 sequences<br>")
+    assert "<br>global batch growing: 64 to 512 sequences<br>" in titles[3]
+    assert fig.layout.meta["series"][3]["global_batch"] == [64, 512]
 
 
 def test_the_hiding_figure_marks_each_threshold_where_its_curve_reaches_one():

@@ -16,6 +16,7 @@ from paralab.viz._common import as_summary, as_trace, go, make_subplots, style
 
 MEASURED, PREDICTED = "#4C78A8", "#F58518"
 LEGEND_ROW_PX = 25  # a horizontal legend's row
+SECONDS_FROM_S = 10.0  # scaling() draws step times in seconds when the slowest exceeds this, else in ms
 
 
 def scaling_points(runs) -> list[dict]:
@@ -52,26 +53,30 @@ def speedups(points: list[dict]) -> list[float]:
 
 
 def scaling(measured=None, predicted=None, title: str | None = None):
-    """Two panels sharing the world-size axis: step time, and speedup with the ideal line."""
+    """Two panels sharing the world-size axis: step time, and speedup with the ideal line. Step times
+    are in ms, or in seconds (the axis says which) when the slowest is over :data:`SECONDS_FROM_S`."""
     graph = go()
     fig = make_subplots(rows=1, cols=2, subplot_titles=("step time", "speedup"), horizontal_spacing=0.12)
     sizes_from: dict[int, set[int]] = defaultdict(set)  # each series' world sizes, by its smallest
     meta = {}
-    for label, runs, color, dash in (("measured", measured, MEASURED, "solid"),
-                                     ("predicted", predicted, PREDICTED, "dash")):
-        if runs is None:
-            continue
-        pts = scaling_points(runs)
+    curves = [(label, scaling_points(runs), color, dash)
+              for label, runs, color, dash in (("measured", measured, MEASURED, "solid"),
+                                               ("predicted", predicted, PREDICTED, "dash"))
+              if runs is not None]
+    # steps of over SECONDS_FROM_S are drawn in seconds: gpt3-1.3b's 25 s step on one GPU had read 25k ms
+    slowest = max((p["step_time_s"] for _, pts, _, _ in curves for p in pts), default=0.0)
+    unit, scale = ("s", 1.0) if slowest > SECONDS_FROM_S else ("ms", 1e3)
+    for label, pts, color, dash in curves:
         ws = [p["world_size"] for p in pts]
         if ws:
             sizes_from[ws[0]].update(ws)
         sp = speedups(pts)
         meta[label] = {"world_size": ws, "step_time_s": [p["step_time_s"] for p in pts], "speedup": sp}
         line = dict(color=color, dash=dash)
-        fig.add_trace(graph.Scatter(x=ws, y=[p["step_time_s"] * 1e3 for p in pts],
+        fig.add_trace(graph.Scatter(x=ws, y=[p["step_time_s"] * scale for p in pts],
                                     mode="lines+markers", name=label, legendgroup=label, line=line,
                                     hovertemplate=f"{label}: %{{x}} ranks, "
-                                                  f"%{{y:.2f}} ms/step<extra></extra>"), 1, 1)
+                                                  f"%{{y:.2f}} {unit}/step<extra></extra>"), 1, 1)
         fig.add_trace(graph.Scatter(x=ws, y=sp, mode="lines+markers", name=label,
                                     legendgroup=label, line=line, showlegend=False,
                                     hovertemplate=f"{label}: %{{x}} ranks, "
@@ -87,7 +92,8 @@ def scaling(measured=None, predicted=None, title: str | None = None):
     drawn = sorted({w for series in meta.values() for w in series["world_size"]})
     fig.update_xaxes(title_text="world size (ranks)", type="log", tickvals=drawn,
                      ticktext=[f"{w:,}" for w in drawn])
-    fig.update_yaxes(title_text="ms per step", row=1, col=1, rangemode="tozero")
+    fig.update_yaxes(title_text="seconds per step" if unit == "s" else "ms per step", row=1, col=1,
+                     rangemode="tozero")
     # log-log, so that the ideal is the diagonal and a shortfall reads as the same gap at any size
     spans = [s for series in meta.values() for s in series["speedup"] if s > 0] + drawn  # ideals <= sizes
     ticks = [2.0**k for k in range(math.floor(math.log2(min(spans, default=1))),
