@@ -122,6 +122,12 @@ def test_timeline_pipeline_microbatch_colours_and_labels(pipe):
     # a timeline coloured by kind keeps its plain axis
     assert viz.timeline(pipe, color_by="kind").layout.xaxis.title.text == "time (ms)"
     assert "(1024 B)" in send.hovertext[0] and "peer r" in send.hovertext[0]
+    # bars coloured by microbatch stay out of the legend (their swatch had been one microbatch's colour,
+    # matching no bar); kinds in one colour keep theirs, and sends back to back are edged apart
+    assert fwd.showlegend is False and send.showlegend is not False
+    assert send.marker.line.width == 1 and send.marker.line.color == "white"
+    by_kind = viz.timeline(pipe, color_by="kind").data
+    assert all(t.marker.line.width == 0 for t in by_kind if t.name == "forward")
     # idle is visible as gaps: rank 3's compute bars cover less than the step
     span = max(b + x for t in fig.data for b, x in zip(t.base, t.x))
     busy3 = sum(x for t in fig.data if t.name in ("forward", "backward")
@@ -276,6 +282,9 @@ def test_the_explorers_rank_matrix_gives_every_panel_a_scale_a_short_title_and_t
     assert "64 dp x 1 tp x 1 pp, tiny in fp32, 8/node" in fig.layout.annotations[2].text
     assert "ring successor" in fig.layout.title.subtitle.text
     assert len(fig.layout.shapes) == 8  # a dashed box per node of the 64 ranks, none for one node
+    # labels in cells only where they fit: three panels, one of 8 ranks, had shrunk them to 5 px
+    three = compare_matrix({"a": ring(2, 1), "b": ring(2, 1), "c": ring(8, 2)})
+    assert [t.texttemplate for t in three.data] == ["%{text}", "%{text}", None]
 
 
 def test_the_explorers_node_split_names_its_bars_short_with_the_details_below():

@@ -35,6 +35,11 @@ from paralab.viz.comm import (
     say_matrix_rule,
 )
 
+# columns of cells across the figure (ranks times panels) that leave a cell room for its label
+# ("465.8 KiB") at 820-1100 px: plotly shrinks a label to its cell, and three panels, one of 8 ranks,
+# had shrunk them to 5 px; past this the values are in the hover and the colour bar
+CELLS_WITH_TEXT = 12
+
 # the mesh axes each of the cost model's collective families runs over (gradients: dp and cp together;
 # a hierarchical all-reduce's steps split dp: _groups)
 FAMILY_AXES = {"tp": ("tp",), "dp": ("dp", "cp"), "zero": ("dp", "cp"), "cp": ("cp",), "pp": ("pp",)}
@@ -190,7 +195,7 @@ def compare_matrix(sources: dict, payload: bool = False, title: str | None = Non
         right = fig.get_subplot(1, i).xaxis.domain[1]
         fig.add_trace(graph.Heatmap(
             z=[[v / scale for v in row] for row in matrix], x=labels, y=labels, colorscale="Blues", text=text,
-            name=label, texttemplate="%{text}" if len(matrix) <= 8 else None,
+            name=label, texttemplate="%{text}" if len(matrix) * len(sources) <= CELLS_WITH_TEXT else None,
             colorbar=dict(title=dict(text=f"{unit} per step", side="right"), x=right + 0.01, xanchor="left",
                           thickness=10),
             hovertemplate=f"{label}<br>r%{{y}} → %{{x}}: %{{text}} per step<extra></extra>",

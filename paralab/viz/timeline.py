@@ -44,6 +44,7 @@ from paralab.viz._common import (
 DEFAULT_LANES = (COMPUTE, COMM, EVENT)
 BAR_WIDTH = 0.8  # of a row
 TEXT_LIMIT = 2000  # above this many bars, labels on bars cost more than they tell
+OUTLINE_LIMIT = 400  # above this many bars, a bar's white edge would whiten the narrow ones
 MICROBATCH_SCALE = [[k / (len(MICROBATCH_COLORS) - 1), c] for k, c in enumerate(MICROBATCH_COLORS)]
 _PATTERNS = {"backward": "/", "backward_input": "\\", "backward_weight": "x"}
 HOVER = "%{hovertext}<extra></extra>"
@@ -181,13 +182,15 @@ def _bytes_label(n: int) -> str:
     return f"{fmt_bytes(n)} ({n} B)"
 
 
-def marker_of(kind: str, color) -> dict:
-    """Bar marker: one colour, or microbatch numbers on the discrete microbatch scale (+ hatching)."""
+def marker_of(kind: str, color, outline: bool = False) -> dict:
+    """Bar marker: one colour, or microbatch numbers on the discrete microbatch scale (+ hatching);
+    ``outline``: a white edge, so that calls back to back (a ring's hops) read as several bars, not one
+    long transfer."""
     if kind in (WAITING, BLOCKED):  # whitens and hatches (dots) the call (the compute) it lies on
         return dict(color=color, line=dict(width=0),
                     pattern=dict(shape="/" if kind == WAITING else ".", fgcolor="#444", size=6, solidity=0.2))
     if isinstance(color, str):
-        return dict(color=color, line=dict(width=0))
+        return dict(color=color, line=dict(width=1, color="white") if outline else dict(width=0))
     marker = dict(color=color, colorscale=MICROBATCH_SCALE, cmin=0, cmax=len(MICROBATCH_COLORS) - 1,
                   line=dict(width=0))
     if kind in _PATTERNS:
@@ -269,18 +272,25 @@ def bar_traces(trace: Trace, *, lanes=DEFAULT_LANES, steps=None, color_by: str =
     show_text = (len(spans) <= TEXT_LIMIT) if text == "auto" else bool(text)
     over, wait_of = waiting_spans(trace, spans) if waits else ({}, {})
     extra = list(over.values()) + (blocked_spans(trace, spans) if waits else [])
+    # calls of one kind back to back on a comm row are told apart by a white edge, where the bars are
+    # few enough to be wider than it
+    outlined = {s.kind for s in spans if s.lane == COMM} if len(spans) <= OUTLINE_LIMIT else set()
     out = []
     for kind, c in bars_by_kind(spans + extra, mode, suffix, t0=min((s.start for s in spans), default=0.0),
                                 text=show_text and mode == "microbatch", waits=wait_of,
                                 slots=call_slots(spans, over)).items():
         out.append(dict(
             type="bar", name=LEGEND_NAMES.get(kind, kind), y=c["y"], x=c["x"],
-            base=c["base"], orientation="h", hovertext=c["hovertext"], marker=marker_of(kind, c["color"]),
-            opacity=opacity,
+            base=c["base"], orientation="h", hovertext=c["hovertext"],
+            marker=marker_of(kind, c["color"], kind in outlined), opacity=opacity,
             hovertemplate=HOVER, text=c["text"], textposition="inside", insidetextanchor="middle",
             textangle=0,  # a label that does not fit a bar is hidden (uniformtext), never turned on end
             insidetextfont=dict(color=_ink(c["color"])),
-            legendgroup=kind, showlegend=legend, width=c["width"], offset=c["offset"],
+            # bars coloured by microbatch stay out of the legend: plotly's swatch for them is one
+            # microbatch's colour (a beige "forward" that matched no bar); the x axis's title says
+            # what their colours and hatching mean
+            legendgroup=kind, showlegend=legend and isinstance(c["color"], str),
+            width=c["width"], offset=c["offset"],
         ))
     return out, rows_of(trace, spans, suffix)
 
@@ -353,9 +363,9 @@ def _label_example(spans: list[Span]) -> str:
 
 def _legend_once(bars: list[dict], pbars: list[dict]) -> None:
     """A kind drawn in both traces gets one legend entry (legendgroup toggles both)."""
-    shown = {b["name"] for b in bars}
+    shown = {b["name"] for b in bars if b["showlegend"]}
     for b in pbars:
-        b["showlegend"] = b["name"] not in shown
+        b["showlegend"] = b["showlegend"] and b["name"] not in shown
 
 
 def _rows_axis(fig, rows: list[str], axis: str) -> None:
