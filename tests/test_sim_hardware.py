@@ -5,6 +5,7 @@ import dataclasses
 import json
 import math
 import re
+import warnings
 from statistics import NormalDist
 
 import pytest
@@ -121,6 +122,24 @@ def test_a_hardware_file_changes_the_entries_it_names_of_its_bases_tables(tmp_pa
     whole = {k: v for k, v in dataclasses.asdict(PRESETS["a100"]).items() if k != "peak_flops"}
     with pytest.raises(SpecError, match="peak_flops must be an object of finite numbers"):
         load_hardware_file(write(tmp_path, {**whole, "peak_tflops": {"fp32": None}}))  # no base to drop from
+
+
+def test_a_part_from_its_datasheet_alone_is_told_which_modelling_constants_it_took(tmp_path):
+    """Without a base, a file giving an H100's datasheet figures had priced a 70B step 12% faster than
+    the h100 preset, silently: it took HardwareSpec's defaults for what no datasheet states."""
+    sheet = {"memory_gib": 79.6, "peak_tflops": {"bf16": 989, "fp32": 67}, "memory_bandwidth_gb_s": 3350,
+             "gpus_per_node": 8, "nvlink_gb_s": 360, "nvlink_latency_us": 5, "nic_gb_s": 45,
+             "nic_latency_us": 10}
+    took = r"no base.*straggler_cv 0 \(presets: 0.01\), comm_sm_share 0"
+    with pytest.warns(UserWarning, match=took) as said:
+        load_hardware_file(write(tmp_path, sheet))
+    assert "matmul_max_efficiency" in str(said[0].message)
+    given = {"matmul_max_efficiency": 0.7, "straggler_cv": 0.01, "comm_sm_share": 0.18,
+             "flash2_efficiency": PRESETS["h100"].flash2_efficiency}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_hardware_file(write(tmp_path, {**sheet, **given}))
+        load_hardware_file(write(tmp_path, {"base": "h100", "memory_gib": 96}))
 
 
 def test_a_hardware_file_may_give_every_field_in_si_units(tmp_path):

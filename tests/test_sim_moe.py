@@ -143,6 +143,11 @@ def test_load_imbalance_slows_the_step_up_to_the_capacity():
     capped = m.replace(capacity_factor=1.25)
     assert cost.predict(capped, p.replace(expert_imbalance=2.0), H100).step_time_s == pytest.approx(
         cost.predict(capped, p.replace(expert_imbalance=1.25), H100).step_time_s)
+    # the busiest expert takes at most every token: E / k = 4 times the mean for 8 experts, top-2 (a
+    # slip of 15 for 1.5 had priced a step many times over)
+    assert p.replace(expert_imbalance=4.0).problems(m) == []
+    assert "at most every token, 8 experts / top-2 = 4 times" in " ".join(
+        p.replace(expert_imbalance=4.5).problems(m))
 
 
 # ------------------------------------------------------------------------------------------- schedules

@@ -540,6 +540,12 @@ class ParallelSpec:
         elif self.expert_imbalance != 1.0 and not model.experts:
             out.append(f"expert imbalance {self.expert_imbalance:g} weighs experts, but {model.name} is "
                        "dense")
+        elif model.experts and self.expert_imbalance > model.experts / model.top_k:
+            # each token goes to top_k different experts, so the busiest takes at most every token: the
+            # mean's E / k times
+            out.append(f"expert imbalance {self.expert_imbalance:g} is over the most there can be: the "
+                       f"busiest expert takes at most every token, {model.experts} experts / "
+                       f"top-{model.top_k} = {model.experts / model.top_k:g} times the mean")
         return out
 
 
