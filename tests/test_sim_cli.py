@@ -194,6 +194,16 @@ def test_a_batch_split_that_does_not_multiply_out_exits_2(capsys):
                       "--global-batch", "8", "--microbatches", "2",
                       "--micro-batch", "4"], capsys)  # fmt: skip
     assert rc == 2 and "global batch 8 != dp 2 x micro-batch 4 x 2 microbatches = 16" in err
+    # a micro-batch not given is not named at its rounding down, and layouts are offered at the batch
+    # asked (64 had read "!= dp 8 x micro-batch 2 x 3 microbatches = 48", with layouts at 48)
+    rc, _, err = run(["simulate", "--model", "llama3-8b", "--gpus", "8", "--microbatches", "3",
+                      "--global-batch", "64"], capsys)
+    assert rc == 2 and "global batch 64 does not divide into dp 8 x 3 microbatches = 24 equal" in err
+    assert "micro-batch 2" not in err and "on 8 GPUs at 64 sequences a step: " in err
+    # more microbatches than a step models: the planner's default, not "try a global batch" of them
+    rc, _, err = run(["simulate", "--model", "llama3-8b", "--gpus", "32", "--pp", "32",
+                      "--microbatches", "10000000"], capsys)
+    assert rc == 2 and "65,536 microbatches" in err and "the planner's default batch" in err
 
 
 def test_cpu_rates_print_in_gflops():

@@ -28,6 +28,7 @@ from paralab.sim.specs import (
     DTYPE_BYTES,
     KERNELS,
     MAX_GPUS,
+    MAX_MICROBATCHES,
     RECOMPUTE,
     SCHEDULES,
     ModelSpec,
@@ -254,11 +255,14 @@ def _refuse(args, problems: list[str], hint: str = "") -> int:
 
 
 def _batch_of(parallel: ParallelSpec, gpus: int) -> int | None:
-    """The global batch a refused spec would have priced (its own, resolved as for a spec that builds,
-    so that a refusal and a layout that does not fit offer layouts for the same batch); None, the
-    planner's default, where its degrees do not make up the GPUs (its batch would be another run's)."""
+    """The global batch a refused spec would have priced: the one asked for, else its own resolved as
+    for a spec that builds (so that a refusal and a layout that does not fit offer layouts for the same
+    batch); None, the planner's default, where its degrees do not make up the GPUs or it asks for more
+    microbatches than the simulator models (its batch would be another run's)."""
     p = parallel.resolved()
-    return p.global_batch if p.world_size == gpus else None
+    if p.world_size != gpus or p.microbatches > MAX_MICROBATCHES:
+        return None
+    return parallel.global_batch or p.global_batch
 
 
 def _fits_hint(model: ModelSpec, gpus: int, hw, global_batch: int | None, fp32_grads: bool) -> str:

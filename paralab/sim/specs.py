@@ -410,8 +410,14 @@ class ParallelSpec:
             return out
         p = self.resolved()
         if self.global_batch and self.microbatches and p.global_batch != self.global_batch:
-            out.append(f"global batch {self.global_batch} != dp {p.dp} x micro-batch {p.micro_batch} x "
-                       f"{p.microbatches} microbatches = {p.global_batch}")
+            if self.micro_batch:
+                out.append(f"global batch {self.global_batch} != dp {p.dp} x micro-batch {p.micro_batch} x "
+                           f"{p.microbatches} microbatches = {p.global_batch}")
+            else:  # the micro-batch is derived: name the split the user asked for, not its rounding down
+                split = p.dp * p.microbatches
+                out.append(f"global batch {self.global_batch} does not divide into dp {p.dp} x "
+                           f"{p.microbatches} microbatches = {split} equal micro-batches "
+                           f"({self.global_batch / split:.3g} sequences each)")
         if p.world_size > MAX_GPUS or p.microbatches > MAX_MICROBATCHES:
             out.append(f"the simulator models up to {MAX_GPUS:,} GPUs and {MAX_MICROBATCHES:,} microbatches "
                        f"a step, got {p.world_size:,} GPUs and {p.microbatches:,} microbatches")
