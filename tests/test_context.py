@@ -348,3 +348,61 @@ def test_the_cli_refuses_with_exit_2_and_one_line(capsys, monkeypatch):
     code = cli.main(["run", "--strategy", "cp", "--world-size", "8", "--cp-mode", "alltoall", "--steps", "1"])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "4 heads do not divide by 8" in err
+
+
+def _attention_run(split, seconds, pairs):
+    """A cp run as viz.attention_per_rank reads it: its split, one cp group, two steps per rank (the
+    first left out as warm-up)."""
+    from types import SimpleNamespace
+
+    ranks = [{"attention_cpu_s": {"0": 9.0, "1": s}, "attention_pairs": {"0": n, "1": n}}
+             for s, n in zip(seconds, pairs)]
+    return SimpleNamespace(config=SimpleNamespace(cp_split=split), layout=SimpleNamespace(cp=len(seconds)),
+                           rank_results=ranks)
+
+
+def test_the_attention_figure_says_which_chunks_a_rank_holds_under_each_split():
+    """A zig-zag rank is not a place in the sequence (rank 0 holds the first chunk and the last): the
+    x axis names the chunks per split, and each measured bar's hover the chunks of its rank."""
+    from paralab import viz
+
+    both = viz.attention_per_rank({"zigzag": _attention_run("zigzag", [0.01, 0.01, 0.01, 0.01], [5] * 4),
+                                   "contiguous": _attention_run("contiguous", [0.01, 0.02, 0.03, 0.04],
+                                                                [1, 2, 3, 4])})
+    axis = both.layout.xaxis.title.text
+    assert "zig-zag: chunks r and 2N−1−r" in axis and "contiguous: chunks 2r and 2r+1, first to last" in axis
+    zigzag, contiguous = (t for t in both.data if t.name.endswith("measured"))
+    assert list(zigzag.customdata) == [" (chunks 0 and 7)", " (chunks 1 and 6)", " (chunks 2 and 5)",
+                                       " (chunks 3 and 4)"]
+    assert list(contiguous.customdata)[3] == " (chunks 6 and 7)"
+    alone = viz.attention_per_rank({"contiguous": _attention_run("contiguous", [0.01, 0.02], [1, 3])})
+    assert "zig-zag" not in alone.layout.xaxis.title.text
+    # a run whose ranks are not one cp group (or not a cp run) is not labelled with chunks
+    other = _attention_run("zigzag", [0.01, 0.02], [1, 3])
+    other.layout.cp = 1
+    assert viz.attention_per_rank({"dp": other}).layout.xaxis.title.text == "rank"
+
+
+@pytest.mark.parametrize("seq, recompute, close", [(32768, "full", ["cp 2", "cp 4", "cp 8"]),
+                                                   (2048, "full", ["cp 2"])])
+def test_cp_modes_shows_both_step_lines_and_says_where_they_overlap(seq, recompute, close):
+    """Step times within 2% draw as one line: the ring's is wider, under the dashed all-to-all, and a
+    note on the step-time panel says where they lie that close."""
+    from paralab import viz
+    from paralab.sim.hardware import get_hardware
+    from paralab.sim.presets import get_model
+    from paralab.viz.context import CLOSE_STEPS
+
+    model = get_model("llama3-8b").replace(seq=seq)
+    fig = viz.cp_modes(model, get_hardware("h100"), [2, 4, 8], global_batch=1, recompute=recompute)
+    meta = fig.layout.meta
+    rel = meta["step_rel_diff"]
+    for i, (ring, a2a) in enumerate(zip(meta["step_s"]["ring"], meta["step_s"]["alltoall"])):
+        assert rel[i] == pytest.approx(abs(ring - a2a) / min(ring, a2a))
+    assert [f"cp {cp}" for cp, r in zip(meta["cps"], rel) if r <= CLOSE_STEPS] == close
+    ring, a2a = (t for t in fig.data if t.type == "scatter")
+    assert ring.name == "ring" and ring.line.width > a2a.line.width and a2a.line.dash == "dash"
+    notes = [a.text for a in fig.layout.annotations if "overlap" in a.text]
+    assert len(notes) == 1 and fig.layout.annotations[-1].xref == "x2 domain"
+    where = "at every degree" if len(close) == 3 else "at " + ", ".join(close)
+    assert where in notes[0] and f"{max(r for r in rel if r <= CLOSE_STEPS):.1%}" in notes[0]

@@ -83,6 +83,19 @@ def test_expert_cost_puts_the_load_beside_the_all_to_all_wait():
     assert list(fig.data[1].y) == pytest.approx([20.0, 4.0])
 
 
+def test_expert_cost_draws_tokens_and_milliseconds_in_panels_of_their_own():
+    """Tokens and milliseconds share no scale: two bars over one rank on twin axes had read as
+    comparable heights. Each quantity gets its own panel and axis from zero; the straggler is named."""
+    fig = expert_cost(hand_written_trace())
+    tokens, waits = fig.data
+    assert (tokens.xaxis, tokens.yaxis, waits.xaxis, waits.yaxis) == ("x", "y", "x2", "y2")
+    assert fig.layout.yaxis.rangemode == fig.layout.yaxis2.rangemode == "tozero"
+    assert fig.layout.yaxis2.overlaying is None
+    assert (fig.layout.yaxis.title.text, fig.layout.yaxis2.title.text) == ("tokens per step", "ms per step")
+    assert list(tokens.x) == list(waits.x) == ["rank 0 (straggler)", "rank 1"]
+    assert list(tokens.marker.line.color)[1] == "rgba(0,0,0,0)" != list(tokens.marker.line.color)[0]
+
+
 def test_a_dense_trace_is_refused_with_a_reason():
     with pytest.raises(ValueError, match="no mixture-of-experts counters"):
         expert_load_figure(Trace(spans=[Span(0, "step", "step", 0, 1, step=0)]))

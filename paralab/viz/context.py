@@ -18,6 +18,12 @@ from paralab.viz._common import (
 
 MODE_COLORS = {"ring": MICROBATCH_COLORS[0], "alltoall": MICROBATCH_COLORS[1]}
 MODE_NAMES = {"ring": "ring", "alltoall": "all-to-all"}  # cp_mode values, as the text names them
+# predicted step times closer than this (relative) draw as one line: the figure says so
+CLOSE_STEPS = 0.02
+# which of the sequence's 2N chunks rank r of N holds, in words, per cp_split (paralab.strategies.
+# sequence_split.rank_chunks)
+SPLIT_CHUNKS = {"zigzag": "zig-zag: chunks r and 2N−1−r of the 2N",
+                "contiguous": "contiguous: chunks 2r and 2r+1, first to last"}
 
 
 def attention_per_step(run, key: str = "attention_cpu_s") -> list[float]:
@@ -32,24 +38,40 @@ def attention_per_step(run, key: str = "attention_cpu_s") -> list[float]:
     return out
 
 
+def cp_split_of(run) -> str | None:
+    """The split (``zigzag``, ``contiguous``) of a run whose ranks are one cp group, else None."""
+    config, layout = getattr(run, "config", None), getattr(run, "layout", None)
+    if getattr(layout, "cp", None) != len(run.rank_results):
+        return None
+    return getattr(config, "cp_split", None)
+
+
 def attention_per_rank(runs: dict, title: str | None = None):
     """Grouped bars per rank, two per run (``{label: run}``, one colour each): the attention CPU
     milliseconds per step it measured (solid) and the query-key pairs its tiles computed (hatched),
     scaled so the run's pairs add up to its measured total: where a hatched bar stands above its solid
-    one, that rank's tiles ran faster per pair than the run's average. ``fig.layout.meta``:
-    ``seconds`` and ``pairs`` per label and rank, ``imbalance`` (max over min seconds) and
-    ``pair_imbalance`` (max over min pairs) per label."""
+    one, that rank's tiles ran faster per pair than the run's average. The x axis says which chunks
+    of the sequence rank r holds under each run's split (a zig-zag rank holds an early and a late one),
+    and a bar's hover its chunks. ``fig.layout.meta``: ``seconds`` and ``pairs`` per label and rank,
+    ``imbalance`` (max over min seconds) and ``pair_imbalance`` (max over min pairs) per label."""
+    from paralab.strategies.sequence_split import rank_chunks
+
     graph = go()
     fig = graph.Figure()
     seconds = {label: attention_per_step(run) for label, run in runs.items()}
     pairs = {label: attention_per_step(run, "attention_pairs") for label, run in runs.items()}
+    splits = {label: cp_split_of(run) for label, run in runs.items()}
     colors = MICROBATCH_COLORS + EXTRA_COLORS
     for i, (label, values) in enumerate(seconds.items()):
         ranks = [f"r{r}" for r in range(len(values))]
+        split, size = splits[label], len(values)
+        held = ([" (chunks {} and {})".format(*rank_chunks(r, size, split)) for r in range(size)]
+                if split in SPLIT_CHUNKS else [""] * size)
         ms_per_pair = sum(values) * 1e3 / sum(pairs[label])
         fig.add_trace(graph.Bar(x=ranks, y=[v * 1e3 for v in values], name=f"{label}: CPU time, measured",
-                                marker_color=colors[i % len(colors)],
-                                hovertemplate=f"{label}, %{{x}}: %{{y:.2f}} ms per step<extra></extra>"))
+                                marker_color=colors[i % len(colors)], customdata=held,
+                                hovertemplate=f"{label}, %{{x}}%{{customdata}}: %{{y:.2f}} ms per step"
+                                              "<extra></extra>"))
         fig.add_trace(graph.Bar(x=ranks, y=[n * ms_per_pair for n in pairs[label]],
                                 name=f"{label}: query-key pairs counted, x its mean ms a pair",
                                 marker_color=colors[i % len(colors)], marker_pattern_shape="/", opacity=0.55,
@@ -59,7 +81,8 @@ def attention_per_rank(runs: dict, title: str | None = None):
     fig.update_layout(barmode="group", meta={
         "seconds": seconds, "imbalance": {label: max(v) / min(v) for label, v in seconds.items()},
         "pairs": pairs, "pair_imbalance": {label: max(v) / min(v) for label, v in pairs.items()}})
-    fig.update_xaxes(title_text="rank (its place in the sequence: first to last)")
+    known = [SPLIT_CHUNKS[split] for split in dict.fromkeys(splits.values()) if split in SPLIT_CHUNKS]
+    fig.update_xaxes(title_text=f"rank r ({'; '.join(known)})" if known else "rank")
     fig.update_yaxes(title_text="attention per step (ms)")
     return style(fig, title or "attention work per rank: timed and counted", 400)
 
@@ -97,8 +120,11 @@ def activation_growth(model, seqs: list[int], cps: tuple[int, ...] = (2, 4, 8), 
 
 def cp_modes(model, hw, cps: list[int], title: str | None = None, **spec):
     """Ring against all-to-all for each cp degree: wire bytes one GPU sends per step for context
-    parallelism (left) and the predicted step time (right), from paralab.sim. ``spec``: the other
-    ParallelSpec fields. ``fig.layout.meta``: ``bytes`` and ``step_s`` per mode, a list per degree."""
+    parallelism (left) and the predicted step time (right), from paralab.sim. Where the two step times
+    lie within :data:`CLOSE_STEPS` of each other the lines would read as one: the ring's is drawn
+    wider, under the dashed all-to-all, and a note on the panel gives the largest difference there.
+    ``spec``: the other ParallelSpec fields. ``fig.layout.meta``: ``bytes`` and ``step_s`` per mode,
+    a list per degree, and ``step_rel_diff``: per degree, |ring - all-to-all| / the shorter."""
     from paralab.sim import context, cost
     from paralab.sim.specs import ParallelSpec
 
@@ -118,12 +144,26 @@ def cp_modes(model, hw, cps: list[int], title: str | None = None, **spec):
         fig.add_trace(graph.Bar(x=x, y=[v / scale for v in sent], name=name, marker_color=MODE_COLORS[mode],
                                 legendgroup=mode, customdata=[fmt_bytes(v) for v in sent],
                                 hovertemplate=f"{name} %{{x}}: %{{customdata}}<extra></extra>"), row=1, col=1)
+        # the ring's line wide and drawn first, the all-to-all's dashed and narrow over it: both show
+        wide = mode == "ring"
         fig.add_trace(graph.Scatter(x=x, y=steps, name=name, mode="lines+markers",
-                                    marker_color=MODE_COLORS[mode],
-                                    line=dict(dash="dash" if mode == "alltoall" else "solid"),
+                                    marker=dict(color=MODE_COLORS[mode], size=11 if wide else 6),
+                                    line=dict(color=MODE_COLORS[mode], width=6 if wide else 2,
+                                              dash="solid" if wide else "dash"),
                                     legendgroup=mode, showlegend=False,
                                     hovertemplate=f"{name} %{{x}}: %{{y:.3f}} s<extra></extra>"),
                       row=1, col=2)
+    ring, a2a = meta["step_s"]["ring"], meta["step_s"]["alltoall"]
+    meta["step_rel_diff"] = [abs(r - a) / min(r, a) for r, a in zip(ring, a2a)]
+    close = [f"cp {cp}" for cp, rel in zip(cps, meta["step_rel_diff"]) if rel <= CLOSE_STEPS]
+    if close:
+        where = "at every degree" if len(close) == len(cps) else "at " + ", ".join(close)
+        largest = max(rel for rel in meta["step_rel_diff"] if rel <= CLOSE_STEPS)
+        fig.add_annotation(text=f"ring (wide) and all-to-all (dashed) within<br>{largest:.1%} of each "
+                                f"other {where}:<br>the lines overlap (hover for each)",
+                           xref="x2 domain", yref="y2 domain", x=1, y=0.96, xanchor="right", yanchor="top",
+                           align="right", showarrow=False, font=dict(size=12, color="#333"),
+                           bgcolor="rgba(247,247,247,0.9)")
     fig.update_layout(barmode="group", meta=meta)
     fig.update_yaxes(title_text=unit, row=1, col=1)
     fig.update_yaxes(title_text="seconds", row=1, col=2)

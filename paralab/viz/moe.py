@@ -5,10 +5,10 @@ Both figures read the ``moe.*`` counters a run's MoE layers record in its trace
 
 - :func:`expert_load`: tokens per expert over the steps (a heatmap, summed over layers and ranks),
   and the token-to-expert assignments dropped for lack of capacity.
-- :func:`expert_cost`: per rank, the tokens its own experts computed beside the time it spent in
-  all-to-alls. An all-to-all ends on every rank when the slowest has sent; the rank whose experts
-  got the most tokens computes longest, so the others wait for it inside their combine: the
-  straggler waits least and makes everyone else wait.
+- :func:`expert_cost`: per rank, the tokens its own experts computed beside (in a panel of its own)
+  the time it spent in all-to-alls. An all-to-all ends on every rank when the slowest has sent; the
+  rank whose experts got the most tokens computes longest, so the others wait for it inside their
+  combine: the straggler waits least and makes everyone else wait.
 """
 
 from __future__ import annotations
@@ -62,8 +62,10 @@ def expert_load(trace, title: str | None = None, most_tokens: int | None = None)
 
 
 def expert_cost(trace, title: str | None = None):
-    """Per rank, over the steps after the first: the tokens its experts computed (bars, left axis) and
-    the seconds it spent in all-to-alls (bars, right axis).
+    """Per rank, over the steps after the first, side by side: the tokens its experts computed (left
+    panel) and the milliseconds it spent in all-to-alls (right panel). Two panels, each with its own
+    axis from zero, since tokens and milliseconds do not share a scale: compare the ranks within a
+    panel, and the order of the ranks across the two. The straggler's bars are outlined.
 
     ``fig.layout.meta``: ``received`` and ``all_to_all_s`` per rank (means per step), ``ranks`` and
     ``straggler`` (the rank whose experts computed the most)."""
@@ -81,17 +83,19 @@ def expert_cost(trace, title: str | None = None):
         spans = [s for s in trace.select(kind="all_to_all", rank=rank) if s.step in steps]
         waits.append(sum(s.duration for s in spans) / len(steps))
     straggler = ranks[max(range(len(ranks)), key=received.__getitem__)]
-    fig = graph.Figure()
-    labels = [f"rank {r}" for r in ranks]
-    fig.add_trace(graph.Bar(x=labels, y=received, name="tokens its experts computed", offsetgroup=0,
-                            marker_color="#4C78A8",
-                            hovertemplate="%{x}: %{y:.0f} tokens per step<extra></extra>"))
+    labels = [f"rank {r}" + (" (straggler)" if r == straggler else "") for r in ranks]
+    outline = dict(color=["#222" if r == straggler else "rgba(0,0,0,0)" for r in ranks], width=2)
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=(
+        "tokens its experts computed, per step", "time inside all-to-alls, ms per step"))
+    fig.add_trace(graph.Bar(x=labels, y=received, name="tokens its experts computed",
+                            marker=dict(color="#4C78A8", line=outline), showlegend=False,
+                            hovertemplate="%{x}: %{y:.0f} tokens per step<extra></extra>"), row=1, col=1)
     fig.add_trace(graph.Bar(x=labels, y=[w * 1e3 for w in waits], name="time in all-to-all (ms)",
-                            offsetgroup=1, yaxis="y2", marker_color=kind_color("all_to_all"),
-                            hovertemplate="%{x}: %{y:.2f} ms per step in all-to-all<extra></extra>"))
-    fig.update_layout(barmode="group", yaxis=dict(title="tokens per step", rangemode="tozero"),
-                      yaxis2=dict(title="ms per step", overlaying="y", side="right", rangemode="tozero",
-                                  tickmode="auto", showgrid=False))  # its own round ticks, the left's grid
+                            marker=dict(color=kind_color("all_to_all"), line=outline), showlegend=False,
+                            hovertemplate="%{x}: %{y:.2f} ms per step in all-to-all<extra></extra>"),
+                  row=1, col=2)
+    fig.update_yaxes(title_text="tokens per step", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="ms per step", rangemode="tozero", row=1, col=2)
     fig.layout.meta = {"received": received, "all_to_all_s": waits, "ranks": ranks, "straggler": straggler}
     return style(fig, title or f"the cost of the load: rank {straggler}'s experts compute the most, "
-                               f"the others wait for it", 420)
+                               f"the others wait for it", 400)
