@@ -205,6 +205,14 @@ def test_a_hardware_file_may_give_every_field_in_si_units(tmp_path):
          "power_limit_w (500 W) caps compute by its share"),
         ({"base": "h100", "pod_gpus": 4}, "pod_gpus (4) must be whole nodes of 8 GPUs"),
         ({"base": "h100", "nic_gbit_s": 400, "gpus_per_node": "8"}, "gpus_per_node must be a finite number"),
+        # unit slips and figures no part has (they had priced silently, or ended in ZeroDivisionError)
+        ({"base": "h100", "memory_gib": 85899345920}, "memory_bytes 9.223e+19 (SI units) is outside any "
+         "part's (1 MiB to 1 PiB): a unit slip?"),
+        ({"base": "h100", "memory_gib": 1e-9}, "memory_bytes 1.074 (SI units) is outside"),
+        ({"base": "h100", "peak_tflops": {"bf16": 989e12}},
+         "peak_flops['bf16'] 9.89e+26 (SI units) is outside"),
+        ({"base": "h100", "memory_bandwidth_gb_s": 1e-300}, "memory_bandwidth 1e-291 (SI units) is outside"),
+        ({"base": "h100", "power_limit_w": 900}, "power_limit_w (900 W) is above tdp_w (700 W)"),
     ],
 )
 def test_a_bad_hardware_file_is_refused_naming_what_is_wrong(tmp_path, data, words):

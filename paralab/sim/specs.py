@@ -555,6 +555,16 @@ class ParallelSpec:
         return out
 
 
+# (lowest, highest, unit) a part's figures may be (HardwareSpec._implausible): a thousand times below a
+# laptop CPU's and above the largest GPUs' (192 GiB, 8 TB/s, 2.3 PFLOP/s dense fp8, 900 GB/s NVLink)
+PLAUSIBLE = {
+    "memory_bytes": (2**20, 2**50, "1 MiB to 1 PiB"),
+    "memory_bandwidth": (1e6, 1e15, "1 MB/s to 1 PB/s"),
+    "intra_bw": (1e6, 1e15, "1 MB/s to 1 PB/s"),
+    "inter_bw": (1e6, 1e15, "1 MB/s to 1 PB/s"),
+    "peak_flops": (1e6, 1e18, "1 MFLOP/s to 1 EFLOP/s"),
+}
+
 # HardwareSpec's measured [bytes, seconds] curves (the local calibration's gloo calls)
 MEASURED_CURVES = ("allreduce_curve", "allgather_curve", "reducescatter_curve", "p2p_curve")
 
@@ -691,6 +701,8 @@ class HardwareSpec:
                for n in positive if not getattr(self, n) > 0]
         if not self.peak_flops or any(not v > 0 for v in self.peak_flops.values()):
             out.append(f"hardware peak_flops must be positive FLOP/s per dtype, got {self.peak_flops}")
+        if not out:
+            out += self._implausible()
         if "fp32" not in self.peak_flops:
             out.append("hardware peak_flops needs an fp32 entry (the fallback for dtypes it does not list)")
         unknown = sorted(set(self.host_overhead_s) - set(HOST_PARTS))
@@ -714,6 +726,10 @@ class HardwareSpec:
         if self.power_limit_w and not self.tdp_w:
             out.append(f"hardware power_limit_w ({self.power_limit_w:g} W) caps compute by its share of "
                        "tdp_w, which is 0: give the part's TDP (tdp_w)")
+        elif self.tdp_w > 0 and self.power_limit_w > self.tdp_w:
+            out.append(f"hardware power_limit_w ({self.power_limit_w:g} W) is above tdp_w "
+                       f"({self.tdp_w:g} W): a part runs no faster than at its TDP; give a limit up to it "
+                       "(0: no cap)")
         if self.pod_gpus and self.gpus_per_node and self.pod_gpus % self.gpus_per_node:
             out.append(f"hardware pod_gpus ({self.pod_gpus}) must be whole nodes of {self.gpus_per_node} "
                        "GPUs (0: the whole machine is one pod)")
@@ -729,6 +745,19 @@ class HardwareSpec:
                 for n in negative if getattr(self, n) < 0]
         out += [f"hardware host_overhead_s[{part!r}] must be >= 0 s, got {seconds}"
                 for part, seconds in self.host_overhead_s.items() if seconds < 0]
+        return out
+
+    def _implausible(self) -> list[str]:
+        """Figures outside what any part, from a laptop's CPU to a GPU generations ahead, could have
+        (:data:`PLAUSIBLE`): a unit slip (bytes in a GiB key, TB/s in a GB/s one) had priced silently."""
+        figures = [(name, getattr(self, name)) for name in PLAUSIBLE if name != "peak_flops"]
+        figures += [(f"peak_flops[{dtype!r}]", rate) for dtype, rate in self.peak_flops.items()]
+        out = []
+        for name, value in figures:
+            low, high, bounds = PLAUSIBLE[name.split("[")[0]]
+            if not low <= value <= high:
+                out.append(f"hardware {name} {value:.4g} (SI units) is outside any part's ({bounds}): a unit "
+                           "slip? (docs/simulator.md lists each key's unit)")
         return out
 
     def to_dict(self) -> dict:
