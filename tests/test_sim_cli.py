@@ -265,7 +265,10 @@ def test_a_configuration_that_does_not_fit_is_still_estimated(capsys):
     total, usable = data["memory_bytes_per_gpu"]["total"], data["memory_usable_bytes"]
     assert data["fits"] is False and data["step_time_s"] > 0 and data["tokens_per_s"] > 0
     assert data["memory_over_bytes"] == pytest.approx(total - usable, abs=2)
-    assert data["alternatives"] and all(a["memory_bytes_per_gpu"] <= usable for a in data["alternatives"])
+    # each alternative's memory is the object the prediction's is (its total had stood there alone)
+    memory = [a["memory_bytes_per_gpu"] for a in data["alternatives"]]
+    assert memory and all(m.keys() == data["memory_bytes_per_gpu"].keys() and m["total"] <= usable
+                          for m in memory)
     assert all(a["dp"] * a["tp"] * a["pp"] == 8 for a in data["alternatives"])
     rc, text, _ = run(argv, capsys)
     assert rc == 0 and "does not fit" in text and "over by" in text and "layouts that fit on 8 GPUs" in text
@@ -332,7 +335,13 @@ def test_the_llama_rule_gives_every_preset_its_published_mlp_width():
 def test_an_override_reports_a_custom_model_and_a_bad_group_is_refused(capsys):
     rc, out, _ = run(["simulate", "--model", "gpt3-175b", "--hidden", "14336", "--heads", "112", "--gpus",
                       "1024", "--tp", "8", "--pp", "16", "--global-batch", "1536", "--json"], capsys)
-    assert rc == 0 and json.loads(out)["model"] == "custom (from gpt3-175b)"
+    data = json.loads(out)
+    assert rc == 0 and data["model"] == "custom (from gpt3-175b)"
+    # what was priced, the re-derived MLP width with it (the output had named the model only)
+    assert data["shape"] == dict(layers=96, hidden=14336, heads=112, ffn=4 * 14336, vocab=50257, seq=2048,
+                                 kv_heads=112)
+    rc, out, _ = run(["simulate", "--model", "llama3-8b", "--hidden", "8192", "--gpus", "8"], capsys)
+    assert "shape: 32 layers, hidden 8,192, 32 heads (8 KV), MLP 28,672, vocabulary 128,256" in out
     rc, out, err = run(["simulate", "--model", "llama3-70b", "--heads", "100"], capsys)
     assert rc == 2 and not out and "8 query heads per KV head" in err and "--kv-heads" in err
     rc, out, err = run(["simulate", "--model", "gpt3-175b", "--expert-ffn", "1024"], capsys)

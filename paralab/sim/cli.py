@@ -331,7 +331,8 @@ def simulate_main(args) -> int:
         return _refuse(args, problems, hint)
     pred = cost.predict(model, parallel, hw)
     out = pred.to_dict()
-    out.update(model=model.name, hardware=hw.name, gpus=gpus, config=planner.describe(pred.parallel),
+    out.update(model=model.name, shape=_shape(model), hardware=hw.name, gpus=gpus,
+               config=planner.describe(pred.parallel),
                pipeline_passes=cost.pipeline_passes(pred.parallel), **_degrees(pred.parallel),
                stage_imbalance=cost.stage_imbalance(model, pred.parallel, hw))
     usable = cost.usable_memory(hw)
@@ -341,7 +342,7 @@ def simulate_main(args) -> int:
         batch = pred.parallel.global_batch
         ranked = _alternatives(model, gpus, hw, batch, pred.parallel.fp32_grads)
         out["alternatives"] = [dict(config=planner.describe(p.parallel), tokens_per_s=p.tokens_per_s,
-                                    mfu=p.mfu, memory_bytes_per_gpu=int(p.memory_bytes_per_gpu["total"]),
+                                    mfu=p.mfu, memory_bytes_per_gpu=p.to_dict()["memory_bytes_per_gpu"],
                                     **_degrees(p.parallel)) for p in ranked]
         out["advice"] = "" if ranked else planner.why_nothing_fits(model, gpus, hw, batch,
                                                                    pred.parallel.fp32_grads)
@@ -349,11 +350,26 @@ def simulate_main(args) -> int:
     return 0
 
 
+def _shape(model: ModelSpec) -> dict[str, int]:
+    """The model's shape as priced (an override re-derives some of it: presets.override), the experts'
+    width only where it has experts."""
+    return {k: getattr(model, k) for k in SHAPE if k != "expert_ffn" or model.experts}
+
+
+def _shape_text(shape: dict[str, int]) -> str:
+    kv = f" ({shape['kv_heads']} KV)" if shape["kv_heads"] != shape["heads"] else ""
+    experts = f", experts' MLP {shape['expert_ffn']:,}" if "expert_ffn" in shape else ""
+    return (f"  shape: {shape['layers']} layers, hidden {shape['hidden']:,}, {shape['heads']} heads{kv}, "
+            f"MLP {shape['ffn']:,}{experts}, vocabulary {shape['vocab']:,}, {shape['seq']:,} tokens")
+
+
 def _report(out: dict) -> str:
     mem = out["memory_bytes_per_gpu"]
     lines = [
         f"{out['model']} on {out['gpus']} x {out['hardware']}, {out['global_batch']:,} sequences a step: "
         f"{out['config']}",
+        # an override re-derives part of the shape: say what was priced
+        *([_shape_text(out["shape"])] if out["model"].startswith("custom") else []),
         f"  step {out['step_time_s']:.3f} s, {out['tokens_per_s']:,.0f} tokens/s, "
         f"{planner.flops_text(out['tflops_per_gpu'])} per GPU, "
         f"MFU {out['mfu']:.1%}, HFU {out['hfu']:.1%}, pipeline idle {out['bubble_fraction']:.1%}"
@@ -379,7 +395,7 @@ def _report(out: dict) -> str:
         if out["alternatives"]:
             lines.append(f"  layouts that fit on {out['gpus']} GPUs, "
                          f"{out['global_batch']:,} sequences a step:")
-            lines += [f"    {a['config']} ({planner.bytes_text(a['memory_bytes_per_gpu'])}, "
+            lines += [f"    {a['config']} ({planner.bytes_text(a['memory_bytes_per_gpu']['total'])}, "
                       f"{a['tokens_per_s']:,.0f} tokens/s)" for a in out["alternatives"]]
         else:
             lines.append(f"  nothing fits on {out['gpus']} GPUs: {out['advice']}")
