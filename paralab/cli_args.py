@@ -55,7 +55,7 @@ class OneLineErrors(argparse.ArgumentParser):
         self.exit(EXIT_INVALID, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
-NUMBERS_LIST = r"\[[\d.,\s]*\]"  # a Python list of numbers as a message prints it: [1, 3, 3, 1]
+NUMBERS_LIST = r"\[[-\d.,\s]*\]"  # a Python list of numbers as a message prints it: [1, 3, 3, 1]
 
 
 def said_as_flags(message: str, parser: argparse.ArgumentParser) -> str:

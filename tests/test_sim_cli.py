@@ -495,6 +495,16 @@ def test_a_batch_of_more_microbatches_than_a_step_models_plans_the_splits_that_f
     (["simulate", "--model", "gpt3-125m", "--ffn", "-1"], "model ffn must be >= 1, got -1"),
     (["simulate", "--model", "gpt3-125m", "--kv-heads", "-4"], "model --kv-heads must be >= 1, got -4"),
     (["simulate", "--model", "gpt3-125m", "--first-stage-layers", "5"], "give --pp 2 or more"),  # was ignored
+    # a V's two chunks per rank (this had been refused as "--stage-layers 8,4 gives 2 stages, not 4",
+    # a flag not given)
+    (["simulate", "--model", "gpt3-125m", "--pp", "2", "--schedule", "zbv", "--first-stage-layers", "8"],
+     "give --stage-layers for virtual stages (the zbv schedule runs two per rank)"),
+    (["simulate", "--model", "gpt3-125m", "--pp", "2", "--stage-layers=-1,13"],
+     "--stage-layers -1,13 gives stage 0 -1 layers"),  # the list had read "-1, 13]"
+    # a dp not given is not named ("dp x tp x pp = 1 x 3 x 1 = 3 != 8 GPUs")
+    (["simulate", "--model", "gpt3-125m", "--gpus", "8", "--tp", "3"], "tp 3 does not divide 8 GPUs"),
+    (["simulate", "--model", "gpt3-125m", "--gpus", "8", "--tp", "2", "--pp", "3"],
+     "tp x pp = 6 does not divide 8 GPUs (dp would be 1.33)"),
 ])
 def test_values_the_simulator_cannot_model_exit_2_in_one_line(capsys, argv, message):
     rc, out, err = run(argv + ["--json"], capsys)

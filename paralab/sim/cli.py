@@ -31,6 +31,7 @@ from paralab.sim.specs import (
     MAX_MICROBATCHES,
     RECOMPUTE,
     SCHEDULES,
+    V_SHAPED,
     ModelSpec,
     ParallelSpec,
     SpecError,
@@ -169,9 +170,10 @@ def _stage_layers(args, model: ModelSpec) -> tuple[int, ...] | None:
         raise SpecError("--first/--last-stage-layers split a pipeline: give --pp 2 or more")
     if args.stage_layers is not None:
         raise SpecError("give --stage-layers or --first/--last-stage-layers, not both")
-    if args.virtual_stages != 1:
-        raise SpecError("--first/--last-stage-layers split one chunk per stage; "
-                        "give --stage-layers for virtual stages")
+    if args.virtual_stages != 1 or args.schedule in V_SHAPED:
+        why = f" (the {args.schedule} schedule runs two per rank)" if args.schedule in V_SHAPED else ""
+        raise SpecError("--first/--last-stage-layers split one chunk per stage; give --stage-layers for "
+                        f"virtual stages{why}")
     for flag, value in (("first", first), ("last", last)):
         if value is not None and not 0 <= value <= model.layers:
             raise SpecError(f"--{flag}-stage-layers must be 0 to {model.layers} (the model's layers), "
@@ -254,6 +256,19 @@ def _refuse(args, problems: list[str], hint: str = "") -> int:
     return _fail(message + (". " + hint if hint else ""))
 
 
+def _with_dp_unsaid(problems: list[str], args, gpus: int) -> list[str]:
+    """``problems`` with a dp the user did not give left unnamed: where the other degrees do not divide
+    the GPUs, dp stands at 1 for want of a whole number, and "dp x tp x pp = 1 x 3 x 1 = 3 != 8 GPUs"
+    had named that 1 as if it were asked for."""
+    split = args.tp * args.pp * args.cp
+    if args.dp or not gpus % split:
+        return problems
+    names = [n for n, d in (("tp", args.tp), ("pp", args.pp), ("cp", args.cp)) if d > 1]
+    degrees = f"{names[0]} {split}" if len(names) == 1 else f"{' x '.join(names)} = {split}"
+    said = f"{degrees} does not divide {gpus} GPUs (dp would be {gpus / split:.3g})"
+    return [said, *(p for p in problems if not p.startswith("dp x tp x pp"))]
+
+
 def _batch_of(parallel: ParallelSpec, gpus: int) -> int | None:
     """The global batch a refused spec would have priced: the one asked for, else its own resolved as
     for a spec that builds (so that a refusal and a layout that does not fit offer layouts for the same
@@ -326,7 +341,7 @@ def simulate_main(args) -> int:
                    f"dp {dp} is {dp // local} node(s) of {local} rank(s)")
             return _fail(f"a hierarchical all-reduce needs 2 or more data-parallel ranks on each of 2 or "
                          f"more nodes: on {hw.name} ({hw.gpus_per_node} GPUs a node) {why}")
-    if problems := parallel.problems(model, gpus):
+    if problems := _with_dp_unsaid(parallel.problems(model, gpus), args, gpus):
         hint = _fits_hint(model, gpus, hw, _batch_of(parallel, gpus), parallel.fp32_grads)
         return _refuse(args, problems, hint)
     pred = cost.predict(model, parallel, hw)
