@@ -398,10 +398,10 @@ def test_the_elastic_figure_tells_the_story_in_phases(killed):
     assert len(series) == 2 and not series & set(RANK_COLORS)
 
 
-def test_the_recovery_is_split_where_the_agents_spawned_the_new_workers():
-    """The rendezvous phase had ended when the new workers had imported torch and met (12.8 s, where the
-    keep-alive and the last call make 9 s): it ends when the first agent spawned its worker, and the
-    restore holds the workers' start-up. A trace without ``worker_start`` spans keeps the old cut."""
+def story_trace(spans=None):
+    """A two-world story on the trace clock, by hand: 2 ranks, rank 1 killed at 0.75 s and noticed at
+    0.78 s, the survivor's agent spawning its new worker at 7 s, a world of 1 from step 1 on. ``spans``
+    filters the event spans (a predicate)."""
     from paralab.trace import Span, Trace
 
     def event(rank, kind, start, end, name=""):
@@ -411,18 +411,25 @@ def test_the_recovery_is_split_where_the_agents_spawned_the_new_workers():
         return {"step": step, "generation": gen, "world_size": world, "samples": [4] * world,
                 "compute_s": [0.05] * world, "start": start, "end": start + 0.1, "final": final}
 
-    spans = [event(0, "worker_start", -3.0, -0.5), event(1, "worker_start", -2.9, -0.4),
-             event(0, "rendezvous", -0.5, 0.0, "rendezvous: world of 2"),
-             event(1, "rendezvous", -0.4, 0.0, "rendezvous: world of 2"),
-             event(1, "failure", 0.75, 0.75, "SIGKILL"), event(0, "failure_detected", 0.78, 0.78),
-             event(0, "worker_start", 7.0, 9.5), event(0, "rendezvous", 9.5, 10.0, "rendezvous: world of 1"),
-             event(0, "checkpoint_load", 10.1, 10.3, "load step-00000001")]
+    events = [event(0, "worker_start", -3.0, -0.5), event(1, "worker_start", -2.9, -0.4),
+              event(0, "rendezvous", -0.5, 0.0, "rendezvous: world of 2"),
+              event(1, "rendezvous", -0.4, 0.0, "rendezvous: world of 2"),
+              event(1, "failure", 0.75, 0.75, "SIGKILL"), event(0, "failure_detected", 0.78, 0.78),
+              event(0, "worker_start", 7.0, 9.5), event(0, "rendezvous", 9.5, 10.0, "rendezvous: world of 1"),
+              event(0, "checkpoint_load", 10.1, 10.3, "load step-00000001")]
     records = [record(0, "gen-000", 2, 0.5), record(1, "gen-000", 2, 0.6, final=False),
                record(1, "gen-001", 1, 10.4), record(2, "gen-001", 1, 10.5)]
     meta = {"generations": [{"name": "gen-000", "world_size": 2, "wall_start": 100.0},
                             {"name": "gen-001", "world_size": 1, "wall_start": 110.0}],
             "step_records": records}
-    phases = {p["label"]: p for p in viz.elastic_phases(Trace(spans=spans, meta=meta))}
+    return Trace(spans=[e for e in events if spans is None or spans(e)], meta=meta)
+
+
+def test_the_recovery_is_split_where_the_agents_spawned_the_new_workers():
+    """The rendezvous phase had ended when the new workers had imported torch and met (12.8 s, where the
+    keep-alive and the last call make 9 s): it ends when the first agent spawned its worker, and the
+    restore holds the workers' start-up. A trace without ``worker_start`` spans keeps the old cut."""
+    phases = {p["label"]: p for p in viz.elastic_phases(story_trace())}
     assert list(phases) == ["start", "training at 2 ranks", "failure", "detected", "rendezvous", "restore",
                             "training at 1 ranks"]
     assert (phases["start"]["start"], phases["start"]["detail"]) == (-3.0, "workers start (Python, torch), "
@@ -430,9 +437,88 @@ def test_the_recovery_is_split_where_the_agents_spawned_the_new_workers():
     assert (phases["rendezvous"]["start"], phases["rendezvous"]["end"]) == (0.78, 7.0)
     assert (phases["restore"]["start"], phases["restore"]["end"]) == (7.0, 10.4)
     assert phases["restore"]["detail"] == "workers start (Python, torch: 2.50 s), meet, load step-00000001"
-    older = Trace(spans=[s for s in spans if s.kind != "worker_start"], meta=meta)
+    older = story_trace(spans=lambda e: e.kind != "worker_start")
     cut = {p["label"]: p for p in viz.elastic_phases(older)}
     assert cut["rendezvous"]["end"] == cut["restore"]["start"] == 10.0 and cut["start"]["start"] == -0.5
+
+
+def test_the_story_keeps_its_note_off_the_rows_and_shows_the_kill():
+    """Notebook 07's story at 820 pixels: the box in the phases' corner had covered the end of row 1's
+    text, the restore's text ("... load step-00000002") had run off the right edge, the start's grey and
+    the rendezvous' purple shading (opacity 0.12) had read as one, and the detection (milliseconds) had
+    not been seen at all. Now the note sits above the phases, a long text takes two lines (broken
+    outside brackets), the shading is stronger in hues apart, and a red line marks the kill."""
+    from paralab.viz.elastic import PHASE_COLORS, SHADE, TEXT_WRAP
+
+    fig = viz.elastic(story_trace())
+    note = fig.layout.annotations[-1]
+    assert (note.xanchor, note.yanchor) == ("left", "bottom") and note.y > 1  # above the phases' panel
+    assert note.text == ("<b>training at 2 ranks</b>, then no step ran for 9.65 s (97 steps' worth), "
+                         "then <b>training at 1 ranks</b>")
+    texts = [t.text[0].strip() for t in fig.data if t.type == "scatter" and t.mode == "markers+text"]
+    restore = next(t for t in texts if "load step-00000001" in t)
+    assert restore == "3.40 s: workers start (Python, torch: 2.50 s),<br>  meet, load step-00000001"
+    assert all("<br>" in t or len(t) <= TEXT_WRAP for t in texts)
+    kills = [s for s in fig.layout.shapes if s.type == "line"]
+    assert len(kills) == 3 and all(s.x0 == s.x1 == 0.75 and s.line.color == PHASE_COLORS["failure"]
+                                   for s in kills)  # one per wall-clock panel
+    shaded = [s for s in fig.layout.shapes if s.type == "rect"]
+    assert shaded and all(s.opacity == SHADE for s in shaded)
+    assert len({PHASE_COLORS[p] for p in ("start", "rendezvous", "restore", "detected")}) == 4
+
+
+def test_detection_is_timed_on_the_trace_clock():
+    """describe() and notebook 07 had said the detection took 42 ms where the figure, from the trace, said
+    43: the transition's detection_s came from the wall-clock times of the fault marker and the error
+    reports, each a file write away from the spans the figure draws. It is the trace's now, where both
+    spans are there; a node lost from outside has no failure span and keeps the wall clock."""
+    from paralab.elastic.history import Generation, _transitions
+    from paralab.trace import Span
+
+    def line(rank, kind, at):
+        return {"span": dataclasses.asdict(Span(rank, "event", kind, at, at))}
+
+    def generation(name, world, wall_start, start_step, nodes, errors=(), lines=(), last_seen=None):
+        meta = {"world_size": world, "wall_start": wall_start, "start_step": start_step, "nodes": nodes,
+                "checkpoint": None if start_step == 0 else f"step-{start_step:08d}"}
+        steps = {start_step: {"t_end": wall_start + 1.0}}
+        return Generation(name, meta, steps, list(errors), list(lines),
+                          last_seen or {r: wall_start for r in range(world)})
+
+    traced = [line(1, "failure", 0.75), line(0, "failure_detected", 0.78), line(2, "failure_detected", 0.80)]
+    errors = [{"rank": 0, "t": 100.9}, {"rank": 2, "t": 100.95}]  # the wall clock: 100 ms after the marker
+    after = generation("gen-001", 2, 110.0, 1, [0, 2])
+    failure = {"rank": 1, "step": 1, "t": 100.8}
+    (t,) = _transitions([generation("gen-000", 3, 100.0, 0, [0, 1, 2], errors, traced), after], failure)
+    assert t["reason"] == "failure" and t["detection_s"] == pytest.approx(0.03)
+    (t,) = _transitions([generation("gen-000", 3, 100.0, 0, [0, 1, 2], errors), after], failure)
+    assert t["detection_s"] == pytest.approx(0.1)  # no spans: the wall clock, as before
+    seen = {0: 100.6, 1: 100.5, 2: 100.6}
+    lost = generation("gen-000", 3, 100.0, 0, [0, 1, 2], errors, traced, last_seen=seen)
+    (t,) = _transitions([lost, after], None)
+    assert (t["cause"], t["detection_s"]) == ("node lost", pytest.approx(0.4))  # from its last sign of life
+
+
+def test_the_balance_figure_draws_the_share_in_proportion_to_speed():
+    """Notebook 07's balance figures: the left subplot's title had been cut at both ends at 820 pixels,
+    and nothing showed the share a rank F times slower would get in proportion to speed, 1/(1 + F)."""
+    from types import SimpleNamespace
+
+    from paralab.trace import Trace
+
+    records = [{"step": k, "generation": "gen-000", "world_size": 2, "samples": samples, "compute_s": seconds,
+                "start": k, "end": k + 0.5, "final": True}
+               for k, (samples, seconds) in enumerate([([6, 6], [0.01, 0.03]), ([9, 3], [0.015, 0.015])])]
+    trace = Trace(meta={"step_records": records})
+    fig = viz.elastic_balance(trace, slow={"rank": 1, "factor": 3})
+    assert fig.layout.meta["proportional"] == pytest.approx([0.75, 0.25])
+    dotted = [t for t in fig.data if t.type == "scatter" and t.line.dash == "dot"]
+    assert [list(t.y) for t in dotted] == [[0.75, 0.75], [0.25, 0.25]] and list(dotted[0].x) == [0, 1]
+    assert sum(t.showlegend is not False for t in dotted) == 1
+    assert fig.layout.annotations[0].text == "batch share (solid), throughput share (dashed)"
+    assert viz.elastic_balance(trace).layout.meta["proportional"] is None  # no slowdown known
+    result = SimpleNamespace(trace=trace, config=SimpleNamespace(slow={"rank": 0, "factor": 5}))
+    assert viz.elastic_balance(result).layout.meta["proportional"] == pytest.approx([1 / 6, 5 / 6])
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")

@@ -11,9 +11,11 @@ Between two generations is a transition, and its reason: a **failure** when the 
 in between (``--fail``) or a node of the old world is missing from the new one (killed from outside,
 its machine lost: paralab never takes a node away on purpose); a **scale-out** when the world grew;
 else a **restart**. A failure's detection time runs from the kill to the first survivor that noticed
-(its error report). For a failure from outside the moment of the kill is not known: it is measured
-from the lost rank's last sign of life (the end of its last recorded step), so it may exceed the true
-figure by up to one step time.
+(its error report), on the trace's clock, the one its figure (paralab.viz.elastic) draws: from the
+``failure`` span to the first ``failure_detected`` span after it. For a failure from outside there is
+no ``failure`` span and the moment of the kill is not known: it is measured on the wall clock, from the
+lost rank's last sign of life (the end of its last recorded step) to the first survivor's error
+report, so it may exceed the true figure by up to one step time.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from paralab.elastic.config import ElasticConfig
-from paralab.trace import Counter, Span, Trace, median_after_first
+from paralab.trace import EVENT, Counter, Span, Trace, median_after_first
 
 
 @dataclass
@@ -205,11 +207,29 @@ def _transitions(gens: list[Generation], failure: dict | None) -> list[dict]:
             rank, since = (failure["rank"], failure["t"]) if injected else (lost[0], prev.last_seen[lost[0]])
             item.update(failed_rank=rank, failed_node=prev.meta["nodes"][rank] if rank < before else None,
                         cause="injected" if injected else "node lost")
-            if detected is not None:
-                # the kill (or the last sign of life) to the first survivor noticing
+            traced = _traced_detection(prev, rank) if injected else None
+            if traced is not None:
+                item["detection_s"] = traced
+            elif detected is not None:
+                # the kill (or the last sign of life) to the first survivor noticing, on the wall clock
                 item["detection_s"] = detected - since
         out.append(item)
     return out
+
+
+def _traced_detection(gen: Generation, rank: int) -> float | None:
+    """From rank ``rank``'s ``failure`` span to the first survivor's ``failure_detected`` span after it,
+    on the generation's trace clock (ranks aligned when their clocks started); None without both.
+
+    The wall-clock times of the fault marker and the error reports are taken a file write away from
+    these spans (after the killed rank's trace flush, before a survivor's), so they read a few ms
+    shorter than the figure drawn from the trace: one clock for both."""
+    spans = [line["span"] for line in gen.trace_lines if "span" in line and line["span"]["lane"] == EVENT]
+    kill = min((s["start"] for s in spans if s["kind"] == "failure" and s["rank"] == rank), default=None)
+    if kill is None:
+        return None
+    noticed = [s["start"] for s in spans if s["kind"] == "failure_detected" and s["start"] >= kill]
+    return min(noticed) - kill if noticed else None
 
 
 def _merged_trace(cfg: ElasticConfig, gens: list[Generation], final: dict[int, dict]) -> Trace:

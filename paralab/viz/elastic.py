@@ -9,12 +9,16 @@ first after it claims steps that never ran. So :func:`elastic` draws
   failure, detected, rendezvous (the agents', until the first of them spawned its new worker),
   restore (the new workers start Python and torch, meet, load the checkpoint), training at n-1 ranks
   (a node joining adds a rendezvous and a restore, no failure);
+- above them, one line per stretch in which no step ran (from one training phase to the next): how
+  long, in steps' worth;
 - below on the left, world size, step time and utilisation against wall-clock time, lines only
-  inside a training phase: where no step ran there is a gap;
+  inside a training phase: where no step ran there is a gap, shaded in its phase's colour, and a red
+  line marks a kill;
 - below on the right, the same run step by step: world size, step time, and each rank's samples.
 
 :func:`elastic_balance` draws a balanced run: each rank's share of the global batch per step against
-its share of the measured throughput, which the shares converge to.
+its share of the measured throughput, which the shares follow a step later, and the share in
+proportion to speed that a known slowdown alone would give.
 
 Reads the trace's meta (``generations``, ``step_records``: paralab.elastic.history), its event lane
 (``failure``, ``failure_detected``, ``worker_start``, ``rendezvous``, ``checkpoint_load``) and its counters
@@ -30,8 +34,17 @@ from paralab.trace import EVENT, STEP, Trace, median_after_first
 from paralab.viz._common import EXTRA_COLORS, MICROBATCH_COLORS, as_trace, go, make_subplots, style
 
 UTILISATION = ("cpu_percent", "gpu_percent", "utilisation", "utilization")
-PHASE_COLORS = {"start": "#BAB0AC", "training": "#54A24B", "failure": "#D62728", "detected": "#F58518",
+# start a neutral grey, the recovery's phases hues apart: shaded behind the wall-clock panels at SHADE, a
+# warm grey start and the purple rendezvous had read as one colour
+PHASE_COLORS = {"start": "#9E9E9E", "training": "#54A24B", "failure": "#D62728", "detected": "#F58518",
                 "rendezvous": "#B279A2", "restore": "#4C78A8"}
+SHADE = 0.25
+HEIGHT = 860
+# a phase's text longer than this is said on two lines: on one, the restore's ran past the right edge of
+# an 820-pixel figure
+TEXT_WRAP = 56
+GAP_LINE_PX = 17  # a line of the note on the stretches without steps, 12-pixel type
+SUBPLOT_TITLE_PX = 26  # the phases' subplot title, above its panel: the note sits above it
 RANK_COLORS = MICROBATCH_COLORS + EXTRA_COLORS
 # the run's own series in greys, so that none reads as a rank's
 WORLD_COLOR, STEP_COLOR = "#8C8C8C", "#333333"
@@ -179,7 +192,7 @@ def elastic(trace, title: str | None = None):
     final = sorted((r for r in records if r["final"]), key=lambda r: r["step"])
     fig = make_subplots(
         rows=4, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.1, vertical_spacing=0.07,
-        row_heights=[0.34, 0.22, 0.22, 0.22], specs=[[{}, None], [{}, {}], [{}, {}], [{}, {}]],
+        row_heights=[0.37, 0.21, 0.21, 0.21], specs=[[{}, None], [{}, {}], [{}, {}], [{}, {}]],
         subplot_titles=("what happened, in order", "world size", "world size per step",
                         "step time", "step time per step", "utilisation", "samples per rank per step"))
     _draw_phases(fig, graph, phases)
@@ -188,24 +201,52 @@ def elastic(trace, title: str | None = None):
     fig.update_layout(barmode="stack", legend=dict(traceorder="normal"), meta={
         "phases": [(p["label"], p["start"], p["end"]) for p in phases],
         "world_size": [r["world_size"] for r in final], "steps": [r["step"] for r in final]})
-    fig.add_annotation(text="<br>".join(_gaps_said(phases, final)), xref="paper", yref="paper", x=1.0, y=1.0,
-                       xanchor="right", yanchor="top", align="left", showarrow=False, bgcolor="#F7F7F7",
-                       font=dict(size=12))
-    return style(fig, title or "elastic training", 820)
+    style(fig, title or "elastic training", HEIGHT)
+    # the stretches without steps, one line each, between the legend and the phases: in the corner of
+    # the phases' panel the box had covered the end of a row's text
+    gaps = _gaps_said(phases, final)
+    top = fig.layout.margin.t + GAP_LINE_PX * len(gaps) + 4
+    fig.update_layout(margin=dict(t=top))
+    plot_height = HEIGHT - top - fig.layout.margin.b
+    fig.add_annotation(text="<br>".join(gaps), xref="paper", yref="paper", x=0.0,
+                       y=1.0 + SUBPLOT_TITLE_PX / plot_height, xanchor="left", yanchor="bottom", align="left",
+                       showarrow=False, bgcolor="#F7F7F7", font=dict(size=12))
+    return fig
+
 
 
 def _gaps_said(phases: list[dict], final: list[dict]) -> list[str]:
-    """One line per stretch between two training phases: how long no step ran, in steps' worth (of
-    the run's typical step, as its summary counts it)."""
+    """One line per stretch between two training phases: how long no step ran between them, in steps'
+    worth (of the run's typical step, as its summary counts it)."""
     step = median_after_first([r["end"] - r["start"] for r in final])
     training = [p for p in phases if p["phase"] == "training"]
-    lines = [f"<b>{training[0]['label']}</b>" if training else "no step recorded"]
+    if not training:
+        return ["no step recorded"]
+    if len(training) == 1:
+        return [f"<b>{training[0]['label']}</b> throughout"]
+    lines = []
     for before, after in zip(training, training[1:]):
         gap = after["start"] - before["end"]
-        worth = f": {gap / step:,.0f} steps' worth" if step > 0 else ""
-        lines.append(f"then no step for {_duration(gap)}{worth}")
-        lines.append(f"<b>{after['label']}</b>")
+        worth = f" ({gap / step:,.0f} steps' worth)" if step > 0 else ""
+        lines.append(f"<b>{before['label']}</b>, then no step ran for {_duration(gap)}{worth}, "
+                     f"then <b>{after['label']}</b>")
     return lines
+
+
+def _wrapped(text: str, width: int = TEXT_WRAP) -> str:
+    """``text`` on two lines when it is longer than ``width``: broken at the ", " nearest its middle
+    that is outside brackets ("(Python, torch)" stays whole)."""
+    if len(text) <= width:
+        return text
+    depth, breaks = 0, []
+    for i, char in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0 and text.startswith(", ", i):
+            breaks.append(i)
+    if not breaks:
+        return text
+    cut = min(breaks, key=lambda i: abs(i - len(text) / 2))
+    return f"{text[:cut + 1]}<br>  {text[cut + 2:]}"
 
 
 def _draw_phases(fig, graph, phases: list[dict]) -> None:
@@ -214,7 +255,7 @@ def _draw_phases(fig, graph, phases: list[dict]) -> None:
     for p, label in zip(phases, labels):
         color = PHASE_COLORS[p["phase"]]
         length = p["end"] - p["start"]
-        text = f"{_duration(length)}: {p['detail']}" if length > 0 else p["detail"]
+        text = _wrapped(f"{_duration(length)}: {p['detail']}" if length > 0 else p["detail"])
         hover = (f"<b>{label}</b><br>{p['start']:.3f} s → {p['end']:.3f} s ({_duration(length)})"
                  f"<br>{p['detail']}")
         fig.add_trace(graph.Bar(
@@ -227,10 +268,13 @@ def _draw_phases(fig, graph, phases: list[dict]) -> None:
             showlegend=False, hovertext=[hover], hovertemplate="%{hovertext}<extra></extra>"), 1, 1)
     fig.update_yaxes(type="category", categoryorder="array", categoryarray=labels,
                      autorange="reversed", row=1, col=1)
-    for p in phases:  # the gaps, shaded in the wall-clock panels below
-        if p["phase"] != "training" and p["end"] > p["start"]:
-            for row in (2, 3, 4):
-                fig.add_vrect(x0=p["start"], x1=p["end"], fillcolor=PHASE_COLORS[p["phase"]], opacity=0.12,
+    for p in phases:  # the gaps, shaded in the wall-clock panels below; the kill, a line
+        for row in (2, 3, 4):
+            if p["phase"] == "failure":  # an instant, and its detection may be too short to see
+                fig.add_vline(x=p["start"], line=dict(color=PHASE_COLORS["failure"], width=1.5),
+                              row=row, col=1, exclude_empty_subplots=False)
+            elif p["phase"] != "training" and p["end"] > p["start"]:
+                fig.add_vrect(x0=p["start"], x1=p["end"], fillcolor=PHASE_COLORS[p["phase"]], opacity=SHADE,
                               line_width=0, row=row, col=1, exclude_empty_subplots=False)
 
 
@@ -268,7 +312,8 @@ def _draw_wall_clock(fig, graph, trace: Trace, records: list[dict], phases: list
                      rangemode="tozero", row=4, col=1)
     for row in (2, 3, 4):  # one wall clock, the phases' own
         fig.update_xaxes(matches="x", row=row, col=1)
-    fig.update_xaxes(title_text="seconds since the first world formed; shaded: no step ran", row=4, col=1)
+    fig.update_xaxes(title_text="seconds since the first world formed<br>"
+                                "shaded: no step ran; red line: the kill", row=4, col=1)
 
 
 def _draw_steps(fig, graph, records: list[dict], final: list[dict]) -> None:
@@ -316,19 +361,36 @@ def balance_shares(trace) -> list[dict]:
     return out
 
 
-def elastic_balance(trace, title: str | None = None):
-    """Left: each rank's share of the global batch per step (solid) and its share of the throughput
-    measured in that step (dashed), which the balancer's shares converge to. Right: each rank's
-    compute time per step, which balancing evens out. ``fig.layout.meta``: ``steps``, ``share`` and
-    ``throughput_share`` (per step, per rank)."""
+def proportional_shares(ranks: int, slow: dict | None) -> list[float] | None:
+    """Each rank's share of the global batch in proportion to its speed when only the slowdown of
+    ``slow`` ({"rank", "factor"}: ``--slow``) set it: weight 1 per rank, 1/factor for the slow one. None
+    without a slowdown."""
+    if not slow or ranks == 0 or not 0 <= int(slow["rank"]) < ranks:
+        return None
+    weights = [1.0 / float(slow["factor"]) if r == int(slow["rank"]) else 1.0 for r in range(ranks)]
+    return [w / sum(weights) for w in weights]
+
+
+def elastic_balance(trace, title: str | None = None, slow: dict | None = None):
+    """Left: each rank's share of the global batch per step (solid), its share of the throughput
+    measured in that step (dashed), which the balancer's shares follow a step later (a step is cut by
+    the rates smoothed over the steps before it), and, dotted, the share in proportion to speed that
+    the slowdown alone would give (``slow``, or the run's own when ``trace`` is an elastic result).
+    Right: each rank's compute time per step, which balancing evens out. ``fig.layout.meta``:
+    ``steps``, ``share`` and ``throughput_share`` (per step, per rank), ``proportional`` (per rank,
+    or None)."""
     graph = go()
+    if slow is None:
+        config = getattr(trace, "config", None)
+        slow = getattr(config, "slow", None)
     rows = balance_shares(trace)
+    # short enough for an 820-pixel figure's half: the longer one was cut at both ends
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
-                        subplot_titles=("share of the global batch (solid) "
-                                        "vs share of the throughput (dashed)",
+                        subplot_titles=("batch share (solid), throughput share (dashed)",
                                         "compute time per step"))
     steps = [r["step"] for r in rows]
     ranks = max((len(r["share"]) for r in rows), default=0)
+    proportional = proportional_shares(ranks, slow) if steps else None
     for rank in range(ranks):
         color = RANK_COLORS[rank % len(RANK_COLORS)]
         fig.add_trace(graph.Scatter(x=steps, y=[r["share"][rank] for r in rows], mode="lines+markers",
@@ -346,9 +408,21 @@ def elastic_balance(trace, title: str | None = None):
                                 marker_color=color, legendgroup=str(rank), showlegend=False,
                                 hovertemplate=f"step %{{x}}: "
                                               f"rank {rank} computed %{{y:.1f}} ms<extra></extra>"), 1, 2)
+    for rank, share in enumerate(proportional or []):
+        fig.add_trace(graph.Scatter(
+            x=[steps[0], steps[-1]], y=[share, share], mode="lines", legendgroup="proportional",
+            name=f"in proportion to speed (rank {int(slow['rank'])} {float(slow['factor']):g}x slower)",
+            showlegend=rank == 0,
+            line=dict(color=RANK_COLORS[rank % len(RANK_COLORS)], dash="dot", width=1.5),
+            hovertemplate=f"rank {rank}: {share:.0%} of the batch in proportion to "
+                          "speed<extra></extra>"), 1, 1)
     fig.update_yaxes(title_text="share", tickformat=".0%", range=[0, 1], row=1, col=1)
     fig.update_yaxes(title_text="ms", rangemode="tozero", row=1, col=2)
     fig.update_xaxes(title_text="training step", dtick=1)
     fig.update_layout(barmode="group", meta={"steps": steps, "share": [r["share"] for r in rows],
-                                             "throughput_share": [r["throughput_share"] for r in rows]})
-    return style(fig, title or "load balancing: each rank's batch share follows its throughput", 400)
+                                             "throughput_share": [r["throughput_share"] for r in rows],
+                                             "proportional": proportional})
+    style(fig, title or "load balancing: each rank's batch share follows its throughput", 420)
+    # five legend entries take two rows at 820 pixels: room for both above the subplot titles
+    fig.update_layout(margin=dict(t=fig.layout.margin.t + 22))
+    return fig
