@@ -114,3 +114,32 @@ def test_the_explorer_keeps_nvlink_inside_a_node_and_no_tree_on_gloo():
 
     nccl = widgets.collectives_explorer(measured={"nccl here": Link(5e-6, 1e11, reach=8)}, link="nccl here")
     assert "runs no tree" not in nccl.message.value and len(nccl.figure.layout.meta["nccl here, ring"]) == 3
+
+
+def test_the_alpha_beta_figure_marks_the_knee_and_reads_its_sizes_flat():
+    """Notebook 13's figure: the knee S = n alpha B the text computes had not been drawn; 15 size ticks
+    had turned on their side (45 degrees at 1,100 pixels, upright at 820); three long legend names had
+    wrapped onto the "time" subplot title. Now a dotted line at the knee, labelled; at most 6 ticks,
+    flat; one legend entry a row, the top margin grown to hold them."""
+    from paralab.viz.collectives import MOST_SIZE_TICKS, alpha_beta, knee, size_label, size_ticks
+
+    curve = [(8, 5e-4), *((2.0**k, 5e-4 + 2.0**k / 1e9) for k in range(12, 26))]
+    alpha, bandwidth = 2.5e-4, 1.3e9
+    fits = {"fitted": (2, alpha, bandwidth)}
+    fig = alpha_beta({"calibration": (2, curve), "in training": (2, [(2**20, 5e-3)])}, fits, knees=True)
+    at = knee(2, alpha, bandwidth)
+    assert at == pytest.approx(2 * alpha * bandwidth) == fig.layout.meta["fits"]["fitted"]["knee_bytes"]
+    (line,) = fig.layout.shapes
+    assert line.x0 == line.x1 == pytest.approx(at) and line.line.dash == "dot"
+    assert any(size_label(at) in a.text for a in fig.layout.annotations)
+    axis = fig.layout.xaxis
+    assert axis.tickangle == 0 and 3 <= len(axis.tickvals) <= MOST_SIZE_TICKS
+    assert list(axis.ticktext) == [size_label(t) for t in axis.tickvals]
+    assert fig.layout.legend.orientation == "v"
+    plain = alpha_beta({"calibration": (2, curve)}, fits)
+    assert not plain.layout.shapes and plain.layout.legend.orientation == "h"  # two entries fit one row
+    assert fig.layout.margin.t > plain.layout.margin.t
+    # ticks every 1, 2, 5 or 10 binary orders, the closest that keeps to the most
+    assert size_ticks(1024, 2**20) == [2.0**k for k in range(10, 21, 2)]
+    assert size_ticks(2**10, 2**12) == [2.0**k for k in range(9, 14)]
+    assert size_ticks(4, 2**30) == [2.0**k for k in (5, 10, 15, 20, 25, 30)]

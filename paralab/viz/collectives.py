@@ -9,6 +9,8 @@ from paralab.collectives import bus_bandwidth, ring_time, tree_time
 from paralab.viz._common import SERIES_COLORS, byte_scale, go, log_ticks, make_subplots, style
 
 SIZES = [2.0**k for k in range(2, 31)]  # 4 B to 1 GiB
+LEGEND_ROW_PX = 20  # a row of a vertical legend
+MOST_SIZE_TICKS = 6  # on a size axis: more, and an 820-pixel figure's half had turned them on their side
 
 
 def size_label(nbytes: float) -> str:
@@ -19,9 +21,28 @@ def size_label(nbytes: float) -> str:
     return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
 
 
-def alpha_beta(measured: dict, fits: dict, op: str = "all_reduce", title: str | None = None):
+def size_ticks(low: float, high: float, most: int = MOST_SIZE_TICKS) -> list[float]:
+    """Powers of two from ``low`` / 2 to ``high`` * 2, every 1, 2, 5 or 10 binary orders, the closest
+    that gives ``most`` ticks at most: read flat ("32 KiB", "1 MiB") on a half-width panel."""
+    for every in (1, 2, 5, 10):
+        ticks = [2.0**k for k in range(0, 64, every) if low / 2 <= 2.0**k <= high * 2]
+        if len(ticks) <= most:
+            return ticks
+    return ticks
+
+
+def knee(group: int, alpha: float, bandwidth: float) -> float:
+    """The tensor size S = n alpha B at which a ring's latency term equals its bandwidth term: each of
+    its messages (S / n bytes) takes as long to send as to start (alpha B bytes)."""
+    return group * alpha * bandwidth
+
+
+def alpha_beta(measured: dict, fits: dict, op: str = "all_reduce", title: str | None = None,
+               knees: bool = False):
     """Left: time against size, log-log: ``measured`` {label: (group, [(bytes, s)])} as markers, each
-    ``fits`` {label: (group, alpha, bandwidth)} as the model's line. Right: bus bandwidth of both."""
+    ``fits`` {label: (group, alpha, bandwidth)} as the model's line; with ``knees``, each fit's knee
+    (:func:`knee`) a dotted vertical line on it, labelled. Right: bus bandwidth of both.
+    ``fig.layout.meta``: ``measured``, ``fits`` (each with its ``knee_bytes``)."""
     graph = go()
     fig = make_subplots(rows=1, cols=2, subplot_titles=("time", "bus bandwidth (nccl-tests' busbw)"),
                         horizontal_spacing=0.12)
@@ -57,17 +78,30 @@ def alpha_beta(measured: dict, fits: dict, op: str = "all_reduce", title: str | 
                                     line=dict(color=color, dash="dash"), customdata=sized,
                                     hovertemplate=f"{label}: %{{customdata}}, "
                                                   f"%{{y:.3f}} GB/s<extra></extra>"), 1, 2)
-        meta["fits"][label] = {"group": group, "alpha_s": alpha, "bandwidth": bandwidth}
+        at = knee(group, alpha, bandwidth)
+        meta["fits"][label] = {"group": group, "alpha_s": alpha, "bandwidth": bandwidth, "knee_bytes": at}
+        if knees:
+            fig.add_vline(x=at, line=dict(color=color, dash="dot", width=1.5), row=1, col=1)
+            fig.add_annotation(text=f"knee S = nαB<br>= {size_label(at)}", x=math.log10(at), xanchor="right",
+                               xref="x", yref="y domain", y=0.97 - 0.14 * i, yanchor="top", align="right",
+                               showarrow=False, font=dict(size=11, color=color),
+                               bgcolor="rgba(255,255,255,0.8)")
     drawn = [p for _, points in measured.values() for p, _ in points] + sizes
-    ticks = [4.0**k for k in range(1, 16) if min(drawn) / 2 <= 4.0**k <= max(drawn) * 2]
+    ticks = size_ticks(min(drawn), max(drawn))
     # binary sizes on the size axis (plotly's SI "1k" would be 1,000 bytes), powers of ten on the others
-    # (its SI "100µ" on a GB/s axis reads as a unit)
+    # (its SI "100µ" on a GB/s axis reads as a unit); flat, few enough to stay so
     fig.update_xaxes(type="log", title_text="tensor size S", tickvals=ticks,
-                     ticktext=list(map(size_label, ticks)))
+                     ticktext=list(map(size_label, ticks)), tickangle=0)
     fig.update_yaxes(type="log", dtick=1, exponentformat="power", title_text="ms", row=1, col=1)
     fig.update_yaxes(type="log", dtick=1, exponentformat="power", title_text="GB/s", row=1, col=2)
     fig.update_layout(meta=meta)
-    return style(fig, title or f"{op.replace('_', '-')}: time and bus bandwidth against size", 420)
+    entries = len(measured) + len(fits)
+    extra = LEGEND_ROW_PX * (entries - 1) if entries > 2 else 0
+    style(fig, title or f"{op.replace('_', '-')}: time and bus bandwidth against size", 420 + extra)
+    if extra:  # one entry a row: a horizontal legend of long names had wrapped onto the subplot titles
+        fig.update_layout(legend=dict(orientation="v", tracegroupgap=0),
+                          margin=dict(t=fig.layout.margin.t + extra))
+    return fig
 
 
 # units of a time axis, largest first: the first whose numbers stay below 1000 over what is drawn
