@@ -440,8 +440,8 @@ def _worker(spec: dict, rank: int) -> None:
         dist.destroy_process_group()
 
 
-# bytes: one float, then 4 KiB to 32 MiB (a DDP bucket is 25 MiB)
-LADDER = (4, *(2**k for k in range(12, 26)))
+# bytes: two floats (the least an all-gather of halves takes), then 4 KiB to 32 MiB (a DDP bucket is 25 MiB)
+LADDER = (8, *(2**k for k in range(12, 26)))
 
 
 def _gloo_curves(rank: int, group, rounds: int = 8, calls: int = 3) -> dict[str, list]:
@@ -472,7 +472,7 @@ def _gloo_curves(rank: int, group, rounds: int = 8, calls: int = 3) -> dict[str,
 
     # each size: the whole tensor, this rank's half of it (an all-gather's input), a half to receive into
     buffers = [(t, t[: len(t) // 2].clone(), torch.empty(len(t) // 2))
-               for t in (torch.ones(max(n // 4, 2)) for n in LADDER)]
+               for t in (torch.ones(n // 4) for n in LADDER)]
     calls_of = {
         "allreduce": lambda whole, mine, out: dist.all_reduce(whole, group=group),
         "allgather": lambda whole, mine, out: all_gather_into_tensor(whole, mine, group=group),
