@@ -18,7 +18,10 @@ ZeRO accumulates and reduce-scatters in an fp32 buffer that becomes the masters'
 fp16's narrow range needs loss scaling (Micikevicius et al. 2018): the loss is multiplied by a
 scale before backward, the gradients divided by it before the update; when any gradient overflows
 (inf or nan, on any rank: they agree by an all-reduce) the step is skipped and the scale halved,
-and after ``GROWTH_INTERVAL`` good steps it doubles. bf16 has fp32's range and needs none.
+and after ``GROWTH_INTERVAL`` good steps it doubles. bf16 has fp32's range and needs none. Where
+ranks split a step's samples or tokens, each token's gradient in backward is that many times one
+device's (each rank's loss is a mean over its share, as in Megatron-LM), so near the overflow point a
+data-parallel run can skip a step one device takes: docs/architecture.md says why it is left so.
 """
 
 from __future__ import annotations
