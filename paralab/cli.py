@@ -131,19 +131,23 @@ def refuse_run_flags_without_effect(args, cfg: RunConfig) -> None:
 def refuse_a_bucket_cap_of_one_replica(args, cfg: RunConfig) -> None:
     """ConfigError for ``--bucket-mb`` given to a run whose every gradient has one replica (dp x cp =
     1): paralab's bucketed reduction keeps no buckets then (``ddp.bucketed_sync``), where ZeRO-2
-    still cuts its units by it. Asked once the world size is the run's own: by ``run`` and by
-    ``nodes`` before they launch, not by the torchrun workers they start (a run launched by torchrun
-    itself is not asked)."""
+    still cuts its units by it; or to hybrid's ZeRO-1, which keeps one unit. Asked once the world
+    size is the run's own: by ``run`` and by ``nodes`` before they launch, not by the torchrun workers
+    they start (a run launched by torchrun itself is not asked)."""
     from paralab.layout import resolve_layout
     from paralab.strategies.registry import bucket_cap_applies, get_strategy
 
     if args.bucket_mb is None or "bucket_mb" not in get_strategy(cfg.strategy).options:
         return  # refused already, as a flag of a strategy without buckets
     layout = resolve_layout(cfg)
-    if not bucket_cap_applies(cfg.strategy, layout):
-        raise ConfigError(f"--bucket-mb has no effect: {cfg.strategy} on {cfg.world_size} rank(s) with "
-                          f"dp {layout.dp} x cp {layout.cp} has one replica of each gradient, which averages "
-                          f"nothing, so it keeps no buckets; give it dp >= 2")
+    if bucket_cap_applies(cfg.strategy, layout):
+        return
+    if layout.zero == 1:
+        raise ConfigError(f"--bucket-mb has no effect: {cfg.strategy} with --zero 1 reduce-scatters the "
+                          "whole model's gradients as one unit; buckets are --zero 0's and --zero 2's")
+    raise ConfigError(f"--bucket-mb has no effect: {cfg.strategy} on {cfg.world_size} rank(s) with "
+                      f"dp {layout.dp} x cp {layout.cp} has one replica of each gradient, which averages "
+                      f"nothing, so it keeps no buckets; give it dp >= 2")
 
 
 def cmd_run(args) -> int:

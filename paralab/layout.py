@@ -366,12 +366,13 @@ def _pipeline_shape(cfg: RunConfig, strategy: Strategy, pp: int) -> tuple[str, i
     if strategy.schedules and schedule not in strategy.schedules:
         raise ConfigError(f"unknown pipeline schedule {schedule!r} for {strategy.name}; choose one of: "
                           f"{', '.join(strategy.schedules)}")
-    virtual_stages = chunks_per_rank(schedule, cfg.virtual_stages)
-    problems = shape_problems(schedule, pp, cfg.microbatches, virtual_stages)
+    # the virtual stages asked for are checked before a V's two chunks replace them: a zbv run given 3
+    # had run with 2 and said nothing
+    problems = shape_problems(schedule, pp, cfg.microbatches, cfg.virtual_stages)
     if problems:
         raise ConfigError(f"pipeline schedule {schedule!r} (pp={pp}, microbatches={cfg.microbatches}, "
-                          f"virtual_stages={virtual_stages}) cannot run: {problems[0]}")
-    return schedule, virtual_stages, cfg.microbatches
+                          f"virtual_stages={cfg.virtual_stages}) cannot run: {problems[0]}")
+    return schedule, chunks_per_rank(schedule, cfg.virtual_stages), cfg.microbatches
 
 
 def _check_batch_split(batch: int, dp: int, microbatches: int) -> None:

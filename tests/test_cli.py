@@ -137,6 +137,12 @@ def nothing_starts(monkeypatch):
      "--bucket-mb has no effect with strategy tp, which reduces no gradients in buckets; it applies to ddp, "
      "zero2, cp, ep, hybrid"),
     (["run", "--strategy", "zero1", "--world-size", "2", "--bucket-mb", "25"], "--bucket-mb has no effect"),
+    # hybrid's ZeRO-1 keeps the whole model as one unit (the cap had been taken and reported, unused)
+    (["run", "--strategy", "hybrid", "--world-size", "2", "--dp", "2", "--zero", "1", "--bucket-mb", "0.01"],
+     "--bucket-mb has no effect: hybrid with --zero 1 reduce-scatters the whole model's gradients as one"),
+    # a V's two chunks per rank: other virtual stages are refused, not replaced by 2 in silence
+    (["run", "--strategy", "pp", "--world-size", "2", "--schedule", "zbv", "--virtual-stages", "3",
+      "--microbatches", "4"], "zbv always runs 2 chunks per rank; --virtual-stages must be 2 (or 1), got 3"),
     (["nodes", "--", "--strategy", "dp", "--bucket-mb", "5"], "--bucket-mb has no effect with strategy dp"),
     # one replica averages nothing: paralab's ddp and hybrid keep no buckets for it
     (["run", "--strategy", "ddp", "--world-size", "1", "--bucket-mb", "5"],
@@ -154,7 +160,8 @@ def nothing_starts(monkeypatch):
                               "to; it applies to a mixture of experts: --model tiny-moe, small-moe"),
     (["run", "--model", "tiny-moe", "--experts", "0", "--capacity-factor", "1.25"],
      "--capacity-factor has no effect: model tiny-moe with --experts 0 is dense"),
-], ids=["tp bucket", "zero1 bucket at its default", "nodes' dp bucket", "ddp of one replica",
+], ids=["tp bucket", "zero1 bucket at its default", "hybrid zero1 bucket", "zbv virtual stages",
+        "nodes' dp bucket", "ddp of one replica",
         "hybrid of one replica", "nodes of one replica", "fp32 loss scale", "bf16 loss scale",
         "elastic loss scale", "dense top-k", "dense capacity"])
 def test_a_flag_given_that_would_change_nothing_exits_2_before_any_process(nothing_starts, capsys, argv,

@@ -45,9 +45,10 @@ def bucket_cap_applies(strategy: str, layout) -> bool:
     """Whether a run's ``bucket_mb`` changes what it does: a strategy that reduces in buckets, on more
     than one replica of each gradient (dp x cp >= 2; paralab's bucketed reduction keeps none for one,
     ``ddp.bucketed_sync``), or ZeRO-2, which cuts its units by the cap on one replica too; torch's own
-    (a reference) keeps its buckets whatever the layout."""
+    (a reference) keeps its buckets whatever the layout. ZeRO-1 reduces the whole model as one unit
+    (``zero.unit_groups``): hybrid's ``--zero 1`` had taken a cap and reported it, changing nothing."""
     s = get_strategy(strategy)
-    if "bucket_mb" not in s.options:
+    if "bucket_mb" not in s.options or layout.zero == 1:
         return False
     return bool(s.reference_for) or layout.dp * layout.cp > 1 or layout.zero == 2
 
