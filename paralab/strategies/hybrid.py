@@ -82,6 +82,9 @@ def check(cfg: RunConfig, layout) -> None:
                           "but an expert lives only on its expert-data-parallel ranks; use zero=0")
     if layout.zero not in (0, 1, 2):
         raise ConfigError(f"zero must be 0 (ddp), 1 or 2, got {layout.zero}")
+    if layout.zero and layout.dp * layout.cp == 1:  # it had run, sharding over one rank: nothing
+        raise ConfigError(f"zero={layout.zero} shards over the dp x cp ranks, and this layout has one "
+                          f"(dp {layout.dp} x cp {layout.cp}): give dp >= 2")
     if layout.sequence_parallel and layout.tp == 1:
         raise ConfigError("sequence_parallel splits the sequence over the tp ranks: it needs tp > 1")
     if layout.zero == 2 and layout.sequence_parallel:

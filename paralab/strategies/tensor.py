@@ -57,6 +57,9 @@ from paralab.strategies.tensor_layers import (
 def check(cfg: RunConfig, layout) -> None:
     """Refuse a tp degree that does not split every sliced size evenly, before any process starts."""
     tp, m = layout.tp, cfg.model
+    if layout.sequence_parallel and tp == 1:  # as hybrid refuses it: one rank splits nothing
+        raise ConfigError("sequence_parallel splits the sequence over the tp ranks: it needs tp > 1 "
+                          "(world_size >= 2)")
     sizes = {"hidden size": m.hidden, "attention heads": m.heads, "MLP size": m.ffn, "vocabulary": m.vocab}
     if layout.sequence_parallel:
         sizes["sequence length that sequence parallel splits"] = m.seq_len

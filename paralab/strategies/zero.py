@@ -55,7 +55,7 @@ import torch
 import torch.distributed as dist
 
 from paralab import comm
-from paralab.config import ZERO_REDUCE_SCATTERS_IN_FLIGHT
+from paralab.config import ZERO_REDUCE_SCATTERS_IN_FLIGHT, ConfigError
 from paralab.models.gpt import part_names
 from paralab.precision import torch_dtype
 from paralab.strategies.common import GradSync, full_model, make_buckets, train_model
@@ -292,10 +292,17 @@ def train(ctx):
     return result
 
 
+def check(cfg, layout) -> None:
+    """ZeRO-3's prefetch on one rank, which gathers nothing from anyone, is refused (it had run)."""
+    if cfg.zero_prefetch and layout.dp == 1:
+        raise ConfigError("zero_prefetch gathers ZeRO-3's next part from the other ranks ahead of time: "
+                          "one rank has no others (world_size >= 2)")
+
+
 STRATEGIES = [
     Strategy(f"zero{stage}", summary, axes=("dp",),
              options=("reduce_dtype", *{2: ("bucket_mb",), 3: ("zero_prefetch",)}.get(stage, ())),
-             zero=stage, train=train, title=f"sharded data parallel, ZeRO-{stage}")
+             zero=stage, train=train, check=check, title=f"sharded data parallel, ZeRO-{stage}")
     for stage, summary in ((1, "optimizer states sharded over the data-parallel ranks"),
                            (2, "optimizer states and gradients sharded"),
                            (3, "optimizer states, gradients and parameters sharded; `--zero-prefetch`"))
