@@ -261,8 +261,10 @@ def _unused_options(cfg: RunConfig, strategy: Strategy) -> tuple[str, ...]:
             raise ConfigError(f"{option}={value} is a context-parallel option; {name} has no cp axis (use "
                               f"strategy 'cp', or 'hybrid' with cp > 1)")
         if option == "zero":
-            raise ConfigError(f"zero={value} is a hybrid option; for ZeRO over all ranks use strategy "
-                              f"'zero{value}' instead of {name!r}")
+            instead = (f"strategy {name!r} is ZeRO-{name[-1]} already: leave zero out"
+                       if name.startswith("zero")
+                       else f"for ZeRO over all ranks use strategy 'zero{value}' instead of {name!r}")
+            raise ConfigError(f"zero={value} is a hybrid option; {instead}")
         if option == "hierarchical":
             raise ConfigError(f"hierarchical all-reduce is a ddp option, not {name!r}")
         if option == "reduce_dtype":

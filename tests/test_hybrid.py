@@ -168,6 +168,7 @@ def test_mesh_figure_draws_every_rank_at_its_coordinate(runs):
      r"not supported: zero=2 with sequence"),
     (dict(world_size=2, dp=2, tp=1, pp=1, sequence_parallel=True), r"needs tp > 1"),
     (dict(world_size=2, strategy="ddp", zero=1), r"zero=1 is a hybrid option"),
+    (dict(world_size=2, strategy="zero3", zero=3), r"strategy 'zero3' is ZeRO-3 already: leave zero out"),
 ])
 def test_refuses_what_cannot_run_before_starting(options, match):
     cfg = RunConfig.build(MODEL, **{"strategy": "hybrid", "global_batch": BATCH, **options})

@@ -17,8 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 from torch import nn
+
+from paralab.comm import all_gather_into_tensor
 
 
 @dataclass
@@ -121,7 +122,7 @@ class ShardedModel:
             shard_grad = torch.zeros_like(u.shard) if shard_grad is None else shard_grad
             for out, piece in ((params, u.shard.detach()), (grads, shard_grad)):
                 full = torch.empty(u.padded, device=piece.device, dtype=piece.dtype)
-                dist.all_gather_into_tensor(full, piece.contiguous(), group=self.group)
+                all_gather_into_tensor(full, piece.contiguous(), group=self.group)  # untraced
                 offset = 0
                 for name, p in zip(u.names, u.params):
                     out[name] = full[offset : offset + p.numel()].view(p.shape).cpu().clone()
