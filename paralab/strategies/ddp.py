@@ -154,10 +154,6 @@ def check(cfg, layout) -> None:
     if layout.nodes < 2 and "GROUP_RANK" not in os.environ:
         raise ConfigError("hierarchical all-reduce needs ranks on at least 2 nodes: set nodes=2 (emulated "
                           "nodes on this machine) or start the run with torchrun on several nodes")
-    if layout.nodes >= 2 and cfg.world_size <= layout.nodes:  # its steps inside a node would move nothing
-        raise ConfigError(f"hierarchical all-reduce needs 2 or more ranks on each node: {cfg.world_size} "
-                          f"rank(s) on {layout.nodes} nodes is the flat all-reduce; give fewer nodes or "
-                          "more ranks")
 
 
 def _launched_on_one_node() -> bool:

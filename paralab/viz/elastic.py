@@ -214,7 +214,6 @@ def elastic(trace, title: str | None = None):
     return fig
 
 
-
 def _gaps_said(phases: list[dict], final: list[dict]) -> list[str]:
     """One line per stretch between two training phases: how long no step ran between them, in steps'
     worth (of the run's typical step, as its summary counts it)."""
