@@ -321,7 +321,11 @@ def test_zigzag_balances_causal_attention_and_contiguous_does_not(n, no_leftover
 @pytest.mark.parametrize("strategy, world, options, message", [
     ("cp", 4, dict(model=dict(MODEL, seq_len=20)), r"divisible by 8, got 20: zig-zag cuts it into 2 x cp"),
     ("cp", 2, dict(model=dict(MODEL, seq_len=18), cp_split="contiguous"), r"ring attention cuts each rank's"),
-    ("cp", 3, dict(cp_mode="alltoall", cp_split="contiguous"), r"divisible by 3, got 16"),
+    # the degrees that fit come first: the command line sets no sequence length
+    ("cp", 3, dict(cp_mode="alltoall", cp_split="contiguous"),
+     r"divisible by 3, got 16: .*; cp degrees that fit its 16 tokens: \[2, 4, 8, 16\] \(or, from Python"),
+    ("cp", 3, dict(model=dict(MODEL, seq_len=20)),
+     r"by 6, got 20: .*cp degrees that fit its 20 tokens: \[2, 5, 10\]"),
     ("cp", 4, dict(cp_mode="alltoall", model=dict(MODEL, heads=2)), r"2 heads do not divide by 4.*\[1, 2\]"),
     ("hybrid", 4, dict(cp=2, tp=2, cp_mode="alltoall", model=dict(MODEL, heads=2)),
      r"1 heads per tensor-parallel rank \(heads 2 / tp 2\) do not divide by 2"),

@@ -59,8 +59,11 @@ def check(cfg: RunConfig, layout) -> None:
                "ring attention cuts each rank's slice into two chunks" if ring else
                "each rank holds seq / cp tokens")
         fits = [pieces * k for k in range(max(m.seq_len // pieces - 2, 1), m.seq_len // pieces + 3)]
+        # the command line sets no sequence length: the degrees that fit this model come first
+        degrees = [c for c in range(2, 17) if m.seq_len % (pieces // n * c) == 0]
         raise ConfigError(f"cp {n} ({layout.cp_mode}, {layout.cp_split}) needs the sequence length divisible "
-                          f"by {pieces}, got {m.seq_len}: {why}; sequence lengths that fit: {fits}")
+                          f"by {pieces}, got {m.seq_len}: {why}; cp degrees that fit its {m.seq_len} tokens: "
+                          f"{degrees} (or, from Python, a model of a sequence length that fits: {fits})")
     if layout.sequence_parallel and (m.seq_len // n) % layout.tp:
         raise ConfigError(f"sequence parallel splits each cp rank's {m.seq_len // n} tokens (sequence "
                           f"{m.seq_len} / cp {n}) over tp {layout.tp} ranks, which does not divide them; use "
