@@ -46,7 +46,14 @@ from paralab.cli_args import below_one
 from paralab.config import ConfigError, finite_number
 from paralab.outputs import check_file
 from paralab.profiling import METADATA_KEY, MOMENTS, PREFIX, marked, parse_label
-from paralab.schedules import SCHEDULES, SEND_BACKWARD, SEND_FORWARD, V_SHAPED, build_schedule, shape_problems
+from paralab.schedules import (
+    SCHEDULES,
+    SEND_BACKWARD,
+    SEND_FORWARD,
+    build_schedule,
+    chunks_per_rank,
+    shape_problems,
+)
 from paralab.trace import COMM, GZIP_MAGIC, MAX_RANKS, STEP, Span, Trace
 from paralab.trace_ops import DEVICE_CATS, HOST_CATS, Event, comm_spans, compute_spans
 
@@ -353,8 +360,8 @@ def _what_the_steps_hide(spans_by_rank: dict[int, list[Span]], profiles: list[Ra
 
 def _chunks_per_rank(schedule: str) -> int:
     """The model chunks a rank of ``schedule`` holds, as import takes it: interleaved's are not a
-    fact it is given (two; its rule on rounds holds for any), the V-shaped schedules' are two."""
-    return 2 if schedule in ("interleaved", *V_SHAPED) else 1
+    fact it is given (two; its rule on rounds holds for any), the others' as the schedules say."""
+    return chunks_per_rank(schedule, 2 if schedule == "interleaved" else 1)
 
 
 def _sends_the_schedule_makes(trace: Trace, facts: dict) -> list[str]:

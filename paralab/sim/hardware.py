@@ -206,19 +206,15 @@ def _say_modelling_defaults(path: Path, omitted: list[str]) -> None:
     the values the GPU presets hold for them."""
     if not omitted:
         return
-    defaults = {f.name: f.default for f in dataclasses.fields(HardwareSpec) if f.name in omitted}
+    defaults = {f.name: f.default for f in dataclasses.fields(HardwareSpec)}
 
-    def presets_say(name: str) -> str:
-        values = [getattr(preset, name) for preset in PRESETS.values()]
-        if name == "flash2_efficiency":
-            return "measured FlashAttention-2 speeds"
-        low, high = min(values), max(values)
-        return f"{low:.2g}" if low == high else f"{low:.2g}-{high:.2g}"
+    def took(name: str) -> str:  # the default taken, beside the presets' values
+        if name == "flash2_efficiency":  # a table, not a number
+            return f"{name} none (presets: measured FlashAttention-2 speeds)"
+        low, high = (f(getattr(preset, name) for preset in PRESETS.values()) for f in (min, max))
+        return f"{name} {defaults[name]:g} (presets: {low:.2g}{f'-{high:.2g}' if high != low else ''})"
 
-    def default(name: str) -> str:
-        return "none" if name == "flash2_efficiency" else f"{defaults[name]:g}"
-
-    said = ", ".join(f"{name} {default(name)} (presets: {presets_say(name)})" for name in omitted)
+    said = ", ".join(map(took, omitted))
     warnings.warn(f"hardware file {str(path)!r} has no base, so it takes HardwareSpec's defaults for what "
                   f"a datasheet does not state: {said}; give them, or a base preset to start from",
                   stacklevel=3)

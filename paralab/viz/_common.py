@@ -128,6 +128,15 @@ def as_summary(obj) -> dict:
     raise TypeError(f"expected a RunResult, Prediction or summary dict, got {type(obj).__name__}")
 
 
+def recorded_nodes(meta: dict, world: int) -> dict[int, int] | None:
+    """rank -> node as a measured run recorded them (``meta["ranks"]``, every rank with its node);
+    None where the trace does not record them all (a prediction, a trace of another tool)."""
+    recorded = meta.get("ranks") or {}
+    if len(recorded) == world and all("node" in v for v in recorded.values()):
+        return {int(r): int(v["node"]) for r, v in recorded.items()}
+    return None
+
+
 def layout_of(obj) -> Layout:
     """A Layout from a Layout, a RunResult, a Trace or a trace's meta dict that holds one (measured
     runs) or records dp, tp and pp (simulated runs), or a mesh dict (``{"shape": [pp, dp, cp, tp]}``, or

@@ -42,6 +42,7 @@ from paralab.viz._common import (
     kind_color,
     layout_of,
     make_subplots,
+    recorded_nodes,
     style,
 )
 
@@ -287,10 +288,8 @@ def node_ranks(trace: Trace) -> list[list[int]]:
     """Each node's ranks, as the trace records them (a measured run's ``meta["ranks"]``, a prediction's
     ``gpus_per_node``); one list of all ranks when it records neither."""
     world = trace.world_size
-    recorded = trace.meta.get("ranks") or {}
-    if len(recorded) == world and all("node" in v for v in recorded.values()):
-        node_of = {int(r): int(v["node"]) for r, v in recorded.items()}
-    else:
+    node_of = recorded_nodes(trace.meta, world)
+    if node_of is None:
         per_node = trace.meta.get("gpus_per_node") or world
         node_of = {r: r // per_node for r in range(world)}
     nodes: dict[int, list[int]] = defaultdict(list)

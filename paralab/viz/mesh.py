@@ -21,6 +21,7 @@ from paralab.viz._common import (
     go,
     layout_of,
     make_subplots,
+    recorded_nodes,
     style,
 )
 from paralab.viz.comm import DIMENSION_ORDER, bytes_by_group
@@ -43,9 +44,8 @@ def groups_of(layout: Layout, axis: str) -> list[list[int]]:
 
 def _nodes(layout: Layout, trace, nodes: int | None) -> dict[int, int]:
     """rank -> node: as the trace recorded it, else ``nodes`` (or the layout's) of consecutive ranks."""
-    recorded = (trace.meta.get("ranks") if trace is not None else None) or {}
-    if len(recorded) == layout.world_size and all("node" in v for v in recorded.values()):
-        return {int(r): int(v["node"]) for r, v in recorded.items()}
+    if recorded := recorded_nodes(trace.meta if trace is not None else {}, layout.world_size):
+        return recorded
     per_node = max(layout.world_size // max(nodes or layout.nodes or 1, 1), 1)
     return {r: r // per_node for r in range(layout.world_size)}
 
