@@ -11,6 +11,10 @@ the first block (which the previous layer owns) is not counted twice.
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +25,7 @@ from paralab.models.gpt import Block
 from paralab.precision import TORCH_DTYPES
 from paralab.sim import counting
 from paralab.sim.bridge import specs_from_run
+from paralab.sim.presets import get_model
 from paralab.strategies.recompute import apply_recompute
 
 MICRO_BATCH = 2
@@ -158,3 +163,15 @@ def test_the_meter_outlives_a_rerun_tensor_that_dies_early_and_forgets_one_kept_
         meter.release(step)
         assert meter.activations() == 0
 
+
+
+def test_the_unfused_losses_peak_at_what_the_simulator_counts_per_logit():
+    """torch's cross-entropy on upcast logits and its loss parallel, every storage they create
+    counted from birth to free (tests/loss_peak_job.py): the transients at the loss's peak, in its
+    backward, are what the simulator adds per logit at the last stage's ends."""
+    job = Path(__file__).with_name("loss_peak_job.py")
+    out = subprocess.run([sys.executable, str(job)], capture_output=True, text=True, timeout=120, check=True)
+    measured = json.loads(out.stdout.strip().splitlines()[-1])
+    model = get_model("llama3-8b").replace(fused_loss=False)
+    assert measured["torch"] == pytest.approx(counting.loss_bytes_per_logit(model, tp=1), abs=0.25)
+    assert measured["loss_parallel"] == pytest.approx(counting.loss_bytes_per_logit(model, tp=8), abs=0.25)

@@ -575,4 +575,4 @@ def test_the_ends_are_held_only_with_the_last_stages_microbatches():
     first_only, last_only = (counting.activation_bytes_per_gpu(model, p, 0, held)
                              for held in ((1, 0), (0, 1)))
     logits = model.seq * p.micro_batch * model.vocab
-    assert last_only - first_only >= counting.loss_bytes_per_logit(model) * logits
+    assert last_only - first_only >= counting.loss_bytes_per_logit(model, p.tp) * logits

@@ -784,7 +784,7 @@ def backward_transients(model: ModelSpec, parallel: ParallelSpec) -> tuple[float
 
     logits = model.seq * p.micro_batch * model.vocab / p.tp
     head = head_input_bytes(model, p.micro_batch, p.tp, p.sequence_parallel, p.sp_keeps_gathered_inputs)
-    ends = loss_bytes_per_logit(model) * logits + head  # one microbatch's
+    ends = loss_bytes_per_logit(model, p.tp) * logits + head  # one microbatch's
     rematerialised = per_layer_kept("none") - per_layer_kept(p.recompute)
     if p.recompute == "selective":
         inputs = attention_input_bytes(model, p.micro_batch, p.tp, p.sequence_parallel,
@@ -818,11 +818,23 @@ def head_input_bytes(model: ModelSpec, micro_batch: int = 1, tp: int = 1, sequen
     return sbh / tp + (sbh if gathered_inputs else sbh / tp)
 
 
-def loss_bytes_per_logit(model: ModelSpec) -> int:
-    """Bytes the loss holds per logit at its peak: the fp32 logits of a fused cross-entropy
-    (Korthikanti et al. 2022 sec. 4.3), or, unfused, the model's logits, the fp32 log-softmax it
-    keeps for backward and that one's gradient."""
-    return 4 if model.fused_loss else model.dtype_bytes + 4 + 4
+def loss_bytes_per_logit(model: ModelSpec, tp: int = 1) -> int:
+    """Bytes per logit the cross-entropy holds at its peak, which lies in its backward; the training
+    loop has dropped the model's 16-bit logits by then (torchtitan's deletes them before backward,
+    and nothing autograd keeps holds them):
+
+    - fused (Megatron-LM's vocabulary-parallel kernel, Korthikanti et al. 2022 sec. 4.3): the fp32
+      logits, which its backward turns into their gradient in place, 4;
+    - PyTorch's cross-entropy on upcast logits (tp 1): the fp32 log-softmax it saved, the gradient
+      the NLL loss hands it and the one it returns, 4 + 4 + 4;
+    - PyTorch's loss parallel (tp > 1, ``torch.distributed.tensor.parallel.loss_parallel``), whose
+      backward builds the target's one-hot gradient beside the saved log-softmax, then
+      ``(one_hot + exp(x)) * grad``: at most four fp32 tensors at once, 16.
+
+    tests/test_activation_memory.py measures the last two on torch's own code."""
+    if model.fused_loss:
+        return 4
+    return 16 if tp > 1 else 12
 
 
 OPTIMIZER_BYTES = {

@@ -397,10 +397,10 @@ RUNS: list[PublishedRun] = [
         memory_gib=71.9,
         notes="FSDP 32 x TP 8 with loss parallelism, full recompute, torch.compile and Float8 linears",
         memory_miss=(
-            "predicted ~46 GiB against 71.9, not understood: the row ran without async TP (its async-TP "
-            "row read 67.6 GiB, less); each fp32 copy of the logits (16 sequences of 8,192 tokens over a "
-            "16,032-wide vocabulary slice) is 7.8 GiB, and the model counts 10 bytes a logit where torch's "
-            "loss-parallel cross-entropy may hold more at once"
+            "predicted 57.7 GiB against 71.9, 14 GiB not understood: the row ran without async TP (its "
+            "async-TP row read 67.6 GiB, less); its loss parallel is counted at its backward's 16 bytes a "
+            "logit, each byte 1.96 GiB here (16 sequences of 8,192 tokens over a 16,032-wide vocabulary "
+            "slice)"
         ),
     ),  # fmt: skip
     PublishedRun(

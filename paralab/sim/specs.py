@@ -113,8 +113,8 @@ class ModelSpec:
     the attention core stay in ``dtype``, a 16-bit one (FP8 recipes keep bf16 or fp16 beside the FP8
     GEMMs). ``fused_loss``: the cross-entropy keeps only the fp32
     logits (Megatron-LM's vocabulary-parallel kernel, Korthikanti et al. 2022 sec. 4.3); False is
-    PyTorch's cross-entropy on upcast logits, which holds the model's logits, the fp32 log-softmax
-    and its gradient at once (2 + 4 + 4 bytes per logit with 16-bit logits). ``mask_bytes``: bytes
+    PyTorch's cross-entropy on upcast logits, or its loss parallel under tensor parallelism, which
+    hold more fp32 tensors at their peak (``counting.loss_bytes_per_logit``). ``mask_bytes``: bytes
     per element of a kept dropout mask, 1 on a GPU (a byte mask); torch's CPU dropout keeps a mask in
     the activations' dtype (the bridge sets it for the lab's CPU runs). ``math_sdpa``: attention runs
     torch's math SDPA (the lab's CPU runs with dropout), which scales Q and K into copies and saves V
