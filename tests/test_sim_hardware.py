@@ -212,6 +212,9 @@ def test_a_hardware_file_may_give_every_field_in_si_units(tmp_path):
         ({"base": "h100", "peak_tflops": {"bf16": 989e12}},
          "peak_flops['bf16'] 9.89e+26 (SI units) is outside"),
         ({"base": "h100", "memory_bandwidth_gb_s": 1e-300}, "memory_bandwidth 1e-291 (SI units) is outside"),
+        # each figure plausible alone, TB/s written under the GB/s key: 295,000 FLOPs per byte read
+        ({"base": "h100", "memory_bandwidth_gb_s": 3.35},
+         "peak_flops['bf16'] is 2.95e+05 FLOPs per byte of memory_bandwidth, above any part's (20,000"),
         ({"base": "h100", "power_limit_w": 900}, "power_limit_w (900 W) is above tdp_w (700 W)"),
     ],
 )

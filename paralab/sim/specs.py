@@ -564,6 +564,9 @@ PLAUSIBLE = {
     "inter_bw": (1e6, 1e15, "1 MB/s to 1 PB/s"),
     "peak_flops": (1e6, 1e18, "1 MFLOP/s to 1 EFLOP/s"),
 }
+# the most FLOP/s per byte/s of memory bandwidth (the roofline's ridge point) a part has: an H100's is about
+# 300 in bf16 and 600 in fp8, a CPU's 1 to 20; each figure within its range, the two can still disagree
+MOST_FLOPS_PER_BYTE = 2e4
 
 # HardwareSpec's measured [bytes, seconds] curves (the local calibration's gloo calls)
 MEASURED_CURVES = ("allreduce_curve", "allgather_curve", "reducescatter_curve", "p2p_curve")
@@ -749,7 +752,8 @@ class HardwareSpec:
 
     def _implausible(self) -> list[str]:
         """Figures outside what any part, from a laptop's CPU to a GPU generations ahead, could have
-        (:data:`PLAUSIBLE`): a unit slip (bytes in a GiB key, TB/s in a GB/s one) had priced silently."""
+        (:data:`PLAUSIBLE`), or computing more per byte of memory than any (:data:`MOST_FLOPS_PER_BYTE`): a
+        unit slip (bytes in a GiB key, TB/s in a GB/s one) had priced silently."""
         figures = [(name, getattr(self, name)) for name in PLAUSIBLE if name != "peak_flops"]
         figures += [(f"peak_flops[{dtype!r}]", rate) for dtype, rate in self.peak_flops.items()]
         out = []
@@ -758,6 +762,14 @@ class HardwareSpec:
             if not low <= value <= high:
                 out.append(f"hardware {name} {value:.4g} (SI units) is outside any part's ({bounds}): a unit "
                            "slip? (docs/simulator.md lists each key's unit)")
+        if out:
+            return out
+        for dtype, rate in self.peak_flops.items():
+            per_byte = rate / self.memory_bandwidth
+            if per_byte > MOST_FLOPS_PER_BYTE:
+                out.append(f"hardware peak_flops[{dtype!r}] is {per_byte:.3g} FLOPs per byte "
+                           f"of memory_bandwidth, above any part's ({MOST_FLOPS_PER_BYTE:,.0f}; an H100's is "
+                           "about 300): a memory bandwidth in TB/s under a GB/s key?")
         return out
 
     def to_dict(self) -> dict:
