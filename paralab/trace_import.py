@@ -4,11 +4,13 @@
     trace = paralab.import_profile(["rank0.json", "rank1.json"])  # every figure of paralab.viz takes it
 
 One file per rank, as torch.profiler writes them (``export_chrome_trace``, or the ``*.pt.trace.json``
-of ``tensorboard_trace_handler``), plain or gzipped; a directory stands for the traces in it. What
-becomes what (the mapping of torch's operators lives in :mod:`paralab.trace_ops`):
+of ``tensorboard_trace_handler``), plain or gzipped; a directory stands for the traces in it, in
+natural order (rank2 before rank10), less the paralab traces it holds (an earlier import's output:
+left out, with a warning). What becomes what (the mapping of torch's operators lives in
+:mod:`paralab.trace_ops`):
 
 - ranks: each file's ``distributedInfo.rank`` (torch writes it once a process group exists), else the
-  order of the files; a rank's node is its ``host_name``.
+  order of the files, with a warning; a rank's node is its ``host_name``.
 - steps: ``ProfilerStep#N`` ranges (``prof.step()`` every iteration) are step N, their projection on
   the GPU included; a trace without them is one step.
 - spans: forward, backward, optimizer and other compute, memcpy, and communication with its bytes;
@@ -20,7 +22,9 @@ becomes what (the mapping of torch's operators lives in :mod:`paralab.trace_ops`
   collective over all ranks ends at the same instant everywhere (ranks leave a collective together,
   but not to the microsecond: the median over the host's ranks), which lines up hosts whose clocks
   disagree; a file that names no host is a host of its own. Without such a collective in every file
-  the profilers' clocks stand. ``meta["clock"]`` says which was done, and how far each rank (in rank
+  the profilers' clocks stand. Ranks of one host whose first collective over all ranks ends, or (with
+  none) whose first common steps lie, more than a second apart on its clock are of different runs:
+  refused. ``meta["clock"]`` says which was done, and how far each rank (in rank
   order) was moved against the first beyond what the profilers' clocks said (``correction_s``).
 
 A profile of a paralab run (``paralab run --profile DIR``, see :mod:`paralab.profiling`) carries
@@ -62,11 +66,20 @@ NAMES = ("auto", "paralab", "torch")
 # a second is far beyond them, and far below the time between two runs
 ONE_HOST_SKEW_S = 1.0
 STEP_RE = re.compile(r"ProfilerStep#(\d+)")
+NUMBERED_BY_ORDER = ("no file says its rank (no distributedInfo: profiled before init_process_group?), so "
+                     "the files were numbered as ranks by their order")
+REPEATING_SCHEDULE = ("a profiler schedule that repeats (repeat=0, or above 1) writes a file per cycle of "
+                      "each process: give one cycle's")
 
 
 class ProfileError(ConfigError):
     """A file that is not a torch.profiler trace paralab can read; says which file and what is missing
     (the CLI exits 2)."""
+
+
+class ParalabTraceError(ProfileError):
+    """A paralab trace where a torch.profiler trace is wanted: refused when given by name, left out
+    (with a warning) when a directory given holds it (an earlier import's output, say)."""
 
 
 class ProfileWarning(UserWarning):
@@ -103,27 +116,46 @@ CPU_MEMORY_NOTE = ("CPU ranks: the most bytes allocated while the profiler recor
 
 
 # ---------------------------------------------------------------------------------------------- files
-def expand(paths) -> list[Path]:
-    """Files in the order given; a directory stands for its *.json and *.json.gz files, sorted."""
+def expand(paths) -> list[tuple[Path, bool]]:
+    """(file, whether it was named) in the order given; a directory stands for its *.json and *.json.gz
+    files in natural order (rank2 before rank10: without distributedInfo the order is the ranks')."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
-    files: list[Path] = []
+    files: list[tuple[Path, bool]] = []
     for path in map(Path, paths):
         if path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.name.endswith((".json", ".json.gz")))
+            found = sorted((p for p in path.iterdir() if p.name.endswith((".json", ".json.gz"))),
+                           key=lambda p: [int(n) if n.isdigit() else n for n in re.split(r"(\d+)", p.name)])
             if not found:
                 raise ProfileError(f"{path}: no .json or .json.gz traces in this directory")
-            files += found
+            files += [(p, False) for p in found]
         else:
-            files.append(path)
+            files.append((path, True))
     if not files:
         raise ProfileError("no profile given")
     seen: set[Path] = set()
-    for path in files:
+    for path, _ in files:
         if path.resolve() in seen:  # it would be read as two ranks
             raise ProfileError(f"{path}: given twice; give one file per rank")
         seen.add(path.resolve())
     return files
+
+
+def _read_profiles(paths) -> tuple[list[RankProfile], list[str]]:
+    """The profiles of the files ``paths`` stand for (:func:`expand`), and a warning for each paralab
+    trace a directory given holds, which is left out (one given by name is refused)."""
+    profiles, left_out = [], []
+    for path, named in expand(paths):
+        try:
+            profiles.append(read_profile(path))
+        except ParalabTraceError:
+            if named:
+                raise
+            left_out.append(str(path))
+    if not profiles:
+        raise ProfileError(f"{', '.join(left_out)}: paralab traces, not torch.profiler ones: no profile to "
+                           "import")
+    return profiles, [f"{path}: a paralab trace, not a torch.profiler one: left out" for path in left_out]
 
 
 def read_profile(path: Path) -> RankProfile:
@@ -132,13 +164,16 @@ def read_profile(path: Path) -> RankProfile:
         raw = path.read_bytes()
     except OSError as exc:
         raise ProfileError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    if not raw or raw.isspace():  # (isspace copies nothing: profiles run to hundreds of MB)
+        raise ProfileError(f"{path}: an empty file, not a torch.profiler trace")
     try:
         data = json.loads(gzip.decompress(raw) if raw[:2] == GZIP_MAGIC else raw)
-    except (OSError, EOFError, ValueError) as exc:
+    except (OSError, EOFError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise ProfileError(f"{path}: not a JSON trace ({str(exc).splitlines()[0]})") from None
     paralab_export = isinstance(data, dict) and "paralab" in (data.get("otherData") or {})  # Trace.to_chrome
     if isinstance(data, dict) and (data.get("format") == "paralab-trace" or paralab_export):
-        raise ProfileError(f"{path}: a paralab trace already, not a torch.profiler one (for paralab report)")
+        raise ParalabTraceError(f"{path}: a paralab trace already, not a torch.profiler one (for paralab "
+                                "report)")
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise ProfileError(f"{path}: no traceEvents list, so not a Chrome trace from torch.profiler")
     info = data.get("distributedInfo") if isinstance(data.get("distributedInfo"), dict) else {}
@@ -161,6 +196,9 @@ def read_profile(path: Path) -> RankProfile:
             raise ProfileError(f"{path}: traceEvents[{i}] ({e.get('name')!r}) has no numeric ts and dur")
         if not isinstance(args, dict):
             raise ProfileError(f"{path}: traceEvents[{i}] ({e.get('name')!r}): args is not an object")
+        if not all(v is None or isinstance(v, (int, float, str)) for v in (e.get("pid"), e.get("tid"))):
+            raise ProfileError(f"{path}: traceEvents[{i}] ({e.get('name')!r}): pid or tid is not a number or "
+                               "a name")
         profile.shapes_recorded |= "Input Dims" in args  # older torch writes no record_shapes key
         event = Event(str(e.get("name", "")), e["cat"], e.get("pid"), e.get("tid"), ts * 1e-6,
                       (ts + max(dur, 0)) * 1e-6, args)
@@ -172,11 +210,12 @@ def read_profile(path: Path) -> RankProfile:
 
 
 def _subgroups(info: dict) -> list[list[int]]:
-    """The process groups smaller than the world that distributedInfo lists (``pg_config``)."""
+    """The process groups smaller than the world that distributedInfo lists (``pg_config``), one rank's
+    included: a collective on it puts nothing on the wire."""
     world = _int_or_none(info.get("world_size"))
     groups = info.get("pg_config") if isinstance(info.get("pg_config"), list) else []
     ranks = [g.get("ranks") for g in groups if isinstance(g, dict)]
-    return [r for r in ranks if isinstance(r, list) and world is not None and 1 < len(r) < world]
+    return [r for r in ranks if isinstance(r, list) and world is not None and 0 < len(r) < world]
 
 
 def _note_memory(profile: RankProfile, args) -> None:
@@ -268,7 +307,8 @@ def torch_spans(profile: RankProfile, rank: int, world_size: int) -> list[Span]:
     spans = [Span(rank, STEP, "step", lo, hi, name=f"step {n}", step=n) for n, (lo, hi) in windows.items()]
     at = lambda t: step_of(windows, t)  # noqa: E731
     for span in (compute_spans(profile.host_events, profile.device_events, rank, at)
-                 + comm_spans(profile.host_events, profile.device_events, rank, world_size)):
+                 + comm_spans(profile.host_events, profile.device_events, rank, world_size,
+                              world_only=not profile.subgroups)):
         span.step = at(span.start)
         spans.append(span)
     return spans
@@ -286,11 +326,14 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
     """
     if names not in NAMES:
         raise ConfigError(f"names must be one of {NAMES}, got {names!r}")
-    files = expand(paths)
-    profiles = [read_profile(f) for f in files]
+    profiles, said = _read_profiles(paths)
     _check_facts_agree(profiles, meta or {})
     ranks = _assign_ranks(profiles)
-    said = _check_one_run(profiles, ranks)
+    said += _check_one_run(profiles, ranks)
+    if len(profiles) > 1 and _numbered_by_order(profiles):
+        order = [f"{p.path} {'is ' * (r == 0)}rank {r}" for r, p in enumerate(profiles)]
+        said.append(f"{NUMBERED_BY_ORDER}: "
+                    + ", ".join(order if len(order) < 4 else [order[0], "...", order[-1]]))
     world = max([p.world_size or 0 for p in profiles] + [max(ranks) + 1, len(profiles)])
     if missing := sorted(set(range(world)) - set(ranks)):
         said.append(f"the files hold {len(ranks)} of the {world} ranks of their world (none for rank(s) "
@@ -352,7 +395,8 @@ def _what_the_steps_hide(spans_by_rank: dict[int, list[Span]], profiles: list[Ra
     unnamed = any(s.lane == COMM and s.peer is None and s.group_ranks is None
                   for spans in spans_by_rank.values() for s in spans)
     if groups and unnamed:
-        said.append(f"the job made process groups smaller than the world ({', '.join(map(str, groups))}), "
+        said.append(f"the job made process groups smaller than the world "
+                    f"({', '.join(str(list(g)) for g in groups)}), "
                     "and the profile does not say which group each collective ran on (gloo's do not): "
                     "they are imported as collectives over all ranks, so their bytes and pairing may be off")
     return said
@@ -431,9 +475,8 @@ def _assign_ranks(profiles: list[RankProfile]) -> list[int]:
         if p.world_size is not None and rank >= p.world_size:
             raise ProfileError(f"{p.path}: rank {rank}, yet its distributedInfo.world_size is {p.world_size}")
         if rank in seen:
-            raise ProfileError(f"{p.path}: rank {rank} again (also {seen[rank]}); give one file per rank (a "
-                               "schedule that repeats, as repeat=0 does, writes a file per rank per cycle: "
-                               "give one cycle's)")
+            raise ProfileError(f"{p.path}: rank {rank} again (also {seen[rank]}); give one file per rank "
+                               f"({REPEATING_SCHEDULE})")
         seen[rank] = p.path
     return ranks
 
@@ -463,8 +506,14 @@ def _step_conflicts(profiles: list[RankProfile], ranks: list[int]) -> list[str]:
         return []
     said = "; ".join(f"rank {r} recorded steps {_steps_text(steps[r])}" for r in sorted(steps))
     if not set.intersection(*steps.values()):
-        raise ProfileError(f"{said}: no step common to every rank, so not one recording of one job")
+        why = f" ({NUMBERED_BY_ORDER}; {REPEATING_SCHEDULE})" if _numbered_by_order(profiles) else ""
+        raise ProfileError(f"{said}: no step common to every rank, so not one recording of one job{why}")
     return [f"{said}: the steps some ranks lack are imported without them"]
+
+
+def _numbered_by_order(profiles: list[RankProfile]) -> bool:
+    """Whether the ranks are the files' order (:func:`_assign_ranks`): no file says its own."""
+    return all(p.rank is None for p in profiles)
 
 
 def _steps_text(steps: set[int]) -> str:
@@ -484,17 +533,18 @@ def _align(spans_by_rank: dict[int, list[Span]], profiles: list[RankProfile], ra
         ends = _first_common_collective_ends(spans_by_rank, ranks, world)
         hosts = _clock_hosts(profiles, ranks)
         method = "clock: the profiler's own clocks (Unix time)"
-        silent = not any(s.lane == COMM for spans in spans_by_rank.values() for s in spans)
-        if len(ranks) > 1 and silent and (starts := _first_common_step_starts(spans_by_rank, ranks)):
-            # no communication at all: the ranks of one job still run their steps together (a
-            # pipeline's stages may start a step seconds apart, and a job's collectives may all be on
-            # groups smaller than the world)
-            _check_one_clock(hosts, {r: starts[r] + shift[r] for r in ranks}, "first common step starts")
+        if len(ranks) > 1 and not ends and (steps := _first_common_steps(spans_by_rank, ranks)):
+            # no collective to align on (sends only, groups smaller than the world, none at all): the
+            # ranks of one run are still in a step at the same time (a pipeline's last stage may start
+            # it seconds after the first, yet they exchange its microbatches within it)
+            _check_one_clock(hosts, {r: (lo + shift[r], hi + shift[r]) for r, (lo, hi) in steps.items()},
+                             "first common steps lie")
         if len(ranks) > 1 and ends:
             ref = min(ranks)
             # how far each rank's clock is off, read as if the first collective ended at one instant
             off = {r: ends[r] + shift[r] - ends[ref] - shift[ref] for r in ranks}
-            _check_one_clock(hosts, {r: -off[r] for r in ranks}, "first collective over all ranks ends")
+            _check_one_clock(hosts, {r: (-off[r], -off[r]) for r in ranks},
+                             "first collective over all ranks ends")
             if len(hosts) == 1:
                 method = "clock: every rank ran on one host and read its clock"
             else:
@@ -526,20 +576,24 @@ def _clock_hosts(profiles: list[RankProfile], ranks: list[int]) -> dict[str, lis
     return hosts
 
 
-def _check_one_clock(hosts: dict[str, list[int]], moved: dict[int, float], moment: str) -> None:
-    """Ranks on one host (``hosts``: :func:`_clock_hosts`) read one clock: a ``moment`` they share (the
-    end of their first collective over all ranks, else the start of their first common step) comes
-    within ``ONE_HOST_SKEW_S`` on it. Further apart, the files are of different runs (ProfileError)."""
+def _check_one_clock(hosts: dict[str, list[int]], windows: dict[int, tuple[float, float]],
+                     moment: str) -> None:
+    """Ranks on one host (``hosts``: :func:`_clock_hosts`) read one clock: each rank's window (start,
+    end) of a ``moment`` they share (the end of their first collective over all ranks, an instant; else
+    their first common step) comes within ``ONE_HOST_SKEW_S`` of every other's on it. Further apart,
+    the files are of different runs (ProfileError)."""
     for host, members in hosts.items():
-        lo, hi = min(members, key=moved.get), max(members, key=moved.get)
-        if (apart := moved[hi] - moved[lo]) > ONE_HOST_SKEW_S:
-            raise ProfileError(f"ranks {min(lo, hi)} and {max(lo, hi)} ran on one host ({host}), "
+        late = max(members, key=lambda r: windows[r][0])
+        early = min(members, key=lambda r: windows[r][1])
+        if (apart := windows[late][0] - windows[early][1]) > ONE_HOST_SKEW_S:
+            raise ProfileError(f"ranks {min(late, early)} and {max(late, early)} ran on one host ({host}), "
                                f"yet their {moment} {apart:.3g} s apart on its clock: not one run")
 
 
-def _first_common_step_starts(spans_by_rank: dict[int, list[Span]], ranks: list[int]) -> dict[int, float]:
-    """Each rank's start of the lowest step every rank has (empty when there is none)."""
-    steps = {r: {s.step: s.start for s in spans_by_rank[r] if s.lane == STEP} for r in ranks}
+def _first_common_steps(spans_by_rank: dict[int, list[Span]],
+                        ranks: list[int]) -> dict[int, tuple[float, float]]:
+    """Each rank's (start, end) of the lowest step every rank has (empty when there is none)."""
+    steps = {r: {s.step: (s.start, s.end) for s in spans_by_rank[r] if s.lane == STEP} for r in ranks}
     common = set.intersection(*(set(own) for own in steps.values()))
     return {r: steps[r][min(common)] for r in ranks} if common else {}
 
@@ -619,23 +673,16 @@ def add_import_args(parser) -> None:
 
 def import_main(args) -> int:
     """``paralab import``: 0 when written; 2 (one line on stderr) for a file that cannot be imported,
-    a fact below 1 or an output that cannot be written (checked first: reading many profiles takes a
-    while)."""
-    check_file(args.output, "output")
-    problem = below_one(args, ("pp", "microbatches", "tokens_per_step"))
-    if not problem and args.schedule and args.pp and args.microbatches:
-        chunks = _chunks_per_rank(args.schedule)
-        problem = next(iter(shape_problems(args.schedule, args.pp, args.microbatches, chunks)), None)
-    if problem:
-        print(f"paralab import: {problem}", file=sys.stderr)
-        return 2
+    a fact below 1, or an output that cannot be written or would overwrite a profile (checked first:
+    reading many profiles takes a while)."""
     try:
+        _check_import_args(args)
         facts = {k: getattr(args, k) for k in ("schedule", "pp", "microbatches", "tokens_per_step")}
         with warnings.catch_warnings():  # said below, as the import's own lines
             warnings.simplefilter("ignore", ProfileWarning)
             trace = import_profile(args.profiles, names=args.names,
                                    meta={k: v for k, v in facts.items() if v is not None})
-    except ProfileError as exc:
+    except ConfigError as exc:
         print(f"paralab import: {exc}", file=sys.stderr)
         return 2
     for warning in trace.meta.get("warnings", []):
@@ -651,17 +698,52 @@ def import_main(args) -> int:
     return 0
 
 
+def _check_import_args(args) -> None:
+    """ConfigError for an output that cannot be written or is a profile to import, a fact below 1, or
+    a schedule the facts given cannot make."""
+    check_file(args.output, "output")
+    _check_output_is_no_profile(args.profiles, Path(args.output))
+    problem = below_one(args, ("pp", "microbatches", "tokens_per_step"))
+    if not problem and args.schedule and args.pp and args.microbatches:
+        chunks = _chunks_per_rank(args.schedule)
+        problem = next(iter(shape_problems(args.schedule, args.pp, args.microbatches, chunks)), None)
+    if problem:
+        raise ConfigError(problem)
+
+
+def _check_output_is_no_profile(profiles: list[str], output: Path) -> None:
+    """ProfileError when writing ``output`` would overwrite a profile to import (the user's own data):
+    one given by name, or one a directory given holds, unless it is a paralab trace there (an earlier
+    import's output, left out of the import)."""
+    for path, named in expand(profiles):
+        if path.resolve() == output.resolve() and (named or not _is_paralab_trace(path)):
+            raise ProfileError(f"-o {output} is one of the profiles to import, which the trace would "
+                               "overwrite: write it elsewhere")
+
+
+def _is_paralab_trace(path: Path) -> bool:
+    try:
+        read_profile(path)
+    except ParalabTraceError:
+        return True
+    except ProfileError:
+        pass
+    return False
+
+
 def _comm_lines(summary: dict, unknown: set[str]) -> list[str]:
     """Bytes per op and step; for the ops some rank profiled without record_shapes left unsized
     (``unknown``; NCCL's are sized without shapes) a 0 is not a measure, and a total that is not 0
     leaves those ranks out: both say so."""
+    from paralab.viz._common import fmt_bytes  # plotly-free, as the viz package imports it lazily
+
     lines = []
     for op, nbytes in summary["comm_payload_bytes"].items():
         partial = op in unknown
         if partial and not nbytes:
             lines.append(f"{op}: bytes unknown (profiled without record_shapes)")
         else:
-            lines.append(f"{op}: {nbytes / 2**20:.3f} MiB of tensors per step (all ranks), "
-                         f"{summary['comm_bytes'].get(op, 0) / 2**20:.3f} MiB on the wire"
+            lines.append(f"{op}: {fmt_bytes(nbytes)} of tensors per step (all ranks), "
+                         f"{fmt_bytes(summary['comm_bytes'].get(op, 0))} on the wire"
                          + (" (ranks without record_shapes not counted)" if partial else ""))
     return lines

@@ -26,8 +26,10 @@ size``, ``Process Group Ranks``, ``Src/Dst Rank``: a rank of the group, made a r
 through the group's ranks); for gloo they come from the ``c10d::<op>`` call the execution pairs with
 (the call that contains it, else the earliest open call of that op), whose shapes torch records with
 ``record_shapes=True``. Payload is elements x dtype size (the full tensor for
-all_gather and reduce_scatter, as paralab.comm counts); wire bytes follow paralab.comm's ring
-accounting for the group size. A group size the trace does not state is 0 (read: the whole world).
+all_gather and reduce_scatter, the input for all_to_all, as paralab.comm counts); wire bytes follow
+paralab.comm's ring accounting for the group size, and for an all-to-all the slices its input splits
+(``In split size``, or ``c10d::alltoall_base_``'s recorded ``Concrete Inputs``) send to the other ranks.
+A group size the trace does not state is 0 (read: the whole world).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from dataclasses import dataclass, field
 
 from paralab.profiling import PREFIX
 from paralab.trace import COMM, COMPUTE, Span
+from paralab.wire import all_to_all_wire_bytes
 
 HOST_CATS = ("cpu_op", "user_annotation")
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
@@ -96,8 +99,14 @@ def op_name(name: str) -> str:
     return next((op for key, op in _OPS if text.startswith(key)), "")
 
 
+# Calls that ask for, run or wait for communication. DTensor's functional collectives return at once,
+# and the op that first uses the result waits for it inside itself (_c10d_functional::wait_tensor), the
+# thread blocked until gloo or NCCL has run it.
+COMM_CALL_PREFIXES = ("c10d::", "_c10d_functional::", "_c10d_functional_autograd::", "nccl:", "gloo:")
+
+
 def is_comm_call(name: str) -> bool:
-    return name.startswith(("c10d::", "nccl:", "gloo:")) or name == "record_param_comms"
+    return name.startswith(COMM_CALL_PREFIXES) or name == "record_param_comms"
 
 
 # ---------------------------------------------------------------------------------------------- compute
@@ -263,14 +272,17 @@ class _Comm:
     group_ranks: list[int] | None = None
     peer: int | None = None
     shard_only: bool = False  # elements are one rank's shard of the gathered (or scattered) tensor
+    splits: list[int] | None = None  # an all-to-all's input split sizes (rows of dim 0), one a group rank
 
 
 def _is_nccl(e: Event) -> bool:
     return e.cat == "kernel" and "nccl" in e.name.lower()
 
 
-def comm_spans(host_events: list[Event], device_events: list[Event], rank: int, world: int) -> list[Span]:
-    """Communication spans of one rank (module docstring)."""
+def comm_spans(host_events: list[Event], device_events: list[Event], rank: int, world: int,
+               world_only: bool = True) -> list[Span]:
+    """Communication spans of one rank (module docstring). ``world_only``: the rank's profile lists no
+    process group smaller than the world, so in a world of two every collective is over both."""
     spans = []
     for e, start, c in _communications(host_events, device_events):
         if c.op in P2P:
@@ -278,14 +290,14 @@ def comm_spans(host_events: list[Event], device_events: list[Event], rank: int, 
             c.group_size = 2
             if world == 2 and c.peer is None:  # in a world of two the peer is the other rank
                 c.peer = 1 - rank
-        elif world == 2 and not c.group_size:  # ... and every collective is over both
+        elif world == 2 and world_only and not c.group_size:
             c.group_size = 2
         n = c.group_size or world
         elements = c.elements * n if c.shard_only else c.elements
         payload = 0 if c.op == "barrier" else elements * ELEMENT_BYTES.get(c.dtype, 0)
         subgroup = c.group_ranks if c.group_ranks and len(c.group_ranks) < world else None
         spans.append(Span(rank, COMM, c.op or "communication", start, e.end, name=e.name.split("(")[0],
-                          bytes=_wire_bytes(c.op, payload, n), payload_bytes=payload, peer=c.peer,
+                          bytes=_wire_bytes(c, payload, n, rank, world), payload_bytes=payload, peer=c.peer,
                           group_size=c.group_size, group_ranks=subgroup))
     return spans
 
@@ -334,14 +346,29 @@ def _global_peer(c: _Comm, world: int) -> int | None:
     return c.peer if c.group_size in (0, world) else None
 
 
-def _wire_bytes(op: str, payload: int, n: int) -> int:
-    """paralab.comm's ring accounting; 0 for ops it does not price (barrier, reduce, gather, ...)."""
+def _wire_bytes(c: _Comm, payload: int, n: int, rank: int, world: int) -> int:
+    """paralab.comm's accounting: an all-to-all whose splits and own place in its group are known puts
+    on the wire the slices it sends to the others; the rest the ring's for a group of n (an all-to-all
+    split evenly), 0 for ops it does not price (barrier, reduce, gather, ...)."""
     from paralab.comm import wire_bytes
 
+    me = _place_in_group(c, rank, world)
+    if c.op == "all_to_all" and me is not None and sum(c.splits):
+        return round(all_to_all_wire_bytes([payload * s / sum(c.splits) for s in c.splits], me))
     try:
-        return wire_bytes(op, payload, n)
+        return wire_bytes(c.op, payload, n)
     except ValueError:
         return 0
+
+
+def _place_in_group(c: _Comm, rank: int, world: int) -> int | None:
+    """The rank's index among an all-to-all's splits: its place in the group's ranks, or its rank when
+    the splits are as many as the world (None when neither is known, or without splits)."""
+    if not c.splits:
+        return None
+    if c.group_ranks:
+        return c.group_ranks.index(rank) if rank in c.group_ranks else None
+    return rank if len(c.splits) == world else None
 
 
 def _pair(executions: list[Event], calls: list[Event]) -> dict[int, Event]:
@@ -380,14 +407,22 @@ def _from_metadata(args: dict) -> _Comm | None:
     """What record_param_comms says (NCCL kernels carry it too), or None without it."""
     if "Collective name" not in args:
         return None
-    ranks = args.get("Process Group Ranks")
-    if isinstance(ranks, str) and "..." not in ranks:  # written as a string "[0, 1]"; truncated when long
-        ranks = [int(r) for r in ranks.strip("[]").split(",") if r.strip()]
+    op = op_name(str(args["Collective name"]))
     peer = args.get("Dst Rank", args.get("Src Rank"))
-    return _Comm(op_name(str(args["Collective name"])),
-                 max(int(args.get("In msg nelems") or 0), int(args.get("Out msg nelems") or 0)),
+    sent, received = int(args.get("In msg nelems") or 0), int(args.get("Out msg nelems") or 0)
+    return _Comm(op, sent if op == "all_to_all" else max(sent, received),  # an all-to-all's payload: input
                  str(args.get("dtype")), int(args.get("Group size") or 0),
-                 ranks if isinstance(ranks, list) else None, int(peer) if peer is not None else None)
+                 _int_list(args.get("Process Group Ranks")), int(peer) if peer is not None else None,
+                 splits=_int_list(args.get("In split size")))
+
+
+def _int_list(value) -> list[int] | None:
+    """Ranks or split sizes as torch writes them, "[0, 1]" (cut short, "[0, 1, ...]", when long); None
+    for an empty, cut or foreign one."""
+    if isinstance(value, str):
+        items = [v.strip() for v in value.strip("[]").split(",") if v.strip()]
+        value = [int(v) for v in items] if all(v.isdigit() for v in items) else None
+    return value if isinstance(value, list) and value and all(type(v) is int for v in value) else None
 
 
 def _from_call(call: Event | None, execution: Event | None) -> _Comm:
@@ -398,7 +433,14 @@ def _from_call(call: Event | None, execution: Event | None) -> _Comm:
     if execution is not None:
         exec_sizes, exec_dtype = _tensor_sizes(execution.args)
         sizes, c.dtype = sizes or exec_sizes, c.dtype or exec_dtype
-    c.elements = max(sizes, default=0)
+    # an all-to-all's payload is its input, the second of its (output, input) tensors
+    c.elements = sizes[1] if c.op == "all_to_all" and len(sizes) > 1 else max(sizes, default=0)
+    if call is not None and call.name.startswith("c10d::alltoall_base"):
+        # (output, input, group, output splits, input splits, ...): record_shapes writes the splits as
+        # text among its "Concrete Inputs"; as many splits as the group has ranks
+        concrete = call.args.get("Concrete Inputs")
+        c.splits = _int_list(concrete[4]) if isinstance(concrete, list) and len(concrete) > 4 else None
+        c.group_size = len(c.splits or [])
     if c.op in ("all_gather", "reduce_scatter") and len(sizes) >= 2 and min(sizes) > 0:
         c.group_size = max(sizes) // min(sizes)  # full tensor / shard
     # list-form all_gather (c10d::allgather_) and reduce_scatter (c10d::reduce_scatter_): their list of

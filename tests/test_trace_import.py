@@ -93,6 +93,28 @@ def test_a_blocking_call_inside_an_autograd_range_is_not_backward_compute():
         ("backward", 0, 200), ("backward", 900, 1000)]
 
 
+def test_a_functional_collectives_wait_inside_an_op_is_communication_not_compute():
+    """DTensor tensor parallel: the op that first uses an all-reduce's result (here aten::pow) waits for
+    it inside itself (_c10d_functional::wait_tensor), the thread blocked 3 ms while gloo's worker runs
+    it. The wait had been read as the op's forward compute, so the exposed all-reduce read as
+    overlapped (rank 0: 5.00 ms compute, 2.98 ms overlapped, 0 exposed on a real profile)."""
+    forward = {"Sequence number": 62, "Fwd thread id": 0}
+    run = {"Input type": ["float"], "Input Dims": [[8192]]}
+    host = _ops(("_c10d_functional::all_reduce", 1, 0, 80, {}), ("c10d::allreduce_", 1, 30, 70, run),
+                ("aten::pow", 1, 100, 3200, forward), ("PythonSubclass", 1, 103, 3198, {}),
+                ("_c10d_functional::wait_tensor", 1, 140, 3150, {}), ("aten::mean", 1, 3210, 3240, forward),
+                ("gloo:all_reduce", 2, 130, 3110, run))
+    compute = compute_spans(host, [], rank=0, steps=lambda t: 0)
+    assert [(s.kind, round(s.start * 1e6), round(s.end * 1e6)) for s in compute] == [
+        ("forward", 100, 140), ("forward", 3150, 3240)]
+    spans = [Span(0, STEP, "step", 0.0, 3300e-6, step=0), *compute, *comm_spans(host, [], rank=0, world=2)]
+    for s in spans:
+        s.step = 0
+    breakdown = Trace(spans=spans).time_breakdown()[0]
+    assert breakdown["overlapped_comm_s"] == pytest.approx(10e-6)  # 130-140 us, before the wait
+    assert breakdown["exposed_comm_s"] == pytest.approx(2970e-6)
+
+
 def test_gloo_sends_and_recvs_start_at_their_call_and_collectives_at_their_run():
     """gloo's send and recv ranges open as c10d::send / c10d::recv_ return, after the transfer was
     posted (as torch 2.x records them, tid 1); a collective's range on gloo's worker thread (tid 2) is
@@ -117,6 +139,37 @@ def test_list_all_gather_counts_the_gathered_tensor_like_all_gather_into_tensor(
                 ("c10d::_allgather_base_", 1, 100, 150, into_tensor), ("gloo:all_gather", 2, 110, 140, shard))
     spans = comm_spans(host, [], rank=0, world=4)
     assert [(s.kind, s.payload_bytes, s.bytes) for s in spans] == [("all_gather", 1600, 1200)] * 2
+
+
+@pytest.mark.parametrize("rank, dims, splits, payload, wire", [
+    (0, [[400], [1000]], ["[100, 300]", "[100, 900]"], 4000, 3600),  # keeps 100 floats, sends 900
+    (1, [[1000], [400]], ["[900, 100]", "[300, 100]"], 1600, 1200),  # sends 300, keeps 100
+])
+def test_an_uneven_all_to_all_counts_its_input_and_the_slices_it_sends_away(rank, dims, splits, payload,
+                                                                           wire):
+    """all_to_all_single with uneven splits, as paralab.comm counts it: payload the input, wire the
+    slices sent to other ranks. The larger of input and output with the even-split factor had given
+    4000 B of payload and 2000 B on the wire to both ranks. c10d::alltoall_base_'s arguments are
+    (output, input, group, output splits, input splits, ...)."""
+    call = {"Input type": ["float", "float", "", "ScalarList", "ScalarList", "Scalar", "Scalar"],
+            "Input Dims": [*dims, [], [], [], [], []],
+            "Concrete Inputs": ["", "", "", *splits, "False", "-1"]}
+    run = {"Input type": ["float"], "Input Dims": [dims[1]]}
+    host = _ops(("c10d::alltoall_base_", 1, 0, 30, call), ("gloo:all_to_all", 2, 40, 600, run))
+    (span,) = comm_spans(host, [], rank=rank, world=2)
+    assert (span.kind, span.payload_bytes, span.bytes, span.group_size) == ("all_to_all", payload, wire, 2)
+
+
+def test_an_uneven_all_to_all_on_nccl_is_sized_from_its_splits():
+    """NCCL's metadata: In msg nelems is the input (the output may be larger), and its split sizes
+    count rows of dim 0 (here 2 floats a row): rank 2, the second of group [0, 2], sends 100 of its 400 rows
+    to rank 0."""
+    meta = {"Collective name": "all_to_allv", "In msg nelems": 800, "Out msg nelems": 2000, "dtype": "Float",
+            "Group size": 2, "Process Group Ranks": "[0, 2]", "In split size": "[100, 300]",
+            "Out split size": "[700, 300]"}
+    kernel = Event("ncclDevKernel_SendRecv", "kernel", 1, 7, 0.0, 1e-5, meta)
+    (span,) = comm_spans([], [kernel], rank=2, world=4)
+    assert (span.kind, span.payload_bytes, span.bytes) == ("all_to_all", 3200, 800)
 
 
 def test_bare_calls_take_their_sizes_from_record_param_comms():
@@ -302,6 +355,11 @@ BAD_FILES = {
                        "distributedInfo.rank 1000000000 is not a rank"),
     "huge_time.json": ('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1%s, '
                        '"dur": 1}]}' % ("0" * 400), "no numeric ts and dur"),
+    # these had raised a traceback (exit 1): RecursionError, TypeError (a list is no dict key)
+    "deep.json": ('{"traceEvents": %s}' % ("[" * 100_000 + "]" * 100_000), "not a JSON trace"),
+    "list_tid.json": (json.dumps({"traceEvents": [_event(tid=[1, 2])]}),
+                      "pid or tid is not a number or a name"),
+    "empty.json": ("", "an empty file"),  # had said: not a JSON trace (Expecting value: line 1 column 1)
 }
 
 
@@ -353,6 +411,79 @@ def test_gzip_and_duplicate_ranks(tmp_path, capsys):
     assert "given twice" in capsys.readouterr().err  # read twice it had made two ranks of one
     with pytest.raises(ProfileError, match="no paralab ranges"):
         import_profile(GPU_FIXTURE, names="paralab")
+
+
+def test_an_output_that_is_one_of_the_profiles_is_refused_before_reading(tmp_path, capsys):
+    """-o naming a profile had overwritten the user's profile with the trace (exit 0): given by name,
+    or as a profile of a directory given."""
+    files = [_gloo_rank(tmp_path / f"rank{r}.json", rank=r) for r in (0, 1)]
+    before = Path(files[0]).read_bytes()
+    for inputs in (files, [str(tmp_path)]):
+        assert cli_main(["import", *inputs, "-o", files[0]]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith(f"paralab import: -o {files[0]} is one of the ")
+        assert Path(files[0]).read_bytes() == before
+
+
+def test_a_directory_leaves_out_paralab_traces_written_into_it(tmp_path, capsys):
+    """paralab import prof/ -o prof/trace.json had worked once, then failed on every later run: "prof/
+    trace.json: a paralab trace already". A paralab trace in a directory given is left out, with a
+    warning; one given by name is still refused."""
+    for r in (0, 1):
+        _gloo_rank(tmp_path / f"rank{r}.json", rank=r)
+    out = tmp_path / "trace.json"
+    assert cli_main(["import", str(tmp_path), "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert cli_main(["import", str(tmp_path), "-o", str(out)]) == 0  # the first run's trace is in it now
+    err = capsys.readouterr().err
+    assert err == f"paralab import: warning: {out}: a paralab trace, not a torch.profiler one: left out\n"
+    assert Trace.load(out).meta["files"] == [str(tmp_path / f"rank{r}.json") for r in (0, 1)]
+    assert cli_main(["import", str(out), "-o", str(tmp_path / "again.json")]) == 2
+    assert "a paralab trace already" in capsys.readouterr().err
+
+
+def test_the_output_error_is_the_import_s_own(tmp_path, capsys):
+    assert cli_main(["import", str(GPU_FIXTURE), "-o", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith(f"paralab import: output {tmp_path} is a directory")
+
+
+def test_files_that_do_not_say_their_rank_are_ranks_in_natural_order_and_said_so(tmp_path):
+    """Profiles taken before init_process_group carry no distributedInfo: their ranks are the files'
+    order, silently, and a directory's files were sorted as text (rank10 before rank2)."""
+    for n in (10, 2):
+        _gloo_rank(tmp_path / f"rank{n}.json", rank=None)
+    with pytest.warns(ProfileWarning, match="numbered as ranks by their order"):
+        trace = import_profile(tmp_path)
+    assert trace.meta["files"] == [str(tmp_path / "rank2.json"), str(tmp_path / "rank10.json")]
+    (said,) = trace.meta["warnings"]
+    assert said == (f"no file says its rank (no distributedInfo: profiled before init_process_group?), so "
+                    f"the files were numbered as ranks by their order: {tmp_path / 'rank2.json'} is rank 0, "
+                    f"{tmp_path / 'rank10.json'} rank 1")
+
+
+def test_cycles_of_a_repeating_schedule_are_not_called_ranks(tmp_path):
+    """One process profiled under schedule(repeat=2) writes a file per cycle: without distributedInfo
+    they had been refused as "rank 0 recorded steps 2, 3, 4; rank 1 recorded steps 7, 8, 9", as if
+    two ranks of two jobs."""
+    files = [_gloo_rank(tmp_path / f"trace_{i}.json", rank=None, steps=steps)
+             for i, steps in enumerate(((2, 3, 4), (7, 8, 9)))]
+    with pytest.raises(ProfileError, match=r"steps 7, 8, 9: no step common .* numbered as ranks by their "
+                                           r"order.* a profiler schedule that repeats \(repeat="):
+        import_profile(files)
+
+
+def test_bytes_are_said_in_units_that_fit_them():
+    """Every op's bytes had been MiB to three decimals: 0.000 MiB for the real, small traffic of a
+    gather."""
+    from paralab.trace_import import _comm_lines
+
+    (line,) = _comm_lines({"comm_payload_bytes": {"gather": 1400}, "comm_bytes": {"gather": 700}}, set())
+    assert line == "gather: 1.4 KiB of tensors per step (all ranks), 700 B on the wire"
+
+
+def test_the_mesh_of_an_imported_trace_says_it_has_no_layout(gpu_trace):
+    with pytest.raises(TypeError, match="carries no layout .an imported profile has none"):
+        viz.mesh(gpu_trace)
 
 
 # ------------------------------------------------------------------------------------------ one job
@@ -459,15 +590,22 @@ def test_files_without_a_collective_are_one_job_only_if_they_ran_together(tmp_pa
     together = [_no_comm_rank(tmp_path / "a.json", 0.0), _no_comm_rank(tmp_path / "b.json", 300.0)]
     assert import_profile(together).median_step_time() == pytest.approx(5e-3)
     apart = [_no_comm_rank(tmp_path / "c.json", 0.0), _no_comm_rank(tmp_path / "d.json", 4e6)]
-    with pytest.raises(ProfileError, match=r"\(vm\), yet their first common step starts 4 s apart"):
+    with pytest.raises(ProfileError, match=r"\(vm\), yet their first common steps lie 3.99 s apart"):
         import_profile(apart)
 
 
-def test_ranks_that_communicate_are_not_held_to_starting_their_steps_together(tmp_path):
-    """A pipeline's last stage can start a step seconds after the first (a long step's backwards
-    run one stage after another): only ranks with no communication at all are refused so."""
-    files = [_pipeline_rank(tmp_path / "p0.json", 0, 2), _pipeline_rank(tmp_path / "p1.json", 1, 2, 1.5e6)]
-    assert import_profile(files).ranks == [0, 1]
+def test_ranks_with_no_collective_are_one_run_only_if_their_steps_meet(tmp_path):
+    """A pipeline's last stage can start a step seconds after the first (a long step's backwards run
+    one stage after another), yet the stages of one run exchange each step's microbatches within it,
+    so their steps meet. Rank 0 of one run and rank 1 of another, 12.5 s later, had been merged (their
+    sends paired across the runs): with no collective to align on, only ranks that had no
+    communication at all were held to stepping together."""
+    stages = [_pipeline_rank(tmp_path / "p0.json", 0, 2, step_us=3e6),
+              _pipeline_rank(tmp_path / "p1.json", 1, 2, 1.5e6, step_us=3e6)]
+    assert import_profile(stages).ranks == [0, 1]
+    runs = [_pipeline_rank(tmp_path / "q0.json", 0, 2), _pipeline_rank(tmp_path / "q1.json", 1, 2, 12.5e6)]
+    with pytest.raises(ProfileError, match=r"\(vm\), yet their first common steps lie 12.5 s apart"):
+        import_profile(runs)
 
 
 def test_what_a_profile_cannot_say_per_step_or_per_group_is_said(tmp_path):
@@ -490,7 +628,26 @@ def test_what_a_profile_cannot_say_per_step_or_per_group_is_said(tmp_path):
                                                 {"pg_name": "1", "ranks": [r - r % 2, r - r % 2 + 1]}]
         Path(path).write_text(json.dumps(data))
     (said,) = import_profile(files).meta["warnings"]
-    assert said.startswith("the job made process groups smaller than the world ((0, 1), (2, 3))")
+    assert said.startswith("the job made process groups smaller than the world ([0, 1], [2, 3])")
+
+
+def test_a_job_with_a_group_of_one_rank_is_not_read_as_every_collective_over_both(tmp_path):
+    """dist.new_group([r]) in a world of two: a collective on it puts nothing on the wire. distributedInfo
+    lists the group, but only groups of two or more had been kept, and in a world of two every
+    collective had been taken as over both ranks (an all-reduce of 2000 floats: 8000 B on the wire,
+    said as fact). Which group gloo's collectives ran on is not in the profile: now said so."""
+    files = []
+    for r in (0, 1):
+        path = Path(_gloo_rank(tmp_path / f"r{r}.json", rank=r))
+        data = json.loads(path.read_text())
+        data["distributedInfo"]["pg_config"] = [{"pg_name": "0", "ranks": [0, 1]},
+                                                {"pg_name": str(r + 1), "ranks": [r]}]
+        path.write_text(json.dumps(data))
+        files.append(path)
+    trace = import_profile(files)
+    assert {s.group_size for s in trace.select(lane=COMM)} == {0}  # unknown, not 2
+    (said,) = trace.meta["warnings"]
+    assert said.startswith("the job made process groups smaller than the world ([0], [1])")
 
 
 def test_ranks_that_start_at_different_steps_align_on_a_step_they_share(tmp_path):
@@ -703,14 +860,16 @@ def test_a_world_imported_in_part_says_which_ranks_are_missing(tmp_path, capsys)
     assert "warnings" not in import_profile(both).meta
 
 
-def _pipeline_rank(path: Path, rank: int, microbatches: int, shift_us: float = 0.0) -> str:
-    """A pipeline of two gloo ranks, one stage each: per step each microbatch's activation sent from
-    rank 0 and its gradient sent back from rank 1 (64 floats), as torch's GPipe and 1F1B send them."""
+def _pipeline_rank(path: Path, rank: int, microbatches: int, shift_us: float = 0.0,
+                   step_us: float = 5000.0) -> str:
+    """A pipeline of two gloo ranks, one stage each: per step (``step_us`` long, as long again apart)
+    each microbatch's activation sent from rank 0 and its gradient sent back from rank 1 (64 floats),
+    as torch's GPipe and 1F1B send them."""
     call = {"Input type": ["TensorList"], "Input Dims": [[[64]]]}
     events = []
     for n in (1, 2):
-        t = 10_000.0 * n + shift_us
-        events += [_event(f"ProfilerStep#{n}", "user_annotation", ts=t, dur=5000.0),
+        t = 2 * step_us * n + shift_us
+        events += [_event(f"ProfilerStep#{n}", "user_annotation", ts=t, dur=step_us),
                    _event("aten::mm", ts=t + 10, dur=80.0)]
         events += [_event("c10d::send", ts=t + 100 + 200 * k, dur=20.0, args=call)
                    for k in range(microbatches)]

@@ -154,6 +154,9 @@ def layout_of(obj) -> Layout:
     if isinstance(meta, dict) and all(k in meta for k in ("dp", "tp", "pp")):
         degrees = {axis: max(int(meta.get(axis) or 1), 1) for axis in ("dp", "tp", "pp", "cp")}
         return mesh_layout(**degrees)
+    if isinstance(meta, dict):
+        raise TypeError("this trace carries no layout (an imported profile has none): give a Layout, a "
+                        "RunResult or a mesh dict ({'shape': [pp, dp, cp, tp]})")
     raise TypeError(f"expected a Layout, a RunResult or Trace, or a mesh dict, got {type(obj).__name__}")
 
 
