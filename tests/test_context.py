@@ -241,8 +241,11 @@ def test_traced_wire_bytes_equal_the_analytic_count(runs, n, mode, split, no_lef
                     assert all(names.count(x) == 1 and names.count(f"{x} grad") == 1 for x in forward), names
     # the simulator counts the same bytes: per GPU, from the run's config alone
     model, spec = specs_from_run(run.config)
-    (counted,) = (v for k, v in sim_context.comm_bytes_per_gpu(model, spec).items() if k.startswith("cp_"))
-    assert n * counted == sum(wire for op, (_, wire) in expected.items() if op != "all_reduce")
+    counted = sim_context.comm_bytes_per_gpu(model, spec)
+    (split,) = (v for k, v in counted.items() if k.startswith("cp_"))
+    assert n * split == sum(wire for op, (_, wire) in expected.items() if op != "all_reduce")
+    # every rank all-reduces the whole position table, though its slice reads only its rows
+    assert n * counted["dp_all_reduce"] == expected["all_reduce"][1]
     if mode == "ring":  # the ring posts each K/V hop, then computes a block of attention as it travels
         for rank in range(n):
             order = sorted((s for s in run.trace.select(rank=rank)

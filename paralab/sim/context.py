@@ -18,13 +18,13 @@ what attention adds:
   flash-attention kernel does); the all-to-all's attention keeps its scores for heads / cp heads of
   the whole sequence, 1/cp of what the unsplit model keeps.
 
-Model states are the whole model's (the learned position table is not split); the slice run's
-optimizer time counts it / cp, a rounding error. With a pipeline the extra attention time is added
-to each microbatch's passes over the slowest rank's layers, stretched by the schedule's closed-form
-bubble (m + p - 1 passes of a stage under 1F1B, m + (p - 1) / v of a rank's under the interleaved
-schedule, p m under the naive one). Recompute reruns attention across the split, its traffic
-included: full recompute with the rest of a layer's forward, selective recompute alone
-(:func:`attention_rerun`).
+Model states are the whole model's: the slice run keeps the whole learned position table
+(``position_rows``), which every cp rank holds and all-reduces, though its slice reads only its rows.
+With a pipeline the extra attention time is added to each microbatch's passes over the slowest
+rank's layers, stretched by the schedule's closed-form bubble (m + p - 1 passes of a stage under
+1F1B, m + (p - 1) / v of a rank's under the interleaved schedule, p m under the naive one).
+Recompute reruns attention across the split, its traffic included: full recompute with the rest of a
+layer's forward, selective recompute alone (:func:`attention_rerun`).
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ CP_DEGREES = (2, 4, 8, 16, 32)
 @lru_cache(maxsize=4096)
 def slice_run(model: ModelSpec, parallel: ParallelSpec) -> tuple[ModelSpec, ParallelSpec]:
     """The data-parallel run a cp run is for everything but attention: dp x cp replicas, each with
-    the same sequences per microbatch, s / cp tokens long (kept per spec: a prediction asks it of its
-    memory, its attention and its time)."""
+    the same sequences per microbatch, s / cp tokens long, and the whole position table (kept per spec:
+    a prediction asks it of its memory, its attention and its time)."""
     p = parallel.resolved()
-    return (model.replace(seq=model.seq // p.cp),
+    return (model.replace(seq=model.seq // p.cp, position_rows=model.position_rows or model.seq),
             p.replace(dp=p.dp * p.cp, cp=1, global_batch=p.global_batch * p.cp))
 
 

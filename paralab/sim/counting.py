@@ -79,7 +79,7 @@ def _parameter_counts(model: ModelSpec) -> tuple[tuple[str, int], ...]:
     h = model.hidden
     counts = {
         "embedding": model.vocab * h,
-        "positions": model.seq * h if model.learned_positions else 0,
+        "positions": (model.position_rows or model.seq) * h if model.learned_positions else 0,
         "layers": model.layers * sum(layer_params(model).values()) + moe.extra_layer_params(model),
         "output": 0 if model.tied_embeddings else model.vocab * h + (model.vocab if model.output_bias else 0),
         "final_norm": model.norm_params * h,

@@ -138,6 +138,7 @@ class ModelSpec:
     biases: bool = True
     norm_params: int = 2  # per hidden unit per norm: LayerNorm weight+bias = 2, RMSNorm = 1
     learned_positions: bool = True
+    position_rows: int = 0  # rows of the learned position table; 0: seq (a cp slice run keeps them all)
     tied_embeddings: bool = True
     output_bias: bool = False  # untied output layer with a bias (paralab's own GPT has one)
     dropout: bool = True
@@ -190,7 +191,8 @@ class ModelSpec:
                for n in ("layers", "hidden", "heads", "vocab", "seq", "ffn", "kv_heads", "expert_ffn")
                if getattr(self, n) < 1]
         out += [f"model {n} must be >= 0, got {getattr(self, n)}"
-                for n in ("experts", "shared_experts", "dense_layers", "mask_bytes", "norm_params")
+                for n in ("experts", "shared_experts", "dense_layers", "mask_bytes", "norm_params",
+                          "position_rows")
                 if getattr(self, n) < 0]
         if out:
             return out
