@@ -299,6 +299,23 @@ def test_the_explorers_node_split_names_its_bars_short_with_the_details_below():
     assert long in fig.data[0].customdata[1][0]  # the whole label on hover
 
 
+def test_the_node_split_and_the_rank_matrix_never_give_two_sources_one_short_name():
+    """Two labels of one short name ("predicted, 4 ranks", and the same with its details) had been one
+    category, plotly stacking both bars into one of 2.50 MiB (each is 1.25), and two panels of one
+    title."""
+    from paralab.viz.comm_compare import compare_links, compare_matrix
+
+    trace = Trace(spans=[Span(r, "comm", "all_reduce", 0, 1, bytes=1 << 20, group_size=4) for r in range(4)])
+    grown = "predicted, 4 ranks (4 dp x 1 tp x 1 pp, tiny in fp32, 8/node)"
+    sources = {"measured, 4 ranks": trace, "predicted, 4 ranks": trace, grown: trace}
+    links = compare_links(sources)
+    inside = next(t for t in links.data if t.name == "inside a node")
+    assert list(inside.x) == ["measured, 4 ranks", "predicted, 4 ranks", "predicted, 4 ranks #2"]
+    assert "predicted, 4 ranks #2: 4 dp x 1 tp" in links.layout.annotations[0].text
+    titles = [a.text for a in compare_matrix(sources).layout.annotations[:3]]
+    assert titles == ["measured, 4 ranks", "predicted, 4 ranks", "predicted, 4 ranks #2"]
+
+
 def test_comm_link_split_draws_several_runs_on_one_axis(ddp_run):
     """Notebook 06 had drawn a flat ring and a hierarchical all-reduce as two figures, each bar at the
     top of its own axis, so 2.5 MiB across nodes looked like 1.67: one figure, one y axis, each run's

@@ -62,6 +62,14 @@ def stand_in_run(world_size: int, step_s: float):
     return RunResult(cfg, resolve_layout(cfg), [1.0] * 3, Trace(spans=spans), [])
 
 
+def stand_in_calibration():
+    """What measuring this machine (10-30 s) would give, at once: an A100 with CPU-like kernels."""
+    from paralab.sim import hardware
+
+    return dataclasses.replace(hardware.get_hardware("a100"), elementwise_bw=5e9, elementwise_backward_bw=4e9,
+                               calibration={"version": hardware.CALIBRATION_VERSION, "gloo": True})
+
+
 def test_the_speedup_explorer_says_it_measures_this_machine_before_it_does(monkeypatch, tmp_path, capsys):
     """Its first open prices the runs on this machine, measured for 10-30 s per thread count the ranks
     get: it had sat 20 s without a word. The cell's output says so before each measurement, as the
@@ -73,9 +81,7 @@ def test_the_speedup_explorer_says_it_measures_this_machine_before_it_does(monke
 
     def calibrate(threads=None, **kwargs):
         told_first.append("measuring this machine once (10-30 s)" in capsys.readouterr().out)
-        return dataclasses.replace(hardware.get_hardware("a100"), elementwise_bw=5e9,
-                                   elementwise_backward_bw=4e9,
-                                   calibration={"version": hardware.CALIBRATION_VERSION, "gloo": True})
+        return stand_in_calibration()
 
     monkeypatch.setenv("PARALAB_CACHE", str(tmp_path))
     monkeypatch.setattr(hardware, "calibrate", calibrate)
@@ -87,6 +93,28 @@ def test_the_speedup_explorer_says_it_measures_this_machine_before_it_does(monke
     assert sorted(p.name for p in tmp_path.iterdir()) == ["local_hardware_t1.json", "local_hardware_t2.json"]
     widgets.speedup_explorer(runs, max_world=4)
     assert len(told_first) == 2 and "measuring" not in capsys.readouterr().out
+
+
+def test_the_speedup_explorer_draws_this_cpus_ceiling_beside_its_own_prediction_only(monkeypatch, tmp_path):
+    """"What this machine allows", the ceiling of CPU ranks sharing its cores, had stood beside h100
+    predictions, where it read as the h100's."""
+    from paralab.sim import hardware
+    from paralab.widgets import speedup
+
+    monkeypatch.setenv("PARALAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(hardware, "calibrate", lambda threads=None, **kwargs: stand_in_calibration())
+    monkeypatch.setattr(speedup, "this_machine", lambda: "local")
+    monkeypatch.setattr(worker, "usable_cores", lambda: 2)
+    app = widgets.speedup_explorer({1: stand_in_run(1, 0.04), 2: stand_in_run(2, 0.03)}, max_world=4)
+
+    def ceiling_drawn() -> bool:
+        return any(trace.name == "what this machine allows" for trace in app.figure.data)
+
+    assert ceiling_drawn()
+    app.controls["hardware"].value = "h100"
+    assert not ceiling_drawn() and "ideal_here" not in app.figure.layout.meta
+    app.controls["hardware"].value = speedup.THIS_MACHINE
+    assert ceiling_drawn()
 
 
 def test_the_collectives_size_reads_in_binary_units():
@@ -162,11 +190,106 @@ def test_ranks_within_the_cores_are_not_said_to_share_them(monkeypatch):
     assert crowded(dataclasses.replace(cfg, device="cuda"), 4) == ""  # a GPU each: the cores do not time them
 
 
+def test_ranks_that_share_a_busy_machine_are_said_to(monkeypatch):
+    """On a machine other jobs kept busy a measured bubble of 64% had stood beside 20% simulated, its 2
+    ranks within the 2 cores and nothing said: the load average before the run is counted too."""
+    import os
+
+    from paralab import RunConfig
+    from paralab.widgets.pipeline import crowded
+
+    monkeypatch.setattr(worker, "usable_cores", lambda: 2)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    cfg = RunConfig.build("tiny", strategy="pp", world_size=2, pp=2, microbatches=4, threads_per_rank=1)
+    assert crowded(cfg, 2, load=0.0) == ""
+    assert ("the 2 ranks shared this machine with other work (load average 1.5 on its 2 cores before the "
+            "run): a rank waiting for a core holds up its neighbours") in crowded(cfg, 2, load=1.5)
+
+
+def test_the_pipeline_explorer_runs_for_real_only_what_a_binder_box_holds(monkeypatch):
+    """Its slider goes to 64 stages, a process each: "Run for real" had started up to the capacity
+    check's 8 ranks a core, where a notebook must run in a Binder box's 1 CPU and 2 GB."""
+    import paralab
+    from paralab.widgets.pipeline import MAX_RUN_RANKS
+
+    monkeypatch.setattr(paralab, "run", lambda **kwargs: pytest.fail("a run was started"))
+    app = widgets.pipeline_explorer(schedule="1f1b", stages=8, microbatches=8)
+    assert MAX_RUN_RANKS == 4 and app.button.disabled
+    assert "Run for real starts at most 4 ranks" in app.info.value and "Binder" in app.button.tooltip
+    assert app.run_for_real() is None
+    assert "8 stages are simulated only, in the figure below" in app.message.value
+    app.controls["stages"].value = 4
+    assert not app.button.disabled and "at most" not in app.info.value
+
+
+def test_the_pipeline_explorer_says_dualpipevs_fewest_microbatches_in_its_sliders_terms():
+    """Its refusal had read "needs at least as many microbatches as stages (2 x pp = 8)" beside a stages
+    slider at 4: the schedule counts the V's model stages, the slider the ranks."""
+    app = widgets.pipeline_explorer(schedule="dualpipev", stages=4, microbatches=8)
+    app.controls["microbatches"].value = 6
+    assert ("dualpipev with 4 stages needs at least 8 microbatches (2 model chunks on each stage, 8 in its "
+            "pipeline), got 6") in app.message.value
+    assert "2 x pp" not in app.message.value
+
+
+def test_the_timeline_caption_reads_a_bar_of_the_shape_drawn():
+    """Its example had stayed the first shape's, "F7 s3" under 2 stages of 2 microbatches."""
+    app = widgets.pipeline_explorer(schedule="1f1b", stages=4, microbatches=8)
+    assert "F7 s3: microbatch 7's forward on stage 3" in app.figure.layout.xaxis.title.text
+    app.controls["stages"].value = 2
+    app.controls["microbatches"].value = 2
+    assert "F1 s1: microbatch 1's forward on stage 1" in app.figure.layout.xaxis.title.text
+
+
 def test_the_timeline_caption_fits_a_notebook_cell():
     """Its one line of 100 characters had run past a 930-pixel cell: "... backwards hatc"."""
     app = widgets.pipeline_explorer(schedule="1f1b", stages=4, microbatches=8)
     caption = app.figure.layout.xaxis.title.text
     assert "coloured by microbatch" in caption and max(map(len, caption.split("<br>"))) <= 70
+
+
+# ------------------------------------------------------------------------------------- refusals and axes
+def test_a_refused_figure_says_so_on_a_line_of_its_own_above_the_legend():
+    """Before the title on its line, the mark had pushed the end of a long one (llama3-70b at dp=1024
+    tp=8 pp=64, its layers per stage) past the figure's right edge."""
+    from paralab.widgets._common import MARK_PX, NOT_REDRAWN
+
+    def placed(fig) -> tuple:
+        """The title, and in pixels up from the bottom its last line and the legend; the plot's top margin."""
+        height, layout = fig.layout.height, fig.layout
+        return layout.title.text, layout.title.y * height, layout.legend.y * height, layout.margin.t
+
+    app = widgets.memory_explorer(model="llama3-70b", hardware="h100", dp=1024, tp=8, pp=64)
+    title, title_px, legend_px, top = placed(app.figure)
+    app.controls["tp"].value = 16  # the model's 8 key-value heads do not split 16 ways
+    assert NOT_REDRAWN.endswith("<br>") and placed(app.figure) == pytest.approx(
+        (NOT_REDRAWN + title, title_px - MARK_PX / 2, legend_px - MARK_PX, top + MARK_PX))
+    app.controls["tp"].value = 8
+    assert placed(app.figure) == pytest.approx((title, title_px, legend_px, top))
+    # a figure updated in place under its title takes the mark off, and gives back its line
+    pipeline = widgets.pipeline_explorer(schedule="interleaved", stages=4, microbatches=8, virtual_stages=2)
+    top = pipeline.figure.layout.margin.t
+    pipeline.controls["microbatches"].value = 9  # interleaved's rounds do not split 9
+    assert pipeline.figure.layout.margin.t == top + MARK_PX
+    pipeline.controls["microbatches"].value = 12
+    assert pipeline.figure.layout.margin.t == top and NOT_REDRAWN not in pipeline.figure.layout.title.text
+
+
+def test_the_memory_explorer_reads_thousands_of_gib_whole():
+    """A trillion parameters on one GPU: the axis had read "15k" GiB, plotly's SI "k"."""
+    app = widgets.memory_explorer(model="megatron-1t", hardware="h100", dp=1, tp=1, pp=1)
+    assert app.figure.layout.yaxis.tickformat == ","
+    assert any("15,634.1 GiB" in (note.text or "") for note in app.figure.layout.annotations)
+
+
+def test_an_empty_elastic_monitor_draws_no_negative_ranks_steps_or_seconds():
+    """Before its first sample plotly's empty axes had run from -1: minus one rank, step and second."""
+    fig = widgets.elastic_monitor().figure
+    ranks = [axis for name, axis in fig.layout.to_plotly_json().items()
+             if name.startswith("yaxis") and axis.get("title", {}).get("text") == "ranks"]
+    assert len(ranks) == 2 and all(axis.get("rangemode") == "tozero" for axis in ranks)
+    assert all(axis.get("rangemode") == "nonnegative" for name, axis in fig.layout.to_plotly_json().items()
+               if name.startswith("xaxis"))
 
 
 # ------------------------------------------------------------------------------------- levers

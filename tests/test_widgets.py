@@ -71,7 +71,7 @@ def test_pipeline_explorer_offers_dualpipev_and_its_overlap():
     # a slot hides at most its forward: past that it would run shorter than its backward alone
     assert app.controls["overlap"].max == 1.0
     app.controls["microbatches"].value = 6  # fewer than 2 x 4 stages
-    assert "at least as many microbatches as stages" in app.message.value
+    assert "needs at least 8 microbatches" in app.message.value
     assert app.info.value == ""  # the last shape's step and bubble are not shown beside the refusal
     assert app.figure.layout.title.text.startswith(NOT_REDRAWN)  # nor its figure taken for this shape's
     app.controls["microbatches"].value = 8
@@ -435,6 +435,45 @@ def test_comm_explorer_views_and_calculator():
     assert list(app.calculator.layout.xaxis2.tickvals) == [2, 4, 8]
 
 
+def calculator_curve(app, name: str) -> list[float]:
+    return list(next(t for t in app.calculator.data if t.name.startswith(name)).y)
+
+
+def test_the_calculator_prices_the_ring_its_title_names_and_says_where_nccls_tree_takes_over():
+    """Its "one rank per node" curve had been the cost model's pick, the faster of ring and tree: 0.20
+    ms at 1,024 ranks where the ring takes 20.46, and 8 ranks across nodes faster than 8 inside one."""
+    from paralab.collectives import ring_time
+    from paralab.sim.hardware import get_hardware
+
+    app = widgets.comm_explorer()
+    for name, value in (("op", "all_reduce"), ("size_mb", 0.01), ("max_group", 1024), ("hardware", "h100")):
+        app.controls[name].value = value
+    h100, payload = get_hardware("h100"), app.controls["size_mb"].value * 2**20
+    groups = [2**k for k in range(1, 11)]
+    assert calculator_curve(app, "one rank per node") == pytest.approx(
+        [ring_time("all_reduce", payload, n, h100.inter_latency, h100.inter_bw) * 1e3 for n in groups])
+    inside = [ring_time("all_reduce", payload, min(n, 8), h100.intra_latency, h100.intra_bw) for n in groups]
+    assert calculator_curve(app, "inside a node") == pytest.approx([t * 1e3 for t in inside])
+    assert calculator_curve(app, "one rank per node")[2] > calculator_curve(app, "inside a node")[2]
+    note = app.calculator.layout.annotations[-1].text
+    assert "across nodes NCCL's tree beats this ring from 4 ranks on" in note
+    app.controls["size_mb"].value, app.controls["max_group"].value = 1000.0, 8  # bandwidth-bound
+    assert "this ring beats NCCL's tree at every group shown" in app.calculator.layout.annotations[-1].text
+    app.controls["op"].value = "all_gather"  # no tree: nothing to say
+    assert not any("tree" in (a.text or "") for a in app.calculator.layout.annotations)
+
+
+def test_the_calculator_reads_its_size_and_bytes_in_binary_units():
+    """0.0123 MiB had been titled "0.01 MiB", and 10,000 MiB's bars read "20k" MiB on their axis."""
+    app = widgets.comm_explorer()
+    app.controls["size_mb"].value = 0.0123
+    assert app.calculator.layout.title.text == "ring all_reduce of 12.6 KiB on h100"
+    app.controls["size_mb"].value, app.controls["max_group"].value = 10000.0, 1024
+    assert app.calculator.layout.yaxis.title.text == "GiB"
+    assert max(app.calculator.data[0].y) == pytest.approx(2 * 1023 / 1024 * 10000 / 1024)
+    assert app.calculator.layout.title.text == "ring all_reduce of 9.77 GiB on h100"
+
+
 def test_the_comm_explorer_disables_what_the_by_step_view_does_not_draw():
     """In "by step" (the run alone) the grown run's sliders had looked live, and tp 8 had printed a
     refusal of a prediction that view does not draw, headed "SpecError:"."""
@@ -457,6 +496,33 @@ def test_the_comm_explorer_disables_what_the_by_step_view_does_not_draw():
     app.controls["view"].value = "rank matrix"
     assert not any(app.controls[name].disabled for name in grown_run)
     assert "tp 8 does not divide" in app.message.value
+
+
+def ddp_stand_in(world_size: int = 4):
+    """A ddp run of the tiny model as the comm explorer reads it: its config and a traced all-reduce."""
+    from types import SimpleNamespace
+
+    from paralab.config import RunConfig
+
+    cfg = RunConfig.build("tiny", strategy="ddp", world_size=world_size, global_batch=8)
+    spans = [Span(r, "comm", "all_reduce", 0.0, 1.0, step=0, bytes=8, group_size=world_size)
+             for r in range(world_size)]
+    return SimpleNamespace(config=cfg, trace=Trace(spans=spans))
+
+
+def test_the_comm_explorers_what_if_at_the_runs_own_size_keeps_its_own_bar_and_panel():
+    """At the run's own size the sliders' prediction had been named as the run's ("predicted, 4
+    ranks"): one bar of both stacked (2.50 MiB, each 1.25), two matrix panels of one title."""
+    app = widgets.comm_explorer(ddp_stand_in(4), hardware="h100", world_size=16, gpus_per_node=8)
+    app.controls["view"].value = "intra vs inter"
+    app.controls["world_size"].value = 4
+    measured, predicted, what_if = app.sources()
+    assert what_if.startswith("what if, 4 ranks (4 dp x 1 tp x 1 pp")
+    inside = next(t for t in app.figure.data if t.name == "inside a node")
+    assert list(inside.x) == ["measured, 4 ranks", "predicted, 4 ranks", "what if, 4 ranks"]
+    app.controls["view"].value = "rank matrix"
+    titles = [a.text for a in app.figure.layout.annotations[:3]]
+    assert titles == ["measured, 4 ranks", "predicted, 4 ranks", "what if, 4 ranks"]
 
 
 def test_predicted_comm_follows_the_cost_model_on_the_mesh():
@@ -720,6 +786,32 @@ def test_elastic_monitor_updates_as_samples_arrive():
     assert None in ws.y, "no line across the failure"
     assert "world size 3" in app.status.value and "failure" in app.status.value
     assert "failure" in [label for label, _, _ in app.figure.layout.meta["phases"]]
+
+
+def test_the_elastic_monitor_tells_apart_the_worlds_of_samples_pushed_without_the_runs_history():
+    """Pushed as its docstring says (spans, no meta), a run of 2 steps at 3 ranks, a kill and 2 steps at 2
+    had stopped at "detected" and read "training at 3 ranks throughout"."""
+    def steps(first: int, ranks: int, t0: float) -> list[Span]:
+        return [Span(r, "step", "step", t0 + 0.1 * i, t0 + 0.1 * i + 0.05, step=first + i)
+                for i in range(2) for r in range(ranks)]
+
+    def event(rank: int, kind: str, start: float, end: float, name: str = "") -> Span:
+        return Span(rank, "event", kind, start, end, name=name)
+
+    def rendezvous(ranks: int, start: float, end: float) -> list[Span]:
+        return [event(r, "rendezvous", start, end, f"rendezvous: world of {ranks}") for r in range(ranks)]
+
+    app = widgets.elastic_monitor()
+    app.push(spans=rendezvous(3, -0.5, 0.0) + steps(0, 3, 1.0))
+    app.push(spans=[event(2, "failure", 1.3, 1.3, "SIGKILL"), event(0, "failure_detected", 1.35, 1.35),
+                    event(0, "worker_start", 5.0, 7.0), event(1, "worker_start", 5.0, 7.1),
+                    *rendezvous(2, 7.0, 7.5), *steps(2, 2, 8.0)])
+    phases = app.figure.layout.meta["phases"]
+    assert [label for label, _, _ in phases] == ["start", "training at 3 ranks", "failure", "detected",
+                                                  "rendezvous", "restore", "training at 2 ranks"]
+    assert phases[4][1:] == pytest.approx((1.35, 5.0)) and phases[5][1:] == pytest.approx((5.0, 8.0))
+    assert app.figure.layout.meta["world_size"] == [3, 3, 2, 2]
+    assert "then <b>training at 2 ranks</b>" in app.figure.layout.annotations[-1].text
 
 
 def test_elastic_monitor_counts_steps_not_samples():

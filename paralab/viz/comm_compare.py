@@ -181,9 +181,9 @@ def compare_matrix(sources: dict, payload: bool = False, title: str | None = Non
     """One rank-by-rank heatmap per source (row = sender, column = receiver, as
     :func:`paralab.viz.comm.comm_matrix_data` credits bytes: the rule is said under the title), bytes
     per step, each with a colour bar in its own unit: a 64-rank panel is too small for text in its
-    cells. Panels are titled by the sources' short names (:func:`split_label`)."""
+    cells. Panels are titled by the sources' short names (:func:`short_names`)."""
     graph = go()
-    names = [split_label(label)[0] for label in sources]
+    names = short_names(sources)
     fig = make_subplots(rows=1, cols=len(sources), subplot_titles=names, horizontal_spacing=0.16)
     meta, boxed = {}, False
     for i, (label, t) in enumerate(sources.items(), 1):
@@ -214,12 +214,12 @@ def compare_matrix(sources: dict, payload: bool = False, title: str | None = Non
 
 def compare_links(sources: dict, payload: bool = False, title: str | None = None):
     """Per source, the bytes each rank sends per step inside its node and across nodes (stacked), each
-    bar under its source's short name (:func:`split_label`): a grown run's whole label, as a category,
+    bar under its source's short name (:func:`short_names`): a grown run's whole label, as a category,
     had turned to slant and squeezed the plot to a strip."""
     graph = go()
     data = {label: links_per_rank_step(t, payload) for label, t in sources.items()}
     scale, unit = byte_scale(max((sum(per.values()) for per in data.values()), default=0))
-    names = [split_label(label)[0] for label in data]
+    names = short_names(data)
     fig = graph.Figure()
     for link, name, color in LINKS:
         values = [per[link] for per in data.values()]
@@ -245,10 +245,26 @@ def split_label(label: str) -> tuple[str, str]:
     return name, details.removesuffix(")")
 
 
+def short_names(labels) -> list[str]:
+    """Each label's short name (:func:`split_label`), numbered where two would be the same ("predicted,
+    4 ranks" and "predicted, 4 ranks #2"): plotly draws one category or panel title per name, and two
+    sources of one name had been stacked into a single bar twice the height of either."""
+    names: list[str] = []
+    for label in labels:
+        name = split_label(label)[0]
+        number, unique = 1, name
+        while unique in names:
+            number += 1
+            unique = f"{name} #{number}"
+        names.append(unique)
+    return names
+
+
 def note_details(fig, sources: dict) -> None:
-    """Under the plot, one line per source whose label has details (:func:`split_label`), with the
-    bottom margin grown to hold them."""
-    lines = [f"{name}: {details}" for name, details in map(split_label, sources) if details]
+    """Under the plot, one line per source whose label has details (:func:`split_label`), under its
+    short name (:func:`short_names`), with the bottom margin grown to hold them."""
+    details = [split_label(label)[1] for label in sources]
+    lines = [f"{name}: {said}" for name, said in zip(short_names(sources), details) if said]
     if not lines:
         return
     fig.add_annotation(text="<br>".join(lines), xref="paper", yref="paper", x=0, y=0, xanchor="left",

@@ -22,7 +22,8 @@ proportion to speed that a known slowdown alone would give.
 
 Reads the trace's meta (``generations``, ``step_records``: paralab.elastic.history), its event lane
 (``failure``, ``failure_detected``, ``worker_start``, ``rendezvous``, ``checkpoint_load``) and its counters
-(``cpu_percent`` or ``gpu_percent``). A trace without generations is one world: its step windows.
+(``cpu_percent`` or ``gpu_percent``). A trace without them (samples pushed to the elastic monitor) is
+told apart into worlds by its steps' ranks: a new world where they change (:func:`step_records`).
 """
 
 from __future__ import annotations
@@ -54,27 +55,60 @@ WORLD_COLOR, STEP_COLOR = "#8C8C8C", "#333333"
 def step_records(trace: Trace) -> list[dict]:
     """Every step each world completed, in the order they ran: step, generation, world_size, start
     and end (trace clock), samples and compute_s per rank (None when the trace has no records) and
-    ``final`` (False for a step a later world redid)."""
+    ``final`` (False for a step a later world redid). Without records, a step's world is the ranks that
+    recorded it (:func:`_worlds_named`)."""
     if trace.meta.get("step_records"):
         return sorted(trace.meta["step_records"], key=lambda r: r["start"])
-    ranks = defaultdict(set)  # without records, a step's world is the ranks that recorded it
+    ranks = defaultdict(set)
     for s in trace.select(lane=STEP):
         ranks[s.step].add(s.rank)
     windows = trace.step_windows()  # a step ends with its last rank, and takes its ranks' own time
-    return [{"step": k, "generation": "", "world_size": len(ranks[k]), "start": hi - took, "end": hi,
-             "samples": None, "compute_s": None, "final": True}
-            for (k, (_, hi)), took in zip(windows.items(), trace.step_times())]
+    records = [{"step": k, "generation": "", "world_size": len(ranks[k]), "start": hi - took, "end": hi,
+                "samples": None, "compute_s": None, "final": True}
+               for (k, (_, hi)), took in zip(windows.items(), trace.step_times())]
+    return _worlds_named(records, [ranks[k] for k in windows])
+
+
+def _worlds_named(records: list[dict], rank_sets: list[set]) -> list[dict]:
+    """``records`` (in step order) of a trace without the run's history, each named for its world
+    ("world 1", "world 2" ...): a new one from each step whose ranks differ from the step's before (a
+    rank lost or joined); left unnamed where every step ran on the same ranks. Samples pushed without
+    the history had told steps at 3 ranks, then 2, as "training at 3 ranks throughout"."""
+    worlds = [0]
+    for before, now in zip(rank_sets, rank_sets[1:]):
+        worlds.append(worlds[-1] + (now != before))
+    if worlds[-1] == 0:
+        return records
+    return [{**r, "generation": f"world {w + 1}"} for r, w in zip(records, worlds)]
 
 
 def _generations(trace: Trace, records: list[dict]) -> list[dict]:
-    """name, world_size and start on the trace clock of each world, in order."""
+    """name, world_size and start on the trace clock of each world, in order: the run's history's, or
+    those its steps tell apart (:func:`_worlds_seen`)."""
     gens = trace.meta.get("generations") or []
     if not gens:
-        start = min((r["start"] for r in records), default=0.0)
-        return [{"name": "", "world_size": records[0]["world_size"] if records else len(trace.ranks),
-                 "start": start}]
+        return _worlds_seen(trace, records)
     t0 = gens[0]["wall_start"]
     return [{"name": g["name"], "world_size": g["world_size"], "start": g["wall_start"] - t0} for g in gens]
+
+
+def _worlds_seen(trace: Trace, records: list[dict]) -> list[dict]:
+    """The worlds of a trace without generations, as :func:`step_records` names its steps: each starts
+    where the history would start it, when its rendezvous ("rendezvous: world of n") formed it after the
+    world before it last stepped, or else at its first step."""
+    if not records:
+        return [{"name": "", "world_size": len(trace.ranks), "start": 0.0}]
+    worlds: dict[str, list[dict]] = {}
+    for r in records:
+        worlds.setdefault(r["generation"], []).append(r)
+    rendezvous = [e for e in trace.select(lane=EVENT) if e.kind == "rendezvous"]
+    out, since = [], float("-inf")
+    for name, steps in worlds.items():
+        size, first = steps[0]["world_size"], steps[0]["start"]
+        formed = [e.end for e in rendezvous if e.name.endswith(f"world of {size}") and since < e.end <= first]
+        out.append({"name": name, "world_size": size, "start": max(formed, default=first)})
+        since = steps[-1]["end"]
+    return out
 
 
 def elastic_phases(trace) -> list[dict]:
@@ -198,6 +232,8 @@ def elastic(trace, title: str | None = None):
     _draw_phases(fig, graph, phases)
     _draw_wall_clock(fig, graph, trace, records, phases)
     _draw_steps(fig, graph, records, final)
+    if not records:  # nothing pushed yet: plotly's empty axes had run from step -1 and -1 s
+        fig.update_xaxes(rangemode="nonnegative")
     fig.update_layout(barmode="stack", legend=dict(traceorder="normal"), meta={
         "phases": [(p["label"], p["start"], p["end"]) for p in phases],
         "world_size": [r["world_size"] for r in final], "steps": [r["step"] for r in final]})
@@ -337,9 +373,10 @@ def _draw_steps(fig, graph, records: list[dict], final: list[dict]) -> None:
                 name=f"rank {rank}", marker_color=RANK_COLORS[rank % len(RANK_COLORS)], legendgroup="ranks",
                 hovertemplate=f"step %{{x}}: rank {rank} trained on %{{y}} "
                 "samples<extra></extra>"), 4, 2)
-    fig.update_yaxes(title_text="ranks", dtick=1, row=2, col=2)
-    fig.update_yaxes(title_text="ms", row=3, col=2)
-    fig.update_yaxes(title_text="samples", row=4, col=2)
+    # from zero: with nothing pushed yet, plotly's empty axes had read negative ranks
+    fig.update_yaxes(title_text="ranks", dtick=1, rangemode="tozero", row=2, col=2)
+    fig.update_yaxes(title_text="ms", rangemode="tozero", row=3, col=2)
+    fig.update_yaxes(title_text="samples", rangemode="tozero", row=4, col=2)
     steps_axis = fig.get_subplot(2, 2).xaxis.plotly_name.replace("axis", "")
     for row in (2, 3, 4):
         fig.update_xaxes(dtick=1, matches=None if row == 2 else steps_axis, row=row, col=2)

@@ -54,23 +54,43 @@ def message(text: str = "", kind: str = "info") -> str:
 
 
 # Heads the title of a figure left as it was when the controls are refused: without it the title names
-# settings the controls no longer hold, and the figure reads as theirs.
-NOT_REDRAWN = "<i>not redrawn for these settings (see the message), last drawn:</i> "
+# settings the controls no longer hold, and the figure reads as theirs. On a line of its own: before a
+# long title on one line, it had pushed the title's end past the figure's right edge.
+NOT_REDRAWN = "<i>not redrawn for these settings (see the message), last drawn:</i><br>"
+MARK_PX = 22  # the mark's line, which the legend and the plot move down by while it is shown
 
 
 def refuse(msg, fw, text: str) -> None:
     """Say in ``msg`` why the controls' settings cannot be drawn, and mark ``fw`` as the last figure
     drawn (:data:`NOT_REDRAWN`) until it is redrawn: by :func:`replace_figure`, whose figure brings its
-    own title, or by :func:`redrawn`."""
+    own title, legend and margins, or by :func:`redrawn`."""
     msg.value = message(text, "error")
     title = fw.layout.title.text or ""
     if fw.data and not title.startswith(NOT_REDRAWN):  # an empty figure (nothing drawn yet) needs no mark
-        fw.layout.title.text = NOT_REDRAWN + title
+        with fw.batch_update():
+            fw.layout.title.text = NOT_REDRAWN + title
+            _lower_title_legend_and_plot(fw, MARK_PX)
 
 
 def redrawn(fw) -> None:
     """Take :func:`refuse`'s mark off a figure updated in place under its old title."""
-    fw.layout.title.text = (fw.layout.title.text or "").removeprefix(NOT_REDRAWN)
+    title = fw.layout.title.text or ""
+    if title.startswith(NOT_REDRAWN):
+        with fw.batch_update():
+            fw.layout.title.text = title.removeprefix(NOT_REDRAWN)
+            _lower_title_legend_and_plot(fw, -MARK_PX)
+
+
+def _lower_title_legend_and_plot(fw, px: int) -> None:
+    """Make room for a line of ``px`` pixels added to the title (taken off where negative):
+    ``paralab.viz._common.style`` pins the title and the legend below it for one line, in fractions of
+    the height. plotly grows a title upward from where its last line sits: moved half a line down, the
+    first line stays inside the figure, and the legend and the plot a whole line down clear the last."""
+    fw.layout.margin.t += px
+    if fw.layout.title.yref == "container":
+        fw.layout.title.y -= px / 2 / fw.layout.height
+    if fw.layout.legend.yref == "container":
+        fw.layout.legend.y -= px / fw.layout.height
 
 
 def whole_labels(controls: dict) -> dict:

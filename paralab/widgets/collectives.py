@@ -36,12 +36,20 @@ def links(measured: dict | None = None) -> dict[str, Link]:
                       for name, link in (measured or {}).items()}}
 
 
+def tree_takes_over(payload: float, groups: list[int], link: Link) -> int | None:
+    """The smallest of ``groups`` whose all-reduce of ``payload`` bytes NCCL's tree finishes before the
+    ring on ``link`` (the alpha-beta model), or None where the ring is faster at every one."""
+    from paralab.collectives import ring_time, tree_time
+
+    return next((n for n in groups if tree_time(payload, n, link.alpha, link.bandwidth)
+                 < ring_time("all_reduce", payload, n, link.alpha, link.bandwidth)), None)
+
+
 def collectives_explorer(measured: dict | None = None, size_mb: float = 1.0, link: str = "h100 InfiniBand"):
     """Sliders: message size (``size_mb``: the power of two nearest it, from 1 KiB to 1 GiB) and the
     largest group; a dropdown: the link. The figure: the all-reduce's predicted time against the number
     of ranks, ring and tree (up to what the link can join). Attributes: ``controls``, ``figure``,
     ``message`` (where the tree overtakes the ring), ``redraw()``."""
-    from paralab.collectives import ring_time, tree_time
     from paralab.viz.collectives import beyond_reach, ring_against_tree, size_label
 
     choices = links(measured)
@@ -60,13 +68,11 @@ def collectives_explorer(measured: dict | None = None, size_mb: float = 1.0, lin
     def redraw(*_):
         c = {k: v.value for k, v in controls.items()}
         chosen = choices[c["link"]]
-        alpha, bandwidth = chosen.alpha, chosen.bandwidth
         reach = min(c["max_group"], chosen.reach or c["max_group"])
         payload, groups = c["size_mb"] * 2**20, [n for n in GROUPS if n <= reach]
-        replace_figure(fw, ring_against_tree({c["link"]: (alpha, bandwidth)}, payload, groups))
-        faster = [n for n in groups if tree_time(payload, n, alpha, bandwidth)
-                  < ring_time("all_reduce", payload, n, alpha, bandwidth)]
-        said = (f"the tree is faster from {faster[0]} ranks on" if faster
+        replace_figure(fw, ring_against_tree({c["link"]: chosen[:2]}, payload, groups))
+        from_ranks = tree_takes_over(payload, groups, chosen)
+        said = (f"the tree is faster from {from_ranks} ranks on" if from_ranks
                 else "the ring is faster at every group size shown")
         if not chosen.tree:
             said += " (in the model: gloo, measured here, runs no tree; NCCL does)"

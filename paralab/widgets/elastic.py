@@ -2,7 +2,8 @@
 
 A running elastic job (or a notebook polling one) calls ``monitor.push(counters=..., spans=...)``
 with new samples, or ``monitor.update(trace)`` with a whole trace; the figure redraws in place, so
-the notebook shows the run as it goes.
+the notebook shows the run as it goes. Samples pushed without the run's history (its trace's meta) are
+told apart into worlds by the ranks that recorded each step (``paralab.viz.elastic.step_records``).
 """
 
 from __future__ import annotations

@@ -224,11 +224,12 @@ def memory_against_limit(bars: dict[str, dict], hw, title: str):
         fits.append(total <= usable)
         # on a white ground: a total just under the line is written across it, and must read whole
         fig.add_annotation(x=label, y=total / 2**30, yanchor="bottom", showarrow=False, yshift=2,
-                           text=f"{total / 2**30:.1f} GiB<br><b>{'fits' if fits[-1] else 'over'}</b>",
+                           text=f"{total / 2**30:,.1f} GiB<br><b>{'fits' if fits[-1] else 'over'}</b>",
                            font=dict(size=12, color="#2CA02C" if fits[-1] else "#D62728"),
                            bgcolor="rgba(255,255,255,0.85)")
     top = max(tallest, capacity) / 2**30
-    fig.update_yaxes(range=[0, top * 1.18])  # room above the tallest bar for what is written on it
+    # room above the tallest bar for what is written on it; thousands as "15,000", not plotly's "15k" GiB
+    fig.update_yaxes(range=[0, top * 1.18], tickformat=",")
     fig.update_layout(meta={**fig.layout.meta, "fits": fits})
     return fig
 
@@ -352,31 +353,39 @@ GROWN_RUN_CONTROLS = ("world_size", "tp", "pp", "gpus_per_node", "model")
 
 
 def collective_rows(op: str, payload: float, max_group: int, hw_name: str) -> list[dict]:
-    """Per group size: wire bytes per rank and predicted time inside one node and across nodes."""
-    cost, hardware, _presets, _specs = _sim()
+    """Per group size: the ring's wire bytes per rank, and its time inside one node (the group capped at
+    the node's GPUs, on NVLink) and with one rank per node (on each GPU's InfiniBand).
+
+    The ring alone, as the calculator's title and its bytes say (paralab.collectives.ring_time on the
+    links of the collectives explorer): the cost model's collective_time takes the faster of the ring and
+    NCCL's tree, and its 8 ranks across nodes had read faster than 8 inside one."""
+    from paralab.collectives import ring_time
     from paralab.sim.counting import ring_wire_bytes
 
-    hw = hardware.get_hardware(hw_name)
-    rows = []
-    for n in [g for g in POW2 if 2 <= g <= max_group]:
-        rows.append({
-            "group": n,
-            "wire_bytes": ring_wire_bytes(op, payload, n),
-            "intra_s": cost.collective_time(hw, op, payload, min(n, hw.gpus_per_node), 1),
-            "inter_s": cost.collective_time(hw, op, payload, n, max(hw.gpus_per_node, 1)),
-        })
-    return rows
+    nvlink, network = node_links(hw_name)
+    return [{"group": n, "wire_bytes": ring_wire_bytes(op, payload, n),
+             "intra_s": ring_time(op, payload, min(n, nvlink.reach), nvlink.alpha, nvlink.bandwidth),
+             "inter_s": ring_time(op, payload, n, network.alpha, network.bandwidth)}
+            for n in POW2 if 2 <= n <= max_group]
+
+
+def node_links(hw_name: str):
+    """A hardware preset's NVLink and InfiniBand links, as the collectives explorer draws them."""
+    from paralab.widgets.collectives import links
+
+    every = links()
+    return every[f"{hw_name} NVLink"], every[f"{hw_name} InfiniBand"]
 
 
 def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = None, gpus_per_node: int = 8):
     """Communication of a run, measured beside predicted, and a ring-collective calculator.
 
-    ``run``: a RunResult (measured views and the cost model's prediction of the same run and of the
-    run grown to another size: sliders for world size, tp, pp, GPUs per node and the model; the
-    per-rank batch, cp and ep are kept, dp fills the rest), a Trace (measured views only) or None (the
-    calculator alone). Views: bytes by op (measured beside predicted, per rank and step), by step
-    (measured), the rank-by-rank matrix and inside against across nodes. ``world_size``: where the size
-    slider starts (default 4x the run).
+    ``run``: a RunResult (measured views and the cost model's prediction of the same run and, named
+    "what if", of the run grown to another size: sliders for world size, tp, pp, GPUs per node and the
+    model; the per-rank batch, cp and ep are kept, dp fills the rest), a Trace (measured views only) or
+    None (the calculator alone). Views: bytes by op (measured beside predicted, per rank and step), by
+    step (measured), the rank-by-rank matrix and inside against across nodes. ``world_size``: where the
+    size slider starts (default 4x the run).
 
     Attributes: ``controls``, ``figure`` (the run's view, or None), ``calculator`` (FigureWidget),
     ``message``, ``sources()`` (label -> Trace drawn), ``redraw()``.
@@ -419,14 +428,15 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
 
     def sources(c, grown: bool = True) -> dict:
         """The traces the view draws: the run; in the views that compare (all but "by step"), its
-        prediction and the prediction at the sliders' size (``grown``)."""
+        prediction and the prediction at the sliders' settings (``grown``), named "what if": at the
+        run's own size it had shared the run's prediction's name, and its bar had stacked on that one."""
         out = {f"measured, {trace.meta.get('world_size') or len(trace.ranks)} ranks": trace}
         if predictor is None or c["view"] == "by step":
             return out
         out[f"predicted, {predictor.world_size} ranks"] = predictor.same_run
         if grown:
             bigger = predictor.grown(c["model"], c["world_size"], c["tp"], c["pp"], c["gpus_per_node"])
-            label = (f"predicted, {c['world_size']} ranks ({_mesh_text(bigger.meta)}, {c['model']} in "
+            label = (f"what if, {c['world_size']} ranks ({_mesh_text(bigger.meta)}, {c['model']} in "
                      f"{predictor.model.dtype}, {c['gpus_per_node']}/node)")
             out[label] = bigger
         return out
@@ -569,15 +579,20 @@ class _RunPredictor:
 
 
 def _collective_figure(c):
-    """Bytes each rank sends and predicted time of one ring collective against the group size."""
-    from paralab.viz._common import fmt_bytes, go, make_subplots, style
+    """Bytes each rank sends and predicted time of one ring collective against the group size; for an
+    all-reduce, where NCCL's tree would beat that ring across nodes (:func:`_tree_note`)."""
+    from paralab.viz._common import byte_scale, fmt_bytes, go, make_subplots, style
+    from paralab.viz.collectives import size_label
 
-    rows = collective_rows(c["op"], c["size_mb"] * 2**20, c["max_group"], c["hardware"])
+    payload = c["size_mb"] * 2**20
+    rows = collective_rows(c["op"], payload, c["max_group"], c["hardware"])
     groups = [r["group"] for r in rows]
+    # the bytes in a unit that keeps them under 1024: plotly's own "20k" (MiB) read as twenty thousand
+    scale, unit = byte_scale(max(r["wire_bytes"] for r in rows))
     fig = make_subplots(rows=1, cols=2, subplot_titles=("bytes each rank sends", "time"))
     # the bars' groups as text: a category axis whatever the browser makes of an update (a live
     # widget's had turned numeric, with a tick at 1.5)
-    fig.add_trace(go().Bar(x=[str(g) for g in groups], y=[r["wire_bytes"] / 2**20 for r in rows],
+    fig.add_trace(go().Bar(x=[str(g) for g in groups], y=[r["wire_bytes"] / scale for r in rows],
                            name="wire bytes per rank",
                            customdata=[fmt_bytes(r["wire_bytes"]) for r in rows],
                            hovertemplate="group %{x}: %{customdata}<extra></extra>"), 1, 1)
@@ -589,6 +604,24 @@ def _collective_figure(c):
     # ticks at the group sizes drawn only: a dtick alone put 0.25, 0.5 and 1 beside a lone group of 2
     fig.update_xaxes(type="log", tickvals=groups, ticktext=[str(g) for g in groups], title_text="group size",
                      row=1, col=2)
-    fig.update_yaxes(title_text="MiB", row=1, col=1)  # plotly's own "10B" would read as ten bytes
-    fig.update_yaxes(title_text="ms", row=1, col=2)
-    return style(fig, f"ring {c['op']} of {c['size_mb']:.2f} MiB on {c['hardware']}", 360)
+    fig.update_yaxes(title_text=unit, row=1, col=1)  # plotly's own "10B" would read as ten bytes
+    fig.update_yaxes(title_text="ms", tickformat=",", row=1, col=2)
+    fig = style(fig, f"ring {c['op']} of {size_label(payload)} on {c['hardware']}", 360)
+    if c["op"] == "all_reduce":  # under the plots: inside the time panel it had covered a curve
+        fig.add_annotation(text=_tree_note(payload, groups, c["hardware"]), xref="paper", yref="paper", x=0,
+                           y=0, xanchor="left", yanchor="top", yshift=-50, align="left", showarrow=False,
+                           font=dict(size=12, color="#555"))
+        fig.update_layout(margin_b=fig.layout.margin.b + 20, height=fig.layout.height + 20)
+    return fig
+
+
+def _tree_note(payload: float, groups: list[int], hw_name: str) -> str:
+    """Where NCCL, which runs the faster of its ring and its tree, would leave the ring drawn here for
+    the tree across nodes (:func:`paralab.widgets.collectives.tree_takes_over`)."""
+    from paralab.widgets.collectives import tree_takes_over
+
+    from_ranks = tree_takes_over(payload, groups, node_links(hw_name)[1])
+    if from_ranks is None:
+        return "across nodes this ring beats NCCL's tree at every group shown"
+    return (f"across nodes NCCL's tree beats this ring from {from_ranks} ranks on: NCCL runs the faster "
+            "(the collectives explorer draws both)")

@@ -13,13 +13,22 @@ re-timed with the durations it measured (so the two share real units).
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from functools import lru_cache
 
-from paralab.schedules import SCHEDULES, ScheduleError, build_schedule, chunks_per_rank, theoretical_bubble
+from paralab.schedules import (
+    SCHEDULES,
+    ScheduleError,
+    build_schedule,
+    chunks_per_rank,
+    shape_problems,
+    theoretical_bubble,
+)
 from paralab.sim.events import simulate_schedule
 from paralab.trace import COMPUTE, Trace
 from paralab.viz.bubble import lower_bound
+from paralab.viz.timeline import MICROBATCH_KEY, _label_example
 from paralab.widgets._common import attach, figure_widget, message, redrawn, refuse, replace_figure, widgets
 
 UNIT_TIMES = {"forward": 1.0, "backward": 2.0, "backward_input": 1.0, "backward_weight": 1.0}
@@ -27,6 +36,10 @@ UNIT_TIMES = {"forward": 1.0, "backward": 2.0, "backward_input": 1.0, "backward_
 # which a browser draws in a second or two. Python builds more in a second, but 64 stages of 128
 # (50,000 bars, a 12 MB figure) had taken a JupyterLab tab 12 s to draw.
 MAX_DRAWN = 1024
+# The most ranks "Run for real" starts, one process a stage: the notebooks hold to 4 ranks so that they
+# run on a Binder box (1 CPU, 2 GB), and the slider's 64 stages had been let through up to the capacity
+# check's 8 ranks a core. Past it the simulated figure is the answer.
+MAX_RUN_RANKS = 4
 
 
 @lru_cache(maxsize=128)
@@ -76,17 +89,60 @@ def deep_enough(model, chunks: int):
     return dataclasses.replace(preset, layers=chunks), f" (the {model} model deepened to {chunks} layers)"
 
 
-def crowded(cfg, ranks: int) -> str:
-    """A line saying that ``ranks`` CPU ranks of ``cfg`` took turns on fewer cores than their threads,
-    or "": a rank waiting for a core holds up its neighbours, and the measured bubble counts their
-    wait, so it comes out far above the schedule's (79% against 29% for 1F1B's 4 ranks on 2 cores)."""
+def refusal(name: str, stages: int, microbatches: int, chunks: int, exc: Exception) -> str:
+    """Why the explorer cannot draw this shape. Too few microbatches are said in the sliders' terms:
+    DualPipeV's own rule counts the model stages of its V ("as many microbatches as stages (2 x pp =
+    8)"), which had stood beside a stages slider at 4."""
+    fewest = fewest_microbatches(name, stages, chunks)
+    if fewest is not None and microbatches < fewest:
+        return (f"{name} with {stages} stages needs at least {fewest} microbatches ({chunks} model chunks on "
+                f"each stage, {stages * chunks} in its pipeline), got {microbatches}")
+    return f"{name} with {stages} stages, {microbatches} microbatches, v={chunks}: {exc}"
+
+
+def fewest_microbatches(name: str, stages: int, chunks: int) -> int | None:
+    """The fewest microbatches schedule ``name`` builds for on ``stages`` ranks of ``chunks`` model chunks
+    (:func:`paralab.schedules.shape_problems`), or None where no count up to one a chunk would do."""
+    counts = range(1, stages * chunks + 1)
+    return next((m for m in counts if not shape_problems(name, stages, m, chunks)), None)
+
+
+def beyond_binder(stages: int) -> str:
+    """Why "Run for real" starts no run of more than :data:`MAX_RUN_RANKS` stages."""
+    return (f"Run for real starts at most {MAX_RUN_RANKS} ranks, one a stage: a notebook must run on a "
+            f"Binder box (1 CPU, 2 GB). {stages} stages are simulated only, in the figure below")
+
+
+def load_average() -> float:
+    """This machine's 1-minute load average: the processes running or waiting for a core (0 where the
+    system keeps none)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # pragma: no cover - not Unix
+        return 0.0
+
+
+def crowded(cfg, ranks: int, load: float = 0.0) -> str:
+    """A line saying that ``ranks`` CPU ranks of ``cfg`` took turns on the cores, or "": a rank waiting
+    for a core holds up its neighbours, and the measured bubble counts their wait, so it comes out far
+    above the schedule's (79% against 29% for 1F1B's 4 ranks on 2 cores). They take turns when their
+    threads outnumber the cores they may use, or when the work already running (``load``: the machine's
+    1-minute load average before the run) leaves too few of the machine's cores, which the load average
+    counts, free for them: on a machine other jobs kept busy, 64% measured against 20% predicted had
+    stood without a word."""
     from paralab.runtime.worker import threads_for, usable_cores
 
-    cores = usable_cores()
-    if cfg.device == "cuda" or ranks * threads_for(cfg, ranks) <= cores:
+    if cfg.device == "cuda":
         return ""
-    return (f"\nthe {ranks} ranks shared this machine's {cores} core{'s' if cores > 1 else ''}: a rank "
-            "waiting for a core holds up its neighbours, and the measured bubble counts their wait")
+    cores, threads = usable_cores(), ranks * threads_for(cfg, ranks)
+    wait = "a rank waiting for a core holds up its neighbours, and the measured bubble counts their wait"
+    if threads > cores:
+        return f"\nthe {ranks} ranks shared this machine's {cores} core{'s' if cores > 1 else ''}: {wait}"
+    machine = max(os.cpu_count() or 1, cores)  # the load average counts every core of the machine
+    if threads + load > machine:
+        return (f"\nthe {ranks} ranks shared this machine with other work (load average {load:.1f} on its "
+                f"{machine} cores before the run): {wait}")
+    return ""
 
 
 def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int = 8, virtual_stages: int = 2,
@@ -151,6 +207,8 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
         name, p, m, v, lat, overlap = shape()
         for key, schedules in applies.items():
             controls[key].layout.display = None if name in schedules else "none"
+        button.disabled = p > MAX_RUN_RANKS
+        button.tooltip = beyond_binder(p) if button.disabled else ""
         try:
             if not drawable(p, m, v):
                 raise ValueError(f"the explorer draws up to {MAX_DRAWN:,} chunk-microbatches (stages x "
@@ -158,7 +216,7 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
                                  "paralab.sim prices a step of any size")
             sim = simulate(name, p, m, v, lat, overlap)
         except (ScheduleError, ValueError) as exc:
-            refuse(msg, fw, f"{name} with {p} stages, {m} microbatches, v={v}: {exc}")
+            refuse(msg, fw, refusal(name, p, m, v, exc))
             info.value = ""  # the figure keeps the last shape drawn; its figures would read as this one's
             return
         msg.value = ""
@@ -179,6 +237,8 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
             pinned = style(go().Figure(), height=height).layout
             fw.layout.height, fw.layout.title.y, fw.layout.legend.y = height, pinned.title.y, pinned.legend.y
             fw.layout.meta = {"ranks": p, "rows": rows, "source": "simulated"}
+            # the key's example, a bar this shape draws: the first shape's had stayed under every other
+            fw.layout.xaxis.title.text = MICROBATCH_KEY.format(example=_label_example(sim.spans))
         theory = theoretical_bubble(name, p, m, v)
         # Python's part only: the browser draws the bars after this (MAX_DRAWN keeps that short)
         app.last_update_ms = (time.perf_counter() - started) * 1e3
@@ -191,7 +251,8 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
         info.value = (f"<b>{name}</b> p={p} m={m} v={v}{hidden}: step {step:.1f} F, bubble simulated "
                       f"{sim.bubble_fraction():.1%}, closed form{f' ({assumes})' if assumes else ''} "
                       f"{theory:.1%}{bound} · {sum(len(b['x']) for b in bars):,} bars built in "
-                      f"{app.last_update_ms:.0f} ms (your browser then draws them)")
+                      f"{app.last_update_ms:.0f} ms (your browser then draws them)"
+                      + (f"<br>{beyond_binder(p)}" if p > MAX_RUN_RANKS else ""))
 
     def on_progress(step: int, total: int) -> None:
         progress.max = total
@@ -199,9 +260,13 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
 
     def run_for_real(*_):
         name, p, m, v, _lat, _overlap = shape()
+        if p > MAX_RUN_RANKS:
+            msg.value = message(beyond_binder(p), "error")
+            return None
         progress.value, progress.layout.visibility = 0, "visible"
         chosen, deepened = deep_enough(model, p * v)
         msg.value = message(f"running {name} on {p} local ranks{deepened} ...")
+        load = load_average()  # before the ranks start: the work they will share the machine with
         try:
             result = paralab.run(strategy="pp", world_size=p, pp=p, schedule=name, microbatches=m,
                                  virtual_stages=v, steps=steps, model=chosen, progress=on_progress,
@@ -226,8 +291,8 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
         app.result = result
         msg.value = message(f"measured step time {result.summary['step_time_s'] * 1e3:.1f} ms, bubble "
                             f"{result.summary['bubble_fraction']:.1%}; predicted below with the op times it "
-                            f"measured: bubble {predicted.bubble_fraction():.1%}" + crowded(result.config, p),
-                            "ok")
+                            f"measured: bubble {predicted.bubble_fraction():.1%}"
+                            + crowded(result.config, p, load), "ok")
         return result
 
     for c in controls.values():

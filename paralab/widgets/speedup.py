@@ -5,7 +5,8 @@ The ideals answer different questions. "n devices, n x" is what adding accelerat
 nothing else cost anything. "What this machine allows" is the ceiling of the machine the runs were
 measured on: CPU ranks share its cores, so n ranks of t threads can use at most min(n t, cores)
 cores, and the speedup over the one-rank baseline (t1 threads) can never pass min(n t, cores) /
-min(t1, cores). The prediction for the measuring machine is ``paralab.sim.bridge.predict_run`` on
+min(t1, cores); it is drawn beside the prediction for this machine only (beside an h100's it had read as
+the h100's ceiling). The prediction for the measuring machine is ``paralab.sim.bridge.predict_run`` on
 ``local`` (this machine, calibrated) or, on GPUs, on the preset that matches them; the curve against
 world size can be redrawn for any preset, model and dtype.
 """
@@ -153,7 +154,8 @@ def speedup_explorer(runs, baseline=None, max_world: int = 16):
                 return
             notes += [f"not predicted: {s}" for s in skipped]
         sizes = sorted({*measured, *(p["world_size"] for p in curve or [])})
-        allows = machine_allows(cfg, sizes) if here == "local" else None
+        this_cpu = here == "local" and c["hardware"] == THIS_MACHINE  # the cores' ceiling is this CPU's
+        allows = machine_allows(cfg, sizes) if this_cpu else None
         label = f"predicted on {c['hardware'] if hardware == here else hardware}: {c['model']}, {c['dtype']}"
         fig = speedup_steps(measured, baseline, predicted=predicted_here, curve=curve or None,
                             ideal_here=allows, curve_label=label,
