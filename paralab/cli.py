@@ -40,8 +40,9 @@ _PACKAGE_DIR = Path(__file__).resolve().parent  # where paralab's own warnings c
 def add_run_args(p: argparse.ArgumentParser) -> None:
     d = RunConfig()
     p.add_argument("--strategy", default=d.strategy, help="a strategy name; `paralab strategies` lists them")
-    p.add_argument("--world-size", type=int, default=d.world_size,
-                   help="ranks to start (ignored under torchrun)")
+    p.add_argument("--world-size", type=int,  # None: not given (see refuse_flags_the_launch_sets)
+                   help=f"ranks to start (default {d.world_size}; under torchrun: its world, which a value "
+                        "given must match)")
     add_training_args(p, d)
     p.add_argument("--bucket-mb", type=float,  # None: not given (see refuse_run_flags_without_effect)
                    help=f"gradient bucket cap in MB (default {d.bucket_mb:g}, torch DDP's)")
@@ -49,8 +50,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help="ddp: reduce-scatter in the node, all-reduce across nodes, all-gather in the node")
     p.add_argument("--zero-prefetch", action="store_true",
                    help="zero3: all-gather the next part while this one computes (one more part held)")
-    p.add_argument("--nodes", type=int, default=d.nodes,
-                   help="emulated nodes for local launches (torchrun: real nodes)")
+    p.add_argument("--nodes", type=int,  # None: not given (see refuse_flags_the_launch_sets)
+                   help=f"emulated nodes for local launches (default {d.nodes}; under torchrun: the nodes "
+                        "it started the ranks on, which a value given must match)")
     p.add_argument("--dp", type=int, default=d.dp, help="data-parallel degree (0: from the world size)")
     p.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel degree (0: the strategy's default)")
     p.add_argument("--pp", type=int, default=d.pp, help="pipeline stages (0: the strategy's default)")
@@ -81,7 +83,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help="tp: the norms and dropout on a slice of the sequence")
     p.add_argument("--zero", type=int, default=d.zero, help="hybrid: ZeRO stage over the dp dimension")
     p.add_argument("--trace-dir", metavar="DIR",
-                   help="write one paralab trace per rank (torchrun; merge later)")
+                   help="a new or empty directory for the run's trace: merged.json from a local run, one "
+                        "file per rank under torchrun (`paralab merge DIR` joins them)")
     p.add_argument("--report", metavar="PATH", help="write a standalone HTML report of the run")
     p.add_argument("--profile", metavar="DIR", help="record every rank with torch.profiler: DIR/rankN.json")
 
@@ -89,9 +92,10 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 def config_from_args(args) -> RunConfig:
     """The RunConfig of parsed ``paralab run`` flags; ConfigError for a flag given that it would ignore."""
     bucket = {"bucket_mb": args.bucket_mb} if args.bucket_mb is not None else {}
+    given = {k: v for k, v in (("world_size", args.world_size), ("nodes", args.nodes)) if v is not None}
     cfg = build_config(
-        RunConfig, args, strategy=args.strategy, world_size=args.world_size, **bucket,
-        hierarchical=args.hierarchical, nodes=args.nodes, dp=args.dp, tp=args.tp,
+        RunConfig, args, strategy=args.strategy, **given, **bucket,
+        hierarchical=args.hierarchical, dp=args.dp, tp=args.tp,
         pp=args.pp, cp=args.cp, cp_mode=args.cp_mode, cp_split=args.cp_split, ep=args.ep,
         schedule=args.schedule, microbatches=args.microbatches, virtual_stages=args.virtual_stages,
         stage_layers=args.stage_layers,
@@ -150,6 +154,22 @@ def refuse_a_bucket_cap_of_one_replica(args, cfg: RunConfig) -> None:
                       f"nothing, so it keeps no buckets; give it dp >= 2")
 
 
+def refuse_flags_the_launch_sets(args, cfg: RunConfig) -> None:
+    """ConfigError for ``--world-size`` or ``--nodes`` given to a rank of a torchrun-style launch (RANK,
+    WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set) that disagree with what it launched: the
+    launch decides them. Variables left in a shell make ``paralab run --world-size 4`` one rank of
+    a world of WORLD_SIZE, which had run in silence."""
+    from paralab.runtime.torchrun import ENV_KEYS, launched_config
+
+    launched = launched_config(cfg)
+    for flag, given, actual in (("--world-size", args.world_size, launched.world_size),
+                                ("--nodes", args.nodes, launched.nodes)):
+        if given is not None and given != actual:
+            raise ConfigError(f"{flag} {given} disagrees with this launch, which set {', '.join(ENV_KEYS)} "
+                              f"for {actual}: leave {flag} out under torchrun, or unset those variables "
+                              f"to start a local run")
+
+
 def cmd_run(args) -> int:
     from paralab.outputs import check_run_outputs
     from paralab.runtime.torchrun import end_rank, run_under_torchrun, under_torchrun
@@ -157,6 +177,7 @@ def cmd_run(args) -> int:
     cfg = config_from_args(args)
     check_run_outputs(args)
     if under_torchrun():
+        refuse_flags_the_launch_sets(args, cfg)
         result = run_under_torchrun(cfg, args.trace_dir)
         if result is not None:  # rank 0 speaks for the run
             _write_outputs(result, args)
@@ -262,8 +283,22 @@ def cmd_merge(args) -> int:
     return EXIT_OK
 
 
+# what `paralab nodes` sets in the run it starts, which the same flag after -- would not change
+NODES_SET = (("world_size", "--world-size", "the world is --nnodes x --nproc-per-node"),
+             ("nodes", "--nodes", "the nodes are --nnodes"),
+             ("trace_dir", "--trace-dir", "give it before --, to nodes itself"))
+
+
+def refuse_run_flags_nodes_sets(parsed) -> None:
+    """ConfigError for a flag after ``--`` that ``paralab nodes`` sets itself: it had been replaced
+    without a word."""
+    for dest, flag, instead in NODES_SET:
+        if getattr(parsed, dest) is not None:
+            raise ConfigError(f"{flag} after -- has no effect: paralab nodes sets it ({instead})")
+
+
 def cmd_nodes(args) -> int:
-    from paralab.outputs import check_dir, check_run_outputs
+    from paralab.outputs import check_run_outputs
     from paralab.runtime.launch import preflight
     from paralab.runtime.multinode import run_local_nodes
 
@@ -271,18 +306,18 @@ def cmd_nodes(args) -> int:
         check_int(option, count, low=1)
     run_args = args.run_args[1:] if args.run_args[:1] == ["--"] else args.run_args
     parsed = build_parser().parse_args(["run", *run_args])
+    refuse_run_flags_nodes_sets(parsed)
     cfg = config_from_args(parsed)
-    check_run_outputs(parsed)  # the run's own --trace, --report, --profile: before any agent starts
+    # the run's own --trace, --report, --profile and nodes' --trace-dir: before any agent starts
+    check_run_outputs(argparse.Namespace(**{**vars(parsed), "trace_dir": args.trace_dir}))
     # every agent's ranks run on this machine: the same checks as one launch of all of them, and the
     # device found for all of them handed to each agent (which would otherwise choose for its own)
     _, cfg = preflight(dataclasses.replace(cfg, world_size=args.nnodes * args.nproc_per_node,
                                            nodes=args.nnodes))
     refuse_a_bucket_cap_of_one_replica(parsed, cfg)
-    if args.trace_dir:
-        check_dir(args.trace_dir, "--trace-dir")
     run = run_local_nodes([*run_args, "--device", cfg.device], args.nnodes, args.nproc_per_node,
                           trace_dir=args.trace_dir)
-    print(json_text(run.summary) if args.json else format_summary(run.summary))
+    print(json_text(run.summary) if args.json or parsed.json else format_summary(run.summary))
     return EXIT_OK
 
 

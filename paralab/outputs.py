@@ -51,10 +51,39 @@ def _check_parent(path: Path, what: str) -> None:
 
 
 def check_run_outputs(args) -> None:
-    """``paralab run``'s --trace, --report (files), --trace-dir and --profile (directories)."""
-    for option, value in (("--trace", args.trace), ("--report", args.report)):
-        if value:
-            check_file(value, option)
-    for option, value in (("--trace-dir", args.trace_dir), ("--profile", args.profile)):
-        if value:
-            check_dir(value, option)
+    """``paralab run``'s --trace, --report (files), --trace-dir and --profile (directories): each
+    writable, each its own, and no --trace inside the --trace-dir."""
+    files = [(flag, path) for flag, path in (("--trace", args.trace), ("--report", args.report)) if path]
+    dirs = [(flag, path) for flag, path in (("--trace-dir", args.trace_dir), ("--profile", args.profile))
+            if path]
+    for flag, path in files:
+        check_file(path, flag)
+    for flag, path in dirs:
+        check_dir(path, flag)
+    check_distinct(files + dirs)
+    if args.trace_dir:
+        check_trace_dir(args.trace_dir, files)
+
+
+def check_distinct(outputs: list[tuple[str, str]]) -> None:
+    """No two options name one path: the file would hold only the last output written (a --trace
+    overwritten by the --report), or a directory mix two kinds of ``rankN.json``."""
+    named: dict[Path, str] = {}
+    for flag, path in outputs:
+        resolved = Path(path).resolve()
+        if resolved in named:
+            raise ConfigError(f"{named[resolved]} and {flag} both name {path}: one would overwrite or mix "
+                              "with the other's output; give each its own path")
+        named[resolved] = flag
+
+
+def check_trace_dir(trace_dir: str, files: list[tuple[str, str]]) -> None:
+    """A --trace-dir is read as one run: ``paralab merge DIR`` reads every ``*.json`` in it as a rank's
+    trace, so a --trace written into it would read as one more rank. A directory an earlier run wrote
+    is reused, as torchrun users rerun a command: this run's ranks overwrite their files, and what a run
+    of another world size leaves (a 4-rank run's ranks 2 and 3 beside a 2-rank run's) is refused where
+    the folder is read (``trace.load``), naming both runs."""
+    for flag, path in files:
+        if Path(path).suffix == ".json" and Path(path).resolve().parent == Path(trace_dir).resolve():
+            raise ConfigError(f"{flag} {path} is inside --trace-dir {trace_dir}, where it would be read as "
+                              "one more rank's trace; write it elsewhere")

@@ -27,9 +27,11 @@ import dataclasses
 import itertools
 import json
 import operator
+import os
 import statistics
 import types
 import typing
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -256,12 +258,7 @@ class Trace:
             if not files:
                 raise FileNotFoundError(f"no trace files (*.json) in {path}")
             traces = [cls.load(f) for f in files]
-            holder: dict[int, Path] = {}
-            for file, trace in zip(files, traces, strict=True):
-                if twice := sorted(set(trace.ranks) & holder.keys()):
-                    raise TraceFormatError(f"{path}: rank {twice[0]} is in {holder[twice[0]].name} and in "
-                                           f"{file.name} (a merged trace beside its per-rank files?)")
-                holder.update(dict.fromkeys(trace.ranks, file))
+            _check_one_run(path, files, traces)
             return cls.merge(traces)
         raw = path.read_bytes()
         if raw[:2] == GZIP_MAGIC:  # paralab writes plain JSON; torch.profiler's handler gzips its own
@@ -693,21 +690,50 @@ def _checked_meta(meta, where: str) -> dict:
     return meta
 
 
+def _check_one_run(folder: Path, files: list[Path], traces: list[Trace]) -> None:
+    """TraceFormatError unless a folder's traces can be one run's: one world size in every file that
+    says one and no rank beyond it (another run's files left in a reused --trace-dir), no rank in two
+    files (a merged trace beside its per-rank files would count every span twice)."""
+    sizes = {file: trace.meta["world_size"] for file, trace in zip(files, traces, strict=True)
+             if trace.meta.get("world_size") is not None}
+    first, world = next(iter(sizes.items()), (None, None))
+    if other := next((file for file, size in sizes.items() if size != world), None):
+        raise TraceFormatError(f"{folder}: {first.name} is a trace of a run of world size {world}, "
+                               f"{other.name} of one of {sizes[other]}: merge each run's files alone")
+    holder: dict[int, Path] = {}
+    for file, trace in zip(files, traces, strict=True):
+        if twice := sorted(set(trace.ranks) & holder.keys()):
+            raise TraceFormatError(f"{folder}: rank {twice[0]} is in {holder[twice[0]].name} and in "
+                                   f"{file.name} (a merged trace beside its per-rank files?)")
+        if world is not None and (beyond := [rank for rank in trace.ranks if rank >= world]):
+            raise TraceFormatError(f"{folder}: {file.name} holds rank {beyond[0]}, beyond the world size "
+                                   f"{world} of {first.name}: traces of two runs")
+        holder.update(dict.fromkeys(trace.ranks, file))
+
+
 def _write_json(path: str | Path, head: dict, **arrays) -> Path:
     """Write ``{**head, name: [items...]}`` to ``path`` a thousand items at a time, so that writing a
-    large trace never holds a second copy of it (as dicts and as one string) in memory."""
+    large trace never holds a second copy of it (as dicts and as one string) in memory. Written to a
+    temporary file beside it, then renamed over it: an interrupt (Ctrl-C, an error) leaves the file
+    that was there, never half a trace, and no temporary file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(json.dumps(head)[:-1])
-        for name, items in arrays.items():
-            f.write(f", {json.dumps(name)}: [")
-            first = True
-            while chunk := list(itertools.islice(items, 1000)):
-                f.write(("" if first else ", ") + json.dumps(chunk)[1:-1])
-                first = False
-            f.write("]")
-        f.write("}")
+    partial = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial")
+    try:
+        with open(partial, "x", encoding="utf-8") as f:
+            f.write(json.dumps(head)[:-1])
+            for name, items in arrays.items():
+                f.write(f", {json.dumps(name)}: [")
+                first = True
+                while chunk := list(itertools.islice(items, 1000)):
+                    f.write(("" if first else ", ") + json.dumps(chunk)[1:-1])
+                    first = False
+                f.write("]")
+            f.write("}")
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     return path
 
 

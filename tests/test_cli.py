@@ -428,3 +428,62 @@ def test_torchrun_writes_per_rank_traces_that_merge(tmp_path):
 
     same = paralab.run("ddp", 2, steps=3, bucket_mb=0.1)
     assert same.losses == pytest.approx(summary["losses"], rel=1e-6)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--trace", "{tmp}/same.out", "--report", "{tmp}/same.out"],
+     "--trace and --report both name {tmp}/same.out: one would overwrite or mix with the other's output"),
+    (["run", "--trace-dir", "{tmp}/d", "--profile", "{tmp}/d/"], "--trace-dir and --profile both name"),
+    (["nodes", "--trace-dir", "{tmp}/d", "--", "--profile", "{tmp}/d"],
+     "--trace-dir and --profile both name"),
+    (["run", "--trace-dir", "{tmp}/d", "--trace", "{tmp}/d/t.json"],
+     "--trace {tmp}/d/t.json is inside --trace-dir {tmp}/d, where it would be read as one more rank's"),
+], ids=["trace and report", "trace dir and profile", "nodes' trace dir and profile", "trace in trace dir"])
+def test_outputs_that_would_clash_exit_2_before_any_process(nothing_starts, capsys, tmp_path, argv, message):
+    """Two outputs at one path had been accepted: the file held only the report, the directory could
+    not be merged. (A --trace-dir an earlier run wrote is reused: a run of another world size there is
+    refused where the folder is read, tests/test_trace.py.)"""
+    assert cli.main([arg.format(tmp=tmp_path) for arg in argv]) == 2
+    err = capsys.readouterr().err
+    assert message.format(tmp=tmp_path) in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("flag, value, instead", [
+    ("--trace-dir", "ntd", "give it before --, to nodes itself"),
+    ("--world-size", "8", "the world is --nnodes x --nproc-per-node"),
+    ("--nodes", "3", "the nodes are --nnodes"),
+])
+def test_a_run_flag_that_nodes_sets_itself_exits_2(nothing_starts, capsys, flag, value, instead):
+    """`paralab nodes` had replaced these without a word."""
+    assert cli.main(["nodes", "--", "--strategy", "ddp", flag, value]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag} after -- has no effect: paralab nodes sets it ({instead})" in err, err
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--world-size", "4"],
+     "--world-size 4 disagrees with this launch, which set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, "
+     "MASTER_PORT for 1: leave --world-size out under torchrun, or unset those variables to start a "
+     "local run"),
+    (["--world-size", "4", "--nodes", "2", "--hierarchical"], "--world-size 4 disagrees"),
+    (["--nodes", "2"], "--nodes 2 disagrees with this launch"),
+])
+def test_flags_that_disagree_with_a_torchrun_environment_exit_2(monkeypatch, capsys, argv, said):
+    """Under torchrun (or variables left in a shell that look like it) the launch sets the world and
+    the nodes: a --world-size 4 had run one rank and exited 0."""
+    from paralab.runtime import torchrun
+
+    monkeypatch.setattr(torchrun, "run_under_torchrun", lambda *a: pytest.fail("the rank was about to run"))
+    for key, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT="1").items():
+        monkeypatch.setenv(key, value)
+    assert cli.main(["run", "--strategy", "ddp", *argv]) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1, err
+
+
+def test_the_trace_dir_help_says_what_a_local_run_writes(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "merged.json from a local run, one file per rank under torchrun" in text

@@ -748,3 +748,32 @@ def test_a_standby_node_that_died_waiting_is_named_not_a_broken_pipe(tmp_path):
     died = r"(?s)the standby node died \(exit 1\) before step 3 released it.*ModuleNotFoundError"
     with pytest.raises(launch_module.ElasticError, match=died):
         launch_module._watch(cfg, tmp_path, [Running()], DeadStandby(), None)
+
+
+def test_a_node_lost_below_min_ends_the_run_at_once_naming_the_node_and_min(tmp_path):
+    """With --nnodes 2:2 a lost node leaves one, which waits in the rendezvous for a second that
+    never comes: the launcher had waited its whole --timeout (600 s) without a word."""
+    class Running:
+        returncode = None
+
+        def poll(self):
+            return None
+
+    class Killed:
+        returncode = -signal.SIGKILL
+
+        def poll(self):
+            return self.returncode
+
+    (tmp_path / "progress.json").write_text(json.dumps({"step": 38}))
+    cfg = ElasticConfig(nodes=2, min_nodes=2, max_nodes=2, steps=100, run_timeout_s=600)
+    lost = (r"lost node 1 \(signal 9, SIGKILL\): 1 node\(s\) left, fewer than MIN 2 of --nnodes 2:2, so the "
+            r"run cannot go on; a lower MIN rides out the loss \(last step 38\)")
+    started = time.monotonic()
+    with pytest.raises(launch_module.ElasticError, match=lost):
+        launch_module._watch(cfg, tmp_path, [Running(), Killed()], None, None)
+    assert time.monotonic() - started < 5
+    # as many as MIN left: the run goes on (its rendezvous re-forms), until its own deadline here
+    cfg = dataclasses.replace(cfg, min_nodes=1, max_nodes=3, nodes=3, run_timeout_s=0.3)
+    with pytest.raises(launch_module.ElasticError, match="did not finish within 0.3 s"):
+        launch_module._watch(cfg, tmp_path, [Running(), Killed(), Running()], None, None)

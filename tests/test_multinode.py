@@ -1,6 +1,7 @@
 """Multi-node DDP: nodes known per rank, intra/inter-node byte split, hierarchical all-reduce; local
 torchrun agents that name a failing rank, listen on loopback only and die with their launcher."""
 
+import json
 import os
 import signal
 import subprocess
@@ -244,3 +245,91 @@ def test_agents_release_the_warm_forkserver_and_a_later_run_warms_a_new_one(no_l
     assert_close_rel(agents.losses, first.losses, what="two agents against one launch")
     again = paralab.run("ddp", 2, steps=2, global_batch=8)
     assert again.losses == first.losses and len(_forkservers()) == 1
+
+
+# ---------------------------------------------------------------------------- what nodes hands its agents
+@pytest.fixture
+def agents_started(monkeypatch):
+    """run_local_nodes up to its agents' start: the commands it would start them with. This machine
+    has 8 cores."""
+    from paralab.runtime import launch, multinode
+
+    started = {}
+
+    def record(commands, *args):
+        started["commands"] = commands
+        raise paralab.RunError(None, "stopped before any agent started", "")
+
+    monkeypatch.setattr(multinode, "_run_agents", record)
+    monkeypatch.setattr(multinode, "release_forkserver", lambda: None)  # kept warm for the next tests
+    for module in (launch, multinode):
+        monkeypatch.setattr(module, "usable_cores", lambda: 8)
+    return started
+
+
+@pytest.mark.parametrize("argv, threads", [
+    (["--nnodes", "2", "--nproc-per-node", "2", "--"], ["--threads", "2"]),
+    (["--nnodes", "4", "--nproc-per-node", "2", "--"], ["--threads", "1"]),
+    (["--nnodes", "2", "--nproc-per-node", "2", "--", "--threads", "3"], ["--threads", "3"]),  # as given
+])
+def test_nodes_gives_each_rank_its_share_of_the_machine_not_of_its_agent(agents_started, argv, threads):
+    """An agent sizes its ranks' threads by its own ranks: N nodes on one machine had taken N times
+    its cores (steps 10-50x slower, and noisy)."""
+    assert cli.main(["nodes", *argv, "--strategy", "ddp"]) == 1
+    for command in agents_started["commands"]:
+        run_args = command[command.index("run") + 1:]
+        at = run_args.index("--threads")
+        assert run_args[at:at + 2] == threads and run_args.count("--threads") == 1
+
+
+def test_nodes_warns_when_its_ranks_outnumber_the_cores(agents_started, monkeypatch):
+    from paralab.runtime import launch, multinode
+
+    for module in (launch, multinode):
+        monkeypatch.setattr(module, "usable_cores", lambda: 2)
+    with pytest.warns(RuntimeWarning, match="world size 4 exceeds the 2 usable CPU cores"):
+        assert cli.main(["nodes", "--nnodes", "2", "--nproc-per-node", "2", "--", "--strategy", "ddp"]) == 1
+
+
+def test_the_watchdog_of_nodes_allows_the_runs_own_collective_timeout():
+    from paralab.runtime.multinode import _run_flags
+
+    assert _run_flags(["--strategy", "ddp", "--timeout", "12", "--steps", "3"]).timeout == 12.0
+    assert _run_flags(["--strategy", "ddp"]).timeout == RunConfig().timeout_s
+
+
+# ---------------------------------------------------------------------------- an agent that died
+def test_an_agent_killed_by_a_signal_is_named_as_its_nodes_death_not_a_rank_that_stopped_answering(tmp_path):
+    """The ranks of an agent SIGKILLed die with it, unheard; its peers see a closed connection. That
+    had been reported as "rank 1 failed: stopped answering (hung...)"."""
+    from paralab.runtime.multinode import _failure
+
+    (tmp_path / "rank0.error.json").write_text(json.dumps({
+        "rank": 0, "from_the_wire": True, "traceback": "",
+        "error": "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:3"}))
+    failure = _failure(tmp_path, [(1, -signal.SIGKILL, "")], world=2)
+    assert str(failure).startswith("the torchrun agent of node 1 died (signal 9, SIGKILL), and its ranks "
+                                   "with it; then rank 0 reported: RuntimeError: "), str(failure)
+    assert "stopped answering" not in str(failure)
+
+
+@pytest.mark.timeout(150)
+def test_a_rank_stopped_before_it_tied_its_life_to_its_agent_goes_with_the_run(tmp_path):
+    """A rank stopped while it imports (before agents.worker_setup) is in a session of its own: the
+    launcher had killed the agents' process groups and exited 1, and the rank stayed behind, adopted
+    by PID 1."""
+    tag = f"nodes-stopped-{os.getpid()}-{time.time_ns()}"
+    launcher = subprocess.Popen([sys.executable, "-m", "paralab", "nodes", "--nnodes", "2",
+                                 "--nproc-per-node", "1", "--", "--strategy", "ddp", "--steps", "50",
+                                 "--timeout", "5"],
+                                env={**os.environ, TAG: tag, "TMPDIR": str(tmp_path)},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_for(lambda: len(_workers(tag)) == 2, 90, poll_s=0.02), "the workers never started"
+        max(_workers(tag), key=lambda w: w.pid).suspend()  # the younger: still importing torch
+        _, err = launcher.communicate(timeout=100)
+    finally:
+        launcher.kill()
+    assert_nothing_left(tag, tmp_path)
+    assert launcher.returncode == 1, err
+    assert "stopped answering" in err and "another rank never joined" in err, err

@@ -1,5 +1,6 @@
 """The launcher: errors before any process, failing and hung ranks, interrupts, nothing left behind."""
 
+import contextlib
 import json
 import os
 import signal
@@ -376,3 +377,196 @@ def test_processes_waited_together_end_at_the_first_failure_wherever_it_is_in_th
     done = [start("pass"), start("pass")]
     waited = wait_together(done, timeout_s=25)
     assert waited.codes == [0, 0] and not waited.first_failed and not waited.timed_out
+
+
+# ---------------------------------------------------------------------------- watchdog and agents
+def test_a_run_hangs_only_when_no_rank_made_progress_for_longer_than_its_timeout_allows():
+    """The watchdog of local runs and of `paralab nodes` (which had stopped healthy runs after a fixed
+    600 s): a long run is never cut short while steps go on; before the first step it also allows
+    for the ranks' start."""
+    from paralab.runtime.processes import HANG_MARGIN_S, STARTUP_GRACE_S, ProgressWatch
+
+    watch = ProgressWatch(timeout_s=10, started=0.0, last_progress=0.0)
+    limit = 10 + HANG_MARGIN_S
+    assert not watch.hung(now=limit + STARTUP_GRACE_S - 1) and watch.hung(now=limit + STARTUP_GRACE_S + 1)
+    for step in range(1000):  # a healthy run of a thousand steps, ten seconds each
+        assert watch.saw(step, now=1000.0 + 10 * step) and not watch.hung(now=1005.0 + 10 * step)
+    assert not watch.saw(999, now=50_000.0)  # the same step again is no progress
+    assert watch.hung(now=10_990.0 + limit + 1)
+    assert watch.message(now=10_990.0 + 50).startswith("no rank made progress for 50 s (timeout 10 s): "
+                                                       "the run hung at step 999")
+
+
+@pytest.mark.timeout(60)
+def test_processes_waited_together_end_when_the_watchdog_says_they_hung():
+    from paralab.runtime.processes import wait_together
+
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in range(2)]
+    calls = []
+    try:
+        waited = wait_together(procs, timeout_s=None, watchdog=lambda: calls.append(1) or len(calls) > 3)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert waited.hung and waited.running == [0, 1] and not waited.timed_out and len(calls) == 4
+
+
+def test_a_run_without_a_rank_says_details_not_rank_none():
+    from paralab.runtime.result import RunError
+
+    text = str(RunError(None, "the 2-node run was stopped", "(Python stack of rank 0, ...)"))
+    assert "rank None" not in text and "--- details ---" in text
+
+
+TORCHRUN_WORKER = ("import os, sys, time; from paralab.runtime.agents import worker_setup; worker_setup(); "
+                   "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(600)")
+# a stand-in for torchrun's agent: its worker in a session of its own, as torchrun starts it
+AGENT = ("import subprocess, sys; subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]], "
+         "start_new_session=True).wait()")
+
+
+@contextlib.contextmanager
+def agent_and_worker(worker_code: str, tmp_path, **popen):
+    """A stand-in agent and its worker, once the worker has started: (agent Popen, worker psutil
+    Process); both are killed on the way out, whatever the test left."""
+    import psutil
+
+    pid_file = tmp_path / "worker.pid"
+    agent = subprocess.Popen([sys.executable, "-c", AGENT, worker_code, str(pid_file)], **popen)
+    worker = None
+    try:
+        assert wait_for(lambda: pid_file.exists() and pid_file.read_text(), 60), "the worker never started"
+        worker = psutil.Process(int(pid_file.read_text()))
+        yield agent, worker
+    finally:
+        agent.kill()
+        if worker is not None and worker.is_running():
+            worker.kill()
+
+
+@pytest.mark.timeout(90)
+def test_a_worker_of_someone_elses_torchrun_dies_with_its_agent(tmp_path):
+    """torchrun sets TORCHELASTIC_RUN_ID in its workers and starts each in a session of its own: an
+    agent SIGKILLed had left its ranks training on, adopted by PID 1."""
+    import psutil
+
+    env = {**os.environ, "TORCHELASTIC_RUN_ID": "someone-elses"}
+    env.pop("PARALAB_AGENT_PID", None)
+    with agent_and_worker(TORCHRUN_WORKER, tmp_path, env=env) as (agent, worker):
+        agent.kill()
+        agent.wait()
+        _, alive = psutil.wait_procs([worker], timeout=10)
+        assert not alive, "the worker outlived its agent"
+
+
+STUCK_WORKER = ("import os, signal, sys; open(sys.argv[1], 'w').write(str(os.getpid())); "
+                "os.kill(os.getpid(), signal.SIGSTOP)")
+
+
+@pytest.mark.timeout(90)
+def test_stopping_agents_takes_their_workers_stuck_before_they_tied_their_life_to_them(tmp_path):
+    """A worker stopped (or stuck importing) before agents.worker_setup, in a session of its own as
+    torchrun starts it: killing its agent's process group had left it behind, adopted by PID 1."""
+    import psutil
+
+    from paralab.runtime import agents
+
+    class Told:
+        def __init__(self):
+            self.pids = []
+
+        def kill_at_end(self, pid):
+            self.pids.append(pid)
+
+    with agent_and_worker(STUCK_WORKER, tmp_path, start_new_session=True) as (agent, worker):
+        assert wait_for(lambda: worker.status() == psutil.STATUS_STOPPED, 10)
+        janitor = Told()
+        agents.stop_agents([agent], agents.Workers(janitor))
+        assert agent.returncode == -signal.SIGKILL and janitor.pids == [worker.pid]
+        _, alive = psutil.wait_procs([worker], timeout=10)
+        assert not alive, "the stuck worker outlived its agent"
+
+
+@pytest.mark.timeout(60)
+def test_an_agent_says_nothing_of_its_own_bootstrap():
+    """torchrun run as a module once imported had warned "'torch.distributed.run' found in sys.modules"
+    in every agent's log."""
+    from paralab.runtime import agents
+
+    done = subprocess.run(agents.command(["--help"]), capture_output=True, text=True, timeout=50,
+                          env={**os.environ, agents.LAUNCHER_PID: str(os.getpid())})
+    assert done.returncode == 0 and "usage: " in done.stdout
+    assert "RuntimeWarning" not in done.stderr, done.stderr
+
+
+# ---------------------------------------------------------------------------- process-group setup
+def test_a_rank_whose_peer_never_joined_is_the_consequence_not_the_cause(monkeypatch):
+    """A local rank stopped during startup leaves its peer a file store's bare "Wait timeout": that
+    peer had been blamed ("rank 0 failed: RuntimeError: Wait timeout")."""
+    import torch
+
+    from paralab.config import RunConfig
+    from paralab.layout import resolve_layout
+    from paralab.runtime import worker
+    from paralab.runtime.failures import blame
+
+    def no_peer(*args, **kwargs):
+        raise RuntimeError("Wait timeout\nException raised from wait at store.cpp:1 (most recent call first)")
+
+    monkeypatch.setattr(worker.dist, "init_process_group", no_peer)
+    cfg = RunConfig.build("tiny", strategy="ddp", world_size=2, timeout_s=4)
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(worker.GroupNotFormed) as info, \
+                worker.rank_session(cfg, resolve_layout(cfg), 0, 2, 0, 2, "file:///nowhere"):
+            pass
+    finally:
+        torch.set_num_threads(threads)
+    exc = info.value
+    assert str(exc) == "the process group did not form: RuntimeError: Wait timeout"
+    report = {"rank": 0, "error": worker.describe(exc, 4), "from_the_wire": worker.from_the_wire(exc),
+              "traceback": ""}
+    failure = blame([report], {}, [1])
+    assert failure.rank == 1 and "stopped answering" in str(failure), str(failure)
+    assert "another rank never joined" in str(failure)
+
+
+@pytest.mark.timeout(60)
+def test_a_torchrun_rank_whose_master_port_is_taken_says_so_in_one_line(monkeypatch, capfd):
+    """A MASTER_PORT in use had printed torch's DistNetworkError: 39 lines of C++ and Python frames.
+    (capfd: a torchrun rank hands faulthandler the stderr's file descriptor.)"""
+    import socket
+
+    from paralab import cli
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for key, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                               MASTER_PORT=str(port)).items():
+            monkeypatch.setenv(key, value)
+        assert cli.main(["run", "--strategy", "single", "--steps", "1", "--timeout", "5"]) == 1
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("paralab: run failed: rank 0 failed: the process group did not form: ")
+    assert "EADDRINUSE" in err and f"(at 127.0.0.1:{port}, world size 1)" in err
+
+
+@pytest.mark.timeout(120)
+def test_a_node_left_in_the_environment_does_not_override_a_local_runs_nodes(monkeypatch,
+                                                                             no_leftover_ranks):
+    """GROUP_RANK (torchrun's) or PARALAB_NODE (paralab elastic's), left in a shell, had put every
+    local rank on that one node: a 2-node run reported no inter-node bytes. The forkserver is
+    restarted around the run, so that its ranks see this environment and later runs do not."""
+    launch_module.release_forkserver()
+    monkeypatch.setenv("GROUP_RANK", "1")
+    monkeypatch.setenv("PARALAB_NODE", "1")
+    try:
+        run = paralab.run("ddp", 2, nodes=2, steps=1, global_batch=4)
+    finally:
+        monkeypatch.undo()
+        launch_module.release_forkserver()
+    assert {info["node"] for info in run.trace.meta["ranks"].values()} == {0, 1}
+    assert run.summary["comm_bytes_by_link"]["inter_node"] > 0

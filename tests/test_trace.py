@@ -6,6 +6,7 @@ import json
 import pytest
 
 from paralab import cli
+from paralab import trace as trace_module
 from paralab.trace import COMM, COMPUTE, STEP, Counter, Span, Trace
 
 
@@ -404,3 +405,45 @@ def test_an_async_send_lands_with_its_receive_and_a_blocking_one_keeps_its_end()
     assert (early.end, early.waited_s) == (1.0, 0.0) and early.in_call == [(0.0, 0.1)]
     assert blocking.end == 4.0
     assert slow_to_post.end == 6.5  # its call returned after the receive ended
+
+
+def _rank_files(folder, world: int, ranks) -> None:
+    """Per-rank files as a run of ``world`` ranks writes them (torchrun's --trace-dir)."""
+    for rank in ranks:
+        spans = [Span(rank, STEP, "step", 0.0, 1.0, step=0)]
+        Trace(spans=spans, meta={"world_size": world}).save(folder / f"rank{rank:05d}.json")
+
+
+@pytest.mark.parametrize("command", ["merge", "report"])
+def test_a_folder_that_holds_two_runs_exits_2_naming_them(tmp_path, capsys, command):
+    """A 2-rank run written into the --trace-dir of a 4-rank run overwrites ranks 0 and 1: the 4-rank
+    run's ranks 2 and 3 had been merged in silence ("merged 4 rank(s)", world size 2)."""
+    _rank_files(tmp_path, 4, range(4))
+    _rank_files(tmp_path, 2, range(2))
+    assert cli.main([command, str(tmp_path), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert ("rank00000.json is a trace of a run of world size 2, rank00002.json of one of 4: merge each "
+            "run's files alone") in err, err
+
+
+def test_a_rank_beyond_the_world_size_of_a_folder_is_refused(tmp_path):
+    _rank_files(tmp_path, 2, range(2))
+    Trace(spans=[Span(5, STEP, "step", 0.0, 1.0, step=0)]).save(tmp_path / "stray.json")
+    beyond = "stray.json holds rank 5, beyond the world size 2 of rank00000.json"
+    with pytest.raises(ValueError, match=beyond):
+        Trace.load(tmp_path)
+
+
+def test_an_interrupted_write_leaves_the_file_that_was_there_and_nothing_else(tmp_path):
+    """A Ctrl-C while a trace was written had left half of it at the user's path, over a good one."""
+    good = two_rank_trace()
+    path = good.save(tmp_path / "t.json")
+
+    def spans_then_interrupt():
+        yield from ({"rank": s.rank} for s in good.spans[:3])
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        trace_module._write_json(path, {"format": "paralab-trace"}, spans=spans_then_interrupt())
+    assert Trace.load(path).spans == good.spans
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json"]

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import signal
 import subprocess
 import tempfile
 import time
@@ -45,6 +44,7 @@ from paralab.elastic import checkpoint
 from paralab.elastic.config import ElasticConfig
 from paralab.elastic.history import ElasticResult
 from paralab.runtime import agents, loopback
+from paralab.runtime.failures import how_it_ended
 from paralab.runtime.janitor import Janitor
 from paralab.runtime.launch import release_forkserver
 from paralab.runtime.result import RunError
@@ -88,15 +88,17 @@ def launch(cfg: ElasticConfig, run_dir: str | Path | None = None, progress=None)
         store = loopback.serve_store()  # the rendezvous, hosted here
         release_forkserver()  # the agents' workers import torch afresh: the idle forkserver's copy can go
         started: list[subprocess.Popen] = []
+        workers = agents.Workers(janitor)
         try:
             start = _agent_starter(cfg, run_dir, agents.environment(scratch), store.port,
                                    f"paralab-{uuid.uuid4().hex[:12]}", janitor, started)
             nodes = [start(node) for node in range(cfg.nodes)]
             standby = start(cfg.nodes, standby=True) if cfg.join_after_step is not None else None
-            _watch(cfg, run_dir, nodes, standby, progress)
+            _watch(cfg, run_dir, nodes, standby, progress,
+                   on_poll=lambda: workers.look(started))
             return ElasticResult.collect(cfg, run_dir)
         finally:
-            _stop(started)
+            agents.stop_agents(started, workers)
     finally:
         janitor.finish()
 
@@ -150,12 +152,15 @@ def _progress_step(run_dir: Path) -> int:
         return -1
 
 
-def _watch(cfg: ElasticConfig, run_dir: Path, agents: list, standby, progress) -> None:
+def _watch(cfg: ElasticConfig, run_dir: Path, agents: list, standby, progress, on_poll=lambda: None) -> None:
     """Poll until every agent has exited, or every step is done and the agents had time to leave;
-    release the standby node once its step has completed."""
+    release the standby node once its step has completed. ElasticError as soon as the nodes left
+    alive are fewer than the run's MIN: they would wait in the rendezvous until its timeout.
+    ``on_poll()`` is called on every pass."""
     deadline = time.monotonic() + cfg.run_timeout_s
     last_step, finished = -1, None
     while any(a.poll() is None for a in agents):
+        on_poll()
         step = _progress_step(run_dir)
         if step != last_step:
             last_step = step
@@ -174,6 +179,8 @@ def _watch(cfg: ElasticConfig, run_dir: Path, agents: list, standby, progress) -
             finished = time.monotonic()
         if finished is not None and time.monotonic() - finished > EXIT_GRACE_S:
             return  # agents left waiting at torchrun's exit barrier wait for a node that is gone
+        if finished is None and (lost := _too_few_left(cfg, agents)):
+            raise ElasticError(lost + f" (last step {last_step})" + _diagnosis(run_dir))
         if time.monotonic() > deadline:
             raise ElasticError(f"the run did not finish within {cfg.run_timeout_s:g} s "
                                f"(last step {last_step})" + _diagnosis(run_dir))
@@ -182,6 +189,18 @@ def _watch(cfg: ElasticConfig, run_dir: Path, agents: list, standby, progress) -
         codes = ", ".join(f"node {n}: {a.returncode}" for n, a in enumerate(agents))
         raise ElasticError(f"every agent exited ({codes}) before training finished (last step {last_step})"
                            + _diagnosis(run_dir))
+
+
+def _too_few_left(cfg: ElasticConfig, agents: list) -> str:
+    """Why the run cannot go on, when a node was lost and fewer than MIN are left alive (a standby not
+    released yet joins only after a step these cannot take); else empty."""
+    lost = [(node, a.returncode) for node, a in enumerate(agents) if a.poll() not in (None, 0)]
+    alive = sum(a.poll() is None for a in agents)
+    if not lost or alive >= cfg.min_nodes:
+        return ""
+    said = ", ".join(f"node {node} ({how_it_ended(code)})" for node, code in lost)
+    return (f"lost {said}: {alive} node(s) left, fewer than MIN {cfg.min_nodes} of --nnodes "
+            f"{cfg.min_nodes}:{cfg.max_nodes}, so the run cannot go on; a lower MIN rides out the loss")
 
 
 def _every_step_done(run_dir: Path) -> bool:
@@ -199,17 +218,3 @@ def _diagnosis(run_dir: Path) -> str:
         tail = log.read_text(errors="replace").strip().splitlines()[-6:]
         parts.append(f"--- {log.name} (last lines) ---\n" + "\n".join(tail))
     return ("\n" + "\n".join(parts)) if parts else ""
-
-
-def _stop(agents: list[subprocess.Popen]) -> None:
-    """SIGTERM every agent still running (it stops its worker), then SIGKILL what is left."""
-    for a in agents:
-        if a.poll() is None:
-            a.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 10.0
-    for a in agents:
-        try:
-            a.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            a.kill()
-            a.wait(timeout=5.0)

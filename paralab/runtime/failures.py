@@ -67,10 +67,11 @@ def crash_report(report_dir: Path, rank: int) -> str:
     return f"(Python stack of rank {rank} as it died)\n{text}" if text else ""
 
 
-def stack_report(report_dir: Path, rank: int) -> str:
-    """The Python stack a rank that stopped answering wrote when asked (worker.dump_stacks), if any."""
+def stack_report(report_dir: Path, rank: int, when: str = "which stopped answering") -> str:
+    """The Python stack a rank wrote when asked (worker.dump_stacks), if any; ``when`` says why it
+    was asked (the rank blamed, or every rank of a run that hung)."""
     text = read_if_there(report_dir / f"rank{rank}.stack").strip()
-    return f"(Python stack of rank {rank}, which stopped answering)\n{text}" if text else ""
+    return f"(Python stack of rank {rank}, {when})\n{text}" if text else ""
 
 
 def read_if_there(path: Path) -> str:
@@ -78,6 +79,13 @@ def read_if_there(path: Path) -> str:
         return path.read_text()
     except FileNotFoundError:
         return ""
+
+
+def then_reported(reports: list[dict]) -> str:
+    """What the first peer to report said, as the tail of the message that blames another cause."""
+    if not reports:
+        return ""
+    return f"; then rank {reports[0]['rank']} reported: {reports[0]['error'].splitlines()[0]}"
 
 
 def blame(reports: list[dict], ended: dict[int, int], silent: list[int],
@@ -95,8 +103,7 @@ def blame(reports: list[dict], ended: dict[int, int], silent: list[int],
         first = causes[0]
         return RunError(first["rank"], first["error"], first["traceback"])
     reported = {r["rank"] for r in reports}
-    seen = (f"; then rank {reports[0]['rank']} reported: {reports[0]['error'].splitlines()[0]}"
-            if reports else "")
+    seen = then_reported(reports)
     killed = [rank for rank in sorted(ended) if rank not in reported]
     if killed:
         rank = killed[0]

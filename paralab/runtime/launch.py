@@ -37,12 +37,12 @@ from paralab.layout import resolve_layout
 from paralab.precision import check_dtype
 from paralab.runtime.failures import blame, crash_report, is_consequence, read_if_there, stack_report
 from paralab.runtime.janitor import Janitor
+from paralab.runtime.processes import ProgressWatch
 from paralab.runtime.result import RunError, RunResult
 from paralab.runtime.worker import check_capacity, spawn_entry, usable_cores
 from paralab.strategies.registry import MODULES as STRATEGY_MODULES
 
 POLL_S = 0.05
-STARTUP_GRACE_S = 120.0  # first run: the forkserver imports torch before any rank beats
 SETTLE_S = 3.0  # after a first failure: how long to wait for the rest of the evidence
 STACK_WAIT_S = 2.0  # for a rank asked for its Python stack to write it
 
@@ -86,13 +86,7 @@ def launch(cfg: RunConfig, progress=None) -> RunResult:
     Raises ConfigError before any process starts, RunError if a rank fails or the run hangs.
     """
     layout, cfg = preflight(cfg)
-    if cfg.world_size > usable_cores():
-        warnings.warn(
-            f"world size {cfg.world_size} exceeds the {usable_cores()} usable CPU cores: ranks will "
-            "time-share cores, so step times show contention, not scaling",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+    warn_if_cores_are_shared(cfg.world_size, stacklevel=3)
     janitor = Janitor()
     try:
         result = _launch_ranks(cfg, layout, janitor, progress)
@@ -104,6 +98,15 @@ def launch(cfg: RunConfig, progress=None) -> RunResult:
         raise
     janitor.finish()
     return result
+
+
+def warn_if_cores_are_shared(ranks: int, stacklevel: int = 2) -> None:
+    """RuntimeWarning when ``ranks`` local ranks outnumber the usable cores (``stacklevel``: of the
+    caller the warning names)."""
+    if ranks > usable_cores():
+        warnings.warn(f"world size {ranks} exceeds the {usable_cores()} usable CPU cores: ranks will "
+                      "time-share cores, so step times show contention, not scaling",
+                      RuntimeWarning, stacklevel=stacklevel)
 
 
 def _launch_ranks(cfg: RunConfig, layout, janitor: Janitor, progress) -> RunResult:
@@ -154,31 +157,23 @@ def _main_module_not_reimported():
 
 def _watch(cfg: RunConfig, procs, run_dir: Path, progress) -> None:
     """Poll until every rank has written its result; raise RunError on the first failure or hang."""
-    started = last_progress = time.monotonic()
-    last_step = -1
+    watch = ProgressWatch(cfg.timeout_s)
     while True:
         if any(run_dir.glob("rank*.error.json")) or _ended_without_result(procs, run_dir):
             raise _failure(procs, run_dir)
         if all((run_dir / f"rank{r}.json").exists() for r in range(len(procs))):
             return
-        step = _slowest_step(run_dir, len(procs))
-        now = time.monotonic()
-        if step > last_step:
-            last_step, last_progress = step, now
-            if progress is not None and step >= 0:
-                progress(step, cfg.steps)
-        grace = STARTUP_GRACE_S if last_step < 0 else 0.0
-        if now - last_progress > cfg.timeout_s + 30.0 + grace:
-            raise RunError(
-                None,
-                f"no rank made progress for {now - last_progress:.0f} s (timeout {cfg.timeout_s:.0f} s): "
-                f"the run hung at step {last_step}; started {now - started:.0f} s ago",
-                "",
-            )
+        step = slowest_step(run_dir, len(procs))
+        if watch.saw(step) and progress is not None:
+            progress(step, cfg.steps)
+        if watch.hung():
+            raise RunError(None, watch.message(), "")
         time.sleep(POLL_S)
 
 
-def _slowest_step(run_dir: Path, world_size: int) -> int:
+def slowest_step(run_dir: Path, world_size: int) -> int:
+    """The step every rank has reached, by the ``rankN.beat`` files in ``run_dir`` (worker.heartbeat_to);
+    -1 before every rank has reached one."""
     steps = []
     for rank in range(world_size):
         try:

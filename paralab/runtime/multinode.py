@@ -20,6 +20,7 @@ its own traceback, not the agents' C++ stack.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -34,11 +35,28 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from paralab.config import RunConfig
 from paralab.runtime import agents, loopback
-from paralab.runtime.failures import blame, crash_report, cut_native_frames, read_if_there, stack_report
+from paralab.runtime.failures import (
+    blame,
+    crash_report,
+    cut_native_frames,
+    how_it_ended,
+    is_consequence,
+    read_if_there,
+    stack_report,
+    then_reported,
+)
 from paralab.runtime.janitor import Janitor
-from paralab.runtime.launch import SETTLE_S, STACK_WAIT_S, release_forkserver
-from paralab.runtime.processes import POLL_S, wait_together
+from paralab.runtime.launch import (
+    SETTLE_S,
+    STACK_WAIT_S,
+    release_forkserver,
+    slowest_step,
+    usable_cores,
+    warn_if_cores_are_shared,
+)
+from paralab.runtime.processes import POLL_S, ProgressWatch, Waited, wait_together
 from paralab.runtime.result import RunError
 from paralab.trace import Trace
 
@@ -76,13 +94,16 @@ def _gpus_of_node(node: int, nnodes: int, nproc_per_node: int) -> dict:
     return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(first, first + nproc_per_node))}
 
 
-def run_local_nodes(run_args: list[str], nnodes: int = 2, nproc_per_node: int = 2, timeout_s: float = 600.0,
-                    trace_dir: str | None = None) -> MultiNodeRun:
+def run_local_nodes(run_args: list[str], nnodes: int = 2, nproc_per_node: int = 2,
+                    timeout_s: float | None = None, trace_dir: str | None = None) -> MultiNodeRun:
     """Run ``paralab run <run_args>`` as ``nnodes`` torchrun agents of ``nproc_per_node`` ranks each.
 
     Returns rank 0's summary and the merged per-rank traces (kept in ``trace_dir`` when given). The
     agents die with this process, and every process and temporary file of the run is gone when it
-    returns or raises (paralab.runtime.agents, paralab.runtime.janitor).
+    returns or raises (paralab.runtime.agents, paralab.runtime.janitor). The run is stopped when no
+    rank has made progress for longer than its ``--timeout`` allows, as a local run is
+    (paralab.runtime.processes.ProgressWatch), or after ``timeout_s`` when one is given: a long
+    healthy run is never cut short.
     """
     if nnodes < 1 or nproc_per_node < 1:
         from paralab.config import ConfigError
@@ -97,21 +118,28 @@ def run_local_nodes(run_args: list[str], nnodes: int = 2, nproc_per_node: int = 
         reports.mkdir()
         store = loopback.serve_store()  # the rendezvous, hosted here
         options = agents.local_rendezvous()
-        args = [*run_args, "--json", "--trace-dir", trace_dir]
+        flags = _run_flags(run_args)
+        warn_if_cores_are_shared(nnodes * nproc_per_node, stacklevel=3)
+        args = [*run_args, *_fair_threads(flags, nnodes * nproc_per_node), "--json", "--trace-dir", trace_dir]
         endpoint, run_id = f"{loopback.HOST}:{store.port}", uuid.uuid4().hex[:8]
         commands = [agent_command(nnodes, nproc_per_node, endpoint, run_id, args, options)
                     for _ in range(nnodes)]
         env = agents.environment(scratch)
         env[agents.REPORT_DIR] = str(reports)
         release_forkserver()  # the agents' workers import torch afresh: the idle forkserver's copy can go
-        outputs, stopped = _run_agents(commands, env, nnodes, nproc_per_node, timeout_s, janitor, reports)
-        failed = [(node, err) for node, (code, _, err) in enumerate(outputs)
+        watch = ProgressWatch(flags.timeout)
+        outputs, waited = _run_agents(commands, env, nnodes, nproc_per_node, janitor, reports, watch,
+                                      timeout_s)
+        stopped = set(waited.running)
+        failed = [(node, code, err) for node, (code, _, err) in enumerate(outputs)
                   if code != 0 and node not in stopped]
         if failed or any(reports.glob("rank*.error.json")):
             raise _failure(reports, failed, nnodes * nproc_per_node)
         if stopped:
-            stacks = (stack_report(reports, rank) for rank in range(nnodes * nproc_per_node))
-            raise RunError(None, f"the {nnodes}-node run did not finish within {timeout_s:.0f} s",
+            why = watch.message() if waited.hung else f"did not finish within {timeout_s:.0f} s"
+            stacks = (stack_report(reports, rank, "when the run was stopped")
+                      for rank in range(nnodes * nproc_per_node))
+            raise RunError(None, f"the {nnodes}-node run was stopped: {why}",
                            "\n\n".join(stack for stack in stacks if stack))
         summaries = [json.loads(line) for _, out, _ in outputs
                      for line in out.splitlines() if line.startswith("{")]
@@ -123,14 +151,38 @@ def run_local_nodes(run_args: list[str], nnodes: int = 2, nproc_per_node: int = 
         janitor.finish()
 
 
-def _run_agents(commands, env: dict, nnodes: int, nproc_per_node: int, timeout_s: float,
-                janitor: Janitor, reports: Path) -> tuple[list[tuple[int, str, str]], set[int]]:
-    """Start one agent per node (each in its own process group) and wait for all of them under one
-    deadline. When one fails the others are stopped: their ranks could only wait for its ranks until
-    their own timeout; first their ranks are asked for their Python stacks (one of them stopped
-    answering). Returns (exit code, out, err) per agent and the nodes stopped here (the failure, or
-    the deadline, is someone else's)."""
-    procs, drains, stopped = [], [], set()
+def _run_flags(run_args: list[str]) -> argparse.Namespace:
+    """The run's ``--timeout`` (how long a collective may wait) and ``--threads``, read as ``paralab
+    run`` reads them."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--timeout", type=float, default=RunConfig.timeout_s)
+    parser.add_argument("--threads", type=int, default=RunConfig.threads_per_rank)
+    return parser.parse_known_args(run_args)[0]
+
+
+def _fair_threads(flags: argparse.Namespace, ranks: int) -> list[str]:
+    """``--threads`` for each of the ``ranks`` on this machine, unless the run was given some: an
+    agent would size its ranks' share by its own ranks alone, and N nodes had taken N times the
+    cores (steps 10-50x slower, and noisy)."""
+    return [] if flags.threads else ["--threads", str(max(1, usable_cores() // ranks))]
+
+
+def _run_agents(commands, env: dict, nnodes: int, nproc_per_node: int, janitor: Janitor, reports: Path,
+                watch: ProgressWatch, timeout_s: float | None) -> tuple[list[tuple[int, str, str]], Waited]:
+    """Start one agent per node (each in its own process group) and wait for all of them while the
+    ranks make progress (their steps, in ``reports``). When one fails the others are stopped: their
+    ranks could only wait for its ranks until their own timeout; first their ranks are asked for
+    their Python stacks (one of them stopped answering). Returns (exit code, out, err) per agent and
+    how the wait ended: the agents still running then were stopped here (the failure, or the hang,
+    is someone else's)."""
+    procs, drains, workers = [], [], agents.Workers(janitor)
+    world = nnodes * nproc_per_node
+
+    def hung() -> bool:
+        workers.look(procs)
+        watch.saw(slowest_step(reports, world))
+        return watch.hung()
+
     try:
         for node, cmd in enumerate(commands):
             node_env = {**env, **_gpus_of_node(node, nnodes, nproc_per_node)}
@@ -139,15 +191,12 @@ def _run_agents(commands, env: dict, nnodes: int, nproc_per_node: int, timeout_s
                                           start_new_session=True))
             janitor.kill_at_end(procs[-1].pid)
             drains.append(_Drain(procs[-1]))  # read as they write, so that no agent blocks on a full pipe
-        stopped = set(wait_together(procs, timeout_s, SETTLE_S).running)
-        if stopped:
-            _ask_for_stacks({procs[node].pid for node in stopped}, reports)
+        waited = wait_together(procs, timeout_s, SETTLE_S, watchdog=hung)
+        if waited.running:
+            _ask_for_stacks({procs[node].pid for node in waited.running}, reports)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    return [(proc.returncode, *drain.text()) for proc, drain in zip(procs, drains, strict=True)], stopped
+        agents.stop_agents(procs, workers)
+    return [(proc.returncode, *drain.text()) for proc, drain in zip(procs, drains, strict=True)], waited
 
 
 def _ask_for_stacks(agent_pids: set[int], reports: Path) -> None:
@@ -155,7 +204,7 @@ def _ask_for_stacks(agent_pids: set[int], reports: Path) -> None:
     SIGUSR1, to ``rankN.stack`` in ``reports``) and give them STACK_WAIT_S to write them. The agents
     are stopped next, so a child that is not a rank loses nothing to the signal."""
     asked = 0
-    for pid in _children_of(agent_pids):
+    for pid in agents.children_of(agent_pids):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGUSR1)
             asked += 1
@@ -163,20 +212,6 @@ def _ask_for_stacks(agent_pids: set[int], reports: Path) -> None:
     while (time.monotonic() < deadline
            and sum(bool(read_if_there(f)) for f in reports.glob("rank*.stack")) < asked):
         time.sleep(POLL_S)
-
-
-def _children_of(parents: set[int]) -> list[int]:
-    """The processes whose parent is one of ``parents`` (Linux's /proc; torchrun's workers are its
-    agent's children)."""
-    children = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:  # "pid (name) state ppid ...": the name may hold spaces and parentheses
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid in parents:
-            children.append(int(stat.parent.name))
-    return children
 
 
 class _Drain:
@@ -205,18 +240,25 @@ _ROOT_CAUSE = re.compile(
     r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
 
 
-def _failure(reports: Path, failed: list[tuple[int, str]], world: int) -> RunError:
-    """The failing rank's own report when it left one (paralab.runtime.torchrun); a rank that left
-    none (killed) from its agent's account of it (torchrun's root cause: rank and exit code); a rank
-    that neither reported nor ended while its peers timed out waiting as the one that stopped
-    answering; else the first failing agent's own words, C++ stack cut. A rank killed by a fatal
-    signal left its Python stack as it died (paralab.runtime.torchrun)."""
+def _failure(reports: Path, failed: list[tuple[int, int, str]], world: int) -> RunError:
+    """The failing rank's own report when it left one (paralab.runtime.torchrun); an agent killed by a
+    signal (its ranks died with it, unheard) as that node's death, unless a rank raised on its own; a
+    rank that left no report (killed) from its agent's account of it (torchrun's root cause: rank and
+    exit code); a rank that neither reported nor ended while its peers timed out waiting as the one
+    that stopped answering; else the first failing agent's own words, C++ stack cut. A rank killed by
+    a fatal signal left its Python stack as it died (paralab.runtime.torchrun). ``failed``: (node,
+    exit code, stderr) of each agent that failed."""
     found = sorted((json.loads(f.read_text()) for f in reports.glob("rank*.error.json")),
                    key=lambda r: r["rank"])
-    ended = {int(rank): int(code) for _, err in failed for rank, code in _ROOT_CAUSE.findall(err)}
+    killed = [(node, code) for node, code, _ in failed if code < 0]
+    if killed and all(is_consequence(r) for r in found):
+        node, code = killed[0]
+        return RunError(None, f"the torchrun agent of node {node} died ({how_it_ended(code)}), and its "
+                              f"ranks with it{then_reported(found)}", "")
+    ended = {int(rank): int(code) for _, _, err in failed for rank, code in _ROOT_CAUSE.findall(err)}
     silent = [rank for rank in range(world) if rank not in ended and rank not in {r["rank"] for r in found}]
     if found or ended:
         return blame(found, ended, silent, stack_of=lambda rank: stack_report(reports, rank),
                      crash_of=lambda rank: crash_report(reports, rank))
-    node, err = failed[0]
+    node, _, err = failed[0]
     return RunError(None, f"the torchrun agent of node {node} failed", cut_native_frames(err)[-4000:])

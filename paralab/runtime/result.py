@@ -14,7 +14,8 @@ from paralab.trace import Trace
 
 class RunError(RuntimeError):
     """A run failed on a rank. ``rank`` names it (None for a hang no rank reported);
-    ``remote_traceback`` is the rank's own traceback."""
+    ``remote_traceback`` is the rank's own traceback (with no rank: what the ranks or the launcher
+    said, such as every rank's stack)."""
 
     def __init__(self, rank: int | None, message: str, remote_traceback: str):
         self.rank = rank
@@ -22,7 +23,8 @@ class RunError(RuntimeError):
         where = f"rank {rank} failed: " if rank is not None else ""
         text = where + message
         if remote_traceback:
-            text += f"\n\n--- traceback on rank {rank} ---\n{remote_traceback}"
+            heading = f"traceback on rank {rank}" if rank is not None else "details"
+            text += f"\n\n--- {heading} ---\n{remote_traceback}"
         super().__init__(text)
 
 

@@ -2,10 +2,10 @@
 
 The ranks already exist, so paralab only runs the same worker code in this process: rendezvous comes
 from the environment (``env://``), each rank can write its own trace file (``--trace-dir``, merged
-later by ``paralab merge``) and rank 0 gathers everyone's results to print the summary. Under
-paralab's own local agents (``paralab nodes``), a rank first ties its life to its agent and keeps its
-store on loopback (paralab.runtime.agents), and a rank that fails leaves an error report for the
-launcher.
+later by ``paralab merge``) and rank 0 gathers everyone's results to print the summary. A rank first
+ties its life to its agent (paralab.runtime.agents); under paralab's own local agents (``paralab
+nodes``) it also keeps its store on loopback, beats at each step for the launcher's watchdog, and
+leaves an error report for the launcher if it fails.
 """
 
 from __future__ import annotations
@@ -46,30 +46,43 @@ def launched_nodes(world_size: int, local_world: int) -> int:
     return agents if agents * local_world == world_size else 1
 
 
+def launched_config(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with the world size and nodes this process's torchrun environment launched."""
+    world_size = int(os.environ["WORLD_SIZE"])
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    return dataclasses.replace(cfg, world_size=world_size, nodes=launched_nodes(world_size, local_world))
+
+
 def run_under_torchrun(cfg: RunConfig, trace_dir: str | None = None) -> RunResult | None:
-    """Run this process's rank. Rank 0 returns the RunResult of the whole run; other ranks None."""
+    """Run this process's rank. Rank 0 returns the RunResult of the whole run; other ranks None.
+    RunError, in one line, if the process group cannot form (a MASTER_PORT in use, a peer that never
+    came): torch's own account of it is a page of C++ and Python frames."""
     from paralab.runtime.agents import REPORT_DIR, worker_setup
-    from paralab.runtime.worker import dump_stacks, run_rank, write_error_report
+    from paralab.runtime.worker import GroupNotFormed, dump_stacks, heartbeat_to, run_rank, write_error_report
 
     worker_setup()
-    world_size = int(os.environ["WORLD_SIZE"])
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-    if REPORT_DIR in os.environ:  # paralab's own agents: the launcher reads the stack of a rank that died
-        dump_stacks(Path(os.environ[REPORT_DIR]), rank)
+    reports = Path(os.environ[REPORT_DIR]) if REPORT_DIR in os.environ else None
+    if reports:  # paralab's own agents: the launcher reads the stack of a rank that died, and its steps
+        dump_stacks(reports, rank)
     else:  # someone's torchrun: a rank killed by a fatal signal prints its Python stack in its output
         faulthandler.enable(all_threads=True)
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    cfg = dataclasses.replace(cfg, world_size=world_size, nodes=launched_nodes(world_size, local_world))
+    cfg = launched_config(cfg)
+    world_size, local_world = cfg.world_size, int(os.environ.get("LOCAL_WORLD_SIZE", cfg.world_size))
     try:
         layout = resolve_layout(cfg)
         # GPUs per node, not world
         cfg = dataclasses.replace(cfg, device=resolve_device(cfg.device, local_world))
         check_dtype(cfg.dtype, cfg.device)
         result, trace, everyone = run_rank(cfg, layout, rank, world_size, local_rank, local_world, "env://",
+                                           heartbeat=heartbeat_to(reports, rank) if reports else None,
                                            gather=True)
     except BaseException as exc:  # the launcher of local nodes reads the report (paralab.runtime.multinode)
-        if REPORT_DIR in os.environ:
-            write_error_report(Path(os.environ[REPORT_DIR]), rank, exc, cfg.timeout_s)
+        if reports:
+            write_error_report(reports, rank, exc, cfg.timeout_s)
+        if isinstance(exc, GroupNotFormed):
+            raise RunError(rank, f"{exc} (at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}, "
+                                 f"world size {world_size})", "") from None
         raise
     if trace_dir:  # each rank's file describes the run, so `paralab merge/report DIR` can read any of them
         rank_trace = Trace.from_dict(trace)

@@ -159,10 +159,14 @@ def rank_session(cfg: TrainingConfig, layout: Layout, rank: int, world_size: int
     if device.type == "cuda":
         torch.cuda.set_device(device)
     random_streams.seed_rank(cfg.seed, layout.coord(rank), device)
-    dist.init_process_group(
-        backend_for(device.type), init_method=init_method, rank=rank, world_size=world_size,
-        timeout=timedelta(seconds=cfg.timeout_s), device_id=device if device.type == "cuda" else None,
-    )
+    try:
+        dist.init_process_group(
+            backend_for(device.type), init_method=init_method, rank=rank, world_size=world_size,
+            timeout=timedelta(seconds=cfg.timeout_s), device_id=device if device.type == "cuda" else None,
+        )
+    except RuntimeError as exc:  # torch's DistErrors and gloo's plain RuntimeErrors alike
+        said = (str(exc).strip().splitlines() or [""])[0]  # the C++ stack follows
+        raise GroupNotFormed(f"the process group did not form: {type(exc).__name__}: {said}") from exc
     try:
         node_of = _node_map(rank, world_size, nodes)
         recorder = Recorder(rank, enabled=cfg.trace, cuda=device.type == "cuda", node_of=node_of.__getitem__)
@@ -213,6 +217,11 @@ def run_rank(cfg: RunConfig, layout: Layout, rank: int, world_size: int, local_r
         return result, trace, everyone
 
 
+class GroupNotFormed(RuntimeError):
+    """init_process_group failed: a peer that never joined (stopped or slow to start, which a rank
+    waiting for it sees as a store's "Wait timeout"), or a rendezvous address that cannot be used."""
+
+
 def _node_map(rank: int, world_size: int, nodes: int) -> list[int]:
     """Node index of every rank: the node a launcher names (elastic's PARALAB_NODE, which stays with
     an agent across restarts, or torchrun's GROUP_RANK), else ``nodes`` emulated nodes of
@@ -245,19 +254,23 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def from_the_wire(exc: BaseException) -> bool:
-    """Whether the exception came from the communication library (torch.distributed's own errors, or
-    gloo's, raised as RuntimeError with its source path): only those can be a peer's failure seen
-    from here. A TimeoutError of the rank's own (reading a file, say) is its own failure."""
-    return isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError) and "gloo" in str(exc))
+    """Whether the exception came from the communication library (torch.distributed's own errors,
+    gloo's, raised as RuntimeError with its source path, or anything that kept the process group from
+    forming: a file store's bare "Wait timeout" names no library): only those can be a peer's failure
+    seen from here. A TimeoutError of the rank's own (reading a file, say) is its own failure."""
+    return (isinstance(exc, (dist.DistError, GroupNotFormed))
+            or (isinstance(exc, RuntimeError) and "gloo" in str(exc)))
 
 
 def describe(exc: BaseException, timeout_s: float) -> str:
-    """One line for the parent's RunError (C++ stack cut); a collective timeout says what it usually means."""
+    """One line for the parent's RunError (C++ stack cut); a timeout says what it usually means."""
     text = cut_native_frames(f"{type(exc).__name__}: {exc}")
-    if from_the_wire(exc) and ("timed out" in text.lower() or "timeout" in text.lower()):
-        return (f"a collective timed out after {timeout_s:g} s: another rank stopped answering "
-                f"(hung, or much slower than this one). {text}")
-    return text
+    if not (from_the_wire(exc) and ("timed out" in text.lower() or "timeout" in text.lower())):
+        return text
+    if isinstance(exc, GroupNotFormed):
+        return f"{exc} (waited {timeout_s:g} s): another rank never joined (stopped, or much slower to start)"
+    return (f"a collective timed out after {timeout_s:g} s: another rank stopped answering "
+            f"(hung, or much slower than this one). {text}")
 
 
 def write_error_report(report_dir: Path, rank: int, exc: BaseException, timeout_s: float) -> None:
@@ -283,6 +296,26 @@ def dump_stacks(run_dir: Path, rank: int) -> None:
         keep(stack_file)
 
 
+def heartbeat_to(run_dir: Path, rank: int):
+    """A rank's ``on_step``: the last step it reached, in ``rankN.beat``, where its launcher's
+    watchdog reads the run's progress (paralab.runtime.processes.ProgressWatch)."""
+    beat = run_dir / f"rank{rank}.beat"
+    return lambda step: beat.write_text(str(step))
+
+
+# where a launcher names a rank's node (torchrun's agents, paralab elastic's): in a locally spawned rank
+# such a variable can only be left over from a shell or a launcher above, and would override the nodes
+# the run emulates (see _node_map)
+NODE_ENV = ("GROUP_RANK", "PARALAB_NODE")
+
+
+def forget_launchers_above() -> None:
+    """Drop what a launcher above this process put in its environment to name a rank's node: a
+    spawned rank's node is the one its config emulates."""
+    for key in NODE_ENV:
+        os.environ.pop(key, None)
+
+
 def spawn_entry(rank: int, world_size: int, cfg_dict: dict, layout_dict: dict, run_dir: str) -> None:
     """Target of each rank process started by paralab.runtime.launch. Ranks meet through a file store
     in the private run directory, and talk over loopback (paralab.runtime.loopback). A rank ignores
@@ -291,18 +324,15 @@ def spawn_entry(rank: int, world_size: int, cfg_dict: dict, layout_dict: dict, r
     wherever the signal found it (a weak reference's callback reports one and carries on)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent()
+    forget_launchers_above()
     os.environ.update(transport_env())
     run_dir_path = Path(run_dir)
-    beat = run_dir_path / f"rank{rank}.beat"
     dump_stacks(run_dir_path, rank)
-
-    def heartbeat(step: int) -> None:
-        beat.write_text(str(step))
-
     try:
         cfg, layout = RunConfig.from_dict(cfg_dict), Layout.from_dict(layout_dict)
         result, trace = run_rank(cfg, layout, rank, world_size, rank, world_size,
-                                 f"file://{run_dir_path / 'store'}", heartbeat=heartbeat)
+                                 f"file://{run_dir_path / 'store'}",
+                                 heartbeat=heartbeat_to(run_dir_path, rank))
         state = result.pop("state", None)
         if state is not None:
             torch.save(state, run_dir_path / f"rank{rank}.state.pt")
