@@ -83,8 +83,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help="tp: the norms and dropout on a slice of the sequence")
     p.add_argument("--zero", type=int, default=d.zero, help="hybrid: ZeRO stage over the dp dimension")
     p.add_argument("--trace-dir", metavar="DIR",
-                   help="a new or empty directory for the run's trace: merged.json from a local run, one "
-                        "file per rank under torchrun (`paralab merge DIR` joins them)")
+                   help="a directory for the run's trace: merged.json from a local run, one file per rank "
+                        "under torchrun (`paralab merge DIR` joins them; a rerun overwrites its files)")
     p.add_argument("--report", metavar="PATH", help="write a standalone HTML report of the run")
     p.add_argument("--profile", metavar="DIR", help="record every rank with torch.profiler: DIR/rankN.json")
 
