@@ -221,7 +221,9 @@ def resolve_layout(cfg: RunConfig) -> Layout:
     schedule, virtual_stages, microbatches = _pipeline_shape(cfg, strategy, degrees["pp"])
     _check_batch_split(cfg.global_batch, degrees["dp"], microbatches)
     if cfg.world_size % cfg.nodes:
-        raise ConfigError(f"{cfg.nodes} node(s) cannot split world size {cfg.world_size} evenly")
+        fit = [n for n in range(1, cfg.world_size + 1) if cfg.world_size % n == 0]
+        raise ConfigError(f"{cfg.nodes} node(s) cannot split world size {cfg.world_size} evenly: nodes "
+                          f"that do are {', '.join(map(str, fit))}")
     context = "cp" in strategy.axes
     if context and degrees["cp"] == 1:  # as sequence parallel with tp = 1: refused, not ignored
         for option in CONTEXT_OPTIONS:

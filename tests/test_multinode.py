@@ -70,7 +70,7 @@ def test_hierarchical_all_reduce_same_losses_fewer_inter_node_bytes(no_leftover_
     "kwargs, message",
     [
         (dict(world_size=2, hierarchical=True), "at least 2 nodes"),
-        (dict(world_size=4, nodes=3), "cannot split world size 4"),
+        (dict(world_size=4, nodes=3), "cannot split world size 4 evenly: nodes that do are 1, 2, 4"),
         (dict(world_size=4, nodes=2, hierarchical=True, strategy="dp"), "ddp option"),
     ],
 )
@@ -87,7 +87,7 @@ def test_a_torchrun_hierarchy_needs_two_nodes(monkeypatch, per_node, refused):
     run as a reduce-scatter and an all-gather among every rank)."""
     from paralab.layout import resolve_layout
 
-    env = {"GROUP_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": str(per_node)}
+    env = {**TORCHRUN_RANK_ENV, "GROUP_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": str(per_node)}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     cfg = RunConfig.build("tiny", strategy="ddp", world_size=4, hierarchical=True)
@@ -96,6 +96,20 @@ def test_a_torchrun_hierarchy_needs_two_nodes(monkeypatch, per_node, refused):
             resolve_layout(cfg)
     else:
         assert resolve_layout(cfg).dp == 4
+
+
+def test_a_group_rank_left_in_a_shell_does_not_pass_a_local_run_for_several_nodes(monkeypatch):
+    """A local run's nodes are its config's: a GROUP_RANK left in the shell (no torchrun launched this
+    process) had let a hierarchical all-reduce on one emulated node through."""
+    from paralab.layout import resolve_layout
+
+    monkeypatch.setenv("GROUP_RANK", "1")
+    cfg = RunConfig.build("tiny", strategy="ddp", world_size=4, hierarchical=True)
+    with pytest.raises(paralab.ConfigError, match="at least 2 nodes: set nodes=2"):
+        resolve_layout(cfg)
+
+
+TORCHRUN_RANK_ENV = {"RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
 
 
 @pytest.mark.parametrize("agents, per_node, nodes", [(2, 2, 2), (1, 4, 1), (3, 2, 1)])

@@ -151,7 +151,7 @@ def check(cfg, layout) -> None:
     if _launched_on_one_node():
         raise ConfigError("hierarchical all-reduce needs ranks on at least 2 nodes: this launcher started "
                           "every rank on one node; start it on several (torchrun --nnodes 2 or more)")
-    if layout.nodes < 2 and "GROUP_RANK" not in os.environ:
+    if layout.nodes < 2 and not _launched_by_torchrun():
         raise ConfigError("hierarchical all-reduce needs ranks on at least 2 nodes: set nodes=2 (emulated "
                           "nodes on this machine) or start the run with torchrun on several nodes")
 
@@ -162,7 +162,15 @@ def _launched_on_one_node() -> bool:
     all-reduce in two halves. Every rank reads the same answer (nodes of unequal size go on to the
     reducer's own refusal, on every rank alike)."""
     local = os.environ.get("LOCAL_WORLD_SIZE")
-    return "GROUP_RANK" in os.environ and local is not None and local == os.environ.get("WORLD_SIZE")
+    return _launched_by_torchrun() and local is not None and local == os.environ.get("WORLD_SIZE")
+
+
+def _launched_by_torchrun() -> bool:
+    """A rank of torchrun (or of paralab's agents, torchrun's too), which names each rank's node; a
+    GROUP_RANK alone is one left in a shell, and a local run's nodes are its config's."""
+    from paralab.runtime.torchrun import under_torchrun
+
+    return under_torchrun() and "GROUP_RANK" in os.environ
 
 
 def train(ctx):
