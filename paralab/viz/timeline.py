@@ -344,15 +344,20 @@ def timeline(trace, predicted=None, *, lanes=DEFAULT_LANES, steps=None, predicte
         meta["predicted_ranks"] = len(predicted.ranks)
     fig.update_layout(barmode="overlay", bargap=0.15, meta=meta, uniformtext=dict(minsize=7, mode="hide"))
     if any(bar.marker.colorscale is not None for bar in fig.data):  # the legend's swatches cannot say it
-        key = MICROBATCH_KEY.format(example=_label_example(select_spans(trace, lanes, steps)))
+        key = microbatch_key(select_spans(trace, lanes, steps))
         fig.for_each_xaxis(lambda axis: axis.update(title_text=key) if axis.title.text else None)
     n_rows = len(rows) + len(meta.get("predicted_rows", []))
     return style(fig, title or _default_title(trace, steps), height or min(200 + 22 * n_rows, 1600))
 
 
+def microbatch_key(spans: list[Span]) -> str:
+    """The time axis's title where bars are coloured by microbatch (:data:`MICROBATCH_KEY`), with how to
+    read a bar's label told on one of ``spans``, the bars drawn (a key about microbatch 3 on stage 1 had
+    stood under runs of two microbatches on one stage): its last forward's."""
+    return MICROBATCH_KEY.format(example=_label_example(spans))
+
+
 def _label_example(spans: list[Span]) -> str:
-    """How to read a bar's label, told on one the figure draws (a key about microbatch 3 on stage 1
-    had stood under runs of two microbatches on one stage): its last forward's."""
     forward = max((s for s in spans if s.kind == "forward" and s.microbatch is not None),
                   key=lambda s: (s.microbatch, s.stage or 0), default=None)
     if forward is None:

@@ -28,7 +28,7 @@ from paralab.schedules import (
 from paralab.sim.events import simulate_schedule
 from paralab.trace import COMPUTE, Trace
 from paralab.viz.bubble import lower_bound
-from paralab.viz.timeline import MICROBATCH_KEY, _label_example
+from paralab.viz.timeline import microbatch_key
 from paralab.widgets._common import attach, figure_widget, message, redrawn, refuse, replace_figure, widgets
 
 UNIT_TIMES = {"forward": 1.0, "backward": 2.0, "backward_input": 1.0, "backward_weight": 1.0}
@@ -238,7 +238,7 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
             fw.layout.height, fw.layout.title.y, fw.layout.legend.y = height, pinned.title.y, pinned.legend.y
             fw.layout.meta = {"ranks": p, "rows": rows, "source": "simulated"}
             # the key's example, a bar this shape draws: the first shape's had stayed under every other
-            fw.layout.xaxis.title.text = MICROBATCH_KEY.format(example=_label_example(sim.spans))
+            fw.layout.xaxis.title.text = microbatch_key(sim.spans)
         theory = theoretical_bubble(name, p, m, v)
         # Python's part only: the browser draws the bars after this (MAX_DRAWN keeps that short)
         app.last_update_ms = (time.perf_counter() - started) * 1e3
