@@ -26,6 +26,7 @@ from paralab.cli_args import (
     EXIT_SIGPIPE,
     OneLineErrors,
     add_training_args,
+    attach_negative_lists,
     build_config,
     int_list,
     json_text,
@@ -305,7 +306,7 @@ def cmd_nodes(args) -> int:
     for option, count in (("--nnodes", args.nnodes), ("--nproc-per-node", args.nproc_per_node)):
         check_int(option, count, low=1)
     run_args = args.run_args[1:] if args.run_args[:1] == ["--"] else args.run_args
-    parsed = build_parser().parse_args(["run", *run_args])
+    parsed = build_parser().parse_args(["run", *attach_negative_lists(run_args)])
     refuse_run_flags_nodes_sets(parsed)
     cfg = config_from_args(parsed)
     # the run's own --trace, --report, --profile and nodes' --trace-dir: before any agent starts
@@ -374,7 +375,7 @@ def _subcommands():
 
 def main(argv: list[str] | None = None) -> int:
     """Run a command; a ConfigError anywhere is exit 2 (nothing started), a RunError exit 1."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(attach_negative_lists(sys.argv[1:] if argv is None else argv))
     with _warnings_in_one_line():
         return _run_command(args)
 

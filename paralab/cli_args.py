@@ -88,6 +88,23 @@ def said_as_flags(message: str, parser: argparse.ArgumentParser) -> str:
     return message
 
 
+LIST_STARTING_WITH_MINUS = re.compile(r"-\d+(,-?\d+)+")
+
+
+def attach_negative_lists(argv: list[str]) -> list[str]:
+    """``argv`` with a list that starts with a minus sign (``--stage-layers -1,5``) attached to its flag
+    (``--stage-layers=-1,5``): argparse takes ``-1,5`` for a flag of its own and would say only that
+    the flag "expected one argument", where the list's own check says what is wrong with it."""
+    joined: list[str] = []
+    for word in argv:
+        if joined and joined[-1].startswith("--") and "=" not in joined[-1] \
+                and LIST_STARTING_WITH_MINUS.fullmatch(word):
+            joined[-1] += "=" + word
+        else:
+            joined.append(word)
+    return joined
+
+
 def int_list(text: str) -> list[int]:
     """An argument of whole numbers separated by commas (--stage-layers 1,3,3,1)."""
     try:

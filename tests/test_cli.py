@@ -326,6 +326,19 @@ def test_unparseable_arguments_exit_2_in_one_line(capsys, argv, message):
     assert f"(see paralab {argv[0]} --help)" in err
 
 
+@pytest.mark.parametrize("argv", [
+    ["run", "--strategy", "pp", "--world-size", "2", "--stage-layers", "-1,5"],
+    ["simulate", "--model", "gpt3-125m", "--pp", "2", "--stage-layers", "-1,13"],
+    ["nodes", "--nnodes", "2", "--", "--strategy", "pp", "--stage-layers", "-1,5"],
+])
+def test_a_list_starting_with_a_minus_is_the_flags_value(capsys, argv):
+    """argparse alone reads -1,5 as a flag and says only "expected one argument"; the list's own check
+    says what is wrong with it, before any process starts."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "invalid configuration: --stage-layers -1," in err and err.count("\n") == 1, err
+
+
 @pytest.mark.parametrize("command", ["run", "nodes", "elastic", "bench", "simulate", "plan", "import"])
 def test_help_says_every_flags_default(capsys, command):
     """Each flag says what it does, and its default where one applies (not None, False or "")."""
