@@ -46,7 +46,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from paralab.cli_args import below_one
+from paralab.cli_args import below_one, json_text
 from paralab.config import ConfigError, finite_number
 from paralab.outputs import check_file
 from paralab.profiling import METADATA_KEY, MOMENTS, PREFIX, marked, parse_label
@@ -661,6 +661,8 @@ def add_import_args(parser) -> None:
                         help="torch.profiler traces, one per rank (.json or .json.gz), or their directory")
     parser.add_argument("-o", "--output", required=True, help="the paralab trace to write (JSON)")
     parser.add_argument("--chrome", action="store_true", help="write Chrome trace format instead (Perfetto)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the summary as one JSON object (warnings stay on stderr)")
     parser.add_argument("--names", choices=NAMES, default="auto",
                         help="paralab: the spans a paralab run --profile named; torch: torch's operators; "
                              "auto: paralab's names where every profile has them")
@@ -689,6 +691,9 @@ def import_main(args) -> int:
         print(f"paralab import: warning: {warning}", file=sys.stderr)
     out = trace.save_chrome(args.output) if args.chrome else trace.save(args.output)
     summary = trace.summary()
+    if args.json:
+        print(json_text(_import_json(trace, summary, out)))
+        return 0
     print(f"imported {len(trace.ranks)} rank(s), {len(trace.step_windows())} step(s), "
           f"{len(trace.spans)} spans -> {out}; median step {summary['step_time_s'] * 1e3:.1f} ms")
     for line in _comm_lines(summary, set(trace.meta.get("bytes_unknown_ops", []))):
@@ -696,6 +701,20 @@ def import_main(args) -> int:
     if "memory_note" in trace.meta:
         print(f"  memory: {trace.meta['memory_note']}")
     return 0
+
+
+def _import_json(trace: Trace, summary: dict, out) -> dict:
+    """What ``paralab import --json`` prints: the summary under the keys ``paralab run --json`` gives
+    the same figures (``step_time_s``, ``comm_bytes``, ``peak_memory_bytes`` where a GPU's profile
+    holds one), and what only an import can say: ops whose bytes some rank left unsized (profiled
+    without record_shapes), its warnings, and its memory by profiled rank with the note that names it."""
+    meta = trace.meta
+    memory = {key: meta[key] for key in ("peak_memory_bytes", "memory_ranks", "memory_by_kind", "memory_note")
+              if key in meta}
+    return {"ranks": len(trace.ranks), "steps": len(trace.step_windows()), "spans": len(trace.spans),
+            "trace": str(out), **summary, **memory,
+            "comm_bytes_unknown": sorted(meta.get("bytes_unknown_ops", [])),
+            "warnings": list(meta.get("warnings", []))}
 
 
 def _check_import_args(args) -> None:

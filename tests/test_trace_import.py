@@ -283,6 +283,20 @@ def test_gpu_fixture_summary_overlap_and_memory(gpu_trace):
     assert gpu_trace.meta["memory_by_kind"] == [{"allocated": 3 << 20}, {"allocated": (3 << 20) + 4096}]
 
 
+def test_import_json_prints_the_summary_under_run_s_keys(gpu_trace, tmp_path, capsys):
+    """--json: the figures the text prints, for a script, under the keys paralab run --json gives them."""
+    out = tmp_path / "t.json"
+    assert cli_main(["import", str(GPU_FIXTURE), "-o", str(out), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)  # one object, nothing else on stdout
+    summary = gpu_trace.summary()
+    assert (got["ranks"], got["steps"], got["trace"]) == (2, 2, str(out))
+    assert got["step_time_s"] == pytest.approx(summary["step_time_s"])
+    assert got["comm_bytes"] == summary["comm_bytes"] and got["comm_bytes"]["all_reduce"] > 0
+    assert got["per_rank"]["0"]["exposed_comm_s"] == pytest.approx(185e-6)
+    assert got["memory_by_kind"] == [{"allocated": 3 << 20}, {"allocated": (3 << 20) + 4096}]
+    assert got["comm_bytes_unknown"] == [] and got["warnings"] == []
+
+
 def test_memory_of_some_ranks_is_drawn_under_their_own_numbers():
     """Profiling only some ranks (the last pipeline stage, say) is common: rank 1's memory is r1's."""
     trace = import_profile([GPU_FIXTURE / "rank1.json.gz"])
