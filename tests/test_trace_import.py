@@ -721,7 +721,8 @@ def test_only_the_ops_left_unsized_are_said_to_leave_ranks_out():
 
 def test_paralab_clock_is_the_least_delayed_range():
     """A range opens after the recorder read its clock, by a delay that varies (here 5 us, 2 ms,
-    40 us): the offset is the smallest start - clock, so no span lands before its clock read."""
+    40 us): the offset is the smallest start - clock, and each span starts at its clock, where
+    paralab's own trace starts it (the range opened 2 ms late had made that span 2 ms short)."""
     opened = [(0.010, 5e-6), (0.020, 2e-3), (0.030, 40e-6)]  # (clock, delay)
     host = [Event(f"paralab step:step step={i} clock={clock:.6f}", "user_annotation", 1, 1,
                   100.0 + clock + delay, 100.0 + clock + delay + 5e-3, {})
@@ -729,7 +730,8 @@ def test_paralab_clock_is_the_least_delayed_range():
     profile = RankProfile(Path("r0.json"), 0, 1, "h", 0, {}, host_events=host)
     spans, offset = paralab_spans(profile, 0)
     assert offset == pytest.approx(100.0 + 5e-6)
-    assert [s.start - offset for s in spans] == pytest.approx([0.010, 0.020 + 2e-3 - 5e-6, 0.030 + 35e-6])
+    assert [s.start - offset for s in spans] == pytest.approx([0.010, 0.020, 0.030])
+    assert [s.end - s.start for s in spans] == pytest.approx([5e-3, 5e-3 + 2e-3 - 5e-6, 5e-3 + 35e-6])
 
 
 # ------------------------------------------------------------------------------------------ real runs
