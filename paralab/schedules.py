@@ -59,6 +59,7 @@ _COUNTERPART = {
     RECV_BACKWARD: (SEND_BACKWARD, +1),
 }
 Key = tuple[str, int, int]  # (op, stage, microbatch): names one action of a complete schedule
+Crossing = tuple[str, int]  # (op, peer rank) of the recv or send that carries a pass's data across ranks
 
 
 class ScheduleError(ValueError):
@@ -97,10 +98,6 @@ class Action:
             return f"{PASS_LETTERS[self.op]}{self.microbatch}@s{self.stage}"
         letter = "F" if self.op.endswith("forward") else "B"
         return f"{self.op} {letter}{self.microbatch}@s{self.stage}"
-
-
-def key_of(action: Action) -> Key:
-    return (action.op, action.stage, action.microbatch)
 
 
 @dataclass
@@ -338,7 +335,8 @@ def _zbv(p: int, m: int, stage_to_rank: list[int], pass_times: tuple[float, floa
     for chunk 1's forwards (an eager chunk 0 can fill a rank's limit and hold up the V's return).
     The rules after the first are not tried once one ends at the bound no order beats: the last
     rank's work after the p - 1 forwards it waits for. Pass times that stall every search get the
-    order found for equal times.
+    order found for equal times. The searches name passes by their keys; only the order kept becomes
+    :class:`Action` objects (making one costs about as much as choosing it).
     """
     t_f, t_bi, t_w = pass_times
     bound = (p - 1) * t_f + 2 * m * (t_f + t_bi + t_w)
@@ -349,15 +347,17 @@ def _zbv(p: int, m: int, stage_to_rank: list[int], pass_times: tuple[float, floa
         if (order := _zbv_list_order(p, m, stage_to_rank, pass_times, forward_first, reserve)) is not None:
             found.append(order)
     if found:
-        return min(found, key=lambda order_and_end: order_and_end[1])[0]
+        fastest = min(found, key=lambda order_and_end: order_and_end[1])[0]
+        return [[Action(*key) for key in order] for order in fastest]
     if pass_times == UNIT_PASSES:
         raise AssertionError(f"ZB-V's list scheduling stalled at p={p}, m={m} with equal passes")
     return _zbv(p, m, stage_to_rank)
 
 
 def _zbv_list_order(p: int, m: int, stage_to_rank: list[int], pass_times: tuple[float, float, float],
-                    forward_first: bool, reserve: int) -> tuple[list[list[Action]], float] | None:
-    """ZB-V's order by list scheduling, and when it ends; None if the search stalls.
+                    forward_first: bool, reserve: int) -> tuple[list[list[Key]], float] | None:
+    """ZB-V's order by list scheduling, as the keys of each rank's passes, and when it ends; None if
+    the search stalls.
 
     Whenever a rank is free it runs one of the passes whose inputs are ready, an F only while it
     holds fewer than 2p chunk activations (p whole-rank activations: 1F1B's first-rank peak),
@@ -367,49 +367,83 @@ def _zbv_list_order(p: int, m: int, stage_to_rank: list[int], pass_times: tuple[
     stages first. Consecutive passes of a stage run their microbatches in order. Some pass times
     stall a search (on two ranks, a W much shorter than Bi lets a rank fill its limit with forwards
     that the V's turn, on the same rank, then cannot pass).
+
+    Kept linear in the 6pm passes with a small constant, as :func:`_zbv` runs it up to three times a
+    build (18,432 passes each at p = 16, m = 192, a 1,024-GPU shape): each stage runs its F, Bi and W
+    in microbatch order, so a rank only ever chooses among the next pass of each kind on each of its
+    two stages, and whether one is ready is a look-up of when the passes it reads end, kept in a list
+    per stage and kind.
     """
     num_stages, limit = 2 * p, 2 * p
-    next_mb = {(op, s): 0 for s in range(num_stages) for op in (FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)}
-    finished: dict[Key, int] = {}
-    orders: list[list[Action]] = [[] for _ in range(p)]
-    alive, free_at = [0] * p, [0] * p
-    rank_of_priority = {BACKWARD_INPUT: 0, FORWARD: 1, BACKWARD_WEIGHT: 2}
-    duration = dict(zip((FORWARD, BACKWARD_INPUT, BACKWARD_WEIGHT), pass_times, strict=True))
-    owned = [[(op, s) for (op, s) in next_mb if stage_to_rank[s] == rank] for rank in range(p)]
-    running: list[tuple[float, int, int]] = []  # (end, rank, stage) of each pass under way
+    last_stage = num_stages - 1
+    t_forward, t_input_grad, t_weight = pass_times
+    # When each F and Bi ends, by stage then microbatch (inf until placed): what the passes that read
+    # them wait for. Nothing reads a W.
+    forward_end = [[math.inf] * m for _ in range(num_stages)]
+    input_grad_end = [[math.inf] * m for _ in range(num_stages)]
+    # the microbatch each stage's next F, Bi and W is for
+    next_forward, next_input_grad, next_weight = [0] * num_stages, [0] * num_stages, [0] * num_stages
+    # A rank's stages, deepest first: of two passes of one kind for the same microbatch the deeper
+    # stage's runs, so a later stage replaces an earlier pick only with a smaller microbatch.
+    stages_deepest_first = [sorted((s for s in range(num_stages) if stage_to_rank[s] == rank), reverse=True)
+                            for rank in range(p)]
+    # a forward of the stage runs only while its rank holds fewer activations than this
+    forward_room = [limit - reserve if s < p else limit for s in range(num_stages)]
+    # the ranks whose passes the end of a pass of the stage can make ready: its own and its neighbours'
+    wakes = [{stage_to_rank[n] for n in (s - 1, s, s + 1) if 0 <= n < num_stages} for s in range(num_stages)]
+    orders: list[list[Key]] = [[] for _ in range(p)]
+    alive, free_at = [0] * p, [0.0] * p
+    running: list[tuple[float, int]] = []  # (end, stage) of each pass under way
     t, woken, left = 0.0, set(range(p)), 3 * num_stages * m
     while left:
         # only a rank whose pass just ended, or whose neighbour's did, can have a new pass ready
         for rank in sorted(woken):
             if free_at[rank] > t:
                 continue
-            inputs_ready = [
-                a
-                for a in (Action(op, s, next_mb[(op, s)]) for (op, s) in owned[rank] if next_mb[(op, s)] < m)
-                if all(finished.get(d, math.inf) <= t for d in _data_deps(a, num_stages, BACKWARD_INPUT))
-            ]
-            ready = [a for a in inputs_ready
-                     if a.op != FORWARD or alive[rank] < (limit - reserve if a.stage < p else limit)]
-            if not ready:
+            # the ready pass of each kind that runs first, by its key
+            forward = input_grad = weight = None
+            forward_inputs_ready = False  # an F has its input, whether or not the memory lets it run
+            for s in stages_deepest_first[rank]:
+                mb = next_forward[s]
+                if mb < m and (s == 0 or forward_end[s - 1][mb] <= t):
+                    forward_inputs_ready = True
+                    if alive[rank] < forward_room[s] and (forward is None or mb < forward[2]):
+                        forward = (FORWARD, s, mb)
+                mb = next_input_grad[s]
+                if (mb < m and forward_end[s][mb] <= t and (s == last_stage or input_grad_end[s + 1][mb] <= t)
+                        and (input_grad is None or mb < input_grad[2])):
+                    input_grad = (BACKWARD_INPUT, s, mb)
+                mb = next_weight[s]
+                if mb < m and input_grad_end[s][mb] <= t and (weight is None or mb < weight[2]):
+                    weight = (BACKWARD_WEIGHT, s, mb)
+            if forward_first and forward_inputs_ready:
+                # an F the memory allows before anything, else a W to free the memory an F waits for
+                chosen = forward or weight or input_grad
+            else:
+                chosen = input_grad or forward or weight
+            if chosen is None:
                 continue
-            priority = rank_of_priority
-            if forward_first and any(a.op == FORWARD for a in inputs_ready):
-                held_back = not any(a.op == FORWARD for a in ready)
-                priority = {**rank_of_priority, (BACKWARD_WEIGHT if held_back else FORWARD): -1}
-            action = min(ready, key=lambda a: (priority[a.op], a.microbatch, -a.stage))
-            orders[rank].append(action)
-            next_mb[(action.op, action.stage)] += 1
-            finished[key_of(action)] = free_at[rank] = t + duration[action.op]
-            heapq.heappush(running, (free_at[rank], rank, action.stage))
-            alive[rank] += (action.op == FORWARD) - (action.op == BACKWARD_WEIGHT)
+            orders[rank].append(chosen)
+            op, stage, mb = chosen
+            if op == FORWARD:
+                next_forward[stage] += 1
+                end = forward_end[stage][mb] = t + t_forward
+                alive[rank] += 1
+            elif op == BACKWARD_INPUT:
+                next_input_grad[stage] += 1
+                end = input_grad_end[stage][mb] = t + t_input_grad
+            else:
+                next_weight[stage] += 1
+                end = t + t_weight
+                alive[rank] -= 1
+            free_at[rank] = end
+            heapq.heappush(running, (end, stage))
             left -= 1
         if not running:  # passes left and none under way: stalled
             return None
         t, woken = running[0][0], set()
         while running and running[0][0] == t:  # the next passes to end
-            _, rank, stage = heapq.heappop(running)
-            woken.update(stage_to_rank[s] for s in (stage - 1, stage, stage + 1) if 0 <= s < num_stages)
-            woken.add(rank)
+            woken |= wakes[heapq.heappop(running)[1]]
     return orders, max(free_at)
 
 
@@ -491,8 +525,9 @@ def _dualpipev(p: int, m: int, rank: int) -> list[Action]:
     return order
 
 
-def _data_deps(action: Action, num_stages: int, grad_op: str) -> list[Key]:
-    """The computes whose results a compute reads (``grad_op``: the pass that makes input grads).
+def _data_deps(action: Action, num_stages: int, grad_op: str | None) -> list[Key]:
+    """The computes whose results a compute reads (``grad_op``: the pass that makes input grads,
+    None where the caller tells it per microbatch).
 
     A forward reads the previous stage's output; a backward (or Bi) reads its own forward's stored
     activation and the next stage's input gradient; W reads what its Bi left.
@@ -530,29 +565,42 @@ def _with_p2p(order: list[Action], stage_to_rank: list[int]) -> list[Action]:
     that is itself consistent deadlock-free under buffered sends. An overlapped slot (F, then a
     backward marked ``overlapped``) receives both inputs before it and sends both outputs after it.
     """
-    num_stages = len(stage_to_rank)
+    crossings = _crossings(tuple(stage_to_rank))
     out: list[Action] = []
     for i, action in enumerate(order):
         if action.overlapped:
             continue  # placed with the forward it shares a slot with
-        slot = [action] + ([order[i + 1]] if i + 1 < len(order) and order[i + 1].overlapped else [])
-        out += [a for a in map(lambda a: _p2p_of(a, stage_to_rank, num_stages, receive=True), slot) if a]
+        slot = (action, order[i + 1]) if i + 1 < len(order) and order[i + 1].overlapped else (action,)
+        for a in slot:
+            if recv := crossings[(a.op, a.stage)][0]:
+                out.append(Action(recv[0], a.stage, a.microbatch, recv[1]))
         out += slot
-        out += [a for a in map(lambda a: _p2p_of(a, stage_to_rank, num_stages, receive=False), slot) if a]
+        for a in slot:
+            if send := crossings[(a.op, a.stage)][1]:
+                out.append(Action(send[0], a.stage, a.microbatch, send[1]))
     return out
 
 
-def _p2p_of(action: Action, stage_to_rank: list[int], num_stages: int, receive: bool) -> Action | None:
-    """The recv before ``action`` (``receive``) or the send after it, when its data crosses ranks."""
-    rank = stage_to_rank[action.stage]
-    other = _input_stage(action, num_stages) if receive else _output_stage(action, num_stages)
-    if other is None or stage_to_rank[other] == rank:
-        return None
-    if receive:
-        op = RECV_FORWARD if action.op == FORWARD else RECV_BACKWARD
-    else:
-        op = SEND_FORWARD if action.op == FORWARD else SEND_BACKWARD
-    return Action(op, action.stage, action.microbatch, stage_to_rank[other])
+@lru_cache(maxsize=64)
+def _crossings(stage_to_rank: tuple[int, ...]
+               ) -> dict[tuple[str, int], tuple[Crossing | None, Crossing | None]]:
+    """For each compute (op, stage) of a placement: the recv it needs right before it and the send
+    right after it, each as (op, peer), or None where its input (output) stays on its rank or there
+    is none. Placing the p2p actions and checking them then costs a look-up an action, not a walk
+    of the data flow (the table is shared: read-only)."""
+    num_stages = len(stage_to_rank)
+    table = {}
+    for stage, rank in enumerate(stage_to_rank):
+        for op in COMPUTE_OPS:
+            action, forward = Action(op, stage, 0), op == FORWARD
+            source, target = _input_stage(action, num_stages), _output_stage(action, num_stages)
+            recv = send = None
+            if source is not None and stage_to_rank[source] != rank:
+                recv = (RECV_FORWARD if forward else RECV_BACKWARD, stage_to_rank[source])
+            if target is not None and stage_to_rank[target] != rank:
+                send = (SEND_FORWARD if forward else SEND_BACKWARD, stage_to_rank[target])
+            table[(op, stage)] = (recv, send)
+    return table
 
 
 # ------------------------------------------------------------------------------------------- validate
@@ -568,7 +616,7 @@ def validate_schedule(schedule: Schedule) -> ScheduleReport:
     the first problem found.
     """
     _check_placement(schedule)
-    counts = Counter(key_of(a) for actions in schedule.actions for a in actions)
+    counts = Counter((a.op, a.stage, a.microbatch) for actions in schedule.actions for a in actions)
     _check_complete(schedule, counts)
     _check_pairs(schedule, counts)
     order, waits = _execution_order(schedule)
@@ -647,7 +695,7 @@ def _check_pairs(schedule: Schedule, present: Counter) -> None:
     num_stages, owner = schedule.num_stages, schedule.stage_to_rank
     for rank, actions in enumerate(schedule.actions):
         for a in actions:
-            if a.is_compute:
+            if a.op in COMPUTE_OPS:
                 continue
             op, offset = _COUNTERPART[a.op]
             neighbour = a.stage + offset
@@ -664,27 +712,15 @@ def _check_pairs(schedule: Schedule, present: Counter) -> None:
                 )
             if (op, neighbour, a.microbatch) not in present:
                 raise ScheduleError(f"rank {rank}: {a} has no matching {op} on rank {a.peer}")
+    crossings = _crossings(tuple(owner))  # the recv before and the send after each compute, if remote
     for rank, actions in enumerate(schedule.actions):
         for a in actions:
-            if a.is_compute:
-                for needed in _remote_edges(a, owner, num_stages):
-                    if needed not in present:
+            if a.op in COMPUTE_OPS:
+                for crossing in crossings[(a.op, a.stage)]:
+                    if crossing and (needed := (crossing[0], a.stage, a.microbatch)) not in present:
                         raise ScheduleError(
                             f"rank {rank}: {a} needs {_describe(needed)}, which rank {rank} never issues"
                         )
-
-
-def _remote_edges(action: Action, owner: list[int], num_stages: int) -> list[Key]:
-    """The recv before and the send after ``action`` that cross-rank data flow requires."""
-    rank, edges = owner[action.stage], []
-    forward = action.op == FORWARD
-    src = _input_stage(action, num_stages)
-    if src is not None and owner[src] != rank:
-        edges.append((RECV_FORWARD if forward else RECV_BACKWARD, action.stage, action.microbatch))
-    dst = _output_stage(action, num_stages)
-    if dst is not None and owner[dst] != rank:
-        edges.append((SEND_FORWARD if forward else SEND_BACKWARD, action.stage, action.microbatch))
-    return edges
 
 
 def dependencies_of(schedule: Schedule) -> Callable[[Action], list[Key]]:
@@ -692,33 +728,40 @@ def dependencies_of(schedule: Schedule) -> Callable[[Action], list[Key]]:
 
     A compute waits for the computes it reads (:func:`_data_deps`), through the recv on its own rank
     when the producer is remote; a send waits for the compute that made its tensor, and a recv for
-    the matching send. Built once per schedule, so looking up one action costs O(1).
+    the matching send. Built once per schedule (whose stages are checked to exist), so looking up one
+    action costs a look-up in a table of what each (op, stage) waits for.
     """
-    owner, num_stages = schedule.stage_to_rank, schedule.num_stages
     split = schedule.split_backwards
-
-    def grad_op(stage: int, mb: int) -> str:  # the pass that makes the input gradient of (stage, mb)
-        return BACKWARD_INPUT if (stage, mb) in split else BACKWARD
+    waits_of = _dependency_table(tuple(schedule.stage_to_rank))
 
     def waits_for(action: Action) -> list[Key]:
-        s, mb = action.stage, action.microbatch
-        if action.op in (RECV_FORWARD, RECV_BACKWARD):
-            op, offset = _COUNTERPART[action.op]
-            return [(op, s + offset, mb)]
-        if action.op == SEND_FORWARD:
-            return [(FORWARD, s, mb)]
-        if action.op == SEND_BACKWARD:
-            return [(grad_op(s, mb), s, mb)]
-        deps = []
-        next_grad = grad_op(s + 1, mb) if s + 1 < num_stages else BACKWARD
-        for op, stage, _ in _data_deps(action, num_stages, next_grad):
-            if owner[stage] == owner[s]:
-                deps.append((op, stage, mb))
-            else:
-                deps.append((RECV_FORWARD if op == FORWARD else RECV_BACKWARD, s, mb))
-        return deps
+        mb = action.microbatch
+        # an op of None: the pass that makes the input gradient of (stage, mb), Bi where it is split
+        return [(op or (BACKWARD_INPUT if (stage, mb) in split else BACKWARD), stage, mb)
+                for op, stage in waits_of[(action.op, action.stage)]]
 
     return waits_for
+
+
+@lru_cache(maxsize=64)
+def _dependency_table(stage_to_rank: tuple[int, ...]) -> dict[tuple[str, int], tuple]:
+    """What an action of each (op, stage) waits for, as (op, stage) pairs of its own microbatch; an op
+    of None stands for the pass that makes that stage's input gradient, which only the microbatch
+    can tell (Bi where its backward is split, else B). Shared: read-only."""
+    num_stages, table = len(stage_to_rank), {}
+    for s, rank in enumerate(stage_to_rank):
+        for op in (RECV_FORWARD, RECV_BACKWARD):
+            send, offset = _COUNTERPART[op]
+            table[(op, s)] = ((send, s + offset),)
+        table[(SEND_FORWARD, s)] = ((FORWARD, s),)
+        table[(SEND_BACKWARD, s)] = ((None, s),)
+        for op in COMPUTE_OPS:  # the passes it reads, through the recv on its own rank where remote
+            table[(op, s)] = tuple(
+                (read, stage) if stage_to_rank[stage] == rank
+                else (RECV_FORWARD if read == FORWARD else RECV_BACKWARD, s)
+                for read, stage, _ in _data_deps(Action(op, s, 0), num_stages, None)
+            )
+    return table
 
 
 def _execution_order(schedule: Schedule) -> tuple[list[tuple[int, int]], list[tuple[int, ...]]]:
@@ -736,6 +779,7 @@ def _execution_order(schedule: Schedule) -> tuple[list[tuple[int, int]], list[tu
     blocked_on: dict[int, tuple[Key, list[Key]]] = {}  # the key a rank waits for, and all it needs
     order: list[tuple[int, int]] = []
     waits: list[tuple[int, ...]] = []
+    position_of = done.__getitem__
     ready = deque(schedule.ranks)
     while ready:
         rank = ready.popleft()
@@ -745,13 +789,17 @@ def _execution_order(schedule: Schedule) -> tuple[list[tuple[int, int]], list[tu
             action = actions[index]
             if needs is None:
                 needs = waits_for(action)
-            missing = next((d for d in needs if d not in done), None) if needs else None
+            missing = None
+            for key in needs:
+                if key not in done:
+                    missing = key
+                    break
             if missing is not None:
                 waiting.setdefault(missing, []).append(rank)
                 blocked_on[rank] = (missing, needs)
                 break
-            key = key_of(action)
-            waits.append(tuple([done[d] for d in needs]))
+            key = (action.op, action.stage, action.microbatch)
+            waits.append(tuple(map(position_of, needs)))
             done[key] = len(order)
             order.append((rank, index))
             index += 1
