@@ -229,6 +229,30 @@ def test_a_cp_runs_mfu_is_against_the_rated_peak_and_counts_only_the_layers_reco
     assert cost.predict(model, p, capped, False).step_time_s > cost.predict(model, p, H100, False).step_time_s
 
 
+def test_hardware_flops_count_the_attention_the_split_prices():
+    """A cp step's time prices what counting.flops_per_step of the unsplit run does not count: selective
+    recompute reruns a fused core across the split, and a ring step reruns a standard core's forward in
+    backward. Hardware FLOPs had left both out: 131,072 tokens on cp 8 stepped 6.88 -> 8.22 s under
+    selective recompute at 1.7332e17 FLOPs either way (HFU 0.398 -> 0.333), and a standard core's ring
+    counted the all-to-all's FLOPs though it runs one forward a layer more."""
+    model = LLAMA.replace(seq=131072)
+    p = spec(tp=8, sequence_parallel=True, cp=8, global_batch=8)
+    none, selective = (cost.predict(model, p.replace(recompute=r), H100, simulate=False)
+                       for r in ("none", "selective"))
+    causal_half = 4 * 8 * model.seq**2 * model.hidden / 2  # one fused core's forward over 8 sequences
+    assert selective.hardware_flops_per_step - none.hardware_flops_per_step == pytest.approx(
+        model.layers * causal_half)
+    assert selective.hfu == pytest.approx(none.hfu, rel=0.02)
+    standard = LLAMA.replace(seq=32768, attention="standard")
+    for recompute in ("none", "selective"):
+        ring, alltoall = (cost.predict(standard, spec(tp=2, sequence_parallel=True, cp=4, cp_mode=mode,
+                                                      recompute=recompute), H100, simulate=False)
+                          for mode in ("ring", "alltoall"))
+        whole_square = 4 * standard.seq**2 * standard.hidden  # one standard core's forward, one sequence
+        assert ring.hardware_flops_per_step - alltoall.hardware_flops_per_step == pytest.approx(
+            standard.layers * whole_square)
+
+
 def test_the_planner_takes_cp_for_long_sequences_and_says_why():
     model = LLAMA.replace(seq=131072)
     ranked = planner.plan(model, 64, H100, global_batch=8, top=3)

@@ -119,6 +119,13 @@ def test_a_hardware_file_changes_the_entries_it_names_of_its_bases_tables(tmp_pa
     from paralab.sim.presets import get_model
 
     assert no_fp8.problems_for(get_model("llama3-8b").replace(fp8=True))
+    # a part without a bf16 peak refuses a bf16 model, as one without FP8 refuses FP8 GEMMs: it had been
+    # priced at the fp32 peak (15.7 TFLOP/s where the part computes 125 in fp16), silently
+    no_bf16 = load_hardware_file(write(tmp_path, {"base": "a100",
+                                                  "peak_tflops": {"bf16": None, "fp16": 125, "fp32": 15.7}}))
+    assert no_bf16.problems_for(get_model("llama3-8b")) == [
+        "a bf16 model needs hardware with a bf16 peak; part lists fp16, fp32"]
+    assert not no_bf16.problems_for(get_model("llama3-8b").replace(dtype="fp16"))
     whole = {k: v for k, v in dataclasses.asdict(PRESETS["a100"]).items() if k != "peak_flops"}
     with pytest.raises(SpecError, match="peak_flops must be an object of finite numbers"):
         load_hardware_file(write(tmp_path, {**whole, "peak_tflops": {"fp32": None}}))  # no base to drop from
@@ -158,7 +165,14 @@ def test_a_hardware_file_may_give_every_field_in_si_units(tmp_path):
         ({"base": "h100", "oversubscription": 0.5}, "oversubscription must be >= 1"),
         ({**dataclasses.asdict(PRESETS["a100"]), "peak_tflops": {"fp32": 10}},
          "peak_flops is given twice (peak_flops and peak_tflops)"),
-        ({**dataclasses.asdict(PRESETS["a100"]), "peak_flops": {"bf16": 1e15}}, "needs an fp32 entry"),
+        # a dtype no model trains in was ignored, silently (its GEMMs priced at the base's peak)
+        ({"base": "h100", "peak_tflops": {"bfloat16": 500}},
+         "peak_flops (a file's peak_tflops): unknown dtype(s) bfloat16; dtypes: bf16, fp16, fp32, fp8"),
+        ({"base": "h100", "peak_tflops": {"int8": 3958}}, "unknown dtype(s) int8"),
+        # 500% had been taken: the slowest of 1,000 GPUs at 17 times the mean's time
+        ({"base": "h100", "straggler_cv": 5}, "straggler_cv is the spread of one GPU's compute speed "
+         "(standard deviation over the mean) in [0, 0.1]"),
+        ({"base": "h100", "straggler_cv": -0.01}, "in [0, 0.1]"),
         # one field under two keys, one of which would silently win; a share of no line rate; a number
         ({"base": "h100", "memory_gib": 80, "memory_bytes": 90e9},
          "memory_bytes is given twice (memory_gib and memory_bytes)"),

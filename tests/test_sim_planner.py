@@ -274,3 +274,30 @@ def test_a_runner_up_that_computes_more_is_not_blamed_on_recompute_it_shares():
     assert "mainly more compute per step from smaller GEMMs (" in planner.explain([whole, split])[1]
     assert ("mainly more compute per step from recompute full (the winner's: none) or smaller GEMMs ("
             in planner.explain([whole, full])[1])
+
+
+def test_the_planner_offers_sequence_parallelism_only_where_tp_divides_the_sequence():
+    """It turns sequence parallelism on with tp > 1 where tp divides the sequence (each cp slice of it),
+    and runs tp without it elsewhere: at 8,191 tokens it had proposed layouts that cannot run."""
+    h100 = get_hardware("h100")
+    for seq, gpus in ((8191, 8), (32772, 64)):  # 32,772 tokens: cp 2 slices of 16,386, tp 8 does not divide
+        model = get_model("llama3-8b").replace(seq=seq)
+        specs = list(planner.candidates(model, gpus, h100, 64))
+        assert any(p.tp > 1 and not p.sequence_parallel for p in specs)
+        assert not [p for p in specs if p.sequence_parallel and seq % (p.tp * p.cp)]
+    assert any(p.sequence_parallel and p.cp > 1 for p in specs)  # where tp divides the slice, it stays on
+    ranked = planner.plan(get_model("llama3-8b").replace(seq=8191), 8, h100, top=3)
+    assert ranked and not any(p.parallel.problems(get_model("llama3-8b").replace(seq=8191)) for p in ranked)
+
+
+def test_a_winner_whose_recompute_is_its_largest_loss_is_told_so_and_why():
+    """Llama 3 405B on 512 H100s wins with full recompute, which memory forces (534.6 GiB per GPU without
+    it) and which takes 24% of its step: it had been said to lose most to data-parallel communication
+    (3% of the step), as the breakdown counts the rerun as compute."""
+    model, h100 = get_model("llama3-405b"), get_hardware("h100")
+    ranked = planner.plan(model, 512, h100, top=1)
+    assert ranked[0].parallel.recompute == "full"
+    winner = planner.explain(ranked, model, h100)[0]
+    assert ("its largest loss is recompute full, the forward run again in backward (24% of the step, "
+            "10.9 s), which memory forces: without it this layout needs 534.6 GiB per GPU, over the 71.7 GiB "
+            "usable.") in winner

@@ -96,3 +96,21 @@ def test_values_of_the_wrong_kind_or_sign_are_named_before_anything_computes_wit
     with pytest.raises(SpecError) as refused:
         cost.predict(model, ParallelSpec(**parallel), H100)
     assert str(refused.value).startswith(message)
+
+
+@pytest.mark.parametrize("seq, tp, cp, message", [
+    (8191, 2, 1, "sequence parallelism splits each sequence over tp: tp 2 does not divide its 8191 tokens"),
+    (32772, 8, 2, "sequence parallelism splits each sequence (each cp slice) over tp: tp 8 x cp 2 = 16 does "
+                  "not divide its 32772 tokens"),
+])
+def test_sequence_parallelism_needs_tp_to_divide_each_slice_of_the_sequence(seq, tp, cp, message, capsys):
+    """It splits the sequence (each cp slice of it) over the tp ranks: 8,191 tokens over tp 2 had been
+    priced as 4,095.5 a rank, exit 0."""
+    model = get_model("llama3-8b").replace(seq=seq)
+    p = ParallelSpec(dp=4, tp=tp, cp=cp, global_batch=4, sequence_parallel=True)
+    assert message in p.problems(model)
+    assert not p.replace(sequence_parallel=False).problems(model)
+    assert main(["simulate", "--model", "llama3-8b", "--seq", str(seq), "--gpus", str(4 * tp * cp), "--tp",
+                 str(tp), "--cp", str(cp), "--sequence-parallel", "--global-batch", "4"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

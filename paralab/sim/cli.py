@@ -3,10 +3,12 @@
 Both print a short report, or one JSON object with ``--json`` (keys as the project design fixes
 them, plus ``model_flops_per_step``, ``hardware_flops_per_step``, ``hfu``). ``simulate`` always
 prints its prediction once the configuration can be built, and exits 0: one that does not fit in
-memory says so (``fits: false``, by how much it is over, and the layouts that fit on the same GPUs).
+memory says so (``fits: false``, by how much it is over, and the layouts that fit on the same GPUs),
+and ``notes`` say what its numbers could be misread for (MFU above HFU, a cp split that saves nothing).
 Input that cannot describe a run (degrees that do not divide, an unknown preset or hardware, a bad
-hardware file) prints what is wrong, and what would fit, on one line of stderr and returns 2; so
-does ``plan`` when nothing fits, saying why.
+hardware file) prints what is wrong, and what would fit, on one line of stderr and returns 2. ``plan``
+with nothing that fits has an answer, not an invalid request: it says why on stdout (with ``--json``,
+an empty ``ranked`` and the ``reason``) and returns 0.
 """
 
 from __future__ import annotations
@@ -349,7 +351,8 @@ def simulate_main(args) -> int:
     out.update(model=model.name, shape=_shape(model), hardware=hw.name, gpus=gpus,
                config=planner.describe(pred.parallel),
                pipeline_passes=cost.pipeline_passes(pred.parallel), **_degrees(pred.parallel),
-               stage_imbalance=cost.stage_imbalance(model, pred.parallel, hw))
+               stage_imbalance=cost.stage_imbalance(model, pred.parallel, hw),
+               notes=[note for note in (_mfu_note(pred, hw), _cp_micro_batch_note(pred, parallel)) if note])
     usable = cost.usable_memory(hw)
     over = max(0.0, pred.memory_bytes_per_gpu["total"] - usable)
     out.update(memory_usable_bytes=int(usable), memory_over_bytes=int(over))
@@ -363,6 +366,36 @@ def simulate_main(args) -> int:
                                                                    pred.parallel.fp32_grads)
     print(json_text(out) if args.json else _report(out))
     return 0
+
+
+def _mfu_note(pred: cost.Prediction, hw) -> str:
+    """Why MFU reads above HFU, where it does: MFU's model FLOPs count attention's whole s x s square, as
+    the published MFU figures it is compared with count it (docs/simulator.md), where a causal fused
+    kernel computes, and HFU counts, half of it; on a part whose GEMMs reach its whole peak (``local``)
+    MFU may then pass 100% (llama3-8b on 2 ranks: 101.9%, HFU 92.4%)."""
+    if pred.mfu <= pred.hfu:
+        return ""
+    beyond = (f", and, with GEMMs at {hw.matmul_max_efficiency:.0%} of {hw.name}'s peak, above 100%"
+              if pred.mfu > 1 else "")
+    return ("MFU counts attention's whole s x s square, as published MFU figures do (docs/simulator.md); "
+            f"the causal fused kernel computes half of it, which HFU counts, so MFU reads above HFU{beyond}")
+
+
+def _cp_micro_batch_note(pred: cost.Prediction, asked: ParallelSpec) -> str:
+    """Where cp took its GPUs from dp and the micro-batch was derived from the global batch, it grew cp
+    times, so each GPU holds as many tokens a microbatch as the same GPUs without cp: the split saves no
+    activation memory (llama3-8b at 131,072 tokens on 64 GPUs: 76.1 GiB at every cp); --micro-batch
+    holds it."""
+    p = pred.parallel
+    if p.cp == 1 or asked.micro_batch:
+        return ""
+    unsplit = asked.replace(dp=p.dp * p.cp, cp=1).resolved()
+    if p.micro_batch != p.cp * unsplit.micro_batch:
+        return ""
+    return (f"cp {p.cp} takes its GPUs from dp, so the micro-batch derived from the global batch is "
+            f"{p.micro_batch} sequences, {p.cp} times the {unsplit.micro_batch} these GPUs would take "
+            f"without cp: each GPU holds as many tokens a microbatch as without cp, so the split saves no "
+            f"activation memory; --micro-batch {unsplit.micro_batch} keeps it and lets the split save")
 
 
 def _shape(model: ModelSpec) -> dict[str, int]:
@@ -396,6 +429,7 @@ def _report(out: dict) -> str:
         *([f"  pipeline simulated for the microbatches whose passes fit in {cost.SIMULATED_PASSES:,} (of its "
            f"{out['pipeline_passes']:,}), each further microbatch adding the busiest rank's work"]
           if out["pipeline_pricing"] == "extended" else []),
+        *(f"  note: {note}" for note in out["notes"]),
         *([f"  parameters {out['params'] / 1e9:.1f}B, {out['active_params'] / 1e9:.1f}B active per token"]
           if out["active_params"] != out["params"] else []),
         "  memory per GPU: " + ", ".join(f"{k} {planner.bytes_text(v)}" for k, v in mem.items()),
@@ -434,15 +468,17 @@ def plan_main(args) -> int:
     if problems := hw.problems_for(model):
         return _fail("invalid model: " + "; ".join(problems))
     ranked = planner.plan(model, args.gpus, hw, args.global_batch, top=args.top, fp32_grads=args.fp32_grads)
-    if not ranked:
-        return _fail(f"nothing fits on {args.gpus} {hw.name} GPUs: "
-                     + planner.why_nothing_fits(model, args.gpus, hw, args.global_batch, args.fp32_grads))
+    answer = {"model": model.name, "gpus": args.gpus, "hardware": hw.name}
+    if not ranked:  # an answer, not an invalid request: said on stdout, exit 0
+        reason = planner.why_nothing_fits(model, args.gpus, hw, args.global_batch, args.fp32_grads)
+        print(json_text({**answer, "ranked": [], "explain": [], "reason": reason}) if args.json else
+              f"nothing fits on {args.gpus:,} {hw.name} GPUs: {reason}")
+        return 0
     sentences = planner.explain(ranked, model, hw)
     if args.json:
         rows = [dict(p.to_dict(), config=planner.describe(p.parallel), **_degrees(p.parallel))
                 for p in ranked]
-        print(json_text({"model": model.name, "gpus": args.gpus, "hardware": hw.name, "ranked": rows,
-                          "explain": sentences}))
+        print(json_text({**answer, "ranked": rows, "explain": sentences}))
         return 0
     batch = ranked[0].parallel.global_batch
     print(f"{model.name} on {args.gpus:,} {hw.name} GPUs, {batch:,} sequences of {model.seq:,} tokens a step"

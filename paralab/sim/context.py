@@ -136,12 +136,33 @@ def attention_times(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tupl
 def block_times(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, ring: bool = False
                 ) -> tuple[float, float]:
     """(forward, backward) seconds of one (s/cp x s/cp) attention block on one rank: the slice run's
-    attention (:func:`attention_times`); with ``ring`` as a ring step computes it, which recomputes a
-    standard core's scores in backward whatever the run's recompute (ring_attention.py keeps none; a
-    fused kernel's backward recomputes them anyway)."""
+    attention (:func:`attention_times`); with ``ring`` as a ring step computes it, which reruns a
+    standard core's forward in backward (:func:`ring_rescores`)."""
     sm, sp = slice_run(model, p)
     forward, backward = attention_times(sm, sp.resolved(), hw)
-    return forward, backward + (forward if ring and model.attention == "standard" else 0.0)
+    return forward, backward + (forward if ring and ring_rescores(model) else 0.0)
+
+
+def ring_rescores(model: ModelSpec) -> bool:
+    """Whether a ring step's backward reruns its tile's attention forward whatever the run's recompute:
+    over a standard core, whose scores ring_attention.py keeps none of; a fused kernel's backward
+    recomputes them anyway, inside the 2.5 forwards it is priced at."""
+    return model.attention == "standard"
+
+
+def reruns_fused_core(model: ModelSpec, p: ParallelSpec) -> bool:
+    """Whether selective recompute reruns a fused core: across the split it does (the attention is
+    checkpointed, :func:`attention_rerun`), where the unsplit model's fused core keeps nothing to
+    drop and is neither timed nor counted again (cost.layer_work, counting.flops_per_step)."""
+    return p.recompute == "selective" and model.attention != "standard"
+
+
+def core_reruns(model: ModelSpec, p: ParallelSpec) -> float:
+    """Forwards of each layer's attention core (as it runs: a causal fused kernel's half square) that a
+    cp run computes beyond what counting.flops_per_step counts of the unsplit run, as its time prices
+    them: a ring step's rerun of a standard core in backward, and selective recompute's rerun of a
+    fused core. Hardware FLOPs had left both out (HFU fell as the step grew)."""
+    return float(p.cp_mode == "ring" and ring_rescores(model)) + float(reruns_fused_core(model, p))
 
 
 def ring_step_compute(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> list[list[float]]:
@@ -328,7 +349,7 @@ def predict(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec, simulate
     return dataclasses.replace(
         base, step_time_s=step, step_window_s=base.step_window_s + added,
         tokens_per_s=p.global_batch * model.seq / step,
-        **cost.flop_rates(model, p, hw, step), memory_bytes_per_gpu=memory,
+        **cost.flop_rates(model, p, hw, step, core_reruns(model, p)), memory_bytes_per_gpu=memory,
         comm_bytes_per_gpu=comm_bytes_per_gpu(model, p),
         params=counting.parameter_counts(model)["total"], breakdown_s=breakdown, parallel=p,
         bubble_fraction=bubble / pipeline if pipeline else 0.0,
@@ -349,7 +370,7 @@ def _split_attention(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tup
     if p.recompute == "selective":
         if p.cp_mode != "ring":
             unsent = cost.collective_time(hw, "all_to_all", alltoall_payloads(model, p)[-1], p.cp, p.tp)
-        if model.attention != "standard":
+        if reruns_fused_core(model, p):
             unpriced = block_times(model, p, hw)[0]
     extra = forward + rerun * (forward + unpriced - unsent) + backward
     exposed = forward_exposed + rerun * (forward_exposed - unsent) + backward_exposed

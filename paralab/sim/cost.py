@@ -1801,13 +1801,16 @@ def _assemble(model, p: ParallelSpec, hw: HardwareSpec, times, finish, bubble: f
     )
 
 
-def flop_rates(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, step: float) -> dict[str, float]:
+def flop_rates(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, step: float,
+               core_reruns: float = 0.0) -> dict[str, float]:
     """A step's FLOPs and what they make of the GPUs: model and hardware FLOPs (recompute counted for
-    the layers it reruns), TFLOP/s per GPU, and MFU and HFU against the rated peak, so that a
-    power-capped part's lower clock shows as lower utilisation, not as a lower bar. The peak is the
-    model dtype's also when its GEMMs run in FP8, as torchtitan reports its Float8 runs: MFU then
-    compares with the same model's bf16 runs (and may pass what bf16 could reach)."""
-    flops = counting.flops_per_step(model, p.global_batch, p.recompute, counting.recompute_share(model, p))
+    the layers it reruns, and ``core_reruns`` more forwards of each attention core: see
+    :func:`paralab.sim.counting.flops_per_step`), TFLOP/s per GPU, and MFU and HFU against the rated
+    peak, so that a power-capped part's lower clock shows as lower utilisation, not as a lower bar. The
+    peak is the model dtype's also when its GEMMs run in FP8, as torchtitan reports its Float8 runs:
+    MFU then compares with the same model's bf16 runs (and may pass what bf16 could reach)."""
+    flops = counting.flops_per_step(model, p.global_batch, p.recompute, counting.recompute_share(model, p),
+                                    core_reruns)
     peak = hw.datasheet_peak(model.dtype) * (1 if hw.shared_compute else p.world_size)
     return {
         "model_flops_per_step": flops["model"],

@@ -539,7 +539,7 @@ def layers_left_whole(model: ModelSpec, p: ParallelSpec, rank: int) -> int:
 
 
 def flops_per_step(model: ModelSpec, sequences: float, recompute: str = "none",
-                   share: float = 1.0) -> dict[str, float]:
+                   share: float = 1.0, core_reruns: float = 0.0) -> dict[str, float]:
     """Model FLOPs (what the math needs) and hardware FLOPs (what runs, recompute included).
 
     Backward costs twice the forward (Narayanan et al. 2021), so model FLOPs are 3 x forward:
@@ -552,7 +552,9 @@ def flops_per_step(model: ModelSpec, sequences: float, recompute: str = "none",
     keeps nothing that selective recompute could drop, and, causal, it computes only the unmasked
     half of the score blocks: hardware FLOPs count what runs, so with such a kernel HFU can read below
     MFU, whose convention counts the whole s x s square (Narayanan et al. 2021). ``share``: the share
-    of layers full recompute reruns (:func:`recompute_share`).
+    of layers full recompute reruns (:func:`recompute_share`). ``core_reruns``: forwards of each
+    layer's attention core, as it runs, that a layout computes beyond these (context parallelism's:
+    :func:`paralab.sim.context.core_reruns`), so that hardware FLOPs count what the step's time prices.
     """
     layer = layer_forward_flops(model, sequences)
     fused = model.attention == "fused"
@@ -563,6 +565,7 @@ def flops_per_step(model: ModelSpec, sequences: float, recompute: str = "none",
     hardware = 3 * (forward_run + logits) + (0.5 * model.layers * core_run if fused else 0.0)
     selective = 0.0 if fused else 3 * model.layers * layer["attention"]
     hardware += {"none": 0.0, "full": share * forward_run, "selective": selective}[recompute]
+    hardware += core_reruns * model.layers * core_run
     return {"model": model_flops, "hardware": hardware}
 
 

@@ -5,8 +5,9 @@ Narayanan et al. 2021 advise), pp (dividing the layers, or where they do not, Me
 with lighter end stages: :func:`paralab.stage_split.megatron_split`), dp (what is left),
 micro-batch size, schedule (1F1B, ZB-H1, interleaved with v = 2 or 4, and for a mixture of experts
 DualPipeV), ZeRO stage 0..3 (with a pipeline too, as FSDP under pipelining does), recompute (none,
-selective where the attention keeps its scores, full), sequence parallelism (always on with tp > 1:
-same wire bytes, less memory and less elementwise traffic under the cost model, so it never loses),
+selective where the attention keeps its scores, full), sequence parallelism (on with tp > 1 wherever
+tp divides the sequence, or each cp slice of it: same wire bytes, less memory and less elementwise
+traffic under the cost model, so it never loses; where tp does not divide it, tp runs without it),
 for a mixture of experts ep (every power of two dividing dp and the experts: more ep holds fewer
 experts per GPU but sends more of each all-to-all across nodes) and, for long sequences (from
 paralab.sim.context.LONG_SEQUENCE tokens), context parallelism: cp taken out of what would be dp,
@@ -27,7 +28,15 @@ from collections.abc import Iterator
 
 from paralab.schedules import shape_problems
 from paralab.sim import context, cost, counting
-from paralab.sim.specs import MAX_MICROBATCHES, RECOMPUTE, HardwareSpec, ModelSpec, ParallelSpec, SpecError
+from paralab.sim.specs import (
+    MAX_MICROBATCHES,
+    RECOMPUTE,
+    HardwareSpec,
+    ModelSpec,
+    ParallelSpec,
+    SpecError,
+    sequence_parallel_divides,
+)
 from paralab.stage_split import megatron_split, split_text
 
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -74,6 +83,7 @@ def candidates(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int,
     for tp, pp, replicas in layouts(model, gpus, hw):
         for cp, cp_mode in _context_parallel(model, tp, replicas):
             dp = replicas // cp
+            sequence_parallel = tp > 1 and sequence_parallel_divides(model.seq, tp, cp)
             for mb in MICRO_BATCHES:
                 m = global_batch // (dp * mb)
                 if global_batch % (dp * mb) or m > MAX_MICROBATCHES:  # more than a step simulates
@@ -85,8 +95,8 @@ def candidates(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int,
                                 yield ParallelSpec(
                                     dp=dp, tp=tp, pp=pp, ep=ep, virtual_stages=v, schedule=schedule,
                                     microbatches=m, micro_batch=mb, global_batch=global_batch, zero=zero,
-                                    sequence_parallel=tp > 1, recompute=recompute, cp=cp, cp_mode=cp_mode,
-                                    fp32_grads=fp32_grads, **split,
+                                    sequence_parallel=sequence_parallel, recompute=recompute, cp=cp,
+                                    cp_mode=cp_mode, fp32_grads=fp32_grads, **split,
                                 )  # fmt: skip
 
 
@@ -320,21 +330,10 @@ def explain(ranked: list[cost.Prediction], model: ModelSpec | None = None,
     if not ranked:
         return []
     win = ranked[0]
-    biggest = max(LOSSES, key=lambda k: win.breakdown_s.get(k, 0.0))
-    share = win.breakdown_s.get(biggest, 0.0) / win.step_time_s
-    # losses that add up to under 1% explain nothing: what MFU misses is then in the kernels themselves
-    overheads = sum(win.breakdown_s.get(k, 0.0) for k in LOSSES) / win.step_time_s
-    rerun = " and the forward it recomputes" if win.parallel.recompute != "none" else ""
-    uneven = (_uneven_stages_text(win, model, hw) if biggest == "bubble" and model is not None
-              and hw is not None else "")
-    loss = (f"its largest loss is {LOSSES[biggest]} ({share:.0%} of the step){uneven}"
-            if overheads >= 0.01 else
-            f"it loses under 1% of the step to the bubble, communication and the optimizer together: what "
-            f"its MFU misses is in its kernels' own speed{rerun}")
     out = [
         f"Winner: {describe(win.parallel)} - {flops_text(win.tflops_per_gpu)} of hardware FLOPs per GPU "
         f"({win.hfu:.0%} HFU, {win.mfu:.0%} MFU), "
-        f"{bytes_text(win.memory_bytes_per_gpu['total'])} per GPU; {loss}."
+        f"{bytes_text(win.memory_bytes_per_gpu['total'])} per GPU; {_largest_loss(win, model, hw)}."
         + (" It counts on ZeRO-3's gathers hiding under compute, which large runs have not shown:"
            " an upper bound (docs/simulator.md)." if win.parallel.zero == 3 else "")
     ]
@@ -362,6 +361,62 @@ def explain(ranked: list[cost.Prediction], model: ModelSpec | None = None,
         memory = bytes_text(run.memory_bytes_per_gpu["total"])
         out.append(f"Runner-up: {describe(run.parallel)} - {why}, at {memory} per GPU.")
     return out
+
+
+def _largest_loss(win: cost.Prediction, model: ModelSpec | None, hw: HardwareSpec | None) -> str:
+    """The winner's largest loss, with its share of the step: one of :data:`LOSSES`, or, given the model
+    and hardware, its recompute (:func:`_without_recompute`), which the breakdown counts as compute
+    (Llama 3 405B on 512 H100s had been said to lose most to data-parallel communication, 3% of the
+    step, where full recompute takes 24% of it)."""
+    losses = {k: win.breakdown_s.get(k, 0.0) for k in LOSSES}
+    without = _without_recompute(win, model, hw)
+    if without is not None:  # what recompute adds, the layout with and without it priced alike
+        with_it = cost.predict(model, win.parallel, hw, simulate=False)
+        losses["recompute"] = with_it.step_time_s - without.step_time_s
+    biggest = max(losses, key=losses.get)
+    share = losses[biggest] / win.step_time_s
+    if sum(losses.values()) / win.step_time_s < 0.01:
+        return _small_losses_text(win, recompute_priced=without is not None)
+    if biggest == "recompute":
+        return _recompute_text(win, without, hw, share, losses[biggest])
+    uneven = (_uneven_stages_text(win, model, hw) if biggest == "bubble" and model is not None
+              and hw is not None else "")
+    return f"its largest loss is {LOSSES[biggest]} ({share:.0%} of the step){uneven}"
+
+
+def _small_losses_text(win: cost.Prediction, recompute_priced: bool) -> str:
+    """Losses that add up to under 1% explain nothing: what MFU misses is then in the kernels' own speed
+    (and in the forward a recompute reruns, where its time was not priced apart)."""
+    losses = "the bubble, communication, recompute" if recompute_priced else "the bubble, communication"
+    unpriced = win.parallel.recompute != "none" and not recompute_priced
+    rerun = " and the forward it recomputes" if unpriced else ""
+    return (f"it loses under 1% of the step to {losses} and the optimizer together: what its MFU misses is "
+            f"in its kernels' own speed{rerun}")
+
+
+def _without_recompute(win: cost.Prediction, model: ModelSpec | None,
+                       hw: HardwareSpec | None) -> cost.Prediction | None:
+    """The winner's layout without recompute, by the closed form (the time recompute adds is the
+    difference of two such: a second simulation could double a plan's time); None where the winner
+    does not recompute or the model and hardware are not given."""
+    if win.parallel.recompute == "none" or model is None or hw is None:
+        return None
+    return cost.predict(model, win.parallel.replace(recompute="none", recompute_layers=0), hw, simulate=False)
+
+
+RERUN = {"selective": "the attention core's forward", "full": "the forward"}  # what each recompute runs again
+
+
+def _recompute_text(win: cost.Prediction, without: cost.Prediction, hw: HardwareSpec, share: float,
+                    seconds: float) -> str:
+    """Recompute as the winner's largest loss: what it reruns, what it costs, and whether memory forces
+    it (the layout's memory without it, against what may be filled)."""
+    needs, usable = without.memory_bytes_per_gpu["total"], cost.usable_memory(hw)
+    verdict = (f"which memory forces: without it this layout needs {bytes_text(needs)} per GPU, over the "
+               f"{bytes_text(usable)} usable" if needs > usable else
+               f"though without it this layout would fit, at {bytes_text(needs)} per GPU")
+    return (f"its largest loss is recompute {win.parallel.recompute}, {RERUN[win.parallel.recompute]} run "
+            f"again in backward ({share:.0%} of the step, {seconds_text(seconds)}), {verdict}")
 
 
 def _uneven_stages_text(win: cost.Prediction, model: ModelSpec, hw: HardwareSpec) -> str:

@@ -17,6 +17,7 @@ from paralab.stage_split import split_example, split_problems, uneven_split
 from paralab.trace import MAX_RANKS
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+PEAK_DTYPES = (*DTYPE_BYTES, "fp8")  # what HardwareSpec.peak_flops may list: a model's dtypes and FP8 GEMMs'
 ATTENTION = ("standard", "fused")
 # which kernel runs a fused attention: one written for the part ("native", at its GEMMs' efficiency) or
 # FlashAttention-2 ("flash2", at its measured share of the part's peak, HardwareSpec.flash2_efficiency)
@@ -55,6 +56,12 @@ def _without_hash(spec) -> dict:
     """What a copy or a pickle of a spec carries: its fields, not the hash (a string's hash differs
     from one process to the next)."""
     return {k: v for k, v in spec.__dict__.items() if k != "_hash"}
+
+
+def sequence_parallel_divides(seq: int, tp: int, cp: int = 1) -> bool:
+    """Whether sequence parallelism can give each of tp ranks an equal part of a sequence of ``seq``
+    tokens, or of each of its cp slices (8,191 tokens over tp 2 had been priced as 4,095.5 a rank)."""
+    return seq % (tp * cp) == 0
 
 
 def kind_problems(spec, what: str, skip: tuple[str, ...] = ()) -> list[str]:
@@ -478,6 +485,10 @@ class ParallelSpec:
                 out.append(f"{name} must be >= 0, got {getattr(p, name)}")
         if p.sequence_parallel and p.tp == 1:
             out.append("sequence parallelism needs tp > 1")
+        elif p.sequence_parallel and not sequence_parallel_divides(model.seq, p.tp, p.cp):
+            degrees = f"tp {p.tp} x cp {p.cp} = {p.tp * p.cp}" if p.cp > 1 else f"tp {p.tp}"
+            out.append(f"sequence parallelism splits each sequence{' (each cp slice)' * (p.cp > 1)} over tp: "
+                       f"{degrees} does not divide its {model.seq} tokens")
         if p.recompute not in RECOMPUTE:
             out.append(f"unknown recompute {p.recompute!r}; choose from {', '.join(RECOMPUTE)}")
         if p.recompute_layers < 0 or (p.recompute_layers and p.recompute != "full"):
@@ -569,6 +580,11 @@ PLAUSIBLE = {
 # the most FLOP/s per byte/s of memory bandwidth (the roofline's ridge point) a part has: an H100's is about
 # 300 in bf16 and 600 in fp8, a CPU's 1 to 20; each figure within its range, the two can still disagree
 MOST_FLOPS_PER_BYTE = 2e4
+
+# the most a GPU's compute speed may vary from part to part (straggler_cv, one standard deviation): ten times
+# the presets' 1%, which gives the 8% slowest-to-fastest Sinha et al. 2022 measured over thousands of GPUs;
+# at 10% the slowest of 1,000 GPUs would run a third slower than the mean
+MOST_STRAGGLER_CV = 0.1
 
 # HardwareSpec's measured [bytes, seconds] curves (the local calibration's gloo calls)
 MEASURED_CURVES = ("allreduce_curve", "allgather_curve", "reducescatter_curve", "p2p_curve")
@@ -663,9 +679,9 @@ class HardwareSpec:
     flash2_efficiency: list = field(default_factory=list)
 
     def datasheet_peak(self, dtype: str) -> float:
-        """The part's rated peak FLOP/s for ``dtype`` (fp32's for a dtype it does not list): what MFU
-        divides by."""
-        return self.peak_flops.get(dtype) or self.peak_flops["fp32"]
+        """The part's rated peak FLOP/s for ``dtype``: what MFU divides by (:meth:`problems_for` refuses
+        a model in a dtype the part does not list; a bf16 model had been priced at the fp32 peak)."""
+        return self.peak_flops[dtype]
 
     def peak(self, dtype: str) -> float:
         """The peak it computes at: the rated one, slowed by a power cap (:attr:`clock_scale`)."""
@@ -679,11 +695,14 @@ class HardwareSpec:
         return 1.0
 
     def problems_for(self, model: ModelSpec) -> list[str]:
-        """What this machine cannot run of ``model`` (FP8 GEMMs without FP8 tensor cores) or price
-        (FlashAttention-2 where it was not measured)."""
+        """What this machine cannot run of ``model`` (its dtype, or FP8 GEMMs, without a peak for it) or
+        price (FlashAttention-2 where it was not measured)."""
         out = []
+        listed = ", ".join(self.peak_flops)
+        if model.dtype not in self.peak_flops:
+            out.append(f"a {model.dtype} model needs hardware with a {model.dtype} peak; {self.name} lists "
+                       f"{listed}")
         if model.fp8 and "fp8" not in self.peak_flops:
-            listed = ", ".join(self.peak_flops)
             out.append(f"fp8 needs hardware with FP8 tensor cores; {self.name} lists {listed}")
         if model.attention_kernel == "flash2" and not self.flash2_efficiency:
             out.append(f"attention kernel flash2 is priced from FlashAttention-2's measured efficiency, "
@@ -708,8 +727,9 @@ class HardwareSpec:
             out.append(f"hardware peak_flops must be positive FLOP/s per dtype, got {self.peak_flops}")
         if not out:
             out += self._implausible()
-        if "fp32" not in self.peak_flops:
-            out.append("hardware peak_flops needs an fp32 entry (the fallback for dtypes it does not list)")
+        if unknown := sorted(set(self.peak_flops) - set(PEAK_DTYPES)):
+            out.append(f"hardware peak_flops (a file's peak_tflops): unknown dtype(s) {', '.join(unknown)}; "
+                       f"dtypes: {', '.join(PEAK_DTYPES)}")
         unknown = sorted(set(self.host_overhead_s) - set(HOST_PARTS))
         if unknown:
             out.append(f"hardware host_overhead_s: unknown part(s) {', '.join(unknown)}; "
@@ -726,6 +746,10 @@ class HardwareSpec:
             reserved, total = self.memory_reserved_bytes / 2**30, self.memory_bytes / 2**30
             out.append(f"hardware memory_reserved_bytes ({reserved:.4g} GiB) must be below memory_bytes "
                        f"({total:.4g} GiB): plans fill what is left")
+        if not 0 <= self.straggler_cv <= MOST_STRAGGLER_CV:
+            out.append(f"straggler_cv is the spread of one GPU's compute speed (standard deviation over the "
+                       f"mean) in [0, {MOST_STRAGGLER_CV:g}]: the presets' 0.01 gives the 8% "
+                       f"slowest-to-fastest measured over thousands of GPUs; got {self.straggler_cv}")
         if not 0 <= self.comm_sm_share < 1:
             out.append(f"comm_sm_share is a share of the SMs in [0, 1), got {self.comm_sm_share}")
         if self.power_limit_w and not self.tdp_w:
@@ -743,8 +767,8 @@ class HardwareSpec:
         if not 0 < self.matmul_max_efficiency <= 1:
             out.append("matmul_max_efficiency is a share of the peak in (0, 1], "
                        f"got {self.matmul_max_efficiency}")
-        negative = ("memory_reserved_bytes", "power_limit_w", "tdp_w", "nvls_bw", "pod_gpus", "straggler_cv",
-                    "sync_jitter", "intra_latency", "inter_latency", "kernel_overhead_s", "matmul_half_dim",
+        negative = ("memory_reserved_bytes", "power_limit_w", "tdp_w", "nvls_bw", "pod_gpus", "sync_jitter",
+                    "intra_latency", "inter_latency", "kernel_overhead_s", "matmul_half_dim",
                     "elementwise_bw", "elementwise_backward_bw", "optimizer_bw")  # rates: 0 for unmeasured
         out += [f"hardware {n} must be >= 0, got {getattr(self, n)}"
                 for n in negative if getattr(self, n) < 0]
