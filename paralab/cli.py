@@ -30,10 +30,10 @@ from paralab.cli_args import (
     build_config,
     int_list,
     json_text,
-    refuse_training_flags_without_effect,
     said_as_flags,
 )
 from paralab.config import CP_MODES, CP_SPLITS, MODEL_PRESETS, ConfigError, RunConfig, check_int
+from paralab.schedules import SCHEDULES, V_SHAPED
 
 _PACKAGE_DIR = Path(__file__).resolve().parent  # where paralab's own warnings come from
 
@@ -71,12 +71,14 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help="tokens an expert takes per sequence, x seq x k / experts (0 or less is refused; "
                         "omit: dropless)")
     p.add_argument("--schedule", default=d.schedule,
-                   help="pipeline schedule (pp, hybrid; default: the strategy's)")
+                   help=f"pipeline schedule (pp, hybrid): {', '.join(SCHEDULES)} "
+                        "(default: the strategy's)")
     p.add_argument("--microbatches", "--accumulate", type=int, default=d.microbatches, metavar="K",
                    help="microbatches per replica per step: gradient accumulation "
                         "(a pipeline's microbatches)")
     p.add_argument("--virtual-stages", type=int, default=d.virtual_stages,
-                   help="model chunks per pipeline rank (interleaved, zbv, dualpipev)")
+                   help="model chunks per pipeline rank: 2 or more for interleaved; "
+                        f"{' and '.join(V_SHAPED)} always hold 2 (given as 1 or 2); every other schedule 1")
     p.add_argument("--stage-layers", type=int_list, metavar="N,N,...",
                    help="blocks per pipeline stage in model order, e.g. 1,3,3,1 "
                         "(lighter ends; default: even)")
@@ -118,7 +120,6 @@ def refuse_run_flags_without_effect(args, cfg: RunConfig) -> None:
     reporting a ``bucket_mb`` its strategy does not use as unused: a benchmark may hand one to several.)"""
     from paralab.strategies.registry import get_strategy, strategies
 
-    refuse_training_flags_without_effect(args, cfg)
     if args.bucket_mb is not None and "bucket_mb" not in get_strategy(cfg.strategy).options:
         users = ", ".join(name for name, s in strategies().items() if "bucket_mb" in s.options)
         raise ConfigError(f"--bucket-mb has no effect with strategy {cfg.strategy}, which reduces no "
@@ -216,17 +217,13 @@ def format_summary(s: dict) -> str:
         f"{s['steps']} steps",
         f"layout: dp {s['dp']}{cp} x tp {s['tp']} x pp {s['pp']}"
         + (f" (ep {s['ep']} inside dp)" if s.get("ep", 1) > 1 else "")
-        + (f", schedule {s['schedule']}" if s["schedule"] else "") + f", {s['microbatches']} microbatch(es)"
+        + _schedule(s) + f", {s['microbatches']} microbatch(es)"
         + (f", ZeRO-{s['zero']}" if s.get("zero") else "") + _choices(s),
         "losses: " + " ".join(f"{x:.4f}" for x in s["losses"]),
         f"step time (median after the first): {s['step_time_s'] * 1e3:.1f} ms   tokens/s: "
         f"{s['tokens_per_s']:.0f}",
     ]
-    for op, nbytes in s["comm_bytes"].items():
-        if nbytes:  # a receive's bytes are its send's (--json keeps every op)
-            lines.append(f"{op}: {nbytes / 2**20:.3f} MiB on the wire per step (all ranks)")
-    if s["bubble_fraction"]:
-        lines.append(f"pipeline bubble (measured idle fraction): {s['bubble_fraction']:.1%}")
+    lines += _span_lines(s)
     lines.append("peak memory per rank (MiB): "
                  + " ".join(f"{b / 2**20:.1f}" for b in s["peak_memory_bytes"]))
     if s.get("unused_options"):
@@ -236,6 +233,41 @@ def format_summary(s: dict) -> str:
     if s.get("report"):
         lines.append(f"report: {s['report']} (open in a browser)")
     return "\n".join(lines)
+
+
+def _schedule(s: dict) -> str:
+    """The layout line's schedule, with its virtual stages (model chunks per rank) where there are
+    several, as ``paralab simulate`` and ``plan`` say it: ``, schedule interleaved v=4``."""
+    if not s["schedule"]:
+        return ""
+    return f", schedule {s['schedule']}" + (f" v={s['virtual_stages']}" if s["virtual_stages"] > 1 else "")
+
+
+NOT_MEASURED = "not measured (--no-trace)"
+
+
+def _span_lines(s: dict) -> list[str]:
+    """What the spans measured: bytes on the wire per op (and split by link on a run over several
+    nodes) and a pipeline's bubble; said to be not measured where the run recorded step spans only."""
+    if s["comm_bytes"] is None:
+        lines = [f"communication: {NOT_MEASURED}"]
+    else:  # a receive's bytes are its send's (--json keeps every op)
+        lines = [f"{op}: {_mib(nbytes)} on the wire per step (all ranks)"
+                 for op, nbytes in s["comm_bytes"].items() if nbytes]
+        if s["nodes"] > 1:
+            link = s["comm_bytes_by_link"]
+            lines.append(f"by link: {_mib(link['intra_node'])} intra-node, {_mib(link['inter_node'])} "
+                         "inter-node per step (all ranks)")
+    if s["bubble_fraction"] is None:
+        lines.append(f"pipeline bubble (measured idle fraction): {NOT_MEASURED}")
+    elif s["bubble_fraction"]:
+        lines.append(f"pipeline bubble (measured idle fraction): {s['bubble_fraction']:.1%}")
+    return lines
+
+
+def _mib(nbytes: float) -> str:
+    """Bytes as the summary's lines say them: MiB, to the KiB."""
+    return f"{nbytes / 2**20:.3f} MiB"
 
 
 def _choices(s: dict) -> str:
@@ -265,10 +297,11 @@ def cmd_strategies(args) -> int:
 
 
 def cmd_merge(args) -> int:
-    from paralab.outputs import check_file
+    from paralab.outputs import check_file, check_output_reads_no_input
     from paralab.trace import Trace
 
     check_file(args.output, "output")
+    check_output_reads_no_input(args.output, [("trace", args.path)])
     try:
         trace = Trace.load(args.path)
     except (OSError, ValueError) as exc:  # TraceFormatError names the file and what is wrong

@@ -17,10 +17,10 @@ from paralab.config import (
     ATTENTION_KERNELS,
     DEVICES,
     DTYPES,
+    FP16_LOSS_SCALE,
     MODEL_PRESETS,
     OPTIMIZERS,
     RECOMPUTE,
-    ConfigError,
     TrainingConfig,
 )
 
@@ -160,6 +160,19 @@ def key_values(text: str) -> dict:
     return out
 
 
+class NeedsTheKeysOfItsMetavar(argparse.Action):
+    """A flag of ``key=value`` pairs (type :func:`key_values`) whose metavar names the keys it needs
+    (``rank=R,step=K``): one left out is refused in the flag's own terms, ``--fail needs
+    rank=R,step=K: step= is missing``, where the run's config had said "fault step must be a whole
+    number, got None". Other keys (kind=hang) are the config's to check."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        missing = [key for key in re.findall(r"(\w+)=", self.metavar) if key not in values]
+        if missing:
+            parser.error(f"{option_string} needs {self.metavar}: {missing[0]}= is missing")
+        setattr(namespace, self.dest, values)
+
+
 def add_training_args(p: argparse.ArgumentParser, defaults: TrainingConfig) -> None:
     """The flags of TrainingConfig's fields, with ``defaults``' values (RunConfig or ElasticConfig)."""
     p.add_argument("--model", default=defaults.model_name, help=f"preset: {', '.join(MODEL_PRESETS)}")
@@ -185,8 +198,8 @@ def add_training_args(p: argparse.ArgumentParser, defaults: TrainingConfig) -> N
                         "master weights and optimizer states stay fp32")
     p.add_argument("--reduce-dtype", default=defaults.reduce_dtype, choices=DTYPES,
                    help="dtype gradients are reduced in across ranks (fp32, as FSDP2's default)")
-    p.add_argument("--loss-scale", type=float,  # None: not given (see refuse_training_flags_without_effect)
-                   help=f"fp16: where the dynamic loss scale starts (default {defaults.loss_scale:g}; halved "
+    p.add_argument("--loss-scale", type=float,  # None: not given (refused but at fp16: config.py)
+                   help=f"fp16: where the dynamic loss scale starts (default {FP16_LOSS_SCALE:g}; halved "
                         "on overflow, doubled after 200 good steps)")
     p.add_argument("--recompute", default=defaults.recompute, choices=RECOMPUTE,
                    help="activation recomputation: selective (attention cores) or full (every block)")
@@ -194,7 +207,7 @@ def add_training_args(p: argparse.ArgumentParser, defaults: TrainingConfig) -> N
                    help="sdpa: torch's fused attention; math: the s x s scores written out")
     p.add_argument("--oversubscribe", action="store_true",
                    help="start more local ranks than the cores and memory hold (refused otherwise)")
-    p.add_argument("--fail", type=key_values, metavar="rank=R,step=K",
+    p.add_argument("--fail", type=key_values, action=NeedsTheKeysOfItsMetavar, metavar="rank=R,step=K",
                    help="make rank R fail at step K (testing): a run's rank raises (kind=hang: stops "
                         "answering); an elastic run loses R's node (during=save: "
                         "in the middle of a checkpoint)")
@@ -208,31 +221,9 @@ def build_config(cls, args, **options):
 
 
 def training_options(args) -> dict:
-    """TrainingConfig keyword arguments (all but the model) from parsed :func:`add_training_args` flags;
-    a flag left out (None) leaves the config's default."""
-    options = dict(steps=args.steps, global_batch=args.global_batch, seed=args.seed, device=args.device,
-                   lr=args.lr, optimizer=args.optimizer, timeout_s=args.timeout,
-                   threads_per_rank=args.threads, trace=not args.no_trace, fault=args.fail,
-                   oversubscribe=args.oversubscribe, dtype=args.dtype, reduce_dtype=args.reduce_dtype,
-                   recompute=args.recompute)
-    if args.loss_scale is not None:
-        options["loss_scale"] = args.loss_scale
-    return options
-
-
-def refuse_training_flags_without_effect(args, cfg: TrainingConfig) -> None:
-    """ConfigError (exit 2, before any process starts) for a flag of :func:`add_training_args` that was
-    given and that ``cfg``'s run would ignore: whoever passes it believes it changed something. Such a
-    flag defaults to None, so only one written on the command line counts, never a default."""
-    if args.loss_scale is not None and not loss_scaled(cfg.dtype):
-        scaled = " or ".join(dtype for dtype in DTYPES if loss_scaled(dtype))
-        raise ConfigError(f"--loss-scale has no effect at dtype {cfg.dtype}, whose loss is not scaled: it "
-                          f"is where {scaled}'s dynamic loss scale starts; give --dtype {scaled} or leave "
-                          "it out")
-
-
-def loss_scaled(dtype: str) -> bool:
-    """Whether training in ``dtype`` scales its loss (paralab.precision.LossScaler says: fp16 alone)."""
-    from paralab.precision import LossScaler  # torch: only when a --loss-scale is given
-
-    return LossScaler(dtype).dynamic
+    """TrainingConfig keyword arguments (all but the model) from parsed :func:`add_training_args` flags."""
+    return dict(steps=args.steps, global_batch=args.global_batch, seed=args.seed, device=args.device,
+                lr=args.lr, optimizer=args.optimizer, timeout_s=args.timeout,
+                threads_per_rank=args.threads, trace=not args.no_trace, fault=args.fail,
+                oversubscribe=args.oversubscribe, dtype=args.dtype, reduce_dtype=args.reduce_dtype,
+                recompute=args.recompute, loss_scale=args.loss_scale)

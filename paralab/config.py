@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import typing
 from dataclasses import dataclass, field
 
 
@@ -20,6 +21,8 @@ class ConfigError(ValueError):
 
 
 CORPUS_SAMPLES = 65536  # sequences in the synthetic corpus (paralab.data), which a global batch draws from
+# the type of a field that names a file or a directory (None: not asked for); check_field_kinds reads it
+PathOption = str | os.PathLike | None
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class ModelConfig:
         return self.hidden // self.heads
 
     def validate(self) -> None:
+        check_field_kinds(self)
         for name in ("layers", "hidden", "heads", "ffn", "vocab", "seq_len"):
             check_int(f"model {name}", getattr(self, name), low=1)
         if self.hidden % self.heads:
@@ -120,6 +124,7 @@ CP_MODES = ("ring", "alltoall")  # context parallel: K/V round a ring, or all-to
 CP_SPLITS = ("zigzag", "contiguous")  # how the sequence is cut over context-parallel ranks
 OPTIMIZERS = ("adam", "sgd")
 DTYPES = ("fp32", "bf16", "fp16")
+LOSS_SCALED_DTYPES = ("fp16",)  # whose loss precision.LossScaler scales
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION_KERNELS = ("sdpa", "math")
 
@@ -140,7 +145,9 @@ class TrainingConfig:
     optimizer: str = "adam"
     timeout_s: float = 300.0  # a collective hung longer than this ends the run with an error
     threads_per_rank: int = 0  # 0: share the cores fairly
-    trace: bool = True
+    # whether ranks record compute and communication spans (False: step spans only); not a file: a path
+    # given here is refused, pointing to paralab.run's trace_path (check_field_kinds)
+    trace: bool = field(default=True, metadata={"path_goes_to": "trace_path"})
     fault: dict | None = None  # testing: {"rank": r, "step": k, ...} makes rank r fail at step k
     # start more local ranks than the machine holds (runtime.worker.check_capacity)
     oversubscribe: bool = False
@@ -148,12 +155,24 @@ class TrainingConfig:
     # master weights and optimizer states, gradients reduced in ``reduce_dtype``; fp16 scales the loss
     dtype: str = "fp32"
     reduce_dtype: str = "fp32"
-    loss_scale: float = 2.0**16  # fp16: where the dynamic loss scale starts
+    loss_scale: float | None = None  # fp16: where the dynamic loss scale starts (None: FP16_LOSS_SCALE)
     # activation recomputation: "selective" recomputes each attention core in backward, "full" each
     # block (Korthikanti et al. 2022); paralab.recompute
     recompute: str = "none"
 
     FAULT_OPTIONS = {"kind": ("raise", "hang")}  # what a fault may say besides rank and step
+
+    def __post_init__(self):
+        """A path given as a PathLike (a pathlib.Path) is kept as its str: the config travels to the
+        ranks and into the trace's meta as JSON, which holds no Path."""
+        for f in dataclasses.fields(self):
+            if isinstance(getattr(self, f.name), os.PathLike):
+                setattr(self, f.name, os.fspath(getattr(self, f.name)))
+
+    @property
+    def initial_loss_scale(self) -> float:
+        """Where fp16's dynamic loss scale starts: the one asked for, else FP16_LOSS_SCALE."""
+        return FP16_LOSS_SCALE if self.loss_scale is None else self.loss_scale
 
     @classmethod
     def build(cls, model: str | ModelConfig | dict = "tiny", **kwargs):
@@ -184,8 +203,10 @@ class TrainingConfig:
         return cls(**data)
 
     def validate(self):
-        """Check every field on its own (types and ranges); returns self. What the fields mean
-        together for a strategy is checked by paralab.layout.resolve_layout."""
+        """Check every field on its own (types and ranges), and the loss scale against the dtype;
+        returns self. What the fields mean together for a strategy is checked by
+        paralab.layout.resolve_layout."""
+        check_field_kinds(self)
         # the upper bounds are far beyond any run here; past them a number fails only inside the ranks
         # (a thread count torch cannot hold) or never ends
         check_int("steps", self.steps, low=1, high=10**9)
@@ -197,16 +218,28 @@ class TrainingConfig:
         check_int("threads_per_rank", self.threads_per_rank, low=0, high=4096)
         check_positive("learning rate", self.lr)
         check_positive("timeout", self.timeout_s, low=1.0, unit=" s", high=MAX_TIMEOUT_S)
-        check_positive("loss scale", self.loss_scale)
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         for name, choices in (("device", DEVICES), ("dtype", DTYPES), ("reduce_dtype", DTYPES),
                               ("recompute", RECOMPUTE)):
             if getattr(self, name) not in choices:
                 raise ConfigError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
+        self._validate_loss_scale()
         self.model.validate()
         self._validate_fault()
         return self
+
+    def _validate_loss_scale(self) -> None:
+        """A loss scale is where fp16's dynamic scale starts; at a dtype whose loss is not scaled it
+        would change nothing, and whoever gives one believes it changed something."""
+        if self.loss_scale is None:
+            return
+        if self.dtype not in LOSS_SCALED_DTYPES:
+            scaled = " or ".join(LOSS_SCALED_DTYPES)
+            raise ConfigError(f"loss_scale has no effect at dtype {self.dtype}, whose loss is not scaled: it "
+                              f"is where {scaled}'s dynamic loss scale starts; give dtype={scaled} or leave "
+                              "it out")
+        check_positive("loss scale", self.loss_scale)
 
     def _validate_fault(self) -> None:
         if self.fault is None:
@@ -217,6 +250,10 @@ class TrainingConfig:
         if unknown:
             raise ConfigError(f"fault takes rank, step and {', '.join(self.FAULT_OPTIONS)}; unknown: "
                               f"{sorted(unknown)}")
+        missing = [key for key in ("rank", "step") if key not in self.fault]
+        if missing:  # had been said as "fault step must be a whole number, got None"
+            raise ConfigError(f"fault needs a rank and a step, like {{'rank': 1, 'step': 3}}: "
+                              f"{missing[0]!r} is missing")
         for key in ("rank", "step"):
             check_int(f"fault {key}", self.fault.get(key), low=0)
         for key, choices in self.FAULT_OPTIONS.items():
@@ -259,7 +296,7 @@ class RunConfig(TrainingConfig):
     cp_split: str = "zigzag"
     # run control
     collect_state: bool = False  # return final parameters and gradients (parity tests)
-    profile_dir: str | None = None  # each rank writes a torch.profiler trace here (paralab.profiling)
+    profile_dir: PathOption = None  # each rank writes a torch.profiler trace here (paralab.profiling)
 
     def validate(self) -> RunConfig:
         super().validate()
@@ -283,6 +320,23 @@ class RunConfig(TrainingConfig):
 
 
 MAX_TIMEOUT_S = 10**7  # about four months: what a time-out may be before deadlines overflow the clocks
+FP16_LOSS_SCALE = 2.0**16  # where fp16's dynamic loss scale starts unless told (torch.amp.GradScaler's)
+
+
+def check_field_kinds(config) -> None:
+    """ConfigError for a yes/no field (annotated bool) that is not True or False, or a path field
+    (PathOption) that is not a str, a PathLike or None: a truthy string had passed (``"no"`` turned
+    sequence parallelism on) and ``trace="run.json"`` had run and written nothing. Read from the
+    dataclass's annotations, so a field is checked as it is declared."""
+    kinds = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        value, kind = getattr(config, f.name), kinds[f.name]
+        if kind is bool and type(value) is not bool:
+            goes_to = f.metadata.get("path_goes_to")
+            hint = f" (a file to write it to is {goes_to})" if goes_to else ""
+            raise ConfigError(f"{f.name} must be True or False, got {value!r}{hint}")
+        if kind == PathOption and not isinstance(value, PathOption):
+            raise ConfigError(f"{f.name} must be a path (str or os.PathLike) or None, got {value!r}")
 
 
 def check_int(name: str, value, low: int, high: int | None = None) -> None:

@@ -1,5 +1,6 @@
 """Where a command will write, checked before it starts anything: a run must not train for minutes and
-then find that its ``--trace`` path is a directory.
+then find that its ``--trace`` path is a directory, and a command that reads files (merge, report)
+must not write its output over them.
 
 Nothing is left behind here; a path passes when writing it would not fail for its shape or
 permissions (a missing parent directory is fine: the writers create it). Permission bits do not say
@@ -84,6 +85,36 @@ def check_trace_dir(trace_dir: str, files: list[tuple[str, str]]) -> None:
     of another world size leaves (a 4-rank run's ranks 2 and 3 beside a 2-rank run's) is refused where
     the folder is read (``trace.load``), naming both runs."""
     for flag, path in files:
-        if Path(path).suffix == ".json" and Path(path).resolve().parent == Path(trace_dir).resolve():
+        if read_as_a_rank(path, trace_dir):
             raise ConfigError(f"{flag} {path} is inside --trace-dir {trace_dir}, where it would be read as "
                               "one more rank's trace; write it elsewhere")
+
+
+def read_as_a_rank(path: str | os.PathLike, folder: str | os.PathLike) -> bool:
+    """Whether a file at ``path`` would be read as one more rank's trace when ``folder`` is loaded:
+    ``Trace.load`` of a folder reads every ``*.json`` directly in it."""
+    return Path(path).suffix == ".json" and Path(path).resolve().parent == Path(folder).resolve()
+
+
+def check_output_reads_no_input(output: str | os.PathLike, inputs: list[tuple[str, str | None]]) -> None:
+    """ConfigError when writing ``output`` (``-o``) would destroy what the command reads, ``inputs``
+    as (what the command calls it, path): the same file (by another name too: a link, ``./x``), or,
+    for a folder of per-rank traces, a ``.json`` inside it, which the next read of the folder would
+    take for one more rank. Asked before anything is read: the input is gone once the output is
+    written."""
+    for what, path in inputs:
+        if path is None:
+            continue
+        if same_file(output, path):
+            raise ConfigError(f"-o {output} is the {what} to read, which writing it would overwrite; "
+                              "write it elsewhere")
+        if Path(path).is_dir() and read_as_a_rank(output, path):
+            raise ConfigError(f"-o {output} is inside {path}, the {what} to read, where it would be read "
+                              "as one more rank's trace; write it elsewhere")
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether ``a`` and ``b`` name one file: the same path once links and ``..`` are resolved, or, where
+    both exist, the same inode (a hard link)."""
+    a, b = Path(a), Path(b)
+    return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))

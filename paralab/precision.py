@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from paralab import comm
-from paralab.config import ConfigError
+from paralab.config import FP16_LOSS_SCALE, LOSS_SCALED_DTYPES, ConfigError
 from paralab.trace import EVENT
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -66,8 +66,8 @@ class LossScaler:
     """The fp16 loss scale (1 and inert for fp32 and bf16). ``scale(loss)`` before backward;
     :class:`MasterWeights` unscales, detects overflow and calls :meth:`update`."""
 
-    def __init__(self, dtype: str, initial: float = 2.0**16):
-        self.dynamic = dtype == "fp16"
+    def __init__(self, dtype: str, initial: float = FP16_LOSS_SCALE):
+        self.dynamic = dtype in LOSS_SCALED_DTYPES
         self.value = initial if self.dynamic else 1.0
         self.good_steps = 0
         self.skipped: list[int] = []  # steps whose update an overflow skipped

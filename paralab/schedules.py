@@ -230,7 +230,9 @@ def shape_problems(name: str, pp: int, microbatches: int, virtual_stages: int = 
                        f"{microbatches}: its warm-up fills both arms of the V "
                        "before the first overlapped slot")
     elif virtual_stages != 1:
-        out.append(f"{name} has one stage per rank; virtual_stages={virtual_stages} needs interleaved or zbv")
+        *others, last = ("interleaved", *V_SHAPED)
+        out.append(f"{name} has one stage per rank; virtual_stages={virtual_stages} needs "
+                   f"{', '.join(others)} or {last}")
     return out
 
 

@@ -49,7 +49,7 @@ from pathlib import Path
 
 from paralab.cli_args import below_one, json_text
 from paralab.config import ConfigError, finite_number
-from paralab.outputs import check_file
+from paralab.outputs import check_file, same_file
 from paralab.profiling import METADATA_KEY, MOMENTS, PREFIX, marked, parse_label
 from paralab.schedules import (
     SCHEDULES,
@@ -738,7 +738,7 @@ def _check_output_is_no_profile(profiles: list[str], output: Path) -> None:
     one given by name, or one a directory given holds, unless it is a paralab trace there (an earlier
     import's output, left out of the import)."""
     for path, named in expand(profiles):
-        if path.resolve() == output.resolve() and (named or not _is_paralab_trace(path)):
+        if same_file(path, output) and (named or not _is_paralab_trace(path)):
             raise ProfileError(f"-o {output} is one of the profiles to import, which the trace would "
                                "overwrite: write it elsewhere")
 

@@ -189,11 +189,11 @@ def test_a_flag_given_that_would_change_nothing_exits_2_before_any_process(nothi
     (["--dtype", "fp16", "--loss-scale", "1024"], "loss_scale", 1024.0),
     # left out, the defaults apply whatever the strategy and dtype: they never count as given
     (["--strategy", "tp", "--world-size", "2"], "bucket_mb", 25.0),
-    (["--dtype", "bf16"], "loss_scale", 2.0**16),
+    (["--dtype", "bf16"], "loss_scale", None),  # fp16 would start at config.FP16_LOSS_SCALE
 ])
 def test_those_flags_still_apply_where_they_have_an_effect(argv, field, value):
     args = cli.build_parser().parse_args(["run", *argv])
-    cfg = cli.config_from_args(args)
+    cfg = cli.config_from_args(args).validate()  # the config's own checks (a loss scale's) pass too
     cli.refuse_a_bucket_cap_of_one_replica(args, cfg)  # what run asks too, once the world is known
     assert getattr(cfg, field) == value
 
@@ -500,3 +500,63 @@ def test_the_trace_dir_help_says_what_a_local_run_writes(capsys):
         cli.main(["run", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "merged.json from a local run, one file per rank under torchrun" in text
+
+
+@pytest.mark.timeout(120)
+def test_a_run_without_spans_says_what_it_did_not_measure(capsys, no_leftover_ranks):
+    """--no-trace records step spans only: the pipeline's bubble had read 100% and its bytes {}, as if
+    the ranks had idled and sent nothing. Now null (the keys stay), and "not measured" in the text. The
+    layout line says the interleaved schedule's virtual stages, as simulate does (v=2)."""
+    assert cli.main(["run", "--strategy", "pp", "--world-size", "2", "--schedule", "interleaved",
+                     "--virtual-stages", "2", "--microbatches", "4", "--steps", "2", "--no-trace",
+                     "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert CONTRACT_KEYS <= set(summary) and summary["losses"] and summary["step_time_s"] > 0
+    unmeasured = ("comm_bytes", "comm_payload_bytes", "comm_bytes_by_link", "bubble_fraction", "per_rank")
+    assert {key: summary[key] for key in unmeasured} == dict.fromkeys(unmeasured)
+    lines = cli.format_summary(summary).splitlines()
+    assert ", schedule interleaved v=2, 4 microbatch(es)" in lines[1], lines[1]
+    assert "communication: not measured (--no-trace)" in lines
+    assert "pipeline bubble (measured idle fraction): not measured (--no-trace)" in lines
+    # a run over two nodes splits its bytes by link, as its --json does (README promises it)
+    over_nodes = {**summary, "nodes": 2, "comm_bytes": {"all_reduce": 3 * 2**20}, "bubble_fraction": 0.25,
+                  "comm_bytes_by_link": {"intra_node": 2**20, "inter_node": 2 * 2**20}}
+    lines = cli.format_summary(over_nodes).splitlines()
+    assert "by link: 1.000 MiB intra-node, 2.000 MiB inter-node per step (all ranks)" in lines
+    assert "pipeline bubble (measured idle fraction): 25.0%" in lines
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--fail", "rank=1"], "paralab run: --fail needs rank=R,step=K: step= is missing"),
+    (["elastic", "--fail", "step=2"], "paralab elastic: --fail needs rank=R,step=K: rank= is missing"),
+    (["elastic", "--slow", "factor=3"], "paralab elastic: --slow needs rank=R,factor=F: rank= is missing"),
+])
+def test_a_key_value_flag_without_a_key_says_which(capsys, argv, message):
+    """Had said "fault step must be a whole number, got None": the step was left out."""
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.startswith(message) and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("command, says", [
+    ("run", "--schedule SCHEDULE pipeline schedule (pp, hybrid): naive, gpipe, 1f1b, interleaved, zb-h1, "
+            "zbv, dualpipev"),
+    ("run", "model chunks per pipeline rank: 2 or more for interleaved; zbv and dualpipev always hold 2"),
+    # a tuple's repr had shown: (default: (1, 4))
+    ("elastic", "--nnodes MIN:MAX node range of the rendezvous (torchrun's --nnodes); one worker per node "
+                "(default: 1:4)"),
+])
+def test_help_says_what_the_code_accepts_as_it_is_typed(capsys, command, says):
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    assert says in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_strategies_list_every_schedule(capsys):
+    """naive ran but was listed nowhere (README's table is this one: tests/test_layout.py)."""
+    from paralab.schedules import SCHEDULES
+
+    assert cli.main(["strategies"]) == 0
+    assert f"`--schedule {' / '.join(SCHEDULES)}`" in capsys.readouterr().out
+    assert cli.build_parser().parse_args(["elastic"]).nnodes == (1, 4)

@@ -777,3 +777,16 @@ def test_a_node_lost_below_min_ends_the_run_at_once_naming_the_node_and_min(tmp_
     cfg = dataclasses.replace(cfg, min_nodes=1, max_nodes=3, nodes=3, run_timeout_s=0.3)
     with pytest.raises(launch_module.ElasticError, match="did not finish within 0.3 s"):
         launch_module._watch(cfg, tmp_path, [Running(), Killed(), Running()], None, None)
+
+
+def test_a_balanced_runs_text_says_how_each_step_was_split():
+    """--balance's re-split had been in --json alone (samples_per_rank): the text now says it too."""
+    from types import SimpleNamespace
+
+    summary = {"model": "tiny", "steps": 3, "global_batch": 12, "world_sizes": [2, 2, 2],
+               "losses": [4.8, 4.7, 4.6], "transitions": [], "join": None, "step_time_s": 0.02,
+               "trace": None, "balance": True, "samples_per_rank": [[6, 6], [9, 3], [9, 3]]}
+    lines = elastic.ElasticResult.describe(SimpleNamespace(summary=summary)).splitlines()
+    assert "samples per rank, step by step (split by measured throughput): 6/6 9/3 9/3" in lines
+    unbalanced = elastic.ElasticResult.describe(SimpleNamespace(summary={**summary, "balance": False}))
+    assert "samples per rank" not in unbalanced

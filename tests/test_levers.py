@@ -10,6 +10,7 @@ import torch
 
 import paralab
 from paralab import ConfigError
+from paralab.config import FP16_LOSS_SCALE
 from paralab.models.gpt import GPT
 from paralab.runtime import launch as launch_module
 from tests.conftest import assert_close_rel, assert_same_params
@@ -65,7 +66,7 @@ def test_low_precision_matches_single_device_in_that_dtype_and_tracks_fp32(strat
         # torch's pipelining averages microbatch gradients after backward, so its fp16 gradients are m x
         # paralab's: at the same first loss scale step 3 overflows and is skipped, as it should be. A
         # scale m times smaller puts the same numbers in fp16 as the other strategies do.
-        options["loss_scale"] = paralab.RunConfig().loss_scale / STRATEGIES["torch_pp"][1]["microbatches"]
+        options["loss_scale"] = FP16_LOSS_SCALE / STRATEGIES["torch_pp"][1]["microbatches"]
     result = run(strategy, steps=8, dtype=dtype, **options)
     assert result.summary["skipped_steps"] == []
     tolerance = {"bf16": 1e-2, "fp16": 2e-3}[dtype]

@@ -127,7 +127,8 @@ def test_two_torchrun_agents_act_as_two_nodes(tmp_path):
                           nnodes=2, nproc_per_node=2, timeout_s=240, trace_dir=str(tmp_path))
     nodes = {rank: info["node"] for rank, info in run.trace.meta["ranks"].items()}
     assert sorted(nodes) == [0, 1, 2, 3] and sorted(set(nodes.values())) == [0, 1]
-    assert run.summary["comm_bytes_by_link"]["inter_node"] > 0
+    assert run.summary["comm_bytes_by_link"]["inter_node"] > 0 and run.summary["nodes"] == 2
+    assert any(line.startswith("by link: ") for line in cli.format_summary(run.summary).splitlines())
     # the config names the nodes too, so the simulator prices the three steps the ranks ran
     cfg = RunConfig.from_dict(run.trace.meta["config"])
     assert cfg.nodes == 2 and specs_from_run(cfg)[1].hierarchical_dp == 2

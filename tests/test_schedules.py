@@ -411,7 +411,8 @@ def test_interleaved_needs_equal_rounds_and_several_chunks():
         (("1f1b", 0, 4), "stages must be an integer >= 1, got 0"),
         (("1f1b", 2, 0), "microbatches must be an integer >= 1, got 0"),
         (("gpipe", 2, 4, 0), "virtual_stages must be an integer >= 1, got 0"),
-        (("gpipe", 2, 4, 2), "gpipe has one stage per rank; virtual_stages=2 needs interleaved or zbv"),
+        (("gpipe", 2, 4, 2),
+         "gpipe has one stage per rank; virtual_stages=2 needs interleaved, zbv or dualpipev"),
         (("zbv", 2, 4, 3), "zbv always runs 2 chunks per rank"),
     ],
 )

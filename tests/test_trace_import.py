@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import gzip
 import json
+import os
 import statistics
 from pathlib import Path
 
@@ -429,13 +430,16 @@ def test_gzip_and_duplicate_ranks(tmp_path, capsys):
 
 def test_an_output_that_is_one_of_the_profiles_is_refused_before_reading(tmp_path, capsys):
     """-o naming a profile had overwritten the user's profile with the trace (exit 0): given by name,
-    or as a profile of a directory given."""
+    as a profile of a directory given, or by a hard link's other name."""
     files = [_gloo_rank(tmp_path / f"rank{r}.json", rank=r) for r in (0, 1)]
     before = Path(files[0]).read_bytes()
-    for inputs in (files, [str(tmp_path)]):
-        assert cli_main(["import", *inputs, "-o", files[0]]) == 2
+    hard_link = tmp_path / "elsewhere" / "same.json"
+    hard_link.parent.mkdir()
+    os.link(files[0], hard_link)
+    for inputs, output in ((files, files[0]), ([str(tmp_path)], files[0]), (files, str(hard_link))):
+        assert cli_main(["import", *inputs, "-o", output]) == 2
         err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and err.startswith(f"paralab import: -o {files[0]} is one of the ")
+        assert len(err.splitlines()) == 1 and err.startswith(f"paralab import: -o {output} is one of the ")
         assert Path(files[0]).read_bytes() == before
 
 

@@ -11,11 +11,11 @@ import argparse
 
 from paralab.cli_args import (
     EXIT_OK,
+    NeedsTheKeysOfItsMetavar,
     add_training_args,
     build_config,
     json_text,
     key_values,
-    refuse_training_flags_without_effect,
 )
 from paralab.elastic.config import ElasticConfig
 from paralab.outputs import check_file
@@ -33,7 +33,9 @@ def node_range(text: str) -> tuple[int, int]:
 def add_elastic_args(p: argparse.ArgumentParser) -> None:
     d = ElasticConfig()
     add_training_args(p, d)
-    p.add_argument("--nnodes", type=node_range, default=(d.min_nodes, d.max_nodes), metavar="MIN:MAX",
+    # a default written as typed (argparse parses a string default as it parses the flag): --help shows
+    # 1:4, where the tuple had shown Python's (1, 4)
+    p.add_argument("--nnodes", type=node_range, default=f"{d.min_nodes}:{d.max_nodes}", metavar="MIN:MAX",
                    help="node range of the rendezvous (torchrun's --nnodes); one worker per node")
     p.add_argument("--nodes", type=int, default=0, help="nodes (agents) to start with (default: MAX)")
     p.add_argument("--max-restarts", type=int, default=d.max_restarts, help="restarts each agent allows")
@@ -46,7 +48,8 @@ def add_elastic_args(p: argparse.ArgumentParser) -> None:
                    help="newest checkpoints kept on disk")
     p.add_argument("--join-after-step", type=int, metavar="K",
                    help="start one more node after step K (scale-out)")
-    p.add_argument("--slow", type=key_values, metavar="rank=R,factor=F", help="make rank R F times slower")
+    p.add_argument("--slow", type=key_values, action=NeedsTheKeysOfItsMetavar, metavar="rank=R,factor=F",
+                   help="make rank R F times slower")
     p.add_argument("--balance", action="store_true", help="split each global batch by measured throughput")
     p.add_argument("--run-timeout", type=float, default=d.run_timeout_s,
                    help="seconds the whole run may take")
@@ -70,8 +73,7 @@ def elastic_main(args) -> int:
     paralab.cli.main like every other command's."""
     from paralab.elastic.launch import launch
 
-    cfg = config_from_args(args)
-    refuse_training_flags_without_effect(args, cfg)  # here, not in config_from_args: workers get every flag
+    cfg = config_from_args(args).validate()  # a config that cannot work says so before anything else
     if args.trace:
         check_file(args.trace, "--trace")
     result = launch(cfg)

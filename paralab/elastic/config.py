@@ -14,6 +14,7 @@ from paralab.config import (
     MAX_TIMEOUT_S,
     MODEL_PRESETS,
     ConfigError,
+    PathOption,
     TrainingConfig,
     check_int,
     check_positive,
@@ -44,7 +45,7 @@ class ElasticConfig(TrainingConfig):
     max_restarts: int = 3
     join_after_step: int | None = None  # start one more agent once this step has completed
     # checkpoints
-    checkpoint_dir: str | None = None  # None: a fresh directory inside the run directory
+    checkpoint_dir: PathOption = None  # None: a fresh directory inside the run directory
     checkpoint_every: int = 2
     keep_checkpoints: int = 2
     # load balancing
@@ -57,6 +58,7 @@ class ElasticConfig(TrainingConfig):
     FAULT_OPTIONS = {"during": ("step", "save")}
 
     def __post_init__(self):
+        super().__post_init__()
         if not self.nodes:
             self.nodes = self.max_nodes
 
@@ -155,13 +157,15 @@ class ElasticConfig(TrainingConfig):
                 "--micro-batch", str(self.micro_batch), "--seed", str(self.seed), "--lr", repr(self.lr),
                 "--optimizer", self.optimizer, "--device", self.device,
                 "--dtype", self.dtype, "--reduce-dtype", self.reduce_dtype,
-                "--loss-scale", repr(self.loss_scale), "--recompute", self.recompute,
+                "--recompute", self.recompute,
                 "--nnodes", f"{self.min_nodes}:{self.max_nodes}", "--nodes", str(self.nodes),
                 "--max-restarts", str(self.max_restarts),
                 "--checkpoint-every", str(self.checkpoint_every),
                 "--keep-checkpoints", str(self.keep_checkpoints),
                 "--timeout", repr(self.timeout_s), "--threads", str(self.threads_per_rank),
                 "--run-timeout", repr(self.run_timeout_s), "--last-call", str(self.last_call_s)]
+        if self.loss_scale is not None:  # only when given: elastic runs fp32, which refuses one
+            argv += ["--loss-scale", repr(self.loss_scale)]
         if self.join_after_step is not None:
             argv += ["--join-after-step", str(self.join_after_step)]
         if self.oversubscribe:

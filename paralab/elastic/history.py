@@ -144,6 +144,8 @@ class ElasticResult:
         return self.trace_path
 
     def describe(self) -> str:
+        """``paralab elastic``'s text summary: the worlds, the losses, each rescaling and, with
+        --balance, how each step's batch was split (what the balancer did)."""
         s = self.summary
         lines = [f"elastic training, model {s['model']}, {s['steps']} steps, "
                  f"global batch {s['global_batch']}",
@@ -162,6 +164,9 @@ class ElasticResult:
                          + (f"joined, its world resumed at step {at}" if at is not None else
                             "had not joined when the last step ended (a short run can end before a new "
                             "node's workers start and meet the others)"))
+        if s["balance"]:
+            lines.append("samples per rank, step by step (split by measured throughput): "
+                         + " ".join("/".join(map(str, split)) for split in s["samples_per_rank"]))
         lines.append(f"step time (median after the first): {s['step_time_s'] * 1e3:.1f} ms")
         if s["trace"]:
             lines.append(f"trace: {s['trace']} (open in https://ui.perfetto.dev)")

@@ -94,6 +94,7 @@ class RunResult:
             "global_batch": cfg.global_batch,
             "micro_batch": layout.micro_batch,
             "device": cfg.device,
+            "nodes": cfg.nodes,
             "dtype": cfg.dtype,
             "reduce_dtype": cfg.reduce_dtype,
             "bucket_mb": cfg.bucket_mb if bucket_cap_applies(cfg.strategy, layout) else None,
@@ -109,10 +110,7 @@ class RunResult:
             "step_time_s": metrics["step_time_s"],
             "step_times_s": metrics["step_times_s"],
             "tokens_per_s": metrics["tokens_per_s"],
-            "comm_bytes": metrics["comm_bytes"],
-            "comm_payload_bytes": metrics["comm_payload_bytes"],
-            "comm_bytes_by_link": metrics["comm_bytes_by_link"],
-            "bubble_fraction": metrics["bubble_fraction"] if layout.pipelined else 0.0,
+            **span_figures(metrics, cfg, layout),
             # the schedule's bubble for equal-time stages (pipeline strategies put it in their rank results)
             "bubble_theoretical": max((r.get("bubble_theoretical", 0.0)
                                        for r in self.rank_results), default=0.0),
@@ -120,7 +118,6 @@ class RunResult:
                                   for r in self.rank_results],
             "memory_by_kind": [r["memory"]["peak_by_kind"] for r in self.rank_results],
             "memory_max_by_kind": [r["memory"]["max_by_kind"] for r in self.rank_results],
-            "per_rank": metrics["per_rank"],
             "trace": self.trace_path,
             "report": self.report_path,
         }
@@ -135,6 +132,21 @@ class RunResult:
         losses = ", ".join(f"{x:.4f}" for x in self.losses[:3]) + (" ..." if len(self.losses) > 3 else "")
         return (f"RunResult(strategy={s['strategy']!r}, world_size={s['world_size']}, steps={s['steps']}, "
                 f"losses=[{losses}], step_time_s={s['step_time_s']:.4f})")
+
+
+def span_figures(metrics: dict, cfg: RunConfig, layout: Layout) -> dict:
+    """The summary's figures that only compute and communication spans hold: bytes per op and per link,
+    the bubble of a pipeline and where each rank's time went; each None (not measured) where the run
+    recorded step spans only (``trace=False``, ``--no-trace``), whose missing spans had read as no
+    bytes and a pipeline idle 100% of the time. A run without a pipeline has no bubble, recorded or
+    not: 0."""
+    figures = {key: metrics[key] for key in ("comm_bytes", "comm_payload_bytes", "comm_bytes_by_link",
+                                             "bubble_fraction", "per_rank")}
+    if not cfg.trace:
+        figures = dict.fromkeys(figures)
+    if not layout.pipelined:
+        figures["bubble_fraction"] = 0.0
+    return figures
 
 
 def run_meta(cfg: RunConfig, layout: Layout) -> dict:

@@ -173,7 +173,7 @@ def rank_session(cfg: TrainingConfig, layout: Layout, rank: int, world_size: int
         ctx = RankContext(cfg=cfg, layout=layout, rank=rank, world_size=world_size, local_rank=local_rank,
                           node=node_of[rank], device=device, recorder=recorder,
                           memory=MemoryMeter(device, recorder), faults=faults or RaiseOrHang(cfg, rank),
-                          scaler=LossScaler(cfg.dtype, cfg.loss_scale))
+                          scaler=LossScaler(cfg.dtype, cfg.initial_loss_scale))
         dist.barrier()
         recorder.start_clock(align=_earliest_on_this_machine)
         recorder.activate()

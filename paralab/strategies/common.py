@@ -172,7 +172,7 @@ def make_optimizer(cfg, params, ctx: RankContext | None = None):
     params = list(params)
     if cfg.dtype == "fp32" or (cfg.dtype == "bf16" and all(p.dtype == torch.float32 for p in params)):
         return plain(params)
-    scaler = ctx.scaler if ctx is not None else LossScaler(cfg.dtype, cfg.loss_scale)
+    scaler = ctx.scaler if ctx is not None else LossScaler(cfg.dtype, cfg.initial_loss_scale)
     return MasterWeights(params, plain, scaler, ctx.recorder if ctx is not None else None)
 
 

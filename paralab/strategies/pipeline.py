@@ -292,7 +292,7 @@ STRATEGIES = [
     Strategy("mp", "layers split over ranks, one batch, one rank busy at a time", axes=("pp",),
              options=("schedule", "stage_layers"), schedule="naive", check=check_mp, train=train,
              title="layer-wise model parallel (模型并行)"),
-    Strategy("pp", "`--schedule gpipe / 1f1b / interleaved / zb-h1 / zbv / dualpipev`, microbatches",
+    Strategy("pp", f"`--schedule {' / '.join(SCHEDULES)}`, microbatches",
              axes=("pp",),
              options=PIPELINE_OPTIONS, schedules=SCHEDULES, check=check_pipeline, train=train,
              title="pipeline parallel (流水线并行)"),

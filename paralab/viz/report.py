@@ -217,17 +217,20 @@ def add_report_args(parser: argparse.ArgumentParser) -> None:
 
 def report_main(args) -> int:
     """``paralab report``: 0 when written, 2 when a trace file is missing or not a trace, or the output
-    cannot be written (message on stderr, checked before any trace is read)."""
+    cannot be written or would overwrite a trace it reads (message on stderr, checked before any
+    trace is read)."""
     from paralab.config import ConfigError
-    from paralab.outputs import check_file
+    from paralab.outputs import check_file, check_output_reads_no_input
 
+    inputs = [("trace", args.trace), ("--predicted trace", getattr(args, "predicted", None))]
     try:
         check_file(args.output, "output")
+        check_output_reads_no_input(args.output, inputs)
     except ConfigError as exc:
         print(f"paralab report: {exc}", file=sys.stderr)
         return 2
     traces = []
-    for label, name in (("trace", args.trace), ("predicted trace", getattr(args, "predicted", None))):
+    for label, name in inputs:
         if name is None:
             traces.append(None)
             continue
