@@ -139,9 +139,11 @@ def static_outputs(nb, live: str) -> None:
 
 
 def answer_html(cell) -> str:
+    """An exercise's collapsed answer cell, closed as JupyterLab shows it: the notebooks' text says to
+    click its "⋯", which the summary therefore starts with."""
     printed = "".join(out.get("text", "") for out in cell.get("outputs", [])
                       if out.get("output_type") == "stream")
-    return ('<details class="answer"><summary>Answer (the check and its reasoning)</summary>\n\n'
+    return ('<details class="answer"><summary>⋯ Answer (the check and its reasoning)</summary>\n\n'
             f"<pre>{html.escape(cell.source)}</pre>\n<pre>{html.escape(printed)}</pre>\n</details>")
 
 

@@ -66,6 +66,7 @@ def test_figures_are_drawn_widgets_snapshotted_answers_folded():
     assert "widget-snapshot" in nb.cells[1].outputs[0]["data"]["text/html"]
     assert (nb.cells[2].cell_type == "markdown" and "<details" in nb.cells[2].source
             and "answer: 2" in nb.cells[2].source)
+    assert "<summary>⋯ Answer" in nb.cells[2].source  # the notebooks say: click the "⋯"
     assert "widgets" not in nb.metadata
 
 
