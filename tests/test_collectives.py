@@ -143,3 +143,17 @@ def test_the_alpha_beta_figure_marks_the_knee_and_reads_its_sizes_flat():
     assert size_ticks(1024, 2**20) == [2.0**k for k in range(10, 21, 2)]
     assert size_ticks(2**10, 2**12) == [2.0**k for k in range(9, 14)]
     assert size_ticks(4, 2**30) == [2.0**k for k in (5, 10, 15, 20, 25, 30)]
+
+
+def test_log_axes_label_every_power_of_ten_one_way():
+    """Plotly's power format had labelled one axis "1", "10", "10²": each axis now reads plain numbers
+    where all are short, else powers throughout."""
+    from paralab.viz.collectives import alpha_beta, power_ticks
+
+    assert power_ticks([0.3, 42.0]) == ([0.1, 1.0, 10.0, 100.0], ["0.1", "1", "10", "100"])
+    assert power_ticks([2e-4, 3e3])[1] == ["10⁻⁴", "10⁻³", "10⁻²", "10⁻¹", "10⁰", "10¹", "10²", "10³", "10⁴"]
+    fig = alpha_beta({}, {"fitted": (2, 2.5e-4, 1.3e9)})
+    for axis in (fig.layout.yaxis, fig.layout.yaxis2):
+        texts = list(axis.ticktext)
+        assert len(texts) == len(axis.tickvals) >= 2
+        assert all("⁰" not in t and "¹" not in t for t in texts) or all(t.startswith("10") for t in texts)

@@ -92,8 +92,10 @@ def alpha_beta(measured: dict, fits: dict, op: str = "all_reduce", title: str | 
     # (its SI "100µ" on a GB/s axis reads as a unit); flat, few enough to stay so
     fig.update_xaxes(type="log", title_text="tensor size S", tickvals=ticks,
                      ticktext=list(map(size_label, ticks)), tickangle=0)
-    fig.update_yaxes(type="log", dtick=1, exponentformat="power", title_text="ms", row=1, col=1)
-    fig.update_yaxes(type="log", dtick=1, exponentformat="power", title_text="GB/s", row=1, col=2)
+    for col, (axis, unit) in enumerate((("y", "ms"), ("y2", "GB/s")), start=1):
+        values = [y for trace in fig.data if (trace.yaxis or "y") == axis for y in trace.y]
+        tickvals, ticktext = power_ticks(values)
+        fig.update_yaxes(type="log", title_text=unit, tickvals=tickvals, ticktext=ticktext, row=1, col=col)
     fig.update_layout(meta=meta)
     entries = len(measured) + len(fits)
     extra = LEGEND_ROW_PX * (entries - 1) if entries > 2 else 0
@@ -102,6 +104,20 @@ def alpha_beta(measured: dict, fits: dict, op: str = "all_reduce", title: str | 
         fig.update_layout(legend=dict(orientation="v", tracegroupgap=0),
                           margin=dict(t=fig.layout.margin.t + extra))
     return fig
+
+
+SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def power_ticks(values: list[float]) -> tuple[list[float], list[str]]:
+    """A log axis's ticks at every power of ten over the positive ``values``, labelled one way: as plain
+    numbers where all read short (0.01 to 1000), else all as powers (10⁻³). Plotly's power format mixes
+    the two on one axis ("1", "10", "10²"), and its SI format reads "100µ" on a GB/s axis as a unit."""
+    shown = [v for v in values if v > 0] or [1.0]
+    powers = range(math.floor(math.log10(min(shown))), math.ceil(math.log10(max(shown))) + 1)
+    plain = -2 <= powers[0] and powers[-1] <= 3
+    return ([10.0**e for e in powers],
+            [f"{10.0**e:g}" if plain else f"10{str(e).translate(SUPERSCRIPT)}" for e in powers])
 
 
 # units of a time axis, largest first: the first whose numbers stay below 1000 over what is drawn
