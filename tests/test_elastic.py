@@ -7,6 +7,7 @@ final history must have the same losses and every sample of each global batch ex
 
 import dataclasses
 import json
+import math
 import os
 import pickle
 import shutil
@@ -467,6 +468,42 @@ def test_the_story_keeps_its_note_off_the_rows_and_shows_the_kill():
     assert len({PHASE_COLORS[p] for p in ("start", "rendezvous", "restore", "detected")}) == 4
 
 
+def lab(color: str) -> tuple[float, float, float]:
+    """CIE L*a*b* of a "#RRGGBB" colour (sRGB, D65): distances in it are differences the eye sees."""
+    def linear(c):
+        return ((c + 0.055) / 1.055) ** 2.4 if c > 0.04045 else c / 12.92
+
+    r, g, b = (linear(int(color[i:i + 2], 16) / 255) for i in (1, 3, 5))
+    xyz = ((0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047, 0.2126 * r + 0.7152 * g + 0.0722 * b,
+           (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883)
+    f = [v ** (1 / 3) if v > 0.008856 else 7.787 * v + 16 / 116 for v in xyz]
+    return 116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])
+
+
+def test_the_phases_colours_are_not_the_ranks():
+    """Notebook 07's story: its phases had been drawn in the ranks' own colours (restore blue, training
+    green, detection orange) right under the legend of rank 0 blue, 1 orange, 2 green, so that a reader
+    took the restore for rank 0. Every phase's colour is now far (CIE76 distance 20 or more, a
+    difference seen at a glance) from those of the first four ranks, and the phases' own clock is
+    named on their panel, clear of the panel below."""
+    from paralab.viz.elastic import CLOCK, PHASE_COLORS
+
+    def distance(a, b):
+        return math.dist(lab(a), lab(b))
+
+    for phase, color in PHASE_COLORS.items():
+        for rank, theirs in enumerate(RANK_COLORS[:4]):
+            assert distance(color, theirs) >= 20, (phase, color, rank, theirs)
+    fig = viz.elastic(story_trace())
+    assert fig.layout.xaxis.title.text == CLOCK == "seconds since the first world formed"
+    # room under the phases for their ticks, that title and the world-size panel's title (70 pixels):
+    # at the old spacing (50) the axis title sat on the subplot title
+    plot_height = fig.layout.height - fig.layout.margin.t - fig.layout.margin.b
+    assert (fig.layout.yaxis.domain[0] - fig.layout.yaxis2.domain[1]) * plot_height >= 70
+    bars = {t.name: t.marker.color for t in fig.data if t.type == "bar" and t.xaxis == "x"}
+    assert bars and not set(bars.values()) & set(RANK_COLORS[:4])
+
+
 def test_detection_is_timed_on_the_trace_clock():
     """describe() and notebook 07 had said the detection took 42 ms where the figure, from the trace, said
     43: the transition's detection_s came from the wall-clock times of the fault marker and the error
@@ -514,7 +551,11 @@ def test_the_balance_figure_draws_the_share_in_proportion_to_speed():
     assert fig.layout.meta["proportional"] == pytest.approx([0.75, 0.25])
     dotted = [t for t in fig.data if t.type == "scatter" and t.line.dash == "dot"]
     assert [list(t.y) for t in dotted] == [[0.75, 0.75], [0.25, 0.25]] and list(dotted[0].x) == [0, 1]
-    assert sum(t.showlegend is not False for t in dotted) == 1
+    # every line drawn has its legend entry: the slow rank's dotted 25% had none
+    assert all(t.showlegend is not False for t in fig.data if t.type == "scatter")
+    assert [t.name for t in dotted] == ["rank 0: in proportion to speed (75%)",
+                                        "rank 1: in proportion to speed (25%, 3x slower)"]
+    assert [t.legendgroup for t in dotted] == ["0", "1"]
     assert fig.layout.annotations[0].text == "batch share (solid), throughput share (dashed)"
     assert viz.elastic_balance(trace).layout.meta["proportional"] is None  # no slowdown known
     result = SimpleNamespace(trace=trace, config=SimpleNamespace(slow={"rank": 0, "factor": 5}))

@@ -35,20 +35,27 @@ from paralab.trace import EVENT, STEP, Trace, median_after_first
 from paralab.viz._common import EXTRA_COLORS, MICROBATCH_COLORS, as_trace, go, make_subplots, style
 
 UTILISATION = ("cpu_percent", "gpu_percent", "utilisation", "utilization")
-# start a neutral grey, the recovery's phases hues apart: shaded behind the wall-clock panels at SHADE, a
-# warm grey start and the purple rendezvous had read as one colour
-PHASE_COLORS = {"start": "#9E9E9E", "training": "#54A24B", "failure": "#D62728", "detected": "#F58518",
-                "rendezvous": "#B279A2", "restore": "#4C78A8"}
+# the phases in a palette of their own, none a rank's: drawn in the ranks' blue, orange and green right
+# under the legend of rank 0 (blue), 1 (orange) and 2 (green), the restore had read as rank 0's and the
+# training as rank 2's. The start a neutral grey, training the step-time series' dark grey (steps run
+# only there), the failure a dark red, the recovery's phases hues apart: shaded behind the wall-clock
+# panels at SHADE, a warm grey start and a purple rendezvous had read as one colour
+PHASE_COLORS = {"start": "#9E9E9E", "training": "#333333", "failure": "#A50F15", "detected": "#8C564B",
+                "rendezvous": "#E7298A", "restore": "#7B3294"}
 SHADE = 0.25
-HEIGHT = 860
+HEIGHT = 884
+# the phases' axis title, under their ticks: the panel ends this much higher, and the figure is as much
+# taller, so that it does not sit on the world-size panel's title
+AXIS_TITLE_PX = 24
 # a phase's text longer than this is said on two lines: on one, the restore's ran past the right edge of
 # an 820-pixel figure
 TEXT_WRAP = 56
 GAP_LINE_PX = 17  # a line of the note on the stretches without steps, 12-pixel type
 SUBPLOT_TITLE_PX = 26  # the phases' subplot title, above its panel: the note sits above it
 RANK_COLORS = MICROBATCH_COLORS + EXTRA_COLORS
+CLOCK = "seconds since the first world formed"
 # the run's own series in greys, so that none reads as a rank's
-WORLD_COLOR, STEP_COLOR = "#8C8C8C", "#333333"
+WORLD_COLOR, STEP_COLOR = "#8C8C8C", PHASE_COLORS["training"]
 
 
 # ------------------------------------------------------------------------------------- the data
@@ -244,6 +251,8 @@ def elastic(trace, title: str | None = None):
     top = fig.layout.margin.t + GAP_LINE_PX * len(gaps) + 4
     fig.update_layout(margin=dict(t=top))
     plot_height = HEIGHT - top - fig.layout.margin.b
+    low, high = fig.layout.yaxis.domain
+    fig.update_yaxes(domain=[low + AXIS_TITLE_PX / plot_height, high], row=1, col=1)
     fig.add_annotation(text="<br>".join(gaps), xref="paper", yref="paper", x=0.0,
                        y=1.0 + SUBPLOT_TITLE_PX / plot_height, xanchor="left", yanchor="bottom", align="left",
                        showarrow=False, bgcolor="#F7F7F7", font=dict(size=12))
@@ -303,6 +312,8 @@ def _draw_phases(fig, graph, phases: list[dict]) -> None:
             showlegend=False, hovertext=[hover], hovertemplate="%{hovertext}<extra></extra>"), 1, 1)
     fig.update_yaxes(type="category", categoryorder="array", categoryarray=labels,
                      autorange="reversed", row=1, col=1)
+    # the clock the panels below share, said here too: the phases' ticks had no unit
+    fig.update_xaxes(title_text=CLOCK, title_standoff=4, row=1, col=1)
     for p in phases:  # the gaps, shaded in the wall-clock panels below; the kill, a line
         for row in (2, 3, 4):
             if p["phase"] == "failure":  # an instant, and its detection may be too short to see
@@ -327,7 +338,7 @@ def _draw_wall_clock(fig, graph, trace: Trace, records: list[dict], phases: list
     if lost:
         fig.add_trace(graph.Scatter(
             x=[r["end"] for r in lost], y=[(r["end"] - r["start"]) * 1e3 for r in lost], mode="markers",
-            name="step lost (redone later)", marker=dict(symbol="x", size=9, color="#D62728"),
+            name="step lost (redone later)", marker=dict(symbol="x", size=9, color=PHASE_COLORS["failure"]),
             hovertemplate="lost step ending at %{x:.2f} s: %{y:.1f} ms<extra></extra>"), 3, 1)
     name = next((n for n in UTILISATION if any(c.name == n for c in trace.counters)), None)
     if name:  # one line per rank: ranks sample at their own instants
@@ -347,8 +358,7 @@ def _draw_wall_clock(fig, graph, trace: Trace, records: list[dict], phases: list
                      rangemode="tozero", row=4, col=1)
     for row in (2, 3, 4):  # one wall clock, the phases' own
         fig.update_xaxes(matches="x", row=row, col=1)
-    fig.update_xaxes(title_text="seconds since the first world formed<br>"
-                                "shaded: no step ran; red line: the kill", row=4, col=1)
+    fig.update_xaxes(title_text=f"{CLOCK}<br>shaded: no step ran; red line: the kill", row=4, col=1)
 
 
 def _draw_steps(fig, graph, records: list[dict], final: list[dict]) -> None:
@@ -362,7 +372,8 @@ def _draw_steps(fig, graph, records: list[dict], final: list[dict]) -> None:
     if lost:
         fig.add_trace(graph.Scatter(x=[r["step"] for r in lost],
                                     y=[(r["end"] - r["start"]) * 1e3 for r in lost],
-                                    mode="markers", marker=dict(symbol="x", size=9, color="#D62728"),
+                                    mode="markers",
+                                    marker=dict(symbol="x", size=9, color=PHASE_COLORS["failure"]),
                                     showlegend=False,
                                     hovertemplate="step %{x}, lost: %{y:.1f} ms<extra></extra>"), 3, 2)
     if final and final[0]["samples"] is not None:
@@ -444,11 +455,13 @@ def elastic_balance(trace, title: str | None = None, slow: dict | None = None):
                                 marker_color=color, legendgroup=str(rank), showlegend=False,
                                 hovertemplate=f"step %{{x}}: "
                                               f"rank {rank} computed %{{y:.1f}} ms<extra></extra>"), 1, 2)
+    # a legend entry per dotted line, in its rank's group: with one entry, in rank 0's colour, for all of
+    # them, the slow rank's line (25%) had none, and read as nothing the legend named
     for rank, share in enumerate(proportional or []):
+        slower = f", {float(slow['factor']):g}x slower" if rank == int(slow["rank"]) else ""
         fig.add_trace(graph.Scatter(
-            x=[steps[0], steps[-1]], y=[share, share], mode="lines", legendgroup="proportional",
-            name=f"in proportion to speed (rank {int(slow['rank'])} {float(slow['factor']):g}x slower)",
-            showlegend=rank == 0,
+            x=[steps[0], steps[-1]], y=[share, share], mode="lines", legendgroup=str(rank),
+            name=f"rank {rank}: in proportion to speed ({share:.0%}{slower})",
             line=dict(color=RANK_COLORS[rank % len(RANK_COLORS)], dash="dot", width=1.5),
             hovertemplate=f"rank {rank}: {share:.0%} of the batch in proportion to "
                           "speed<extra></extra>"), 1, 1)
@@ -459,6 +472,8 @@ def elastic_balance(trace, title: str | None = None, slow: dict | None = None):
                                              "throughput_share": [r["throughput_share"] for r in rows],
                                              "proportional": proportional})
     style(fig, title or "load balancing: each rank's batch share follows its throughput", 420)
-    # five legend entries take two rows at 820 pixels: room for both above the subplot titles
-    fig.update_layout(margin=dict(t=fig.layout.margin.t + 22))
+    # a rank's two or three legend entries stack in a column at 820 pixels: room for them above the
+    # subplot titles
+    legend_rows = 3 if proportional else 2
+    fig.update_layout(margin=dict(t=fig.layout.margin.t + 22 + 17 * (legend_rows - 2)))
     return fig
