@@ -34,6 +34,7 @@ from paralab.cli_args import (
 )
 from paralab.config import CP_MODES, CP_SPLITS, MODEL_PRESETS, ConfigError, RunConfig, check_int
 from paralab.schedules import SCHEDULES, V_SHAPED
+from paralab.trace import NOT_MEASURED
 
 _PACKAGE_DIR = Path(__file__).resolve().parent  # where paralab's own warnings come from
 
@@ -241,9 +242,6 @@ def _schedule(s: dict) -> str:
     if not s["schedule"]:
         return ""
     return f", schedule {s['schedule']}" + (f" v={s['virtual_stages']}" if s["virtual_stages"] > 1 else "")
-
-
-NOT_MEASURED = "not measured (--no-trace)"
 
 
 def _span_lines(s: dict) -> list[str]:

@@ -45,6 +45,16 @@ TORCH_PROFILE_HINT = "(a torch.profiler trace?): `paralab import` reads those"
 MAX_RANKS = 2**24  # beyond any cluster; a loaded trace's ranks are below it (its figures are per rank)
 LANES = (COMPUTE, COMM, STEP, EVENT)
 FORMAT_VERSION = 1
+# the summary's figures that only compute and communication spans hold: a run that recorded step spans
+# only (trace=False, --no-trace) did not measure them, which its summary says as None, not as 0 bytes
+# and a pipeline idle all of its step
+SPAN_FIGURES = ("comm_bytes", "comm_payload_bytes", "comm_bytes_by_link", "bubble_fraction", "per_rank")
+NOT_MEASURED = "not measured (--no-trace)"
+
+
+def records_steps_only(meta: dict) -> bool:
+    """Whether the run a trace's ``meta`` describes recorded step spans only (see SPAN_FIGURES)."""
+    return (meta.get("config") or {}).get("trace") is False
 
 
 class TraceFormatError(ValueError):

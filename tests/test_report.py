@@ -74,6 +74,22 @@ def test_report_from_trace_and_chrome_export(ddp_run, tmp_path):
     assert "Memory per rank" not in text and "<h2>Timeline</h2>" in text and "bubble_fraction" not in text
 
 
+def test_a_report_of_step_spans_only_says_what_was_not_measured(tmp_path):
+    """A --no-trace run's trace holds step spans only: its report had read a pipeline idle 100% of each
+    step and no bytes sent. It says those figures were not measured, and draws no bubble."""
+    from paralab.trace import NOT_MEASURED, STEP, Span
+
+    steps = [Span(rank, STEP, "step", 0.02 * k, 0.02 * (k + 1), name=f"step {k}", step=k)
+             for rank in (0, 1) for k in range(3)]
+    meta = {"strategy": "pp", "world_size": 2, "pp": 2, "schedule": "1f1b", "microbatches": 4,
+            "config": {"trace": False}}
+    text = write_report(Trace(spans=steps, meta=meta), tmp_path / "r.html").read_text()
+    assert text.count(NOT_MEASURED) >= 2 and "Pipeline bubble" not in text
+    assert "<th>bubble_fraction</th><td>not measured" in text
+    traced = write_report(Trace(spans=steps, meta={**meta, "config": {"trace": True}}), tmp_path / "t.html")
+    assert NOT_MEASURED not in traced.read_text() and "Pipeline bubble" in traced.read_text()
+
+
 def test_an_imported_profiles_warnings_and_memory_note_head_the_report(ddp_run, tmp_path):
     """An import without record_shapes has bytes of 0 that are not a measure, and a CPU profile's memory
     is what it allocated while recording: the report had shown both as plain figures."""

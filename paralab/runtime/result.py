@@ -9,7 +9,7 @@ from pathlib import Path
 from paralab.config import RunConfig
 from paralab.layout import Layout
 from paralab.strategies.registry import bucket_cap_applies
-from paralab.trace import Trace
+from paralab.trace import SPAN_FIGURES, Trace
 
 
 class RunError(RuntimeError):
@@ -140,8 +140,7 @@ def span_figures(metrics: dict, cfg: RunConfig, layout: Layout) -> dict:
     recorded step spans only (``trace=False``, ``--no-trace``), whose missing spans had read as no
     bytes and a pipeline idle 100% of the time. A run without a pipeline has no bubble, recorded or
     not: 0."""
-    figures = {key: metrics[key] for key in ("comm_bytes", "comm_payload_bytes", "comm_bytes_by_link",
-                                             "bubble_fraction", "per_rank")}
+    figures = {key: metrics[key] for key in SPAN_FIGURES}
     if not cfg.trace:
         figures = dict.fromkeys(figures)
     if not layout.pipelined:

@@ -22,7 +22,7 @@ import html
 import sys
 from pathlib import Path
 
-from paralab.trace import Trace
+from paralab.trace import NOT_MEASURED, SPAN_FIGURES, Trace, records_steps_only
 
 
 # ------------------------------------------------------------------------------------------- content
@@ -37,6 +37,8 @@ def _summary_of(obj) -> tuple[Trace, dict, list[float] | None]:
             if obj.meta.get(key) not in (None, ""):
                 summary[key] = obj.meta[key]
         summary.setdefault("world_size", len(obj.ranks))
+        if records_steps_only(obj.meta):
+            summary.update(dict.fromkeys(SPAN_FIGURES))
         if schedule_of(obj) is None:
             summary.pop("bubble_fraction", None)  # idle time of a non-pipeline run is not a bubble
         return obj, summary, None
@@ -48,7 +50,10 @@ def _summary_of(obj) -> tuple[Trace, dict, list[float] | None]:
 
 def _value_text(key: str, value, summary: dict) -> str:
     """A summary value as the table shows it: a throughput of 0 beside a step time is one the trace
-    cannot know (it does not say how many tokens a step trained on, as an imported profile does not)."""
+    cannot know (it does not say how many tokens a step trained on, as an imported profile does not);
+    a figure of spans that a run recording step spans only did not measure is said to be so."""
+    if value is None and key in SPAN_FIGURES:
+        return NOT_MEASURED
     if key == "tokens_per_s" and not value and summary.get("step_time_s"):
         imported = summary.get("source") == "imported"
         return ("unknown: the trace does not say how many tokens a step trains on"
@@ -93,7 +98,7 @@ def summary_table(summary: dict) -> str:
     """HTML tables: headline numbers, then where each rank's step time went (ms per step)."""
     rows = "".join(
         f"<tr><th>{html.escape(k)}</th><td>{html.escape(_value_text(k, summary[k], summary))}</td></tr>"
-        for k in SUMMARY_KEYS if k in summary and summary[k] not in (None, "")
+        for k in SUMMARY_KEYS if k in summary and (summary[k] not in (None, "") or k in SPAN_FIGURES)
     )
     out = f'<table class="summary">{rows}</table>'
     per_rank = summary.get("per_rank") or {}
@@ -127,7 +132,8 @@ def _figures(trace: Trace, summary: dict, losses: list[float] | None, predicted:
     from paralab.viz.bubble import schedule_of
 
     figs = [("Timeline", viz.timeline(trace, predicted=predicted))]
-    if schedule_of(trace) is not None or (summary.get("pp") or 1) > 1:
+    pipelined = schedule_of(trace) is not None or (summary.get("pp") or 1) > 1
+    if pipelined and not records_steps_only(trace.meta):  # a bubble of step spans alone reads 100%
         figs.append(("Pipeline bubble", viz.bubble(trace)))
     if trace.select(lane=COMM):
         figs += [("Communication by op and step", viz.comm_by_op(trace)),
