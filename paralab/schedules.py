@@ -527,9 +527,9 @@ def _dualpipev(p: int, m: int, rank: int) -> list[Action]:
     return order
 
 
-def _data_deps(action: Action, num_stages: int, grad_op: str | None) -> list[Key]:
-    """The computes whose results a compute reads (``grad_op``: the pass that makes input grads,
-    None where the caller tells it per microbatch).
+def _data_deps(action: Action, num_stages: int) -> list[tuple[str | None, int, int]]:
+    """The computes whose results a compute reads, as keys; an op of None is the pass that makes the
+    next stage's input gradient, which only the microbatch can tell (Bi where it is split, else B).
 
     A forward reads the previous stage's output; a backward (or Bi) reads its own forward's stored
     activation and the next stage's input gradient; W reads what its Bi left.
@@ -539,7 +539,7 @@ def _data_deps(action: Action, num_stages: int, grad_op: str | None) -> list[Key
         return [(FORWARD, s - 1, mb)] if s > 0 else []
     if action.op == BACKWARD_WEIGHT:
         return [(BACKWARD_INPUT, s, mb)]
-    return [(FORWARD, s, mb)] + ([(grad_op, s + 1, mb)] if s < num_stages - 1 else [])
+    return [(FORWARD, s, mb)] + ([(None, s + 1, mb)] if s < num_stages - 1 else [])
 
 
 def _input_stage(action: Action, num_stages: int) -> int | None:
@@ -761,7 +761,7 @@ def _dependency_table(stage_to_rank: tuple[int, ...]) -> dict[tuple[str, int], t
             table[(op, s)] = tuple(
                 (read, stage) if stage_to_rank[stage] == rank
                 else (RECV_FORWARD if read == FORWARD else RECV_BACKWARD, s)
-                for read, stage, _ in _data_deps(Action(op, s, 0), num_stages, None)
+                for read, stage, _ in _data_deps(Action(op, s, 0), num_stages)
             )
     return table
 

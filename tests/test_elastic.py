@@ -807,13 +807,12 @@ def test_a_node_lost_below_min_ends_the_run_at_once_naming_the_node_and_min(tmp_
             return self.returncode
 
     (tmp_path / "progress.json").write_text(json.dumps({"step": 38}))
-    cfg = ElasticConfig(nodes=2, min_nodes=2, max_nodes=2, steps=100, run_timeout_s=600)
+    # a deadline short enough that a watch that waited it out fails fast, with another message
+    cfg = ElasticConfig(nodes=2, min_nodes=2, max_nodes=2, steps=100, run_timeout_s=30)
     lost = (r"lost node 1 \(signal 9, SIGKILL\): 1 node\(s\) left, fewer than MIN 2 of --nnodes 2:2, so the "
             r"run cannot go on; a lower MIN rides out the loss \(last step 38\)")
-    started = time.monotonic()
     with pytest.raises(launch_module.ElasticError, match=lost):
         launch_module._watch(cfg, tmp_path, [Running(), Killed()], None, None)
-    assert time.monotonic() - started < 5
     # as many as MIN left: the run goes on (its rendezvous re-forms), until its own deadline here
     cfg = dataclasses.replace(cfg, min_nodes=1, max_nodes=3, nodes=3, run_timeout_s=0.3)
     with pytest.raises(launch_module.ElasticError, match="did not finish within 0.3 s"):

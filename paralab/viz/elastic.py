@@ -43,10 +43,10 @@ UTILISATION = ("cpu_percent", "gpu_percent", "utilisation", "utilization")
 PHASE_COLORS = {"start": "#9E9E9E", "training": "#333333", "failure": "#A50F15", "detected": "#8C564B",
                 "rendezvous": "#E7298A", "restore": "#7B3294"}
 SHADE = 0.25
-HEIGHT = 884
 # the phases' axis title, under their ticks: the panel ends this much higher, and the figure is as much
 # taller, so that it does not sit on the world-size panel's title
 AXIS_TITLE_PX = 24
+HEIGHT = 860 + AXIS_TITLE_PX
 # a phase's text longer than this is said on two lines: on one, the restore's ran past the right edge of
 # an 820-pixel figure
 TEXT_WRAP = 56
