@@ -35,6 +35,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from paralab.config import RunConfig
 from paralab.runtime import agents, loopback
 from paralab.runtime.failures import (
     blame,
@@ -151,13 +152,12 @@ def run_local_nodes(run_args: list[str], nnodes: int = 2, nproc_per_node: int = 
 
 
 def _run_flags(run_args: list[str]) -> argparse.Namespace:
-    """The run's flags (its ``--timeout``, how long a collective may wait, and ``--threads``), read by
-    ``paralab run``'s own parser, with its defaults and abbreviations: a parser of this module's own had
-    taken ``--thread 3`` for no threads given, and added a ``--threads`` that overrode it."""
-    from paralab.cli import build_parser  # the CLI imports this module only when it runs nodes
-    from paralab.cli_args import attach_negative_lists
-
-    return build_parser().parse_args(["run", *attach_negative_lists(run_args)])
+    """The run's ``--timeout`` (how long a collective may wait) and ``--threads``, read as ``paralab
+    run`` reads them."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--timeout", type=float, default=RunConfig.timeout_s)
+    parser.add_argument("--threads", type=int, default=RunConfig.threads_per_rank)
+    return parser.parse_known_args(run_args)[0]
 
 
 def _fair_threads(flags: argparse.Namespace, ranks: int) -> list[str]:
