@@ -297,6 +297,17 @@ def test_nodes_gives_each_rank_its_share_of_the_machine_not_of_its_agent(agents_
         assert run_args[at:at + 2] == threads and run_args.count("--threads") == 1
 
 
+@pytest.mark.parametrize("given", [["--thread", "3"], ["--thr=3"], ["--threads", "3"]])
+def test_nodes_keeps_the_threads_given_however_abbreviated(agents_started, given):
+    """paralab run takes ``--thread 3`` for ``--threads 3``; nodes had read it as none given and
+    appended its own share, which overrode the 3."""
+    assert cli.main(["nodes", "--nnodes", "2", "--nproc-per-node", "2", "--", "--strategy", "ddp",
+                     *given]) == 1
+    for command in agents_started["commands"]:
+        run_args = command[command.index("run") + 1:]
+        assert "--threads" not in run_args[run_args.index(given[0]) + len(given):], run_args
+
+
 def test_nodes_warns_when_its_ranks_outnumber_the_cores(agents_started, monkeypatch):
     from paralab.runtime import launch, multinode
 
@@ -311,6 +322,9 @@ def test_the_watchdog_of_nodes_allows_the_runs_own_collective_timeout():
 
     assert _run_flags(["--strategy", "ddp", "--timeout", "12", "--steps", "3"]).timeout == 12.0
     assert _run_flags(["--strategy", "ddp"]).timeout == RunConfig().timeout_s
+    assert _run_flags(["--time", "7"]).timeout == 7.0
+    with pytest.raises(paralab.ConfigError, match="the run's flags: .*--threads: invalid int value"):
+        _run_flags(["--threads", "many"])
 
 
 # ---------------------------------------------------------------------------- an agent that died

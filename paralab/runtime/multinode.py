@@ -151,10 +151,21 @@ def run_local_nodes(run_args: list[str], nnodes: int = 2, nproc_per_node: int = 
         janitor.finish()
 
 
+class _RunFlagsParser(argparse.ArgumentParser):
+    """A bad value is a ConfigError, from paralab's Python API as from the shell, not an exit."""
+
+    def error(self, message: str):
+        from paralab.config import ConfigError
+
+        raise ConfigError(f"the run's flags: {message}")
+
+
 def _run_flags(run_args: list[str]) -> argparse.Namespace:
     """The run's ``--timeout`` (how long a collective may wait) and ``--threads``, read as ``paralab
-    run`` reads them."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    run`` reads them, abbreviations too: a prefix that ``paralab run`` reads as one of these is one
+    here (its other flags are left unread), and ``--thread 3`` read as none given had been overridden
+    by the share appended after it."""
+    parser = _RunFlagsParser(add_help=False)
     parser.add_argument("--timeout", type=float, default=RunConfig.timeout_s)
     parser.add_argument("--threads", type=int, default=RunConfig.threads_per_rank)
     return parser.parse_known_args(run_args)[0]
