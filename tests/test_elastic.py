@@ -120,6 +120,14 @@ def test_invalid_runs_exit_2_before_any_process(monkeypatch, capsys, argv, messa
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("slow", [{"factor": 3}, {"rank": 1}, [1, 3]])
+def test_a_slowdown_from_python_names_what_it_lacks(slow):
+    """The flag refuses ``--slow factor=3`` for its missing rank; from Python ``slow={"factor": 3}``
+    had been told "slow rank must be in [0, 4), got None"."""
+    with pytest.raises(paralab.ConfigError, match=r"slow takes rank and factor, both \(like rank=1"):
+        ElasticConfig.build("tiny", min_nodes=1, max_nodes=4, slow=slow).validate()
+
+
 def test_the_workers_parse_back_the_launchers_whole_config():
     """Every worker is started from ``to_argv``: each field, set away from its default, arrives (the
     reduction's dtype, recompute and the attention kernel had been dropped on the way)."""

@@ -139,8 +139,8 @@ class ElasticConfig(TrainingConfig):
     def _validate_slow(self) -> None:
         if self.slow is None:
             return
-        if not isinstance(self.slow, dict) or set(self.slow) - {"rank", "factor"}:
-            raise ConfigError(f"slow takes rank and factor (like rank=1,factor=3), got {self.slow!r}")
+        if not isinstance(self.slow, dict) or set(self.slow) != {"rank", "factor"}:
+            raise ConfigError(f"slow takes rank and factor, both (like rank=1,factor=3), got {self.slow!r}")
         rank, factor = self.slow.get("rank"), self.slow.get("factor")
         if not isinstance(rank, int) or not 0 <= rank < self.max_nodes:
             raise ConfigError(f"slow rank must be in [0, {self.max_nodes}), got {rank!r}")
