@@ -555,13 +555,16 @@ class Trace:
         """Headline metrics of the run: the numbers the CLI's --json and the notebooks show.
 
         ``per_rank`` holds :meth:`time_breakdown`; the same keys at the top level are its means over
-        the ranks."""
+        the ranks. A trace of step spans only (:func:`records_steps_only`) measured none of these but
+        its steps: each is None, which every reader of a summary (a run's, ``paralab merge``'s, a
+        report's, a comparison's) says as not measured, where its missing spans had read as no bytes
+        sent and every rank idle."""
         step_time = self.median_step_time()
         tokens = self.meta.get("tokens_per_step", 0)
         per_rank = self.time_breakdown()
         keys = next(iter(per_rank.values()), {})
         means = {key: sum(r[key] for r in per_rank.values()) / len(per_rank) for key in keys}
-        return {
+        summary = {
             "step_time_s": step_time,
             "step_times_s": self.step_times(),
             "tokens_per_s": tokens / step_time if step_time > 0 else 0.0,
@@ -572,6 +575,9 @@ class Trace:
             "bubble_fraction": self.bubble_fraction(),
             **means,
         }
+        if records_steps_only(self.meta):
+            summary.update(dict.fromkeys((*SPAN_FIGURES, *means)))
+        return summary
 
 
 # ---------------------------------------------------------------------------------- reading files

@@ -447,3 +447,17 @@ def test_an_interrupted_write_leaves_the_file_that_was_there_and_nothing_else(tm
         trace_module._write_json(path, {"format": "paralab-trace"}, spans=spans_then_interrupt())
     assert Trace.load(path).spans == good.spans
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json"]
+
+
+def test_a_trace_of_step_spans_only_measured_nothing_but_its_steps():
+    """A --no-trace run's trace (step spans only), merged or compared, had summarised to no bytes sent
+    and every rank idle all of its step; the run's own summary alone had said not measured."""
+    from paralab.trace import SPAN_FIGURES
+
+    steps = [Span(rank, STEP, "step", 0.02 * k, 0.02 * (k + 1), name=f"step {k}", step=k)
+             for rank in (0, 1) for k in range(3)]
+    summary = Trace(spans=steps, meta={"config": {"trace": False}}).summary()
+    assert summary["step_time_s"] == pytest.approx(0.02)
+    assert all(summary[key] is None for key in (*SPAN_FIGURES, "idle_s", "compute_s", "comm_s")), summary
+    traced = Trace(spans=steps, meta={"config": {"trace": True}}).summary()
+    assert traced["comm_bytes"] == {} and traced["idle_s"] == pytest.approx(0.02)

@@ -110,7 +110,7 @@ class RunResult:
             "step_time_s": metrics["step_time_s"],
             "step_times_s": metrics["step_times_s"],
             "tokens_per_s": metrics["tokens_per_s"],
-            **span_figures(metrics, cfg, layout),
+            **span_figures(metrics, layout),
             # the schedule's bubble for equal-time stages (pipeline strategies put it in their rank results)
             "bubble_theoretical": max((r.get("bubble_theoretical", 0.0)
                                        for r in self.rank_results), default=0.0),
@@ -134,15 +134,12 @@ class RunResult:
                 f"losses=[{losses}], step_time_s={s['step_time_s']:.4f})")
 
 
-def span_figures(metrics: dict, cfg: RunConfig, layout: Layout) -> dict:
+def span_figures(metrics: dict, layout: Layout) -> dict:
     """The summary's figures that only compute and communication spans hold: bytes per op and per link,
     the bubble of a pipeline and where each rank's time went; each None (not measured) where the run
-    recorded step spans only (``trace=False``, ``--no-trace``), whose missing spans had read as no
-    bytes and a pipeline idle 100% of the time. A run without a pipeline has no bubble, recorded or
-    not: 0."""
+    recorded step spans only (``trace=False``, ``--no-trace``: :meth:`Trace.summary`). A run without a
+    pipeline has no bubble, recorded or not: 0."""
     figures = {key: metrics[key] for key in SPAN_FIGURES}
-    if not cfg.trace:
-        figures = dict.fromkeys(figures)
     if not layout.pipelined:
         figures["bubble_fraction"] = 0.0
     return figures

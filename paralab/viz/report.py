@@ -37,8 +37,6 @@ def _summary_of(obj) -> tuple[Trace, dict, list[float] | None]:
             if obj.meta.get(key) not in (None, ""):
                 summary[key] = obj.meta[key]
         summary.setdefault("world_size", len(obj.ranks))
-        if records_steps_only(obj.meta):
-            summary.update(dict.fromkeys(SPAN_FIGURES))
         if schedule_of(obj) is None:
             summary.pop("bubble_fraction", None)  # idle time of a non-pipeline run is not a bubble
         return obj, summary, None
