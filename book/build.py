@@ -51,6 +51,7 @@ body { margin: 0; }
   font: 15px/1.55 system-ui, sans-serif; }
 .book-page img { max-width: 100%; }
 .book-page pre { background: #f5f5f5; padding: 8px; overflow-x: auto; }
+.book-page .jp-OutputArea-output pre { word-break: normal; overflow-wrap: anywhere; }
 .book-page table { border-collapse: collapse; }
 .book-page td, .book-page th { border: 1px solid #ddd; padding: 4px 8px; }
 .widget-snapshot { border: 1px dashed #90a4ae; border-radius: 6px; padding: 8px 10px; margin: 6px 0; }

@@ -163,6 +163,9 @@ def test_the_built_book_renders_offline_in_chromium(tmp_path, no_leftover_ranks)
                                           "a.getAttribute('href'))")
                     assert links == [p["file"] for p in pages]
             planning = page.goto((site / "08_planning_at_scale.html").as_uri()) and page.content()
+            # printed lines wrap between words: nbconvert's style broke them anywhere ("seque|nce")
+            breaks = page.evaluate("() => [...document.querySelectorAll('.jp-OutputArea-output pre')]"
+                                   ".map(pre => getComputedStyle(pre).wordBreak)")
         finally:
             browser.close()
     assert remote == [] and errors == [], (remote, errors)
@@ -170,3 +173,4 @@ def test_the_built_book_renders_offline_in_chromium(tmp_path, no_leftover_ranks)
         assert drawn[name] and all(drawn[name]), f"{name}: figures drawn {drawn[name]}"
     assert len(drawn["gallery.html"]) == sum(p["figures"] for p in pages)
     assert planning.count("widget-snapshot") >= 2 and "open it on Binder" in planning
+    assert breaks and set(breaks) == {"normal"}, breaks
