@@ -1,5 +1,6 @@
 """The shell face: `paralab run --json` keys, exit codes, and torchrun with per-rank traces."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -441,6 +442,40 @@ def test_torchrun_writes_per_rank_traces_that_merge(tmp_path):
 
     same = paralab.run("ddp", 2, steps=3, bucket_mb=0.1)
     assert same.losses == pytest.approx(summary["losses"], rel=1e-6)
+
+
+@pytest.mark.timeout(240)
+def test_torchrun_ranks_given_different_settings_are_refused_naming_the_setting(tmp_path):
+    """Each node's command line is typed apart: nodes given different seeds had trained on a mix of
+    both seeds' data and exited 0, and different step counts had hung until the collective timeout."""
+    job = tmp_path / "seed_by_rank.py"
+    job.write_text("import os, sys\nfrom paralab import cli\n"
+                   "sys.exit(cli.main(['run', '--strategy', 'ddp', '--steps', '2', '--timeout', '100', "
+                   "'--seed', os.environ['RANK']]))\n")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                           "2", str(job)], capture_output=True, text=True, timeout=200, env=env)
+    assert proc.returncode != 0
+    said = ("paralab: invalid configuration: the ranks of this launch were given different settings: "
+            "rank 1 has seed 1 against rank 0's 0; give every node the same paralab run flags")
+    assert said in proc.stderr, proc.stderr[-3000:]
+    assert "exitcode  : 2" in proc.stderr  # each rank's own code: invalid
+
+
+def test_settings_a_rank_may_hold_for_itself_are_not_compared():
+    """Threads, timeouts, a profile's folder and the nodes a rank reads from its own environment may
+    differ from node to node; what shapes the training may not."""
+    from paralab.runtime.worker import disagreement, shared_settings
+
+    base = RunConfig(strategy="ddp", world_size=2)
+    own = dataclasses.replace(base, threads_per_rank=3, timeout_s=9.0, nodes=2, profile_dir="/tmp/p",
+                              oversubscribe=True)
+    assert disagreement([shared_settings(base), shared_settings(own)]) is None
+    other = dataclasses.replace(base, model=dataclasses.replace(base.model, hidden=128), lr=0.1)
+    assert disagreement([shared_settings(base)] * 2 + [shared_settings(other)]) == (
+        "the ranks of this launch were given different settings: rank 2 has lr 0.1 against rank 0's "
+        "0.003, model.hidden 128 against rank 0's 64; give every node the same paralab run flags")
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -147,13 +147,16 @@ def backend_for(device: str) -> str:
 
 @contextmanager
 def rank_session(cfg: TrainingConfig, layout: Layout, rank: int, world_size: int, local_rank: int,
-                 local_world_size: int, init_method: str, nodes: int = 1, faults=None):
+                 local_world_size: int, init_method: str, nodes: int = 1, faults=None,
+                 agreed: dict | None = None):
     """Set up one rank and yield its RankContext: threads, device, process group, every rank's node,
     recorder and memory meter; the shared clock starts right after a barrier, so all ranks' spans
     sit on one timeline. The process group is destroyed on the way out, whatever happened.
 
     ``cfg.device`` must be concrete ('cpu' or 'cuda'; the launcher resolves 'auto'): rank r uses
-    cuda:LOCAL_RANK. ``nodes`` emulated nodes split a local launch (see :func:`_node_map`)."""
+    cuda:LOCAL_RANK. ``nodes`` emulated nodes split a local launch (see :func:`_node_map`).
+    ``agreed``: settings every rank must hold alike (:func:`shared_settings`), ConfigError on every
+    rank where they differ."""
     torch.set_num_threads(threads_for(cfg, local_world_size))
     device = torch.device("cuda", local_rank) if cfg.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
@@ -168,7 +171,7 @@ def rank_session(cfg: TrainingConfig, layout: Layout, rank: int, world_size: int
         said = (str(exc).strip().splitlines() or [""])[0]  # the C++ stack follows
         raise GroupNotFormed(f"the process group did not form: {type(exc).__name__}: {said}") from exc
     try:
-        node_of = _node_map(rank, world_size, nodes)
+        node_of = _node_map(rank, world_size, nodes, agreed)
         recorder = Recorder(rank, enabled=cfg.trace, cuda=device.type == "cuda", node_of=node_of.__getitem__)
         ctx = RankContext(cfg=cfg, layout=layout, rank=rank, world_size=world_size, local_rank=local_rank,
                           node=node_of[rank], device=device, recorder=recorder,
@@ -203,7 +206,7 @@ def run_rank(cfg: RunConfig, layout: Layout, rank: int, world_size: int, local_r
     ``gather`` (torchrun, where no parent collects files) rank 0 also gets every rank's (result,
     trace) as a third item."""
     with rank_session(cfg, layout, rank, world_size, local_rank, local_world_size, init_method,
-                      nodes=cfg.nodes) as ctx:
+                      nodes=cfg.nodes, agreed=shared_settings(cfg)) as ctx:
         ctx.recorder.on_step = heartbeat
         with profile_rank(ctx):
             result = get_strategy(cfg.strategy).train(ctx)
@@ -222,15 +225,52 @@ class GroupNotFormed(RuntimeError):
     waiting for it sees as a store's "Wait timeout"), or a rendezvous address that cannot be used."""
 
 
-def _node_map(rank: int, world_size: int, nodes: int) -> list[int]:
+def _node_map(rank: int, world_size: int, nodes: int, agreed: dict | None = None) -> list[int]:
     """Node index of every rank: the node a launcher names (elastic's PARALAB_NODE, which stays with
     an agent across restarts, or torchrun's GROUP_RANK), else ``nodes`` emulated nodes of
-    consecutive ranks on this machine."""
+    consecutive ranks on this machine. The same exchange compares the ranks' ``agreed`` settings."""
     named = os.environ.get("PARALAB_NODE", os.environ.get("GROUP_RANK"))
     mine = int(named) if named is not None else rank // (world_size // nodes)
-    everyone: list[int] = [0] * world_size
-    dist.all_gather_object(everyone, mine)
-    return everyone
+    everyone: list = [None] * world_size
+    dist.all_gather_object(everyone, (mine, agreed))
+    if agreed is not None and (differ := disagreement([settings for _, settings in everyone])):
+        raise ConfigError(differ)
+    return [node for node, _ in everyone]
+
+
+# What each rank of a launch may set for itself: how it uses its own machine (threads, whether it may
+# start more ranks than cores, how long it waits for a peer, where its profile goes) and what it reads
+# from its own node's environment (nodes: torchrun's agents, when this node's ranks times them is the
+# world). Every other setting shapes the training all ranks do together.
+RANK_OWN_SETTINGS = frozenset({"threads_per_rank", "oversubscribe", "timeout_s", "profile_dir", "nodes"})
+
+
+def shared_settings(cfg: RunConfig) -> dict:
+    """The settings of a run that every rank must hold alike. Under a torchrun of one's own each node's
+    command line is typed apart: a --seed differing between nodes had trained on a mix of the two
+    seeds' data in silence (exit 0), and a --steps differing hung until the collective timeout."""
+    return {key: value for key, value in cfg.to_dict().items() if key not in RANK_OWN_SETTINGS}
+
+
+def disagreement(settings: list[dict]) -> str | None:
+    """What the first rank that differs from rank 0 holds otherwise, or None where all agree; a nested
+    setting is named by its path (model.hidden), not by the whole of its dict."""
+    first, *others = (dict(_flat(each)) for each in settings)
+    for rank, theirs in enumerate(others, start=1):
+        if keys := sorted(key for key in first.keys() | theirs.keys() if first.get(key) != theirs.get(key)):
+            said = ", ".join(f"{key} {theirs.get(key)!r} against rank 0's {first.get(key)!r}"
+                             for key in keys[:3]) + (f" (and {len(keys) - 3} more)" if len(keys) > 3 else "")
+            return (f"the ranks of this launch were given different settings: rank {rank} has {said}; "
+                    f"give every node the same paralab run flags")
+    return None
+
+
+def _flat(settings: dict, prefix: str = ""):
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            yield from _flat(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
 
 
 # ---------------------------------------------------------------------------- spawned ranks
