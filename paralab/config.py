@@ -319,6 +319,37 @@ class RunConfig(TrainingConfig):
         return self
 
 
+# What each rank of a launch may set for itself: how it uses its own machine (threads, whether it may
+# start more ranks than cores, how long it waits for a peer, where its profile goes) and what it reads
+# from its own node's environment (nodes: torchrun's agents, when this node's ranks times them is the
+# world). Every other setting shapes the training all ranks do together.
+RANK_OWN_SETTINGS = frozenset({"threads_per_rank", "oversubscribe", "timeout_s", "profile_dir", "nodes"})
+
+
+def shared_settings(settings: dict) -> dict:
+    """A run's settings (``RunConfig.to_dict()``, or a trace's ``meta["config"]``) that every rank of
+    it holds alike: without :data:`RANK_OWN_SETTINGS`."""
+    return {key: value for key, value in settings.items() if key not in RANK_OWN_SETTINGS}
+
+
+def settings_differ(first: dict, other: dict, whose: str) -> str:
+    """How ``other``'s settings differ from ``first``'s (``whose``), at most three named ("seed 1
+    against rank 0's 0"; a nested setting by its path, model.hidden, not the whole of its dict); ''
+    where they agree."""
+    mine, theirs = dict(_flat(first)), dict(_flat(other))
+    keys = sorted(key for key in mine.keys() | theirs.keys() if mine.get(key) != theirs.get(key))
+    said = ", ".join(f"{key} {theirs.get(key)!r} against {whose} {mine.get(key)!r}" for key in keys[:3])
+    return said + (f" (and {len(keys) - 3} more)" if len(keys) > 3 else "")
+
+
+def _flat(settings: dict, prefix: str = ""):
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            yield from _flat(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
 MAX_TIMEOUT_S = 10**7  # about four months: what a time-out may be before deadlines overflow the clocks
 FP16_LOSS_SCALE = 2.0**16  # where fp16's dynamic loss scale starts unless told (torch.amp.GradScaler's)
 

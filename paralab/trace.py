@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
-from paralab.config import finite_number
+from paralab.config import finite_number, settings_differ, shared_settings
 
 COMPUTE, COMM, STEP, EVENT = "compute", "comm", "step", "event"
 GZIP_MAGIC = b"\x1f\x8b"
@@ -708,14 +708,23 @@ def _checked_meta(meta, where: str) -> dict:
 
 def _check_one_run(folder: Path, files: list[Path], traces: list[Trace]) -> None:
     """TraceFormatError unless a folder's traces can be one run's: one world size in every file that
-    says one and no rank beyond it (another run's files left in a reused --trace-dir), no rank in two
-    files (a merged trace beside its per-rank files would count every span twice)."""
+    says one, no rank beyond it and none missing (another run's files left in a reused --trace-dir, or
+    a node's files left on its own disk, had merged in silence), the same settings in every file that
+    records its run's (a ddp run's rank 0 beside a pipeline's rank 1), no rank in two files (a merged
+    trace beside its per-rank files would count every span twice)."""
     sizes = {file: trace.meta["world_size"] for file, trace in zip(files, traces, strict=True)
              if trace.meta.get("world_size") is not None}
     first, world = next(iter(sizes.items()), (None, None))
     if other := next((file for file, size in sizes.items() if size != world), None):
         raise TraceFormatError(f"{folder}: {first.name} is a trace of a run of world size {world}, "
                                f"{other.name} of one of {sizes[other]}: merge each run's files alone")
+    settings = {file: shared_settings(trace.meta["config"]) for file, trace in zip(files, traces, strict=True)
+                if isinstance(trace.meta.get("config"), dict)}
+    told, theirs = next(iter(settings.items()), (None, None))
+    for file, mine in settings.items():
+        if said := settings_differ(theirs, mine, f"{told.name}'s"):
+            raise TraceFormatError(f"{folder}: {file.name} is a trace of another run than {told.name}: it "
+                                   f"has {said}; merge each run's files alone")
     holder: dict[int, Path] = {}
     for file, trace in zip(files, traces, strict=True):
         if twice := sorted(set(trace.ranks) & holder.keys()):
@@ -725,6 +734,14 @@ def _check_one_run(folder: Path, files: list[Path], traces: list[Trace]) -> None
             raise TraceFormatError(f"{folder}: {file.name} holds rank {beyond[0]}, beyond the world size "
                                    f"{world} of {first.name}: traces of two runs")
         holder.update(dict.fromkeys(trace.ranks, file))
+    if world is not None and (missing := sorted(set(range(world)) - holder.keys())):
+        raise TraceFormatError(f"{folder}: holds {len(holder)} of the {world} ranks of its run; rank(s) "
+                               f"{_ranks_text(missing)} missing (each node writes its own ranks' files: "
+                               f"gather every node's --trace-dir here, or write it to a shared file system)")
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks[:8])) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
 
 
 def _write_json(path: str | Path, head: dict, **arrays) -> Path:

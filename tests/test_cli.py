@@ -466,14 +466,14 @@ def test_torchrun_ranks_given_different_settings_are_refused_naming_the_setting(
 def test_settings_a_rank_may_hold_for_itself_are_not_compared():
     """Threads, timeouts, a profile's folder and the nodes a rank reads from its own environment may
     differ from node to node; what shapes the training may not."""
-    from paralab.runtime.worker import disagreement, shared_settings
+    from paralab.runtime.worker import disagreement
 
     base = RunConfig(strategy="ddp", world_size=2)
     own = dataclasses.replace(base, threads_per_rank=3, timeout_s=9.0, nodes=2, profile_dir="/tmp/p",
                               oversubscribe=True)
-    assert disagreement([shared_settings(base), shared_settings(own)]) is None
+    assert disagreement([base.to_dict(), own.to_dict()]) is None
     other = dataclasses.replace(base, model=dataclasses.replace(base.model, hidden=128), lr=0.1)
-    assert disagreement([shared_settings(base)] * 2 + [shared_settings(other)]) == (
+    assert disagreement([base.to_dict()] * 2 + [other.to_dict()]) == (
         "the ranks of this launch were given different settings: rank 2 has lr 0.1 against rank 0's "
         "0.003, model.hidden 128 against rank 0's 64; give every node the same paralab run flags")
 

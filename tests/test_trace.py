@@ -7,6 +7,7 @@ import pytest
 
 from paralab import cli
 from paralab import trace as trace_module
+from paralab.config import RunConfig
 from paralab.trace import COMM, COMPUTE, STEP, Counter, Span, Trace
 
 
@@ -424,6 +425,34 @@ def test_a_folder_that_holds_two_runs_exits_2_naming_them(tmp_path, capsys, comm
     err = capsys.readouterr().err
     assert ("rank00000.json is a trace of a run of world size 2, rank00002.json of one of 4: merge each "
             "run's files alone") in err, err
+
+
+@pytest.mark.parametrize("command", ["merge", "report"])
+def test_a_folder_missing_a_rank_of_its_run_exits_2_naming_it(tmp_path, capsys, command):
+    """Each node of a torchrun writes its own ranks' files: a --trace-dir on a disk of its own had
+    merged one node's ranks in silence, its bytes read as the whole run's."""
+    _rank_files(tmp_path, 4, (0, 2))
+    assert cli.main([command, str(tmp_path), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert (f"{tmp_path}: holds 2 of the 4 ranks of its run; rank(s) 1, 3 missing (each node writes its "
+            "own ranks' files: gather every node's --trace-dir here") in err, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["merge", "report"])
+def test_a_folder_of_two_runs_of_one_world_size_exits_2_naming_a_difference(tmp_path, capsys, command):
+    """A ddp run's rank 0 beside a pipeline run's rank 1 had merged into one run of two ranks."""
+    for rank, strategy in ((0, "ddp"), (1, "pp")):
+        settings = {**RunConfig(strategy=strategy).to_dict(), "threads_per_rank": rank}
+        step = Span(rank, STEP, "step", 0.0, 1.0, step=0)
+        Trace(spans=[step], meta={"world_size": 2, "config": settings}).save(tmp_path / f"rank{rank}.json")
+    assert cli.main([command, str(tmp_path), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert ("rank1.json is a trace of another run than rank0.json: it has strategy 'pp' against rank0.json's "
+            "'ddp'; merge each run's files alone") in err, err  # threads a rank may choose for itself
+    (tmp_path / "rank1.json").unlink()
+    _rank_files(tmp_path, 2, [1])  # a file that records no settings is not compared
+    assert len(Trace.load(tmp_path).ranks) == 2
 
 
 def test_a_rank_beyond_the_world_size_of_a_folder_is_refused(tmp_path):

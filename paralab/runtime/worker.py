@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from paralab import random_streams
-from paralab.config import ConfigError, RunConfig, TrainingConfig
+from paralab.config import ConfigError, RunConfig, TrainingConfig, settings_differ, shared_settings
 from paralab.layout import Layout
 from paralab.memory import MemoryMeter
 from paralab.precision import LossScaler
@@ -155,8 +155,8 @@ def rank_session(cfg: TrainingConfig, layout: Layout, rank: int, world_size: int
 
     ``cfg.device`` must be concrete ('cpu' or 'cuda'; the launcher resolves 'auto'): rank r uses
     cuda:LOCAL_RANK. ``nodes`` emulated nodes split a local launch (see :func:`_node_map`).
-    ``agreed``: settings every rank must hold alike (:func:`shared_settings`), ConfigError on every
-    rank where they differ."""
+    ``agreed``: this rank's settings (``RunConfig.to_dict()``), ConfigError on every rank where two
+    ranks' differ beyond what each may hold for itself (:func:`disagreement`)."""
     torch.set_num_threads(threads_for(cfg, local_world_size))
     device = torch.device("cuda", local_rank) if cfg.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
@@ -206,7 +206,7 @@ def run_rank(cfg: RunConfig, layout: Layout, rank: int, world_size: int, local_r
     ``gather`` (torchrun, where no parent collects files) rank 0 also gets every rank's (result,
     trace) as a third item."""
     with rank_session(cfg, layout, rank, world_size, local_rank, local_world_size, init_method,
-                      nodes=cfg.nodes, agreed=shared_settings(cfg)) as ctx:
+                      nodes=cfg.nodes, agreed=cfg.to_dict()) as ctx:
         ctx.recorder.on_step = heartbeat
         with profile_rank(ctx):
             result = get_strategy(cfg.strategy).train(ctx)
@@ -238,39 +238,17 @@ def _node_map(rank: int, world_size: int, nodes: int, agreed: dict | None = None
     return [node for node, _ in everyone]
 
 
-# What each rank of a launch may set for itself: how it uses its own machine (threads, whether it may
-# start more ranks than cores, how long it waits for a peer, where its profile goes) and what it reads
-# from its own node's environment (nodes: torchrun's agents, when this node's ranks times them is the
-# world). Every other setting shapes the training all ranks do together.
-RANK_OWN_SETTINGS = frozenset({"threads_per_rank", "oversubscribe", "timeout_s", "profile_dir", "nodes"})
-
-
-def shared_settings(cfg: RunConfig) -> dict:
-    """The settings of a run that every rank must hold alike. Under a torchrun of one's own each node's
-    command line is typed apart: a --seed differing between nodes had trained on a mix of the two
-    seeds' data in silence (exit 0), and a --steps differing hung until the collective timeout."""
-    return {key: value for key, value in cfg.to_dict().items() if key not in RANK_OWN_SETTINGS}
-
-
 def disagreement(settings: list[dict]) -> str | None:
-    """What the first rank that differs from rank 0 holds otherwise, or None where all agree; a nested
-    setting is named by its path (model.hidden), not by the whole of its dict."""
-    first, *others = (dict(_flat(each)) for each in settings)
+    """What the first rank whose :func:`shared_settings` differ from rank 0's holds otherwise, or None
+    where all agree. Under a torchrun of one's own each node's command line is typed apart: a --seed
+    differing between nodes had trained on a mix of the two seeds' data in silence (exit 0), and a
+    --steps differing hung until the collective timeout."""
+    first, *others = map(shared_settings, settings)
     for rank, theirs in enumerate(others, start=1):
-        if keys := sorted(key for key in first.keys() | theirs.keys() if first.get(key) != theirs.get(key)):
-            said = ", ".join(f"{key} {theirs.get(key)!r} against rank 0's {first.get(key)!r}"
-                             for key in keys[:3]) + (f" (and {len(keys) - 3} more)" if len(keys) > 3 else "")
+        if said := settings_differ(first, theirs, "rank 0's"):
             return (f"the ranks of this launch were given different settings: rank {rank} has {said}; "
                     f"give every node the same paralab run flags")
     return None
-
-
-def _flat(settings: dict, prefix: str = ""):
-    for key, value in settings.items():
-        if isinstance(value, dict):
-            yield from _flat(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", value
 
 
 # ---------------------------------------------------------------------------- spawned ranks
