@@ -24,12 +24,12 @@ from paralab import viz  # noqa: E402
 from paralab.viz._common import (  # noqa: E402
     EXTRA_COLORS,
     KIND_COLORS,
-    MICROBATCH_COLORS,
+    TIMELINE_MICROBATCH_COLORS,
     WAITING,  # noqa: E402
     fmt_bytes,
 )
 from paralab.viz.comm import comm_matrix_data, group_of  # noqa: E402
-from paralab.viz.timeline import call_slots  # noqa: E402
+from paralab.viz.timeline import FILLER, LABELS, call_slots, median_step  # noqa: E402
 from tests.conftest import bars  # noqa: E402
 
 TIMES = {"forward": 1e-3, "backward": 2e-3, "backward_input": 1e-3, "backward_weight": 1e-3}
@@ -57,7 +57,8 @@ def test_timeline_measured_rows_spans_and_bytes(ddp_run):
     trace = ddp_run.trace
     fig = viz.timeline(ddp_run)
     assert fig.layout.meta["ranks"] == 2
-    assert fig.layout.meta["rows"] == ["r0 compute", "r0 comm", "r1 compute", "r1 comm"]
+    labelled = [row for row in fig.layout.meta["rows"] if FILLER not in row]
+    assert labelled == ["r0 compute", "r0 comm", "r1 compute", "r1 comm"]
     assert list(fig.layout.yaxis.categoryarray) == fig.layout.meta["rows"]
     drawn = [s for s in trace.spans if s.lane in ("compute", "comm")]
     assert bars(fig) == len(drawn)
@@ -100,16 +101,16 @@ def test_timeline_pipeline_microbatch_colours_and_labels(pipe):
     assert fig.layout.meta["ranks"] == 4 and len(fig.layout.meta["rows"]) == 8
     fwd = next(t for t in fig.data if t.name == "forward")
     assert len(fwd.x) == 4 * 8
-    assert sorted(set(fwd.marker.color)) == list(range(8))  # coloured by microbatch
+    assert sorted(set(fwd.marker.color)) == sorted(TIMELINE_MICROBATCH_COLORS[:8])  # coloured by microbatch
     assert "F0 s0" in list(fwd.text) and fwd.textangle == 0  # hidden where it does not fit, never on end
     ink = dict(zip(fwd.marker.color, fwd.insidetextfont.color))  # a label in white was lost on light fills
-    assert ink[6] == "#222" and ink[0] == "white"  # light orange, dark blue
+    assert ink["#E7CB94"] == "#222" and ink["#6A3D9A"] == "white"  # sand, deep violet
     send = next(t for t in fig.data if t.name == "send")
     assert isinstance(send.marker.color, str)  # comm stays coloured by kind
     # no microbatch is drawn in a communication kind's colour, and the axis says what colours mean
     comm_colors = {KIND_COLORS[k] for k in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send",
                                             "recv", "all_to_all", "barrier")}
-    assert not set(MICROBATCH_COLORS) & (comm_colors | set(EXTRA_COLORS))
+    assert not set(TIMELINE_MICROBATCH_COLORS) & (comm_colors | set(EXTRA_COLORS))
     # recomputation sits beside the all-reduce (it had been a second purple) and, in zero-bubble
     # schedules, the weight-gradient pass: far from every other kind's colour and the unknown kinds'
     others = [c for kind, c in KIND_COLORS.items() if kind != "recompute" and c.startswith("#")]
@@ -125,7 +126,9 @@ def test_timeline_pipeline_microbatch_colours_and_labels(pipe):
     # bars coloured by microbatch stay out of the legend (their swatch had been one microbatch's colour,
     # matching no bar); kinds in one colour keep theirs, and sends back to back are edged apart
     assert fwd.showlegend is False and send.showlegend is not False
-    assert send.marker.line.width == 1 and send.marker.line.color == "white"
+    # (a send alone on its row; one beside a receive in flight is too thin for a white edge)
+    edges = dict(zip(send.marker.line.width, send.width))
+    assert edges[1] == pytest.approx(0.8) and edges[0] < 0.8 and send.marker.line.color == "white"
     by_kind = viz.timeline(pipe, color_by="kind").data
     assert all(t.marker.line.width == 0 for t in by_kind if t.name == "forward")
     # idle is visible as gaps: rank 3's compute bars cover less than the step
@@ -143,7 +146,8 @@ def test_timeline_measured_with_prediction(ddp_run, pipe):
     assert bars(stacked) == bars(viz.timeline(ddp_run)) + bars(viz.timeline(pipe))
     overlay = viz.timeline(ddp_run, predicted=pipe, layout="overlay")
     rows = list(overlay.layout.yaxis.categoryarray)
-    assert rows[:4] == ["r0 compute", "r0 comm", "r0 compute pred", "r0 comm pred"]
+    assert [row for row in rows if FILLER not in row][:4] == ["r0 compute", "r0 comm", "r0 compute pred",
+                                                              "r0 comm pred"]
     with pytest.raises(ValueError):
         viz.timeline(ddp_run, predicted=pipe, layout="sideways")
 
@@ -746,3 +750,79 @@ def test_ring_against_tree_stops_a_node_link_at_the_node():
     (note,) = fig.layout.annotations
     assert "joins the 8 GPUs of a node" in note.text
     assert not ring_against_tree(links, 2**16, [2, 4, 8], reach={"NVLink": 8}).layout.annotations  # none cut
+
+
+def test_timeline_microbatch_colours_are_not_the_kinds_and_labels_stay_readable_where_whitened():
+    """Microbatch 0 had been drawn in the forward's blue and microbatch 1 in the backward's orange, so
+    F0, F1, B0, B1 read as forward, backward, forward, backward: every microbatch shade is now 20 or
+    more CIE76 units from every kind's colour. A forward blocked on its all-reduce is whitened; its
+    label, white under that white before, is written over it in dark ink, and off its own bar."""
+    from tests.test_elastic import lab
+
+    for shade in TIMELINE_MICROBATCH_COLORS:
+        for kind, color in [*KIND_COLORS.items(), *enumerate(EXTRA_COLORS)]:
+            if color.startswith("#"):
+                assert math.dist(lab(shade), lab(color)) >= 20, (shade, kind, color)
+    spans = [Span(0, STEP, "step", 0, 0.010, step=0),
+             Span(0, COMPUTE, "forward", 0, 0.008, microbatch=0, stage=0, step=0),
+             Span(0, COMPUTE, "forward", 0.008, 0.010, microbatch=1, stage=0, step=0),
+             Span(0, COMM, "all_reduce", 0.001, 0.007, name="mlp g", issue_s=0.006, step=0)]
+    fig = viz.timeline(Trace(spans=spans))
+    forward = next(t for t in fig.data if t.name == "forward")
+    assert list(forward.marker.color) == TIMELINE_MICROBATCH_COLORS[:2]
+    assert list(forward.text) == ["", "F1 s0"] and list(forward.insidetextfont.color) == ["white", "white"]
+    labels = fig.data[-1]  # drawn last: over the whitening
+    assert labels.name == LABELS and list(labels.text) == ["F0 s0"]
+    assert list(labels.insidetextfont.color) == ["#222"]
+    assert labels.hoverinfo == "skip" and labels.showlegend is False
+
+
+def test_microbatch_bars_give_plotly_colours_not_numbers(pipe):
+    """Microbatch numbers on a colour scale made plotly.js log "Invalid color specifier: Int8Array" for
+    every bar, hundreds per figure: each bar now carries its colour."""
+    for t in viz.timeline(pipe).data:
+        colors = [t.marker.color] if isinstance(t.marker.color, str) else list(t.marker.color)
+        assert t.marker.colorscale is None and all(isinstance(c, str) for c in colors), t.name
+
+
+def test_many_calls_in_flight_spread_over_filler_rows_each_tall_enough_to_see():
+    """22 all-reduces in flight at once (0.05 MiB buckets) had shared one comm row, each a 1-pixel
+    line washed out by its white edge: the row now grows by unlabelled filler rows, so each call keeps
+    a quarter of a row at least, without an edge, and still says in its hover what it shares the row with."""
+    calls = [Span(0, COMM, "all_reduce", 0.001 * k, 0.030 + 0.0001 * k, name=f"bucket {k}", step=0)
+             for k in range(22)]
+    spans = [Span(0, STEP, "step", 0, 0.040, step=0), Span(0, COMPUTE, "backward", 0, 0.025, step=0), *calls]
+    fig = viz.timeline(Trace(spans=spans), waits=False)
+    rows = fig.layout.meta["rows"]
+    assert rows == ["r0 compute", "r0 comm"] + [f"r0 comm{FILLER}{k}" for k in range(1, 6)]
+    assert list(fig.layout.yaxis.ticktext) == ["r0 compute", "r0 comm"] + [""] * 5
+    reduces = next(t for t in fig.data if t.name == "all_reduce")
+    assert min(reduces.width) >= 0.8 / 4 and set(reduces.marker.line.width) == {0}
+    assert max(o + w for o, w in zip(reduces.offset, reduces.width)) == pytest.approx(5.4)  # to the last row
+    assert "sub-row 22 of 22" in reduces.hovertext[-1]
+
+
+def test_the_key_says_what_each_hatch_of_a_split_backward_means():
+    """Bars carry three hatches, but the key had said only "backwards hatched": where a backward is
+    split into its input-gradient (Bi) and weight-gradient (W) passes, it names all three."""
+    split = simulate_schedule(build_schedule("zb-h1", 4, 8), TIMES, 1e-4)
+    key = viz.timeline(split).layout.xaxis.title.text
+    assert "hatched: ╲ input-gradient backward (Bi), ╳ weight-gradient backward (W)<br>" in key
+    plain = viz.timeline(simulate_schedule(build_schedule("1f1b", 4, 8), TIMES, 1e-4))
+    plain = plain.layout.xaxis.title.text
+    assert "backwards hatched<br>" in plain and "Bi" not in plain
+
+
+def test_steps_median_draws_the_typical_step_not_a_noisy_last_one():
+    """Notebook 02 drew its last step, one noisy send stretching it to 103 ms against a 58 ms median:
+    ``steps="median"`` draws the step (after the warm-up) nearest the median time, and says so."""
+    times = [0.090, 0.058, 0.057, 0.060, 0.103]
+    starts = [sum(times[:k]) for k in range(len(times))]
+    spans = [span for k, (t0, length) in enumerate(zip(starts, times)) for span in (
+        Span(0, STEP, "step", t0, t0 + length, step=k),
+        Span(0, COMPUTE, "forward", t0, t0 + length / 2, step=k))]
+    trace = Trace(spans=spans)
+    assert median_step(trace) == 1  # median of 58, 57, 60, 103 is 59: 58 and 60 tie, the first wins
+    fig = viz.timeline(trace, steps="median")
+    assert fig.layout.title.text.endswith("step 1 (the step nearest the median step time, 59.0 ms)")
+    assert len(fig.data[0].x) == 1

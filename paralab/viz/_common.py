@@ -15,6 +15,7 @@ WAITING = "waiting"  # the part of a communication call spent waiting for the la
 WAITING_LABEL = "waiting for peers"  # its name in a timeline's legend
 BLOCKED = "blocked"  # the part of a compute span in which its rank waited for a communication call
 BLOCKED_LABEL = "compute blocked on comm"
+WHITENING = 0.7  # the white drawn over a blocked stretch: how far its compute's colour fades to white
 
 # One colour per span kind, so the same operation looks the same in every figure.
 KIND_COLORS = {
@@ -42,7 +43,7 @@ KIND_COLORS = {
     # drawn over the first part of a collective or receive: waiting for its last participant; and over
     # a compute span where its rank sat in a call (last in this order, so each lies on top of its bar)
     WAITING: "rgba(255,255,255,0.6)",
-    BLOCKED: "rgba(255,255,255,0.7)",  # whitens the compute it lies on, dotted
+    BLOCKED: f"rgba(255,255,255,{WHITENING})",  # whitens the compute it lies on, dotted
 }
 EXTRA_COLORS = ["#8C564B", "#17BECF", "#BCBD22", "#7F7F7F", "#393B79", "#637939", "#8C6D31", "#843C39"]
 MEMORY_KINDS = ("params", "grads", "optimizer", "activations")
@@ -55,6 +56,14 @@ SERIES_COLORS = ["#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756", "#72B7B2
 MICROBATCH_COLORS = [
     "#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#9ECAE9",
     "#FFBF79", "#88D27A", "#C0392B", "#2F6B68", "#1F3A68", "#B35806",
+]  # fmt: skip
+# Microbatch shades of the timelines' compute bars. Not MICROBATCH_COLORS (the ranks' colours elsewhere),
+# which opens with the forward blue and the backward orange: a pipeline's F0, F1, B0, B1 had read as
+# forward, backward, forward, backward to a reader of every other timeline. Each of these lies 20 or
+# more CIE76 units from every kind's colour and every one of EXTRA_COLORS; neighbours differ most.
+TIMELINE_MICROBATCH_COLORS = [
+    "#6A3D9A", "#1B9E77", "#CF1C90", "#E7CB94", "#332288", "#B3DE69",
+    "#882255", "#88CCEE", "#B15928", "#9C9EDE", "#008695", "#999933",
 ]  # fmt: skip
 
 

@@ -13,7 +13,12 @@ and dotted over that stretch ("blocked"): the span covers the pass, but the rank
 
 Calls a rank has in flight together (prefetched gathers, small buckets' all-reduces) share its comm
 row side by side, each thinner (:func:`call_slots`): drawn over one another they had read as one
-call. Rows are ``r{rank} {lane}`` and sorted rank-major, so a rank's compute and comm lanes sit together
+call. A rank with more than :data:`SUBROWS_PER_ROW` in flight gets unlabelled filler rows under its
+comm row, so each call keeps a quarter of a row: 22 small buckets' all-reduces had been hairlines.
+The labels of microbatch bars that a blocked stretch whitens are written by a trace of their own drawn
+last (:data:`LABELS`), in ink chosen against the fill under them, whitened or not (:func:`lift_labels`).
+
+Rows are ``r{rank} {lane}`` and sorted rank-major, so a rank's compute and comm lanes sit together
 and rank 0 is on top. Times are shown in milliseconds from the start of the shown spans, so a
 measured step and a simulated one line up when stacked (``predicted=``).
 """
@@ -30,9 +35,10 @@ from paralab.viz._common import (
     BLOCKED,
     BLOCKED_LABEL,
     KIND_COLORS,
-    MICROBATCH_COLORS,
+    TIMELINE_MICROBATCH_COLORS,
     WAITING,
     WAITING_LABEL,
+    WHITENING,
     as_trace,
     fmt_bytes,
     go,
@@ -45,12 +51,18 @@ DEFAULT_LANES = (COMPUTE, COMM, EVENT)
 BAR_WIDTH = 0.8  # of a row
 TEXT_LIMIT = 2000  # above this many bars, labels on bars cost more than they tell
 OUTLINE_LIMIT = 400  # above this many bars, a bar's white edge would whiten the narrow ones
-MICROBATCH_SCALE = [[k / (len(MICROBATCH_COLORS) - 1), c] for k, c in enumerate(MICROBATCH_COLORS)]
+SUBROWS_PER_ROW = 4  # calls in flight one row holds before filler rows are added under it
+FILLER = " …"  # a filler row's label: its comm row's, then this and a number; drawn without a tick label
+LABELS = "labels"  # the trace that writes the microbatch bars' labels, over every bar and whitening
 _PATTERNS = {"backward": "/", "backward_input": "\\", "backward_weight": "x"}
+# what each hatch means, in glyphs drawn as the hatch is: a split backward's Bi and W had been left out
+_HATCH_KEY = {"backward": "╱ backward", "backward_input": "╲ input-gradient backward (Bi)",
+              "backward_weight": "╳ weight-gradient backward (W)"}
 HOVER = "%{hovertext}<extra></extra>"
 LEGEND_NAMES = {WAITING: WAITING_LABEL, BLOCKED: BLOCKED_LABEL}
-# two lines: one had run past a 930-pixel notebook cell's edge
-MICROBATCH_KEY = "time (ms); compute bars coloured by microbatch, backwards hatched<br>{example}"
+MEDIAN_NOTE = " (the step nearest the median step time, {:.1f} ms)"
+# one line each: one line had run past a 930-pixel notebook cell's edge
+MICROBATCH_KEY = "time (ms); compute bars coloured by microbatch{hatching}<br>{example}"
 
 
 def row_label(rank: int, lane: str) -> str:
@@ -79,17 +91,19 @@ def bars_by_kind(spans: list[Span], color_by: str = "kind", suffix: str = "", t0
     instead of building a new figure. The column shapes are chosen for speed: plotly validates
     Python lists element by element but takes numpy arrays whole, numeric arrays travel to the
     browser as binary buffers, and one hover string per bar serialises several times faster than a
-    per-bar customdata row. ``color`` is a colour string for the whole kind, or microbatch numbers
-    on :data:`MICROBATCH_SCALE` when compute spans are coloured by microbatch. ``waits`` (id of a
-    span -> seconds it waited for its last participant, see :func:`waiting_spans`) goes into the hover;
-    ``slots`` (id of a span -> its sub-row and the sub-rows of its row, see :func:`call_slots`) sets
-    the bars' width and offset in their row.
+    per-bar customdata row. ``color`` is a colour string for the whole kind, or one microbatch colour
+    per bar (:data:`TIMELINE_MICROBATCH_COLORS`) when compute spans are coloured by microbatch: given as
+    numbers on a colour scale, plotly.js logged "Invalid color specifier" for every bar. ``waits`` (id
+    of a span -> seconds it waited for its last participant, see :func:`waiting_spans`) goes into the
+    hover; ``slots`` (id of a span -> its sub-row and the sub-rows of its row, see :func:`call_slots`)
+    sets the bars' width and offset, spread over the filler rows under a busy row (:func:`rows_held`).
     """
     import numpy as np
 
     def placed(s: Span) -> tuple[float, float]:
         slot, count = (slots or {}).get(id(s), (0, 1))
-        return BAR_WIDTH / count, (slot / count - 0.5) * BAR_WIDTH
+        height = (rows_held(count) - 1 + BAR_WIDTH) / count
+        return height, slot * height - BAR_WIDTH / 2
 
     if t0 is None:
         t0 = min((s.start for s in spans), default=0.0)
@@ -108,12 +122,21 @@ def bars_by_kind(spans: list[Span], color_by: str = "kind", suffix: str = "", t0
             "x": np.array([(s.end - s.start) * 1e3 for s in group]),
             "hovertext": np.array([_hover(s, row, t0, (waits or {}).get(id(s)), (slots or {}).get(id(s)))
                                    for s, row in zip(group, rows)]),
-            "color": (np.array([s.microbatch % len(MICROBATCH_COLORS) for s in group]) if by_microbatch
+            "color": (np.array([microbatch_color(s.microbatch) for s in group]) if by_microbatch
                       else kind_color(kind)),
             "text": np.array([_bar_text(s) for s in group]) if text else None,
         }
         out[kind]["width"], out[kind]["offset"] = np.array([placed(s) for s in group]).T
     return out
+
+
+def microbatch_color(microbatch: int) -> str:
+    return TIMELINE_MICROBATCH_COLORS[microbatch % len(TIMELINE_MICROBATCH_COLORS)]
+
+
+def rows_held(calls: int) -> int:
+    """Rows a comm row with ``calls`` sub-rows takes: itself and the filler rows under it."""
+    return math.ceil(calls / SUBROWS_PER_ROW)
 
 
 def call_slots(spans: list[Span], waits: dict[int, Span] | None = None) -> dict[int, tuple[int, int]]:
@@ -182,35 +205,62 @@ def _bytes_label(n: int) -> str:
     return f"{fmt_bytes(n)} ({n} B)"
 
 
-def marker_of(kind: str, color, outline: bool = False) -> dict:
-    """Bar marker: one colour, or microbatch numbers on the discrete microbatch scale (+ hatching);
-    ``outline``: a white edge, so that calls back to back (a ring's hops) read as several bars, not one
-    long transfer."""
+def marker_of(kind: str, color, edge=0) -> dict:
+    """Bar marker: one colour, or one microbatch colour per bar (+ hatching); ``edge``: the width of a
+    white edge (one per bar, or one for all), so that calls back to back (a ring's hops) read as several
+    bars, not one long transfer."""
     if kind in (WAITING, BLOCKED):  # whitens and hatches (dots) the call (the compute) it lies on
         return dict(color=color, line=dict(width=0),
                     pattern=dict(shape="/" if kind == WAITING else ".", fgcolor="#444", size=6, solidity=0.2))
-    if isinstance(color, str):
-        return dict(color=color, line=dict(width=1, color="white") if outline else dict(width=0))
-    marker = dict(color=color, colorscale=MICROBATCH_SCALE, cmin=0, cmax=len(MICROBATCH_COLORS) - 1,
-                  line=dict(width=0))
-    if kind in _PATTERNS:
+    marker = dict(color=color, line=dict(width=edge, color="white"))
+    if kind in _PATTERNS and not isinstance(color, str):
         marker["pattern"] = dict(shape=_PATTERNS[kind], fillmode="overlay", fgcolor="rgba(0,0,0,0.35)")
     return marker
 
 
-def _ink(color) -> str | list[str]:
-    """The colour of a bar's label: dark on a light fill, white on a dark one (a label in white had
-    been all but lost on the light microbatch colours); ``color`` is a bar trace's (a colour, or
-    microbatch numbers on :data:`MICROBATCH_COLORS`)."""
-    def on(fill: str) -> str:  # a kind's colour that is not #rrggbb carries no label
-        if not fill.startswith("#"):
-            return "white"
-        red, green, blue = (int(fill[i:i + 2], 16) / 255 for i in (1, 3, 5))
-        return "#222" if 0.299 * red + 0.587 * green + 0.114 * blue > 0.6 else "white"
+def ink(fill: str, whitened: bool = False) -> str:
+    """The colour of a label on a ``fill`` (#rrggbb): dark on a light fill, white on a dark one (white
+    had been all but lost on the light microbatch colours). ``whitened``: the fill lies under the
+    white of a blocked stretch (:data:`KIND_COLORS` [BLOCKED]), where a white label had vanished."""
+    red, green, blue = (int(fill[i:i + 2], 16) / 255 for i in (1, 3, 5))
+    luma = 0.299 * red + 0.587 * green + 0.114 * blue
+    if whitened:
+        luma += (1 - luma) * WHITENING
+    return "#222" if luma > 0.6 else "white"
 
-    if isinstance(color, str):
-        return on(color)
-    return [on(MICROBATCH_COLORS[int(k)]) for k in color]
+
+def lift_labels(by_kind: dict[str, dict], blocked: list[Span], t0: float, suffix: str = "",
+                opacity: float = 1.0) -> dict | None:
+    """A text-only bar trace, drawn last, of the labels of ``by_kind``'s bars (:func:`bars_by_kind`)
+    that a blocked stretch whitens, each inked against the fill under its middle, whitened or not;
+    those labels are taken off their own bars, under the white of which they had faded to nothing.
+    None where no labelled bar is blocked (the labels then stay on their bars)."""
+    import numpy as np
+
+    stretches = defaultdict(list)  # row -> (start, end) of its blocked stretches, ms
+    for s in blocked:
+        stretches[row_label(s.rank, COMPUTE) + suffix].append(((s.start - t0) * 1e3, (s.end - t0) * 1e3))
+    lifted: dict[str, list] = defaultdict(list)
+    for c in by_kind.values():
+        if c["text"] is None or isinstance(c["color"], str):
+            continue
+        for i, (row, start, length) in enumerate(zip(c["y"], c["base"], c["x"])):
+            over = [(lo, hi) for lo, hi in stretches.get(row, ()) if lo < start + length and hi > start]
+            if over and c["text"][i]:
+                middle = start + length / 2
+                for key in ("y", "base", "x", "width", "offset", "text"):
+                    lifted[key].append(c[key][i])
+                lifted["ink"].append(ink(c["color"][i], any(lo <= middle <= hi for lo, hi in over)))
+                c["text"][i] = ""
+    if not lifted:
+        return None
+    inks = lifted.pop("ink")
+    return dict(type="bar", name=LABELS, orientation="h",
+                marker=dict(color="rgba(0,0,0,0)", line=dict(width=0)),
+                textposition="inside", insidetextanchor="middle", insidetextfont=dict(color=inks),
+                textangle=0,  # a label that does not fit a bar is hidden (uniformtext), never turned on end
+                hoverinfo="skip", showlegend=False, opacity=opacity, legendgroup=LABELS,
+                **{key: np.array(values) for key, values in lifted.items()})
 
 
 def _bar_text(s: Span) -> str:
@@ -224,11 +274,19 @@ def _bar_text(s: Span) -> str:
     return f"{PASS_LETTERS[s.kind]}{s.microbatch}" + (f" s{s.stage}" if s.stage is not None else "")
 
 
-def rows_of(trace: Trace, spans: list[Span], suffix: str = "") -> list[str]:
-    """Row labels rank-major (every rank of the trace appears, even one with nothing to show)."""
+def rows_of(trace: Trace, spans: list[Span], suffix: str = "", slots: dict[int, tuple[int, int]] | None = None
+            ) -> list[str]:
+    """Row labels rank-major (every rank of the trace appears, even one with nothing to show); under a
+    comm row whose calls take more sub-rows (``slots``, :func:`call_slots`) than one row holds, the
+    filler rows they spread over (:func:`rows_held`)."""
     lanes_present = [lane for lane in (COMPUTE, COMM, EVENT) if any(s.lane == lane for s in spans)]
     lanes_present += sorted({s.lane for s in spans} - set(lanes_present))
-    return [row_label(r, lane) + suffix for r in trace.ranks for lane in (lanes_present or [COMPUTE])]
+    held: dict[int, int] = defaultdict(lambda: 1)  # rank -> rows its comm row takes
+    for s in spans:
+        if id(s) in (slots or {}):
+            held[s.rank] = max(held[s.rank], rows_held(slots[id(s)][1]))
+    return [row_label(r, lane) + suffix + (f"{FILLER}{k}" if k else "") for r in trace.ranks
+            for lane in (lanes_present or [COMPUTE]) for k in range(held[r] if lane == COMM else 1)]
 
 
 def resolve_color_by(spans: list[Span], color_by: str) -> str:
@@ -275,24 +333,31 @@ def bar_traces(trace: Trace, *, lanes=DEFAULT_LANES, steps=None, color_by: str =
     # calls of one kind back to back on a comm row are told apart by a white edge, where the bars are
     # few enough to be wider than it
     outlined = {s.kind for s in spans if s.lane == COMM} if len(spans) <= OUTLINE_LIMIT else set()
+    slots = call_slots(spans, over)
+    t0 = min((s.start for s in spans), default=0.0)
+    by_kind = bars_by_kind(spans + extra, mode, suffix, t0=t0, text=show_text and mode == "microbatch",
+                           waits=wait_of, slots=slots)
+    labels = lift_labels(by_kind, [s for s in extra if s.kind == BLOCKED], t0, suffix, opacity)
     out = []
-    for kind, c in bars_by_kind(spans + extra, mode, suffix, t0=min((s.start for s in spans), default=0.0),
-                                text=show_text and mode == "microbatch", waits=wait_of,
-                                slots=call_slots(spans, over)).items():
+    for kind, c in by_kind.items():
+        # a call with a row to itself keeps its edge; one of many in flight loses it: 1 white pixel a
+        # side had washed out the thin bars of 22 all-reduces at once
+        edge = (c["width"] >= BAR_WIDTH).astype(int) if kind in outlined else 0
         out.append(dict(
             type="bar", name=LEGEND_NAMES.get(kind, kind), y=c["y"], x=c["x"],
             base=c["base"], orientation="h", hovertext=c["hovertext"],
-            marker=marker_of(kind, c["color"], kind in outlined), opacity=opacity,
+            marker=marker_of(kind, c["color"], edge), opacity=opacity,
             hovertemplate=HOVER, text=c["text"], textposition="inside", insidetextanchor="middle",
             textangle=0,  # a label that does not fit a bar is hidden (uniformtext), never turned on end
-            insidetextfont=dict(color=_ink(c["color"])),
+            # only bars coloured by microbatch carry labels
+            insidetextfont=dict(color=None if isinstance(c["color"], str) else [ink(f) for f in c["color"]]),
             # bars coloured by microbatch stay out of the legend: plotly's swatch for them is one
             # microbatch's colour (a beige "forward" that matched no bar); the x axis's title says
             # what their colours and hatching mean
             legendgroup=kind, showlegend=legend and isinstance(c["color"], str),
             width=c["width"], offset=c["offset"],
         ))
-    return out, rows_of(trace, spans, suffix)
+    return out + ([labels] if labels else []), rows_of(trace, spans, suffix, slots)
 
 
 def timeline(trace, predicted=None, *, lanes=DEFAULT_LANES, steps=None, predicted_steps=None,
@@ -303,7 +368,9 @@ def timeline(trace, predicted=None, *, lanes=DEFAULT_LANES, steps=None, predicte
     ``layout="stacked"``: measured on top, predicted below, two subplots sharing the time axis.
     ``layout="overlay"``: one axis; each rank's predicted rows (suffix " pred", faded) sit right under
     its measured rows. ``steps`` restricts the measured spans to those steps (``predicted_steps`` the
-    predicted ones), e.g. ``steps=[2]`` to compare one warm step with a simulated step.
+    predicted ones), e.g. ``steps=[2]`` to compare one warm step with a simulated step;
+    ``steps="median"`` draws the step whose time is nearest the run's median (:func:`median_step`),
+    and its default title says so.
     ``color_by``: "kind", "microbatch" (pipeline runs; kinds then differ by hatching), or "auto".
     ``waits``: hatch each call's wait for its last participant, and dot the compute a call blocked
     (see the module docstring).
@@ -311,6 +378,9 @@ def timeline(trace, predicted=None, *, lanes=DEFAULT_LANES, steps=None, predicte
     """
     graph = go()
     trace = as_trace(trace)
+    typical = isinstance(steps, str) and steps == "median"
+    if typical:
+        steps = [median_step(trace)]
     kwargs = dict(lanes=lanes, color_by=color_by, text=text, waits=waits)
     bars, rows = bar_traces(trace, steps=steps, **kwargs)
     meta = {"ranks": len(trace.ranks), "rows": rows, "source": trace.meta.get("source", "")}
@@ -343,18 +413,36 @@ def timeline(trace, predicted=None, *, lanes=DEFAULT_LANES, steps=None, predicte
         meta["predicted_rows"] = prows
         meta["predicted_ranks"] = len(predicted.ranks)
     fig.update_layout(barmode="overlay", bargap=0.15, meta=meta, uniformtext=dict(minsize=7, mode="hide"))
-    if any(bar.marker.colorscale is not None for bar in fig.data):  # the legend's swatches cannot say it
+    if any(not isinstance(bar.marker.color, str) for bar in fig.data):  # the legend's swatches cannot say it
         key = microbatch_key(select_spans(trace, lanes, steps))
         fig.for_each_xaxis(lambda axis: axis.update(title_text=key) if axis.title.text else None)
     n_rows = len(rows) + len(meta.get("predicted_rows", []))
-    return style(fig, title or _default_title(trace, steps), height or min(200 + 22 * n_rows, 1600))
+    title = title or _default_title(trace, steps) + (MEDIAN_NOTE.format(trace.median_step_time() * 1e3)
+                                                     if typical else "")
+    return style(fig, title, height or min(200 + 22 * n_rows, 1600))
+
+
+def median_step(trace: Trace) -> int:
+    """The step, after the first (warm-up), whose time is nearest the median step time: the step a
+    timeline shows as typical. The last step need not be: one noisy send had stretched notebook 02's
+    last step to 103 ms against a 58 ms median."""
+    steps = sorted({step for own in trace.rank_step_windows().values() for step in own})
+    if not steps:
+        raise ValueError("steps='median' needs a trace with step spans (a measured or simulated run's)")
+    median = trace.median_step_time()
+    timed = list(zip(steps, trace.step_times()))
+    return min(timed[1:] or timed, key=lambda st: abs(st[1] - median))[0]
 
 
 def microbatch_key(spans: list[Span]) -> str:
     """The time axis's title where bars are coloured by microbatch (:data:`MICROBATCH_KEY`), with how to
     read a bar's label told on one of ``spans``, the bars drawn (a key about microbatch 3 on stage 1 had
-    stood under runs of two microbatches on one stage): its last forward's."""
-    return MICROBATCH_KEY.format(example=_label_example(spans))
+    stood under runs of two microbatches on one stage): its last forward's. Where a backward is split
+    (Bi and W), a line says what each of the three hatches means."""
+    passes = {s.kind for s in spans if s.microbatch is not None}
+    hatching = (f"<br>hatched: {', '.join(_HATCH_KEY[k] for k in _PATTERNS if k in passes)}"
+                if passes & {"backward_input", "backward_weight"} else ", backwards hatched")
+    return MICROBATCH_KEY.format(hatching=hatching, example=_label_example(spans))
 
 
 def _label_example(spans: list[Span]) -> str:
@@ -374,8 +462,10 @@ def _legend_once(bars: list[dict], pbars: list[dict]) -> None:
 
 
 def _rows_axis(fig, rows: list[str], axis: str) -> None:
+    """Rows top to bottom as ``rows`` orders them; a filler row (:data:`FILLER`) has no tick label."""
     fig.layout[axis].update(type="category", categoryorder="array", categoryarray=rows, autorange="reversed",
-                            range=None)
+                            range=None, tickmode="array", tickvals=rows,
+                            ticktext=["" if FILLER in row else row for row in rows])
 
 
 def _interleave(rows: list[str], prows: list[str]) -> list[str]:
