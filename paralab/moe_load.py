@@ -73,12 +73,13 @@ class ExpertLoad:
                 totals[rank] += v
         return [totals[rank] for rank in self.ranks]
 
-    def imbalance(self, step: int) -> float:
-        """The busiest expert's tokens over the mean, averaged over layers: 1.0 is a perfect balance,
-        E is every token on one expert. The factor by which the hot expert's rank slows the layer."""
+    def imbalance(self, step: int, layer: int | None = None) -> float:
+        """The busiest expert's tokens over the mean, of one layer or averaged over layers: 1.0 is a
+        perfect balance, E is every token on one expert. The factor by which the hot expert's rank
+        slows the layer."""
         factors = []
-        for layer in self.layers:
-            tokens = self.tokens_per_expert(step, layer)
+        for each in self.layers if layer is None else [layer]:
+            tokens = self.tokens_per_expert(step, each)
             mean = sum(tokens) / len(tokens)
             if mean > 0:
                 factors.append(max(tokens) / mean)

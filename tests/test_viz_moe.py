@@ -65,6 +65,20 @@ def test_expert_load_draws_tokens_per_expert_over_steps_and_the_drops():
     assert (shared.zmin, shared.zmax) == (0, 50)
 
 
+def test_expert_load_draws_one_layer_where_asked():
+    """Notebook 11 prints a layer's imbalance (2.76x), which a heatmap of the sum over layers, where two
+    layers favour different experts, did not show: ``layer`` draws that layer alone, and says so."""
+    fig = expert_load_figure(hand_written_trace(), layer=0)
+    meta = fig.layout.meta
+    assert meta["tokens"] == [[8, 8, 8, 8], [22, 0, 6, 4]] and meta["layer"] == 0
+    assert meta["imbalance"] == pytest.approx([1.0, 22 / 8])
+    assert "layer 0" in fig.layout.annotations[0].text and "layer 0" in fig.layout.title.text
+    assert "(all layers)" in fig.layout.annotations[1].text  # the drops stay every layer's
+    assert "all layers" in expert_load_figure(hand_written_trace()).layout.annotations[0].text
+    with pytest.raises(ValueError, match="no MoE layer 5"):
+        expert_load_figure(hand_written_trace(), layer=5)
+
+
 def test_expert_load_leaves_out_the_drops_panel_when_nothing_was_dropped():
     """A dropless run's panel of zeros had taken a third of the figure to say nothing."""
     trace = hand_written_trace()
@@ -99,3 +113,48 @@ def test_expert_cost_draws_tokens_and_milliseconds_in_panels_of_their_own():
 def test_a_dense_trace_is_refused_with_a_reason():
     with pytest.raises(ValueError, match="no mixture-of-experts counters"):
         expert_load_figure(Trace(spans=[Span(0, "step", "step", 0, 1, step=0)]))
+
+
+# ------------------------------------------------------------------ the other figures of notebooks 08-14
+def test_the_published_figures_say_what_they_compare():
+    """The errors' axis had read "predicted / published - 1 (%)", of what it did not say; the scaling
+    figure's title had ended "% of the fewest GPUs'", a trailing quote in the reader's eye."""
+    from paralab.sim import published
+    from paralab.viz.published import published_errors, published_scaling
+
+    compared = published.compare()
+    assert "throughput" in published_errors(compared).layout.yaxis.title.text
+    title = published_scaling(published.scaling(compared)).layout.title.text
+    assert not title.rstrip().endswith("'") and "% of that on the fewest GPUs" in title
+
+
+def test_the_hiding_figure_labels_at_least_three_powers_of_ten_and_says_log_scale():
+    """128 to 65,536 tokens had shown two labels, 1,000 and 10,000, on an axis not said to be a log."""
+    import math
+
+    from paralab.viz.overlap import hiding
+
+    tokens = [2.0**k for k in range(7, 17)]
+    fig = hiding({"link": [t / 1418 for t in tokens]}, tokens, {"link": 1418.0})
+    axis = fig.layout.xaxis
+    low, high = axis.range
+    assert (low, high) == (2, 5) and axis.dtick == 1  # 100 to 100,000: four powers of ten labelled
+    assert low <= math.log10(min(tokens)) and math.log10(max(tokens)) <= high  # nothing cut off
+    assert "log scale" in axis.title.text
+    narrow = hiding({"link": [1.0, 2.0]}, [1000.0, 2000.0]).layout.xaxis.range
+    assert narrow[1] - narrow[0] >= 2
+
+
+def test_activation_growth_labels_only_powers_of_ten_over_many_decades():
+    """Over five decades 1-2-5 ticks had crowded the axis, "2,000" touching "1,000"."""
+    import math
+
+    from paralab.sim import get_model
+    from paralab.viz.context import activation_growth
+
+    fig = activation_growth(get_model("llama3-8b"), [4096, 8192, 16384, 32768, 65536, 131072], cps=(4, 16))
+    ticks = list(fig.layout.yaxis.tickvals)
+    assert all(math.log10(t) == pytest.approx(round(math.log10(t))) for t in ticks), ticks
+    assert 4 <= len(ticks) <= 8 and "log scale" in fig.layout.yaxis.title.text
+    drawn = [y for trace in fig.data for y in trace.y]
+    assert ticks[0] <= min(drawn) and max(drawn) <= ticks[-1]

@@ -17,21 +17,26 @@ from paralab.moe_load import expert_load as load_of
 from paralab.viz._common import as_trace, go, kind_color, make_subplots, style
 
 
-def expert_load(trace, title: str | None = None, most_tokens: int | None = None):
+def expert_load(trace, title: str | None = None, most_tokens: int | None = None, layer: int | None = None):
     """Heatmap of tokens per expert per step, and dropped assignments per step below it (when any were).
 
     ``most_tokens``: the top of the colour scale (from 0), so that runs drawn side by side share one
-    (by default each figure's own busiest cell). ``fig.layout.meta``: ``tokens`` ([step][expert]),
-    ``dropped`` (per step), ``imbalance`` (per step: the busiest expert over the mean, averaged over
-    layers), ``steps``."""
+    (by default each figure's own busiest cell). ``layer``: that MoE layer's tokens alone (by default
+    the sum over the layers, in which two layers that favour different experts even each other out).
+    ``fig.layout.meta``: ``tokens`` ([step][expert]), ``dropped`` (per step, all layers),
+    ``imbalance`` (per step: the busiest expert over the mean, of the layer drawn, or averaged over
+    the layers), ``steps``, ``layer``."""
     go()
     load = load_of(as_trace(trace))
     if not load.routed:
         raise ValueError("this trace has no mixture-of-experts counters (a dense model, or tracing was off)")
+    if layer is not None and layer not in load.layers:
+        raise ValueError(f"no MoE layer {layer} in this trace: its layers are {load.layers}")
     steps = load.steps
-    tokens = [load.tokens_per_expert(step) for step in steps]
+    tokens = [load.tokens_per_expert(step, layer) for step in steps]
     dropped = load.dropped_per_step()
-    imbalance = [load.imbalance(step) for step in steps]
+    imbalance = [load.imbalance(step, layer) for step in steps]
+    where = "all layers and ranks" if layer is None else f"layer {layer}, all ranks"
     heatmap = go().Heatmap(
         x=steps, y=[f"expert {e}" for e in range(load.experts)], z=[list(col) for col in zip(*tokens)],
         colorscale="Blues", colorbar=dict(title="tokens", len=0.7, y=0.64 if any(dropped) else 0.5),
@@ -39,11 +44,12 @@ def expert_load(trace, title: str | None = None, most_tokens: int | None = None)
         hovertemplate="step %{x}, %{y}: %{z} tokens<extra></extra>")
     if not any(dropped):  # dropless, or every assignment within capacity: no panel of zeros
         fig = make_subplots(rows=1, cols=1, subplot_titles=(
-            "tokens per expert (all layers and ranks); no assignment dropped",))
+            f"tokens per expert ({where}); no assignment dropped",))
         fig.add_trace(heatmap, row=1, col=1)
         fig.update_xaxes(title_text="step", dtick=1)
     else:
-        titles = ("tokens per expert (all layers and ranks)", "dropped assignments")
+        titles = (f"tokens per expert ({where})",
+                  "dropped assignments" + ("" if layer is None else " (all layers)"))
         fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.72, 0.28],
                             vertical_spacing=0.08, subplot_titles=titles)
         fig.add_trace(heatmap, row=1, col=1)
@@ -55,10 +61,11 @@ def expert_load(trace, title: str | None = None, most_tokens: int | None = None)
         fig.update_xaxes(title_text="step", row=2, col=1, dtick=1)
         fig.update_yaxes(title_text="dropped", rangemode="tozero", row=2, col=1)
     fig.update_yaxes(title_text="expert", row=1, col=1)
-    fig.layout.meta = {"tokens": tokens, "dropped": dropped, "imbalance": imbalance, "steps": steps}
+    fig.layout.meta = {"tokens": tokens, "dropped": dropped, "imbalance": imbalance, "steps": steps,
+                       "layer": layer}
     mean = sum(imbalance) / len(imbalance)
-    return style(fig, title or f"expert load: busiest expert {mean:.2f}x the mean, {sum(dropped)} dropped",
-                 460)
+    which = "expert load" if layer is None else f"expert load, layer {layer}"
+    return style(fig, title or f"{which}: busiest expert {mean:.2f}x the mean, {sum(dropped)} dropped", 460)
 
 
 def expert_cost(trace, title: str | None = None):

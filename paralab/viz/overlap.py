@@ -28,8 +28,15 @@ def hiding(curves: dict, tokens: list[float], thresholds: dict | None = None, ti
             # on a log axis an annotation's x is the exponent (add_vline's own label lands at 10^x)
             fig.add_annotation(x=math.log10(thresholds[label]), y=1, yref="y domain", yanchor="bottom",
                                text=f"{thresholds[label]:,.0f}", showarrow=False, font=dict(color=color))
-    # powers of ten only: a log axis's minor labels ("2", "5") read as counts of tokens of their own
-    fig.update_xaxes(type="log", dtick=1, tickformat=",.0f", title_text="tokens each GPU computes per step")
+    # powers of ten only: a log axis's minor labels ("2", "5") read as counts of tokens of their own; the
+    # axis runs from the power of ten at or below the fewest tokens to the one at or above the most, so
+    # that at least three are labelled (128 to 65,536 tokens had shown 1,000 and 10,000 alone)
+    drawn = [t for t in tokens if t > 0] or [1.0]
+    decades = [math.floor(math.log10(min(drawn))), math.ceil(math.log10(max(drawn)))]
+    if decades[1] - decades[0] < 2:
+        decades[1] = decades[0] + 2
+    fig.update_xaxes(type="log", dtick=1, tickformat=",.0f", range=decades,
+                     title_text="tokens each GPU computes per step (log scale)")
     fig.update_yaxes(title_text="share of the communication that can hide", tickformat=".0%", range=[0, 1.05])
     fig.update_layout(meta={"curves": curves, "tokens": tokens, "thresholds": thresholds or {}})
     return style(fig, title or "when communication can hide behind compute", 380)

@@ -63,7 +63,7 @@ def published_errors(compared, title: str | None = None):
     fig.update_xaxes(type="log", tickvals=log_ticks(min(gpus), max(gpus)), tickformat=",",
                      title_text="GPUs in the run (log scale)")
     errors = [100 * e for e in meta["errors"]]
-    fig.update_yaxes(title_text="predicted / published - 1 (%)", ticksuffix="%", zeroline=False,
+    fig.update_yaxes(title_text="throughput error: predicted / published - 1", ticksuffix="%", zeroline=False,
                      range=[min(-125 * BOUND, min(errors) - 5), max(125 * BOUND, max(errors) + 5)])
     covered = [abs(c.error) for c in compared if not c.run.known_miss]
     meta["mean_abs_error"] = sum(abs(e) for e in meta["errors"]) / len(compared)
@@ -139,7 +139,7 @@ def published_scaling(series, title: str | None = None):
     fig.update_annotations(font_size=11)
     fig.update_layout(meta=meta)
     # short enough not to be cut in a notebook 820 px wide; the legend says published and predicted
-    style(fig, title or "Scaling out: the per-GPU throughput each GPU count keeps, % of the fewest GPUs'",
+    style(fig, title or "Scaling out: per-GPU throughput at each GPU count, as % of that on the fewest GPUs",
           height)
     fig.update_layout(margin=dict(l=70, r=20, t=140, b=50))
     return fig

@@ -211,7 +211,7 @@ def memory_against_limit(bars: dict[str, dict], hw, title: str):
                             "a GPU can fill")
     fig = memory(bars, unit="GiB", title=title)
     lines = ((usable, f"fits below: {usable / 2**30:.1f} GiB usable", "dash", "#D62728"),
-             (capacity, f"{hw.name} capacity {capacity / 2**30:.0f} GiB", "dot", "#999"))
+             (capacity, f"{hw.name} capacity {capacity / 2**30:.1f} GiB", "dot", "#999"))
     for rank, (nbytes, name, dash, color) in enumerate(lines):
         fig.add_hline(y=nbytes / 2**30, line_dash=dash, line_color=color)
         # named in the legend: written on the line, a name had sat on the bars, and on the axis beside

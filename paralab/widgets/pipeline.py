@@ -250,8 +250,7 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
         step = max((s.end for s in sim.spans), default=0.0) * 1e3
         info.value = (f"<b>{name}</b> p={p} m={m} v={v}{hidden}: step {step:.1f} F, bubble simulated "
                       f"{sim.bubble_fraction():.1%}, closed form{f' ({assumes})' if assumes else ''} "
-                      f"{theory:.1%}{bound} · {sum(len(b['x']) for b in bars):,} bars built in "
-                      f"{app.last_update_ms:.0f} ms (your browser then draws them)"
+                      f"{theory:.1%}{bound}"
                       + (f"<br>{beyond_binder(p)}" if p > MAX_RUN_RANKS else ""))
 
     def on_progress(step: int, total: int) -> None:
