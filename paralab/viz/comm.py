@@ -55,6 +55,8 @@ NODE_BOX = "dashed boxes: the nodes, so a cell outside them crosses nodes"
 RULE_PX = 35  # the rule's two lines under the title: the plot (and a matrix's top axis) moves down by them
 # the order dimensions are listed in: data, context, tensor, pipeline, expert, then combinations
 DIMENSION_ORDER = ("dp", "cp", "tp", "pp", "ep")
+UNSEEN = "\u200b"  # a zero-width space: keeps one run's category labels apart from another's
+LABEL_STANDOFF_PX = 8  # a rank matrix's tick labels, off the node boxes drawn along the plot's edges
 
 
 def _span_bytes(s: Span, payload: bool) -> int:
@@ -275,8 +277,9 @@ def comm_matrix(trace, payload: bool = False, title: str | None = None):
         hovertemplate="r%{y} → %{x}: %{text} per step (%{customdata:.0f} B)<extra></extra>",
         colorbar=dict(title=f"{unit}/step"),
     ))
-    fig.update_yaxes(title_text="from rank", autorange="reversed")
-    fig.update_xaxes(title_text="to rank", side="top")
+    # the labels stand off the plot's edge, where the first node's dashed box runs: on it, "r0" was clipped
+    fig.update_yaxes(title_text="from rank", autorange="reversed", ticklabelstandoff=LABEL_STANDOFF_PX)
+    fig.update_xaxes(title_text="to rank", side="top", ticklabelstandoff=LABEL_STANDOFF_PX)
     fig.update_layout(meta={"ranks": len(matrix), "total_bytes": sum(map(sum, matrix)), "unit": unit})
     boxed = draw_node_boxes(fig, as_trace(trace))
     fig = style(fig, title or f"{_unit_label(payload)} bytes per step, rank to rank",
@@ -323,13 +326,39 @@ def say_matrix_rule(fig, boxed: bool):
 
 # -------------------------------------------------------------------------------------------- links
 def link_split_data(trace, payload: bool = False) -> dict[str, dict[str, int]]:
-    """op -> {"intra_node": bytes, "inter_node": bytes} per step, summed over ranks."""
+    """op -> {"intra_node": bytes, "inter_node": bytes} per step, summed over ranks; the ops in the order
+    a step first runs them (a hierarchical all-reduce's reduce-scatter, all-reduce, all-gather), not
+    alphabetically, so the bars read as the algorithm does."""
     trace = as_trace(trace)
     out: dict[str, dict[str, int]] = defaultdict(lambda: {"intra_node": 0, "inter_node": 0})
     split = trace.per_step_bytes(lambda s: (s.kind, "inter_node" if s.inter_node else "intra_node"), payload)
     for (op, link), nbytes in split.items():
         out[op][link] = int(nbytes)
-    return dict(sorted(out.items()))
+    first: dict[str, tuple] = {}  # op -> (step, start) of its first call
+    for s in trace.select(lane=COMM):
+        key = (s.step if s.step is not None else -1, s.start)
+        if s.kind in out and (s.kind not in first or key < first[s.kind]):
+            first[s.kind] = key
+    return {op: out[op] for op in sorted(out, key=lambda op: (first.get(op, (float("inf"),)), op))}
+
+
+def _category_names(data: dict[str, dict]) -> list[str]:
+    """Each run's ops as bar categories, in its own order. plotly orders a multicategory axis's inner
+    labels by where each first appears in any group, so an op an earlier run names (a flat ring's
+    all_reduce) would jump ahead of a later run's own first op (the hierarchy's reduce_scatter): such a
+    run's labels are made its own by zero-width spaces, which no one sees."""
+    seen: dict[str, int] = {}  # label -> the order plotly gives it
+    names = []
+    for i, ops in enumerate(map(list, data.values())):
+        trial = dict(seen)
+        for op in ops:
+            trial.setdefault(op, len(trial))
+        if all(trial[a] < trial[b] for a, b in zip(ops, ops[1:])):
+            seen = trial
+            names += ops
+        else:
+            names += [op + UNSEEN * i for op in ops]
+    return names
 
 
 def comm_link_split(runs, payload: bool = False, title: str | None = None):
@@ -346,7 +375,7 @@ def comm_link_split(runs, payload: bool = False, title: str | None = None):
     data = {label: link_split_data(run, payload) for label, run in (runs if several else {"": runs}).items()}
     bars = [(label, op, links) for label, per_op in data.items() for op, links in per_op.items()]
     scale, unit = byte_scale(max((sum(links.values()) for _, _, links in bars), default=0))
-    ops = [op for _, op, _ in bars]
+    ops = _category_names(data)
     fig = graph.Figure()
     for link, name, color in reversed(LINKS):
         values = [links[link] for _, _, links in bars]
