@@ -174,25 +174,37 @@ def refuse_flags_the_launch_sets(args, cfg: RunConfig) -> None:
 
 
 def cmd_run(args) -> int:
+    from paralab.runtime.torchrun import under_torchrun
+
+    if under_torchrun():
+        _run_as_a_torchrun_rank(args)
     from paralab.outputs import check_run_outputs
-    from paralab.runtime.torchrun import end_rank, run_under_torchrun, under_torchrun
+    from paralab.runtime.launch import launch
 
     cfg = config_from_args(args)
     check_run_outputs(args)
-    if under_torchrun():
-        refuse_flags_the_launch_sets(args, cfg)
-        result = run_under_torchrun(cfg, args.trace_dir)
-        if result is not None:  # rank 0 speaks for the run
-            _write_outputs(result, args)
-        end_rank(EXIT_OK)
-    from paralab.runtime.launch import launch
-
     refuse_a_bucket_cap_of_one_replica(args, cfg)
     result = launch(cfg)
     if args.trace_dir:
         result.trace.save(Path(args.trace_dir) / "merged.json")
     _write_outputs(result, args)
     return EXIT_OK
+
+
+def _run_as_a_torchrun_rank(args) -> None:
+    """This process's rank of a torchrun's run; rank 0 speaks for the run. An error is also written
+    where torchrun reads it for its summary."""
+    from paralab.outputs import check_run_outputs
+    from paralab.runtime.torchrun import end_rank, errors_told_to_torchrun, run_under_torchrun
+
+    with errors_told_to_torchrun():
+        cfg = config_from_args(args)
+        check_run_outputs(args)
+        refuse_flags_the_launch_sets(args, cfg)
+        result = run_under_torchrun(cfg, args.trace_dir)
+        if result is not None:
+            _write_outputs(result, args)
+    end_rank(EXIT_OK)
 
 
 def _write_outputs(result, args) -> None:

@@ -414,17 +414,20 @@ def test_a_broken_pipe_elsewhere_is_still_an_error(monkeypatch):
         cli.main(["plan", "--model", "gpt3-13b", "--gpus", "64"])
 
 
+def torchrun(*args: str) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc-per-node 2 ARGS``, as a user starts it, in an environment
+    without a torchrun's variables (this test process may hold some)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                           "2", *args], capture_output=True, text=True, timeout=200, env=env)
+
+
 @pytest.mark.timeout(240)
 def test_torchrun_writes_per_rank_traces_that_merge(tmp_path):
     trace_dir = tmp_path / "traces"
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))}
-    torchrun = [sys.executable, "-m", "torch.distributed.run"]
-    proc = subprocess.run(
-        [*torchrun, "--standalone", "--nproc-per-node", "2", "-m", "paralab", "run", "--strategy", "ddp",
-         "--steps", "3", "--bucket-mb", "0.1", "--trace-dir", str(trace_dir), "--json"],
-        capture_output=True, text=True, timeout=200, env=env,
-    )
+    proc = torchrun("-m", "paralab", "run", "--strategy", "ddp", "--steps", "3", "--bucket-mb", "0.1",
+                    "--trace-dir", str(trace_dir), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["world_size"] == 2 and len(summary["losses"]) == 3
@@ -452,15 +455,28 @@ def test_torchrun_ranks_given_different_settings_are_refused_naming_the_setting(
     job.write_text("import os, sys\nfrom paralab import cli\n"
                    "sys.exit(cli.main(['run', '--strategy', 'ddp', '--steps', '2', '--timeout', '100', "
                    "'--seed', os.environ['RANK']]))\n")
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                           "2", str(job)], capture_output=True, text=True, timeout=200, env=env)
+    proc = torchrun(str(job))
     assert proc.returncode != 0
     said = ("paralab: invalid configuration: the ranks of this launch were given different settings: "
             "rank 1 has seed 1 against rank 0's 0; give every node the same paralab run flags")
     assert said in proc.stderr, proc.stderr[-3000:]
     assert "exitcode  : 2" in proc.stderr  # each rank's own code: invalid
+
+
+@pytest.mark.timeout(240)
+def test_a_torchrun_of_ones_own_names_the_rank_that_failed_and_shows_where_a_hung_rank_was():
+    """torchrun's summary had said ``error_file: <N/A>`` for the rank that raised, and the rank that
+    hung was stopped without a word, leaving its peer's timeout to read as the cause."""
+    raised = torchrun("-m", "paralab", "run", "--strategy", "ddp", "--steps", "3", "--fail", "rank=1,step=1")
+    assert raised.returncode == 1
+    root = raised.stderr.split("Root Cause (first observed failure):")[1]
+    assert "rank      : 1 (local_rank: 1)" in root and "error_file: <N/A>" not in root, raised.stderr[-3000:]
+    assert "InjectedFault: fault injected on rank 1 at step 1" in root
+    hung = torchrun("-m", "paralab", "run", "--strategy", "ddp", "--steps", "3", "--timeout", "5",
+                    "--fail", "rank=1,step=1,kind=hang")
+    assert hung.returncode == 1
+    stack = hung.stderr.split("Current thread")[1]  # what faulthandler printed as torchrun stopped rank 1
+    assert 'paralab/runtime/context.py", line' in stack and "in at_step" in stack, hung.stderr[-3000:]
 
 
 def test_settings_a_rank_may_hold_for_itself_are_not_compared():

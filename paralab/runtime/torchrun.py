@@ -10,6 +10,7 @@ leaves an error report for the launcher if it fails.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import faulthandler
 import os
@@ -65,8 +66,11 @@ def run_under_torchrun(cfg: RunConfig, trace_dir: str | None = None) -> RunResul
     reports = Path(os.environ[REPORT_DIR]) if REPORT_DIR in os.environ else None
     if reports:  # paralab's own agents: the launcher reads the stack of a rank that died, and its steps
         dump_stacks(reports, rank)
-    else:  # someone's torchrun: a rank killed by a fatal signal prints its Python stack in its output
+    else:  # someone's torchrun: a rank killed by a fatal signal prints its Python stack in its output,
+        # and so does one torchrun stops (SIGTERM, once another rank failed): a rank that hung had been
+        # stopped without a word, its peer's timeout blamed as the root cause
         faulthandler.enable(all_threads=True)
+        faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     cfg = launched_config(cfg)
     world_size, local_world = cfg.world_size, int(os.environ.get("LOCAL_WORLD_SIZE", cfg.world_size))
     try:
@@ -95,6 +99,25 @@ def run_under_torchrun(cfg: RunConfig, trace_dir: str | None = None) -> RunResul
         res.pop("state", None)
         results.append({**res, "trace": tr})
     return RunResult.from_rank_results(cfg, layout, results, [None] * world_size)
+
+
+ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # where torchrun reads a failed worker's error for its summary
+
+
+@contextlib.contextmanager
+def errors_told_to_torchrun():
+    """A torchrun rank's error (a refused configuration, a fault, a timeout) written where torchrun
+    reads it (torch's ``ErrorHandler``, as its ``@record`` writes it), so that the summary torchrun
+    prints names it as the root cause: it had said ``error_file: <N/A>`` and pointed at torch's
+    documentation, leaving a peer's knock-on error to read as the cause. The error goes on as before."""
+    try:
+        yield
+    except Exception as exc:
+        if ERROR_FILE in os.environ:
+            from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+            ErrorHandler().record_exception(exc)
+        raise
 
 
 def end_rank(code: int) -> NoReturn:
