@@ -165,12 +165,13 @@ def refuse_flags_the_launch_sets(args, cfg: RunConfig) -> None:
     from paralab.runtime.torchrun import ENV_KEYS, launched_config
 
     launched = launched_config(cfg)
-    for flag, given, actual in (("--world-size", args.world_size, launched.world_size),
-                                ("--nodes", args.nodes, launched.nodes)):
+    for flag, given, actual, read in (
+            ("--world-size", args.world_size, launched.world_size, "WORLD_SIZE"),
+            ("--nodes", args.nodes, launched.nodes, "GROUP_WORLD_SIZE and LOCAL_WORLD_SIZE")):
         if given is not None and given != actual:
-            raise ConfigError(f"{flag} {given} disagrees with this launch, which set {', '.join(ENV_KEYS)} "
-                              f"for {actual}: leave {flag} out under torchrun, or unset those variables "
-                              f"to start a local run")
+            raise ConfigError(f"{flag} {given} disagrees with this launch, which set {actual} ({read}): "
+                              f"leave {flag} out under torchrun, or unset {', '.join(ENV_KEYS)} to start "
+                              f"a local run")
 
 
 def cmd_run(args) -> int:

@@ -526,11 +526,12 @@ def test_a_run_flag_that_nodes_sets_itself_exits_2(nothing_starts, capsys, flag,
 
 @pytest.mark.parametrize("argv, said", [
     (["--world-size", "4"],
-     "--world-size 4 disagrees with this launch, which set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, "
-     "MASTER_PORT for 1: leave --world-size out under torchrun, or unset those variables to start a "
-     "local run"),
+     "--world-size 4 disagrees with this launch, which set 1 (WORLD_SIZE): leave --world-size out under "
+     "torchrun, or unset RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT to start a local run"),
     (["--world-size", "4", "--nodes", "2", "--hierarchical"], "--world-size 4 disagrees"),
-    (["--nodes", "2"], "--nodes 2 disagrees with this launch"),
+    # the nodes come from the agents and each one's ranks, not from the variables a rank needs
+    (["--nodes", "2"], "--nodes 2 disagrees with this launch, which set 1 (GROUP_WORLD_SIZE and "
+                       "LOCAL_WORLD_SIZE)"),
 ])
 def test_flags_that_disagree_with_a_torchrun_environment_exit_2(monkeypatch, capsys, argv, said):
     """Under torchrun (or variables left in a shell that look like it) the launch sets the world and
