@@ -220,6 +220,9 @@ def _write_outputs(result, args) -> None:
         print(json_text(result.summary))
     else:
         print(format_summary(result.summary))
+        if args.trace_dir:  # where the folder's files went, and what reads them
+            print(f"trace folder: {args.trace_dir} (`paralab merge {args.trace_dir} -o merged.json --chrome` "
+                  "for Perfetto, `paralab report` reads it as it is)")
 
 
 def format_summary(s: dict) -> str:

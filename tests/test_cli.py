@@ -555,6 +555,16 @@ def test_the_trace_dir_help_says_what_a_local_run_writes(capsys):
 
 
 @pytest.mark.timeout(120)
+def test_a_run_says_where_its_trace_folder_went_and_what_reads_it(capsys, tmp_path, no_leftover_ranks):
+    """Given --trace-dir alone, the summary had named no file: the folder went unmentioned."""
+    folder = tmp_path / "traces"
+    assert cli.main(["run", "--strategy", "single", "--steps", "1", "--trace-dir", str(folder)]) == 0
+    assert (f"trace folder: {folder} (`paralab merge {folder} -o merged.json --chrome` for Perfetto, "
+            "`paralab report` reads it as it is)") in capsys.readouterr().out
+    assert cli.main(["report", str(folder), "-o", str(tmp_path / "r.html")]) == 0
+
+
+@pytest.mark.timeout(120)
 def test_a_run_without_spans_says_what_it_did_not_measure(capsys, no_leftover_ranks):
     """--no-trace records step spans only: the pipeline's bubble had read 100% and its bytes {}, as if
     the ranks had idled and sent nothing. Now null (the keys stay), and "not measured" in the text. The
