@@ -35,6 +35,8 @@ def test_pipeline_explorer_sliders_redraw():
     assert len(fwd.x) == 4 * 8
     app.controls["stages"].value = 6
     assert app.figure.layout.meta["ranks"] == 6 and len(app.figure.layout.yaxis.categoryarray) == 12
+    # every row keeps its tick label: listed ticks had stayed the first shape's, and r4, r5 went unnamed
+    assert list(app.figure.layout.yaxis.ticktext) == list(app.figure.layout.yaxis.categoryarray)
     assert "bubble simulated" in app.info.value and app.last_update_ms > 0
     app.controls["schedule"].value = "zb-h1"
     assert {t.name for t in app.figure.data} >= {"backward_input", "backward_weight"}

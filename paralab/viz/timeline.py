@@ -386,7 +386,7 @@ def timeline(trace, predicted=None, *, lanes=DEFAULT_LANES, steps=None, predicte
     meta = {"ranks": len(trace.ranks), "rows": rows, "source": trace.meta.get("source", "")}
     if predicted is None:
         fig = graph.Figure(bars)
-        _rows_axis(fig, rows, "yaxis")
+        rows_axis(fig, rows, "yaxis")
         fig.update_xaxes(title_text="time (ms)")
     else:
         predicted = as_trace(predicted)
@@ -395,7 +395,7 @@ def timeline(trace, predicted=None, *, lanes=DEFAULT_LANES, steps=None, predicte
                                       opacity=0.55, **kwargs)
             _legend_once(bars, pbars)
             fig = graph.Figure(bars + pbars)
-            _rows_axis(fig, _interleave(rows, prows), "yaxis")
+            rows_axis(fig, _interleave(rows, prows), "yaxis")
             fig.update_xaxes(title_text="time (ms)")
         elif layout == "stacked":
             pbars, prows = bar_traces(predicted, steps=predicted_steps, **kwargs)
@@ -405,8 +405,8 @@ def timeline(trace, predicted=None, *, lanes=DEFAULT_LANES, steps=None, predicte
                                 subplot_titles=("measured", "predicted"))
             fig.add_traces(bars + pbars, rows=[1] * len(bars) + [2] * len(pbars),
                            cols=[1] * (len(bars) + len(pbars)))
-            _rows_axis(fig, rows, "yaxis")
-            _rows_axis(fig, prows, "yaxis2")
+            rows_axis(fig, rows, "yaxis")
+            rows_axis(fig, prows, "yaxis2")
             fig.update_xaxes(title_text="time (ms)", row=2, col=1)
         else:
             raise ValueError(f"layout must be 'stacked' or 'overlay', got {layout!r}")
@@ -461,8 +461,9 @@ def _legend_once(bars: list[dict], pbars: list[dict]) -> None:
         b["showlegend"] = b["showlegend"] and b["name"] not in shown
 
 
-def _rows_axis(fig, rows: list[str], axis: str) -> None:
-    """Rows top to bottom as ``rows`` orders them; a filler row (:data:`FILLER`) has no tick label."""
+def rows_axis(fig, rows: list[str], axis: str) -> None:
+    """Rows top to bottom as ``rows`` orders them; a filler row (:data:`FILLER`) has no tick label. The
+    ticks are listed, so a figure redrawn with other rows (a widget's) must set them here again."""
     fig.layout[axis].update(type="category", categoryorder="array", categoryarray=rows, autorange="reversed",
                             range=None, tickmode="array", tickvals=rows,
                             ticktext=["" if FILLER in row else row for row in rows])

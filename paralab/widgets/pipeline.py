@@ -28,7 +28,7 @@ from paralab.schedules import (
 from paralab.sim.events import simulate_schedule
 from paralab.trace import COMPUTE, Trace
 from paralab.viz.bubble import lower_bound
-from paralab.viz.timeline import microbatch_key
+from paralab.viz.timeline import microbatch_key, rows_axis
 from paralab.widgets._common import attach, figure_widget, message, redrawn, refuse, replace_figure, widgets
 
 UNIT_TIMES = {"forward": 1.0, "backward": 2.0, "backward_input": 1.0, "backward_weight": 1.0}
@@ -230,7 +230,7 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
             else:
                 fw.data = ()
                 fw.add_traces(bars)
-            fw.layout.yaxis.categoryarray = rows
+            rows_axis(fw, rows, "yaxis")
             height = min(200 + 22 * len(rows), 1600)
             # style() pins the title and the legend in pixels from the top, as fractions of the height:
             # kept for the old height, 64 ranks' legend had sat 150 px below the title
