@@ -12,8 +12,8 @@ tensor-parallel layer's all-reduce, a prefetched gather waited for late), the co
 and dotted over that stretch ("blocked"): the span covers the pass, but the rank computed nothing there.
 
 Calls a rank has in flight together (prefetched gathers, small buckets' all-reduces) share its comm
-row side by side, each thinner (:func:`call_slots`): drawn over one another they had read as one
-call. A rank with more than :data:`SUBROWS_PER_ROW` in flight gets unlabelled filler rows under its
+row one above the other, each thinner, with a gap between (:func:`call_slots`): drawn over one
+another they had read as one call. A rank with more than :data:`SUBROWS_PER_ROW` in flight gets unlabelled filler rows under its
 comm row, so each call keeps a quarter of a row: 22 small buckets' all-reduces had been hairlines.
 The labels of microbatch bars that a blocked stretch whitens are written by a trace of their own drawn
 last (:data:`LABELS`), in ink chosen against the fill under them, whitened or not (:func:`lift_labels`).
@@ -52,6 +52,7 @@ BAR_WIDTH = 0.8  # of a row
 TEXT_LIMIT = 2000  # above this many bars, labels on bars cost more than they tell
 OUTLINE_LIMIT = 400  # above this many bars, a bar's white edge would whiten the narrow ones
 SUBROWS_PER_ROW = 4  # calls in flight one row holds before filler rows are added under it
+SUBROW_GAP = 0.15  # of a sub-row, left empty between calls in flight together
 FILLER = " …"  # a filler row's label: its comm row's, then this and a number; drawn without a tick label
 LABELS = "labels"  # the trace that writes the microbatch bars' labels, over every bar and whitening
 _PATTERNS = {"backward": "/", "backward_input": "\\", "backward_weight": "x"}
@@ -103,7 +104,11 @@ def bars_by_kind(spans: list[Span], color_by: str = "kind", suffix: str = "", t0
     def placed(s: Span) -> tuple[float, float]:
         slot, count = (slots or {}).get(id(s), (0, 1))
         height = (rows_held(count) - 1 + BAR_WIDTH) / count
-        return height, slot * height - BAR_WIDTH / 2
+        if count == 1:
+            return height, -BAR_WIDTH / 2
+        # a gap between sub-rows, where their calls have no white edge: two calls that start and end
+        # together had read as one bar twice as thick
+        return height * (1 - SUBROW_GAP), slot * height - BAR_WIDTH / 2 + height * SUBROW_GAP / 2
 
     if t0 is None:
         t0 = min((s.start for s in spans), default=0.0)
@@ -232,7 +237,7 @@ def ink(fill: str, whitened: bool = False) -> str:
 def lift_labels(by_kind: dict[str, dict], blocked: list[Span], t0: float, suffix: str = "",
                 opacity: float = 1.0) -> dict | None:
     """A text-only bar trace, drawn last, of the labels of ``by_kind``'s bars (:func:`bars_by_kind`)
-    that a blocked stretch whitens, each inked against the fill under its middle, whitened or not;
+    that a blocked stretch whitens, each inked against the fill under most of the bar, whitened or not;
     those labels are taken off their own bars, under the white of which they had faded to nothing.
     None where no labelled bar is blocked (the labels then stay on their bars)."""
     import numpy as np
@@ -247,10 +252,12 @@ def lift_labels(by_kind: dict[str, dict], blocked: list[Span], t0: float, suffix
         for i, (row, start, length) in enumerate(zip(c["y"], c["base"], c["x"])):
             over = [(lo, hi) for lo, hi in stretches.get(row, ()) if lo < start + length and hi > start]
             if over and c["text"][i]:
-                middle = start + length / 2
                 for key in ("y", "base", "x", "width", "offset", "text"):
                     lifted[key].append(c[key][i])
-                lifted["ink"].append(ink(c["color"][i], any(lo <= middle <= hi for lo, hi in over)))
+                # whitened where most of the bar is: a tensor-parallel forward's many short stretches had
+                # left its middle in a gap between two, and its label white on a bar mostly washed out
+                washed = sum(min(hi, start + length) - max(lo, start) for lo, hi in over)
+                lifted["ink"].append(ink(c["color"][i], washed >= length / 2))
                 c["text"][i] = ""
     if not lifted:
         return None
