@@ -341,3 +341,77 @@ def test_the_levers_explorer_says_why_a_measured_peak_holds_gradients_the_predic
     app.measure()
     assert "its peak fell early in the backward" in app.message.value
     assert "grads" in {trace.name for trace in app.figure.data}
+
+
+def test_the_pipeline_explorer_stops_each_schedules_stages_where_it_stops_drawing():
+    """DualPipeV at 17 to 64 stages could never be drawn: "needs at least 128 microbatches" at 64, and
+    at 128 "this shape has 16,384" chunk-microbatches. The stages slider stops where the fewest
+    microbatches a schedule builds for stop being drawn, and the explorer says why."""
+    from paralab.schedules import SCHEDULES
+    from paralab.widgets import pipeline
+
+    app = widgets.pipeline_explorer(schedule="1f1b", stages=64, microbatches=8)
+    for name in SCHEDULES:
+        app.controls["schedule"].value = name
+        most = app.controls["stages"].max
+        v = 2 if name in ("interleaved", "zbv", "dualpipev") else 1
+        # every stage count the slider offers draws with some microbatch count, one more would not
+        assert all(pipeline.drawn_at(name, p, v, 128) for p in range(2, most + 1)), name
+        assert most == 64 or not pipeline.drawn_at(name, most + 1, v, 128), name
+    app.controls["schedule"].value = "dualpipev"
+    assert app.controls["stages"].max == 16 and app.controls["stages"].value == 16
+    app.controls["microbatches"].value = 32
+    assert app.message.value == "" and "the explorer draws dualpipev up to 16 stages" in app.info.value
+    app.controls["schedule"].value = "1f1b"
+    assert app.controls["stages"].max == 64 and "up to" not in app.info.value
+    # asked outright for a shape past it, the advice is the limit, not a microbatch count that fails too
+    said = pipeline.refusal("dualpipev", 64, 8, 2, ValueError("too few"))
+    assert "the explorer draws dualpipev up to 16 stages" in said
+    assert "up to 16 stages" in pipeline.refusal("dualpipev", 64, 128, 2, ValueError("not drawn"))
+
+
+def test_the_pipeline_explorer_offers_interleaved_two_chunks_at_least_and_says_its_p2p():
+    """The virtual-stages slider, shown for interleaved only, had gone down to 1, which interleaved
+    refuses; a step longer than the closed form's, with p2p 2.0 left from another schedule, had read as
+    a bug: the info line says the p2p time it pays."""
+    app = widgets.pipeline_explorer(schedule="interleaved", stages=4, microbatches=8, virtual_stages=2)
+    assert app.controls["virtual_stages"].min == 2
+    app.controls["p2p"].value = 2.0
+    app.controls["schedule"].value = "1f1b"
+    app.controls["stages"].value, app.controls["microbatches"].value = 2, 5
+    assert "p2p 2 F" in app.info.value
+    app.controls["p2p"].value = 0.0
+    assert "p2p" not in app.info.value
+
+
+def test_the_memory_explorer_keeps_long_titles_whole():
+    """llama3-405b at dp=1024 tp=8 pp=64 had run its title "... (layers per stage 1 + 62 x 2 + 1)" past
+    the figure's right edge (plotly does not wrap titles): the split goes on a line of its own, and the
+    legend and the plot move down to clear it."""
+    app = widgets.memory_explorer(model="llama3-405b", hardware="a100", dp=1024, tp=8, pp=64)
+    app.controls["recompute"].value = "full"
+    app.controls["micro_batch"].value = 32
+    layout = app.figure.layout
+    lines = layout.title.text.split("<br>")
+    assert len(lines) == 2 and lines[1].startswith("layers per stage")
+    assert all(len(line) <= 70 for line in lines), lines  # some 600 px at the title's 17 px
+    one_line = widgets.memory_explorer(model="llama3-405b", hardware="a100", dp=8).figure.layout
+    assert layout.margin.t == one_line.margin.t + 22 and layout.legend.y < one_line.legend.y
+    tiny = widgets.memory_explorer(model="tiny", dp=1024, tp=1, pp=4).figure.layout.title.text
+    assert all(len(line) <= 70 for line in tiny.split("<br>")), tiny
+
+
+def test_the_speedup_explorers_panel_titles_stay_over_their_panels(monkeypatch):
+    """The lower-left panel's title, "speedup over the one-rank median, step by step", had run under
+    the right panel's y-axis title at a notebook's 700 px."""
+    from paralab.widgets import speedup
+
+    monkeypatch.setattr(speedup, "this_machine", lambda: "a100")
+    app = widgets.speedup_explorer({1: stand_in_run(1, 0.04), 2: stand_in_run(2, 0.03)}, max_world=4)
+    fig = app.figure
+    plot_px = 700 - fig.layout.margin.l - fig.layout.margin.r
+    lower_left = fig.get_subplot(2, 1)
+    width = (lower_left.xaxis.domain[1] - lower_left.xaxis.domain[0]) * plot_px
+    title = next(a for a in fig.layout.annotations
+                 if a.y == lower_left.yaxis.domain[1] and a.yanchor == "bottom")
+    assert len(title.text) * 0.55 * 16 <= width, title.text  # 16 px subplot titles, ~0.55 em a character

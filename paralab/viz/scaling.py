@@ -184,8 +184,10 @@ def speedup_steps(runs: Mapping, baseline, predicted: Mapping | None = None, cur
     fig = make_subplots(rows=2, cols=2, specs=[[{}, {"rowspan": 2}], [{}, None]], shared_xaxes=False,
                         column_widths=[0.55, 0.45], horizontal_spacing=0.1, vertical_spacing=0.14,
                         subplot_titles=("step time, step by step", "speedup against world size",
-                                        # the one-rank run's own steps scatter around 1 over its median
-                                        "speedup over the one-rank median, step by step"))
+                                        # the one-rank run's own steps scatter around 1 over its median;
+                                        # short enough to stay over its panel at a notebook's 700 px
+                                        # ("..., step by step" had run under the right panel's axis title)
+                                        "speedup over the one-rank median"))
     base = as_trace(baseline).median_step_time()
     sizes = sorted(runs)
     predicted = dict(predicted or {})

@@ -13,8 +13,9 @@ and dotted over that stretch ("blocked"): the span covers the pass, but the rank
 
 Calls a rank has in flight together (prefetched gathers, small buckets' all-reduces) share its comm
 row one above the other, each thinner, with a gap between (:func:`call_slots`): drawn over one
-another they had read as one call. A rank with more than :data:`SUBROWS_PER_ROW` in flight gets unlabelled filler rows under its
-comm row, so each call keeps a quarter of a row: 22 small buckets' all-reduces had been hairlines.
+another they had read as one call. A rank with more than :data:`SUBROWS_PER_ROW` in flight gets
+unlabelled filler rows under its comm row, so each call keeps a quarter of a row: 22 small buckets'
+all-reduces had been hairlines.
 The labels of microbatch bars that a blocked stretch whitens are written by a trace of their own drawn
 last (:data:`LABELS`), in ink chosen against the fill under them, whitened or not (:func:`lift_labels`).
 

@@ -93,6 +93,16 @@ def _lower_title_legend_and_plot(fw, px: int) -> None:
         fw.layout.legend.y -= px / fw.layout.height
 
 
+def lines_below_title(fig):
+    """Make room for a title's lines after its first (``<br>``, as plotly never wraps a title, and a long
+    one runs past the figure's right edge): ``paralab.viz._common.style`` pins the title and the legend
+    below it for one line. Returns ``fig``."""
+    extra = (fig.layout.title.text or "").count("<br>")
+    if extra:
+        _lower_title_legend_and_plot(fig, MARK_PX * extra)
+    return fig
+
+
 def whole_labels(controls: dict) -> dict:
     """Give each control's description the width it needs: ipywidgets' fixed label width cuts a
     notebook's "global batch" to "global bat…"."""

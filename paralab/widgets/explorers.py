@@ -15,6 +15,7 @@ import re
 from paralab.widgets._common import (
     attach,
     figure_widget,
+    lines_below_title,
     message,
     refuse,
     replace_figure,
@@ -206,10 +207,11 @@ def memory_against_limit(bars: dict[str, dict], hw, title: str):
     usable, capacity = usable_memory(hw), hw.memory_bytes
     tallest = max(sum(v for k, v in kinds.items() if k != "total") for kinds in bars.values())
     if tallest < usable / 10:
-        return memory(bars, unit="MiB" if tallest < 2**30 else "GiB",
-                      title=f"{title}: at most {fmt_bytes(tallest)}, far below the {usable / 2**30:.1f} GiB "
-                            "a GPU can fill")
-    fig = memory(bars, unit="GiB", title=title)
+        # on a line of its own: plotly does not wrap a title, and after a long first line it ran past
+        # the figure's right edge
+        title += f"<br>at most {fmt_bytes(tallest)}, far below the {usable / 2**30:.1f} GiB a GPU can fill"
+        return lines_below_title(memory(bars, unit="MiB" if tallest < 2**30 else "GiB", title=title))
+    fig = lines_below_title(memory(bars, unit="GiB", title=title))
     lines = ((usable, f"fits below: {usable / 2**30:.1f} GiB usable", "dash", "#D62728"),
              (capacity, f"{hw.name} capacity {capacity / 2**30:.1f} GiB", "dot", "#999"))
     for rank, (nbytes, name, dash, color) in enumerate(lines):
@@ -331,7 +333,9 @@ def memory_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dp: int = 
             refuse(msg, fw, "; ".join(spec.problems(chosen)))
             return
         msg.value = ""
-        layers = f" (layers per stage {split_text(split)})" if split else ""
+        # a line of its own (plotly does not wrap a title): after "dp=1024 tp=8 pp=64" the 405B model's
+        # "(layers per stage 1 + 62 x 2 + 1)" had run past the figure's right edge
+        layers = f"<br>layers per stage {split_text(split)}" if split else ""
         replace_figure(fw, memory_against_limit(bars, hw_mod.get_hardware(c["hardware"]),
                                                 f"{c['model']}: predicted memory per GPU, "
                                                 f"dp={c['dp']} tp={c['tp']} pp={c['pp']}{layers}"))

@@ -89,11 +89,46 @@ def deep_enough(model, chunks: int):
     return dataclasses.replace(preset, layers=chunks), f" (the {model} model deepened to {chunks} layers)"
 
 
+def most_drawn_stages(name: str, chunks: int, max_stages: int, max_microbatches: int) -> int:
+    """The most stages (up to ``max_stages``) at which the explorer draws schedule ``name`` with
+    ``chunks`` model chunks a rank: where the fewest microbatches it builds for (up to
+    ``max_microbatches``) are :func:`drawable`. DualPipeV's 2 a stage stop at 16 of the 64: at 17 its
+    34 microbatches make 1,156 chunk-microbatches. At least 2, the stages slider's least."""
+    return max((p for p in range(2, max_stages + 1) if drawn_at(name, p, chunks, max_microbatches)),
+               default=2)
+
+
+@lru_cache(maxsize=64)
+def drawn_at(name: str, stages: int, chunks: int, max_microbatches: int) -> bool:
+    """Whether some microbatch count up to ``max_microbatches`` builds and is drawn (the fewest is the
+    one drawn if any is)."""
+    fewest = fewest_microbatches(name, stages, chunks)
+    return fewest is not None and fewest <= max_microbatches and drawable(stages, fewest, chunks)
+
+
+def stage_limit(name: str, most: int, chunks: int, max_microbatches: int) -> str:
+    """Why the explorer draws schedule ``name`` (``chunks`` model chunks a rank) up to ``most`` stages:
+    what one stage more would need."""
+    more = most + 1
+    fewest = fewest_microbatches(name, more, chunks)
+    if fewest is None or fewest > max_microbatches:
+        return f"the explorer draws {name} up to {most} stages: {more} need more microbatches than it offers"
+    return (f"the explorer draws {name} up to {most} stages: {more} need at least {fewest} microbatches, "
+            f"{more * chunks * fewest:,} chunk-microbatches, past the {MAX_DRAWN:,} it draws "
+            "(paralab.sim prices a step of any size)")
+
+
 def refusal(name: str, stages: int, microbatches: int, chunks: int, exc: Exception) -> str:
     """Why the explorer cannot draw this shape. Too few microbatches are said in the sliders' terms:
     DualPipeV's own rule counts the model stages of its V ("as many microbatches as stages (2 x pp =
-    8)"), which had stood beside a stages slider at 4."""
+    8)"), which had stood beside a stages slider at 4. Where even the fewest it builds for are more than
+    the explorer draws, that is said instead: "needs at least 128 microbatches" had led to "this shape
+    has 16,384" chunk-microbatches."""
     fewest = fewest_microbatches(name, stages, chunks)
+    if fewest is not None and not drawable(stages, fewest, chunks):
+        most = most_drawn_stages(name, chunks, stages, fewest)
+        return (f"{name} with {stages} stages needs at least {fewest} microbatches; "
+                + stage_limit(name, most, chunks, fewest))
     if fewest is not None and microbatches < fewest:
         return (f"{name} with {stages} stages needs at least {fewest} microbatches ({chunks} model chunks on "
                 f"each stage, {stages * chunks} in its pipeline), got {microbatches}")
@@ -169,7 +204,8 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
                               continuous_update=False, **whole),
         "microbatches": w.IntSlider(value=microbatches, min=1, max=max_microbatches,
                                     description="microbatches", continuous_update=False, **whole),
-        "virtual_stages": w.IntSlider(value=virtual_stages, min=1, max=8,
+        # shown for interleaved only, which needs 2 chunks a rank at least (with one it is 1f1b)
+        "virtual_stages": w.IntSlider(value=max(virtual_stages, 2), min=2, max=8,
                                       description="virtual stages per rank",
                                       continuous_update=False, **whole),
         "p2p": w.FloatSlider(value=p2p, min=0.0, max=2.0, step=0.05, description="p2p time / forward time",
@@ -202,8 +238,22 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
     # the schedule's shape, redrawn live: without the hatched waits on the comm lanes (a third more bars)
     fw = figure_widget(timeline(first, title="predicted step (time in forward units: F = 1 ms)", waits=False))
 
+    def capped() -> str:
+        """Stop the stages slider where the chosen schedule stops being drawn (DualPipeV at 16: the
+        microbatches it needs past that are more than the explorer draws, and its 17 to 64 had each
+        refused); "" or why it stops."""
+        name, _p, _m, v, _lat, _overlap = shape()
+        most = most_drawn_stages(name, v, max_stages, max_microbatches)
+        if controls["stages"].max != most:
+            controls["stages"].max = most  # a value past it comes down to it (and redraws)
+        return stage_limit(name, most, v, max_microbatches) if most < max_stages else ""
+
     def redraw(*_):
         started = time.perf_counter()
+        asked = controls["stages"].value
+        stops = capped()
+        if controls["stages"].value != asked:
+            return  # brought down to the cap, which redrew through the slider's observer
         name, p, m, v, lat, overlap = shape()
         for key, schedules in applies.items():
             controls[key].layout.display = None if name in schedules else "none"
@@ -243,6 +293,9 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
         # Python's part only: the browser draws the bars after this (MAX_DRAWN keeps that short)
         app.last_update_ms = (time.perf_counter() - started) * 1e3
         hidden = f", F&B hides {overlap:g} F" if name == "dualpipev" else ""
+        # the p2p time the simulated step pays: unsaid, a step longer than the closed form's had read as
+        # a bug after the slider had moved under another schedule
+        hidden += f", p2p {lat:g} F" if lat else ""
         # the closed form knows neither a slot's overlap nor the p2p latency the simulation pays
         assumes = ", ".join(what for what, applies in (("nothing hidden", overlap), ("free p2p", lat))
                             if applies)
@@ -251,7 +304,8 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
         info.value = (f"<b>{name}</b> p={p} m={m} v={v}{hidden}: step {step:.1f} F, bubble simulated "
                       f"{sim.bubble_fraction():.1%}, closed form{f' ({assumes})' if assumes else ''} "
                       f"{theory:.1%}{bound}"
-                      + (f"<br>{beyond_binder(p)}" if p > MAX_RUN_RANKS else ""))
+                      + (f"<br>{beyond_binder(p)}" if p > MAX_RUN_RANKS else "")
+                      + (f"<br>{stops}" if stops else ""))
 
     def on_progress(step: int, total: int) -> None:
         progress.max = total
