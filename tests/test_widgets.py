@@ -366,7 +366,8 @@ def test_the_explorers_split_layers_that_do_not_divide_as_the_refusal_suggests()
     scaling = widgets.scaling_explorer(model="gpt3-13b", hardware="h100", dim="pp", max_gpus=64)
     assert 16 in scaling.figure.layout.meta["predicted"]["world_size"]
     assert "pp=16 splits the layers 2 + 8 x 3 + 7 x 2" in scaling.message.value
-    assert "pp=64: pp x virtual stages = 64 does not divide 40 layers; no split" in scaling.message.value
+    # the explorer has no virtual stages control: they are not named
+    assert "pp=64: pp 64 does not divide 40 layers; no split" in scaling.message.value
     # a caller's split serves the other dimensions' sweeps; a pp sweep takes each depth's own
     from paralab.widgets.explorers import scaling_points
 

@@ -465,7 +465,10 @@ class ParallelSpec:
             example = uneven_split(model.layers, chunks)
             how = (f"give stage_layers, {split_example(example)}" if example
                    else "no split can hold them: every stage but the first and last needs a layer")
-            out.append(f"pp x virtual stages = {chunks} does not divide {model.layers} layers; {how}")
+            # the virtual stages named only where there are some: a planner or explorer with no such
+            # control had told its user of them
+            cut = f"pp x virtual stages = {chunks}" if p.virtual_stages > 1 else f"pp {chunks}"
+            out.append(f"{cut} does not divide {model.layers} layers; {how}")
         else:
             out += split_problems(model.layers, chunks, p.stage_layers)
         out += self._expert_problems(model)
