@@ -17,6 +17,7 @@ import select
 import sys
 import warnings
 from pathlib import Path
+from typing import NoReturn
 
 from paralab.cli_args import (
     EXIT_FAILED,
@@ -192,7 +193,7 @@ def cmd_run(args) -> int:
     return EXIT_OK
 
 
-def _run_as_a_torchrun_rank(args) -> None:
+def _run_as_a_torchrun_rank(args) -> NoReturn:
     """This process's rank of a torchrun's run; rank 0 speaks for the run. An error is also written
     where torchrun reads it for its summary."""
     from paralab.outputs import check_run_outputs

@@ -53,8 +53,19 @@ NOT_MEASURED = "not measured (--no-trace)"
 
 
 def records_steps_only(meta: dict) -> bool:
-    """Whether the run a trace's ``meta`` describes recorded step spans only (see SPAN_FIGURES)."""
-    return (meta.get("config") or {}).get("trace") is False
+    """Whether the run a trace's ``meta`` describes recorded step spans only (see SPAN_FIGURES). Only a
+    trace paralab measured: an imported profile of a ``--no-trace`` run carries that run's config, but
+    its spans are the profiler's, every one recorded."""
+    return meta.get("source", "measured") == "measured" and (meta.get("config") or {}).get("trace") is False
+
+
+def holds_a_launchs_world(meta: dict) -> bool:
+    """Whether a trace file is one of the per-rank files (or the merged file) of a ``paralab run``
+    launch, whose folder must hold every rank of its world: measured, and its config's world the
+    trace's. An elastic run's world changes as it runs (its trace names the most nodes), and an import
+    of some ranks' profiles names the whole world on purpose."""
+    config = meta.get("config") or {}
+    return meta.get("source") == "measured" and config.get("world_size") == meta.get("world_size")
 
 
 class TraceFormatError(ValueError):
@@ -577,6 +588,8 @@ class Trace:
         }
         if records_steps_only(self.meta):
             summary.update(dict.fromkeys((*SPAN_FIGURES, *means)))
+            if (self.meta.get("pp") or 1) == 1:  # no pipeline: no bubble, recorded or not (as a run says)
+                summary["bubble_fraction"] = 0.0
         return summary
 
 
@@ -720,11 +733,11 @@ def _check_one_run(folder: Path, files: list[Path], traces: list[Trace]) -> None
                                f"{other.name} of one of {sizes[other]}: merge each run's files alone")
     settings = {file: shared_settings(trace.meta["config"]) for file, trace in zip(files, traces, strict=True)
                 if isinstance(trace.meta.get("config"), dict)}
-    told, theirs = next(iter(settings.items()), (None, None))
-    for file, mine in settings.items():
-        if said := settings_differ(theirs, mine, f"{told.name}'s"):
-            raise TraceFormatError(f"{folder}: {file.name} is a trace of another run than {told.name}: it "
-                                   f"has {said}; merge each run's files alone")
+    first_file, first_settings = next(iter(settings.items()), (None, None))
+    for file, its in settings.items():
+        if said := settings_differ(first_settings, its, f"{first_file.name}'s"):
+            raise TraceFormatError(f"{folder}: {file.name} is a trace of another run than {first_file.name}: "
+                                   f"it has {said}; merge each run's files alone")
     holder: dict[int, Path] = {}
     for file, trace in zip(files, traces, strict=True):
         if twice := sorted(set(trace.ranks) & holder.keys()):
@@ -734,7 +747,8 @@ def _check_one_run(folder: Path, files: list[Path], traces: list[Trace]) -> None
             raise TraceFormatError(f"{folder}: {file.name} holds rank {beyond[0]}, beyond the world size "
                                    f"{world} of {first.name}: traces of two runs")
         holder.update(dict.fromkeys(trace.ranks, file))
-    if world is not None and (missing := sorted(set(range(world)) - holder.keys())):
+    whole = all(holds_a_launchs_world(trace.meta) for trace in traces)
+    if world is not None and whole and (missing := sorted(set(range(world)) - holder.keys())):
         raise TraceFormatError(f"{folder}: holds {len(holder)} of the {world} ranks of its run; rank(s) "
                                f"{_ranks_text(missing)} missing (each node writes its own ranks' files: "
                                f"gather every node's --trace-dir here, or write it to a shared file system)")

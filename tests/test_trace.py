@@ -412,7 +412,8 @@ def _rank_files(folder, world: int, ranks) -> None:
     """Per-rank files as a run of ``world`` ranks writes them (torchrun's --trace-dir)."""
     for rank in ranks:
         spans = [Span(rank, STEP, "step", 0.0, 1.0, step=0)]
-        Trace(spans=spans, meta={"world_size": world}).save(folder / f"rank{rank:05d}.json")
+        meta = {"source": "measured", "world_size": world, "config": {"world_size": world}}
+        Trace(spans=spans, meta=meta).save(folder / f"rank{rank:05d}.json")
 
 
 @pytest.mark.parametrize("command", ["merge", "report"])
@@ -431,12 +432,24 @@ def test_a_folder_that_holds_two_runs_exits_2_naming_them(tmp_path, capsys, comm
 def test_a_folder_missing_a_rank_of_its_run_exits_2_naming_it(tmp_path, capsys, command):
     """Each node of a torchrun writes its own ranks' files: a --trace-dir on a disk of its own had
     merged one node's ranks in silence, its bytes read as the whole run's."""
-    _rank_files(tmp_path, 4, (0, 2))
+    _rank_files(tmp_path, 4, (0, 1))  # node 0's files, node 1's on its own disk
     assert cli.main([command, str(tmp_path), "-o", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert (f"{tmp_path}: holds 2 of the 4 ranks of its run; rank(s) 1, 3 missing (each node writes its "
+    assert (f"{tmp_path}: holds 2 of the 4 ranks of its run; rank(s) 2, 3 missing (each node writes its "
             "own ranks' files: gather every node's --trace-dir here") in err, err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("meta", [
+    {"source": "measured", "strategy": "elastic", "world_size": 4, "config": {"max_nodes": 4}},
+    {"source": "imported", "world_size": 4, "config": {"world_size": 4}},
+], ids=["elastic", "imported"])
+def test_a_trace_that_names_more_ranks_than_it_holds_on_purpose_is_read(tmp_path, meta):
+    """An elastic run's trace names its most nodes, and an import of some ranks' profiles the whole
+    world: neither is a launch's folder missing a node's files."""
+    steps = [Span(r, STEP, "step", 0.0, 1.0, step=0) for r in (0, 1)]
+    Trace(spans=steps, meta=meta).save(tmp_path / "t.json")
+    assert Trace.load(tmp_path).ranks == [0, 1]
 
 
 @pytest.mark.parametrize("command", ["merge", "report"])
@@ -450,8 +463,8 @@ def test_a_folder_of_two_runs_of_one_world_size_exits_2_naming_a_difference(tmp_
     err = capsys.readouterr().err
     assert ("rank1.json is a trace of another run than rank0.json: it has strategy 'pp' against rank0.json's "
             "'ddp'; merge each run's files alone") in err, err  # threads a rank may choose for itself
-    (tmp_path / "rank1.json").unlink()
-    _rank_files(tmp_path, 2, [1])  # a file that records no settings is not compared
+    no_settings = Trace(spans=[Span(1, STEP, "step", 0.0, 1.0, step=0)], meta={"world_size": 2})
+    no_settings.save(tmp_path / "rank1.json")  # a file that records no settings is not compared
     assert len(Trace.load(tmp_path).ranks) == 2
 
 
@@ -485,8 +498,14 @@ def test_a_trace_of_step_spans_only_measured_nothing_but_its_steps():
 
     steps = [Span(rank, STEP, "step", 0.02 * k, 0.02 * (k + 1), name=f"step {k}", step=k)
              for rank in (0, 1) for k in range(3)]
-    summary = Trace(spans=steps, meta={"config": {"trace": False}}).summary()
+    summary = Trace(spans=steps, meta={"config": {"trace": False}, "pp": 2}).summary()
     assert summary["step_time_s"] == pytest.approx(0.02)
     assert all(summary[key] is None for key in (*SPAN_FIGURES, "idle_s", "compute_s", "comm_s")), summary
     traced = Trace(spans=steps, meta={"config": {"trace": True}}).summary()
     assert traced["comm_bytes"] == {} and traced["idle_s"] == pytest.approx(0.02)
+    # without a pipeline there is no bubble, recorded or not, as the run's own summary says
+    assert Trace(spans=steps, meta={"config": {"trace": False}}).summary()["bubble_fraction"] == 0.0
+    # a profile of such a run, imported, holds the profiler's spans, every one recorded: it had read as
+    # not measured, and paralab import had crashed on its bytes
+    imported = Trace(spans=steps, meta={"source": "imported", "config": {"trace": False}}).summary()
+    assert imported["comm_bytes"] == {} and imported["idle_s"] == pytest.approx(0.02)

@@ -364,10 +364,18 @@ def test_the_pipeline_explorer_stops_each_schedules_stages_where_it_stops_drawin
     assert app.message.value == "" and "the explorer draws dualpipev up to 16 stages" in app.info.value
     app.controls["schedule"].value = "1f1b"
     assert app.controls["stages"].max == 64 and "up to" not in app.info.value
-    # asked outright for a shape past it, the advice is the limit, not a microbatch count that fails too
-    said = pipeline.refusal("dualpipev", 64, 8, 2, ValueError("too few"))
-    assert "the explorer draws dualpipev up to 16 stages" in said
-    assert "up to 16 stages" in pipeline.refusal("dualpipev", 64, 128, 2, ValueError("not drawn"))
+
+
+def test_a_redrawn_pipeline_inks_each_label_for_its_own_bar():
+    """Redrawn in place, the bars kept the previous shape's label colours: from 1f1b to gpipe a third
+    of the labels stood white on the light shades, and from 8 microbatches to 12 the colours ran short."""
+    app = widgets.pipeline_explorer(schedule="1f1b", stages=4, microbatches=8)
+    for control, value in (("schedule", "gpipe"), ("microbatches", 12)):
+        app.controls[control].value = value
+        shape = {key: app.controls[key].value for key in ("schedule", "stages", "microbatches")}
+        fresh = widgets.pipeline_explorer(**shape).figure
+        for drawn, anew in zip(app.figure.data, fresh.data, strict=True):
+            assert drawn.insidetextfont == anew.insidetextfont, (control, drawn.name)
 
 
 def test_the_pipeline_explorer_offers_interleaved_two_chunks_at_least_and_says_its_p2p():

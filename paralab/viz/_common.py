@@ -50,9 +50,10 @@ MEMORY_KINDS = ("params", "grads", "optimizer", "activations")
 MEMORY_COLORS = {"params": "#4C78A8", "grads": "#F58518", "optimizer": "#54A24B", "activations": "#E45756"}
 # one colour per compared series (sources, hardware, fits), in the order they are drawn
 SERIES_COLORS = ["#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756", "#72B7B2"]
-# Microbatch shades for pipeline timelines: qualitative, repeats after 12. Blues, oranges, greens,
-# reds and teals only, none a communication kind's colour (yellow send, purple all-reduce, pinks,
-# browns, greys) nor one of EXTRA_COLORS, so a forward never reads as a send.
+# Qualitative shades, repeating after 12, for ranks and modes (elastic's ranks, the mesh, context
+# parallel's ring and all-to-all): blues, oranges, greens, reds and teals, none a communication kind's
+# colour (yellow send, purple all-reduce, pinks, browns, greys) nor one of EXTRA_COLORS. (A timeline's
+# microbatches have shades of their own, below: these open with the forward's and the backward's.)
 MICROBATCH_COLORS = [
     "#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#9ECAE9",
     "#FFBF79", "#88D27A", "#C0392B", "#2F6B68", "#1F3A68", "#B35806",

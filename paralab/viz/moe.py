@@ -65,7 +65,8 @@ def expert_load(trace, title: str | None = None, most_tokens: int | None = None,
                        "layer": layer}
     mean = sum(imbalance) / len(imbalance)
     which = "expert load" if layer is None else f"expert load, layer {layer}"
-    return style(fig, title or f"{which}: busiest expert {mean:.2f}x the mean, {sum(dropped)} dropped", 460)
+    drops = f"{sum(dropped)} dropped" + ("" if layer is None else " in all layers")  # counted over them all
+    return style(fig, title or f"{which}: busiest expert {mean:.2f}x the mean, {drops}", 460)
 
 
 def expert_cost(trace, title: str | None = None):

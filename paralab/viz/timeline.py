@@ -14,8 +14,8 @@ and dotted over that stretch ("blocked"): the span covers the pass, but the rank
 Calls a rank has in flight together (prefetched gathers, small buckets' all-reduces) share its comm
 row one above the other, each thinner, with a gap between (:func:`call_slots`): drawn over one
 another they had read as one call. A rank with more than :data:`SUBROWS_PER_ROW` in flight gets
-unlabelled filler rows under its comm row, so each call keeps a quarter of a row: 22 small buckets'
-all-reduces had been hairlines.
+unlabelled filler rows under its comm row, so each call keeps a sixth of a row or more (a fifth past
+four): 22 small buckets' all-reduces had been hairlines.
 The labels of microbatch bars that a blocked stretch whitens are written by a trace of their own drawn
 last (:data:`LABELS`), in ink chosen against the fill under them, whitened or not (:func:`lift_labels`).
 
@@ -62,7 +62,7 @@ _HATCH_KEY = {"backward": "╱ backward", "backward_input": "╲ input-gradient 
               "backward_weight": "╳ weight-gradient backward (W)"}
 HOVER = "%{hovertext}<extra></extra>"
 LEGEND_NAMES = {WAITING: WAITING_LABEL, BLOCKED: BLOCKED_LABEL}
-MEDIAN_NOTE = " (the step nearest the median step time, {:.1f} ms)"
+MEDIAN_NOTE = " ({:.1f} ms, the step nearest the {:.1f} ms median)"
 # one line each: one line had run past a 930-pixel notebook cell's edge
 MICROBATCH_KEY = "time (ms); compute bars coloured by microbatch{hatching}<br>{example}"
 
@@ -73,6 +73,8 @@ def row_label(rank: int, lane: str) -> str:
 
 def select_spans(trace: Trace, lanes=DEFAULT_LANES, steps=None) -> list[Span]:
     """The spans a timeline draws: chosen lanes, and (if ``steps`` is given) chosen steps only."""
+    if isinstance(steps, str):  # set("last") would have drawn nothing, in silence
+        raise ValueError(f"steps are step numbers (timeline's steps also takes 'median'), got {steps!r}")
     wanted = set(steps) if steps is not None else None
     return [s for s in trace.spans if s.lane in lanes and (wanted is None or s.step in wanted)]
 
@@ -386,7 +388,7 @@ def timeline(trace, predicted=None, *, lanes=DEFAULT_LANES, steps=None, predicte
     """
     graph = go()
     trace = as_trace(trace)
-    typical = isinstance(steps, str) and steps == "median"
+    typical = steps == "median"
     if typical:
         steps = [median_step(trace)]
     kwargs = dict(lanes=lanes, color_by=color_by, text=text, waits=waits)
@@ -425,8 +427,9 @@ def timeline(trace, predicted=None, *, lanes=DEFAULT_LANES, steps=None, predicte
         key = microbatch_key(select_spans(trace, lanes, steps))
         fig.for_each_xaxis(lambda axis: axis.update(title_text=key) if axis.title.text else None)
     n_rows = len(rows) + len(meta.get("predicted_rows", []))
-    title = title or _default_title(trace, steps) + (MEDIAN_NOTE.format(trace.median_step_time() * 1e3)
-                                                     if typical else "")
+    if typical:
+        note = MEDIAN_NOTE.format(step_times_by_step(trace)[steps[0]] * 1e3, trace.median_step_time() * 1e3)
+    title = title or _default_title(trace, steps) + (note if typical else "")
     return style(fig, title, height or min(200 + 22 * n_rows, 1600))
 
 
@@ -434,12 +437,17 @@ def median_step(trace: Trace) -> int:
     """The step, after the first (warm-up), whose time is nearest the median step time: the step a
     timeline shows as typical. The last step need not be: one noisy send had stretched notebook 02's
     last step to 103 ms against a 58 ms median."""
-    steps = sorted({step for own in trace.rank_step_windows().values() for step in own})
-    if not steps:
+    timed = list(step_times_by_step(trace).items())
+    if not timed:
         raise ValueError("steps='median' needs a trace with step spans (a measured or simulated run's)")
     median = trace.median_step_time()
-    timed = list(zip(steps, trace.step_times()))
     return min(timed[1:] or timed, key=lambda st: abs(st[1] - median))[0]
+
+
+def step_times_by_step(trace: Trace) -> dict[int, float]:
+    """step -> its time (:meth:`Trace.step_times`, which lists them in step order)."""
+    steps = sorted({step for own in trace.rank_step_windows().values() for step in own})
+    return dict(zip(steps, trace.step_times()))
 
 
 def microbatch_key(spans: list[Span]) -> str:

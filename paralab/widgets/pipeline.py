@@ -98,7 +98,6 @@ def most_drawn_stages(name: str, chunks: int, max_stages: int, max_microbatches:
                default=2)
 
 
-@lru_cache(maxsize=64)
 def drawn_at(name: str, stages: int, chunks: int, max_microbatches: int) -> bool:
     """Whether some microbatch count up to ``max_microbatches`` builds and is drawn (the fewest is the
     one drawn if any is)."""
@@ -121,14 +120,9 @@ def stage_limit(name: str, most: int, chunks: int, max_microbatches: int) -> str
 def refusal(name: str, stages: int, microbatches: int, chunks: int, exc: Exception) -> str:
     """Why the explorer cannot draw this shape. Too few microbatches are said in the sliders' terms:
     DualPipeV's own rule counts the model stages of its V ("as many microbatches as stages (2 x pp =
-    8)"), which had stood beside a stages slider at 4. Where even the fewest it builds for are more than
-    the explorer draws, that is said instead: "needs at least 128 microbatches" had led to "this shape
-    has 16,384" chunk-microbatches."""
+    8)"), which had stood beside a stages slider at 4. (A stage count whose fewest microbatches are
+    more than the explorer draws is not offered: the stages slider stops before it.)"""
     fewest = fewest_microbatches(name, stages, chunks)
-    if fewest is not None and not drawable(stages, fewest, chunks):
-        most = most_drawn_stages(name, chunks, stages, fewest)
-        return (f"{name} with {stages} stages needs at least {fewest} microbatches; "
-                + stage_limit(name, most, chunks, fewest))
     if fewest is not None and microbatches < fewest:
         return (f"{name} with {stages} stages needs at least {fewest} microbatches ({chunks} model chunks on "
                 f"each stage, {stages * chunks} in its pipeline), got {microbatches}")
@@ -276,7 +270,8 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
             if [t.name for t in fw.data] == [b["name"] for b in bars]:
                 for trace, b in zip(fw.data, bars):
                     trace.update(y=b["y"], x=b["x"], base=b["base"], hovertext=b["hovertext"],
-                                 marker=b["marker"], text=b["text"], width=b["width"], offset=b["offset"])
+                                 marker=b["marker"], text=b["text"], width=b["width"], offset=b["offset"],
+                                 insidetextfont=b["insidetextfont"])  # each label's ink is its bar's
             else:
                 fw.data = ()
                 fw.add_traces(bars)
