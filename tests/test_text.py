@@ -1,0 +1,18 @@
+"""paralab.text: generated sentences printed in lines a notebook cell shows whole."""
+
+from paralab.text import at_commas
+
+
+def test_a_long_sentence_breaks_after_its_commas_within_the_width():
+    sentence = ", ".join(f"part {k} of the layout" for k in range(12))
+    lines = at_commas(sentence, head="best: ", indent="      ", width=60).split("\n")
+    assert all(len(line) <= 60 for line in lines) and len(lines) > 1
+    assert lines[0].startswith("best: part 0") and all(line.startswith("      part") for line in lines[1:])
+    assert all(line.rstrip().endswith(",") for line in lines[:-1])  # each break after a comma
+    assert " ".join(line.strip() for line in lines).replace("best: ", "") == sentence
+
+
+def test_a_short_sentence_is_left_whole_and_a_long_word_run_breaks_at_spaces():
+    assert at_commas("tp 8, pp 16") == "tp 8, pp 16"
+    long = "word " * 40
+    assert all(len(line) <= 50 for line in at_commas(long.strip(), width=50).split("\n"))
