@@ -243,6 +243,12 @@ def style(fig, title: str | None = None, height: int | None = None):
     return fig
 
 
+def powers_of_ten(low: float, high: float) -> list[float]:
+    """The powers of ten from the one at or below ``low`` to the one at or above ``high``: a log axis's
+    ticks where 1, 2 and 5 between them (:func:`log_ticks`) would crowd."""
+    return [10.0**e for e in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)]
+
+
 def log_ticks(low: float, high: float) -> list[float]:
     """1, 2, 5 times the powers of ten from the one at or below ``low`` to the one at or above ``high``
     (so two ticks at least bracket what is drawn): a log axis read in whole numbers rather than

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from paralab.collectives import bus_bandwidth, ring_time, tree_time
-from paralab.viz._common import SERIES_COLORS, byte_scale, go, log_ticks, make_subplots, style
+from paralab.viz._common import SERIES_COLORS, byte_scale, go, log_ticks, make_subplots, powers_of_ten, style
 
 SIZES = [2.0**k for k in range(2, 31)]  # 4 B to 1 GiB
 LEGEND_ROW_PX = 20  # a row of a vertical legend
@@ -114,10 +114,10 @@ def power_ticks(values: list[float]) -> tuple[list[float], list[str]]:
     numbers where all read short (0.01 to 1000), else all as powers (10⁻³). Plotly's power format mixes
     the two on one axis ("1", "10", "10²"), and its SI format reads "100µ" on a GB/s axis as a unit."""
     shown = [v for v in values if v > 0] or [1.0]
-    powers = range(math.floor(math.log10(min(shown))), math.ceil(math.log10(max(shown))) + 1)
+    ticks = powers_of_ten(min(shown), max(shown))
+    powers = [round(math.log10(t)) for t in ticks]
     plain = -2 <= powers[0] and powers[-1] <= 3
-    return ([10.0**e for e in powers],
-            [f"{10.0**e:g}" if plain else f"10{str(e).translate(SUPERSCRIPT)}" for e in powers])
+    return ticks, [f"{t:g}" if plain else f"10{str(e).translate(SUPERSCRIPT)}" for t, e in zip(ticks, powers)]
 
 
 # units of a time axis, largest first: the first whose numbers stay below 1000 over what is drawn
@@ -131,10 +131,7 @@ def time_axis(times: list[float]) -> tuple[float, str, list[float]]:
     with ``dtick=1`` there are none between two powers of ten.)"""
     scale, unit = next(((s, u) for s, u in TIME_UNITS if max(times) >= s), TIME_UNITS[-1])
     low, high = min(times) / scale, max(times) / scale
-    if high > 1e4 * low:
-        decades = range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
-        return scale, unit, [10.0**e for e in decades]
-    return scale, unit, log_ticks(low, high)
+    return scale, unit, powers_of_ten(low, high) if high > 1e4 * low else log_ticks(low, high)
 
 
 def beyond_reach(reach: int) -> str:

@@ -3,7 +3,6 @@ the sequence length, and ring against all-to-all as the cp degree grows (bytes, 
 
 from __future__ import annotations
 
-import math
 import statistics
 
 from paralab.viz._common import (
@@ -14,6 +13,7 @@ from paralab.viz._common import (
     go,
     log_ticks,
     make_subplots,
+    powers_of_ten,
     style,
 )
 
@@ -114,10 +114,8 @@ def activation_growth(model, seqs: list[int], cps: tuple[int, ...] = (2, 4, 8), 
                      ticktext=[f"{s // 1024}k" if s % 1024 == 0 else f"{s:,}" for s in seqs])
     gib = [v / 2**30 for values in lines.values() for v in values]
     low, high = min(gib), max(gib)
-    if high > 1e3 * low:  # over more than three decades 1-2-5 ticks crowd ("2,000" touched "1,000")
-        ticks = [10.0**e for e in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)]
-    else:
-        ticks = log_ticks(low, high)
+    # over more than three decades 1-2-5 ticks crowd ("2,000" touched "1,000")
+    ticks = powers_of_ten(low, high) if high > 1e3 * low else log_ticks(low, high)
     fig.update_yaxes(title_text="activations per layer per GPU (GiB, log scale)", type="log",
                      tickvals=ticks, tickformat=",~g")
     fig.update_layout(meta={"bytes": lines, "seqs": list(seqs)})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from paralab.viz._common import SERIES_COLORS, go, style
+from paralab.viz._common import SERIES_COLORS, go, powers_of_ten, style
 
 
 def hiding(curves: dict, tokens: list[float], thresholds: dict | None = None, title: str | None = None):
@@ -32,10 +32,9 @@ def hiding(curves: dict, tokens: list[float], thresholds: dict | None = None, ti
     # axis runs from the power of ten at or below the fewest tokens to the one at or above the most, so
     # that at least three are labelled (128 to 65,536 tokens had shown 1,000 and 10,000 alone)
     drawn = [t for t in tokens if t > 0] or [1.0]
-    decades = [math.floor(math.log10(min(drawn))), math.ceil(math.log10(max(drawn)))]
-    if decades[1] - decades[0] < 2:
-        decades[1] = decades[0] + 2
-    fig.update_xaxes(type="log", dtick=1, tickformat=",.0f", range=decades,
+    ticks = powers_of_ten(min(drawn), max(drawn))
+    low = math.log10(ticks[0])
+    fig.update_xaxes(type="log", dtick=1, tickformat=",.0f", range=[low, max(math.log10(ticks[-1]), low + 2)],
                      title_text="tokens each GPU computes per step (log scale)")
     fig.update_yaxes(title_text="share of the communication that can hide", tickformat=".0%", range=[0, 1.05])
     fig.update_layout(meta={"curves": curves, "tokens": tokens, "thresholds": thresholds or {}})

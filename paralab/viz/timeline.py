@@ -56,10 +56,10 @@ SUBROWS_PER_ROW = 4  # calls in flight one row holds before filler rows are adde
 SUBROW_GAP = 0.15  # of a sub-row, left empty between calls in flight together
 FILLER = " …"  # a filler row's label: its comm row's, then this and a number; drawn without a tick label
 LABELS = "labels"  # the trace that writes the microbatch bars' labels, over every bar and whitening
-_PATTERNS = {"backward": "/", "backward_input": "\\", "backward_weight": "x"}
-# what each hatch means, in glyphs drawn as the hatch is: a split backward's Bi and W had been left out
-_HATCH_KEY = {"backward": "╱ backward", "backward_input": "╲ input-gradient backward (Bi)",
-              "backward_weight": "╳ weight-gradient backward (W)"}
+# each backward pass's hatch: plotly's shape, and the key's words for it in glyphs drawn as the hatch is
+# (a split backward's Bi and W had been left out of a key that said only "backwards hatched")
+_HATCHES = {"backward": ("/", "╱ backward"), "backward_input": ("\\", "╲ input-gradient backward (Bi)"),
+            "backward_weight": ("x", "╳ weight-gradient backward (W)")}
 HOVER = "%{hovertext}<extra></extra>"
 LEGEND_NAMES = {WAITING: WAITING_LABEL, BLOCKED: BLOCKED_LABEL}
 MEDIAN_NOTE = " ({:.1f} ms, the step nearest the {:.1f} ms median)"
@@ -221,8 +221,8 @@ def marker_of(kind: str, color, edge=0) -> dict:
         return dict(color=color, line=dict(width=0),
                     pattern=dict(shape="/" if kind == WAITING else ".", fgcolor="#444", size=6, solidity=0.2))
     marker = dict(color=color, line=dict(width=edge, color="white"))
-    if kind in _PATTERNS and not isinstance(color, str):
-        marker["pattern"] = dict(shape=_PATTERNS[kind], fillmode="overlay", fgcolor="rgba(0,0,0,0.35)")
+    if kind in _HATCHES and not isinstance(color, str):
+        marker["pattern"] = dict(shape=_HATCHES[kind][0], fillmode="overlay", fgcolor="rgba(0,0,0,0.35)")
     return marker
 
 
@@ -456,7 +456,7 @@ def microbatch_key(spans: list[Span]) -> str:
     stood under runs of two microbatches on one stage): its last forward's. Where a backward is split
     (Bi and W), a line says what each of the three hatches means."""
     passes = {s.kind for s in spans if s.microbatch is not None}
-    hatching = (f"<br>hatched: {', '.join(_HATCH_KEY[k] for k in _PATTERNS if k in passes)}"
+    hatching = (f"<br>hatched: {', '.join(said for k, (_, said) in _HATCHES.items() if k in passes)}"
                 if passes & {"backward_input", "backward_weight"} else ", backwards hatched")
     return MICROBATCH_KEY.format(hatching=hatching, example=_label_example(spans))
 
