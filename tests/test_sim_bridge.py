@@ -406,7 +406,7 @@ def test_torch_fsdps_peak_is_predicted_part_by_part(options):
     as its activations are freed; each part's weights are copied out of a flat all-gather output,
     the next part's gathered during its backward; each part's gradients are copied into a
     reduce-scatter input FSDP2 keeps until the next part's, and the shard that reduce-scatter makes
-    is the shard's gradient, in fp32 on one rank too (``cost._as_fsdp_reduces``). The fullest rank's
+    is the shard's gradient, in fp32 on one rank too (``memory._as_fsdp_reduces``). The fullest rank's
     measured peak within 1% (0.0-0.2% under), and the kinds at it within 0.1 MiB. Before the meter
     counted what FSDP2 holds (its gathered weights had been counted as activations: 1.9 MiB where 1.1
     were saved, and no gradient inside the backward) and the walk, the prediction had read -10% to

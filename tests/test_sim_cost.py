@@ -6,7 +6,7 @@ import itertools
 import pytest
 
 from paralab.schedules import build_schedule
-from paralab.sim import cost, counting
+from paralab.sim import cost, counting, memory
 from paralab.sim.events import simulate_schedule
 from paralab.sim.hardware import get_hardware
 from paralab.sim.presets import get_model
@@ -765,7 +765,7 @@ def test_the_fullest_rank_of_an_uneven_split_may_sit_next_to_an_end():
     model = get_model("llama3-405b")
     p = ParallelSpec(tp=8, pp=16, dp=64, micro_batch=1, global_batch=2048, sequence_parallel=True, zero=1,
                      stage_layers=ends_split(126, 16, 7, 7)).resolved()  # fmt: skip
-    ranks = [cost._rank_memory(model, p, r)["total"] for r in range(16)]
+    ranks = [memory.rank_peak(model, p, r)["total"] for r in range(16)]
     assert cost.memory_per_gpu(model, p)["total"] == max(ranks) == ranks[1]
 
 
@@ -785,7 +785,7 @@ def test_the_fullest_rank_is_found_without_weighing_every_rank(name, spec):
     """memory_per_gpu weighs the first rank of each kind only: the same answer as weighing all."""
     model = get_model(name)
     p = cost.check(model, ParallelSpec(tp=8, micro_batch=1, global_batch=256, sequence_parallel=True, **spec))
-    every = max((cost._rank_memory(model, p, r) for r in range(p.pp)), key=lambda m: m["total"])
+    every = max((memory.rank_peak(model, p, r) for r in range(p.pp)), key=lambda m: m["total"])
     assert cost.memory_per_gpu(model, p) == every
 
 
@@ -1018,6 +1018,6 @@ def test_a_rank_without_blocks_has_no_first_block_moment():
     model = get_model("gpt3-1.3b").replace(layers=4)
     spec = ParallelSpec(pp=2, schedule="gpipe", microbatches=1, global_batch=1, micro_batch=1,
                         stage_layers=(0, 4), grads_set_to_none=True, recompute="full").resolved()
-    empty = cost._rank_memory(model, spec, 0)
+    empty = memory.rank_peak(model, spec, 0)
     assert empty["activations"] <= cost.counting.activation_bytes_per_gpu(model, spec, 0)
 

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from functools import cached_property, lru_cache
 
 from paralab.schedules import theoretical_bubble
-from paralab.sim import cost, counting  # cost hands cp > 1 here (cost.CONTEXT_PARALLEL, below)
+from paralab.sim import cost, counting, memory  # cost hands cp > 1 here (cost.CONTEXT_PARALLEL, below)
 from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec
 from paralab.strategies.sequence_split import ring_source, step_tiles
 from paralab.trace import COMM, COMPUTE, Span, Trace
@@ -327,7 +327,7 @@ def _memory_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> tuple[tuple[str
             sm, sp.micro_batch, sp.tp, sp.sequence_parallel, r, sp.sp_keeps_gathered_inputs),
             recompute, 1.0 if recompute == "none" else 0.0)
 
-    return tuple(cost.memory_per_gpu(model, sp, activations, layer_kept).items())
+    return tuple(memory.peak_per_gpu(model, sp, activations, layer_kept).items())
 
 
 def predict(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec, simulate: bool = True

@@ -290,6 +290,12 @@ def dp_groups(parallel: ParallelSpec, params: float, experts: float) -> list[tup
     return [(n, size, stride) for n, size, stride in groups if n and size > 1]
 
 
+def reduced_params(groups: list[tuple[float, int, int]]) -> float:
+    """Parameters whose gradients are reduced across data-parallel ranks, from their
+    :func:`dp_groups`: all but routed experts that no other rank holds (ep = dp)."""
+    return sum(n for n, _, _ in groups)
+
+
 def hierarchical_steps(parallel: ParallelSpec, payload: float) -> list[tuple[str, str, float, int, int]]:
     """(family, op, payload bytes, group size, rank stride) of the three collectives a hierarchical
     all-reduce of ``payload`` bytes over dp runs (``hierarchical_dp`` = L ranks a node, N nodes): the
@@ -336,6 +342,11 @@ def zero_unit_count(model: ModelSpec, parallel: ParallelSpec, rank: int) -> int:
     """How many parts (:func:`zero_units`) pipeline rank ``rank`` holds over all its chunks (blocks
     alone beside FSDP's root unit)."""
     return _rank_parts(model, parallel)[rank][0]
+
+
+def zero2_bucket(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
+    """Parameters of one bucket of a ZeRO-2 that reduces ``grad_buckets`` of them: the rank's share."""
+    return stage_params(model, parallel, rank) / parallel.grad_buckets
 
 
 def fsdp_root(model: ModelSpec, parallel: ParallelSpec) -> tuple[float, float]:

@@ -315,7 +315,7 @@ class ParallelSpec:
     # its ZeRO, which zeroes flat buffers in place) and exist from the step's first backward on, so a rank
     # whose activations peak before it (GPipe, or no forward after it) holds none at that peak; with
     # ZeRO-2/3, torch's FSDP, whose shard gradients its reduce-scatters make, part by part
-    # (cost._as_fsdp_reduces). False: kept in buffers that live through the step (Megatron-LM's grad
+    # (memory._as_fsdp_reduces). False: kept in buffers that live through the step (Megatron-LM's grad
     # buffers, paralab's ZeRO)
     grads_set_to_none: bool = False
     # gradients accumulated and reduced in fp32 whatever the model's dtype (Megatron-LM's main_grad):
@@ -375,6 +375,11 @@ class ParallelSpec:
         """Model chunks one rank holds: the schedule's (:func:`paralab.schedules.chunks_per_rank`), one
         without a pipeline."""
         return chunks_per_rank(self.schedule, self.virtual_stages) if self.pp > 1 else 1
+
+    @property
+    def schedule_run(self) -> str:
+        """The schedule as it runs: interleaved with one chunk a rank is 1F1B."""
+        return "1f1b" if self.schedule == "interleaved" and self.virtual_stages == 1 else self.schedule
 
     def stride(self, axis: str) -> int:
         """Ranks between two neighbours of a group along ``axis`` ("tp", "dp" or "pp"): the product of
