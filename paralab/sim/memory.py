@@ -3,10 +3,10 @@
 A rank's peak is the fullest of the moments it may peak at, each a sum of what is held then: the model
 states (:func:`counting.model_state_bytes`, sharded as ZeRO says), the stash of microbatches in flight
 (:func:`counting.activation_bytes_per_gpu`), and what exists only for a moment: ZeRO-2/3's whole unit
-gradients and gathered parts, DDP's bucket copies, torch FSDP2's copy-outs. Each moment is walked from
-the order the rank runs its passes in (:func:`counting.rank_passes`), not from a closed form, because
-where the peak falls (the stash's top, a bucket filling, a part's backward) depends on the schedule and
-the ZeRO stage together; each walk's docstring says which measured run it was checked against.
+gradients and gathered parts, DDP's bucket copies, torch FSDP2's copy-outs. The moments are found by
+walking what the rank does (its passes in order, :func:`counting.rank_passes`; a backward part by part;
+buckets as they fill), not by one closed form, because where the peak falls depends on the schedule and
+the ZeRO stage together; the walks' docstrings name the measured runs that shaped them.
 
 :func:`paralab.sim.cost.memory_per_gpu` is the entry point: it hands context-parallel specs to
 :mod:`paralab.sim.context`, which prices its slices with :func:`peak_per_gpu`.
