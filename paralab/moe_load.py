@@ -56,6 +56,7 @@ class ExpertLoad:
 
     def tokens_per_expert(self, step: int, layer: int | None = None) -> list[int]:
         """Tokens each expert computed in ``step`` (all ranks; one layer, or the sum over layers)."""
+        self._check_layer(layer)
         out = [0] * self.experts
         for (s, _, lay), counts in self.routed.items():
             if s == step and (layer is None or lay == layer):
@@ -77,6 +78,7 @@ class ExpertLoad:
         """The busiest expert's tokens over the mean, of one layer or averaged over layers: 1.0 is a
         perfect balance, E is every token on one expert. The factor by which the hot expert's rank
         slows the layer."""
+        self._check_layer(layer)
         factors = []
         for each in self.layers if layer is None else [layer]:
             tokens = self.tokens_per_expert(step, each)
@@ -84,6 +86,11 @@ class ExpertLoad:
             if mean > 0:
                 factors.append(max(tokens) / mean)
         return sum(factors) / len(factors) if factors else 1.0
+
+    def _check_layer(self, layer: int | None) -> None:
+        """A layer the trace does not hold would read as no tokens, a perfect balance: refused."""
+        if layer is not None and layer not in self.layers:
+            raise ValueError(f"no MoE layer {layer} in this trace: its layers are {self.layers}")
 
 
 def expert_load(trace) -> ExpertLoad:

@@ -48,6 +48,9 @@ def test_the_reader_sums_counters_into_their_steps():
     assert load.received_per_rank(1) == [22 + 32, 10 + 0]
     assert load.imbalance(0) == pytest.approx((1.0 + 9 / 8) / 2)
     assert load.imbalance(1) == pytest.approx((22 / 8 + 17 / 8) / 2)
+    for asked in (load.imbalance, load.tokens_per_expert):  # had read 1.0 and no tokens: a balance
+        with pytest.raises(ValueError, match=r"no MoE layer 2 in this trace: its layers are \[0, 1\]"):
+            asked(1, layer=2)
 
 
 def test_expert_load_draws_tokens_per_expert_over_steps_and_the_drops():

@@ -30,8 +30,6 @@ def expert_load(trace, title: str | None = None, most_tokens: int | None = None,
     load = load_of(as_trace(trace))
     if not load.routed:
         raise ValueError("this trace has no mixture-of-experts counters (a dense model, or tracing was off)")
-    if layer is not None and layer not in load.layers:
-        raise ValueError(f"no MoE layer {layer} in this trace: its layers are {load.layers}")
     steps = load.steps
     tokens = [load.tokens_per_expert(step, layer) for step in steps]
     dropped = load.dropped_per_step()
