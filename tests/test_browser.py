@@ -6,8 +6,9 @@ first test opens tests/browser/widgets.ipynb (a copy, in the server's private ro
 with JupyterLab's Run All Cells command, and checks that the plotly figures and the widgets rendered
 (and no "Error displaying widget"), then drags the slider with the keyboard and checks that the
 figure changed. The second runs the elastic tutorial (notebooks/07_elastic.ipynb) and reads its story
-figure's phase labels off the drawn page. They skip cleanly when there is no Chromium or no
-playwright.
+figure's phase labels off the drawn page. A timeline drawn on a page of its own must leave the console
+empty (hatched bars coloured by microbatch had logged plotly.js's "Invalid color specifier" six times
+a trace, drawn right all the same). They skip cleanly when there is no Chromium or no playwright.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from pathlib import Path
 
 import pytest
 from test_lab import LabServer
+
+from paralab.schedules import build_schedule
+from paralab.sim.events import simulate_schedule
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -230,3 +234,20 @@ def test_a_tutorial_runs_and_its_explorers_respond(tmp_path, browser):
             except Exception as exc:
                 pytest.fail(f"moving {moved!r} did not redraw the {label!r} explorer: {exc}\n{state}")
         assert not [e for e in state.errors if "widget" in e.lower() or "crash" in e], state
+
+
+def test_a_hatched_microbatch_timeline_logs_nothing_in_the_console(tmp_path, browser):
+    from paralab import viz
+
+    times = {"forward": 1e-3, "backward": 2e-3, "backward_input": 1e-3, "backward_weight": 1e-3}
+    split, whole = (simulate_schedule(build_schedule(name, 4, 8), times, 1e-4, activation_bytes=1024)
+                    for name in ("zb-h1", "1f1b"))
+    # every hatch over microbatch colours: the split backward's two measured, the whole one predicted
+    page_file = tmp_path / "timeline.html"
+    viz.timeline(split, whole, layout="overlay").write_html(page_file, include_plotlyjs=True)
+    page, console = browser.new_page(), []
+    page.on("console", lambda msg: console.append(f"{msg.type}: {msg.text}"))
+    page.on("pageerror", lambda exc: console.append(f"page error: {exc}"))
+    page.goto(page_file.as_uri())
+    page.wait_for_function("document.querySelectorAll('g.barlayer path').length > 0", timeout=30_000)
+    assert console == []

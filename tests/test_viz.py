@@ -138,6 +138,19 @@ def test_timeline_pipeline_microbatch_colours_and_labels(pipe):
     assert busy3 < span * 0.95
 
 
+def test_hatched_microbatch_bars_keep_their_colour_array_out_of_the_hatch(pipe):
+    """plotly.js draws each hatched bar's background in its own colour (fillmode "overlay"); a pattern
+    background left unset defaulted to the bars' colour array, whose contrast() had logged "Invalid color
+    specifier" six times a trace in the browser console (tests/test_browser.py sees the log)."""
+    split = simulate_schedule(build_schedule("zb-h1", 4, 8), TIMES, 1e-4, activation_bytes=1024)
+    hatched = [t for run in (pipe, split) for t in viz.timeline(run).data
+               if t.marker.pattern.shape and not isinstance(t.marker.color, str)]  # not the waits' hatch
+    assert {t.name: t.marker.pattern.shape for t in hatched} == {
+        "backward": "/", "backward_input": "\\", "backward_weight": "x"}
+    assert all(t.marker.pattern.fillmode == "overlay" and isinstance(t.marker.pattern.bgcolor, str)
+               for t in hatched)
+
+
 def test_timeline_measured_with_prediction(ddp_run, pipe):
     stacked = viz.timeline(ddp_run, predicted=pipe)
     assert len(stacked.layout.meta["predicted_rows"]) == 8

@@ -222,7 +222,11 @@ def marker_of(kind: str, color, edge=0) -> dict:
                     pattern=dict(shape="/" if kind == WAITING else ".", fgcolor="#444", size=6, solidity=0.2))
     marker = dict(color=color, line=dict(width=edge, color="white"))
     if kind in _HATCHES and not isinstance(color, str):
-        marker["pattern"] = dict(shape=_HATCHES[kind][0], fillmode="overlay", fgcolor="rgba(0,0,0,0.35)")
+        # plotly.js draws an "overlay" hatch on a bar of its own colour in that colour's contrast, whatever
+        # the pattern's colours say; but left unset, the background defaults to the colour array, whose
+        # contrast() logged "Invalid color specifier" in the browser console 6 times a trace: a single
+        # colour here is never drawn and keeps the array out of it
+        marker["pattern"] = dict(shape=_HATCHES[kind][0], fillmode="overlay", bgcolor="white")
     return marker
 
 
