@@ -52,6 +52,13 @@ SPAN_FIGURES = ("comm_bytes", "comm_payload_bytes", "comm_bytes_by_link", "bubbl
 NOT_MEASURED = "not measured (--no-trace)"
 
 
+def pipelined(meta: dict) -> bool:
+    """Whether a trace's ``meta`` says its run is a pipeline: two stages or more (a measured run's
+    layout writes its pp; an import is told it). Only a pipeline's idle time is a bubble: a
+    data-parallel rank's is its exposed waits, which :meth:`Trace.time_breakdown` says as such."""
+    return (meta.get("stages") or meta.get("pp") or 0) >= 2
+
+
 def records_steps_only(meta: dict) -> bool:
     """Whether the run a trace's ``meta`` describes recorded step spans only (see SPAN_FIGURES). Only a
     trace paralab measured: an imported profile of a ``--no-trace`` run carries that run's config, but
@@ -569,7 +576,9 @@ class Trace:
         the ranks. A trace of step spans only (:func:`records_steps_only`) measured none of these but
         its steps: each is None, which every reader of a summary (a run's, ``paralab merge``'s, a
         report's, a comparison's) says as not measured, where its missing spans had read as no bytes
-        sent and every rank idle."""
+        sent and every rank idle. ``bubble_fraction`` is 0 where the trace is not a pipeline's
+        (:func:`pipelined`), measured or not: a data-parallel run's idle time had read as a bubble
+        wherever its trace was summarised but in the run's own summary."""
         step_time = self.median_step_time()
         tokens = self.meta.get("tokens_per_step", 0)
         per_rank = self.time_breakdown()
@@ -588,8 +597,8 @@ class Trace:
         }
         if records_steps_only(self.meta):
             summary.update(dict.fromkeys((*SPAN_FIGURES, *means)))
-            if (self.meta.get("pp") or 1) == 1:  # no pipeline: no bubble, recorded or not (as a run says)
-                summary["bubble_fraction"] = 0.0
+        if not pipelined(self.meta):  # no pipeline, no bubble, recorded or not
+            summary["bubble_fraction"] = 0.0
         return summary
 
 

@@ -55,6 +55,7 @@ def test_report_content(report, ddp_run):
                     "Loss", "Summary"):
         assert f"<h2>{heading}</h2>" in text, heading
     assert "Pipeline bubble" not in text  # a DDP run has no pipeline bubble
+    assert "bubble_fraction" not in text  # nor a row of it, as the report of its trace file says
     assert len(divs) >= 6 and text.count("Plotly.newPlot") == len(divs)
     assert "on 2 ranks" in text and "<td>r1</td>" in text and "<td>r2</td>" not in text
     assert '"r0 compute"' in text and '"r1 comm"' in text and '"r0 comm"' in text

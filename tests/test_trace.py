@@ -64,6 +64,16 @@ def test_a_step_takes_its_ranks_own_time_not_the_stretch_over_their_offsets():
     assert trace.idle_fraction() == pytest.approx({0: 0.4, 1: 0.4})
 
 
+def test_only_a_pipelines_idle_time_is_a_bubble_in_its_summary():
+    """A data-parallel run's trace, merged, imported or compared, had summarised its exposed all-reduce
+    as a bubble (25.7% of a ddp step here), where the run's own summary said 0."""
+    trace = staggered_trace(lag=0.0)
+    assert trace.summary()["bubble_fraction"] == 0.0  # no pp in its meta: no pipeline
+    assert Trace(spans=trace.spans, meta={"pp": 1, "schedule": ""}).summary()["bubble_fraction"] == 0.0
+    piped = Trace(spans=trace.spans, meta={"pp": 2, "schedule": "gpipe"})
+    assert piped.summary()["bubble_fraction"] == pytest.approx(0.4) == trace.bubble_fraction()
+
+
 def test_a_rank_lost_before_the_steps_measured_has_no_idle_fraction():
     """An elastic run's rank lost after step 0 has none of the steps after the first: it had counted as
     never idle (0.0), pulling the bubble down, where it had not run at all."""

@@ -110,7 +110,7 @@ class RunResult:
             "step_time_s": metrics["step_time_s"],
             "step_times_s": metrics["step_times_s"],
             "tokens_per_s": metrics["tokens_per_s"],
-            **span_figures(metrics, layout),
+            **{key: metrics[key] for key in SPAN_FIGURES},
             # the schedule's bubble for equal-time stages (pipeline strategies put it in their rank results)
             "bubble_theoretical": max((r.get("bubble_theoretical", 0.0)
                                        for r in self.rank_results), default=0.0),
@@ -132,17 +132,6 @@ class RunResult:
         losses = ", ".join(f"{x:.4f}" for x in self.losses[:3]) + (" ..." if len(self.losses) > 3 else "")
         return (f"RunResult(strategy={s['strategy']!r}, world_size={s['world_size']}, steps={s['steps']}, "
                 f"losses=[{losses}], step_time_s={s['step_time_s']:.4f})")
-
-
-def span_figures(metrics: dict, layout: Layout) -> dict:
-    """The summary's figures that only compute and communication spans hold: bytes per op and per link,
-    the bubble of a pipeline and where each rank's time went; each None (not measured) where the run
-    recorded step spans only (``trace=False``, ``--no-trace``: :meth:`Trace.summary`). A run without a
-    pipeline has no bubble, recorded or not: 0."""
-    figures = {key: metrics[key] for key in SPAN_FIGURES}
-    if not layout.pipelined:
-        figures["bubble_fraction"] = 0.0
-    return figures
 
 
 def run_meta(cfg: RunConfig, layout: Layout) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from paralab.schedules import ScheduleError, build_schedule, theoretical_bubble
 from paralab.sim.events import simulate_schedule
+from paralab.trace import pipelined
 from paralab.viz._common import as_trace, go, kind_color, note_overlaps, overlapping, style
 
 DEFAULT_TIMES = {"forward": 1.0, "backward": 2.0, "backward_input": 1.0, "backward_weight": 1.0}
@@ -20,11 +21,10 @@ SCHEDULE_COLORS = {"naive": "#7F7F7F", "gpipe": "#4C78A8", "1f1b": "#F58518", "i
 def schedule_of(trace) -> tuple[str, int, int, int] | None:
     """(schedule, stages, microbatches, virtual stages) recorded in a trace's meta, if it is a pipeline."""
     m = trace.meta
-    name = m.get("schedule")
-    stages = m.get("stages") or m.get("pp") or 0
-    if not name or stages < 2:
+    if not (pipelined(m) and m.get("schedule")):
         return None
-    return name, int(stages), int(m.get("microbatches") or 1), int(m.get("virtual_stages") or 1)
+    stages = m.get("stages") or m["pp"]
+    return m["schedule"], int(stages), int(m.get("microbatches") or 1), int(m.get("virtual_stages") or 1)
 
 
 def bubble(trace, schedule: tuple[str, int, int, int] | None = None, title: str | None = None):

@@ -22,28 +22,28 @@ import html
 import sys
 from pathlib import Path
 
-from paralab.trace import NOT_MEASURED, SPAN_FIGURES, Trace, records_steps_only
+from paralab.trace import NOT_MEASURED, SPAN_FIGURES, Trace, pipelined, records_steps_only
 
 
 # ------------------------------------------------------------------------------------------- content
 def _summary_of(obj) -> tuple[Trace, dict, list[float] | None]:
-    """(trace, summary dict, losses or None) from a RunResult or a Trace."""
-    from paralab.viz.bubble import schedule_of
-
+    """(trace, summary dict, losses or None) from a RunResult or a Trace; without a pipeline, no
+    bubble row (its 0 says only that there is no pipeline), whichever the report was given."""
     if isinstance(obj, Trace):
-        summary = obj.summary()
+        trace, summary, losses = obj, obj.summary(), None
         for key in ("strategy", "world_size", "pp", "schedule", "microbatches", "model", "source",
                     "memory_by_kind", "memory_ranks", "peak_memory_bytes", "bytes_unknown_ops"):
             if obj.meta.get(key) not in (None, ""):
                 summary[key] = obj.meta[key]
         summary.setdefault("world_size", len(obj.ranks))
-        if schedule_of(obj) is None:
-            summary.pop("bubble_fraction", None)  # idle time of a non-pipeline run is not a bubble
-        return obj, summary, None
-    trace = getattr(obj, "trace", None)
-    if not isinstance(trace, Trace):
-        raise TypeError(f"write_report needs a Trace or a RunResult, got {type(obj).__name__}")
-    return trace, obj.summary, list(getattr(obj, "losses", []) or []) or None
+    else:
+        trace = getattr(obj, "trace", None)
+        if not isinstance(trace, Trace):
+            raise TypeError(f"write_report needs a Trace or a RunResult, got {type(obj).__name__}")
+        summary, losses = dict(obj.summary), list(getattr(obj, "losses", []) or []) or None
+    if not pipelined(trace.meta):
+        summary.pop("bubble_fraction", None)
+    return trace, summary, losses
 
 
 def _value_text(key: str, value, summary: dict) -> str:
@@ -127,11 +127,9 @@ def report_figures(obj, predicted: Trace | None = None) -> list[tuple[str, objec
 def _figures(trace: Trace, summary: dict, losses: list[float] | None, predicted: Trace | None):
     from paralab import viz
     from paralab.trace import COMM, EVENT
-    from paralab.viz.bubble import schedule_of
 
     figs = [("Timeline", viz.timeline(trace, predicted=predicted))]
-    pipelined = schedule_of(trace) is not None or (summary.get("pp") or 1) > 1
-    if pipelined and not records_steps_only(trace.meta):  # a bubble of step spans alone reads 100%
+    if pipelined(trace.meta) and not records_steps_only(trace.meta):  # step spans alone read 100% idle
         figs.append(("Pipeline bubble", viz.bubble(trace)))
     if trace.select(lane=COMM):
         figs += [("Communication by op and step", viz.comm_by_op(trace)),
