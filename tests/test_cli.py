@@ -458,7 +458,7 @@ def test_torchrun_ranks_given_different_settings_are_refused_naming_the_setting(
     proc = torchrun(str(job))
     assert proc.returncode != 0
     said = ("paralab: invalid configuration: the ranks of this launch were given different settings: "
-            "rank 1 has seed 1 against rank 0's 0; give every node the same paralab run flags")
+            "rank 1 has seed 1 against rank 0's 0; give every node the same flags")
     assert said in proc.stderr, proc.stderr[-3000:]
     assert "exitcode  : 2" in proc.stderr  # each rank's own code: invalid
 
@@ -491,7 +491,7 @@ def test_settings_a_rank_may_hold_for_itself_are_not_compared():
     other = dataclasses.replace(base, model=dataclasses.replace(base.model, hidden=128), lr=0.1)
     assert disagreement([base.to_dict()] * 2 + [other.to_dict()]) == (
         "the ranks of this launch were given different settings: rank 2 has lr 0.1 against rank 0's "
-        "0.003, model.hidden 128 against rank 0's 64; give every node the same paralab run flags")
+        "0.003, model.hidden 128 against rank 0's 64; give every node the same flags")
 
 
 @pytest.mark.parametrize("argv, message", [

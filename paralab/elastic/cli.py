@@ -41,7 +41,8 @@ def add_elastic_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-restarts", type=int, default=d.max_restarts, help="restarts each agent allows")
     p.add_argument("--micro-batch", type=int, default=d.micro_batch,
                    help="samples per forward (gradient accumulation)")
-    p.add_argument("--checkpoint-dir", help="where checkpoints go (default: a fresh directory per run)")
+    p.add_argument("--checkpoint-dir", help="where checkpoints go (paralab elastic: a fresh directory per "
+                   "run if not given; a worker under a torchrun of your own needs one every node can reach)")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
                    help="steps between checkpoints")
     p.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints,

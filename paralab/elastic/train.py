@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import signal
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -31,12 +32,16 @@ import torch
 import torch.distributed as dist
 
 from paralab import comm
+from paralab.cli_args import EXIT_INVALID, EXIT_OK, json_text
+from paralab.config import ConfigError
 from paralab.elastic import checkpoint
 from paralab.elastic.balance import Balancer, Slowdown
 from paralab.elastic.config import ElasticConfig
+from paralab.elastic.history import ElasticResult
 from paralab.elastic.monitor import Monitor
 from paralab.layout import Layout
 from paralab.models.gpt import GPT, lm_loss
+from paralab.outputs import check_dir, check_file
 from paralab.precision import torch_dtype
 from paralab.runtime.worker import die_with_parent, rank_session, write_json
 from paralab.strategies.common import (
@@ -51,6 +56,10 @@ from paralab.strategies.common import (
 )
 
 BUCKET_BYTES = 25 * 2**20
+PROG = "python -m paralab.elastic.train"
+LAUNCHER_FLAGS = ("--nnodes, --nodes, --max-restarts, --join-after-step, --run-timeout and --last-call are "
+                  "paralab elastic's, which starts the agents: under a torchrun of your own, torchrun's "
+                  "--nnodes and --max-restarts say them")
 
 
 class FaultInjector:
@@ -247,31 +256,59 @@ def default_run_dir(cfg: ElasticConfig) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """A worker's life: exit 2, one line, where its settings cannot run (a flag's value, a checkpoint
+    directory that is not one, nodes given different flags: torchrun's error file names it, and each
+    restart torchrun allows is refused alike); 0 once trained. Under a torchrun of one's own, rank 0 of
+    the world that finishes prints the run's summary (``--json``: as JSON) and writes ``--trace``, as
+    ``paralab elastic`` does; under ``paralab elastic`` its launcher does both."""
     from paralab.elastic.cli import add_elastic_args, config_from_args
+    from paralab.runtime.torchrun import errors_told_to_torchrun
 
-    parser = argparse.ArgumentParser(prog="python -m paralab.elastic.train",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0], epilog=LAUNCHER_FLAGS)
     add_elastic_args(parser)
     parser.add_argument("--run-dir",
                         help="where step records and traces go (default: inside --checkpoint-dir)")
     args = parser.parse_args(argv)
-    cfg = config_from_args(args).validate()
+    try:
+        with errors_told_to_torchrun():
+            result = _train(args, config_from_args(args))
+    except ConfigError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    if result is not None:
+        if args.trace:
+            result.save_trace(args.trace)
+        print(json_text(result.summary) if args.json else result.describe())
+    return EXIT_OK
+
+
+def _train(args, cfg: ElasticConfig) -> ElasticResult | None:
+    """Train this rank; the run's result on the rank that reports it (see :func:`main`), else None."""
+    from paralab.runtime.agents import AGENT_PID
+
+    cfg.validate()
     if not cfg.checkpoint_dir:
-        parser.error("--checkpoint-dir is required (a directory every node can reach)")
+        raise ConfigError("--checkpoint-dir is required (a directory every node can reach)")
+    check_dir(cfg.checkpoint_dir, "--checkpoint-dir")
+    if args.trace:
+        check_file(args.trace, "--trace")
     die_with_parent()  # a node whose agent is gone is gone
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
     entered, started = time.time(), process_started()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     layout = Layout("elastic", world, cfg.global_batch, dp=world)  # data parallel over whoever is here
     with rank_session(cfg, layout, rank, world, int(os.environ.get("LOCAL_RANK", 0)),
-                      int(os.environ.get("LOCAL_WORLD_SIZE", 1)), "env://") as ctx:
+                      int(os.environ.get("LOCAL_WORLD_SIZE", 1)), "env://", agreed=cfg.to_dict()) as ctx:
         worker = Worker(cfg, run_dir, ctx, entered, started)
         try:
             worker.train()
         except BaseException as exc:
             worker.report_error(exc)
             raise
-    return 0
+        if AGENT_PID in os.environ:  # paralab elastic's own agents: its launcher collects the run
+            return None
+        dist.barrier()  # every rank's records and trace written
+        return ElasticResult.collect(cfg, run_dir) if rank == 0 else None
 
 
 if __name__ == "__main__":

@@ -259,7 +259,7 @@ def disagreement(settings: list[dict]) -> str | None:
     for rank, theirs in enumerate(others, start=1):
         if said := settings_differ(first, theirs, "rank 0's"):
             return (f"the ranks of this launch were given different settings: rank {rank} has {said}; "
-                    f"give every node the same paralab run flags")
+                    f"give every node the same flags")
     return None
 
 

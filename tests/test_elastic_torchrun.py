@@ -1,0 +1,58 @@
+"""The elastic worker under a torchrun of one's own (``torchrun ... -m paralab.elastic.train``).
+
+``paralab elastic`` checks its settings before any process starts and prints the run's summary; under
+someone's torchrun the workers are the first processes there are, so they do both: a setting that
+cannot run (or that differs from another node's) is refused on every rank with exit 2 and one line,
+and rank 0 of the world that finishes prints the summary. Each had been a traceback and exit 1 (with
+torchrun's restarts: 134 s to fail), a silent mix of two seeds, and nothing printed at all.
+"""
+
+import json
+
+import pytest
+from test_cli import torchrun
+
+import paralab
+from tests.conftest import assert_close_rel
+
+STEPS, BATCH = 4, 12
+WORKER = ("-m", "paralab.elastic.train", "--steps", str(STEPS), "--global-batch", str(BATCH),
+          "--micro-batch", "4", "--timeout", "60")
+
+
+@pytest.mark.timeout(240)
+def test_a_torchrun_of_ones_own_trains_and_rank_0_prints_the_summary(tmp_path):
+    proc = torchrun(*WORKER, "--checkpoint-dir", str(tmp_path / "ckpt"), "--json",
+                    "--trace", str(tmp_path / "run.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(printed) == 1  # rank 0 alone
+    summary = json.loads(printed[0])
+    assert summary["world_sizes"] == [2] * STEPS and summary["trace"] == str(tmp_path / "run.json")
+    assert (tmp_path / "run.json").stat().st_size > 0
+    single = paralab.run("single", 1, steps=STEPS, global_batch=BATCH).losses
+    assert_close_rel(summary["losses"], single, what="losses")
+
+
+@pytest.mark.timeout(240)
+def test_nodes_given_different_seeds_are_refused_with_exit_2_naming_the_seed(tmp_path):
+    job = tmp_path / "seed_by_rank.py"
+    job.write_text("import os, sys\nfrom paralab.elastic.train import main\n"
+                   f"sys.exit(main({list(WORKER[2:])!r} + ['--checkpoint-dir', {str(tmp_path / 'ckpt')!r}, "
+                   "'--seed', os.environ['RANK']]))\n")
+    proc = torchrun(str(job))
+    said = ("python -m paralab.elastic.train: the ranks of this launch were given different settings: "
+            "rank 1 has seed 1 against rank 0's 0")
+    assert said in proc.stderr and "exitcode  : 2" in proc.stderr, proc.stderr[-3000:]
+    workers_own = proc.stderr.split("failed (exitcode: 2)")[0]  # before torchrun's own account of it
+    assert workers_own.count(said) == 2 and "Traceback" not in workers_own
+
+
+@pytest.mark.timeout(120)
+def test_a_checkpoint_dir_that_is_a_file_is_refused_with_exit_2_in_one_line(tmp_path):
+    taken = tmp_path / "ckpt"
+    taken.write_text("not a directory")
+    proc = torchrun(*WORKER, "--checkpoint-dir", str(taken))
+    said = f"python -m paralab.elastic.train: --checkpoint-dir {taken} exists and is not a directory"
+    assert said in proc.stderr and "exitcode  : 2" in proc.stderr, proc.stderr[-3000:]
+    assert "NotADirectoryError" not in proc.stderr
