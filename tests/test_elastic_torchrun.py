@@ -13,6 +13,8 @@ import pytest
 from test_cli import torchrun
 
 import paralab
+from paralab.elastic.history import _runs, _some
+from paralab.elastic.train import shared_store_warning
 from tests.conftest import assert_close_rel
 
 STEPS, BATCH = 4, 12
@@ -56,3 +58,21 @@ def test_a_checkpoint_dir_that_is_a_file_is_refused_with_exit_2_in_one_line(tmp_
     said = f"python -m paralab.elastic.train: --checkpoint-dir {taken} exists and is not a directory"
     assert said in proc.stderr and "exitcode  : 2" in proc.stderr, proc.stderr[-3000:]
     assert "NotADirectoryError" not in proc.stderr
+
+
+def test_a_long_runs_text_gives_its_worlds_as_runs_and_its_losses_at_the_ends():
+    """A cluster run's thousand world sizes and losses had each filled one line of the summary."""
+    assert _runs([4] * 30 + [2] * 70, first_step=10) == "4 (steps 10-39), 2 (40-109)"
+    assert _runs([3, 3, 2], first_step=0) == "3 3 2"
+    assert _some(str(k) for k in range(20)) == "0 1 2 3 4 5 ... 14 15 16 17 18 19 (20 steps; --json: all)"
+
+
+def test_a_torchrun_that_shares_its_store_and_may_restart_is_told_how_to_outlive_a_node():
+    """Under torch's default, the world formed again after a lost node read the last world's gloo
+    addresses from the shared store: every restart of the survivor failed (measured, two agents on one
+    machine); with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 the survivor trained on and a restarted node
+    rejoined."""
+    shared = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "3"}
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in shared_store_warning(shared)
+    assert shared_store_warning({**shared, "TORCHELASTIC_USE_AGENT_STORE": "False"}) is None
+    assert shared_store_warning({**shared, "TORCHELASTIC_MAX_RESTARTS": "0"}) is None  # never restarts

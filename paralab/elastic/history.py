@@ -149,8 +149,8 @@ class ElasticResult:
         s = self.summary
         lines = [f"elastic training, model {s['model']}, {s['steps']} steps, "
                  f"global batch {s['global_batch']}",
-                 "world size per step: " + " ".join(map(str, s["world_sizes"])),
-                 "losses: " + " ".join(f"{x:.4f}" for x in s["losses"])]
+                 "world size per step: " + _runs(s["world_sizes"], s["first_step"] or 0),
+                 "losses: " + _some(f"{x:.4f}" for x in s["losses"])]
         for t in s["transitions"]:
             lines.append(f"{t['generation']}: {t['reason']}, "
                          f"world {t['world_size_before']} -> {t['world_size']}, "
@@ -166,7 +166,7 @@ class ElasticResult:
                             "node's workers start and meet the others)"))
         if s["balance"]:
             lines.append("samples per rank, step by step (split by measured throughput): "
-                         + " ".join("/".join(map(str, split)) for split in s["samples_per_rank"]))
+                         + _some("/".join(map(str, split)) for split in s["samples_per_rank"]))
         lines.append(f"step time (median after the first): {s['step_time_s'] * 1e3:.1f} ms")
         if s["trace"]:
             lines.append(f"trace: {s['trace']} (open in https://ui.perfetto.dev)")
@@ -175,6 +175,32 @@ class ElasticResult:
     def __repr__(self) -> str:
         return (f"ElasticResult(steps={len(self.history)}, world_sizes={self.summary['world_sizes']}, "
                 f"restarts={len(self.generations) - 1})")
+
+
+SHOWN = 12  # values a line of the text lists before it shows the ends alone (--json has them all)
+
+
+def _some(values) -> str:
+    """Step by step, or, over :data:`SHOWN` steps, the first and last few: a cluster run's thousand
+    losses had filled one line."""
+    values = list(values)
+    if len(values) <= SHOWN:
+        return " ".join(values)
+    half = SHOWN // 2
+    return f"{' '.join(values[:half])} ... {' '.join(values[-half:])} ({len(values)} steps; --json: all)"
+
+
+def _runs(sizes: list[int], first_step: int) -> str:
+    """World sizes step by step, or, over :data:`SHOWN` steps, as runs: ``4 (steps 0-29), 2 (30-99)``."""
+    if len(sizes) <= SHOWN:
+        return " ".join(map(str, sizes))
+    runs, first = [], 0
+    for i in range(1, len(sizes) + 1):
+        if i == len(sizes) or sizes[i] != sizes[first]:
+            said = f"{first_step + first}-{first_step + i - 1}"
+            runs.append(f"{sizes[first]} ({'steps ' if not runs else ''}{said})")
+            first = i
+    return ", ".join(runs)
 
 
 def seconds(value: float, decimals: int = 1) -> str:

@@ -282,10 +282,28 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_OK
 
 
+def shared_store_warning(env) -> str | None:
+    """What a torchrun that shares its rendezvous store with its workers (torch's default) does to an
+    elastic job, where it may restart: the store outlives the world, so the world formed again after a
+    node is lost reads its gloo addresses from the last one's keys and may never form (torch 2.13: the
+    survivor's restarts all failed connecting to a dead worker's address; with the store not shared, as
+    ``paralab elastic``'s agents run, the world of the survivor trained on 45 s after the kill, and a
+    node started again rejoined). None where it does not apply."""
+    shared = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    if not shared or int(env.get("TORCHELASTIC_MAX_RESTARTS", 0)) == 0:
+        return None
+    return ("torchrun shares its rendezvous store with these workers: a world formed again after a node "
+            "is lost may read the last world's addresses from it and never form; for the job to outlive a "
+            "node, start each torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in its environment")
+
+
 def _train(args, cfg: ElasticConfig) -> ElasticResult | None:
     """Train this rank; the run's result on the rank that reports it (see :func:`main`), else None."""
     from paralab.runtime.agents import AGENT_PID
 
+    said = shared_store_warning(os.environ)
+    if said and os.environ.get("RANK") == "0" and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+        print(f"{PROG}: warning: {said}", file=sys.stderr)
     cfg.validate()
     if not cfg.checkpoint_dir:
         raise ConfigError("--checkpoint-dir is required (a directory every node can reach)")
