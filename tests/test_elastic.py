@@ -831,7 +831,7 @@ def test_a_balanced_runs_text_says_how_each_step_was_split():
     """--balance's re-split had been in --json alone (samples_per_rank): the text now says it too."""
     from types import SimpleNamespace
 
-    summary = {"model": "tiny", "steps": 3, "global_batch": 12, "world_sizes": [2, 2, 2],
+    summary = {"model": "tiny", "steps": 3, "first_step": 0, "global_batch": 12, "world_sizes": [2, 2, 2],
                "losses": [4.8, 4.7, 4.6], "transitions": [], "join": None, "step_time_s": 0.02,
                "trace": None, "balance": True, "samples_per_rank": [[6, 6], [9, 3], [9, 3]]}
     lines = elastic.ElasticResult.describe(SimpleNamespace(summary=summary)).splitlines()
