@@ -245,14 +245,15 @@ def kill_rank_1(step, steps):
         os.kill(rank1[0].pid, signal.{signal})
 
 try:
-    paralab.run("ddp", 2, steps=100000, global_batch=8, timeout_s=4, **{options})
+    paralab.run({strategy!r}, 2, steps=100000, global_batch=8, timeout_s=4, **{options})
 except paralab.RunError as exc:
     print(json.dumps({{"rank": exc.rank, "error": str(exc), "traceback": exc.remote_traceback}}))
 """
 
 
-def run_to_blame(options: str, signal: str = "SIGKILL") -> dict:
-    done = subprocess.run([sys.executable, "-c", BLAME.format(options=options, signal=signal)],
+def run_to_blame(options: str, signal: str = "SIGKILL", strategy: str = "ddp") -> dict:
+    script = BLAME.format(options=options, signal=signal, strategy=strategy)
+    done = subprocess.run([sys.executable, "-c", script],
                           capture_output=True, text=True, timeout=120)
     assert done.stdout.strip(), done.stderr[-3000:]
     return json.loads(done.stdout)
@@ -272,8 +273,12 @@ def test_a_rank_killed_from_outside_is_named_with_its_signal_not_its_peer(sig):
 
 
 @pytest.mark.timeout(150)
-def test_a_hung_rank_is_named_as_stopped_answering_with_its_python_stack():
-    failure = run_to_blame("{'fault': {'rank': 1, 'step': 1, 'kind': 'hang'}}")
+@pytest.mark.parametrize("strategy, options", [("ddp", ""), ("pp", "'microbatches': 2, ")])
+def test_a_hung_rank_is_named_as_stopped_answering_with_its_python_stack(strategy, options):
+    """Also where the ranks wait in groups made after the world (a pipeline's pairs, a DeviceMesh's):
+    those had waited out torch's 30-minute default, not the run's timeout, and no rank was named."""
+    hang = f"{{{options}'fault': {{'rank': 1, 'step': 1, 'kind': 'hang'}}}}"
+    failure = run_to_blame(hang, strategy=strategy)
     assert failure["rank"] == 1, failure["error"]
     assert "rank 1 failed: stopped answering" in failure["error"]
     assert "rank 0 reported: a collective timed out after 4 s" in failure["error"]

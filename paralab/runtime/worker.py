@@ -163,6 +163,7 @@ def rank_session(cfg: TrainingConfig, layout: Layout, rank: int, world_size: int
     if device.type == "cuda":
         torch.cuda.set_device(device)
     random_streams.seed_rank(cfg.seed, layout.coord(rank), device)
+    groups_time_out_as_the_world(cfg.timeout_s)
     try:
         dist.init_process_group(
             backend_for(device.type), init_method=init_method, rank=rank, world_size=world_size,
@@ -224,6 +225,18 @@ def run_rank(cfg: RunConfig, layout: Layout, rank: int, world_size: int, local_r
 class GroupNotFormed(RuntimeError):
     """init_process_group failed: a peer that never joined (stopped or slow to start, which a rank
     waiting for it sees as a store's "Wait timeout"), or a rendezvous address that cannot be used."""
+
+
+def groups_time_out_as_the_world(seconds: float) -> None:
+    """Give every process group this rank makes after the world, paralab's (a pipeline's pairs, a
+    hierarchical all-reduce's, expert groups) and torch's (a DeviceMesh's dimensions, FSDP2's, the
+    pipelining schedules'), the run's ``--timeout``: torch gives a group made without one its 30-minute
+    default, not the world's, so a rank hung inside a pipeline or a mesh had gone unnamed until the
+    launcher's watchdog gave up on the whole run (35-43 s, no rank blamed), and under a torchrun of one's
+    own for 30 minutes. torch reads the default where it makes each group, and DeviceMesh passes none."""
+    from torch.distributed import distributed_c10d
+
+    distributed_c10d.default_pg_timeout = timedelta(seconds=seconds)
 
 
 def _node_map(rank: int, world_size: int, nodes: int, agreed: dict | None = None) -> list[int]:
