@@ -8,6 +8,7 @@ from pathlib import Path
 
 from paralab.config import RunConfig
 from paralab.layout import Layout
+from paralab.schedules import theoretical_bubble
 from paralab.strategies.registry import bucket_cap_applies
 from paralab.trace import SPAN_FIGURES, Trace
 
@@ -111,9 +112,10 @@ class RunResult:
             "step_times_s": metrics["step_times_s"],
             "tokens_per_s": metrics["tokens_per_s"],
             **{key: metrics[key] for key in SPAN_FIGURES},
-            # the schedule's bubble for equal-time stages (pipeline strategies put it in their rank results)
-            "bubble_theoretical": max((r.get("bubble_theoretical", 0.0)
-                                       for r in self.rank_results), default=0.0),
+            # the schedule's bubble for equal-time stages, whichever implementation ran it (torch_pp's
+            # had read 0 where paralab's pp read 0.2 for the same layout)
+            "bubble_theoretical": theoretical_bubble(layout.schedule, layout.pp, layout.microbatches,
+                                                     layout.virtual_stages) if layout.pipelined else 0.0,
             "peak_memory_bytes": [r["memory"].get("cuda_max_allocated_bytes", r["memory"]["peak_bytes"])
                                   for r in self.rank_results],
             "memory_by_kind": [r["memory"]["peak_by_kind"] for r in self.rank_results],

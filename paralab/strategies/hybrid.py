@@ -39,7 +39,7 @@ from paralab.layout import AXES
 from paralab.models.gpt import build_part, lm_loss
 from paralab.models.moe import ExpertGroup, set_aux_loss_scale
 from paralab.precision import torch_dtype
-from paralab.schedules import DEFAULT_SCHEDULE, SCHEDULES, build_schedule, theoretical_bubble
+from paralab.schedules import DEFAULT_SCHEDULE, SCHEDULES, build_schedule
 from paralab.strategies import context, tensor
 from paralab.strategies.common import (
     SyncChain,
@@ -235,9 +235,6 @@ def train(ctx) -> dict:
     result["peak_activations"] = executor.peak_activations
     if layout.zero:
         result["zero"] = sync.syncs[-1].describe()
-    if layout.pipelined:
-        result["bubble_theoretical"] = theoretical_bubble(layout.schedule, layout.pp, layout.microbatches,
-                                                          layout.virtual_stages)
     return result
 
 

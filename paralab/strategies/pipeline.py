@@ -47,7 +47,6 @@ from paralab.schedules import (
     SCHEDULES,
     Schedule,
     build_schedule,
-    theoretical_bubble,
 )
 from paralab.strategies.common import GradSync, make_loader, make_optimizer, prepare, train_loop
 from paralab.strategies.pipeline_stage import build_stages, check_pipeline, named_stage_state
@@ -283,8 +282,6 @@ def train(ctx) -> dict:
     state = named_stage_state(stages) if cfg.collect_state else None
     result = ctx.result(losses if needs_targets else None, loss_weight=1.0, state=state)
     result["peak_activations"] = executor.peak_activations
-    result["bubble_theoretical"] = theoretical_bubble(layout.schedule, layout.pp, layout.microbatches,
-                                                      layout.virtual_stages)
     return result
 
 
