@@ -35,7 +35,7 @@ from paralab.cli_args import (
 )
 from paralab.config import CP_MODES, CP_SPLITS, MODEL_PRESETS, ConfigError, RunConfig, check_int
 from paralab.schedules import SCHEDULES, V_SHAPED
-from paralab.trace import NOT_MEASURED
+from paralab.trace import NO_TRACE, UNTRACED_COLLECTIVES, not_measured
 
 _PACKAGE_DIR = Path(__file__).resolve().parent  # where paralab's own warnings come from
 
@@ -263,9 +263,13 @@ def _schedule(s: dict) -> str:
 
 def _span_lines(s: dict) -> list[str]:
     """What the spans measured: bytes on the wire per op (and split by link on a run over several
-    nodes) and a pipeline's bubble; said to be not measured where the run recorded step spans only."""
+    nodes) and a pipeline's bubble; said to be not measured, and why, where the run did not record
+    them (trace.unmeasured_why)."""
+    from paralab.strategies.registry import traces_its_collectives
+
+    unmeasured = not_measured(NO_TRACE if traces_its_collectives(s["strategy"]) else UNTRACED_COLLECTIVES)
     if s["comm_bytes"] is None:
-        lines = [f"communication: {NOT_MEASURED}"]
+        lines = [f"communication: {unmeasured}"]
     else:  # a receive's bytes are its send's (--json keeps every op)
         lines = [f"{op}: {_mib(nbytes)} on the wire per step (all ranks)"
                  for op, nbytes in s["comm_bytes"].items() if nbytes]
@@ -274,7 +278,7 @@ def _span_lines(s: dict) -> list[str]:
             lines.append(f"by link: {_mib(link['intra_node'])} intra-node, {_mib(link['inter_node'])} "
                          "inter-node per step (all ranks)")
     if s["bubble_fraction"] is None:
-        lines.append(f"pipeline bubble (measured idle fraction): {NOT_MEASURED}")
+        lines.append(f"pipeline bubble (measured idle fraction): {unmeasured}")
     elif s["bubble_fraction"]:
         lines.append(f"pipeline bubble (measured idle fraction): {s['bubble_fraction']:.1%}")
     return lines

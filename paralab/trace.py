@@ -45,11 +45,17 @@ TORCH_PROFILE_HINT = "(a torch.profiler trace?): `paralab import` reads those"
 MAX_RANKS = 2**24  # beyond any cluster; a loaded trace's ranks are below it (its figures are per rank)
 LANES = (COMPUTE, COMM, STEP, EVENT)
 FORMAT_VERSION = 1
-# the summary's figures that only compute and communication spans hold: a run that recorded step spans
-# only (trace=False, --no-trace) did not measure them, which its summary says as None, not as 0 bytes
-# and a pipeline idle all of its step
+# the summary's figures that only compute and communication spans hold: a run that did not record them
+# (unmeasured_why) did not measure these, which its summary says as None, not as 0 bytes and a pipeline
+# idle all of its step
 SPAN_FIGURES = ("comm_bytes", "comm_payload_bytes", "comm_bytes_by_link", "bubble_fraction", "per_rank")
-NOT_MEASURED = "not measured (--no-trace)"
+NO_TRACE = "--no-trace"
+UNTRACED_COLLECTIVES = "torch runs its collectives out of paralab's sight"
+
+
+def not_measured(why: str) -> str:
+    """How a figure a run did not measure is said (``why``: :func:`unmeasured_why`'s words)."""
+    return f"not measured ({why})"
 
 
 def pipelined(meta: dict) -> bool:
@@ -59,11 +65,18 @@ def pipelined(meta: dict) -> bool:
     return (meta.get("stages") or meta.get("pp") or 0) >= 2
 
 
-def records_steps_only(meta: dict) -> bool:
-    """Whether the run a trace's ``meta`` describes recorded step spans only (see SPAN_FIGURES). Only a
-    trace paralab measured: an imported profile of a ``--no-trace`` run carries that run's config, but
-    its spans are the profiler's, every one recorded."""
-    return meta.get("source", "measured") == "measured" and (meta.get("config") or {}).get("trace") is False
+def unmeasured_why(meta: dict) -> str:
+    """Why the run a trace's ``meta`` describes did not measure its SPAN_FIGURES, '' where it did: it
+    recorded step spans only (``--no-trace``), or it is one of torch's own implementations (a torch_*
+    reference, ``meta["collectives_traced"]`` False), whose collectives run inside DDP's hooks, FSDP2,
+    DTensor or the pipelining schedule, where paralab's recorder does not see them (torch_ddp had read
+    0 bytes sent, torch_pp a 98% bubble of its step spans). Only a trace paralab measured: an imported
+    profile of such a run carries its config, but its spans are the profiler's, every one recorded."""
+    if meta.get("source", "measured") != "measured":
+        return ""
+    if (meta.get("config") or {}).get("trace") is False:
+        return NO_TRACE
+    return UNTRACED_COLLECTIVES if meta.get("collectives_traced") is False else ""
 
 
 def holds_a_launchs_world(meta: dict) -> bool:
@@ -573,8 +586,8 @@ class Trace:
         """Headline metrics of the run: the numbers the CLI's --json and the notebooks show.
 
         ``per_rank`` holds :meth:`time_breakdown`; the same keys at the top level are its means over
-        the ranks. A trace of step spans only (:func:`records_steps_only`) measured none of these but
-        its steps: each is None, which every reader of a summary (a run's, ``paralab merge``'s, a
+        the ranks. A trace that did not record its spans (:func:`unmeasured_why`) measured none of these
+        but its steps: each is None, which every reader of a summary (a run's, ``paralab merge``'s, a
         report's, a comparison's) says as not measured, where its missing spans had read as no bytes
         sent and every rank idle. ``bubble_fraction`` is 0 where the trace is not a pipeline's
         (:func:`pipelined`), measured or not: a data-parallel run's idle time had read as a bubble
@@ -595,7 +608,7 @@ class Trace:
             "bubble_fraction": self.bubble_fraction(),
             **means,
         }
-        if records_steps_only(self.meta):
+        if unmeasured_why(self.meta):
             summary.update(dict.fromkeys((*SPAN_FIGURES, *means)))
         if not pipelined(self.meta):  # no pipeline, no bubble, recorded or not
             summary["bubble_fraction"] = 0.0

@@ -588,6 +588,19 @@ def test_a_run_without_spans_says_what_it_did_not_measure(capsys, no_leftover_ra
     assert "pipeline bubble (measured idle fraction): 25.0%" in lines
 
 
+def test_torchs_own_pipeline_says_it_measured_neither_its_bytes_nor_its_bubble(capsys, no_leftover_ranks):
+    """torch runs a reference's collectives (and torch_pp its passes) where paralab's recorder does not
+    see them: torch_pp had read 0 bytes sent and a 98% bubble of its step spans alone."""
+    assert cli.main(["run", "--strategy", "torch_pp", "--world-size", "2", "--microbatches", "4",
+                     "--steps", "2", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["comm_bytes"] is None and summary["bubble_fraction"] is None and summary["losses"]
+    assert summary["bubble_theoretical"] > 0  # the schedule's own, which no span is needed for
+    lines = cli.format_summary(summary).splitlines()
+    said = "not measured (torch runs its collectives out of paralab's sight)"
+    assert f"communication: {said}" in lines and f"pipeline bubble (measured idle fraction): {said}" in lines
+
+
 @pytest.mark.parametrize("argv, message", [
     (["run", "--fail", "rank=1"], "paralab run: --fail needs rank=R,step=K: step= is missing"),
     (["elastic", "--fail", "step=2"], "paralab elastic: --fail needs rank=R,step=K: rank= is missing"),

@@ -9,7 +9,7 @@ from pathlib import Path
 from paralab.config import RunConfig
 from paralab.layout import Layout
 from paralab.schedules import theoretical_bubble
-from paralab.strategies.registry import bucket_cap_applies
+from paralab.strategies.registry import bucket_cap_applies, traces_its_collectives
 from paralab.trace import SPAN_FIGURES, Trace
 
 
@@ -142,6 +142,7 @@ def run_meta(cfg: RunConfig, layout: Layout) -> dict:
     return {
         "source": "measured",
         "strategy": cfg.strategy,
+        "collectives_traced": traces_its_collectives(cfg.strategy),
         "world_size": cfg.world_size,
         "dp": layout.dp,
         "tp": layout.tp,

@@ -41,6 +41,12 @@ def check_reduce_dtype_applies(cfg, reduces: bool, why_not: str) -> None:
         raise ConfigError(f"reduce_dtype={cfg.reduce_dtype} would change nothing: {why_not}; leave it out")
 
 
+def traces_its_collectives(strategy: str) -> bool:
+    """Whether paralab's recorder sees a strategy's collectives: not a torch reference's, which runs them
+    inside DDP's hooks, FSDP2, DTensor or the pipelining schedule."""
+    return not get_strategy(strategy).reference_for
+
+
 def bucket_cap_applies(strategy: str, layout) -> bool:
     """Whether a run's ``bucket_mb`` changes what it does: a strategy that reduces in buckets, on more
     than one replica of each gradient (dp x cp >= 2; paralab's bucketed reduction keeps none for one,

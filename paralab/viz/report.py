@@ -22,7 +22,7 @@ import html
 import sys
 from pathlib import Path
 
-from paralab.trace import NOT_MEASURED, SPAN_FIGURES, Trace, pipelined, records_steps_only
+from paralab.trace import SPAN_FIGURES, Trace, not_measured, pipelined, unmeasured_why
 
 
 # ------------------------------------------------------------------------------------------- content
@@ -43,15 +43,16 @@ def _summary_of(obj) -> tuple[Trace, dict, list[float] | None]:
         summary, losses = dict(obj.summary), list(getattr(obj, "losses", []) or []) or None
     if not pipelined(trace.meta):
         summary.pop("bubble_fraction", None)
+    summary["unmeasured_why"] = unmeasured_why(trace.meta)  # not a row: what a None figure says
     return trace, summary, losses
 
 
 def _value_text(key: str, value, summary: dict) -> str:
     """A summary value as the table shows it: a throughput of 0 beside a step time is one the trace
     cannot know (it does not say how many tokens a step trained on, as an imported profile does not);
-    a figure of spans that a run recording step spans only did not measure is said to be so."""
+    a figure of spans that the run did not record is said not measured, and why."""
     if value is None and key in SPAN_FIGURES:
-        return NOT_MEASURED
+        return not_measured(summary["unmeasured_why"])
     if key == "tokens_per_s" and not value and summary.get("step_time_s"):
         imported = summary.get("source") == "imported"
         return ("unknown: the trace does not say how many tokens a step trains on"
@@ -129,7 +130,7 @@ def _figures(trace: Trace, summary: dict, losses: list[float] | None, predicted:
     from paralab.trace import COMM, EVENT
 
     figs = [("Timeline", viz.timeline(trace, predicted=predicted))]
-    if pipelined(trace.meta) and not records_steps_only(trace.meta):  # step spans alone read 100% idle
+    if pipelined(trace.meta) and not unmeasured_why(trace.meta):  # step spans alone read 100% idle
         figs.append(("Pipeline bubble", viz.bubble(trace)))
     if trace.select(lane=COMM):
         figs += [("Communication by op and step", viz.comm_by_op(trace)),
