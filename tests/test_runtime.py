@@ -272,6 +272,23 @@ def test_a_rank_killed_from_outside_is_named_with_its_signal_not_its_peer(sig):
         assert "Segmentation fault" in failure["traceback"]
 
 
+def test_groups_made_after_the_world_time_out_as_it_does_on_gloo_and_nccl(monkeypatch):
+    """torch gives a group made without a timeout its default (NCCL one of its own where NCCL is built),
+    not the world's: both defaults are the run's timeout once a rank session starts."""
+    from datetime import timedelta
+
+    from torch.distributed import distributed_c10d
+
+    from paralab.runtime.worker import groups_time_out_as_the_world
+
+    monkeypatch.setattr(distributed_c10d, "default_pg_timeout", timedelta(minutes=30))
+    monkeypatch.setattr(distributed_c10d, "default_pg_nccl_timeout", timedelta(minutes=10))  # a CUDA build's
+    groups_time_out_as_the_world(7.0)
+    seven = timedelta(seconds=7)
+    assert distributed_c10d.default_pg_timeout == distributed_c10d.default_pg_nccl_timeout == seven
+    assert distributed_c10d._get_default_timeout("gloo") == seven
+
+
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("strategy, options", [("ddp", ""), ("pp", "'microbatches': 2, ")])
 def test_a_hung_rank_is_named_as_stopped_answering_with_its_python_stack(strategy, options):

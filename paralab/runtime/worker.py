@@ -233,10 +233,13 @@ def groups_time_out_as_the_world(seconds: float) -> None:
     pipelining schedules'), the run's ``--timeout``: torch gives a group made without one its 30-minute
     default, not the world's, so a rank hung inside a pipeline or a mesh had gone unnamed until the
     launcher's watchdog gave up on the whole run (35-43 s, no rank blamed), and under a torchrun of one's
-    own for 30 minutes. torch reads the default where it makes each group, and DeviceMesh passes none."""
+    own for 30 minutes. torch reads the default (NCCL's its own, where NCCL is built) where it makes
+    each group, and DeviceMesh passes none."""
     from torch.distributed import distributed_c10d
 
     distributed_c10d.default_pg_timeout = timedelta(seconds=seconds)
+    if isinstance(distributed_c10d.default_pg_nccl_timeout, timedelta):
+        distributed_c10d.default_pg_nccl_timeout = timedelta(seconds=seconds)
 
 
 def _node_map(rank: int, world_size: int, nodes: int, agreed: dict | None = None) -> list[int]:
