@@ -35,7 +35,7 @@ from paralab.cli_args import (
 )
 from paralab.config import CP_MODES, CP_SPLITS, MODEL_PRESETS, ConfigError, RunConfig, check_int
 from paralab.schedules import SCHEDULES, V_SHAPED
-from paralab.trace import NO_TRACE, UNTRACED_COLLECTIVES, not_measured
+from paralab.trace import not_measured
 
 _PACKAGE_DIR = Path(__file__).resolve().parent  # where paralab's own warnings come from
 
@@ -264,10 +264,8 @@ def _schedule(s: dict) -> str:
 def _span_lines(s: dict) -> list[str]:
     """What the spans measured: bytes on the wire per op (and split by link on a run over several
     nodes) and a pipeline's bubble; said to be not measured, and why, where the run did not record
-    them (trace.unmeasured_why)."""
-    from paralab.strategies.registry import traces_its_collectives
-
-    unmeasured = not_measured(NO_TRACE if traces_its_collectives(s["strategy"]) else UNTRACED_COLLECTIVES)
+    them (the summary's ``unmeasured_why``)."""
+    unmeasured = not_measured(s["unmeasured_why"])
     if s["comm_bytes"] is None:
         lines = [f"communication: {unmeasured}"]
     else:  # a receive's bytes are its send's (--json keeps every op)

@@ -332,6 +332,19 @@ def shared_settings(settings: dict) -> dict:
     return {key: value for key, value in settings.items() if key not in RANK_OWN_SETTINGS}
 
 
+def first_difference(named: list[tuple[str, dict]]) -> tuple[str, str] | None:
+    """(name, how its settings differ) of the first of ``named`` (name, a run's settings) whose
+    :func:`shared_settings` differ from the first one's, or None where all agree: the ranks of one
+    launch as they meet, the files of one trace folder as they merge."""
+    if not named:
+        return None
+    (first_name, first), *others = [(name, shared_settings(settings)) for name, settings in named]
+    for name, theirs in others:
+        if said := settings_differ(first, theirs, f"{first_name}'s"):
+            return name, said
+    return None
+
+
 def settings_differ(first: dict, other: dict, whose: str) -> str:
     """How ``other``'s settings differ from ``first``'s (``whose``), at most three named ("seed 1
     against rank 0's 0"; a nested setting by its path, model.hidden, not the whole of its dict); ''

@@ -77,8 +77,7 @@ class ExpertLoad:
     def imbalance(self, step: int, layer: int | None = None) -> float:
         """The busiest expert's tokens over the mean, of one layer or averaged over layers: 1.0 is a
         perfect balance, E is every token on one expert. The factor by which the hot expert's rank
-        slows the layer."""
-        self._check_layer(layer)
+        slows the layer (a layer the trace does not hold is refused by :meth:`tokens_per_expert`)."""
         factors = []
         for each in self.layers if layer is None else [layer]:
             tokens = self.tokens_per_expert(step, each)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
-from paralab.config import finite_number, settings_differ, shared_settings
+from paralab.config import finite_number, first_difference
 
 COMPUTE, COMM, STEP, EVENT = "compute", "comm", "step", "event"
 GZIP_MAGIC = b"\x1f\x8b"
@@ -374,7 +374,7 @@ class Trace:
     def busy_time(self, rank: int, lane: str = COMPUTE, window: tuple[float, float] | None = None) -> float:
         """Time covered by the rank's spans on a lane (overlaps counted once), clipped to a window: on
         the compute lane the passes, their own waits included, as :meth:`idle_fraction` counts them."""
-        union = _Union([(s.start, s.end) for s in self.spans if s.rank == rank and s.lane == lane])
+        union = Covered([(s.start, s.end) for s in self.spans if s.rank == rank and s.lane == lane])
         return union.length if window is None else union.covered(*window)
 
     def _chosen_windows(self, steps: list[int] | None = None) -> dict[int, list[tuple[float, float]]]:
@@ -403,13 +403,13 @@ class Trace:
         for s in self.spans:
             if s.lane == COMM:
                 calls[s.rank] += s.in_call
-        return {rank: _Union(pairs).minus(_Union(calls[rank]))
+        return {rank: Covered(pairs).minus(Covered(calls[rank]))
                 for rank, pairs in self._intervals(COMPUTE).items()}
 
     def blocked(self) -> list[tuple[Span, float, float]]:
         """(call, start, end) of each stretch of a compute span in which its rank was inside a
         communication call: what :meth:`computing` leaves out, each with its call."""
-        compute = {rank: _Union(pairs) for rank, pairs in self._intervals(COMPUTE).items()}
+        compute = {rank: Covered(pairs) for rank, pairs in self._intervals(COMPUTE).items()}
         return [(s, lo, hi) for s in self.spans if s.lane == COMM
                 for stretch in s.in_call for lo, hi in compute[s.rank].within(*stretch)]
 
@@ -592,7 +592,7 @@ class Trace:
         sent and every rank idle. ``bubble_fraction`` is 0 where the trace is not a pipeline's
         (:func:`pipelined`), measured or not: a data-parallel run's idle time had read as a bubble
         wherever its trace was summarised but in the run's own summary."""
-        step_time = self.median_step_time()
+        step_time, piped = self.median_step_time(), pipelined(self.meta)  # no pipeline, no bubble
         tokens = self.meta.get("tokens_per_step", 0)
         per_rank = self.time_breakdown()
         keys = next(iter(per_rank.values()), {})
@@ -605,13 +605,11 @@ class Trace:
             "comm_payload_bytes": self.comm_bytes(payload=True),
             "comm_bytes_by_link": self.comm_bytes_by_link(),
             "per_rank": per_rank,
-            "bubble_fraction": self.bubble_fraction(),
+            "bubble_fraction": self.bubble_fraction() if piped else 0.0,
             **means,
         }
         if unmeasured_why(self.meta):
-            summary.update(dict.fromkeys((*SPAN_FIGURES, *means)))
-        if not pipelined(self.meta):  # no pipeline, no bubble, recorded or not
-            summary["bubble_fraction"] = 0.0
+            summary.update(dict.fromkeys((*SPAN_FIGURES, *means)), bubble_fraction=None if piped else 0.0)
         return summary
 
 
@@ -753,13 +751,11 @@ def _check_one_run(folder: Path, files: list[Path], traces: list[Trace]) -> None
     if other := next((file for file, size in sizes.items() if size != world), None):
         raise TraceFormatError(f"{folder}: {first.name} is a trace of a run of world size {world}, "
                                f"{other.name} of one of {sizes[other]}: merge each run's files alone")
-    settings = {file: shared_settings(trace.meta["config"]) for file, trace in zip(files, traces, strict=True)
-                if isinstance(trace.meta.get("config"), dict)}
-    first_file, first_settings = next(iter(settings.items()), (None, None))
-    for file, its in settings.items():
-        if said := settings_differ(first_settings, its, f"{first_file.name}'s"):
-            raise TraceFormatError(f"{folder}: {file.name} is a trace of another run than {first_file.name}: "
-                                   f"it has {said}; merge each run's files alone")
+    settings = [(file.name, trace.meta["config"]) for file, trace in zip(files, traces, strict=True)
+                if isinstance(trace.meta.get("config"), dict)]
+    if differ := first_difference(settings):
+        raise TraceFormatError(f"{folder}: {differ[0]} is a trace of another run than {settings[0][0]}: "
+                               f"it has {differ[1]}; merge each run's files alone")
     holder: dict[int, Path] = {}
     for file, trace in zip(files, traces, strict=True):
         if twice := sorted(set(trace.ranks) & holder.keys()):
@@ -832,7 +828,7 @@ def _mean_covered(intervals: dict[int, list[tuple[float, float]]],
     over those windows. Linear in intervals: each rank's are merged into one union, once."""
     covered = {}
     for rank, pairs in intervals.items():
-        union, own = _Union(pairs), windows.get(rank, [])
+        union, own = Covered(pairs), windows.get(rank, [])
         covered[rank] = sum(union.covered(lo, hi) for lo, hi in own) / max(len(own), 1)
     return covered
 
@@ -851,7 +847,7 @@ def _after_first(steps: list[int]) -> list[int]:
     return steps[1:] if len(steps) > 1 else steps
 
 
-class _Union:
+class Covered:
     """The time covered by some intervals (overlaps counted once), as sorted disjoint intervals with
     running totals, so the time covered inside any window is two binary searches away."""
 
@@ -890,7 +886,7 @@ class _Union:
             i += 1
         return out
 
-    def minus(self, other: _Union) -> list[tuple[float, float]]:
+    def minus(self, other: Covered) -> list[tuple[float, float]]:
         """This union's intervals with ``other``'s cut out, in order. Linear: each interval of
         ``other`` is passed once, and looked at again only by the intervals of this one it overlaps."""
         out, j = [], 0

@@ -277,6 +277,7 @@ def test_groups_made_after_the_world_time_out_as_it_does_on_gloo_and_nccl(monkey
     not the world's: both defaults are the run's timeout once a rank session starts."""
     from datetime import timedelta
 
+    import torch.distributed as dist
     from torch.distributed import distributed_c10d
 
     from paralab.runtime.worker import groups_time_out_as_the_world
@@ -285,8 +286,9 @@ def test_groups_made_after_the_world_time_out_as_it_does_on_gloo_and_nccl(monkey
     monkeypatch.setattr(distributed_c10d, "default_pg_nccl_timeout", timedelta(minutes=10))  # a CUDA build's
     groups_time_out_as_the_world(7.0)
     seven = timedelta(seconds=7)
-    assert distributed_c10d.default_pg_timeout == distributed_c10d.default_pg_nccl_timeout == seven
-    assert distributed_c10d._get_default_timeout("gloo") == seven
+    # what torch's new_group reads for a group made without a timeout, on each backend
+    assert distributed_c10d._get_default_timeout(dist.Backend.GLOO) == seven
+    assert distributed_c10d._get_default_timeout(dist.Backend.NCCL) == seven
 
 
 @pytest.mark.timeout(150)

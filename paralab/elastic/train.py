@@ -316,7 +316,7 @@ def _train(args, cfg: ElasticConfig) -> ElasticResult | None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     layout = Layout("elastic", world, cfg.global_batch, dp=world)  # data parallel over whoever is here
     with rank_session(cfg, layout, rank, world, int(os.environ.get("LOCAL_RANK", 0)),
-                      int(os.environ.get("LOCAL_WORLD_SIZE", 1)), "env://", agreed=cfg.to_dict()) as ctx:
+                      int(os.environ.get("LOCAL_WORLD_SIZE", 1)), "env://") as ctx:
         worker = Worker(cfg, run_dir, ctx, entered, started)
         try:
             worker.train()

@@ -101,22 +101,19 @@ def run_under_torchrun(cfg: RunConfig, trace_dir: str | None = None) -> RunResul
     return RunResult.from_rank_results(cfg, layout, results, [None] * world_size)
 
 
-ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # where torchrun reads a failed worker's error for its summary
-
-
 @contextlib.contextmanager
 def errors_told_to_torchrun():
     """A torchrun rank's error (a refused configuration, a fault, a timeout) written where torchrun
     reads it (torch's ``ErrorHandler``, as its ``@record`` writes it), so that the summary torchrun
     prints names it as the root cause: it had said ``error_file: <N/A>`` and pointed at torch's
-    documentation, leaving a peer's knock-on error to read as the cause. The error goes on as before."""
+    documentation, leaving a peer's knock-on error to read as the cause (``TORCHELASTIC_ERROR_FILE``,
+    which the handler reads itself: nothing is written without it). The error goes on as before."""
     try:
         yield
     except Exception as exc:
-        if ERROR_FILE in os.environ:
-            from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
-            ErrorHandler().record_exception(exc)
+        ErrorHandler().record_exception(exc)
         raise
 
 

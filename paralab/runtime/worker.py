@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from paralab import random_streams
-from paralab.config import ConfigError, RunConfig, TrainingConfig, settings_differ, shared_settings
+from paralab.config import ConfigError, RunConfig, TrainingConfig, first_difference, shared_settings
 from paralab.layout import Layout
 from paralab.memory import MemoryMeter
 from paralab.precision import LossScaler
@@ -148,16 +148,15 @@ def backend_for(device: str) -> str:
 
 @contextmanager
 def rank_session(cfg: TrainingConfig, layout: Layout, rank: int, world_size: int, local_rank: int,
-                 local_world_size: int, init_method: str, nodes: int = 1, faults=None,
-                 agreed: dict | None = None):
+                 local_world_size: int, init_method: str, nodes: int = 1, faults=None):
     """Set up one rank and yield its RankContext: threads, device, process group, every rank's node,
     recorder and memory meter; the shared clock starts right after a barrier, so all ranks' spans
     sit on one timeline. The process group is destroyed on the way out, whatever happened.
 
     ``cfg.device`` must be concrete ('cpu' or 'cuda'; the launcher resolves 'auto'): rank r uses
     cuda:LOCAL_RANK. ``nodes`` emulated nodes split a local launch (see :func:`_node_map`).
-    ``agreed``: this rank's settings (``RunConfig.to_dict()``), ConfigError on every rank where two
-    ranks' differ beyond what each may hold for itself (:func:`disagreement`)."""
+    ConfigError on every rank where two ranks' settings differ beyond what each may hold for itself
+    (:func:`disagreement`)."""
     torch.set_num_threads(threads_for(cfg, local_world_size))
     device = torch.device("cuda", local_rank) if cfg.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
@@ -173,7 +172,7 @@ def rank_session(cfg: TrainingConfig, layout: Layout, rank: int, world_size: int
         said = (str(exc).strip().splitlines() or [""])[0]  # the C++ stack follows
         raise GroupNotFormed(f"the process group did not form: {type(exc).__name__}: {said}") from exc
     try:
-        node_of = _node_map(rank, world_size, nodes, agreed)
+        node_of = _node_map(rank, world_size, nodes, cfg.to_dict())
         recorder = Recorder(rank, enabled=cfg.trace, cuda=device.type == "cuda", node_of=node_of.__getitem__)
         ctx = RankContext(cfg=cfg, layout=layout, rank=rank, world_size=world_size, local_rank=local_rank,
                           node=node_of[rank], device=device, recorder=recorder,
@@ -208,7 +207,7 @@ def run_rank(cfg: RunConfig, layout: Layout, rank: int, world_size: int, local_r
     ``gather`` (torchrun, where no parent collects files) rank 0 also gets every rank's (result,
     trace) as a third item."""
     with rank_session(cfg, layout, rank, world_size, local_rank, local_world_size, init_method,
-                      nodes=cfg.nodes, agreed=cfg.to_dict()) as ctx:
+                      nodes=cfg.nodes) as ctx:
         ctx.recorder.on_step = heartbeat
         with profile_rank(ctx):
             result = get_strategy(cfg.strategy).train(ctx)
@@ -242,7 +241,7 @@ def groups_time_out_as_the_world(seconds: float) -> None:
         distributed_c10d.default_pg_nccl_timeout = timedelta(seconds=seconds)
 
 
-def _node_map(rank: int, world_size: int, nodes: int, agreed: dict | None = None) -> list[int]:
+def _node_map(rank: int, world_size: int, nodes: int, agreed: dict) -> list[int]:
     """Node index of every rank: the node a launcher names (elastic's PARALAB_NODE, which stays with
     an agent across restarts, or torchrun's GROUP_RANK), else ``nodes`` emulated nodes of
     consecutive ranks on this machine. The same exchange compares the ranks' ``agreed`` settings by a
@@ -251,7 +250,7 @@ def _node_map(rank: int, world_size: int, nodes: int, agreed: dict | None = None
     are the settings themselves gathered, to name what differs."""
     named = os.environ.get("PARALAB_NODE", os.environ.get("GROUP_RANK"))
     mine = int(named) if named is not None else rank // (world_size // nodes)
-    digest = None if agreed is None else _digest(shared_settings(agreed))
+    digest = _digest(shared_settings(agreed))
     everyone: list = [None] * world_size
     dist.all_gather_object(everyone, (mine, digest))
     if len({theirs for _, theirs in everyone}) > 1:  # every rank sees the same digests: all gather alike
@@ -267,16 +266,16 @@ def _digest(settings: dict) -> str:
 
 
 def disagreement(settings: list[dict]) -> str | None:
-    """What the first rank whose :func:`shared_settings` differ from rank 0's holds otherwise, or None
-    where all agree. Under a torchrun of one's own each node's command line is typed apart: a --seed
-    differing between nodes had trained on a mix of the two seeds' data in silence (exit 0), and a
-    --steps differing hung until the collective timeout."""
-    first, *others = map(shared_settings, settings)
-    for rank, theirs in enumerate(others, start=1):
-        if said := settings_differ(first, theirs, "rank 0's"):
-            return (f"the ranks of this launch were given different settings: rank {rank} has {said}; "
-                    f"give every node the same flags")
-    return None
+    """What the first rank whose settings differ from rank 0's holds otherwise, or None where all agree
+    (:func:`first_difference`). Under a torchrun of one's own each node's command line is typed apart:
+    a --seed differing between nodes had trained on a mix of the two seeds' data in silence (exit 0),
+    and a --steps differing hung until the collective timeout."""
+    differ = first_difference([(f"rank {rank}", its) for rank, its in enumerate(settings)])
+    if differ is None:
+        return None
+    rank, said = differ
+    return (f"the ranks of this launch were given different settings: {rank} has {said}; "
+            "give every node the same flags")
 
 
 # ---------------------------------------------------------------------------- spawned ranks

@@ -130,7 +130,7 @@ def _figures(trace: Trace, summary: dict, losses: list[float] | None, predicted:
     from paralab.trace import COMM, EVENT
 
     figs = [("Timeline", viz.timeline(trace, predicted=predicted))]
-    if pipelined(trace.meta) and not unmeasured_why(trace.meta):  # step spans alone read 100% idle
+    if pipelined(trace.meta) and not summary["unmeasured_why"]:  # step spans alone read 100% idle
         figs.append(("Pipeline bubble", viz.bubble(trace)))
     if trace.select(lane=COMM):
         figs += [("Communication by op and step", viz.comm_by_op(trace)),

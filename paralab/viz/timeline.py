@@ -230,6 +230,7 @@ def marker_of(kind: str, color, edge=0) -> dict:
     return marker
 
 
+@lru_cache(maxsize=256)  # a few fills, asked once a bar
 def ink(fill: str, whitened: bool = False) -> str:
     """The colour of a label on a ``fill`` (#rrggbb): dark on a light fill, white on a dark one (white
     had been all but lost on the light microbatch colours). ``whitened``: the fill lies under the
@@ -241,29 +242,33 @@ def ink(fill: str, whitened: bool = False) -> str:
     return "#222" if luma > 0.6 else "white"
 
 
-def lift_labels(by_kind: dict[str, dict], blocked: list[Span], t0: float, suffix: str = "",
-                opacity: float = 1.0) -> dict | None:
+def lift_labels(by_kind: dict[str, dict], opacity: float = 1.0) -> dict | None:
     """A text-only bar trace, drawn last, of the labels of ``by_kind``'s bars (:func:`bars_by_kind`)
-    that a blocked stretch whitens, each inked against the fill under most of the bar, whitened or not;
-    those labels are taken off their own bars, under the white of which they had faded to nothing.
-    None where no labelled bar is blocked (the labels then stay on their bars)."""
+    that its blocked stretches (its BLOCKED bars) whiten, each inked against the fill under most of the
+    bar, whitened or not; those labels are taken off their own bars, under the white of which they had
+    faded to nothing. None where no labelled bar is blocked (the labels then stay on their bars)."""
     import numpy as np
 
+    from paralab.trace import Covered
+
+    blocked = by_kind.get(BLOCKED)
+    if blocked is None:
+        return None
     stretches = defaultdict(list)  # row -> (start, end) of its blocked stretches, ms
-    for s in blocked:
-        stretches[row_label(s.rank, COMPUTE) + suffix].append(((s.start - t0) * 1e3, (s.end - t0) * 1e3))
+    for row, start, length in zip(blocked["y"], blocked["base"], blocked["x"]):
+        stretches[row].append((start, start + length))
+    whitened = {row: Covered(pairs) for row, pairs in stretches.items()}
     lifted: dict[str, list] = defaultdict(list)
     for c in by_kind.values():
         if c["text"] is None or isinstance(c["color"], str):
             continue
         for i, (row, start, length) in enumerate(zip(c["y"], c["base"], c["x"])):
-            over = [(lo, hi) for lo, hi in stretches.get(row, ()) if lo < start + length and hi > start]
-            if over and c["text"][i]:
+            washed = whitened[row].covered(start, start + length) if row in whitened else 0.0
+            if washed > 0 and c["text"][i]:
                 for key in ("y", "base", "x", "width", "offset", "text"):
                     lifted[key].append(c[key][i])
                 # whitened where most of the bar is: a tensor-parallel forward's many short stretches had
                 # left its middle in a gap between two, and its label white on a bar mostly washed out
-                washed = sum(min(hi, start + length) - max(lo, start) for lo, hi in over)
                 lifted["ink"].append(ink(c["color"][i], washed >= length / 2))
                 c["text"][i] = ""
     if not lifted:
@@ -351,7 +356,7 @@ def bar_traces(trace: Trace, *, lanes=DEFAULT_LANES, steps=None, color_by: str =
     t0 = min((s.start for s in spans), default=0.0)
     by_kind = bars_by_kind(spans + extra, mode, suffix, t0=t0, text=show_text and mode == "microbatch",
                            waits=wait_of, slots=slots)
-    labels = lift_labels(by_kind, [s for s in extra if s.kind == BLOCKED], t0, suffix, opacity)
+    labels = lift_labels(by_kind, opacity)
     out = []
     for kind, c in by_kind.items():
         # a call with a row to itself keeps its edge; one of many in flight loses it: 1 white pixel a
