@@ -61,9 +61,11 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pp", type=int, default=d.pp, help="pipeline stages (0: the strategy's default)")
     p.add_argument("--cp", type=int, default=d.cp, help="context-parallel degree (0: the strategy's default)")
     p.add_argument("--cp-mode", default=d.cp_mode, choices=CP_MODES,
-                   help="context parallel: K/V round a ring, or all-to-all to heads (Ulysses)")
+                   help=f"with cp 2 or more: K/V round a ring, or all-to-all to heads (Ulysses); "
+                        f"default {CP_MODES[0]}")
     p.add_argument("--cp-split", default=d.cp_split, choices=CP_SPLITS,
-                   help="how the sequence is cut over cp ranks (zigzag balances causal attention)")
+                   help=f"with cp 2 or more: how the sequence is cut over cp ranks (zigzag balances causal "
+                        f"attention); default {CP_SPLITS[0]}")
     p.add_argument("--ep", type=int, default=d.ep,
                    help="expert parallel, inside dp (ep, hybrid; 0: the strategy's default)")
     g = p.add_argument_group("mixture of experts (override the model preset's)")

@@ -122,6 +122,7 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
 DEVICES = ("auto", "cpu", "cuda")
 CP_MODES = ("ring", "alltoall")  # context parallel: K/V round a ring, or all-to-all to heads (Ulysses)
 CP_SPLITS = ("zigzag", "contiguous")  # how the sequence is cut over context-parallel ranks
+# cp_mode and cp_split left "" (not asked for) take the first of these where cp > 1 (paralab.layout)
 OPTIMIZERS = ("adam", "sgd")
 DTYPES = ("fp32", "bf16", "fp16")
 LOSS_SCALED_DTYPES = ("fp16",)  # whose loss precision.LossScaler scales
@@ -222,7 +223,7 @@ class TrainingConfig:
             raise ConfigError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         for name, choices in (("device", DEVICES), ("dtype", DTYPES), ("reduce_dtype", DTYPES),
                               ("recompute", RECOMPUTE)):
-            if getattr(self, name) not in choices:
+            if getattr(self, name) not in ("", *choices):
                 raise ConfigError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
         self._validate_loss_scale()
         self.model.validate()
@@ -292,8 +293,8 @@ class RunConfig(TrainingConfig):
     zero: int = 0  # hybrid: ZeRO stage over the dp dimension (0: ddp-style all-reduce)
     zero_prefetch: bool = False  # zero3: gather the next part while this one computes (strategies/zero.py)
     cp: int = 0  # context-parallel degree (0: from the strategy and the world size)
-    cp_mode: str = "ring"
-    cp_split: str = "zigzag"
+    cp_mode: str = ""  # "": not asked for (ring where cp > 1); given at cp = 1, it is refused
+    cp_split: str = ""  # "": not asked for (zigzag where cp > 1)
     # run control
     collect_state: bool = False  # return final parameters and gradients (parity tests)
     profile_dir: PathOption = None  # each rank writes a torch.profiler trace here (paralab.profiling)
@@ -309,7 +310,7 @@ class RunConfig(TrainingConfig):
             check_int(name, getattr(self, name), low=1)
         check_positive("bucket size", self.bucket_mb, unit=" MB")
         for name, choices in (("cp_mode", CP_MODES), ("cp_split", CP_SPLITS)):
-            if getattr(self, name) not in choices:
+            if getattr(self, name) not in ("", *choices):
                 raise ConfigError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
         if self.fault is not None and self.fault["rank"] >= self.world_size:
             raise ConfigError(f"fault rank must be in [0, {self.world_size}), got {self.fault}")

@@ -41,7 +41,7 @@ import math
 from dataclasses import dataclass
 from functools import cached_property
 
-from paralab.config import ConfigError, RunConfig
+from paralab.config import CP_MODES, CP_SPLITS, ConfigError, RunConfig
 from paralab.schedules import DEFAULT_SCHEDULE, chunks_per_rank, shape_problems
 from paralab.strategies.registry import (
     CONTEXT_OPTIONS,
@@ -232,7 +232,8 @@ def resolve_layout(cfg: RunConfig) -> Layout:
                                   f"run has cp=1: set cp > 1 or leave {option} out")
     layout = Layout(
         strategy=cfg.strategy, world_size=cfg.world_size, global_batch=cfg.global_batch, **degrees,
-        cp_mode=cfg.cp_mode if context else "", cp_split=cfg.cp_split if context else "", schedule=schedule,
+        cp_mode=(cfg.cp_mode or CP_MODES[0]) if context else "",
+        cp_split=(cfg.cp_split or CP_SPLITS[0]) if context else "", schedule=schedule,
         virtual_stages=virtual_stages, microbatches=microbatches,
         zero=strategy.zero or cfg.zero, sequence_parallel=cfg.sequence_parallel,
         stage_layers=tuple(cfg.stage_layers) if cfg.stage_layers else None, nodes=cfg.nodes,

@@ -341,6 +341,10 @@ def test_zigzag_balances_causal_attention_and_contiguous_does_not(n, no_leftover
     ("tp", 2, dict(cp=2), r"tp splits over tp only; it does not take cp=2"),
     ("hybrid", 2, dict(dp=2, cp_mode="alltoall"), r"cp_mode=alltoall applies to context parallelism.*cp=1"),
     ("hybrid", 2, dict(tp=2, cp_split="contiguous"), r"cp_split=contiguous applies .* cp=1"),
+    # a default's own name, given where it changes nothing, as the other choice is (it had passed)
+    ("hybrid", 2, dict(dp=2, cp_mode="ring"), r"cp_mode=ring applies to context parallelism.*cp=1"),
+    ("hybrid", 2, dict(tp=2, cp_split="zigzag"), r"cp_split=zigzag applies .* cp=1"),
+    ("ddp", 2, dict(cp_mode="ring"), r"cp_mode=ring is a context-parallel option; ddp has no"),
     ("cp", 2, dict(model=dict(MODEL, attention="math")), r"attention='math' writes out the s x s scores"),
 ])
 def test_bad_input_is_refused_before_any_process(monkeypatch, strategy, world, options, message):
@@ -348,6 +352,16 @@ def test_bad_input_is_refused_before_any_process(monkeypatch, strategy, world, o
     options = {"model": MODEL, **options}
     with pytest.raises(ConfigError, match=message):
         paralab.run(strategy, world, **options)
+
+
+@pytest.mark.parametrize("flag", [["--cp-mode", "ring"], ["--cp-split", "zigzag"]])
+def test_the_cli_refuses_a_cp_flag_at_cp_1_whichever_its_value(capsys, monkeypatch, flag):
+    """--cp-mode ring had passed at cp 1 where --cp-mode alltoall was refused: the CLI could not tell
+    the default typed from the default left out."""
+    monkeypatch.setattr(launch_module, "_context", lambda: pytest.fail("a process was about to start"))
+    code = cli.main(["run", "--strategy", "hybrid", "--world-size", "2", "--dp", "2", *flag, "--steps", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and f"{flag[0]} {flag[1]} applies" in err
 
 
 def test_the_cli_refuses_with_exit_2_and_one_line(capsys, monkeypatch):
@@ -364,8 +378,7 @@ def _attention_run(split, seconds, pairs):
 
     ranks = [{"attention_cpu_s": {"0": 9.0, "1": s}, "attention_pairs": {"0": n, "1": n}}
              for s, n in zip(seconds, pairs)]
-    return SimpleNamespace(config=SimpleNamespace(cp_split=split), layout=SimpleNamespace(cp=len(seconds)),
-                           rank_results=ranks)
+    return SimpleNamespace(layout=SimpleNamespace(cp=len(seconds), cp_split=split), rank_results=ranks)
 
 
 def test_the_attention_figure_says_which_chunks_a_rank_holds_under_each_split():

@@ -28,7 +28,7 @@ MODULES = ("single", "dp", "ddp", "pipeline", "tensor", "zero", "context", "expe
 OPTION_DEFAULTS = {"dp": 0, "tp": 0, "pp": 0, "ep": 0, "schedule": "", "virtual_stages": 1,
                    "stage_layers": None, "sequence_parallel": False, "zero": 0, "bucket_mb": 25.0,
                    "hierarchical": False, "reduce_dtype": "fp32",
-                   "cp": 0, "cp_mode": "ring", "cp_split": "zigzag", "zero_prefetch": False}
+                   "cp": 0, "cp_mode": "", "cp_split": "", "zero_prefetch": False}
 TUNING_OPTIONS = ("bucket_mb",)
 PIPELINE_OPTIONS = ("schedule", "virtual_stages", "stage_layers")
 CONTEXT_OPTIONS = ("cp_mode", "cp_split")

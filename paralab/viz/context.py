@@ -41,10 +41,10 @@ def attention_per_step(run, key: str = "attention_cpu_s") -> list[float]:
 
 def cp_split_of(run) -> str | None:
     """The split (``zigzag``, ``contiguous``) of a run whose ranks are one cp group, else None."""
-    config, layout = getattr(run, "config", None), getattr(run, "layout", None)
+    layout = getattr(run, "layout", None)
     if getattr(layout, "cp", None) != len(run.rank_results):
         return None
-    return getattr(config, "cp_split", None)
+    return layout.cp_split
 
 
 def attention_per_rank(runs: dict, title: str | None = None):
