@@ -31,6 +31,7 @@ def test_a_torchrun_of_ones_own_trains_and_rank_0_prints_the_summary(tmp_path):
     assert len(printed) == 1  # rank 0 alone
     summary = json.loads(printed[0])
     assert summary["world_sizes"] == [2] * STEPS and summary["trace"] == str(tmp_path / "run.json")
+    assert summary["nnodes"] is None  # torchrun does not tell its workers its node range (had read 1:4)
     assert (tmp_path / "run.json").stat().st_size > 0
     single = paralab.run("single", 1, steps=STEPS, global_batch=BATCH).losses
     assert_close_rel(summary["losses"], single, what="losses")
@@ -58,6 +59,22 @@ def test_a_checkpoint_dir_that_is_a_file_is_refused_with_exit_2_in_one_line(tmp_
     said = f"python -m paralab.elastic.train: --checkpoint-dir {taken} exists and is not a directory"
     assert said in proc.stderr and "exitcode  : 2" in proc.stderr, proc.stderr[-3000:]
     assert "NotADirectoryError" not in proc.stderr
+
+
+@pytest.mark.parametrize("flag", [["--max-restarts", "1"], ["--nnodes", "2:4"], ["--last-call", "5"]])
+def test_paralab_elastics_own_flags_are_refused_under_a_torchrun_of_ones_own(tmp_path, monkeypatch,
+                                                                             capsys, flag):
+    """Nothing reads them there: --max-restarts 1 had passed while torchrun restarted as its own flag
+    said. Refused before the worker meets any other."""
+    from paralab.elastic.train import main
+    from paralab.runtime.agents import AGENT_PID
+
+    monkeypatch.delenv(AGENT_PID, raising=False)
+    assert main([*WORKER[2:], "--checkpoint-dir", str(tmp_path), *flag]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"python -m paralab.elastic.train: {flag[0]} is paralab elastic's, which starts the "
+                   "agents: under a torchrun of your own, torchrun's --nnodes and --max-restarts say them; "
+                   "leave it out")
 
 
 def test_a_long_runs_text_gives_its_worlds_as_runs_and_its_losses_at_the_ends():

@@ -91,10 +91,11 @@ class ElasticResult:
     transitions: list[dict]  # one per generation after the first: why and what it cost
     failure: dict | None
     trace: Trace
+    nnodes: str | None  # the agents' node range, MIN:MAX; None under a torchrun of one's own (untold)
     trace_path: str | None = None
 
     @classmethod
-    def collect(cls, cfg: ElasticConfig, run_dir: Path) -> ElasticResult:
+    def collect(cls, cfg: ElasticConfig, run_dir: Path, nnodes: str | None) -> ElasticResult:
         gens = [g for g in map(read_generation, sorted(run_dir.glob("gen-*"))) if g is not None]
         final: dict[int, dict] = {}
         for g in gens:  # later generations overwrite the steps they redid
@@ -102,7 +103,8 @@ class ElasticResult:
         history = [final[k] for k in sorted(final)]
         fault_file = run_dir / "fault.json"
         failure = json.loads(fault_file.read_text()) if fault_file.exists() else None
-        return cls(cfg, gens, history, _transitions(gens, failure), failure, _merged_trace(cfg, gens, final))
+        return cls(cfg, gens, history, _transitions(gens, failure), failure, _merged_trace(cfg, gens, final),
+                   nnodes)
 
     @property
     def losses(self) -> list[float]:
@@ -119,7 +121,7 @@ class ElasticResult:
             "first_step": self.history[0]["step"] if self.history else None,
             "global_batch": cfg.global_batch,
             "micro_batch": cfg.micro_batch,
-            "nnodes": f"{cfg.min_nodes}:{cfg.max_nodes}",
+            "nnodes": self.nnodes,
             "losses": self.losses,
             "world_sizes": [h["world_size"] for h in self.history],
             "sample_ids": [h["sample_ids"] for h in self.history],

@@ -57,9 +57,12 @@ from paralab.strategies.common import (
 
 BUCKET_BYTES = 25 * 2**20
 PROG = "python -m paralab.elastic.train"
-LAUNCHER_FLAGS = ("--nnodes, --nodes, --max-restarts, --join-after-step, --run-timeout and --last-call are "
-                  "paralab elastic's, which starts the agents: under a torchrun of your own, torchrun's "
-                  "--nnodes and --max-restarts say them")
+# paralab elastic's flags, which its launcher and agents read: a worker under a torchrun of one's own
+# refuses them
+LAUNCHER_FLAGS = ("--nnodes", "--nodes", "--max-restarts", "--join-after-step", "--run-timeout",
+                  "--last-call")
+WHOSE = ("paralab elastic's, which starts the agents: under a torchrun of your own, torchrun's --nnodes "
+         "and --max-restarts say them")
 
 
 class FaultInjector:
@@ -264,13 +267,16 @@ def main(argv: list[str] | None = None) -> int:
     from paralab.elastic.cli import add_elastic_args, config_from_args
     from paralab.runtime.torchrun import errors_told_to_torchrun
 
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0], epilog=LAUNCHER_FLAGS)
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0],
+                                     epilog=f"{', '.join(LAUNCHER_FLAGS[:-1])} and {LAUNCHER_FLAGS[-1]} "
+                                            f"are {WHOSE}")
     add_elastic_args(parser)
     parser.add_argument("--run-dir",
                         help="where step records and traces go (default: inside --checkpoint-dir)")
     args = parser.parse_args(argv)
     try:
         with errors_told_to_torchrun():
+            refuse_launcher_flags(args, parser)
             result = _train(args, config_from_args(args))
     except ConfigError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
@@ -280,6 +286,21 @@ def main(argv: list[str] | None = None) -> int:
             result.save_trace(args.trace)
         print(json_text(result.summary) if args.json else result.describe())
     return EXIT_OK
+
+
+def refuse_launcher_flags(args, parser: argparse.ArgumentParser) -> None:
+    """ConfigError for a flag of :data:`LAUNCHER_FLAGS` given to a worker under a torchrun of one's
+    own, where nothing reads it: ``--max-restarts 1`` had passed, and torchrun restarted as its own
+    flag said."""
+    from paralab.runtime.agents import AGENT_PID
+
+    if AGENT_PID in os.environ:  # paralab elastic's own agents pass every flag
+        return
+    defaults = vars(parser.parse_args([]))
+    for flag in LAUNCHER_FLAGS:
+        dest = flag[2:].replace("-", "_")
+        if getattr(args, dest) != defaults[dest]:
+            raise ConfigError(f"{flag} is {WHOSE}; leave it out")
 
 
 def shared_store_warning(env) -> str | None:
@@ -326,7 +347,8 @@ def _train(args, cfg: ElasticConfig) -> ElasticResult | None:
         if AGENT_PID in os.environ:  # paralab elastic's own agents: its launcher collects the run
             return None
         dist.barrier()  # every rank's records and trace written
-        return ElasticResult.collect(cfg, run_dir) if rank == 0 else None
+        # torchrun tells its workers neither its --nnodes nor how many nodes it waits for
+        return ElasticResult.collect(cfg, run_dir, nnodes=None) if rank == 0 else None
 
 
 if __name__ == "__main__":
