@@ -31,7 +31,7 @@ from paralab.elastic.balance import Balancer
 from paralab.elastic.config import ElasticConfig
 from paralab.models.gpt import GPT, lm_loss
 from paralab.strategies.common import make_optimizer
-from paralab.viz.elastic import RANK_COLORS
+from paralab.viz._common import RANK_COLORS
 from tests.conftest import (
     TAG,
     assert_close_rel,

@@ -50,15 +50,17 @@ MEMORY_KINDS = ("params", "grads", "optimizer", "activations")
 MEMORY_COLORS = {"params": "#4C78A8", "grads": "#F58518", "optimizer": "#54A24B", "activations": "#E45756"}
 # one colour per compared series (sources, hardware, fits), in the order they are drawn
 SERIES_COLORS = ["#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756", "#72B7B2"]
-# Qualitative shades, repeating after 12, for ranks and modes (elastic's ranks, the mesh, context
-# parallel's ring and all-to-all): blues, oranges, greens, reds and teals, none a communication kind's
-# colour (yellow send, purple all-reduce, pinks, browns, greys) nor one of EXTRA_COLORS. (A timeline's
-# microbatches have shades of their own, below: these open with the forward's and the backward's.)
-MICROBATCH_COLORS = [
+# Qualitative shades for ranks, groups and modes (elastic's ranks, the mesh's groups, context parallel's
+# runs and its ring and all-to-all): first blues, oranges, greens, reds and teals, none a communication
+# kind's colour (yellow send, purple all-reduce, pinks, browns, greys), then EXTRA_COLORS; repeating
+# after 20 (rank_color). (A timeline's microbatches have shades of their own, below: these open with the
+# forward's and the backward's.)
+RANK_COLORS = [
     "#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#9ECAE9",
     "#FFBF79", "#88D27A", "#C0392B", "#2F6B68", "#1F3A68", "#B35806",
+    *EXTRA_COLORS,
 ]  # fmt: skip
-# Microbatch shades of the timelines' compute bars. Not MICROBATCH_COLORS (the ranks' colours elsewhere),
+# Microbatch shades of the timelines' compute bars. Not RANK_COLORS (the ranks' colours elsewhere),
 # which opens with the forward blue and the backward orange: a pipeline's F0, F1, B0, B1 had read as
 # forward, backward, forward, backward to a reader of every other timeline. Each of these lies 20 or
 # more CIE76 units from every kind's colour and every one of EXTRA_COLORS; neighbours differ most.
@@ -66,6 +68,11 @@ TIMELINE_MICROBATCH_COLORS = [
     "#6A3D9A", "#1B9E77", "#CF1C90", "#E7CB94", "#332288", "#B3DE69",
     "#882255", "#88CCEE", "#B15928", "#9C9EDE", "#008695", "#999933",
 ]  # fmt: skip
+
+
+def rank_color(i: int) -> str:
+    """Rank (group, run) ``i``'s colour of :data:`RANK_COLORS`, repeating past its end."""
+    return RANK_COLORS[i % len(RANK_COLORS)]
 
 
 def go():
@@ -257,3 +264,9 @@ def log_ticks(low: float, high: float) -> list[float]:
              for m in (1, 2, 5)]
     first, last = max(t for t in steps if t <= low), min(t for t in steps if t >= high)
     return [t for t in steps if first <= t <= last]
+
+
+def uncrowded_log_ticks(low: float, high: float, decades: int) -> list[float]:
+    """:func:`log_ticks` over an axis spanning at most ``decades`` decades, beyond which 1, 2 and 5 crowd
+    an axis of its length ("2,000" touched "1,000"): there :func:`powers_of_ten` alone."""
+    return powers_of_ten(low, high) if high > 10.0**decades * low else log_ticks(low, high)

@@ -6,7 +6,15 @@ from __future__ import annotations
 import math
 
 from paralab.collectives import bus_bandwidth, ring_time, tree_time
-from paralab.viz._common import SERIES_COLORS, byte_scale, go, log_ticks, make_subplots, powers_of_ten, style
+from paralab.viz._common import (
+    SERIES_COLORS,
+    byte_scale,
+    go,
+    make_subplots,
+    powers_of_ten,
+    style,
+    uncrowded_log_ticks,
+)
 
 SIZES = [2.0**k for k in range(2, 31)]  # 4 B to 1 GiB
 LEGEND_ROW_PX = 20  # a row of a vertical legend
@@ -126,12 +134,12 @@ TIME_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "us"))
 
 def time_axis(times: list[float]) -> tuple[float, str, list[float]]:
     """(seconds per unit, unit, ticks in that unit) of a log axis over ``times`` (s): the unit that draws
-    the longest below 1000, and :func:`log_ticks` over what is drawn (over more than four decades the
-    powers of ten alone). (plotly's own ticks on a log axis narrower than a decade are bare digits, and
+    the longest below 1000, and ticks over what is drawn (1, 2 and 5 over four decades at most, else the
+    powers of ten). (plotly's own ticks on a log axis narrower than a decade are bare digits, and
     with ``dtick=1`` there are none between two powers of ten.)"""
     scale, unit = next(((s, u) for s, u in TIME_UNITS if max(times) >= s), TIME_UNITS[-1])
     low, high = min(times) / scale, max(times) / scale
-    return scale, unit, powers_of_ten(low, high) if high > 1e4 * low else log_ticks(low, high)
+    return scale, unit, uncrowded_log_ticks(low, high, decades=4)
 
 
 def beyond_reach(reach: int) -> str:

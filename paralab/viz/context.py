@@ -6,18 +6,17 @@ from __future__ import annotations
 import statistics
 
 from paralab.viz._common import (
-    EXTRA_COLORS,
-    MICROBATCH_COLORS,
+    RANK_COLORS,
     byte_scale,
     fmt_bytes,
     go,
-    log_ticks,
     make_subplots,
-    powers_of_ten,
+    rank_color,
     style,
+    uncrowded_log_ticks,
 )
 
-MODE_COLORS = {"ring": MICROBATCH_COLORS[0], "alltoall": MICROBATCH_COLORS[1]}
+MODE_COLORS = {"ring": RANK_COLORS[0], "alltoall": RANK_COLORS[1]}
 MODE_NAMES = {"ring": "ring", "alltoall": "all-to-all"}  # cp_mode values, as the text names them
 # predicted step times closer than this (relative) draw as one line: the figure says so
 CLOSE_STEPS = 0.02
@@ -62,7 +61,6 @@ def attention_per_rank(runs: dict, title: str | None = None):
     seconds = {label: attention_per_step(run) for label, run in runs.items()}
     pairs = {label: attention_per_step(run, "attention_pairs") for label, run in runs.items()}
     splits = {label: cp_split_of(run) for label, run in runs.items()}
-    colors = MICROBATCH_COLORS + EXTRA_COLORS
     for i, (label, values) in enumerate(seconds.items()):
         ranks = [f"r{r}" for r in range(len(values))]
         split, size = splits[label], len(values)
@@ -70,12 +68,12 @@ def attention_per_rank(runs: dict, title: str | None = None):
                 if split in SPLIT_CHUNKS else [""] * size)
         ms_per_pair = sum(values) * 1e3 / sum(pairs[label])
         fig.add_trace(graph.Bar(x=ranks, y=[v * 1e3 for v in values], name=f"{label}: CPU time, measured",
-                                marker_color=colors[i % len(colors)], customdata=held,
+                                marker_color=rank_color(i), customdata=held,
                                 hovertemplate=f"{label}, %{{x}}%{{customdata}}: %{{y:.2f}} ms per step"
                                               "<extra></extra>"))
         fig.add_trace(graph.Bar(x=ranks, y=[n * ms_per_pair for n in pairs[label]],
                                 name=f"{label}: query-key pairs counted, x its mean ms a pair",
-                                marker_color=colors[i % len(colors)], marker_pattern_shape="/", opacity=0.55,
+                                marker_color=rank_color(i), marker_pattern_shape="/", opacity=0.55,
                                 customdata=pairs[label],
                                 hovertemplate=f"{label}, %{{x}}: %{{customdata:,}} query-key pairs per step "
                                               "(%{y:.2f} ms at the run's mean rate)<extra></extra>"))
@@ -113,11 +111,8 @@ def activation_growth(model, seqs: list[int], cps: tuple[int, ...] = (2, 4, 8), 
     fig.update_xaxes(title_text="sequence length (tokens)", type="log", tickvals=list(seqs),
                      ticktext=[f"{s // 1024}k" if s % 1024 == 0 else f"{s:,}" for s in seqs])
     gib = [v / 2**30 for values in lines.values() for v in values]
-    low, high = min(gib), max(gib)
-    # over more than three decades 1-2-5 ticks crowd ("2,000" touched "1,000")
-    ticks = powers_of_ten(low, high) if high > 1e3 * low else log_ticks(low, high)
     fig.update_yaxes(title_text="activations per layer per GPU (GiB, log scale)", type="log",
-                     tickvals=ticks, tickformat=",~g")
+                     tickvals=uncrowded_log_ticks(min(gib), max(gib), decades=3), tickformat=",~g")
     fig.update_layout(meta={"bytes": lines, "seqs": list(seqs)})
     return style(fig, title or f"{model.name}: activations per layer against the sequence", 420)
 

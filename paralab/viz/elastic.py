@@ -32,7 +32,7 @@ from collections import defaultdict
 
 from paralab.elastic.history import seconds
 from paralab.trace import EVENT, STEP, Trace, median_after_first
-from paralab.viz._common import EXTRA_COLORS, MICROBATCH_COLORS, as_trace, go, make_subplots, style
+from paralab.viz._common import as_trace, go, make_subplots, rank_color, style
 
 UTILISATION = ("cpu_percent", "gpu_percent", "utilisation", "utilization")
 # the phases in a palette of their own, none a rank's: drawn in the ranks' blue, orange and green right
@@ -52,7 +52,6 @@ HEIGHT = 860 + AXIS_TITLE_PX
 TEXT_WRAP = 56
 GAP_LINE_PX = 17  # a line of the note on the stretches without steps, 12-pixel type
 SUBPLOT_TITLE_PX = 26  # the phases' subplot title, above its panel: the note sits above it
-RANK_COLORS = MICROBATCH_COLORS + EXTRA_COLORS
 CLOCK = "seconds since the first world formed"
 # the run's own series in greys, so that none reads as a rank's
 WORLD_COLOR, STEP_COLOR = "#8C8C8C", PHASE_COLORS["training"]
@@ -348,7 +347,7 @@ def _draw_wall_clock(fig, graph, trace: Trace, records: list[dict], phases: list
             x, y = _gapped(points, phases, lambda r: r["value"])
             fig.add_trace(graph.Scatter(x=x, y=y, mode="lines+markers", name=f"rank {rank}",
                                         legendgroup="ranks",
-                                        line=dict(color=RANK_COLORS[rank % len(RANK_COLORS)], width=1.5),
+                                        line=dict(color=rank_color(rank), width=1.5),
                                         marker=dict(size=4), showlegend=False,
                                         hovertemplate=f"rank {rank}: "
                                                       f"%{{y:.0f}}% at %{{x:.2f}} s<extra></extra>"), 4, 1)
@@ -381,7 +380,7 @@ def _draw_steps(fig, graph, records: list[dict], final: list[dict]) -> None:
         for rank in range(ranks):
             fig.add_trace(graph.Bar(
                 x=steps, y=[r["samples"][rank] if rank < len(r["samples"]) else 0 for r in final],
-                name=f"rank {rank}", marker_color=RANK_COLORS[rank % len(RANK_COLORS)], legendgroup="ranks",
+                name=f"rank {rank}", marker_color=rank_color(rank), legendgroup="ranks",
                 hovertemplate=f"step %{{x}}: rank {rank} trained on %{{y}} "
                 "samples<extra></extra>"), 4, 2)
     # from zero: with nothing pushed yet, plotly's empty axes had read negative ranks
@@ -439,7 +438,7 @@ def elastic_balance(trace, title: str | None = None, slow: dict | None = None):
     ranks = max((len(r["share"]) for r in rows), default=0)
     proportional = proportional_shares(ranks, slow) if steps else None
     for rank in range(ranks):
-        color = RANK_COLORS[rank % len(RANK_COLORS)]
+        color = rank_color(rank)
         fig.add_trace(graph.Scatter(x=steps, y=[r["share"][rank] for r in rows], mode="lines+markers",
                                     name=f"rank {rank}: batch share", line=dict(color=color),
                                     legendgroup=str(rank),
@@ -462,7 +461,7 @@ def elastic_balance(trace, title: str | None = None, slow: dict | None = None):
         fig.add_trace(graph.Scatter(
             x=[steps[0], steps[-1]], y=[share, share], mode="lines", legendgroup=str(rank),
             name=f"rank {rank}: in proportion to speed ({share:.0%}{slower})",
-            line=dict(color=RANK_COLORS[rank % len(RANK_COLORS)], dash="dot", width=1.5),
+            line=dict(color=rank_color(rank), dash="dot", width=1.5),
             hovertemplate=f"rank {rank}: {share:.0%} of the batch in proportion to "
                           "speed<extra></extra>"), 1, 1)
     fig.update_yaxes(title_text="share", tickformat=".0%", range=[0, 1], row=1, col=1)

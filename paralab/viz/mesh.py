@@ -14,13 +14,12 @@ from __future__ import annotations
 
 from paralab.layout import AXES, Layout
 from paralab.viz._common import (
-    EXTRA_COLORS,
-    MICROBATCH_COLORS,
     as_trace,
     fmt_bytes,
     go,
     layout_of,
     make_subplots,
+    rank_color,
     recorded_nodes,
     style,
 )
@@ -80,7 +79,6 @@ def mesh(obj, trace=None, nodes: int | None = None, title: str | None = None):
                         subplot_titles=[f"<b>{axis}</b>: {len(groups_of(layout, axis))} groups of "
                                         f"{len(groups_of(layout, axis)[0])}<br><sup>{WHAT[axis]}</sup>"
                                         for axis in axes])
-    colors = MICROBATCH_COLORS + EXTRA_COLORS
     drawn: dict[str, list[list[int]]] = {}
     width = layout.pp * (columns + 1) + 0.4  # grid units across a panel, margins included
     for i, axis in enumerate(axes):
@@ -88,7 +86,7 @@ def mesh(obj, trace=None, nodes: int | None = None, title: str | None = None):
         row, col = row + 1, col + 1
         drawn[axis] = []
         for g, group in enumerate(groups_of(layout, axis)):
-            color = colors[g % len(colors)]
+            color = rank_color(g)
             for rank in group:
                 x, y = cell(rank)
                 fig.add_shape(type="rect", x0=x - CELL / 2, x1=x + CELL / 2, y0=y - CELL / 2, y1=y + CELL / 2,
