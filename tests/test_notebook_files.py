@@ -7,6 +7,9 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+# what a collapsed answer cell shows of itself in JupyterLab: its first line, which gave the answer
+# away in most notebooks (a formula, an assert)
+ANSWER_FIRST_LINE = "# The answer, and why (open this cell once you have predicted).\n"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
@@ -23,6 +26,7 @@ def test_a_notebook_is_committed_clean_with_its_answers_tagged_and_collapsed(pat
     answers = [c for c in code if "answer" in c["metadata"].get("tags", [])]
     assert bool(answers) == has_exercises
     assert all("assert " in "".join(c["source"]) for c in answers), "an answer checks itself with an assert"
+    assert all(c["source"][0] == ANSWER_FIRST_LINE for c in answers), "a collapsed answer shows its answer"
 
 
 def test_every_notebook_is_read():
