@@ -71,6 +71,9 @@ def test_timeline_measured_rows_spans_and_bytes(ddp_run):
     assert by_name["all_reduce"].base[0] == pytest.approx((ar[0].start - t0) * 1e3)
     assert f"({ar[0].bytes} B)" in by_name["all_reduce"].hovertext[0]
     assert set(by_name["all_reduce"].y) == {"r0 comm", "r1 comm"}
+    # a pass's hover names no bytes ("bytes 0 B" had read as if the forward moved no data)
+    passes = [text for t in fig.data if t.name in ("forward", "backward") for text in t.hovertext]
+    assert passes and not any("bytes" in text for text in passes)
 
 
 def test_timeline_steps_filter(ddp_run):

@@ -129,7 +129,7 @@ def power_ticks(values: list[float]) -> tuple[list[float], list[str]]:
 
 
 # units of a time axis, largest first: the first whose numbers stay below 1000 over what is drawn
-TIME_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "us"))
+TIME_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"))
 
 
 def time_axis(times: list[float]) -> tuple[float, str, list[float]]:

@@ -179,7 +179,7 @@ def call_slots(spans: list[Span], waits: dict[int, Span] | None = None) -> dict[
 
 def _hover(s: Span, row: str, t0: float, wait: float | None = None,
            slot: tuple[int, int] | None = None) -> str:
-    """Hover text of one bar: name, kind and row, start and duration (ms), bytes (human and exact),
+    """Hover text of one bar: name, kind and row, start and duration (ms), a call's bytes (human and exact),
     for a split call its wait and transfer, and for a call in flight beside others its sub-row
     (``slot``: sub-row, sub-rows; :func:`call_slots`)."""
     if s.kind == WAITING:
@@ -189,7 +189,9 @@ def _hover(s: Span, row: str, t0: float, wait: float | None = None,
         return (f"<b>{s.name}</b><br>on {row}, from {(s.start - t0) * 1e3:.3f} ms for "
                 f"{(s.end - s.start) * 1e3:.3f} ms: computing nothing until the call returned")
     out = (f"<b>{s.name or s.kind}</b><br>{s.kind} on {row}<br>start {(s.start - t0) * 1e3:.3f} ms, "
-           f"duration {(s.end - s.start) * 1e3:.3f} ms<br>bytes {_bytes_label(s.bytes)}")
+           f"duration {(s.end - s.start) * 1e3:.3f} ms")
+    if s.lane == COMM or s.bytes:  # a pass moves none: "bytes 0 B" had read as if it moved no data
+        out += f"<br>bytes {_bytes_label(s.bytes)}"
     if wait is not None:
         out += (f"<br>waited {wait * 1e3:.3f} ms for the last participant, then moved data for "
                 f"{(s.end - s.start - wait) * 1e3:.3f} ms")
