@@ -22,7 +22,6 @@ so its peak is the peak of its heaviest cell.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -34,6 +33,8 @@ import time
 from pathlib import Path
 
 import psutil
+
+from paralab.bench import benchmark_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 2**30
@@ -150,7 +151,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--env", help="the environment's directory: built there if missing, kept after")
     parser.add_argument("--only", nargs="*", help="notebook names (stems) to run; default: all")
     parser.add_argument("--repeats", type=int, default=1,

@@ -17,10 +17,8 @@ hold).
 
 from __future__ import annotations
 
-import argparse
-
 import paralab
-from paralab.bench import Variant, compare
+from paralab.bench import Variant, benchmark_parser, compare
 from paralab.strategies.sequence_split import DIAGONAL_TILES
 from paralab.viz.context import attention_per_step
 
@@ -43,7 +41,7 @@ def balance(cps: list[int], steps: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--seq", type=int, default=4096, help="tokens per sequence")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=64)

@@ -7,13 +7,11 @@ Runs are interleaved in one invocation and compared as ratios of median step tim
 
 from __future__ import annotations
 
-import argparse
-
-from paralab.bench import Variant, add_benchmark_args, compare
+from paralab.bench import Variant, add_benchmark_args, benchmark_parser, compare
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__doc__)
     add_benchmark_args(parser, model="small", steps=6, global_batch=8, rounds=3)
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--bucket-mb", type=float, default=25.0)

@@ -4,20 +4,18 @@
    kill -> first survivor noticing (detection), detection -> first resumed step completed (recovery,
    which includes the keep-alive expiry, the rendezvous's last call and the new workers' start-up),
    and the steps redone from the last checkpoint.
-2. Balancing: 2 nodes, rank 1 slowed by each factor; median step time with the even split over the
-   median with ``--balance``, from runs interleaved in the same invocation (``--rounds`` of each; the
-   median over rounds), reported as a ratio so that a machine shared with other work compares fairly.
+2. Balancing: 2 nodes, rank 1 slowed by each factor; the step time with the even split over the one
+   with ``--balance``, from runs interleaved in the same invocation (``paralab.bench.compare``:
+   ``--rounds`` of each, the order reversed every other round, the median of the rounds' own ratios),
+   so that a machine shared with other work compares fairly.
 
     python benchmarks/bench_elastic.py --model small --global-batch 24 --micro-batch 4 --rounds 2
 """
 
 from __future__ import annotations
 
-import argparse
-import statistics
-
 from paralab import elastic
-from paralab.bench import add_benchmark_args
+from paralab.bench import Variant, add_benchmark_args, benchmark_parser, compare
 
 
 def recovery(args) -> None:
@@ -36,25 +34,22 @@ def recovery(args) -> None:
 def balancing(args) -> None:
     print(f"\n### balancing: 2 nodes, rank 1 slowed, model {args.model}, global batch {args.global_batch}\n")
     print("| slow factor | even split step (ms) | balanced step (ms) | gain (even / balanced) "
-          "| ideal (1+F)/2 | slow rank's share |")
-    print("|---:|---:|---:|---:|---:|---:|")
+          "| ideal (1+F)/2 | slow rank's share | ideal 1/(1+F) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     common = dict(nodes=2, min_nodes=2, max_nodes=2, steps=args.steps, model=args.model,
                   global_batch=args.global_batch, micro_batch=args.micro_batch, trace=False)
+    variants = [Variant.of("even"), Variant.of("balanced", balance=True)]
     for factor in args.factors:
-        slow = {"rank": 1, "factor": factor}
-        even, balanced, share = [], [], 0.0
-        for _ in range(args.rounds):
-            even.append(elastic.run(slow=slow, **common).summary["step_time_s"])
-            summary = elastic.run(slow=slow, balance=True, **common).summary
-            balanced.append(summary["step_time_s"])
-            share = summary["samples_per_rank"][-1][1] / args.global_batch
-        e, b = statistics.median(even), statistics.median(balanced)
-        print(f"| {factor:g} | {e * 1e3:.1f} | {b * 1e3:.1f} | {e / b:.2f}x | {(1 + factor) / 2:.2f}x | "
-              f"{share:.0%} |")
+        result = compare(variants, args.rounds, {**common, "slow": {"rank": 1, "factor": factor}},
+                         run=elastic.run)
+        share = result.summaries["balanced"]["samples_per_rank"][-1][1] / args.global_batch
+        print(f"| {factor:g} | {result.median('even') * 1e3:.1f} | {result.median('balanced') * 1e3:.1f} "
+              f"| {result.ratio('even', 'balanced'):.2f}x | {(1 + factor) / 2:.2f}x | {share:.0%} "
+              f"| {1 / (1 + factor):.0%} |")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__doc__)
     add_benchmark_args(parser, model="tiny", steps=10, global_batch=48, rounds=1)
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--micro-batch", type=int, default=8)

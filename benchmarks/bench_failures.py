@@ -17,7 +17,6 @@ printed as a Markdown table (docs/failures.md quotes it; elastic figures: benchm
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -29,6 +28,8 @@ import time
 from pathlib import Path
 
 import psutil
+
+from paralab.bench import benchmark_parser
 
 # Each launcher records when rank 1's files first appear (its heartbeat per step, its error report).
 RUN = """
@@ -124,7 +125,7 @@ def nodes_raising_rank(tmp: Path) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     cases = [("a rank raises: report -> RunError", raising_rank),

@@ -10,14 +10,12 @@ them (torch_hybrid's collectives run inside torch and are not traced).
 
 from __future__ import annotations
 
-import argparse
-
-from paralab.bench import Variant, add_benchmark_args, compare
+from paralab.bench import Variant, add_benchmark_args, benchmark_parser, compare
 from paralab.layout import mesh_layout
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__doc__)
     add_benchmark_args(parser, model="small", steps=6, global_batch=8, rounds=3)
     parser.add_argument("--dp", type=int, default=2)
     parser.add_argument("--tp", type=int, default=2)

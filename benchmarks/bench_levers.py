@@ -1,16 +1,15 @@
 """The training levers against the run without them: bf16 against fp32, selective and full
 recomputation against none, accumulation K = 4 against K = 1 at the same global batch; step time as
-ratios of interleaved runs (paralab.bench), and peak memory by kind, measured and predicted.
+ratios of interleaved runs (paralab.bench), and the peak memory and what it holds, measured and
+predicted.
 
     python benchmarks/bench_levers.py --model small --world-size 2 --rounds 3
 """
 
 from __future__ import annotations
 
-import argparse
-
 from paralab import RunConfig
-from paralab.bench import Variant, add_benchmark_args, compare
+from paralab.bench import Variant, add_benchmark_args, benchmark_parser, compare
 from paralab.sim.bridge import predict_memory
 
 VARIANTS = [
@@ -23,22 +22,26 @@ VARIANTS = [
 
 
 def memory_table(result, common: dict) -> str:
-    """Each variant's measured high-water marks (rank 0) beside the simulator's prediction, in MiB."""
-    rows = ["| variant | activations measured | predicted | model states measured | predicted |",
-            "|---|---:|---:|---:|---:|"]
+    """Each variant's peak on rank 0 and what it holds then, measured beside the simulator's prediction
+    of the same moment (``predict_memory``: the step's peak, by kind), in MiB; and the activations'
+    own high-water mark, measured (what a lever saves, whenever in the step it falls)."""
+    rows = ["| variant | peak measured | predicted | activations at the peak measured | predicted "
+            "| model states at the peak measured | predicted | activations' high-water mark measured |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for v in result.variants:
-        measured = result.summaries[v.label]["memory_max_by_kind"][0]
+        summary = result.summaries[v.label]
+        at_peak = summary["memory_by_kind"][0]
         options = {k: val for k, val in {**common, **v.options}.items() if k not in ("model",)}
         predicted = predict_memory(RunConfig.build(common["model"], **options))
-        states = [sum(d[k] for k in ("params", "grads", "optimizer")) for d in (measured, predicted)]
-        rows.append(f"| {v.label} | {measured['activations'] / 2**20:.1f} | "
-                    f"{predicted['activations'] / 2**20:.1f} | {states[0] / 2**20:.1f} | "
-                    f"{states[1] / 2**20:.1f} |")
+        states = [sum(d[k] for k in ("params", "grads", "optimizer")) for d in (at_peak, predicted)]
+        mib = [summary["peak_memory_bytes"][0], predicted["total"], at_peak["activations"],
+               predicted["activations"], *states, summary["memory_max_by_kind"][0]["activations"]]
+        rows.append(f"| {v.label} | " + " | ".join(f"{b / 2**20:.1f}" for b in mib) + " |")
     return "\n".join(rows)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__doc__)
     add_benchmark_args(parser, model="small", steps=6, global_batch=16, rounds=3)
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--strategy", default="ddp")

@@ -18,10 +18,9 @@ Every table compares runs made in the same invocation, interleaved round by roun
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 
-from paralab.bench import Variant, add_benchmark_args, compare
+from paralab.bench import Variant, add_benchmark_args, benchmark_parser, compare
 from paralab.config import MODEL_PRESETS
 from paralab.moe_load import expert_load
 
@@ -77,7 +76,7 @@ def schedules(args) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__doc__)
     add_benchmark_args(parser, model="small-moe", steps=5, global_batch=8, rounds=3)
     parser.add_argument("--pp", type=int, default=2)
     parser.add_argument("--microbatches", type=int, default=8)

@@ -12,10 +12,8 @@ schedule's closed form for equal-time stages.
 
 from __future__ import annotations
 
-import argparse
-
 import paralab
-from paralab.bench import Variant, add_benchmark_args, compare
+from paralab.bench import Variant, add_benchmark_args, benchmark_parser, compare
 
 CASES = [("gpipe", 2), ("gpipe", 4), ("1f1b", 2), ("1f1b", 4)]
 BUBBLE_CASES = [("gpipe", 2, 1, 1), ("gpipe", 2, 8, 1), ("1f1b", 4, 8, 1), ("interleaved", 2, 8, 2),
@@ -48,7 +46,7 @@ def bubbles(args) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__doc__)
     add_benchmark_args(parser, model="small", steps=6, global_batch=16, rounds=2)
     parser.add_argument("--microbatches", type=int, default=8)
     args = parser.parse_args()

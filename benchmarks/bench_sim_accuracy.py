@@ -18,11 +18,10 @@ Nothing here is fitted per case: the same calibrated machine predicts every row.
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 
-from paralab.bench import Variant, add_benchmark_args, compare
+from paralab.bench import Variant, add_benchmark_args, benchmark_parser, compare
 
 
 def cases(args) -> list[tuple[str, dict]]:
@@ -44,7 +43,7 @@ def main() -> None:
     from paralab.config import RunConfig
     from paralab.sim.bridge import predict_run
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__doc__)
     add_benchmark_args(parser, model="small", steps=10, global_batch=8, rounds=2)
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--microbatches", type=int, default=4)
@@ -72,6 +71,8 @@ def main() -> None:
     for label, _ in todo:
         rows.append(f"| {label} | {statistics.median(measured[label]):.4f} | "
                     f"{statistics.median(predicted[label]):.4f} | {statistics.median(errors[label]):+.0%} |")
+    # issue 17's goal: the median over the runs of their errors
+    rows.append(f"| median | | | {statistics.median(statistics.median(e) for e in errors.values()):+.0%} |")
     print(f"\n{args.model} preset, world size {args.world_size}, global batch {args.global_batch}, "
           f"{args.microbatches} microbatches for pp, {args.steps} steps, {args.rounds} round(s)"
           f"{' each after its own calibration' if args.calibrate_each_round else ''}; load average "

@@ -8,7 +8,7 @@ error over the runs the model reproduces and over all of them, and the scaling l
 
 from __future__ import annotations
 
-import argparse
+from paralab.bench import benchmark_parser
 
 
 def number(x: float) -> str:
@@ -47,5 +47,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help, and no stray flags
+    benchmark_parser(__doc__).parse_args()  # --help, and no stray flags
     main()

@@ -13,11 +13,12 @@ and planning it there (uneven splits and ZeRO beside pipelines widen the search)
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import subprocess
 import sys
 import time
+
+from paralab.bench import benchmark_parser
 
 
 def _timed(fn) -> float:
@@ -71,5 +72,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help, and no stray flags
+    benchmark_parser(__doc__).parse_args()  # --help, and no stray flags
     main()

@@ -9,9 +9,7 @@ and are not traced).
 
 from __future__ import annotations
 
-import argparse
-
-from paralab.bench import Variant, add_benchmark_args, compare
+from paralab.bench import Variant, add_benchmark_args, benchmark_parser, compare
 
 
 def comm_table(result, labels: list[str]) -> str:
@@ -25,7 +23,7 @@ def comm_table(result, labels: list[str]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__doc__)
     add_benchmark_args(parser, model="small", steps=6, global_batch=8, rounds=3)
     parser.add_argument("--tp", type=int, nargs="+", default=[2, 4])
     args = parser.parse_args()

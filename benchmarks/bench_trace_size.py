@@ -10,13 +10,14 @@ a million spans well under a minute on the development box; memory in proportion
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from paralab.bench import benchmark_parser
 
 RANKS, COMPUTE, COMM = 8, 6, 3
 
@@ -55,7 +56,7 @@ def timed(args: list[str]) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--spans", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--report", action="store_true", help="time `paralab report` on the merged trace too")
     args = parser.parse_args()

@@ -14,10 +14,8 @@ markdown tables.
 
 from __future__ import annotations
 
-import argparse
-
 import paralab
-from paralab.bench import Variant, add_benchmark_args, compare
+from paralab.bench import Variant, add_benchmark_args, benchmark_parser, compare
 
 
 def speed(model: str, sizes: list[int], rounds: int, steps: int, batch: int) -> list[str]:
@@ -48,7 +46,7 @@ def memory(model: str, sizes: list[int], steps: int, batch: int, bucket_mb: floa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__doc__)
     add_benchmark_args(parser, model="tiny", steps=6, global_batch=16, rounds=3)
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--bucket-mb", type=float, default=0.25,

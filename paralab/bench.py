@@ -12,6 +12,7 @@ round, so the machine drifting between rounds cancels within each pair.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 from dataclasses import dataclass, field
 
@@ -52,9 +53,11 @@ class Comparison:
         return "\n".join(rows)
 
 
-def compare(variants: list[Variant], rounds: int = 3, common: dict | None = None) -> Comparison:
-    """Run each variant ``rounds`` times, interleaved; ``common`` options apply to every run.
-    ConfigError (before any run) for fewer than one round or two variants of one label."""
+def compare(variants: list[Variant], rounds: int = 3, common: dict | None = None, run=None) -> Comparison:
+    """Run each variant ``rounds`` times, interleaved; ``common`` options apply to every run. ``run``
+    starts one (``paralab.run`` unless given; ``paralab.elastic.run`` for elastic training): whatever
+    it returns has a ``summary`` with ``step_time_s``. ConfigError (before any run) for fewer than one
+    round or two variants of one label."""
     import paralab
     from paralab.config import ConfigError
 
@@ -67,10 +70,16 @@ def compare(variants: list[Variant], rounds: int = 3, common: dict | None = None
     result = Comparison(variants, {v.label: [] for v in variants})
     for round_ in range(rounds):
         for v in variants if round_ % 2 == 0 else variants[::-1]:
-            run = paralab.run(**{**(common or {}), **v.options})
-            result.step_times[v.label].append(run.summary["step_time_s"])
-            result.summaries[v.label] = run.summary
+            summary = (run or paralab.run)(**{**(common or {}), **v.options}).summary
+            result.step_times[v.label].append(summary["step_time_s"])
+            result.summaries[v.label] = summary
     return result
+
+
+def benchmark_parser(doc: str) -> argparse.ArgumentParser:
+    """A benchmark script's parser, its --help opening with the script's docstring's first paragraph
+    (the first line alone had stopped mid-sentence)."""
+    return argparse.ArgumentParser(description=" ".join(doc.split("\n\n")[0].split()))
 
 
 def add_benchmark_args(parser, model: str = "tiny", steps: int = 6, global_batch: int = 8,
