@@ -27,3 +27,16 @@ def at_commas(text: str, head: str = "", indent: str = "  ", width: int = WIDTH)
         fresh = False
     return "\n".join(textwrap.fill(line, width, subsequent_indent=indent, break_on_hyphens=False)
                      for line in lines)
+
+
+def steps_said(steps: list[int]) -> str:
+    """Step numbers in order, as a sentence names them: "step 3", "steps 1-5" where consecutive, else
+    "steps 2, 5, 9" (the first and last few past six: "steps 0, 2, 4 ... 40, 42, 44 (23 steps)")."""
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    if steps == list(range(steps[0], steps[-1] + 1)):
+        return f"steps {steps[0]}-{steps[-1]}"
+    if len(steps) <= 6:
+        return "steps " + ", ".join(map(str, steps))
+    return (f"steps {', '.join(map(str, steps[:3]))} ... {', '.join(map(str, steps[-3:]))} "
+            f"({len(steps)} steps)")

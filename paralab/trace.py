@@ -356,8 +356,8 @@ class Trace:
                 windows[s.rank][s.step] = (min(lo, s.start), max(hi, s.end))
         return {rank: dict(sorted(own.items())) for rank, own in sorted(windows.items())}
 
-    def step_times(self) -> list[float]:
-        """Each step's time, in step order: the longest of its ranks' own step spans (a synchronous
+    def step_times_by_step(self) -> dict[int, float]:
+        """step -> its time, in step order: the longest of its ranks' own step spans (a synchronous
         step waits for its slowest rank). Not the window over all ranks, which holds the ranks'
         offsets from one another too: a DDP job whose ranks run a few ms apart would read each step
         that much longer than it took."""
@@ -365,11 +365,22 @@ class Trace:
         for own in self.rank_step_windows().values():
             for step, (lo, hi) in own.items():
                 longest[step] = max(longest.get(step, 0.0), hi - lo)
-        return [longest[step] for step in sorted(longest)]
+        return dict(sorted(longest.items()))
+
+    def step_times(self) -> list[float]:
+        """Each step's time, in step order (:meth:`step_times_by_step`)."""
+        return list(self.step_times_by_step().values())
+
+    def typical_steps(self) -> list[int]:
+        """The steps a trace's figures are taken over: those its ranks have step spans of, past the
+        job's warm-up (:func:`past_warm_up`)."""
+        return past_warm_up(list(self.step_times_by_step()))
 
     def median_step_time(self) -> float:
-        """Median step time over the steps after the first (:func:`median_after_first`)."""
-        return median_after_first(self.step_times())
+        """Median time of the :meth:`typical_steps`."""
+        times = self.step_times_by_step()
+        typical = [times[step] for step in past_warm_up(list(times))]
+        return statistics.median(typical) if typical else 0.0
 
     def busy_time(self, rank: int, lane: str = COMPUTE, window: tuple[float, float] | None = None) -> float:
         """Time covered by the rank's spans on a lane (overlaps counted once), clipped to a window: on
@@ -378,11 +389,11 @@ class Trace:
         return union.length if window is None else union.covered(*window)
 
     def _chosen_windows(self, steps: list[int] | None = None) -> dict[int, list[tuple[float, float]]]:
-        """Per rank: its own windows of ``steps`` (the steps after the first unless given), which it
+        """Per rank: its own windows of ``steps`` (the :meth:`typical_steps` unless given), which it
         has a span for; a rank with no step spans of its own takes the windows over all ranks."""
         own = self.rank_step_windows()
         everyone = _over_ranks(own)
-        chosen = steps if steps is not None else _after_first(list(everyone))
+        chosen = steps if steps is not None else past_warm_up(list(everyone))
         return {rank: [windows[k] for k in chosen if k in windows]
                 for rank in self.ranks for windows in [own.get(rank) or everyone]}
 
@@ -428,7 +439,7 @@ class Trace:
 
     def bubble_fraction(self) -> float:
         """The mean over ranks of each one's idle share of its own steps (:meth:`idle_fraction`), over
-        the steps after the first."""
+        the :meth:`typical_steps`."""
         fractions = self.idle_fraction()
         return sum(fractions.values()) / len(fractions) if fractions else 0.0
 
@@ -542,7 +553,7 @@ class Trace:
                 send.end, send.waited_s = landed, 0.0
 
     def time_breakdown(self) -> dict[int, dict[str, float]]:
-        """Per rank, seconds per step (steps after the first): where the step's time went.
+        """Per rank, seconds per step (the :meth:`typical_steps`): where the step's time went.
 
         ``compute_s`` computing (waits inside compute spans left out: :meth:`computing`); ``comm_s``
         communicating, split two ways: into ``overlapped_comm_s`` (while also computing) and
@@ -843,8 +854,12 @@ def _over_ranks(own: dict[int, dict[int, tuple[float, float]]]) -> dict[int, tup
     return dict(sorted(windows.items()))
 
 
-def _after_first(steps: list[int]) -> list[int]:
-    return steps[1:] if len(steps) > 1 else steps
+def past_warm_up(steps: list[int]) -> list[int]:
+    """``steps`` (in order) without a job's first, step 0, which pays for warm-up (allocations, the
+    first calls' set-up), where there are others. A trace whose first step is later keeps them all:
+    torch.profiler's schedule records only after steps of its own to wait and warm up (a profile of
+    steps 2 and 3 had been summarised from step 3 alone)."""
+    return [step for step in steps if step != 0] or steps
 
 
 class Covered:

@@ -59,6 +59,7 @@ from paralab.schedules import (
     chunks_per_rank,
     shape_problems,
 )
+from paralab.text import steps_said
 from paralab.trace import COMM, GZIP_MAGIC, MAX_RANKS, STEP, Span, Trace
 from paralab.trace_ops import DEVICE_CATS, HOST_CATS, Event, comm_spans, compute_spans
 
@@ -128,7 +129,13 @@ def expand(paths) -> list[tuple[Path, bool]]:
             found = sorted((p for p in path.iterdir() if p.name.endswith((".json", ".json.gz"))),
                            key=lambda p: [int(n) if n.isdigit() else n for n in re.split(r"(\d+)", p.name)])
             if not found:
-                raise ProfileError(f"{path}: no .json or .json.gz traces in this directory")
+                # traces in folders below it (a TensorBoard log dir's plugins/profile/<run>/, one per run)
+                below = sorted({p.parent for p in path.rglob("*.json*")
+                                if p.name.endswith((".json", ".json.gz"))})
+                hint = f": give the directory that holds them, {below[0]}" if len(below) == 1 else (
+                    f": they are in {len(below)} directories below it, {below[0]} first; give one run's"
+                    if below else "")
+                raise ProfileError(f"{path}: no .json or .json.gz traces in this directory{hint}")
             files += [(p, False) for p in found]
         else:
             files.append((path, True))
@@ -353,6 +360,10 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
         else:
             spans_by_rank[rank] = torch_spans(profile, rank, world)
             offsets[rank] = None
+    if not any(s.lane != STEP for spans in spans_by_rank.values() for s in spans):
+        raise ProfileError(f"{', '.join(str(p.path) for p in profiles)}: no rank recorded an operator or a "
+                           "collective, nothing to import (a repeating schedule's last, almost empty files? "
+                           "give the files of a cycle that recorded its steps)")
     clock = _align(spans_by_rank, profiles, ranks, offsets, world, paralab_clock=use_paralab)
     hosts = sorted({p.host for p in profiles})
     node_of = {rank: hosts.index(p.host) for rank, p in zip(ranks, profiles)}
@@ -697,8 +708,10 @@ def import_main(args) -> int:
     if args.json:
         print(json_text(_import_json(trace, summary, out)))
         return 0
+    typical = trace.typical_steps()
     print(f"imported {len(trace.ranks)} rank(s), {len(trace.step_windows())} step(s), "
-          f"{len(trace.spans)} spans -> {out}; median step {summary['step_time_s'] * 1e3:.1f} ms")
+          f"{len(trace.spans)} spans -> {out}; median step {summary['step_time_s'] * 1e3:.1f} ms"
+          + (f" (of {steps_said(typical)})" if typical else ""))
     for line in _comm_lines(summary, set(trace.meta.get("bytes_unknown_ops", []))):
         print(f"  {line}")
     if "memory_note" in trace.meta:

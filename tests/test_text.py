@@ -1,6 +1,6 @@
 """paralab.text: generated sentences printed in lines a notebook cell shows whole."""
 
-from paralab.text import at_commas
+from paralab.text import at_commas, steps_said
 
 
 def test_a_long_sentence_breaks_after_its_commas_within_the_width():
@@ -16,3 +16,10 @@ def test_a_short_sentence_is_left_whole_and_a_long_word_run_breaks_at_spaces():
     assert at_commas("tp 8, pp 16") == "tp 8, pp 16"
     long = "word " * 40
     assert all(len(line) <= 50 for line in at_commas(long.strip(), width=50).split("\n"))
+
+
+def test_steps_are_said_as_a_range_a_list_or_their_ends():
+    assert steps_said([3]) == "step 3"
+    assert steps_said([1, 2, 3, 4, 5]) == "steps 1-5"
+    assert steps_said([2, 5, 9]) == "steps 2, 5, 9"
+    assert steps_said(list(range(0, 46, 2))) == "steps 0, 2, 4 ... 40, 42, 44 (23 steps)"

@@ -37,6 +37,25 @@ def test_metrics_of_a_known_trace():
     assert s["per_rank"][0]["comm_s"] == pytest.approx(4.0)
 
 
+@pytest.mark.parametrize("lengths, typical, median", [
+    ({0: 10.0, 1: 1.0, 2: 3.0}, [1, 2], 2.0),  # a job's first step pays for warm-up: left out
+    ({2: 1.0, 3: 3.0}, [2, 3], 2.0),  # torch.profiler's schedule warmed up before step 2: both kept
+    ({0: 4.0}, [0], 4.0),  # the only step there is
+])
+def test_the_figures_are_taken_past_a_jobs_warm_up_step(lengths, typical, median):
+    """A profile of steps 2 and 3 (``schedule(wait=1, warmup=1, active=2)``) had been summarised from
+    step 3 alone, as if step 2 were the job's warm-up."""
+    spans = [Span(rank, STEP, "step", 20.0 * step, 20.0 * step + took, step=step)
+             for rank in (0, 1) for step, took in lengths.items()]
+    spans += [Span(0, COMPUTE, "forward", 20.0 * step, 20.0 * step + 1.0, step=step) for step in lengths]
+    trace = Trace(spans=spans)
+    assert trace.typical_steps() == typical and trace.median_step_time() == median
+    assert trace.step_times_by_step() == lengths
+    # rank 0 computes 1 s of each step, rank 1 nothing: idle against the typical steps' mean length
+    mean = sum(lengths[step] for step in typical) / len(typical)
+    assert trace.idle_fraction() == pytest.approx({0: 1 - 1.0 / mean, 1: 1.0})
+
+
 def staggered_trace(lag: float, cut: int = 0) -> Trace:
     """Two ranks whose 10 s steps tile their own time, rank 1 ``lag`` s behind rank 0, and rank 1
     missing its last ``cut`` steps (a profile cut short)."""

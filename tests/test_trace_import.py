@@ -635,9 +635,14 @@ def test_what_a_profile_cannot_say_per_step_or_per_group_is_said(tmp_path):
     with pytest.warns(ProfileWarning, match="no ProfilerStep ranges"):  # a notebook hears it too
         (said,) = import_profile([stepless]).meta["warnings"]
     assert said.startswith(f"{stepless}: no ProfilerStep ranges") and "the whole profile's" in said
-    empty = tmp_path / "empty.json"  # a schedule's last cycle: its step, nothing in it
-    empty.write_text(json.dumps({"traceEvents": [_event("ProfilerStep#1", "user_annotation", dur=50.0)]}))
-    assert "rank(s) 0 recorded no operators" in import_profile([empty]).meta["warnings"][0]
+    empty = tmp_path / "empty.json"  # a schedule's last cycle: its steps, nothing in them
+    steps = [_event(f"ProfilerStep#{n}", "user_annotation", ts=10_000.0 * n, dur=5000.0) for n in (1, 2)]
+    empty.write_text(json.dumps({"traceEvents": steps, "distributedInfo": {"rank": 1, "world_size": 2}}))
+    with pytest.warns(ProfileWarning, match=r"rank\(s\) 1 recorded no operators"):
+        import_profile([_gloo_rank(tmp_path / "r0.json", 0), empty])
+    # every rank empty: nothing to import (it had imported, exit 0, with a median step of 0.0 ms)
+    with pytest.raises(ProfileError, match=r"empty.json: no rank recorded an operator or a collective"):
+        import_profile([empty])
     files = [_world_of_four_rank(tmp_path / f"g{r}.json", r, "vm", 0.0) for r in range(4)]
     for r, path in enumerate(files):
         data = json.loads(Path(path).read_text())
@@ -915,3 +920,27 @@ def test_pipeline_facts_given_are_checked_against_the_sends_the_profile_records(
         assert not warnings
     else:
         assert len(warnings) == 1 and says in warnings[0], warnings
+
+
+def test_the_import_line_says_which_steps_its_median_is_of(tmp_path, capsys):
+    """torch.profiler's schedule records after steps of its own (here 1 and 2): both are the job's
+    training steps, and the median is of both."""
+    files = [_gloo_rank(tmp_path / f"r{r}.json", r) for r in (0, 1)]
+    assert cli_main(["import", *files, "-o", str(tmp_path / "t.json")]) == 0
+    assert "2 step(s)" in (out := capsys.readouterr().out) and "median step 5.0 ms (of steps 1-2)" in out
+
+
+def test_a_directory_without_traces_says_where_below_it_they_are(tmp_path):
+    """A TensorBoard log dir keeps each run's traces in plugins/profile/<run>/: the refusal had said
+    only that the directory held none."""
+    with pytest.raises(ProfileError, match=r"no \.json or \.json\.gz traces in this directory$"):
+        import_profile(tmp_path)
+    run = tmp_path / "plugins" / "profile" / "2026_12_06"
+    run.mkdir(parents=True)
+    _gloo_rank(run / "r0.json", 0)
+    with pytest.raises(ProfileError, match=f"in this directory: give the directory that holds them, {run}$"):
+        import_profile(tmp_path)
+    (tmp_path / "other").mkdir()
+    _gloo_rank(tmp_path / "other" / "r0.json", 0)
+    with pytest.raises(ProfileError, match=r"they are in 2 directories below it, .*; give one run's$"):
+        import_profile(tmp_path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 
+from paralab.trace import past_warm_up
 from paralab.viz._common import (
     RANK_COLORS,
     byte_scale,
@@ -27,14 +28,15 @@ SPLIT_CHUNKS = {"zigzag": "zig-zag: chunks r and 2N−1−r of the 2N",
 
 
 def attention_per_step(run, key: str = "attention_cpu_s") -> list[float]:
-    """Per rank of a cp run: its attention work per step, the median over the steps after the first.
+    """Per rank of a cp run: its attention work per step, the median over the steps past warm-up
+    (:func:`paralab.trace.past_warm_up`).
     ``key``: ``attention_cpu_s`` (its own thread's CPU seconds, waits for a core excluded) or
     ``attention_pairs`` (the query-key pairs its tiles computed, the same every step)."""
     out = []
     for result in run.rank_results:
         per_step = result[key]
-        steps = sorted(per_step, key=int)
-        out.append(statistics.median(per_step[s] for s in (steps[1:] or steps)))
+        steps = past_warm_up(sorted(map(int, per_step)))
+        out.append(statistics.median(per_step[str(s)] for s in steps))
     return out
 
 

@@ -14,6 +14,7 @@ Both figures read the ``moe.*`` counters a run's MoE layers record in its trace
 from __future__ import annotations
 
 from paralab.moe_load import expert_load as load_of
+from paralab.trace import past_warm_up
 from paralab.viz._common import as_trace, go, kind_color, make_subplots, style
 
 
@@ -68,7 +69,7 @@ def expert_load(trace, title: str | None = None, most_tokens: int | None = None,
 
 
 def expert_cost(trace, title: str | None = None):
-    """Per rank, over the steps after the first, side by side: the tokens its experts computed (left
+    """Per rank, over the steps past warm-up, side by side: the tokens its experts computed (left
     panel) and the milliseconds it spent in all-to-alls (right panel). Two panels, each with its own
     axis from zero, since tokens and milliseconds do not share a scale: compare the ranks within a
     panel, and the order of the ranks across the two. The straggler's bars are outlined.
@@ -80,7 +81,7 @@ def expert_cost(trace, title: str | None = None):
     load = load_of(trace)
     if not load.routed:
         raise ValueError("this trace has no mixture-of-experts counters (a dense model, or tracing was off)")
-    steps = load.steps[1:] or load.steps
+    steps = past_warm_up(load.steps)
     ranks = load.ranks
     received = [sum(load.received_per_rank(step)[i] for step in steps) / len(steps)
                 for i in range(len(ranks))]

@@ -22,6 +22,7 @@ import html
 import sys
 from pathlib import Path
 
+from paralab.text import steps_said
 from paralab.trace import SPAN_FIGURES, Trace, not_measured, pipelined, unmeasured_why
 
 
@@ -196,7 +197,10 @@ def write_report(trace_or_result, path: str | Path, *, predicted=None, title: st
     ranks = len(trace.ranks)
     title = title or (f"paralab report: {summary.get('strategy') or trace.meta.get('source') or 'trace'} "
                       f"on {ranks} ranks")
-    subtitle = (f"{ranks} ranks · {len(trace.spans)} spans · {len(trace.step_windows())} steps · "
+    typical = trace.typical_steps()
+    past_warm_up = typical and len(typical) < len(trace.step_windows())
+    over = f" (its figures over {steps_said(typical)})" if past_warm_up else ""
+    subtitle = (f"{ranks} ranks · {len(trace.spans)} spans · {len(trace.step_windows())} steps{over} · "
                 f"written {datetime.datetime.now().isoformat(timespec='seconds')}")
     page = PAGE.format(title=html.escape(title), subtitle=html.escape(subtitle), notes=notes_list(trace.meta),
                        table=summary_table(summary),

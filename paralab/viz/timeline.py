@@ -31,7 +31,7 @@ from collections import defaultdict
 from functools import lru_cache
 
 from paralab.schedules import PASS_LETTERS
-from paralab.trace import COMM, COMPUTE, EVENT, Span, Trace
+from paralab.trace import COMM, COMPUTE, EVENT, Span, Trace, past_warm_up
 from paralab.viz._common import (
     BLOCKED,
     BLOCKED_LABEL,
@@ -439,26 +439,20 @@ def timeline(trace, predicted=None, *, lanes=DEFAULT_LANES, steps=None, predicte
         fig.for_each_xaxis(lambda axis: axis.update(title_text=key) if axis.title.text else None)
     n_rows = len(rows) + len(meta.get("predicted_rows", []))
     if typical:
-        note = MEDIAN_NOTE.format(step_times_by_step(trace)[steps[0]] * 1e3, trace.median_step_time() * 1e3)
+        note = MEDIAN_NOTE.format(trace.step_times_by_step()[steps[0]] * 1e3, trace.median_step_time() * 1e3)
     title = title or _default_title(trace, steps) + (note if typical else "")
     return style(fig, title, height or min(200 + 22 * n_rows, 1600))
 
 
 def median_step(trace: Trace) -> int:
-    """The step, after the first (warm-up), whose time is nearest the median step time: the step a
-    timeline shows as typical. The last step need not be: one noisy send had stretched notebook 02's
-    last step to 103 ms against a 58 ms median."""
-    timed = list(step_times_by_step(trace).items())
-    if not timed:
+    """The step, of the trace's typical ones (past warm-up), whose time is nearest the median step
+    time: the step a timeline shows as typical. The last step need not be: one noisy send had
+    stretched notebook 02's last step to 103 ms against a 58 ms median."""
+    times = trace.step_times_by_step()
+    if not times:
         raise ValueError("steps='median' needs a trace with step spans (a measured or simulated run's)")
     median = trace.median_step_time()
-    return min(timed[1:] or timed, key=lambda st: abs(st[1] - median))[0]
-
-
-def step_times_by_step(trace: Trace) -> dict[int, float]:
-    """step -> its time (:meth:`Trace.step_times`, which lists them in step order)."""
-    steps = sorted({step for own in trace.rank_step_windows().values() for step in own})
-    return dict(zip(steps, trace.step_times()))
+    return min(past_warm_up(list(times)), key=lambda step: abs(times[step] - median))
 
 
 def microbatch_key(spans: list[Span]) -> str:

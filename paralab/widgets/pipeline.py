@@ -26,7 +26,7 @@ from paralab.schedules import (
     theoretical_bubble,
 )
 from paralab.sim.events import simulate_schedule
-from paralab.trace import COMPUTE, Trace
+from paralab.trace import COMPUTE, Trace, past_warm_up
 from paralab.viz.bubble import lower_bound
 from paralab.viz.timeline import microbatch_key, rows_axis
 from paralab.widgets._common import attach, figure_widget, message, redrawn, refuse, replace_figure, widgets
@@ -63,9 +63,8 @@ def drawable(stages: int, microbatches: int, chunks_per_rank: int) -> bool:
 
 
 def measured_times(trace: Trace) -> dict[str, float]:
-    """Mean seconds per compute op in a measured trace (steps after the first), for re-timing the sim."""
-    steps = sorted({s.step for s in trace.spans if s.step is not None})
-    later = set(steps[1:]) or set(steps)
+    """Mean seconds per compute op in a measured trace (steps past warm-up), for re-timing the sim."""
+    later = set(past_warm_up(sorted({s.step for s in trace.spans if s.step is not None})))
     sums: dict[str, list[float]] = {}
     for s in trace.select(lane=COMPUTE):
         if s.step in later and s.kind in UNIT_TIMES:
