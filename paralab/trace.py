@@ -388,13 +388,14 @@ class Trace:
         union = Covered([(s.start, s.end) for s in self.spans if s.rank == rank and s.lane == lane])
         return union.length if window is None else union.covered(*window)
 
-    def _chosen_windows(self, steps: list[int] | None = None) -> dict[int, list[tuple[float, float]]]:
-        """Per rank: its own windows of ``steps`` (the :meth:`typical_steps` unless given), which it
-        has a span for; a rank with no step spans of its own takes the windows over all ranks."""
+    def _chosen_windows(self, steps: list[int] | None = None) -> dict[int, dict[int, tuple[float, float]]]:
+        """Per rank: step -> its own window, for each of ``steps`` (the :meth:`typical_steps` unless
+        given) it has a span for; a rank with no step spans of its own takes the windows over all
+        ranks."""
         own = self.rank_step_windows()
         everyone = _over_ranks(own)
         chosen = steps if steps is not None else past_warm_up(list(everyone))
-        return {rank: [windows[k] for k in chosen if k in windows]
+        return {rank: {k: windows[k] for k in chosen if k in windows}
                 for rank in self.ranks for windows in [own.get(rank) or everyone]}
 
     def _intervals(self, lane: str) -> dict[int, list[tuple[float, float]]]:
@@ -429,7 +430,8 @@ class Trace:
         optimizer...): what the schedule leaves idle, the pipeline bubble. A rank with none of the
         steps (an elastic run's rank lost before them) is left out. A pass's own waits (a
         tensor-parallel layer's all-reduces) are the pass's here; :meth:`time_breakdown` splits them out."""
-        chosen = {rank: windows for rank, windows in self._chosen_windows(steps).items() if windows}
+        chosen = {rank: list(windows.values()) for rank, windows in self._chosen_windows(steps).items()
+                  if windows}
         passes = self._intervals(COMPUTE)
         busy = _mean_covered({rank: passes[rank] for rank in chosen}, chosen)
         mean_window = {rank: sum(hi - lo for lo, hi in windows) / len(windows)
@@ -563,10 +565,19 @@ class Trace:
         exposed part splits the same way: ``exposed_waiting_s`` (a straggler's cost, or a peer not yet
         scheduled) and ``exposed_transfer_s`` (what faster links would shorten). ``idle_s`` not
         computing (step time - compute: exposed communication included); ``wait_s`` neither computing
-        nor communicating: waiting on another rank, the host or the data, with nothing recorded.
+        nor communicating: waiting on another rank, the host or the data, with nothing recorded. Each
+        is a mean over the rank's :meth:`typical_steps`, the step time too (each step's, the slowest
+        rank's: :meth:`step_times_by_step`), so that idle = exposed + waiting exactly; the summary's
+        headline ``step_time_s`` is their median.
         """
-        step_time = self.median_step_time()
-        chosen = self._chosen_windows()
+        step_times = self.step_times_by_step()
+        steps = self._chosen_windows()
+        # each rank's steps' mean time, over the steps its figures are means of: the parts add up
+        # (a median step beside mean parts had read a rank's exposed communication longer than its idle
+        # time, and its waiting clamped to 0)
+        step_time = {rank: sum(step_times[k] for k in own) / len(own) if own else 0.0
+                     for rank, own in steps.items()}
+        chosen = {rank: list(own.values()) for rank, own in steps.items()}
         computing, communicating = self.computing(), self._intervals(COMM)
         compute, comm = _mean_covered(computing, chosen), _mean_covered(communicating, chosen)
         either = _mean_covered({r: computing[r] + communicating[r] for r in self.ranks}, chosen)
@@ -588,8 +599,8 @@ class Trace:
                 "comm_transfer_s": min(transfer[rank], comm[rank]),
                 "exposed_waiting_s": exposed - exposed_transfer,
                 "exposed_transfer_s": exposed_transfer,
-                "idle_s": max(step_time - compute[rank], 0.0),
-                "wait_s": max(step_time - either[rank], 0.0),
+                "idle_s": max(step_time[rank] - compute[rank], 0.0),
+                "wait_s": max(step_time[rank] - either[rank], 0.0),
             }
         return out
 

@@ -56,6 +56,26 @@ def test_the_figures_are_taken_past_a_jobs_warm_up_step(lengths, typical, median
     assert trace.idle_fraction() == pytest.approx({0: 1 - 1.0 / mean, 1: 1.0})
 
 
+def test_a_ranks_breakdown_adds_up_when_its_steps_differ_in_length():
+    """Each part a mean over the typical steps, the step time too: against the steps' median (2 s here,
+    their mean 4 s) a rank's exposed communication (3 s) had read longer than its idle time (1 s), and
+    its waiting clamped to 0."""
+    spans, start = [], 0.0
+    for step, (took, comm) in enumerate([(10.0, 0.0), (2.0, 1.0), (2.0, 1.0), (8.0, 7.0)]):
+        for rank in (0, 1):
+            spans += [Span(rank, STEP, "step", start, start + took, step=step),
+                      Span(rank, COMPUTE, "forward", start, start + 1.0, step=step)]
+            if comm:
+                spans.append(Span(rank, COMM, "all_reduce", start + 1.0, start + 1.0 + comm, bytes=8,
+                                  payload_bytes=8, group_size=2, step=step))
+        start += took
+    summary = Trace(spans=spans).summary()
+    assert summary["step_time_s"] == 2.0  # the headline: the median
+    for b in summary["per_rank"].values():
+        assert b["idle_s"] == pytest.approx(4.0 - 1.0) and b["exposed_comm_s"] == pytest.approx(3.0)
+        assert b["idle_s"] == pytest.approx(b["exposed_comm_s"] + b["wait_s"])
+
+
 def staggered_trace(lag: float, cut: int = 0) -> Trace:
     """Two ranks whose 10 s steps tile their own time, rank 1 ``lag`` s behind rank 0, and rank 1
     missing its last ``cut`` steps (a profile cut short)."""
