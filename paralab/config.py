@@ -223,7 +223,7 @@ class TrainingConfig:
             raise ConfigError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         for name, choices in (("device", DEVICES), ("dtype", DTYPES), ("reduce_dtype", DTYPES),
                               ("recompute", RECOMPUTE)):
-            if getattr(self, name) not in ("", *choices):
+            if getattr(self, name) not in choices:
                 raise ConfigError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
         self._validate_loss_scale()
         self.model.validate()

@@ -196,6 +196,9 @@ def test_zero_traffic_under_accumulation_follows_the_paper(plain, no_leftover_ra
      r"does not split into dp=2 replicas x 3 microbatches"),
     (dict(strategy="ddp", world_size=2, dtype="fp8"), r"dtype must be one of"),
     (dict(strategy="ddp", world_size=2, recompute="half"), r"recompute must be one of"),
+    # "" is "not asked for" only where a field says so (cp_mode, cp_split): an empty dtype had passed
+    (dict(strategy="ddp", world_size=2, dtype=""), r"dtype must be one of"),
+    (dict(strategy="ddp", world_size=2, recompute=""), r"recompute must be one of"),
     (dict(strategy="ddp", world_size=2, model=dict(attention="flash"), global_batch=8),
      r"attention must be one of"),
 ])
