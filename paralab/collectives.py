@@ -89,11 +89,13 @@ def _relative_line(xs: list[float], ts: list[float], scale: list[float]) -> tupl
 
 
 def traced_points(trace, op: str) -> dict[int, list[tuple[int, float]]]:
-    """Group size -> (payload bytes, seconds) of every ``op`` span a trace holds, in steps after the
-    first (the first pays for warm-up), each span's time as the caller saw it."""
-    first = min((s.step for s in trace.spans if s.step is not None), default=0)
+    """Group size -> (payload bytes, seconds) of every ``op`` span a trace holds, in its steps past the
+    job's warm-up (:func:`paralab.trace.past_warm_up`), each span's time as the caller saw it."""
+    from paralab.trace import past_warm_up  # here: the simulator imports this module, free of the run config
+
+    typical = set(past_warm_up(sorted({s.step for s in trace.spans if s.step is not None})))
     out: dict[int, list[tuple[int, float]]] = {}
     for s in trace.select(kind=op):
-        if s.step is not None and s.step > first and s.payload_bytes and s.end > s.start:  # a fit needs time
+        if s.step in typical and s.payload_bytes and s.end > s.start:  # a fit needs time
             out.setdefault(s.group_size, []).append((s.payload_bytes, s.end - s.start))
     return out

@@ -136,10 +136,11 @@ class Span:
         return self.end - self.start
 
 
-def median_after_first(times: list[float]) -> float:
-    """The median of step times in step order, after the first (which pays for warm-up): a run's
-    typical step."""
-    return statistics.median(times[1:] if len(times) > 1 else times) if times else 0.0
+def typical_step_time(times: dict[int, float]) -> float:
+    """The median of ``times`` (step -> seconds) over the steps :func:`past_warm_up` keeps: a run's
+    typical step (0.0 where there is none)."""
+    typical = [times[step] for step in past_warm_up(list(times))]
+    return statistics.median(typical) if typical else 0.0
 
 
 @dataclass(slots=True)
@@ -377,10 +378,8 @@ class Trace:
         return past_warm_up(list(self.step_times_by_step()))
 
     def median_step_time(self) -> float:
-        """Median time of the :meth:`typical_steps`."""
-        times = self.step_times_by_step()
-        typical = [times[step] for step in past_warm_up(list(times))]
-        return statistics.median(typical) if typical else 0.0
+        """Median time of the :meth:`typical_steps` (:func:`typical_step_time`)."""
+        return typical_step_time(self.step_times_by_step())
 
     def busy_time(self, rank: int, lane: str = COMPUTE, window: tuple[float, float] | None = None) -> float:
         """Time covered by the rank's spans on a lane (overlaps counted once), clipped to a window: on
@@ -566,9 +565,10 @@ class Trace:
         scheduled) and ``exposed_transfer_s`` (what faster links would shorten). ``idle_s`` not
         computing (step time - compute: exposed communication included); ``wait_s`` neither computing
         nor communicating: waiting on another rank, the host or the data, with nothing recorded. Each
-        is a mean over the rank's :meth:`typical_steps`, the step time too (each step's, the slowest
-        rank's: :meth:`step_times_by_step`), so that idle = exposed + waiting exactly; the summary's
-        headline ``step_time_s`` is their median.
+        is a mean over the rank's :meth:`typical_steps`, and so is the step time they are read against,
+        ``mean_step_s`` (each step's the slowest rank's: :meth:`step_times_by_step`): idle = exposed +
+        waiting exactly, and compute + idle = ``mean_step_s``. The summary's headline ``step_time_s``
+        is the steps' median.
         """
         step_times = self.step_times_by_step()
         steps = self._chosen_windows()
@@ -591,6 +591,7 @@ class Trace:
             exposed = max(either[rank] - compute[rank], 0.0)
             exposed_transfer = min(max(computing_or_moving[rank] - compute[rank], 0.0), exposed)
             out[rank] = {
+                "mean_step_s": step_time[rank],
                 "compute_s": compute[rank],
                 "comm_s": comm[rank],
                 "overlapped_comm_s": max(compute[rank] + comm[rank] - either[rank], 0.0),

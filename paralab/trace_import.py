@@ -360,7 +360,8 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
         else:
             spans_by_rank[rank] = torch_spans(profile, rank, world)
             offsets[rank] = None
-    if not any(s.lane != STEP for spans in spans_by_rank.values() for s in spans):
+    idle = [r for r in sorted(spans_by_rank) if not any(s.lane != STEP for s in spans_by_rank[r])]
+    if len(idle) == len(spans_by_rank):
         raise ProfileError(f"{', '.join(str(p.path) for p in profiles)}: no rank recorded an operator or a "
                            "collective, nothing to import (a repeating schedule's last, almost empty files? "
                            "give the files of a cycle that recorded its steps)")
@@ -374,7 +375,7 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
     trace = Trace(sorted(spans, key=lambda s: (s.start, s.rank)), meta=_meta(profiles, ranks, world, node_of))
     trace.land_sends()  # a paralab profile's sends carry their wait marks, as the run's own trace did
     trace.meta.update(names="paralab" if use_paralab else "torch", clock=clock, **(meta or {}))
-    said += _what_the_steps_hide(spans_by_rank, profiles, ranks, use_paralab)
+    said += _what_the_steps_hide(spans_by_rank, profiles, ranks, use_paralab, idle)
     said += _sends_the_schedule_makes(trace, meta or {})
     unsized = _unsized_comm(spans_by_rank, profiles, ranks)
     if unsized:
@@ -391,9 +392,9 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
 
 
 def _what_the_steps_hide(spans_by_rank: dict[int, list[Span]], profiles: list[RankProfile], ranks: list[int],
-                         use_paralab: bool) -> list[str]:
+                         use_paralab: bool, idle: list[int]) -> list[str]:
     """Warnings for figures that import without error but say less than they seem to: a profile with
-    no steps (its totals read as one step's), a rank with no operators, collectives whose process
+    no steps (its totals read as one step's), a rank with no operators (``idle``), collectives whose process
     group the profile does not name (gloo's) in a job that made groups smaller than the world."""
     said = []
     stepless = [str(p.path) for p in profiles if not use_paralab and not _profiler_steps(p)]
@@ -401,7 +402,6 @@ def _what_the_steps_hide(spans_by_rank: dict[int, list[Span]], profiles: list[Ra
         said.append(f"{', '.join(stepless)}: no ProfilerStep ranges (torch records them only under a "
                     "torch.profiler.schedule, with prof.step() after each step), so each is imported as "
                     "one step, and its figures per step are the whole profile's")
-    idle = [r for r in sorted(spans_by_rank) if not any(s.lane != STEP for s in spans_by_rank[r])]
     if idle:
         said.append(f"rank(s) {', '.join(map(str, idle))} recorded no operators or communication (a "
                     "schedule's last, almost empty file?)")

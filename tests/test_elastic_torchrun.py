@@ -32,7 +32,8 @@ def test_a_torchrun_of_ones_own_trains_and_rank_0_prints_the_summary(tmp_path):
     summary = json.loads(printed[0])
     assert summary["world_sizes"] == [2] * STEPS and summary["trace"] == str(tmp_path / "run.json")
     assert summary["nnodes"] is None  # torchrun does not tell its workers its node range (had read 1:4)
-    assert (tmp_path / "run.json").stat().st_size > 0
+    meta = json.loads((tmp_path / "run.json").read_text())["otherData"]["paralab"]
+    assert meta["world_size"] == 2  # the most any world had (it had read the worker's default MAX, 4)
     single = paralab.run("single", 1, steps=STEPS, global_batch=BATCH).losses
     assert_close_rel(summary["losses"], single, what="losses")
 
@@ -61,7 +62,8 @@ def test_a_checkpoint_dir_that_is_a_file_is_refused_with_exit_2_in_one_line(tmp_
     assert "NotADirectoryError" not in proc.stderr
 
 
-@pytest.mark.parametrize("flag", [["--max-restarts", "1"], ["--nnodes", "2:4"], ["--last-call", "5"]])
+@pytest.mark.parametrize("flag", [["--max-restarts", "1"], ["--nnodes", "2:4"], ["--last-call", "5"],
+                                  ["--max-restarts", "3"], ["--nnodes=1:4"]])  # the defaults, typed
 def test_paralab_elastics_own_flags_are_refused_under_a_torchrun_of_ones_own(tmp_path, monkeypatch,
                                                                              capsys, flag):
     """Nothing reads them there: --max-restarts 1 had passed while torchrun restarted as its own flag
@@ -71,10 +73,29 @@ def test_paralab_elastics_own_flags_are_refused_under_a_torchrun_of_ones_own(tmp
 
     monkeypatch.delenv(AGENT_PID, raising=False)
     assert main([*WORKER[2:], "--checkpoint-dir", str(tmp_path), *flag]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err == (f"python -m paralab.elastic.train: {flag[0]} is paralab elastic's, which starts the "
+    err, name = capsys.readouterr().err.strip(), flag[0].split("=")[0]
+    assert err == (f"python -m paralab.elastic.train: {name} is paralab elastic's, which starts the "
                    "agents: under a torchrun of your own, torchrun's --nnodes and --max-restarts say them; "
                    "leave it out")
+
+
+def test_paralab_elastics_own_agents_pass_every_flag_to_their_workers(monkeypatch):
+    """Its launcher hands each worker the whole config (ElasticConfig.to_argv): none is refused there."""
+    import argparse
+
+    from paralab.elastic.cli import add_elastic_args
+    from paralab.elastic.config import ElasticConfig
+    from paralab.elastic.train import refuse_launcher_flags
+    from paralab.runtime.agents import AGENT_PID
+
+    parser = argparse.ArgumentParser()
+    add_elastic_args(parser)
+    argv = ElasticConfig(join_after_step=2).to_argv()
+    monkeypatch.setenv(AGENT_PID, "1")
+    refuse_launcher_flags(parser, argv)
+    monkeypatch.delenv(AGENT_PID)
+    with pytest.raises(paralab.ConfigError, match="--nnodes is paralab elastic's"):
+        refuse_launcher_flags(parser, argv)
 
 
 def test_a_long_runs_text_gives_its_worlds_as_runs_and_its_losses_at_the_ends():

@@ -74,6 +74,7 @@ def test_a_ranks_breakdown_adds_up_when_its_steps_differ_in_length():
     for b in summary["per_rank"].values():
         assert b["idle_s"] == pytest.approx(4.0 - 1.0) and b["exposed_comm_s"] == pytest.approx(3.0)
         assert b["idle_s"] == pytest.approx(b["exposed_comm_s"] + b["wait_s"])
+        assert b["mean_step_s"] == pytest.approx(b["compute_s"] + b["idle_s"])
 
 
 def staggered_trace(lag: float, cut: int = 0) -> Trace:
@@ -378,11 +379,12 @@ def test_time_breakdown_splits_communication_into_waiting_and_moving():
                   comm(1, "all_reduce", t + 7, t + 9, group_size=2, step=step)]
     per_rank = Trace(spans=spans).time_breakdown()
     expected = {
-        0: {"compute_s": 4, "comm_s": 7.5, "overlapped_comm_s": 2.5, "exposed_comm_s": 5,
+        0: {"mean_step_s": 10, "compute_s": 4, "comm_s": 7.5, "overlapped_comm_s": 2.5, "exposed_comm_s": 5,
             "comm_waiting_s": 3.5, "comm_transfer_s": 4, "exposed_waiting_s": 3, "exposed_transfer_s": 2,
             "idle_s": 6, "wait_s": 1},
-        1: {"compute_s": 7, "comm_s": 4, "overlapped_comm_s": 2, "exposed_comm_s": 2, "comm_waiting_s": 0,
-            "comm_transfer_s": 4, "exposed_waiting_s": 0, "exposed_transfer_s": 2, "idle_s": 3, "wait_s": 1},
+        1: {"mean_step_s": 10, "compute_s": 7, "comm_s": 4, "overlapped_comm_s": 2, "exposed_comm_s": 2,
+            "comm_waiting_s": 0, "comm_transfer_s": 4, "exposed_waiting_s": 0, "exposed_transfer_s": 2,
+            "idle_s": 3, "wait_s": 1},
     }
     assert per_rank == {r: pytest.approx(v) for r, v in expected.items()}
     for b in per_rank.values():
@@ -405,7 +407,7 @@ def test_a_wait_inside_a_compute_span_is_not_compute():
     assert trace.computing()[0] == [(0, 2), (4, 5), (5.25, 6), (7, 8), (10, 12), (14, 15), (15.25, 16),
                                     (17, 18)]
     b = trace.time_breakdown()[0]
-    assert b == pytest.approx({"compute_s": 4.75, "comm_s": 4, "overlapped_comm_s": 0.75,
+    assert b == pytest.approx({"mean_step_s": 10, "compute_s": 4.75, "comm_s": 4, "overlapped_comm_s": 0.75,
                                "exposed_comm_s": 3.25, "comm_waiting_s": 0, "comm_transfer_s": 4,
                                "exposed_waiting_s": 0, "exposed_transfer_s": 3.25, "idle_s": 5.25,
                                "wait_s": 2})

@@ -196,7 +196,8 @@ def test_time_breakdown_splits_communication_into_overlapped_and_exposed():
                   Span(0, COMPUTE, "backward", t + 3, t + 8, step=step),
                   Span(0, COMM, "all_reduce", t + 5, t + 9, step=step)]
     s = Trace(spans=spans).summary()
-    expected = {"compute_s": 8.0, "comm_s": 4.0, "overlapped_comm_s": 3.0, "exposed_comm_s": 1.0,
+    expected = {"mean_step_s": 10.0, "compute_s": 8.0, "comm_s": 4.0, "overlapped_comm_s": 3.0,
+                "exposed_comm_s": 1.0,
                 "comm_waiting_s": 0.0, "comm_transfer_s": 4.0, "exposed_waiting_s": 0.0,
                 "exposed_transfer_s": 1.0, "idle_s": 2.0, "wait_s": 1.0}
     assert s["per_rank"][0] == pytest.approx(expected)

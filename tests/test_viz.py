@@ -854,3 +854,7 @@ def test_steps_median_draws_the_typical_step_not_a_noisy_last_one():
     with pytest.raises(ValueError, match="steps are step numbers"):
         viz.timeline(trace, steps="last")  # had drawn nothing, in silence
     assert len(fig.data[0].x) == 1
+    # a profile recorded from step 2 (its schedule warmed up before): step 2 is one of the typical ones
+    later = Trace(spans=[Span(0, STEP, "step", 20.0 * k, 20.0 * k + took, step=k)
+                         for k, took in ((2, 1.0), (3, 3.0))])
+    assert median_step(later) == 2  # 1 and 3 s, median 2: a tie, the first wins (had been step 3, alone)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from paralab.elastic.config import ElasticConfig
-from paralab.trace import EVENT, Counter, Span, Trace, median_after_first
+from paralab.trace import EVENT, Counter, Span, Trace, typical_step_time
 
 
 @dataclass
@@ -103,8 +103,11 @@ class ElasticResult:
         history = [final[k] for k in sorted(final)]
         fault_file = run_dir / "fault.json"
         failure = json.loads(fault_file.read_text()) if fault_file.exists() else None
-        return cls(cfg, gens, history, _transitions(gens, failure), failure, _merged_trace(cfg, gens, final),
-                   nnodes)
+        # the ranks the launch could hold: the agents' MAX, or, where torchrun does not say it, the most
+        # any world had
+        world = cfg.max_nodes if nnodes else max((g.meta["world_size"] for g in gens), default=0)
+        return cls(cfg, gens, history, _transitions(gens, failure), failure,
+                   _merged_trace(cfg, gens, final, world), nnodes)
 
     @property
     def losses(self) -> list[float]:
@@ -132,7 +135,7 @@ class ElasticResult:
             "failure": self.failure,
             "generations": [{"name": g.name, **g.meta, "completed_steps": sorted(g.steps)}
                             for g in self.generations],
-            "step_time_s": median_after_first(times),
+            "step_time_s": typical_step_time({h["step"]: t for h, t in zip(self.history, times)}),
             "step_times_s": times,
             "balance": cfg.balance,
             "slow": cfg.slow,
@@ -265,7 +268,7 @@ def _traced_detection(gen: Generation, rank: int) -> float | None:
     return min(noticed) - kill if noticed else None
 
 
-def _merged_trace(cfg: ElasticConfig, gens: list[Generation], final: dict[int, dict]) -> Trace:
+def _merged_trace(cfg: ElasticConfig, gens: list[Generation], final: dict[int, dict], world: int) -> Trace:
     """All generations on one clock (the first generation's), with redone steps renamed and taken out
     of the step windows, so the trace's step metrics describe the final history."""
     t0 = gens[0].meta["wall_start"] if gens else 0.0
@@ -287,7 +290,7 @@ def _merged_trace(cfg: ElasticConfig, gens: list[Generation], final: dict[int, d
     trace = Trace.merge(traces)
     m = cfg.model
     trace.meta.update({"source": "measured", "strategy": "elastic", "model": cfg.model_name,
-                       "tokens_per_step": cfg.global_batch * m.seq_len, "world_size": cfg.max_nodes,
+                       "tokens_per_step": cfg.global_batch * m.seq_len, "world_size": world,
                        "generations": [{"name": g.name, **g.meta} for g in gens],
                        "step_records": _step_records(gens, final, t0)})
     return trace

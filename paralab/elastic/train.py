@@ -20,6 +20,7 @@ world may change between any two steps without changing the training:
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import signal
@@ -276,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         with errors_told_to_torchrun():
-            refuse_launcher_flags(args, parser)
+            refuse_launcher_flags(parser, sys.argv[1:] if argv is None else argv)
             result = _train(args, config_from_args(args))
     except ConfigError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
@@ -288,18 +289,22 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_OK
 
 
-def refuse_launcher_flags(args, parser: argparse.ArgumentParser) -> None:
+def refuse_launcher_flags(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     """ConfigError for a flag of :data:`LAUNCHER_FLAGS` given to a worker under a torchrun of one's
-    own, where nothing reads it: ``--max-restarts 1`` had passed, and torchrun restarted as its own
-    flag said."""
+    own, where nothing reads it, whatever its value: ``--max-restarts 1`` had passed, and torchrun
+    restarted as its own flag said. What was given is read by parsing ``argv`` again with no defaults
+    (a value equal to the default is given too, and ``--flag=value`` or an abbreviation are read as
+    argparse reads them)."""
     from paralab.runtime.agents import AGENT_PID
 
     if AGENT_PID in os.environ:  # paralab elastic's own agents pass every flag
         return
-    defaults = vars(parser.parse_args([]))
+    bare = copy.deepcopy(parser)
+    for action in bare._actions:  # argparse keeps no public list of a parser's flags
+        action.default = argparse.SUPPRESS
+    given = vars(bare.parse_args(argv))
     for flag in LAUNCHER_FLAGS:
-        dest = flag[2:].replace("-", "_")
-        if getattr(args, dest) != defaults[dest]:
+        if flag[2:].replace("-", "_") in given:
             raise ConfigError(f"{flag} is {WHOSE}; leave it out")
 
 

@@ -53,8 +53,8 @@ SERIES_COLORS = ["#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756", "#72B7B2
 # Qualitative shades for ranks, groups and modes (elastic's ranks, the mesh's groups, context parallel's
 # runs and its ring and all-to-all): first blues, oranges, greens, reds and teals, none a communication
 # kind's colour (yellow send, purple all-reduce, pinks, browns, greys), then EXTRA_COLORS; repeating
-# after 20 (rank_color). (A timeline's microbatches have shades of their own, below: these open with the
-# forward's and the backward's.)
+# past its end (rank_color). (A timeline's microbatches have shades of their own, below: these open
+# with the forward's and the backward's.)
 RANK_COLORS = [
     "#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#9ECAE9",
     "#FFBF79", "#88D27A", "#C0392B", "#2F6B68", "#1F3A68", "#B35806",

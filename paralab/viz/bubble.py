@@ -1,9 +1,9 @@
 """Pipeline bubbles: how much of each step every rank sits idle, against what the schedule promises.
 
-The measured (or simulated) idle fraction comes from :meth:`Trace.idle_fraction` (steps after the
-first); the theoretical bubble from :func:`paralab.schedules.theoretical_bubble`, which assumes
-equal stages and free point-to-point transfers, so the gap between bars and line is what real
-stage imbalance and communication cost.
+The measured (or simulated) idle fraction comes from :meth:`Trace.idle_fraction` (the steps past the
+job's warm-up: :meth:`Trace.typical_steps`); the theoretical bubble from
+:func:`paralab.schedules.theoretical_bubble`, which assumes equal stages and free point-to-point
+transfers, so the gap between bars and line is what real stage imbalance and communication cost.
 """
 
 from __future__ import annotations

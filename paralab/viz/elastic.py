@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from paralab.elastic.history import seconds
-from paralab.trace import EVENT, STEP, Trace, median_after_first
+from paralab.trace import EVENT, STEP, Trace, typical_step_time
 from paralab.viz._common import as_trace, go, make_subplots, rank_color, style
 
 UTILISATION = ("cpu_percent", "gpu_percent", "utilisation", "utilization")
@@ -261,7 +261,7 @@ def elastic(trace, title: str | None = None):
 def _gaps_said(phases: list[dict], final: list[dict]) -> list[str]:
     """One line per stretch between two training phases: how long no step ran between them, in steps'
     worth (of the run's typical step, as its summary counts it)."""
-    step = median_after_first([r["end"] - r["start"] for r in final])
+    step = typical_step_time({r["step"]: r["end"] - r["start"] for r in final})
     training = [p for p in phases if p["phase"] == "training"]
     if not training:
         return ["no step recorded"]

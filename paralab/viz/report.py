@@ -88,7 +88,8 @@ SUMMARY_KEYS = ("strategy", "source", "world_size", "dp", "tp", "pp", "schedule"
 
 
 # Columns of the per-rank table: Trace.time_breakdown keys and their headings (ms per step).
-RANK_COLUMNS = (("compute_s", "compute"), ("comm_s", "comm"), ("overlapped_comm_s", "comm beside compute"),
+RANK_COLUMNS = (("mean_step_s", "step (the steps' mean)"), ("compute_s", "compute"), ("comm_s", "comm"),
+                ("overlapped_comm_s", "comm beside compute"),
                 ("exposed_comm_s", "exposed comm"), ("comm_waiting_s", "comm waiting for peers"),
                 ("comm_transfer_s", "comm moving data"), ("idle_s", "idle (not computing)"),
                 ("wait_s", "waiting (nothing recorded)"))
@@ -198,8 +199,8 @@ def write_report(trace_or_result, path: str | Path, *, predicted=None, title: st
     title = title or (f"paralab report: {summary.get('strategy') or trace.meta.get('source') or 'trace'} "
                       f"on {ranks} ranks")
     typical = trace.typical_steps()
-    past_warm_up = typical and len(typical) < len(trace.step_windows())
-    over = f" (its figures over {steps_said(typical)})" if past_warm_up else ""
+    fewer = typical and len(typical) < len(trace.step_windows())
+    over = f" (the summary over {steps_said(typical)})" if fewer else ""
     subtitle = (f"{ranks} ranks · {len(trace.spans)} spans · {len(trace.step_windows())} steps{over} · "
                 f"written {datetime.datetime.now().isoformat(timespec='seconds')}")
     page = PAGE.format(title=html.escape(title), subtitle=html.escape(subtitle), notes=notes_list(trace.meta),
