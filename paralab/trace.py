@@ -614,8 +614,10 @@ class Trace:
         report's, a comparison's) says as not measured, where its missing spans had read as no bytes
         sent and every rank idle. ``bubble_fraction`` is 0 where the trace is not a pipeline's
         (:func:`pipelined`), measured or not: a data-parallel run's idle time had read as a bubble
-        wherever its trace was summarised but in the run's own summary."""
+        wherever its trace was summarised but in the run's own summary. ``unmeasured_why`` says why the
+        span figures read None (None where they were measured), for every reader alike."""
         step_time, piped = self.median_step_time(), pipelined(self.meta)  # no pipeline, no bubble
+        why = unmeasured_why(self.meta)
         tokens = self.meta.get("tokens_per_step", 0)
         per_rank = self.time_breakdown()
         keys = next(iter(per_rank.values()), {})
@@ -630,8 +632,9 @@ class Trace:
             "per_rank": per_rank,
             "bubble_fraction": self.bubble_fraction() if piped else 0.0,
             **means,
+            "unmeasured_why": why or None,  # why the span figures read None, where they do
         }
-        if unmeasured_why(self.meta):
+        if why:
             summary.update(dict.fromkeys((*SPAN_FIGURES, *means)), bubble_fraction=None if piped else 0.0)
         return summary
 

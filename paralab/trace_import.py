@@ -709,7 +709,7 @@ def import_main(args) -> int:
         print(json_text(_import_json(trace, summary, out)))
         return 0
     typical = trace.typical_steps()
-    print(f"imported {len(trace.ranks)} rank(s), {len(trace.step_windows())} step(s), "
+    print(f"imported {len(trace.ranks)} rank(s), {len(summary['step_times_s'])} step(s), "
           f"{len(trace.spans)} spans -> {out}; median step {summary['step_time_s'] * 1e3:.1f} ms"
           + (f" (of {steps_said(typical)})" if typical else ""))
     for line in _comm_lines(summary, set(trace.meta.get("bytes_unknown_ops", []))):

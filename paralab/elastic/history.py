@@ -91,11 +91,11 @@ class ElasticResult:
     transitions: list[dict]  # one per generation after the first: why and what it cost
     failure: dict | None
     trace: Trace
-    nnodes: str | None  # the agents' node range, MIN:MAX; None under a torchrun of one's own (untold)
+    own_agents: bool  # started by paralab elastic's agents (False: under a torchrun of one's own)
     trace_path: str | None = None
 
     @classmethod
-    def collect(cls, cfg: ElasticConfig, run_dir: Path, nnodes: str | None) -> ElasticResult:
+    def collect(cls, cfg: ElasticConfig, run_dir: Path, own_agents: bool) -> ElasticResult:
         gens = [g for g in map(read_generation, sorted(run_dir.glob("gen-*"))) if g is not None]
         final: dict[int, dict] = {}
         for g in gens:  # later generations overwrite the steps they redid
@@ -105,9 +105,9 @@ class ElasticResult:
         failure = json.loads(fault_file.read_text()) if fault_file.exists() else None
         # the ranks the launch could hold: the agents' MAX, or, where torchrun does not say it, the most
         # any world had
-        world = cfg.max_nodes if nnodes else max((g.meta["world_size"] for g in gens), default=0)
+        world = cfg.max_nodes if own_agents else max((g.meta["world_size"] for g in gens), default=0)
         return cls(cfg, gens, history, _transitions(gens, failure), failure,
-                   _merged_trace(cfg, gens, final, world), nnodes)
+                   _merged_trace(cfg, gens, final, world), own_agents)
 
     @property
     def losses(self) -> list[float]:
@@ -124,7 +124,8 @@ class ElasticResult:
             "first_step": self.history[0]["step"] if self.history else None,
             "global_batch": cfg.global_batch,
             "micro_batch": cfg.micro_batch,
-            "nnodes": self.nnodes,
+            # the agents' node range; under a torchrun of one's own, untold: torchrun does not say it
+            "nnodes": f"{cfg.min_nodes}:{cfg.max_nodes}" if self.own_agents else None,
             "losses": self.losses,
             "world_sizes": [h["world_size"] for h in self.history],
             "sample_ids": [h["sample_ids"] for h in self.history],

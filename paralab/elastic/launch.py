@@ -96,7 +96,7 @@ def launch(cfg: ElasticConfig, run_dir: str | Path | None = None, progress=None)
             standby = start(cfg.nodes, standby=True) if cfg.join_after_step is not None else None
             _watch(cfg, run_dir, nodes, standby, progress,
                    on_poll=lambda: workers.look(started))
-            return ElasticResult.collect(cfg, run_dir, nnodes=f"{cfg.min_nodes}:{cfg.max_nodes}")
+            return ElasticResult.collect(cfg, run_dir, own_agents=True)
         finally:
             agents.stop_agents(started, workers)
     finally:

@@ -352,8 +352,7 @@ def _train(args, cfg: ElasticConfig) -> ElasticResult | None:
         if AGENT_PID in os.environ:  # paralab elastic's own agents: its launcher collects the run
             return None
         dist.barrier()  # every rank's records and trace written
-        # torchrun tells its workers neither its --nnodes nor how many nodes it waits for
-        return ElasticResult.collect(cfg, run_dir, nnodes=None) if rank == 0 else None
+        return ElasticResult.collect(cfg, run_dir, own_agents=False) if rank == 0 else None
 
 
 if __name__ == "__main__":

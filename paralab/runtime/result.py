@@ -10,7 +10,7 @@ from paralab.config import RunConfig
 from paralab.layout import Layout
 from paralab.schedules import theoretical_bubble
 from paralab.strategies.registry import bucket_cap_applies, traces_its_collectives
-from paralab.trace import SPAN_FIGURES, Trace, unmeasured_why
+from paralab.trace import SPAN_FIGURES, Trace
 
 
 class RunError(RuntimeError):
@@ -112,7 +112,7 @@ class RunResult:
             "step_times_s": metrics["step_times_s"],
             "tokens_per_s": metrics["tokens_per_s"],
             **{key: metrics[key] for key in SPAN_FIGURES},
-            "unmeasured_why": unmeasured_why(self.trace.meta) or None,  # why those read null, if they do
+            "unmeasured_why": metrics["unmeasured_why"],  # why those read null, if they do
             # the schedule's bubble for equal-time stages, whichever implementation ran it (torch_pp's
             # had read 0 where paralab's pp read 0.2 for the same layout)
             "bubble_theoretical": theoretical_bubble(layout.schedule, layout.pp, layout.microbatches,

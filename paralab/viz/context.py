@@ -7,7 +7,6 @@ import statistics
 
 from paralab.trace import past_warm_up
 from paralab.viz._common import (
-    RANK_COLORS,
     byte_scale,
     fmt_bytes,
     go,
@@ -17,7 +16,7 @@ from paralab.viz._common import (
     uncrowded_log_ticks,
 )
 
-MODE_COLORS = {"ring": RANK_COLORS[0], "alltoall": RANK_COLORS[1]}
+MODE_COLORS = {"ring": rank_color(0), "alltoall": rank_color(1)}
 MODE_NAMES = {"ring": "ring", "alltoall": "all-to-all"}  # cp_mode values, as the text names them
 # predicted step times closer than this (relative) draw as one line: the figure says so
 CLOSE_STEPS = 0.02

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from paralab.text import steps_said
-from paralab.trace import SPAN_FIGURES, Trace, not_measured, pipelined, unmeasured_why
+from paralab.trace import SPAN_FIGURES, Trace, not_measured, past_warm_up, pipelined
 
 
 # ------------------------------------------------------------------------------------------- content
@@ -44,7 +44,6 @@ def _summary_of(obj) -> tuple[Trace, dict, list[float] | None]:
         summary, losses = dict(obj.summary), list(getattr(obj, "losses", []) or []) or None
     if not pipelined(trace.meta):
         summary.pop("bubble_fraction", None)
-    summary["unmeasured_why"] = unmeasured_why(trace.meta)  # not a row: what a None figure says
     return trace, summary, losses
 
 
@@ -198,10 +197,10 @@ def write_report(trace_or_result, path: str | Path, *, predicted=None, title: st
     ranks = len(trace.ranks)
     title = title or (f"paralab report: {summary.get('strategy') or trace.meta.get('source') or 'trace'} "
                       f"on {ranks} ranks")
-    typical = trace.typical_steps()
-    fewer = typical and len(typical) < len(trace.step_windows())
-    over = f" (the summary over {steps_said(typical)})" if fewer else ""
-    subtitle = (f"{ranks} ranks · {len(trace.spans)} spans · {len(trace.step_windows())} steps{over} · "
+    steps = list(trace.step_windows())  # one walk of the spans: a report may be of a million
+    typical = past_warm_up(steps)
+    over = f" (the summary over {steps_said(typical)})" if len(typical) < len(steps) else ""
+    subtitle = (f"{ranks} ranks · {len(trace.spans)} spans · {len(steps)} steps{over} · "
                 f"written {datetime.datetime.now().isoformat(timespec='seconds')}")
     page = PAGE.format(title=html.escape(title), subtitle=html.escape(subtitle), notes=notes_list(trace.meta),
                        table=summary_table(summary),
