@@ -3,12 +3,14 @@
 import argparse
 import dataclasses
 import json
+import re
 import sys
 
 import pytest
 
 from paralab.config import MODEL_PRESETS
 from paralab.sim import cli, cost, hardware
+from paralab.sim.hardware import get_hardware
 from paralab.sim.presets import get_model
 
 
@@ -67,7 +69,7 @@ def test_non_dividing_degrees_exit_2_with_what_fits(capsys):
     rc, out, err = run(["simulate", "--model", "gpt3-175b", "--gpus", "1024", "--tp", "8",
                         "--pp", "5"], capsys)
     assert rc == 2 and not out
-    assert "does not divide 96 layers" in err and "configurations that fit on 1024 GPUs" in err
+    assert "does not divide 96 layers" in err and "Configurations that fit on 1,024 GPUs" in err
     assert err.count("\n") == 1, "one line on stderr, as every invalid input gets"
 
 
@@ -89,7 +91,7 @@ def test_a_model_that_fits_nowhere_is_an_answer_on_stdout(capsys):
     rc, out, err = run(["plan", "--model", "megatron-1t", "--gpus", "8"], capsys)
     # the states' bound, not rounded to a power of two (gpt3-175b's "at least 64" had hidden 48)
     assert rc == 0 and not err and out.startswith("nothing fits on 8 a100 GPUs: ")
-    assert "model states alone are 15020.9 GiB, the usable memory of 209 a100 GPUs" in out
+    assert "model states alone are 15,020.9 GiB, the usable memory of 209 a100 GPUs" in out
     assert "GiB per GPU against 72.0 GiB usable" in out
     # issue 17: simulate still prints its estimate when it does not fit (it used to exit 2 without one)
     rc, out, _ = run(["simulate", "--model", "gpt3-175b", "--gpus", "8"], capsys)
@@ -470,9 +472,9 @@ def test_a_batch_of_more_microbatches_than_a_step_models_plans_the_splits_that_f
     assert rc == 0 and ranked and all(row["microbatches"] <= 2**16 for row in ranked)
     rc, _, err = run(["simulate", "--model", "gpt3-125m", "--gpus", "8", "--global-batch", str(2**20),
                       "--micro-batch", "1", "--hardware", "h100"], capsys)
-    assert rc == 2 and "131,072 microbatches" in err and "configurations that fit on 8 GPUs" in err
+    assert rc == 2 and "131,072 microbatches" in err and "Configurations that fit on 8 GPUs" in err
     rc, out, _ = run(["plan", "--model", "gpt3-125m", "--gpus", "1", "--global-batch", str(2**40)], capsys)
-    assert rc == 0 and "more than 65,536 microbatches of at most 8 per replica" in out
+    assert rc == 0 and "65,536 microbatches of at most 8 sequences per replica on 1 GPU\n" in out
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -616,7 +618,7 @@ def test_simulate_names_its_batch_and_every_choice_it_priced(capsys):
     is 128 sequences, nor had the JSON the micro-batch, ZeRO stage or recompute policy `plan` gives."""
     argv = ["simulate", "--model", "gpt3-175b", "--gpus", "1024", "--tp", "8", "--pp", "8"]
     rc, out, _ = run(argv, capsys)
-    assert rc == 0 and out.startswith("gpt3-175b on 1024 x a100, 128 sequences a step: tp 8 x pp 8 x dp 16")
+    assert rc == 0 and out.startswith("gpt3-175b on 1,024 x a100, 128 sequences a step: tp 8 x pp 8 x dp 16")
     rc, out, _ = run([*argv, "--json"], capsys)
     data = json.loads(out)
     assert {k: data[k] for k in ("micro_batch", "virtual_stages", "zero", "recompute", "sequence_parallel",
@@ -631,9 +633,9 @@ def test_a_refusal_offers_layouts_for_the_batch_asked_and_says_which(capsys):
     degrees do not make up the GPUs."""
     base = ["simulate", "--model", "gpt3-175b", "--tp", "8", "--pp", "7", "--dp", "1"]
     rc, _, err = run([*base, "--microbatches", "8"], capsys)
-    assert rc == 2 and "configurations that fit on 56 GPUs at 8 sequences a step: " in err
+    assert rc == 2 and "Configurations that fit on 56 GPUs at 8 sequences a step: " in err
     rc, _, err = run([*base, "--micro-batch", "2"], capsys)  # pp x v microbatches of 2
-    assert rc == 2 and "configurations that fit on 56 GPUs at 14 sequences a step: " in err
+    assert rc == 2 and "Configurations that fit on 56 GPUs at 14 sequences a step: " in err
     rc, _, err = run(["simulate", "--model", "gpt3-175b", "--tp", "8", "--pp", "5", "--gpus", "1024"], capsys)
     assert rc == 2 and "at 1,024 sequences a step, the planner's default batch: " in err
 
@@ -668,13 +670,88 @@ def test_a_stage_split_that_does_not_add_up_says_by_how_much_and_offers_one(caps
      "--fp32-grads has no effect: llama3-8b (fp32) trains in fp32, so its gradients are fp32 already; it "
      "applies to a 16-bit model"),
     (["plan", "--model", "tiny", "--gpus", "2", "--fp32-grads"], "--fp32-grads has no effect: tiny trains"),
-], ids=["cp-mode", "cp-mode at its default", "cp-split", "simulate fp32-grads", "plan fp32-grads"])
+    (["simulate", "--model", "llama3-8b", "--gpus", "8", "--tp", "8", "--zero", "3"],
+     "--zero 3 has no effect with one data-parallel replica (dp 1)"),
+    (["simulate", "--model", "gpt3-1.3b", "--gpus", "8", "--microbatches", "4", "--schedule", "gpipe"],
+     "--schedule gpipe has no effect without a pipeline (pp 1)"),
+    (["simulate", "--model", "gpt3-1.3b", "--gpus", "8", "--schedule", "interleaved"],
+     "--schedule interleaved has no effect without a pipeline (pp 1)"),
+    (["simulate", "--model", "gpt3-1.3b", "--gpus", "8", "--stage-layers", "24"],
+     "--stage-layers has no effect without a pipeline (pp 1)"),
+    (["simulate", "--model", "llama3-8b", "--gpus", "8", "--tp", "8", "--recompute", "selective"],
+     "--recompute selective has no effect on llama3-8b: it recomputes the attention core's s x s scores, "
+     "which its fused attention never stores"),
+], ids=["cp-mode", "cp-mode at its default", "cp-split", "simulate fp32-grads", "plan fp32-grads",
+        "zero at dp 1", "schedule at pp 1", "a multi-chunk schedule at pp 1", "stage-layers at pp 1",
+        "selective on fused"])
 def test_a_flag_given_that_would_change_nothing_is_refused(monkeypatch, capsys, argv, message):
     """The prediction had been printed as if the flag had been applied: the same numbers without it.
     Refused in one line, before a `local` machine would be measured."""
     monkeypatch.setattr(cli, "_hardware", lambda name: pytest.fail("the hardware was about to be read"))
     rc, out, err = run(argv, capsys)
     assert rc == 2 and not out and message in err and err.count("\n") == 1, err
+
+
+def test_the_flags_refused_as_changing_nothing_change_nothing():
+    """What the refusals above claim, held against the prediction itself: ZeRO at dp 1, a schedule at
+    pp 1 and selective recompute of a fused attention priced with and without them alike, to the
+    byte; their counterparts (dp 2, pp 2, standard attention) change something."""
+    from paralab.sim.specs import ParallelSpec
+
+    h100 = get_hardware("h100")
+    pairs = [(get_model("llama3-8b"), ParallelSpec(tp=8), {"zero": 3}),
+             (get_model("gpt3-1.3b"), ParallelSpec(dp=2, microbatches=4), {"schedule": "gpipe"}),
+             (get_model("llama3-8b"), ParallelSpec(tp=8, sequence_parallel=True), {"recompute": "selective"})]
+    for model, spec, flag in pairs:
+        assert cost.predict(model, spec, h100).to_dict() == cost.predict(model, spec.replace(**flag),
+                                                                         h100).to_dict()
+    counterparts = [(get_model("llama3-8b"), ParallelSpec(tp=4, dp=2), {"zero": 3}),
+                    (get_model("gpt3-1.3b"), ParallelSpec(pp=2, microbatches=4), {"schedule": "gpipe"}),
+                    (get_model("llama3-8b").replace(attention="standard"), ParallelSpec(tp=8),
+                     {"recompute": "selective"})]
+    for model, spec, flag in counterparts:
+        assert cost.predict(model, spec, h100).to_dict() != cost.predict(model, spec.replace(**flag),
+                                                                         h100).to_dict()
+
+
+def test_the_schedule_plan_names_at_pp_1_is_taken_back(capsys):
+    """plan's rows at pp 1 name 1f1b: given back to simulate as flags, it is accepted."""
+    rc, out, _ = run(["simulate", "--model", "gpt3-1.3b", "--gpus", "8", "--schedule", "1f1b", "--json"],
+                     capsys)
+    assert rc == 0 and json.loads(out)["schedule"] == "1f1b"
+
+
+def test_the_simulate_report_reads_at_a_glance(capsys):
+    """Counts with separators and in the singular for one, wire bytes in a binary unit that keeps
+    digits (a small model's all-reduce had read "0.03" GB, a run with none an empty line), no pipeline
+    idle without a pipeline, and its FLOP rate said to be the hardware's."""
+    rc, out, _ = run(["simulate", "--model", "small", "--gpus", "2", "--global-batch", "2"], capsys)
+    assert rc == 0 and out.startswith("small on 2 x a100, 2 sequences a step")
+    assert "pipeline idle" not in out and "per GPU (hardware FLOPs, recompute counted)" in out
+    assert re.search(r"wire bytes per GPU per step: dp_all_reduce \d+\.\d MiB\n", out), out
+    rc, out, _ = run(["simulate", "--model", "small", "--gpus", "1", "--global-batch", "1"], capsys)
+    assert rc == 0 and "1 sequence a step" in out and "wire bytes per GPU per step: none\n" in out
+    rc, out, _ = run(["simulate", "--model", "gpt3-1.3b", "--gpus", "16", "--pp", "2"], capsys)
+    assert rc == 0 and "pipeline idle" in out
+
+
+def test_plan_says_why_its_mfu_reads_above_hfu(capsys):
+    """simulate said why MFU reads above HFU (a causal fused attention's half square); plan, showing
+    both, had not."""
+    base = ["plan", "--gpus", "8", "--hardware", "h100", "--top", "2"]
+    rc, out, _ = run([*base, "--model", "llama3-8b"], capsys)
+    assert rc == 0 and out.count("note: MFU counts attention's whole s x s square") == 1
+    rc, out, _ = run([*base, "--model", "gpt3-1.3b"], capsys)
+    assert rc == 0 and "note:" not in out  # standard attention: HFU at least MFU
+
+
+def test_a_multi_chunk_split_is_said_per_model_chunk(capsys):
+    """An interleaved layout's split lists its model chunks, pp x v of them: "layers per stage" had
+    listed 128 counts for 32 stages."""
+    rc, out, _ = run(["simulate", "--model", "gpt3-1.3b", "--gpus", "16", "--pp", "4",
+                      "--virtual-stages", "2", "--schedule", "interleaved", "--stage-layers",
+                      "2,3,3,3,3,3,3,4", "--json"], capsys)
+    assert rc == 0 and "layers per model chunk (pp x 2 = 8) 2 + 6 x 3 + 4" in json.loads(out)["config"]
 
 
 def test_the_context_parallel_flags_apply_with_cp(capsys):

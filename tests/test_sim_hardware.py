@@ -237,6 +237,21 @@ def test_a_bad_hardware_file_is_refused_naming_what_is_wrong(tmp_path, data, wor
         load_hardware_file(write(tmp_path, data))
 
 
+@pytest.mark.parametrize("text, words", [
+    ('{"base": "h100", "memory_gib": 80, "memory_gib": 40}', "key 'memory_gib' given twice"),
+    ('{"base": "h100", "tdp_w": {"a": 1, "a": 2}}', "key 'a' given twice"),
+    ("[" * 100_000 + "]" * 100_000, "maximum recursion depth exceeded"),
+], ids=["a key twice", "a nested key twice", "nested past the stack"])
+def test_a_hardware_file_json_cannot_say_is_refused_in_one_line(tmp_path, text, words):
+    """json.loads keeps the last value of a key given twice (a file saying 80 GiB, then 40, had priced
+    40 without a word), and arrays nested past the interpreter's stack had ended in a traceback: each
+    is a SpecError, which the CLI says in one line with exit 2."""
+    path = tmp_path / "part.json"
+    path.write_text(text)
+    with pytest.raises(SpecError, match=re.escape(words)):
+        load_hardware_file(path)
+
+
 @pytest.mark.parametrize("change, words", [
     (dict(memory_bandwidth=0.0), "memory_bandwidth must be > 0"),
     (dict(inter_bw=-1.0), "inter_bw must be > 0"),

@@ -39,6 +39,10 @@ from paralab.sim.specs import (
     SpecError,
 )
 from paralab.stage_split import ends_split, megatron_split
+from paralab.viz._common import fmt_bytes  # plotly-free
+
+# the schedule a run without a pipeline is named by (ParallelSpec's default; plan's rows at pp 1)
+PIPELINE_FREE_SCHEDULE = ParallelSpec.schedule
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -91,7 +95,9 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--virtual-stages", type=int, default=1, help="model chunks per pipeline GPU")
     parser.add_argument("--stage-layers", type=int_list,
                         metavar="N,N,...", help="blocks per pipeline chunk in model order (default: even)")
-    parser.add_argument("--schedule", default="1f1b", help=f"one of {', '.join(SCHEDULES)}")
+    parser.add_argument("--schedule", default=PIPELINE_FREE_SCHEDULE,
+                        help=f"with --pp 2 or more: one of {', '.join(SCHEDULES)} (default "
+                             f"{PIPELINE_FREE_SCHEDULE})")
     parser.add_argument("--microbatches", type=int,
                         help="per data-parallel rank (default from --global-batch)")
     parser.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3),
@@ -216,17 +222,36 @@ def _stage_layers(args, model: ModelSpec) -> tuple[int, ...] | None:
     return ends_split(model.layers, args.pp, first, last)
 
 
-def _flags_without_effect(args, model: ModelSpec) -> str:
+def _flags_without_effect(args, model: ModelSpec, dp: int = 1) -> str:
     """A flag given that changes nothing in this prediction, said with where it applies (empty when
     none is): whoever passes one believes it changed something. The context-parallel flags default to
-    None, so only one written on the command line counts."""
-    for flag, what in (("cp_mode", "how K/V travel between"), ("cp_split", "how a sequence is cut over")):
-        if getattr(args, flag, None) is not None and args.cp == 1:  # plan has no cp flags
-            return (f"--{flag.replace('_', '-')} has no effect without context parallelism (cp 1): it "
-                    f"says {what} the cp GPUs; it applies with --cp 2 or more")
+    None, so only one written on the command line counts. ``plan`` has only --fp32-grads of these;
+    ``dp``: simulate's data-parallel degree."""
     if args.fp32_grads and model.dtype == "fp32":
         return (f"--fp32-grads has no effect: {model.name} trains in fp32, so its gradients are fp32 "
                 "already; it applies to a 16-bit model (--dtype bf16 or fp16)")
+    if not hasattr(args, "cp"):  # plan
+        return ""
+    for flag, what in (("cp_mode", "how K/V travel between"), ("cp_split", "how a sequence is cut over")):
+        if getattr(args, flag) is not None and args.cp == 1:
+            return (f"--{flag.replace('_', '-')} has no effect without context parallelism (cp 1): it "
+                    f"says {what} the cp GPUs; it applies with --cp 2 or more")
+    if args.pp == 1 and args.schedule != PIPELINE_FREE_SCHEDULE:
+        return (f"--schedule {args.schedule} has no effect without a pipeline (pp 1): a schedule orders the "
+                "microbatches' passes over the pipeline's stages, and one stage runs them one after the "
+                f"other whatever it is named ({PIPELINE_FREE_SCHEDULE}, as plan names it at pp 1); it "
+                "applies with --pp 2 or more")
+    if args.pp == 1 and args.stage_layers is not None:
+        return ("--stage-layers has no effect without a pipeline (pp 1): one stage holds every layer; it "
+                "applies with --pp 2 or more")
+    if args.zero and dp == 1:
+        return (f"--zero {args.zero} has no effect with one data-parallel replica (dp 1): ZeRO shards the "
+                "optimizer's states, gradients and parameters over the data-parallel ranks; it applies with "
+                "dp 2 or more")
+    if args.cp == 1 and args.recompute not in planner.recompute_policies(model):
+        return (f"--recompute {args.recompute} has no effect on {model.name}: it recomputes the attention "
+                "core's s x s scores, which its fused attention never stores; it applies with --attention "
+                "standard (or within context parallelism's split, --cp 2 or more)")
     return ""
 
 
@@ -267,7 +292,7 @@ def _with_dp_unsaid(problems: list[str], args, gpus: int) -> list[str]:
         return problems
     names = [n for n, d in (("tp", args.tp), ("pp", args.pp), ("cp", args.cp)) if d > 1]
     degrees = f"{names[0]} {split}" if len(names) == 1 else f"{' x '.join(names)} = {split}"
-    said = f"{degrees} does not divide {gpus} GPUs (dp would be {gpus / split:.3g})"
+    said = f"{degrees} does not divide {gpus:,} GPUs (dp would be {gpus / split:,.2f})"
     return [said, *(p for p in problems if not p.startswith("dp x tp x pp"))]
 
 
@@ -289,9 +314,11 @@ def _fits_hint(model: ModelSpec, gpus: int, hw, global_batch: int | None, fp32_g
     if ranked:
         batch = ranked[0].parallel.global_batch
         default = "" if global_batch else ", the planner's default batch"
-        return "configurations that fit on {} GPUs at {:,} sequences a step{}: {}".format(
-            gpus, batch, default, " | ".join(planner.describe(p.parallel) for p in ranked))
-    return planner.why_nothing_fits(model, gpus, hw, global_batch, fp32_grads)
+        return "Configurations that fit on {} at {} a step{}: {}".format(
+            _count(gpus, "GPU"), _count(batch, "sequence"), default,
+            " | ".join(planner.describe(p.parallel) for p in ranked))
+    why = planner.why_nothing_fits(model, gpus, hw, global_batch, fp32_grads)
+    return f"Nothing fits on {_count(gpus, 'GPU')}: {why}"
 
 
 def _alternatives(model: ModelSpec, gpus: int, hw, global_batch: int | None,
@@ -316,7 +343,7 @@ def simulate_main(args) -> int:
         stage_layers = _stage_layers(args, model)
     except SpecError as err:
         return _fail(str(err))
-    if problem := _flags_without_effect(args, model):  # before a `local` machine is measured
+    if problem := _flags_without_effect(args, model, dp):  # before a `local` machine is measured
         return _fail(problem)
     context = {k: getattr(args, k) for k in ("cp_mode", "cp_split") if getattr(args, k) is not None}
     parallel = ParallelSpec(
@@ -411,16 +438,22 @@ def _shape_text(shape: dict[str, int]) -> str:
             f"MLP {shape['ffn']:,}{experts}, vocabulary {shape['vocab']:,}, {shape['seq']:,} tokens")
 
 
+def _count(count: int, noun: str) -> str:
+    """"1 GPU", "1,024 GPUs": a count and its noun, in the singular for one."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
 def _report(out: dict) -> str:
     mem = out["memory_bytes_per_gpu"]
     lines = [
-        f"{out['model']} on {out['gpus']} x {out['hardware']}, {out['global_batch']:,} sequences a step: "
-        f"{out['config']}",
+        f"{out['model']} on {out['gpus']:,} x {out['hardware']}, {_count(out['global_batch'], 'sequence')} "
+        f"a step: {out['config']}",
         # an override re-derives part of the shape: say what was priced
         *([_shape_text(out["shape"])] if out["model"].startswith("custom") else []),
         f"  step {out['step_time_s']:.3f} s, {out['tokens_per_s']:,.0f} tokens/s, "
-        f"{planner.flops_text(out['tflops_per_gpu'])} per GPU, "
-        f"MFU {out['mfu']:.1%}, HFU {out['hfu']:.1%}, pipeline idle {out['bubble_fraction']:.1%}"
+        f"{planner.flops_text(out['tflops_per_gpu'])} per GPU (hardware FLOPs, recompute counted), "
+        f"MFU {out['mfu']:.1%}, HFU {out['hfu']:.1%}"
+        + (f", pipeline idle {out['bubble_fraction']:.1%}" if out["pp"] > 1 else "")
         + (f" (unequal stages {out['stage_imbalance']:.1%}, the schedule and p2p waits the rest)"
            if out["stage_imbalance"] >= 0.0005 else ""),
         *([f"  pipeline priced by the schedule's closed form: its {out['pipeline_passes']:,} passes are more "
@@ -433,8 +466,8 @@ def _report(out: dict) -> str:
         *([f"  parameters {out['params'] / 1e9:.1f}B, {out['active_params'] / 1e9:.1f}B active per token"]
           if out["active_params"] != out["params"] else []),
         "  memory per GPU: " + ", ".join(f"{k} {planner.bytes_text(v)}" for k, v in mem.items()),
-        "  wire bytes per GPU per step (GB): "
-        + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in out["comm_bytes_per_gpu"].items()),
+        "  wire bytes per GPU per step: "
+        + (", ".join(f"{k} {fmt_bytes(v)}" for k, v in out["comm_bytes_per_gpu"].items()) or "none"),
     ]  # fmt: skip
     if not out["fits"]:
         over, usable = out["memory_over_bytes"], out["memory_usable_bytes"]
@@ -442,12 +475,12 @@ def _report(out: dict) -> str:
                      f"{planner.bytes_text(usable)} usable on {out['hardware']}, over by "
                      f"{planner.bytes_text(over)} ({over / usable:.0%})")
         if out["alternatives"]:
-            lines.append(f"  layouts that fit on {out['gpus']} GPUs, "
-                         f"{out['global_batch']:,} sequences a step:")
+            lines.append(f"  layouts that fit on {_count(out['gpus'], 'GPU')}, "
+                         f"{_count(out['global_batch'], 'sequence')} a step:")
             lines += [f"    {a['config']} ({planner.bytes_text(a['memory_bytes_per_gpu']['total'])}, "
                       f"{a['tokens_per_s']:,.0f} tokens/s)" for a in out["alternatives"]]
         else:
-            lines.append(f"  nothing fits on {out['gpus']} GPUs: {out['advice']}")
+            lines.append(f"  nothing fits on {_count(out['gpus'], 'GPU')}: {out['advice']}")
     return "\n".join(lines)
 
 
@@ -472,7 +505,7 @@ def plan_main(args) -> int:
     if not ranked:  # an answer, not an invalid request: said on stdout, exit 0
         reason = planner.why_nothing_fits(model, args.gpus, hw, args.global_batch, args.fp32_grads)
         print(json_text({**answer, "ranked": [], "explain": [], "reason": reason}) if args.json else
-              f"nothing fits on {args.gpus:,} {hw.name} GPUs: {reason}")
+              f"nothing fits on {_count(args.gpus, hw.name + ' GPU')}: {reason}")
         return 0
     sentences = planner.explain(ranked, model, hw)
     if args.json:
@@ -481,7 +514,8 @@ def plan_main(args) -> int:
         print(json_text({**answer, "ranked": rows, "explain": sentences}))
         return 0
     batch = ranked[0].parallel.global_batch
-    print(f"{model.name} on {args.gpus:,} {hw.name} GPUs, {batch:,} sequences of {model.seq:,} tokens a step"
+    print(f"{model.name} on {_count(args.gpus, hw.name + ' GPU')}, {_count(batch, 'sequence')} of "
+          f"{model.seq:,} tokens a step"
           + ("" if args.global_batch else f" ({_default_batch_note(model, args.gpus, hw, batch)})"))
     # ranked by tokens/s, which MFU follows; hardware TFLOP/s also counts recompute, so it need not
     print(f"    {'tokens/s':>10} {'MFU':>6} {'hardware rate':>15} {'memory':>10}  layout")
@@ -490,7 +524,8 @@ def plan_main(args) -> int:
                         planner.bytes_text(p.memory_bytes_per_gpu["total"]))
         print(f"{i:2d}. {p.tokens_per_s:>10,.0f} {p.mfu:>6.1%} {rate:>15} {memory:>10}  "
               f"{planner.describe(p.parallel)}")
-    print("\n".join(sentences))
+    notes = [note for note in map(_mfu_note, ranked, [hw] * len(ranked)) if note]
+    print("\n".join([*sentences, *(["note: " + notes[0]] if notes else [])]))
     return 0
 
 

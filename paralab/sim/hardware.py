@@ -158,6 +158,17 @@ FILE_UNITS = {
 NIC_KEYS = ("nic_gbit_s", "nics_per_node")
 
 
+def _one_value_a_key(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object whose keys are all different: json.loads keeps the last of a key given twice, and
+    a file that says memory_gib 80 and then 40 had priced 40 without a word."""
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"key {key!r} given twice")
+        seen[key] = value
+    return seen
+
+
 def load_hardware_file(path: str | Path) -> HardwareSpec:
     """A custom part from a JSON object (docs/simulator.md lists the fields).
 
@@ -168,8 +179,8 @@ def load_hardware_file(path: str | Path) -> HardwareSpec:
     """
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
+        data = json.loads(path.read_text(), object_pairs_hook=_one_value_a_key)
+    except (OSError, ValueError, RecursionError) as err:  # RecursionError: arrays nested past the stack
         raise SpecError(f"cannot read hardware file {str(path)!r}: {err}") from None
     if not isinstance(data, dict):
         raise SpecError(f"hardware file {str(path)!r} must hold one JSON object")

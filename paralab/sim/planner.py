@@ -79,7 +79,7 @@ def candidates(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int,
                fp32_grads: bool = False) -> Iterator[ParallelSpec]:
     """Every ParallelSpec for ``gpus`` GPUs whose degrees divide the model and the batch, keeping
     gradients in fp32 when ``fp32_grads`` (:func:`plan`)."""
-    policies = _recompute_policies(model)
+    policies = recompute_policies(model)
     for tp, pp, replicas in layouts(model, gpus, hw):
         for cp, cp_mode in _context_parallel(model, tp, replicas):
             dp = replicas // cp
@@ -100,7 +100,7 @@ def candidates(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int,
                                 )  # fmt: skip
 
 
-def _recompute_policies(model: ModelSpec) -> tuple[str, ...]:
+def recompute_policies(model: ModelSpec) -> tuple[str, ...]:
     """Recompute policies that differ for ``model``: selective recompute reruns the attention core a
     fused kernel already keeps nothing of, so with one it is no recompute by another name."""
     return tuple(r for r in RECOMPUTE if not (r == "selective" and model.attention == "fused"))
@@ -237,9 +237,9 @@ def why_nothing_fits(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch
                      for cp, _ in _context_parallel(model, tp, dp))
         batch_text = f"{batch:,}" + ("" if global_batch else " (the planner's default here)")
         if batch > MAX_MICROBATCHES * max(MICRO_BATCHES) * max(replicas):
-            return (f"a global batch of {batch_text} is more than {MAX_MICROBATCHES:,} microbatches of at "
-                    f"most {max(MICRO_BATCHES)} per replica on {gpus} GPUs, more than a step the simulator "
-                    "models")
+            return (f"a global batch of {batch_text} is more than the planner's layouts take: "
+                    f"{MAX_MICROBATCHES:,} microbatches of at most {max(MICRO_BATCHES)} sequences per "
+                    f"replica on {gpus:,} GPU{'s' * (gpus != 1)}")
         return (f"no split of {gpus} GPUs divides a global batch of {batch_text} "
                 f"(dp x micro-batch must divide it); the fewest replicas a split here has is dp {fewest}: "
                 f"try a global batch of {nearest_multiple(batch, fewest)}")
@@ -287,8 +287,9 @@ def describe(p: ParallelSpec) -> str:
              + (f" x cp {p.cp} {p.cp_mode}" if p.cp > 1 else "")]
     if p.pp > 1:
         parts.append(sched)
-    if p.stage_layers is not None:
-        parts.append(f"layers per stage {split_text(p.stage_layers)}")
+    if p.stage_layers is not None:  # per model chunk: a rank of a multi-chunk schedule holds several
+        where = "stage" if p.chunks == p.pp else f"model chunk (pp x {p.chunks // p.pp} = {p.chunks})"
+        parts.append(f"layers per {where} {split_text(p.stage_layers)}")
     parts += [f"{p.microbatches} microbatch(es) of {p.micro_batch}",
               f"ZeRO-{p.zero}" + _fsdp_text(p) + (", fp32 gradients" if p.fp32_grads else ""),
               f"recompute {p.recompute}"]
@@ -300,11 +301,22 @@ def describe(p: ParallelSpec) -> str:
 
 
 def _compute_cause(win: ParallelSpec, run: ParallelSpec) -> str:
-    """Why a layout computes more than the winner: it recomputes more, or its GEMMs are smaller (a
-    recompute no heavier than the winner's is not the cause)."""
-    if RECOMPUTE.index(run.recompute) <= RECOMPUTE.index(win.recompute):
-        return "smaller GEMMs"
-    return f"recompute {run.recompute} (the winner's: {win.recompute}) or smaller GEMMs"
+    """Why a layout computes more than the winner, as " from ...": it recomputes more, or its GEMMs
+    are shaped otherwise (another split of the heads, the sequence, the experts or the batch: smaller
+    ones run further from peak); empty where neither differs (a recompute no heavier than the winner's
+    is not the cause)."""
+    causes = []
+    if RECOMPUTE.index(run.recompute) > RECOMPUTE.index(win.recompute):
+        causes.append(f"recompute {run.recompute} (the winner's: {win.recompute})")
+    if _gemm_split(run) != _gemm_split(win):
+        causes.append("smaller GEMMs")
+    return " from " + " or ".join(causes) if causes else ""
+
+
+def _gemm_split(p: ParallelSpec) -> tuple[int, int, int, int]:
+    """What sets the shapes of a layout's GEMMs: tp (the heads and MLP width), cp (the sequence), ep
+    (the tokens an expert gets) and the micro-batch."""
+    return p.tp, p.cp, p.ep, p.micro_batch
 
 
 def _fsdp_text(p: ParallelSpec) -> str:
@@ -345,7 +357,7 @@ def explain(ranked: list[cost.Prediction], model: ModelSpec | None = None,
         deltas = {k: run.breakdown_s.get(k, 0.0) - win.breakdown_s.get(k, 0.0) for k in (*LOSSES, "compute")}
         losses = sorted((k for k in deltas if deltas[k] > 0), key=deltas.get, reverse=True)
         cause, offset = max(deltas, key=deltas.get), min(deltas, key=deltas.get)
-        computes = f"more compute per step from {_compute_cause(win.parallel, run.parallel)}"
+        computes = f"more compute per step{_compute_cause(win.parallel, run.parallel)}"
         reason = computes if cause == "compute" else f"more time in {LOSSES[cause]}"
         # a large gain elsewhere would leave the reader wondering how so large a cause makes so small a gap
         gain, gained = ("compute" if offset == "compute" else f"time in {LOSSES[offset]}"), -deltas[offset]
@@ -356,7 +368,7 @@ def explain(ranked: list[cost.Prediction], model: ModelSpec | None = None,
             partly = (f" and {second} ({seconds_text(deltas[losses[1]])}), against less {gain} "
                       f"({seconds_text(gained)})")
         # as fast, e.g. selective recompute with fused attention (nothing to drop)
-        why = (f"{slower:.1%} slower, mainly {reason} ({seconds_text(abs(deltas[cause]))} per step){partly}"
+        why = (f"{slower:.1%} slower, mainly {reason} (+{seconds_text(abs(deltas[cause]))} a step){partly}"
                if slower > 5e-4 else "as fast: what differs costs nothing here")
         memory = bytes_text(run.memory_bytes_per_gpu["total"])
         out.append(f"Runner-up: {describe(run.parallel)} - {why}, at {memory} per GPU.")
@@ -442,7 +454,7 @@ def seconds_text(seconds: float) -> str:
 
 def bytes_text(nbytes: float) -> str:
     """A memory size in GiB, or MiB below one GiB (the lab's models)."""
-    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+    return f"{nbytes / 2**30:,.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
 
 def why_context_parallel(win: cost.Prediction, model: ModelSpec, hw: HardwareSpec) -> str:
