@@ -497,7 +497,7 @@ def test_a_batch_of_more_microbatches_than_a_step_models_plans_the_splits_that_f
     (["simulate", "--model", "gpt3-1.3b", "--gpus", str(10**17)], "the simulator models up to 16,777,216"),
     (["plan", "--model", "gpt3-1.3b", "--gpus", str(10**20)], "the simulator models up to 16,777,216"),
     (["simulate", "--model", "gpt3-125m", "--pp", "2", "--microbatches", str(10**7), "--micro-batch", "1"],
-     "65,536 microbatches a step, got 2 GPUs and 10,000,000"),  # had run out of memory
+     "65,536 microbatches a step, got a world size of 2 and 10,000,000"),  # had run out of memory
     (["simulate", "--model", "gpt3-125m", "--ffn", "-1"], "model ffn must be >= 1, got -1"),
     (["simulate", "--model", "gpt3-125m", "--kv-heads", "-4"], "model --kv-heads must be >= 1, got -4"),
     (["simulate", "--model", "gpt3-125m", "--first-stage-layers", "5"], "give --pp 2 or more"),  # was ignored

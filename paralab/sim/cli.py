@@ -71,8 +71,9 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
                         help=f"one of {', '.join(HARDWARE_NAMES)}, or FILE.json (docs/simulator.md) "
                              "(default a100)")
     parser.add_argument("--global-batch", type=int,
-                        help="sequences per step (plan's default: from the GPUs and the sequence length, "
-                             "docs/simulator.md)")
+                        help="sequences per step (simulate's default, without --microbatches: one microbatch "
+                             "of one sequence a replica, pp x virtual stages of them in a pipeline; plan's: "
+                             "from the GPUs and the sequence length, docs/simulator.md)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 

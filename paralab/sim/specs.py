@@ -434,7 +434,7 @@ class ParallelSpec:
                            f"({self.global_batch / split:.3g} sequences each)")
         if p.world_size > MAX_GPUS or p.microbatches > MAX_MICROBATCHES:
             out.append(f"the simulator models up to {MAX_GPUS:,} GPUs and {MAX_MICROBATCHES:,} microbatches "
-                       f"a step, got {p.world_size:,} GPUs and {p.microbatches:,} microbatches")
+                       f"a step, got a world size of {p.world_size:,} and {p.microbatches:,} microbatches")
             return out
         if gpus is not None and p.world_size != gpus:
             names, degrees = ("dp x tp x pp x cp", f" x {p.cp}") if p.cp > 1 else ("dp x tp x pp", "")
