@@ -76,6 +76,24 @@ def test_timeline_measured_rows_spans_and_bytes(ddp_run):
     assert passes and not any("bytes" in text for text in passes)
 
 
+def test_a_receive_says_its_bytes_are_its_sends_and_waits_for_its_send():
+    """A receive's own wire bytes are 0 (a p2p's are counted once, on the send): its hover had read
+    "bytes 0 B (0 B)" above its 32 KiB payload, and its wait was "for the last participant"."""
+    trace = Trace([
+        Span(0, "comm", "send", 0.002, 0.003, peer=1, bytes=32768, payload_bytes=32768, step=0),
+        Span(1, "comm", "recv", 0.001, 0.003, peer=0, payload_bytes=32768, step=0)], meta={"world_size": 2})
+    hovers = {t.name: list(t.hovertext) for t in viz.timeline(trace).data if t.hovertext}
+    (recv,) = [text for name, texts in hovers.items() if name.startswith("recv") for text in texts
+               if "recv on" in text]
+    assert "bytes counted on its send" in recv and "bytes 0 B" not in recv and "payload 32.0 KiB" in recv
+    assert "for its send, then moved data" in "".join(t for texts in hovers.values() for t in texts)
+    (send,) = [text for texts in hovers.values() for text in texts if "send on" in text]
+    assert "bytes 32.0 KiB (32768 B)" in send
+    # by op and step: the receive's op is no bar, so it is not in the legend (it had been, with none)
+    assert [t.name for t in viz.comm_by_op(trace).data] == ["send"]
+    assert [t.name for t in viz.comm_by_op(trace, payload=True).data] == ["recv", "send"]
+
+
 def test_timeline_steps_filter(ddp_run):
     fig = viz.timeline(ddp_run.trace, steps=[2])
     assert bars(fig) == len([s for s in ddp_run.trace.spans if s.step == 2 and s.lane in ("compute", "comm")])

@@ -177,7 +177,7 @@ def test_the_pipeline_explorer_marks_a_run_with_its_shape_and_says_when_ranks_sh
     app.button.click()
     assert "the 2 ranks shared this machine's 1 core:" in app.message.value.replace("&#x27;", "'")
     title = app.measured.layout.title.text
-    assert title.startswith("run for real, 1f1b, 2 stages, 2 microbatches: step ")
+    assert title.startswith("run for real, 1f1b, 2 ranks, 2 microbatches: step ")
     app.controls["microbatches"].value = 4
     assert app.measured.layout.title.text == title  # still the run's own shape, not the controls'
 
@@ -231,8 +231,8 @@ def test_the_pipeline_explorer_says_dualpipevs_fewest_microbatches_in_its_slider
     slider at 4: the schedule counts the V's model stages, the slider the ranks."""
     app = widgets.pipeline_explorer(schedule="dualpipev", stages=4, microbatches=8)
     app.controls["microbatches"].value = 6
-    assert ("dualpipev with 4 stages needs at least 8 microbatches (2 model chunks on each stage, 8 in its "
-            "pipeline), got 6") in app.message.value
+    assert ("dualpipev on 4 pipeline ranks needs at least 8 microbatches (2 model chunks on each rank, 8 "
+            "stages in its pipeline), got 6") in app.message.value
     assert "2 x pp" not in app.message.value
 
 
@@ -361,7 +361,10 @@ def test_the_pipeline_explorer_stops_each_schedules_stages_where_it_stops_drawin
     app.controls["schedule"].value = "dualpipev"
     assert app.controls["stages"].max == 16 and app.controls["stages"].value == 16
     app.controls["microbatches"].value = 32
-    assert app.message.value == "" and "the explorer draws dualpipev up to 16 stages" in app.info.value
+    assert app.message.value == ""
+    assert "the explorer draws dualpipev up to 16 pipeline ranks" in app.info.value
+    app.controls["stages"].value = 4  # said where the slider stops only
+    assert "up to" not in app.info.value
     app.controls["schedule"].value = "1f1b"
     assert app.controls["stages"].max == 64 and "up to" not in app.info.value
 

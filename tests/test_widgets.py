@@ -7,6 +7,7 @@ starts real ranks once (2 pipeline stages of the tiny model); its error path use
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -236,7 +237,7 @@ def test_the_scaling_explorer_says_once_a_refusal_that_differs_only_in_each_size
     text = app.message.value
     assert text.count("the simulator models up to") == 1
     assert ("tp=1, 2, 4, 8, 16, 32, 64: the simulator models up to 16,777,216 GPUs and 65,536 microbatches "
-            "a step, got 1 to 64 GPUs and 100,000 microbatches") in text
+            "a step, got a world size of 1 to 64 and 100,000 microbatches") in text
     assert said_once("tp", [(1, "does not fit, 236.5 GiB per GPU"), (2, "does not fit, 1,120.3 GiB per GPU"),
                             (16, "tp 16 does not divide 40 heads, 12 layers"),
                             (32, "tp 32 does not divide 40 heads, 12 layers")]) == [
@@ -438,6 +439,43 @@ def test_comm_explorer_views_and_calculator():
     assert list(app.calculator.layout.xaxis2.tickvals) == [2, 4, 8]
 
 
+def browser_layout(fw):
+    """The layout the browser holds of FigureWidget ``fw`` from now on, as plotly.js keeps it: each
+    relayout the widget sends merged into it path by path, a None deleting the path."""
+    shown = json.loads(json.dumps(fw.layout.to_plotly_json()))
+
+    def relayout(change):
+        for path, value in (change["new"] or {}).get("relayout_data", {}).items():
+            *parents, leaf = path.split(".")
+            node = shown
+            for key in parents:
+                node = node.setdefault(key, {})
+            if value is None:
+                node.pop(leaf, None)
+            elif isinstance(value, dict) and isinstance(node.get(leaf), dict):
+                node[leaf].update(json.loads(json.dumps(value)))  # a nested object merges, as relayout's does
+            else:
+                node[leaf] = json.loads(json.dumps(value))
+
+    fw.observe(relayout, names="_py2js_relayout")
+    return shown
+
+
+def test_a_view_drawn_after_another_kind_shows_none_of_its_layout():
+    """The rank matrix's panels (their domains, second and third axes, "to rank" title) had stayed in
+    the browser after switching back to the bars: plotly.js merges a new layout into the one it shows.
+    What the old layout set and the new one does not is cleared, so the browser shows the new one."""
+    t = Trace(spans=[Span(r, "comm", "all_reduce", 0, 1, bytes=1000, payload_bytes=750, group_size=4, step=0)
+                     for r in range(4)], meta={"world_size": 4})
+    app = widgets.comm_explorer(t)
+    shown = browser_layout(app.figure)
+    for view in ("rank matrix", "by op", "rank matrix", "intra vs inter", "by step"):
+        app.controls["view"].value = view
+        drawn = json.loads(json.dumps(app.figure.layout.to_plotly_json()))
+        assert {**shown, "meta": None} == {**drawn, "meta": None}, view  # meta: data, not drawn
+    assert "xaxis2" not in shown and "domain" not in shown.get("xaxis", {})
+
+
 def calculator_curve(app, name: str) -> list[float]:
     return list(next(t for t in app.calculator.data if t.name.startswith(name)).y)
 
@@ -455,8 +493,9 @@ def test_the_calculator_prices_the_ring_its_title_names_and_says_where_nccls_tre
     groups = [2**k for k in range(1, 11)]
     assert calculator_curve(app, "one rank per node") == pytest.approx(
         [ring_time("all_reduce", payload, n, h100.inter_latency, h100.inter_bw) * 1e3 for n in groups])
-    inside = [ring_time("all_reduce", payload, min(n, 8), h100.intra_latency, h100.intra_bw) for n in groups]
-    assert calculator_curve(app, "inside a node") == pytest.approx([t * 1e3 for t in inside])
+    # inside a node as far as a node reaches (8 GPUs): held flat beyond, it had read as 64 ranks in one
+    inside = [ring_time("all_reduce", payload, n, h100.intra_latency, h100.intra_bw) for n in groups[:3]]
+    assert calculator_curve(app, "inside a node (up to 8 GPUs)") == pytest.approx([t * 1e3 for t in inside])
     assert calculator_curve(app, "one rank per node")[2] > calculator_curve(app, "inside a node")[2]
     note = app.calculator.layout.annotations[-1].text
     assert "across nodes NCCL's tree beats this ring from 4 ranks on" in note

@@ -63,7 +63,8 @@ def check(cfg: RunConfig, layout) -> None:
         degrees = [c for c in range(2, 17) if m.seq_len % (pieces // n * c) == 0]
         raise ConfigError(f"cp {n} ({layout.cp_mode}, {layout.cp_split}) needs the sequence length divisible "
                           f"by {pieces}, got {m.seq_len}: {why}; cp degrees that fit its {m.seq_len} tokens: "
-                          f"{degrees} (or, from Python, a model of a sequence length that fits: {fits})")
+                          f"{', '.join(map(str, degrees))} (or, from Python, a model of a sequence length "
+                          f"that fits: {', '.join(map(str, fits))})")
     if layout.sequence_parallel and (m.seq_len // n) % layout.tp:
         raise ConfigError(f"sequence parallel splits each cp rank's {m.seq_len // n} tokens (sequence "
                           f"{m.seq_len} / cp {n}) over tp {layout.tp} ranks, which does not divide them; use "
@@ -72,9 +73,9 @@ def check(cfg: RunConfig, layout) -> None:
     if not ring and heads % n:
         per = f" per tensor-parallel rank (heads {m.heads} / tp {layout.tp})" if layout.tp > 1 else ""
         fits = [d for d in range(1, heads + 1) if heads % d == 0]
-        raise ConfigError(f"all-to-all (Ulysses) gives each of the cp {n} ranks heads / cp of the heads: "
-                          f"{heads} heads{per} do not divide by {n}; cp degrees that fit: {fits}, or cp_mode "
-                          f"'ring'")
+        raise ConfigError(f"all-to-all (Ulysses) gives each of the cp {n} ranks an equal share of the "
+                          f"heads: {heads} heads{per} do not divide by {n}; cp degrees that fit: "
+                          f"{', '.join(map(str, fits))}, or cp_mode 'ring'")
 
 
 # ---------------------------------------------------------------------------- all-to-all (Ulysses)

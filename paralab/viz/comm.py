@@ -79,7 +79,9 @@ def comm_by_op(trace, payload: bool = False, title: str | None = None):
     """Stacked bars: bytes of each step, one colour per op; hover gives exact bytes."""
     graph = go()
     trace = as_trace(trace)
-    data = bytes_by_op_and_step(trace, payload)
+    # an op of no bytes has no bar to draw (a receive's wire bytes are its send's): named in the legend,
+    # it had read as a bar too thin to see
+    data = {op: per for op, per in bytes_by_op_and_step(trace, payload).items() if any(per.values())}
     steps = sorted({k for per in data.values() for k in per},
                    key=lambda k: (k is None, k if k is not None else 0))
     labels = [f"step {k}" if k is not None else "outside steps" for k in steps]

@@ -113,12 +113,14 @@ def memory_vs(points: dict[str, list[tuple[float, float, float]]], x_title: str,
     for i, (series, rows) in enumerate(points.items()):
         color = palette[i % len(palette)]
         xs = [r[0] for r in rows]
-        fig.add_trace(graph.Scatter(x=xs, y=[r[2] / scale for r in rows], mode="lines",
-                                    name=f"{series}, predicted", line=dict(color=color, dash="dash")))
+        fig.add_trace(graph.Scatter(
+            x=xs, y=[r[2] / scale for r in rows], mode="lines", name=f"{series}, predicted",
+            line=dict(color=color, dash="dash"), customdata=[fmt_bytes(r[2]) for r in rows],
+            hovertemplate=f"{series}: %{{x:,}} -> %{{customdata}} predicted<extra></extra>"))
         fig.add_trace(graph.Scatter(
             x=xs, y=[r[1] / scale for r in rows], mode="markers", name=f"{series}, measured",
             marker=dict(color=color, size=10), customdata=[fmt_bytes(r[1]) for r in rows],
-            hovertemplate=f"{series}: %{{x}} -> %{{customdata}} measured<extra></extra>"))
+            hovertemplate=f"{series}: %{{x:,}} -> %{{customdata}} measured<extra></extra>"))
     xs = sorted({r[0] for rows in points.values() for r in rows})
     ys = [v / scale for rows in points.values() for r in rows for v in r[1:]]
     fig.update_xaxes(title_text=x_title, type="log", tickvals=xs, ticktext=[f"{x:,g}" for x in xs])

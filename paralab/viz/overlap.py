@@ -36,6 +36,8 @@ def hiding(curves: dict, tokens: list[float], thresholds: dict | None = None, ti
     low = math.log10(ticks[0])
     fig.update_xaxes(type="log", dtick=1, tickformat=",.0f", range=[low, max(math.log10(ticks[-1]), low + 2)],
                      title_text="tokens each GPU computes per step (log scale)")
-    fig.update_yaxes(title_text="share of the communication that can hide", tickformat=".0%", range=[0, 1.05])
+    # 0% a little above the x axis: at its foot it had met the x axis's first label ("100") in the corner
+    fig.update_yaxes(title_text="share of the communication that can hide", tickformat=".0%",
+                     range=[-0.06, 1.05])
     fig.update_layout(meta={"curves": curves, "tokens": tokens, "thresholds": thresholds or {}})
     return style(fig, title or "when communication can hide behind compute", 380)

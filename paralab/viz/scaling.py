@@ -75,11 +75,11 @@ def scaling(measured=None, predicted=None, title: str | None = None):
         line = dict(color=color, dash=dash)
         fig.add_trace(graph.Scatter(x=ws, y=[p["step_time_s"] * scale for p in pts],
                                     mode="lines+markers", name=label, legendgroup=label, line=line,
-                                    hovertemplate=f"{label}: %{{x}} ranks, "
+                                    hovertemplate=f"{label}: world size %{{x}}, "
                                                   f"%{{y:.2f}} {unit}/step<extra></extra>"), 1, 1)
         fig.add_trace(graph.Scatter(x=ws, y=sp, mode="lines+markers", name=label,
                                     legendgroup=label, line=line, showlegend=False,
-                                    hovertemplate=f"{label}: %{{x}} ranks, "
+                                    hovertemplate=f"{label}: world size %{{x}}, "
                                                   f"speedup %{{y:.2f}}x<extra></extra>"), 1, 2)
     # a series' speedups are over its own smallest size, so is its ideal: one line per such size
     for (base, sizes), dash in zip(sorted(sizes_from.items()), ("dot", "dashdot")):

@@ -190,10 +190,13 @@ def _hover(s: Span, row: str, t0: float, wait: float | None = None,
                 f"{(s.end - s.start) * 1e3:.3f} ms: computing nothing until the call returned")
     out = (f"<b>{s.name or s.kind}</b><br>{s.kind} on {row}<br>start {(s.start - t0) * 1e3:.3f} ms, "
            f"duration {(s.end - s.start) * 1e3:.3f} ms")
-    if s.lane == COMM or s.bytes:  # a pass moves none: "bytes 0 B" had read as if it moved no data
+    if s.kind == "recv":  # its wire bytes are its send's: "bytes 0 B" had read as if nothing came
+        out += "<br>bytes counted on its send"
+    elif s.bytes or (s.lane == COMM and s.peer is None):  # a pass moves none, nor a p2p drawn without sizes
         out += f"<br>bytes {_bytes_label(s.bytes)}"
     if wait is not None:
-        out += (f"<br>waited {wait * 1e3:.3f} ms for the last participant, then moved data for "
+        whom = "its send" if s.peer is not None else "the last participant"
+        out += (f"<br>waited {wait * 1e3:.3f} ms for {whom}, then moved data for "
                 f"{(s.end - s.start - wait) * 1e3:.3f} ms")
     if s.microbatch is not None:
         out += f"<br>microbatch {s.microbatch}" + (f", stage {s.stage}" if s.stage is not None else "")

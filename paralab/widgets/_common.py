@@ -41,8 +41,28 @@ def replace_figure(fw, fig) -> None:
             fw.layout.shapes, fw.layout.annotations = fig.layout.shapes, fig.layout.annotations
         else:  # another kind of figure: its layout replaces the old one whole (subplots, axes, titles)
             fw.data = ()
+            if stale := left_over(fw.layout.to_plotly_json(), fig.layout.to_plotly_json()):
+                fw.plotly_relayout(stale)
             fw.layout = fig.layout
             fw.add_traces(new)
+
+
+def left_over(old: dict, new: dict, prefix: str = "") -> dict:
+    """What layout ``old`` sets and ``new`` does not, as relayout paths ("xaxis.domain") set to None.
+
+    A new layout reaches the browser as a relayout, which plotly.js merges into the layout it shows:
+    after the rank matrix, the bars "by op" were drawn in its first panel's fifth of the width, under
+    its "to rank" axis title and beside its empty second and third axes. Sent first, these clear it.
+    ``meta`` is data the browser draws nothing of (and free-form, so no path into it is valid): left
+    to the new layout."""
+    out: dict = {}
+    for key, value in old.items():
+        path = prefix + key
+        if key not in new:
+            out[path] = None
+        elif isinstance(value, dict) and isinstance(new[key], dict) and path != "meta":
+            out.update(left_over(value, new[key], path + "."))
+    return out
 
 
 def message(text: str = "", kind: str = "info") -> str:

@@ -357,8 +357,8 @@ GROWN_RUN_CONTROLS = ("world_size", "tp", "pp", "gpus_per_node", "model")
 
 
 def collective_rows(op: str, payload: float, max_group: int, hw_name: str) -> list[dict]:
-    """Per group size: the ring's wire bytes per rank, and its time inside one node (the group capped at
-    the node's GPUs, on NVLink) and with one rank per node (on each GPU's InfiniBand).
+    """Per group size: the ring's wire bytes per rank, and its time inside one node (on NVLink; None
+    for a group larger than a node) and with one rank per node (on each GPU's InfiniBand).
 
     The ring alone, as the calculator's title and its bytes say (paralab.collectives.ring_time on the
     links of the collectives explorer): the cost model's collective_time takes the faster of the ring and
@@ -368,7 +368,8 @@ def collective_rows(op: str, payload: float, max_group: int, hw_name: str) -> li
 
     nvlink, network = node_links(hw_name)
     return [{"group": n, "wire_bytes": ring_wire_bytes(op, payload, n),
-             "intra_s": ring_time(op, payload, min(n, nvlink.reach), nvlink.alpha, nvlink.bandwidth),
+             "intra_s": (ring_time(op, payload, n, nvlink.alpha, nvlink.bandwidth) if n <= nvlink.reach
+                         else None),
              "inter_s": ring_time(op, payload, n, network.alpha, network.bandwidth)}
             for n in POW2 if 2 <= n <= max_group]
 
@@ -600,10 +601,16 @@ def _collective_figure(c):
                            name="wire bytes per rank",
                            customdata=[fmt_bytes(r["wire_bytes"]) for r in rows],
                            hovertemplate="group %{x}: %{customdata}<extra></extra>"), 1, 1)
-    fig.add_trace(go().Scatter(x=groups, y=[r["intra_s"] * 1e3 for r in rows],
-                               name="inside a node (capped at node size)", mode="lines+markers"), 1, 2)
+    # inside a node as far as a node reaches: a line held flat past it had read as 64 ranks in one node
+    inside = [r for r in rows if r["intra_s"] is not None]
+    fig.add_trace(go().Scatter(x=[r["group"] for r in inside], y=[r["intra_s"] * 1e3 for r in inside],
+                               name=f"inside a node (up to {node_links(c['hardware'])[0].reach} GPUs)",
+                               mode="lines+markers",
+                               hovertemplate="inside a node, %{x} ranks: %{y:,.3f} ms<extra></extra>"), 1, 2)
     fig.add_trace(go().Scatter(x=groups, y=[r["inter_s"] * 1e3 for r in rows], name="one rank per node",
-                               mode="lines+markers"), 1, 2)
+                               mode="lines+markers",
+                               hovertemplate="one rank per node, %{x} ranks: %{y:,.3f} ms<extra></extra>"),
+                  1, 2)
     fig.update_xaxes(type="category", title_text="group size", row=1, col=1)
     # ticks at the group sizes drawn only: a dtick alone put 0.25, 0.5 and 1 beside a lone group of 2
     fig.update_xaxes(type="log", tickvals=groups, ticktext=[str(g) for g in groups], title_text="group size",
@@ -627,5 +634,5 @@ def _tree_note(payload: float, groups: list[int], hw_name: str) -> str:
     from_ranks = tree_takes_over(payload, groups, node_links(hw_name)[1])
     if from_ranks is None:
         return "across nodes this ring beats NCCL's tree at every group shown"
-    return (f"across nodes NCCL's tree beats this ring from {from_ranks} ranks on: NCCL runs the faster "
+    return (f"across nodes NCCL's tree beats this ring from {from_ranks} ranks on: NCCL picks the faster "
             "(the collectives explorer draws both)")

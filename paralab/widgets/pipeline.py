@@ -110,22 +110,24 @@ def stage_limit(name: str, most: int, chunks: int, max_microbatches: int) -> str
     more = most + 1
     fewest = fewest_microbatches(name, more, chunks)
     if fewest is None or fewest > max_microbatches:
-        return f"the explorer draws {name} up to {most} stages: {more} need more microbatches than it offers"
-    return (f"the explorer draws {name} up to {most} stages: {more} need at least {fewest} microbatches, "
-            f"{more * chunks * fewest:,} chunk-microbatches, past the {MAX_DRAWN:,} it draws "
+        return (f"the explorer draws {name} up to {most} pipeline ranks: {more} need more microbatches "
+                "than it offers")
+    return (f"the explorer draws {name} up to {most} pipeline ranks: {more} need at least {fewest} "
+            f"microbatches, {more * chunks * fewest:,} chunk-microbatches, past the {MAX_DRAWN:,} it draws "
             "(paralab.sim prices a step of any size)")
 
 
 def refusal(name: str, stages: int, microbatches: int, chunks: int, exc: Exception) -> str:
     """Why the explorer cannot draw this shape. Too few microbatches are said in the sliders' terms:
     DualPipeV's own rule counts the model stages of its V ("as many microbatches as stages (2 x pp =
-    8)"), which had stood beside a stages slider at 4. (A stage count whose fewest microbatches are
-    more than the explorer draws is not offered: the stages slider stops before it.)"""
+    8)"), which had stood beside a slider of 4 ranks. The slider counts pipeline ranks; a stage is a
+    model chunk, as the timeline's "s7" names it. (A rank count whose fewest microbatches are more
+    than the explorer draws is not offered: the slider stops before it.)"""
     fewest = fewest_microbatches(name, stages, chunks)
     if fewest is not None and microbatches < fewest:
-        return (f"{name} with {stages} stages needs at least {fewest} microbatches ({chunks} model chunks on "
-                f"each stage, {stages * chunks} in its pipeline), got {microbatches}")
-    return f"{name} with {stages} stages, {microbatches} microbatches, v={chunks}: {exc}"
+        return (f"{name} on {stages} pipeline ranks needs at least {fewest} microbatches ({chunks} model "
+                f"chunks on each rank, {stages * chunks} stages in its pipeline), got {microbatches}")
+    return f"{name} on {stages} pipeline ranks, {microbatches} microbatches, v={chunks}: {exc}"
 
 
 def fewest_microbatches(name: str, stages: int, chunks: int) -> int | None:
@@ -193,7 +195,8 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
     whole = dict(style={"description_width": "initial"})  # labels in full, never "microbatc…"
     controls = {
         "schedule": w.Dropdown(options=list(SCHEDULES), value=schedule, description="schedule", **whole),
-        "stages": w.IntSlider(value=stages, min=2, max=max_stages, description="stages",
+        # pipeline ranks: a rank of a multi-chunk schedule holds several stages (model chunks, "s7")
+        "stages": w.IntSlider(value=stages, min=2, max=max_stages, description="pipeline ranks (p)",
                               continuous_update=False, **whole),
         "microbatches": w.IntSlider(value=microbatches, min=1, max=max_microbatches,
                                     description="microbatches", continuous_update=False, **whole),
@@ -299,7 +302,8 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
                       f"{sim.bubble_fraction():.1%}, closed form{f' ({assumes})' if assumes else ''} "
                       f"{theory:.1%}{bound}"
                       + (f"<br>{beyond_binder(p)}" if p > MAX_RUN_RANKS else "")
-                      + (f"<br>{stops}" if stops else ""))
+                      # said where the slider stops: at 4 ranks, "up to 16" had read as a problem there
+                      + (f"<br>{stops}" if stops and p == controls["stages"].max else ""))
 
     def on_progress(step: int, total: int) -> None:
         progress.max = total
@@ -327,7 +331,7 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
         sched = build_schedule(name, p, m, v)
         predicted = simulate_schedule(sched, unit or UNIT_TIMES)
         # the shape in the title: the figure stays when the controls move on to another
-        shape_named = f"{name}, {p} stages, {m} microbatches" + (f", v={v}" if name == "interleaved" else "")
+        shape_named = f"{name}, {p} ranks, {m} microbatches" + (f", v={v}" if name == "interleaved" else "")
         fig = timeline(trace, predicted=predicted, steps=[last] if last is not None else None,
                        title=f"run for real, {shape_named}: step {last}")
         if app.measured is None:
