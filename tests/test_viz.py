@@ -323,6 +323,10 @@ def test_the_explorers_rank_matrix_gives_every_panel_a_scale_a_short_title_and_t
     # labels in cells only where they fit: three panels, one of 8 ranks, had shrunk them to 5 px
     three = compare_matrix({"a": ring(2, 1), "b": ring(2, 1), "c": ring(8, 2)})
     assert [t.texttemplate for t in three.data] == ["%{text}", "%{text}", None]
+    # in a cell its number in the colour bar's unit, the bytes in words on hover: "3.0 MiB" in each of
+    # 16 cells of a third of the width had been drawn at some 6 px
+    cells = [v for row in fig.data[0].text for v in row if v]
+    assert cells and set(cells) == {"3"} and fig.data[0].customdata[0][1] == "3.0 MiB"
 
 
 def test_the_explorers_node_split_names_its_bars_short_with_the_details_below():

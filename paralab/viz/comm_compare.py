@@ -191,14 +191,17 @@ def compare_matrix(sources: dict, payload: bool = False, title: str | None = Non
         matrix = comm_matrix_per_step(trace, payload)
         scale, unit = byte_scale(max((max(row) for row in matrix), default=0))
         labels = [f"r{r}" for r in range(len(matrix))]
-        text = [[fmt_bytes(v) if v else "" for v in row] for row in matrix]
+        # in a cell the number alone, in the colour bar's unit: "854.0 KiB" had been fitted into a third
+        # of the width at some 6 px
+        text = [[f"{v / scale:,.3g}" if v else "" for v in row] for row in matrix]
         right = fig.get_subplot(1, i).xaxis.domain[1]
         fig.add_trace(graph.Heatmap(
             z=[[v / scale for v in row] for row in matrix], x=labels, y=labels, colorscale="Blues", text=text,
+            customdata=[[fmt_bytes(v) for v in row] for row in matrix],
             name=label, texttemplate="%{text}" if len(matrix) * len(sources) <= CELLS_WITH_TEXT else None,
             colorbar=dict(title=dict(text=f"{unit} per step", side="right"), x=right + 0.01, xanchor="left",
                           thickness=10),
-            hovertemplate=f"{label}<br>r%{{y}} → %{{x}}: %{{text}} per step<extra></extra>",
+            hovertemplate=f"{label}<br>r%{{y}} → %{{x}}: %{{customdata}} per step<extra></extra>",
         ), 1, i)
         fig.update_yaxes(autorange="reversed", row=1, col=i, title_text="from rank" if i == 1 else None)
         fig.update_xaxes(title_text="to rank", row=1, col=i)
