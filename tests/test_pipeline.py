@@ -112,6 +112,13 @@ def test_trace_and_memory_agree_with_the_schedule(schedule, pp, microbatches, vi
             spans = [s for s in run.trace.select(lane="compute", rank=rank)
                      if s.step == step and s.kind != "optimizer"]
             assert sorted((s.kind, s.stage, s.microbatch) for s in spans) == expected
+    # each send and receive tagged with its own action's stage and microbatch, as its name says: a
+    # receive posted ahead, during the compute before it, had borne that compute's microbatch
+    for rank, actions in enumerate(plan.actions):
+        expected = sorted((a.op.split("_")[0], a.stage, a.microbatch) for a in actions if not a.is_compute)
+        p2p = [s for s in run.trace.select(lane="comm", rank=rank) if s.step == 0 and s.peer is not None]
+        assert sorted((s.kind, s.stage, s.microbatch) for s in p2p) == expected
+        assert all(s.name.endswith(f"{s.microbatch} s{s.stage}") for s in p2p if s.kind == "recv")
     sends = [s for s in run.trace.select(kind="send") if s.step == 0]
     assert len(sends) == sum(a.op.startswith("send") for acts in plan.actions for a in acts)
     hidden = MODEL["hidden"] * MODEL["seq_len"] * (BATCH // microbatches) * 4

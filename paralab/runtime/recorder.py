@@ -80,6 +80,17 @@ class Recorder:
         """Tag the following spans with step / microbatch / stage."""
         self.context.update(fields)
 
+    @contextmanager
+    def tagged(self, **fields):
+        """Tag the spans opened inside with ``fields``, then the context as it was: a receive posted
+        ahead, during another action, is its own action's."""
+        before = {key: self.context.get(key) for key in fields}
+        self.set_context(**fields)
+        try:
+            yield
+        finally:
+            self.set_context(**before)
+
     def open(self, kind: str, lane: str = COMPUTE, **fields) -> _OpenSpan | None:
         """Start a span. With tracing disabled only step spans are kept (step times stay measurable)."""
         if not self.enabled and lane != STEP:

@@ -197,7 +197,10 @@ class PipelineExecutor:
             boundary = a.stage - 1 if forward else a.stage
             buffer = torch.empty(self.shape, device=self.ctx.device, dtype=self.dtype)
             name = f"recv {'F' if forward else 'B'}{a.microbatch} s{a.stage}"
-            work = comm.irecv(buffer, self.pipeline_ranks[a.peer], group=self.groups[boundary], name=name)
+            # tagged as its own action: posted during the compute before it, it had borne that one's
+            # microbatch ("recv F4 s1" tagged microbatch 1)
+            with self.ctx.recorder.tagged(stage=a.stage, microbatch=a.microbatch):
+                work = comm.irecv(buffer, self.pipeline_ranks[a.peer], group=self.groups[boundary], name=name)
             self.posted.append((a, work, buffer))
 
     def _take_recv(self, a) -> torch.Tensor:
