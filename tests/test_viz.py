@@ -254,6 +254,9 @@ def test_comm_by_op_and_matrix_bytes_per_step(ddp_run):
     assert matrix[0][0] == matrix[1][1] == 0
     assert matrix[0][1] + matrix[1][0] == pytest.approx(3 * total)
     heat = viz.comm_matrix(trace)  # per step
+    # hover: the axis labels are "r0" already ("rr1 → r1" had been written); a cell of none says 0 B
+    assert heat.data[0].hovertemplate.startswith("%{y} → %{x}: ")
+    assert heat.data[0].hovertext[0][0].startswith("0 B")
     assert heat.layout.meta["ranks"] == 2 and heat.layout.meta["total_bytes"] == pytest.approx(total)
     split = viz.comm_link_split(trace)
     assert split.layout.meta["bytes"] == {"all_reduce": {"intra_node": total, "inter_node": 0}}
@@ -327,6 +330,8 @@ def test_the_explorers_rank_matrix_gives_every_panel_a_scale_a_short_title_and_t
     # 16 cells of a third of the width had been drawn at some 6 px
     cells = [v for row in fig.data[0].text for v in row if v]
     assert cells and set(cells) == {"3"} and fig.data[0].customdata[0][1] == "3.0 MiB"
+    assert fig.data[0].customdata[0][0] == "0 B"
+    assert "<br>%{y} → %{x}: %{customdata}" in fig.data[0].hovertemplate
 
 
 def test_the_explorers_node_split_names_its_bars_short_with_the_details_below():

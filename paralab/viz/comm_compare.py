@@ -201,7 +201,7 @@ def compare_matrix(sources: dict, payload: bool = False, title: str | None = Non
             name=label, texttemplate="%{text}" if len(matrix) * len(sources) <= CELLS_WITH_TEXT else None,
             colorbar=dict(title=dict(text=f"{unit} per step", side="right"), x=right + 0.01, xanchor="left",
                           thickness=10),
-            hovertemplate=f"{label}<br>r%{{y}} → %{{x}}: %{{customdata}} per step<extra></extra>",
+            hovertemplate=f"{label}<br>%{{y}} → %{{x}}: %{{customdata}} per step<extra></extra>",
         ), 1, i)
         fig.update_yaxes(autorange="reversed", row=1, col=i, title_text="from rank" if i == 1 else None)
         fig.update_xaxes(title_text="to rank", row=1, col=i)
