@@ -172,6 +172,8 @@ def test_the_pipeline_explorer_marks_a_run_with_its_shape_and_says_when_ranks_sh
     """4 ranks on 2 cores had measured a 79% bubble beside 29% simulated, with nothing saying the
     ranks took turns on the cores; and a measured figure left on screen when the microbatches moved
     read as the new shape's. (Real ranks: 2 stages, counted here as sharing 1 core.)"""
+    from paralab.widgets._common import EARLIER_RUN
+
     monkeypatch.setattr(worker, "usable_cores", lambda: 1)
     app = widgets.pipeline_explorer(schedule="1f1b", stages=2, microbatches=2, steps=2)
     app.button.click()
@@ -179,7 +181,11 @@ def test_the_pipeline_explorer_marks_a_run_with_its_shape_and_says_when_ranks_sh
     title = app.measured.layout.title.text
     assert title.startswith("run for real, 1f1b, 2 ranks, 2 microbatches: step ")
     app.controls["microbatches"].value = 4
-    assert app.measured.layout.title.text == title  # still the run's own shape, not the controls'
+    # still the run's own shape, said to be an earlier run's: under a message about 5 stages it had read
+    # as theirs
+    assert app.measured.layout.title.text == EARLIER_RUN + title
+    app.controls["microbatches"].value = 2  # the run's settings again
+    assert app.measured.layout.title.text == title
 
 
 def test_ranks_within_the_cores_are_not_said_to_share_them(monkeypatch):

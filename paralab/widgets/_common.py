@@ -77,7 +77,9 @@ def message(text: str = "", kind: str = "info") -> str:
 # settings the controls no longer hold, and the figure reads as theirs. On a line of its own: before a
 # long title on one line, it had pushed the title's end past the figure's right edge.
 NOT_REDRAWN = "<i>not redrawn for these settings (see the message), last drawn:</i><br>"
-MARK_PX = 22  # the mark's line, which the legend and the plot move down by while it is shown
+# Heads a measured run's figure once the controls have moved off the shape it ran (its title names it)
+EARLIER_RUN = "<i>an earlier run, not the settings above (its shape in the title):</i><br>"
+MARK_PX = 22  # a mark's line, which the legend and the plot move down by while it is shown
 
 
 def refuse(msg, fw, text: str) -> None:
@@ -85,19 +87,30 @@ def refuse(msg, fw, text: str) -> None:
     drawn (:data:`NOT_REDRAWN`) until it is redrawn: by :func:`replace_figure`, whose figure brings its
     own title, legend and margins, or by :func:`redrawn`."""
     msg.value = message(text, "error")
-    title = fw.layout.title.text or ""
-    if fw.data and not title.startswith(NOT_REDRAWN):  # an empty figure (nothing drawn yet) needs no mark
-        with fw.batch_update():
-            fw.layout.title.text = NOT_REDRAWN + title
-            _lower_title_legend_and_plot(fw, MARK_PX)
+    if fw.data:  # an empty figure (nothing drawn yet) needs no mark
+        mark(fw, NOT_REDRAWN)
 
 
 def redrawn(fw) -> None:
     """Take :func:`refuse`'s mark off a figure updated in place under its old title."""
+    unmark(fw, NOT_REDRAWN)
+
+
+def mark(fw, line: str) -> None:
+    """Head ``fw``'s title with ``line`` (:data:`NOT_REDRAWN`, :data:`EARLIER_RUN`), once."""
     title = fw.layout.title.text or ""
-    if title.startswith(NOT_REDRAWN):
+    if not title.startswith(line):
         with fw.batch_update():
-            fw.layout.title.text = title.removeprefix(NOT_REDRAWN)
+            fw.layout.title.text = line + title
+            _lower_title_legend_and_plot(fw, MARK_PX)
+
+
+def unmark(fw, line: str) -> None:
+    """Take :func:`mark`'s ``line`` off ``fw``'s title, where it heads it."""
+    title = fw.layout.title.text or ""
+    if title.startswith(line):
+        with fw.batch_update():
+            fw.layout.title.text = title.removeprefix(line)
             _lower_title_legend_and_plot(fw, -MARK_PX)
 
 

@@ -29,7 +29,18 @@ from paralab.sim.events import simulate_schedule
 from paralab.trace import COMPUTE, Trace, past_warm_up
 from paralab.viz.bubble import lower_bound
 from paralab.viz.timeline import microbatch_key, rows_axis
-from paralab.widgets._common import attach, figure_widget, message, redrawn, refuse, replace_figure, widgets
+from paralab.widgets._common import (
+    EARLIER_RUN,
+    attach,
+    figure_widget,
+    mark,
+    message,
+    redrawn,
+    refuse,
+    replace_figure,
+    unmark,
+    widgets,
+)
 
 UNIT_TIMES = {"forward": 1.0, "backward": 2.0, "backward_input": 1.0, "backward_weight": 1.0}
 # The most (chunk, microbatch) pairs drawn: some 6,000 bars (64 stages of 16 microbatches, 8 of 128),
@@ -251,6 +262,8 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
         if controls["stages"].value != asked:
             return  # brought down to the cap, which redrew through the slider's observer
         name, p, m, v, lat, overlap = shape()
+        if app.measured is not None:  # a run of other settings than these is said to be one
+            (unmark if (name, p, m, v) == app.measured_shape else mark)(app.measured, EARLIER_RUN)
         for key, schedules in applies.items():
             controls[key].layout.display = None if name in schedules else "none"
         button.disabled = p > MAX_RUN_RANKS
@@ -339,7 +352,7 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
             measured_box.children = [app.measured]
         else:
             replace_figure(app.measured, fig)
-        app.result = result
+        app.result, app.measured_shape = result, (name, p, m, v)
         msg.value = message(f"measured step time {result.summary['step_time_s'] * 1e3:.1f} ms, bubble "
                             f"{result.summary['bubble_fraction']:.1%}; predicted below with the op times it "
                             f"measured: bubble {predicted.bubble_fraction():.1%}"
@@ -356,6 +369,7 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
         info, msg, fw, measured_box,
     ])
     attach(app, controls=controls, figure=fw, measured=None, message=msg, info=info, progress=progress,
-           button=button, redraw=redraw, run_for_real=run_for_real, last_update_ms=0.0, result=None)
+           button=button, redraw=redraw, run_for_real=run_for_real, last_update_ms=0.0, result=None,
+           measured_shape=None)
     redraw()
     return app
