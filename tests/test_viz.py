@@ -779,6 +779,19 @@ def test_the_speedup_figure_makes_room_for_its_legends_rows():
     assert many.layout.margin.t == few.layout.margin.t + LEGEND_ROW_PX
 
 
+def test_speedups_below_one_have_a_labelled_tick_under_them():
+    """A 4-rank run at 0.67x had sat on the speedup panel's floor with 1 its lowest tick, and two
+    hybrids at 0.09x and 0.2x under the step panel's only ticks, 0.5 and 1."""
+    from paralab.viz.scaling import speedup_steps
+
+    runs = {1: _steps_of([0.3] * 3), 2: _steps_of([0.2] * 3), 4: _steps_of([0.45] * 3)}
+    panel = speedup_steps(runs, baseline=runs[1]).layout.yaxis2
+    below = [t for t in panel.tickvals if math.log10(t) >= panel.range[0] and t <= 0.3 / 0.45]
+    assert below == [0.5]
+    timeline = viz.speedup_timeline({"slow": _steps_of([1.0] * 3)}, baseline=0.1).layout.yaxis2
+    assert timeline.rangemode == "tozero" and timeline.nticks >= 6
+
+
 def test_ring_against_tree_stops_a_node_link_at_the_node():
     """Notebook 13 had drawn "NVLink (H100 node)" out to 1,024 ranks, though a node joins 8 GPUs: a
     link given a reach is drawn up to it, and a note on the plot says why; one without runs on."""

@@ -153,7 +153,9 @@ def speedup_timeline(runs, baseline=None, title: str | None = None):
         fig.add_hline(y=1.0, line_dash="dot", line_color="#999", row=2, col=1,
                       annotation_text="1x: the baseline", annotation_position="bottom right",
                       annotation_font=dict(size=11, color="#555"))
-        fig.update_yaxes(title_text="speedup (x)", row=2, col=1)
+        # from 0, with ticks enough to read runs far below the baseline (0.09x and 0.2x had stood under
+        # the only ticks, 0.5 and 1)
+        fig.update_yaxes(title_text="speedup (x)", rangemode="tozero", nticks=8, row=2, col=1)
     unit = "tokens/s" if any(as_trace(r).meta.get("tokens_per_step") for r in runs.values()) else "steps/s"
     fig.update_yaxes(title_text=f"throughput ({unit})", row=1, col=1, rangemode="tozero")
     fig.update_xaxes(dtick=1)
@@ -257,8 +259,13 @@ def speedup_steps(runs: Mapping, baseline, predicted: Mapping | None = None, cur
     fig.update_yaxes(title_text="ms per step", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="speedup (x)", rangemode="tozero", row=2, col=1)
     ticks = [2.0**k for k in range(-6, 8)]
+    # from the power of two at or below the slowest point, so that one labelled tick lies under it (a
+    # 4-rank run at 0.67x had sat on the panel's floor, the lowest tick 1)
+    drawn = [y for t in fig.select_traces(row=1, col=2) for y in t.y if y is not None and y > 0]
+    low, high = math.floor(math.log2(min(drawn))), math.log2(max(drawn))
     fig.update_yaxes(title_text="speedup over one rank (x)", type="log", tickvals=ticks,
-                     ticktext=[f"{t:g}" for t in ticks], row=1, col=2)
+                     ticktext=[f"{t:g}" for t in ticks], row=1, col=2,
+                     range=[math.log10(2.0**low) - 0.05, math.log10(2.0**high) + 0.1])
     fig.update_layout(meta=meta)
     style(fig, title or "speedup: step by step, and against world size", 640)
     # room for the legend's rows (four entries or so to a row in a notebook cell): its third row had
