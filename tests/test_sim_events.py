@@ -38,6 +38,10 @@ def test_one_compute_span_per_compute_action(name, p, m):
     assert got == expected
     comm = [a for acts in schedule.actions for a in acts if not a.is_compute]
     assert len(trace.select(lane="comm")) == len(comm)
+    # named as a measured run names its sends and receives ("send_forward F7@s0" beside "send F7 s0")
+    letter = {"forward": "F", "backward": "B"}
+    assert sorted(s.name for s in trace.select(lane="comm")) == sorted(
+        f"{a.op.split('_')[0]} {letter[a.op.split('_')[1]]}{a.microbatch} s{a.stage}" for a in comm)
 
 
 @pytest.mark.parametrize(("name", "p", "m"), CASES)

@@ -216,7 +216,7 @@ def _comm_span(
         kind,
         start,
         end,
-        name=str(action),
+        name=f"{kind} {str(action).split()[1].replace('@', ' ')}",  # "send F3 s1", as a measured run names it
         bytes=wire,
         payload_bytes=payload,
         peer=action.peer,
