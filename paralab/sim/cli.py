@@ -525,7 +525,7 @@ def plan_main(args) -> int:
                         planner.bytes_text(p.memory_bytes_per_gpu["total"]))
         print(f"{i:2d}. {p.tokens_per_s:>10,.0f} {p.mfu:>6.1%} {rate:>15} {memory:>10}  "
               f"{planner.describe(p.parallel)}")
-    notes = [note for note in map(_mfu_note, ranked, [hw] * len(ranked)) if note]
+    notes = [note for note in (_mfu_note(p, hw) for p in ranked) if note]
     print("\n".join([*sentences, *(["note: " + notes[0]] if notes else [])]))
     return 0
 
