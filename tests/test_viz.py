@@ -87,6 +87,9 @@ def test_a_receive_says_its_bytes_are_its_sends_and_waits_for_its_send():
                if "recv on" in text]
     assert "bytes counted on its send" in recv and "bytes 0 B" not in recv and "payload 32.0 KiB" in recv
     assert "for its send, then moved data" in "".join(t for texts in hovers.values() for t in texts)
+    # its hatched wait says what it waited for: no "others" in a call of two
+    (waiting,) = [text for name, texts in hovers.items() if name.startswith("waiting") for text in texts]
+    assert waiting.endswith(": its send had not been posted yet")
     (send,) = [text for texts in hovers.values() for text in texts if "send on" in text]
     assert "bytes 32.0 KiB (32768 B)" in send
     # by op and step: the receive's op is no bar, so it is not in the legend (it had been, with none)

@@ -227,7 +227,7 @@ def test_the_pipeline_explorer_runs_for_real_only_what_a_binder_box_holds(monkey
     assert MAX_RUN_RANKS == 4 and app.button.disabled
     assert "Run for real starts at most 4 ranks" in app.info.value and "Binder" in app.button.tooltip
     assert app.run_for_real() is None
-    assert "8 stages are simulated only, in the figure below" in app.message.value
+    assert "8 pipeline ranks are simulated only, in the figure below" in app.message.value
     app.controls["stages"].value = 4
     assert not app.button.disabled and "at most" not in app.info.value
 

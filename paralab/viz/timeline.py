@@ -182,9 +182,11 @@ def _hover(s: Span, row: str, t0: float, wait: float | None = None,
     """Hover text of one bar: name, kind and row, start and duration (ms), a call's bytes (human and exact),
     for a split call its wait and transfer, and for a call in flight beside others its sub-row
     (``slot``: sub-row, sub-rows; :func:`call_slots`)."""
-    if s.kind == WAITING:
+    if s.kind == WAITING:  # a receive waits for its send; a collective for its last participant
+        whom = ("its send had not been posted yet" if s.peer is not None
+                else "the others had not all entered yet")
         return (f"<b>{s.name}</b><br>on {row}, from {(s.start - t0) * 1e3:.3f} ms for "
-                f"{(s.end - s.start) * 1e3:.3f} ms: the others had not all entered yet")
+                f"{(s.end - s.start) * 1e3:.3f} ms: {whom}")
     if s.kind == BLOCKED:
         return (f"<b>{s.name}</b><br>on {row}, from {(s.start - t0) * 1e3:.3f} ms for "
                 f"{(s.end - s.start) * 1e3:.3f} ms: computing nothing until the call returned")
@@ -330,7 +332,7 @@ def waiting_spans(trace: Trace, spans: list[Span]) -> tuple[dict[int, Span], dic
     waits = {id(a.span): a.wait_s for a in trace.comm_arrivals()
              if id(a.span) in shown and a.last_entry is not None}
     over = {id(s): Span(s.rank, s.lane, WAITING, s.start, s.start + waits[id(s)],
-                        name=f"{s.name or s.kind}: waiting", step=s.step)
+                        name=f"{s.name or s.kind}: waiting", step=s.step, peer=s.peer)
             for s in spans if waits.get(id(s), 0) > 0}
     return over, waits
 

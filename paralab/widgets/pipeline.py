@@ -149,9 +149,9 @@ def fewest_microbatches(name: str, stages: int, chunks: int) -> int | None:
 
 
 def beyond_binder(stages: int) -> str:
-    """Why "Run for real" starts no run of more than :data:`MAX_RUN_RANKS` stages."""
-    return (f"Run for real starts at most {MAX_RUN_RANKS} ranks, one a stage: a notebook must run on a "
-            f"Binder box (1 CPU, 2 GB). {stages} stages are simulated only, in the figure below")
+    """Why "Run for real" starts no run of more than :data:`MAX_RUN_RANKS` pipeline ranks."""
+    return (f"Run for real starts at most {MAX_RUN_RANKS} ranks, one process each: a notebook must run on a "
+            f"Binder box (1 CPU, 2 GB). {stages} pipeline ranks are simulated only, in the figure below")
 
 
 def load_average() -> float:
@@ -215,13 +215,14 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
         "virtual_stages": w.IntSlider(value=max(virtual_stages, 2), min=2, max=8,
                                       description="virtual stages per rank",
                                       continuous_update=False, **whole),
+        # wide enough for a track beside its long name: squeezed in their row, the F&B slider's had gone
         "p2p": w.FloatSlider(value=p2p, min=0.0, max=2.0, step=0.05, description="p2p time / forward time",
-                             continuous_update=False, **whole),
+                             continuous_update=False, layout=w.Layout(min_width="380px"), **whole),
         # a slot can hide at most the shorter pass's worth (the forward): past it the slot would run
         # shorter than its backward alone
         "overlap": w.FloatSlider(value=overlap, min=0.0, max=1.0, step=0.1,
                                  description="F&B slot hides (forward times)",
-                                 continuous_update=False, **whole),
+                                 continuous_update=False, layout=w.Layout(min_width="420px"), **whole),
     }
     # the schedules each control applies to; for the others it is hidden (its value would mean nothing)
     applies = {"virtual_stages": ("interleaved",), "overlap": ("dualpipev",)}
