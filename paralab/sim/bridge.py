@@ -28,7 +28,7 @@ from paralab.sim.hardware import get_hardware, local
 from paralab.sim.presets import lab_model
 from paralab.sim.specs import MEASURED_CURVES, HardwareSpec, ModelSpec, ParallelSpec, SpecError
 from paralab.strategies.registry import get_strategy
-from paralab.trace import COMM, COMPUTE, STEP, Span, Trace
+from paralab.trace import COMPUTE, STEP, Span, Trace
 
 
 def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
@@ -229,15 +229,13 @@ def _global_ranks(p: ParallelSpec, pipeline_rank: int) -> list[int]:
 
 
 def _measured_style(span: Span, rank: int, step: int, shift: float, peer: int | None) -> Span:
-    """A copy on ``rank`` and ``step``, named as the recorder names the measured spans; a pipeline
-    send's or receive's ``peer`` the global rank at the same dp and tp place of the other pipeline rank
-    (the pipeline rank itself had paired a send with no receive, or with the sender's own)."""
+    """A copy on ``rank`` and ``step``, named as the recorder names the measured spans (a simulated
+    send or receive is so named already: ``sim.events``); a pipeline send's or receive's ``peer`` the
+    global rank at the same dp and tp place of the other pipeline rank (the pipeline rank itself had
+    paired a send with no receive, or with the sender's own)."""
     name = span.name
     if span.lane == COMPUTE:
         name = span.kind  # the recorder names compute spans by kind: forward, backward, optimizer
-    elif span.lane == COMM and span.kind in ("send", "recv") and span.microbatch is not None:
-        letter = "F" if "forward" in span.name else "B"
-        name = f"{span.kind} {letter}{span.microbatch} s{span.stage}"
     elif span.lane == STEP:
         name = f"step {step}"
     return dataclasses.replace(span, rank=rank, step=step, start=span.start + shift, end=span.end + shift,
