@@ -142,6 +142,9 @@ def _expert_degrees(model: ModelSpec, dp: int) -> list[int]:
 
 
 REFINED_ROWS = 10  # rows a plan simulates unless told: its default top, whatever top it returns
+# rates within this share of the faster are as fast: the plan's winner is the leanest of them, and the
+# explanation says a runner-up this close is as fast
+AS_FAST = 5e-4
 
 
 def plan(
@@ -161,7 +164,9 @@ def plan(
     refined ones: a closed form that was optimistic must not keep a place the simulation took from
     it, and rows shown side by side are priced alike
     (a DualPipeV row left in closed form, 3% pessimistic, had been ranked below a simulated layout
-    slower than its simulation).
+    slower than its simulation). The first row is the leanest of those as fast as the fastest
+    (:data:`AS_FAST`): ZeRO-0 at 68.0 GiB had won over ZeRO-1 at 45.9, 0.01% slower, and the
+    explanation had called the leaner runner-up as fast.
 
     Pricing every candidate would take seconds at 1,024 GPUs with context parallel in the search, so
     they are taken cheapest floor first (:func:`paralab.sim.cost.step_floor`, a bound no closed form
@@ -210,7 +215,14 @@ def plan(
             rows[i] = ((*_rank(pred), key[-1]), pred, True)
         rows.sort(key=lambda row: row[0])
         price_while_placing()
-    return [pred for _, pred, _ in rows[:top]]
+    ranked = [pred for _, pred, _ in rows]
+    fastest = ranked[0].tokens_per_s if ranked else 0.0
+    as_fast = [pred for pred in ranked[:refine] if pred.tokens_per_s >= fastest * (1 - AS_FAST)]
+    if as_fast:  # min keeps the first of equal memory: the faster
+        leanest = min(as_fast, key=lambda pred: pred.memory_bytes_per_gpu["total"])
+        ranked.remove(leanest)
+        ranked.insert(0, leanest)
+    return ranked[:top]
 
 
 def _request_problems(gpus, global_batch, top, refine) -> list[str]:
@@ -369,7 +381,7 @@ def explain(ranked: list[cost.Prediction], model: ModelSpec | None = None,
                       f"({seconds_text(gained)})")
         # as fast, e.g. selective recompute with fused attention (nothing to drop)
         why = (f"{slower:.1%} slower, mainly {reason} (+{seconds_text(abs(deltas[cause]))} a step){partly}"
-               if slower > 5e-4 else "as fast: what differs costs nothing here")
+               if slower > AS_FAST else "as fast: what differs costs nothing here")
         memory = bytes_text(run.memory_bytes_per_gpu["total"])
         out.append(f"Runner-up: {describe(run.parallel)} - {why}, at {memory} per GPU.")
     return out
