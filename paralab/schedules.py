@@ -93,11 +93,21 @@ class Action:
     def is_compute(self) -> bool:
         return self.op in COMPUTE_OPS
 
-    def __str__(self) -> str:
+    @property
+    def label(self) -> str:
+        """"F3 s1": the pass (a send's or receive's direction), the microbatch and the stage, as a
+        trace names the action's span, measured or simulated ("send F3 s1" for a send)."""
+        return f"{self._letter}{self.microbatch} s{self.stage}"
+
+    @property
+    def _letter(self) -> str:
         if self.is_compute:
-            return f"{PASS_LETTERS[self.op]}{self.microbatch}@s{self.stage}"
-        letter = "F" if self.op.endswith("forward") else "B"
-        return f"{self.op} {letter}{self.microbatch}@s{self.stage}"
+            return PASS_LETTERS[self.op]
+        return "F" if self.op.endswith("forward") else "B"
+
+    def __str__(self) -> str:
+        said = f"{self._letter}{self.microbatch}@s{self.stage}"
+        return said if self.is_compute else f"{self.op} {said}"
 
 
 @dataclass

@@ -671,7 +671,7 @@ def test_a_stage_split_that_does_not_add_up_says_by_how_much_and_offers_one(caps
      "applies to a 16-bit model"),
     (["plan", "--model", "tiny", "--gpus", "2", "--fp32-grads"], "--fp32-grads has no effect: tiny trains"),
     (["simulate", "--model", "llama3-8b", "--gpus", "8", "--tp", "8", "--zero", "3"],
-     "--zero 3 has no effect with one data-parallel replica (dp 1)"),
+     "--zero 3 has no effect with one data-parallel replica (dp 1) and cp 1"),
     (["simulate", "--model", "gpt3-1.3b", "--gpus", "8", "--microbatches", "4", "--schedule", "gpipe"],
      "--schedule gpipe has no effect without a pipeline (pp 1)"),
     (["simulate", "--model", "gpt3-1.3b", "--gpus", "8", "--schedule", "interleaved"],
@@ -679,8 +679,8 @@ def test_a_stage_split_that_does_not_add_up_says_by_how_much_and_offers_one(caps
     (["simulate", "--model", "gpt3-1.3b", "--gpus", "8", "--stage-layers", "24"],
      "--stage-layers has no effect without a pipeline (pp 1)"),
     (["simulate", "--model", "llama3-8b", "--gpus", "8", "--tp", "8", "--recompute", "selective"],
-     "--recompute selective has no effect on llama3-8b: it recomputes the attention core's s x s scores, "
-     "which its fused attention never stores"),
+     "--recompute selective has no effect on llama3-8b at cp 1: it recomputes the attention core's s x s "
+     "scores, which its fused attention never stores"),
 ], ids=["cp-mode", "cp-mode at its default", "cp-split", "simulate fp32-grads", "plan fp32-grads",
         "zero at dp 1", "schedule at pp 1", "a multi-chunk schedule at pp 1", "stage-layers at pp 1",
         "selective on fused"])
@@ -706,12 +706,29 @@ def test_the_flags_refused_as_changing_nothing_change_nothing():
         assert cost.predict(model, spec, h100).to_dict() == cost.predict(model, spec.replace(**flag),
                                                                          h100).to_dict()
     counterparts = [(get_model("llama3-8b"), ParallelSpec(tp=4, dp=2), {"zero": 3}),
+                    (get_model("gpt3-125m"), ParallelSpec(cp=2), {"zero": 1}),  # over dp x cp
                     (get_model("gpt3-1.3b"), ParallelSpec(pp=2, microbatches=4), {"schedule": "gpipe"}),
                     (get_model("llama3-8b").replace(attention="standard"), ParallelSpec(tp=8),
                      {"recompute": "selective"})]
     for model, spec, flag in counterparts:
         assert cost.predict(model, spec, h100).to_dict() != cost.predict(model, spec.replace(**flag),
                                                                          h100).to_dict()
+
+
+def test_a_flag_refused_as_changing_nothing_does_not_hide_what_is_wrong(capsys):
+    """dp stands at 1 where the degrees do not make up the GPUs: "--zero 1 has no effect (dp 1)" had
+    been said instead of the split that does not divide; an unknown schedule at pp 1 had been told it
+    changes nothing; ZeRO at dp 1 shards over cp, so there it is taken."""
+    rc, _, err = run(["simulate", "--model", "gpt3-1.3b", "--gpus", "12", "--tp", "8", "--zero", "1"], capsys)
+    assert rc == 2 and "tp 8 does not divide 12 GPUs" in err and "no effect" not in err
+    rc, _, err = run(["simulate", "--model", "gpt3-1.3b", "--gpus", "8", "--schedule", "1F1B"], capsys)
+    assert rc == 2 and "unknown schedule '1F1B'" in err
+    rc, out, _ = run(["simulate", "--model", "llama3-8b", "--gpus", "2", "--cp", "2", "--zero", "1",
+                      "--json"], capsys)
+    assert rc == 0 and json.loads(out)["zero"] == 1
+    rc, out, _ = run(["simulate", "--model", "llama3-8b", "--seq", "16384", "--gpus", "2", "--cp", "2",
+                      "--recompute", "selective", "--json"], capsys)
+    assert rc == 0 and json.loads(out)["recompute"] == "selective"  # across the split it reruns the core
 
 
 def test_the_schedule_plan_names_at_pp_1_is_taken_back(capsys):

@@ -223,11 +223,12 @@ def _stage_layers(args, model: ModelSpec) -> tuple[int, ...] | None:
     return ends_split(model.layers, args.pp, first, last)
 
 
-def _flags_without_effect(args, model: ModelSpec, dp: int = 1) -> str:
+def _flags_without_effect(args, model: ModelSpec, dp: int | None = None) -> str:
     """A flag given that changes nothing in this prediction, said with where it applies (empty when
     none is): whoever passes one believes it changed something. The context-parallel flags default to
     None, so only one written on the command line counts. ``plan`` has only --fp32-grads of these;
-    ``dp``: simulate's data-parallel degree."""
+    ``dp``: simulate's data-parallel degree, None where the degrees do not make up the GPUs (which the
+    spec's check says; a dp of 1 for want of a whole number had been told --zero changes nothing)."""
     if args.fp32_grads and model.dtype == "fp32":
         return (f"--fp32-grads has no effect: {model.name} trains in fp32, so its gradients are fp32 "
                 "already; it applies to a 16-bit model (--dtype bf16 or fp16)")
@@ -237,7 +238,7 @@ def _flags_without_effect(args, model: ModelSpec, dp: int = 1) -> str:
         if getattr(args, flag) is not None and args.cp == 1:
             return (f"--{flag.replace('_', '-')} has no effect without context parallelism (cp 1): it "
                     f"says {what} the cp GPUs; it applies with --cp 2 or more")
-    if args.pp == 1 and args.schedule != PIPELINE_FREE_SCHEDULE:
+    if args.pp == 1 and args.schedule != PIPELINE_FREE_SCHEDULE and args.schedule in SCHEDULES:
         return (f"--schedule {args.schedule} has no effect without a pipeline (pp 1): a schedule orders the "
                 "microbatches' passes over the pipeline's stages, and one stage runs them one after the "
                 f"other whatever it is named ({PIPELINE_FREE_SCHEDULE}, as plan names it at pp 1); it "
@@ -245,14 +246,14 @@ def _flags_without_effect(args, model: ModelSpec, dp: int = 1) -> str:
     if args.pp == 1 and args.stage_layers is not None:
         return ("--stage-layers has no effect without a pipeline (pp 1): one stage holds every layer; it "
                 "applies with --pp 2 or more")
-    if args.zero and dp == 1:
-        return (f"--zero {args.zero} has no effect with one data-parallel replica (dp 1): ZeRO shards the "
-                "optimizer's states, gradients and parameters over the data-parallel ranks; it applies with "
-                "dp 2 or more")
-    if args.cp == 1 and args.recompute not in planner.recompute_policies(model):
-        return (f"--recompute {args.recompute} has no effect on {model.name}: it recomputes the attention "
-                "core's s x s scores, which its fused attention never stores; it applies with --attention "
-                "standard (or within context parallelism's split, --cp 2 or more)")
+    if args.zero and dp == 1 and args.cp == 1:  # ZeRO shards over dp x cp (the ranks that reduce)
+        return (f"--zero {args.zero} has no effect with one data-parallel replica (dp 1) and cp 1: ZeRO "
+                "shards the optimizer's states, gradients and parameters over the data- and context-"
+                "parallel ranks; it applies with dp x cp of 2 or more")
+    if args.recompute not in planner.recompute_policies(model, args.cp):
+        return (f"--recompute {args.recompute} has no effect on {model.name} at cp 1: it recomputes the "
+                "attention core's s x s scores, which its fused attention never stores; it applies with "
+                "--attention standard, or across a context-parallel split (--cp 2 or more)")
     return ""
 
 
@@ -316,10 +317,10 @@ def _fits_hint(model: ModelSpec, gpus: int, hw, global_batch: int | None, fp32_g
         batch = ranked[0].parallel.global_batch
         default = "" if global_batch else ", the planner's default batch"
         return "Configurations that fit on {} at {} a step{}: {}".format(
-            _count(gpus, "GPU"), _count(batch, "sequence"), default,
+            planner.count_text(gpus, "GPU"), planner.count_text(batch, "sequence"), default,
             " | ".join(planner.describe(p.parallel) for p in ranked))
     why = planner.why_nothing_fits(model, gpus, hw, global_batch, fp32_grads)
-    return f"Nothing fits on {_count(gpus, 'GPU')}: {why}"
+    return f"Nothing fits on {planner.count_text(gpus, 'GPU')}: {why}"
 
 
 def _alternatives(model: ModelSpec, gpus: int, hw, global_batch: int | None,
@@ -344,7 +345,8 @@ def simulate_main(args) -> int:
         stage_layers = _stage_layers(args, model)
     except SpecError as err:
         return _fail(str(err))
-    if problem := _flags_without_effect(args, model, dp):  # before a `local` machine is measured
+    made_up = dp * tp * pp * cp == gpus  # else dp stands at 1 for want of a whole number
+    if problem := _flags_without_effect(args, model, dp if made_up else None):  # before `local` is measured
         return _fail(problem)
     context = {k: getattr(args, k) for k in ("cp_mode", "cp_split") if getattr(args, k) is not None}
     parallel = ParallelSpec(
@@ -439,16 +441,11 @@ def _shape_text(shape: dict[str, int]) -> str:
             f"MLP {shape['ffn']:,}{experts}, vocabulary {shape['vocab']:,}, {shape['seq']:,} tokens")
 
 
-def _count(count: int, noun: str) -> str:
-    """"1 GPU", "1,024 GPUs": a count and its noun, in the singular for one."""
-    return f"{count:,} {noun}{'' if count == 1 else 's'}"
-
-
 def _report(out: dict) -> str:
     mem = out["memory_bytes_per_gpu"]
     lines = [
-        f"{out['model']} on {out['gpus']:,} x {out['hardware']}, {_count(out['global_batch'], 'sequence')} "
-        f"a step: {out['config']}",
+        f"{out['model']} on {out['gpus']:,} x {out['hardware']}, "
+        f"{planner.count_text(out['global_batch'], 'sequence')} a step: {out['config']}",
         # an override re-derives part of the shape: say what was priced
         *([_shape_text(out["shape"])] if out["model"].startswith("custom") else []),
         f"  step {out['step_time_s']:.3f} s, {out['tokens_per_s']:,.0f} tokens/s, "
@@ -476,12 +473,12 @@ def _report(out: dict) -> str:
                      f"{planner.bytes_text(usable)} usable on {out['hardware']}, over by "
                      f"{planner.bytes_text(over)} ({over / usable:.0%})")
         if out["alternatives"]:
-            lines.append(f"  layouts that fit on {_count(out['gpus'], 'GPU')}, "
-                         f"{_count(out['global_batch'], 'sequence')} a step:")
+            lines.append(f"  layouts that fit on {planner.count_text(out['gpus'], 'GPU')}, "
+                         f"{planner.count_text(out['global_batch'], 'sequence')} a step:")
             lines += [f"    {a['config']} ({planner.bytes_text(a['memory_bytes_per_gpu']['total'])}, "
                       f"{a['tokens_per_s']:,.0f} tokens/s)" for a in out["alternatives"]]
         else:
-            lines.append(f"  nothing fits on {_count(out['gpus'], 'GPU')}: {out['advice']}")
+            lines.append(f"  nothing fits on {planner.count_text(out['gpus'], 'GPU')}: {out['advice']}")
     return "\n".join(lines)
 
 
@@ -506,7 +503,7 @@ def plan_main(args) -> int:
     if not ranked:  # an answer, not an invalid request: said on stdout, exit 0
         reason = planner.why_nothing_fits(model, args.gpus, hw, args.global_batch, args.fp32_grads)
         print(json_text({**answer, "ranked": [], "explain": [], "reason": reason}) if args.json else
-              f"nothing fits on {_count(args.gpus, hw.name + ' GPU')}: {reason}")
+              f"nothing fits on {planner.count_text(args.gpus, hw.name + ' GPU')}: {reason}")
         return 0
     sentences = planner.explain(ranked, model, hw)
     if args.json:
@@ -515,10 +512,11 @@ def plan_main(args) -> int:
         print(json_text({**answer, "ranked": rows, "explain": sentences}))
         return 0
     batch = ranked[0].parallel.global_batch
-    print(f"{model.name} on {_count(args.gpus, hw.name + ' GPU')}, {_count(batch, 'sequence')} of "
-          f"{model.seq:,} tokens a step"
+    print(f"{model.name} on {planner.count_text(args.gpus, hw.name + ' GPU')}, "
+          f"{planner.count_text(batch, 'sequence')} of {model.seq:,} tokens a step"
           + ("" if args.global_batch else f" ({_default_batch_note(model, args.gpus, hw, batch)})"))
-    # ranked by tokens/s, which MFU follows; hardware TFLOP/s also counts recompute, so it need not
+    # ranked by tokens/s (the first row the leanest as fast), which MFU follows; hardware TFLOP/s also
+    # counts recompute, so it need not
     print(f"    {'tokens/s':>10} {'MFU':>6} {'hardware rate':>15} {'memory':>10}  layout")
     for i, p in enumerate(ranked, 1):
         rate, memory = (planner.flops_text(p.tflops_per_gpu),

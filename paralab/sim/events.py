@@ -200,7 +200,7 @@ def _compute_span(action: Action, rank: int, start: float, seconds: float, step:
         action.op,
         start,
         start + seconds,
-        name=str(action).replace("@", " "),  # F3 s1
+        name=action.label,  # F3 s1
         step=step,
         microbatch=action.microbatch,
         stage=action.stage,
@@ -216,7 +216,7 @@ def _comm_span(
         kind,
         start,
         end,
-        name=f"{kind} {str(action).split()[1].replace('@', ' ')}",  # "send F3 s1", as a measured run names it
+        name=f"{kind} {action.label}",  # "send F3 s1", as a measured run names it
         bytes=wire,
         payload_bytes=payload,
         peer=action.peer,

@@ -1,4 +1,5 @@
-"""The planner: every way to split a model over N GPUs that divides and fits, ranked by throughput.
+"""The planner: every way to split a model over N GPUs that divides and fits, ranked by throughput
+(the first row the leanest of those as fast as the fastest: :func:`leanest_first`).
 
 Search space: tp (powers of two up to the node size, so tensor parallelism stays on NVLink, as
 Narayanan et al. 2021 advise), pp (dividing the layers, or where they do not, Megatron-LM's split
@@ -25,6 +26,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Iterator
+from fractions import Fraction
 
 from paralab.schedules import shape_problems
 from paralab.sim import context, cost, counting
@@ -100,10 +102,13 @@ def candidates(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int,
                                 )  # fmt: skip
 
 
-def recompute_policies(model: ModelSpec) -> tuple[str, ...]:
-    """Recompute policies that differ for ``model``: selective recompute reruns the attention core a
-    fused kernel already keeps nothing of, so with one it is no recompute by another name."""
-    return tuple(r for r in RECOMPUTE if not (r == "selective" and model.attention == "fused"))
+def recompute_policies(model: ModelSpec, cp: int = 1) -> tuple[str, ...]:
+    """Recompute policies that differ for ``model`` at context-parallel degree ``cp``: without cp,
+    selective recompute reruns the attention core a fused kernel already keeps nothing of, so with one
+    it is no recompute by another name; across a cp split it reruns the core (the split checkpoints it:
+    :func:`paralab.sim.context.reruns_fused_core`). The planner weighs the policies of cp 1 in every
+    layout (selective is not searched with cp on a fused attention)."""
+    return tuple(r for r in RECOMPUTE if not (r == "selective" and model.attention == "fused" and cp == 1))
 
 
 def _context_parallel(model: ModelSpec, tp: int, replicas: int) -> list[tuple[int, str]]:
@@ -151,7 +156,8 @@ def plan(
     model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int | None = None, top: int = 10,
     refine: int | None = None, fp32_grads: bool = False
 ) -> list[cost.Prediction]:
-    """Configurations that fit, fastest first (at most ``top``); empty when nothing fits.
+    """Configurations that fit, fastest first, but for the first row (:func:`leanest_first`); at most
+    ``top``; empty when nothing fits.
 
     Gradients are kept and reduced in the model's dtype, as torch's FSDP does by default; with
     ``fp32_grads`` in fp32, as Megatron-LM's main_grad does by default under bf16 (2 more bytes a
@@ -164,9 +170,7 @@ def plan(
     refined ones: a closed form that was optimistic must not keep a place the simulation took from
     it, and rows shown side by side are priced alike
     (a DualPipeV row left in closed form, 3% pessimistic, had been ranked below a simulated layout
-    slower than its simulation). The first row is the leanest of those as fast as the fastest
-    (:data:`AS_FAST`): ZeRO-0 at 68.0 GiB had won over ZeRO-1 at 45.9, 0.01% slower, and the
-    explanation had called the leaner runner-up as fast.
+    slower than its simulation).
 
     Pricing every candidate would take seconds at 1,024 GPUs with context parallel in the search, so
     they are taken cheapest floor first (:func:`paralab.sim.cost.step_floor`, a bound no closed form
@@ -215,14 +219,21 @@ def plan(
             rows[i] = ((*_rank(pred), key[-1]), pred, True)
         rows.sort(key=lambda row: row[0])
         price_while_placing()
-    ranked = [pred for _, pred, _ in rows]
+    return leanest_first([pred for _, pred, _ in rows], refine)[:top]
+
+
+def leanest_first(ranked: list[cost.Prediction], refine: int) -> list[cost.Prediction]:
+    """``ranked`` (fastest first) with the leanest of the first ``refine`` rows as fast as the fastest
+    (within :data:`AS_FAST`) moved to the front: ZeRO-0 at 68.0 GiB had won over ZeRO-1 at 45.9, 0.01%
+    slower, the explanation calling the leaner runner-up as fast. A ZeRO-3 row goes first only where no
+    other is as fast: its gathers are priced as hidden, which large runs have not shown (an upper bound,
+    docs/simulator.md). Of rows alike, the first (the faster)."""
     fastest = ranked[0].tokens_per_s if ranked else 0.0
     as_fast = [pred for pred in ranked[:refine] if pred.tokens_per_s >= fastest * (1 - AS_FAST)]
-    if as_fast:  # min keeps the first of equal memory: the faster
-        leanest = min(as_fast, key=lambda pred: pred.memory_bytes_per_gpu["total"])
-        ranked.remove(leanest)
-        ranked.insert(0, leanest)
-    return ranked[:top]
+    if not as_fast:
+        return ranked
+    leanest = min(as_fast, key=lambda pred: (pred.parallel.zero == 3, pred.memory_bytes_per_gpu["total"]))
+    return [leanest, *(pred for pred in ranked if pred is not leanest)]
 
 
 def _request_problems(gpus, global_batch, top, refine) -> list[str]:
@@ -251,8 +262,8 @@ def why_nothing_fits(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch
         if batch > MAX_MICROBATCHES * max(MICRO_BATCHES) * max(replicas):
             return (f"a global batch of {batch_text} is more than the planner's layouts take: "
                     f"{MAX_MICROBATCHES:,} microbatches of at most {max(MICRO_BATCHES)} sequences per "
-                    f"replica on {gpus:,} GPU{'s' * (gpus != 1)}")
-        return (f"no split of {gpus} GPUs divides a global batch of {batch_text} "
+                    f"replica on {count_text(gpus, 'GPU')}")
+        return (f"no split of {count_text(gpus, 'GPU')} divides a global batch of {batch_text} "
                 f"(dp x micro-batch must divide it); the fewest replicas a split here has is dp {fewest}: "
                 f"try a global batch of {nearest_multiple(batch, fewest)}")
     smallest = min(cost.memory_per_gpu(model, spec)["total"] for spec in specs)
@@ -325,10 +336,11 @@ def _compute_cause(win: ParallelSpec, run: ParallelSpec) -> str:
     return " from " + " or ".join(causes) if causes else ""
 
 
-def _gemm_split(p: ParallelSpec) -> tuple[int, int, int, int]:
-    """What sets the shapes of a layout's GEMMs: tp (the heads and MLP width), cp (the sequence), ep
-    (the tokens an expert gets) and the micro-batch."""
-    return p.tp, p.cp, p.ep, p.micro_batch
+def _gemm_split(p: ParallelSpec) -> tuple[int, Fraction, int]:
+    """What sets the shapes of a layout's GEMMs: tp (the heads and MLP width), the tokens of a
+    microbatch on one GPU (sequences over cp's split: cp 2 of 2 sequences multiplies what cp 1 of 1
+    does) and ep (the tokens an expert gets)."""
+    return p.tp, Fraction(p.micro_batch, p.cp), p.ep
 
 
 def _fsdp_text(p: ParallelSpec) -> str:
@@ -379,9 +391,11 @@ def explain(ranked: list[cost.Prediction], model: ModelSpec | None = None,
             second = "compute" if losses[1] == "compute" else LOSSES[losses[1]]
             partly = (f" and {second} ({seconds_text(deltas[losses[1]])}), against less {gain} "
                       f"({seconds_text(gained)})")
-        # as fast, e.g. selective recompute with fused attention (nothing to drop)
+        # as fast, e.g. selective recompute with fused attention (nothing to drop); a row a little faster
+        # than the winner is behind it for its memory (leanest_first)
         why = (f"{slower:.1%} slower, mainly {reason} (+{seconds_text(abs(deltas[cause]))} a step){partly}"
-               if slower > AS_FAST else "as fast: what differs costs nothing here")
+               if slower > AS_FAST else "as fast: what differs costs nothing here" if slower >= 0 else
+               f"as fast ({-slower:.2%} faster, within {AS_FAST:.2%}), behind the leaner winner")
         memory = bytes_text(run.memory_bytes_per_gpu["total"])
         out.append(f"Runner-up: {describe(run.parallel)} - {why}, at {memory} per GPU.")
     return out
@@ -451,6 +465,11 @@ def _uneven_stages_text(win: cost.Prediction, model: ModelSpec, hw: HardwareSpec
         return ""
     return (f", most of it stages of unequal work ({uneven / win.bubble_fraction:.0%} of the idle time), "
             "which more microbatches do not shrink")
+
+
+def count_text(count: int, noun: str) -> str:
+    """"1 GPU", "1,024 GPUs": a count and its noun, in the singular for one."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
 def flops_text(tflops: float) -> str:

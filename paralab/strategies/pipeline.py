@@ -172,11 +172,11 @@ class PipelineExecutor:
     # ------------------------------------------------------------------------------ p2p
     def send_forward(self, a) -> None:
         self._send(self.outbox.pop(("act", a.stage + 1, a.microbatch)), a.peer, boundary=a.stage,
-                   name=f"send F{a.microbatch} s{a.stage}")
+                   name=f"send {a.label}")
 
     def send_backward(self, a) -> None:
         self._send(self.outbox.pop(("grad", a.stage - 1, a.microbatch)), a.peer, boundary=a.stage - 1,
-                   name=f"send B{a.microbatch} s{a.stage}")
+                   name=f"send {a.label}")
 
     def recv_forward(self, a) -> None:
         self.inbox[("act", a.stage, a.microbatch)] = self._take_recv(a)
@@ -196,7 +196,7 @@ class PipelineExecutor:
             forward = a.op == RECV_FORWARD
             boundary = a.stage - 1 if forward else a.stage
             buffer = torch.empty(self.shape, device=self.ctx.device, dtype=self.dtype)
-            name = f"recv {'F' if forward else 'B'}{a.microbatch} s{a.stage}"
+            name = f"recv {a.label}"
             # tagged as its own action: posted during the compute before it, it had borne that one's
             # microbatch ("recv F4 s1" tagged microbatch 1)
             with self.ctx.recorder.tagged(stage=a.stage, microbatch=a.microbatch):
