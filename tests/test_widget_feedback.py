@@ -180,12 +180,14 @@ def test_the_pipeline_explorer_marks_a_run_with_its_shape_and_says_when_ranks_sh
     assert "the 2 ranks shared this machine's 1 core:" in app.message.value.replace("&#x27;", "'")
     title = app.measured.layout.title.text
     assert title.startswith("run for real, 1f1b, 2 ranks, 2 microbatches: step ")
+    top = app.measured.layout.margin.t
     app.controls["microbatches"].value = 4
+    app.controls["microbatches"].value = 3  # a second move marks it once
     # still the run's own shape, said to be an earlier run's: under a message about 5 stages it had read
     # as theirs
     assert app.measured.layout.title.text == EARLIER_RUN + title
     app.controls["microbatches"].value = 2  # the run's settings again
-    assert app.measured.layout.title.text == title
+    assert app.measured.layout.title.text == title and app.measured.layout.margin.t == top
 
 
 def test_ranks_within_the_cores_are_not_said_to_share_them(monkeypatch):

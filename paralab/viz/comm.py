@@ -277,8 +277,8 @@ def comm_matrix(trace, payload: bool = False, title: str | None = None):
         z=[[v / scale for v in row] for row in matrix], x=labels, y=labels, colorscale="Blues", text=text,
         customdata=matrix, texttemplate="%{text}" if len(matrix) <= 16 else None,
         # the labels are "r0" already ("rr1 → r1" had been written), a cell of none says 0 B
-        hovertext=[[f"{fmt_bytes(v)} per step ({v:,.0f} B)" for v in row] for row in matrix],
-        hovertemplate="%{y} → %{x}: %{hovertext}<extra></extra>",
+        hovertext=[[fmt_bytes(v) for v in row] for row in matrix],
+        hovertemplate="%{y} → %{x}: %{hovertext} per step (%{customdata:,.0f} B)<extra></extra>",
         colorbar=dict(title=f"{unit}/step"),
     ))
     # the labels stand off the plot's edge, where the first node's dashed box runs: on it, "r0" was clipped

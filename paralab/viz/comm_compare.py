@@ -193,7 +193,7 @@ def compare_matrix(sources: dict, payload: bool = False, title: str | None = Non
         labels = [f"r{r}" for r in range(len(matrix))]
         # in a cell the number alone, in the colour bar's unit: "854.0 KiB" had been fitted into a third
         # of the width at some 6 px
-        text = [[f"{v / scale:,.3g}" if v else "" for v in row] for row in matrix]
+        text = [[f"{v / scale:,.4g}" if v else "" for v in row] for row in matrix]  # 1,000 not 1e+03
         right = fig.get_subplot(1, i).xaxis.domain[1]
         fig.add_trace(graph.Heatmap(
             z=[[v / scale for v in row] for row in matrix], x=labels, y=labels, colorscale="Blues", text=text,

@@ -229,7 +229,7 @@ def speedup_steps(runs: Mapping, baseline, predicted: Mapping | None = None, cur
     medians = [base / as_trace(runs[n]).median_step_time() for n in sizes]
     fig.add_trace(graph.Scatter(x=sizes, y=medians, mode="lines+markers", name="measured (median step)",
                                 line=dict(color=MEASURED), marker=dict(size=9),
-                                hovertemplate="measured: %{x} ranks, %{y:.2f}x<extra></extra>"), 1, 2)
+                                hovertemplate="measured: world size %{x}, %{y:.2f}x<extra></extra>"), 1, 2)
     meta["measured"] = dict(zip(sizes, medians))
     every = set(sizes)
     if curve is not None:
@@ -238,7 +238,7 @@ def speedup_steps(runs: Mapping, baseline, predicted: Mapping | None = None, cur
         every.update(ws)
         fig.add_trace(graph.Scatter(x=ws, y=sp, mode="lines+markers", name=curve_label,
                                     line=dict(color=PREDICTED, dash="dash"),
-                                    hovertemplate=f"{curve_label}: %{{x}} ranks, "
+                                    hovertemplate=f"{curve_label}: world size %{{x}}, "
                                                   f"%{{y:.2f}}x<extra></extra>"), 1, 2)
         meta["predicted"] = dict(zip(ws, sp))
     if ideal_here:
@@ -246,8 +246,8 @@ def speedup_steps(runs: Mapping, baseline, predicted: Mapping | None = None, cur
         fig.add_trace(graph.Scatter(x=xs, y=[ideal_here[x] for x in xs], mode="lines",
                                     name="what this machine allows",
                                     line=dict(color=HERE, dash="dot", width=3),
-                                    hovertemplate="this machine allows at most %{y:.2f}x at %{x} "
-                                                  "ranks<extra></extra>"), 1, 2)
+                                    hovertemplate="this machine allows at most %{y:.2f}x at world size "
+                                                  "%{x}<extra></extra>"), 1, 2)
         meta["ideal_here"] = dict(ideal_here)
         every.update(xs)
     xs = sorted(every)
@@ -258,11 +258,12 @@ def speedup_steps(runs: Mapping, baseline, predicted: Mapping | None = None, cur
     fig.update_xaxes(title_text="world size (ranks)", type="log", dtick=0.30103, row=1, col=2)
     fig.update_yaxes(title_text="ms per step", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="speedup (x)", rangemode="tozero", row=2, col=1)
-    ticks = [2.0**k for k in range(-6, 8)]
     # from the power of two at or below the slowest point, so that one labelled tick lies under it (a
-    # 4-rank run at 0.67x had sat on the panel's floor, the lowest tick 1)
+    # 4-rank run at 0.67x had sat on the panel's floor, the lowest tick 1), to the one at or above the
+    # fastest, a tick at each
     drawn = [y for t in fig.select_traces(row=1, col=2) for y in t.y if y is not None and y > 0]
     low, high = math.floor(math.log2(min(drawn))), math.log2(max(drawn))
+    ticks = [2.0**k for k in range(low, math.ceil(high) + 1)]
     fig.update_yaxes(title_text="speedup over one rank (x)", type="log", tickvals=ticks,
                      ticktext=[f"{t:g}" for t in ticks], row=1, col=2,
                      range=[math.log10(2.0**low) - 0.05, math.log10(2.0**high) + 0.1])

@@ -271,8 +271,8 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
         button.tooltip = beyond_binder(p) if button.disabled else ""
         try:
             if not drawable(p, m, v):
-                raise ValueError(f"the explorer draws up to {MAX_DRAWN:,} chunk-microbatches (stages x "
-                                 f"chunks per rank x microbatches), this shape has {p * v * m:,}; "
+                raise ValueError(f"the explorer draws up to {MAX_DRAWN:,} chunk-microbatches (pipeline "
+                                 f"ranks x chunks per rank x microbatches), this shape has {p * v * m:,}; "
                                  "paralab.sim prices a step of any size")
             sim = simulate(name, p, m, v, lat, overlap)
         except (ScheduleError, ValueError) as exc:
