@@ -440,8 +440,10 @@ def test_comm_explorer_views_and_calculator():
 
 
 def browser_layout(fw):
-    """The layout the browser holds of FigureWidget ``fw`` from now on, as plotly.js keeps it: each
-    relayout the widget sends merged into it path by path, a None deleting the path."""
+    """The layout the browser holds of FigureWidget ``fw`` from now on, as a model of plotly.js's
+    relayout: each relayout the widget sends merged into it path by path, an object merged key by key,
+    a None deleting the path (checked in Chromium for the view switches below; in-place updates, sent
+    as restyle and update messages, are not modelled)."""
     shown = json.loads(json.dumps(fw.layout.to_plotly_json()))
 
     def relayout(change):
