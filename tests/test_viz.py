@@ -326,6 +326,9 @@ def test_the_explorers_rank_matrix_gives_every_panel_a_scale_a_short_title_and_t
     assert "64 dp x 1 tp x 1 pp, tiny in fp32, 8/node" in fig.layout.annotations[2].text
     assert "ring successor" in fig.layout.title.subtitle.text
     assert len(fig.layout.shapes) == 8  # a dashed box per node of the 64 ranks, none for one node
+    # taller with its ranks to a cap: the 64-rank panel had made its 4-rank neighbours 1,000 px columns
+    from paralab.viz.comm_compare import MATRIX_MAX_PX
+    assert fig.layout.height <= MATRIX_MAX_PX + 60 < 120 + 14 * 64  # its rule and note below: 53 px
     # labels in cells only where they fit: three panels, one of 8 ranks, had shrunk them to 5 px
     three = compare_matrix({"a": ring(2, 1), "b": ring(2, 1), "c": ring(8, 2)})
     assert [t.texttemplate for t in three.data] == ["%{text}", "%{text}", None]

@@ -36,9 +36,10 @@ from paralab.viz.comm import (
 )
 
 # columns of cells across the figure (ranks times panels) that leave a cell room for its label
-# ("465.8 KiB") at 820-1100 px: plotly shrinks a label to its cell, and three panels, one of 8 ranks,
+# ("465.8") at 820-1100 px: plotly shrinks a label to its cell, and three panels, one of 8 ranks,
 # had shrunk them to 5 px; past this the values are in the hover and the colour bar
 CELLS_WITH_TEXT = 12
+MATRIX_MAX_PX = 560  # the tallest rank-by-rank comparison (compare_matrix)
 
 # the mesh axes each of the cost model's collective families runs over (gradients: dp and cp together;
 # a hierarchical all-reduce's steps split dp: _groups)
@@ -209,8 +210,11 @@ def compare_matrix(sources: dict, payload: bool = False, title: str | None = Non
         meta[label] = {"ranks": len(matrix), "bytes_per_step": sum(map(sum, matrix)), "unit": unit}
     fig.update_layout(meta=meta)
     size = max(m["ranks"] for m in meta.values()) if meta else 1
+    # taller with the ranks, to a cap: side by side the panels are a third of the width each, and a
+    # 64-rank what-if had made them 1,000 px tall, its 4-rank neighbours narrow columns (a 64-rank panel
+    # draws no text in its cells, and a colour map of 7 px rows reads)
     fig = style(fig, title or "bytes per step, rank by rank: measured beside predicted",
-                max(380, 120 + 14 * size))
+                max(380, min(120 + 14 * size, MATRIX_MAX_PX)))
     note_details(fig, sources)
     return say_matrix_rule(fig, boxed)
 
