@@ -99,11 +99,16 @@ def test_a_model_that_fits_nowhere_is_an_answer_on_stdout(capsys):
 
 
 def test_a_batch_that_no_split_divides_is_named_as_the_cause(capsys):
-    rc, out, err = run(["plan", "--model", "gpt3-1.3b", "--gpus", "1024", "--global-batch", "100"], capsys)
+    rc, out, err = run(["plan", "--model", "gpt3-1.3b", "--gpus", "1024", "--global-batch", "999"], capsys)
     assert rc == 0 and not err
     # the nearest multiple of dp 16, below as well as above (1,001 on 1,024 GPUs had been told 1,004)
-    assert ("divides a global batch of 100" in out and "try a global batch of 96" in out
+    assert ("divides a global batch of 999" in out and "try a global batch of 992" in out
             and "GPUs: its model" not in out)
+    # a batch of fewer sequences than the replicas is split with context parallelism instead (100 had
+    # been told to become 96)
+    rc, out, _ = run(["plan", "--model", "gpt3-1.3b", "--gpus", "1024", "--global-batch", "100", "--top", "1",
+                      "--json"], capsys)
+    assert rc == 0 and json.loads(out)["ranked"][0]["cp"] > 1
 
 
 def test_a_plan_says_what_batch_it_took_and_a_long_sequence_gets_a_published_one(capsys):

@@ -11,7 +11,8 @@ tp divides the sequence, or each cp slice of it: same wire bytes, less memory an
 traffic under the cost model, so it never loses; where tp does not divide it, tp runs without it),
 for a mixture of experts ep (every power of two dividing dp and the experts: more ep holds fewer
 experts per GPU but sends more of each all-to-all across nodes) and, for long sequences (from
-paralab.sim.context.LONG_SEQUENCE tokens), context parallelism: cp taken out of what would be dp,
+paralab.sim.context.LONG_SEQUENCE tokens) or a batch of fewer sequences than replicas, context
+parallelism: cp taken out of what would be dp,
 ring (zig-zag) or all-to-all where the heads allow; :func:`explain` says what it bought.
 
 Ranking is two-pass so 1,024 GPUs plan in well under 5 s: candidates that fit are scored with the
@@ -83,7 +84,7 @@ def candidates(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int,
     gradients in fp32 when ``fp32_grads`` (:func:`plan`)."""
     policies = recompute_policies(model)
     for tp, pp, replicas in layouts(model, gpus, hw):
-        for cp, cp_mode in _context_parallel(model, tp, replicas):
+        for cp, cp_mode in _context_parallel(model, tp, replicas, global_batch):
             dp = replicas // cp
             sequence_parallel = tp > 1 and sequence_parallel_divides(model.seq, tp, cp)
             for mb in MICRO_BATCHES:
@@ -111,11 +112,13 @@ def recompute_policies(model: ModelSpec, cp: int = 1) -> tuple[str, ...]:
     return tuple(r for r in RECOMPUTE if not (r == "selective" and model.attention == "fused" and cp == 1))
 
 
-def _context_parallel(model: ModelSpec, tp: int, replicas: int) -> list[tuple[int, str]]:
-    """(cp, mode) to try: none for short sequences; for long ones every degree that divides the
-    replicas and the sequence, as a zig-zag ring, and as all-to-all where the heads divide too."""
+def _context_parallel(model: ModelSpec, tp: int, replicas: int, batch: int) -> list[tuple[int, str]]:
+    """(cp, mode) to try: none for short sequences in a batch that gives every replica one; for long
+    ones, or a batch of fewer sequences than replicas (8 on 1,024 GPUs: without cp the GPUs that get
+    no sequence go to a 16-stage pipeline, 93% idle), every degree that divides the replicas and the
+    sequence, as a zig-zag ring, and as all-to-all where the heads divide too."""
     out = [(1, "ring")]
-    if model.seq < context.LONG_SEQUENCE:
+    if model.seq < context.LONG_SEQUENCE and batch >= replicas:
         return out
     for cp in (c for c in context.CP_DEGREES if replicas % c == 0 and model.seq % (2 * c) == 0):
         out.append((cp, "ring"))
@@ -257,7 +260,7 @@ def why_nothing_fits(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch
     if not specs:
         # context parallelism takes its degree out of the replicas
         fewest = min(dp // cp for tp, _, dp in layouts(model, gpus, hw)
-                     for cp, _ in _context_parallel(model, tp, dp))
+                     for cp, _ in _context_parallel(model, tp, dp, batch))
         batch_text = f"{batch:,}" + ("" if global_batch else " (the planner's default here)")
         if batch > MAX_MICROBATCHES * max(MICRO_BATCHES) * max(replicas):
             return (f"a global batch of {batch_text} is more than the planner's layouts take: "
@@ -288,7 +291,7 @@ def replicas_shut_out(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batc
     on 7 GPUs leaves out dp 7."""
     most = max(MOST_TOKENS_PER_STEP // model.seq, 1)
     replicas = {dp // cp for tp, _, dp in layouts(model, gpus, hw)
-                for cp, _ in _context_parallel(model, tp, dp)}
+                for cp, _ in _context_parallel(model, tp, dp, global_batch)}
     return sorted(n for n in replicas if global_batch % n and nearest_multiple(global_batch, n) <= most)
 
 
@@ -499,7 +502,11 @@ def why_context_parallel(win: cost.Prediction, model: ModelSpec, hw: HardwareSpe
     how = "K/V blocks travel a ring beside the attention" if p.cp_mode == "ring" else \
         "all-to-alls swap sequence and heads around the attention"
     exposed = win.breakdown_s.get("cp_comm_exposed", 0.0) / win.step_time_s
-    return (f"Context parallel cp {p.cp} ({p.cp_mode}): each GPU holds {model.seq // p.cp:,} of each "
+    # a batch of fewer sequences than the layout's replicas: without cp the spare GPUs had no sequence
+    few = (f"the batch's {count_text(p.global_batch, 'sequence')} are fewer than the {p.dp * p.cp} "
+           f"replicas this layout has without cp, so cp puts {p.cp} GPUs on each sequence; "
+           if p.global_batch < p.dp * p.cp else "")
+    return (f"Context parallel cp {p.cp} ({p.cp_mode}): {few}each GPU holds {model.seq // p.cp:,} of each "
             f"sequence's {model.seq:,} tokens, so its activations are "
             f"{bytes_text(win.memory_bytes_per_gpu['activations'])} "
             f"where the same layout unsplit keeps {bytes_text(unsplit['activations'])} ({verdict}: "
