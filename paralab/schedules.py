@@ -51,6 +51,12 @@ UNIT_PASSES = (1.0, 1.0, 1.0)  # a chunk's (F, Bi, W) times that ZB-V's order as
 
 # a pass is named by its letter, microbatch and stage: "F3 s1"
 PASS_LETTERS = {FORWARD: "F", BACKWARD: "B", BACKWARD_INPUT: "Bi", BACKWARD_WEIGHT: "W"}
+
+
+def pass_label(letter: str, microbatch: int, stage: int | None = None) -> str:
+    """How a trace labels a pass or a transfer: "F3 s1", microbatch 3's forward on stage 1 ("F3" where
+    the stage is not known)."""
+    return f"{letter}{microbatch}" + (f" s{stage}" if stage is not None else "")
 # A send matches the receive of the neighbouring stage: (op on the peer, stage offset).
 _COUNTERPART = {
     SEND_FORWARD: (RECV_FORWARD, +1),
@@ -97,7 +103,7 @@ class Action:
     def label(self) -> str:
         """"F3 s1": the pass (a send's or receive's direction), the microbatch and the stage, as a
         trace names the action's span, measured or simulated ("send F3 s1" for a send)."""
-        return f"{self._letter}{self.microbatch} s{self.stage}"
+        return pass_label(self._letter, self.microbatch, self.stage)
 
     @property
     def _letter(self) -> str:

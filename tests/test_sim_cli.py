@@ -99,13 +99,16 @@ def test_a_model_that_fits_nowhere_is_an_answer_on_stdout(capsys):
 
 
 def test_a_batch_that_no_split_divides_is_named_as_the_cause(capsys):
-    rc, out, err = run(["plan", "--model", "gpt3-1.3b", "--gpus", "1024", "--global-batch", "999"], capsys)
+    """An odd sequence splits over no cp (the ring cuts it into 2 cp chunks), so 999 sequences of 2,047
+    tokens split over no layout of 1,024 GPUs; the nearest multiple of dp 16 is offered, below as well
+    as above (1,001 on 1,024 GPUs had been told 1,004)."""
+    rc, out, err = run(["plan", "--model", "gpt3-1.3b", "--seq", "2047", "--gpus", "1024", "--global-batch",
+                        "999"], capsys)
     assert rc == 0 and not err
-    # the nearest multiple of dp 16, below as well as above (1,001 on 1,024 GPUs had been told 1,004)
     assert ("divides a global batch of 999" in out and "try a global batch of 992" in out
             and "GPUs: its model" not in out)
-    # a batch of fewer sequences than the replicas is split with context parallelism instead (100 had
-    # been told to become 96)
+    # a batch that does not split over the replicas is split with context parallelism where the sequence
+    # allows (100 of 2,048 tokens had been told to become 96)
     rc, out, _ = run(["plan", "--model", "gpt3-1.3b", "--gpus", "1024", "--global-batch", "100", "--top", "1",
                       "--json"], capsys)
     assert rc == 0 and json.loads(out)["ranked"][0]["cp"] > 1
@@ -725,6 +728,9 @@ def test_a_flag_refused_as_changing_nothing_does_not_hide_what_is_wrong(capsys):
     been said instead of the split that does not divide; an unknown schedule at pp 1 had been told it
     changes nothing; ZeRO at dp 1 shards over cp, so there it is taken."""
     rc, _, err = run(["simulate", "--model", "gpt3-1.3b", "--gpus", "12", "--tp", "8", "--zero", "1"], capsys)
+    assert rc == 2 and "tp 8 does not divide 12 GPUs" in err and "no effect" not in err
+    rc, _, err = run(["simulate", "--model", "llama3-8b", "--gpus", "12", "--tp", "8", "--recompute",
+                      "selective"], capsys)
     assert rc == 2 and "tp 8 does not divide 12 GPUs" in err and "no effect" not in err
     rc, _, err = run(["simulate", "--model", "gpt3-1.3b", "--gpus", "8", "--schedule", "1F1B"], capsys)
     assert rc == 2 and "unknown schedule '1F1B'" in err

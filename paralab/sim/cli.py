@@ -232,7 +232,7 @@ def _flags_without_effect(args, model: ModelSpec, dp: int | None = None) -> str:
     if args.fp32_grads and model.dtype == "fp32":
         return (f"--fp32-grads has no effect: {model.name} trains in fp32, so its gradients are fp32 "
                 "already; it applies to a 16-bit model (--dtype bf16 or fp16)")
-    if not hasattr(args, "cp"):  # plan
+    if not hasattr(args, "cp") or dp is None:  # plan; or degrees the spec's check will refuse first
         return ""
     for flag, what in (("cp_mode", "how K/V travel between"), ("cp_split", "how a sequence is cut over")):
         if getattr(args, flag) is not None and args.cp == 1:

@@ -40,7 +40,7 @@ from paralab.strategies.sequence_split import ring_source, step_tiles
 from paralab.trace import COMM, COMPUTE, Span, Trace
 
 # tokens from which the planner considers cp (Llama 3: cp 16 at 131,072, none at 8,192); below, only for a
-# batch of fewer sequences than replicas (planner._context_parallel)
+# batch that does not split over the replicas (planner.short_of_sequences)
 LONG_SEQUENCE = 16384
 CP_DEGREES = (2, 4, 8, 16, 32)
 

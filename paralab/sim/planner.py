@@ -11,7 +11,7 @@ tp divides the sequence, or each cp slice of it: same wire bytes, less memory an
 traffic under the cost model, so it never loses; where tp does not divide it, tp runs without it),
 for a mixture of experts ep (every power of two dividing dp and the experts: more ep holds fewer
 experts per GPU but sends more of each all-to-all across nodes) and, for long sequences (from
-paralab.sim.context.LONG_SEQUENCE tokens) or a batch of fewer sequences than replicas, context
+paralab.sim.context.LONG_SEQUENCE tokens) or a batch that does not split over the replicas, context
 parallelism: cp taken out of what would be dp,
 ring (zig-zag) or all-to-all where the heads allow; :func:`explain` says what it bought.
 
@@ -112,13 +112,19 @@ def recompute_policies(model: ModelSpec, cp: int = 1) -> tuple[str, ...]:
     return tuple(r for r in RECOMPUTE if not (r == "selective" and model.attention == "fused" and cp == 1))
 
 
+def short_of_sequences(batch: int, replicas: int) -> bool:
+    """Whether a batch does not split over the replicas, whole sequences each: 8 sequences on 1,024
+    GPUs, or 1,000 on 1,024 replicas, leave GPUs no sequence of their own, which without cp go to
+    pipeline or tensor parallelism (8 sequences had planned a 16-stage pipeline, 93% idle)."""
+    return batch % replicas != 0
+
+
 def _context_parallel(model: ModelSpec, tp: int, replicas: int, batch: int) -> list[tuple[int, str]]:
-    """(cp, mode) to try: none for short sequences in a batch that gives every replica one; for long
-    ones, or a batch of fewer sequences than replicas (8 on 1,024 GPUs: without cp the GPUs that get
-    no sequence go to a 16-stage pipeline, 93% idle), every degree that divides the replicas and the
+    """(cp, mode) to try: none for short sequences in a batch that splits over the replicas; for long
+    ones, or a batch :func:`short_of_sequences`, every degree that divides the replicas and the
     sequence, as a zig-zag ring, and as all-to-all where the heads divide too."""
     out = [(1, "ring")]
-    if model.seq < context.LONG_SEQUENCE and batch >= replicas:
+    if model.seq < context.LONG_SEQUENCE and not short_of_sequences(batch, replicas):
         return out
     for cp in (c for c in context.CP_DEGREES if replicas % c == 0 and model.seq % (2 * c) == 0):
         out.append((cp, "ring"))
@@ -502,10 +508,9 @@ def why_context_parallel(win: cost.Prediction, model: ModelSpec, hw: HardwareSpe
     how = "K/V blocks travel a ring beside the attention" if p.cp_mode == "ring" else \
         "all-to-alls swap sequence and heads around the attention"
     exposed = win.breakdown_s.get("cp_comm_exposed", 0.0) / win.step_time_s
-    # a batch of fewer sequences than the layout's replicas: without cp the spare GPUs had no sequence
-    few = (f"the batch's {count_text(p.global_batch, 'sequence')} are fewer than the {p.dp * p.cp} "
+    few = (f"the batch's {count_text(p.global_batch, 'sequence')} do not split over the {p.dp * p.cp} "
            f"replicas this layout has without cp, so cp puts {p.cp} GPUs on each sequence; "
-           if p.global_batch < p.dp * p.cp else "")
+           if short_of_sequences(p.global_batch, p.dp * p.cp) else "")
     return (f"Context parallel cp {p.cp} ({p.cp_mode}): {few}each GPU holds {model.seq // p.cp:,} of each "
             f"sequence's {model.seq:,} tokens, so its activations are "
             f"{bytes_text(win.memory_bytes_per_gpu['activations'])} "

@@ -262,11 +262,11 @@ def speedup_steps(runs: Mapping, baseline, predicted: Mapping | None = None, cur
     # 4-rank run at 0.67x had sat on the panel's floor, the lowest tick 1), to the one at or above the
     # fastest, a tick at each
     drawn = [y for t in fig.select_traces(row=1, col=2) for y in t.y if y is not None and y > 0]
-    low, high = math.floor(math.log2(min(drawn))), math.log2(max(drawn))
-    ticks = [2.0**k for k in range(low, math.ceil(high) + 1)]
+    low, high = math.floor(math.log2(min(drawn))), math.ceil(math.log2(max(drawn)))
+    ticks = [2.0**k for k in range(low, high + 1)]
     fig.update_yaxes(title_text="speedup over one rank (x)", type="log", tickvals=ticks,
                      ticktext=[f"{t:g}" for t in ticks], row=1, col=2,
-                     range=[math.log10(2.0**low) - 0.05, math.log10(2.0**high) + 0.1])
+                     range=[math.log10(2.0**low) - 0.05, math.log10(2.0**high) + 0.05])
     fig.update_layout(meta=meta)
     style(fig, title or "speedup: step by step, and against world size", 640)
     # room for the legend's rows (four entries or so to a row in a notebook cell): its third row had

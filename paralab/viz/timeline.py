@@ -30,7 +30,7 @@ import math
 from collections import defaultdict
 from functools import lru_cache
 
-from paralab.schedules import PASS_LETTERS
+from paralab.schedules import PASS_LETTERS, pass_label
 from paralab.trace import COMM, COMPUTE, EVENT, Span, Trace, past_warm_up
 from paralab.viz._common import (
     BLOCKED,
@@ -297,7 +297,7 @@ def _bar_text(s: Span) -> str:
         return ""
     if (s.name and s.name != s.kind) or s.kind not in PASS_LETTERS:  # a recompute keeps its name
         return s.name or s.kind
-    return f"{PASS_LETTERS[s.kind]}{s.microbatch}" + (f" s{s.stage}" if s.stage is not None else "")
+    return pass_label(PASS_LETTERS[s.kind], s.microbatch, s.stage)
 
 
 def rows_of(trace: Trace, spans: list[Span], suffix: str = "", slots: dict[int, tuple[int, int]] | None = None
