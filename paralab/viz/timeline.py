@@ -31,7 +31,7 @@ from collections import defaultdict
 from functools import lru_cache
 
 from paralab.schedules import PASS_LETTERS, pass_label
-from paralab.trace import COMM, COMPUTE, EVENT, Span, Trace, past_warm_up
+from paralab.trace import COMM, COMPUTE, EVENT, Span, Trace, past_warm_up, typical_step_time
 from paralab.viz._common import (
     BLOCKED,
     BLOCKED_LABEL,
@@ -443,8 +443,9 @@ def timeline(trace, predicted=None, *, lanes=DEFAULT_LANES, steps=None, predicte
         key = microbatch_key(select_spans(trace, lanes, steps))
         fig.for_each_xaxis(lambda axis: axis.update(title_text=key) if axis.title.text else None)
     n_rows = len(rows) + len(meta.get("predicted_rows", []))
-    if typical:
-        note = MEDIAN_NOTE.format(trace.step_times_by_step()[steps[0]] * 1e3, trace.median_step_time() * 1e3)
+    if typical:  # the steps' times walked once more, not twice (a trace may hold a million spans)
+        times = trace.step_times_by_step()
+        note = MEDIAN_NOTE.format(times[steps[0]] * 1e3, typical_step_time(times) * 1e3)
     title = title or _default_title(trace, steps) + (note if typical else "")
     return style(fig, title, height or min(200 + 22 * n_rows, 1600))
 
@@ -456,7 +457,7 @@ def median_step(trace: Trace) -> int:
     times = trace.step_times_by_step()
     if not times:
         raise ValueError("steps='median' needs a trace with step spans (a measured or simulated run's)")
-    median = trace.median_step_time()
+    median = typical_step_time(times)  # of the times just read: Trace.median_step_time would walk them again
     return min(past_warm_up(list(times)), key=lambda step: abs(times[step] - median))
 
 
