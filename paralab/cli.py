@@ -35,6 +35,7 @@ from paralab.cli_args import (
 )
 from paralab.config import CP_MODES, CP_SPLITS, MODEL_PRESETS, ConfigError, RunConfig, check_int
 from paralab.schedules import SCHEDULES, V_SHAPED
+from paralab.text import count_text
 from paralab.trace import not_measured
 
 _PACKAGE_DIR = Path(__file__).resolve().parent  # where paralab's own warnings come from
@@ -155,9 +156,10 @@ def refuse_a_bucket_cap_of_one_replica(args, cfg: RunConfig) -> None:
     if layout.zero == 1:
         raise ConfigError(f"--bucket-mb has no effect: {cfg.strategy} with --zero 1 reduce-scatters the "
                           "whole model's gradients as one unit; buckets are --zero 0's and --zero 2's")
-    raise ConfigError(f"--bucket-mb has no effect: {cfg.strategy} on {cfg.world_size} rank(s) with "
-                      f"dp {layout.dp} x cp {layout.cp} has one replica of each gradient, which averages "
-                      f"nothing, so it keeps no buckets; give it dp >= 2")
+    raise ConfigError(f"--bucket-mb has no effect: {cfg.strategy} on "
+                      f"{count_text(cfg.world_size, 'rank')} with dp {layout.dp} x cp {layout.cp} has one "
+                      "replica of each gradient, which averages nothing, so it keeps no buckets; give it "
+                      "dp >= 2")
 
 
 def refuse_flags_the_launch_sets(args, cfg: RunConfig) -> None:
@@ -233,11 +235,11 @@ def format_summary(s: dict) -> str:
     measured, and where its files went."""
     cp = f" x cp {s['cp']} ({s['cp_mode']}, {s['cp_split']})" if s.get("cp", 1) > 1 else ""
     lines = [
-        f"{s['strategy']} on {s['world_size']} rank(s) ({s['device']}), model {s['model']} in {s['dtype']}, "
-        f"{s['steps']} steps",
+        f"{s['strategy']} on {count_text(s['world_size'], 'rank')} ({s['device']}), "
+        f"model {s['model']} in {s['dtype']}, {s['steps']} steps",
         f"layout: dp {s['dp']}{cp} x tp {s['tp']} x pp {s['pp']}"
         + (f" (ep {s['ep']} inside dp)" if s.get("ep", 1) > 1 else "")
-        + _schedule(s) + f", {s['microbatches']} microbatch(es)"
+        + _schedule(s) + f", {count_text(s['microbatches'], 'microbatch', 'microbatches')}"
         + (f", ZeRO-{s['zero']}" if s.get("zero") else "") + _choices(s),
         "losses: " + " ".join(f"{x:.4f}" for x in s["losses"]),
         f"step time (median after the first): {s['step_time_s'] * 1e3:.1f} ms   tokens/s: "
@@ -331,7 +333,7 @@ def cmd_merge(args) -> int:
         trace.save_chrome(args.output)
     else:
         trace.save(args.output)
-    print(f"merged {len(trace.ranks)} rank(s), {len(trace.spans)} spans -> {args.output}; "
+    print(f"merged {count_text(len(trace.ranks), 'rank')}, {len(trace.spans)} spans -> {args.output}; "
           f"median step {summary['step_time_s'] * 1e3:.1f} ms")
     return EXIT_OK
 

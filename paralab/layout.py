@@ -50,6 +50,7 @@ from paralab.strategies.registry import (
     Strategy,
     get_strategy,
 )
+from paralab.text import count_text
 
 AXES = ("pp", "dp", "cp", "tp")  # mesh dimensions, outermost first
 
@@ -222,8 +223,8 @@ def resolve_layout(cfg: RunConfig) -> Layout:
     _check_batch_split(cfg.global_batch, degrees["dp"], microbatches)
     if cfg.world_size % cfg.nodes:
         fit = [n for n in range(1, cfg.world_size + 1) if cfg.world_size % n == 0]
-        raise ConfigError(f"{cfg.nodes} node(s) cannot split world size {cfg.world_size} evenly: nodes "
-                          f"that do are {', '.join(map(str, fit))}")
+        raise ConfigError(f"{count_text(cfg.nodes, 'node')} cannot split world size "
+                          f"{cfg.world_size} evenly: nodes that do are {', '.join(map(str, fit))}")
     context = "cp" in strategy.axes
     if context and degrees["cp"] == 1:  # as sequence parallel with tp = 1: refused, not ignored
         for option in CONTEXT_OPTIONS:

@@ -29,6 +29,19 @@ def at_commas(text: str, head: str = "", indent: str = "  ", width: int = WIDTH)
                      for line in lines)
 
 
+def count_text(count: int, noun: str, plural: str | None = None) -> str:
+    """"1 GPU", "1,024 GPUs": a count and its noun, in the singular for one (``plural`` where adding
+    an s is wrong: "microbatches")."""
+    return f"{count:,} {noun if count == 1 else plural or noun + 's'}"
+
+
+def numbered(noun: str, numbers: list[int]) -> str:
+    """"rank 2", "ranks 2, 3": a noun and the numbers it names, in the singular for one; past eight,
+    "and N more"."""
+    listed = ", ".join(map(str, numbers[:8])) + (f" and {len(numbers) - 8} more" if len(numbers) > 8 else "")
+    return f"{noun if len(numbers) == 1 else noun + 's'} {listed}"
+
+
 def steps_said(steps: list[int]) -> str:
     """Step numbers in order, as a sentence names them: "step 3", "steps 1-5" where consecutive, else
     "steps 2, 5, 9" (the first and last few past six: "steps 0, 2, 4 ... 40, 42, 44 (23 steps)")."""

@@ -38,6 +38,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from paralab.config import finite_number, first_difference
+from paralab.text import count_text, numbered
 
 COMPUTE, COMM, STEP, EVENT = "compute", "comm", "step", "event"
 GZIP_MAGIC = b"\x1f\x8b"
@@ -191,8 +192,9 @@ class Trace:
         ranks = sorted({s.rank for s in self.spans})
         kinds = sorted({s.kind for s in self.spans})
         source = self.meta.get("source") or self.meta.get("strategy") or ""
-        return (f"Trace({source + ', ' if source else ''}{len(self.spans)} spans on {len(ranks)} rank(s), "
-                f"{len(self.counters)} counters; kinds: {', '.join(kinds)})")
+        return (f"Trace({source + ', ' if source else ''}{len(self.spans)} spans on "
+                f"{count_text(len(ranks), 'rank')}, {len(self.counters)} counters; "
+                f"kinds: {', '.join(kinds)})")
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -793,13 +795,9 @@ def _check_one_run(folder: Path, files: list[Path], traces: list[Trace]) -> None
         holder.update(dict.fromkeys(trace.ranks, file))
     whole = all(holds_a_launchs_world(trace.meta) for trace in traces)
     if world is not None and whole and (missing := sorted(set(range(world)) - holder.keys())):
-        raise TraceFormatError(f"{folder}: holds {len(holder)} of the {world} ranks of its run; rank(s) "
-                               f"{_ranks_text(missing)} missing (each node writes its own ranks' files: "
+        raise TraceFormatError(f"{folder}: holds {len(holder)} of the {world} ranks of its run; "
+                               f"{numbered('rank', missing)} missing (each node writes its own ranks' files: "
                                f"gather every node's --trace-dir here, or write it to a shared file system)")
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    return ", ".join(map(str, ranks[:8])) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
 
 
 def _write_json(path: str | Path, head: dict, **arrays) -> Path:

@@ -59,7 +59,7 @@ from paralab.schedules import (
     chunks_per_rank,
     shape_problems,
 )
-from paralab.text import steps_said
+from paralab.text import count_text, numbered, steps_said
 from paralab.trace import COMM, GZIP_MAGIC, MAX_RANKS, STEP, Span, Trace
 from paralab.trace_ops import DEVICE_CATS, HOST_CATS, Event, comm_spans, compute_spans
 
@@ -346,8 +346,8 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
                     + ", ".join(order if len(order) < 4 else [order[0], "...", order[-1]]))
     world = max([p.world_size or 0 for p in profiles] + [max(ranks) + 1, len(profiles)])
     if missing := sorted(set(range(world)) - set(ranks)):
-        said.append(f"the files hold {len(ranks)} of the {world} ranks of their world (none for rank(s) "
-                    f"{', '.join(map(str, missing))}): the trace has only the ranks given")
+        said.append(f"the files hold {len(ranks)} of the {world} ranks of their world (none for "
+                    f"{numbered('rank', missing)}): the trace has only the ranks given")
     if (meta or {}).get("pp") and world % meta["pp"]:
         raise ProfileError(f"pp {meta['pp']} does not divide the {world} ranks of these profiles")
     use_paralab = names == "paralab" or (names == "auto" and all(_has_paralab_ranges(p) for p in profiles))
@@ -381,7 +381,8 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
     if unsized:
         trace.meta["bytes_unknown_ranks"] = sorted(unsized)
         trace.meta["bytes_unknown_ops"] = sorted(set().union(*unsized.values()))
-        said.append(f"rank(s) {', '.join(map(str, unsized))} were profiled without record_shapes=True: "
+        were = "was" if len(unsized) == 1 else "were"
+        said.append(f"{numbered('rank', sorted(unsized))} {were} profiled without record_shapes=True: "
                     "their communication's sizes are not in the profile, so its bytes are unknown "
                     "(0 in the trace); profile with record_shapes=True to measure them")
     if said:
@@ -403,7 +404,7 @@ def _what_the_steps_hide(spans_by_rank: dict[int, list[Span]], profiles: list[Ra
                     "torch.profiler.schedule, with prof.step() after each step), so each is imported as "
                     "one step, and its figures per step are the whole profile's")
     if idle:
-        said.append(f"rank(s) {', '.join(map(str, idle))} recorded no operators or communication (a "
+        said.append(f"{numbered('rank', idle)} recorded no operators or communication (a "
                     "schedule's last, almost empty file?)")
     groups = sorted({tuple(g) for p in profiles for g in p.subgroups})
     unnamed = any(s.lane == COMM and s.peer is None and s.group_ranks is None
@@ -445,9 +446,9 @@ def _sends_the_schedule_makes(trace: Trace, facts: dict) -> list[str]:
     if not differ:
         return []
     r = differ[0]
-    return [f"{name} over pp {pp} with {m} microbatches sends {expected.get(r, 0)} message(s) a step from "
-            f"rank {r}; the profile records {measured[r]:g}: check --schedule, --pp and --microbatches (the "
-            "bubble figure reads them)"]
+    return [f"{name} over pp {pp} with {m} microbatches sends "
+            f"{count_text(expected.get(r, 0), 'message')} a step from rank {r}; the profile records "
+            f"{measured[r]:g}: check --schedule, --pp and --microbatches (the bubble figure reads them)"]
 
 
 def _profiler_steps(profile: RankProfile) -> set[int]:
@@ -709,8 +710,9 @@ def import_main(args) -> int:
         print(json_text(_import_json(trace, summary, out)))
         return 0
     typical = trace.typical_steps()
-    print(f"imported {len(trace.ranks)} rank(s), {len(summary['step_times_s'])} step(s), "
-          f"{len(trace.spans)} spans -> {out}; median step {summary['step_time_s'] * 1e3:.1f} ms"
+    steps = count_text(len(summary['step_times_s']), 'step')
+    print(f"imported {count_text(len(trace.ranks), 'rank')}, {steps}, {len(trace.spans)} spans -> {out}; "
+          f"median step {summary['step_time_s'] * 1e3:.1f} ms"
           + (f" (of {steps_said(typical)})" if typical else ""))
     for line in _comm_lines(summary, set(trace.meta.get("bytes_unknown_ops", []))):
         print(f"  {line}")

@@ -41,7 +41,7 @@ def test_the_text_summary_says_what_ran_and_where_its_files_went(tmp_path, capsy
     assert cli.main(["run", "--strategy", "zero3", "--world-size", "2", "--steps", "2", "--dtype", "bf16",
                      "--zero-prefetch", "--recompute", "full", "--report", str(report)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "zero3 on 2 rank(s) (cpu), model tiny in bf16, 2 steps"
+    assert lines[0] == "zero3 on 2 ranks (cpu), model tiny in bf16, 2 steps"
     assert lines[1].endswith(", ZeRO-3, prefetching the next part, recompute full"), lines[1]
     assert lines[-1] == f"report: {report} (open in a browser)" and report.is_file()
 
@@ -147,11 +147,11 @@ def nothing_starts(monkeypatch):
     (["nodes", "--", "--strategy", "dp", "--bucket-mb", "5"], "--bucket-mb has no effect with strategy dp"),
     # one replica averages nothing: paralab's ddp and hybrid keep no buckets for it
     (["run", "--strategy", "ddp", "--world-size", "1", "--bucket-mb", "5"],
-     "--bucket-mb has no effect: ddp on 1 rank(s) with dp 1 x cp 1 has one replica"),
+     "--bucket-mb has no effect: ddp on 1 rank with dp 1 x cp 1 has one replica"),
     (["run", "--strategy", "hybrid", "--world-size", "2", "--tp", "2", "--bucket-mb", "5"],
-     "--bucket-mb has no effect: hybrid on 2 rank(s) with dp 1 x cp 1 has one replica"),
+     "--bucket-mb has no effect: hybrid on 2 ranks with dp 1 x cp 1 has one replica"),
     (["nodes", "--nnodes", "1", "--nproc-per-node", "1", "--", "--strategy", "ddp", "--bucket-mb", "5"],
-     "--bucket-mb has no effect: ddp on 1 rank(s)"),
+     "--bucket-mb has no effect: ddp on 1 rank"),
     # only fp16 scales its loss
     (["run", "--loss-scale", "1024"], "--loss-scale has no effect at dtype fp32, whose loss is not scaled"),
     (["run", "--dtype", "bf16", "--loss-scale", "1024"], "--loss-scale has no effect at dtype bf16"),
@@ -577,7 +577,7 @@ def test_a_run_without_spans_says_what_it_did_not_measure(capsys, no_leftover_ra
     unmeasured = ("comm_bytes", "comm_payload_bytes", "comm_bytes_by_link", "bubble_fraction", "per_rank")
     assert {key: summary[key] for key in unmeasured} == dict.fromkeys(unmeasured)
     lines = cli.format_summary(summary).splitlines()
-    assert ", schedule interleaved v=2, 4 microbatch(es)" in lines[1], lines[1]
+    assert ", schedule interleaved v=2, 4 microbatches" in lines[1], lines[1]
     assert "communication: not measured (--no-trace)" in lines
     assert "pipeline bubble (measured idle fraction): not measured (--no-trace)" in lines
     # a run over two nodes splits its bytes by link, as its --json does (README promises it)

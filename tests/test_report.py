@@ -96,7 +96,7 @@ def test_an_imported_profiles_warnings_and_memory_note_head_the_report(ddp_run, 
     """An import without record_shapes has bytes of 0 that are not a measure, and a CPU profile's memory
     is what it allocated while recording: the report had shown both as plain figures."""
     own = {k: v for k, v in ddp_run.trace.meta.items() if k != "tokens_per_step"}  # a profile does not say
-    meta = {**own, "source": "imported", "warnings": ["rank(s) 1 were profiled without record_shapes=True"],
+    meta = {**own, "source": "imported", "warnings": ["rank 1 was profiled without record_shapes=True"],
             "memory_note": "CPU ranks: the most bytes allocated while the profiler recorded",
             "bytes_unknown_ops": ["all_reduce"]}
     text = write_report(Trace(ddp_run.trace.spans, meta=meta), tmp_path / "imported.html").read_text()

@@ -196,7 +196,7 @@ def test_lab_presets_simulate_as_fp32_with_the_batch_split_given(capsys):
     data = json.loads(out)
     assert data["params"] == MODEL_PRESETS["small"].param_count()
     assert ((data["global_batch"], data["microbatches"]) == (8, 2)
-            and "2 microbatch(es) of 2" in data["config"])
+            and "2 microbatches of 2" in data["config"])
     # fp32 Adam: 4 bytes of weights, 4 of gradients, 8 of moments per parameter
     memory = data["memory_bytes_per_gpu"]
     assert memory["params"] == memory["grads"] == pytest.approx(4 * data["params"], abs=1)

@@ -117,7 +117,7 @@ def test_simulate_hierarchical_tiers_over_the_ranks_each_node_holds(capsys):
     assert "dp_inter_all_reduce" in data["comm_bytes_per_gpu"] and data["hierarchical_dp"] == 4
     rc, out = run_simulate(["--model", "gpt3-1.3b", "--hardware", "h100", "--gpus", "8", "--hierarchical"],
                            capsys)
-    assert rc == 2 and "on h100 (8 GPUs a node) dp 8 is 1 node(s) of 8 rank(s)" in out.err
+    assert rc == 2 and "on h100 (8 GPUs a node) dp 8 is 1 node of 8 ranks" in out.err
     rc, out = run_simulate(["--model", "gpt3-1.3b", "--hardware", "h100", "--gpus", "12", "--hierarchical"],
                            capsys)
     assert rc == 2 and "8 ranks a node do not divide dp 12" in out.err

@@ -1,6 +1,7 @@
-"""paralab.text: generated sentences printed in lines a notebook cell shows whole."""
+"""paralab.text: generated sentences printed in lines a notebook cell shows whole, counts said in
+the singular for one."""
 
-from paralab.text import at_commas, steps_said
+from paralab.text import at_commas, count_text, numbered, steps_said
 
 
 def test_a_long_sentence_breaks_after_its_commas_within_the_width():
@@ -23,3 +24,11 @@ def test_steps_are_said_as_a_range_a_list_or_their_ends():
     assert steps_said([1, 2, 3, 4, 5]) == "steps 1-5"
     assert steps_said([2, 5, 9]) == "steps 2, 5, 9"
     assert steps_said(list(range(0, 46, 2))) == "steps 0, 2, 4 ... 40, 42, 44 (23 steps)"
+
+
+def test_counts_and_numbered_lists_are_said_in_the_singular_for_one():
+    assert count_text(1, "rank") == "1 rank" and count_text(1024, "GPU") == "1,024 GPUs"
+    assert count_text(1, "microbatch", "microbatches") == "1 microbatch"
+    assert count_text(4, "microbatch", "microbatches") == "4 microbatches"
+    assert numbered("rank", [3]) == "rank 3" and numbered("rank", [2, 3]) == "ranks 2, 3"
+    assert numbered("rank", list(range(10))) == "ranks 0, 1, 2, 3, 4, 5, 6, 7 and 2 more"

@@ -486,7 +486,7 @@ def test_a_folder_missing_a_rank_of_its_run_exits_2_naming_it(tmp_path, capsys, 
     _rank_files(tmp_path, 4, (0, 1))  # node 0's files, node 1's on its own disk
     assert cli.main([command, str(tmp_path), "-o", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert (f"{tmp_path}: holds 2 of the 4 ranks of its run; rank(s) 2, 3 missing (each node writes its "
+    assert (f"{tmp_path}: holds 2 of the 4 ranks of its run; ranks 2, 3 missing (each node writes its "
             "own ranks' files: gather every node's --trace-dir here") in err, err
     assert not (tmp_path / "out").exists()
 

@@ -21,6 +21,7 @@ from paralab.config import (
     finite_number,
     resolve_device,
 )
+from paralab.text import count_text
 
 STRATEGY = "elastic-ddp"  # what a checkpoint's signature calls the way its weights were trained
 
@@ -121,8 +122,9 @@ class ElasticConfig(TrainingConfig):
             raise ConfigError(f"no checkpoint is saved after step {step} (every {self.checkpoint_every} "
                               f"steps: after steps {saves})")
         if self.nodes - 1 < self.min_nodes:
-            raise ConfigError(f"after the failure {self.nodes - 1} node(s) remain, fewer than min nodes "
-                              f"{self.min_nodes}: lower MIN in --nnodes {self.min_nodes}:{self.max_nodes}")
+            raise ConfigError(f"after the failure {count_text(self.nodes - 1, 'node')} remain, "
+                              f"fewer than min nodes {self.min_nodes}: lower MIN in --nnodes "
+                              f"{self.min_nodes}:{self.max_nodes}")
         if self.max_restarts < 1:
             raise ConfigError("a failure needs --max-restarts >= 1 for the survivors to restart")
 

@@ -49,6 +49,7 @@ from paralab.runtime.janitor import Janitor
 from paralab.runtime.launch import release_forkserver
 from paralab.runtime.result import RunError
 from paralab.runtime.worker import check_capacity, usable_cores
+from paralab.text import count_text
 
 POLL_S = 0.1
 EXIT_GRACE_S = 5.0  # once every step is done: how long agents may take to leave torchrun's exit barrier
@@ -199,7 +200,7 @@ def _too_few_left(cfg: ElasticConfig, agents: list) -> str:
     if not lost or alive >= cfg.min_nodes:
         return ""
     said = ", ".join(f"node {node} ({how_it_ended(code)})" for node, code in lost)
-    return (f"lost {said}: {alive} node(s) left, fewer than MIN {cfg.min_nodes} of --nnodes "
+    return (f"lost {said}: {count_text(alive, 'node')} left, fewer than MIN {cfg.min_nodes} of --nnodes "
             f"{cfg.min_nodes}:{cfg.max_nodes}, so the run cannot go on; a lower MIN rides out the loss")
 
 

@@ -22,6 +22,7 @@ import signal
 from pathlib import Path
 
 from paralab.runtime.result import RunError
+from paralab.text import numbered
 
 # what a rank reports when a peer died or stopped answering: a consequence, not a cause
 _CONSEQUENCES = ("connection closed by peer", "connection reset", "broken pipe", "connection refused",
@@ -111,7 +112,7 @@ def blame(reports: list[dict], ended: dict[int, int], silent: list[int],
                         crash_of(rank))
     if silent and reports:
         rank = silent[0]
-        others = f" (so did rank(s) {', '.join(map(str, silent[1:]))})" if silent[1:] else ""
+        others = f" (so did {numbered('rank', silent[1:])})" if silent[1:] else ""
         return RunError(rank, f"stopped answering (hung, or much slower than the others){others}{seen}",
                         stack_of(rank))
     first = reports[0]

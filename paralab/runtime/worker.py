@@ -38,6 +38,7 @@ from paralab.runtime.failures import cut_native_frames
 from paralab.runtime.loopback import transport_env
 from paralab.runtime.recorder import Recorder
 from paralab.strategies.registry import get_strategy
+from paralab.text import count_text
 
 PR_SET_PDEATHSIG = 1
 
@@ -130,9 +131,10 @@ def check_capacity(ranks: int, oversubscribe: bool = False) -> None:
     if ranks <= fits or oversubscribe:
         return
     raise ConfigError(
-        f"{ranks} ranks do not fit this machine: {cores} core(s) and {memory / 2**30:.1f} GiB available hold "
-        f"about {fits} (at most {MAX_RANKS_PER_CORE} ranks per core, about {RANK_MEMORY_BYTES >> 20} MiB "
-        f"each); use a world size <= {fits}, or oversubscribe=True to start them anyway")
+        f"{ranks} ranks do not fit this machine: {count_text(cores, 'core')} and "
+        f"{memory / 2**30:.1f} GiB available hold about {fits} (at most {MAX_RANKS_PER_CORE} ranks per "
+        f"core, about {RANK_MEMORY_BYTES >> 20} MiB each); use a world size <= {fits}, or "
+        "oversubscribe=True to start them anyway")
 
 
 def threads_for(cfg: TrainingConfig, local_world_size: int) -> int:

@@ -39,6 +39,7 @@ from paralab.sim.specs import (
     SpecError,
 )
 from paralab.stage_split import ends_split, megatron_split
+from paralab.text import count_text
 from paralab.viz._common import fmt_bytes  # plotly-free
 
 # the schedule a run without a pipeline is named by (ParallelSpec's default; plan's rows at pp 1)
@@ -317,10 +318,10 @@ def _fits_hint(model: ModelSpec, gpus: int, hw, global_batch: int | None, fp32_g
         batch = ranked[0].parallel.global_batch
         default = "" if global_batch else ", the planner's default batch"
         return "Configurations that fit on {} at {} a step{}: {}".format(
-            planner.count_text(gpus, "GPU"), planner.count_text(batch, "sequence"), default,
+            count_text(gpus, "GPU"), count_text(batch, "sequence"), default,
             " | ".join(planner.describe(p.parallel) for p in ranked))
     why = planner.why_nothing_fits(model, gpus, hw, global_batch, fp32_grads)
-    return f"Nothing fits on {planner.count_text(gpus, 'GPU')}: {why}"
+    return f"Nothing fits on {count_text(gpus, 'GPU')}: {why}"
 
 
 def _alternatives(model: ModelSpec, gpus: int, hw, global_batch: int | None,
@@ -370,7 +371,7 @@ def simulate_main(args) -> int:
         parallel = parallel.hierarchy_over(local)
         if not parallel.hierarchical_dp:
             why = (f"{local} ranks a node do not divide dp {dp}" if dp % local else
-                   f"dp {dp} is {dp // local} node(s) of {local} rank(s)")
+                   f"dp {dp} is {count_text(dp // local, 'node')} of {count_text(local, 'rank')}")
             return _fail(f"a hierarchical all-reduce needs 2 or more data-parallel ranks on each of 2 or "
                          f"more nodes: on {hw.name} ({hw.gpus_per_node} GPUs a node) {why}")
     if problems := _with_dp_unsaid(parallel.problems(model, gpus), args, gpus):
@@ -445,7 +446,7 @@ def _report(out: dict) -> str:
     mem = out["memory_bytes_per_gpu"]
     lines = [
         f"{out['model']} on {out['gpus']:,} x {out['hardware']}, "
-        f"{planner.count_text(out['global_batch'], 'sequence')} a step: {out['config']}",
+        f"{count_text(out['global_batch'], 'sequence')} a step: {out['config']}",
         # an override re-derives part of the shape: say what was priced
         *([_shape_text(out["shape"])] if out["model"].startswith("custom") else []),
         f"  step {out['step_time_s']:.3f} s, {out['tokens_per_s']:,.0f} tokens/s, "
@@ -473,12 +474,12 @@ def _report(out: dict) -> str:
                      f"{planner.bytes_text(usable)} usable on {out['hardware']}, over by "
                      f"{planner.bytes_text(over)} ({over / usable:.0%})")
         if out["alternatives"]:
-            lines.append(f"  layouts that fit on {planner.count_text(out['gpus'], 'GPU')}, "
-                         f"{planner.count_text(out['global_batch'], 'sequence')} a step:")
+            lines.append(f"  layouts that fit on {count_text(out['gpus'], 'GPU')}, "
+                         f"{count_text(out['global_batch'], 'sequence')} a step:")
             lines += [f"    {a['config']} ({planner.bytes_text(a['memory_bytes_per_gpu']['total'])}, "
                       f"{a['tokens_per_s']:,.0f} tokens/s)" for a in out["alternatives"]]
         else:
-            lines.append(f"  nothing fits on {planner.count_text(out['gpus'], 'GPU')}: {out['advice']}")
+            lines.append(f"  nothing fits on {count_text(out['gpus'], 'GPU')}: {out['advice']}")
     return "\n".join(lines)
 
 
@@ -503,7 +504,7 @@ def plan_main(args) -> int:
     if not ranked:  # an answer, not an invalid request: said on stdout, exit 0
         reason = planner.why_nothing_fits(model, args.gpus, hw, args.global_batch, args.fp32_grads)
         print(json_text({**answer, "ranked": [], "explain": [], "reason": reason}) if args.json else
-              f"nothing fits on {planner.count_text(args.gpus, hw.name + ' GPU')}: {reason}")
+              f"nothing fits on {count_text(args.gpus, hw.name + ' GPU')}: {reason}")
         return 0
     sentences = planner.explain(ranked, model, hw)
     if args.json:
@@ -512,8 +513,8 @@ def plan_main(args) -> int:
         print(json_text({**answer, "ranked": rows, "explain": sentences}))
         return 0
     batch = ranked[0].parallel.global_batch
-    print(f"{model.name} on {planner.count_text(args.gpus, hw.name + ' GPU')}, "
-          f"{planner.count_text(batch, 'sequence')} of {model.seq:,} tokens a step"
+    print(f"{model.name} on {count_text(args.gpus, hw.name + ' GPU')}, "
+          f"{count_text(batch, 'sequence')} of {model.seq:,} tokens a step"
           + ("" if args.global_batch else f" ({_default_batch_note(model, args.gpus, hw, batch)})"))
     # ranked by tokens/s (the first row the leanest as fast), which MFU follows; hardware TFLOP/s also
     # counts recompute, so it need not

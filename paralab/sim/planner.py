@@ -41,6 +41,7 @@ from paralab.sim.specs import (
     sequence_parallel_divides,
 )
 from paralab.stage_split import megatron_split, split_text
+from paralab.text import count_text
 
 MICRO_BATCHES = (1, 2, 4, 8)
 
@@ -322,7 +323,7 @@ def describe(p: ParallelSpec) -> str:
     if p.stage_layers is not None:  # per model chunk: a rank of a multi-chunk schedule holds several
         where = "stage" if p.chunks == p.pp else f"model chunk (pp x {p.chunks // p.pp} = {p.chunks})"
         parts.append(f"layers per {where} {split_text(p.stage_layers)}")
-    parts += [f"{p.microbatches} microbatch(es) of {p.micro_batch}",
+    parts += [f"{count_text(p.microbatches, 'microbatch', 'microbatches')} of {p.micro_batch}",
               f"ZeRO-{p.zero}" + _fsdp_text(p) + (", fp32 gradients" if p.fp32_grads else ""),
               f"recompute {p.recompute}"]
     if p.sequence_parallel:
@@ -474,11 +475,6 @@ def _uneven_stages_text(win: cost.Prediction, model: ModelSpec, hw: HardwareSpec
         return ""
     return (f", most of it stages of unequal work ({uneven / win.bubble_fraction:.0%} of the idle time), "
             "which more microbatches do not shrink")
-
-
-def count_text(count: int, noun: str) -> str:
-    """"1 GPU", "1,024 GPUs": a count and its noun, in the singular for one."""
-    return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
 def flops_text(tflops: float) -> str:
