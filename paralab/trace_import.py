@@ -186,8 +186,10 @@ def read_profile(path: Path) -> RankProfile:
         raise ProfileError(f"{path}: no traceEvents list, so not a Chrome trace from torch.profiler")
     info = data.get("distributedInfo") if isinstance(data.get("distributedInfo"), dict) else {}
     profile = RankProfile(
-        path=path, rank=_int_or_none(info.get("rank")), world_size=_int_or_none(info.get("world_size")),
-        host=str(data.get("host_name") or ""), base_ns=_base_ns(path, data.get("baseTimeNanoseconds")),
+        path=path, rank=_whole(path, "distributedInfo.rank", info.get("rank")),
+        world_size=_whole(path, "distributedInfo.world_size", info.get("world_size")),
+        host=str(data.get("host_name") or ""), base_ns=_whole(path, "baseTimeNanoseconds",
+                                                              data.get("baseTimeNanoseconds")) or 0,
         paralab_meta=data.get(METADATA_KEY) if isinstance(data.get(METADATA_KEY), dict) else {},
         shapes_recorded=bool(data.get("record_shapes")),
         subgroups=_subgroups(info),
@@ -233,13 +235,14 @@ def _note_memory(profile: RankProfile, args) -> None:
         profile.peak_memory[device] = max(profile.peak_memory.get(device, 0.0), float(total))
 
 
-def _base_ns(path: Path, value) -> int:
-    """The file's clock origin (ns since the epoch), 0 when it has none."""
+def _whole(path: Path, key: str, value) -> int | None:
+    """A whole number the file gives (its rank, world size, clock origin in ns), None where it gives
+    none; anything else is refused, not rounded (a rank of 1.7 had been read as rank 1)."""
     if value is None:
-        return 0
+        return None
     if type(value) is int or (isinstance(value, str) and value.isdigit()):
         return int(value)
-    raise ProfileError(f"{path}: baseTimeNanoseconds is not a whole number ({json.dumps(value)[:40]})")
+    raise ProfileError(f"{path}: {key} is not a whole number ({json.dumps(value)[:40]})")
 
 
 def _int_or_none(value) -> int | None:
@@ -383,7 +386,7 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
         trace.meta["bytes_unknown_ops"] = sorted(set().union(*unsized.values()))
         were = "was" if len(unsized) == 1 else "were"
         said.append(f"{numbered('rank', sorted(unsized))} {were} profiled without record_shapes=True: "
-                    "their communication's sizes are not in the profile, so its bytes are unknown "
+                    "a profile taken so holds no sizes of its communication, so the bytes are unknown "
                     "(0 in the trace); profile with record_shapes=True to measure them")
     if said:
         trace.meta["warnings"] = said

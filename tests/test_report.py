@@ -92,6 +92,15 @@ def test_a_report_of_step_spans_only_says_what_was_not_measured(tmp_path):
     assert said not in traced.read_text() and "Pipeline bubble" in traced.read_text()
 
 
+def test_the_heading_counts_one_rank_and_one_step_in_the_singular(tmp_path):
+    """A one-process profile's report had been headed "imported on 1 ranks", "1 ranks · ... 1 steps"."""
+    from paralab.trace import STEP, Span
+
+    one = Trace(spans=[Span(0, STEP, "step", 0.0, 0.02, name="step 0", step=0)], meta={"source": "imported"})
+    text = write_report(one, tmp_path / "one.html").read_text()
+    assert "paralab report: imported on 1 rank<" in text and "1 rank · 1 span · 1 step · " in text
+
+
 def test_an_imported_profiles_warnings_and_memory_note_head_the_report(ddp_run, tmp_path):
     """An import without record_shapes has bytes of 0 that are not a measure, and a CPU profile's memory
     is what it allocated while recording: the report had shown both as plain figures."""

@@ -369,6 +369,12 @@ BAD_FILES = {
                            "distributedInfo.rank -3 is not a rank (0..16,777,215)"),
     "huge_rank.json": (json.dumps({"distributedInfo": {"rank": 10**9}, "traceEvents": [_event()]}),
                        "distributedInfo.rank 1000000000 is not a rank"),
+    # a rank of 1.7 had been read as rank 1; a rank "a" numbered by file order, then its world blamed
+    "fraction_rank.json": (json.dumps({"distributedInfo": {"rank": 1.7}, "traceEvents": [_event()]}),
+                           "distributedInfo.rank is not a whole number (1.7)"),
+    "word_world.json": (json.dumps({"distributedInfo": {"rank": 0, "world_size": "a"},
+                                    "traceEvents": [_event()]}),
+                        'distributedInfo.world_size is not a whole number ("a")'),
     "huge_time.json": ('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1%s, '
                        '"dur": 1}]}' % ("0" * 400), "no numeric ts and dur"),
     # these had raised a traceback (exit 1): RecursionError, TypeError (a list is no dict key)

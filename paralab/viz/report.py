@@ -22,7 +22,7 @@ import html
 import sys
 from pathlib import Path
 
-from paralab.text import steps_said
+from paralab.text import count_text, steps_said
 from paralab.trace import SPAN_FIGURES, Trace, not_measured, past_warm_up, pipelined
 
 
@@ -196,11 +196,12 @@ def write_report(trace_or_result, path: str | Path, *, predicted=None, title: st
         sections.append(f'<section class="figure"><h2>{html.escape(heading)}</h2>{div}</section>')
     ranks = len(trace.ranks)
     title = title or (f"paralab report: {summary.get('strategy') or trace.meta.get('source') or 'trace'} "
-                      f"on {ranks} ranks")
+                      f"on {count_text(ranks, 'rank')}")
     steps = list(trace.step_windows())  # one walk of the spans: a report may be of a million
     typical = past_warm_up(steps)
     over = f" (the summary over {steps_said(typical)})" if len(typical) < len(steps) else ""
-    subtitle = (f"{ranks} ranks · {len(trace.spans)} spans · {len(steps)} steps{over} · "
+    subtitle = (f"{count_text(ranks, 'rank')} · {count_text(len(trace.spans), 'span')} · "
+                f"{count_text(len(steps), 'step')}{over} · "
                 f"written {datetime.datetime.now().isoformat(timespec='seconds')}")
     page = PAGE.format(title=html.escape(title), subtitle=html.escape(subtitle), notes=notes_list(trace.meta),
                        table=summary_table(summary),
