@@ -37,6 +37,7 @@ each host-timed span starting at its own clock;
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import re
@@ -60,7 +61,7 @@ from paralab.schedules import (
     shape_problems,
 )
 from paralab.text import count_text, numbered, steps_said
-from paralab.trace import COMM, GZIP_MAGIC, MAX_RANKS, STEP, Span, Trace
+from paralab.trace import CLOCK_SLACK_S, COMM, GZIP_MAGIC, MAX_RANKS, STEP, Span, Trace
 from paralab.trace_ops import DEVICE_CATS, HOST_CATS, Event, comm_spans, compute_spans
 
 NAMES = ("auto", "paralab", "torch")
@@ -563,6 +564,7 @@ def _align(spans_by_rank: dict[int, list[Span]], profiles: list[RankProfile], ra
             off = {r: ends[r] + shift[r] - ends[ref] - shift[ref] for r in ranks}
             _check_one_clock(hosts, {r: (-off[r], -off[r]) for r in ranks},
                              "first collective over all ranks ends")
+            _check_collectives_meet(spans_by_rank, hosts, shift, world)
             if len(hosts) == 1:
                 method = "clock: every rank ran on one host and read its clock"
             else:
@@ -606,6 +608,56 @@ def _check_one_clock(hosts: dict[str, list[int]], windows: dict[int, tuple[float
         if (apart := windows[late][0] - windows[early][1]) > ONE_HOST_SKEW_S:
             raise ProfileError(f"ranks {min(late, early)} and {max(late, early)} ran on one host ({host}), "
                                f"yet their {moment} {apart:.3g} s apart on its clock: not one run")
+
+
+# collectives that no rank leaves before every rank has entered (each rank's result needs every rank's
+# data); a broadcast's root may leave first
+MEETING = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier")
+
+
+def _check_collectives_meet(spans_by_rank: dict[int, list[Span]], hosts: dict[str, list[int]],
+                            shift: dict[int, float], world: int) -> None:
+    """Ranks of one run on one host (one clock, ``shift`` its files' origins) are in each collective
+    over every rank at the same time: each such collective of a rank overlaps one of its kind on the
+    next rank of the host (within CLOCK_SLACK_S). Checked in the steps every rank recorded but the
+    last (whose collectives may run past the end of another's recording). Two jobs run at the same
+    time on one machine pass the first-collective check (their first collectives end within a second
+    of each other) but not this one; checking each rank against the next finds any two jobs mixed."""
+    def meeting(rank: int) -> list[tuple[float, float, str, int | None]]:
+        return sorted(((s.start + shift[rank], s.end + shift[rank], s.kind, s.step)
+                       for s in spans_by_rank[rank] if s.lane == COMM and s.kind in MEETING
+                       and s.group_size == world and s.group_ranks is None), key=lambda call: call[0])
+
+    for host, members in hosts.items():
+        calls = {r: meeting(r) for r in members}
+        steps = sorted(set.intersection(*({s.step for s in spans_by_rank[r] if s.lane == STEP}
+                                          for r in members)))[:-1]
+        for a, b in zip(members, members[1:]):
+            for one, other in ((a, b), (b, a)):
+                lost = _first_unmet([c for c in calls[one] if c[3] in steps], calls[other])
+                if lost is not None:
+                    raise ProfileError(
+                        f"ranks {a} and {b} ran on one host ({host}), yet rank {one}'s {lost[2]} in step "
+                        f"{lost[3]} overlaps none of rank {other}'s on its clock: a collective over every "
+                        "rank runs on all of them at once, so these files are not one run (two jobs that "
+                        "ran at the same time?)")
+
+
+def _first_unmet(calls: list[tuple], others: list[tuple]) -> tuple | None:
+    """The first of ``calls`` (start, end, kind, step) that overlaps no call of its kind in ``others``
+    (sorted by start), or None."""
+    by_kind: dict[str, tuple[list[float], list[float]]] = {}
+    for start, end, kind, _ in others:  # sorted by start: each kind's starts and the latest end so far
+        starts, reach = by_kind.setdefault(kind, ([], []))
+        starts.append(start)
+        reach.append(max(end, reach[-1]) if reach else end)
+    for call in calls:
+        start, end, kind, _ = call
+        starts, reach = by_kind.get(kind, ([], []))
+        k = bisect.bisect_right(starts, end + CLOCK_SLACK_S) - 1
+        if k < 0 or reach[k] < start - CLOCK_SLACK_S:
+            return call
+    return None
 
 
 def _first_common_steps(spans_by_rank: dict[int, list[Span]],

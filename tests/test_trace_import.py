@@ -539,6 +539,9 @@ NOT_ONE_JOB = {  # rank 0 as _gloo_rank makes it, against this rank 1, and the c
                           "rank 0 recorded steps 1, 2; rank 1 recorded steps 7, 8: no step common"),
     # rank 1 of another run, an hour later on the same machine
     "clock far beyond skew": (dict(rank=1, shift_us=3.6e9), "on one host (vm), yet their first collective"),
+    # rank 1 of another job running at the same time: its all-reduces 3 ms after rank 0's, none beside them
+    "a job beside it": (dict(rank=1, shift_us=3000.0),
+                        "rank 0's all_reduce in step 1 overlaps none of rank 1's"),
 }
 
 
