@@ -191,8 +191,8 @@ def cmd_run(args) -> int:
     check_run_outputs(args)
     refuse_a_bucket_cap_of_one_replica(args, cfg)
     result = launch(cfg)
-    if args.trace_dir:
-        result.trace.save(Path(args.trace_dir) / "merged.json")
+    if args.trace_dir:  # the summary's trace (--trace, given too, is written after it and named instead)
+        result.save_trace(Path(args.trace_dir) / "merged.json")
     _write_outputs(result, args)
     return EXIT_OK
 
@@ -215,6 +215,8 @@ def _run_as_a_torchrun_rank(args) -> NoReturn:
 
 def _write_outputs(result, args) -> None:
     """A finished run's trace, report and summary, where ``paralab run``'s options ask for them."""
+    from paralab.runtime.torchrun import under_torchrun
+
     if args.trace:
         result.save_trace(args.trace)
     if args.report:
@@ -225,7 +227,7 @@ def _write_outputs(result, args) -> None:
         print(json_text(result.summary))
     else:
         print(format_summary(result.summary))
-        if args.trace_dir:  # where the folder's files went, and what reads them
+        if args.trace_dir and under_torchrun():  # each rank's file there; a local run's trace is named
             print(f"trace folder: {args.trace_dir} (`paralab merge {args.trace_dir} -o merged.json --chrome` "
                   "for Perfetto, `paralab report` reads it as it is)")
 

@@ -556,11 +556,15 @@ def test_the_trace_dir_help_says_what_a_local_run_writes(capsys):
 
 @pytest.mark.timeout(120)
 def test_a_run_says_where_its_trace_folder_went_and_what_reads_it(capsys, tmp_path, no_leftover_ranks):
-    """Given --trace-dir alone, the summary had named no file: the folder went unmentioned."""
+    """Given --trace-dir alone, the summary had named no file: the folder went unmentioned, and --json
+    said "trace": null beside the merged.json it wrote. The file opens in Perfetto and reports."""
     folder = tmp_path / "traces"
     assert cli.main(["run", "--strategy", "single", "--steps", "1", "--trace-dir", str(folder)]) == 0
-    assert (f"trace folder: {folder} (`paralab merge {folder} -o merged.json --chrome` for Perfetto, "
-            "`paralab report` reads it as it is)") in capsys.readouterr().out
+    assert f"trace: {folder / 'merged.json'} (open in https://ui.perfetto.dev)" in capsys.readouterr().out
+    assert "traceEvents" in json.loads((folder / "merged.json").read_text())  # the Chrome trace format
+    assert cli.main(["run", "--strategy", "single", "--steps", "1", "--trace-dir", str(folder),
+                     "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["trace"] == str(folder / "merged.json")
     assert cli.main(["report", str(folder), "-o", str(tmp_path / "r.html")]) == 0
 
 
