@@ -355,7 +355,7 @@ def refuse_run_flags_nodes_sets(parsed) -> None:
 
 
 def cmd_nodes(args) -> int:
-    from paralab.outputs import check_run_outputs
+    from paralab.outputs import check_run_outputs, check_trace_dir_holds_only
     from paralab.runtime.launch import preflight
     from paralab.runtime.multinode import run_local_nodes
 
@@ -367,6 +367,8 @@ def cmd_nodes(args) -> int:
     cfg = config_from_args(parsed)
     # the run's own --trace, --report, --profile and nodes' --trace-dir: before any agent starts
     check_run_outputs(argparse.Namespace(**{**vars(parsed), "trace_dir": args.trace_dir}))
+    if args.trace_dir:
+        check_trace_dir_holds_only(args.trace_dir, args.nnodes * args.nproc_per_node)
     # every agent's ranks run on this machine: the same checks as one launch of all of them, and the
     # device found for all of them handed to each agent (which would otherwise choose for its own)
     _, cfg = preflight(dataclasses.replace(cfg, world_size=args.nnodes * args.nproc_per_node,

@@ -90,6 +90,25 @@ def check_trace_dir(trace_dir: str, files: list[tuple[str, str]]) -> None:
                               "one more rank's trace; write it elsewhere")
 
 
+def rank_trace_name(rank: int) -> str:
+    """The file a torchrun rank writes its trace to in a --trace-dir."""
+    return f"rank{rank:05d}.json"
+
+
+def check_trace_dir_holds_only(trace_dir: str, world_size: int) -> None:
+    """``paralab nodes`` reads its --trace-dir back as its run: a ``*.json`` there that none of its
+    ``world_size`` ranks overwrites (a larger run's ranks, a merged trace) would be read with them and
+    refused only once the run had trained. Refused before any agent starts."""
+    folder = Path(trace_dir)
+    ours = {rank_trace_name(rank) for rank in range(world_size)}
+    others = sorted(p.name for p in folder.glob("*.json") if p.name not in ours) if folder.is_dir() else []
+    if others:
+        shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
+        raise ConfigError(f"--trace-dir {trace_dir} holds {shown}, which this run of {world_size} ranks "
+                          "would not overwrite and would read back as its own; give an empty folder or "
+                          "move them out")
+
+
 def read_as_a_rank(path: str | os.PathLike, folder: str | os.PathLike) -> bool:
     """Whether a file at ``path`` would be read as one more rank's trace when ``folder`` is loaded:
     ``Trace.load`` of a folder reads every ``*.json`` directly in it."""

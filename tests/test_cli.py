@@ -102,8 +102,11 @@ def test_unwritable_output_paths_exit_2_before_any_process(monkeypatch, capsys, 
         (["import", "{tmp}/rank0.json", "-o", "{tmp}"], "output {tmp} is a directory"),
         # had been named as the world size it made (-1 x 2)
         (["nodes", "--nnodes", "-1", "--", "--strategy", "ddp"], "--nnodes must be >= 1, got -1"),
+        # an earlier, larger run's rank: read back with this run's once it had trained (a traceback)
+        (["nodes", "--trace-dir", "{tmp}/old", "--", "--strategy", "ddp"],
+         "--trace-dir {tmp}/old holds rank00004.json, which this run of 4 ranks would not overwrite"),
     ],
-    ids=["elastic", "nodes", "nodes' run", "nodes' ranks", "import", "nodes' count"],
+    ids=["elastic", "nodes", "nodes' run", "nodes' ranks", "import", "nodes' count", "nodes' old ranks"],
 )
 def test_the_other_commands_check_outputs_and_ranks_before_they_start(monkeypatch, capsys, tmp_path, argv,
                                                                       message):
@@ -115,6 +118,8 @@ def test_the_other_commands_check_outputs_and_ranks_before_they_start(monkeypatc
     monkeypatch.setattr(worker, "usable_cores", lambda: 2)  # 1024 ranks fit no machine of 2 cores
 
     (tmp_path / "file.txt").write_text("in the way")
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "rank00004.json").write_text("{}")
     for module, name in ((elastic_launch, "launch"), (multinode, "run_local_nodes")):
         monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail("a process was about to start"))
     assert cli.main([arg.format(tmp=tmp_path) for arg in argv]) == 2

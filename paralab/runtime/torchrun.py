@@ -23,6 +23,7 @@ from typing import NoReturn
 
 from paralab.config import ConfigError, RunConfig, resolve_device
 from paralab.layout import resolve_layout
+from paralab.outputs import rank_trace_name
 from paralab.precision import check_dtype
 from paralab.runtime import agents, loopback
 from paralab.runtime.janitor import Janitor
@@ -91,7 +92,7 @@ def run_under_torchrun(cfg: RunConfig, trace_dir: str | None = None) -> RunResul
     if trace_dir:  # each rank's file describes the run, so `paralab merge/report DIR` can read any of them
         rank_trace = Trace.from_dict(trace)
         rank_trace.meta.update(run_meta(cfg, layout))
-        rank_trace.save(Path(trace_dir) / f"rank{rank:05d}.json")
+        rank_trace.save(Path(trace_dir) / rank_trace_name(rank))
     if rank != 0:
         return None
     results = []
