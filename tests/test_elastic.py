@@ -106,6 +106,8 @@ def killed(tmp_path_factory):
         (["--nnodes", "1:2", "--slow", "rank=0,factor=-2"], "slow factor must be >= 1"),
         (["--nnodes", "1:2", "--slow", "rank=0,factor=2,bogus=1"], "slow takes rank and factor"),
         (["--nnodes", "3:4", "--fail", "rank=0,step=1", "--nodes", "3"], "fewer than min nodes 3"),
+        (["--nnodes", "2:4", "--fail", "rank=0,step=1", "--nodes", "2"],
+         "after the failure 1 node remains, fewer than min nodes 2"),
         (["--nnodes", "2:4", "--steps", "5", "--checkpoint-every", "2",
           "--fail", "rank=1,step=2,during=save"],
          "no checkpoint is saved after step 2 (every 2 steps: after steps [1, 3, 4])"),
@@ -118,6 +120,20 @@ def test_invalid_runs_exit_2_before_any_process(monkeypatch, capsys, argv, messa
                         lambda *a: pytest.fail("an agent was about to start"))
     assert cli.main(["elastic", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_more_workers_than_cores_is_a_warning_as_for_a_run(monkeypatch):
+    """8 workers had started on 2 cores without the warning a run of 8 ranks gives."""
+    from paralab.runtime import launch as run_launch
+
+    class Started(Exception):
+        pass
+
+    monkeypatch.setattr(run_launch, "usable_cores", lambda: 2)
+    monkeypatch.setattr(launch_module, "Janitor", lambda: (_ for _ in ()).throw(Started()))
+    with pytest.warns(RuntimeWarning, match="world size 4 exceeds the 2 usable CPU cores"), \
+            pytest.raises(Started):
+        launch_module.launch(ElasticConfig(min_nodes=1, max_nodes=4))
 
 
 @pytest.mark.parametrize("slow", [{"factor": 3}, {"rank": 1}, [1, 3]])

@@ -122,7 +122,8 @@ class ElasticConfig(TrainingConfig):
             raise ConfigError(f"no checkpoint is saved after step {step} (every {self.checkpoint_every} "
                               f"steps: after steps {saves})")
         if self.nodes - 1 < self.min_nodes:
-            raise ConfigError(f"after the failure {count_text(self.nodes - 1, 'node')} remain, "
+            left = self.nodes - 1
+            raise ConfigError(f"after the failure {count_text(left, 'node')} remain{'s' * (left == 1)}, "
                               f"fewer than min nodes {self.min_nodes}: lower MIN in --nnodes "
                               f"{self.min_nodes}:{self.max_nodes}")
         if self.max_restarts < 1:

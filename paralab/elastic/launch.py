@@ -46,7 +46,7 @@ from paralab.elastic.history import ElasticResult
 from paralab.runtime import agents, loopback
 from paralab.runtime.failures import how_it_ended
 from paralab.runtime.janitor import Janitor
-from paralab.runtime.launch import release_forkserver
+from paralab.runtime.launch import release_forkserver, warn_if_cores_are_shared
 from paralab.runtime.result import RunError
 from paralab.runtime.worker import check_capacity, usable_cores
 from paralab.text import count_text
@@ -71,6 +71,7 @@ def launch(cfg: ElasticConfig, run_dir: str | Path | None = None, progress=None)
     """
     cfg.validate()
     check_capacity(cfg.max_nodes, cfg.oversubscribe)
+    warn_if_cores_are_shared(cfg.max_nodes, stacklevel=3)  # as a run's ranks: its workers may all run
     if run_dir is not None:
         check_run_dir(Path(run_dir))
     if cfg.checkpoint_dir:
