@@ -57,13 +57,16 @@ def compare(variants: list[Variant], rounds: int = 3, common: dict | None = None
     """Run each variant ``rounds`` times, interleaved; ``common`` options apply to every run. ``run``
     starts one (``paralab.run`` unless given; ``paralab.elastic.run`` for elastic training): whatever
     it returns has a ``summary`` with ``step_time_s``. ConfigError (before any run) for fewer than one
-    round or two variants of one label."""
+    round, fewer than two variants, or two variants of one label."""
     import paralab
     from paralab.config import ConfigError
 
     if rounds < 1:
         raise ConfigError(f"--rounds must be >= 1 (interleaved runs of each variant), got {rounds}")
     labels = [v.label for v in variants]
+    if len(labels) < 2:
+        raise ConfigError(f"a comparison takes two variants or more (the first is the reference of the "
+                          f"ratios), got {labels}")
     if len(set(labels)) != len(labels):
         raise ConfigError(f"variant labels must differ (a variant is not compared with itself), "
                           f"got {labels}")
@@ -96,7 +99,8 @@ def add_benchmark_args(parser, model: str = "tiny", steps: int = 6, global_batch
 def add_bench_args(parser) -> None:
     parser.add_argument("--variants", nargs="+", required=True, metavar="STRATEGY",
                         help="strategies to compare; the first is the reference of the ratios")
-    parser.add_argument("--world-size", type=int, default=2, help="ranks each run starts")
+    parser.add_argument("--world-size", type=int, default=2,
+                        help="ranks each run starts, every variant's (so one-rank `single` is none of them)")
     parser.add_argument("--oversubscribe", action="store_true",
                         help="start more local ranks than the cores and memory hold (refused otherwise); "
                              "the ratios then measure the ranks' contention as much as the strategies")

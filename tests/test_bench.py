@@ -7,6 +7,7 @@ import pytest
 
 from paralab import cli
 from paralab.bench import Variant, compare
+from paralab.config import ConfigError
 
 
 def test_compare_interleaves_and_reports_ratios(no_leftover_ranks):
@@ -44,9 +45,11 @@ def test_rounds_interleave_the_variants_and_each_keeps_the_median_of_its_rounds(
     assert "| naive | 5.0000 | 3 | 3.000x |" in result.table()
 
 
-def test_duplicate_labels_are_refused():
+def test_duplicate_labels_and_a_lone_variant_are_refused():
     with pytest.raises(ValueError, match="labels must differ"):
         compare([Variant.of(strategy="ddp"), Variant.of(strategy="ddp")], rounds=1)
+    with pytest.raises(ConfigError, match="two variants or more"):  # had run it, 1.000x over itself
+        compare([Variant.of(strategy="ddp")], rounds=1)
 
 
 @pytest.mark.parametrize("argv, message", [
