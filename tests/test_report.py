@@ -72,7 +72,35 @@ def test_report_from_trace_and_chrome_export(ddp_run, tmp_path):
     plain = ddp_run.trace.save(tmp_path / "trace.json")
     out = write_report(Trace.load(plain), tmp_path / "t.html")
     text = out.read_text()
-    assert "Memory per rank" not in text and "<h2>Timeline</h2>" in text and "bubble_fraction" not in text
+    assert "<h2>Timeline</h2>" in text and "bubble_fraction" not in text
+    # the run's memory and layout are in its trace: a report of the file had drawn no memory at all
+    assert "<h2>Memory per rank</h2>" in text and "<th>dp</th><td>2</td>" in text
+    assert "<th>steps</th><td>3</td>" in text and "<th>cp_mode</th>" not in text  # no cp: no cp mode
+    assert Trace.load(plain).meta["peak_memory_bytes"] == ddp_run.summary["peak_memory_bytes"]
+
+
+def test_the_summary_table_names_every_degree_and_the_choices_that_apply(tmp_path):
+    """A cp run's report had read "strategy cp, world_size 2, pp 1": no cp, no dp, no tp, its ring
+    mode unsaid; a tp run with sequence parallel could not be told from one without."""
+    from paralab.trace import STEP, Span
+
+    steps = [Span(rank, STEP, "step", 0.02 * k, 0.02 * (k + 1), name=f"step {k}", step=k)
+             for rank in (0, 1) for k in range(3)]
+    layout = {"dp": 1, "tp": 1, "pp": 1, "cp": 2, "cp_mode": "ring", "cp_split": "zigzag", "ep": 1,
+              "zero": 0, "sequence_parallel": False, "virtual_stages": 1}
+    meta = {"strategy": "cp", "world_size": 2, **{k: layout[k] for k in ("dp", "tp", "pp", "cp", "ep")},
+            "layout": layout, "config": {"steps": 3, "device": "cpu", "dtype": "fp32", "trace": False}}
+    text = write_report(Trace(spans=steps, meta=meta), tmp_path / "cp.html").read_text()
+    for row in ("<th>cp</th><td>2</td>", "<th>cp_mode</th><td>ring</td>", "<th>cp_split</th><td>zigzag</td>",
+                "<th>dp</th><td>1</td>", "<th>tp</th><td>1</td>", "<th>dtype</th><td>fp32</td>"):
+        assert row in text, row
+    for absent in ("<th>ep</th>", "<th>zero</th>", "<th>sequence_parallel</th>", "<th>virtual_stages</th>"):
+        assert absent not in text, absent
+    assert "<th>step_time_s</th><td>20.00 ms (the median step)</td>" in text
+    sp = {**meta, "strategy": "tp", "tp": 2, "cp": 1, "layout": {**layout, "tp": 2, "cp": 1,
+                                                               "sequence_parallel": True}}
+    text = write_report(Trace(spans=steps, meta=sp), tmp_path / "sp.html").read_text()
+    assert "<th>sequence_parallel</th><td>True</td>" in text and "<th>cp_mode</th>" not in text
 
 
 def test_a_report_of_step_spans_only_says_what_was_not_measured(tmp_path):
@@ -87,6 +115,7 @@ def test_a_report_of_step_spans_only_says_what_was_not_measured(tmp_path):
             "config": {"trace": False}}
     text = write_report(Trace(spans=steps, meta=meta), tmp_path / "r.html").read_text()
     assert text.count(said) >= 2 and "Pipeline bubble" not in text
+    assert "<h2>Timeline</h2>" not in text  # of step spans alone: an empty panel
     assert "<th>bubble_fraction</th><td>not measured" in text
     traced = write_report(Trace(spans=steps, meta={**meta, "config": {"trace": True}}), tmp_path / "t.html")
     assert said not in traced.read_text() and "Pipeline bubble" in traced.read_text()

@@ -55,7 +55,7 @@ class RunResult:
                           states: list[dict | None]) -> RunResult:
         rank_results = sorted(rank_results, key=lambda r: r["rank"])
         trace = Trace.merge([Trace.from_dict(r.pop("trace")) for r in rank_results])
-        trace.meta.update(run_meta(cfg, layout))
+        trace.meta.update(run_meta(cfg, layout), **measured_memory(rank_results))
         params, grads = _merge_states(states)
         return cls(cfg, layout, combine_losses(rank_results), trace, rank_results, params, grads)
 
@@ -117,9 +117,7 @@ class RunResult:
             # had read 0 where paralab's pp read 0.2 for the same layout)
             "bubble_theoretical": theoretical_bubble(layout.schedule, layout.pp, layout.microbatches,
                                                      layout.virtual_stages) if layout.pipelined else 0.0,
-            "peak_memory_bytes": [r["memory"].get("cuda_max_allocated_bytes", r["memory"]["peak_bytes"])
-                                  for r in self.rank_results],
-            "memory_by_kind": [r["memory"]["peak_by_kind"] for r in self.rank_results],
+            **measured_memory(self.rank_results),
             "memory_max_by_kind": [r["memory"]["max_by_kind"] for r in self.rank_results],
             "trace": self.trace_path,
             "report": self.report_path,
@@ -135,6 +133,14 @@ class RunResult:
         losses = ", ".join(f"{x:.4f}" for x in self.losses[:3]) + (" ..." if len(self.losses) > 3 else "")
         return (f"RunResult(strategy={s['strategy']!r}, world_size={s['world_size']}, steps={s['steps']}, "
                 f"losses=[{losses}], step_time_s={s['step_time_s']:.4f})")
+
+
+def measured_memory(rank_results: list[dict]) -> dict:
+    """Each rank's peak memory and its breakdown at that peak, in the summary and in the trace's meta
+    (so a report drawn from the saved trace has the memory figure a --report of the run has)."""
+    return {"peak_memory_bytes": [r["memory"].get("cuda_max_allocated_bytes", r["memory"]["peak_bytes"])
+                                  for r in rank_results],
+            "memory_by_kind": [r["memory"]["peak_by_kind"] for r in rank_results]}
 
 
 def run_meta(cfg: RunConfig, layout: Layout) -> dict:

@@ -32,10 +32,11 @@ def _summary_of(obj) -> tuple[Trace, dict, list[float] | None]:
     bubble row (its 0 says only that there is no pipeline), whichever the report was given."""
     if isinstance(obj, Trace):
         trace, summary, losses = obj, obj.summary(), None
-        for key in ("strategy", "world_size", "pp", "schedule", "microbatches", "model", "source",
-                    "memory_by_kind", "memory_ranks", "peak_memory_bytes", "bytes_unknown_ops"):
-            if obj.meta.get(key) not in (None, ""):
-                summary[key] = obj.meta[key]
+        meta = obj.meta
+        # a run's trace records its layout and config: the rows a --report of the run shows
+        described = {**_picked(meta.get("config"), CONFIG_KEYS), **_picked(meta.get("layout"), LAYOUT_KEYS),
+                     **_picked(meta, TRACE_KEYS)}
+        summary.update({key: value for key, value in described.items() if value not in (None, "")})
         summary.setdefault("world_size", len(obj.ranks))
     else:
         trace = getattr(obj, "trace", None)
@@ -45,6 +46,32 @@ def _summary_of(obj) -> tuple[Trace, dict, list[float] | None]:
     if not pipelined(trace.meta):
         summary.pop("bubble_fraction", None)
     return trace, summary, losses
+
+
+# what a trace's meta, its layout and its config say of the run, as the summary's keys
+TRACE_KEYS = ("strategy", "world_size", "dp", "tp", "pp", "cp", "ep", "schedule", "microbatches",
+              "virtual_stages", "model", "source", "memory_by_kind", "memory_ranks", "peak_memory_bytes",
+              "bytes_unknown_ops")
+LAYOUT_KEYS = ("cp_mode", "cp_split", "zero", "sequence_parallel")
+CONFIG_KEYS = ("steps", "device", "dtype")
+
+
+def _picked(source, keys: tuple[str, ...]) -> dict:
+    return {key: source[key] for key in keys if key in source} if isinstance(source, dict) else {}
+
+
+def _shown(key: str, summary: dict) -> bool:
+    """Whether the summary table has a row for ``key``: every degree that makes up the world, and the
+    choices that change a run only where they apply (a cp mode at cp 2, sequence parallel at tp 2,
+    ZeRO from stage 1, ep from 2, virtual stages from 2)."""
+    value = summary.get(key)
+    if key in ("cp_mode", "cp_split"):
+        return summary.get("cp", 1) > 1 and bool(value)
+    if key == "sequence_parallel":
+        return summary.get("tp", 1) > 1 and value is not None
+    if key in ("zero", "virtual_stages", "ep"):
+        return isinstance(value, int) and value > (0 if key == "zero" else 1)
+    return value not in (None, "") or key in SPAN_FIGURES
 
 
 def _value_text(key: str, value, summary: dict) -> str:
@@ -62,6 +89,12 @@ def _value_text(key: str, value, summary: dict) -> str:
         return _fmt({op: "unknown (no record_shapes)" if op in unknown else v for op, v in value.items()})
     if unknown and key == "comm_bytes_by_link":
         return _fmt(value) + f" (without {', '.join(sorted(unknown))}: their sizes are unknown)"
+    if key == "step_time_s" and value:  # the per-rank table below takes the steps' mean
+        return f"{value * 1e3:.2f} ms (the median step)"
+    if key == "tokens_per_s" and value:
+        return f"{value:,.0f}"
+    if key == "bubble_fraction" and value is not None:
+        return f"{value:.1%}"
     return _fmt(value)
 
 
@@ -80,10 +113,10 @@ def _fmt(value) -> str:
     return str(value)
 
 
-SUMMARY_KEYS = ("strategy", "source", "world_size", "dp", "tp", "pp", "schedule", "microbatches", "model",
-                "device", "steps", "step_time_s", "tokens_per_s", "bubble_fraction", "comm_bytes",
-                "comm_payload_bytes",
-                "comm_bytes_by_link", "peak_memory_bytes", "losses")
+SUMMARY_KEYS = ("strategy", "source", "world_size", "dp", "cp", "cp_mode", "cp_split", "tp",
+                "sequence_parallel", "pp", "schedule", "virtual_stages", "microbatches", "ep", "zero",
+                "model", "dtype", "device", "steps", "step_time_s", "tokens_per_s", "bubble_fraction",
+                "comm_bytes", "comm_payload_bytes", "comm_bytes_by_link", "peak_memory_bytes", "losses")
 
 
 # Columns of the per-rank table: Trace.time_breakdown keys and their headings (ms per step).
@@ -98,7 +131,7 @@ def summary_table(summary: dict) -> str:
     """HTML tables: headline numbers, then where each rank's step time went (ms per step)."""
     rows = "".join(
         f"<tr><th>{html.escape(k)}</th><td>{html.escape(_value_text(k, summary[k], summary))}</td></tr>"
-        for k in SUMMARY_KEYS if k in summary and (summary[k] not in (None, "") or k in SPAN_FIGURES)
+        for k in SUMMARY_KEYS if k in summary and _shown(k, summary)
     )
     out = f'<table class="summary">{rows}</table>'
     per_rank = summary.get("per_rank") or {}
@@ -128,9 +161,11 @@ def report_figures(obj, predicted: Trace | None = None) -> list[tuple[str, objec
 
 def _figures(trace: Trace, summary: dict, losses: list[float] | None, predicted: Trace | None):
     from paralab import viz
-    from paralab.trace import COMM, EVENT
+    from paralab.trace import COMM, EVENT, STEP
 
-    figs = [("Timeline", viz.timeline(trace, predicted=predicted))]
+    # a --no-trace run's trace holds its steps alone: a timeline of them would be an empty panel
+    figs = [("Timeline", viz.timeline(trace, predicted=predicted))] if any(
+        s.lane != STEP for s in trace.spans) or predicted is not None else []
     if pipelined(trace.meta) and not summary["unmeasured_why"]:  # step spans alone read 100% idle
         figs.append(("Pipeline bubble", viz.bubble(trace)))
     if trace.select(lane=COMM):
