@@ -773,6 +773,21 @@ def test_a_prediction_in_llama3s_rank_order_is_split_by_dimension_as_its_groups_
     assert crossing == {"dp": rank_order == "tp-pp-dp", "pp": rank_order == "tp-dp-pp"}
 
 
+def test_an_expert_groups_all_to_all_is_ep_and_its_gradient_all_reduce_dp():
+    """With ep = dp the experts' group and the data-parallel group are the same ranks: the dense
+    gradients' all-reduce had been filed under ep beside the tokens' all-to-all (a measured run), and a
+    prediction, whose meta the layout was read from without its ep, had filed both under dp."""
+    from paralab.sim.presets import get_model
+    from paralab.sim.specs import ParallelSpec
+    from paralab.viz.comm import bytes_by_dimension
+    from paralab.viz.comm_compare import predicted_comm_trace
+
+    trace = predicted_comm_trace(get_model("mixtral-8x7b"), ParallelSpec(dp=4, ep=4, tp=2, global_batch=8),
+                                 gpus_per_node=8)
+    by_dimension = bytes_by_dimension(trace)
+    assert set(by_dimension["ep"]) == {"all_to_all"} and set(by_dimension["dp"]) == {"all_reduce"}
+
+
 def test_the_speedup_figure_makes_room_for_its_legends_rows():
     """Three runs, their predictions, the measured and predicted curves and two ideals are eight
     legend entries: two rows in a notebook cell, whose second had touched the subplot titles. The top

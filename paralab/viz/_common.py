@@ -156,8 +156,9 @@ def recorded_nodes(meta: dict, world: int) -> dict[int, int] | None:
 
 def layout_of(obj) -> Layout:
     """A Layout from a Layout, a RunResult, a Trace or a trace's meta dict that holds one (measured
-    runs) or records dp, tp and pp (simulated runs), or a mesh dict (``{"shape": [pp, dp, cp, tp]}``, or
-    ``[pp, dp, tp]`` as traces made before the cp axis have it)."""
+    runs) or records dp, tp and pp (simulated runs; cp and ep too where they have them), or a mesh
+    dict (``{"shape": [pp, dp, cp, tp]}``, or ``[pp, dp, tp]`` as traces made before the cp axis have
+    it)."""
     if isinstance(obj, Layout):
         return obj
     if isinstance(getattr(obj, "layout", None), Layout):
@@ -169,7 +170,7 @@ def layout_of(obj) -> Layout:
     if isinstance(meta, dict) and "layout" in meta:
         return Layout.from_dict(meta["layout"])
     if isinstance(meta, dict) and all(k in meta for k in ("dp", "tp", "pp")):
-        degrees = {axis: max(int(meta.get(axis) or 1), 1) for axis in ("dp", "tp", "pp", "cp")}
+        degrees = {axis: max(int(meta.get(axis) or 1), 1) for axis in ("dp", "tp", "pp", "cp", "ep")}
         return mesh_layout(**degrees)
     if isinstance(meta, dict):
         raise TypeError("this trace carries no layout (an imported profile has none): give a Layout, a "

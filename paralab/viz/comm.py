@@ -8,8 +8,8 @@ they are the tensor sizes the calls were given; see :class:`paralab.trace.Span`.
 
 Parallel dimension: the mesh axis of a span's process group, read from the run's layout: the axes
 along which the group's members' coordinates vary (``tp`` for a tensor-parallel pair, ``dp×cp`` for
-gradients reduced over both, ``pp`` for a send between two stages), ``ep`` for an expert-parallel
-group. A trace without a layout names its groups by size.
+gradients reduced over both, ``pp`` for a send between two stages), ``ep`` for the tokens'
+all-to-all of an expert-parallel group. A trace without a layout names its groups by size.
 
 Rank-by-rank matrix convention (``comm_matrix_data``), row = sender, column = receiver:
 
@@ -149,11 +149,13 @@ def _mesh_ranks(layout: Layout | None, meta: dict) -> dict[int, int] | None:
     return {number: mesh for mesh, number in enumerate(rank_numbering(layout, meta["rank_order"]))}
 
 
-def dimension_of(group: list[int] | tuple[int, ...], layout: Layout | None) -> str:
-    """The parallel dimension of a process group (see the module docstring)."""
+def dimension_of(group: list[int] | tuple[int, ...], layout: Layout | None, op: str = "") -> str:
+    """The parallel dimension of a process group (see the module docstring) for a call of kind ``op``:
+    on an expert group, the tokens' all-to-all is ep's, while the dense gradients' all-reduce over the
+    same ranks (ep = dp) is dp's."""
     if layout is None or max(group, default=0) >= layout.world_size:
         return f"group of {len(group)}"
-    if layout.ep > 1 and sorted(group) in layout.expert_groups():
+    if layout.ep > 1 and op == "all_to_all" and sorted(group) in layout.expert_groups():
         return "ep"
     coords = [layout.coords[r] for r in group]
     varying = [axis for i, axis in enumerate(AXES) if len({c[i] for c in coords}) > 1]
@@ -178,7 +180,7 @@ def bytes_by_dimension(trace, payload: bool = False) -> dict[str, dict[str, dict
 
     def where(s: Span) -> tuple[str, str, str]:
         group = group_of(s, world, trace.meta)
-        dimension = dimension_of([mesh[r] for r in group] if mesh else group, layout)
+        dimension = dimension_of([mesh[r] for r in group] if mesh else group, layout, s.kind)
         return dimension, s.kind, "inter_node" if s.inter_node else "intra_node"
 
     for (dimension, op, link), nbytes in trace.per_step_bytes(where, payload).items():
