@@ -144,6 +144,9 @@ def test_timeline_pipeline_microbatch_colours_and_labels(pipe):
     assert fig.layout.xaxis.title.text.endswith("F7 s3: microbatch 7's forward on stage 3")
     one_stage = Trace(spans=[Span(0, COMPUTE, "forward", 0, 1e-3, microbatch=m, step=0) for m in range(2)])
     assert viz.timeline(one_stage).layout.xaxis.title.text.endswith("<br>F1: microbatch 1's forward")
+    # a run that says it had no pipeline (a hybrid run at pp 1 tags its microbatch) is coloured by kind
+    one_stage.meta["pp"] = 1
+    assert viz.timeline(one_stage).layout.xaxis.title.text == "time (ms)"
     # a timeline coloured by kind keeps its plain axis
     assert viz.timeline(pipe, color_by="kind").layout.xaxis.title.text == "time (ms)"
     assert "(1024 B)" in send.hovertext[0] and "peer r" in send.hovertext[0]

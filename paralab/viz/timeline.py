@@ -31,7 +31,7 @@ from collections import defaultdict
 from functools import lru_cache
 
 from paralab.schedules import PASS_LETTERS, pass_label
-from paralab.trace import COMM, COMPUTE, EVENT, Span, Trace, past_warm_up, typical_step_time
+from paralab.trace import COMM, COMPUTE, EVENT, Span, Trace, past_warm_up, pipelined, typical_step_time
 from paralab.viz._common import (
     BLOCKED,
     BLOCKED_LABEL,
@@ -315,9 +315,14 @@ def rows_of(trace: Trace, spans: list[Span], suffix: str = "", slots: dict[int, 
             for lane in (lanes_present or [COMPUTE]) for k in range(held[r] if lane == COMM else 1)]
 
 
-def resolve_color_by(spans: list[Span], color_by: str) -> str:
+def resolve_color_by(spans: list[Span], color_by: str, meta: dict | None = None) -> str:
+    """"auto": by microbatch where the compute spans say theirs, unless ``meta`` says the run had no
+    pipeline (a hybrid run at pp 1 tags its one microbatch: its bars had all read "F0 s0" in one
+    colour, and the forward and backward legend had gone)."""
     if color_by == "auto":
-        return "microbatch" if any(s.microbatch is not None and s.lane == COMPUTE for s in spans) else "kind"
+        one_stage = bool(meta) and ("pp" in meta or "stages" in meta) and not pipelined(meta)
+        tagged = any(s.microbatch is not None and s.lane == COMPUTE for s in spans)
+        return "microbatch" if tagged and not one_stage else "kind"
     if color_by not in ("kind", "microbatch"):
         raise ValueError(f"color_by must be 'auto', 'kind' or 'microbatch', got {color_by!r}")
     return color_by
@@ -352,7 +357,7 @@ def bar_traces(trace: Trace, *, lanes=DEFAULT_LANES, steps=None, color_by: str =
     ``waits=False`` leaves out the hatched waits for peers and the dotted compute blocked on a call (a
     third more bars on a long pipeline)."""
     spans = select_spans(trace, lanes, steps)
-    mode = resolve_color_by(spans, color_by)
+    mode = resolve_color_by(spans, color_by, trace.meta)
     show_text = (len(spans) <= TEXT_LIMIT) if text == "auto" else bool(text)
     over, wait_of = waiting_spans(trace, spans) if waits else ({}, {})
     extra = list(over.values()) + (blocked_spans(trace, spans) if waits else [])
