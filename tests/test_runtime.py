@@ -93,6 +93,21 @@ def test_keyboard_interrupt_leaves_no_rank_behind():
     assert not tagged_processes(tag), "processes outlived the interrupted run"
 
 
+@pytest.mark.timeout(120)
+def test_no_process_of_a_run_outlives_the_script_that_ran_it(tmp_path):
+    """The forkserver that started the ranks (torch loaded) had run on for a second or more after the
+    script returned, left to notice its parent's end; the script stops it at exit and waits. (Output
+    to a file: a pipe would be held open by the forkserver, and reading it to its end would wait.)"""
+    tag = f"exit-{os.getpid()}-{time.time()}"
+    script = "import paralab; print(len(paralab.run('dp', 2, steps=1, global_batch=4).losses))"
+    with open(tmp_path / "out.txt", "w") as out:
+        done = subprocess.run([sys.executable, "-c", script], env={**os.environ, TAG: tag}, stdout=out,
+                              stderr=subprocess.STDOUT, timeout=100)
+    said = (tmp_path / "out.txt").read_text()
+    assert done.returncode == 0 and said.strip().endswith("1"), said[-2000:]
+    assert not tagged_processes(tag), "processes outlived the script"  # at once, no grace period
+
+
 SURVIVES_AN_INTERRUPT = """
 import signal, paralab
 def interrupt(*_):

@@ -19,6 +19,7 @@ Nothing listens beyond loopback: ranks meet through a file store in the run dire
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import json
@@ -66,6 +67,11 @@ def release_forkserver() -> None:
     server = getattr(forkserver, "_forkserver", None)
     if server is not None and getattr(server, "_forkserver_pid", None) is not None:
         server._stop()
+
+
+# at exit, this process stops the forkserver it started and waits for it: left to notice its parent's
+# end, the forkserver (torch loaded) had run on for a second or more after `paralab bench` returned
+atexit.register(release_forkserver)
 
 
 def preflight(cfg: RunConfig):
