@@ -60,11 +60,10 @@ def check(cfg: RunConfig, layout) -> None:
                "each rank holds seq / cp tokens")
         fits = [pieces * k for k in range(max(m.seq_len // pieces - 2, 1), m.seq_len // pieces + 3)]
         # the command line sets no sequence length: the degrees that fit this model come first
-        degrees = [c for c in range(2, 17) if m.seq_len % (pieces // n * c) == 0]
         raise ConfigError(f"cp {n} ({layout.cp_mode}, {layout.cp_split}) needs the sequence length divisible "
-                          f"by {pieces}, got {m.seq_len}: {why}; cp degrees that fit its {m.seq_len} tokens: "
-                          f"{', '.join(map(str, degrees))} (or, from Python, a model of a sequence length "
-                          f"that fits: {', '.join(map(str, fits))})")
+                          f"by {pieces}, got {m.seq_len}: {why}; cp degrees that fit its {m.seq_len} tokens"
+                          f"{'' if ring else ' and heads'}: {_fitting(m, layout)} (or, from Python, a model "
+                          f"of a sequence length that fits: {', '.join(map(str, fits))})")
     if layout.sequence_parallel and (m.seq_len // n) % layout.tp:
         raise ConfigError(f"sequence parallel splits each cp rank's {m.seq_len // n} tokens (sequence "
                           f"{m.seq_len} / cp {n}) over tp {layout.tp} ranks, which does not divide them; use "
@@ -72,10 +71,19 @@ def check(cfg: RunConfig, layout) -> None:
     heads = m.heads // layout.tp
     if not ring and heads % n:
         per = f" per tensor-parallel rank (heads {m.heads} / tp {layout.tp})" if layout.tp > 1 else ""
-        fits = [d for d in range(1, heads + 1) if heads % d == 0]
         raise ConfigError(f"all-to-all (Ulysses) gives each of the cp {n} ranks an equal share of the "
-                          f"heads: {heads} heads{per} do not divide by {n}; cp degrees that fit: "
-                          f"{', '.join(map(str, fits))}, or cp_mode 'ring'")
+                          f"heads: {heads} heads{per} do not divide by {n}; cp degrees that fit its heads "
+                          f"and tokens: {_fitting(m, layout)}, or cp_mode 'ring'")
+
+
+def _fitting(model, layout) -> str:
+    """The cp degrees (2 to 16) this model's sequence splits into and, for the all-to-all, whose ranks
+    take equal shares of its heads: the degree that one refusal offered, the next no longer refuses."""
+    ring = layout.cp_mode == "ring"
+    per_rank = 2 if ring or layout.cp_split == "zigzag" else 1  # chunks a rank holds
+    heads = model.heads // layout.tp
+    fits = [c for c in range(2, 17) if model.seq_len % (per_rank * c) == 0 and (ring or heads % c == 0)]
+    return ", ".join(map(str, fits)) or "none"
 
 
 # ---------------------------------------------------------------------------- all-to-all (Ulysses)
