@@ -320,7 +320,7 @@ def cmd_strategies(args) -> int:
 
 
 def cmd_merge(args) -> int:
-    from paralab.outputs import check_file, check_output_reads_no_input
+    from paralab.outputs import check_file, check_output_reads_no_input, unread_text
     from paralab.trace import Trace
 
     check_file(args.output, "output")
@@ -328,7 +328,7 @@ def cmd_merge(args) -> int:
     try:
         trace = Trace.load(args.path)
     except (OSError, ValueError) as exc:  # TraceFormatError names the file and what is wrong
-        print(f"paralab merge: {exc}", file=sys.stderr)
+        print(f"paralab merge: cannot read {unread_text(exc, args.path)}", file=sys.stderr)
         return EXIT_INVALID
     summary = trace.summary()
     if args.chrome:

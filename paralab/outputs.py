@@ -10,6 +10,7 @@ the nearest directory that exists.
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -37,6 +38,14 @@ def check_dir(path: str | os.PathLike, what: str) -> None:
     _check_parent(path, what)
 
 
+def unread_text(exc: Exception, path: str | os.PathLike) -> str:
+    """Why a trace could not be read, in a line: an OS error as the file and what the system said
+    ("out/: No such file or directory", not "[Errno 2] ..."), a format error as it names itself."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.filename or path}: {exc.strerror}"
+    return str(exc)
+
+
 def _check_parent(path: Path, what: str) -> None:
     """The nearest existing ancestor is a directory this process may create things in."""
     ancestor = path.absolute().parent
@@ -47,8 +56,9 @@ def _check_parent(path: Path, what: str) -> None:
     try:
         with tempfile.TemporaryFile(dir=ancestor):
             pass
-    except OSError as exc:
-        raise ConfigError(f"{what} {path}: cannot write in {ancestor} ({exc.strerror})") from None
+    except OSError as exc:  # /proc, which exists, says ENOENT: it takes no new files
+        why = "it takes no new files" if exc.errno == errno.ENOENT else exc.strerror
+        raise ConfigError(f"{what} {path}: cannot write in {ancestor} ({why})") from None
 
 
 def check_run_outputs(args) -> None:

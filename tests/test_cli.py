@@ -76,7 +76,8 @@ def test_invalid_arguments_exit_2_before_any_process(monkeypatch, capsys, argv, 
         ("--trace", lambda tmp: tmp / "file.txt" / "t.json", "is not a directory"),
         ("--profile", lambda tmp: tmp / "file.txt", "--profile {} exists and is not a directory"),
         # root passes the permission bits there, and the run had trained before failing to write
-        ("--report", lambda tmp: "/proc/report.html", "--report /proc/report.html: cannot write in /proc"),
+        ("--report", lambda tmp: "/proc/report.html",
+         "--report /proc/report.html: cannot write in /proc (it takes no new files)"),
         ("--trace-dir", lambda tmp: "/proc/traces", "--trace-dir /proc/traces: cannot write in /proc"),
     ],
 )

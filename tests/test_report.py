@@ -164,6 +164,10 @@ def test_report_main_exit_codes(ddp_run, tmp_path, capsys):
     for path in (tmp_path / "missing.json", bad, notrace):
         assert report_main(_parser().parse_args([str(path), "-o", str(tmp_path / "x.html")])) == 2
         assert "cannot read trace" in capsys.readouterr().err
+    report_main(_parser().parse_args([str(tmp_path / "missing.json"), "-o", str(tmp_path / "x.html")]))
+    # the file and what the system said, not "[Errno 2] No such file or directory: '...'"
+    said = capsys.readouterr().err
+    assert f"cannot read trace: {tmp_path / 'missing.json'}: No such file or directory" in said
     assert not (tmp_path / "x.html").exists()
     trace = ddp_run.trace.save(tmp_path / "good.json")
     out = tmp_path / "sub" / "r.html"

@@ -263,7 +263,7 @@ def report_main(args) -> int:
     cannot be written or would overwrite a trace it reads (message on stderr, checked before any
     trace is read)."""
     from paralab.config import ConfigError
-    from paralab.outputs import check_file, check_output_reads_no_input
+    from paralab.outputs import check_file, check_output_reads_no_input, unread_text
 
     inputs = [("trace", args.trace), ("--predicted trace", getattr(args, "predicted", None))]
     try:
@@ -280,7 +280,7 @@ def report_main(args) -> int:
         try:
             traces.append(Trace.load(name))
         except (OSError, ValueError) as exc:  # TraceFormatError names the file and what is wrong
-            print(f"paralab report: cannot read {label}: {exc}", file=sys.stderr)  # exc names the file
+            print(f"paralab report: cannot read {label}: {unread_text(exc, name)}", file=sys.stderr)
             return 2
     out = write_report(traces[0], args.output, predicted=traces[1], title=getattr(args, "title", None))
     print(f"wrote {out}")
