@@ -110,8 +110,12 @@ def add_bench_args(parser) -> None:
 def bench_main(args) -> int:
     """``paralab bench``: every variant is checked as a launch checks it (layout, device, dtype, this
     machine's capacity) before the first run starts (ConfigError: exit 2)."""
-    from paralab.config import RunConfig
+    from paralab.config import ConfigError, RunConfig
     from paralab.runtime.launch import preflight
+
+    if args.steps < 2:  # a run of one step would be timed on its warm-up alone
+        raise ConfigError(f"--steps must be >= 2 in a comparison: a run's step time is the median of its "
+                          f"steps after the first, which warms up; got {args.steps}")
 
     common = dict(world_size=args.world_size, steps=args.steps, model=args.model,
                   global_batch=args.global_batch, oversubscribe=args.oversubscribe)

@@ -238,13 +238,14 @@ def format_summary(s: dict) -> str:
     cp = f" x cp {s['cp']} ({s['cp_mode']}, {s['cp_split']})" if s.get("cp", 1) > 1 else ""
     lines = [
         f"{s['strategy']} on {count_text(s['world_size'], 'rank')} ({s['device']}), "
-        f"model {s['model']} in {s['dtype']}, {s['steps']} steps",
+        f"model {s['model']} in {s['dtype']}, {count_text(s['steps'], 'step')}",
         f"layout: dp {s['dp']}{cp} x tp {s['tp']} x pp {s['pp']}"
         + (f" (ep {s['ep']} inside dp)" if s.get("ep", 1) > 1 else "")
         + _schedule(s) + f", {count_text(s['microbatches'], 'microbatch', 'microbatches')}"
         + (f", ZeRO-{s['zero']}" if s.get("zero") else "") + _choices(s),
         "losses: " + " ".join(f"{x:.4f}" for x in s["losses"]),
-        f"step time (median after the first): {s['step_time_s'] * 1e3:.1f} ms   tokens/s: "
+        f"step time ({'median after the first' if s['steps'] > 1 else 'its one step, warm-up included'}): "
+        f"{s['step_time_s'] * 1e3:.1f} ms   tokens/s: "
         f"{s['tokens_per_s']:.0f}",
     ]
     lines += _span_lines(s)

@@ -56,6 +56,7 @@ def test_duplicate_labels_and_a_lone_variant_are_refused():
     (["--variants", "ddp", "nope"], "unknown strategy"),
     (["--variants", "ddp", "--rounds", "0"], "--rounds must be >= 1"),  # had failed with StatisticsError
     (["--variants", "ddp", "ddp"], "variant labels must differ"),  # had failed with a traceback
+    (["--variants", "ddp", "dp", "--steps", "1"], "--steps must be >= 2 in a comparison"),  # warm-up alone
 ])
 def test_bench_cli_refuses_bad_input_before_running(monkeypatch, capsys, argv, message):
     monkeypatch.setattr("paralab.run", lambda *a, **k: pytest.fail("a run was about to start"))

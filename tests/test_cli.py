@@ -566,7 +566,10 @@ def test_a_run_says_where_its_trace_folder_went_and_what_reads_it(capsys, tmp_pa
     said "trace": null beside the merged.json it wrote. The file opens in Perfetto and reports."""
     folder = tmp_path / "traces"
     assert cli.main(["run", "--strategy", "single", "--steps", "1", "--trace-dir", str(folder)]) == 0
-    assert f"trace: {folder / 'merged.json'} (open in https://ui.perfetto.dev)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"trace: {folder / 'merged.json'} (open in https://ui.perfetto.dev)" in out
+    # a run of one step: no "1 steps", no median "after the first" of a step that has none after it
+    assert "in fp32, 1 step\n" in out and "step time (its one step, warm-up included): " in out
     assert "traceEvents" in json.loads((folder / "merged.json").read_text())  # the Chrome trace format
     assert cli.main(["run", "--strategy", "single", "--steps", "1", "--trace-dir", str(folder),
                      "--json"]) == 0
