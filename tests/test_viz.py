@@ -545,6 +545,21 @@ def test_mesh_draws_the_layouts_groups_nodes_and_their_traffic(hybrid, no_leftov
     assert "across nodes 0, 1" in pipe.hovertext[0] and "send:" in pipe.hovertext[0]
 
 
+def test_the_mesh_titles_count_one_group_and_say_what_sequence_parallel_does():
+    """"cp: 1 groups of 2"; and a tp panel had said "all-reduces in every layer" of sequence parallel,
+    whose tp groups all-gather and reduce-scatter."""
+    import dataclasses
+
+    from paralab.layout import mesh_layout
+
+    titles = [a.text for a in viz.mesh(mesh_layout(cp=2)).layout.annotations]
+    assert any(t.startswith("<b>cp</b>: 1 group of 2<br>") for t in titles), titles
+    sp = dataclasses.replace(mesh_layout(tp=2, dp=2), sequence_parallel=True)
+    (tp,) = [a.text for a in viz.mesh(sp).layout.annotations if a.text.startswith("<b>tp</b>")]
+    assert tp == ("<b>tp</b>: 2 groups of 2<br><sup>tensor parallel: all-gathers and reduce-scatters in "
+                  "every layer</sup>")
+
+
 @pytest.mark.timeout(300)
 def test_a_real_runs_calls_wait_for_peers_that_entered_before_they_left(hybrid, no_leftover_ranks):
     """Ranks of one machine share one clock: no collective is entered by its last member after

@@ -13,6 +13,7 @@ nodes (ranks numbered node by node). Given a trace, hovering a rank shows its gr
 from __future__ import annotations
 
 from paralab.layout import AXES, Layout
+from paralab.text import count_text
 from paralab.viz._common import (
     as_trace,
     fmt_bytes,
@@ -29,6 +30,13 @@ WHAT = {"dp": "data parallel: model replicas", "cp": "context parallel: attentio
         "tp": "tensor parallel: all-reduces in every layer", "pp": "pipelines: activations stage to stage",
         "ep": "expert parallel: tokens all-to-all"}
 CELL = 0.8  # a rank's square, in grid units (1 between neighbours)
+
+
+def _what(layout: Layout, axis: str) -> str:
+    """What a panel's groups do; sequence parallel turns tp's all-reduces into their two halves."""
+    if axis == "tp" and layout.sequence_parallel:
+        return "tensor parallel: all-gathers and reduce-scatters in every layer"
+    return WHAT[axis]
 
 
 def axes_drawn(layout: Layout) -> list[str]:
@@ -75,10 +83,10 @@ def mesh(obj, trace=None, nodes: int | None = None, title: str | None = None):
 
     per_row = len(axes) if len(axes) <= 3 else 2
     rows = -(-len(axes) // per_row)
+    titles = [f"<b>{axis}</b>: {count_text(len(groups_of(layout, axis)), 'group')} of "
+              f"{len(groups_of(layout, axis)[0])}<br><sup>{_what(layout, axis)}</sup>" for axis in axes]
     fig = make_subplots(rows=rows, cols=per_row, horizontal_spacing=0.05, vertical_spacing=0.12,
-                        subplot_titles=[f"<b>{axis}</b>: {len(groups_of(layout, axis))} groups of "
-                                        f"{len(groups_of(layout, axis)[0])}<br><sup>{WHAT[axis]}</sup>"
-                                        for axis in axes])
+                        subplot_titles=titles)
     drawn: dict[str, list[list[int]]] = {}
     width = layout.pp * (columns + 1) + 0.4  # grid units across a panel, margins included
     for i, axis in enumerate(axes):
