@@ -85,13 +85,17 @@ def test_a_receive_says_its_bytes_are_its_sends_and_waits_for_its_send():
     hovers = {t.name: list(t.hovertext) for t in viz.timeline(trace).data if t.hovertext}
     (recv,) = [text for name, texts in hovers.items() if name.startswith("recv") for text in texts
                if "recv on" in text]
-    assert "bytes counted on its send" in recv and "bytes 0 B" not in recv and "payload 32.0 KiB" in recv
+    assert "wire bytes counted on its send" in recv and "bytes 0 B" not in recv
+    assert "payload (the tensors' bytes) 32.0 KiB" in recv
     assert "for its send, then moved data" in "".join(t for texts in hovers.values() for t in texts)
     # its hatched wait says what it waited for: no "others" in a call of two
     (waiting,) = [text for name, texts in hovers.items() if name.startswith("waiting") for text in texts]
     assert waiting.endswith(": its send had not been posted yet")
     (send,) = [text for texts in hovers.values() for text in texts if "send on" in text]
-    assert "bytes 32.0 KiB (32768 B)" in send
+    assert "wire bytes 32.0 KiB (32768 B)" in send
+    small = Trace([Span(0, "comm", "all_reduce", 0.0, 0.001, bytes=16, group_size=2, step=0)])
+    (hover,) = [text for t in viz.timeline(small).data if t.hovertext for text in t.hovertext]
+    assert "wire bytes 16 B" in hover and "(16 B)" not in hover  # it had read "bytes 16 B (16 B)"
     # by op and step: the receive's op is no bar, so it is not in the legend (it had been, with none)
     assert [t.name for t in viz.comm_by_op(trace).data] == ["send"]
     assert [t.name for t in viz.comm_by_op(trace, payload=True).data] == ["recv", "send"]
@@ -184,6 +188,8 @@ def test_timeline_measured_with_prediction(ddp_run, pipe):
     assert stacked.layout.yaxis2.categoryarray == tuple(stacked.layout.meta["predicted_rows"])
     assert {t.yaxis for t in stacked.data} == {"y", "y2"}
     assert bars(stacked) == bars(viz.timeline(ddp_run)) + bars(viz.timeline(pipe))
+    # the title names both (it had read "timeline: measured · ddp" over the prediction too)
+    assert stacked.layout.title.text.startswith("timeline: measured and simulated ")
     overlay = viz.timeline(ddp_run, predicted=pipe, layout="overlay")
     rows = list(overlay.layout.yaxis.categoryarray)
     assert [row for row in rows if FILLER not in row][:4] == ["r0 compute", "r0 comm", "r0 compute pred",

@@ -193,9 +193,9 @@ def _hover(s: Span, row: str, t0: float, wait: float | None = None,
     out = (f"<b>{s.name or s.kind}</b><br>{s.kind} on {row}<br>start {(s.start - t0) * 1e3:.3f} ms, "
            f"duration {(s.end - s.start) * 1e3:.3f} ms")
     if s.kind == "recv":  # its wire bytes are its send's: "bytes 0 B" had read as if nothing came
-        out += "<br>bytes counted on its send"
+        out += "<br>wire bytes counted on its send"
     elif s.bytes or (s.lane == COMM and s.peer is None):  # a pass moves none, nor a p2p drawn without sizes
-        out += f"<br>bytes {_bytes_label(s.bytes)}"
+        out += f"<br>wire bytes {_bytes_label(s.bytes)}"
     if wait is not None:
         whom = "its send" if s.peer is not None else "the last participant"
         out += (f"<br>waited {wait * 1e3:.3f} ms for {whom}, then moved data for "
@@ -207,7 +207,7 @@ def _hover(s: Span, row: str, t0: float, wait: float | None = None,
     if s.group_size:
         out += f"<br>group of {s.group_size}"
     if s.payload_bytes and s.payload_bytes != s.bytes:
-        out += f"<br>payload {_bytes_label(s.payload_bytes)}"
+        out += f"<br>payload (the tensors' bytes) {_bytes_label(s.payload_bytes)}"
     if s.inter_node:
         out += "<br>crosses nodes"
     if slot and slot[1] > 1:  # however thin its bar, what it shares the row with
@@ -217,7 +217,9 @@ def _hover(s: Span, row: str, t0: float, wait: float | None = None,
 
 @lru_cache(maxsize=4096)
 def _bytes_label(n: int) -> str:
-    return f"{fmt_bytes(n)} ({n} B)"
+    """"32.0 KiB (32768 B)"; "16 B", not "16 B (16 B)"."""
+    short = fmt_bytes(n)
+    return short if short == f"{n} B" else f"{short} ({n} B)"
 
 
 def marker_of(kind: str, color, edge=0) -> dict:
@@ -451,7 +453,7 @@ def timeline(trace, predicted=None, *, lanes=DEFAULT_LANES, steps=None, predicte
     if typical:  # the steps' times walked once more, not twice (a trace may hold a million spans)
         times = trace.step_times_by_step()
         note = MEDIAN_NOTE.format(times[steps[0]] * 1e3, typical_step_time(times) * 1e3)
-    title = title or _default_title(trace, steps) + (note if typical else "")
+    title = title or _default_title(trace, steps, predicted) + (note if typical else "")
     return style(fig, title, height or min(200 + 22 * n_rows, 1600))
 
 
@@ -512,10 +514,14 @@ def _interleave(rows: list[str], prows: list[str]) -> list[str]:
     return [label for r in sorted(by_rank) for label in by_rank[r]]
 
 
-def _default_title(trace: Trace, steps=None) -> str:
-    """What ran, and which steps the figure shows where it shows some (steps count from 0)."""
+def _default_title(trace: Trace, steps=None, predicted: Trace | None = None) -> str:
+    """What ran, and which steps the figure shows where it shows some (steps count from 0); a
+    prediction drawn with it is named beside the trace's own source ("measured and predicted")."""
     m = trace.meta
-    parts = [m.get("source", "") or "trace", m.get("strategy", "")]
+    source = m.get("source", "") or "trace"
+    if predicted is not None:
+        source += f" and {predicted.meta.get('source') or 'predicted'}"
+    parts = [source, m.get("strategy", "")]
     if m.get("schedule"):
         parts.append(f"{m['schedule']} p={m.get('stages', m.get('pp', '?'))} m={m.get('microbatches', '?')}")
     if steps is not None:
