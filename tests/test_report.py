@@ -54,7 +54,7 @@ def test_report_content(report, ddp_run):
                     "Communication by parallel dimension and link", "Device mesh", "Memory per rank",
                     "Loss", "Summary"):
         assert f"<h2>{heading}</h2>" in text, heading
-    assert "Pipeline bubble" not in text  # a DDP run has no pipeline bubble
+    assert "Pipeline bubble" not in text and "less the compute" not in text  # a DDP run has no bubble
     assert "bubble_fraction" not in text  # nor a row of it, as the report of its trace file says
     assert len(divs) >= 6 and text.count("Plotly.newPlot") == len(divs)
     assert "on 2 ranks" in text and "<td>r1</td>" in text and "<td>r2</td>" not in text
@@ -119,6 +119,8 @@ def test_a_report_of_step_spans_only_says_what_was_not_measured(tmp_path):
     assert "<th>bubble_fraction</th><td>not measured" in text
     traced = write_report(Trace(spans=steps, meta={**meta, "config": {"trace": True}}), tmp_path / "t.html")
     assert said not in traced.read_text() and "Pipeline bubble" in traced.read_text()
+    # its two idle figures (the per-rank table's, the bubble's) are told apart; a ddp run has one
+    assert "idle (not computing) is each step less the compute" in traced.read_text()
 
 
 def test_the_heading_counts_one_rank_and_one_step_in_the_singular(tmp_path):

@@ -142,7 +142,17 @@ def summary_table(summary: dict) -> str:
         )
         head = "".join(f"<th>{html.escape(label)} ms/step</th>" for _, label in RANK_COLUMNS)
         out += f'<table class="ranks"><tr><th>rank</th>{head}</tr>{body}</table>'
+        if summary.get("bubble_fraction") is not None:  # two idle figures of one rank, told apart
+            out += f'<p class="sub">{IDLE_AGAINST_BUBBLE}</p>'
     return out
+
+
+IDLE_AGAINST_BUBBLE = (
+    "idle (not computing) is each step less the compute, whose waits inside a pass (a blocking send, a "
+    "tensor-parallel all-reduce) it leaves out, against the slowest rank's step; the pipeline bubble "
+    "(bubble_fraction, and its figure below) counts those waits as the pass's and reads each rank "
+    "against its own step: what the schedule leaves empty. So a rank's idle share reads above its "
+    "bubble.")
 
 
 def notes_list(meta: dict) -> str:
