@@ -54,6 +54,16 @@ class OneLineErrors(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(EXIT_INVALID, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
+    def parse_args(self, args=None, namespace=None):
+        """Arguments no parser took are said by the subcommand's parser (``said_in``), which names its
+        own --help: "paralab run: unrecognized arguments: --bogus (see paralab run --help)", where the
+        top parser had pointed at ``paralab --help``, which lists no run flag."""
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            said_in = getattr(parsed, "said_in", None) or [self]
+            said_in[0].error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
+
 
 NUMBERS_LIST = r"\[[-\d.,\s]*\]"  # a Python list of numbers as a message prints it: [1, 3, 3, 1]
 

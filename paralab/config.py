@@ -313,7 +313,7 @@ class RunConfig(TrainingConfig):
             if getattr(self, name) not in ("", *choices):
                 raise ConfigError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
         if self.fault is not None and self.fault["rank"] >= self.world_size:
-            raise ConfigError(f"fault rank must be in [0, {self.world_size}), got {self.fault}")
+            raise ConfigError(f"fault rank must be in [0, {self.world_size}), got {self.fault['rank']}")
         if self.fault is not None and self.fault["step"] >= self.steps:
             raise ConfigError(f"fault step {self.fault['step']} is beyond the run: "
                               f"steps are 0..{self.steps - 1}")

@@ -323,6 +323,8 @@ def test_a_failed_run_exits_1_naming_the_rank(capsys, no_leftover_ranks):
     (["simulate", "--model", "gpt3-125m", "--zero", "4"], "argument --zero: invalid choice: 4"),
     (["simulate", "--stage-layers", "a,b"], "expected whole numbers separated by commas"),  # was <lambda>
     (["elastic", "--nnodes", "a:b"], "--nnodes takes N or MIN:MAX"),
+    # an unknown flag is said by its command, which names its own --help (it had said `paralab --help`)
+    (["run", "--bogus"], "paralab run: unrecognized arguments: --bogus"),
 ])
 def test_unparseable_arguments_exit_2_in_one_line(capsys, argv, message):
     """As every refusal: one line that names the argument (the usage block is behind --help)."""
