@@ -833,7 +833,7 @@ def test_a_node_lost_below_min_ends_the_run_at_once_naming_the_node_and_min(tmp_
     (tmp_path / "progress.json").write_text(json.dumps({"step": 38}))
     # a deadline short enough that a watch that waited it out fails fast, with another message
     cfg = ElasticConfig(nodes=2, min_nodes=2, max_nodes=2, steps=100, run_timeout_s=30)
-    lost = (r"lost node 1 \(signal 9, SIGKILL\): 1 node\(s\) left, fewer than MIN 2 of --nnodes 2:2, so the "
+    lost = (r"lost node 1 \(signal 9, SIGKILL\): 1 node left, fewer than MIN 2 of --nnodes 2:2, so the "
             r"run cannot go on; a lower MIN rides out the loss \(last step 38\)")
     with pytest.raises(launch_module.ElasticError, match=lost):
         launch_module._watch(cfg, tmp_path, [Running(), Killed()], None, None)

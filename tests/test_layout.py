@@ -228,7 +228,7 @@ def test_a_world_the_machine_cannot_hold_is_refused_unless_forced(monkeypatch):
 
     monkeypatch.setattr(launch_module, "_context", lambda: pytest.fail("a process was about to start"))
     monkeypatch.setattr(worker, "usable_cores", lambda: 2)
-    with pytest.raises(ConfigError, match=r"64 ranks do not fit this machine: 2 core\(s\).*world size <= 16"):
+    with pytest.raises(ConfigError, match=r"64 ranks do not fit this machine: 2 cores.*world size <= 16"):
         paralab.run("ddp", 64, global_batch=64)
     worker.check_capacity(64, oversubscribe=True)  # forced: no refusal
 
