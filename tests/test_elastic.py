@@ -351,6 +351,9 @@ def test_a_killed_worker_is_survived_by_three_with_identical_losses(killed, refe
     assert t["reason"] == "failure" and (t["world_size_before"], t["world_size"]) == (4, 3)
     assert t["checkpoint"] == "step-00000004" and t["steps_redone"] == 1  # step 4 ran in both worlds
     assert result.summary["world_sizes"] == [4, 4, 4, 4, 3, 3, 3, 3]
+    # the text says which node went and how (it had said "failure" alone, and "1 step(s) redone")
+    assert (f"gen-001: failure of node {t['failed_node']} (rank 2, injected by --fail), world 4 -> 3, "
+            "resumed at step 4, 1 step redone") in result.describe()
     assert_exact_history(result, reference)
     every_id = [i for h in result.history for i in h["sample_ids"]]
     assert len(every_id) == len(set(every_id)) == STEPS * BATCH
@@ -366,6 +369,8 @@ def test_a_checkpoint_saved_at_world_4_resumes_at_2_and_3(killed, reference, tmp
     assert at_two.summary["generations"][0]["checkpoint_world_size"] == 4
     assert at_two.summary["world_sizes"] == [2, 2, 2, 2]
     assert_exact_history(at_two, reference, first_step=4)
+    # its text says which steps it trained (world sizes and losses had read as if from step 0)
+    assert f"; resumed from a checkpoint: steps 4-{STEPS - 1} trained here" in at_two.describe()
 
 
 def phase_labels(fig) -> list[str]:

@@ -130,6 +130,11 @@ def test_the_heading_counts_one_rank_and_one_step_in_the_singular(tmp_path):
     one = Trace(spans=[Span(0, STEP, "step", 0.0, 0.02, name="step 0", step=0)], meta={"source": "imported"})
     text = write_report(one, tmp_path / "one.html").read_text()
     assert "paralab report: imported on 1 rank<" in text and "1 rank · 1 span · 1 step · " in text
+    # an elastic run's worlds in order: one that ended on 3 ranks had been headed "on 4 ranks"
+    worlds = [{"name": f"gen-00{k}", "world_size": n} for k, n in enumerate((4, 4, 3))]
+    elastic = Trace(spans=one.spans, meta={"strategy": "elastic", "generations": worlds})
+    text = write_report(elastic, tmp_path / "e.html").read_text()
+    assert "paralab report: elastic on 4 ranks, then 3<" in text
 
 
 def test_an_imported_profiles_warnings_and_memory_note_head_the_report(ddp_run, tmp_path):

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from paralab.elastic.config import ElasticConfig
+from paralab.text import count_text
 from paralab.trace import EVENT, Counter, Span, Trace, typical_step_time
 
 
@@ -153,14 +154,18 @@ class ElasticResult:
         """``paralab elastic``'s text summary: the worlds, the losses, each rescaling and, with
         --balance, how each step's batch was split (what the balancer did)."""
         s = self.summary
-        lines = [f"elastic training, model {s['model']}, {s['steps']} steps, "
-                 f"global batch {s['global_batch']}",
-                 "world size per step: " + _runs(s["world_sizes"], s["first_step"] or 0),
+        first = s["first_step"] or 0
+        lines = [f"elastic training, model {s['model']}, {count_text(s['steps'], 'step')}, "
+                 f"global batch {s['global_batch']}"
+                 + (f"; resumed from a checkpoint: steps {first}-{s['steps'] - 1} trained here"
+                    if first else ""),
+                 "world size per step: " + _runs(s["world_sizes"], first),
                  "losses: " + _some(f"{x:.4f}" for x in s["losses"])]
         for t in s["transitions"]:
-            lines.append(f"{t['generation']}: {t['reason']}, "
+            lines.append(f"{t['generation']}: {t['reason']}{_lost_text(t)}, "
                          f"world {t['world_size_before']} -> {t['world_size']}, "
-                         f"resumed at step {t['resumed_at_step']}, {t['steps_redone']} step(s) redone"
+                         f"resumed at step {t['resumed_at_step']}, "
+                         f"{count_text(t['steps_redone'], 'step')} redone"
                          + (f", detected {seconds(t['detection_s'])} after it" if "detection_s" in t else "")
                          + (f", recovered {seconds(t['recovery_s'])} after detection"
                             if t.get("recovery_s") else ""))
@@ -181,6 +186,16 @@ class ElasticResult:
     def __repr__(self) -> str:
         return (f"ElasticResult(steps={len(self.history)}, world_sizes={self.summary['world_sizes']}, "
                 f"restarts={len(self.generations) - 1})")
+
+
+def _lost_text(transition: dict) -> str:
+    """Which node a failure took and how: " of node 0 (rank 0, injected by --fail)"."""
+    if transition["reason"] != "failure":
+        return ""
+    node = transition["failed_node"]
+    how = "injected by --fail" if transition["cause"] == "injected" else "lost from outside"
+    where = f"node {node}" if node is not None else "a node"
+    return f" of {where} (rank {transition['failed_rank']}, {how})"
 
 
 SHOWN = 12  # values a line of the text lists before it shows the ends alone (--json has them all)

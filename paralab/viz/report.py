@@ -155,6 +155,16 @@ IDLE_AGAINST_BUBBLE = (
     "bubble.")
 
 
+def _worlds_text(meta: dict, ranks: int) -> str:
+    """"2 ranks"; an elastic run's worlds in order, "4 ranks, then 3" (its trace holds every rank it had,
+    and a run that ended on 2 had been headed "on 3 ranks")."""
+    sizes = [g.get("world_size") for g in meta.get("generations") or [] if isinstance(g, dict)]
+    worlds = [n for k, n in enumerate(sizes) if isinstance(n, int) and (k == 0 or n != sizes[k - 1])]
+    if len(worlds) < 2:
+        return count_text(ranks, "rank")
+    return f"{count_text(worlds[0], 'rank')}, then {', then '.join(map(str, worlds[1:]))}"
+
+
 def notes_list(meta: dict) -> str:
     """What the trace says about its own figures, above them: an imported profile's warnings (bytes
     unknown without record_shapes, ranks missing steps) and what its memory counts (on a CPU, what the
@@ -241,7 +251,7 @@ def write_report(trace_or_result, path: str | Path, *, predicted=None, title: st
         sections.append(f'<section class="figure"><h2>{html.escape(heading)}</h2>{div}</section>')
     ranks = len(trace.ranks)
     title = title or (f"paralab report: {summary.get('strategy') or trace.meta.get('source') or 'trace'} "
-                      f"on {count_text(ranks, 'rank')}")
+                      f"on {_worlds_text(trace.meta, ranks)}")
     steps = list(trace.step_windows())  # one walk of the spans: a report may be of a million
     typical = past_warm_up(steps)
     over = f" (the summary over {steps_said(typical)})" if len(typical) < len(steps) else ""
