@@ -14,7 +14,7 @@ same way (renamed out of sight, then deleted).
 
 The manifest is small JSON (never pickle): the model signature (model config, strategy, optimizer,
 global batch, seed), the step, the sampler position and the RNG state, so a directory that holds
-another model's checkpoint is refused before anything is loaded.
+another run's checkpoint is refused, naming the settings that differ, before anything is loaded.
 
 Why loading never unpickles arbitrary objects: DCP reads its ``.metadata`` file with pickle, and the
 state dict's non-tensor entries (the optimizer's hyper-parameters) with ``torch.load(weights_only=
@@ -108,12 +108,23 @@ def check_signature(root: str | Path, signature: dict) -> None:
         raise ConfigError(f"checkpoint directory {root}: {last / MANIFEST} cannot be read as a checkpoint "
                           f"manifest ({type(err).__name__}: {err}). Use another --checkpoint-dir, or remove "
                           f"{last.name}.") from None
-    differ = sorted(k for k in set(theirs) | set(signature) if theirs.get(k) != signature.get(k))
-    if differ:
-        detail = "; ".join(f"{k}: checkpoint {theirs.get(k)!r}, this run {signature.get(k)!r}"
-                           for k in differ)
-        raise ConfigError(f"checkpoint directory {root} holds another model's checkpoint ({last.name}): "
+    if differ := _differences(theirs, signature):
+        detail = "; ".join(f"{k}: checkpoint {a!r}, this run {b!r}" for k, a, b in differ)
+        raise ConfigError(f"checkpoint directory {root} holds the checkpoint of another run ({last.name}): "
                           f"{detail}. Use another --checkpoint-dir, or the settings it was trained with.")
+
+
+def _differences(theirs: dict, ours: dict, prefix: str = "") -> list[tuple[str, object, object]]:
+    """(key, theirs, ours) for each setting that differs, a model's field by field ("model.hidden"):
+    a model of another preset had been said as its whole config beside this run's."""
+    out = []
+    for key in sorted(set(theirs) | set(ours)):
+        a, b = theirs.get(key), ours.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append((prefix + key, a, b))
+    return out
 
 
 class UnsafeCheckpoint(ConfigError):
