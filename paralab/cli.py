@@ -35,7 +35,7 @@ from paralab.cli_args import (
 )
 from paralab.config import CP_MODES, CP_SPLITS, MODEL_PRESETS, ConfigError, RunConfig, check_int
 from paralab.schedules import SCHEDULES, V_SHAPED
-from paralab.text import count_text
+from paralab.text import count_text, numbered
 from paralab.trace import not_measured
 
 _PACKAGE_DIR = Path(__file__).resolve().parent  # where paralab's own warnings come from
@@ -322,7 +322,7 @@ def cmd_strategies(args) -> int:
 
 def cmd_merge(args) -> int:
     from paralab.outputs import check_file, check_output_reads_no_input, unread_text
-    from paralab.trace import Trace
+    from paralab.trace import Trace, holds_a_launchs_world
 
     check_file(args.output, "output")
     check_output_reads_no_input(args.output, [("trace", args.path)])
@@ -330,6 +330,12 @@ def cmd_merge(args) -> int:
         trace = Trace.load(args.path)
     except (OSError, ValueError) as exc:  # TraceFormatError names the file and what is wrong
         print(f"paralab merge: cannot read {unread_text(exc, args.path)}", file=sys.stderr)
+        return EXIT_INVALID
+    missing = sorted(set(range(trace.world_size)) - set(trace.ranks))
+    if holds_a_launchs_world(trace.meta) and missing:  # one rank's file of a torchrun: no merge of its run
+        print(f"paralab merge: {args.path} holds {count_text(len(trace.ranks), 'rank')} of the "
+              f"{trace.world_size} of its run ({numbered('rank', missing)} missing): give the folder of "
+              "every rank's file", file=sys.stderr)
         return EXIT_INVALID
     summary = trace.summary()
     if args.chrome:

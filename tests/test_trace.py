@@ -491,6 +491,16 @@ def test_a_folder_missing_a_rank_of_its_run_exits_2_naming_it(tmp_path, capsys, 
     assert not (tmp_path / "out").exists()
 
 
+def test_merging_one_ranks_file_of_a_larger_run_exits_2(tmp_path, capsys):
+    """One rank's file of a 4-rank torchrun had been "merged" alone (merged 1 rank), where the same file
+    in a folder short of ranks is refused."""
+    _rank_files(tmp_path, 4, (0,))
+    assert cli.main(["merge", str(tmp_path / "rank00000.json"), "-o", str(tmp_path / "out.json")]) == 2
+    assert ("rank00000.json holds 1 rank of the 4 of its run (ranks 1, 2, 3 missing): give the folder of "
+            "every rank's file") in capsys.readouterr().err
+    assert not (tmp_path / "out.json").exists()
+
+
 @pytest.mark.parametrize("meta", [
     {"source": "measured", "strategy": "elastic", "world_size": 4, "config": {"max_nodes": 4}},
     {"source": "imported", "world_size": 4, "config": {"world_size": 4}},
