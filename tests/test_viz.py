@@ -143,6 +143,9 @@ def test_timeline_pipeline_microbatch_colours_and_labels(pipe):
     # schedules, the weight-gradient pass: far from every other kind's colour and the unknown kinds'
     others = [c for kind, c in KIND_COLORS.items() if kind != "recompute" and c.startswith("#")]
     assert min(rgb_distance(KIND_COLORS["recompute"], c) for c in others + EXTRA_COLORS) > 75
+    # an expert run's all-to-all beside its all-reduce and receives: it had been a pink among pinks (39)
+    kinds = [c for kind, c in KIND_COLORS.items() if kind != "all_to_all" and c.startswith("#")]
+    assert min(rgb_distance(KIND_COLORS["all_to_all"], c) for c in kinds + EXTRA_COLORS) > 100
     assert "coloured by microbatch" in fig.layout.xaxis.title.text
     # the key reads a label the figure draws (8 microbatches over 4 stages), and a run of one stage's
     assert fig.layout.xaxis.title.text.endswith("F7 s3: microbatch 7's forward on stage 3")

@@ -38,7 +38,7 @@ KIND_COLORS = {
     "other": "#C7C7C7",  # light grey: work that is none of the above (making the batch, bookkeeping)
     "memcpy": "#54A24B",
     "memset": "#A0D88F",
-    "all_to_all": "#D67195",
+    "all_to_all": "#9B30FF",  # a vivid violet: the pinks beside it (all-reduce, receive) had read as one
     "barrier": "#79706E",
     # drawn over the first part of a collective or receive: waiting for its last participant; and over
     # a compute span where its rank sat in a call (last in this order, so each lies on top of its bar)
