@@ -612,6 +612,19 @@ def test_durations_under_a_second_are_said_in_milliseconds():
     assert [seconds(x) for x in (0.03, 0.9994, 0.9996, 12.63)] == ["30 ms", "999 ms", "1.0 s", "12.6 s"]
 
 
+def test_each_lane_of_an_elastic_trace_is_one_nodes_worker(killed):
+    """Spans had been filed under the rank a worker had in its world: the killed worker's lane went on
+    with the next world's work of whichever node became that rank, and a survivor's lane ended at the
+    failure. Each lane is one node's worker now: the lost node's ends at its kill, the others go on."""
+    result, _ = killed
+    (t,) = result.transitions
+    kill = next(s for s in result.trace.select(lane="event") if s.kind == "failure")
+    assert kill.rank == t["failed_node"]
+    after = {s.rank for s in result.trace.select(lane="step") if s.start > kill.start}
+    assert after == set(result.summary["generations"][1]["nodes"]) and t["failed_node"] not in after
+    assert viz.elastic_phases(result.trace)[2]["detail"].startswith(f"node {t['failed_node']}: ")
+
+
 def test_the_trace_carries_counters_and_membership_events(killed, tmp_path):
     trace = killed[0].trace
     assert {"step_time_s", "cpu_percent", "rss_bytes"} <= {c.name for c in trace.counters}

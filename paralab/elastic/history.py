@@ -286,23 +286,30 @@ def _traced_detection(gen: Generation, rank: int) -> float | None:
 
 def _merged_trace(cfg: ElasticConfig, gens: list[Generation], final: dict[int, dict], world: int) -> Trace:
     """All generations on one clock (the first generation's), with redone steps renamed and taken out
-    of the step windows, so the trace's step metrics describe the final history."""
+    of the step windows, so the trace's step metrics describe the final history.
+
+    Each span and counter is filed under its worker's node, not the rank it had in its world: ranks
+    are renumbered as a world re-forms, and a lost node's lane had taken up the next world's rank 0
+    (another node's work) while a survivor's lane ended at the failure. So a lane is one node's worker
+    from start to end, and ``world`` is widened to the highest node."""
     t0 = gens[0].meta["wall_start"] if gens else 0.0
     traces = []
     for g in gens:
         shift = g.meta["wall_start"] - t0
+        node = _node_of(g)
         spans, counters = [], []
         for line in g.trace_lines:
             if "span" in line:
                 s = Span(**line["span"])
-                s = replace(s, start=s.start + shift, end=s.end + shift)
+                s = replace(s, rank=node(s.rank), start=s.start + shift, end=s.end + shift)
                 if s.step is not None and final.get(s.step, {}).get("generation") != g.name:
                     s = replace(s, step=None, name=f"{s.name or s.kind} (redone later)")
                 spans.append(s)
             else:
                 c = Counter(**line["counter"])
-                counters.append(replace(c, t=c.t + shift))
+                counters.append(replace(c, rank=node(c.rank), t=c.t + shift))
         traces.append(Trace(spans=spans, counters=counters))
+        world = max([world, *(n + 1 for n in g.meta.get("nodes") or [])])
     trace = Trace.merge(traces)
     m = cfg.model
     trace.meta.update({"source": "measured", "strategy": "elastic", "model": cfg.model_name,
@@ -310,6 +317,12 @@ def _merged_trace(cfg: ElasticConfig, gens: list[Generation], final: dict[int, d
                        "generations": [{"name": g.name, **g.meta} for g in gens],
                        "step_records": _step_records(gens, final, t0)})
     return trace
+
+
+def _node_of(gen: Generation):
+    """A generation's rank -> its worker's node (the identity where its meta names no nodes)."""
+    nodes = gen.meta.get("nodes") or []
+    return lambda rank: nodes[rank] if 0 <= rank < len(nodes) and isinstance(nodes[rank], int) else rank
 
 
 def _step_records(gens: list[Generation], final: dict[int, dict], t0: float) -> list[dict]:

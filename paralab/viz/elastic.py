@@ -117,6 +117,12 @@ def _worlds_seen(trace: Trace, records: list[dict]) -> list[dict]:
     return out
 
 
+def _lane_noun(trace: Trace) -> str:
+    """What a lane of the trace is: an elastic run's spans are filed under their worker's node
+    (paralab.elastic.history), whose rank changes from one world to the next."""
+    return "node" if trace.meta.get("strategy") == "elastic" and trace.meta.get("generations") else "rank"
+
+
 def elastic_phases(trace) -> list[dict]:
     """The run's story in order: dicts with ``phase`` (start, training, failure, detected,
     rendezvous, restore), ``label``, ``start``, ``end`` (seconds, trace clock; equal for an instant),
@@ -150,7 +156,7 @@ def elastic_phases(trace) -> list[dict]:
         if kill is not None:
             detected = [e for e in events if e.kind == "failure_detected" and kill.start <= e.start < end]
             phases.append(_phase("failure", "failure", kill.start, kill.start,
-                                 f"rank {kill.rank}: {kill.name}"))
+                                 f"{_lane_noun(trace)} {kill.rank}: {kill.name}"))
             if detected:
                 last = detected[-1].start
                 phases.append(_phase("detected", "detected", kill.start, last,
@@ -340,16 +346,17 @@ def _draw_wall_clock(fig, graph, trace: Trace, records: list[dict], phases: list
             name="step lost (redone later)", marker=dict(symbol="x", size=9, color=PHASE_COLORS["failure"]),
             hovertemplate="lost step ending at %{x:.2f} s: %{y:.1f} ms<extra></extra>"), 3, 1)
     name = next((n for n in UTILISATION if any(c.name == n for c in trace.counters)), None)
-    if name:  # one line per rank: ranks sample at their own instants
+    if name:  # one line per rank (an elastic run's: per node): each samples at its own instants
+        who = _lane_noun(trace)
         for rank in sorted({c.rank for c in trace.counters if c.name == name}):
             points = [{"end": c.t, "value": c.value} for c in sorted(trace.counters, key=lambda c: c.t)
                       if c.name == name and c.rank == rank]
             x, y = _gapped(points, phases, lambda r: r["value"])
-            fig.add_trace(graph.Scatter(x=x, y=y, mode="lines+markers", name=f"rank {rank}",
+            fig.add_trace(graph.Scatter(x=x, y=y, mode="lines+markers", name=f"{who} {rank}",
                                         legendgroup="ranks",
                                         line=dict(color=rank_color(rank), width=1.5),
                                         marker=dict(size=4), showlegend=False,
-                                        hovertemplate=f"rank {rank}: "
+                                        hovertemplate=f"{who} {rank}: "
                                                       f"%{{y:.0f}}% at %{{x:.2f}} s<extra></extra>"), 4, 1)
     fig.update_yaxes(title_text="ranks", rangemode="tozero", dtick=1, row=2, col=1)
     fig.update_yaxes(title_text="ms", rangemode="tozero", row=3, col=1)
