@@ -100,7 +100,8 @@ def add_bench_args(parser) -> None:
     parser.add_argument("--variants", nargs="+", required=True, metavar="STRATEGY",
                         help="strategies to compare; the first is the reference of the ratios")
     parser.add_argument("--world-size", type=int, default=2,
-                        help="ranks each run starts, every variant's (so one-rank `single` is none of them)")
+                        help="ranks each run starts, the same for every variant (so `single`, one rank, "
+                             "cannot be one)")
     parser.add_argument("--oversubscribe", action="store_true",
                         help="start more local ranks than the cores and memory hold (refused otherwise); "
                              "the ratios then measure the ranks' contention as much as the strategies")

@@ -329,7 +329,8 @@ def cmd_merge(args) -> int:
     try:
         trace = Trace.load(args.path)
     except (OSError, ValueError) as exc:  # TraceFormatError names the file and what is wrong
-        print(f"paralab merge: cannot read {unread_text(exc, args.path)}", file=sys.stderr)
+        said = f"cannot read {unread_text(exc, args.path)}" if isinstance(exc, OSError) else str(exc)
+        print(f"paralab merge: {said}", file=sys.stderr)
         return EXIT_INVALID
     missing = sorted(set(range(trace.world_size)) - set(trace.ranks))
     if holds_a_launchs_world(trace.meta) and missing:  # one rank's file of a torchrun: no merge of its run

@@ -241,7 +241,9 @@ def _whole(path: Path, key: str, value) -> int | None:
     none; anything else is refused, not rounded (a rank of 1.7 had been read as rank 1)."""
     if value is None:
         return None
-    if type(value) is int or (isinstance(value, str) and value.isdigit()):
+    if type(value) is int or (isinstance(value, str) and value.isdecimal() and value.isascii()):
+        return int(value)
+    if type(value) is float and value.is_integer() and abs(value) < 2**53:  # 1.0, not a clock's rounding
         return int(value)
     raise ProfileError(f"{path}: {key} is not a whole number ({json.dumps(value)[:40]})")
 
@@ -450,7 +452,7 @@ def _sends_the_schedule_makes(trace: Trace, facts: dict) -> list[str]:
     if not differ:
         return []
     r = differ[0]
-    return [f"{name} over pp {pp} with {m} microbatches sends "
+    return [f"{name} over pp {pp} with {count_text(m, 'microbatch', 'microbatches')} sends "
             f"{count_text(expected.get(r, 0), 'message')} a step from rank {r}; the profile records "
             f"{measured[r]:g}: check --schedule, --pp and --microbatches (the bubble figure reads them)"]
 
@@ -611,22 +613,27 @@ def _check_one_clock(hosts: dict[str, list[int]], windows: dict[int, tuple[float
 
 
 # collectives that no rank leaves before every rank has entered (each rank's result needs every rank's
-# data); a broadcast's root may leave first
-MEETING = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier")
+# data); a broadcast's root may leave first, and an all-to-all that sends a rank nothing need not wait
+MEETING = ("all_reduce", "all_gather", "reduce_scatter", "barrier")
+# what executes a collective (a gloo worker's range, an NCCL kernel): a host call (``c10d::...``, what a
+# profile without them is read from) only queues the work, and the ranks' calls need not overlap
+EXECUTIONS = ("gloo:", "nccl")
 
 
 def _check_collectives_meet(spans_by_rank: dict[int, list[Span]], hosts: dict[str, list[int]],
                             shift: dict[int, float], world: int) -> None:
     """Ranks of one run on one host (one clock, ``shift`` its files' origins) are in each collective
-    over every rank at the same time: each such collective of a rank overlaps one of its kind on the
-    next rank of the host (within CLOCK_SLACK_S). Checked in the steps every rank recorded but the
-    last (whose collectives may run past the end of another's recording). Two jobs run at the same
-    time on one machine pass the first-collective check (their first collectives end within a second
-    of each other) but not this one; checking each rank against the next finds any two jobs mixed."""
+    over every rank at the same time: each such collective's execution (``EXECUTIONS``) on a rank
+    overlaps one of its kind on the host's next rank, in file order (within CLOCK_SLACK_S). Checked in
+    the steps every rank recorded but the last (whose collectives may run past the end of another's
+    recording), as the ranks number them alike. Two jobs run at the same time on one machine pass the
+    first-collective check (their first collectives end within a second of each other) but not this
+    one; checking each rank against the next finds any two jobs mixed."""
     def meeting(rank: int) -> list[tuple[float, float, str, int | None]]:
         return sorted(((s.start + shift[rank], s.end + shift[rank], s.kind, s.step)
                        for s in spans_by_rank[rank] if s.lane == COMM and s.kind in MEETING
-                       and s.group_size == world and s.group_ranks is None), key=lambda call: call[0])
+                       and s.group_size == world and s.group_ranks is None
+                       and s.name.lower().startswith(EXECUTIONS)), key=lambda call: call[0])
 
     for host, members in hosts.items():
         calls = {r: meeting(r) for r in members}

@@ -334,6 +334,9 @@ def test_zigzag_balances_causal_attention_and_contiguous_does_not(n, no_leftover
      r"2 heads do not divide by 4; cp degrees that fit its heads and tokens: 2, or cp_mode 'ring'"),
     ("hybrid", 4, dict(cp=2, tp=2, cp_mode="alltoall", model=dict(MODEL, heads=2)),
      r"1 heads per tensor-parallel rank \(heads 2 / tp 2\) do not divide by 2"),
+    # and with sequence parallel, the degrees whose slices tp splits (cp 4's 6 tokens over tp 4 do not)
+    ("hybrid", 20, dict(cp=5, tp=4, sequence_parallel=True, model=dict(MODEL, seq_len=24, heads=8)),
+     r"divisible by 10, got 24: .*cp degrees that fit its 24 tokens: 2, 3, 6 \(or"),
     ("hybrid", 8, dict(cp=2, tp=4, sequence_parallel=True, model=dict(MODEL, seq_len=20)),
      r"splits each cp rank's 10 tokens .* over tp 4 ranks"),
     ("cp", 2, dict(model=dict(MODEL, dropout=0.1)), r"does not run attention dropout"),

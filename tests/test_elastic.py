@@ -416,8 +416,11 @@ def test_the_elastic_figure_tells_the_story_in_phases(killed):
     # the step-indexed panels: one bar per step, world 4 then 3, each step's samples over the ranks
     assert (fig.layout.meta["steps"] == list(range(STEPS))
             and fig.layout.meta["world_size"] == result.summary["world_sizes"])
-    samples = [t for t in fig.data if t.type == "bar" and (t.name or "").startswith("rank ")]
-    assert [sum(t.y[k] for t in samples) for k in range(STEPS)] == [BATCH] * STEPS
+    # each node's samples (its lane's colour throughout): the killed node's fall to 0 after the kill
+    samples = {t.name: t.y for t in fig.data if t.type == "bar" and (t.name or "").startswith("node ")}
+    assert [sum(y[k] for y in samples.values()) for k in range(STEPS)] == [BATCH] * STEPS
+    lost_node = f"node {result.transitions[0]['failed_node']}"
+    assert set(samples[lost_node][result.transitions[0]["resumed_at_step"]:]) == {0}
     lost = next(t for t in fig.data if t.name == "step lost (redone later)")
     assert list(lost.x) and len(lost.x) == result.transitions[0]["steps_redone"]
     # the box counts the stretch without steps in the summary's step (notebook 07 prints both: they

@@ -135,6 +135,13 @@ def test_the_heading_counts_one_rank_and_one_step_in_the_singular(tmp_path):
     elastic = Trace(spans=one.spans, meta={"strategy": "elastic", "generations": worlds})
     text = write_report(elastic, tmp_path / "e.html").read_text()
     assert "paralab report: elastic on 4 ranks, then 3<" in text
+    # one world of 3 whose lanes are 4 nodes (one replaced): headed by its world, not its lanes
+    lanes = [Span(rank, STEP, "step", 0.0, 0.02, name="step 0", step=0) for rank in range(4)]
+    worlds = [{"name": "gen-000", "world_size": 3}, {"name": "gen-001", "world_size": 3}]
+    replaced = Trace(spans=lanes, meta={"strategy": "elastic", "generations": worlds, "config": {"steps": 1}})
+    text = write_report(replaced, tmp_path / "r.html").read_text()
+    assert "paralab report: elastic on 3 ranks<" in text
+    assert "<td>20.00 ms (its one step, warm-up included)</td>" in text  # no median of one step
 
 
 def test_an_imported_profiles_warnings_and_memory_note_head_the_report(ddp_run, tmp_path):

@@ -108,6 +108,27 @@ def test_no_process_of_a_run_outlives_the_script_that_ran_it(tmp_path):
     assert not tagged_processes(tag), "processes outlived the script"  # at once, no grace period
 
 
+FORKS_AFTER_A_RUN = """
+import multiprocessing as mp, time, paralab
+paralab.run('dp', 2, steps=1, global_batch=4)
+mp.get_context('fork').Process(target=time.sleep, args=(1e9,), daemon=True).start()
+print('ending')
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_child_forked_after_a_run_does_not_hang_the_exit(tmp_path):
+    """A child forked after the forkserver started holds the forkserver's pipe open: a stop at exit that
+    waited for the pipe's end had hung the script forever (the daemon child it would then have ended
+    is ended after the stop). The stop signals the forkserver, and its wait is bounded."""
+    tag = f"fork-{os.getpid()}-{time.time()}"
+    with open(tmp_path / "out.txt", "w") as out:
+        done = subprocess.run([sys.executable, "-c", FORKS_AFTER_A_RUN], env={**os.environ, TAG: tag},
+                              stdout=out, stderr=subprocess.STDOUT, timeout=90)
+    assert done.returncode == 0 and "ending" in (tmp_path / "out.txt").read_text()
+    assert wait_for(lambda: not tagged_processes(tag), 10.0), "processes outlived the script"
+
+
 SURVIVES_AN_INTERRUPT = """
 import signal, paralab
 def interrupt(*_):

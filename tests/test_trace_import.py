@@ -556,6 +556,22 @@ def test_files_of_different_jobs_are_refused_naming_the_conflict(tmp_path, capsy
     assert len(err.splitlines()) == 1 and reason in err and not (tmp_path / "out.json").exists()
 
 
+def test_host_calls_that_only_queue_their_collectives_need_not_overlap(tmp_path):
+    """A profile with no record of execution (no gloo range, no NCCL kernel: an NCCL job profiled
+    without CUDA activities) is read from its host calls, which only queue the work: one job's ranks
+    call 2 ms apart, and the check that executions meet had refused it as two jobs."""
+    files = []
+    for rank in (0, 1):
+        path = Path(_gloo_rank(tmp_path / f"r{rank}.json", rank=rank, steps=(1, 2, 3)))
+        data = json.loads(path.read_text())
+        data["traceEvents"] = [
+            {**e, "ts": e["ts"] + 2000.0 * rank, "dur": 50.0} if e["name"] == "c10d::allreduce_" else e
+            for e in data["traceEvents"] if e["name"] != "gloo:all_reduce"]
+        path.write_text(json.dumps(data))
+        files.append(str(path))
+    assert import_profile(files).select(kind="all_reduce")
+
+
 def test_one_job_across_hosts_and_a_rank_cut_short_are_imported(tmp_path, capsys):
     """What may still be one job is imported: clocks of two hosts 3 s apart (aligned on the
     collective), a rank whose profile lacks a step the other has (a warning, on stderr and in meta)."""
@@ -917,7 +933,7 @@ def _pipeline_rank(path: Path, rank: int, microbatches: int, shift_us: float = 0
 @pytest.mark.parametrize("facts, says", [
     (dict(schedule="1f1b", pp=2, microbatches=4), None),
     (dict(schedule="gpipe", pp=2, microbatches=4), None),  # same messages, another order
-    (dict(schedule="1f1b", pp=2, microbatches=1), "1f1b over pp 2 with 1 microbatches sends 1 message a "
+    (dict(schedule="1f1b", pp=2, microbatches=1), "1f1b over pp 2 with 1 microbatch sends 1 message a "
                                                   "step from rank 0; the profile records 4"),
     (dict(schedule="zbv", pp=2, microbatches=4), "zbv over pp 2 with 4 microbatches sends 8"),
 ])

@@ -561,6 +561,10 @@ def test_the_mesh_titles_count_one_group_and_say_what_sequence_parallel_does():
 
     from paralab.layout import mesh_layout
 
+    for layout in (mesh_layout(dp=2, tp=2), mesh_layout(dp=2, tp=2, pp=2), mesh_layout(cp=2, tp=2)):
+        lo, hi = viz.mesh(layout).layout.xaxis.range  # the grid in the middle: its title stands over it
+        last = (layout.pp - 1) * (layout.cp * layout.tp + 1) + layout.cp * layout.tp - 1
+        assert (lo, hi) == pytest.approx((-0.7, last + 0.7))
     titles = [a.text for a in viz.mesh(mesh_layout(cp=2)).layout.annotations]
     assert any(t.startswith("<b>cp</b>: 1 group of 2<br>") for t in titles), titles
     sp = dataclasses.replace(mesh_layout(tp=2, dp=2), sequence_parallel=True)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from paralab.elastic.config import ElasticConfig
-from paralab.text import count_text
+from paralab.text import count_text, steps_said
 from paralab.trace import EVENT, Counter, Span, Trace, typical_step_time
 
 
@@ -108,7 +108,7 @@ class ElasticResult:
         # any world had
         world = cfg.max_nodes if own_agents else max((g.meta["world_size"] for g in gens), default=0)
         return cls(cfg, gens, history, _transitions(gens, failure), failure,
-                   _merged_trace(cfg, gens, final, world), own_agents)
+                   _merged_trace(cfg, gens, final, world, by_node=own_agents), own_agents)
 
     @property
     def losses(self) -> list[float]:
@@ -157,7 +157,7 @@ class ElasticResult:
         first = s["first_step"] or 0
         lines = [f"elastic training, model {s['model']}, {count_text(s['steps'], 'step')}, "
                  f"global batch {s['global_batch']}"
-                 + (f"; resumed from a checkpoint: steps {first}-{s['steps'] - 1} trained here"
+                 + (f"; resumed from a checkpoint: {steps_said(list(range(first, s['steps'])))} trained here"
                     if first else ""),
                  "world size per step: " + _runs(s["world_sizes"], first),
                  "losses: " + _some(f"{x:.4f}" for x in s["losses"])]
@@ -284,19 +284,22 @@ def _traced_detection(gen: Generation, rank: int) -> float | None:
     return min(noticed) - kill if noticed else None
 
 
-def _merged_trace(cfg: ElasticConfig, gens: list[Generation], final: dict[int, dict], world: int) -> Trace:
+def _merged_trace(cfg: ElasticConfig, gens: list[Generation], final: dict[int, dict], world: int,
+                  by_node: bool) -> Trace:
     """All generations on one clock (the first generation's), with redone steps renamed and taken out
     of the step windows, so the trace's step metrics describe the final history.
 
-    Each span and counter is filed under its worker's node, not the rank it had in its world: ranks
-    are renumbered as a world re-forms, and a lost node's lane had taken up the next world's rank 0
-    (another node's work) while a survivor's lane ended at the failure. So a lane is one node's worker
-    from start to end, and ``world`` is widened to the highest node."""
+    ``by_node`` (paralab elastic's own agents, one worker each, whose node number stays with it):
+    each span and counter is filed under its worker's node, not the rank it had in its world, and the
+    meta says so (``lanes: "node"``). Ranks are renumbered as a world re-forms: a lost node's lane had
+    taken up the next world's rank 0 (another node's work) while a survivor's lane ended at the
+    failure. Under a torchrun of one's own the lanes stay ranks: its node numbers (GROUP_RANK) are
+    renumbered at each rendezvous too, and a node may run several workers."""
     t0 = gens[0].meta["wall_start"] if gens else 0.0
     traces = []
     for g in gens:
         shift = g.meta["wall_start"] - t0
-        node = _node_of(g)
+        node = _node_of(g) if by_node else (lambda rank: rank)
         spans, counters = [], []
         for line in g.trace_lines:
             if "span" in line:
@@ -309,13 +312,15 @@ def _merged_trace(cfg: ElasticConfig, gens: list[Generation], final: dict[int, d
                 c = Counter(**line["counter"])
                 counters.append(replace(c, rank=node(c.rank), t=c.t + shift))
         traces.append(Trace(spans=spans, counters=counters))
-        world = max([world, *(n + 1 for n in g.meta.get("nodes") or [])])
+        if by_node:
+            world = max([world, *(n + 1 for n in g.meta.get("nodes") or [])])
     trace = Trace.merge(traces)
     m = cfg.model
     trace.meta.update({"source": "measured", "strategy": "elastic", "model": cfg.model_name,
                        "tokens_per_step": cfg.global_batch * m.seq_len, "world_size": world,
                        "generations": [{"name": g.name, **g.meta} for g in gens],
-                       "step_records": _step_records(gens, final, t0)})
+                       "step_records": _step_records(gens, final, t0),
+                       "lanes": "node" if by_node else "rank"})
     return trace
 
 
@@ -331,6 +336,7 @@ def _step_records(gens: list[Generation], final: dict[int, dict], t0: float) -> 
     clock: what the figures need that spans and counters do not hold (the balancer's shares)."""
     return [{"step": step, "generation": g.name, "world_size": rec["world_size"],
              "samples": [len(ids) for ids in rec["ids_per_rank"]], "compute_s": rec["compute_s"],
+             "nodes": g.meta.get("nodes"),  # each rank's node, as an elastic trace's lanes are
              "start": rec["t_start"] - t0, "end": rec["t_end"] - t0,
              "final": final.get(step, {}).get("generation") == g.name}
             for g in gens for step, rec in sorted(g.steps.items())]

@@ -69,9 +69,35 @@ def release_forkserver() -> None:
         server._stop()
 
 
-# at exit, this process stops the forkserver it started and waits for it: left to notice its parent's
-# end, the forkserver (torch loaded) had run on for a second or more after `paralab bench` returned
-atexit.register(release_forkserver)
+FORKSERVER_EXIT_S = 5.0  # how long a process at exit waits for its stopped forkserver to be gone
+
+
+def _stop_forkserver_at_exit() -> None:
+    """Stop this process's forkserver and wait for it, a bounded wait: left to notice its parent's end,
+    the forkserver (torch loaded) had run on for a second or more after `paralab bench` or a script
+    returned. Signalled, not told by closing its pipe as :func:`release_forkserver` does: a child
+    forked after it started (a fork-context Process, a DataLoader worker) holds that pipe open, and
+    waiting for its end would hang the exit."""
+    from multiprocessing import forkserver
+
+    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+    if pid is None:
+        return
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + FORKSERVER_EXIT_S
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return
+        except ChildProcessError:
+            return
+        time.sleep(0.01)
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+
+
+atexit.register(_stop_forkserver_at_exit)
 
 
 def preflight(cfg: RunConfig):

@@ -53,7 +53,7 @@ def check(cfg: RunConfig, layout) -> None:
                           "tile on the ring (or with torch's fused kernel after its all-to-all) and never "
                           "holds them: use attention='sdpa' with cp")
     ring, zigzag = layout.cp_mode == "ring", layout.cp_split == "zigzag"
-    pieces = 2 * n if ring or zigzag else n
+    pieces = _chunks_per_rank(layout) * n
     if m.seq_len % pieces:
         why = ("zig-zag cuts it into 2 x cp chunks, rank i holding chunks i and 2cp-1-i" if zigzag else
                "ring attention cuts each rank's slice into two chunks" if ring else
@@ -76,13 +76,19 @@ def check(cfg: RunConfig, layout) -> None:
                           f"and tokens: {_fitting(m, layout)}, or cp_mode 'ring'")
 
 
+def _chunks_per_rank(layout) -> int:
+    """The sequence chunks a cp rank holds: two with ring attention or the zig-zag split, else one."""
+    return 2 if layout.cp_mode == "ring" or layout.cp_split == "zigzag" else 1
+
+
 def _fitting(model, layout) -> str:
-    """The cp degrees (2 to 16) this model's sequence splits into and, for the all-to-all, whose ranks
-    take equal shares of its heads: the degree that one refusal offered, the next no longer refuses."""
-    ring = layout.cp_mode == "ring"
-    per_rank = 2 if ring or layout.cp_split == "zigzag" else 1  # chunks a rank holds
-    heads = model.heads // layout.tp
-    fits = [c for c in range(2, 17) if model.seq_len % (per_rank * c) == 0 and (ring or heads % c == 0)]
+    """The cp degrees (2 to 16) this model's sequence splits into, whose slices sequence parallel
+    splits over tp where it is on, and, for the all-to-all, whose ranks take equal shares of its heads:
+    the degree that one refusal offered, the next check no longer refuses."""
+    ring, per_rank, tp = layout.cp_mode == "ring", _chunks_per_rank(layout), layout.tp
+    heads = model.heads // tp
+    fits = [c for c in range(2, 17) if model.seq_len % (per_rank * c) == 0 and (ring or heads % c == 0)
+            and not (layout.sequence_parallel and (model.seq_len // c) % tp)]
     return ", ".join(map(str, fits)) or "none"
 
 

@@ -120,7 +120,7 @@ def group_of(s: Span, world: int, meta: dict) -> list[int]:
 def _layout_or_none(meta: dict) -> Layout | None:
     try:
         return layout_of(meta)
-    except TypeError:
+    except (TypeError, ValueError):  # no layout; or degrees no mesh has (a hand-made meta's ep 3 of dp 4)
         return None
 
 

@@ -118,9 +118,21 @@ def _worlds_seen(trace: Trace, records: list[dict]) -> list[dict]:
 
 
 def _lane_noun(trace: Trace) -> str:
-    """What a lane of the trace is: an elastic run's spans are filed under their worker's node
-    (paralab.elastic.history), whose rank changes from one world to the next."""
-    return "node" if trace.meta.get("strategy") == "elastic" and trace.meta.get("generations") else "rank"
+    """What a lane of the trace is: paralab elastic's own runs file spans under their worker's node
+    (``meta["lanes"]``, paralab.elastic.history), whose rank changes from one world to the next."""
+    return "node" if trace.meta.get("lanes") == "node" else "rank"
+
+
+def _samples_by_lane(final: list[dict], who: str) -> dict[int, list[int]]:
+    """Lane -> its samples at each step of ``final``: by the rank a step's world gave it, or, where the
+    lanes are nodes, by each rank's node (a record's ``nodes``), 0 where a lane had no worker."""
+    if who == "node" and all(r.get("nodes") for r in final):
+        lanes = sorted({node for r in final for node in r["nodes"]})
+        return {lane: [r["samples"][r["nodes"].index(lane)] if lane in r["nodes"] else 0 for r in final]
+                for lane in lanes}
+    ranks = max(len(r["samples"]) for r in final)
+    return {rank: [r["samples"][rank] if rank < len(r["samples"]) else 0 for r in final]
+            for rank in range(ranks)}
 
 
 def elastic_phases(trace) -> list[dict]:
@@ -243,7 +255,7 @@ def elastic(trace, title: str | None = None):
                         "step time", "step time per step", "utilisation", "samples per rank per step"))
     _draw_phases(fig, graph, phases)
     _draw_wall_clock(fig, graph, trace, records, phases)
-    _draw_steps(fig, graph, records, final)
+    _draw_steps(fig, graph, records, final, _lane_noun(trace))
     if not records:  # nothing pushed yet: plotly's empty axes had run from step -1 and -1 s
         fig.update_xaxes(rangemode="nonnegative")
     fig.update_layout(barmode="stack", legend=dict(traceorder="normal"), meta={
@@ -367,7 +379,9 @@ def _draw_wall_clock(fig, graph, trace: Trace, records: list[dict], phases: list
     fig.update_xaxes(title_text=f"{CLOCK}<br>shaded: no step ran; red line: the kill", row=4, col=1)
 
 
-def _draw_steps(fig, graph, records: list[dict], final: list[dict]) -> None:
+def _draw_steps(fig, graph, records: list[dict], final: list[dict], who: str) -> None:
+    """World size, step time and each lane's samples, step by step (``who``: "rank", or "node" where the
+    trace's lanes are nodes, so a worker keeps one colour throughout)."""
     steps = [r["step"] for r in final]
     fig.add_trace(graph.Bar(x=steps, y=[r["world_size"] for r in final], marker_color=WORLD_COLOR,
                             showlegend=False, hovertemplate="step %{x}: %{y} ranks<extra></extra>"), 2, 2)
@@ -383,13 +397,10 @@ def _draw_steps(fig, graph, records: list[dict], final: list[dict]) -> None:
                                     showlegend=False,
                                     hovertemplate="step %{x}, lost: %{y:.1f} ms<extra></extra>"), 3, 2)
     if final and final[0]["samples"] is not None:
-        ranks = max(len(r["samples"]) for r in final)
-        for rank in range(ranks):
+        for lane, samples in _samples_by_lane(final, who).items():
             fig.add_trace(graph.Bar(
-                x=steps, y=[r["samples"][rank] if rank < len(r["samples"]) else 0 for r in final],
-                name=f"rank {rank}", marker_color=rank_color(rank), legendgroup="ranks",
-                hovertemplate=f"step %{{x}}: rank {rank} trained on %{{y}} "
-                "samples<extra></extra>"), 4, 2)
+                x=steps, y=samples, name=f"{who} {lane}", marker_color=rank_color(lane), legendgroup="ranks",
+                hovertemplate=f"step %{{x}}: {who} {lane} trained on %{{y}} samples<extra></extra>"), 4, 2)
     # from zero: with nothing pushed yet, plotly's empty axes had read negative ranks
     fig.update_yaxes(title_text="ranks", dtick=1, rangemode="tozero", row=2, col=2)
     fig.update_yaxes(title_text="ms", rangemode="tozero", row=3, col=2)

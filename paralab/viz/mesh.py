@@ -88,9 +88,10 @@ def mesh(obj, trace=None, nodes: int | None = None, title: str | None = None):
     fig = make_subplots(rows=rows, cols=per_row, horizontal_spacing=0.05, vertical_spacing=0.12,
                         subplot_titles=titles)
     drawn: dict[str, list[list[int]]] = {}
-    # grid units across a panel: the cells (a column's gap between stages, none after the last) and a
-    # margin each side, so a panel's title stands over its grid (a trailing gap had pushed it right)
-    width = layout.pp * (columns + 1) - 1 + 1.4
+    # grid units across a panel: from the first cell's centre (0) to the last's (a column's gap between
+    # stages, none after the last), and a 0.7 margin each side, so a panel's title stands over its grid
+    # (a trailing stage gap had pushed it right)
+    width = layout.pp * (columns + 1) - 2 + 1.4
     for i, axis in enumerate(axes):
         row, col = divmod(i, per_row)
         row, col = row + 1, col + 1

@@ -90,9 +90,10 @@ def _value_text(key: str, value, summary: dict) -> str:
     if unknown and key == "comm_bytes_by_link":
         return _fmt(value) + f" (without {', '.join(sorted(unknown))}: their sizes are unknown)"
     if key == "step_time_s" and value:  # the per-rank table below takes the steps' mean
-        return f"{value * 1e3:.2f} ms (the median step)"
+        which = "its one step, warm-up included" if summary.get("steps") == 1 else "the median step"
+        return f"{value * 1e3:.2f} ms ({which})"
     if key == "tokens_per_s" and value:
-        return f"{value:,.0f}"
+        return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
     if key == "bubble_fraction" and value is not None:
         return f"{value:.1%}"
     return _fmt(value)
@@ -151,7 +152,7 @@ IDLE_AGAINST_BUBBLE = (
     "idle (not computing) is each step less the compute, whose waits inside a pass (a blocking send, a "
     "tensor-parallel all-reduce) it leaves out, against the slowest rank's step; the pipeline bubble "
     "(bubble_fraction, and its figure below) counts those waits as the pass's and reads each rank "
-    "against its own step: what the schedule leaves empty. So a rank's idle share reads above its "
+    "against its own step: what the schedule leaves empty. So a rank's idle share reads at or above its "
     "bubble.")
 
 
@@ -160,8 +161,8 @@ def _worlds_text(meta: dict, ranks: int) -> str:
     and a run that ended on 2 had been headed "on 3 ranks")."""
     sizes = [g.get("world_size") for g in meta.get("generations") or [] if isinstance(g, dict)]
     worlds = [n for k, n in enumerate(sizes) if isinstance(n, int) and (k == 0 or n != sizes[k - 1])]
-    if len(worlds) < 2:
-        return count_text(ranks, "rank")
+    if len(worlds) < 2:  # one world: its size (an elastic trace's lanes count every node it had)
+        return count_text(worlds[0] if worlds else ranks, "rank")
     return f"{count_text(worlds[0], 'rank')}, then {', then '.join(map(str, worlds[1:]))}"
 
 

@@ -516,7 +516,7 @@ def _interleave(rows: list[str], prows: list[str]) -> list[str]:
 
 def _default_title(trace: Trace, steps=None, predicted: Trace | None = None) -> str:
     """What ran, and which steps the figure shows where it shows some (steps count from 0); a
-    prediction drawn with it is named beside the trace's own source ("measured and predicted")."""
+    prediction drawn with it is named beside the trace's own source ("measured and simulated")."""
     m = trace.meta
     source = m.get("source", "") or "trace"
     if predicted is not None:
