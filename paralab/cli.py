@@ -322,7 +322,7 @@ def cmd_strategies(args) -> int:
 
 def cmd_merge(args) -> int:
     from paralab.outputs import check_file, check_output_reads_no_input, unread_text
-    from paralab.trace import Trace, holds_a_launchs_world
+    from paralab.trace import Trace, ranks_missing
 
     check_file(args.output, "output")
     check_output_reads_no_input(args.output, [("trace", args.path)])
@@ -332,8 +332,8 @@ def cmd_merge(args) -> int:
         said = f"cannot read {unread_text(exc, args.path)}" if isinstance(exc, OSError) else str(exc)
         print(f"paralab merge: {said}", file=sys.stderr)
         return EXIT_INVALID
-    missing = sorted(set(range(trace.world_size)) - set(trace.ranks))
-    if holds_a_launchs_world(trace.meta) and missing:  # one rank's file of a torchrun: no merge of its run
+    # one rank's file of a torchrun: no merge of its run (a folder short of ranks is refused as it loads)
+    if missing := ranks_missing([trace.meta], trace.meta.get("world_size"), trace.ranks):
         print(f"paralab merge: {args.path} holds {count_text(len(trace.ranks), 'rank')} of the "
               f"{trace.world_size} of its run ({numbered('rank', missing)} missing): give the folder of "
               "every rank's file", file=sys.stderr)

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from paralab.config import ConfigError
-from paralab.text import count_text
+from paralab.text import count_text, listed
 
 
 def check_file(path: str | os.PathLike, what: str) -> None:
@@ -114,8 +114,7 @@ def check_trace_dir_holds_only(trace_dir: str, world_size: int) -> None:
     ours = {rank_trace_name(rank) for rank in range(world_size)}
     others = sorted(p.name for p in folder.glob("*.json") if p.name not in ours) if folder.is_dir() else []
     if others:
-        shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
-        raise ConfigError(f"--trace-dir {trace_dir} holds {shown}, which this run of "
+        raise ConfigError(f"--trace-dir {trace_dir} holds {listed(others, shown=4)}, which this run of "
                           f"{count_text(world_size, 'rank')} would not overwrite and would read back as its "
                           "own; give an empty folder or move them out")
 

@@ -35,11 +35,16 @@ def count_text(count: int, noun: str, plural: str | None = None) -> str:
     return f"{count:,} {noun if count == 1 else plural or noun + 's'}"
 
 
+def listed(items: list, shown: int = 8) -> str:
+    """"a, b, c": items in a sentence, the first ``shown`` of them and "and N more" past those."""
+    more = f" and {len(items) - shown} more" if len(items) > shown else ""
+    return ", ".join(map(str, items[:shown])) + more
+
+
 def numbered(noun: str, numbers: list[int]) -> str:
     """"rank 2", "ranks 2, 3": a noun and the numbers it names, in the singular for one; past eight,
     "and N more"."""
-    listed = ", ".join(map(str, numbers[:8])) + (f" and {len(numbers) - 8} more" if len(numbers) > 8 else "")
-    return f"{noun if len(numbers) == 1 else noun + 's'} {listed}"
+    return f"{noun if len(numbers) == 1 else noun + 's'} {listed(numbers)}"
 
 
 def steps_said(steps: list[int]) -> str:

@@ -89,6 +89,15 @@ def holds_a_launchs_world(meta: dict) -> bool:
     return meta.get("source") == "measured" and config.get("world_size") == meta.get("world_size")
 
 
+def ranks_missing(metas: list[dict], world: int | None, held) -> list[int]:
+    """The ranks of a launch's world that none of its files holds (``held``), where every file is one
+    of a launch's (:func:`holds_a_launchs_world`); empty otherwise (an elastic trace, an import of some
+    ranks, a simulation name more ranks than they hold on purpose)."""
+    if world is None or not all(holds_a_launchs_world(meta) for meta in metas):
+        return []
+    return sorted(set(range(world)) - set(held))
+
+
 class TraceFormatError(ValueError):
     """A trace file, or trace data, that is not what a trace must be (says where and what)."""
 
@@ -793,8 +802,7 @@ def _check_one_run(folder: Path, files: list[Path], traces: list[Trace]) -> None
             raise TraceFormatError(f"{folder}: {file.name} holds rank {beyond[0]}, beyond the world size "
                                    f"{world} of {first.name}: traces of two runs")
         holder.update(dict.fromkeys(trace.ranks, file))
-    whole = all(holds_a_launchs_world(trace.meta) for trace in traces)
-    if world is not None and whole and (missing := sorted(set(range(world)) - holder.keys())):
+    if missing := ranks_missing([trace.meta for trace in traces], world, holder.keys()):
         raise TraceFormatError(f"{folder}: holds {len(holder)} of the {world} ranks of its run; "
                                f"{numbered('rank', missing)} missing (each node writes its own ranks' files: "
                                f"gather every node's --trace-dir here, or write it to a shared file system)")

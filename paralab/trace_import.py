@@ -186,14 +186,14 @@ def read_profile(path: Path) -> RankProfile:
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise ProfileError(f"{path}: no traceEvents list, so not a Chrome trace from torch.profiler")
     info = data.get("distributedInfo") if isinstance(data.get("distributedInfo"), dict) else {}
+    world = _whole(path, "distributedInfo.world_size", info.get("world_size"))
     profile = RankProfile(
-        path=path, rank=_whole(path, "distributedInfo.rank", info.get("rank")),
-        world_size=_whole(path, "distributedInfo.world_size", info.get("world_size")),
+        path=path, rank=_whole(path, "distributedInfo.rank", info.get("rank")), world_size=world,
         host=str(data.get("host_name") or ""), base_ns=_whole(path, "baseTimeNanoseconds",
                                                               data.get("baseTimeNanoseconds")) or 0,
         paralab_meta=data.get(METADATA_KEY) if isinstance(data.get(METADATA_KEY), dict) else {},
         shapes_recorded=bool(data.get("record_shapes")),
-        subgroups=_subgroups(info),
+        subgroups=_subgroups(info, world),
     )
     for i, e in enumerate(data["traceEvents"]):
         if not isinstance(e, dict):
@@ -220,10 +220,9 @@ def read_profile(path: Path) -> RankProfile:
     return profile
 
 
-def _subgroups(info: dict) -> list[list[int]]:
-    """The process groups smaller than the world that distributedInfo lists (``pg_config``), one rank's
-    included: a collective on it puts nothing on the wire."""
-    world = _int_or_none(info.get("world_size"))
+def _subgroups(info: dict, world: int | None) -> list[list[int]]:
+    """The process groups smaller than the ``world`` that distributedInfo lists (``pg_config``), one
+    rank's included: a collective on it puts nothing on the wire."""
     groups = info.get("pg_config") if isinstance(info.get("pg_config"), list) else []
     ranks = [g.get("ranks") for g in groups if isinstance(g, dict)]
     return [r for r in ranks if isinstance(r, list) and world is not None and 0 < len(r) < world]
@@ -637,11 +636,12 @@ def _check_collectives_meet(spans_by_rank: dict[int, list[Span]], hosts: dict[st
 
     for host, members in hosts.items():
         calls = {r: meeting(r) for r in members}
+        index = {r: _by_kind(calls[r]) for r in members}
         steps = sorted(set.intersection(*({s.step for s in spans_by_rank[r] if s.lane == STEP}
                                           for r in members)))[:-1]
         for a, b in zip(members, members[1:]):
             for one, other in ((a, b), (b, a)):
-                lost = _first_unmet([c for c in calls[one] if c[3] in steps], calls[other])
+                lost = _first_unmet([c for c in calls[one] if c[3] in steps], index[other])
                 if lost is not None:
                     raise ProfileError(
                         f"ranks {a} and {b} ran on one host ({host}), yet rank {one}'s {lost[2]} in step "
@@ -650,14 +650,20 @@ def _check_collectives_meet(spans_by_rank: dict[int, list[Span]], hosts: dict[st
                         "ran at the same time?)")
 
 
-def _first_unmet(calls: list[tuple], others: list[tuple]) -> tuple | None:
-    """The first of ``calls`` (start, end, kind, step) that overlaps no call of its kind in ``others``
-    (sorted by start), or None."""
+def _by_kind(calls: list[tuple]) -> dict[str, tuple[list[float], list[float]]]:
+    """kind -> (starts, the latest end so far) of ``calls`` (start, end, kind, step), sorted by start:
+    what :func:`_first_unmet` searches."""
     by_kind: dict[str, tuple[list[float], list[float]]] = {}
-    for start, end, kind, _ in others:  # sorted by start: each kind's starts and the latest end so far
+    for start, end, kind, _ in calls:
         starts, reach = by_kind.setdefault(kind, ([], []))
         starts.append(start)
         reach.append(max(end, reach[-1]) if reach else end)
+    return by_kind
+
+
+def _first_unmet(calls: list[tuple], by_kind: dict[str, tuple[list[float], list[float]]]) -> tuple | None:
+    """The first of ``calls`` (start, end, kind, step) that overlaps no call of its kind in another
+    rank's ``by_kind`` (:func:`_by_kind`), or None."""
     for call in calls:
         start, end, kind, _ = call
         starts, reach = by_kind.get(kind, ([], []))
