@@ -626,6 +626,8 @@ def test_each_lane_of_an_elastic_trace_is_one_nodes_worker(killed):
     after = {s.rank for s in result.trace.select(lane="step") if s.start > kill.start}
     assert after == set(result.summary["generations"][1]["nodes"]) and t["failed_node"] not in after
     assert viz.elastic_phases(result.trace)[2]["detail"].startswith(f"node {t['failed_node']}: ")
+    titles = {a.text for a in viz.elastic(result.trace).layout.annotations}
+    assert "samples per node per step" in titles and "samples per rank per step" not in titles
 
 
 def test_the_trace_carries_counters_and_membership_events(killed, tmp_path):

@@ -248,14 +248,15 @@ def elastic(trace, title: str | None = None):
     records = step_records(trace)
     phases = elastic_phases(trace)
     final = sorted((r for r in records if r["final"]), key=lambda r: r["step"])
+    lane = _lane_noun(trace)
     fig = make_subplots(
         rows=4, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.1, vertical_spacing=0.07,
         row_heights=[0.37, 0.21, 0.21, 0.21], specs=[[{}, None], [{}, {}], [{}, {}], [{}, {}]],
         subplot_titles=("what happened, in order", "world size", "world size per step",
-                        "step time", "step time per step", "utilisation", "samples per rank per step"))
+                        "step time", "step time per step", "utilisation", f"samples per {lane} per step"))
     _draw_phases(fig, graph, phases)
     _draw_wall_clock(fig, graph, trace, records, phases)
-    _draw_steps(fig, graph, records, final, _lane_noun(trace))
+    _draw_steps(fig, graph, records, final, lane)
     if not records:  # nothing pushed yet: plotly's empty axes had run from step -1 and -1 s
         fig.update_xaxes(rangemode="nonnegative")
     fig.update_layout(barmode="stack", legend=dict(traceorder="normal"), meta={
