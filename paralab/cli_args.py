@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import re
+import sys
 
 from paralab.config import (
     ATTENTION_KERNELS,
@@ -57,11 +58,16 @@ class OneLineErrors(argparse.ArgumentParser):
     def parse_args(self, args=None, namespace=None):
         """Arguments no parser took are said by the subcommand's parser (``said_in``), which names its
         own --help: "paralab run: unrecognized arguments: --bogus (see paralab run --help)", where the
-        top parser had pointed at ``paralab --help``, which lists no run flag."""
+        top parser had pointed at ``paralab --help``, which lists no run flag. One given before the
+        command's name (``paralab --bogus run``) is the top parser's to say."""
         parsed, extra = self.parse_known_args(args, namespace)
         if extra:
+            given = sys.argv[1:] if args is None else list(args)
+            command = getattr(parsed, "command", None)
+            before = given[:given.index(command)] if command in given else given
             said_in = getattr(parsed, "said_in", None) or [self]
-            said_in[0].error(f"unrecognized arguments: {' '.join(extra)}")
+            said_by = self if any(arg in before for arg in extra) else said_in[0]
+            said_by.error(f"unrecognized arguments: {' '.join(extra)}")
         return parsed
 
 

@@ -335,6 +335,14 @@ def test_unparseable_arguments_exit_2_in_one_line(capsys, argv, message):
     assert f"(see paralab {argv[0]} --help)" in err
 
 
+def test_an_unknown_flag_before_the_command_is_said_by_paralab(capsys):
+    """``paralab --bogus run`` had been said by ``paralab run``, whose --help does not list it either."""
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--bogus", "run"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err == "paralab: unrecognized arguments: --bogus (see paralab --help)\n"
+
+
 @pytest.mark.parametrize("argv", [
     ["run", "--strategy", "pp", "--world-size", "2", "--stage-layers", "-1,5"],
     ["simulate", "--model", "gpt3-125m", "--pp", "2", "--stage-layers", "-1,13"],
