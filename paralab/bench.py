@@ -57,7 +57,7 @@ def compare(variants: list[Variant], rounds: int = 3, common: dict | None = None
     """Run each variant ``rounds`` times, interleaved; ``common`` options apply to every run. ``run``
     starts one (``paralab.run`` unless given; ``paralab.elastic.run`` for elastic training): whatever
     it returns has a ``summary`` with ``step_time_s``. ConfigError (before any run) for fewer than one
-    round, fewer than two variants, or two variants of one label."""
+    round, fewer than two variants, two variants of one label, or a run of fewer than two steps."""
     import paralab
     from paralab.config import ConfigError
 
@@ -70,6 +70,11 @@ def compare(variants: list[Variant], rounds: int = 3, common: dict | None = None
     if len(set(labels)) != len(labels):
         raise ConfigError(f"variant labels must differ (a variant is not compared with itself), "
                           f"got {labels}")
+    for v in variants:  # a run of one step would be timed on its warm-up alone
+        steps = {**(common or {}), **v.options}.get("steps")
+        if steps is not None and steps < 2:
+            raise ConfigError(f"--steps must be >= 2 in a comparison: a run's step time is the median of "
+                              f"its steps after the first, which warms up; got {steps}")
     result = Comparison(variants, {v.label: [] for v in variants})
     for round_ in range(rounds):
         for v in variants if round_ % 2 == 0 else variants[::-1]:
@@ -111,12 +116,8 @@ def add_bench_args(parser) -> None:
 def bench_main(args) -> int:
     """``paralab bench``: every variant is checked as a launch checks it (layout, device, dtype, this
     machine's capacity) before the first run starts (ConfigError: exit 2)."""
-    from paralab.config import ConfigError, RunConfig
+    from paralab.config import RunConfig
     from paralab.runtime.launch import preflight
-
-    if args.steps < 2:  # a run of one step would be timed on its warm-up alone
-        raise ConfigError(f"--steps must be >= 2 in a comparison: a run's step time is the median of its "
-                          f"steps after the first, which warms up; got {args.steps}")
 
     common = dict(world_size=args.world_size, steps=args.steps, model=args.model,
                   global_batch=args.global_batch, oversubscribe=args.oversubscribe)

@@ -45,11 +45,14 @@ def test_rounds_interleave_the_variants_and_each_keeps_the_median_of_its_rounds(
     assert "| naive | 5.0000 | 3 | 3.000x |" in result.table()
 
 
-def test_duplicate_labels_and_a_lone_variant_are_refused():
+def test_duplicate_labels_a_lone_variant_and_one_step_runs_are_refused(monkeypatch):
+    monkeypatch.setattr("paralab.run", lambda *a, **k: pytest.fail("a run was about to start"))
     with pytest.raises(ValueError, match="labels must differ"):
         compare([Variant.of(strategy="ddp"), Variant.of(strategy="ddp")], rounds=1)
     with pytest.raises(ConfigError, match="two variants or more"):  # had run it, 1.000x over itself
         compare([Variant.of(strategy="ddp")], rounds=1)
+    with pytest.raises(ConfigError, match="--steps must be >= 2"):  # the benchmark scripts call compare too
+        compare([Variant.of(strategy="ddp"), Variant.of(strategy="dp", steps=1)], rounds=1)
 
 
 @pytest.mark.parametrize("argv, message", [
