@@ -497,8 +497,9 @@ def why_context_parallel(win: cost.Prediction, model: ModelSpec, hw: HardwareSpe
     """Why the winner splits its sequences: its activations per GPU against the same layout's without
     cp (does that fit?), and what the split costs in exposed communication."""
     p = win.parallel
-    # the same layout on whole sequences, its attention scores not kept either (as the ring keeps none)
-    recompute = "selective" if p.recompute == "none" else p.recompute
+    # the same layout on whole sequences; against a ring, its attention scores not kept either (the ring
+    # keeps none), where an all-to-all's attention keeps its heads' scores as the unsplit layout does
+    recompute = "selective" if p.recompute == "none" and p.cp_mode == "ring" else p.recompute
     unsplit = cost.memory_per_gpu(model, p.replace(cp=1, recompute=recompute))
     verdict = "would not fit" if unsplit["total"] > cost.usable_memory(hw) else "would fit"
     how = "K/V blocks travel a ring beside the attention" if p.cp_mode == "ring" else \
