@@ -161,6 +161,14 @@ def test_a_hardware_file_may_give_every_field_in_si_units(tmp_path):
         ({"base": "h100", "memory_gigs": 80}, "unknown key(s) memory_gigs"),
         ({"base": "tpu"}, "base 'tpu' is not a preset"),
         ({"memory_gib": 80}, "missing"),
+        # named by the keys the docs tell one to write (it had said intra_latency, inter_latency)
+        ({"name": "x", "peak_tflops": {"bf16": 989}, "memory_gib": 80, "memory_bandwidth_gb_s": 3350,
+          "gpus_per_node": 8, "nvlink_gb_s": 450, "nic_gb_s": 50},
+         "missing nvlink_latency_us (or intra_latency in SI units), nic_latency_us (or inter_latency in SI "
+         "units); or give base"),
+        # microseconds given as seconds had priced a 70,000 s step
+        ({"base": "h100", "nvlink_latency_us": 5e9}, "hardware intra_latency 5000 (SI units) is outside any "
+         "part's (0 to 100 ms): a unit slip?"),
         ({"base": "h100", "memory_gib": -1}, "memory_bytes must be > 0"),
         ({"base": "h100", "oversubscription": 0.5}, "oversubscription must be >= 1"),
         ({**dataclasses.asdict(PRESETS["a100"]), "peak_tflops": {"fp32": 10}},

@@ -282,7 +282,10 @@ def _from_fields(values: dict, path: Path) -> HardwareSpec:
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     missing = [n for n in required if n not in values]
     if missing:
-        raise SpecError(f"hardware file {str(path)!r}: missing {', '.join(missing)} (or give base: a preset)")
+        unit_key = {name: key for key, (name, _) in FILE_UNITS.items()}  # the keys the docs tell one to write
+        said = [f"{unit_key[n]} (or {n} in SI units)" if n in unit_key else n for n in missing]
+        raise SpecError(f"hardware file {str(path)!r}: missing {', '.join(said)}; or give base, a preset "
+                        "to start from")
     return HardwareSpec(**values)
 
 

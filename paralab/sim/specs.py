@@ -584,6 +584,9 @@ PLAUSIBLE = {
     "intra_bw": (1e6, 1e15, "1 MB/s to 1 PB/s"),
     "inter_bw": (1e6, 1e15, "1 MB/s to 1 PB/s"),
     "peak_flops": (1e6, 1e18, "1 MFLOP/s to 1 EFLOP/s"),
+    # a hop's latency: NVLink's is microseconds, a loaded CPU's loopback a millisecond
+    "intra_latency": (0.0, 0.1, "0 to 100 ms"),
+    "inter_latency": (0.0, 0.1, "0 to 100 ms"),
 }
 # the most FLOP/s per byte/s of memory bandwidth (the roofline's ridge point) a part has: an H100's is about
 # 300 in bf16 and 600 in fp8, a CPU's 1 to 20; each figure within its range, the two can still disagree
@@ -793,7 +796,7 @@ class HardwareSpec:
         out = []
         for name, value in figures:
             low, high, bounds = PLAUSIBLE[name.split("[")[0]]
-            if not low <= value <= high:
+            if value >= 0 and not low <= value <= high:  # a negative one is said by the rule of >= 0
                 out.append(f"hardware {name} {value:.4g} (SI units) is outside any part's ({bounds}): a unit "
                            "slip? (docs/simulator.md lists each key's unit)")
         if out:
