@@ -837,6 +837,13 @@ def test_simulate_says_why_mfu_reads_above_hfu(capsys):
     above = dataclasses.replace(pred, mfu=1.019, hfu=0.924)
     assert cli._mfu_note(above, whole_peak).endswith(
         "so MFU reads above HFU, and, with GEMMs at 100% of cpu's peak, above 100%")
+    # read as the report prints them: the note had stood beside "MFU 0.7%, HFU 0.7%" (tiny on 1 GPU)
+    assert cli._mfu_note(dataclasses.replace(pred, mfu=0.00714, hfu=0.00706), h100) == ""
+
+
+def test_a_small_step_reads_in_milliseconds(capsys):
+    rc, out, _ = run(["simulate", "--model", "tiny", "--gpus", "1"], capsys)
+    assert rc == 0 and re.search(r"step \d\.\d\d\d ms, ", out) and "step 0.000 s" not in out, out
 
 
 def test_cp_with_a_derived_micro_batch_is_told_that_it_saves_no_memory(capsys):

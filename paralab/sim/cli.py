@@ -404,7 +404,7 @@ def _mfu_note(pred: cost.Prediction, hw) -> str:
     the published MFU figures it is compared with count it (docs/simulator.md), where a causal fused
     kernel computes, and HFU counts, half of it; on a part whose GEMMs reach its whole peak (``local``)
     MFU may then pass 100% (llama3-8b on 2 ranks: 101.9%, HFU 92.4%)."""
-    if pred.mfu <= pred.hfu:
+    if round(pred.mfu, 3) <= round(pred.hfu, 3):  # as the report prints them: "MFU 0.7%, HFU 0.7%"
         return ""
     beyond = (f", and, with GEMMs at {hw.matmul_max_efficiency:.0%} of {hw.name}'s peak, above 100%"
               if pred.mfu > 1 else "")
@@ -449,7 +449,7 @@ def _report(out: dict) -> str:
         f"{count_text(out['global_batch'], 'sequence')} a step: {out['config']}",
         # an override re-derives part of the shape: say what was priced
         *([_shape_text(out["shape"])] if out["model"].startswith("custom") else []),
-        f"  step {out['step_time_s']:.3f} s, {out['tokens_per_s']:,.0f} tokens/s, "
+        f"  step {planner.seconds_text(out['step_time_s'])}, {out['tokens_per_s']:,.0f} tokens/s, "
         f"{planner.flops_text(out['tflops_per_gpu'])} per GPU (hardware FLOPs, recompute counted), "
         f"MFU {out['mfu']:.1%}, HFU {out['hfu']:.1%}"
         + (f", pipeline idle {out['bubble_fraction']:.1%}" if out["pp"] > 1 else "")
