@@ -44,6 +44,7 @@ from paralab.viz._common import fmt_bytes  # plotly-free
 
 # the schedule a run without a pipeline is named by (ParallelSpec's default; plan's rows at pp 1)
 PIPELINE_FREE_SCHEDULE = ParallelSpec.schedule
+HINTED_ROWS = 3  # layouts that fit, offered beside a refusal or a prediction that does not fit
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -312,8 +313,11 @@ def _batch_of(parallel: ParallelSpec, gpus: int) -> int | None:
 
 def _fits_hint(model: ModelSpec, gpus: int, hw, global_batch: int | None, fp32_grads: bool) -> str:
     """What would fit: the planner's best few on these GPUs for the batch asked (else the planner's
-    default, named), their gradients kept as the refused configuration's, or why nothing does."""
-    ranked = _alternatives(model, gpus, hw, global_batch, fp32_grads)
+    default, named), their gradients kept as the refused configuration's, or why nothing does. A
+    refusal names layouts, not their speeds, so only the rows it names are simulated (llama3-405b's own
+    layout refused on 16,384 GPUs had waited 6 s for ten rows' simulations; 1 s now)."""
+    ranked = planner.plan(model, gpus, hw, global_batch, top=HINTED_ROWS, refine=HINTED_ROWS,
+                          fp32_grads=fp32_grads)
     if ranked:
         batch = ranked[0].parallel.global_batch
         default = "" if global_batch else ", the planner's default batch"
@@ -328,7 +332,7 @@ def _alternatives(model: ModelSpec, gpus: int, hw, global_batch: int | None,
                   fp32_grads: bool) -> list[cost.Prediction]:
     """The planner's best three, priced as `paralab plan` prices them (its best rows simulated), so
     that their tokens/s match what `plan` and `simulate` say of the same layouts."""
-    return planner.plan(model, gpus, hw, global_batch, top=3, fp32_grads=fp32_grads)
+    return planner.plan(model, gpus, hw, global_batch, top=HINTED_ROWS, fp32_grads=fp32_grads)
 
 
 def simulate_main(args) -> int:
@@ -436,9 +440,9 @@ def _shape(model: ModelSpec) -> dict[str, int]:
 
 
 def _shape_text(shape: dict[str, int]) -> str:
-    kv = f" ({shape['kv_heads']} KV)" if shape["kv_heads"] != shape["heads"] else ""
+    kv = f" ({shape['kv_heads']:,} KV)" if shape["kv_heads"] != shape["heads"] else ""
     experts = f", experts' MLP {shape['expert_ffn']:,}" if "expert_ffn" in shape else ""
-    return (f"  shape: {shape['layers']} layers, hidden {shape['hidden']:,}, {shape['heads']} heads{kv}, "
+    return (f"  shape: {shape['layers']:,} layers, hidden {shape['hidden']:,}, {shape['heads']:,} heads{kv}, "
             f"MLP {shape['ffn']:,}{experts}, vocabulary {shape['vocab']:,}, {shape['seq']:,} tokens")
 
 

@@ -261,7 +261,7 @@ def why_nothing_fits(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch
     batch = global_batch or default_global_batch(gpus, model.seq)
     replicas = [dp for _, _, dp in layouts(model, gpus, hw)]
     if not replicas:
-        return (f"no tp x pp x dp split of {gpus} GPUs divides {model.name}'s heads ({model.heads}, "
+        return (f"no tp x pp x dp split of {gpus:,} GPUs divides {model.name}'s heads ({model.heads}, "
                 f"{model.kv_heads} KV) and MLP width ({model.ffn}) with tp <= {hw.gpus_per_node}")
     specs = list(candidates(model, gpus, hw, batch, fp32_grads))
     if not specs:
@@ -282,7 +282,7 @@ def why_nothing_fits(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch
     per_param = sum(counting.bytes_per_param(model, ParallelSpec(fp32_grads=fp32_grads).resolved()))
     states = per_param * counting.parameter_counts(model)["total"]
     least = math.ceil(states / usable)  # a bound: activations, and layouts that split, may ask more
-    leanest = (f"the leanest of {len(specs)} splits needs {bytes_text(smallest)} per GPU "
+    leanest = (f"the leanest of {len(specs):,} splits needs {bytes_text(smallest)} per GPU "
                f"against {bytes_text(usable)} usable; ")
     if least > gpus:
         return leanest + (f"{model.name}'s model states alone are {bytes_text(states)}, the usable memory "

@@ -12,7 +12,8 @@
   (flash) attention as they were trained. These are modelled exactly (see
   :class:`paralab.sim.specs.ModelSpec`).
 - ``bloom-176b`` (BigScience 2022: 70 layers, hidden 14336, 112 heads, vocabulary 250880, sequence
-  2048): ALiBi instead of learned positions, tied embeddings, LayerNorm and biases, GELU MLP of 4h.
+  2048): ALiBi instead of learned positions, tied embeddings, LayerNorm and biases, GELU MLP of 4h;
+  the LayerNorm after its embedding (2h = 28,672 parameters, 2e-7 of the model) is not counted.
 
 - ``mixtral-8x7b``: Jiang et al. 2024, "Mixtral of Experts", Table 1 (dim 4096, 32 layers, 32 heads,
   8 KV heads, expert width 14336, 8 experts, top-2, vocabulary 32000; Llama-style blocks). Context
