@@ -542,13 +542,13 @@ def test_the_comm_explorer_disables_what_the_by_step_view_does_not_draw():
     assert "tp 8 does not divide" in app.message.value
 
 
-def ddp_stand_in(world_size: int = 4):
-    """A ddp run of the tiny model as the comm explorer reads it: its config and a traced all-reduce."""
+def ddp_stand_in(world_size: int = 4, model="tiny"):
+    """A ddp run of ``model`` as the comm explorer reads it: its config and a traced all-reduce."""
     from types import SimpleNamespace
 
     from paralab.config import RunConfig
 
-    cfg = RunConfig.build("tiny", strategy="ddp", world_size=world_size, global_batch=8)
+    cfg = RunConfig.build(model, strategy="ddp", world_size=world_size, global_batch=8)
     spans = [Span(r, "comm", "all_reduce", 0.0, 1.0, step=0, bytes=8, group_size=world_size)
              for r in range(world_size)]
     return SimpleNamespace(config=cfg, trace=Trace(spans=spans))
@@ -567,6 +567,17 @@ def test_the_comm_explorers_what_if_at_the_runs_own_size_keeps_its_own_bar_and_p
     app.controls["view"].value = "rank matrix"
     titles = [a.text for a in app.figure.layout.annotations[:3]]
     assert titles == ["measured, 4 ranks", "predicted, 4 ranks", "what if, 4 ranks"]
+
+
+def test_the_comm_explorers_what_if_says_a_custom_shape_as_the_runs_model():
+    """A run of a shape of its own is named "custom" (RunConfig.build): its what-if had read "custom in
+    fp32", which the notebook never explains."""
+    from paralab.config import MODEL_PRESETS
+
+    shape = dataclasses.asdict(MODEL_PRESETS["tiny"])
+    app = widgets.comm_explorer(ddp_stand_in(4, model=shape), hardware="h100", world_size=8, gpus_per_node=8)
+    what_if = list(app.sources())[-1]
+    assert "the run's model in fp32" in what_if and "custom" not in what_if, what_if
 
 
 def test_predicted_comm_follows_the_cost_model_on_the_mesh():

@@ -441,7 +441,9 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
         out[f"predicted, {predictor.world_size} ranks"] = predictor.same_run
         if grown:
             bigger = predictor.grown(c["model"], c["world_size"], c["tp"], c["pp"], c["gpus_per_node"])
-            label = (f"what if, {c['world_size']} ranks ({_mesh_text(bigger.meta)}, {c['model']} in "
+            # a run of a shape of its own is "custom" (RunConfig): said as the run's model
+            model = "the run's model" if c["model"] == "custom" else c["model"]
+            label = (f"what if, {c['world_size']} ranks ({_mesh_text(bigger.meta)}, {model} in "
                      f"{predictor.model.dtype}, {c['gpus_per_node']}/node)")
             out[label] = bigger
         return out
