@@ -251,3 +251,64 @@ def test_a_hatched_microbatch_timeline_logs_nothing_in_the_console(tmp_path, bro
     page.goto(page_file.as_uri())
     page.wait_for_function("document.querySelectorAll('g.barlayer path').length > 0", timeout=30_000)
     assert console == []
+
+
+# What a FigureWidget's view does with the messages its model sends (plotly's widgetbundle.js):
+# each one calls the plotly.js function of its name on the graph div, in the order sent.
+REPLAY = """([figure, messages]) => {
+  const div = document.createElement('div');
+  document.body.appendChild(div);
+  return Plotly.newPlot(div, figure.data, figure.layout).then(() => {
+    const failed = [];
+    for (const [name, m] of messages) {
+      try {
+        if (name === '_py2js_deleteTraces') Plotly.deleteTraces(div, m.delete_inds);
+        else if (name === '_py2js_relayout') Plotly.relayout(div, m.relayout_data);
+        else if (name === '_py2js_addTraces') Plotly.addTraces(div, m.trace_data);
+        else failed.push('not replayed: ' + name);
+      } catch (e) { failed.push(name + ': ' + e); }
+    }
+    return {failed, annotations: (div.layout.annotations || []).map(a => a.text),
+            shapes: (div.layout.shapes || []).length,
+            axes: Object.keys(div.layout).filter(k => /^[xy]axis\\d*$/.test(k)).sort()};
+  });
+}"""
+
+
+@pytest.mark.parametrize("view", ["by op", "intra vs inter", "by step"])
+def test_a_view_drawn_after_the_rank_matrix_shows_none_of_it_in_plotly_js(tmp_path, browser, view):
+    """The comm explorer's switch from the rank matrix, as its FigureWidget sends it, replayed by
+    Chromium's plotly.js: clearing the matrix's layout had thrown ("reading '_inputDomain'": its
+    first axis removed, its rows' reversed autorange set to None, after the traces were gone), and the
+    matrix's node boxes, panel titles and second and third axes had stayed over the next view."""
+    import json
+    from types import SimpleNamespace
+
+    import plotly
+    import plotly.io as pio
+
+    from paralab import widgets
+    from paralab.config import RunConfig
+    from paralab.trace import Span, Trace
+
+    cfg = RunConfig.build("tiny", strategy="ddp", world_size=4, global_batch=8)
+    spans = [Span(r, "comm", "all_reduce", 0.0, 1.0, step=0, bytes=8, group_size=4) for r in range(4)]
+    app = widgets.comm_explorer(SimpleNamespace(config=cfg, trace=Trace(spans=spans)), hardware="h100",
+                                world_size=16, gpus_per_node=4)  # the what-if's 16 ranks: 4 node boxes
+    app.controls["view"].value = "rank matrix"
+    matrix, messages = json.loads(pio.to_json(app.figure)), []
+    for name in ("_py2js_deleteTraces", "_py2js_relayout", "_py2js_addTraces", "_py2js_update",
+                 "_py2js_restyle"):
+        app.figure.observe(lambda change, name=name: change["new"] is None or messages.append(
+            (name, json.loads(json.dumps(change["new"], default=str)))), names=name)
+    app.controls["view"].value = view
+    drawn = app.figure.layout
+    page_file = tmp_path / "plotly.html"
+    plotly_js = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    page_file.write_text(f"<html><body><script>{plotly_js.read_text()}</script></body></html>")
+    page = browser.new_page()
+    page.goto(page_file.as_uri())
+    shown = page.evaluate(REPLAY, [matrix, messages])
+    assert shown["failed"] == [], shown
+    assert shown["annotations"] == [a.text for a in drawn.annotations]
+    assert shown["shapes"] == len(drawn.shapes) and shown["axes"] == ["xaxis", "yaxis"], shown

@@ -47,22 +47,23 @@ def replace_figure(fw, fig) -> None:
             fw.add_traces(new)
 
 
-def left_over(old: dict, new: dict, prefix: str = "") -> dict:
-    """What layout ``old`` sets and ``new`` does not, as relayout paths ("xaxis.domain") set to None.
+def left_over(old: dict, new: dict) -> dict:
+    """What layout ``old`` sets and ``new`` does not, as a relayout that clears it: each such key set to
+    None, but a first axis ("xaxis", "yaxis") emptied to {} (:data:`PRIMARY_AXES`).
 
-    A new layout reaches the browser as a relayout, which plotly.js merges into the layout it shows:
-    after the rank matrix, the bars "by op" were drawn in its first panel's fifth of the width, under
-    its "to rank" axis title and beside its empty second and third axes. Sent first, these clear it.
-    ``meta`` is data the browser draws nothing of (and free-form, so no path into it is valid): left
-    to the new layout."""
-    out: dict = {}
-    for key, value in old.items():
-        path = prefix + key
-        if key not in new:
-            out[path] = None
-        elif isinstance(value, dict) and isinstance(new[key], dict) and path != "meta":
-            out.update(left_over(value, new[key], path + "."))
-    return out
+    A new layout reaches the browser as a relayout, which plotly.js applies to the layout it shows: a key
+    it names replaces the key shown, whole (an axis, the legend: checked in Chromium), and a key it does
+    not name stays. After the rank matrix, the bars "by op" had been drawn in its first panel's fifth of
+    the width, beside its empty second and third axes. Sent first, this clears them."""
+    return {key: {} if key in PRIMARY_AXES else None for key in old if key not in new}
+
+
+# A cartesian figure's first axes, which plotly.js keeps whatever the layout says: a relayout that
+# removed "xaxis" (the bars "by op" name none, the rank matrix's first panel had one), or set one of
+# its fields to None ("yaxis.autorange": the matrix's rows run top down), threw in the browser once the
+# traces were gone ("reading '_inputDomain'") and left the rest of the clearing undone: the matrix's
+# node boxes, panel titles and "to rank" title had stayed over the next view. Emptied whole, they don't.
+PRIMARY_AXES = ("xaxis", "yaxis")
 
 
 def message(text: str = "", kind: str = "info") -> str:
