@@ -624,7 +624,8 @@ def _collective_figure(c):
         fig.add_annotation(text=_tree_note(payload, groups, c["hardware"]), xref="paper", yref="paper", x=0,
                            y=0, xanchor="left", yanchor="top", yshift=-50, align="left", showarrow=False,
                            font=dict(size=12, color="#555"))
-        fig.update_layout(margin_b=fig.layout.margin.b + 20, height=fig.layout.height + 20)
+        lines = 1 + fig.layout.annotations[-1].text.count("<br>")
+        fig.update_layout(margin_b=fig.layout.margin.b + 20 * lines, height=fig.layout.height + 20 * lines)
     return fig
 
 
@@ -636,5 +637,6 @@ def _tree_note(payload: float, groups: list[int], hw_name: str) -> str:
     from_ranks = tree_takes_over(payload, groups, node_links(hw_name)[1])
     if from_ranks is None:
         return "across nodes this ring beats NCCL's tree at every group shown"
-    return (f"across nodes NCCL's tree beats this ring from {from_ranks} ranks on: NCCL picks the faster "
+    # on two lines: on one, its end had run past a notebook's figure, cut off
+    return (f"across nodes NCCL's tree beats this ring from {from_ranks} ranks on:<br>NCCL picks the faster "
             "(the collectives explorer draws both)")
