@@ -351,6 +351,35 @@ def test_the_levers_explorer_says_why_a_measured_peak_holds_gradients_the_predic
     assert "grads" in {trace.name for trace in app.figure.data}
 
 
+def test_the_levers_explorer_will_not_measure_what_would_take_minutes_here_and_runs_one_at_a_time(
+        monkeypatch):
+    """bf16 at 8 layers of 512, 1,024 tokens, micro-batch 8, full recompute: pressed, the button had held
+    the kernel five minutes on a 2-core box (its bf16 matrix multiplies at 1.4 GFLOP/s), then said the
+    run hung; and a second click while a measurement ran had queued another."""
+    from types import SimpleNamespace
+
+    from paralab.runtime import launch
+    from paralab.widgets import levers
+
+    app = widgets.levers_explorer()
+    for name, value in (("layers", 8), ("hidden", 512), ("seq", 1024), ("micro_batch", 8), ("dtype", "bf16"),
+                        ("recompute", "full")):
+        app.controls[name].value = value
+    monkeypatch.setattr(levers, "matmul_rate", lambda dtype: 1.4e9)
+    monkeypatch.setattr(launch, "launch", lambda cfg: pytest.fail("a run was about to start"))
+    assert app.measure() is None
+    assert re.search(r"its 2 steps would take at least \d+ min here", app.message.value)
+    assert "1.4 GFLOP/s this machine&#x27;s bf16 matrix multiplies reach" in app.message.value
+    assert "or use fp32" in app.message.value
+    seen = []  # the button while the run runs, and after
+    held = {"params": 4e5, "grads": 0.0, "optimizer": 2e6, "activations": 6e5}
+    monkeypatch.setattr(launch, "launch", lambda cfg: seen.append(app.button.disabled) or SimpleNamespace(
+        summary={"memory_by_kind": [held]}))
+    app.controls["layers"].value, app.controls["dtype"].value = 2, "fp32"
+    monkeypatch.setattr(levers, "matmul_rate", lambda dtype: 1.5e11)
+    assert app.measure() is not None and seen == [True] and not app.button.disabled
+
+
 def test_the_pipeline_explorer_stops_each_schedules_stages_where_it_stops_drawing():
     """DualPipeV at 17 to 64 stages could never be drawn: "needs at least 128 microbatches" at 64, and
     at 128 "this shape has 16,384" chunk-microbatches. The stages slider stops where the fewest

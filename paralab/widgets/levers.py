@@ -6,7 +6,8 @@ numbers ``paralab simulate`` prints): the kinds at the step's fullest moment. "M
 of single-device training with those settings and draws the kinds at the moment of their peak (the
 second step's, once the optimizer's states exist, as the prediction's steady state has them), so a
 learner sees which formula each lever changes and whether the measurement agrees. A setting whose
-predicted tensors would take more than half the memory this machine has free is not measured.
+predicted tensors would take more than half the memory this machine has free, or whose steps would
+take more than a minute here, is not measured.
 """
 
 from __future__ import annotations
@@ -26,6 +27,46 @@ def run_config(c: dict, vocab: int = 128):
                  seq_len=c["seq"], attention=c["attention"])
     return RunConfig.build(model, strategy="single", world_size=1, steps=2, global_batch=c["micro_batch"],
                            dtype=c["dtype"], recompute=c["recompute"])
+
+
+MEASURE_BUDGET_S = 60.0  # the longest a measurement may take here before the explorer asks for less
+
+
+def matmul_rate(dtype: str, size: int = 512, seconds: float = 0.1) -> float:
+    """FLOP/s this process's matrix multiplies of ``dtype`` reach, timed on the spot (a tenth of a
+    second): a CPU without bf16 units runs bf16 a hundred times slower than fp32 (1.4 against 156
+    GFLOP/s on a 2-core box)."""
+    import time
+
+    import torch
+
+    from paralab.precision import torch_dtype
+
+    a = torch.randn(size, size).to(torch_dtype(dtype))
+    a @ a  # the first call's setup is not the rate
+    start, calls = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        a @ a
+        calls += 1
+    return 2 * size**3 * calls / (time.perf_counter() - start)
+
+
+def too_slow_to_measure(cfg) -> str:
+    """Why a run of ``cfg`` is not started here: its steps' hardware FLOPs (recompute included) at this
+    machine's matrix-multiply rate in the run's dtype would take more than :data:`MEASURE_BUDGET_S`, a
+    bound from below (the other kernels come on top); or "" when it may run. Pressed, the button had
+    held the kernel for five minutes over bf16 at 8 layers of 512, then said the run hung."""
+    from paralab.sim import bridge, counting
+
+    model, parallel = bridge.specs_from_run(cfg)
+    flops = cfg.steps * counting.flops_per_step(model, parallel.global_batch, parallel.recompute)["hardware"]
+    rate = matmul_rate(cfg.dtype)
+    if flops / rate <= MEASURE_BUDGET_S:
+        return ""
+    return (f"not measured: its {cfg.steps} steps would take at least {flops / rate / 60:.0f} min here "
+            f"({flops:.2g} FLOPs at the {rate / 1e9:.1f} GFLOP/s this machine's {cfg.dtype} matrix "
+            "multiplies reach); lower the layers, hidden size, sequence or micro-batch"
+            + (", or use fp32" if cfg.dtype != "fp32" else ""))
 
 
 def too_big_to_measure(predicted: dict) -> str:
@@ -121,14 +162,17 @@ def levers_explorer(layers: int = 4, hidden: int = 64, seq: int = 128, micro_bat
         try:
             cfg = run_config(values(), vocab)
             predicted = predict_memory(cfg)
-            if refusal := too_big_to_measure(predicted):
+            if refusal := too_big_to_measure(predicted) or too_slow_to_measure(cfg):
                 msg.value = message(refusal, "error")
                 return None
             msg.value = message("measuring two steps ...")
+            button.disabled = True  # one measurement at a time: a click while one runs had queued another
             run = launch(cfg)
         except Exception as exc:
             msg.value = message(f"{type(exc).__name__}: {exc}", "error")
             return None
+        finally:
+            button.disabled = False
         state["measured"] = {k: run.summary["memory_by_kind"][0][k] for k in KINDS}
         said = ("measured: the kinds at the moment of the run's peak (its second step's), as the prediction "
                 "gives them at its fullest moment")
