@@ -454,7 +454,7 @@ def test_a_run_hangs_only_when_no_rank_made_progress_for_longer_than_its_timeout
     assert not watch.saw(999, now=50_000.0)  # the same step again is no progress
     assert watch.hung(now=10_990.0 + limit + 1)
     assert watch.message(now=10_990.0 + 50).startswith("no rank made progress for 50 s (timeout 10 s): "
-                                                       "the run hung at step 999")
+                                                       "the run hung at step 999, or one step takes longer")
 
 
 @pytest.mark.timeout(60)

@@ -48,7 +48,8 @@ class ProgressWatch:
     def message(self, now: float | None = None) -> str:
         now = time.monotonic() if now is None else now
         return (f"no rank made progress for {now - self.last_progress:.0f} s "
-                f"(timeout {self.timeout_s:.0f} s): the run hung at step {self.last_step}; "
+                f"(timeout {self.timeout_s:.0f} s): the run hung at step {self.last_step}, or one step "
+                "takes longer than that here (--timeout, timeout_s=, gives it longer); "
                 f"started {now - self.started:.0f} s ago")
 
 
