@@ -234,19 +234,25 @@ def overlap_note(groups: list[dict], total: int) -> str:
     return "; ".join(notes)
 
 
+TOOLBAR_PX = 36  # the right margin, which holds plotly's toolbar standing down it
+
+
 def style(fig, title: str | None = None, height: int | None = None):
     """The house look: white background; title, then legend, then (subplot titles and) the plot.
 
     Title and legend are pinned in pixels from the top of the figure (container coordinates), so
-    they never sit on subplot titles whatever the height.
+    they never sit on subplot titles whatever the height. plotly's toolbar (shown while the pointer is
+    over a figure) stands down the right margin: across the top it had covered the end of long titles,
+    the explorers' "not redrawn" marks among them.
     """
     height = height or fig.layout.height or 450
     fig.update_layout(
         template="plotly_white",
         height=height,
         title=dict(text=title, y=1 - 8 / height, yref="container", yanchor="top", x=0.01, xanchor="left"),
-        margin=dict(l=60, r=20, t=95, b=45),
+        margin=dict(l=60, r=TOOLBAR_PX, t=95, b=45),
         legend=dict(orientation="h", yref="container", y=1 - 38 / height, yanchor="top", x=0),
+        modebar=dict(orientation="v"),
     )
     return fig
 

@@ -141,5 +141,5 @@ def published_scaling(series, title: str | None = None):
     # short enough not to be cut in a notebook 820 px wide; the legend says published and predicted
     style(fig, title or "Scaling out: per-GPU throughput at each GPU count, as % of that on the fewest GPUs",
           height)
-    fig.update_layout(margin=dict(l=70, r=20, t=140, b=50))
+    fig.update_layout(margin=dict(l=70, t=140, b=50))
     return fig
