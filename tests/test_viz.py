@@ -821,8 +821,8 @@ def test_an_expert_groups_all_to_all_is_ep_and_its_gradient_all_reduce_dp():
 
 def test_the_speedup_figure_makes_room_for_its_legends_rows():
     """Three runs, their predictions, the measured and predicted curves and two ideals are eight
-    legend entries: two rows in a notebook cell, whose second had touched the subplot titles. The top
-    margin grows a row's height per row past the first."""
+    legend entries: three rows in a notebook cell of 760 px, whose third had touched the subplot titles.
+    The top margin grows a row's height per row past the first."""
     from paralab.viz.scaling import LEGEND_ROW_PX, speedup_steps
 
     runs = {n: _steps_of([0.3 / n] * 3) for n in (1, 2, 4)}
@@ -831,7 +831,7 @@ def test_the_speedup_figure_makes_room_for_its_legends_rows():
                          curve={1: 0.3, 2: 0.16, 4: 0.09, 8: 0.05}, ideal_here={1: 1.0, 2: 2.0, 4: 2.0})
     entries = [sum(t.showlegend is not False for t in fig.data) for fig in (few, many)]
     assert entries == [3, 8]
-    assert many.layout.margin.t == few.layout.margin.t + LEGEND_ROW_PX
+    assert many.layout.margin.t == few.layout.margin.t + 2 * LEGEND_ROW_PX
 
 
 def test_speedups_below_one_have_a_labelled_tick_under_them():

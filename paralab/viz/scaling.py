@@ -16,6 +16,7 @@ from paralab.viz._common import as_summary, as_trace, go, make_subplots, style
 
 MEASURED, PREDICTED = "#4C78A8", "#F58518"
 LEGEND_ROW_PX = 25  # a horizontal legend's row
+LEGEND_GAP_PX = 10  # between a legend's last row and the subplot titles under it
 SECONDS_FROM_S = 10.0  # scaling() draws step times in seconds when the slowest exceeds this, else in ms
 
 
@@ -183,8 +184,10 @@ def speedup_steps(runs: Mapping, baseline, predicted: Mapping | None = None, cur
     warm-up; it is shown.
     """
     graph = go()
+    # the gap between the columns holds the right panel's ticks and axis title: at 0.1 of a notebook's
+    # width its title had run into the left panels' ticks and subplot title
     fig = make_subplots(rows=2, cols=2, specs=[[{}, {"rowspan": 2}], [{}, None]], shared_xaxes=False,
-                        column_widths=[0.55, 0.45], horizontal_spacing=0.1, vertical_spacing=0.14,
+                        column_widths=[0.55, 0.45], horizontal_spacing=0.15, vertical_spacing=0.14,
                         subplot_titles=("step time, step by step", "speedup against world size",
                                         # the one-rank run's own steps scatter around 1 over its median;
                                         # short enough to stay over its panel at a notebook's 700 px
@@ -269,8 +272,9 @@ def speedup_steps(runs: Mapping, baseline, predicted: Mapping | None = None, cur
                      range=[math.log10(2.0**low) - 0.05, math.log10(2.0**high) + 0.05])
     fig.update_layout(meta=meta)
     style(fig, title or "speedup: step by step, and against world size", 640)
-    # room for the legend's rows (four entries or so to a row in a notebook cell): its third row had
-    # touched the first subplot titles
+    # room for the legend's rows (three entries or so to a row in a notebook cell, whose long names fill
+    # one), and a little under the last: its third row had touched the first subplot titles
     entries = sum(trace.showlegend is not False for trace in fig.data)
-    fig.update_layout(margin=dict(t=fig.layout.margin.t + LEGEND_ROW_PX * (math.ceil(entries / 4) - 1)))
+    rows = math.ceil(entries / 3)
+    fig.update_layout(margin=dict(t=fig.layout.margin.t + LEGEND_ROW_PX * (rows - 1) + LEGEND_GAP_PX))
     return fig
