@@ -333,7 +333,7 @@ def test_the_explorers_rank_matrix_gives_every_panel_a_scale_a_short_title_and_t
     fig = compare_matrix(sources)
     bars = [t.colorbar for t in fig.data]
     assert all(t.showscale is not False for t in fig.data) and len({b.x for b in bars}) == 2
-    assert [b.title.text for b in bars] == ["MiB per step", "MiB per step"]
+    assert [b.title.text for b in bars] == ["MiB", "MiB"]  # the unit over its bar, "per step" in the title
     assert [a.text for a in fig.layout.annotations[:2]] == ["measured, 4 ranks", "predicted, 64 ranks"]
     assert "64 dp x 1 tp x 1 pp, tiny in fp32, 8/node" in fig.layout.annotations[2].text
     assert "ring successor" in fig.layout.title.subtitle.text

@@ -200,8 +200,9 @@ def compare_matrix(sources: dict, payload: bool = False, title: str | None = Non
             z=[[v / scale for v in row] for row in matrix], x=labels, y=labels, colorscale="Blues", text=text,
             customdata=[[fmt_bytes(v) for v in row] for row in matrix],
             name=label, texttemplate="%{text}" if len(matrix) * len(sources) <= CELLS_WITH_TEXT else None,
-            colorbar=dict(title=dict(text=f"{unit} per step", side="right"), x=right + 0.01, xanchor="left",
-                          thickness=10),
+            # the unit alone, over the bar (the title says "per step"): "KiB per step" down its right side
+            # had run over the next panel's rank labels
+            colorbar=dict(title=dict(text=unit, side="top"), x=right + 0.01, xanchor="left", thickness=10),
             hovertemplate=f"{label}<br>%{{y}} → %{{x}}: %{{customdata}} per step<extra></extra>",
         ), 1, i)
         fig.update_yaxes(autorange="reversed", row=1, col=i, title_text="from rank" if i == 1 else None)
