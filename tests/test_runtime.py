@@ -448,6 +448,7 @@ def test_a_run_hangs_only_when_no_rank_made_progress_for_longer_than_its_timeout
 
     watch = ProgressWatch(timeout_s=10, started=0.0, last_progress=0.0)
     limit = 10 + HANG_MARGIN_S
+    assert "the run hung before its first step, or one step takes longer" in watch.message(now=40.0)
     assert not watch.hung(now=limit + STARTUP_GRACE_S - 1) and watch.hung(now=limit + STARTUP_GRACE_S + 1)
     for step in range(1000):  # a healthy run of a thousand steps, ten seconds each
         assert watch.saw(step, now=1000.0 + 10 * step) and not watch.hung(now=1005.0 + 10 * step)

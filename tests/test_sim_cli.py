@@ -843,7 +843,7 @@ def test_simulate_says_why_mfu_reads_above_hfu(capsys):
 
 def test_a_small_step_reads_in_milliseconds(capsys):
     rc, out, _ = run(["simulate", "--model", "tiny", "--gpus", "1"], capsys)
-    assert rc == 0 and re.search(r"step \d\.\d\d\d ms, ", out) and "step 0.000 s" not in out, out
+    assert rc == 0 and re.search(r"step [\d.]+ ms, ", out) and "step 0.000 s" not in out, out
 
 
 def test_cp_with_a_derived_micro_batch_is_told_that_it_saves_no_memory(capsys):

@@ -166,9 +166,9 @@ def test_a_hardware_file_may_give_every_field_in_si_units(tmp_path):
           "gpus_per_node": 8, "nvlink_gb_s": 450, "nic_gb_s": 50},
          "missing nvlink_latency_us (or intra_latency in SI units), nic_latency_us (or inter_latency in SI "
          "units); or give base"),
-        # microseconds given as seconds had priced a 70,000 s step
+        # 5e9 µs had priced a 70,000 s step
         ({"base": "h100", "nvlink_latency_us": 5e9}, "hardware intra_latency 5000 (SI units) is outside any "
-         "part's (0 to 100 ms): a unit slip?"),
+         "part's (0 to 10 s): a unit slip?"),
         ({"base": "h100", "memory_gib": -1}, "memory_bytes must be > 0"),
         ({"base": "h100", "oversubscription": 0.5}, "oversubscription must be >= 1"),
         ({**dataclasses.asdict(PRESETS["a100"]), "peak_tflops": {"fp32": 10}},

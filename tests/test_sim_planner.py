@@ -179,8 +179,8 @@ def test_a_runner_up_whose_loss_is_partly_made_up_elsewhere_says_so():
     assert "slower, mainly more time in exposed data-parallel communication (" in runner_up
     assert "(+" in runner_up
     assert "ms a step), partly made up by less time in the pipeline bubble (" in runner_up
-    assert [planner.seconds_text(s) for s in (0.000412, 0.0137, 0.4144, 9.9994, 53.016)] == [
-        "0.412 ms", "13.7 ms", "414 ms", "9,999 ms", "53.0 s"]  # a tiny model's step had read "0 ms"
+    assert [planner.seconds_text(s) for s in (1e-11, 0.000412, 0.00137, 0.01, 0.4144, 9.9994, 53.016)] == [
+        "0.000 ms", "0.412 ms", "1.37 ms", "10.0 ms", "414 ms", "9,999 ms", "53.0 s"]  # tiny had read "0 ms"
 
 
 def test_the_rows_a_plan_returns_are_all_simulated_and_ranked_by_it():

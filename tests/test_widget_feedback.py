@@ -366,6 +366,8 @@ def test_the_levers_explorer_will_not_measure_what_would_take_minutes_here_and_r
                         ("recompute", "full")):
         app.controls[name].value = value
     monkeypatch.setattr(levers, "matmul_rate", lambda dtype: 1.4e9)
+    monkeypatch.setattr(worker, "available_memory_bytes", lambda: 64 * 2**30)  # memory is not the refusal
+    monkeypatch.setattr("paralab.config.cuda_device_count", lambda: 0)  # the CPU's rate prices the run
     monkeypatch.setattr(launch, "launch", lambda cfg: pytest.fail("a run was about to start"))
     assert app.measure() is None
     assert re.search(r"its 2 steps would take at least \d+ min here", app.message.value)

@@ -45,10 +45,13 @@ class ProgressWatch:
         grace = STARTUP_GRACE_S if self.last_step < 0 else 0.0
         return now - self.last_progress > self.timeout_s + HANG_MARGIN_S + grace
 
+    def _where(self) -> str:
+        return "before its first step" if self.last_step < 0 else f"at step {self.last_step}"
+
     def message(self, now: float | None = None) -> str:
         now = time.monotonic() if now is None else now
         return (f"no rank made progress for {now - self.last_progress:.0f} s "
-                f"(timeout {self.timeout_s:.0f} s): the run hung at step {self.last_step}, or one step "
+                f"(timeout {self.timeout_s:.0f} s): the run hung {self._where()}, or one step "
                 "takes longer than that here (--timeout, timeout_s=, gives it longer); "
                 f"started {now - self.started:.0f} s ago")
 

@@ -47,6 +47,11 @@ PIPELINE_FREE_SCHEDULE = ParallelSpec.schedule
 HINTED_ROWS = 3  # layouts that fit, offered beside a refusal or a prediction that does not fit
 
 
+def percent(share: float) -> str:
+    """MFU and HFU as the report prints them (one rule for the print and for comparing them)."""
+    return f"{share:.1%}"
+
+
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model (a preset, or a shape)")
     g.add_argument("--model", help=f"preset: {', '.join(MODELS)}")
@@ -315,7 +320,8 @@ def _fits_hint(model: ModelSpec, gpus: int, hw, global_batch: int | None, fp32_g
     """What would fit: the planner's best few on these GPUs for the batch asked (else the planner's
     default, named), their gradients kept as the refused configuration's, or why nothing does. A
     refusal names layouts, not their speeds, so only the rows it names are simulated (llama3-405b's own
-    layout refused on 16,384 GPUs had waited 6 s for ten rows' simulations; 1 s now)."""
+    layout refused on 16,384 GPUs had waited 6 s for ten rows' simulations; 1 s now): where a closed
+    form was pessimistic, `paralab plan`, which simulates more rows, can rank them otherwise."""
     ranked = planner.plan(model, gpus, hw, global_batch, top=HINTED_ROWS, refine=HINTED_ROWS,
                           fp32_grads=fp32_grads)
     if ranked:
@@ -408,7 +414,7 @@ def _mfu_note(pred: cost.Prediction, hw) -> str:
     the published MFU figures it is compared with count it (docs/simulator.md), where a causal fused
     kernel computes, and HFU counts, half of it; on a part whose GEMMs reach its whole peak (``local``)
     MFU may then pass 100% (llama3-8b on 2 ranks: 101.9%, HFU 92.4%)."""
-    if round(pred.mfu, 3) <= round(pred.hfu, 3):  # as the report prints them: "MFU 0.7%, HFU 0.7%"
+    if pred.mfu <= pred.hfu or percent(pred.mfu) == percent(pred.hfu):  # "MFU 0.7%, HFU 0.7%"
         return ""
     beyond = (f", and, with GEMMs at {hw.matmul_max_efficiency:.0%} of {hw.name}'s peak, above 100%"
               if pred.mfu > 1 else "")
@@ -455,7 +461,7 @@ def _report(out: dict) -> str:
         *([_shape_text(out["shape"])] if out["model"].startswith("custom") else []),
         f"  step {planner.seconds_text(out['step_time_s'])}, {out['tokens_per_s']:,.0f} tokens/s, "
         f"{planner.flops_text(out['tflops_per_gpu'])} per GPU (hardware FLOPs, recompute counted), "
-        f"MFU {out['mfu']:.1%}, HFU {out['hfu']:.1%}"
+        f"MFU {percent(out['mfu'])}, HFU {percent(out['hfu'])}"
         + (f", pipeline idle {out['bubble_fraction']:.1%}" if out["pp"] > 1 else "")
         + (f" (unequal stages {out['stage_imbalance']:.1%}, the schedule and p2p waits the rest)"
            if out["stage_imbalance"] >= 0.0005 else ""),

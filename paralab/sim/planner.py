@@ -484,11 +484,12 @@ def flops_text(tflops: float) -> str:
 
 
 def seconds_text(seconds: float) -> str:
-    """A duration in ms below 10 s, three digits kept below 100 ms (a small model's step is a fraction of
-    one), else in s (a long sequence's step takes minutes)."""
-    if seconds < 0.1:
-        return f"{seconds * 1e3:.3g} ms"
-    return f"{seconds * 1e3:,.0f} ms" if seconds < 10 else f"{seconds:,.1f} s"
+    """A duration in ms below 10 s, with decimals below 100 ms (a small model's step is a fraction of
+    one: "0.294 ms", "13.7 ms"), else in s (a long sequence's step takes minutes)."""
+    ms = seconds * 1e3
+    if ms < 100:
+        return f"{ms:.{3 if ms < 1 else 2 if ms < 10 else 1}f} ms"
+    return f"{ms:,.0f} ms" if seconds < 10 else f"{seconds:,.1f} s"
 
 
 def bytes_text(nbytes: float) -> str:

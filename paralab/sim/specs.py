@@ -584,9 +584,10 @@ PLAUSIBLE = {
     "intra_bw": (1e6, 1e15, "1 MB/s to 1 PB/s"),
     "inter_bw": (1e6, 1e15, "1 MB/s to 1 PB/s"),
     "peak_flops": (1e6, 1e18, "1 MFLOP/s to 1 EFLOP/s"),
-    # a hop's latency: NVLink's is microseconds, a loaded CPU's loopback a millisecond
-    "intra_latency": (0.0, 0.1, "0 to 100 ms"),
-    "inter_latency": (0.0, 0.1, "0 to 100 ms"),
+    # a hop's latency: NVLink's is microseconds, a network's tens of them; a loaded CPU's calibrated
+    # loopback (the local machine) has read a second and more when a call stalled
+    "intra_latency": (0.0, 10.0, "0 to 10 s"),
+    "inter_latency": (0.0, 10.0, "0 to 10 s"),
 }
 # the most FLOP/s per byte/s of memory bandwidth (the roofline's ridge point) a part has: an H100's is about
 # 300 in bf16 and 600 in fp8, a CPU's 1 to 20; each figure within its range, the two can still disagree

@@ -40,6 +40,7 @@ from paralab.viz.comm import (
 # had shrunk them to 5 px; past this the values are in the hover and the colour bar
 CELLS_WITH_TEXT = 12
 MATRIX_MAX_PX = 560  # the tallest rank-by-rank comparison (compare_matrix)
+COLOUR_BAR_PX = 60  # a heatmap's colour bar with its ticks, beside the right margin's toolbar
 
 # the mesh axes each of the cost model's collective families runs over (gradients: dp and cp together;
 # a hierarchical all-reduce's steps split dp: _groups)
@@ -216,6 +217,8 @@ def compare_matrix(sources: dict, payload: bool = False, title: str | None = Non
     # draws no text in its cells, and a colour map of 7 px rows reads)
     fig = style(fig, title or "bytes per step, rank by rank: measured beside predicted",
                 max(380, min(120 + 14 * size, MATRIX_MAX_PX)))
+    # the last panel's colour bar stands in the right margin: room for it beside the toolbar there
+    fig.update_layout(margin_r=fig.layout.margin.r + COLOUR_BAR_PX)
     note_details(fig, sources)
     return say_matrix_rule(fig, boxed)
 

@@ -187,7 +187,7 @@ def speedup_steps(runs: Mapping, baseline, predicted: Mapping | None = None, cur
     # the gap between the columns holds the right panel's ticks and axis title: at 0.1 of a notebook's
     # width its title had run into the left panels' ticks and subplot title
     fig = make_subplots(rows=2, cols=2, specs=[[{}, {"rowspan": 2}], [{}, None]], shared_xaxes=False,
-                        column_widths=[0.55, 0.45], horizontal_spacing=0.15, vertical_spacing=0.14,
+                        column_widths=[0.58, 0.42], horizontal_spacing=0.15, vertical_spacing=0.14,
                         subplot_titles=("step time, step by step", "speedup against world size",
                                         # the one-rank run's own steps scatter around 1 over its median;
                                         # short enough to stay over its panel at a notebook's 700 px

@@ -12,6 +12,8 @@ take more than a minute here, is not measured.
 
 from __future__ import annotations
 
+from functools import cache
+
 from paralab.viz._common import byte_scale
 from paralab.widgets._common import attach, figure_widget, message, refuse, replace_figure, widgets
 
@@ -32,10 +34,11 @@ def run_config(c: dict, vocab: int = 128):
 MEASURE_BUDGET_S = 60.0  # the longest a measurement may take here before the explorer asks for less
 
 
+@cache
 def matmul_rate(dtype: str, size: int = 512, seconds: float = 0.1) -> float:
-    """FLOP/s this process's matrix multiplies of ``dtype`` reach, timed on the spot (a tenth of a
-    second): a CPU without bf16 units runs bf16 a hundred times slower than fp32 (1.4 against 156
-    GFLOP/s on a 2-core box)."""
+    """FLOP/s this process's matrix multiplies of ``dtype`` reach on the CPU, timed once a session (a
+    tenth of a second): a CPU without bf16 units runs bf16 a hundred times slower than fp32 (1.4
+    against 156 GFLOP/s on a 2-core box)."""
     import time
 
     import torch
@@ -56,8 +59,11 @@ def too_slow_to_measure(cfg) -> str:
     machine's matrix-multiply rate in the run's dtype would take more than :data:`MEASURE_BUDGET_S`, a
     bound from below (the other kernels come on top); or "" when it may run. Pressed, the button had
     held the kernel for five minutes over bf16 at 8 layers of 512, then said the run hung."""
+    from paralab.config import resolve_device
     from paralab.sim import bridge, counting
 
+    if resolve_device(cfg.device, 1) == "cuda":  # a GPU's rate is not the CPU's timed here
+        return ""
     model, parallel = bridge.specs_from_run(cfg)
     flops = cfg.steps * counting.flops_per_step(model, parallel.global_batch, parallel.recompute)["hardware"]
     rate = matmul_rate(cfg.dtype)
