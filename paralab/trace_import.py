@@ -637,11 +637,12 @@ def _check_collectives_meet(spans_by_rank: dict[int, list[Span]], hosts: dict[st
     for host, members in hosts.items():
         calls = {r: meeting(r) for r in members}
         index = {r: _by_kind(calls[r]) for r in members}
-        steps = sorted(set.intersection(*({s.step for s in spans_by_rank[r] if s.lane == STEP}
-                                          for r in members)))[:-1]
+        steps = set(sorted(set.intersection(*({s.step for s in spans_by_rank[r] if s.lane == STEP}
+                                              for r in members)))[:-1])
+        checked = {r: [c for c in calls[r] if c[3] in steps] for r in members}  # once a rank, not a pair
         for a, b in zip(members, members[1:]):
             for one, other in ((a, b), (b, a)):
-                lost = _first_unmet([c for c in calls[one] if c[3] in steps], index[other])
+                lost = _first_unmet(checked[one], index[other])
                 if lost is not None:
                     raise ProfileError(
                         f"ranks {a} and {b} ran on one host ({host}), yet rank {one}'s {lost[2]} in step "

@@ -255,7 +255,7 @@ def elastic(trace, title: str | None = None):
         subplot_titles=("what happened, in order", "world size", "world size per step",
                         "step time", "step time per step", "utilisation", f"samples per {lane} per step"))
     _draw_phases(fig, graph, phases)
-    _draw_wall_clock(fig, graph, trace, records, phases)
+    _draw_wall_clock(fig, graph, trace, records, phases, lane)
     _draw_steps(fig, graph, records, final, lane)
     if not records:  # nothing pushed yet: plotly's empty axes had run from step -1 and -1 s
         fig.update_xaxes(rangemode="nonnegative")
@@ -342,7 +342,7 @@ def _draw_phases(fig, graph, phases: list[dict]) -> None:
                               line_width=0, row=row, col=1, exclude_empty_subplots=False)
 
 
-def _draw_wall_clock(fig, graph, trace: Trace, records: list[dict], phases: list[dict]) -> None:
+def _draw_wall_clock(fig, graph, trace: Trace, records: list[dict], phases: list[dict], who: str) -> None:
     final = [r for r in records if r["final"]]
     lost = [r for r in records if not r["final"]]
     x, y = _gapped(final, phases, lambda r: r["world_size"])
@@ -359,11 +359,10 @@ def _draw_wall_clock(fig, graph, trace: Trace, records: list[dict], phases: list
             name="step lost (redone later)", marker=dict(symbol="x", size=9, color=PHASE_COLORS["failure"]),
             hovertemplate="lost step ending at %{x:.2f} s: %{y:.1f} ms<extra></extra>"), 3, 1)
     name = next((n for n in UTILISATION if any(c.name == n for c in trace.counters)), None)
-    if name:  # one line per rank (an elastic run's: per node): each samples at its own instants
-        who = _lane_noun(trace)
-        for rank in sorted({c.rank for c in trace.counters if c.name == name}):
-            points = [{"end": c.t, "value": c.value} for c in sorted(trace.counters, key=lambda c: c.t)
-                      if c.name == name and c.rank == rank]
+    if name:  # one line per lane (``who``: rank, or an elastic run's node): each samples at its own instants
+        samples = sorted((c for c in trace.counters if c.name == name), key=lambda c: c.t)
+        for rank in sorted({c.rank for c in samples}):
+            points = [{"end": c.t, "value": c.value} for c in samples if c.rank == rank]
             x, y = _gapped(points, phases, lambda r: r["value"])
             fig.add_trace(graph.Scatter(x=x, y=y, mode="lines+markers", name=f"{who} {rank}",
                                         legendgroup="ranks",

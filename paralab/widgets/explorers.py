@@ -621,10 +621,11 @@ def _collective_figure(c):
     fig.update_yaxes(title_text="ms", tickformat=",", row=1, col=2)
     fig = style(fig, f"ring {c['op']} of {size_label(payload)} on {c['hardware']}", 360)
     if c["op"] == "all_reduce":  # under the plots: inside the time panel it had covered a curve
-        fig.add_annotation(text=_tree_note(payload, groups, c["hardware"]), xref="paper", yref="paper", x=0,
+        note = _tree_note(payload, groups, c["hardware"])
+        fig.add_annotation(text=note, xref="paper", yref="paper", x=0,
                            y=0, xanchor="left", yanchor="top", yshift=-50, align="left", showarrow=False,
                            font=dict(size=12, color="#555"))
-        lines = 1 + fig.layout.annotations[-1].text.count("<br>")
+        lines = 1 + note.count("<br>")
         fig.update_layout(margin_b=fig.layout.margin.b + 20 * lines, height=fig.layout.height + 20 * lines)
     return fig
 
