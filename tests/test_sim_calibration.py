@@ -11,6 +11,7 @@ import warnings
 import pytest
 
 from paralab.config import ModelConfig
+from paralab.precision import dtype_supported
 from paralab.sim import calibration, cost, counting, hardware
 from paralab.sim.hardware import local
 from paralab.sim.presets import lab_model
@@ -134,6 +135,12 @@ def test_local_calibration_measures_every_rate_and_is_cached(tmp_path, monkeypat
     assert hw.optimizer_bw == pytest.approx(
         calibration.optimizer_bandwidth(hw.calibration["adam_1m_s"], hw.host_overhead_s["tensor_update"]))
     assert hw.peak_flops["fp32"] == pytest.approx(calibration.matmul_law(rows=hw.calibration["matmul_s"])[0])
+    # each 16-bit dtype at its own rate, timed on a linear's matmuls (it had been fp32's: 23x fast here)
+    low = hw.calibration["low_precision_matmul_s"]
+    assert set(low) == {d for d in ("bf16", "fp16") if dtype_supported(d, "cpu")}
+    for dtype, rows in low.items():
+        assert [tuple(r[:3]) for r in rows] == list(calibration.LOW_PRECISION_SHAPES)
+        assert hw.peak_flops[dtype] == pytest.approx(calibration.rate_at_half(rows, hw.matmul_half_dim))
     assert len(hw.calibration["blocks"]) == len(calibration.BLOCK_SHAPES)
     # ... and each fit found a rate (a non-GEMM fit of 0 is a disturbed calibration, measured again)
     rates = {"matmul": hw.peak_flops["fp32"], "non-GEMM forward": hw.elementwise_bw,
@@ -167,10 +174,37 @@ DISTURBANCES = {"small matmuls": {"matmul_half_dim": calibration.DISTURBED_HALF_
                 "non-GEMM backward": {"elementwise_backward_bw": 0.0}}
 
 
+def law_rows(rate: float, half: float, shapes) -> list[list]:
+    """Matmul rows timed exactly on the law ``rate x prod d/(d + half)``."""
+    return [[m, n, k, 2 * m * n * k / rate * (1 + half / m) * (1 + half / n) * (1 + half / k)]
+            for m, n, k in shapes]
+
+
+def test_a_16_bit_rate_is_fitted_on_fp32s_shape_law():
+    """A 16-bit dtype, timed at a few shapes, gets the rate of fp32's law (its d_half) that those
+    timings give: the generating rate back when they follow it."""
+    fp32 = law_rows(1e11, 32, calibration.MODEL_SHAPES)
+    rate, half, _ = calibration.matmul_law(rows=fp32)
+    assert half == pytest.approx(32, rel=0.2)
+    bf16 = law_rows(2e9, half, calibration.LOW_PRECISION_SHAPES)
+    assert calibration.rate_at_half(bf16, half) == pytest.approx(2e9)
+    assert rate == pytest.approx(1e11, rel=0.1)
+
+
+def test_a_dtype_the_cpu_cannot_train_in_is_not_timed(monkeypatch):
+    """Only the 16-bit dtypes this torch trains in on the CPU are timed: the others get no ``local``
+    peak, so a model in one is refused, not priced at another dtype's rate."""
+    from paralab import precision
+
+    monkeypatch.setattr(precision, "dtype_supported", lambda dtype, device: dtype == "bf16")
+    rows = calibration.low_precision_rows(shapes=((16, 24, 8),))
+    assert list(rows) == ["bf16"] and [r[:3] for r in rows["bf16"]] == [(16, 24, 8)]
+    assert rows["bf16"][0][3] > 0
+
+
 def test_a_busy_machine_disturbs_the_matmul_law():
     """Small matmuls timed while other work held the cores fit the law only with an implausible d_half."""
-    quiet = [[m, n, k, 2 * m * n * k / 1e11 * (1 + 32 / m) * (1 + 32 / n) * (1 + 32 / k)]
-             for m, n, k in ((128, 192, 64), (512, 768, 256), (1024, 1024, 1024))]
+    quiet = law_rows(1e11, 32, ((128, 192, 64), (512, 768, 256), (1024, 1024, 1024)))
     busy = [[m, n, k, max(t, 2.5e-3)] for m, n, k, t in quiet]  # every call waits ~2.5 ms for a core
     assert calibration.matmul_law(rows=quiet)[1] == pytest.approx(32, rel=0.2)
     assert calibration.matmul_law(rows=busy)[1] >= calibration.DISTURBED_HALF_DIM

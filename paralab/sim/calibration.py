@@ -84,6 +84,39 @@ def matmul_rows(shapes=MODEL_SHAPES) -> list[tuple[int, int, int, float]]:
     return rows
 
 
+# The model shapes a 16-bit dtype is timed at: the tiny and small presets' (lab runs' own), none over
+# 2^27 FLOPs, as a CPU without 16-bit units runs some of a linear's matmuls at about 1 GFLOP/s
+LOW_PRECISION_SHAPES = tuple(s for s in MODEL_SHAPES if 2 * s[0] * s[1] * s[2] <= 2**27)
+
+
+def low_precision_rows(shapes=LOW_PRECISION_SHAPES) -> dict[str, list]:
+    """{dtype: linear rows} for each 16-bit dtype this CPU trains in (``paralab.precision``). Neither
+    is fp32's rate: a CPU without bf16 units runs bf16 at a tenth to a hundredth of it, one with them
+    (AMX) faster."""
+    from paralab.config import DTYPES
+    from paralab.precision import dtype_supported
+
+    return {dtype: linear_rows(shapes, dtype) for dtype in DTYPES
+            if dtype != "fp32" and dtype_supported(dtype, "cpu")}
+
+
+def linear_rows(shapes, dtype: str) -> list[tuple[int, int, int, float]]:
+    """(m, n, k, median seconds per matmul) of a linear layer's three matmuls in ``dtype`` (forward
+    x @ W^T, backward dY @ W and dY^T @ x, each 2mnk FLOPs), as the cost model prices a layer: a
+    16-bit rate depends on the operands' layout where fp32's does not (bf16 on a 2-core EPYC: 7, 1
+    and 18 GFLOP/s for the three at 512 x 768 x 256, fp32 91 for each)."""
+    import torch
+
+    from paralab.precision import torch_dtype
+
+    rows = []
+    for m, n, k in shapes:
+        x, w, dy = (torch.randn(*shape).to(torch_dtype(dtype)) for shape in ((m, k), (n, k), (m, n)))
+        seconds = median_time(lambda x=x, w=w, dy=dy: (x @ w.T, dy @ w, dy.T @ x), repeats=3)
+        rows.append((m, n, k, seconds / 3))
+    return rows
+
+
 MAX_HALF_DIM = 1024  # the largest d_half the fit tries
 # A fitted d_half this large says the lab's 64-256-wide matmuls ran at under a thirtieth of a large
 # one's rate: no CPU does that; their calls were waiting for cores other work held (a busy machine)
@@ -97,13 +130,25 @@ def matmul_law(shapes=MODEL_SHAPES, rows=None) -> tuple[float, float, list]:
     best = None
     for step in range(4 * int(math.log2(MAX_HALF_DIM)) + 1):
         half = 2 ** (step / 4)  # 1 .. MAX_HALF_DIM, four steps an octave
-        logs = [math.log(2 * m * n * k / (t * (m / (m + half)) * (n / (n + half)) * (k / (k + half))))
-                for m, n, k, t in rows]
+        logs = _log_rates(rows, half)
         mean = sum(logs) / len(logs)
         error = sum((x - mean) ** 2 for x in logs)
         if best is None or error < best[0]:
             best = (error, math.exp(mean), half)
     return best[1], best[2], rows
+
+
+def rate_at_half(rows, half: float) -> float:
+    """The law's rate fitted to ``rows`` with ``d_half`` held at ``half``: a 16-bit dtype's, timed at a
+    few shapes, on fp32's shape law (its rate at the timed shapes, not a law of its own)."""
+    logs = _log_rates(rows, half)
+    return math.exp(sum(logs) / len(logs))
+
+
+def _log_rates(rows, half: float) -> list[float]:
+    """Each row's log rate once the law's shape efficiency at ``half`` is taken out."""
+    return [math.log(2 * m * n * k / (t * (m / (m + half)) * (n / (n + half)) * (k / (k + half))))
+            for m, n, k, t in rows]
 
 
 def copy_bandwidth(nbytes: int = 16 * 2**20) -> float:
@@ -275,6 +320,8 @@ def compute_figures(shapes=MODEL_SHAPES, sync=lambda: None, rounds: int = 3) -> 
     figures["host"] = {**host_overheads(), **loop_overheads()}
     sync()
     figures["adam_1m"] = adam_seconds()
+    sync()
+    figures["low_precision_rows"] = low_precision_rows()
     return figures
 
 
@@ -346,6 +393,8 @@ def concurrent_figures(threads: int, ranks: int = 2, shapes=MODEL_SHAPES,
         "host": {k: statistics.mean(res["host"][k] for res in results) for k in results[0]["host"]},
         "blocks": _merge([res["blocks"] for res in results], 4, statistics.mean),
         "adam_1m": statistics.mean(res["adam_1m"] for res in results),
+        "low_precision_rows": {dtype: _merge([res["low_precision_rows"][dtype] for res in results], 3,
+                                             statistics.mean) for dtype in results[0]["low_precision_rows"]},
     }
     return compute, results[0]["gloo"]
 

@@ -294,10 +294,11 @@ def cache_dir() -> Path:
 
 
 LOCAL_RANKS = 64  # ranks the local machine is taken to hold: one 'node', however many cores it has
-CALIBRATION_VERSION = 12  # bump when what calibrate() measures changes: older caches are measured again
+CALIBRATION_VERSION = 13  # bump when what calibrate() measures changes: older caches are measured again
 # 10: usable cores count a cgroup's CPU quota, so a quota-limited machine measures its ranks one at a time
 # 11: a non-GEMM rate of 0 is a disturbed calibration, not cached (an older cache may hold one)
 # 12: gloo's curves start at the 8 bytes their first rung reduces (recorded as 4 before)
+# 13: bf16 and fp16 linears timed on their own (priced at fp32's rate they had read 23x fast on a CPU)
 
 
 def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True,
@@ -367,8 +368,9 @@ def _cached_spec(path: Path) -> HardwareSpec | None:
 def calibrate(matmul_size: int = 1024, gloo: bool = True, threads: int | None = None,
               ranks: int = 2) -> HardwareSpec:
     """Measure this machine (see :mod:`paralab.sim.calibration`): matmul rate and shape law at the lab
-    models' shapes plus one ``matmul_size`` square, copy bandwidth, host time per module call and per
-    optimizer tensor, the non-GEMM rate of real blocks, Adam's rate, and (optionally) gloo curves.
+    models' shapes plus one ``matmul_size`` square, each 16-bit dtype's rate on that law (timed on a
+    linear's three matmuls), copy bandwidth, host time per module call and per optimizer tensor, the
+    non-GEMM rate of real blocks, Adam's rate, and (optionally) gloo curves.
 
     With ``threads`` the figures are one rank's, measured with that many torch threads; without, the
     whole machine's (every thread), shared by the ranks. With ``threads`` and ``gloo``, ``ranks``
@@ -406,7 +408,9 @@ def calibrate(matmul_size: int = 1024, gloo: bool = True, threads: int | None = 
     who = f"one rank with {threads} thread(s)" if threads else f"all {cores} cores, shared by the ranks"
     spec = HardwareSpec(
         name="local",
-        peak_flops={"fp32": rate, "bf16": rate, "fp16": rate},
+        # a dtype this CPU does not train in has no peak: a model in it is refused (HardwareSpec.problems_for)
+        peak_flops={"fp32": rate, **{dtype: bench.rate_at_half(low, half)
+                                     for dtype, low in figures["low_precision_rows"].items()}},
         memory_bytes=_total_memory(),
         memory_bandwidth=figures["copy_bw"],
         gpus_per_node=LOCAL_RANKS,  # every rank of a local run is a process on this machine
@@ -427,6 +431,8 @@ def calibrate(matmul_size: int = 1024, gloo: bool = True, threads: int | None = 
         notes=f"this machine ({who}), torch {torch.__version__}, "
               f"calibrated {time.strftime('%Y-%m-%d %H:%M')}",
         calibration={"version": CALIBRATION_VERSION, "threads": threads, "matmul_s": [list(r) for r in rows],
+                     "low_precision_matmul_s": {dtype: [list(r) for r in low]
+                                                for dtype, low in figures["low_precision_rows"].items()},
                      "blocks": figures["blocks"], "adam_1m_s": figures["adam_1m"], "gloo": gloo},
     )
     # the blocks ran as one rank's (with every core when ``threads`` is None): fit them as such
