@@ -91,6 +91,8 @@ def test_the_collectives_explorer_says_where_the_tree_wins():
 
     app = widgets.collectives_explorer(size_mb=1 / 64, link="h100 InfiniBand")
     assert "from 4 ranks" in app.message.value
+    slider = app.controls["max_group"]  # it says what it counts (it had read "up to" and "256")
+    assert (slider.description, slider.label) == ("up to (ranks)", "256")
     ring = app.figure.layout.meta["h100 InfiniBand, ring"]
     app.controls["size_mb"].value = 512
     assert app.figure.layout.meta["h100 InfiniBand, ring"][0] > ring[0]  # a bigger message takes longer

@@ -761,6 +761,7 @@ def test_speedup_explorer_draws_runs_prediction_and_ideals(monkeypatch, no_lefto
     common = dict(steps=3, global_batch=8, threads_per_rank=1)
     runs = {1: paralab.run("single", 1, **common), 2: paralab.run("ddp", 2, **common)}
     app = widgets.speedup_explorer(runs, max_world=8)
+    assert app.controls["max_world"].description == "up to (ranks)"  # it had not said what it counts
     meta = app.figure.layout.meta
     assert meta["runs"][2]["step_time_s"] == runs[2].trace.step_times()
     assert (meta["measured"][2]

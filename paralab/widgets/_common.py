@@ -18,6 +18,22 @@ def widgets():
     return ipywidgets
 
 
+def row(*children):
+    """Controls side by side, wrapping onto a second line where the output is too narrow for them (a
+    plain HBox runs its last controls past the output's edge)."""
+    w = widgets()
+    return w.HBox(list(children), layout=w.Layout(flex_flow="row wrap"))
+
+
+def up_to(counts: list[int], value: int, noun: str):
+    """An "up to" slider over ``counts`` that names what it counts ("up to (GPUs)"; "1,024"): a bare
+    "1024" had not said whether it counted ranks or GPUs. The noun is in the description, not the
+    readout, whose box cuts "1,024 ranks" to "1,024 rank"."""
+    w = widgets()
+    return w.SelectionSlider(options=[(f"{n:,}", n) for n in counts], value=value,
+                             description=f"up to ({noun}s)", style={"description_width": "initial"})
+
+
 def figure_widget(fig):
     """A plotly FigureWidget (live in the notebook, updated in place) from a Figure."""
     import plotly.graph_objects as go

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from paralab.widgets._common import attach, figure_widget, message, replace_figure, widgets
+from paralab.widgets._common import attach, figure_widget, message, replace_figure, row, up_to, widgets
 
 GROUPS = [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 SIZES_MB = [2.0**k for k in range(-10, 11)]  # 1 KiB to 1 GiB
@@ -60,7 +60,7 @@ def collectives_explorer(measured: dict | None = None, size_mb: float = 1.0, lin
         "size_mb": w.SelectionSlider(options=[(size_label(s * 2**20), s) for s in SIZES_MB],
                                      value=min(SIZES_MB, key=lambda s: abs(math.log2(s / size_mb))),
                                      description="size"),
-        "max_group": w.SelectionSlider(options=GROUPS[1:], value=256, description="up to"),
+        "max_group": up_to(GROUPS[1:], 256, "rank"),
     }
     msg = w.HTML()
     fw = figure_widget(ring_against_tree({link: choices[link][:2]}, size_mb * 2**20, GROUPS[:3]))
@@ -82,7 +82,7 @@ def collectives_explorer(measured: dict | None = None, size_mb: float = 1.0, lin
 
     for control in controls.values():
         control.observe(redraw, names="value")
-    app = w.VBox([w.HBox([controls["link"], controls["size_mb"], controls["max_group"]]), msg, fw])
+    app = w.VBox([row(controls["link"], controls["size_mb"], controls["max_group"]), msg, fw])
     attach(app, controls=controls, figure=fw, message=msg, redraw=redraw)
     redraw()
     return app

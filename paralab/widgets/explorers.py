@@ -19,6 +19,8 @@ from paralab.widgets._common import (
     message,
     refuse,
     replace_figure,
+    row,
+    up_to,
     whole_labels,
     widgets,
 )
@@ -130,7 +132,7 @@ def scaling_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dim: str 
         "hardware": w.Dropdown(options=list(hw_mod.PRESETS), value=hardware, description="hardware",
                                layout=MENU),
         "dim": w.ToggleButtons(options=["dp", "tp", "pp"], value=dim, description="scale", style=BUTTONS),
-        "max_gpus": w.SelectionSlider(options=POW2[1:], value=max_gpus, description="up to"),
+        "max_gpus": up_to(POW2[1:], max_gpus, "GPU"),
         "global_batch": w.IntText(value=global_batch, description="global batch"),
         "micro_batch": w.SelectionSlider(options=POW2[:6], value=micro_batch, description="micro-batch"),
     })
@@ -160,8 +162,8 @@ def scaling_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dim: str 
 
     for c in controls.values():
         c.observe(redraw, names="value")
-    app = w.VBox([w.HBox([controls["model"], controls["hardware"], controls["dim"]]),
-                  w.HBox([controls["max_gpus"], controls["global_batch"], controls["micro_batch"]]), msg, fw])
+    app = w.VBox([row(controls["model"], controls["hardware"], controls["dim"]),
+                  row(controls["max_gpus"], controls["global_batch"], controls["micro_batch"]), msg, fw])
     attach(app, controls=controls, figure=fw, message=msg, redraw=redraw)
     redraw()
     return app
@@ -342,8 +344,8 @@ def memory_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dp: int = 
 
     for c in controls.values():
         c.observe(redraw, names="value")
-    children = [w.HBox([controls["model"], controls["hardware"], controls["recompute"]]),
-                w.HBox([controls["dp"], controls["tp"], controls["pp"], controls["micro_batch"]]), msg, fw]
+    children = [row(controls["model"], controls["hardware"], controls["recompute"]),
+                row(controls["dp"], controls["tp"], controls["pp"], controls["micro_batch"]), msg, fw]
     app = w.VBox(children + ([measured_fw, measured_note] if measured_fw else []))
     attach(app, controls=controls, figure=fw, measured_figure=measured_fw, measured_note=measured_note,
            message=msg, redraw=redraw)
@@ -408,7 +410,7 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
         "op": w.Dropdown(options=["all_reduce", "all_gather", "reduce_scatter"], value="all_reduce",
                          description="op"),
         "size_mb": w.FloatLogSlider(value=100.0, base=10, min=-2, max=4, description="tensor MiB"),
-        "max_group": w.SelectionSlider(options=POW2[1:], value=64, description="up to"),
+        "max_group": up_to(POW2[1:], 64, "GPU"),
         "hardware": w.Dropdown(options=list(hw_mod.PRESETS), value=hardware, description="hardware"),
     }
     msg = w.HTML()
@@ -499,14 +501,13 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
         c.observe(redraw, names="value")
     parts = []
     if trace_fw is not None:
-        parts.append(w.HBox([controls["view"], controls["payload"]]))
+        parts.append(row(controls["view"], controls["payload"]))
         if predictor is not None:
-            parts += [w.HBox([controls["world_size"], controls["tp"], controls["pp"]]),
-                      w.HBox([controls["gpus_per_node"], controls["model"]])]
+            parts += [row(controls["world_size"], controls["tp"], controls["pp"]),
+                      row(controls["gpus_per_node"], controls["model"])]
         parts += [msg, trace_fw]
     parts += [w.HTML("<b>A ring collective, calculated</b>"),
-              w.HBox([controls["op"], controls["size_mb"], controls["max_group"],
-                      controls["hardware"]]), calc_fw]
+              row(controls["op"], controls["size_mb"], controls["max_group"], controls["hardware"]), calc_fw]
     if trace_fw is None:
         parts.insert(-1, msg)
     app = w.VBox(parts)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from functools import cache
 
 from paralab.viz._common import byte_scale
-from paralab.widgets._common import attach, figure_widget, message, refuse, replace_figure, widgets
+from paralab.widgets._common import attach, figure_widget, message, refuse, replace_figure, row, widgets
 
 KINDS = ("params", "grads", "optimizer", "activations")
 
@@ -182,8 +182,8 @@ def levers_explorer(layers: int = 4, hidden: int = 64, seq: int = 128, micro_bat
         control.observe(redraw, names="value")
     button.on_click(measure)
     app = w.VBox([
-        w.HBox([controls["layers"], controls["hidden"]]), w.HBox([controls["seq"], controls["micro_batch"]]),
-        w.HBox([controls["dtype"], controls["attention"]]), w.HBox([controls["recompute"], button]),
+        row(controls["layers"], controls["hidden"]), row(controls["seq"], controls["micro_batch"]),
+        row(controls["dtype"], controls["attention"]), row(controls["recompute"], button),
         msg, fw,
     ])
     attach(app, controls=controls, figure=fw, message=msg, button=button, measure=measure, redraw=redraw,

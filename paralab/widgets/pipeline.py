@@ -38,6 +38,7 @@ from paralab.widgets._common import (
     redrawn,
     refuse,
     replace_figure,
+    row,
     unmark,
     widgets,
 )
@@ -364,9 +365,9 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
         c.observe(redraw, names="value")
     button.on_click(run_for_real)
     app = w.VBox([
-        w.HBox([controls["schedule"], controls["stages"], controls["microbatches"]]),
-        w.HBox([controls["virtual_stages"], controls["p2p"], controls["overlap"]]),
-        w.HBox([button, progress]),
+        row(controls["schedule"], controls["stages"], controls["microbatches"]),
+        row(controls["virtual_stages"], controls["p2p"], controls["overlap"]),
+        row(button, progress),
         info, msg, fw, measured_box,
     ])
     attach(app, controls=controls, figure=fw, measured=None, message=msg, info=info, progress=progress,

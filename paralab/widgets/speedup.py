@@ -15,7 +15,16 @@ from __future__ import annotations
 
 import dataclasses
 
-from paralab.widgets._common import attach, figure_widget, message, refuse, replace_figure, widgets
+from paralab.widgets._common import (
+    attach,
+    figure_widget,
+    message,
+    refuse,
+    replace_figure,
+    row,
+    up_to,
+    widgets,
+)
 
 WORLD_SIZES = [1, 2, 4, 8, 16, 32, 64]
 THIS_MACHINE = "this machine"
@@ -133,7 +142,7 @@ def speedup_explorer(runs, baseline=None, max_world: int = 16):
                             else "tiny", description="model"),
         "dtype": w.ToggleButtons(options=["fp32", "bf16"], value=cfg.dtype if cfg.dtype != "fp16" else "bf16",
                                  description="dtype"),
-        "max_world": w.SelectionSlider(options=WORLD_SIZES[1:], value=max_world, description="up to"),
+        "max_world": up_to(WORLD_SIZES[1:], max_world, "rank"),
     }
     fw = figure_widget(speedup_steps(measured, baseline))
 
@@ -166,8 +175,8 @@ def speedup_explorer(runs, baseline=None, max_world: int = 16):
 
     for control in controls.values():
         control.observe(redraw, names="value")
-    app = w.VBox([w.HBox([controls["hardware"], controls["model"]]),
-                  w.HBox([controls["dtype"], controls["max_world"]]), msg, fw])
+    app = w.VBox([row(controls["hardware"], controls["model"]),
+                  row(controls["dtype"], controls["max_world"]), msg, fw])
     attach(app, controls=controls, figure=fw, message=msg, redraw=redraw)
     redraw()
     return app
