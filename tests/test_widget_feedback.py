@@ -10,6 +10,7 @@ machine's calibration are stand-ins.
 from __future__ import annotations
 
 import dataclasses
+import html
 import math
 import re
 
@@ -349,6 +350,15 @@ def test_the_levers_explorer_says_why_a_measured_peak_holds_gradients_the_predic
     app.measure()
     assert "its peak fell early in the backward" in app.message.value
     assert "grads" in {trace.name for trace in app.figure.data}
+    # it names what the run's policy makes: selective recomputation's core only under selective
+    said = {}
+    for policy in ("none", "full", "selective"):
+        app.controls["recompute"].value = policy
+        app.measure()
+        said[policy] = html.unescape(app.message.value)
+    assert "(the head's) beside the saved activations" in said["none"]
+    assert "selective" not in said["full"]
+    assert "after its attention core) beside the recomputed attention core" in said["selective"]
 
 
 def test_the_levers_explorer_will_not_measure_what_would_take_minutes_here_and_runs_one_at_a_time(

@@ -80,18 +80,23 @@ def too_big_to_measure(predicted: dict) -> str:
     return ""
 
 
-def inside_backward(measured: dict, predicted: dict) -> str:
+def inside_backward(measured: dict, predicted: dict, recompute: str) -> str:
     """Why a measured peak holds gradients the predicted one does not, or "". The cost model weighs the
     backward's moments at its ends (paralab.sim.cost): its last layer's without the gradients made
     before that layer is recomputed, its first layer's and its end with them. So a measured peak with
     gradients where the prediction has none fell early in the backward: the head's gradients, and
     under selective recomputation the last layer's after its attention core, beside the recomputed
-    core (0.63 MiB of 53.7 at 8 layers, hidden 128, 256 tokens, math attention)."""
+    core (0.63 MiB of 53.7 at 8 layers, hidden 128, 256 tokens, math attention). The message names
+    only what the run's ``recompute`` policy makes (it had spoken of selective recomputation under
+    full)."""
     if not measured["grads"] or predicted["grads"]:
         return ""
-    return ("\nits peak fell early in the backward, with the gradients made by then (the head's, and under "
-            "selective recomputation the last layer's after its attention core) beside the recomputed "
-            "activations: the prediction weighs that moment without those gradients")
+    made = "the head's" + (", and the last layer's after its attention core" if recompute == "selective"
+                           else "")
+    beside = {"none": "the saved activations", "selective": "the recomputed attention core",
+              "full": "the recomputed activations"}[recompute]
+    return (f"\nits peak fell early in the backward, with the gradients made by then ({made}) beside "
+            f"{beside}: the prediction weighs that moment without those gradients")
 
 
 def levers_explorer(layers: int = 4, hidden: int = 64, seq: int = 128, micro_batch: int = 4,
@@ -173,7 +178,7 @@ def levers_explorer(layers: int = 4, hidden: int = 64, seq: int = 128, micro_bat
         state["measured"] = {k: run.summary["memory_by_kind"][0][k] for k in KINDS}
         said = ("measured: the kinds at the moment of the run's peak (its second step's), as the prediction "
                 "gives them at its fullest moment")
-        msg.value = message(said + inside_backward(state["measured"], predicted), "ok")
+        msg.value = message(said + inside_backward(state["measured"], predicted, cfg.recompute), "ok")
         draw()
         return state["measured"]
 
