@@ -46,10 +46,13 @@ class DefaultsShown(argparse.HelpFormatter):
 class OneLineErrors(argparse.ArgumentParser):
     """argparse, saying a bad argument in one line as every other refusal does (the usage block is
     behind --help); exit 2. Its --help shows the defaults (:class:`DefaultsShown`), as do the
-    subcommands' parsers it makes."""
+    subcommands' parsers it makes. A flag is taken only as spelled whole: argparse's prefix matching
+    had read ``run --seq 64`` as ``--sequence-parallel`` and then refused the stray "64" (``simulate``
+    has a ``--seq``)."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", DefaultsShown)
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):

@@ -297,15 +297,27 @@ def test_nodes_gives_each_rank_its_share_of_the_machine_not_of_its_agent(agents_
         assert run_args[at:at + 2] == threads and run_args.count("--threads") == 1
 
 
-@pytest.mark.parametrize("given", [["--thread", "3"], ["--thr=3"], ["--threads", "3"]])
-def test_nodes_keeps_the_threads_given_however_abbreviated(agents_started, given):
-    """paralab run takes ``--thread 3`` for ``--threads 3``; nodes had read it as none given and
-    appended its own share, which overrode the 3."""
+@pytest.mark.parametrize("given", [["--threads=3"], ["--threads", "3"]])
+def test_nodes_keeps_the_threads_given(agents_started, given):
+    """nodes appends each rank's share of the cores only where the run was given no ``--threads``: a
+    share appended after the run's own would override it."""
     assert cli.main(["nodes", "--nnodes", "2", "--nproc-per-node", "2", "--", "--strategy", "ddp",
                      *given]) == 1
     for command in agents_started["commands"]:
         run_args = command[command.index("run") + 1:]
         assert "--threads" not in run_args[run_args.index(given[0]) + len(given):], run_args
+
+
+@pytest.mark.parametrize("command", [["run"], ["nodes", "--"]])
+def test_a_flag_is_taken_only_as_spelled_whole(agents_started, capsys, command):
+    """argparse's prefix matching had read ``run --seq 64`` as ``--sequence-parallel`` and then refused
+    the stray "64", and ``--thread 3`` as ``--threads 3`` (simulate has a ``--seq`` of its own)."""
+    for flag in (["--seq", "64"], ["--thread", "3"]):
+        with pytest.raises(SystemExit) as refused:
+            cli.main([*command, "--strategy", "ddp", *flag])
+        assert refused.value.code == 2
+        assert f"paralab run: unrecognized arguments: {' '.join(flag)}" in capsys.readouterr().err
+    assert "commands" not in agents_started  # refused before any agent or rank started
 
 
 def test_nodes_warns_when_its_ranks_outnumber_the_cores(agents_started, monkeypatch):
@@ -322,7 +334,6 @@ def test_the_watchdog_of_nodes_allows_the_runs_own_collective_timeout():
 
     assert _run_flags(["--strategy", "ddp", "--timeout", "12", "--steps", "3"]).timeout == 12.0
     assert _run_flags(["--strategy", "ddp"]).timeout == RunConfig().timeout_s
-    assert _run_flags(["--time", "7"]).timeout == 7.0
     with pytest.raises(paralab.ConfigError, match="the run's flags: .*--threads: invalid int value"):
         _run_flags(["--threads", "many"])
 

@@ -162,10 +162,8 @@ class _RunFlagsParser(argparse.ArgumentParser):
 
 def _run_flags(run_args: list[str]) -> argparse.Namespace:
     """The run's ``--timeout`` (how long a collective may wait) and ``--threads``, read as ``paralab
-    run`` reads them, abbreviations too: a prefix that ``paralab run`` reads as one of these is one
-    here (its other flags are left unread), and ``--thread 3`` read as none given had been overridden
-    by the share appended after it."""
-    parser = _RunFlagsParser(add_help=False)
+    run`` reads them (spelled whole, ``--threads=3`` too; its other flags are left unread)."""
+    parser = _RunFlagsParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--timeout", type=float, default=RunConfig.timeout_s)
     parser.add_argument("--threads", type=int, default=RunConfig.threads_per_rank)
     return parser.parse_known_args(run_args)[0]
