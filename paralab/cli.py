@@ -290,8 +290,9 @@ def _span_lines(s: dict) -> list[str]:
 
 
 def _mib(nbytes: float) -> str:
-    """Bytes as the summary's lines say them: MiB, to the KiB."""
-    return f"{nbytes / 2**20:.3f} MiB"
+    """Bytes as the summary's lines say them: MiB to the KiB, and a count under a KiB in bytes (the 8
+    bytes of fp16's overflow check had read "0.000 MiB")."""
+    return f"{nbytes:,.0f} B" if nbytes < 2**10 else f"{nbytes / 2**20:.3f} MiB"
 
 
 def _choices(s: dict) -> str:
@@ -300,7 +301,8 @@ def _choices(s: dict) -> str:
     said = [
         "prefetching the next part" if s.get("zero_prefetch") else "",
         "hierarchical all-reduce" if s.get("hierarchical") else "",
-        f"buckets of {s['bucket_mb']:g} MB" if s.get("bucket_mb") is not None else "",
+        f"buckets of {s['bucket_mb']:g} MiB" if s.get("bucket_mb") is not None else "",
+        "sequence parallel" if s.get("sequence_parallel") else "",
         f"recompute {s['recompute']}" if s.get("recompute", "none") != "none" else "",
         f"gradients reduced in {s['reduce_dtype']}" if s.get("reduce_dtype", "fp32") != "fp32" else "",
     ]
@@ -329,7 +331,8 @@ def cmd_merge(args) -> int:
     try:
         trace = Trace.load(args.path)
     except (OSError, ValueError) as exc:  # TraceFormatError names the file and what is wrong
-        said = f"cannot read {unread_text(exc, args.path)}" if isinstance(exc, OSError) else str(exc)
+        # an OS error the system explains ("out/: No such file or directory"); else one that says itself
+        said = f"cannot read {unread_text(exc, args.path)}" if getattr(exc, "strerror", None) else str(exc)
         print(f"paralab merge: {said}", file=sys.stderr)
         return EXIT_INVALID
     # one rank's file of a torchrun: no merge of its run (a folder short of ranks is refused as it loads)

@@ -83,7 +83,8 @@ class ModelConfig:
                               "a token cannot go to more experts than there are; "
                               f"use top_k <= {self.experts}")
         if self.capacity_factor is not None:
-            check_positive("capacity factor (None: dropless)", self.capacity_factor)
+            check_positive("capacity factor (--capacity-factor; left out, every token is kept)",
+                           self.capacity_factor)
         for name in ("aux_loss", "z_loss"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
@@ -216,7 +217,7 @@ class TrainingConfig:
             raise ConfigError(f"global batch {self.global_batch:,} is larger than the corpus "
                               f"({CORPUS_SAMPLES:,} samples)")
         check_int("seed", self.seed, low=0, high=2**63 - 1)
-        check_int("threads_per_rank", self.threads_per_rank, low=0, high=4096)
+        check_int("threads per rank (--threads, threads_per_rank=)", self.threads_per_rank, low=0, high=4096)
         check_positive("learning rate", self.lr)
         check_positive("timeout", self.timeout_s, low=1.0, unit=" s", high=MAX_TIMEOUT_S)
         if self.optimizer not in OPTIMIZERS:

@@ -54,7 +54,7 @@ def test_the_text_summary_says_what_ran_and_where_its_files_went(tmp_path, capsy
         (["--strategy", "nope"], "unknown strategy"),
         (["--model", "huge"], "unknown model preset"),
         # past any run: had started the ranks, to fail inside them or to run on for ever
-        (["--threads", str(10**20)], "threads_per_rank must be <= 4,096"),
+        (["--threads", str(10**20)], "threads per rank (--threads, threads_per_rank=) must be <= 4,096"),
         (["--steps", str(10**23)], "steps must be <= 1,000,000,000"),
         (["--timeout", "1e300"], "timeout must be <= 1e+07 s"),
         # each step draws its samples from the corpus once: the ranks had started, then refused
@@ -609,6 +609,12 @@ def test_a_run_without_spans_says_what_it_did_not_measure(capsys, no_leftover_ra
     lines = cli.format_summary(over_nodes).splitlines()
     assert "by link: 1.000 MiB intra-node, 2.000 MiB inter-node per step (all ranks)" in lines
     assert "pipeline bubble (measured idle fraction): 25.0%" in lines
+    # a few bytes read as bytes (fp16's 8-byte overflow check had read "0.000 MiB"); sequence
+    # parallel is said on the layout line with the other levers
+    few = {**summary, "comm_bytes": {"all_reduce": 8}, "sequence_parallel": True}
+    lines = cli.format_summary(few).splitlines()
+    assert "all_reduce: 8 B on the wire per step (all ranks)" in lines
+    assert lines[1].endswith(", sequence parallel"), lines[1]
 
 
 def test_torchs_own_pipeline_says_it_measured_neither_its_bytes_nor_its_bubble(capsys, no_leftover_ranks):

@@ -272,6 +272,15 @@ def test_gzipped_torch_profiles_are_pointed_to_paralab_import(tmp_path, capsys, 
 
 
 @pytest.mark.parametrize("command", ["merge", "report"])
+def test_a_folder_without_traces_is_said_in_plain_words(tmp_path, capsys, command):
+    """merge had said "cannot read no trace files (*.json) in empty"."""
+    (tmp_path / "empty").mkdir()
+    assert cli.main([command, str(tmp_path / "empty"), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"no trace files (*.json) in {tmp_path / 'empty'}" in err and "cannot read no" not in err, err
+
+
+@pytest.mark.parametrize("command", ["merge", "report"])
 def test_a_rank_in_two_files_of_a_folder_exits_2(tmp_path, capsys, command):
     """A merged trace saved beside the per-rank files it came from would count every span twice."""
     trace = two_rank_trace()
