@@ -77,6 +77,9 @@ def test_report_from_trace_and_chrome_export(ddp_run, tmp_path):
     assert "<h2>Memory per rank</h2>" in text and "<th>dp</th><td>2</td>" in text
     assert "<th>steps</th><td>3</td>" in text and "<th>cp_mode</th>" not in text  # no cp: no cp mode
     assert Trace.load(plain).meta["peak_memory_bytes"] == ddp_run.summary["peak_memory_bytes"]
+    # ... and its losses, in either format: a report of the file had drawn no Loss, a --report of the run did
+    assert Trace.load(chrome).meta["losses"] == ddp_run.losses
+    assert "<h2>Loss</h2>" in text and "<th>losses</th>" in text
 
 
 def test_the_summary_table_names_every_degree_and_the_choices_that_apply(tmp_path):
@@ -187,6 +190,27 @@ def test_report_main_exit_codes(ddp_run, tmp_path, capsys):
     out = tmp_path / "sub" / "r.html"
     assert report_main(_parser().parse_args([str(trace), "-o", str(out), "--title", "my run"])) == 0
     assert out.exists() and "<h1>my run</h1>" in out.read_text()
+
+
+def test_report_refuses_a_prediction_of_another_layout(ddp_run, tmp_path, capsys):
+    """A 2-rank pipeline's prediction had been stacked under a 4-rank hybrid run, exit 0, under a title
+    calling them one run. The run's own prediction is stacked; another layout's is refused, saying how."""
+    from paralab import RunConfig
+    from paralab.sim.bridge import predict_run_trace
+
+    measured = ddp_run.trace.save(tmp_path / "ddp.json")
+    own = predict_run_trace(ddp_run.config, "h100").save(tmp_path / "own.json")
+    assert report_main(_parser().parse_args([str(measured), "--predicted", str(own),
+                                             "-o", str(tmp_path / "ok.html")])) == 0
+    others = {"dp 1 against 2, pp 2 against 1": dict(strategy="pp", world_size=2, microbatches=2),
+              "world size 4 against 2, dp 4 against 2": dict(strategy="ddp", world_size=4)}
+    for says, options in others.items():
+        other = predict_run_trace(RunConfig.build(**options, global_batch=4), "h100")
+        other = other.save(tmp_path / "other.json")
+        assert report_main(_parser().parse_args([str(measured), "--predicted", str(other),
+                                                 "-o", str(tmp_path / "no.html")])) == 2
+        assert f"the --predicted trace is not of this run's layout ({says})" in capsys.readouterr().err
+    assert not (tmp_path / "no.html").exists()
 
 
 def _chromium() -> str | None:

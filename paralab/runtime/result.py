@@ -55,9 +55,12 @@ class RunResult:
                           states: list[dict | None]) -> RunResult:
         rank_results = sorted(rank_results, key=lambda r: r["rank"])
         trace = Trace.merge([Trace.from_dict(r.pop("trace")) for r in rank_results])
-        trace.meta.update(run_meta(cfg, layout), **measured_memory(rank_results))
+        losses = combine_losses(rank_results)
+        # the losses travel with the trace, so that `paralab report` of a saved --trace draws them as
+        # a --report of the run does
+        trace.meta.update(run_meta(cfg, layout), **measured_memory(rank_results), losses=losses)
         params, grads = _merge_states(states)
-        return cls(cfg, layout, combine_losses(rank_results), trace, rank_results, params, grads)
+        return cls(cfg, layout, losses, trace, rank_results, params, grads)
 
     @classmethod
     def collect(cls, cfg: RunConfig, layout: Layout, run_dir: Path) -> RunResult:

@@ -31,8 +31,8 @@ def _summary_of(obj) -> tuple[Trace, dict, list[float] | None]:
     """(trace, summary dict, losses or None) from a RunResult or a Trace; without a pipeline, no
     bubble row (its 0 says only that there is no pipeline), whichever the report was given."""
     if isinstance(obj, Trace):
-        trace, summary, losses = obj, obj.summary(), None
         meta = obj.meta
+        trace, summary, losses = obj, obj.summary(), meta.get("losses") or None
         # a run's trace records its layout and config: the rows a --report of the run shows
         described = {**_picked(meta.get("config"), CONFIG_KEYS), **_picked(meta.get("layout"), LAYOUT_KEYS),
                      **_picked(meta, TRACE_KEYS)}
@@ -51,7 +51,7 @@ def _summary_of(obj) -> tuple[Trace, dict, list[float] | None]:
 # what a trace's meta, its layout and its config say of the run, as the summary's keys
 TRACE_KEYS = ("strategy", "world_size", "dp", "tp", "pp", "cp", "ep", "schedule", "microbatches",
               "virtual_stages", "model", "source", "memory_by_kind", "memory_ranks", "peak_memory_bytes",
-              "bytes_unknown_ops")
+              "bytes_unknown_ops", "losses")
 LAYOUT_KEYS = ("cp_mode", "cp_split", "zero", "sequence_parallel")
 CONFIG_KEYS = ("steps", "device", "dtype")
 
@@ -303,6 +303,25 @@ def report_main(args) -> int:
         except (OSError, ValueError) as exc:  # TraceFormatError names the file and what is wrong
             print(f"paralab report: cannot read {label}: {unread_text(exc, name)}", file=sys.stderr)
             return 2
+    if traces[1] is not None and (differs := not_its_prediction(traces[0], traces[1])):
+        print(f"paralab report: the --predicted trace is not of this run's layout ({differs}): stack "
+              "the prediction of the same run (paralab.sim.bridge.predict_run_trace of its config)",
+              file=sys.stderr)
+        return 2
     out = write_report(traces[0], args.output, predicted=traces[1], title=getattr(args, "title", None))
     print(f"wrote {out}")
     return 0
+
+
+DEGREES = ("dp", "tp", "pp", "cp")  # what a prediction must share with the run it is stacked under
+
+
+def not_its_prediction(measured: Trace, predicted: Trace) -> str:
+    """How ``predicted`` is of another layout than ``measured`` (its world size, or a degree both
+    traces record), or "": a 2-rank pipeline's prediction had been stacked under a 4-rank hybrid run
+    without a word, under a title that called them one run."""
+    said = [f"world size {predicted.world_size} against {measured.world_size}"
+            ] if predicted.world_size != measured.world_size else []
+    said += [f"{key} {predicted.meta[key]} against {measured.meta[key]}" for key in DEGREES
+             if key in predicted.meta and key in measured.meta and predicted.meta[key] != measured.meta[key]]
+    return ", ".join(said)
