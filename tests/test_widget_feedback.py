@@ -328,8 +328,18 @@ def test_the_levers_explorer_names_its_settings_under_the_bars_and_its_buttons_w
     assert app.figure.layout.xaxis.title.text == ("4 layers, hidden 64, sequence 128, micro-batch 4, bf16, "
                                                   "recompute none, sdpa")
     assert app.button.layout.width == "auto"
-    for name in ("dtype", "recompute", "attention"):  # beside their label, each as wide as its text
-        assert app.controls[name].style.button_width == "auto" and app.controls[name].layout.display == "flex"
+
+
+@pytest.mark.parametrize("explorer", ["levers_explorer", "memory_explorer", "scaling_explorer",
+                                      "comm_explorer"])
+def test_every_explorers_toggle_buttons_sit_beside_their_label(explorer):
+    """ipywidgets 8 stacks a toggle's label over its buttons, each 148 px wide: the memory explorer's
+    "recompute" had sat over its row of buttons, which the levers explorer's did not."""
+    app = getattr(widgets, explorer)()
+    toggles = [c for c in app.controls.values() if type(c).__name__ == "ToggleButtons"]
+    assert toggles
+    for control in toggles:  # beside their label, each as wide as its text
+        assert control.style.button_width == "auto" and control.layout.display == "flex", control.description
 
 
 def test_the_levers_explorer_says_why_a_measured_peak_holds_gradients_the_prediction_has_not(monkeypatch):

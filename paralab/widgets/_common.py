@@ -25,6 +25,14 @@ def row(*children):
     return w.HBox(list(children), layout=w.Layout(flex_flow="row wrap"))
 
 
+def toggle(options: list[str], value: str, description: str):
+    """Toggle buttons beside their label, each as wide as its text: ipywidgets 8 stacks a toggle's
+    label over its buttons, each 148 px wide (the memory explorer's "recompute" had sat over its row)."""
+    return widgets().ToggleButtons(options=options, value=value, description=description,
+                                   style={"button_width": "auto"},
+                                   layout={"display": "flex", "grid_gap": "8px", "margin": "2px 24px 2px 0"})
+
+
 def up_to(counts: list[int], value: int, noun: str):
     """An "up to" slider over ``counts`` that names what it counts ("up to (GPUs)"; "1,024"): a bare
     "1024" had not said whether it counted ranks or GPUs. The noun is in the description, not the

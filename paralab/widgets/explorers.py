@@ -20,15 +20,16 @@ from paralab.widgets._common import (
     refuse,
     replace_figure,
     row,
+    toggle,
     up_to,
     whole_labels,
     widgets,
 )
 
 POW2 = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
-# Two menus this wide and a row of buttons each as wide as its text fit a notebook's 930 px output on
-# one line: at ipywidgets' own widths the buttons had wrapped under their label.
-MENU, BUTTONS = {"width": "15em"}, {"button_width": "auto"}
+# Two menus this wide and a row of buttons each as wide as its text (``toggle``) fit a notebook's 930 px
+# output on one line: at ipywidgets' own widths the buttons had wrapped under their label.
+MENU = {"width": "15em"}
 
 
 def _sim():
@@ -131,7 +132,7 @@ def scaling_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dim: str 
         "model": w.Dropdown(options=list(presets.MODELS), value=model, description="model", layout=MENU),
         "hardware": w.Dropdown(options=list(hw_mod.PRESETS), value=hardware, description="hardware",
                                layout=MENU),
-        "dim": w.ToggleButtons(options=["dp", "tp", "pp"], value=dim, description="scale", style=BUTTONS),
+        "dim": toggle(["dp", "tp", "pp"], dim, "scale"),
         "max_gpus": up_to(POW2[1:], max_gpus, "GPU"),
         "global_batch": w.IntText(value=global_batch, description="global batch"),
         "micro_batch": w.SelectionSlider(options=POW2[:6], value=micro_batch, description="micro-batch"),
@@ -307,8 +308,7 @@ def memory_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dp: int = 
         "tp": w.SelectionSlider(options=POW2[:5], value=tp, description="tp"),
         "pp": w.SelectionSlider(options=POW2[:7], value=pp, description="pp"),
         "micro_batch": w.SelectionSlider(options=POW2[:6], value=1, description="micro-batch"),
-        "recompute": w.ToggleButtons(options=["none", "selective", "full"], value="none",
-                                     description="recompute", style=BUTTONS),
+        "recompute": toggle(["none", "selective", "full"], "none", "recompute"),
     })
     msg = w.HTML()
     fw = figure_widget(memory({zero_label(0): {"params": 0}}))
@@ -404,8 +404,7 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
 
     w = widgets()
     controls = {
-        "view": w.ToggleButtons(options=["by op", "by step", "rank matrix", "intra vs inter"], value="by op",
-                                description="view", style=BUTTONS),
+        "view": toggle(["by op", "by step", "rank matrix", "intra vs inter"], "by op", "view"),
         "payload": w.Checkbox(value=False, description="payload bytes (not wire)"),
         "op": w.Dropdown(options=["all_reduce", "all_gather", "reduce_scatter"], value="all_reduce",
                          description="op"),

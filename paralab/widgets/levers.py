@@ -15,7 +15,16 @@ from __future__ import annotations
 from functools import cache
 
 from paralab.viz._common import byte_scale
-from paralab.widgets._common import attach, figure_widget, message, refuse, replace_figure, row, widgets
+from paralab.widgets._common import (
+    attach,
+    figure_widget,
+    message,
+    refuse,
+    replace_figure,
+    row,
+    toggle,
+    widgets,
+)
 
 KINDS = ("params", "grads", "optimizer", "activations")
 
@@ -108,21 +117,15 @@ def levers_explorer(layers: int = 4, hidden: int = 64, seq: int = 128, micro_bat
     from paralab.viz.memory import memory
 
     w = widgets()
-    # each button as wide as its text, beside its label (ipywidgets 8 stacks a toggle's label over its
-    # buttons, 148 px each); "Measure on this machine" had read "Measure on thi…" at a button's width
-    buttons = dict(style={"button_width": "auto"}, layout={"display": "flex", "grid_gap": "8px",
-                                                           "margin": "2px 24px 2px 0"})
     controls = {
         "layers": w.SelectionSlider(options=[1, 2, 4, 8, 16], value=layers, description="layers"),
         "hidden": w.SelectionSlider(options=[32, 64, 128, 256, 512], value=hidden, description="hidden"),
         "seq": w.SelectionSlider(options=[32, 64, 128, 256, 512, 1024], value=seq, description="sequence"),
         "micro_batch": w.SelectionSlider(options=[1, 2, 4, 8, 16], value=micro_batch,
                                          description="micro-batch"),
-        "dtype": w.ToggleButtons(options=["fp32", "bf16"], value=dtype, description="dtype", **buttons),
-        "recompute": w.ToggleButtons(options=["none", "selective", "full"], value="none",
-                                     description="recompute", **buttons),
-        "attention": w.ToggleButtons(options=["sdpa", "math"], value="sdpa", description="attention",
-                                     **buttons),
+        "dtype": toggle(["fp32", "bf16"], dtype, "dtype"),
+        "recompute": toggle(["none", "selective", "full"], "none", "recompute"),
+        "attention": toggle(["sdpa", "math"], "sdpa", "attention"),
     }
     msg = w.HTML()
     button = w.Button(description="Measure on this machine", button_style="primary", icon="play",

@@ -22,6 +22,7 @@ from paralab.widgets._common import (
     refuse,
     replace_figure,
     row,
+    toggle,
     up_to,
     widgets,
 )
@@ -140,8 +141,7 @@ def speedup_explorer(runs, baseline=None, max_world: int = 16):
         "model": w.Dropdown(options=list(MODEL_PRESETS),
                             value=cfg.model_name if cfg.model_name in MODEL_PRESETS
                             else "tiny", description="model"),
-        "dtype": w.ToggleButtons(options=["fp32", "bf16"], value=cfg.dtype if cfg.dtype != "fp16" else "bf16",
-                                 description="dtype"),
+        "dtype": toggle(["fp32", "bf16"], cfg.dtype if cfg.dtype != "fp16" else "bf16", "dtype"),
         "max_world": up_to(WORLD_SIZES[1:], max_world, "rank"),
     }
     fw = figure_widget(speedup_steps(measured, baseline))
