@@ -722,6 +722,7 @@ def test_a_ring_run_and_its_prediction_send_the_same_cp_bytes(no_leftover_ranks)
     # a start the cost model refuses (3 ranks for a cp of 2) is said, not raised
     odd = widgets.comm_explorer(run, world_size=3)
     assert "not a multiple" in odd.message.value and set(odd.figure.layout.meta["bytes"]) == {measured, same}
+    assert "tp x pp x cp (the run&#x27;s) = 2" in odd.message.value  # the run's cp, which has no control
 
 
 def test_comm_explorer_puts_the_run_beside_its_prediction_and_grows_it(no_leftover_ranks):
@@ -747,6 +748,9 @@ def test_comm_explorer_puts_the_run_beside_its_prediction_and_grows_it(no_leftov
     assert "all_gather" in app.calculator.layout.title.text
     app.controls["tp"].value = 2
     assert app.message.value == "" and "8 dp x 2 tp" in list(app.sources())[2]
+    app.controls["pp"].value = 16  # at cp 1 the refusal names no cp (there is no cp control)
+    assert "world size 16 is not a multiple of tp x pp = 32" in app.message.value
+    app.controls["pp"].value = 1
     # a start that is not a power of two (a machine of 6 GPUs: 4 x 6) is one of the slider's stops
     assert widgets.comm_explorer(run, world_size=24).controls["world_size"].value == 24
 

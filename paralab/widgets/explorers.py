@@ -569,8 +569,9 @@ class _RunPredictor:
         from paralab.viz.comm_compare import predicted_comm_trace
 
         p = self.parallel.resolved()
-        if world_size % (tp * pp * p.cp):
-            raise SpecError(f"world size {world_size} is not a multiple of tp x pp x cp = {tp * pp * p.cp}")
+        if world_size % (tp * pp * p.cp):  # cp named only where the run has it: there is no cp control
+            names = "tp x pp x cp (the run's)" if p.cp > 1 else "tp x pp"
+            raise SpecError(f"world size {world_size} is not a multiple of {names} = {tp * pp * p.cp}")
         dp = world_size // (tp * pp * p.cp)
         spec = p.replace(dp=dp, tp=tp, pp=pp, global_batch=0, ep=p.ep if dp % p.ep == 0 else 1,
                          sequence_parallel=p.sequence_parallel and tp > 1,
