@@ -327,16 +327,18 @@ def test_zigzag_balances_causal_attention_and_contiguous_does_not(n, no_leftover
     # the degrees that fit come first: the command line sets no sequence length; the all-to-all's fit
     # its heads too (cp 8 and 16 had been offered, then refused for 4 heads)
     ("cp", 3, dict(cp_mode="alltoall", cp_split="contiguous"),
-     r"divisible by 3, got 16: .*; cp degrees that fit its 16 tokens and heads: 2, 4 \(or, from Python"),
+     r"divisible by 3, got 16: .*; cp degrees \(2 to 16\) that fit its 16 tokens and heads: 2, 4 \(or, "
+     r"from Python"),
     ("cp", 3, dict(model=dict(MODEL, seq_len=20)),
-     r"by 6, got 20: .*cp degrees that fit its 20 tokens: 2, 5, 10 "),
+     r"by 6, got 20: .*cp degrees \(2 to 16\) that fit its 20 tokens: 2, 5, 10 "),
     ("cp", 4, dict(cp_mode="alltoall", model=dict(MODEL, heads=2)),
-     r"2 heads do not divide by 4; cp degrees that fit its heads and tokens: 2, or cp_mode 'ring'"),
+     r"2 heads do not divide by 4; cp degrees \(2 to 16\) that fit its heads and tokens: 2, or "
+     r"cp_mode 'ring'"),
     ("hybrid", 4, dict(cp=2, tp=2, cp_mode="alltoall", model=dict(MODEL, heads=2)),
      r"1 heads per tensor-parallel rank \(heads 2 / tp 2\) do not divide by 2"),
     # and with sequence parallel, the degrees whose slices tp splits (cp 4's 6 tokens over tp 4 do not)
     ("hybrid", 20, dict(cp=5, tp=4, sequence_parallel=True, model=dict(MODEL, seq_len=24, heads=8)),
-     r"divisible by 10, got 24: .*cp degrees that fit its 24 tokens: 2, 3, 6 \(or"),
+     r"divisible by 10, got 24: .*cp degrees \(2 to 16\) that fit its 24 tokens: 2, 3, 6 \(or"),
     ("hybrid", 8, dict(cp=2, tp=4, sequence_parallel=True, model=dict(MODEL, seq_len=20)),
      r"splits each cp rank's 10 tokens .* over tp 4 ranks"),
     ("cp", 2, dict(model=dict(MODEL, dropout=0.1)), r"does not run attention dropout"),

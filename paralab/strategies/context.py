@@ -61,8 +61,9 @@ def check(cfg: RunConfig, layout) -> None:
         fits = [pieces * k for k in range(max(m.seq_len // pieces - 2, 1), m.seq_len // pieces + 3)]
         # the command line sets no sequence length: the degrees that fit this model come first
         raise ConfigError(f"cp {n} ({layout.cp_mode}, {layout.cp_split}) needs the sequence length divisible "
-                          f"by {pieces}, got {m.seq_len}: {why}; cp degrees that fit its {m.seq_len} tokens"
-                          f"{'' if ring else ' and heads'}: {_fitting(m, layout)} (or, from Python, a model "
+                          f"by {pieces}, got {m.seq_len}: {why}; cp degrees (2 to 16) that fit its "
+                          f"{m.seq_len} tokens{'' if ring else ' and heads'}: {_fitting(m, layout)} (or, "
+                          "from Python, a model "
                           f"of a sequence length that fits: {', '.join(map(str, fits))})")
     if layout.sequence_parallel and (m.seq_len // n) % layout.tp:
         raise ConfigError(f"sequence parallel splits each cp rank's {m.seq_len // n} tokens (sequence "
@@ -72,8 +73,8 @@ def check(cfg: RunConfig, layout) -> None:
     if not ring and heads % n:
         per = f" per tensor-parallel rank (heads {m.heads} / tp {layout.tp})" if layout.tp > 1 else ""
         raise ConfigError(f"all-to-all (Ulysses) gives each of the cp {n} ranks an equal share of the "
-                          f"heads: {heads} heads{per} do not divide by {n}; cp degrees that fit its heads "
-                          f"and tokens: {_fitting(m, layout)}, or cp_mode 'ring'")
+                          f"heads: {heads} heads{per} do not divide by {n}; cp degrees (2 to 16) that fit "
+                          f"its heads and tokens: {_fitting(m, layout)}, or cp_mode 'ring'")
 
 
 def _chunks_per_rank(layout) -> int:
