@@ -751,6 +751,13 @@ def test_comm_explorer_puts_the_run_beside_its_prediction_and_grows_it(no_leftov
     app.controls["pp"].value = 16  # at cp 1 the refusal names no cp (there is no cp control)
     assert "world size 16 is not a multiple of tp x pp = 32" in app.message.value
     app.controls["pp"].value = 1
+    # a what-if model sending GiB beside the run's KiB: the bars by op on a log axis, where the measured
+    # and predicted ones had shrunk to nothing
+    assert app.figure.layout.yaxis.type == "linear"
+    app.controls["model"].value = "gpt3-175b"
+    assert app.figure.layout.yaxis.type == "log" and "(log scale)" in app.figure.layout.yaxis.title.text
+    app.controls["model"].value = "tiny"  # and back: linear, with no log range left behind
+    assert app.figure.layout.yaxis.type == "linear" and app.figure.layout.yaxis.range is None
     # a start that is not a power of two (a machine of 6 GPUs: 4 x 6) is one of the slider's stops
     assert widgets.comm_explorer(run, world_size=24).controls["world_size"].value == 24
 

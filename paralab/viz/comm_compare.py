@@ -20,6 +20,7 @@ reduction move; what a real run adds around them shows as the difference between
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 from paralab.comm import ring_next
@@ -175,8 +176,19 @@ def compare_by_op(sources: dict, payload: bool = False, title: str | None = None
         ))
     kind = _unit_label(payload)
     fig.update_layout(barmode="group", meta={"bytes": data, "unit": unit})
-    fig.update_yaxes(title_text=f"{kind} {unit} per rank and step")
+    # a what-if run of a large model sends GiB where the measured one sent KiB: on a linear axis the
+    # measured and predicted bars had shrunk to nothing beside it
+    moved = [v / scale for per in data.values() for v in per.values() if v > 0]
+    log = bool(moved) and max(moved) / min(moved) > LOG_SPREAD
+    fig.update_yaxes(title_text=f"{kind} {unit} per rank and step" + (" (log scale)" if log else ""),
+                     type="log" if log else "linear")
+    if log:  # from a decade under the smallest bar, so that it stands a decade tall, not a sliver
+        fig.update_yaxes(range=[math.log10(min(moved)) - 1, math.log10(max(moved)) + 0.2],
+                         tickformat="~g")  # 0.0001, not plotly's "100µ" of a GiB
     return style(fig, title or f"communication by op: measured beside predicted ({kind} bytes)", 380)
+
+
+LOG_SPREAD = 100  # the largest bar over the smallest above which the by-op bars are drawn on a log axis
 
 
 def compare_matrix(sources: dict, payload: bool = False, title: str | None = None):
