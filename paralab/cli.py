@@ -246,7 +246,7 @@ def format_summary(s: dict) -> str:
         "losses: " + " ".join(f"{x:.4f}" for x in s["losses"]),
         f"step time ({'median after the first' if s['steps'] > 1 else 'its one step, warm-up included'}): "
         f"{s['step_time_s'] * 1e3:.1f} ms   tokens/s: "
-        f"{s['tokens_per_s']:.0f}",
+        f"{s['tokens_per_s']:,.0f}",
     ]
     lines += _span_lines(s)
     lines.append("peak memory per rank (MiB): "

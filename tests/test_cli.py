@@ -611,9 +611,10 @@ def test_a_run_without_spans_says_what_it_did_not_measure(capsys, no_leftover_ra
     assert "pipeline bubble (measured idle fraction): 25.0%" in lines
     # a few bytes read as bytes (fp16's 8-byte overflow check had read "0.000 MiB"); sequence
     # parallel is said on the layout line with the other levers
-    few = {**summary, "comm_bytes": {"all_reduce": 8}, "sequence_parallel": True}
+    few = {**summary, "comm_bytes": {"all_reduce": 8}, "sequence_parallel": True, "tokens_per_s": 8451.2}
     lines = cli.format_summary(few).splitlines()
     assert "all_reduce: 8 B on the wire per step (all ranks)" in lines
+    assert lines[3].endswith("tokens/s: 8,451"), lines[3]  # as the report writes it (it had read "8451")
     assert lines[1].endswith(", sequence parallel"), lines[1]
 
 

@@ -223,8 +223,9 @@ def test_the_bubble_figure_writes_no_label_where_a_line_runs():
     assert lines.keys() == {"mean 57.4%", "1f1b theory 20.0%"}
     assert lines["mean 57.4%"][1] == pytest.approx((0.574, 0.574))
     assert lines["1f1b theory 20.0%"][1] == (0.2, 0.2)
-    # each line spans the plot's width
+    # each line spans the plot's width; the tallest bar stands a tenth under the top (it had sat on it)
     assert all(x == fig.layout.xaxis.range == (-0.5, 1.5) for x, _ in lines.values())
+    assert fig.layout.yaxis.range == pytest.approx((0, 1.1 * 0.608))
 
 
 def test_bubble_vs_microbatches_curves():

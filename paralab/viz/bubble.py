@@ -61,7 +61,10 @@ def bubble(trace, schedule: tuple[str, int, int, int] | None = None, title: str 
     for name, y, line in lines:
         fig.add_trace(graph.Scatter(x=edges, y=[y, y], mode="lines", name=name, line=line,
                                     hovertemplate=f"{name}<extra></extra>"))
-    fig.update_yaxes(title_text="idle fraction of step", tickformat=".0%", rangemode="tozero")
+    # a tenth above the tallest bar or line: autoranged, the tallest bar and the mean on it had sat on
+    # the plot's top edge
+    top = 1.1 * max([*idle.values(), *(y for _, y, _ in lines)]) or 1.0
+    fig.update_yaxes(title_text="idle fraction of step", tickformat=".0%", range=[0, top])
     fig.update_xaxes(title_text="rank", range=edges, tickvals=at, showgrid=False,
                      ticktext=[f"r{r}: {idle[r]:.0%}" for r in ranks])
     fig.update_layout(meta={"idle": {str(r): idle[r] for r in ranks}, "theoretical": theory})
