@@ -266,6 +266,14 @@ def test_report_renders_in_chromium(report):
                                     "g.heatmaplayer image").count()
                 assert drawn > 0, f"figure {i} drew nothing"
             assert not errors, errors
+            # in a narrow window the page does not run past its edge: the per-rank table scrolls
+            # sideways in its own box (its last column had been cut off at 800 px)
+            narrow = browser.new_page(viewport={"width": 800, "height": 900})
+            narrow.route("**/*", gate)
+            narrow.goto(url)
+            narrow.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= "
+                                     f"{expected}", timeout=30_000)
+            assert narrow.evaluate("document.documentElement.scrollWidth") <= 800
         finally:
             browser.close()
     assert outside == []

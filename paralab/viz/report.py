@@ -142,7 +142,8 @@ def summary_table(summary: dict) -> str:
             for r, v in sorted(per_rank.items(), key=lambda kv: int(kv[0]))
         )
         head = "".join(f"<th>{html.escape(label)} ms/step</th>" for _, label in RANK_COLUMNS)
-        out += f'<table class="ranks"><tr><th>rank</th>{head}</tr>{body}</table>'
+        # scrolled sideways where the page is narrower than its columns (they had run past an 800 px edge)
+        out += f'<div class="wide"><table class="ranks"><tr><th>rank</th>{head}</tr>{body}</table></div>'
         if summary.get("bubble_fraction") is not None:  # two idle figures of one rank, told apart
             out += f'<p class="sub">{IDLE_AGAINST_BUBBLE}</p>'
     return out
@@ -218,6 +219,7 @@ h1 {{ font-size: 1.5rem; margin-bottom: .2rem; }} h2 {{ font-size: 1.15rem; marg
 table {{ border-collapse: collapse; margin: .6rem 0 1rem; font-size: .9rem; }}
 th, td {{ border: 1px solid #ddd; padding: .25rem .6rem; text-align: left; vertical-align: top; }}
 table.summary th {{ background: #f6f6f6; width: 14rem; }}
+.wide {{ overflow-x: auto; }}
 ul.notes {{ background: #fff8e1; border-left: 4px solid #f0b400; padding: .5rem 1rem .5rem 2rem; }}
 </style>
 <script type="text/javascript">{plotlyjs}</script>
