@@ -301,7 +301,8 @@ def adam_seconds(params: int = ADAM_PARAMS, tensors: int = ADAM_TENSORS, repeats
 
 def compute_figures(shapes=MODEL_SHAPES, sync=lambda: None, rounds: int = 3) -> dict:
     """The compute microbenchmarks of one process: matmul rows, copy bandwidth, host overheads,
-    block timings and Adam's step time on ADAM_PARAMS parameters (kept as "adam_1m", its first size).
+    block timings, Adam's step time on ADAM_PARAMS parameters (kept as "adam_1m", its first size) and
+    each 16-bit dtype's linear rows (``low_precision_rows``).
 
     The block fit subtracts the matmul law from block times, so the two must see the same machine:
     they alternate for ``rounds`` rounds and each figure is the median over rounds. ``sync`` (a
