@@ -86,8 +86,8 @@ def compare(variants: list[Variant], rounds: int = 3, common: dict | None = None
 
 def benchmark_parser(doc: str) -> argparse.ArgumentParser:
     """A benchmark script's parser, its --help opening with the script's docstring's first paragraph
-    (the first line alone had stopped mid-sentence)."""
-    return argparse.ArgumentParser(description=" ".join(doc.split("\n\n")[0].split()))
+    (the first line alone had stopped mid-sentence); flags spelled whole, as ``paralab``'s are."""
+    return argparse.ArgumentParser(description=" ".join(doc.split("\n\n")[0].split()), allow_abbrev=False)
 
 
 def add_benchmark_args(parser, model: str = "tiny", steps: int = 6, global_batch: int = 8,

@@ -49,7 +49,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                         "given must match)")
     add_training_args(p, d)
     p.add_argument("--bucket-mb", type=float,  # None: not given (see refuse_run_flags_without_effect)
-                   help=f"gradient bucket cap in MB (default {d.bucket_mb:g}, torch DDP's)")
+                   help=f"gradient bucket cap in MiB (default {d.bucket_mb:g}, torch DDP's)")
     p.add_argument("--hierarchical", action="store_true",
                    help="ddp: reduce-scatter in the node, all-reduce across nodes, all-gather in the node")
     p.add_argument("--zero-prefetch", action="store_true",

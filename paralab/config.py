@@ -217,7 +217,8 @@ class TrainingConfig:
             raise ConfigError(f"global batch {self.global_batch:,} is larger than the corpus "
                               f"({CORPUS_SAMPLES:,} samples)")
         check_int("seed", self.seed, low=0, high=2**63 - 1)
-        check_int("threads per rank (--threads, threads_per_rank=)", self.threads_per_rank, low=0, high=4096)
+        check_int("threads per rank (--threads; threads_per_rank from Python)", self.threads_per_rank,
+                  low=0, high=4096)
         check_positive("learning rate", self.lr)
         check_positive("timeout", self.timeout_s, low=1.0, unit=" s", high=MAX_TIMEOUT_S)
         if self.optimizer not in OPTIMIZERS:
@@ -309,7 +310,7 @@ class RunConfig(TrainingConfig):
             check_int(name, getattr(self, name), low=0)  # 0: not asked for
         for name in ("microbatches", "virtual_stages", "nodes"):
             check_int(name, getattr(self, name), low=1)
-        check_positive("bucket size", self.bucket_mb, unit=" MB")
+        check_positive("bucket size", self.bucket_mb, unit=" MiB")
         for name, choices in (("cp_mode", CP_MODES), ("cp_split", CP_SPLITS)):
             if getattr(self, name) not in ("", *choices):
                 raise ConfigError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")

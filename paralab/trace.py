@@ -748,11 +748,13 @@ _META_KINDS = {
     **dict.fromkeys(("layout", "mesh", "config"), "an object"),
     **dict.fromkeys(("peak_memory_bytes", "memory_by_kind", "memory_ranks", "step_records", "generations",
                      "warnings"), "a list"),
+    "losses": "a list of numbers",  # a diverged run's NaN among them
 }
 _KIND_CHECKS = {"an integer": lambda v: type(v) is int and abs(v) < 2**63,
                 "a world size": lambda v: type(v) is int and 0 <= v <= MAX_RANKS, "a number": finite_number,
                 "a string": lambda v: type(v) is str, "an object": lambda v: type(v) is dict,
-                "a list": lambda v: type(v) is list}
+                "a list": lambda v: type(v) is list,
+                "a list of numbers": lambda v: type(v) is list and all(type(x) in (int, float) for x in v)}
 
 
 def _checked_meta(meta, where: str) -> dict:

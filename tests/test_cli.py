@@ -54,7 +54,7 @@ def test_the_text_summary_says_what_ran_and_where_its_files_went(tmp_path, capsy
         (["--strategy", "nope"], "unknown strategy"),
         (["--model", "huge"], "unknown model preset"),
         # past any run: had started the ranks, to fail inside them or to run on for ever
-        (["--threads", str(10**20)], "threads per rank (--threads, threads_per_rank=) must be <= 4,096"),
+        (["--threads", str(10**20)], "(--threads; threads_per_rank from Python) must be <= 4,096"),
         (["--steps", str(10**23)], "steps must be <= 1,000,000,000"),
         (["--timeout", "1e300"], "timeout must be <= 1e+07 s"),
         # each step draws its samples from the corpus once: the ranks had started, then refused

@@ -79,6 +79,18 @@ def test_paralab_elastics_own_flags_are_refused_under_a_torchrun_of_ones_own(tmp
                    "leave it out")
 
 
+def test_the_worker_takes_a_flag_only_as_spelled_whole(tmp_path, monkeypatch, capsys):
+    """As paralab's own parsers: ``--max-rest 1`` had been read as --max-restarts, ``--thread 3`` as
+    --threads."""
+    from paralab.elastic.train import main
+    from paralab.runtime.agents import AGENT_PID
+
+    monkeypatch.delenv(AGENT_PID, raising=False)
+    with pytest.raises(SystemExit) as refused:
+        main([*WORKER[2:], "--checkpoint-dir", str(tmp_path), "--max-rest", "1"])
+    assert refused.value.code == 2 and "unrecognized arguments: --max-rest 1" in capsys.readouterr().err
+
+
 def test_paralab_elastics_own_agents_pass_every_flag_to_their_workers(monkeypatch):
     """Its launcher hands each worker the whole config (ElasticConfig.to_argv): none is refused there."""
     import argparse

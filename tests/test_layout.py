@@ -160,7 +160,7 @@ def test_the_resolved_shapes_of_the_lab_strategies(name, world, options, expecte
     (dict(strategy="ddp", timeout_s=float("inf")), r"timeout must be a finite number"),
     (dict(strategy="ddp", timeout_s=1e-6), r"timeout must be >= 1 s"),
     (dict(strategy="ddp", seed=2**64), r"seed must be <= 9,223,372,036,854,775,807"),
-    (dict(strategy="ddp", threads_per_rank=-4), r"\(--threads, threads_per_rank=\) must be >= 0"),
+    (dict(strategy="ddp", threads_per_rank=-4), r"\(--threads; threads_per_rank from Python\) must be >= 0"),
     (dict(strategy="ddp", fault={"rank": "a", "step": 1}), r"fault rank must be a whole number"),
     (dict(strategy="ddp", fault={"rank": 1, "step": "x"}), r"fault step must be a whole number"),
     (dict(strategy="ddp", fault={"rank": 1, "step": 1, "kind": "explode"}), r"fault kind must be one of"),

@@ -11,7 +11,6 @@ import warnings
 import pytest
 
 from paralab.config import ModelConfig
-from paralab.precision import dtype_supported
 from paralab.sim import calibration, cost, counting, hardware
 from paralab.sim.hardware import local
 from paralab.sim.presets import lab_model
@@ -126,8 +125,14 @@ def test_fitted_rates_drive_the_prediction():
 
 
 def test_local_calibration_measures_every_rate_and_is_cached(tmp_path, monkeypatch):
-    """One real calibration (no gloo), then the cache and its rule for callers who want links."""
+    """One real calibration (no gloo), then the cache and its rule for callers who want links. fp16 is
+    taken for a dtype this CPU cannot train in: it gets no peak, so a model in it is refused."""
+    from paralab import precision
+
     monkeypatch.setenv("PARALAB_CACHE", str(tmp_path))
+    supported = precision.dtype_supported
+    monkeypatch.setattr(precision, "dtype_supported", lambda dtype, device: dtype != "fp16"
+                        and supported(dtype, device))
     hw = local(matmul_size=128, gloo=False)
     # every fitted rate is the fit of what was measured, recorded with it
     assert (hw.elementwise_bw, hw.elementwise_backward_bw) == calibration.fit_elementwise_bandwidths(
@@ -137,7 +142,9 @@ def test_local_calibration_measures_every_rate_and_is_cached(tmp_path, monkeypat
     assert hw.peak_flops["fp32"] == pytest.approx(calibration.matmul_law(rows=hw.calibration["matmul_s"])[0])
     # each 16-bit dtype at its own rate, timed on a linear's matmuls (it had been fp32's: 23x fast here)
     low = hw.calibration["low_precision_matmul_s"]
-    assert set(low) == {d for d in ("bf16", "fp16") if dtype_supported(d, "cpu")}
+    assert set(low) == {d for d in ("bf16",) if supported(d, "cpu")} and "fp16" not in hw.peak_flops
+    fp16 = ModelSpec(layers=2, hidden=64, heads=4, vocab=128, seq=32, dtype="fp16")
+    assert "a fp16 model needs hardware with a fp16 peak; local lists" in " ".join(hw.problems_for(fp16))
     for dtype, rows in low.items():
         assert [tuple(r[:3]) for r in rows] == list(calibration.LOW_PRECISION_SHAPES)
         assert hw.peak_flops[dtype] == pytest.approx(calibration.rate_at_half(rows, hw.matmul_half_dim))

@@ -224,6 +224,8 @@ BAD_INPUTS = {
     "layout-a-list": ({**_good(), "meta": {"layout": [1]}}, "meta.layout: expected an object, got a list"),
     # the report lists these above its figures: a number had been a TypeError, a string one item a letter
     "warnings-a-number": ({**_good(), "meta": {"warnings": 5}}, "meta.warnings: expected a list"),
+    # a run's losses travel in its trace for the report's Loss figure
+    "losses-of-strings": ({**_good(), "meta": {"losses": ["x"]}}, "meta.losses: expected a list of numbers"),
     "memory-note-a-list": ({**_good(), "meta": {"memory_note": [1]}}, "meta.memory_note: expected a string"),
     "integer-beyond-a-float": (_with_span(start=10**400), "spans[0].start: expected a finite number"),
     "memory-ranks-short": ({**_good(), "meta": {"memory_ranks": [0], "memory_by_kind": [{"a": 1}, {"a": 2}]}},

@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     from paralab.elastic.cli import add_elastic_args, config_from_args
     from paralab.runtime.torchrun import errors_told_to_torchrun
 
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0],
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0], allow_abbrev=False,
                                      epilog=f"{', '.join(LAUNCHER_FLAGS[:-1])} and {LAUNCHER_FLAGS[-1]} "
                                             f"are {WHOSE}")
     add_elastic_args(parser)
@@ -293,8 +293,8 @@ def refuse_launcher_flags(parser: argparse.ArgumentParser, argv: list[str]) -> N
     """ConfigError for a flag of :data:`LAUNCHER_FLAGS` given to a worker under a torchrun of one's
     own, where nothing reads it, whatever its value: ``--max-restarts 1`` had passed, and torchrun
     restarted as its own flag said. What was given is read by parsing ``argv`` again with no defaults
-    (a value equal to the default is given too, and ``--flag=value`` or an abbreviation are read as
-    argparse reads them)."""
+    (a value equal to the default is given too, and ``--flag=value`` is read as argparse reads it; an
+    abbreviation is refused, as ``paralab``'s own flags refuse one)."""
     from paralab.runtime.agents import AGENT_PID
 
     if AGENT_PID in os.environ:  # paralab elastic's own agents pass every flag

@@ -1,4 +1,4 @@
-"""Microbenchmarks behind the ``local`` hardware: what a small fp32 model on CPU ranks actually pays.
+"""Microbenchmarks behind the ``local`` hardware: what a small model on CPU ranks actually pays.
 
 A small GPT on a CPU is not a GPU in miniature. Each part of its step is measured here with the
 thread count a rank will get, by as many processes at once as the run has ranks (they share the
@@ -7,6 +7,8 @@ cores, caches and memory bus):
 1. **Matmul throughput at the model's shapes.** (tokens x hidden) @ (hidden x 3 hidden) and the like,
    a few hundred wide: far from a large GEMM's rate. We time a handful of such shapes and fit the cost
    model's shape law ``rate x prod d / (d + d_half)`` (one rate, one ``d_half``) in log space.
+   bf16 and fp16 get rates of their own on that law, from a linear's three matmuls at the smaller
+   shapes: on a CPU without 16-bit units they run at a tenth to a hundredth of fp32's rate.
 2. **Host time per module call.** Every op runs synchronously after its dispatch, autograd records
    a node per op, and the lab's memory meter sees every saved tensor. We time paralab's own
    embedding, one transformer block and the head with loss, forward and backward, at a shape so small
@@ -84,8 +86,9 @@ def matmul_rows(shapes=MODEL_SHAPES) -> list[tuple[int, int, int, float]]:
     return rows
 
 
-# The model shapes a 16-bit dtype is timed at: the tiny and small presets' (lab runs' own), none over
-# 2^27 FLOPs, as a CPU without 16-bit units runs some of a linear's matmuls at about 1 GFLOP/s
+# The model shapes a 16-bit dtype is timed at: those of MODEL_SHAPES up to 2^27 FLOPs (the tiny preset's
+# two at 128 tokens, and 256 x 512 x 512), as a CPU without 16-bit units runs some of a linear's matmuls
+# at about 1 GFLOP/s: the small preset's 512-token linears would take a second each
 LOW_PRECISION_SHAPES = tuple(s for s in MODEL_SHAPES if 2 * s[0] * s[1] * s[2] <= 2**27)
 
 

@@ -25,12 +25,11 @@ H100 or H200 (NVIDIA's A100 and H100 whitepapers). DeepSeek-V3's report dedicate
 SMs to its communication kernels, the same order.
 
 ``local`` is calibrated by microbenchmarks (:mod:`paralab.sim.calibration`) so the same cost model
-predicts the CPU runs of this lab: matmul throughput at the lab models' shapes, copy bandwidth, host
-time per module call, the rate of a block's non-GEMM kernels and of Adam, gloo's all-reduce,
-all-gather, reduce-scatter and send/recv curves between two local processes, and how long a
-synchronisation after compute waits (the ranks' jitter). The result is
-cached as JSON in ``$PARALAB_CACHE`` (default ``~/.cache/paralab``); torch is imported only when
-calibrating.
+predicts the CPU runs of this lab: matmul throughput at the lab models' shapes (bf16's and fp16's
+apart), copy bandwidth, host time per module call, the rate of a block's non-GEMM kernels and of
+Adam, gloo's all-reduce, all-gather, reduce-scatter and send/recv curves between two local processes,
+and how long a synchronisation after compute waits (the ranks' jitter). The result is cached as JSON
+in ``$PARALAB_CACHE`` (default ``~/.cache/paralab``); torch is imported only when calibrating.
 """
 
 from __future__ import annotations

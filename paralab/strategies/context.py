@@ -61,7 +61,7 @@ def check(cfg: RunConfig, layout) -> None:
         fits = [pieces * k for k in range(max(m.seq_len // pieces - 2, 1), m.seq_len // pieces + 3)]
         # the command line sets no sequence length: the degrees that fit this model come first
         raise ConfigError(f"cp {n} ({layout.cp_mode}, {layout.cp_split}) needs the sequence length divisible "
-                          f"by {pieces}, got {m.seq_len}: {why}; cp degrees (2 to 16) that fit its "
+                          f"by {pieces}, got {m.seq_len}: {why}; cp degrees ({OFFERED}) that fit its "
                           f"{m.seq_len} tokens{'' if ring else ' and heads'}: {_fitting(m, layout)} (or, "
                           "from Python, a model "
                           f"of a sequence length that fits: {', '.join(map(str, fits))})")
@@ -73,7 +73,7 @@ def check(cfg: RunConfig, layout) -> None:
     if not ring and heads % n:
         per = f" per tensor-parallel rank (heads {m.heads} / tp {layout.tp})" if layout.tp > 1 else ""
         raise ConfigError(f"all-to-all (Ulysses) gives each of the cp {n} ranks an equal share of the "
-                          f"heads: {heads} heads{per} do not divide by {n}; cp degrees (2 to 16) that fit "
+                          f"heads: {heads} heads{per} do not divide by {n}; cp degrees ({OFFERED}) that fit "
                           f"its heads and tokens: {_fitting(m, layout)}, or cp_mode 'ring'")
 
 
@@ -82,13 +82,17 @@ def _chunks_per_rank(layout) -> int:
     return 2 if layout.cp_mode == "ring" or layout.cp_split == "zigzag" else 1
 
 
+OFFERED_DEGREES = range(2, 17)  # the cp degrees a refusal looks through for ones that fit
+OFFERED = f"{OFFERED_DEGREES[0]} to {OFFERED_DEGREES[-1]}"
+
+
 def _fitting(model, layout) -> str:
-    """The cp degrees (2 to 16) this model's sequence splits into, whose slices sequence parallel
-    splits over tp where it is on, and, for the all-to-all, whose ranks take equal shares of its heads:
-    the degree that one refusal offered, the next check no longer refuses."""
+    """The cp degrees (of :data:`OFFERED_DEGREES`) this model's sequence splits into, whose slices
+    sequence parallel splits over tp where it is on, and, for the all-to-all, whose ranks take equal
+    shares of its heads: the degree that one refusal offered, the next check no longer refuses."""
     ring, per_rank, tp = layout.cp_mode == "ring", _chunks_per_rank(layout), layout.tp
     heads = model.heads // tp
-    fits = [c for c in range(2, 17) if model.seq_len % (per_rank * c) == 0 and (ring or heads % c == 0)
+    fits = [c for c in OFFERED_DEGREES if model.seq_len % (per_rank * c) == 0 and (ring or heads % c == 0)
             and not (layout.sequence_parallel and (model.seq_len // c) % tp)]
     return ", ".join(map(str, fits)) or "none"
 

@@ -159,6 +159,9 @@ def _ranks(trace: Trace) -> int:
     return max(trace.world_size, 1)
 
 
+LOG_SPREAD = 100  # the largest bar over the smallest above which the by-op bars are drawn on a log axis
+
+
 def compare_by_op(sources: dict, payload: bool = False, title: str | None = None):
     """Grouped bars, one group per op and one bar per source ({label: Trace or RunResult})."""
     graph = go()
@@ -187,8 +190,6 @@ def compare_by_op(sources: dict, payload: bool = False, title: str | None = None
                          tickformat="~g")  # 0.0001, not plotly's "100µ" of a GiB
     return style(fig, title or f"communication by op: measured beside predicted ({kind} bytes)", 380)
 
-
-LOG_SPREAD = 100  # the largest bar over the smallest above which the by-op bars are drawn on a log axis
 
 
 def compare_matrix(sources: dict, payload: bool = False, title: str | None = None):

@@ -315,7 +315,7 @@ def report_main(args) -> int:
     return 0
 
 
-DEGREES = ("dp", "tp", "pp", "cp")  # what a prediction must share with the run it is stacked under
+DEGREES = ("dp", "tp", "pp", "cp", "ep")  # what a prediction must share with the run under it
 
 
 def not_its_prediction(measured: Trace, predicted: Trace) -> str:
