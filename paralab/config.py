@@ -127,6 +127,7 @@ CP_SPLITS = ("zigzag", "contiguous")  # how the sequence is cut over context-par
 OPTIMIZERS = ("adam", "sgd")
 DTYPES = ("fp32", "bf16", "fp16")
 LOSS_SCALED_DTYPES = ("fp16",)  # whose loss precision.LossScaler scales
+CUSTOM_MODEL = "custom"  # the model name of a run given its model's fields, not a preset's name
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION_KERNELS = ("sdpa", "math")
 
@@ -185,11 +186,11 @@ class TrainingConfig:
             model_cfg, name = MODEL_PRESETS[model], model
         elif isinstance(model, dict):
             try:
-                model_cfg, name = ModelConfig(**model), "custom"
+                model_cfg, name = ModelConfig(**model), CUSTOM_MODEL
             except TypeError as exc:
                 raise ConfigError(f"model: {exc}") from None
         else:
-            model_cfg, name = model, "custom"
+            model_cfg, name = model, CUSTOM_MODEL
         unknown = set(kwargs) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ConfigError(f"unknown run option(s): {sorted(unknown)}")

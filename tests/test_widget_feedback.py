@@ -350,6 +350,7 @@ def test_the_levers_explorer_says_why_a_measured_peak_holds_gradients_the_predic
     from types import SimpleNamespace
 
     from paralab.runtime import launch
+    from paralab.widgets import levers
 
     held = {"params": 4e5, "grads": 0.0, "optimizer": 2e6, "activations": 6e5}
     monkeypatch.setattr(launch, "launch", lambda cfg: SimpleNamespace(summary={"memory_by_kind": [held]}))
@@ -367,8 +368,11 @@ def test_the_levers_explorer_says_why_a_measured_peak_holds_gradients_the_predic
         app.measure()
         said[policy] = html.unescape(app.message.value)
     assert "(the head's) beside the saved activations" in said["none"]
-    assert "selective" not in said["full"]
     assert "after its attention core) beside the recomputed attention core" in said["selective"]
+    # under full recomputation this run's predicted peak holds gradients, so the explorer says nothing:
+    # the rule itself, asked
+    full = levers.inside_backward({"grads": 3e5}, {"grads": 0.0}, "full")
+    assert "selective" not in full and "(the head's) beside the recomputed activations" in full
 
 
 def test_the_levers_explorer_will_not_measure_what_would_take_minutes_here_and_runs_one_at_a_time(

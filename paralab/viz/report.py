@@ -31,13 +31,13 @@ def _summary_of(obj) -> tuple[Trace, dict, list[float] | None]:
     """(trace, summary dict, losses or None) from a RunResult or a Trace; without a pipeline, no
     bubble row (its 0 says only that there is no pipeline), whichever the report was given."""
     if isinstance(obj, Trace):
-        meta = obj.meta
-        trace, summary, losses = obj, obj.summary(), meta.get("losses") or None
-        # a run's trace records its layout and config: the rows a --report of the run shows
+        trace, summary, meta = obj, obj.summary(), obj.meta
+        # a run's trace records its layout, config and losses: the rows a --report of the run shows
         described = {**_picked(meta.get("config"), CONFIG_KEYS), **_picked(meta.get("layout"), LAYOUT_KEYS),
                      **_picked(meta, TRACE_KEYS)}
         summary.update({key: value for key, value in described.items() if value not in (None, "")})
         summary.setdefault("world_size", len(obj.ranks))
+        losses = summary.get("losses") or None
     else:
         trace = getattr(obj, "trace", None)
         if not isinstance(trace, Trace):

@@ -397,6 +397,7 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
     Attributes: ``controls``, ``figure`` (the run's view, or None), ``calculator`` (FigureWidget),
     ``message``, ``sources()`` (label -> Trace drawn), ``redraw()``.
     """
+    from paralab.config import CUSTOM_MODEL
     from paralab.sim import hardware as hw_mod
     from paralab.viz import comm as viz_comm
     from paralab.viz import comm_compare
@@ -442,8 +443,7 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
         out[f"predicted, {predictor.world_size} ranks"] = predictor.same_run
         if grown:
             bigger = predictor.grown(c["model"], c["world_size"], c["tp"], c["pp"], c["gpus_per_node"])
-            # a run of a shape of its own is "custom" (RunConfig): said as the run's model
-            model = "the run's model" if c["model"] == "custom" else c["model"]
+            model = "the run's model" if c["model"] == CUSTOM_MODEL else c["model"]  # a shape of its own
             label = (f"what if, {c['world_size']} ranks ({_mesh_text(bigger.meta)}, {model} in "
                      f"{predictor.model.dtype}, {c['gpus_per_node']}/node)")
             out[label] = bigger
