@@ -15,6 +15,7 @@ import re
 import sys
 
 from paralab.config import (
+    ATTENTION_AS_SIMULATED,
     ATTENTION_KERNELS,
     DEVICES,
     DTYPES,
@@ -179,6 +180,14 @@ def key_values(text: str) -> dict:
     return out
 
 
+def attention_named(to_this_command: dict[str, str]):
+    """The type of an ``--attention`` flag: the command's own name for a kernel, or the other
+    commands' name for it turned into this one's (``to_this_command``), so ``simulate --attention
+    sdpa`` and ``run --attention fused`` mean what they say. Anything else is left for ``choices``
+    to refuse."""
+    return lambda text: to_this_command.get(text, text)
+
+
 class NeedsTheKeysOfItsMetavar(argparse.Action):
     """A flag of ``key=value`` pairs (type :func:`key_values`) whose metavar names the keys it needs
     (``rank=R,step=K``): one left out is refused in the flag's own terms, ``--fail needs
@@ -223,7 +232,9 @@ def add_training_args(p: argparse.ArgumentParser, defaults: TrainingConfig) -> N
     p.add_argument("--recompute", default=defaults.recompute, choices=RECOMPUTE,
                    help="activation recomputation: selective (attention cores) or full (every block)")
     p.add_argument("--attention", default=defaults.model.attention, choices=ATTENTION_KERNELS,
-                   help="sdpa: torch's fused attention; math: the s x s scores written out")
+                   type=attention_named({sim: lab for lab, sim in ATTENTION_AS_SIMULATED.items()}),
+                   help="sdpa (simulate's fused): torch's fused attention; math (simulate's standard): "
+                        "the s x s scores written out")
     p.add_argument("--oversubscribe", action="store_true",
                    help="start more local ranks than the cores and memory hold (refused otherwise)")
     p.add_argument("--fail", type=key_values, action=NeedsTheKeysOfItsMetavar, metavar="rank=R,step=K",

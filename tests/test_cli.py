@@ -205,6 +205,27 @@ def test_those_flags_still_apply_where_they_have_an_effect(argv, field, value):
     assert getattr(cfg, field) == value
 
 
+@pytest.mark.parametrize("command, typed, kernel", [
+    ("run", "sdpa", "sdpa"), ("run", "fused", "sdpa"), ("run", "standard", "math"),
+    ("elastic", "fused", "sdpa"),
+    ("simulate", "fused", "fused"), ("simulate", "sdpa", "fused"), ("plan", "math", "standard"),
+])
+def test_an_attention_kernel_is_taken_by_either_name_in_every_command(command, typed, kernel):
+    """run names the kernels as torch does (sdpa, math), the simulator as the literature does (fused,
+    standard): a flag copied from one command to the other means the same kernel there."""
+    required = ["--gpus", "8"] if command == "plan" else []
+    assert cli.build_parser().parse_args([command, *required, "--attention", typed]).attention == kernel
+
+
+@pytest.mark.parametrize("command", ["run", "simulate"])
+def test_an_attention_kernel_of_neither_name_is_refused_with_the_commands_own(capsys, command):
+    with pytest.raises(SystemExit) as exit_:
+        cli.build_parser().parse_args([command, "--attention", "flash"])
+    assert exit_.value.code == 2
+    own = "'sdpa', 'math'" if command == "run" else "'standard', 'fused'"
+    assert f"invalid choice: 'flash' (choose from {own})" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("strategy, world, options, applies", [
     ("ddp", 2, {}, True), ("ddp", 1, {}, False), ("zero2", 1, {}, True), ("torch_ddp", 1, {}, True),
     ("hybrid", 4, dict(tp=2, pp=2), False), ("hybrid", 4, dict(tp=2), True), ("tp", 2, {}, False),

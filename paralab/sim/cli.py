@@ -17,7 +17,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from paralab.cli_args import below_one, int_list, json_text, said_as_flags
+from paralab.cli_args import attention_named, below_one, int_list, json_text, said_as_flags
+from paralab.config import ATTENTION_AS_SIMULATED
 from paralab.sim import cost, planner
 from paralab.sim.hardware import NAMES as HARDWARE_NAMES
 from paralab.sim.hardware import get_hardware
@@ -63,8 +64,8 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
                        help=helps.get(name, "overrides the preset's value"))
     g.add_argument("--dtype", choices=sorted(DTYPE_BYTES),
                    help="training dtype (default: the preset's; bf16 for a shape given without --model)")
-    g.add_argument("--attention", choices=ATTENTION,
-                   help="standard keeps the s x s scores; fused (flash) does not")
+    g.add_argument("--attention", choices=ATTENTION, type=attention_named(ATTENTION_AS_SIMULATED),
+                   help="standard (run's math) keeps the s x s scores; fused (flash; run's sdpa) does not")
     g.add_argument("--attention-kernel", choices=ATTENTION_KERNELS,
                    help="what runs a fused attention: native (as fast as the GEMMs; default) or flash2 "
                         "(FlashAttention-2 at its measured speed: ~30%% of an H100's peak)")

@@ -34,11 +34,8 @@ heads from the heads (equal, or the preset's query-group size under grouped-quer
 
 from __future__ import annotations
 
-from paralab.config import MODEL_PRESETS, ModelConfig
+from paralab.config import ATTENTION_AS_SIMULATED, MODEL_PRESETS, ModelConfig
 from paralab.sim.specs import ModelSpec, SpecError
-
-# the lab's attention kernels, as the simulator names them
-LAB_ATTENTION = {"sdpa": "fused", "math": "standard"}
 
 
 def lab_model(m: ModelConfig, name: str = "") -> ModelSpec:
@@ -46,7 +43,7 @@ def lab_model(m: ModelConfig, name: str = "") -> ModelSpec:
     positions, biases, LayerNorm, GELU MLP, fp32, its attention kernel (torch's fused
     scaled_dot_product_attention keeps no scores, the written-out ``math`` core does) and its
     experts if it has some (the counted parameters equal ``m.param_count()``)."""
-    return ModelSpec(attention=LAB_ATTENTION[m.attention],
+    return ModelSpec(attention=ATTENTION_AS_SIMULATED[m.attention],
         layers=m.layers, hidden=m.hidden, heads=m.heads, ffn=m.ffn, vocab=m.vocab, seq=m.seq_len,
         biases=True, norm_params=2, learned_positions=True, tied_embeddings=False, output_bias=True,
         dropout=m.dropout > 0, dtype="fp32", name=name, experts=m.experts, top_k=m.top_k if m.experts else 1,
