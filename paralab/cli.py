@@ -230,6 +230,8 @@ def _write_outputs(result, args) -> None:
         if args.trace_dir and under_torchrun():  # each rank's file there; a local run's trace is named
             print(f"trace folder: {args.trace_dir} (`paralab merge {args.trace_dir} -o merged.json --chrome` "
                   "for Perfetto, `paralab report` reads it as it is)")
+        elif args.trace_dir and args.trace:  # the summary names --trace's copy, written last
+            print(f"the same trace: {Path(args.trace_dir) / 'merged.json'}")
 
 
 def format_summary(s: dict) -> str:

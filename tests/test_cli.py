@@ -606,6 +606,12 @@ def test_a_run_says_where_its_trace_folder_went_and_what_reads_it(capsys, tmp_pa
                      "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["trace"] == str(folder / "merged.json")
     assert cli.main(["report", str(folder), "-o", str(tmp_path / "r.html")]) == 0
+    # given --trace too, both files are written and both named: the summary's trace is --trace's
+    named = tmp_path / "named.json"
+    assert cli.main(["run", "--strategy", "single", "--steps", "1", "--trace-dir", str(folder),
+                     "--trace", str(named)]) == 0
+    out = capsys.readouterr().out
+    assert f"trace: {named} (open" in out and f"the same trace: {folder / 'merged.json'}" in out
 
 
 @pytest.mark.timeout(120)
