@@ -398,6 +398,8 @@ def test_comm_link_split_draws_several_runs_on_one_axis(ddp_run):
                for t in fig.data)
     assert fig.layout.meta["bytes"]["across"] == {"all_reduce": {"intra_node": 0, "inter_node": 2 << 20}}
     assert set(fig.layout.meta["bytes"]) == {"flat", "across"}
+    # a run inside one node: the legend says no bar crosses nodes, not a colour for bars that are not there
+    assert [t.name for t in viz.comm_link_split(ddp_run).data] == ["across nodes (none)", "inside a node"]
 
 
 def test_scaling_speedup_and_ideal():

@@ -47,6 +47,12 @@ from paralab.viz._common import (
 )
 
 LINKS = (("intra_node", "inside a node", "#4C78A8"), ("inter_node", "across nodes", "#D62728"))
+
+
+def link_legend(name: str, values) -> str:
+    """A link's legend entry, "(none)" added where none of its bars has a byte: a one-node run's
+    legend had offered "across nodes" beside bars that hold none of it."""
+    return name if any(values) else f"{name} (none)"
 # how the rank matrix credits a collective's bytes, said on every matrix (see the module docstring)
 MATRIX_RULE = ("row sends, column receives: a ring collective to each rank's ring successor "
                "(as the inside/across-nodes split counts),<br>an all-to-all evenly over its group, "
@@ -217,7 +223,8 @@ def comm_by_dimension(trace, payload: bool = False, title: str | None = None):
     for link, label, color in LINKS:
         values = [by_link[d][link] for d in dims]
         fig.add_trace(graph.Bar(
-            x=dims, y=[v / scale for v in values], name=label, marker_color=color, legendgroup="link",
+            x=dims, y=[v / scale for v in values], name=link_legend(label, values), marker_color=color,
+            legendgroup="link",
             legendgrouptitle_text="link", customdata=[[fmt_bytes(v), v] for v in values],
             text=[fmt_bytes(v) if v else "" for v in values], textposition="inside",
             hovertemplate=f"%{{x}} {label}: %{{customdata[0]}} per step "
@@ -387,7 +394,8 @@ def comm_link_split(runs, payload: bool = False, title: str | None = None):
         values = [links[link] for _, _, links in bars]
         fig.add_trace(graph.Bar(
             x=[[label for label, _, _ in bars], ops] if several else ops, y=[v / scale for v in values],
-            name=name, marker_color=color, text=[fmt_bytes(v) if v else "" for v in values],
+            name=link_legend(name, values), marker_color=color,
+            text=[fmt_bytes(v) if v else "" for v in values],
             textposition="inside",
             customdata=[[f"{label}: {op}" if label else op, fmt_bytes(v), v] for (label, op, _), v in
                         zip(bars, values)],

@@ -32,6 +32,7 @@ from paralab.viz.comm import (
     _unit_label,
     comm_matrix_per_step,
     draw_node_boxes,
+    link_legend,
     rank_numbering,
     say_matrix_rule,
 )
@@ -248,7 +249,7 @@ def compare_links(sources: dict, payload: bool = False, title: str | None = None
     for link, name, color in LINKS:
         values = [per[link] for per in data.values()]
         fig.add_trace(graph.Bar(
-            x=names, y=[v / scale for v in values], name=name, marker_color=color,
+            x=names, y=[v / scale for v in values], name=link_legend(name, values), marker_color=color,
             customdata=[[label, fmt_bytes(v)] for label, v in zip(data, values)],
             hovertemplate=f"%{{customdata[0]}}<br>{name}: %{{customdata[1]}} per rank and step"
                           "<extra></extra>",
