@@ -765,6 +765,12 @@ def test_published_scaling_draws_the_share_each_count_keeps_published_and_predic
     assert titles[2].startswith("fixed<br>global batch fixed: 512 sequences<br>")
     assert "<br>global batch growing: 64 to 512 sequences<br>" in titles[3]
     assert fig.layout.meta["series"][3]["global_batch"] == [64, 512]
+    # four panels on three columns: the two empty cells draw no axes, and each column's lowest panel
+    # carries the x-axis title (a title and ticks had hung under two empty cells, like broken plots)
+    axes = {name: fig.layout[name] for name in ("xaxis4", "xaxis5", "xaxis6", "yaxis5", "yaxis6")}
+    assert [a.visible for a in axes.values()] == [None, False, False, False, False]
+    assert [fig.layout[f"xaxis{i}"].title.text for i in range(1, 7)] == [
+        None, "GPUs (log scale)", "GPUs (log scale)", "GPUs (log scale)", None, None]
 
 
 def test_the_hiding_figure_marks_each_threshold_where_its_curve_reaches_one():

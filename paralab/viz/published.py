@@ -132,7 +132,11 @@ def published_scaling(series, title: str | None = None):
         meta["series"].append({"name": s.name, "gpus": s.gpus, "published": s.kept(predicted=False),
                                "predicted": s.kept(predicted=True), "miss": bool(s.miss),
                                "global_batch": batches(s)})
-    fig.update_xaxes(title_text="GPUs (log scale)", row=rows)
+    for i in range(len(series), rows * cols):  # a last row's empty cells: no axes to read as a plot
+        fig.update_xaxes(visible=False, row=rows, col=i % cols + 1)
+        fig.update_yaxes(visible=False, row=rows, col=i % cols + 1)
+    for col in range(1, min(cols, len(series)) + 1):  # the axis title under each column's lowest panel
+        fig.update_xaxes(title_text="GPUs (log scale)", row=(len(series) - col) // cols + 1, col=col)
     fig.update_yaxes(range=[100 * lowest - 2, 101.5], ticksuffix="%")
     for row in range(1, rows + 1):
         fig.update_yaxes(title_text="per-GPU throughput kept", row=row, col=1)
