@@ -758,6 +758,12 @@ def test_comm_explorer_puts_the_run_beside_its_prediction_and_grows_it(no_leftov
     assert app.figure.layout.yaxis.type == "log" and "(log scale)" in app.figure.layout.yaxis.title.text
     app.controls["model"].value = "tiny"  # and back: linear, with no log range left behind
     assert app.figure.layout.yaxis.type == "linear" and app.figure.layout.yaxis.range is None
+    # the links view too, its bars side by side there (stacked heights mislead on a log axis)
+    app.controls["view"].value = "intra vs inter"
+    app.controls["model"].value = "gpt3-175b"
+    assert (app.figure.layout.yaxis.type, app.figure.layout.barmode) == ("log", "group")
+    app.controls["model"].value = "tiny"
+    assert (app.figure.layout.yaxis.type, app.figure.layout.barmode) == ("linear", "stack")
     # a start that is not a power of two (a machine of 6 GPUs: 4 x 6) is one of the slider's stops
     assert widgets.comm_explorer(run, world_size=24).controls["world_size"].value == 24
 

@@ -180,16 +180,23 @@ def compare_by_op(sources: dict, payload: bool = False, title: str | None = None
         ))
     kind = _unit_label(payload)
     fig.update_layout(barmode="group", meta={"bytes": data, "unit": unit})
-    # a what-if run of a large model sends GiB where the measured one sent KiB: on a linear axis the
-    # measured and predicted bars had shrunk to nothing beside it
     moved = [v / scale for per in data.values() for v in per.values() if v > 0]
-    log = bool(moved) and max(moved) / min(moved) > LOG_SPREAD
-    fig.update_yaxes(title_text=f"{kind} {unit} per rank and step" + (" (log scale)" if log else ""),
-                     type="log" if log else "linear")
-    if log:  # from a decade under the smallest bar, so that it stands a decade tall, not a sliver
-        fig.update_yaxes(range=[math.log10(min(moved)) - 1, math.log10(max(moved)) + 0.2],
-                         tickformat="~g")  # 0.0001, not plotly's "100µ" of a GiB
+    _y_axis_for_spread(fig, moved, f"{kind} {unit} per rank and step")
     return style(fig, title or f"communication by op: measured beside predicted ({kind} bytes)", 380)
+
+
+def _y_axis_for_spread(fig, bars: list[float], title: str) -> bool:
+    """A log y axis where the largest of ``bars`` (heights above zero) is over LOG_SPREAD times the
+    smallest, and says so in its ``title``: a what-if run of a large model sends GiB where the measured
+    one sent KiB, and on a linear axis the measured and predicted bars had shrunk to nothing beside it.
+    It starts a decade under the smallest bar, so that one stands a decade tall, not a sliver. Returns
+    whether the axis is logarithmic."""
+    log = bool(bars) and max(bars) / min(bars) > LOG_SPREAD
+    fig.update_yaxes(title_text=title + (" (log scale)" if log else ""), type="log" if log else "linear")
+    if log:
+        fig.update_yaxes(range=[math.log10(min(bars)) - 1, math.log10(max(bars)) + 0.2],
+                         tickformat="~g")  # 0.0001, not plotly's "100µ" of a GiB
+    return log
 
 
 
@@ -238,8 +245,9 @@ def compare_matrix(sources: dict, payload: bool = False, title: str | None = Non
 
 
 def compare_links(sources: dict, payload: bool = False, title: str | None = None):
-    """Per source, the bytes each rank sends per step inside its node and across nodes (stacked), each
-    bar under its source's short name (:func:`short_names`): a grown run's whole label, as a category,
+    """Per source, the bytes each rank sends per step inside its node and across nodes (stacked, or
+    side by side where the bars spread over a log axis: :func:`_y_axis_for_spread`), each bar under its
+    source's short name (:func:`short_names`): a grown run's whole label, as a category,
     had turned to slant and squeezed the plot to a strip."""
     graph = go()
     data = {label: links_per_rank_step(t, payload) for label, t in sources.items()}
@@ -255,7 +263,10 @@ def compare_links(sources: dict, payload: bool = False, title: str | None = None
                           "<extra></extra>",
         ))
     fig.update_layout(barmode="stack", meta={"bytes": data, "unit": unit})
-    fig.update_yaxes(title_text=f"{_unit_label(payload)} {unit} per rank and step")
+    # stacked heights mislead on a log axis: there each link gets its own bar beside the other
+    if _y_axis_for_spread(fig, [v / scale for per in data.values() for v in per.values() if v > 0],
+                          f"{_unit_label(payload)} {unit} per rank and step"):
+        fig.update_layout(barmode="group")
     fig = style(fig, title or "inside a node against across nodes: measured beside predicted", 360)
     note_details(fig, sources)
     return fig
