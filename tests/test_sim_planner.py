@@ -328,3 +328,9 @@ def test_the_winner_is_the_leanest_of_the_layouts_as_fast_as_the_fastest():
                                 tokens_per_s=ranked[1].tokens_per_s)
     assert planner.leanest_first([ranked[1], zero3, ranked[0]], 10)[0] is ranked[0]
     assert planner.leanest_first([zero3, ranked[1]], 1)[0] is zero3
+
+
+def test_a_layout_says_a_large_dp_degree_with_separators():
+    """Plan's header says "16,384 a100 GPUs" and its rows had said "dp 1024": one way of writing a count."""
+    spec = planner.ParallelSpec(tp=8, pp=2, dp=1024, micro_batch=1, microbatches=2)
+    assert planner.describe(spec).startswith("tp 8 x pp 2 x dp 1,024, 1f1b, 2 microbatches of 1")

@@ -315,7 +315,7 @@ def _rank(pred: cost.Prediction) -> tuple[float, float]:
 def describe(p: ParallelSpec) -> str:
     """One line naming every choice of a configuration."""
     sched = f"{p.schedule} v={p.virtual_stages}" if p.virtual_stages > 1 else p.schedule
-    parts = [f"tp {p.tp} x pp {p.pp} x dp {p.dp}" + (f" (ep {p.ep})" if p.ep > 1 else "")
+    parts = [f"tp {p.tp} x pp {p.pp} x dp {p.dp:,}" + (f" (ep {p.ep})" if p.ep > 1 else "")
              + (f", expert imbalance {p.expert_imbalance:g}" if p.expert_imbalance != 1 else "")
              + (f" x cp {p.cp} {p.cp_mode}" if p.cp > 1 else "")]
     if p.pp > 1:
