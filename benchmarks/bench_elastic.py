@@ -51,11 +51,12 @@ def balancing(args) -> None:
 def main() -> None:
     parser = benchmark_parser(__doc__)
     add_benchmark_args(parser, model="tiny", steps=10, global_batch=48, rounds=1)
-    parser.add_argument("--nodes", type=int, default=4)
-    parser.add_argument("--micro-batch", type=int, default=8)
-    parser.add_argument("--checkpoint-every", type=int, default=2)
-    parser.add_argument("--fail-step", type=int, default=5)
-    parser.add_argument("--factors", type=float, nargs="+", default=[1.5, 2.0, 3.0])
+    parser.add_argument("--nodes", type=int, default=4, help="local nodes of the recovery run")
+    parser.add_argument("--micro-batch", type=int, default=8, help="samples a rank computes at once")
+    parser.add_argument("--checkpoint-every", type=int, default=2, help="steps between checkpoints")
+    parser.add_argument("--fail-step", type=int, default=5, help="the step rank 1's node is SIGKILLed at")
+    parser.add_argument("--factors", type=float, nargs="+", default=[1.5, 2.0, 3.0],
+                        help="how many times slower rank 1 runs, one balancing comparison each")
     parser.add_argument("--skip", choices=("recovery", "balancing"), help="leave one part out")
     args = parser.parse_args()
     if args.skip != "recovery":

@@ -126,7 +126,7 @@ def nodes_raising_rank(tmp: Path) -> float:
 
 def main() -> None:
     parser = benchmark_parser(__doc__)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each case (the median is printed)")
     args = parser.parse_args()
     cases = [("a rank raises: report -> RunError", raising_rank),
              ("a rank is SIGKILLed: kill -> RunError", killed_rank),

@@ -17,8 +17,8 @@ from paralab.layout import mesh_layout
 def main() -> None:
     parser = benchmark_parser(__doc__)
     add_benchmark_args(parser, model="small", steps=6, global_batch=8, rounds=3)
-    parser.add_argument("--dp", type=int, default=2)
-    parser.add_argument("--tp", type=int, default=2)
+    parser.add_argument("--dp", type=int, default=2, help="data-parallel degree")
+    parser.add_argument("--tp", type=int, default=2, help="tensor-parallel degree")
     args = parser.parse_args()
     world = args.dp * args.tp
     common = dict(world_size=world, dp=args.dp, tp=args.tp, steps=args.steps, model=args.model,

@@ -43,8 +43,8 @@ def memory_table(result, common: dict) -> str:
 def main() -> None:
     parser = benchmark_parser(__doc__)
     add_benchmark_args(parser, model="small", steps=6, global_batch=16, rounds=3)
-    parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--strategy", default="ddp")
+    parser.add_argument("--world-size", type=int, default=2, help="ranks of every run")
+    parser.add_argument("--strategy", default="ddp", help="the strategy every lever is tried on")
     args = parser.parse_args()
     common = dict(strategy=args.strategy, world_size=args.world_size, steps=args.steps, model=args.model,
                   global_batch=args.global_batch)

@@ -78,8 +78,8 @@ def schedules(args) -> list[str]:
 def main() -> None:
     parser = benchmark_parser(__doc__)
     add_benchmark_args(parser, model="small-moe", steps=5, global_batch=8, rounds=3)
-    parser.add_argument("--pp", type=int, default=2)
-    parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument("--pp", type=int, default=2, help="pipeline ranks of the schedule comparison")
+    parser.add_argument("--microbatches", type=int, default=8, help="microbatches of the schedule comparison")
     args = parser.parse_args()
     print(f"model {args.model}, global batch {args.global_batch}, "
           f"{args.steps} steps per run (first dropped), {args.rounds} interleaved rounds\n")

@@ -48,7 +48,7 @@ def bubbles(args) -> list[str]:
 def main() -> None:
     parser = benchmark_parser(__doc__)
     add_benchmark_args(parser, model="small", steps=6, global_batch=16, rounds=2)
-    parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument("--microbatches", type=int, default=8, help="microbatches a step, every schedule")
     args = parser.parse_args()
     print(f"model {args.model}, global batch {args.global_batch}, {args.steps} steps per run "
           f"(first dropped), {args.rounds} alternating runs each\n")

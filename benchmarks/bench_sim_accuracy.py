@@ -45,9 +45,9 @@ def main() -> None:
 
     parser = benchmark_parser(__doc__)
     add_benchmark_args(parser, model="small", steps=10, global_batch=8, rounds=2)
-    parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--microbatches", type=int, default=4)
-    parser.add_argument("--no-recalibrate", action="store_true")
+    parser.add_argument("--world-size", type=int, default=2, help="ranks of every run")
+    parser.add_argument("--microbatches", type=int, default=4, help="microbatches of the pipeline runs")
+    parser.add_argument("--no-recalibrate", action="store_true", help="use the cached local calibration")
     parser.add_argument("--calibrate-each-round", action="store_true",
                         help="calibrate before every round and hold each round's runs against its own "
                              "calibration (a shared machine's load drifts between rounds)")

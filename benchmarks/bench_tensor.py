@@ -25,7 +25,7 @@ def comm_table(result, labels: list[str]) -> str:
 def main() -> None:
     parser = benchmark_parser(__doc__)
     add_benchmark_args(parser, model="small", steps=6, global_batch=8, rounds=3)
-    parser.add_argument("--tp", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--tp", type=int, nargs="+", default=[2, 4], help="tensor-parallel degrees to run")
     args = parser.parse_args()
     for tp in args.tp:
         common = dict(world_size=tp, tp=tp, steps=args.steps, model=args.model,

@@ -57,7 +57,8 @@ def timed(args: list[str]) -> tuple[float, float]:
 
 def main() -> None:
     parser = benchmark_parser(__doc__)
-    parser.add_argument("--spans", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument("--spans", type=int, nargs="+", default=[100_000, 1_000_000],
+                        help="spans in all of each synthetic trace folder")
     parser.add_argument("--report", action="store_true", help="time `paralab report` on the merged trace too")
     args = parser.parse_args()
     rows = ["| spans | steps | trace files (MB) | merge (s) | merge peak RSS (MiB) | report (s) "
@@ -71,9 +72,9 @@ def main() -> None:
             merge_s, merge_rss = timed(["merge", str(traces), "-o", str(merged)])
             report = timed(["report", str(merged), "-o", str(Path(tmp) / "r.html")]) if args.report else None
             report_cells = f"{report[0]:.1f} | {report[1]:.0f}" if report else "— | —"
-            rows.append(f"| {spans:,} | {steps:,} | {size:.0f} | {merge_s:.1f} | {merge_rss:.0f} "
+            rows.append(f"| {spans:,} | {steps:,} | {size:.3g} | {merge_s:.1f} | {merge_rss:.0f} "
                         f"| {report_cells} |")
-            print(rows[-1], flush=True)
+            print(f"done: {rows[-1]}", file=sys.stderr, flush=True)  # progress; the table follows, whole
     print("\n".join(rows))
 
 

@@ -48,7 +48,7 @@ def memory(model: str, sizes: list[int], steps: int, batch: int, bucket_mb: floa
 def main() -> None:
     parser = benchmark_parser(__doc__)
     add_benchmark_args(parser, model="tiny", steps=6, global_batch=16, rounds=3)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4], help="world sizes to run")
     parser.add_argument("--bucket-mb", type=float, default=0.25,
                         help="ddp and zero2 bucket cap; small, so zero2 holds a bucket's full gradients, "
                              "not the model's")

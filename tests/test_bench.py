@@ -79,3 +79,17 @@ def test_bench_offers_the_oversubscription_its_refusal_names(monkeypatch, capsys
     assert cli.main(["bench", "--variants", "ddp", "--world-size", "512", "--global-batch", "512",
                      "--oversubscribe"]) == 0
     assert seen[0]["oversubscribe"] is True
+
+
+def test_every_benchmark_flag_says_what_it_does():
+    """A reader of ``--help`` had met --world-sizes, --factors and a dozen more with no word on them."""
+    import ast
+    from pathlib import Path
+
+    silent = []
+    for script in sorted((Path(__file__).resolve().parent.parent / "benchmarks").glob("*.py")):
+        for node in ast.walk(ast.parse(script.read_text())):
+            if (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument"
+                    and not any(k.arg == "help" for k in node.keywords)):
+                silent.append(f"{script.name}: {node.args[0].value}")
+    assert not silent, silent
