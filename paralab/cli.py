@@ -180,8 +180,9 @@ def refuse_flags_the_launch_sets(args, cfg: RunConfig) -> None:
 
 
 def cmd_run(args) -> int:
-    from paralab.runtime.torchrun import under_torchrun
+    from paralab.runtime.torchrun import refuse_half_a_launch, under_torchrun
 
+    refuse_half_a_launch()
     if under_torchrun():
         _run_as_a_torchrun_rank(args)
     from paralab.outputs import check_run_outputs

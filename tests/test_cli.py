@@ -469,10 +469,12 @@ def test_torchrun_writes_per_rank_traces_that_merge(tmp_path):
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["world_size"] == 2 and len(summary["losses"]) == 3
     assert sorted(p.name for p in trace_dir.iterdir()) == ["rank00000.json", "rank00001.json"]
-    merged = tmp_path / "merged.json"
-    assert cli.main(["merge", str(trace_dir), "-o", str(merged)]) == 0
     from paralab.trace import Trace
 
+    (one, two) = (Trace.load(p).meta["run_id"] for p in sorted(trace_dir.iterdir()))
+    assert one == two and len(one) == 32  # the id rank 0 drew, in every rank's file
+    merged = tmp_path / "merged.json"
+    assert cli.main(["merge", str(trace_dir), "-o", str(merged)]) == 0
     trace = Trace.load(merged)
     assert trace.ranks == [0, 1] and trace.select(kind="all_reduce")
     # every rank's file describes the run: the merged trace's throughput and strategy are the run's
@@ -582,6 +584,33 @@ def test_flags_that_disagree_with_a_torchrun_environment_exit_2(monkeypatch, cap
     assert cli.main(["run", "--strategy", "ddp", *argv]) == 2
     err = capsys.readouterr().err
     assert said in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("env, said", [
+    (dict(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1"),
+     "RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR are set but MASTER_PORT is not: a rank of a launch"),
+    (dict(RANK="0"), "RANK is set but WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT are not"),
+])
+def test_half_a_torchrun_environment_exits_2_before_any_process(nothing_starts, monkeypatch, capsys, env,
+                                                                 said):
+    """A wrapper that forgot MASTER_PORT had had every "rank" train alone, as a local run, and exit 0."""
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert cli.main(["run", "--strategy", "ddp", "--world-size", "2"]) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1, err
+
+
+def test_the_store_address_alone_is_no_launch(monkeypatch):
+    """MASTER_ADDR and MASTER_PORT left in a shell: a local run, as before."""
+    from paralab.runtime import torchrun
+
+    for key in torchrun.ENV_KEYS:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "1")
+    torchrun.refuse_half_a_launch()  # no error
+    assert not torchrun.under_torchrun()
 
 
 def test_the_trace_dir_help_says_what_a_local_run_writes(capsys):

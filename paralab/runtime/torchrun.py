@@ -37,6 +37,21 @@ def under_torchrun() -> bool:
     return all(k in os.environ for k in ENV_KEYS)
 
 
+def refuse_half_a_launch() -> None:
+    """ConfigError where a launcher's rank variables (RANK, WORLD_SIZE, LOCAL_RANK) are set but not all
+    of ENV_KEYS: a wrapper that forgot MASTER_PORT had had every "rank" train alone as a local run and
+    exit 0. The store's address alone (MASTER_ADDR, MASTER_PORT) is no launch: a local run it stays."""
+    if not any(k in os.environ for k in ENV_KEYS[:3]):
+        return
+    missing = [k for k in ENV_KEYS if k not in os.environ]
+    if missing:
+        given = [k for k in ENV_KEYS if k in os.environ]
+        raise ConfigError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} set but "
+                          f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not: a rank of a "
+                          f"launch (torchrun's) needs all of {', '.join(ENV_KEYS)}; unset them for a local "
+                          "run")
+
+
 def launched_nodes(world_size: int, local_world: int) -> int:
     """The nodes torchrun started the ranks on, as a config's ``nodes`` names them (what the simulator
     prices a run's collectives over and the figures group ranks by): its GROUP_WORLD_SIZE agents of
