@@ -540,6 +540,23 @@ def test_a_folder_of_two_runs_of_one_world_size_exits_2_naming_a_difference(tmp_
     assert len(Trace.load(tmp_path).ranks) == 2
 
 
+@pytest.mark.parametrize("command", ["merge", "report"])
+def test_a_folder_of_two_launches_of_the_same_settings_exits_2(tmp_path, capsys, command):
+    """A rerun into the same --trace-dir, after a node that failed before writing, had merged its
+    files with the stale ones of the run before: their settings agree, their run ids do not."""
+    settings = RunConfig(strategy="ddp", world_size=2).to_dict()
+    for rank, run_id in ((0, "fresh"), (1, "stale")):
+        step = Span(rank, STEP, "step", 0.0, 1.0, step=0)
+        meta = {"world_size": 2, "config": settings, "run_id": run_id}
+        Trace(spans=[step], meta=meta).save(tmp_path / f"rank{rank}.json")
+    assert cli.main([command, str(tmp_path), "-o", str(tmp_path / "out")]) == 2
+    assert ("rank0.json and rank1.json are traces of two launches (their run ids differ: a rerun's files "
+            "beside an earlier run's?); merge each run's files alone") in capsys.readouterr().err
+    rerun = {"world_size": 2, "config": settings, "run_id": "fresh"}
+    Trace(spans=[Span(1, STEP, "step", 0.0, 1.0, step=0)], meta=rerun).save(tmp_path / "rank1.json")
+    assert Trace.load(tmp_path).ranks == [0, 1]  # one launch's files
+
+
 def test_a_rank_beyond_the_world_size_of_a_folder_is_refused(tmp_path):
     _rank_files(tmp_path, 2, range(2))
     Trace(spans=[Span(5, STEP, "step", 0.0, 1.0, step=0)]).save(tmp_path / "stray.json")

@@ -20,6 +20,7 @@ import signal
 import socket
 import sys
 import traceback
+import uuid
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -213,14 +214,24 @@ def run_rank(cfg: RunConfig, layout: Layout, rank: int, world_size: int, local_r
         ctx.recorder.on_step = heartbeat
         with profile_rank(ctx):
             result = get_strategy(cfg.strategy).train(ctx)
-        trace = ctx.recorder.trace(
-            meta={"ranks": {rank: {"node": ctx.node, "device": str(ctx.device), "host": os.uname().nodename}}}
-        ).to_dict()
+        meta = {"ranks": {rank: {"node": ctx.node, "device": str(ctx.device), "host": os.uname().nodename}}}
+        if gather:  # each rank writes its own file: one id in all of them tells this run's from another's
+            meta["run_id"] = _agreed_run_id(rank)
+        trace = ctx.recorder.trace(meta=meta).to_dict()
         if not gather:
             return result, trace
         everyone = [None] * world_size if rank == 0 else None
         dist.gather_object((result, trace), everyone, dst=0)
         return result, trace, everyone
+
+
+def _agreed_run_id(rank: int) -> str:
+    """An id rank 0 draws for this run and every rank receives: a rerun of the same flags into the same
+    --trace-dir, after a node that failed before writing, had left its stale files to merge in silence
+    with the fresh ones (their settings agree)."""
+    drawn = [uuid.uuid4().hex if rank == 0 else None]
+    dist.broadcast_object_list(drawn, src=0)
+    return drawn[0]
 
 
 class GroupNotFormed(RuntimeError):
