@@ -248,10 +248,10 @@ def test_the_pipeline_explorer_says_dualpipevs_fewest_microbatches_in_its_slider
 def test_the_timeline_caption_reads_a_bar_of_the_shape_drawn():
     """Its example had stayed the first shape's, "F7 s3" under 2 stages of 2 microbatches."""
     app = widgets.pipeline_explorer(schedule="1f1b", stages=4, microbatches=8)
-    assert "F7 s3: microbatch 7's forward on stage 3" in app.figure.layout.xaxis.title.text
+    assert "B7 s3 is microbatch 7's backward on stage 3" in app.figure.layout.xaxis.title.text
     app.controls["stages"].value = 2
     app.controls["microbatches"].value = 2
-    assert "F1 s1: microbatch 1's forward on stage 1" in app.figure.layout.xaxis.title.text
+    assert "B1 s1 is microbatch 1's backward on stage 1" in app.figure.layout.xaxis.title.text
 
 
 def test_the_timeline_caption_fits_a_notebook_cell():

@@ -60,6 +60,8 @@ LABELS = "labels"  # the trace that writes the microbatch bars' labels, over eve
 # (a split backward's Bi and W had been left out of a key that said only "backwards hatched")
 _HATCHES = {"backward": ("/", "╱ backward"), "backward_input": ("\\", "╲ input-gradient backward (Bi)"),
             "backward_weight": ("x", "╳ weight-gradient backward (W)")}
+PASS_WORDS = {"forward": "forward", "backward": "backward", "backward_input": "input-gradient backward",
+              "backward_weight": "weight-gradient backward"}  # what a bar's pass label stands for
 HOVER = "%{hovertext}<extra></extra>"
 LEGEND_NAMES = {WAITING: WAITING_LABEL, BLOCKED: BLOCKED_LABEL}
 MEDIAN_NOTE = " ({:.1f} ms, the step nearest the {:.1f} ms median)"
@@ -471,7 +473,7 @@ def median_step(trace: Trace) -> int:
 def microbatch_key(spans: list[Span]) -> str:
     """The time axis's title where bars are coloured by microbatch (:data:`MICROBATCH_KEY`), with how to
     read a bar's label told on one of ``spans``, the bars drawn (a key about microbatch 3 on stage 1 had
-    stood under runs of two microbatches on one stage): its last forward's. Where a backward is split
+    stood under runs of two microbatches on one stage): :func:`_label_example`. Where a backward is split
     (Bi and W), a line says what each of the three hatches means."""
     passes = {s.kind for s in spans if s.microbatch is not None}
     hatching = (f"<br>hatched: {', '.join(said for k, (_, said) in _HATCHES.items() if k in passes)}"
@@ -480,12 +482,16 @@ def microbatch_key(spans: list[Span]) -> str:
 
 
 def _label_example(spans: list[Span]) -> str:
-    forward = max((s for s in spans if s.kind == "forward" and s.microbatch is not None),
-                  key=lambda s: (s.microbatch, s.stage or 0), default=None)
-    if forward is None:
+    """A bar's label read out, on the widest pass bar drawn (the latest of equals): plotly hides a label
+    its bar cannot hold, and the key had read out a forward's label under bars where only the
+    backwards, twice as wide, showed theirs, so that it read as a stray line."""
+    bars = [s for s in spans if s.lane == COMPUTE and s.microbatch is not None and s.kind in PASS_WORDS]
+    if not bars:
         return ""
-    stage = f" on stage {forward.stage}" if forward.stage is not None else ""
-    return f"{_bar_text(forward)}: microbatch {forward.microbatch}'s forward{stage}"
+    widest = max(bars, key=lambda s: (round(s.end - s.start, 9), s.microbatch, s.stage or 0))
+    stage = f" on stage {widest.stage}" if widest.stage is not None else ""
+    said = f"microbatch {widest.microbatch}'s {PASS_WORDS[widest.kind]}{stage}"
+    return f"a bar's label: {_bar_text(widest)} is {said}"
 
 
 def _legend_once(bars: list[dict], pbars: list[dict]) -> None:
