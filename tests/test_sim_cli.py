@@ -412,6 +412,9 @@ def test_a_shape_of_zero_is_refused_not_derived(capsys, flag):
     turned Llama's SwiGLU width into 4h and its grouped-query attention into multi-head."""
     rc, out, err = run(["simulate", "--model", "llama3-8b", flag, "0"], capsys)
     assert rc == 2 and not out and f"{flag} must be positive" in err
+    # and a negative one in its own words: --hidden -8 had been refused with the ffn derived from it
+    rc, out, err = run(["simulate", "--model", "llama3-8b", flag, "-8"], capsys)
+    assert rc == 2 and not out and err.strip() == f"paralab: {flag} must be positive, got -8", err
 
 
 def test_fp8_needs_fp8_hardware(capsys):

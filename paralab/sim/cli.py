@@ -160,9 +160,11 @@ def _model(args) -> ModelSpec:
     """The preset with what the flags override (re-deriving what follows, see presets.override), or
     a shape built from the flags alone."""
     given = {k: getattr(args, k) for k in SHAPE if getattr(args, k) is not None}
-    zero = [k.replace("_", "-") for k in SHAPE if given.get(k) == 0]  # ModelSpec reads 0 as "derive it"
-    if zero:
-        raise SpecError(f"--{', --'.join(zero)} must be positive")
+    # ModelSpec reads 0 as "derive it", and a negative hidden had been refused with the ffn derived from it
+    below = [f"--{k.replace('_', '-')} must be positive, got {given[k]}" for k in SHAPE
+             if given.get(k, 1) < 1]
+    if below:
+        raise SpecError("; ".join(below))
     flags = ("dtype", "attention", "attention_kernel", "parallel_blocks", "fp8", "kernels")
     given.update({k: getattr(args, k) for k in flags if getattr(args, k) is not None})
     if args.model:
