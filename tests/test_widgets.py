@@ -768,6 +768,16 @@ def test_comm_explorer_puts_the_run_beside_its_prediction_and_grows_it(no_leftov
     assert widgets.comm_explorer(run, world_size=24).controls["world_size"].value == 24
 
 
+def test_the_comm_explorers_what_if_splits_layers_a_depth_does_not_divide():
+    """126 layers on 4 stages had been refused with "give stage_layers", for which this explorer has no
+    control; it splits them as the scaling and memory explorers do."""
+    app = widgets.comm_explorer(ddp_stand_in(4), hardware="h100", world_size=16, gpus_per_node=8)
+    app.controls["pp"].value = 4
+    app.controls["model"].value = "llama3-405b"
+    assert app.message.value == ""
+    assert list(app.sources())[2].startswith("what if, 16 ranks (4 dp x 1 tp x 4 pp, llama3-405b")
+
+
 def test_speedup_explorer_draws_runs_prediction_and_ideals(monkeypatch, no_leftover_ranks):
     """Measured step by step and against world size; the prediction follows the controls. (The
     measuring machine is priced as an A100 here, so the test never calibrates this one.)"""

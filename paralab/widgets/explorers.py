@@ -566,6 +566,7 @@ class _RunPredictor:
 
     def grown(self, model_name: str, world_size: int, tp: int, pp: int, gpus_per_node: int):
         from paralab.sim.specs import SpecError
+        from paralab.stage_split import uneven_split
         from paralab.viz.comm_compare import predicted_comm_trace
 
         p = self.parallel.resolved()
@@ -573,13 +574,19 @@ class _RunPredictor:
             names = "tp x pp x cp (the run's)" if p.cp > 1 else "tp x pp"
             raise SpecError(f"world size {world_size} is not a multiple of {names} = {tp * pp * p.cp}")
         dp = world_size // (tp * pp * p.cp)
+        model = self.model_spec(model_name)
+        chunks = pp * p.virtual_stages
+        # the run's split where it still fits, else one made for this depth, as the scaling and memory
+        # explorers make theirs: the refusal had asked for a stage_layers this explorer has no control for
+        kept = (p.stage_layers is not None and len(p.stage_layers) == chunks
+                and sum(p.stage_layers) == model.layers)
         spec = p.replace(dp=dp, tp=tp, pp=pp, global_batch=0, ep=p.ep if dp % p.ep == 0 else 1,
                          sequence_parallel=p.sequence_parallel and tp > 1,
+                         stage_layers=p.stage_layers if kept else uneven_split(model.layers, chunks),
                          microbatches=(p.microbatches if pp == p.pp
                                        else max(p.microbatches, 2 * pp) if pp > 1 else 1))
         if p.hierarchical_dp:  # over the dp ranks a node holds now (tp and cp are inner)
             spec = spec.hierarchy_over(gpus_per_node // (tp * p.cp))
-        model = self.model_spec(model_name)
         problems = spec.problems(model)
         if problems:
             raise SpecError("; ".join(problems))
