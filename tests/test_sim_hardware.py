@@ -169,7 +169,11 @@ def test_a_hardware_file_may_give_every_field_in_si_units(tmp_path):
         # 5e9 µs had priced a 70,000 s step
         ({"base": "h100", "nvlink_latency_us": 5e9}, "hardware intra_latency 5000 (SI units) is outside any "
          "part's (0 to 10 s): a unit slip?"),
-        ({"base": "h100", "memory_gib": -1}, "memory_bytes must be > 0"),
+        # the key the file gave, beside the field it sets: "inter_bw" had been a name the file never used
+        ({"base": "h100", "memory_gib": -1},
+         "memory_bytes must be > 0, got -1073741824 (the file's memory_gib, in SI units here)"),
+        ({"base": "h100", "nic_gb_s": 0},
+         "inter_bw must be > 0, got 0.0 (the file's nic_gb_s, in SI units here)"),
         ({"base": "h100", "oversubscription": 0.5}, "oversubscription must be >= 1"),
         ({**dataclasses.asdict(PRESETS["a100"]), "peak_tflops": {"fp32": 10}},
          "peak_flops is given twice (peak_flops and peak_tflops)"),

@@ -199,7 +199,8 @@ def load_hardware_file(path: str | Path) -> HardwareSpec:
     except (TypeError, ValueError) as err:  # a string where a number belongs, and the like
         raise SpecError(f"hardware file {str(path)!r}: {err}") from None
     if problems:
-        raise SpecError(f"hardware file {str(path)!r}: " + "; ".join(problems))
+        said = [_as_the_file_says(problem, data) for problem in problems]
+        raise SpecError(f"hardware file {str(path)!r}: " + "; ".join(said))
     if data.get("base") is None:
         _say_modelling_defaults(path, [name for name in MODELLING_FIELDS if name not in data])
     return spec
@@ -230,13 +231,27 @@ def _say_modelling_defaults(path: Path, omitted: list[str]) -> None:
                   stacklevel=3)
 
 
+def _field_of(key: str) -> str:
+    """The HardwareSpec field a file's key sets: a unit-named key's, a NIC's line rate's, or its own."""
+    return FILE_UNITS[key][0] if key in FILE_UNITS else "inter_bw" if key == "nic_gbit_s" else key
+
+
+def _as_the_file_says(problem: str, data: dict) -> str:
+    """A spec's problem with the key the file gave its field under, where that was a unit-named one:
+    ``nic_gb_s: 0`` had been refused as "hardware inter_bw must be > 0", a name the file never used."""
+    for key in data:
+        field_name = _field_of(key)
+        if field_name != key and problem.startswith(f"hardware {field_name} "):
+            return f"{problem} (the file's {key}, in SI units here)"
+    return problem
+
+
 def _given_twice(data: dict) -> list[str]:
     """A field the file sets under two keys (its SI name and a unit-named key, or a NIC's line rate
     beside a per-GPU bandwidth): one would silently win."""
     keys_of: dict[str, list[str]] = {}
     for key in data:
-        field_name = FILE_UNITS[key][0] if key in FILE_UNITS else "inter_bw" if key == "nic_gbit_s" else key
-        keys_of.setdefault(field_name, []).append(key)
+        keys_of.setdefault(_field_of(key), []).append(key)
     return [f"{name} is given twice ({' and '.join(keys)}): give one"
             for name, keys in keys_of.items() if len(keys) > 1]
 
