@@ -160,3 +160,19 @@ def test_log_axes_label_every_power_of_ten_one_way():
         assert len(texts) == len(axis.tickvals) >= 2
         as_powers = [any(c in t for c in "⁻⁰¹²³⁴⁵⁶⁷⁸⁹") for t in texts]
         assert all(as_powers) or not any(as_powers), texts  # never plotly's "1", "10", "10²"
+
+
+def test_the_bus_bandwidth_axis_reads_rates_in_a_tables_units():
+    """Its ticks had run 10⁻⁶ to 10¹ "GB/s" beside a table of 5.68 kB/s and 93 MB/s: now 1 kB/s to
+    10 GB/s, and the hover says a point's rate the same way."""
+    from paralab.viz.collectives import alpha_beta, rate_label
+
+    assert [rate_label(r) for r in (5680.0, 9.3e7, 1.3e9, 4.5e12, 12.0)] == [
+        "5.68 kB/s", "93 MB/s", "1.3 GB/s", "4.5 TB/s", "12 B/s"]
+    curve = [(8, 5e-4), *((2.0**k, 5e-4 + 2.0**k / 1e9) for k in range(12, 26))]
+    fig = alpha_beta({"calibration": (2, curve)}, {"fitted": (2, 2.5e-4, 1.3e9)})
+    axis = fig.layout.yaxis2
+    assert axis.title.text == "bytes a second"
+    assert list(axis.ticktext) == [rate_label(t) for t in axis.tickvals] and "10 kB/s" in axis.ticktext
+    measured = next(t for t in fig.data if t.yaxis == "y2" and t.mode == "markers")
+    assert measured.customdata[0][1] == rate_label(measured.y[0])

@@ -63,11 +63,12 @@ def alpha_beta(measured: dict, fits: dict, op: str = "all_reduce", title: str | 
                                     legendgroup=label, marker=dict(color=color, size=8), customdata=sized,
                                     hovertemplate=f"{label}: "
                                                   f"%{{customdata}} in %{{y:.3f}} ms<extra></extra>"), 1, 1)
-        fig.add_trace(graph.Scatter(x=xs, y=[bus_bandwidth(op, p, group, t) / 1e9 for p, t in points],
-                                    mode="markers", name=label, legendgroup=label, showlegend=False,
-                                    marker=dict(color=color, size=8), customdata=sized,
-                                    hovertemplate=f"{label}: %{{customdata}}, "
-                                                  f"%{{y:.3f}} GB/s<extra></extra>"), 1, 2)
+        rates = [bus_bandwidth(op, p, group, t) for p, t in points]
+        fig.add_trace(graph.Scatter(x=xs, y=rates, mode="markers", name=label, legendgroup=label,
+                                    showlegend=False, marker=dict(color=color, size=8),
+                                    customdata=list(zip(sized, map(rate_label, rates))),
+                                    hovertemplate=f"{label}: %{{customdata[0]}}, "
+                                                  "%{customdata[1]}<extra></extra>"), 1, 2)
         meta["measured"][label] = points
     largest = max((p for _, points in measured.values() for p, _ in points), default=SIZES[-1])
     # the model drawn where it was measured, and a little beyond
@@ -80,12 +81,12 @@ def alpha_beta(measured: dict, fits: dict, op: str = "all_reduce", title: str | 
                                     legendgroup=label, line=dict(color=color, dash="dash"), customdata=sized,
                                     hovertemplate=f"{label}: "
                                                   f"%{{customdata}} in %{{y:.4g}} ms<extra></extra>"), 1, 1)
-        fig.add_trace(graph.Scatter(x=sizes,
-                                    y=[bus_bandwidth(op, s, group, t) / 1e9 for s, t in zip(sizes, ts)],
-                                    mode="lines", name=label, legendgroup=label, showlegend=False,
-                                    line=dict(color=color, dash="dash"), customdata=sized,
-                                    hovertemplate=f"{label}: %{{customdata}}, "
-                                                  f"%{{y:.3f}} GB/s<extra></extra>"), 1, 2)
+        rates = [bus_bandwidth(op, s, group, t) for s, t in zip(sizes, ts)]
+        fig.add_trace(graph.Scatter(x=sizes, y=rates, mode="lines", name=label, legendgroup=label,
+                                    showlegend=False, line=dict(color=color, dash="dash"),
+                                    customdata=list(zip(sized, map(rate_label, rates))),
+                                    hovertemplate=f"{label}: %{{customdata[0]}}, "
+                                                  "%{customdata[1]}<extra></extra>"), 1, 2)
         at = knee(group, alpha, bandwidth)
         meta["fits"][label] = {"group": group, "alpha_s": alpha, "bandwidth": bandwidth, "knee_bytes": at}
         if knees:
@@ -97,12 +98,14 @@ def alpha_beta(measured: dict, fits: dict, op: str = "all_reduce", title: str | 
     drawn = [p for _, points in measured.values() for p, _ in points] + sizes
     ticks = size_ticks(min(drawn), max(drawn))
     # binary sizes on the size axis (plotly's SI "1k" would be 1,000 bytes), powers of ten on the others
-    # (its SI "100µ" on a GB/s axis reads as a unit); flat, few enough to stay so
+    # (its SI "100µ" on a rate axis reads as a unit); flat, few enough to stay so
     fig.update_xaxes(type="log", title_text="tensor size S", tickvals=ticks,
                      ticktext=list(map(size_label, ticks)), tickangle=0)
-    for col, (axis, unit) in enumerate((("y", "ms"), ("y2", "GB/s")), start=1):
+    for col, (axis, unit) in enumerate((("y", "ms"), ("y2", "bytes a second")), start=1):
         values = [y for trace in fig.data if (trace.yaxis or "y") == axis for y in trace.y]
         tickvals, ticktext = power_ticks(values)
+        if axis == "y2":  # rates in the units a table of them uses: 10⁻⁶ GB/s had meant 1 kB/s
+            ticktext = list(map(rate_label, tickvals))
         fig.update_yaxes(type="log", title_text=unit, tickvals=tickvals, ticktext=ticktext, row=1, col=col)
     fig.update_layout(meta=meta)
     entries = len(measured) + len(fits)
@@ -112,6 +115,17 @@ def alpha_beta(measured: dict, fits: dict, op: str = "all_reduce", title: str | 
         fig.update_layout(legend=dict(orientation="v", tracegroupgap=0),
                           margin=dict(t=fig.layout.margin.t + extra))
     return fig
+
+
+# rate units, largest first: a rate is said in the first that keeps its number 1 or more (decimal, as
+# nccl-tests and link datasheets state rates)
+RATE_UNITS = ((1e12, "TB/s"), (1e9, "GB/s"), (1e6, "MB/s"), (1e3, "kB/s"), (1.0, "B/s"))
+
+
+def rate_label(bytes_per_s: float) -> str:
+    """A rate to three significant figures in the largest unit that keeps its number 1 or more."""
+    scale, unit = next(((s, u) for s, u in RATE_UNITS if bytes_per_s >= s), RATE_UNITS[-1])
+    return f"{bytes_per_s / scale:.3g} {unit}"
 
 
 SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
