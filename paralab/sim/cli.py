@@ -478,7 +478,7 @@ def _report(out: dict) -> str:
         *([f"  parameters {out['params'] / 1e9:.1f}B, {out['active_params'] / 1e9:.1f}B active per token"]
           if out["active_params"] != out["params"] else []),
         "  memory per GPU: " + ", ".join(f"{k} {planner.bytes_text(v)}" for k, v in mem.items()),
-        "  wire bytes per GPU per step: "
+        "  wire bytes per step of the GPU that sends the most: "
         + (", ".join(f"{k} {fmt_bytes(v)}" for k, v in out["comm_bytes_per_gpu"].items()) or "none"),
     ]  # fmt: skip
     if not out["fits"]:
