@@ -72,7 +72,8 @@ def main() -> None:
             merge_s, merge_rss = timed(["merge", str(traces), "-o", str(merged)])
             report = timed(["report", str(merged), "-o", str(Path(tmp) / "r.html")]) if args.report else None
             report_cells = f"{report[0]:.1f} | {report[1]:.0f}" if report else "— | —"
-            rows.append(f"| {spans:,} | {steps:,} | {size:.3g} | {merge_s:.1f} | {merge_rss:.0f} "
+            megabytes = f"{size:,.0f}" if size >= 100 else f"{size:.3g}"  # never 1.5e+03
+            rows.append(f"| {spans:,} | {steps:,} | {megabytes} | {merge_s:.1f} | {merge_rss:.0f} "
                         f"| {report_cells} |")
             print(f"done: {rows[-1]}", file=sys.stderr, flush=True)  # progress; the table follows, whole
     print("\n".join(rows))

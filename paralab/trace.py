@@ -790,17 +790,18 @@ def _check_one_run(folder: Path, files: list[Path], traces: list[Trace]) -> None
     if other := next((file for file, size in sizes.items() if size != world), None):
         raise TraceFormatError(f"{folder}: {first.name} is a trace of a run of world size {world}, "
                                f"{other.name} of one of {sizes[other]}: merge each run's files alone")
+    settings = [(file.name, trace.meta["config"]) for file, trace in zip(files, traces, strict=True)
+                if isinstance(trace.meta.get("config"), dict)]
+    if differ := first_difference(settings):
+        raise TraceFormatError(f"{folder}: {differ[0]} is a trace of another run than {settings[0][0]}: "
+                               f"it has {differ[1]}; merge each run's files alone")
+    # where the settings agree, only the launch's id tells two runs apart
     ids = [(file, trace.meta["run_id"]) for file, trace in zip(files, traces, strict=True)
            if "run_id" in trace.meta]
     if other := next((file for file, run in ids if run != ids[0][1]), None):
         raise TraceFormatError(f"{folder}: {ids[0][0].name} and {other.name} are traces of two launches "
                                "(their run ids differ: a rerun's files beside an earlier run's?); merge each "
                                "run's files alone")
-    settings = [(file.name, trace.meta["config"]) for file, trace in zip(files, traces, strict=True)
-                if isinstance(trace.meta.get("config"), dict)]
-    if differ := first_difference(settings):
-        raise TraceFormatError(f"{folder}: {differ[0]} is a trace of another run than {settings[0][0]}: "
-                               f"it has {differ[1]}; merge each run's files alone")
     holder: dict[int, Path] = {}
     for file, trace in zip(files, traces, strict=True):
         if twice := sorted(set(trace.ranks) & holder.keys()):

@@ -217,13 +217,22 @@ def test_an_attention_kernel_is_taken_by_either_name_in_every_command(command, t
     assert cli.build_parser().parse_args([command, *required, "--attention", typed]).attention == kernel
 
 
+def test_the_attention_table_names_every_kernel_of_both_vocabularies_once():
+    from paralab.config import ATTENTION_AS_SIMULATED, ATTENTION_KERNELS
+    from paralab.sim.specs import ATTENTION
+
+    assert sorted(ATTENTION_AS_SIMULATED) == sorted(ATTENTION_KERNELS)
+    assert sorted(ATTENTION_AS_SIMULATED.values()) == sorted(ATTENTION)
+
+
 @pytest.mark.parametrize("command", ["run", "simulate"])
 def test_an_attention_kernel_of_neither_name_is_refused_with_the_commands_own(capsys, command):
     with pytest.raises(SystemExit) as exit_:
         cli.build_parser().parse_args([command, "--attention", "flash"])
     assert exit_.value.code == 2
-    own = "'sdpa', 'math'" if command == "run" else "'standard', 'fused'"
-    assert f"invalid choice: 'flash' (choose from {own})" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    own = ("sdpa", "math") if command == "run" else ("standard", "fused")
+    assert "invalid choice: 'flash'" in err and all(name in err for name in own), err
 
 
 @pytest.mark.parametrize("strategy, world, options, applies", [
@@ -594,6 +603,10 @@ def test_flags_that_disagree_with_a_torchrun_environment_exit_2(monkeypatch, cap
 def test_half_a_torchrun_environment_exits_2_before_any_process(nothing_starts, monkeypatch, capsys, env,
                                                                  said):
     """A wrapper that forgot MASTER_PORT had had every "rank" train alone, as a local run, and exit 0."""
+    from paralab.runtime import torchrun
+
+    for key in torchrun.ENV_KEYS:  # none left from the environment the tests run in
+        monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     assert cli.main(["run", "--strategy", "ddp", "--world-size", "2"]) == 2

@@ -530,7 +530,8 @@ def test_a_folder_of_two_runs_of_one_world_size_exits_2_naming_a_difference(tmp_
     for rank, strategy in ((0, "ddp"), (1, "pp")):
         settings = {**RunConfig(strategy=strategy).to_dict(), "threads_per_rank": rank}
         step = Span(rank, STEP, "step", 0.0, 1.0, step=0)
-        Trace(spans=[step], meta={"world_size": 2, "config": settings}).save(tmp_path / f"rank{rank}.json")
+        meta = {"world_size": 2, "config": settings, "run_id": f"launch {rank}"}  # two launches' ids too
+        Trace(spans=[step], meta=meta).save(tmp_path / f"rank{rank}.json")
     assert cli.main([command, str(tmp_path), "-o", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert ("rank1.json is a trace of another run than rank0.json: it has strategy 'pp' against rank0.json's "

@@ -241,8 +241,11 @@ def _as_the_file_says(problem: str, data: dict) -> str:
     ``nic_gb_s: 0`` had been refused as "hardware inter_bw must be > 0", a name the file never used."""
     for key in data:
         field_name = _field_of(key)
-        if field_name != key and problem.startswith(f"hardware {field_name} "):
-            return f"{problem} (the file's {key}, in SI units here)"
+        if field_name == key or key in problem or not problem.startswith(f"hardware {field_name} "):
+            continue
+        if key in NIC_KEYS:  # a line rate shared among the node's GPUs, not a unit converted
+            return f"{problem} (set from the file's {key})"
+        return f"{problem} (the file's {key}{'' if 'SI units' in problem else ', in SI units here'})"
     return problem
 
 

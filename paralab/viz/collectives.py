@@ -123,9 +123,11 @@ RATE_UNITS = ((1e12, "TB/s"), (1e9, "GB/s"), (1e6, "MB/s"), (1e3, "kB/s"), (1.0,
 
 
 def rate_label(bytes_per_s: float) -> str:
-    """A rate to three significant figures in the largest unit that keeps its number 1 or more."""
-    scale, unit = next(((s, u) for s, u in RATE_UNITS if bytes_per_s >= s), RATE_UNITS[-1])
-    return f"{bytes_per_s / scale:.3g} {unit}"
+    """A rate to three significant figures in the largest unit that keeps its number 1 or more, the unit
+    chosen after rounding (999.6 MB/s is 1 GB/s, not "1e+03 MB/s")."""
+    rounded = float(f"{bytes_per_s:.3g}")
+    scale, unit = next(((s, u) for s, u in RATE_UNITS if rounded >= s), RATE_UNITS[-1])
+    return f"{rounded / scale:.3g} {unit}"
 
 
 SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")

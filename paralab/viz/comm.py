@@ -53,6 +53,8 @@ def link_legend(name: str, values) -> str:
     """A link's legend entry, "(none)" added where none of its bars has a byte: a one-node run's
     legend had offered "across nodes" beside bars that hold none of it."""
     return name if any(values) else f"{name} (none)"
+
+
 # how the rank matrix credits a collective's bytes, said on every matrix (see the module docstring)
 MATRIX_RULE = ("row sends, column receives: a ring collective to each rank's ring successor "
                "(as the inside/across-nodes split counts),<br>an all-to-all evenly over its group, "

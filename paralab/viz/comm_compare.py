@@ -160,7 +160,7 @@ def _ranks(trace: Trace) -> int:
     return max(trace.world_size, 1)
 
 
-LOG_SPREAD = 100  # the largest bar over the smallest above which the by-op bars are drawn on a log axis
+LOG_SPREAD = 100  # the largest bar over the smallest above which bars go on a log axis (_y_axis_for_spread)
 
 
 def compare_by_op(sources: dict, payload: bool = False, title: str | None = None):

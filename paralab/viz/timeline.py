@@ -56,12 +56,13 @@ SUBROWS_PER_ROW = 4  # calls in flight one row holds before filler rows are adde
 SUBROW_GAP = 0.15  # of a sub-row, left empty between calls in flight together
 FILLER = " …"  # a filler row's label: its comm row's, then this and a number; drawn without a tick label
 LABELS = "labels"  # the trace that writes the microbatch bars' labels, over every bar and whitening
-# each backward pass's hatch: plotly's shape, and the key's words for it in glyphs drawn as the hatch is
-# (a split backward's Bi and W had been left out of a key that said only "backwards hatched")
-_HATCHES = {"backward": ("/", "╱ backward"), "backward_input": ("\\", "╲ input-gradient backward (Bi)"),
-            "backward_weight": ("x", "╳ weight-gradient backward (W)")}
 PASS_WORDS = {"forward": "forward", "backward": "backward", "backward_input": "input-gradient backward",
               "backward_weight": "weight-gradient backward"}  # what a bar's pass label stands for
+# each backward pass's hatch: plotly's shape, and the key's words for it in glyphs drawn as the hatch is
+# (a split backward's Bi and W had been left out of a key that said only "backwards hatched")
+_HATCHES = {"backward": ("/", f"╱ {PASS_WORDS['backward']}"),
+            "backward_input": ("\\", f"╲ {PASS_WORDS['backward_input']} (Bi)"),
+            "backward_weight": ("x", f"╳ {PASS_WORDS['backward_weight']} (W)")}
 HOVER = "%{hovertext}<extra></extra>"
 LEGEND_NAMES = {WAITING: WAITING_LABEL, BLOCKED: BLOCKED_LABEL}
 MEDIAN_NOTE = " ({:.1f} ms, the step nearest the {:.1f} ms median)"
