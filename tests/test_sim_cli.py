@@ -488,6 +488,17 @@ def test_a_batch_of_more_microbatches_than_a_step_models_plans_the_splits_that_f
     assert rc == 0 and "65,536 microbatches of at most 8 sequences per replica on 1 GPU\n" in out
 
 
+@pytest.mark.parametrize("argv, offered", [
+    (["--expert-imbalance", "0.5"], False),  # any layout offered would be refused for it too
+    (["--ep", "2"], True),  # a dense model's layouts have no ep: they are what to give
+    (["--tp", "3"], True),
+])
+def test_a_refusal_offers_layouts_only_where_the_layout_is_what_is_wrong(capsys, argv, offered):
+    """An expert imbalance below 1 had come with three layouts that change nothing of it."""
+    rc, out, err = run(["simulate", "--model", "gpt3-13b", "--gpus", "8", *argv], capsys)
+    assert rc == 2 and not out and ("Configurations that fit on 8 GPUs" in err) == offered, err
+
+
 @pytest.mark.parametrize("argv, message", [
     (["simulate", "--model", "mixtral-8x7b", "--gpus", "64", "--ep", "8", "--expert-imbalance", "nan"],
      "the busiest expert's load over the mean: a finite number >= 1, got nan"),  # had divided by zero

@@ -319,21 +319,32 @@ def _batch_of(parallel: ParallelSpec, gpus: int) -> int | None:
     return parallel.global_batch or p.global_batch
 
 
-def _fits_hint(model: ModelSpec, gpus: int, hw, global_batch: int | None, fp32_grads: bool) -> str:
+# what a layout the planner offers chooses: a refused spec with them in place of its own is that layout
+LAYOUT_FIELDS = ("dp", "tp", "pp", "ep", "cp", "cp_mode", "virtual_stages", "schedule", "stage_layers",
+                 "microbatches", "micro_batch", "global_batch", "zero", "sequence_parallel", "recompute")
+
+
+def _fits_hint(model: ModelSpec, gpus: int, hw, refused: ParallelSpec) -> str:
     """What would fit: the planner's best few on these GPUs for the batch asked (else the planner's
-    default, named), their gradients kept as the refused configuration's, or why nothing does. A
-    refusal names layouts, not their speeds, so only the rows it names are simulated (llama3-405b's own
-    layout refused on 16,384 GPUs had waited 6 s for ten rows' simulations; 1 s now): where a closed
-    form was pessimistic, `paralab plan`, which simulates more rows, can rank them otherwise."""
+    default, named), their gradients kept as the refused configuration's, or why nothing does; nothing
+    where the refusal is not the layout's (an offered layout would be refused for it too: an expert
+    imbalance below 1 had come with three layouts that change nothing of it). A refusal names layouts,
+    not their speeds, so only the rows it names are simulated (llama3-405b's own layout refused on
+    16,384 GPUs had waited 6 s for ten rows' simulations; 1 s now): where a closed form was
+    pessimistic, `paralab plan`, which simulates more rows, can rank them otherwise."""
+    global_batch = _batch_of(refused, gpus)
     ranked = planner.plan(model, gpus, hw, global_batch, top=HINTED_ROWS, refine=HINTED_ROWS,
-                          fp32_grads=fp32_grads)
+                          fp32_grads=refused.fp32_grads)
+    offered = ranked[0].parallel if ranked else None
+    if offered and refused.replace(**{f: getattr(offered, f) for f in LAYOUT_FIELDS}).problems(model, gpus):
+        return ""
     if ranked:
         batch = ranked[0].parallel.global_batch
         default = "" if global_batch else ", the planner's default batch"
         return "Configurations that fit on {} at {} a step{}: {}".format(
             count_text(gpus, "GPU"), count_text(batch, "sequence"), default,
             " | ".join(planner.describe(p.parallel) for p in ranked))
-    why = planner.why_nothing_fits(model, gpus, hw, global_batch, fp32_grads)
+    why = planner.why_nothing_fits(model, gpus, hw, global_batch, refused.fp32_grads)
     return f"Nothing fits on {count_text(gpus, 'GPU')}: {why}"
 
 
@@ -388,7 +399,7 @@ def simulate_main(args) -> int:
             return _fail(f"a hierarchical all-reduce needs 2 or more data-parallel ranks on each of 2 or "
                          f"more nodes: on {hw.name} ({hw.gpus_per_node} GPUs a node) {why}")
     if problems := _with_dp_unsaid(parallel.problems(model, gpus), args, gpus):
-        hint = _fits_hint(model, gpus, hw, _batch_of(parallel, gpus), parallel.fp32_grads)
+        hint = _fits_hint(model, gpus, hw, parallel)
         return _refuse(args, problems, hint)
     pred = cost.predict(model, parallel, hw)
     out = pred.to_dict()
