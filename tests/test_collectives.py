@@ -167,8 +167,8 @@ def test_the_bus_bandwidth_axis_reads_rates_in_a_tables_units():
     10 GB/s, and the hover says a point's rate the same way."""
     from paralab.viz.collectives import alpha_beta, rate_label
 
-    assert [rate_label(r) for r in (5680.0, 9.3e7, 1.3e9, 4.5e12, 12.0, 999.6e6, 999.5)] == [
-        "5.68 kB/s", "93 MB/s", "1.3 GB/s", "4.5 TB/s", "12 B/s", "1 GB/s", "1 kB/s"]
+    assert [rate_label(r) for r in (5680.0, 9.3e7, 1.3e9, 4.5e12, 12.0, 999.6e6, 999.5, 5e15)] == [
+        "5.68 kB/s", "93 MB/s", "1.3 GB/s", "4.5 TB/s", "12 B/s", "1 GB/s", "1 kB/s", "5 PB/s"]
     curve = [(8, 5e-4), *((2.0**k, 5e-4 + 2.0**k / 1e9) for k in range(12, 26))]
     fig = alpha_beta({"calibration": (2, curve)}, {"fitted": (2, 2.5e-4, 1.3e9)})
     axis = fig.layout.yaxis2

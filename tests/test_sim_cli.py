@@ -490,13 +490,18 @@ def test_a_batch_of_more_microbatches_than_a_step_models_plans_the_splits_that_f
 
 @pytest.mark.parametrize("argv, offered", [
     (["--expert-imbalance", "0.5"], False),  # any layout offered would be refused for it too
+    (["--gpus", "1", "--expert-imbalance", "0.5"], False),  # nor "Nothing fits on 1 GPU" after it
     (["--ep", "2"], True),  # a dense model's layouts have no ep: they are what to give
     (["--tp", "3"], True),
+    # flags that hold only with some layouts go with the layout offered, not against it
+    (["--tp", "3", "--zero", "3", "--fsdp-root"], True),
+    (["--gpus", "112", "--pp", "7", "--hierarchical"], True),
 ])
 def test_a_refusal_offers_layouts_only_where_the_layout_is_what_is_wrong(capsys, argv, offered):
     """An expert imbalance below 1 had come with three layouts that change nothing of it."""
     rc, out, err = run(["simulate", "--model", "gpt3-13b", "--gpus", "8", *argv], capsys)
-    assert rc == 2 and not out and ("Configurations that fit on 8 GPUs" in err) == offered, err
+    hinted = "Configurations that fit on " in err or "Nothing fits on " in err
+    assert rc == 2 and not out and hinted == offered, err
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -531,6 +536,7 @@ def test_a_refusal_offers_layouts_only_where_the_layout_is_what_is_wrong(capsys,
      "--stage-layers -1,13 gives stage 0 -1 layers"),  # the list had read "-1, 13]"
     # a dp not given is not named ("dp x tp x pp = 1 x 3 x 1 = 3 != 8 GPUs")
     (["simulate", "--model", "gpt3-125m", "--gpus", "8", "--tp", "3"], "tp 3 does not divide 8 GPUs"),
+    (["simulate", "--model", "gpt3-125m", "--gpus", "1", "--tp", "2"], "tp 2 does not divide 1 GPU (dp"),
     (["simulate", "--model", "gpt3-125m", "--gpus", "8", "--tp", "2", "--pp", "3"],
      "tp x pp = 6 does not divide 8 GPUs (dp would be 1.33)"),
 ])

@@ -174,6 +174,8 @@ def test_a_hardware_file_may_give_every_field_in_si_units(tmp_path):
          "memory_bytes must be > 0, got -1073741824 (the file's memory_gib, in SI units here)"),
         ({"base": "h100", "nic_gb_s": 0},
          "inter_bw must be > 0, got 0.0 (the file's nic_gb_s, in SI units here)"),
+        # a NIC's line rate is shared among the node's GPUs, not a unit converted
+        ({"base": "h100", "nic_gbit_s": 1e-6}, "(set from the file's nic_gbit_s)"),
         ({"base": "h100", "oversubscription": 0.5}, "oversubscription must be >= 1"),
         ({**dataclasses.asdict(PRESETS["a100"]), "peak_tflops": {"fp32": 10}},
          "peak_flops is given twice (peak_flops and peak_tflops)"),

@@ -304,7 +304,7 @@ def _with_dp_unsaid(problems: list[str], args, gpus: int) -> list[str]:
         return problems
     names = [n for n, d in (("tp", args.tp), ("pp", args.pp), ("cp", args.cp)) if d > 1]
     degrees = f"{names[0]} {split}" if len(names) == 1 else f"{' x '.join(names)} = {split}"
-    said = f"{degrees} does not divide {gpus:,} GPUs (dp would be {gpus / split:,.2f})"
+    said = f"{degrees} does not divide {count_text(gpus, 'GPU')} (dp would be {gpus / split:,.2f})"
     return [said, *(p for p in problems if not p.startswith("dp x tp x pp"))]
 
 
@@ -319,9 +319,11 @@ def _batch_of(parallel: ParallelSpec, gpus: int) -> int | None:
     return parallel.global_batch or p.global_batch
 
 
-# what a layout the planner offers chooses: a refused spec with them in place of its own is that layout
+# what a layout the planner offers chooses, and what holds only with some layouts (FSDP's wrapping, a
+# hierarchical all-reduce): a refused spec with these in place of its own is that layout
 LAYOUT_FIELDS = ("dp", "tp", "pp", "ep", "cp", "cp_mode", "virtual_stages", "schedule", "stage_layers",
-                 "microbatches", "micro_batch", "global_batch", "zero", "sequence_parallel", "recompute")
+                 "microbatches", "micro_batch", "global_batch", "zero", "sequence_parallel", "recompute",
+                 "fsdp_root", "fp32_shards", "hierarchical_dp")
 
 
 def _fits_hint(model: ModelSpec, gpus: int, hw, refused: ParallelSpec) -> str:
@@ -335,8 +337,8 @@ def _fits_hint(model: ModelSpec, gpus: int, hw, refused: ParallelSpec) -> str:
     global_batch = _batch_of(refused, gpus)
     ranked = planner.plan(model, gpus, hw, global_batch, top=HINTED_ROWS, refine=HINTED_ROWS,
                           fp32_grads=refused.fp32_grads)
-    offered = ranked[0].parallel if ranked else None
-    if offered and refused.replace(**{f: getattr(offered, f) for f in LAYOUT_FIELDS}).problems(model, gpus):
+    layout = ranked[0].parallel if ranked else ParallelSpec(dp=gpus)  # the plainest, where none fits
+    if refused.replace(**{f: getattr(layout, f) for f in LAYOUT_FIELDS}).problems(model, gpus):
         return ""
     if ranked:
         batch = ranked[0].parallel.global_batch

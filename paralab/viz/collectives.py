@@ -119,7 +119,7 @@ def alpha_beta(measured: dict, fits: dict, op: str = "all_reduce", title: str | 
 
 # rate units, largest first: a rate is said in the first that keeps its number 1 or more (decimal, as
 # nccl-tests and link datasheets state rates)
-RATE_UNITS = ((1e12, "TB/s"), (1e9, "GB/s"), (1e6, "MB/s"), (1e3, "kB/s"), (1.0, "B/s"))
+RATE_UNITS = ((1e15, "PB/s"), (1e12, "TB/s"), (1e9, "GB/s"), (1e6, "MB/s"), (1e3, "kB/s"), (1.0, "B/s"))
 
 
 def rate_label(bytes_per_s: float) -> str:
