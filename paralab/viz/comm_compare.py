@@ -180,24 +180,23 @@ def compare_by_op(sources: dict, payload: bool = False, title: str | None = None
         ))
     kind = _unit_label(payload)
     fig.update_layout(barmode="group", meta={"bytes": data, "unit": unit})
-    moved = [v / scale for per in data.values() for v in per.values() if v > 0]
-    _y_axis_for_spread(fig, moved, f"{kind} {unit} per rank and step")
+    _y_axis_for_spread(fig, data, scale, f"{kind} {unit} per rank and step")
     return style(fig, title or f"communication by op: measured beside predicted ({kind} bytes)", 380)
 
 
-def _y_axis_for_spread(fig, bars: list[float], title: str) -> bool:
-    """A log y axis where the largest of ``bars`` (heights above zero) is over LOG_SPREAD times the
-    smallest, and says so in its ``title``: a what-if run of a large model sends GiB where the measured
-    one sent KiB, and on a linear axis the measured and predicted bars had shrunk to nothing beside it.
-    It starts a decade under the smallest bar, so that one stands a decade tall, not a sliver. Returns
-    whether the axis is logarithmic."""
+def _y_axis_for_spread(fig, data: dict, scale: float, title: str) -> bool:
+    """A log y axis where the largest bar of ``data`` ({source: {key: bytes}}, drawn over ``scale``) is
+    over LOG_SPREAD times the smallest above zero, and says so in its ``title``: a what-if run of a large
+    model sends GiB where the measured one sent KiB, and on a linear axis the measured and predicted bars
+    had shrunk to nothing beside it. It starts a decade under the smallest bar, so that one stands a
+    decade tall, not a sliver. Returns whether the axis is logarithmic."""
+    bars = [v / scale for per in data.values() for v in per.values() if v > 0]
     log = bool(bars) and max(bars) / min(bars) > LOG_SPREAD
     fig.update_yaxes(title_text=title + (" (log scale)" if log else ""), type="log" if log else "linear")
     if log:
         fig.update_yaxes(range=[math.log10(min(bars)) - 1, math.log10(max(bars)) + 0.2],
                          tickformat="~g")  # 0.0001, not plotly's "100µ" of a GiB
     return log
-
 
 
 def compare_matrix(sources: dict, payload: bool = False, title: str | None = None):
@@ -264,8 +263,7 @@ def compare_links(sources: dict, payload: bool = False, title: str | None = None
         ))
     fig.update_layout(barmode="stack", meta={"bytes": data, "unit": unit})
     # stacked heights mislead on a log axis: there each link gets its own bar beside the other
-    if _y_axis_for_spread(fig, [v / scale for per in data.values() for v in per.values() if v > 0],
-                          f"{_unit_label(payload)} {unit} per rank and step"):
+    if _y_axis_for_spread(fig, data, scale, f"{_unit_label(payload)} {unit} per rank and step"):
         fig.update_layout(barmode="group")
     fig = style(fig, title or "inside a node against across nodes: measured beside predicted", 360)
     note_details(fig, sources)
