@@ -19,6 +19,7 @@ from pathlib import Path
 
 from paralab.cli_args import attention_named, below_one, int_list, json_text, said_as_flags
 from paralab.config import ATTENTION_AS_SIMULATED
+from paralab.cyclic_gc import without_cyclic_gc
 from paralab.sim import cost, planner
 from paralab.sim.hardware import NAMES as HARDWARE_NAMES
 from paralab.sim.hardware import get_hardware
@@ -509,6 +510,7 @@ def _report(out: dict) -> str:
     return "\n".join(lines)
 
 
+@without_cyclic_gc  # and the explanation after it, while the plan's schedules are alive
 def plan_main(args) -> int:
     if problem := below_one(args, ("gpus", "global_batch", "top")):  # before a `local` machine is measured
         return _fail(problem)

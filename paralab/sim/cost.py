@@ -39,7 +39,7 @@ from typing import NamedTuple
 from paralab.collectives import ring_steps
 from paralab.schedules import SPLIT_BACKWARD, UNIT_PASSES, dualpipev_slots, theoretical_bubble
 from paralab.sim import counting, kernels, memory, moe
-from paralab.sim.events import COMPUTE_KIND, SEND, Plan, builtin_plan, run_plan, simulate_schedule
+from paralab.sim.events import COMPUTE_KIND, RECV, SEND, Plan, builtin_plan, run_plan, simulate_schedule
 from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec, SpecError
 from paralab.trace import COMM, COMPUTE, STEP, Span, Trace
 
@@ -984,11 +984,13 @@ def _plan_seconds(plan: Plan, model: ModelSpec, p: ParallelSpec, hw: HardwareSpe
     """Per action of the plan: its compute time, or its send's latency (0 for a recv). A backward
     sharing a DualPipeV slot with a forward is shorter by what the slot hides: each pass's all-to-alls
     behind the other's compute (:func:`overlap_saving`)."""
-    by_op = {(op, stage): getattr(st, op) for stage, st in enumerate(times)
-             for op in ("forward", "backward", "backward_input", "backward_weight")}
-    hop = p2p_time(model, p, hw)
-    return [by_op[(a.op, a.stage)] - saved if k == COMPUTE_KIND else hop if k == SEND else 0.0
-            for a, k, saved in zip(plan.actions, plan.kinds, _overlap_savings(plan, times))]
+    by_slot = {(op, stage): getattr(st, op) for stage, st in enumerate(times)
+               for op in ("forward", "backward", "backward_input", "backward_weight")}
+    by_slot[SEND], by_slot[RECV] = p2p_time(model, p, hw), 0.0
+    seconds = list(map(by_slot.__getitem__, plan.slots))
+    if plan.overlapped:
+        seconds = [s - saved for s, saved in zip(seconds, _overlap_savings(plan, times))]
+    return seconds
 
 
 def _overlap_savings(plan: Plan, times: list[StageTimes]) -> list[float]:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
+from paralab.cyclic_gc import without_cyclic_gc
 from paralab.schedules import (
     RECV_BACKWARD,
     RECV_FORWARD,
@@ -58,6 +59,10 @@ class Plan:
     ranks: list[int]
     kinds: list[int]  # RECV, SEND or COMPUTE_KIND
     deps: list[tuple[int, ...]]  # positions (earlier in the order) each action waits for
+    # per action, what its seconds are looked up by: (op, stage) for a compute, else its kind; a
+    # prediction times a plan of tens of thousands of actions with one table look-up each
+    slots: list[tuple[str, int] | int]
+    overlapped: bool  # whether any backward shares a slot with a forward (DualPipeV's F&B)
 
 
 def compile_schedule(schedule: Schedule, report: ScheduleReport | None = None) -> Plan:
@@ -71,10 +76,12 @@ def compile_schedule(schedule: Schedule, report: ScheduleReport | None = None) -
     actions = [schedule.actions[rank][index] for rank, index in report.order]
     ranks = [rank for rank, _ in report.order]
     kinds = [_KIND.get(action.op, COMPUTE_KIND) for action in actions]
-    return Plan(schedule, actions, ranks, kinds, report.waits)
+    slots = [(a.op, a.stage) if k == COMPUTE_KIND else k for a, k in zip(actions, kinds)]
+    return Plan(schedule, actions, ranks, kinds, report.waits, slots, any(a.overlapped for a in actions))
 
 
 @lru_cache(maxsize=32)
+@without_cyclic_gc
 def builtin_plan(name: str, stages: int, microbatches: int, virtual_stages: int = 1,
                  pass_times: tuple[float, float, float] = UNIT_PASSES) -> Plan:
     """The compiled plan of a built-in schedule, built and proved once per shape (read-only)."""

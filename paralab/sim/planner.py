@@ -29,6 +29,7 @@ import math
 from collections.abc import Iterator
 from fractions import Fraction
 
+from paralab.cyclic_gc import without_cyclic_gc
 from paralab.schedules import shape_problems
 from paralab.sim import context, cost, counting
 from paralab.sim.specs import (
@@ -162,6 +163,7 @@ REFINED_ROWS = 10  # rows a plan simulates unless told: its default top, whateve
 AS_FAST = 5e-4
 
 
+@without_cyclic_gc
 def plan(
     model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int | None = None, top: int = 10,
     refine: int | None = None, fp32_grads: bool = False
