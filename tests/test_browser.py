@@ -129,8 +129,10 @@ def copy_through(notebook: Path, dest: Path, through: str | None) -> None:
         shutil.copy(notebook, dest)
         return
     nb = json.loads(notebook.read_text())
-    last = next(i for i, c in enumerate(nb["cells"])
-                if c["cell_type"] == "code" and through in "".join(c["source"]))
+    last = next((i for i, c in enumerate(nb["cells"])
+                 if c["cell_type"] == "code" and through in "".join(c["source"])), None)
+    if last is None:
+        pytest.fail(f"no code cell of {notebook.name} holds {through!r}")
     nb["cells"] = nb["cells"][:last + 1]
     dest.write_text(json.dumps(nb))
 
@@ -236,10 +238,12 @@ def _slider(page, app_label: str, label: str):
     return output.locator(".widget-slider", has=page.locator(".widget-label", has_text=label)).first
 
 
-def _nudge(slider, key: str, tries: int = 3) -> str:
+def _nudge(slider, key: str, state: PageState, tries: int = 3) -> str:
     """Press ``key`` on ``slider``'s handle until its readout changes, and return the new readout. A
     press can be lost where the handle had not yet taken focus (a CI run under load once moved
     nothing), so each try waits 10 s for the readout before pressing again."""
+    from playwright.sync_api import expect
+
     readout = slider.locator(".widget-readout")
     before = readout.inner_text()
     handle = slider.locator(".noUi-handle")
@@ -248,14 +252,16 @@ def _nudge(slider, key: str, tries: int = 3) -> str:
         handle.focus()
         handle.press(key)
         try:
-            readout.filter(has_not_text=before).wait_for(timeout=10_000)
+            expect(readout).not_to_have_text(before, timeout=10_000)  # the whole text: 16 -> 160 moved
             return readout.inner_text()
-        except Exception:
+        except AssertionError:
             continue
-    pytest.fail(f"{tries} presses of {key} left the slider at {before!r}")
+    pytest.fail(f"{tries} presses of {key} left the slider at {before!r}\n{state}")
 
 
-@pytest.mark.timeout(600)
+# the notebook's run, then for each explorer: its drawing, the slider's presses and the redraw, waited
+# for generously (a redraw once took over a minute in a CI run on a loaded machine)
+@pytest.mark.timeout(900)
 def test_a_tutorial_runs_and_its_explorers_respond(tmp_path, browser):
     """Notebook 01, as a learner runs it, as far as its second explorer (nbval runs the launches of the
     exercises after it): the communication explorer and the speedup explorer render, and each figure
@@ -266,13 +272,14 @@ def test_a_tutorial_runs_and_its_explorers_respond(tmp_path, browser):
         assert_no_error_or_stderr(page, state)
         for label, moved in (("world size", "world size"), ("predict on", "up to")):
             try:
-                page.wait_for_function(f"({FIGURE_OF})([{label!r}]) !== null", timeout=60_000)
+                page.wait_for_function(f"({FIGURE_OF})([{label!r}]) !== null", timeout=120_000)
             except Exception as exc:
                 pytest.fail(f"the explorer with {label!r} did not render: {exc}\n{state}")
             before = page.evaluate(f"({FIGURE_OF})([{label!r}])")
-            now = _nudge(_slider(page, label, moved), "ArrowRight" if moved == "world size" else "ArrowLeft")
+            now = _nudge(_slider(page, label, moved), "ArrowRight" if moved == "world size" else "ArrowLeft",
+                         state)
             try:
-                page.wait_for_function(f"({FIGURE_OF})([{label!r}]) !== {before!r}", timeout=60_000)
+                page.wait_for_function(f"({FIGURE_OF})([{label!r}]) !== {before!r}", timeout=180_000)
             except Exception as exc:
                 pytest.fail(f"moving {moved!r} to {now!r} did not redraw the {label!r} explorer: {exc}\n"
                             f"{state}")

@@ -45,19 +45,41 @@ def test_a_collector_the_caller_turned_off_stays_off(collector_on):
     assert not gc.isenabled()
 
 
-def test_a_plan_builds_its_schedules_with_the_collector_paused_and_gives_it_back(collector_on, monkeypatch):
-    """Each schedule a plan proves is built with the collector paused (it walked every cached schedule at
-    each full collection: half of planning 405B on 16,384 GPUs), and the plan gives it back on."""
-    states, build = [], events.validated_schedule
-
-    def watched(*args):
-        states.append(gc.isenabled())
-        return build(*args)
-
-    monkeypatch.setattr(events, "validated_schedule", watched)
+def test_a_plan_prices_and_builds_its_schedules_with_the_collector_paused(collector_on, monkeypatch):
+    """Each layout a plan prices and each schedule it proves runs with the collector paused (it walked
+    every cached schedule at each full collection: a fifth or more of planning 405B on 16,384 GPUs),
+    and the plan gives it back on. One prediction's schedule (paralab simulate) is built alike."""
+    priced, built = [], []
+    monkeypatch.setattr(planner.cost, "predict", _watched(planner.cost.predict, priced))
+    monkeypatch.setattr(events, "validated_schedule", _watched(events.validated_schedule, built))
     events.builtin_plan.cache_clear()
     rows = planner.plan(get_model("gpt3-13b"), 64, get_hardware("a100"), top=3)
-    assert rows and states and not any(states)
+    assert rows and priced and built and not any(priced + built)
     assert gc.isenabled()
-    events.builtin_plan("1f1b", 4, 7)  # one prediction's schedule (paralab simulate) alike
-    assert states[-1] is False and gc.isenabled()
+    before = len(built)
+    events.builtin_plan("1f1b", 4, 7)
+    assert built[before:] == [False] and gc.isenabled()
+
+
+def test_plan_explains_with_the_collector_paused_but_measures_a_local_machine_with_it_on(
+        collector_on, monkeypatch, capsys):
+    """The explanation after a plan runs while the plan's schedules are alive, paused too; measuring the
+    `local` machine times the training loop as runs have it, collector on (its figures are cached for
+    every later command)."""
+    from paralab.cli import main
+    from paralab.sim import cli as sim_cli
+
+    explained, measured = [], []
+    monkeypatch.setattr(planner, "explain", _watched(planner.explain, explained))
+    monkeypatch.setattr(sim_cli, "_hardware", _watched(sim_cli._hardware, measured))
+    assert main(["plan", "--model", "gpt3-1.3b", "--gpus", "16", "--hardware", "a100", "--top", "2"]) == 0
+    assert "Winner:" in capsys.readouterr().out
+    assert (measured, explained) == ([True], [False]) and gc.isenabled()
+
+
+def _watched(function, states: list):
+    """``function``, noting whether the collector is on at each call."""
+    def watched(*args, **kwargs):
+        states.append(gc.isenabled())
+        return function(*args, **kwargs)
+    return watched

@@ -604,9 +604,9 @@ def test_a_worker_knows_when_its_agent_spawned_it():
     process_started allows a worker's start-up before it gives no answer."""
     probe = ("import json, time, psutil; from paralab.elastic.train import process_started; "
              "print(json.dumps([process_started(), time.time(), psutil.Process().create_time()]))")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
-                         check=True).stdout
-    started, now, created = json.loads(out)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    started, now, created = json.loads(done.stdout)
     assert started is not None and 0.0 < now - started < 600.0
     # psutil counts from the boot time, which /proc gives in whole seconds: the same moment, to a second
     assert abs(started - created) < 2.0

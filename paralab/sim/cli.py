@@ -510,7 +510,6 @@ def _report(out: dict) -> str:
     return "\n".join(lines)
 
 
-@without_cyclic_gc  # and the explanation after it, while the plan's schedules are alive
 def plan_main(args) -> int:
     if problem := below_one(args, ("gpus", "global_batch", "top")):  # before a `local` machine is measured
         return _fail(problem)
@@ -527,6 +526,13 @@ def plan_main(args) -> int:
         return _fail(str(err))
     if problems := hw.problems_for(model):
         return _fail("invalid model: " + "; ".join(problems))
+    return _plan_and_say(args, model, hw)
+
+
+# the explanation too, while the plan's schedules are alive; not the `local` machine's measurement
+# above, which times the training loop as runs have it, collector on
+@without_cyclic_gc
+def _plan_and_say(args, model: ModelSpec, hw) -> int:
     ranked = planner.plan(model, args.gpus, hw, args.global_batch, top=args.top, fp32_grads=args.fp32_grads)
     answer = {"model": model.name, "gpus": args.gpus, "hardware": hw.name}
     if not ranked:  # an answer, not an invalid request: said on stdout, exit 0

@@ -984,10 +984,10 @@ def _plan_seconds(plan: Plan, model: ModelSpec, p: ParallelSpec, hw: HardwareSpe
     """Per action of the plan: its compute time, or its send's latency (0 for a recv). A backward
     sharing a DualPipeV slot with a forward is shorter by what the slot hides: each pass's all-to-alls
     behind the other's compute (:func:`overlap_saving`)."""
-    by_slot = {(op, stage): getattr(st, op) for stage, st in enumerate(times)
-               for op in ("forward", "backward", "backward_input", "backward_weight")}
-    by_slot[SEND], by_slot[RECV] = p2p_time(model, p, hw), 0.0
-    seconds = list(map(by_slot.__getitem__, plan.slots))
+    by_key = {(op, stage): getattr(st, op) for stage, st in enumerate(times)
+              for op in ("forward", "backward", "backward_input", "backward_weight")}
+    by_key[SEND], by_key[RECV] = p2p_time(model, p, hw), 0.0
+    seconds = list(map(by_key.__getitem__, plan.seconds_keys))
     if plan.overlapped:
         seconds = [s - saved for s, saved in zip(seconds, _overlap_savings(plan, times))]
     return seconds

@@ -61,7 +61,7 @@ class Plan:
     deps: list[tuple[int, ...]]  # positions (earlier in the order) each action waits for
     # per action, what its seconds are looked up by: (op, stage) for a compute, else its kind; a
     # prediction times a plan of tens of thousands of actions with one table look-up each
-    slots: list[tuple[str, int] | int]
+    seconds_keys: list[tuple[str, int] | int]
     overlapped: bool  # whether any backward shares a slot with a forward (DualPipeV's F&B)
 
 
@@ -76,8 +76,9 @@ def compile_schedule(schedule: Schedule, report: ScheduleReport | None = None) -
     actions = [schedule.actions[rank][index] for rank, index in report.order]
     ranks = [rank for rank, _ in report.order]
     kinds = [_KIND.get(action.op, COMPUTE_KIND) for action in actions]
-    slots = [(a.op, a.stage) if k == COMPUTE_KIND else k for a, k in zip(actions, kinds)]
-    return Plan(schedule, actions, ranks, kinds, report.waits, slots, any(a.overlapped for a in actions))
+    seconds_keys = [(a.op, a.stage) if k == COMPUTE_KIND else k for a, k in zip(actions, kinds)]
+    overlapped = any(a.overlapped for a in actions)
+    return Plan(schedule, actions, ranks, kinds, report.waits, seconds_keys, overlapped)
 
 
 @lru_cache(maxsize=32)
