@@ -3,7 +3,7 @@
 A built and proved pipeline schedule is hundreds of thousands of small objects (actions, the tuples
 of what each waits for), and the simulator keeps the schedules it has proved (``lru_cache``). The
 cyclic collector walks every live object at each full collection, and pricing the layouts of a plan
-allocates enough to set off many: a fifth or more of planning Llama 3 405B on 16,384 H100s
+allocates enough to set off many: 16-27% of planning Llama 3 405B on 16,384 H100s
 (benchmarks/RESULTS.md). None of these objects forms a cycle, so reference counting frees them all;
 pausing the collector for the computation changes nothing but its time.
 """

@@ -261,7 +261,7 @@ def _nudge(slider, key: str, state: PageState, tries: int = 3) -> str:
 
 # the notebook's run, then for each explorer: its drawing, the slider's presses and the redraw, waited
 # for generously (a redraw once took over a minute in a CI run on a loaded machine)
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1200)  # the waits' worst case, about 1,150 s, with a failure's report
 def test_a_tutorial_runs_and_its_explorers_respond(tmp_path, browser):
     """Notebook 01, as a learner runs it, as far as its second explorer (nbval runs the launches of the
     exercises after it): the communication explorer and the speedup explorer render, and each figure

@@ -47,7 +47,7 @@ def test_a_collector_the_caller_turned_off_stays_off(collector_on):
 
 def test_a_plan_prices_and_builds_its_schedules_with_the_collector_paused(collector_on, monkeypatch):
     """Each layout a plan prices and each schedule it proves runs with the collector paused (it walked
-    every cached schedule at each full collection: a fifth or more of planning 405B on 16,384 GPUs),
+    every cached schedule at each full collection: 16-27% of planning 405B on 16,384 GPUs),
     and the plan gives it back on. One prediction's schedule (paralab simulate) is built alike."""
     priced, built = [], []
     monkeypatch.setattr(planner.cost, "predict", _watched(planner.cost.predict, priced))
