@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from paralab.config import MODEL_PRESETS
-from paralab.sim import cli, cost, hardware
+from paralab.sim import cli, cost, hardware, planner
 from paralab.sim.hardware import get_hardware
 from paralab.sim.presets import get_model
 
@@ -294,6 +294,34 @@ def test_a_configuration_that_does_not_fit_is_still_estimated(capsys):
     rc, out, _ = run([*argv, "--tp", "8", "--micro-batch", "1", "--json"], capsys)
     fitting = json.loads(out)
     assert fitting["fits"] and fitting["memory_over_bytes"] == 0 and "alternatives" not in fitting
+
+
+def test_a_layout_that_does_not_fit_is_offered_what_would_make_it_fit_with_its_own_degrees(capsys):
+    """GPT-3 175B at tp 2 x pp 2 on 64 A100s: the best layouts on those GPUs are tp 8 x pp 8, which says
+    nothing of what a learner who asked for tp 2 x pp 2 could change; with the degrees kept, ZeRO-3 and
+    full recompute fit. A layout the planner never weighs (tp 3) is said to have none."""
+    argv = ["simulate", "--model", "gpt3-175b", "--gpus", "64", "--tp", "2", "--pp", "2",
+            "--hardware", "a100"]
+    rc, out, _ = run([*argv, "--json"], capsys)
+    data = json.loads(out)
+    same, usable = data["alternatives_same_degrees"], data["memory_usable_bytes"]
+    assert rc == 0 and not data["fits"] and same
+    assert all((a["tp"], a["pp"], a["dp"], a["cp"], a["ep"]) == (2, 2, 16, 1, 1) for a in same)
+    assert all(a["memory_bytes_per_gpu"]["total"] <= usable for a in same)
+    assert {a["config"] for a in same}.isdisjoint(a["config"] for a in data["alternatives"])
+    rc, text, _ = run(argv, capsys)
+    kept = text.split("keeping tp 2 x pp 2 x dp 16, what fits:\n")[1].splitlines()[:len(same)]
+    assert [line.strip() for line in kept] == [
+        f"{a['config']} ({planner.bytes_text(a['memory_bytes_per_gpu']['total'])}, "
+        f"{a['tokens_per_s']:,.0f} tokens/s)" for a in same]
+    rc, out, _ = run(["simulate", "--model", "gpt3-175b", "--gpus", "48", "--tp", "3", "--pp", "16",
+                      "--json"], capsys)
+    data = json.loads(out)
+    assert rc == 0 and not data["fits"] and data["alternatives"] and data["alternatives_same_degrees"] == []
+    rc, text, _ = run(["simulate", "--model", "gpt3-175b", "--gpus", "48", "--tp", "3", "--pp", "16"], capsys)
+    assert "no layout of tp 3 x pp 16 x dp 1 that the planner weighs fits" in text
+    # where the layouts that fit on these GPUs are the ones with the degrees asked, they are said once
+    assert cli._same_degrees_lines({**data, "alternatives_same_degrees": data["alternatives"]}) == []
 
 
 @pytest.mark.parametrize(

@@ -161,6 +161,18 @@ def test_the_default_batch_is_a_sequence_per_gpu_within_what_published_runs_took
                                                                                  1024, 512]
 
 
+def test_a_plan_that_keeps_degrees_ranks_the_layouts_with_them_as_the_whole_plan_does():
+    """``keep``: the plan of every layout, less those with other degrees (ranked by the closed form, as
+    without ``refine`` both are, so that the two rankings compare row for row)."""
+    model, hw = get_model("gpt3-13b"), get_hardware("a100")
+    every = planner.plan(model, 16, hw, global_batch=64, top=10_000, refine=0)
+    kept = planner.plan(model, 16, hw, global_batch=64, top=5, refine=0, keep={"tp": 2, "pp": 2, "dp": 4})
+    with_them = [p for p in every if (p.parallel.tp, p.parallel.pp, p.parallel.dp) == (2, 2, 4)]
+    assert len(with_them) > 5 and len(with_them) < len(every)
+    assert [p.parallel for p in kept] == [p.parallel for p in with_them[:5]]
+    assert planner.plan(model, 16, hw, global_batch=64, keep={"tp": 3}) == []
+
+
 def test_a_plan_of_no_rows_is_empty_and_a_machine_that_cannot_price_is_refused_first():
     model = get_model("small")
     assert planner.plan(model, 8, A100, 64, top=0, refine=0) == []

@@ -47,6 +47,8 @@ from paralab.viz._common import fmt_bytes  # plotly-free
 # the schedule a run without a pipeline is named by (ParallelSpec's default; plan's rows at pp 1)
 PIPELINE_FREE_SCHEDULE = ParallelSpec.schedule
 HINTED_ROWS = 3  # layouts that fit, offered beside a refusal or a prediction that does not fit
+# how a layout splits its GPUs: what a prediction that does not fit keeps in the layouts it offers first
+DEGREES = ("dp", "tp", "pp", "cp", "ep")
 
 
 def percent(share: float) -> str:
@@ -358,6 +360,15 @@ def _alternatives(model: ModelSpec, gpus: int, hw, global_batch: int | None,
     return planner.plan(model, gpus, hw, global_batch, top=HINTED_ROWS, fp32_grads=fp32_grads)
 
 
+def _alternatives_keeping(model: ModelSpec, hw, asked: ParallelSpec) -> list[cost.Prediction]:
+    """The planner's best three with the degrees of a layout that does not fit (:data:`DEGREES`): what
+    else would make it fit, where a learner asked for those degrees (GPT-3 175B at tp 2 x pp 2 on 64
+    A100s fits with ZeRO-3 and full recompute, which the best layouts on those GPUs, tp 8 x pp 8, do not
+    need). Each row is simulated, as `simulate` prices it; only three, as a refusal's are."""
+    return planner.plan(model, asked.world_size, hw, asked.global_batch, top=HINTED_ROWS, refine=HINTED_ROWS,
+                        fp32_grads=asked.fp32_grads, keep={k: getattr(asked, k) for k in DEGREES})
+
+
 def simulate_main(args) -> int:
     counts = ("tp", "pp", "cp", "dp", "gpus", "virtual_stages", "ep", "global_batch", "micro_batch",
               "microbatches")
@@ -417,13 +428,37 @@ def simulate_main(args) -> int:
     if not pred.fits:  # what fits for the batch just priced, so their tokens/s compare with its
         batch = pred.parallel.global_batch
         ranked = _alternatives(model, gpus, hw, batch, pred.parallel.fp32_grads)
-        out["alternatives"] = [dict(config=planner.describe(p.parallel), tokens_per_s=p.tokens_per_s,
-                                    mfu=p.mfu, memory_bytes_per_gpu=p.to_dict()["memory_bytes_per_gpu"],
-                                    **_degrees(p.parallel)) for p in ranked]
+        out["alternatives"] = [_alternative(p) for p in ranked]
+        kept = _alternatives_keeping(model, hw, pred.parallel)
+        out["alternatives_same_degrees"] = [_alternative(p) for p in kept]
         out["advice"] = "" if ranked else planner.why_nothing_fits(model, gpus, hw, batch,
                                                                    pred.parallel.fp32_grads)
     print(json_text(out) if args.json else _report(out))
     return 0
+
+
+def _alternative(p: cost.Prediction) -> dict:
+    """A layout offered beside a prediction that does not fit, as `--json` gives it."""
+    return dict(config=planner.describe(p.parallel), tokens_per_s=p.tokens_per_s, mfu=p.mfu,
+                memory_bytes_per_gpu=p.to_dict()["memory_bytes_per_gpu"], **_degrees(p.parallel))
+
+
+def _alternative_lines(rows: list[dict]) -> list[str]:
+    return [f"    {a['config']} ({planner.bytes_text(a['memory_bytes_per_gpu']['total'])}, "
+            f"{a['tokens_per_s']:,.0f} tokens/s)" for a in rows]
+
+
+def _same_degrees_lines(out: dict) -> list[str]:
+    """The layouts that fit with the degrees asked, or that none the planner weighs does; nothing where
+    they are the layouts that fit on these GPUs anyway."""
+    same = out["alternatives_same_degrees"]
+    if [a["config"] for a in same] == [a["config"] for a in out["alternatives"]]:
+        return []
+    kept = planner.degrees_text(ParallelSpec(**{k: out[k] for k in (*DEGREES, "cp_mode")}))
+    if not same:
+        return [f"  no layout of {kept} that the planner weighs fits (its schedules, micro-batches, ZeRO "
+                f"stages and recompute policies)"]
+    return [f"  keeping {kept}, what fits:", *_alternative_lines(same)]
 
 
 def _mfu_note(pred: cost.Prediction, hw) -> str:
@@ -501,10 +536,10 @@ def _report(out: dict) -> str:
                      f"{planner.bytes_text(usable)} usable on {out['hardware']}, over by "
                      f"{planner.bytes_text(over)} ({over / usable:.0%})")
         if out["alternatives"]:
+            lines += _same_degrees_lines(out)
             lines.append(f"  layouts that fit on {count_text(out['gpus'], 'GPU')}, "
                          f"{count_text(out['global_batch'], 'sequence')} a step:")
-            lines += [f"    {a['config']} ({planner.bytes_text(a['memory_bytes_per_gpu']['total'])}, "
-                      f"{a['tokens_per_s']:,.0f} tokens/s)" for a in out["alternatives"]]
+            lines += _alternative_lines(out["alternatives"])
         else:
             lines.append(f"  nothing fits on {count_text(out['gpus'], 'GPU')}: {out['advice']}")
     return "\n".join(lines)

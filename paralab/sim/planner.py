@@ -166,10 +166,12 @@ AS_FAST = 5e-4
 @without_cyclic_gc
 def plan(
     model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int | None = None, top: int = 10,
-    refine: int | None = None, fp32_grads: bool = False
+    refine: int | None = None, fp32_grads: bool = False, keep: dict[str, int] | None = None
 ) -> list[cost.Prediction]:
     """Configurations that fit, fastest first, but for the first row (:func:`leanest_first`); at most
-    ``top``; empty when nothing fits.
+    ``top``; empty when nothing fits. With ``keep`` (degrees by name, ``{"tp": 2, "pp": 2}``) only the
+    layouts with those degrees: what else a layout that does not fit could change (its schedule,
+    micro-batch, ZeRO stage, recompute) to fit.
 
     Gradients are kept and reduced in the model's dtype, as torch's FSDP does by default; with
     ``fp32_grads`` in fp32, as Megatron-LM's main_grad does by default under bf16 (2 more bytes a
@@ -206,8 +208,10 @@ def plan(
             floors[key] = cost.step_floor(model, spec, hw)
         return floors[key]
 
-    waiting = sorted((floor(spec), i, spec)
-                     for i, spec in enumerate(candidates(model, gpus, hw, batch, fp32_grads)))
+    specs = candidates(model, gpus, hw, batch, fp32_grads)
+    if keep:
+        specs = (spec for spec in specs if all(getattr(spec, k) == v for k, v in keep.items()))
+    waiting = sorted((floor(spec), i, spec) for i, spec in enumerate(specs))
     waiting.reverse()  # cheapest floor last, to pop
     # (rank, prediction, simulated), fastest first; a tie keeps the candidates' order
     rows: list[tuple[tuple, cost.Prediction, bool]] = []
@@ -317,9 +321,8 @@ def _rank(pred: cost.Prediction) -> tuple[float, float]:
 def describe(p: ParallelSpec) -> str:
     """One line naming every choice of a configuration."""
     sched = f"{p.schedule} v={p.virtual_stages}" if p.virtual_stages > 1 else p.schedule
-    parts = [f"tp {p.tp} x pp {p.pp} x dp {p.dp:,}" + (f" (ep {p.ep})" if p.ep > 1 else "")
-             + (f", expert imbalance {p.expert_imbalance:g}" if p.expert_imbalance != 1 else "")
-             + (f" x cp {p.cp} {p.cp_mode}" if p.cp > 1 else "")]
+    imbalance = f", expert imbalance {p.expert_imbalance:g}" if p.expert_imbalance != 1 else ""
+    parts = [degrees_text(p) + imbalance]
     if p.pp > 1:
         parts.append(sched)
     if p.stage_layers is not None:  # per model chunk: a rank of a multi-chunk schedule holds several
@@ -333,6 +336,12 @@ def describe(p: ParallelSpec) -> str:
     if p.hierarchical_dp:
         parts.append(f"hierarchical all-reduce over nodes of {p.hierarchical_dp} dp ranks")
     return ", ".join(parts)
+
+
+def degrees_text(p: ParallelSpec) -> str:
+    """How a configuration splits its GPUs: tp x pp x dp, its experts over ep and sequences over cp."""
+    return (f"tp {p.tp} x pp {p.pp} x dp {p.dp:,}" + (f" (ep {p.ep})" if p.ep > 1 else "")
+            + (f" x cp {p.cp} {p.cp_mode}" if p.cp > 1 else ""))
 
 
 def _compute_cause(win: ParallelSpec, run: ParallelSpec) -> str:
