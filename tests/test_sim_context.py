@@ -185,6 +185,24 @@ def test_activations_per_gpu_fall_as_one_over_cp():
         assert ulysses == pytest.approx((unsplit + scores) / cp)
 
 
+def test_an_all_to_all_that_replicates_kv_heads_keeps_the_replicas_for_backward():
+    """Llama 3 8B at tp 4 x cp 4: 2 KV heads a tp rank, each sent to two cp ranks; the fused core keeps
+    its whole-sequence K and V, twice the slice's, in every layer it does not recompute. Without
+    replicas (tp 1: 8 KV heads over cp 4) a fused all-to-all keeps what the ring keeps."""
+    model = LLAMA.replace(seq=32768)
+    def activations(mode: str, **options) -> float:
+        return cost.memory_per_gpu(model, spec(cp=4, cp_mode=mode, **options))["activations"]
+
+    slice_kv = 2 * 32768 // 4 * model.head_dim * 2 * model.dtype_bytes  # K and V, 2 heads a tp rank
+    assert activations("alltoall", tp=4) - activations("ring", tp=4) == pytest.approx(model.layers * slice_kv)
+    selective = dict(tp=4, recompute="selective")
+    assert activations("alltoall", **selective) == activations("ring", **selective)
+    assert activations("alltoall") == activations("ring")
+    half = dict(tp=4, recompute="full", recompute_layers=model.layers // 2)
+    assert activations("alltoall", **half) - activations("ring", **half) == pytest.approx(
+        model.layers // 2 * slice_kv)
+
+
 def test_zero_units_on_the_wire_free_layers_of_the_slice():
     """While ZeRO's unit gradients are on the wire, the backward has freed the layers they belong to:
     layers of the slice a cp rank holds (under full recompute, each layer's input: 2 bytes x s/cp x h),
@@ -279,13 +297,34 @@ def test_the_planner_takes_cp_for_a_batch_that_does_not_split_over_the_replicas(
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(cp=4, cp_mode="alltoall", tp=4), r"heads per tp rank \(8, kv 2\) divisible by 4"),
+    (dict(cp=16, cp_mode="alltoall", tp=4), r"heads per tp rank \(8\) divisible by 16"),
     (dict(cp=3), r"sequence \(8192\) divisible by 6"),
 ])
 def test_specs_that_cannot_split_are_refused(options, message):
     with pytest.raises(SpecError, match=message):
         cost.predict(LLAMA, spec(**options), H100)
     assert spec().problems(LLAMA.replace(seq=8191)) == [], "without cp any sequence length runs"
+
+
+def test_ulysses_replicates_kv_heads_fewer_than_cp_and_sends_the_replicas():
+    """Grouped-query attention with fewer KV heads per tp rank than cp: each is replicated cp / k times
+    before the all-to-all (DeepSpeed-Ulysses', verl's), so every cp rank receives the head its queries
+    read; K and V then travel cp / k times the bytes. Llama 3 8B's 8 KV heads at tp 4 are 2 a rank: cp 4
+    sends each twice, where tp 1 (8 a rank) sends them once. KV heads that neither divide cp nor are
+    divided by it are refused."""
+    model = LLAMA.replace(seq=32768)
+    slice_bytes = 32768 // 4 * model.dtype_bytes  # one sequence's slice, a byte a token per unit of width
+    q, k, v, out = context.alltoall_payloads(model, spec(cp=4, cp_mode="alltoall", tp=4).resolved())
+    assert q == out == slice_bytes * model.hidden / 4
+    assert k == v == slice_bytes * 4 * model.head_dim, "each of the 4 cp ranks gets one KV head"
+    _, k1, _, _ = context.alltoall_payloads(model, spec(cp=4, cp_mode="alltoall").resolved())
+    assert k1 == slice_bytes * model.kv_dim, "8 KV heads split over cp 4: none replicated"
+    assert cost.predict(model, spec(cp=4, cp_mode="alltoall", tp=4), H100).tokens_per_s > 0
+    odd = model.replace(hidden=3072, heads=24, kv_heads=6)
+    with pytest.raises(SpecError, match=r"KV heads \(6\) divisible by 4 or dividing it"):
+        cost.predict(odd, spec(cp=4, cp_mode="alltoall"), H100)
+    assert any(c.cp_mode == "alltoall" and (model.kv_heads // c.tp) < c.cp
+               for c in planner.candidates(model.replace(seq=131072), 1024, H100, 1024)), "planned too"
 
 
 def test_simulate_takes_cp_and_the_timeline_is_refused_not_faked(capsys):

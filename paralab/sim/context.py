@@ -13,10 +13,11 @@ what attention adds:
   backward (2 x the slice's K or V each), every hop beside one step's attention; :func:`ring_steps`
   runs the ring step by step, so a hop is hidden while its step computes longer than it travels
   and exposed when the block is too small or the link too slow. All-to-all (Ulysses): q, k, v and
-  the output forward, their gradients backward, each (cp-1)/cp of the slice's tensor, blocking;
+  the output forward, their gradients backward, each (cp-1)/cp of the slice's tensor, blocking (K
+  and V replicated where the KV heads are fewer than cp: :func:`~paralab.sim.specs.ulysses_kv_heads`);
 - memory: the ring keeps no attention scores (its tiles are recomputed in backward, as a
   flash-attention kernel does); the all-to-all's attention keeps its scores for heads / cp heads of
-  the whole sequence, 1/cp of what the unsplit model keeps.
+  the whole sequence, 1/cp of what the unsplit model keeps, and K and V replicas where it made them.
 
 Model states are the whole model's: the slice run keeps the whole learned position table
 (``position_rows``), which every cp rank holds and all-reduces, though its slice reads only its rows.
@@ -35,7 +36,7 @@ from functools import cached_property, lru_cache
 
 from paralab.schedules import theoretical_bubble
 from paralab.sim import cost, counting, memory  # cost hands cp > 1 here (cost.CONTEXT_PARALLEL, below)
-from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec
+from paralab.sim.specs import HardwareSpec, ModelSpec, ParallelSpec, ulysses_kv_heads
 from paralab.strategies.sequence_split import ring_source, step_tiles
 from paralab.trace import COMM, COMPUTE, Span, Trace
 
@@ -62,9 +63,22 @@ def hop_bytes(model: ModelSpec, p: ParallelSpec) -> float:
 
 def alltoall_payloads(model: ModelSpec, p: ParallelSpec) -> list[float]:
     """The four tensors of a layer's forward all-to-alls (q, k, v, output), the slice's, this tp rank's
-    heads; backward sends their gradients, the same sizes."""
+    heads (K and V replicated where they are fewer than cp: :func:`~paralab.sim.specs.ulysses_kv_heads`);
+    backward sends their gradients, the same sizes."""
     token_bytes = p.micro_batch * model.seq // p.cp * model.dtype_bytes / p.tp
-    return [token_bytes * width for width in (model.hidden, model.kv_dim, model.kv_dim, model.hidden)]
+    kv = ulysses_kv_heads(model, p.tp, p.cp) * p.tp * model.head_dim  # kv_dim where none is replicated
+    return [token_bytes * width for width in (model.hidden, kv, kv, model.hidden)]
+
+
+def kv_replica_bytes(model: ModelSpec, p: ParallelSpec) -> float:
+    """What one layer's all-to-all attention keeps of one microbatch beyond the slice's K and V, where
+    it replicated the KV heads (:func:`~paralab.sim.specs.ulysses_kv_heads`): the core keeps its
+    whole-sequence K and V for backward, cp / k times the slice's (Llama 3 405B at tp 8 x cp 16, 131,072
+    tokens: a tenth more activations). None for the ring."""
+    if p.cp_mode != "alltoall":
+        return 0.0
+    replicated = ulysses_kv_heads(model, p.tp, p.cp) - model.kv_heads // p.tp
+    return 2 * p.micro_batch * model.seq // p.cp * model.head_dim * replicated * model.dtype_bytes
 
 
 def comm_payloads(model: ModelSpec, parallel: ParallelSpec,
@@ -316,18 +330,22 @@ def _memory_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> tuple[tuple[str
         scores = keeping * (kept_under("none") - kept_under("selective")) if keeping else 0.0
         return kept - scores if parallel.cp_mode == "ring" else kept + (parallel.cp - 1) * scores
 
-    # the share of the stashed layers that keep their scores (partial full recompute keeps them whole)
+    # the share of the stashed layers that keep their scores (partial full recompute keeps them whole),
+    # and with them the K and V replicas an all-to-all's core keeps
     keeping = {"none": 1.0, "selective": 0.0, "full": 1 - counting.recompute_share(sm, sp)}[sp.recompute]
     under = {recompute: sp.replace(recompute=recompute) for recompute in {"none", "selective", sp.recompute}}
+    replicas = kv_replica_bytes(model, parallel.resolved())
 
     def activations(rank: int, inflight: counting.Inflight) -> float:
-        return as_cp_keeps(lambda r: counting.activation_bytes_per_gpu(sm, under[r], rank, inflight),
+        kept = as_cp_keeps(lambda r: counting.activation_bytes_per_gpu(sm, under[r], rank, inflight),
                            sp.recompute, keeping)
+        return kept + keeping * replicas * counting.layers_held(sm, sp, rank, inflight) if replicas else kept
 
     def layer_kept(recompute: str) -> float:  # a layer of the slice
+        keeps = 1.0 if recompute == "none" else 0.0
         return as_cp_keeps(lambda r: counting.activation_bytes_per_layer(
             sm, sp.micro_batch, sp.tp, sp.sequence_parallel, r, sp.sp_keeps_gathered_inputs),
-            recompute, 1.0 if recompute == "none" else 0.0)
+            recompute, keeps) + keeps * replicas
 
     return tuple(memory.peak_per_gpu(model, sp, activations, layer_kept).items())
 

@@ -735,7 +735,7 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
     two counts.
     """
     p = parallel.resolved()
-    at_peak, held = inflight is None, inflight if isinstance(inflight, tuple) else None
+    asked, at_peak, held = inflight, inflight is None, inflight if isinstance(inflight, tuple) else None
     if at_peak:
         inflight = peak_inflight_chunks(p.schedule, p.pp, p.microbatches, p.virtual_stages, rank)
     elif held is not None:
@@ -753,12 +753,7 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
     per_moe_layer = moe_layer_extra_bytes(model, p)
     chunk_bytes = tuple(layers * per_layer + moe_layers * per_moe_layer
                         for layers, moe_layers in chunks_by_rank(model, p)[rank])
-    if held is not None:
-        total = sum(n * chunk for n, chunk in zip(held, chunk_bytes, strict=True))
-    elif at_peak and p.schedule == "interleaved" and len(set(chunk_bytes)) > 1:
-        total = _interleaved_peak(p.pp, p.microbatches, p.virtual_stages, rank, chunk_bytes)
-    else:
-        total = inflight * sum(chunk_bytes) / len(chunk_bytes)
+    total = held_of_chunks(p, rank, asked, chunk_bytes)
     sbh = model.seq * p.micro_batch * model.hidden
     ends, rematerialised = backward_transients(model, p)
     if rank == 0 and model.dropout:
@@ -771,6 +766,27 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
         ends = 0.0
     # a microbatch's backward frees its ends before it recomputes anything, so the fuller of the two
     return total + max(ends, rematerialised)
+
+
+def held_of_chunks(p: ParallelSpec, rank: int, inflight: Inflight, chunk_bytes: tuple[float, ...]) -> float:
+    """What pipeline rank ``rank`` of the resolved ``p`` holds at once of its chunks, each keeping
+    ``chunk_bytes`` (in model order) per microbatch, with ``inflight`` microbatches in flight
+    (:data:`Inflight`; None: the schedule's most, walked where an interleaved rank's chunks differ)."""
+    if isinstance(inflight, tuple):
+        return sum(n * chunk for n, chunk in zip(inflight, chunk_bytes, strict=True))
+    if inflight is None:
+        if p.schedule == "interleaved" and len(set(chunk_bytes)) > 1:
+            return _interleaved_peak(p.pp, p.microbatches, p.virtual_stages, rank, chunk_bytes)
+        inflight = peak_inflight_chunks(p.schedule, p.pp, p.microbatches, p.virtual_stages, rank)
+    return inflight * sum(chunk_bytes) / len(chunk_bytes)
+
+
+def layers_held(model: ModelSpec, parallel: ParallelSpec, rank: int = 0, inflight: Inflight = None) -> float:
+    """Layers' worth of one microbatch that pipeline rank ``rank`` holds at once, as
+    :func:`activation_bytes_per_gpu` counts its stash: what a tensor every layer keeps costs the rank."""
+    p = parallel.resolved()
+    layers = tuple(float(blocks) for blocks, _ in chunks_by_rank(model, p)[rank])
+    return held_of_chunks(p, rank, inflight, layers)
 
 
 def moe_layer_extra_bytes(model: ModelSpec, parallel: ParallelSpec) -> float:

@@ -40,6 +40,7 @@ from paralab.sim.specs import (
     ParallelSpec,
     SpecError,
     sequence_parallel_divides,
+    ulysses_kv_heads,
 )
 from paralab.stage_split import megatron_split, split_text
 from paralab.text import count_text
@@ -130,7 +131,7 @@ def _context_parallel(model: ModelSpec, tp: int, replicas: int, batch: int) -> l
         return out
     for cp in (c for c in context.CP_DEGREES if replicas % c == 0 and model.seq % (2 * c) == 0):
         out.append((cp, "ring"))
-        if (model.heads // tp) % cp == 0 and (model.kv_heads // tp) % cp == 0:
+        if (model.heads // tp) % cp == 0 and ulysses_kv_heads(model, tp, cp):
             out.append((cp, "alltoall"))
     return out
 

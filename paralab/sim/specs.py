@@ -64,6 +64,18 @@ def sequence_parallel_divides(seq: int, tp: int, cp: int = 1) -> bool:
     return seq % (tp * cp) == 0
 
 
+def ulysses_kv_heads(model: ModelSpec, tp: int, cp: int) -> int | None:
+    """KV heads of one tp rank that an all-to-all (Ulysses) cp split sends: its own where cp divides
+    them; where they divide cp (grouped-query attention with fewer KV heads than cp), each replicated
+    cp / k times before the all-to-all, so that every cp rank receives the one its query heads read
+    (DeepSpeed-Ulysses' and verl's scheme; the replicas' gradients sum in backward); None where
+    neither divides."""
+    kv = model.kv_heads // tp
+    if kv % cp == 0:
+        return kv
+    return cp if cp % kv == 0 else None
+
+
 def kind_problems(spec, what: str, skip: tuple[str, ...] = ()) -> list[str]:
     """Each field of ``spec`` whose value is not of the kind its annotation names, with the value:
     numbers finite, counts whole (24.5 layers, or 3.5 GPUs a node, would place half a layer or a
@@ -547,10 +559,11 @@ class ParallelSpec:
         pieces = self.cp if self.cp_mode == "alltoall" and self.cp_split == "contiguous" else 2 * self.cp
         out = [] if model.seq % pieces == 0 else [
             f"cp {self.cp} needs the sequence ({model.seq}) divisible by {pieces}"]
-        heads = (model.heads // self.tp, model.kv_heads // self.tp)
-        if self.cp_mode == "alltoall" and any(h % self.cp for h in heads):
-            out.append(f"all-to-all (Ulysses) cp {self.cp} needs the heads per tp rank ({heads[0]}, "
-                       f"kv {heads[1]}) divisible by {self.cp}")
+        heads, kv = model.heads // self.tp, model.kv_heads // self.tp
+        if self.cp_mode == "alltoall" and (heads % self.cp or not ulysses_kv_heads(model, self.tp, self.cp)):
+            out.append(f"all-to-all (Ulysses) cp {self.cp} needs the heads per tp rank ({heads}) divisible "
+                       f"by {self.cp}, and their KV heads ({kv}) divisible by {self.cp} or dividing it "
+                       f"(each then replicated for the all-to-all)")
         return out
 
     def _expert_problems(self, model: ModelSpec) -> list[str]:
