@@ -327,12 +327,12 @@ def cmd_strategies(args) -> int:
 
 def cmd_merge(args) -> int:
     from paralab.outputs import check_file, check_output_reads_no_input, unread_text
-    from paralab.trace import Trace, ranks_missing
+    from paralab.trace import load_spans, ranks_missing
 
     check_file(args.output, "output")
     check_output_reads_no_input(args.output, [("trace", args.path)])
     try:
-        trace = Trace.load(args.path)
+        trace = load_spans(args.path)
     except (OSError, ValueError) as exc:  # TraceFormatError names the file and what is wrong
         # an OS error the system explains ("out/: No such file or directory"); else one that says itself
         said = f"cannot read {unread_text(exc, args.path)}" if getattr(exc, "strerror", None) else str(exc)

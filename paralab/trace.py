@@ -102,6 +102,15 @@ class TraceFormatError(ValueError):
     """A trace file, or trace data, that is not what a trace must be (says where and what)."""
 
 
+def load_spans(path: str | Path) -> Trace:
+    """:meth:`Trace.load` for a command that reads what ran: a trace of no spans is refused, as merging or
+    reporting it says nothing (it had merged as "0 spans, median step 0.0 ms")."""
+    trace = Trace.load(path)
+    if not trace.spans:
+        raise TraceFormatError(f"{path}: holds no spans, so nothing that ran")
+    return trace
+
+
 @dataclass(slots=True)
 class Span:
     """One timed piece of work on one rank.
@@ -256,6 +265,9 @@ class Trace:
             return cls.from_chrome(data)
         if data.get("format") != "paralab-trace":
             raise TraceFormatError("not a paralab trace (no 'format: paralab-trace', no 'traceEvents')")
+        if data.get("version", FORMAT_VERSION) != FORMAT_VERSION:  # files before versions had none
+            raise TraceFormatError(f"format version {json.dumps(data['version'])[:20]}: this paralab reads "
+                                   f"version {FORMAT_VERSION}")
         return cls(
             spans=_build_all(Span, _list_in(data, "spans"), "spans"),
             counters=_build_all(Counter, _list_in(data, "counters"), "counters"),
@@ -698,10 +710,25 @@ def _build(cls, data, where: str, index: int | None = None):
     if not 0 <= data["rank"] < MAX_RANKS:  # figures draw a row (a matrix) per rank up to the largest
         raise TraceFormatError(f"{_at(where, index)}.rank: expected a rank in 0..{MAX_RANKS - 1:,}, got "
                                f"{data['rank']}")
-    if cls is Span and data["end"] < data["start"]:
-        raise TraceFormatError(f"{_at(where, index)}: ends at {data['end']} before it starts at "
-                               f"{data['start']}")
+    if cls is Span:
+        _check_span(data, _at(where, index))
     return cls(**data)
+
+
+# a span's counts and stretches: a negative one (a hand-edited file) would pass into sums as a saving
+_NOT_NEGATIVE = ("bytes", "payload_bytes", "group_size", "issue_s", "waited_s")
+
+
+def _check_span(data: dict, where: str) -> None:
+    """What a span's fields must hold beside their kinds: a lane the figures draw, no negative count or
+    stretch, an end no earlier than its start."""
+    if data["lane"] not in LANES:
+        raise TraceFormatError(f"{where}.lane: expected one of {', '.join(LANES)}, got {data['lane']!r}")
+    for key in _NOT_NEGATIVE:
+        if data.get(key, 0) < 0:
+            raise TraceFormatError(f"{where}.{key}: expected 0 or more, got {data[key]}")
+    if data["end"] < data["start"]:
+        raise TraceFormatError(f"{where}: ends at {data['end']} before it starts at {data['start']}")
 
 
 def _build_all(cls, items: list, where: str) -> list:

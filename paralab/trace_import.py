@@ -105,6 +105,7 @@ class RankProfile:
     host_events: list[Event] = field(default_factory=list)
     device_events: list[Event] = field(default_factory=list)
     peak_memory: dict[int, float] = field(default_factory=dict)  # device type (0 CPU, 1 CUDA) -> bytes
+    negative_durations: int = 0  # events left out for a dur below 0, which no clock measures
 
     @property
     def on_gpu(self) -> bool:
@@ -207,13 +208,20 @@ def read_profile(path: Path) -> RankProfile:
             raise ProfileError(f"{path}: traceEvents[{i}] ({e.get('name')!r}) has no numeric ts and dur")
         if not isinstance(args, dict):
             raise ProfileError(f"{path}: traceEvents[{i}] ({e.get('name')!r}): args is not an object")
+        if dur < 0:
+            profile.negative_durations += 1
+            continue
         if not all(v is None or isinstance(v, (int, float, str)) for v in (e.get("pid"), e.get("tid"))):
             raise ProfileError(f"{path}: traceEvents[{i}] ({e.get('name')!r}): pid or tid is not a number or "
                                "a name")
         profile.shapes_recorded |= "Input Dims" in args  # older torch writes no record_shapes key
         event = Event(str(e.get("name", "")), e["cat"], e.get("pid"), e.get("tid"), ts * 1e-6,
-                      (ts + max(dur, 0)) * 1e-6, args)
+                      (ts + dur) * 1e-6, args)
         (profile.host_events if e["cat"] in HOST_CATS else profile.device_events).append(event)
+    if not profile.host_events and not profile.device_events and profile.negative_durations:
+        raise ProfileError(f"{path}: every torch.profiler operator and kernel has a negative duration "
+                           f"({count_text(profile.negative_durations, 'event')}), which no clock measures "
+                           "(an edited file?)")
     if not profile.host_events and not profile.device_events:
         raise ProfileError(f"{path}: no torch.profiler operators or kernels (events of category "
                            f"{', '.join(HOST_CATS + DEVICE_CATS)}), so not a torch.profiler trace")
@@ -390,6 +398,9 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
         said.append(f"{numbered('rank', sorted(unsized))} {were} profiled without record_shapes=True: "
                     "a profile taken so holds no sizes of its communication, so the bytes are unknown "
                     "(0 in the trace); profile with record_shapes=True to measure them")
+    if negative := [p for p in profiles if p.negative_durations]:
+        said.append("events of a negative duration left out, as no clock measures one (an edited file?): "
+                    + ", ".join(f"{p.path.name} {p.negative_durations:,}" for p in negative))
     if said:
         trace.meta["warnings"] = said
     for text in said:  # a script or notebook hears them too, as paralab's other warnings

@@ -219,6 +219,12 @@ BAD_INPUTS = {
     "huge-world": ({**_good(), "meta": {"world_size": 2**62}}, "meta.world_size: expected a world size"),
     "ends-before-it-starts": (_with_span(start=2.0, end=1.0),
                               "spans[0]: ends at 1.0 before it starts at 2.0"),
+    # these had merged and reported with exit 0: nothing drawn, bytes summed as a saving, no step
+    "unknown-lane": (_with_span(lane="zzz"), "spans[0].lane: expected one of compute, comm"),
+    "negative-bytes": (_with_span(bytes=-100), "spans[0].bytes: expected 0 or more, got -100"),
+    "negative-wait": (_with_span(waited_s=-0.5), "spans[0].waited_s: expected 0 or more, got -0.5"),
+    "no-spans": ({**_good(), "spans": []}, "holds no spans"),
+    "newer-version": ({**_good(), "version": 99}, "format version 99: this paralab reads version 1"),
     "string-tokens": ({**_good(), "meta": {"tokens_per_step": "x"}},
                       "meta.tokens_per_step: expected a number, got a string"),
     "layout-a-list": ({**_good(), "meta": {"layout": [1]}}, "meta.layout: expected an object, got a list"),

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from paralab.text import count_text, steps_said
-from paralab.trace import SPAN_FIGURES, Trace, not_measured, past_warm_up, pipelined
+from paralab.trace import SPAN_FIGURES, Trace, load_spans, not_measured, past_warm_up, pipelined
 
 
 # ------------------------------------------------------------------------------------------- content
@@ -301,7 +301,7 @@ def report_main(args) -> int:
             traces.append(None)
             continue
         try:
-            traces.append(Trace.load(name))
+            traces.append(load_spans(name))
         except (OSError, ValueError) as exc:  # TraceFormatError names the file and what is wrong
             print(f"paralab report: cannot read {label}: {unread_text(exc, name)}", file=sys.stderr)
             return 2
