@@ -316,10 +316,10 @@ def paralab_spans(profile: RankProfile, rank: int) -> tuple[list[Span], float | 
         name = fields.pop("name", "") or kind
         issued, waited = (moments[m, e.name].popleft() if moments.get((m, e.name)) else None
                           for m in MOMENTS)
-        length = timed.end - start  # a host-timed mark may outrun a device-timed span
+        length = timed.end - start  # a host-timed mark may outrun a device-timed span, either end
         spans.append(Span(rank, lane, kind, start, timed.end, name=name, **fields,
-                          issue_s=0.0 if issued is None else min(issued - start, length),
-                          waited_s=0.0 if waited is None else min(e.end - waited, length)))
+                          issue_s=0.0 if issued is None else min(max(issued - start, 0.0), length),
+                          waited_s=0.0 if waited is None else min(max(e.end - waited, 0.0), length)))
     return spans, offset
 
 
