@@ -26,6 +26,7 @@ from paralab.cli_args import (
     EXIT_OK,
     EXIT_SIGPIPE,
     OneLineErrors,
+    OneValueWhateverItsName,
     add_training_args,
     attach_negative_lists,
     build_config,
@@ -79,6 +80,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help=f"pipeline schedule (pp, hybrid): {', '.join(SCHEDULES)} "
                         "(default: the strategy's)")
     p.add_argument("--microbatches", "--accumulate", type=int, default=d.microbatches, metavar="K",
+                   action=OneValueWhateverItsName,
                    help="microbatches per replica per step: gradient accumulation "
                         "(a pipeline's microbatches)")
     p.add_argument("--virtual-stages", type=int, default=d.virtual_stages,

@@ -188,6 +188,25 @@ def attention_named(to_this_command: dict[str, str]):
     return lambda text: to_this_command.get(text, text)
 
 
+class OneValueWhateverItsName(argparse.Action):
+    """An option of several names (``--microbatches``, ``--accumulate``) given under two of them with
+    different values is refused, naming both: the last had won without a word. One name given twice
+    keeps argparse's rule, the last wins (a script's override of its own defaults)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        said = self._said.setdefault(id(namespace), {})
+        others = [f"{name} {value}" for name, value in said.items()
+                  if name != option_string and value != values]
+        if others:
+            parser.error(f"{others[0]} and {option_string} {values} are one option: give it once")
+        said[option_string] = values
+        setattr(namespace, self.dest, values)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._said: dict[int, dict[str, object]] = {}  # per namespace parsed: each name's value
+
+
 class NeedsTheKeysOfItsMetavar(argparse.Action):
     """A flag of ``key=value`` pairs (type :func:`key_values`) whose metavar names the keys it needs
     (``rank=R,step=K``): one left out is refused in the flag's own terms, ``--fail needs

@@ -356,6 +356,9 @@ def test_a_failed_run_exits_1_naming_the_rank(capsys, no_leftover_ranks):
     (["elastic", "--nnodes", "a:b"], "--nnodes takes N or MIN:MAX"),
     # an unknown flag is said by its command, which names its own --help (it had said `paralab --help`)
     (["run", "--bogus"], "paralab run: unrecognized arguments: --bogus"),
+    # two names of one option, two values: the last had won without a word
+    (["run", "--strategy", "pp", "--microbatches", "4", "--accumulate", "2"],
+     "--microbatches 4 and --accumulate 2 are one option: give it once"),
 ])
 def test_unparseable_arguments_exit_2_in_one_line(capsys, argv, message):
     """As every refusal: one line that names the argument (the usage block is behind --help)."""
@@ -364,6 +367,14 @@ def test_unparseable_arguments_exit_2_in_one_line(capsys, argv, message):
     err = capsys.readouterr().err
     assert info.value.code == 2 and message in err and err.count("\n") == 1, err
     assert f"(see paralab {argv[0]} --help)" in err
+
+
+def test_one_option_under_its_two_names_with_one_value_or_one_name_twice_is_taken():
+    """Only two names with two values contradict; one name given twice keeps argparse's rule (the last
+    wins: a script's override of its own default)."""
+    parse = cli.build_parser().parse_args
+    assert parse(["run", "--microbatches", "4", "--accumulate", "4"]).microbatches == 4
+    assert parse(["run", "--accumulate", "2", "--accumulate", "8"]).microbatches == 8
 
 
 def test_an_unknown_flag_before_the_command_is_said_by_paralab(capsys):

@@ -107,7 +107,12 @@ def killed(tmp_path_factory):
         (["--nnodes", "1:2", "--slow", "rank=0,factor=2,bogus=1"], "slow takes rank and factor"),
         (["--nnodes", "3:4", "--fail", "rank=0,step=1", "--nodes", "3"], "fewer than min nodes 3"),
         (["--nnodes", "2:4", "--fail", "rank=0,step=1", "--nodes", "2"],
-         "after the failure 1 node remains, fewer than min nodes 2"),
+         "after the failure 1 node remains, fewer than min nodes 2: lower MIN in --nnodes 2:4"),
+        # MIN cannot go below 1 (it had advised lowering it): one node has no survivor
+        (["--nnodes", "1:1", "--fail", "rank=0,step=1"],
+         "after the failure 0 nodes remain, fewer than min nodes 1: start 2 nodes or more "
+         "(--nnodes 1:2 --nodes 2)"),
+        (["--nnodes", "2:4", "--nodes", "1"], "1 starting node (--nodes) is outside --nnodes 2:4"),
         (["--nnodes", "2:4", "--steps", "5", "--checkpoint-every", "2",
           "--fail", "rank=1,step=2,during=save"],
          "no checkpoint is saved after step 2 (every 2 steps: after steps [1, 3, 4])"),

@@ -400,11 +400,16 @@ def test_fsdp_fp32_shards_are_the_master_weights():
     assert moved[0] == moved[1]
 
 
-@pytest.mark.parametrize("change, model", [(dict(zero=2), "gpt3-1.3b"), ({}, "small")])
-def test_fp32_shards_need_zero_3_and_16_bit_weights(change, model):
+@pytest.mark.parametrize("change, model, missing", [
+    (dict(zero=2), "gpt3-1.3b", "needs zero 3, got zero 2"),
+    ({}, "small", "needs mixed-precision Adam, got adam-fp32"),
+    (dict(zero=1), "small", "needs zero 3, got zero 1; mixed-precision Adam, got adam-fp32"),
+])
+def test_fp32_shards_need_zero_3_and_16_bit_weights_and_say_which_is_missing(change, model, missing):
+    """Only what is missing is named: "got zero 0, adam-mixed" had listed a condition already met."""
     spec = ParallelSpec(dp=8, zero=3, micro_batch=1, global_batch=8, fp32_shards=True).replace(**change)
-    assert any("fp32_shards" in problem and "needs zero 3 and mixed-precision Adam" in problem
-               for problem in spec.problems(get_model(model)))
+    assert [problem for problem in spec.problems(get_model(model)) if "fp32_shards" in problem] == [
+        f"fp32_shards (FSDP's fp32 shards as the master weights) {missing}"]
 
 
 def test_fp32_gradients_and_megatrons_distributed_optimizer():

@@ -89,7 +89,7 @@ class ElasticConfig(TrainingConfig):
                               "--nnodes takes MIN:MAX with MIN <= MAX, "
                               f"e.g. {self.max_nodes}:{self.min_nodes}")
         if not self.min_nodes <= self.nodes <= self.max_nodes:
-            raise ConfigError(f"{self.nodes} starting nodes is outside --nnodes "
+            raise ConfigError(f"{count_text(self.nodes, 'starting node')} (--nodes) is outside --nnodes "
                               f"{self.min_nodes}:{self.max_nodes}")
         if self.global_batch < self.max_nodes:
             raise ConfigError(f"global batch {self.global_batch} is smaller than max nodes {self.max_nodes}: "
@@ -123,9 +123,11 @@ class ElasticConfig(TrainingConfig):
                               f"steps: after steps {saves})")
         if self.nodes - 1 < self.min_nodes:
             left = self.nodes - 1
+            # MIN is 1 at the least: a run of one node has no survivor, whatever MIN says
+            remedy = (f"lower MIN in --nnodes {self.min_nodes}:{self.max_nodes}" if self.min_nodes > 1 else
+                      f"start 2 nodes or more (--nnodes 1:{max(self.max_nodes, 2)} --nodes 2)")
             raise ConfigError(f"after the failure {count_text(left, 'node')} remain{'s' * (left == 1)}, "
-                              f"fewer than min nodes {self.min_nodes}: lower MIN in --nnodes "
-                              f"{self.min_nodes}:{self.max_nodes}")
+                              f"fewer than min nodes {self.min_nodes}: {remedy}")
         if self.max_restarts < 1:
             raise ConfigError("a failure needs --max-restarts >= 1 for the survivors to restart")
 

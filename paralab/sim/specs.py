@@ -497,9 +497,12 @@ class ParallelSpec:
         if p.zero_accumulates and p.zero != 2:
             out.append(f"zero_accumulates (a step's gradients summed before one reduce-scatter) is ZeRO-2's, "
                        f"got zero {p.zero}")
-        if p.fp32_shards and (p.zero != 3 or p.optimizer_for(model) != "adam-mixed"):
-            out.append(f"fp32_shards (FSDP's fp32 shards as the master weights) needs zero 3 and "
-                       f"mixed-precision Adam, got zero {p.zero}, {p.optimizer_for(model)}")
+        unmet = [f"{needed}, got {got}" for needed, got, met in (
+            ("zero 3", f"zero {p.zero}", p.zero == 3),
+            ("mixed-precision Adam", p.optimizer_for(model), p.optimizer_for(model) == "adam-mixed"),
+        ) if not met]
+        if p.fp32_shards and unmet:  # what is missing, not what holds already
+            out.append(f"fp32_shards (FSDP's fp32 shards as the master weights) needs {'; '.join(unmet)}")
         for name in ("grad_buckets", "reduce_scatters_in_flight", "grad_copy_bytes"):
             if getattr(p, name) < 0:
                 out.append(f"{name} must be >= 0, got {getattr(p, name)}")
