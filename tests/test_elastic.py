@@ -113,6 +113,7 @@ def killed(tmp_path_factory):
          "after the failure 0 nodes remain, fewer than min nodes 1: start 2 nodes or more "
          "(--nnodes 1:2 --nodes 2)"),
         (["--nnodes", "2:4", "--nodes", "1"], "1 starting node (--nodes) is outside --nnodes 2:4"),
+        (["--nnodes", "1:1", "--balance"], "--nnodes 1:1 never has more than one node: leave it out"),
         (["--nnodes", "2:4", "--steps", "5", "--checkpoint-every", "2",
           "--fail", "rank=1,step=2,during=save"],
          "no checkpoint is saved after step 2 (every 2 steps: after steps [1, 3, 4])"),

@@ -88,6 +88,9 @@ class ElasticConfig(TrainingConfig):
             raise ConfigError(f"min nodes {self.min_nodes} > max nodes {self.max_nodes}: "
                               "--nnodes takes MIN:MAX with MIN <= MAX, "
                               f"e.g. {self.max_nodes}:{self.min_nodes}")
+        if self.balance and self.max_nodes == 1:  # a flag that changes nothing is refused, as run refuses one
+            raise ConfigError("--balance splits each global batch over the nodes by their measured speed; "
+                              f"--nnodes {self.min_nodes}:1 never has more than one node: leave it out")
         if not self.min_nodes <= self.nodes <= self.max_nodes:
             raise ConfigError(f"{count_text(self.nodes, 'starting node')} (--nodes) is outside --nnodes "
                               f"{self.min_nodes}:{self.max_nodes}")
