@@ -13,6 +13,8 @@ import json
 import math
 import re
 import sys
+import weakref
+from collections.abc import Callable
 
 from paralab.config import (
     ATTENTION_AS_SIMULATED,
@@ -194,7 +196,10 @@ class OneValueWhateverItsName(argparse.Action):
     keeps argparse's rule, the last wins (a script's override of its own defaults)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        said = self._said.setdefault(id(namespace), {})
+        parsing, said = self._said
+        if parsing() is not namespace:  # another parse: what an earlier one said is not this one's
+            said = {}
+            self._said = (weakref.ref(namespace), said)
         others = [f"{name} {value}" for name, value in said.items()
                   if name != option_string and value != values]
         if others:
@@ -204,7 +209,8 @@ class OneValueWhateverItsName(argparse.Action):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._said: dict[int, dict[str, object]] = {}  # per namespace parsed: each name's value
+        # the namespace being parsed (weakly: a later one may reuse a dead one's id) and each name's value
+        self._said: tuple[Callable[[], object], dict[str, object]] = (lambda: None, {})
 
 
 class NeedsTheKeysOfItsMetavar(argparse.Action):

@@ -105,7 +105,7 @@ class RankProfile:
     host_events: list[Event] = field(default_factory=list)
     device_events: list[Event] = field(default_factory=list)
     peak_memory: dict[int, float] = field(default_factory=dict)  # device type (0 CPU, 1 CUDA) -> bytes
-    negative_durations: int = 0  # events left out for a dur below 0, which no clock measures
+    negative_durations: int = 0  # events left out for a dur below 0: unfinished (torch writes -1), or edited
 
     @property
     def on_gpu(self) -> bool:
@@ -220,8 +220,8 @@ def read_profile(path: Path) -> RankProfile:
         (profile.host_events if e["cat"] in HOST_CATS else profile.device_events).append(event)
     if not profile.host_events and not profile.device_events and profile.negative_durations:
         raise ProfileError(f"{path}: every torch.profiler operator and kernel has a negative duration "
-                           f"({count_text(profile.negative_durations, 'event')}), which no clock measures "
-                           "(an edited file?)")
+                           f"({count_text(profile.negative_durations, 'event')}): events left unfinished, "
+                           "or an edited file")
     if not profile.host_events and not profile.device_events:
         raise ProfileError(f"{path}: no torch.profiler operators or kernels (events of category "
                            f"{', '.join(HOST_CATS + DEVICE_CATS)}), so not a torch.profiler trace")
@@ -399,7 +399,7 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
                     "a profile taken so holds no sizes of its communication, so the bytes are unknown "
                     "(0 in the trace); profile with record_shapes=True to measure them")
     if negative := [p for p in profiles if p.negative_durations]:
-        said.append("events of a negative duration left out, as no clock measures one (an edited file?): "
+        said.append("events of a negative duration (left unfinished, or an edited file) left out: "
                     + ", ".join(f"{p.path.name} {p.negative_durations:,}" for p in negative))
     if said:
         trace.meta["warnings"] = said

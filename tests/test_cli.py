@@ -375,6 +375,9 @@ def test_one_option_under_its_two_names_with_one_value_or_one_name_twice_is_take
     parse = cli.build_parser().parse_args
     assert parse(["run", "--microbatches", "4", "--accumulate", "4"]).microbatches == 4
     assert parse(["run", "--accumulate", "2", "--accumulate", "8"]).microbatches == 8
+    # each parse stands alone: an earlier parse's --accumulate 8 had refused this one, one parser reused
+    twice = [parse(["run", "--microbatches", "2", "--microbatches", str(k)]).microbatches for k in (3, 5)]
+    assert twice == [3, 5]
 
 
 def test_an_unknown_flag_before_the_command_is_said_by_paralab(capsys):

@@ -320,6 +320,11 @@ def test_a_layout_that_does_not_fit_is_offered_what_would_make_it_fit_with_its_o
     assert rc == 0 and not data["fits"] and data["alternatives"] and data["alternatives_same_degrees"] == []
     rc, text, _ = run(["simulate", "--model", "gpt3-175b", "--gpus", "48", "--tp", "3", "--pp", "16"], capsys)
     assert "no layout of tp 3 x pp 16 x dp 1 that the planner weighs fits" in text
+    # how cp splits is kept too, as the heading names it (a ring row had stood under "cp 8 alltoall")
+    rc, out, _ = run(["simulate", "--model", "llama3-8b", "--seq", "131072", "--gpus", "32", "--cp", "8",
+                      "--cp-mode", "alltoall", "--hardware", "h100", "--json"], capsys)
+    same = json.loads(out)["alternatives_same_degrees"]
+    assert same and {(a["cp"], a["cp_mode"], a["dp"]) for a in same} == {(8, "alltoall", 4)}
     # where the layouts that fit on these GPUs are the ones with the degrees asked, they are said once
     assert cli._same_degrees_lines({**data, "alternatives_same_degrees": data["alternatives"]}) == []
 

@@ -389,12 +389,12 @@ BAD_FILES = {
 
 
 def test_events_of_negative_duration_are_left_out_and_said(tmp_path, capsys):
-    """No clock measures a negative duration: such an event is left out, and the import says how many
-    of which file's."""
+    """A negative duration measures nothing (torch writes -1 for an event left unfinished): such an
+    event is left out, and the import says how many of which file's."""
     events = [_event(), _event("aten::add", dur=-3.0, ts=20.0)]
     (tmp_path / "p.json").write_text(json.dumps({"traceEvents": events}))
     assert cli_main(["import", str(tmp_path / "p.json"), "-o", str(tmp_path / "t.json")]) == 0
-    assert "events of a negative duration left out, as no clock measures one (an edited file?): p.json 1" in (
+    assert "events of a negative duration (left unfinished, or an edited file) left out: p.json 1" in (
         capsys.readouterr().err)
     spans = Trace.load(tmp_path / "t.json").spans
     assert spans and all(s.end >= s.start for s in spans) and not any("add" in s.name for s in spans)

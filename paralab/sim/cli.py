@@ -29,6 +29,7 @@ from paralab.sim.specs import (
     ATTENTION_KERNELS,
     CP_MODES,
     CP_SPLITS,
+    DEGREES,
     DTYPE_BYTES,
     KERNELS,
     MAX_GPUS,
@@ -47,8 +48,9 @@ from paralab.viz._common import fmt_bytes  # plotly-free
 # the schedule a run without a pipeline is named by (ParallelSpec's default; plan's rows at pp 1)
 PIPELINE_FREE_SCHEDULE = ParallelSpec.schedule
 HINTED_ROWS = 3  # layouts that fit, offered beside a refusal or a prediction that does not fit
-# how a layout splits its GPUs: what a prediction that does not fit keeps in the layouts it offers first
-DEGREES = ("dp", "tp", "pp", "cp", "ep")
+# what a prediction that does not fit keeps in the layouts it offers first: how it splits its GPUs, and
+# how cp splits its sequences
+KEPT = (*DEGREES, "cp_mode")
 
 
 def percent(share: float) -> str:
@@ -361,12 +363,12 @@ def _alternatives(model: ModelSpec, gpus: int, hw, global_batch: int | None,
 
 
 def _alternatives_keeping(model: ModelSpec, hw, asked: ParallelSpec) -> list[cost.Prediction]:
-    """The planner's best three with the degrees of a layout that does not fit (:data:`DEGREES`): what
+    """The planner's best three with the degrees of a layout that does not fit (:data:`KEPT`): what
     else would make it fit, where a learner asked for those degrees (GPT-3 175B at tp 2 x pp 2 on 64
     A100s fits with ZeRO-3 and full recompute, which the best layouts on those GPUs, tp 8 x pp 8, do not
     need). Each row is simulated, as `simulate` prices it; only three, as a refusal's are."""
     return planner.plan(model, asked.world_size, hw, asked.global_batch, top=HINTED_ROWS, refine=HINTED_ROWS,
-                        fp32_grads=asked.fp32_grads, keep={k: getattr(asked, k) for k in DEGREES})
+                        fp32_grads=asked.fp32_grads, keep={k: getattr(asked, k) for k in KEPT})
 
 
 def simulate_main(args) -> int:
@@ -454,7 +456,7 @@ def _same_degrees_lines(out: dict) -> list[str]:
     same = out["alternatives_same_degrees"]
     if [a["config"] for a in same] == [a["config"] for a in out["alternatives"]]:
         return []
-    kept = planner.degrees_text(ParallelSpec(**{k: out[k] for k in (*DEGREES, "cp_mode")}))
+    kept = planner.degrees_text(ParallelSpec(**{k: out[k] for k in KEPT}))
     if not same:
         return [f"  no layout of {kept} that the planner weighs fits (its schedules, micro-batches, ZeRO "
                 f"stages and recompute policies)"]

@@ -74,7 +74,8 @@ def kv_replica_bytes(model: ModelSpec, p: ParallelSpec) -> float:
     """What one layer's all-to-all attention keeps of one microbatch beyond the slice's K and V, where
     it replicated the KV heads (:func:`~paralab.sim.specs.ulysses_kv_heads`): the core keeps its
     whole-sequence K and V for backward, cp / k times the slice's (Llama 3 405B at tp 8 x cp 16, 131,072
-    tokens: a tenth more activations). None for the ring."""
+    tokens, sequence parallel: a tenth more activations). 0 for the ring. A layer recompute reruns
+    rebuilds its replicas in backward, one layer's worth beside the peak, which is not counted."""
     if p.cp_mode != "alltoall":
         return 0.0
     replicated = ulysses_kv_heads(model, p.tp, p.cp) - model.kv_heads // p.tp

@@ -13,7 +13,8 @@ for a mixture of experts ep (every power of two dividing dp and the experts: mor
 experts per GPU but sends more of each all-to-all across nodes) and, for long sequences (from
 paralab.sim.context.LONG_SEQUENCE tokens) or a batch that does not split over the replicas, context
 parallelism: cp taken out of what would be dp,
-ring (zig-zag) or all-to-all where the heads allow; :func:`explain` says what it bought.
+ring (zig-zag) or all-to-all where the query heads divide by cp (KV heads fewer than cp
+replicated); :func:`explain` says what it bought.
 
 Ranking is two-pass so 1,024 GPUs plan in well under 5 s: candidates that fit are scored with the
 closed-form pipeline (:func:`paralab.sim.cost.predict` with ``simulate=False``), then the rows
@@ -125,7 +126,8 @@ def short_of_sequences(batch: int, replicas: int) -> bool:
 def _context_parallel(model: ModelSpec, tp: int, replicas: int, batch: int) -> list[tuple[int, str]]:
     """(cp, mode) to try: none for short sequences in a batch that splits over the replicas; for long
     ones, or a batch :func:`short_of_sequences`, every degree that divides the replicas and the
-    sequence, as a zig-zag ring, and as all-to-all where the heads divide too."""
+    sequence, as a zig-zag ring, and as all-to-all where the query heads divide too and the KV heads
+    divide or are replicated (:func:`~paralab.sim.specs.ulysses_kv_heads`)."""
     out = [(1, "ring")]
     if model.seq < context.LONG_SEQUENCE and not short_of_sequences(batch, replicas):
         return out

@@ -27,6 +27,7 @@ RECOMPUTE = ("none", "selective", "full")
 # how ranks are numbered, innermost first: Megatron-LM's tp, dp, pp; or tp, pp, dp (Llama 3, torchtitan)
 RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp")
 OPTIMIZERS = ("adam-mixed", "adam-fp32")
+DEGREES = ("dp", "tp", "pp", "cp", "ep")  # how a layout splits its GPUs (ParallelSpec's, a trace's meta)
 CP_MODES = ("ring", "alltoall")  # paralab.config's, kept here so the simulator stays free of the run config
 CP_SPLITS = ("zigzag", "contiguous")
 # beyond any cluster (a trace's ranks stop there too), and where the event simulator's lists would
@@ -553,7 +554,9 @@ class ParallelSpec:
         return out
 
     def _context_problems(self, model: ModelSpec) -> list[str]:
-        """What a cp degree needs (paralab.strategies.context checks the same of a real run)."""
+        """What a cp degree needs: the sequence split into its pieces, and for all-to-all the query heads
+        divided by cp and the KV heads too or replicated (a real run's model has no grouped-query
+        attention: paralab.strategies.context checks its heads alone)."""
         if self.cp_mode not in CP_MODES or self.cp_split not in CP_SPLITS:
             return [f"cp mode {self.cp_mode!r} / split {self.cp_split!r}: choose from {CP_MODES} / "
                     f"{CP_SPLITS}"]

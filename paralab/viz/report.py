@@ -22,6 +22,7 @@ import html
 import sys
 from pathlib import Path
 
+from paralab.sim.specs import DEGREES
 from paralab.text import count_text, steps_said
 from paralab.trace import SPAN_FIGURES, Trace, load_spans, not_measured, past_warm_up, pipelined
 
@@ -315,7 +316,6 @@ def report_main(args) -> int:
     return 0
 
 
-DEGREES = ("dp", "tp", "pp", "cp", "ep")  # what a prediction must share with the run under it
 
 
 def not_its_prediction(measured: Trace, predicted: Trace) -> str:
