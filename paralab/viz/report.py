@@ -316,8 +316,6 @@ def report_main(args) -> int:
     return 0
 
 
-
-
 def not_its_prediction(measured: Trace, predicted: Trace) -> str:
     """How ``predicted`` is of another layout than ``measured`` (its world size, or a degree both
     traces record), or "": a 2-rank pipeline's prediction had been stacked under a 4-rank hybrid run
