@@ -218,11 +218,11 @@ def read_profile(path: Path) -> RankProfile:
         event = Event(str(e.get("name", "")), e["cat"], e.get("pid"), e.get("tid"), ts * 1e-6,
                       (ts + dur) * 1e-6, args)
         (profile.host_events if e["cat"] in HOST_CATS else profile.device_events).append(event)
-    if not profile.host_events and not profile.device_events and profile.negative_durations:
-        raise ProfileError(f"{path}: every torch.profiler operator and kernel has a negative duration "
-                           f"({count_text(profile.negative_durations, 'event')}): events left unfinished, "
-                           "or an edited file")
     if not profile.host_events and not profile.device_events:
+        if profile.negative_durations:
+            raise ProfileError(f"{path}: every torch.profiler operator and kernel has a negative duration "
+                               f"({count_text(profile.negative_durations, 'event')}): events left "
+                               "unfinished, or an edited file")
         raise ProfileError(f"{path}: no torch.profiler operators or kernels (events of category "
                            f"{', '.join(HOST_CATS + DEVICE_CATS)}), so not a torch.profiler trace")
     return profile

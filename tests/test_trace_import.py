@@ -398,6 +398,9 @@ def test_events_of_negative_duration_are_left_out_and_said(tmp_path, capsys):
         capsys.readouterr().err)
     spans = Trace.load(tmp_path / "t.json").spans
     assert spans and all(s.end >= s.start for s in spans) and not any("add" in s.name for s in spans)
+    # as if it were not there: held at 0 s long it had stretched the step to its start
+    (tmp_path / "without.json").write_text(json.dumps({"traceEvents": events[:1]}))
+    assert spans == import_profile([tmp_path / "without.json"]).spans
 
 
 def test_fields_of_another_kind_are_not_read_as_sizes_or_devices(tmp_path):
