@@ -152,6 +152,25 @@ def test_floors_spare_most_layouts_their_pricing(name, seq, monkeypatch):
     assert len(set(priced) & specs) < 0.1 * len(specs)
 
 
+def test_the_ring_and_all_to_all_layouts_of_a_shape_price_their_slice_run_once(monkeypatch):
+    """A cp layout's floor is its slice run's (cp 1, s / cp tokens a sequence) and its attention's; the
+    slice run reads neither cp mode nor split, so the planner prices it once for the layouts of both
+    modes (it had priced it for each: half of a long-sequence plan's floors)."""
+    model, h100 = get_model("llama3-8b").replace(seq=32768), get_hardware("h100")
+    slices, step_floor = [], cost.step_floor
+
+    def recorded(run, spec, *rest):
+        if run.seq < model.seq:  # a slice run
+            slices.append((run.seq, spec.replace(zero=0, cp_mode="ring", cp_split="zigzag")))
+        return step_floor(run, spec, *rest)
+
+    monkeypatch.setattr(cost, "step_floor", recorded)
+    planner.plan(model, 64, h100)
+    specs = planner.candidates(model, 64, h100, planner.default_global_batch(64, model.seq))
+    assert {spec.cp_mode for spec in specs if spec.cp > 1} == {"ring", "alltoall"}
+    assert slices and len(slices) == len(set(slices))
+
+
 def test_the_default_batch_is_a_sequence_per_gpu_within_what_published_runs_took():
     """At least 512 sequences (GPT-3's smallest batch), at most 16M tokens (Llama 3's largest) in a power
     of two: its 405B took 2,048 sequences of 8,192 tokens, and at 131,072 tokens one a GPU would be

@@ -400,13 +400,14 @@ def _split_attention(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec) -> tup
     return extra, exposed, work, passes
 
 
-def step_floor(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> float:
-    """:func:`paralab.sim.cost.step_floor` of a cp run: the slice run's, plus what :func:`predict` adds
-    to the slice run's step for the attention across the split."""
+def step_floor(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec,
+               slice_floor: Callable[[ModelSpec, ParallelSpec], float] | None = None) -> float:
+    """:func:`paralab.sim.cost.step_floor` of a cp run: the slice run's (``slice_floor``'s where given),
+    plus what :func:`predict` adds to the slice run's step for the attention across the split."""
     p = parallel.resolved()
     sm, sp = slice_run(model, p)
     extra, _, _, passes = _split_attention(model, p, hw)
-    return cost.step_floor(sm, sp, hw) + passes * extra
+    return (slice_floor(sm, sp) if slice_floor else cost.step_floor(sm, sp, hw)) + passes * extra
 
 
 def stage_imbalance(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> float:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from statistics import NormalDist
@@ -1189,16 +1190,20 @@ def _extended_finish(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec,
     return finish, 1.0 - busy / (p.pp * (short_makespan + extra))
 
 
-def step_floor(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) -> float:
+def step_floor(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec,
+               slice_floor: Callable[[ModelSpec, ParallelSpec], float] | None = None) -> float:
     """Seconds no closed-form prediction of this layout undercuts (``predict(..., simulate=False)``):
     its closed-form pipeline (:func:`_estimate_finish`) without what ZeRO-2/3's per-part collectives
     add to each pass, and nothing after it (gradient reduction, optimizer). Those collectives only
     lengthen the passes, the closed form never shortens as a pass lengthens, and the step ends after
     the pipeline. A floor reads no ZeRO stage, so one serves a layout's four, and it skips
     the dearest parts of a prediction: the planner prices a layout only while its floor could still
-    place it (:func:`paralab.sim.planner.plan`)."""
+    place it (:func:`paralab.sim.planner.plan`). A cp run's floor is its slice run's and its attention
+    across the split's (:func:`paralab.sim.context.step_floor`); ``slice_floor`` prices that slice run in
+    this function's place, for a caller that keeps the floors it priced (the planner's ring and
+    all-to-all layouts of one shape share their slice run)."""
     if parallel.cp > 1:
-        return CONTEXT_PARALLEL["step_floor"](model, parallel, hw)
+        return CONTEXT_PARALLEL["step_floor"](model, parallel, hw, slice_floor)
     p = parallel.resolved().replace(zero=0)
     finish, _ = _estimate_finish(model, p, hw, stage_times(model, p, hw))
     return max(end for _, end in finish)

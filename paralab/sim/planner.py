@@ -203,18 +203,22 @@ def plan(
     batch = global_batch or default_global_batch(gpus, model.seq)
     limit = cost.usable_memory(hw)
     tokens = batch * model.seq
-    floors: dict[tuple, float] = {}  # ZeRO moves only what a floor leaves out: one serves its 4 stages
+    floors: dict[tuple, float] = {}
 
-    def floor(spec: ParallelSpec) -> float:
-        key = tuple(value for name, value in vars(spec).items() if name not in ("zero", "_hash"))
+    def floor(run: ModelSpec, spec: ParallelSpec) -> float:
+        """A layout's floor, kept for the layouts that share it: ZeRO moves only what a floor leaves out
+        (one serves its 4 stages), and a cp layout's slice run (``run``, cp 1) reads neither cp mode nor
+        split (the ring and all-to-all layouts of a shape share it; cost.step_floor's ``slice_floor``)."""
+        ignored = ("zero", "_hash") if spec.cp > 1 else ("zero", "_hash", "cp_mode", "cp_split")
+        key = (run, *(value for name, value in vars(spec).items() if name not in ignored))
         if key not in floors:
-            floors[key] = cost.step_floor(model, spec, hw)
+            floors[key] = cost.step_floor(run, spec, hw, floor)
         return floors[key]
 
     specs = candidates(model, gpus, hw, batch, fp32_grads)
     if keep:
         specs = (spec for spec in specs if all(getattr(spec, k) == v for k, v in keep.items()))
-    waiting = sorted((floor(spec), i, spec) for i, spec in enumerate(specs))
+    waiting = sorted((floor(model, spec), i, spec) for i, spec in enumerate(specs))
     waiting.reverse()  # cheapest floor last, to pop
     # (rank, prediction, simulated), fastest first; a tie keeps the candidates' order
     rows: list[tuple[tuple, cost.Prediction, bool]] = []
