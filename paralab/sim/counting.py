@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import lru_cache
+from itertools import accumulate
 
 from paralab.schedules import (
     BACKWARD,
@@ -152,14 +153,16 @@ def chunk_layers(model: ModelSpec, parallel: ParallelSpec) -> list[int]:
 
 
 def moe_blocks(model: ModelSpec, first: int, count: int) -> int:
-    """How many of blocks first .. first + count - 1 have a mixture of experts for an MLP."""
-    return sum(b >= model.dense_layers for b in range(first, first + count)) if model.experts else 0
+    """How many of blocks first .. first + count - 1 have a mixture of experts for an MLP: those from
+    ``model.dense_layers`` on."""
+    return max(0, min(count, first + count - model.dense_layers)) if model.experts else 0
 
 
 def chunk_moe_blocks(model: ModelSpec, parallel: ParallelSpec) -> list[int]:
-    """How many of each model chunk's blocks (:func:`chunk_layers`) have a mixture of experts."""
+    """How many of each model chunk's blocks (:func:`chunk_layers`) have a mixture of experts (in one
+    pass: the planner asks it of layouts of tens of thousands of chunks)."""
     layers = chunk_layers(model, parallel)
-    return [moe_blocks(model, sum(layers[:chunk]), count) for chunk, count in enumerate(layers)]
+    return [moe_blocks(model, first, count) for first, count in zip(accumulate(layers, initial=0), layers)]
 
 
 def rank_layers(model: ModelSpec, parallel: ParallelSpec, rank: int, moe_only: bool = False) -> int:
