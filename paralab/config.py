@@ -352,14 +352,26 @@ def first_difference(named: list[tuple[str, dict]]) -> tuple[str, str] | None:
     return None
 
 
+# the layout's settings whose empty value (0, "") says "not asked for": the strategy and the world
+# size decide them (RunConfig's comments; paralab.layout.resolve_layout)
+LEFT_TO_THE_STRATEGY = frozenset({"dp", "tp", "pp", "ep", "cp", "schedule", "cp_mode", "cp_split"})
+
+
 def settings_differ(first: dict, other: dict, whose: str) -> str:
     """How ``other``'s settings differ from ``first``'s (``whose``), at most three named ("seed 1
     against rank 0's 0"; a nested setting by its path, model.hidden, not the whole of its dict); ''
-    where they agree."""
+    where they agree. A degree not asked for is said so ("pp 2 against rank 0's 0 (not asked for: the
+    strategy's)"): its 0 is no layout's."""
     mine, theirs = dict(_flat(first)), dict(_flat(other))
     keys = sorted(key for key in mine.keys() | theirs.keys() if mine.get(key) != theirs.get(key))
-    said = ", ".join(f"{key} {theirs.get(key)!r} against {whose} {mine.get(key)!r}" for key in keys[:3])
+    said = ", ".join(f"{key} {_value_text(key, theirs.get(key))} against {whose} "
+                     f"{_value_text(key, mine.get(key))}" for key in keys[:3])
     return said + (f" (and {len(keys) - 3} more)" if len(keys) > 3 else "")
+
+
+def _value_text(key: str, value) -> str:
+    unasked = key in LEFT_TO_THE_STRATEGY and value in (0, "")
+    return f"{value!r} (not asked for: the strategy's)" if unasked else repr(value)
 
 
 def _flat(settings: dict, prefix: str = ""):

@@ -8,7 +8,7 @@ import typing
 import pytest
 
 import paralab
-from paralab.config import ConfigError, ModelConfig, PathOption, RunConfig
+from paralab.config import ConfigError, ModelConfig, PathOption, RunConfig, settings_differ
 from paralab.elastic.config import ElasticConfig
 from paralab.runtime import launch as launch_module
 
@@ -83,3 +83,11 @@ def test_a_fault_without_a_step_says_the_step_is_missing():
     with pytest.raises(ConfigError, match=r"^fault needs a rank and a step, like \{'rank': 1, 'step': 3\}: "
                                           "'step' is missing$"):
         RunConfig(world_size=2, fault={"rank": 1}).validate()
+
+
+def test_a_difference_says_a_degree_not_asked_for_as_such():
+    """A pipeline run's pp 2 beside one that left pp to the strategy had read "pp 2 against rank0.json's
+    0", a degree no layout has; a setting whose 0 is a value of its own (ZeRO's stage) is said as is."""
+    left, asked = RunConfig(strategy="pp").to_dict(), RunConfig(strategy="pp", pp=2, zero=1).to_dict()
+    assert settings_differ(left, asked, "rank0.json's") == (
+        "pp 2 against rank0.json's 0 (not asked for: the strategy's), zero 1 against rank0.json's 0")
