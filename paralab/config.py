@@ -353,15 +353,17 @@ def first_difference(named: list[tuple[str, dict]]) -> tuple[str, str] | None:
 
 
 # the layout's settings whose empty value (0, "") says "not asked for": the strategy and the world
-# size decide them (RunConfig's comments; paralab.layout.resolve_layout)
+# size decide them (paralab.layout.resolve_layout). Of the options whose "not asked for" value
+# paralab.strategies.registry.OPTION_DEFAULTS keeps, those where it is a placeholder, no value of its
+# own (zero's 0 is a stage, virtual_stages' 1 a layout): a test holds the two alike.
 LEFT_TO_THE_STRATEGY = frozenset({"dp", "tp", "pp", "ep", "cp", "schedule", "cp_mode", "cp_split"})
 
 
 def settings_differ(first: dict, other: dict, whose: str) -> str:
     """How ``other``'s settings differ from ``first``'s (``whose``), at most three named ("seed 1
     against rank 0's 0"; a nested setting by its path, model.hidden, not the whole of its dict); ''
-    where they agree. A degree not asked for is said so ("pp 2 against rank 0's 0 (not asked for: the
-    strategy's)"): its 0 is no layout's."""
+    where they agree. A layout setting not asked for is said so ("pp 2 against rank 0's 0 (not asked
+    for: left to the strategy)"): its 0 is no layout's."""
     mine, theirs = dict(_flat(first)), dict(_flat(other))
     keys = sorted(key for key in mine.keys() | theirs.keys() if mine.get(key) != theirs.get(key))
     said = ", ".join(f"{key} {_value_text(key, theirs.get(key))} against {whose} "
@@ -371,7 +373,7 @@ def settings_differ(first: dict, other: dict, whose: str) -> str:
 
 def _value_text(key: str, value) -> str:
     unasked = key in LEFT_TO_THE_STRATEGY and value in (0, "")
-    return f"{value!r} (not asked for: the strategy's)" if unasked else repr(value)
+    return f"{value!r} (not asked for: left to the strategy)" if unasked else repr(value)
 
 
 def _flat(settings: dict, prefix: str = ""):

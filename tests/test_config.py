@@ -8,9 +8,17 @@ import typing
 import pytest
 
 import paralab
-from paralab.config import ConfigError, ModelConfig, PathOption, RunConfig, settings_differ
+from paralab.config import (
+    LEFT_TO_THE_STRATEGY,
+    ConfigError,
+    ModelConfig,
+    PathOption,
+    RunConfig,
+    settings_differ,
+)
 from paralab.elastic.config import ElasticConfig
 from paralab.runtime import launch as launch_module
+from paralab.strategies.registry import OPTION_DEFAULTS
 
 
 def fields_of_kind(cls, kind) -> list[str]:
@@ -88,6 +96,16 @@ def test_a_fault_without_a_step_says_the_step_is_missing():
 def test_a_difference_says_a_degree_not_asked_for_as_such():
     """A pipeline run's pp 2 beside one that left pp to the strategy had read "pp 2 against rank0.json's
     0", a degree no layout has; a setting whose 0 is a value of its own (ZeRO's stage) is said as is."""
-    left, asked = RunConfig(strategy="pp").to_dict(), RunConfig(strategy="pp", pp=2, zero=1).to_dict()
+    left, asked = RunConfig(strategy="hybrid").to_dict(), RunConfig(strategy="hybrid", pp=2, zero=1).to_dict()
     assert settings_differ(left, asked, "rank0.json's") == (
-        "pp 2 against rank0.json's 0 (not asked for: the strategy's), zero 1 against rank0.json's 0")
+        "pp 2 against rank0.json's 0 (not asked for: left to the strategy), zero 1 against rank0.json's 0")
+
+
+def test_the_settings_left_to_the_strategy_are_the_options_whose_default_is_a_placeholder():
+    """LEFT_TO_THE_STRATEGY, beside the registry's "not asked for" values: each is RunConfig's default,
+    0 or "", and no other option's is (but ZeRO's stage 0, a value of its own, and flags' False)."""
+    defaults = RunConfig().to_dict()
+    placeholders = {key for key, value in OPTION_DEFAULTS.items()
+                    if value in (0, "") and not isinstance(value, bool) and key != "zero"}
+    assert LEFT_TO_THE_STRATEGY == placeholders
+    assert all(defaults[key] == OPTION_DEFAULTS[key] for key in LEFT_TO_THE_STRATEGY)
