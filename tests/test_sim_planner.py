@@ -223,13 +223,14 @@ def test_a_runner_up_whose_loss_is_partly_made_up_elsewhere_says_so():
 
 def test_the_rows_a_plan_returns_are_all_simulated_and_ranked_by_it():
     """Mixtral 8x7B on 64 H100s, 64 sequences: a DualPipeV layout left in closed form (3% pessimistic)
-    had been shown seventh, below a simulated winner its own simulation beats."""
+    had been shown seventh, below a simulated winner its own simulation beats; simulated, it is the
+    fastest after a ZeRO-3 row the planner prices as an upper bound."""
     model, h100 = get_model("mixtral-8x7b"), get_hardware("h100")
     ranked = planner.plan(model, 64, h100, 64, top=8)
     assert {p.pipeline_pricing for p in ranked} == {"simulated"}
     speeds = [p.tokens_per_s for p in ranked]
     assert speeds == sorted(speeds, reverse=True)
-    assert ranked[0].parallel.schedule == "dualpipev"
+    assert [p.parallel.schedule for p in ranked if p.parallel.zero != 3][0] == "dualpipev"
     assert planner.plan(model, 64, h100, 64, top=3) == ranked[:3]  # fewer rows asked: the same first ones
 
 
@@ -346,7 +347,7 @@ def test_a_winner_whose_recompute_is_its_largest_loss_is_told_so_and_why():
     assert ranked[0].parallel.recompute == "full"
     winner = planner.explain(ranked, model, h100)[0]
     assert ("its largest loss is recompute full, the forward run again in backward (24% of the step, "
-            "10.9 s), which memory forces: without it this layout needs 534.6 GiB per GPU, over the 71.7 GiB "
+            "11.2 s), which memory forces: without it this layout needs 534.6 GiB per GPU, over the 71.7 GiB "
             "usable.") in winner
 
 

@@ -127,7 +127,7 @@ def test_mpt_runs_as_its_config_trains_it():
 
 def test_mpt_rows_read_as_if_fsdp_hid_no_collective():
     """What docs/simulator.md says of the MPT misses: priced without FSDP's prefetch (each gather asked
-    for when the compute reaches its part), every MPT row (8 to 512 GPUs) comes within 12%, while
+    for when the compute reaches its part), every MPT row (8 to 512 GPUs) comes within 13%, while
     torchtitan's FSDP2 rows on 64 A100s, within 2% with prefetch, fall more than 5% short without it.
     Evidence about how MosaicML's runs hid their collectives, not a setting of the model: the rows
     keep FSDP's prefetch."""
@@ -139,5 +139,5 @@ def test_mpt_rows_read_as_if_fsdp_hid_no_collective():
     mpt = [r for r in RUNS if r.label.startswith("MPT-")]
     titan_a100 = [r for r in RUNS if r.label.startswith("torchtitan") and r.hardware is PRESETS["a100"]]
     assert len(mpt) == 20 and len(titan_a100) == 4 and all(r.parallel.prefetch_params for r in mpt)
-    assert all(abs(error_without_prefetch(r)) < 0.12 for r in mpt)
+    assert all(abs(error_without_prefetch(r)) < 0.13 for r in mpt)
     assert all(error_without_prefetch(r) < -0.05 for r in titan_a100)
