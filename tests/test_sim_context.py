@@ -284,7 +284,7 @@ def test_the_planner_takes_cp_for_long_sequences_and_says_why():
 
 def test_the_planner_takes_cp_for_a_batch_that_does_not_split_over_the_replicas():
     """8 sequences of 8,192 tokens on 1,024 H100s: without cp the GPUs no sequence reached went to a
-    16-stage pipeline, 93% idle, at 443,655 tokens/s (the plan then); tp 4 x pp 8 x cp 8 x dp 4 runs
+    16-stage pipeline, 93% idle, at 432,594 tokens/s (the plan then); tp 4 x pp 8 x cp 8 x dp 4 runs
     1.01M. A batch that does not split over a layout's replicas brings cp into the search, and the
     explanation says why; 1,000 sequences on 1,024 GPUs too (31% faster than the plan without cp)."""
     ranked = planner.plan(LLAMA, 1024, H100, global_batch=8, top=2)

@@ -15,10 +15,11 @@ Every GPU preset's compute speed varies from part to part by ``straggler_cv`` = 
 deviation): the per-GPU measurements Jain et al. published with PAL (SC24; the hal-uw/blox-pal
 artifact, Zenodo 10.5281/zenodo.12575031), an SGEMM on each of 392 V100s of one cluster, each GPU's
 median run against the median GPU, spread 1.7% (the median absolute deviation as a sigma; 2.0% with
-the few outliers a production cluster screens out: one GPU 20% slower), 9% from the 1st percentile
-to the 99th, close to the "8% average variation" Sinha et al. 2022 ("Not All GPUs Are Created
+the few outliers a production cluster screens out: one GPU took 20% longer). Their 1st to 99th
+percentile span 9%, close to the "8% average variation" Sinha et al. 2022 ("Not All GPUs Are Created
 Equal", SC22, the same group) report, which had been read as a range over thousands of GPUs (2 x 3.5
-sigma, 1%). A step waits for the slowest of its GPUs (:func:`paralab.sim.cost.straggler_factor`).
+sigma, 1%). The same artifact's ResNet runs on 219 A100s spread 2.0%, read the same way. A step
+waits for the slowest of its GPUs (:func:`paralab.sim.cost.straggler_factor`).
 
 A collective in flight holds ``comm_sm_share`` of a GPU preset's SMs, which the compute it overlaps
 loses: NCCL runs one thread block per channel, and NCCL's own logs of 8-GPU NVSwitch nodes show 24

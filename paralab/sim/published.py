@@ -148,6 +148,7 @@ FOUNDRY_H100_MISS = (
     "overlap away is not published (docs/simulator.md)"
 )
 
+
 def _megascale(gpus: int, batch: int, tokens_per_s: float) -> PublishedRun:
     parallel = ParallelSpec(
         tp=8, pp=8, dp=gpus // 64, virtual_stages=6, schedule="interleaved", micro_batch=1,

@@ -613,7 +613,7 @@ PLAUSIBLE = {
 MOST_FLOPS_PER_BYTE = 2e4
 
 # the most a GPU's compute speed may vary from part to part (straggler_cv, one standard deviation): about
-# six times the presets' 1.7% (paralab.sim.hardware: 392 GPUs measured); at 10% the slowest of 1,000 GPUs
+# six times the presets' 1.7% (paralab.sim.hardware: 392 V100s measured); at 10% the slowest of 1,000 GPUs
 # would run a third slower than the mean
 MOST_STRAGGLER_CV = 0.1
 
@@ -779,7 +779,7 @@ class HardwareSpec:
                        f"({total:.4g} GiB): plans fill what is left")
         if not 0 <= self.straggler_cv <= MOST_STRAGGLER_CV:
             out.append(f"straggler_cv is the spread of one GPU's compute speed (standard deviation over the "
-                       f"mean) in [0, {MOST_STRAGGLER_CV:g}]: the presets' 0.017 is what 392 GPUs of one "
+                       f"mean) in [0, {MOST_STRAGGLER_CV:g}]: the presets' 0.017 is what 392 V100s of one "
                        f"cluster measured; got {self.straggler_cv}")
         if not 0 <= self.comm_sm_share < 1:
             out.append(f"comm_sm_share is a share of the SMs in [0, 1), got {self.comm_sm_share}")
