@@ -41,7 +41,7 @@ from paralab.sim.specs import (
     ParallelSpec,
     SpecError,
     sequence_parallel_divides,
-    ulysses_kv_heads,
+    ulysses_splits,
 )
 from paralab.stage_split import megatron_split, split_text
 from paralab.text import count_text
@@ -127,13 +127,13 @@ def _context_parallel(model: ModelSpec, tp: int, replicas: int, batch: int) -> l
     """(cp, mode) to try: none for short sequences in a batch that splits over the replicas; for long
     ones, or a batch :func:`short_of_sequences`, every degree that divides the replicas and the
     sequence, as a zig-zag ring, and as all-to-all where the query heads divide too and the KV heads
-    divide or are replicated (:func:`~paralab.sim.specs.ulysses_kv_heads`)."""
+    divide or are replicated (:func:`~paralab.sim.specs.ulysses_splits`)."""
     out = [(1, "ring")]
     if model.seq < context.LONG_SEQUENCE and not short_of_sequences(batch, replicas):
         return out
     for cp in (c for c in context.CP_DEGREES if replicas % c == 0 and model.seq % (2 * c) == 0):
         out.append((cp, "ring"))
-        if (model.heads // tp) % cp == 0 and ulysses_kv_heads(model, tp, cp):
+        if ulysses_splits(model, tp, cp):
             out.append((cp, "alltoall"))
     return out
 

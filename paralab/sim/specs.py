@@ -77,6 +77,12 @@ def ulysses_kv_heads(model: ModelSpec, tp: int, cp: int) -> int | None:
     return cp if cp % kv == 0 else None
 
 
+def ulysses_splits(model: ModelSpec, tp: int, cp: int) -> bool:
+    """Whether an all-to-all (Ulysses) cp split can run at this tp: each cp rank takes whole query heads
+    (they divide by cp), and the KV heads divide by cp or are replicated (:func:`ulysses_kv_heads`)."""
+    return (model.heads // tp) % cp == 0 and bool(ulysses_kv_heads(model, tp, cp))
+
+
 def kind_problems(spec, what: str, skip: tuple[str, ...] = ()) -> list[str]:
     """Each field of ``spec`` whose value is not of the kind its annotation names, with the value:
     numbers finite, counts whole (24.5 layers, or 3.5 GPUs a node, would place half a layer or a
@@ -498,12 +504,14 @@ class ParallelSpec:
         if p.zero_accumulates and p.zero != 2:
             out.append(f"zero_accumulates (a step's gradients summed before one reduce-scatter) is ZeRO-2's, "
                        f"got zero {p.zero}")
-        unmet = [f"{needed}, got {got}" for needed, got, met in (
-            ("zero 3", f"zero {p.zero}", p.zero == 3),
-            ("mixed-precision Adam", p.optimizer_for(model), p.optimizer_for(model) == "adam-mixed"),
-        ) if not met]
-        if p.fp32_shards and unmet:  # what is missing, not what holds already
-            out.append(f"fp32_shards (FSDP's fp32 shards as the master weights) needs {'; '.join(unmet)}")
+        if p.fp32_shards:  # what is missing, not what holds already (checked on every prediction)
+            optimizer = p.optimizer_for(model)
+            unmet = [f"{needed}, got {got}" for needed, got, met in (
+                ("zero 3", f"zero {p.zero}", p.zero == 3),
+                ("mixed-precision Adam", optimizer, optimizer == "adam-mixed"),
+            ) if not met]
+            if unmet:
+                out.append(f"fp32_shards (FSDP's fp32 shards as the master weights) needs {'; '.join(unmet)}")
         for name in ("grad_buckets", "reduce_scatters_in_flight", "grad_copy_bytes"):
             if getattr(p, name) < 0:
                 out.append(f"{name} must be >= 0, got {getattr(p, name)}")
@@ -566,7 +574,7 @@ class ParallelSpec:
         out = [] if model.seq % pieces == 0 else [
             f"cp {self.cp} needs the sequence ({model.seq}) divisible by {pieces}"]
         heads, kv = model.heads // self.tp, model.kv_heads // self.tp
-        if self.cp_mode == "alltoall" and (heads % self.cp or not ulysses_kv_heads(model, self.tp, self.cp)):
+        if self.cp_mode == "alltoall" and not ulysses_splits(model, self.tp, self.cp):
             out.append(f"all-to-all (Ulysses) cp {self.cp} needs the heads per tp rank ({heads}) divisible "
                        f"by {self.cp}, and their KV heads ({kv}) divisible by {self.cp} or dividing it "
                        f"(each then replicated for the all-to-all)")
