@@ -48,6 +48,7 @@ from paralab.strategies.registry import (
     OPTION_DEFAULTS,
     TUNING_OPTIONS,
     Strategy,
+    check_replicas_reduce,
     get_strategy,
 )
 from paralab.text import count_text
@@ -212,7 +213,8 @@ def resolve_layout(cfg: RunConfig) -> Layout:
     """The Layout of ``cfg``, or ConfigError naming what conflicts and what would fit.
 
     Order of the checks: the config's own fields, options the strategy does not use, the degree of
-    every axis, the pipeline's shape, the batch split, then the strategy's own rules (its ``check``).
+    every axis, the pipeline's shape, the batch split, a reduction dtype where one replica reduces
+    nothing, then the strategy's own rules (its ``check``).
     """
     cfg.validate()
     strategy = get_strategy(cfg.strategy)
@@ -240,6 +242,7 @@ def resolve_layout(cfg: RunConfig) -> Layout:
         stage_layers=tuple(cfg.stage_layers) if cfg.stage_layers else None, nodes=cfg.nodes,
         unused_options=unused,
     )
+    check_replicas_reduce(cfg, strategy, layout)
     if strategy.check is not None:
         strategy.check(cfg, layout)
     return layout

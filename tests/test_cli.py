@@ -171,13 +171,16 @@ def nothing_starts(monkeypatch):
     # node stays allowed: notebook 06's exercise runs it to show it is the flat ring
     (["run", "--strategy", "tp", "--world-size", "1", "--sequence-parallel"], "it needs tp > 1"),
     (["run", "--strategy", "zero3", "--world-size", "1", "--zero-prefetch"], "one rank has no others"),
+    (["run", "--strategy", "ddp", "--world-size", "1", "--reduce-dtype", "bf16"],
+     "--reduce-dtype bf16 would change nothing: ddp averages each gradient over its dp x cp ranks"),
     (["run", "--strategy", "hybrid", "--world-size", "2", "--tp", "2", "--zero", "1"],
      "--zero 1 shards over the dp x cp ranks, and this layout has one (dp 1 x cp 1)"),
 ], ids=["tp bucket", "zero1 bucket at its default", "hybrid zero1 bucket", "zbv virtual stages",
         "nodes' dp bucket", "ddp of one replica",
         "hybrid of one replica", "nodes of one replica", "fp32 loss scale", "bf16 loss scale",
         "elastic loss scale", "dense top-k", "dense capacity",
-        "sequence parallel on one rank", "prefetch on one rank", "hybrid zero of one replica"])
+        "sequence parallel on one rank", "prefetch on one rank", "reduce dtype of one replica",
+        "hybrid zero of one replica"])
 def test_a_flag_given_that_would_change_nothing_exits_2_before_any_process(nothing_starts, capsys, argv,
                                                                            message):
     """A flag the run would ignore had been accepted: whoever passed it believed it changed something.

@@ -191,6 +191,19 @@ def test_reduce_dtype_is_taken_wherever_gradients_are_reduced(name, world, optio
     assert resolve_layout(cfg).unused_options == ()
 
 
+@pytest.mark.parametrize("name, options", [
+    ("dp", {}), ("ddp", {}), ("zero1", {}), ("zero2", {}), ("zero3", {}), ("cp", {}),
+    ("ep", dict(model="tiny-moe")), ("torch_ddp", {}), ("torch_fsdp", {}),
+])
+def test_reduce_dtype_is_refused_where_one_replica_reduces_nothing(monkeypatch, name, options):
+    """On one rank a replica strategy averages nothing: its reduce_dtype had been accepted and the summary
+    had said "gradients reduced in bf16", with losses bitwise those of fp32."""
+    monkeypatch.setattr(launch_module, "_context", lambda: pytest.fail("a process was about to start"))
+    with pytest.raises(ConfigError, match=rf"reduce_dtype=bf16 would change nothing: {name} averages each "
+                                          r"gradient over its dp x cp ranks, .* \(dp 1 x cp 1\)"):
+        paralab.run(name, 1, reduce_dtype="bf16", **{"model": "tiny", **options})
+
+
 def test_the_unused_tuning_knob_is_reported_not_echoed(monkeypatch):
     layout = resolve_layout(RunConfig.build("tiny", strategy="zero1", world_size=2, bucket_mb=1.0))
     assert layout.unused_options == ("bucket_mb",)

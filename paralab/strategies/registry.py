@@ -41,6 +41,17 @@ def check_reduce_dtype_applies(cfg, reduces: bool, why_not: str) -> None:
         raise ConfigError(f"reduce_dtype={cfg.reduce_dtype} would change nothing: {why_not}; leave it out")
 
 
+def check_replicas_reduce(cfg, strategy: Strategy, layout) -> None:
+    """Refuse a ``reduce_dtype`` given to a strategy that averages gradients over its replicas alone (its
+    axes among dp and cp) in a layout with one replica of each (dp x cp = 1), where nothing is reduced:
+    such a run had been accepted and its summary had said "gradients reduced in bf16". The strategies
+    with a tp axis keep their own rules (tensor's ``check_tp``, hybrid's and torch_hybrid's ``check``)."""
+    if set(strategy.axes) <= {"dp", "cp"}:
+        check_reduce_dtype_applies(cfg, layout.dp * layout.cp > 1,
+                                   f"{strategy.name} averages each gradient over its dp x cp ranks, and this "
+                                   f"run has one replica of each (dp {layout.dp} x cp {layout.cp})")
+
+
 def traces_its_collectives(strategy: str) -> bool:
     """Whether paralab's recorder sees a strategy's collectives: not a torch reference's, which runs them
     inside DDP's hooks, FSDP2, DTensor or the pipelining schedule."""
