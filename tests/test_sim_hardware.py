@@ -203,8 +203,13 @@ def test_a_hardware_file_may_give_every_field_in_si_units(tmp_path):
         ({"base": "a100", "inter_latency": -1}, "hardware inter_latency must be >= 0, got -1"),
         ({"base": "a100", "matmul_max_efficiency": 1.5}, "matmul_max_efficiency is a share of the peak"),
         ({"memory_gib": 80, "base": "a100", "gpus_per_node": None}, "gpus_per_node must be a finite number"),
-        # checked after the units: a bare number by dtype, a conversion past a float's range
-        ({"base": "a100", "peak_tflops": 1000}, "peak_flops must be an object of finite numbers"),
+        # a unit-named key of the wrong shape, named as the file gave it (a bare peak_tflops had been told
+        # "a number (or numbers by dtype)", then refused as an SI peak_flops); a record that is no object
+        ({"base": "a100", "peak_tflops": 1000},
+         'peak_tflops must be an object of numbers by dtype, like {"bf16": 989}, got 1000'),
+        ({"base": "a100", "memory_gib": {"bf16": 80}}, "memory_gib must be a number, got {'bf16': 80}"),
+        ({"base": "a100", "calibration": 5}, "hardware calibration must be an object (a JSON {...}), got 5"),
+        # checked after the units: a conversion past a float's range
         ({"base": "a100", "memory_gib": 1e300}, "memory_bytes must be a finite number, got inf"),
         ({"base": "a100", "host_overhead_s": {"bogus": 1}}, "host_overhead_s: unknown part(s) bogus"),
         ({"base": "h100", "flash2_efficiency": [[4096, 0.3], [2048, 0.27]]}, "lengths rising"),

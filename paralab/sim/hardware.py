@@ -270,9 +270,10 @@ def _file_spec(data: dict, fields: set, path: Path) -> HardwareSpec:
             value = data[key]
             # a null by dtype drops that entry of the base's table (below)
             numbers = [v for v in value.values() if v is not None] if isinstance(value, dict) else [value]
-            if not all(map(finite_number, numbers)):
-                raise SpecError(f"hardware file {str(path)!r}: {key} must be a number (or numbers by dtype), "
-                                f"got {value!r}")
+            by_dtype = key == "peak_tflops"  # the one unit-named key whose field is a table
+            if isinstance(value, dict) != by_dtype or not all(map(finite_number, numbers)):
+                kind = 'an object of numbers by dtype, like {"bf16": 989}' if by_dtype else "a number"
+                raise SpecError(f"hardware file {str(path)!r}: {key} must be {kind}, got {value!r}")
             scaled = ({k: v if v is None else v * factor for k, v in value.items()} if isinstance(value, dict)
                       else value * factor)
             values[name] = scaled

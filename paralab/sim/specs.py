@@ -86,7 +86,8 @@ def ulysses_splits(model: ModelSpec, tp: int, cp: int) -> bool:
 def kind_problems(spec, what: str, skip: tuple[str, ...] = ()) -> list[str]:
     """Each field of ``spec`` whose value is not of the kind its annotation names, with the value:
     numbers finite, counts whole (24.5 layers, or 3.5 GPUs a node, would place half a layer or a
-    rank), booleans true or false (a string is true whatever it says), text text. ``skip``: fields
+    rank), booleans true or false (a string is true whatever it says), text text, records objects
+    (a hardware file's ``"calibration": 5`` had been taken). ``skip``: fields
     checked with a message of their own. Run first: everything after them computes with the values."""
     fields = [(f.name, f.type, getattr(spec, f.name)) for f in dataclasses.fields(spec) if f.name not in skip]
     out = [f"{what} {n} must be a finite number, got {v!r}"
@@ -97,6 +98,8 @@ def kind_problems(spec, what: str, skip: tuple[str, ...] = ()) -> list[str]:
             for n, kind, v in fields if kind == "bool" and not isinstance(v, bool)]
     out += [f"{what} {n} must be text, got {v!r}"
             for n, kind, v in fields if kind == "str" and not isinstance(v, str)]
+    out += [f"{what} {n} must be an object (a JSON {{...}}), got {v!r}"
+            for n, kind, v in fields if kind == "dict" and not isinstance(v, dict)]
     return out
 
 
@@ -751,7 +754,7 @@ class HardwareSpec:
     def problems(self) -> list[str]:
         """Every field that cannot describe a machine, with its value (files, presets and saved specs
         alike: a unit converted past a float's range reads as infinity, and is caught here)."""
-        if out := kind_problems(self, "hardware"):
+        if out := kind_problems(self, "hardware", skip=("host_overhead_s",)):  # its own message, below
             return out
         for name, what in (("peak_flops", "FLOP/s by dtype"), ("host_overhead_s", "seconds by part")):
             value = getattr(self, name)
