@@ -35,16 +35,20 @@ def count_text(count: int, noun: str, plural: str | None = None) -> str:
     return f"{count:,} {noun if count == 1 else plural or noun + 's'}"
 
 
-def listed(items: list, shown: int = 8) -> str:
-    """"a, b, c": items in a sentence, the first ``shown`` of them and "and N more" past those."""
-    more = f" and {len(items) - shown} more" if len(items) > shown else ""
+def listed(items: list, shown: int = 8, total: int | None = None) -> str:
+    """"a, b, c": items in a sentence, the first ``shown`` of them and "and N more" past those.
+    ``total``: how many there are, where ``items`` holds only the first few (a world's missing ranks
+    are counted, not listed)."""
+    total = len(items) if total is None else total
+    more = f" and {total - shown} more" if total > shown else ""
     return ", ".join(map(str, items[:shown])) + more
 
 
-def numbered(noun: str, numbers: list[int]) -> str:
+def numbered(noun: str, numbers: list[int], total: int | None = None) -> str:
     """"rank 2", "ranks 2, 3": a noun and the numbers it names, in the singular for one; past eight,
-    "and N more"."""
-    return f"{noun if len(numbers) == 1 else noun + 's'} {listed(numbers)}"
+    "and N more" (``total``: as :func:`listed`'s)."""
+    total = len(numbers) if total is None else total
+    return f"{noun if total == 1 else noun + 's'} {listed(numbers, total=total)}"
 
 
 def steps_said(steps: list[int]) -> str:

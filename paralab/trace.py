@@ -769,16 +769,18 @@ def _number(value, where: str) -> float:
 # The meta keys the summary, the report and the figures read, and the JSON kind each must have
 _META_KINDS = {
     "world_size": "a world size",
-    **dict.fromkeys(("pp", "microbatches", "virtual_stages", "dp", "tp", "cp", "ep"), "an integer"),
-    "tokens_per_step": "a number",
+    # a degree or count below 1, or no tokens, had loaded and read as a negative throughput
+    **dict.fromkeys(("pp", "microbatches", "virtual_stages", "dp", "tp", "cp", "ep"), "a whole number >= 1"),
+    "tokens_per_step": "a number > 0",
     **dict.fromkeys(("strategy", "schedule", "source", "model", "memory_note"), "a string"),
     **dict.fromkeys(("layout", "mesh", "config"), "an object"),
     **dict.fromkeys(("peak_memory_bytes", "memory_by_kind", "memory_ranks", "step_records", "generations",
                      "warnings"), "a list"),
     "losses": "a list of numbers",  # a diverged run's NaN among them
 }
-_KIND_CHECKS = {"an integer": lambda v: type(v) is int and abs(v) < 2**63,
-                "a world size": lambda v: type(v) is int and 0 <= v <= MAX_RANKS, "a number": finite_number,
+_KIND_CHECKS = {"a whole number >= 1": lambda v: type(v) is int and 1 <= v < 2**63,
+                "a world size": lambda v: type(v) is int and 0 <= v <= MAX_RANKS,
+                "a number > 0": lambda v: finite_number(v) and v > 0,
                 "a string": lambda v: type(v) is str, "an object": lambda v: type(v) is dict,
                 "a list": lambda v: type(v) is list,
                 "a list of numbers": lambda v: type(v) is list and all(type(x) in (int, float) for x in v)}

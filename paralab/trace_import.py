@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import bisect
 import gzip
+import itertools
 import json
 import re
 import statistics
@@ -48,7 +49,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from paralab.cli_args import below_one, json_text
+from paralab.cli_args import json_text
 from paralab.config import ConfigError, finite_number
 from paralab.outputs import check_file, same_file
 from paralab.profiling import METADATA_KEY, MOMENTS, PREFIX, marked, parse_label
@@ -65,6 +66,7 @@ from paralab.trace import CLOCK_SLACK_S, COMM, GZIP_MAGIC, MAX_RANKS, STEP, Span
 from paralab.trace_ops import DEVICE_CATS, HOST_CATS, Event, comm_spans, compute_spans
 
 NAMES = ("auto", "paralab", "torch")
+IMPORT_FACTS = ("schedule", "pp", "microbatches", "tokens_per_step")  # what a user may tell an import
 # Ranks of one run on one host leave a collective within scheduling delays (ms on a loaded machine);
 # a second is far beyond them, and far below the time between two runs
 ONE_HOST_SKEW_S = 1.0
@@ -188,6 +190,9 @@ def read_profile(path: Path) -> RankProfile:
         raise ProfileError(f"{path}: no traceEvents list, so not a Chrome trace from torch.profiler")
     info = data.get("distributedInfo") if isinstance(data.get("distributedInfo"), dict) else {}
     world = _whole(path, "distributedInfo.world_size", info.get("world_size"))
+    if world is not None and not 1 <= world <= MAX_RANKS:  # a billion had filled the memory with ranks
+        raise ProfileError(f"{path}: distributedInfo.world_size {world} is not a world size "
+                           f"(1..{MAX_RANKS:,})")
     profile = RankProfile(
         path=path, rank=_whole(path, "distributedInfo.rank", info.get("rank")), world_size=world,
         host=str(data.get("host_name") or ""), base_ns=_whole(path, "baseTimeNanoseconds",
@@ -344,11 +349,14 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
     ``names``: "auto" reads paralab's named ranges when every profile has them, else torch's
     operators; "paralab" or "torch" insists on one. ``meta`` adds facts the profiles lack
     (``schedule``, ``pp``, ``microbatches`` for the bubble figure; ``tokens_per_step`` for
-    throughput). Raises ProfileError for a file that is missing, malformed or not a torch.profiler
-    trace, or for a fact of ``meta`` that the profile of a paralab run, which carries its own, contradicts.
+    throughput). Raises ConfigError for a fact that cannot be (:func:`_fact_problem`), before any file
+    is read, and ProfileError for a file that is missing, malformed or not a torch.profiler trace, or
+    for a fact of ``meta`` that the profile of a paralab run, which carries its own, contradicts.
     """
     if names not in NAMES:
         raise ConfigError(f"names must be one of {NAMES}, got {names!r}")
+    if problem := _fact_problem(meta or {}):
+        raise ConfigError(problem)
     profiles, said = _read_profiles(paths)
     _check_facts_agree(profiles, meta or {})
     ranks = _assign_ranks(profiles)
@@ -358,9 +366,11 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
         said.append(f"{NUMBERED_BY_ORDER}: "
                     + ", ".join(order if len(order) < 4 else [order[0], "...", order[-1]]))
     world = max([p.world_size or 0 for p in profiles] + [max(ranks) + 1, len(profiles)])
-    if missing := sorted(set(range(world)) - set(ranks)):
+    given = set(ranks)
+    if missing := world - len(given):  # counted, not listed: a world may hold millions of ranks
+        first = list(itertools.islice((r for r in range(world) if r not in given), 8))
         said.append(f"the files hold {len(ranks)} of the {world} ranks of their world (none for "
-                    f"{numbered('rank', missing)}): the trace has only the ranks given")
+                    f"{numbered('rank', first, total=missing)}): the trace has only the ranks given")
     if (meta or {}).get("pp") and world % meta["pp"]:
         raise ProfileError(f"pp {meta['pp']} does not divide the {world} ranks of these profiles")
     use_paralab = names == "paralab" or (names == "auto" and all(_has_paralab_ranges(p) for p in profiles))
@@ -774,7 +784,7 @@ def import_main(args) -> int:
     reading many profiles takes a while)."""
     try:
         _check_import_args(args)
-        facts = {k: getattr(args, k) for k in ("schedule", "pp", "microbatches", "tokens_per_step")}
+        facts = {k: getattr(args, k) for k in IMPORT_FACTS}
         with warnings.catch_warnings():  # said below, as the import's own lines
             warnings.simplefilter("ignore", ProfileWarning)
             trace = import_profile(args.profiles, names=args.names,
@@ -820,12 +830,34 @@ def _check_import_args(args) -> None:
     a schedule the facts given cannot make."""
     check_file(args.output, "output")
     _check_output_is_no_profile(args.profiles, Path(args.output))
-    problem = below_one(args, ("pp", "microbatches", "tokens_per_step"))
-    if not problem and args.schedule and args.pp and args.microbatches:
-        chunks = _chunks_per_rank(args.schedule)
-        problem = next(iter(shape_problems(args.schedule, args.pp, args.microbatches, chunks)), None)
-    if problem:
+    facts = {key: getattr(args, key) for key in IMPORT_FACTS}
+    if problem := _fact_problem(facts, lambda key: "--" + key.replace("_", "-")):
         raise ConfigError(problem)
+
+
+def _fact_problem(facts: dict, said=str) -> str:
+    """What is wrong with the facts an import is given (``meta``: ``paralab import``'s flags, or
+    ``import_profile``'s argument), each named as ``said(key)`` says: a key it does not take, an
+    unknown schedule, a count not a whole number >= 1, or a schedule the counts cannot make. Empty when
+    nothing is. Python's ``meta`` had reached the trace unchecked: a negative tokens_per_step read as a
+    negative throughput, a pp of "2" a TypeError."""
+    if not isinstance(facts, dict):
+        return f"the facts (meta) must be a dict of {', '.join(IMPORT_FACTS)}, got {facts!r}"
+    if unknown := sorted(set(facts) - set(IMPORT_FACTS)):
+        return f"unknown fact(s) {', '.join(map(said, unknown))}: an import takes {', '.join(IMPORT_FACTS)}"
+    schedule = facts.get("schedule")
+    if schedule is not None and schedule not in SCHEDULES:
+        return f"{said('schedule')} must be one of {', '.join(SCHEDULES)}, got {schedule!r}"
+    for key in IMPORT_FACTS[1:]:
+        value = facts.get(key)
+        if value is not None and type(value) is not int:
+            return f"{said(key)} must be a whole number, got {value!r}"
+        if value is not None and value < 1:
+            return f"{said(key)} must be >= 1, got {value}"
+    if schedule and facts.get("pp") and facts.get("microbatches"):
+        shape = shape_problems(schedule, facts["pp"], facts["microbatches"], _chunks_per_rank(schedule))
+        return next(iter(shape), "")
+    return ""
 
 
 def _check_output_is_no_profile(profiles: list[str], output: Path) -> None:

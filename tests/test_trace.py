@@ -226,7 +226,11 @@ BAD_INPUTS = {
     "no-spans": ({**_good(), "spans": []}, "holds no spans"),
     "newer-version": ({**_good(), "version": 99}, "format version 99: this paralab reads version 1"),
     "string-tokens": ({**_good(), "meta": {"tokens_per_step": "x"}},
-                      "meta.tokens_per_step: expected a number, got a string"),
+                      "meta.tokens_per_step: expected a number > 0, got a string"),
+    # had loaded, and read as a negative throughput or a pipeline of no stages
+    "negative-tokens": ({**_good(), "meta": {"tokens_per_step": -1}},
+                        "meta.tokens_per_step: expected a number > 0, got a number -1"),
+    "zero-pp": ({**_good(), "meta": {"pp": 0}}, "meta.pp: expected a whole number >= 1, got a number 0"),
     "layout-a-list": ({**_good(), "meta": {"layout": [1]}}, "meta.layout: expected an object, got a list"),
     # the report lists these above its figures: a number had been a TypeError, a string one item a letter
     "warnings-a-number": ({**_good(), "meta": {"warnings": 5}}, "meta.warnings: expected a list"),

@@ -912,6 +912,34 @@ def test_facts_a_profile_cannot_give_are_checked(capsys, tmp_path, facts, messag
     assert message in capsys.readouterr().err and not (tmp_path / "out.json").exists()
 
 
+@pytest.mark.parametrize("meta, message", [
+    ({"tokens_per_step": -5}, "tokens_per_step must be >= 1, got -5"),  # had read as -6,860 tokens/s
+    ({"tokens_per_step": float("nan")}, "tokens_per_step must be a whole number, got nan"),
+    ({"pp": 0}, "pp must be >= 1, got 0"),
+    ({"pp": "2"}, "pp must be a whole number, got '2'"),  # had been a TypeError
+    ({"schedule": "bogus", "pp": 1}, "schedule must be one of naive, gpipe, 1f1b"),
+    ({"clock": 1}, "unknown fact(s) clock: an import takes schedule, pp, microbatches, tokens_per_step"),
+    ("pp", "the facts (meta) must be a dict of schedule, pp"),  # had been an AttributeError
+    ({"schedule": "dualpipev", "pp": 2, "microbatches": 1}, "dualpipev needs at least as many"),
+])
+def test_facts_given_from_python_are_checked_as_the_flags_are(tmp_path, meta, message):
+    """import_profile's meta had reached the trace unchecked, where paralab import's flags were checked."""
+    with pytest.raises(paralab.ConfigError) as info:
+        import_profile(str(tmp_path / "never-read.json"), meta=meta)  # refused before any file is read
+    assert message in str(info.value)
+
+
+def test_a_world_size_beyond_any_cluster_is_refused_and_a_large_one_counted(tmp_path):
+    """A profile saying a world of 10**9 ranks had filled the machine's memory with their numbers (24 GB
+    in seconds); one of 2**24, the largest a trace holds, is counted without listing them."""
+    with pytest.raises(ProfileError, match=r"distributedInfo.world_size 1000000000 is not a world size "
+                                           r"\(1..16,777,216\)"):
+        import_profile(_gloo_rank(tmp_path / "huge.json", rank=0, world=10**9))
+    with pytest.warns(ProfileWarning, match=r"the files hold 1 of the 16777216 ranks of their world \(none "
+                                            r"for ranks 1, 2, .*, 8 and 16777207 more\)"):
+        import_profile(_gloo_rank(tmp_path / "large.json", rank=0, world=2**24))
+
+
 def test_an_unknown_schedule_is_refused_naming_the_schedules(capsys, tmp_path):
     with pytest.raises(SystemExit) as info:
         cli_main(["import", str(GPU_FIXTURE), "-o", str(tmp_path / "out.json"), "--schedule", "nope"])
