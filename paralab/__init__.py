@@ -8,6 +8,8 @@ Every strategy runs for real as torch.distributed processes and is traced; ``par
 the same runs (and much larger ones) with a cost model, as the same Trace type.
 """
 
+import os
+
 from paralab.config import MODEL_PRESETS, ConfigError, ModelConfig, RunConfig
 from paralab.layout import Layout, resolve_layout
 from paralab.runtime.result import RunError, RunResult
@@ -25,9 +27,14 @@ def run(strategy: str = "ddp", world_size: int = 1, steps: int = 5, model="tiny"
     options are RunConfig fields (global_batch, seed, device, bucket_mb, pp, schedule, ...). A config
     that cannot work raises ConfigError before any process starts; a failing rank raises RunError.
     """
+    from paralab.outputs import check_file
     from paralab.runtime.launch import launch
 
     cfg = RunConfig.build(model, strategy=strategy, world_size=world_size, steps=steps, **options)
+    if trace_path:  # before the run: a directory or a number given here had been refused once it had trained
+        if not isinstance(trace_path, str | os.PathLike):
+            raise ConfigError(f"trace_path must be a file's path, got {trace_path!r}")
+        check_file(trace_path, "trace_path")
     result = launch(cfg, progress=progress)
     if trace_path:
         result.save_trace(trace_path)

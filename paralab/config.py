@@ -192,8 +192,11 @@ class TrainingConfig:
                 model_cfg, name = ModelConfig(**model), CUSTOM_MODEL
             except TypeError as exc:
                 raise ConfigError(f"model: {exc}") from None
-        else:
+        elif isinstance(model, ModelConfig):
             model_cfg, name = model, CUSTOM_MODEL
+        else:  # None or a number had gone on to an AttributeError inside validate()
+            raise ConfigError(f"model must be a preset's name, a ModelConfig or a dict of its fields, got "
+                              f"{model!r}")
         unknown = set(kwargs) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ConfigError(f"unknown run option(s): {sorted(unknown)}")
@@ -232,6 +235,9 @@ class TrainingConfig:
             if getattr(self, name) not in choices:
                 raise ConfigError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
         self._validate_loss_scale()
+        if not isinstance(self.model, ModelConfig):  # RunConfig(model="tiny"): build() takes a name
+            raise ConfigError(f"model must be a ModelConfig, got {self.model!r}: RunConfig.build(model, ...) "
+                              "takes a preset's name or a dict")
         self.model.validate()
         self._validate_fault()
         return self

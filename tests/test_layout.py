@@ -171,6 +171,10 @@ def test_the_resolved_shapes_of_the_lab_strategies(name, world, options, expecte
     (dict(strategy="hybrid", tp=2, model="tiny-moe"),
      r"not supported: a mixture-of-experts model .* with tp=2"),
     (dict(strategy="hybrid", ep=2, zero=1, model="tiny-moe"), r"not supported: zero=1 with ep=2"),
+    # had been AttributeErrors from inside validate()
+    (dict(strategy="ddp", model=None),
+     r"model must be a preset's name, a ModelConfig or a dict of its fields, got None"),
+    (dict(strategy="ddp", model=5), r"model must be a preset's name, .* got 5"),
 ])
 def test_shapes_that_cannot_run_are_refused_before_any_process(monkeypatch, options, message):
     monkeypatch.setattr(launch_module, "_context", lambda: pytest.fail("a process was about to start"))
@@ -202,6 +206,24 @@ def test_reduce_dtype_is_refused_where_one_replica_reduces_nothing(monkeypatch, 
     with pytest.raises(ConfigError, match=rf"reduce_dtype=bf16 would change nothing: {name} averages each "
                                           r"gradient over its dp x cp ranks, .* \(dp 1 x cp 1\)"):
         paralab.run(name, 1, reduce_dtype="bf16", **{"model": "tiny", **options})
+
+
+def test_a_run_config_of_a_model_name_says_build_takes_names():
+    with pytest.raises(ConfigError, match=r"model must be a ModelConfig, got 'tiny': RunConfig.build"):
+        resolve_layout(RunConfig(model="tiny"))
+
+
+@pytest.mark.parametrize("trace_path, message", [
+    ("{tmp}", r"trace_path .* is a directory; give a file name"),
+    (5, r"trace_path must be a file's path, got 5"),
+])
+def test_a_trace_path_that_cannot_be_written_is_refused_before_any_process(monkeypatch, tmp_path, trace_path,
+                                                                          message):
+    """Each had been refused only once the run had trained, losing its result."""
+    monkeypatch.setattr(launch_module, "_context", lambda: pytest.fail("a process was about to start"))
+    trace_path = str(tmp_path) if trace_path == "{tmp}" else trace_path
+    with pytest.raises(ConfigError, match=message):
+        paralab.run("single", 1, 1, trace_path=trace_path)
 
 
 def test_the_unused_tuning_knob_is_reported_not_echoed(monkeypatch):
