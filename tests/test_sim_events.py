@@ -159,6 +159,17 @@ def test_compute_time_may_be_a_callable_and_a_missing_op_is_named():
         simulate_schedule(schedule, {"forward": 1.0})
 
 
+@pytest.mark.parametrize("times, p2p, said", [
+    ({"forward": 1, "backward": 2}, -1.0, "p2p_time"),  # had read a bubble of 0.08 where 1f1b's is 0.2
+    ({"forward": 1, "backward": 2}, float("nan"), "p2p_time"),  # had read 0
+    ({"forward": -1.0, "backward": 2}, 0.0, "compute_time"),
+    ({"forward": True, "backward": 2}, 0.0, "compute_time"),
+])
+def test_times_that_are_no_seconds_are_refused(times, p2p, said):
+    with pytest.raises(ValueError, match=rf"{said} must be seconds, finite and >= 0, got "):
+        simulated_bubble(build_schedule("1f1b", 2, 4), times, p2p)
+
+
 def test_a_plan_is_compiled_only_from_its_own_schedules_proof():
     """A report without what each action waits for (or of another schedule) would time nothing."""
     schedule = build_schedule("1f1b", 2, 4)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
+from paralab.config import finite_number
 from paralab.cyclic_gc import without_cyclic_gc
 from paralab.schedules import (
     RECV_BACKWARD,
@@ -185,8 +186,13 @@ def simulated_bubble(
 
 
 def _as_callable(value, label: str) -> Callable[[Action], float]:
+    """``value`` as seconds by action. Times given as numbers must be finite and >= 0: a negative or
+    NaN time had timed a step all the same (a bubble of 0.08 or 0 where the schedule's is 0.2)."""
     if callable(value):
         return value
+    for seconds in value.values() if isinstance(value, Mapping) else [value]:
+        if not (finite_number(seconds) and seconds >= 0):
+            raise ValueError(f"{label} must be seconds, finite and >= 0, got {value!r}")
     if isinstance(value, Mapping):
 
         def by_op(action: Action) -> float:
