@@ -6,7 +6,7 @@ import itertools
 import pytest
 
 from paralab.schedules import build_schedule
-from paralab.sim import cost, counting, memory
+from paralab.sim import bridge, cost, counting, memory
 from paralab.sim.events import simulate_schedule
 from paralab.sim.hardware import get_hardware
 from paralab.sim.presets import get_model
@@ -650,6 +650,20 @@ def test_one_zero2_bucket_is_reduced_after_backward():
 def test_bad_spec_is_refused_with_the_numbers():
     with pytest.raises(SpecError, match="does not divide 96 layers"):
         cost.predict(get_model("gpt3-175b"), ParallelSpec(tp=8, pp=5), A100)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: cost.predict("gpt3-175b", ParallelSpec(), A100), "model must be a ModelSpec .* got 'gpt3-175b'"),
+    (lambda: cost.predict(get_model("gpt3-175b"), {"tp": 8}, A100), r"parallel must be a ParallelSpec"),
+    (lambda: cost.predict(get_model("gpt3-175b"), ParallelSpec(), "a100"), "hardware must be a HardwareSpec"),
+    (lambda: get_hardware(None), "hardware must be a preset's name or a .json file's path, got None"),
+    (lambda: get_model(None), "unknown model preset None"),
+    (lambda: bridge.predict_run(None, "a100"), "the run must be a RunConfig"),
+])
+def test_a_spec_of_the_wrong_type_is_named(call, message):
+    """Each had been an AttributeError from deep inside (a name where a spec belongs, None, a dict)."""
+    with pytest.raises(SpecError, match=message):
+        call()
 
 
 def test_trace_has_the_schedule_spans_without_overlap():

@@ -238,6 +238,9 @@ def test_the_rows_a_plan_returns_are_all_simulated_and_ranked_by_it():
     (dict(gpus=8.0), "gpus must be a whole number >= 1, got 8.0"),
     (dict(global_batch=8.5), "global_batch must be a whole number >= 0, got 8.5"),  # had advised 9.0
     (dict(top=-1), "top must be a whole number >= 0, got -1"),  # had returned three rows
+    (dict(keep={"xx": 2}), "keep: ParallelSpec has no setting 'xx'"),  # had been an AttributeError
+    (dict(keep={"tp": "2"}), "keep tp must be a finite number, got '2'"),  # had planned nothing, in silence
+    (dict(keep=["tp"]), r"keep must be a dict of ParallelSpec settings, like \{'tp': 2\}, got \['tp'\]"),
 ])
 def test_a_plan_of_what_cannot_be_asked_is_refused(asked, message):
     request = {"gpus": 8, "global_batch": 64, **asked}

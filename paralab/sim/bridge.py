@@ -57,6 +57,8 @@ def specs_from_run(cfg: RunConfig) -> tuple[ModelSpec, ParallelSpec]:
     (``train_loop(batch_in_window=False)``), so their predicted step holds no data loading; the others
     load inside it.
     """
+    if not isinstance(cfg, RunConfig):  # None had been an AttributeError inside validate()
+        raise SpecError(f"the run must be a RunConfig (RunConfig.build(model, strategy=...)), got {cfg!r}")
     try:
         layout = resolve_layout(cfg)
     except ConfigError as exc:

@@ -134,6 +134,9 @@ def get_hardware(name: str, recalibrate: bool = False,
 
     A preset comes as the caller's own copy: the spec is frozen but its peak and curve tables are
     dicts and lists, and a notebook that edits one must not change what every later plan reads."""
+    if not isinstance(name, str | os.PathLike):  # None had been an AttributeError
+        raise SpecError(f"hardware must be a preset's name or a .json file's path, got {name!r}")
+    name = os.fspath(name)
     if name.lower().endswith(".json"):
         return load_hardware_file(name)
     key = ALIASES.get(name.lower(), name.lower())

@@ -40,6 +40,7 @@ from paralab.sim.specs import (
     ModelSpec,
     ParallelSpec,
     SpecError,
+    kind_problems,
     sequence_parallel_divides,
     ulysses_splits,
 )
@@ -194,7 +195,8 @@ def plan(
     of theirs undercuts), and one is priced (memory, then the closed form) only while its floor could
     still put it among the first ``max(top, refine)``: the answer is the one pricing them all gives
     (rows exactly as fast and as full go to the earlier candidate)."""
-    if problems := _request_problems(gpus, global_batch, top, refine) or cost.machine_problems(model, hw):
+    if problems := (_request_problems(gpus, global_batch, top, refine) + _keep_problems(keep)
+                    or cost.machine_problems(model, hw)):
         raise SpecError("; ".join(problems))  # before any floor divides by what it gives
     refine = max(top, REFINED_ROWS) if refine is None else refine
     places = max(top, refine)
@@ -266,6 +268,18 @@ def _request_problems(gpus, global_batch, top, refine) -> list[str]:
     asked = {"gpus": (gpus, 1), "global_batch": (global_batch, 0), "top": (top, 0), "refine": (refine, 0)}
     return [f"{name} must be a whole number >= {low}, got {value!r}" for name, (value, low) in asked.items()
             if value is not None and not (type(value) is int and value >= low)]
+
+
+def _keep_problems(keep) -> list[str]:
+    """What ``keep`` cannot ask: a setting ParallelSpec does not have (had been an AttributeError), or
+    a value not of its kind (tp "2" had matched no layout, an empty plan read as "nothing fits")."""
+    if keep is None:
+        return []
+    if not isinstance(keep, dict):
+        return [f"keep must be a dict of ParallelSpec settings, like {{'tp': 2}}, got {keep!r}"]
+    if unknown := sorted(set(keep) - set(ParallelSpec.__dataclass_fields__)):
+        return [f"keep: ParallelSpec has no setting {', '.join(map(repr, unknown))}"]
+    return kind_problems(ParallelSpec().replace(**keep), "keep")
 
 
 def why_nothing_fits(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int | None = None,

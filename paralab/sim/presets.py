@@ -185,7 +185,7 @@ def _scaled_ffn(base: ModelSpec, hidden: int) -> int:
 
 def get_model(name: str) -> ModelSpec:
     """A preset by name (case-insensitive); SpecError lists the names when it is unknown."""
-    key = name.lower()
+    key = name.lower() if isinstance(name, str) else None  # None had been an AttributeError
     if key not in MODELS:
         raise SpecError(f"unknown model preset {name!r}; choose from {', '.join(MODELS)}")
     return MODELS[key]
