@@ -943,3 +943,22 @@ def test_the_comm_explorer_says_when_a_run_traced_no_collective():
     assert "torch_ddp traced no collective" in app.message.value
     app.redraw()
     assert "traced no collective" in app.message.value  # kept past a redraw
+
+
+@pytest.mark.parametrize("make, message", [
+    # traitlets had said only "Invalid selection: value not found", naming neither argument nor choices
+    (lambda: widgets.scaling_explorer(model="x"), "model='x' is not one of this explorer's choices: gpt3-"),
+    (lambda: widgets.scaling_explorer(dim="zz"), "dim='zz' is not one of this explorer's choices: dp, tp"),
+    (lambda: widgets.scaling_explorer(max_gpus=0), "max_gpus=0 is not one of this explorer's choices: 2, 4"),
+    (lambda: widgets.memory_explorer(tp=3), "tp=3 is not one of this explorer's choices: 1, 2, 4, 8, 16"),
+    (lambda: widgets.levers_explorer(dtype="fp8"), "dtype='fp8' is not one of this explorer's choices"),
+    (lambda: widgets.pipeline_explorer(schedule="bogus"), "schedule='bogus' is not one of this explorer's"),
+    # a slider had clamped these without a word, or a size of 0 divided by zero
+    (lambda: widgets.pipeline_explorer(stages=0), "stages must be a number from 2 to 64, got 0"),
+    (lambda: widgets.pipeline_explorer(p2p=-1.0), "p2p must be a number from 0 to 2, got -1.0"),
+    (lambda: widgets.collectives_explorer(size_mb=0), "size_mb must be a number of MiB above 0, got 0"),
+])
+def test_an_explorer_refuses_an_argument_its_controls_cannot_show(make, message):
+    with pytest.raises(ValueError) as info:
+        make()
+    assert message in str(info.value)

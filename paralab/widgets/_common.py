@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import html
 
+from paralab.config import finite_number
+
 
 def widgets():
     try:
@@ -25,19 +27,46 @@ def row(*children):
     return w.HBox(list(children), layout=w.Layout(flex_flow="row wrap"))
 
 
-def toggle(options: list[str], value: str, description: str):
+def chosen(argument: str, value, options: list):
+    """``value``, where it is one of a selection's ``options`` (bare, or (label, value) pairs); else a
+    ValueError naming the explorer's ``argument`` and its choices, before any widget is made: traitlets
+    had said only "Invalid selection: value not found"."""
+    values = [option[1] if isinstance(option, tuple) else option for option in options]
+    if value not in values:
+        raise ValueError(f"{argument}={value!r} is not one of this explorer's choices: "
+                         f"{', '.join(map(str, values))}")
+    return value
+
+
+def within(argument: str, value, low: float, high: float) -> None:
+    """ValueError naming the explorer's ``argument`` unless ``value`` is a number from ``low`` to
+    ``high``: a slider had clamped it without a word (stages=0 drew 2 pipeline ranks)."""
+    if not (finite_number(value) and low <= value <= high):
+        raise ValueError(f"{argument} must be a number from {low:g} to {high:g}, got {value!r}")
+
+
+def select(kind, argument: str, options: list, value, **kwargs):
+    """A selection widget (``kind``: Dropdown, SelectionSlider) of ``options`` at ``value``, the explorer's
+    ``argument`` (:func:`chosen`)."""
+    return kind(options=options, value=chosen(argument, value, options), **kwargs)
+
+
+def toggle(options: list[str], value: str, description: str, argument: str = ""):
     """Toggle buttons beside their label, each as wide as its text: ipywidgets 8 stacks a toggle's
-    label over its buttons, each 148 px wide (the memory explorer's "recompute" had sat over its row)."""
+    label over its buttons, each 148 px wide (the memory explorer's "recompute" had sat over its row).
+    ``argument``: the explorer's argument ``value`` came from, checked (:func:`chosen`)."""
+    value = chosen(argument, value, options) if argument else value
     return widgets().ToggleButtons(options=options, value=value, description=description,
                                    style={"button_width": "auto"},
                                    layout={"display": "flex", "grid_gap": "8px", "margin": "2px 24px 2px 0"})
 
 
-def up_to(counts: list[int], value: int, noun: str):
+def up_to(counts: list[int], value: int, noun: str, argument: str = ""):
     """An "up to" slider over ``counts`` that names what it counts ("up to (GPUs)"; "1,024"): a bare
     "1024" had not said whether it counted ranks or GPUs. The noun is in the description, not the
-    readout, whose box cuts "1,024 ranks" to "1,024 rank"."""
+    readout, whose box cuts "1,024 ranks" to "1,024 rank". ``argument``: as :func:`toggle`'s."""
     w = widgets()
+    value = chosen(argument, value, counts) if argument else value
     return w.SelectionSlider(options=[(f"{n:,}", n) for n in counts], value=value,
                              description=f"up to ({noun}s)", style={"description_width": "initial"})
 

@@ -6,7 +6,17 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from paralab.widgets._common import attach, figure_widget, message, replace_figure, row, up_to, widgets
+from paralab.config import finite_number
+from paralab.widgets._common import (
+    attach,
+    figure_widget,
+    message,
+    replace_figure,
+    row,
+    select,
+    up_to,
+    widgets,
+)
 
 GROUPS = [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 SIZES_MB = [2.0**k for k in range(-10, 11)]  # 1 KiB to 1 GiB
@@ -52,10 +62,12 @@ def collectives_explorer(measured: dict | None = None, size_mb: float = 1.0, lin
     ``message`` (where the tree overtakes the ring), ``redraw()``."""
     from paralab.viz.collectives import beyond_reach, ring_against_tree, size_label
 
+    if not (finite_number(size_mb) and size_mb > 0):  # 0 had divided by zero, -1 a math domain error
+        raise ValueError(f"size_mb must be a number of MiB above 0, got {size_mb!r}")
     choices = links(measured)
     w = widgets()
     controls = {
-        "link": w.Dropdown(options=list(choices), value=link, description="link"),
+        "link": select(w.Dropdown, "link", list(choices), link, description="link"),
         # sizes named as the title names them: a float slider had read "1.02e+3" MiB
         "size_mb": w.SelectionSlider(options=[(size_label(s * 2**20), s) for s in SIZES_MB],
                                      value=min(SIZES_MB, key=lambda s: abs(math.log2(s / size_mb))),

@@ -20,6 +20,7 @@ from paralab.widgets._common import (
     refuse,
     replace_figure,
     row,
+    select,
     toggle,
     up_to,
     whole_labels,
@@ -129,13 +130,14 @@ def scaling_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dim: str 
 
     w = widgets()
     controls = whole_labels({
-        "model": w.Dropdown(options=list(presets.MODELS), value=model, description="model", layout=MENU),
-        "hardware": w.Dropdown(options=list(hw_mod.PRESETS), value=hardware, description="hardware",
-                               layout=MENU),
-        "dim": toggle(["dp", "tp", "pp"], dim, "scale"),
-        "max_gpus": up_to(POW2[1:], max_gpus, "GPU"),
+        "model": select(w.Dropdown, "model", list(presets.MODELS), model, description="model", layout=MENU),
+        "hardware": select(w.Dropdown, "hardware", list(hw_mod.PRESETS), hardware, description="hardware",
+                           layout=MENU),
+        "dim": toggle(["dp", "tp", "pp"], dim, "scale", argument="dim"),
+        "max_gpus": up_to(POW2[1:], max_gpus, "GPU", argument="max_gpus"),
         "global_batch": w.IntText(value=global_batch, description="global batch"),
-        "micro_batch": w.SelectionSlider(options=POW2[:6], value=micro_batch, description="micro-batch"),
+        "micro_batch": select(w.SelectionSlider, "micro_batch", POW2[:6], micro_batch,
+                              description="micro-batch"),
     })
     msg = w.HTML()
     fw = figure_widget(scaling(measured=measured, title="nothing drawn for these settings (see the message)"))
@@ -301,12 +303,12 @@ def memory_explorer(model: str = "gpt3-1.3b", hardware: str = "h100", dp: int = 
 
     w = widgets()
     controls = whole_labels({
-        "model": w.Dropdown(options=list(presets.MODELS), value=model, description="model", layout=MENU),
-        "hardware": w.Dropdown(options=list(hw_mod.PRESETS), value=hardware, description="hardware",
-                               layout=MENU),
-        "dp": w.SelectionSlider(options=POW2, value=dp, description="dp"),
-        "tp": w.SelectionSlider(options=POW2[:5], value=tp, description="tp"),
-        "pp": w.SelectionSlider(options=POW2[:7], value=pp, description="pp"),
+        "model": select(w.Dropdown, "model", list(presets.MODELS), model, description="model", layout=MENU),
+        "hardware": select(w.Dropdown, "hardware", list(hw_mod.PRESETS), hardware, description="hardware",
+                           layout=MENU),
+        "dp": select(w.SelectionSlider, "dp", POW2, dp, description="dp"),
+        "tp": select(w.SelectionSlider, "tp", POW2[:5], tp, description="tp"),
+        "pp": select(w.SelectionSlider, "pp", POW2[:7], pp, description="pp"),
         "micro_batch": w.SelectionSlider(options=POW2[:6], value=1, description="micro-batch"),
         "recompute": toggle(["none", "selective", "full"], "none", "recompute"),
     })
@@ -411,7 +413,7 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
                          description="op"),
         "size_mb": w.FloatLogSlider(value=100.0, base=10, min=-2, max=4, description="tensor MiB"),
         "max_group": up_to(POW2[1:], 64, "GPU"),
-        "hardware": w.Dropdown(options=list(hw_mod.PRESETS), value=hardware, description="hardware"),
+        "hardware": select(w.Dropdown, "hardware", list(hw_mod.PRESETS), hardware, description="hardware"),
     }
     msg = w.HTML()
     trace = as_trace(run) if run is not None else None

@@ -22,6 +22,7 @@ from paralab.widgets._common import (
     refuse,
     replace_figure,
     row,
+    select,
     toggle,
     widgets,
 )
@@ -118,12 +119,12 @@ def levers_explorer(layers: int = 4, hidden: int = 64, seq: int = 128, micro_bat
 
     w = widgets()
     controls = {
-        "layers": w.SelectionSlider(options=[1, 2, 4, 8, 16], value=layers, description="layers"),
-        "hidden": w.SelectionSlider(options=[32, 64, 128, 256, 512], value=hidden, description="hidden"),
-        "seq": w.SelectionSlider(options=[32, 64, 128, 256, 512, 1024], value=seq, description="sequence"),
-        "micro_batch": w.SelectionSlider(options=[1, 2, 4, 8, 16], value=micro_batch,
-                                         description="micro-batch"),
-        "dtype": toggle(["fp32", "bf16"], dtype, "dtype"),
+        "layers": select(w.SelectionSlider, "layers", [1, 2, 4, 8, 16], layers, description="layers"),
+        "hidden": select(w.SelectionSlider, "hidden", [32, 64, 128, 256, 512], hidden, description="hidden"),
+        "seq": select(w.SelectionSlider, "seq", [32, 64, 128, 256, 512, 1024], seq, description="sequence"),
+        "micro_batch": select(w.SelectionSlider, "micro_batch", [1, 2, 4, 8, 16], micro_batch,
+                              description="micro-batch"),
+        "dtype": toggle(["fp32", "bf16"], dtype, "dtype", argument="dtype"),
         "recompute": toggle(["none", "selective", "full"], "none", "recompute"),
         "attention": toggle(["sdpa", "math"], "sdpa", "attention"),
     }

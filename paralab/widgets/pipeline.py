@@ -39,8 +39,10 @@ from paralab.widgets._common import (
     refuse,
     replace_figure,
     row,
+    select,
     unmark,
     widgets,
+    within,
 )
 
 UNIT_TIMES = {"forward": 1.0, "backward": 2.0, "backward_input": 1.0, "backward_weight": 1.0}
@@ -203,10 +205,16 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
     from paralab.viz._common import go, style
     from paralab.viz.timeline import bar_traces, timeline
 
+    for argument, value, low, high in (
+        ("stages", stages, 2, max_stages), ("microbatches", microbatches, 1, max_microbatches),
+        ("virtual_stages", virtual_stages, 1, 8), ("p2p", p2p, 0.0, 2.0), ("overlap", overlap, 0.0, 1.0),
+    ):
+        within(argument, value, low, high)  # the sliders' ranges, which had clamped them without a word
     w = widgets()
     whole = dict(style={"description_width": "initial"})  # labels in full, never "microbatc…"
     controls = {
-        "schedule": w.Dropdown(options=list(SCHEDULES), value=schedule, description="schedule", **whole),
+        "schedule": select(w.Dropdown, "schedule", list(SCHEDULES), schedule, description="schedule",
+                           **whole),
         # pipeline ranks: a rank of a multi-chunk schedule holds several stages (model chunks, "s7")
         "stages": w.IntSlider(value=stages, min=2, max=max_stages, description="pipeline ranks (p)",
                               continuous_update=False, **whole),

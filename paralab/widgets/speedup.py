@@ -142,7 +142,7 @@ def speedup_explorer(runs, baseline=None, max_world: int = 16):
                             value=cfg.model_name if cfg.model_name in MODEL_PRESETS
                             else "tiny", description="model"),
         "dtype": toggle(["fp32", "bf16"], cfg.dtype if cfg.dtype != "fp16" else "bf16", "dtype"),
-        "max_world": up_to(WORLD_SIZES[1:], max_world, "rank"),
+        "max_world": up_to(WORLD_SIZES[1:], max_world, "rank", argument="max_world"),
     }
     fw = figure_widget(speedup_steps(measured, baseline))
 
