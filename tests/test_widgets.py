@@ -957,6 +957,9 @@ def test_the_comm_explorer_says_when_a_run_traced_no_collective():
     (lambda: widgets.pipeline_explorer(stages=0), "stages must be a number from 2 to 64, got 0"),
     (lambda: widgets.pipeline_explorer(p2p=-1.0), "p2p must be a number from 0 to 2, got -1.0"),
     (lambda: widgets.collectives_explorer(size_mb=0), "size_mb must be a number of MiB above 0, got 0"),
+    # had been min() of an empty sequence, and an AttributeError of a step time
+    (lambda: widgets.speedup_explorer({}), "runs must be one or more RunResults of paralab.run"),
+    (lambda: widgets.speedup_explorer({1: 5.0}), "runs must be one or more RunResults of paralab.run"),
 ])
 def test_an_explorer_refuses_an_argument_its_controls_cannot_show(make, message):
     with pytest.raises(ValueError) as info:

@@ -114,11 +114,16 @@ def speedup_explorer(runs, baseline=None, max_world: int = 16):
     Attributes: ``controls``, ``figure``, ``message``, ``redraw()``.
     """
     from paralab.config import MODEL_PRESETS
+    from paralab.runtime.result import RunResult
     from paralab.runtime.worker import threads_for
     from paralab.sim import hardware as hw_mod
     from paralab.sim.bridge import predict_run
     from paralab.viz.scaling import speedup_steps
 
+    given = list(runs.values()) if isinstance(runs, dict) else list(runs)
+    if not given or not all(isinstance(run, RunResult) for run in given):  # {} had been min() of nothing
+        raise ValueError(f"runs must be one or more RunResults of paralab.run, by world size or in a list, "
+                         f"got {runs!r}"[:300])
     runs = runs if isinstance(runs, dict) else {r.layout.world_size: r for r in runs}
     baseline = baseline if baseline is not None else runs[min(runs)]
     cfg = runs[max(runs)].config
