@@ -848,7 +848,7 @@ def _fact_problem(facts: dict, said=str) -> str:
     schedule = facts.get("schedule")
     if schedule is not None and schedule not in SCHEDULES:
         return f"{said('schedule')} must be one of {', '.join(SCHEDULES)}, got {schedule!r}"
-    for key in IMPORT_FACTS[1:]:
+    for key in ("pp", "microbatches", "tokens_per_step"):
         value = facts.get(key)
         if value is not None and type(value) is not int:
             return f"{said(key)} must be a whole number, got {value!r}"

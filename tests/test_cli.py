@@ -172,7 +172,7 @@ def nothing_starts(monkeypatch):
     (["run", "--strategy", "tp", "--world-size", "1", "--sequence-parallel"], "it needs tp > 1"),
     (["run", "--strategy", "zero3", "--world-size", "1", "--zero-prefetch"], "one rank has no others"),
     (["run", "--strategy", "ddp", "--world-size", "1", "--reduce-dtype", "bf16"],
-     "--reduce-dtype bf16 would change nothing: ddp averages each gradient over its dp x cp ranks"),
+     "--reduce-dtype bf16 has no reduction to apply to: ddp averages each gradient over its dp x cp ranks"),
     (["run", "--strategy", "hybrid", "--world-size", "2", "--tp", "2", "--zero", "1"],
      "--zero 1 shards over the dp x cp ranks, and this layout has one (dp 1 x cp 1)"),
 ], ids=["tp bucket", "zero1 bucket at its default", "hybrid zero1 bucket", "zbv virtual stages",

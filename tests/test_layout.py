@@ -201,10 +201,11 @@ def test_reduce_dtype_is_taken_wherever_gradients_are_reduced(name, world, optio
 ])
 def test_reduce_dtype_is_refused_where_one_replica_reduces_nothing(monkeypatch, name, options):
     """On one rank a replica strategy averages nothing: its reduce_dtype had been accepted and the summary
-    had said "gradients reduced in bf16", with losses bitwise those of fp32."""
+    had said "gradients reduced in bf16", where ddp changed nothing and the others only rounded an fp32
+    model's gradients to bf16 and back."""
     monkeypatch.setattr(launch_module, "_context", lambda: pytest.fail("a process was about to start"))
-    with pytest.raises(ConfigError, match=rf"reduce_dtype=bf16 would change nothing: {name} averages each "
-                                          r"gradient over its dp x cp ranks, .* \(dp 1 x cp 1\)"):
+    with pytest.raises(ConfigError, match=rf"reduce_dtype=bf16 has no reduction to apply to: {name} averages "
+                                          r"each gradient over its dp x cp ranks, .* \(dp 1 x cp 1\)"):
         paralab.run(name, 1, reduce_dtype="bf16", **{"model": "tiny", **options})
 
 

@@ -241,11 +241,13 @@ def test_the_rows_a_plan_returns_are_all_simulated_and_ranked_by_it():
     (dict(keep={"xx": 2}), "keep: ParallelSpec has no setting 'xx'"),  # had been an AttributeError
     (dict(keep={"tp": "2"}), "keep tp must be a finite number, got '2'"),  # had planned nothing, in silence
     (dict(keep=["tp"]), r"keep must be a dict of ParallelSpec settings, like \{'tp': 2\}, got \['tp'\]"),
+    (dict(model="small"), r"model must be a ModelSpec .* got 'small'"),  # had been an AttributeError
+    (dict(hw="a100"), r"hardware must be a HardwareSpec .* got 'a100'"),
 ])
 def test_a_plan_of_what_cannot_be_asked_is_refused(asked, message):
-    request = {"gpus": 8, "global_batch": 64, **asked}
+    request = {"model": get_model("small"), "gpus": 8, "hw": A100, "global_batch": 64, **asked}
     with pytest.raises(SpecError, match=message):
-        planner.plan(get_model("small"), request.pop("gpus"), A100, **request)
+        planner.plan(request.pop("model"), request.pop("gpus"), request.pop("hw"), **request)
 
 
 def test_explanations_name_no_loss_that_is_not_one_and_no_gain_as_partial_that_outweighs():

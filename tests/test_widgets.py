@@ -954,8 +954,12 @@ def test_the_comm_explorer_says_when_a_run_traced_no_collective():
     (lambda: widgets.levers_explorer(dtype="fp8"), "dtype='fp8' is not one of this explorer's choices"),
     (lambda: widgets.pipeline_explorer(schedule="bogus"), "schedule='bogus' is not one of this explorer's"),
     # a slider had clamped these without a word, or a size of 0 divided by zero
-    (lambda: widgets.pipeline_explorer(stages=0), "stages must be a number from 2 to 64, got 0"),
+    (lambda: widgets.pipeline_explorer(stages=0), "stages must be a whole number from 2 to 64, got 0"),
     (lambda: widgets.pipeline_explorer(p2p=-1.0), "p2p must be a number from 0 to 2, got -1.0"),
+    (lambda: widgets.pipeline_explorer(stages=3.5), "stages must be a whole number from 2 to 64, got 3.5"),
+    (lambda: widgets.pipeline_explorer(virtual_stages=1), "virtual_stages must be a whole number from 2"),
+    # a generator of runs had been spent by the check, and the explorer built from nothing
+    (lambda: widgets.speedup_explorer(x for x in [5.0]), "runs must be one or more RunResults"),
     (lambda: widgets.collectives_explorer(size_mb=0), "size_mb must be a number of MiB above 0, got 0"),
     # had been min() of an empty sequence, and an AttributeError of a step time
     (lambda: widgets.speedup_explorer({}), "runs must be one or more RunResults of paralab.run"),

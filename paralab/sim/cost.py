@@ -670,15 +670,15 @@ def check(model: ModelSpec, parallel: ParallelSpec, gpus: int | None = None,
           hw: HardwareSpec | None = None) -> ParallelSpec:
     """The resolved spec, or SpecError listing every conflict (a machine built in Python as well as a
     hardware file: a zero bandwidth would divide by zero deep in the cost model), or a spec of the
-    wrong type (:func:`_check_types`)."""
-    _check_types(model, parallel, hw)
+    wrong type (:func:`check_types`)."""
+    check_types(model, parallel, hw)
     problems = (machine_problems(model, hw) if hw else model.problems()) or parallel.problems(model, gpus)
     if problems:
         raise SpecError("; ".join(problems))
     return parallel.resolved()
 
 
-def _check_types(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec | None) -> None:
+def check_types(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec | None) -> None:
     """SpecError for a spec of the wrong type: a preset's name or a dict had been an AttributeError."""
     given = {"model": (model, ModelSpec), "parallel": (parallel, ParallelSpec),
              "hardware": (hw, HardwareSpec)}
@@ -722,7 +722,7 @@ def predict(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec, simulate
     """Predict one training step. ``simulate=False`` uses closed-form bubbles (fast, for the planner);
     so does a pipeline of more than :data:`SIMULATED_PASSES` passes, unless its schedule is one of
     :data:`EXTENDED_SCHEDULES` (``pipeline_pricing`` says which: simulated, closed form, extended)."""
-    _check_types(model, parallel, hw)  # before its cp is read
+    check_types(model, parallel, hw)  # before its cp is read
     if parallel.cp > 1:
         return CONTEXT_PARALLEL["predict"](model, parallel, hw, simulate)
     p = check(model, parallel, hw=hw)

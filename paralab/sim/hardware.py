@@ -381,8 +381,8 @@ def _cached_spec(path: Path) -> HardwareSpec | None:
     one: a damaged cache is measured again and rewritten, not a crash."""
     try:
         spec = HardwareSpec.from_dict(json.loads(path.read_text()))
-        if spec.problems() or not isinstance(spec.calibration, dict):
-            raise ValueError("; ".join(spec.problems()) or "no calibration record")
+        if problems := spec.problems():  # a calibration record that is no object among them
+            raise ValueError("; ".join(problems))
         return spec
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
         warnings.warn(f"{path} is not a readable calibration ({type(exc).__name__}: {exc}); measuring again",

@@ -195,6 +195,7 @@ def plan(
     of theirs undercuts), and one is priced (memory, then the closed form) only while its floor could
     still put it among the first ``max(top, refine)``: the answer is the one pricing them all gives
     (rows exactly as fast and as full go to the earlier candidate)."""
+    cost.check_types(model, ParallelSpec(), hw)  # a preset's name had been an AttributeError
     if problems := (_request_problems(gpus, global_batch, top, refine) + _keep_problems(keep)
                     or cost.machine_problems(model, hw)):
         raise SpecError("; ".join(problems))  # before any floor divides by what it gives

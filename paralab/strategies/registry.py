@@ -43,13 +43,17 @@ def check_reduce_dtype_applies(cfg, reduces: bool, why_not: str) -> None:
 
 def check_replicas_reduce(cfg, strategy: Strategy, layout) -> None:
     """Refuse a ``reduce_dtype`` given to a strategy that averages gradients over its replicas alone (its
-    axes among dp and cp) in a layout with one replica of each (dp x cp = 1), where nothing is reduced:
-    such a run had been accepted and its summary had said "gradients reduced in bf16". The strategies
-    with a tp axis keep their own rules (tensor's ``check_tp``, hybrid's and torch_hybrid's ``check``)."""
-    if set(strategy.axes) <= {"dp", "cp"}:
-        check_reduce_dtype_applies(cfg, layout.dp * layout.cp > 1,
-                                   f"{strategy.name} averages each gradient over its dp x cp ranks, and this "
-                                   f"run has one replica of each (dp {layout.dp} x cp {layout.cp})")
+    axes among dp and cp) in a layout with one replica of each (dp x cp = 1), where nothing is reduced.
+    Such a run had been accepted, its summary saying "gradients reduced in bf16": ddp's then kept no
+    buckets and changed nothing, while dp, ZeRO and torch's references still cast an fp32 model's
+    gradients to bf16 and back, a rounding but no reduction. The strategies with a tp axis keep their
+    own rules (tensor's ``check_tp``, hybrid's and torch_hybrid's ``check``)."""
+    if set(strategy.axes) <= {"dp", "cp"} and cfg.reduce_dtype != OPTION_DEFAULTS["reduce_dtype"]:
+        if layout.dp * layout.cp == 1:
+            raise ConfigError(f"reduce_dtype={cfg.reduce_dtype} has no reduction to apply to: "
+                              f"{strategy.name} averages each gradient over its dp x cp ranks, and this run "
+                              f"has one replica of each (dp {layout.dp} x cp {layout.cp}); leave it out, or "
+                              "give dp >= 2")
 
 
 def traces_its_collectives(strategy: str) -> bool:

@@ -38,11 +38,13 @@ def chosen(argument: str, value, options: list):
     return value
 
 
-def within(argument: str, value, low: float, high: float) -> None:
-    """ValueError naming the explorer's ``argument`` unless ``value`` is a number from ``low`` to
-    ``high``: a slider had clamped it without a word (stages=0 drew 2 pipeline ranks)."""
-    if not (finite_number(value) and low <= value <= high):
-        raise ValueError(f"{argument} must be a number from {low:g} to {high:g}, got {value!r}")
+def within(argument: str, value, low: float, high: float, whole: bool = False) -> None:
+    """ValueError naming the explorer's ``argument`` unless ``value`` is a number (``whole``: a whole
+    one, for an integer slider) from ``low`` to ``high``: a slider had clamped it without a word
+    (stages=0 drew 2 pipeline ranks, 3.5 drew 3)."""
+    kind = "a whole number" if whole else "a number"
+    if not (finite_number(value) and low <= value <= high and (type(value) is int or not whole)):
+        raise ValueError(f"{argument} must be {kind} from {low:g} to {high:g}, got {value!r}")
 
 
 def select(kind, argument: str, options: list, value, **kwargs):

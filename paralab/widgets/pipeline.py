@@ -205,11 +205,12 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
     from paralab.viz._common import go, style
     from paralab.viz.timeline import bar_traces, timeline
 
-    for argument, value, low, high in (
-        ("stages", stages, 2, max_stages), ("microbatches", microbatches, 1, max_microbatches),
-        ("virtual_stages", virtual_stages, 1, 8), ("p2p", p2p, 0.0, 2.0), ("overlap", overlap, 0.0, 1.0),
-    ):
-        within(argument, value, low, high)  # the sliders' ranges, which had clamped them without a word
+    for argument, value, low, high in (("stages", stages, 2, max_stages),
+                                       ("microbatches", microbatches, 1, max_microbatches),
+                                       ("virtual_stages", virtual_stages, 2, 8)):
+        within(argument, value, low, high, whole=True)  # the sliders' ranges, which had clamped them
+    within("p2p", p2p, 0.0, 2.0)
+    within("overlap", overlap, 0.0, 1.0)
     w = widgets()
     whole = dict(style={"description_width": "initial"})  # labels in full, never "microbatc…"
     controls = {
@@ -221,7 +222,7 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
         "microbatches": w.IntSlider(value=microbatches, min=1, max=max_microbatches,
                                     description="microbatches", continuous_update=False, **whole),
         # shown for interleaved only, which needs 2 chunks a rank at least (with one it is 1f1b)
-        "virtual_stages": w.IntSlider(value=max(virtual_stages, 2), min=2, max=8,
+        "virtual_stages": w.IntSlider(value=virtual_stages, min=2, max=8,
                                       description="virtual stages per rank",
                                       continuous_update=False, **whole),
         # wide enough for a track beside its long name: squeezed in their row, the F&B slider's had gone

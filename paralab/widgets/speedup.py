@@ -124,7 +124,7 @@ def speedup_explorer(runs, baseline=None, max_world: int = 16):
     if not given or not all(isinstance(run, RunResult) for run in given):  # {} had been min() of nothing
         raise ValueError(f"runs must be one or more RunResults of paralab.run, by world size or in a list, "
                          f"got {runs!r}"[:300])
-    runs = runs if isinstance(runs, dict) else {r.layout.world_size: r for r in runs}
+    runs = runs if isinstance(runs, dict) else {r.layout.world_size: r for r in given}  # a generator is spent
     baseline = baseline if baseline is not None else runs[min(runs)]
     cfg = runs[max(runs)].config
     here = this_machine()
