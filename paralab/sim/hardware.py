@@ -54,6 +54,7 @@ GiB = 1024**3
 MiB = 1024**2
 
 NCCL_CHANNELS = 24  # ring channels (one thread block each) of a large collective on an 8-GPU NVSwitch node
+GPU_STRAGGLER_CV = 0.017  # every GPU preset's part-to-part spread of compute speed (the module docstring)
 
 # FlashAttention-2 forward and backward, causal, head dimension 128, at sequence lengths 2k, 4k and 8k:
 # TFLOP/s from its repository's benchmark figures (Dao-AILab/flash-attention, assets/flash2_a100_ and
@@ -82,7 +83,7 @@ PRESETS: dict[str, HardwareSpec] = {
         inter_latency=10e-6,
         matmul_max_efficiency=0.8,
         tdp_w=400,
-        straggler_cv=0.017,
+        straggler_cv=GPU_STRAGGLER_CV,
         comm_sm_share=NCCL_CHANNELS / 108,
         flash2_efficiency=_flash2_points("a100", A100_BF16),
         notes="A100 80GB SXM in DGX A100 nodes: NVLink 3 / NVSwitch inside, 8 x HDR 200 Gb/s between",
@@ -99,7 +100,7 @@ PRESETS: dict[str, HardwareSpec] = {
         inter_latency=10e-6,
         matmul_max_efficiency=0.7,
         tdp_w=700,
-        straggler_cv=0.017,
+        straggler_cv=GPU_STRAGGLER_CV,
         comm_sm_share=NCCL_CHANNELS / 132,
         flash2_efficiency=_flash2_points("h100", H100_BF16),
         notes="H100 SXM in DGX H100 nodes: NVLink 4 / NVSwitch inside, 8 x NDR 400 Gb/s between",
@@ -116,7 +117,7 @@ PRESETS: dict[str, HardwareSpec] = {
         inter_latency=10e-6,
         matmul_max_efficiency=0.7,
         tdp_w=700,
-        straggler_cv=0.017,
+        straggler_cv=GPU_STRAGGLER_CV,
         comm_sm_share=NCCL_CHANNELS / 132,
         flash2_efficiency=_flash2_points("h100", H100_BF16),
         notes="H200 SXM (H100 compute, 141 GB HBM3e) in 8-GPU HGX nodes, 8 x NDR 400 Gb/s between",
@@ -273,7 +274,7 @@ def _file_spec(data: dict, fields: set, path: Path) -> HardwareSpec:
             value = data[key]
             # a null by dtype drops that entry of the base's table (below)
             numbers = [v for v in value.values() if v is not None] if isinstance(value, dict) else [value]
-            by_dtype = key == "peak_tflops"  # the one unit-named key whose field is a table
+            by_dtype = HardwareSpec.__dataclass_fields__[name].type.startswith("dict")  # peak_flops
             if isinstance(value, dict) != by_dtype or not all(map(finite_number, numbers)):
                 kind = 'an object of numbers by dtype, like {"bf16": 989}' if by_dtype else "a number"
                 raise SpecError(f"hardware file {str(path)!r}: {key} must be {kind}, got {value!r}")

@@ -623,9 +623,9 @@ PLAUSIBLE = {
 # 300 in bf16 and 600 in fp8, a CPU's 1 to 20; each figure within its range, the two can still disagree
 MOST_FLOPS_PER_BYTE = 2e4
 
-# the most a GPU's compute speed may vary from part to part (straggler_cv, one standard deviation): about
-# six times the presets' 1.7% (paralab.sim.hardware: 392 V100s measured); at 10% the slowest of 1,000 GPUs
-# would run a third slower than the mean
+# the most a GPU's compute speed may vary from part to part (straggler_cv, one standard deviation): several
+# times the presets' spread (paralab.sim.hardware.GPU_STRAGGLER_CV, measured on 392 V100s); at 10% the
+# slowest of 1,000 GPUs would run a third slower than the mean
 MOST_STRAGGLER_CV = 0.1
 
 # HardwareSpec's measured [bytes, seconds] curves (the local calibration's gloo calls)
@@ -790,7 +790,7 @@ class HardwareSpec:
                        f"({total:.4g} GiB): plans fill what is left")
         if not 0 <= self.straggler_cv <= MOST_STRAGGLER_CV:
             out.append(f"straggler_cv is the spread of one GPU's compute speed (standard deviation over the "
-                       f"mean) in [0, {MOST_STRAGGLER_CV:g}]: the presets' 0.017 is what 392 V100s of one "
+                       f"mean) in [0, {MOST_STRAGGLER_CV:g}]: the GPU presets' is what 392 V100s of one "
                        f"cluster measured; got {self.straggler_cv}")
         if not 0 <= self.comm_sm_share < 1:
             out.append(f"comm_sm_share is a share of the SMs in [0, 1), got {self.comm_sm_share}")
