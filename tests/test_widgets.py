@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 
@@ -969,3 +970,37 @@ def test_an_explorer_refuses_an_argument_its_controls_cannot_show(make, message)
     with pytest.raises(ValueError) as info:
         make()
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("make, error, message", [
+    # had been "'int' object is not iterable", an int() parse error and a speedup of -1 drawn
+    (lambda: widgets.scaling_explorer(measured=5), TypeError, "runs must be RunResults, Predictions or"),
+    (lambda: widgets.scaling_explorer(measured={"a": 1.0}), ValueError,
+     "a run's world size must be a whole number >= 1, got 'a'"),
+    (lambda: widgets.scaling_explorer(measured={2: -1.0}), ValueError,
+     "the run at world size 2 needs a step time of a number of seconds > 0, got -1.0"),
+    # had been "'str' object has no attribute 'items'"
+    (lambda: widgets.memory_explorer(measured="x"), TypeError,
+     "measured must be {label: RunResult or summary}"),
+    # had been "missing 1 required positional argument: 'bandwidth'", and negative times drawn
+    (lambda: widgets.collectives_explorer(measured={"a": (1,)}), TypeError,
+     "measured link 'a' must be a Link or (alpha in s, bandwidth in bytes/s), got (1,)"),
+    (lambda: widgets.collectives_explorer(measured={"a": (1e-5, -3)}), ValueError,
+     "measured link 'a' needs alpha >= 0 s and a bandwidth > 0 bytes/s"),
+    (lambda: widgets.collectives_explorer(measured=[1]), TypeError,
+     "measured must be {name: link}, got list"),
+])
+def test_an_explorer_names_measured_runs_it_cannot_read(make, error, message):
+    with pytest.raises(error) as info:
+        make()
+    assert message in str(info.value)
+
+
+def test_measured_runs_are_read_as_a_json_file_keys_them_and_as_a_fit_may_give_them():
+    """World sizes as JSON keys them (digits) are read as the numbers they are; a fitted link of alpha 0
+    or unbounded bandwidth (fit_alpha_beta's bounds) is drawn."""
+    app = widgets.scaling_explorer(measured={"2": 1.0, "4": 0.5})
+    measured = app.figure.layout.meta["measured"]
+    assert measured["world_size"] == [2, 4] and measured["speedup"] == [1.0, 2.0]
+    app = widgets.collectives_explorer(measured={"fitted": (0.0, math.inf)})
+    assert "fitted" in app.controls["link"].options

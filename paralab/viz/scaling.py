@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
+from paralab.config import finite_number
 from paralab.viz._common import as_summary, as_trace, go, make_subplots, style
 
 MEASURED, PREDICTED = "#4C78A8", "#F58518"
@@ -24,23 +25,43 @@ def scaling_points(runs) -> list[dict]:
     """Normalise runs to sorted points {world_size, step_time_s, tokens_per_s}.
 
     ``runs``: RunResults, Predictions, summary dicts, or a mapping world_size -> step time (seconds)
-    or -> any of those.
+    or -> any of those. Anything else is a TypeError, a world size not a whole number >= 1 or a step
+    time not a number > 0 a ValueError, naming what was given: a bare int had been "not iterable", a
+    key "a" an int() parse error, and a step of -1 s had been drawn as a speedup of -1.
     """
-    items = []
     if isinstance(runs, Mapping):
-        for w, v in runs.items():
-            if isinstance(v, (int, float)):
-                items.append({"world_size": int(w), "step_time_s": float(v), "tokens_per_s": 0.0})
-            else:
-                s = as_summary(v)
-                items.append({"world_size": int(w), "step_time_s": s["step_time_s"],
-                              "tokens_per_s": s.get("tokens_per_s") or 0.0})
+        pairs = list(runs.items())
+    elif isinstance(runs, Iterable) and not isinstance(runs, str | bytes):
+        pairs = [(None, run) for run in runs]
     else:
-        for v in runs:
-            s = as_summary(v)
-            items.append({"world_size": int(s["world_size"]), "step_time_s": s["step_time_s"],
-                          "tokens_per_s": s.get("tokens_per_s") or 0.0})
+        raise TypeError(f"runs must be {RUNS_WANTED}, got {type(runs).__name__}")
+    items = []
+    for world, run in pairs:
+        if finite_number(run):
+            point = {"world_size": world, "step_time_s": run, "tokens_per_s": 0.0}
+        else:
+            s = as_summary(run)
+            point = {"world_size": s["world_size"] if world is None else world,
+                     "step_time_s": s["step_time_s"], "tokens_per_s": s.get("tokens_per_s") or 0.0}
+        items.append(checked_point(point))
     return sorted(items, key=lambda p: p["world_size"])
+
+
+RUNS_WANTED = "RunResults, Predictions or summary dicts, or {world size: step time in s, or one of those}"
+
+
+def checked_point(point: dict) -> dict:
+    """``point`` with its world size an int, where it is a whole number >= 1 (or its digits, as JSON keys
+    it) and its step time a number > 0 (a ValueError naming them otherwise)."""
+    world, step = point["world_size"], point["step_time_s"]
+    if isinstance(world, str) and world.isdigit():  # a mapping read back from JSON keys its sizes so
+        world = int(world)
+    if not (finite_number(world) and world == int(world) and world >= 1):
+        raise ValueError(f"a run's world size must be a whole number >= 1, got {world!r}")
+    if not (finite_number(step) and step > 0):
+        raise ValueError(f"the run at world size {world} needs a step time of a number of seconds > 0, "
+                         f"got {step!r}")
+    return dict(point, world_size=int(world), step_time_s=float(step))
 
 
 def speedups(points: list[dict]) -> list[float]:
@@ -50,7 +71,7 @@ def speedups(points: list[dict]) -> list[float]:
     base = points[0]
     if all(p["tokens_per_s"] > 0 for p in points):
         return [p["tokens_per_s"] / base["tokens_per_s"] for p in points]
-    return [base["step_time_s"] / p["step_time_s"] if p["step_time_s"] > 0 else 0.0 for p in points]
+    return [base["step_time_s"] / p["step_time_s"] for p in points]
 
 
 def scaling(measured=None, predicted=None, title: str | None = None):

@@ -42,8 +42,25 @@ def links(measured: dict | None = None) -> dict[str, Link]:
     for name, hw in PRESETS.items():
         out[f"{name} NVLink"] = Link(hw.intra_latency, hw.intra_bw, reach=hw.gpus_per_node)
         out[f"{name} InfiniBand"] = Link(hw.inter_latency, hw.inter_bw)
-    return {**out, **{name: link if isinstance(link, Link) else Link(*link, tree=False)
-                      for name, link in (measured or {}).items()}}
+    return {**out, **{name: measured_link(name, link) for name, link in (measured or {}).items()}}
+
+
+def measured_link(name: str, link) -> Link:
+    """``link`` as a Link: itself, or a gloo link (no tree) of its (alpha in s, bandwidth in bytes/s),
+    as :func:`paralab.collectives.fit_alpha_beta` gives them: alpha a number >= 0, bandwidth one > 0 or
+    inf (a TypeError or ValueError naming the link otherwise: a pair of one had been "missing 1
+    required positional argument", and a bandwidth of -3 had drawn negative times)."""
+    if isinstance(link, Link):
+        return link
+    if not (isinstance(link, tuple | list) and len(link) == 2):
+        raise TypeError(f"measured link {name!r} must be a Link or (alpha in s, bandwidth in bytes/s), "
+                        f"got {link!r}")
+    alpha, bandwidth = link
+    if not (finite_number(alpha) and alpha >= 0 and (finite_number(bandwidth) or bandwidth == math.inf)
+            and bandwidth > 0):
+        raise ValueError(f"measured link {name!r} needs alpha >= 0 s and a bandwidth > 0 bytes/s, "
+                         f"got {link!r}")
+    return Link(alpha, bandwidth, tree=False)
 
 
 def tree_takes_over(payload: float, groups: list[int], link: Link) -> int | None:
@@ -64,6 +81,8 @@ def collectives_explorer(measured: dict | None = None, size_mb: float = 1.0, lin
 
     if not (finite_number(size_mb) and size_mb > 0):  # 0 had divided by zero, -1 a math domain error
         raise ValueError(f"size_mb must be a number of MiB above 0, got {size_mb!r}")
+    if not isinstance(measured, dict | None):  # a list had been "no attribute 'items'"
+        raise TypeError(f"measured must be {{name: link}}, got {type(measured).__name__}")
     choices = links(measured)
     w = widgets()
     controls = {

@@ -261,6 +261,8 @@ def measured_memory(measured: dict):
     from paralab.viz._common import as_summary, fmt_bytes
     from paralab.viz.memory import memory, memory_by_rank
 
+    if not isinstance(measured, dict):  # a str had been "no attribute 'items'"
+        raise TypeError(f"measured must be {{label: RunResult or summary}}, got {type(measured).__name__}")
     summaries = {label: as_summary(run) for label, run in measured.items()}
     names = {label: _zero_label(s) or label for label, s in summaries.items()}
     if len(set(names.values())) < len(names):
