@@ -479,8 +479,8 @@ def _mfu_note(pred: cost.Prediction, hw) -> str:
 def _cp_micro_batch_note(pred: cost.Prediction, asked: ParallelSpec) -> str:
     """Where cp took its GPUs from dp and the micro-batch was derived from the global batch, it grew cp
     times, so each GPU holds as many tokens a microbatch as the same GPUs without cp: the split saves no
-    activation memory (llama3-8b at 131,072 tokens on 64 GPUs: 76.1 GiB at every cp); --micro-batch
-    holds it."""
+    activation memory (llama3-8b, 8 sequences of 131,072 tokens on 64 GPUs at tp 8 with sequence
+    parallel: 76.1 GiB at every cp); --micro-batch holds it."""
     p = pred.parallel
     if p.cp == 1 or asked.micro_batch:
         return ""
