@@ -472,7 +472,9 @@ def test_the_recovery_is_split_where_the_agents_spawned_the_new_workers():
     restore holds the workers' start-up. A trace without ``worker_start`` spans keeps the old cut."""
     phases = {p["label"]: p for p in viz.elastic_phases(story_trace())}
     assert list(phases) == ["start", "training at 2 ranks", "failure", "detected", "rendezvous", "restore",
-                            "training at 1 ranks"]
+                            "training at 1 rank"]  # had read "1 ranks"
+    # one survivor detects it (had read "last of 1 after 30 ms")
+    assert phases["detected"]["detail"] == "by the survivor after 30 ms"
     assert (phases["start"]["start"], phases["start"]["detail"]) == (-3.0, "workers start (Python, torch), "
                                                                            "2 ranks meet, build the model")
     assert (phases["rendezvous"]["start"], phases["rendezvous"]["end"]) == (0.78, 7.0)
@@ -495,7 +497,7 @@ def test_the_story_keeps_its_note_off_the_rows_and_shows_the_kill():
     note = fig.layout.annotations[-1]
     assert (note.xanchor, note.yanchor) == ("left", "bottom") and note.y > 1  # above the phases' panel
     assert note.text == ("<b>training at 2 ranks</b>, then no step ran for 9.65 s (97 steps' worth), "
-                         "then <b>training at 1 ranks</b>")
+                         "then <b>training at 1 rank</b>")
     texts = [t.text[0].strip() for t in fig.data if t.type == "scatter" and t.mode == "markers+text"]
     restore = next(t for t in texts if "load step-00000001" in t)
     assert restore == "3.40 s: workers start (Python, torch: 2.50 s),<br>  meet, load step-00000001"

@@ -90,7 +90,8 @@ class FaultInjector:
         return (lambda: self._kill(step, "save")) if self._armed(step, "save") else None
 
     def _kill(self, step: int, during: str) -> None:
-        self.monitor.mark("failure", f"SIGKILL (node lost) at step {step}, during {during}",
+        when = f"during step {step}" if during == "step" else f"while saving the checkpoint after step {step}"
+        self.monitor.mark("failure", f"SIGKILL (node lost) {when}",  # not "at step 3, during step"
                           self.monitor.rec.now(), self.monitor.rec.now())
         self.monitor.flush()
         write_json(self.marker, {"rank": self.rank, "step": step, "during": during, "t": time.time()})

@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from paralab.elastic.history import seconds
+from paralab.text import count_text
 from paralab.trace import EVENT, STEP, Trace, typical_step_time
 from paralab.viz._common import as_trace, go, make_subplots, rank_color, style
 
@@ -149,7 +150,7 @@ def elastic_phases(trace) -> list[dict]:
         spawned = any(e.kind == "worker_start" and e.start == first for e in events)
         phases.append(_phase("start", "start", first, records[0]["start"],
                              ("workers start (Python, torch), " if spawned else "")
-                             + f"{gens[0]['world_size']} ranks meet, build the model"))
+                             + f"{count_text(gens[0]['world_size'], 'rank')} meet, build the model"))
     for i, gen in enumerate(gens):
         end = gens[i + 1]["start"] if i + 1 < len(gens) else float("inf")
         mine = [r for r in records if (r["generation"] == gen["name"]) or not gen["name"]]
@@ -163,7 +164,8 @@ def elastic_phases(trace) -> list[dict]:
             lost = [r["step"] for r in mine if not r["final"]]
             if lost:
                 detail += f" (step {', '.join(map(str, lost))} lost: redone later)"
-            phases.append(_phase("training", f"training at {gen['world_size']} ranks", mine[0]["start"], stop,
+            phases.append(_phase("training", f"training at {count_text(gen['world_size'], 'rank')}",
+                                 mine[0]["start"], stop,
                                  detail, world_size=gen["world_size"]))
         if kill is not None:
             detected = [e for e in events if e.kind == "failure_detected" and kill.start <= e.start < end]
@@ -171,9 +173,11 @@ def elastic_phases(trace) -> list[dict]:
                                  f"{_lane_noun(trace)} {kill.rank}: {kill.name}"))
             if detected:
                 last = detected[-1].start
-                phases.append(_phase("detected", "detected", kill.start, last,
-                                     f"first survivor after {(detected[0].start - kill.start) * 1e3:.0f} ms, "
-                                     f"last of {len(detected)} after {(last - kill.start) * 1e3:.0f} ms"))
+                soonest = f"{(detected[0].start - kill.start) * 1e3:.0f} ms"
+                said = (f"by the survivor after {soonest}" if len(detected) == 1 else  # not "last of 1"
+                        f"first survivor after {soonest}, last of {len(detected)} after "
+                        f"{(last - kill.start) * 1e3:.0f} ms")
+                phases.append(_phase("detected", "detected", kill.start, last, said))
     return phases
 
 
