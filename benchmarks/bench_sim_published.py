@@ -11,10 +11,6 @@ from __future__ import annotations
 from paralab.bench import benchmark_parser
 
 
-def number(x: float) -> str:
-    return f"{x:,.0f}" if x >= 1000 else f"{x:.4g}"
-
-
 def main() -> None:
     from paralab.sim import published
 
@@ -27,8 +23,8 @@ def main() -> None:
         mark = " (miss)" if c.run.known_miss else ""
         rows.append(
             f"| {c.run.label} ({c.run.organisation}) | {c.run.gpus:,} | {c.run.hardware.name} | "
-            f"{published.METRICS[c.run.metric]} | {number(c.run.published)} | {number(c.predicted)} | "
-            f"{c.error:+.1%}{mark} | {c.run.source} |"
+            f"{published.METRICS[c.run.metric]} | {published.as_reported(c.run.published)} | "
+            f"{published.as_reported(c.predicted)} | {c.error:+.1%}{mark} | {c.run.source} |"
         )
     print("\n".join(rows))
     covered = [abs(c.error) for c in compared if not c.run.known_miss]

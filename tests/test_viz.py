@@ -69,7 +69,7 @@ def test_timeline_measured_rows_spans_and_bytes(ddp_run):
     t0 = min(s.start for s in drawn)
     assert by_name["all_reduce"].x[0] == pytest.approx(ar[0].duration * 1e3)
     assert by_name["all_reduce"].base[0] == pytest.approx((ar[0].start - t0) * 1e3)
-    assert f"({ar[0].bytes} B)" in by_name["all_reduce"].hovertext[0]
+    assert f"({ar[0].bytes:,} B)" in by_name["all_reduce"].hovertext[0]
     assert set(by_name["all_reduce"].y) == {"r0 comm", "r1 comm"}
     # a pass's hover names no bytes ("bytes 0 B" had read as if the forward moved no data)
     passes = [text for t in fig.data if t.name in ("forward", "backward") for text in t.hovertext]
@@ -92,7 +92,7 @@ def test_a_receive_says_its_bytes_are_its_sends_and_waits_for_its_send():
     (waiting,) = [text for name, texts in hovers.items() if name.startswith("waiting") for text in texts]
     assert waiting.endswith(": its send had not been posted yet")
     (send,) = [text for texts in hovers.values() for text in texts if "send on" in text]
-    assert "wire bytes 32.0 KiB (32768 B)" in send
+    assert "wire bytes 32.0 KiB (32,768 B)" in send
     small = Trace([Span(0, "comm", "all_reduce", 0.0, 0.001, bytes=16, group_size=2, step=0)])
     (hover,) = [text for t in viz.timeline(small).data if t.hovertext for text in t.hovertext]
     assert "wire bytes 16 B" in hover and "(16 B)" not in hover  # it had read "bytes 16 B (16 B)"
@@ -158,7 +158,7 @@ def test_timeline_pipeline_microbatch_colours_and_labels(pipe):
     assert viz.timeline(one_stage).layout.xaxis.title.text == "time (ms)"
     # a timeline coloured by kind keeps its plain axis
     assert viz.timeline(pipe, color_by="kind").layout.xaxis.title.text == "time (ms)"
-    assert "(1024 B)" in send.hovertext[0] and "peer r" in send.hovertext[0]
+    assert "(1,024 B)" in send.hovertext[0] and "peer r" in send.hovertext[0]
     # bars coloured by microbatch stay out of the legend (their swatch had been one microbatch's colour,
     # matching no bar); kinds in one colour keep theirs, and sends back to back are edged apart
     assert fwd.showlegend is False and send.showlegend is not False
@@ -172,6 +172,26 @@ def test_timeline_pipeline_microbatch_colours_and_labels(pipe):
     busy3 = sum(x for t in fig.data if t.name in ("forward", "backward")
                 for y, x in zip(t.y, t.x) if y == "r3 compute")
     assert busy3 < span * 0.95
+
+
+def test_a_measured_step_is_drawn_beside_as_many_predicted_steps():
+    """``steps`` alone had drawn one measured step over every predicted one on the shared time axis,
+    the prediction reading three times as slow: the same steps are drawn where the prediction has
+    them (predict_run_trace numbers its steps as the run's), else as many from its first."""
+    def steps_of(first_step, count, seconds):
+        return Trace([Span(r, COMPUTE, "forward", i * seconds, (i + 0.5) * seconds, step=first_step + i)
+                      for r in range(2) for i in range(count)])
+
+    def drawn(fig, axis):  # bars drawn on that subplot
+        return sum(len(t.x) for t in fig.data if t.type == "bar" and t.yaxis == axis)
+
+    measured = steps_of(0, 3, 0.1)
+    same = viz.timeline(measured, predicted=steps_of(0, 3, 0.3), steps=[2])
+    assert drawn(same, "y") == drawn(same, "y2") == 2  # step 2 of each rank, measured and predicted
+    other = viz.timeline(measured, predicted=steps_of(10, 3, 0.3), steps=[1, 2])
+    assert drawn(other, "y2") == 4  # the prediction's first two steps
+    every = viz.timeline(measured, predicted=steps_of(0, 3, 0.3), steps=[2], predicted_steps=[0, 1, 2])
+    assert drawn(every, "y2") == 6  # asked for
 
 
 def test_hatched_microbatch_bars_keep_their_colour_array_out_of_the_hatch(pipe):
@@ -539,6 +559,9 @@ def test_comm_by_dimension_totals_equal_the_traces_bytes_per_group(hybrid, no_le
     assert [c[1] for c in bars["all_reduce"].customdata][:2] == [expected["dp"], expected["tp"]]
     # wire bytes: a receive has none (its send counts them), so it has no bar and no legend entry
     assert "send" in bars and "recv" not in bars
+    # each stack's total over it, in both panels alike: a segment's label had read as its bar's
+    over = [(a.x, a.text, a.xref) for a in fig.layout.annotations if a.text.startswith("<b>")]
+    assert over == [(d, f"<b>{fmt_bytes(n)}</b>", xref) for xref in ("x", "x2") for d, n in expected.items()]
 
 
 @pytest.mark.timeout(300)
@@ -741,6 +764,18 @@ def test_published_errors_draw_organisations_at_one_gpu_count_apart_and_hover_th
     assert fig.layout.meta["gpus"] == [8, 8, 64, 8]  # the true counts, in drawing order
 
 
+def test_published_errors_hover_each_runs_figures_in_its_own_metric():
+    """Runs report tokens/s, MFU % or TFLOP/s: the hover had given bare figures in scientific notation,
+    "published 1.327e+05" beside another run's "49.2", without the metric of either."""
+    tokens = _compared("A", "Org1", 1024, 132_700.0, 138_200.0)
+    mfu = _compared("B", "Org1", 64, 49.2, 50.1)
+    mfu.run.metric = "mfu"
+    (trace,) = viz.published_errors([tokens, mfu]).data
+    assert "%{customdata[5]}" in trace.hovertemplate
+    assert [list(c[2:4]) + [c[5]] for c in trace.customdata] == [["132,700", "138,200", "tokens/s"],
+                                                                 ["49.2", "50.1", "MFU %"]]
+
+
 def test_published_scaling_draws_the_share_each_count_keeps_published_and_predicted():
     from paralab.sim.published import Scaling
 
@@ -787,6 +822,16 @@ def test_the_hiding_figure_marks_each_threshold_where_its_curve_reaches_one():
     (label,) = fig.layout.annotations
     assert label.text == "1,418" and label.x == pytest.approx(math.log10(1418))
     assert fig.layout.xaxis.dtick == 1  # labels at powers of ten: a lone minor "2" had read as 2 tokens
+
+
+def test_the_hiding_figures_curves_stay_apart_where_both_reach_one():
+    """Past their thresholds both curves lie at 100%: a solid line over another had hidden it, the first
+    curve seeming to stop at its threshold. Each is dashed its own way."""
+    from paralab.viz.overlap import hiding
+
+    tokens = [2.0**k for k in range(7, 16)]
+    fig = hiding({"node": [t / 1418 for t in tokens], "nic": [t / 11000 for t in tokens]}, tokens)
+    assert [t.line.dash for t in fig.data] == ["solid", "dash"]
 
 
 def rgb_distance(a: str, b: str) -> float:

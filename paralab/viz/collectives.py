@@ -194,7 +194,7 @@ def ring_against_tree(links: dict, payload: float, groups: list[int], title: str
         fig.add_annotation(text="<br>".join(map(beyond_reach, cut)), xref="paper", yref="paper", x=0.01, y=1,
                            xanchor="left", yanchor="top", align="left", showarrow=False,
                            font=dict(size=12, color="#333"), bgcolor="rgba(247,247,247,0.9)")
-    fig.update_xaxes(type="log", dtick=0.30103, title_text="ranks in the all-reduce")
+    fig.update_xaxes(type="log", dtick=0.30103, tickformat=",", title_text="ranks in the all-reduce")
     low, high = math.log10(ticks[0]), math.log10(ticks[-1])
     pad = 0.03 * (high - low)  # a marker on the first or last tick is drawn whole
     fig.update_yaxes(type="log", tickvals=ticks, ticktext=[f"{t:g}" for t in ticks],

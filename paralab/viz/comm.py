@@ -100,7 +100,7 @@ def comm_by_op(trace, payload: bool = False, title: str | None = None):
         fig.add_trace(graph.Bar(
             x=labels, y=[v / scale for v in values], name=op, marker_color=kind_color(op),
             customdata=[[fmt_bytes(v), v] for v in values],
-            hovertemplate=f"{op}, %{{x}}: %{{customdata[0]}} (%{{customdata[1]}} B)<extra></extra>",
+            hovertemplate=f"{op}, %{{x}}: %{{customdata[0]}} (%{{customdata[1]:,}} B)<extra></extra>",
         ))
     kind = _unit_label(payload)
     fig.update_layout(barmode="stack", showlegend=True,  # the legend names the op even when there is one
@@ -197,6 +197,9 @@ def bytes_by_dimension(trace, payload: bool = False) -> dict[str, dict[str, dict
             for dim, ops in sorted(found.items(), key=lambda kv: _dimension_rank(kv[0]))}
 
 
+TOTAL_HEADROOM = 1.15  # y axis over the tallest stack, for the total written over it
+
+
 def comm_by_dimension(trace, payload: bool = False, title: str | None = None):
     """Bytes per step by parallel dimension: split by op (left) and by link (right).
 
@@ -221,7 +224,7 @@ def comm_by_dimension(trace, payload: bool = False, title: str | None = None):
             legendgrouptitle_text="operation", customdata=[[fmt_bytes(v), v] for v in values],
             text=[fmt_bytes(v) if v else "" for v in values], textposition="inside",
             hovertemplate=f"%{{x}} {op}: %{{customdata[0]}} per step "
-                          "(%{customdata[1]} B)<extra></extra>"), 1, 1)
+                          "(%{customdata[1]:,.0f} B)<extra></extra>"), 1, 1)
     for link, label, color in LINKS:
         values = [by_link[d][link] for d in dims]
         fig.add_trace(graph.Bar(
@@ -230,7 +233,15 @@ def comm_by_dimension(trace, payload: bool = False, title: str | None = None):
             legendgrouptitle_text="link", customdata=[[fmt_bytes(v), v] for v in values],
             text=[fmt_bytes(v) if v else "" for v in values], textposition="inside",
             hovertemplate=f"%{{x}} {label}: %{{customdata[0]}} per step "
-                          "(%{customdata[1]} B)<extra></extra>"), 1, 2)
+                          "(%{customdata[1]:,.0f} B)<extra></extra>"), 1, 2)
+    # each stack's total over it, in both panels: a segment's label inside had read as the bar's (tp's
+    # all-reduce "12.3 GiB" by operation against its "12.4 GiB" inside a node), the panels disagreeing
+    for col in (1, 2):
+        for d in dims:
+            fig.add_annotation(x=d, y=totals[d] / scale, text=f"<b>{fmt_bytes(totals[d])}</b>", yshift=10,
+                               showarrow=False, row=1, col=col)
+    top = max(totals.values(), default=0) / scale
+    fig.update_yaxes(range=[0, TOTAL_HEADROOM * top] if top else None)
     kind = _unit_label(payload)
     fig.update_layout(barmode="stack",
                       meta={"bytes": totals, "by_op": by_op, "by_link": by_link, "unit": unit})
@@ -402,7 +413,7 @@ def comm_link_split(runs, payload: bool = False, title: str | None = None):
             customdata=[[f"{label}: {op}" if label else op, fmt_bytes(v), v] for (label, op, _), v in
                         zip(bars, values)],
             hovertemplate=f"%{{customdata[0]}} {name}: %{{customdata[1]}} per step "
-                          "(%{customdata[2]} B)<extra></extra>",
+                          "(%{customdata[2]:,.0f} B)<extra></extra>",
         ))
     fig.update_layout(barmode="stack", bargap=0.45, meta={"bytes": data if several else data[""],
                                                           "unit": unit},

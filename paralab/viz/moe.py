@@ -21,8 +21,10 @@ from paralab.viz._common import as_trace, go, kind_color, make_subplots, style
 def expert_load(trace, title: str | None = None, most_tokens: int | None = None, layer: int | None = None):
     """Heatmap of tokens per expert per step, and dropped assignments per step below it (when any were).
 
-    ``most_tokens``: the top of the colour scale (from 0), so that runs drawn side by side share one
-    (by default each figure's own busiest cell). ``layer``: that MoE layer's tokens alone (by default
+    ``most_tokens``: the top of the colour scale, so that runs drawn side by side share one (by default
+    each figure's own busiest cell). The scale starts at 0 either way, so a cell's shade is its share of
+    the top: from the quietest cell, an expert given 170 tokens against a mean of 256 had been drawn
+    white, as if it had none. ``layer``: that MoE layer's tokens alone (by default
     the sum over the layers, in which two layers that favour different experts even each other out).
     ``fig.layout.meta``: ``tokens`` ([step][expert]), ``dropped`` (per step, all layers),
     ``imbalance`` (per step: the busiest expert over the mean, of the layer drawn, or averaged over
@@ -39,7 +41,7 @@ def expert_load(trace, title: str | None = None, most_tokens: int | None = None,
     heatmap = go().Heatmap(
         x=steps, y=[f"expert {e}" for e in range(load.experts)], z=[list(col) for col in zip(*tokens)],
         colorscale="Blues", colorbar=dict(title="tokens", len=0.7, y=0.64 if any(dropped) else 0.5),
-        zmin=0 if most_tokens is not None else None, zmax=most_tokens,
+        zmin=0, zmax=most_tokens,
         hovertemplate="step %{x}, %{y}: %{z} tokens<extra></extra>")
     if not any(dropped):  # dropless, or every assignment within capacity: no panel of zeros
         fig = make_subplots(rows=1, cols=1, subplot_titles=(

@@ -7,6 +7,10 @@ import math
 
 from paralab.viz._common import SERIES_COLORS, go, powers_of_ten, style
 
+# each curve's own dash: past their thresholds the curves all lie at 100%, where a solid line drawn
+# over another had hidden it (the "8 per node" curve had seemed to stop at its threshold)
+DASHES = ("solid", "dash", "dot", "dashdot")
+
 
 def hiding(curves: dict, tokens: list[float], thresholds: dict | None = None, title: str | None = None):
     """``curves`` {label: [compute over communication time at each of ``tokens``]}: the share of the
@@ -20,7 +24,8 @@ def hiding(curves: dict, tokens: list[float], thresholds: dict | None = None, ti
         if thresholds and label in thresholds:  # the curve's kink, where it reaches 1, between the samples
             points = sorted({*points, (thresholds[label], 1.0)})
         fig.add_trace(graph.Scatter(x=[t for t, _ in points], y=[r for _, r in points], mode="lines",
-                                    name=label, line=dict(color=color, width=3),
+                                    name=label, line=dict(color=color, width=3,
+                                                          dash=DASHES[i % len(DASHES)]),
                                     hovertemplate=f"{label}: %{{x:,.0f}} tokens per GPU, "
                                                   f"%{{y:.0%}} can hide<extra></extra>"))
         if thresholds and label in thresholds:

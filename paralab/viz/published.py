@@ -7,7 +7,7 @@ so a figure draws the numbers the tests hold, not a copy of them.
 
 from __future__ import annotations
 
-from paralab.sim.published import BOUND
+from paralab.sim.published import BOUND, METRICS, as_reported
 from paralab.viz._common import SERIES_COLORS, go, log_ticks, make_subplots, style
 
 SYMBOLS = ["circle", "diamond", "square", "triangle-up", "star", "cross"]
@@ -49,10 +49,12 @@ def published_errors(compared, title: str | None = None):
             mode="markers", name=organisation,
             marker=dict(color=SERIES_COLORS[i % len(SERIES_COLORS)], size=11, line=dict(width=2),
                         symbol=[symbol + ("-open" if c.run.known_miss else "") for c in rows]),
-            customdata=[[c.run.label, c.run.hardware.name, f"{c.run.published:,.4g}", f"{c.predicted:,.4g}",
-                         f"{c.run.gpus:,}"] for c in rows],
-            hovertemplate="%{customdata[0]}<br>%{customdata[4]} GPUs (%{customdata[1]}): published "
-                          "%{customdata[2]}, predicted %{customdata[3]}, %{y:+.1f}%<extra></extra>",
+            customdata=[[c.run.label, c.run.hardware.name, as_reported(c.run.published),
+                         as_reported(c.predicted), f"{c.run.gpus:,}", METRICS[c.run.metric]] for c in rows],
+            # each run's metric named: one reports tokens/s, another MFU %, and bare figures (1.327e+05
+            # beside 49.2) had not said which
+            hovertemplate="%{customdata[0]}<br>%{customdata[4]} GPUs (%{customdata[1]}), %{customdata[5]}: "
+                          "published %{customdata[2]}, predicted %{customdata[3]}, %{y:+.1f}%<extra></extra>",
         ))
         meta["runs"] += [c.run.label for c in rows]
         meta["errors"] += [c.error for c in rows]

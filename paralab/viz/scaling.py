@@ -98,7 +98,7 @@ def scaling(measured=None, predicted=None, title: str | None = None):
         fig.add_trace(graph.Scatter(x=ws, y=[p["step_time_s"] * scale for p in pts],
                                     mode="lines+markers", name=label, legendgroup=label, line=line,
                                     hovertemplate=f"{label}: world size %{{x}}, "
-                                                  f"%{{y:.2f}} {unit}/step<extra></extra>"), 1, 1)
+                                                  f"%{{y:,.2f}} {unit}/step<extra></extra>"), 1, 1)
         fig.add_trace(graph.Scatter(x=ws, y=sp, mode="lines+markers", name=label,
                                     legendgroup=label, line=line, showlegend=False,
                                     hovertemplate=f"{label}: world size %{{x}}, "
@@ -162,7 +162,7 @@ def speedup_timeline(runs, baseline=None, title: str | None = None):
         fig.add_trace(graph.Scatter(x=steps, y=y, mode="lines+markers", name=label, legendgroup=label,
                                     line=dict(color=color),
                                     hovertemplate=f"{label} step %{{x}}: "
-                                                  f"%{{y:.0f}} {unit}<extra></extra>"), 1, 1)
+                                                  f"%{{y:,.0f}} {unit}<extra></extra>"), 1, 1)
         meta[label] = {"steps": steps, "step_time_s": times}
         if base_time:
             sp = [base_time / t if t > 0 else 0 for t in times]

@@ -220,9 +220,9 @@ def _hover(s: Span, row: str, t0: float, wait: float | None = None,
 
 @lru_cache(maxsize=4096)
 def _bytes_label(n: int) -> str:
-    """"32.0 KiB (32768 B)"; "16 B", not "16 B (16 B)"."""
+    """"32.0 KiB (32,768 B)"; "16 B", not "16 B (16 B)"."""
     short = fmt_bytes(n)
-    return short if short == f"{n} B" else f"{short} ({n} B)"
+    return short if short == f"{n} B" else f"{short} ({n:,} B)"
 
 
 def marker_of(kind: str, color, edge=0) -> dict:
@@ -396,6 +396,13 @@ def bar_traces(trace: Trace, *, lanes=DEFAULT_LANES, steps=None, color_by: str =
     return out + ([labels] if labels else []), rows_of(trace, spans, suffix, slots)
 
 
+def steps_beside(predicted: Trace, steps: list[int]) -> list[int]:
+    """The predicted steps to draw beside measured ``steps``: the same ones where the prediction has
+    them, else as many as ``steps`` from its first (a prediction's steps are alike)."""
+    have = sorted({span.step for span in predicted.spans if span.step is not None})
+    return [s for s in steps if s in have] or have[:len(steps)] or None
+
+
 def timeline(trace, predicted=None, *, lanes=DEFAULT_LANES, steps=None, predicted_steps=None,
              color_by: str = "auto", text="auto", layout: str = "stacked", title: str | None = None,
              height: int | None = None, waits: bool = True):
@@ -404,7 +411,10 @@ def timeline(trace, predicted=None, *, lanes=DEFAULT_LANES, steps=None, predicte
     ``layout="stacked"``: measured on top, predicted below, two subplots sharing the time axis.
     ``layout="overlay"``: one axis; each rank's predicted rows (suffix " pred", faded) sit right under
     its measured rows. ``steps`` restricts the measured spans to those steps (``predicted_steps`` the
-    predicted ones), e.g. ``steps=[2]`` to compare one warm step with a simulated step;
+    predicted ones; by default the same steps, where the prediction has them, as
+    ``paralab.sim.bridge.predict_run_trace`` numbers its steps as the run's, else as many from its
+    first: one measured step had been drawn over every predicted one, reading three times as slow),
+    e.g. ``steps=[2]`` to compare one warm step with a simulated step;
     ``steps="median"`` draws the step whose time is nearest the run's median (:func:`median_step`),
     and its default title says so.
     ``color_by``: "kind", "microbatch" (pipeline runs; kinds then differ by hatching), or "auto".
@@ -426,6 +436,8 @@ def timeline(trace, predicted=None, *, lanes=DEFAULT_LANES, steps=None, predicte
         fig.update_xaxes(title_text="time (ms)")
     else:
         predicted = as_trace(predicted)
+        if predicted_steps is None and steps is not None:
+            predicted_steps = steps_beside(predicted, steps)
         if layout == "overlay":
             pbars, prows = bar_traces(predicted, steps=predicted_steps, suffix=" pred",
                                       opacity=0.55, **kwargs)
