@@ -34,7 +34,7 @@ from paralab.cli_args import (
     json_text,
     said_as_flags,
 )
-from paralab.config import CP_MODES, CP_SPLITS, MODEL_PRESETS, ConfigError, RunConfig, check_int
+from paralab.config import CP_MODES, CP_SPLITS, MODEL_PRESETS, ConfigError, RunConfig, check_int, custom_from
 from paralab.schedules import SCHEDULES, V_SHAPED
 from paralab.text import count_text, numbered
 from paralab.trace import not_measured
@@ -116,7 +116,9 @@ def config_from_args(args) -> RunConfig:
                                  ("capacity_factor", args.capacity_factor)) if v is not None}
     if experts:
         cfg.model = dataclasses.replace(cfg.model, **experts)
-    refuse_run_flags_without_effect(args, cfg)
+    refuse_run_flags_without_effect(args, cfg)  # in the preset's name: "model tiny-moe with --experts 0"
+    if cfg.model != MODEL_PRESETS[cfg.model_name]:  # "model tiny" had named a 4-expert MoE
+        cfg.model_name = custom_from(cfg.model_name)
     return cfg
 
 

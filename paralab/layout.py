@@ -48,6 +48,7 @@ from paralab.strategies.registry import (
     OPTION_DEFAULTS,
     TUNING_OPTIONS,
     Strategy,
+    bucket_cap_applies,
     check_replicas_reduce,
     get_strategy,
 )
@@ -242,6 +243,11 @@ def resolve_layout(cfg: RunConfig) -> Layout:
         stage_layers=tuple(cfg.stage_layers) if cfg.stage_layers else None, nodes=cfg.nodes,
         unused_options=unused,
     )
+    given = cfg.bucket_mb not in (OPTION_DEFAULTS["bucket_mb"], None)
+    if given and "bucket_mb" not in unused and not bucket_cap_applies(cfg.strategy, layout):
+        # taken by the strategy, but its layout keeps no buckets (one replica; ZeRO-1's one unit):
+        # paralab.run had dropped it in silence, where the CLI refuses it
+        layout = dataclasses.replace(layout, unused_options=(*unused, "bucket_mb"))
     check_replicas_reduce(cfg, strategy, layout)
     if strategy.check is not None:
         strategy.check(cfg, layout)
@@ -341,8 +347,9 @@ def _expert_degree(cfg: RunConfig, strategy: Strategy, degrees: dict[str, int]) 
     if "ep" not in strategy.options:
         return 1
     ep = cfg.ep or (dp if strategy.name == "ep" else 1)
-    if ep > 1 and not experts:
-        raise ConfigError(f"ep={ep} shards experts, but model {cfg.model_name!r} is dense (experts=0); use a "
+    if ep > 1 and not experts:  # "ep=2" alone had read as a flag the user never gave
+        who = f"ep={ep}" if cfg.ep else f"strategy {strategy.name} (ep = its {dp} data-parallel ranks)"
+        raise ConfigError(f"{who} shards experts, but model {cfg.model_name!r} is dense (experts=0); use a "
                           f"mixture-of-experts model such as 'tiny-moe'")
     if dp % ep:
         fits = [d for d in range(1, dp + 1) if dp % d == 0 and (not experts or experts % d == 0)]

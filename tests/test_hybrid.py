@@ -164,6 +164,9 @@ def test_mesh_figure_draws_every_rank_at_its_coordinate(runs):
     (dict(world_size=4, dp=2, tp=1, pp=2, microbatches=3),
      r"does not split into dp=2 replicas x 3 microbatches"),
     (dict(world_size=4, dp=2, tp=1, pp=2, zero=3), r"not supported: zero3 in hybrid \(with pp=2\)"),
+    # at pp=1 the reason is not microbatches' traffic (it had been the only one given)
+    (dict(world_size=4, dp=2, tp=2, pp=1, zero=3), r"zero3 in hybrid \(over dp\).*pp=1 as a pipeline of one "
+                                                  r"stage, so stage 3 beside tensor or context parallelism"),
     (dict(world_size=4, dp=2, tp=2, pp=1, zero=2, sequence_parallel=True),
      r"not supported: zero=2 with sequence"),
     (dict(world_size=2, dp=2, tp=1, pp=1, sequence_parallel=True), r"needs tp > 1"),

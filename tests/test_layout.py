@@ -166,7 +166,8 @@ def test_the_resolved_shapes_of_the_lab_strategies(name, world, options, expecte
     (dict(strategy="ddp", fault={"rank": 1, "step": 1, "kind": "explode"}), r"fault kind must be one of"),
     (dict(strategy="ddp", ep=2, model="tiny-moe"),
      r"ddp has no expert parallel: use strategy 'ep' or 'hybrid'"),
-    (dict(strategy="ep"), r"ep=2 shards experts, but model 'tiny' is dense"),
+    (dict(strategy="ep"),
+     r"strategy ep \(ep = its 2 data-parallel ranks\) shards experts, but model 'tiny' is dense"),
     (dict(strategy="hybrid", ep=2), r"ep=2 shards experts, but model 'tiny' is dense"),
     (dict(strategy="hybrid", tp=2, model="tiny-moe"),
      r"not supported: a mixture-of-experts model .* with tp=2"),
@@ -232,6 +233,32 @@ def test_the_unused_tuning_knob_is_reported_not_echoed(monkeypatch):
     assert layout.unused_options == ("bucket_mb",)
     assert resolve_layout(RunConfig.build("tiny", strategy="ddp", world_size=2,
                                           bucket_mb=1.0)).unused_options == ()
+
+
+@pytest.mark.parametrize("name, world, options", [
+    ("ddp", 1, {}), ("hybrid", 2, dict(tp=2)), ("hybrid", 2, dict(dp=2, zero=1)),
+])
+def test_a_bucket_cap_its_layout_keeps_no_buckets_for_is_reported_unused(name, world, options):
+    """One replica keeps no buckets, hybrid's ZeRO-1 one unit: paralab.run had dropped the cap in silence
+    (the summary's bucket_mb null, nothing unused), where the CLI refuses it."""
+    cfg = RunConfig.build("tiny", strategy=name, world_size=world, bucket_mb=0.1, **options)
+    layout = resolve_layout(cfg)
+    assert layout.unused_options == ("bucket_mb",)
+    default = resolve_layout(RunConfig.build("tiny", strategy=name, world_size=world, **options))
+    assert default.unused_options == ()  # not given: nothing to report
+
+
+@pytest.mark.parametrize("options, mode", [(dict(tp=2), (None, None)), (dict(dp=2), (None, None)),
+                                           (dict(cp=2), ("ring", "zigzag"))])
+def test_the_summary_claims_a_cp_mode_only_where_there_is_cp(options, mode):
+    """A hybrid tp x dp run had reported cp_mode "ring" and cp_split "zigzag" at cp 1."""
+    from paralab.runtime.result import RunResult
+    from paralab.trace import STEP, Span, Trace
+
+    cfg = RunConfig.build("tiny", strategy="hybrid", world_size=2, steps=1, **options)
+    trace = Trace(spans=[Span(r, STEP, STEP, 0.0, 1.0, step=0) for r in range(2)])
+    summary = RunResult(cfg, resolve_layout(cfg), [1.0], trace, []).summary
+    assert (summary["cp_mode"], summary["cp_split"]) == mode
 
 
 def test_resolving_writes_nothing_back_into_the_config():

@@ -190,7 +190,8 @@ def test_zero_traffic_under_accumulation_follows_the_paper(plain, no_leftover_ra
 
 # ------------------------------------------------------------------------------------- refusals
 @pytest.mark.parametrize("options, message", [
-    (dict(strategy="pp", world_size=2, schedule="zb-h1", microbatches=2, recompute="full"), r"zb-h1 splits"),
+    (dict(strategy="pp", world_size=2, schedule="zb-h1", microbatches=2, recompute="full"),
+     r"zb-h1 splits.*full recomputation with naive, gpipe, 1f1b, interleaved$"),  # naive had been left out
     (dict(strategy="torch_fsdp", world_size=2, dtype="fp16"), r"torch_fsdp runs bf16"),
     (dict(strategy="ddp", world_size=2, microbatches=3),
      r"does not split into dp=2 replicas x 3 microbatches"),

@@ -231,6 +231,17 @@ def test_the_cli_refuses_them_with_exit_code_2(capsys, monkeypatch, flags, messa
     assert code == 2 and message in capsys.readouterr().err
 
 
+def test_a_preset_given_experts_by_the_cli_is_named_custom():
+    """`--model tiny --experts 4` had trained a mixture of experts and reported "model tiny"."""
+    def named(*flags):
+        args = cli.build_parser().parse_args(["run", "--strategy", "ep", *flags])
+        return cli.config_from_args(args).model_name
+
+    assert named("--model", "tiny", "--experts", "4") == "custom (from tiny)"
+    assert named("--model", "tiny-moe", "--experts", "0") == "custom (from tiny-moe)"
+    assert named("--model", "tiny-moe", "--experts", "4") == "tiny-moe"  # the preset's own: unchanged
+
+
 def test_cli_flags_override_the_preset():
     args = cli.build_parser().parse_args(["run", "--strategy", "ep", "--world-size", "2",
                                           "--model", "tiny-moe", "--top-k", "1", "--capacity-factor", "1.25",

@@ -85,8 +85,10 @@ class RunResult:
             "tp": layout.tp,
             "pp": layout.pp,
             "cp": layout.cp,
-            "cp_mode": layout.cp_mode or None,
-            "cp_split": layout.cp_split or None,
+            # at cp 1 none: hybrid's layout keeps the defaults it would take at cp > 1, and a tp x dp run
+            # had reported "ring", "zigzag" (the cp strategy on one rank runs its machinery, so keeps them)
+            "cp_mode": layout.cp_mode if layout.cp > 1 else None,
+            "cp_split": layout.cp_split if layout.cp > 1 else None,
             "ep": layout.ep,
             "schedule": layout.schedule or None,
             "microbatches": layout.microbatches,

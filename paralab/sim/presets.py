@@ -34,7 +34,7 @@ heads from the heads (equal, or the preset's query-group size under grouped-quer
 
 from __future__ import annotations
 
-from paralab.config import ATTENTION_AS_SIMULATED, MODEL_PRESETS, ModelConfig
+from paralab.config import ATTENTION_AS_SIMULATED, MODEL_PRESETS, ModelConfig, custom_from
 from paralab.sim.specs import ModelSpec, SpecError
 
 
@@ -172,7 +172,7 @@ def _overridden_name(base: ModelSpec, given: dict) -> str:
     differs."""
     changed = {k: v for k, v in given.items() if getattr(base, k) != v}
     if any(k not in RUN_SETTINGS for k in changed):
-        return f"custom (from {base.name})"
+        return custom_from(base.name)
     said = [("fp8" if v else "no fp8") if k == "fp8" else v if k == "dtype" else f"{k.replace('_', ' ')} {v}"
             for k, v in changed.items()]
     return f"{base.name} ({', '.join(said)})" if said else base.name

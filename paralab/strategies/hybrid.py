@@ -68,13 +68,15 @@ from paralab.strategies.zero import Zero
 def check(cfg: RunConfig, layout) -> None:
     """What the composition cannot do, and each axis's own rules (tensor.check, check_pipeline)."""
     if layout.zero == 3:
+        cost = ("with m microbatches a stage would all-gather its parameters 2m times a step, m times the "
+                "traffic of zero1, to shard the parameters too" if layout.pp > 1 else
+                "hybrid runs pp=1 as a pipeline of one stage, so stage 3 beside tensor or context "
+                "parallelism (FSDP with tp, as torchtitan's 2-D layout) is not built here")
         raise ConfigError(
             "not supported: zero3 in hybrid "
             f"({'with pp=' + str(layout.pp) if layout.pp > 1 else 'over dp'}): "
             "stage 3 gathers each part for its forward and again for its backward, once per microbatch, "
-            "and frees it in between, which the pipeline executor does not do; "
-            "with m microbatches a stage would all-gather its parameters 2m times a step, "
-            "m times the traffic of zero1, to shard the parameters too; use zero=1 or 2, "
+            f"and frees it in between, which the pipeline executor does not do; {cost}; use zero=1 or 2, "
             "or strategy 'zero3' for pure data parallel")
     if layout.zero and layout.ep > 1:
         raise ConfigError(f"not supported: zero={layout.zero} with ep={layout.ep}: "

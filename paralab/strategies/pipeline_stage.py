@@ -18,7 +18,14 @@ import torch.nn as nn
 
 from paralab.config import ConfigError, ModelConfig, RunConfig
 from paralab.models.gpt import build_part, part_names
-from paralab.schedules import Schedule, ScheduleError, build_schedule, validate_schedule
+from paralab.schedules import (
+    SCHEDULES,
+    SPLIT_BACKWARD,
+    Schedule,
+    ScheduleError,
+    build_schedule,
+    validate_schedule,
+)
 from paralab.stage_split import layers_per_stage, split_problems
 
 
@@ -110,5 +117,6 @@ def check_pipeline(cfg: RunConfig, layout) -> Schedule:
         raise ConfigError(f"{layout.schedule} splits each backward into Bi and W by keeping every linear "
                           "layer's input for W, which full recomputation would throw away: "
                           "use recompute='selective' (attention cores only), "
-                          "or full recomputation with gpipe, 1f1b or interleaved")
+                          "or full recomputation with "
+                          f"{', '.join(s for s in SCHEDULES if s not in SPLIT_BACKWARD)}")
     return schedule

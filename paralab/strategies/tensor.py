@@ -44,7 +44,7 @@ from paralab.strategies.common import (
     train_model,
     unflatten_grads,
 )
-from paralab.strategies.registry import Strategy, check_reduce_dtype_applies
+from paralab.strategies.registry import Strategy, check_reduce_dtype_applies, get_strategy
 from paralab.strategies.tensor_layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -58,8 +58,10 @@ def check(cfg: RunConfig, layout) -> None:
     """Refuse a tp degree that does not split every sliced size evenly, before any process starts."""
     tp, m = layout.tp, cfg.model
     if layout.sequence_parallel and tp == 1:  # as hybrid refuses it: one rank splits nothing
-        raise ConfigError("sequence_parallel splits the sequence over the tp ranks: it needs tp > 1 "
-                          "(world_size >= 2)")
+        whole_world = get_strategy(layout.strategy).axes == ("tp",)  # its tp is the world size
+        raise ConfigError(f"sequence_parallel splits the sequence over the tp ranks: it needs tp > 1, and "
+                          f"this {layout.strategy} run has tp 1 (dp {layout.dp}); give "
+                          f"{'world_size' if whole_world else 'tp'} >= 2")
     sizes = {"hidden size": m.hidden, "attention heads": m.heads, "MLP size": m.ffn, "vocabulary": m.vocab}
     if layout.sequence_parallel:
         sizes["sequence length that sequence parallel splits"] = m.seq_len
