@@ -287,6 +287,7 @@ def test_comm_by_op_and_matrix_bytes_per_step(ddp_run):
     per_step = sum(s.bytes for s in trace.select(lane="comm") if s.step == 1)
     assert ar.customdata[1][1] == per_step and fig.layout.meta["unit"] == "MiB"
     assert ar.y[1] == pytest.approx(per_step / 2**20)  # the axis in MiB, as a text beside it would say
+    assert ar.hovertemplate.endswith("(%{customdata[1]:,.0f} B)<extra></extra>")  # had been "874496 B"
     total = sum(s.bytes for s in trace.select(lane="comm")) / 3
     matrix = comm_matrix_data(trace)  # the whole trace: three steps
     assert matrix[0][0] == matrix[1][1] == 0
@@ -497,6 +498,7 @@ def test_memory_stacked_per_rank(ddp_run):
     assert viz.memory(ddp_run, what="resident memory").layout.yaxis.title.text == "resident memory (MiB)"
     assert fig.layout.barmode == "stack" and list(fig.data[0].x) == ["r0", "r1"]
     assert fig.data[0].customdata[0][1] == kinds[0]["params"]
+    assert "(%{customdata[1]:,.0f} B)" in fig.data[0].hovertemplate  # separators, as the rank matrix's
     assert fig.layout.meta["totals"][1] == sum(kinds[1].values())
     two = viz.memory({"ddp": ddp_run, "other": ddp_run.summary})
     assert two.layout.meta["bars"] == 4 and list(two.data[0].x[0]) == ["ddp", "ddp", "other", "other"]
