@@ -100,7 +100,7 @@ def comm_by_op(trace, payload: bool = False, title: str | None = None):
         fig.add_trace(graph.Bar(
             x=labels, y=[v / scale for v in values], name=op, marker_color=kind_color(op),
             customdata=[[fmt_bytes(v), v] for v in values],
-            hovertemplate=f"{op}, %{{x}}: %{{customdata[0]}} (%{{customdata[1]:,}} B)<extra></extra>",
+            hovertemplate=f"{op}, %{{x}}: %{{customdata[0]}} (%{{customdata[1]:,.0f}} B)<extra></extra>",
         ))
     kind = _unit_label(payload)
     fig.update_layout(barmode="stack", showlegend=True,  # the legend names the op even when there is one

@@ -69,7 +69,7 @@ def memory(runs, title: str | None = None, unit: str = "MiB", what: str = "peak 
         fig.add_trace(graph.Bar(
             x=x, y=[v / scale for v in values], name=kind, marker_color=MEMORY_COLORS.get(kind, "#999"),
             customdata=[[fmt_bytes(v), int(v)] for v in values],
-            hovertemplate=f"{kind}: %{{customdata[0]}} (%{{customdata[1]:,}} B)<extra></extra>",
+            hovertemplate=f"{kind}: %{{customdata[0]}} (%{{customdata[1]:,.0f}} B)<extra></extra>",
         ))
     totals = [sum(v for k, v in b.items() if k != "total") for b in per_bar]
     fig.update_layout(barmode="stack", showlegend=True,  # name the kind even when there is one
