@@ -668,7 +668,7 @@ def test_a_crash_during_a_save_resumes_from_the_previous_checkpoint_then_a_node_
     labels = phase_labels(viz.elastic(result.trace))
     assert labels[:4] == ["start", "training at 2 ranks", "failure", "detected"]
     assert labels[-3:] == ["rendezvous", "restore", "training at 2 ranks"]  # the node that joined
-    assert "training at 1 ranks" in labels
+    assert "training at 1 rank" in labels
     assert crash["reason"] == "failure" and crash["checkpoint"] == "step-00000002"
     assert crash["resumed_at_step"] == 2 and crash["steps_redone"] == 2  # steps 2 and 3 ran twice
     assert join["reason"] == "scale-out" and join["world_size"] == 2
