@@ -114,11 +114,11 @@ def config_from_args(args) -> RunConfig:
     )
     experts = {k: v for k, v in (("experts", args.experts), ("top_k", args.top_k),
                                  ("capacity_factor", args.capacity_factor)) if v is not None}
-    if experts:
-        cfg.model = dataclasses.replace(cfg.model, **experts)
+    preset = MODEL_PRESETS[cfg.model_name]
+    cfg.model = dataclasses.replace(cfg.model, **experts)
     refuse_run_flags_without_effect(args, cfg)  # in the preset's name: "model tiny-moe with --experts 0"
-    if cfg.model != MODEL_PRESETS[cfg.model_name]:  # "model tiny" had named a 4-expert MoE
-        cfg.model_name = custom_from(cfg.model_name)
+    if any(getattr(cfg.model, k) != getattr(preset, k) for k in experts):  # "model tiny" had named an MoE
+        cfg.model_name = custom_from(cfg.model_name)  # (not for --attention: the summary says that)
     return cfg
 
 

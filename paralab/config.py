@@ -128,18 +128,17 @@ OPTIMIZERS = ("adam", "sgd")
 DTYPES = ("fp32", "bf16", "fp16")
 LOSS_SCALED_DTYPES = ("fp16",)  # whose loss precision.LossScaler scales
 CUSTOM_MODEL = "custom"  # the model name of a run given its model's fields, not a preset's name
+RECOMPUTE = ("none", "selective", "full")
+ATTENTION_KERNELS = ("sdpa", "math")
+# the same kernels as the simulator names them (paralab.sim.specs.ATTENTION): either name is taken by
+# run, simulate and plan alike, so an --attention moves between the commands as it is
+ATTENTION_AS_SIMULATED = {"sdpa": "fused", "math": "standard"}
 
 
 def custom_from(preset: str) -> str:
     """The name of a preset's model with its shape changed: "custom (from tiny)", not the preset's own
     name, which would claim the preset's shape."""
     return f"{CUSTOM_MODEL} (from {preset})"
-
-RECOMPUTE = ("none", "selective", "full")
-ATTENTION_KERNELS = ("sdpa", "math")
-# the same kernels as the simulator names them (paralab.sim.specs.ATTENTION): either name is taken by
-# run, simulate and plan alike, so an --attention moves between the commands as it is
-ATTENTION_AS_SIMULATED = {"sdpa": "fused", "math": "standard"}
 
 
 @dataclass

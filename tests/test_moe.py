@@ -240,6 +240,7 @@ def test_a_preset_given_experts_by_the_cli_is_named_custom():
     assert named("--model", "tiny", "--experts", "4") == "custom (from tiny)"
     assert named("--model", "tiny-moe", "--experts", "0") == "custom (from tiny-moe)"
     assert named("--model", "tiny-moe", "--experts", "4") == "tiny-moe"  # the preset's own: unchanged
+    assert named("--model", "tiny-moe", "--attention", "math") == "tiny-moe"  # the summary says attention
 
 
 def test_cli_flags_override_the_preset():
