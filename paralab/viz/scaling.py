@@ -21,6 +21,10 @@ LEGEND_GAP_PX = 10  # between a legend's last row and the subplot titles under i
 SECONDS_FROM_S = 10.0  # scaling() draws step times in seconds when the slowest exceeds this, else in ms
 
 
+# what scaling_points reads, as its TypeError says it
+RUNS_WANTED = "RunResults, Predictions or summary dicts, or {world size: step time in s, or one of those}"
+
+
 def scaling_points(runs) -> list[dict]:
     """Normalise runs to sorted points {world_size, step_time_s, tokens_per_s}.
 
@@ -45,9 +49,6 @@ def scaling_points(runs) -> list[dict]:
                      "step_time_s": s["step_time_s"], "tokens_per_s": s.get("tokens_per_s") or 0.0}
         items.append(checked_point(point))
     return sorted(items, key=lambda p: p["world_size"])
-
-
-RUNS_WANTED = "RunResults, Predictions or summary dicts, or {world size: step time in s, or one of those}"
 
 
 def checked_point(point: dict) -> dict:
