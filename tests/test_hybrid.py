@@ -166,10 +166,11 @@ def test_mesh_figure_draws_every_rank_at_its_coordinate(runs):
     (dict(world_size=4, dp=2, tp=1, pp=2, zero=3), r"not supported: zero3 in hybrid \(with pp=2\)"),
     # at pp=1 the reason is not microbatches' traffic (it had been the only one given)
     (dict(world_size=4, dp=2, tp=2, pp=1, zero=3), r"zero3 in hybrid \(over dp\).*pp=1 as a pipeline of one "
-                                                  r"stage, so stage 3 beside tensor or context parallelism"),
+                                                  r"stage too, so its stage 3 \(FSDP inside hybrid's mesh"),
     (dict(world_size=4, dp=2, tp=2, pp=1, zero=2, sequence_parallel=True),
      r"not supported: zero=2 with sequence"),
-    (dict(world_size=2, dp=2, tp=1, pp=1, sequence_parallel=True), r"needs tp > 1"),
+    (dict(world_size=2, dp=2, tp=1, pp=1, sequence_parallel=True),
+     r"needs tp > 1, and this hybrid run has tp 1 \(dp 2\); give tp >= 2"),  # had named no fix
     (dict(world_size=2, strategy="ddp", zero=1), r"zero=1 is a hybrid option"),
     (dict(world_size=2, strategy="zero3", zero=3), r"strategy 'zero3' is ZeRO-3 already: leave zero out"),
 ])

@@ -23,6 +23,7 @@ import ipywidgets  # noqa: E402
 
 from paralab import sim, widgets  # noqa: E402
 from paralab.widgets._common import NOT_REDRAWN  # noqa: E402
+from paralab.widgets.collectives import Link  # noqa: E402
 from tests.conftest import bars  # noqa: E402
 
 
@@ -989,6 +990,8 @@ def test_an_explorer_refuses_an_argument_its_controls_cannot_show(make, message)
      "measured link 'a' needs alpha >= 0 s and a bandwidth > 0 bytes/s"),
     (lambda: widgets.collectives_explorer(measured=[1]), TypeError,
      "measured must be {name: link}, got list"),
+    (lambda: widgets.collectives_explorer(measured={"a": Link(1e-5, -3.0)}), ValueError,
+     "measured link 'a' needs alpha >= 0 s and a bandwidth > 0 bytes/s"),
 ])
 def test_an_explorer_names_measured_runs_it_cannot_read(make, error, message):
     with pytest.raises(error) as info:
@@ -997,10 +1000,14 @@ def test_an_explorer_names_measured_runs_it_cannot_read(make, error, message):
 
 
 def test_measured_runs_are_read_as_a_json_file_keys_them_and_as_a_fit_may_give_them():
-    """World sizes as JSON keys them (digits) are read as the numbers they are; a fitted link of alpha 0
+    """World sizes as JSON keys them (digits) or numpy's numbers are read as the numbers they are (the
+    first checks had refused np.int64(2)); a fitted link of alpha 0
     or unbounded bandwidth (fit_alpha_beta's bounds) is drawn."""
-    app = widgets.scaling_explorer(measured={"2": 1.0, "4": 0.5})
-    measured = app.figure.layout.meta["measured"]
-    assert measured["world_size"] == [2, 4] and measured["speedup"] == [1.0, 2.0]
+    import numpy as np
+
+    for keys in (["2", "4"], [np.int64(2), np.int64(4)]):  # as JSON keys them, and from an array
+        app = widgets.scaling_explorer(measured=dict(zip(keys, [1.0, np.float32(0.5)])))
+        measured = app.figure.layout.meta["measured"]
+        assert measured["world_size"] == [2, 4] and measured["speedup"] == [1.0, 2.0]
     app = widgets.collectives_explorer(measured={"fitted": (0.0, math.inf)})
     assert "fitted" in app.controls["link"].options

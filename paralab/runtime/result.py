@@ -85,8 +85,8 @@ class RunResult:
             "tp": layout.tp,
             "pp": layout.pp,
             "cp": layout.cp,
-            # at cp 1 none: hybrid's layout keeps the defaults it would take at cp > 1, and a tp x dp run
-            # had reported "ring", "zigzag" (the cp strategy on one rank runs its machinery, so keeps them)
+            # null at cp 1, whatever the layout keeps (hybrid's the defaults of cp > 1; the cp strategy on
+            # one rank runs its machinery with them): a tp x dp run had reported "ring", "zigzag"
             "cp_mode": layout.cp_mode if layout.cp > 1 else None,
             "cp_split": layout.cp_split if layout.cp > 1 else None,
             "ep": layout.ep,

@@ -70,8 +70,8 @@ def check(cfg: RunConfig, layout) -> None:
     if layout.zero == 3:
         cost = ("with m microbatches a stage would all-gather its parameters 2m times a step, m times the "
                 "traffic of zero1, to shard the parameters too" if layout.pp > 1 else
-                "hybrid runs pp=1 as a pipeline of one stage, so stage 3 beside tensor or context "
-                "parallelism (FSDP with tp, as torchtitan's 2-D layout) is not built here")
+                "hybrid runs pp=1 as a pipeline of one stage too, so its stage 3 (FSDP inside hybrid's "
+                "mesh, beside tp as torchtitan's 2-D layout) is not built here")
         raise ConfigError(
             "not supported: zero3 in hybrid "
             f"({'with pp=' + str(layout.pp) if layout.pp > 1 else 'over dp'}): "
@@ -87,8 +87,7 @@ def check(cfg: RunConfig, layout) -> None:
     if layout.zero and layout.dp * layout.cp == 1:  # it had run, sharding over one rank: nothing
         raise ConfigError(f"zero={layout.zero} shards over the dp x cp ranks, and this layout has one "
                           f"(dp {layout.dp} x cp {layout.cp}): give dp >= 2")
-    if layout.sequence_parallel and layout.tp == 1:
-        raise ConfigError("sequence_parallel splits the sequence over the tp ranks: it needs tp > 1")
+    tensor.check_sequence_parallel(layout)
     if layout.zero == 2 and layout.sequence_parallel:
         raise ConfigError("not supported: zero=2 with sequence_parallel (the sequence-parallel gradients "
                           "are summed over tp after backward, but zero2 has reduce-scattered them during "

@@ -54,14 +54,21 @@ from paralab.strategies.tensor_layers import (
 )
 
 
-def check(cfg: RunConfig, layout) -> None:
-    """Refuse a tp degree that does not split every sliced size evenly, before any process starts."""
-    tp, m = layout.tp, cfg.model
-    if layout.sequence_parallel and tp == 1:  # as hybrid refuses it: one rank splits nothing
-        whole_world = get_strategy(layout.strategy).axes == ("tp",)  # its tp is the world size
+def check_sequence_parallel(layout) -> None:
+    """ConfigError for sequence parallelism at tp 1, where one rank splits nothing, naming the fix: tp,
+    or the world size for a strategy whose tp is the world (the fix had said "world_size >= 2" to a
+    torch_hybrid run of two ranks, and nothing to hybrid)."""
+    if layout.sequence_parallel and layout.tp == 1:
+        whole_world = get_strategy(layout.strategy).axes == ("tp",)
         raise ConfigError(f"sequence_parallel splits the sequence over the tp ranks: it needs tp > 1, and "
                           f"this {layout.strategy} run has tp 1 (dp {layout.dp}); give "
                           f"{'world_size' if whole_world else 'tp'} >= 2")
+
+
+def check(cfg: RunConfig, layout) -> None:
+    """Refuse a tp degree that does not split every sliced size evenly, before any process starts."""
+    tp, m = layout.tp, cfg.model
+    check_sequence_parallel(layout)
     sizes = {"hidden size": m.hidden, "attention heads": m.heads, "MLP size": m.ffn, "vocabulary": m.vocab}
     if layout.sequence_parallel:
         sizes["sequence length that sequence parallel splits"] = m.seq_len

@@ -41,7 +41,8 @@ def expert_load(trace, title: str | None = None, most_tokens: int | None = None,
     heatmap = go().Heatmap(
         x=steps, y=[f"expert {e}" for e in range(load.experts)], z=[list(col) for col in zip(*tokens)],
         colorscale="Blues", colorbar=dict(title="tokens", len=0.7, y=0.64 if any(dropped) else 0.5),
-        zmin=0, zmax=most_tokens,
+        # both ends set: plotly.js autoscales, ignoring zmin, unless zmax is set too
+        zmin=0, zmax=most_tokens if most_tokens is not None else max(1, *(max(step) for step in tokens)),
         hovertemplate="step %{x}, %{y}: %{z} tokens<extra></extra>")
     if not any(dropped):  # dropless, or every assignment within capacity: no panel of zeros
         fig = make_subplots(rows=1, cols=1, subplot_titles=(

@@ -9,6 +9,7 @@ The ideal line is world size / that smallest world size (one per smallest size t
 from __future__ import annotations
 
 import math
+import numbers
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
@@ -41,7 +42,7 @@ def scaling_points(runs) -> list[dict]:
         raise TypeError(f"runs must be {RUNS_WANTED}, got {type(runs).__name__}")
     items = []
     for world, run in pairs:
-        if finite_number(run):
+        if isinstance(run, numbers.Real) and not isinstance(run, bool):  # a step time (numpy's too)
             point = {"world_size": world, "step_time_s": run, "tokens_per_s": 0.0}
         else:
             s = as_summary(run)
@@ -57,6 +58,11 @@ def checked_point(point: dict) -> dict:
     world, step = point["world_size"], point["step_time_s"]
     if isinstance(world, str) and world.isdigit():  # a mapping read back from JSON keys its sizes so
         world = int(world)
+    # numpy's numbers as Python's (np.int64(8), from an array, is no int to finite_number)
+    if isinstance(world, numbers.Integral) and not isinstance(world, bool):
+        world = int(world)
+    if isinstance(step, numbers.Real) and not isinstance(step, bool):
+        step = float(step)
     if not (finite_number(world) and world == int(world) and world >= 1):
         raise ValueError(f"a run's world size must be a whole number >= 1, got {world!r}")
     if not (finite_number(step) and step > 0):

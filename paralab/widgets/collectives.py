@@ -50,17 +50,18 @@ def measured_link(name: str, link) -> Link:
     as :func:`paralab.collectives.fit_alpha_beta` gives them: alpha a number >= 0, bandwidth one > 0 or
     inf (a TypeError or ValueError naming the link otherwise: a pair of one had been "missing 1
     required positional argument", and a bandwidth of -3 had drawn negative times)."""
-    if isinstance(link, Link):
-        return link
-    if not (isinstance(link, tuple | list) and len(link) == 2):
+    if isinstance(link, Link):  # checked too: Link(1e-5, -3.0) had drawn negative times
+        alpha, bandwidth = link.alpha, link.bandwidth
+    elif isinstance(link, tuple | list) and len(link) == 2:
+        alpha, bandwidth = link
+    else:
         raise TypeError(f"measured link {name!r} must be a Link or (alpha in s, bandwidth in bytes/s), "
                         f"got {link!r}")
-    alpha, bandwidth = link
     if not (finite_number(alpha) and alpha >= 0 and (finite_number(bandwidth) or bandwidth == math.inf)
             and bandwidth > 0):
         raise ValueError(f"measured link {name!r} needs alpha >= 0 s and a bandwidth > 0 bytes/s, "
                          f"got {link!r}")
-    return Link(alpha, bandwidth, tree=False)
+    return link if isinstance(link, Link) else Link(alpha, bandwidth, tree=False)
 
 
 def tree_takes_over(payload: float, groups: list[int], link: Link) -> int | None:
