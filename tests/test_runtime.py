@@ -93,6 +93,9 @@ def test_keyboard_interrupt_leaves_no_rank_behind():
     assert not tagged_processes(tag), "processes outlived the interrupted run"
 
 
+OUTLIVED_S = 0.5  # how long after its script a process of the run may still be seen
+
+
 @pytest.mark.timeout(120)
 def test_no_process_of_a_run_outlives_the_script_that_ran_it(tmp_path):
     """The forkserver that started the ranks (torch loaded) had run on for a second or more after the
@@ -105,7 +108,11 @@ def test_no_process_of_a_run_outlives_the_script_that_ran_it(tmp_path):
                               stderr=subprocess.STDOUT, timeout=100)
     said = (tmp_path / "out.txt").read_text()
     assert done.returncode == 0 and said.strip().endswith("1"), said[-2000:]
-    assert not tagged_processes(tag), "processes outlived the script"  # at once, no grace period
+    # the forkserver had run on for a second or more: half of one is allowed for a process the kernel is
+    # still tearing down on a loaded machine (CI once saw one "running" at once, unnamed)
+    if not wait_for(lambda: not tagged_processes(tag), OUTLIVED_S, poll_s=0.05):
+        left = [(p.pid, " ".join(p.cmdline())[:200]) for p in tagged_processes(tag)]
+        pytest.fail(f"processes outlived the script by {OUTLIVED_S} s: {left}")
 
 
 FORKS_AFTER_A_RUN = """
