@@ -5,6 +5,7 @@ and their tests expect the miss (so an improvement asks for the docs to be updat
 
 import dataclasses
 import functools
+from pathlib import Path
 
 import pytest
 
@@ -49,6 +50,17 @@ def test_the_runs_span_what_the_issue_asks():
     assert any(r.parallel.zero >= 1 for r in RUNS) and any(r.parallel.zero == 0 for r in RUNS)
     assert min(r.gpus for r in RUNS) == 8 and max(r.gpus for r in RUNS) > 10_000
 
+
+
+def test_the_doc_prints_the_tables_as_the_model_computes_them():
+    """docs/simulator.md's comparison is what ``python benchmarks/bench_sim_published.py`` prints now: a
+    change to the model that moves a prediction, an error or a scaling loss asks for the doc to follow."""
+    doc = (Path(__file__).parents[1] / "docs" / "simulator.md").read_text()
+    compared = published.compare()
+    lines = [*published.runs_table(compared), *published.mean_errors(compared),
+             *published.scaling_table(compared)]
+    stale = [line for line in lines if line not in doc]
+    assert not stale, "docs/simulator.md lacks, as the model now computes them:\n" + "\n".join(stale)
 
 # what a run's machine may differ in from its preset: what its source states of the machine
 STATED = {

@@ -544,3 +544,42 @@ def scaling(compared: list[Compared] | None = None) -> list[Scaling]:
             raise ValueError(f"{name}: more than one compared run on the same GPU count: {gpus}")
         series.append(Scaling(name, tuple(points), miss))
     return series
+
+
+
+# docs/simulator.md's tables and mean errors as benchmarks/bench_sim_published.py prints them; a test finds
+# every line in the doc, so a change to the model that moves a figure asks for the doc to be updated
+
+
+def runs_table(compared: list[Compared]) -> list[str]:
+    """The markdown table of each run beside its prediction."""
+    lines = ["| run | GPUs | hardware | metric | published | predicted | error | source |",
+             "|---|---|---|---|---|---|---|---|"]
+    for c in compared:
+        mark = " (miss)" if c.run.known_miss else ""
+        lines.append(
+            f"| {c.run.label} ({c.run.organisation}) | {c.run.gpus:,} | {c.run.hardware.name} | "
+            f"{METRICS[c.run.metric]} | {as_reported(c.run.published)} | {as_reported(c.predicted)} | "
+            f"{c.error:+.1%}{mark} | {c.run.source} |"
+        )
+    return lines
+
+
+def mean_errors(compared: list[Compared]) -> list[str]:
+    """The mean absolute error over the runs the model reproduces, and over all of them."""
+    covered = [abs(c.error) for c in compared if not c.run.known_miss]
+    every = [abs(c.error) for c in compared]
+    return [f"{sum(covered) / len(covered):.1%} over the {len(covered)} runs reproduced",
+            f"{sum(every) / len(every):.1%} over all {len(every)}"]
+
+
+def scaling_table(compared: list[Compared]) -> list[str]:
+    """The markdown table of each SCALING series' published and predicted losses."""
+    lines = ["| scaling | published loss | predicted loss |", "|---|---|---|"]
+    for series in scaling(compared):
+        lines.append(
+            f"| {series.name}, {series.gpus[0]:,} -> {series.gpus[-1]:,} GPUs | "
+            f"{series.loss(predicted=False):.1%} | {series.loss(predicted=True):.1%}"
+            f"{' (miss)' if series.miss else ''} |"
+        )
+    return lines
