@@ -24,6 +24,8 @@ def check_file(path: str | os.PathLike, what: str) -> None:
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{what} {path} is a directory; give a file name")
+    if path.exists() and not path.is_file():  # a trace is renamed into place: /dev/null had been replaced
+        raise ConfigError(f"{what} {path} is not a regular file (a device, pipe or socket); give a file name")
     if path.exists() and not os.access(path, os.W_OK):
         raise ConfigError(f"{what} {path} is not writable")
     _check_parent(path, what)

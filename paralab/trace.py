@@ -38,6 +38,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from paralab.config import finite_number, first_difference
+from paralab.outputs import check_file
 from paralab.text import count_text, numbered
 
 COMPUTE, COMM, STEP, EVENT = "compute", "comm", "step", "event"
@@ -850,10 +851,12 @@ def _write_json(path: str | Path, head: dict, **arrays) -> Path:
     """Write ``{**head, name: [items...]}`` to ``path`` a thousand items at a time, so that writing a
     large trace never holds a second copy of it (as dicts and as one string) in memory. Written to a
     temporary file beside it, then renamed over it: an interrupt (Ctrl-C, an error) leaves the file
-    that was there, never half a trace, and no temporary file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial")
+    that was there, never half a trace, and no temporary file. A symbolic link's target is written,
+    the link kept; a path that is no regular file (a device, a pipe) is refused, not replaced."""
+    check_file(path, "output")
+    path, target = Path(path), Path(path).resolve()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial")
     try:
         with open(partial, "x", encoding="utf-8") as f:
             f.write(json.dumps(head)[:-1])
@@ -865,7 +868,7 @@ def _write_json(path: str | Path, head: dict, **arrays) -> Path:
                     first = False
                 f.write("]")
             f.write("}")
-        os.replace(partial, path)
+        os.replace(partial, target)
     except BaseException:
         partial.unlink(missing_ok=True)
         raise

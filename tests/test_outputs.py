@@ -1,11 +1,14 @@
 """An output that would destroy an input: `merge` and `report` refuse it before they read anything."""
 
 import os
+import stat
 
 import pytest
 
 from paralab import cli
+from paralab.config import ConfigError
 from paralab.outputs import check_output_reads_no_input
+from paralab.trace import COMPUTE, Span, Trace
 
 INPUT = "not read: a refusal comes before any input is read"
 
@@ -53,3 +56,22 @@ def test_an_output_beside_the_inputs_passes(traces, output):
     """Beside the folder, or in it but not read as a rank (an HTML report, a sub-folder's file)."""
     check_output_reads_no_input(output.format(tmp=traces), [("trace", str(traces / "out3")),
                                                             ("--predicted trace", None)])
+
+
+def test_an_output_that_is_no_regular_file_is_refused_and_a_link_is_written_through(traces, capsys):
+    """A trace is written beside its path and renamed over it, which replaces what the path names:
+    `-o /dev/null`, run as root, had replaced the machine's /dev/null with a trace; a pipe had become a
+    file and a symbolic link a file of its own, its target left as it was."""
+    pipe = traces / "pipe.json"
+    os.mkfifo(pipe)
+    assert cli.main(["merge", str(traces / "out3"), "-o", str(pipe)]) == 2
+    err = capsys.readouterr().err
+    assert f"output {pipe} is not a regular file (a device, pipe or socket)" in err and err.count("\n") == 1
+    trace = Trace(spans=[Span(0, COMPUTE, "forward", 0.0, 1.0)])
+    with pytest.raises(ConfigError, match="is not a regular file"):
+        trace.save(pipe)  # from Python too, where no command checked the path first
+    assert stat.S_ISFIFO(pipe.stat().st_mode)
+    link = traces / "link.json"
+    link.symlink_to(traces / "sim.json")
+    trace.save(link)
+    assert link.is_symlink() and Trace.load(traces / "sim.json").spans == trace.spans
