@@ -104,6 +104,7 @@ class RankProfile:
     paralab_meta: dict
     shapes_recorded: bool = False  # record_shapes=True: torch's c10d calls carry their tensors' sizes
     subgroups: list[list[int]] = field(default_factory=list)  # process groups smaller than the world
+    groups_listed: bool = False  # distributedInfo lists the job's process groups (pg_config)
     host_events: list[Event] = field(default_factory=list)
     device_events: list[Event] = field(default_factory=list)
     peak_memory: dict[int, float] = field(default_factory=dict)  # device type (0 CPU, 1 CUDA) -> bytes
@@ -199,7 +200,7 @@ def read_profile(path: Path) -> RankProfile:
                                                               data.get("baseTimeNanoseconds")) or 0,
         paralab_meta=data.get(METADATA_KEY) if isinstance(data.get(METADATA_KEY), dict) else {},
         shapes_recorded=bool(data.get("record_shapes")),
-        subgroups=_subgroups(info, world),
+        subgroups=_subgroups(info, world), groups_listed=isinstance(info.get("pg_config"), list),
     )
     for i, e in enumerate(data["traceEvents"]):
         if not isinstance(e, dict):
@@ -328,6 +329,14 @@ def paralab_spans(profile: RankProfile, rank: int) -> tuple[list[Span], float | 
     return spans, offset
 
 
+def _world_only(profile: RankProfile, world_size: int) -> bool:
+    """Whether every collective of this rank whose group the profile does not state (gloo's) was over
+    all ranks: its distributedInfo lists the job's process groups and none smaller than the world; or,
+    in a world of two, lists none at all (a torch that writes no pg_config; the only smaller group is
+    one rank's). Four ranks had been read as groups unknown, so nothing was aligned or checked on them."""
+    return not profile.subgroups and (profile.groups_listed or world_size == 2)
+
+
 def torch_spans(profile: RankProfile, rank: int, world_size: int) -> list[Span]:
     """Spans from torch's own operators, kernels and communication (paralab.trace_ops), with step
     spans from the profiler's steps."""
@@ -336,7 +345,7 @@ def torch_spans(profile: RankProfile, rank: int, world_size: int) -> list[Span]:
     at = lambda t: step_of(windows, t)  # noqa: E731
     for span in (compute_spans(profile.host_events, profile.device_events, rank, at)
                  + comm_spans(profile.host_events, profile.device_events, rank, world_size,
-                              world_only=not profile.subgroups)):
+                              world_only=_world_only(profile, world_size))):
         span.step = at(span.start)
         spans.append(span)
     return spans

@@ -281,8 +281,8 @@ def _is_nccl(e: Event) -> bool:
 
 def comm_spans(host_events: list[Event], device_events: list[Event], rank: int, world: int,
                world_only: bool = True) -> list[Span]:
-    """Communication spans of one rank (module docstring). ``world_only``: the rank's profile lists no
-    process group smaller than the world, so in a world of two every collective is over both."""
+    """Communication spans of one rank (module docstring). ``world_only``: the job made no process group
+    smaller than the world, so every collective whose group the trace does not state is over all ranks."""
     spans = []
     for e, start, c in _communications(host_events, device_events):
         if c.op in P2P:
@@ -290,8 +290,8 @@ def comm_spans(host_events: list[Event], device_events: list[Event], rank: int, 
             c.group_size = 2
             if world == 2 and c.peer is None:  # in a world of two the peer is the other rank
                 c.peer = 1 - rank
-        elif world == 2 and world_only and not c.group_size:
-            c.group_size = 2
+        elif world_only and not c.group_size:
+            c.group_size = world
         n = c.group_size or world
         elements = c.elements * n if c.shard_only else c.elements
         payload = 0 if c.op == "barrier" else elements * ELEMENT_BYTES.get(c.dtype, 0)

@@ -623,6 +623,25 @@ def test_ranks_of_one_host_keep_its_clock_and_hosts_move_by_their_ranks_median(t
     assert correction == pytest.approx([0.0, -3.0, -3.0, -3.0], abs=1e-9)
 
 
+def test_gloo_collectives_of_a_job_with_no_smaller_group_are_over_all_its_ranks(tmp_path):
+    """gloo's ranges do not say their group, and distributedInfo lists the job's groups: when none is
+    smaller than the world, every collective is over all ranks. Only a world of two had been read so:
+    four ranks on two hosts 5 s apart were left unaligned, their bytes across nodes 0 and their waits
+    unsplit."""
+    files = []
+    for r in range(4):
+        path = Path(_gloo_rank(tmp_path / f"r{r}.json", rank=r, world=4, host=f"node{r // 2}",
+                               shift_us=5e6 if r >= 2 else 0.0))
+        data = json.loads(path.read_text())
+        data["distributedInfo"]["pg_config"] = [{"pg_name": "0", "ranks": [0, 1, 2, 3]}]
+        path.write_text(json.dumps(data))
+        files.append(path)
+    trace = import_profile(files)
+    assert {s.group_size for s in trace.select(lane=COMM)} == {4}
+    assert trace.meta["clock"]["correction_s"] == pytest.approx([0.0, 0.0, -5.0, -5.0], abs=1e-9)
+    assert trace.summary()["comm_bytes_by_link"]["inter_node"] > 0
+
+
 def _world_of_four_rank(path: Path, rank: int, host: str, shift_us: float) -> str:
     """_gloo_rank in a world of 4, its all-reduces named over all of it by record_param_comms (gloo's
     own ranges do not say their group)."""
