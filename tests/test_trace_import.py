@@ -94,6 +94,29 @@ def test_a_blocking_call_inside_an_autograd_range_is_not_backward_compute():
         ("backward", 0, 200), ("backward", 900, 1000)]
 
 
+def test_a_thread_blocked_after_its_call_returned_stays_a_gap():
+    """FSDP2 on gloo: a backward node prefetches the next part's weights with a synchronous all-gather,
+    whose c10d op returns once queued (1-2 ms here); the thread then waits for gloo's worker, recording
+    nothing, until the node's own op runs (at 55 ms). The wait had been read as backward compute, so an
+    exposed all-gather read as overlapped."""
+    engine = "autograd::engine::evaluate_function: AddmmBackward0"
+    events = _ops((engine, 1, 0, 60_000, {}), ("FSDP::all_gather (2)", 1, 500, 54_900, {}),
+                  ("c10d::_allgather_base_", 1, 1000, 2000, {}), ("AddmmBackward0", 1, 55_000, 60_000, {}))
+    spans = compute_spans(events, [], rank=0, steps=lambda t: 0)
+    assert [(s.kind, round(s.start * 1e6), round(s.end * 1e6)) for s in spans] == [
+        ("backward", 0, 1000), ("backward", 55_000, 60_000)]
+
+
+def test_what_gloo_s_worker_runs_inside_an_execution_is_communication():
+    """gloo's worker thread copies and sums inside its ``gloo:<op>`` ranges; those operators had been read
+    as compute of kind other (10-14 ms a step of FSDP2's on two ranks), overlapping its own collective."""
+    run = {"Input type": ["float"], "Input Dims": [[256]]}
+    events = _ops(("gloo:all_gather", 2, 0, 5000, run), ("aten::copy_", 2, 100, 900, {}),
+                  ("aten::div_", 2, 4000, 4500, {}), ("aten::mm", 1, 0, 3000, {}))
+    spans = compute_spans(events, [], rank=0, steps=lambda t: 0)
+    assert [(s.kind, round(s.start * 1e6), round(s.end * 1e6)) for s in spans] == [("other", 0, 3000)]
+
+
 def test_a_functional_collectives_wait_inside_an_op_is_communication_not_compute():
     """DTensor tensor parallel: the op that first uses an all-reduce's result (here aten::pow) waits for
     it inside itself (_c10d_functional::wait_tensor), the thread blocked 3 ms while gloo's worker runs
