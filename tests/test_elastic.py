@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -113,6 +114,7 @@ def killed(tmp_path_factory):
          "after the failure 0 nodes remain, fewer than min nodes 1: start 2 nodes or more "
          "(--nnodes 1:2 --nodes 2)"),
         (["--nnodes", "2:4", "--nodes", "1"], "1 starting node (--nodes) is outside --nnodes 2:4"),
+        (["--nnodes", "1:4", "--nodes", "0"], "nodes must be >= 1, got 0"),  # had started 4 agents
         (["--nnodes", "1:1", "--balance"], "--nnodes 1:1 never has more than one node: leave it out"),
         (["--nnodes", "2:4", "--steps", "5", "--checkpoint-every", "2",
           "--fail", "rank=1,step=2,during=save"],
@@ -231,6 +233,22 @@ def test_a_checkpoint_dir_that_cannot_be_resumed_exits_2_before_any_agent(monkey
         (root / "step-00000001" / "manifest.json").write_text(manifest)
     assert cli.main(["elastic", "--nnodes", "1:2", "--checkpoint-dir", str(root)]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_refusal_is_one_line_where_the_workers_would_share_the_cores(monkeypatch, capsys, tmp_path):
+    """The warning that 4 workers would share 2 cores had come before the refusal of the run: two lines
+    where a refusal is one."""
+    from paralab.runtime import launch as run_launch
+
+    monkeypatch.setattr(run_launch, "usable_cores", lambda: 2)
+    monkeypatch.setattr(launch_module, "_agent_starter",
+                        lambda *a: pytest.fail("an agent was about to start"))
+    (tmp_path / "ckpt").write_text("not a directory")
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        assert cli.main(["elastic", "--nnodes", "1:4", "--checkpoint-dir", str(tmp_path / "ckpt")]) == 2
+    assert "exists and is not a directory" in capsys.readouterr().err
+    assert [str(w.message) for w in warned] == []
 
 
 def _tiny_trained(steps: int = 1, seed: int = 0):

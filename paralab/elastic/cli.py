@@ -37,7 +37,7 @@ def add_elastic_args(p: argparse.ArgumentParser) -> None:
     # 1:4, where the tuple had shown Python's (1, 4)
     p.add_argument("--nnodes", type=node_range, default=f"{d.min_nodes}:{d.max_nodes}", metavar="MIN:MAX",
                    help="node range of the rendezvous (torchrun's --nnodes); one worker per node")
-    p.add_argument("--nodes", type=int, default=0, help="nodes (agents) to start with (default: MAX)")
+    p.add_argument("--nodes", type=int, default=None, help="nodes (agents) to start with (default: MAX)")
     p.add_argument("--max-restarts", type=int, default=d.max_restarts, help="restarts each agent allows")
     p.add_argument("--micro-batch", type=int, default=d.micro_batch,
                    help="samples per forward (gradient accumulation)")

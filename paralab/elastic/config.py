@@ -42,7 +42,7 @@ class ElasticConfig(TrainingConfig):
     # membership: torchrun's --nnodes MIN:MAX; `nodes` agents start at once
     min_nodes: int = 1
     max_nodes: int = 4
-    nodes: int = 0  # 0: max_nodes
+    nodes: int | None = None  # None: max_nodes
     max_restarts: int = 3
     join_after_step: int | None = None  # start one more agent once this step has completed
     # checkpoints
@@ -60,7 +60,7 @@ class ElasticConfig(TrainingConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if not self.nodes:
+        if self.nodes is None:
             self.nodes = self.max_nodes
 
     def signature(self) -> dict:
