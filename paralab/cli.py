@@ -36,7 +36,7 @@ from paralab.cli_args import (
 )
 from paralab.config import CP_MODES, CP_SPLITS, MODEL_PRESETS, ConfigError, RunConfig, check_int, custom_from
 from paralab.schedules import SCHEDULES, V_SHAPED
-from paralab.text import count_text, numbered
+from paralab.text import count_text
 from paralab.trace import not_measured
 
 _PACKAGE_DIR = Path(__file__).resolve().parent  # where paralab's own warnings come from
@@ -331,22 +331,16 @@ def cmd_strategies(args) -> int:
 
 def cmd_merge(args) -> int:
     from paralab.outputs import check_file, check_output_reads_no_input, unread_text
-    from paralab.trace import load_spans, ranks_missing
+    from paralab.trace import load_spans
 
-    check_file(args.output, "output")
-    check_output_reads_no_input(args.output, [("trace", args.path)])
     try:
+        check_file(args.output, "output")
+        check_output_reads_no_input(args.output, [("trace", args.path)])
         trace = load_spans(args.path)
-    except (OSError, ValueError) as exc:  # TraceFormatError names the file and what is wrong
+    except (OSError, ValueError) as exc:  # ConfigError (the output), TraceFormatError: each says itself
         # an OS error the system explains ("out/: No such file or directory"); else one that says itself
         said = f"cannot read {unread_text(exc, args.path)}" if getattr(exc, "strerror", None) else str(exc)
         print(f"paralab merge: {said}", file=sys.stderr)
-        return EXIT_INVALID
-    # one rank's file of a torchrun: no merge of its run (a folder short of ranks is refused as it loads)
-    if missing := ranks_missing([trace.meta], trace.meta.get("world_size"), trace.ranks):
-        print(f"paralab merge: {args.path} holds {count_text(len(trace.ranks), 'rank')} of the "
-              f"{trace.world_size} of its run ({numbered('rank', missing)} missing): give the folder of "
-              "every rank's file", file=sys.stderr)
         return EXIT_INVALID
     summary = trace.summary()
     if args.chrome:

@@ -104,11 +104,20 @@ class TraceFormatError(ValueError):
 
 
 def load_spans(path: str | Path) -> Trace:
-    """:meth:`Trace.load` for a command that reads what ran: a trace of no spans is refused, as merging or
-    reporting it says nothing (it had merged as "0 spans, median step 0.0 ms")."""
+    """:meth:`Trace.load` for a command that reads what ran (merge, report): refused, as what it would
+    say is wrong or nothing, a trace of no spans (it had merged as "0 spans, median step 0.0 ms"), one
+    that holds a rank beyond its world size, and one rank's file of a launch (a report of it had summed
+    one rank's bytes as the run's; a folder short of ranks is refused as it loads)."""
     trace = Trace.load(path)
     if not trace.spans:
         raise TraceFormatError(f"{path}: holds no spans, so nothing that ran")
+    world = trace.meta.get("world_size")
+    if isinstance(world, int) and (beyond := [rank for rank in trace.ranks if rank >= world]):
+        raise TraceFormatError(f"{path} holds rank {beyond[0]}, beyond its world size {world}")
+    if missing := ranks_missing([trace.meta], world, trace.ranks):
+        raise TraceFormatError(f"{path} holds {count_text(len(trace.ranks), 'rank')} of the {world} of "
+                               f"its run ({numbered('rank', missing)} missing): give the folder of every "
+                               "rank's file")
     return trace
 
 

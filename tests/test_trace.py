@@ -522,6 +522,21 @@ def test_merging_one_ranks_file_of_a_larger_run_exits_2(tmp_path, capsys):
     assert not (tmp_path / "out.json").exists()
 
 
+def test_reporting_one_ranks_file_or_a_rank_beyond_the_world_exits_2(tmp_path, capsys):
+    """report took what merge refuses: one rank's file of a 4-rank launch (its bytes reported as the
+    run's), and a file holding rank 7 of a world of 2 (merged too, as "3 ranks")."""
+    _rank_files(tmp_path, 4, (0,))
+    assert cli.main(["report", str(tmp_path / "rank00000.json"), "-o", str(tmp_path / "out.html")]) == 2
+    err = capsys.readouterr().err
+    assert "rank00000.json holds 1 rank of the 4 of its run (ranks 1, 2, 3 missing)" in err, err
+    spans = [Span(rank, STEP, "step", 0.0, 1.0, step=0) for rank in (0, 1, 7)]
+    Trace(spans=spans, meta={"source": "measured", "world_size": 2}).save(tmp_path / "beyond.json")
+    for command in ("merge", "report"):
+        assert cli.main([command, str(tmp_path / "beyond.json"), "-o", str(tmp_path / "out.html")]) == 2
+        assert "beyond.json holds rank 7, beyond its world size 2" in capsys.readouterr().err
+    assert not (tmp_path / "out.html").exists()
+
+
 @pytest.mark.parametrize("meta", [
     {"source": "measured", "strategy": "elastic", "world_size": 4, "config": {"max_nodes": 4}},
     {"source": "imported", "world_size": 4, "config": {"world_size": 4}},
