@@ -906,6 +906,20 @@ def test_elastic_monitor_counts_steps_not_samples():
     assert "3 steps" in app.status.value
 
 
+def test_the_elastic_monitor_draws_the_steps_its_samples_time_and_counts_them_in_words():
+    """Samples alone (step_time_s, one per rank and step) had been counted in the status line, "4 steps",
+    over a figure that said "no step recorded"; one step had read "1 steps"; a NaN world size had raised."""
+    app = widgets.elastic_monitor()
+    app.push(counters=[Counter(rank, "step_time_s", 1.0 + k + 0.01 * rank, 0.5) for k in range(4)
+                       for rank in range(2)])
+    assert app.figure.layout.meta["steps"] == [0, 1, 2, 3] and app.figure.layout.meta["world_size"] == [2] * 4
+    assert not any("no step recorded" in (a.text or "") for a in app.figure.layout.annotations)
+    one = widgets.elastic_monitor()
+    one.push(counters=[Counter(0, "world_size", 0.1, float("nan"))],
+             spans=[Span(0, "step", "step", 0, 0.5, step=0)])
+    assert ">1 step<" in one.status.value, one.status.value
+
+
 def test_the_comm_explorer_predicts_a_hierarchical_run_in_its_three_steps_and_grown():
     """Beside a hierarchical run the prediction is its reduce-scatter, all-reduce and all-gather; grown
     to 8 ranks of 4 a node it stays hierarchical over the new nodes, and where one node holds every

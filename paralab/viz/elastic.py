@@ -66,6 +66,8 @@ def step_records(trace: Trace) -> list[dict]:
     recorded it (:func:`_worlds_named`)."""
     if trace.meta.get("step_records"):
         return sorted(trace.meta["step_records"], key=lambda r: r["start"])
+    if not trace.select(lane=STEP):
+        return _records_of_samples(trace)
     ranks = defaultdict(set)
     for s in trace.select(lane=STEP):
         ranks[s.step].add(s.rank)
@@ -74,6 +76,26 @@ def step_records(trace: Trace) -> list[dict]:
                 "samples": None, "compute_s": None, "final": True}
                for (k, (_, hi)), took in zip(windows.items(), trace.step_times())]
     return _worlds_named(records, [ranks[k] for k in windows])
+
+
+def _records_of_samples(trace: Trace) -> list[dict]:
+    """The steps of a trace of step-time samples alone (``step_time_s`` counters pushed to the monitor,
+    one per rank and step as it ends): a rank's k-th sample is its k-th step, the step ends with its last
+    rank's sample and took the longest of their times. The monitor had said "4 steps" over a figure that
+    said "no step recorded"."""
+    by_rank: dict[int, list] = defaultdict(list)
+    for c in sorted(trace.counters, key=lambda c: c.t):
+        if c.name == "step_time_s":
+            by_rank[c.rank].append(c)
+    records, rank_sets = [], []
+    for k in range(max(map(len, by_rank.values()), default=0)):
+        samples = [mine[k] for mine in by_rank.values() if k < len(mine)]
+        end = max(c.t for c in samples)
+        records.append({"step": k, "generation": "", "world_size": len(samples),
+                        "start": end - max(c.value for c in samples), "end": end, "samples": None,
+                        "compute_s": None, "final": True})
+        rank_sets.append({c.rank for c in samples})
+    return _worlds_named(records, rank_sets)
 
 
 def _worlds_named(records: list[dict], rank_sets: list[set]) -> list[dict]:

@@ -8,8 +8,10 @@ told apart into worlds by the ranks that recorded each step (``paralab.viz.elast
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
+from paralab.text import count_text
 from paralab.trace import Trace
 from paralab.widgets._common import attach, figure_widget, message, replace_figure, widgets
 
@@ -28,12 +30,12 @@ def elastic_monitor(trace: Trace | None = None, title: str = "elastic training")
     def redraw():
         t = state["trace"]
         replace_figure(fw, elastic(t, title=title))
-        sizes = [c for c in t.counters if c.name == "world_size"]
+        sizes = [c for c in t.counters if c.name == "world_size" and math.isfinite(c.value)]
         events = [s for s in t.spans if s.lane == "event"]
         parts = []
         if sizes:
             parts.append(f"world size {int(max(sizes, key=lambda c: c.t).value)}")
-        parts.append(f"{len(t.step_windows()) or _steps_timed(t)} steps")
+        parts.append(count_text(len(t.step_windows()) or _steps_timed(t), "step"))
         if events:
             last = max(events, key=lambda s: s.start)
             parts.append(f"last event: {last.kind} {last.name} at {last.start:.1f} s")
