@@ -222,7 +222,7 @@ def resolve_layout(cfg: RunConfig) -> Layout:
     unused = _unused_options(cfg, strategy)
     degrees = _degrees(cfg, strategy)
     degrees["ep"] = _expert_degree(cfg, strategy, degrees)
-    schedule, virtual_stages, microbatches = _pipeline_shape(cfg, strategy, degrees["pp"])
+    schedule, virtual_stages, microbatches = _pipeline_shape(cfg, strategy, degrees["pp"], degrees["dp"])
     _check_batch_split(cfg.global_batch, degrees["dp"], microbatches)
     if cfg.world_size % cfg.nodes:
         fit = [n for n in range(1, cfg.world_size + 1) if cfg.world_size % n == 0]
@@ -369,7 +369,7 @@ def _factorisations(n: int, parts: int) -> list[tuple[int, ...]]:
     return [(d, *rest) for d in range(1, n + 1) if n % d == 0 for rest in _factorisations(n // d, parts - 1)]
 
 
-def _pipeline_shape(cfg: RunConfig, strategy: Strategy, pp: int) -> tuple[str, int, int]:
+def _pipeline_shape(cfg: RunConfig, strategy: Strategy, pp: int, dp: int) -> tuple[str, int, int]:
     """(schedule, virtual stages, microbatches). A pipeline exists when the strategy pipelines (its
     schedule rules come from paralab.schedules); otherwise microbatches accumulate gradients."""
     pipelines = "pp" in strategy.axes and (pp > 1 or len(strategy.axes) == 1)
@@ -384,7 +384,8 @@ def _pipeline_shape(cfg: RunConfig, strategy: Strategy, pp: int) -> tuple[str, i
                           f"{', '.join(strategy.schedules)}")
     # the virtual stages asked for are checked before a V's two chunks replace them: a zbv run given 3
     # had run with 2 and said nothing
-    problems = shape_problems(schedule, pp, cfg.microbatches, cfg.virtual_stages)
+    replica = cfg.global_batch // dp if cfg.global_batch % dp == 0 else None
+    problems = shape_problems(schedule, pp, cfg.microbatches, cfg.virtual_stages, sequences=replica)
     if problems:
         raise ConfigError(f"pipeline schedule {schedule!r} (pp={pp}, microbatches={cfg.microbatches}, "
                           f"virtual_stages={cfg.virtual_stages}) cannot run: {problems[0]}")

@@ -216,10 +216,13 @@ def chunks_per_rank(name: str, virtual_stages: int = 1) -> int:
     return 2 if name in V_SHAPED else virtual_stages
 
 
-def shape_problems(name: str, pp: int, microbatches: int, virtual_stages: int = 1) -> list[str]:
+def shape_problems(name: str, pp: int, microbatches: int, virtual_stages: int = 1,
+                   sequences: int | None = None) -> list[str]:
     """Every reason schedule ``name`` cannot be built for ``pp`` ranks, ``microbatches`` and
     ``virtual_stages`` chunks per rank (empty when it can). The one statement of the schedules'
-    shape rules: the builder, the run configuration, the simulator and the widgets all ask it."""
+    shape rules: the builder, the run configuration, the simulator and the widgets all ask it. The
+    counts a refusal suggests also divide ``sequences`` (a replica's step), when given: a run of 10
+    had been offered 3, 4 and 6, each then refused for the batch."""
     if name not in SCHEDULES:
         return [f"unknown pipeline schedule {name!r}; choose one of: {', '.join(SCHEDULES)}"]
     out = [f"{label} must be an integer >= 1, got {value!r}"
@@ -233,8 +236,9 @@ def shape_problems(name: str, pp: int, microbatches: int, virtual_stages: int = 
             out.append("interleaved needs virtual_stages >= 2 (with one chunk per rank it is 1f1b)")
         rounds = max(1, microbatches // pp)
         if microbatches % rounds:
-            fits = [k for k in range(max(1, microbatches - pp), microbatches + pp + 1)
-                    if k % max(1, k // pp) == 0]
+            near = range(max(1, microbatches - pp), microbatches + pp + 1)
+            fits = [k for k in (near if sequences is None else range(1, sequences + 1))
+                    if k % max(1, k // pp) == 0 and (sequences is None or sequences % k == 0)]
             out.append(f"interleaved runs the microbatches in max(1, m // stages) = {rounds} equal rounds: "
                        f"{microbatches} % {rounds} != 0; microbatch counts that fit: {fits}")
     elif name in V_SHAPED:
