@@ -361,9 +361,11 @@ def describe(p: ParallelSpec) -> str:
 
 
 def degrees_text(p: ParallelSpec) -> str:
-    """How a configuration splits its GPUs: tp x pp x dp, its experts over ep and sequences over cp."""
+    """How a configuration splits its GPUs: tp x pp x dp, its experts over ep and sequences over cp (a
+    ring's split named: zigzag and contiguous rings differ in step time, and had read alike)."""
+    ring = f" {p.cp_split}" if p.cp_mode == "ring" else ""
     return (f"tp {p.tp} x pp {p.pp} x dp {p.dp:,}" + (f" (ep {p.ep})" if p.ep > 1 else "")
-            + (f" x cp {p.cp} {p.cp_mode}" if p.cp > 1 else ""))
+            + (f" x cp {p.cp} {p.cp_mode}{ring}" if p.cp > 1 else ""))
 
 
 def _compute_cause(win: ParallelSpec, run: ParallelSpec) -> str:
