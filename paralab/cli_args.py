@@ -226,9 +226,10 @@ class NeedsTheKeysOfItsMetavar(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def add_training_args(p: argparse.ArgumentParser, defaults: TrainingConfig) -> None:
-    """The flags of TrainingConfig's fields, with ``defaults``' values (RunConfig or ElasticConfig)."""
-    p.add_argument("--model", default=defaults.model_name, help=f"preset: {', '.join(MODEL_PRESETS)}")
+def add_training_args(p: argparse.ArgumentParser, defaults: TrainingConfig, presets=MODEL_PRESETS) -> None:
+    """The flags of TrainingConfig's fields, with ``defaults``' values (RunConfig or ElasticConfig), and
+    the model ``presets`` the command trains."""
+    p.add_argument("--model", default=defaults.model_name, help=f"preset: {', '.join(presets)}")
     p.add_argument("--steps", type=int, default=defaults.steps, help="optimizer steps")
     p.add_argument("--global-batch", type=int, default=defaults.global_batch,
                    help="samples per step over all ranks, whatever the world size")

@@ -25,6 +25,7 @@ import torch
 
 import paralab
 from paralab import cli, elastic, viz
+from paralab.config import MODEL_PRESETS
 from paralab.data import GlobalBatchSampler, SyntheticCorpus
 from paralab.elastic import checkpoint
 from paralab.elastic import launch as launch_module
@@ -233,6 +234,15 @@ def test_a_checkpoint_dir_that_cannot_be_resumed_exits_2_before_any_agent(monkey
         (root / "step-00000001" / "manifest.json").write_text(manifest)
     assert cli.main(["elastic", "--nnodes", "1:2", "--checkpoint-dir", str(root)]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_help_offers_only_the_presets_elastic_trains(capsys):
+    """It had offered tiny-moe and small-moe, which elastic refuses (a mixture of experts)."""
+    with pytest.raises(SystemExit):
+        cli.main(["elastic", "--help"])
+    offered = capsys.readouterr().out.split("preset: ")[1].split(" (default")[0].split(", ")
+    assert offered == [name for name, model in MODEL_PRESETS.items() if not model.experts]
+    assert "tiny" in offered and "tiny-moe" not in offered
 
 
 def test_a_refusal_is_one_line_where_the_workers_would_share_the_cores(monkeypatch, capsys, tmp_path):

@@ -17,6 +17,7 @@ from paralab.cli_args import (
     json_text,
     key_values,
 )
+from paralab.config import MODEL_PRESETS
 from paralab.elastic.config import ElasticConfig
 from paralab.outputs import check_file
 
@@ -32,7 +33,7 @@ def node_range(text: str) -> tuple[int, int]:
 
 def add_elastic_args(p: argparse.ArgumentParser) -> None:
     d = ElasticConfig()
-    add_training_args(p, d)
+    add_training_args(p, d, presets=[name for name, model in MODEL_PRESETS.items() if not model.experts])
     # a default written as typed (argparse parses a string default as it parses the flag): --help shows
     # 1:4, where the tuple had shown Python's (1, 4)
     p.add_argument("--nnodes", type=node_range, default=f"{d.min_nodes}:{d.max_nodes}", metavar="MIN:MAX",
