@@ -413,7 +413,7 @@ def simulate_main(args) -> int:
             why = (f"{local} ranks a node do not divide dp {dp}" if dp % local else
                    f"dp {dp} is {count_text(dp // local, 'node')} of {count_text(local, 'rank')}")
             return _fail(f"a hierarchical all-reduce needs 2 or more data-parallel ranks on each of 2 or "
-                         f"more nodes: on {hw.name} ({hw.gpus_per_node} GPUs a node) {why}")
+                         f"more nodes: on {hw.name} ({count_text(hw.gpus_per_node, 'GPU')} a node) {why}")
     if problems := _with_dp_unsaid(parallel.problems(model, gpus), args, gpus):
         hint = _fits_hint(model, gpus, hw, parallel)
         return _refuse(args, problems, hint)
