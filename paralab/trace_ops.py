@@ -35,6 +35,7 @@ A group size the trace does not state is 0 (read: the whole world).
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
@@ -151,13 +152,13 @@ def _regions(nodes: list[Event]):
             yield e, e.kind
 
 
-def _without_calls(e: Event, kind: str):
+def _without_calls(e: Event, kind: str, running):
     """(start, end, kind, name, 0) pieces of a single-kind region with the communication calls inside
     it cut out as calls of their own: a DDP hook's all-reduce inside the autograd engine's
-    ``AccumulateGrad`` blocks the thread on the network (gloo), which is not backward compute. Where
-    nothing is recorded for longer than ``HOST_GAP_S`` after a call, the thread was blocked on it (a
-    synchronous collective waits once its c10d op has returned: FSDP2's all-gather on gloo, 55 ms
-    inside a backward node) and that stays a gap."""
+    ``AccumulateGrad`` blocks the thread on the network (gloo), which is not backward compute. After a
+    call, while nothing is recorded and gloo still runs a collective (``running(t0, t1)``: until when,
+    :class:`_Executions`), the thread was blocked on it and that stays a gap: a synchronous all-gather
+    of FSDP2's returns its c10d op once queued and then waits 55 ms inside a backward node."""
     t = e.start
     for call in _calls_within(e) if kind != _CALL else []:
         if call.start > t:
@@ -165,10 +166,32 @@ def _without_calls(e: Event, kind: str):
         yield call.start, call.end, _CALL, call.name, 0
         t = max(t, call.end)
         resumed = min((c.start for c in _descendants(e) if c.start >= t), default=e.end)
-        if resumed - t > HOST_GAP_S + EPS_S:
-            t = resumed
+        blocked_until = min(resumed, running(t, resumed))
+        if blocked_until - t > HOST_GAP_S + EPS_S:
+            t = blocked_until
     if e.end > t:
         yield t, e.end, kind, e.name, 0
+
+
+class _Executions:
+    """When gloo's collectives ran on one rank (its ``gloo:<op>`` ranges, sends and recvs aside):
+    ``executions(t0, t1)`` is the latest end of those begun before t1 (t0 or earlier where none runs
+    past t0), a prefix maximum over their starts."""
+
+    def __init__(self, host_events: list[Event]):
+        runs = sorted((e.start, e.end) for e in host_events if _is_gloo_collective(e))
+        self.starts = [start for start, _ in runs]
+        self.reach = list(itertools.accumulate((end for _, end in runs), max))
+
+    def __call__(self, t0: float, t1: float) -> float:
+        i = bisect.bisect_left(self.starts, t1)
+        return max(t0, self.reach[i - 1]) if i else t0
+
+
+def _is_gloo_collective(e: Event) -> bool:
+    """gloo's execution of a collective, on its worker thread; a send or recv runs inline on the calling
+    thread, its range open from the call to its wait, around the compute done meanwhile."""
+    return e.name.startswith("gloo:") and op_name(e.name) not in P2P
 
 
 def _descendants(e: Event):
@@ -193,11 +216,13 @@ def _mark(e: Event, kind: str, kinds: dict) -> None:
 
 def _host_regions(host_events: list[Event]) -> dict[object, list[tuple[Event, str]]]:
     """Per host thread, its single-kind regions in time order (ProfilerStep and paralab ranges, which
-    span everything, left out). gloo's executions are communication calls, with the copies and sums
-    gloo's worker runs inside them (they had been read as compute: 10-14 ms a step of FSDP2's)."""
+    span everything, and gloo's sends and recvs, which span the compute between the call and its wait,
+    left out). gloo's executions of collectives are communication calls, with the copies and sums gloo's
+    worker runs inside them (they had been read as compute: 10-14 ms a step of FSDP2's)."""
     threads: dict[object, list[Event]] = defaultdict(list)
     for e in host_events:
-        if not e.name.startswith(("ProfilerStep#", PREFIX)):
+        sends = e.name.startswith("gloo:") and not _is_gloo_collective(e)
+        if not sends and not e.name.startswith(("ProfilerStep#", PREFIX)):
             threads[e.tid].append(e)
     return {tid: sorted(_regions(_forest(events)), key=lambda r: r[0].start)
             for tid, events in threads.items()}
@@ -209,8 +234,10 @@ def compute_spans(host_events: list[Event], device_events: list[Event], rank: in
     regions = _host_regions(host_events)
     kernels = [e for e in device_events if e.cat != "gpu_user_annotation" and not _is_nccl(e)]
     if not kernels:
+        running = _Executions(host_events)
         return [span for runs in regions.values() for span in _merge(
-            (piece for e, kind in runs for piece in _without_calls(e, kind)), rank, steps, gap=HOST_GAP_S)]
+            (piece for e, kind in runs for piece in _without_calls(e, kind, running)), rank, steps,
+            gap=HOST_GAP_S)]
     kinds: dict = {}
     for runs in regions.values():
         for e, kind in runs:

@@ -102,9 +102,17 @@ def test_a_thread_blocked_after_its_call_returned_stays_a_gap():
     engine = "autograd::engine::evaluate_function: AddmmBackward0"
     events = _ops((engine, 1, 0, 60_000, {}), ("FSDP::all_gather (2)", 1, 500, 54_900, {}),
                   ("c10d::_allgather_base_", 1, 1000, 2000, {}), ("AddmmBackward0", 1, 55_000, 60_000, {}))
-    spans = compute_spans(events, [], rank=0, steps=lambda t: 0)
+    gloo = _ops(("gloo:all_gather", 2, 1500, 55_000, {}))
+    spans = compute_spans(events + gloo, [], rank=0, steps=lambda t: 0)
     assert [(s.kind, round(s.start * 1e6), round(s.end * 1e6)) for s in spans] == [
         ("backward", 0, 1000), ("backward", 55_000, 60_000)]
+    # the thread is blocked only while gloo runs a collective: past its end, or with none running, the
+    # time unrecorded is the range's own (once gloo's sends too had been read as blocking: a pipeline's
+    # compute inside a send's range had gone)
+    gloo = _ops(("gloo:all_gather", 2, 1500, 40_000, {}), ("gloo:send", 1, 2000, 50_000, {}))
+    spans = compute_spans(events + gloo, [], rank=0, steps=lambda t: 0)
+    assert [(s.kind, round(s.start * 1e6), round(s.end * 1e6)) for s in spans] == [
+        ("backward", 0, 1000), ("backward", 40_000, 60_000)]
 
 
 def test_what_gloo_s_worker_runs_inside_an_execution_is_communication():
@@ -115,6 +123,17 @@ def test_what_gloo_s_worker_runs_inside_an_execution_is_communication():
                   ("aten::div_", 2, 4000, 4500, {}), ("aten::mm", 1, 0, 3000, {}))
     spans = compute_spans(events, [], rank=0, steps=lambda t: 0)
     assert [(s.kind, round(s.start * 1e6), round(s.end * 1e6)) for s in spans] == [("other", 0, 3000)]
+
+
+def test_compute_inside_a_gloo_send_s_range_is_compute():
+    """gloo runs a send inline: its range on the calling thread is open from the isend to its wait, around
+    the compute done meanwhile. Read as a call, it had swallowed that compute (a pipeline's backward:
+    1.46 s of rank 0's gone)."""
+    forward = {"Sequence number": 3, "Fwd thread id": 0}
+    events = _ops(("gloo:send", 1, 0, 5000, {}), ("aten::addmm", 1, 100, 4000, forward),
+                  ("aten::relu", 1, 4100, 4500, forward))
+    spans = compute_spans(events, [], rank=0, steps=lambda t: 0)
+    assert [(s.kind, round(s.start * 1e6), round(s.end * 1e6)) for s in spans] == [("forward", 100, 4500)]
 
 
 def test_a_functional_collectives_wait_inside_an_op_is_communication_not_compute():
