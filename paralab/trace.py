@@ -351,21 +351,24 @@ class Trace:
             raise TraceFormatError(f"{path}: {exc}") from None
 
     def to_chrome(self) -> dict:
-        """Chrome trace event format: one process per rank, one thread per lane, counters as 'C' events."""
+        """Chrome trace event format: one process per rank, a thread per lane (and a further one for each
+        span a lane's others overlap: :func:`_chrome_threads`), counters as 'C' events."""
         return {"traceEvents": list(self._chrome_events()), "displayTimeUnit": "ms",
                 "otherData": {"paralab": self.meta}}
 
     def _chrome_events(self):
-        lane_tid = {lane: i for i, lane in enumerate(LANES)}
+        tids = _chrome_threads(self.spans)
+        threads = {(rank, i) for rank in self.ranks for i in range(len(LANES))} | set(tids.values())
         for rank in self.ranks:
             yield {"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}}
-            for lane, tid in lane_tid.items():
-                yield {"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": lane}}
+        for rank, tid in sorted(threads):
+            row, lane = divmod(tid, CHROME_ROWS_APART)
+            yield {"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
+                   "args": {"name": LANES[lane] + (f" {row + 1}" if row else "")}}
         for s in self.spans:
             args = {k: v for k, v in _fields_of(s).items() if v is not None}
-            yield {"ph": "X", "name": s.name or s.kind, "cat": s.kind, "pid": s.rank,
-                   "tid": lane_tid.get(s.lane, len(LANES)), "ts": s.start * 1e6,
-                   "dur": max(s.duration, 0.0) * 1e6, "args": args}
+            yield {"ph": "X", "name": s.name or s.kind, "cat": s.kind, "pid": s.rank, "tid": tids[id(s)][1],
+                   "ts": s.start * 1e6, "dur": max(s.duration, 0.0) * 1e6, "args": args}
         for c in self.counters:
             yield {"ph": "C", "name": c.name, "pid": c.rank, "ts": c.t * 1e6, "args": {c.name: c.value}}
 
@@ -854,6 +857,25 @@ def _check_one_run(folder: Path, files: list[Path], traces: list[Trace]) -> None
         raise TraceFormatError(f"{folder}: holds {len(holder)} of the {world} ranks of its run; "
                                f"{numbered('rank', missing)} missing (each node writes its own ranks' files: "
                                f"gather every node's --trace-dir here, or write it to a shared file system)")
+
+
+# The Chrome format wants a thread's complete events nested, and Perfetto drops those that overlap
+# without nesting: a pipeline's sends in flight together, prefetched gathers and a ring's K/V transfers
+# had lost up to a third of a trace's communication there. Each such span goes on a further thread of
+# its lane ("comm 2", ...), whose tid is the lane's plus CHROME_ROWS_APART for each row down.
+CHROME_ROWS_APART = 100
+
+
+def _chrome_threads(spans: list[Span]) -> dict[int, tuple[int, int]]:
+    """id(span) -> (rank, tid): each span on its lane's first row whose spans all ended by its start."""
+    ends: dict[tuple[int, str], list[float]] = defaultdict(list)  # each row's last span's end
+    out = {}
+    for s in sorted(spans, key=lambda s: (s.start, s.end)):
+        rows = ends[s.rank, s.lane]
+        row = next((k for k, end in enumerate(rows) if end <= s.start), len(rows))
+        rows[row:row + 1] = [s.end]
+        out[id(s)] = (s.rank, LANES.index(s.lane) + CHROME_ROWS_APART * row)
+    return out
 
 
 def _write_json(path: str | Path, head: dict, **arrays) -> Path:

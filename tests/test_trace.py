@@ -184,6 +184,28 @@ def test_chrome_export_has_every_span_and_counter():
     assert [e for e in events if e["ph"] == "C"][0]["args"] == {"cpu_percent": 50.0}
 
 
+def test_chrome_export_puts_calls_in_flight_together_on_threads_of_their_own():
+    """A thread's complete events must nest, and Perfetto drops those that overlap otherwise: a pipeline's
+    sends in flight together had shared the comm thread (up to a third of a cp ring's calls lost)."""
+    spans = [Span(0, COMPUTE, "forward", 0.0, 3.0), Span(0, COMM, "send", 1.0, 4.0, name="send F0"),
+             Span(0, COMM, "send", 2.0, 5.0, name="send F1"), Span(0, COMM, "send", 4.5, 6.0, name="send F2"),
+             Span(1, COMM, "recv", 1.0, 4.0)]
+    trace = Trace(spans=spans)
+    events = trace.to_chrome()["traceEvents"]
+    rows: dict[tuple, list] = {}
+    for e in events:
+        if e["ph"] == "X":
+            rows.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"], e["name"]))
+    for row in rows.values():
+        row.sort()
+        assert all(end <= start for (_, end, _), (start, _, _) in zip(row, row[1:])), row
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert [names[key] for key, row in sorted(rows.items()) if key[0] == 0] == ["compute", "comm", "comm 2"]
+    assert [n for _, _, n in sorted(rows[0, 1])] == ["send F0", "send F2"]
+    order = lambda s: (s.rank, s.start, s.name)  # noqa: E731
+    assert sorted(Trace.from_chrome(trace.to_chrome()).spans, key=order) == sorted(spans, key=order)
+
+
 # ---------------------------------------------------------------------------- bad files in, bad paths out
 def _good() -> dict:
     return two_rank_trace().to_dict()
