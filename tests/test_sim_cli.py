@@ -931,3 +931,13 @@ def test_cp_with_a_derived_micro_batch_is_told_that_it_saves_no_memory(capsys):
     pred = json.loads(out)
     assert not [n for n in pred["notes"] if n.startswith("cp ")]
     assert pred["memory_bytes_per_gpu"]["activations"] < activations[1] / 4
+
+
+def test_the_layouts_kept_are_named_without_a_split_the_planner_does_not_keep():
+    """A contiguous ring that does not fit is offered the planner's rings of its degrees, which are
+    zigzag: their heading had said "keeping ... cp 4 ring zigzag", a split that was not asked for."""
+    out = {"dp": 4, "tp": 1, "pp": 1, "cp": 4, "ep": 1, "cp_mode": "ring", "cp_split": "contiguous",
+           "alternatives": [{"config": "another"}], "alternatives_same_degrees": []}
+    assert cli._same_degrees_lines(out) == [
+        "  no layout of tp 1 x pp 1 x dp 4 x cp 4 ring that the planner weighs fits (its schedules, "
+        "micro-batches, ZeRO stages and recompute policies)"]

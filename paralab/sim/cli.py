@@ -456,7 +456,7 @@ def _same_degrees_lines(out: dict) -> list[str]:
     same = out["alternatives_same_degrees"]
     if [a["config"] for a in same] == [a["config"] for a in out["alternatives"]]:
         return []
-    kept = planner.degrees_text(ParallelSpec(**{k: out[k] for k in KEPT}))
+    kept = planner.degrees_text(ParallelSpec(**{k: out[k] for k in KEPT}), split=False)  # not kept
     if not same:
         return [f"  no layout of {kept} that the planner weighs fits (its schedules, micro-batches, ZeRO "
                 f"stages and recompute policies)"]

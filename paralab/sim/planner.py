@@ -360,10 +360,11 @@ def describe(p: ParallelSpec) -> str:
     return ", ".join(parts)
 
 
-def degrees_text(p: ParallelSpec) -> str:
+def degrees_text(p: ParallelSpec, split: bool = True) -> str:
     """How a configuration splits its GPUs: tp x pp x dp, its experts over ep and sequences over cp (a
-    ring's split named: zigzag and contiguous rings differ in step time, and had read alike)."""
-    ring = f" {p.cp_split}" if p.cp_mode == "ring" else ""
+    ring's split named unless ``split`` is False: zigzag and contiguous rings differ in step time, and had
+    read alike)."""
+    ring = f" {p.cp_split}" if p.cp_mode == "ring" and split else ""
     return (f"tp {p.tp} x pp {p.pp} x dp {p.dp:,}" + (f" (ep {p.ep})" if p.ep > 1 else "")
             + (f" x cp {p.cp} {p.cp_mode}{ring}" if p.cp > 1 else ""))
 
