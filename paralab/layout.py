@@ -223,7 +223,9 @@ def resolve_layout(cfg: RunConfig) -> Layout:
     degrees = _degrees(cfg, strategy)
     degrees["ep"] = _expert_degree(cfg, strategy, degrees)
     schedule, virtual_stages, microbatches = _pipeline_shape(cfg, strategy, degrees["pp"], degrees["dp"])
-    _check_batch_split(cfg.global_batch, degrees["dp"], microbatches)
+    _check_batch_split(cfg.global_batch, degrees["dp"], microbatches,
+                       runs=lambda m: not schedule or not shape_problems(schedule, degrees["pp"], m,
+                                                                          cfg.virtual_stages))
     if cfg.world_size % cfg.nodes:
         fit = [n for n in range(1, cfg.world_size + 1) if cfg.world_size % n == 0]
         raise ConfigError(f"{count_text(cfg.nodes, 'node')} cannot split world size "
@@ -392,7 +394,9 @@ def _pipeline_shape(cfg: RunConfig, strategy: Strategy, pp: int, dp: int) -> tup
     return schedule, chunks_per_rank(schedule, cfg.virtual_stages), cfg.microbatches
 
 
-def _check_batch_split(batch: int, dp: int, microbatches: int) -> None:
+def _check_batch_split(batch: int, dp: int, microbatches: int, runs=lambda m: True) -> None:
+    """The global batch splits over the dp replicas and their microbatches; a refusal offers the counts
+    the pipeline's schedule ``runs`` too (interleaved's were offered, then refused by it)."""
     if microbatches < 1:
         raise ConfigError(f"microbatches must be >= 1, got {microbatches}")
     if batch % (dp * microbatches) == 0:
@@ -402,7 +406,7 @@ def _check_batch_split(batch: int, dp: int, microbatches: int) -> None:
         raise ConfigError(f"global batch {batch} is not divisible by the {dp} data-parallel ranks; "
                           f"global batches that fit: {fits}")
     if dp == 1:
-        fits = [d for d in range(1, batch + 1) if batch % d == 0]
+        fits = [d for d in range(1, batch + 1) if batch % d == 0 and runs(d)]
         raise ConfigError(f"global batch {batch} is not divisible by {microbatches} microbatches; "
                           f"microbatch counts that fit: {fits}")
     step = dp * microbatches

@@ -234,6 +234,8 @@ def test_configs_that_cannot_run_are_refused_before_any_process_starts():
     # the counts offered divide the batch too: 3, 4 and 6 had been offered, each then refused for it
     _refused(r"5 % 2 != 0; microbatch counts that fit: \[1, 2, 10\]$", pp=2, schedule="interleaved",
              microbatches=5, virtual_stages=2, global_batch=10)
+    _refused(r"not divisible by 3 microbatches; microbatch counts that fit: \[1, 2, 10\]$", pp=2,
+             schedule="interleaved", microbatches=3, virtual_stages=2, global_batch=10)  # 5 had been offered
     _refused(r"8 layers over 2 x 3 = 6 chunks does not divide", pp=2, schedule="interleaved", microbatches=2,
              virtual_stages=3)
     _refused(r"unknown pipeline schedule 'pipedream'.*gpipe", pp=2, schedule="pipedream")
