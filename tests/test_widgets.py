@@ -914,6 +914,12 @@ def test_the_elastic_monitor_draws_the_steps_its_samples_time_and_counts_them_in
                        for rank in range(2)])
     assert app.figure.layout.meta["steps"] == [0, 1, 2, 3] and app.figure.layout.meta["world_size"] == [2] * 4
     assert not any("no step recorded" in (a.text or "") for a in app.figure.layout.annotations)
+    # a node that joins for steps 2 and 3 is in those steps, not the first two; a NaN time is no step
+    late = [Counter(0, "step_time_s", t, 0.5) for t in (1.0, 2.0, 3.0, 4.0)]
+    late += [Counter(1, "step_time_s", t, 0.5) for t in (3.01, 4.01, 5.0)]
+    late[-1].value = float("nan")
+    app.update(Trace(counters=late))
+    assert app.figure.layout.meta["world_size"] == [1, 1, 2, 2]
     one = widgets.elastic_monitor()
     one.push(counters=[Counter(0, "world_size", 0.1, float("nan"))],
              spans=[Span(0, "step", "step", 0, 0.5, step=0)])

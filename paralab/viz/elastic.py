@@ -28,6 +28,7 @@ told apart into worlds by its steps' ranks: a new world where they change (:func
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 from paralab.elastic.history import seconds
@@ -80,22 +81,21 @@ def step_records(trace: Trace) -> list[dict]:
 
 def _records_of_samples(trace: Trace) -> list[dict]:
     """The steps of a trace of step-time samples alone (``step_time_s`` counters pushed to the monitor,
-    one per rank and step as it ends): a rank's k-th sample is its k-th step, the step ends with its last
-    rank's sample and took the longest of their times. The monitor had said "4 steps" over a figure that
-    said "no step recorded"."""
-    by_rank: dict[int, list] = defaultdict(list)
-    for c in sorted(trace.counters, key=lambda c: c.t):
-        if c.name == "step_time_s":
-            by_rank[c.rank].append(c)
-    records, rank_sets = [], []
-    for k in range(max(map(len, by_rank.values()), default=0)):
-        samples = [mine[k] for mine in by_rank.values() if k < len(mine)]
-        end = max(c.t for c in samples)
-        records.append({"step": k, "generation": "", "world_size": len(samples),
-                        "start": end - max(c.value for c in samples), "end": end, "samples": None,
-                        "compute_s": None, "final": True})
-        rank_sets.append({c.rank for c in samples})
-    return _worlds_named(records, rank_sets)
+    one per rank and step as it ends), in time order: a step's samples are the run of them until a rank
+    samples again, the step ends with the last and took the longest of their times. (The monitor had
+    said "4 steps" over a figure that said "no step recorded"; pairing each rank's k-th sample had put a
+    node that joined late into the first steps.)"""
+    samples = sorted((c for c in trace.counters if c.name == "step_time_s" and math.isfinite(c.value)),
+                     key=lambda c: c.t)
+    steps: list[list] = []
+    for c in samples:
+        if not steps or c.rank in {s.rank for s in steps[-1]}:
+            steps.append([])
+        steps[-1].append(c)
+    records = [{"step": k, "generation": "", "world_size": len(step),
+                "start": step[-1].t - max(c.value for c in step), "end": step[-1].t, "samples": None,
+                "compute_s": None, "final": True} for k, step in enumerate(steps)]
+    return _worlds_named(records, [{c.rank for c in step} for step in steps])
 
 
 def _worlds_named(records: list[dict], rank_sets: list[set]) -> list[dict]:
