@@ -507,6 +507,10 @@ def test_torchrun_writes_per_rank_traces_that_merge(tmp_path):
     # every rank's file describes the run: the merged trace's throughput and strategy are the run's
     assert trace.meta["strategy"] == "ddp" and trace.meta["ranks"].keys() == {0, 1}
     assert trace.summary()["tokens_per_s"] > 0
+    # and what it measured, as a local run's trace holds it: a report of the folder had drawn no loss
+    # and no memory
+    assert trace.meta["losses"] == summary["losses"]
+    assert trace.meta["peak_memory_bytes"] == summary["peak_memory_bytes"] and trace.meta["memory_by_kind"]
     import paralab
 
     same = paralab.run("ddp", 2, steps=3, bucket_mb=0.1)

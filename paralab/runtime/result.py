@@ -55,12 +55,9 @@ class RunResult:
                           states: list[dict | None]) -> RunResult:
         rank_results = sorted(rank_results, key=lambda r: r["rank"])
         trace = Trace.merge([Trace.from_dict(r.pop("trace")) for r in rank_results])
-        losses = combine_losses(rank_results)
-        # the losses travel with the trace, so that `paralab report` of a saved --trace draws them as
-        # a --report of the run does
-        trace.meta.update(run_meta(cfg, layout), **measured_memory(rank_results), losses=losses)
+        trace.meta.update(measured_run_meta(cfg, layout, rank_results))
         params, grads = _merge_states(states)
-        return cls(cfg, layout, losses, trace, rank_results, params, grads)
+        return cls(cfg, layout, trace.meta["losses"], trace, rank_results, params, grads)
 
     @classmethod
     def collect(cls, cfg: RunConfig, layout: Layout, run_dir: Path) -> RunResult:
@@ -146,6 +143,13 @@ def measured_memory(rank_results: list[dict]) -> dict:
     return {"peak_memory_bytes": [r["memory"].get("cuda_max_allocated_bytes", r["memory"]["peak_bytes"])
                                   for r in rank_results],
             "memory_by_kind": [r["memory"]["peak_by_kind"] for r in rank_results]}
+
+
+def measured_run_meta(cfg: RunConfig, layout: Layout, rank_results: list[dict]) -> dict:
+    """:func:`run_meta` with what the run measured, every rank's results in rank order: its losses and each
+    rank's memory travel with the trace, so that `paralab report` of a saved trace (a --trace, or a
+    torchrun's --trace-dir, whose rank 0 holds them) draws them as a --report of the run does."""
+    return {**run_meta(cfg, layout), **measured_memory(rank_results), "losses": combine_losses(rank_results)}
 
 
 def run_meta(cfg: RunConfig, layout: Layout) -> dict:

@@ -27,7 +27,7 @@ from paralab.outputs import rank_trace_name
 from paralab.precision import check_dtype
 from paralab.runtime import agents, loopback
 from paralab.runtime.janitor import Janitor
-from paralab.runtime.result import RunError, RunResult, run_meta
+from paralab.runtime.result import RunError, RunResult, measured_run_meta, run_meta
 from paralab.trace import Trace
 
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -105,8 +105,10 @@ def run_under_torchrun(cfg: RunConfig, trace_dir: str | None = None) -> RunResul
                                  f"world size {world_size})", "") from None
         raise
     if trace_dir:  # each rank's file describes the run, so `paralab merge/report DIR` can read any of them
-        rank_trace = Trace.from_dict(trace)
-        rank_trace.meta.update(run_meta(cfg, layout))
+        rank_trace = Trace.from_dict(trace)  # and rank 0's, which a merge keeps, what every rank measured
+        rank_trace.meta.update(measured_run_meta(cfg, layout, sorted((res for res, _ in everyone),
+                                                                     key=lambda r: r["rank"]))
+                               if everyone else run_meta(cfg, layout))
         rank_trace.save(Path(trace_dir) / rank_trace_name(rank))
     if rank != 0:
         return None
