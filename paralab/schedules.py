@@ -221,8 +221,8 @@ def shape_problems(name: str, pp: int, microbatches: int, virtual_stages: int = 
     """Every reason schedule ``name`` cannot be built for ``pp`` ranks, ``microbatches`` and
     ``virtual_stages`` chunks per rank (empty when it can). The one statement of the schedules'
     shape rules: the builder, the run configuration, the simulator and the widgets all ask it. The
-    counts a refusal suggests also divide ``sequences`` (a replica's step), when given: a run of 10
-    had been offered 3, 4 and 6, each then refused for the batch."""
+    counts a refusal suggests also divide ``sequences`` (a replica's step), when given: a batch of 10
+    had been offered 3, 4 and 6, each then refused for it."""
     if name not in SCHEDULES:
         return [f"unknown pipeline schedule {name!r}; choose one of: {', '.join(SCHEDULES)}"]
     out = [f"{label} must be an integer >= 1, got {value!r}"

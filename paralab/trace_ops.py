@@ -174,9 +174,9 @@ def _without_calls(e: Event, kind: str, running):
 
 
 class _Executions:
-    """When gloo's collectives ran on one rank (its ``gloo:<op>`` ranges, sends and recvs aside):
-    ``executions(t0, t1)`` is the latest end of those begun before t1 (t0 or earlier where none runs
-    past t0), a prefix maximum over their starts."""
+    """When gloo's collectives ran on one rank (its ``gloo:<op>`` ranges, sends and recvs aside). Called
+    with (t0, t1): the latest end of those begun before t1, or t0 where none runs past it (a prefix
+    maximum over their starts)."""
 
     def __init__(self, host_events: list[Event]):
         runs = sorted((e.start, e.end) for e in host_events if _is_gloo_collective(e))

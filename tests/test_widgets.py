@@ -919,7 +919,7 @@ def test_the_elastic_monitor_draws_the_steps_its_samples_time_and_counts_them_in
     late += [Counter(1, "step_time_s", t, 0.5) for t in (3.01, 4.01, 5.0)]
     late[-1].value = float("nan")
     app.update(Trace(counters=late))
-    assert app.figure.layout.meta["world_size"] == [1, 1, 2, 2]
+    assert app.figure.layout.meta["world_size"] == [1, 1, 2, 2] and ">4 steps<" in app.status.value
     one = widgets.elastic_monitor()
     one.push(counters=[Counter(0, "world_size", 0.1, float("nan"))],
              spans=[Span(0, "step", "step", 0, 0.5, step=0)])

@@ -546,7 +546,6 @@ def scaling(compared: list[Compared] | None = None) -> list[Scaling]:
     return series
 
 
-
 # docs/simulator.md's tables and mean errors as benchmarks/bench_sim_published.py prints them; a test finds
 # every line in the doc, so a change to the model that moves a figure asks for the doc to be updated
 

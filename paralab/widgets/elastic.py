@@ -9,7 +9,6 @@ told apart into worlds by the ranks that recorded each step (``paralab.viz.elast
 from __future__ import annotations
 
 import math
-from collections import Counter
 
 from paralab.text import count_text
 from paralab.trace import Trace
@@ -20,7 +19,7 @@ def elastic_monitor(trace: Trace | None = None, title: str = "elastic training")
     """Attributes: ``figure``, ``status`` (HTML line), ``trace``, ``push(counters=, spans=)``,
     ``update(trace)``."""
     from paralab.viz._common import as_trace
-    from paralab.viz.elastic import elastic
+    from paralab.viz.elastic import elastic, step_records
 
     w = widgets()
     state = {"trace": as_trace(trace) if trace is not None else Trace()}
@@ -35,7 +34,7 @@ def elastic_monitor(trace: Trace | None = None, title: str = "elastic training")
         parts = []
         if sizes:
             parts.append(f"world size {int(max(sizes, key=lambda c: c.t).value)}")
-        parts.append(count_text(len(t.step_windows()) or _steps_timed(t), "step"))
+        parts.append(count_text(len(t.step_windows()) or len(step_records(t)), "step"))  # samples alone
         if events:
             last = max(events, key=lambda s: s.start)
             parts.append(f"last event: {last.kind} {last.name} at {last.start:.1f} s")
@@ -55,10 +54,3 @@ def elastic_monitor(trace: Trace | None = None, title: str = "elastic training")
     attach(app, figure=fw, status=status, trace=state["trace"], push=push, update=update)
     redraw()
     return app
-
-
-def _steps_timed(trace: Trace) -> int:
-    """Steps a trace without step spans has timed: every rank pushes a step_time_s counter per step,
-    so the most any rank pushed (not the distinct times over all ranks)."""
-    per_rank = Counter(c.rank for c in trace.counters if c.name == "step_time_s")
-    return max(per_rank.values(), default=0)
