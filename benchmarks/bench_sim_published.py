@@ -19,6 +19,7 @@ def main() -> None:
     print(f"\nmean absolute error: {', '.join(published.mean_errors(compared))}\n")
     print("\n".join(published.scaling_table(compared)))
 
+
 if __name__ == "__main__":
     benchmark_parser(__doc__).parse_args()  # --help, and no stray flags
     main()
