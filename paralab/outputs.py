@@ -22,13 +22,22 @@ from paralab.text import count_text, listed
 def check_file(path: str | os.PathLike, what: str) -> None:
     """``path`` can be written as a file; ConfigError saying why not."""
     path = Path(path)
-    if path.is_dir():
-        raise ConfigError(f"{what} {path} is a directory; give a file name")
-    if path.exists() and not path.is_file():  # a trace is renamed into place: /dev/null had been replaced
-        raise ConfigError(f"{what} {path} is not a regular file (a device, pipe or socket); give a file name")
+    check_replaceable(path, what)
     if path.exists() and not os.access(path, os.W_OK):
         raise ConfigError(f"{what} {path} is not writable")
     _check_parent(path, what)
+
+
+def check_replaceable(path: str | os.PathLike, what: str) -> None:
+    """Nothing at ``path`` that a file written beside it and renamed over it would destroy: a directory,
+    a device, a pipe or a socket (`-o /dev/null`, run as root, had replaced the machine's); ConfigError.
+    The writers check this much themselves; :func:`check_file` also probes the permissions, once, before
+    a command starts."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{what} {path} is a directory; give a file name")
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"{what} {path} is not a regular file (a device, pipe or socket); give a file name")
 
 
 def check_dir(path: str | os.PathLike, what: str) -> None:

@@ -236,9 +236,9 @@ def shape_problems(name: str, pp: int, microbatches: int, virtual_stages: int = 
             out.append("interleaved needs virtual_stages >= 2 (with one chunk per rank it is 1f1b)")
         rounds = max(1, microbatches // pp)
         if microbatches % rounds:
-            near = range(max(1, microbatches - pp), microbatches + pp + 1)
-            fits = [k for k in (near if sequences is None else range(1, sequences + 1))
-                    if k % max(1, k // pp) == 0 and (sequences is None or sequences % k == 0)]
+            candidates = (range(max(1, microbatches - pp), microbatches + pp + 1) if sequences is None
+                          else [k for k in range(1, sequences + 1) if sequences % k == 0])
+            fits = [k for k in candidates if k % max(1, k // pp) == 0]
             out.append(f"interleaved runs the microbatches in max(1, m // stages) = {rounds} equal rounds: "
                        f"{microbatches} % {rounds} != 0; microbatch counts that fit: {fits}")
     elif name in V_SHAPED:

@@ -38,7 +38,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from paralab.config import finite_number, first_difference
-from paralab.outputs import check_file
+from paralab.outputs import check_replaceable
 from paralab.text import count_text, numbered
 
 COMPUTE, COMM, STEP, EVENT = "compute", "comm", "step", "event"
@@ -358,7 +358,8 @@ class Trace:
 
     def _chrome_events(self):
         tids = _chrome_threads(self.spans)
-        threads = {(rank, i) for rank in self.ranks for i in range(len(LANES))} | set(tids.values())
+        threads = ({(rank, i) for rank in self.ranks for i in range(len(LANES))}
+                   | {(s.rank, tids[id(s)]) for s in self.spans})
         for rank in self.ranks:
             yield {"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}}
         for rank, tid in sorted(threads):
@@ -367,7 +368,7 @@ class Trace:
                    "args": {"name": LANES[lane] + (f" {row + 1}" if row else "")}}
         for s in self.spans:
             args = {k: v for k, v in _fields_of(s).items() if v is not None}
-            yield {"ph": "X", "name": s.name or s.kind, "cat": s.kind, "pid": s.rank, "tid": tids[id(s)][1],
+            yield {"ph": "X", "name": s.name or s.kind, "cat": s.kind, "pid": s.rank, "tid": tids[id(s)],
                    "ts": s.start * 1e6, "dur": max(s.duration, 0.0) * 1e6, "args": args}
         for c in self.counters:
             yield {"ph": "C", "name": c.name, "pid": c.rank, "ts": c.t * 1e6, "args": {c.name: c.value}}
@@ -866,15 +867,23 @@ def _check_one_run(folder: Path, files: list[Path], traces: list[Trace]) -> None
 CHROME_ROWS_APART = 100
 
 
-def _chrome_threads(spans: list[Span]) -> dict[int, tuple[int, int]]:
-    """id(span) -> (rank, tid): each span on its lane's first row whose spans all ended by its start."""
+def _chrome_threads(spans: list[Span]) -> dict[int, int]:
+    """id(span) -> tid in its rank's process: its lane's, CHROME_ROWS_APART further for each row down."""
+    rows = rows_in_flight(spans)
+    return {id(s): LANES.index(s.lane) + CHROME_ROWS_APART * rows[id(s)] for s in spans}
+
+
+def rows_in_flight(spans: list[Span]) -> dict[int, int]:
+    """id(span) -> its row among the spans of its rank and lane that run at the same time (calls in flight
+    together): the first row whose spans all ended by its start, 0 for a span nothing overlaps. The
+    Chrome export's threads and the timeline's sub-rows."""
     ends: dict[tuple[int, str], list[float]] = defaultdict(list)  # each row's last span's end
     out = {}
     for s in sorted(spans, key=lambda s: (s.start, s.end)):
-        rows = ends[s.rank, s.lane]
-        row = next((k for k, end in enumerate(rows) if end <= s.start), len(rows))
-        rows[row:row + 1] = [s.end]
-        out[id(s)] = (s.rank, LANES.index(s.lane) + CHROME_ROWS_APART * row)
+        taken = ends[s.rank, s.lane]
+        row = next((k for k, end in enumerate(taken) if end <= s.start), len(taken))
+        taken[row:row + 1] = [s.end]
+        out[id(s)] = row
     return out
 
 
@@ -884,7 +893,7 @@ def _write_json(path: str | Path, head: dict, **arrays) -> Path:
     temporary file beside it, then renamed over it: an interrupt (Ctrl-C, an error) leaves the file
     that was there, never half a trace, and no temporary file. A symbolic link's target is written,
     the link kept; a path that is no regular file (a device, a pipe) is refused, not replaced."""
-    check_file(path, "output")
+    check_replaceable(path, "output")
     path, target = Path(path), Path(path).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial")

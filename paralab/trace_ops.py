@@ -160,12 +160,15 @@ def _without_calls(e: Event, kind: str, running):
     :class:`_Executions`), the thread was blocked on it and that stays a gap: a synchronous all-gather
     of FSDP2's returns its c10d op once queued and then waits 55 ms inside a backward node."""
     t = e.start
-    for call in _calls_within(e) if kind != _CALL else []:
+    calls = _calls_within(e) if kind != _CALL else []
+    starts = sorted(c.start for c in _descendants(e)) if calls else []  # once a region, not once a call
+    for call in calls:
         if call.start > t:
             yield t, call.start, kind, e.name, 0
         yield call.start, call.end, _CALL, call.name, 0
         t = max(t, call.end)
-        resumed = min((c.start for c in _descendants(e) if c.start >= t), default=e.end)
+        later = bisect.bisect_left(starts, t)
+        resumed = starts[later] if later < len(starts) else e.end  # the first operator after the call
         blocked_until = min(resumed, running(t, resumed))
         if blocked_until - t > HOST_GAP_S + EPS_S:
             t = blocked_until

@@ -146,9 +146,10 @@ def measured_memory(rank_results: list[dict]) -> dict:
 
 
 def measured_run_meta(cfg: RunConfig, layout: Layout, rank_results: list[dict]) -> dict:
-    """:func:`run_meta` with what the run measured, every rank's results in rank order: its losses and each
-    rank's memory travel with the trace, so that `paralab report` of a saved trace (a --trace, or a
-    torchrun's --trace-dir, whose rank 0 holds them) draws them as a --report of the run does."""
+    """:func:`run_meta` with what the run measured, from every rank's results: its losses and each rank's
+    memory (in rank order) travel with the trace, so that `paralab report` of a saved trace (a --trace, or
+    a torchrun's --trace-dir, whose rank 0 holds them) draws them as a --report of the run does."""
+    rank_results = sorted(rank_results, key=lambda r: r["rank"])
     return {**run_meta(cfg, layout), **measured_memory(rank_results), "losses": combine_losses(rank_results)}
 
 

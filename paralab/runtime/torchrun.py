@@ -106,8 +106,7 @@ def run_under_torchrun(cfg: RunConfig, trace_dir: str | None = None) -> RunResul
         raise
     if trace_dir:  # each rank's file describes the run, so `paralab merge/report DIR` can read any of them
         rank_trace = Trace.from_dict(trace)  # and rank 0's, which a merge keeps, what every rank measured
-        rank_trace.meta.update(measured_run_meta(cfg, layout, sorted((res for res, _ in everyone),
-                                                                     key=lambda r: r["rank"]))
+        rank_trace.meta.update(measured_run_meta(cfg, layout, [res for res, _ in everyone])
                                if everyone else run_meta(cfg, layout))
         rank_trace.save(Path(trace_dir) / rank_trace_name(rank))
     if rank != 0:

@@ -88,10 +88,13 @@ def _records_of_samples(trace: Trace) -> list[dict]:
     samples = sorted((c for c in trace.counters if c.name == "step_time_s" and math.isfinite(c.value)),
                      key=lambda c: c.t)
     steps: list[list] = []
+    ranks: set[int] = set()  # those of the step being read
     for c in samples:
-        if not steps or c.rank in {s.rank for s in steps[-1]}:
+        if not steps or c.rank in ranks:
             steps.append([])
+            ranks = set()
         steps[-1].append(c)
+        ranks.add(c.rank)
     records = [{"step": k, "generation": "", "world_size": len(step),
                 "start": step[-1].t - max(c.value for c in step), "end": step[-1].t, "samples": None,
                 "compute_s": None, "final": True} for k, step in enumerate(steps)]

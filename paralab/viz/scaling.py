@@ -58,17 +58,21 @@ def checked_point(point: dict) -> dict:
     world, step = point["world_size"], point["step_time_s"]
     if isinstance(world, str) and world.isdigit():  # a mapping read back from JSON keys its sizes so
         world = int(world)
-    # numpy's numbers as Python's (np.int64(8), from an array, is no int to finite_number)
-    if isinstance(world, numbers.Integral) and not isinstance(world, bool):
-        world = int(world)
-    if isinstance(step, numbers.Real) and not isinstance(step, bool):
-        step = float(step)
+    world, step = _as_python(world), _as_python(step)
     if not (finite_number(world) and world == int(world) and world >= 1):
         raise ValueError(f"a run's world size must be a whole number >= 1, got {world!r}")
     if not (finite_number(step) and step > 0):
         raise ValueError(f"the run at world size {world} needs a step time of a number of seconds > 0, "
                          f"got {step!r}")
     return dict(point, world_size=int(world), step_time_s=float(step))
+
+
+def _as_python(value):
+    """A number as Python's (numpy's np.int64(8), from an array, is no int to finite_number); anything
+    else, a bool included, as given."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return int(value) if isinstance(value, numbers.Integral) else float(value)
+    return value
 
 
 def speedups(points: list[dict]) -> list[float]:

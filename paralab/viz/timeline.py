@@ -31,7 +31,17 @@ from collections import defaultdict
 from functools import lru_cache
 
 from paralab.schedules import PASS_LETTERS, pass_label
-from paralab.trace import COMM, COMPUTE, EVENT, Span, Trace, past_warm_up, pipelined, typical_step_time
+from paralab.trace import (
+    COMM,
+    COMPUTE,
+    EVENT,
+    Span,
+    Trace,
+    past_warm_up,
+    pipelined,
+    rows_in_flight,
+    typical_step_time,
+)
 from paralab.viz._common import (
     BLOCKED,
     BLOCKED_LABEL,
@@ -156,26 +166,26 @@ def call_slots(spans: list[Span], waits: dict[int, Span] | None = None) -> dict[
     calls is laid out on as few sub-rows of the comm row as keep them apart, a call on the first free
     one. A call alone has the whole row, (0, 1). A call's drawn wait (``waits``: id(call) -> its
     :func:`waiting_spans` span) shares its sub-row."""
+    calls = [s for s in spans if s.lane == COMM]
+    slot = rows_in_flight(calls)  # a run's first call, with nothing in flight, on row 0
     by_rank: dict[int, list[Span]] = defaultdict(list)
-    for s in spans:
-        if s.lane == COMM:
-            by_rank[s.rank].append(s)
+    for s in calls:
+        by_rank[s.rank].append(s)
     out: dict[int, tuple[int, int]] = {}
 
-    def lay_out(run: list[tuple[Span, int]], rows: int) -> None:
-        out.update({id(call): (slot, rows) for call, slot in run})
+    def lay_out(run: list[Span]) -> None:
+        rows = 1 + max((slot[id(call)] for call in run), default=0)
+        out.update({id(call): (slot[id(call)], rows) for call in run})
 
-    for calls in by_rank.values():
-        run, ends, reach = [], [], -math.inf  # ends: each sub-row's last call's end
-        for call in sorted(calls, key=lambda c: (c.start, c.end)):
+    for mine in by_rank.values():
+        run, reach = [], -math.inf
+        for call in sorted(mine, key=lambda c: (c.start, c.end)):
             if call.start >= reach:  # nothing in flight: a new run
-                lay_out(run, len(ends))
-                run, ends, reach = [], [], call.end
-            slot = next((k for k, end in enumerate(ends) if end <= call.start), len(ends))
-            ends[slot:slot + 1] = [call.end]
-            run.append((call, slot))
+                lay_out(run)
+                run, reach = [], call.end
+            run.append(call)
             reach = max(reach, call.end)
-        lay_out(run, len(ends))
+        lay_out(run)
     out.update({id(wait): out[call] for call, wait in (waits or {}).items() if call in out})
     return out
 
