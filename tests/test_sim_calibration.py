@@ -6,6 +6,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import subprocess
+import sys
+import time
 import warnings
 
 import pytest
@@ -133,6 +136,8 @@ def test_local_calibration_measures_every_rate_and_is_cached(tmp_path, monkeypat
     supported = precision.dtype_supported
     monkeypatch.setattr(precision, "dtype_supported", lambda dtype, device: dtype != "fp16"
                         and supported(dtype, device))
+    # the fits are checked here, not this machine's load (the spinner test checks that it is seen)
+    monkeypatch.setattr(calibration, "OTHERS_CPU_LIMIT", math.inf)
     hw = local(matmul_size=128, gloo=False)
     # every fitted rate is the fit of what was measured, recorded with it
     assert (hw.elementwise_bw, hw.elementwise_backward_bw) == calibration.fit_elementwise_bandwidths(
@@ -174,9 +179,11 @@ def _quiet_calibration():
     return dataclasses.replace(hardware.get_hardware("a100"), elementwise_bw=5e9, elementwise_backward_bw=4e9)
 
 
-# what a busy machine does to a calibration: small matmuls far slower than any law explains, or the
-# GEMMs, timed apart and slower, outlast the blocks that contain them (no non-GEMM time left to fit)
-DISTURBANCES = {"small matmuls": {"matmul_half_dim": calibration.DISTURBED_HALF_DIM},
+# what a busy machine does to a calibration: other processes take the cores' time, small matmuls far
+# slower than any law explains, or the GEMMs, timed apart and slower, outlast the blocks that contain
+# them (no non-GEMM time left to fit)
+DISTURBANCES = {"other processes": {"calibration": {"others_cpu_share": 2 * calibration.OTHERS_CPU_LIMIT}},
+                "small matmuls": {"matmul_half_dim": calibration.DISTURBED_HALF_DIM},
                 "non-GEMM forward": {"elementwise_bw": 0.0},
                 "non-GEMM backward": {"elementwise_backward_bw": 0.0}}
 
@@ -215,6 +222,30 @@ def test_a_busy_machine_disturbs_the_matmul_law():
     busy = [[m, n, k, max(t, 2.5e-3)] for m, n, k, t in quiet]  # every call waits ~2.5 ms for a core
     assert calibration.matmul_law(rows=quiet)[1] == pytest.approx(32, rel=0.2)
     assert calibration.matmul_law(rows=busy)[1] >= calibration.DISTURBED_HALF_DIM
+
+
+def test_a_process_spinning_beside_a_calibration_is_seen_taking_the_cores(tmp_path):
+    """Another process (not this one's child: its own session, as another user's job) that keeps a
+    core busy while the calibration measures is seen using that core's share of the time; under a load
+    of 5 on two cores a calibration had passed every check and been cached, 60 times off."""
+    import psutil
+
+    spin = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"
+    quiet = "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL"  # else the launcher's pipes stay open
+    launcher = subprocess.run([sys.executable, "-c", "import subprocess, sys; print(subprocess.Popen("
+                               f"[sys.executable, '-c', {spin!r}], start_new_session=True, {quiet}).pid)"],
+                              capture_output=True, text=True, timeout=30, check=True)
+    spinner = psutil.Process(int(launcher.stdout))
+    try:
+        assert spinner.pid not in {c.pid for c in psutil.Process().children(recursive=True)}
+        time.sleep(0.3)  # started: its interpreter's own start-up is not the window's
+        before = calibration.others_cpu()
+        time.sleep(1.0)
+        share = calibration.others_cpu_share(before, calibration.others_cpu(), cores=1)
+    finally:
+        spinner.kill()
+        spinner.wait(timeout=10)
+    assert share > calibration.OTHERS_CPU_LIMIT  # about one core of one, less what others left it
 
 
 @pytest.mark.parametrize("disturbance", DISTURBANCES)

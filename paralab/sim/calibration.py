@@ -124,6 +124,35 @@ MAX_HALF_DIM = 1024  # the largest d_half the fit tries
 # A fitted d_half this large says the lab's 64-256-wide matmuls ran at under a thirtieth of a large
 # one's rate: no CPU does that; their calls were waiting for cores other work held (a busy machine)
 DISTURBED_HALF_DIM = 256
+# The share of the usable cores' time that other processes may take while a calibration measures: as
+# much again would slow what it times by about that much, and the model aims at 10-20% (a calibration
+# taken under a load of 5 on two cores had read a layer's host time 60 times too long and passed)
+OTHERS_CPU_LIMIT = 0.1
+
+
+def others_cpu() -> tuple[float, dict[tuple[int, float], float]]:
+    """(now, CPU seconds of each process this one sees that is neither it nor its descendant, keyed by
+    pid and start time): two readings, around a calibration, give :func:`others_cpu_share`. Processes,
+    not the machine's CPU counters: in a container those count the whole host, whose other tenants do
+    not hold this container's cores."""
+    import psutil
+
+    me = psutil.Process()
+    ours = {me.pid, *(child.pid for child in me.children(recursive=True))}
+    seconds = {}
+    for proc in psutil.process_iter(["pid", "create_time", "cpu_times"]):
+        info = proc.info
+        if info["pid"] not in ours and info["cpu_times"] is not None:  # None: not ours to read
+            seconds[info["pid"], info["create_time"]] = info["cpu_times"].user + info["cpu_times"].system
+    return time.monotonic(), seconds
+
+
+def others_cpu_share(before, after, cores: int) -> float:
+    """The share of ``cores``' time between two :func:`others_cpu` readings that other processes used
+    (those that started in between from their start; those that ended in between are not seen)."""
+    (start, was), (end, now) = before, after
+    used = sum(max(cpu - was.get(key, 0.0), 0.0) for key, cpu in now.items())
+    return used / max((end - start) * cores, 1e-9)
 
 
 def matmul_law(shapes=MODEL_SHAPES, rows=None) -> tuple[float, float, list]:

@@ -355,26 +355,31 @@ def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True,
     spec = calibrate(matmul_size=matmul_size, gloo=gloo, threads=threads)
     if _disturbed(spec):  # often a moment's load: measure once more
         spec = calibrate(matmul_size=matmul_size, gloo=gloo, threads=threads)
-    if _disturbed(spec):
-        warnings.warn("the calibration was disturbed twice: small matmuls ran far slower than any matmul "
-                      "law explains, or a block's GEMMs alone outlasted the block (the machine was busy?); "
-                      "it is used for now, not cached, and measured again next time", RuntimeWarning,
-                      stacklevel=2)
+    if why := _disturbed(spec):
+        warnings.warn(f"the calibration was disturbed twice ({why}: the machine was busy?); it is used "
+                      "for now, not cached, and measured again next time", RuntimeWarning, stacklevel=2)
         return spec
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(spec.to_dict(), indent=1))
     return spec
 
 
-def _disturbed(spec: HardwareSpec) -> bool:
-    """A calibration taken while other work held the cores: its small matmuls ran far slower than any
-    matmul law explains, or the GEMMs timed apart ran so much slower than the blocks that contain them
-    that the blocks' non-GEMM work fitted no time at all (a rate of 0; a real CPU moves those bytes at
-    a finite rate)."""
-    from paralab.sim.calibration import DISTURBED_HALF_DIM  # not at import: its workers run it as __main__
+def _disturbed(spec: HardwareSpec) -> str:
+    """Why a calibration was taken while other work held the cores ("" when it was not): other
+    processes used more than OTHERS_CPU_LIMIT of the cores' time while it measured, its small matmuls
+    ran far slower than any matmul law explains, or the GEMMs timed apart ran so much slower than the
+    blocks that contain them that the blocks' non-GEMM work fitted no time at all (a rate of 0; a real
+    CPU moves those bytes at a finite rate)."""
+    # not at import: its workers run it as __main__
+    from paralab.sim.calibration import DISTURBED_HALF_DIM, OTHERS_CPU_LIMIT
 
-    return (spec.matmul_half_dim >= DISTURBED_HALF_DIM
-            or not (spec.elementwise_bw > 0 and spec.elementwise_backward_bw > 0))
+    if (others := spec.calibration.get("others_cpu_share", 0.0)) > OTHERS_CPU_LIMIT:
+        return f"other processes used {others:.0%} of the cores' time while it measured"
+    if spec.matmul_half_dim >= DISTURBED_HALF_DIM:
+        return "small matmuls ran far slower than any matmul law explains"
+    if not (spec.elementwise_bw > 0 and spec.elementwise_backward_bw > 0):
+        return "a block's GEMMs alone outlasted the block"
+    return ""
 
 
 def _cached_spec(path: Path) -> HardwareSpec | None:
@@ -406,12 +411,13 @@ def calibrate(matmul_size: int = 1024, gloo: bool = True, threads: int | None = 
     """
     import torch
 
+    from paralab.runtime.worker import usable_cores
     from paralab.sim import calibration as bench
 
+    others_before = bench.others_cpu()
     n = matmul_size
     shapes = (*bench.MODEL_SHAPES, (n, n, n))
     curves = {"allreduce": [], "allgather": [], "reducescatter": [], "p2p": []}
-    from paralab.runtime.worker import usable_cores
 
     # ranks measure side by side, as they will run, when they fit on the cores: a k-thread rank that
     # has no room beside another is a run's only rank (one rank takes every core), and timing two of
@@ -427,6 +433,7 @@ def calibrate(matmul_size: int = 1024, gloo: bool = True, threads: int | None = 
             torch.set_num_threads(before)
         if gloo:
             curves = bench.gloo_curves()
+    others = bench.others_cpu_share(others_before, bench.others_cpu(), usable_cores())
     links = bench.link_summary(curves) if curves["allreduce"] else {"latency": 20e-6, "bw": 1e9}
     rate, half, rows = bench.matmul_law(rows=figures["matmul_rows"])
     host = figures["host"]
@@ -459,7 +466,8 @@ def calibrate(matmul_size: int = 1024, gloo: bool = True, threads: int | None = 
         calibration={"version": CALIBRATION_VERSION, "threads": threads, "matmul_s": [list(r) for r in rows],
                      "low_precision_matmul_s": {dtype: [list(r) for r in low]
                                                 for dtype, low in figures["low_precision_rows"].items()},
-                     "blocks": figures["blocks"], "adam_1m_s": figures["adam_1m"], "gloo": gloo},
+                     "blocks": figures["blocks"], "adam_1m_s": figures["adam_1m"], "gloo": gloo,
+                     "others_cpu_share": others},
     )
     # the blocks ran as one rank's (with every core when ``threads`` is None): fit them as such
     one_rank = dataclasses.replace(spec, shared_compute=False)
