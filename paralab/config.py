@@ -21,6 +21,7 @@ class ConfigError(ValueError):
 
 
 CORPUS_SAMPLES = 65536  # sequences in the synthetic corpus (paralab.data), which a global batch draws from
+MAX_RANKS = 2**24  # beyond any cluster: a run's world size, the ranks a trace names (figures are per rank)
 # the type of a field that names a file or a directory (None: not asked for); check_field_kinds reads it
 PathOption = str | os.PathLike | None
 
@@ -321,7 +322,7 @@ class RunConfig(TrainingConfig):
         super().validate()
         if not isinstance(self.strategy, str):
             raise ConfigError(f"strategy must be a name, got {self.strategy!r}")
-        check_int("world size", self.world_size, low=1)
+        check_int("world size", self.world_size, low=1, high=MAX_RANKS)
         for name in ("dp", "tp", "pp", "cp", "ep", "zero"):
             check_int(name, getattr(self, name), low=0)  # 0: not asked for
         for name in ("microbatches", "virtual_stages", "nodes"):

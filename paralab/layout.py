@@ -41,7 +41,7 @@ import math
 from dataclasses import dataclass
 from functools import cached_property
 
-from paralab.config import CP_MODES, CP_SPLITS, ConfigError, RunConfig
+from paralab.config import CORPUS_SAMPLES, CP_MODES, CP_SPLITS, ConfigError, RunConfig
 from paralab.schedules import DEFAULT_SCHEDULE, chunks_per_rank, shape_problems
 from paralab.strategies.registry import (
     CONTEXT_OPTIONS,
@@ -366,9 +366,17 @@ def _expert_degree(cfg: RunConfig, strategy: Strategy, degrees: dict[str, int]) 
 
 
 def _factorisations(n: int, parts: int) -> list[tuple[int, ...]]:
+    """Every way to write ``n`` as an ordered product of ``parts`` degrees."""
     if parts == 1:
         return [(n,)]
-    return [(d, *rest) for d in range(1, n + 1) if n % d == 0 for rest in _factorisations(n // d, parts - 1)]
+    return [(d, *rest) for d in _divisors(n) for rest in _factorisations(n // d, parts - 1)]
+
+
+def _divisors(n: int) -> list[int]:
+    """``n``'s divisors in order, found up to its square root (a walk to ``n`` had kept a refusal of
+    10**9 + 7 ranks busy for minutes)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def _pipeline_shape(cfg: RunConfig, strategy: Strategy, pp: int, dp: int) -> tuple[str, int, int]:
@@ -401,14 +409,15 @@ def _check_batch_split(batch: int, dp: int, microbatches: int, runs=lambda m: Tr
         raise ConfigError(f"microbatches must be >= 1, got {microbatches}")
     if batch % (dp * microbatches) == 0:
         return
-    if microbatches == 1:
-        fits = list(range(dp, 4 * dp + 1, dp))
-        raise ConfigError(f"global batch {batch} is not divisible by the {dp} data-parallel ranks; "
-                          f"global batches that fit: {fits}")
     if dp == 1:
-        fits = [d for d in range(1, batch + 1) if batch % d == 0 and runs(d)]
+        fits = [d for d in _divisors(batch) if runs(d)]
         raise ConfigError(f"global batch {batch} is not divisible by {microbatches} microbatches; "
                           f"microbatch counts that fit: {fits}")
+    split = (f"is not divisible by the {dp} data-parallel ranks" if microbatches == 1
+             else f"does not split into dp={dp} replicas x {microbatches} microbatches")
     step = dp * microbatches
-    raise ConfigError(f"global batch {batch} does not split into dp={dp} replicas x {microbatches} "
-                      f"microbatches; global batches that fit: {list(range(step, 4 * step + 1, step))}")
+    if step > CORPUS_SAMPLES:  # the batches that fit would be refused in turn
+        raise ConfigError(f"global batch {batch} {split}: that needs a batch of at least {step:,} sequences, "
+                          f"more than the corpus holds ({CORPUS_SAMPLES:,}); use fewer ranks")
+    fits = [b for b in range(step, 4 * step + 1, step) if b <= CORPUS_SAMPLES]
+    raise ConfigError(f"global batch {batch} {split}; global batches that fit: {fits}")

@@ -37,14 +37,13 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
-from paralab.config import finite_number, first_difference
+from paralab.config import MAX_RANKS, finite_number, first_difference
 from paralab.outputs import check_replaceable
 from paralab.text import count_text, numbered
 
 COMPUTE, COMM, STEP, EVENT = "compute", "comm", "step", "event"
 GZIP_MAGIC = b"\x1f\x8b"
 TORCH_PROFILE_HINT = "(a torch.profiler trace?): `paralab import` reads those"
-MAX_RANKS = 2**24  # beyond any cluster; a loaded trace's ranks are below it (its figures are per rank)
 LANES = (COMPUTE, COMM, STEP, EVENT)
 FORMAT_VERSION = 1
 # the summary's figures that only compute and communication spans hold: a run that did not record them

@@ -36,6 +36,15 @@ def no_process_may_start(monkeypatch):
     [
         (dict(strategy="ddp", world_size=0), "world size must be"),
         (dict(strategy="ddp", world_size=3, global_batch=8), "not divisible by the 3 data-parallel ranks"),
+        # a world beyond any cluster, refused at once: a hybrid refusal of 10**9 + 7 ranks had listed the
+        # layouts that fit by walking every number up to it, for minutes
+        (dict(strategy="hybrid", world_size=10**9 + 7, tp=2), "world size must be <= 16,777,216"),
+        (dict(strategy="hybrid", world_size=2**24 - 3, tp=2),  # prime: no layout of tp=2 fits it
+         r"dp x tp x pp that fit 16777213 ranks: 1x1x16777213, 1x16777213x1, 16777213x1x1$"),
+        # the batches offered are ones the corpus holds (each had been refused in turn)
+        (dict(strategy="ddp", world_size=10**5), "at least 100,000 sequences, more than the corpus holds"),
+        (dict(strategy="ddp", world_size=2**14 + 1, global_batch=8),
+         r"global batches that fit: \[16385, 32770, 49155\]$"),
         (dict(strategy="nope", world_size=1), "unknown strategy"),
         (dict(strategy="ddp", world_size=1, model="huge"), "unknown model preset"),
         (dict(strategy="ddp", world_size=1, model={"hidden": 30, "heads": 4}), "not divisible by heads"),
