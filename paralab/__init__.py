@@ -27,14 +27,17 @@ def run(strategy: str = "ddp", world_size: int = 1, steps: int = 5, model="tiny"
     options are RunConfig fields (global_batch, seed, device, bucket_mb, pp, schedule, ...). A config
     that cannot work raises ConfigError before any process starts; a failing rank raises RunError.
     """
-    from paralab.outputs import check_file
+    from paralab.outputs import check_outputs
     from paralab.runtime.launch import launch
 
     cfg = RunConfig.build(model, strategy=strategy, world_size=world_size, steps=steps, **options)
-    if trace_path:  # before the run: a directory or a number given here had been refused once it had trained
-        if not isinstance(trace_path, str | os.PathLike):
-            raise ConfigError(f"trace_path must be a file's path, got {trace_path!r}")
-        check_file(trace_path, "trace_path")
+    # before the run: a directory or a number given as trace_path had been refused once it had trained,
+    # and a file given as profile_dir by every rank once it had started
+    if trace_path and not isinstance(trace_path, str | os.PathLike):
+        raise ConfigError(f"trace_path must be a file's path, got {trace_path!r}")
+    if progress is not None and not callable(progress):  # it had raised from the launcher's watch loop
+        raise ConfigError(f"progress must be a function of (step, steps), got {progress!r}")
+    check_outputs(files=[("trace_path", trace_path)], dirs=[("profile_dir", cfg.profile_dir)])
     result = launch(cfg, progress=progress)
     if trace_path:
         result.save_trace(trace_path)

@@ -76,16 +76,23 @@ def _check_parent(path: Path, what: str) -> None:
 def check_run_outputs(args) -> None:
     """``paralab run``'s --trace, --report (files), --trace-dir and --profile (directories): each
     writable, each its own, and no --trace inside the --trace-dir."""
-    files = [(flag, path) for flag, path in (("--trace", args.trace), ("--report", args.report)) if path]
-    dirs = [(flag, path) for flag, path in (("--trace-dir", args.trace_dir), ("--profile", args.profile))
-            if path]
-    for flag, path in files:
-        check_file(path, flag)
-    for flag, path in dirs:
-        check_dir(path, flag)
-    check_distinct(files + dirs)
+    check_outputs(files=[("--trace", args.trace), ("--report", args.report)],
+                  dirs=[("--trace-dir", args.trace_dir), ("--profile", args.profile)])
     if args.trace_dir:
-        check_trace_dir(args.trace_dir, files)
+        check_trace_dir(args.trace_dir, [(flag, path) for flag, path in (("--trace", args.trace),
+                                                                        ("--report", args.report)) if path])
+
+
+def check_outputs(files: list[tuple[str, str | None]], dirs: list[tuple[str, str | None]]) -> None:
+    """Each (name, path) given (None: not asked for) writable as a file or as a directory, and each
+    its own path: what a run writes, checked before it starts (``paralab run`` and ``paralab.run``)."""
+    files = [(name, path) for name, path in files if path]
+    dirs = [(name, path) for name, path in dirs if path]
+    for name, path in files:
+        check_file(path, name)
+    for name, path in dirs:
+        check_dir(path, name)
+    check_distinct(files + dirs)
 
 
 def check_distinct(outputs: list[tuple[str, str]]) -> None:

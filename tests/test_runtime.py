@@ -59,6 +59,23 @@ def test_bad_configs_fail_before_any_process(no_process_may_start, kwargs, messa
         paralab.run(**kwargs)
 
 
+def test_outputs_and_progress_are_checked_before_any_process(no_process_may_start, tmp_path):
+    """What paralab.run writes and calls is checked as ``paralab run`` checks it: a profile_dir that is
+    a file had been found by every rank once it had started (a RunError after seconds), a progress that
+    is no function by the launcher's watch once the ranks ran, and trace_path and profile_dir naming
+    one path not at all."""
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("")
+    for options, message in [
+        (dict(profile_dir=str(a_file)), "profile_dir .*notes.txt exists and is not a directory"),
+        (dict(progress=3), r"progress must be a function of \(step, steps\), got 3"),
+        (dict(trace_path=str(tmp_path / "out"), profile_dir=str(tmp_path / "out")),
+         "trace_path and profile_dir both name"),
+    ]:
+        with pytest.raises(paralab.ConfigError, match=message):
+            paralab.run("single", 1, steps=1, **options)
+
+
 def test_a_raising_rank_is_named_promptly(no_leftover_ranks):
     with pytest.raises(paralab.RunError) as info:
         paralab.run("ddp", 3, steps=5, global_batch=12, fault={"rank": 2, "step": 2})
