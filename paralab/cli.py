@@ -34,7 +34,17 @@ from paralab.cli_args import (
     json_text,
     said_as_flags,
 )
-from paralab.config import CP_MODES, CP_SPLITS, MODEL_PRESETS, ConfigError, RunConfig, check_int, custom_from
+from paralab.config import (
+    CP_MODES,
+    CP_SPLITS,
+    DENSE_ROUTING,
+    MODEL_PRESETS,
+    ConfigError,
+    RunConfig,
+    check_int,
+    custom_from,
+    routing_without_experts,
+)
 from paralab.schedules import SCHEDULES, V_SHAPED
 from paralab.text import count_text
 from paralab.trace import not_measured
@@ -115,6 +125,8 @@ def config_from_args(args) -> RunConfig:
     experts = {k: v for k, v in (("experts", args.experts), ("top_k", args.top_k),
                                  ("capacity_factor", args.capacity_factor)) if v is not None}
     preset = MODEL_PRESETS[cfg.model_name]
+    if args.experts == 0:  # a preset's experts taken away take its routing with them (tiny-moe's top-2)
+        cfg.model = dataclasses.replace(cfg.model, **DENSE_ROUTING)
     cfg.model = dataclasses.replace(cfg.model, **experts)
     refuse_run_flags_without_effect(args, cfg)  # in the preset's name: "model tiny-moe with --experts 0"
     if any(getattr(cfg.model, k) != getattr(preset, k) for k in experts):  # "model tiny" had named an MoE
@@ -137,10 +149,7 @@ def refuse_run_flags_without_effect(args, cfg: RunConfig) -> None:
         for flag in ("top_k", "capacity_factor"):
             if getattr(args, flag) is not None:
                 dense = f"model {cfg.model_name}" + (" with --experts 0" if args.experts == 0 else "")
-                moe = ", ".join(name for name, m in MODEL_PRESETS.items() if m.experts)
-                raise ConfigError(f"--{flag.replace('_', '-')} has no effect: {dense} is dense, with no "
-                                  f"experts to route tokens to; it applies to a mixture of experts: --model "
-                                  f"{moe}, or --experts N")
+                raise ConfigError(routing_without_experts(f"--{flag.replace('_', '-')}", dense))
 
 
 def refuse_a_bucket_cap_of_one_replica(args, cfg: RunConfig) -> None:

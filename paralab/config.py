@@ -75,6 +75,9 @@ class ModelConfig:
             raise ConfigError(f"attention must be one of {ATTENTION_KERNELS}, got {self.attention!r}")
         if self.experts:
             self._validate_experts()
+        elif routing := [f"{name}={getattr(self, name)!r}" for name, unset in DENSE_ROUTING.items()
+                         if getattr(self, name) != unset]:
+            raise ConfigError(routing_without_experts(routing[0], "the model"))
 
     def _validate_experts(self) -> None:
         check_int("model experts", self.experts, low=0)
@@ -104,6 +107,18 @@ class ModelConfig:
             + mlp
         )
         return v * h + s * h + layer_count * per_block + 2 * h + h * v + v
+
+
+# a mixture of experts' routing fields as a dense model leaves them: set otherwise on a dense model,
+# one changes nothing, and whoever set it believes it changed something
+DENSE_ROUTING = {"top_k": 1, "capacity_factor": None, "shared_expert": False}
+
+
+def routing_without_experts(what: str, dense: str) -> str:
+    """Why ``what`` (a routing option, as given) is refused on the ``dense`` model."""
+    moe = ", ".join(name for name, m in MODEL_PRESETS.items() if m.experts)
+    return (f"{what} has no effect: {dense} is dense, with no experts to route tokens to; it applies to a "
+            f"mixture of experts: model {moe}, or one given experts")
 
 
 MODEL_PRESETS: dict[str, ModelConfig] = {

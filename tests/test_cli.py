@@ -164,7 +164,7 @@ def nothing_starts(monkeypatch):
     (["elastic", "--nnodes", "1:2", "--loss-scale", "1024"], "--loss-scale has no effect at dtype fp32"),
     # a dense model routes no tokens
     (["run", "--top-k", "2"], "--top-k has no effect: model tiny is dense, with no experts to route tokens "
-                              "to; it applies to a mixture of experts: --model tiny-moe, small-moe"),
+                              "to; it applies to a mixture of experts: model tiny-moe, small-moe"),
     (["run", "--model", "tiny-moe", "--experts", "0", "--capacity-factor", "1.25"],
      "--capacity-factor has no effect: model tiny-moe with --experts 0 is dense"),
     # levers on one rank, which change nothing (each had run); a hierarchical all-reduce of one rank a

@@ -243,6 +243,15 @@ def test_a_preset_given_experts_by_the_cli_is_named_custom():
     assert named("--model", "tiny-moe", "--attention", "math") == "tiny-moe"  # the summary says attention
 
 
+@pytest.mark.parametrize("preset", ["tiny-moe", "small-moe"])
+def test_a_preset_whose_experts_the_cli_takes_away_is_a_dense_model(preset):
+    """`--experts 0` takes the preset's routing with its experts (tiny-moe's top-2, small-moe's capacity
+    and shared expert): left on the dense model, they would each be refused as having no effect."""
+    args = cli.build_parser().parse_args(["run", "--strategy", "ddp", "--model", preset, "--experts", "0"])
+    model = cli.config_from_args(args).validate().model
+    assert (model.experts, model.top_k, model.capacity_factor, model.shared_expert) == (0, 1, None, False)
+
+
 def test_cli_flags_override_the_preset():
     args = cli.build_parser().parse_args(["run", "--strategy", "ep", "--world-size", "2",
                                           "--model", "tiny-moe", "--top-k", "1", "--capacity-factor", "1.25",

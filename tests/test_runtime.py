@@ -43,6 +43,11 @@ def no_process_may_start(monkeypatch):
          r"dp x tp x pp that fit 16777213 ranks: 1x1x16777213, 1x16777213x1, 16777213x1x1$"),
         # the batches offered are ones the corpus holds (each had been refused in turn)
         (dict(strategy="ddp", world_size=10**5), "at least 100,000 sequences, more than the corpus holds"),
+        # a dense model's routing options change nothing (the command line had refused them; from Python
+        # they had run, ignored)
+        (dict(strategy="ddp", world_size=1, model={"top_k": 2}), "top_k=2 has no effect: the model is dense"),
+        (dict(strategy="ddp", world_size=1, model={"capacity_factor": 1.5, "shared_expert": True}),
+         "capacity_factor=1.5 has no effect"),
         (dict(strategy="ddp", world_size=2**14 + 1, global_batch=8),
          r"global batches that fit: \[16385, 32770, 49155\]$"),
         (dict(strategy="nope", world_size=1), "unknown strategy"),
