@@ -15,6 +15,8 @@ import os
 import typing
 from dataclasses import dataclass, field
 
+from paralab.stage_split import not_a_split
+
 
 class ConfigError(ValueError):
     """A configuration that cannot work. Raised before any process starts (CLI exit code 2)."""
@@ -222,6 +224,10 @@ class TrainingConfig:
         unknown = set(kwargs) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ConfigError(f"unknown run option(s): {sorted(unknown)}")
+        if "model_name" in kwargs:  # had raised TypeError: given twice
+            raise ConfigError(f"model_name is model's to say: a preset's name, or {CUSTOM_MODEL!r} for a "
+                              f"ModelConfig or a dict, whose shape no preset's name may claim; got "
+                              f"{kwargs['model_name']!r}")
         return cls(model=model_cfg, model_name=name, **kwargs)
 
     def to_dict(self) -> dict:
@@ -342,6 +348,8 @@ class RunConfig(TrainingConfig):
             check_int(name, getattr(self, name), low=0)  # 0: not asked for
         for name in ("microbatches", "virtual_stages", "nodes"):
             check_int(name, getattr(self, name), low=1)
+        if why := not_a_split(self.stage_layers):
+            raise ConfigError(why)
         check_positive("bucket size", self.bucket_mb, unit=" MiB")
         for name, choices in (("cp_mode", CP_MODES), ("cp_split", CP_SPLITS)):
             if getattr(self, name) not in ("", *choices):

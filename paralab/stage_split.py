@@ -22,6 +22,14 @@ def layers_per_stage(layers: int, num_stages: int,
     return [base + (1 if s < extra else 0) for s in range(num_stages)]
 
 
+def not_a_split(override) -> str:
+    """Why ``override`` (a stage_layers given) is no list of counts at all, '' when it is one (or None):
+    a number or a string had reached ``list()`` and raised, or been read character by character."""
+    if override is None or isinstance(override, list | tuple):
+        return ""
+    return f"stage_layers must be a list of layer counts, one per stage, got {override!r}"
+
+
 def split_problems(layers: int, num_stages: int, override=None) -> list[str]:
     """Why ``override`` cannot split ``layers`` blocks over ``num_stages`` stages (empty when it can),
     naming what is wrong and a split that works. The first and last stage may hold no block (the
@@ -31,6 +39,8 @@ def split_problems(layers: int, num_stages: int, override=None) -> list[str]:
         if num_stages > layers:
             return [f"{num_stages} stages but the model has only {layers} layers; every stage needs a layer"]
         return []
+    if why := not_a_split(override):
+        return [why]
     counts = list(override)
     least = [0 if s in (0, num_stages - 1) else 1 for s in range(num_stages)]
     whole = all(isinstance(c, int) and not isinstance(c, bool) for c in counts)

@@ -43,6 +43,13 @@ def no_process_may_start(monkeypatch):
          r"dp x tp x pp that fit 16777213 ranks: 1x1x16777213, 1x16777213x1, 16777213x1x1$"),
         # the batches offered are ones the corpus holds (each had been refused in turn)
         (dict(strategy="ddp", world_size=10**5), "at least 100,000 sequences, more than the corpus holds"),
+        # a model whose weights and gradients alone outgrow the machine (a rank had failed allocating 256 TB)
+        (dict(strategy="ddp", world_size=1, model={"vocab": 10**12}),
+         r"the model's 129,000,000,202,112 parameters need at least 961,124.9 GiB .* use a smaller model"),
+        # a stage split that is no list: a number had raised TypeError, a string been read char by char
+        (dict(strategy="pp", world_size=2, stage_layers=5), "stage_layers must be a list of layer counts"),
+        (dict(strategy="pp", world_size=2, stage_layers="2,2"), "one per stage, got '2,2'"),
+        (dict(strategy="ddp", world_size=1, model_name="tiny"), "model_name is model's to say"),
         # a dense model's routing options change nothing (the command line had refused them; from Python
         # they had run, ignored)
         (dict(strategy="ddp", world_size=1, model={"top_k": 2}), "top_k=2 has no effect: the model is dense"),

@@ -54,6 +54,13 @@ def test_a_stage_split_may_be_given_as_a_list():
     assert cost.predict(model, listed, H100).step_time_s == cost.predict(model, tupled, H100).step_time_s
 
 
+@pytest.mark.parametrize("split", [16, "16,16"])
+def test_a_stage_split_that_is_no_list_is_a_spec_error(split):
+    """A number had raised TypeError from list(); a string had been read a character a stage."""
+    with pytest.raises(SpecError, match="stage_layers must be a list of layer counts, one per stage"):
+        cost.predict(get_model("llama3-8b"), ParallelSpec(pp=2, stage_layers=split), H100)
+
+
 def test_a_replaced_spec_is_the_one_dataclasses_would_build():
     """Specs replace their fields without dataclasses.replace's cost: the same spec, its derived fields
     derived again (a list split made a tuple, a model's MLP width from a new hidden size), its hash

@@ -48,7 +48,7 @@ from paralab.runtime.failures import how_it_ended
 from paralab.runtime.janitor import Janitor
 from paralab.runtime.launch import release_forkserver, warn_if_cores_are_shared
 from paralab.runtime.result import RunError
-from paralab.runtime.worker import check_capacity, usable_cores
+from paralab.runtime.worker import check_capacity, check_model_fits, usable_cores
 from paralab.text import count_text
 
 POLL_S = 0.1
@@ -71,6 +71,7 @@ def launch(cfg: ElasticConfig, run_dir: str | Path | None = None, progress=None)
     """
     cfg.validate()
     check_capacity(cfg.max_nodes, cfg.oversubscribe)
+    check_model_fits(cfg.model, "cuda" if cfg.device == "cuda" else "cpu")  # "auto": its model loads here
     if run_dir is not None:
         check_run_dir(Path(run_dir))
     if cfg.checkpoint_dir:

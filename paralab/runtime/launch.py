@@ -40,7 +40,7 @@ from paralab.runtime.failures import blame, crash_report, is_consequence, read_i
 from paralab.runtime.janitor import Janitor
 from paralab.runtime.processes import ProgressWatch
 from paralab.runtime.result import RunError, RunResult
-from paralab.runtime.worker import check_capacity, spawn_entry, usable_cores
+from paralab.runtime.worker import check_capacity, check_model_fits, spawn_entry, usable_cores
 from paralab.strategies.registry import MODULES as STRATEGY_MODULES
 
 POLL_S = 0.05
@@ -108,6 +108,7 @@ def preflight(cfg: RunConfig):
     cfg = dataclasses.replace(cfg, device=resolve_device(cfg.device, cfg.world_size))
     check_dtype(cfg.dtype, cfg.device)
     check_capacity(cfg.world_size, cfg.oversubscribe)
+    check_model_fits(cfg.model, cfg.device)
     return layout, cfg
 
 

@@ -29,7 +29,14 @@ import torch
 import torch.distributed as dist
 
 from paralab import random_streams
-from paralab.config import ConfigError, RunConfig, TrainingConfig, first_difference, shared_settings
+from paralab.config import (
+    ConfigError,
+    ModelConfig,
+    RunConfig,
+    TrainingConfig,
+    first_difference,
+    shared_settings,
+)
 from paralab.layout import Layout
 from paralab.memory import MemoryMeter
 from paralab.precision import LossScaler
@@ -119,6 +126,22 @@ def _cgroup_headroom() -> int:
             continue
         return 0 if limit >= NO_LIMIT else max(limit - used, 1)  # at its limit: 1 byte, not "unknown"
     return 0
+
+
+# bytes a parameter takes at the least, however a run splits it: its fp32 weight and its gradient (Adam's
+# two moments add 8 more, mixed precision a 16-bit copy)
+LEAST_BYTES_PER_PARAM = 8
+
+
+def check_model_fits(model: ModelConfig, device: str) -> None:
+    """ConfigError, before any process starts, for a CPU run whose model's weights and gradients alone
+    would not fit in the memory available, split over its ranks however it is: a vocabulary of 10**12
+    had started a rank that failed allocating 256 TB."""
+    memory, least = available_memory_bytes(), LEAST_BYTES_PER_PARAM * model.param_count()
+    if device == "cpu" and memory and least > memory:
+        raise ConfigError(f"the model's {model.param_count():,} parameters need at least "
+                          f"{least / 2**30:,.1f} GiB for their weights and gradients, more than the "
+                          f"{memory / 2**30:.1f} GiB this machine has available; use a smaller model")
 
 
 def check_capacity(ranks: int, oversubscribe: bool = False) -> None:
