@@ -176,6 +176,10 @@ def test_make_lab_serves_the_welcome_notebook(tmp_path):
         notif = server.get_json("/lab/api/settings/@jupyterlab/apputils-extension:notification")
         defaults = notif["schema"]["properties"]
         assert defaults["fetchNews"]["default"] == "false" and defaults["checkForUpdates"]["default"] is False
+        # closing a notebook shuts its kernel down: an idle kernel keeps ~0.6 GB (torch and the ranks'
+        # forkserver), and two left open took a 2 GB Binder box over its limit in notebook 06
+        tracker = server.get_json("/lab/api/settings/@jupyterlab/notebook-extension:tracker")
+        assert tracker["schema"]["properties"]["kernelShutdown"]["default"] is True
 
         # The default URL is the paralab workspace, which opens the welcome notebook.
         resp = urllib.request.urlopen(f"{server.url}/?token={server.token}", timeout=10)
