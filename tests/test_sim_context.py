@@ -185,6 +185,19 @@ def test_activations_per_gpu_fall_as_one_over_cp():
         assert ulysses == pytest.approx((unsplit + scores) / cp)
 
 
+def test_an_all_to_all_keeps_its_heads_scores_over_the_whole_sequence():
+    """Standard attention, nothing recomputed: an all-to-all rank keeps a/cp heads' s x s scores and
+    s/cp tokens of everything else (Korthikanti et al.'s 34 s b h + 5 a s^2 b a layer, over cp), and
+    the loss's share of s/cp tokens: 1/cp of the unsplit model's activations. Its scores had been read
+    from the slice's totals under two recompute policies, whose backward transients differ too: 4% low
+    at 4 layers of 32k tokens on cp 8."""
+    model = get_model("gpt3-1.3b").replace(layers=4, seq=32768, attention="standard")
+    unsplit = cost.memory_per_gpu(model, spec())["activations"]
+    for cp in (2, 8):
+        alltoall = cost.memory_per_gpu(model, spec(cp=cp, cp_mode="alltoall"))["activations"]
+        assert alltoall == pytest.approx(unsplit / cp)
+
+
 def test_an_all_to_all_that_replicates_kv_heads_keeps_the_replicas_for_backward():
     """Llama 3 8B at tp 4 x cp 4: 2 KV heads a tp rank, each sent to two cp ranks; the fused core keeps
     its whole-sequence K and V, twice the slice's, in every layer it does not recompute. Without

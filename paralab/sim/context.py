@@ -324,29 +324,35 @@ def _memory_per_gpu(model: ModelSpec, parallel: ParallelSpec) -> tuple[tuple[str
     again to predict it."""
     sm, sp = slice_run(model, parallel)
 
-    def as_cp_keeps(kept_under: Callable[[str], float], recompute: str, keeping: float) -> float:
-        """What the slice run keeps under ``recompute`` (``kept_under`` a policy), ``keeping`` of its
-        attention scores (no recompute's less selective's) as cp keeps them."""
-        kept = kept_under(recompute)
-        scores = keeping * (kept_under("none") - kept_under("selective")) if keeping else 0.0
-        return kept - scores if parallel.cp_mode == "ring" else kept + (parallel.cp - 1) * scores
+    def slice_layer(recompute: str) -> float:  # what a layer of the slice keeps under ``recompute``
+        return counting.activation_bytes_per_layer(sm, sp.micro_batch, sp.tp, sp.sequence_parallel, recompute,
+                                                   sp.sp_keeps_gathered_inputs)
+
+    def slice_rank(recompute: str, rank: int, inflight: counting.Inflight) -> float:
+        return counting.activation_bytes_per_gpu(sm, sp.replace(recompute=recompute), rank, inflight)
 
     # the share of the stashed layers that keep their scores (partial full recompute keeps them whole),
     # and with them the K and V replicas an all-to-all's core keeps
     keeping = {"none": 1.0, "selective": 0.0, "full": 1 - counting.recompute_share(sm, sp)}[sp.recompute]
-    under = {recompute: sp.replace(recompute=recompute) for recompute in {"none", "selective", sp.recompute}}
     replicas = kv_replica_bytes(model, parallel.resolved())
+    layer_scores = slice_layer("none") - slice_layer("selective")
+    ring = parallel.cp_mode == "ring"
 
     def activations(rank: int, inflight: counting.Inflight) -> float:
-        kept = as_cp_keeps(lambda r: counting.activation_bytes_per_gpu(sm, under[r], rank, inflight),
-                           sp.recompute, keeping)
-        return kept + keeping * replicas * counting.layers_held(sm, sp, rank, inflight) if replicas else kept
+        kept = slice_rank(sp.recompute, rank, inflight)
+        if ring:  # what selective keeps: no scores, and in backward one layer's rebuilt (a ring's tiles)
+            rebuilt = slice_rank("none", rank, inflight) - slice_rank("selective", rank, inflight)
+            return kept - keeping * rebuilt
+        # an all-to-all rank keeps its heads' scores over the whole sequence, cp times the slice's in each
+        # layer held (taken per layer: the ranks' totals under two policies also differ by their backward
+        # transients, which cp - 1 times over had read 4% low at 4 layers of 32k tokens on cp 8)
+        held = counting.layers_held(sm, sp, rank, inflight)
+        return kept + keeping * held * ((parallel.cp - 1) * layer_scores + replicas)
 
     def layer_kept(recompute: str) -> float:  # a layer of the slice
         keeps = 1.0 if recompute == "none" else 0.0
-        return as_cp_keeps(lambda r: counting.activation_bytes_per_layer(
-            sm, sp.micro_batch, sp.tp, sp.sequence_parallel, r, sp.sp_keeps_gathered_inputs),
-            recompute, keeps) + keeps * replicas
+        scores = keeps * layer_scores
+        return slice_layer(recompute) + (-scores if ring else (parallel.cp - 1) * scores + keeps * replicas)
 
     return tuple(memory.peak_per_gpu(model, sp, activations, layer_kept).items())
 
