@@ -287,7 +287,10 @@ def test_zero3_parts_are_the_ends_and_each_block():
     chunks = [counting.chunk_params(deepseek, spec, c) for c in range(4)]
     assert [sum(p) for p in parts] == pytest.approx(chunks)
     assert [counting.zero_unit_count(deepseek, spec, r) for r in range(4)] == [len(p) for p in parts]
-    assert [counting.largest_zero_unit(deepseek, spec, r) for r in range(4)] == [max(p) for p in parts]
+    # at ep = dp a rank's experts are its own: the largest part it gathers or reduces is without them
+    experts = [counting.zero_unit_experts(deepseek, spec, c) for c in range(4)]
+    assert [counting.largest_zero_unit(deepseek, spec, r) for r in range(4)] == pytest.approx(
+        [max(u - e for u, e in zip(p, x)) for p, x in zip(parts, experts)])
 
 
 def test_zero_traffic_matches_rajbhandari_section_7():

@@ -82,6 +82,27 @@ def test_expert_parallel_divides_the_experts_each_gpu_holds_and_reduces_them_ove
     assert rows[("dp", "all_reduce", 2)] == pytest.approx(m.layers * per_layer / 4 * 2)
 
 
+def test_zero_3_gathers_a_blocks_experts_only_where_data_parallel_ranks_share_them():
+    """ZeRO-3's prefetch holds a second part gathered, so turning it off frees the largest part: at ep 4
+    of dp 8 the MoE block, its E / ep routed experts sharded over dp / ep ranks and gathered with it; at
+    ep = dp, where each rank holds its experts alone and gathers none, the output layer (32,000 x 4,096,
+    and the final norm), which the block without its experts is smaller than (its experts had been
+    counted gathered, 0.35 GB more at Mixtral's, twice with prefetch)."""
+    m = get_model("mixtral-8x7b")
+
+    def freed_without_prefetch(ep: int) -> float:
+        spec = ParallelSpec(dp=8, ep=ep, zero=3, micro_batch=1)
+        both, one = (cost.memory_per_gpu(m, spec.replace(prefetch_params=prefetch))["params"]
+                     for prefetch in (True, False))
+        return both - one
+
+    block = (counting.stage_params(m, ParallelSpec(ep=4), 0)  # one block's parameters on a GPU at ep 4
+             - counting.stage_params(m.replace(layers=m.layers - 1), ParallelSpec(ep=4), 0))
+    assert freed_without_prefetch(4) == pytest.approx(2 * block)  # bf16
+    assert block - moe.moe_mlp_params(m)["experts"] / 4 < m.vocab * m.hidden  # the block without experts
+    assert freed_without_prefetch(8) == pytest.approx(2 * m.vocab * m.hidden, rel=1e-4)  # the norm's 4,096
+
+
 def test_without_sequence_parallel_every_tensor_parallel_rank_keeps_the_tokens_it_routes():
     """Memory follows the all-to-all: without sequence parallelism each tp rank dispatches all the
     microbatch's tokens (all_to_all_payload), so it keeps k copies of all of them at its experts."""

@@ -323,7 +323,9 @@ def backward_gather_groups(parallel: ParallelSpec, params: float, experts: float
 
 def largest_zero_unit(model: ModelSpec, parallel: ParallelSpec, rank: int) -> float:
     """The largest part (:func:`zero_units`) on pipeline rank ``rank``: what ZeRO-2/3 hold whole at
-    once (of the blocks alone beside FSDP's root unit, which is held whole throughout)."""
+    once (of the blocks alone beside FSDP's root unit, which is held whole throughout), a block's
+    routed experts only where dp / ep ranks shard them (at ep = dp each rank's own are whole already:
+    neither gathered nor reduced)."""
     return _rank_parts(model, parallel)[rank][1]
 
 
@@ -364,6 +366,8 @@ def _rank_parts(model: ModelSpec, parallel: ParallelSpec) -> tuple[tuple[int, fl
     """(count, largest) of every rank's parts, from the ranks' block counts in one pass (the planner
     asks it of every rank of every layout)."""
     embed, head, dense, moe_block = _part_sizes(model, parallel)
+    if model.experts and parallel.dp // parallel.ep <= 1:  # a block's routed experts, on no other data-
+        moe_block -= moe.expert_params_per_gpu(model, parallel, 1)  # parallel rank, are not gathered
     layers, moe_layers = layers_by_rank(model, parallel)
     # FSDP's root unit is held whole apart from the parts gathered one by one (fsdp_root)
     first, last = (-1, -1) if parallel.fsdp_root else (stage_rank(parallel, 0), last_stage_rank(parallel))
