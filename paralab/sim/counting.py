@@ -737,7 +737,7 @@ def activation_bytes_per_gpu(model: ModelSpec, parallel: ParallelSpec, rank: int
     (Korthikanti et al. sec. 4.3; :func:`loss_bytes_per_logit`), one microbatch's at a time, all m
     under GPipe, plus, with recompute, what one layer rematerialises during its backward (full: the
     layer, less its input, kept already; selective: the attention core's s x s tensors, less what the
-    layer saved after the core, which its backward has freed by then: more only at long sequences);
+    layer saved after the core, which its backward has freed by then: more wherever 5as/h passes ~24);
     on the last stage that comes after the microbatch's head and loss are freed, so the fuller of the
     two counts.
     """
@@ -812,7 +812,7 @@ def backward_transients(model: ModelSpec, parallel: ParallelSpec) -> tuple[float
     on the last stage until the head's backward frees them, then what recompute rematerialises of a
     layer (full: the layer, less its input, kept already; selective: the attention core's s x s
     tensors, less what the layer saved after the core, which its backward has freed by then: more
-    only at long sequences)."""
+    wherever 5as/h passes about 24, as GPT-3 175B's 80 at 2,048 tokens does)."""
     p = parallel.resolved()
 
     def per_layer_kept(recompute: str) -> float:
