@@ -53,7 +53,7 @@ class ModelConfig:
     shared_expert: bool = False  # one FFN every token also goes through (DeepSeek style)
 
     def __post_init__(self):
-        if self.ffn == 0:
+        if self.ffn == 0 and type(self.hidden) is int:  # any other hidden is refused by validate()
             object.__setattr__(self, "ffn", 4 * self.hidden)
 
     @property
@@ -64,6 +64,7 @@ class ModelConfig:
         check_field_kinds(self)
         for name in ("layers", "hidden", "heads", "ffn", "vocab", "seq_len"):
             check_int(f"model {name}", getattr(self, name), low=1)
+        check_int("model experts", self.experts, low=0)  # None had trained a dense model
         if self.hidden % self.heads:
             divisors = [h for h in range(1, self.hidden + 1) if self.hidden % h == 0 and h <= 64]
             raise ConfigError(
@@ -72,7 +73,7 @@ class ModelConfig:
             )
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) \
                 or not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if self.attention not in ATTENTION_KERNELS:
             raise ConfigError(f"attention must be one of {ATTENTION_KERNELS}, got {self.attention!r}")
         if self.experts:
@@ -82,7 +83,6 @@ class ModelConfig:
             raise ConfigError(routing_without_experts(routing[0], "the model"))
 
     def _validate_experts(self) -> None:
-        check_int("model experts", self.experts, low=0)
         check_int("model top_k", self.top_k, low=1)
         if self.top_k > self.experts:
             raise ConfigError(f"top_k {self.top_k} is above the number of experts {self.experts}: "

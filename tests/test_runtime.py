@@ -50,6 +50,11 @@ def no_process_may_start(monkeypatch):
         (dict(strategy="pp", world_size=2, stage_layers=5), "stage_layers must be a list of layer counts"),
         (dict(strategy="pp", world_size=2, stage_layers="2,2"), "one per stage, got '2,2'"),
         (dict(strategy="ddp", world_size=1, model_name="tiny"), "model_name is model's to say"),
+        # a model field of the wrong kind, said as its own (None had leaked "unsupported operand" from
+        # the ffn's default, or trained a dense model for experts=None; "0.1" read as the number)
+        (dict(strategy="ddp", world_size=1, model={"hidden": None}), "model hidden must be a whole number"),
+        (dict(strategy="ddp", world_size=1, model={"experts": None}), "model experts must be a whole number"),
+        (dict(strategy="ddp", world_size=1, model={"dropout": "0.1"}), r"dropout must be in .*, got '0.1'"),
         # a dense model's routing options change nothing (the command line had refused them; from Python
         # they had run, ignored)
         (dict(strategy="ddp", world_size=1, model={"top_k": 2}), "top_k=2 has no effect: the model is dense"),
