@@ -9,7 +9,7 @@ from paralab.cli import main
 from paralab.sim import cost
 from paralab.sim.hardware import PRESETS
 from paralab.sim.presets import get_model
-from paralab.sim.specs import ParallelSpec, SpecError
+from paralab.sim.specs import ModelSpec, ParallelSpec, SpecError
 
 H100 = PRESETS["h100"]
 
@@ -103,6 +103,13 @@ def test_values_of_the_wrong_kind_or_sign_are_named_before_anything_computes_wit
     with pytest.raises(SpecError) as refused:
         cost.predict(model, ParallelSpec(**parallel), H100)
     assert str(refused.value).startswith(message)
+
+
+def test_a_hidden_size_of_the_wrong_kind_is_said_once_as_given():
+    """Its ffn, derived from it, had been refused too, as "got '8888'"."""
+    with pytest.raises(SpecError) as refused:
+        cost.predict(ModelSpec(layers=2, hidden="8", heads=2, vocab=16, seq=8), ParallelSpec(), H100)
+    assert str(refused.value) == "model hidden must be a finite number, got '8'"
 
 
 @pytest.mark.parametrize("seq, tp, cp, message", [

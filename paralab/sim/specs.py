@@ -190,7 +190,7 @@ class ModelSpec:
     kernels: str = "fused"
 
     def __post_init__(self):
-        if self.ffn == 0:
+        if self.ffn == 0 and type(self.hidden) in (int, float):  # any other is refused as it was given
             object.__setattr__(self, "ffn", 4 * self.hidden)
         if self.kv_heads == 0:
             object.__setattr__(self, "kv_heads", self.heads)
