@@ -41,6 +41,7 @@ import bisect
 import gzip
 import itertools
 import json
+import os
 import re
 import statistics
 import sys
@@ -126,8 +127,11 @@ CPU_MEMORY_NOTE = ("CPU ranks: the most bytes allocated while the profiler recor
 def expand(paths) -> list[tuple[Path, bool]]:
     """(file, whether it was named) in the order given; a directory stands for its *.json and *.json.gz
     files in natural order (rank2 before rank10: without distributedInfo the order is the ranks')."""
-    if isinstance(paths, (str, Path)):
+    if isinstance(paths, str | os.PathLike):
         paths = [paths]
+    if not isinstance(paths, list | tuple) or not all(isinstance(p, str | os.PathLike) for p in paths):
+        raise ConfigError(f"paths must be a profile's file, a directory of them or a list of these, got "
+                          f"{paths!r}"[:200])  # None or a number had raised TypeError from Path()
     files: list[tuple[Path, bool]] = []
     for path in map(Path, paths):
         if path.is_dir():

@@ -990,6 +990,14 @@ def test_facts_given_from_python_are_checked_as_the_flags_are(tmp_path, meta, me
     assert message in str(info.value)
 
 
+@pytest.mark.parametrize("paths", [None, 3, [None], {"rank0": "a.json"}])
+def test_paths_that_name_no_file_are_refused_from_python(paths):
+    """None or a number had raised TypeError from inside pathlib; a dict had been read key by key."""
+    with pytest.raises(paralab.ConfigError, match="paths must be a profile's file, a directory of them or a "
+                                                  "list of these, got"):
+        import_profile(paths)
+
+
 def test_a_world_size_beyond_any_cluster_is_refused_and_a_large_one_counted(tmp_path):
     """A profile saying a world of 10**9 ranks had filled the machine's memory with their numbers (24 GB
     in seconds); one of 2**24, the largest a trace holds, is counted without listing them."""
