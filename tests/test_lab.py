@@ -240,3 +240,20 @@ def test_make_lab_refuses_to_start_and_says_how_to_opt_in(tmp_path, args, messag
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
     assert proc.returncode != 0 and message in out and "PARALAB_LAB_ALLOW_" in out, out[-2000:]
+
+
+def test_binders_start_gives_kernels_the_threads_the_cpu_quota_allows():
+    """A Binder pod sees its node's cores and may use about one: torch in a kernel had sized its thread
+    pool by the cores it saw. binder/start sets OMP_NUM_THREADS to what the ranks get (usable_cores,
+    which reads the cgroup's quota), and keeps a value already set."""
+    from paralab.runtime.worker import usable_cores
+
+    probe = [sys.executable, "-c",
+             "import os, torch; print(os.environ['OMP_NUM_THREADS'], torch.get_num_threads())"]
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"  # the python repo2docker's image runs
+    for given, expected in ((None, usable_cores()), ("1", 1)):
+        run_env = env if given is None else {**env, "OMP_NUM_THREADS": given}
+        out = subprocess.run([str(REPO / "binder" / "start"), *probe], env=run_env, capture_output=True,
+                             text=True, timeout=120, check=True).stdout.split()
+        assert out == [str(expected), str(expected)]
