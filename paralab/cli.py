@@ -1,9 +1,9 @@
 """``paralab run | nodes | elastic | merge | report | import | bench | simulate | plan | strategies`` — the
 shell face of paralab.
 
-Exit codes (a contract, see DESIGN.md): 0 success; 2 invalid configuration or arguments (message on
-stderr, no process started); 1 a run that failed (which rank, what it raised); 130 interrupted; 141
-stdout's reader gone.
+Exit codes (a contract, README "The `--json` contract"): 0 success; 2 invalid configuration or
+arguments (message on stderr, no process started); 1 a run that failed (which rank, what it raised);
+130 interrupted; 141 stdout's reader gone.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """What paralab's commands share on the command line: exit codes, ``key=value`` options, and the
 flags of every training run (``paralab run`` and ``paralab elastic`` declare them once, here).
 
-Exit codes (a contract, see DESIGN.md): 0 success; 2 invalid configuration or arguments (message on
-stderr, no process started); 1 a run that failed (which rank, what it raised).
+Exit codes (a contract, README "The `--json` contract"): 0 success; 2 invalid configuration or
+arguments (message on stderr, no process started); 1 a run that failed (which rank, what it raised).
 """
 
 from __future__ import annotations

@@ -72,7 +72,8 @@ class RunResult:
 
     @property
     def summary(self) -> dict:
-        """The JSON contract of ``paralab run --json`` (keys in DESIGN.md; never renamed)."""
+        """The JSON contract of ``paralab run --json`` (its keys: README, "The `--json` contract"; never
+        renamed)."""
         cfg, layout = self.config, self.layout
         metrics = self.trace.summary()
         return {
