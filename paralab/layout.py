@@ -214,20 +214,23 @@ def resolve_layout(cfg: RunConfig) -> Layout:
     """The Layout of ``cfg``, or ConfigError naming what conflicts and what would fit.
 
     Order of the checks: the config's own fields, options the strategy does not use, the degree of
-    every axis, the pipeline's shape, the batch split, a reduction dtype where one replica reduces
-    nothing, then the strategy's own rules (its ``check``).
+    every axis, the replicas' share of the batch, the pipeline's shape, the batch split into
+    microbatches, a reduction dtype where one replica reduces nothing, then the strategy's own rules
+    (its ``check``).
     """
     cfg.validate()
     strategy = get_strategy(cfg.strategy)
     unused = _unused_options(cfg, strategy)
     degrees = _degrees(cfg, strategy)
     degrees["ep"] = _expert_degree(cfg, strategy, degrees)
+    if cfg.global_batch % degrees["dp"]:  # the replicas' share first: a schedule counts its offers from it
+        _check_batch_split(cfg.global_batch, degrees["dp"], 1)
     schedule, virtual_stages, microbatches = _pipeline_shape(cfg, strategy, degrees["pp"], degrees["dp"])
     _check_batch_split(cfg.global_batch, degrees["dp"], microbatches,
                        runs=lambda m: not schedule or not shape_problems(schedule, degrees["pp"], m,
                                                                           cfg.virtual_stages))
     if cfg.world_size % cfg.nodes:
-        fit = [n for n in range(1, cfg.world_size + 1) if cfg.world_size % n == 0]
+        fit = _divisors(cfg.world_size)
         raise ConfigError(f"{count_text(cfg.nodes, 'node')} cannot split world size "
                           f"{cfg.world_size} evenly: nodes that do are {', '.join(map(str, fit))}")
     context = "cp" in strategy.axes
@@ -394,8 +397,8 @@ def _pipeline_shape(cfg: RunConfig, strategy: Strategy, pp: int, dp: int) -> tup
                           f"{', '.join(strategy.schedules)}")
     # the virtual stages asked for are checked before a V's two chunks replace them: a zbv run given 3
     # had run with 2 and said nothing
-    replica = cfg.global_batch // dp if cfg.global_batch % dp == 0 else None
-    problems = shape_problems(schedule, pp, cfg.microbatches, cfg.virtual_stages, sequences=replica)
+    problems = shape_problems(schedule, pp, cfg.microbatches, cfg.virtual_stages,
+                              sequences=cfg.global_batch // dp)  # dp divides it (resolve_layout)
     if problems:
         raise ConfigError(f"pipeline schedule {schedule!r} (pp={pp}, microbatches={cfg.microbatches}, "
                           f"virtual_stages={cfg.virtual_stages}) cannot run: {problems[0]}")

@@ -236,6 +236,11 @@ def test_configs_that_cannot_run_are_refused_before_any_process_starts():
              microbatches=5, virtual_stages=2, global_batch=10)
     _refused(r"not divisible by 3 microbatches; microbatch counts that fit: \[1, 2, 10\]$", pp=2,
              schedule="interleaved", microbatches=3, virtual_stages=2, global_batch=10)  # 5 had been offered
+    # a batch the replicas cannot share is said first: the schedule had offered counts (3, 4, 6) that the
+    # batch then refused in turn
+    _refused(r"global batch 10 is not divisible by the 3 data-parallel ranks; global batches that fit: "
+             r"\[3, 6, 9, 12\]$", strategy="hybrid", world_size=6, pp=2, schedule="interleaved",
+             microbatches=5, virtual_stages=2, global_batch=10)
     _refused(r"8 layers over 2 x 3 = 6 chunks does not divide", pp=2, schedule="interleaved", microbatches=2,
              virtual_stages=3)
     _refused(r"unknown pipeline schedule 'pipedream'.*gpipe", pp=2, schedule="pipedream")
