@@ -254,3 +254,21 @@ def test_configs_that_cannot_run_are_refused_before_any_process_starts():
 def test_mp_is_the_naive_schedule_on_every_rank():
     layout = resolve_layout(RunConfig.build(MODEL, strategy="mp", world_size=4))
     assert (layout.pp, layout.schedule, layout.microbatches) == (4, "naive", 1)
+
+
+@pytest.mark.parametrize("schedule, pp, v", [("1f1b", 2, 1), ("interleaved", 2, 2), ("zbv", 2, 2)])
+def test_each_stage_boundary_sends_each_way_on_a_group_of_its_own(monkeypatch, schedule, pp, v):
+    """NCCL runs a group's sends and receives one after another in the order issued: with activations
+    and gradients on one group, stage 0's receive of a gradient, posted ahead of its compute, kept its
+    first activation from leaving, which stage 1 waits for before it sends that gradient (a deadlock
+    no gloo run shows: gloo matches each message apart). A boundary's two directions get two groups."""
+    from paralab.strategies import pipeline
+
+    made = []
+    monkeypatch.setattr(pipeline.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(pipeline.dist, "new_group", lambda ranks: made.append(tuple(ranks)) or object())
+    plan = build_schedule(schedule, pp, 4, v)
+    groups = pipeline.stage_groups(plan)
+    crossing = [b for b in range(plan.num_stages - 1) if plan.stage_to_rank[b] != plan.stage_to_rank[b + 1]]
+    assert set(groups) == {(b, link) for b in crossing for link in ("act", "grad")}
+    assert len({id(g) for g in groups.values()}) == len(groups) == len(made)

@@ -14,12 +14,13 @@ and gradients back up. This executor runs whatever list it is given:
 Each microbatch's loss is divided by m, so the gradients that accumulate over the microbatches are
 those of the whole batch and the optimizer step equals single-device training. Activations and
 gradients travel with plain isend/irecv (shapes are known statically: microbatch x seq x hidden),
-each stage boundary on its own two-rank process group: a boundary carries its microbatches in order,
-but two boundaries between the same ranks need not interleave their messages the same way on both
-sides, and messages on one group match in issue order. An output is sent and then dropped: backward
-needs only its autograd edge, not its data. Zero-bubble schedules split the backward into
-backward_input (the gradient the previous stage waits for) and backward_weight (deferred into the
-bubble).
+each stage boundary and direction on its own two-rank process group (:func:`stage_groups`): a
+boundary carries its microbatches in order, but two boundaries between the same ranks need not
+interleave their messages the same way on both sides, messages on one group match in issue order,
+and under NCCL a group runs them one after another (a receive posted ahead must not hold up a send).
+An output is sent and then dropped: backward needs only its autograd edge, not its data. Zero-bubble
+schedules split the backward into backward_input (the gradient the previous stage waits for) and
+backward_weight (deferred into the bubble).
 """
 
 from __future__ import annotations
@@ -171,11 +172,11 @@ class PipelineExecutor:
 
     # ------------------------------------------------------------------------------ p2p
     def send_forward(self, a) -> None:
-        self._send(self.outbox.pop(("act", a.stage + 1, a.microbatch)), a.peer, boundary=a.stage,
+        self._send(self.outbox.pop(("act", a.stage + 1, a.microbatch)), a.peer, (a.stage, "act"),
                    name=f"send {a.label}")
 
     def send_backward(self, a) -> None:
-        self._send(self.outbox.pop(("grad", a.stage - 1, a.microbatch)), a.peer, boundary=a.stage - 1,
+        self._send(self.outbox.pop(("grad", a.stage - 1, a.microbatch)), a.peer, (a.stage - 1, "grad"),
                    name=f"send {a.label}")
 
     def recv_forward(self, a) -> None:
@@ -184,8 +185,8 @@ class PipelineExecutor:
     def recv_backward(self, a) -> None:
         self.inbox[("grad", a.stage, a.microbatch)] = self._take_recv(a)
 
-    def _send(self, tensor: torch.Tensor, peer: int, boundary: int, name: str) -> None:
-        work = comm.isend(tensor, self.pipeline_ranks[peer], group=self.groups[boundary], name=name)
+    def _send(self, tensor: torch.Tensor, peer: int, link: tuple[int, str], name: str) -> None:
+        work = comm.isend(tensor, self.pipeline_ranks[peer], group=self.groups[link], name=name)
         self.sending.append((work, tensor))
 
     def _post_next_recv(self) -> None:
@@ -193,14 +194,13 @@ class PipelineExecutor:
         (one receive ahead at most: one extra buffer)."""
         if self.recvs and not self.posted:
             a = self.recvs.popleft()
-            forward = a.op == RECV_FORWARD
-            boundary = a.stage - 1 if forward else a.stage
+            link = (a.stage - 1, "act") if a.op == RECV_FORWARD else (a.stage, "grad")
             buffer = torch.empty(self.shape, device=self.ctx.device, dtype=self.dtype)
             name = f"recv {a.label}"
             # tagged as its own action: posted during the compute before it, it had borne that one's
             # microbatch ("recv F4 s1" tagged microbatch 1)
             with self.ctx.recorder.tagged(stage=a.stage, microbatch=a.microbatch):
-                work = comm.irecv(buffer, self.pipeline_ranks[a.peer], group=self.groups[boundary], name=name)
+                work = comm.irecv(buffer, self.pipeline_ranks[a.peer], group=self.groups[link], name=name)
             self.posted.append((a, work, buffer))
 
     def _take_recv(self, a) -> torch.Tensor:
@@ -238,20 +238,28 @@ class PipelineExecutor:
         self.ctx.memory.release((s, mb))
 
 
+LINKS = ("act", "grad")  # what crosses a stage boundary: activations forward, their gradients back
+
+
 def stage_groups(schedule: Schedule,
-                 pipelines: list[list[int]] | None = None) -> dict[int, dist.ProcessGroup]:
-    """One two-rank group per stage boundary that crosses ranks (boundary b: stage b to b + 1), for
-    this rank's pipeline. ``pipelines`` holds the global ranks of every pipeline when there are
-    several (hybrid); by default one pipeline over ranks 0..p-1. Every rank creates every group of
-    every pipeline, in the same order, as torch requires."""
+                 pipelines: list[list[int]] | None = None) -> dict[tuple[int, str], dist.ProcessGroup]:
+    """Two two-rank groups per stage boundary that crosses ranks, keyed (b, "act") and (b, "grad")
+    (boundary b: stage b to b + 1), for this rank's pipeline: one a direction. NCCL runs a group's
+    sends and receives in the order they were issued, one after another; on one group, stage 0's
+    receive of a gradient posted ahead would keep its first activation from leaving, for which stage
+    1 waits before it can send that gradient (gloo matches each message apart, so no CPU run could
+    show it). ``pipelines`` holds the global ranks of every pipeline when there are several (hybrid);
+    by default one pipeline over ranks 0..p-1. Every rank creates every group of every pipeline, in
+    the same order, as torch requires."""
     me, groups = dist.get_rank(), {}
     for ranks in pipelines or [schedule.ranks]:
         for b in range(schedule.num_stages - 1):
             pair = sorted({ranks[schedule.stage_to_rank[b]], ranks[schedule.stage_to_rank[b + 1]]})
             if len(pair) == 2:
-                group = dist.new_group(pair)
-                if me in ranks:
-                    groups[b] = group
+                for link in LINKS:
+                    group = dist.new_group(pair)
+                    if me in ranks:
+                        groups[b, link] = group
     return groups
 
 
