@@ -195,6 +195,23 @@ def test_the_balancer_cuts_by_smoothed_samples_per_second():
     assert [len(Balancer(2, enabled=False).shard(ids, r)) for r in range(2)] == [6, 6]
 
 
+def test_the_balancer_gathers_its_measurements_on_the_ranks_device(monkeypatch):
+    """NCCL gathers CUDA tensors only: the measurements had been gathered from the CPU whatever the
+    rank's device, which an NCCL group refuses ("no backend for device type cpu")."""
+    from paralab.elastic import balance
+
+    seen = []
+
+    def gathered(out, mine, name):
+        seen.extend([out.device.type, mine.device.type])
+        raise StopIteration  # the meta device holds no numbers to go on with
+
+    monkeypatch.setattr(balance.comm, "all_gather", gathered)
+    with pytest.raises(StopIteration):
+        Balancer(2, enabled=True, device="meta").observe(6, 1.0)
+    assert seen == ["meta", "meta"]
+
+
 def test_a_rank_a_hundred_times_slower_keeps_a_sample_and_wins_its_share_back_when_it_recovers():
     """Rounded by its rate alone it would get none of 12 samples, and a rank given none keeps its old
     rate, so it would never be measured again."""

@@ -35,9 +35,10 @@ class Slowdown:
 
 
 class Balancer:
-    def __init__(self, world_size: int, enabled: bool):
+    def __init__(self, world_size: int, enabled: bool, device: torch.device | str = "cpu"):
         self.world_size = world_size
         self.enabled = enabled
+        self.device = device  # of the gathered numbers: NCCL gathers CUDA tensors only
         self.rates: list[float | None] = [None] * world_size
 
     def weights(self) -> list[float]:
@@ -56,8 +57,8 @@ class Balancer:
         All ranks compute the same rates from the same gathered numbers, so they cut the same shards."""
         if not self.enabled:
             return
-        mine = torch.tensor([float(samples), compute_s], dtype=torch.float64)
-        everyone = torch.empty(2 * self.world_size, dtype=torch.float64)
+        mine = torch.tensor([float(samples), compute_s], dtype=torch.float64, device=self.device)
+        everyone = torch.empty(2 * self.world_size, dtype=torch.float64, device=self.device)
         comm.all_gather(everyone, mine, name="throughput")
         self.update(everyone[0::2].tolist(), everyone[1::2].tolist())
 

@@ -170,7 +170,7 @@ class Worker:
         ctx.memory.watch(list(model.parameters()), optimizer)
         start = self.resume(model, optimizer)
         data = make_loader(ctx)
-        balancer, slowdown = Balancer(self.world, cfg.balance), Slowdown(cfg.slow, self.rank)
+        balancer, slowdown = Balancer(self.world, cfg.balance, ctx.device), Slowdown(cfg.slow, self.rank)
         records = open(self.gen_dir / f"rank{self.rank}.steps.jsonl", "a")
         this_step: dict = {}
 
