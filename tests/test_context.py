@@ -433,3 +433,30 @@ def test_cp_modes_shows_both_step_lines_and_says_where_they_overlap(seq, recompu
     assert len(notes) == 1 and fig.layout.annotations[-1].xref == "x2 domain"
     where = "at every degree" if len(close) == 3 else "at " + ", ".join(close)
     assert where in notes[0] and f"{max(r for r in rel if r <= CLOSE_STEPS):.1%}" in notes[0]
+
+
+@pytest.mark.parametrize("size", [2, 3, 4, 5, 8])
+def test_a_ring_hop_meets_each_send_with_its_receive_in_issue_order(monkeypatch, size):
+    """NCCL runs a group's sends and receives one after another in the order each rank issued them, and
+    a send of a block beyond its buffer waits for the peer's receive. Every rank had sent first, so each
+    send waited for a receive queued behind its peer's own send, round the ring. Played here as NCCL
+    would run the ranks' queues (no GPU on CI; gloo matches each message apart), the ring finishes."""
+    from paralab.strategies import ring_attention
+
+    queues = {}
+    for index in range(size):
+        issued = queues[index] = []
+        monkeypatch.setattr(ring_attention.comm, "isend",
+                            lambda tensor, dst, group, name, issued=issued: issued.append(("send", dst)))
+        monkeypatch.setattr(ring_attention.comm, "irecv",
+                            lambda tensor, src, group, name, issued=issued: issued.append(("recv", src)))
+        ring = ring_attention.ContextParallelGroup(None, tuple(range(size)), index)
+        ring.pass_on(torch.zeros(2), "kv")
+    moved = True
+    while moved:  # a send leaves when the head of its peer's queue is the receive of it
+        moved = False
+        for rank, queue in queues.items():
+            if queue and queue[0][0] == "send" and queues[queue[0][1]][:1] == [("recv", rank)]:
+                queues[queue.pop(0)[1]].pop(0)
+                moved = True
+    assert all(not queue for queue in queues.values()), f"stuck: {queues}"

@@ -109,8 +109,18 @@ class RingHop:
             return
         after, before = ring.ranks[(ring.index + 1) % ring.size], ring.ranks[(ring.index - 1) % ring.size]
         self.received = torch.empty_like(tensor)
-        self.works = [comm.isend(tensor, after, group=ring.group, name=name),
-                      comm.irecv(self.received, before, group=ring.group, name=name)]
+
+        def send():
+            return comm.isend(tensor, after, group=ring.group, name=name)
+
+        def recv():
+            return comm.irecv(self.received, before, group=ring.group, name=name)
+
+        # NCCL runs a group's sends and receives one after another in issue order: had every rank sent
+        # first, each send would wait for a receive queued behind its peer's own send, round the ring
+        # (a block beyond NCCL's buffer never leaves). Even places send first and odd ones receive
+        # first, so every send meets its receive (gloo matches each message apart either way)
+        self.works = [send(), recv()] if ring.index % 2 == 0 else [recv(), send()]
 
     def wait(self) -> torch.Tensor:
         for work in self.works:
