@@ -72,7 +72,7 @@ def main() -> int:
               "(CPU-only machines pass make test alone)")
         return 0
     gpus = torch.cuda.device_count()
-    dtype = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    dtype = "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"  # V100, T4: fp16
     model = "medium"
     print(f"gpu-check: {gpus} x {torch.cuda.get_device_name(0)}, model {model}, {dtype}, "
           f"{STEPS} steps per run")

@@ -138,8 +138,15 @@ class MasterWeights:
         self.steps += 1
 
     def _overflowed(self) -> bool:
-        """Any non-finite gradient on any rank (each rank holds only its part of the model)."""
-        local = any(not torch.isfinite(m.grad).all() for m in self.masters if m.grad is not None)
-        flag = torch.tensor([1.0 if local else 0.0], device=self.masters[0].device if self.masters else "cpu")
+        """Any non-finite gradient on any rank (each rank holds only its part of the model). Checked on
+        the device, all the gradients at once, and read once: a read a gradient had waited for the
+        device once per parameter tensor on a GPU."""
+        # a DTensor's (torch's tensor parallel) own shard: every rank checks its own, and the MAX over
+        # the ranks below covers them all
+        grads = [m.grad for m in self.masters if m.grad is not None]
+        finite = [torch.isfinite(g.to_local() if hasattr(g, "to_local") else g).all() for g in grads]
+        device = self.masters[0].device if self.masters else "cpu"
+        flag = (torch.stack(finite).all().logical_not() if finite else torch.tensor(False, device=device))
+        flag = flag.to(torch.float32).reshape(1)
         comm.all_reduce(flag, op=comm.ReduceOp.MAX, name="overflow check")
         return bool(flag.item())
