@@ -35,14 +35,22 @@ class SyntheticCorpus:
 
     def sample(self, sample_id: int) -> np.ndarray:
         """Tokens of one sample, a pure function of (seed, sample id)."""
-        rng = np.random.default_rng([self.seed, int(sample_id)])
-        draws = rng.random(self.seq_len + 1)
-        tokens = np.empty(self.seq_len + 1, dtype=np.int64)
-        tokens[0] = int(draws[0] * self.vocab)
+        return self._walk([sample_id])[0]
+
+    def _walk(self, sample_ids) -> np.ndarray:
+        """The samples' tokens, (len(sample_ids), seq_len + 1): each sample's chain drawn from its own
+        stream, the samples a step at a time together (a token at a time, a GPU's step had waited for
+        a Python loop: 48 ms for 8 sequences of 512 tokens)."""
+        draws = np.stack([np.random.default_rng([self.seed, int(i)]).random(self.seq_len + 1)
+                          for i in sample_ids])
+        tokens = np.empty(draws.shape, dtype=np.int64)
+        tokens[:, 0] = (draws[:, 0] * self.vocab).astype(np.int64)
+        last = self._cumulative.shape[1] - 1
         for t in range(1, self.seq_len + 1):
-            row = tokens[t - 1]
-            choice = min(int(np.searchsorted(self._cumulative[row], draws[t])), self._cumulative.shape[1] - 1)
-            tokens[t] = self._successors[row, choice]
+            rows = tokens[:, t - 1]
+            # searchsorted's left side, row by row: how many of the row's cumulative weights lie below
+            choice = np.minimum((self._cumulative[rows] < draws[:, t, None]).sum(axis=1), last)
+            tokens[:, t] = self._successors[rows, choice]
         return tokens
 
     def batch(self, sample_ids, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,7 +58,7 @@ class SyntheticCorpus:
         if len(sample_ids) == 0:
             empty = torch.empty(0, self.seq_len, dtype=torch.long, device=device)
             return empty, empty
-        tokens = torch.from_numpy(np.stack([self.sample(i) for i in sample_ids])).to(device)
+        tokens = torch.from_numpy(self._walk(sample_ids)).to(device)
         return tokens[:, :-1], tokens[:, 1:]
 
 

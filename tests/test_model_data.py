@@ -1,6 +1,8 @@
 """The tiny GPT and the synthetic corpus: layout-independent initialisation, exact parameter count,
 deterministic data whose global batch does not depend on the number of ranks, and learnability."""
 
+import numpy as np
+import pytest
 import torch
 
 import paralab
@@ -38,6 +40,27 @@ def test_data_is_deterministic_and_shards_cover_the_global_batch():
     assert [len(weighted_shard(ids, r, [100, 1, 1])) for r in range(3)] == [12, 0, 0]
     kept = [weighted_shard(ids, r, [100, 1, 1], at_least=1) for r in range(3)]
     assert [len(k) for k in kept] == [10, 1, 1] and sum(kept, []) == ids
+
+
+@pytest.mark.parametrize("vocab, seq_len", [(128, 16), (3, 9), (1, 4)])
+def test_a_batch_walks_each_samples_chain_token_by_token(vocab, seq_len):
+    """The batch walks its samples' Markov chains a step at a time together; each is the chain its own
+    stream draws, token by token: the first from the vocabulary, each next the successor whose
+    cumulative weight first reaches the draw (the definition, written out here). Walked together the
+    samples must be the same tokens, and a sample alone the same as in a batch."""
+
+    corpus = SyntheticCorpus(vocab, seq_len, seed=2)
+    ids = [0, 7, 65535, 7]
+    inputs, targets = corpus.batch(ids)
+    for row, sample_id in enumerate(ids):
+        draws = np.random.default_rng([2, sample_id]).random(seq_len + 1)
+        tokens = [int(draws[0] * vocab)]
+        for t in range(1, seq_len + 1):
+            weights = corpus._cumulative[tokens[-1]]
+            choice = min(int(np.searchsorted(weights, draws[t])), len(weights) - 1)
+            tokens.append(int(corpus._successors[tokens[-1], choice]))
+        assert inputs[row].tolist() == tokens[:-1] and targets[row].tolist() == tokens[1:]
+        assert corpus.sample(sample_id).tolist() == tokens
 
 
 def test_every_sample_once_per_epoch():
