@@ -115,6 +115,20 @@ def test_only_runs_that_load_inside_the_step_window_pay_for_loading(monkeypatch,
     assert predict_run(cfg, bridge.local(1)).breakdown_s["loop"] == pytest.approx(expected)
 
 
+def test_a_gpu_run_is_not_priced_at_this_machines_cpu_rates(monkeypatch):
+    """'local' is the CPU ranks' calibration: a CUDA run's prediction had taken it as the GPUs' own
+    (the speedup widget compared GPU measurements with CPU predictions). A preset prices it."""
+    from paralab.sim.specs import SpecError
+
+    gpu = RunConfig.build("tiny", strategy="ddp", world_size=2, device="cuda")
+    with pytest.raises(SpecError, match="hardware 'local' is this machine's CPU ranks .* computes on GPUs"):
+        predict_run(gpu)
+    assert predict_run(gpu, "h100").step_time_s > 0
+    monkeypatch.setattr("paralab.config.cuda_device_count", lambda: 2)  # "auto" with a GPU a rank
+    with pytest.raises(SpecError, match="computes on GPUs"):
+        predict_run(dataclasses.replace(gpu, device="auto"))
+
+
 def test_pipeline_trace_has_the_schedules_spans():
     cfg = RunConfig.build("tiny", strategy="pp", world_size=2, pp=2, schedule="1f1b", microbatches=4, steps=3)
     trace = predict_run_trace(cfg, CPU)

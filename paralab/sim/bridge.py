@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from paralab.config import ZERO_REDUCE_SCATTERS_IN_FLIGHT, ConfigError, RunConfig, cuda_device_count
+from paralab.config import ZERO_REDUCE_SCATTERS_IN_FLIGHT, ConfigError, RunConfig, resolve_device
 from paralab.layout import Layout, resolve_layout
 from paralab.schedules import DEFAULT_SCHEDULE
 from paralab.sim import cost, counting
@@ -162,11 +162,16 @@ def _as_run(model: ModelSpec, cfg: RunConfig) -> ModelSpec:
     """The model as the run's device keeps it: torch's CPU dropout keeps masks in the activations'
     dtype, and its fused attention has no dropout, so with dropout it writes the scores out (the
     lab's sdpa falls back to torch's math SDPA, ``math_sdpa``)."""
-    on_cpu = cfg.device == "cpu" or (cfg.device == "auto" and cuda_device_count() < cfg.world_size)
-    if not on_cpu or not model.dropout:
+    if not runs_on_cpu(cfg) or not model.dropout:
         return model
     return model.replace(mask_bytes=model.dtype_bytes, attention="standard",
                          math_sdpa=cfg.model.attention == "sdpa")
+
+
+def runs_on_cpu(cfg: RunConfig) -> bool:
+    """Whether the run's ranks compute on CPUs: asked for, or "auto" where the launcher would take the
+    CPU (:func:`paralab.config.resolve_device`)."""
+    return cfg.device == "cpu" or (cfg.device == "auto" and resolve_device("auto", cfg.world_size) == "cpu")
 
 
 def hardware_for_run(cfg: RunConfig, hardware: str | HardwareSpec = "local") -> HardwareSpec:
@@ -178,6 +183,9 @@ def hardware_for_run(cfg: RunConfig, hardware: str | HardwareSpec = "local") -> 
         return hardware
     if hardware.lower() != "local":
         return get_hardware(hardware)
+    if not runs_on_cpu(cfg):  # it had priced a GPU run at this machine's CPU rates
+        raise SpecError("hardware 'local' is this machine's CPU ranks as calibrated, and this run computes "
+                        "on GPUs; give the GPU's preset (h100, a100, ...) or a hardware file")
     from paralab.runtime.worker import threads_for, usable_cores
 
     threads = threads_for(cfg, cfg.world_size)
