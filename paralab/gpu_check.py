@@ -43,7 +43,9 @@ def run_all(gpus: int, model: str, dtype: str, device: str = "cuda") -> list[dic
     import paralab
 
     rows, references = [], {}
-    common = dict(steps=STEPS, device=device, dtype=dtype, global_batch=8 * gpus)
+    # a hung strategy (NCCL's sends and receives in issue order, say) is reported after two minutes, and
+    # the check goes on with the next, not after the run's default five
+    common = dict(steps=STEPS, device=device, dtype=dtype, global_batch=8 * gpus, timeout_s=120.0)
     for name, options in shapes(gpus, model).items():
         recompute = "selective" if name in ("pp", "torch_pp") else "full"
         started = time.perf_counter()
