@@ -40,7 +40,7 @@ class SyntheticCorpus:
     def _walk(self, sample_ids) -> np.ndarray:
         """The samples' tokens, (len(sample_ids), seq_len + 1): each sample's chain drawn from its own
         stream, the samples a step at a time together (a token at a time, a GPU's step had waited for
-        a Python loop: 48 ms for 8 sequences of 512 tokens)."""
+        a Python loop: 33 ms for 10 sequences of 512 tokens here, 7 ms walked together)."""
         draws = np.stack([np.random.default_rng([self.seed, int(i)]).random(self.seq_len + 1)
                           for i in sample_ids])
         tokens = np.empty(draws.shape, dtype=np.int64)

@@ -251,7 +251,7 @@ def test_binders_start_gives_kernels_the_threads_the_cpu_quota_allows():
     probe = [sys.executable, "-c",
              "import os, torch; print(os.environ['OMP_NUM_THREADS'], torch.get_num_threads())"]
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"  # the python repo2docker's image runs
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"  # binder/start runs `python`: this one
     for given, expected in ((None, usable_cores()), ("1", 1)):
         run_env = env if given is None else {**env, "OMP_NUM_THREADS": given}
         out = subprocess.run([str(REPO / "binder" / "start"), *probe], env=run_env, capture_output=True,

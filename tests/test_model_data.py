@@ -48,7 +48,6 @@ def test_a_batch_walks_each_samples_chain_token_by_token(vocab, seq_len):
     stream draws, token by token: the first from the vocabulary, each next the successor whose
     cumulative weight first reaches the draw (the definition, written out here). Walked together the
     samples must be the same tokens, and a sample alone the same as in a batch."""
-
     corpus = SyntheticCorpus(vocab, seq_len, seed=2)
     ids = [0, 7, 65535, 7]
     inputs, targets = corpus.batch(ids)

@@ -71,7 +71,7 @@ def launch(cfg: ElasticConfig, run_dir: str | Path | None = None, progress=None)
     """
     cfg.validate()
     check_capacity(cfg.max_nodes, cfg.oversubscribe)
-    check_model_fits(cfg.model, "cuda" if cfg.device == "cuda" else "cpu")  # "auto": its model loads here
+    check_model_fits(cfg.model, "cuda" if cfg.device == "cuda" else "cpu")  # "auto" checked as the CPU
     if run_dir is not None:
         check_run_dir(Path(run_dir))
     if cfg.checkpoint_dir:
