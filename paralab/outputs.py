@@ -76,16 +76,17 @@ def _check_parent(path: Path, what: str) -> None:
 def check_run_outputs(args) -> None:
     """``paralab run``'s --trace, --report (files), --trace-dir and --profile (directories): each
     writable, each its own, and no --trace inside the --trace-dir."""
-    check_outputs(files=[("--trace", args.trace), ("--report", args.report)],
-                  dirs=[("--trace-dir", args.trace_dir), ("--profile", args.profile)])
+    files = check_outputs(files=[("--trace", args.trace), ("--report", args.report)],
+                          dirs=[("--trace-dir", args.trace_dir), ("--profile", args.profile)])
     if args.trace_dir:
-        check_trace_dir(args.trace_dir, [(flag, path) for flag, path in (("--trace", args.trace),
-                                                                        ("--report", args.report)) if path])
+        check_trace_dir(args.trace_dir, files)
 
 
-def check_outputs(files: list[tuple[str, str | None]], dirs: list[tuple[str, str | None]]) -> None:
+def check_outputs(files: list[tuple[str, str | None]], dirs: list[tuple[str, str | None]]
+                  ) -> list[tuple[str, str]]:
     """Each (name, path) given (None: not asked for) writable as a file or as a directory, and each
-    its own path: what a run writes, checked before it starts (``paralab run`` and ``paralab.run``)."""
+    its own path: what a run writes, checked before it starts (``paralab run`` and ``paralab.run``).
+    Returns the files given."""
     files = [(name, path) for name, path in files if path]
     dirs = [(name, path) for name, path in dirs if path]
     for name, path in files:
@@ -93,6 +94,7 @@ def check_outputs(files: list[tuple[str, str | None]], dirs: list[tuple[str, str
     for name, path in dirs:
         check_dir(path, name)
     check_distinct(files + dirs)
+    return files
 
 
 def check_distinct(outputs: list[tuple[str, str]]) -> None:

@@ -137,9 +137,9 @@ def check_model_fits(model: ModelConfig, device: str) -> None:
     """ConfigError, before any process starts, for a CPU run whose model's weights and gradients alone
     would not fit in the memory available, split over its ranks however it is: a vocabulary of 10**12
     had started a rank that failed allocating 256 TB."""
-    memory, least = available_memory_bytes(), LEAST_BYTES_PER_PARAM * model.param_count()
-    if device == "cpu" and memory and least > memory:
-        raise ConfigError(f"the model's {model.param_count():,} parameters need at least "
+    memory, params = available_memory_bytes(), model.param_count()
+    if device == "cpu" and memory and (least := LEAST_BYTES_PER_PARAM * params) > memory:
+        raise ConfigError(f"the model's {params:,} parameters need at least "
                           f"{least / 2**30:,.1f} GiB for their weights and gradients, more than the "
                           f"{memory / 2**30:.1f} GiB this machine has available; use a smaller model")
 
