@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import re
 import sys
 import weakref
@@ -26,6 +25,7 @@ from paralab.config import (
     OPTIMIZERS,
     RECOMPUTE,
     TrainingConfig,
+    nulls_for_non_finite,
 )
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
@@ -147,19 +147,8 @@ def below_one(args, flags) -> str:
 
 
 def json_text(obj) -> str:
-    """``obj`` as JSON that any reader accepts: a non-finite number (nan, inf) becomes null, where
-    ``json.dumps`` would write a bare ``NaN`` that is not JSON."""
-
-    def finite(value):
-        if isinstance(value, float) and not math.isfinite(value):
-            return None
-        if isinstance(value, dict):
-            return {k: finite(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [finite(v) for v in value]
-        return value
-
-    return json.dumps(finite(obj), allow_nan=False)
+    """``obj`` as JSON that any reader accepts: a non-finite number (nan, inf) becomes null."""
+    return json.dumps(nulls_for_non_finite(obj), allow_nan=False)
 
 
 def _number(text: str):

@@ -457,6 +457,18 @@ def finite_number(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def nulls_for_non_finite(value):
+    """``value`` with every non-finite float (nan, inf) inside it replaced by None: JSON has no NaN,
+    and ``json.dumps`` writes a bare ``NaN`` that browsers, Perfetto and jq refuse."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: nulls_for_non_finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [nulls_for_non_finite(v) for v in value]
+    return value
+
+
 def check_positive(name: str, value, low: float = 0.0, unit: str = "", high: float | None = None) -> None:
     """A finite number above ``low`` (nan and inf are refused: they would only fail later), and at most
     ``high`` when given."""

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
-from paralab.config import MAX_RANKS, finite_number, first_difference
+from paralab.config import MAX_RANKS, finite_number, first_difference, nulls_for_non_finite
 from paralab.outputs import check_replaceable
 from paralab.text import count_text, numbered
 
@@ -789,14 +789,15 @@ _META_KINDS = {
     **dict.fromkeys(("layout", "mesh", "config"), "an object"),
     **dict.fromkeys(("peak_memory_bytes", "memory_by_kind", "memory_ranks", "step_records", "generations",
                      "warnings"), "a list"),
-    "losses": "a list of numbers",  # a diverged run's NaN among them
+    "losses": "a list of numbers",  # a diverged run's NaN among them, saved as null
 }
 _KIND_CHECKS = {"a whole number >= 1": lambda v: type(v) is int and 1 <= v < 2**63,
                 "a world size": lambda v: type(v) is int and 0 <= v <= MAX_RANKS,
                 "a number > 0": lambda v: finite_number(v) and v > 0,
                 "a string": lambda v: type(v) is str, "an object": lambda v: type(v) is dict,
                 "a list": lambda v: type(v) is list,
-                "a list of numbers": lambda v: type(v) is list and all(type(x) in (int, float) for x in v)}
+                "a list of numbers": lambda v: type(v) is list and all(
+                   x is None or type(x) in (int, float) for x in v)}
 
 
 def _checked_meta(meta, where: str) -> dict:
@@ -809,6 +810,8 @@ def _checked_meta(meta, where: str) -> dict:
         if meta.get(key) is not None and not _KIND_CHECKS[kind](meta[key]):
             raise TraceFormatError(f"{where}.{key}: expected {kind}, got {_json_kind(meta[key])} "
                                    f"{json.dumps(meta[key])[:40]}")
+    if meta.get("losses") is not None:
+        meta["losses"] = [float("nan") if x is None else x for x in meta["losses"]]
     ranks, by_kind = meta.get("memory_ranks"), meta.get("memory_by_kind")
     if ranks is not None and (not all(type(r) is int for r in ranks) or len(ranks) != len(by_kind or ())):
         raise TraceFormatError(f"{where}.memory_ranks: expected the rank of each memory_by_kind entry")
@@ -898,12 +901,12 @@ def _write_json(path: str | Path, head: dict, **arrays) -> Path:
     partial = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial")
     try:
         with open(partial, "x", encoding="utf-8") as f:
-            f.write(json.dumps(head)[:-1])
+            f.write(_json_of(head)[:-1])
             for name, items in arrays.items():
                 f.write(f", {json.dumps(name)}: [")
                 first = True
                 while chunk := list(itertools.islice(items, 1000)):
-                    f.write(("" if first else ", ") + json.dumps(chunk)[1:-1])
+                    f.write(("" if first else ", ") + _json_of(chunk)[1:-1])
                     first = False
                 f.write("]")
             f.write("}")
@@ -912,6 +915,15 @@ def _write_json(path: str | Path, head: dict, **arrays) -> Path:
         partial.unlink(missing_ok=True)
         raise
     return path
+
+
+def _json_of(obj) -> str:
+    """``obj`` as JSON, a non-finite number (a diverged run's NaN loss) as null: Perfetto, browsers and
+    jq refuse a bare ``NaN``. Most chunks hold none, and pay only for the check that says so."""
+    try:
+        return json.dumps(obj, allow_nan=False)
+    except ValueError:
+        return json.dumps(nulls_for_non_finite(obj), allow_nan=False)
 
 
 _FIELD_VALUES = {cls: (cls.__slots__, operator.attrgetter(*cls.__slots__)) for cls in (Span, Counter)}

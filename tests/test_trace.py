@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import math
 
 import pytest
 
@@ -164,6 +165,18 @@ def test_json_round_trip_and_directory_merge(tmp_path):
     trace.save(tmp_path / "one.json")
     again = Trace.load(tmp_path / "one.json")
     assert again.spans == trace.spans and again.counters == trace.counters
+
+
+@pytest.mark.parametrize("save", [Trace.save, Trace.save_chrome])
+def test_a_diverged_runs_nan_loss_is_saved_as_json_and_read_back_as_nan(tmp_path, save):
+    """A bare NaN is not JSON: Perfetto, browsers and jq refuse a file that holds one."""
+    trace = two_rank_trace()
+    trace.meta["losses"] = [2.5, float("nan")]
+    save(trace, tmp_path / "t.json")
+    text = (tmp_path / "t.json").read_text()
+    json.loads(text, parse_constant=lambda name: pytest.fail(f"bare {name} written"))
+    losses = Trace.load(tmp_path / "t.json").meta["losses"]
+    assert losses[0] == 2.5 and math.isnan(losses[1])
 
 
 def test_load_refuses_non_trace_json(tmp_path):
