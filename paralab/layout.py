@@ -218,6 +218,9 @@ def resolve_layout(cfg: RunConfig) -> Layout:
     microbatches, a reduction dtype where one replica reduces nothing, then the strategy's own rules
     (its ``check``).
     """
+    if not isinstance(cfg, RunConfig):  # None or a dict had been an AttributeError from inside
+        raise ConfigError(f"resolve_layout takes a RunConfig (RunConfig.build(model, strategy=..., ...)), "
+                          f"got {cfg!r}"[:200])
     cfg.validate()
     strategy = get_strategy(cfg.strategy)
     unused = _unused_options(cfg, strategy)

@@ -183,6 +183,13 @@ def test_shapes_that_cannot_run_are_refused_before_any_process(monkeypatch, opti
         paralab.run(world_size=2, **options)
 
 
+@pytest.mark.parametrize("given", [None, {"strategy": "ddp"}, "ddp"])
+def test_resolve_layout_of_what_is_no_run_config_names_what_it_takes(given):
+    """None had been "'NoneType' object has no attribute 'validate'"."""
+    with pytest.raises(ConfigError, match=r"resolve_layout takes a RunConfig \(RunConfig.build"):
+        resolve_layout(given)
+
+
 @pytest.mark.parametrize("name, world, options", [
     ("dp", 2, {}), ("ddp", 2, {}), ("zero1", 2, {}), ("zero2", 2, {}), ("zero3", 2, {}), ("cp", 2, {}),
     ("ep", 2, dict(model="tiny-moe")), ("torch_ddp", 2, {}), ("torch_fsdp", 2, {}),

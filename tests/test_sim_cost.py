@@ -656,12 +656,14 @@ def test_bad_spec_is_refused_with_the_numbers():
     (lambda: cost.predict("gpt3-175b", ParallelSpec(), A100), "model must be a ModelSpec .* got 'gpt3-175b'"),
     (lambda: cost.predict(get_model("gpt3-175b"), {"tp": 8}, A100), r"parallel must be a ParallelSpec"),
     (lambda: cost.predict(get_model("gpt3-175b"), ParallelSpec(), "a100"), "hardware must be a HardwareSpec"),
+    (lambda: cost.predict(get_model("gpt3-175b"), ParallelSpec(), None), "hardware must be a HardwareSpec"),
     (lambda: get_hardware(None), "hardware must be a preset's name or a .json file's path, got None"),
     (lambda: get_model(None), "unknown model preset None"),
     (lambda: bridge.predict_run(None, "a100"), "the run must be a RunConfig"),
 ])
 def test_a_spec_of_the_wrong_type_is_named(call, message):
-    """Each had been an AttributeError from deep inside (a name where a spec belongs, None, a dict)."""
+    """Each had been an AttributeError from deep inside (a name where a spec belongs, None, a dict, no
+    hardware where a time is priced)."""
     with pytest.raises(SpecError, match=message):
         call()
 

@@ -243,6 +243,7 @@ def test_the_rows_a_plan_returns_are_all_simulated_and_ranked_by_it():
     (dict(keep=["tp"]), r"keep must be a dict of ParallelSpec settings, like \{'tp': 2\}, got \['tp'\]"),
     (dict(model="small"), r"model must be a ModelSpec .* got 'small'"),  # had been an AttributeError
     (dict(hw="a100"), r"hardware must be a HardwareSpec .* got 'a100'"),
+    (dict(hw=None), r"hardware must be a HardwareSpec .* got None"),  # had been an AttributeError
 ])
 def test_a_plan_of_what_cannot_be_asked_is_refused(asked, message):
     request = {"model": get_model("small"), "gpus": 8, "hw": A100, "global_batch": 64, **asked}

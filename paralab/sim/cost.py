@@ -671,19 +671,21 @@ def check(model: ModelSpec, parallel: ParallelSpec, gpus: int | None = None,
     """The resolved spec, or SpecError listing every conflict (a machine built in Python as well as a
     hardware file: a zero bandwidth would divide by zero deep in the cost model), or a spec of the
     wrong type (:func:`check_types`)."""
-    check_types(model, parallel, hw)
+    check_types(model, parallel, hw, hardware_optional=True)
     problems = (machine_problems(model, hw) if hw else model.problems()) or parallel.problems(model, gpus)
     if problems:
         raise SpecError("; ".join(problems))
     return parallel.resolved()
 
 
-def check_types(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec | None) -> None:
-    """SpecError for a spec of the wrong type: a preset's name or a dict had been an AttributeError."""
+def check_types(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec | None,
+                hardware_optional: bool = False) -> None:
+    """SpecError for a spec of the wrong type: a preset's name or a dict had been an AttributeError,
+    and so had no hardware where a time is priced (``hardware_optional`` where only shapes are checked)."""
     given = {"model": (model, ModelSpec), "parallel": (parallel, ParallelSpec),
              "hardware": (hw, HardwareSpec)}
     for name, (spec, kind) in given.items():
-        if not isinstance(spec, kind) and not (name == "hardware" and spec is None):  # hw is optional here
+        if not isinstance(spec, kind) and not (name == "hardware" and spec is None and hardware_optional):
             raise SpecError(f"{name} must be a {kind.__name__} (get_model, get_hardware and "
                             f"ParallelSpec(...) make them), got {spec!r}")
 
