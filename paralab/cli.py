@@ -48,8 +48,7 @@ from paralab.config import (
 from paralab.schedules import SCHEDULES, V_SHAPED
 from paralab.text import count_text
 from paralab.trace import not_measured
-
-_PACKAGE_DIR = Path(__file__).resolve().parent  # where paralab's own warnings come from
+from paralab.warn import ParalabWarning
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
@@ -497,7 +496,7 @@ def _warnings_in_one_line():
     plain = warnings.formatwarning
 
     def one_line(message, category, filename, lineno, line=None):
-        if Path(filename).resolve().is_relative_to(_PACKAGE_DIR):
+        if issubclass(category, ParalabWarning):
             return f"paralab: warning: {message}\n"
         return plain(message, category, filename, lineno, line)
 

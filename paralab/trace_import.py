@@ -65,6 +65,7 @@ from paralab.schedules import (
 from paralab.text import count_text, numbered, steps_said
 from paralab.trace import CLOCK_SLACK_S, COMM, GZIP_MAGIC, MAX_RANKS, STEP, Span, Trace
 from paralab.trace_ops import DEVICE_CATS, HOST_CATS, Event, comm_spans, compute_spans
+from paralab.warn import ParalabWarning, warn
 
 NAMES = ("auto", "paralab", "torch")
 IMPORT_FACTS = ("schedule", "pp", "microbatches", "tokens_per_step")  # what a user may tell an import
@@ -88,7 +89,7 @@ class ParalabTraceError(ProfileError):
     (with a warning) when a directory given holds it (an earlier import's output, say)."""
 
 
-class ProfileWarning(UserWarning):
+class ProfileWarning(ParalabWarning):
     """What an imported profile cannot tell, or may tell wrong (also in the trace's
     ``meta["warnings"]``)."""
 
@@ -427,7 +428,7 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
     if said:
         trace.meta["warnings"] = said
     for text in said:  # a script or notebook hears them too, as paralab's other warnings
-        warnings.warn(text, ProfileWarning, stacklevel=2)
+        warn(text, ProfileWarning)
     return trace
 
 

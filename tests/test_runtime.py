@@ -108,10 +108,12 @@ def test_a_hung_collective_ends_in_a_clear_timeout(no_leftover_ranks):
                     fault={"rank": 1, "step": 1, "kind": "hang"})
 
 
-def test_more_ranks_than_cores_warns(monkeypatch, no_leftover_ranks):
+def test_more_ranks_than_cores_warns_naming_the_callers_line(monkeypatch, no_leftover_ranks):
+    """It had named a line of paralab/__init__.py, where paralab.run calls the launcher."""
     monkeypatch.setattr(launch_module, "usable_cores", lambda: 1)
-    with pytest.warns(RuntimeWarning, match="exceeds the 1 usable CPU cores"):
+    with pytest.warns(RuntimeWarning, match="exceeds the 1 usable CPU cores") as caught:
         paralab.run("dp", 2, steps=1, global_batch=4)
+    assert caught[0].filename == __file__
 
 
 @pytest.mark.timeout(120)

@@ -13,6 +13,7 @@ import pytest
 from paralab.sim import cost
 from paralab.sim.hardware import PRESETS, get_hardware, load_hardware_file
 from paralab.sim.specs import SpecError
+from paralab.warn import ParalabWarning
 
 GiB = 2**30
 
@@ -138,9 +139,10 @@ def test_a_part_from_its_datasheet_alone_is_told_which_modelling_constants_it_to
              "gpus_per_node": 8, "nvlink_gb_s": 360, "nvlink_latency_us": 5, "nic_gb_s": 45,
              "nic_latency_us": 10}
     took = r"no base.*straggler_cv 0 \(presets: 0.017\), comm_sm_share 0"
-    with pytest.warns(UserWarning, match=took) as said:
+    with pytest.warns(ParalabWarning, match=took) as said:
         load_hardware_file(write(tmp_path, sheet))
     assert "matmul_max_efficiency" in str(said[0].message)
+    assert said[0].filename == __file__  # the caller's line, not one of paralab's
     given = {"matmul_max_efficiency": 0.7, "straggler_cv": 0.01, "comm_sm_share": 0.18,
              "flash2_efficiency": PRESETS["h100"].flash2_efficiency}
     with warnings.catch_warnings():

@@ -76,7 +76,7 @@ def launch(cfg: ElasticConfig, run_dir: str | Path | None = None, progress=None)
         check_run_dir(Path(run_dir))
     if cfg.checkpoint_dir:
         checkpoint.check_resumable(cfg.checkpoint_dir, cfg.signature(), cfg.steps)
-    warn_if_cores_are_shared(cfg.max_nodes, stacklevel=3)  # as a run's ranks: its workers may all run
+    warn_if_cores_are_shared(cfg.max_nodes)  # as a run's ranks: its workers may all run
     janitor = Janitor()
     try:
         scratch = Path(tempfile.mkdtemp(prefix="paralab-elastic-"))

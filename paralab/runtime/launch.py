@@ -29,7 +29,6 @@ import signal
 import sys
 import tempfile
 import time
-import warnings
 from multiprocessing import util as mp_util
 from pathlib import Path
 
@@ -42,6 +41,7 @@ from paralab.runtime.processes import ProgressWatch
 from paralab.runtime.result import RunError, RunResult
 from paralab.runtime.worker import check_capacity, check_model_fits, spawn_entry, usable_cores
 from paralab.strategies.registry import MODULES as STRATEGY_MODULES
+from paralab.warn import warn
 
 POLL_S = 0.05
 SETTLE_S = 3.0  # after a first failure: how long to wait for the rest of the evidence
@@ -119,7 +119,7 @@ def launch(cfg: RunConfig, progress=None) -> RunResult:
     Raises ConfigError before any process starts, RunError if a rank fails or the run hangs.
     """
     layout, cfg = preflight(cfg)
-    warn_if_cores_are_shared(cfg.world_size, stacklevel=3)
+    warn_if_cores_are_shared(cfg.world_size)
     janitor = Janitor()
     try:
         result = _launch_ranks(cfg, layout, janitor, progress)
@@ -133,14 +133,11 @@ def launch(cfg: RunConfig, progress=None) -> RunResult:
     return result
 
 
-def warn_if_cores_are_shared(ranks: int, stacklevel: int = 2) -> None:
-    """RuntimeWarning when ``ranks`` local ranks outnumber the usable cores (``stacklevel``: of the
-    caller the warning names)."""
+def warn_if_cores_are_shared(ranks: int) -> None:
+    """A ParalabWarning when ``ranks`` local ranks outnumber the usable cores."""
     if ranks > usable_cores():
-        warnings.warn(f"world size {ranks} exceeds the {usable_cores()} usable CPU cores: ranks will "
-                      "time-share cores, so step times show contention, not scaling",
-                      RuntimeWarning, stacklevel=stacklevel)
-
+        warn(f"world size {ranks} exceeds the {usable_cores()} usable CPU cores: ranks will time-share "
+             "cores, so step times show contention, not scaling")
 
 def _launch_ranks(cfg: RunConfig, layout, janitor: Janitor, progress) -> RunResult:
     """Start the ranks (the janitor told of each), watch them and collect their result."""

@@ -119,7 +119,7 @@ def run_local_nodes(run_args: list[str], nnodes: int = 2, nproc_per_node: int = 
         store = loopback.serve_store()  # the rendezvous, hosted here
         options = agents.local_rendezvous()
         flags = _run_flags(run_args)
-        warn_if_cores_are_shared(nnodes * nproc_per_node, stacklevel=3)
+        warn_if_cores_are_shared(nnodes * nproc_per_node)
         args = [*run_args, *_fair_threads(flags, nnodes * nproc_per_node), "--json", "--trace-dir", trace_dir]
         endpoint, run_id = f"{loopback.HOST}:{store.port}", uuid.uuid4().hex[:8]
         commands = [agent_command(nnodes, nproc_per_node, endpoint, run_id, args, options)

@@ -43,12 +43,12 @@ import dataclasses
 import json
 import os
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 from paralab.config import finite_number
 from paralab.sim.specs import HardwareSpec, SpecError
+from paralab.warn import warn
 
 GiB = 1024**3
 MiB = 1024**2
@@ -234,9 +234,8 @@ def _say_modelling_defaults(path: Path, omitted: list[str]) -> None:
         return f"{name} {defaults[name]:g} (presets: {low:.2g}{f'-{high:.2g}' if high != low else ''})"
 
     said = ", ".join(map(took, omitted))
-    warnings.warn(f"hardware file {str(path)!r} has no base, so it takes HardwareSpec's defaults for what "
-                  f"a datasheet does not state: {said}; give them, or a base preset to start from",
-                  stacklevel=3)
+    warn(f"hardware file {str(path)!r} has no base, so it takes HardwareSpec's defaults for what a datasheet "
+         f"does not state: {said}; give them, or a base preset to start from")
 
 
 def _field_of(key: str) -> str:
@@ -357,8 +356,8 @@ def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True,
     if _disturbed(spec):  # often a moment's load: measure once more
         spec = calibrate(matmul_size=matmul_size, gloo=gloo, threads=threads)
     if why := _disturbed(spec):
-        warnings.warn(f"the calibration was disturbed twice ({why}: the machine was busy?); it is used "
-                      "for now, not cached, and measured again next time", RuntimeWarning, stacklevel=2)
+        warn(f"the calibration was disturbed twice ({why}: the machine was busy?); it is used for now, not "
+             "cached, and measured again next time")
         return spec
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(spec.to_dict(), indent=1))
@@ -392,8 +391,7 @@ def _cached_spec(path: Path) -> HardwareSpec | None:
             raise ValueError("; ".join(problems))
         return spec
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-        warnings.warn(f"{path} is not a readable calibration ({type(exc).__name__}: {exc}); measuring again",
-                      RuntimeWarning, stacklevel=3)
+        warn(f"{path} is not a readable calibration ({type(exc).__name__}: {exc}); measuring again")
         return None
 
 
