@@ -10,7 +10,8 @@ about exactly that split, so paralab counts it:
 
 The peak is sampled after every forward and every backward, where the high-water marks lie, and
 after each recomputation of a checkpointed region, whose rematerialised activations it counts too.
-On CUDA ``torch.cuda.max_memory_allocated`` is reported beside it as the allocator's view.
+On CUDA ``torch.cuda.max_memory_allocated`` is reported beside it as the allocator's view, from the end
+of set-up (the strategy's ``watch`` or ``count_held``) on.
 """
 
 from __future__ import annotations
@@ -78,11 +79,20 @@ class MemoryMeter:
         self.params = list(params)
         self.optimizer = optimizer
         self._param_ptrs = {local(p).untyped_storage().data_ptr() for p in self.params}
+        self._allocator_peak_from_here()
 
     def count_held(self, held: Callable[[], dict]) -> None:
         """Count model states from ``held()`` = {"params": [...], "grads": [...]}, every tensor alive on
         the rank, by distinct storage."""
         self._held = held
+        self._allocator_peak_from_here()
+
+    def _allocator_peak_from_here(self) -> None:
+        """The CUDA allocator's peak counted from the end of set-up, where the strategy hands over what
+        it keeps: a model built whole and then sharded (ZeRO-3) had peaked at the whole model's bytes
+        before training began, and read as a training peak."""
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
 
     def hold(self, kind: str, nbytes: int) -> None:
         """``nbytes`` more (or, negative, fewer) bytes of ``kind`` held outside the watched tensors."""

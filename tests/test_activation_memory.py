@@ -175,3 +175,22 @@ def test_the_unfused_losses_peak_at_what_the_simulator_counts_per_logit():
     model = get_model("llama3-8b").replace(fused_loss=False)
     assert measured["torch"] == pytest.approx(counting.loss_bytes_per_logit(model, tp=1), abs=0.25)
     assert measured["loss_parallel"] == pytest.approx(counting.loss_bytes_per_logit(model, tp=8), abs=0.25)
+
+
+@pytest.mark.parametrize("hand_over", ["watch", "count_held"])
+def test_the_cuda_allocators_peak_is_counted_from_the_end_of_set_up(monkeypatch, hand_over):
+    """A model built whole and then sharded (ZeRO-3) had peaked at the whole model before training
+    began: the allocator's peak is reset where the strategy hands the meter what it keeps. Only the
+    call is checked here (no GPU); gpu-check runs it for real."""
+    resets = []
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", resets.append)
+    cuda = torch.device("cuda", 0)
+    meter = MemoryMeter(cuda)
+    assert resets == []
+    if hand_over == "watch":
+        meter.watch([torch.zeros(2)])
+    else:
+        meter.count_held(lambda: {"params": [], "grads": []})
+    assert resets == [cuda]
+    MemoryMeter(torch.device("cpu")).watch([torch.zeros(2)])
+    assert resets == [cuda]  # nothing to reset on a CPU rank
