@@ -213,13 +213,20 @@ def cmd_run(args) -> int:
 def _run_as_a_torchrun_rank(args) -> NoReturn:
     """This process's rank of a torchrun's run; rank 0 speaks for the run. An error is also written
     where torchrun reads it for its summary."""
-    from paralab.outputs import check_run_outputs
-    from paralab.runtime.torchrun import end_rank, errors_told_to_torchrun, run_under_torchrun
+    from paralab.outputs import check_run_outputs, check_trace_dir_holds_only
+    from paralab.runtime.torchrun import (
+        end_rank,
+        errors_told_to_torchrun,
+        launched_config,
+        run_under_torchrun,
+    )
 
     with errors_told_to_torchrun():
         cfg = config_from_args(args)
         check_run_outputs(args)
         refuse_flags_the_launch_sets(args, cfg)
+        if args.trace_dir:  # another run's files there would be merged with this one's, or refused then
+            check_trace_dir_holds_only(args.trace_dir, launched_config(cfg).world_size)
         result = run_under_torchrun(cfg, args.trace_dir)
         if result is not None:
             _write_outputs(result, args)
@@ -384,6 +391,8 @@ def cmd_nodes(args) -> int:
     run_args = args.run_args[1:] if args.run_args[:1] == ["--"] else args.run_args
     parsed = build_parser().parse_args(["run", *attach_negative_lists(run_args)])
     refuse_run_flags_nodes_sets(parsed)
+    if parsed.hierarchical and args.nnodes < 2:  # the run's own refusal names its --nodes, refused above
+        raise ConfigError("hierarchical all-reduce needs ranks on at least 2 nodes: give --nnodes 2 or more")
     cfg = config_from_args(parsed)
     # the run's own --trace, --report, --profile and nodes' --trace-dir: before any agent starts
     check_run_outputs(argparse.Namespace(**{**vars(parsed), "trace_dir": args.trace_dir}))

@@ -127,9 +127,10 @@ def rank_trace_name(rank: int) -> str:
 
 
 def check_trace_dir_holds_only(trace_dir: str, world_size: int) -> None:
-    """``paralab nodes`` reads its --trace-dir back as its run: a ``*.json`` there that none of its
-    ``world_size`` ranks overwrites (a larger run's ranks, a merged trace) would be read with them and
-    refused only once the run had trained. Refused before any agent starts."""
+    """A --trace-dir is read back as its run (by ``paralab nodes``, or ``paralab merge`` after a
+    torchrun): a ``*.json`` there that none of its ``world_size`` ranks overwrites (a larger run's
+    ranks, a merged trace) would be read with them and refused only once the run had trained.
+    Refused before any rank trains."""
     folder = Path(trace_dir)
     ours = {rank_trace_name(rank) for rank in range(world_size)}
     others = sorted(p.name for p in folder.glob("*.json") if p.name not in ours) if folder.is_dir() else []

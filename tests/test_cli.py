@@ -617,6 +617,32 @@ def test_flags_that_disagree_with_a_torchrun_environment_exit_2(monkeypatch, cap
     assert said in err and err.count("\n") == 1, err
 
 
+def test_a_torchrun_ranks_trace_dir_holding_another_runs_files_exits_2_before_it_trains(
+        monkeypatch, capsys, tmp_path):
+    """A 4-rank run's files left in the folder: a 2-rank torchrun had trained, exited 0 and pointed at
+    `paralab merge` of the folder, which then refused it."""
+    from paralab.outputs import rank_trace_name
+    from paralab.runtime import torchrun
+
+    monkeypatch.setattr(torchrun, "run_under_torchrun", lambda *a: pytest.fail("the rank was about to run"))
+    for key, value in dict(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT="1").items():
+        monkeypatch.setenv(key, value)
+    for rank in range(4):
+        (tmp_path / rank_trace_name(rank)).write_text("{}")
+    assert cli.main(["run", "--strategy", "ddp", "--trace-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert (f"--trace-dir {tmp_path} holds rank00002.json, rank00003.json, which this run of 2 ranks "
+            "would not overwrite") in err, err
+
+
+def test_nodes_says_a_hierarchy_of_one_node_in_its_own_flag(nothing_starts, capsys):
+    """It had said to set --nodes 2, which nodes then refuses after --."""
+    assert cli.main(["nodes", "--nnodes", "1", "--", "--strategy", "ddp", "--hierarchical"]) == 2
+    err = capsys.readouterr().err
+    assert "hierarchical all-reduce needs ranks on at least 2 nodes: give --nnodes 2 or more" in err, err
+
+
 @pytest.mark.parametrize("env, said", [
     (dict(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1"),
      "RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR are set but MASTER_PORT is not: a rank of a launch"),

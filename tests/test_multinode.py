@@ -121,6 +121,24 @@ def test_a_torchrun_run_names_the_nodes_its_ranks_were_started_on(monkeypatch, a
     assert launched_nodes(world_size=4, local_world=per_node) == nodes
 
 
+def test_nodes_of_unequal_size_are_counted_as_the_nodes_the_ranks_ran_on():
+    """A torchrun node of one rank beside a node of two: the config keeps nodes 1 (see above), but the
+    summary had said so too, and its text hid the bytes that crossed between the nodes."""
+    from paralab.layout import resolve_layout
+    from paralab.runtime.result import RunResult
+    from paralab.trace import COMM, STEP, Span, Trace
+
+    cfg = RunConfig.build("tiny", strategy="ddp", world_size=3, global_batch=6)
+    spans = [Span(rank, STEP, "step", 0.0, 1.0, step=0) for rank in range(3)]
+    spans.append(Span(1, COMM, "all_reduce", 0.2, 0.4, bytes=100, payload_bytes=100, group_size=3, step=0,
+                      inter_node=True))
+    memory = {"peak_bytes": 0, "peak_by_kind": {}, "max_by_kind": {}}
+    ranks = [{"rank": rank, "node": node, "memory": memory} for rank, node in enumerate((0, 1, 1))]
+    summary = RunResult(cfg, resolve_layout(cfg), [1.0], Trace(spans=spans), ranks).summary
+    assert summary["nodes"] == 2
+    assert "by link: 0 B intra-node, 100 B inter-node per step" in cli.format_summary(summary)
+
+
 @pytest.mark.timeout(300)
 def test_two_torchrun_agents_act_as_two_nodes(tmp_path):
     run = run_local_nodes(["--strategy", "ddp", "--steps", "3", "--bucket-mb", "0.2", "--hierarchical"],

@@ -98,7 +98,9 @@ class RunResult:
             "global_batch": cfg.global_batch,
             "micro_batch": layout.micro_batch,
             "device": cfg.device,
-            "nodes": cfg.nodes,
+            # the nodes the ranks ran on, as each found its own: torchrun's nodes of unequal size (a
+            # node of 1 rank beside one of 2) had read 1, which hid the traffic that crossed them
+            "nodes": len({r["node"] for r in self.rank_results}) or cfg.nodes,
             "dtype": cfg.dtype,
             "reduce_dtype": cfg.reduce_dtype,
             "bucket_mb": cfg.bucket_mb if bucket_cap_applies(cfg.strategy, layout) else None,
