@@ -97,7 +97,7 @@ def candidates(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int,
                 if global_batch % (dp * mb) or m > MAX_MICROBATCHES:  # more than a step simulates
                     continue
                 for schedule, v, split in _schedules(model, pp, m):
-                    for zero in (0, 1, 2, 3) if dp > 1 else (0,):
+                    for zero in (0, 1, 2, 3) if dp * cp > 1 else (0,):  # ZeRO shards over dp x cp
                         for ep in _expert_degrees(model, dp) if cp == 1 else (1,):
                             for recompute in policies:
                                 yield ParallelSpec(
