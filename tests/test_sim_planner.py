@@ -397,3 +397,13 @@ def test_zero_is_weighed_where_context_parallel_alone_makes_the_replicas():
     rows = planner.plan(model, 4, get_hardware("h100"), global_batch=1, top=20)
     sharded = [r.parallel for r in rows if r.parallel.dp == 1 and r.parallel.cp > 1 and r.parallel.zero]
     assert sharded and rows[0].parallel.cp == 4 and rows[0].parallel.zero > 0
+
+
+def test_nothing_fits_offers_only_what_would_shrink_the_leanest_layouts_activations():
+    """65,536-token sequences of GPT-3 13B on 4 A100s: their s x s scores do not fit. It had said to try
+    a smaller micro-batch, which the leanest layout had at 1, and not the fused attention that fits."""
+    model = get_model("gpt3-13b").replace(seq=65536)
+    said = planner.why_nothing_fits(model, 4, A100)
+    assert said.endswith("the activations are what does not fit: try more GPUs, a shorter sequence or a "
+                         "fused (flash) attention, which keeps no s x s scores"), said
+    assert planner.plan(model.replace(attention="fused"), 4, A100)

@@ -304,7 +304,8 @@ def why_nothing_fits(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch
         return (f"no split of {count_text(gpus, 'GPU')} divides a global batch of {batch_text} "
                 f"(dp x micro-batch must divide it); the fewest replicas a split here has is dp {fewest}: "
                 f"try a global batch of {nearest_multiple(batch, fewest)}")
-    smallest = min(cost.memory_per_gpu(model, spec)["total"] for spec in specs)
+    smallest, _, lean = min((cost.memory_per_gpu(model, spec)["total"], i, spec)
+                            for i, spec in enumerate(specs))
     usable = cost.usable_memory(hw)
     # weights, gradients and Adam's states per parameter (2 + 2 + 12 in mixed precision), fully sharded
     per_param = sum(counting.bytes_per_param(model, ParallelSpec(fp32_grads=fp32_grads).resolved()))
@@ -315,8 +316,19 @@ def why_nothing_fits(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch
     if least > gpus:
         return leanest + (f"{model.name}'s model states alone are {bytes_text(states)}, the usable memory "
                           f"of {least} {hw.name} GPUs at least")
-    return leanest + ("the activations are what does not fit: try more GPUs, a shorter sequence or a "
-                      "smaller micro-batch")
+    return leanest + "the activations are what does not fit: try " + _leaner_activations(model, lean)
+
+
+def _leaner_activations(model: ModelSpec, lean: ParallelSpec) -> str:
+    """What could shrink the activations of the leanest layout, ``lean``: a smaller micro-batch only
+    where it has one to shrink, and a fused attention where the s x s scores are stored (a 65,536-token
+    sequence's scores, 109 GiB on 4 GPUs, had been told to take a micro-batch of 1, which it had)."""
+    tries = ["more GPUs", "a shorter sequence"]
+    if lean.micro_batch > 1:
+        tries.append(f"a micro-batch below its {lean.micro_batch}")
+    if model.attention == "standard":
+        tries.append("a fused (flash) attention, which keeps no s x s scores")
+    return ", ".join(tries[:-1]) + " or " + tries[-1]
 
 
 def replicas_shut_out(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int) -> list[int]:
