@@ -418,10 +418,16 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
     if unsized:
         trace.meta["bytes_unknown_ranks"] = sorted(unsized)
         trace.meta["bytes_unknown_ops"] = sorted(set().union(*unsized.values()))
-        were = "was" if len(unsized) == 1 else "were"
-        said.append(f"{numbered('rank', sorted(unsized))} {were} profiled without record_shapes=True: "
-                    "a profile taken so holds no sizes of its communication, so the bytes are unknown "
-                    "(0 in the trace); profile with record_shapes=True to measure them")
+        shapeless = sorted(r for r, p in zip(ranks, profiles) if r in unsized and not p.shapes_recorded)
+        if shapeless:
+            were = "was" if len(shapeless) == 1 else "were"
+            said.append(f"{numbered('rank', shapeless)} {were} profiled without record_shapes=True: "
+                        "a profile taken so holds no sizes of its communication, so the bytes are unknown "
+                        "(0 in the trace); profile with record_shapes=True to measure them")
+        if unsaid := {r: ops for r, ops in unsized.items() if r not in shapeless}:
+            said.append("recorded shapes without a dtype (a tensor list's, as a scatter's receiving ranks "
+                        "record) leave some bytes unknown (0 in the trace): " + "; ".join(
+                            f"rank {r}'s {', '.join(sorted(ops))}" for r, ops in sorted(unsaid.items())))
     if negative := [p for p in profiles if p.negative_durations]:
         said.append("events of a negative duration (left unfinished, or an edited file) left out: "
                     + ", ".join(f"{p.path.name} {p.negative_durations:,}" for p in negative))
@@ -765,11 +771,12 @@ def _meta(profiles: list[RankProfile], ranks: list[int], world: int, node_of: di
 
 def _unsized_comm(spans_by_rank: dict[int, list[Span]], profiles: list[RankProfile],
                   ranks: list[int]) -> dict[int, set[str]]:
-    """The ops left without a size on each rank profiled without record_shapes (a barrier has none to
-    give): gloo's calls and bare c10d calls are sized by their recorded shapes alone, NCCL's
-    record_param_comms needs none."""
+    """The ops left without a size on each rank (a barrier has none to give): gloo's calls and bare c10d
+    calls are sized by their recorded shapes alone, NCCL's record_param_comms needs none. A rank
+    profiled without record_shapes has none; one with them lacks a dtype where its only tensor
+    argument is a list (a scatter's receiving ranks: its bytes had read 0 without a word)."""
     unsized = {r: {s.kind for s in spans_by_rank[r] if s.lane == COMM and s.kind != "barrier"
-                   and not s.payload_bytes} for r, p in zip(ranks, profiles) if not p.shapes_recorded}
+                   and not s.payload_bytes} for r in ranks}
     return {r: ops for r, ops in unsized.items() if ops}
 
 
@@ -895,18 +902,18 @@ def _is_paralab_trace(path: Path) -> bool:
 
 
 def _comm_lines(summary: dict, unknown: set[str]) -> list[str]:
-    """Bytes per op and step; for the ops some rank profiled without record_shapes left unsized
-    (``unknown``; NCCL's are sized without shapes) a 0 is not a measure, and a total that is not 0
-    leaves those ranks out: both say so."""
+    """Bytes per op and step; for the ops some rank left unsized (``unknown``: profiled without
+    record_shapes, NCCL's sized without them, or a size without its dtype) a 0 is not a measure, and a
+    total that is not 0 leaves those ranks out: both say so."""
     from paralab.viz._common import fmt_bytes  # plotly-free, as the viz package imports it lazily
 
     lines = []
     for op, nbytes in summary["comm_payload_bytes"].items():
         partial = op in unknown
         if partial and not nbytes:
-            lines.append(f"{op}: bytes unknown (profiled without record_shapes)")
+            lines.append(f"{op}: bytes unknown (no size recorded: see the warning)")
         else:
             lines.append(f"{op}: {fmt_bytes(nbytes)} of tensors per step (all ranks), "
                          f"{fmt_bytes(summary['comm_bytes'].get(op, 0))} on the wire"
-                         + (" (ranks without record_shapes not counted)" if partial else ""))
+                         + (" (ranks that recorded no size of it not counted)" if partial else ""))
     return lines

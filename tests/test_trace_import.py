@@ -755,8 +755,10 @@ def test_what_a_profile_cannot_say_per_step_or_per_group_is_said(tmp_path):
         data["distributedInfo"]["pg_config"] = [{"pg_name": "0", "ranks": [0, 1, 2, 3]},
                                                 {"pg_name": "1", "ranks": [r - r % 2, r - r % 2 + 1]}]
         Path(path).write_text(json.dumps(data))
-    (said,) = import_profile(files).meta["warnings"]
+    said, unsized = import_profile(files).meta["warnings"]
     assert said.startswith("the job made process groups smaller than the world ([0, 1], [2, 3])")
+    # with neither gloo's ranges nor record_param_comms, the calls' tensor lists give no dtype
+    assert unsized.endswith("(0 in the trace): " + "; ".join(f"rank {r}'s all_reduce" for r in range(4)))
 
 
 def test_a_job_with_a_group_of_one_rank_is_not_read_as_every_collective_over_both(tmp_path):
@@ -812,7 +814,7 @@ def test_a_profile_without_record_shapes_says_its_bytes_are_unknown(tmp_path, ca
     assert cli_main(["import", *files, "-o", str(tmp_path / "out.json")]) == 0
     out, err = capsys.readouterr()
     assert "warning: ranks 0, 1 were profiled without record_shapes=True" in err
-    assert "all_reduce: bytes unknown (profiled without record_shapes)" in out and "MiB" not in out
+    assert "all_reduce: bytes unknown (no size recorded: see the warning)" in out and "MiB" not in out
     meta = Trace.load(tmp_path / "out.json").meta
     assert meta["bytes_unknown_ranks"] == [0, 1] and meta["bytes_unknown_ops"] == ["all_reduce"]
     with_shapes = [_gloo_rank(tmp_path / f"s{r}.json", rank=r) for r in (0, 1)]
@@ -821,16 +823,33 @@ def test_a_profile_without_record_shapes_says_its_bytes_are_unknown(tmp_path, ca
     assert trace.comm_bytes(payload=True) == {"all_reduce": 2 * 1024}  # per step: 1 KiB from each rank
 
 
+def test_a_size_recorded_without_its_dtype_is_said_to_leave_its_bytes_unknown(tmp_path):
+    """A scatter's receiving rank records its output as a tensor list, which has no dtype, and gloo's
+    range of it carries no arguments: its bytes had read 0 without a word, shapes recorded."""
+    files = [_gloo_rank(tmp_path / f"r{r}.json", rank=r) for r in (0, 1)]
+    data = json.loads(Path(files[1]).read_text())
+    for event in data["traceEvents"]:
+        if event["name"] == "gloo:all_reduce":
+            event["args"] = {}
+    Path(files[1]).write_text(json.dumps(data))
+    trace = import_profile(files)
+    assert trace.meta["bytes_unknown_ranks"] == [1] and trace.meta["bytes_unknown_ops"] == ["all_reduce"]
+    (said,) = trace.meta["warnings"]
+    assert said == ("recorded shapes without a dtype (a tensor list's, as a scatter's receiving ranks "
+                    "record) leave some bytes unknown (0 in the trace): rank 1's all_reduce")
+
+
 def test_only_the_ops_left_unsized_are_said_to_leave_ranks_out():
     """A rank without record_shapes leaves its gloo calls unsized, not an op NCCL sized from its own
-    metadata: every op's line had said "ranks without record_shapes not counted"."""
+    metadata: every op's line had said its ranks were not counted."""
     from paralab.trace_import import _comm_lines
 
     summary = {"comm_payload_bytes": {"all_reduce": 2**20, "send": 2**20, "recv": 0},
                "comm_bytes": {"all_reduce": 2**20, "send": 2**20}}
     all_reduce, send, recv = _comm_lines(summary, {"send", "recv"})
-    assert "not counted" not in all_reduce and send.endswith("(ranks without record_shapes not counted)")
-    assert recv == "recv: bytes unknown (profiled without record_shapes)"
+    assert "not counted" not in all_reduce
+    assert send.endswith("(ranks that recorded no size of it not counted)")
+    assert recv == "recv: bytes unknown (no size recorded: see the warning)"
 
 
 def test_paralab_clock_is_the_least_delayed_range():
@@ -1032,13 +1051,15 @@ def _pipeline_rank(path: Path, rank: int, microbatches: int, shift_us: float = 0
     each microbatch's activation sent from rank 0 and its gradient sent back from rank 1 (64 floats),
     as torch's GPipe and 1F1B send them."""
     call = {"Input type": ["TensorList"], "Input Dims": [[[64]]]}
+    gloo = {"Input type": ["float"], "Input Dims": [[64]]}
     events = []
     for n in (1, 2):
         t = 2 * step_us * n + shift_us
         events += [_event(f"ProfilerStep#{n}", "user_annotation", ts=t, dur=step_us),
                    _event("aten::mm", ts=t + 10, dur=80.0)]
-        events += [_event("c10d::send", ts=t + 100 + 200 * k, dur=20.0, args=call)
-                   for k in range(microbatches)]
+        events += [e for k in range(microbatches) for e in (
+            _event("c10d::send", ts=t + 100 + 200 * k, dur=20.0, args=call),
+            _event("gloo:send", ts=t + 101 + 200 * k, dur=18.0, args=gloo))]  # its size as torch records it
     data = {"traceEvents": events, "host_name": "vm", "record_shapes": 1,
             "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 2}}
     path.write_text(json.dumps(data))
