@@ -117,6 +117,28 @@ def test_more_ranks_than_cores_warns_naming_the_callers_line(monkeypatch, no_lef
 
 
 @pytest.mark.timeout(120)
+def test_a_janitor_killed_from_outside_fails_no_run_and_leaves_no_run_directory(monkeypatch, tmp_path,
+                                                                                 no_leftover_ranks):
+    """The run had trained, then raised BrokenPipeError telling the janitor it was done: exit 1, no
+    summary, its run directory left behind."""
+    import tempfile
+
+    from paralab.runtime.janitor import Janitor
+
+    class KilledAtOnce(Janitor):
+        def __init__(self):
+            super().__init__()
+            self.proc.kill()
+            self.proc.wait()
+
+    monkeypatch.setattr(launch_module, "Janitor", KilledAtOnce)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    run = paralab.run("dp", 2, steps=1, global_batch=4)
+    assert len(run.losses) == 1
+    assert not list(tmp_path.glob("paralab-run-*"))
+
+
+@pytest.mark.timeout(120)
 def test_keyboard_interrupt_leaves_no_rank_behind():
     tag = f"interrupt-{os.getpid()}-{time.time()}"
     script = "import paralab; paralab.run('ddp', 2, steps=100000, global_batch=8)"
@@ -683,3 +705,33 @@ def test_a_node_left_in_the_environment_does_not_override_a_local_runs_nodes(mon
         launch_module.release_forkserver()
     assert {info["node"] for info in run.trace.meta["ranks"].values()} == {0, 1}
     assert run.summary["comm_bytes_by_link"]["inter_node"] > 0
+
+
+def _sleep_forever(ready):
+    signal.signal(signal.SIGUSR1, lambda *_: None)  # a rank answers it (worker.dump_stacks)
+    ready.set()
+    while True:
+        time.sleep(1)
+
+
+@pytest.mark.timeout(60)
+def test_a_stopped_rank_is_ended_by_its_sigterm_and_said_to_have_given_no_stack(monkeypatch, tmp_path):
+    """A rank stopped with SIGSTOP cannot act on SIGTERM: the run had waited out 5 s more for its
+    SIGKILL, and blamed it with no stack and no word of why."""
+    import multiprocessing
+
+    spawn = multiprocessing.get_context("spawn")
+    ready = spawn.Event()
+    rank = spawn.Process(target=_sleep_forever, args=(ready,), daemon=True)
+    rank.start()
+    try:
+        assert ready.wait(30)
+        os.kill(rank.pid, signal.SIGSTOP)
+        monkeypatch.setattr(launch_module, "STACK_WAIT_S", 0.5)
+        said = launch_module._stack(rank, 1, tmp_path)
+        assert said == "(rank 1 did not write its Python stack when asked: stopped, or stuck outside Python)"
+        launch_module._stop([rank])
+        assert rank.exitcode == -signal.SIGTERM  # woken to end, not killed after the wait
+    finally:
+        if rank.is_alive():
+            rank.kill()

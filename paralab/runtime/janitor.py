@@ -42,16 +42,26 @@ class Janitor:
             [sys.executable, "-I", "-S", os.path.abspath(__file__), str(os.getpid())],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True,
         )
+        self._paths: list[str] = []  # what finish removes itself if the janitor is gone
+        self._lost = False
 
     def _tell(self, line: str) -> None:
-        self.proc.stdin.write(os.fsencode(line) + b"\n")
-        self.proc.stdin.flush()
+        """One order; none once the janitor is gone (killed from outside: a run that had trained then
+        failed on the broken pipe, exit 1, its run directory left behind)."""
+        if self._lost:
+            return
+        try:
+            self.proc.stdin.write(os.fsencode(line) + b"\n")
+            self.proc.stdin.flush()
+        except OSError:  # BrokenPipeError: its end of the pipe is closed
+            self._lost = True
 
     def kill_at_end(self, pid: int) -> None:
         """SIGKILL this process (and, for an agent, with it whatever dies with it) at the end."""
         self._tell(f"pid {pid}")
 
     def remove_at_end(self, path: str | os.PathLike) -> None:
+        self._paths.append(os.fspath(path))
         self._tell(f"path {os.fspath(path)}")
 
     def remove_if_launcher_dies(self, path: str | os.PathLike) -> None:
@@ -72,15 +82,22 @@ class Janitor:
     def finish(self, timeout_s: float = 30.0) -> None:
         """Let the janitor kill what is left and remove the directories; wait until it has.
 
-        An interrupt while waiting leaves the janitor at work: it needs nothing more from here."""
+        An interrupt while waiting leaves the janitor at work: it needs nothing more from here. A
+        janitor killed from outside leaves the directories to remove here; the processes it would
+        have killed the launcher has stopped and joined already, on the way here."""
         try:
             self._tell(RELEASE)
         finally:
-            self.proc.stdin.close()
+            try:
+                self.proc.stdin.close()
+            except OSError:  # the orders it flushes had nowhere to go: the janitor is gone
+                self._lost = True
         try:
             self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:  # pragma: no cover - a kill and a rmtree that take this long
             pass
+        if self._lost:
+            _remove(self._paths)
 
 
 # ------------------------------------------------------------------------------------ the janitor

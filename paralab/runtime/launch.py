@@ -247,7 +247,9 @@ def _stack(proc, rank: int, run_dir: Path) -> str:
     deadline = time.monotonic() + STACK_WAIT_S
     while time.monotonic() < deadline and not read_if_there(stack_file):
         time.sleep(POLL_S)
-    return stack_report(run_dir, rank)
+    # a rank stopped (SIGSTOP, a debugger) or stuck outside Python cannot answer: said, not left blank
+    return stack_report(run_dir, rank) or (f"(rank {rank} did not write its Python stack when asked: "
+                                           "stopped, or stuck outside Python)")
 
 
 def _stop(procs) -> None:
@@ -255,6 +257,8 @@ def _stop(procs) -> None:
     for p in procs:
         if p.is_alive():
             p.terminate()
+            with contextlib.suppress(ProcessLookupError):  # a stopped rank (SIGSTOP) wakes to end, not
+                os.kill(p.pid, signal.SIGCONT)  # keeps the run waiting out the 5 s before its SIGKILL
     deadline = time.monotonic() + 5.0
     for p in procs:
         p.join(timeout=max(deadline - time.monotonic(), 0.1))
