@@ -494,11 +494,15 @@ class Trace:
                        ) -> dict[typing.Hashable, Fraction]:
         """key(span) -> the communication spans' bytes per step summed over ranks, each rank's over the
         steps it has (a rank whose profile was cut short moved its bytes in fewer steps), exactly: what
-        every bytes-per-step figure reads (comm_bytes, by link, by group, viz.comm's views)."""
+        every bytes-per-step figure reads (comm_bytes, by link, by group, viz.comm's views). Only the
+        bytes of its steps, in a trace that has steps: an elastic run's lost step, redone later and in
+        no step, had been divided over the steps that rank kept (a node lost at step 2 of 3 read 1.5
+        times its bytes a step)."""
         steps = self.step_counts()
+        stepless = not any(s.lane == STEP for s in self.spans)  # a trace of no steps is one step
         by_rank: dict[tuple, int] = defaultdict(int)
         for s in self.spans:
-            if s.lane == COMM:
+            if s.lane == COMM and (s.step is not None or stepless):
                 by_rank[key(s), s.rank] += s.payload_bytes if payload else s.bytes
         totals: dict[typing.Hashable, Fraction] = defaultdict(Fraction)
         for (k, rank), nbytes in by_rank.items():

@@ -146,6 +146,20 @@ def test_a_rank_cut_short_moved_its_bytes_in_the_steps_it_has():
     assert compare_matrix({"measured": trace}).layout.meta["measured"]["bytes_per_step"] == 200
 
 
+def test_bytes_per_step_are_the_steps_own_not_a_lost_steps_redone_later():
+    """An elastic run files a lost step's spans under no step (it is redone later): rank 1's bytes of
+    that step had been divided over the two steps it kept, 1.5 times what each of them moved."""
+    spans = []
+    for rank in (0, 1):
+        for step in (0, 1):
+            spans.append(Span(rank, STEP, "step", 10.0 * step, 10.0 * step + 5, step=step))
+            spans.append(Span(rank, COMM, "all_reduce", 10.0 * step + 1, 10.0 * step + 2, bytes=100,
+                              payload_bytes=100, group_size=2, step=step))
+    spans.append(Span(1, COMM, "all_reduce", 30.0, 31.0, name="all_reduce (redone later)", bytes=100,
+                      payload_bytes=100, group_size=2))
+    assert Trace(spans=spans).comm_bytes() == {"all_reduce": 200}
+
+
 def test_overlapping_spans_are_counted_once():
     t = Trace(spans=[Span(0, STEP, "step", 0, 10, step=0), Span(0, COMPUTE, "a", 0, 6),
                      Span(0, COMPUTE, "b", 4, 8)])
