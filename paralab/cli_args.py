@@ -215,9 +215,11 @@ class NeedsTheKeysOfItsMetavar(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def add_training_args(p: argparse.ArgumentParser, defaults: TrainingConfig, presets=MODEL_PRESETS) -> None:
-    """The flags of TrainingConfig's fields, with ``defaults``' values (RunConfig or ElasticConfig), and
-    the model ``presets`` the command trains."""
+def add_training_args(p: argparse.ArgumentParser, defaults: TrainingConfig, presets=MODEL_PRESETS,
+                      fault_help: str = "a rank raises (kind=hang: stops answering)") -> None:
+    """The flags of TrainingConfig's fields, with ``defaults``' values (RunConfig or ElasticConfig), the
+    model ``presets`` the command trains, and what ``--fail`` does in it (``fault_help``: each command
+    takes its own kinds of fault)."""
     p.add_argument("--model", default=defaults.model_name, help=f"preset: {', '.join(presets)}")
     p.add_argument("--steps", type=int, default=defaults.steps, help="optimizer steps")
     p.add_argument("--global-batch", type=int, default=defaults.global_batch,
@@ -253,9 +255,7 @@ def add_training_args(p: argparse.ArgumentParser, defaults: TrainingConfig, pres
     p.add_argument("--oversubscribe", action="store_true",
                    help="start more local ranks than the cores and memory hold (refused otherwise)")
     p.add_argument("--fail", type=key_values, action=NeedsTheKeysOfItsMetavar, metavar="rank=R,step=K",
-                   help="make rank R fail at step K (testing): a run's rank raises (kind=hang: stops "
-                        "answering); an elastic run loses R's node (during=save: "
-                        "in the middle of a checkpoint)")
+                   help=f"make rank R fail at step K (testing): {fault_help}")
 
 
 def build_config(cls, args, **options):

@@ -782,3 +782,14 @@ def test_the_strategies_list_every_schedule(capsys):
     assert cli.main(["strategies"]) == 0
     assert f"`--schedule {' / '.join(SCHEDULES)}`" in capsys.readouterr().out
     assert cli.build_parser().parse_args(["elastic"]).nnodes == (1, 4)
+
+
+@pytest.mark.parametrize("command, offers, not_offered", [
+    ("run", "kind=hang", "during=save"), ("elastic", "during=save", "kind=hang")])
+def test_each_commands_help_offers_only_the_faults_it_takes(capsys, command, offers, not_offered):
+    """One text had served both: run's --help offered during=save, which run refuses, and elastic's
+    kind=hang."""
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    said = " ".join(capsys.readouterr().out.split())
+    assert offers in said and not_offered not in said

@@ -33,7 +33,8 @@ def node_range(text: str) -> tuple[int, int]:
 
 def add_elastic_args(p: argparse.ArgumentParser) -> None:
     d = ElasticConfig()
-    add_training_args(p, d, presets=[name for name, model in MODEL_PRESETS.items() if not model.experts])
+    add_training_args(p, d, presets=[name for name, model in MODEL_PRESETS.items() if not model.experts],
+                      fault_help="its node is lost (during=save: in the middle of a checkpoint)")
     # a default written as typed (argparse parses a string default as it parses the flag): --help shows
     # 1:4, where the tuple had shown Python's (1, 4)
     p.add_argument("--nnodes", type=node_range, default=f"{d.min_nodes}:{d.max_nodes}", metavar="MIN:MAX",
