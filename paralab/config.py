@@ -10,6 +10,7 @@ conflict and what would fit.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import typing
@@ -221,9 +222,9 @@ class TrainingConfig:
         else:  # None or a number had gone on to an AttributeError inside validate()
             raise ConfigError(f"model must be a preset's name, a ModelConfig or a dict of its fields, got "
                               f"{model!r}")
-        unknown = set(kwargs) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise ConfigError(f"unknown run option(s): {sorted(unknown)}")
+        fields = [f.name for f in dataclasses.fields(cls)]
+        if unknown := sorted(set(kwargs) - set(fields)):
+            raise ConfigError(f"unknown run option(s): {unknown}" + _what_was_meant(unknown, fields))
         if "model_name" in kwargs:  # had raised TypeError: given twice
             raise ConfigError(f"model_name is model's to say: a preset's name, or {CUSTOM_MODEL!r} for a "
                               f"ModelConfig or a dict, whose shape no preset's name may claim; got "
@@ -422,6 +423,20 @@ def _flat(settings: dict, prefix: str = ""):
 
 MAX_TIMEOUT_S = 10**7  # about four months: what a time-out may be before deadlines overflow the clocks
 FP16_LOSS_SCALE = 2.0**16  # where fp16's dynamic loss scale starts unless told (torch.amp.GradScaler's)
+
+
+def _what_was_meant(unknown: list[str], fields: list[str]) -> str:
+    """The options ``unknown`` names were likely meant as: a model's field (``hidden=``) goes in
+    ``model``, and a command-line flag's name (``fail``, ``timeout``, ``threads``) is close to its
+    field's (``fault``, ``timeout_s``, ``threads_per_rank``); "" when none is near."""
+    model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    meant = []
+    for name in unknown:
+        if name in model_fields:
+            meant.append(f"{name} is a model field: model={{'{name}': ...}} or a ModelConfig")
+        elif close := difflib.get_close_matches(name, fields, n=1, cutoff=0.6):
+            meant.append(f"{name}: did you mean {close[0]}?")
+    return f" ({'; '.join(meant)})" if meant else ""
 
 
 def check_field_kinds(config) -> None:

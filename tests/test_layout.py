@@ -176,6 +176,11 @@ def test_the_resolved_shapes_of_the_lab_strategies(name, world, options, expecte
     (dict(strategy="ddp", model=None),
      r"model must be a preset's name, a ModelConfig or a dict of its fields, got None"),
     (dict(strategy="ddp", model=5), r"model must be a preset's name, .* got 5"),
+    # a flag's name for its field's, a model's field as a run's: named, with what was meant
+    (dict(strategy="ddp", fail={"rank": 1, "step": 1}),
+     r"unknown run option\(s\): \['fail'\] \(fail: did you mean fault\?\)"),
+    (dict(strategy="ddp", hidden=64),
+     r"\(hidden is a model field: model=\{'hidden': ...\} or a ModelConfig\)"),
 ])
 def test_shapes_that_cannot_run_are_refused_before_any_process(monkeypatch, options, message):
     monkeypatch.setattr(launch_module, "_context", lambda: pytest.fail("a process was about to start"))
