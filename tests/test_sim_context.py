@@ -379,3 +379,19 @@ def test_the_cp_explanation_weighs_the_unsplit_layout_as_the_split_one_keeps_its
     why = planner.why_context_parallel(win, model, H100)
     unsplit = scores_dropped if mode == "ring" else scores_kept
     assert f"unsplit keeps {planner.bytes_text(unsplit)} (" in why, why
+
+
+@pytest.mark.parametrize("parallel, said", [
+    (ParallelSpec(tp=8, cp=2, dp=1, global_batch=1),
+     "the batch's 1 sequence does not split over the 2 replicas this layout has without cp, and cp puts 2"),
+    (ParallelSpec(tp=8, cp=128, dp=8, global_batch=8),
+     "the batch's 8 sequences do not split over the 1,024 replicas this layout has without cp, and cp "
+     "puts 128"),
+])
+def test_the_context_parallel_sentence_counts_its_sequences_and_replicas_in_words_and_thousands(parallel,
+                                                                                              said):
+    """It had said "the batch's 1 sequence do not split over the 1024 replicas..., so cp puts...": the
+    batch is one reason a layout takes cp, not the reason for its degree."""
+    model = LLAMA.replace(seq=131072)
+    why = planner.why_context_parallel(cost.predict(model, parallel, H100), model, H100)
+    assert said in why, why

@@ -302,8 +302,8 @@ def why_nothing_fits(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch
                     f"{MAX_MICROBATCHES:,} microbatches of at most {max(MICRO_BATCHES)} sequences per "
                     f"replica on {count_text(gpus, 'GPU')}")
         return (f"no split of {count_text(gpus, 'GPU')} divides a global batch of {batch_text} "
-                f"(dp x micro-batch must divide it); the fewest replicas a split here has is dp {fewest}: "
-                f"try a global batch of {nearest_multiple(batch, fewest)}")
+                f"(dp x micro-batch must divide it); the fewest replicas a split here has is dp {fewest:,}: "
+                f"try a global batch of {nearest_multiple(batch, fewest):,}")
     smallest, _, lean = min((cost.memory_per_gpu(model, spec)["total"], i, spec)
                             for i, spec in enumerate(specs))
     usable = cost.usable_memory(hw)
@@ -557,8 +557,9 @@ def why_context_parallel(win: cost.Prediction, model: ModelSpec, hw: HardwareSpe
     how = "K/V blocks travel a ring beside the attention" if p.cp_mode == "ring" else \
         "all-to-alls swap sequence and heads around the attention"
     exposed = win.breakdown_s.get("cp_comm_exposed", 0.0) / win.step_time_s
-    few = (f"the batch's {count_text(p.global_batch, 'sequence')} do not split over the {p.dp * p.cp} "
-           f"replicas this layout has without cp, so cp puts {p.cp} GPUs on each sequence; "
+    do = "does" if p.global_batch == 1 else "do"
+    few = (f"the batch's {count_text(p.global_batch, 'sequence')} {do} not split over the {p.dp * p.cp:,} "
+           f"replicas this layout has without cp, and cp puts {p.cp} GPUs on each sequence; "
            if short_of_sequences(p.global_batch, p.dp * p.cp) else "")
     return (f"Context parallel cp {p.cp} ({p.cp_mode}): {few}each GPU holds {model.seq // p.cp:,} of each "
             f"sequence's {model.seq:,} tokens, so its activations are "
