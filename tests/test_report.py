@@ -65,6 +65,21 @@ def test_report_content(report, ddp_run):
     assert "cdn.plot.ly" not in text.split("</head>")[1]
 
 
+def test_the_report_draws_the_median_step_of_several_and_the_whole_of_one(ddp_run):
+    """Every step of a 4-rank DualPipeV side by side had left its bars too thin to read: the report
+    draws the typical step, as the notebooks do, and says which."""
+    from paralab.viz.report import report_figures
+
+    def timeline_title(trace):
+        figure = dict(report_figures(trace))["Timeline"]
+        return figure.layout.title.text
+
+    assert "step 1" in timeline_title(ddp_run.trace) or "step 2" in timeline_title(ddp_run.trace)
+    assert "median" in timeline_title(ddp_run.trace)
+    one = Trace(spans=[s for s in ddp_run.trace.spans if s.step == 1], meta=ddp_run.trace.meta)
+    assert "median" not in timeline_title(one)
+
+
 def test_report_from_trace_and_chrome_export(ddp_run, tmp_path):
     chrome = ddp_run.save_trace(tmp_path / "trace.chrome.json")  # what `paralab run --trace` writes
     back = Trace.load(chrome)

@@ -186,8 +186,11 @@ def _figures(trace: Trace, summary: dict, losses: list[float] | None, predicted:
     from paralab import viz
     from paralab.trace import COMM, EVENT, STEP
 
-    # a --no-trace run's trace holds its steps alone: a timeline of them would be an empty panel
-    figs = [("Timeline", viz.timeline(trace, predicted=predicted))] if any(
+    # a --no-trace run's trace holds its steps alone: a timeline of them would be an empty panel. Of
+    # several steps, the median one (as the notebooks draw it): every step of a 4-rank DualPipeV side by
+    # side had left bars too thin to read; an elastic run keeps its whole history, which is its story
+    whole = len(trace.step_windows()) <= 1 or trace.select(lane=EVENT)
+    figs = [("Timeline", viz.timeline(trace, predicted=predicted, steps=None if whole else "median"))] if any(
         s.lane != STEP for s in trace.spans) or predicted is not None else []
     if pipelined(trace.meta) and not summary["unmeasured_why"]:  # step spans alone read 100% idle
         figs.append(("Pipeline bubble", viz.bubble(trace)))
