@@ -217,6 +217,10 @@ def test_report_refuses_a_prediction_of_another_layout(ddp_run, tmp_path, capsys
     own = predict_run_trace(ddp_run.config, "h100").save(tmp_path / "own.json")
     assert report_main(_parser().parse_args([str(measured), "--predicted", str(own),
                                              "-o", str(tmp_path / "ok.html")])) == 0
+    # which hardware the prediction is of, and what it says beside the measurement (had said neither)
+    page = (tmp_path / "ok.html").read_text()
+    assert re.search(r"predicted on h100: a step of [\d.,]+ ms, against [\d.,]+ ms measured", page)
+    assert "measured and simulated on h100" in page
     others = {"dp 1 against 2, pp 2 against 1": dict(strategy="pp", world_size=2, microbatches=2),
               "world size 4 against 2, dp 4 against 2": dict(strategy="ddp", world_size=4)}
     for says, options in others.items():

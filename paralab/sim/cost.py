@@ -796,7 +796,8 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
                               group_size=p.dp, inter_node=sync["inter"]))
     makespan = prediction.step_time_s
     spans += [Span(r, STEP, "step", 0.0, makespan, name="step 0", step=0) for r in range(p.pp)]
-    meta = dict(trace.meta, tokens_per_step=p.global_batch * model.seq, prediction=prediction.to_dict())
+    meta = dict(trace.meta, tokens_per_step=p.global_batch * model.seq, prediction=prediction.to_dict(),
+                hardware=hw.name)
     return Trace(spans=sorted(spans, key=lambda s: (s.start, s.rank)), meta=meta)
 
 

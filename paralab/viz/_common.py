@@ -145,6 +145,15 @@ def as_summary(obj) -> dict:
     raise TypeError(f"expected a RunResult, Prediction or summary dict, got {type(obj).__name__}")
 
 
+def hardware_said(meta: dict) -> str:
+    """" on h100" for a prediction that names its hardware ("this machine, calibrated" for the local
+    calibration), "" where it names none: what a page says the simulated half of a figure assumes."""
+    name = meta.get("hardware")
+    if not isinstance(name, str) or not name:
+        return ""
+    return " on this machine, calibrated" if name == "local" else f" on {name}"
+
+
 def recorded_nodes(meta: dict, world: int) -> dict[int, int] | None:
     """rank -> node as a measured run recorded them (``meta["ranks"]``, every rank with its node);
     None where the trace does not record them all (a prediction, a trace of another tool)."""

@@ -22,6 +22,7 @@ import html
 import sys
 from pathlib import Path
 
+from paralab.config import finite_number
 from paralab.sim.specs import DEGREES
 from paralab.text import count_text, steps_said
 from paralab.trace import SPAN_FIGURES, Trace, load_spans, not_measured, past_warm_up, pipelined
@@ -150,6 +151,24 @@ def summary_table(summary: dict) -> str:
     return out
 
 
+def prediction_line(predicted: Trace | None, summary: dict) -> str:
+    """What the prediction stacked under the timeline says, beside what was measured: on which hardware,
+    a step of how long, how much bubble (the page had drawn an H100's prediction as a sliver under a
+    CPU's measurement without a word of either)."""
+    from paralab.viz._common import hardware_said
+
+    said = (predicted.meta.get("prediction") or {}) if predicted is not None else {}
+    if not finite_number(said.get("step_time_s")):
+        return ""
+    on = hardware_said(predicted.meta)
+    measured = summary.get("step_time_s")
+    against = f", against {measured * 1e3:,.1f} ms measured" if finite_number(measured) else ""
+    bubble = said.get("bubble_fraction")
+    pipeline = f"; bubble {bubble:.1%}" if finite_number(bubble) and bubble > 0 else ""
+    return (f'<p class="sub">predicted{on}: a step of {said["step_time_s"] * 1e3:,.1f} ms'
+            f"{against}{pipeline}</p>")
+
+
 IDLE_AGAINST_BUBBLE = (
     "idle (not computing) is each step less the compute, whose waits inside a pass (a blocking send, a "
     "tensor-parallel all-reduce) it leaves out, against the slowest rank's step; the pipeline bubble "
@@ -266,7 +285,7 @@ def write_report(trace_or_result, path: str | Path, *, predicted=None, title: st
                 f"{count_text(len(steps), 'step')}{over} · "
                 f"written {datetime.datetime.now().isoformat(timespec='seconds')}")
     page = PAGE.format(title=html.escape(title), subtitle=html.escape(subtitle), notes=notes_list(trace.meta),
-                       table=summary_table(summary),
+                       table=summary_table(summary) + prediction_line(predicted, summary),
                        figures="\n".join(sections), plotlyjs=get_plotlyjs().replace("</script", "<\\/script"))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -53,6 +53,7 @@ from paralab.viz._common import (
     as_trace,
     fmt_bytes,
     go,
+    hardware_said,
     kind_color,
     make_subplots,
     style,
@@ -549,7 +550,7 @@ def _default_title(trace: Trace, steps=None, predicted: Trace | None = None) -> 
     m = trace.meta
     source = m.get("source", "") or "trace"
     if predicted is not None:
-        source += f" and {predicted.meta.get('source') or 'predicted'}"
+        source += f" and {predicted.meta.get('source') or 'predicted'}{hardware_said(predicted.meta)}"
     parts = [source, m.get("strategy", "")]
     if m.get("schedule"):
         parts.append(f"{m['schedule']} p={m.get('stages', m.get('pp', '?'))} m={m.get('microbatches', '?')}")
