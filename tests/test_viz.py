@@ -27,6 +27,7 @@ from paralab.viz._common import (  # noqa: E402
     TIMELINE_MICROBATCH_COLORS,
     WAITING,  # noqa: E402
     fmt_bytes,
+    kind_color,
 )
 from paralab.viz.comm import comm_matrix_data, group_of  # noqa: E402
 from paralab.viz.timeline import FILLER, LABELS, call_slots, median_step  # noqa: E402
@@ -922,6 +923,27 @@ def test_ring_against_tree_stops_a_node_link_at_the_node():
     (note,) = fig.layout.annotations
     assert "joins the 8 GPUs of a node" in note.text
     assert not ring_against_tree(links, 2**16, [2, 4, 8], reach={"NVLink": 8}).layout.annotations  # none cut
+
+
+def test_the_kinds_of_an_elastic_timeline_each_have_a_colour_of_their_own():
+    """Hashed into EXTRA_COLORS, a checkpoint's load had shared a worker's start's colour, and its save
+    ring attention's."""
+    kinds = ("forward", "backward", "optimizer", "all_reduce", "failure", "failure_detected",
+             "worker_start", "rendezvous", "checkpoint_save", "checkpoint_load", "slowdown", "attention",
+             "send", "recv")
+    colors = [kind_color(kind) for kind in kinds]
+    assert len(set(colors)) == len(colors), dict(zip(kinds, colors))
+
+
+def test_an_instant_on_the_event_lane_is_drawn_wide_enough_to_see():
+    """An elastic run's failure and its detection last no time: they had a legend entry and no bar."""
+    from paralab.trace import EVENT
+
+    spans = [Span(0, STEP, "step", 0, 1.0, step=0), Span(0, COMPUTE, "forward", 0, 1.0, step=0),
+             Span(0, EVENT, "failure", 0.5, 0.5, name="SIGKILL (node lost)")]
+    failure = next(t for t in viz.timeline(Trace(spans=spans)).data if t.name == "failure")
+    assert list(failure.x) == [pytest.approx(4.0)]  # 0.4% of the 1,000 ms axis
+    assert "duration 0.000 ms" in failure.hovertext[0]  # its own time, said
 
 
 def test_timeline_microbatch_colours_are_not_the_kinds_and_labels_stay_readable_where_whitened():

@@ -33,7 +33,16 @@ KIND_COLORS = {
     "recompute": "#00D084",  # the forward again inside backward: an emerald far from every other kind
     "overflow": "#D62728",  # an fp16 step skipped by the loss scaler
     "failure": "#D62728",
+    "failure_detected": "#843C39",  # a darker red: what the failure led to
     "rescale": "#1F77B4",
+    # elastic training's events and ring attention's blocks: named, so that no two share the colour
+    # EXTRA_COLORS's hash gave them (a checkpoint's load had read as a worker's start)
+    "worker_start": "#7F7F7F",
+    "rendezvous": "#637939",
+    "checkpoint_save": "#393B79",
+    "checkpoint_load": "#8C6D31",
+    "slowdown": "#BCBD22",
+    "attention": "#17BECF",
     # imported torch.profiler traces (paralab.trace_import)
     "other": "#C7C7C7",  # light grey: work that is none of the above (making the batch, bookkeeping)
     "memcpy": "#54A24B",

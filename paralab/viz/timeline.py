@@ -61,6 +61,9 @@ from paralab.viz._common import (
 
 DEFAULT_LANES = (COMPUTE, COMM, EVENT)
 BAR_WIDTH = 0.8  # of a row
+# an instant on the event lane (a failure, its detection) drawn this share of the time axis wide: at its
+# true width of 0 it had had a legend entry and no bar
+INSTANT_SHARE = 0.004
 TEXT_LIMIT = 2000  # above this many bars, labels on bars cost more than they tell
 OUTLINE_LIMIT = 400  # above this many bars, a bar's white edge would whiten the narrow ones
 SUBROWS_PER_ROW = 4  # calls in flight one row holds before filler rows are added under it
@@ -129,6 +132,7 @@ def bars_by_kind(spans: list[Span], color_by: str = "kind", suffix: str = "", t0
 
     if t0 is None:
         t0 = min((s.start for s in spans), default=0.0)
+    instant_ms = INSTANT_SHARE * (max((s.end for s in spans), default=t0) - t0) * 1e3
     groups: dict[str, list[Span]] = defaultdict(list)
     for s in spans:
         groups[s.kind].append(s)
@@ -141,7 +145,8 @@ def bars_by_kind(spans: list[Span], color_by: str = "kind", suffix: str = "", t0
         out[kind] = {
             "y": np.array(rows),
             "base": np.array([(s.start - t0) * 1e3 for s in group]),
-            "x": np.array([(s.end - s.start) * 1e3 for s in group]),
+            "x": np.array([max((s.end - s.start) * 1e3, instant_ms if s.lane == EVENT else 0.0)
+                           for s in group]),  # the hover says the span's own time
             "hovertext": np.array([_hover(s, row, t0, (waits or {}).get(id(s)), (slots or {}).get(id(s)))
                                    for s, row in zip(group, rows)]),
             "color": (np.array([microbatch_color(s.microbatch) for s in group]) if by_microbatch
