@@ -618,7 +618,8 @@ def test_a_terminal_is_told_that_the_first_local_hardware_is_measured(capsys, mo
         monkeypatch.setattr(sys.stderr, "isatty", lambda terminal=terminal: terminal)
         rc, out, err = run(argv, capsys)
         assert rc == 0 and json.loads(out)["hardware"] == "a100"
-        assert err == (f"paralab: measuring this machine once (10-30 s); cached in {tmp_path / cache}"
+        assert err == ("paralab: measuring this machine once (10-30 s when quiet, minutes when busy); cached "
+                       f"in {tmp_path / cache}"
                        "/local_hardware.json\n" if told else "")
 
 

@@ -82,7 +82,7 @@ def test_the_speedup_explorer_says_it_measures_this_machine_before_it_does(monke
     told_first = []
 
     def calibrate(threads=None, **kwargs):
-        told_first.append("measuring this machine once (10-30 s)" in capsys.readouterr().out)
+        told_first.append("measuring this machine once (10-30 s when quiet" in capsys.readouterr().out)
         return stand_in_calibration()
 
     monkeypatch.setenv("PARALAB_CACHE", str(tmp_path))

@@ -21,8 +21,8 @@ from paralab.cli_args import attention_named, below_one, int_list, json_text, sa
 from paralab.config import ATTENTION_AS_SIMULATED
 from paralab.cyclic_gc import without_cyclic_gc
 from paralab.sim import cost, planner
+from paralab.sim.hardware import MEASURING, get_hardware
 from paralab.sim.hardware import NAMES as HARDWARE_NAMES
-from paralab.sim.hardware import get_hardware
 from paralab.sim.presets import MODELS, SHAPE, get_model, override
 from paralab.sim.specs import (
     ATTENTION,
@@ -284,7 +284,7 @@ def _hardware(name: str):
 
 def _say_measuring(cache: Path) -> None:
     if sys.stderr.isatty():
-        print(f"paralab: measuring this machine once (10-30 s); cached in {cache}", file=sys.stderr)
+        print(MEASURING.format(cache), file=sys.stderr)
 
 
 def _fail(message: str) -> int:

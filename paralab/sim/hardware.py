@@ -327,6 +327,14 @@ CALIBRATION_VERSION = 14  # bump when what calibrate() measures changes: older c
 # 14: the corpus walks a batch's samples together: a token loaded costs about a quarter of what it did
 
 
+# what a caller tells its user before local() measures (on_measure), the cache's path in it
+MEASURING = "paralab: measuring this machine once (10-30 s when quiet, minutes when busy); cached in {}"
+
+# calibrations disturbed twice, by cache path: used for the rest of the process, never cached. A notebook
+# cell that prices a run three ways had measured the machine eight times over, minutes on a busy box
+_DISTURBED: dict[Path, tuple[HardwareSpec, bool]] = {}  # and whether it measured gloo's links
+
+
 def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True,
           threads: int | None = None, on_measure: Callable[[Path], None] | None = None) -> HardwareSpec:
     """This machine as seen by CPU ranks, from the cache when present, else measured (< 30 s) and cached.
@@ -337,6 +345,9 @@ def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True,
     measuring, not when the cache serves.
     """
     path = cache_dir() / ("local_hardware.json" if threads is None else f"local_hardware_t{threads}.json")
+    kept, with_gloo = _DISTURBED.get(path, (None, False))
+    if kept is not None and not recalibrate and (with_gloo or not gloo):
+        return kept  # this process's disturbed calibration: each later call had measured again
     if path.exists() and not recalibrate:
         cached = _cached_spec(path)
         made = cached.calibration if cached else {}
@@ -356,9 +367,11 @@ def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True,
     if _disturbed(spec):  # often a moment's load: measure once more
         spec = calibrate(matmul_size=matmul_size, gloo=gloo, threads=threads)
     if why := _disturbed(spec):
-        warn(f"the calibration was disturbed twice ({why}: the machine was busy?); it is used for now, not "
-             "cached, and measured again next time")
+        warn(f"the calibration was disturbed twice ({why}: the machine was busy?); this process uses it, "
+             "but it is not cached: the next process measures again")
+        _DISTURBED[path] = (spec, gloo)
         return spec
+    _DISTURBED.pop(path, None)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(spec.to_dict(), indent=1))
     return spec

@@ -133,7 +133,9 @@ def speedup_explorer(runs, baseline=None, max_world: int = 16):
     msg = w.HTML()
 
     def tell(cache) -> None:
-        said = f"paralab: measuring this machine once (10-30 s); cached in {cache}"
+        from paralab.sim.hardware import MEASURING
+
+        said = MEASURING.format(cache)
         print(said)  # the cell's output, while the explorer is built (not yet on screen)
         msg.value = message(said)  # the explorer's, when a control's redraw measures
 
