@@ -107,6 +107,9 @@ def killed(tmp_path_factory):
         (["--nnodes", "1:2", "--slow", "rank=1,factor=0"], "slow factor must be >= 1"),
         (["--nnodes", "1:2", "--slow", "rank=0,factor=-2"], "slow factor must be >= 1"),
         (["--nnodes", "1:2", "--slow", "rank=0,factor=2,bogus=1"], "slow takes rank and factor"),
+        # no world of this run has a rank 2: it had been accepted and slowed nothing
+        (["--nnodes", "2:3", "--nodes", "2", "--slow", "rank=2,factor=3"],
+         "slow rank must be in [0, 2) (the ranks of the largest world this run has), got 2"),
         (["--nnodes", "3:4", "--fail", "rank=0,step=1", "--nodes", "3"], "fewer than min nodes 3"),
         (["--nnodes", "2:4", "--fail", "rank=0,step=1", "--nodes", "2"],
          "after the failure 1 node remains, fewer than min nodes 2: lower MIN in --nnodes 2:4"),

@@ -52,7 +52,8 @@ def add_elastic_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--join-after-step", type=int, metavar="K",
                    help="start one more node after step K (scale-out)")
     p.add_argument("--slow", type=key_values, action=NeedsTheKeysOfItsMetavar, metavar="rank=R,factor=F",
-                   help="make rank R F times slower")
+                   help="make rank R F times slower (whichever worker holds rank R: a world formed again "
+                        "after a loss numbers its ranks anew)")
     p.add_argument("--balance", action="store_true", help="split each global batch by measured throughput")
     p.add_argument("--run-timeout", type=float, default=d.run_timeout_s,
                    help="seconds the whole run may take")

@@ -150,8 +150,12 @@ class ElasticConfig(TrainingConfig):
         if not isinstance(self.slow, dict) or set(self.slow) != {"rank", "factor"}:
             raise ConfigError(f"slow takes rank and factor, both (like rank=1,factor=3), got {self.slow!r}")
         rank, factor = self.slow.get("rank"), self.slow.get("factor")
-        if not isinstance(rank, int) or not 0 <= rank < self.max_nodes:
-            raise ConfigError(f"slow rank must be in [0, {self.max_nodes}), got {rank!r}")
+        # the largest world the run has: the nodes started, and one more where one joins (a rank beyond
+        # them had been accepted, with --nnodes 2:3 and 2 started, and slowed nothing in silence)
+        ranks = self.nodes + (self.join_after_step is not None)
+        if not isinstance(rank, int) or not 0 <= rank < ranks:
+            raise ConfigError(f"slow rank must be in [0, {ranks}) (the ranks of the largest world this run "
+                              f"has), got {rank!r}")
         if not finite_number(factor) or factor < 1:
             raise ConfigError("slow factor must be >= 1 (1 = normal speed, 3 = three times slower), "
                               f"got {factor!r}")
