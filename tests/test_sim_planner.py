@@ -407,3 +407,15 @@ def test_nothing_fits_offers_only_what_would_shrink_the_leanest_layouts_activati
     assert said.endswith("the activations are what does not fit: try more GPUs, a shorter sequence or a "
                          "fused (flash) attention, which keeps no s x s scores"), said
     assert planner.plan(model.replace(attention="fused"), 4, A100)
+
+
+def test_a_zero3_winners_exposed_data_parallel_loss_is_named_as_zero3s():
+    """Mixtral on 256 H100s: its loss read "exposed data-parallel communication", then the next sentence
+    "it counts on ZeRO-3's gathers hiding": all of that loss is ZeRO-3's gathers that do not."""
+    h100 = get_hardware("h100")
+    ranked = planner.plan(get_model("mixtral-8x7b"), 256, h100, top=2)
+    assert ranked[0].parallel.zero == 3
+    winner = planner.explain(ranked, get_model("mixtral-8x7b"), h100)[0]
+    assert ("its largest loss is exposed data-parallel communication (ZeRO-3's gathers and reduce-scatters, "
+            "where they do not hide) (") in winner
+    assert "It counts on the rest of ZeRO-3's gathers hiding under compute" in winner

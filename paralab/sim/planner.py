@@ -428,8 +428,8 @@ def explain(ranked: list[cost.Prediction], model: ModelSpec | None = None,
         f"Winner: {describe(win.parallel)} - {flops_text(win.tflops_per_gpu)} of hardware FLOPs per GPU "
         f"({win.hfu:.0%} HFU, {win.mfu:.0%} MFU), "
         f"{bytes_text(win.memory_bytes_per_gpu['total'])} per GPU; {_largest_loss(win, model, hw)}."
-        + (" It counts on ZeRO-3's gathers hiding under compute, which large runs have not shown:"
-           " an upper bound (docs/simulator.md)." if win.parallel.zero == 3 else "")
+        + (" It counts on the rest of ZeRO-3's gathers hiding under compute, which large runs have not"
+           " shown: an upper bound (docs/simulator.md)." if win.parallel.zero == 3 else "")
     ]
     if win.parallel.cp > 1 and model is not None and hw is not None:
         out.append(why_context_parallel(win, model, hw))
@@ -477,7 +477,11 @@ def _largest_loss(win: cost.Prediction, model: ModelSpec | None, hw: HardwareSpe
         return _recompute_text(win, without, hw, share, losses[biggest])
     uneven = (_uneven_stages_text(win, model, hw) if biggest == "bubble" and model is not None
               and hw is not None else "")
-    return f"its largest loss is {LOSSES[biggest]} ({share:.0%} of the step){uneven}"
+    # under ZeRO-3 that is its gathers and reduce-scatters where they do not hide, which the sentence
+    # after it (its gathers hiding) had seemed to contradict
+    whose = (" (ZeRO-3's gathers and reduce-scatters, where they do not hide)"
+             if biggest == "dp_comm_exposed" and win.parallel.zero == 3 else "")
+    return f"its largest loss is {LOSSES[biggest]}{whose} ({share:.0%} of the step){uneven}"
 
 
 def _small_losses_text(win: cost.Prediction, recompute_priced: bool) -> str:
