@@ -111,6 +111,17 @@ def add_bench_args(parser) -> None:
                         help="start more local ranks than the cores and memory hold (refused otherwise); "
                              "the ratios then measure the ranks' contention as much as the strategies")
     add_benchmark_args(parser)
+    # the layout every variant shares (a pipeline against torch's needs its microbatches: `pp torch_pp`
+    # had been refused, naming a --microbatches bench did not take)
+    for flag, kind, what in LAYOUT_FLAGS:
+        parser.add_argument(flag, type=kind, help=f"{what}, the same for every variant (default: the run's)")
+
+
+LAYOUT_FLAGS = (("--microbatches", int, "microbatches per step"),
+                ("--schedule", str, "the pipeline schedule"),
+                ("--dp", int, "data-parallel degree (hybrid)"),
+                ("--tp", int, "tensor-parallel degree (hybrid)"),
+                ("--pp", int, "pipeline stages (hybrid)"), ("--dtype", str, "fp32, bf16 or fp16"))
 
 
 def bench_main(args) -> int:
@@ -119,8 +130,10 @@ def bench_main(args) -> int:
     from paralab.config import RunConfig
     from paralab.runtime.launch import preflight
 
+    layout = {name: getattr(args, name) for name in (flag[2:] for flag, _, _ in LAYOUT_FLAGS)
+              if getattr(args, name) is not None}
     common = dict(world_size=args.world_size, steps=args.steps, model=args.model,
-                  global_batch=args.global_batch, oversubscribe=args.oversubscribe)
+                  global_batch=args.global_batch, oversubscribe=args.oversubscribe, **layout)
     for strategy in args.variants:
         opts = {k: v for k, v in common.items() if k != "model"}
         preflight(RunConfig.build(args.model, strategy=strategy, **opts))

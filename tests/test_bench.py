@@ -81,6 +81,19 @@ def test_bench_offers_the_oversubscription_its_refusal_names(monkeypatch, capsys
     assert seen[0]["oversubscribe"] is True
 
 
+def test_bench_takes_the_layout_its_variants_share(monkeypatch, capsys):
+    """`pp torch_pp` had been refused for 1 microbatch on 2 stages, naming a --microbatches bench did not
+    take: the layout flags reach every run, and each variant is checked with them before any starts."""
+    seen = []
+    monkeypatch.setattr("paralab.bench.compare", lambda variants, rounds, common: seen.append(common) or
+                        SimpleNamespace(table=lambda: ""))
+    assert cli.main(["bench", "--variants", "pp", "torch_pp", "--microbatches", "4"]) == 0
+    assert seen[0]["microbatches"] == 4 and "schedule" not in seen[0]
+    monkeypatch.setattr("paralab.run", lambda *a, **k: pytest.fail("a run was about to start"))
+    assert cli.main(["bench", "--variants", "pp", "torch_pp"]) == 2
+    assert "microbatches >= stages" in capsys.readouterr().err
+
+
 def test_every_benchmark_flag_says_what_it_does():
     """A reader of ``--help`` had met --world-sizes, --factors and a dozen more with no word on them."""
     import ast
