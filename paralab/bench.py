@@ -39,17 +39,24 @@ class Comparison:
     def ratio(self, label: str, reference: str | None = None) -> float:
         """The median over rounds of ``label``'s step time over ``reference``'s (the first variant's)
         in the same round."""
+        return statistics.median(self.round_ratios(label, reference))
+
+    def round_ratios(self, label: str, reference: str | None = None) -> list[float]:
+        """``label``'s step time over ``reference``'s (the first variant's), round by round."""
         ours, theirs = self.step_times[label], self.step_times[reference or self.variants[0].label]
-        return statistics.median(a / b for a, b in zip(ours, theirs, strict=True))
+        return [a / b for a, b in zip(ours, theirs, strict=True)]
 
     def table(self) -> str:
-        """A markdown table: median step time and the ratio to the first variant."""
+        """A markdown table: median step time, the ratio to the first variant and its range over the
+        rounds (a median ratio alone had read as settled on three rounds, or on one)."""
         ref = self.variants[0].label
-        rows = [f"| variant | median step (s) | rounds | over {ref}, median of the rounds (< 1: faster) |",
-                "|---|---|---|---|"]
+        rows = [f"| variant | median step (s) | rounds | over {ref}, median of the rounds (< 1: faster) "
+                "| its range over the rounds |", "|---|---|---|---|---|"]
         for v in self.variants:
-            rows.append(f"| {v.label} | {self.median(v.label):.4f} | {len(self.step_times[v.label])} | "
-                        f"{self.ratio(v.label):.3f}x |")
+            ratios = self.round_ratios(v.label)
+            spread = (f"{min(ratios):.3f}-{max(ratios):.3f}x" if len(ratios) > 1 else "one round: none")
+            rows.append(f"| {v.label} | {self.median(v.label):.4f} | {len(ratios)} | "
+                        f"{self.ratio(v.label):.3f}x | {spread} |")
         return "\n".join(rows)
 
 
