@@ -414,6 +414,8 @@ def test_the_levers_explorer_does_not_start_a_run_this_machine_cannot_hold(monke
     assert not too_big_to_measure(sdpa)  # the fused kernel's run would be measured
     app.controls["attention"].value = "math"  # its s x s scores, 4 sequences of 1,024 tokens a layer
     assert app.measure() is None and "not measured" in app.message.value
+    assert app.message.value.count("use sdpa attention") == 1  # offered where the run has math
+    assert "use sdpa" not in too_big_to_measure({k: 2**40 for k in sdpa}, "sdpa")  # not where it has it
 
 
 def test_comm_explorer_views_and_calculator():
@@ -872,6 +874,18 @@ def test_elastic_monitor_updates_as_samples_arrive():
     assert "failure" in [label for label, _, _ in app.figure.layout.meta["phases"]]
 
 
+def test_the_elastic_monitor_pushes_into_its_own_copy_not_the_callers_trace():
+    """update(run) had kept the run's own trace, so every later push grew the student's RunResult."""
+    given = Trace(spans=[Span(0, "step", "step", 0.0, 0.5, step=0)],
+                  counters=[Counter(0, "world_size", 0.2, 1)])
+    opened, updated = widgets.elastic_monitor(given), widgets.elastic_monitor()
+    updated.update(given)
+    for app in (opened, updated):
+        app.push(counters=[Counter(0, "world_size", 1.0, 1)],
+                 spans=[Span(0, "step", "step", 1.0, 1.5, step=1)])
+        assert len(given.spans) == 1 and len(given.counters) == 1 and len(app.trace.spans) == 2
+
+
 def test_the_elastic_monitor_tells_apart_the_worlds_of_samples_pushed_without_the_runs_history():
     """Pushed as its docstring says (spans, no meta), a run of 2 steps at 3 ranks, a kill and 2 steps at 2
     had stopped at "detected" and read "training at 3 ranks throughout"."""
@@ -965,6 +979,11 @@ def test_the_comm_explorer_says_when_a_run_traced_no_collective():
     assert "torch_ddp traced no collective" in app.message.value
     app.redraw()
     assert "traced no collective" in app.message.value  # kept past a redraw
+    # one rank has no peer: its reason is that, not torch's sight (which it had been told)
+    single = RunConfig.build("tiny", strategy="single", world_size=1, global_batch=8)
+    alone = Trace(spans=[Span(0, COMPUTE, "forward", 0.0, 1.0, step=0)], meta={"strategy": "single"})
+    app = widgets.comm_explorer(SimpleNamespace(config=single, trace=alone))
+    assert "single traced no collective (one rank has no peer to send to)" in app.message.value
 
 
 @pytest.mark.parametrize("make, message", [

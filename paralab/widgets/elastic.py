@@ -21,8 +21,12 @@ def elastic_monitor(trace: Trace | None = None, title: str = "elastic training")
     from paralab.viz._common import as_trace
     from paralab.viz.elastic import elastic, step_records
 
+    def own_copy(given) -> Trace:  # push() extends it: the caller's run had grown the samples pushed
+        t = as_trace(given)
+        return Trace(spans=list(t.spans), counters=list(t.counters), meta=dict(t.meta))
+
     w = widgets()
-    state = {"trace": as_trace(trace) if trace is not None else Trace()}
+    state = {"trace": own_copy(trace) if trace is not None else Trace()}
     fw = figure_widget(elastic(state["trace"], title=title))
     status = w.HTML()
 
@@ -41,7 +45,7 @@ def elastic_monitor(trace: Trace | None = None, title: str = "elastic training")
         status.value = message(" · ".join(parts))
 
     def update(new_trace) -> None:
-        state["trace"] = as_trace(new_trace)
+        state["trace"] = own_copy(new_trace)
         app.trace = state["trace"]
         redraw()
 

@@ -476,8 +476,9 @@ def comm_explorer(run=None, hardware: str = "h100", world_size: int | None = Non
         if not trace.select(lane="comm"):
             strategy = trace.meta.get("strategy") or "this run"
             compared = c["view"] != "by step"
-            msg.value = message(f"{strategy} traced no collective (torch's own strategies run theirs inside "
-                                "torch, out of paralab's sight)"
+            why = ("one rank has no peer to send to" if len(trace.ranks) <= 1 else
+                   "torch's own strategies run theirs inside torch, out of paralab's sight")
+            msg.value = message(f"{strategy} traced no collective ({why})"
                                 + (": the bars are the cost model's count alone" if compared else ""))
         try:
             return sources(c)

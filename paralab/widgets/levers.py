@@ -76,17 +76,18 @@ def too_slow_to_measure(cfg) -> str:
             + (", or use fp32" if cfg.dtype != "fp32" else ""))
 
 
-def too_big_to_measure(predicted: dict) -> str:
+def too_big_to_measure(predicted: dict, attention: str = "math") -> str:
     """Why a run whose tensors are predicted at ``predicted`` (bytes by kind) is not started here: more
     than half the memory this machine has free (autograd's workspaces and the allocator come on top),
-    or "" when it may run."""
+    or "" when it may run. The fused kernel is offered only to a run of ``attention`` "math" (it had
+    been offered to one that had it)."""
     from paralab.runtime.worker import RANK_MEMORY_BYTES, available_memory_bytes
 
     need, free = sum(predicted[k] for k in KINDS) + RANK_MEMORY_BYTES, available_memory_bytes()
     if free and need > free / 2:
         return (f"not measured: its tensors are predicted at {need / 2**30:.1f} GiB with the process, more "
                 f"than half the {free / 2**30:.1f} GiB this machine has free; lower the sequence, "
-                "micro-batch or model, or use sdpa attention")
+                "micro-batch or model" + (", or use sdpa attention" if attention == "math" else ""))
     return ""
 
 
@@ -168,7 +169,7 @@ def levers_explorer(layers: int = 4, hidden: int = 64, seq: int = 128, micro_bat
         try:
             cfg = run_config(values(), vocab)
             predicted = predict_memory(cfg)
-            if refusal := too_big_to_measure(predicted) or too_slow_to_measure(cfg):
+            if refusal := too_big_to_measure(predicted, cfg.model.attention) or too_slow_to_measure(cfg):
                 msg.value = message(refusal, "error")
                 return None
             msg.value = message("measuring two steps ...")
