@@ -713,6 +713,18 @@ def test_the_comm_explorer_offers_an_expert_parallel_run_only_models_with_expert
     assert "gpt3-1.3b" in dense and "mixtral-8x7b" in dense and get_model("gpt3-1.3b").experts == 0
 
 
+def test_the_comm_explorer_refuses_a_grown_run_its_expert_parallel_cannot_shard_over():
+    """ep 2 over dp 1 (world size 2 at tp 2) had gone to ep 1 in silence, its all-to-alls with it."""
+    from paralab.config import RunConfig
+    from paralab.sim.specs import SpecError
+    from paralab.widgets.explorers import _RunPredictor
+
+    ep = _RunPredictor(RunConfig.build("tiny-moe", strategy="ep", world_size=4, ep=2, global_batch=8))
+    with pytest.raises(SpecError, match=r"the run's ep 2 shards experts over data-parallel ranks: dp 1 "):
+        ep.grown("tiny-moe", world_size=2, tp=2, pp=1, gpus_per_node=8)
+    assert ep.grown("tiny-moe", world_size=4, tp=1, pp=1, gpus_per_node=8).select(kind="all_to_all")
+
+
 def test_a_ring_run_and_its_prediction_send_the_same_cp_bytes(no_leftover_ranks):
     import paralab
 

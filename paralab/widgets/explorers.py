@@ -579,13 +579,16 @@ class _RunPredictor:
             names = "tp x pp x cp (the run's)" if p.cp > 1 else "tp x pp"
             raise SpecError(f"world size {world_size} is not a multiple of {names} = {tp * pp * p.cp}")
         dp = world_size // (tp * pp * p.cp)
+        if dp % p.ep:  # ep had gone to 1 in silence, its all-to-alls with it
+            raise SpecError(f"the run's ep {p.ep} shards experts over data-parallel ranks: dp {dp} (world "
+                            f"size {world_size} over tp x pp) must be a multiple of it")
         model = self.model_spec(model_name)
         chunks = pp * p.virtual_stages
         # the run's split where it still fits, else one made for this depth, as the scaling and memory
         # explorers make theirs: the refusal had asked for a stage_layers this explorer has no control for
         kept = (p.stage_layers is not None and len(p.stage_layers) == chunks
                 and sum(p.stage_layers) == model.layers)
-        spec = p.replace(dp=dp, tp=tp, pp=pp, global_batch=0, ep=p.ep if dp % p.ep == 0 else 1,
+        spec = p.replace(dp=dp, tp=tp, pp=pp, global_batch=0,
                          sequence_parallel=p.sequence_parallel and tp > 1,
                          stage_layers=p.stage_layers if kept else uneven_split(model.layers, chunks),
                          microbatches=(p.microbatches if pp == p.pp
