@@ -139,6 +139,7 @@ def warn_if_cores_are_shared(ranks: int) -> None:
         warn(f"world size {ranks} exceeds the {usable_cores()} usable CPU cores: ranks will time-share "
              "cores, so step times show contention, not scaling")
 
+
 def _launch_ranks(cfg: RunConfig, layout, janitor: Janitor, progress) -> RunResult:
     """Start the ranks (the janitor told of each), watch them and collect their result."""
     run_dir = Path(tempfile.mkdtemp(prefix="paralab-run-"))
@@ -257,8 +258,10 @@ def _stop(procs) -> None:
     for p in procs:
         if p.is_alive():
             p.terminate()
-            with contextlib.suppress(ProcessLookupError):  # a stopped rank (SIGSTOP) wakes to end, not
-                os.kill(p.pid, signal.SIGCONT)  # keeps the run waiting out the 5 s before its SIGKILL
+            # a stopped rank (SIGSTOP) is woken to take its SIGTERM: left stopped, it had kept the
+            # run waiting out the 5 s below for its SIGKILL
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGCONT)
     deadline = time.monotonic() + 5.0
     for p in procs:
         p.join(timeout=max(deadline - time.monotonic(), 0.1))

@@ -330,9 +330,10 @@ CALIBRATION_VERSION = 14  # bump when what calibrate() measures changes: older c
 # what a caller tells its user before local() measures (on_measure), the cache's path in it
 MEASURING = "paralab: measuring this machine once (10-30 s when quiet, minutes when busy); cached in {}"
 
-# calibrations disturbed twice, by cache path: used for the rest of the process, never cached. A notebook
-# cell that prices a run three ways had measured the machine eight times over, minutes on a busy box
-_DISTURBED: dict[Path, tuple[HardwareSpec, bool]] = {}  # and whether it measured gloo's links
+# calibrations disturbed twice, by cache path, each with whether it measured gloo's links: used for the
+# rest of the process, never cached. A notebook cell that prices a run three ways had measured the
+# machine eight times over, minutes on a busy box
+_DISTURBED: dict[Path, tuple[HardwareSpec, bool]] = {}
 
 
 def local(recalibrate: bool = False, matmul_size: int = 1024, gloo: bool = True,
