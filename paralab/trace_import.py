@@ -414,7 +414,7 @@ def import_profile(paths, *, names: str = "auto", meta: dict | None = None) -> T
     trace.meta.update(names="paralab" if use_paralab else "torch", clock=clock, **(meta or {}))
     said += _what_the_steps_hide(spans_by_rank, profiles, ranks, use_paralab, idle)
     said += _sends_the_schedule_makes(trace, meta or {})
-    unsized = _unsized_comm(spans_by_rank, profiles, ranks)
+    unsized = _unsized_comm(spans_by_rank, ranks)
     if unsized:
         trace.meta["bytes_unknown_ranks"] = sorted(unsized)
         trace.meta["bytes_unknown_ops"] = sorted(set().union(*unsized.values()))
@@ -769,8 +769,7 @@ def _meta(profiles: list[RankProfile], ranks: list[int], world: int, node_of: di
     return meta
 
 
-def _unsized_comm(spans_by_rank: dict[int, list[Span]], profiles: list[RankProfile],
-                  ranks: list[int]) -> dict[int, set[str]]:
+def _unsized_comm(spans_by_rank: dict[int, list[Span]], ranks: list[int]) -> dict[int, set[str]]:
     """The ops left without a size on each rank (a barrier has none to give): gloo's calls and bare c10d
     calls are sized by their recorded shapes alone, NCCL's record_param_comms needs none. A rank
     profiled without record_shapes has none; one with them lacks a dtype where its only tensor

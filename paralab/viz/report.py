@@ -208,7 +208,8 @@ def _figures(trace: Trace, summary: dict, losses: list[float] | None, predicted:
     # a --no-trace run's trace holds its steps alone: a timeline of them would be an empty panel. Of
     # several steps, the median one (as the notebooks draw it): every step of a 4-rank DualPipeV side by
     # side had left bars too thin to read; an elastic run keeps its whole history, which is its story
-    whole = len(trace.step_windows()) <= 1 or trace.select(lane=EVENT)
+    steps = len(trace.step_windows())  # one walk of the spans, for the timeline and the throughput
+    whole = steps <= 1 or trace.select(lane=EVENT)
     figs = [("Timeline", viz.timeline(trace, predicted=predicted, steps=None if whole else "median"))] if any(
         s.lane != STEP for s in trace.spans) or predicted is not None else []
     if pipelined(trace.meta) and not summary["unmeasured_why"]:  # step spans alone read 100% idle
@@ -224,7 +225,7 @@ def _figures(trace: Trace, summary: dict, losses: list[float] | None, predicted:
         figs.append(("Memory per rank", viz.memory(summary, what=what)))
     if losses:
         figs.append(("Loss", viz.loss_curves({summary.get("strategy", "run"): losses})))
-    if len(trace.step_windows()) > 1:
+    if steps > 1:
         figs.append(("Throughput per step", viz.speedup_timeline(trace)))
     if trace.select(lane=EVENT) or any(c.name == "world_size" for c in trace.counters):
         figs.append(("Elastic", viz.elastic(trace)))
