@@ -419,3 +419,11 @@ def test_a_zero3_winners_exposed_data_parallel_loss_is_named_as_zero3s():
     assert ("its largest loss is exposed data-parallel communication (ZeRO-3's gathers and reduce-scatters, "
             "where they do not hide) (") in winner
     assert "It counts on the rest of ZeRO-3's gathers hiding under compute" in winner
+
+
+def test_micro_batches_are_every_size_that_divides_the_replica_batch_up_to_8():
+    """Batch 768 on 128 replicas is 6 sequences each: micro-batches 1, 2, 3 and 6 split it (4 and 8 do
+    not); the planner had tried powers of two only."""
+    sizes = {p.micro_batch for p in planner.candidates(get_model("gpt3-6.7b"), 128, get_hardware("h100"), 768)
+             if p.dp == 128}
+    assert sizes == {1, 2, 3, 6}
