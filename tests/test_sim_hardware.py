@@ -107,6 +107,25 @@ def test_a_hardware_file_describes_a_custom_part_in_datasheet_units(tmp_path):
     assert get_hardware(str(path)) == hw
 
 
+def test_a_base_may_be_named_as_hardware_names_it_and_a_path_names_a_file_everywhere(tmp_path):
+    """``--hardware h100-sxm`` works, and a file's ``"base": "h100-sxm"`` had been "not a preset"; a
+    run's prediction given the file's Path had raised AttributeError."""
+    from paralab.config import RunConfig
+    from paralab.sim.bridge import hardware_for_run
+
+    path = write(tmp_path, {"base": "H100-SXM", "memory_gib": 96})
+    hw = load_hardware_file(path)
+    assert hw == dataclasses.replace(PRESETS["h100"], name="part", memory_bytes=96 * GiB)
+    assert hardware_for_run(RunConfig(), path) == hw
+
+
+def test_a_negative_memory_is_refused_once_not_also_against_its_reserve(tmp_path):
+    with pytest.raises(SpecError) as refused:
+        load_hardware_file(write(tmp_path, {"base": "h100", "memory_gib": -80}))
+    assert "memory_bytes must be > 0" in str(refused.value)
+    assert "memory_reserved" not in str(refused.value)  # "must be below memory_bytes (-80 GiB)" had followed
+
+
 def test_a_hardware_file_changes_the_entries_it_names_of_its_bases_tables(tmp_path):
     """A peak by dtype beside a base changes that dtype's (it had replaced the whole table, and a file
     naming only fp8 was refused for want of fp32)."""
@@ -232,6 +251,9 @@ def test_a_hardware_file_may_give_every_field_in_si_units(tmp_path):
         ({"base": "h100", "overlaps_comm": "no"}, "overlaps_comm must be true or false (a JSON boolean)"),
         ({"base": "h100", "nic_gbit_s": "400"}, "nic_gbit_s must be a number > 0, got '400'"),
         ({"base": "h100", "nic_gbit_s": 400, "nics_per_node": "4"}, "nics_per_node must be a number"),
+        # half a NIC had been taken: 3.5 NICs shared by eight GPUs
+        ({"base": "h100", "nic_gbit_s": 400, "nics_per_node": 3.5},
+         "nics_per_node counts NICs, a whole number, got 3.5"),
         # had named inter_bw, a key the file did not write
         ({"base": "h100", "nic_gbit_s": 400, "nics_per_node": 0},
          "nics_per_node must be a number > 0, got 0"),

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 from paralab.config import ZERO_REDUCE_SCATTERS_IN_FLIGHT, ConfigError, RunConfig, resolve_device
 from paralab.layout import Layout, resolve_layout
@@ -174,13 +175,14 @@ def runs_on_cpu(cfg: RunConfig) -> bool:
     return cfg.device == "cpu" or (cfg.device == "auto" and resolve_device("auto", cfg.world_size) == "cpu")
 
 
-def hardware_for_run(cfg: RunConfig, hardware: str | HardwareSpec = "local") -> HardwareSpec:
+def hardware_for_run(cfg: RunConfig, hardware: str | os.PathLike | HardwareSpec = "local") -> HardwareSpec:
     """The hardware one rank of this run sees. ``local``: calibrated with the threads the rank gets
     (``paralab.runtime.worker.threads_for``), slowed by the share of a core it really has when the
     ranks want more threads than the machine has cores: its compute, and its gloo calls too (each
     step of a ring waits for the next rank to be scheduled)."""
     if isinstance(hardware, HardwareSpec):
         return hardware
+    hardware = os.fspath(hardware)  # a hardware file's Path, as get_hardware takes it
     if hardware.lower() != "local":
         return get_hardware(hardware)
     if not runs_on_cpu(cfg):  # it had priced a GPU run at this machine's CPU rates
@@ -205,13 +207,13 @@ def predict_memory(cfg: RunConfig) -> dict[str, float]:
     return cost.memory_per_gpu(*specs_from_run(cfg))
 
 
-def predict_run(cfg: RunConfig, hardware: str | HardwareSpec = "local") -> cost.Prediction:
+def predict_run(cfg: RunConfig, hardware: str | os.PathLike | HardwareSpec = "local") -> cost.Prediction:
     """Predicted step of the run ``cfg`` describes (``hardware``: a preset name or a HardwareSpec)."""
     model, parallel = specs_from_run(cfg)
     return cost.predict(model, parallel, hardware_for_run(cfg, hardware))
 
 
-def predict_run_trace(cfg: RunConfig, hardware: str | HardwareSpec = "local") -> Trace:
+def predict_run_trace(cfg: RunConfig, hardware: str | os.PathLike | HardwareSpec = "local") -> Trace:
     """The simulated run as a Trace shaped like the measured one: every rank, ``cfg.steps`` steps back
     to back, spans named as the strategies name theirs."""
     model, parallel = specs_from_run(cfg)

@@ -282,12 +282,16 @@ def _file_spec(data: dict, fields: set, path: Path) -> HardwareSpec:
             values[name] = scaled
     values.setdefault("name", path.stem)
     base = data.get("base")
-    if base is not None and str(base).lower() not in PRESETS:
+    preset = ALIASES.get(str(base).lower(), str(base).lower())  # a base may be named as --hardware names it
+    if base is not None and preset not in PRESETS:
         raise SpecError(f"hardware file {str(path)!r}: base {base!r} is not a preset ({', '.join(PRESETS)})")
-    start = dataclasses.asdict(PRESETS[str(base).lower()]) if base else {}
+    start = dataclasses.asdict(PRESETS[preset]) if base else {}
     for key in NIC_KEYS:
         if key in data and not (finite_number(data[key]) and data[key] > 0):
             raise SpecError(f"hardware file {str(path)!r}: {key} must be a number > 0, got {data[key]!r}")
+    if "nics_per_node" in data and data["nics_per_node"] != int(data["nics_per_node"]):
+        raise SpecError(f"hardware file {str(path)!r}: nics_per_node counts NICs, a whole number, got "
+                        f"{data['nics_per_node']!r}")
     if "nics_per_node" in data and "nic_gbit_s" not in data:
         raise SpecError(f"hardware file {str(path)!r}: nics_per_node shares nic_gbit_s among the GPUs; "
                         "give both")

@@ -784,7 +784,7 @@ class HardwareSpec:
         out += [f"hardware {n} must be [bytes, seconds] points, bytes > 0 and rising, seconds > 0 and "
                 f"never falling, got {getattr(self, n)!r}" for n in MEASURED_CURVES
                 if not _measured_curve(getattr(self, n))]
-        if self.memory_reserved_bytes >= self.memory_bytes:
+        if self.memory_bytes > 0 and self.memory_reserved_bytes >= self.memory_bytes:  # else said above
             reserved, total = self.memory_reserved_bytes / 2**30, self.memory_bytes / 2**30
             out.append(f"hardware memory_reserved_bytes ({reserved:.4g} GiB) must be below memory_bytes "
                        f"({total:.4g} GiB): plans fill what is left")
