@@ -25,7 +25,9 @@ def run(strategy: str = "ddp", world_size: int = 1, steps: int = 5, model="tiny"
 
     ``model`` is a preset name ("tiny", "small", ...), a ModelConfig or a dict of its fields; other
     options are RunConfig fields (global_batch, seed, device, bucket_mb, pp, schedule, ...). A config
-    that cannot work raises ConfigError before any process starts; a failing rank raises RunError.
+    that cannot work raises ConfigError before any process starts; a failing rank raises RunError. An
+    option the strategy does not use (a ``bucket_mb`` handed to every strategy of a benchmark) is run
+    and listed in the result's ``unused_options``, where the CLI refuses its flag.
     """
     from paralab.outputs import check_outputs
     from paralab.runtime.launch import launch

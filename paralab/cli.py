@@ -100,7 +100,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                         "(lighter ends; default: even)")
     p.add_argument("--sequence-parallel", action="store_true",
                    help="tp: the norms and dropout on a slice of the sequence")
-    p.add_argument("--zero", type=int, default=d.zero, help="hybrid: ZeRO stage over the dp dimension")
+    p.add_argument("--zero", type=int, default=d.zero,
+                   help="hybrid: ZeRO stage over the dp dimension, 0, 1 or 2 (ZeRO-3: strategy zero3)")
     p.add_argument("--trace-dir", metavar="DIR",
                    help="a directory for the run's trace: merged.json from a local run, one file per rank "
                         "under torchrun (`paralab merge DIR` joins them; a rerun overwrites its files)")

@@ -220,7 +220,8 @@ def add_training_args(p: argparse.ArgumentParser, defaults: TrainingConfig, pres
     """The flags of TrainingConfig's fields, with ``defaults``' values (RunConfig or ElasticConfig), the
     model ``presets`` the command trains, and what ``--fail`` does in it (``fault_help``: each command
     takes its own kinds of fault)."""
-    p.add_argument("--model", default=defaults.model_name, help=f"preset: {', '.join(presets)}")
+    p.add_argument("--model", default=defaults.model_name,
+                   help=f"preset: {', '.join(presets)} (a shape of its own: model={{...}} from Python)")
     p.add_argument("--steps", type=int, default=defaults.steps, help="optimizer steps")
     p.add_argument("--global-batch", type=int, default=defaults.global_batch,
                    help="samples per step over all ranks, whatever the world size")

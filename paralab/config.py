@@ -160,6 +160,16 @@ def custom_from(preset: str) -> str:
     return f"{CUSTOM_MODEL} (from {preset})"
 
 
+def preset_named(model: ModelConfig) -> str:
+    """The name of the preset ``model`` is, its attention kernel aside (a kernel, not a shape: the CLI's
+    ``--model tiny --attention math`` is model tiny), else "custom". A preset's fields handed over from
+    Python had been named "custom", where the same run from the shell was named by its preset."""
+    for name, preset in MODEL_PRESETS.items():
+        if dataclasses.replace(model, attention=preset.attention) == preset:
+            return name
+    return CUSTOM_MODEL
+
+
 @dataclass
 class TrainingConfig:
     """What every training run has, whatever splits it: the model, the data, the optimizer, the
@@ -214,11 +224,12 @@ class TrainingConfig:
             model_cfg, name = MODEL_PRESETS[model], model
         elif isinstance(model, dict):
             try:
-                model_cfg, name = ModelConfig(**model), CUSTOM_MODEL
+                model_cfg = ModelConfig(**model)
             except TypeError as exc:
                 raise ConfigError(f"model: {exc}") from None
+            name = preset_named(model_cfg)
         elif isinstance(model, ModelConfig):
-            model_cfg, name = model, CUSTOM_MODEL
+            model_cfg, name = model, preset_named(model)
         else:  # None or a number had gone on to an AttributeError inside validate()
             raise ConfigError(f"model must be a preset's name, a ModelConfig or a dict of its fields, got "
                               f"{model!r}")

@@ -109,3 +109,15 @@ def test_the_settings_left_to_the_strategy_are_the_options_whose_default_is_a_pl
                     if value in (0, "") and not isinstance(value, bool) and key != "zero"}
     assert LEFT_TO_THE_STRATEGY == placeholders
     assert all(defaults[key] == OPTION_DEFAULTS[key] for key in LEFT_TO_THE_STRATEGY)
+
+
+def test_a_presets_fields_from_python_are_named_by_the_preset_as_the_shell_names_them():
+    """``paralab run --model tiny --attention math`` is model "tiny"; the same model handed over from
+    Python, as a ModelConfig or a dict, had been named "custom". A shape of its own still is."""
+    from paralab.config import MODEL_PRESETS
+
+    tiny = MODEL_PRESETS["tiny"]
+    for model in (tiny, dataclasses.asdict(tiny), dataclasses.replace(tiny, attention="math")):
+        assert RunConfig.build(model).model_name == "tiny"
+    assert RunConfig.build(dataclasses.replace(tiny, layers=tiny.layers + 1)).model_name == "custom"
+    assert RunConfig.build(MODEL_PRESETS["tiny-moe"]).model_name == "tiny-moe"

@@ -577,7 +577,7 @@ def test_the_comm_explorers_what_if_says_a_custom_shape_as_the_runs_model():
     fp32", which the notebook never explains."""
     from paralab.config import MODEL_PRESETS
 
-    shape = dataclasses.asdict(MODEL_PRESETS["tiny"])
+    shape = dataclasses.asdict(dataclasses.replace(MODEL_PRESETS["tiny"], layers=3))  # no preset's shape
     app = widgets.comm_explorer(ddp_stand_in(4, model=shape), hardware="h100", world_size=8, gpus_per_node=8)
     what_if = list(app.sources())[-1]
     assert "the run's model in fp32" in what_if and "custom" not in what_if, what_if
