@@ -427,3 +427,16 @@ def test_micro_batches_are_every_size_that_divides_the_replica_batch_up_to_8():
     sizes = {p.micro_batch for p in planner.candidates(get_model("gpt3-6.7b"), 128, get_hardware("h100"), 768)
              if p.dp == 128}
     assert sizes == {1, 2, 3, 6}
+
+
+def test_the_planner_weighs_the_split_that_evens_the_stages_flops_beside_the_even_one():
+    """Llama 3's 128k-token output layer weighs about two blocks of its 8B model: split evenly, its last
+    stage is the busiest. The planner had tried the even split alone, which loses to tp-free dp 8; the
+    split with a lighter last stage wins."""
+    llama = get_model("llama3-8b")
+    schedules = planner._schedules(llama, 2, 8)
+    tried = {(s, v, tuple(split.get("stage_layers") or ())) for s, v, split in schedules}
+    assert {("1f1b", 1, ()), ("1f1b", 1, (17, 15)), ("zb-h1", 1, ()), ("zb-h1", 1, (17, 15))} <= tried
+    rows = planner.plan(llama, 8, get_hardware("h100"))
+    even = max(r.tokens_per_s for r in rows if r.parallel.stage_layers is None)
+    assert rows[0].parallel.stage_layers == (17, 15) and rows[0].tokens_per_s > even
