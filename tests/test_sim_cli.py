@@ -37,6 +37,9 @@ def test_simulate_json_has_the_design_keys(capsys):
                 "model_flops_per_step", "hardware_flops_per_step"):  # fmt: skip
         assert key in data
     assert data["dp"] == 8 and data["microbatches"] == 192
+    # the keys of a layout that does not fit are there, empty, for one that does (a script had failed)
+    assert data["fits"] and (data["alternatives"], data["alternatives_same_degrees"], data["advice"]) == (
+        [], [], "")
 
 
 def test_simulate_custom_shape_text_report(capsys):
@@ -188,6 +191,18 @@ def test_plan_json_lists_ranked_configurations(capsys):
     data = json.loads(out)
     assert 1 <= len(data["ranked"]) <= 3 and len(data["explain"]) == min(2, len(data["ranked"]))
     assert all(r["dp"] * r["tp"] * r["pp"] == 16 for r in data["ranked"])
+    # what the text report says beside the rows: the batch taken, the shape planned, its notes
+    assert data["global_batch"] == data["ranked"][0]["global_batch"] == 512
+    assert data["shape"]["ffn"] == 14336 and data["notes"][0].startswith("MFU counts attention's whole s x s")
+
+
+def test_a_plan_of_a_custom_shape_says_the_shape_it_planned(capsys):
+    """An override re-derives part of the shape (the MLP width from the hidden size): plan says what it
+    planned, as simulate does."""
+    rc, out, _ = run(["plan", "--model", "llama3-70b", "--hidden", "4096", "--gpus", "16",
+                      "--hardware", "h100", "--top", "1"], capsys)
+    assert rc == 0 and "custom (from llama3-70b)" in out
+    assert "hidden 4,096, 64 heads (8 KV), MLP 16,384" in out
 
 
 def test_lab_presets_simulate_as_fp32_with_the_batch_split_given(capsys):
@@ -294,7 +309,7 @@ def test_a_configuration_that_does_not_fit_is_still_estimated(capsys):
     assert {a["global_batch"] for a in data["alternatives"]} == {data["global_batch"]} == {8}
     rc, out, _ = run([*argv, "--tp", "8", "--micro-batch", "1", "--json"], capsys)
     fitting = json.loads(out)
-    assert fitting["fits"] and fitting["memory_over_bytes"] == 0 and "alternatives" not in fitting
+    assert fitting["fits"] and fitting["memory_over_bytes"] == 0 and fitting["alternatives"] == []
 
 
 def test_a_layout_that_does_not_fit_is_offered_what_would_make_it_fit_with_its_own_degrees(capsys):

@@ -426,7 +426,10 @@ def simulate_main(args) -> int:
                notes=[note for note in (_mfu_note(pred, hw), _cp_micro_batch_note(pred, parallel)) if note])
     usable = cost.usable_memory(hw)
     over = max(0.0, pred.memory_bytes_per_gpu["total"] - usable)
-    out.update(memory_usable_bytes=int(usable), memory_over_bytes=int(over))
+    # the same keys whether it fits or not (empty when it does): a script reading them had failed on
+    # the configurations that fit
+    out.update(memory_usable_bytes=int(usable), memory_over_bytes=int(over), alternatives=[],
+               alternatives_same_degrees=[], advice="")
     if not pred.fits:  # what fits for the batch just priced, so their tokens/s compare with its
         batch = pred.parallel.global_batch
         ranked = _alternatives(model, gpus, hw, batch, pred.parallel.fp32_grads)
@@ -571,22 +574,28 @@ def plan_main(args) -> int:
 @without_cyclic_gc
 def _plan_and_say(args, model: ModelSpec, hw) -> int:
     ranked = planner.plan(model, args.gpus, hw, args.global_batch, top=args.top, fp32_grads=args.fp32_grads)
-    answer = {"model": model.name, "gpus": args.gpus, "hardware": hw.name}
+    batch = ranked[0].parallel.global_batch if ranked else (
+        args.global_batch or planner.default_global_batch(args.gpus, model.seq))
+    answer = {"model": model.name, "gpus": args.gpus, "hardware": hw.name, "shape": _shape(model),
+              "global_batch": batch}
     if not ranked:  # an answer, not an invalid request: said on stdout, exit 0
         reason = planner.why_nothing_fits(model, args.gpus, hw, args.global_batch, args.fp32_grads)
-        print(json_text({**answer, "ranked": [], "explain": [], "reason": reason}) if args.json else
+        empty = {**answer, "ranked": [], "explain": [], "notes": [], "reason": reason}
+        print(json_text(empty) if args.json else
               f"nothing fits on {count_text(args.gpus, hw.name + ' GPU')}: {reason}")
         return 0
     sentences = planner.explain(ranked, model, hw)
+    notes = [note for note in (_mfu_note(p, hw) for p in ranked) if note]
     if args.json:
         rows = [dict(p.to_dict(), config=planner.describe(p.parallel), **_degrees(p.parallel))
                 for p in ranked]
-        print(json_text({**answer, "ranked": rows, "explain": sentences}))
+        print(json_text({**answer, "ranked": rows, "explain": sentences, "notes": notes[:1]}))
         return 0
-    batch = ranked[0].parallel.global_batch
     print(f"{model.name} on {count_text(args.gpus, hw.name + ' GPU')}, "
           f"{count_text(batch, 'sequence')} of {model.seq:,} tokens a step"
           + ("" if args.global_batch else f" ({_default_batch_note(model, args.gpus, hw, batch)})"))
+    if model.name.startswith("custom"):  # an override re-derives part of the shape: say what was planned
+        print(_shape_text(_shape(model)))
     # ranked by tokens/s (the first row the leanest as fast), which MFU follows; hardware TFLOP/s also
     # counts recompute, so it need not
     print(f"    {'tokens/s':>10} {'MFU':>6} {'hardware rate':>15} {'memory':>10}  layout")
@@ -595,7 +604,6 @@ def _plan_and_say(args, model: ModelSpec, hw) -> int:
                         planner.bytes_text(p.memory_bytes_per_gpu["total"]))
         print(f"{i:2d}. {p.tokens_per_s:>10,.0f} {p.mfu:>6.1%} {rate:>15} {memory:>10}  "
               f"{planner.describe(p.parallel)}")
-    notes = [note for note in (_mfu_note(p, hw) for p in ranked) if note]
     print("\n".join([*sentences, *(["note: " + notes[0]] if notes else [])]))
     return 0
 
