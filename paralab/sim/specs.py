@@ -578,9 +578,13 @@ class ParallelSpec:
             f"cp {self.cp} needs the sequence ({model.seq}) divisible by {pieces}"]
         heads, kv = model.heads // self.tp, model.kv_heads // self.tp
         if self.cp_mode == "alltoall" and not ulysses_splits(model, self.tp, self.cp):
-            out.append(f"all-to-all (Ulysses) cp {self.cp} needs the heads per tp rank ({heads}) divisible "
-                       f"by {self.cp}, and their KV heads ({kv}) divisible by {self.cp} or dividing it "
-                       f"(each then replicated for the all-to-all)")
+            # only the condition that fails: "KV heads (8) divisible by 64 or dividing it" had been said
+            # of 8 KV heads, which divide 64
+            needs = [f"the heads per tp rank ({heads}) divisible by {self.cp}"] if heads % self.cp else []
+            if not ulysses_kv_heads(model, self.tp, self.cp):
+                needs.append(f"the tp rank's KV heads ({kv}) divisible by {self.cp} or dividing it (each "
+                             f"then replicated for the all-to-all)")
+            out.append(f"all-to-all (Ulysses) cp {self.cp} needs {', and '.join(needs)}")
         return out
 
     def _expert_problems(self, model: ModelSpec) -> list[str]:
