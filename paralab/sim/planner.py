@@ -202,6 +202,9 @@ def _expert_degrees(model: ModelSpec, dp: int) -> list[int]:
     return [e for e in (2**i for i in range(12)) if e <= dp and dp % e == 0 and model.experts % e == 0]
 
 
+# what a ZeRO-3 prediction counts on that measurements have not borne out (docs/simulator.md, "Not
+# reproduced: ZeRO-3 at scale"), said by the planner's explanation and by simulate's notes
+ZERO3_UNSHOWN = "which large runs have not shown: an upper bound (docs/simulator.md)"
 REFINED_ROWS = 10  # rows a plan simulates unless told: its default top, whatever top it returns
 # rates within this share of the faster are as fast: the plan's winner is the leanest of them, and the
 # explanation says a runner-up this close is as fast
@@ -469,8 +472,8 @@ def explain(ranked: list[cost.Prediction], model: ModelSpec | None = None,
         f"Winner: {describe(win.parallel)} - {flops_text(win.tflops_per_gpu)} of hardware FLOPs per GPU "
         f"({win.hfu:.0%} HFU, {win.mfu:.0%} MFU), "
         f"{bytes_text(win.memory_bytes_per_gpu['total'])} per GPU; {_largest_loss(win, model, hw)}."
-        + (" It counts on the rest of ZeRO-3's gathers hiding under compute, which large runs have not"
-           " shown: an upper bound (docs/simulator.md)." if win.parallel.zero == 3 else "")
+        + (f" It counts on the rest of ZeRO-3's gathers hiding under compute, {ZERO3_UNSHOWN}."
+           if win.parallel.zero == 3 else "")
     ]
     if win.parallel.cp > 1 and model is not None and hw is not None:
         out.append(why_context_parallel(win, model, hw))
