@@ -947,6 +947,11 @@ def test_cp_with_a_derived_micro_batch_is_told_that_it_saves_no_memory(capsys):
     pred = json.loads(out)
     assert not [n for n in pred["notes"] if n.startswith("cp ")]
     assert pred["memory_bytes_per_gpu"]["activations"] < activations[1] / 4
+    # a micro-batch offered that does not fit either is said not to (it had been offered as the fix)
+    rc, out, _ = run(["simulate", "--model", "llama3-8b", "--seq", "131072", "--gpus", "64", "--hardware",
+                      "h100", "--cp", "16", "--cp-mode", "alltoall", "--global-batch", "128", "--zero", "1"],
+                     capsys)
+    assert "--micro-batch 2 keeps it and lets the split save, though at 109.5 GiB a GPU that does not" in out
 
 
 def test_the_layouts_kept_are_named_without_a_split_the_planner_does_not_keep():

@@ -423,7 +423,7 @@ def simulate_main(args) -> int:
                config=planner.describe(pred.parallel),
                pipeline_passes=cost.pipeline_passes(pred.parallel), **_degrees(pred.parallel),
                stage_imbalance=cost.stage_imbalance(model, pred.parallel, hw),
-               notes=[note for note in (_mfu_note(pred, hw), _cp_micro_batch_note(pred, parallel),
+               notes=[note for note in (_mfu_note(pred, hw), _cp_micro_batch_note(pred, parallel, model, hw),
                                         _zero3_note(pred)) if note])
     usable = cost.usable_memory(hw)
     over = max(0.0, pred.memory_bytes_per_gpu["total"] - usable)
@@ -491,21 +491,25 @@ def _zero3_note(pred: cost.Prediction) -> str:
         planner.ZERO3_UNSHOWN
 
 
-def _cp_micro_batch_note(pred: cost.Prediction, asked: ParallelSpec) -> str:
+def _cp_micro_batch_note(pred: cost.Prediction, asked: ParallelSpec, model: ModelSpec, hw) -> str:
     """Where cp took its GPUs from dp and the micro-batch was derived from the global batch, it grew cp
     times, so each GPU holds as many tokens a microbatch as the same GPUs without cp: the split saves no
     activation memory (llama3-8b, 8 sequences of 131,072 tokens on 64 GPUs at tp 8 with sequence
-    parallel: 76.1 GiB at every cp); --micro-batch holds it."""
+    parallel: 76.1 GiB at every cp); --micro-batch holds it, and the note says whether that fits (it had
+    offered a micro-batch at which llama3-8b at cp 16 still kept 109.5 GiB a GPU)."""
     p = pred.parallel
     if p.cp == 1 or asked.micro_batch:
         return ""
     unsplit = asked.replace(dp=p.dp * p.cp, cp=1).resolved()
     if p.micro_batch != p.cp * unsplit.micro_batch:
         return ""
+    held = cost.predict(model, asked.replace(micro_batch=unsplit.micro_batch), hw, simulate=False)
+    held_bytes = planner.bytes_text(held.memory_bytes_per_gpu["total"])
+    fits = "" if held.fits else f", though at {held_bytes} a GPU that does not fit either"
     return (f"cp {p.cp} takes its GPUs from dp, so the micro-batch derived from the global batch is "
             f"{p.micro_batch} sequences, {p.cp} times the {unsplit.micro_batch} these GPUs would take "
             f"without cp: each GPU holds as many tokens a microbatch as without cp, so the split saves no "
-            f"activation memory; --micro-batch {unsplit.micro_batch} keeps it and lets the split save")
+            f"activation memory; --micro-batch {unsplit.micro_batch} keeps it and lets the split save{fits}")
 
 
 def _shape(model: ModelSpec) -> dict[str, int]:
