@@ -425,10 +425,14 @@ def test_fsdp_root_gathers_the_ends_once_a_microbatch_and_holds_them_whole():
     assert whole["grads"] - split["grads"] == pytest.approx(4 * (block - embed) + 2 * embed)
 
 
-@pytest.mark.parametrize("change", [dict(zero=2), dict(pp=2, microbatches=2)])
-def test_fsdp_root_needs_zero_3_on_one_stage(change):
+@pytest.mark.parametrize("change, needs", [
+    (dict(zero=2), r"needs zero 3, got zero 2$"),  # not also "one pipeline stage", which it has
+    (dict(pp=2, microbatches=2), r"needs one pipeline stage, got pp x virtual stages = 2$"),
+    (dict(zero=0, pp=2, microbatches=2), r"needs zero 3, got zero 0; one pipeline stage, got pp x virtual"),
+])
+def test_fsdp_root_needs_zero_3_on_one_stage(change, needs):
     spec = ParallelSpec(dp=8, zero=3, micro_batch=1, global_batch=8, fsdp_root=True).replace(**change)
-    with pytest.raises(SpecError, match="fsdp_root .* needs zero 3 and one pipeline stage"):
+    with pytest.raises(SpecError, match="fsdp_root .* " + needs):
         cost.check(get_model("llama3-8b"), spec, spec.world_size)
 
 

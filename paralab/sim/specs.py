@@ -501,9 +501,14 @@ class ParallelSpec:
         out += self._expert_problems(model)
         if p.zero not in (0, 1, 2, 3):
             out.append(f"zero stage must be 0..3, got {p.zero}")
-        if p.fsdp_root and (p.zero != 3 or p.chunks > 1):
-            out.append(f"fsdp_root (FSDP's root unit: both ends of the model on one rank) needs zero 3 and "
-                       f"one pipeline stage, got zero {p.zero}, pp x virtual stages = {p.chunks}")
+        if p.fsdp_root:  # what is missing, as for fp32_shards below (zero 0 had been told of its 1 stage)
+            unmet = [f"{needed}, got {got}" for needed, got, met in (
+                ("zero 3", f"zero {p.zero}", p.zero == 3),
+                ("one pipeline stage", f"pp x virtual stages = {p.chunks}", p.chunks == 1),
+            ) if not met]
+            if unmet:
+                out.append(f"fsdp_root (FSDP's root unit: both ends of the model on one rank) needs "
+                           f"{'; '.join(unmet)}")
         if p.zero_accumulates and p.zero != 2:
             out.append(f"zero_accumulates (a step's gradients summed before one reduce-scatter) is ZeRO-2's, "
                        f"got zero {p.zero}")
