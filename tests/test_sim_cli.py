@@ -47,6 +47,8 @@ def test_simulate_custom_shape_text_report(capsys):
                       "--seq", "128", "--dp", "2", "--pp", "2", "--microbatches", "4",
                       "--hardware", "h100"], capsys)  # fmt: skip
     assert rc == 0 and "TFLOP/s per GPU" in out
+    # the shape priced is the one given: a --vocab or --seq dropped had still printed a rate
+    assert "shape: 4 layers, hidden 256, 4 heads, MLP 1,024, vocabulary 1,000, 128 tokens" in out
 
 
 def test_simulate_says_when_the_pipeline_was_priced_in_closed_form(capsys):

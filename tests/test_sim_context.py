@@ -140,11 +140,17 @@ def test_the_step_window_holds_the_attention_the_split_adds(pp):
     """A measured step window is the step plus the spread of the ranks' ends: equal to the step
     without a pipeline, never shorter. The split's attention had been added to the step but not to
     the window (0.78 s against a 0.91 s step for Llama 3 8B on dp 2 x cp 4)."""
-    prediction = cost.predict(LLAMA, spec(dp=2, cp=4, pp=pp, global_batch=8), H100)
+    asked = spec(dp=2, cp=4, pp=pp, global_batch=8)
+    prediction = cost.predict(LLAMA, asked, H100)
     if pp == 1:
         assert prediction.step_window_s == pytest.approx(prediction.step_time_s, rel=1e-12)
     else:
         assert prediction.step_window_s > prediction.step_time_s
+    # the window is the slice run's, plus exactly what the split adds to the step (a pipeline's spread
+    # of the ranks' ends had kept "window > step" true without the attention)
+    base = cost.predict(*context.slice_run(LLAMA, asked), H100)
+    assert prediction.step_window_s == pytest.approx(
+        base.step_window_s + prediction.step_time_s - base.step_time_s, rel=1e-12)
 
 
 @pytest.mark.parametrize(("schedule", "v", "passes"),
