@@ -50,8 +50,9 @@ from paralab.stage_split import balanced_split, megatron_split, split_text
 from paralab.text import count_text
 
 # every micro-batch size up to 8, not only powers of two: a replica batch of 3 x 2^k is common (batch 768
-# on 256 replicas), and its micro-batch of 3 can beat the layouts a power of two allows (MegaScale's 175B
-# at batch 768 on 1,024 GPUs: +2.2%); a size that does not divide the replica batch is skipped at once
+# on 256 replicas; MPT trained micro-batches of 6), and a power of two does not split it whole (MegaScale's
+# 175B at batch 768 on 1,024 A100s plans a ZeRO-3 row of micro-batch 3 +2.2%, a ZeRO-3 row the docs call
+# an upper bound); a size that does not divide the replica batch is skipped at once
 MICRO_BATCHES = tuple(range(1, 9))
 
 
