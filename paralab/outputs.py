@@ -75,11 +75,16 @@ def _check_parent(path: Path, what: str) -> None:
 
 def check_run_outputs(args) -> None:
     """``paralab run``'s --trace, --report (files), --trace-dir and --profile (directories): each
-    writable, each its own, and no --trace inside the --trace-dir."""
+    writable, each its own, and no --trace inside the --trace-dir; plotly there to draw a --report."""
     files = check_outputs(files=[("--trace", args.trace), ("--report", args.report)],
                           dirs=[("--trace-dir", args.trace_dir), ("--profile", args.profile)])
     if args.trace_dir:
         check_trace_dir(args.trace_dir, files)
+    if args.report:
+        from paralab.viz._common import plotly_missing
+
+        if missing := plotly_missing():  # before the run: it had trained, then died importing plotly
+            raise ConfigError(f"--report: {missing}")
 
 
 def check_outputs(files: list[tuple[str, str | None]], dirs: list[tuple[str, str | None]]

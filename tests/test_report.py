@@ -296,3 +296,22 @@ def test_report_renders_in_chromium(report):
         finally:
             browser.close()
     assert outside == []
+
+
+def test_without_plotly_a_report_is_refused_in_one_line_before_anything_runs(tmp_path, capsys, monkeypatch):
+    """`paralab run --report` had trained and then died importing plotly (exit 1, a traceback), and
+    `paralab report` had shown the traceback: on a core install, both say how to get plotly, exit 2."""
+    import sys
+
+    from paralab.cli import main
+
+    monkeypatch.setitem(sys.modules, "plotly", None)  # import plotly raises ImportError
+    out = tmp_path / "r.html"
+    assert main(["run", "--strategy", "single", "--steps", "1", "--report", str(out)]) == 2
+    said = capsys.readouterr().err
+    assert said.count("\n") == 1 and "--report: paralab.viz needs plotly: pip install 'paralab[lab]'" in said
+    assert main(["report", str(tmp_path / "any.json"), "-o", str(out)]) == 2
+    said = capsys.readouterr().err
+    assert said == "paralab report: paralab.viz needs plotly: pip install 'paralab[lab]' (from a clone of " \
+                   "paralab: pip install -e '.[lab]'), or pip install plotly\n"
+    assert not out.exists()

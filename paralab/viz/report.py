@@ -306,12 +306,16 @@ def add_report_args(parser: argparse.ArgumentParser) -> None:
 
 
 def report_main(args) -> int:
-    """``paralab report``: 0 when written, 2 when a trace file is missing or not a trace, or the output
-    cannot be written or would overwrite a trace it reads (message on stderr, checked before any
-    trace is read)."""
+    """``paralab report``: 0 when written, 2 when plotly is missing, a trace file is missing or not a
+    trace, or the output cannot be written or would overwrite a trace it reads (message on stderr,
+    checked before any trace is read)."""
     from paralab.config import ConfigError
     from paralab.outputs import check_file, check_output_reads_no_input, unread_text
+    from paralab.viz._common import plotly_missing
 
+    if missing := plotly_missing():  # one line, not an ImportError's traceback
+        print(f"paralab report: {missing}", file=sys.stderr)
+        return 2
     inputs = [("trace", args.trace), ("--predicted trace", getattr(args, "predicted", None))]
     try:
         check_file(args.output, "output")

@@ -16,7 +16,8 @@ def widgets():
     try:
         import ipywidgets
     except ImportError as exc:  # pragma: no cover - exercised only without ipywidgets
-        raise ImportError("paralab.widgets needs ipywidgets: pip install 'paralab[lab]'") from exc
+        raise ImportError("paralab.widgets needs ipywidgets: pip install 'paralab[lab]' (from a clone of "
+                          "paralab: pip install -e '.[lab]')") from exc
     return ipywidgets
 
 
