@@ -2,10 +2,11 @@
 
 `make lab` puts this directory on JUPYTER_CONFIG_PATH, so `jupyter lab` reads this file:
 
-- the server listens on 127.0.0.1 only, and always asks for a token (a random one, printed in the
-  URL at start-up, or the value of JUPYTER_TOKEN when it is set and not empty); a command line or
-  environment that would change either is refused unless the user opts in (lab/guard.py:
-  PARALAB_LAB_ALLOW_REMOTE=1, PARALAB_LAB_ALLOW_NO_TOKEN=1);
+- the server listens on 127.0.0.1 only, and asks for a token (a random one, printed in the URL at
+  start-up, or the value of JUPYTER_TOKEN when it is set and not empty); a command line or
+  JUPYTER_TOKEN that would change either is refused unless the user opts in (lab/guard.py:
+  PARALAB_LAB_ALLOW_REMOTE=1, PARALAB_LAB_ALLOW_NO_TOKEN=1). The user's own Jupyter config files
+  are not read for it: one that empties the token there is theirs to answer for;
 - it serves notebooks/ and opens the "paralab" workspace (lab/workspaces/paralab.jupyterlab-workspace),
   which shows notebooks/00_welcome.ipynb;
 - JupyterLab settings defaults come from lab/settings/overrides.json (no news pop-up, no update
