@@ -55,3 +55,24 @@ def test_several_runs_keep_each_run_s_order_on_the_shared_axis():
     # runs whose ops agree keep their plain labels
     same = comm_link_split({"a": flat, "b": flat})
     assert list(same.data[0].x[1]) == ["all_reduce", "all_reduce"]
+
+
+def test_a_simulated_replicas_groups_are_named_by_their_axes_and_not_drawn_between_its_stages():
+    """A simulated trace draws one replica's pipeline ranks: its tp and dp groups run among ranks it
+    does not draw. A tp 2 all-gather had been drawn between stages 0 and 1 and the dp 4 reduction round
+    all four (r3 -> r0 by the ring), and each named "group of N"; only the sends and the tied
+    embedding's all-reduce (first and last stage) run between the ranks drawn. (Where two degrees are
+    equal, the group is named "dp or tp".)"""
+    from paralab.sim import ParallelSpec, get_hardware, get_model, predict_trace
+    from paralab.viz.comm import bytes_by_dimension, comm_matrix_data
+
+    spec = ParallelSpec(dp=4, tp=2, pp=4, zero=1, global_batch=32, microbatches=4, sequence_parallel=True)
+    trace = predict_trace(get_model("gpt3-1.3b"), spec, get_hardware("h100"))
+    assert trace.meta["replica_of"] == dict(dp=4, tp=2, pp=4, ep=1, micro_batch=2, stage_layers=None)
+    assert set(bytes_by_dimension(trace)) == {"dp", "tp", "pp"}
+    matrix = comm_matrix_data(trace)
+    talks = {(src, dst) for src, row in enumerate(matrix) for dst, b in enumerate(row) if b}
+    assert talks == {(0, 1), (1, 2), (2, 3), (1, 0), (2, 1), (3, 2), (0, 3), (3, 0)}
+    sends = sum(s.bytes for s in trace.spans if s.kind == "send")
+    tied = sum(s.bytes for s in trace.spans if s.name == "tied embedding all-reduce")
+    assert sum(map(sum, matrix)) == sends + tied

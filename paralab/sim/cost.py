@@ -785,7 +785,8 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
         for tail in tails:
             spans.append(Span(rank, COMM, "all_reduce", tail.start, tail.end, name=tail.name, step=0,
                               bytes=int(counting.ring_wire_bytes("all_reduce", tail.payload, tail.group)),
-                              payload_bytes=int(tail.payload), group_size=tail.group, inter_node=tail.inter))
+                              payload_bytes=int(tail.payload), group_size=tail.group, inter_node=tail.inter,
+                              group_ranks=list(tail.ranks) or None))
             end = tail.end
         end += sync["copies"]  # undrawn, as a lab trace leaves them (in backward's hooks, or untraced)
         opt_end = end + sync["optimizer"]
@@ -796,8 +797,12 @@ def predict_trace(model: ModelSpec, parallel: ParallelSpec, hw: HardwareSpec) ->
                               group_size=p.dp, inter_node=sync["inter"]))
     makespan = prediction.step_time_s
     spans += [Span(r, STEP, "step", 0.0, makespan, name="step 0", step=0) for r in range(p.pp)]
+    # the layout the drawn ranks are one replica's pipeline of: its tp, dp and ep groups run among ranks
+    # not drawn (paralab.viz.comm names them by it, and draws none of their bytes between stages)
+    replica_of = dict(dp=p.dp, tp=p.tp, pp=p.pp, ep=p.ep, micro_batch=p.micro_batch,
+                      stage_layers=list(p.stage_layers) if p.stage_layers else None)
     meta = dict(trace.meta, tokens_per_step=p.global_batch * model.seq, prediction=prediction.to_dict(),
-                hardware=hw.name)
+                hardware=hw.name, replica_of=replica_of)
     return Trace(spans=sorted(spans, key=lambda s: (s.start, s.rank)), meta=meta)
 
 
@@ -1333,6 +1338,7 @@ class TailCollective(NamedTuple):
     payload: float
     group: int
     inter: bool
+    ranks: tuple[int, ...] = ()  # its group's pipeline ranks, where all are the trace's (the tied pair)
 
 
 def _end_of_step(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, finish) -> list[tuple]:
@@ -1365,7 +1371,7 @@ def _end_of_step(model: ModelSpec, p: ParallelSpec, hw: HardwareSpec, finish) ->
         seconds = collective_time(hw, "all_reduce", payload, 2, stride)
         for rank in holders:
             tails[rank].append(TailCollective("tied embedding all-reduce", start, start + seconds, payload, 2,
-                                              inter))
+                                              inter, tuple(holders)))
     return [(sync, window, tuple(tail)) for sync, window, tail in zip(syncs, windows, tails)]
 
 

@@ -25,7 +25,10 @@ Rank-by-rank matrix convention (``comm_matrix_data``), row = sender, column = re
   The group is the one the trace records (``Trace.group_of``); a simulated trace records only a
   group's size, and the group is then inferred from the run's layout in ``trace.meta`` (tp fastest,
   then cp, dp, pp, as paralab lays ranks out), matching ``group_size`` against each axis's degree,
-  and falling back to the aligned block of ``group_size`` ranks that holds the rank.
+  and falling back to the aligned block of ``group_size`` ranks that holds the rank. A simulated
+  step at scale (``paralab.sim.predict_trace``) draws one replica's pipeline ranks: its meta's
+  ``replica_of`` names the degrees, a collective of its tp, dp or ep groups is the rank's alone (its
+  other members are not drawn, and no bytes of it cross the matrix), named by the axis of its size.
 """
 
 from __future__ import annotations
@@ -111,7 +114,10 @@ def comm_by_op(trace, payload: bool = False, title: str | None = None):
 
 # ------------------------------------------------------------------------------ groups and dimensions
 def group_of(s: Span, world: int, meta: dict) -> list[int]:
-    """The ranks a collective span ran among (see the module docstring for the convention)."""
+    """The ranks a collective span ran among (see the module docstring for the convention); of a
+    simulated replica's pipeline (``replica_of``), the span's own rank alone, its peers not drawn."""
+    if meta.get("replica_of") and not s.group_ranks and s.peer is None and s.group_size > 1:
+        return [s.rank]  # a tp 4 all-gather had been drawn among pipeline ranks 0..3, dp 50's among all
     known = span_group(s, world)
     if known is not None:
         return list(known)
@@ -171,6 +177,17 @@ def dimension_of(group: list[int] | tuple[int, ...], layout: Layout | None, op: 
     return "×".join(varying) or "self"
 
 
+def axes_of_size(size: int, degrees: dict, op: str) -> str:
+    """The mesh axes whose degree is ``size`` ("tp", or "dp or tp" where both are), else "group of N":
+    a simulated replica's collective of kind ``op``, whose members the trace does not draw. As in
+    :func:`dimension_of`, the all-to-all of an expert group is ep's, and its other calls are not; a
+    pipeline's groups are among the ranks drawn, so none of these is pp's."""
+    if op == "all_to_all" and degrees.get("ep") == size:
+        return "ep"
+    axes = [axis for axis in DIMENSION_ORDER if axis not in ("pp", "ep") and degrees.get(axis) == size]
+    return " or ".join(axes) or f"group of {size}"
+
+
 def _dimension_rank(name: str) -> tuple:
     first = name.split("×")[0]
     return (DIMENSION_ORDER.index(first) if first in DIMENSION_ORDER else len(DIMENSION_ORDER), name)
@@ -186,9 +203,16 @@ def bytes_by_dimension(trace, payload: bool = False) -> dict[str, dict[str, dict
     found: dict[str, dict[str, dict[str, int]]] = defaultdict(
         lambda: defaultdict(lambda: {"intra_node": 0, "inter_node": 0}))
 
+    replica_of = trace.meta.get("replica_of")
+
     def where(s: Span) -> tuple[str, str, str]:
         group = group_of(s, world, trace.meta)
-        dimension = dimension_of([mesh[r] for r in group] if mesh else group, layout, s.kind)
+        if replica_of and len(group) > 1:  # among the replica's stages drawn: a send, the tied embedding's
+            dimension = "pp"
+        elif replica_of:  # a group among ranks not drawn: named by its size
+            dimension = axes_of_size(s.group_size, replica_of, s.kind)
+        else:
+            dimension = dimension_of([mesh[r] for r in group] if mesh else group, layout, s.kind)
         return dimension, s.kind, "inter_node" if s.inter_node else "intra_node"
 
     for (dimension, op, link), nbytes in trace.per_step_bytes(where, payload).items():
@@ -308,7 +332,9 @@ def comm_matrix(trace, payload: bool = False, title: str | None = None):
     fig.update_xaxes(title_text="to rank", side="top", ticklabelstandoff=LABEL_STANDOFF_PX)
     fig.update_layout(meta={"ranks": len(matrix), "total_bytes": sum(map(sum, matrix)), "unit": unit})
     boxed = draw_node_boxes(fig, as_trace(trace))
-    fig = style(fig, title or f"{_unit_label(payload)} bytes per step, rank to rank",
+    drawn = (": one replica's pipeline ranks (its tp, dp and ep groups run among ranks not drawn)"
+             if as_trace(trace).meta.get("replica_of") else "")
+    fig = style(fig, title or f"{_unit_label(payload)} bytes per step, rank to rank{drawn}",
                 max(320, 40 + 28 * len(matrix)))
     return say_matrix_rule(fig, boxed)
 
