@@ -448,3 +448,23 @@ def test_the_prediction_of_a_zbv_run_runs_the_order_the_ranks_execute():
         predicted = [(s.kind, s.microbatch) for s in sorted(trace.select(rank=rank), key=lambda s: s.start)
                      if s.step == 0 and s.kind in COMPUTE_OPS]
         assert predicted == [(a.op, a.microbatch) for a in executed.actions[rank] if a.op in COMPUTE_OPS]
+
+
+def test_a_predicted_run_draws_every_rank_and_its_groups_on_global_ranks(monkeypatch):
+    """predict_run_trace draws every rank: the simulated step's replica_of (one replica's pipeline
+    ranks drawn) is not its meta, or the rank matrix would drop its dp reduction; and a group of
+    pipeline ranks (a tied embedding's first and last stage) is named by the global ranks at each dp
+    place (pipeline ranks 0 and 1 had been read as global ranks 0 and 1)."""
+    from paralab.sim.hardware import get_hardware
+    from paralab.sim.presets import get_model
+    from paralab.viz.comm import comm_matrix_data
+
+    cfg = RunConfig.build("tiny", strategy="hybrid", world_size=4, pp=2, microbatches=2, global_batch=8)
+    trace = predict_run_trace(cfg, "h100")
+    assert "replica_of" not in trace.meta
+    assert sum(map(sum, comm_matrix_data(trace))) == sum(s.bytes for s in trace.spans if s.lane == "comm")
+    tied = get_model("gpt3-125m").replace(seq=256)  # GPT-3 ties its embedding and output layer
+    monkeypatch.setattr(bridge, "specs_from_run", lambda cfg: (tied, specs_from_run(cfg)[1]))
+    groups = {(s.rank, tuple(s.group_ranks)) for s in predict_run_trace(cfg, get_hardware("h100")).spans
+              if s.name == "tied embedding all-reduce"}
+    assert groups == {(0, (0, 2)), (2, (0, 2)), (1, (1, 3)), (3, (1, 3))}

@@ -225,9 +225,13 @@ def predict_run_trace(cfg: RunConfig, hardware: str | os.PathLike | HardwareSpec
         shift = step * step_time
         for span in one.spans:
             peers = _global_ranks(p, span.peer) if span.peer is not None else None
+            groups = [_global_ranks(p, r) for r in span.group_ranks or ()]  # the tied pair's, pipeline ranks
             for k, rank in enumerate(_global_ranks(p, span.rank)):
-                spans.append(_measured_style(span, rank, step, shift, peers[k] if peers else None))
-    meta = dict(one.meta, source="simulated", strategy=cfg.strategy, world_size=cfg.world_size,
+                spans.append(_measured_style(span, rank, step, shift, peers[k] if peers else None,
+                                             [group[k] for group in groups] or None))
+    # every rank is drawn here: not one replica's pipeline (replica_of), whose groups run among ranks unseen
+    meta = dict({k: v for k, v in one.meta.items() if k != "replica_of"}, source="simulated",
+                strategy=cfg.strategy, world_size=cfg.world_size,
                 dp=p.dp, tp=p.tp, pp=p.pp, schedule=p.schedule if p.pp > 1 else "",
                 microbatches=p.microbatches, virtual_stages=p.virtual_stages, model=cfg.model_name,
                 tokens_per_step=cfg.global_batch * cfg.model.seq_len)
@@ -240,15 +244,17 @@ def _global_ranks(p: ParallelSpec, pipeline_rank: int) -> list[int]:
     return list(range(base, base + p.dp * p.tp))
 
 
-def _measured_style(span: Span, rank: int, step: int, shift: float, peer: int | None) -> Span:
+def _measured_style(span: Span, rank: int, step: int, shift: float, peer: int | None,
+                    group_ranks: list[int] | None) -> Span:
     """A copy on ``rank`` and ``step``, named as the recorder names the measured spans (a simulated
-    send or receive is so named already: ``sim.events``); a pipeline send's or receive's ``peer`` the
-    global rank at the same dp and tp place of the other pipeline rank (the pipeline rank itself had
-    paired a send with no receive, or with the sender's own)."""
+    send or receive is so named already: ``sim.events``); a pipeline send's or receive's ``peer``, and
+    the members of a group of pipeline ranks (the tied embedding's first and last stage), the global
+    ranks at the same dp and tp place of those pipeline ranks (the pipeline rank itself had paired a
+    send with no receive, or with the sender's own)."""
     name = span.name
     if span.lane == COMPUTE:
         name = span.kind  # the recorder names compute spans by kind: forward, backward, optimizer
     elif span.lane == STEP:
         name = f"step {step}"
     return dataclasses.replace(span, rank=rank, step=step, start=span.start + shift, end=span.end + shift,
-                               name=name, peer=peer)
+                               name=name, peer=peer, group_ranks=group_ranks)
