@@ -482,8 +482,8 @@ def _mfu_note(pred: cost.Prediction, hw) -> str:
 
 def _zero3_note(pred: cost.Prediction) -> str:
     """ZeRO-3's per-layer gathers are priced as bytes and latencies that hide under compute; measured
-    at scale they have not hidden (Llama 3 405B on 1,000 H100s with ZeRO-3 had read 46% MFU, the note
-    the planner's explanation gives a ZeRO-3 winner missing)."""
+    at scale they have not hidden. Llama 3 405B on 1,000 H100s with ZeRO-3 had read 46% MFU without the
+    note the planner's explanation gives a ZeRO-3 winner."""
     p = pred.parallel
     if p.zero != 3 or p.dp * p.cp == 1:
         return ""
@@ -590,8 +590,7 @@ def plan_main(args) -> int:
 @without_cyclic_gc
 def _plan_and_say(args, model: ModelSpec, hw) -> int:
     ranked = planner.plan(model, args.gpus, hw, args.global_batch, top=args.top, fp32_grads=args.fp32_grads)
-    batch = ranked[0].parallel.global_batch if ranked else (
-        args.global_batch or planner.default_global_batch(args.gpus, model.seq))
+    batch = planner.planned_batch(model, args.gpus, args.global_batch)
     answer = {"model": model.name, "gpus": args.gpus, "hardware": hw.name, "shape": _shape(model),
               "global_batch": batch}
     if not ranked:  # an answer, not an invalid request: said on stdout, exit 0

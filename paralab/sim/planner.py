@@ -68,6 +68,11 @@ def default_global_batch(gpus: int, seq: int) -> int:
     return min(max(gpus, 512), cap)
 
 
+def planned_batch(model: ModelSpec, gpus: int, global_batch: int | None) -> int:
+    """The global batch a plan ranks its layouts for: the one given, else :func:`default_global_batch`."""
+    return global_batch or default_global_batch(gpus, model.seq)
+
+
 def layouts(model: ModelSpec, gpus: int, hw: HardwareSpec) -> Iterator[tuple[int, int, int]]:
     """Every (tp, pp, dp) for ``gpus`` GPUs whose degrees divide the model (tp inside a node; pp
     dividing the layers, or with an uneven split)."""
@@ -248,7 +253,7 @@ def plan(
     places = max(top, refine)
     if places < 1:
         return []
-    batch = global_batch or default_global_batch(gpus, model.seq)
+    batch = planned_batch(model, gpus, global_batch)
     limit = cost.usable_memory(hw)
     tokens = batch * model.seq
     floors: dict[tuple, float] = {}
@@ -331,7 +336,7 @@ def _keep_problems(keep) -> list[str]:
 def why_nothing_fits(model: ModelSpec, gpus: int, hw: HardwareSpec, global_batch: int | None = None,
                      fp32_grads: bool = False) -> str:
     """Why :func:`plan` came back empty, and what would do: a batch that splits, or more GPUs."""
-    batch = global_batch or default_global_batch(gpus, model.seq)
+    batch = planned_batch(model, gpus, global_batch)
     replicas = [dp for _, _, dp in layouts(model, gpus, hw)]
     if not replicas:
         return (f"no tp x pp x dp split of {gpus:,} GPUs divides {model.name}'s heads ({model.heads}, "
