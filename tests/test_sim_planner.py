@@ -431,8 +431,8 @@ def test_micro_batches_are_every_size_that_divides_the_replica_batch_up_to_8():
 
 def test_the_planner_weighs_the_split_that_evens_the_stages_flops_beside_the_even_one():
     """Llama 3's 128k-token output layer weighs about two blocks of its 8B model: split evenly, its last
-    stage is the busiest. The planner had tried the even split alone, which loses to tp-free dp 8; the
-    split with a lighter last stage wins."""
+    stage is the busiest. The planner had tried the even split alone, which loses to dp 8 without a
+    pipeline; the split with a lighter last stage wins."""
     llama = get_model("llama3-8b")
     schedules = planner._schedules(llama, 2, 8)
     tried = {(s, v, tuple(split.get("stage_layers") or ())) for s, v, split in schedules}
