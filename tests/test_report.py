@@ -315,3 +315,22 @@ def test_without_plotly_a_report_is_refused_in_one_line_before_anything_runs(tmp
     assert said == "paralab report: paralab.viz needs plotly: pip install 'paralab[lab]' (from a clone of " \
                    "paralab: pip install -e '.[lab]'), or pip install plotly\n"
     assert not out.exists()
+
+
+def test_a_simulated_step_at_scale_says_what_its_ranks_are_one_replica_of(tmp_path):
+    """predict_trace draws one replica's pipeline ranks: the report had been headed "simulated on 5
+    ranks" beside the 1,000-GPU job's tokens/s, and the timeline "interleaved p=5 m=20", silent on the
+    virtual stages, the micro-batch and the uneven split its bars follow."""
+    from paralab.sim import ParallelSpec, get_hardware, get_model, predict_trace
+    from paralab.viz.timeline import timeline
+
+    split = (4, 5) + (4,) * 17 + (3,)
+    spec = ParallelSpec(dp=50, tp=4, pp=5, zero=1, schedule="interleaved", virtual_stages=4, microbatches=20,
+                        micro_batch=1, sequence_parallel=True, stage_layers=split)
+    trace = predict_trace(get_model("llama3-70b"), spec, get_hardware("h100"))
+    text = write_report(trace, tmp_path / "sim.html").read_text()
+    assert ("paralab report: simulated on 5 ranks, one replica&#x27;s pipeline of dp 50 x tp 4 x pp 5 "
+            "(1,000 GPUs)<") in text
+    assert timeline(trace).layout.title.text == (
+        "timeline: simulated · interleaved p=5 v=4 m=20 · microbatches of 1 sequence · layers per chunk "
+        "4 + 5 + 17 x 4 + 3")

@@ -179,7 +179,12 @@ IDLE_AGAINST_BUBBLE = (
 
 def _worlds_text(meta: dict, ranks: int) -> str:
     """"2 ranks"; an elastic run's worlds in order, "4 ranks, then 3" (its trace holds every rank it had,
-    and a run that ended on 2 had been headed "on 3 ranks")."""
+    and a run that ended on 2 had been headed "on 3 ranks"); a simulated step's ranks as one replica's
+    pipeline of its whole layout (its report had read "5 ranks" beside the 1,000-GPU job's tokens/s)."""
+    if replica := meta.get("replica_of"):  # a simulated step at scale draws one replica's pipeline ranks
+        gpus = replica["dp"] * replica["tp"] * replica["pp"]
+        return (f"{count_text(ranks, 'rank')}, one replica's pipeline of dp {replica['dp']:,} x tp "
+                f"{replica['tp']} x pp {replica['pp']} ({count_text(gpus, 'GPU')})")
     sizes = [g.get("world_size") for g in meta.get("generations") or [] if isinstance(g, dict)]
     worlds = [n for k, n in enumerate(sizes) if isinstance(n, int) and (k == 0 or n != sizes[k - 1])]
     if len(worlds) < 2:  # one world: its size (an elastic trace's lanes count every node it had)

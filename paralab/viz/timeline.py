@@ -31,6 +31,8 @@ from collections import defaultdict
 from functools import lru_cache
 
 from paralab.schedules import PASS_LETTERS, pass_label
+from paralab.stage_split import split_text
+from paralab.text import count_text
 from paralab.trace import (
     COMM,
     COMPUTE,
@@ -549,6 +551,18 @@ def _interleave(rows: list[str], prows: list[str]) -> list[str]:
     return [label for r in sorted(by_rank) for label in by_rank[r]]
 
 
+def _replica_said(replica: dict | None) -> list[str]:
+    """What a simulated step's ranks are one replica of (``predict_trace``'s ``replica_of``): its
+    micro-batch and, where uneven, its layers per chunk, which its bars' lengths follow ("zb-h1 p=2
+    m=4" had said nothing of microbatches of 6 sequences, or of 17 + 15 layers)."""
+    if not replica:
+        return []
+    said = [f"microbatches of {count_text(replica['micro_batch'], 'sequence')}"]
+    if replica.get("stage_layers"):
+        said.append(f"layers per chunk {split_text(replica['stage_layers'])}")
+    return said
+
+
 def _default_title(trace: Trace, steps=None, predicted: Trace | None = None) -> str:
     """What ran, and which steps the figure shows where it shows some (steps count from 0); a
     prediction drawn with it is named beside the trace's own source ("measured and simulated")."""
@@ -558,7 +572,10 @@ def _default_title(trace: Trace, steps=None, predicted: Trace | None = None) -> 
         source += f" and {predicted.meta.get('source') or 'predicted'}{hardware_said(predicted.meta)}"
     parts = [source, m.get("strategy", "")]
     if m.get("schedule"):
-        parts.append(f"{m['schedule']} p={m.get('stages', m.get('pp', '?'))} m={m.get('microbatches', '?')}")
+        v = f" v={m['virtual_stages']}" if (m.get("virtual_stages") or 1) > 1 else ""
+        stages, microbatches = m.get("stages", m.get("pp", "?")), m.get("microbatches", "?")
+        parts.append(f"{m['schedule']} p={stages}{v} m={microbatches}")
+    parts += _replica_said(m.get("replica_of"))
     if steps is not None:
         shown = sorted(steps)
         parts.append(("step " if len(shown) == 1 else "steps ") + ", ".join(map(str, shown)))
