@@ -1035,3 +1035,15 @@ def test_steps_median_draws_the_typical_step_not_a_noisy_last_one():
     later = Trace(spans=[Span(0, STEP, "step", 20.0 * k, 20.0 * k + took, step=k)
                          for k, took in ((2, 1.0), (3, 3.0))])
     assert median_step(later) == 2  # 1 and 3 s, median 2: a tie, the first wins (had been step 3, alone)
+
+
+def test_a_predictions_memory_bar_is_the_fullest_gpus_not_rank_0s():
+    """A prediction's memory is its fullest GPU's, which in a pipeline is often not the first stage:
+    its one bar had been labelled "r0"."""
+    from paralab.sim import ParallelSpec, get_hardware, get_model, predict
+
+    prediction = predict(get_model("llama3-8b"), ParallelSpec(dp=4, pp=2, microbatches=8),
+                         get_hardware("h100"))
+    for given in (prediction, prediction.memory_bytes_per_gpu, prediction.to_dict()):  # to_dict had raised
+        assert list(viz.memory(given).data[0].x) == ["the fullest GPU"]
+    assert list(viz.memory({"a": prediction, "b": prediction}).data[0].x) == ["a", "b"]  # one bar a run
