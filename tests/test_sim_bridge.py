@@ -123,7 +123,12 @@ def test_a_gpu_run_is_not_priced_at_this_machines_cpu_rates(monkeypatch):
     gpu = RunConfig.build("tiny", strategy="ddp", world_size=2, device="cuda")
     with pytest.raises(SpecError, match="hardware 'local' is this machine's CPU ranks .* computes on GPUs"):
         predict_run(gpu)
-    assert predict_run(gpu, "h100").step_time_s > 0
+    from paralab.sim import cost
+    from paralab.sim.hardware import get_hardware
+
+    # priced at the H100's rates, as the simulator prices the same specs there
+    priced = cost.predict(*specs_from_run(gpu), get_hardware("h100"))
+    assert predict_run(gpu, "h100").step_time_s == priced.step_time_s
     monkeypatch.setattr("paralab.config.cuda_device_count", lambda: 2)  # "auto" with a GPU a rank
     with pytest.raises(SpecError, match="computes on GPUs"):
         predict_run(dataclasses.replace(gpu, device="auto"))

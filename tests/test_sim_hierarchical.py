@@ -57,10 +57,13 @@ def test_its_time_is_the_overlapped_reduce_scatter_then_the_all_reduce_and_all_g
 def test_the_wait_for_the_slowest_replica_lands_on_the_step_across_nodes():
     """The replicas meet in the all-reduce across nodes; a node's reduce-scatter waits for its own."""
     jittery = dataclasses.replace(H100, sync_jitter=1e-3)
-    steady, waiting = (sorted(cost.predict_trace(MODEL, spec(hierarchical_dp=LOCAL), hw).select(lane=COMM),
-                              key=lambda s: s.start) for hw in (H100, jittery))
+    traces = [cost.predict_trace(MODEL, spec(hierarchical_dp=LOCAL), hw) for hw in (H100, jittery)]
+    steady, waiting = (sorted(trace.select(lane=COMM), key=lambda s: s.start) for trace in traces)
     assert steady[0].duration == pytest.approx(waiting[0].duration)
-    assert waiting[1].duration > steady[1].duration
+    # the expected slowest of all 32 replicas after the backward (of the 4 nodes' groups it had passed too)
+    backward_end = max(s.end for s in traces[1].select(lane=COMPUTE) if s.kind != "optimizer")
+    assert waiting[1].duration - steady[1].duration == pytest.approx(
+        cost.sync_wait(jittery, backward_end, NODES * LOCAL))
 
 
 def test_a_step_is_drawn_across_nodes_where_the_hardware_puts_it():
@@ -75,7 +78,11 @@ def test_the_lab_predicts_its_hierarchical_run_with_emulated_nodes(nodes, local)
     cfg = RunConfig.build("tiny", strategy="ddp", world_size=4, nodes=nodes, hierarchical=True,
                           global_batch=8)
     assert specs_from_run(cfg)[1].hierarchical_dp == local
-    assert predict_run(cfg, "h100").step_time_s > 0
+    # its three steps priced where it has them, and the flat all-reduce where a node holds one rank
+    model, asked = specs_from_run(cfg)
+    hierarchical, plain = (cost.predict(model, s, H100) for s in (asked, asked.replace(hierarchical_dp=0)))
+    assert predict_run(cfg, "h100").step_time_s == hierarchical.step_time_s
+    assert (hierarchical.step_time_s == plain.step_time_s) == (local == 0)
 
 
 def test_the_lab_counts_its_hierarchical_runs_steps():
