@@ -57,7 +57,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world-size", type=int,  # None: not given (see refuse_flags_the_launch_sets)
                    help=f"ranks to start (default {d.world_size}; under torchrun: its world, which a value "
                         "given must match)")
-    add_training_args(p, d)
+    add_training_args(p, d, shapes_help="; a shape of its own: paralab.run(model={...}) from Python")
     p.add_argument("--bucket-mb", type=float,  # None: not given (see refuse_run_flags_without_effect)
                    help=f"gradient bucket cap in MiB (default {d.bucket_mb:g}, torch DDP's)")
     p.add_argument("--hierarchical", action="store_true",

@@ -216,12 +216,13 @@ class NeedsTheKeysOfItsMetavar(argparse.Action):
 
 
 def add_training_args(p: argparse.ArgumentParser, defaults: TrainingConfig, presets=MODEL_PRESETS,
-                      fault_help: str = "a rank raises (kind=hang: stops answering)") -> None:
+                      fault_help: str = "a rank raises (kind=hang: stops answering)",
+                      shapes_help: str = "") -> None:
     """The flags of TrainingConfig's fields, with ``defaults``' values (RunConfig or ElasticConfig), the
-    model ``presets`` the command trains, and what ``--fail`` does in it (``fault_help``: each command
-    takes its own kinds of fault)."""
-    p.add_argument("--model", default=defaults.model_name,
-                   help=f"preset: {', '.join(presets)} (a shape of its own: model={{...}} from Python)")
+    model ``presets`` the command trains, where a shape of one's own is given (``shapes_help``: run's
+    from Python; elastic's workers build presets only), and what ``--fail`` does in it (``fault_help``:
+    each command takes its own kinds of fault)."""
+    p.add_argument("--model", default=defaults.model_name, help=f"preset: {', '.join(presets)}{shapes_help}")
     p.add_argument("--steps", type=int, default=defaults.steps, help="optimizer steps")
     p.add_argument("--global-batch", type=int, default=defaults.global_batch,
                    help="samples per step over all ranks, whatever the world size")
