@@ -80,11 +80,22 @@ def check_run_outputs(args) -> None:
                           dirs=[("--trace-dir", args.trace_dir), ("--profile", args.profile)])
     if args.trace_dir:
         check_trace_dir(args.trace_dir, files)
-    if args.report:
-        from paralab.viz._common import plotly_missing
+    if args.report and (missing := plotly_missing()):  # a run had trained, then died importing plotly
+        raise ConfigError(f"--report: {missing}")
 
-        if missing := plotly_missing():  # before the run: it had trained, then died importing plotly
-            raise ConfigError(f"--report: {missing}")
+
+PLOTLY_MISSING = ("paralab.viz needs plotly: pip install 'paralab[lab]' (from a clone of paralab: "
+                  "pip install -e '.[lab]'), or pip install plotly")
+
+
+def plotly_missing() -> str:
+    """:data:`PLOTLY_MISSING` where plotly, which draws reports, cannot be imported, else "": asked
+    before a run that is to write one, which had trained and then died on the import."""
+    try:
+        import plotly  # noqa: F401
+    except ImportError:
+        return PLOTLY_MISSING
+    return ""
 
 
 def check_outputs(files: list[tuple[str, str | None]], dirs: list[tuple[str, str | None]]

@@ -84,25 +84,13 @@ def rank_color(i: int) -> str:
     return RANK_COLORS[i % len(RANK_COLORS)]
 
 
-PLOTLY_MISSING = ("paralab.viz needs plotly: pip install 'paralab[lab]' (from a clone of paralab: "
-                  "pip install -e '.[lab]'), or pip install plotly")
-
-
-def plotly_missing() -> str:
-    """:data:`PLOTLY_MISSING` where plotly cannot be imported, else "": asked before a run that is to
-    write a report, which had trained and then died on the import."""
-    try:
-        import plotly  # noqa: F401
-    except ImportError:
-        return PLOTLY_MISSING
-    return ""
-
-
 def go():
     """plotly.graph_objects, imported on first use with a message that says how to get it."""
     try:
         import plotly.graph_objects as graph_objects
     except ImportError as exc:
+        from paralab.outputs import PLOTLY_MISSING
+
         raise ImportError(PLOTLY_MISSING) from exc
     return graph_objects
 

@@ -315,8 +315,7 @@ def report_main(args) -> int:
     trace, or the output cannot be written or would overwrite a trace it reads (message on stderr,
     checked before any trace is read)."""
     from paralab.config import ConfigError
-    from paralab.outputs import check_file, check_output_reads_no_input, unread_text
-    from paralab.viz._common import plotly_missing
+    from paralab.outputs import check_file, check_output_reads_no_input, plotly_missing, unread_text
 
     if missing := plotly_missing():  # one line, not an ImportError's traceback
         print(f"paralab report: {missing}", file=sys.stderr)
