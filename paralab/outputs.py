@@ -11,6 +11,7 @@ the nearest directory that exists.
 from __future__ import annotations
 
 import errno
+import importlib.util
 import os
 import tempfile
 from pathlib import Path
@@ -89,13 +90,10 @@ PLOTLY_MISSING = ("paralab.viz needs plotly: pip install 'paralab[lab]' (from a 
 
 
 def plotly_missing() -> str:
-    """:data:`PLOTLY_MISSING` where plotly, which draws reports, cannot be imported, else "": asked
-    before a run that is to write one, which had trained and then died on the import."""
-    try:
-        import plotly  # noqa: F401
-    except ImportError:
-        return PLOTLY_MISSING
-    return ""
+    """:data:`PLOTLY_MISSING` where plotly, which draws reports, is not installed, else "": asked before
+    a run that is to write one, which had trained and then died on the import. Only paralab.viz imports
+    plotly; this looks for it without importing it."""
+    return "" if importlib.util.find_spec("plotly") else PLOTLY_MISSING
 
 
 def check_outputs(files: list[tuple[str, str | None]], dirs: list[tuple[str, str | None]]
