@@ -85,8 +85,9 @@ def check_run_outputs(args) -> None:
         raise ConfigError(f"--report: {missing}")
 
 
-PLOTLY_MISSING = ("paralab.viz needs plotly: pip install 'paralab[lab]' (from a clone of paralab: "
-                  "pip install -e '.[lab]'), or pip install plotly")
+# how to get the notebook extras (plotly, ipywidgets): paralab is on no package index, so from a clone
+LAB_INSTALL = "pip install 'paralab[lab]' (from a clone of paralab: pip install -e '.[lab]')"
+PLOTLY_MISSING = f"paralab.viz needs plotly: {LAB_INSTALL}, or pip install plotly"
 
 
 def plotly_missing() -> str:

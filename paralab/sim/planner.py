@@ -175,16 +175,20 @@ def _balanced_twins(model: ModelSpec, pp: int, schedules: list[tuple[str, int, d
     (Megatron-LM's split of DeepSeek-V3, 1 + 30 x 2 + 0, already leaves the head alone on its last
     stage; a balanced split keeps a layer on every stage, so it is no twin there.)"""
     head = counting.logits_forward_flops(model) / sum(counting.layer_forward_flops(model).values())
-    twins = []
-    for schedule, v, split in schedules:
-        chunks = pp * v
-        tried = split.get("stage_layers") or (model.layers // chunks,) * chunks
-        if chunks > model.layers:
-            continue
-        even = _even_flops_split(model.layers, chunks, head)
-        if _busiest_rank(even, pp, head) < _busiest_rank(tried, pp, head):
-            twins.append((schedule, v, dict(stage_layers=even)))
-    return twins
+    return [(schedule, v, dict(stage_layers=twin)) for schedule, v, split in schedules
+            if (twin := _twin_split(model.layers, pp, v, head, split.get("stage_layers")))]
+
+
+@functools.cache
+def _twin_split(layers: int, pp: int, v: int, head: float, tried: tuple[int, ...] | None) -> tuple | None:
+    """The split that evens ``pp`` x ``v`` chunks' FLOPs, where it leaves the busiest rank less than
+    ``tried`` (None: even) does, else None. Cached: every layout of a plan asks for the same few."""
+    chunks = pp * v
+    if chunks > layers:
+        return None
+    even = tuple(balanced_split(layers, chunks, 0, head))
+    busiest = _busiest_rank(tried or (layers // chunks,) * chunks, pp, head)
+    return even if _busiest_rank(even, pp, head) < busiest else None
 
 
 def _busiest_rank(split: tuple[int, ...], pp: int, head: float) -> float:
@@ -194,11 +198,6 @@ def _busiest_rank(split: tuple[int, ...], pp: int, head: float) -> float:
     for chunk, layers in enumerate(split):
         work[chunk % pp] += layers + (head if chunk == len(split) - 1 else 0)
     return max(work)
-
-
-@functools.cache
-def _even_flops_split(layers: int, chunks: int, head: float) -> tuple[int, ...]:
-    return tuple(balanced_split(layers, chunks, 0, head))  # asked again for every layout of a plan
 
 
 def _expert_degrees(model: ModelSpec, dp: int) -> list[int]:

@@ -331,9 +331,10 @@ def comm_matrix(trace, payload: bool = False, title: str | None = None):
     fig.update_yaxes(title_text="from rank", autorange="reversed", ticklabelstandoff=LABEL_STANDOFF_PX)
     fig.update_xaxes(title_text="to rank", side="top", ticklabelstandoff=LABEL_STANDOFF_PX)
     fig.update_layout(meta={"ranks": len(matrix), "total_bytes": sum(map(sum, matrix)), "unit": unit})
-    boxed = draw_node_boxes(fig, as_trace(trace))
+    trace = as_trace(trace)
+    boxed = draw_node_boxes(fig, trace)
     drawn = (": one replica's pipeline ranks (its tp, dp and ep groups run among ranks not drawn)"
-             if as_trace(trace).meta.get("replica_of") else "")
+             if trace.meta.get("replica_of") else "")
     fig = style(fig, title or f"{_unit_label(payload)} bytes per step, rank to rank{drawn}",
                 max(320, 40 + 28 * len(matrix)))
     return say_matrix_rule(fig, boxed)

@@ -17,15 +17,22 @@ UNIT_BYTES = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 
 def memory_by_rank(run) -> list[dict[str, float]]:
     """One {kind: bytes} per rank from a RunResult, summary dict, Prediction or per-kind dict."""
+    return _memory_of(run)[0]
+
+
+def _memory_of(run) -> tuple[list[dict[str, float]], bool]:
+    """:func:`memory_by_rank`'s dicts, and whether they are a prediction's one GPU (a prediction, or one
+    per-kind dict such as its memory_bytes_per_gpu): the fullest GPU, not rank 0 (a prediction's bar had
+    been labelled "r0", where the fullest of a pipeline is often another)."""
     if _per_kind(run):
-        return [dict(run)]  # already one per-kind dict (e.g. a prediction's memory_bytes_per_gpu)
+        return [dict(run)], True
     if isinstance(run, list):
-        return [dict(r) for r in run]
+        return [dict(r) for r in run], False
     s = as_summary(run)
     if "memory_by_kind" in s:
-        return [dict(r) for r in s["memory_by_kind"]]
+        return [dict(r) for r in s["memory_by_kind"]], False
     if "memory_bytes_per_gpu" in s:
-        return [dict(s["memory_bytes_per_gpu"])]
+        return [dict(s["memory_bytes_per_gpu"])], True
     raise ValueError("no memory in this run: expected memory_by_kind (measured) "
                      "or memory_bytes_per_gpu (predicted)")
 
@@ -35,15 +42,6 @@ def _per_kind(run) -> bool:
     "params", its parameter count, and had been drawn as one)."""
     return (isinstance(run, Mapping) and not {"memory_by_kind", "memory_bytes_per_gpu"} & set(run)
             and any(k in run for k in MEMORY_KINDS))
-
-
-def _one_prediction(run) -> bool:
-    """Whether ``run`` is one per-kind dict or a prediction, whose bar is of the fullest GPU, not of
-    rank 0 (a prediction's bar had been labelled "r0", where the fullest of a pipeline is often
-    another)."""
-    if isinstance(run, Mapping):
-        return _per_kind(run) or ("memory_bytes_per_gpu" in run and "memory_by_kind" not in run)
-    return hasattr(run, "memory_bytes_per_gpu")  # a Prediction
 
 
 def _rank_numbers(run) -> list[int] | None:
@@ -66,7 +64,7 @@ def memory(runs, title: str | None = None, unit: str = "MiB", what: str = "peak 
     labelled = {"": runs} if single else dict(runs)
     runs_x, ranks_x, per_bar = [], [], []
     for label, run in labelled.items():
-        by_rank, predicted = memory_by_rank(run), _one_prediction(run)
+        by_rank, predicted = _memory_of(run)
         for rank, kinds in zip(_rank_numbers(run) or range(len(by_rank)), by_rank, strict=True):
             runs_x.append(label)
             ranks_x.append("the fullest GPU" if predicted else f"r{rank}")

@@ -16,8 +16,9 @@ def widgets():
     try:
         import ipywidgets
     except ImportError as exc:  # pragma: no cover - exercised only without ipywidgets
-        raise ImportError("paralab.widgets needs ipywidgets: pip install 'paralab[lab]' (from a clone of "
-                          "paralab: pip install -e '.[lab]')") from exc
+        from paralab.outputs import LAB_INSTALL
+
+        raise ImportError(f"paralab.widgets needs ipywidgets: {LAB_INSTALL}") from exc
     return ipywidgets
 
 
